@@ -1,0 +1,1 @@
+"""Command line of replay-theory (``replay-theory`` / ``python -m replay_theory``); see ``app.py``."""

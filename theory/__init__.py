@@ -1,0 +1,14 @@
+"""Theory of rollout reuse: importance-weight quantities and optimal buffer design.
+
+Modules (import the one you need; this package imports nothing heavy itself):
+
+- ``divergences``  chi^2, Renyi, KL, k1/k2/k3, M2, ESS: exact (categorical) and from log-ratios
+- ``bounds``       identities and bounds between them, each returning both sides
+- ``compute``      compute ratio gamma (Eq. 2) and the mu estimate of App. E
+- ``profiles``     gradient-noise profiles sigma^2(s) and their buffer average
+- ``design``       Thm 3.4 bound, Thm 3.5 optimum (x*, y*), regimes, concrete advice
+- ``freshper``     age-decay helpers (FreshPER)
+- ``group_replay`` RLOO whole-group replay budget and weights
+- ``exgrpo``       ExGRPO policy shaping and bucket probabilities
+- ``symbolic``     sympy derivations (imported only by ``replay-theory derive`` and tests)
+"""

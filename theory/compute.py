@@ -1,0 +1,106 @@
+"""Compute accounting of an asynchronous RL pipeline with a replay buffer.
+
+Paper: "Efficient RL training for LLMs with experience replay"
+(shared/papers/experience-replay-optimal-buffer.txt), Sec. 2.2 and App. E.
+
+| code name            | paper symbol | meaning                                                        |
+|----------------------|--------------|----------------------------------------------------------------|
+| ``workers``          | W            | inference GPUs                                                 |
+| ``trainers``         | T            | trainer GPUs                                                   |
+| ``mu``               | mu           | rollout cost / per-sample update cost (Table 1: 5.28, 6.84)    |
+| ``compute_ratio``    | gamma        | compute per update with a buffer / without (Eq. 2)             |
+| ``k_training``       | K_training   | rollouts processed by backprop over a run (steps x batch)      |
+| ``k_inference``      | K_inference  | unique rollouts generated over a run                           |
+| ``replay_ratio``     | y = B/R      | mean number of updates a rollout contributes to                |
+
+Every ``mu`` in this module is in the *rollout-cost* meaning of Sec. 2 / App. E
+(the meaning of Table 1); ``design.mu_in_convention`` converts the Sec. 3 reading.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from replay_theory.theory._checks import require_positive
+
+
+def compute_ratio(workers: ArrayLike, trainers: ArrayLike, mu: ArrayLike) -> np.ndarray | float:
+    """gamma = (1 + W/T) / (1 + mu): compute per update with a buffer over without.
+
+    Without a buffer the no-idle split is W/T = mu and an update costs C(1 + mu)
+    (Eq. 1); with a buffer it costs C(1 + W/T) whatever the split.
+    """
+    workers_arr = np.asarray(workers, dtype=float)
+    trainers_arr = np.asarray(trainers, dtype=float)
+    mu_arr = np.asarray(mu, dtype=float)
+    require_positive("workers", workers_arr)
+    require_positive("trainers", trainers_arr)
+    require_positive("mu", mu_arr)
+    gamma = (1.0 + workers_arr / trainers_arr) / (1.0 + mu_arr)  # Eq. (2)
+    return gamma if gamma.ndim else float(gamma)
+
+
+def compute_ratio_from_split_ratio(workers_per_trainer: ArrayLike, mu: ArrayLike) -> np.ndarray | float:
+    """gamma for a split given as the ratio W/T itself (Eq. 2)."""
+    ratio = np.asarray(workers_per_trainer, dtype=float)
+    mu_arr = np.asarray(mu, dtype=float)
+    require_positive("mu", mu_arr)
+    if np.any(ratio < 0) or np.any(np.isnan(ratio)):
+        raise ValueError(f"workers_per_trainer must be >= 0, got {workers_per_trainer}")
+    gamma = (1.0 + ratio) / (1.0 + mu_arr)  # Eq. (2)
+    return gamma if gamma.ndim else float(gamma)
+
+
+def estimate_mu(
+    k_training: ArrayLike, k_inference: ArrayLike, workers: ArrayLike, trainers: ArrayLike
+) -> np.ndarray | float:
+    """mu ~= (K_training / T) / (K_inference / W), per run (App. E).
+
+    With a buffer neither side idles, so per-GPU throughputs measure the
+    relative cost of generating a rollout and of training on one.
+    Inputs broadcast (one entry per seed / run); take ``median_mu`` over them.
+    """
+    k_train = np.asarray(k_training, dtype=float)
+    k_inf = np.asarray(k_inference, dtype=float)
+    require_positive("k_training", k_train)
+    require_positive("k_inference", k_inf)
+    require_positive("workers", np.asarray(workers, dtype=float))
+    require_positive("trainers", np.asarray(trainers, dtype=float))
+    mu = (k_train / np.asarray(trainers, dtype=float)) / (k_inf / np.asarray(workers, dtype=float))  # App. E
+    return mu if mu.ndim else float(mu)
+
+
+def median_mu(
+    k_training: ArrayLike, k_inference: ArrayLike, workers: ArrayLike, trainers: ArrayLike
+) -> tuple[float, float, float]:
+    """(median, 25th, 75th percentile) of the per-run mu estimates, as Table 1 reports them."""
+    per_run = np.atleast_1d(estimate_mu(k_training, k_inference, workers, trainers))
+    q25, median, q75 = np.percentile(per_run, [25, 50, 75])
+    return float(median), float(q25), float(q75)
+
+
+def workers_per_trainer(mu: ArrayLike, replay_ratio: ArrayLike) -> np.ndarray | float:
+    """W/T that produces rollouts exactly as fast as a replay ratio y consumes them.
+
+    A trainer processes B samples per step at cost B; generating the R = B/y
+    new rollouts of that step costs mu R, so W/T = mu R / B = mu / y.
+    """
+    mu_arr = np.asarray(mu, dtype=float)
+    y = np.asarray(replay_ratio, dtype=float)
+    require_positive("mu", mu_arr)
+    require_positive("replay_ratio", y)
+    ratio = mu_arr / y
+    return ratio if ratio.ndim else float(ratio)
+
+
+def replay_ratio_of_split(workers: ArrayLike, trainers: ArrayLike, mu: ArrayLike) -> np.ndarray | float:
+    """Mean replay ratio implied by a (W, T) split: y = mu T / W (inverse of ``workers_per_trainer``)."""
+    workers_arr = np.asarray(workers, dtype=float)
+    trainers_arr = np.asarray(trainers, dtype=float)
+    mu_arr = np.asarray(mu, dtype=float)
+    require_positive("workers", workers_arr)
+    require_positive("trainers", trainers_arr)
+    require_positive("mu", mu_arr)
+    y = mu_arr * trainers_arr / workers_arr
+    return y if y.ndim else float(y)

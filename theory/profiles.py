@@ -1,0 +1,249 @@
+"""Gradient-noise profiles sigma^2(s) versus staleness s, and their buffer average.
+
+Paper: "Efficient RL training for LLMs with experience replay"
+(shared/papers/experience-replay-optimal-buffer.txt), Assumption 3.3 and App. C.3.
+
+| code name              | paper symbol          | meaning                                               |
+|------------------------|-----------------------|-------------------------------------------------------|
+| ``staleness``, ``s``   | t - t_i               | steps since the sample was generated                  |
+| ``sigma_sq(s)``        | sigma^2(s)            | per-sample gradient-noise bound at staleness s (A3.3) |
+| ``horizon``, ``x``     | H = x = N/R           | staleness horizon: oldest age in a FIFO buffer        |
+| ``sigma_bar_sq(x)``    | sigmabar^2(x)         | sigma^2 averaged over the ages 0..x of the buffer     |
+| ``PowerLawProfile``    | sigma(s) = (s/tau)^a  | App. C.3.2, plus an optional fresh-sample floor       |
+| ``rho``                | rho                   | correlation coefficient of Assumption 3.3             |
+
+Two averages are offered. ``"integral"`` is the paper's approximation
+(1/x) int_0^x sigma^2(s) ds, smooth in x; ``"discrete"`` is the exact mean over
+the integer ages 0..H-1 of a buffer holding H = N/R steps of rollouts. They
+differ most for the pure power law, whose sigma(0) = 0 makes fresh samples
+noiseless (see docs/ERRATA.md).
+
+Profile files (written by the simulator and validator, read by
+``replay-theory optimal --profile FILE``) are JSON::
+
+    {"kind": "power_law", "alpha": 0.3, "tau": 1.0, "scale": 1.0, "floor": 0.0, "rho": 0.1}
+    {"kind": "table", "staleness": [0, 1, 2, 4], "sigma_sq": [1.0, 1.2, 1.5, 2.1], "rho": 0.05}
+
+or CSV with a header row ``staleness,sigma_sq``. ``rho`` is optional.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from replay_theory.theory._checks import require_finite, require_in_range, require_nonnegative, require_positive
+
+AVERAGES = ("integral", "discrete")
+
+
+@dataclass(frozen=True)
+class PowerLawProfile:
+    """sigma^2(s) = scale * (floor + (s / tau)^(2 alpha)).
+
+    ``floor = 0`` is the paper's power law sigma(s) = (s/tau)^alpha (scale 1);
+    ``floor = 1`` is the profile with a non-zero fresh-sample noise
+    sigma0^2 (1 + (s/tau)^(2 alpha)) with sigma0^2 = scale.
+    """
+
+    alpha: float
+    tau: float = 1.0
+    scale: float = 1.0
+    floor: float = 0.0
+
+    def __post_init__(self) -> None:
+        require_nonnegative("alpha", self.alpha)
+        require_positive("tau", self.tau)
+        require_positive("scale", self.scale)
+        require_nonnegative("floor", self.floor)
+
+    @property
+    def max_staleness(self) -> float:
+        return math.inf
+
+    def sigma_sq(self, staleness: ArrayLike) -> np.ndarray:
+        s = np.asarray(staleness, dtype=float)
+        return self.scale * (self.floor + (s / self.tau) ** (2.0 * self.alpha))
+
+    def integral_average(self, horizon: ArrayLike) -> np.ndarray:
+        # (1/x) int_0^x (s/tau)^(2a) ds = (x/tau)^(2a) / (2a + 1), App. C.3.2
+        x = np.asarray(horizon, dtype=float)
+        power = 2.0 * self.alpha
+        return self.scale * (self.floor + (x / self.tau) ** power / (power + 1.0))
+
+
+@dataclass(frozen=True)
+class TabulatedProfile:
+    """Measured sigma^2 at a few staleness values, linearly interpolated.
+
+    The profile is only known on [staleness[0], staleness[-1]]; below the first
+    point it is held at its first value, and optimisation never looks past the
+    last point (a horizon beyond what was measured would be extrapolation).
+    """
+
+    staleness: tuple[float, ...]
+    sigma_sq_values: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        s = np.asarray(self.staleness, dtype=float)
+        v = np.asarray(self.sigma_sq_values, dtype=float)
+        if s.ndim != 1 or s.shape != v.shape or s.size < 2:
+            raise ValueError(
+                f"profile table needs matching 1-D staleness and sigma_sq columns with >= 2 rows, "
+                f"got {s.size} and {v.size}"
+            )
+        require_finite("staleness", s)
+        require_finite("sigma_sq", v)
+        require_nonnegative("staleness", s)
+        require_positive("sigma_sq", v)
+        if np.any(np.diff(s) <= 0):
+            raise ValueError("staleness must be strictly increasing in a profile table")
+
+    @property
+    def max_staleness(self) -> float:
+        return float(self.staleness[-1])
+
+    def sigma_sq(self, staleness: ArrayLike) -> np.ndarray:
+        return np.interp(np.asarray(staleness, dtype=float), self.staleness, self.sigma_sq_values)
+
+    def integral_average(self, horizon: ArrayLike) -> np.ndarray:
+        """Exact integral of the piecewise-linear interpolant, divided by x."""
+        x = np.asarray(horizon, dtype=float)
+        knots = np.concatenate([[0.0], np.asarray(self.staleness, dtype=float)])
+        knots = np.unique(knots)  # (K,)
+        values = self.sigma_sq(knots)  # (K,)
+        cumulative = np.concatenate([[0.0], np.cumsum(np.diff(knots) * (values[1:] + values[:-1]) / 2)])
+        # integral up to x = cumulative at the knot below + trapezoid to x
+        idx = np.clip(np.searchsorted(knots, x, side="right") - 1, 0, knots.size - 1)
+        base = knots[idx]
+        partial = (x - base) * (values[idx] + self.sigma_sq(x)) / 2
+        return (cumulative[idx] + partial) / x
+
+
+@dataclass(frozen=True)
+class FunctionProfile:
+    """Any callable sigma^2(s) (vectorised over numpy arrays is best, scalars work)."""
+
+    function: Callable[[np.ndarray], np.ndarray]
+    max_staleness: float = math.inf
+
+    def sigma_sq(self, staleness: ArrayLike) -> np.ndarray:
+        return np.asarray(np.vectorize(self.function, otypes=[float])(np.asarray(staleness, dtype=float)))
+
+    def integral_average(self, horizon: ArrayLike) -> np.ndarray:
+        from scipy.integrate import quad  # only this profile needs quadrature
+
+        def one(x: float) -> float:
+            return quad(lambda s: float(self.function(s)), 0.0, x, limit=200)[0] / x
+
+        return np.vectorize(one, otypes=[float])(np.asarray(horizon, dtype=float))
+
+
+Profile = PowerLawProfile | TabulatedProfile | FunctionProfile
+
+
+def sigma_bar_sq(profile: Profile, horizon: ArrayLike, average: str = "integral") -> np.ndarray:
+    """sigmabar^2(x): sigma^2 averaged over the ages held by a FIFO buffer of horizon x = N/R.
+
+    ``"integral"``: (1/x) int_0^x sigma^2(s) ds (App. C.3.2 approximation).
+    ``"discrete"``: (1/H) sum_{s=0}^{H-1} sigma^2(s) with H = x, x an integer >= 1.
+    """
+    x = np.asarray(horizon, dtype=float)
+    if average == "integral":
+        require_positive("horizon", x, allow_inf=False)
+        return np.asarray(profile.integral_average(x), dtype=float)
+    if average == "discrete":
+        if np.any(x < 1) or np.any(x != np.round(x)):
+            raise ValueError(f"horizon must be an integer >= 1 for the discrete average, got {horizon}")
+        h_max = int(x.max())
+        cumulative = np.cumsum(profile.sigma_sq(np.arange(h_max)))  # (h_max,)
+        return cumulative[x.astype(int) - 1] / x
+    raise ValueError(f"average must be one of {', '.join(AVERAGES)}, got {average!r}")
+
+
+@dataclass(frozen=True)
+class LoadedProfile:
+    """A profile read from a file, with the correlation it carries (if any)."""
+
+    profile: Profile
+    rho: float | None
+    description: str
+
+
+def profile_from_dict(data: dict) -> LoadedProfile:
+    """Build a profile from the JSON schema in the module docstring."""
+    if not isinstance(data, dict):
+        raise ValueError("profile must be a JSON object")
+    kind = data.get("kind", "table" if "staleness" in data else None)
+    rho = data.get("rho")
+    if rho is not None:
+        rho = float(rho)
+        require_in_range("rho", rho, 0.0, 1.0)
+    if kind == "power_law":
+        unknown = set(data) - {"kind", "alpha", "tau", "scale", "floor", "rho", "source", "fit", "notes"}
+        if unknown:
+            raise ValueError(f"profile has unknown power_law keys: {', '.join(sorted(unknown))}")
+        if "alpha" not in data:
+            raise ValueError("profile of kind power_law needs 'alpha'")
+        profile = PowerLawProfile(
+            alpha=float(data["alpha"]),
+            tau=float(data.get("tau", 1.0)),
+            scale=float(data.get("scale", 1.0)),
+            floor=float(data.get("floor", 0.0)),
+        )
+        desc = (
+            f"power law sigma^2(s) = {profile.scale:g} ({profile.floor:g} + (s/{profile.tau:g})^{2 * profile.alpha:g})"
+        )
+        return LoadedProfile(profile, rho, desc)
+    if kind == "table":
+        if "staleness" not in data or "sigma_sq" not in data:
+            raise ValueError("profile of kind table needs 'staleness' and 'sigma_sq' lists")
+        profile = TabulatedProfile(tuple(map(float, data["staleness"])), tuple(map(float, data["sigma_sq"])))
+        desc = f"measured table, {len(profile.staleness)} points, staleness {profile.staleness[0]:g}..{profile.staleness[-1]:g}"
+        return LoadedProfile(profile, rho, desc)
+    raise ValueError(f"profile kind must be 'power_law' or 'table', got {kind!r}")
+
+
+def load_profile(path: str | Path) -> LoadedProfile:
+    """Read a JSON or CSV profile file; any problem is a one-line ``ValueError``."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ValueError(f"profile file {str(path)!r} cannot be read: {err.strerror or err}") from None
+    if path.suffix.lower() == ".csv":
+        rows = list(csv.DictReader(text.splitlines()))
+        if not rows or not {"staleness", "sigma_sq"} <= set(rows[0]):
+            raise ValueError(f"profile file {str(path)!r} must be CSV with columns staleness,sigma_sq")
+        try:
+            data = {
+                "kind": "table",
+                "staleness": [float(r["staleness"]) for r in rows],
+                "sigma_sq": [float(r["sigma_sq"]) for r in rows],
+            }
+        except (TypeError, ValueError):
+            raise ValueError(f"profile file {str(path)!r} has a non-numeric value") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"profile file {str(path)!r} is not valid JSON: {err.msg} (line {err.lineno})") from None
+    try:
+        return profile_from_dict(data)
+    except (TypeError, KeyError) as err:
+        raise ValueError(f"profile file {str(path)!r} is malformed: {err}") from None
+
+
+def save_profile(path: str | Path, data: dict) -> None:
+    """Write a profile dict as JSON after checking it loads; refuses to overwrite."""
+    path = Path(path)
+    profile_from_dict(data)
+    with path.open("x") as handle:  # "x": never overwrite a saved result
+        json.dump(data, handle, indent=2)
