@@ -124,3 +124,20 @@ def test_python_dash_m_entry_point():
                             capture_output=True, text=True)
     assert result.returncode == 0
     assert json.loads(result.stdout)["gamma"] == pytest.approx((1 + 1 / 7) / 6.28)
+
+
+def test_derive_prints_the_derived_y_star(capsys):
+    code, out, err = run(capsys, "derive", "y-star")
+    assert code == 0 and err == ""
+    assert out.startswith("y-star: Optimal replay ratio")
+    assert "sympy.solve" in out and "= 0" in out  # the step that checks the printed form reduces to 0
+
+
+def test_derive_latex_of_eta_star_flags_the_factor_two(capsys):
+    code, out, _ = run(capsys, "derive", "eta-star", "--latex")
+    assert code == 0 and r"8 \sqrt{6}" in out and r"\frac{derived}{printed} = 2" in out
+
+
+def test_derive_unknown_name_is_one_line_exit_2(capsys):
+    code, out, err = run(capsys, "derive", "nope")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "y-star" in err

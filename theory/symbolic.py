@@ -1,0 +1,854 @@
+"""Symbolic derivations (sympy) of the closed forms used by replay-theory.
+
+Each derivation starts from the paper's definitions and lets sympy do the work
+(``diff``, ``solve``, ``simplify``, ``factor``, ``Poly``, ``limit``,
+``series``), recording every step as a :class:`Step`. A step whose text says
+"(argued)" states a fact that is reasoned in words, not computed; every other
+step shows what sympy returned. The numeric modules (``design``, ``profiles``,
+``divergences``) implement the results; ``tests/test_symbolic.py`` compares the
+two.
+
+This module is imported only by ``replay-theory derive`` and the tests (never by
+``replay-theory optimal``), so it imports sympy at the top.
+
+Papers (files in shared/papers):
+
+- "Efficient RL training for LLMs with experience replay"
+  (experience-replay-optimal-buffer.txt): Thm 3.5, App. C.3.1, App. C.3.2, Eq. (5).
+- "Prosperity before Collapse" / M2PO (m2po-stale-data.txt): Thm 5.1, App. C.
+- FreshPER (freshper-prioritized-replay.txt, arXiv:2604.16918): Eqs. (5), (8), (9), (24).
+
+| derivation              | derives                                                                         |
+|-------------------------|---------------------------------------------------------------------------------|
+| ``y-star``              | y*(x) = 1/sqrt(mu (rho + 1/x)) from dJ/dy = 0, d2J/dy2 > 0 (Thm 3.5)            |
+| ``reduction``           | I(x) = J(x, y*(x)) = s (sqrt(mu) + sqrt(rho + 1/x))^2 (App. C.3.1)              |
+| ``power-law-quadratic`` | sigmabar^2 = (x/tau)^(2a)/(2a+1), K(x) (Eq. 5), first-order condition,          |
+|                         | A x^2 + B x - C = 0 via Poly, discriminant, the printed x* as its '+' root      |
+| ``power-law-roots``     | y-quadratic, printed y*, rationalised x* and y*, limits rho -> 0 and mu -> rho  |
+| ``spurious-root``       | alpha >= 1/2: K' > 0, K -> 0 as x -> 0+, the printed root is spurious; mu < rho |
+| ``mu-conventions``      | c = mu R + B is Sec. 3 with mu -> 1/mu; dy*/dmu and dx*/dmu change sign         |
+| ``eta-star``            | eta* = sqrt(a/b), J0(eta*) = 2 sqrt(ab) = 8 sqrt(6) ... (printed: 4 sqrt(6))    |
+| ``var-r-chi2``          | E_q[r] = 1, Var_q(r) = chi^2 = exp(D_2) - 1, ESS = n exp(-D_2) (FreshPER)       |
+| ``thm51-chain``         | (e^z - 1)^2 <= max(1, e^z)^2 z^2 <= exp(2 abs(z)) z^2, chi^2 <= R^2 M2 (M2PO)   |
+
+Derivations are built lazily and cached (``functools.cache``): treat a returned
+:class:`Derivation` as read-only.
+
+| code name    | paper symbol     | meaning                                                            |
+|--------------|------------------|--------------------------------------------------------------------|
+| ``mu``       | mu (Sec. 3)      | update cost / rollout cost: c = R + mu B (``mu-conventions``)      |
+| ``x``, ``y`` | x = N/R, y = B/R | staleness horizon, replay ratio                                    |
+| ``s``        | sigmabar^2(x)    | buffer-averaged noise bound, > 0, independent of y                 |
+| ``rho``      | rho              | correlation (Assumption 3.3); a positive symbol, rho -> 0 by limit |
+| ``alpha``    | alpha            | power-law exponent, sigma(s) = (s/tau)^alpha                       |
+| ``z``        | log r            | log importance ratio (M2PO)                                        |
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import sympy
+from sympy import Eq, Rational, sqrt
+
+__all__ = ["Step", "Derivation", "DERIVATIONS", "derive", "render"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a derivation: a line of words and the expression sympy produced."""
+
+    description: str
+    expr: sympy.Basic
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """A derivation: its steps, its final result and the symbols it uses.
+
+    ``parts`` names intermediate results (coefficients, printed forms, limits) so
+    that tests and callers can use them without parsing ``steps``.
+    """
+
+    name: str
+    title: str
+    source: str
+    steps: tuple[Step, ...]
+    result: sympy.Basic
+    symbols: dict[str, sympy.Symbol]
+    parts: dict[str, sympy.Basic] = field(default_factory=dict)
+
+
+ER_PAPER = "Efficient RL training for LLMs with experience replay"
+
+
+def _positive(*names: str) -> tuple[sympy.Symbol, ...]:
+    return tuple(sympy.Symbol(name, positive=True) for name in names)
+
+
+def _zero(expr: sympy.Basic) -> sympy.Basic:
+    """simplify(expr): 0 when an identity holds."""
+    return sympy.simplify(expr)
+
+
+def _identity(lhs: sympy.Basic, rhs: sympy.Basic) -> sympy.Eq:
+    """The step 'lhs - rhs = simplify(lhs - rhs)', unevaluated so that it prints as '... = 0'."""
+    difference = lhs - rhs
+    return Eq(difference, _zero(difference), evaluate=False)
+
+
+def _root_equal_to(roots: list[sympy.Expr], target: sympy.Expr, what: str) -> tuple[sympy.Expr, list[sympy.Expr]]:
+    """The root in ``roots`` that simplifies to ``target``, and the others; RuntimeError if none does."""
+    differences = [sympy.simplify(root - target) for root in roots]
+    if 0 not in differences:
+        raise RuntimeError(f"none of sympy's roots {roots} simplifies to the printed {what} {target}")
+    index = differences.index(0)
+    return roots[index], roots[:index] + roots[index + 1:]
+
+
+# Shared definitions (Sec. 3 parametrisation, App. C.3.1).
+def _design_symbols() -> dict[str, sympy.Symbol]:
+    mu, rho, x, y, s = _positive("mu", "rho", "x", "y", "s")
+    return {"mu": mu, "rho": rho, "x": x, "y": y, "s": s}
+
+
+def _objective_j(s, mu, rho, x, y):
+    return s * (1 + mu * y) * (1 / y + 1 / x + rho)  # App. C.3.1: J(x, y)
+
+
+def _y_star_printed(mu, rho, x):
+    return 1 / sqrt(mu * (rho + 1 / x))  # Thm 3.5
+
+
+def _power_law_k(x, mu, rho, alpha):
+    return x**alpha * (sqrt(mu) + sqrt(rho + 1 / x))  # Eq. (5)
+
+
+def _printed_x_star(mu, rho, alpha):
+    root = sqrt(alpha**2 * mu**2 + mu * rho * (1 - 2 * alpha))
+    return (-(alpha * mu + rho * (1 - 2 * alpha)) + root) / (2 * alpha * rho * (mu - rho))  # App. C.3.2
+
+
+def _printed_y_star(mu, rho, alpha):
+    root = sqrt(alpha**2 * mu**2 + mu * rho * (1 - 2 * alpha))
+    return (-alpha * mu + root) / (rho * mu)  # App. C.3.2
+
+
+# --------------------------------------------------------------------------- 1. y-star
+
+
+@functools.cache
+def _build_y_star() -> Derivation:
+    sym = _design_symbols()
+    mu, rho, x, y, s = (sym[k] for k in ("mu", "rho", "x", "y", "s"))
+    J = sympy.Function("J")(x, y)
+    y_star = sympy.Symbol("y_*", positive=True)
+    j_expr = _objective_j(s, mu, rho, x, y)
+    dj = sympy.diff(j_expr, y)
+    dj_simple = sympy.factor(sympy.simplify(dj))
+    solutions = sympy.solve(Eq(dj, 0), y)  # y is a positive symbol: only the positive root
+    (y_solved,) = solutions
+    printed = _y_star_printed(mu, rho, x)
+    d2j = sympy.simplify(sympy.diff(j_expr, y, 2))
+    lim0 = sympy.limit(j_expr, y, 0, "+")
+    lim_inf = sympy.limit(j_expr, y, sympy.oo)
+    steps = (
+        Step("Objective after optimising eta, per R rollouts (App. C.3.1); s = sigmabar^2(x) > 0 does not depend "
+             "on y", Eq(J, j_expr)),
+        Step("Differentiate in y (sympy.diff)", Eq(sympy.Derivative(J, y), dj)),
+        Step("Simplify: the 1/y terms cancel, leaving s (mu (rho + 1/x) - 1/y^2)",
+             Eq(sympy.Derivative(J, y), dj_simple)),
+        Step(f"Solve dJ/dy = 0 for y > 0 (sympy.solve, {len(solutions)} positive solution)", Eq(y_star, y_solved)),
+        Step("It equals the printed Thm 3.5 form 1/sqrt(mu (rho + 1/x)): difference simplifies to 0",
+             _identity(y_solved, printed)),
+        Step("Second derivative (sympy.diff twice, simplified)", Eq(sympy.Derivative(J, (y, 2)), d2j)),
+        Step(f"Positive for s, y > 0 (sympy is_positive = {d2j.is_positive}): J is strictly convex in y, "
+             "so the stationary point is the minimum", sympy.Gt(d2j, 0, evaluate=False)),
+        Step("J -> oo at both ends of y in (0, oo) (sympy.limit), so the minimum is interior and unique",
+             sympy.Tuple(Eq(sympy.Limit(J, y, 0, "+"), lim0), Eq(sympy.Limit(J, y, sympy.oo), lim_inf))),
+    )
+    return Derivation(
+        name="y-star",
+        title="Optimal replay ratio y*(x) for a fixed staleness horizon",
+        source=f"{ER_PAPER}, Thm 3.5 and App. C.3.1",
+        steps=steps,
+        result=Eq(y_star, y_solved),
+        symbols=dict(sym),
+        parts={"J": j_expr, "dJ_dy": dj_simple, "d2J_dy2": d2j, "y_star": y_solved, "printed": printed},
+    )
+
+
+# --------------------------------------------------------------------------- 2. reduction
+
+
+@functools.cache
+def _build_reduction() -> Derivation:
+    sym = _design_symbols()
+    mu, rho, x, y, s = (sym[k] for k in ("mu", "rho", "x", "y", "s"))
+    a = sympy.Symbol("a", positive=True)
+    I = sympy.Function("I")(x)
+    y_star = _build_y_star().result.rhs
+    j_expr = _objective_j(s, mu, rho, x, y)
+    substituted = j_expr.subs(y, y_star)
+    simplified = sympy.factor(sympy.simplify(substituted))
+    paper_form = s * (sqrt(mu) + sqrt(rho + 1 / x)) ** 2
+    lemma_lhs = (1 + sqrt(mu / a)) * (sqrt(mu * a) + a)
+    lemma_rhs = (sqrt(mu) + sqrt(a)) ** 2
+    steps = (
+        Step("Objective (App. C.3.1)", Eq(sympy.Function("J")(x, y), j_expr)),
+        Step("Substitute the minimiser y*(x) from the y-star derivation", Eq(I, substituted)),
+        Step("Simplify (sympy.simplify, factor)", Eq(I, simplified)),
+        Step("The paper's lemma with a = rho + 1/x: (1 + sqrt(mu/a))(sqrt(mu a) + a) - (sqrt(mu) + sqrt(a))^2 "
+             "expands to 0", Eq(lemma_lhs - lemma_rhs, sympy.expand(lemma_lhs - lemma_rhs), evaluate=False)),
+        Step("Hence J(x, y*) - s (sqrt(mu) + sqrt(rho + 1/x))^2 simplifies to 0 (positive symbols)",
+             _identity(substituted, paper_form)),
+        Step("Reduced one-dimensional objective; x* = argmin_x I(x) (Thm 3.5)", Eq(I, paper_form)),
+    )
+    return Derivation(
+        name="reduction",
+        title="Reduced objective I(x) = J(x, y*(x))",
+        source=f"{ER_PAPER}, Thm 3.5 and App. C.3.1",
+        steps=steps,
+        result=Eq(I, paper_form),
+        symbols=dict(sym),
+        parts={"J_at_y_star": substituted, "simplified": simplified, "I": paper_form},
+    )
+
+
+# --------------------------------------------------------------------------- 3. power-law-quadratic
+
+
+@functools.cache
+def _build_power_law_quadratic() -> Derivation:
+    sym = _design_symbols()
+    mu, rho, x = sym["mu"], sym["rho"], sym["x"]
+    alpha, tau, t = _positive("alpha", "tau", "t")
+    sym.update(alpha=alpha, tau=tau)
+    del sym["y"], sym["s"]
+    K = sympy.Function("K")(x)
+    I = sympy.Function("I")(x)
+    sbar = sympy.Function("sigmabar")(x) ** 2
+
+    # sigmabar^2 from the power law sigma(t) = (t/tau)^alpha, integral approximation.
+    sigma_sq = (t / tau) ** (2 * alpha)
+    integral = sympy.integrate(sigma_sq, (t, 0, x))
+    sbar_expr = sympy.simplify(integral / x)
+    sbar_paper = (x / tau) ** (2 * alpha) / (2 * alpha + 1)
+
+    # I(x) and K(x).
+    reduction = _build_reduction()
+    i_expr = reduction.result.rhs.subs(reduction.symbols["s"], sbar_expr)
+    k_expr = _power_law_k(x, mu, rho, alpha)
+    const = 1 / ((2 * alpha + 1) * tau ** (2 * alpha))
+
+    # First-order condition.
+    dk = sympy.diff(k_expr, x)
+    multiplier = 2 * x ** (2 - alpha) * sqrt(rho + 1 / x)
+    scaled = sympy.expand(sympy.simplify(dk * multiplier))
+    paper_scaled = 2 * alpha * x * (sqrt(mu) * sqrt(rho + 1 / x) + rho + 1 / x) - 1
+    lhs = 2 * alpha * sqrt(mu) * sqrt(rho * x**2 + x)
+    # sympy writes the root term as 2 alpha sqrt(mu) sqrt(x) sqrt(rho x + 1); replace it by lhs and move the rest.
+    root_terms = [term for term in sympy.Add.make_args(scaled) if term.has(mu)]
+    if len(root_terms) != 1:  # pragma: no cover - depends on sympy's canonical form
+        raise RuntimeError(f"unexpected form of the first-order condition: {scaled}")
+    rhs = sympy.expand(lhs - scaled.subs(root_terms[0], lhs))
+
+    # Square and collect.
+    squared = sympy.expand(lhs**2 - rhs**2)
+    poly = sympy.Poly(squared, x)
+    c2, c1, c0 = poly.all_coeffs()
+    A, B, C = sympy.factor(c2), sympy.factor(c1), sympy.factor(-c0)
+    A_sym, B_sym, C_sym, delta_sym = sympy.symbols("A B C Delta")
+    disc = sympy.factor(sympy.discriminant(poly, x))
+    disc_paper = 16 * alpha**2 * mu * (alpha**2 * mu + rho * (1 - 2 * alpha))
+    printed = _printed_x_star(mu, rho, alpha)
+    plus_root, (minus_root,) = _root_equal_to(sympy.solve(squared, x), printed, "x*")
+
+    steps = (
+        Step("Power-law noise profile squared, sigma^2(t) = (t/tau)^(2 alpha) (App. C.3.2)",
+             Eq(sympy.Function("sigma")(t) ** 2, sigma_sq)),
+        Step("Integrate over the ages 0..x held by the buffer (integral approximation of the sum, argued)",
+             Eq(sympy.Integral(sigma_sq, (t, 0, x)), integral)),
+        Step("Divide by x: the buffer average", Eq(sbar, sbar_expr)),
+        Step("Equals the printed (x/tau)^(2 alpha)/(2 alpha + 1): difference simplifies to 0",
+             _identity(sbar_expr, sbar_paper)),
+        Step("Substitute into the reduced objective I(x) (reduction derivation)", Eq(I, i_expr)),
+        Step("I(x) = K(x)^2 / ((2 alpha + 1) tau^(2 alpha)) with K(x) = x^alpha (sqrt(mu) + sqrt(rho + 1/x)) "
+             "(Eq. 5): difference simplifies to 0; K > 0 so argmin I = argmin K",
+             _identity(i_expr, const * k_expr**2)),
+        Step("Differentiate K (sympy.diff)", Eq(sympy.Derivative(K, x), dk)),
+        Step("Multiply by 2 x^(2 - alpha) sqrt(rho + 1/x) > 0 (same sign as K'), expand",
+             Eq(sympy.Mul(multiplier, sympy.Derivative(K, x), evaluate=False), scaled)),
+        Step("Equals the printed 2 alpha x (sqrt(mu) sqrt(rho + 1/x) + rho + 1/x) - 1: difference is 0",
+             _identity(scaled, paper_scaled)),
+        Step("For x > 0, x sqrt(rho + 1/x) = sqrt(rho x^2 + x): difference simplifies to 0",
+             _identity(x * sqrt(rho + 1 / x), sqrt(rho * x**2 + x))),
+        Step("First-order condition K'(x) = 0, root term on the left, the rest moved right", Eq(lhs, rhs)),
+        Step("Square both sides (may add roots where the right side is negative; see spurious-root)",
+             Eq(lhs**2, rhs**2)),
+        Step("Collect in x (sympy.Poly) and factor the coefficients: A x^2 + B x - C = 0",
+             Eq(A * x**2 + B * x - C, 0)),
+        Step("Coefficients: A = 4 alpha^2 rho (mu - rho), B = 4 alpha (alpha mu + rho (1 - 2 alpha)), "
+             "C = (1 - 2 alpha)^2",
+             sympy.Tuple(Eq(A_sym, A), Eq(B_sym, B), Eq(C_sym, C))),
+        Step("Discriminant (sympy.discriminant = B^2 + 4 A C for A x^2 + B x - C; the paper writes B^2 - 4AC, "
+             "right only if C is read as the signed constant -(1 - 2 alpha)^2)", Eq(delta_sym, disc)),
+        Step("Equals the printed 16 alpha^2 mu (alpha^2 mu + rho (1 - 2 alpha)): difference is 0",
+             _identity(disc, disc_paper)),
+        Step("The '+' root of the quadratic (sympy.solve)", Eq(sympy.Symbol("x_*"), plus_root)),
+        Step("equals the printed x* (App. C.3.2): difference simplifies to 0", _identity(plus_root, printed)),
+    )
+    return Derivation(
+        name="power-law-quadratic",
+        title="Power-law noise: K(x), the first-order condition and the quadratic for x*",
+        source=f"{ER_PAPER}, App. C.3.2, Eq. (5)",
+        steps=steps,
+        result=Eq(A * x**2 + B * x - C, 0),
+        symbols=sym,
+        parts={
+            "sigma_bar_sq": sbar_expr,
+            "I": i_expr,
+            "K": k_expr,
+            "dK": dk,
+            "foc_scaled": scaled,
+            "foc_lhs": lhs,
+            "foc_rhs": rhs,
+            "A": A,
+            "B": B,
+            "C": C,
+            "discriminant": disc,
+            "x_plus": plus_root,
+            "x_minus": minus_root,
+            "printed_x": printed,
+        },
+    )
+
+
+# --------------------------------------------------------------------------- 4. power-law-roots
+
+
+@functools.cache
+def _build_power_law_roots() -> Derivation:
+    quad = _build_power_law_quadratic()
+    sym = dict(quad.symbols)
+    mu, rho, x, alpha = sym["mu"], sym["rho"], sym["x"], sym["alpha"]
+    y = sympy.Symbol("y", positive=True)
+    w = sympy.Symbol("w", positive=True)  # w = sqrt(rho + 1/x)
+    c = sympy.Symbol("c", positive=True)  # c = 1 - alpha (> 1/2 when alpha < 1/2)
+    sym["y"] = y
+    x_star, y_star = sympy.symbols("x_* y_*", positive=True)
+
+    # (i) x from y*(x) = 1/sqrt(mu (rho + 1/x)).
+    (x_from_y,) = sympy.solve(Eq(y, _y_star_printed(mu, rho, x)), x)
+    # (ii) x from the first-order condition with sqrt(rho + 1/x) = 1/(sqrt(mu) y).
+    foc_w = 2 * alpha * x * (sqrt(mu) * w + w**2) - 1
+    foc_y = foc_w.subs(w, 1 / (sqrt(mu) * y))
+    (x_from_foc,) = sympy.solve(foc_y, x)
+    # (iii) equate.
+    numerator = sympy.factor(sympy.numer(sympy.together(x_from_foc - x_from_y)))
+    quad_y = sympy.expand(sympy.cancel(numerator / (mu * y**2)))
+    if sympy.Poly(quad_y, y).LC().could_extract_minus_sign():
+        quad_y = sympy.expand(-quad_y)
+    a2, _, a0 = sympy.Poly(quad_y, y).all_coeffs()
+    product = sympy.factor(a0 / a2)
+    printed_y = _printed_y_star(mu, rho, alpha)
+    plus_root, _ = _root_equal_to(sympy.solve(quad_y, y), printed_y, "y*")
+    # x* through y* alone: eliminate mu with the quadratic, mu y (rho y + 2 alpha) = 1 - 2 alpha.
+    (mu_of_y,) = sympy.solve(quad_y, mu)
+    x_of_y = sympy.factor(sympy.simplify(x_from_y.subs(mu, mu_of_y)))
+
+    # Rationalise both printed roots: multiply by the conjugate of the numerator.
+    root = sqrt(alpha**2 * mu**2 + mu * rho * (1 - 2 * alpha))
+    conj_y = sympy.expand((-alpha * mu + root) * (alpha * mu + root))
+    stable_y = sympy.factor(sympy.cancel(conj_y / (rho * mu))) / (alpha * mu + root)
+    shift = alpha * mu + rho * (1 - 2 * alpha)
+    conj_x = sympy.factor(sympy.expand((-shift + root) * (shift + root)))
+    printed_x = _printed_x_star(mu, rho, alpha)
+    stable_x = sympy.factor(sympy.cancel(conj_x / (2 * alpha * rho * (mu - rho)))) / (shift + root)
+
+    # Limits rho -> 0 (printed forms are 0/0 there).
+    x_rho0 = sympy.factor(sympy.limit(printed_x, rho, 0, "+"))
+    y_rho0 = sympy.factor(sympy.limit(printed_y, rho, 0, "+"))
+    # mu = rho: the printed numerator holds sqrt((1 - alpha)^2); write alpha = 1 - c (c > 0, true for alpha < 1)
+    # so that sympy knows sqrt(c^2) = c, then put alpha back.
+    def at_mu_eq_rho(expr: sympy.Expr) -> sympy.Expr:
+        return sympy.factor(sympy.simplify(expr.subs(alpha, 1 - c).subs(mu, rho)).subs(c, 1 - alpha))
+
+    num_at = at_mu_eq_rho(sympy.numer(sympy.together(printed_x)))
+    x_mu_rho = sympy.factor(sympy.limit(printed_x.subs(alpha, 1 - c), mu, rho, "+-").subs(c, 1 - alpha))
+    stable_at = at_mu_eq_rho(stable_x)
+
+    steps = (
+        Step("Characterisation 1: invert y*(x) = 1/sqrt(mu (rho + 1/x)) for x (sympy.solve)",
+             Eq(x_star, x_from_y.subs(y, y_star))),
+        Step("Characterisation 2: put w = sqrt(rho + 1/x) = 1/(sqrt(mu) y) into the first-order condition "
+             "2 alpha x (sqrt(mu) w + w^2) = 1", Eq(foc_y.subs(y, y_star) + 1, 1)),
+        Step("Solve it for x (sympy.solve)", Eq(x_star, x_from_foc.subs(y, y_star))),
+        Step("Equate the two: numerator of the difference (sympy.together, factor)", Eq(numerator.subs(y, y_star), 0)),
+        Step("Divide by mu y^2 > 0: the quadratic in y* (App. C.3.2)", Eq(quad_y.subs(y, y_star), 0)),
+        Step("Vieta: product of the roots = (2 alpha - 1)/(rho mu) < 0 for alpha < 1/2 (sign argued), "
+             "so exactly one root is positive", Eq(sympy.Symbol("y_1") * sympy.Symbol("y_2"), product)),
+        Step("Its positive root (sympy.solve)", Eq(y_star, plus_root)),
+        Step("equals the printed y*: difference simplifies to 0", _identity(plus_root, printed_y)),
+        Step("Multiply the printed y* by the conjugate of its numerator: the numerator becomes mu rho (1 - 2 alpha)",
+             Eq(sympy.Mul(-alpha * mu + root, alpha * mu + root, evaluate=False), conj_y)),
+        Step("Rationalised (stable) y*: no 0/0 at rho = 0, no cancellation", Eq(y_star, stable_y)),
+        Step("Printed y* minus stable y* simplifies to 0", _identity(printed_y, stable_y)),
+        Step("Same for the printed x*: the conjugate product is rho (1 - 2 alpha)^2 (mu - rho), which cancels "
+             "the (mu - rho) and rho of the denominator",
+             Eq(sympy.Mul(-shift + root, shift + root, evaluate=False), conj_x)),
+        Step("Rationalised (stable) x*: no 0/0 at rho = 0 nor at mu = rho", Eq(x_star, stable_x)),
+        Step("Printed x* minus stable x* simplifies to 0", _identity(printed_x, stable_x)),
+        Step("Stable x* agrees with characterisation 2 at the stable y*: difference simplifies to 0",
+             _identity(stable_x, x_from_foc.subs(y, stable_y))),
+        Step("Eliminating mu from characterisation 1 with the y-quadratic: x* in terms of y* alone "
+             "(another stable form)", Eq(x_star, x_of_y.subs(y, y_star))),
+        Step("rho -> 0: the printed x* is 0/0; sympy.limit gives a finite value (removable singularity)",
+             Eq(sympy.Limit(printed_x, rho, 0, "+"), x_rho0)),
+        Step("rho -> 0 of the printed y* (removable singularity)", Eq(sympy.Limit(printed_y, rho, 0, "+"), y_rho0)),
+        Step("The stable forms evaluated at rho = 0 give the same values (plain substitution, no limit needed)",
+             sympy.Tuple(Eq(sympy.Subs(x_star, rho, 0), sympy.factor(stable_x.subs(rho, 0))),
+                         Eq(sympy.Subs(y_star, rho, 0), sympy.factor(stable_y.subs(rho, 0))))),
+        Step("mu = rho: the printed x* has denominator 0 and its numerator rho (alpha - 1 + |1 - alpha|) is 0 for "
+             "alpha < 1 (computed with alpha = 1 - c, c > 0), i.e. 0/0",
+             Eq(sympy.Subs(sympy.numer(sympy.together(printed_x)), mu, rho), num_at)),
+        Step("Two-sided limit mu -> rho of the printed x* (same substitution): finite",
+             Eq(sympy.Limit(printed_x, mu, rho, "+-"), x_mu_rho)),
+        Step("The stable x* evaluated at mu = rho (same substitution) gives the same value",
+             Eq(sympy.Subs(x_star, mu, rho), stable_at)),
+    )
+    return Derivation(
+        name="power-law-roots",
+        title="Power-law noise: closed forms of x* and y*, stable forms and removable singularities",
+        source=f"{ER_PAPER}, App. C.3.2",
+        steps=steps,
+        result=sympy.Tuple(Eq(x_star, stable_x), Eq(y_star, stable_y)),
+        symbols=sym,
+        parts={
+            "x_from_y": x_from_y,
+            "x_from_foc": x_from_foc,
+            "x_of_y": x_of_y,
+            "y_quadratic": quad_y,
+            "root_product": product,
+            "y_plus": plus_root,
+            "printed_x": printed_x,
+            "printed_y": printed_y,
+            "stable_x": stable_x,
+            "stable_y": stable_y,
+            "x_rho0": x_rho0,
+            "y_rho0": y_rho0,
+            "x_mu_eq_rho": x_mu_rho,
+            "numerator_mu_eq_rho": num_at,
+            "stable_x_mu_eq_rho": stable_at,
+        },
+    )
+
+
+# --------------------------------------------------------------------------- 5. spurious-root
+
+
+@functools.cache
+def _build_spurious_root() -> Derivation:
+    quad = _build_power_law_quadratic()
+    sym = dict(quad.symbols)
+    mu, rho, x, alpha = sym["mu"], sym["rho"], sym["x"], sym["alpha"]
+    d = sympy.Symbol("delta", nonnegative=True)  # alpha = 1/2 + delta
+    lhs, rhs = quad.parts["foc_lhs"], quad.parts["foc_rhs"]
+    scaled = sympy.expand(lhs - rhs)  # = 2 x^(2-alpha) sqrt(rho + 1/x) K'(x)
+    shifted = sympy.expand(scaled.subs(alpha, Rational(1, 2) + d))
+    A, B, C = quad.parts["A"], quad.parts["B"], quad.parts["C"]
+
+    values = {alpha: Rational(3, 4), mu: 2, rho: Rational(1, 2)}
+    A_v, B_v, C_v = (sympy.nsimplify(e.subs(values)) for e in (A, B, C))
+    x_plus = sympy.radsimp(sympy.simplify(quad.parts["printed_x"].subs(values)))
+    lhs_v = sympy.simplify(lhs.subs(values).subs(x, x_plus))
+    rhs_v = sympy.simplify(rhs.subs(values).subs(x, x_plus))
+    k_expr = quad.parts["K"]
+    dk_v = quad.parts["dK"].subs(values).subs(x, x_plus)
+    residual = sympy.simplify(A_v * x_plus**2 + B_v * x_plus - C_v)
+    y_printed_v = sympy.simplify(_printed_y_star(mu, rho, alpha).subs(values))
+    x_plus_sym = sympy.Symbol("x_+")
+    K = sympy.Function("K")(x)
+    Kp = sympy.Subs(sympy.Derivative(K, x), x, x_plus_sym)
+    multiplier = 2 * x ** (2 - alpha) * sqrt(rho + 1 / x)
+    # The infimum on the border: K(x) -> 0 as x -> 0+ for alpha > 1/2 (K -> 1 at alpha = 1/2).
+    d_pos = sympy.Symbol("delta", positive=True)
+    k_lim = sympy.limit(k_expr.subs(alpha, Rational(1, 2) + d_pos), x, 0, "+")
+    k_lim_half = sympy.limit(k_expr.subs(alpha, Rational(1, 2)), x, 0, "+")
+    # alpha < 1/2 but mu < rho: A < 0, both roots of the squared quadratic are positive; only one is genuine.
+    values_low = {alpha: Rational(2, 5), mu: Rational(1, 5), rho: Rational(1, 2)}
+    roots_low = sympy.solve(quad.result.lhs.subs(values_low), x)
+    printed_low = sympy.radsimp(sympy.simplify(quad.parts["printed_x"].subs(values_low)))
+    genuine_low, (other_low,) = _root_equal_to(roots_low, printed_low, "x*")
+    rhs_low = tuple(sympy.simplify(rhs.subs(values_low).subs(x, r)) for r in (genuine_low, other_low))
+
+    steps = (
+        Step("Scaled derivative 2 x^(2 - alpha) sqrt(rho + 1/x) K'(x) = LHS - RHS of the first-order condition",
+             Eq(sympy.Mul(multiplier, sympy.Derivative(K, x), evaluate=False), scaled)),
+        Step(f"With alpha = 1/2 + delta, delta >= 0: every term is >= 0 and the root term > 0 "
+             f"(sympy is_positive = {shifted.is_positive}), so K' > 0: K increases, the infimum is x -> 0+ "
+             "(stay on-policy)", sympy.Gt(shifted, 0, evaluate=False)),
+        Step("For alpha = 1/2 + delta, delta > 0, K(x) -> 0 as x -> 0+ (sympy.limit; at alpha = 1/2 the limit is "
+             "1): the infimum is on the border and not attained, so App. C.3.1's premise that J tends to infinity "
+             "on the border of (0, oo)^2 fails for alpha >= 1/2",
+             sympy.Tuple(Eq(sympy.Limit(k_expr.subs(alpha, Rational(1, 2) + d_pos), x, 0, "+"), k_lim),
+                         Eq(sympy.Limit(k_expr.subs(alpha, Rational(1, 2)), x, 0, "+"), k_lim_half))),
+        Step("Squared quadratic A x^2 + B x - C = 0 (power-law-quadratic): for mu > rho, A > 0 and -C < 0, "
+             "so the roots have product -C/A < 0 and one of them is positive (argued from signs)",
+             Eq(sympy.Symbol("x_1") * sympy.Symbol("x_2"), sympy.factor(-C / A))),
+        Step("That positive root satisfies LHS = -RHS, not LHS = RHS: its RHS 1 - 2 alpha - 2 alpha rho x is < 0 "
+             "for alpha > 1/2 while LHS = 2 alpha sqrt(mu) sqrt(rho x^2 + x) > 0 (argued)", Eq(lhs, rhs)),
+        Step("Instance alpha = 3/4, mu = 2, rho = 1/2: coefficients A, B, C",
+             sympy.Tuple(*(Eq(sympy.Symbol(n), v) for n, v in zip("ABC", (A_v, B_v, C_v))))),
+        Step(f"Printed x* there (exact): positive (x_+ = {float(x_plus):.6g})", Eq(x_plus_sym, x_plus)),
+        Step("It solves the squared quadratic: A x_+^2 + B x_+ - C simplifies to 0",
+             Eq(A_v * x_plus_sym**2 + B_v * x_plus_sym - C_v, residual, evaluate=False)),
+        Step(f"But LHS = {float(lhs_v):.6g} > 0 and RHS = {float(rhs_v):.6g} < 0 at x_+: the unsquared condition fails",
+             sympy.Tuple(Eq(sympy.Symbol("LHS"), lhs_v), Eq(sympy.Symbol("RHS"), rhs_v))),
+        Step("K'(x_+), computed exactly and evaluated to 15 digits, is > 0: x_+ is not a stationary point of K",
+             Eq(Kp, dk_v.evalf(15))),
+        Step(f"The printed y* at the same values is {float(y_printed_v):.6g} < 0 (both roots of the y-quadratic are "
+             "negative when 2 alpha - 1 > 0)", Eq(sympy.Symbol("y^printed_*"), y_printed_v)),
+        Step("Even for alpha < 1/2 squaring adds a root when mu < rho: A < 0, product -C/A > 0 and sum -B/A > 0, so "
+             "both roots are positive. Instance alpha = 2/5, mu = 1/5, rho = 1/2: the printed ('+') root has "
+             f"RHS = {float(rhs_low[0]):.4g} > 0 (genuine), the other RHS = {float(rhs_low[1]):.4g} < 0 (spurious); "
+             "the printed formula picks the right one",
+             sympy.Tuple(Eq(sympy.Symbol("x_printed"), genuine_low), Eq(sympy.Symbol("x_other"), other_low))),
+    )
+    return Derivation(
+        name="spurious-root",
+        title="alpha > 1/2: no interior optimum; the squared first-order condition has a spurious root",
+        source=f"{ER_PAPER}, App. C.3.2 (closed form stated for alpha < 1/2)",
+        steps=steps,
+        result=sympy.Gt(shifted, 0, evaluate=False),
+        symbols={**sym, "delta": d},
+        parts={
+            "scaled_dK": scaled,
+            "scaled_dK_shifted": shifted,
+            "instance": sympy.Dict(values),
+            "x_plus": x_plus,
+            "lhs_at_root": lhs_v,
+            "rhs_at_root": rhs_v,
+            "dK_at_root": dk_v,
+            "K": k_expr,
+            "printed_y_at_instance": y_printed_v,
+            "K_limit_at_0": k_lim,
+            "K_limit_at_0_alpha_half": k_lim_half,
+            "instance_mu_below_rho": sympy.Dict(values_low),
+            "genuine_root_mu_below_rho": genuine_low,
+            "other_root_mu_below_rho": other_low,
+            "rhs_at_roots_mu_below_rho": sympy.Tuple(*rhs_low),
+        },
+    )
+
+
+# --------------------------------------------------------------------------- 6. mu-conventions
+
+
+@functools.cache
+def _build_mu_conventions() -> Derivation:
+    sym = _design_symbols()
+    mu, rho, x, y, s = (sym[k] for k in ("mu", "rho", "x", "y", "s"))
+    alpha = sympy.Symbol("alpha", positive=True)
+    R, B = _positive("R", "B")
+    sym["alpha"] = alpha
+    J_sec3 = sympy.Function("J_sec3")
+    J_roll = sympy.Function("J_rollout")
+    noise = s * (1 / y + 1 / x + rho)
+    j_sec3 = _objective_j(s, mu, rho, x, y)
+    j_roll = sympy.expand((mu * R + B) / R).subs(B, y * R) * noise  # cost mu R + B per update, per R rollouts
+    identity = _identity(j_roll, mu * j_sec3.subs(mu, 1 / mu))
+    (y_roll,) = sympy.solve(sympy.diff(j_roll, y), y)
+    y_sec3 = _build_y_star().result.rhs
+    y_roll_paper = sqrt(mu / (rho + 1 / x))
+    dy_sec3 = sympy.simplify(sympy.diff(y_sec3, mu))
+    dy_roll = sympy.simplify(sympy.diff(y_roll, mu))
+
+    # Power law: how x*, y* move with the Sec. 3 mu (implicit differentiation of the y-quadratic).
+    roots = _build_power_law_roots()  # its y symbol is the same positive Symbol("y")
+    yq = sympy.Function("y")(mu)
+    implicit = roots.parts["y_quadratic"].subs(y, yq)
+    (dy_dmu,) = sympy.solve(sympy.diff(implicit, mu), sympy.Derivative(yq, mu))
+    dy_dmu = sympy.factor(dy_dmu.subs(yq, y))
+    x_of_y = roots.parts["x_of_y"]  # x* = (1 - 2 alpha) y* / (2 alpha (1 + rho y*))
+    dx_dy = sympy.factor(sympy.diff(x_of_y, y))
+
+    steps = (
+        Step("Sec. 3 as printed: cost per update c = R + mu B, mu = update cost / rollout cost; per R rollouts",
+             Eq(J_sec3(x, y, mu), j_sec3)),
+        Step("Sec. 2 / Table 1 reading: mu = rollout cost / update cost, so c = mu R + B; divide by R (y = B/R)",
+             Eq(J_roll(x, y, mu), j_roll)),
+        Step("J_rollout(x, y; mu) - mu J_sec3(x, y; 1/mu) simplifies to 0: a positive factor, same argmin with "
+             "mu -> 1/mu", identity),
+        Step("Solve dJ_rollout/dy = 0 for y > 0 (sympy.solve)", Eq(sympy.Symbol("y^*_rollout"), y_roll)),
+        Step("Equals sqrt(mu/(rho + 1/x)) and the Sec. 3 y* at 1/mu: differences simplify to 0",
+             sympy.Tuple(_identity(y_roll, y_roll_paper), _identity(y_roll, y_sec3.subs(mu, 1 / mu)))),
+        Step(f"Sec. 3 reading: dy*/dmu (sympy is_negative = {dy_sec3.is_negative}): more expensive updates, "
+             "fewer replays", Eq(sympy.Derivative(sympy.Symbol("y^*_sec3"), mu), dy_sec3)),
+        Step(f"Rollout-cost reading: dy*/dmu (sympy is_positive = {dy_roll.is_positive}): more expensive rollouts, "
+             "more replays", Eq(sympy.Derivative(sympy.Symbol("y^*_rollout"), mu), dy_roll)),
+        Step("Power law (Sec. 3 mu): differentiate rho mu y^2 + 2 alpha mu y + 2 alpha - 1 = 0 implicitly; "
+             "negative for y > 0 (every factor signed)", Eq(sympy.Derivative(sympy.Symbol("y_*"), mu), dy_dmu)),
+        Step("x* as a function of y* alone (power-law-roots: mu eliminated with the y-quadratic)",
+             Eq(sympy.Symbol("x_*"), x_of_y)),
+        Step("dx*/dy* > 0 for alpha < 1/2 (argued from the signs): x* moves with y*, so both fall as the Sec. 3 "
+             "mu grows and both rise with the rollout-cost mu (Fig. 4's caption)",
+             Eq(sympy.Derivative(sympy.Symbol("x_*"), sympy.Symbol("y_*")), dx_dy)),
+    )
+    return Derivation(
+        name="mu-conventions",
+        title="The two meanings of mu: c = R + mu B (Sec. 3) versus c = mu R + B (Sec. 2, Table 1)",
+        source=f"{ER_PAPER}, Sec. 2, Sec. 3, Fig. 4 caption",
+        steps=steps,
+        result=Eq(sympy.Symbol("y^*_rollout"), y_roll),
+        symbols=sym,
+        parts={
+            "J_sec3": j_sec3,
+            "J_rollout": j_roll,
+            "identity": identity,
+            "y_rollout": y_roll,
+            "dy_dmu_sec3": dy_sec3,
+            "dy_dmu_rollout": dy_roll,
+            "dy_dmu_power_law": dy_dmu,
+            "x_of_y": x_of_y,
+            "dx_dy": dx_dy,
+        },
+    )
+
+
+# --------------------------------------------------------------------------- 7. eta-star
+
+
+@functools.cache
+def _build_eta_star() -> Derivation:
+    eta, a, b, F0, c, C, L, s, S = _positive("eta", "a", "b", "F_0", "c", "C", "L", "s", "S")
+    B, N, R, rho, mu = _positive("B", "N", "R", "rho", "mu")
+    J0 = sympy.Function("J_0")(eta)
+    j0 = a / eta + b * eta
+    a_def = 12 * F0 * c / C
+    b_def = 8 * L * s * S
+    (eta_star,) = sympy.solve(sympy.diff(j0, eta), eta)
+    d2 = sympy.simplify(sympy.diff(j0, eta, 2))
+    j_min_ab = sympy.simplify(j0.subs(eta, eta_star))
+    j_min = sympy.simplify(j_min_ab.subs({a: a_def, b: b_def}))
+    printed = 4 * sqrt(6) * sqrt(L * F0) / sqrt(C) * sqrt(c * s * S)  # App. C.3.1 as printed
+    ratio = sympy.simplify(j_min / printed)
+    steps = (
+        Step("Asymptotic objective (App. C.3.1): J0 = 12 F0 c/(C eta) + 8 L eta s S, s = sigmabar^2(N/R), "
+             "S = 1/B + 1/N + rho/R, c = R + mu B", Eq(J0, j0)),
+        Step("with a and b",
+             sympy.Tuple(Eq(a, a_def), Eq(b, b_def), Eq(S, 1 / B + 1 / N + rho / R), Eq(c, R + mu * B))),
+        Step("Solve dJ0/deta = -a/eta^2 + b = 0 for eta > 0 (sympy.solve)", Eq(sympy.Symbol("eta_*"), eta_star)),
+        Step(f"Second derivative 2a/eta^3 > 0 (sympy is_positive = {d2.is_positive}): a minimum",
+             Eq(sympy.Derivative(J0, (eta, 2)), d2)),
+        Step("Minimum value (substitute and simplify)", Eq(sympy.Function("J_0")(sympy.Symbol("eta_*")), j_min_ab)),
+        Step("Put a and b back: 2 sqrt(96 L F0 c s S / C) = 8 sqrt(6) sqrt(L F0 c s S / C)",
+             Eq(sympy.Function("J_0")(sympy.Symbol("eta_*")), j_min)),
+        Step("App. C.3.1 prints 4 sqrt(6) sqrt(L F0/C) sqrt(c s S): derived / printed = 2 (a factor 2 dropped, "
+             "i.e. the paper wrote sqrt(ab) for 2 sqrt(ab)); a positive constant, so the argmin over (R, B, N) and "
+             "the objective J = c s S are unchanged", Eq(sympy.Symbol("derived") / sympy.Symbol("printed"), ratio)),
+    )
+    return Derivation(
+        name="eta-star",
+        title="Optimal step size eta* and the value of the asymptotic bound",
+        source=f"{ER_PAPER}, App. C.3.1 (from Thm 3.4)",
+        steps=steps,
+        result=Eq(sympy.Function("J_0")(sympy.Symbol("eta_*")), j_min),
+        symbols={"eta": eta, "a": a, "b": b, "F0": F0, "c": c, "C": C, "L": L, "s": s, "S": S,
+                 "B": B, "N": N, "R": R, "rho": rho, "mu": mu},
+        parts={"J0": j0, "eta_star": eta_star, "J0_min_ab": j_min_ab, "J0_min": j_min, "printed": printed,
+               "ratio": ratio, "a": a_def, "b": b_def},
+    )
+
+
+# --------------------------------------------------------------------------- 8. var-r-chi2
+
+
+def _linear_sum(summand: sympy.Expr, limits: tuple) -> sympy.Expr:
+    """Sum of an expanded summand, split term by term with constant factors pulled out."""
+    total = sympy.Integer(0)
+    for term in sympy.Add.make_args(sympy.expand(summand)):
+        coeff, rest = term.as_coeff_Mul()
+        total += coeff * sympy.Sum(rest, limits)
+    return total
+
+
+@functools.cache
+def _build_var_r_chi2() -> Derivation:
+    p = _positive("p1", "p2", "p3")
+    q = _positive("q1", "q2", "q3")
+    n = sympy.Symbol("n", positive=True)
+    constraints = {p[2]: 1 - p[0] - p[1], q[2]: 1 - q[0] - q[1]}
+    r = [pi / qi for pi, qi in zip(p, q)]
+    mean_r = sum(qi * ri for qi, ri in zip(q, r))
+    second = sum(qi * ri**2 for qi, ri in zip(q, r))
+    mean_value = sympy.simplify(mean_r.subs(constraints))
+    var_r = sympy.simplify(second.subs(constraints) - mean_value**2)
+    chi2 = sum(qi * (ri - 1) ** 2 for qi, ri in zip(q, r))
+    chi2_formula = sum(pi**2 / qi for pi, qi in zip(p, q)) - 1
+    d2 = sympy.log(sum(pi**2 / qi for pi, qi in zip(p, q)))
+
+    i, K = sympy.symbols("i K", integer=True, positive=True)
+    P, Q = sympy.IndexedBase("p"), sympy.IndexedBase("q")
+    limits = (i, 1, K)
+    general = _linear_sum(Q[i] * (P[i] / Q[i] - 1) ** 2, limits)
+    general_reduced = general.subs({sympy.Sum(P[i], limits): 1, sympy.Sum(Q[i], limits): 1})
+    Eq_, Var_ = sympy.Function("E_q"), sympy.Function("Var_q")
+    rr = sympy.Symbol("r")
+    chi2_sym = sympy.Symbol("chi^2")
+    steps = (
+        Step("Categorical pair on 3 outcomes, p3 = 1 - p1 - p2, q3 = 1 - q1 - q2; ratio r_i = p_i/q_i",
+             sympy.Tuple(*(Eq(sympy.Symbol(f"r{k + 1}"), ri) for k, ri in enumerate(r)))),
+        Step("E_q[r] = sum q_i r_i simplifies to 1 (FreshPER Eq. 8)", Eq(Eq_(rr), mean_value)),
+        Step("Var_q(r) = E_q[r^2] - E_q[r]^2 (constraints substituted, simplified)", Eq(Var_(rr), var_r)),
+        Step("chi^2(p||q) = sum q_i (r_i - 1)^2 minus (sum p_i^2/q_i - 1) simplifies to 0 under the constraints",
+             _identity(chi2.subs(constraints), chi2_formula.subs(constraints))),
+        Step("and Var_q(r) - chi^2 simplifies to 0 (FreshPER Eq. 9)",
+             _identity(var_r, chi2.subs(constraints))),
+        Step("Any number K of outcomes: expand the summand and split the sum (linearity)",
+             Eq(sympy.Sum(Q[i] * (P[i] / Q[i] - 1) ** 2, limits), general)),
+        Step("with sum p_i = sum q_i = 1", Eq(chi2_sym, general_reduced)),
+        Step("Renyi order 2: D_2 = log E_q[r^2] = log sum p_i^2/q_i; exp(D_2) - 1 - chi^2 simplifies to 0 "
+             "(FreshPER Eq. 24)", _identity(sympy.exp(d2) - 1, chi2_formula)),
+        Step("Hence the ESS of n weighted samples, n/(1 + Var_q r) = n/E_q[r^2] = n exp(-D_2) (FreshPER Eq. 5): "
+             "n/(1 + chi^2) - n exp(-D_2) simplifies to 0", _identity(n / (1 + chi2_formula), n * sympy.exp(-d2))),
+    )
+    return Derivation(
+        name="var-r-chi2",
+        title="Importance ratio: E_q[r] = 1, Var_q(r) = chi^2(p||q) = exp(D_2) - 1",
+        source="FreshPER (freshper-prioritized-replay.txt) Eqs. (5), (8), (9), (23), (24)",
+        steps=steps,
+        result=Eq(Var_(rr), chi2_formula),
+        symbols={**{f"p{k + 1}": v for k, v in enumerate(p)}, **{f"q{k + 1}": v for k, v in enumerate(q)}, "n": n},
+        parts={"mean_r": mean_value, "var_r": var_r, "chi2": chi2_formula, "d2": d2,
+               "general": general_reduced},
+    )
+
+
+# --------------------------------------------------------------------------- 9. thm51-chain
+
+
+@functools.cache
+def _build_thm51_chain() -> Derivation:
+    z = sympy.Symbol("z", real=True)
+    zp = sympy.Symbol("z", nonnegative=True)  # the branch z >= 0
+    u = sympy.Symbol("u", nonnegative=True)  # u = -z for the branch z <= 0
+    xi = sympy.Symbol("xi", real=True)
+    R = sympy.Symbol("R", positive=True)
+    chi2, m2 = sympy.Symbol("chi^2"), sympy.Symbol("M_2")
+    g = zp * sympy.exp(zp) - (sympy.exp(zp) - 1)
+    g_prime = sympy.simplify(sympy.diff(g, zp))
+    h = u - (1 - sympy.exp(-u))
+    h_prime = sympy.diff(h, u)
+    k = sympy.exp(zp) - 1 - zp  # for the converse
+    k_prime = sympy.diff(k, zp)
+    lhs = (sympy.exp(z) - 1) ** 2
+    sharp = sympy.Max(1, sympy.exp(z)) ** 2 * z**2
+    paper = z**2 * sympy.exp(2 * sympy.Abs(z))
+    series = sympy.series(lhs, z, 0, 5)
+    ratio_limit = sympy.limit(lhs / z**2, z, 0, "+-")
+    steps = (
+        Step("Definitions (M2PO Sec. 5.1): z = log r, chi^2 = E_behav[(r - 1)^2] = E[(e^z - 1)^2], M2 = E[z^2]",
+             sympy.Tuple(Eq(chi2, sympy.Function("E")(lhs)), Eq(m2, sympy.Function("E")(z**2)))),
+        Step("Mean-value theorem (argued): e^z - 1 = z e^xi for some xi between 0 and z, so |xi| <= |z| and "
+             "(e^z - 1)^2 = z^2 e^(2 xi) <= z^2 e^(2|z|)", Eq(sympy.exp(z) - 1, z * sympy.exp(xi))),
+        Step("Sharper, z >= 0: g(z) = z e^z - (e^z - 1) has g(0) = 0 ...",
+             sympy.Tuple(Eq(sympy.Function("g")(zp), g), Eq(sympy.Function("g")(0), g.subs(zp, 0)))),
+        Step(f"... and g'(z) = z e^z >= 0 (sympy.diff; is_nonnegative = {g_prime.is_nonnegative}), so g >= 0: "
+             "0 <= e^z - 1 <= z e^z", Eq(sympy.Derivative(sympy.Function("g")(zp), zp), g_prime)),
+        Step("z < 0, u = -z > 0: h(u) = u - (1 - e^-u) has h(0) = 0 ...",
+             sympy.Tuple(Eq(sympy.Function("h")(u), h), Eq(sympy.Function("h")(0), h.subs(u, 0)))),
+        Step("... and h'(u) = 1 - e^-u >= 0 (e^-u <= 1, argued), so 0 <= 1 - e^z <= |z|",
+             Eq(sympy.Derivative(sympy.Function("h")(u), u), h_prime)),
+        Step("Both branches together (squares of non-negative sides): the sharper pointwise bound",
+             sympy.Le(lhs, sharp, evaluate=False)),
+        Step("max(1, e^z) = e^max(0, z) <= e^|z| (argued), which gives the paper's pointwise bound",
+             sympy.Le(sharp, paper, evaluate=False)),
+        Step("If 1/R <= r <= R then |z| <= log R, e^(2|z|) <= R^2; take E_behav: chi^2 <= R^2 M2 (Thm 5.1). "
+             "The sharper bound needs only r <= R (R >= 1): chi^2 <= max(1, sup r)^2 M2 (argued)",
+             sympy.Le(chi2, R**2 * m2, evaluate=False)),
+        Step("Local behaviour (sympy.series): (e^z - 1)^2 = z^2 + z^3 + ..., so chi^2 ~= M2 for small log-ratios",
+             Eq(lhs, series)),
+        Step("and (e^z - 1)^2 / z^2 -> 1 as z -> 0 (sympy.limit): no constant below 1 can work",
+             Eq(sympy.Limit(lhs / z**2, z, 0, "+-"), ratio_limit)),
+        Step("Converse (not in the paper): k(z) = e^z - 1 - z has k(0) = 0 and k'(z) = e^z - 1 of the sign of z, "
+             "so k >= 0; hence z^2 <= (r - 1)^2 for z >= 0 and z^2 <= e^(-2z)(r - 1)^2 for z < 0: "
+             "M2 <= max(1, sup 1/r)^2 chi^2 (argued from k)",
+             sympy.Tuple(Eq(sympy.Function("k")(zp), k), Eq(sympy.Function("k")(0), k.subs(zp, 0)),
+                         Eq(sympy.Derivative(sympy.Function("k")(zp), zp), k_prime))),
+    )
+    return Derivation(
+        name="thm51-chain",
+        title="M2PO Thm 5.1: chi^2 <= R^2 M2 and the sharper max(1, r)^2 pointwise bound",
+        source="M2PO (m2po-stale-data.txt), Thm 5.1 and App. C",
+        steps=steps,
+        result=sympy.Le(lhs, sharp, evaluate=False),
+        symbols={"z": z, "R": R, "xi": xi},
+        parts={"g": g, "g_prime": g_prime, "h": h, "h_prime": h_prime, "k": k, "k_prime": k_prime,
+               "lhs": lhs, "sharp": sharp, "paper": paper, "series": series, "ratio_limit": ratio_limit},
+    )
+
+
+# --------------------------------------------------------------------------- registry and rendering
+
+
+DERIVATIONS: dict[str, Callable[[], Derivation]] = {
+    "y-star": _build_y_star,
+    "reduction": _build_reduction,
+    "power-law-quadratic": _build_power_law_quadratic,
+    "power-law-roots": _build_power_law_roots,
+    "spurious-root": _build_spurious_root,
+    "mu-conventions": _build_mu_conventions,
+    "eta-star": _build_eta_star,
+    "var-r-chi2": _build_var_r_chi2,
+    "thm51-chain": _build_thm51_chain,
+}
+
+
+def derive(name: str) -> Derivation:
+    """Build (once; cached) the derivation called ``name``."""
+    try:
+        builder = DERIVATIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown derivation {name!r}; choose one of: {', '.join(DERIVATIONS)}") from None
+    return builder()
+
+
+_LATEX_SPECIALS = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                   "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def _latex_text(text: str) -> str:
+    return "".join(_LATEX_SPECIALS.get(ch, ch) for ch in text)
+
+
+def _indent(block: str, spaces: int) -> str:
+    pad = " " * spaces
+    return "\n".join(pad + line if line.strip() else line for line in block.splitlines())
+
+
+def render(derivation: Derivation, latex: bool = False) -> str:
+    """The derivation as numbered steps: ASCII text (sympy.pretty) or LaTeX (sympy.latex)."""
+    if latex:
+        lines = [
+            f"% {derivation.name}: {derivation.title}",
+            f"\\paragraph{{{_latex_text(derivation.title)}}} {_latex_text('Source: ' + derivation.source)}",
+            "\\begin{enumerate}",
+        ]
+        for step in derivation.steps:
+            lines.append(f"  \\item {_latex_text(step.description)}")
+            lines.append(f"  \\[ {sympy.latex(step.expr)} \\]")
+        lines.append("\\end{enumerate}")
+        lines.append(f"\\textbf{{Result.}} \\[ {sympy.latex(derivation.result)} \\]")
+        return "\n".join(lines) + "\n"
+    width = max(len(str(len(derivation.steps))), 1)
+    lines = [f"{derivation.name}: {derivation.title}", f"Source: {derivation.source}", ""]
+    for number, step in enumerate(derivation.steps, start=1):
+        lines.append(f"{number:>{width}}. {step.description}")
+        lines.append(_indent(sympy.pretty(step.expr, use_unicode=False), width + 4))
+        lines.append("")
+    lines.append("Result:")
+    lines.append(_indent(sympy.pretty(derivation.result, use_unicode=False), width + 4))
+    return "\n".join(lines) + "\n"
