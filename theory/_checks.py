@@ -46,3 +46,15 @@ def require_in_range(name: str, value: float, low: float, high: float) -> None:
     """low <= value <= high, NaN rejected."""
     if not (low <= value <= high):  # NaN fails every comparison
         raise ValueError(f"{name} must be in [{low:g}, {high:g}], got {value!r}")
+
+
+def require_int(name: str, value: object, minimum: int) -> np.ndarray:
+    """Integer-valued (ints or whole floats) and >= minimum; returns an int64 array."""
+    arr = np.asarray(value)
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.number):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    arr_f = arr.astype(float)
+    bad = ~(np.isfinite(arr_f) & (arr_f == np.floor(arr_f)) & (arr_f >= minimum))
+    if np.any(bad):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {arr_f[bad].ravel()[0]:g}")
+    return arr_f.astype(np.int64)

@@ -40,7 +40,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from replay_theory.theory._checks import require_finite, require_nonnegative, require_positive
+from replay_theory.theory._checks import require_finite, require_int, require_nonnegative, require_positive
 
 __all__ = [
     "shaping",
@@ -51,18 +51,6 @@ __all__ = [
 ]
 
 Units = Literal["success-count", "accuracy"]
-
-
-def _require_int(name: str, value: object, minimum: int) -> np.ndarray:
-    """Integer-valued (ints or whole floats) and >= minimum; returns an int64 array."""
-    arr = np.asarray(value)
-    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.number):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    arr_f = arr.astype(float)
-    bad = ~(np.isfinite(arr_f) & (arr_f == np.floor(arr_f)) & (arr_f >= minimum))
-    if np.any(bad):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {arr_f[bad].ravel()[0]:g}")
-    return arr_f.astype(np.int64)
 
 
 def _scalar_or_array(x: np.ndarray) -> np.ndarray:
@@ -120,7 +108,7 @@ def bucket_probabilities(
     Requires K integer >= 2, finite mu, sigma > 0 (finite), at least one
     non-empty bucket per row.
     """
-    K_int = int(_require_int("K", K, 2))
+    K_int = int(require_int("K", K, 2))
     if units == "success-count":
         x = np.arange(1, K_int, dtype=float)  # bucket k = latest success count
         mu_arr = np.asarray(K_int / 2.0 if mu is None else mu, dtype=float)
@@ -157,12 +145,12 @@ def batch_split(B: ArrayLike, rho: ArrayLike, n_experience: ArrayLike) -> tuple[
     (= 28.999999999999996 in floating point) counts as 29. Requires B integer
     >= 1, rho in [0, 1), n_experience integer >= 0. Broadcasts.
     """
-    B_arr = _require_int("B", B, 1)
+    B_arr = require_int("B", B, 1)
     rho_arr = np.asarray(rho, dtype=float)
     bad = ~((rho_arr >= 0.0) & (rho_arr < 1.0))
     if np.any(bad):
         raise ValueError(f"rho must be in [0, 1), got {float(rho_arr[bad].ravel()[0]):g}")
-    n_exp_pool = _require_int("n_experience", n_experience, 0)
+    n_exp_pool = require_int("n_experience", n_experience, 0)
     n_exp = np.minimum(np.floor(np.round(rho_arr * B_arr, 9)).astype(np.int64), n_exp_pool)  # Sec. 4.2, ExGRPO
     n_on = B_arr - n_exp  # Sec. 4.2, ExGRPO: |B_on| = B - |B_exp|
     return _scalar_or_array(n_exp), _scalar_or_array(n_on)
@@ -175,7 +163,7 @@ def item_probabilities(bucket_sizes: ArrayLike, bucket_probs: ArrayLike) -> np.n
     sum_k |U_k| * result_k = 1. Requires bucket_sizes integers >= 0,
     bucket_probs >= 0, and bucket_probs = 0 wherever the bucket is empty.
     """
-    sizes = _require_int("bucket_sizes", bucket_sizes, 0)
+    sizes = require_int("bucket_sizes", bucket_sizes, 0)
     probs = np.asarray(bucket_probs, dtype=float)
     require_nonnegative("bucket_probs", probs)
     sizes, probs = np.broadcast_arrays(sizes, probs)

@@ -34,7 +34,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from replay_theory.theory._checks import require_nonnegative, require_positive
+from replay_theory.theory._checks import require_int, require_nonnegative, require_positive
 
 __all__ = [
     "fresh_groups_per_step",
@@ -51,18 +51,6 @@ __all__ = [
 ]
 
 Rounding = Literal["half_up", "half_even"]
-
-
-def _require_int(name: str, value: object, minimum: int) -> np.ndarray:
-    """Integer-valued (ints or whole floats) and >= minimum; returns an int64 array."""
-    arr = np.asarray(value)
-    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.number):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    arr_f = arr.astype(float)
-    bad = ~(np.isfinite(arr_f) & (arr_f == np.floor(arr_f)) & (arr_f >= minimum))
-    if np.any(bad):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {arr_f[bad].ravel()[0]:g}")
-    return arr_f.astype(np.int64)
 
 
 def _require_rho(rho: object) -> np.ndarray:
@@ -82,7 +70,7 @@ def fresh_groups_per_step(B: ArrayLike, rho: ArrayLike, rounding: Rounding = "ha
     B = 128 gives 128, 85, 64, 51, 43 for rho = 0, 0.5, 1, 1.5, 2 (Table 6) under
     either rounding (see the module docstring). Requires B integer >= 1, rho >= 0.
     """
-    B_arr = _require_int("B", B, 1)
+    B_arr = require_int("B", B, 1)
     rho_arr = _require_rho(rho)
     x = B_arr / (1.0 + rho_arr)
     if rounding == "half_up":
@@ -96,7 +84,7 @@ def fresh_groups_per_step(B: ArrayLike, rho: ArrayLike, rounding: Rounding = "ha
 
 def replay_groups_per_step(B: ArrayLike, rho: ArrayLike, rounding: Rounding = "half_up") -> np.ndarray:
     """Reused groups per step: B_replay = B - B_fresh (Table 6). Same arguments as fresh."""
-    B_arr = _require_int("B", B, 1)
+    B_arr = require_int("B", B, 1)
     return _scalar_or_array(B_arr - fresh_groups_per_step(B_arr, rho, rounding))  # App. B, Replay-RLOO
 
 
@@ -111,9 +99,9 @@ def fresh_verifier_evaluations(
     102,400 / 68,344 / 51,712 / 41,416 / 35,080 for rho = 0 / 0.5 / 1 / 1.5 / 2.
     Requires K, B, T integers >= 1 and rho >= 0.
     """
-    K_arr = _require_int("K", K, 1)
-    B_arr = _require_int("B", B, 1)
-    T_arr = _require_int("T", T, 1)
+    K_arr = require_int("K", K, 1)
+    B_arr = require_int("B", B, 1)
+    T_arr = require_int("T", T, 1)
     fresh = fresh_groups_per_step(B_arr, rho, rounding)
     return _scalar_or_array(K_arr * (B_arr + (T_arr - 1) * fresh))  # App. B, Replay-RLOO: K (B + 99 B_fresh)
 
@@ -125,7 +113,7 @@ def is_feasible(rho: ArrayLike, L: ArrayLike) -> np.ndarray:
     exact integer condition once B_fresh is rounded.
     """
     rho_arr = _require_rho(rho)
-    L_arr = _require_int("L", L, 0)
+    L_arr = require_int("L", L, 0)
     return _scalar_or_array(np.asarray(rho_arr <= L_arr))  # Sec. 3.2 / App. B, Replay-RLOO
 
 
@@ -137,8 +125,8 @@ def replay_shortfall(B: ArrayLike, rho: ArrayLike, L: ArrayLike, rounding: Round
     :func:`fresh_verifier_evaluations` undercounts. Zero for every cell of the
     paper (B = 128, rho <= L). Requires B integer >= 1, rho >= 0, L integer >= 0.
     """
-    B_arr = _require_int("B", B, 1)
-    L_arr = _require_int("L", L, 0)
+    B_arr = require_int("B", B, 1)
+    L_arr = require_int("L", L, 0)
     fresh = fresh_groups_per_step(B_arr, rho, rounding)
     demand = B_arr - fresh
     return _scalar_or_array(np.maximum(0, demand - L_arr * fresh))  # pool ~ L B_fresh, App. B
@@ -153,10 +141,10 @@ def check_group_replay(rho: float, L: int, c: float, B: int, K: int) -> None:
     second response).
     """
     rho_arr = _require_rho(rho)
-    L_arr = _require_int("L", L, 0)
+    L_arr = require_int("L", L, 0)
     require_positive("c", np.asarray(c, dtype=float), allow_inf=True)
-    B_arr = _require_int("B", B, 1)
-    _require_int("K", K, 2)
+    B_arr = require_int("B", B, 1)
+    require_int("K", K, 2)
     if np.any(rho_arr > L_arr):
         raise ValueError(f"rho must be <= L (max age), got rho={float(rho):g}, L={int(L)}")
     if np.any(fresh_groups_per_step(B_arr, rho_arr) < 1):
@@ -172,8 +160,8 @@ def expected_pool_size(L: ArrayLike, B_fresh: ArrayLike) -> np.ndarray:
     The buffer briefly holds (L + 1) B_fresh groups right after adding the fresh
     ones, before over-age eviction (App. B). Requires L, B_fresh integers >= 0.
     """
-    L_arr = _require_int("L", L, 0)
-    fresh = _require_int("B_fresh", B_fresh, 0)
+    L_arr = require_int("L", L, 0)
+    fresh = require_int("B_fresh", B_fresh, 0)
     return _scalar_or_array(L_arr * fresh)  # App. B, Replay-RLOO: pool ~ L B_fresh
 
 
@@ -238,9 +226,9 @@ def pass_at_k(n: ArrayLike, c: ArrayLike, k: ArrayLike) -> np.ndarray:
     and near-1 values keep full precision. Result is 1 where n - c < k.
     Requires integers n >= 1, 0 <= c <= n, 1 <= k <= n.
     """
-    n_arr = _require_int("n", n, 1)
-    c_arr = _require_int("c", c, 0)
-    k_arr = _require_int("k", k, 1)
+    n_arr = require_int("n", n, 1)
+    c_arr = require_int("c", c, 0)
+    k_arr = require_int("k", k, 1)
     n_arr, c_arr, k_arr = np.broadcast_arrays(n_arr, c_arr, k_arr)
     if np.any(c_arr > n_arr):
         bad = c_arr > n_arr
