@@ -213,3 +213,12 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(f"{PROG}: aborted", file=sys.stderr)
         sys.exit(1)
     sys.exit(result if isinstance(result, int) else 0)
+
+
+def _register_simulator_commands() -> None:
+    from replay_theory.cli.simulate_cmds import register
+
+    register(app)
+
+
+_register_simulator_commands()

@@ -1,0 +1,157 @@
+"""``replay-theory simulate`` and ``replay-theory sweep``: the simulator from the command line.
+
+``simulate`` takes every SimConfig field as an option (``--capacity 256``, ``--buffer fifo``;
+``--batch`` is short for ``--batch-size``) and prints a summary, or JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+ALIASES = {"batch": "batch_size", "n": "capacity", "r": "rollouts_per_step", "b": "batch_size"}
+SUMMARY_KEYS = ("mean_staleness", "max_staleness", "replay_ratio", "mean_time_since_last_use", "compute_ratio",
+                "final_reward", "ess_frac")
+
+
+def field_help() -> dict[str, str]:
+    """Attribute docstrings of SimConfig (the text right under each field)."""
+    import ast
+    import inspect
+
+    from replay_theory.simulate import config as config_module
+
+    tree = ast.parse(inspect.getsource(config_module.SimConfig))
+    body = tree.body[0].body
+    docs = {}
+    for node, following in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(following.value.value).split())
+    return docs
+
+
+def parse_field_options(args: list[str]) -> dict[str, object]:
+    """``--field value`` pairs into raw values (strings parsed as JSON scalars where possible)."""
+    from replay_theory.simulate.config import field_names
+
+    valid = set(field_names())
+    values: dict[str, object] = {}
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if not token.startswith("--"):
+            raise ValueError(f"unexpected argument {token!r}; options look like --capacity 256")
+        name = token[2:].replace("-", "_")
+        if "=" in name:
+            name, raw = name.split("=", 1)
+        else:
+            if i + 1 >= len(args):
+                raise ValueError(f"option --{name.replace('_', '-')} needs a value")
+            raw = args[i + 1]
+            i += 1
+        name = ALIASES.get(name, name)
+        if name not in valid:
+            raise ValueError(f"unknown option --{token[2:].split('=')[0]}; see replay-theory simulate --help")
+        try:
+            values[name] = json.loads(raw) if raw not in ("inf", "Infinity") else math.inf
+        except json.JSONDecodeError:
+            values[name] = raw
+        i += 1
+    return values
+
+
+def print_simulate_help() -> None:
+    from replay_theory.simulate.config import SimConfig
+
+    defaults = SimConfig()
+    docs = field_help()
+    typer.echo("Usage: replay-theory simulate [--FIELD VALUE ...] [--json] [--out DIR] [--no-progress]\n")
+    typer.echo("Run one simulated configuration (all seeds vectorised) and print its summary.\n")
+    typer.echo("Fields (defaults in brackets):")
+    for name in SimConfig.__dataclass_fields__:
+        typer.echo(f"  --{name.replace('_', '-'):<24} [{getattr(defaults, name)}] {docs.get(name, '')}")
+    typer.echo("\n  --json        print one JSON object (summary + config)\n  --out DIR     also save curves and summary "
+               "(as a one-configuration sweep)\n  --no-progress hide the progress bar")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
+    def simulate(ctx: typer.Context) -> None:
+        """Run one configuration of the simulator: --buffer fifo --capacity N --rollouts-per-step R --batch B --steps S --seed K (see --help)."""
+        args = list(ctx.args)
+        if "--help" in args or "-h" in args:
+            print_simulate_help()
+            return
+        as_json = _pop_flag(args, "--json")
+        no_progress = _pop_flag(args, "--no-progress")
+        out = _pop_value(args, "--out")
+        from replay_theory.simulate.config import config_from_dict
+
+        config = config_from_dict(parse_field_options(args))
+        if out is not None:
+            from replay_theory.simulate.sweep import load_runs, run_sweep
+
+            run_sweep({"name": "simulate", "base": config.to_dict()}, out, n_jobs=1, show_progress=not no_progress)
+            payload = next(p for p in load_runs(out) if p["key"] == config.key())
+            summary = payload["summary"]
+        else:
+            summary = _run_with_progress(config, show=not no_progress)
+        if as_json:
+            clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
+            typer.echo(json.dumps({**clean, "config": config.to_dict()}, indent=2,
+                                  default=lambda v: None if isinstance(v, float) else str(v)))
+        else:
+            for key in SUMMARY_KEYS + tuple(k for k in summary if k not in SUMMARY_KEYS):
+                typer.echo(f"{key:<28} {summary[key]}")
+
+    @app.command()
+    def sweep(
+        spec: Path = typer.Argument(..., help="Sweep spec (JSON): base config, grid, extra configs."),
+        out: Path = typer.Option(..., "--out", help="Results directory (created; resumed if it holds this spec)."),
+        jobs: int = typer.Option(-1, "--jobs", "-j", help="Parallel configurations (-1: all cores)."),
+        backend: str = typer.Option("loky", "--backend", help="joblib backend: loky, threading, dask or ray."),
+        no_progress: bool = typer.Option(False, "--no-progress", help="Hide the progress bar."),
+    ) -> None:
+        """Run a grid of simulator configurations in parallel; resumable, never overwrites."""
+        from replay_theory.simulate.sweep import load_spec, run_sweep
+
+        table = run_sweep(load_spec(spec), out, n_jobs=jobs, backend=backend, show_progress=not no_progress)
+        typer.echo(f"results: {table}")
+
+
+def _pop_flag(args: list[str], flag: str) -> bool:
+    if flag in args:
+        args.remove(flag)
+        return True
+    return False
+
+
+def _pop_value(args: list[str], option: str) -> Optional[str]:
+    if option in args:
+        i = args.index(option)
+        if i + 1 >= len(args):
+            raise ValueError(f"option {option} needs a value")
+        value = args[i + 1]
+        del args[i : i + 2]
+        return value
+    return None
+
+
+def _run_with_progress(config, show: bool) -> dict:
+    from replay_theory.simulate.engine import run
+
+    if not show:
+        return run(config).summary()
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress("simulate", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(file=sys.stderr), transient=True) as bar:
+        task = bar.add_task("steps", total=config.steps)
+        result = run(config, progress=lambda step: bar.advance(task))
+    return result.summary()

@@ -1,0 +1,348 @@
+"""Contextual bandit with a log-linear policy in shared parameters: one-token "responses".
+
+What it models
+--------------
+Each prompt ``p`` is a question with one correct answer among ``A`` actions
+(one action = one whole response, so ``seq_len = 1``).  ``num_well_formed``
+other actions are "well-formed but wrong" and earn 0.1; the rest earn 0 --
+the three Countdown reward levels of Replay-RLOO (1 / 0.1 / 0; Sec. 3 and
+App. B of ``shared/papers/rloo-group-replay-countdown.txt``).  The warm-start
+success probability pi_0(correct | p) is spread from hard through medium to
+easy, the difficulty buckets of ExGRPO (Hard (0, 25%], Medium (25%, 75%],
+Easy (75%, 100%]; Sec. 3.2 of ``shared/papers/exgrpo-experience-replay.txt``).
+
+The policy is log-linear in parameters theta (S, d) SHARED by all prompts:
+
+    logits[s, p, a] = b[p, a] + phi[p, a, :] @ theta[s]
+    grad_theta log pi(a | p) = phi[p, a] - E_{a' ~ pi(.|p)}[phi[p, a']]
+
+so a gradient step on one prompt moves every other prompt's policy; that is
+what makes replayed (stale) responses genuinely off-policy.
+
+How the difficulty is set
+-------------------------
+Target warm-start success probabilities ``q_p`` are stratified-uniform in
+LOGIT space between ``logit(warm_success_min)`` and ``logit(warm_success_max)``
+(prompt ``p`` gets stratum ``perm[p]``, so every instance covers the whole
+range: with the defaults 0.02 .. 0.95 about 41% of prompts are hard (< 0.25),
+32% medium and 27% easy).  The wrong actions get offsets
+``b[p, a] ~ N(0, base_logit_std^2)`` (+ ``well_formed_bonus`` for the
+well-formed ones), and the correct action's offset is then solved for exactly:
+
+    b[p, c_p] = logit(q_p) + logsumexp_{a != c_p} b[p, a]   =>   pi_0(c_p | p) = q_p
+
+at the warm start theta = 0 (``init_params`` returns zeros).
+
+Features
+--------
+``phi[p, a] = g[p, a] / sqrt(d)`` with ``g ~ N(0, I_d)`` (unit scale: |phi| ~ 1),
+except the correct action, whose feature is
+``sqrt(1 - alpha^2) g / sqrt(d) + alpha u`` with a fixed unit "skill" direction
+``u`` and ``alpha = skill_alignment``.  ``alpha = 0`` is a pure random-feature
+bandit (learning one prompt moves the others at random); ``alpha > 0`` adds a
+shared skill, so progress on one prompt partly transfers.
+
+| code name        | symbol              | meaning                                                  |
+|------------------|---------------------|----------------------------------------------------------|
+| ``params``       | theta (S, d)        | policy parameters, one row per seed                      |
+| ``features``     | phi (P, A, d)       | action features                                          |
+| ``offsets``      | b (P, A)            | fixed logit offsets (the warm start)                     |
+| ``answer``       | c_p (P,)            | correct action of each prompt                            |
+| ``reward_table`` | R (P, A)            | 1.0 correct, 0.1 well-formed but wrong, 0 otherwise      |
+| ``difficulty()`` | pi_0(c_p | p) (P,)  | warm-start success probability                           |
+| ``prompts``      | (S, n)              | prompt of each response                                  |
+| ``tokens``       | (S, n, 1)           | the chosen action (a one-token response)                 |
+
+Divergences (``exact_divergences``) are those of the JOINT distribution of
+(prompt, response) with the prompt uniform over the ``P`` prompts, which is
+what pooled behaviour samples estimate: chi2, KL (both directions) and M2 are
+then plain prompt averages of the per-prompt values, and
+``d2 = log(1 + chi2) = log mean_p exp(D2_p)`` (NOT the mean of per-prompt
+D2, which is smaller by Jensen), so ``chi2 = expm1(d2)`` holds exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import log_softmax, logsumexp
+
+from replay_theory.theory.divergences import chi2_exact, d2_exact, kl_exact, m2_exact
+
+__all__ = ["BanditConfig", "BanditEnv"]
+
+
+@dataclass(frozen=True)
+class BanditConfig:
+    """A contextual bandit instance; every random draw comes from ``instance_seed``."""
+
+    num_prompts: int = 64
+    """P: number of prompts (questions)."""
+    num_actions: int = 16
+    """A: number of actions (whole one-token responses) per prompt."""
+    feature_dim: int = 16
+    """d: dimension of the shared parameters theta and of the features phi[p, a]."""
+    num_well_formed: int = 5
+    """Besides the correct action, this many actions per prompt earn 0.1 (well-formed but wrong); the rest 0."""
+    warm_success_min: float = 0.02
+    """Lowest target warm-start success probability pi_0(correct | p) (the hardest prompt)."""
+    warm_success_max: float = 0.95
+    """Highest target warm-start success probability (the easiest prompt)."""
+    base_logit_std: float = 1.0
+    """Std of the warm-start logit offsets b[p, a] of the wrong actions."""
+    well_formed_bonus: float = 1.0
+    """Added to the offsets of the well-formed wrong actions (a warm start that mostly answers in format)."""
+    skill_alignment: float = 0.5
+    """alpha in [0, 1): weight of the shared skill direction u in the correct actions' features."""
+    instance_seed: int = 0
+    """Seed of the instance (features, offsets, answers); shared by all training seeds."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_prompts", "num_actions", "feature_dim"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.num_actions < 2:
+            raise ValueError(f"num_actions must be >= 2, got {self.num_actions}")
+        if not 0 <= self.num_well_formed <= self.num_actions - 1:
+            raise ValueError(f"num_well_formed must be in [0, num_actions - 1], got {self.num_well_formed}")
+        if not 0.0 < self.warm_success_min <= self.warm_success_max < 1.0:
+            raise ValueError("need 0 < warm_success_min <= warm_success_max < 1, got "
+                             f"{self.warm_success_min}, {self.warm_success_max}")
+        if not 0.0 <= self.skill_alignment < 1.0:
+            raise ValueError(f"skill_alignment must be in [0, 1), got {self.skill_alignment}")
+        if self.base_logit_std < 0:
+            raise ValueError(f"base_logit_std must be >= 0, got {self.base_logit_std}")
+
+
+# --------------------------------------------------------------------------- #
+# helpers shared with token_mdp.py
+# --------------------------------------------------------------------------- #
+def sample_categorical(logp: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Inverse-CDF draw from log-probs ``(..., K)`` with uniforms ``u`` ``(...)``: indices ``(...)``.
+
+    The index is the number of CDF values below ``u`` (clipped to K - 1 against
+    round-off), so a per-seed loop that reuses the same uniforms draws the
+    same tokens.
+    """
+    cdf = np.cumsum(np.exp(logp), axis=-1)  # (..., K)
+    idx = np.sum(cdf < u[..., None], axis=-1)
+    return np.minimum(idx, logp.shape[-1] - 1).astype(np.int64)
+
+
+def token_coef(coef: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``dL/dlogp`` per token (S, n, L), zero on padding.
+
+    ``coef`` may be per token (S, n, L) or per sequence (S, n); a per-sequence
+    coefficient applies to every token (d logp_seq / d logp_token = 1).
+    """
+    coef = np.asarray(coef, dtype=np.float64)
+    if coef.ndim == mask.ndim - 1:
+        coef = coef[..., None]  # (S, n, 1)
+    if coef.ndim != mask.ndim:
+        raise ValueError(f"coef must have shape (S, n) or (S, n, L) = {mask.shape}, got {coef.shape}")
+    return np.where(mask, np.broadcast_to(coef, mask.shape), 0.0)  # (S, n, L)
+
+
+def check_params(params: np.ndarray, param_dim: int) -> np.ndarray:
+    """Validated float64 ``params`` (S, d)."""
+    params = np.asarray(params, dtype=np.float64)
+    if params.ndim != 2 or params.shape[1] != param_dim:
+        raise ValueError(f"params must have shape (S, {param_dim}), got {params.shape}")
+    return params
+
+
+def check_batch(params: np.ndarray, prompts: np.ndarray, num_prompts: int, param_dim: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Validated float64 ``params`` (S, d) and int64 ``prompts`` (S, n)."""
+    params = check_params(params, param_dim)
+    prompts = np.asarray(prompts)
+    if prompts.ndim != 2 or prompts.shape[0] != params.shape[0]:
+        raise ValueError(f"prompts must have shape (S, n) with S = {params.shape[0]}, got {prompts.shape}")
+    if not np.issubdtype(prompts.dtype, np.integer):
+        raise ValueError(f"prompts must be integers, got dtype {prompts.dtype}")
+    if prompts.size and (prompts.min() < 0 or prompts.max() >= num_prompts):
+        raise ValueError(f"prompt indices must lie in [0, {num_prompts})")
+    return params, prompts.astype(np.int64)
+
+
+def check_mask(mask: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
+    """Boolean mask of ``shape`` (all True when ``None``)."""
+    if mask is None:
+        return np.ones(shape, dtype=bool)
+    m = np.asarray(mask)
+    if m.shape != shape:
+        raise ValueError(f"mask shape {m.shape} does not match tokens shape {shape}")
+    return m.astype(bool)
+
+
+def joint_d2(chi2: np.ndarray, d2_per_prompt: np.ndarray | None = None) -> np.ndarray:
+    """D2 of the joint (uniform prompt, response) distribution from its chi2 (S,).
+
+    ``log1p(chi2)`` keeps relative precision for tiny divergences; where chi2
+    overflowed to inf, ``log mean_p exp(D2_p)`` from ``d2_per_prompt`` (S, P)
+    recovers the finite value when it is given.
+    """
+    with np.errstate(over="ignore"):
+        out = np.log1p(chi2)
+    if d2_per_prompt is not None:
+        lme = logsumexp(d2_per_prompt, axis=-1) - np.log(d2_per_prompt.shape[-1])
+        out = np.where(np.isfinite(chi2), out, lme)
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# the environment
+# --------------------------------------------------------------------------- #
+class BanditEnv:
+    """Vectorised contextual bandit; see the module docstring.  Implements ``simulate.rollouts.Environment``."""
+
+    seq_len = 1
+
+    def __init__(self, config: BanditConfig = BanditConfig()) -> None:
+        self.config = config
+        P, A, d = config.num_prompts, config.num_actions, config.feature_dim
+        self.num_prompts = P
+        self.num_actions = A
+        self.param_dim = d
+        rng = np.random.default_rng(config.instance_seed)
+
+        # answers and well-formed sets
+        self.answer = rng.integers(A, size=P).astype(np.int64)  # (P,)
+        well_formed = np.zeros((P, A), dtype=bool)  # (P, A), excludes the correct action
+        for p in range(P):  # instance construction only (not on the training path)
+            others = np.delete(np.arange(A), self.answer[p])
+            well_formed[p, rng.choice(others, size=config.num_well_formed, replace=False)] = True
+        self.well_formed = well_formed
+        correct = np.zeros((P, A), dtype=bool)
+        correct[np.arange(P), self.answer] = True
+        self._reward_table = np.where(correct, 1.0, np.where(well_formed, 0.1, 0.0))  # (P, A)
+
+        # features: unit-scale random + shared skill direction on the correct actions
+        g = rng.standard_normal((P, A, d)) / np.sqrt(d)  # (P, A, d)
+        u = rng.standard_normal(d)
+        u /= np.linalg.norm(u)  # (d,)
+        alpha = config.skill_alignment
+        g[np.arange(P), self.answer] = np.sqrt(1.0 - alpha**2) * g[np.arange(P), self.answer] + alpha * u
+        self.features = g  # (P, A, d)
+        self.skill_direction = u  # (d,)
+
+        # difficulty: stratified-uniform target success probabilities in logit space
+        lo = np.log(config.warm_success_min / (1 - config.warm_success_min))
+        hi = np.log(config.warm_success_max / (1 - config.warm_success_max))
+        strata = (rng.permutation(P) + rng.random(P)) / P  # (P,) one point per stratum
+        z = lo + (hi - lo) * strata  # (P,) target logit(pi_0(correct | p))
+        self.target_success = 1.0 / (1.0 + np.exp(-z))  # (P,)
+
+        b = config.base_logit_std * rng.standard_normal((P, A)) + config.well_formed_bonus * well_formed  # (P, A)
+        b_wrong = np.where(correct, -np.inf, b)
+        b[np.arange(P), self.answer] = z + logsumexp(b_wrong, axis=-1)  # => pi_0(c_p | p) = q_p exactly
+        self.offsets = b  # (P, A)
+
+    # ------------------------------------------------------------------ #
+    # extra public API
+    # ------------------------------------------------------------------ #
+    @property
+    def reward_table(self) -> np.ndarray:
+        """R (P, A): 1.0 correct, 0.1 well-formed but wrong, 0 otherwise."""
+        return self._reward_table
+
+    def log_policy(self, params: np.ndarray) -> np.ndarray:
+        """Full log-probs log pi(a | p) for every prompt, (S, P, A)."""
+        params = check_params(params, self.param_dim)
+        logits = self.offsets + np.einsum("pad,sd->spa", self.features, params)  # (S, P, A)
+        return log_softmax(logits, axis=-1)
+
+    def prompt_accuracy(self, params: np.ndarray) -> np.ndarray:
+        """pi(correct | p) for every prompt, (S, P)."""
+        return np.exp(self.log_policy(params)[:, np.arange(self.num_prompts), self.answer])
+
+    def difficulty(self) -> np.ndarray:
+        """Warm-start success probability pi_0(correct | p), (P,) (equals ``target_success``)."""
+        return self.prompt_accuracy(self.init_params(1))[0]
+
+    # ------------------------------------------------------------------ #
+    # Environment protocol
+    # ------------------------------------------------------------------ #
+    def init_params(self, num_seeds: int) -> np.ndarray:
+        """theta_0 = 0, (S, d): the warm start lives in the offsets b."""
+        return np.zeros((num_seeds, self.param_dim))
+
+    def _batch_log_policy(self, params: np.ndarray, prompts: np.ndarray) -> np.ndarray:
+        """log pi(. | prompt) for each item, (S, n, A)."""
+        rows = np.arange(params.shape[0])[:, None]  # (S, 1)
+        return self.log_policy(params)[rows, prompts]  # (S, n, A)
+
+    def sample(self, params: np.ndarray, prompts: np.ndarray, rng: np.random.Generator
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Actions by inverse CDF of one uniform ``rng.random((S, n))`` each: tokens, logp, mask (S, n, 1)."""
+        params, prompts = check_batch(params, prompts, self.num_prompts, self.param_dim)
+        logpol = self._batch_log_policy(params, prompts)  # (S, n, A)
+        u = rng.random(prompts.shape)  # (S, n)
+        action = sample_categorical(logpol, u)  # (S, n)
+        logp = np.take_along_axis(logpol, action[..., None], axis=-1)  # (S, n, 1)
+        return action[..., None], logp, np.ones(action.shape + (1,), dtype=bool)
+
+    def reward(self, prompts: np.ndarray, tokens: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        """R[p, a] (S, n); a masked (absent) action earns 0."""
+        prompts = np.asarray(prompts, dtype=np.int64)
+        tokens = np.asarray(tokens, dtype=np.int64)
+        mask = check_mask(mask, tokens.shape)
+        return np.where(mask[..., 0], self._reward_table[prompts, tokens[..., 0]], 0.0)  # (S, n)
+
+    def logp(self, params: np.ndarray, prompts: np.ndarray, tokens: np.ndarray, mask: np.ndarray | None = None
+             ) -> np.ndarray:
+        """log pi(a | p) (S, n, 1), 0 on padding."""
+        params, prompts = check_batch(params, prompts, self.num_prompts, self.param_dim)
+        tokens = np.asarray(tokens, dtype=np.int64)
+        mask = check_mask(mask, tokens.shape)
+        logpol = self._batch_log_policy(params, prompts)  # (S, n, A)
+        lp = np.take_along_axis(logpol, np.where(mask, tokens, 0), axis=-1)  # (S, n, 1)
+        return np.where(mask, lp, 0.0)
+
+    def grad_logp_contract(self, params: np.ndarray, prompts: np.ndarray, tokens: np.ndarray,
+                           mask: np.ndarray | None, coef: np.ndarray) -> np.ndarray:
+        """sum_n coef[s, n] (phi[p, a] - E_pi[phi[p, .]]), (S, d); ``coef`` (S, n) or (S, n, 1)."""
+        params, prompts = check_batch(params, prompts, self.num_prompts, self.param_dim)
+        tokens = np.asarray(tokens, dtype=np.int64)
+        mask = check_mask(mask, tokens.shape)
+        c = token_coef(coef, mask)[..., 0]  # (S, n)
+        pi = np.exp(self.log_policy(params))  # (S, P, A)
+        mean_phi = np.einsum("spa,pad->spd", pi, self.features)  # (S, P, d) E_pi[phi]
+        rows = np.arange(params.shape[0])[:, None]  # (S, 1)
+        act = np.where(mask[..., 0], tokens[..., 0], 0)  # (S, n)
+        g = self.features[prompts, act] - mean_phi[rows, prompts]  # (S, n, d) grad log pi
+        return np.einsum("sn,snd->sd", c, g)
+
+    def token_entropy(self, params: np.ndarray, prompts: np.ndarray, tokens: np.ndarray,
+                      mask: np.ndarray | None = None) -> np.ndarray:
+        """Entropy of pi(. | p) (S, n, 1), 0 on padding."""
+        params, prompts = check_batch(params, prompts, self.num_prompts, self.param_dim)
+        mask = check_mask(mask, np.shape(tokens))
+        logpol = self._batch_log_policy(params, prompts)  # (S, n, A)
+        h = -np.sum(np.exp(logpol) * logpol, axis=-1, keepdims=True)  # (S, n, 1)
+        return np.where(mask, h, 0.0)
+
+    def evaluate(self, params: np.ndarray) -> dict[str, np.ndarray]:
+        """Exact expected reward and accuracy averaged over prompts, each (S,)."""
+        pi = np.exp(self.log_policy(params))  # (S, P, A)
+        reward = np.einsum("spa,pa->sp", pi, self._reward_table).mean(axis=-1)
+        accuracy = pi[:, np.arange(self.num_prompts), self.answer].mean(axis=-1)
+        return {"reward": reward, "accuracy": accuracy}
+
+    def exact_divergences(self, params_new: np.ndarray, params_behav: np.ndarray) -> dict[str, np.ndarray]:
+        """Exact divergences of the joint (uniform prompt, action) distributions, each (S,).
+
+        chi2, kl_new_behav = KL(new || behav), kl_behav_new = KL(behav || new) and
+        m2 = E_behav[(log r)^2] are prompt averages; d2 = log(1 + chi2).
+        """
+        ln = self.log_policy(params_new)  # (S, P, A)
+        lb = self.log_policy(params_behav)  # (S, P, A)
+        chi2 = np.asarray(chi2_exact(ln, lb)).mean(axis=-1)  # (S,)
+        return {
+            "chi2": chi2,
+            "d2": joint_d2(chi2, np.asarray(d2_exact(ln, lb))),
+            "kl_new_behav": np.asarray(kl_exact(ln, lb)).mean(axis=-1),
+            "kl_behav_new": np.asarray(kl_exact(lb, ln)).mean(axis=-1),
+            "m2": np.asarray(m2_exact(ln, lb)).mean(axis=-1),
+        }

@@ -1,0 +1,605 @@
+"""Policy-gradient losses on the SAMPLED tokens' log-probs: value and d loss / d logp_new.
+
+One implementation of each loss, shared by the numpy simulator and the torch
+validator. Every loss is a pure numpy function of ``logp_new`` (the current
+policy's log-probs of the sampled tokens) and fixed data (behaviour log-probs,
+advantages, masks). It returns the loss to MINIMISE, per seed, and its
+derivative with respect to every entry of ``logp_new``:
+
+* simulator (log-linear policy): grad_theta = sum dL/dlogp * grad_theta logp,
+  i.e. ``env.grad_logp_contract(..., coef=out.grad_logp)``;
+* validator (a real LM): backpropagate ``(grad_logp.detach() * logp_new).sum()``,
+  whose gradient is the loss gradient.
+
+Quantities that the reference implementations compute without gradient (the
+RLOO weight w, the M2PO mask M, the reference variant's cap tau) are constants
+in ``grad_logp`` ("detached"), exactly as there.
+
+Shapes (seed axis first, see ``simulate/rollouts.py``): ``logp_new``,
+``logp_behav``, ``mask`` (S, n, L); per-response arrays (S, n); ``LossOutput.loss``
+and every metric (S,). Advantages may be per response (S, n) or per token (S, n, L).
+
+Ratios are handled in LOG space: r = exp(logp_new - logp_behav) is formed only
+where it is finite or clipped; clipping compares log-ratios with log-bounds.
+Where the loss itself is unbounded (no trust region, or a negative advantage
+with r -> inf, which PPO's min never clips) the value is +-inf, without warnings.
+Padding (mask False) may hold anything, even NaN: it is never read.
+
+Aggregation (how token terms become one number per seed; verl's ``loss_agg_mode``):
+
+| name                   | loss                                                 | used by                   |
+|------------------------|------------------------------------------------------|---------------------------|
+| ``token-mean``         | sum_{i,t} l_it / (real tokens in the batch)          | DAPO, verl default, M2PO Eq. (5) |
+| ``seq-mean-token-sum`` | (1/n) sum_i sum_t l_it                               | RLOO Eq. (3), AsymRE, Dr. GRPO (up to a constant 1/L_max) |
+| ``seq-mean-token-mean``| (1/n) sum_i (1/abs(o_i)) sum_t l_it                  | original GRPO             |
+
+Papers (shared/papers) and code names:
+
+| code name            | paper symbol                   | where                                          |
+|----------------------|--------------------------------|------------------------------------------------|
+| ``logp_new``         | log pi_theta(o_t or a_i)       | all                                            |
+| ``logp_behav``       | log pi_behav / pi_old / mu     | M2PO Eq. (1); RLOO Eq. (2); ExGRPO pi_theta_past |
+| ``log_ratio``        | log r, log w                   | M2PO Eq. (4); ExGRPO Eq. (6)                   |
+| ``advantage``        | A_i, A_{i,t}                   | GRPO Eq. (2) in M2PO; RLOO Eq. (1)             |
+| ``eps_low/high``     | eps_low, eps_high (0.2)        | experience-replay App. E.2                     |
+| ``tau_m2``           | tau_M2 (0.04)                  | M2PO Sec. 5.2, Algorithm 1                     |
+| ``c``                | c                              | RLOO Eq. (2)                                   |
+| ``value_baseline``   | V-hat                          | AsymRE, experience-replay App. E               |
+| ``delta_v``          | delta V                        | AsymRE, experience-replay App. E               |
+| ``beta``             | beta (0.1)                     | ExGRPO Sec. 4.2, f(w) = w / (w + beta)         |
+
+Files: ``m2po-stale-data.txt`` (M2PO, "Prosperity before Collapse"),
+``rloo-group-replay-countdown.txt`` (Replay-RLOO), ``exgrpo-experience-replay.txt``
+(ExGRPO, arXiv:2510.02245), ``experience-replay-optimal-buffer.txt`` (GRPO and
+AsymRE settings; AsymRE from Arnal et al. 2025).
+
+Metric names follow TRL / verl (see shared/notes/peers-and-conventions.md):
+``clip_ratio/{low,high,region}_mean`` (TRL), ``pg_clipfrac`` (verl),
+``is_ratio_{min,mean,max,std}``, ``ess_frac`` = (sum r)^2 / (N sum r^2) over real
+tokens, ``kl_k3`` (estimates KL(pi_behav || pi_new)), ``m2`` = mean (log r)^2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from replay_theory.theory._checks import require_nonnegative, require_positive
+from replay_theory.theory.divergences import ess_kish_fraction, kl_k3, m2, ratio_stats, sequence_log_ratio
+from replay_theory.theory.exgrpo import shaping, shaping_gradient_weight
+from replay_theory.theory.group_replay import clipped_sequence_weight
+
+__all__ = [
+    "LossOutput",
+    "AGGREGATIONS",
+    "reinforce",
+    "grpo",
+    "no_trust_region",
+    "m2po_mask",
+    "m2po",
+    "m2po_reference",
+    "rloo",
+    "asymre",
+    "exgrpo_shaped",
+    "LOSSES",
+    "get_loss",
+]
+
+Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+M2POVariant = Literal["algorithm1", "reference"]
+
+
+@dataclass
+class LossOutput:
+    """A loss per seed, its derivative with respect to ``logp_new``, and diagnostics."""
+
+    loss: np.ndarray  # (S,) value of the loss to MINIMISE
+    grad_logp: np.ndarray  # (S, n, L) d loss / d logp_new (0 on masked/padding tokens)
+    metrics: dict[str, np.ndarray] = field(default_factory=dict)  # each (S,)
+
+
+# --------------------------------------------------------------------------- #
+# input handling
+# --------------------------------------------------------------------------- #
+def _mask(mask: ArrayLike, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    m = np.asarray(mask)
+    if m.dtype != np.bool_:
+        if not np.all((m == 0) | (m == 1)):
+            raise ValueError("mask must be boolean or contain only 0 and 1")
+        m = m.astype(bool)
+    if m.ndim != 3:
+        raise ValueError(f"mask must have shape (S, n, L), got shape {m.shape}")
+    if shape is not None and m.shape != shape:
+        raise ValueError(f"mask shape {m.shape} does not match logp_new shape {shape}")
+    if np.any(m.sum(axis=(1, 2)) == 0):
+        raise ValueError("every seed needs at least one real (unmasked) token")
+    return m
+
+
+def _logp(x: ArrayLike, name: str, m: np.ndarray) -> np.ndarray:
+    """float64 (S, n, L) with padding set to 0; real tokens must be finite."""
+    a = np.asarray(x, dtype=np.float64)
+    if a.shape != m.shape:
+        raise ValueError(f"{name} must have shape (S, n, L) = {m.shape}, got {a.shape}")
+    a = np.where(m, a, 0.0)
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} must be finite on real (unmasked) tokens")
+    return a
+
+
+def _inputs(logp_new: ArrayLike, mask: ArrayLike, logp_behav: ArrayLike | None = None):
+    """(logp_new, mask, logp_behav or None, log_ratio or None), all (S, n, L), padding zeroed."""
+    shape = np.shape(logp_new)
+    if len(shape) != 3:
+        raise ValueError(f"logp_new must have shape (S, n, L), got shape {shape}")
+    m = _mask(mask, shape)
+    lp = _logp(logp_new, "logp_new", m)
+    if logp_behav is None:
+        return lp, m, None, None
+    lb = _logp(logp_behav, "logp_behav", m)
+    return lp, m, lb, lp - lb  # log r, 0 on padding
+
+
+def _per_response(x: ArrayLike, name: str, shape: tuple[int, ...], dtype=np.float64) -> np.ndarray:
+    a = np.asarray(x)
+    if a.shape != shape[:2]:
+        raise ValueError(f"{name} must have shape (S, n) = {shape[:2]}, got {a.shape}")
+    if dtype is bool:
+        if a.dtype != np.bool_:
+            if not np.all((a == 0) | (a == 1)):
+                raise ValueError(f"{name} must be boolean")
+            a = a.astype(bool)
+        return a
+    a = a.astype(np.float64)
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} must be finite")
+    return a
+
+
+def _token_advantage(advantage: ArrayLike, m: np.ndarray) -> np.ndarray:
+    """Advantage per token (S, n, L), 0 on padding; accepts (S, n) (constant over a response) or (S, n, L)."""
+    a = np.asarray(advantage, dtype=np.float64)
+    if a.shape == m.shape[:2]:
+        a = np.broadcast_to(a[..., None], m.shape)  # Eq. (2), M2PO: A constant over the tokens of o_i
+    elif a.shape != m.shape:
+        raise ValueError(f"advantage must have shape (S, n) = {m.shape[:2]} or (S, n, L) = {m.shape}, got {a.shape}")
+    a = np.where(m, a, 0.0)
+    if not np.all(np.isfinite(a)):
+        raise ValueError("advantage must be finite on real tokens")
+    return a
+
+
+def _token_weights(m: np.ndarray, aggregation: str) -> np.ndarray:
+    """(S, n, L) weights a_it >= 0 (0 on padding) with loss = -sum a_it * objective_it."""
+    mf = m.astype(np.float64)
+    if aggregation == "token-mean":
+        return mf / mf.sum(axis=(1, 2), keepdims=True)  # DAPO / verl token-mean; M2PO Eq. (5) denominator
+    n = m.shape[1]
+    if aggregation == "seq-mean-token-sum":
+        return mf / n  # RLOO Eq. (3): (1/B) sum_i over responses, log pi(y|x) = sum_t
+    if aggregation == "seq-mean-token-mean":
+        length = mf.sum(axis=2, keepdims=True)  # (S, n, 1) |o_i|
+        return np.where(length > 0, mf / (n * np.maximum(length, 1.0)), 0.0)  # GRPO: (1/G) sum_i (1/|o_i|) sum_t
+    raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
+
+
+def _output(objective: np.ndarray, d_objective: np.ndarray, weights: np.ndarray,
+            metrics: dict[str, np.ndarray]) -> LossOutput:
+    """loss = -sum weights * objective per seed; grad = -weights * d objective / d logp_new."""
+    with np.errstate(invalid="ignore"):
+        loss = -np.sum(np.where(weights > 0, weights * objective, 0.0), axis=(1, 2))  # (S,)
+        grad = np.where(weights > 0, -weights * d_objective, 0.0)  # (S, n, L)
+    return LossOutput(loss=loss, grad_logp=grad, metrics=metrics)
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    return x.reshape(x.shape[0], -1)  # (S, n*L)
+
+
+def _token_mean(x: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Mean of x over the real tokens of each seed (S,)."""
+    return np.sum(np.where(m, x, 0.0), axis=(1, 2)) / m.sum(axis=(1, 2))
+
+
+def _ratio_metrics(log_ratio: np.ndarray, m: np.ndarray) -> dict[str, np.ndarray]:
+    """Token-level IS diagnostics over real tokens, each (S,), computed in log space."""
+    lr, mf = _flat(log_ratio), _flat(m)
+    out = {k: np.asarray(v) for k, v in ratio_stats(lr, mf).items()}  # is_ratio_{min,mean,max,std}
+    out["ess_frac"] = np.asarray(ess_kish_fraction(lr, mf))  # Kish (sum r)^2 / (N sum r^2)
+    out["kl_k3"] = np.asarray(kl_k3(lr, mf))  # KL(pi_behav || pi_new), k3 estimator
+    out["m2"] = np.asarray(m2(lr, mf))  # Eq. (4), M2PO
+    return out
+
+
+def _require_eps(name: str, eps: float) -> None:
+    require_nonnegative(name, eps, allow_inf=True)
+
+
+def _log_bounds(eps_low: float, eps_high: float) -> tuple[float, float]:
+    """Clip range [1 - eps_low, 1 + eps_high] as log-bounds; eps_low >= 1 means no lower bound."""
+    _require_eps("eps_low", eps_low)
+    _require_eps("eps_high", eps_high)
+    log_lo = float(np.log1p(-eps_low)) if eps_low < 1.0 else -np.inf
+    log_hi = float(np.log1p(eps_high))  # inf for eps_high = inf
+    return log_lo, log_hi
+
+
+def _clipped_surrogate(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray,
+                       log_lo: ArrayLike, log_hi: ArrayLike):
+    """PPO surrogate min(r A, clip(r, e^log_lo, e^log_hi) A) per token, and its derivative in logp_new.
+
+    For A > 0 it equals min(r, e^log_hi) A; for A < 0 it equals max(r, e^log_lo) A.
+    The clipped branch is constant (zero gradient), the unclipped one has
+    d(rA)/dlogp = rA. Returns (objective, d objective, clipped_low, clipped_high),
+    where clipped_* mark the tokens whose gradient the clip zeroes.
+    """
+    pos = m & (adv > 0)
+    neg = m & (adv < 0)
+    high = pos & (log_ratio > log_hi)  # A > 0, r > 1 + eps_high
+    low = neg & (log_ratio < log_lo)  # A < 0, r < 1 - eps_low
+    log_value = np.where(high, log_hi, np.where(low, log_lo, log_ratio))  # log of the ratio multiplying A
+    with np.errstate(over="ignore"):
+        ratio = np.exp(log_value)  # inf only where the surrogate itself is unbounded
+    live = pos | neg  # A = 0 contributes 0 (also avoids 0 * inf)
+    with np.errstate(invalid="ignore"):
+        objective = np.where(live, ratio * adv, 0.0)  # Eq. (1), M2PO: min(r A, clip(r, 1-eps, 1+eps) A)
+        d_objective = np.where(live & ~(high | low), ratio * adv, 0.0)  # d(r A)/d log pi = r A
+    return objective, d_objective, low, high
+
+
+# --------------------------------------------------------------------------- #
+# losses
+# --------------------------------------------------------------------------- #
+def reinforce(logp_new: ArrayLike, advantage: ArrayLike, mask: ArrayLike, *,
+              aggregation: Aggregation = "token-mean", logp_behav: ArrayLike | None = None) -> LossOutput:
+    """REINFORCE: loss = -mean A log pi (Williams 1992), with the baseline inside the advantage.
+
+    With ``advantage = group_mean_baseline(reward)`` this is REINFORCE with the
+    group-mean baseline; with ``aggregation="seq-mean-token-sum"`` it equals
+    AsymRE at delta V = 0 (experience-replay paper, App. E). No importance ratio:
+    on replayed data it is the uncorrected (biased) gradient. ``logp_behav``, if
+    given, only adds the IS diagnostics (it does not change the loss).
+    d loss / d logp_it = -a_it A_it.
+    """
+    lp, m, _, lr = _inputs(logp_new, mask, logp_behav)
+    adv = _token_advantage(advantage, m)
+    weights = _token_weights(m, aggregation)
+    objective = adv * lp  # REINFORCE: A log pi(o_t | .)
+    metrics = _ratio_metrics(lr, m) if lr is not None else {}
+    return _output(objective, adv, weights, metrics)
+
+
+def grpo(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask: ArrayLike,
+         eps_low: float = 0.2, eps_high: float = 0.2, *, aggregation: Aggregation = "token-mean") -> LossOutput:
+    """GRPO / PPO clipped surrogate with TOKEN ratios r = pi_new / pi_behav.  M2PO Eq. (1).
+
+    loss = -mean_t min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) (no KL term, as in
+    the experience-replay paper App. E.2 and M2PO). ``eps_low = eps_high = inf``
+    is plain importance-weighted PG (:func:`no_trust_region`, M2PO Sec. 4). The
+    ratio divides by the behaviour policy directly (no separate proximal policy),
+    as in M2PO's reference implementation.
+
+    Gradient: d loss / d logp_it = -a_it r A on unclipped tokens, 0 where the clip
+    binds (A > 0 and r > 1 + eps_high, or A < 0 and r < 1 - eps_low).
+
+    Metrics (fractions of real tokens): ``clip_ratio/low_mean`` (A < 0, r < 1 - eps_low),
+    ``clip_ratio/high_mean`` (A > 0, r > 1 + eps_high), ``clip_ratio/region_mean``
+    (either; TRL's definitions), ``pg_clipfrac`` (verl: clipped loss > unclipped
+    loss, i.e. gradient zeroed; equal to region_mean here), plus the IS metrics.
+    """
+    lp, m, lb, lr = _inputs(logp_new, mask, logp_behav)
+    adv = _token_advantage(advantage, m)
+    weights = _token_weights(m, aggregation)
+    log_lo, log_hi = _log_bounds(eps_low, eps_high)
+    objective, d_objective, low, high = _clipped_surrogate(lr, adv, m, log_lo, log_hi)
+    metrics = {
+        "clip_ratio/low_mean": _token_mean(low, m),
+        "clip_ratio/high_mean": _token_mean(high, m),
+        "clip_ratio/region_mean": _token_mean(low | high, m),
+        "pg_clipfrac": _token_mean(low | high, m),
+        **_ratio_metrics(lr, m),
+    }
+    return _output(objective, d_objective, weights, metrics)
+
+
+def no_trust_region(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask: ArrayLike, *,
+                    aggregation: Aggregation = "token-mean") -> LossOutput:
+    """Importance-weighted PG without a trust region: -mean r A (GRPO with eps = inf; M2PO Sec. 4).
+
+    The "prosperity before collapse" baseline. The value is unbounded: a huge
+    log-ratio gives +-inf (never NaN, never a warning).
+    """
+    return grpo(logp_new, logp_behav, advantage, mask, np.inf, np.inf, aggregation=aggregation)
+
+
+def _m2po_candidates(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Trust-region tokens T: real tokens where a PPO clip could bind (M2PO Sec. 5.2)."""
+    return m & (((adv > 0) & (log_ratio > 0)) | ((adv < 0) & (log_ratio < 0)))  # (A>0, r>1) or (A<0, r<1)
+
+
+def _m2po_drop_and_cap(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray, tau_m2: float,
+                       variant: str) -> tuple[np.ndarray, np.ndarray]:
+    """(drop (S, n, L) bool: tokens the M2 constraint masks, cap (S,): log-ratio cap tau; inf if none binds)."""
+    require_nonnegative("tau_m2", tau_m2, allow_inf=True)
+    if variant not in ("algorithm1", "reference"):
+        raise ValueError(f"variant must be 'algorithm1' or 'reference', got {variant!r}")
+    S = m.shape[0]
+    cand = _flat(_m2po_candidates(log_ratio, adv, m))  # (S, N) T
+    lr = _flat(log_ratio)  # (S, N)
+    m2_tok = lr * lr  # (S, N) M2_i = (log r_i)^2, Eq. (4)
+    key = np.where(cand, m2_tok, -np.inf)
+    order = np.argsort(-key, axis=1, kind="stable")  # descending M2_i, ties by index (= argmax's first hit)
+    v_sorted = np.where(cand, m2_tok, 0.0)[np.arange(S)[:, None], order]  # (S, N); non-candidates (0) last
+    count = cand.sum(axis=1)  # (S,) |T|
+    N = lr.shape[1]
+    suffix = np.concatenate([np.cumsum(v_sorted[:, ::-1], axis=1)[:, ::-1], np.zeros((S, 1))], axis=1)  # (S, N+1)
+    # suffix[:, k] = sum of the |T| - k smallest candidates = what is left after masking the k largest
+    if variant == "algorithm1":
+        k = np.arange(N + 1)[None, :]  # tokens masked so far
+        remaining = count[:, None] - k  # (S, N+1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean_rest = suffix / remaining  # mean_{i in T} M2_i after k removals
+        stop = (remaining <= 0) | (mean_rest <= tau_m2)  # Algorithm 1, line 3: while mean_T M2_i > tau_M2
+        n_drop = np.argmax(stop, axis=1)  # first k at which the while loop exits (S,)
+        drop_sorted = np.arange(N)[None, :] < n_drop[:, None]  # the n_drop largest M2_i (lines 4-5)
+        drop = np.zeros((S, N), dtype=bool)
+        np.put_along_axis(drop, order, drop_sorted, axis=1)
+        cap = np.full(S, np.inf)
+    else:
+        # Winsorised mean with a fixed denominator: g(c) = (1/|T|) sum_T min(M2_i, c), c = tau^2.
+        # g is piecewise linear and increasing; at the k-th largest value c_k,
+        # g(c_k) |T| = k c_k + (sum of the smaller ones). Count K = #{k : g(c_k) > budget}
+        # and solve K c + suffix_K = budget |T| on [c_{K+1}, c_K).
+        kk = np.arange(1, N + 1)[None, :]  # (1, N)
+        g_at_breaks = kk * v_sorted + suffix[:, 1:]  # (S, N) |T| g(c_k)
+        total = tau_m2 * count  # (S,) budget |T|
+        with np.errstate(invalid="ignore"):
+            n_capped = np.sum((kk <= count[:, None]) & (g_at_breaks > total[:, None]), axis=1)  # (S,) K
+        rest = suffix[np.arange(S), n_capped]  # (S,) sum of the |T| - K smallest
+        with np.errstate(invalid="ignore", divide="ignore"):
+            c_star = np.where(n_capped > 0, (total - rest) / np.maximum(n_capped, 1), np.inf)
+        cap = np.sqrt(np.maximum(c_star, 0.0))  # (S,) tau: (1/|T|) sum_T min(delta_i^2, tau^2) = budget
+        drop = cand & (np.abs(lr) > cap[:, None])  # tokens in T with |log r| > tau: zero gradient
+    return drop.reshape(m.shape), cap
+
+
+def m2po_mask(log_ratio: ArrayLike, advantage: ArrayLike, mask: ArrayLike, tau_m2: float = 0.04,
+              variant: M2POVariant = "algorithm1") -> np.ndarray:
+    """M2PO keep-mask (S, n, L): True on real tokens that stay in the loss (False on padding).
+
+    ``variant="algorithm1"`` (M2PO paper, Algorithm 1): T = real tokens with
+    (A > 0 and r > 1) or (A < 0 and r < 1); while mean_{i in T} (log r_i)^2 > tau_M2,
+    mask the token of T with the largest (log r)^2 and remove it from T. Computed
+    in the sorted-suffix form (sort T descending; the first k with
+    (sum of the rest)/(|T| - k) <= tau_M2), O(N log N), vectorised over seeds;
+    ties are broken as argmax does (lowest index first).
+
+    ``variant="reference"`` (M2PO reference code, see shared/notes/m2po.md):
+    one cap tau with (1/|T|) sum_T min((log r_i)^2, tau^2) = tau_M2 (winsorised mean,
+    fixed denominator; tau = inf if the plain mean over T is already <= tau_M2);
+    tokens in T with |log r| > tau are masked. At the same budget it masks every
+    token Algorithm 1 masks, and often more: while Algorithm 1 is still removing,
+    the k-th largest value exceeds the mean of the values left, hence tau_M2, so
+    capping at it keeps the winsorised mean above budget and the cap lies below
+    it. Tied tokens above the cap are all masked (Algorithm 1 may take only the
+    first). The reference code runs it
+    per micro-batch (~30k tokens per GPU); here it runs over each seed's batch.
+
+    ``advantage`` is (S, n) or (S, n, L).
+    """
+    lr = np.asarray(log_ratio, dtype=np.float64)
+    m = _mask(mask, lr.shape if lr.ndim == 3 else None)
+    lr = _logp(lr, "log_ratio", m)
+    adv = _token_advantage(advantage, m)
+    drop, _ = _m2po_drop_and_cap(lr, adv, m, tau_m2, variant)
+    return m & ~drop
+
+
+def m2po(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask: ArrayLike,
+         tau_m2: float = 0.04, variant: M2POVariant = "algorithm1", *,
+         aggregation: Aggregation = "token-mean") -> LossOutput:
+    """M2PO: second-moment trust region by token masking.  M2PO Eqs. (4)-(5), Algorithm 1.
+
+    ``variant="algorithm1"`` (paper): mask M from :func:`m2po_mask`, then
+    loss = -(1 / sum_i abs(o_i)) sum_{i,t} M_it r_it A_it (Eq. 5) with TOKEN ratios
+    (the sequence ratio printed in Eq. 5 is a typo), no clip, and the denominator
+    counting ALL real tokens, masked ones included (footnote 2). Masked tokens
+    add 0 to the value and the gradient; d loss / d logp_it = -M_it r A / N.
+
+    ``variant="reference"`` (reference code): the cap tau of :func:`m2po_mask`
+    becomes a PPO clip eps_low = 1 - e^{-tau}, eps_high = e^{tau} - 1 (i.e. |log r| <= tau),
+    and the GRPO surrogate is applied; tokens of T beyond the cap are clipped
+    (zero gradient, but they keep the constant e^{+-tau} A in the VALUE). The cap
+    is computed without gradient, so ``grad_logp`` is that of :func:`grpo` at
+    these eps (the value's dependence on tau through the clipped constants is
+    not differentiated, as in the reference code).
+
+    Metrics: ``masked_frac`` (masked / real tokens), ``m2`` (Eq. 4, all real
+    tokens, before masking), ``m2_after`` (over the real tokens kept; NaN if all
+    are masked), ``m2_cap`` (reference: tau, inf if nothing binds; algorithm1:
+    inf), plus the IS metrics.
+    """
+    lp, m, lb, lr = _inputs(logp_new, mask, logp_behav)
+    adv = _token_advantage(advantage, m)
+    weights = _token_weights(m, aggregation)
+    drop, cap = _m2po_drop_and_cap(lr, adv, m, tau_m2, variant)
+    keep = m & ~drop
+    if variant == "algorithm1":
+        live = keep & (adv != 0)
+        with np.errstate(over="ignore"):
+            ratio = np.exp(np.where(live, lr, 0.0))  # r; inf only where the loss is unbounded
+        with np.errstate(invalid="ignore"):
+            objective = np.where(live, ratio * adv, 0.0)  # Eq. (5), M2PO: M_it r_it A_it
+        d_objective = objective  # d(r A)/d log pi = r A; masked tokens 0
+    else:
+        objective, d_objective, _, _ = _clipped_surrogate(lr, adv, m, -cap[:, None, None], cap[:, None, None])
+    kept_count = keep.sum(axis=(1, 2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m2_after = np.sum(np.where(keep, lr * lr, 0.0), axis=(1, 2)) / kept_count
+    metrics = {
+        "masked_frac": _token_mean(drop, m),
+        "m2_after": np.where(kept_count > 0, m2_after, np.nan),
+        "m2_cap": cap,
+        **_ratio_metrics(lr, m),
+    }
+    return _output(objective, d_objective, weights, metrics)
+
+
+def m2po_reference(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask: ArrayLike,
+                   tau_m2: float = 0.04, *, aggregation: Aggregation = "token-mean") -> LossOutput:
+    """M2PO, reference-code variant (winsorised cap + PPO clip); see :func:`m2po`."""
+    return m2po(logp_new, logp_behav, advantage, mask, tau_m2, "reference", aggregation=aggregation)
+
+
+def rloo(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask: ArrayLike, c: float,
+         is_fresh: ArrayLike, *, aggregation: Aggregation = "seq-mean-token-sum") -> LossOutput:
+    """Replay-RLOO with a one-sided clipped SEQUENCE weight.  Replay-RLOO Eqs. (2)-(3).
+
+    w_i = min(c, exp(sum_t (logp_new - logp_behav))) for replayed responses
+    (``is_fresh`` False), w_i = 1 for fresh ones (Eq. 2); w is computed in log
+    space (a log-ratio of 1e4 gives c) and DETACHED: ``grad_logp`` treats it as a
+    constant, as the paper prescribes. With the default aggregation
+    loss = -(1/n) sum_i w_i A_i log pi(y_i | x_i), log pi(y|x) = sum of token log-probs
+    (Eq. 3 without the KL and entropy terms). The paper's 1/B is read as one
+    over the number of RESPONSES in the batch (n per seed), not of groups: the
+    two differ by the constant K (a learning-rate rescaling).
+    d loss / d logp_it = -w_i A_i / n on real tokens.
+
+    ``advantage`` (S, n), typically the leave-one-out advantage.
+    Metrics: ``ess_frac`` = Kish (sum w)^2 / (m sum w^2) over the m replayed responses'
+    clipped weights (1 if none), ``clip_frac`` (fraction of replayed responses
+    with w = c; 0 if none), ``weight_mean`` (mean w over replayed responses; 1 if
+    none), ``replay_frac``; the token-level IS metrics, with the token-level Kish
+    ESS under ``ess_frac_token``.
+    """
+    lp, m, lb, lr = _inputs(logp_new, mask, logp_behav)
+    adv = _per_response(advantage, "advantage", m.shape)  # (S, n)
+    fresh = _per_response(is_fresh, "is_fresh", m.shape, dtype=bool)  # (S, n)
+    require_positive("c", c, allow_inf=True)
+    weights = _token_weights(m, aggregation)
+    seq_lr = np.asarray(sequence_log_ratio(lr, m))  # (S, n) log pi_theta(y|x) - log mu(y|x)
+    w = np.asarray(clipped_sequence_weight(seq_lr, c, fresh_mask=fresh))  # Eq. (2), Replay-RLOO (detached)
+    with np.errstate(invalid="ignore"):
+        coef = np.where(adv != 0, w * adv, 0.0)  # (S, n) w_i A_i; A = 0 and w = inf gives 0
+    coef_tok = np.broadcast_to(coef[..., None], m.shape)
+    objective = coef_tok * lp  # Eq. (3), Replay-RLOO: w_i A_i log pi(y_i|x_i), summed over tokens
+    replayed = ~fresh  # (S, n)
+    n_rep = replayed.sum(axis=1)  # (S,)
+    has_rep = n_rep > 0
+    log_w = np.minimum(np.log(c), seq_lr)  # (S, n) log of the clipped weight
+    safe_mask = np.where(has_rep[:, None], replayed, True)  # rows without replay: any mask, result replaced
+    ess_rep = np.asarray(ess_kish_fraction(log_w, safe_mask))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        clip_frac = np.sum(replayed & (seq_lr >= np.log(c)), axis=1) / n_rep
+        weight_mean = np.sum(np.where(replayed, w, 0.0), axis=1) / n_rep
+    token_metrics = _ratio_metrics(lr, m)
+    token_metrics["ess_frac_token"] = token_metrics.pop("ess_frac")
+    metrics = {
+        "ess_frac": np.where(has_rep, ess_rep, 1.0),
+        "clip_frac": np.where(has_rep, clip_frac, 0.0),
+        "weight_mean": np.where(has_rep, weight_mean, 1.0),
+        "replay_frac": n_rep / m.shape[1],
+        **token_metrics,
+    }
+    return _output(objective, coef_tok, weights, metrics)
+
+
+def asymre(logp_new: ArrayLike, reward: ArrayLike, value_baseline: ArrayLike, mask: ArrayLike,
+           delta_v: float = 0.0, *, aggregation: Aggregation = "seq-mean-token-sum",
+           logp_behav: ArrayLike | None = None) -> LossOutput:
+    """AsymRE: loss = -(1/n) sum_i (r_i - (V + delta V)) log pi(z_i | q).  Experience-replay App. E.
+
+    Arnal et al. (2025), as printed in the experience-replay paper (App. E, with
+    V-hat = group-mean reward): no importance ratio, log pi(z|q) = sum of token
+    log-probs, 1/G over the responses of a group read as 1/n over the responses
+    of the batch. delta V < 0 makes it more optimistic. At delta V = 0 and
+    V = group mean it equals :func:`reinforce` with the group-mean baseline and
+    ``aggregation="seq-mean-token-sum"``.
+    ``reward``, ``value_baseline`` (S, n); ``logp_behav`` only adds IS diagnostics.
+    d loss / d logp_it = -(r_i - V_i - delta V) / n.
+    """
+    lp, m, _, lr = _inputs(logp_new, mask, logp_behav)
+    r = _per_response(reward, "reward", m.shape)
+    v = _per_response(value_baseline, "value_baseline", m.shape)
+    if not np.isfinite(delta_v):
+        raise ValueError(f"delta_v must be a finite number, got {delta_v!r}")
+    coef = np.broadcast_to((r - (v + delta_v))[..., None], m.shape)  # App. E: r(z_i, q) - (V-hat + delta V)
+    weights = _token_weights(m, aggregation)
+    objective = coef * lp  # App. E, experience replay: (r - (V + dV)) log pi(z_i|q)
+    metrics = _ratio_metrics(lr, m) if lr is not None else {}
+    return _output(objective, coef, weights, metrics)
+
+
+def exgrpo_shaped(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask: ArrayLike,
+                  is_replayed: ArrayLike, beta: float = 0.1, eps_low: float = 0.2, eps_high: float = 0.2, *,
+                  aggregation: Aggregation = "token-mean") -> LossOutput:
+    """ExGRPO mixed-policy objective with policy shaping.  ExGRPO Eq. (4), Sec. 4.2.
+
+    Fresh (on-policy) responses: the GRPO clip term of :func:`grpo` with token
+    ratios w = pi_theta / pi_old. Replayed trajectories o* (``is_replayed``): the
+    clip is replaced by f(w_t) A with f(w) = w / (w + beta) per token, token ratios
+    w_t = pi_theta / pi_past (Eq. 6), no clip. Its derivative in log pi is
+    A f'(w) w = A beta w / (w + beta)^2 (1/4 of A at w = beta), computed by
+    :mod:`replay_theory.theory.exgrpo`. The (1 - rho) / rho weights of Eq. (4) are
+    realised by the batch composition; the mixed group's advantage is the
+    caller's (ExGRPO's code uses Dr. GRPO, i.e. no std normalisation, and no
+    length normalisation: ``aggregation="seq-mean-token-sum"`` up to a constant).
+
+    Metrics: the clip metrics of :func:`grpo` (fresh tokens only can clip; as
+    fractions of all real tokens), ``replay_frac`` (real tokens from replayed
+    responses), ``shaping_weight_mean`` (mean beta w/(w+beta)^2 over replayed
+    tokens; NaN if none), plus the IS metrics.
+    """
+    lp, m, lb, lr = _inputs(logp_new, mask, logp_behav)
+    adv = _token_advantage(advantage, m)
+    rep = np.broadcast_to(_per_response(is_replayed, "is_replayed", m.shape, dtype=bool)[..., None], m.shape)
+    require_positive("beta", beta)
+    weights = _token_weights(m, aggregation)
+    log_lo, log_hi = _log_bounds(eps_low, eps_high)
+    fresh_tok = m & ~rep
+    rep_tok = m & rep
+    clip_obj, clip_d, low, high = _clipped_surrogate(lr, adv, fresh_tok, log_lo, log_hi)
+    with np.errstate(over="ignore"):
+        w = np.exp(np.where(rep_tok, lr, 0.0))  # token ratio w_t of o*; inf handled by theory.exgrpo
+    f_w = np.asarray(shaping(w, beta))  # Sec. 4.2, ExGRPO: f(w) = w / (w + beta)
+    g_w = np.asarray(shaping_gradient_weight(w, beta))  # d f(w) / d log w = beta w / (w + beta)^2
+    objective = np.where(rep_tok, f_w * adv, clip_obj)  # Eq. (4), ExGRPO, CLIP(w*, A) -> f(w*) A for o*
+    d_objective = np.where(rep_tok, g_w * adv, clip_d)
+    n_rep_tok = rep_tok.sum(axis=(1, 2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shaping_mean = np.sum(np.where(rep_tok, g_w, 0.0), axis=(1, 2)) / n_rep_tok
+    metrics = {
+        "clip_ratio/low_mean": _token_mean(low, m),
+        "clip_ratio/high_mean": _token_mean(high, m),
+        "clip_ratio/region_mean": _token_mean(low | high, m),
+        "pg_clipfrac": _token_mean(low | high, m),
+        "replay_frac": _token_mean(rep_tok, m),
+        "shaping_weight_mean": np.where(n_rep_tok > 0, shaping_mean, np.nan),
+        **_ratio_metrics(lr, m),
+    }
+    return _output(objective, d_objective, weights, metrics)
+
+
+#: name -> loss function. Signatures differ (each takes what its paper needs); call with keywords.
+LOSSES: dict[str, Callable[..., LossOutput]] = {
+    "reinforce": reinforce,
+    "grpo": grpo,
+    "no-trust-region": no_trust_region,
+    "m2po": m2po,
+    "m2po-reference": m2po_reference,
+    "rloo": rloo,
+    "asymre": asymre,
+    "exgrpo": exgrpo_shaped,
+}
+
+
+def get_loss(name: str) -> Callable[..., LossOutput]:
+    """The loss registered under ``name``; ValueError listing the names otherwise."""
+    try:
+        return LOSSES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {name!r}") from None

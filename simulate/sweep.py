@@ -1,0 +1,244 @@
+"""Sweeps as data: a JSON spec of a grid over SimConfig fields, run in parallel, resumable.
+
+Spec (JSON)::
+
+    {
+      "name": "fifo-sizes",
+      "base": {"env": "bandit", "steps": 300, "seeds": 16},
+      "grid": {"capacity": [64, 256, 1024], "batch_size": [32, 64]},
+      "configs": [{"buffer": "on-policy"}]
+    }
+
+The configurations are the Cartesian product of ``grid`` over ``base`` plus each
+entry of ``configs`` (merged over ``base``). Each configuration runs all its seeds
+in one vectorised process; configurations run in parallel through joblib (the
+``loky`` process backend locally; ``dask`` or ``ray`` for a cluster through
+joblib's backend registry). No home-made process pool.
+
+Output directory::
+
+    spec.json            the spec, written once; a different spec in the same directory is refused
+    runs/KEY.npz         per-step curves of one configuration (S x steps arrays), written first
+    runs/KEY.json        its full config and summary, written last and atomically: the completion marker
+    results.csv          tidy table, one row per (configuration, seed), rebuilt from runs/*.json
+
+A finished configuration is never run again or overwritten, so an interrupted
+sweep resumes where it stopped and a crash mid-sweep loses only the
+configurations in flight.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from replay_theory.simulate.config import SimConfig, config_from_dict
+
+SPEC_KEYS = {"name", "base", "grid", "configs", "description"}
+BACKENDS = ("loky", "threading", "dask", "ray")
+
+
+def load_spec(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        spec = json.loads(path.read_text())
+    except OSError as err:
+        raise ValueError(f"sweep spec {str(path)!r} cannot be read: {err.strerror or err}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"sweep spec {str(path)!r} is not valid JSON: {err.msg} (line {err.lineno})") from None
+    return validate_spec(spec)
+
+
+def validate_spec(spec: dict) -> dict:
+    if not isinstance(spec, dict):
+        raise ValueError("sweep spec must be a JSON object")
+    unknown = set(spec) - SPEC_KEYS
+    if unknown:
+        raise ValueError(f"unknown sweep spec key(s): {', '.join(sorted(unknown))}; valid: {', '.join(sorted(SPEC_KEYS))}")
+    if not isinstance(spec.get("base", {}), dict):
+        raise ValueError("sweep spec 'base' must be an object of config fields")
+    grid = spec.get("grid", {})
+    if not isinstance(grid, dict) or any(not isinstance(v, list) or not v for v in grid.values()):
+        raise ValueError("sweep spec 'grid' must map config fields to non-empty lists")
+    if not isinstance(spec.get("configs", []), list):
+        raise ValueError("sweep spec 'configs' must be a list of objects")
+    expand_spec(spec)  # every configuration validated before any work
+    return spec
+
+
+def expand_spec(spec: dict) -> list[SimConfig]:
+    """All configurations of a spec, each validated; duplicates removed (first kept)."""
+    base = spec.get("base", {})
+    grid = spec.get("grid", {})
+    rows = []
+    if grid:
+        names = list(grid)
+        for values in itertools.product(*(grid[n] for n in names)):
+            rows.append({**base, **dict(zip(names, values))})
+    for extra in spec.get("configs", []):
+        if not isinstance(extra, dict):
+            raise ValueError("sweep spec 'configs' entries must be objects")
+        rows.append({**base, **extra})
+    if not rows:
+        rows.append(dict(base))
+    configs, seen = [], set()
+    for row in rows:
+        config = config_from_dict(row)
+        if config.key() not in seen:
+            seen.add(config.key())
+            configs.append(config)
+    return configs
+
+
+def _run_one(config: SimConfig, runs_dir: str) -> str:
+    """Run a configuration and write its files (curves first, then the JSON marker atomically)."""
+    from replay_theory.simulate.engine import run
+
+    result = run(config)
+    key = config.key()
+    base = Path(runs_dir) / key
+    arrays = {f"curve__{k}": v for k, v in result.curves.items()}
+    arrays.update({f"eval__{k}": v for k, v in result.evals.items()})
+    arrays.update(eval_steps=result.eval_steps, staleness_counts=result.staleness_counts,
+                  replay_counts=result.replay_counts, time_since_last_use_counts=result.time_since_last_use_counts,
+                  drift_lags=result.drift["lags"], drift_kl=result.drift["kl_new_behav"])
+    tmp_npz = base.with_suffix(".tmp.npz")
+    np.savez_compressed(tmp_npz, **arrays)
+    os.replace(tmp_npz, base.with_suffix(".npz"))
+    tail = max(1, result.eval_steps.size // 10)
+    payload = {
+        "key": key,
+        "config": config.to_dict(),
+        "summary": result.summary(),
+        "per_seed": {
+            "final_reward": result.evals["reward"][:, -tail:].mean(axis=1).tolist(),
+            "final_accuracy": result.evals["accuracy"][:, -tail:].mean(axis=1).tolist(),
+            "compute": result.curves["compute"][:, -1].tolist(),
+        },
+        "ess_by_age": {str(k): v for k, v in result.ess_by_age.items()},
+        "counts": result.counts,
+    }
+    tmp_json = base.with_suffix(".tmp.json")
+    tmp_json.write_text(json.dumps(payload, indent=1, default=_json_default, allow_nan=True))
+    os.replace(tmp_json, base.with_suffix(".json"))
+    return key
+
+
+def _json_default(value):
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(type(value).__name__)
+
+
+def pending_configs(configs: list[SimConfig], out_dir: Path) -> list[SimConfig]:
+    runs = out_dir / "runs"
+    return [c for c in configs if not (runs / f"{c.key()}.json").exists()]
+
+
+def prepare_out_dir(spec: dict, out_dir: str | Path) -> Path:
+    """Create the output directory, or check that it holds this very spec (resume)."""
+    out_dir = Path(out_dir)
+    (out_dir / "runs").mkdir(parents=True, exist_ok=True)
+    spec_file = out_dir / "spec.json"
+    canonical = json.dumps(spec, indent=1, sort_keys=True)
+    if spec_file.exists():
+        if json.loads(spec_file.read_text()) != json.loads(canonical):
+            raise ValueError(f"{str(out_dir)!r} holds the results of a different sweep spec; choose a new --out")
+    else:
+        spec_file.write_text(canonical)
+    for stale in (out_dir / "runs").glob("*.tmp.*"):
+        stale.unlink()  # files of a configuration interrupted mid-write
+    return out_dir
+
+
+def run_sweep(spec: dict, out_dir: str | Path, n_jobs: int = -1, backend: str = "loky", show_progress: bool = True
+              ) -> Path:
+    """Run every pending configuration of ``spec`` into ``out_dir``; returns results.csv."""
+    import joblib
+
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    configs = expand_spec(validate_spec(spec))
+    out_dir = prepare_out_dir(spec, out_dir)
+    todo = pending_configs(configs, out_dir)
+    runs_dir = str(out_dir / "runs")
+    if backend == "ray":
+        try:
+            from ray.util.joblib import register_ray
+        except ImportError:
+            raise ValueError("backend ray needs ray: pip install 'ray[default]'") from None
+        register_ray()
+    if backend == "dask":
+        try:
+            import distributed  # noqa: F401  (joblib's dask backend needs a dask.distributed Client)
+        except ImportError:
+            raise ValueError("backend dask needs dask.distributed: pip install 'dask[distributed]'") from None
+
+    progress = _Progress(len(configs), len(configs) - len(todo), enabled=show_progress)
+    if todo:
+        with joblib.parallel_config(backend=backend, n_jobs=n_jobs):
+            tasks = (joblib.delayed(_run_one)(c, runs_dir) for c in todo)
+            for _ in joblib.Parallel(return_as="generator_unordered")(tasks):
+                progress.advance()
+    progress.close()
+    return write_results_table(out_dir)
+
+
+class _Progress:
+    """A rich progress bar over configurations (rich ships with typer)."""
+
+    def __init__(self, total: int, done: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
+
+            self.bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+            self.bar.start()
+            self.task = self.bar.add_task("configurations", total=total, completed=done)
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def load_runs(out_dir: str | Path) -> list[dict]:
+    """Every finished configuration's JSON payload, sorted by key."""
+    return [json.loads(p.read_text()) for p in sorted((Path(out_dir) / "runs").glob("*.json"))
+            if not p.name.endswith(".tmp.json")]
+
+
+def write_results_table(out_dir: str | Path) -> Path:
+    """results.csv: one row per (configuration, seed) with the full config and its measurements."""
+    out_dir = Path(out_dir)
+    rows = []
+    for payload in load_runs(out_dir):
+        summary = payload["summary"]
+        for seed_index, reward in enumerate(payload["per_seed"]["final_reward"]):
+            row = {"key": payload["key"], "seed_index": seed_index, **payload["config"]}
+            row.update({f"run_{k}": v for k, v in summary.items()})
+            row.update(final_reward=reward, final_accuracy=payload["per_seed"]["final_accuracy"][seed_index],
+                       compute=payload["per_seed"]["compute"][seed_index])
+            rows.append(row)
+    path = out_dir / "results.csv"
+    tmp = out_dir / "results.tmp.csv"
+    with tmp.open("w", newline="") as handle:
+        if rows:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    os.replace(tmp, path)  # derived index, rebuilt from the immutable runs/ files
+    return path
