@@ -109,6 +109,33 @@ def register(app: typer.Typer) -> None:
             for key in SUMMARY_KEYS + tuple(k for k in summary if k not in SUMMARY_KEYS):
                 typer.echo(f"{key:<28} {summary[key]}")
 
+    @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)
+    def calibrate(ctx: typer.Context) -> None:
+        """Measure the noise profile sigma^2(s), rho and KL drift on a probe run: --out FILE [--FIELD VALUE ...]."""
+        args = list(ctx.args)
+        if "--help" in args or "-h" in args:
+            typer.echo("Usage: replay-theory calibrate --out PROFILE.json [--checkpoints 3] [--samples 256] "
+                       "[--FIELD VALUE ...]\n\nRuns the simulator config given by the fields (see replay-theory "
+                       "simulate --help) and writes the measured profile that `replay-theory optimal --profile` reads.")
+            return
+        out = _pop_value(args, "--out")
+        if out is None:
+            raise ValueError("calibrate needs --out FILE (the profile file to write; never overwritten)")
+        if Path(out).exists():
+            raise ValueError(f"--out {out!r} exists; profiles are never overwritten, choose a new file")
+        checkpoints = int(_pop_value(args, "--checkpoints") or 3)
+        samples = int(_pop_value(args, "--samples") or 256)
+        from replay_theory.simulate.calibrate import calibrate as measure
+        from replay_theory.simulate.config import config_from_dict
+        from replay_theory.theory.profiles import save_profile
+
+        config = config_from_dict(parse_field_options(args))
+        result = measure(config, checkpoints=checkpoints, samples=samples)
+        save_profile(out, result.profile_dict(source=f"replay-theory calibrate {' '.join(ctx.args)}"))
+        typer.echo(f"staleness  {' '.join(f'{s:7g}' for s in result.staleness)}")
+        typer.echo(f"sigma^2    {' '.join(f'{v:7.4f}' for v in result.sigma_sq)}")
+        typer.echo(f"rho = {result.rho:.3g}; KL drift per step = {result.kl_drift_per_step:.3g}; profile written to {out}")
+
     @app.command()
     def sweep(
         spec: Path = typer.Argument(..., help="Sweep spec (JSON): base config, grid, extra configs."),

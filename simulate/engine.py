@@ -197,20 +197,24 @@ class _Recorder:
         for b in np.unique(buckets):
             sel = buckets == b  # (S, B)
             counts = sel.sum(axis=1)
-            lr_b = np.where(sel, seq_lr, -np.inf)
             ok = counts >= 2
             if not ok.any():
                 continue
-            lse1 = np.logaddexp.reduce(lr_b[ok], axis=1)
-            lse2 = np.logaddexp.reduce(2 * lr_b[ok], axis=1)
-            frac = np.exp(2 * lse1 - lse2) / counts[ok]  # Kish ESS fraction within the age bucket
+            frac = div.ess_kish_fraction(seq_lr[ok], mask=sel[ok])  # Kish ESS fraction within the age bucket
             edge = AGE_BUCKETS[b]
             self.ess_age_sum[edge] += float(frac.sum())
             self.ess_age_n[edge] += int(ok.sum())
 
 
-def run(config: SimConfig, progress=None) -> RunResult:
-    """Run one configuration for all its seeds; ``progress(step)`` is called after each step."""
+def run(config: SimConfig, progress=None, observer=None) -> RunResult:
+    """Run one configuration for all its seeds.
+
+    ``progress(step)`` is called after each step; ``observer(step, params, history, buffer, env)``
+    too (calibration measures the noise profile through it).
+    """
+    if config.buffer == "exgrpo":
+        from replay_theory.simulate.exgrpo_loop import run_exgrpo
+        return run_exgrpo(config, progress)
     from replay_theory.simulate.buffers import make_buffer
     from replay_theory.simulate.envs import make_env
     from replay_theory.simulate.optim import OPTIMIZERS
@@ -348,6 +352,8 @@ def run(config: SimConfig, progress=None) -> RunResult:
                     exact = env.exact_divergences(history[-1], history[-1 - lag])
                     drift_sum[:, j] += exact["kl_new_behav"]
                     drift_n[j] += 1
+        if observer is not None:
+            observer(step=step, params=params, history=history, buffer=buffer, env=env)
         if progress is not None:
             progress(step)
 
@@ -409,6 +415,4 @@ def _make_buffer_for(config: SimConfig, env, make_buffer, S: int):
                            seq_len=L)
     if config.buffer == "stale-k":
         return make_buffer("stale-k", num_seeds=S, k=config.stale_k)
-    if config.buffer == "exgrpo":
-        raise ValueError("buffer exgrpo runs through simulate.exgrpo_loop")
     return None

@@ -560,9 +560,12 @@ def ess_kish(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int =
     """
     lr, m, n = _prep_samples(log_ratio, mask, axis)
     l1 = _logsumexp(np.where(m, lr, -np.inf))  # log sum w
-    l2 = _logsumexp(np.where(m, 2.0 * lr, -np.inf))  # log sum w^2
+    # Weights rescaled by their max (in (0, 1], no overflow) and summed directly, so equal
+    # log-ratios (fresh, on-policy data) give exactly n rather than n (1 - 1e-16).
+    top = np.max(np.where(m, lr, -np.inf), axis=-1, keepdims=True)
     with np.errstate(all="ignore"):
-        ess = np.exp(2.0 * l1 - l2)
+        scaled = np.where(m & np.isfinite(top), np.exp(lr - top), 0.0)
+        ess = np.sum(scaled, axis=-1) ** 2 / np.sum(scaled**2, axis=-1)
     n_inf = np.sum(m & np.isposinf(lr), axis=-1).astype(np.float64)
     ess = np.where(n_inf > 0, n_inf, ess)
     ess = np.where(l1 == -np.inf, 0.0, ess)

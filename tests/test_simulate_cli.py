@@ -1,0 +1,96 @@
+"""`replay-theory simulate | sweep | calibrate`: JSON values, resume without repeats, one-line errors."""
+
+import json
+
+import numpy as np
+import pytest
+
+from replay_theory.cli.app import main
+from replay_theory.simulate.sweep import expand_spec, load_runs, run_sweep
+
+SMALL = ["--seeds", "2", "--steps", "40", "--eval-every", "20", "--measure-drift", "false", "--num-prompts", "16"]
+
+
+def run_cli(capsys, *args):
+    with pytest.raises(SystemExit) as info:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return info.value.code, out, err
+
+
+def test_simulate_json_fifo_formulas(capsys):
+    code, out, _ = run_cli(capsys, "simulate", "--buffer", "fifo", "--capacity", "128", "--rollouts-per-step", "32",
+                           "--batch", "64", "--steps", "60", "--seed", "3", "--json", "--no-progress", *SMALL[:2],
+                           "--eval-every", "20", "--measure-drift", "false", "--num-prompts", "16")
+    payload = json.loads(out)
+    assert code == 0
+    for key in ("mean_staleness", "max_staleness", "replay_ratio", "mean_time_since_last_use", "compute_ratio",
+                "final_reward", "ess_frac"):
+        assert key in payload
+    assert payload["replay_ratio"] == 2.0 and payload["max_staleness"] == 3
+    assert payload["mean_staleness"] == pytest.approx(1.5, abs=0.1)
+    assert payload["config"]["seed"] == 3 and payload["config"]["batch_size"] == 64
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--buffer", "lifo"], "buffer must be one of"),
+    (["--capacity", "8"], "capacity must be >= rollouts_per_step"),
+    (["--mu", "nan"], "mu must be > 0"),
+    (["--capcity", "8"], "unknown option --capcity"),
+])
+def test_simulate_bad_input_one_line(capsys, args, needle):
+    code, out, err = run_cli(capsys, "simulate", *args, "--json")
+    assert code == 2 and out == "" and err.count("\n") == 1 and needle in err
+
+
+def test_sweep_resumes_without_repeating_and_refuses_other_specs(tmp_path, capsys):
+    spec = {"name": "t", "base": {"seeds": 2, "steps": 30, "eval_every": 15, "measure_drift": False,
+                                  "num_prompts": 16},
+            "grid": {"capacity": [64, 128]}, "configs": [{"buffer": "on-policy"}]}
+    configs = expand_spec(spec)
+    assert len(configs) == 3
+    out = tmp_path / "sweep"
+    # simulate an interruption: only the first configuration finished
+    run_sweep({**spec, "grid": {"capacity": [64]}, "configs": []}, tmp_path / "partial", n_jobs=1, show_progress=False)
+    first = load_runs(tmp_path / "partial")[0]
+    (out / "runs").mkdir(parents=True)
+    (out / "spec.json").write_text(json.dumps(spec, indent=1, sort_keys=True))
+    for suffix in (".json", ".npz"):
+        (out / "runs" / f"{first['key']}{suffix}").write_bytes((tmp_path / "partial" / "runs" / f"{first['key']}{suffix}").read_bytes())
+    marker = (out / "runs" / f"{first['key']}.json").stat().st_mtime_ns
+    (out / "runs" / "deadbeef.tmp.npz").write_bytes(b"half-written")
+    table = run_sweep(spec, out, n_jobs=1, show_progress=False)
+    assert (out / "runs" / f"{first['key']}.json").stat().st_mtime_ns == marker  # not rerun, not overwritten
+    assert not (out / "runs" / "deadbeef.tmp.npz").exists()
+    runs = load_runs(out)
+    assert sorted(r["key"] for r in runs) == sorted(c.key() for c in configs)
+    rows = table.read_text().strip().splitlines()
+    assert len(rows) == 1 + 3 * 2  # header + (config, seed) rows
+    curves = np.load(out / "runs" / f"{first['key']}.npz")
+    assert curves["curve__compute"].shape == (2, 30)
+    with pytest.raises(ValueError, match="different sweep spec"):
+        run_sweep({**spec, "grid": {"capacity": [256]}}, out, n_jobs=1, show_progress=False)
+
+
+def test_sweep_spec_typo_stops_before_work(tmp_path, capsys):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"base": {"capcity": 4}}))
+    code, out, err = run_cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "o"), "--no-progress")
+    assert code == 2 and "unknown config field 'capcity'" in err and not (tmp_path / "o").exists()
+    spec.write_text(json.dumps({"bsae": {}}))
+    code, out, err = run_cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "o"), "--no-progress")
+    assert code == 2 and "unknown sweep spec key(s): bsae" in err
+
+
+def test_calibrate_writes_a_profile_that_optimal_reads(tmp_path, capsys):
+    profile = tmp_path / "profile.json"
+    code, out, err = run_cli(capsys, "calibrate", "--out", str(profile), "--seeds", "2", "--steps", "40",
+                             "--eval-every", "20", "--num-prompts", "16", "--checkpoints", "2", "--samples", "64")
+    assert code == 0, err
+    data = json.loads(profile.read_text())
+    assert data["kind"] == "table" and data["staleness"][0] == 0 and len(data["sigma_sq"]) == len(data["staleness"])
+    assert all(v > 0 for v in data["sigma_sq"]) and 0 <= data["rho"] <= 1
+    code, out, err = run_cli(capsys, "optimal", "--mu", "5.28", "--profile", str(profile), "--json")
+    assert code == 0 and json.loads(out)["rho"] == data["rho"]
+    code, out, err = run_cli(capsys, "calibrate", "--out", str(profile), "--seeds", "2")
+    assert code == 2 and "never overwritten" in err
