@@ -137,6 +137,25 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"rho = {result.rho:.3g}; KL drift per step = {result.kl_drift_per_step:.3g}; profile written to {out}")
 
     @app.command()
+    def experiment(
+        name: str = typer.Argument(..., help="sanity, experience-replay, freshper, m2po, rloo or exgrpo."),
+        out: Path = typer.Option(..., "--out", help="Results directory (resumed if it holds this experiment)."),
+        jobs: int = typer.Option(-1, "--jobs", "-j", help="Parallel configurations (-1: all cores)."),
+        no_progress: bool = typer.Option(False, "--no-progress", help="Hide the progress bar."),
+    ) -> None:
+        """Run one of the docs/SIMULATION.md experiments and print its table (rebuilt from saved runs)."""
+        from replay_theory.simulate.experiments import get_experiment
+        from replay_theory.simulate.sweep import run_sweep
+
+        chosen = get_experiment(name)
+        run_sweep(chosen.spec, out, n_jobs=jobs, show_progress=not no_progress)
+        if chosen.prepare is not None:
+            chosen.prepare(Path(out))
+        table = chosen.table(Path(out))
+        (Path(out) / "table.md").write_text(table + "\n")
+        typer.echo(table)
+
+    @app.command()
     def sweep(
         spec: Path = typer.Argument(..., help="Sweep spec (JSON): base config, grid, extra configs."),
         out: Path = typer.Option(..., "--out", help="Results directory (created; resumed if it holds this spec)."),

@@ -89,6 +89,12 @@ class SimConfig:
     exgrpo_units: str = "success-count"
     exgrpo_selection: str = "lowest"
     exgrpo_start_pass_rate: float = 0.35
+    exgrpo_shaping: bool = True
+    """ExGRPO policy shaping f(w) = w/(w + beta) on replayed trajectories (False: the w/o-shaping ablation)."""
+    exgrpo_question_selection: str = "buckets"
+    """ExGRPO question sampling: buckets (Gaussian over success count) or uniform (the ablation)."""
+    exgrpo_skip_retired: bool = True
+    """Retired (all-correct) questions also leave fresh sampling."""
     asymre_delta_v: float = -0.1
     workers: float = 6.0
     """W: inference GPUs (async pipeline)."""
@@ -134,6 +140,8 @@ class SimConfig:
         choice("loss", LOSS_NAMES)
         choice("advantage", ADVANTAGE_NAMES)
         choice("optimizer", ("adam", "sgd"))
+        choice("exgrpo_question_selection", ("buckets", "uniform"))
+        choice("exgrpo_units", ("success-count", "accuracy"))
         for name in ("steps", "seeds", "capacity", "rollouts_per_step", "batch_size", "eval_every", "max_age",
                      "num_prompts", "num_actions", "vocab_size", "seq_len", "sync_interval"):
             value = getattr(self, name)
@@ -162,9 +170,10 @@ class SimConfig:
             if self.capacity < self.rollouts_per_step:
                 raise ValueError(f"capacity must be >= rollouts_per_step = {self.rollouts_per_step} "
                                  f"(a FIFO holds at least one step), got {self.capacity}")
-            if not self.replacement and self.batch_size > self.capacity:
-                raise ValueError(f"batch_size must be <= capacity = {self.capacity} when sampling without "
-                                 f"replacement, got {self.batch_size}")
+            if not self.replacement and self.batch_size > self.rollouts_per_step:
+                raise ValueError(f"batch_size must be <= rollouts_per_step = {self.rollouts_per_step} when sampling "
+                                 f"without replacement (after the first step the buffer holds only R rollouts), "
+                                 f"got {self.batch_size}")
         if self.buffer == "group-replay":
             if self.replay_ratio_groups > self.max_age:
                 raise ValueError(f"replay_ratio_groups (rho) must be <= max_age (L) = {self.max_age}, "

@@ -84,6 +84,24 @@ class RunResult:
         return out
 
 
+DIFFICULTY_EDGES = (0.25, 0.75)  # ExGRPO's hard / medium / easy split of warm-start accuracy
+
+
+def difficulty_gains(env, params0: np.ndarray, params: np.ndarray) -> dict[str, float]:
+    """Final minus warm-start per-prompt accuracy, averaged over each difficulty bucket's prompts and seeds."""
+    names = ("hard", "medium", "easy")
+    if not (hasattr(env, "prompt_accuracy") and hasattr(env, "difficulty")):
+        return {**{f"gain_{n}": math.nan for n in names}, **{f"n_{n}": math.nan for n in names}}
+    gain = env.prompt_accuracy(params) - env.prompt_accuracy(params0)  # (S, P)
+    bucket = np.searchsorted(np.asarray(DIFFICULTY_EDGES), env.difficulty(), side="left")  # (P,) 0/1/2
+    out = {}
+    for b, name in enumerate(names):
+        sel = bucket == b
+        out[f"gain_{name}"] = float(gain[:, sel].mean()) if sel.any() else math.nan
+        out[f"n_{name}"] = float(sel.sum())
+    return out
+
+
 # --------------------------------------------------------------------------- generation
 
 
@@ -182,15 +200,12 @@ class _Recorder:
         token_lr = np.where(batch.mask, logp_new - batch.logp_behav, 0.0)  # (S, B, L)
         seq_lr = token_lr.sum(axis=-1)  # (S, B): sequence log-ratio = sum of token log-ratios
         mask = batch.mask
-        self.put("ess_frac", step, div.ess_kish_fraction(seq_lr))
+        self.put("ess_frac", step, div.ess_kish_fraction(seq_lr))  # sequence level: the product of token ratios
         flat_lr = token_lr.reshape(self.num_seeds, -1)
         flat_mask = mask.reshape(self.num_seeds, -1)
-        self.put("chi2", step, div.chi2_estimate(flat_lr, mask=flat_mask))
-        self.put("d2", step, div.d2_estimate(flat_lr, mask=flat_mask))
-        self.put("kl_k1", step, div.kl_k1(flat_lr, mask=flat_mask))
-        self.put("kl_k2", step, div.kl_k2(flat_lr, mask=flat_mask))
-        self.put("kl_k3", step, div.kl_k3(flat_lr, mask=flat_mask))
-        self.put("m2", step, div.m2(flat_lr, mask=flat_mask))
+        for name, value in div.sample_statistics(flat_lr, mask=flat_mask).items():
+            if name != "ess_frac":
+                self.put(name, step, value)  # token level, verl/TRL style
         self.put("staleness_mean", step, staleness.mean(axis=1))
         self.put("staleness_max", step, staleness.max(axis=1))
         buckets = age_bucket(staleness)  # (S, B)
@@ -214,7 +229,9 @@ def run(config: SimConfig, progress=None, observer=None) -> RunResult:
     """
     if config.buffer == "exgrpo":
         from replay_theory.simulate.exgrpo_loop import run_exgrpo
-        return run_exgrpo(config, progress)
+        return run_exgrpo(config, progress, shaping=config.exgrpo_shaping,
+                          question_selection=config.exgrpo_question_selection,
+                          skip_retired=config.exgrpo_skip_retired)
     from replay_theory.simulate.buffers import make_buffer
     from replay_theory.simulate.envs import make_env
     from replay_theory.simulate.optim import OPTIMIZERS
@@ -347,6 +364,12 @@ def run(config: SimConfig, progress=None, observer=None) -> RunResult:
             entropy_batch = fresh if (fresh_reward is not None) else train
             ent = env.token_entropy(params, entropy_batch.prompt, entropy_batch.tokens, entropy_batch.mask)
             rec.put("entropy", step, np.where(entropy_batch.mask, ent, 0).sum(axis=(1, 2)) / entropy_batch.mask.sum(axis=(1, 2)))
+            if config.buffer == "stale-k" and step >= config.stale_k:
+                # exact divergences between the policy that scored the batch and the one that generated it
+                exact = env.exact_divergences(history[-2], history[max(step - config.stale_k, 0)])
+                for name, value in exact.items():
+                    rec.put(f"exact_{name}", step, value)
+                rec.put("exact_ess_frac", step, np.exp(-exact["d2"]))  # ESS/n = e^{-D_2}, FreshPER Eqs. (5), (24)
             for j, lag in enumerate(drift_lags):
                 if len(history) > lag:
                     exact = env.exact_divergences(history[-1], history[-1 - lag])
@@ -357,7 +380,7 @@ def run(config: SimConfig, progress=None, observer=None) -> RunResult:
         if progress is not None:
             progress(step)
 
-    counts = {"K_training": k_training, "K_inference": k_inference}
+    counts = {"K_training": k_training, "K_inference": k_inference, **difficulty_gains(env, history[0], params)}
     if async_mode:
         ratio = config.mu if config.buffer == "on-policy" else config.workers / config.trainers
         counts["compute_ratio"] = (1 + ratio) / (1 + config.mu)  # Eq. (2)

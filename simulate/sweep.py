@@ -235,9 +235,10 @@ def write_results_table(out_dir: str | Path) -> Path:
             rows.append(row)
     path = out_dir / "results.csv"
     tmp = out_dir / "results.tmp.csv"
+    columns = list(dict.fromkeys(key for row in rows for key in row))  # union: losses log different metrics
     with tmp.open("w", newline="") as handle:
         if rows:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer = csv.DictWriter(handle, fieldnames=columns, restval="")
             writer.writeheader()
             writer.writerows(rows)
     os.replace(tmp, path)  # derived index, rebuilt from the immutable runs/ files

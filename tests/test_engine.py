@@ -102,7 +102,7 @@ def test_token_mdp_runs_with_sequence_ratios():
     ({"buffer": "lifo"}, "buffer must be one of"),
     ({"loss": "ppo"}, "loss must be one of"),
     ({"capacity": 16, "rollouts_per_step": 32}, "capacity must be >= rollouts_per_step"),
-    ({"replacement": False, "batch_size": 300, "capacity": 256}, "batch_size must be <= capacity"),
+    ({"replacement": False, "batch_size": 100, "rollouts_per_step": 64}, "batch_size must be <= rollouts_per_step"),
     ({"buffer": "group-replay", "loss": "rloo", "replay_ratio_groups": 3.0, "max_age": 2}, "must be <= max_age"),
     ({"mu": -1.0}, "mu must be > 0"),
     ({"mu": math.nan}, "mu must be > 0"),

@@ -552,13 +552,17 @@ def renyi_estimate(
 
 
 def ess_kish(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
-    """Kish ESS = (sum w)^2 / sum w^2 with w = r, as exp(2 LSE(lr) - LSE(2 lr)).
+    """Kish ESS = (sum w)^2 / sum w^2 with w = r.
 
     In [1, n] (clipped at n against round-off).  Limits: if some log-ratios
     are +inf the ESS is the number of them; if every r = 0 it is 0.
     Converges to n e^{-D_2(new || behav)} (FreshPER Eqs. (5), (24)).
     """
     lr, m, n = _prep_samples(log_ratio, mask, axis)
+    return _out(_ess_kish_prepared(lr, m, n))
+
+
+def _ess_kish_prepared(lr: FloatArray, m: BoolArray, n: FloatArray) -> FloatArray:
     l1 = _logsumexp(np.where(m, lr, -np.inf))  # log sum w
     # Weights rescaled by their max (in (0, 1], no overflow) and summed directly, so equal
     # log-ratios (fresh, on-policy data) give exactly n rather than n (1 - 1e-16).
@@ -569,7 +573,28 @@ def ess_kish(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int =
     n_inf = np.sum(m & np.isposinf(lr), axis=-1).astype(np.float64)
     ess = np.where(n_inf > 0, n_inf, ess)
     ess = np.where(l1 == -np.inf, 0.0, ess)
-    return _out(np.minimum(ess, n))
+    return np.minimum(ess, n)
+
+
+def sample_statistics(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> dict[str, FloatOrArray]:
+    """All sample estimators at once (one validation pass; the simulator logs them every step).
+
+    Keys and meanings are those of the single functions: ``kl_k1``, ``kl_k2``, ``kl_k3``,
+    ``m2``, ``d2``, ``chi2`` (mean r^2 - 1), ``ess_frac`` (Kish ESS / n).
+    """
+    lr, m, n = _prep_samples(log_ratio, mask, axis)
+    with np.errstate(over="ignore"):
+        square = _masked_mean(lr * lr, m, n)
+        d2 = _log_mean_exp(2.0 * lr, m, n)  # Eq. (23), FreshPER
+        return {
+            "kl_k1": _out(_masked_mean(-lr, m, n)),  # Eq. (3), M2PO
+            "kl_k2": _out(0.5 * square),
+            "kl_k3": _out(_masked_mean(_k3_terms(lr), m, n)),
+            "m2": _out(square),  # Eq. (4), M2PO
+            "d2": _out(d2),
+            "chi2": _out(np.expm1(d2)),  # Eq. (24), FreshPER
+            "ess_frac": _out(_ess_kish_prepared(lr, m, n) / n),
+        }
 
 
 def ess_kish_fraction(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:

@@ -238,6 +238,8 @@ class BanditEnv:
         b_wrong = np.where(correct, -np.inf, b)
         b[np.arange(P), self.answer] = z + logsumexp(b_wrong, axis=-1)  # => pi_0(c_p | p) = q_p exactly
         self.offsets = b  # (P, A)
+        self._features_flat = np.ascontiguousarray(self.features.reshape(-1, self.features.shape[-1]))  # (P*A, d)
+        self._policy_cache = None
 
     # ------------------------------------------------------------------ #
     # extra public API
@@ -248,10 +250,22 @@ class BanditEnv:
         return self._reward_table
 
     def log_policy(self, params: np.ndarray) -> np.ndarray:
-        """Full log-probs log pi(a | p) for every prompt, (S, P, A)."""
+        """Full log-probs log pi(a | p) for every prompt, (S, P, A) (read-only; cached for the last params).
+
+        A training step asks for the policy of the same parameters several times
+        (sample, logp, gradient, entropy); the one-entry cache makes that one matmul.
+        """
         params = check_params(params, self.param_dim)
-        logits = self.offsets + np.einsum("pad,sd->spa", self.features, params)  # (S, P, A)
-        return log_softmax(logits, axis=-1)
+        cached = self._policy_cache
+        if cached is not None and cached[0].shape == params.shape and np.array_equal(cached[0], params):
+            return cached[1]
+        S, (P, A) = params.shape[0], self.offsets.shape
+        logits = self.offsets + (params @ self._features_flat.T).reshape(S, P, A)  # (S, P, A)
+        logits -= logits.max(axis=-1, keepdims=True)
+        logpol = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))  # log-softmax
+        logpol.flags.writeable = False
+        self._policy_cache = (params.copy(), logpol)
+        return logpol
 
     def prompt_accuracy(self, params: np.ndarray) -> np.ndarray:
         """pi(correct | p) for every prompt, (S, P)."""
@@ -307,12 +321,17 @@ class BanditEnv:
         tokens = np.asarray(tokens, dtype=np.int64)
         mask = check_mask(mask, tokens.shape)
         c = token_coef(coef, mask)[..., 0]  # (S, n)
-        pi = np.exp(self.log_policy(params))  # (S, P, A)
-        mean_phi = np.einsum("spa,pad->spd", pi, self.features)  # (S, P, d) E_pi[phi]
-        rows = np.arange(params.shape[0])[:, None]  # (S, 1)
+        S, (P, A) = params.shape[0], self.offsets.shape
+        pi = np.exp(self.log_policy(params)).reshape(S, P * A)  # (S, P*A)
         act = np.where(mask[..., 0], tokens[..., 0], 0)  # (S, n)
-        g = self.features[prompts, act] - mean_phi[rows, prompts]  # (S, n, d) grad log pi
-        return np.einsum("sn,snd->sd", c, g)
+        seed_base = np.arange(S)[:, None]  # (S, 1)
+        # sum_n c_n phi[p_n, a_n]: scatter the coefficients onto (prompt, action) cells
+        chosen = np.bincount((seed_base * (P * A) + prompts * A + act).ravel(), weights=c.ravel(),
+                             minlength=S * P * A).reshape(S, P * A)
+        # sum_n c_n E_pi[phi[p_n, .]]: per-prompt coefficient mass times pi
+        per_prompt = np.bincount((seed_base * P + prompts).ravel(), weights=c.ravel(), minlength=S * P).reshape(S, P)
+        expected = (per_prompt[:, :, None] * pi.reshape(S, P, A)).reshape(S, P * A)
+        return (chosen - expected) @ self._features_flat  # (S, d): sum_n c_n (phi - E_pi phi)
 
     def token_entropy(self, params: np.ndarray, prompts: np.ndarray, tokens: np.ndarray,
                       mask: np.ndarray | None = None) -> np.ndarray:
