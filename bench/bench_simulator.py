@@ -104,13 +104,13 @@ def section_engine_vs_naive(quick: bool) -> None:
           f"{'OK' if ok else 'OVER TARGET (results differ)'}")
     engine.run(config.with_updates(steps=2))  # warm imports and caches
     t_engine = timed(lambda: engine.run(config), repeats)
-    t_engine_nodrift = timed(lambda: engine.run(config.with_updates(measure_drift=False)), repeats)
+    t_engine_drift = timed(lambda: engine.run(config.with_updates(measure_drift=True)), repeats)
     t_naive_part = timed(lambda: run_naive_fifo_bandit(config.with_updates(steps=naive_steps)), repeats)
     t_naive = t_naive_part * steps / naive_steps
     print(f"   naive loop: {t_naive_part:.2f} s for {naive_steps} steps, scaled linearly to {steps} steps: "
           f"{t_naive:.2f} s")
-    for label, t in (("engine (default config, measure_drift=True)", t_engine),
-                     ("engine (measure_drift=False: no exact drift KLs)", t_engine_nodrift)):
+    for label, t in (("engine (default config: the same work as the naive loop)", t_engine),
+                     ("engine with measure_drift=True (extra exact drift KLs the naive loop does not do)", t_engine_drift)):
         ratio = t_naive / t
         print(f"   {label}: {t:.2f} s; speed-up {ratio:.1f}x (target >= {SPEEDUP_TARGET:.0f}x): "
               f"{verdict(ratio >= SPEEDUP_TARGET)}")

@@ -311,7 +311,8 @@ class ReplayBuffer(ABC):
         last = self.last_used[rows, index]
         since = np.where(last >= 0, step - last, -1)
         rec_rows, rec_idx = (rows, index) if valid is None else (rows[valid], index[valid])
-        np.add.at(self.use_count, (rec_rows, rec_idx), 1)
+        flat = (rec_rows * self.use_count.shape[1] + rec_idx).ravel()  # a slot drawn twice counts twice
+        self.use_count += np.bincount(flat, minlength=self.use_count.size).reshape(self.use_count.shape)
         self.last_used[rec_rows, rec_idx] = step
         return Sample(index=index, weight=weight, batch=self._take(index), staleness=staleness,
                       time_since_last_use=since, valid=valid)

@@ -110,8 +110,8 @@ class SimConfig:
     seq_len: int = 8
     eval_every: int = 10
     """Steps between exact evaluations of the policy (reward, accuracy)."""
-    measure_drift: bool = True
-    """At each evaluation, exact KL(pi_t || pi_t-lag) for lags 1..32 (the FreshPER drift rate; slow for long token MDPs)."""
+    measure_drift: bool = False
+    """At each evaluation, exact KL(pi_t || pi_t-lag) for lags 1..32 (the FreshPER drift rate; costs about as much as the run)."""
 
     def with_updates(self, **changes) -> "SimConfig":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}

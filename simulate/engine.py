@@ -208,17 +208,28 @@ class _Recorder:
                 self.put(name, step, value)  # token level, verl/TRL style
         self.put("staleness_mean", step, staleness.mean(axis=1))
         self.put("staleness_max", step, staleness.max(axis=1))
-        buckets = age_bucket(staleness)  # (S, B)
-        for b in np.unique(buckets):
-            sel = buckets == b  # (S, B)
-            counts = sel.sum(axis=1)
-            ok = counts >= 2
-            if not ok.any():
-                continue
-            frac = div.ess_kish_fraction(seq_lr[ok], mask=sel[ok])  # Kish ESS fraction within the age bucket
+        self._record_ess_by_age(seq_lr, staleness)
+
+    def _record_ess_by_age(self, seq_lr: np.ndarray, staleness: np.ndarray) -> None:
+        """Kish ESS fraction of each (seed, age bucket) cell with >= 2 samples, accumulated over steps."""
+        S = seq_lr.shape[0]
+        nb = len(AGE_BUCKETS)
+        cell = np.arange(S)[:, None] * nb + age_bucket(staleness)  # (S, B) flat (seed, bucket) index
+        top = np.full(S * nb, -np.inf)
+        np.maximum.at(top, cell.ravel(), seq_lr.ravel())  # per-cell max: weights rescaled into (0, 1]
+        w = np.exp(seq_lr - top[cell])  # (S, B)
+        count = np.bincount(cell.ravel(), minlength=S * nb)
+        sum_w = np.bincount(cell.ravel(), weights=w.ravel(), minlength=S * nb)
+        sum_w2 = np.bincount(cell.ravel(), weights=(w * w).ravel(), minlength=S * nb)
+        ok = count >= 2
+        frac = np.zeros(S * nb)
+        frac[ok] = sum_w[ok] ** 2 / (count[ok] * sum_w2[ok])  # Kish ESS / n within the cell
+        per_bucket_ok = ok.reshape(S, nb)
+        per_bucket_frac = frac.reshape(S, nb)
+        for b in np.nonzero(per_bucket_ok.any(axis=0))[0]:
             edge = AGE_BUCKETS[b]
-            self.ess_age_sum[edge] += float(frac.sum())
-            self.ess_age_n[edge] += int(ok.sum())
+            self.ess_age_sum[edge] += float(per_bucket_frac[per_bucket_ok[:, b], b].sum())
+            self.ess_age_n[edge] += int(per_bucket_ok[:, b].sum())
 
 
 def run(config: SimConfig, progress=None, observer=None) -> RunResult:

@@ -68,7 +68,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from replay_theory.theory._checks import require_nonnegative, require_positive
-from replay_theory.theory.divergences import ess_kish_fraction, kl_k3, m2, ratio_stats, sequence_log_ratio
+from replay_theory.theory.divergences import ess_kish_fraction, ratio_stats, sample_statistics, sequence_log_ratio
 from replay_theory.theory.exgrpo import shaping, shaping_gradient_weight
 from replay_theory.theory.group_replay import clipped_sequence_weight
 
@@ -209,9 +209,10 @@ def _ratio_metrics(log_ratio: np.ndarray, m: np.ndarray) -> dict[str, np.ndarray
     """Token-level IS diagnostics over real tokens, each (S,), computed in log space."""
     lr, mf = _flat(log_ratio), _flat(m)
     out = {k: np.asarray(v) for k, v in ratio_stats(lr, mf).items()}  # is_ratio_{min,mean,max,std}
-    out["ess_frac"] = np.asarray(ess_kish_fraction(lr, mf))  # Kish (sum r)^2 / (N sum r^2)
-    out["kl_k3"] = np.asarray(kl_k3(lr, mf))  # KL(pi_behav || pi_new), k3 estimator
-    out["m2"] = np.asarray(m2(lr, mf))  # Eq. (4), M2PO
+    stats = sample_statistics(lr, mf)  # one pass over the same estimators as theory.divergences
+    out["ess_frac"] = np.asarray(stats["ess_frac"])  # Kish (sum r)^2 / (N sum r^2)
+    out["kl_k3"] = np.asarray(stats["kl_k3"])  # KL(pi_behav || pi_new), k3 estimator
+    out["m2"] = np.asarray(stats["m2"])  # Eq. (4), M2PO
     return out
 
 

@@ -264,8 +264,17 @@ class BanditEnv:
         logits -= logits.max(axis=-1, keepdims=True)
         logpol = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))  # log-softmax
         logpol.flags.writeable = False
-        self._policy_cache = (params.copy(), logpol)
+        probs = np.exp(logpol)
+        cdf = np.cumsum(probs, axis=-1)  # (S, P, A): what sample_categorical accumulates, per prompt
+        probs.flags.writeable = False
+        cdf.flags.writeable = False
+        self._policy_cache = (params.copy(), logpol, probs, cdf)
         return logpol
+
+    def _probs(self, params: np.ndarray) -> np.ndarray:
+        """pi(a | p), (S, P, A), from the same one-entry cache as ``log_policy``."""
+        self.log_policy(params)
+        return self._policy_cache[2]
 
     def prompt_accuracy(self, params: np.ndarray) -> np.ndarray:
         """pi(correct | p) for every prompt, (S, P)."""
@@ -291,10 +300,13 @@ class BanditEnv:
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Actions by inverse CDF of one uniform ``rng.random((S, n))`` each: tokens, logp, mask (S, n, 1)."""
         params, prompts = check_batch(params, prompts, self.num_prompts, self.param_dim)
-        logpol = self._batch_log_policy(params, prompts)  # (S, n, A)
+        full = self.log_policy(params)  # (S, P, A)
+        rows = np.arange(params.shape[0])[:, None]  # (S, 1)
         u = rng.random(prompts.shape)  # (S, n)
-        action = sample_categorical(logpol, u)  # (S, n)
-        logp = np.take_along_axis(logpol, action[..., None], axis=-1)  # (S, n, 1)
+        # the inverse CDF of sample_categorical, with each prompt's CDF computed once per policy
+        cdf = self._policy_cache[3][rows, prompts]  # (S, n, A)
+        action = np.minimum(np.sum(cdf < u[..., None], axis=-1), self.num_actions - 1).astype(np.int64)  # (S, n)
+        logp = full[rows, prompts, action][..., None]  # (S, n, 1)
         return action[..., None], logp, np.ones(action.shape + (1,), dtype=bool)
 
     def reward(self, prompts: np.ndarray, tokens: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
@@ -310,9 +322,9 @@ class BanditEnv:
         params, prompts = check_batch(params, prompts, self.num_prompts, self.param_dim)
         tokens = np.asarray(tokens, dtype=np.int64)
         mask = check_mask(mask, tokens.shape)
-        logpol = self._batch_log_policy(params, prompts)  # (S, n, A)
-        lp = np.take_along_axis(logpol, np.where(mask, tokens, 0), axis=-1)  # (S, n, 1)
-        return np.where(mask, lp, 0.0)
+        rows = np.arange(params.shape[0])[:, None]  # (S, 1)
+        lp = self.log_policy(params)[rows, prompts, np.where(mask[..., 0], tokens[..., 0], 0)]  # (S, n)
+        return np.where(mask, lp[..., None], 0.0)  # (S, n, 1)
 
     def grad_logp_contract(self, params: np.ndarray, prompts: np.ndarray, tokens: np.ndarray,
                            mask: np.ndarray | None, coef: np.ndarray) -> np.ndarray:
@@ -322,7 +334,7 @@ class BanditEnv:
         mask = check_mask(mask, tokens.shape)
         c = token_coef(coef, mask)[..., 0]  # (S, n)
         S, (P, A) = params.shape[0], self.offsets.shape
-        pi = np.exp(self.log_policy(params)).reshape(S, P * A)  # (S, P*A)
+        pi = self._probs(params).reshape(S, P * A)  # (S, P*A)
         act = np.where(mask[..., 0], tokens[..., 0], 0)  # (S, n)
         seed_base = np.arange(S)[:, None]  # (S, 1)
         # sum_n c_n phi[p_n, a_n]: scatter the coefficients onto (prompt, action) cells

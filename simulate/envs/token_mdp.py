@@ -438,7 +438,8 @@ class TokenMDPEnv:
         for t in range(self.seq_len):
             ln = self._dp_log_policy(tn, t)  # (S, P, N_t, V)
             lb = self._dp_log_policy(tb, t)
-            chi2 += np.sum(a * chi2_exact(ln, lb), axis=-1)  # E_b[R^2] - 1 = sum_t E_b[R_{<t}^2 chi2_t]
+            with np.errstate(over="ignore"):  # chi^2 can legitimately be +inf for far-apart policies
+                chi2 += np.sum(a * chi2_exact(ln, lb), axis=-1)  # E_b[R^2] - 1 = sum_t E_b[R_{<t}^2 chi2_t]
             kl_nb += np.sum(p_n * kl_exact(ln, lb), axis=-1)  # chain rule of KL
             kl_bn += np.sum(p_b * kl_exact(lb, ln), axis=-1)
             lr = ln - lb  # (S, P, N_t, V) token log-ratio
