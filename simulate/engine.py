@@ -232,12 +232,106 @@ class _Recorder:
             self.ess_age_n[edge] += int(per_bucket_ok[:, b].sum())
 
 
+@dataclass
+class _StepData:
+    """What one step trains on, and what it generated."""
+
+    train: RolloutBatch  # (S, B, ...) the training batch
+    weight: np.ndarray  # (S, B) sampler weights (FreshPER IS weights; ones otherwise)
+    staleness: np.ndarray  # (S, B) step - created
+    tslu: np.ndarray  # (S, B) steps since the sample's previous use, -1 on first use
+    is_fresh: np.ndarray | None  # (S, B) group replay: fresh (True) or replayed
+    fresh: RolloutBatch | None  # responses generated this step (None if none)
+    generated: int  # responses generated this step, per seed
+
+
+class _Pipeline:
+    """Where each step's training batch comes from: the one stateful part of the loop.
+
+    sync (Sec. 3): generate R, push, sample B. async (Sec. 2): workers holding weights
+    synced every ``sync_interval`` steps generate B W / (T mu) responses per update
+    (fractions carried over); the on-policy queue uses each response once.
+    Group replay (RLOO) and stale-k (M2PO) follow their papers' orders.
+    """
+
+    def __init__(self, config: SimConfig, env, rng: PerSeedGenerator, buffer):
+        self.config, self.env, self.rng, self.buffer = config, env, rng, buffer
+        self.group_counter = 0
+        self.worker_params = None
+        self.worker_version = 0
+        self.carry = 0.0
+
+    def _generate(self, params: np.ndarray, num_groups: int, version) -> RolloutBatch:
+        batch = generate(self.env, self.config, params, num_groups, version, self.group_counter, self.rng)
+        self.group_counter += num_groups
+        return batch
+
+    @staticmethod
+    def _fresh_only(batch: RolloutBatch, step: int) -> _StepData:
+        shape = batch.prompt.shape
+        return _StepData(batch, np.ones(shape), step - batch.created, np.full(shape, -1), None, batch, batch.size)
+
+    def next_batch(self, step: int, params: np.ndarray) -> _StepData:
+        config, G = self.config, self.config.group_size
+        if config.buffer == "group-replay":
+            return self._group_replay(step, params)
+        if config.buffer == "stale-k":
+            fresh = self._generate(params, config.rollouts_per_step // G, step)
+            self.buffer.push(fresh, step)
+            train = self.buffer.pop(step)  # generated k updates ago
+            shape = train.prompt.shape
+            return _StepData(train, np.ones(shape), step - train.created, np.full(shape, -1), None, fresh, fresh.size)
+        if config.pipeline == "async":
+            if step % config.sync_interval == 0:
+                self.worker_params, self.worker_version = params.copy(), step  # weight sync
+            if config.buffer == "on-policy":
+                num_groups = math.ceil(config.batch_size / G)  # queue at W/T = mu: each rollout used once
+            else:
+                self.carry += config.batch_size * config.workers / (config.trainers * config.mu) / G
+                num_groups = int(self.carry)
+                self.carry -= num_groups
+            gen_params, version = self.worker_params, self.worker_version
+        else:
+            num_groups, gen_params, version = config.rollouts_per_step // G, params, step
+        fresh = self._generate(gen_params, num_groups, version) if num_groups else None
+        if config.buffer == "on-policy":
+            return self._fresh_only(fresh, step)
+        if fresh is not None:
+            self.buffer.add(fresh, step)
+        if config.buffer == "prioritized":
+            self.buffer.refresh(step)  # FreshPER Alg. 1 step 5: priorities decay with age
+        sample = self.buffer.sample(config.batch_size, step, self.rng)
+        return _StepData(sample.batch, sample.weight, sample.staleness, sample.time_since_last_use, None, fresh,
+                         0 if fresh is None else fresh.size)
+
+    def _group_replay(self, step: int, params: np.ndarray) -> _StepData:
+        """RLOO order: sample fresh, sample replay, update, add fresh, evict (after_update adds)."""
+        config = self.config
+        _, fresh_needed = _group_replay_counts(config, self.buffer, step)
+        replay = (self.buffer.sample_groups(config.batch_size - fresh_needed, step, self.rng)
+                  if config.batch_size > fresh_needed else None)
+        fresh = self._generate(params, fresh_needed, step)
+        if replay is None:
+            return self._fresh_only(fresh, step)
+        train = RolloutBatch.concatenate([fresh, replay.batch])
+        is_fresh = np.concatenate([np.ones(fresh.prompt.shape, bool), np.zeros(replay.batch.prompt.shape, bool)], axis=1)
+        tslu = np.concatenate([np.full(fresh.prompt.shape, -1), replay.time_since_last_use], axis=1)
+        return _StepData(train, np.ones(train.prompt.shape), step - train.created, tslu, is_fresh, fresh, fresh.size)
+
+    def after_update(self, step: int, data: _StepData) -> None:
+        if self.config.buffer == "group-replay":
+            self.buffer.add(data.fresh, step)
+        if hasattr(self.buffer, "observe_pass_rate") and data.fresh is not None:
+            self.buffer.observe_pass_rate((data.fresh.reward == 1.0).mean(axis=1))
+
+
 def run(config: SimConfig, progress=None, observer=None) -> RunResult:
     """Run one configuration for all its seeds.
 
     ``progress(step)`` is called after each step; ``observer(step, params, history, buffer, env)``
     too (calibration measures the noise profile through it).
     """
+    config = config.validated()
     if config.buffer == "exgrpo":
         from replay_theory.simulate.exgrpo_loop import run_exgrpo
         return run_exgrpo(config, progress, shaping=config.exgrpo_shaping,
@@ -247,8 +341,7 @@ def run(config: SimConfig, progress=None, observer=None) -> RunResult:
     from replay_theory.simulate.envs import make_env
     from replay_theory.simulate.optim import OPTIMIZERS
 
-    config = config.validated()
-    S, G = config.seeds, config.group_size
+    S = config.seeds
     rng = PerSeedGenerator(config.seed, S)
     env = make_env(config.env, **env_kwargs(config))
     params = env.init_params(S)  # (S, d)
@@ -261,80 +354,15 @@ def run(config: SimConfig, progress=None, observer=None) -> RunResult:
     drift_n = np.zeros(len(drift_lags))
     compute = np.zeros(S)
     k_training = k_inference = 0.0
-    group_counter = 0
     async_mode = config.pipeline == "async"
-    worker_params = params.copy()
-    worker_version = 0
-    carry = 0.0
-    buffer = _make_buffer_for(config, env, make_buffer, S)
+    pipeline = _Pipeline(config, env, rng, _make_buffer_for(config, env, make_buffer, S))
+    buffer = pipeline.buffer
 
     for step in range(config.steps):
-        is_fresh = None
-        if config.buffer == "group-replay":
-            b_fresh, fresh_needed = _group_replay_counts(config, buffer, step)
-            replay = buffer.sample_groups(config.batch_size - fresh_needed, step, rng) if config.batch_size > fresh_needed else None
-            fresh = generate(env, config, params, fresh_needed, step, group_counter, rng)
-            group_counter += fresh_needed
-            train = fresh if replay is None else RolloutBatch.concatenate([fresh, replay.batch])
-            is_fresh = np.concatenate([np.ones(fresh.prompt.shape, bool),
-                                       np.zeros(replay.batch.prompt.shape, bool)], axis=1) if replay else np.ones(fresh.prompt.shape, bool)
-            weight = np.ones(train.prompt.shape)
-            staleness = step - train.created
-            tslu = np.full(train.prompt.shape, -1) if replay is None else np.concatenate(
-                [np.full(fresh.prompt.shape, -1), replay.time_since_last_use], axis=1)
-            generated = fresh.size
-        elif config.buffer == "stale-k":
-            fresh = generate(env, config, params, config.rollouts_per_step // G, step, group_counter, rng)
-            group_counter += config.rollouts_per_step // G
-            buffer.push(fresh, step)
-            train = buffer.pop(step)
-            weight = np.ones(train.prompt.shape)
-            staleness = step - train.created
-            tslu = np.full(train.prompt.shape, -1)
-            generated = fresh.size
-        elif config.buffer == "on-policy" and not async_mode:
-            fresh = generate(env, config, params, config.rollouts_per_step // G, step, group_counter, rng)
-            group_counter += config.rollouts_per_step // G
-            train, weight = fresh, np.ones(fresh.prompt.shape)
-            staleness = np.zeros(fresh.prompt.shape, np.int64)
-            tslu = np.full(fresh.prompt.shape, -1)
-            generated = fresh.size
-        else:
-            if async_mode:
-                if step % config.sync_interval == 0:
-                    worker_params, worker_version = params.copy(), step
-                if config.buffer == "on-policy":
-                    num_groups = math.ceil(config.batch_size / G)  # queue: W/T = mu, each rollout used once
-                else:
-                    carry += config.batch_size * config.workers / (config.trainers * config.mu) / G
-                    num_groups = int(carry)
-                    carry -= num_groups
-                gen_params = worker_params
-                version = worker_version
-            else:
-                num_groups = config.rollouts_per_step // G
-                gen_params, version = params, step
-            if num_groups:
-                fresh = generate(env, config, gen_params, num_groups, version, group_counter, rng)
-                group_counter += num_groups
-                generated = fresh.size
-                if config.buffer == "on-policy":
-                    train, weight = fresh, np.ones(fresh.prompt.shape)
-                    staleness = step - fresh.created
-                    tslu = np.full(fresh.prompt.shape, -1)
-                else:
-                    buffer.add(fresh, step)
-            else:
-                generated = 0
-            if config.buffer != "on-policy":
-                if config.buffer == "prioritized" and hasattr(buffer, "refresh"):
-                    buffer.refresh(step)
-                sample = buffer.sample(config.batch_size, step, rng)
-                train, weight = sample.batch, sample.weight
-                staleness, tslu = sample.staleness, sample.time_since_last_use
-            fresh_reward = fresh.reward if generated else None
-        if config.buffer in ("group-replay", "stale-k") or (config.buffer == "on-policy" and not async_mode):
-            fresh_reward = fresh.reward
+        data = pipeline.next_batch(step, params)
+        train, weight, staleness, tslu, is_fresh = data.train, data.weight, data.staleness, data.tslu, data.is_fresh
+        fresh, generated = data.fresh, data.generated
+        fresh_reward = fresh.reward if fresh is not None else None
 
         logp_new = env.logp(params, train.prompt, train.tokens, train.mask)  # (S, B, L)
         out = compute_loss(config, train, logp_new, is_fresh)
@@ -362,10 +390,7 @@ def run(config: SimConfig, progress=None, observer=None) -> RunResult:
 
         params = optimizer.step(params, grad)
         history.append(params.copy())
-        if config.buffer == "group-replay":
-            buffer.add(fresh, step)  # RLOO order: sample fresh, sample replay, update, add fresh, evict
-        if hasattr(buffer, "observe_pass_rate") and fresh_reward is not None:
-            buffer.observe_pass_rate((fresh_reward == 1.0).mean(axis=1))
+        pipeline.after_update(step, data)
 
         if step % config.eval_every == 0 or step == config.steps - 1:
             quality = env.evaluate(params)
