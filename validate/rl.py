@@ -1,0 +1,238 @@
+"""RL on a Qwen2-architecture language model with the simulator's buffers and losses (not copies).
+
+Papers: experience-replay (shared/papers/experience-replay-optimal-buffer.txt) for the FIFO
+buffer (N, B, R) and GRPO; M2PO, RLOO and FreshPER for the other losses and samplers, all
+imported from ``replay_theory.simulate``.
+
+| code name            | paper symbol | meaning                                                        |
+|----------------------|--------------|----------------------------------------------------------------|
+| ``rollouts_per_step``| R            | fresh completions per step (R / G prompts x G samples)          |
+| ``capacity``         | N            | FIFO buffer size, in completions                                |
+| ``batch_size``       | B            | completions per update                                          |
+| ``group_size``       | G            | samples per prompt (group-relative advantage)                   |
+| ``logp_behav``       | log mu       | behaviour token log-probs stored when the completion is added   |
+| ``logp_new``         | log pi_theta | token log-probs under the current model (teacher forcing)       |
+
+How a shared numpy loss trains a torch model: every loss in ``simulate/losses.py``
+returns d loss / d logp_new for the sampled tokens, so the model's gradient is
+that of the surrogate sum(grad_logp * logp_new) with grad_logp held constant.
+The buffer stores completions as a ``RolloutBatch`` with one seed (S = 1).
+
+Behaviour log-probs come from the sampler (``logp_source="sampler"``, what vLLM
+returns) or from a trainer forward pass on the fresh completions before any update
+(``"trainer"``: fresh log-ratios are then exactly 0). The sampler-vs-trainer
+mismatch is logged either way (``logp_mismatch_max``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from replay_theory.simulate import advantages as adv
+from replay_theory.simulate.buffers import make_buffer
+from replay_theory.simulate.rollouts import RolloutBatch
+from replay_theory.theory import divergences as div
+from replay_theory.validate import countdown
+from replay_theory.validate.model import Policy, encode_prompts, generate, sequence_logprobs
+
+LOSSES = ("grpo", "no-trust-region", "m2po", "m2po-reference", "reinforce")
+BUFFERS = ("on-policy", "fifo")
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """One RL run on the language model. Field docs are the CLI help."""
+
+    steps: int = 30
+    """Training steps (updates)."""
+    rollouts_per_step: int = 32
+    """R: fresh completions generated per step (a multiple of group_size)."""
+    group_size: int = 8
+    """G: completions per prompt."""
+    batch_size: int = 32
+    """B: completions per update."""
+    capacity: int = 64
+    """N: FIFO buffer size in completions (buffer fifo)."""
+    buffer: str = "fifo"
+    """on-policy (train on the fresh completions) or fifo (uniform replay, with replacement)."""
+    loss: str = "grpo"
+    """grpo, no-trust-region, m2po, m2po-reference or reinforce (simulate/losses.py)."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts."""
+    max_new_tokens: int = 24
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    tau_m2: float = 0.04
+    logp_source: str = "trainer"
+    """Behaviour log-probs from the trainer's forward pass (fresh log-ratios exactly 0) or the sampler."""
+    seed: int = 0
+
+    def validated(self) -> "RLConfig":
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        if self.buffer not in BUFFERS:
+            raise ValueError(f"buffer must be one of {', '.join(BUFFERS)}, got {self.buffer!r}")
+        if self.logp_source not in ("trainer", "sampler"):
+            raise ValueError(f"logp_source must be trainer or sampler, got {self.logp_source!r}")
+        for name in ("steps", "rollouts_per_step", "group_size", "batch_size", "capacity", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)}")
+        if self.group_size < 2 or self.rollouts_per_step % self.group_size:
+            raise ValueError(f"rollouts_per_step must be a multiple of group_size >= 2, got "
+                             f"{self.rollouts_per_step} and {self.group_size}")
+        if self.buffer == "fifo" and self.capacity < self.rollouts_per_step:
+            raise ValueError(f"capacity must be >= rollouts_per_step = {self.rollouts_per_step}, got {self.capacity}")
+        if not (self.lr > 0 and self.temperature > 0):
+            raise ValueError("lr and temperature must be > 0")
+        return self
+
+
+@dataclass
+class RLResult:
+    config: RLConfig
+    metrics: list[dict] = field(default_factory=list)  # one dict per step
+    generation_seconds: float = 0.0
+    update_seconds: float = 0.0
+    k_inference: int = 0  # completions generated
+    k_training: int = 0  # completions processed by backprop
+
+    def mu_timing(self) -> float:
+        """Measured rollout cost / per-sample update cost (the tiny setting's mu, Table 1 meaning)."""
+        per_rollout = self.generation_seconds / max(self.k_inference, 1)
+        per_sample = self.update_seconds / max(self.k_training, 1)
+        return per_rollout / per_sample if per_sample > 0 else math.nan
+
+
+def _loss(config: RLConfig, logp_new, logp_behav, advantage, mask):
+    from replay_theory.simulate import losses
+
+    if config.loss == "reinforce":
+        return losses.reinforce(logp_new, advantage, mask, logp_behav=logp_behav)
+    if config.loss == "grpo":
+        return losses.grpo(logp_new, logp_behav, advantage, mask, eps_low=config.eps_low, eps_high=config.eps_high)
+    if config.loss == "no-trust-region":
+        return losses.no_trust_region(logp_new, logp_behav, advantage, mask)
+    variant = "algorithm1" if config.loss == "m2po" else "reference"
+    return losses.m2po(logp_new, logp_behav, advantage, mask, tau_m2=config.tau_m2, variant=variant)
+
+
+def _pad_to(t: torch.Tensor, length: int, value) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, length - t.shape[1]), value=value)
+
+
+def generate_batch(policy: Policy, problems: list[countdown.Problem], prompt_index: np.ndarray, config: RLConfig,
+                   step: int, group_offset: int, generator: torch.Generator) -> tuple[RolloutBatch, dict]:
+    """Sample G completions for each chosen prompt and score them: a one-seed RolloutBatch (1, R, L)."""
+    prompts = [problems[i].prompt_text() for i in prompt_index]
+    rollouts = generate(policy, prompts, config.group_size, config.max_new_tokens, config.temperature, generator)
+    L = config.max_new_tokens
+    ids = _pad_to(rollouts.completion_ids, L, policy.tokenizer.pad_token_id)  # (R, L)
+    mask = _pad_to(rollouts.completion_mask, L, 0)  # (R, L)
+    sampler_logp = _pad_to(rollouts.logp_behav, L, 0.0)  # (R, L)
+    with torch.no_grad():
+        trainer_logp = sequence_logprobs(policy, rollouts.prompt_ids, rollouts.prompt_mask, ids, mask,
+                                         temperature=config.temperature)  # (R, L)
+    mismatch = float((trainer_logp - sampler_logp).abs().max())
+    logp = trainer_logp if config.logp_source == "trainer" else sampler_logp
+    owner = np.repeat(prompt_index, config.group_size)  # (R,) problem of each completion
+    reward = countdown.verify_batch([problems[i] for i in owner], rollouts.completion_text)  # (R,)
+    groups = reward.reshape(1, -1, config.group_size)  # (1, R/G, G)
+    advantage = (adv.group_advantage(groups, normalize_std=True) if config.loss != "reinforce"
+                 else adv.group_mean_baseline(groups)).reshape(1, -1)
+    R = ids.shape[0]
+    batch = RolloutBatch(
+        prompt=owner[None].astype(np.int64),
+        tokens=ids.cpu().numpy()[None].astype(np.int64),
+        mask=mask.cpu().numpy()[None].astype(bool),
+        logp_behav=logp.cpu().numpy()[None].astype(np.float64),
+        reward=reward[None],
+        advantage=advantage,
+        created=np.full((1, R), step, np.int64),
+        group=(group_offset + np.repeat(np.arange(R // config.group_size), config.group_size))[None],
+    )
+    return batch, {"logp_mismatch_max": mismatch, "reward": float(reward.mean()),
+                   "accuracy": float((reward == 1.0).mean())}
+
+
+def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
+          progress: Callable[[int, dict], None] | None = None) -> RLResult:
+    """Run ``config.steps`` RL updates on ``problems`` (the training split) and log one dict per step."""
+    config = config.validated()
+    rng = np.random.default_rng(config.seed)
+    generator = torch.Generator(device="cpu").manual_seed(config.seed)
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    buffer = (make_buffer("fifo", num_seeds=1, capacity=config.capacity, seq_len=config.max_new_tokens,
+                          token_dtype=np.int32) if config.buffer == "fifo" else None)
+    result = RLResult(config)
+    prompts_per_step = config.rollouts_per_step // config.group_size
+    for step in range(config.steps):
+        t0 = time.perf_counter()
+        policy.model.eval()
+        prompt_index = rng.integers(0, len(problems), size=prompts_per_step)
+        fresh, info = generate_batch(policy, problems, prompt_index, config, step, step * prompts_per_step, generator)
+        result.generation_seconds += time.perf_counter() - t0
+        result.k_inference += fresh.size
+
+        t1 = time.perf_counter()
+        if buffer is None:
+            train_batch, staleness = fresh, np.zeros((1, fresh.size))
+        else:
+            buffer.add(fresh, step)
+            sample = buffer.sample(config.batch_size, step, rng)
+            train_batch, staleness = sample.batch, sample.staleness
+        policy.model.train()
+        prompt_ids, prompt_mask = encode_prompts(policy, [problems[i].prompt_text() for i in train_batch.prompt[0]])
+        ids = torch.as_tensor(train_batch.tokens[0], device=policy.device)
+        mask = torch.as_tensor(train_batch.mask[0].astype(np.int64), device=policy.device)
+        logp_new = sequence_logprobs(policy, prompt_ids, prompt_mask, ids, mask, temperature=config.temperature)
+        out = _loss(config, logp_new.detach().cpu().double().numpy()[None], train_batch.logp_behav,
+                    train_batch.advantage, train_batch.mask)
+        surrogate = (torch.as_tensor(out.grad_logp[0], dtype=logp_new.dtype, device=logp_new.device) * logp_new).sum()
+        optimizer.zero_grad(set_to_none=True)
+        surrogate.backward()  # d surrogate / d theta = sum dL/dlogp * d logp / d theta
+        optimizer.step()
+        result.update_seconds += time.perf_counter() - t1
+        result.k_training += train_batch.size
+
+        token_lr = logp_new.detach().cpu().double().numpy()[None] - train_batch.logp_behav  # (1, B, L)
+        seq_lr = np.where(train_batch.mask, token_lr, 0.0).sum(axis=-1)  # (1, B)
+        stats = div.sample_statistics(token_lr.reshape(1, -1), mask=train_batch.mask.reshape(1, -1))
+        metrics = {
+            "step": step,
+            **info,
+            "loss": float(out.loss[0]),
+            "ess_frac": float(div.ess_kish_fraction(seq_lr)[0]),
+            "log_ratio_abs_max": float(np.abs(np.where(train_batch.mask, token_lr, 0.0)).max()),
+            "staleness_mean": float(staleness.mean()),
+            **{k: float(v[0]) for k, v in stats.items() if k != "ess_frac"},
+            **{k: float(np.asarray(v).reshape(-1)[0]) for k, v in out.metrics.items()
+               if k.startswith(("clip_ratio", "pg_clipfrac", "masked_frac", "is_ratio"))},
+        }
+        result.metrics.append(metrics)
+        if progress is not None:
+            progress(step, metrics)
+    return result
+
+
+def evaluate_policy(policy: Policy, problems: list[countdown.Problem], num_samples: int, temperature: float,
+                    max_new_tokens: int, seed: int, ks=(1, 4)) -> dict:
+    """Mean reward, fraction correct, pass@1 and unbiased pass@k on ``problems`` (seeded)."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    policy.model.eval()
+    rollouts = generate(policy, [p.prompt_text() for p in problems], num_samples, max_new_tokens, temperature, generator)
+    owners = [p for p in problems for _ in range(num_samples)]
+    reward = countdown.verify_batch(owners, rollouts.completion_text).reshape(len(problems), num_samples)
+    return countdown.evaluate_samples(reward == 1.0, ks=ks, rewards=reward)
+
+
+def config_dict(config: RLConfig) -> dict:
+    return asdict(config)
