@@ -6,20 +6,12 @@ import sys
 
 import pytest
 
-from replay_theory.cli.app import main
 from replay_theory.theory.compute import compute_ratio
 from replay_theory.theory.design import power_law_optimum
 
 
-def run(capsys, *args):
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
-
-
-def test_optimal_json_rollout_cost_default(capsys):
-    code, out, err = run(capsys, "optimal", "--mu", "5.28", "--json")
+def test_optimal_json_rollout_cost_default(cli):
+    code, out, err = cli("optimal", "--mu", "5.28", "--json")
     assert code == 0 and err == ""
     payload = json.loads(out)
     x, y = power_law_optimum(1 / 5.28, 0.25, 0.1)
@@ -31,23 +23,23 @@ def test_optimal_json_rollout_cost_default(capsys):
     assert payload["compute_ratio"] == pytest.approx((1 + 5.28 / y) / 6.28, rel=1e-14)
 
 
-def test_optimal_json_paper_sec3_gives_opposite_advice(capsys):
-    code, out, _ = run(capsys, "optimal", "--mu", "5.28", "--convention", "paper-sec3", "--json")
+def test_optimal_json_paper_sec3_gives_opposite_advice(cli):
+    code, out, _ = cli("optimal", "--mu", "5.28", "--convention", "paper-sec3", "--json")
     payload = json.loads(out)
     assert code == 0 and payload["convention"] == "paper-sec3" and payload["regime"] == "on-policy"
     assert payload["x_star_unconstrained"] == pytest.approx(power_law_optimum(5.28, 0.25, 0.1)[0], rel=1e-15)
     assert payload["compute_ratio"] == 1.0
 
 
-def test_optimal_json_unbounded_has_nulls(capsys):
-    code, out, _ = run(capsys, "optimal", "--mu", "5.28", "--alpha", "0", "--rho", "0", "--json")
+def test_optimal_json_unbounded_has_nulls(cli):
+    code, out, _ = cli("optimal", "--mu", "5.28", "--alpha", "0", "--rho", "0", "--json")
     payload = json.loads(out)
     assert code == 0 and payload["regime"] == "unbounded"
     assert payload["x_star"] is None and payload["y_star"] is None and payload["workers_per_trainer"] is None
 
 
-def test_optimal_human_output_with_rollouts_per_step(capsys):
-    code, out, _ = run(capsys, "optimal", "--mu", "5.28", "--rollouts-per-step", "64")
+def test_optimal_human_output_with_rollouts_per_step(cli):
+    code, out, _ = cli("optimal", "--mu", "5.28", "--rollouts-per-step", "64")
     assert code == 0
     assert "rollout-cost" in out and "replay" in out
     lines = {line.split()[0] + " " + line.split()[1]: line for line in out.splitlines() if len(line.split()) > 2}
@@ -56,19 +48,19 @@ def test_optimal_human_output_with_rollouts_per_step(capsys):
     assert "alpha = 0.25, rho = 0.1" in out
 
 
-def test_optimal_reads_a_profile(capsys, tmp_path):
+def test_optimal_reads_a_profile(cli, tmp_path):
     path = tmp_path / "profile.json"
     path.write_text(json.dumps({"kind": "power_law", "alpha": 0.25, "rho": 0.1}))
-    code, out, _ = run(capsys, "optimal", "--mu", "5.28", "--profile", str(path), "--json")
+    code, out, _ = cli("optimal", "--mu", "5.28", "--profile", str(path), "--json")
     payload = json.loads(out)
     assert code == 0 and payload["alpha"] is None and payload["rho"] == 0.1
     assert payload["x_star"] == pytest.approx(power_law_optimum(1 / 5.28, 0.25, 0.1)[0], rel=1e-6)
-    code, out, _ = run(capsys, "optimal", "--mu", "5.28", "--profile", str(path), "--rho", "0.0", "--json")
+    code, out, _ = cli("optimal", "--mu", "5.28", "--profile", str(path), "--rho", "0.0", "--json")
     assert json.loads(out)["rho"] == 0.0  # --rho overrides the profile's
 
 
-def test_gamma_json_matches_eq2(capsys):
-    code, out, _ = run(capsys, "gamma", "--workers", "6", "--trainers", "2", "--mu", "6.84", "--json")
+def test_gamma_json_matches_eq2(cli):
+    code, out, _ = cli("gamma", "--workers", "6", "--trainers", "2", "--mu", "6.84", "--json")
     payload = json.loads(out)
     assert code == 0 and payload["gamma"] == pytest.approx(compute_ratio(6, 2, 6.84)) == pytest.approx(0.5102, abs=1e-4)
     assert payload["replay_ratio"] == pytest.approx(6.84 * 2 / 6)
@@ -93,17 +85,17 @@ def test_gamma_json_matches_eq2(capsys):
         (["nonsense"], "nonsense"),
     ],
 )
-def test_bad_input_is_one_line_exit_2(capsys, args, needle):
-    code, out, err = run(capsys, *args)
+def test_bad_input_is_one_line_exit_2(cli, args, needle):
+    code, out, err = cli(*args)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("replay-theory: error:")
     assert needle in err and "Traceback" not in err
 
 
-def test_unreadable_profile_content(capsys, tmp_path):
+def test_unreadable_profile_content(cli, tmp_path):
     path = tmp_path / "bad.json"
     path.write_text("[1, 2")
-    code, out, err = run(capsys, "optimal", "--mu", "5", "--profile", str(path))
+    code, out, err = cli("optimal", "--mu", "5", "--profile", str(path))
     assert code == 2 and out == "" and "not valid JSON" in err
 
 
@@ -126,18 +118,18 @@ def test_python_dash_m_entry_point():
     assert json.loads(result.stdout)["gamma"] == pytest.approx((1 + 1 / 7) / 6.28)
 
 
-def test_derive_prints_the_derived_y_star(capsys):
-    code, out, err = run(capsys, "derive", "y-star")
+def test_derive_prints_the_derived_y_star(cli):
+    code, out, err = cli("derive", "y-star")
     assert code == 0 and err == ""
     assert out.startswith("y-star: Optimal replay ratio")
     assert "sympy.solve" in out and "= 0" in out  # the step that checks the printed form reduces to 0
 
 
-def test_derive_latex_of_eta_star_flags_the_factor_two(capsys):
-    code, out, _ = run(capsys, "derive", "eta-star", "--latex")
+def test_derive_latex_of_eta_star_flags_the_factor_two(cli):
+    code, out, _ = cli("derive", "eta-star", "--latex")
     assert code == 0 and r"8 \sqrt{6}" in out and r"\frac{derived}{printed} = 2" in out
 
 
-def test_derive_unknown_name_is_one_line_exit_2(capsys):
-    code, out, err = run(capsys, "derive", "nope")
+def test_derive_unknown_name_is_one_line_exit_2(cli):
+    code, out, err = cli("derive", "nope")
     assert code == 2 and out == "" and err.count("\n") == 1 and "y-star" in err

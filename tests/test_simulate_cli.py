@@ -5,21 +5,13 @@ import json
 import numpy as np
 import pytest
 
-from replay_theory.cli.app import main
 from replay_theory.simulate.sweep import expand_spec, load_runs, run_sweep
 
 SMALL = ["--seeds", "2", "--steps", "40", "--eval-every", "20", "--measure-drift", "false", "--num-prompts", "16"]
 
 
-def run_cli(capsys, *args):
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
-
-
-def test_simulate_json_fifo_formulas(capsys):
-    code, out, _ = run_cli(capsys, "simulate", "--buffer", "fifo", "--capacity", "128", "--rollouts-per-step", "32",
+def test_simulate_json_fifo_formulas(cli):
+    code, out, _ = cli("simulate", "--buffer", "fifo", "--capacity", "128", "--rollouts-per-step", "32",
                            "--batch", "64", "--steps", "60", "--seed", "3", "--json", "--no-progress", *SMALL[:2],
                            "--eval-every", "20", "--measure-drift", "false", "--num-prompts", "16")
     payload = json.loads(out)
@@ -38,12 +30,12 @@ def test_simulate_json_fifo_formulas(capsys):
     (["--mu", "nan"], "mu must be > 0"),
     (["--capcity", "8"], "unknown option --capcity"),
 ])
-def test_simulate_bad_input_one_line(capsys, args, needle):
-    code, out, err = run_cli(capsys, "simulate", *args, "--json")
+def test_simulate_bad_input_one_line(cli, args, needle):
+    code, out, err = cli("simulate", *args, "--json")
     assert code == 2 and out == "" and err.count("\n") == 1 and needle in err
 
 
-def test_sweep_resumes_without_repeating_and_refuses_other_specs(tmp_path, capsys):
+def test_sweep_resumes_without_repeating_and_refuses_other_specs(tmp_path, cli):
     spec = {"name": "t", "base": {"seeds": 2, "steps": 30, "eval_every": 15, "measure_drift": False,
                                   "num_prompts": 16},
             "grid": {"capacity": [64, 128]}, "configs": [{"buffer": "on-policy"}]}
@@ -72,25 +64,25 @@ def test_sweep_resumes_without_repeating_and_refuses_other_specs(tmp_path, capsy
         run_sweep({**spec, "grid": {"capacity": [256]}}, out, n_jobs=1, show_progress=False)
 
 
-def test_sweep_spec_typo_stops_before_work(tmp_path, capsys):
+def test_sweep_spec_typo_stops_before_work(tmp_path, cli):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"base": {"capcity": 4}}))
-    code, out, err = run_cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "o"), "--no-progress")
+    code, out, err = cli("sweep", str(spec), "--out", str(tmp_path / "o"), "--no-progress")
     assert code == 2 and "unknown config field 'capcity'" in err and not (tmp_path / "o").exists()
     spec.write_text(json.dumps({"bsae": {}}))
-    code, out, err = run_cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "o"), "--no-progress")
+    code, out, err = cli("sweep", str(spec), "--out", str(tmp_path / "o"), "--no-progress")
     assert code == 2 and "unknown sweep spec key(s): bsae" in err
 
 
-def test_calibrate_writes_a_profile_that_optimal_reads(tmp_path, capsys):
+def test_calibrate_writes_a_profile_that_optimal_reads(tmp_path, cli):
     profile = tmp_path / "profile.json"
-    code, out, err = run_cli(capsys, "calibrate", "--out", str(profile), "--seeds", "2", "--steps", "40",
+    code, out, err = cli("calibrate", "--out", str(profile), "--seeds", "2", "--steps", "40",
                              "--eval-every", "20", "--num-prompts", "16", "--checkpoints", "2", "--samples", "64")
     assert code == 0, err
     data = json.loads(profile.read_text())
     assert data["kind"] == "table" and data["staleness"][0] == 0 and len(data["sigma_sq"]) == len(data["staleness"])
     assert all(v > 0 for v in data["sigma_sq"]) and 0 <= data["rho"] <= 1
-    code, out, err = run_cli(capsys, "optimal", "--mu", "5.28", "--profile", str(profile), "--json")
+    code, out, err = cli("optimal", "--mu", "5.28", "--profile", str(profile), "--json")
     assert code == 0 and json.loads(out)["rho"] == data["rho"]
-    code, out, err = run_cli(capsys, "calibrate", "--out", str(profile), "--seeds", "2")
+    code, out, err = cli("calibrate", "--out", str(profile), "--seeds", "2")
     assert code == 2 and "never overwritten" in err
