@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -154,6 +155,36 @@ def register(app: typer.Typer) -> None:
         table = chosen.table(Path(out))
         (Path(out) / "table.md").write_text(table + "\n")
         typer.echo(table)
+
+    validate_app = typer.Typer(help="Check the theory's predictions on a Qwen2-architecture language model "
+                                    "(needs the validate extra).", no_args_is_help=True)
+    app.add_typer(validate_app, name="validate")
+
+    @validate_app.command("calibrate")
+    def validate_calibrate(
+        out: Path = typer.Option(..., "--out", help="Run directory (resumed: finished steps are skipped)."),
+        model: str = typer.Option("tiny", "--model", help="'tiny' or a local checkpoint / hub id."),
+        device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+        tiny: bool = typer.Option(True, "--tiny/--full", help="Small problem and probe sizes for a CPU."),
+        seed: int = typer.Option(0, "--seed"),
+    ) -> None:
+        """Warm-start, probe and measure mu, sigma^2(s), rho and KL drift; writes calibration.json and profile.json."""
+        from replay_theory.validate.loop import ValidateConfig, run_calibrate
+
+        config = ValidateConfig(model=model, device=device, seed=seed)
+        if not tiny:
+            config = dataclasses.replace(config, n_train=5000, probe_steps=64, samples=256)
+        run_calibrate(config, out, log=typer.echo)
+
+    @validate_app.command("predict")
+    def validate_predict(
+        out: Path = typer.Option(..., "--out", help="Run directory holding calibration.json."),
+        mu: Optional[float] = typer.Option(None, "--mu", help="Override the measured mu (rollout-cost meaning)."),
+    ) -> None:
+        """Thm 3.5 on the measured profile: predicted.json with x*, y* and integer N, B, R."""
+        from replay_theory.validate.loop import ValidateConfig, run_predict
+
+        run_predict(ValidateConfig(), out, mu=mu, log=typer.echo)
 
     @app.command()
     def sweep(

@@ -104,6 +104,7 @@ class RLResult:
     update_seconds: float = 0.0
     k_inference: int = 0  # completions generated
     k_training: int = 0  # completions processed by backprop
+    buffer: object = None  # the FIFO buffer at the end of the run (None on-policy)
 
     def mu_timing(self) -> float:
         """Measured rollout cost / per-sample update cost (the tiny setting's mu, Table 1 meaning)."""
@@ -172,7 +173,7 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     buffer = (make_buffer("fifo", num_seeds=1, capacity=config.capacity, seq_len=config.max_new_tokens,
                           token_dtype=np.int32) if config.buffer == "fifo" else None)
-    result = RLResult(config)
+    result = RLResult(config, buffer=buffer)
     prompts_per_step = config.rollouts_per_step // config.group_size
     for step in range(config.steps):
         t0 = time.perf_counter()

@@ -1,0 +1,45 @@
+"""validate calibrate -> predict on a tiny run: the files, and the prediction equals the theory on them."""
+
+import json
+import math
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from replay_theory.theory.design import DesignQuery, optimal_design  # noqa: E402
+from replay_theory.theory.profiles import load_profile  # noqa: E402
+from replay_theory.validate.loop import ValidateConfig, run_calibrate, run_predict  # noqa: E402
+
+SMALL = ValidateConfig(n_train=120, n_test=16, sft_steps=40, rollouts_per_step=16, group_size=4, probe_steps=10,
+                       samples=8, max_new_tokens=12)
+
+
+def test_calibrate_then_predict(tmp_path):
+    out = tmp_path / "run"
+    calibration = run_calibrate(SMALL, out, log=lambda *_: None)
+    assert calibration["staleness"] == [0.0, 1.0, 2.0, 4.0, 8.0]
+    assert len(calibration["sigma_sq"]) == 5 and all(v >= 0 for v in calibration["sigma_sq"])
+    assert calibration["mu_timing"] > 0 and 0.0 <= calibration["rho"] <= 1.0
+    assert set(calibration["kl_by_lag"]) == {"1", "2", "4", "8"}
+    summary = json.loads((out / "calibration_summary.json").read_text())
+    assert summary["mu_measured"] == calibration["mu_timing"] and 0.0 <= summary["warm_start"]["pass@1"] <= 1.0
+    # a second call resumes: nothing is measured or overwritten again
+    stamp = (out / "calibration.json").stat().st_mtime_ns
+    run_calibrate(SMALL, out, log=lambda *_: None)
+    assert (out / "calibration.json").stat().st_mtime_ns == stamp
+
+    predicted = run_predict(SMALL, out, log=lambda *_: None)
+    loaded = load_profile(out / "profile.json")
+    design = optimal_design(DesignQuery(mu=calibration["mu_timing"], profile=loaded.profile, profile_rho=loaded.rho,
+                                        rollouts_per_step=SMALL.rollouts_per_step))
+    assert predicted["regime"] == design.regime and predicted["R"] == SMALL.rollouts_per_step
+    if math.isfinite(design.x_star):
+        assert predicted["x_star"] == pytest.approx(design.x_star) and predicted["N"] == design.buffer_size
+    assert json.loads((out / "predicted.json").read_text())["mu_measured"] == calibration["mu_timing"]
+
+
+def test_predict_without_calibration_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="no calibration.json"):
+        run_predict(SMALL, tmp_path)
