@@ -186,6 +186,34 @@ def register(app: typer.Typer) -> None:
 
         run_predict(ValidateConfig(), out, mu=mu, log=typer.echo)
 
+    @validate_app.command("verify")
+    def validate_verify(
+        out: Path = typer.Option(..., "--out", help="Run directory holding predicted.json."),
+        seeds: int = typer.Option(2, "--seeds", help="Seeds per design."),
+        budget: int = typer.Option(24, "--budget-updates", help="Compute budget, in on-policy updates."),
+    ) -> None:
+        """Train on-policy, the prediction and designs around it at equal compute; writes report.json/.md/.png."""
+        from replay_theory.validate.loop import ValidateConfig, run_verify
+
+        report = run_verify(ValidateConfig(), out, seeds=seeds, budget_updates=budget, log=typer.echo)
+        typer.echo(f"measured best: {report['measured_best']['name']}; report: {out / 'report.md'}")
+
+    @validate_app.command("all")
+    def validate_all(
+        out: Path = typer.Option(..., "--out", help="Run directory (resumed)."),
+        model: str = typer.Option("tiny", "--model", help="'tiny' or a local checkpoint / hub id."),
+        device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+        seeds: int = typer.Option(2, "--seeds", help="Seeds per design in verify."),
+    ) -> None:
+        """calibrate -> predict -> verify."""
+        from replay_theory.validate.loop import ValidateConfig, run_calibrate, run_predict, run_verify
+
+        config = ValidateConfig(model=model, device=device)
+        run_calibrate(config, out, log=typer.echo)
+        run_predict(config, out, log=typer.echo)
+        report = run_verify(config, out, seeds=seeds, log=typer.echo)
+        typer.echo(f"measured best: {report['measured_best']['name']}; report: {out / 'report.md'}")
+
     @app.command()
     def sweep(
         spec: Path = typer.Argument(..., help="Sweep spec (JSON): base config, grid, extra configs."),

@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 
 from replay_theory.theory.design import DesignQuery, optimal_design  # noqa: E402
 from replay_theory.theory.profiles import load_profile  # noqa: E402
-from replay_theory.validate.loop import ValidateConfig, run_calibrate, run_predict  # noqa: E402
+from replay_theory.validate.loop import ValidateConfig, run_calibrate, run_predict, run_verify  # noqa: E402
 
 SMALL = ValidateConfig(n_train=120, n_test=16, sft_steps=40, rollouts_per_step=16, group_size=4, probe_steps=10,
                        samples=8, max_new_tokens=12)
@@ -38,6 +38,21 @@ def test_calibrate_then_predict(tmp_path):
     if math.isfinite(design.x_star):
         assert predicted["x_star"] == pytest.approx(design.x_star) and predicted["N"] == design.buffer_size
     assert json.loads((out / "predicted.json").read_text())["mu_measured"] == calibration["mu_timing"]
+
+    report = run_verify(SMALL, out, seeds=1, budget_updates=3, log=lambda *_: None)
+    mu, R = calibration["mu_timing"], SMALL.rollouts_per_step
+    budget = 3 * (mu * R + R)
+    names = [d["name"] for d in report["designs"]]
+    assert names[0] == "on-policy" and "N=2R, B=R" in names
+    for d in report["designs"]:
+        # equal compute: as many updates of cost mu R + B as fit in the on-policy budget
+        assert d["steps"] == max(1, int(budget // (mu * R + d["B"])))
+        assert d["compute"] == pytest.approx(d["steps"] * (mu * R + d["B"]))
+        assert 0.0 <= d["final_reward_mean"] <= 1.0 and d["seeds"] == 1
+    assert report["measured_best"]["final_reward_mean"] == max(d["final_reward_mean"] for d in report["designs"])
+    for key in ("mu_measured", "profile", "predicted", "designs", "measured_best"):
+        assert key in json.loads((out / "report.json").read_text())
+    assert (out / "report.md").read_text().startswith("# Validation report")
 
 
 def test_predict_without_calibration_is_a_clear_error(tmp_path):

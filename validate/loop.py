@@ -123,3 +123,125 @@ def run_predict(config: ValidateConfig, out_dir: Path, mu: float | None = None, 
     log(f"predicted: regime {design.regime}, x* = {design.x_star:.3g}, y* = {design.y_star:.3g}, "
         f"N = {design.buffer_size}, B = {design.batch_size}, R = {design.rollouts_per_step}")
     return predicted
+
+
+def _designs(config: ValidateConfig, predicted: dict) -> list[dict]:
+    """On-policy, the prediction, and designs around and away from it (sync model: R fixed)."""
+    R = config.rollouts_per_step
+    designs = [{"name": "on-policy", "buffer": "on-policy", "N": R, "B": R}]
+    if predicted["regime"] == "replay" and predicted["N"] and predicted["B"]:
+        designs.append({"name": "predicted", "buffer": "fifo", "N": int(predicted["N"]), "B": int(predicted["B"])})
+    designs += [{"name": "N=2R, B=R", "buffer": "fifo", "N": 2 * R, "B": R},
+                {"name": "N=4R, B=2R", "buffer": "fifo", "N": 4 * R, "B": 2 * R},
+                {"name": "N=8R, B=4R", "buffer": "fifo", "N": 8 * R, "B": 4 * R}]
+    unique, seen = [], set()
+    for d in designs:
+        if (d["N"], d["B"], d["buffer"]) not in seen:
+            seen.add((d["N"], d["B"], d["buffer"]))
+            unique.append(d)
+    return unique
+
+
+def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = 2, budget_updates: int = 24, log=print) -> dict:
+    """Train each design from the same warm start at EQUAL compute and compare held-out reward; report.json/.md."""
+    import numpy as np
+
+    from replay_theory.validate.model import load_checkpoint
+    from replay_theory.validate.rl import RLConfig, evaluate_policy, train
+
+    if not (out_dir / "predicted.json").exists():
+        raise ValueError(f"{str(out_dir)!r} has no predicted.json: run `replay-theory validate predict --out {out_dir}` first")
+    predicted = json.loads((out_dir / "predicted.json").read_text())
+    calibration = json.loads((out_dir / "calibration.json").read_text())
+    mu = predicted["mu_measured"]
+    R = config.rollouts_per_step
+    budget = budget_updates * (mu * R + R)  # the on-policy run's compute, rollout-cost units (one update = 1)
+    train_set, test_set = config.problems()
+    runs_dir = out_dir / "verify"
+    runs_dir.mkdir(exist_ok=True)
+    warm = load_checkpoint(out_dir / "warm_start", device=config.device)
+    warm_eval = evaluate_policy(warm, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1)
+    rows = []
+    for design in _designs(config, predicted):
+        steps = max(1, int(budget // (mu * R + design["B"])))  # equal compute: c = mu R + B per update
+        finals, computes = [], []
+        for seed in range(seeds):
+            path = runs_dir / f"{design['name'].replace('=', '').replace(', ', '_').replace(' ', '')}_seed{seed}.json"
+            if path.exists():  # resume: finished runs are kept
+                record = json.loads(path.read_text())
+            else:
+                policy = load_checkpoint(out_dir / "warm_start", device=config.device)
+                rl = RLConfig(steps=steps, rollouts_per_step=R, group_size=config.group_size, batch_size=design["B"],
+                              capacity=design["N"], buffer=design["buffer"], lr=config.lr,
+                              max_new_tokens=config.max_new_tokens, seed=config.seed + 101 * seed)
+                result = train(policy, train_set, rl)
+                held_out = evaluate_policy(policy, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1)
+                record = {"design": design, "seed": seed, "steps": steps, "compute": steps * (mu * R + design["B"]),
+                          "held_out": held_out, "train_reward": [m["reward"] for m in result.metrics]}
+                with path.open("x") as handle:
+                    json.dump(record, handle, indent=1, default=float)
+            finals.append(record["held_out"]["mean_reward"])
+            computes.append(record["compute"])
+            log(f"{design['name']:<12} seed {seed}: held-out reward {record['held_out']['mean_reward']:.3f} "
+                f"(pass@1 {record['held_out']['pass@1']:.3f}) after {record['steps']} updates")
+        rows.append({**design, "R": R, "x": design["N"] / R, "y": design["B"] / R, "steps": steps, "seeds": seeds,
+                     "final_reward_mean": float(np.mean(finals)),
+                     "final_reward_std": float(np.std(finals, ddof=1)) if seeds > 1 else 0.0,
+                     "compute": float(np.mean(computes))})
+    best = max(rows, key=lambda r: r["final_reward_mean"])
+    report = {
+        "mu_measured": mu,
+        "profile": json.loads((out_dir / "profile.json").read_text()).get("fits", {}),
+        "profile_table": {"staleness": calibration["staleness"], "sigma_sq": calibration["sigma_sq"],
+                          "rho": calibration["rho"]},
+        "predicted": {k: predicted[k] for k in ("x_star", "y_star", "N", "B", "R", "regime")},
+        "warm_start": warm_eval,
+        "designs": rows,
+        "measured_best": best,
+        "gap": {"x_predicted": predicted["x_star"], "x_best": best["x"],
+                "y_predicted": predicted["y_star"], "y_best": best["y"]},
+    }
+    (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=lambda v: None))
+    (out_dir / "report.md").write_text(_report_markdown(report))
+    _report_figure(report, out_dir / "report.png")
+    return report
+
+
+def _report_markdown(report: dict) -> str:
+    lines = ["# Validation report", "",
+             f"mu measured (generation / update time per completion): {report['mu_measured']:.3g}", "",
+             f"Predicted (Thm 3.5 on the measured profile): regime {report['predicted']['regime']}, "
+             f"x* = {report['predicted']['x_star']}, y* = {report['predicted']['y_star']}, "
+             f"N = {report['predicted']['N']}, B = {report['predicted']['B']}, R = {report['predicted']['R']}", "",
+             f"Warm start: held-out mean reward {report['warm_start']['mean_reward']:.3f}, "
+             f"pass@1 {report['warm_start']['pass@1']:.3f}", "",
+             "| design | N | B | R | x = N/R | y = B/R | updates | compute | held-out reward (mean +- sd) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["designs"]:
+        lines.append(f"| {r['name']} | {r['N']} | {r['B']} | {r['R']} | {r['x']:.3g} | {r['y']:.3g} | {r['steps']} | "
+                     f"{r['compute']:.4g} | {r['final_reward_mean']:.3f} +- {r['final_reward_std']:.3f} |")
+    best = report["measured_best"]
+    lines += ["", f"Measured best at equal compute: {best['name']} (x = {best['x']:.3g}, y = {best['y']:.3g}).",
+              "", "![reward vs design](report.png)", ""]
+    return "\n".join(lines)
+
+
+def _report_figure(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3), dpi=100)
+    names = [r["name"] for r in report["designs"]]
+    means = [r["final_reward_mean"] for r in report["designs"]]
+    errs = [r["final_reward_std"] for r in report["designs"]]
+    ax.bar(range(len(names)), means, yerr=errs, color="tab:blue", alpha=0.8)
+    ax.axhline(report["warm_start"]["mean_reward"], color="k", ls="--", lw=1, label="warm start")
+    ax.set_xticks(range(len(names)), names, rotation=20, fontsize=7)
+    ax.set_ylabel("held-out mean reward")
+    ax.set_title(f"equal compute, mu = {report['mu_measured']:.2g}", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
