@@ -53,6 +53,12 @@ def test_calibrate_then_predict(tmp_path):
     for key in ("mu_measured", "profile", "predicted", "designs", "measured_best"):
         assert key in json.loads((out / "report.json").read_text())
     assert (out / "report.md").read_text().startswith("# Validation report")
+    from replay_theory.validate.logging import read_log
+
+    logs = sorted((out / "verify").glob("*.jsonl"))
+    assert len(logs) == len(report["designs"])
+    first = read_log(logs[0])
+    assert [m["step"] for m in first] == list(range(len(first))) and all("loss" in m and "ess_frac" in m for m in first)
 
 
 def test_predict_without_calibration_is_a_clear_error(tmp_path):

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from replay_theory.validate import countdown
+from replay_theory.validate.logging import StepLog
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,10 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = 2, budget_upd
                 rl = RLConfig(steps=steps, rollouts_per_step=R, group_size=config.group_size, batch_size=design["B"],
                               capacity=design["N"], buffer=design["buffer"], lr=config.lr,
                               max_new_tokens=config.max_new_tokens, seed=config.seed + 101 * seed)
-                result = train(policy, train_set, rl)
+                step_log = StepLog(path.with_suffix(".jsonl"), tensorboard_dir=runs_dir / "tensorboard" / path.stem)
+                path.with_suffix(".jsonl").unlink(missing_ok=True)  # a run interrupted mid-way starts over
+                result = train(policy, train_set, rl, progress=step_log)
+                step_log.close()
                 held_out = evaluate_policy(policy, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1)
                 record = {"design": design, "seed": seed, "steps": steps, "compute": steps * (mu * R + design["B"]),
                           "held_out": held_out, "train_reward": [m["reward"] for m in result.metrics]}
