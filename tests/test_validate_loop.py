@@ -53,7 +53,7 @@ def test_calibrate_then_predict(tmp_path):
     for key in ("mu_measured", "profile", "predicted", "designs", "measured_best"):
         assert key in json.loads((out / "report.json").read_text())
     assert (out / "report.md").read_text().startswith("# Validation report")
-    from replay_theory.validate.logging import read_log
+    from replay_theory.validate.steplog import read_log
 
     logs = sorted((out / "verify").glob("*.jsonl"))
     assert len(logs) == len(report["designs"])

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from replay_theory.validate import countdown
-from replay_theory.validate.logging import StepLog
+from replay_theory.validate.steplog import StepLog
 
 
 @dataclass(frozen=True)
