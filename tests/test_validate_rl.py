@@ -46,3 +46,27 @@ def test_bad_rl_config_is_one_line():
         RLConfig(capacity=8, rollouts_per_step=16, group_size=4).validated()
     with pytest.raises(ValueError, match="loss must be one of"):
         RLConfig(loss="ppo").validated()
+
+
+def test_rloo_group_replay_on_the_language_model(warm_policy):
+    from replay_theory.theory.group_replay import fresh_verifier_evaluations
+
+    policy, train_set = warm_policy
+    K, groups, steps = 4, 4, 5
+    config = RLConfig(steps=steps, rollouts_per_step=K, group_size=K, batch_size=groups * K, buffer="group-replay",
+                      loss="rloo", replay_ratio_groups=1.0, max_age=2, clip_c=3.0, lr=1e-3, max_new_tokens=16)
+    result = train(policy, train_set, config)
+    # the RLOO budget: K (B + (T - 1) B_fresh) fresh completions, B groups of K trained each step
+    assert result.k_inference == fresh_verifier_evaluations(K, groups, steps, 1.0)
+    assert result.k_training == steps * groups * K
+    assert result.metrics[0]["staleness_mean"] == 0.0 and any(m["staleness_mean"] > 0 for m in result.metrics[1:])
+    assert all(np.isfinite(m["loss"]) for m in result.metrics)
+
+
+@pytest.mark.parametrize("buffer,loss", [("positive-bias", "grpo"), ("prioritized", "m2po"), ("fifo", "asymre")])
+def test_other_buffers_and_losses_run(warm_policy, buffer, loss):
+    policy, train_set = warm_policy
+    config = RLConfig(steps=3, rollouts_per_step=8, group_size=4, batch_size=8, capacity=16, buffer=buffer, loss=loss,
+                      lr=1e-3, max_new_tokens=12)
+    result = train(policy, train_set, config)
+    assert len(result.metrics) == 3 and all(np.isfinite(m["loss"]) for m in result.metrics)

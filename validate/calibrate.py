@@ -68,8 +68,7 @@ def per_sample_grads(policy: Policy, problems, batch, config: RLConfig) -> torch
         ids = torch.as_tensor(batch.tokens[0, i : i + 1], device=policy.device)
         mask = torch.as_tensor(batch.mask[0, i : i + 1].astype(np.int64), device=policy.device)
         logp = sequence_logprobs(policy, prompt_ids, prompt_mask, ids, mask, temperature=config.temperature)  # (1, L)
-        out = _loss(config, logp.detach().cpu().double().numpy()[None], batch.logp_behav[:, i : i + 1],
-                    batch.advantage[:, i : i + 1], batch.mask[:, i : i + 1])
+        out = _loss(config, logp.detach().cpu().double().numpy()[None], batch.take(np.array([[i]])))
         model.zero_grad(set_to_none=True)
         (torch.as_tensor(out.grad_logp[0], dtype=logp.dtype) * logp).sum().backward()
         grads.append(_flat_grad(model).detach().clone())

@@ -38,11 +38,12 @@ from replay_theory.simulate import advantages as adv
 from replay_theory.simulate.buffers import make_buffer
 from replay_theory.simulate.rollouts import RolloutBatch
 from replay_theory.theory import divergences as div
+from replay_theory.theory.group_replay import fresh_groups_per_step
 from replay_theory.validate import countdown
 from replay_theory.validate.model import Policy, encode_prompts, generate, sequence_logprobs
 
-LOSSES = ("grpo", "no-trust-region", "m2po", "m2po-reference", "reinforce")
-BUFFERS = ("on-policy", "fifo")
+LOSSES = ("grpo", "no-trust-region", "m2po", "m2po-reference", "reinforce", "asymre", "rloo")
+BUFFERS = ("on-policy", "fifo", "positive-bias", "prioritized", "group-replay")
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,9 @@ class RLConfig:
     capacity: int = 64
     """N: FIFO buffer size in completions (buffer fifo)."""
     buffer: str = "fifo"
-    """on-policy (train on the fresh completions) or fifo (uniform replay, with replacement)."""
+    """on-policy, fifo (uniform, with replacement), positive-bias, prioritized (FreshPER) or group-replay (RLOO)."""
     loss: str = "grpo"
-    """grpo, no-trust-region, m2po, m2po-reference or reinforce (simulate/losses.py)."""
+    """grpo, no-trust-region, m2po, m2po-reference, reinforce, asymre or rloo (simulate/losses.py)."""
     lr: float = 1e-3
     """AdamW learning rate."""
     weight_decay: float = 0.0
@@ -72,6 +73,20 @@ class RLConfig:
     eps_low: float = 0.2
     eps_high: float = 0.2
     tau_m2: float = 0.04
+    clip_c: float = 3.0
+    """RLOO one-sided sequence-weight clip c."""
+    replay_ratio_groups: float = 1.0
+    """RLOO rho: replayed groups per fresh group."""
+    max_age: int = 2
+    """RLOO L: maximum replay age in steps."""
+    delta: float = 0.2
+    """Positive-bias share of correct completions kept."""
+    per_alpha: float = 0.6
+    per_beta: float = 0.4
+    per_tau: float = 50.0
+    """FreshPER age-decay time constant in steps (inf: standard PER)."""
+    asymre_delta_v: float = -0.1
+    exgrpo_beta: float = 0.1
     logp_source: str = "trainer"
     """Behaviour log-probs from the trainer's forward pass (fresh log-ratios exactly 0) or the sampler."""
     seed: int = 0
@@ -89,7 +104,16 @@ class RLConfig:
         if self.group_size < 2 or self.rollouts_per_step % self.group_size:
             raise ValueError(f"rollouts_per_step must be a multiple of group_size >= 2, got "
                              f"{self.rollouts_per_step} and {self.group_size}")
-        if self.buffer == "fifo" and self.capacity < self.rollouts_per_step:
+        if (self.buffer == "group-replay") != (self.loss == "rloo"):
+            raise ValueError(f"loss rloo goes with buffer group-replay (and only it), got loss {self.loss!r} "
+                             f"and buffer {self.buffer!r}")
+        if self.buffer == "group-replay" and self.replay_ratio_groups > self.max_age:
+            raise ValueError(f"replay_ratio_groups (rho) must be <= max_age (L) = {self.max_age}, "
+                             f"got {self.replay_ratio_groups}")
+        if self.buffer == "group-replay" and self.batch_size % self.group_size:
+            raise ValueError(f"batch_size must be a multiple of group_size = {self.group_size} for group replay, "
+                             f"got {self.batch_size}")
+        if self.buffer in ("fifo", "positive-bias", "prioritized") and self.capacity < self.rollouts_per_step:
             raise ValueError(f"capacity must be >= rollouts_per_step = {self.rollouts_per_step}, got {self.capacity}")
         if not (self.lr > 0 and self.temperature > 0):
             raise ValueError("lr and temperature must be > 0")
@@ -113,17 +137,11 @@ class RLResult:
         return per_rollout / per_sample if per_sample > 0 else math.nan
 
 
-def _loss(config: RLConfig, logp_new, logp_behav, advantage, mask):
-    from replay_theory.simulate import losses
+def _loss(config: RLConfig, logp_new, batch: RolloutBatch, is_fresh=None):
+    """The simulator's loss dispatch (one implementation): RLConfig has the fields it reads."""
+    from replay_theory.simulate.engine import compute_loss
 
-    if config.loss == "reinforce":
-        return losses.reinforce(logp_new, advantage, mask, logp_behav=logp_behav)
-    if config.loss == "grpo":
-        return losses.grpo(logp_new, logp_behav, advantage, mask, eps_low=config.eps_low, eps_high=config.eps_high)
-    if config.loss == "no-trust-region":
-        return losses.no_trust_region(logp_new, logp_behav, advantage, mask)
-    variant = "algorithm1" if config.loss == "m2po" else "reference"
-    return losses.m2po(logp_new, logp_behav, advantage, mask, tau_m2=config.tau_m2, variant=variant)
+    return compute_loss(config, batch, logp_new, is_fresh)
 
 
 def _pad_to(t: torch.Tensor, length: int, value) -> torch.Tensor:
@@ -147,8 +165,12 @@ def generate_batch(policy: Policy, problems: list[countdown.Problem], prompt_ind
     owner = np.repeat(prompt_index, config.group_size)  # (R,) problem of each completion
     reward = countdown.verify_batch([problems[i] for i in owner], rollouts.completion_text)  # (R,)
     groups = reward.reshape(1, -1, config.group_size)  # (1, R/G, G)
-    advantage = (adv.group_advantage(groups, normalize_std=True) if config.loss != "reinforce"
-                 else adv.group_mean_baseline(groups)).reshape(1, -1)
+    if config.loss == "rloo":
+        advantage = adv.leave_one_out(groups).reshape(1, -1)  # RLOO Eq. (1)
+    elif config.loss in ("reinforce", "asymre"):
+        advantage = adv.group_mean_baseline(groups).reshape(1, -1)  # r - V-hat
+    else:
+        advantage = adv.group_advantage(groups, normalize_std=True).reshape(1, -1)  # GRPO Eq. (2)
     R = ids.shape[0]
     batch = RolloutBatch(
         prompt=owner[None].astype(np.int64),
@@ -171,23 +193,40 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
     rng = np.random.default_rng(config.seed)
     generator = torch.Generator(device="cpu").manual_seed(config.seed)
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    buffer = (make_buffer("fifo", num_seeds=1, capacity=config.capacity, seq_len=config.max_new_tokens,
-                          token_dtype=np.int32) if config.buffer == "fifo" else None)
+    buffer = _make_buffer(config)
     result = RLResult(config, buffer=buffer)
-    prompts_per_step = config.rollouts_per_step // config.group_size
+    G = config.group_size
     for step in range(config.steps):
         t0 = time.perf_counter()
         policy.model.eval()
-        prompt_index = rng.integers(0, len(problems), size=prompts_per_step)
-        fresh, info = generate_batch(policy, problems, prompt_index, config, step, step * prompts_per_step, generator)
+        replay, is_fresh = None, None
+        if config.buffer == "group-replay":
+            groups = config.batch_size // G  # RLOO: B groups per update, round(B/(1+rho)) fresh
+            b_fresh = int(fresh_groups_per_step(groups, config.replay_ratio_groups))
+            n_replay = min(groups - b_fresh, int(buffer.available(step)[0]))  # shortfall filled with fresh groups
+            n_fresh = groups - n_replay
+        else:
+            n_fresh, n_replay = config.rollouts_per_step // G, 0
+        prompt_index = rng.integers(0, len(problems), size=n_fresh)
+        fresh, info = generate_batch(policy, problems, prompt_index, config, step, result.k_inference // G, generator)
         result.generation_seconds += time.perf_counter() - t0
         result.k_inference += fresh.size
 
         t1 = time.perf_counter()
         if buffer is None:
             train_batch, staleness = fresh, np.zeros((1, fresh.size))
+        elif config.buffer == "group-replay":
+            train_batch, staleness = fresh, np.zeros((1, fresh.size))
+            is_fresh = np.ones((1, fresh.size), bool)
+            if n_replay:
+                replay = buffer.sample_groups(n_replay, step, rng)
+                train_batch = RolloutBatch.concatenate([fresh, replay.batch])
+                is_fresh = np.concatenate([is_fresh, np.zeros((1, replay.batch.size), bool)], axis=1)
+                staleness = step - train_batch.created
         else:
             buffer.add(fresh, step)
+            if config.buffer == "prioritized":
+                buffer.refresh(step)
             sample = buffer.sample(config.batch_size, step, rng)
             train_batch, staleness = sample.batch, sample.staleness
         policy.model.train()
@@ -195,12 +234,13 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
         ids = torch.as_tensor(train_batch.tokens[0], device=policy.device)
         mask = torch.as_tensor(train_batch.mask[0].astype(np.int64), device=policy.device)
         logp_new = sequence_logprobs(policy, prompt_ids, prompt_mask, ids, mask, temperature=config.temperature)
-        out = _loss(config, logp_new.detach().cpu().double().numpy()[None], train_batch.logp_behav,
-                    train_batch.advantage, train_batch.mask)
+        out = _loss(config, logp_new.detach().cpu().double().numpy()[None], train_batch, is_fresh)
         surrogate = (torch.as_tensor(out.grad_logp[0], dtype=logp_new.dtype, device=logp_new.device) * logp_new).sum()
         optimizer.zero_grad(set_to_none=True)
         surrogate.backward()  # d surrogate / d theta = sum dL/dlogp * d logp / d theta
         optimizer.step()
+        if config.buffer == "group-replay":
+            buffer.add(fresh, step)  # RLOO order: sample fresh, sample replay, update, add fresh, evict
         result.update_seconds += time.perf_counter() - t1
         result.k_training += train_batch.size
 
@@ -222,6 +262,21 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
         if progress is not None:
             progress(step, metrics)
     return result
+
+
+def _make_buffer(config: RLConfig):
+    """The simulator's buffer for the chosen design, one seed, tokens as int32 (large vocabularies)."""
+    common = dict(num_seeds=1, seq_len=config.max_new_tokens, token_dtype=np.int32)
+    if config.buffer == "on-policy":
+        return None
+    if config.buffer == "group-replay":
+        return make_buffer("group-replay", max_age=config.max_age, group_size=config.group_size, **common)
+    if config.buffer == "positive-bias":
+        return make_buffer("positive-bias", capacity=config.capacity, delta=config.delta, **common)
+    if config.buffer == "prioritized":
+        return make_buffer("prioritized", capacity=config.capacity, alpha=config.per_alpha, beta=config.per_beta,
+                           tau=config.per_tau, base="advantage", **common)
+    return make_buffer("fifo", capacity=config.capacity, **common)
 
 
 def evaluate_policy(policy: Policy, problems: list[countdown.Problem], num_samples: int, temperature: float,
