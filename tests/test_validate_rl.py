@@ -70,3 +70,24 @@ def test_other_buffers_and_losses_run(warm_policy, buffer, loss):
                       lr=1e-3, max_new_tokens=12)
     result = train(policy, train_set, config)
     assert len(result.metrics) == 3 and all(np.isfinite(m["loss"]) for m in result.metrics)
+
+
+def test_rl_raises_reward_on_training_prompts_above_the_warm_start():
+    """The CI smoke run of issue 4: SFT warm start, 20 on-policy GRPO steps, reward on the training prompts rises."""
+    from replay_theory.validate.loop import TINY_MODEL, ValidateConfig
+    from replay_theory.validate.rl import evaluate_policy
+
+    train_set, _ = ValidateConfig().problems()
+    policy = load_policy(ModelConfig(**TINY_MODEL), countdown.ALPHABET)
+    sft_warm_start(policy, [(p.prompt_text(), countdown.solve(p)) for p in train_set], steps=400, batch_size=64,
+                   lr=3e-3, generator=torch.Generator().manual_seed(0))
+    prompts = train_set[:64]
+    before = evaluate_policy(policy, prompts, 8, 1.0, 16, seed=5)
+    assert 0.02 < before["pass@1"] < 0.5  # a non-trivial warm start: well above 0, well below 1
+    config = RLConfig(steps=20, rollouts_per_step=64, group_size=8, batch_size=64, buffer="on-policy", lr=3e-4,
+                      max_new_tokens=16)
+    train(policy, prompts, config)
+    after = evaluate_policy(policy, prompts, 8, 1.0, 16, seed=5)
+    # measured: mean reward 0.190 -> 0.246, pass@1 0.104 -> 0.164 (deterministic on CPU for these seeds)
+    assert after["mean_reward"] > before["mean_reward"] + 0.02
+    assert after["pass@1"] > before["pass@1"]
