@@ -73,22 +73,39 @@ class SimConfig:
     optimizer: str = "adam"
     """adam (the paper's choice) or sgd."""
     eps_low: float = 0.2
+    """GRPO lower clip: ratios below 1 - eps_low are clipped (inf: no trust region)."""
     eps_high: float = 0.2
+    """GRPO upper clip: ratios above 1 + eps_high are clipped."""
     tau_m2: float = 0.04
+    """M2PO budget tau_M2 on the mean (log r)^2 of the candidate tokens."""
     replay_ratio_groups: float = 1.0
+    """RLOO rho: replayed groups per fresh group (B_fresh = round(B / (1 + rho)))."""
     max_age: int = 2
+    """RLOO L: groups of age 1..L can be replayed."""
     clip_c: float = 3.0
+    """RLOO one-sided clip c of the sequence importance weight."""
     delta: float = 0.2
+    """Positive-bias buffer: share of the N slots kept for the freshest correct rollouts."""
     per_alpha: float = 0.6
+    """FreshPER priority exponent alpha (0: uniform)."""
     per_beta: float = 0.4
+    """FreshPER importance-weight exponent beta."""
     per_tau: float = math.inf
+    """FreshPER age-decay time constant tau in steps (inf: standard PER)."""
     per_base: str = "advantage"
+    """FreshPER base priority: advantage (|A| + eps) or reward (|r| + eps)."""
     stale_k: int = 4
+    """M2PO stale-k: each update trains on the batch generated k updates earlier."""
     exgrpo_rho: float = 0.5
+    """ExGRPO share of questions drawn from experience, in [0, 1)."""
     exgrpo_beta: float = 0.1
+    """ExGRPO policy-shaping beta in f(w) = w / (w + beta)."""
     exgrpo_units: str = "success-count"
+    """Units of ExGRPO's bucket Gaussian: success-count (reference code) or accuracy (paper text)."""
     exgrpo_selection: str = "lowest"
+    """Replayed trajectory: lowest (entropy under the current policy), highest or random."""
     exgrpo_start_pass_rate: float = 0.35
+    """ExGRPO delayed start: replay switches on once batch pass@1 exceeds this."""
     exgrpo_shaping: bool = True
     """ExGRPO policy shaping f(w) = w/(w + beta) on replayed trajectories (False: the w/o-shaping ablation)."""
     exgrpo_question_selection: str = "buckets"
@@ -96,6 +113,7 @@ class SimConfig:
     exgrpo_skip_retired: bool = True
     """Retired (all-correct) questions also leave fresh sampling."""
     asymre_delta_v: float = -0.1
+    """AsymRE baseline shift delta V in r - (V-hat + delta V)."""
     workers: float = 6.0
     """W: inference GPUs (async pipeline)."""
     trainers: float = 2.0
@@ -105,9 +123,13 @@ class SimConfig:
     sync_interval: int = 1
     """Async: trainer steps between weight syncs to the inference workers."""
     num_prompts: int = 64
+    """Prompts (questions) in the task instance."""
     num_actions: int = 16
+    """Bandit: answers per prompt (one token each)."""
     vocab_size: int = 6
+    """Token MDP: token values 0..vocab_size-1."""
     seq_len: int = 8
+    """Token MDP: tokens per response."""
     eval_every: int = 10
     """Steps between exact evaluations of the policy (reward, accuracy)."""
     measure_drift: bool = False
