@@ -216,9 +216,11 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 def _register_simulator_commands() -> None:
+    from replay_theory.cli.figures_cmds import register as register_figures
     from replay_theory.cli.simulate_cmds import register
 
     register(app)
+    register_figures(app)
 
 
 _register_simulator_commands()

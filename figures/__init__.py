@@ -1,4 +1,4 @@
-"""Figures rebuilt from theory and from saved results (issue 5).
+"""Figures rebuilt from the theory (``theory.py``, shared ``style.py``); gallery in figures/README.md.
 
-Empty until the figure functions land; the gallery will sit in figures/README.md.
+Figures from saved simulation and validation results are issue 5's remaining work.
 """
