@@ -1,4 +1,4 @@
-"""``replay-theory figures``: regenerate figures (theory figures today; results figures are issue 5's rest)."""
+"""``replay-theory figures``: regenerate the theory figures and, where results exist, the results figures."""
 
 from __future__ import annotations
 
@@ -20,29 +20,47 @@ def register(app: typer.Typer) -> None:
         fmt: str = typer.Option("png", "--format", help="Comma-separated formats: png, pdf, svg."),
         list_only: bool = typer.Option(False, "--list", help="Name each figure with one line on what it shows."),
         dpi: int = typer.Option(120, "--dpi", help="Resolution of raster formats."),
+        results: Path = typer.Option(Path("results"), "--results",
+                                     help="Results root: RESULTS/<experiment>/ from `replay-theory experiment`, "
+                                          "RESULTS/validation/ from `replay-theory validate all`."),
     ) -> None:
-        """Regenerate figures (matplotlib) from the theory; one file per figure and format."""
+        """Regenerate figures (matplotlib): theory figures always, results figures whose results exist."""
+        from functools import partial
+
+        from replay_theory.figures.results import RESULTS_FIGURES, MissingResults
         from replay_theory.figures.theory import THEORY_FIGURES
 
+        available = dict(THEORY_FIGURES)
+        available.update({name: (text, partial(plot, results)) for name, (text, plot) in RESULTS_FIGURES.items()})
         if list_only:
-            for name, (description, _) in THEORY_FIGURES.items():
+            for name, (description, _) in available.items():
                 typer.echo(f"{name:<20} {description}")
             return
         formats = [f.strip() for f in fmt.split(",") if f.strip()]
         bad = [f for f in formats if f not in FORMATS]
         if bad or not formats:
             raise ValueError(f"format must be a comma-separated subset of {', '.join(FORMATS)}, got {fmt!r}")
-        chosen = list(THEORY_FIGURES) if not names or names == ["all"] else names
-        unknown = [n for n in chosen if n not in THEORY_FIGURES]
+        everything = not names or names == ["all"]
+        chosen = list(available) if everything else names
+        unknown = [n for n in chosen if n not in available]
         if unknown:
-            raise ValueError(f"unknown figure(s) {', '.join(unknown)}; choose from {', '.join(THEORY_FIGURES)} or all")
+            raise ValueError(f"unknown figure(s) {', '.join(unknown)}; choose from {', '.join(available)} or all")
         import matplotlib.pyplot as plt
 
         out.mkdir(parents=True, exist_ok=True)
+        missing = []
         for name in chosen:
-            figure = THEORY_FIGURES[name][1]()
+            try:
+                figure = available[name][1]()
+            except MissingResults as err:
+                if not everything:
+                    raise
+                missing.append(f"{name}: {err}")
+                continue
             for f in formats:
                 path = out / f"{name}.{f}"
                 figure.savefig(path, dpi=dpi, bbox_inches="tight", metadata=METADATA[f])
                 typer.echo(str(path))
             plt.close(figure)
+        for line in missing:
+            typer.echo(f"skipped {line}")

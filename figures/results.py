@@ -1,0 +1,262 @@
+"""Figures rebuilt from saved results: simulator experiments (docs/SIMULATION.md) and validation runs.
+
+Each figure reads a results directory written by a command, and says which command
+when it is missing:
+
+| figure               | reads                                  | written by                                                       |
+|----------------------|----------------------------------------|------------------------------------------------------------------|
+| staleness-diversity  | RESULTS/experience-replay/runs/*.npz   | replay-theory experiment experience-replay --out RESULTS/experience-replay |
+| reward-vs-compute    | RESULTS/experience-replay/runs/*.npz   | (same)                                                           |
+| rloo-heatmap         | RESULTS/rloo/runs/*.json               | replay-theory experiment rloo --out RESULTS/rloo                 |
+| m2po-collapse        | RESULTS/m2po/runs/*.npz                | replay-theory experiment m2po --out RESULTS/m2po                 |
+| validation           | RESULTS/validation/report.json         | replay-theory validate all --out RESULTS/validation              |
+
+Data functions return plain arrays (what the tests check); plot functions take ``ax``/``axes``
+and return the figure, as in figures/theory.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from replay_theory.figures.style import COLORS, new_axes, new_axes_row
+
+COMMANDS = {
+    "experience-replay": "replay-theory experiment experience-replay --out {path}",
+    "rloo": "replay-theory experiment rloo --out {path}",
+    "m2po": "replay-theory experiment m2po --out {path}",
+    "validation": "replay-theory validate all --out {path}",
+}
+
+
+class MissingResults(ValueError):
+    """The results a figure needs are not there; the message names the command that makes them."""
+
+
+def _require(results: Path, name: str, marker: str = "runs") -> Path:
+    path = Path(results) / name
+    if not (path / marker).exists():
+        raise MissingResults(f"{path / marker} not found: run `{COMMANDS[name].format(path=path)}`")
+    return path
+
+
+def _runs(path: Path) -> list[tuple[dict, dict]]:
+    """(payload, arrays) of every finished configuration of a sweep directory."""
+    from replay_theory.simulate.sweep import load_runs
+
+    out = []
+    for payload in load_runs(path):
+        with np.load(path / "runs" / f"{payload['key']}.npz") as data:
+            out.append((payload, {k: data[k] for k in data.files}))
+    return out
+
+
+def _label(config: dict) -> str:
+    if config["buffer"] == "on-policy":
+        return "on-policy"
+    return f"N={config['capacity']}, (W,T)=({config['workers']:g},{config['trainers']:g})"
+
+
+# --------------------------------------------------------------------------- Fig. 2: staleness and diversity
+
+
+def staleness_diversity_data(results: Path, mu: float = 5.28) -> dict:
+    """Normalised staleness, replay-count and time-since-last-use distributions of each buffered design."""
+    path = _require(results, "experience-replay")
+    designs = {}
+    for payload, arrays in _runs(path):
+        config = payload["config"]
+        if config["buffer"] != "fifo" or config["mu"] != mu:
+            continue
+        staleness = arrays["staleness_counts"] / arrays["staleness_counts"].sum()
+        replay = np.bincount(arrays["replay_counts"].astype(int)) if arrays["replay_counts"].size else np.zeros(1)
+        tslu = arrays["time_since_last_use_counts"]
+        designs[_label(config)] = {
+            "staleness": staleness,  # fraction of uses at each staleness 0, 1, ...
+            "replay_count": replay / max(replay.sum(), 1),  # fraction of rollouts used k times over their life
+            "time_since_last_use": tslu / max(tslu.sum(), 1),
+            "capacity": config["capacity"], "workers": config["workers"], "trainers": config["trainers"],
+        }
+    return designs
+
+
+def plot_staleness_diversity(results: Path = Path("results"), axes=None):
+    """Fig. 2: off-policiness, global diversity (replay count) and local diversity (time since last use)."""
+    data = staleness_diversity_data(results)
+    fig, axes = new_axes_row(axes, n=3)
+    chosen = sorted(data.items(), key=lambda kv: (kv[1]["workers"] / kv[1]["trainers"], kv[1]["capacity"]))
+    capacities = sorted({d["capacity"] for d in data.values()})
+    splits = sorted({d["workers"] / d["trainers"] for d in data.values()})
+    styles = ("-", "--", ":", "-.")
+    for label, d in chosen:
+        color = COLORS[capacities.index(d["capacity"]) % len(COLORS)]  # colour: buffer size N
+        style = styles[splits.index(d["workers"] / d["trainers"]) % len(styles)]  # line style: W/T
+        for ax, key in zip(axes, ("staleness", "replay_count", "time_since_last_use")):
+            ax.plot(np.arange(d[key].size), d[key], color=color, ls=style, lw=1, label=label)
+    for ax, title in zip(axes, ("staleness of used samples", "uses per rollout (evicted)", "steps since last use")):
+        ax.set_title(title, fontsize=8)
+        ax.set_xscale("symlog")
+        ax.set_ylabel("fraction")
+    axes[0].set_xlabel("staleness (steps)")
+    axes[1].set_xlabel("replay count")
+    axes[2].set_xlabel("time since last use (steps)")
+    axes[0].legend(fontsize=5)
+    return fig
+
+
+# --------------------------------------------------------------------------- reward vs compute
+
+
+def pareto_frontier(compute: np.ndarray, accuracy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Points not beaten by any point with less or equal compute: (compute, best accuracy so far), sorted."""
+    order = np.argsort(compute, kind="stable")
+    best = np.maximum.accumulate(accuracy[order])
+    keep = np.concatenate([[True], best[1:] > best[:-1]])
+    return compute[order][keep], best[keep]
+
+
+def reward_vs_compute_data(results: Path, mu: float = 5.28) -> dict:
+    """Per design: compute at each evaluation and the median / IQR of accuracy over seeds."""
+    path = _require(results, "experience-replay")
+    out = {}
+    for payload, arrays in _runs(path):
+        config = payload["config"]
+        if config["mu"] != mu:
+            continue
+        steps = arrays["eval_steps"] - 1
+        compute = arrays["curve__compute"].mean(axis=0)[steps]  # (E,) identical across seeds
+        acc = arrays["eval__accuracy"]  # (S, E)
+        out[_label(config)] = {"compute": compute, "median": np.median(acc, axis=0),
+                               "q25": np.percentile(acc, 25, axis=0), "q75": np.percentile(acc, 75, axis=0)}
+    all_compute = np.concatenate([d["compute"] for d in out.values()])
+    all_median = np.concatenate([d["median"] for d in out.values()])
+    frontier = pareto_frontier(all_compute, all_median)
+    return {"designs": out, "frontier": frontier}
+
+
+def plot_reward_vs_compute(results: Path = Path("results"), ax=None):
+    """Accuracy vs compute (median and IQR over seeds) per design, with the Pareto frontier (Fig. 1/3 style)."""
+    data = reward_vs_compute_data(results)
+    fig, ax = new_axes(ax, figsize=(5, 3.2))
+    for i, (label, d) in enumerate(sorted(data["designs"].items(), key=lambda kv: kv[0] != "on-policy")):
+        color = "k" if label == "on-policy" else COLORS[i % len(COLORS)]
+        ax.plot(d["compute"], d["median"], color=color, lw=1.5 if label == "on-policy" else 0.8, label=label)
+        ax.fill_between(d["compute"], d["q25"], d["q75"], color=color, alpha=0.15, lw=0)
+    ax.plot(*data["frontier"], color="grey", ls=":", lw=1.5, label="Pareto frontier")
+    ax.set_xlabel("compute (sample-update units, Eq. 1-2)")
+    ax.set_ylabel("accuracy (median, IQR over seeds)")
+    ax.set_title("bandit, async pipeline, mu = 5.28", fontsize=8)
+    ax.legend(fontsize=5, ncol=2)
+    return fig
+
+
+# --------------------------------------------------------------------------- RLOO heatmaps
+
+
+def rloo_heatmap_data(results: Path, lr: float = 0.05) -> dict:
+    """Final reward over (rho, c) at L = 2 and over (L, c) at rho = 1, plus fresh evaluations per rho."""
+    from replay_theory.simulate.sweep import load_runs
+
+    path = _require(results, "rloo")
+    runs = [r for r in load_runs(path) if r["config"]["lr"] == lr]
+    cs = sorted({r["config"]["clip_c"] for r in runs if r["config"]["clip_c"] < 100})
+    rhos = sorted({r["config"]["replay_ratio_groups"] for r in runs if r["config"]["replay_ratio_groups"] > 0})
+    ages = sorted({r["config"]["max_age"] for r in runs})
+    rho_c = np.full((len(rhos), len(cs)), np.nan)
+    age_c = np.full((len(ages), len(cs)), np.nan)
+    fresh = {}
+    for r in runs:
+        c = r["config"]
+        if c["clip_c"] in cs and c["max_age"] == 2 and c["replay_ratio_groups"] in rhos:
+            rho_c[rhos.index(c["replay_ratio_groups"]), cs.index(c["clip_c"])] = r["summary"]["final_reward"]
+        if c["clip_c"] in cs and c["replay_ratio_groups"] == 1.0:
+            age_c[ages.index(c["max_age"]), cs.index(c["clip_c"])] = r["summary"]["final_reward"]
+        fresh[c["replay_ratio_groups"]] = r["counts"]["K_inference"]
+    return {"cs": cs, "rhos": rhos, "ages": ages, "rho_c": rho_c, "age_c": age_c, "fresh": fresh}
+
+
+def plot_rloo_heatmap(results: Path = Path("results"), axes=None):
+    """Final reward over (rho, c) and (L, c), and fresh verifier evaluations per rho (RLOO group replay)."""
+    data = rloo_heatmap_data(results)
+    fig, axes = new_axes_row(axes, n=3)
+    for ax, grid, rows, name in ((axes[0], data["rho_c"], data["rhos"], "rho (L = 2)"),
+                                 (axes[1], data["age_c"], data["ages"], "L (rho = 1)")):
+        image = ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis")
+        ax.set_xticks(range(len(data["cs"])), [f"{c:g}" for c in data["cs"]])
+        ax.set_yticks(range(len(rows)), [f"{r:g}" for r in rows])
+        ax.set_xlabel("clip c")
+        ax.set_ylabel(name)
+        for (i, j), value in np.ndenumerate(grid):
+            if np.isfinite(value):
+                ax.text(j, i, f"{value:.3f}", ha="center", va="center", fontsize=5, color="w")
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    rhos = sorted(data["fresh"])
+    axes[2].bar(range(len(rhos)), [data["fresh"][r] for r in rhos], color=COLORS[0])
+    axes[2].set_xticks(range(len(rhos)), [f"{r:g}" for r in rhos])
+    axes[2].set_xlabel("rho")
+    axes[2].set_ylabel("fresh verifier evaluations")
+    axes[0].set_title("final reward", fontsize=8)
+    return fig
+
+
+# --------------------------------------------------------------------------- M2PO
+
+
+def m2po_data(results: Path) -> dict:
+    path = _require(results, "m2po")
+    out = {}
+    for payload, arrays in _runs(path):
+        c = payload["config"]
+        out[f"{c['loss']} (stale-{c['stale_k']})"] = {"steps": arrays["eval_steps"],
+                                                      "reward": arrays["eval__reward"].mean(axis=0)}
+    return out
+
+
+def plot_m2po_collapse(results: Path = Path("results"), ax=None):
+    """Reward over training at staleness 32: no trust region vs clipped GRPO vs M2PO (token MDP)."""
+    data = m2po_data(results)
+    fig, ax = new_axes(ax)
+    for i, (label, d) in enumerate(sorted(data.items())):
+        ax.plot(d["steps"], d["reward"], color=COLORS[i % len(COLORS)], lw=1, label=label)
+    ax.set_xlabel("update")
+    ax.set_ylabel("expected reward (mean over seeds)")
+    ax.legend(fontsize=5)
+    return fig
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validation_data(results: Path) -> dict:
+    path = _require(results, "validation", marker="report.json")
+    return json.loads((path / "report.json").read_text())
+
+
+def plot_validation(results: Path = Path("results"), ax=None):
+    """Held-out reward per design at equal compute; the predicted design highlighted."""
+    report = validation_data(results)
+    fig, ax = new_axes(ax)
+    designs = report["designs"]
+    colors = [COLORS[1] if d["name"] == "predicted" else COLORS[0] for d in designs]
+    ax.bar(range(len(designs)), [d["final_reward_mean"] for d in designs],
+           yerr=[d["final_reward_std"] for d in designs], color=colors)
+    ax.axhline(report["warm_start"]["mean_reward"], color="k", ls="--", lw=1, label="warm start")
+    ax.set_xticks(range(len(designs)), [d["name"] for d in designs], rotation=20, fontsize=6)
+    ax.set_ylabel("held-out mean reward")
+    ax.legend(fontsize=6)
+    return fig
+
+
+RESULTS_FIGURES = {
+    "staleness-diversity": ("Fig. 2: staleness, replay count and time since last use per buffer design",
+                            plot_staleness_diversity),
+    "reward-vs-compute": ("accuracy vs compute per buffer design with the Pareto frontier (mu = 5.28)",
+                          plot_reward_vs_compute),
+    "rloo-heatmap": ("RLOO group replay: reward over (rho, c) and (L, c), fresh evaluations per rho",
+                     plot_rloo_heatmap),
+    "m2po-collapse": ("M2PO: reward over training at staleness 32 for each loss", plot_m2po_collapse),
+    "validation": ("validation: held-out reward per design at equal compute", plot_validation),
+}

@@ -1,0 +1,94 @@
+"""Results figures: the data they plot equals the saved runs; missing results name the command."""
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from replay_theory.figures import results as fig
+from replay_theory.simulate import experiments
+from replay_theory.simulate.sweep import load_runs, run_sweep
+
+
+@pytest.fixture(scope="module")
+def results_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    spec = copy.deepcopy(experiments.EXPERIENCE_REPLAY)
+    spec["base"].update(seeds=3, num_prompts=16, eval_every=5)
+    spec["configs"] = [{"mu": 5.28, "buffer": "on-policy", "steps": 20},
+                       {"mu": 5.28, "buffer": "fifo", "capacity": 128, "workers": 6, "trainers": 2, "steps": 31},
+                       {"mu": 5.28, "buffer": "fifo", "capacity": 512, "workers": 4, "trainers": 4, "steps": 40}]
+    run_sweep(spec, root / "experience-replay", n_jobs=1, show_progress=False)
+    rloo = copy.deepcopy(experiments.RLOO)
+    rloo["base"].update(seeds=2, steps=12, eval_every=6)
+    rloo["configs"] = [c for c in rloo["configs"] if c.get("lr", 0.05) == 0.05][:8]
+    run_sweep(rloo, root / "rloo", n_jobs=1, show_progress=False)
+    return root
+
+
+def test_staleness_distributions_are_the_saved_counts(results_root):
+    data = fig.staleness_diversity_data(results_root)
+    assert set(data) == {"N=128, (W,T)=(6,2)", "N=512, (W,T)=(4,4)"}
+    for d in data.values():
+        assert d["staleness"].sum() == pytest.approx(1.0) and d["time_since_last_use"].sum() == pytest.approx(1.0)
+    # the bigger buffer with more trainers is staler on average
+    mean = {k: (d["staleness"] * np.arange(d["staleness"].size)).sum() for k, d in data.items()}
+    assert mean["N=512, (W,T)=(4,4)"] > mean["N=128, (W,T)=(6,2)"]
+
+
+def test_pareto_frontier_is_the_running_best():
+    compute = np.array([3.0, 1.0, 2.0, 4.0, 5.0])
+    accuracy = np.array([0.5, 0.2, 0.6, 0.55, 0.7])
+    c, a = fig.pareto_frontier(compute, accuracy)
+    np.testing.assert_array_equal(c, [1.0, 2.0, 5.0])
+    np.testing.assert_array_equal(a, [0.2, 0.6, 0.7])
+
+
+def test_reward_vs_compute_uses_the_saved_curves(results_root):
+    data = fig.reward_vs_compute_data(results_root)
+    on_policy = data["designs"]["on-policy"]
+    assert np.all(np.diff(on_policy["compute"]) > 0)
+    assert np.all(on_policy["q25"] <= on_policy["median"]) and np.all(on_policy["median"] <= on_policy["q75"])
+    frontier_c, frontier_a = data["frontier"]
+    assert np.all(np.diff(frontier_c) > 0) and np.all(np.diff(frontier_a) > 0)
+
+
+def test_rloo_heatmap_cells_equal_the_run_summaries(results_root):
+    data = fig.rloo_heatmap_data(results_root)
+    for run in load_runs(results_root / "rloo"):
+        c = run["config"]
+        if c["max_age"] == 2 and c["replay_ratio_groups"] in data["rhos"] and c["clip_c"] in data["cs"]:
+            cell = data["rho_c"][data["rhos"].index(c["replay_ratio_groups"]), data["cs"].index(c["clip_c"])]
+            assert cell == run["summary"]["final_reward"]
+    assert data["fresh"][0.0] > data["fresh"][1.0]  # replay saves fresh verifier evaluations
+
+
+def test_every_results_figure_renders_or_names_its_command(results_root, tmp_path):
+    import matplotlib.pyplot as plt
+
+    for name in ("staleness-diversity", "reward-vs-compute", "rloo-heatmap"):
+        figure = fig.RESULTS_FIGURES[name][1](results_root)
+        figure.savefig(tmp_path / f"{name}.png", dpi=60)
+        assert (tmp_path / f"{name}.png").stat().st_size > 0
+        plt.close(figure)
+    with pytest.raises(fig.MissingResults, match="replay-theory experiment m2po --out"):
+        fig.plot_m2po_collapse(results_root)
+    with pytest.raises(fig.MissingResults, match="replay-theory validate all --out"):
+        fig.plot_validation(results_root)
+    (results_root / "validation").mkdir()
+    (results_root / "validation" / "report.json").write_text(json.dumps({
+        "warm_start": {"mean_reward": 0.2}, "designs": [
+            {"name": "on-policy", "final_reward_mean": 0.25, "final_reward_std": 0.01},
+            {"name": "predicted", "final_reward_mean": 0.22, "final_reward_std": 0.02}]}))
+    figure = fig.plot_validation(results_root)
+    bars = figure.axes[0].patches
+    assert [b.get_height() for b in bars] == [0.25, 0.22]
+    plt.close(figure)
+
+
+def test_figures_all_skips_missing_results_with_the_command(cli, tmp_path):
+    code, out, _ = cli("figures", "all", "--results", str(tmp_path / "none"), "--out", str(tmp_path / "f"))
+    assert code == 0
+    assert "skipped validation: " in out and "replay-theory validate all --out" in out
+    assert (tmp_path / "f" / "gamma-table.png").exists()
