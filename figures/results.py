@@ -9,6 +9,7 @@ when it is missing:
 | reward-vs-compute    | RESULTS/experience-replay/runs/*.npz   | (same)                                                           |
 | rloo-heatmap         | RESULTS/rloo/runs/*.json               | replay-theory experiment rloo --out RESULTS/rloo                 |
 | m2po-collapse        | RESULTS/m2po/runs/*.npz                | replay-theory experiment m2po --out RESULTS/m2po                 |
+| freshper             | RESULTS/freshper/runs/*.npz            | replay-theory experiment freshper --out RESULTS/freshper         |
 | validation           | RESULTS/validation/report.json         | replay-theory validate all --out RESULTS/validation              |
 
 Data functions return plain arrays (what the tests check); plot functions take ``ax``/``axes``
@@ -28,6 +29,7 @@ COMMANDS = {
     "experience-replay": "replay-theory experiment experience-replay --out {path}",
     "rloo": "replay-theory experiment rloo --out {path}",
     "m2po": "replay-theory experiment m2po --out {path}",
+    "freshper": "replay-theory experiment freshper --out {path}",
     "validation": "replay-theory validate all --out {path}",
 }
 
@@ -206,24 +208,99 @@ def plot_rloo_heatmap(results: Path = Path("results"), axes=None):
 
 
 def m2po_data(results: Path) -> dict:
+    """Per loss: mean reward over evaluations, and the per-update clip or masked fraction (mean over seeds)."""
     path = _require(results, "m2po")
     out = {}
     for payload, arrays in _runs(path):
         c = payload["config"]
-        out[f"{c['loss']} (stale-{c['stale_k']})"] = {"steps": arrays["eval_steps"],
-                                                      "reward": arrays["eval__reward"].mean(axis=0)}
+        fraction = arrays.get("curve__pg_clipfrac", arrays.get("curve__masked_frac"))
+        out[f"{c['loss']} (stale-{c['stale_k']})"] = {
+            "steps": arrays["eval_steps"], "reward": arrays["eval__reward"].mean(axis=0),
+            "fraction": None if fraction is None else np.nanmean(fraction, axis=0),
+            "fraction_kind": "clipped" if "curve__pg_clipfrac" in arrays else "masked",
+        }
     return out
 
 
-def plot_m2po_collapse(results: Path = Path("results"), ax=None):
-    """Reward over training at staleness 32: no trust region vs clipped GRPO vs M2PO (token MDP)."""
+def plot_m2po_collapse(results: Path = Path("results"), axes=None):
+    """Reward over training at staleness 32 per loss, and the clip / masked token fractions (token MDP)."""
     data = m2po_data(results)
-    fig, ax = new_axes(ax)
+    fig, axes = new_axes_row(axes, n=2)
     for i, (label, d) in enumerate(sorted(data.items())):
-        ax.plot(d["steps"], d["reward"], color=COLORS[i % len(COLORS)], lw=1, label=label)
-    ax.set_xlabel("update")
-    ax.set_ylabel("expected reward (mean over seeds)")
-    ax.legend(fontsize=5)
+        color = COLORS[i % len(COLORS)]
+        axes[0].plot(d["steps"], d["reward"], color=color, lw=1, label=label)
+        if d["fraction"] is not None and np.nanmax(d["fraction"]) > 0:
+            axes[1].plot(np.arange(d["fraction"].size), d["fraction"], color=color, lw=0.8,
+                         label=f"{label}: {d['fraction_kind']}")
+    axes[0].set_xlabel("update")
+    axes[0].set_ylabel("expected reward (mean over seeds)")
+    axes[1].set_xlabel("update")
+    axes[1].set_ylabel("fraction of tokens clipped / masked")
+    axes[0].legend(fontsize=5)
+    axes[1].legend(fontsize=5)
+    return fig
+
+
+# --------------------------------------------------------------------------- FreshPER
+
+
+def freshper_data(results: Path) -> dict:
+    """Per learning rate: final accuracy per design, the measured KL drift c, and the best tau."""
+    path = _require(results, "freshper")
+    by_lr: dict[float, dict] = {}
+    for payload, arrays in _runs(path):
+        c, s = payload["config"], payload["summary"]
+        entry = by_lr.setdefault(c["lr"], {"designs": {}, "drift": None, "best_tau": None})
+        if c["buffer"] == "on-policy":
+            name = "on-policy"
+            kl = arrays["drift_kl"].mean(axis=0)
+            entry["drift"] = float(kl[0] / arrays["drift_lags"][0])  # KL(pi_t || pi_t-1) per step
+        elif c["buffer"] == "fifo":
+            name = "uniform"
+        else:
+            name = "PER (tau = inf)" if np.isinf(c["per_tau"]) else f"tau = {c['per_tau']:g}"
+        entry["designs"][name] = s["final_accuracy"]
+    for entry in by_lr.values():
+        taus = {k: v for k, v in entry["designs"].items() if k.startswith(("PER", "tau"))}
+        best = max(taus, key=taus.get)
+        entry["best_tau"] = float("inf") if best.startswith("PER") else float(best.split("= ")[1])
+    return by_lr
+
+
+def plot_freshper(results: Path = Path("results"), axes=None):
+    """Final accuracy of on-policy, uniform, standard PER and age-decayed PER per lr; best tau vs 1/drift."""
+    data = freshper_data(results)
+    fig, axes = new_axes_row(axes, n=2)
+    lrs = sorted(data)
+
+    def order(name: str) -> tuple:
+        if name in ("on-policy", "uniform"):
+            return (0, name != "on-policy", 0.0)
+        return (1, 0, -float("inf") if name.startswith("PER") else -float(name.split("= ")[1]))
+
+    names = sorted(data[lrs[0]]["designs"], key=order)  # on-policy, uniform, PER, then decreasing tau
+    width = 0.8 / len(lrs)
+    for j, lr in enumerate(lrs):
+        values = [data[lr]["designs"].get(n, np.nan) for n in names]
+        axes[0].bar(np.arange(len(names)) + j * width, values, width=width, color=COLORS[j], label=f"lr = {lr:g}")
+    axes[0].set_xticks(np.arange(len(names)) + width * (len(lrs) - 1) / 2, names, rotation=30, fontsize=6)
+    axes[0].set_ylabel("final accuracy")
+    low = min(min(d["designs"].values()) for d in data.values())
+    axes[0].set_ylim(low - 0.02, None)
+    axes[0].legend(fontsize=6)
+    inv_drift = [1.0 / data[lr]["drift"] for lr in lrs]
+    best = [data[lr]["best_tau"] for lr in lrs]
+    shown = [b if np.isfinite(b) else 2 * max(inv_drift) for b in best]
+    axes[1].scatter(inv_drift, shown, color=COLORS[1], zorder=3)
+    for x, y, b, lr in zip(inv_drift, shown, best, lrs):
+        axes[1].annotate(f"lr {lr:g}" + ("" if np.isfinite(b) else " (tau = inf)"), (x, y), fontsize=6)
+    line = np.array([min(inv_drift) / 2, max(inv_drift) * 2])
+    axes[1].plot(line, line, color="grey", ls=":", lw=1, label="tau = 1/c (FreshPER heuristic)")
+    axes[1].set_xscale("log")
+    axes[1].set_yscale("log")
+    axes[1].set_xlabel("1 / measured KL drift per step")
+    axes[1].set_ylabel("best tau among the runs")
+    axes[1].legend(fontsize=6)
     return fig
 
 
@@ -235,10 +312,23 @@ def validation_data(results: Path) -> dict:
     return json.loads((path / "report.json").read_text())
 
 
-def plot_validation(results: Path = Path("results"), ax=None):
-    """Held-out reward per design at equal compute; the predicted design highlighted."""
+def validation_curves(results: Path) -> dict:
+    """Per design: mean training reward against compute, from the verify runs' saved records."""
+    path = _require(results, "validation", marker="report.json")
+    curves: dict[str, list] = {}
+    for record_file in sorted((path / "verify").glob("*.json")):
+        record = json.loads(record_file.read_text())
+        per_update = record["compute"] / record["steps"]
+        curves.setdefault(record["design"]["name"], []).append(
+            (per_update * np.arange(1, record["steps"] + 1), np.asarray(record["train_reward"])))
+    return {name: (runs[0][0], np.mean([r for _, r in runs], axis=0)) for name, runs in curves.items()}
+
+
+def plot_validation(results: Path = Path("results"), axes=None):
+    """Held-out reward per design at equal compute (prediction highlighted) and training reward vs compute."""
     report = validation_data(results)
-    fig, ax = new_axes(ax)
+    fig, axes = new_axes_row(axes, n=2)
+    ax = axes[0]
     designs = report["designs"]
     colors = [COLORS[1] if d["name"] == "predicted" else COLORS[0] for d in designs]
     ax.bar(range(len(designs)), [d["final_reward_mean"] for d in designs],
@@ -246,7 +336,14 @@ def plot_validation(results: Path = Path("results"), ax=None):
     ax.axhline(report["warm_start"]["mean_reward"], color="k", ls="--", lw=1, label="warm start")
     ax.set_xticks(range(len(designs)), [d["name"] for d in designs], rotation=20, fontsize=6)
     ax.set_ylabel("held-out mean reward")
+    ax.set_title("predicted (orange) vs measured, equal compute", fontsize=8)
     ax.legend(fontsize=6)
+    if (Path(results) / "validation" / "verify").exists():
+        for i, (name, (compute, reward)) in enumerate(validation_curves(results).items()):
+            axes[1].plot(compute, reward, color=COLORS[i % len(COLORS)], lw=1, label=name)
+        axes[1].legend(fontsize=5)
+    axes[1].set_xlabel("compute (sample-update units: mu R + B per update)")
+    axes[1].set_ylabel("training reward (mean over seeds)")
     return fig
 
 
@@ -257,6 +354,7 @@ RESULTS_FIGURES = {
                           plot_reward_vs_compute),
     "rloo-heatmap": ("RLOO group replay: reward over (rho, c) and (L, c), fresh evaluations per rho",
                      plot_rloo_heatmap),
-    "m2po-collapse": ("M2PO: reward over training at staleness 32 for each loss", plot_m2po_collapse),
-    "validation": ("validation: held-out reward per design at equal compute", plot_validation),
+    "m2po-collapse": ("M2PO: reward over training at staleness 32, and clip / masked fractions", plot_m2po_collapse),
+    "freshper": ("FreshPER: on-policy vs uniform vs PER vs age decay per lr; best tau vs 1/drift", plot_freshper),
+    "validation": ("validation: predicted vs measured design at equal compute, reward vs compute", plot_validation),
 }

@@ -92,3 +92,34 @@ def test_figures_all_skips_missing_results_with_the_command(cli, tmp_path):
     assert code == 0
     assert "skipped validation: " in out and "replay-theory validate all --out" in out
     assert (tmp_path / "f" / "gamma-table.png").exists()
+
+
+def test_freshper_and_m2po_figures_read_their_runs(tmp_path):
+    import matplotlib.pyplot as plt
+
+    root = tmp_path / "results"
+    spec = copy.deepcopy(experiments.FRESHPER)
+    spec["base"].update(seeds=2, steps=24, num_prompts=16, eval_every=6)
+    spec["configs"] = [c for c in spec["configs"] if c.get("per_tau", 3.0) in (3.0, float("inf"))
+                       or c["buffer"] != "prioritized"]
+    run_sweep(spec, root / "freshper", n_jobs=1, show_progress=False)
+    data = fig.freshper_data(root)
+    assert sorted(data) == [0.02, 0.2]
+    for lr, entry in data.items():
+        assert set(entry["designs"]) == {"on-policy", "uniform", "PER (tau = inf)", "tau = 3"}
+        assert entry["drift"] > 0
+        per = {k: v for k, v in entry["designs"].items() if k.startswith(("PER", "tau"))}
+        best = max(per, key=per.get)
+        assert (entry["best_tau"] == float("inf")) == best.startswith("PER")
+    figure = fig.plot_freshper(root)
+    assert len(figure.axes[0].patches) == 2 * 4  # one bar per (lr, design)
+    plt.close(figure)
+    m2po = copy.deepcopy(experiments.M2PO)
+    m2po["base"].update(seeds=2, steps=12, eval_every=6, stale_k=4)
+    m2po["configs"] = [{"loss": "grpo"}, {"loss": "m2po"}]
+    run_sweep(m2po, root / "m2po", n_jobs=1, show_progress=False)
+    data = fig.m2po_data(root)
+    assert {d["fraction_kind"] for d in data.values()} == {"clipped", "masked"}
+    figure = fig.plot_m2po_collapse(root)
+    assert len(figure.axes[0].lines) == 2
+    plt.close(figure)
