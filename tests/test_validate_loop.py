@@ -64,3 +64,13 @@ def test_calibrate_then_predict(tmp_path):
 def test_predict_without_calibration_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="no calibration.json"):
         run_predict(SMALL, tmp_path)
+
+
+def test_truncate_log_drops_steps_a_resumed_run_logs_again(tmp_path):
+    from replay_theory.validate.steplog import StepLog, read_log, truncate_log
+
+    log = StepLog(tmp_path / "run.jsonl")
+    for step in range(5):
+        log(step, {"step": step, "loss": float(step)})
+    truncate_log(tmp_path / "run.jsonl", 3)
+    assert [m["step"] for m in read_log(tmp_path / "run.jsonl")] == [0, 1, 2]

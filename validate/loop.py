@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from replay_theory.validate import countdown
-from replay_theory.validate.steplog import StepLog
+from replay_theory.validate.steplog import StepLog, truncate_log
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = 2, budget_upd
     import numpy as np
 
     from replay_theory.validate.model import load_checkpoint
-    from replay_theory.validate.rl import RLConfig, evaluate_policy, train
+    from replay_theory.validate.rl import RLConfig, checkpoint_next_step, evaluate_policy, train
 
     if not (out_dir / "predicted.json").exists():
         raise ValueError(f"{str(out_dir)!r} has no predicted.json: run `replay-theory validate predict --out {out_dir}` first")
@@ -175,9 +175,10 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = 2, budget_upd
                 rl = RLConfig(steps=steps, rollouts_per_step=R, group_size=config.group_size, batch_size=design["B"],
                               capacity=design["N"], buffer=design["buffer"], lr=config.lr,
                               max_new_tokens=config.max_new_tokens, seed=config.seed + 101 * seed)
+                checkpoint = path.with_suffix(".ckpt")  # a run interrupted mid-way resumes from here
+                truncate_log(path.with_suffix(".jsonl"), checkpoint_next_step(checkpoint))
                 step_log = StepLog(path.with_suffix(".jsonl"), tensorboard_dir=runs_dir / "tensorboard" / path.stem)
-                path.with_suffix(".jsonl").unlink(missing_ok=True)  # a run interrupted mid-way starts over
-                result = train(policy, train_set, rl, progress=step_log)
+                result = train(policy, train_set, rl, progress=step_log, checkpoint=checkpoint, checkpoint_every=5)
                 step_log.close()
                 held_out = evaluate_policy(policy, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1)
                 record = {"design": design, "seed": seed, "steps": steps, "compute": steps * (mu * R + design["B"]),

@@ -26,9 +26,12 @@ mismatch is logged either way (``logp_mismatch_max``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -187,8 +190,15 @@ def generate_batch(policy: Policy, problems: list[countdown.Problem], prompt_ind
 
 
 def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
-          progress: Callable[[int, dict], None] | None = None) -> RLResult:
-    """Run ``config.steps`` RL updates on ``problems`` (the training split) and log one dict per step."""
+          progress: Callable[[int, dict], None] | None = None, checkpoint: Path | None = None,
+          checkpoint_every: int = 10) -> RLResult:
+    """Run ``config.steps`` RL updates on ``problems`` (the training split) and log one dict per step.
+
+    With ``checkpoint`` (a file path) the full state (model, optimizer, buffer, both random
+    generators, metrics) is saved every ``checkpoint_every`` steps, and a run started with an
+    existing checkpoint continues from it exactly: the same seed gives the same result
+    whether or not the run was interrupted.
+    """
     config = config.validated()
     rng = np.random.default_rng(config.seed)
     generator = torch.Generator(device="cpu").manual_seed(config.seed)
@@ -196,7 +206,18 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
     buffer = _make_buffer(config)
     result = RLResult(config, buffer=buffer)
     G = config.group_size
-    for step in range(config.steps):
+    first_step = 0
+    if checkpoint is not None and Path(checkpoint).exists():
+        state = _load_state(Path(checkpoint), config)
+        policy.model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        rng.bit_generator.state = state["rng"]
+        generator.set_state(state["torch_rng"])
+        buffer = state["buffer"]
+        result = state["result"]
+        result.buffer = buffer
+        first_step = state["next_step"]
+    for step in range(first_step, config.steps):
         t0 = time.perf_counter()
         policy.model.eval()
         replay, is_fresh = None, None
@@ -261,7 +282,41 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
         result.metrics.append(metrics)
         if progress is not None:
             progress(step, metrics)
+        if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == config.steps):
+            _save_state(Path(checkpoint), config, policy, optimizer, rng, generator, buffer, result, step + 1)
     return result
+
+
+def _save_state(path: Path, config, policy, optimizer, rng, generator, buffer, result, next_step: int) -> None:
+    """Atomic: written to a temporary file, then renamed over the previous checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save({"config": asdict(config), "model": policy.model.state_dict(), "optimizer": optimizer.state_dict(),
+                "rng": rng.bit_generator.state, "torch_rng": generator.get_state(), "buffer": buffer,
+                "result": dataclasses.replace(result, buffer=None), "next_step": next_step}, tmp)
+    os.replace(tmp, path)
+
+
+def checkpoint_next_step(path: Path) -> int:
+    """The step a checkpointed run continues from (0 if there is no checkpoint)."""
+    if not Path(path).exists():
+        return 0
+    try:
+        return int(torch.load(path, weights_only=False)["next_step"])
+    except Exception:  # noqa: BLE001 - train() reports the corrupt file with the fix
+        return 0
+
+
+def _load_state(path: Path, config) -> dict:
+    try:
+        state = torch.load(path, weights_only=False)  # our own file: it holds the buffer object
+    except Exception as err:  # noqa: BLE001 - any unreadable file is the same user error
+        raise ValueError(f"checkpoint {str(path)!r} is corrupt or incomplete ({type(err).__name__}); "
+                         f"delete it to start the run over") from None
+    if state.get("config") != asdict(config):
+        raise ValueError(f"checkpoint {str(path)!r} belongs to a different run configuration; delete it or "
+                         f"use another --out")
+    return state
 
 
 def _make_buffer(config: RLConfig):

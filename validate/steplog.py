@@ -39,5 +39,13 @@ class StepLog:
             self.writer.close()
 
 
+def truncate_log(path: Path, next_step: int) -> None:
+    """Keep only the lines of steps before ``next_step`` (a resumed run logs the later steps again)."""
+    path = Path(path)
+    if path.exists():
+        kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] < next_step]
+        path.write_text("".join(line + "\n" for line in kept))
+
+
 def read_log(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
