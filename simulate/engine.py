@@ -193,8 +193,15 @@ class _Recorder:
         hist[: counts.size] += counts
         return hist
 
+    TOKEN_STATS = ("kl_k1", "kl_k2", "kl_k3", "m2", "d2", "chi2")
+
     def record_batch(self, step: int, batch: RolloutBatch, logp_new: np.ndarray, staleness: np.ndarray,
-                     tslu: np.ndarray) -> None:
+                     tslu: np.ndarray, loss_metrics: dict | None = None) -> None:
+        """Distributions, sequence-level ESS, ESS by age and the token-level estimators.
+
+        The token-level estimators come from ``loss_metrics`` when the loss already
+        computed them on this batch (every loss with a behaviour policy does), else here.
+        """
         self.staleness_counts = self._add_hist(self.staleness_counts, staleness.ravel())
         self.tslu_counts = self._add_hist(self.tslu_counts, tslu.ravel())
         token_lr = np.where(batch.mask, logp_new - batch.logp_behav, 0.0)  # (S, B, L)
@@ -203,9 +210,12 @@ class _Recorder:
         self.put("ess_frac", step, div.ess_kish_fraction(seq_lr))  # sequence level: the product of token ratios
         flat_lr = token_lr.reshape(self.num_seeds, -1)
         flat_mask = mask.reshape(self.num_seeds, -1)
-        for name, value in div.sample_statistics(flat_lr, mask=flat_mask).items():
-            if name != "ess_frac":
-                self.put(name, step, value)  # token level, verl/TRL style
+        if loss_metrics is not None and all(k in loss_metrics for k in self.TOKEN_STATS):
+            token_stats = {k: loss_metrics[k] for k in self.TOKEN_STATS}
+        else:
+            token_stats = div.sample_statistics(flat_lr, mask=flat_mask)
+        for name in self.TOKEN_STATS:
+            self.put(name, step, token_stats[name])  # token level, verl/TRL style
         self.put("staleness_mean", step, staleness.mean(axis=1))
         self.put("staleness_max", step, staleness.max(axis=1))
         self._record_ess_by_age(seq_lr, staleness)
@@ -368,10 +378,10 @@ def run(config: SimConfig, progress=None, observer=None) -> RunResult:
         out = compute_loss(config, train, logp_new, is_fresh)
         coef = out.grad_logp * weight[:, :, None]  # FreshPER IS weights (ones otherwise)
         grad = env.grad_logp_contract(params, train.prompt, train.tokens, train.mask, coef)  # (S, d)
-        rec.record_batch(step, train, logp_new, staleness, tslu)
+        rec.record_batch(step, train, logp_new, staleness, tslu, out.metrics)
         for name, value in out.metrics.items():
-            if name in ("chi2", "m2", "kl_k3", "ess_frac"):
-                continue  # measured uniformly by the recorder on every batch
+            if name in _Recorder.TOKEN_STATS or name == "ess_frac":
+                continue  # recorded by record_batch (ess_frac at sequence level)
             rec.put(name, step, value)
         rec.put("loss", step, out.loss)
         if fresh_reward is not None:

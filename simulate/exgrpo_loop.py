@@ -64,7 +64,6 @@ trajectory-selection ablation is only meaningful on the token MDP.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Literal
@@ -280,9 +279,9 @@ def run_exgrpo(config: SimConfig, progress=None, *, shaping: bool = True,
             on_step(ExGRPOStep(step=step, batch=train, replayed=replayed, exp_questions=exp_q, exp_valid=exp_valid,
                                n_exp=n_exp, retired_before=retired_before, params=params, logp_new=logp_new,
                                loss=out, staleness=staleness))
-        rec.record_batch(step, train, logp_new, staleness, tslu)
+        rec.record_batch(step, train, logp_new, staleness, tslu, out.metrics)
         for name, value in out.metrics.items():
-            if name not in ("chi2", "m2", "kl_k3", "ess_frac"):  # measured by the recorder on every batch
+            if name not in _Recorder.TOKEN_STATS and name != "ess_frac":  # recorded by record_batch
                 rec.put(name, step, value)
         rec.put("loss", step, out.loss)
         pass_at_1 = _masked_mean(reward == 1.0, fresh)  # (S,) batch pass@1 of the fresh responses

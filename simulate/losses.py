@@ -213,6 +213,8 @@ def _ratio_metrics(log_ratio: np.ndarray, m: np.ndarray) -> dict[str, np.ndarray
     out["ess_frac"] = np.asarray(stats["ess_frac"])  # Kish (sum r)^2 / (N sum r^2)
     out["kl_k3"] = np.asarray(stats["kl_k3"])  # KL(pi_behav || pi_new), k3 estimator
     out["m2"] = np.asarray(stats["m2"])  # Eq. (4), M2PO
+    for name in ("kl_k1", "kl_k2", "d2", "chi2"):  # the rest of the set, so callers need not recompute it
+        out[name] = np.asarray(stats[name])
     return out
 
 

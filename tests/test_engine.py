@@ -112,3 +112,16 @@ def test_token_mdp_runs_with_sequence_ratios():
 def test_inconsistent_designs_fail_before_any_work(changes, message):
     with pytest.raises(ValueError, match=message):
         config_from_dict(changes)
+
+
+def test_token_statistics_reused_from_the_loss_equal_a_fresh_computation(monkeypatch):
+    from replay_theory.simulate import engine
+
+    config = SimConfig(**FAST, buffer="stale-k", stale_k=3, loss="m2po")
+    reused = run(config)
+    original = engine._Recorder.record_batch
+    monkeypatch.setattr(engine._Recorder, "record_batch", lambda self, *a: original(self, *a[:5], None))
+    recomputed = run(config)
+    for name in engine._Recorder.TOKEN_STATS:
+        np.testing.assert_allclose(reused.curves[name], recomputed.curves[name], rtol=1e-12, atol=1e-15)
+    assert np.all(reused.curves["m2"][:, 3:] > 0)

@@ -158,7 +158,7 @@ def test_no_shaping_and_uniform_question_ablations():
     plain = run_exgrpo(cfg, shaping=False, on_step=captured.append)
     assert base.counts["shaping"] == 1.0 and plain.counts["shaping"] == 0.0
     st = next(s for s in captured if s.replayed.any())
-    b, rep = st.batch, st.replayed
+    b = st.batch
     expected = losses.grpo(st.logp_new, b.logp_behav, b.advantage, b.mask).grad_logp  # o* with the GRPO clip
     np.testing.assert_allclose(st.loss.grad_logp, expected, rtol=1e-12, atol=1e-15)
     assert np.isnan(plain.curves["shaping_weight_mean"][:, st.step]).all()

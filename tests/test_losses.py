@@ -483,7 +483,7 @@ def test_asymre_at_delta_zero_is_reinforce_with_group_mean_baseline():
     np.testing.assert_allclose(x.loss, y.loss, rtol=1e-13)
     np.testing.assert_allclose(x.grad_logp, y.grad_logp, rtol=1e-13)
     assert set(x.metrics) == {"is_ratio_min", "is_ratio_mean", "is_ratio_max", "is_ratio_std",
-                              "ess_frac", "kl_k3", "m2"}
+                              "ess_frac", "kl_k1", "kl_k2", "kl_k3", "m2", "d2", "chi2"}
 
 
 def test_exgrpo_shaping_gradient_at_w_equal_beta_is_a_quarter():

@@ -25,18 +25,21 @@ from numpy.typing import ArrayLike
 from replay_theory.theory._checks import require_positive
 
 
+def _split(workers: ArrayLike, trainers: ArrayLike, mu: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(W, T, mu) as float arrays, each checked to be a finite number > 0."""
+    arrays = tuple(np.asarray(v, dtype=float) for v in (workers, trainers, mu))
+    for name, arr in zip(("workers", "trainers", "mu"), arrays):
+        require_positive(name, arr)
+    return arrays
+
+
 def compute_ratio(workers: ArrayLike, trainers: ArrayLike, mu: ArrayLike) -> np.ndarray | float:
     """gamma = (1 + W/T) / (1 + mu): compute per update with a buffer over without.
 
     Without a buffer the no-idle split is W/T = mu and an update costs C(1 + mu)
     (Eq. 1); with a buffer it costs C(1 + W/T) whatever the split.
     """
-    workers_arr = np.asarray(workers, dtype=float)
-    trainers_arr = np.asarray(trainers, dtype=float)
-    mu_arr = np.asarray(mu, dtype=float)
-    require_positive("workers", workers_arr)
-    require_positive("trainers", trainers_arr)
-    require_positive("mu", mu_arr)
+    workers_arr, trainers_arr, mu_arr = _split(workers, trainers, mu)
     gamma = (1.0 + workers_arr / trainers_arr) / (1.0 + mu_arr)  # Eq. (2)
     return gamma if gamma.ndim else float(gamma)
 
@@ -96,11 +99,6 @@ def workers_per_trainer(mu: ArrayLike, replay_ratio: ArrayLike) -> np.ndarray | 
 
 def replay_ratio_of_split(workers: ArrayLike, trainers: ArrayLike, mu: ArrayLike) -> np.ndarray | float:
     """Mean replay ratio implied by a (W, T) split: y = mu T / W (inverse of ``workers_per_trainer``)."""
-    workers_arr = np.asarray(workers, dtype=float)
-    trainers_arr = np.asarray(trainers, dtype=float)
-    mu_arr = np.asarray(mu, dtype=float)
-    require_positive("workers", workers_arr)
-    require_positive("trainers", trainers_arr)
-    require_positive("mu", mu_arr)
+    workers_arr, trainers_arr, mu_arr = _split(workers, trainers, mu)
     y = mu_arr * trainers_arr / workers_arr
     return y if y.ndim else float(y)

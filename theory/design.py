@@ -40,7 +40,7 @@ from replay_theory.theory._checks import (
     require_positive,
 )
 from replay_theory.theory.compute import compute_ratio_from_split_ratio
-from replay_theory.theory.profiles import PowerLawProfile, Profile, sigma_bar_sq
+from replay_theory.theory.profiles import Profile, sigma_bar_sq
 
 CONVENTIONS = ("rollout-cost", "paper-sec3")
 REGIMES = ("replay", "on-policy", "unbounded")

@@ -29,10 +29,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from replay_theory.simulate import advantages as adv
 from replay_theory.simulate.calibrate import fit_profiles, fit_rho
 from replay_theory.validate import countdown
-from replay_theory.validate.model import Policy, encode_prompts, generate, sequence_logprobs
+from replay_theory.validate.model import Policy, encode_prompts, sequence_logprobs
 from replay_theory.validate.rl import RLConfig, _loss, generate_batch, train
 
 

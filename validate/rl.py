@@ -37,8 +37,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from replay_theory.simulate import advantages as adv
 from replay_theory.simulate.buffers import make_buffer
+from replay_theory.simulate.engine import compute_loss, make_advantage
 from replay_theory.simulate.rollouts import RolloutBatch
 from replay_theory.theory import divergences as div
 from replay_theory.theory.group_replay import fresh_groups_per_step
@@ -94,6 +94,15 @@ class RLConfig:
     """Behaviour log-probs from the trainer's forward pass (fresh log-ratios exactly 0) or the sampler."""
     seed: int = 0
 
+    @property
+    def advantage(self) -> str:
+        """The advantage each loss is defined with (the simulator's names)."""
+        if self.loss == "rloo":
+            return "leave-one-out"  # RLOO Eq. (1)
+        if self.loss in ("reinforce", "asymre"):
+            return "group-mean"  # r - V-hat
+        return "grpo"  # GRPO Eq. (2)
+
     def validated(self) -> "RLConfig":
         if self.loss not in LOSSES:
             raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
@@ -142,8 +151,6 @@ class RLResult:
 
 def _loss(config: RLConfig, logp_new, batch: RolloutBatch, is_fresh=None):
     """The simulator's loss dispatch (one implementation): RLConfig has the fields it reads."""
-    from replay_theory.simulate.engine import compute_loss
-
     return compute_loss(config, batch, logp_new, is_fresh)
 
 
@@ -168,12 +175,7 @@ def generate_batch(policy: Policy, problems: list[countdown.Problem], prompt_ind
     owner = np.repeat(prompt_index, config.group_size)  # (R,) problem of each completion
     reward = countdown.verify_batch([problems[i] for i in owner], rollouts.completion_text)  # (R,)
     groups = reward.reshape(1, -1, config.group_size)  # (1, R/G, G)
-    if config.loss == "rloo":
-        advantage = adv.leave_one_out(groups).reshape(1, -1)  # RLOO Eq. (1)
-    elif config.loss in ("reinforce", "asymre"):
-        advantage = adv.group_mean_baseline(groups).reshape(1, -1)  # r - V-hat
-    else:
-        advantage = adv.group_advantage(groups, normalize_std=True).reshape(1, -1)  # GRPO Eq. (2)
+    advantage = make_advantage(config, groups).reshape(1, -1)  # the simulator's advantage dispatch
     R = ids.shape[0]
     batch = RolloutBatch(
         prompt=owner[None].astype(np.int64),

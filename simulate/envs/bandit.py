@@ -66,7 +66,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import log_softmax, logsumexp
+from scipy.special import logsumexp
 
 from replay_theory.theory.divergences import chi2_exact, d2_exact, kl_exact, m2_exact
 
