@@ -1,0 +1,319 @@
+"""Stream a rollout log (Parquet, CSV or JSON lines) as chunks of per-token arrays.
+
+Files larger than memory are read piece by piece through pyarrow: Parquet by
+record batches (only the mapped columns are decoded), CSV by blocks, JSON lines
+by blocks of whole lines.  Each piece becomes a :class:`TokenChunk` of flat
+per-token arrays, whichever layout (long / wide, see ``schema.py``) the file
+has.  Sequence identifiers of any type are mapped to dense integer codes that
+are stable across chunks, so a sequence whose tokens straddle two chunks is
+still one sequence.
+
+pyarrow does the parsing because it streams all three formats with typed,
+vectorised decoders, and reads only the columns asked for.
+
+Malformed rows are never silently dropped: null log-probs surface as NaN for
+the caller's validity check, and a wide row whose lists disagree in length
+raises unless ``skip_invalid`` is set, in which case it is counted in
+``TokenChunk.mismatched_rows``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+
+from replay_theory.validate.diagnose.schema import ColumnMap
+
+FORMATS = ("parquet", "csv", "jsonl")
+_SUFFIX_FORMAT = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv",
+                  ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+#: bytes per CSV / JSON-lines block: large enough to amortise parsing, small enough to stream.
+BLOCK_BYTES = 16 * 1024 * 1024
+
+
+def _pyarrow():
+    try:
+        import pyarrow  # noqa: F401
+        import pyarrow.compute  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - the diagnose/test extras install it
+        raise ValueError("diagnose needs pyarrow to read logs: pip install 'replay-theory[diagnose]'") from exc
+    return pyarrow
+
+
+@dataclass
+class TokenChunk:
+    """One streamed piece of a log, flattened to tokens (padding already removed)."""
+
+    seq: np.ndarray  # (n,) int64 dense sequence codes, stable across chunks
+    logp_behav: np.ndarray  # (n,) float64
+    logp_current: np.ndarray  # (n,) float64
+    age: Optional[np.ndarray]  # (n,) float64 or None
+    advantage: Optional[np.ndarray]  # (n,) float64 or None
+    reward: Optional[np.ndarray]  # (n,) float64 or None
+    first_row: int  # file row of the chunk's first row (for error messages)
+    mismatched_rows: int = 0  # wide rows skipped because their lists disagree in length
+
+    def __len__(self) -> int:
+        return int(self.logp_behav.shape[0])
+
+
+def detect_format(path: Path, fmt: str = "auto") -> str:
+    if fmt != "auto":
+        if fmt not in FORMATS:
+            raise ValueError(f"format must be auto, {', '.join(FORMATS)}; got {fmt!r}")
+        return fmt
+    suffixes = [s.lower() for s in path.suffixes]
+    for suffix in reversed(suffixes):
+        if suffix in _SUFFIX_FORMAT:
+            return _SUFFIX_FORMAT[suffix]
+    raise ValueError(f"cannot tell the format of {path.name}: use --format parquet|csv|jsonl")
+
+
+class LogReader:
+    """Iterates a log file as :class:`TokenChunk` s; tracks progress and sequence codes."""
+
+    def __init__(self, path: str | os.PathLike, columns: ColumnMap, *, fmt: str = "auto",
+                 chunk_rows: int = 65536, skip_invalid: bool = False) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ValueError(f"log file not found or not a file: {self.path}")
+        if chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+        self.format = detect_format(self.path, fmt)
+        self.columns = columns
+        self.chunk_rows = int(chunk_rows)
+        self.skip_invalid = skip_invalid
+        self.total_bytes = self.path.stat().st_size
+        self.bytes_done = 0
+        self.rows_done = 0
+        self._codes: dict = {}
+        self._pa = _pyarrow()
+        self.names = self._schema_names()
+        self.used = self._used_columns()
+        self.layout = self._layout()
+
+    # ------------------------------------------------------------------ schema
+    def _schema_names(self) -> list[str]:
+        try:
+            if self.format == "parquet":
+                import pyarrow.parquet as pq
+
+                self._parquet = pq.ParquetFile(self.path)
+                self.total_rows = self._parquet.metadata.num_rows
+                return list(self._parquet.schema_arrow.names)
+            first = self._first_table()
+            return list(first.schema.names)
+        except Exception as exc:  # pyarrow raises many types for a corrupt file
+            if _ours(exc, self._pa):
+                raise
+            raise ValueError(f"cannot read {self.path.name} as {self.format}: {_first_line(exc)}") from exc
+
+    def _first_table(self):
+        """A small leading piece of a CSV / JSONL file, for its column names and types."""
+        with open(self.path, "rb") as fh:
+            head = fh.read(min(self.total_bytes, 1 << 20))
+        if self.format == "jsonl":
+            head = head[: head.rfind(b"\n") + 1] or head
+            import pyarrow.json as pj
+
+            return pj.read_json(io.BytesIO(head))
+        import pyarrow.csv as pc_csv
+
+        return pc_csv.read_csv(io.BytesIO(head[: head.rfind(b"\n") + 1] or head))
+
+    def _used_columns(self) -> dict[str, str]:
+        """field -> column actually present; missing required columns raise with the fix."""
+        used = {}
+        for field, name in self.columns.columns().items():
+            if name in self.names:
+                used[field] = name
+            elif field in ("logp_behav", "logp_current"):
+                raise ValueError(
+                    f"column {name!r} ({field}) not in {self.path.name} (columns: {', '.join(self.names[:12])}); "
+                    f"map it with --columns {field}=NAME or pick --preset trl|verl")
+        return used
+
+    def _layout(self) -> str:
+        layout = self.columns.layout
+        if layout == "auto":
+            layout = "long"
+            if self.format != "csv":
+                layout = "wide" if self._is_list(self.used["logp_behav"]) else "long"
+        if layout == "wide" and self.format == "csv":
+            raise ValueError("the wide layout (list columns) needs Parquet or JSON lines, not CSV")
+        if layout == "long" and "seq_id" not in self.used:
+            raise ValueError(
+                f"column {self.columns.seq_id!r} (seq_id) not in {self.path.name}: the long layout (a row per token) "
+                "needs a sequence id; map it with --columns seq_id=NAME")
+        return layout
+
+    def _is_list(self, name: str) -> bool:
+        pa = self._pa
+        schema = self._parquet.schema_arrow if self.format == "parquet" else self._first_table().schema
+        kind = schema.field(name).type
+        return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+
+    # ------------------------------------------------------------------ batches
+    def _batches(self) -> Iterator:
+        needed = sorted(set(self.used.values()))
+        if self.format == "parquet":
+            done_rows = 0
+            for batch in self._parquet.iter_batches(batch_size=self.chunk_rows, columns=needed):
+                done_rows += batch.num_rows
+                self.bytes_done = int(self.total_bytes * done_rows / max(self.total_rows, 1))
+                yield batch
+        elif self.format == "csv":
+            import pyarrow.csv as pc_csv
+
+            types = {self.used[f]: self._pa.float64() for f in ("logp_behav", "logp_current", "age", "advantage",
+                                                                 "reward") if f in self.used}
+            with open(self.path, "rb") as fh:
+                reader = pc_csv.open_csv(
+                    fh, read_options=pc_csv.ReadOptions(block_size=BLOCK_BYTES),
+                    convert_options=pc_csv.ConvertOptions(include_columns=needed, column_types=types))
+                for batch in reader:
+                    self.bytes_done = min(fh.tell(), self.total_bytes)
+                    yield from _split(batch, self.chunk_rows)
+        else:
+            import pyarrow.json as pj
+
+            with open(self.path, "rb") as fh:
+                tail = b""
+                while True:
+                    block = fh.read(BLOCK_BYTES)
+                    data = tail + block
+                    if not block:
+                        if data.strip():
+                            yield from self._json_batches(pj, data, needed)
+                        break
+                    cut = data.rfind(b"\n") + 1
+                    tail = data[cut:]
+                    if cut:
+                        self.bytes_done = fh.tell() - len(tail)
+                        yield from self._json_batches(pj, data[:cut], needed)
+            self.bytes_done = self.total_bytes
+
+    def _json_batches(self, pj, data: bytes, needed: list[str]) -> Iterator:
+        try:
+            table = pj.read_json(io.BytesIO(data))
+        except Exception as exc:
+            raise ValueError(f"malformed JSON line in {self.path.name}: {_first_line(exc)}") from exc
+        missing = [n for n in needed if n not in table.schema.names]
+        if missing:
+            raise ValueError(f"column {missing[0]!r} missing from some lines of {self.path.name}")
+        for batch in table.select(needed).to_batches(max_chunksize=self.chunk_rows):
+            yield batch
+
+    def __iter__(self) -> Iterator[TokenChunk]:
+        try:
+            for batch in self._batches():
+                chunk = self._wide(batch) if self.layout == "wide" else self._long(batch)
+                self.rows_done += batch.num_rows
+                yield chunk
+        except Exception as exc:  # pyarrow parse errors mid-file: one line, no traceback
+            if _ours(exc, self._pa):
+                raise
+            raise ValueError(f"cannot read {self.path.name} past row {self.rows_done}: {_first_line(exc)}") from exc
+
+    # ------------------------------------------------------------------ layouts
+    def _float(self, batch, field: str) -> Optional[np.ndarray]:
+        if field not in self.used:
+            return None
+        col = batch.column(self.used[field])
+        return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)  # nulls -> NaN
+
+    def _long(self, batch) -> TokenChunk:
+        ids = batch.column(self.used["seq_id"]).to_numpy(zero_copy_only=False)
+        return TokenChunk(
+            seq=self._encode(ids),
+            logp_behav=self._float(batch, "logp_behav"),
+            logp_current=self._float(batch, "logp_current"),
+            age=self._float(batch, "age"),
+            advantage=self._float(batch, "advantage"),
+            reward=self._float(batch, "reward"),
+            first_row=self.rows_done,
+        )
+
+    def _wide(self, batch) -> TokenChunk:
+        pc = self._pa.compute
+        n_rows = batch.num_rows
+
+        def lengths(name: str) -> np.ndarray:
+            return np.asarray(pc.list_value_length(batch.column(name)).to_numpy(zero_copy_only=False),
+                              dtype=np.float64)  # null list -> NaN
+
+        length = lengths(self.used["logp_behav"])  # (rows,)
+        ok = np.isfinite(length)
+        list_fields = [f for f in ("logp_current", "mask", "age", "advantage", "reward")
+                       if f in self.used and self._column_is_list(batch, self.used[f])]
+        for field in list_fields:
+            ok &= lengths(self.used[field]) == length
+        bad = np.flatnonzero(~ok)
+        if bad.size and not self.skip_invalid:
+            raise ValueError(
+                f"row {self.rows_done + int(bad[0])} of {self.path.name}: the per-token lists have different "
+                f"lengths (or are null); fix the log or pass --skip-invalid to drop and count such rows")
+        length = np.where(ok, length, 0).astype(np.int64)
+
+        def flat(field: str) -> Optional[np.ndarray]:
+            if field not in self.used:
+                return None
+            col = batch.column(self.used[field])
+            if field in list_fields or field in ("logp_behav",):
+                keep_rows = self._pa.array(ok)
+                values = pc.list_flatten(col.filter(keep_rows))
+                return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float64)
+            per_row = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
+            return np.repeat(per_row[ok], length[ok])
+
+        if "seq_id" in self.used:
+            row_codes = self._encode(batch.column(self.used["seq_id"]).to_numpy(zero_copy_only=False))
+        else:
+            row_codes = self.rows_done + np.arange(n_rows, dtype=np.int64)
+        seq = np.repeat(row_codes[ok], length[ok])  # (n_tokens,)
+        arrays = {f: flat(f) for f in ("logp_behav", "logp_current", "age", "advantage", "reward")}
+        mask = flat("mask")
+        if mask is not None:
+            keep = np.nan_to_num(mask, nan=0.0) != 0  # padding (0) and null flags drop out
+            seq = seq[keep]
+            arrays = {f: None if a is None else a[keep] for f, a in arrays.items()}
+        return TokenChunk(seq=seq, first_row=self.rows_done, mismatched_rows=int(bad.size), **arrays)
+
+    def _column_is_list(self, batch, name: str) -> bool:
+        kind = batch.schema.field(name).type
+        pa = self._pa
+        return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+
+    def _encode(self, ids: np.ndarray) -> np.ndarray:
+        """Dense int64 codes for arbitrary sequence ids, stable across chunks."""
+        if ids.dtype == object and any(v is None for v in ids[:1]):
+            raise ValueError(f"null seq_id near row {self.rows_done} of {self.path.name}")
+        try:
+            uniq, inverse = np.unique(ids, return_inverse=True)
+        except TypeError as exc:  # mixed types or nulls in an object column
+            raise ValueError(f"seq_id values near row {self.rows_done} are not comparable (nulls or mixed types)") \
+                from exc
+        codes = self._codes
+        uniq_codes = np.fromiter((codes.setdefault(u, len(codes)) for u in uniq.tolist()),
+                                 dtype=np.int64, count=len(uniq))
+        return uniq_codes[inverse.reshape(-1)]
+
+
+def _split(batch, rows: int) -> Iterator:
+    for start in range(0, batch.num_rows, rows):
+        yield batch.slice(start, rows)
+
+
+def _ours(exc: BaseException, pa) -> bool:
+    """A ValueError raised here (already one line), not a pyarrow error (some subclass ValueError)."""
+    return isinstance(exc, ValueError) and not isinstance(exc, pa.lib.ArrowException)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

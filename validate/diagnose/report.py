@@ -1,0 +1,84 @@
+"""Human-readable rendering of a diagnose report (the JSON dict of ``pipeline.diagnose``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+ROWS = (
+    ("ess_frac", "ESS fraction (Kish)"),
+    ("chi2", "chi^2 = mean r^2 - 1"),
+    ("d2", "D_2 = log mean r^2"),
+    ("kl_k1", "KL k1 = mean(-log r)"),
+    ("kl_k2", "KL k2 = mean((log r)^2)/2"),
+    ("kl_k3", "KL k3 = mean(r - 1 - log r)"),
+    ("m2", "M2 = mean((log r)^2)"),
+    ("ratio_min", "ratio min"),
+    ("ratio_mean", "ratio mean"),
+    ("ratio_max", "ratio max"),
+)
+
+
+def _fmt(x: Optional[float], digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "NO"
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float) and (math.isinf(x) or math.isnan(x)):
+        return str(x)
+    return f"{x:.{digits}g}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    line = lambda cells: "  " + "  ".join(c.rjust(w) if i else c.ljust(w)  # noqa: E731
+                                          for i, (c, w) in enumerate(zip(cells, widths)))
+    return [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+def render(report: dict) -> str:
+    """Tables: summary (token / sequence), bounds, by age, drift, what-if."""
+    seq = report.get("sequence") or {}
+    out = [f"replay-theory diagnose: {report['file']} ({report['format']}, {report['layout']} layout, "
+           f"preset {report['preset']})",
+           f"  {report['n_tokens']:,} tokens in {report['n_sequences']:,} sequences; r = pi_current / pi_behav"]
+    skipped = {k: v for k, v in (report.get("skipped") or {}).items() if v}
+    out.append("  skipped: " + (", ".join(f"{k} {v:,}" for k, v in skipped.items()) if skipped else "none"))
+    out.append("")
+    out += _table(["statistic", "token", "sequence"],
+                  [[label, _fmt(report.get(key)), _fmt(seq.get(key))] for key, label in ROWS])
+    q = report.get("ratio_quantiles") or {}
+    if q:
+        out.append("  ratio quantiles: " + "  ".join(f"{k} {_fmt(v, 3)}" for k, v in q.items()))
+    out += ["", "theory bounds (lhs <= rhs):"]
+    rows = []
+    for level in ("token", "sequence"):
+        for rel in (report.get("bounds") or {}).get(level, []):
+            rows.append([f"{level}: {rel['name']}", _fmt(rel["lhs"]), _fmt(rel["rhs"]), _fmt(rel["holds"]),
+                         _fmt(rel["slack"]), rel["source"]])
+    out += _table(["relation", "lhs", "rhs", "holds", "slack", "source"], rows)
+    if report.get("by_age"):
+        out += ["", "by sample age:"]
+        rows = [[f"{b['age_min']:g}" if b["age_min"] == b["age_max"] else f"{b['age_min']:g}-{b['age_max']:g}",
+                 _fmt(b["n_tokens"]), _fmt(b["ess_frac"]), _fmt(b["ess_bound"]), _fmt(b["chi2"]),
+                 _fmt(b["kl_k3"]), _fmt(b["m2"]), _fmt(b["ratio_max"])] for b in report["by_age"]]
+        out += _table(["age", "tokens", "ess_frac", "<= e^-KL", "chi2", "kl_k3", "m2", "ratio_max"], rows)
+    drift = report.get("drift")
+    if drift:
+        out.append("")
+        if "rate_per_step" in drift:
+            exp_text = "-" if drift["exponent"] is None else f"{drift['exponent']:.2f}"
+            out.append(f"KL drift: {drift['rate_per_step']:.4g} per step of age (floor {drift['floor']:.3g}), "
+                       f"looks {drift['shape']} (log-log exponent {exp_text}); FreshPER tau = 1/c = "
+                       f"{_fmt(drift['tau'])}")
+        else:
+            out.append(f"KL drift: {drift.get('reason', 'not fitted')}")
+    if report.get("what_if"):
+        out += ["", "what if (same tokens, other corrections; w = 0 where a token stops training):"]
+        rows = [[r["correction"], r["level"], "-" if r["param"] is None else _fmt(r["param"]),
+                 _fmt(r["flagged_frac"]), _fmt(r["ess_frac"]), _fmt(r["bias_proxy"]), r.get("note", "")]
+                for r in report["what_if"]]
+        out += _table(["correction", "level", "param", "flagged", "ess_frac", "bias_proxy", "note"], rows)
+    return "\n".join(out)

@@ -1,0 +1,131 @@
+"""Column schema of a rollout log, and ready mappings for the names TRL and verl use.
+
+A log is a table in one of two layouts:
+
+* ``long``: one row per token.  Columns (default names):
+
+  ============== ======== ===================================================
+  column         required meaning
+  ============== ======== ===================================================
+  seq_id         yes      sequence (response) identifier, any type
+  logp_behav     yes      log pi_behav(token): the sampler's log-prob
+  logp_current   yes      log pi_current(token): the learner's (or proximal)
+  position       no       token index in the response (reported, not needed)
+  age            no       policy versions between sampling and use (>= 0)
+  advantage      no       advantage of the token (or of its sequence)
+  reward         no       reward of the sequence (repeated on its tokens)
+  ============== ======== ===================================================
+
+* ``wide``: one row per sequence, the per-token quantities as lists of equal
+  length, padding marked by an optional 0/1 list ``mask``; ``age``,
+  ``advantage`` and ``reward`` may be scalars (per sequence) or lists.  This is
+  the shape of TRL's and verl's per-batch tensors written out row by row.
+
+The ratio the whole module studies is r = pi_current / pi_behav, computed as
+``log r = logp_current - logp_behav`` (samples are drawn under pi_behav).
+
+Presets (``--preset``):
+
+* ``default``: the long layout above.
+* ``trl``: TRL ``GRPOTrainer`` inputs (``trl/trainer/grpo_trainer.py``):
+  behaviour = ``sampling_per_token_logps`` (the vLLM sampler's log-probs),
+  current = ``per_token_logps`` (the learner at the update), padding =
+  ``completion_mask``, ``advantages``.  TRL's own vLLM importance-sampling
+  correction uses ``old_per_token_logps`` as the current side: pass
+  ``--columns logp_current=old_per_token_logps`` for that pair.
+* ``verl``: verl ``DataProto`` batch keys: behaviour = ``rollout_log_probs``
+  (the rollout engine), current = ``old_log_probs`` (the actor's recomputation,
+  the pair verl's rollout correction weights with), padding = ``response_mask``,
+  ``advantages``.
+
+Neither framework stores a per-sample policy-version gap in these tensors: log
+one (e.g. ``current_version - rollout_version``) and map it with
+``--columns age=NAME`` to get the by-age table, the drift fit and FreshPER.
+
+Every name can be overridden with ``--columns field=name,...``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Literal, Optional
+
+Layout = Literal["auto", "long", "wide"]
+
+#: fields of :class:`ColumnMap` that name a column (``layout`` does not).
+COLUMN_FIELDS = ("seq_id", "logp_behav", "logp_current", "position", "age", "advantage", "reward", "mask")
+#: columns that must be present (``seq_id`` only in the long layout).
+REQUIRED = ("logp_behav", "logp_current")
+
+
+@dataclass(frozen=True)
+class ColumnMap:
+    """Which column of the file holds which quantity; ``None`` = not logged."""
+
+    seq_id: Optional[str] = "seq_id"
+    logp_behav: str = "logp_behav"
+    logp_current: str = "logp_current"
+    position: Optional[str] = "position"
+    age: Optional[str] = "age"
+    advantage: Optional[str] = "advantage"
+    reward: Optional[str] = "reward"
+    mask: Optional[str] = None
+    layout: Layout = "auto"
+
+    def columns(self) -> dict[str, str]:
+        """field -> column name, for the fields that name a column."""
+        return {f: getattr(self, f) for f in COLUMN_FIELDS if getattr(self, f)}
+
+
+PRESETS: dict[str, ColumnMap] = {
+    "default": ColumnMap(),
+    "trl": ColumnMap(
+        seq_id=None,
+        logp_behav="sampling_per_token_logps",
+        logp_current="per_token_logps",
+        position=None,
+        age=None,
+        advantage="advantages",
+        reward=None,
+        mask="completion_mask",
+        layout="wide",
+    ),
+    "verl": ColumnMap(
+        seq_id=None,
+        logp_behav="rollout_log_probs",
+        logp_current="old_log_probs",
+        position=None,
+        age=None,
+        advantage="advantages",
+        reward=None,
+        mask="response_mask",
+        layout="wide",
+    ),
+}
+
+
+def resolve_columns(preset: str = "default", overrides: Optional[str] = None) -> ColumnMap:
+    """The preset's map with ``overrides`` ("field=name,field=name"; ``field=`` drops it) applied."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+    cmap = PRESETS[preset]
+    if not overrides:
+        return cmap
+    changes: dict[str, Optional[str]] = {}
+    valid = {f.name for f in fields(ColumnMap)}
+    for item in overrides.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if "=" not in item:
+            raise ValueError(f"columns must be field=name pairs separated by commas, got {item!r}")
+        key, value = (part.strip() for part in item.split("=", 1))
+        if key not in valid:
+            raise ValueError(f"columns: unknown field {key!r} (valid: {', '.join(sorted(valid))})")
+        if key == "layout":
+            if value not in ("auto", "long", "wide"):
+                raise ValueError(f"columns: layout must be auto, long or wide, got {value!r}")
+        elif key in REQUIRED and not value:
+            raise ValueError(f"columns: {key} is required and cannot be dropped")
+        changes[key] = value or None
+    return replace(cmap, **changes)

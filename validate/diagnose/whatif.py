@@ -1,0 +1,216 @@
+"""What-if: the same logged tokens under other off-policy corrections.
+
+For each correction the logged ratio r = pi_current / pi_behav becomes an
+effective importance weight w (0 for a token that no longer carries gradient),
+and we report over ALL tokens (or sequences):
+
+* ``flagged_frac``: fraction of tokens the correction touches (clipped,
+  truncated or masked): TRL ``clip_ratio/region_mean``, verl ``pg_clipfrac``,
+  M2PO's masked fraction;
+* ``ess_frac``: Kish (sum w)^2 / (n sum w^2) of the effective weights, masked
+  tokens counted as w = 0 (so masking lowers it: the ESS of what still trains);
+* ``bias_proxy``: mean(r - w), the IS mass the correction removes.  For
+  truncation at c this is E[(r - c)_+], the bias proxy of the Replay-RLOO
+  report (Sec. 3.2: E[min(c, r)] = 1 - E[(r - c)_+]); for a clip or mask it is
+  E[r 1{dropped}].
+
+Corrections (papers: FreshPER = shared/papers/freshper-prioritized-replay.txt,
+M2PO = shared/papers/m2po-stale-data.txt, Replay-RLOO = shared/papers/rloo-group-replay-countdown.txt):
+
+====================  =====================================================
+``ppo_clip`` eps      PPO / GRPO clip: a token with A > 0 and r > 1 + eps or
+                      A < 0 and r < 1 - eps gets no gradient (w = 0).
+                      Without advantages both sides count (the worst case).
+``tis`` c             truncated IS, w = min(r, c) (token) or min(R_seq, c).
+``mask`` c            rejection / icepop-style mask: w = 0 when r is outside
+                      [1/c, c] (token) or R_seq is (sequence).
+``m2po`` tau_M2       M2PO masking (Algorithm 1 and the reference-code
+                      variant, labelled), applied per block of
+                      ``m2po_batch_tokens`` consecutive tokens as the
+                      reference code applies it per micro-batch.  Needs
+                      advantages (the candidate set depends on their sign).
+``freshper`` tau      FreshPER age decay w = r e^{-age/tau} (Eq. 13).  Needs
+                      ages; computed after the pass from the per-age sums.
+====================  =====================================================
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from replay_theory.simulate.losses import m2po_mask
+from replay_theory.theory.group_replay import clipping_bias_proxy
+from replay_theory.validate.diagnose.accumulators import Moments, WeightSums
+
+M2PO_VARIANTS = ("algorithm1", "reference")
+
+
+@dataclass(frozen=True)
+class WhatIfConfig:
+    """The corrections to replay over the log, each with its parameter values."""
+
+    ppo_clip: tuple[float, ...] = (0.2, 0.28)
+    tis: tuple[float, ...] = (2.0, 5.0)
+    mask: tuple[float, ...] = (2.0, 5.0)
+    m2po: tuple[float, ...] = (0.04,)
+    m2po_batch_tokens: int = 32768
+    freshper_tau: tuple[float, ...] = (2.0, 8.0)
+
+    def __post_init__(self) -> None:
+        for name, lo, values in (("ppo_clip", 0.0, self.ppo_clip), ("tis", 1.0, self.tis),
+                                 ("mask", 1.0, self.mask), ("m2po", 0.0, self.m2po),
+                                 ("freshper_tau", 0.0, self.freshper_tau)):
+            for v in values:
+                if not (isinstance(v, (int, float)) and math.isfinite(v) and v > lo):
+                    raise ValueError(f"{name} values must be finite numbers > {lo:g}, got {v!r}")
+        if any(v >= 1.0 for v in self.ppo_clip):
+            raise ValueError(f"ppo_clip values must be in (0, 1), got {self.ppo_clip}")
+        if self.m2po_batch_tokens < 1:
+            raise ValueError(f"m2po_batch_tokens must be >= 1, got {self.m2po_batch_tokens}")
+
+
+def _row(correction: str, level: str, param, result: dict | None, note: str = "") -> dict:
+    row = {"correction": correction, "level": level, "param": param,
+           "flagged_frac": None, "ess_frac": None, "bias_proxy": None}
+    if result:
+        row.update(result)
+    if note:
+        row["note"] = note
+    return row
+
+
+def _dropped_mass(lr: np.ndarray, dropped: np.ndarray) -> np.ndarray:
+    """r on the dropped tokens, 0 elsewhere (inf only where r itself overflows)."""
+    with np.errstate(over="ignore"):
+        return np.where(dropped, np.exp(np.where(dropped, lr, 0.0)), 0.0)
+
+
+class TokenWhatIf:
+    """Streams token-level corrections; state: one :class:`WeightSums` each and the M2PO block."""
+
+    def __init__(self, config: WhatIfConfig, has_advantage: bool) -> None:
+        self.config = config
+        self.has_advantage = has_advantage
+        self.sums: dict[tuple, WeightSums] = {("none", None): WeightSums()}
+        for eps in config.ppo_clip:
+            self.sums[("ppo_clip", eps)] = WeightSums()
+        for c in config.tis:
+            self.sums[("tis", c)] = WeightSums()
+        for c in config.mask:
+            self.sums[("mask", c)] = WeightSums()
+        if has_advantage:
+            for tau in config.m2po:
+                for variant in M2PO_VARIANTS:
+                    self.sums[("m2po", (tau, variant))] = WeightSums()
+        self._pending_lr: list[np.ndarray] = []
+        self._pending_adv: list[np.ndarray] = []
+        self._pending = 0
+
+    def update(self, lr: np.ndarray, advantage: np.ndarray | None) -> None:
+        """Add one chunk: ``lr`` (n,) token log-ratios, ``advantage`` (n,) or None."""
+        none = np.zeros(lr.shape, dtype=bool)
+        self.sums[("none", None)].update(lr, none, np.zeros(lr.shape))
+        for eps in self.config.ppo_clip:
+            above, below = lr > math.log1p(eps), lr < math.log1p(-eps)
+            if advantage is not None:  # PPO clips only where the clipped term is the min
+                active = (above & (advantage > 0)) | (below & (advantage < 0))
+            else:
+                active = above | below
+            self.sums[("ppo_clip", eps)].update(np.where(active, -np.inf, lr), active, _dropped_mass(lr, active))
+        for c in self.config.tis:
+            log_c = math.log(c)
+            truncated = lr > log_c
+            excess = clipping_bias_proxy(lr, c) * lr.size if lr.size else np.zeros(0)  # sum (r - c)_+
+            self.sums[("tis", c)].update(np.minimum(lr, log_c), truncated, np.atleast_1d(excess))
+        for c in self.config.mask:
+            masked = np.abs(lr) > math.log(c)
+            self.sums[("mask", c)].update(np.where(masked, -np.inf, lr), masked, _dropped_mass(lr, masked))
+        if self.has_advantage:
+            self._pending_lr.append(lr)
+            self._pending_adv.append(advantage)
+            self._pending += lr.size
+            block = self.config.m2po_batch_tokens
+            if self._pending >= block:
+                lr_all = np.concatenate(self._pending_lr)
+                adv_all = np.concatenate(self._pending_adv)
+                full = (lr_all.size // block) * block
+                for start in range(0, full, block):
+                    self._m2po_block(lr_all[start:start + block], adv_all[start:start + block])
+                self._pending_lr, self._pending_adv = [lr_all[full:]], [adv_all[full:]]
+                self._pending = lr_all.size - full
+
+    def _m2po_block(self, lr: np.ndarray, adv: np.ndarray) -> None:
+        if lr.size == 0:
+            return
+        ones = np.ones((1, 1, lr.size), dtype=bool)
+        for tau in self.config.m2po:
+            for variant in M2PO_VARIANTS:
+                keep = m2po_mask(lr[None, None, :], adv[None, None, :], ones, tau, variant)[0, 0]  # (T,)
+                masked = ~keep
+                self.sums[("m2po", (tau, variant))].update(np.where(masked, -np.inf, lr), masked,
+                                                           _dropped_mass(lr, masked))
+
+    def rows(self) -> list[dict]:
+        """Finish the M2PO block in progress and return one row per correction."""
+        if self.has_advantage and self._pending:
+            self._m2po_block(np.concatenate(self._pending_lr), np.concatenate(self._pending_adv))
+            self._pending = 0
+            self._pending_lr, self._pending_adv = [], []
+        out = []
+        for (name, param), sums in self.sums.items():
+            if name == "m2po":
+                tau, variant = param
+                out.append(_row(f"m2po_{variant}", "token", tau, sums.result()))
+            else:
+                out.append(_row(name, "token", param, sums.result()))
+        if not self.has_advantage:
+            for tau in self.config.m2po:
+                out.append(_row("m2po", "token", tau, None, "needs an advantage column"))
+        return out
+
+
+def sequence_rows(seq_log_ratio: np.ndarray, config: WhatIfConfig) -> list[dict]:
+    """Sequence-level truncation and masking on the sequence log-ratios (n_seq,)."""
+    lr = np.asarray(seq_log_ratio, dtype=np.float64)
+    rows = []
+    base = WeightSums()
+    base.update(lr, np.zeros(lr.shape, dtype=bool), np.zeros(lr.shape))
+    rows.append(_row("none", "sequence", None, base.result()))
+    for c in config.tis:
+        sums = WeightSums()
+        excess = clipping_bias_proxy(lr, c) * lr.size if lr.size else 0.0  # E[(R - c)_+] * n, Sec. 3.2
+        sums.update(np.minimum(lr, math.log(c)), lr > math.log(c), np.atleast_1d(excess))  # Eq. (2), Replay-RLOO
+        rows.append(_row("tis", "sequence", c, sums.result()))
+    for c in config.mask:
+        masked = np.abs(lr) > math.log(c)
+        sums = WeightSums()
+        sums.update(np.where(masked, -np.inf, lr), masked, _dropped_mass(lr, masked))
+        rows.append(_row("mask", "sequence", c, sums.result()))
+    return rows
+
+
+def freshper_rows(by_age: Moments, ages: np.ndarray, taus) -> list[dict]:
+    """FreshPER age decay from the per-age sums: w = r e^{-age/tau} (Eq. 13), no second pass.
+
+    sum w = sum_a e^{-a/tau} e^{M_a} A_a and sum w^2 = sum_a e^{-2a/tau} e^{2 M_a} B_a,
+    combined in log space (``by_age`` groups are exact age values ``ages``).
+    """
+    seen = by_age.n > 0
+    a, A, B, top, n_age = ages[seen], by_age.A[seen], by_age.B[seen], by_age.lmax[seen], by_age.n[seen]
+    n = float(n_age.sum())
+    rows = []
+    for tau in taus:
+        if not (math.isfinite(tau) and tau > 0):
+            continue
+        log_decay = -a / tau  # Eq. (13), FreshPER: priority factor e^{-Delta / tau}
+        with np.errstate(divide="ignore"):
+            log_sum_w = np.logaddexp.reduce(log_decay + top + np.log(A))
+            log_sum_w2 = np.logaddexp.reduce(2.0 * (log_decay + top) + np.log(B))
+        ess = math.exp(2.0 * log_sum_w - log_sum_w2 - math.log(n)) if n else math.nan
+        rows.append(_row("freshper", "token", float(tau),
+                         {"ess_frac": min(ess, 1.0),
+                          "mean_age_weight": float(np.sum(n_age * np.exp(log_decay)) / n)}))
+    return rows
