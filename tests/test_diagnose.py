@@ -342,3 +342,21 @@ def test_missing_columns_and_bad_options(tmp_path, pair):
     (tmp_path / "x.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(ValueError, match="cannot read x.parquet as parquet"):
         diagnose(DiagnoseConfig(path=str(tmp_path / "x.parquet")))
+
+
+def test_ratio_quantiles_within_one_bin_of_numpy(tmp_path, pair):
+    rng = np.random.default_rng(13)
+    behav = -rng.exponential(size=4000)
+    lr = rng.normal(scale=0.3, size=4000)  # continuous, so every quantile is well defined
+    cols = {"seq_id": np.arange(4000) // 8, "logp_behav": behav - np.maximum(lr, 0), "logp_current": behav}
+    cols["logp_current"] = cols["logp_behav"] + lr
+    report = diagnose(DiagnoseConfig(path=_write(tmp_path / "q.parquet", cols, "parquet"), chunk_rows=999,
+                                     run_what_if=False))
+    for name, q in (("p01", 0.01), ("p25", 0.25), ("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
+        # 1e-3-wide log r bins: within one bin of the order statistic (the inverse empirical CDF)
+        assert math.log(report["ratio_quantiles"][name]) == pytest.approx(
+            float(np.quantile(lr, q, method="inverted_cdf")), abs=1.01e-3)
+    log_b, log_c = pair
+    exact = diagnose(DiagnoseConfig(path=_write(tmp_path / "p.parquet", _sample_log(rng, 2000, 8, log_b, log_c),
+                                                "parquet"), run_what_if=False))
+    assert exact["ratio_mean"] == pytest.approx(1.0, abs=0.03)  # E_behav[r] = 1 for an exact pair
