@@ -72,7 +72,10 @@ def group_advantage(reward: ArrayLike, normalize_std: bool = True, eps: float = 
     centred = r - r.mean(axis=-1, keepdims=True)  # (S, g, G)
     if not normalize_std:
         return centred  # Dr. GRPO: no std normalisation (ExGRPO App. D.1)
-    std = r.std(axis=-1, ddof=ddof, keepdims=True)  # (S, g, 1)
+    # r.std(axis=-1, ddof=ddof, keepdims=True), computed as numpy computes it (sqrt of the summed
+    # squares of r - mean over G - ddof) from the centred rewards already at hand: the same
+    # numbers (tests/test_losses.py), without np.std's second mean and Python overhead
+    std = np.sqrt(np.sum(centred * centred, axis=-1, keepdims=True) / (r.shape[-1] - ddof))  # (S, g, 1)
     with np.errstate(invalid="ignore", divide="ignore"):
         adv = centred / (std + eps)  # Eq. (2), M2PO: (r - mean) / std (+1e-6 in code)
     return np.where(std == 0.0, 0.0, adv)  # eps = 0 and a constant group: 0, not 0/0

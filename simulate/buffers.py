@@ -129,6 +129,11 @@ def _smallest_keys(keys: np.ndarray, m: int) -> np.ndarray:
     return np.take_along_axis(part, order, axis=1)
 
 
+def _take_slots(arr: np.ndarray, cells: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """arr (S, C, ...) at flat (seed, slot) indices ``cells`` (k,), reshaped to ``shape + arr.shape[2:]``."""
+    return np.take(arr.reshape((-1,) + arr.shape[2:]), cells, axis=0).reshape(shape + arr.shape[2:])
+
+
 # --- samples and storage ---------------------------------------------------------------------------
 
 
@@ -195,9 +200,17 @@ class RolloutStore:
             arr[rows, dst] = arr[rows, src]
 
     def take(self, rows: np.ndarray, slots: np.ndarray) -> RolloutBatch:
-        """RolloutBatch of store[rows, slots] with the standard RolloutBatch dtypes."""
+        """RolloutBatch of store[rows, slots] with the standard RolloutBatch dtypes (rows and slots broadcast)."""
+        cells = rows * self.prompt.shape[1] + slots  # (S, m) index into the flattened (S * capacity) slot axis
+        return self.take_cells(cells.ravel(), cells.shape)
+
+    def take_cells(self, cells: np.ndarray, shape: tuple[int, ...]) -> RolloutBatch:
+        """``take`` by flat index ``cells`` (k,) into the (S * capacity) slot axis, shaped ``shape`` (S, m).
+
+        One 1-D ``np.take`` per field: about 3x cheaper than indexing [rows, slots].
+        """
         return RolloutBatch(**{
-            f.name: getattr(self, f.name)[rows, slots].astype(_BATCH_DTYPES[f.name], copy=False)
+            f.name: _take_slots(getattr(self, f.name), cells, shape).astype(_BATCH_DTYPES[f.name], copy=False)
             for f in fields(RolloutBatch)
         })
 
@@ -290,32 +303,40 @@ class ReplayBuffer(ABC):
                 f"a batch of {n} rollouts exceeds capacity={self.capacity}; capacity must be >= rollouts per step"
             )
         slots = (self._ptr + np.arange(n)) % self.capacity  # (n,), FIFO order
-        cols = slots[None, :]
-        self._evict(self._rows, cols)  # App. B.5: FIFO eviction
-        self.store.write(self._rows, cols, batch, np.arange(n)[None, :])
-        self._reset(self._rows, cols)
+        if self._ptr + n <= self.capacity:  # one run of slots (always when R divides N): plain slicing
+            rows, cols, items = slice(None), slice(self._ptr, self._ptr + n), slice(None)
+        else:
+            rows, cols, items = self._rows, slots[None, :], np.arange(n)[None, :]
+        self._evict(rows, cols)  # App. B.5: FIFO eviction
+        self.store.write(rows, cols, batch, items)
+        self._reset(rows, cols)
         self._ptr = (self._ptr + n) % self.capacity
         return slots
 
-    def _created_of(self, index: np.ndarray) -> np.ndarray:
-        return self.store.created[self._rows, index]
+    def _cells(self, index: np.ndarray) -> np.ndarray:
+        """Flat (seed, item) indices (S*m,) of items ``index`` (S, m), into arrays raveled from (S, capacity)."""
+        return (index + self._rows * self.use_count.shape[1]).ravel()
 
-    def _take(self, index: np.ndarray) -> RolloutBatch:
-        return self.store.take(self._rows, index)
+    def _created_of(self, index: np.ndarray, batch: RolloutBatch) -> np.ndarray:
+        """Creation step of each sampled item (S, B): here the items are the sampled rollouts themselves."""
+        return batch.created
+
+    def _take(self, index: np.ndarray, cells: np.ndarray | None = None) -> RolloutBatch:
+        return self.store.take_cells(self._cells(index) if cells is None else cells, index.shape)
 
     def _finish_sample(self, index: np.ndarray, weight: np.ndarray, step: int,
                        valid: np.ndarray | None = None) -> Sample:
         """Staleness and time since last use (before this draw), then record the use."""
-        rows = np.broadcast_to(self._rows, index.shape)
-        staleness = step - self._created_of(index)
-        last = self.last_used[rows, index]
+        cells = self._cells(index)  # (S*B,)
+        batch = self._take(index, cells)
+        staleness = step - self._created_of(index, batch)
+        last = np.take(self.last_used, cells).reshape(index.shape)  # last_used[rows, index]
         since = np.where(last >= 0, step - last, -1)
-        rec_rows, rec_idx = (rows, index) if valid is None else (rows[valid], index[valid])
-        flat = (rec_rows * self.use_count.shape[1] + rec_idx).ravel()  # a slot drawn twice counts twice
-        self.use_count += np.bincount(flat, minlength=self.use_count.size).reshape(self.use_count.shape)
-        self.last_used[rec_rows, rec_idx] = step
-        return Sample(index=index, weight=weight, batch=self._take(index), staleness=staleness,
-                      time_since_last_use=since, valid=valid)
+        used = cells if valid is None else cells[valid.ravel()]  # a slot drawn twice counts twice
+        self.use_count += np.bincount(used, minlength=self.use_count.size).reshape(self.use_count.shape)
+        np.put(self.last_used, used, step)  # last_used[rows, index] = step
+        return Sample(index=index, weight=weight, batch=batch, staleness=staleness, time_since_last_use=since,
+                      valid=valid)
 
     def _require_nonempty(self) -> None:
         if np.any(self.size == 0):
@@ -361,7 +382,7 @@ class _UniformBuffer(ReplayBuffer):
         return _smallest_keys(keys, batch_size)  # App. B.5: random.sample(buffer, B)
 
     def sample(self, batch_size: int, step: int, rng: np.random.Generator) -> Sample:
-        B = _int_param("batch_size", batch_size, 1)
+        B = batch_size if type(batch_size) is int and batch_size >= 1 else _int_param("batch_size", batch_size, 1)
         self._require_nonempty()
         if not self.replacement and B > int(self.size.min()):
             raise ValueError(
@@ -389,10 +410,17 @@ class FifoBuffer(_UniformBuffer):
         super().__init__(num_seeds, capacity, seq_len, replacement, token_dtype=token_dtype, logp_dtype=logp_dtype)
         self._ptr = 0
         self._prefix_valid = True  # the ring fills slots 0, 1, ... and never frees one
+        self._filled = 0
+
+    @property
+    def size(self) -> np.ndarray:
+        """Filled items per seed, (S,): the ring's fill, the same for every seed (= valid.sum(axis=1))."""
+        return np.full(self.num_seeds, self._filled, dtype=np.int64)
 
     def add(self, batch: RolloutBatch, step: int) -> None:
         self._check_batch(batch)
         self._ring_write(batch)
+        self._filled = min(self._filled + batch.size, self.capacity)
         self._order = None
 
 
@@ -747,10 +775,10 @@ class GroupReplayBuffer(ReplayBuffer):
         """Alias of ``sample_groups`` (``batch_size`` counts groups)."""
         return self.sample_groups(batch_size, step, rng)
 
-    def _created_of(self, index: np.ndarray) -> np.ndarray:
-        return self.group_created[self._rows, index]
+    def _created_of(self, index: np.ndarray, batch: RolloutBatch) -> np.ndarray:
+        return self.group_created[self._rows, index]  # per GROUP (the batch holds their responses)
 
-    def _take(self, index: np.ndarray) -> RolloutBatch:
+    def _take(self, index: np.ndarray, cells: np.ndarray | None = None) -> RolloutBatch:
         return self.store.take(self._rows, self._response_slots(index))
 
 

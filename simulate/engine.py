@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from replay_theory.simulate.blas import single_threaded_blas
 from replay_theory.simulate.config import SimConfig
 from replay_theory.simulate.rng import PerSeedGenerator
 from replay_theory.simulate.rollouts import Environment, RolloutBatch
@@ -34,9 +35,13 @@ from replay_theory.theory import divergences as div
 AGE_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # left edges, log2-spaced
 
 
+# bucket of every staleness 0 .. 1024 (the last left edge): one table look-up instead of a binary search
+_AGE_TABLE = np.searchsorted(np.asarray(AGE_BUCKETS), np.arange(AGE_BUCKETS[-1] + 1), side="right") - 1
+
+
 def age_bucket(staleness: np.ndarray) -> np.ndarray:
-    """Index of the AGE_BUCKETS bin of each staleness value."""
-    return np.searchsorted(np.asarray(AGE_BUCKETS), staleness, side="right") - 1
+    """Index of the AGE_BUCKETS bin of each staleness value (>= 0)."""
+    return np.take(_AGE_TABLE, staleness, mode="clip")  # beyond 1024: the last bucket
 
 
 @dataclass
@@ -126,10 +131,11 @@ def generate(env: Environment, config: SimConfig, params: np.ndarray, num_groups
     reward = env.reward(prompts, tokens, mask)  # (S, n)
     advantage = make_advantage(config, reward.reshape(S, num_groups, G)).reshape(S, -1)
     n = num_groups * G
+    # astype copies the broadcast views into arrays of their own
     created = np.broadcast_to(np.asarray(version).reshape(-1, 1) if np.ndim(version) else version, (S, n)).astype(np.int64)
     group = np.broadcast_to(group_offset + np.repeat(np.arange(num_groups), G), (S, n)).astype(np.int64)
     return RolloutBatch(prompt=prompts, tokens=tokens, mask=mask, logp_behav=logp, reward=reward,
-                        advantage=advantage, created=created.copy(), group=group.copy())
+                        advantage=advantage, created=created, group=group)
 
 
 # --------------------------------------------------------------------------- losses
@@ -202,12 +208,16 @@ class _Recorder:
         The token-level estimators come from ``loss_metrics`` when the loss already
         computed them on this batch (every loss with a behaviour policy does), else here.
         """
+        from replay_theory.simulate.losses import ess_kish_fraction_finite
+
         self.staleness_counts = self._add_hist(self.staleness_counts, staleness.ravel())
         self.tslu_counts = self._add_hist(self.tslu_counts, tslu.ravel())
         token_lr = np.where(batch.mask, logp_new - batch.logp_behav, 0.0)  # (S, B, L)
         seq_lr = token_lr.sum(axis=-1)  # (S, B): sequence log-ratio = sum of token log-ratios
         mask = batch.mask
-        self.put("ess_frac", step, div.ess_kish_fraction(seq_lr))  # sequence level: the product of token ratios
+        # sequence level: the product of token ratios (div.ess_kish_fraction, without its checks when all finite)
+        finite = np.isfinite(seq_lr).all()
+        self.put("ess_frac", step, ess_kish_fraction_finite(seq_lr) if finite else div.ess_kish_fraction(seq_lr))
         flat_lr = token_lr.reshape(self.num_seeds, -1)
         flat_mask = mask.reshape(self.num_seeds, -1)
         if loss_metrics is not None and all(k in loss_metrics for k in self.TOKEN_STATS):
@@ -216,7 +226,7 @@ class _Recorder:
             token_stats = div.sample_statistics(flat_lr, mask=flat_mask)
         for name in self.TOKEN_STATS:
             self.put(name, step, token_stats[name])  # token level, verl/TRL style
-        self.put("staleness_mean", step, staleness.mean(axis=1))
+        self.put("staleness_mean", step, np.sum(staleness, axis=1) / staleness.shape[1])  # = .mean(axis=1)
         self.put("staleness_max", step, staleness.max(axis=1))
         self._record_ess_by_age(seq_lr, staleness)
 
@@ -224,13 +234,14 @@ class _Recorder:
         """Kish ESS fraction of each (seed, age bucket) cell with >= 2 samples, accumulated over steps."""
         S = seq_lr.shape[0]
         nb = len(AGE_BUCKETS)
-        cell = np.arange(S)[:, None] * nb + age_bucket(staleness)  # (S, B) flat (seed, bucket) index
+        cell = (age_bucket(staleness) + np.arange(0, S * nb, nb)[:, None]).ravel()  # (S*B,) flat (seed, bucket)
+        lr = seq_lr.ravel()
         top = np.full(S * nb, -np.inf)
-        np.maximum.at(top, cell.ravel(), seq_lr.ravel())  # per-cell max: weights rescaled into (0, 1]
-        w = np.exp(seq_lr - top[cell])  # (S, B)
-        count = np.bincount(cell.ravel(), minlength=S * nb)
-        sum_w = np.bincount(cell.ravel(), weights=w.ravel(), minlength=S * nb)
-        sum_w2 = np.bincount(cell.ravel(), weights=(w * w).ravel(), minlength=S * nb)
+        np.maximum.at(top, cell, lr)  # per-cell max: weights rescaled into (0, 1]
+        w = np.exp(lr - np.take(top, cell))  # (S*B,)
+        count = np.bincount(cell, minlength=S * nb)
+        sum_w = np.bincount(cell, weights=w, minlength=S * nb)
+        sum_w2 = np.bincount(cell, weights=w * w, minlength=S * nb)
         ok = count >= 2
         frac = np.zeros(S * nb)
         frac[ok] = sum_w[ok] ** 2 / (count[ok] * sum_w2[ok])  # Kish ESS / n within the cell
@@ -339,8 +350,14 @@ def run(config: SimConfig, progress=None, observer=None) -> RunResult:
     """Run one configuration for all its seeds.
 
     ``progress(step)`` is called after each step; ``observer(step, params, history, buffer, env)``
-    too (calibration measures the noise profile through it).
+    too (calibration measures the noise profile through it). BLAS runs on one thread meanwhile
+    (simulate/blas.py: the products are too small to gain from more; the results are the same).
     """
+    with single_threaded_blas():
+        return _run(config, progress, observer)
+
+
+def _run(config: SimConfig, progress, observer) -> RunResult:
     config = config.validated()
     if config.buffer == "exgrpo":
         from replay_theory.simulate.exgrpo_loop import run_exgrpo
@@ -385,8 +402,9 @@ def run(config: SimConfig, progress=None, observer=None) -> RunResult:
             rec.put(name, step, value)
         rec.put("loss", step, out.loss)
         if fresh_reward is not None:
-            rec.put("reward", step, fresh_reward.mean(axis=1))
-            rec.put("accuracy_train", step, (fresh_reward == 1.0).mean(axis=1))
+            n = fresh_reward.shape[1]  # means as sums / n: what .mean(axis=1) computes, without its overhead
+            rec.put("reward", step, np.sum(fresh_reward, axis=1) / n)
+            rec.put("accuracy_train", step, np.count_nonzero(fresh_reward == 1.0, axis=1) / n)
 
         trained = train.size
         k_training += trained

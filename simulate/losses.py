@@ -61,6 +61,7 @@ tokens, ``kl_k3`` (estimates KL(pi_behav || pi_new)), ``m2`` = mean (log r)^2.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
@@ -68,7 +69,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from replay_theory.theory._checks import require_nonnegative, require_positive
-from replay_theory.theory.divergences import ess_kish_fraction, ratio_stats, sample_statistics, sequence_log_ratio
+from replay_theory.theory.divergences import (_k3_terms, ess_kish_fraction, ratio_stats, sample_statistics,
+                                               sequence_log_ratio)
 from replay_theory.theory.exgrpo import shaping, shaping_gradient_weight
 from replay_theory.theory.group_replay import clipped_sequence_weight
 
@@ -164,7 +166,7 @@ def _token_advantage(advantage: ArrayLike, m: np.ndarray) -> np.ndarray:
     """Advantage per token (S, n, L), 0 on padding; accepts (S, n) (constant over a response) or (S, n, L)."""
     a = np.asarray(advantage, dtype=np.float64)
     if a.shape == m.shape[:2]:
-        a = np.broadcast_to(a[..., None], m.shape)  # Eq. (2), M2PO: A constant over the tokens of o_i
+        a = a[..., None]  # Eq. (2), M2PO: A constant over the tokens of o_i (broadcast over L by the where)
     elif a.shape != m.shape:
         raise ValueError(f"advantage must have shape (S, n) = {m.shape[:2]} or (S, n, L) = {m.shape}, got {a.shape}")
     a = np.where(m, a, 0.0)
@@ -202,12 +204,16 @@ def _flat(x: np.ndarray) -> np.ndarray:
 
 def _token_mean(x: np.ndarray, m: np.ndarray) -> np.ndarray:
     """Mean of x over the real tokens of each seed (S,)."""
+    if x.dtype == np.bool_:  # a fraction of tokens: the same count, without a float copy
+        return (x & m).sum(axis=(1, 2)) / m.sum(axis=(1, 2))
     return np.sum(np.where(m, x, 0.0), axis=(1, 2)) / m.sum(axis=(1, 2))
 
 
 def _ratio_metrics(log_ratio: np.ndarray, m: np.ndarray) -> dict[str, np.ndarray]:
     """Token-level IS diagnostics over real tokens, each (S,), computed in log space."""
     lr, mf = _flat(log_ratio), _flat(m)
+    if mf.all() and np.isfinite(lr).all():
+        return _dense_ratio_metrics(lr)  # the common case, the same numbers in one pass
     out = {k: np.asarray(v) for k, v in ratio_stats(lr, mf).items()}  # is_ratio_{min,mean,max,std}
     stats = sample_statistics(lr, mf)  # one pass over the same estimators as theory.divergences
     out["ess_frac"] = np.asarray(stats["ess_frac"])  # Kish (sum r)^2 / (N sum r^2)
@@ -218,12 +224,69 @@ def _ratio_metrics(log_ratio: np.ndarray, m: np.ndarray) -> dict[str, np.ndarray
     return out
 
 
+def _dense_ratio_metrics(lr: np.ndarray) -> dict[str, np.ndarray]:
+    """``_ratio_metrics`` of finite log-ratios ``lr`` (S, N) with every token real: the same numbers, bit for bit.
+
+    theory.divergences' ``ratio_stats`` and ``sample_statistics`` each validate,
+    mask and recompute the row max, exp(lr - max) and its sum (six log-sum-exps
+    and max passes in all). Here each quantity is the same floating-point
+    expression as there, with the masks (all True) and the branches for
+    infinite log-ratios (never taken) dropped, and the shared pieces computed
+    once. tests/test_losses.py checks the equality against those functions.
+    """
+    n, top, scaled, total, ess = _kish_parts(lr)
+    log_n = np.log(n)
+    log_total = np.log(total) + top[:, 0]  # log sum r (_logsumexp)
+    w = 1.0 / n[:, None]  # (S, 1) the population weights of _log_var_exp
+    mu = np.sum(w * scaled, axis=-1, keepdims=True)
+    with np.errstate(all="ignore"):  # as there: log 0 = -inf (on-policy, Var r = 0) is a value, not an error
+        log_var = 2.0 * top[:, 0] + np.log(np.sum(w * (scaled - mu) ** 2, axis=-1))  # log Var(r) (_log_var_exp)
+        square = np.sum(lr * lr, axis=-1) / n  # mean (log r)^2
+        twice = 2.0 * lr
+        top2 = 2.0 * top  # = max(2 lr): doubling is exact and monotone
+        d2 = np.log(np.sum(np.exp(twice - top2), axis=-1)) + top2[:, 0] - log_n  # log mean r^2, Eq. (23) FreshPER
+        return {
+            "is_ratio_min": np.exp(lr.min(axis=-1)),
+            "is_ratio_mean": np.exp(log_total - log_n),
+            "is_ratio_max": np.exp(top[:, 0]),
+            "is_ratio_std": np.exp(0.5 * log_var),
+            "ess_frac": ess / n,
+            "kl_k3": np.sum(_k3_terms(lr), axis=-1) / n,  # KL(pi_behav || pi_new), k3 estimator
+            "m2": square,  # Eq. (4), M2PO
+            "kl_k1": np.sum(-lr, axis=-1) / n,  # Eq. (3), M2PO
+            "kl_k2": 0.5 * square,
+            "d2": d2,
+            "chi2": np.expm1(d2),  # Eq. (24), FreshPER
+        }
+
+
+def _kish_parts(lr: np.ndarray) -> tuple[np.ndarray, ...]:
+    """n (S,), max (S, 1), exp(lr - max) (S, N), its sum (S,) and the Kish ESS (S,) of finite ``lr`` (S, N)."""
+    n = np.full(lr.shape[0], float(lr.shape[1]))  # (S,) samples per seed
+    top = lr.max(axis=-1, keepdims=True)  # (S, 1) the shift of every log-sum-exp
+    scaled = np.exp(lr - top)  # (S, N) r / max r, in (0, 1]
+    total = np.sum(scaled, axis=-1)  # (S,)
+    with np.errstate(all="ignore"):
+        ess = np.minimum(total**2 / np.sum(scaled**2, axis=-1), n)  # Kish (sum r)^2 / sum r^2 (_ess_kish_prepared)
+    return n, top, scaled, total, ess
+
+
+def ess_kish_fraction_finite(log_ratio: np.ndarray) -> np.ndarray:
+    """theory.divergences.ess_kish_fraction of finite log-ratios (S, N), bit for bit, without its checks: (S,)."""
+    n, _, _, _, ess = _kish_parts(log_ratio)
+    return ess / n
+
+
 def _require_eps(name: str, eps: float) -> None:
     require_nonnegative(name, eps, allow_inf=True)
 
 
+@functools.lru_cache(maxsize=64)
 def _log_bounds(eps_low: float, eps_high: float) -> tuple[float, float]:
-    """Clip range [1 - eps_low, 1 + eps_high] as log-bounds; eps_low >= 1 means no lower bound."""
+    """Clip range [1 - eps_low, 1 + eps_high] as log-bounds; eps_low >= 1 means no lower bound.
+
+    Cached: a run asks for the same two bounds every step (an invalid eps raises every time).
+    """
     _require_eps("eps_low", eps_low)
     _require_eps("eps_high", eps_high)
     log_lo = float(np.log1p(-eps_low)) if eps_low < 1.0 else -np.inf
@@ -299,11 +362,12 @@ def grpo(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask:
     weights = _token_weights(m, aggregation)
     log_lo, log_hi = _log_bounds(eps_low, eps_high)
     objective, d_objective, low, high = _clipped_surrogate(lr, adv, m, log_lo, log_hi)
+    clipped = _token_mean(low | high, m)
     metrics = {
         "clip_ratio/low_mean": _token_mean(low, m),
         "clip_ratio/high_mean": _token_mean(high, m),
-        "clip_ratio/region_mean": _token_mean(low | high, m),
-        "pg_clipfrac": _token_mean(low | high, m),
+        "clip_ratio/region_mean": clipped,
+        "pg_clipfrac": clipped.copy(),
         **_ratio_metrics(lr, m),
     }
     return _output(objective, d_objective, weights, metrics)

@@ -602,3 +602,36 @@ def test_group_advantage_hand_values():
     np.testing.assert_allclose(adv_mod.get_advantage("dr-grpo")(reward), dr, rtol=0)
     with pytest.raises(ValueError, match=r"shape \(S, g, G\)"):
         adv_mod.group_advantage(np.ones((2, 4)))
+
+
+@pytest.mark.parametrize("scale", [0.0, 0.3, 40.0])  # on-policy (Var r = 0), typical, huge ratios
+def test_dense_ratio_metrics_equal_the_masked_estimators_bit_for_bit(scale):
+    from replay_theory.simulate.losses import _dense_ratio_metrics, _ratio_metrics
+    from replay_theory.theory.divergences import ratio_stats, sample_statistics
+
+    lr = scale * np.random.default_rng(5).standard_normal((4, 37, 1))  # (S, n, L)
+    flat, every = lr.reshape(4, -1), np.ones((4, 37), dtype=bool)
+    fast = _dense_ratio_metrics(flat)
+    slow = {**ratio_stats(flat, every), **sample_statistics(flat, every)}
+    for name, value in fast.items():
+        np.testing.assert_array_equal(value, slow[name], err_msg=name)
+    from replay_theory.simulate.losses import ess_kish_fraction_finite
+    from replay_theory.theory.divergences import ess_kish_fraction
+
+    np.testing.assert_array_equal(ess_kish_fraction_finite(flat), ess_kish_fraction(flat))
+    assert _ratio_metrics(lr, np.ones(lr.shape, dtype=bool)).keys() == fast.keys()
+    padded = np.ones(lr.shape, dtype=bool)
+    padded[0, -1] = False  # the masked path: same keys in the same order
+    assert list(_ratio_metrics(lr, padded)) == list(fast)
+
+
+@pytest.mark.parametrize("ddof", [0, 1])
+@pytest.mark.parametrize("kind", ["verifier", "continuous"])
+def test_group_advantage_uses_numpys_std_bit_for_bit(ddof, kind):
+    rng = np.random.default_rng(9)
+    shape = (5, 7, 8)
+    r = rng.choice([0.0, 0.1, 1.0], size=shape) if kind == "verifier" else rng.standard_normal(shape) * 3.0
+    std = r.std(axis=-1, ddof=ddof, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        want = np.where(std == 0.0, 0.0, (r - r.mean(axis=-1, keepdims=True)) / (std + 1e-6))
+    np.testing.assert_array_equal(adv_mod.group_advantage(r, ddof=ddof), want)
