@@ -1,8 +1,19 @@
-"""Tiny-model throughput on this CPU: generation and training tokens per second, and the measured mu.
+"""Tiny-model throughput on this CPU: generation and training tokens/s, and the tiny setting's mu.
 
-mu here = seconds to generate one completion / seconds to train on one completion (the Table 1
-meaning), from HF-style sampling (validate.model.generate) and one GRPO update (validate.rl).
-Run: `python bench/bench_validate.py [--batch 64] [--new-tokens 16]`. Needs the validate extra.
+Paper: experience-replay (shared/papers/experience-replay-optimal-buffer.txt), Sec. 2 / Table 1:
+mu = cost of generating one rollout / cost of processing it in a gradient update. Here:
+
+* sampling alone: ``validate.model.generate`` (the HF engine), tokens/s of sampled tokens;
+* the RL generation step: ``validate.rl.generate_batch`` = sampling + the trainer's behaviour
+  log-prob pass + rewards, i.e. what ``RLResult.mu_timing`` charges to generation;
+* the RL training step: ``validate.rl.update_step`` (GRPO, the same code as ``train``), on
+  full-length completions (the update's worst case), tokens/s of completion tokens;
+* mu (timing) = generation-step seconds per completion / training-step seconds per completion;
+* mu (App. E counts) = K_training / K_inference over ``--window`` seconds of the emulated
+  W = T = 1 pipeline (``validate.calibrate.measure_mu_count``).
+
+Run: ``python bench/bench_validate.py [--batch 64] [--new-tokens 16] [--window 3]``. Needs the validate
+extra. Timings are medians over ``--repeats``; they depend on what else runs on the machine.
 """
 
 from __future__ import annotations
@@ -14,51 +25,70 @@ import numpy as np
 import torch
 
 from replay_theory.validate import countdown
+from replay_theory.validate.calibrate import measure_mu_count
 from replay_theory.validate.loop import TINY_MODEL
-from replay_theory.validate.model import ModelConfig, encode_prompts, generate, load_policy, sequence_logprobs
+from replay_theory.validate.model import ModelConfig, generate, load_policy
+from replay_theory.validate.rl import RLConfig, generate_batch, update_step
+
+
+def _median_seconds(fn, repeats: int) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)), out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=64, help="completions per generation and per update")
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--window", type=float, default=3.0, help="seconds of the App. E count window (0: skip)")
     args = parser.parse_args()
-    problems, _ = countdown.make_splits(args.batch, 1, seed=0, num_numbers=(3,), number_range=(1, 9),
+    if args.batch % 8:
+        parser.error("--batch must be a multiple of the group size 8")
+    problems, _ = countdown.make_splits(max(args.batch, 64), 1, seed=0, num_numbers=(3,), number_range=(1, 9),
                                        target_range=(1, 40))
     policy = load_policy(ModelConfig(**TINY_MODEL), countdown.ALPHABET)
-    prompts = [p.prompt_text() for p in problems]
+    prompts = [p.prompt_text() for p in problems[: args.batch]]
     generator = torch.Generator().manual_seed(0)
-    generate(policy, prompts, 1, args.new_tokens, 1.0, generator)  # warm up
+    config = RLConfig(steps=1, rollouts_per_step=args.batch, group_size=8, batch_size=args.batch,
+                      capacity=args.batch, max_new_tokens=args.new_tokens, lr=1e-4)
 
-    gen_times, gen_tokens = [], 0
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        rollouts = generate(policy, prompts, 1, args.new_tokens, 1.0, generator)
-        gen_times.append(time.perf_counter() - start)
-        gen_tokens += int(rollouts.completion_mask.sum())
-    ids = torch.nn.functional.pad(rollouts.completion_ids, (0, args.new_tokens - rollouts.completion_ids.shape[1]))
-    mask = torch.ones_like(ids)  # train on full-length completions: the update's worst case
-    prompt_ids, prompt_mask = encode_prompts(policy, prompts)
-    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-4)
-    train_times = []
+    # sampling alone: one completion per prompt
+    generate(policy, prompts, 1, args.new_tokens, 1.0, generator)  # warm-up
+    sample_s, rollouts = _median_seconds(lambda: generate(policy, prompts, 1, args.new_tokens, 1.0, generator),
+                                         args.repeats)
+    sampled_tokens = int(rollouts.completion_mask.sum())
+
+    # the RL generation step: batch / 8 prompts x 8 samples, scored, behaviour log-probs from the trainer
+    index = np.arange(args.batch // 8)
+    step_s, (batch, _) = _median_seconds(
+        lambda: generate_batch(policy, problems, index, config, 0, 0, generator), args.repeats)
+    batch.mask[:] = True  # train on full-length completions: the update's worst case
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=config.lr)
     policy.model.train()
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        logp = sequence_logprobs(policy, prompt_ids, prompt_mask, ids, mask)
-        loss = -(logp * torch.randn(logp.shape[0], 1, generator=generator)).sum() / logp.numel()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        train_times.append(time.perf_counter() - start)
-    gen_s, train_s = float(np.median(gen_times)), float(np.median(train_times))
-    gen_tps = gen_tokens / args.repeats / gen_s
-    train_tps = ids.numel() / train_s
+    update_step(policy, optimizer, problems, config, batch)  # warm-up
+    train_s, _ = _median_seconds(lambda: update_step(policy, optimizer, problems, config, batch), args.repeats)
+    policy.model.eval()
+    train_tokens = int(batch.mask.sum())
+
     print(f"tiny Qwen2 ({sum(p.numel() for p in policy.model.parameters()):,} parameters), batch {args.batch}, "
           f"{args.new_tokens} new tokens, {torch.get_num_threads()} torch threads")
-    print(f"generation: {gen_s * 1e3:.1f} ms per batch, {gen_tps:,.0f} sampled tokens/s")
-    print(f"training:   {train_s * 1e3:.1f} ms per update, {train_tps:,.0f} completion tokens/s (forward + backward + AdamW)")
-    print(f"mu (generation / update time per completion) = {gen_s / train_s:.2f}")
+    print(f"generation (sampling only): {sample_s * 1e3:.1f} ms per batch, "
+          f"{sampled_tokens / sample_s:,.0f} sampled tokens/s")
+    print(f"generation (RL step: sampling + behaviour log-probs + rewards): {step_s * 1e3:.1f} ms per batch, "
+          f"{step_s / args.batch * 1e3:.2f} ms per completion")
+    print(f"training (RL step: GRPO forward + backward + AdamW): {train_s * 1e3:.1f} ms per update, "
+          f"{train_tokens / train_s:,.0f} completion tokens/s, {train_s / args.batch * 1e3:.2f} ms per completion")
+    print(f"HF generation cost relative to a training step (per completion) = tiny mu (timing): "
+          f"{step_s / train_s:.2f} (sampling only: {sample_s / train_s:.2f})")
+    if args.window > 0:
+        count = measure_mu_count(policy, problems, config, args.window)
+        print(f"mu (App. E counts, {args.window:g} s window, W = T = 1): K_inference = {count['k_inference']}, "
+              f"K_training = {count['k_training']}, mu = {count['mu']:.2f}")
 
 
 if __name__ == "__main__":

@@ -160,18 +160,31 @@ def register(app: typer.Typer) -> None:
                                     "(needs the validate extra).", no_args_is_help=True)
     app.add_typer(validate_app, name="validate")
 
+    engine_help = "Rollout engine: hf (HF sampling loop, any device), vllm (CUDA) or auto (vllm when installed, on CUDA)."
+
+    def run_options(engine, sync_every, micro_batch, gpu_memory, lr) -> dict:
+        return {"engine": engine, "sync_every": sync_every, "micro_batch_size": micro_batch,
+                "gpu_memory_utilization": gpu_memory, "lr": lr}
+
     @validate_app.command("calibrate")
     def validate_calibrate(
         out: Path = typer.Option(..., "--out", help="Run directory (resumed: finished steps are skipped)."),
         model: str = typer.Option("tiny", "--model", help="'tiny' or a local checkpoint / hub id."),
-        device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+        device: str = typer.Option("cpu", "--device", help="cpu or cuda (bf16 autocast over fp32 weights on cuda)."),
+        engine: str = typer.Option("hf", "--engine", help=engine_help),
+        sync_every: int = typer.Option(1, "--sync-every", help="Updates between weight syncs trainer -> engine."),
+        micro_batch: int = typer.Option(0, "--micro-batch", help="Completions per forward/backward (0: whole batch)."),
+        gpu_memory: float = typer.Option(0.3, "--gpu-memory-utilization", help="vLLM's share of the GPU."),
+        lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate of the probe and verify runs."),
+        mu_window: float = typer.Option(3.0, "--mu-window", help="Seconds of the App. E count-based mu (0: skip)."),
         tiny: bool = typer.Option(True, "--tiny/--full", help="Small problem and probe sizes for a CPU."),
         seed: int = typer.Option(0, "--seed"),
     ) -> None:
         """Warm-start, probe and measure mu, sigma^2(s), rho and KL drift; writes calibration.json and profile.json."""
         from replay_theory.validate.loop import ValidateConfig, run_calibrate
 
-        config = ValidateConfig(model=model, device=device, seed=seed)
+        config = ValidateConfig(model=model, device=device, seed=seed, mu_window_seconds=mu_window,
+                                **run_options(engine, sync_every, micro_batch, gpu_memory, lr))
         if not tiny:
             config = dataclasses.replace(config, n_train=5000, probe_steps=64, samples=256)
         run_calibrate(config, out, log=typer.echo)
@@ -182,33 +195,47 @@ def register(app: typer.Typer) -> None:
         mu: Optional[float] = typer.Option(None, "--mu", help="Override the measured mu (rollout-cost meaning)."),
     ) -> None:
         """Thm 3.5 on the measured profile: predicted.json with x*, y* and integer N, B, R."""
-        from replay_theory.validate.loop import ValidateConfig, run_predict
+        from replay_theory.validate.loop import load_run_config, run_predict
 
-        run_predict(ValidateConfig(), out, mu=mu, log=typer.echo)
+        run_predict(load_run_config(out), out, mu=mu, log=typer.echo)
 
     @validate_app.command("verify")
     def validate_verify(
         out: Path = typer.Option(..., "--out", help="Run directory holding predicted.json."),
         seeds: int = typer.Option(2, "--seeds", help="Seeds per design."),
         budget: int = typer.Option(24, "--budget-updates", help="Compute budget, in on-policy updates."),
+        device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: calibrate's)."),
+        engine: Optional[str] = typer.Option(None, "--engine", help=engine_help + " Default: calibrate's."),
+        sync_every: Optional[int] = typer.Option(None, "--sync-every", help="Default: calibrate's."),
+        micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Default: calibrate's."),
+        gpu_memory: Optional[float] = typer.Option(None, "--gpu-memory-utilization", help="Default: calibrate's."),
     ) -> None:
         """Train on-policy, the prediction and designs around it at equal compute; writes report.json/.md/.png."""
-        from replay_theory.validate.loop import ValidateConfig, run_verify
+        from replay_theory.validate.loop import load_run_config, run_verify
 
-        report = run_verify(ValidateConfig(), out, seeds=seeds, budget_updates=budget, log=typer.echo)
+        config = load_run_config(out, device=device, **run_options(engine, sync_every, micro_batch, gpu_memory, None))
+        report = run_verify(config, out, seeds=seeds, budget_updates=budget, log=typer.echo)
         typer.echo(f"measured best: {report['measured_best']['name']}; report: {out / 'report.md'}")
 
     @validate_app.command("all")
     def validate_all(
         out: Path = typer.Option(..., "--out", help="Run directory (resumed)."),
         model: str = typer.Option("tiny", "--model", help="'tiny' or a local checkpoint / hub id."),
-        device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+        device: str = typer.Option("cpu", "--device", help="cpu or cuda (bf16 autocast over fp32 weights on cuda)."),
+        engine: str = typer.Option("hf", "--engine", help=engine_help),
+        sync_every: int = typer.Option(1, "--sync-every", help="Updates between weight syncs trainer -> engine."),
+        micro_batch: int = typer.Option(0, "--micro-batch", help="Completions per forward/backward (0: whole batch)."),
+        gpu_memory: float = typer.Option(0.3, "--gpu-memory-utilization", help="vLLM's share of the GPU."),
+        lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate of the probe and verify runs."),
+        mu_window: float = typer.Option(3.0, "--mu-window", help="Seconds of the App. E count-based mu (0: skip)."),
         seeds: int = typer.Option(2, "--seeds", help="Seeds per design in verify."),
+        seed: int = typer.Option(0, "--seed"),
     ) -> None:
         """calibrate -> predict -> verify."""
         from replay_theory.validate.loop import ValidateConfig, run_calibrate, run_predict, run_verify
 
-        config = ValidateConfig(model=model, device=device)
+        config = ValidateConfig(model=model, device=device, seed=seed, mu_window_seconds=mu_window,
+                                **run_options(engine, sync_every, micro_batch, gpu_memory, lr))
         run_calibrate(config, out, log=typer.echo)
         run_predict(config, out, log=typer.echo)
         report = run_verify(config, out, seeds=seeds, log=typer.echo)

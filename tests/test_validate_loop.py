@@ -13,7 +13,7 @@ from replay_theory.theory.profiles import load_profile  # noqa: E402
 from replay_theory.validate.loop import ValidateConfig, run_calibrate, run_predict, run_verify  # noqa: E402
 
 SMALL = ValidateConfig(n_train=120, n_test=16, sft_steps=40, rollouts_per_step=16, group_size=4, probe_steps=10,
-                       samples=8, max_new_tokens=12)
+                       samples=8, max_new_tokens=12, mu_window_seconds=0.5)
 
 
 def test_calibrate_then_predict(tmp_path):
@@ -25,6 +25,16 @@ def test_calibrate_then_predict(tmp_path):
     assert set(calibration["kl_by_lag"]) == {"1", "2", "4", "8"}
     summary = json.loads((out / "calibration_summary.json").read_text())
     assert summary["mu_measured"] == calibration["mu_timing"] and 0.0 <= summary["warm_start"]["pass@1"] <= 1.0
+    # App. E count-based mu: whole generations of R and whole updates of B (= R in the probe) in a 0.5 s window
+    window = calibration["count_window"]
+    R = SMALL.rollouts_per_step
+    assert window["seconds"] == 0.5 and window["workers"] == window["trainers"] == 1
+    assert window["k_inference"] % R == 0 and window["k_training"] % R == 0 and window["k_inference"] > 0
+    assert calibration["mu_count"] == pytest.approx(window["k_training"] / window["k_inference"])
+    assert summary["mu_count"] == calibration["mu_count"] and summary["engine"] == "hf"
+    from replay_theory.validate.loop import load_run_config
+
+    assert load_run_config(out) == SMALL and load_run_config(out, device="cpu", engine=None).engine == "hf"
     # a second call resumes: nothing is measured or overwritten again
     stamp = (out / "calibration.json").stat().st_mtime_ns
     run_calibrate(SMALL, out, log=lambda *_: None)
@@ -50,9 +60,12 @@ def test_calibrate_then_predict(tmp_path):
         assert d["compute"] == pytest.approx(d["steps"] * (mu * R + d["B"]))
         assert 0.0 <= d["final_reward_mean"] <= 1.0 and d["seeds"] == 1
     assert report["measured_best"]["final_reward_mean"] == max(d["final_reward_mean"] for d in report["designs"])
-    for key in ("mu_measured", "profile", "predicted", "designs", "measured_best"):
-        assert key in json.loads((out / "report.json").read_text())
+    written = json.loads((out / "report.json").read_text())
+    for key in ("mu_measured", "mu_count", "profile", "predicted", "designs", "measured_best"):
+        assert key in written
+    assert written["mu_count"] == calibration["mu_count"] and written["count_window"] == window
     assert (out / "report.md").read_text().startswith("# Validation report")
+    assert f"K_inference = {window['k_inference']}" in (out / "report.md").read_text()
     from replay_theory.validate.steplog import read_log
 
     logs = sorted((out / "verify").glob("*.jsonl"))

@@ -383,3 +383,22 @@ def test_local_hf_checkpoint_shares_the_pipeline(tmp_path):
         again = M.sequence_logprobs(back, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
         now = M.sequence_logprobs(pol, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
     assert torch.equal(again, now)
+
+
+# --------------------------------------------------------------------------- precision
+
+
+def test_fp32_weights_everywhere_and_bf16_autocast_only_on_cuda(policy):
+    cuda = M.ModelConfig(device="cuda")  # resolving dtypes needs no GPU
+    assert M.resolve_dtype(cuda) == torch.float32 and M.resolve_compute_dtype(cuda) == torch.bfloat16
+    assert M.resolve_dtype(TINY) == M.resolve_compute_dtype(TINY) == torch.float32
+    assert M.resolve_compute_dtype(M.ModelConfig(device="cuda", compute_dtype="float16")) == torch.float16
+    assert M.resolve_dtype(M.ModelConfig(dtype="bfloat16")) == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype 'fp8'"):
+        M.resolve_compute_dtype(M.ModelConfig(compute_dtype="fp8"))
+    with policy.autocast():
+        assert not torch.is_autocast_enabled("cpu")  # CPU runs are plain float32
+    # why the master weights stay float32: the paper's lr (3.37e-7) is invisible to a bf16 weight of 0.02
+    weight = torch.tensor(0.02, dtype=torch.bfloat16)
+    assert torch.equal(weight - 3.37e-7, weight)
+    assert float(torch.tensor(0.02) - 3.37e-7) != 0.02

@@ -7,32 +7,56 @@ but with per-sample gradients of the transformer instead of analytic scores.
 | code name          | paper symbol     | how it is measured on the LM                                           |
 |--------------------|------------------|------------------------------------------------------------------------|
 | ``mu_timing``      | mu (Table 1)     | generation seconds per completion / update seconds per completion      |
+| ``mu_count``       | mu (App. E)      | (K_training / T) / (K_inference / W) in a fixed wall-clock window      |
 | ``sigma_sq[s]``    | sigma^2(s)       | mean ||G(theta_t, z) - grad F||^2 over completions z ~ pi_{t-s}         |
 | ``reference``      | grad F(theta_t)  | mean per-sample gradient over fresh completions of pi_t                |
 | ``rho``            | rho              | pairwise noise correlation of FIFO items vs |t_i - t_j| / N (fit_rho)   |
 | ``kl_by_lag``      | KL drift         | k1 estimate of KL(pi_t || pi_{t-lag}) from completions of pi_t          |
 
 The probe is an ordinary RL run (``validate.rl.train``, FIFO buffer, GRPO) whose
-per-step weights are kept, so completions of the stale policies pi_{t-s} can be
-regenerated after it.
+last per-step weights are kept (on the CPU), so completions of the stale policies
+pi_{t-s} can be regenerated after it.
+
+Count-based mu (App. E). The paper estimates mu from a buffered asynchronous run: with a
+buffer neither side waits, so in the same wall-clock time each inference GPU generates
+K_inference / W rollouts and each trainer GPU processes K_training / T samples, and
+mu ~= (K_training / T) / (K_inference / W) (``theory.compute.estimate_mu``). The tiny pipeline
+is synchronous and has one device, so ``count_window`` emulates W = T = 1: a generation side
+(R fresh rollouts into the FIFO buffer per call) and a training side (one update on B samples
+drawn from the buffer per call) take turns on the device, each running on its own busy clock,
+the side that is behind going next, until both clocks reach the window. Only work finished
+inside the window counts, as for a run cut at a fixed wall time. Neither side ever waits for
+the other, which is App. E's no-downtime condition.
+
+Large models: per-sample gradients are flat vectors of all parameters, so for models above
+``max_grad_coords`` parameters a fixed random subset of coordinates (drawn with replacement,
+seeded) stands in for the whole vector: squared norms are rescaled by P / k (unbiased) and
+cosines are taken on the subset. The tiny model is below the cap and is measured exactly.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import json
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 
 from replay_theory.simulate.calibrate import fit_profiles, fit_rho
+from replay_theory.theory.compute import estimate_mu
 from replay_theory.validate import countdown
+from replay_theory.validate.engines import HFSampler, Sampler
 from replay_theory.validate.model import Policy, encode_prompts, sequence_logprobs
-from replay_theory.validate.rl import RLConfig, _loss, generate_batch, train
+from replay_theory.validate.rl import RLConfig, _loss, _make_buffer, generate_batch, train, update_step
+
+MAX_GRAD_COORDS = 1 << 22  # 4M float32 coordinates = 16 MB per per-sample gradient
 
 
 @dataclass
@@ -46,6 +70,12 @@ class LMCalibration:
     kl_drift_per_step: float
     probe_metrics: list[dict]
     fits: dict
+    mu_count: float = math.nan
+    """App. E count-based mu: (K_training / T) / (K_inference / W) over ``count_window``."""
+    count_window: dict = field(default_factory=dict)
+    """seconds, k_inference, k_training, workers, trainers, generation_busy_s, training_busy_s."""
+    grad_coords: int | None = None
+    """Coordinates per per-sample gradient (None: all parameters, exact)."""
 
     def profile_dict(self, source: str) -> dict:
         """The file `replay-theory optimal --profile` reads."""
@@ -57,10 +87,25 @@ def _flat_grad(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in model.parameters()])
 
 
-def per_sample_grads(policy: Policy, problems, batch, config: RLConfig) -> torch.Tensor:
-    """G(theta, z_i) for each completion of a one-seed RolloutBatch: (n, num_params), the loss on a batch of one."""
+def gradient_coordinates(num_params: int, max_coords: int | None, seed: int) -> torch.Tensor | None:
+    """None (use every coordinate) when ``num_params <= max_coords``, else ``max_coords`` indices drawn
+    uniformly WITH replacement (no O(P) permutation for a 0.5B model), sorted for memory locality."""
+    if max_coords is None or num_params <= max_coords:
+        return None
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randint(0, num_params, (max_coords,), generator=generator).sort().values  # (k,)
+
+
+def per_sample_grads(policy: Policy, problems, batch, config: RLConfig,
+                     coords: torch.Tensor | None = None) -> torch.Tensor:
+    """G(theta, z_i) for each completion of a one-seed RolloutBatch: (n, num_params), the loss on a batch of one.
+
+    With ``coords`` only those coordinates of each flat gradient are kept: (n, k). Float32, on the
+    policy's device.
+    """
     model = policy.model
     model.train()
+    index = None if coords is None else coords.to(policy.device)
     grads = []
     for i in range(batch.size):
         prompt_ids, prompt_mask = encode_prompts(policy, [problems[batch.prompt[0, i]].prompt_text()])
@@ -69,59 +114,155 @@ def per_sample_grads(policy: Policy, problems, batch, config: RLConfig) -> torch
         logp = sequence_logprobs(policy, prompt_ids, prompt_mask, ids, mask, temperature=config.temperature)  # (1, L)
         out = _loss(config, logp.detach().cpu().double().numpy()[None], batch.take(np.array([[i]])))
         model.zero_grad(set_to_none=True)
-        (torch.as_tensor(out.grad_logp[0], dtype=logp.dtype) * logp).sum().backward()
-        grads.append(_flat_grad(model).detach().clone())
+        (torch.as_tensor(out.grad_logp[0], dtype=logp.dtype, device=logp.device) * logp).sum().backward()
+        flat = _flat_grad(model).detach().float()  # (P,)
+        grads.append(flat.clone() if index is None else flat[index])
     model.zero_grad(set_to_none=True)
-    return torch.stack(grads)  # (n, num_params)
+    return torch.stack(grads)  # (n, P) or (n, k)
+
+
+def count_window(generate_once: Callable[[], int], update_once: Callable[[], int], window_seconds: float,
+                 clock: Callable[[], float] = time.perf_counter) -> dict:
+    """Emulated W = T = 1 asynchronous pipeline on one device, counted over ``window_seconds`` (App. E).
+
+    ``generate_once()`` produces rollouts and returns how many; ``update_once()`` trains on
+    samples and returns how many. The two sides take turns (the one whose busy clock is behind
+    goes next, generation first on a tie so the buffer has data), each call's duration is
+    charged to its own side's clock, and a call's output counts only if it finished inside the
+    window on that clock. Returns the counts, the busy times and ``mu`` = estimate_mu(K_training,
+    K_inference, W=1, T=1).
+    """
+    if not window_seconds > 0:
+        raise ValueError(f"count window must be > 0 seconds, got {window_seconds}")
+    gen_clock = train_clock = 0.0
+    k_inference = k_training = 0
+    while gen_clock < window_seconds or train_clock < window_seconds:
+        generating = gen_clock < window_seconds and (gen_clock <= train_clock or train_clock >= window_seconds)
+        start = clock()
+        done = generate_once() if generating else update_once()
+        elapsed = clock() - start
+        if not elapsed > 0:  # a clock that does not advance would never close the window
+            raise RuntimeError(f"the clock did not advance during a {'generation' if generating else 'update'} call")
+        if generating:
+            gen_clock += elapsed
+            k_inference += done if gen_clock <= window_seconds else 0
+        else:
+            train_clock += elapsed
+            k_training += done if train_clock <= window_seconds else 0
+    mu = estimate_mu(k_training, k_inference, 1, 1) if k_training > 0 and k_inference > 0 else math.nan
+    return {"seconds": window_seconds, "k_inference": k_inference, "k_training": k_training, "workers": 1,
+            "trainers": 1, "generation_busy_s": gen_clock, "training_busy_s": train_clock, "mu": mu}
+
+
+def measure_mu_count(policy: Policy, problems: list[countdown.Problem], config: RLConfig, window_seconds: float,
+                     sampler: Sampler | None = None, seed: int = 0) -> dict:
+    """``count_window`` on the real tiny pipeline: R fresh rollouts into the FIFO buffer vs one update on B.
+
+    Runs on a copy of ``policy`` (the caller's weights are untouched) with a fresh AdamW, the same
+    ``generate_batch`` and ``update_step`` as ``validate.rl.train``. The sampler is synced before every
+    generation (the freshest weights an asynchronous worker could fetch), inside the generation
+    side's clock (free for the HF loop, a bf16 copy of the weights for vLLM).
+    """
+    config = dataclasses.replace(config, buffer="fifo").validated()
+    window_policy = dataclasses.replace(policy, model=copy.deepcopy(policy.model))
+    sampler = HFSampler() if sampler is None else sampler
+    optimizer = torch.optim.AdamW(window_policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    buffer = _make_buffer(config)
+    rng = np.random.default_rng(seed + 104729)
+    generator = torch.Generator(device="cpu").manual_seed(seed + 104729)
+    state = {"generated": 0}
+
+    def generate_once() -> int:
+        sampler.sync(window_policy)  # inside the generation side's clock: an async worker pays for its fetch
+        window_policy.model.eval()
+        index = rng.integers(0, len(problems), size=config.rollouts_per_step // config.group_size)
+        fresh, _ = generate_batch(window_policy, problems, index, config, state["generated"], 0, generator, sampler)
+        buffer.add(fresh, state["generated"])
+        state["generated"] += 1
+        return fresh.size
+
+    def update_once() -> int:
+        window_policy.model.train()
+        sample = buffer.sample(config.batch_size, max(state["generated"] - 1, 0), rng)
+        update_step(window_policy, optimizer, problems, config, sample.batch)
+        return sample.batch.size
+
+    generate_once()  # warm-up outside the window: first calls pay for allocator and kernel setup
+    update_once()
+    return count_window(generate_once, update_once, window_seconds)
+
+
+KL_LAGS = (1, 2, 4, 8)
+
+
+def _cpu_state(model: torch.nn.Module) -> dict:
+    """A CPU copy of the weights: snapshots of a GPU model must not fill the GPU."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
-                 staleness: tuple[int, ...] = (0, 1, 2, 4, 8), samples: int = 32, seed: int = 0) -> LMCalibration:
-    """Probe run of ``config`` on ``problems``, then sigma^2(s), rho and KL(pi_t || pi_t-lag) at its last step."""
+                 staleness: tuple[int, ...] = (0, 1, 2, 4, 8), samples: int = 32, seed: int = 0,
+                 sampler: Sampler | None = None, mu_window_seconds: float = 0.0,
+                 max_grad_coords: int | None = MAX_GRAD_COORDS) -> LMCalibration:
+    """Probe run of ``config`` on ``problems``, then sigma^2(s), rho and KL(pi_t || pi_t-lag) at its last step.
+
+    With ``mu_window_seconds > 0``, also the App. E count-based mu over a window of that length
+    (``measure_mu_count``, on a copy of the final policy). ``sampler`` generates every completion
+    (default: the HF loop).
+    """
     if config.steps <= max(staleness):
         raise ValueError(f"steps must exceed the largest staleness probed = {max(staleness)}, got {config.steps}")
-    snapshots = [copy.deepcopy(policy.model.state_dict())]  # theta before each update
-    result = train(policy, problems, config, progress=lambda step, m: snapshots.append(
-        copy.deepcopy(policy.model.state_dict())))
+    sampler = HFSampler(stale_copy=config.sync_every > 1) if sampler is None else sampler
+    keep = max(max(staleness), max(KL_LAGS)) + 1  # only the last `keep` versions are ever read
+    snapshots = collections.deque([_cpu_state(policy.model)], maxlen=keep)  # theta before each update, newest last
+    result = train(policy, problems, config, progress=lambda step, m: snapshots.append(_cpu_state(policy.model)),
+                   sampler=sampler)
     generator = torch.Generator(device="cpu").manual_seed(seed + 7919)
     rng = np.random.default_rng(seed + 7919)
     behaviour = dataclasses.replace(policy, model=copy.deepcopy(policy.model))
     prompts_per_batch = samples // config.group_size
-    t = len(snapshots) - 1
+    num_params = sum(p.numel() for p in policy.model.parameters())
+    coords = gradient_coordinates(num_params, max_grad_coords, seed + 31)
+    scale = 1.0 if coords is None else num_params / coords.numel()  # E[sum over k random coords] = k/P ||v||^2
 
-    def completions_of(version: int):
-        behaviour.model.load_state_dict(snapshots[version])
+    def completions_of(lag: int):
+        behaviour.model.load_state_dict(snapshots[-1 - lag])
         index = rng.integers(0, len(problems), size=prompts_per_batch)
-        batch, _ = generate_batch(behaviour, problems, index, config, version, 0, generator)
+        sampler.sync(behaviour)  # the engine samples from pi_{t-lag}
+        batch, _ = generate_batch(behaviour, problems, index, config, config.steps - lag, 0, generator, sampler)
         return batch
 
-    fresh = completions_of(t)
-    reference = per_sample_grads(policy, problems, fresh, config).mean(dim=0)  # ~ grad F(theta_t)
+    fresh = completions_of(0)
+    reference = per_sample_grads(policy, problems, fresh, config, coords).mean(dim=0)  # ~ grad F(theta_t)
     sigma_sq = []
     for s in staleness:
-        batch = fresh if s == 0 else completions_of(t - s)
-        noise = per_sample_grads(policy, problems, batch, config) - reference  # (n, params)
-        sigma_sq.append(float((noise**2).sum(dim=1).mean()))  # Assumption 3.3: E||eps||^2
+        batch = fresh if s == 0 else completions_of(s)
+        noise = per_sample_grads(policy, problems, batch, config, coords) - reference  # (n, params)
+        sigma_sq.append(scale * float((noise**2).sum(dim=1).mean()))  # Assumption 3.3: E||eps||^2
     kl_by_lag = _kl_by_lag(policy, behaviour, problems, fresh, snapshots, config)
-    by_gap = _buffer_correlations(policy, problems, result.buffer, reference, config)
+    by_gap = _buffer_correlations(policy, problems, result.buffer, reference, config, coords)
+    count = (measure_mu_count(policy, problems, config, mu_window_seconds, sampler, seed)
+             if mu_window_seconds > 0 else {})
     staleness_f = [float(s) for s in staleness]
     return LMCalibration(
         mu_timing=result.mu_timing(), staleness=staleness_f, sigma_sq=sigma_sq,
         rho=fit_rho(by_gap, config.capacity), correlation_by_gap=by_gap, kl_by_lag=kl_by_lag,
         kl_drift_per_step=kl_by_lag.get(1, math.nan), probe_metrics=result.metrics,
         fits=fit_profiles(np.asarray(staleness_f), np.asarray(sigma_sq)),
+        mu_count=count.get("mu", math.nan), count_window=count,
+        grad_coords=None if coords is None else int(coords.numel()),
     )
 
 
 def _kl_by_lag(policy, behaviour, problems, fresh, snapshots, config) -> dict[int, float]:
     """k1 estimate of KL(pi_t || pi_t-lag) = E_{pi_t}[log pi_t - log pi_t-lag] over fresh completions of pi_t."""
     prompt_ids, prompt_mask = encode_prompts(policy, [problems[i].prompt_text() for i in fresh.prompt[0]])
-    ids = torch.as_tensor(fresh.tokens[0])
-    mask = torch.as_tensor(fresh.mask[0].astype(np.int64))
+    ids = torch.as_tensor(fresh.tokens[0], device=policy.device)
+    mask = torch.as_tensor(fresh.mask[0].astype(np.int64), device=policy.device)
     with torch.no_grad():
         current = sequence_logprobs(policy, prompt_ids, prompt_mask, ids, mask, temperature=config.temperature).sum(1)
         out = {}
-        for lag in (1, 2, 4, 8):
+        for lag in KL_LAGS:
             if lag < len(snapshots):
                 behaviour.model.load_state_dict(snapshots[-1 - lag])
                 old = sequence_logprobs(behaviour, prompt_ids, prompt_mask, ids, mask,
@@ -130,15 +271,15 @@ def _kl_by_lag(policy, behaviour, problems, fresh, snapshots, config) -> dict[in
     return out
 
 
-def _buffer_correlations(policy, problems, buffer, reference, config) -> dict[int, float]:
+def _buffer_correlations(policy, problems, buffer, reference, config, coords=None) -> dict[int, float]:
     """Mean cosine between noise vectors of FIFO items, by the gap between their creation steps."""
     if buffer is None:
         return {}
     valid = np.nonzero(buffer.valid[0])[0]
     batch = buffer._take(valid[None, :])  # (1, n, ...)
-    noise = per_sample_grads(policy, problems, batch, config) - reference
+    noise = per_sample_grads(policy, problems, batch, config, coords) - reference
     unit = noise / noise.norm(dim=1, keepdim=True).clamp_min(1e-30)
-    cos = (unit @ unit.T).numpy()  # (n, n)
+    cos = (unit @ unit.T).cpu().numpy()  # (n, n)
     created = batch.created[0]
     gap = np.abs(created[:, None] - created[None, :])
     off_diagonal = ~np.eye(len(created), dtype=bool)

@@ -1,16 +1,25 @@
-"""The calibrate -> predict steps of the validation loop (verify is still to come, see issue 4).
+"""The calibrate -> predict -> verify loop of issue 4 on a language model.
+
+Paper: experience-replay (shared/papers/experience-replay-optimal-buffer.txt): Thm 3.5's design
+(x*, y*) from a measured profile and mu, checked against designs trained at equal compute.
 
 ``replay-theory validate calibrate --tiny --out DIR`` builds (or loads) the policy, warm-starts it by
-SFT on solver solutions, measures mu, sigma^2(s), rho and the KL drift on a probe RL run, and writes
-``DIR/calibration.json`` and ``DIR/profile.json``. ``replay-theory validate predict --out DIR``
-turns them into the Thm 3.5 design (x*, y*) and integer N, B, R in ``DIR/predicted.json``.
+SFT on solver solutions, measures mu (timing and App. E counts), sigma^2(s), rho and the KL drift on a
+probe RL run, and writes ``DIR/calibration.json`` and ``DIR/profile.json``. ``replay-theory validate
+predict --out DIR`` turns them into the Thm 3.5 design (x*, y*) and integer N, B, R in
+``DIR/predicted.json``; ``verify`` trains the designs and writes ``DIR/report.json/.md/.png``.
 Files are never overwritten: a step whose output exists is skipped (resume).
+
+Rollouts come from the engine chosen by ``ValidateConfig.engine`` (``validate/engines.py``): the HF
+loop, or vLLM on a GPU started from ``DIR/warm_start``. One engine per process and run directory
+(``get_sampler``), so ``validate all`` starts vLLM once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +54,16 @@ class ValidateConfig:
     """Completions per staleness value when measuring sigma^2(s)."""
     max_new_tokens: int = 16
     lr: float = 3e-4
+    engine: str = "hf"
+    """Rollout engine: hf (any device), vllm (CUDA) or auto (vllm when installed, on CUDA)."""
+    sync_every: int = 1
+    """Updates between weight syncs trainer -> rollout engine."""
+    micro_batch_size: int = 0
+    """Completions per forward/backward pass of an update (0: whole batch)."""
+    gpu_memory_utilization: float = 0.3
+    """vLLM only: its share of the GPU (weights + KV cache); the trainer uses the rest."""
+    mu_window_seconds: float = 3.0
+    """Wall-clock window of the App. E count-based mu in calibrate (0: skip)."""
 
     def problems(self) -> tuple[list[countdown.Problem], list[countdown.Problem]]:
         """Three-number problems with small numbers: learnable by the tiny model (pass@1 ~ 0.2 after SFT)."""
@@ -53,6 +72,49 @@ class ValidateConfig:
 
 
 TINY_MODEL = dict(hidden_size=96, num_layers=3, num_heads=4, num_kv_heads=2, intermediate_size=192)
+
+_SAMPLERS: dict = {}  # one rollout engine per (engine, run directory, settings) and process
+
+
+def load_run_config(out_dir: Path, **overrides) -> ValidateConfig:
+    """The config calibrate ran with (``calibration_summary.json``), with ``overrides`` (None = keep).
+
+    predict and verify read it so that a standalone ``validate verify --out DIR`` trains with the
+    sizes, learning rate and engine of the calibration instead of the defaults.
+    """
+    summary = Path(out_dir) / "calibration_summary.json"
+    saved = json.loads(summary.read_text()).get("config", {}) if summary.exists() else {}
+    known = {f.name for f in dataclasses.fields(ValidateConfig)}
+    values = {k: v for k, v in saved.items() if k in known}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return ValidateConfig(**values)
+
+
+def check_engine(config: ValidateConfig) -> str:
+    """The resolved engine name; bad --engine / --device combinations fail here, before any work."""
+    from replay_theory.validate.engines import resolve_engine
+    from replay_theory.validate.model import resolve_device
+
+    if config.sync_every < 1:
+        raise ValueError(f"--sync-every must be >= 1, got {config.sync_every}")
+    if config.micro_batch_size < 0:
+        raise ValueError(f"--micro-batch must be >= 0 (0: whole batch), got {config.micro_batch_size}")
+    engine = resolve_engine(config.engine, config.device)
+    resolve_device(config.device)  # CUDA without a GPU fails here too, for every engine
+    return engine
+
+
+def get_sampler(config: ValidateConfig, out_dir: Path):
+    """The run's rollout engine, built once per process (vLLM starts from DIR/warm_start)."""
+    from replay_theory.validate.engines import make_sampler
+
+    engine = check_engine(config)
+    key = (engine, str(Path(out_dir).resolve()), config.device, config.sync_every, config.gpu_memory_utilization)
+    if key not in _SAMPLERS:
+        _SAMPLERS[key] = make_sampler(engine, device=config.device, sync_every=config.sync_every,
+                                      model_path=str(Path(out_dir) / "warm_start"), seed=config.seed,
+                                      gpu_memory_utilization=config.gpu_memory_utilization)
+    return _SAMPLERS[key]
 
 
 def prepare_policy(config: ValidateConfig, out_dir: Path, train_set):
@@ -81,22 +143,30 @@ def run_calibrate(config: ValidateConfig, out_dir: Path, log=print) -> dict:
     if (out_dir / "calibration.json").exists():
         log(f"calibration exists in {out_dir}; skipping (delete it to measure again)")
         return json.loads((out_dir / "calibration.json").read_text())
+    engine = check_engine(config)  # bad --engine/--device: one line, before any work
+    if config.mu_window_seconds < 0:
+        raise ValueError(f"--mu-window must be >= 0 seconds (0: skip), got {config.mu_window_seconds}")
     started = time.perf_counter()
     train_set, test_set = config.problems()
     policy, sft_losses = prepare_policy(config, out_dir, train_set)
-    warm = evaluate_policy(policy, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1)
-    log(f"warm start: held-out pass@1 {warm['pass@1']:.3f}, mean reward {warm['mean_reward']:.3f}")
+    sampler = get_sampler(config, out_dir)
+    warm = evaluate_policy(policy, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1, sampler=sampler)
+    log(f"warm start: held-out pass@1 {warm['pass@1']:.3f}, mean reward {warm['mean_reward']:.3f} ({engine} engine)")
     probe = RLConfig(steps=config.probe_steps, rollouts_per_step=config.rollouts_per_step,
                      group_size=config.group_size, batch_size=config.rollouts_per_step,
                      capacity=2 * config.rollouts_per_step, lr=config.lr, max_new_tokens=config.max_new_tokens,
-                     seed=config.seed)
-    calibration = calibrate_lm(policy, train_set, probe, samples=config.samples, seed=config.seed)
+                     sync_every=config.sync_every, micro_batch_size=config.micro_batch_size, seed=config.seed)
+    calibration = calibrate_lm(policy, train_set, probe, samples=config.samples, seed=config.seed, sampler=sampler,
+                               mu_window_seconds=config.mu_window_seconds)
     write_calibration(calibration, out_dir, source=f"replay-theory validate calibrate {dataclasses.asdict(config)}")
-    summary = {"mu_measured": calibration.mu_timing, "warm_start": warm, "sft_final_loss": sft_losses[-1] if sft_losses else None,
+    summary = {"mu_measured": calibration.mu_timing, "mu_count": calibration.mu_count,
+               "count_window": calibration.count_window, "engine": engine, "warm_start": warm,
+               "sft_final_loss": sft_losses[-1] if sft_losses else None,
                "seconds": time.perf_counter() - started, "config": dataclasses.asdict(config)}
     with (out_dir / "calibration_summary.json").open("x") as handle:
         json.dump(summary, handle, indent=1, default=float)
     log(f"mu (generation / update time per completion) = {calibration.mu_timing:.3g}; "
+        f"mu (App. E counts in a {config.mu_window_seconds:g} s window) = {calibration.mu_count:.3g}; "
         f"KL drift per step = {calibration.kl_drift_per_step:.3g}; rho = {calibration.rho:.3g}")
     return json.loads((out_dir / "calibration.json").read_text())
 
@@ -152,6 +222,7 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = 2, budget_upd
 
     if not (out_dir / "predicted.json").exists():
         raise ValueError(f"{str(out_dir)!r} has no predicted.json: run `replay-theory validate predict --out {out_dir}` first")
+    check_engine(config)
     predicted = json.loads((out_dir / "predicted.json").read_text())
     calibration = json.loads((out_dir / "calibration.json").read_text())
     mu = predicted["mu_measured"]
@@ -161,7 +232,8 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = 2, budget_upd
     runs_dir = out_dir / "verify"
     runs_dir.mkdir(exist_ok=True)
     warm = load_checkpoint(out_dir / "warm_start", device=config.device)
-    warm_eval = evaluate_policy(warm, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1)
+    sampler = get_sampler(config, out_dir)
+    warm_eval = evaluate_policy(warm, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1, sampler=sampler)
     rows = []
     for design in _designs(config, predicted):
         steps = max(1, int(budget // (mu * R + design["B"])))  # equal compute: c = mu R + B per update
@@ -174,13 +246,16 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = 2, budget_upd
                 policy = load_checkpoint(out_dir / "warm_start", device=config.device)
                 rl = RLConfig(steps=steps, rollouts_per_step=R, group_size=config.group_size, batch_size=design["B"],
                               capacity=design["N"], buffer=design["buffer"], lr=config.lr,
-                              max_new_tokens=config.max_new_tokens, seed=config.seed + 101 * seed)
+                              max_new_tokens=config.max_new_tokens, sync_every=config.sync_every,
+                              micro_batch_size=config.micro_batch_size, seed=config.seed + 101 * seed)
                 checkpoint = path.with_suffix(".ckpt")  # a run interrupted mid-way resumes from here
                 truncate_log(path.with_suffix(".jsonl"), checkpoint_next_step(checkpoint))
                 step_log = StepLog(path.with_suffix(".jsonl"), tensorboard_dir=runs_dir / "tensorboard" / path.stem)
-                result = train(policy, train_set, rl, progress=step_log, checkpoint=checkpoint, checkpoint_every=5)
+                result = train(policy, train_set, rl, progress=step_log, checkpoint=checkpoint, checkpoint_every=5,
+                               sampler=sampler)
                 step_log.close()
-                held_out = evaluate_policy(policy, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1)
+                held_out = evaluate_policy(policy, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1,
+                                           sampler=sampler)
                 record = {"design": design, "seed": seed, "steps": steps, "compute": steps * (mu * R + design["B"]),
                           "held_out": held_out, "train_reward": [m["reward"] for m in result.metrics]}
                 with path.open("x") as handle:
@@ -196,6 +271,8 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = 2, budget_upd
     best = max(rows, key=lambda r: r["final_reward_mean"])
     report = {
         "mu_measured": mu,
+        "mu_count": calibration.get("mu_count"),  # App. E counts; absent in calibrations made before it existed
+        "count_window": calibration.get("count_window", {}),
         "profile": json.loads((out_dir / "profile.json").read_text()).get("fits", {}),
         "profile_table": {"staleness": calibration["staleness"], "sigma_sq": calibration["sigma_sq"],
                           "rho": calibration["rho"]},
@@ -215,6 +292,10 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = 2, budget_upd
 def _report_markdown(report: dict) -> str:
     lines = ["# Validation report", "",
              f"mu measured (generation / update time per completion): {report['mu_measured']:.3g}", "",
+             f"mu from App. E counts (K_training / T) / (K_inference / W) in a "
+             f"{report['count_window'].get('seconds', float('nan')):g} s window: {_fmt(report.get('mu_count'))} "
+             f"(K_inference = {report['count_window'].get('k_inference', '-')}, "
+             f"K_training = {report['count_window'].get('k_training', '-')}, W = T = 1)", "",
              f"Predicted (Thm 3.5 on the measured profile): regime {report['predicted']['regime']}, "
              f"x* = {report['predicted']['x_star']}, y* = {report['predicted']['y_star']}, "
              f"N = {report['predicted']['N']}, B = {report['predicted']['B']}, R = {report['predicted']['R']}", "",
@@ -229,6 +310,10 @@ def _report_markdown(report: dict) -> str:
     lines += ["", f"Measured best at equal compute: {best['name']} (x = {best['x']:.3g}, y = {best['y']:.3g}).",
               "", "![reward vs design](report.png)", ""]
     return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"
 
 
 def _report_figure(report: dict, path: Path) -> None:

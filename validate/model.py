@@ -20,8 +20,13 @@ Computes, for the RLOO-with-group-replay validation on Countdown
   cross-entropy on completion tokens only.
 * ``save_checkpoint`` / ``load_checkpoint``.
 
-The vLLM sampler lives in a separate module (written by someone else); this
-module only offers ``vllm_available()`` and ``require_vllm()``.
+The vLLM sampler lives in ``validate/vllm_engine.py`` (the sampler interface both
+engines implement is in ``validate/engines.py``); this module only offers
+``vllm_available()`` and ``require_vllm()``.
+
+Precision: parameters (and so AdamW's moments) are float32 on every device; on
+CUDA the forward/backward passes and HF sampling run under bfloat16 autocast
+(``Policy.autocast``), on CPU there is no autocast at all.
 
 Conventions (read these before writing the RL loop):
 
@@ -92,18 +97,37 @@ class ModelConfig:
     device: str = "cpu"
     """Torch device: cpu or cuda (cuda:N)."""
     dtype: str | None = None
-    """float32, bfloat16 or float16; None = float32 on CPU, bfloat16 on CUDA."""
+    """Parameter (master-weight) dtype: float32, bfloat16 or float16; None = float32 on every device."""
+    compute_dtype: str | None = None
+    """Forward/backward dtype: None = bfloat16 autocast on CUDA, the parameter dtype on CPU."""
     seed: int = 0
     """Seed of the tiny model's initialisation (does not touch the global RNG)."""
 
 
+def _dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype '{name}'; use one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
 def resolve_dtype(config: ModelConfig) -> torch.dtype:
-    """The parameter dtype: ``config.dtype``, or float32 on CPU / bfloat16 on CUDA."""
-    if config.dtype is None:
-        return torch.bfloat16 if torch.device(config.device).type == "cuda" else torch.float32
-    if config.dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype '{config.dtype}'; use one of {', '.join(_DTYPES)}")
-    return _DTYPES[config.dtype]
+    """The parameter (master-weight) dtype: ``config.dtype``, else float32 on every device.
+
+    Why float32 on CUDA too: AdamW keeps its moments in the parameter dtype, and an
+    update of lr ~ 3e-7 (the paper's Qwen3-0.6B rate) relative to weights of ~1e-2 is
+    far below bfloat16's resolution (2^-8), so pure-bf16 weights would not move at all.
+    bfloat16 enters through autocast (``resolve_compute_dtype``) instead.
+    """
+    return torch.float32 if config.dtype is None else _dtype(config.dtype)
+
+
+def resolve_compute_dtype(config: ModelConfig) -> torch.dtype:
+    """The matmul dtype of forward/backward passes: ``config.compute_dtype``, else bfloat16 on CUDA
+    (autocast over float32 master weights) and the parameter dtype on CPU (no autocast: CPU runs
+    stay bit-identical to plain float32)."""
+    if config.compute_dtype is not None:
+        return _dtype(config.compute_dtype)
+    return torch.bfloat16 if torch.device(config.device).type == "cuda" else resolve_dtype(config)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -170,6 +194,13 @@ class Policy:
     config: ModelConfig
     stop_token_ids: tuple[int, ...] = field(default=())
     """Token ids that end a completion: the tokenizer's EOS plus the checkpoint's generation_config EOS ids."""
+
+    def autocast(self):
+        """Mixed precision for forward passes: bf16 autocast on CUDA over fp32 weights; a no-op on CPU."""
+        param_dtype = next(self.model.parameters()).dtype
+        compute = resolve_compute_dtype(self.config)
+        enabled = self.device.type == "cuda" and compute != param_dtype
+        return torch.autocast(device_type=self.device.type, dtype=compute, enabled=enabled)
 
 
 def load_policy(config: ModelConfig, alphabet: str | None = None) -> Policy:
@@ -306,13 +337,14 @@ def sequence_logprobs(
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P + L)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # (B, P + L)
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)  # (B, P + L): pads never shift real tokens
-    out = policy.model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-        logits_to_keep=num_completion + 1,  # positions P-1 .. P+L-1
-    )
+    with policy.autocast():
+        out = policy.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=num_completion + 1,  # positions P-1 .. P+L-1
+        )
     logits = out.logits[:, :-1].float()  # (B, L, V): position P-1+t predicts completion token t
     if temperature != 1.0:
         logits = logits / temperature
@@ -403,8 +435,12 @@ def generate(
     alive_cols = torch.zeros((n_rows, max_new_tokens), dtype=torch.long, device=device)  # (N, T)
     finished = torch.zeros(n_rows, dtype=torch.bool, device=device)  # (N,)
 
+    def forward(**inputs):
+        with policy.autocast():  # bf16 on CUDA, as in training; nothing on CPU
+            return model(**inputs)
+
     attention_mask = prompt_mask
-    out = model(
+    out = forward(
         input_ids=prompt_ids,
         attention_mask=attention_mask,
         position_ids=(prompt_mask.cumsum(1) - 1).clamp(min=0),
@@ -430,7 +466,7 @@ def generate(
         if bool(finished.all()) or steps == max_new_tokens:
             break
         attention_mask = torch.cat([attention_mask, alive.long()[:, None]], dim=1)  # (N, P + t + 1)
-        out = model(
+        out = forward(
             input_ids=token[:, None],
             attention_mask=attention_mask,
             position_ids=(prompt_len + t)[:, None],  # same positions as sequence_logprobs

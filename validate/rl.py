@@ -22,6 +22,12 @@ Behaviour log-probs come from the sampler (``logp_source="sampler"``, what vLLM
 returns) or from a trainer forward pass on the fresh completions before any update
 (``"trainer"``: fresh log-ratios are then exactly 0). The sampler-vs-trainer
 mismatch is logged either way (``logp_mismatch_max``).
+
+Generation goes through a ``Sampler`` (``validate/engines.py``): the HF loop by default, or
+vLLM on a GPU. The trainer's weights are pushed to it every ``sync_every`` updates
+(``policy_lag`` in the step log: how many updates the sampler's weights trail). With
+``micro_batch_size`` the update runs forward/backward in chunks and accumulates the gradient
+of the same surrogate (one extra no-grad forward; needed on a GPU for a 150K-token vocabulary).
 """
 
 from __future__ import annotations
@@ -43,7 +49,8 @@ from replay_theory.simulate.rollouts import RolloutBatch
 from replay_theory.theory import divergences as div
 from replay_theory.theory.group_replay import fresh_groups_per_step
 from replay_theory.validate import countdown
-from replay_theory.validate.model import Policy, encode_prompts, generate, sequence_logprobs
+from replay_theory.validate.engines import HFSampler, Sampler
+from replay_theory.validate.model import Policy, encode_prompts, sequence_logprobs
 
 LOSSES = ("grpo", "no-trust-region", "m2po", "m2po-reference", "reinforce", "asymre", "rloo")
 BUFFERS = ("on-policy", "fifo", "positive-bias", "prioritized", "group-replay")
@@ -92,6 +99,10 @@ class RLConfig:
     exgrpo_beta: float = 0.1
     logp_source: str = "trainer"
     """Behaviour log-probs from the trainer's forward pass (fresh log-ratios exactly 0) or the sampler."""
+    sync_every: int = 1
+    """Updates between weight syncs trainer -> sampler (1: every step; k: rollouts trail by up to k-1 updates)."""
+    micro_batch_size: int = 0
+    """Completions per forward/backward pass of an update (0: the whole batch); the update itself is the same."""
     seed: int = 0
 
     @property
@@ -110,7 +121,8 @@ class RLConfig:
             raise ValueError(f"buffer must be one of {', '.join(BUFFERS)}, got {self.buffer!r}")
         if self.logp_source not in ("trainer", "sampler"):
             raise ValueError(f"logp_source must be trainer or sampler, got {self.logp_source!r}")
-        for name in ("steps", "rollouts_per_step", "group_size", "batch_size", "capacity", "max_new_tokens"):
+        for name in ("steps", "rollouts_per_step", "group_size", "batch_size", "capacity", "max_new_tokens",
+                     "sync_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)}")
         if self.group_size < 2 or self.rollouts_per_step % self.group_size:
@@ -127,6 +139,8 @@ class RLConfig:
                              f"got {self.batch_size}")
         if self.buffer in ("fifo", "positive-bias", "prioritized") and self.capacity < self.rollouts_per_step:
             raise ValueError(f"capacity must be >= rollouts_per_step = {self.rollouts_per_step}, got {self.capacity}")
+        if self.micro_batch_size < 0:
+            raise ValueError(f"micro_batch_size must be >= 0 (0: whole batch), got {self.micro_batch_size}")
         if not (self.lr > 0 and self.temperature > 0):
             raise ValueError("lr and temperature must be > 0")
         return self
@@ -138,6 +152,7 @@ class RLResult:
     metrics: list[dict] = field(default_factory=list)  # one dict per step
     generation_seconds: float = 0.0
     update_seconds: float = 0.0
+    sync_seconds: float = 0.0  # trainer -> sampler weight copies (in neither mu side)
     k_inference: int = 0  # completions generated
     k_training: int = 0  # completions processed by backprop
     buffer: object = None  # the FIFO buffer at the end of the run (None on-policy)
@@ -159,10 +174,16 @@ def _pad_to(t: torch.Tensor, length: int, value) -> torch.Tensor:
 
 
 def generate_batch(policy: Policy, problems: list[countdown.Problem], prompt_index: np.ndarray, config: RLConfig,
-                   step: int, group_offset: int, generator: torch.Generator) -> tuple[RolloutBatch, dict]:
-    """Sample G completions for each chosen prompt and score them: a one-seed RolloutBatch (1, R, L)."""
+                   step: int, group_offset: int, generator: torch.Generator,
+                   sampler: Sampler | None = None) -> tuple[RolloutBatch, dict]:
+    """Sample G completions for each chosen prompt and score them: a one-seed RolloutBatch (1, R, L).
+
+    ``sampler`` (default: the HF loop on ``policy``) generates; everything after it is engine-independent.
+    """
     prompts = [problems[i].prompt_text() for i in prompt_index]
-    rollouts = generate(policy, prompts, config.group_size, config.max_new_tokens, config.temperature, generator)
+    sampler = HFSampler() if sampler is None else sampler
+    rollouts = sampler.generate(policy, prompts, config.group_size, config.max_new_tokens, config.temperature,
+                                generator)
     L = config.max_new_tokens
     ids = _pad_to(rollouts.completion_ids, L, policy.tokenizer.pad_token_id)  # (R, L)
     mask = _pad_to(rollouts.completion_mask, L, 0)  # (R, L)
@@ -191,17 +212,63 @@ def generate_batch(policy: Policy, problems: list[countdown.Problem], prompt_ind
                    "accuracy": float((reward == 1.0).mean())}
 
 
+def update_step(policy: Policy, optimizer: torch.optim.Optimizer, problems: list[countdown.Problem],
+                config: RLConfig, batch: RolloutBatch, is_fresh=None):
+    """One optimizer step on a one-seed training batch; returns (logp_new (B, L) detached, the loss output).
+
+    The shared numpy loss gives d loss / d logp_new; the model's gradient is that of the
+    surrogate sum(grad_logp * logp_new). With ``config.micro_batch_size`` smaller than the batch,
+    a no-grad pass first computes every logp_new (the losses need the whole batch at once: token
+    means, M2PO's batch-level masks), then forward/backward runs chunk by chunk; the summed
+    chunk gradients equal the whole-batch gradient.
+    """
+    prompt_ids, prompt_mask = encode_prompts(policy, [problems[i].prompt_text() for i in batch.prompt[0]])  # (B, P)
+    ids = torch.as_tensor(batch.tokens[0], device=policy.device)  # (B, L)
+    mask = torch.as_tensor(batch.mask[0].astype(np.int64), device=policy.device)  # (B, L)
+    n = ids.shape[0]
+    chunk = config.micro_batch_size or n
+
+    def logp_of(rows: slice) -> torch.Tensor:  # (rows, L)
+        return sequence_logprobs(policy, prompt_ids[rows], prompt_mask[rows], ids[rows], mask[rows],
+                                 temperature=config.temperature)
+
+    optimizer.zero_grad(set_to_none=True)
+    if chunk >= n:
+        logp_new = logp_of(slice(None))
+        out = _loss(config, logp_new.detach().cpu().double().numpy()[None], batch, is_fresh)
+        grad = torch.as_tensor(out.grad_logp[0], dtype=logp_new.dtype, device=logp_new.device)  # (B, L)
+        (grad * logp_new).sum().backward()  # d surrogate / d theta = sum dL/dlogp * d logp / d theta
+        logp_value = logp_new.detach()
+    else:
+        with torch.no_grad():
+            logp_value = torch.cat([logp_of(slice(a, a + chunk)) for a in range(0, n, chunk)])  # (B, L)
+        out = _loss(config, logp_value.cpu().double().numpy()[None], batch, is_fresh)
+        grad = torch.as_tensor(out.grad_logp[0], dtype=logp_value.dtype, device=logp_value.device)  # (B, L)
+        for a in range(0, n, chunk):
+            rows = slice(a, a + chunk)
+            (grad[rows] * logp_of(rows)).sum().backward()  # gradients accumulate over chunks
+    optimizer.step()
+    return logp_value, out
+
+
 def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
           progress: Callable[[int, dict], None] | None = None, checkpoint: Path | None = None,
-          checkpoint_every: int = 10) -> RLResult:
+          checkpoint_every: int = 10, sampler: Sampler | None = None) -> RLResult:
     """Run ``config.steps`` RL updates on ``problems`` (the training split) and log one dict per step.
 
     With ``checkpoint`` (a file path) the full state (model, optimizer, buffer, both random
     generators, metrics) is saved every ``checkpoint_every`` steps, and a run started with an
     existing checkpoint continues from it exactly: the same seed gives the same result
-    whether or not the run was interrupted.
+    whether or not the run was interrupted. (With ``sync_every > 1`` the sampler's stale weights
+    are not checkpointed: a resumed run syncs at its first step, so it is exact only when it
+    resumes at a multiple of ``sync_every``.)
+
+    ``sampler`` generates the rollouts (default: the HF loop; with ``sync_every > 1`` on a stale
+    copy of the weights). It is synced with the trainer at the run's first step and then every
+    ``sync_every`` steps, before that step's generation.
     """
     config = config.validated()
+    sampler = HFSampler(stale_copy=config.sync_every > 1) if sampler is None else sampler
     rng = np.random.default_rng(config.seed)
     generator = torch.Generator(device="cpu").manual_seed(config.seed)
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
@@ -219,7 +286,13 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
         result = state["result"]
         result.buffer = buffer
         first_step = state["next_step"]
+    synced_at = first_step
     for step in range(first_step, config.steps):
+        if step == first_step or step % config.sync_every == 0:
+            t_sync = time.perf_counter()
+            sampler.sync(policy)
+            synced_at = step
+            result.sync_seconds += time.perf_counter() - t_sync
         t0 = time.perf_counter()
         policy.model.eval()
         replay, is_fresh = None, None
@@ -231,7 +304,8 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
         else:
             n_fresh, n_replay = config.rollouts_per_step // G, 0
         prompt_index = rng.integers(0, len(problems), size=n_fresh)
-        fresh, info = generate_batch(policy, problems, prompt_index, config, step, result.k_inference // G, generator)
+        fresh, info = generate_batch(policy, problems, prompt_index, config, step, result.k_inference // G, generator,
+                                     sampler)
         result.generation_seconds += time.perf_counter() - t0
         result.k_inference += fresh.size
 
@@ -253,21 +327,13 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
             sample = buffer.sample(config.batch_size, step, rng)
             train_batch, staleness = sample.batch, sample.staleness
         policy.model.train()
-        prompt_ids, prompt_mask = encode_prompts(policy, [problems[i].prompt_text() for i in train_batch.prompt[0]])
-        ids = torch.as_tensor(train_batch.tokens[0], device=policy.device)
-        mask = torch.as_tensor(train_batch.mask[0].astype(np.int64), device=policy.device)
-        logp_new = sequence_logprobs(policy, prompt_ids, prompt_mask, ids, mask, temperature=config.temperature)
-        out = _loss(config, logp_new.detach().cpu().double().numpy()[None], train_batch, is_fresh)
-        surrogate = (torch.as_tensor(out.grad_logp[0], dtype=logp_new.dtype, device=logp_new.device) * logp_new).sum()
-        optimizer.zero_grad(set_to_none=True)
-        surrogate.backward()  # d surrogate / d theta = sum dL/dlogp * d logp / d theta
-        optimizer.step()
+        logp_new, out = update_step(policy, optimizer, problems, config, train_batch, is_fresh)
         if config.buffer == "group-replay":
             buffer.add(fresh, step)  # RLOO order: sample fresh, sample replay, update, add fresh, evict
         result.update_seconds += time.perf_counter() - t1
         result.k_training += train_batch.size
 
-        token_lr = logp_new.detach().cpu().double().numpy()[None] - train_batch.logp_behav  # (1, B, L)
+        token_lr = logp_new.cpu().double().numpy()[None] - train_batch.logp_behav  # (1, B, L)
         seq_lr = np.where(train_batch.mask, token_lr, 0.0).sum(axis=-1)  # (1, B)
         stats = div.sample_statistics(token_lr.reshape(1, -1), mask=train_batch.mask.reshape(1, -1))
         metrics = {
@@ -277,6 +343,7 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
             "ess_frac": float(div.ess_kish_fraction(seq_lr)[0]),
             "log_ratio_abs_max": float(np.abs(np.where(train_batch.mask, token_lr, 0.0)).max()),
             "staleness_mean": float(staleness.mean()),
+            "policy_lag": step - synced_at,  # updates the sampler's weights trail the trainer's
             **{k: float(v[0]) for k, v in stats.items() if k != "ess_frac"},
             **{k: float(np.asarray(v).reshape(-1)[0]) for k, v in out.metrics.items()
                if k.startswith(("clip_ratio", "pg_clipfrac", "masked_frac", "is_ratio"))},
@@ -337,11 +404,17 @@ def _make_buffer(config: RLConfig):
 
 
 def evaluate_policy(policy: Policy, problems: list[countdown.Problem], num_samples: int, temperature: float,
-                    max_new_tokens: int, seed: int, ks=(1, 4)) -> dict:
-    """Mean reward, fraction correct, pass@1 and unbiased pass@k on ``problems`` (seeded)."""
+                    max_new_tokens: int, seed: int, ks=(1, 4), sampler: Sampler | None = None) -> dict:
+    """Mean reward, fraction correct, pass@1 and unbiased pass@k on ``problems`` (seeded).
+
+    ``sampler`` (default: the HF loop) is first synced to ``policy``: evaluation is always on-policy.
+    """
     generator = torch.Generator(device="cpu").manual_seed(seed)
     policy.model.eval()
-    rollouts = generate(policy, [p.prompt_text() for p in problems], num_samples, max_new_tokens, temperature, generator)
+    sampler = HFSampler() if sampler is None else sampler
+    sampler.sync(policy)
+    rollouts = sampler.generate(policy, [p.prompt_text() for p in problems], num_samples, max_new_tokens,
+                                temperature, generator)
     owners = [p for p in problems for _ in range(num_samples)]
     reward = countdown.verify_batch(owners, rollouts.completion_text).reshape(len(problems), num_samples)
     return countdown.evaluate_samples(reward == 1.0, ks=ks, rewards=reward)

@@ -1,0 +1,120 @@
+"""Rollout engines of the validator: what turns prompts into completions and behaviour log-probs.
+
+Paper: experience-replay (shared/papers/experience-replay-optimal-buffer.txt), Sec. 2 and App. E:
+inference workers generate rollouts with weights pushed from the trainers, so a rollout's
+behaviour policy mu can trail the trainer's pi_theta by a few updates (off-policiness).
+
+Two engines implement one interface, ``Sampler``:
+
+* ``HFSampler`` (``--engine hf``, any device): ``validate.model.generate``, the hand-written
+  KV-cached loop. With ``sync_every = 1`` it samples from the trainer's own model (syncing is
+  free); with ``sync_every > 1`` it keeps a copy of the weights that is refreshed only at sync
+  steps, so the staleness semantics of the vLLM path can be run and tested on a CPU.
+* ``VLLMSampler`` (``--engine vllm``, CUDA only; ``validate/vllm_engine.py``): ``vllm.LLM`` with
+  weights copied from the trainer at sync steps.
+
+Only generation and weight loading differ. Prompt encoding (the trainer's tokenizer), rewards,
+buffers, losses, the update and all logging are the same code for both (``validate/rl.py``).
+
+| code name     | paper symbol | meaning                                                        |
+|---------------|--------------|----------------------------------------------------------------|
+| ``sync``      | -            | copy theta_t into the engine: later rollouts come from pi_t     |
+| ``sync_every``| -            | updates between syncs; rollouts trail the trainer by < sync_every |
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Protocol, Sequence
+
+import torch
+
+from replay_theory.validate import model as _model  # module reference: tests patch model.vllm_available
+from replay_theory.validate.model import Policy, Rollouts, generate, resolve_device
+
+ENGINES = ("hf", "vllm", "auto")
+
+
+class Sampler(Protocol):
+    """Generates ``num_samples`` completions per prompt, prompt-major, with per-token behaviour log-probs.
+
+    ``generate`` returns a ``validate.model.Rollouts`` with the conventions documented in
+    ``validate/model.py`` (left-padded prompts, right-padded completions including the stop
+    token, ``logp_behav`` under the temperature-scaled sampling distribution, 0 on padding).
+    ``sync(policy)`` makes later calls sample from ``policy``'s current weights.
+    """
+
+    name: str
+
+    def sync(self, policy: Policy) -> None: ...
+
+    def generate(self, policy: Policy, prompts: Sequence[str], num_samples: int, max_new_tokens: int,
+                 temperature: float, generator: torch.Generator) -> Rollouts: ...
+
+
+class HFSampler:
+    """``validate.model.generate`` on the trainer's model, or on a copy refreshed only by ``sync``."""
+
+    name = "hf"
+
+    def __init__(self, stale_copy: bool = False):
+        self.stale_copy = stale_copy
+        self._copy: Policy | None = None
+
+    def sync(self, policy: Policy) -> None:
+        if not self.stale_copy:
+            return  # generation reads the trainer's weights directly: always in sync
+        if self._copy is None:
+            self._copy = dataclasses.replace(policy, model=copy.deepcopy(policy.model))
+        else:
+            self._copy.model.load_state_dict(policy.model.state_dict())
+
+    def generate(self, policy: Policy, prompts: Sequence[str], num_samples: int, max_new_tokens: int,
+                 temperature: float, generator: torch.Generator) -> Rollouts:
+        if not self.stale_copy:
+            return generate(policy, prompts, num_samples, max_new_tokens, temperature, generator)
+        if self._copy is None:
+            raise RuntimeError("HFSampler(stale_copy=True).generate called before sync(policy)")
+        return generate(self._copy, prompts, num_samples, max_new_tokens, temperature, generator)
+
+
+def resolve_engine(engine: str, device: str) -> str:
+    """'hf' or 'vllm' for ``--engine hf|vllm|auto`` on ``--device``; one-line ValueError with the fix otherwise.
+
+    ``auto`` picks vLLM when it is installed, a GPU is visible and the trainer is on CUDA
+    (a CPU trainer would pay a GPU-to-CPU weight copy every sync), else the HF loop.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine '{engine}'; use --engine hf, vllm or auto")
+    is_cuda = _device_type(device) == "cuda"
+    if engine == "auto":
+        return "vllm" if (_model.vllm_available() and is_cuda and torch.cuda.is_available()) else "hf"
+    if engine == "vllm":
+        _model.require_vllm()
+        if not is_cuda:
+            raise ValueError(f"--engine vllm generates on a GPU but --device is '{device}'; "
+                             "add --device cuda, or use --engine hf on a CPU")
+        resolve_device(device)  # CUDA requested without a GPU: the same one-line error as the trainer's
+    return engine
+
+
+def _device_type(device: str) -> str:
+    try:
+        return torch.device(device).type
+    except (RuntimeError, TypeError):
+        return resolve_device(device).type  # raises the one-line "unknown device" error
+
+
+def make_sampler(engine: str, *, device: str = "cpu", sync_every: int = 1, model_path: str | None = None,
+                 seed: int = 0, gpu_memory_utilization: float = 0.3, max_model_len: int | None = None) -> Sampler:
+    """The sampler for a resolved or unresolved ``engine`` name (vLLM needs ``model_path``: a checkpoint directory)."""
+    engine = resolve_engine(engine, device)
+    if engine == "hf":
+        return HFSampler(stale_copy=sync_every > 1)
+    if model_path is None:
+        raise ValueError("the vLLM engine needs a checkpoint directory (model_path) to start from")
+    from replay_theory.validate.vllm_engine import VLLMSampler
+
+    return VLLMSampler(model_path, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
+                       max_model_len=max_model_len)
