@@ -77,7 +77,8 @@ def register(app: typer.Typer) -> None:
         no_what_if: bool = typer.Option(False, "--no-what-if", help="Statistics only."),
         max_age_buckets: int = typer.Option(16, "--max-age-buckets", help="Age buckets in the by-age table."),
         chunk_rows: int = typer.Option(65536, "--chunk-rows", help="Rows read per chunk (memory bound)."),
-        no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+        no_progress: bool = typer.Option(False, "--no-progress",
+                                         help="No progress bar (none either when stderr is not a terminal)."),
     ) -> None:
         """Off-policy health of logged rollouts: ESS, chi^2, KL, M2 overall / per sequence / by age, the theory
         bounds with their slack, KL drift and FreshPER tau, and a what-if table of corrections."""
@@ -103,7 +104,9 @@ def register(app: typer.Typer) -> None:
         config = DiagnoseConfig(path=str(log), preset=preset, columns=columns, format=fmt, chunk_rows=chunk_rows,
                                 skip_invalid=skip_invalid, max_age_buckets=max_age_buckets, what_if=what_if,
                                 run_what_if=not no_what_if)
-        if no_progress:
+        if no_progress or not sys.stderr.isatty():
+            # rich writes a newline to a stderr that is not a terminal when the bar stops: keep a
+            # redirected stderr empty on success and exactly one line on error
             report = run(config)
         else:
             from rich.console import Console

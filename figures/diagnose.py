@@ -1,7 +1,7 @@
 """Figure of ``replay-theory diagnose``: ESS fraction and KL drift against sample age.
 
-Rebuilt from a saved report (``replay-theory diagnose LOG --json > report.json``,
-then ``replay-theory diagnose --figure-from report.json --figure out.png``) or
+Rebuilt from a saved report (``replay-theory diagnose LOG --save report.json``,
+then ``replay-theory diagnose --from-report report.json --figure out.png``) or
 drawn straight after the pass (``--figure out.png``).
 
 Left: the measured Kish ESS fraction per age bucket next to the FreshPER

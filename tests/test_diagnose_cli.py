@@ -179,3 +179,64 @@ def test_skip_invalid_counts_mismatched_wide_rows(tmp_path, cli):
     lr = np.array([0.0, 0.5, -0.2])
     assert report["n_tokens"] == 3 and report["n_sequences"] == 2
     assert report["m2"] == pytest.approx(float(np.mean(lr**2)))
+
+
+@pytest.mark.parametrize("body, message", [
+    ("seq_id,logp_behav\n0,-1.0\n", "column 'logp_current' (logp_current) not in"),
+    ("seq_id,logp_behav,logp_current\n0,-1.0,0.5\n", "1 tokens with positive log-probs"),
+    ("seq_id,logp_behav,logp_current\n0,-1.0,inf\n", "NaN, null or infinite log-probs"),
+])
+def test_bad_input_with_the_progress_bar_on_is_still_one_line(tmp_path, cli, body, message):
+    # without --no-progress: a stderr that is not a terminal gets no bar and no stray blank line
+    path = tmp_path / "bad.csv"
+    path.write_text(body)
+    code, out, err = cli("diagnose", str(path))
+    assert code == 2 and out == ""
+    assert err.startswith("replay-theory: error: ") and err.count("\n") == 1 and message in err
+
+
+def test_missing_pyarrow_is_one_line_exit_2(tmp_path, cli, monkeypatch):
+    path = tmp_path / "ok.csv"
+    path.write_text("seq_id,logp_behav,logp_current\n0,-1.0,-1.1\n")
+    monkeypatch.setitem(__import__("sys").modules, "pyarrow", None)  # import pyarrow -> ImportError
+    code, out, err = cli("diagnose", str(path))
+    assert code == 2 and out == ""
+    assert err == "replay-theory: error: diagnose needs pyarrow to read logs: pip install 'replay-theory[diagnose]'\n"
+
+
+def test_success_leaves_a_redirected_stderr_empty(tmp_path, cli):
+    path = tmp_path / "ok.csv"
+    path.write_text("seq_id,logp_behav,logp_current\n0,-1.0,-1.1\n0,-0.5,-0.4\n")
+    code, out, err = cli("diagnose", str(path), "--json")
+    assert code == 0 and err == ""
+    assert json.loads(out)["m2"] == pytest.approx((0.1**2 + 0.1**2) / 2)
+
+
+def test_example_log_shapes_agree_and_recover_the_known_drift(tmp_path, cli):
+    from replay_theory.validate.diagnose.example import example_log, write_example
+
+    reports = {}
+    for shape, name, extra in (("default", "log.parquet", []), ("default", "log.csv", []),
+                               ("trl", "trl.parquet", ["--preset", "trl", "--columns", "age=version_gap"]),
+                               ("verl", "verl.jsonl", ["--preset", "verl", "--columns", "age=version_gap"])):
+        write_example(tmp_path / name, shape, seed=3)
+        code, out, err = cli("diagnose", str(tmp_path / name), *extra, "--json", "--no-progress")
+        assert code == 0, err
+        reports[name] = json.loads(out)
+    columns, truth = example_log(np.random.default_rng(3))
+    lr = columns["logp_current"] - columns["logp_behav"]
+    tok = dv.sample_statistics(lr)
+    seq_lr = np.bincount(columns["seq_id"], weights=lr)
+    for name, report in reports.items():
+        assert report["n_tokens"] == lr.size and report["n_sequences"] == seq_lr.size, name
+        for key in ("ess_frac", "chi2", "m2", "kl_k3"):
+            assert report[key] == pytest.approx(float(tok[key]), rel=1e-9), (name, key)
+        assert report["sequence"]["ess_frac"] == pytest.approx(float(dv.ess_kish_fraction(seq_lr)), rel=1e-9)
+        assert [b["age"] for b in report["by_age"]] == truth["age"].tolist()
+        assert report["drift"]["shape"] == "linear"  # a random walk in the logits
+    for bucket, kl in zip(reports["log.parquet"]["by_age"], truth["kl"]):
+        sub = lr[columns["age"] == bucket["age"]]
+        k3 = np.expm1(sub) - sub
+        assert abs(bucket["kl_k3"] - kl) < 5 * k3.std() / np.sqrt(sub.size)  # the sampled KL, within 5 s.e.
+    with pytest.raises(ValueError, match="exists"):  # never overwrites
+        write_example(tmp_path / "log.parquet")
