@@ -14,7 +14,7 @@ in a fresh subprocess so that peak memory is its own:
 
 Prints rows (tokens) per second and peak RSS of each, and the ratios to pandas
 measured in this one run; checks that ``stats`` and ``pandas`` agree.
-Run: ``python bench/bench_diagnose.py [--tokens N] [--keep PATH]`` (needs pandas).
+Run: ``python bench/bench_diagnose.py [--tokens N] [--keep PATH]`` (needs pandas: ``pip install -e ".[bench]"``).
 """
 
 from __future__ import annotations
