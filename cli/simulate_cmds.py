@@ -160,6 +160,8 @@ def register(app: typer.Typer) -> None:
                                     "(needs the validate extra).", no_args_is_help=True)
     app.add_typer(validate_app, name="validate")
 
+    from replay_theory.validate.loop import VERIFY_BUDGET_UPDATES, VERIFY_SEEDS
+
     engine_help = "Rollout engine: hf (HF sampling loop, any device), vllm (CUDA) or auto (vllm when installed, on CUDA)."
 
     def run_options(engine, sync_every, micro_batch, gpu_memory, lr) -> dict:
@@ -202,8 +204,9 @@ def register(app: typer.Typer) -> None:
     @validate_app.command("verify")
     def validate_verify(
         out: Path = typer.Option(..., "--out", help="Run directory holding predicted.json."),
-        seeds: int = typer.Option(2, "--seeds", help="Seeds per design."),
-        budget: int = typer.Option(24, "--budget-updates", help="Compute budget, in on-policy updates."),
+        seeds: int = typer.Option(VERIFY_SEEDS, "--seeds", help="Seeds per design."),
+        budget: int = typer.Option(VERIFY_BUDGET_UPDATES, "--budget-updates",
+                                   help="Compute budget, in on-policy updates."),
         device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: calibrate's)."),
         engine: Optional[str] = typer.Option(None, "--engine", help=engine_help + " Default: calibrate's."),
         sync_every: Optional[int] = typer.Option(None, "--sync-every", help="Default: calibrate's."),
@@ -228,7 +231,9 @@ def register(app: typer.Typer) -> None:
         gpu_memory: float = typer.Option(0.3, "--gpu-memory-utilization", help="vLLM's share of the GPU."),
         lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate of the probe and verify runs."),
         mu_window: float = typer.Option(3.0, "--mu-window", help="Seconds of the App. E count-based mu (0: skip)."),
-        seeds: int = typer.Option(2, "--seeds", help="Seeds per design in verify."),
+        seeds: int = typer.Option(VERIFY_SEEDS, "--seeds", help="Seeds per design in verify."),
+        budget: int = typer.Option(VERIFY_BUDGET_UPDATES, "--budget-updates",
+                                   help="verify's compute budget, in on-policy updates."),
         seed: int = typer.Option(0, "--seed"),
     ) -> None:
         """calibrate -> predict -> verify."""
@@ -238,7 +243,7 @@ def register(app: typer.Typer) -> None:
                                 **run_options(engine, sync_every, micro_batch, gpu_memory, lr))
         run_calibrate(config, out, log=typer.echo)
         run_predict(config, out, log=typer.echo)
-        report = run_verify(config, out, seeds=seeds, log=typer.echo)
+        report = run_verify(config, out, seeds=seeds, budget_updates=budget, log=typer.echo)
         typer.echo(f"measured best: {report['measured_best']['name']}; report: {out / 'report.md'}")
 
     @app.command()

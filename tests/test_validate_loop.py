@@ -9,8 +9,16 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from replay_theory.theory.design import DesignQuery, optimal_design  # noqa: E402
+from replay_theory.theory.group_replay import fresh_verifier_evaluations  # noqa: E402
 from replay_theory.theory.profiles import load_profile  # noqa: E402
-from replay_theory.validate.loop import ValidateConfig, run_calibrate, run_predict, run_verify  # noqa: E402
+from replay_theory.validate.loop import (  # noqa: E402
+    ValidateConfig,
+    design_cost,
+    run_calibrate,
+    run_predict,
+    run_verify,
+    steps_at_budget,
+)
 
 SMALL = ValidateConfig(n_train=120, n_test=16, sft_steps=40, rollouts_per_step=16, group_size=4, probe_steps=10,
                        samples=8, max_new_tokens=12, mu_window_seconds=0.5)
@@ -54,15 +62,49 @@ def test_calibrate_then_predict(tmp_path):
     budget = 3 * (mu * R + R)
     names = [d["name"] for d in report["designs"]]
     assert names[0] == "on-policy" and "N=2R, B=R" in names
+    assert names[-3:] == ["RLOO rho=0", "RLOO rho=1, L=1, c=1", "RLOO rho=1, L=2, c=3"]  # FIFO first, then RLOO
+    assert report["designs"][0]["steps"] == 3  # on-policy gets exactly the budget's 3 updates
+    K = SMALL.group_size
     for d in report["designs"]:
-        # equal compute: as many updates of cost mu R + B as fit in the on-policy budget
-        assert d["steps"] == max(1, int(budget // (mu * R + d["B"])))
-        assert d["compute"] == pytest.approx(d["steps"] * (mu * R + d["B"]))
         assert 0.0 <= d["final_reward_mean"] <= 1.0 and d["seeds"] == 1
+        if d["buffer"] == "group-replay":
+            continue
+        # equal compute: as many updates of cost mu R + B as fit in the on-policy budget
+        assert d["compute"] == pytest.approx(d["steps"] * (mu * R + d["B"]))
+        assert d["compute"] <= budget * (1 + 1e-9) < d["compute"] + mu * R + d["B"] or d["steps"] == 1
+        assert d["fresh_rollouts"] == d["steps"] * R
+    groups = R // K  # B = R completions per update: 4 groups of K = 4, round(4 / (1 + rho)) of them fresh
+    for d in (d for d in report["designs"] if d["buffer"] == "group-replay"):
+        # the RLOO budget K (B + (T - 1) B_fresh) of fresh rollouts, counted by train(), charged at mu each
+        b_fresh = {0.0: 4, 1.0: 2}[d["rho"]]
+        assert d["fresh_rollouts"] == fresh_verifier_evaluations(K, groups, d["steps"], d["rho"])
+        assert d["fresh_rollouts"] == K * (groups + (d["steps"] - 1) * b_fresh)
+        assert d["compute"] == pytest.approx(mu * d["fresh_rollouts"] + d["steps"] * R)
+        # equal compute: the most updates that fit (the first is all fresh, later ones mu K B_fresh + B)
+        assert d["compute"] <= budget + 1e-9 < d["compute"] + mu * K * b_fresh + R
+        assert d["loss"] == "rloo" and d["B"] == R and d["R"] == K * b_fresh and d["N"] is None and d["x"] is None
+    rloo = {d["name"]: d for d in report["designs"] if d["buffer"] == "group-replay"}
+    assert rloo["RLOO rho=0"]["steps"] == report["designs"][0]["steps"]  # rho = 0 costs what on-policy does
+    replayed = rloo["RLOO rho=1, L=2, c=3"]
+    # fewer fresh rollouts per update: at least as many updates in the budget (more at larger budgets, see below)
+    assert replayed["steps"] >= rloo["RLOO rho=0"]["steps"]
+    fresh_only = rloo["RLOO rho=0"]
+    assert replayed["fresh_rollouts"] / replayed["steps"] < fresh_only["fresh_rollouts"] / fresh_only["steps"] == R
     assert report["measured_best"]["final_reward_mean"] == max(d["final_reward_mean"] for d in report["designs"])
     written = json.loads((out / "report.json").read_text())
-    for key in ("mu_measured", "mu_count", "profile", "predicted", "designs", "measured_best"):
+    for key in ("mu_measured", "mu_count", "profile", "predicted", "designs", "measured_best", "warm_start_reward",
+                "learning_signal", "gap"):
         assert key in written
+    for d in written["designs"]:
+        knobs = ("rho", "L", "c") if d["buffer"] == "group-replay" else ("N", "B", "R")
+        assert all(d[k] is not None for k in knobs)
+        for key in ("seeds", "final_reward_mean", "final_reward_std", "compute"):
+            assert key in d
+    assert [(d["rho"], d["L"], d["c"]) for d in written["designs"][-2:]] == [(1.0, 1, 1.0), (1.0, 2, 3.0)]
+    warm = written["warm_start_reward"]
+    assert warm["seeds"] == 1 and warm["mean"] == written["warm_start"]["mean_reward"] and warm["std"] == 0.0
+    best = written["measured_best"]
+    assert written["learning_signal"]["gain"] == pytest.approx(best["final_reward_mean"] - warm["mean"])
     assert written["mu_count"] == calibration["mu_count"] and written["count_window"] == window
     assert (out / "report.md").read_text().startswith("# Validation report")
     assert f"K_inference = {window['k_inference']}" in (out / "report.md").read_text()
@@ -72,6 +114,28 @@ def test_calibrate_then_predict(tmp_path):
     assert len(logs) == len(report["designs"])
     first = read_log(logs[0])
     assert [m["step"] for m in first] == list(range(len(first))) and all("loss" in m and "ess_frac" in m for m in first)
+
+
+def test_equal_compute_of_fifo_and_group_replay_by_hand():
+    """mu = 0.5, R = B = 64, K = 8; budget = 24 on-policy updates = 24 (0.5 x 64 + 64) = 2304."""
+    mu, R, K, budget = 0.5, 64, 8, 2304.0
+    on_policy = {"buffer": "on-policy", "N": 64, "B": 64}
+    assert steps_at_budget(on_policy, budget, mu, R, K) == 24
+    for updates in range(1, 100):  # the on-policy budget buys exactly its updates, whatever the rounding of mu
+        assert steps_at_budget(on_policy, updates * (0.998 * R + R), 0.998, R, K) == updates
+    assert design_cost(on_policy, 24, mu, R, K) == {"fresh_rollouts": 1536, "samples_trained": 1536, "compute": 2304.0}
+    # rho = 1: 8 groups per update, 4 fresh after the first step. T = 10: 8 (8 + 9 x 4) = 352 fresh,
+    # compute 0.5 x 352 + 640 = 816
+    replay = {"buffer": "group-replay", "N": None, "B": 64, "rho": 1.0, "L": 2, "c": 3.0}
+    assert design_cost(replay, 10, mu, R, K) == {"fresh_rollouts": 352, "samples_trained": 640, "compute": 816.0}
+    # first step 0.5 x 64 + 64 = 96, then 0.5 x 32 + 64 = 80: 1 + floor(2208 / 80) = 28 updates, compute
+    # 0.5 x 8 (8 + 27 x 4) + 28 x 64 = 2256 <= 2304 < 2336 (29 updates)
+    assert steps_at_budget(replay, budget, mu, R, K) == 28
+    assert design_cost(replay, 28, mu, R, K)["compute"] == 2256.0
+    assert design_cost(replay, 29, mu, R, K)["compute"] == 2336.0
+    fresh_only = {**replay, "rho": 0.0, "L": 0}  # RLOO rho = 0 costs what on-policy GRPO does
+    assert steps_at_budget(fresh_only, budget, mu, R, K) == 24
+    assert design_cost(fresh_only, 24, mu, R, K) == design_cost(on_policy, 24, mu, R, K)
 
 
 def test_predict_without_calibration_is_a_clear_error(tmp_path):

@@ -7,7 +7,8 @@ Paper: experience-replay (shared/papers/experience-replay-optimal-buffer.txt): T
 SFT on solver solutions, measures mu (timing and App. E counts), sigma^2(s), rho and the KL drift on a
 probe RL run, and writes ``DIR/calibration.json`` and ``DIR/profile.json``. ``replay-theory validate
 predict --out DIR`` turns them into the Thm 3.5 design (x*, y*) and integer N, B, R in
-``DIR/predicted.json``; ``verify`` trains the designs and writes ``DIR/report.json/.md/.png``.
+``DIR/predicted.json``; ``verify`` trains the designs at equal compute (on-policy, the prediction and FIFO
+buffers around it with GRPO; RLOO whole-group replay cells (rho, L, c)) and writes ``DIR/report.json/.md/.png``.
 Files are never overwritten: a step whose output exists is skipped (resume).
 
 Rollouts come from the engine chosen by ``ValidateConfig.engine`` (``validate/engines.py``): the HF
@@ -23,8 +24,6 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from replay_theory.validate import countdown
 from replay_theory.validate.steplog import StepLog, truncate_log
@@ -119,6 +118,8 @@ def get_sampler(config: ValidateConfig, out_dir: Path):
 
 def prepare_policy(config: ValidateConfig, out_dir: Path, train_set):
     """The warm-started policy: loaded from DIR/warm_start if present, else built (+ SFT for tiny) and saved."""
+    import torch
+
     from replay_theory.validate.model import ModelConfig, load_checkpoint, load_policy, save_checkpoint, sft_warm_start
 
     checkpoint = out_dir / "warm_start"  # created only once the policy loaded: bad input leaves nothing behind
@@ -196,79 +197,172 @@ def run_predict(config: ValidateConfig, out_dir: Path, mu: float | None = None, 
     return predicted
 
 
+# The verify sweep's RLOO whole-group replay cells (rho, L, c), RLOO note (shared/notes/rloo-replay.md):
+# the fresh-only baseline (rho = 0: c and L have no effect), the paper's best-reward cell (1, 1, 1),
+# and rho = 1 with the older pool L = 2 and the looser clip c = 3.
+GROUP_REPLAY_CELLS = ((0.0, 0, 1.0), (1.0, 1, 1.0), (1.0, 2, 3.0))
+VERIFY_SEEDS = 4
+"""Seeds per design in verify (CLI default of ``validate verify`` and ``validate all``)."""
+VERIFY_BUDGET_UPDATES = 48
+"""verify's equal-compute budget, in on-policy updates (CLI default of ``validate verify`` and ``validate all``)."""
+
+
 def _designs(config: ValidateConfig, predicted: dict) -> list[dict]:
-    """On-policy, the prediction, and designs around and away from it (sync model: R fixed)."""
+    """On-policy, the prediction, FIFO designs around and away from it (sync model: R fixed), then RLOO group replay.
+
+    FIFO designs (GRPO loss) carry N, B; group-replay designs (RLOO loss, leave-one-out advantage) carry
+    rho, L, c and B = R completions per update, i.e. B / K groups of which round(B/K / (1 + rho)) are fresh.
+    """
     R = config.rollouts_per_step
-    designs = [{"name": "on-policy", "buffer": "on-policy", "N": R, "B": R}]
+    designs = [{"name": "on-policy", "buffer": "on-policy", "loss": "grpo", "N": R, "B": R}]
     if predicted["regime"] == "replay" and predicted["N"] and predicted["B"]:
-        designs.append({"name": "predicted", "buffer": "fifo", "N": int(predicted["N"]), "B": int(predicted["B"])})
-    designs += [{"name": "N=2R, B=R", "buffer": "fifo", "N": 2 * R, "B": R},
-                {"name": "N=4R, B=2R", "buffer": "fifo", "N": 4 * R, "B": 2 * R},
-                {"name": "N=8R, B=4R", "buffer": "fifo", "N": 8 * R, "B": 4 * R}]
+        designs.append({"name": "predicted", "buffer": "fifo", "loss": "grpo", "N": int(predicted["N"]),
+                        "B": int(predicted["B"])})
+    designs += [{"name": "N=2R, B=R", "buffer": "fifo", "loss": "grpo", "N": 2 * R, "B": R},
+                {"name": "N=4R, B=2R", "buffer": "fifo", "loss": "grpo", "N": 4 * R, "B": 2 * R},
+                {"name": "N=8R, B=4R", "buffer": "fifo", "loss": "grpo", "N": 8 * R, "B": 4 * R}]
     unique, seen = [], set()
     for d in designs:
         if (d["N"], d["B"], d["buffer"]) not in seen:
             seen.add((d["N"], d["B"], d["buffer"]))
             unique.append(d)
+    for rho, L, c in GROUP_REPLAY_CELLS:
+        name = "RLOO rho=0" if rho == 0 else f"RLOO rho={rho:g}, L={L}, c={c:g}"
+        unique.append({"name": name, "buffer": "group-replay", "loss": "rloo", "N": None, "B": R,
+                       "rho": rho, "L": L, "c": c})
     return unique
 
 
-def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = 2, budget_updates: int = 24, log=print) -> dict:
-    """Train each design from the same warm start at EQUAL compute and compare held-out reward; report.json/.md."""
+def design_cost(design: dict, steps: int, mu: float, R: int, K: int) -> dict:
+    """Fresh rollouts, samples trained and compute of ``steps`` updates of ``design``, in sample-update units.
+
+    Compute = mu * fresh rollouts + samples trained (an update of B samples costs B, a rollout mu).
+    FIFO / on-policy: R fresh per step, so compute = T (mu R + B). Group replay: B / K groups per update,
+    the first step all fresh, then round(B/K / (1 + rho)) fresh groups: K (B/K + (T - 1) B_fresh) fresh
+    rollouts (RLOO budget, theory/group_replay.py; rho <= L, so the pool covers the replay demand).
+    """
+    from replay_theory.theory.group_replay import fresh_verifier_evaluations
+
+    if design["buffer"] == "group-replay":
+        fresh = int(fresh_verifier_evaluations(K, design["B"] // K, steps, design["rho"]))  # App. B, Replay-RLOO
+    else:
+        fresh = steps * R
+    trained = steps * design["B"]
+    return {"fresh_rollouts": fresh, "samples_trained": trained, "compute": mu * fresh + trained}
+
+
+def steps_at_budget(design: dict, budget: float, mu: float, R: int, K: int) -> int:
+    """The most updates (at least 1) whose ``design_cost`` compute fits in ``budget``: equal compute.
+
+    Every step after the first costs the same (mu * fresh per step + B); the first step may cost more
+    (group replay: all of its groups are fresh), so T = 1 + floor((budget - first) / per_step).
+    """
+    first = design_cost(design, 1, mu, R, K)["compute"]
+    per_step = design_cost(design, 2, mu, R, K)["compute"] - first
+    slack = 1e-9 * budget  # budget = 40 (mu R + R) must buy 40 on-policy updates, not 39 after rounding
+    if design["buffer"] != "group-replay":
+        return max(1, math.floor((budget + slack) / per_step))  # T (mu R + B) <= budget
+    return max(1, 1 + math.floor((budget + slack - first) / per_step))
+
+
+def _run_file_stem(name: str) -> str:
+    return name.replace("=", "").replace(", ", "_").replace(" ", "")
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof 1; 0 for one value)."""
     import numpy as np
 
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = VERIFY_SEEDS,
+               budget_updates: int = VERIFY_BUDGET_UPDATES, log=print) -> dict:
+    """Train each design from the same warm start at EQUAL compute and compare held-out reward; report.json/.md.
+
+    Seed s of every design trains with seed ``config.seed + 101 s`` and is evaluated with evaluation seed
+    ``config.seed + 1 + s``; the warm start is evaluated with the same ``seeds`` evaluation seeds, so its
+    spread (sampling noise only) sits next to the designs' (training + sampling noise).
+    """
+    from replay_theory.theory.group_replay import fresh_groups_per_step
     from replay_theory.validate.model import load_checkpoint
     from replay_theory.validate.rl import RLConfig, checkpoint_next_step, evaluate_policy, train
 
     if not (out_dir / "predicted.json").exists():
         raise ValueError(f"{str(out_dir)!r} has no predicted.json: run `replay-theory validate predict --out {out_dir}` first")
+    if seeds < 1 or budget_updates < 1:
+        raise ValueError(f"--seeds and --budget-updates must be >= 1, got {seeds} and {budget_updates}")
     check_engine(config)
+    started = time.perf_counter()
     predicted = json.loads((out_dir / "predicted.json").read_text())
     calibration = json.loads((out_dir / "calibration.json").read_text())
     mu = predicted["mu_measured"]
-    R = config.rollouts_per_step
-    budget = budget_updates * (mu * R + R)  # the on-policy run's compute, rollout-cost units (one update = 1)
+    R, K = config.rollouts_per_step, config.group_size
+    budget = budget_updates * (mu * R + R)  # the on-policy run's compute, sample-update units (one sample's update = 1)
     train_set, test_set = config.problems()
     runs_dir = out_dir / "verify"
     runs_dir.mkdir(exist_ok=True)
     warm = load_checkpoint(out_dir / "warm_start", device=config.device)
     sampler = get_sampler(config, out_dir)
-    warm_eval = evaluate_policy(warm, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1, sampler=sampler)
+    warm_evals = [evaluate_policy(warm, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1 + s,
+                                  sampler=sampler) for s in range(seeds)]
+    warm_mean, warm_sd = _mean_sd([e["mean_reward"] for e in warm_evals])
+    log(f"warm start: held-out reward {warm_mean:.3f} +- {warm_sd:.3f} over {seeds} evaluation seeds")
     rows = []
     for design in _designs(config, predicted):
-        steps = max(1, int(budget // (mu * R + design["B"])))  # equal compute: c = mu R + B per update
-        finals, computes = [], []
+        steps = steps_at_budget(design, budget, mu, R, K)
+        finals, pass1, computes, fresh_counts = [], [], [], []
         for seed in range(seeds):
-            path = runs_dir / f"{design['name'].replace('=', '').replace(', ', '_').replace(' ', '')}_seed{seed}.json"
+            path = runs_dir / f"{_run_file_stem(design['name'])}_seed{seed}.json"
             if path.exists():  # resume: finished runs are kept
                 record = json.loads(path.read_text())
+                if record["steps"] != steps:
+                    raise ValueError(f"{str(path)!r} was trained for {record['steps']} updates, not {steps}: a "
+                                     f"different --budget-updates or mu; use another --out")
             else:
                 policy = load_checkpoint(out_dir / "warm_start", device=config.device)
-                rl = RLConfig(steps=steps, rollouts_per_step=R, group_size=config.group_size, batch_size=design["B"],
-                              capacity=design["N"], buffer=design["buffer"], lr=config.lr,
+                knobs = {}
+                if design["buffer"] == "group-replay":
+                    knobs = dict(loss="rloo", replay_ratio_groups=design["rho"], max_age=design["L"],
+                                 clip_c=design["c"])
+                rl = RLConfig(steps=steps, rollouts_per_step=R, group_size=K, batch_size=design["B"],
+                              capacity=design["N"] or R, buffer=design["buffer"], lr=config.lr,
                               max_new_tokens=config.max_new_tokens, sync_every=config.sync_every,
-                              micro_batch_size=config.micro_batch_size, seed=config.seed + 101 * seed)
+                              micro_batch_size=config.micro_batch_size, seed=config.seed + 101 * seed, **knobs)
                 checkpoint = path.with_suffix(".ckpt")  # a run interrupted mid-way resumes from here
                 truncate_log(path.with_suffix(".jsonl"), checkpoint_next_step(checkpoint))
                 step_log = StepLog(path.with_suffix(".jsonl"), tensorboard_dir=runs_dir / "tensorboard" / path.stem)
                 result = train(policy, train_set, rl, progress=step_log, checkpoint=checkpoint, checkpoint_every=5,
                                sampler=sampler)
                 step_log.close()
-                held_out = evaluate_policy(policy, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1,
-                                           sampler=sampler)
-                record = {"design": design, "seed": seed, "steps": steps, "compute": steps * (mu * R + design["B"]),
+                held_out = evaluate_policy(policy, test_set, 8, 1.0, config.max_new_tokens,
+                                           seed=config.seed + 1 + seed, sampler=sampler)
+                record = {"design": design, "seed": seed, "steps": steps,
+                          "fresh_rollouts": result.k_inference, "samples_trained": result.k_training,
+                          "compute": mu * result.k_inference + result.k_training,  # charged from the counts
                           "held_out": held_out, "train_reward": [m["reward"] for m in result.metrics]}
                 with path.open("x") as handle:
                     json.dump(record, handle, indent=1, default=float)
             finals.append(record["held_out"]["mean_reward"])
+            pass1.append(record["held_out"]["pass@1"])
             computes.append(record["compute"])
-            log(f"{design['name']:<12} seed {seed}: held-out reward {record['held_out']['mean_reward']:.3f} "
+            fresh_counts.append(record.get("fresh_rollouts", record["steps"] * R))
+            log(f"{design['name']:<20} seed {seed}: held-out reward {record['held_out']['mean_reward']:.3f} "
                 f"(pass@1 {record['held_out']['pass@1']:.3f}) after {record['steps']} updates")
-        rows.append({**design, "R": R, "x": design["N"] / R, "y": design["B"] / R, "steps": steps, "seeds": seeds,
-                     "final_reward_mean": float(np.mean(finals)),
-                     "final_reward_std": float(np.std(finals, ddof=1)) if seeds > 1 else 0.0,
-                     "compute": float(np.mean(computes))})
+        mean, sd = _mean_sd(finals)
+        fifo = design["buffer"] != "group-replay"
+        # R: fresh rollouts per step (group replay: K B_fresh after the all-fresh first step)
+        fresh_per_step = R if fifo else K * int(fresh_groups_per_step(design["B"] // K, design["rho"]))
+        rows.append({**design, "R": fresh_per_step, "x": design["N"] / R if fifo else None,
+                     "y": design["B"] / R if fifo else None, "K": K, "steps": steps, "seeds": seeds,
+                     "final_reward_mean": mean, "final_reward_std": sd, "final_rewards": finals,
+                     "final_pass_at_1_mean": _mean_sd(pass1)[0], "gain": mean - warm_mean,
+                     "gain_se": math.sqrt(sd ** 2 / seeds + warm_sd ** 2 / seeds),
+                     "fresh_rollouts": float(sum(fresh_counts) / len(fresh_counts)),
+                     "compute": float(sum(computes) / len(computes))})
     best = max(rows, key=lambda r: r["final_reward_mean"])
+    predicted_row = next((r for r in rows if r["name"] == ("predicted" if predicted["regime"] == "replay"
+                                                              else "on-policy")), None)
     report = {
         "mu_measured": mu,
         "mu_count": calibration.get("mu_count"),  # App. E counts; absent in calibrations made before it existed
@@ -277,11 +371,22 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = 2, budget_upd
         "profile_table": {"staleness": calibration["staleness"], "sigma_sq": calibration["sigma_sq"],
                           "rho": calibration["rho"]},
         "predicted": {k: predicted[k] for k in ("x_star", "y_star", "N", "B", "R", "regime")},
-        "warm_start": warm_eval,
+        "budget": {"updates": budget_updates, "compute": budget, "seeds": seeds},
+        "warm_start": warm_evals[0],
+        "warm_start_reward": {"mean": warm_mean, "std": warm_sd, "seeds": seeds,
+                              "by_seed": [e["mean_reward"] for e in warm_evals]},
         "designs": rows,
         "measured_best": best,
+        "learning_signal": {"design": best["name"], "gain": best["gain"], "standard_error": best["gain_se"],
+                            "design_std": best["final_reward_std"], "warm_start_std": warm_sd, "seeds": seeds},
         "gap": {"x_predicted": predicted["x_star"], "x_best": best["x"],
-                "y_predicted": predicted["y_star"], "y_best": best["y"]},
+                "y_predicted": predicted["y_star"], "y_best": best["y"],
+                "design_predicted": predicted_row["name"] if predicted_row else None,
+                "reward_predicted": predicted_row["final_reward_mean"] if predicted_row else None,
+                "reward_best": best["final_reward_mean"],
+                "reward_gap": (best["final_reward_mean"] - predicted_row["final_reward_mean"]) if predicted_row
+                else None},
+        "seconds": time.perf_counter() - started,
     }
     (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=lambda v: None))
     (out_dir / "report.md").write_text(_report_markdown(report))
@@ -290,6 +395,7 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = 2, budget_upd
 
 
 def _report_markdown(report: dict) -> str:
+    warm = report["warm_start_reward"]
     lines = ["# Validation report", "",
              f"mu measured (generation / update time per completion): {report['mu_measured']:.3g}", "",
              f"mu from App. E counts (K_training / T) / (K_inference / W) in a "
@@ -297,23 +403,38 @@ def _report_markdown(report: dict) -> str:
              f"(K_inference = {report['count_window'].get('k_inference', '-')}, "
              f"K_training = {report['count_window'].get('k_training', '-')}, W = T = 1)", "",
              f"Predicted (Thm 3.5 on the measured profile): regime {report['predicted']['regime']}, "
-             f"x* = {report['predicted']['x_star']}, y* = {report['predicted']['y_star']}, "
+             f"x* = {_fmt(report['predicted']['x_star'])}, y* = {_fmt(report['predicted']['y_star'])}, "
              f"N = {report['predicted']['N']}, B = {report['predicted']['B']}, R = {report['predicted']['R']}", "",
-             f"Warm start: held-out mean reward {report['warm_start']['mean_reward']:.3f}, "
-             f"pass@1 {report['warm_start']['pass@1']:.3f}", "",
-             "| design | N | B | R | x = N/R | y = B/R | updates | compute | held-out reward (mean +- sd) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"Warm start: held-out mean reward {warm['mean']:.3f} +- {warm['std']:.3f} over {warm['seeds']} "
+             f"evaluation seeds (seed 0: pass@1 {report['warm_start']['pass@1']:.3f})", "",
+             f"Budget: the compute of {report['budget']['updates']} on-policy updates = "
+             f"{report['budget']['compute']:.4g} (compute = mu x fresh rollouts + samples trained); "
+             f"{report['budget']['seeds']} seeds per design.", "",
+             "| design | loss | N | B | R | x = N/R | y = B/R | rho | L | c | updates | fresh rollouts | compute "
+             "| held-out reward (mean +- sd) | pass@1 | gain over warm start (+- se) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["designs"]:
-        lines.append(f"| {r['name']} | {r['N']} | {r['B']} | {r['R']} | {r['x']:.3g} | {r['y']:.3g} | {r['steps']} | "
-                     f"{r['compute']:.4g} | {r['final_reward_mean']:.3f} +- {r['final_reward_std']:.3f} |")
-    best = report["measured_best"]
-    lines += ["", f"Measured best at equal compute: {best['name']} (x = {best['x']:.3g}, y = {best['y']:.3g}).",
-              "", "![reward vs design](report.png)", ""]
+        lines.append(f"| {r['name']} | {r['loss']} | {_fmt(r['N'], 'd')} | {r['B']} | {r['R']} | {_fmt(r['x'])} | "
+                     f"{_fmt(r['y'])} | {_fmt(r.get('rho'), 'g')} | {_fmt(r.get('L'), 'd')} | "
+                     f"{_fmt(r.get('c'), 'g')} | "
+                     f"{r['steps']} | {r['fresh_rollouts']:.0f} | {r['compute']:.4g} | "
+                     f"{r['final_reward_mean']:.3f} +- {r['final_reward_std']:.3f} | {r['final_pass_at_1_mean']:.3f} | "
+                     f"{r['gain']:+.3f} +- {r['gain_se']:.3f} |")
+    best, gap = report["measured_best"], report["gap"]
+    knobs = (f"rho = {best['rho']:g}, L = {best['L']}, c = {best['c']:g}" if best["buffer"] == "group-replay"
+             else f"x = {best['x']:.3g}, y = {best['y']:.3g}")
+    lines += ["", f"Measured best at equal compute: {best['name']} ({knobs}), "
+              f"{best['gain']:+.3f} +- {best['gain_se']:.3f} over the warm start "
+              f"(se = sqrt(sd_design^2 / n + sd_warm^2 / n), n = {report['budget']['seeds']})."]
+    if gap["reward_gap"] is not None:
+        lines += ["", f"Predicted design ({gap['design_predicted']}): {gap['reward_predicted']:.3f}; "
+                  f"measured best: {gap['reward_best']:.3f}; gap {gap['reward_gap']:.3f}."]
+    lines += ["", "![reward vs design](report.png)", ""]
     return "\n".join(lines)
 
 
-def _fmt(value) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"
+def _fmt(value, spec: str = ".3g") -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
 def _report_figure(report: dict, path: Path) -> None:
@@ -322,15 +443,22 @@ def _report_figure(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3), dpi=100)
-    names = [r["name"] for r in report["designs"]]
-    means = [r["final_reward_mean"] for r in report["designs"]]
-    errs = [r["final_reward_std"] for r in report["designs"]]
-    ax.bar(range(len(names)), means, yerr=errs, color="tab:blue", alpha=0.8)
-    ax.axhline(report["warm_start"]["mean_reward"], color="k", ls="--", lw=1, label="warm start")
-    ax.set_xticks(range(len(names)), names, rotation=20, fontsize=7)
+    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
+    designs = report["designs"]
+    names = [r["name"] for r in designs]
+    means = [r["final_reward_mean"] for r in designs]
+    errs = [r["final_reward_std"] for r in designs]
+    colors = ["tab:orange" if r["buffer"] == "group-replay" else "tab:blue" for r in designs]
+    ax.bar(range(len(names)), means, yerr=errs, color=colors, alpha=0.8)
+    warm = report["warm_start_reward"]
+    ax.axhline(warm["mean"], color="k", ls="--", lw=1, label="warm start (+- sd)")
+    ax.axhspan(warm["mean"] - warm["std"], warm["mean"] + warm["std"], color="k", alpha=0.1)
+    ax.set_xticks(range(len(names)), names, rotation=25, ha="right", fontsize=7)
+    low = min(min(m - e for m, e in zip(means, errs)), warm["mean"] - warm["std"])
+    ax.set_ylim(bottom=max(0.0, low - 0.05))  # the differences are a few hundredths: do not start at 0
     ax.set_ylabel("held-out mean reward")
-    ax.set_title(f"equal compute, mu = {report['mu_measured']:.2g}", fontsize=9)
+    ax.set_title(f"equal compute, mu = {report['mu_measured']:.2g}; blue GRPO + FIFO, orange RLOO group replay",
+                 fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
