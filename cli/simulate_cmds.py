@@ -11,9 +11,22 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
+
+# Options shared by `validate calibrate` and `validate all`: one definition and one help text each.
+_ENGINE_HELP = "Rollout engine: hf (HF sampling loop, any device), vllm (CUDA) or auto (vllm when installed, on CUDA)."
+ModelOption = Annotated[str, typer.Option("--model", help="'tiny' or a local checkpoint / hub id.")]
+DeviceOption = Annotated[str, typer.Option("--device", help="cpu or cuda (bf16 autocast over fp32 weights on cuda).")]
+EngineOption = Annotated[str, typer.Option("--engine", help=_ENGINE_HELP)]
+SyncEveryOption = Annotated[int, typer.Option("--sync-every", help="Updates between weight syncs trainer -> engine.")]
+MicroBatchOption = Annotated[int, typer.Option("--micro-batch",
+                                               help="Completions per forward/backward (0: whole batch).")]
+GpuMemoryOption = Annotated[float, typer.Option("--gpu-memory-utilization", help="vLLM's share of the GPU.")]
+LrOption = Annotated[float, typer.Option("--lr", help="AdamW learning rate of the probe and verify runs.")]
+MuWindowOption = Annotated[float, typer.Option("--mu-window",
+                                               help="Seconds of the App. E count-based mu (0: skip).")]
 
 ALIASES = {"batch": "batch_size", "n": "capacity", "r": "rollouts_per_step", "b": "batch_size"}
 SUMMARY_KEYS = ("mean_staleness", "max_staleness", "replay_ratio", "mean_time_since_last_use", "compute_ratio",
@@ -162,8 +175,6 @@ def register(app: typer.Typer) -> None:
 
     from replay_theory.validate.loop import VERIFY_BUDGET_UPDATES, VERIFY_SEEDS
 
-    engine_help = "Rollout engine: hf (HF sampling loop, any device), vllm (CUDA) or auto (vllm when installed, on CUDA)."
-
     def run_options(engine, sync_every, micro_batch, gpu_memory, lr) -> dict:
         return {"engine": engine, "sync_every": sync_every, "micro_batch_size": micro_batch,
                 "gpu_memory_utilization": gpu_memory, "lr": lr}
@@ -171,14 +182,14 @@ def register(app: typer.Typer) -> None:
     @validate_app.command("calibrate")
     def validate_calibrate(
         out: Path = typer.Option(..., "--out", help="Run directory (resumed: finished steps are skipped)."),
-        model: str = typer.Option("tiny", "--model", help="'tiny' or a local checkpoint / hub id."),
-        device: str = typer.Option("cpu", "--device", help="cpu or cuda (bf16 autocast over fp32 weights on cuda)."),
-        engine: str = typer.Option("hf", "--engine", help=engine_help),
-        sync_every: int = typer.Option(1, "--sync-every", help="Updates between weight syncs trainer -> engine."),
-        micro_batch: int = typer.Option(0, "--micro-batch", help="Completions per forward/backward (0: whole batch)."),
-        gpu_memory: float = typer.Option(0.3, "--gpu-memory-utilization", help="vLLM's share of the GPU."),
-        lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate of the probe and verify runs."),
-        mu_window: float = typer.Option(3.0, "--mu-window", help="Seconds of the App. E count-based mu (0: skip)."),
+        model: ModelOption = "tiny",
+        device: DeviceOption = "cpu",
+        engine: EngineOption = "hf",
+        sync_every: SyncEveryOption = 1,
+        micro_batch: MicroBatchOption = 0,
+        gpu_memory: GpuMemoryOption = 0.3,
+        lr: LrOption = 3e-4,
+        mu_window: MuWindowOption = 3.0,
         tiny: bool = typer.Option(True, "--tiny/--full", help="Small problem and probe sizes for a CPU."),
         seed: int = typer.Option(0, "--seed"),
     ) -> None:
@@ -208,7 +219,7 @@ def register(app: typer.Typer) -> None:
         budget: int = typer.Option(VERIFY_BUDGET_UPDATES, "--budget-updates",
                                    help="Compute budget, in on-policy updates."),
         device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: calibrate's)."),
-        engine: Optional[str] = typer.Option(None, "--engine", help=engine_help + " Default: calibrate's."),
+        engine: Optional[str] = typer.Option(None, "--engine", help=_ENGINE_HELP + " Default: calibrate's."),
         sync_every: Optional[int] = typer.Option(None, "--sync-every", help="Default: calibrate's."),
         micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Default: calibrate's."),
         gpu_memory: Optional[float] = typer.Option(None, "--gpu-memory-utilization", help="Default: calibrate's."),
@@ -223,14 +234,14 @@ def register(app: typer.Typer) -> None:
     @validate_app.command("all")
     def validate_all(
         out: Path = typer.Option(..., "--out", help="Run directory (resumed)."),
-        model: str = typer.Option("tiny", "--model", help="'tiny' or a local checkpoint / hub id."),
-        device: str = typer.Option("cpu", "--device", help="cpu or cuda (bf16 autocast over fp32 weights on cuda)."),
-        engine: str = typer.Option("hf", "--engine", help=engine_help),
-        sync_every: int = typer.Option(1, "--sync-every", help="Updates between weight syncs trainer -> engine."),
-        micro_batch: int = typer.Option(0, "--micro-batch", help="Completions per forward/backward (0: whole batch)."),
-        gpu_memory: float = typer.Option(0.3, "--gpu-memory-utilization", help="vLLM's share of the GPU."),
-        lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate of the probe and verify runs."),
-        mu_window: float = typer.Option(3.0, "--mu-window", help="Seconds of the App. E count-based mu (0: skip)."),
+        model: ModelOption = "tiny",
+        device: DeviceOption = "cpu",
+        engine: EngineOption = "hf",
+        sync_every: SyncEveryOption = 1,
+        micro_batch: MicroBatchOption = 0,
+        gpu_memory: GpuMemoryOption = 0.3,
+        lr: LrOption = 3e-4,
+        mu_window: MuWindowOption = 3.0,
         seeds: int = typer.Option(VERIFY_SEEDS, "--seeds", help="Seeds per design in verify."),
         budget: int = typer.Option(VERIFY_BUDGET_UPDATES, "--budget-updates",
                                    help="verify's compute budget, in on-policy updates."),
