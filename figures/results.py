@@ -313,7 +313,11 @@ def validation_data(results: Path) -> dict:
 
 
 def validation_curves(results: Path) -> dict:
-    """Per design: mean training reward against compute, from the verify runs' saved records."""
+    """Per design: mean training reward against compute, from the verify runs' saved records.
+
+    Compute after update t is t times the run's mean compute per update (a group-replay run's first
+    update, all fresh, costs more than the later ones; the curve spreads that evenly).
+    """
     path = _require(results, "validation", marker="report.json")
     curves: dict[str, list] = {}
     for record_file in sorted((path / "verify").glob("*.json")):
@@ -324,26 +328,52 @@ def validation_curves(results: Path) -> dict:
     return {name: (runs[0][0], np.mean([r for _, r in runs], axis=0)) for name, runs in curves.items()}
 
 
+def _design_color(index: int, design: dict) -> str:
+    """The predicted design in orange; every other design its own colour of the cycle (orange skipped)."""
+    if design["name"] == "predicted":
+        return COLORS[1]
+    others = [c for c in COLORS if c != COLORS[1]]
+    return others[index % len(others)]
+
+
 def plot_validation(results: Path = Path("results"), axes=None):
-    """Held-out reward per design at equal compute (prediction highlighted) and training reward vs compute."""
+    """Held-out reward per design at equal compute (prediction highlighted) and training reward vs compute.
+
+    The warm start is the dashed line with its seed spread shaded (reports made before the spread
+    was recorded show evaluation seed 0 alone). Group-replay (RLOO) designs are hatched and dashed.
+    """
     report = validation_data(results)
     fig, axes = new_axes_row(axes, n=2)
     ax = axes[0]
     designs = report["designs"]
-    colors = [COLORS[1] if d["name"] == "predicted" else COLORS[0] for d in designs]
-    ax.bar(range(len(designs)), [d["final_reward_mean"] for d in designs],
-           yerr=[d["final_reward_std"] for d in designs], color=colors)
-    ax.axhline(report["warm_start"]["mean_reward"], color="k", ls="--", lw=1, label="warm start")
+    colors = [_design_color(i, d) for i, d in enumerate(designs)]
+    bars = ax.bar(range(len(designs)), [d["final_reward_mean"] for d in designs],
+                  yerr=[d["final_reward_std"] for d in designs], color=colors)
+    for bar, design in zip(bars, designs):
+        if design.get("buffer") == "group-replay":
+            bar.set_hatch("//")
+    warm = report.get("warm_start_reward") or {"mean": report["warm_start"]["mean_reward"], "std": 0.0}
+    ax.axhline(warm["mean"], color="k", ls="--", lw=1, label="warm start (+- sd)")
+    if warm["std"] > 0:
+        ax.axhspan(warm["mean"] - warm["std"], warm["mean"] + warm["std"], color="k", alpha=0.1, lw=0)
     ax.set_xticks(range(len(designs)), [d["name"] for d in designs], rotation=20, fontsize=6)
-    ax.set_ylabel("held-out mean reward")
-    ax.set_title("predicted (orange) vs measured, equal compute", fontsize=8)
+    ax.set_ylabel("held-out reward (mean +- sd)")
+    ax.set_title("equal compute: predicted orange, RLOO hatched", fontsize=8)
     ax.legend(fontsize=6)
     if (Path(results) / "validation" / "verify").exists():
-        for i, (name, (compute, reward)) in enumerate(validation_curves(results).items()):
-            axes[1].plot(compute, reward, color=COLORS[i % len(COLORS)], lw=1, label=name)
+        curves = validation_curves(results)
+        for i, design in enumerate(designs):
+            if design["name"] in curves:
+                compute, reward = curves[design["name"]]
+                window = min(5, reward.size)  # single updates are noisy: a trailing 5-update mean
+                reward = np.convolve(reward, np.ones(window) / window, mode="valid")
+                compute = compute[window - 1:]
+                dashed = design.get("buffer") == "group-replay"
+                axes[1].plot(compute, reward, color=colors[i], lw=1, ls="--" if dashed else "-",
+                             label=design["name"])
         axes[1].legend(fontsize=5)
-    axes[1].set_xlabel("compute (sample-update units: mu R + B per update)")
-    axes[1].set_ylabel("training reward (mean over seeds)")
+    axes[1].set_xlabel("compute (mu x fresh rollouts + samples trained)")
+    axes[1].set_ylabel("training reward (seed mean, 5-update average)")
     return fig
 
 

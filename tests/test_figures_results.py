@@ -84,6 +84,21 @@ def test_every_results_figure_renders_or_names_its_command(results_root, tmp_pat
     figure = fig.plot_validation(results_root)
     bars = figure.axes[0].patches
     assert [b.get_height() for b in bars] == [0.25, 0.22]
+    assert figure.axes[0].lines[0].get_ydata()[0] == 0.2  # a report without the spread: seed 0's warm start
+    plt.close(figure)
+    # a report with the warm start's spread and an RLOO design: the band spans mean +- sd, RLOO is hatched
+    (results_root / "validation" / "report.json").write_text(json.dumps({
+        "warm_start": {"mean_reward": 0.21}, "warm_start_reward": {"mean": 0.2, "std": 0.01}, "designs": [
+            {"name": "on-policy", "buffer": "on-policy", "final_reward_mean": 0.25, "final_reward_std": 0.01},
+            {"name": "predicted", "buffer": "fifo", "final_reward_mean": 0.22, "final_reward_std": 0.02},
+            {"name": "RLOO rho=1", "buffer": "group-replay", "final_reward_mean": 0.24, "final_reward_std": 0.0}]}))
+    figure = fig.plot_validation(results_root)
+    ax = figure.axes[0]
+    assert ax.lines[0].get_ydata()[0] == 0.2
+    band = ax.patches[-1]  # axhspan: y from mean - sd, height 2 sd (data units)
+    assert band.get_y() == pytest.approx(0.19) and band.get_y() + band.get_height() == pytest.approx(0.21)
+    assert [b.get_hatch() for b in ax.patches[:3]] == [None, None, "//"]
+    assert ax.patches[1].get_facecolor() != ax.patches[0].get_facecolor() != ax.patches[2].get_facecolor()
     plt.close(figure)
 
 
