@@ -27,6 +27,21 @@ GpuMemoryOption = Annotated[float, typer.Option("--gpu-memory-utilization", help
 LrOption = Annotated[float, typer.Option("--lr", help="AdamW learning rate of the probe and verify runs.")]
 MuWindowOption = Annotated[float, typer.Option("--mu-window",
                                                help="Seconds of the App. E count-based mu (0: skip).")]
+TinyOption = Annotated[bool, typer.Option("--tiny/--full", help="Small problem and probe sizes for a CPU.")]
+
+
+def _run_options(engine, sync_every, micro_batch, gpu_memory, lr) -> dict:
+    return {"engine": engine, "sync_every": sync_every, "micro_batch_size": micro_batch,
+            "gpu_memory_utilization": gpu_memory, "lr": lr}
+
+
+def calibrate_config(model, device, engine, sync_every, micro_batch, gpu_memory, lr, mu_window, tiny, seed):
+    """The ValidateConfig of `validate calibrate` and `validate all` (--full: larger problem and probe)."""
+    from replay_theory.validate.loop import ValidateConfig
+
+    config = ValidateConfig(model=model, device=device, seed=seed, mu_window_seconds=mu_window,
+                            **_run_options(engine, sync_every, micro_batch, gpu_memory, lr))
+    return config if tiny else dataclasses.replace(config, n_train=5000, probe_steps=64, samples=256)
 
 ALIASES = {"batch": "batch_size", "n": "capacity", "r": "rollouts_per_step", "b": "batch_size"}
 SUMMARY_KEYS = ("mean_staleness", "max_staleness", "replay_ratio", "mean_time_since_last_use", "compute_ratio",
@@ -173,33 +188,29 @@ def register(app: typer.Typer) -> None:
                                     "(needs the validate extra).", no_args_is_help=True)
     app.add_typer(validate_app, name="validate")
 
-    from replay_theory.validate.loop import VERIFY_BUDGET_UPDATES, VERIFY_SEEDS
+    from replay_theory.validate.loop import VERIFY_BUDGET_UPDATES, VERIFY_SEEDS, ValidateConfig
 
-    def run_options(engine, sync_every, micro_batch, gpu_memory, lr) -> dict:
-        return {"engine": engine, "sync_every": sync_every, "micro_batch_size": micro_batch,
-                "gpu_memory_utilization": gpu_memory, "lr": lr}
+    defaults = ValidateConfig()  # the CLI's defaults are the config's: written once
+
 
     @validate_app.command("calibrate")
     def validate_calibrate(
         out: Path = typer.Option(..., "--out", help="Run directory (resumed: finished steps are skipped)."),
-        model: ModelOption = "tiny",
-        device: DeviceOption = "cpu",
-        engine: EngineOption = "hf",
-        sync_every: SyncEveryOption = 1,
-        micro_batch: MicroBatchOption = 0,
-        gpu_memory: GpuMemoryOption = 0.3,
-        lr: LrOption = 3e-4,
-        mu_window: MuWindowOption = 3.0,
-        tiny: bool = typer.Option(True, "--tiny/--full", help="Small problem and probe sizes for a CPU."),
+        model: ModelOption = defaults.model,
+        device: DeviceOption = defaults.device,
+        engine: EngineOption = defaults.engine,
+        sync_every: SyncEveryOption = defaults.sync_every,
+        micro_batch: MicroBatchOption = defaults.micro_batch_size,
+        gpu_memory: GpuMemoryOption = defaults.gpu_memory_utilization,
+        lr: LrOption = defaults.lr,
+        mu_window: MuWindowOption = defaults.mu_window_seconds,
+        tiny: TinyOption = True,
         seed: int = typer.Option(0, "--seed"),
     ) -> None:
         """Warm-start, probe and measure mu, sigma^2(s), rho and KL drift; writes calibration.json and profile.json."""
-        from replay_theory.validate.loop import ValidateConfig, run_calibrate
+        from replay_theory.validate.loop import run_calibrate
 
-        config = ValidateConfig(model=model, device=device, seed=seed, mu_window_seconds=mu_window,
-                                **run_options(engine, sync_every, micro_batch, gpu_memory, lr))
-        if not tiny:
-            config = dataclasses.replace(config, n_train=5000, probe_steps=64, samples=256)
+        config = calibrate_config(model, device, engine, sync_every, micro_batch, gpu_memory, lr, mu_window, tiny, seed)
         run_calibrate(config, out, log=typer.echo)
 
     @validate_app.command("predict")
@@ -227,31 +238,31 @@ def register(app: typer.Typer) -> None:
         """Train on-policy, the prediction and designs around it at equal compute; writes report.json/.md/.png."""
         from replay_theory.validate.loop import load_run_config, run_verify
 
-        config = load_run_config(out, device=device, **run_options(engine, sync_every, micro_batch, gpu_memory, None))
+        config = load_run_config(out, device=device, **_run_options(engine, sync_every, micro_batch, gpu_memory, None))
         report = run_verify(config, out, seeds=seeds, budget_updates=budget, log=typer.echo)
         typer.echo(f"measured best: {report['measured_best']['name']}; report: {out / 'report.md'}")
 
     @validate_app.command("all")
     def validate_all(
         out: Path = typer.Option(..., "--out", help="Run directory (resumed)."),
-        model: ModelOption = "tiny",
-        device: DeviceOption = "cpu",
-        engine: EngineOption = "hf",
-        sync_every: SyncEveryOption = 1,
-        micro_batch: MicroBatchOption = 0,
-        gpu_memory: GpuMemoryOption = 0.3,
-        lr: LrOption = 3e-4,
-        mu_window: MuWindowOption = 3.0,
+        model: ModelOption = defaults.model,
+        device: DeviceOption = defaults.device,
+        engine: EngineOption = defaults.engine,
+        sync_every: SyncEveryOption = defaults.sync_every,
+        micro_batch: MicroBatchOption = defaults.micro_batch_size,
+        gpu_memory: GpuMemoryOption = defaults.gpu_memory_utilization,
+        lr: LrOption = defaults.lr,
+        mu_window: MuWindowOption = defaults.mu_window_seconds,
+        tiny: TinyOption = True,
         seeds: int = typer.Option(VERIFY_SEEDS, "--seeds", help="Seeds per design in verify."),
         budget: int = typer.Option(VERIFY_BUDGET_UPDATES, "--budget-updates",
                                    help="verify's compute budget, in on-policy updates."),
         seed: int = typer.Option(0, "--seed"),
     ) -> None:
         """calibrate -> predict -> verify."""
-        from replay_theory.validate.loop import ValidateConfig, run_calibrate, run_predict, run_verify
+        from replay_theory.validate.loop import run_calibrate, run_predict, run_verify
 
-        config = ValidateConfig(model=model, device=device, seed=seed, mu_window_seconds=mu_window,
-                                **run_options(engine, sync_every, micro_batch, gpu_memory, lr))
+        config = calibrate_config(model, device, engine, sync_every, micro_batch, gpu_memory, lr, mu_window, tiny, seed)
         run_calibrate(config, out, log=typer.echo)
         run_predict(config, out, log=typer.echo)
         report = run_verify(config, out, seeds=seeds, budget_updates=budget, log=typer.echo)

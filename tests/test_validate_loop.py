@@ -151,3 +151,25 @@ def test_truncate_log_drops_steps_a_resumed_run_logs_again(tmp_path):
         log(step, {"step": step, "loss": float(step)})
     truncate_log(tmp_path / "run.jsonl", 3)
     assert [m["step"] for m in read_log(tmp_path / "run.jsonl")] == [0, 1, 2]
+
+
+def test_validate_calibrate_and_all_build_the_same_config_with_the_configs_defaults(monkeypatch, tmp_path):
+    """Both commands go through one builder; a default written in the CLI can't drift from ValidateConfig's."""
+    import replay_theory.validate.loop as loop
+    from typer.testing import CliRunner
+
+    from replay_theory.cli.app import app
+
+    seen = []
+    monkeypatch.setattr(loop, "run_calibrate", lambda config, out, log: seen.append(config))
+    monkeypatch.setattr(loop, "run_predict", lambda config, out, log: None)
+    monkeypatch.setattr(loop, "run_verify", lambda config, out, seeds, budget_updates, log: {
+        "measured_best": {"name": "on-policy"}})
+    runner = CliRunner()
+    for command in ("calibrate", "all"):
+        assert runner.invoke(app, ["validate", command, "--out", str(tmp_path)]).exit_code == 0
+        assert runner.invoke(app, ["validate", command, "--out", str(tmp_path), "--full", "--lr", "1e-6",
+                                   "--engine", "auto", "--seed", "3"]).exit_code == 0
+    default, full = ValidateConfig(), ValidateConfig(n_train=5000, probe_steps=64, samples=256, lr=1e-6,
+                                                     engine="auto", seed=3)
+    assert seen == [default, full, default, full]
