@@ -239,11 +239,11 @@ def section_sweep(quick: bool) -> None:
 
 def memory_child(capacity: int, seeds: int, seq_len: int, chunk: int) -> dict:
     """Build and fill a FifoBuffer with token-MDP-shaped rollouts in this (fresh) process; nbytes and RSS."""
-    from replay_theory.simulate.buffers import make_buffer
+    from replay_theory.simulate.buffers import FifoBuffer
     from replay_theory.simulate.rollouts import RolloutBatch
 
     rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    buffer = make_buffer("fifo", num_seeds=seeds, capacity=capacity, seq_len=seq_len)  # the engine's dtypes
+    buffer = FifoBuffer(seeds, capacity, seq_len)  # the engine's dtypes
     rng = np.random.default_rng(0)
     filled = 0
     while filled < capacity:

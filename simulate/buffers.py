@@ -62,7 +62,6 @@ Conventions decided here (each is documented again on its class):
 
 from __future__ import annotations
 
-import inspect
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, fields
@@ -86,9 +85,8 @@ __all__ = [
     "PrioritizedBuffer",
     "GroupReplayBuffer",
     "ExGRPOBuffer",
+    "UniformQuestionBuffer",
     "StaleKQueue",
-    "BUFFERS",
-    "make_buffer",
 ]
 
 EntropyFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -320,6 +318,10 @@ class ReplayBuffer(ABC):
     def _created_of(self, index: np.ndarray, batch: RolloutBatch) -> np.ndarray:
         """Creation step of each sampled item (S, B): here the items are the sampled rollouts themselves."""
         return batch.created
+
+    def stored(self, index: np.ndarray) -> RolloutBatch:
+        """The stored responses at slots ``index`` (S, m), without recording a use (diagnostics, calibration)."""
+        return self._take(index)
 
     def _take(self, index: np.ndarray, cells: np.ndarray | None = None) -> RolloutBatch:
         return self.store.take_cells(self._cells(index) if cells is None else cells, index.shape)
@@ -1053,6 +1055,20 @@ class ExGRPOBuffer(ReplayBuffer):
         return self._finish_sample(index, np.ones(index.shape), step, valid)
 
 
+class UniformQuestionBuffer(ExGRPOBuffer):
+    """ExGRPOBuffer whose question draw is uniform over the questions in E ("w/o question selection" ablation).
+
+    Bucket k gets probability |U_k| / |E| (so one draw is uniform over E); the counts
+    then go through the same multinomial-and-clip sampler, within a bucket without
+    replacement, so a batch is a uniform draw up to the clip-and-redraw of Alg. 2.
+    """
+
+    def bucket_probs(self) -> np.ndarray:
+        sizes = self.bucket_sizes().astype(float)  # (S, K-1)
+        total = sizes.sum(axis=1, keepdims=True)
+        return np.divide(sizes, total, out=np.zeros_like(sizes), where=total > 0)
+
+
 def _occurrence_rank(q: np.ndarray) -> np.ndarray:
     """For (S, G) ids, how many earlier entries of the same row share the id (0 for the first)."""
     S, G = q.shape
@@ -1118,69 +1134,3 @@ class StaleKQueue:
 
     def __len__(self) -> int:
         return len(self._queue)
-
-
-# --- registry ----------------------------------------------------------------------------------------
-
-BUFFERS: dict[str, type] = {
-    "fifo": FifoBuffer,
-    "positive_bias": PositiveBiasBuffer,
-    "prioritized": PrioritizedBuffer,
-    "freshper": PrioritizedBuffer,
-    "group_replay": GroupReplayBuffer,
-    "exgrpo": ExGRPOBuffer,
-    "stale_k": StaleKQueue,
-}
-
-
-def make_buffer(name: str, *, rollouts_per_step: int | None = None, batch_size: int | None = None,
-                rho: float | None = None, c: float = np.inf, **kwargs):
-    """Build ``BUFFERS[name](**kwargs)`` after checking the design; ValueErrors name the parameter.
-
-    Design checks beyond each constructor's own: ``rollouts_per_step`` (R) <=
-    capacity; without replacement ``batch_size`` (B) <= capacity; for
-    ``group_replay`` with ``rho`` given, ``theory.group_replay.check_group_replay``
-    (rho <= L, c > 0, K >= 2, one fresh group per step with B = groups_per_step).
-    ExGRPO takes its ``rho`` in [0, 1) as a constructor argument.
-    """
-    name = str(name).replace("-", "_")  # "group-replay" and "group_replay" both work
-    if name not in BUFFERS:
-        raise ValueError(f"unknown buffer {name!r}; choose one of {', '.join(sorted(BUFFERS))}")
-    cls = BUFFERS[name]
-    params = inspect.signature(cls.__init__).parameters
-    for key in kwargs:
-        if key not in params or key == "self":
-            valid = ", ".join(p for p in params if p != "self")
-            raise ValueError(f"unknown parameter {key!r} for buffer {name!r}; valid: {valid}")
-    if name == "exgrpo" and rho is not None:
-        kwargs["rho"] = rho
-        rho = None
-    capacity = kwargs.get("capacity")
-    if rollouts_per_step is not None:
-        R = _int_param("rollouts_per_step", rollouts_per_step, 1)
-        if capacity is not None and int(capacity) < R:
-            raise ValueError(
-                f"capacity must be >= rollouts_per_step (the buffer holds one step), "
-                f"got capacity={capacity}, rollouts_per_step={R}"
-            )
-    if batch_size is not None:
-        B = _int_param("batch_size", batch_size, 1)
-        if capacity is not None and not kwargs.get("replacement", True) and B > int(capacity):
-            raise ValueError(
-                f"batch_size must be <= capacity without replacement, got batch_size={B}, capacity={capacity}"
-            )
-    if rho is not None:
-        if name != "group_replay":
-            raise ValueError(f"rho is a design parameter of 'group_replay' and 'exgrpo' only, not {name!r}")
-        if kwargs.get("groups_per_step") is None:
-            raise ValueError("groups_per_step (B) must be given with rho for 'group_replay'")
-        try:
-            _group_replay.check_group_replay(rho, kwargs.get("max_age", 0), c, kwargs["groups_per_step"],
-                                             kwargs.get("group_size", 0))
-        except ValueError as err:  # name the constructor argument next to the paper symbol
-            msg = str(err)
-            for sym, arg in (("K", "group_size"), ("L", "max_age"), ("B", "groups_per_step")):
-                if msg.startswith(f"{sym} must"):
-                    msg = f"{arg} ({sym}){msg[len(sym):]}"
-            raise ValueError(msg) from None
-    return cls(**kwargs)

@@ -27,7 +27,9 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from replay_theory.simulate.config import SimConfig
-from replay_theory.simulate.engine import compute_loss, generate, run
+from replay_theory.simulate.designs import compute_loss
+from replay_theory.simulate.engine import run
+from replay_theory.simulate.pipeline import EnvBackend, generate
 from replay_theory.simulate.rng import PerSeedGenerator
 from replay_theory.simulate.rollouts import RolloutBatch
 
@@ -100,11 +102,12 @@ def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS,
         if step not in checkpoint_steps:
             return
         theta = history[-1]  # (S, d): the parameters after this step's update
-        fresh = generate(env, config, theta, samples // G, step, 0, rng)
+        backend = EnvBackend(env, rng)  # the probe's own stream
+        fresh = generate(backend, config, theta, samples // G, step, 0, rng)
         reference = per_sample_grads(env, config, theta, fresh).mean(axis=1)  # (S, d) ~ grad F(theta_t)
         for k, s in enumerate(staleness):
             behav = history[-1 - s]  # pi_{t-s}
-            batch = fresh if s == 0 else generate(env, config, behav, samples // G, step - s, 0, rng)
+            batch = fresh if s == 0 else generate(backend, config, behav, samples // G, step - s, 0, rng)
             noise = per_sample_grads(env, config, theta, batch) - reference[:, None, :]  # (S, M, d)
             sums[:, k] += (noise**2).sum(axis=-1).mean(axis=1)  # Assumption 3.3: E||eps||^2
         drift.append(env.exact_divergences(history[-1], history[-2])["kl_new_behav"].mean())

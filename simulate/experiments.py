@@ -276,7 +276,7 @@ def m2po_table(out_dir: Path) -> str:
 
 _RLOO_BASE = {"env": "token-mdp", "seeds": 6, "steps": 100, "eval_every": 10, "measure_drift": False,
               "buffer": "group-replay", "loss": "rloo", "advantage": "leave-one-out", "group_size": 8,
-              "rollouts_per_step": 8, "batch_size": 16, "lr": 0.05}
+              "rollouts_per_step": 8, "batch_size": 128, "lr": 0.05}  # B = 16 groups of 8 responses
 RLOO = {
     "name": "rloo",
     "base": _RLOO_BASE,
@@ -310,8 +310,8 @@ def rloo_table(out_dir: Path) -> str:
 
 # --------------------------------------------------------------------------- 6. ExGRPO
 
-_EX = {**BANDIT, "seeds": 16, "steps": 300, "group_size": 8, "lr": 0.05, "batch_size": 8, "rollouts_per_step": 64,
-       "eval_every": 10}
+_EX = {**BANDIT, "seeds": 16, "steps": 300, "group_size": 8, "lr": 0.05, "batch_size": 64, "rollouts_per_step": 64,
+       "eval_every": 10}  # B = 8 questions x 8 responses
 EXGRPO = {
     "name": "exgrpo",
     "base": {**_EX, "buffer": "exgrpo", "loss": "exgrpo"},

@@ -8,14 +8,12 @@ import numpy as np
 import pytest
 
 from replay_theory.simulate.buffers import (
-    BUFFERS,
     ExGRPOBuffer,
     FifoBuffer,
     GroupReplayBuffer,
     PositiveBiasBuffer,
     PrioritizedBuffer,
     StaleKQueue,
-    make_buffer,
 )
 from replay_theory.simulate.rollouts import RolloutBatch
 from replay_theory.simulate.sumtree import SumTree
@@ -447,8 +445,8 @@ def _groups(S, G, K, step, first_id, rng):
 
 def test_group_replay_counts_match_theory_and_reuse_is_rho():
     S, K, B, rho, L, T = 3, 4, 8, 1.0, 2, 150
-    buf = make_buffer("group_replay", num_seeds=S, max_age=L, group_size=K, seq_len=2,
-                      groups_per_step=B, rho=rho)
+    gr.check_group_replay(rho, L, np.inf, B, K)
+    buf = GroupReplayBuffer(S, L, K, 2, groups_per_step=B)
     rng = np.random.default_rng(10)
     next_id, fresh_total, ages = 0, 0, []
     for t in range(T):
@@ -716,25 +714,30 @@ def test_token_dtype_range_and_logp_precision():
 # --- registry and bad designs ---------------------------------------------------------------------------------
 
 
-def test_registry_builds_every_buffer():
-    assert set(BUFFERS) == {"fifo", "positive_bias", "prioritized", "freshper", "group_replay", "exgrpo", "stale_k"}
-    assert isinstance(make_buffer("fifo", num_seeds=2, capacity=8, seq_len=1, rollouts_per_step=4), FifoBuffer)
-    assert isinstance(make_buffer("freshper", num_seeds=2, capacity=8, seq_len=1, tau=np.inf), PrioritizedBuffer)
-    assert isinstance(make_buffer("positive_bias", num_seeds=1, capacity=8, seq_len=1, delta=0.5), PositiveBiasBuffer)
-    ex_buf = make_buffer("exgrpo", num_seeds=1, num_prompts=4, group_size=8, seq_len=1, rho=0.25)
-    assert isinstance(ex_buf, ExGRPOBuffer) and ex_buf.rho == 0.25
-    assert isinstance(make_buffer("stale_k", num_seeds=1, k=4), StaleKQueue)
-    assert isinstance(make_buffer("group-replay", num_seeds=1, max_age=2, group_size=4, seq_len=1), GroupReplayBuffer)
+def test_design_registry_builds_every_buffer():
+    from replay_theory.simulate.designs import BUFFER_DESIGNS, BufferSpec, DesignConfig, make_design_buffer
+
+    expected = {"on-policy": type(None), "fifo": FifoBuffer, "positive-bias": PositiveBiasBuffer,
+                "prioritized": PrioritizedBuffer, "group-replay": GroupReplayBuffer, "exgrpo": ExGRPOBuffer,
+                "stale-k": StaleKQueue}
+    assert set(BUFFER_DESIGNS) == set(expected)
+    for name, cls in expected.items():
+        buffer = make_design_buffer(DesignConfig(buffer=name, exgrpo_rho=0.25, stale_k=3),
+                                    BufferSpec(num_seeds=2, seq_len=1, num_prompts=4))
+        assert type(buffer) is cls
+    ex = make_design_buffer(DesignConfig(buffer="exgrpo", exgrpo_rho=0.25), BufferSpec(1, 1, 4))
+    assert ex.rho == 0.25 and ex.num_prompts == 4
+    assert make_design_buffer(DesignConfig(buffer="stale-k", stale_k=3), BufferSpec(1, 1)).k == 3
+
+
+CLASSES = {"fifo": FifoBuffer, "positive_bias": PositiveBiasBuffer, "prioritized": PrioritizedBuffer,
+           "group_replay": GroupReplayBuffer, "exgrpo": ExGRPOBuffer, "stale_k": StaleKQueue}
 
 
 @pytest.mark.parametrize(
     "name, kwargs, param",
     [
-        ("nope", {}, "unknown buffer"),
-        ("fifo", dict(num_seeds=1, capacity=3, seq_len=1, rollouts_per_step=4), "capacity"),
-        ("fifo", dict(num_seeds=1, capacity=3, seq_len=1, replacement=False, batch_size=4), "batch_size"),
         ("fifo", dict(num_seeds=1, capacity=0, seq_len=1), "capacity"),
-        ("fifo", dict(num_seeds=1, capacity=3, seq_len=1, bogus=1), "bogus"),
         ("positive_bias", dict(num_seeds=1, capacity=8, seq_len=1, delta=1.0), "delta"),
         ("positive_bias", dict(num_seeds=1, capacity=8, seq_len=1, delta=-0.1), "delta"),
         ("prioritized", dict(num_seeds=1, capacity=8, seq_len=1, tau=-1.0), "tau"),
@@ -744,8 +747,6 @@ def test_registry_builds_every_buffer():
         ("prioritized", dict(num_seeds=1, capacity=8, seq_len=1, beta=2.0), "beta"),
         ("prioritized", dict(num_seeds=1, capacity=8, seq_len=1, eps=0.0), "eps"),
         ("prioritized", dict(num_seeds=1, capacity=8, seq_len=1, base="td"), "base"),
-        ("group_replay", dict(num_seeds=1, max_age=1, group_size=4, seq_len=1, groups_per_step=8, rho=2.0), "rho"),
-        ("group_replay", dict(num_seeds=1, max_age=2, group_size=1, seq_len=1, groups_per_step=8, rho=1.0), "K"),
         ("group_replay", dict(num_seeds=1, max_age=2, group_size=4, seq_len=1, capacity_groups=0), "capacity_groups"),
         ("exgrpo", dict(num_seeds=1, num_prompts=4, group_size=8, seq_len=1, rho=1.0), "rho"),
         ("exgrpo", dict(num_seeds=1, num_prompts=4, group_size=8, seq_len=1, units="percent"), "units"),
@@ -753,9 +754,33 @@ def test_registry_builds_every_buffer():
         ("stale_k", dict(num_seeds=1, k=-1), "k"),
     ],
 )
-def test_bad_designs_raise_value_error_naming_the_parameter(name, kwargs, param):
+def test_bad_buffer_arguments_raise_value_error_naming_the_parameter(name, kwargs, param):
     with pytest.raises(ValueError, match=param) as info:
-        make_buffer(name, **kwargs)
+        CLASSES[name](**kwargs)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(capacity=3, rollouts_per_step=8, group_size=4), "capacity must be >= rollouts_per_step = 8"),
+        (dict(capacity=8, rollouts_per_step=4, group_size=4, replacement=False, batch_size=8),
+         "batch_size must be <= rollouts_per_step = 4"),
+        (dict(buffer="group-replay", loss="rloo", max_age=1, replay_ratio_groups=2.0), "rho\\) must be <= max_age"),
+        (dict(buffer="group-replay", loss="rloo", group_size=4, batch_size=6), "batch_size must be a multiple"),
+        (dict(buffer="group-replay", loss="grpo"), "buffer group-replay trains with loss rloo"),
+        (dict(buffer="fifo", loss="rloo"), "loss rloo needs buffer group-replay or on-policy"),
+        (dict(buffer="exgrpo", loss="exgrpo", exgrpo_units="percent"), "exgrpo_units must be one of"),
+        (dict(stale_k=-1), "stale_k must be an integer >= 0"),
+        (dict(delta=1.0), "delta must be in \\[0, 1\\)"),
+        (dict(buffer="lifo"), "buffer must be one of on-policy, fifo"),
+    ],
+)
+def test_bad_designs_raise_one_line_naming_the_field(changes, message):
+    from replay_theory.simulate.designs import DesignConfig
+
+    with pytest.raises(ValueError, match=message) as info:
+        DesignConfig(**changes).validated_design()
     assert "\n" not in str(info.value)
 
 

@@ -67,14 +67,14 @@ def test_stale_k_trains_on_data_exactly_k_updates_old():
 def test_group_replay_fresh_evaluations_match_the_budget_formula():
     K, B, T, rho = 8, 12, 40, 1.0
     result = run(SimConfig(**{**FAST, "steps": T}, buffer="group-replay", loss="rloo", advantage="leave-one-out",
-                           group_size=K, rollouts_per_step=K, batch_size=B, replay_ratio_groups=rho, max_age=2))
+                           group_size=K, rollouts_per_step=K, batch_size=B * K, replay_ratio_groups=rho, max_age=2))
     assert result.counts["K_inference"] == fresh_verifier_evaluations(K, B, T, rho)  # K (B + (T-1) B_fresh)
     assert result.counts["K_training"] == K * B * T
 
 
 @pytest.mark.parametrize("buffer,extra", [
     ("on-policy", {}), ("fifo", {}), ("positive-bias", {}), ("prioritized", {"per_tau": 50.0}),
-    ("stale-k", {}), ("group-replay", {"loss": "rloo", "advantage": "leave-one-out", "batch_size": 8}),
+    ("stale-k", {}), ("group-replay", {"loss": "rloo", "advantage": "leave-one-out", "batch_size": 64}),
 ])
 def test_every_buffer_learns(buffer, extra):
     result = run(SimConfig(**{**FAST, "steps": 80}, buffer=buffer, **extra))
@@ -104,8 +104,11 @@ def test_token_mdp_runs_with_sequence_ratios():
     ({"capacity": 16, "rollouts_per_step": 32}, "capacity must be >= rollouts_per_step"),
     ({"replacement": False, "batch_size": 100, "rollouts_per_step": 64}, "batch_size must be <= rollouts_per_step"),
     ({"buffer": "group-replay", "loss": "rloo", "replay_ratio_groups": 3.0, "max_age": 2}, "must be <= max_age"),
-    ({"mu": -1.0}, "mu must be > 0"),
-    ({"mu": math.nan}, "mu must be > 0"),
+    ({"mu": -1.0}, "mu must be a finite number > 0"),
+    ({"mu": math.nan}, "mu must be a finite number > 0"),
+    ({"lr": math.inf}, "lr must be a finite number > 0"),
+    ({"buffer": "group-replay", "loss": "rloo", "batch_size": 12}, "batch_size must be a multiple of group_size"),
+    ({"loss": "asymre", "advantage": "grpo"}, "loss asymre uses the group-mean advantage"),
     ({"capcity": 3}, "unknown config field 'capcity'"),
     ({"steps": 2.5}, "steps must be an integer"),
 ])
@@ -119,9 +122,9 @@ def test_token_statistics_reused_from_the_loss_equal_a_fresh_computation(monkeyp
 
     config = SimConfig(**FAST, buffer="stale-k", stale_k=3, loss="m2po")
     reused = run(config)
-    original = engine._Recorder.record_batch
-    monkeypatch.setattr(engine._Recorder, "record_batch", lambda self, *a: original(self, *a[:5], None))
+    original = engine.Recorder.record_batch
+    monkeypatch.setattr(engine.Recorder, "record_batch", lambda self, *a: original(self, *a[:3], None))
     recomputed = run(config)
-    for name in engine._Recorder.TOKEN_STATS:
+    for name in engine.Recorder.TOKEN_STATS:
         np.testing.assert_allclose(reused.curves[name], recomputed.curves[name], rtol=1e-12, atol=1e-15)
     assert np.all(reused.curves["m2"][:, 3:] > 0)

@@ -1,22 +1,37 @@
-"""ExGRPO's mixed-policy loop (simulate/exgrpo_loop.py) on the bandit: values, not just shapes."""
+"""ExGRPO's mixed-policy batches (simulate/designs.py ``exgrpo_step``) through the engine: values, not just shapes."""
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from replay_theory.simulate import engine, losses
 from replay_theory.simulate.config import SimConfig
+from replay_theory.simulate.designs import fresh_questions, make_advantage
 from replay_theory.simulate.envs import make_env
-from replay_theory.simulate.exgrpo_loop import _fresh_questions, run_exgrpo
 
-RHO, B, G = 0.5, 8, 8
+RHO, B, G = 0.5, 8, 8  # B questions of G responses: batch_size = B G responses
 THRESHOLD = 0.72  # well above the warm-start pass@1 (~0.44; 8-question batches are noisy): starts at steps 7-26
 
-CONFIG = SimConfig(env="bandit", buffer="exgrpo", loss="exgrpo", seeds=6, steps=60, batch_size=B, group_size=G,
+CONFIG = SimConfig(env="bandit", buffer="exgrpo", loss="exgrpo", seeds=6, steps=60, batch_size=B * G, group_size=G,
                    lr=0.05, exgrpo_rho=RHO, exgrpo_start_pass_rate=THRESHOLD, eval_every=5, measure_drift=False)
+
+
+def run_exgrpo(config: SimConfig, on_step=None, **ablations):
+    """engine.run with ExGRPO's per-step arrays unpacked for the assertions below."""
+    config = config.with_updates(**{f"exgrpo_{k}": v for k, v in ablations.items()})
+
+    def unpack(view: engine.StepView) -> None:
+        d = view.data
+        on_step(SimpleNamespace(step=view.step, batch=d.train, replayed=d.curves["_replayed"],
+                                exp_questions=d.curves["_exp_questions"], exp_valid=d.curves["_exp_valid"],
+                                n_exp=d.curves["_n_exp"], retired_before=d.curves["_retired_before"],
+                                params=view.params, logp_new=view.logp_new, loss=view.loss, staleness=d.staleness))
+
+    return engine.run(config, on_step=None if on_step is None else unpack)
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +50,6 @@ def test_deterministic_for_a_fixed_seed(traced):
     assert result.counts == again.counts
     other = run_exgrpo(CONFIG.with_updates(seed=1))
     assert not np.array_equal(other.curves["reward"], result.curves["reward"])
-
-
-def test_engine_run_dispatches_to_exgrpo(traced):
-    result, _ = traced
-    via_engine = engine.run(CONFIG)
-    np.testing.assert_array_equal(via_engine.curves["exp_frac"], result.curves["exp_frac"])
-    np.testing.assert_array_equal(via_engine.evals["reward"], result.evals["reward"])
 
 
 def test_replay_switches_on_only_after_the_pass_rate_crossed_the_threshold(traced):
@@ -88,7 +96,7 @@ def test_mixed_groups_stale_o_star_and_advantage_over_the_mixed_group(traced):
     seen = 0
     for st in steps:
         b = st.batch
-        np.testing.assert_array_equal(b.advantage, engine.make_advantage(CONFIG, b.reward.reshape(
+        np.testing.assert_array_equal(b.advantage, make_advantage(CONFIG, b.reward.reshape(
             CONFIG.seeds, B, G)).reshape(CONFIG.seeds, -1))  # advantage over the whole mixed group of G
         if not st.replayed.any():
             continue
@@ -165,7 +173,7 @@ def test_no_shaping_and_uniform_question_ablations():
     uniform = run_exgrpo(cfg, question_selection="uniform")
     assert uniform.counts["uniform_questions"] == 1.0
     assert uniform.curves["exp_frac"].max() == 0.5
-    with pytest.raises(ValueError, match="question_selection"):
+    with pytest.raises(ValueError, match="exgrpo_question_selection must be one of buckets, uniform"):
         run_exgrpo(cfg, question_selection="gaussian")
     offered = []
     all_prompts = run_exgrpo(cfg, skip_retired=False, on_step=offered.append)
@@ -199,11 +207,11 @@ def test_compute_and_difficulty_gains(traced):
 def test_fresh_questions_skip_retired_prompts():
     retired = np.array([[True, False, True, False], [True, True, True, True]])
     u = np.array([[0.0, 0.49, 0.5, 0.99], [0.0, 0.3, 0.6, 0.99]])
-    np.testing.assert_array_equal(_fresh_questions(retired, u), [[1, 1, 3, 3], [0, 1, 2, 3]])  # all retired: all
+    np.testing.assert_array_equal(fresh_questions(retired, u), [[1, 1, 3, 3], [0, 1, 2, 3]])  # all retired: all
 
 
 def test_token_mdp_mixed_groups_and_per_token_shaping():
-    cfg = SimConfig(env="token-mdp", buffer="exgrpo", loss="exgrpo", seeds=3, steps=30, batch_size=B,
+    cfg = SimConfig(env="token-mdp", buffer="exgrpo", loss="exgrpo", seeds=3, steps=30, batch_size=B * G,
                     group_size=G, measure_drift=False)
     steps = []
     result = run_exgrpo(cfg, on_step=steps.append)

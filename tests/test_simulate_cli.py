@@ -27,7 +27,7 @@ def test_simulate_json_fifo_formulas(cli):
 @pytest.mark.parametrize("args,needle", [
     (["--buffer", "lifo"], "buffer must be one of"),
     (["--capacity", "8"], "capacity must be >= rollouts_per_step"),
-    (["--mu", "nan"], "mu must be > 0"),
+    (["--mu", "nan"], "mu must be a finite number > 0"),
     (["--capcity", "8"], "unknown option --capcity"),
 ])
 def test_simulate_bad_input_one_line(cli, args, needle):

@@ -54,7 +54,8 @@ from replay_theory.theory.compute import estimate_mu
 from replay_theory.validate import countdown
 from replay_theory.validate.engines import HFSampler, Sampler
 from replay_theory.validate.model import Policy, encode_prompts, sequence_logprobs
-from replay_theory.validate.rl import RLConfig, _loss, _make_buffer, generate_batch, train, update_step
+from replay_theory.simulate.designs import BufferSpec, compute_loss, make_design_buffer
+from replay_theory.validate.rl import RLConfig, generate_batch, train, update_step
 
 MAX_GRAD_COORDS = 1 << 22  # 4M float32 coordinates = 16 MB per per-sample gradient
 
@@ -112,7 +113,7 @@ def per_sample_grads(policy: Policy, problems, batch, config: RLConfig,
         ids = torch.as_tensor(batch.tokens[0, i : i + 1], device=policy.device)
         mask = torch.as_tensor(batch.mask[0, i : i + 1].astype(np.int64), device=policy.device)
         logp = sequence_logprobs(policy, prompt_ids, prompt_mask, ids, mask, temperature=config.temperature)  # (1, L)
-        out = _loss(config, logp.detach().cpu().double().numpy()[None], batch.take(np.array([[i]])))
+        out = compute_loss(config, batch.take(np.array([[i]])), logp.detach().cpu().double().numpy()[None])
         model.zero_grad(set_to_none=True)
         (torch.as_tensor(out.grad_logp[0], dtype=logp.dtype, device=logp.device) * logp).sum().backward()
         flat = _flat_grad(model).detach().float()  # (P,)
@@ -167,7 +168,7 @@ def measure_mu_count(policy: Policy, problems: list[countdown.Problem], config: 
     window_policy = dataclasses.replace(policy, model=copy.deepcopy(policy.model))
     sampler = HFSampler() if sampler is None else sampler
     optimizer = torch.optim.AdamW(window_policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    buffer = _make_buffer(config)
+    buffer = make_design_buffer(config, BufferSpec(1, config.max_new_tokens, len(problems), np.int32))
     rng = np.random.default_rng(seed + 104729)
     generator = torch.Generator(device="cpu").manual_seed(seed + 104729)
     state = {"generated": 0}
@@ -276,7 +277,7 @@ def _buffer_correlations(policy, problems, buffer, reference, config, coords=Non
     if buffer is None:
         return {}
     valid = np.nonzero(buffer.valid[0])[0]
-    batch = buffer._take(valid[None, :])  # (1, n, ...)
+    batch = buffer.stored(valid[None, :])  # (1, n, ...)
     noise = per_sample_grads(policy, problems, batch, config, coords) - reference
     unit = noise / noise.norm(dim=1, keepdim=True).clamp_min(1e-30)
     cos = (unit @ unit.T).cpu().numpy()  # (n, n)

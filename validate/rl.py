@@ -1,8 +1,9 @@
 """RL on a Qwen2-architecture language model with the simulator's buffers and losses (not copies).
 
-Papers: experience-replay (shared/papers/experience-replay-optimal-buffer.txt) for the FIFO
-buffer (N, B, R) and GRPO; M2PO, RLOO and FreshPER for the other losses and samplers, all
-imported from ``replay_theory.simulate``.
+Papers (docs/REFERENCES.md): experience-replay for the FIFO buffer (N, B, R) and GRPO; M2PO,
+RLOO and FreshPER for the other losses and samplers. The buffer, each step's training batch and
+the compute accounting come from ``simulate.pipeline.Pipeline`` with a language-model backend
+(``LMBackend``): the simulator and the validator run the same pipeline code.
 
 | code name            | paper symbol | meaning                                                        |
 |----------------------|--------------|----------------------------------------------------------------|
@@ -43,60 +44,32 @@ from typing import Callable
 import numpy as np
 import torch
 
-from replay_theory.simulate.buffers import make_buffer
-from replay_theory.simulate.engine import compute_loss, make_advantage
+from replay_theory.simulate.designs import BUFFER_DESIGNS, DesignConfig, compute_loss
+from replay_theory.simulate.pipeline import Pipeline, score
 from replay_theory.simulate.rollouts import RolloutBatch
 from replay_theory.theory import divergences as div
-from replay_theory.theory.group_replay import fresh_groups_per_step
 from replay_theory.validate import countdown
 from replay_theory.validate.engines import HFSampler, Sampler
 from replay_theory.validate.model import Policy, encode_prompts, sequence_logprobs
 
-LOSSES = ("grpo", "no-trust-region", "m2po", "m2po-reference", "reinforce", "asymre", "rloo")
-BUFFERS = ("on-policy", "fifo", "positive-bias", "prioritized", "group-replay")
-
 
 @dataclass(frozen=True)
-class RLConfig:
-    """One RL run on the language model. Field docs are the CLI help."""
+class RLConfig(DesignConfig):
+    """One RL run on the language model: a design (the simulator's ``DesignConfig`` fields) plus training settings.
+
+    Field docs are the CLI help. Sizes count completions (``batch_size`` included, for every buffer).
+    """
 
     steps: int = 30
     """Training steps (updates)."""
-    rollouts_per_step: int = 32
-    """R: fresh completions generated per step (a multiple of group_size)."""
-    group_size: int = 8
-    """G: completions per prompt."""
-    batch_size: int = 32
-    """B: completions per update."""
-    capacity: int = 64
-    """N: FIFO buffer size in completions (buffer fifo)."""
-    buffer: str = "fifo"
-    """on-policy, fifo (uniform, with replacement), positive-bias, prioritized (FreshPER) or group-replay (RLOO)."""
-    loss: str = "grpo"
-    """grpo, no-trust-region, m2po, m2po-reference, reinforce, asymre or rloo (simulate/losses.py)."""
     lr: float = 1e-3
     """AdamW learning rate."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     temperature: float = 1.0
     """Sampling temperature of training rollouts."""
     max_new_tokens: int = 24
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    tau_m2: float = 0.04
-    clip_c: float = 3.0
-    """RLOO one-sided sequence-weight clip c."""
-    replay_ratio_groups: float = 1.0
-    """RLOO rho: replayed groups per fresh group."""
-    max_age: int = 2
-    """RLOO L: maximum replay age in steps."""
-    delta: float = 0.2
-    """Positive-bias share of correct completions kept."""
-    per_alpha: float = 0.6
-    per_beta: float = 0.4
-    per_tau: float = 50.0
-    """FreshPER age-decay time constant in steps (inf: standard PER)."""
-    asymre_delta_v: float = -0.1
-    exgrpo_beta: float = 0.1
+    """Completion length limit L, in tokens."""
     logp_source: str = "trainer"
     """Behaviour log-probs from the trainer's forward pass (fresh log-ratios exactly 0) or the sampler."""
     sync_every: int = 1
@@ -104,46 +77,25 @@ class RLConfig:
     micro_batch_size: int = 0
     """Completions per forward/backward pass of an update (0: the whole batch); the update itself is the same."""
     seed: int = 0
-
-    @property
-    def advantage(self) -> str:
-        """The advantage each loss is defined with (the simulator's names)."""
-        if self.loss == "rloo":
-            return "leave-one-out"  # RLOO Eq. (1)
-        if self.loss in ("reinforce", "asymre"):
-            return "group-mean"  # r - V-hat
-        return "grpo"  # GRPO Eq. (2)
+    """Seed of the prompt draws, the buffer's sampler and the rollout engine."""
 
     def validated(self) -> "RLConfig":
-        if self.loss not in LOSSES:
-            raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
-        if self.buffer not in BUFFERS:
-            raise ValueError(f"buffer must be one of {', '.join(BUFFERS)}, got {self.buffer!r}")
+        """One-line ValueErrors naming the field, before any work; resolves ``advantage`` to the loss's own."""
         if self.logp_source not in ("trainer", "sampler"):
             raise ValueError(f"logp_source must be trainer or sampler, got {self.logp_source!r}")
-        for name in ("steps", "rollouts_per_step", "group_size", "batch_size", "capacity", "max_new_tokens",
-                     "sync_every"):
+        for name in ("steps", "max_new_tokens", "sync_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)}")
-        if self.group_size < 2 or self.rollouts_per_step % self.group_size:
-            raise ValueError(f"rollouts_per_step must be a multiple of group_size >= 2, got "
-                             f"{self.rollouts_per_step} and {self.group_size}")
-        if (self.buffer == "group-replay") != (self.loss == "rloo"):
-            raise ValueError(f"loss rloo goes with buffer group-replay (and only it), got loss {self.loss!r} "
-                             f"and buffer {self.buffer!r}")
-        if self.buffer == "group-replay" and self.replay_ratio_groups > self.max_age:
-            raise ValueError(f"replay_ratio_groups (rho) must be <= max_age (L) = {self.max_age}, "
-                             f"got {self.replay_ratio_groups}")
-        if self.buffer == "group-replay" and self.batch_size % self.group_size:
-            raise ValueError(f"batch_size must be a multiple of group_size = {self.group_size} for group replay, "
-                             f"got {self.batch_size}")
-        if self.buffer in ("fifo", "positive-bias", "prioritized") and self.capacity < self.rollouts_per_step:
-            raise ValueError(f"capacity must be >= rollouts_per_step = {self.rollouts_per_step}, got {self.capacity}")
         if self.micro_batch_size < 0:
             raise ValueError(f"micro_batch_size must be >= 0 (0: whole batch), got {self.micro_batch_size}")
-        if not (self.lr > 0 and self.temperature > 0):
-            raise ValueError("lr and temperature must be > 0")
-        return self
+        for name in ("lr", "temperature"):
+            value = getattr(self, name)
+            if not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if BUFFER_DESIGNS.get(self.buffer) is not None and BUFFER_DESIGNS[self.buffer].needs_entropy:
+            raise ValueError(f"buffer {self.buffer} picks replayed completions by token entropy, which the language-"
+                             f"model backend does not compute; use it in the simulator")
+        return self.validated_design("sync")
 
 
 @dataclass
@@ -155,7 +107,7 @@ class RLResult:
     sync_seconds: float = 0.0  # trainer -> sampler weight copies (in neither mu side)
     k_inference: int = 0  # completions generated
     k_training: int = 0  # completions processed by backprop
-    buffer: object = None  # the FIFO buffer at the end of the run (None on-policy)
+    buffer: object = None  # the buffer at the end of the run (None on-policy)
 
     def mu_timing(self) -> float:
         """Measured rollout cost / per-sample update cost (the tiny setting's mu, Table 1 meaning)."""
@@ -164,9 +116,52 @@ class RLResult:
         return per_rollout / per_sample if per_sample > 0 else math.nan
 
 
-def _loss(config: RLConfig, logp_new, batch: RolloutBatch, is_fresh=None):
-    """The simulator's loss dispatch (one implementation): RLConfig has the fields it reads."""
-    return compute_loss(config, batch, logp_new, is_fresh)
+class LMBackend:
+    """The language model as the pipeline's rollout backend (one seed): sample G completions per prompt, score them.
+
+    ``weights`` is the ``Policy``; the ``sampler`` (HF loop or vLLM) generates, a no-grad trainer
+    forward pass gives the trainer's log-probs, and the Countdown verifier gives the rewards.
+    ``info`` holds the last call's sampler-vs-trainer mismatch and reward; ``generation_seconds``
+    accumulates the time of every call (the generation side of mu).
+    """
+
+    def __init__(self, problems: list[countdown.Problem], config: RLConfig, generator: torch.Generator,
+                 sampler: Sampler | None = None):
+        self.problems, self.config, self.generator = problems, config, generator
+        self.sampler = HFSampler() if sampler is None else sampler
+        self.num_prompts, self.seq_len = len(problems), config.max_new_tokens
+        self.info: dict[str, float] = {}
+        self.generation_seconds = 0.0
+
+    def sample(self, policy: Policy, prompts: np.ndarray):
+        started = time.perf_counter()
+        config, G = self.config, self.config.group_size
+        texts = [self.problems[i].prompt_text() for i in prompts[0, ::G]]  # one prompt per group
+        rollouts = self.sampler.generate(policy, texts, G, config.max_new_tokens, config.temperature, self.generator)
+        L = config.max_new_tokens
+        ids = _pad_to(rollouts.completion_ids, L, policy.tokenizer.pad_token_id)  # (R, L)
+        mask = _pad_to(rollouts.completion_mask, L, 0)  # (R, L)
+        sampler_logp = _pad_to(rollouts.logp_behav, L, 0.0)  # (R, L)
+        with torch.no_grad():
+            trainer_logp = sequence_logprobs(policy, rollouts.prompt_ids, rollouts.prompt_mask, ids, mask,
+                                             temperature=config.temperature)  # (R, L)
+        logp = trainer_logp if config.logp_source == "trainer" else sampler_logp
+        reward = countdown.verify_batch([self.problems[i] for i in prompts[0]], rollouts.completion_text)  # (R,)
+        self.info = {"logp_mismatch_max": float((trainer_logp - sampler_logp).abs().max()),
+                     "reward": float(reward.mean()), "accuracy": float((reward == 1.0).mean())}
+        self.generation_seconds += time.perf_counter() - started
+        return (ids.cpu().numpy()[None].astype(np.int64),  # (1, R, L) each
+                logp.cpu().numpy()[None].astype(np.float64),
+                mask.cpu().numpy()[None].astype(bool),
+                reward[None])  # (1, R)
+
+    def entropy(self, policy, prompts, tokens, mask):
+        raise ValueError("the language-model backend does not compute token entropies (RLConfig.validated refuses "
+                         "the designs that need them)")
+
+    def snapshot(self, policy):
+        raise ValueError("the language-model backend runs the synchronous pipeline; stale rollouts come from "
+                         "--sync-every")
 
 
 def _pad_to(t: torch.Tensor, length: int, value) -> torch.Tensor:
@@ -176,40 +171,19 @@ def _pad_to(t: torch.Tensor, length: int, value) -> torch.Tensor:
 def generate_batch(policy: Policy, problems: list[countdown.Problem], prompt_index: np.ndarray, config: RLConfig,
                    step: int, group_offset: int, generator: torch.Generator,
                    sampler: Sampler | None = None) -> tuple[RolloutBatch, dict]:
-    """Sample G completions for each chosen prompt and score them: a one-seed RolloutBatch (1, R, L).
+    """Sample G completions for each chosen prompt and score them: a one-seed RolloutBatch (1, R, L) and its info.
 
-    ``sampler`` (default: the HF loop on ``policy``) generates; everything after it is engine-independent.
+    The pipeline's own generation (``LMBackend`` + ``simulate.pipeline.score``) for callers that choose the
+    prompts themselves (calibration probes, benchmarks).
     """
-    prompts = [problems[i].prompt_text() for i in prompt_index]
-    sampler = HFSampler() if sampler is None else sampler
-    rollouts = sampler.generate(policy, prompts, config.group_size, config.max_new_tokens, config.temperature,
-                                generator)
-    L = config.max_new_tokens
-    ids = _pad_to(rollouts.completion_ids, L, policy.tokenizer.pad_token_id)  # (R, L)
-    mask = _pad_to(rollouts.completion_mask, L, 0)  # (R, L)
-    sampler_logp = _pad_to(rollouts.logp_behav, L, 0.0)  # (R, L)
-    with torch.no_grad():
-        trainer_logp = sequence_logprobs(policy, rollouts.prompt_ids, rollouts.prompt_mask, ids, mask,
-                                         temperature=config.temperature)  # (R, L)
-    mismatch = float((trainer_logp - sampler_logp).abs().max())
-    logp = trainer_logp if config.logp_source == "trainer" else sampler_logp
-    owner = np.repeat(prompt_index, config.group_size)  # (R,) problem of each completion
-    reward = countdown.verify_batch([problems[i] for i in owner], rollouts.completion_text)  # (R,)
-    groups = reward.reshape(1, -1, config.group_size)  # (1, R/G, G)
-    advantage = make_advantage(config, groups).reshape(1, -1)  # the simulator's advantage dispatch
-    R = ids.shape[0]
-    batch = RolloutBatch(
-        prompt=owner[None].astype(np.int64),
-        tokens=ids.cpu().numpy()[None].astype(np.int64),
-        mask=mask.cpu().numpy()[None].astype(bool),
-        logp_behav=logp.cpu().numpy()[None].astype(np.float64),
-        reward=reward[None],
-        advantage=advantage,
-        created=np.full((1, R), step, np.int64),
-        group=(group_offset + np.repeat(np.arange(R // config.group_size), config.group_size))[None],
-    )
-    return batch, {"logp_mismatch_max": mismatch, "reward": float(reward.mean()),
-                   "accuracy": float((reward == 1.0).mean())}
+    backend = LMBackend(problems, config, generator, sampler)
+    G = config.group_size
+    prompts = np.repeat(np.asarray(prompt_index, np.int64), G)[None]  # (1, R)
+    tokens, logp, mask, reward = backend.sample(policy, prompts)
+    R = prompts.shape[1]
+    group = (group_offset + np.repeat(np.arange(R // G), G))[None]
+    batch = score(config, prompts, tokens, mask, logp, reward, np.full((1, R), step, np.int64), group)
+    return batch, backend.info
 
 
 def update_step(policy: Policy, optimizer: torch.optim.Optimizer, problems: list[countdown.Problem],
@@ -235,14 +209,14 @@ def update_step(policy: Policy, optimizer: torch.optim.Optimizer, problems: list
     optimizer.zero_grad(set_to_none=True)
     if chunk >= n:
         logp_new = logp_of(slice(None))
-        out = _loss(config, logp_new.detach().cpu().double().numpy()[None], batch, is_fresh)
+        out = compute_loss(config, batch, logp_new.detach().cpu().double().numpy()[None], is_fresh)
         grad = torch.as_tensor(out.grad_logp[0], dtype=logp_new.dtype, device=logp_new.device)  # (B, L)
         (grad * logp_new).sum().backward()  # d surrogate / d theta = sum dL/dlogp * d logp / d theta
         logp_value = logp_new.detach()
     else:
         with torch.no_grad():
             logp_value = torch.cat([logp_of(slice(a, a + chunk)) for a in range(0, n, chunk)])  # (B, L)
-        out = _loss(config, logp_value.cpu().double().numpy()[None], batch, is_fresh)
+        out = compute_loss(config, batch, logp_value.cpu().double().numpy()[None], is_fresh)
         grad = torch.as_tensor(out.grad_logp[0], dtype=logp_value.dtype, device=logp_value.device)  # (B, L)
         for a in range(0, n, chunk):
             rows = slice(a, a + chunk)
@@ -272,9 +246,9 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
     rng = np.random.default_rng(config.seed)
     generator = torch.Generator(device="cpu").manual_seed(config.seed)
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    buffer = _make_buffer(config)
-    result = RLResult(config, buffer=buffer)
-    G = config.group_size
+    backend = LMBackend(problems, config, generator, sampler)
+    pipeline = Pipeline(config, backend, rng, 1, token_dtype=np.int32)  # int32 tokens: 150K-token vocabularies
+    result = RLResult(config, buffer=pipeline.buffer)
     first_step = 0
     if checkpoint is not None and Path(checkpoint).exists():
         state = _load_state(Path(checkpoint), config)
@@ -282,9 +256,11 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
         optimizer.load_state_dict(state["optimizer"])
         rng.bit_generator.state = state["rng"]
         generator.set_state(state["torch_rng"])
-        buffer = state["buffer"]
+        pipeline.buffer = state["buffer"]
+        pipeline.group_counter = state["group_counter"]
         result = state["result"]
-        result.buffer = buffer
+        result.buffer = pipeline.buffer
+        pipeline.k_inference, pipeline.k_training = float(result.k_inference), float(result.k_training)
         first_step = state["next_step"]
     synced_at = first_step
     for step in range(first_step, config.steps):
@@ -294,55 +270,29 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
             synced_at = step
             result.sync_seconds += time.perf_counter() - t_sync
         t0 = time.perf_counter()
+        generation_before = backend.generation_seconds
         policy.model.eval()
-        replay, is_fresh = None, None
-        if config.buffer == "group-replay":
-            groups = config.batch_size // G  # RLOO: B groups per update, round(B/(1+rho)) fresh
-            b_fresh = int(fresh_groups_per_step(groups, config.replay_ratio_groups))
-            n_replay = min(groups - b_fresh, int(buffer.available(step)[0]))  # shortfall filled with fresh groups
-            n_fresh = groups - n_replay
-        else:
-            n_fresh, n_replay = config.rollouts_per_step // G, 0
-        prompt_index = rng.integers(0, len(problems), size=n_fresh)
-        fresh, info = generate_batch(policy, problems, prompt_index, config, step, result.k_inference // G, generator,
-                                     sampler)
-        result.generation_seconds += time.perf_counter() - t0
-        result.k_inference += fresh.size
-
-        t1 = time.perf_counter()
-        if buffer is None:
-            train_batch, staleness = fresh, np.zeros((1, fresh.size))
-        elif config.buffer == "group-replay":
-            train_batch, staleness = fresh, np.zeros((1, fresh.size))
-            is_fresh = np.ones((1, fresh.size), bool)
-            if n_replay:
-                replay = buffer.sample_groups(n_replay, step, rng)
-                train_batch = RolloutBatch.concatenate([fresh, replay.batch])
-                is_fresh = np.concatenate([is_fresh, np.zeros((1, replay.batch.size), bool)], axis=1)
-                staleness = step - train_batch.created
-        else:
-            buffer.add(fresh, step)
-            if config.buffer == "prioritized":
-                buffer.refresh(step)
-            sample = buffer.sample(config.batch_size, step, rng)
-            train_batch, staleness = sample.batch, sample.staleness
+        data = pipeline.next_batch(step, policy)  # generation (timed by the backend) and the buffer's work
+        train_batch = data.train
         policy.model.train()
-        logp_new, out = update_step(policy, optimizer, problems, config, train_batch, is_fresh)
-        if config.buffer == "group-replay":
-            buffer.add(fresh, step)  # RLOO order: sample fresh, sample replay, update, add fresh, evict
-        result.update_seconds += time.perf_counter() - t1
-        result.k_training += train_batch.size
+        logp_new, out = update_step(policy, optimizer, problems, config, train_batch, data.is_fresh)
+        pipeline.after_update(step, data)  # RLOO: add the fresh groups after the update
+        pipeline.account(data)
+        generation = backend.generation_seconds - generation_before
+        result.generation_seconds += generation
+        result.update_seconds += time.perf_counter() - t0 - generation
+        result.k_inference, result.k_training = int(pipeline.k_inference), int(pipeline.k_training)
 
         token_lr = logp_new.cpu().double().numpy()[None] - train_batch.logp_behav  # (1, B, L)
         seq_lr = np.where(train_batch.mask, token_lr, 0.0).sum(axis=-1)  # (1, B)
         stats = div.sample_statistics(token_lr.reshape(1, -1), mask=train_batch.mask.reshape(1, -1))
         metrics = {
             "step": step,
-            **info,
+            **backend.info,
             "loss": float(out.loss[0]),
             "ess_frac": float(div.ess_kish_fraction(seq_lr)[0]),
             "log_ratio_abs_max": float(np.abs(np.where(train_batch.mask, token_lr, 0.0)).max()),
-            "staleness_mean": float(staleness.mean()),
+            "staleness_mean": float(data.staleness.mean()),
             "policy_lag": step - synced_at,  # updates the sampler's weights trail the trainer's
             **{k: float(v[0]) for k, v in stats.items() if k != "ess_frac"},
             **{k: float(np.asarray(v).reshape(-1)[0]) for k, v in out.metrics.items()
@@ -352,16 +302,17 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
         if progress is not None:
             progress(step, metrics)
         if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == config.steps):
-            _save_state(Path(checkpoint), config, policy, optimizer, rng, generator, buffer, result, step + 1)
+            _save_state(Path(checkpoint), config, policy, optimizer, rng, generator, pipeline, result, step + 1)
     return result
 
 
-def _save_state(path: Path, config, policy, optimizer, rng, generator, buffer, result, next_step: int) -> None:
+def _save_state(path: Path, config, policy, optimizer, rng, generator, pipeline, result, next_step: int) -> None:
     """Atomic: written to a temporary file, then renamed over the previous checkpoint."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save({"config": asdict(config), "model": policy.model.state_dict(), "optimizer": optimizer.state_dict(),
-                "rng": rng.bit_generator.state, "torch_rng": generator.get_state(), "buffer": buffer,
+                "rng": rng.bit_generator.state, "torch_rng": generator.get_state(), "buffer": pipeline.buffer,
+                "group_counter": pipeline.group_counter,
                 "result": dataclasses.replace(result, buffer=None), "next_step": next_step}, tmp)
     os.replace(tmp, path)
 
@@ -388,21 +339,6 @@ def _load_state(path: Path, config) -> dict:
     return state
 
 
-def _make_buffer(config: RLConfig):
-    """The simulator's buffer for the chosen design, one seed, tokens as int32 (large vocabularies)."""
-    common = dict(num_seeds=1, seq_len=config.max_new_tokens, token_dtype=np.int32)
-    if config.buffer == "on-policy":
-        return None
-    if config.buffer == "group-replay":
-        return make_buffer("group-replay", max_age=config.max_age, group_size=config.group_size, **common)
-    if config.buffer == "positive-bias":
-        return make_buffer("positive-bias", capacity=config.capacity, delta=config.delta, **common)
-    if config.buffer == "prioritized":
-        return make_buffer("prioritized", capacity=config.capacity, alpha=config.per_alpha, beta=config.per_beta,
-                           tau=config.per_tau, base="advantage", **common)
-    return make_buffer("fifo", capacity=config.capacity, **common)
-
-
 def evaluate_policy(policy: Policy, problems: list[countdown.Problem], num_samples: int, temperature: float,
                     max_new_tokens: int, seed: int, ks=(1, 4), sampler: Sampler | None = None) -> dict:
     """Mean reward, fraction correct, pass@1 and unbiased pass@k on ``problems`` (seeded).
@@ -418,7 +354,3 @@ def evaluate_policy(policy: Policy, problems: list[countdown.Problem], num_sampl
     owners = [p for p in problems for _ in range(num_samples)]
     reward = countdown.verify_batch(owners, rollouts.completion_text).reshape(len(problems), num_samples)
     return countdown.evaluate_samples(reward == 1.0, ks=ks, rewards=reward)
-
-
-def config_dict(config: RLConfig) -> dict:
-    return asdict(config)

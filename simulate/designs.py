@@ -1,0 +1,662 @@
+"""Every buffer design and loss in one registry: its typed parameters, buffer, loss, advantage, rules and batch step.
+
+The one place to add a design (see CONTRIBUTING in README.md): a buffer class in
+``simulate/buffers.py``, then here a params dataclass (mixed into ``DesignConfig``),
+a ``BufferDesign`` entry (constructor, rules, batch step) and nothing else. The
+simulator's engine (``simulate/engine.py``, all seeds at once) and the language-model
+validator (``validate/rl.py``, one seed) both build their buffer, loss and training
+batch from here, through ``simulate/pipeline.py``.
+
+Papers (docs/REFERENCES.md): experience-replay (FIFO, positive bias, GRPO, Sec. 2-3),
+FreshPER (prioritised replay with age decay), RLOO group replay, ExGRPO, M2PO.
+
+Units (one per name): ``rollouts_per_step`` and ``batch_size`` count RESPONSES
+(completions) for every design; groups of ``group_size`` responses to one prompt
+are ``groups``; ExGRPO's prompts are ``questions`` (``batch_size // group_size``).
+
+| code name               | paper symbol | meaning                                                          |
+|-------------------------|--------------|------------------------------------------------------------------|
+| ``rollouts_per_step``   | R            | fresh responses generated per step (sync pipeline)               |
+| ``batch_size``          | B            | responses per update                                             |
+| ``group_size``          | G / K        | responses per prompt                                             |
+| ``capacity``            | N            | FIFO / positive-bias / PER capacity, in responses                |
+| ``replay_ratio_groups`` | rho          | RLOO replayed groups per fresh group                             |
+| ``max_age``             | L            | RLOO maximum replay age                                          |
+| ``clip_c``              | c            | RLOO one-sided sequence-weight clip                              |
+| ``delta``               | delta        | positive-bias share of correct rollouts                          |
+| ``per_alpha/beta/tau``  | alpha/beta/tau | FreshPER priority exponent, IS exponent, age decay             |
+| ``stale_k``             | k            | M2PO stale-k delay in updates                                    |
+| ``exgrpo_rho``          | rho          | ExGRPO experience share of the questions                         |
+| ``tau_m2``              | tau_M2       | M2PO second-moment budget                                        |
+| ``eps_low/high``        | eps          | GRPO clip range                                                  |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+
+from replay_theory.simulate import advantages, losses
+from replay_theory.simulate.buffers import (ExGRPOBuffer, FifoBuffer, GroupReplayBuffer, PositiveBiasBuffer,
+                                             PrioritizedBuffer, StaleKQueue, UniformQuestionBuffer)
+from replay_theory.simulate.rollouts import RolloutBatch
+from replay_theory.theory.group_replay import fresh_groups_per_step
+
+# --------------------------------------------------------------------------- typed parameters
+
+
+@dataclass(frozen=True)
+class BatchParams:
+    """Sizes every design shares."""
+
+    rollouts_per_step: int = 64
+    """R: fresh responses generated per step (sync pipeline; a multiple of group_size)."""
+    batch_size: int = 64
+    """B: responses per update, for every design (group replay: B / G groups; ExGRPO: B / G questions)."""
+    group_size: int = 8
+    """G: responses per prompt (group-relative advantages)."""
+
+
+@dataclass(frozen=True)
+class FifoParams:
+    """FIFO buffer, experience-replay Sec. 3 (uniform) and App. B (without replacement)."""
+
+    capacity: int = 256
+    """N: FIFO capacity in responses (fifo, positive-bias, prioritized)."""
+    replacement: bool = True
+    """Sample the FIFO buffer with replacement (Sec. 3 theory) or without (App. B code)."""
+
+
+@dataclass(frozen=True)
+class PositiveBiasParams:
+    """Positive-bias FIFO, experience-replay Sec. 4.3."""
+
+    delta: float = 0.2
+    """Positive-bias buffer: share of the N slots kept for the freshest correct rollouts, in [0, 1)."""
+
+
+@dataclass(frozen=True)
+class FreshPERParams:
+    """FreshPER prioritised replay with age decay, Eqs. (2), (14)-(15)."""
+
+    per_alpha: float = 0.6
+    """FreshPER priority exponent alpha (0: uniform)."""
+    per_beta: float = 0.4
+    """FreshPER importance-weight exponent beta."""
+    per_tau: float = math.inf
+    """FreshPER age-decay time constant tau in steps (inf: standard PER)."""
+    per_base: str = "advantage"
+    """FreshPER base priority: advantage (|A| + eps) or reward (|r| + eps)."""
+
+
+@dataclass(frozen=True)
+class GroupReplayParams:
+    """RLOO whole-group replay, Sec. 3.2 and App. B."""
+
+    replay_ratio_groups: float = 1.0
+    """RLOO rho: replayed groups per fresh group (fresh groups = round(B / G / (1 + rho)))."""
+    max_age: int = 2
+    """RLOO L: groups of age 1..L can be replayed."""
+
+
+@dataclass(frozen=True)
+class StaleKParams:
+    """M2PO's stale-k setting, Sec. 3."""
+
+    stale_k: int = 4
+    """M2PO stale-k: each update trains on the batch generated k updates earlier."""
+
+
+@dataclass(frozen=True)
+class ExGRPOParams:
+    """ExGRPO experience management, Sec. 4 and Algs. 1-2."""
+
+    exgrpo_rho: float = 0.5
+    """ExGRPO share of questions drawn from experience, in [0, 1)."""
+    exgrpo_units: str = "success-count"
+    """Units of ExGRPO's bucket Gaussian: success-count (reference code) or accuracy (paper text)."""
+    exgrpo_selection: str = "lowest"
+    """Replayed trajectory: lowest (entropy under the current policy), highest or random."""
+    exgrpo_start_pass_rate: float = 0.35
+    """ExGRPO delayed start: replay switches on once batch pass@1 exceeds this."""
+    exgrpo_shaping: bool = True
+    """ExGRPO policy shaping f(w) = w/(w + beta) on replayed trajectories (False: the w/o-shaping ablation)."""
+    exgrpo_question_selection: str = "buckets"
+    """ExGRPO question sampling: buckets (Gaussian over success count) or uniform (the ablation)."""
+    exgrpo_skip_retired: bool = True
+    """Retired (all-correct) questions also leave fresh sampling."""
+
+
+@dataclass(frozen=True)
+class ClipParams:
+    """The GRPO / PPO clip, experience-replay App. E.2."""
+
+    eps_low: float = 0.2
+    """GRPO lower clip: ratios below 1 - eps_low are clipped (inf: no trust region)."""
+    eps_high: float = 0.2
+    """GRPO upper clip: ratios above 1 + eps_high are clipped."""
+
+
+@dataclass(frozen=True)
+class M2POParams:
+    """M2PO's second-moment trust region, Sec. 5.2 and Algorithm 1."""
+
+    tau_m2: float = 0.04
+    """M2PO budget tau_M2 on the mean (log r)^2 of the candidate tokens."""
+
+
+@dataclass(frozen=True)
+class RLOOParams:
+    """RLOO's one-sided sequence-weight clip, Eq. (2)."""
+
+    clip_c: float = 3.0
+    """RLOO one-sided clip c of the sequence importance weight."""
+
+
+@dataclass(frozen=True)
+class AsymREParams:
+    """AsymRE's shifted baseline (experience-replay App. E)."""
+
+    asymre_delta_v: float = -0.1
+    """AsymRE baseline shift delta V in r - (V-hat + delta V)."""
+
+
+@dataclass(frozen=True)
+class ExGRPOShapingParams:
+    """ExGRPO's policy shaping, Sec. 4.2."""
+
+    exgrpo_beta: float = 0.1
+    """ExGRPO policy-shaping beta in f(w) = w / (w + beta)."""
+
+
+@dataclass(frozen=True)
+class DesignConfig(ExGRPOShapingParams, AsymREParams, RLOOParams, M2POParams, ClipParams, ExGRPOParams,
+                   StaleKParams, GroupReplayParams, FreshPERParams, PositiveBiasParams, FifoParams, BatchParams):
+    """A buffer design and its loss: the fields the simulator's ``SimConfig`` and the validator's ``RLConfig`` share.
+
+    Fields come from the params dataclasses above (``dataclasses`` collects them base
+    class last first: sizes, then each buffer's, then each loss's parameters).
+    """
+
+    buffer: str = "fifo"
+    """on-policy, fifo, positive-bias, prioritized, group-replay, exgrpo or stale-k."""
+    loss: str = "grpo"
+    """reinforce, grpo, no-trust-region, m2po, m2po-reference, rloo, asymre or exgrpo."""
+    advantage: str = "auto"
+    """grpo (std-normalised group), group-mean (REINFORCE baseline), leave-one-out (RLOO) or auto (the loss's own)."""
+
+    def params(self, cls: type):
+        """The typed view ``cls(**fields of cls)`` of this config, e.g. ``config.params(FifoParams)``."""
+        return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
+
+    @property
+    def groups_per_update(self) -> int:
+        """B / G: groups (RLOO) or questions (ExGRPO) per update."""
+        return self.batch_size // self.group_size
+
+    def resolved_advantage(self) -> str:
+        return LOSSES[self.loss].advantage if self.advantage == "auto" else self.advantage
+
+    def validated_design(self, pipeline: str = "sync"):
+        """Raise a one-line ValueError naming the field for any inconsistent design; resolve ``advantage``."""
+        validate_design(self, pipeline)
+        return dataclasses.replace(self, advantage=self.resolved_advantage())
+
+
+def design_field_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(DesignConfig)]
+
+
+# --------------------------------------------------------------------------- what a step trains on
+
+
+@dataclass
+class StepBatch:
+    """What one step trains on and what it generated (seed axis first)."""
+
+    train: RolloutBatch  # (S, B, ...) the training batch
+    weight: np.ndarray  # (S, B) sampler weights (FreshPER IS weights; ones otherwise)
+    staleness: np.ndarray  # (S, B) step - created
+    time_since_last_use: np.ndarray  # (S, B) steps since the sample's previous use, -1 on first use
+    is_fresh: np.ndarray | None  # (S, B) for the losses that treat fresh and replayed differently (RLOO, ExGRPO)
+    fresh: RolloutBatch | None  # responses generated this step (None if none)
+    generated: int | np.ndarray  # fresh responses generated this step: an int, or (S,) where seeds differ
+    fresh_keep: np.ndarray | None = None  # (S, B) ExGRPO: the train items that are fresh (reward, entropy)
+    curves: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # design-specific per-step values
+
+    def fresh_view(self) -> tuple[RolloutBatch, np.ndarray] | None:
+        """(batch, keep (S, n)): the fresh responses, as a batch and the items of it that are fresh."""
+        if self.fresh_keep is not None:
+            return self.train, self.fresh_keep
+        if self.fresh is None:
+            return None
+        return self.fresh, np.ones(self.fresh.prompt.shape, bool)
+
+
+class PipelineState(Protocol):
+    """What a design's batch step uses of ``simulate.pipeline.Pipeline``."""
+
+    config: DesignConfig
+    buffer: object
+    rng: object
+    state: dict
+
+    def fresh_rollouts(self, step: int, weights, *, on_policy: bool = False) -> RolloutBatch | None: ...
+
+    def generate(self, weights, num_groups: int, version) -> RolloutBatch: ...
+
+    def sample_responses(self, weights, prompts: np.ndarray): ...
+
+    def score(self, prompts, tokens, mask, logp_behav, reward, created, group) -> RolloutBatch: ...
+
+    def entropy_fn(self, weights) -> Callable: ...
+
+
+# --------------------------------------------------------------------------- batch steps
+
+
+def _fresh_only(batch: RolloutBatch, step: int) -> StepBatch:
+    shape = batch.prompt.shape
+    return StepBatch(batch, np.ones(shape), step - batch.created, np.full(shape, -1), None, batch, batch.size)
+
+
+def on_policy_step(pipe: PipelineState, step: int, weights) -> StepBatch:
+    """Train once on the fresh responses (sync: R of them; async: the queue's B)."""
+    return _fresh_only(pipe.fresh_rollouts(step, weights, on_policy=True), step)
+
+
+def uniform_buffer_step(pipe: PipelineState, step: int, weights) -> StepBatch:
+    """FIFO-style designs: generate, add, (FreshPER: refresh priorities), sample B (experience-replay Sec. 3)."""
+    fresh = pipe.fresh_rollouts(step, weights)
+    if fresh is not None:
+        pipe.buffer.add(fresh, step)
+    if isinstance(pipe.buffer, PrioritizedBuffer):
+        pipe.buffer.refresh(step)  # FreshPER Alg. 1 step 5: priorities decay with age
+    sample = pipe.buffer.sample(pipe.config.batch_size, step, pipe.rng)
+    return StepBatch(sample.batch, sample.weight, sample.staleness, sample.time_since_last_use, None, fresh,
+                     0 if fresh is None else fresh.size)
+
+
+def stale_k_step(pipe: PipelineState, step: int, weights) -> StepBatch:
+    """M2PO stale-k: push this step's batch, train on the one generated k updates earlier."""
+    fresh = pipe.fresh_rollouts(step, weights)
+    pipe.buffer.push(fresh, step)
+    train = pipe.buffer.pop(step)
+    shape = train.prompt.shape
+    return StepBatch(train, np.ones(shape), step - train.created, np.full(shape, -1), None, fresh, fresh.size)
+
+
+def group_replay_step(pipe: PipelineState, step: int, weights) -> StepBatch:
+    """RLOO App. B: replay groups of age 1..L, fresh groups for the rest (a replay shortfall is filled fresh)."""
+    config = pipe.config
+    _, n_replay = pipe.buffer.split(config.groups_per_update, config.replay_ratio_groups, step)
+    replay = pipe.buffer.sample_groups(n_replay, step, pipe.rng) if n_replay else None
+    fresh = pipe.generate(weights, config.groups_per_update - n_replay, step)
+    if replay is None:
+        data = _fresh_only(fresh, step)
+        data.is_fresh = np.ones(fresh.prompt.shape, bool)
+        return data
+    train = RolloutBatch.concatenate([fresh, replay.batch])
+    is_fresh = np.concatenate([np.ones(fresh.prompt.shape, bool), np.zeros(replay.batch.prompt.shape, bool)], axis=1)
+    tslu = np.concatenate([np.full(fresh.prompt.shape, -1), replay.time_since_last_use], axis=1)
+    return StepBatch(train, np.ones(train.prompt.shape), step - train.created, tslu, is_fresh, fresh, fresh.size)
+
+
+def group_replay_after_update(pipe: PipelineState, step: int, data: StepBatch) -> None:
+    pipe.buffer.add(data.fresh, step)  # RLOO order: sample, update, add fresh, evict
+
+
+def fresh_questions(retired: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Uniform draws (S, m) with replacement over each seed's non-retired prompts (all if none left)."""
+    available = ~retired  # (S, P)
+    available[~available.any(axis=1)] = True
+    order = np.argsort(~available, axis=1, kind="stable")  # (S, P): available prompts first
+    count = available.sum(axis=1, keepdims=True)  # (S, 1)
+    pos = np.minimum((u * count).astype(np.int64), count - 1)  # (S, m)
+    return np.take_along_axis(order, pos, axis=1)
+
+
+def exgrpo_step(pipe: PipelineState, step: int, weights) -> StepBatch:
+    """ExGRPO Alg. 1: B/G questions, a share from experience with G - 1 fresh responses + the stored o*.
+
+    1. |B_exp| = min(floor(rho B/G), |E|) once the delayed start switched replay on (``ExGRPOBuffer.split``).
+    2. Experience questions by bucket weights (Alg. 2; uniform in the ablation) and their o* (lowest entropy
+       under the CURRENT policy by default).
+    3. Fresh questions uniform over the non-retired prompts.
+    4. G fresh responses per fresh question, G - 1 + o* per experience question; advantages over each mixed
+       group. The simulator draws a response at the o* slot too and discards it (not counted as generated).
+    """
+    config, buffer, rng = pipe.config, pipe.buffer, pipe.rng
+    G, B = config.group_size, config.groups_per_update  # B: QUESTIONS per step
+    S = buffer.num_seeds
+    n = B * G
+    active = buffer.active.copy()
+    retired_before = buffer.retired.copy()  # (S, P) the retired set when the questions are drawn
+    n_exp, _ = buffer.split(B)  # (S,): min(floor(rho B), |E|) once active, else 0
+    n_exp = np.asarray(n_exp, dtype=np.int64).reshape(S)
+    m = int(n_exp.max())
+    if m:
+        sample = buffer.sample(m, step, rng, entropy_fn=pipe.entropy_fn(weights))
+        exp_valid = sample.valid & (np.arange(m) < n_exp[:, None])  # (S, m)
+        if not np.array_equal(exp_valid, sample.valid):
+            raise RuntimeError("ExGRPOBuffer.sample and split disagree on |B_exp|")
+        exp_valid = np.pad(exp_valid, ((0, 0), (0, B - m)))  # (S, B)
+        exp_q = np.pad(sample.batch.prompt, ((0, 0), (0, B - m)))  # (S, B)
+    else:
+        sample = None
+        exp_valid = np.zeros((S, B), bool)
+        exp_q = np.zeros((S, B), np.int64)
+    not_offered = buffer.retired if config.exgrpo_skip_retired else np.zeros_like(buffer.retired)
+    questions = np.where(exp_valid, exp_q, fresh_questions(not_offered, rng.random((S, B))))  # (S, B)
+    prompts = np.repeat(questions, G, axis=1)  # (S, n)
+    tokens, logp_behav, mask, reward = pipe.sample_responses(weights, prompts)  # (S, n, L) x3, (S, n)
+    created = np.full((S, n), step, np.int64)
+    tslu = np.full((S, n), -1, np.int64)
+    o_star_slot = np.zeros((B, G), bool)
+    o_star_slot[:, -1] = True  # the last response of each question's group
+    o_star_slot = o_star_slot.ravel()  # (n,)
+    replayed = np.repeat(exp_valid, G, axis=1) & o_star_slot  # (S, n) o* positions
+    if sample is not None:
+        r, j = np.nonzero(exp_valid)  # question j (< m) of the batch is sample item j
+        it = np.flatnonzero(o_star_slot)[j]  # item index of its group's o* slot
+        stored = sample.batch
+        tokens[r, it], mask[r, it] = stored.tokens[r, j], stored.mask[r, j]
+        logp_behav[r, it] = stored.logp_behav[r, j]  # pi_past: o*'s stored behaviour log-probs
+        reward[r, it] = stored.reward[r, j]
+        created[r, it] = stored.created[r, j]
+        tslu[r, it] = sample.time_since_last_use[r, j]
+    group = np.broadcast_to(step * B + np.repeat(np.arange(B), G), (S, n)).copy()
+    train = pipe.score(prompts, tokens, mask, logp_behav, reward, created, group)  # advantage over the mixed group
+    fresh = ~replayed
+    is_fresh = fresh if config.exgrpo_shaping else np.ones_like(fresh)  # no shaping: o* gets the GRPO clip too
+    curves = {"exp_frac": n_exp / B, "replay_active": active.astype(float), "_n_exp": n_exp,
+              "_exp_questions": exp_q, "_exp_valid": exp_valid, "_replayed": replayed,
+              "_retired_before": retired_before}
+    return StepBatch(train, np.ones((S, n)), step - created, tslu, is_fresh, None, n - n_exp, fresh_keep=fresh,
+                     curves=curves)
+
+
+def exgrpo_after_update(pipe: PipelineState, step: int, data: StepBatch) -> dict[str, np.ndarray]:
+    """Delayed start sees the fresh pass@1; every group of the step is recorded (Alg. 1 lines 22-29).
+
+    So the step that crosses the threshold is already collected and replay starts at the next
+    step; a question whose G - 1 fresh responses all succeed is retired. o*, an exact duplicate,
+    is not stored twice.
+    """
+    keep = data.fresh_keep
+    correct = np.where(keep, data.train.reward == 1.0, 0.0).sum(axis=1) / np.maximum(keep.sum(axis=1), 1)
+    pipe.buffer.observe_pass_rate(correct)  # (S,) batch pass@1 of the fresh responses (Sec. 4.2 delayed start)
+    pipe.buffer.add(data.train, step)  # collects only in active seeds; retires all-correct questions
+    pipe.state["exp_questions"] = pipe.state.get("exp_questions", 0) + data.curves["_n_exp"]
+    return {"n_experience": pipe.buffer.n_experience(), "retired": pipe.buffer.retired.sum(axis=1)}
+
+
+def exgrpo_counts(pipe: PipelineState) -> dict[str, float]:
+    """ExGRPO's ablation switches (1.0 / 0.0), retired questions at the end and experience questions used."""
+    c = pipe.config
+    return {"shaping": 1.0 if c.exgrpo_shaping else 0.0,
+            "uniform_questions": 1.0 if c.exgrpo_question_selection == "uniform" else 0.0,
+            "skip_retired": 1.0 if c.exgrpo_skip_retired else 0.0,
+            "retired": float(pipe.buffer.retired.sum(axis=1).mean()),
+            "exp_questions": float(np.mean(pipe.state.get("exp_questions", 0)))}
+
+
+# --------------------------------------------------------------------------- buffers
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """Storage facts a buffer constructor needs beyond the design: seeds, sequence length, prompts, dtypes."""
+
+    num_seeds: int
+    seq_len: int
+    num_prompts: int = 0
+    token_dtype: type = np.int16
+
+
+def _fifo(c: DesignConfig, s: BufferSpec):
+    return FifoBuffer(s.num_seeds, c.capacity, s.seq_len, replacement=c.replacement, token_dtype=s.token_dtype)
+
+
+def _positive_bias(c: DesignConfig, s: BufferSpec):
+    return PositiveBiasBuffer(s.num_seeds, c.capacity, s.seq_len, delta=c.delta, token_dtype=s.token_dtype)
+
+
+def _prioritized(c: DesignConfig, s: BufferSpec):
+    return PrioritizedBuffer(s.num_seeds, c.capacity, s.seq_len, alpha=c.per_alpha, beta=c.per_beta, tau=c.per_tau,
+                             base=c.per_base, token_dtype=s.token_dtype)
+
+
+def _group_replay(c: DesignConfig, s: BufferSpec):
+    return GroupReplayBuffer(s.num_seeds, c.max_age, c.group_size, s.seq_len, token_dtype=s.token_dtype)
+
+
+def _stale_k(c: DesignConfig, s: BufferSpec):
+    return StaleKQueue(s.num_seeds, c.stale_k)
+
+
+def _exgrpo(c: DesignConfig, s: BufferSpec):
+    cls = {"buckets": ExGRPOBuffer, "uniform": UniformQuestionBuffer}[c.exgrpo_question_selection]
+    return cls(s.num_seeds, s.num_prompts, c.group_size, s.seq_len, rho=c.exgrpo_rho, units=c.exgrpo_units,
+               selection=c.exgrpo_selection, start_pass_rate=c.exgrpo_start_pass_rate, token_dtype=s.token_dtype)
+
+
+# --------------------------------------------------------------------------- rules (one line each, naming the field)
+
+
+def _fifo_rules(c: DesignConfig, pipeline: str) -> None:
+    if pipeline == "sync" and c.capacity < c.rollouts_per_step:
+        raise ValueError(f"capacity must be >= rollouts_per_step = {c.rollouts_per_step} "
+                         f"(a FIFO holds at least one step), got {c.capacity}")
+    if pipeline == "sync" and not c.replacement and c.batch_size > c.rollouts_per_step:
+        raise ValueError(f"batch_size must be <= rollouts_per_step = {c.rollouts_per_step} when sampling "
+                         f"without replacement (after the first step the buffer holds only R rollouts), "
+                         f"got {c.batch_size}")
+
+
+def _whole_groups(c: DesignConfig, unit: str) -> None:
+    if c.batch_size % c.group_size:
+        raise ValueError(f"batch_size must be a multiple of group_size = {c.group_size} (whole {unit}), "
+                         f"got {c.batch_size}")
+
+
+def _group_replay_rules(c: DesignConfig, pipeline: str) -> None:
+    _whole_groups(c, "groups")
+    if c.replay_ratio_groups > c.max_age:
+        raise ValueError(f"replay_ratio_groups (rho) must be <= max_age (L) = {c.max_age}, "
+                         f"got {c.replay_ratio_groups}")
+    if c.loss != "rloo":
+        raise ValueError(f"buffer group-replay trains with loss rloo, got loss {c.loss!r}")
+
+
+def _exgrpo_rules(c: DesignConfig, pipeline: str) -> None:
+    _whole_groups(c, "questions")
+    if c.loss != "exgrpo":
+        raise ValueError(f"buffer exgrpo trains with loss exgrpo, got loss {c.loss!r}")
+    for name, options in (("exgrpo_question_selection", ("buckets", "uniform")),
+                          ("exgrpo_units", ("success-count", "accuracy")),
+                          ("exgrpo_selection", ("lowest", "highest", "random"))):
+        if getattr(c, name) not in options:
+            raise ValueError(f"{name} must be one of {', '.join(options)}, got {getattr(c, name)!r}")
+
+
+def _prioritized_rules(c: DesignConfig, pipeline: str) -> None:
+    _fifo_rules(c, pipeline)
+    if c.per_base not in ("advantage", "reward"):
+        raise ValueError(f"per_base must be one of advantage, reward, got {c.per_base!r}")
+
+
+def _no_rules(c: DesignConfig, pipeline: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class BufferDesign:
+    """One buffer design: parameters, buffer, rules, and how a step's training batch is made."""
+
+    params: type | None  # its typed parameters (a dataclass mixed into DesignConfig)
+    make: Callable[[DesignConfig, BufferSpec], object] | None  # None: no buffer (on-policy)
+    step: Callable[[PipelineState, int, object], StepBatch]
+    rules: Callable[[DesignConfig, str], None] = _no_rules
+    after_update: Callable[[PipelineState, int, StepBatch], dict | None] | None = None
+    final_counts: Callable[[PipelineState], dict[str, float]] | None = None  # design-specific run totals
+    pipelines: tuple[str, ...] = ("sync",)
+    needs_entropy: bool = False  # the batch step asks the backend for token entropies (ExGRPO's o* choice)
+
+
+BUFFER_DESIGNS: dict[str, BufferDesign] = {
+    "on-policy": BufferDesign(None, None, on_policy_step, pipelines=("sync", "async")),
+    "fifo": BufferDesign(FifoParams, _fifo, uniform_buffer_step, _fifo_rules, pipelines=("sync", "async")),
+    "positive-bias": BufferDesign(PositiveBiasParams, _positive_bias, uniform_buffer_step, _fifo_rules),
+    "prioritized": BufferDesign(FreshPERParams, _prioritized, uniform_buffer_step, _prioritized_rules),
+    "group-replay": BufferDesign(GroupReplayParams, _group_replay, group_replay_step, _group_replay_rules,
+                                 group_replay_after_update),
+    "exgrpo": BufferDesign(ExGRPOParams, _exgrpo, exgrpo_step, _exgrpo_rules, exgrpo_after_update,
+                           exgrpo_counts, needs_entropy=True),
+    "stale-k": BufferDesign(StaleKParams, _stale_k, stale_k_step),
+}
+
+
+def make_design_buffer(config: DesignConfig, spec: BufferSpec):
+    """The buffer of ``config.buffer`` (None for on-policy)."""
+    design = BUFFER_DESIGNS[config.buffer]
+    return None if design.make is None else design.make(config, spec)
+
+
+# --------------------------------------------------------------------------- losses and advantages
+
+
+def _reinforce(c, batch, logp_new, is_fresh):
+    return losses.reinforce(logp_new, batch.advantage, batch.mask)
+
+
+def _grpo(c, batch, logp_new, is_fresh):
+    return losses.grpo(logp_new, batch.logp_behav, batch.advantage, batch.mask, eps_low=c.eps_low,
+                       eps_high=c.eps_high)
+
+
+def _no_trust_region(c, batch, logp_new, is_fresh):
+    return losses.no_trust_region(logp_new, batch.logp_behav, batch.advantage, batch.mask)
+
+
+def _m2po(c, batch, logp_new, is_fresh):
+    return losses.m2po(logp_new, batch.logp_behav, batch.advantage, batch.mask, tau_m2=c.tau_m2, variant="algorithm1")
+
+
+def _m2po_reference(c, batch, logp_new, is_fresh):
+    return losses.m2po(logp_new, batch.logp_behav, batch.advantage, batch.mask, tau_m2=c.tau_m2, variant="reference")
+
+
+def _rloo(c, batch, logp_new, is_fresh):
+    fresh = np.ones(batch.prompt.shape, bool) if is_fresh is None else is_fresh
+    return losses.rloo(logp_new, batch.logp_behav, batch.advantage, batch.mask, c=c.clip_c, is_fresh=fresh)
+
+
+def _asymre(c, batch, logp_new, is_fresh):
+    return losses.asymre(logp_new, batch.reward, batch.reward - batch.advantage, batch.mask,
+                         delta_v=c.asymre_delta_v)
+
+
+def _exgrpo_loss(c, batch, logp_new, is_fresh):
+    replayed = np.zeros(batch.prompt.shape, bool) if is_fresh is None else ~is_fresh
+    return losses.exgrpo_shaped(logp_new, batch.logp_behav, batch.advantage, batch.mask, is_replayed=replayed,
+                                beta=c.exgrpo_beta, eps_low=c.eps_low, eps_high=c.eps_high)
+
+
+@dataclass(frozen=True)
+class LossDesign:
+    """One loss: its parameters, the advantage it is defined with, and the buffers it needs."""
+
+    params: type | None
+    compute: Callable
+    advantage: str  # the advantage of ``advantage="auto"``
+    advantages: tuple[str, ...] = ("grpo", "group-mean", "leave-one-out")  # the ones it accepts
+    buffers: tuple[str, ...] | None = None  # None: any buffer whose own rules accept it
+
+
+LOSSES: dict[str, LossDesign] = {
+    "reinforce": LossDesign(None, _reinforce, "group-mean"),
+    "grpo": LossDesign(ClipParams, _grpo, "grpo"),
+    "no-trust-region": LossDesign(None, _no_trust_region, "grpo"),
+    "m2po": LossDesign(M2POParams, _m2po, "grpo"),
+    "m2po-reference": LossDesign(M2POParams, _m2po_reference, "grpo"),
+    "rloo": LossDesign(RLOOParams, _rloo, "leave-one-out", buffers=("group-replay", "on-policy")),
+    "asymre": LossDesign(AsymREParams, _asymre, "group-mean", advantages=("group-mean",)),
+    "exgrpo": LossDesign(ExGRPOShapingParams, _exgrpo_loss, "grpo"),
+}
+
+ADVANTAGES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "grpo": lambda r: advantages.group_advantage(r, normalize_std=True),  # GRPO Eq. (2) in M2PO
+    "group-mean": advantages.group_mean_baseline,  # r - V-hat (REINFORCE, Dr. GRPO, AsymRE)
+    "leave-one-out": advantages.leave_one_out,  # RLOO Eq. (1)
+}
+
+
+def compute_loss(config: DesignConfig, batch: RolloutBatch, logp_new: np.ndarray, is_fresh: np.ndarray | None = None):
+    """The loss named in ``config`` on ``batch``: a ``losses.LossOutput`` (value and d loss / d logp_new)."""
+    return LOSSES[config.loss].compute(config, batch, logp_new, is_fresh)
+
+
+def make_advantage(config: DesignConfig, reward_groups: np.ndarray) -> np.ndarray:
+    """Group-relative advantages (S, g, G) from rewards (S, g, G), with the config's (resolved) advantage."""
+    return ADVANTAGES[config.resolved_advantage()](reward_groups)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _choice(config, name: str, options) -> None:
+    value = getattr(config, name)
+    if value not in options:
+        raise ValueError(f"{name} must be one of {', '.join(options)}, got {value!r}")
+
+
+def validate_design(c: DesignConfig, pipeline: str = "sync") -> None:
+    """Every rule of the design in one place: one-line ValueErrors naming the field and its valid range."""
+    _choice(c, "buffer", tuple(BUFFER_DESIGNS))
+    _choice(c, "loss", tuple(LOSSES))
+    _choice(c, "advantage", ("auto", *ADVANTAGES))
+    for name, least in (("rollouts_per_step", 1), ("batch_size", 1), ("capacity", 1), ("max_age", 0)):
+        value = getattr(c, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    if not isinstance(c.group_size, int) or isinstance(c.group_size, bool) or c.group_size < 2:
+        raise ValueError(f"group_size must be an integer >= 2, got {c.group_size!r}")
+    for name in ("clip_c", "per_tau", "exgrpo_beta"):
+        value = getattr(c, name)
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0) or math.isnan(value):
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+    for name in ("eps_low", "eps_high", "tau_m2", "replay_ratio_groups", "per_alpha", "per_beta"):
+        value = getattr(c, name)
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and value >= 0) or math.isnan(value):
+            raise ValueError(f"{name} must be >= 0, got {value!r}")
+    if not isinstance(c.stale_k, int) or isinstance(c.stale_k, bool) or c.stale_k < 0:
+        raise ValueError(f"stale_k must be an integer >= 0, got {c.stale_k!r}")
+    if not 0 <= c.delta < 1:
+        raise ValueError(f"delta must be in [0, 1), got {c.delta!r}")
+    if not 0 <= c.exgrpo_rho < 1:
+        raise ValueError(f"exgrpo_rho must be in [0, 1), got {c.exgrpo_rho!r}")
+    if c.rollouts_per_step % c.group_size:
+        raise ValueError(f"rollouts_per_step must be a multiple of group_size = {c.group_size}, "
+                         f"got {c.rollouts_per_step}")
+    design = BUFFER_DESIGNS[c.buffer]
+    if pipeline not in design.pipelines:
+        supported = ", ".join(name for name, d in BUFFER_DESIGNS.items() if pipeline in d.pipelines)
+        raise ValueError(f"the {pipeline} pipeline supports buffer {supported}, got {c.buffer!r}")
+    design.rules(c, pipeline)
+    loss = LOSSES[c.loss]
+    if loss.buffers is not None and c.buffer not in loss.buffers:
+        raise ValueError(f"loss {c.loss} needs buffer {' or '.join(loss.buffers)}, got buffer {c.buffer!r}")
+    advantage = c.resolved_advantage()
+    if advantage not in loss.advantages:
+        raise ValueError(f"loss {c.loss} uses the {' or '.join(loss.advantages)} advantage: set advantage "
+                         f"{loss.advantages[0]} (or auto), got {c.advantage!r}")
+
+
+def fresh_groups(config: DesignConfig) -> int:
+    """RLOO's fresh groups per step once the pool is full: round(B/G / (1 + rho)) (App. B)."""
+    return int(fresh_groups_per_step(config.groups_per_update, config.replay_ratio_groups))

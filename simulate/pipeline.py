@@ -1,0 +1,244 @@
+"""The training pipeline both loops share: where each step's batch comes from, what it cost, how stale it was.
+
+Papers (docs/REFERENCES.md): experience-replay Sec. 2 (asynchronous pipeline, Eqs. 1-2) and
+Sec. 3 (synchronous pipeline); the per-design batch steps are in ``simulate/designs.py``.
+
+The simulator's engine (``simulate/engine.py``: every seed at once, a log-linear policy)
+and the validator (``validate/rl.py``: one seed, a language model) drive the same
+``Pipeline``; they differ only in the ``RolloutBackend`` that samples and scores responses.
+
+| code name        | paper symbol   | meaning                                                              |
+|------------------|----------------|----------------------------------------------------------------------|
+| ``weights``      | theta_t        | the policy a backend samples from (params (S, d) or a torch model)   |
+| ``workers/trainers`` | W / T      | async split; B W / (T mu) fresh responses per update                 |
+| ``compute``      | c              | rollout-cost units (one sample's update = 1): mu R + B (sync),       |
+|                  |                | B (1 + W/T) (async, Eq. 1 / text before Eq. 2)                       |
+| ``k_inference``  | K_inference    | responses generated (App. E counts)                                  |
+| ``k_training``   | K_training     | responses trained on                                                 |
+| ``staleness``    | t - t_i        | step minus the policy version that generated the response            |
+
+Pipelines. sync: each step generates R fresh responses from the current weights. async:
+workers hold weights synced every ``sync_interval`` steps and produce B W / (T mu)
+responses per update (fractions carried to the next step); on-policy async is the queue
+at W/T = mu, each response used once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from replay_theory.simulate.designs import (BUFFER_DESIGNS, BufferSpec, DesignConfig, StepBatch, make_advantage,
+                                            make_design_buffer)
+from replay_theory.simulate.rollouts import RolloutBatch
+
+AGE_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # left edges, log2-spaced
+
+# bucket of every staleness 0 .. 1024 (the last left edge): one table look-up instead of a binary search
+AGE_TABLE = np.searchsorted(np.asarray(AGE_BUCKETS), np.arange(AGE_BUCKETS[-1] + 1), side="right") - 1
+
+
+def age_bucket(staleness: np.ndarray) -> np.ndarray:
+    """Index of the AGE_BUCKETS bin of each staleness value (>= 0)."""
+    return np.take(AGE_TABLE, staleness, mode="clip")  # beyond 1024: the last bucket
+
+
+class RolloutBackend(Protocol):
+    """Samples and scores responses: the simulator's environment or the language model."""
+
+    num_prompts: int
+    seq_len: int
+
+    def sample(self, weights, prompts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens (S, n, L), logp_behav (S, n, L), mask (S, n, L), reward (S, n)) for prompts (S, n)."""
+
+    def entropy(self, weights, prompts: np.ndarray, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Token entropies (S, n, L) under ``weights`` (ExGRPO's trajectory choice)."""
+
+    def snapshot(self, weights):
+        """A copy of ``weights`` that later updates do not change (async workers)."""
+
+
+class EnvBackend:
+    """The simulator's environment (``simulate/envs``) as a backend, all seeds at once."""
+
+    def __init__(self, env, rng):
+        self.env, self.rng = env, rng
+        self.num_prompts, self.seq_len = env.num_prompts, env.seq_len
+
+    def sample(self, weights: np.ndarray, prompts: np.ndarray):
+        tokens, logp, mask = self.env.sample(weights, prompts, self.rng)  # (S, n, L) each
+        return tokens, logp, mask, self.env.reward(prompts, tokens, mask)  # reward (S, n)
+
+    def entropy(self, weights, prompts, tokens, mask) -> np.ndarray:
+        return self.env.token_entropy(weights, prompts, tokens, mask)
+
+    def snapshot(self, weights: np.ndarray) -> np.ndarray:
+        return weights.copy()
+
+
+def score(config: DesignConfig, prompts, tokens, mask, logp_behav, reward, created, group) -> RolloutBatch:
+    """A RolloutBatch with the config's group-relative advantages over consecutive groups of G."""
+    S, n = prompts.shape
+    G = config.group_size
+    advantage = make_advantage(config, reward.reshape(S, n // G, G)).reshape(S, n)
+    return RolloutBatch(prompt=prompts, tokens=tokens, mask=mask, logp_behav=logp_behav, reward=reward,
+                        advantage=advantage, created=created, group=group)
+
+
+def generate(backend: RolloutBackend, config: DesignConfig, weights, num_groups: int, version, group_offset: int,
+             rng) -> RolloutBatch:
+    """num_groups uniformly drawn prompts x G responses from ``weights``, seeds first."""
+    S = rng.num_seeds if hasattr(rng, "num_seeds") else 1
+    G = config.group_size
+    prompts = rng.integers(0, backend.num_prompts, size=(S, num_groups))  # (S, g)
+    prompts = np.repeat(prompts, G, axis=1)  # (S, g*G)
+    tokens, logp, mask, reward = backend.sample(weights, prompts)  # (S, n, L) x3, (S, n)
+    n = num_groups * G
+    # astype copies the broadcast views into arrays of their own
+    created = np.broadcast_to(np.asarray(version).reshape(-1, 1) if np.ndim(version) else version, (S, n)).astype(np.int64)
+    group = np.broadcast_to(group_offset + np.repeat(np.arange(num_groups), G), (S, n)).astype(np.int64)
+    return score(config, prompts, tokens, mask, logp, reward, created, group)
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    """How rollouts are produced and priced; the simulator's config has these fields, the validator uses sync."""
+
+    pipeline: str = "sync"
+    mu: float = 5.28
+    workers: float = 6.0
+    trainers: float = 2.0
+    sync_interval: int = 1
+
+
+class Pipeline:
+    """Owns the buffer, each step's training batch and the compute accounting, for S seeds (S = 1 for the LM)."""
+
+    def __init__(self, config: DesignConfig, backend: RolloutBackend, rng, num_seeds: int,
+                 settings: PipelineSettings = PipelineSettings(), token_dtype: type = np.int16):
+        self.config, self.backend, self.rng, self.settings = config, backend, rng, settings
+        self.num_seeds = num_seeds
+        self.design = BUFFER_DESIGNS[config.buffer]
+        self.buffer = make_design_buffer(config, BufferSpec(num_seeds, backend.seq_len, backend.num_prompts,
+                                                            token_dtype))
+        self.group_counter = 0
+        self.worker_weights = None
+        self.worker_version = 0
+        self.carry = 0.0
+        self.state: dict[str, np.ndarray | float] = {}  # per-design running totals (ExGRPO's questions)
+        self.compute = np.zeros(num_seeds)  # (S,) compute so far, rollout-cost units
+        self.k_training = 0.0
+        self.k_inference = 0.0
+
+    # ----------------------------------------------------------------- what designs call
+
+    def generate(self, weights, num_groups: int, version) -> RolloutBatch:
+        batch = generate(self.backend, self.config, weights, num_groups, version, self.group_counter, self.rng)
+        self.group_counter += num_groups
+        return batch
+
+    def fresh_rollouts(self, step: int, weights, *, on_policy: bool = False) -> RolloutBatch | None:
+        """This step's fresh responses: R from the current weights (sync), or the async workers' share."""
+        config, settings, G = self.config, self.settings, self.config.group_size
+        if settings.pipeline == "sync":
+            return self.generate(weights, config.rollouts_per_step // G, step)
+        if step % settings.sync_interval == 0:
+            self.worker_weights, self.worker_version = self.backend.snapshot(weights), step  # weight sync
+        if on_policy:
+            num_groups = math.ceil(config.batch_size / G)  # queue at W/T = mu: each rollout used once
+        else:
+            self.carry += config.batch_size * settings.workers / (settings.trainers * settings.mu) / G
+            num_groups = int(self.carry)
+            self.carry -= num_groups
+        return self.generate(self.worker_weights, num_groups, self.worker_version) if num_groups else None
+
+    def sample_responses(self, weights, prompts: np.ndarray):
+        return self.backend.sample(weights, prompts)
+
+    def score(self, prompts, tokens, mask, logp_behav, reward, created, group) -> RolloutBatch:
+        return score(self.config, prompts, tokens, mask, logp_behav, reward, created, group)
+
+    def entropy_fn(self, weights):
+        """Mean token entropy (S, m) over real tokens under ``weights``: ExGRPOBuffer.sample's entropy_fn."""
+
+        def entropy(prompts: np.ndarray, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
+            h = self.backend.entropy(weights, prompts, tokens, mask)  # (S, m, L)
+            return np.where(mask, h, 0.0).sum(axis=-1) / np.maximum(mask.sum(axis=-1), 1)
+
+        return entropy
+
+    # ----------------------------------------------------------------- what loops call
+
+    def next_batch(self, step: int, weights) -> StepBatch:
+        """The training batch of ``step`` (and the responses generated for it)."""
+        return self.design.step(self, step, weights)
+
+    def after_update(self, step: int, data: StepBatch) -> dict[str, np.ndarray]:
+        """Buffer bookkeeping after the update (RLOO adds its fresh groups, ExGRPO records groups); extra curves."""
+        if self.design.after_update is None:
+            return {}
+        return self.design.after_update(self, step, data) or {}
+
+    def account(self, data: StepBatch) -> np.ndarray:
+        """Charge this step's compute (Eqs. 1-2); returns the running total (S,)."""
+        settings = self.settings
+        trained = data.train.size
+        self.k_training += trained
+        self.k_inference += float(np.mean(data.generated))
+        if settings.pipeline == "async":
+            ratio = settings.mu if self.config.buffer == "on-policy" else settings.workers / settings.trainers
+            self.compute += trained * (1.0 + ratio)  # Eq. (1) / text before Eq. (2): C(1 + W/T), C = B
+        else:
+            self.compute += settings.mu * data.generated + trained  # rollout-cost convention: c = mu R + B
+        return self.compute
+
+    def counts(self) -> dict[str, float]:
+        """K_training, K_inference, the compute ratio against on-policy and (async) the App. E mu estimate."""
+        settings, k_training, k_inference = self.settings, self.k_training, self.k_inference
+        out = {"K_training": k_training, "K_inference": k_inference}
+        if settings.pipeline == "async":
+            on_policy = self.config.buffer == "on-policy"
+            ratio = settings.mu if on_policy else settings.workers / settings.trainers
+            out["compute_ratio"] = (1 + ratio) / (1 + settings.mu)  # Eq. (2)
+            workers = settings.mu * settings.trainers if on_policy else settings.workers
+            out["mu_estimate"] = (k_training / settings.trainers) / (k_inference / workers)  # App. E
+        else:
+            on_policy = (settings.mu + 1) * k_training  # same number of updates, each on fresh rollouts
+            out["compute_ratio"] = float(self.compute.mean() / on_policy)
+        if self.design.final_counts is not None:
+            out.update(self.design.final_counts(self))
+        return out
+
+    def evicted_use_counts(self) -> np.ndarray:
+        """Use count of every response that left the buffer (global diversity, experience-replay Sec. 2)."""
+        if self.buffer is None or not hasattr(self.buffer, "evicted_use_counts"):
+            return np.zeros(0)
+        return np.asarray(self.buffer.evicted_use_counts())
+
+
+class UsageRecord:
+    """Histograms of staleness and time since last use over every trained sample (experience-replay Fig. 2)."""
+
+    def __init__(self):
+        self.staleness_counts = np.zeros(1, np.int64)
+        self.time_since_last_use_counts = np.zeros(1, np.int64)
+
+    @staticmethod
+    def add_hist(hist: np.ndarray, values: np.ndarray) -> np.ndarray:
+        values = values[values >= 0].astype(np.int64)
+        if values.size == 0:
+            return hist
+        counts = np.bincount(values)
+        if counts.size > hist.size:
+            hist = np.pad(hist, (0, counts.size - hist.size))
+        hist[: counts.size] += counts
+        return hist
+
+    def add(self, data: StepBatch) -> None:
+        self.staleness_counts = self.add_hist(self.staleness_counts, data.staleness.ravel())
+        self.time_since_last_use_counts = self.add_hist(self.time_since_last_use_counts,
+                                                        data.time_since_last_use.ravel())
