@@ -1,8 +1,8 @@
 """``replay-theory diagnose``: off-policy health and what-if analysis of a logged rollout file.
 
-Builds one :class:`~replay_theory.validate.diagnose.DiagnoseConfig` from the
-options and runs :func:`~replay_theory.validate.diagnose.diagnose`; the
-analysis itself lives in ``validate/diagnose/`` and needs pyarrow, not torch.
+Builds one :class:`~replay_theory.diagnose.DiagnoseConfig` from the
+options and runs :func:`~replay_theory.diagnose.diagnose`; the
+analysis itself lives in ``diagnose/`` and needs pyarrow, not torch.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def register(app: typer.Typer) -> None:
             raise ValueError("missing LOG: give a Parquet, CSV or JSON-lines file (or --from-report REPORT.json)")
         if save is not None and save.exists():
             raise ValueError(f"--save {save} exists; results are never overwritten: choose a new path")
-        from replay_theory.validate.diagnose import DiagnoseConfig, WhatIfConfig, diagnose as run
+        from replay_theory.diagnose import DiagnoseConfig, WhatIfConfig, diagnose as run
 
         what_if = WhatIfConfig(ppo_clip=_floats(clip, "clip"), tis=_floats(tis, "tis"), mask=_floats(mask, "mask"),
                                m2po=_floats(m2po, "m2po"), m2po_batch_tokens=m2po_batch_tokens,
@@ -123,7 +123,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(report))
             return
-        from replay_theory.validate.diagnose.report import render
+        from replay_theory.diagnose.report import render
 
         typer.echo(render(report))
         if figure is not None:

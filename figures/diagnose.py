@@ -7,7 +7,7 @@ drawn straight after the pass (``--figure out.png``).
 Left: the measured Kish ESS fraction per age bucket next to the FreshPER
 bound e^{-KL(new || behav)} (Eqs. 10-11, shared/papers/freshper-prioritized-replay.txt)
 evaluated on the same bucket.  Right: the per-age KL (k3) with the linear and
-quadratic drift fits of ``validate/diagnose/drift.py`` and the tau = 1/c it implies.
+quadratic drift fits of ``diagnose/drift.py`` and the tau = 1/c it implies.
 """
 
 from __future__ import annotations

@@ -30,11 +30,11 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from replay_theory.validate.diagnose.accumulators import LogRatioHistogram, Moments
-from replay_theory.validate.diagnose.drift import fit_kl_drift
-from replay_theory.validate.diagnose.reader import LogReader, TokenChunk
-from replay_theory.validate.diagnose.schema import resolve_columns
-from replay_theory.validate.diagnose.whatif import TokenWhatIf, WhatIfConfig, freshper_rows, sequence_rows
+from replay_theory.diagnose.accumulators import LogRatioHistogram, Moments
+from replay_theory.diagnose.drift import fit_kl_drift
+from replay_theory.diagnose.reader import LogReader, TokenChunk
+from replay_theory.diagnose.schema import resolve_columns
+from replay_theory.diagnose.whatif import TokenWhatIf, WhatIfConfig, freshper_rows, sequence_rows
 
 #: log-probs in (0, LOGP_ROUNDOFF] are round-off from bf16 / fused kernels and read as 0.
 LOGP_ROUNDOFF = 1e-6

@@ -10,8 +10,8 @@ done to the same tokens (``whatif.py``).  ``pipeline.diagnose`` runs the pass;
 ``report.py`` renders it.  Nothing here needs torch.
 """
 
-from replay_theory.validate.diagnose.pipeline import DiagnoseConfig, diagnose
-from replay_theory.validate.diagnose.schema import PRESETS, ColumnMap, resolve_columns
-from replay_theory.validate.diagnose.whatif import WhatIfConfig
+from replay_theory.diagnose.pipeline import DiagnoseConfig, diagnose
+from replay_theory.diagnose.schema import PRESETS, ColumnMap, resolve_columns
+from replay_theory.diagnose.whatif import WhatIfConfig
 
 __all__ = ["DiagnoseConfig", "diagnose", "PRESETS", "ColumnMap", "resolve_columns", "WhatIfConfig"]

@@ -43,7 +43,7 @@ import numpy as np
 
 from replay_theory.simulate.losses import m2po_mask
 from replay_theory.theory.group_replay import clipping_bias_proxy
-from replay_theory.validate.diagnose.accumulators import Moments, WeightSums
+from replay_theory.diagnose.accumulators import Moments, WeightSums
 
 M2PO_VARIANTS = ("algorithm1", "reference")
 

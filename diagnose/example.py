@@ -1,6 +1,6 @@
 """A small synthetic rollout log whose answer is known, for trying ``replay-theory diagnose``.
 
-    python -m replay_theory.validate.diagnose.example rollouts.parquet [--shape default|trl|verl] [--seed 0]
+    python -m replay_theory.diagnose.example rollouts.parquet [--shape default|trl|verl] [--seed 0]
 
 The log is drawn from known policy pairs, like an asynchronous GRPO run:
 
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replay_theory.validate.diagnose.reader import _pyarrow, detect_format
+from replay_theory.diagnose.reader import _pyarrow, detect_format
 
 SHAPES = ("default", "trl", "verl")
 
@@ -145,7 +145,7 @@ def write_example(path: str | Path, shape: str = "default", seed: int = 0) -> di
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m replay_theory.validate.diagnose.example",
+    parser = argparse.ArgumentParser(prog="python -m replay_theory.diagnose.example",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("path", type=Path, help="Where to write the log (.parquet, .csv or .jsonl).")
     parser.add_argument("--shape", default="default", choices=SHAPES, help="Column names and layout.")

@@ -27,7 +27,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from replay_theory.validate.diagnose.schema import ColumnMap
+from replay_theory.diagnose.schema import ColumnMap
 
 FORMATS = ("parquet", "csv", "jsonl")
 _SUFFIX_FORMAT = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv",
