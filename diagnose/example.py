@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replay_theory.diagnose.reader import _pyarrow, detect_format
+from replay_theory.diagnose.reader import detect_format, require_pyarrow
 
 SHAPES = ("default", "trl", "verl")
 
@@ -129,7 +129,7 @@ def write_example(path: str | Path, shape: str = "default", seed: int = 0) -> di
             for row in zip(*table.values()):
                 fh.write(json.dumps(dict(zip(keys, row))) + "\n")
         return truth
-    pa = _pyarrow()
+    pa = require_pyarrow()
     arrow = pa.table(table)
     if fmt == "csv":
         if shape != "default":

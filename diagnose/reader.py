@@ -36,7 +36,8 @@ _SUFFIX_FORMAT = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv"
 BLOCK_BYTES = 16 * 1024 * 1024
 
 
-def _pyarrow():
+def require_pyarrow():
+    """The pyarrow module, or a one-line ValueError naming the extra that installs it."""
     try:
         import pyarrow  # noqa: F401
         import pyarrow.compute  # noqa: F401
@@ -92,7 +93,7 @@ class LogReader:
         self.bytes_done = 0
         self.rows_done = 0
         self._codes: dict = {}
-        self._pa = _pyarrow()
+        self._pa = require_pyarrow()
         self.names = self._schema_names()
         self.used = self._used_columns()
         self.layout = self._layout()
