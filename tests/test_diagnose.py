@@ -335,7 +335,7 @@ def test_missing_columns_and_bad_options(tmp_path, pair):
         resolve_columns("default", "logp_old=x")
     with pytest.raises(ValueError, match="preset must be one of default, trl, verl"):
         resolve_columns("openrlhf")
-    with pytest.raises(ValueError, match=r"ppo_clip values must be in \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"^ppo_clip values must be finite numbers in \(0, 1\), got 1.5$"):
         WhatIfConfig(ppo_clip=(1.5,))
     with pytest.raises(ValueError, match="not found"):
         diagnose(DiagnoseConfig(path=str(tmp_path / "nope.parquet")))
