@@ -41,7 +41,7 @@ FIGURE_DPI = 200
 
 # One definition and one help text per option.
 LogArgument = Annotated[Optional[Path], typer.Argument(
-    help="Log file: Parquet, CSV or JSON lines (see --preset).", show_default=False)]
+    metavar="LOG", help="Log file: Parquet, CSV or JSON lines (see --preset).", show_default=False)]
 PresetOption = Annotated[str, typer.Option("--preset", help="Column names: default, trl or verl.")]
 ColumnsOption = Annotated[Optional[str], typer.Option(
     "--columns", help="Overrides of the preset's column names, e.g. 'logp_behav=old_logp,age=version_gap'.")]

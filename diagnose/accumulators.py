@@ -16,8 +16,8 @@ Two accumulators of the same group combine exactly (:meth:`Moments.fold`), so
 chunks can arrive in any order and age values can be merged into buckets after
 the pass.
 
-From the sums (n tokens, r = e^{log r}; FreshPER = shared/papers/freshper-prioritized-replay.txt,
-M2PO = shared/papers/m2po-stale-data.txt):
+From the sums (n tokens, r = e^{log r}; the papers FreshPER and M2PO are
+listed in docs/REFERENCES.md):
 
     ess_frac = A^2 / (n B)                       (sum r)^2 / (n sum r^2), Kish
     d2       = 2 M + log(B / n)                  log mean r^2, FreshPER Eq. (23)

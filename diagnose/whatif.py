@@ -14,8 +14,7 @@ and we report over ALL tokens (or sequences):
   report (Sec. 3.2: E[min(c, r)] = 1 - E[(r - c)_+]); for a clip or mask it is
   E[r 1{dropped}].
 
-Corrections (papers: FreshPER = shared/papers/freshper-prioritized-replay.txt,
-M2PO = shared/papers/m2po-stale-data.txt, Replay-RLOO = shared/papers/rloo-group-replay-countdown.txt):
+Corrections (papers FreshPER, M2PO and Replay-RLOO, listed in docs/REFERENCES.md):
 
 ====================  =====================================================
 ``ppo_clip`` eps      PPO / GRPO clip: a token with A > 0 and r > 1 + eps or
