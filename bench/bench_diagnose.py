@@ -89,7 +89,7 @@ def worker(mode: str, path: str) -> None:
         summary = {"ess_frac": result["ess_frac"], "m2": result["m2"], "n_tokens": result["n"],
                    "seq_ess_frac": result["sequence"]["ess_frac"], "n_ages": len(result["by_age"])}
     else:
-        from replay_theory.validate.diagnose import DiagnoseConfig, diagnose
+        from replay_theory.diagnose import DiagnoseConfig, diagnose
 
         report = diagnose(DiagnoseConfig(path=path, chunk_rows=262_144, run_what_if=(mode == "full")))
         summary = {"ess_frac": report["ess_frac"], "m2": report["m2"], "n_tokens": report["n_tokens"],

@@ -216,7 +216,7 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 def _register_simulator_commands() -> None:
-    from replay_theory.cli.diagnose_cmd import register as register_diagnose
+    from replay_theory.cli.diagnose_cmds import register as register_diagnose
     from replay_theory.cli.figures_cmds import register as register_figures
     from replay_theory.cli.simulate_cmds import register
 

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -126,6 +131,7 @@ def test_figure_and_saved_report_rebuild(tmp_path, cli):
                       "logp_current": np.minimum(behav + rng.normal(scale=0.05 * (1 + age)), 0.0), "age": age})
     path = tmp_path / "log.parquet"
     pq.write_table(table, path)
+    (tmp_path / "out").mkdir()  # outputs go into an existing folder (a missing one is refused before work)
     saved, fig = tmp_path / "out" / "report.json", tmp_path / "out" / "ess.png"
     code, out, err = cli("diagnose", str(path), "--save", str(saved), "--figure", str(fig), "--no-progress")
     assert code == 0, err
@@ -135,26 +141,45 @@ def test_figure_and_saved_report_rebuild(tmp_path, cli):
     data = ess_by_age_data(report)
     np.testing.assert_allclose(data["age"], [0, 1, 2, 3])
     assert np.all(data["ess_frac"] <= data["ess_bound"] + 1e-12)  # FreshPER Eq. (11) holds per bucket
-    assert fig.stat().st_size > 1000
     # results are never overwritten
     code, _, err = cli("diagnose", str(path), "--save", str(saved), "--no-progress")
-    assert code == 2 and "never overwritten" in err and len(err.strip().splitlines()) == 1
-    # the figure is rebuilt from the saved report without the log
+    assert code == 2 and err == (f"replay-theory: error: --save {saved} exists; results are never overwritten: "
+                                 "choose a new path\n")
+    # the figure is rebuilt from the saved report without the log: the same pixels as after the pass
     fig2 = tmp_path / "again.png"
     code, out, _ = cli("diagnose", "--from-report", str(saved), "--figure", str(fig2))
-    assert code == 0 and fig2.stat().st_size > 1000
+    assert code == 0 and out == f"wrote {fig2}\n"
+    assert fig2.read_bytes() == fig.read_bytes()
+
+
+_VALID_FIELDS = "advantage, age, layout, logp_behav, logp_current, mask, position, reward, seq_id"
+_FORMATS = "valid: auto, parquet, csv, jsonl"
 
 
 @pytest.mark.parametrize("args, message", [
-    (["missing.parquet"], "log file not found"),
-    (["{csv}", "--preset", "nemo"], "preset must be one of default, trl, verl"),
-    (["{csv}", "--clip", "0.2,x"], "clip must be comma-separated numbers"),
-    (["{csv}", "--tis", "0.5"], "tis values must be finite numbers > 1"),
-    (["{csv}", "--columns", "logp_behav"], "columns must be field=name pairs"),
-    (["{nan}"], "NaN, null or infinite log-probs"),
-    (["{wide}"], "different lengths"),
+    (["missing.parquet"], "LOG missing.parquet is not a file (not found, or a directory)"),
+    (["{csv}", "--preset", "nemo"], "--preset must be one of default, trl, verl, got 'nemo'"),
+    (["{csv}", "--clip", "0.2,x"], "--clip must be comma-separated numbers, got '0.2,x'"),
+    (["{csv}", "--clip", "1.5"], "--clip values must be finite numbers in (0, 1), got 1.5"),
+    (["{csv}", "--tis", "0.5"], "--tis values must be finite numbers > 1, got 0.5"),
+    (["{csv}", "--mask", "1"], "--mask values must be finite numbers > 1, got 1.0"),
+    (["{csv}", "--m2po", "0"], "--m2po values must be finite numbers > 0, got 0.0"),
+    (["{csv}", "--tau", "2,inf"], "--tau values must be finite numbers > 0, got inf"),
+    (["{csv}", "--m2po-batch-tokens", "0"], "--m2po-batch-tokens must be an integer >= 1, got 0"),
+    (["{csv}", "--max-age-buckets", "0"], "--max-age-buckets must be an integer >= 1, got 0"),
+    (["{csv}", "--chunk-rows", "0"], "--chunk-rows must be an integer >= 1, got 0"),
+    (["{csv}", "--format", "xml"], "--format must be auto, parquet, csv, jsonl; got 'xml'"),
+    (["{csv}", "--columns", "logp_behav"], "--columns must be field=name pairs separated by commas, got 'logp_behav'"),
+    (["{csv}", "--columns", "foo=bar"], f"--columns names an unknown field 'foo' (valid: {_VALID_FIELDS})"),
+    (["{csv}", "--columns", "logp_behav="], "--columns cannot drop logp_behav: it is required"),
+    (["{csv}", "--columns", "layout=tall"], "--columns sets layout to 'tall' (valid: auto, long, wide)"),
+    (["{nan}"], "nan.csv: 1 tokens with NaN, null or infinite log-probs in the rows from 0; fix the log or pass "
+                "--skip-invalid to drop and count them"),
+    (["{wide}"], "row 0 of wide.jsonl: the per-token lists have different lengths (or are null); fix the log or "
+                 "pass --skip-invalid to drop and count such rows"),
 ])
-def test_bad_input_is_one_line_exit_2(tmp_path, cli, args, message):
+def test_bad_input_is_one_line_exit_2(tmp_path, cli, args, message, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     csv = tmp_path / "ok.csv"
     csv.write_text("seq_id,logp_behav,logp_current\n0,-1.0,-1.1\n0,-0.5,-0.4\n")
     nan = tmp_path / "nan.csv"
@@ -164,7 +189,233 @@ def test_bad_input_is_one_line_exit_2(tmp_path, cli, args, message):
     args = [a.format(csv=csv, nan=nan, wide=wide) for a in args]
     code, out, err = cli("diagnose", *args, "--no-progress")
     assert code == 2 and out == ""
-    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err == f"replay-theory: error: {message}\n"
+    # the options as typed, never the config fields behind them
+    assert not any(name in err for name in ("ppo_clip", "freshper_tau", "m2po_batch_tokens", "max_age_buckets",
+                                            "chunk_rows"))
+
+
+def _age_log(tmp_path, name: str = "log.parquet"):
+    """A long-layout Parquet log with ages 0-3; returns its path and its token log-ratios."""
+    rng = np.random.default_rng(7)
+    n = 80
+    behav = -rng.exponential(size=n)
+    current = np.minimum(behav + rng.normal(scale=0.1, size=n), 0.0)
+    table = pa.table({"seq_id": np.arange(n) // 4, "logp_behav": behav, "logp_current": current,
+                      "age": np.repeat(np.arange(4.0), n // 4)})
+    path = tmp_path / name
+    pq.write_table(table, path)
+    return path, current - behav
+
+
+def test_format_that_contradicts_the_file_is_one_printable_line(tmp_path, cli):
+    path, lr = _age_log(tmp_path)
+    renamed = tmp_path / "log.csv"
+    renamed.write_bytes(path.read_bytes())
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text(json.dumps({"seq_id": 0, "logp_behav": -1.0, "logp_current": -1.1}) + "\n")
+    gz = tmp_path / "packed.csv"
+    gz.write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(40)))
+    cases = [
+        ([str(path), "--format", "csv"], f"--format csv does not match log.parquet: it looks like a Parquet file "
+                                         f"({_FORMATS})"),
+        ([str(path), "--format", "jsonl"], f"--format jsonl does not match log.parquet: it looks like a Parquet "
+                                           f"file ({_FORMATS})"),
+        ([str(renamed)], f"--format auto does not match log.csv (auto took csv from the suffix): it looks like a "
+                         f"Parquet file ({_FORMATS})"),
+        ([str(jsonl), "--format", "csv"], f"--format csv does not match rows.jsonl: it looks like a JSON-lines file "
+                                          f"({_FORMATS})"),
+        ([str(gz)], f"--format auto does not match packed.csv (auto took csv from the suffix): it looks like a "
+                    f"binary file that is not Parquet ({_FORMATS})"),
+    ]
+    for args, message in cases:
+        code, out, err = cli("diagnose", *args, "--no-progress")
+        assert (code, out, err) == (2, "", f"replay-theory: error: {message}\n"), args
+        assert err[:-1].isprintable()  # no raw control bytes from the file
+    # the right format still reads the same file
+    code, out, _ = cli("diagnose", str(renamed), "--format", "parquet", "--json", "--no-progress")
+    assert code == 0 and json.loads(out)["m2"] == pytest.approx(float(np.mean(lr**2)), rel=1e-12)
+
+
+def test_from_report_refuses_what_is_not_a_report(tmp_path, cli):
+    other = tmp_path / "other.json"
+    other.write_text('{"n_tokens": 3, "mu": 5.28}')
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{'n_tokens': 3}")
+    csv = tmp_path / "no_age.csv"
+    csv.write_text("seq_id,logp_behav,logp_current\n0,-1.0,-1.1\n0,-0.5,-0.4\n")
+    no_age = tmp_path / "no_age.json"
+    assert cli("diagnose", str(csv), "--save", str(no_age), "--no-progress")[0] == 0
+    hint = "save one with replay-theory diagnose LOG --save REPORT.json"
+    cases = [
+        (other, f"--from-report {other} is not a diagnose report (no ess_frac, by_age, config); {hint}"),
+        (listed, f"--from-report {listed} is not a diagnose report (no n_tokens, ess_frac, by_age, config); {hint}"),
+        (broken, f"--from-report {broken} is not a diagnose report: not JSON (Expecting property name enclosed in "
+                 "double quotes, line 1 column 2)"),
+        (tmp_path / "gone.json", f"--from-report {tmp_path / 'gone.json'} cannot be read: No such file or directory"),
+        (no_age, f"--from-report {no_age} has no by-age table (its log had no age column): there is no figure to "
+                 "draw"),
+    ]
+    figure = tmp_path / "fig.png"
+    for report, message in cases:
+        code, out, err = cli("diagnose", "--from-report", str(report), "--figure", str(figure))
+        assert (code, out, err) == (2, "", f"replay-theory: error: {message}\n"), report
+        assert not figure.exists()
+
+
+def test_from_report_refuses_a_log_or_save_beside_it(tmp_path, cli):
+    path, _ = _age_log(tmp_path)
+    report, figure = tmp_path / "r.json", tmp_path / "f.png"
+    assert cli("diagnose", str(path), "--save", str(report), "--no-progress")[0] == 0
+    code, out, err = cli("diagnose", str(path), "--from-report", str(report), "--figure", str(figure))
+    assert (code, out) == (2, "")
+    assert err == f"replay-theory: error: give a LOG or --from-report, not both (got {path} and --from-report " \
+                  f"{report})\n"
+    code, out, err = cli("diagnose", "--from-report", str(report), "--figure", str(figure), "--save",
+                         str(tmp_path / "r2.json"))
+    assert (code, out) == (2, "")
+    assert err == "replay-theory: error: --save needs a LOG: --from-report only rebuilds --figure from a saved report\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.parquet", "r.json"]
+
+
+def test_output_paths_are_checked_before_any_work(tmp_path, cli, monkeypatch):
+    import replay_theory.cli.diagnose_cmds as cmds
+
+    path, _ = _age_log(tmp_path)
+    taken = tmp_path / "taken.png"
+    taken.write_bytes(b"the user's own figure")
+    a_file = tmp_path / "plain.txt"
+    a_file.write_text("not a folder")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the log was read before the output paths were checked")
+
+    monkeypatch.setattr(cmds, "diagnose", no_work)
+    never = "results are never overwritten: choose a new path"
+    cases = [
+        (["--figure", str(taken)], f"--figure {taken} exists; {never}"),
+        (["--save", str(taken)], f"--save {taken} exists; {never}"),
+        (["--save", str(tmp_path / "nodir" / "r.json")],
+         f"--save {tmp_path / 'nodir' / 'r.json'}: the folder {tmp_path / 'nodir'} does not exist; create it first "
+         "or choose another path"),
+        (["--figure", str(tmp_path / "nodir" / "f.png")],
+         f"--figure {tmp_path / 'nodir' / 'f.png'}: the folder {tmp_path / 'nodir'} does not exist; create it "
+         "first or choose another path"),
+        (["--figure", str(a_file / "f.png")],
+         f"--figure {a_file / 'f.png'}: the folder {a_file} is not a directory; create it first or choose another "
+         "path"),
+        (["--figure", str(tmp_path / "f.txt")], f"--figure {tmp_path / 'f.txt'} must end in one of .png, .pdf, .svg"),
+        (["--figure", str(tmp_path / "same.svg"), "--save", str(tmp_path / "same.svg")],
+         f"--save and --figure both name {tmp_path / 'same.svg'}: choose two paths"),
+    ]
+    for extra, message in cases:
+        code, out, err = cli("diagnose", str(path), *extra, "--no-progress")
+        assert (code, out, err) == (2, "", f"replay-theory: error: {message}\n"), extra
+    # nothing written, nothing created, the user's file untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.parquet", "plain.txt", "taken.png"]
+    assert taken.read_bytes() == b"the user's own figure"
+    # --from-report checks --figure the same way before reading the report
+    code, _, err = cli("diagnose", "--from-report", str(tmp_path / "none.json"), "--figure", str(taken))
+    assert code == 2 and err == f"replay-theory: error: --figure {taken} exists; {never}\n"
+    assert taken.read_bytes() == b"the user's own figure"
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_written_files_honour_the_umask(tmp_path, cli, umask, mode):
+    path, _ = _age_log(tmp_path)
+    report, figure = tmp_path / "r.json", tmp_path / "f.svg"
+    old = os.umask(umask)
+    try:
+        code, _, err = cli("diagnose", str(path), "--save", str(report), "--figure", str(figure), "--no-progress")
+    finally:
+        os.umask(old)
+    assert code == 0, err
+    assert stat.S_IMODE(report.stat().st_mode) == mode and stat.S_IMODE(figure.stat().st_mode) == mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.svg", "log.parquet", "r.json"]  # no temporary left
+    assert figure.read_text().lstrip().startswith("<?xml")
+
+
+def test_a_file_that_appears_during_the_write_is_not_replaced(tmp_path):
+    from replay_theory.cli.diagnose_cmds import write_new_file
+
+    target = tmp_path / "r.json"
+
+    def write(tmp: str) -> None:
+        Path(tmp).write_text("ours")
+        target.write_text("theirs")  # another process wins the race
+
+    with pytest.raises(ValueError, match=r"^--save .*r\.json appeared while diagnose ran; results are never "
+                                         r"overwritten: choose a new path$"):
+        write_new_file("--save", target, write)
+    assert target.read_text() == "theirs"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_the_command_runs_on_its_own_typer_app(tmp_path, capsys):
+    import typer
+    from typer.testing import CliRunner
+
+    from replay_theory.cli.diagnose_cmds import diagnose_command, register
+
+    path = tmp_path / "ok.csv"
+    path.write_text("seq_id,logp_behav,logp_current\n0,-1.0,-1.1\n0,-0.5,-0.4\n1,-2.0,-1.0\n")
+    m2 = (0.1**2 + 0.1**2 + 1.0**2) / 3  # mean (log r)^2 by hand
+    app = typer.Typer()
+    register(app)
+
+    @app.callback()
+    def root() -> None:
+        """A second command slot so typer keeps 'diagnose' as a sub-command."""
+
+    result = CliRunner().invoke(app, ["diagnose", str(path), "--json", "--no-what-if"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["m2"] == pytest.approx(m2)
+    # and as a plain function
+    diagnose_command(log=path, as_json=True, no_what_if=True, no_progress=True)
+    assert json.loads(capsys.readouterr().out)["m2"] == pytest.approx(m2)
+
+
+def test_figure_is_print_ready(tmp_path):
+    import matplotlib.image
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Text
+
+    from replay_theory.cli.diagnose_cmds import FIGURE_DPI, save_figure
+    from replay_theory.diagnose import DiagnoseConfig, diagnose
+    from replay_theory.figures.diagnose import plot_ess_by_age
+
+    path, _ = _age_log(tmp_path)
+    report = diagnose(DiagnoseConfig(path=str(path)))
+    figure = plot_ess_by_age(report)
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    texts = [t for t in figure.findobj(Text) if t.get_visible() and t.get_text()]
+    assert min(t.get_fontsize() for t in texts) >= 8  # legend, ticks, labels at the figure's own size
+    labels = [t.get_text() for t in texts]
+    assert not any("^{" in t and "$" not in t for t in labels)  # braces only inside mathtext
+    assert any(r"\exp(-\mathrm{KL}" in t for t in labels)
+    for ax in figure.axes:  # each legend sits outside its panel's data area
+        legend_box = ax.get_legend().get_window_extent(renderer)
+        assert not legend_box.overlaps(ax.get_window_extent(renderer))
+    plt.close(figure)
+    png = tmp_path / "f.png"
+    save_figure(report, png)
+    # the PNG's pHYs chunk records the resolution: pixels per metre = dpi / 0.0254
+    data = png.read_bytes()
+    phys = data.index(b"pHYs") + 4
+    per_metre = int.from_bytes(data[phys:phys + 4], "big")
+    assert round(per_metre * 0.0254) == FIGURE_DPI == 200
+    width_in = figure.get_size_inches()[0]
+    assert matplotlib.image.imread(png).shape[1] == pytest.approx(width_in * FIGURE_DPI, rel=0.1)  # drawn at 200
+
+
+def test_diagnose_needs_no_torch_and_nothing_from_validate():
+    code = ("import sys\nimport replay_theory.diagnose, replay_theory.cli.diagnose_cmds\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('replay_theory.validate')))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
 
 
 def test_skip_invalid_counts_mismatched_wide_rows(tmp_path, cli):
@@ -213,7 +464,7 @@ def test_success_leaves_a_redirected_stderr_empty(tmp_path, cli):
 
 
 def test_example_log_shapes_agree_and_recover_the_known_drift(tmp_path, cli):
-    from replay_theory.validate.diagnose.example import example_log, write_example
+    from replay_theory.diagnose.example import example_log, write_example
 
     reports = {}
     for shape, name, extra in (("default", "log.parquet", []), ("default", "log.csv", []),

@@ -65,6 +65,7 @@ Value = Union[float, FloatArray]
 
 __all__ = [
     "Relation",
+    "make_relation",
     "var_ratio_equals_chi2",
     "chi2_equals_expm1_d2",
     "ess_bound_kl",
@@ -110,9 +111,15 @@ def _scalar_or_array(x: ArrayLike) -> Value:
     return float(a) if a.ndim == 0 else a
 
 
-def _make(
+def make_relation(
     name: str, lhs: ArrayLike, rhs: ArrayLike, relation: str, rtol: float, atol: float, source: str
 ) -> Relation:
+    """Evaluate ``lhs relation rhs`` (``"=="`` or ``"<="``) with the tolerances of the module docstring.
+
+    Public so that callers holding both sides already (``diagnose/accumulators.py``
+    computes them from streamed sums) build the same :class:`Relation` as the
+    functions here.
+    """
     lhs_a = np.asarray(lhs, dtype=np.float64)
     rhs_a = np.asarray(rhs, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -258,27 +265,27 @@ def _var_ratio_equals_chi2(W: _Weighted, rtol: float, atol: float) -> Relation:
     with np.errstate(over="ignore"):
         lhs = np.exp(W.log_var_ratio())  # Eq. (9), FreshPER
         rhs = np.exp(W.log_chi2())  # Eq. (6), FreshPER
-    return _make("var_ratio_equals_chi2", lhs, rhs, "==", rtol, atol, "FreshPER Eq. (9) / Prop. 1")
+    return make_relation("var_ratio_equals_chi2", lhs, rhs, "==", rtol, atol, "FreshPER Eq. (9) / Prop. 1")
 
 
 def _chi2_equals_expm1_d2(W: _Weighted, rtol: float, atol: float) -> Relation:
     with np.errstate(over="ignore"):
         lhs = _exp(W.log_chi2())  # Eq. (6), FreshPER
         rhs = np.expm1(W.log_second_moment())  # Eq. (24), FreshPER
-    return _make("chi2_equals_expm1_d2", lhs, rhs, "==", rtol, atol, "FreshPER Eq. (24)")
+    return make_relation("chi2_equals_expm1_d2", lhs, rhs, "==", rtol, atol, "FreshPER Eq. (24)")
 
 
 def _kl_le_d2(W: _Weighted, rtol: float, atol: float) -> Relation:
     lhs = W.kl_new_behav()  # Eq. (25), FreshPER
     rhs = W.log_second_moment()  # Eq. (23), FreshPER
-    return _make("kl_le_d2", lhs, rhs, "<=", rtol, atol, "FreshPER Eq. (26)")
+    return make_relation("kl_le_d2", lhs, rhs, "<=", rtol, atol, "FreshPER Eq. (26)")
 
 
 def _ess_bound_kl(W: _Weighted, n: float, rtol: float, atol: float) -> Relation:
     lhs = n * _exp(-W.log_second_moment())  # Eqs. (5), (24), FreshPER: exact ESS = n e^{-D_2}
     with np.errstate(over="ignore"):
         rhs = n * np.exp(-W.kl_new_behav())  # Eq. (11), FreshPER
-    return _make("ess_bound_kl", lhs, rhs, "<=", rtol, atol, "FreshPER Eqs. (10)-(11)")
+    return make_relation("ess_bound_kl", lhs, rhs, "<=", rtol, atol, "FreshPER Eqs. (10)-(11)")
 
 
 def _log_R(R: ArrayLike | None, default: FloatArray) -> FloatArray:
@@ -306,21 +313,21 @@ def _m2po_thm51(W: _Weighted, R: ArrayLike | None, rtol: float, atol: float) -> 
     log_R = _log_R(R, np.maximum(W.max_lr(), -W.min_lr()))  # log max(sup r, 1/inf r)
     lhs = _exp(W.log_chi2())  # chi^2 = E[(r-1)^2], Thm 5.1, M2PO
     rhs = _times_R2(log_R, _log_m2(W))  # R^2 M_2, Thm 5.1, M2PO
-    return _make("m2po_thm51", lhs, rhs, "<=", rtol, atol, "M2PO Thm 5.1 (App. C)")
+    return make_relation("m2po_thm51", lhs, rhs, "<=", rtol, atol, "M2PO Thm 5.1 (App. C)")
 
 
 def _m2po_sharp(W: _Weighted, rtol: float, atol: float) -> Relation:
     log_R = np.maximum(0.0, W.max_lr())  # log max(1, sup r)
     lhs = _exp(W.log_chi2())
     rhs = _times_R2(log_R, _log_m2(W))  # sharpened Thm 5.1, M2PO
-    return _make("m2po_sharp", lhs, rhs, "<=", rtol, atol, "M2PO Thm 5.1, sharpened (notes/m2po.md)")
+    return make_relation("m2po_sharp", lhs, rhs, "<=", rtol, atol, "M2PO Thm 5.1, sharpened (notes/m2po.md)")
 
 
 def _m2_converse(W: _Weighted, R: ArrayLike | None, rtol: float, atol: float) -> Relation:
     log_R = _log_R(R, np.maximum(0.0, -W.min_lr()))  # log max(1, 1/inf r)
     lhs = W.m2()  # Eq. (4), M2PO
     rhs = _times_R2(log_R, W.log_chi2())
-    return _make("m2_converse", lhs, rhs, "<=", rtol, atol, "converse of M2PO Thm 5.1 (notes/m2po.md)")
+    return make_relation("m2_converse", lhs, rhs, "<=", rtol, atol, "converse of M2PO Thm 5.1 (notes/m2po.md)")
 
 
 def _m2_decomposition(W: _Weighted, rtol: float, atol: float) -> Relation:
@@ -329,13 +336,13 @@ def _m2_decomposition(W: _Weighted, rtol: float, atol: float) -> Relation:
     with np.errstate(over="ignore", invalid="ignore"):
         rhs = W.var_log_ratio() + k1 * k1
     rhs = np.where(np.isnan(rhs), np.inf, rhs)
-    return _make("m2_decomposition", lhs, rhs, "==", rtol, atol, "M2PO Eqs. (3)-(4)")
+    return make_relation("m2_decomposition", lhs, rhs, "==", rtol, atol, "M2PO Eqs. (3)-(4)")
 
 
 def _mean_abs_log_ratio_le_sqrt_m2(W: _Weighted, rtol: float, atol: float) -> Relation:
     lhs = W.mean(np.abs(W.lr))
     rhs = np.sqrt(W.m2())
-    return _make("mean_abs_log_ratio_le_sqrt_m2", lhs, rhs, "<=", rtol, atol, "M2PO footnote 1 (corrected)")
+    return make_relation("mean_abs_log_ratio_le_sqrt_m2", lhs, rhs, "<=", rtol, atol, "M2PO footnote 1 (corrected)")
 
 
 # --------------------------------------------------------------------------- #
@@ -554,7 +561,7 @@ def exact_relations(
         _m2_converse(W, None, rtol, atol),
         _m2_decomposition(W, rtol, atol),
         _mean_abs_log_ratio_le_sqrt_m2(W, rtol, atol),
-        _make(
+        make_relation(
             "kl_exact_equals_mean_r_log_r",
             kl_exact(ln, lb),
             W.kl_new_behav(),
@@ -563,7 +570,7 @@ def exact_relations(
             atol,
             "FreshPER Eq. (25): KL(new || behav) = E_behav[r log r]",
         ),
-        _make(
+        make_relation(
             "k1_mean_equals_kl_behav_new",
             W.mean(-W.lr),
             kl_exact(lb, ln),
@@ -576,7 +583,7 @@ def exact_relations(
     with np.errstate(over="ignore"):
         kong = n / (1.0 + np.exp(W.log_var_ratio()))
     rels.append(
-        _make(
+        make_relation(
             "kong_ess_equals_exp_neg_d2",
             kong,
             n * np.exp(-np.asarray(d2_exact(ln, lb))),

@@ -94,6 +94,7 @@ __all__ = [
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "k3_terms",
     "m2",
     "chi2_estimate",
     "d2_estimate",
@@ -175,8 +176,13 @@ def _log_abs_expm1(x: FloatArray) -> FloatArray:
     return np.where(pos, out_pos, np.where(neg, out_neg, -np.inf))
 
 
-def _k3_terms(lr: FloatArray) -> FloatArray:
-    """r - 1 - log r = expm1(lr) - lr elementwise; Taylor series for small |lr|; +-inf -> inf."""
+def k3_terms(lr: FloatArray) -> FloatArray:
+    """r - 1 - log r = expm1(lr) - lr elementwise; Taylor series for small |lr|; +-inf -> inf.
+
+    The per-token term of the k3 KL estimator (:func:`kl_k3` is its mean); public
+    because streaming callers (``diagnose/accumulators.py``, ``simulate/losses.py``)
+    sum it chunk by chunk.
+    """
     lr = np.asarray(lr, dtype=np.float64)
     small = np.abs(lr) < _K3_SERIES_CUTOFF
     with np.errstate(all="ignore"):
@@ -188,10 +194,15 @@ def _k3_terms(lr: FloatArray) -> FloatArray:
     return np.where(small, series, big)
 
 
+
+# The old private name, kept only so that simulate/losses.py (restructured in parallel
+# for issue 11) still imports until it switches to ``k3_terms``; delete it then.
+_k3_terms = k3_terms
+
 def _bregman_g(d: FloatArray) -> FloatArray:
     """g(d) = d e^d - (e^d - 1) = r log r - r + 1 >= 0 at r = e^d, accurate for small |d|."""
     with np.errstate(all="ignore"):
-        small = d * np.expm1(d) - _k3_terms(d)  # no cancellation of the leading d^2/2
+        small = d * np.expm1(d) - k3_terms(d)  # no cancellation of the leading d^2/2
         big = d * np.exp(d) - np.expm1(d)
     return np.where(np.abs(d) <= 1.0, small, big)
 
@@ -344,7 +355,7 @@ def renyi_exact(logp: ArrayLike, logq: ArrayLike, alpha: float, *, axis: int = -
         d = np.where(both, d_all, 0.0)  # (..., K) finite log r
         p = np.exp(lp)
         q = np.exp(lq)
-        k3 = _k3_terms(b * d)
+        k3 = k3_terms(b * d)
         qh_small = q * (np.exp(d) * k3 + b * _bregman_g(d))
         qh_big = p * k3 + b * (p * d - (p - q))  # the same, without forming e^d
         qh = np.where(np.abs(d) <= 1.0, qh_small, qh_big)  # (..., K)
@@ -487,7 +498,7 @@ def kl_k3(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1
     log-ratios give +inf, without warnings.
     """
     lr, m, n = _prep_samples(log_ratio, mask, axis)
-    return _out(_masked_mean(_k3_terms(lr), m, n))
+    return _out(_masked_mean(k3_terms(lr), m, n))
 
 
 def m2(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
@@ -589,7 +600,7 @@ def sample_statistics(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, ax
         return {
             "kl_k1": _out(_masked_mean(-lr, m, n)),  # Eq. (3), M2PO
             "kl_k2": _out(0.5 * square),
-            "kl_k3": _out(_masked_mean(_k3_terms(lr), m, n)),
+            "kl_k3": _out(_masked_mean(k3_terms(lr), m, n)),
             "m2": _out(square),  # Eq. (4), M2PO
             "d2": _out(d2),
             "chi2": _out(np.expm1(d2)),  # Eq. (24), FreshPER

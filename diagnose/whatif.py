@@ -14,8 +14,7 @@ and we report over ALL tokens (or sequences):
   report (Sec. 3.2: E[min(c, r)] = 1 - E[(r - c)_+]); for a clip or mask it is
   E[r 1{dropped}].
 
-Corrections (papers: FreshPER = shared/papers/freshper-prioritized-replay.txt,
-M2PO = shared/papers/m2po-stale-data.txt, Replay-RLOO = shared/papers/rloo-group-replay-countdown.txt):
+Corrections (papers FreshPER, M2PO and Replay-RLOO, listed in docs/REFERENCES.md):
 
 ====================  =====================================================
 ``ppo_clip`` eps      PPO / GRPO clip: a token with A > 0 and r > 1 + eps or
@@ -43,7 +42,8 @@ import numpy as np
 
 from replay_theory.simulate.losses import m2po_mask
 from replay_theory.theory.group_replay import clipping_bias_proxy
-from replay_theory.validate.diagnose.accumulators import Moments, WeightSums
+from replay_theory.diagnose.accumulators import Moments, WeightSums
+from replay_theory.diagnose.errors import ConfigError
 
 M2PO_VARIANTS = ("algorithm1", "reference")
 
@@ -60,16 +60,16 @@ class WhatIfConfig:
     freshper_tau: tuple[float, ...] = (2.0, 8.0)
 
     def __post_init__(self) -> None:
-        for name, lo, values in (("ppo_clip", 0.0, self.ppo_clip), ("tis", 1.0, self.tis),
-                                 ("mask", 1.0, self.mask), ("m2po", 0.0, self.m2po),
-                                 ("freshper_tau", 0.0, self.freshper_tau)):
+        # (field, open interval of valid values): the lower clip edge log(1 - eps) needs eps < 1
+        for name, lo, hi, values in (("ppo_clip", 0.0, 1.0, self.ppo_clip), ("tis", 1.0, math.inf, self.tis),
+                                     ("mask", 1.0, math.inf, self.mask), ("m2po", 0.0, math.inf, self.m2po),
+                                     ("freshper_tau", 0.0, math.inf, self.freshper_tau)):
+            valid = f"in ({lo:g}, {hi:g})" if math.isfinite(hi) else f"> {lo:g}"
             for v in values:
-                if not (isinstance(v, (int, float)) and math.isfinite(v) and v > lo):
-                    raise ValueError(f"{name} values must be finite numbers > {lo:g}, got {v!r}")
-        if any(v >= 1.0 for v in self.ppo_clip):
-            raise ValueError(f"ppo_clip values must be in (0, 1), got {self.ppo_clip}")
+                if not (isinstance(v, (int, float)) and math.isfinite(v) and lo < v < hi):
+                    raise ConfigError(name, f"values must be finite numbers {valid}, got {v!r}")
         if self.m2po_batch_tokens < 1:
-            raise ValueError(f"m2po_batch_tokens must be >= 1, got {self.m2po_batch_tokens}")
+            raise ConfigError("m2po_batch_tokens", f"must be an integer >= 1, got {self.m2po_batch_tokens}")
 
 
 def _row(correction: str, level: str, param, result: dict | None, note: str = "") -> dict:

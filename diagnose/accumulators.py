@@ -16,8 +16,8 @@ Two accumulators of the same group combine exactly (:meth:`Moments.fold`), so
 chunks can arrive in any order and age values can be merged into buckets after
 the pass.
 
-From the sums (n tokens, r = e^{log r}; FreshPER = shared/papers/freshper-prioritized-replay.txt,
-M2PO = shared/papers/m2po-stale-data.txt):
+From the sums (n tokens, r = e^{log r}; the papers FreshPER and M2PO are
+listed in docs/REFERENCES.md):
 
     ess_frac = A^2 / (n B)                       (sum r)^2 / (n sum r^2), Kish
     d2       = 2 M + log(B / n)                  log mean r^2, FreshPER Eq. (23)
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from replay_theory.theory.bounds import Relation, _make
-from replay_theory.theory.divergences import _k3_terms
+from replay_theory.theory.bounds import Relation, make_relation
+from replay_theory.theory.divergences import k3_terms
 
 _SUMS = ("n", "s1", "s2", "sk3", "A", "B", "C", "P")
 
@@ -79,7 +79,7 @@ class Moments:
         """Statistics of ``log_ratio`` (n,), grouped by integer ``groups`` (n,) in [0, size)."""
         lr = np.asarray(log_ratio, dtype=np.float64)  # (n,)
         with np.errstate(over="ignore"):
-            k3 = _k3_terms(lr)  # r - 1 - log r, series near 0 so fresh data gives exactly 0
+            k3 = k3_terms(lr)  # r - 1 - log r, series near 0 so fresh data gives exactly 0
         if groups is None:  # one group: plain reductions, the common and fast case
             if lr.size == 0:
                 return cls.empty(1)
@@ -192,13 +192,13 @@ class Moments:
         R = max(sup_r, 1.0 / s["ratio_min"]) if s["ratio_min"] > 0 else math.inf
         with np.errstate(over="ignore", invalid="ignore"):
             return [
-                _make("ess_bound_kl", s["ess_frac"], math.exp(-kl), "<=", 1e-9, 1e-12,
-                      "FreshPER Eqs. (10)-(11): ESS/n = e^{-D_2} <= e^{-KL(new||behav)}"),
-                _make("kl_le_d2", kl, d2_sn, "<=", 1e-9, 1e-12, "FreshPER Eq. (26)"),
-                _make("m2po_sharp", s["chi2_pearson"], max(1.0, sup_r) ** 2 * s["m2"], "<=", 1e-9, 1e-12,
-                      "M2PO Thm 5.1, sharp form: chi^2 <= max(1, sup r)^2 M2"),
-                _make("m2po_thm51", s["chi2_pearson"], R**2 * s["m2"], "<=", 1e-9, 1e-12,
-                      "M2PO Thm 5.1: chi^2 <= R^2 M2, R = max(sup r, 1/inf r)"),
+                make_relation("ess_bound_kl", s["ess_frac"], math.exp(-kl), "<=", 1e-9, 1e-12,
+                              "FreshPER Eqs. (10)-(11): ESS/n = e^{-D_2} <= e^{-KL(new||behav)}"),
+                make_relation("kl_le_d2", kl, d2_sn, "<=", 1e-9, 1e-12, "FreshPER Eq. (26)"),
+                make_relation("m2po_sharp", s["chi2_pearson"], max(1.0, sup_r) ** 2 * s["m2"], "<=", 1e-9, 1e-12,
+                              "M2PO Thm 5.1, sharp form: chi^2 <= max(1, sup r)^2 M2"),
+                make_relation("m2po_thm51", s["chi2_pearson"], R**2 * s["m2"], "<=", 1e-9, 1e-12,
+                              "M2PO Thm 5.1: chi^2 <= R^2 M2, R = max(sup r, 1/inf r)"),
             ]
 
 

@@ -1,9 +1,17 @@
-"""Human-readable rendering of a diagnose report (the JSON dict of ``pipeline.diagnose``)."""
+"""Human-readable rendering of a diagnose report (the JSON dict of ``pipeline.diagnose``), and reading a saved one."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from pathlib import Path
 from typing import Optional
+
+from replay_theory.diagnose.errors import ConfigError
+
+#: keys every report of ``pipeline.diagnose`` has; a JSON object without them is some other file.
+REPORT_KEYS = ("n_tokens", "ess_frac", "by_age", "config")
 
 ROWS = (
     ("ess_frac", "ESS fraction (Kish)"),
@@ -29,6 +37,24 @@ def _fmt(x: Optional[float], digits: int = 4) -> str:
     if isinstance(x, float) and (math.isinf(x) or math.isnan(x)):
         return str(x)
     return f"{x:.{digits}g}"
+
+
+def load_report(path: str | os.PathLike) -> dict:
+    """A report saved by ``replay-theory diagnose LOG --save PATH``; one-line :class:`ConfigError` otherwise."""
+    try:
+        report = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise ConfigError("report", f"{path} cannot be read: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError("report", f"{path} is not a diagnose report: it is not text") from None
+    except json.JSONDecodeError as err:
+        raise ConfigError("report", f"{path} is not a diagnose report: not JSON ({err.msg}, line {err.lineno} "
+                                    f"column {err.colno})") from None
+    missing = [k for k in REPORT_KEYS if not isinstance(report, dict) or k not in report]
+    if missing:
+        raise ConfigError("report", f"{path} is not a diagnose report (no {', '.join(missing)}); save one with "
+                                    "replay-theory diagnose LOG --save REPORT.json")
+    return report
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:

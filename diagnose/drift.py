@@ -1,11 +1,10 @@
 """KL drift with sample age, and the FreshPER time constant it implies.
 
-FreshPER (shared/papers/freshper-prioritized-replay.txt) assumes
-KL(pi_t || pi_{t - Delta}) ~= c Delta (Eq. 12) and sets the age-decay time
-constant tau = 1/c (Eq. 13).  The heuristic is not derived: locally
-KL ~= 0.5 dtheta^T F dtheta, so a steady drift of the parameters gives KL
-growing like Delta^2 and a random walk gives KL growing like Delta
-(shared/notes/freshper.md).  We fit both shapes to the per-age KL of the log,
+FreshPER (docs/REFERENCES.md) assumes KL(pi_t || pi_{t - Delta}) ~= c Delta
+(Eq. 12) and sets the age-decay time constant tau = 1/c (Eq. 13).  The
+heuristic is not derived: locally KL ~= 0.5 dtheta^T F dtheta, so a steady
+drift of the parameters gives KL growing like Delta^2 and a random walk gives
+KL growing like Delta.  We fit both shapes to the per-age KL of the log,
 
     linear:     KL(a) = k0 + c a          quadratic:  KL(a) = k0 + q a^2
 

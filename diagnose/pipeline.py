@@ -30,11 +30,12 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from replay_theory.validate.diagnose.accumulators import LogRatioHistogram, Moments
-from replay_theory.validate.diagnose.drift import fit_kl_drift
-from replay_theory.validate.diagnose.reader import LogReader, TokenChunk
-from replay_theory.validate.diagnose.schema import resolve_columns
-from replay_theory.validate.diagnose.whatif import TokenWhatIf, WhatIfConfig, freshper_rows, sequence_rows
+from replay_theory.diagnose.accumulators import LogRatioHistogram, Moments
+from replay_theory.diagnose.drift import fit_kl_drift
+from replay_theory.diagnose.errors import ConfigError
+from replay_theory.diagnose.reader import FORMATS, LogReader, TokenChunk
+from replay_theory.diagnose.schema import resolve_columns
+from replay_theory.diagnose.whatif import TokenWhatIf, WhatIfConfig, freshper_rows, sequence_rows
 
 #: log-probs in (0, LOGP_ROUNDOFF] are round-off from bf16 / fused kernels and read as 0.
 LOGP_ROUNDOFF = 1e-6
@@ -59,8 +60,14 @@ class DiagnoseConfig:
     run_what_if: bool = True
 
     def __post_init__(self) -> None:
+        # every field is checked here, before the file is opened: a bad value costs no work
+        if self.format not in ("auto", *FORMATS):
+            raise ConfigError("format", f"must be auto, {', '.join(FORMATS)}; got {self.format!r}")
+        if self.chunk_rows < 1:
+            raise ConfigError("chunk_rows", f"must be an integer >= 1, got {self.chunk_rows}")
         if self.max_age_buckets < 1:
-            raise ValueError(f"max_age_buckets must be >= 1, got {self.max_age_buckets}")
+            raise ConfigError("max_age_buckets", f"must be an integer >= 1, got {self.max_age_buckets}")
+        resolve_columns(self.preset, self.columns)
 
 
 def _grow(a: np.ndarray, size: int, fill) -> np.ndarray:

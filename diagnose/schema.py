@@ -50,6 +50,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Literal, Optional
 
+from replay_theory.diagnose.errors import ConfigError
+
 Layout = Literal["auto", "long", "wide"]
 
 #: fields of :class:`ColumnMap` that name a column (``layout`` does not).
@@ -107,7 +109,7 @@ PRESETS: dict[str, ColumnMap] = {
 def resolve_columns(preset: str = "default", overrides: Optional[str] = None) -> ColumnMap:
     """The preset's map with ``overrides`` ("field=name,field=name"; ``field=`` drops it) applied."""
     if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+        raise ConfigError("preset", f"must be one of {', '.join(PRESETS)}, got {preset!r}")
     cmap = PRESETS[preset]
     if not overrides:
         return cmap
@@ -118,14 +120,14 @@ def resolve_columns(preset: str = "default", overrides: Optional[str] = None) ->
         if not item:
             continue
         if "=" not in item:
-            raise ValueError(f"columns must be field=name pairs separated by commas, got {item!r}")
+            raise ConfigError("columns", f"must be field=name pairs separated by commas, got {item!r}")
         key, value = (part.strip() for part in item.split("=", 1))
         if key not in valid:
-            raise ValueError(f"columns: unknown field {key!r} (valid: {', '.join(sorted(valid))})")
+            raise ConfigError("columns", f"names an unknown field {key!r} (valid: {', '.join(sorted(valid))})")
         if key == "layout":
             if value not in ("auto", "long", "wide"):
-                raise ValueError(f"columns: layout must be auto, long or wide, got {value!r}")
+                raise ConfigError("columns", f"sets layout to {value!r} (valid: auto, long, wide)")
         elif key in REQUIRED and not value:
-            raise ValueError(f"columns: {key} is required and cannot be dropped")
+            raise ConfigError("columns", f"cannot drop {key}: it is required")
         changes[key] = value or None
     return replace(cmap, **changes)

@@ -27,16 +27,22 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from replay_theory.validate.diagnose.schema import ColumnMap
+from replay_theory.diagnose.errors import ConfigError
+from replay_theory.diagnose.schema import ColumnMap
 
 FORMATS = ("parquet", "csv", "jsonl")
 _SUFFIX_FORMAT = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv",
                   ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
 #: bytes per CSV / JSON-lines block: large enough to amortise parsing, small enough to stream.
 BLOCK_BYTES = 16 * 1024 * 1024
+#: bytes read from the head of a file to tell Parquet, JSON lines and CSV apart.
+SNIFF_BYTES = 4096
+_KIND = {"parquet": "a Parquet file", "jsonl": "a JSON-lines file", "csv": "a CSV file",
+         "binary": "a binary file that is not Parquet", "json-array": "one JSON array, not one object per line"}
 
 
-def _pyarrow():
+def require_pyarrow():
+    """The pyarrow module, or a one-line ValueError naming the extra that installs it."""
     try:
         import pyarrow  # noqa: F401
         import pyarrow.compute  # noqa: F401
@@ -62,16 +68,53 @@ class TokenChunk:
         return int(self.logp_behav.shape[0])
 
 
+def sniff_format(path: Path) -> Optional[str]:
+    """What the head of ``path`` looks like: parquet, jsonl, json-array, csv, binary or None (empty, unreadable).
+
+    Parquet files start with the magic ``PAR1``; a JSON-lines file's first
+    non-blank byte is ``{``; other text is taken for CSV; control bytes other
+    than tab / newline / carriage return mean a binary file.
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(SNIFF_BYTES)
+    except OSError:
+        return None
+    if not head:
+        return None
+    if head[:4] == b"PAR1":
+        return "parquet"
+    if any(b < 0x20 and b not in b"\t\n\r" for b in head) or b"\x7f" in head:
+        return "binary"
+    first = head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1]  # a UTF-8 byte-order mark may precede the text
+    return {b"{": "jsonl", b"[": "json-array"}.get(first, "csv")
+
+
 def detect_format(path: Path, fmt: str = "auto") -> str:
-    if fmt != "auto":
-        if fmt not in FORMATS:
-            raise ValueError(f"format must be auto, {', '.join(FORMATS)}; got {fmt!r}")
-        return fmt
-    suffixes = [s.lower() for s in path.suffixes]
-    for suffix in reversed(suffixes):
-        if suffix in _SUFFIX_FORMAT:
-            return _SUFFIX_FORMAT[suffix]
-    raise ValueError(f"cannot tell the format of {path.name}: use --format parquet|csv|jsonl")
+    """The format to read ``path`` as: ``fmt``, or from the suffix when ``auto``; refuses one the bytes contradict.
+
+    Reading a Parquet file as CSV would fill error messages with its raw control
+    bytes, so the file's head (:func:`sniff_format`) must agree with the format.
+    """
+    if fmt != "auto" and fmt not in FORMATS:
+        raise ConfigError("format", f"must be auto, {', '.join(FORMATS)}; got {fmt!r}")
+    valid = f"valid: auto, {', '.join(FORMATS)}"
+    chosen = fmt
+    if fmt == "auto":
+        suffixes = [s.lower() for s in path.suffixes]
+        chosen = next((_SUFFIX_FORMAT[s] for s in reversed(suffixes) if s in _SUFFIX_FORMAT), None)
+        if chosen is None:
+            raise ConfigError("format", f"auto cannot tell the format of {path.name} from its suffix ({valid})")
+    seen = sniff_format(path) if path.is_file() else None
+    # refuse only what the head proves: Parquet's magic, control bytes, '[' or '{' read as CSV; a text file
+    # read as Parquet or CSV read as JSON lines fails in pyarrow with a one-line message of its own
+    wrong = ((seen == "parquet" and chosen != "parquet")
+             or (chosen in ("csv", "jsonl") and seen in ("binary", "json-array"))
+             or (chosen == "csv" and seen == "jsonl"))
+    if wrong:
+        how = "" if fmt != "auto" else f" (auto took {chosen} from the suffix)"
+        raise ConfigError("format", f"{fmt} does not match {path.name}{how}: it looks like {_KIND[seen]} ({valid})")
+    return chosen
 
 
 class LogReader:
@@ -81,9 +124,9 @@ class LogReader:
                  chunk_rows: int = 65536, skip_invalid: bool = False) -> None:
         self.path = Path(path)
         if not self.path.is_file():
-            raise ValueError(f"log file not found or not a file: {self.path}")
+            raise ConfigError("path", f"{self.path} is not a file (not found, or a directory)")
         if chunk_rows < 1:
-            raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+            raise ConfigError("chunk_rows", f"must be an integer >= 1, got {chunk_rows}")
         self.format = detect_format(self.path, fmt)
         self.columns = columns
         self.chunk_rows = int(chunk_rows)
@@ -92,7 +135,7 @@ class LogReader:
         self.bytes_done = 0
         self.rows_done = 0
         self._codes: dict = {}
-        self._pa = _pyarrow()
+        self._pa = require_pyarrow()
         self.names = self._schema_names()
         self.used = self._used_columns()
         self.layout = self._layout()
