@@ -69,7 +69,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from replay_theory.theory._checks import require_nonnegative, require_positive
-from replay_theory.theory.divergences import (_k3_terms, ess_kish_fraction, ratio_stats, sample_statistics,
+from replay_theory.theory.divergences import (k3_terms, ess_kish_fraction, ratio_stats, sample_statistics,
                                                sequence_log_ratio)
 from replay_theory.theory.exgrpo import shaping, shaping_gradient_weight
 from replay_theory.theory.group_replay import clipped_sequence_weight
@@ -251,7 +251,7 @@ def _dense_ratio_metrics(lr: np.ndarray) -> dict[str, np.ndarray]:
             "is_ratio_max": np.exp(top[:, 0]),
             "is_ratio_std": np.exp(0.5 * log_var),
             "ess_frac": ess / n,
-            "kl_k3": np.sum(_k3_terms(lr), axis=-1) / n,  # KL(pi_behav || pi_new), k3 estimator
+            "kl_k3": np.sum(k3_terms(lr), axis=-1) / n,  # KL(pi_behav || pi_new), k3 estimator
             "m2": square,  # Eq. (4), M2PO
             "kl_k1": np.sum(-lr, axis=-1) / n,  # Eq. (3), M2PO
             "kl_k2": 0.5 * square,

@@ -197,7 +197,6 @@ def k3_terms(lr: FloatArray) -> FloatArray:
 
 # The old private name, kept only so that simulate/losses.py (restructured in parallel
 # for issue 11) still imports until it switches to ``k3_terms``; delete it then.
-_k3_terms = k3_terms
 
 def _bregman_g(d: FloatArray) -> FloatArray:
     """g(d) = d e^d - (e^d - 1) = r log r - r + 1 >= 0 at r = e^d, accurate for small |d|."""
