@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 from numpy.typing import ArrayLike
 
-from replay_theory.theory._checks import require_nonnegative
+from replay_theory.theory.checks import require_nonnegative
 from replay_theory.theory.group_replay import leave_one_out_advantage
 
 __all__ = [

@@ -74,7 +74,7 @@ from replay_theory.simulate.sumtree import SumTree
 from replay_theory.theory import exgrpo as _exgrpo
 from replay_theory.theory import freshper as _freshper
 from replay_theory.theory import group_replay as _group_replay
-from replay_theory.theory._checks import require_int, require_positive
+from replay_theory.theory.checks import require_int, require_positive
 
 __all__ = [
     "Sample",

@@ -68,7 +68,7 @@ from typing import Callable, Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from replay_theory.theory._checks import require_nonnegative, require_positive
+from replay_theory.theory.checks import require_nonnegative, require_positive
 from replay_theory.theory.divergences import (k3_terms, ess_kish_fraction, ratio_stats, sample_statistics,
                                                sequence_log_ratio)
 from replay_theory.theory.exgrpo import shaping, shaping_gradient_weight
@@ -236,11 +236,11 @@ def _dense_ratio_metrics(lr: np.ndarray) -> dict[str, np.ndarray]:
     """
     n, top, scaled, total, ess = _kish_parts(lr)
     log_n = np.log(n)
-    log_total = np.log(total) + top[:, 0]  # log sum r (_logsumexp)
-    w = 1.0 / n[:, None]  # (S, 1) the population weights of _log_var_exp
+    log_total = np.log(total) + top[:, 0]  # log sum r (logsumexp)
+    w = 1.0 / n[:, None]  # (S, 1) the population weights of log_var_exp
     mu = np.sum(w * scaled, axis=-1, keepdims=True)
     with np.errstate(all="ignore"):  # as there: log 0 = -inf (on-policy, Var r = 0) is a value, not an error
-        log_var = 2.0 * top[:, 0] + np.log(np.sum(w * (scaled - mu) ** 2, axis=-1))  # log Var(r) (_log_var_exp)
+        log_var = 2.0 * top[:, 0] + np.log(np.sum(w * (scaled - mu) ** 2, axis=-1))  # log Var(r) (log_var_exp)
         square = np.sum(lr * lr, axis=-1) / n  # mean (log r)^2
         twice = 2.0 * lr
         top2 = 2.0 * top  # = max(2 lr): doubling is exact and monotone

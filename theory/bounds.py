@@ -50,11 +50,11 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from replay_theory.theory.divergences import (
-    _as_last_axis,
-    _log_abs_expm1,
-    _log_var_exp,
-    _logsumexp,
-    _validated_logprobs,
+    as_last_axis,
+    log_abs_expm1,
+    log_var_exp,
+    logsumexp,
+    validated_logprobs,
     d2_exact,
     kl_exact,
 )
@@ -167,12 +167,12 @@ class _Weighted:
 
     def log_mean_exp(self, a: FloatArray) -> FloatArray:
         """log E_w[exp(a)]."""
-        return _logsumexp(np.where(self.support, self.logw + a, -np.inf))
+        return logsumexp(np.where(self.support, self.logw + a, -np.inf))
 
     # ---- the quantities the relations use ---------------------------------
     def log_chi2(self) -> FloatArray:
         """log E_w[(r - 1)^2] (chi^2 by definition, FreshPER Eq. (6) / M2PO Thm 5.1)."""
-        return self.log_mean_exp(2.0 * _log_abs_expm1(self.lr))
+        return self.log_mean_exp(2.0 * log_abs_expm1(self.lr))
 
     def log_second_moment(self) -> FloatArray:
         """log E_w[r^2] = D_2 when E_w r = 1 (FreshPER Eq. (23))."""
@@ -201,7 +201,7 @@ class _Weighted:
 
     def log_var_ratio(self) -> FloatArray:
         """log Var_w(r) (population variance of r, log space)."""
-        return _log_var_exp(self.lr, self.w, self.support)
+        return log_var_exp(self.lr, self.w, self.support)
 
     def max_lr(self) -> FloatArray:
         return np.max(np.where(self.support, self.lr, -np.inf), axis=-1)
@@ -217,7 +217,7 @@ def _weighted(
     self_normalize: bool,
     log_behav: FloatArray | None = None,
 ) -> _Weighted:
-    lr = _as_last_axis(log_ratio, "log_ratio", axis)
+    lr = as_last_axis(log_ratio, "log_ratio", axis)
     if log_behav is not None:  # internal: normalised log weights already on the last axis
         logw = np.broadcast_to(log_behav, lr.shape)
         support = logw > -np.inf
@@ -251,7 +251,7 @@ def _weighted(
     if self_normalize:
         if np.any(support & np.isposinf(lr)):
             raise ValueError("self_normalize needs log_ratio < +inf on the support")
-        log_mean_r = _logsumexp(np.where(support, logw + lr, -np.inf))  # log E_w r
+        log_mean_r = logsumexp(np.where(support, logw + lr, -np.inf))  # log E_w r
         if np.any(log_mean_r == -np.inf):
             raise ValueError("self_normalize needs some r > 0 in every row")
         lr = np.where(support, lr - log_mean_r[..., None], 0.0)
@@ -541,8 +541,8 @@ def exact_relations(
     n / (1 + Var r) = n e^{-D_2}).  The FreshPER ones hold iff
     pi_new << pi_behav (the support condition Eq. (8) needs).
     """
-    ln = _validated_logprobs(logp_new, "logp_new", axis)  # (..., K)
-    lb = _validated_logprobs(logp_behav, "logp_behav", axis)  # (..., K)
+    ln = validated_logprobs(logp_new, "logp_new", axis)  # (..., K)
+    lb = validated_logprobs(logp_behav, "logp_behav", axis)  # (..., K)
     if ln.shape[-1] != lb.shape[-1]:
         raise ValueError(
             f"logp_new and logp_behav have different numbers of categories ({ln.shape[-1]} vs {lb.shape[-1]})"

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
-from replay_theory.theory._checks import (
+from replay_theory.theory.checks import (
     require_finite,
     require_in_range,
     require_nonnegative,

@@ -122,7 +122,7 @@ def _out(x: ArrayLike) -> FloatOrArray:
     return np.float64(a) if a.ndim == 0 else a
 
 
-def _as_last_axis(x: ArrayLike, name: str, axis: int) -> FloatArray:
+def as_last_axis(x: ArrayLike, name: str, axis: int) -> FloatArray:
     """float64 copy of ``x`` with the reduced ``axis`` moved last; rejects empty input."""
     a = np.asarray(x, dtype=np.float64)
     if a.ndim == 0:
@@ -147,7 +147,7 @@ def _as_mask(mask: ArrayLike, shape: tuple[int, ...], axis: int, name: str = "ma
     return np.moveaxis(m, axis, -1)
 
 
-def _logsumexp(a: FloatArray) -> FloatArray:
+def logsumexp(a: FloatArray) -> FloatArray:
     """log(sum(exp(a))) over the last axis; no warnings; handles -inf and +inf entries.
 
     ``a`` must not contain NaN.  All -inf gives -inf; any +inf gives +inf.
@@ -163,7 +163,7 @@ def _logsumexp(a: FloatArray) -> FloatArray:
     return np.where(mx0 == -np.inf, -np.inf, out)
 
 
-def _log_abs_expm1(x: FloatArray) -> FloatArray:
+def log_abs_expm1(x: FloatArray) -> FloatArray:
     """log|e^x - 1| elementwise, stable for all x: 0 -> -inf, +inf -> +inf, -inf -> 0."""
     x = np.asarray(x, dtype=np.float64)
     pos = x > 0
@@ -206,7 +206,7 @@ def _bregman_g(d: FloatArray) -> FloatArray:
     return np.where(np.abs(d) <= 1.0, small, big)
 
 
-def _log_var_exp(lr: FloatArray, w: FloatArray, support: BoolArray) -> FloatArray:
+def log_var_exp(lr: FloatArray, w: FloatArray, support: BoolArray) -> FloatArray:
     """log Var_w(e^lr) over the last axis (population variance under normalised weights ``w``).
 
     Two-pass variance of ``s = exp(lr - max lr)`` (all in [0, 1]) rescaled by
@@ -225,14 +225,14 @@ def _log_var_exp(lr: FloatArray, w: FloatArray, support: BoolArray) -> FloatArra
     return np.where(mx0 == -np.inf, -np.inf, out)
 
 
-def _validated_logprobs(logp: ArrayLike, name: str, axis: int) -> FloatArray:
+def validated_logprobs(logp: ArrayLike, name: str, axis: int) -> FloatArray:
     """Check a categorical log-probability array (..., K) and renormalise it exactly.
 
     Raises ValueError on NaN, +inf, log-probs > LOGP_POSITIVE_TOL, or a total
     mass off by more than NORMALIZATION_TOL (in log space).  -inf (probability
     0) is allowed.
     """
-    lp = _as_last_axis(logp, name, axis)
+    lp = as_last_axis(logp, name, axis)
     if np.isnan(lp).any():
         raise ValueError(f"{name} contains NaN")
     if np.isposinf(lp).any():
@@ -242,7 +242,7 @@ def _validated_logprobs(logp: ArrayLike, name: str, axis: int) -> FloatArray:
             f"{name} contains positive log-probabilities (max {np.max(lp):.3g}); "
             "expected log-probabilities <= 0"
         )
-    lse = _logsumexp(lp)  # (...,)
+    lse = logsumexp(lp)  # (...,)
     if np.any(np.abs(lse) > NORMALIZATION_TOL):
         worst = float(np.max(np.abs(lse)))
         raise ValueError(
@@ -253,8 +253,8 @@ def _validated_logprobs(logp: ArrayLike, name: str, axis: int) -> FloatArray:
 
 
 def _exact_pair(logp: ArrayLike, logq: ArrayLike, axis: int, names: tuple[str, str]) -> tuple[FloatArray, FloatArray]:
-    lp = _validated_logprobs(logp, names[0], axis)
-    lq = _validated_logprobs(logq, names[1], axis)
+    lp = validated_logprobs(logp, names[0], axis)
+    lq = validated_logprobs(logq, names[1], axis)
     if lp.shape[-1] != lq.shape[-1]:
         raise ValueError(
             f"{names[0]} and {names[1]} have different numbers of categories "
@@ -271,7 +271,7 @@ def _prep_samples(
     log_ratio: ArrayLike, mask: ArrayLike | None, axis: int, name: str = "log_ratio"
 ) -> tuple[FloatArray, BoolArray, FloatArray]:
     """(lr (..., n) with masked entries set to 0, mask (..., n), count (...,)); validates."""
-    lr = _as_last_axis(log_ratio, name, axis)
+    lr = as_last_axis(log_ratio, name, axis)
     if mask is None:
         m = np.ones(lr.shape, dtype=bool)
     else:
@@ -349,7 +349,7 @@ def renyi_exact(logp: ArrayLike, logq: ArrayLike, alpha: float, *, axis: int = -
     with np.errstate(all="ignore"):
         # large divergences: log sum_{p>0} p r^(a-1) (r = inf where q = 0 < p)
         d_all = np.where(p_pos, lp - np.where(p_pos, lq, 0.0), 0.0)  # (..., K)
-        big = _logsumexp(np.where(p_pos, lp + b * d_all, -np.inf))  # (...,)  # Eq. (22), FreshPER
+        big = logsumexp(np.where(p_pos, lp + b * d_all, -np.inf))  # (...,)  # Eq. (22), FreshPER
         # small divergences: S = sum_k q_k h(d_k) (- a * p-mass outside supp q)
         d = np.where(both, d_all, 0.0)  # (..., K) finite log r
         p = np.exp(lp)
@@ -372,9 +372,9 @@ def _log_chi2_exact(lp: FloatArray, lq: FloatArray) -> FloatArray:
     q_pos = lq > -np.inf
     p_pos = lp > -np.inf
     d = np.where(q_pos, lp - np.where(q_pos, lq, 0.0), 0.0)  # (..., K); -inf where p = 0
-    log_terms = np.where(q_pos, lq + 2.0 * _log_abs_expm1(d), -np.inf)  # log q (r-1)^2
+    log_terms = np.where(q_pos, lq + 2.0 * log_abs_expm1(d), -np.inf)  # log q (r-1)^2
     log_terms = np.where(p_pos & ~q_pos, np.inf, log_terms)
-    return _logsumexp(log_terms)  # (...,)  # Eq. (6), FreshPER
+    return logsumexp(log_terms)  # (...,)  # Eq. (6), FreshPER
 
 
 def d2_exact(logp: ArrayLike, logq: ArrayLike, *, axis: int = -1) -> FloatOrArray:
@@ -465,7 +465,7 @@ def sequence_log_ratio(
     space and never overflows (8192 tokens at log r = 0.5 give 4096).  Masked
     tokens are excluded; a fully masked sequence gives 0 (ratio 1).
     """
-    x = _as_last_axis(token_log_ratio, "token_log_ratio", axis)
+    x = as_last_axis(token_log_ratio, "token_log_ratio", axis)
     m = np.ones(x.shape, dtype=bool) if mask is None else _as_mask(mask, np.shape(token_log_ratio), axis)
     x = np.where(m, x, 0.0)
     if np.isnan(x).any():
@@ -509,7 +509,7 @@ def m2(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -
 
 def _log_mean_exp(a: FloatArray, m: BoolArray, n: FloatArray) -> FloatArray:
     """log mean(exp(a)) over unmasked entries."""
-    return _logsumexp(np.where(m, a, -np.inf)) - np.log(n)
+    return logsumexp(np.where(m, a, -np.inf)) - np.log(n)
 
 
 def d2_estimate(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
@@ -573,7 +573,7 @@ def ess_kish(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int =
 
 
 def _ess_kish_prepared(lr: FloatArray, m: BoolArray, n: FloatArray) -> FloatArray:
-    l1 = _logsumexp(np.where(m, lr, -np.inf))  # log sum w
+    l1 = logsumexp(np.where(m, lr, -np.inf))  # log sum w
     # Weights rescaled by their max (in (0, 1], no overflow) and summed directly, so equal
     # log-ratios (fresh, on-policy data) give exactly n rather than n (1 - 1e-16).
     top = np.max(np.where(m, lr, -np.inf), axis=-1, keepdims=True)
@@ -622,7 +622,7 @@ def ess_kong(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int =
     """
     lr, m, n = _prep_samples(log_ratio, mask, axis)
     w = np.where(m, 1.0 / n[..., None], 0.0)
-    log_var = _log_var_exp(lr, w, m)
+    log_var = log_var_exp(lr, w, m)
     return _out(n * expit(-log_var))  # n / (1 + e^{log Var}); Eq. (5), FreshPER
 
 
@@ -639,7 +639,7 @@ def ratio_stats(
     lmin = np.min(np.where(m, lr, np.inf), axis=-1)
     lmax = np.max(np.where(m, lr, -np.inf), axis=-1)
     lmean = _log_mean_exp(lr, m, n)
-    lvar = _log_var_exp(lr, w, m)
+    lvar = log_var_exp(lr, w, m)
     with np.errstate(over="ignore"):
         return {
             "is_ratio_min": _out(np.exp(lmin)),
