@@ -1,6 +1,6 @@
 """Tiny-model throughput on this CPU: generation and training tokens/s, and the tiny setting's mu.
 
-Paper: experience-replay (shared/papers/experience-replay-optimal-buffer.txt), Sec. 2 / Table 1:
+Paper: experience-replay (docs/REFERENCES.md), Sec. 2 / Table 1:
 mu = cost of generating one rollout / cost of processing it in a gradient update. Here:
 
 * sampling alone: ``validate.model.generate`` (the HF engine), tokens/s of sampled tokens;

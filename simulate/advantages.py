@@ -1,14 +1,14 @@
 """Group-relative advantages shared by the simulator and the validator.
 
-Papers (files in shared/papers):
+Papers (docs/REFERENCES.md):
 
 * GRPO advantage: Shao et al. 2024 (arXiv:2402.03300), as printed in M2PO
-  Eq. (2) (``m2po-stale-data.txt``), ExGRPO Eq. (2)/(5)
-  (``exgrpo-experience-replay.txt``) and the experience-replay paper App. E.2,
-  Eq. (6) (``experience-replay-optimal-buffer.txt``).
+  Eq. (2) (``M2PO               ``), ExGRPO Eq. (2)/(5)
+  (``ExGRPO                      ``) and the experience-replay paper App. E.2,
+  Eq. (6) (``experience-replay                   ``).
 * Dr. GRPO (Liu et al. 2025, arXiv:2503.20783): no std normalisation; ExGRPO's
   implementation uses it (App. D.1).
-* Leave-one-out (RLOO) advantage: ``rloo-group-replay-countdown.txt`` Eq. (1),
+* Leave-one-out (RLOO) advantage: ``RLOO group replay              `` Eq. (1),
   implemented once in :func:`replay_theory.theory.group_replay.leave_one_out_advantage`.
 
 Axis convention: ``reward`` is (S, g, G): seeds, groups (prompts), responses

@@ -7,15 +7,15 @@ an explicit ``rng`` argument: a ``np.random.Generator`` or a
 ``simulate.rng.PerSeedGenerator`` (every draw here has the seed axis first, and
 ExGRPO's per-seed draws use ``rng.seed_generator(s)`` when it exists).
 
-| class                 | paper (shared/papers/...)                              | section / equation                  |
+| class                 | paper (docs/REFERENCES.md)                            | section / equation                  |
 |-----------------------|--------------------------------------------------------|-------------------------------------|
-| ``FifoBuffer``        | experience-replay-optimal-buffer.txt                   | Sec. 3 (uniform, with replacement), |
+| ``FifoBuffer``        | experience-replay                                      | Sec. 3 (uniform, with replacement), |
 |                       |                                                        | App. B.5 ``random.sample`` (without)|
-| ``PositiveBiasBuffer``| experience-replay-optimal-buffer.txt                   | Sec. 4.3 positive-bias sampling     |
-| ``PrioritizedBuffer`` | freshper-prioritized-replay.txt (arXiv:2604.16918)     | Eqs. (2), (14), (15), Alg. 1, 3.5   |
-| ``GroupReplayBuffer`` | rloo-group-replay-countdown.txt                        | Sec. 3.2, App. B                    |
-| ``ExGRPOBuffer``      | exgrpo-experience-replay.txt                           | Sec. 4, Algs. 1-2                   |
-| ``StaleKQueue``       | m2po-stale-data.txt                                    | Sec. 3 stale-k setup                |
+| ``PositiveBiasBuffer``| experience-replay                                      | Sec. 4.3 positive-bias sampling     |
+| ``PrioritizedBuffer`` | FreshPER (arXiv:2604.16918)                            | Eqs. (2), (14), (15), Alg. 1, 3.5   |
+| ``GroupReplayBuffer`` | RLOO group replay                                      | Sec. 3.2, App. B                    |
+| ``ExGRPOBuffer``      | ExGRPO                                                 | Sec. 4, Algs. 1-2                   |
+| ``StaleKQueue``       | M2PO                                                   | Sec. 3 stale-k setup                |
 
 | code name               | paper symbol           | meaning                                                   |
 |-------------------------|------------------------|-----------------------------------------------------------|

@@ -1,6 +1,6 @@
 """Measure the theory's inputs on the simulator: the noise profile sigma^2(s) and the correlation rho.
 
-Paper: experience-replay (shared/papers/experience-replay-optimal-buffer.txt), Assumption 3.3:
+Paper: experience-replay (docs/REFERENCES.md), Assumption 3.3:
 E||eps_{t,i}||^2 <= sigma^2(t - t_i) and corr(eps_{t,i}, eps_{t,j}) <= rho |t_i - t_j| / N,
 with eps_{t,i} = G(theta_t, z_i) - grad F(theta_t) the per-sample gradient noise.
 

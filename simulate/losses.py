@@ -33,7 +33,7 @@ Aggregation (how token terms become one number per seed; verl's ``loss_agg_mode`
 | ``seq-mean-token-sum`` | (1/n) sum_i sum_t l_it                               | RLOO Eq. (3), AsymRE, Dr. GRPO (up to a constant 1/L_max) |
 | ``seq-mean-token-mean``| (1/n) sum_i (1/abs(o_i)) sum_t l_it                  | original GRPO             |
 
-Papers (shared/papers) and code names:
+Papers (docs/REFERENCES.md) and code names:
 
 | code name            | paper symbol                   | where                                          |
 |----------------------|--------------------------------|------------------------------------------------|
@@ -48,12 +48,12 @@ Papers (shared/papers) and code names:
 | ``delta_v``          | delta V                        | AsymRE, experience-replay App. E               |
 | ``beta``             | beta (0.1)                     | ExGRPO Sec. 4.2, f(w) = w / (w + beta)         |
 
-Files: ``m2po-stale-data.txt`` (M2PO, "Prosperity before Collapse"),
-``rloo-group-replay-countdown.txt`` (Replay-RLOO), ``exgrpo-experience-replay.txt``
-(ExGRPO, arXiv:2510.02245), ``experience-replay-optimal-buffer.txt`` (GRPO and
+Files: ``M2PO               `` (M2PO, "Prosperity before Collapse"),
+``RLOO group replay              `` (Replay-RLOO), ``ExGRPO                      ``
+(ExGRPO, arXiv:2510.02245), ``experience-replay                   `` (GRPO and
 AsymRE settings; AsymRE from Arnal et al. 2025).
 
-Metric names follow TRL / verl (see shared/notes/peers-and-conventions.md):
+Metric names follow TRL / verl (docs/REFERENCES.md):
 ``clip_ratio/{low,high,region}_mean`` (TRL), ``pg_clipfrac`` (verl),
 ``is_ratio_{min,mean,max,std}``, ``ess_frac`` = (sum r)^2 / (N sum r^2) over real
 tokens, ``kl_k3`` (estimates KL(pi_behav || pi_new)), ``m2`` = mean (log r)^2.
@@ -445,7 +445,7 @@ def m2po_mask(log_ratio: ArrayLike, advantage: ArrayLike, mask: ArrayLike, tau_m
     (sum of the rest)/(|T| - k) <= tau_M2), O(N log N), vectorised over seeds;
     ties are broken as argmax does (lowest index first).
 
-    ``variant="reference"`` (M2PO reference code, see shared/notes/m2po.md):
+    ``variant="reference"`` (M2PO reference code, docs/REFERENCES.md):
     one cap tau with (1/|T|) sum_T min((log r_i)^2, tau^2) = tau_M2 (winsorised mean,
     fixed denominator; tau = inf if the plain mean over T is already <= tau_M2);
     tokens in T with |log r| > tau are masked. At the same budget it masks every

@@ -1,7 +1,7 @@
 """Sum segment tree vectorised over seeds, for prioritized replay (FreshPER Sec. 3.5).
 
 Paper: "Freshness-Aware Prioritized Experience Replay for LLM/VLM Reinforcement
-Learning" (shared/papers/freshper-prioritized-replay.txt, arXiv:2604.16918),
+Learning" (FreshPER, docs/REFERENCES.md, arXiv:2604.16918),
 Sec. 3.5 "Sampling from the priority distribution (Eq. 2) naively requires O(N)
 time. We use a sum segment tree to achieve O(log N) per sample", after Schaul
 et al. 2016 (PER), App. B.2.1.

@@ -1,7 +1,7 @@
 """Tests for replay_theory.validate.countdown (Countdown problems, solver, verifier, pass@k).
 
 Reward rules follow the appendix "Verifier reward" of
-shared/papers/rloo-group-replay-countdown.txt: "1.0 when the equation is well
+RLOO group replay, docs/REFERENCES.md: "1.0 when the equation is well
 formed, uses each given number once, and reaches the target, 0.1 when the
 equation is well formed but does not reach the target, and 0 when no valid
 equation is produced." "Well formed" is read syntactically (see the module

@@ -1,6 +1,6 @@
 """Tests for replay_theory.simulate.losses and replay_theory.simulate.advantages.
 
-Three levels (shared/notes/style.md): hand-worked values; the vectorised M2PO
+Three levels (docs/REFERENCES.md): hand-worked values; the vectorised M2PO
 mask against a literal per-seed loop of Algorithm 1; every ``grad_logp``
 against a central finite difference of ``loss``.
 """

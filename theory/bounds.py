@@ -1,8 +1,8 @@
 """Identities and bounds between importance-weight quantities, each returning both sides.
 
 Every function evaluates one relation from FreshPER
-(``shared/papers/freshper-prioritized-replay.txt``) or M2PO
-(``shared/papers/m2po-stale-data.txt``) and returns a frozen :class:`Relation`
+(FreshPER, docs/REFERENCES.md) or M2PO
+(M2PO, docs/REFERENCES.md) and returns a frozen :class:`Relation`
 holding both sides, so a caller can see by how much it holds (``slack``), not
 only whether it does.
 

@@ -1,7 +1,7 @@
 """Compute accounting of an asynchronous RL pipeline with a replay buffer.
 
 Paper: "Efficient RL training for LLMs with experience replay"
-(shared/papers/experience-replay-optimal-buffer.txt), Sec. 2.2 and App. E.
+(experience-replay, docs/REFERENCES.md), Sec. 2.2 and App. E.
 
 | code name            | paper symbol | meaning                                                        |
 |----------------------|--------------|----------------------------------------------------------------|

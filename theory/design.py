@@ -1,7 +1,7 @@
 """Optimal replay-buffer design: the Thm 3.4 bound and the Thm 3.5 optimum (x*, y*).
 
 Paper: "Efficient RL training for LLMs with experience replay"
-(shared/papers/experience-replay-optimal-buffer.txt), Sec. 3 and App. C.
+(experience-replay, docs/REFERENCES.md), Sec. 3 and App. C.
 
 | code name            | paper symbol   | meaning                                                            |
 |----------------------|----------------|--------------------------------------------------------------------|

@@ -34,9 +34,9 @@ Conventions
 
 Papers
 ------
-* FreshPER = ``shared/papers/freshper-prioritized-replay.txt`` (Ma et al.,
+* FreshPER (docs/REFERENCES.md; Ma et al.,
   "Freshness-Aware Prioritized Experience Replay for LLM/VLM RL").
-* M2PO = ``shared/papers/m2po-stale-data.txt`` ("Prosperity before Collapse",
+* M2PO (docs/REFERENCES.md; "Prosperity before Collapse",
   Second-Moment Trust Policy Optimization).
 
 Code names and paper symbols

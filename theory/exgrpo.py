@@ -1,7 +1,7 @@
 """ExGRPO: experience replay for reasoning (question buckets, batch split, policy shaping).
 
 Paper: "ExGRPO: Learning to Reason from Experience"
-(shared/papers/exgrpo-experience-replay.txt), Sec. 4 and App. B (Algs. 1-2).
+(ExGRPO, docs/REFERENCES.md), Sec. 4 and App. B (Algs. 1-2).
 
 | code name        | paper symbol                  | meaning                                           |
 |------------------|-------------------------------|---------------------------------------------------|

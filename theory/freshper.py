@@ -1,7 +1,7 @@
 """FreshPER: freshness-aware prioritized experience replay.
 
 Paper: "Freshness-Aware Prioritized Experience Replay for LLM/VLM Reinforcement
-Learning" (shared/papers/freshper-prioritized-replay.txt, arXiv:2604.16918),
+Learning" (FreshPER, docs/REFERENCES.md, arXiv:2604.16918),
 Sec. 3.2-3.5 and App. C.
 
 | code name              | paper symbol          | meaning                                              |

@@ -1,7 +1,7 @@
 """RLOO with bounded-age whole-group replay (Replay-RLOO on Countdown).
 
 Paper: "RLOO with bounded-age group replay on Countdown"
-(shared/papers/rloo-group-replay-countdown.txt), Sec. 3 and App. B (Table 6);
+(RLOO group replay, docs/REFERENCES.md), Sec. 3 and App. B (Table 6);
 pass@k estimator from Chen et al. 2021 (arXiv:2107.03374).
 
 | code name         | paper symbol               | meaning                                                |

@@ -1,7 +1,7 @@
 """Gradient-noise profiles sigma^2(s) versus staleness s, and their buffer average.
 
 Paper: "Efficient RL training for LLMs with experience replay"
-(shared/papers/experience-replay-optimal-buffer.txt), Assumption 3.3 and App. C.3.
+(experience-replay, docs/REFERENCES.md), Assumption 3.3 and App. C.3.
 
 | code name              | paper symbol          | meaning                                               |
 |------------------------|-----------------------|-------------------------------------------------------|

@@ -11,12 +11,12 @@ two.
 This module is imported only by ``replay-theory derive`` and the tests (never by
 ``replay-theory optimal``), so it imports sympy at the top.
 
-Papers (files in shared/papers):
+Papers (docs/REFERENCES.md):
 
 - "Efficient RL training for LLMs with experience replay"
-  (experience-replay-optimal-buffer.txt): Thm 3.5, App. C.3.1, App. C.3.2, Eq. (5).
-- "Prosperity before Collapse" / M2PO (m2po-stale-data.txt): Thm 5.1, App. C.
-- FreshPER (freshper-prioritized-replay.txt, arXiv:2604.16918): Eqs. (5), (8), (9), (24).
+  (experience-replay                   ): Thm 3.5, App. C.3.1, App. C.3.2, Eq. (5).
+- "Prosperity before Collapse" / M2PO (M2PO               ): Thm 5.1, App. C.
+- FreshPER (FreshPER                       , arXiv:2604.16918): Eqs. (5), (8), (9), (24).
 
 | derivation              | derives                                                                         |
 |-------------------------|---------------------------------------------------------------------------------|
@@ -718,7 +718,7 @@ def _build_var_r_chi2() -> Derivation:
     return Derivation(
         name="var-r-chi2",
         title="Importance ratio: E_q[r] = 1, Var_q(r) = chi^2(p||q) = exp(D_2) - 1",
-        source="FreshPER (freshper-prioritized-replay.txt) Eqs. (5), (8), (9), (23), (24)",
+        source="FreshPER (FreshPER                       ) Eqs. (5), (8), (9), (23), (24)",
         steps=steps,
         result=Eq(Var_(rr), chi2_formula),
         symbols={**{f"p{k + 1}": v for k, v in enumerate(p)}, **{f"q{k + 1}": v for k, v in enumerate(q)}, "n": n},
@@ -782,7 +782,7 @@ def _build_thm51_chain() -> Derivation:
     return Derivation(
         name="thm51-chain",
         title="M2PO Thm 5.1: chi^2 <= R^2 M2 and the sharper max(1, r)^2 pointwise bound",
-        source="M2PO (m2po-stale-data.txt), Thm 5.1 and App. C",
+        source="M2PO (M2PO               ), Thm 5.1 and App. C",
         steps=steps,
         result=sympy.Le(lhs, sharp, evaluate=False),
         symbols={"z": z, "R": R, "xi": xi},

@@ -1,6 +1,6 @@
 """Calibrate the theory's inputs on the language model: mu, sigma^2(s), rho and the KL drift.
 
-Paper: experience-replay (shared/papers/experience-replay-optimal-buffer.txt), Assumption 3.3,
+Paper: experience-replay (docs/REFERENCES.md), Assumption 3.3,
 Thm 3.5 and App. E; the same measurements as ``simulate/calibrate.py`` (whose fits are reused),
 but with per-sample gradients of the transformer instead of analytic scores.
 

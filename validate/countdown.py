@@ -1,7 +1,7 @@
 """Countdown 3-to-4: problems, a reference solver, the deterministic verifier, pass@k.
 
 The task of the Replay-RLOO paper ("How Much Stale Rollout Reuse Can
-Verifier-Based RLOO Tolerate?", shared/papers/rloo-group-replay-countdown.txt,
+Verifier-Based RLOO Tolerate?", RLOO group replay, docs/REFERENCES.md,
 Sec. 4 "Task and model"): combine three or four given numbers with the four
 basic operations + - * / to reach a target, each given number used exactly
 once. The verifier (Sec. 3 and the appendix "Verifier reward") returns

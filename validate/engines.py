@@ -1,6 +1,6 @@
 """Rollout engines of the validator: what turns prompts into completions and behaviour log-probs.
 
-Paper: experience-replay (shared/papers/experience-replay-optimal-buffer.txt), Sec. 2 and App. E:
+Paper: experience-replay (docs/REFERENCES.md), Sec. 2 and App. E:
 inference workers generate rollouts with weights pushed from the trainers, so a rollout's
 behaviour policy mu can trail the trainer's pi_theta by a few updates (off-policiness).
 

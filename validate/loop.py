@@ -1,6 +1,6 @@
 """The calibrate -> predict -> verify loop of issue 4 on a language model.
 
-Paper: experience-replay (shared/papers/experience-replay-optimal-buffer.txt): Thm 3.5's design
+Paper: experience-replay (docs/REFERENCES.md): Thm 3.5's design
 (x*, y*) from a measured profile and mu, checked against designs trained at equal compute.
 
 ``replay-theory validate calibrate --tiny --out DIR`` builds (or loads) the policy, warm-starts it by
@@ -197,7 +197,7 @@ def run_predict(config: ValidateConfig, out_dir: Path, mu: float | None = None, 
     return predicted
 
 
-# The verify sweep's RLOO whole-group replay cells (rho, L, c), RLOO note (shared/notes/rloo-replay.md):
+# The verify sweep's RLOO whole-group replay cells (rho, L, c), RLOO note (docs/REFERENCES.md):
 # the fresh-only baseline (rho = 0: c and L have no effect), the paper's best-reward cell (1, 1, 1),
 # and rho = 1 with the older pool L = 2 and the looser clip c = 3.
 GROUP_REPLAY_CELLS = ((0.0, 0, 1.0), (1.0, 1, 1.0), (1.0, 2, 3.0))

@@ -1,8 +1,8 @@
 """The validator's policy: a Qwen2-architecture causal LM, its sampler and its log-probs.
 
 Computes, for the RLOO-with-group-replay validation on Countdown
-(``rloo-group-replay-countdown.txt`` in shared papers; notes in
-``shared/notes/rloo-replay.md``):
+(``RLOO group replay              `` in shared papers; notes in
+``docs/REFERENCES.md``):
 
 * ``load_policy``: either a TINY Qwen2 model built from ``transformers.Qwen2Config``
   with the character tokenizer of ``validate/tokenizer.py`` (``source="tiny"``;

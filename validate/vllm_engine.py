@@ -1,6 +1,6 @@
 """vLLM rollout engine: the ``Sampler`` interface of ``validate/engines.py`` on ``vllm.LLM`` (GPU only).
 
-Paper: experience-replay (shared/papers/experience-replay-optimal-buffer.txt), Sec. 2 and App. E:
+Paper: experience-replay (docs/REFERENCES.md), Sec. 2 and App. E:
 the paper's inference workers generate rollouts with vLLM while trainers update the weights; a
 worker's rollouts come from the last weights pushed to it. Here one in-process ``vllm.LLM``
 shares the GPU with the trainer and gets the trainer's weights at every sync step.

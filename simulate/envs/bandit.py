@@ -6,10 +6,10 @@ Each prompt ``p`` is a question with one correct answer among ``A`` actions
 (one action = one whole response, so ``seq_len = 1``).  ``num_well_formed``
 other actions are "well-formed but wrong" and earn 0.1; the rest earn 0 --
 the three Countdown reward levels of Replay-RLOO (1 / 0.1 / 0; Sec. 3 and
-App. B of ``shared/papers/rloo-group-replay-countdown.txt``).  The warm-start
+App. B of RLOO group replay (docs/REFERENCES.md)).  The warm-start
 success probability pi_0(correct | p) is spread from hard through medium to
 easy, the difficulty buckets of ExGRPO (Hard (0, 25%], Medium (25%, 75%],
-Easy (75%, 100%]; Sec. 3.2 of ``shared/papers/exgrpo-experience-replay.txt``).
+Easy (75%, 100%]; Sec. 3.2 of ExGRPO (docs/REFERENCES.md)).
 
 The policy is log-linear in parameters theta (S, d) SHARED by all prompts:
 

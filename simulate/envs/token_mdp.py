@@ -5,7 +5,7 @@ What it models
 A response is ``L`` tokens with values ``0 .. V-1``; prompt ``p`` asks for
 a sequence whose SUM equals its target ``T_p``.  The verifier scores the whole
 sequence with the three Countdown reward levels of Replay-RLOO
-(``shared/papers/rloo-group-replay-countdown.txt``, Sec. 3 and App. B):
+(RLOO group replay (docs/REFERENCES.md), Sec. 3 and App. B):
 
 * 1.0  -- ``sum == T_p`` (the equation reaches the target);
 * 0.1  -- ``0 < |sum - T_p| <= tolerance``: a near miss, standing in for "a
@@ -17,7 +17,7 @@ Like an LLM, the policy is autoregressive and log-linear in parameters theta
 ``(p, t, s_t)`` with partial sum ``s_t``.  Sequence log-prob = sum of token
 log-probs, and the sequence importance ratio is the product of token ratios,
 so the off-policy effects of replay (ExGRPO,
-``shared/papers/exgrpo-experience-replay.txt``; Replay-RLOO) compound over
+ExGRPO (docs/REFERENCES.md); Replay-RLOO) compound over
 positions exactly as in an LLM.  Prompts differ in difficulty (ExGRPO's
 Easy / Medium / Hard buckets, Sec. 3.2) mainly through a per-prompt
 warm-start sharpness, also through their targets and random token
