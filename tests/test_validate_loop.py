@@ -1,4 +1,4 @@
-"""validate calibrate -> predict on a tiny run: the files, and the prediction equals the theory on them."""
+"""validate calibrate-model -> predict on a tiny run: the files, and the prediction equals the theory on them."""
 
 import json
 import math

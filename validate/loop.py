@@ -3,7 +3,7 @@
 Paper: experience-replay (shared/papers/experience-replay-optimal-buffer.txt): Thm 3.5's design
 (x*, y*) from a measured profile and mu, checked against designs trained at equal compute.
 
-``replay-theory validate calibrate --tiny --out DIR`` builds (or loads) the policy, warm-starts it by
+``replay-theory validate calibrate-model --tiny --out DIR`` builds (or loads) the policy, warm-starts it by
 SFT on solver solutions, measures mu (timing and App. E counts), sigma^2(s), rho and the KL drift on a
 probe RL run, and writes ``DIR/calibration.json`` and ``DIR/profile.json``. ``replay-theory validate
 predict --out DIR`` turns them into the Thm 3.5 design (x*, y*) and integer N, B, R in
