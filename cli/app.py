@@ -27,8 +27,8 @@ from typing import Annotated, Optional
 import typer
 
 from replay_theory import __version__
-from replay_theory.cli import figures_cmds, simulate_cmds, theory_cmds, validate_cmds
 from replay_theory.cli import diagnose_cmd as diagnose_cmds  # renamed diagnose_cmds.py by the diagnose work
+from replay_theory.cli import figures_cmds, simulate_cmds, theory_cmds, validate_cmds
 from replay_theory.cli.common import PROG, UserError, help_without_command
 
 # Valid ranges shown when typer rejects a value before the commands' own checks run, by parameter name.

@@ -39,7 +39,6 @@ import importlib.util
 import itertools
 import json
 import os
-import shutil
 from pathlib import Path
 
 import joblib
