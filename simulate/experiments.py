@@ -364,3 +364,21 @@ def get_experiment(name: str) -> Experiment:
     if name not in EXPERIMENTS:
         raise ValueError(f"experiment must be one of {', '.join(EXPERIMENTS)}, got {name!r}")
     return EXPERIMENTS[name]
+
+
+def write_table(out_dir: Path, table: str) -> Path:
+    """OUT/table.md, written once: an identical existing table is kept as is, a different one is refused.
+
+    Tables are rebuilt from the saved runs, so a different table means other code made the old one;
+    it is never overwritten (the same rule as every other result).
+    """
+    path = Path(out_dir) / "table.md"
+    text = table + "\n"
+    if path.exists():
+        if path.read_text() == text:
+            return path
+        raise ValueError(f"{path} exists and holds a different table (made by other code?); tables are never "
+                         f"overwritten: move it away to write this one")
+    with path.open("x") as handle:  # "x": a table another process wrote meanwhile is not clobbered either
+        handle.write(text)
+    return path

@@ -1,4 +1,4 @@
-"""`replay-theory simulate | sweep | calibrate`: JSON values, resume without repeats, one-line errors."""
+"""`replay-theory simulate | sweep | calibrate-simulator`: JSON values, resume without repeats, one-line errors."""
 
 import json
 
@@ -28,7 +28,7 @@ def test_simulate_json_fifo_formulas(cli):
     (["--buffer", "lifo"], "buffer must be one of"),
     (["--capacity", "8"], "capacity must be >= rollouts_per_step"),
     (["--mu", "nan"], "mu must be a finite number > 0"),
-    (["--capcity", "8"], "unknown option --capcity"),
+    (["--capcity", "8"], "No such option: --capcity (Possible options: --capacity)"),
 ])
 def test_simulate_bad_input_one_line(cli, args, needle):
     code, out, err = cli("simulate", *args, "--json")
@@ -46,7 +46,9 @@ def test_sweep_resumes_without_repeating_and_refuses_other_specs(tmp_path, cli):
     run_sweep({**spec, "grid": {"capacity": [64]}, "configs": []}, tmp_path / "partial", n_jobs=1, show_progress=False)
     first = load_runs(tmp_path / "partial")[0]
     (out / "runs").mkdir(parents=True)
-    (out / "spec.json").write_text(json.dumps(spec, indent=1, sort_keys=True))
+    stored = json.loads((tmp_path / "partial" / "spec.json").read_text())  # carries the code version
+    stored.update(grid=spec["grid"], configs=spec["configs"])
+    (out / "spec.json").write_text(json.dumps(stored))
     for suffix in (".json", ".npz"):
         (out / "runs" / f"{first['key']}{suffix}").write_bytes((tmp_path / "partial" / "runs" / f"{first['key']}{suffix}").read_bytes())
     marker = (out / "runs" / f"{first['key']}.json").stat().st_mtime_ns
@@ -66,7 +68,7 @@ def test_sweep_resumes_without_repeating_and_refuses_other_specs(tmp_path, cli):
 
 def test_sweep_spec_typo_stops_before_work(tmp_path, cli):
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"base": {"capcity": 4}}))
+    spec.write_text(json.dumps({"base": {"capcity": 4}, "configs": [{}]}))
     code, out, err = cli("sweep", str(spec), "--out", str(tmp_path / "o"), "--no-progress")
     assert code == 2 and "unknown config field 'capcity'" in err and not (tmp_path / "o").exists()
     spec.write_text(json.dumps({"bsae": {}}))
@@ -76,7 +78,7 @@ def test_sweep_spec_typo_stops_before_work(tmp_path, cli):
 
 def test_calibrate_writes_a_profile_that_optimal_reads(tmp_path, cli):
     profile = tmp_path / "profile.json"
-    code, out, err = cli("calibrate", "--out", str(profile), "--seeds", "2", "--steps", "40",
+    code, out, err = cli("calibrate-simulator", "--out", str(profile), "--seeds", "2", "--steps", "40",
                              "--eval-every", "20", "--num-prompts", "16", "--checkpoints", "2", "--samples", "64")
     assert code == 0, err
     data = json.loads(profile.read_text())
@@ -84,5 +86,5 @@ def test_calibrate_writes_a_profile_that_optimal_reads(tmp_path, cli):
     assert all(v > 0 for v in data["sigma_sq"]) and 0 <= data["rho"] <= 1
     code, out, err = cli("optimal", "--mu", "5.28", "--profile", str(profile), "--json")
     assert code == 0 and json.loads(out)["rho"] == data["rho"]
-    code, out, err = cli("calibrate", "--out", str(profile), "--seeds", "2")
-    assert code == 2 and "never overwritten" in err
+    code, out, err = cli("calibrate-simulator", "--out", str(profile), "--seeds", "2")
+    assert code == 2 and err == f"replay-theory: error: --out {profile} exists; results are never overwritten: choose a new file\n"

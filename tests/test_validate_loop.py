@@ -1,4 +1,4 @@
-"""validate calibrate -> predict on a tiny run: the files, and the prediction equals the theory on them."""
+"""validate calibrate-model -> predict on a tiny run: the files, and the prediction equals the theory on them."""
 
 import json
 import math
@@ -166,7 +166,7 @@ def test_validate_calibrate_and_all_build_the_same_config_with_the_configs_defau
     monkeypatch.setattr(loop, "run_verify", lambda config, out, seeds, budget_updates, log: {
         "measured_best": {"name": "on-policy"}})
     runner = CliRunner()
-    for command in ("calibrate", "all"):
+    for command in ("calibrate-model", "all"):
         assert runner.invoke(app, ["validate", command, "--out", str(tmp_path)]).exit_code == 0
         assert runner.invoke(app, ["validate", command, "--out", str(tmp_path), "--full", "--lr", "1e-6",
                                    "--engine", "auto", "--seed", "3"]).exit_code == 0

@@ -3,13 +3,14 @@
 Paper: experience-replay (docs/REFERENCES.md): Thm 3.5's design
 (x*, y*) from a measured profile and mu, checked against designs trained at equal compute.
 
-``replay-theory validate calibrate --tiny --out DIR`` builds (or loads) the policy, warm-starts it by
+``replay-theory validate calibrate-model --tiny --out DIR`` builds (or loads) the policy, warm-starts it by
 SFT on solver solutions, measures mu (timing and App. E counts), sigma^2(s), rho and the KL drift on a
 probe RL run, and writes ``DIR/calibration.json`` and ``DIR/profile.json``. ``replay-theory validate
 predict --out DIR`` turns them into the Thm 3.5 design (x*, y*) and integer N, B, R in
 ``DIR/predicted.json``; ``verify`` trains the designs at equal compute (on-policy, the prediction and FIFO
 buffers around it with GRPO; RLOO whole-group replay cells (rho, L, c)) and writes ``DIR/report.json/.md/.png``.
-Files are never overwritten: a step whose output exists is skipped (resume).
+Files are never overwritten: a step whose output exists is skipped (resume) when it was made with the
+same settings, and refused otherwise; ``--out`` is checked before any work (``check_run_dir``).
 
 Rollouts come from the engine chosen by ``ValidateConfig.engine`` (``validate/engines.py``): the HF
 loop, or vLLM on a GPU started from ``DIR/warm_start``. One engine per process and run directory
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +91,33 @@ def load_run_config(out_dir: Path, **overrides) -> ValidateConfig:
     return ValidateConfig(**values)
 
 
+def check_run_dir(out_dir: Path, needs: str | None = None) -> None:
+    """``--out`` names a run directory (existing or not), never a file; ``needs``: a file it must hold."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} is an existing file; give a run directory")
+    for parent in out_dir.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(f"--out {out_dir}: {parent} is a file, not a folder")
+    if needs is not None and not (out_dir / needs).exists():
+        step = {"calibration.json": "calibrate", "predicted.json": "predict"}[needs]
+        raise ValueError(f"{str(out_dir)!r} has no {needs}: run `replay-theory validate "
+                         f"{'calibrate-model' if step == 'calibrate' else step} --out {out_dir}` first")
+
+
+def _write_new(path: Path, write) -> None:
+    """Write ``path`` through a temporary file and link it in place: never half-written, never overwritten.
+
+    ``write(tmp)`` creates the temporary file (normal permissions: the umask applies, unlike mkstemp's 0600).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.link(tmp, path)  # fails with FileExistsError instead of replacing an existing result
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def check_engine(config: ValidateConfig) -> str:
     """The resolved engine name; bad --engine / --device combinations fail here, before any work."""
     from replay_theory.validate.engines import resolve_engine
@@ -141,6 +170,7 @@ def run_calibrate(config: ValidateConfig, out_dir: Path, log=print) -> dict:
     from replay_theory.validate.calibrate import calibrate_lm, write_calibration
     from replay_theory.validate.rl import RLConfig, evaluate_policy
 
+    check_run_dir(out_dir)
     if (out_dir / "calibration.json").exists():
         log(f"calibration exists in {out_dir}; skipping (delete it to measure again)")
         return json.loads((out_dir / "calibration.json").read_text())
@@ -177,10 +207,8 @@ def run_predict(config: ValidateConfig, out_dir: Path, mu: float | None = None, 
     from replay_theory.theory.design import DesignQuery, optimal_design
     from replay_theory.theory.profiles import load_profile
 
-    calibration_file = out_dir / "calibration.json"
-    if not calibration_file.exists():
-        raise ValueError(f"{str(out_dir)!r} has no calibration.json: run `replay-theory validate calibrate --out {out_dir}` first")
-    calibration = json.loads(calibration_file.read_text())
+    check_run_dir(out_dir, needs="calibration.json")
+    calibration = json.loads((out_dir / "calibration.json").read_text())
     mu_value = calibration["mu_timing"] if mu is None else mu
     loaded = load_profile(out_dir / "profile.json")
     design = optimal_design(DesignQuery(mu=mu_value, profile=loaded.profile, profile_rho=loaded.rho,
@@ -190,8 +218,15 @@ def run_predict(config: ValidateConfig, out_dir: Path, mu: float | None = None, 
                  "N": design.buffer_size, "B": design.batch_size, "R": design.rollouts_per_step,
                  "workers_per_trainer": design.workers_per_trainer, "design": design.to_json_dict()}
     path = out_dir / "predicted.json"
-    if not path.exists():
-        path.write_text(json.dumps(predicted, indent=1, default=lambda v: None))
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if any(saved.get(k) != predicted[k] for k in ("mu_measured", "N", "B", "R")):
+            raise ValueError(f"{path} exists with mu = {saved.get('mu_measured'):.4g}, N = {saved.get('N')}, "
+                             f"B = {saved.get('B')}, R = {saved.get('R')}; predictions are never overwritten: "
+                             f"use another --out (or drop --mu)")
+        predicted = saved
+    else:
+        _write_new(path, lambda tmp: tmp.write_text(json.dumps(predicted, indent=1, default=lambda v: None)))
     log(f"predicted: regime {design.regime}, x* = {design.x_star:.3g}, y* = {design.y_star:.3g}, "
         f"N = {design.buffer_size}, B = {design.batch_size}, R = {design.rollouts_per_step}")
     return predicted
@@ -288,10 +323,17 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = VERIFY_SEEDS,
     from replay_theory.validate.model import load_checkpoint
     from replay_theory.validate.rl import RLConfig, checkpoint_next_step, evaluate_policy, train
 
-    if not (out_dir / "predicted.json").exists():
-        raise ValueError(f"{str(out_dir)!r} has no predicted.json: run `replay-theory validate predict --out {out_dir}` first")
+    check_run_dir(out_dir, needs="predicted.json")
     if seeds < 1 or budget_updates < 1:
         raise ValueError(f"--seeds and --budget-updates must be >= 1, got {seeds} and {budget_updates}")
+    existing = out_dir / "report.json"
+    if existing.exists():  # reports are never overwritten: the same request returns the saved report
+        report = json.loads(existing.read_text())
+        if (report["budget"]["seeds"], report["budget"]["updates"]) != (seeds, budget_updates):
+            raise ValueError(f"{existing} exists for --seeds {report['budget']['seeds']} --budget-updates "
+                             f"{report['budget']['updates']}; reports are never overwritten: use another --out")
+        log(f"report exists in {out_dir}; not trained again (a new --out runs verify afresh)")
+        return report
     check_engine(config)
     started = time.perf_counter()
     predicted = json.loads((out_dir / "predicted.json").read_text())
@@ -388,9 +430,14 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = VERIFY_SEEDS,
                 else None},
         "seconds": time.perf_counter() - started,
     }
-    (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=lambda v: None))
-    (out_dir / "report.md").write_text(_report_markdown(report))
-    _report_figure(report, out_dir / "report.png")
+    # report.json last: it marks a complete report. A report.md/.png without it is what an interrupted
+    # write left behind, so only those two are replaced.
+    markdown = out_dir / "report.md"
+    markdown.with_name(".report.md.tmp").write_text(_report_markdown(report))
+    os.replace(markdown.with_name(".report.md.tmp"), markdown)
+    _report_figure(report, out_dir / ".report.tmp.png")
+    os.replace(out_dir / ".report.tmp.png", out_dir / "report.png")
+    _write_new(existing, lambda tmp: tmp.write_text(json.dumps(report, indent=1, default=lambda v: None)))
     return report
 
 

@@ -1,0 +1,70 @@
+"""What every command family shares: the user-error type, strict JSON, output-path checks.
+
+Bad input is one line naming the option as the user typed it (``--out``, ``--jobs``) with its valid
+range, exit code 2 (``cli/app.py::main``), and it is found before any work starts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+import typer
+
+PROG = "replay-theory"
+
+
+class UserError(Exception):
+    """A problem with the user's input: one line, exit code 2."""
+
+
+def strict(value: Any) -> Any:
+    """``value`` with every non-finite float (inf, nan) replaced by None, recursively: strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return value
+
+
+def emit_json(payload: dict) -> None:
+    """Print one strict JSON object (infinite and NaN values as null, as RFC 8259 requires)."""
+    typer.echo(json.dumps(strict(payload), indent=2, allow_nan=False))
+
+
+def check_new_file(path: Path, option: str = "--out") -> None:
+    """An output file that can be written without overwriting anything: its folder exists, it does not."""
+    if path.exists() or path.is_symlink():
+        raise UserError(f"{option} {path} exists; results are never overwritten: choose a new file")
+    parent = path.parent
+    if not parent.is_dir():
+        what = "is a file" if parent.exists() else "does not exist"
+        raise UserError(f"{option} {path}: folder {parent} {what}; give a path in an existing folder")
+
+
+def option_message(message: str, fields: Iterable[str]) -> str:
+    """A config error ``"lr must be > 0"`` as the user typed the option: ``"--lr must be > 0"``.
+
+    Only a leading field name is rewritten, so the rest of the message stays as written.
+    """
+    head, _, rest = message.partition(" ")
+    if head in set(fields) and rest:
+        return "--" + head.replace("_", "-") + " " + rest
+    return message
+
+
+def help_without_command(ctx: typer.Context) -> None:
+    """Group callback: with no sub-command, print the group's help and exit 2, with no error line.
+
+    Exit 2 is typer's own ``no_args_is_help`` convention (a command is required, so none is a usage
+    error), kept so scripts see the same code; the help itself is the whole message.
+    """
+    if ctx.invoked_subcommand is None:
+        help_text = ctx.get_help()  # typer's rich formatter prints it and returns ""; plain click returns it
+        if help_text:
+            typer.echo(help_text)
+        raise typer.Exit(2)

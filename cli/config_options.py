@@ -1,0 +1,171 @@
+"""Typer options built from a config dataclass: one option per field, its help the field's docstring.
+
+``simulate`` and ``calibrate-simulator`` take every :class:`~replay_theory.simulate.config.SimConfig`
+field as an option (``capacity`` -> ``--capacity``, the buffer size N of the experience-replay paper,
+Sec. 3). Field help is written once, as the attribute docstring right under the field, and read here
+from the source of every dataclass in the class's MRO (so fields inherited from a base config keep
+their help). Typer reads the options from the ``inspect.Signature`` of the wrapped command: no
+hand-parsed argv.
+
+Booleans take a value, parsed like typer/click's BOOLEAN type (``--replacement false``, ``--replacement
+0``, ``--measure-drift yes``), and ``--no-FIELD`` is accepted as ``--FIELD false``. A value-taking option
+is what lets ``--replacement False`` (what ``--help`` shows as the default) work: typer makes every
+``bool``-annotated option a pure flag, which then rejects the value as an extra argument.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import textwrap
+import types
+import typing
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+TRUE_WORDS = ("1", "true", "t", "yes", "y", "on")
+FALSE_WORDS = ("0", "false", "f", "no", "n", "off")
+UNION_TYPES = (typing.Union, getattr(types, "UnionType", typing.Union))  # Optional[X] and X | None (3.10+)
+CONTEXT = "cli_context"
+"""Name of the typer.Context parameter added to every wrapped command (to tell typed values from defaults)."""
+NO_PREFIX = "no__"
+"""Parameter-name prefix of the ``--no-FIELD`` flags (double underscore: cannot clash with a field)."""
+
+
+def parse_bool(value: Any) -> bool:
+    """A boolean from the words click's BOOLEAN type accepts (case-insensitive)."""
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise typer.BadParameter(f"{value!r} is not a boolean (true/false, yes/no, 1/0, on/off)")
+
+
+def option_name(field: str) -> str:
+    """The option a user types for a field: ``batch_size`` -> ``--batch-size``."""
+    return "--" + field.replace("_", "-")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings (the string right under each field) of ``cls`` and its dataclass bases.
+
+    A subclass's docstring wins over its base's for a field both define.
+    """
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):  # no source (e.g. a class built at run time): no help text
+            continue
+        node = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef))
+        for stmt, following in zip(node.body, node.body[1:]):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                    and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+                    and isinstance(following.value.value, str)):
+                docs[stmt.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
+def _field_type(hint: Any) -> tuple[type, bool]:
+    """(scalar type, optional) of a field's resolved type hint."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in UNION_TYPES and len(args) == 1:
+        return args[0], True
+    return hint, False
+
+
+def dataclass_parameters(cls: type, aliases: Optional[dict[str, tuple[str, ...]]] = None
+                         ) -> list[inspect.Parameter]:
+    """Keyword-only parameters, one per field of ``cls`` (plus ``--no-FIELD`` for booleans), for typer."""
+    aliases = aliases or {}
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    params = []
+    for field in dataclasses.fields(cls):
+        if not field.init:
+            continue
+        kind, optional = _field_type(hints[field.name])
+        if field.default is not dataclasses.MISSING:
+            default = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:
+            default = ...  # required
+        names = (option_name(field.name), *aliases.get(field.name, ()))
+        help_text = docs.get(field.name, "")
+        if kind is bool:
+            # value-taking (see the module docstring); str annotation so typer does not force a flag
+            option = typer.Option(*names, help=help_text + f" ({option_name('no_' + field.name)}: false)",
+                                  parser=parse_bool, metavar="BOOLEAN")
+            annotation: Any = Annotated[str, option]
+            params.append(inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                            annotation=annotation))
+            params.append(inspect.Parameter(
+                NO_PREFIX + field.name, inspect.Parameter.KEYWORD_ONLY, default=False,
+                annotation=Annotated[bool, typer.Option(option_name("no_" + field.name), hidden=True)]))
+            continue
+        if kind not in (int, float, str):
+            raise TypeError(f"{cls.__name__}.{field.name}: no command-line option for type {kind!r}")
+        annotation = Annotated[Optional[kind] if optional else kind, typer.Option(*names, help=help_text)]
+        params.append(inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=annotation))
+    return params
+
+
+def with_dataclass_options(cls: type, aliases: Optional[dict[str, tuple[str, ...]]] = None
+                           ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: ``func(fields: dict, **own)`` becomes a command with every field of ``cls`` as an option.
+
+    ``fields`` maps each field name to the value given (or its default); the command's own parameters
+    keep their annotations. The returned function's ``__signature__`` is what typer reads.
+    """
+    field_params = dataclass_parameters(cls, aliases)
+    field_names = [p.name for p in field_params if not p.name.startswith(NO_PREFIX)]
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        hints = typing.get_type_hints(func, include_extras=True)  # resolves `from __future__` string annotations
+        own = [p.replace(annotation=hints.get(p.name, p.annotation), kind=inspect.Parameter.KEYWORD_ONLY)
+               for p in list(inspect.signature(func).parameters.values())[1:]]
+        clash = {p.name for p in own} & ({p.name for p in field_params} | {CONTEXT})
+        if clash:
+            raise TypeError(f"{func.__name__}: parameters {sorted(clash)} clash with {cls.__name__} fields")
+
+        @functools.wraps(func)
+        def command(**kwargs: Any) -> Any:
+            ctx: typer.Context = kwargs.pop(CONTEXT)
+            fields = {}
+            for name in field_names:
+                value = kwargs.pop(name)
+                if NO_PREFIX + name in kwargs:
+                    negated = kwargs.pop(NO_PREFIX + name)
+                    value = parse_bool(value)
+                    if negated:
+                        if value is not True or _typed(ctx, name):
+                            raise typer.BadParameter(f"give {option_name(name)} or {option_name('no_' + name)}, "
+                                                     f"not both")
+                        value = False
+                fields[name] = value
+            return func(fields, **kwargs)
+
+        context = inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+        signature = own + field_params + [context]
+        command.__signature__ = inspect.Signature(signature)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in signature}
+        del command.__wrapped__  # typer must read __signature__, not the wrapped function's
+        return command
+
+    return decorate
+
+
+def _typed(ctx: typer.Context, name: str) -> bool:
+    """Whether the user typed the option of field ``name`` (not just left its default)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
