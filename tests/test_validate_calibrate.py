@@ -90,6 +90,7 @@ def tiny():
     return M.load_policy(M.ModelConfig(), countdown.ALPHABET), train_set
 
 
+@pytest.mark.slow
 def test_measure_mu_count_on_the_tiny_pipeline(tiny):
     policy, train_set = tiny
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}

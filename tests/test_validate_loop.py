@@ -24,6 +24,7 @@ SMALL = ValidateConfig(n_train=120, n_test=16, sft_steps=40, rollouts_per_step=1
                        samples=8, max_new_tokens=12, mu_window_seconds=0.5)
 
 
+@pytest.mark.slow
 def test_calibrate_then_predict(tmp_path):
     out = tmp_path / "run"
     calibration = run_calibrate(SMALL, out, log=lambda *_: None)
