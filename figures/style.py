@@ -23,6 +23,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 
 from replay_theory.figures.defaults import DPI, DPI_RANGE, MIN_FONT_PT  # noqa: E402
 
@@ -134,15 +135,19 @@ def print_problems(fig: Figure) -> list[str]:
     for legend in legends:
         box = legend.get_window_extent(renderer)
         for ax in fig.axes:
+            # Only what is drawn counts: data outside the axes (a bar under a raised y-axis start) is clipped.
+            area = Bbox.intersection(box, ax.bbox)
+            if area is None:
+                continue
             for line in ax.lines:
                 points = _segment_points(line)
-                inside = ((points[:, 0] > box.x0) & (points[:, 0] < box.x1)
-                          & (points[:, 1] > box.y0) & (points[:, 1] < box.y1))
+                inside = ((points[:, 0] > area.x0) & (points[:, 0] < area.x1)
+                          & (points[:, 1] > area.y0) & (points[:, 1] < area.y1))
                 if inside.any():
                     problems.append(f"legend covers line {line.get_label()!r} in {ax.get_title()!r}")
             for container in ax.containers:
                 for patch in getattr(container, "patches", []):
-                    if patch.get_window_extent(renderer).overlaps(box):
+                    if patch.get_window_extent(renderer).overlaps(area):
                         problems.append(f"legend covers a bar in {ax.get_title()!r}")
                         break
             for text in ax.texts:
