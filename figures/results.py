@@ -157,7 +157,8 @@ def plot_staleness_diversity(results: Path = Path("results"), axes=None) -> Figu
     axes[0].set_xlabel("staleness (steps)")
     axes[1].set_xlabel("replay count")
     axes[2].set_xlabel("time since last use (steps)")
-    fig.legend(handles=axes[0].lines, loc="outside lower center", ncol=min(4, max(1, len(chosen))))
+    # one column per W/T split (the lines are ordered by split, then N; legends fill column by column)
+    fig.legend(handles=axes[0].lines, loc="outside lower center", ncol=max(1, len(splits)))
     return fig
 
 

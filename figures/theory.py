@@ -1,17 +1,17 @@
 """Theory figures: each figure is a DATA function (pure numpy, testable) and a PLOT function.
 
-Papers
+Papers (short names; titles, authors and arXiv ids in docs/REFERENCES.md)
 ------
-* ER = "Efficient RL training for LLMs with experience replay"
-  (shared/papers/experience-replay-optimal-buffer.txt): Figs. 4-5, Table 2, Eqs. (2), (5).
-* FreshPER = shared/papers/freshper-prioritized-replay.txt: Eqs. (5), (9), (11), (13)-(14).
-* M2PO = shared/papers/m2po-stale-data.txt: Eq. (4), Thm 5.1.
-* ExGRPO = shared/papers/exgrpo-experience-replay.txt: Alg. 1 line 6 (bucket weights).
+* ER = "Efficient RL training for LLMs with experience replay": Figs. 4-5, Table 2, Eqs. (2), (5).
+* FreshPER (prioritized replay with age decay): Eqs. (5), (9), (11), (13)-(14).
+* M2PO (stale data with a second-moment trust region): Eq. (4), Thm 5.1.
+* ExGRPO (experience-managed GRPO): Alg. 1 line 6 (bucket weights).
 
 Conventions
 -----------
 * Plot functions take ``ax=None`` (``axes=None`` for multi-panel figures), draw on
-  the given axes or on a new styled figure, and return the ``Figure``.
+  the given axes or on a new styled figure, and return the ``Figure``. At their own
+  size they are print-ready (``style.print_problems`` finds nothing; the tests check it).
 * Everything is deterministic. The only sample estimate (Kish ESS) uses
   ``np.random.default_rng(0)``.
 * ``mu`` without a suffix is in the *rollout-cost* convention (rollout cost /
