@@ -165,14 +165,18 @@ def test_report_bars_data_is_the_report():
     assert d["bottom"] == pytest.approx(0.13)
 
 
-def test_validate_report_png_is_the_validation_figures_left_panel(tmp_path):
+def test_validate_report_png_is_the_validation_figures_left_panel(tmp_path, monkeypatch):
     """One drawing: validate/loop.py's report.png calls save_report_figure, whose panel plot_validation reuses."""
     import matplotlib.pyplot as plt
     from PIL import Image
 
     from replay_theory.validate import loop
 
-    assert loop.save_report_figure is fig.save_report_figure
+    calls = []
+    monkeypatch.setattr(fig, "save_report_figure", lambda report, path: calls.append((report, path)))
+    loop._report_figure(REPORT, tmp_path / "r.png")
+    assert calls == [(REPORT, tmp_path / "r.png")]
+    monkeypatch.undo()
     fig.save_report_figure(REPORT, tmp_path / "report.png")
     assert Image.open(tmp_path / "report.png").info["dpi"][0] == pytest.approx(200, abs=0.01)
     alone = fig.plot_report_bars(REPORT)

@@ -25,7 +25,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from replay_theory.figures.results import save_report_figure
 from replay_theory.validate import countdown
 from replay_theory.validate.steplog import StepLog, truncate_log
 
@@ -439,4 +438,8 @@ def _fmt(value, spec: str = ".3g") -> str:
 
 
 def _report_figure(report: dict, path: Path) -> None:
+    # Imported here: the CLI imports this module at start-up for ValidateConfig's defaults, and
+    # matplotlib would add about 0.3 s to every command (tests/test_cli.py keeps `optimal` free of it).
+    from replay_theory.figures.results import save_report_figure
+
     save_report_figure(report, path)  # the same drawing as the validation figure's left panel
