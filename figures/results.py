@@ -88,7 +88,7 @@ def read_json(path: Path) -> dict:
 
 
 def read_runs(path: Path) -> list[dict]:
-    """Every finished configuration's JSON payload under ``path``/runs, sorted by file name (as the sweep saves them)."""
+    """Every finished configuration's JSON payload under ``path``/runs, sorted by file name (as the sweep sorts)."""
     return [read_json(p) for p in sorted((Path(path) / "runs").glob("*.json")) if not p.name.endswith(".tmp.json")]
 
 
@@ -400,12 +400,24 @@ def validation_curves(results: Path) -> dict:
     return {name: (runs[0][0], np.mean([r for _, r in runs], axis=0)) for name, runs in curves.items()}
 
 
-def _design_color(index: int, design: dict) -> str:
-    """The predicted design in orange; every other design its own colour of the cycle (orange skipped)."""
-    if design["name"] == "predicted":
-        return COLORS[1]
-    others = [c for c in COLORS if c != COLORS[1]]
-    return others[index % len(others)]
+def _design_colors(designs: list[dict]) -> list[str]:
+    """The predicted design in orange; the others numbered within their kind (GRPO + FIFO, RLOO group replay).
+
+    Eight designs outrun a colour-blind-safe cycle without orange (predicted) and black (the warm
+    start), so the RLOO designs reuse the FIFO designs' colours, told apart by hatching and dashes:
+    on-policy and RLOO rho = 0, the no-replay baseline of each kind, share the first colour.
+    """
+    palette = [c for c in COLORS if c not in (COLORS[1], "#000000")]
+    counts = {False: 0, True: 0}
+    colors = []
+    for design in designs:
+        if design["name"] == "predicted":
+            colors.append(COLORS[1])
+            continue
+        kind = design.get("buffer") == "group-replay"
+        colors.append(palette[counts[kind] % len(palette)])
+        counts[kind] += 1
+    return colors
 
 
 def report_bars_data(report: dict) -> dict:
@@ -423,7 +435,7 @@ def report_bars_data(report: dict) -> dict:
     stds = np.array([d["final_reward_std"] for d in designs], dtype=float)
     low = min(float(np.min(means - stds)), warm["mean"] - warm["std"])
     return {"names": [d["name"] for d in designs], "means": means, "stds": stds,
-            "colors": [_design_color(i, d) for i, d in enumerate(designs)],
+            "colors": _design_colors(designs),
             "group_replay": np.array([d.get("buffer") == "group-replay" for d in designs], dtype=bool),
             "warm_mean": float(warm["mean"]), "warm_std": float(warm["std"]),
             "bottom": max(0.0, low - 0.05), "mu": report.get("mu_measured")}
@@ -472,7 +484,7 @@ def plot_validation(results: Path = Path("results"), axes=None) -> Figure:
     fig, axes = new_axes_row(axes, n=2, figsize=(9.0, 3.8))
     plot_report_bars(report, ax=axes[0], legend=False)
     colors = report_bars_data(report)["colors"]
-    handles = [Line2D([], [], color="k", ls="--", lw=1, label="warm start (± sd)")]
+    lines: dict[bool, list] = {False: [], True: []}  # legend rows: GRPO + FIFO designs, then RLOO designs
     if (Path(results) / "validation" / "verify").exists():
         curves = validation_curves(results)
         for i, design in enumerate(report["designs"]):
@@ -481,12 +493,18 @@ def plot_validation(results: Path = Path("results"), axes=None) -> Figure:
                 window = min(5, reward.size)  # single updates are noisy: a trailing 5-update mean
                 reward = np.convolve(reward, np.ones(window) / window, mode="valid")
                 compute = compute[window - 1:]
-                dashed = design.get("buffer") == "group-replay"
-                handles += axes[1].plot(compute, reward, color=colors[i], lw=1, ls="--" if dashed else "-",
-                                        label=design["name"])
+                rloo = design.get("buffer") == "group-replay"
+                lines[rloo] += axes[1].plot(compute, reward, color=colors[i], lw=1, ls="--" if rloo else "-",
+                                            label=design["name"])
+    # Legends fill column by column: pad to two rows so FIFO designs sit above RLOO ones, warm start first.
+    blank = Line2D([], [], alpha=0, label=" ")
+    width = max(len(lines[False]), len(lines[True]))
+    rows = [lines[False] + [blank] * (width - len(lines[False])), lines[True] + [blank] * (width - len(lines[True]))]
+    handles = [Line2D([], [], color="k", ls="--", lw=1, label="warm start (± sd)"), blank]
+    handles += [h for column in zip(*rows) for h in column]
     axes[1].set_xlabel("compute (μ × fresh rollouts + samples trained)")
     axes[1].set_ylabel("training reward (seed mean, 5-update avg.)")
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(5, len(handles)))
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles) // 2)
     return fig
 
 

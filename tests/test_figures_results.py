@@ -99,7 +99,11 @@ def test_every_results_figure_renders_or_names_its_command(results_root, tmp_pat
     band = ax.patches[-1]  # axhspan: y from mean - sd, height 2 sd (data units)
     assert band.get_y() == pytest.approx(0.19) and band.get_y() + band.get_height() == pytest.approx(0.21)
     assert [b.get_hatch() for b in ax.patches[:3]] == [None, None, "//"]
-    assert ax.patches[1].get_facecolor() != ax.patches[0].get_facecolor() != ax.patches[2].get_facecolor()
+    # predicted orange; on-policy and the first RLOO design share the first colour (hatching tells them apart)
+    from matplotlib.colors import to_rgba
+
+    assert ax.patches[1].get_facecolor() == to_rgba(fig.COLORS[1])
+    assert ax.patches[0].get_facecolor() == ax.patches[2].get_facecolor() == to_rgba(fig.COLORS[0])
     plt.close(figure)
 
 
@@ -159,7 +163,8 @@ def test_report_bars_data_is_the_report():
     np.testing.assert_array_equal(d["means"], [0.25, 0.22, 0.24])
     np.testing.assert_array_equal(d["stds"], [0.01, 0.04, 0.0])
     assert d["group_replay"].tolist() == [False, False, True]
-    assert d["colors"][1] == fig.COLORS[1]  # predicted in orange
+    # predicted orange; the others numbered within their kind (FIFO, RLOO), black left to the warm start
+    assert d["colors"] == [fig.COLORS[0], fig.COLORS[1], fig.COLORS[0]]
     assert (d["warm_mean"], d["warm_std"], d["mu"]) == (0.2, 0.01, 3.2)
     # lowest of bar - sd (0.22 - 0.04 = 0.18) and band (0.2 - 0.01 = 0.19), minus 0.05
     assert d["bottom"] == pytest.approx(0.13)
@@ -187,7 +192,8 @@ def test_validate_report_png_is_the_validation_figures_left_panel(tmp_path, monk
         assert [b.get_height() for b in ax.patches[:3]] == [0.25, 0.22, 0.24]
         assert [b.get_hatch() for b in ax.patches[:3]] == [None, None, "//"]
         assert ax.get_ylim()[0] == pytest.approx(0.13)
-    assert alone.axes[0].get_title() == both.axes[0].get_title() == "equal compute, μ = 3.2: predicted orange, RLOO hatched"
+    title = "equal compute, μ = 3.2: predicted orange, RLOO hatched"
+    assert alone.axes[0].get_title() == both.axes[0].get_title() == title
     assert print_problems(alone) == [] and print_problems(both) == []
     plt.close("all")
 
