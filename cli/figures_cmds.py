@@ -1,66 +1,157 @@
-"""``replay-theory figures``: regenerate the theory figures and, where results exist, the results figures."""
+"""``replay-theory figures``: regenerate the theory figures and, where results exist, the results figures.
+
+Output rules (issue 11): figures go to ``figures-out/`` unless ``--out`` says otherwise, never to the
+tracked gallery by default (``figures/gallery/`` changes only when someone asks for it with
+``--out figures/gallery``, so a casual run never dirties the checkout). An existing file is never
+overwritten: every requested file is checked before any work, and the command refuses with one line.
+Every figure is rendered in memory first and the files are written only afterwards, so an error
+leaves neither an empty nor a half-written directory behind. Every bad value is one line naming its
+option, exit code 2 (``cli/app.py``'s ``main`` turns ValueError into that line).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 
+from replay_theory.figures.defaults import DPI, DPI_RANGE
+
+#: Default output directory: not the tracked gallery (see the module docstring); ignored by git.
+DEFAULT_OUT = Path("figures-out")
 FORMATS = ("png", "pdf", "svg")
-# Strip the version and date stamps so the same data gives byte-identical files.
-METADATA = {"png": {"Software": None}, "pdf": {"CreationDate": None, "Producer": None}, "svg": {"Date": None}}
+
+NamesArgument = Annotated[Optional[list[str]], typer.Argument(help="Figures to build, or 'all' (default).")]
+OutOption = Annotated[Path, typer.Option(
+    "--out", help="Output directory (created when the first figure is written). Existing files are never "
+                  "overwritten: pick a new directory, or delete the old files first.")]
+FormatOption = Annotated[str, typer.Option("--format", help="Comma-separated formats: png, pdf, svg.")]
+ListOption = Annotated[bool, typer.Option("--list", help="Name each figure with one line on what it shows.")]
+DpiOption = Annotated[int, typer.Option(
+    "--dpi", help=f"Resolution of raster output, {DPI_RANGE[0]}..{DPI_RANGE[1]} dots per inch.")]
+ResultsOption = Annotated[Path, typer.Option(
+    "--results", help="Results root: RESULTS/<experiment>/ from `replay-theory experiment`, "
+                      "RESULTS/validation/ from `replay-theory validate all`.")]
+
+
+def parse_formats(fmt: str) -> list[str]:
+    """``--format``'s comma-separated list, each format once, in the order given."""
+    formats = list(dict.fromkeys(f.strip() for f in fmt.split(",") if f.strip()))
+    if not formats or any(f not in FORMATS for f in formats):
+        raise ValueError(f"--format must be a comma-separated subset of {', '.join(FORMATS)}, got {fmt!r}")
+    return formats
+
+
+def check_dpi(dpi: int) -> None:
+    """Refuse a --dpi outside DPI_RANGE: 0 cannot render, 100000 asks for gigabytes of pixels."""
+    low, high = DPI_RANGE
+    if not low <= dpi <= high:
+        raise ValueError(f"--dpi must be an integer in {low}..{high}, got {dpi}")
+
+
+def check_out_dir(out: Path) -> None:
+    """--out must be a directory or not exist yet, with no file where a parent directory should be."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a directory: choose a directory")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"--out {out}: {parent} is a file, not a directory")
+            break
+
+
+def check_not_overwriting(out: Path, files: list[str]) -> None:
+    """Refuse, naming them, if any of ``files`` already exists under ``out``: figures are never overwritten."""
+    taken = [name for name in files if (out / name).exists()]
+    if taken:
+        shown = ", ".join(taken[:4]) + (f" and {len(taken) - 4} more" if len(taken) > 4 else "")
+        raise ValueError(f"--out {out} already holds {shown}: figures are never overwritten; choose a new --out "
+                         f"directory, or delete the old files to rebuild them there")
+
+
+def write_all(out: Path, files: list[tuple[str, bytes]]) -> list[Path]:
+    """Write every (file name, bytes) under ``out``, creating it; on any error remove what this call wrote.
+
+    Files are opened in exclusive mode (never overwriting one that appeared meanwhile) with the
+    process's umask (0644 normally). Returns the written paths.
+    """
+    created = [p for p in (out, *out.parents) if not p.exists()]
+    written: list[Path] = []
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, data in files:
+            path = out / name
+            with open(path, "xb") as handle:
+                written.append(path)
+                handle.write(data)
+    except OSError as err:
+        for path in written:
+            path.unlink(missing_ok=True)
+        for directory in created:  # deepest first: out, then the parents this call made
+            if directory.exists() and not any(directory.iterdir()):
+                directory.rmdir()
+        raise ValueError(f"--out {out}: cannot write {Path(err.filename or out).name} ({err.strerror}); "
+                         f"nothing was written") from None
+    return written
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def figures(
-        names: Optional[list[str]] = typer.Argument(None, help="Figures to build, or 'all' (default)."),
-        out: Path = typer.Option(Path("figures/gallery"), "--out", help="Output directory."),
-        fmt: str = typer.Option("png", "--format", help="Comma-separated formats: png, pdf, svg."),
-        list_only: bool = typer.Option(False, "--list", help="Name each figure with one line on what it shows."),
-        dpi: int = typer.Option(120, "--dpi", help="Resolution of raster formats."),
-        results: Path = typer.Option(Path("results"), "--results",
-                                     help="Results root: RESULTS/<experiment>/ from `replay-theory experiment`, "
-                                          "RESULTS/validation/ from `replay-theory validate all`."),
+        names: NamesArgument = None,
+        out: OutOption = DEFAULT_OUT,
+        fmt: FormatOption = "png",
+        list_only: ListOption = False,
+        dpi: DpiOption = DPI,
+        results: ResultsOption = Path("results"),
     ) -> None:
-        """Regenerate figures (matplotlib): theory figures always, results figures whose results exist."""
-        from functools import partial
+        """Regenerate figures (matplotlib): theory figures always, results figures whose results exist.
 
-        from replay_theory.figures.results import RESULTS_FIGURES, MissingResults
+        The tracked gallery is rebuilt on purpose: delete figures/gallery/*.png, then
+        `replay-theory figures all --results RESULTS --out figures/gallery`.
+        """
+        # matplotlib loads here, not at import, so that other commands start without it.
+        import matplotlib.pyplot as plt
+
+        from replay_theory.figures.results import RESULTS_FIGURES, MissingResults, check_results
+        from replay_theory.figures.style import render
         from replay_theory.figures.theory import THEORY_FIGURES
 
-        available = dict(THEORY_FIGURES)
-        available.update({name: (text, partial(plot, results)) for name, (text, plot) in RESULTS_FIGURES.items()})
+        available: dict[str, tuple[str, Callable]] = dict(THEORY_FIGURES)
+        available.update({name: (text, lambda plot=plot: plot(results))
+                          for name, (text, plot) in RESULTS_FIGURES.items()})
         if list_only:
             for name, (description, _) in available.items():
                 typer.echo(f"{name:<20} {description}")
             return
-        formats = [f.strip() for f in fmt.split(",") if f.strip()]
-        bad = [f for f in formats if f not in FORMATS]
-        if bad or not formats:
-            raise ValueError(f"format must be a comma-separated subset of {', '.join(FORMATS)}, got {fmt!r}")
+        # Every check before any work: nothing is rendered or created until all of them pass.
+        formats = parse_formats(fmt)
+        check_dpi(dpi)
         everything = not names or names == ["all"]
-        chosen = list(available) if everything else names
+        chosen = list(available) if everything else list(dict.fromkeys(names))
         unknown = [n for n in chosen if n not in available]
         if unknown:
             raise ValueError(f"unknown figure(s) {', '.join(unknown)}; choose from {', '.join(available)} or all")
-        import matplotlib.pyplot as plt
-
-        out.mkdir(parents=True, exist_ok=True)
-        missing = []
-        for name in chosen:
+        check_out_dir(out)
+        skipped = []
+        for name in [n for n in chosen if n in RESULTS_FIGURES]:
             try:
-                figure = available[name][1]()
+                check_results(name, results)
             except MissingResults as err:
                 if not everything:
                     raise
-                missing.append(f"{name}: {err}")
-                continue
-            for f in formats:
-                path = out / f"{name}.{f}"
-                figure.savefig(path, dpi=dpi, bbox_inches="tight", metadata=METADATA[f])
-                typer.echo(str(path))
-            plt.close(figure)
-        for line in missing:
+                skipped.append(f"{name}: {err}")
+                chosen.remove(name)
+        check_not_overwriting(out, [f"{name}.{f}" for name in chosen for f in formats])
+        files = []
+        for name in chosen:
+            figure = available[name][1]()
+            try:
+                files += [(f"{name}.{f}", render(figure, f, dpi)) for f in formats]
+            finally:
+                plt.close(figure)
+        for path in write_all(out, files):
+            typer.echo(str(path))
+        for line in skipped:
             typer.echo(f"skipped {line}")

@@ -13,17 +13,31 @@ when it is missing:
 | validation           | RESULTS/validation/report.json         | replay-theory validate all --out RESULTS/validation              |
 
 Data functions return plain arrays (what the tests check); plot functions take ``ax``/``axes``
-and return the figure, as in figures/theory.py.
+and return the figure, as in figures/theory.py. ``plot_report_bars`` (data: ``report_bars_data``)
+is the one drawing of a validation report: the validation figure's left panel and the
+``report.png`` that ``replay-theory validate all`` writes (``save_report_figure``).
+
+A corrupt saved file raises ValueError naming the file (``read_json``); ``check_results``
+tells, before any rendering, whether a figure's results exist.
+
+Symbols: mu = rollout cost / per-sample update cost (ER Table 1), rho = replayed groups per fresh
+group, L = maximum group age, c = clip constant (RLOO group replay), tau = FreshPER's age-decay
+time constant (FreshPER Eq. 13), c (freshper figure) = measured KL drift per step.
 """
 
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
-from replay_theory.figures.style import COLORS, new_axes, new_axes_row
+from replay_theory.figures.style import COLORS, DPI, new_axes, new_axes_row, render
 
 COMMANDS = {
     "experience-replay": "replay-theory experiment experience-replay --out {path}",
@@ -31,6 +45,17 @@ COMMANDS = {
     "m2po": "replay-theory experiment m2po --out {path}",
     "freshper": "replay-theory experiment freshper --out {path}",
     "validation": "replay-theory validate all --out {path}",
+}
+
+
+#: figure -> (results sub-directory, the file or folder in it that must exist)
+REQUIRES = {
+    "staleness-diversity": ("experience-replay", "runs"),
+    "reward-vs-compute": ("experience-replay", "runs"),
+    "rloo-heatmap": ("rloo", "runs"),
+    "m2po-collapse": ("m2po", "runs"),
+    "freshper": ("freshper", "runs"),
+    "validation": ("validation", "report.json"),
 }
 
 
@@ -45,14 +70,38 @@ def _require(results: Path, name: str, marker: str = "runs") -> Path:
     return path
 
 
+def check_results(figure: str, results: Path) -> None:
+    """Raise MissingResults (naming the command that makes them) if ``figure``'s results are not under ``results``.
+
+    Cheap (one ``exists``): the CLI calls it for every requested figure before it renders any.
+    """
+    name, marker = REQUIRES[figure]
+    _require(results, name, marker)
+
+
+def read_json(path: Path) -> dict:
+    """A saved JSON file; a corrupt one raises ValueError naming the file (json's own message names none)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}): delete it and rerun the command that wrote it") from None
+
+
+def read_runs(path: Path) -> list[dict]:
+    """Every finished configuration's JSON payload under ``path``/runs, sorted by file name (as the sweep sorts)."""
+    return [read_json(p) for p in sorted((Path(path) / "runs").glob("*.json")) if not p.name.endswith(".tmp.json")]
+
+
 def _runs(path: Path) -> list[tuple[dict, dict]]:
     """(payload, arrays) of every finished configuration of a sweep directory."""
-    from replay_theory.simulate.sweep import load_runs
-
     out = []
-    for payload in load_runs(path):
-        with np.load(path / "runs" / f"{payload['key']}.npz") as data:
-            out.append((payload, {k: data[k] for k in data.files}))
+    for payload in read_runs(path):
+        npz = path / "runs" / f"{payload['key']}.npz"
+        try:
+            with np.load(npz) as data:
+                out.append((payload, {k: data[k] for k in data.files}))
+        except (OSError, ValueError, zipfile.BadZipFile) as err:
+            raise ValueError(f"{npz} cannot be read ({err}): delete it and its .json and rerun the sweep") from None
     return out
 
 
@@ -85,10 +134,13 @@ def staleness_diversity_data(results: Path, mu: float = 5.28) -> dict:
     return designs
 
 
-def plot_staleness_diversity(results: Path = Path("results"), axes=None):
-    """Fig. 2: off-policiness, global diversity (replay count) and local diversity (time since last use)."""
+def plot_staleness_diversity(results: Path = Path("results"), axes=None) -> Figure:
+    """Fig. 2: off-policiness, global diversity (replay count) and local diversity (time since last use).
+
+    The three panels share their series: one legend below them.
+    """
     data = staleness_diversity_data(results)
-    fig, axes = new_axes_row(axes, n=3)
+    fig, axes = new_axes_row(axes, n=3, figsize=(10.2, 3.4))
     chosen = sorted(data.items(), key=lambda kv: (kv[1]["workers"] / kv[1]["trainers"], kv[1]["capacity"]))
     capacities = sorted({d["capacity"] for d in data.values()})
     splits = sorted({d["workers"] / d["trainers"] for d in data.values()})
@@ -99,13 +151,14 @@ def plot_staleness_diversity(results: Path = Path("results"), axes=None):
         for ax, key in zip(axes, ("staleness", "replay_count", "time_since_last_use")):
             ax.plot(np.arange(d[key].size), d[key], color=color, ls=style, lw=1, label=label)
     for ax, title in zip(axes, ("staleness of used samples", "uses per rollout (evicted)", "steps since last use")):
-        ax.set_title(title, fontsize=8)
+        ax.set_title(title)
         ax.set_xscale("symlog")
         ax.set_ylabel("fraction")
     axes[0].set_xlabel("staleness (steps)")
     axes[1].set_xlabel("replay count")
     axes[2].set_xlabel("time since last use (steps)")
-    axes[0].legend(fontsize=5)
+    # one column per W/T split (the lines are ordered by split, then N; legends fill column by column)
+    fig.legend(handles=axes[0].lines, loc="outside lower center", ncol=max(1, len(splits)))
     return fig
 
 
@@ -132,26 +185,40 @@ def reward_vs_compute_data(results: Path, mu: float = 5.28) -> dict:
         compute = arrays["curve__compute"].mean(axis=0)[steps]  # (E,) identical across seeds
         acc = arrays["eval__accuracy"]  # (S, E)
         out[_label(config)] = {"compute": compute, "median": np.median(acc, axis=0),
-                               "q25": np.percentile(acc, 25, axis=0), "q75": np.percentile(acc, 75, axis=0)}
+                               "q25": np.percentile(acc, 25, axis=0), "q75": np.percentile(acc, 75, axis=0),
+                               "capacity": config["capacity"], "workers": config["workers"],
+                               "trainers": config["trainers"]}
     all_compute = np.concatenate([d["compute"] for d in out.values()])
     all_median = np.concatenate([d["median"] for d in out.values()])
     frontier = pareto_frontier(all_compute, all_median)
     return {"designs": out, "frontier": frontier}
 
 
-def plot_reward_vs_compute(results: Path = Path("results"), ax=None):
+def plot_reward_vs_compute(results: Path = Path("results"), ax=None) -> Figure:
     """Accuracy vs compute (median and IQR over seeds) per design, with the Pareto frontier (Fig. 1/3 style)."""
     data = reward_vs_compute_data(results)
-    fig, ax = new_axes(ax, figsize=(5, 3.2))
-    for i, (label, d) in enumerate(sorted(data["designs"].items(), key=lambda kv: kv[0] != "on-policy")):
-        color = "k" if label == "on-policy" else COLORS[i % len(COLORS)]
-        ax.plot(d["compute"], d["median"], color=color, lw=1.5 if label == "on-policy" else 0.8, label=label)
+    fig, ax = new_axes(ax, figsize=(7.0, 3.4))
+    # As in staleness-diversity: colour = buffer size N, line style = W/T split (a colour cycle repeats past 7).
+    buffered = [d for label, d in data["designs"].items() if label != "on-policy"]
+    capacities = sorted({d["capacity"] for d in buffered})
+    splits = sorted({d["workers"] / d["trainers"] for d in buffered})
+    palette = [c for c in COLORS if c != "#000000"]  # black is the on-policy queue
+    styles = ("-", "--", ":", "-.")
+    for label, d in sorted(data["designs"].items(),
+                           key=lambda kv: (kv[0] != "on-policy", kv[1]["workers"] / kv[1]["trainers"],
+                                           kv[1]["capacity"])):
+        if label == "on-policy":
+            color, style, width = "k", "-", 1.6
+        else:
+            color = palette[capacities.index(d["capacity"]) % len(palette)]
+            style, width = styles[splits.index(d["workers"] / d["trainers"]) % len(styles)], 1.0
+        ax.plot(d["compute"], d["median"], color=color, ls=style, lw=width, label=label)
         ax.fill_between(d["compute"], d["q25"], d["q75"], color=color, alpha=0.15, lw=0)
     ax.plot(*data["frontier"], color="grey", ls=":", lw=1.5, label="Pareto frontier")
     ax.set_xlabel("compute (sample-update units, Eq. 1-2)")
     ax.set_ylabel("accuracy (median, IQR over seeds)")
-    ax.set_title("bandit, async pipeline, mu = 5.28", fontsize=8)
-    ax.legend(fontsize=5, ncol=2)
+    ax.set_title("bandit, async pipeline, μ = 5.28")
+    ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))  # many designs: beside the axes, not over the curves
     return fig
 
 
@@ -160,10 +227,8 @@ def plot_reward_vs_compute(results: Path = Path("results"), ax=None):
 
 def rloo_heatmap_data(results: Path, lr: float = 0.05) -> dict:
     """Final reward over (rho, c) at L = 2 and over (L, c) at rho = 1, plus fresh evaluations per rho."""
-    from replay_theory.simulate.sweep import load_runs
-
     path = _require(results, "rloo")
-    runs = [r for r in load_runs(path) if r["config"]["lr"] == lr]
+    runs = [r for r in read_runs(path) if r["config"]["lr"] == lr]
     cs = sorted({r["config"]["clip_c"] for r in runs if r["config"]["clip_c"] < 100})
     rhos = sorted({r["config"]["replay_ratio_groups"] for r in runs if r["config"]["replay_ratio_groups"] > 0})
     ages = sorted({r["config"]["max_age"] for r in runs})
@@ -180,12 +245,12 @@ def rloo_heatmap_data(results: Path, lr: float = 0.05) -> dict:
     return {"cs": cs, "rhos": rhos, "ages": ages, "rho_c": rho_c, "age_c": age_c, "fresh": fresh}
 
 
-def plot_rloo_heatmap(results: Path = Path("results"), axes=None):
+def plot_rloo_heatmap(results: Path = Path("results"), axes=None) -> Figure:
     """Final reward over (rho, c) and (L, c), and fresh verifier evaluations per rho (RLOO group replay)."""
     data = rloo_heatmap_data(results)
-    fig, axes = new_axes_row(axes, n=3)
-    for ax, grid, rows, name in ((axes[0], data["rho_c"], data["rhos"], "rho (L = 2)"),
-                                 (axes[1], data["age_c"], data["ages"], "L (rho = 1)")):
+    fig, axes = new_axes_row(axes, n=3, figsize=(10.2, 3.2))
+    for ax, grid, rows, name in ((axes[0], data["rho_c"], data["rhos"], "ρ (L = 2)"),
+                                 (axes[1], data["age_c"], data["ages"], "L (ρ = 1)")):
         image = ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis")
         ax.set_xticks(range(len(data["cs"])), [f"{c:g}" for c in data["cs"]])
         ax.set_yticks(range(len(rows)), [f"{r:g}" for r in rows])
@@ -193,14 +258,15 @@ def plot_rloo_heatmap(results: Path = Path("results"), axes=None):
         ax.set_ylabel(name)
         for (i, j), value in np.ndenumerate(grid):
             if np.isfinite(value):
-                ax.text(j, i, f"{value:.3f}", ha="center", va="center", fontsize=5, color="w")
+                ax.text(j, i, f"{value:.3f}", ha="center", va="center", color="w")
         fig.colorbar(image, ax=ax, shrink=0.8)
     rhos = sorted(data["fresh"])
     axes[2].bar(range(len(rhos)), [data["fresh"][r] for r in rhos], color=COLORS[0])
     axes[2].set_xticks(range(len(rhos)), [f"{r:g}" for r in rhos])
-    axes[2].set_xlabel("rho")
+    axes[2].set_xlabel("ρ (replayed groups per fresh group)")
     axes[2].set_ylabel("fresh verifier evaluations")
-    axes[0].set_title("final reward", fontsize=8)
+    axes[0].set_title("final reward")
+    axes[1].set_title("final reward")
     return fig
 
 
@@ -222,22 +288,23 @@ def m2po_data(results: Path) -> dict:
     return out
 
 
-def plot_m2po_collapse(results: Path = Path("results"), axes=None):
-    """Reward over training at staleness 32 per loss, and the clip / masked token fractions (token MDP)."""
+def plot_m2po_collapse(results: Path = Path("results"), axes=None) -> Figure:
+    """Reward over training at staleness 32 per loss, and the clip / masked token fractions (token MDP).
+
+    One colour per loss in both panels, so one legend below them.
+    """
     data = m2po_data(results)
-    fig, axes = new_axes_row(axes, n=2)
+    fig, axes = new_axes_row(axes, n=2, figsize=(7.0, 3.4))
     for i, (label, d) in enumerate(sorted(data.items())):
         color = COLORS[i % len(COLORS)]
         axes[0].plot(d["steps"], d["reward"], color=color, lw=1, label=label)
         if d["fraction"] is not None and np.nanmax(d["fraction"]) > 0:
-            axes[1].plot(np.arange(d["fraction"].size), d["fraction"], color=color, lw=0.8,
-                         label=f"{label}: {d['fraction_kind']}")
+            axes[1].plot(np.arange(d["fraction"].size), d["fraction"], color=color, lw=0.8)
     axes[0].set_xlabel("update")
     axes[0].set_ylabel("expected reward (mean over seeds)")
     axes[1].set_xlabel("update")
-    axes[1].set_ylabel("fraction of tokens clipped / masked")
-    axes[0].legend(fontsize=5)
-    axes[1].legend(fontsize=5)
+    axes[1].set_ylabel("tokens clipped (GRPO) / masked (M2PO)")
+    fig.legend(handles=axes[0].lines, loc="outside lower center", ncol=min(4, max(1, len(data))))
     return fig
 
 
@@ -267,10 +334,10 @@ def freshper_data(results: Path) -> dict:
     return by_lr
 
 
-def plot_freshper(results: Path = Path("results"), axes=None):
+def plot_freshper(results: Path = Path("results"), axes=None) -> Figure:
     """Final accuracy of on-policy, uniform, standard PER and age-decayed PER per lr; best tau vs 1/drift."""
     data = freshper_data(results)
-    fig, axes = new_axes_row(axes, n=2)
+    fig, axes = new_axes_row(axes, n=2, figsize=(7.0, 3.4))
     lrs = sorted(data)
 
     def order(name: str) -> tuple:
@@ -283,24 +350,28 @@ def plot_freshper(results: Path = Path("results"), axes=None):
     for j, lr in enumerate(lrs):
         values = [data[lr]["designs"].get(n, np.nan) for n in names]
         axes[0].bar(np.arange(len(names)) + j * width, values, width=width, color=COLORS[j], label=f"lr = {lr:g}")
-    axes[0].set_xticks(np.arange(len(names)) + width * (len(lrs) - 1) / 2, names, rotation=30, fontsize=6)
+    axes[0].set_xticks(np.arange(len(names)) + width * (len(lrs) - 1) / 2, names, rotation=30, ha="right")
     axes[0].set_ylabel("final accuracy")
     low = min(min(d["designs"].values()) for d in data.values())
-    axes[0].set_ylim(low - 0.02, None)
-    axes[0].legend(fontsize=6)
+    high = max(max(d["designs"].values()) for d in data.values())
+    axes[0].set_ylim(low - 0.02, high + 0.06)  # headroom: the legend sits above the bars
+    axes[0].legend(loc="upper right", ncol=len(lrs))
     inv_drift = [1.0 / data[lr]["drift"] for lr in lrs]
     best = [data[lr]["best_tau"] for lr in lrs]
     shown = [b if np.isfinite(b) else 2 * max(inv_drift) for b in best]
     axes[1].scatter(inv_drift, shown, color=COLORS[1], zorder=3)
     for x, y, b, lr in zip(inv_drift, shown, best, lrs):
-        axes[1].annotate(f"lr {lr:g}" + ("" if np.isfinite(b) else " (tau = inf)"), (x, y), fontsize=6)
+        right = x == max(inv_drift)  # the rightmost label goes left of its point, inside the axes
+        axes[1].annotate(f"lr {lr:g}" + ("" if np.isfinite(b) else " (τ = ∞)"), (x, y),
+                         xytext=(-6, -3) if right else (6, 3), textcoords="offset points",
+                         ha="right" if right else "left", va="top" if right else "bottom")
     line = np.array([min(inv_drift) / 2, max(inv_drift) * 2])
-    axes[1].plot(line, line, color="grey", ls=":", lw=1, label="tau = 1/c (FreshPER heuristic)")
+    axes[1].plot(line, line, color="grey", ls=":", lw=1, label="τ = 1/c (FreshPER heuristic)")
     axes[1].set_xscale("log")
     axes[1].set_yscale("log")
     axes[1].set_xlabel("1 / measured KL drift per step")
-    axes[1].set_ylabel("best tau among the runs")
-    axes[1].legend(fontsize=6)
+    axes[1].set_ylabel("best τ among the runs")
+    axes[1].set_title("dotted: τ = 1/c (FreshPER heuristic)")  # a legend would cover labels
     return fig
 
 
@@ -308,8 +379,9 @@ def plot_freshper(results: Path = Path("results"), axes=None):
 
 
 def validation_data(results: Path) -> dict:
+    """The report ``replay-theory validate all`` saved under RESULTS/validation/report.json."""
     path = _require(results, "validation", marker="report.json")
-    return json.loads((path / "report.json").read_text())
+    return read_json(path / "report.json")
 
 
 def validation_curves(results: Path) -> dict:
@@ -321,59 +393,118 @@ def validation_curves(results: Path) -> dict:
     path = _require(results, "validation", marker="report.json")
     curves: dict[str, list] = {}
     for record_file in sorted((path / "verify").glob("*.json")):
-        record = json.loads(record_file.read_text())
+        record = read_json(record_file)
         per_update = record["compute"] / record["steps"]
         curves.setdefault(record["design"]["name"], []).append(
             (per_update * np.arange(1, record["steps"] + 1), np.asarray(record["train_reward"])))
     return {name: (runs[0][0], np.mean([r for _, r in runs], axis=0)) for name, runs in curves.items()}
 
 
-def _design_color(index: int, design: dict) -> str:
-    """The predicted design in orange; every other design its own colour of the cycle (orange skipped)."""
-    if design["name"] == "predicted":
-        return COLORS[1]
-    others = [c for c in COLORS if c != COLORS[1]]
-    return others[index % len(others)]
+def _design_colors(designs: list[dict]) -> list[str]:
+    """The predicted design in orange; the others numbered within their kind (GRPO + FIFO, RLOO group replay).
+
+    Eight designs outrun a colour-blind-safe cycle without orange (predicted) and black (the warm
+    start), so the RLOO designs reuse the FIFO designs' colours, told apart by hatching and dashes:
+    on-policy and RLOO rho = 0, the no-replay baseline of each kind, share the first colour.
+    """
+    palette = [c for c in COLORS if c not in (COLORS[1], "#000000")]
+    counts = {False: 0, True: 0}
+    colors = []
+    for design in designs:
+        if design["name"] == "predicted":
+            colors.append(COLORS[1])
+            continue
+        kind = design.get("buffer") == "group-replay"
+        colors.append(palette[counts[kind] % len(palette)])
+        counts[kind] += 1
+    return colors
 
 
-def plot_validation(results: Path = Path("results"), axes=None):
-    """Held-out reward per design at equal compute (prediction highlighted) and training reward vs compute.
+def report_bars_data(report: dict) -> dict:
+    """What the bar chart of a validation report shows (one implementation for the gallery and validate's report.png).
 
-    The warm start is the dashed line with its seed spread shaded (reports made before the spread
-    was recorded show evaluation seed 0 alone). Group-replay (RLOO) designs are hatched and dashed.
+    Returns ``names``, ``means``, ``stds`` (D,) held-out reward per design in report order, ``colors``
+    (predicted orange), ``group_replay`` (D,) bool (RLOO whole-group replay: hatched), ``warm_mean`` and
+    ``warm_std`` (the warm start over its evaluation seeds; reports made before the spread was recorded
+    give evaluation seed 0 and sd 0), ``bottom`` (y-axis start: the differences are a few hundredths, so
+    the axis starts 0.05 under the lowest bar or band, not at 0) and ``mu`` (measured, or None).
+    """
+    designs = report["designs"]
+    warm = report.get("warm_start_reward") or {"mean": report["warm_start"]["mean_reward"], "std": 0.0}
+    means = np.array([d["final_reward_mean"] for d in designs], dtype=float)
+    stds = np.array([d["final_reward_std"] for d in designs], dtype=float)
+    low = min(float(np.min(means - stds)), warm["mean"] - warm["std"])
+    return {"names": [d["name"] for d in designs], "means": means, "stds": stds,
+            "colors": _design_colors(designs),
+            "group_replay": np.array([d.get("buffer") == "group-replay" for d in designs], dtype=bool),
+            "warm_mean": float(warm["mean"]), "warm_std": float(warm["std"]),
+            "bottom": max(0.0, low - 0.05), "mu": report.get("mu_measured")}
+
+
+def plot_report_bars(report: dict, ax: Axes | None = None, legend: bool = True) -> Figure:
+    """Held-out reward per design at equal compute: bars (+- sd), predicted orange, RLOO hatched, warm start dashed.
+
+    ``legend=False`` leaves the warm start's key to the caller (plot_validation puts one legend under both panels).
+    """
+    d = report_bars_data(report)
+    fig, ax = new_axes(ax, figsize=(6.0, 3.4))
+    bars = ax.bar(range(len(d["names"])), d["means"], yerr=d["stds"], color=d["colors"])
+    for bar, hatched in zip(bars, d["group_replay"]):
+        if hatched:
+            bar.set_hatch("//")
+    ax.axhline(d["warm_mean"], color="k", ls="--", lw=1, label="warm start (± sd)")
+    if d["warm_std"] > 0:
+        ax.axhspan(d["warm_mean"] - d["warm_std"], d["warm_mean"] + d["warm_std"], color="k", alpha=0.1, lw=0)
+    ax.set_xticks(range(len(d["names"])), d["names"], rotation=25, ha="right")
+    ax.set_ylim(bottom=d["bottom"])
+    ax.set_ylabel("held-out reward (mean ± sd)")
+    mu = "" if d["mu"] is None else f", μ = {d['mu']:.2g}"
+    ax.set_title(f"equal compute{mu}: predicted orange, RLOO hatched")
+    if legend:
+        ax.legend(loc="best")
+    return fig
+
+
+def save_report_figure(report: dict, path: Path, dpi: int = DPI) -> None:
+    """Write ``plot_report_bars(report)`` as a PNG (validate's report.png)."""
+    fig = plot_report_bars(report)
+    try:
+        Path(path).write_bytes(render(fig, "png", dpi))
+    finally:
+        plt.close(fig)
+
+
+def plot_validation(results: Path = Path("results"), axes=None) -> Figure:
+    """Held-out reward per design at equal compute (plot_report_bars) and training reward vs compute.
+
+    The warm start is the dashed line with its seed spread shaded. Group-replay (RLOO) designs are
+    hatched and dashed. Both panels show the same designs in the same colours: one legend below them.
     """
     report = validation_data(results)
-    fig, axes = new_axes_row(axes, n=2)
-    ax = axes[0]
-    designs = report["designs"]
-    colors = [_design_color(i, d) for i, d in enumerate(designs)]
-    bars = ax.bar(range(len(designs)), [d["final_reward_mean"] for d in designs],
-                  yerr=[d["final_reward_std"] for d in designs], color=colors)
-    for bar, design in zip(bars, designs):
-        if design.get("buffer") == "group-replay":
-            bar.set_hatch("//")
-    warm = report.get("warm_start_reward") or {"mean": report["warm_start"]["mean_reward"], "std": 0.0}
-    ax.axhline(warm["mean"], color="k", ls="--", lw=1, label="warm start (+- sd)")
-    if warm["std"] > 0:
-        ax.axhspan(warm["mean"] - warm["std"], warm["mean"] + warm["std"], color="k", alpha=0.1, lw=0)
-    ax.set_xticks(range(len(designs)), [d["name"] for d in designs], rotation=20, fontsize=6)
-    ax.set_ylabel("held-out reward (mean +- sd)")
-    ax.set_title("equal compute: predicted orange, RLOO hatched", fontsize=8)
-    ax.legend(fontsize=6)
+    fig, axes = new_axes_row(axes, n=2, figsize=(9.0, 3.8))
+    plot_report_bars(report, ax=axes[0], legend=False)
+    colors = report_bars_data(report)["colors"]
+    lines: dict[bool, list] = {False: [], True: []}  # legend rows: GRPO + FIFO designs, then RLOO designs
     if (Path(results) / "validation" / "verify").exists():
         curves = validation_curves(results)
-        for i, design in enumerate(designs):
+        for i, design in enumerate(report["designs"]):
             if design["name"] in curves:
                 compute, reward = curves[design["name"]]
                 window = min(5, reward.size)  # single updates are noisy: a trailing 5-update mean
                 reward = np.convolve(reward, np.ones(window) / window, mode="valid")
                 compute = compute[window - 1:]
-                dashed = design.get("buffer") == "group-replay"
-                axes[1].plot(compute, reward, color=colors[i], lw=1, ls="--" if dashed else "-",
-                             label=design["name"])
-        axes[1].legend(fontsize=5)
-    axes[1].set_xlabel("compute (mu x fresh rollouts + samples trained)")
-    axes[1].set_ylabel("training reward (seed mean, 5-update average)")
+                rloo = design.get("buffer") == "group-replay"
+                lines[rloo] += axes[1].plot(compute, reward, color=colors[i], lw=1, ls="--" if rloo else "-",
+                                            label=design["name"])
+    # Legends fill column by column: pad to two rows so FIFO designs sit above RLOO ones, warm start first.
+    blank = Line2D([], [], alpha=0, label=" ")
+    width = max(len(lines[False]), len(lines[True]))
+    rows = [lines[False] + [blank] * (width - len(lines[False])), lines[True] + [blank] * (width - len(lines[True]))]
+    handles = [Line2D([], [], color="k", ls="--", lw=1, label="warm start (± sd)"), blank]
+    handles += [h for column in zip(*rows) for h in column]
+    axes[1].set_xlabel("compute (μ × fresh rollouts + samples trained)")
+    axes[1].set_ylabel("training reward (seed mean, 5-update avg.)")
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles) // 2)
     return fig
 
 

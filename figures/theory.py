@@ -1,17 +1,17 @@
 """Theory figures: each figure is a DATA function (pure numpy, testable) and a PLOT function.
 
-Papers
+Papers (short names; titles, authors and arXiv ids in docs/REFERENCES.md)
 ------
-* ER = "Efficient RL training for LLMs with experience replay"
-  (shared/papers/experience-replay-optimal-buffer.txt): Figs. 4-5, Table 2, Eqs. (2), (5).
-* FreshPER = shared/papers/freshper-prioritized-replay.txt: Eqs. (5), (9), (11), (13)-(14).
-* M2PO = shared/papers/m2po-stale-data.txt: Eq. (4), Thm 5.1.
-* ExGRPO = shared/papers/exgrpo-experience-replay.txt: Alg. 1 line 6 (bucket weights).
+* ER = "Efficient RL training for LLMs with experience replay": Figs. 4-5, Table 2, Eqs. (2), (5).
+* FreshPER (prioritized replay with age decay): Eqs. (5), (9), (11), (13)-(14).
+* M2PO (stale data with a second-moment trust region): Eq. (4), Thm 5.1.
+* ExGRPO (experience-managed GRPO): Alg. 1 line 6 (bucket weights).
 
 Conventions
 -----------
 * Plot functions take ``ax=None`` (``axes=None`` for multi-panel figures), draw on
-  the given axes or on a new styled figure, and return the ``Figure``.
+  the given axes or on a new styled figure, and return the ``Figure``. At their own
+  size they are print-ready (``style.print_problems`` finds nothing; the tests check it).
 * Everything is deterministic. The only sample estimate (Kish ESS) uses
   ``np.random.default_rng(0)``.
 * ``mu`` without a suffix is in the *rollout-cost* convention (rollout cost /
@@ -33,8 +33,11 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import numpy as np
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from replay_theory.figures.style import COLORS, new_axes, new_axes_row
 from replay_theory.theory.compute import compute_ratio
@@ -96,13 +99,23 @@ def _draw_family(ax: Axes, data: dict, key: str) -> None:
                   else "μ (Sec. 3: update cost / rollout cost)")
 
 
+def _family_legend_handles(data: dict) -> list[Artist]:
+    """Legend keys for colour = alpha and line style = rho (5 entries instead of 6 combinations)."""
+    handles: list[Artist] = [Line2D([], [], color=COLORS[i], label=f"α = {a:g}") for i, a in enumerate(data["alphas"])]
+    handles += [Line2D([], [], color="0.3", linestyle=_LINESTYLES[j], label=f"ρ = {r:g}")
+                for j, r in enumerate(data["rhos"])]
+    return handles
+
+
 def plot_optimal_vs_mu(axes: Sequence[Axes] | None = None) -> Figure:
     """Three panels: x* and y* vs mu (rollout-cost convention, ER Fig. 4), and x* under the literal Sec. 3 reading.
 
     Infeasible points (x* < 1, i.e. N < R: stay on-policy) are drawn at their raw
-    value over a grey band marking x < 1; they are not clipped or masked.
+    value over a grey band marking x < 1; they are not clipped or masked. The panels
+    share their series, so one legend below them names colour (alpha), line style (rho)
+    and the band; inside a panel it would cover the curves.
     """
-    fig, (ax_x, ax_y, ax_lit) = new_axes_row(axes, n=3)
+    fig, (ax_x, ax_y, ax_lit) = new_axes_row(axes, n=3, figsize=(10.2, 3.4))
     rollout = optimal_vs_mu_data(convention="rollout-cost")
     literal = optimal_vs_mu_data(convention="paper-sec3")
     _draw_family(ax_x, rollout, "x_star")
@@ -116,8 +129,9 @@ def plot_optimal_vs_mu(axes: Sequence[Axes] | None = None) -> Figure:
     ax_lit.set_title("x*, literal Sec. 3 μ (trend inverts)")
     for ax in (ax_x, ax_lit):
         lo = min(ax.get_ylim()[0], 1.0)
-        ax.axhspan(lo, 1.0, color="0.9", zorder=0, label="x* < 1: on-policy")
-    ax_x.legend(loc="upper left")
+        ax.axhspan(lo, 1.0, color="0.9", zorder=0)
+    handles = _family_legend_handles(rollout) + [Patch(color="0.9", label="x* < 1: on-policy")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles))
     return fig
 
 
@@ -161,7 +175,7 @@ def plot_k_curve(ax: Axes | None = None) -> Figure:
     ax.set_xscale("log")
     ax.set_xlabel("x = N/R (staleness horizon, steps)")
     ax.set_ylabel("K(x) / K(1)")
-    ax.set_title(f"K(x), μ_sec3 = 1/5.28, ρ = {d['rho']:g}; ● = x*")
+    ax.set_title(rf"K(x), $\mu_{{\mathrm{{sec3}}}}$ = 1/5.28, ρ = {d['rho']:g}; ● = x*")
     ax.legend(loc="upper left")
     return fig
 
@@ -199,12 +213,13 @@ def plot_gamma_table(ax: Axes | None = None) -> Figure:
     i = d["erratum_index"]
     if i is not None:
         ax.annotate(f"E1: printed {d['printed'][i]:.2f},\nEq. 2 gives {d['gamma'][i]:.3f}",
-                    xy=(pos[i], d["printed"][i]), xytext=(pos[i] + 0.6, d["gamma"][i] + 0.25),
-                    arrowprops={"arrowstyle": "->", "linewidth": 0.7}, fontsize=6)
+                    xy=(pos[i], d["printed"][i]), xytext=(pos[i] + 0.7, 0.72),
+                    arrowprops={"arrowstyle": "->", "linewidth": 0.7})
     ax.set_xticks(pos, d["labels"])
     ax.set_xlabel("split (W inference GPUs, T trainer GPUs)")
     ax.set_ylabel("γ (compute per update, buffer / none)")
     ax.set_title(f"Table 2, μ = {d['mu']:g} (rollout-cost)")
+    ax.set_ylim(0, 1.6)  # headroom above gamma = 1 so the legend covers no bar
     ax.legend(loc="upper right")
     return fig
 
@@ -257,8 +272,9 @@ def plot_ess_vs_divergence(ax: Axes | None = None) -> Figure:
     """ESS/n versus the perturbation scale t: exact e^{-D_2}, the bound e^{-KL(new||behav)}, Kish (n = 1000)."""
     fig, ax = new_axes(ax)
     d = ess_vs_divergence_data()
-    ax.plot(d["ts"], d["ess_exact"], color=COLORS[0], label="exact e^{-D₂(new‖behav)}")
-    ax.plot(d["ts"], d["ess_bound"], color=COLORS[1], linestyle="--", label="bound e^{-KL(new‖behav)} (FreshPER Eq. 11)")
+    ax.plot(d["ts"], d["ess_exact"], color=COLORS[0], label=r"exact $e^{-D_2(\mathrm{new}\,\|\,\mathrm{behav})}$")
+    ax.plot(d["ts"], d["ess_bound"], color=COLORS[1], linestyle="--",
+            label=r"bound $e^{-\mathrm{KL}(\mathrm{new}\,\|\,\mathrm{behav})}$ (FreshPER Eq. 11)")
     ax.plot(d["ts"], d["ess_kish"], "o", color=COLORS[2], markersize=2.5,
             label=f"Kish estimate, n = {d['n']} draws (rng 0)")
     ax.set_xlabel("t (new = softmax(z + t v), K = 10)")
@@ -329,17 +345,24 @@ def freshper_weights_data(ages: Sequence[float] = FRESH_AGES, taus: Sequence[flo
 
 
 def plot_freshper_weights(ax: Axes | None = None) -> Figure:
-    """exp(-age/tau) (solid) and the effective sampling decay with time constant tau/alpha (dashed)."""
-    fig, ax = new_axes(ax)
+    """exp(-age/tau) (solid) and the effective sampling decay with time constant tau/alpha (dashed).
+
+    Colour is tau and line style the decay, so the legend has five keys; it sits right of the axes,
+    since the curves fill the panel from corner to corner.
+    """
+    fig, ax = new_axes(ax, figsize=(5.2, 3.0))
     d = freshper_weights_data()
     for i, tau in enumerate(d["taus"]):
-        ax.plot(d["ages"], d["weight"][i], color=COLORS[i], label=f"e^(-age/τ), τ = {tau:g}")
-        ax.plot(d["ages"], d["weight_eff"][i], color=COLORS[i], linestyle="--",
-                label=f"(p e^(-age/τ))^α: τ/α = {d['tau_eff'][i]:.0f}")
+        ax.plot(d["ages"], d["weight"][i], color=COLORS[i])
+        ax.plot(d["ages"], d["weight_eff"][i], color=COLORS[i], linestyle="--")
+    handles = [Line2D([], [], color=COLORS[i], label=f"τ = {tau:g}") for i, tau in enumerate(d["taus"])]
+    handles += [Line2D([], [], color="0.3", label=r"$e^{-\mathrm{age}/\tau}$ (Eq. 13)"),
+                Line2D([], [], color="0.3", linestyle="--",
+                       label=r"$(p\,e^{-\mathrm{age}/\tau})^{\alpha}$" + "\n" + r"(time constant $\tau/\alpha$)")]
     ax.set_xlabel("age Δ (policy updates since generation)")
     ax.set_ylabel("age weight")
     ax.set_title(f"FreshPER age decay (α = {d['alpha']:g})")
-    ax.legend(loc="upper right")
+    ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.02, 0.5))
     return fig
 
 
@@ -367,9 +390,10 @@ def plot_exgrpo_buckets(ax: Axes | None = None) -> Figure:
                label=f"{units}: N(·; μ={mu:g}, σ={sigma:g})")
     ax.set_xticks(d["k"])
     ax.set_xlabel("bucket k (latest successes out of K = 8)")
-    ax.set_ylabel("bucket probability p_k")
+    ax.set_ylabel("bucket probability $p_k$")
     ax.set_title("ExGRPO bucket weights, two unit readings")
-    ax.legend(loc="upper right")
+    ax.set_ylim(0, 1.3 * d["probs"].max() + 0.04)  # headroom: the legend sits above the tallest bar
+    ax.legend(loc="upper left")
     return fig
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from replay_theory.figures import results as fig
+from replay_theory.figures.style import print_problems
 from replay_theory.simulate import experiments
 from replay_theory.simulate.sweep import load_runs, run_sweep
 
@@ -98,7 +99,11 @@ def test_every_results_figure_renders_or_names_its_command(results_root, tmp_pat
     band = ax.patches[-1]  # axhspan: y from mean - sd, height 2 sd (data units)
     assert band.get_y() == pytest.approx(0.19) and band.get_y() + band.get_height() == pytest.approx(0.21)
     assert [b.get_hatch() for b in ax.patches[:3]] == [None, None, "//"]
-    assert ax.patches[1].get_facecolor() != ax.patches[0].get_facecolor() != ax.patches[2].get_facecolor()
+    # predicted orange; on-policy and the first RLOO design share the first colour (hatching tells them apart)
+    from matplotlib.colors import to_rgba
+
+    assert ax.patches[1].get_facecolor() == to_rgba(fig.COLORS[1])
+    assert ax.patches[0].get_facecolor() == ax.patches[2].get_facecolor() == to_rgba(fig.COLORS[0])
     plt.close(figure)
 
 
@@ -143,3 +148,75 @@ def test_freshper_and_m2po_figures_read_their_runs(tmp_path):
     figure = fig.plot_m2po_collapse(root)
     assert len(figure.axes[0].lines) == 2
     plt.close(figure)
+
+
+REPORT = {"mu_measured": 3.2, "warm_start": {"mean_reward": 0.21},
+          "warm_start_reward": {"mean": 0.2, "std": 0.01}, "designs": [
+              {"name": "on-policy", "buffer": "on-policy", "final_reward_mean": 0.25, "final_reward_std": 0.01},
+              {"name": "predicted", "buffer": "fifo", "final_reward_mean": 0.22, "final_reward_std": 0.04},
+              {"name": "RLOO rho=1", "buffer": "group-replay", "final_reward_mean": 0.24, "final_reward_std": 0.0}]}
+
+
+def test_report_bars_data_is_the_report():
+    d = fig.report_bars_data(REPORT)
+    assert d["names"] == ["on-policy", "predicted", "RLOO rho=1"]
+    np.testing.assert_array_equal(d["means"], [0.25, 0.22, 0.24])
+    np.testing.assert_array_equal(d["stds"], [0.01, 0.04, 0.0])
+    assert d["group_replay"].tolist() == [False, False, True]
+    # predicted orange; the others numbered within their kind (FIFO, RLOO), black left to the warm start
+    assert d["colors"] == [fig.COLORS[0], fig.COLORS[1], fig.COLORS[0]]
+    assert (d["warm_mean"], d["warm_std"], d["mu"]) == (0.2, 0.01, 3.2)
+    # lowest of bar - sd (0.22 - 0.04 = 0.18) and band (0.2 - 0.01 = 0.19), minus 0.05
+    assert d["bottom"] == pytest.approx(0.13)
+
+
+def test_validate_report_png_is_the_validation_figures_left_panel(tmp_path, monkeypatch):
+    """One drawing: validate/loop.py's report.png calls save_report_figure, whose panel plot_validation reuses."""
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    from replay_theory.validate import loop
+
+    calls = []
+    monkeypatch.setattr(fig, "save_report_figure", lambda report, path: calls.append((report, path)))
+    loop._report_figure(REPORT, tmp_path / "r.png")
+    assert calls == [(REPORT, tmp_path / "r.png")]
+    monkeypatch.undo()
+    fig.save_report_figure(REPORT, tmp_path / "report.png")
+    assert Image.open(tmp_path / "report.png").info["dpi"][0] == pytest.approx(200, abs=0.01)
+    alone = fig.plot_report_bars(REPORT)
+    (tmp_path / "validation").mkdir()
+    (tmp_path / "validation" / "report.json").write_text(json.dumps(REPORT))
+    both = fig.plot_validation(tmp_path)
+    for ax in (alone.axes[0], both.axes[0]):
+        assert [b.get_height() for b in ax.patches[:3]] == [0.25, 0.22, 0.24]
+        assert [b.get_hatch() for b in ax.patches[:3]] == [None, None, "//"]
+        assert ax.get_ylim()[0] == pytest.approx(0.13)
+    title = "equal compute, μ = 3.2: predicted orange, RLOO hatched"
+    assert alone.axes[0].get_title() == both.axes[0].get_title() == title
+    assert print_problems(alone) == [] and print_problems(both) == []
+    plt.close("all")
+
+
+def test_results_figures_are_print_ready(results_root):
+    import matplotlib.pyplot as plt
+
+    for name in ("staleness-diversity", "reward-vs-compute", "rloo-heatmap"):
+        figure = fig.RESULTS_FIGURES[name][1](results_root)
+        assert print_problems(figure) == [], name
+        plt.close(figure)
+    figure = fig.plot_staleness_diversity(results_root)
+    assert [ax.get_legend() for ax in figure.axes] == [None, None, None] and len(figure.legends) == 1
+    plt.close(figure)
+
+
+def test_corrupt_saved_files_are_named(tmp_path):
+    runs = tmp_path / "m2po" / "runs"
+    runs.mkdir(parents=True)
+    (runs / "k.json").write_text(json.dumps({"key": "k", "config": {}}))
+    (runs / "k.npz").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match=r"m2po/runs/k\.npz cannot be read .*: delete it and its \.json and rerun"):
+        fig.m2po_data(tmp_path)
+    (runs / "k.json").write_text("{")
+    with pytest.raises(ValueError, match=r"m2po/runs/k\.json is not valid JSON"):
+        fig.m2po_data(tmp_path)

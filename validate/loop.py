@@ -485,28 +485,8 @@ def _fmt(value, spec: str = ".3g") -> str:
 
 
 def _report_figure(report: dict, path: Path) -> None:
-    import matplotlib
+    # Imported here: the CLI imports this module at start-up for ValidateConfig's defaults, and
+    # matplotlib would add about 0.3 s to every command (tests/test_cli.py keeps `optimal` free of it).
+    from replay_theory.figures.results import save_report_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
-    designs = report["designs"]
-    names = [r["name"] for r in designs]
-    means = [r["final_reward_mean"] for r in designs]
-    errs = [r["final_reward_std"] for r in designs]
-    colors = ["tab:orange" if r["buffer"] == "group-replay" else "tab:blue" for r in designs]
-    ax.bar(range(len(names)), means, yerr=errs, color=colors, alpha=0.8)
-    warm = report["warm_start_reward"]
-    ax.axhline(warm["mean"], color="k", ls="--", lw=1, label="warm start (+- sd)")
-    ax.axhspan(warm["mean"] - warm["std"], warm["mean"] + warm["std"], color="k", alpha=0.1)
-    ax.set_xticks(range(len(names)), names, rotation=25, ha="right", fontsize=7)
-    low = min(min(m - e for m, e in zip(means, errs)), warm["mean"] - warm["std"])
-    ax.set_ylim(bottom=max(0.0, low - 0.05))  # the differences are a few hundredths: do not start at 0
-    ax.set_ylabel("held-out mean reward")
-    ax.set_title(f"equal compute, mu = {report['mu_measured']:.2g}; blue GRPO + FIFO, orange RLOO group replay",
-                 fontsize=8)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_report_figure(report, path)  # the same drawing as the validation figure's left panel
