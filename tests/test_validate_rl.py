@@ -46,6 +46,10 @@ def test_bad_rl_config_is_one_line():
         RLConfig(capacity=8, rollouts_per_step=16, group_size=4).validated()
     with pytest.raises(ValueError, match="loss must be one of"):
         RLConfig(loss="ppo").validated()
+    with pytest.raises(ValueError, match="buffer exgrpo picks replayed completions by token entropy"):
+        RLConfig(buffer="exgrpo", loss="exgrpo", batch_size=64).validated()
+    with pytest.raises(ValueError, match="batch_size must be a multiple of group_size = 8"):
+        RLConfig(buffer="group-replay", loss="rloo", batch_size=12).validated()
 
 
 def test_rloo_group_replay_on_the_language_model(warm_policy):
@@ -55,10 +59,12 @@ def test_rloo_group_replay_on_the_language_model(warm_policy):
     K, groups, steps = 4, 4, 5
     config = RLConfig(steps=steps, rollouts_per_step=K, group_size=K, batch_size=groups * K, buffer="group-replay",
                       loss="rloo", replay_ratio_groups=1.0, max_age=2, clip_c=3.0, lr=1e-3, max_new_tokens=16)
-    result = train(policy, train_set, config)
+    result = train(policy, train_set, config, mu=2.0)
     # the RLOO budget: K (B + (T - 1) B_fresh) fresh completions, B groups of K trained each step
     assert result.k_inference == fresh_verifier_evaluations(K, groups, steps, 1.0)
     assert result.k_training == steps * groups * K
+    # compute charged by the shared pipeline: mu x fresh completions + completions trained
+    assert result.compute == 2.0 * result.k_inference + result.k_training
     assert result.metrics[0]["staleness_mean"] == 0.0 and any(m["staleness_mean"] > 0 for m in result.metrics[1:])
     assert all(np.isfinite(m["loss"]) for m in result.metrics)
 

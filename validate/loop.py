@@ -375,13 +375,13 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = VERIFY_SEEDS,
                 truncate_log(path.with_suffix(".jsonl"), checkpoint_next_step(checkpoint))
                 step_log = StepLog(path.with_suffix(".jsonl"), tensorboard_dir=runs_dir / "tensorboard" / path.stem)
                 result = train(policy, train_set, rl, progress=step_log, checkpoint=checkpoint, checkpoint_every=5,
-                               sampler=sampler)
+                               sampler=sampler, mu=mu)
                 step_log.close()
                 held_out = evaluate_policy(policy, test_set, 8, 1.0, config.max_new_tokens,
                                            seed=config.seed + 1 + seed, sampler=sampler)
                 record = {"design": design, "seed": seed, "steps": steps,
                           "fresh_rollouts": result.k_inference, "samples_trained": result.k_training,
-                          "compute": mu * result.k_inference + result.k_training,  # charged from the counts
+                          "compute": result.compute,  # charged by the pipeline from the counted rollouts
                           "held_out": held_out, "train_reward": [m["reward"] for m in result.metrics]}
                 with path.open("x") as handle:
                     json.dump(record, handle, indent=1, default=float)

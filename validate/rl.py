@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from replay_theory.simulate.designs import BUFFER_DESIGNS, DesignConfig, compute_loss
-from replay_theory.simulate.pipeline import Pipeline, score
+from replay_theory.simulate.pipeline import Pipeline, PipelineSettings, score
 from replay_theory.simulate.rollouts import RolloutBatch
 from replay_theory.theory import divergences as div
 from replay_theory.validate import countdown
@@ -107,6 +107,7 @@ class RLResult:
     sync_seconds: float = 0.0  # trainer -> sampler weight copies (in neither mu side)
     k_inference: int = 0  # completions generated
     k_training: int = 0  # completions processed by backprop
+    compute: float = math.nan  # mu x fresh completions + completions trained (the pipeline's Eq. 1-2 charge; needs mu)
     buffer: object = None  # the buffer at the end of the run (None on-policy)
 
     def mu_timing(self) -> float:
@@ -227,7 +228,7 @@ def update_step(policy: Policy, optimizer: torch.optim.Optimizer, problems: list
 
 def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
           progress: Callable[[int, dict], None] | None = None, checkpoint: Path | None = None,
-          checkpoint_every: int = 10, sampler: Sampler | None = None) -> RLResult:
+          checkpoint_every: int = 10, sampler: Sampler | None = None, mu: float | None = None) -> RLResult:
     """Run ``config.steps`` RL updates on ``problems`` (the training split) and log one dict per step.
 
     With ``checkpoint`` (a file path) the full state (model, optimizer, buffer, both random
@@ -247,7 +248,8 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
     generator = torch.Generator(device="cpu").manual_seed(config.seed)
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     backend = LMBackend(problems, config, generator, sampler)
-    pipeline = Pipeline(config, backend, rng, 1, token_dtype=np.int32)  # int32 tokens: 150K-token vocabularies
+    settings = PipelineSettings() if mu is None else PipelineSettings(mu=mu)
+    pipeline = Pipeline(config, backend, rng, 1, settings, token_dtype=np.int32)  # int32: 150K-token vocabularies
     result = RLResult(config, buffer=pipeline.buffer)
     first_step = 0
     if checkpoint is not None and Path(checkpoint).exists():
@@ -261,6 +263,7 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
         result = state["result"]
         result.buffer = pipeline.buffer
         pipeline.k_inference, pipeline.k_training = float(result.k_inference), float(result.k_training)
+        pipeline.compute[:] = 0.0 if mu is None else result.compute
         first_step = state["next_step"]
     synced_at = first_step
     for step in range(first_step, config.steps):
@@ -277,11 +280,12 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
         policy.model.train()
         logp_new, out = update_step(policy, optimizer, problems, config, train_batch, data.is_fresh)
         pipeline.after_update(step, data)  # RLOO: add the fresh groups after the update
-        pipeline.account(data)
+        compute = pipeline.account(data)  # (1,) running total
         generation = backend.generation_seconds - generation_before
         result.generation_seconds += generation
         result.update_seconds += time.perf_counter() - t0 - generation
         result.k_inference, result.k_training = int(pipeline.k_inference), int(pipeline.k_training)
+        result.compute = math.nan if mu is None else float(compute[0])
 
         token_lr = logp_new.cpu().double().numpy()[None] - train_batch.logp_behav  # (1, B, L)
         seq_lr = np.where(train_batch.mask, token_lr, 0.0).sum(axis=-1)  # (1, B)
