@@ -107,9 +107,11 @@ def section_engine_vs_naive(quick: bool) -> None:
         config = SimConfig(env="bandit", pipeline="sync", buffer="fifo", loss="grpo", advantage="grpo", seeds=seeds,
                            steps=steps, rollouts_per_step=R, group_size=8, capacity=4 * R, batch_size=R)
         engine.run(config.with_updates(steps=2))  # warm imports and caches
-        t_engine = timed(lambda: engine.run(config), engine_repeats)
-        t_engine_drift = timed(lambda: engine.run(config.with_updates(measure_drift=True)), engine_repeats)
-        t_naive_part = timed(lambda: run_naive_fifo_bandit(config.with_updates(seeds=naive_seeds)), repeats)
+        t_engine = timed(lambda config=config: engine.run(config), engine_repeats)
+        t_engine_drift = timed(lambda config=config: engine.run(config.with_updates(measure_drift=True)),
+                               engine_repeats)
+        t_naive_part = timed(lambda config=config: run_naive_fifo_bandit(config.with_updates(seeds=naive_seeds)),
+                             repeats)
         t_naive = t_naive_part * seeds / naive_seeds
         print(f"   R = B = {R}: naive loop {t_naive_part:.2f} s for {naive_seeds} seeds x {steps} steps, scaled "
               f"linearly to {seeds} seeds: {t_naive:.2f} s")

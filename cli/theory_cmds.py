@@ -67,14 +67,16 @@ def _render_design(design) -> str:
         ("replay ratio", "y* = B/R", _fmt(d.y_star), "updates each rollout contributes to"),
         ("regime", "", d.regime, {"replay": "reuse rollouts", "on-policy": "use each rollout once",
                                   "unbounded": "largest buffer you can afford"}[d.regime]),
-        ("workers per trainer", "W/T = mu/y", _fmt(d.workers_per_trainer, 3), "inference GPUs per trainer GPU, none idle"),
+        ("workers per trainer", "W/T = mu/y", _fmt(d.workers_per_trainer, 3),
+         "inference GPUs per trainer GPU, none idle"),
         ("compute ratio", "gamma", _fmt(d.compute_ratio, 3), "compute per update vs on-policy (Eq. 2)"),
     ]
     if d.rollouts_per_step is not None:
         rows += [
             ("rollouts per step", "R", str(d.rollouts_per_step), "fresh rollouts generated each step"),
             ("buffer size", "N", "-" if d.buffer_size is None else str(d.buffer_size), "FIFO capacity"),
-            ("batch size", "B", "-" if d.batch_size is None else str(d.batch_size), "samples per update, drawn uniformly"),
+            ("batch size", "B", "-" if d.batch_size is None else str(d.batch_size),
+             "samples per update, drawn uniformly"),
         ]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [f"{PROG} optimal: mu = {d.mu:g} ({CONVENTION_TEXT[d.convention]})", ""]

@@ -40,10 +40,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replay_theory.simulate.losses import m2po_mask
-from replay_theory.theory.group_replay import clipping_bias_proxy
 from replay_theory.diagnose.accumulators import Moments, WeightSums
 from replay_theory.diagnose.errors import ConfigError
+from replay_theory.simulate.losses import m2po_mask
+from replay_theory.theory.group_replay import clipping_bias_proxy
 
 M2PO_VARIANTS = ("algorithm1", "reference")
 

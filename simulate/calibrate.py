@@ -111,7 +111,8 @@ def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS,
             noise = per_sample_grads(env, config, theta, batch) - reference[:, None, :]  # (S, M, d)
             sums[:, k] += (noise**2).sum(axis=-1).mean(axis=1)  # Assumption 3.3: E||eps||^2
         drift.append(env.exact_divergences(history[-1], history[-2])["kl_new_behav"].mean())
-        if buffer is not None and hasattr(buffer, "valid") and config.buffer in ("fifo", "positive-bias", "prioritized"):
+        if (buffer is not None and hasattr(buffer, "valid")
+                and config.buffer in ("fifo", "positive-bias", "prioritized")):
             _buffer_correlations(env, config, theta, reference, buffer, corr_sum, corr_n)
 
     run(config, observer=observer)

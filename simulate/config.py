@@ -70,12 +70,14 @@ class SimConfig(DesignConfig):
     eval_every: int = 10
     """Steps between exact evaluations of the policy (reward, accuracy)."""
     measure_drift: bool = False
-    """At each evaluation, exact KL(pi_t || pi_t-lag) for lags 1..32 (the FreshPER drift rate; costs about as much as the run)."""
+    """At each evaluation, exact KL(pi_t || pi_t-lag) for lags 1..32 (the FreshPER drift rate; costs about as much as
+    the run)."""
 
     def with_updates(self, **changes) -> "SimConfig":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
-            raise ValueError(f"unknown config field(s): {', '.join(sorted(unknown))}; valid: {', '.join(field_names())}")
+            raise ValueError(f"unknown config field(s): {', '.join(sorted(unknown))}; "
+                             f"valid: {', '.join(field_names())}")
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -132,7 +134,8 @@ def config_from_dict(data: dict) -> SimConfig:
                 raise ValueError(f"{name} must be true or false, got {value!r}")
             converted[name] = value
         elif kind is int:
-            if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+            if isinstance(value, bool) or not (isinstance(value, int)
+                                               or (isinstance(value, float) and value.is_integer())):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
             converted[name] = int(value)
         elif kind is float:

@@ -41,8 +41,15 @@ from typing import Callable, Protocol
 import numpy as np
 
 from replay_theory.simulate import advantages, losses
-from replay_theory.simulate.buffers import (ExGRPOBuffer, FifoBuffer, GroupReplayBuffer, PositiveBiasBuffer,
-                                             PrioritizedBuffer, StaleKQueue, UniformQuestionBuffer)
+from replay_theory.simulate.buffers import (
+    ExGRPOBuffer,
+    FifoBuffer,
+    GroupReplayBuffer,
+    PositiveBiasBuffer,
+    PrioritizedBuffer,
+    StaleKQueue,
+    UniformQuestionBuffer,
+)
 from replay_theory.simulate.rollouts import RolloutBatch
 from replay_theory.theory.group_replay import fresh_groups_per_step
 

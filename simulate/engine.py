@@ -70,7 +70,8 @@ class RunResult:
             "max_staleness": int(staleness_values[uses > 0].max()) if uses.any() else 0,
             "replay_ratio": float(self.counts["K_training"] / max(self.counts["K_inference"], 1)),
             "mean_replay_count_evicted": float(self.replay_counts.mean()) if self.replay_counts.size else math.nan,
-            "mean_time_since_last_use": float((tslu * np.arange(tslu.size)).sum() / tslu.sum()) if tslu.sum() else math.nan,
+            "mean_time_since_last_use": (float((tslu * np.arange(tslu.size)).sum() / tslu.sum()) if tslu.sum()
+                                         else math.nan),
             "compute": float(self.curves["compute"][:, -1].mean()),
             "compute_ratio": float(self.counts["compute_ratio"]),
             "mu_estimate": float(self.counts.get("mu_estimate", math.nan)),

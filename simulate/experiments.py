@@ -4,14 +4,14 @@
 the table, rebuilt from the saved runs. Numbers are whatever the simulator measures; what it does
 not reproduce is reported as such.
 
-| name                | paper                                   | question                                                    |
-|---------------------|-----------------------------------------|-------------------------------------------------------------|
-| sanity              | experience-replay Sec. 3; FreshPER      | replay ratio = B/R, staleness = (N/R-1)/2; exact vs sampled |
-| experience-replay   | experience-replay Sec. 2, 4, Thm 3.5    | accuracy vs compute for N and W/T; prediction vs best       |
-| freshper            | FreshPER                                | PER vs uniform vs on-policy vs age decay; best tau vs drift |
-| m2po                | M2PO                                    | prosperity before collapse at large staleness               |
-| rloo                | RLOO group replay                       | rho halves fresh evals; c = 1000 collapses ESS; rho vs c    |
-| exgrpo              | ExGRPO                                  | bucket sampling and shaping                                 |
+| name              | paper                                | question                                                 |
+|-------------------|--------------------------------------|----------------------------------------------------------|
+| sanity            | experience-replay Sec. 3; FreshPER   | replay ratio B/R, staleness (N/R-1)/2; exact vs sampled  |
+| experience-replay | experience-replay Sec. 2, 4, Thm 3.5 | accuracy vs compute for N and W/T; prediction vs best    |
+| freshper          | FreshPER                             | PER vs uniform, on-policy, age decay; best tau vs drift  |
+| m2po              | M2PO                                 | prosperity before collapse at large staleness            |
+| rloo              | RLOO group replay                    | rho halves fresh evals; c = 1000 collapses ESS; rho vs c |
+| exgrpo            | ExGRPO                               | bucket sampling and shaping                              |
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def sanity_table(out_dir: Path) -> str:
     first = _md(["N", "R", "B", "replay ratio (measured)", "B/R", "mean staleness (measured)", "(N/R-1)/2",
                  "max staleness", "N/R-1"], rows)
     pairs = [("chi2", "exact_chi2", "chi^2 = E r^2 - 1"), ("d2", "exact_d2", "D_2 = log E r^2"),
-             ("kl_k1", "exact_kl_behav_new", "KL(behav||new), k1"), ("kl_k3", "exact_kl_behav_new", "KL(behav||new), k3"),
+             ("kl_k1", "exact_kl_behav_new", "KL(behav||new), k1"),
+             ("kl_k3", "exact_kl_behav_new", "KL(behav||new), k3"),
              ("m2", "exact_m2", "M2 = E (log r)^2"), ("ess_frac", "exact_ess_frac", "ESS/n vs e^{-D_2}")]
     rows = []
     for r in sorted((r for r in runs if r["config"]["buffer"] == "stale-k"), key=lambda r: r["config"]["stale_k"]):
@@ -113,8 +114,10 @@ EXPERIENCE_REPLAY = {
     "name": "experience-replay",
     "base": _ER_BASE,
     "configs": (
-        [{"mu": 5.28, "buffer": "on-policy", "steps": _ER_STEPS}, {"mu": 0.5, "buffer": "on-policy", "steps": _ER_STEPS}]
-        + [{"mu": 5.28, "buffer": "fifo", "capacity": n, "workers": w, "trainers": t, "steps": _equal_compute(5.28, w, t)}
+        [{"mu": 5.28, "buffer": "on-policy", "steps": _ER_STEPS},
+         {"mu": 0.5, "buffer": "on-policy", "steps": _ER_STEPS}]
+        + [{"mu": 5.28, "buffer": "fifo", "capacity": n, "workers": w, "trainers": t,
+            "steps": _equal_compute(5.28, w, t)}
            for n in (128, 512, 2048) for (w, t) in ((6, 2), (5, 3), (4, 4))]
         + [{"mu": 0.5, "buffer": "fifo", "capacity": n, "workers": w, "trainers": t, "steps": _equal_compute(0.5, w, t)}
            for n in (128, 512) for (w, t) in ((2, 6), (1, 7))]
@@ -160,7 +163,8 @@ def experience_replay_table(out_dir: Path) -> str:
             c = r["config"]
             curves = _curves(out_dir, r["key"])
             reach = compute_to_reach(curves, target)
-            design = "on-policy queue" if c["buffer"] == "on-policy" else f"N={c['capacity']}, (W,T)=({c['workers']:g},{c['trainers']:g})"
+            design = ("on-policy queue" if c["buffer"] == "on-policy"
+                      else f"N={c['capacity']}, (W,T)=({c['workers']:g},{c['trainers']:g})")
             rows.append([mu, design, r["summary"]["compute_ratio"], r["summary"]["final_accuracy"],
                          reach, reach / base_compute, r["summary"]["mean_staleness"], r["summary"]["replay_ratio"]])
     table = _md(["mu", "design", "gamma (Eq. 2)", "accuracy at equal compute", "compute to on-policy final accuracy",
@@ -182,7 +186,8 @@ def _prediction_vs_best(out_dir: Path, runs: list[dict]) -> str:
         design = optimal_design(DesignQuery(mu=5.28, profile=profile, profile_rho=rho,
                                             profile_description=loaded.description))
         lines.append(f"Prediction ({profile_name}, rho = {design.rho:.3g}): regime {design.regime}, "
-                     f"x* = {design.x_star:.3g}, y* = {design.y_star:.3g}, W/T = {design.workers_per_trainer or float('nan'):.3g}.")
+                     f"x* = {design.x_star:.3g}, y* = {design.y_star:.3g}, "
+                     f"W/T = {design.workers_per_trainer or float('nan'):.3g}.")
     group = [r for r in runs if r["config"]["mu"] == 5.28 and r["config"]["buffer"] == "fifo"]
     base = next(r for r in runs if r["config"]["mu"] == 5.28 and r["config"]["buffer"] == "on-policy")
     target = float(_curves(out_dir, base["key"])["eval__accuracy"].mean(axis=0)[-1])
@@ -282,11 +287,13 @@ RLOO = {
     "base": _RLOO_BASE,
     "configs": (
         [{"replay_ratio_groups": 0.0, "max_age": 2, "clip_c": 1.0}]
-        + [{"replay_ratio_groups": rho, "max_age": 2, "clip_c": c} for rho in (0.5, 1.0, 1.5, 2.0) for c in (1.0, 3.0, 10.0)]
+        + [{"replay_ratio_groups": rho, "max_age": 2, "clip_c": c}
+           for rho in (0.5, 1.0, 1.5, 2.0) for c in (1.0, 3.0, 10.0)]
         + [{"replay_ratio_groups": 1.0, "max_age": L, "clip_c": c} for L in (1, 3) for c in (1.0, 3.0, 10.0)]
         + [{"replay_ratio_groups": 1.0, "max_age": 1, "clip_c": 1000.0}]
         # stress probe: a fast-moving policy (lr 0.5) makes replayed sequence ratios large
-        + [{"replay_ratio_groups": 1.0, "max_age": L, "clip_c": c, "lr": 0.5} for L in (1, 2) for c in (1.0, 3.0, 1000.0)]
+        + [{"replay_ratio_groups": 1.0, "max_age": L, "clip_c": c, "lr": 0.5}
+           for L in (1, 2) for c in (1.0, 3.0, 1000.0)]
         + [{"replay_ratio_groups": 0.0, "max_age": 1, "clip_c": 1.0, "lr": 0.5}]
     ),
 }
@@ -300,12 +307,13 @@ def rloo_table(out_dir: Path) -> str:
         c, s = r["config"], r["summary"]
         curves = _curves(out_dir, r["key"])
         ess = curves.get("curve__ess_frac")
-        rows.append([c["lr"], c["replay_ratio_groups"], c["max_age"], c["clip_c"], s["final_reward"], s["final_accuracy"],
+        rows.append([c["lr"], c["replay_ratio_groups"], c["max_age"], c["clip_c"], s["final_reward"],
+                     s["final_accuracy"],
                      int(r["counts"]["K_inference"]), float(np.nanmean(ess)) if ess is not None else float("nan"),
                      float(np.nanmin(np.nanmean(ess, axis=0))) if ess is not None else float("nan"),
                      s.get("clip_frac", float("nan"))])
-    return _md(["lr", "rho", "L", "c", "final reward", "final accuracy", "fresh verifier evaluations", "mean ESS/n (replayed)",
-                "worst-step ESS/n", "clip fraction"], rows)
+    return _md(["lr", "rho", "L", "c", "final reward", "final accuracy", "fresh verifier evaluations",
+                "mean ESS/n (replayed)", "worst-step ESS/n", "clip fraction"], rows)
 
 
 # --------------------------------------------------------------------------- 6. ExGRPO
@@ -341,7 +349,8 @@ def exgrpo_table(out_dir: Path) -> str:
             name = "ExGRPO: " + ", ".join(parts)
         per_seed = np.asarray(r["per_seed"]["final_accuracy"])
         rows.append([name, s["final_accuracy"], float(per_seed.std(ddof=1) / np.sqrt(per_seed.size)),
-                     k.get("gain_hard", float("nan")), k.get("gain_medium", float("nan")), k.get("gain_easy", float("nan")),
+                     k.get("gain_hard", float("nan")), k.get("gain_medium", float("nan")),
+                     k.get("gain_easy", float("nan")),
                      k.get("retired", float("nan"))])
     rows.sort(key=lambda row: (not row[0].startswith("on-policy"), row[0]))
     return _md(["design", "final accuracy", "s.e. over seeds", "gain hard", "gain medium", "gain easy",
@@ -351,7 +360,8 @@ def exgrpo_table(out_dir: Path) -> str:
 EXPERIMENTS: dict[str, Experiment] = {
     "sanity": Experiment("sanity", "FIFO replay ratio and staleness formulas; exact vs sampled divergences",
                          SANITY, sanity_table),
-    "experience-replay": Experiment("experience-replay", "accuracy vs compute for buffer sizes and W/T, mu = 5.28 and 0.5",
+    "experience-replay": Experiment("experience-replay",
+                                    "accuracy vs compute for buffer sizes and W/T, mu = 5.28 and 0.5",
                                     EXPERIENCE_REPLAY, experience_replay_table, experience_replay_prepare),
     "freshper": Experiment("freshper", "standard PER vs uniform vs on-policy vs age decay", FRESHPER, freshper_table),
     "m2po": Experiment("m2po", "no trust region vs clipped GRPO vs M2PO at staleness 32 (token MDP)", M2PO, m2po_table),

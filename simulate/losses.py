@@ -27,11 +27,13 @@ Padding (mask False) may hold anything, even NaN: it is never read.
 
 Aggregation (how token terms become one number per seed; verl's ``loss_agg_mode``):
 
-| name                   | loss                                                 | used by                   |
-|------------------------|------------------------------------------------------|---------------------------|
-| ``token-mean``         | sum_{i,t} l_it / (real tokens in the batch)          | DAPO, verl default, M2PO Eq. (5) |
-| ``seq-mean-token-sum`` | (1/n) sum_i sum_t l_it                               | RLOO Eq. (3), AsymRE, Dr. GRPO (up to a constant 1/L_max) |
-| ``seq-mean-token-mean``| (1/n) sum_i (1/abs(o_i)) sum_t l_it                  | original GRPO             |
+| name                    | loss                                        | used by                          |
+|-------------------------|---------------------------------------------|----------------------------------|
+| ``token-mean``          | sum_{i,t} l_it / (real tokens in the batch) | DAPO, verl default, M2PO Eq. (5) |
+| ``seq-mean-token-sum``  | (1/n) sum_i sum_t l_it                      | RLOO Eq. (3), AsymRE, Dr. GRPO * |
+| ``seq-mean-token-mean`` | (1/n) sum_i (1/abs(o_i)) sum_t l_it         | original GRPO                    |
+
+(*) Dr. GRPO up to a constant 1/L_max.
 
 Papers (docs/REFERENCES.md) and code names:
 
@@ -69,8 +71,13 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from replay_theory.theory.checks import require_nonnegative, require_positive
-from replay_theory.theory.divergences import (k3_terms, ess_kish_fraction, ratio_stats, sample_statistics,
-                                               sequence_log_ratio)
+from replay_theory.theory.divergences import (
+    ess_kish_fraction,
+    k3_terms,
+    ratio_stats,
+    sample_statistics,
+    sequence_log_ratio,
+)
 from replay_theory.theory.exgrpo import shaping, shaping_gradient_weight
 from replay_theory.theory.group_replay import clipped_sequence_weight
 

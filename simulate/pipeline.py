@@ -31,8 +31,14 @@ from typing import Protocol
 
 import numpy as np
 
-from replay_theory.simulate.designs import (BUFFER_DESIGNS, BufferSpec, DesignConfig, StepBatch, make_advantage,
-                                            make_design_buffer)
+from replay_theory.simulate.designs import (
+    BUFFER_DESIGNS,
+    BufferSpec,
+    DesignConfig,
+    StepBatch,
+    make_advantage,
+    make_design_buffer,
+)
 from replay_theory.simulate.rollouts import RolloutBatch
 
 AGE_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # left edges, log2-spaced
@@ -99,7 +105,8 @@ def generate(backend: RolloutBackend, config: DesignConfig, weights, num_groups:
     tokens, logp, mask, reward = backend.sample(weights, prompts)  # (S, n, L) x3, (S, n)
     n = num_groups * G
     # astype copies the broadcast views into arrays of their own
-    created = np.broadcast_to(np.asarray(version).reshape(-1, 1) if np.ndim(version) else version, (S, n)).astype(np.int64)
+    created = np.broadcast_to(np.asarray(version).reshape(-1, 1) if np.ndim(version) else version,
+                              (S, n)).astype(np.int64)
     group = np.broadcast_to(group_offset + np.repeat(np.arange(num_groups), G), (S, n)).astype(np.int64)
     return score(config, prompts, tokens, mask, logp, reward, created, group)
 

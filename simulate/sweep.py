@@ -73,7 +73,8 @@ def validate_spec(spec: dict) -> dict:
         raise ValueError("sweep spec must be a JSON object")
     unknown = set(spec) - SPEC_KEYS
     if unknown:
-        raise ValueError(f"unknown sweep spec key(s): {', '.join(sorted(unknown))}; valid: {', '.join(sorted(SPEC_KEYS))}")
+        raise ValueError(f"unknown sweep spec key(s): {', '.join(sorted(unknown))}; "
+                         f"valid: {', '.join(sorted(SPEC_KEYS))}")
     if not isinstance(spec.get("base", {}), dict):
         raise ValueError("sweep spec 'base' must be an object of config fields")
     grid = spec.get("grid", {})

@@ -587,7 +587,7 @@ def test_exgrpo_trajectory_selection_lowest_highest_random():
         buf.add(_ex_batch(S, [2], rewards, K, L, tokens=tok), 0)
         calls = []
 
-        def entropy_fn(prompts, tokens, mask):
+        def entropy_fn(prompts, tokens, mask, calls=calls):
             calls.append(prompts.shape)
             assert np.all(prompts == 2)
             return tokens[..., 0].astype(float)
@@ -618,7 +618,7 @@ def test_exgrpo_bucket_frequencies_match_bucket_probabilities():
     rng = np.random.default_rng(12)
     counts = np.zeros(P)
     n_calls = 100
-    for t in range(n_calls):
+    for _ in range(n_calls):
         s = buf.sample(1, 1, rng)
         counts += np.bincount(s.batch.prompt.ravel(), minlength=P)
     freq = counts / (S * n_calls)

@@ -112,7 +112,8 @@ def test_optimal_imports_no_sympy_matplotlib_or_torch():
 
 
 def test_python_dash_m_entry_point():
-    result = subprocess.run([sys.executable, "-m", "replay_theory", "gamma", "-W", "1", "-T", "7", "--mu", "5.28", "--json"],
+    result = subprocess.run([sys.executable, "-m", "replay_theory", "gamma", "-W", "1", "-T", "7", "--mu", "5.28",
+                             "--json"],
                             capture_output=True, text=True)
     assert result.returncode == 0
     assert json.loads(result.stdout)["gamma"] == pytest.approx((1 + 1 / 7) / 6.28)

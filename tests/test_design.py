@@ -22,7 +22,8 @@ from replay_theory.theory.design import (
 )
 from replay_theory.theory.profiles import PowerLawProfile, TabulatedProfile, sigma_bar_sq
 
-GRID = [(mu, alpha, rho) for mu in (0.05, 0.19, 1.0, 5.28) for alpha in (0.05, 0.2, 0.35, 0.45) for rho in (0.0, 0.1, 0.6)]
+GRID = [(mu, alpha, rho) for mu in (0.05, 0.19, 1.0, 5.28) for alpha in (0.05, 0.2, 0.35, 0.45)
+        for rho in (0.0, 0.1, 0.6)]
 
 
 def test_hand_worked_closed_form():

@@ -121,7 +121,8 @@ def test_exact_batch_and_axis() -> None:
     loop = np.array([[D.renyi_exact(lp[i, j], lq[i, j], 0.7) for j in range(4)] for i in range(3)])
     np.testing.assert_allclose(batch, loop, rtol=1e-14)
     # broadcasting one behaviour distribution against a batch of new ones
-    np.testing.assert_allclose(D.kl_exact(lp, lq[0, 0]), [[D.kl_exact(lp[i, j], lq[0, 0]) for j in range(4)] for i in range(3)], rtol=1e-14)
+    np.testing.assert_allclose(D.kl_exact(lp, lq[0, 0]),
+                               [[D.kl_exact(lp[i, j], lq[0, 0]) for j in range(4)] for i in range(3)], rtol=1e-14)
 
 
 # --------------------------------------------------------------------------- #
@@ -243,7 +244,8 @@ def test_estimates_converge_to_exact_values() -> None:
 # --------------------------------------------------------------------------- #
 # vectorisation over a leading seed axis, masks
 # --------------------------------------------------------------------------- #
-SAMPLE_FUNCS = [D.kl_k1, D.kl_k2, D.kl_k3, D.m2, D.chi2_estimate, D.d2_estimate, D.ess_kish, D.ess_kish_fraction, D.ess_kong]
+SAMPLE_FUNCS = [D.kl_k1, D.kl_k2, D.kl_k3, D.m2, D.chi2_estimate, D.d2_estimate, D.ess_kish, D.ess_kish_fraction,
+                D.ess_kong]
 
 
 def test_vectorised_over_seeds_equals_loop() -> None:

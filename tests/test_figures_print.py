@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import io
 
+import matplotlib.pyplot as plt  # noqa: E402  (style import chose the backend)
 import numpy as np
 import pytest
+from matplotlib.text import Text  # noqa: E402
 from PIL import Image
 
 from replay_theory.figures import defaults, style
 from replay_theory.figures import theory as ft
-
-import matplotlib.pyplot as plt  # noqa: E402  (style import chose the backend)
-from matplotlib.text import Text  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

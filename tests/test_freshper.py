@@ -9,7 +9,6 @@ import pytest
 
 from replay_theory.theory import freshper as fp
 
-
 # --- hand values -------------------------------------------------------------
 
 

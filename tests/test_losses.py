@@ -135,8 +135,8 @@ def test_m2po_reference_is_grpo_at_the_detached_cap():
         np.testing.assert_allclose(out.loss[s], g.loss[0], rtol=1e-12)
         np.testing.assert_allclose(out.grad_logp[sl], g.grad_logp, rtol=1e-12, atol=0)
         assert g.metrics["pg_clipfrac"][0] == out.metrics["masked_frac"][s]
-        fd = _fd(lambda x: L.grpo(x, b["logp_behav"][sl], b["advantage"][sl], b["mask"][sl],
-                                  eps_low=-math.expm1(-tau[s]), eps_high=math.expm1(tau[s])).loss,
+        fd = _fd(lambda x, s=s, sl=sl: L.grpo(x, b["logp_behav"][sl], b["advantage"][sl], b["mask"][sl],
+                                              eps_low=-math.expm1(-tau[s]), eps_high=math.expm1(tau[s])).loss,
                  b["logp_new"][sl], b["mask"][sl])
         np.testing.assert_allclose(out.grad_logp[sl], fd, rtol=1e-6, atol=1e-11)
 

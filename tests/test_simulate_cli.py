@@ -50,7 +50,8 @@ def test_sweep_resumes_without_repeating_and_refuses_other_specs(tmp_path, cli):
     stored.update(grid=spec["grid"], configs=spec["configs"])
     (out / "spec.json").write_text(json.dumps(stored))
     for suffix in (".json", ".npz"):
-        (out / "runs" / f"{first['key']}{suffix}").write_bytes((tmp_path / "partial" / "runs" / f"{first['key']}{suffix}").read_bytes())
+        (out / "runs" / f"{first['key']}{suffix}").write_bytes(
+            (tmp_path / "partial" / "runs" / f"{first['key']}{suffix}").read_bytes())
     marker = (out / "runs" / f"{first['key']}.json").stat().st_mtime_ns
     (out / "runs" / "deadbeef.tmp.npz").write_bytes(b"half-written")
     table = run_sweep(spec, out, n_jobs=1, show_progress=False)
@@ -87,4 +88,5 @@ def test_calibrate_writes_a_profile_that_optimal_reads(tmp_path, cli):
     code, out, err = cli("optimal", "--mu", "5.28", "--profile", str(profile), "--json")
     assert code == 0 and json.loads(out)["rho"] == data["rho"]
     code, out, err = cli("calibrate-simulator", "--out", str(profile), "--seeds", "2")
-    assert code == 2 and err == f"replay-theory: error: --out {profile} exists; results are never overwritten: choose a new file\n"
+    assert code == 2 and err == (f"replay-theory: error: --out {profile} exists; results are never overwritten: "
+                                 "choose a new file\n")

@@ -156,9 +156,9 @@ def test_truncate_log_drops_steps_a_resumed_run_logs_again(tmp_path):
 
 def test_validate_calibrate_and_all_build_the_same_config_with_the_configs_defaults(monkeypatch, tmp_path):
     """Both commands go through one builder; a default written in the CLI can't drift from ValidateConfig's."""
-    import replay_theory.validate.loop as loop
     from typer.testing import CliRunner
 
+    import replay_theory.validate.loop as loop
     from replay_theory.cli.app import app
 
     seen = []

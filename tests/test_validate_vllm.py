@@ -166,7 +166,8 @@ def test_truncation_params_are_passed_only_when_used(policy, install):
                            top_p=0.9)
     params = sampler.llm.params[0][0].kwargs
     assert params["top_k"] == 5 and params["top_p"] == 0.9
-    assert out.completion_ids.shape == (2, 1) and out.completion_text == ["", ""] and out.finished.tolist() == [True] * 2
+    assert out.completion_ids.shape == (2, 1) and out.completion_text == ["", ""]
+    assert out.finished.tolist() == [True] * 2
 
 
 def test_weight_sync_passes_every_trainer_tensor_and_resets_the_prefix_cache(policy, install):
@@ -201,7 +202,8 @@ def test_engine_choice_and_one_line_errors(install, monkeypatch):
         with pytest.raises(ValueError, match=r"CUDA requested but torch.cuda.is_available\(\) is False"):
             resolve_engine("vllm", "cuda")
     install(_fake_vllm(lambda *a: [], fail_logprobs_mode=True))
-    with pytest.raises(ValueError, match=r"vLLM 0.0.fake cannot return log-probs after temperature.*; pip install -U vllm$"):
+    with pytest.raises(ValueError,
+                       match=r"vLLM 0.0.fake cannot return log-probs after temperature.*; pip install -U vllm$"):
         VLLMSampler("/ckpt")
     with pytest.raises(ValueError, match=r"gpu_memory_utilization=1.0; must be in \(0, 1\)"):
         VLLMSampler("/ckpt", gpu_memory_utilization=1.0)
@@ -247,8 +249,9 @@ class _HFBackedLLM:
 
 
 def test_train_drives_the_vllm_engine_through_the_shared_loop(install):
-    """sync_every = 2 (AsymRE: a nonzero gradient even before any reward): the engine gets the trainer's weights at steps 0 and 2 only, and its
-    behaviour log-probs match the trainer's exactly when synced and differ when one update stale."""
+    """sync_every = 2 (AsymRE: a nonzero gradient even before any reward): the engine gets the trainer's weights at
+    steps 0 and 2 only, and its behaviour log-probs match the trainer's exactly when synced and differ when one update
+    stale."""
     train_set, _ = countdown.make_splits(40, 4, seed=3)
     policy = M.load_policy(M.ModelConfig(), countdown.ALPHABET)
     backend = _HFBackedLLM(policy)

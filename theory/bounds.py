@@ -51,12 +51,12 @@ from numpy.typing import ArrayLike, NDArray
 
 from replay_theory.theory.divergences import (
     as_last_axis,
+    d2_exact,
+    kl_exact,
     log_abs_expm1,
     log_var_exp,
     logsumexp,
     validated_logprobs,
-    d2_exact,
-    kl_exact,
 )
 
 FloatArray = NDArray[np.float64]

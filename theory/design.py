@@ -138,7 +138,8 @@ def power_law_optimum(mu_sec3: float, alpha: float, rho: float) -> tuple[float, 
 
 def printed_power_law_x_star(mu_sec3: float, alpha: float, rho: float) -> float:
     """x* exactly as printed in App. C.3.2 (unstable; kept to document the errata)."""
-    num = -(alpha * mu_sec3 + rho * (1 - 2 * alpha)) + math.sqrt(alpha**2 * mu_sec3**2 + mu_sec3 * rho * (1 - 2 * alpha))
+    num = (-(alpha * mu_sec3 + rho * (1 - 2 * alpha))
+           + math.sqrt(alpha**2 * mu_sec3**2 + mu_sec3 * rho * (1 - 2 * alpha)))
     den = 2 * alpha * rho * (mu_sec3 - rho)
     return num / den
 
@@ -371,7 +372,8 @@ def optimal_design(query: DesignQuery) -> Design:
             notes.append("alpha >= 1/2: the bound grows with the horizon, so no buffer beats on-policy")
         elif alpha == 0.0:
             regime = "unbounded"
-            notes.append("alpha = 0: staleness costs nothing in this model, so the buffer should be as large as possible")
+            notes.append("alpha = 0: staleness costs nothing in this model, "
+                         "so the buffer should be as large as possible")
         elif x_free < 1.0:
             regime = "on-policy"
             notes.append(f"x* = {x_free:.3g} < 1 would mean N < R; the feasible optimum is the on-policy corner")
@@ -408,7 +410,8 @@ def optimal_design(query: DesignQuery) -> Design:
     if query.batch_size is not None and math.isfinite(y_star):
         R = max(1, round(query.batch_size / y_star))
     if R is not None:
-        B = query.batch_size if query.batch_size is not None else (max(1, round(y_star * R)) if math.isfinite(y_star) else None)
+        B = (query.batch_size if query.batch_size is not None
+             else (max(1, round(y_star * R)) if math.isfinite(y_star) else None))
         N = max(R, round(x_star * R)) if math.isfinite(x_star) else None
 
     realised_y = (B / R) if (B is not None and R is not None) else y_star

@@ -586,7 +586,8 @@ def _ess_kish_prepared(lr: FloatArray, m: BoolArray, n: FloatArray) -> FloatArra
     return np.minimum(ess, n)
 
 
-def sample_statistics(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> dict[str, FloatOrArray]:
+def sample_statistics(log_ratio: ArrayLike, mask: ArrayLike | None = None, *,
+                      axis: int = -1) -> dict[str, FloatOrArray]:
     """All sample estimators at once (one validation pass; the simulator logs them every step).
 
     Keys and meanings are those of the single functions: ``kl_k1``, ``kl_k2``, ``kl_k3``,

@@ -206,7 +206,8 @@ def profile_from_dict(data: dict) -> LoadedProfile:
         if "staleness" not in data or "sigma_sq" not in data:
             raise ValueError("profile of kind table needs 'staleness' and 'sigma_sq' lists")
         profile = TabulatedProfile(tuple(map(float, data["staleness"])), tuple(map(float, data["sigma_sq"])))
-        desc = f"measured table, {len(profile.staleness)} points, staleness {profile.staleness[0]:g}..{profile.staleness[-1]:g}"
+        desc = (f"measured table, {len(profile.staleness)} points, "
+                f"staleness {profile.staleness[0]:g}..{profile.staleness[-1]:g}")
         return LoadedProfile(profile, rho, desc)
     raise ValueError(f"profile kind must be 'power_law' or 'table', got {kind!r}")
 

@@ -50,11 +50,11 @@ import numpy as np
 import torch
 
 from replay_theory.simulate.calibrate import fit_profiles, fit_rho
+from replay_theory.simulate.designs import BufferSpec, compute_loss, make_design_buffer
 from replay_theory.theory.compute import estimate_mu
 from replay_theory.validate import countdown
 from replay_theory.validate.engines import HFSampler, Sampler
 from replay_theory.validate.model import Policy, encode_prompts, sequence_logprobs
-from replay_theory.simulate.designs import BufferSpec, compute_loss, make_design_buffer
 from replay_theory.validate.rl import RLConfig, generate_batch, train, update_step
 
 MAX_GRAD_COORDS = 1 << 22  # 4M float32 coordinates = 16 MB per per-sample gradient
