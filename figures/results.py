@@ -3,14 +3,16 @@
 Each figure reads a results directory written by a command, and says which command
 when it is missing:
 
-| figure               | reads                                  | written by                                                       |
-|----------------------|----------------------------------------|------------------------------------------------------------------|
-| staleness-diversity  | RESULTS/experience-replay/runs/*.npz   | replay-theory experiment experience-replay --out RESULTS/experience-replay |
-| reward-vs-compute    | RESULTS/experience-replay/runs/*.npz   | (same)                                                           |
-| rloo-heatmap         | RESULTS/rloo/runs/*.json               | replay-theory experiment rloo --out RESULTS/rloo                 |
-| m2po-collapse        | RESULTS/m2po/runs/*.npz                | replay-theory experiment m2po --out RESULTS/m2po                 |
-| freshper             | RESULTS/freshper/runs/*.npz            | replay-theory experiment freshper --out RESULTS/freshper         |
-| validation           | RESULTS/validation/report.json         | replay-theory validate all --out RESULTS/validation              |
+| figure              | reads                                | written by (``replay-theory ...``)                   |
+|---------------------|--------------------------------------|------------------------------------------------------|
+| staleness-diversity | RESULTS/experience-replay/runs/*.npz | experiment experience-replay --out RESULTS/exp...  (*) |
+| reward-vs-compute   | RESULTS/experience-replay/runs/*.npz | (same)                                               |
+| rloo-heatmap        | RESULTS/rloo/runs/*.json             | experiment rloo --out RESULTS/rloo                   |
+| m2po-collapse       | RESULTS/m2po/runs/*.npz              | experiment m2po --out RESULTS/m2po                   |
+| freshper            | RESULTS/freshper/runs/*.npz          | experiment freshper --out RESULTS/freshper           |
+| validation          | RESULTS/validation/report.json       | validate all --out RESULTS/validation                |
+
+(*) ``--out RESULTS/experience-replay``.
 
 Data functions return plain arrays (what the tests check); plot functions take ``ax``/``axes``
 and return the figure, as in figures/theory.py. ``plot_report_bars`` (data: ``report_bars_data``)

@@ -164,7 +164,10 @@ def k_curve_data(alphas: Sequence[float] = K_ALPHAS, mu: float = K_MU_SEC3, rho:
 
 
 def plot_k_curve(ax: Axes | None = None) -> Figure:
-    """K(x)/K(1) vs x for alpha in {0, .1, .25, .4, .5}, x* marked (ER Fig. 5); one line per alpha plus one marker per finite x*."""
+    """K(x)/K(1) vs x for alpha in {0, .1, .25, .4, .5}, x* marked (ER Fig. 5).
+
+    One line per alpha plus one marker per finite x*.
+    """
     fig, ax = new_axes(ax)
     d = k_curve_data()
     for i, alpha in enumerate(d["alphas"]):
@@ -352,7 +355,7 @@ def plot_freshper_weights(ax: Axes | None = None) -> Figure:
     """
     fig, ax = new_axes(ax, figsize=(5.2, 3.0))
     d = freshper_weights_data()
-    for i, tau in enumerate(d["taus"]):
+    for i in range(len(d["taus"])):
         ax.plot(d["ages"], d["weight"][i], color=COLORS[i])
         ax.plot(d["ages"], d["weight_eff"][i], color=COLORS[i], linestyle="--")
     handles = [Line2D([], [], color=COLORS[i], label=f"τ = {tau:g}") for i, tau in enumerate(d["taus"])]
@@ -402,9 +405,12 @@ def plot_exgrpo_buckets(ax: Axes | None = None) -> Figure:
 THEORY_FIGURES: dict[str, tuple[str, Callable[[], Figure]]] = {
     "optimal-vs-mu": ("x*, y* vs mu for the power law (ER Fig. 4) and the inverted Sec. 3 reading", plot_optimal_vs_mu),
     "k-curve": ("K(x)/K(1) for alpha in {0, .1, .25, .4, .5} with x* marked (ER Fig. 5)", plot_k_curve),
-    "gamma-table": ("gamma = (1 + W/T)/(1 + mu) for Table 2's splits, printed values and erratum E1", plot_gamma_table),
-    "ess-vs-divergence": ("exact ESS/n = e^-D2, bound e^-KL, and Kish estimates for a softmax family", plot_ess_vs_divergence),
+    "gamma-table": ("gamma = (1 + W/T)/(1 + mu) for Table 2's splits, printed values and erratum E1",
+                    plot_gamma_table),
+    "ess-vs-divergence": ("exact ESS/n = e^-D2, bound e^-KL, and Kish estimates for a softmax family",
+                          plot_ess_vs_divergence),
     "chi2-vs-m2": ("chi^2 vs M2 with M2PO Thm 5.1's R^2 M2 and the sharper max(1, sup r)^2 M2", plot_chi2_vs_m2),
-    "freshper-weights": ("FreshPER exp(-age/tau) and the effective tau/alpha decay (alpha = 0.6)", plot_freshper_weights),
+    "freshper-weights": ("FreshPER exp(-age/tau) and the effective tau/alpha decay (alpha = 0.6)",
+                         plot_freshper_weights),
     "exgrpo-buckets": ("ExGRPO bucket probabilities, success-count vs accuracy units", plot_exgrpo_buckets),
 }

@@ -181,13 +181,8 @@ class ExGRPOShapingParams:
 
 
 @dataclass(frozen=True)
-class DesignConfig(ExGRPOShapingParams, AsymREParams, RLOOParams, M2POParams, ClipParams, ExGRPOParams,
-                   StaleKParams, GroupReplayParams, FreshPERParams, PositiveBiasParams, FifoParams, BatchParams):
-    """A buffer design and its loss: the fields the simulator's ``SimConfig`` and the validator's ``RLConfig`` share.
-
-    Fields come from the params dataclasses above (``dataclasses`` collects them base
-    class last first: sizes, then each buffer's, then each loss's parameters).
-    """
+class DesignChoice:
+    """Which buffer design, loss and advantage: the first fields of every design config (and of ``--help``)."""
 
     buffer: str = "fifo"
     """on-policy, fifo, positive-bias, prioritized, group-replay, exgrpo or stale-k."""
@@ -195,6 +190,17 @@ class DesignConfig(ExGRPOShapingParams, AsymREParams, RLOOParams, M2POParams, Cl
     """reinforce, grpo, no-trust-region, m2po, m2po-reference, rloo, asymre or exgrpo."""
     advantage: str = "auto"
     """grpo (std-normalised group), group-mean (REINFORCE baseline), leave-one-out (RLOO) or auto (the loss's own)."""
+
+
+@dataclass(frozen=True)
+class DesignConfig(ExGRPOShapingParams, AsymREParams, RLOOParams, M2POParams, ClipParams, ExGRPOParams,
+                   StaleKParams, GroupReplayParams, FreshPERParams, PositiveBiasParams, FifoParams, BatchParams,
+                   DesignChoice):
+    """A buffer design and its loss: the fields the simulator's ``SimConfig`` and the validator's ``RLConfig`` share.
+
+    Fields come from the dataclasses above (``dataclasses`` collects them last base class
+    first: the choice, the sizes, then each buffer's and each loss's parameters).
+    """
 
     def params(self, cls: type):
         """The typed view ``cls(**fields of cls)`` of this config, e.g. ``config.params(FifoParams)``."""

@@ -130,7 +130,7 @@ def test_freshper_and_m2po_figures_read_their_runs(tmp_path):
     run_sweep(spec, root / "freshper", n_jobs=1, show_progress=False)
     data = fig.freshper_data(root)
     assert sorted(data) == [0.02, 0.2]
-    for lr, entry in data.items():
+    for entry in data.values():
         assert set(entry["designs"]) == {"on-policy", "uniform", "PER (tau = inf)", "tau = 3"}
         assert entry["drift"] > 0
         per = {k: v for k, v in entry["designs"].items() if k.startswith(("PER", "tau"))}

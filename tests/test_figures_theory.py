@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 
+import matplotlib.pyplot as plt  # noqa: E402  (style import chose the backend)
 import numpy as np
 import pytest
 
@@ -12,8 +13,6 @@ from replay_theory.figures.style import new_axes
 from replay_theory.theory.compute import compute_ratio
 from replay_theory.theory.design import mu_sec3_of, power_law_k, power_law_optimum
 from replay_theory.theory.exgrpo import bucket_probabilities
-
-import matplotlib.pyplot as plt  # noqa: E402  (style import chose the backend)
 
 
 @pytest.fixture(autouse=True)

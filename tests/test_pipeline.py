@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from replay_theory.simulate.config import SimConfig
-from replay_theory.simulate.designs import (BUFFER_DESIGNS, LOSSES, DesignConfig, GroupReplayParams,
-                                            design_field_names)
+from replay_theory.simulate.designs import BUFFER_DESIGNS, LOSSES, DesignConfig, GroupReplayParams, design_field_names
 from replay_theory.simulate.envs import make_env
 from replay_theory.simulate.pipeline import EnvBackend, Pipeline, PipelineSettings
 from replay_theory.simulate.rng import PerSeedGenerator
