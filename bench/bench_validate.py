@@ -26,7 +26,7 @@ import torch
 
 from replay_theory.validate import countdown
 from replay_theory.validate.calibrate import measure_mu_count
-from replay_theory.validate.loop import TINY_MODEL
+from replay_theory.validate.config import TINY_MODEL
 from replay_theory.validate.model import ModelConfig, generate, load_policy
 from replay_theory.validate.rl import RLConfig, generate_batch, update_step
 

@@ -19,8 +19,13 @@ from typing import Annotated, Optional
 import typer
 
 from replay_theory.cli.common import help_without_command
-from replay_theory.validate import loop
-from replay_theory.validate.loop import VERIFY_BUDGET_UPDATES, VERIFY_SEEDS, ValidateConfig
+from replay_theory.validate.config import (
+    VERIFY_BUDGET_UPDATES,
+    VERIFY_SEEDS,
+    ValidateConfig,
+    check_run_dir,
+    load_run_config,
+)
 
 DEFAULTS = ValidateConfig()  # the CLI's defaults are the config's: written once
 
@@ -45,6 +50,14 @@ BudgetOption = Annotated[int, typer.Option("--budget-updates", help="verify's co
 validate_app = typer.Typer(help="Check the theory's predictions on a Qwen2-architecture language model "
                                 "(needs the validate extra).", add_completion=False)
 validate_app.callback(invoke_without_command=True)(help_without_command)
+
+
+def _loop():
+    """validate/loop.py, imported when a validate command runs: it needs torch and transformers (the validate
+    extra), which every other command, `optimal` first, must start without."""
+    from replay_theory.validate import loop
+
+    return loop
 
 
 def _run_options(engine, sync_every, micro_batch, gpu_memory, lr) -> dict:
@@ -77,7 +90,7 @@ def calibrate_model(
     """Warm-start, probe and measure mu, sigma^2(s), rho and KL drift of the language model; writes
     calibration.json and profile.json."""
     config = calibrate_config(model, device, engine, sync_every, micro_batch, gpu_memory, lr, mu_window, tiny, seed)
-    loop.run_calibrate(config, out, log=typer.echo)
+    _loop().run_calibrate(config, out, log=typer.echo)
 
 
 @validate_app.command("predict")
@@ -87,8 +100,8 @@ def predict(
                   ] = None,
 ) -> None:
     """Thm 3.5 on the measured profile: predicted.json with x*, y* and integer N, B, R."""
-    loop.check_run_dir(out, needs="calibration.json")
-    loop.run_predict(loop.load_run_config(out), out, mu=mu, log=typer.echo)
+    check_run_dir(out, needs="calibration.json")
+    _loop().run_predict(load_run_config(out), out, mu=mu, log=typer.echo)
 
 
 @validate_app.command("verify")
@@ -105,10 +118,10 @@ def verify(
 ) -> None:
     """Train on-policy, the prediction and designs around it at equal compute; writes report.json/.md/.png
     (never overwritten: a re-run with the same settings prints the saved report's best design)."""
-    loop.check_run_dir(out, needs="predicted.json")
-    config = loop.load_run_config(out, device=device, **_run_options(engine, sync_every, micro_batch, gpu_memory,
+    check_run_dir(out, needs="predicted.json")
+    config = load_run_config(out, device=device, **_run_options(engine, sync_every, micro_batch, gpu_memory,
                                                                      None))
-    report = loop.run_verify(config, out, seeds=seeds, budget_updates=budget, log=typer.echo)
+    report = _loop().run_verify(config, out, seeds=seeds, budget_updates=budget, log=typer.echo)
     typer.echo(f"measured best: {report['measured_best']['name']}; report: {out / 'report.md'}")
 
 
@@ -130,10 +143,10 @@ def validate_all(
 ) -> None:
     """calibrate-model -> predict -> verify."""
     config = calibrate_config(model, device, engine, sync_every, micro_batch, gpu_memory, lr, mu_window, tiny, seed)
-    loop.check_run_dir(out)
-    loop.run_calibrate(config, out, log=typer.echo)
-    loop.run_predict(config, out, log=typer.echo)
-    report = loop.run_verify(config, out, seeds=seeds, budget_updates=budget, log=typer.echo)
+    check_run_dir(out)
+    _loop().run_calibrate(config, out, log=typer.echo)
+    _loop().run_predict(config, out, log=typer.echo)
+    report = _loop().run_verify(config, out, seeds=seeds, budget_updates=budget, log=typer.echo)
     typer.echo(f"measured best: {report['measured_best']['name']}; report: {out / 'report.md'}")
 
 

@@ -23,7 +23,11 @@ from typing import Callable
 
 import numpy as np
 
+from replay_theory.simulate.calibrate import calibrate
+from replay_theory.simulate.config import config_from_dict
 from replay_theory.simulate.sweep import load_runs
+from replay_theory.theory.design import DesignQuery, optimal_design
+from replay_theory.theory.profiles import load_profile, save_profile
 
 BANDIT = {"env": "bandit", "seeds": 8, "measure_drift": False, "lr": 0.01, "eval_every": 10}
 
@@ -139,10 +143,6 @@ PROBE = {**BANDIT, "buffer": "fifo", "capacity": 256, "rollouts_per_step": 64, "
 
 def experience_replay_prepare(out_dir: Path) -> None:
     """Measure the noise profile on a synchronous FIFO probe: out_dir/profile.json."""
-    from replay_theory.simulate.calibrate import calibrate
-    from replay_theory.simulate.config import config_from_dict
-    from replay_theory.theory.profiles import save_profile
-
     path = Path(out_dir) / "profile.json"
     if not path.exists():
         result = calibrate(config_from_dict(PROBE), checkpoints=3, samples=256)
@@ -174,9 +174,6 @@ def experience_replay_table(out_dir: Path) -> str:
 
 def _prediction_vs_best(out_dir: Path, runs: list[dict]) -> str:
     """Thm 3.5 from the measured profile vs the sweep's best design at mu = 5.28."""
-    from replay_theory.theory.design import DesignQuery, optimal_design
-    from replay_theory.theory.profiles import load_profile
-
     path = Path(out_dir) / "profile.json"
     if not path.exists():
         return "(no profile.json: run `replay-theory experiment experience-replay` to measure it)"

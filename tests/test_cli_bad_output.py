@@ -12,7 +12,6 @@ from replay_theory.simulate import sweep as sweep_module
 from replay_theory.simulate.config import SimConfig
 from replay_theory.simulate.experiments import write_table
 from replay_theory.simulate.sweep import VERSION_KEY, load_runs, run_sweep
-from replay_theory.validate import loop
 
 TINY = {"seeds": 2, "steps": 20, "eval_every": 10, "measure_drift": False, "num_prompts": 16}
 
@@ -234,6 +233,7 @@ def _fake_run_dir(tmp_path, mu=2.0):
 
 
 def test_validate_predict_never_overwrites_a_different_prediction(tmp_path):
+    loop = pytest.importorskip("replay_theory.validate.loop")  # needs the validate extra (torch)
     from replay_theory.theory.design import DesignQuery, optimal_design
     from replay_theory.theory.profiles import load_profile
 
@@ -253,6 +253,7 @@ def test_validate_predict_never_overwrites_a_different_prediction(tmp_path):
 
 
 def test_validate_verify_never_overwrites_a_report(tmp_path):
+    loop = pytest.importorskip("replay_theory.validate.loop")  # needs the validate extra (torch)
     out = _fake_run_dir(tmp_path)
     (out / "predicted.json").write_text("{}")
     report = {"budget": {"updates": 48, "seeds": 4, "compute": 1.0}, "measured_best": {"name": "on-policy"}}

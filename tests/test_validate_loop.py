@@ -41,7 +41,7 @@ def test_calibrate_then_predict(tmp_path):
     assert window["k_inference"] % R == 0 and window["k_training"] % R == 0 and window["k_inference"] > 0
     assert calibration["mu_count"] == pytest.approx(window["k_training"] / window["k_inference"])
     assert summary["mu_count"] == calibration["mu_count"] and summary["engine"] == "hf"
-    from replay_theory.validate.loop import load_run_config
+    from replay_theory.validate.config import load_run_config
 
     assert load_run_config(out) == SMALL and load_run_config(out, device="cpu", engine=None).engine == "hf"
     # a second call resumes: nothing is measured or overwritten again

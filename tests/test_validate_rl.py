@@ -81,7 +81,7 @@ def test_other_buffers_and_losses_run(warm_policy, buffer, loss):
 @pytest.mark.slow
 def test_rl_raises_reward_on_training_prompts_above_the_warm_start():
     """The CI smoke run of issue 4: SFT warm start, 20 on-policy GRPO steps, reward on the training prompts rises."""
-    from replay_theory.validate.loop import TINY_MODEL, ValidateConfig
+    from replay_theory.validate.config import TINY_MODEL, ValidateConfig
     from replay_theory.validate.rl import evaluate_policy
 
     train_set, _ = ValidateConfig().problems()

@@ -52,6 +52,7 @@ import torch
 from replay_theory.simulate.calibrate import fit_profiles, fit_rho
 from replay_theory.simulate.designs import BufferSpec, compute_loss, make_design_buffer
 from replay_theory.theory.compute import estimate_mu
+from replay_theory.theory.profiles import save_profile
 from replay_theory.validate import countdown
 from replay_theory.validate.engines import HFSampler, Sampler
 from replay_theory.validate.model import Policy, encode_prompts, sequence_logprobs
@@ -289,8 +290,6 @@ def _buffer_correlations(policy, problems, buffer, reference, config, coords=Non
 
 def write_calibration(calibration: LMCalibration, out_dir: Path, source: str) -> None:
     """calibration.json (everything) and profile.json (what `optimal --profile` reads); never overwrites."""
-    from replay_theory.theory.profiles import save_profile
-
     out_dir.mkdir(parents=True, exist_ok=True)
     save_profile(out_dir / "profile.json", calibration.profile_dict(source))
     with (out_dir / "calibration.json").open("x") as handle:

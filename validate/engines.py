@@ -32,6 +32,7 @@ import torch
 
 from replay_theory.validate import model as _model  # module reference: tests patch model.vllm_available
 from replay_theory.validate.model import Policy, Rollouts, generate, resolve_device
+from replay_theory.validate.vllm_engine import VLLMSampler  # imports vllm itself only when one is built
 
 ENGINES = ("hf", "vllm", "auto")
 
@@ -114,7 +115,5 @@ def make_sampler(engine: str, *, device: str = "cpu", sync_every: int = 1, model
         return HFSampler(stale_copy=sync_every > 1)
     if model_path is None:
         raise ValueError("the vLLM engine needs a checkpoint directory (model_path) to start from")
-    from replay_theory.validate.vllm_engine import VLLMSampler
-
     return VLLMSampler(model_path, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                        max_model_len=max_model_len)

@@ -24,85 +24,42 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import torch
+
+from replay_theory.figures.results import save_report_figure
+from replay_theory.theory.design import DesignQuery, optimal_design
+from replay_theory.theory.group_replay import fresh_groups_per_step, fresh_verifier_evaluations
+from replay_theory.theory.profiles import load_profile
 from replay_theory.validate import countdown
+from replay_theory.validate.calibrate import calibrate_lm, write_calibration
+from replay_theory.validate.config import (
+    TINY_MODEL,
+    VERIFY_BUDGET_UPDATES,
+    VERIFY_SEEDS,
+    ValidateConfig,
+    check_run_dir,
+    load_run_config,
+)
+from replay_theory.validate.engines import make_sampler, resolve_engine
+from replay_theory.validate.model import (
+    ModelConfig,
+    load_checkpoint,
+    load_policy,
+    resolve_device,
+    save_checkpoint,
+    sft_warm_start,
+)
+from replay_theory.validate.rl import RLConfig, checkpoint_next_step, evaluate_policy, train
 from replay_theory.validate.steplog import StepLog, truncate_log
 
+__all__ = ["TINY_MODEL", "VERIFY_BUDGET_UPDATES", "VERIFY_SEEDS", "ValidateConfig", "check_run_dir",
+           "load_run_config", "run_calibrate", "run_predict", "run_verify"]
 
-@dataclass(frozen=True)
-class ValidateConfig:
-    """The validation run. Field docs are the CLI help."""
-
-    model: str = "tiny"
-    """'tiny' (a small Qwen2 built from its config) or a local checkpoint path / hub id."""
-    device: str = "cpu"
-    """cpu or cuda."""
-    seed: int = 0
-    n_train: int = 1000
-    """Training problems (Countdown, seeded)."""
-    n_test: int = 64
-    """Held-out problems."""
-    sft_steps: int = 600
-    """SFT warm-start steps on solver solutions (tiny model only)."""
-    rollouts_per_step: int = 64
-    """R of the probe run and of the concrete advice."""
-    group_size: int = 8
-    probe_steps: int = 24
-    """RL steps of the calibration probe (FIFO buffer, GRPO)."""
-    samples: int = 64
-    """Completions per staleness value when measuring sigma^2(s)."""
-    max_new_tokens: int = 16
-    lr: float = 3e-4
-    engine: str = "hf"
-    """Rollout engine: hf (any device), vllm (CUDA) or auto (vllm when installed, on CUDA)."""
-    sync_every: int = 1
-    """Updates between weight syncs trainer -> rollout engine."""
-    micro_batch_size: int = 0
-    """Completions per forward/backward pass of an update (0: whole batch)."""
-    gpu_memory_utilization: float = 0.3
-    """vLLM only: its share of the GPU (weights + KV cache); the trainer uses the rest."""
-    mu_window_seconds: float = 3.0
-    """Wall-clock window of the App. E count-based mu in calibrate (0: skip)."""
-
-    def problems(self) -> tuple[list[countdown.Problem], list[countdown.Problem]]:
-        """Three-number problems with small numbers: learnable by the tiny model (pass@1 ~ 0.2 after SFT)."""
-        return countdown.make_splits(self.n_train, self.n_test, seed=self.seed, num_numbers=(3,),
-                                     number_range=(1, 9), target_range=(1, 40))
-
-
-TINY_MODEL = dict(hidden_size=96, num_layers=3, num_heads=4, num_kv_heads=2, intermediate_size=192)
 
 _SAMPLERS: dict = {}  # one rollout engine per (engine, run directory, settings) and process
-
-
-def load_run_config(out_dir: Path, **overrides) -> ValidateConfig:
-    """The config calibrate ran with (``calibration_summary.json``), with ``overrides`` (None = keep).
-
-    predict and verify read it so that a standalone ``validate verify --out DIR`` trains with the
-    sizes, learning rate and engine of the calibration instead of the defaults.
-    """
-    summary = Path(out_dir) / "calibration_summary.json"
-    saved = json.loads(summary.read_text()).get("config", {}) if summary.exists() else {}
-    known = {f.name for f in dataclasses.fields(ValidateConfig)}
-    values = {k: v for k, v in saved.items() if k in known}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return ValidateConfig(**values)
-
-
-def check_run_dir(out_dir: Path, needs: str | None = None) -> None:
-    """``--out`` names a run directory (existing or not), never a file; ``needs``: a file it must hold."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"--out {out_dir} is an existing file; give a run directory")
-    for parent in out_dir.parents:
-        if parent.exists() and not parent.is_dir():
-            raise ValueError(f"--out {out_dir}: {parent} is a file, not a folder")
-    if needs is not None and not (out_dir / needs).exists():
-        step = {"calibration.json": "calibrate", "predicted.json": "predict"}[needs]
-        raise ValueError(f"{str(out_dir)!r} has no {needs}: run `replay-theory validate "
-                         f"{'calibrate-model' if step == 'calibrate' else step} --out {out_dir}` first")
 
 
 def _write_new(path: Path, write) -> None:
@@ -120,9 +77,6 @@ def _write_new(path: Path, write) -> None:
 
 def check_engine(config: ValidateConfig) -> str:
     """The resolved engine name; bad --engine / --device combinations fail here, before any work."""
-    from replay_theory.validate.engines import resolve_engine
-    from replay_theory.validate.model import resolve_device
-
     if config.sync_every < 1:
         raise ValueError(f"--sync-every must be >= 1, got {config.sync_every}")
     if config.micro_batch_size < 0:
@@ -134,8 +88,6 @@ def check_engine(config: ValidateConfig) -> str:
 
 def get_sampler(config: ValidateConfig, out_dir: Path):
     """The run's rollout engine, built once per process (vLLM starts from DIR/warm_start)."""
-    from replay_theory.validate.engines import make_sampler
-
     engine = check_engine(config)
     key = (engine, str(Path(out_dir).resolve()), config.device, config.sync_every, config.gpu_memory_utilization)
     if key not in _SAMPLERS:
@@ -147,9 +99,6 @@ def get_sampler(config: ValidateConfig, out_dir: Path):
 
 def prepare_policy(config: ValidateConfig, out_dir: Path, train_set):
     """The warm-started policy: loaded from DIR/warm_start if present, else built (+ SFT for tiny) and saved."""
-    import torch
-
-    from replay_theory.validate.model import ModelConfig, load_checkpoint, load_policy, save_checkpoint, sft_warm_start
 
     checkpoint = out_dir / "warm_start"  # created only once the policy loaded: bad input leaves nothing behind
     if checkpoint.exists():
@@ -167,9 +116,6 @@ def prepare_policy(config: ValidateConfig, out_dir: Path, train_set):
 
 def run_calibrate(config: ValidateConfig, out_dir: Path, log=print) -> dict:
     """Warm start, evaluate, probe, measure; writes calibration.json + profile.json (skipped if present)."""
-    from replay_theory.validate.calibrate import calibrate_lm, write_calibration
-    from replay_theory.validate.rl import RLConfig, evaluate_policy
-
     check_run_dir(out_dir)
     if (out_dir / "calibration.json").exists():
         log(f"calibration exists in {out_dir}; skipping (delete it to measure again)")
@@ -204,9 +150,6 @@ def run_calibrate(config: ValidateConfig, out_dir: Path, log=print) -> dict:
 
 def run_predict(config: ValidateConfig, out_dir: Path, mu: float | None = None, log=print) -> dict:
     """Thm 3.5 from the measured profile and mu: predicted.json with x*, y*, N, B, R."""
-    from replay_theory.theory.design import DesignQuery, optimal_design
-    from replay_theory.theory.profiles import load_profile
-
     check_run_dir(out_dir, needs="calibration.json")
     calibration = json.loads((out_dir / "calibration.json").read_text())
     mu_value = calibration["mu_timing"] if mu is None else mu
@@ -236,10 +179,6 @@ def run_predict(config: ValidateConfig, out_dir: Path, mu: float | None = None, 
 # the fresh-only baseline (rho = 0: c and L have no effect), the paper's best-reward cell (1, 1, 1),
 # and rho = 1 with the older pool L = 2 and the looser clip c = 3.
 GROUP_REPLAY_CELLS = ((0.0, 0, 1.0), (1.0, 1, 1.0), (1.0, 2, 3.0))
-VERIFY_SEEDS = 4
-"""Seeds per design in verify (CLI default of ``validate verify`` and ``validate all``)."""
-VERIFY_BUDGET_UPDATES = 48
-"""verify's equal-compute budget, in on-policy updates (CLI default of ``validate verify`` and ``validate all``)."""
 
 
 def _designs(config: ValidateConfig, predicted: dict) -> list[dict]:
@@ -276,8 +215,6 @@ def design_cost(design: dict, steps: int, mu: float, R: int, K: int) -> dict:
     the first step all fresh, then round(B/K / (1 + rho)) fresh groups: K (B/K + (T - 1) B_fresh) fresh
     rollouts (RLOO budget, theory/group_replay.py; rho <= L, so the pool covers the replay demand).
     """
-    from replay_theory.theory.group_replay import fresh_verifier_evaluations
-
     if design["buffer"] == "group-replay":
         fresh = int(fresh_verifier_evaluations(K, design["B"] // K, steps, design["rho"]))  # App. B, Replay-RLOO
     else:
@@ -306,8 +243,6 @@ def _run_file_stem(name: str) -> str:
 
 def _mean_sd(values: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (ddof 1; 0 for one value)."""
-    import numpy as np
-
     return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
@@ -319,10 +254,6 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = VERIFY_SEEDS,
     ``config.seed + 1 + s``; the warm start is evaluated with the same ``seeds`` evaluation seeds, so its
     spread (sampling noise only) sits next to the designs' (training + sampling noise).
     """
-    from replay_theory.theory.group_replay import fresh_groups_per_step
-    from replay_theory.validate.model import load_checkpoint
-    from replay_theory.validate.rl import RLConfig, checkpoint_next_step, evaluate_policy, train
-
     check_run_dir(out_dir, needs="predicted.json")
     if seeds < 1 or budget_updates < 1:
         raise ValueError(f"--seeds and --budget-updates must be >= 1, got {seeds} and {budget_updates}")
@@ -435,7 +366,7 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = VERIFY_SEEDS,
     markdown = out_dir / "report.md"
     markdown.with_name(".report.md.tmp").write_text(_report_markdown(report))
     os.replace(markdown.with_name(".report.md.tmp"), markdown)
-    _report_figure(report, out_dir / ".report.tmp.png")
+    save_report_figure(report, out_dir / ".report.tmp.png")  # the validation figure's left panel
     os.replace(out_dir / ".report.tmp.png", out_dir / "report.png")
     _write_new(existing, lambda tmp: tmp.write_text(json.dumps(report, indent=1, default=lambda v: None)))
     return report
@@ -482,11 +413,3 @@ def _report_markdown(report: dict) -> str:
 
 def _fmt(value, spec: str = ".3g") -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
-
-
-def _report_figure(report: dict, path: Path) -> None:
-    # Imported here: the CLI imports this module at start-up for ValidateConfig's defaults, and
-    # matplotlib would add about 0.3 s to every command (tests/test_cli.py keeps `optimal` free of it).
-    from replay_theory.figures.results import save_report_figure
-
-    save_report_figure(report, path)  # the same drawing as the validation figure's left panel
