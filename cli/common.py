@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any, Iterable
 
 import typer
@@ -34,16 +33,6 @@ def strict(value: Any) -> Any:
 def emit_json(payload: dict) -> None:
     """Print one strict JSON object (infinite and NaN values as null, as RFC 8259 requires)."""
     typer.echo(json.dumps(strict(payload), indent=2, allow_nan=False))
-
-
-def check_new_file(path: Path, option: str = "--out") -> None:
-    """An output file that can be written without overwriting anything: its folder exists, it does not."""
-    if path.exists() or path.is_symlink():
-        raise UserError(f"{option} {path} exists; results are never overwritten: choose a new file")
-    parent = path.parent
-    if not parent.is_dir():
-        what = "is a file" if parent.exists() else "does not exist"
-        raise UserError(f"{option} {path}: folder {parent} {what}; give a path in an existing folder")
 
 
 def option_message(message: str, fields: Iterable[str]) -> str:

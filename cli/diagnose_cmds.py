@@ -18,15 +18,14 @@ whole or not at all, with the permissions the umask gives.
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import sys
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Optional
 
 import typer
 
 from replay_theory.diagnose import ConfigError, DiagnoseConfig, WhatIfConfig, diagnose, load_report, render
+from replay_theory.outputs import check_new_file, write_new
 
 #: config field (DiagnoseConfig, WhatIfConfig, the report) -> the option a user types for it.
 OPTION_OF_FIELD = {
@@ -78,47 +77,6 @@ def _floats(text: str, option: str) -> tuple[float, ...]:
         raise ValueError(f"{option} must be comma-separated numbers, got {text!r}") from None
 
 
-def check_new_file(option: str, path: Path, formats: Optional[tuple[str, ...]] = None) -> None:
-    """Refuse, before any work, an output that exists, whose folder is missing, or with an unknown suffix."""
-    if path.exists() or path.is_symlink():
-        raise ValueError(f"{option} {path} exists; results are never overwritten: choose a new path")
-    folder = path.parent
-    if not folder.is_dir():
-        why = "is not a directory" if folder.exists() else "does not exist"
-        raise ValueError(f"{option} {path}: the folder {folder} {why}; create it first or choose another path")
-    if formats is not None and path.suffix.lower().lstrip(".") not in formats:
-        suffixes = ", ".join(f".{f}" for f in formats)
-        raise ValueError(f"{option} {path} must end in one of {suffixes}")
-
-
-def write_new_file(option: str, path: Path, write: Callable[[str], None]) -> None:
-    """Write ``path`` whole or not at all, never replacing a file, with the umask's permissions.
-
-    ``write(tmp)`` fills a hidden temporary file in the same folder, created by
-    ``os.open`` with mode 0o666 so the umask applies as for any ``open()`` (0644
-    under the usual 022; ``tempfile.mkstemp`` would give 0600).  A hard link then
-    puts it in place atomically and fails if ``path`` appeared meanwhile (a
-    rename would overwrite it); a file system without hard links falls back to
-    a rename after a last check.
-    """
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}-{secrets.token_hex(4)}{path.suffix}")
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-    try:
-        write(str(tmp))
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            raise ValueError(f"{option} {path} appeared while diagnose ran; results are never overwritten: "
-                             "choose a new path") from None
-        except OSError:  # no hard links here (some network / FAT file systems)
-            if path.exists():
-                raise ValueError(f"{option} {path} appeared while diagnose ran; results are never overwritten: "
-                                 "choose a new path") from None
-            os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def save_figure(report: dict, path: Path) -> None:
     """Draw the ESS-by-age figure of ``report`` into the new file ``path`` (format from the suffix)."""
     import matplotlib.pyplot as plt
@@ -128,7 +86,7 @@ def save_figure(report: dict, path: Path) -> None:
     figure = plot_ess_by_age(report)
     try:
         fmt = path.suffix.lower().lstrip(".")
-        write_new_file("--figure", path, lambda tmp: figure.savefig(tmp, format=fmt, dpi=FIGURE_DPI))
+        write_new(path, lambda tmp: figure.savefig(tmp, format=fmt, dpi=FIGURE_DPI), "--figure")
     finally:
         plt.close(figure)
 
@@ -178,7 +136,7 @@ def diagnose_command(
                 raise ValueError("--save needs a LOG: --from-report only rebuilds --figure from a saved report")
             if figure is None:
                 raise ValueError("--from-report needs --figure PATH (the figure to rebuild)")
-            check_new_file("--figure", figure, FIGURE_FORMATS)
+            check_new_file(figure, "--figure", FIGURE_FORMATS)
             report = load_report(from_report)
             if not report["by_age"]:
                 raise ConfigError("report", f"{from_report} has no by-age table (its log had no age column): "
@@ -190,9 +148,9 @@ def diagnose_command(
             raise ValueError("missing LOG: give a Parquet, CSV or JSON-lines file (or --from-report REPORT.json)")
         # outputs first: a bad path must not cost a pass over a large log
         if save is not None:
-            check_new_file("--save", save)
+            check_new_file(save, "--save")
         if figure is not None:
-            check_new_file("--figure", figure, FIGURE_FORMATS)
+            check_new_file(figure, "--figure", FIGURE_FORMATS)
         if save is not None and figure is not None and save.resolve() == figure.resolve():
             raise ValueError(f"--save and --figure both name {save}: choose two paths")
         what_if = WhatIfConfig(ppo_clip=_floats(clip, "--clip"), tis=_floats(tis, "--tis"),
@@ -207,7 +165,7 @@ def diagnose_command(
     if figure is not None and report["by_age"]:
         save_figure(report, figure)
     if save is not None:
-        write_new_file("--save", save, lambda tmp: Path(tmp).write_text(json.dumps(report, indent=1)))
+        write_new(save, lambda tmp: tmp.write_text(json.dumps(report, indent=1)), "--save")
     if as_json:
         typer.echo(json.dumps(report))
         return

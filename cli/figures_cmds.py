@@ -17,6 +17,7 @@ from typing import Annotated, Callable, Optional
 import typer
 
 from replay_theory.figures.defaults import DPI, DPI_RANGE
+from replay_theory.outputs import check_out_dir
 
 #: Default output directory: not the tracked gallery (see the module docstring); ignored by git.
 DEFAULT_OUT = Path("figures-out")
@@ -48,17 +49,6 @@ def check_dpi(dpi: int) -> None:
     low, high = DPI_RANGE
     if not low <= dpi <= high:
         raise ValueError(f"--dpi must be an integer in {low}..{high}, got {dpi}")
-
-
-def check_out_dir(out: Path) -> None:
-    """--out must be a directory or not exist yet, with no file where a parent directory should be."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a directory: choose a directory")
-    for parent in out.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ValueError(f"--out {out}: {parent} is a file, not a directory")
-            break
 
 
 def check_not_overwriting(out: Path, files: list[str]) -> None:

@@ -20,8 +20,9 @@ from typing import Annotated, Any
 
 import typer
 
-from replay_theory.cli.common import UserError, check_new_file, emit_json, option_message
+from replay_theory.cli.common import UserError, emit_json, option_message
 from replay_theory.cli.config_options import option_name, with_dataclass_options
+from replay_theory.outputs import check_new_file
 from replay_theory.simulate.calibrate import calibrate as measure_profile
 from replay_theory.simulate.config import SimConfig, config_from_dict, field_names
 from replay_theory.simulate.engine import run

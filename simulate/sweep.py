@@ -45,6 +45,7 @@ import joblib
 import numpy as np
 
 from replay_theory import __version__
+from replay_theory.outputs import check_out_dir as check_out_path
 from replay_theory.simulate.config import SimConfig, config_from_dict
 from replay_theory.simulate.engine import run
 
@@ -202,12 +203,7 @@ def check_out_dir(spec: dict, out_dir: str | Path) -> None:
     Raises a one-line ValueError naming --out otherwise: a file, a folder of unrelated files, another
     spec, another code version, or a corrupt run file. Reads only; writes nothing.
     """
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"--out {out_dir} is an existing file; give a directory (created if absent)")
-    for parent in out_dir.parents:
-        if parent.exists() and not parent.is_dir():
-            raise ValueError(f"--out {out_dir}: {parent} is a file, not a folder")
+    out_dir = check_out_path(out_dir)
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return
     spec_file = out_dir / "spec.json"

@@ -51,7 +51,7 @@ def test_out_is_an_existing_file_validate(cli, tmp_path, command):
     target = tmp_path / "afile"
     target.write_text("mine")
     assert one_line_error(cli, *command, "--out", str(target)) == (
-        f"--out {target} is an existing file; give a run directory")
+        f"--out {target} is an existing file; give a directory (created if absent)")
 
 
 def test_out_below_a_file(cli, tmp_path, spec_file):
@@ -70,11 +70,11 @@ def test_calibrate_simulator_checks_its_output_before_the_probe(cli, tmp_path, m
     monkeypatch.setattr(simulate_cmds, "measure_profile", probe_must_not_run)
     target = tmp_path / "nodir" / "p.json"
     assert one_line_error(cli, "calibrate-simulator", "--out", str(target)) == (
-        f"--out {target}: folder {tmp_path / 'nodir'} does not exist; give a path in an existing folder")
+        f"--out {target}: the folder {tmp_path / 'nodir'} does not exist; create it first or choose another path")
     existing = tmp_path / "p.json"
     existing.write_text("{}")
     assert one_line_error(cli, "calibrate-simulator", "--out", str(existing)) == (
-        f"--out {existing} exists; results are never overwritten: choose a new file")
+        f"--out {existing} exists; results are never overwritten: choose a new path")
     assert not (tmp_path / "nodir").exists() and existing.read_text() == "{}"
 
 

@@ -304,7 +304,7 @@ def test_output_paths_are_checked_before_any_work(tmp_path, cli, monkeypatch):
          f"--figure {tmp_path / 'nodir' / 'f.png'}: the folder {tmp_path / 'nodir'} does not exist; create it "
          "first or choose another path"),
         (["--figure", str(a_file / "f.png")],
-         f"--figure {a_file / 'f.png'}: the folder {a_file} is not a directory; create it first or choose another "
+         f"--figure {a_file / 'f.png'}: the folder {a_file} is not a folder; create it first or choose another "
          "path"),
         (["--figure", str(tmp_path / "f.txt")], f"--figure {tmp_path / 'f.txt'} must end in one of .png, .pdf, .svg"),
         (["--figure", str(tmp_path / "same.svg"), "--save", str(tmp_path / "same.svg")],
@@ -338,7 +338,7 @@ def test_written_files_honour_the_umask(tmp_path, cli, umask, mode):
 
 
 def test_a_file_that_appears_during_the_write_is_not_replaced(tmp_path):
-    from replay_theory.cli.diagnose_cmds import write_new_file
+    from replay_theory.outputs import write_new
 
     target = tmp_path / "r.json"
 
@@ -346,9 +346,9 @@ def test_a_file_that_appears_during_the_write_is_not_replaced(tmp_path):
         Path(tmp).write_text("ours")
         target.write_text("theirs")  # another process wins the race
 
-    with pytest.raises(ValueError, match=r"^--save .*r\.json appeared while diagnose ran; results are never "
+    with pytest.raises(ValueError, match=r"^--save .*r\.json appeared while this command ran; results are never "
                                          r"overwritten: choose a new path$"):
-        write_new_file("--save", target, write)
+        write_new(target, write, "--save")
     assert target.read_text() == "theirs"
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
 

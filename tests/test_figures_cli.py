@@ -38,10 +38,10 @@ def test_out_pointing_at_a_file_names_out(cli, tmp_path):
     (tmp_path / "f").write_text("mine")
     code, out, err = cli("figures", "gamma-table", "--out", str(tmp_path / "f"))
     assert (code, out) == (2, "")
-    assert err == f"{PREFIX}--out {tmp_path / 'f'} is a file, not a directory: choose a directory\n"
+    assert err == f"{PREFIX}--out {tmp_path / 'f'} is an existing file; give a directory (created if absent)\n"
     code, out, err = cli("figures", "gamma-table", "--out", str(tmp_path / "f" / "sub"))
     assert (code, out) == (2, "")
-    assert err == f"{PREFIX}--out {tmp_path / 'f' / 'sub'}: {tmp_path / 'f'} is a file, not a directory\n"
+    assert err == f"{PREFIX}--out {tmp_path / 'f' / 'sub'}: {tmp_path / 'f'} is a file, not a folder\n"
     assert (tmp_path / "f").read_text() == "mine"
 
 

@@ -89,4 +89,4 @@ def test_calibrate_writes_a_profile_that_optimal_reads(tmp_path, cli):
     assert code == 0 and json.loads(out)["rho"] == data["rho"]
     code, out, err = cli("calibrate-simulator", "--out", str(profile), "--seeds", "2")
     assert code == 2 and err == (f"replay-theory: error: --out {profile} exists; results are never overwritten: "
-                                 "choose a new file\n")
+                                 "choose a new path\n")

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from replay_theory.outputs import check_out_dir
 from replay_theory.validate import countdown
 
 
@@ -80,12 +81,7 @@ def load_run_config(out_dir: Path, **overrides) -> ValidateConfig:
 
 def check_run_dir(out_dir: Path, needs: str | None = None) -> None:
     """``--out`` names a run directory (existing or not), never a file; ``needs``: a file it must hold."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"--out {out_dir} is an existing file; give a run directory")
-    for parent in out_dir.parents:
-        if parent.exists() and not parent.is_dir():
-            raise ValueError(f"--out {out_dir}: {parent} is a file, not a folder")
+    out_dir = check_out_dir(out_dir)
     if needs is not None and not (out_dir / needs).exists():
         step = {"calibration.json": "calibrate", "predicted.json": "predict"}[needs]
         raise ValueError(f"{str(out_dir)!r} has no {needs}: run `replay-theory validate "

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from replay_theory.figures.results import save_report_figure
+from replay_theory.outputs import write_new
 from replay_theory.theory.design import DesignQuery, optimal_design
 from replay_theory.theory.group_replay import fresh_groups_per_step, fresh_verifier_evaluations
 from replay_theory.theory.profiles import load_profile
@@ -60,19 +61,6 @@ __all__ = ["TINY_MODEL", "VERIFY_BUDGET_UPDATES", "VERIFY_SEEDS", "ValidateConfi
 
 
 _SAMPLERS: dict = {}  # one rollout engine per (engine, run directory, settings) and process
-
-
-def _write_new(path: Path, write) -> None:
-    """Write ``path`` through a temporary file and link it in place: never half-written, never overwritten.
-
-    ``write(tmp)`` creates the temporary file (normal permissions: the umask applies, unlike mkstemp's 0600).
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.link(tmp, path)  # fails with FileExistsError instead of replacing an existing result
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def check_engine(config: ValidateConfig) -> str:
@@ -169,7 +157,7 @@ def run_predict(config: ValidateConfig, out_dir: Path, mu: float | None = None, 
                              f"use another --out (or drop --mu)")
         predicted = saved
     else:
-        _write_new(path, lambda tmp: tmp.write_text(json.dumps(predicted, indent=1, default=lambda v: None)))
+        write_new(path, lambda tmp: tmp.write_text(json.dumps(predicted, indent=1, default=lambda v: None)))
     log(f"predicted: regime {design.regime}, x* = {design.x_star:.3g}, y* = {design.y_star:.3g}, "
         f"N = {design.buffer_size}, B = {design.batch_size}, R = {design.rollouts_per_step}")
     return predicted
@@ -368,7 +356,7 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = VERIFY_SEEDS,
     os.replace(markdown.with_name(".report.md.tmp"), markdown)
     save_report_figure(report, out_dir / ".report.tmp.png")  # the validation figure's left panel
     os.replace(out_dir / ".report.tmp.png", out_dir / "report.png")
-    _write_new(existing, lambda tmp: tmp.write_text(json.dumps(report, indent=1, default=lambda v: None)))
+    write_new(existing, lambda tmp: tmp.write_text(json.dumps(report, indent=1, default=lambda v: None)))
     return report
 
 

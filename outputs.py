@@ -1,0 +1,70 @@
+"""The one rule for writing results, for every command: check before any work, never overwrite, never half-write.
+
+Every command that writes (``simulate --out``, ``sweep``, ``experiment``, ``calibrate-simulator``,
+``validate``, ``figures``, ``diagnose --save/--figure``) checks its output paths with these functions
+before it starts, and writes through ``write_new``: a temporary file in the same folder, created with
+mode 0o666 so the umask applies (0644 under the usual 022; ``tempfile.mkstemp`` would give 0600), then
+hard-linked into place, which fails instead of replacing a file that appeared meanwhile.
+Errors are one-line ``ValueError``s that name the option as the user typed it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Callable, Optional
+
+NEVER = "results are never overwritten"
+
+
+def check_out_dir(path: Path, option: str = "--out") -> Path:
+    """``path`` is a directory or does not exist yet, with no file where one of its folders should be."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{option} {path} is an existing file; give a directory (created if absent)")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{option} {path}: {parent} is a file, not a folder")
+            break
+    return path
+
+
+def check_new_file(path: Path, option: str = "--out", formats: Optional[tuple[str, ...]] = None) -> Path:
+    """``path`` can be created without overwriting anything: it does not exist, its folder does."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        raise ValueError(f"{option} {path} exists; {NEVER}: choose a new path")
+    folder = path.parent
+    if not folder.is_dir():
+        why = "is not a folder" if folder.exists() else "does not exist"
+        raise ValueError(f"{option} {path}: the folder {folder} {why}; create it first or choose another path")
+    if formats is not None and path.suffix.lower().lstrip(".") not in formats:
+        raise ValueError(f"{option} {path} must end in one of {', '.join(f'.{f}' for f in formats)}")
+    return path
+
+
+def write_new(path: Path, write: Callable[[Path], None], option: str = "--out") -> Path:
+    """Write ``path`` whole or not at all, never replacing a file, with the umask's permissions.
+
+    ``write(tmp)`` fills a hidden temporary file in the same folder. A file system without hard links
+    falls back to a rename after a last check.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}-{secrets.token_hex(4)}{path.suffix}")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:
+        write(tmp)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise ValueError(f"{option} {path} appeared while this command ran; {NEVER}: choose a new path") from None
+        except OSError:  # no hard links here (some network / FAT file systems)
+            if path.exists():
+                raise ValueError(f"{option} {path} appeared while this command ran; {NEVER}: "
+                                 "choose a new path") from None
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
