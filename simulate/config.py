@@ -92,7 +92,7 @@ class SimConfig(DesignConfig):
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def pipeline_settings(self) -> PipelineSettings:
-        return PipelineSettings(self.pipeline, self.mu, self.workers, self.trainers, self.sync_interval)
+        return PipelineSettings(self.pipeline, self.mu, self.workers, self.trainers, self.sync_interval, self.steps)
 
     def validated(self) -> "SimConfig":
         """Raise a one-line ValueError for any inconsistent run or design, before any work; resolve ``advantage``."""

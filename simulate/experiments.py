@@ -210,8 +210,15 @@ FRESHPER = {
     "configs": (
         [{"buffer": "on-policy", "batch_size": 32, "lr": lr} for lr in (0.02, 0.2)]
         + [{"buffer": "fifo", "lr": lr} for lr in (0.02, 0.2)]
-        + [{"buffer": "prioritized", "per_tau": tau, "per_base": "advantage", "lr": lr}
+        # FreshPER Algorithm 1 (p_base = |r| + eps, K = 2 replay updates per on-policy update, beta 0.4 -> 1)
+        + [{"buffer": "prioritized", "per_tau": tau, "lr": lr}
            for lr in (0.02, 0.2) for tau in (math.inf, 3.0, 10.0, 30.0, 100.0)]
+        # the same schedule with uniform sampling (alpha = 0, beta = 0): what the priorities add
+        + [{"buffer": "prioritized", "per_alpha": 0.0, "per_beta": 0.0, "per_beta_final": 0.0, "lr": lr}
+           for lr in (0.02, 0.2)]
+        # the earlier every-step variant (|A| + eps, beta fixed at 0.4), kept as a labelled option
+        + [{"buffer": "prioritized", "per_schedule": "every-step", "per_base": "advantage", "per_beta_final": 0.4,
+            "per_tau": tau, "lr": lr} for lr in (0.02, 0.2) for tau in (math.inf, 10.0)]
     ),
 }
 
@@ -229,19 +236,32 @@ def freshper_table(out_dir: Path) -> str:
         drift = float(kl[0] / lags[0])
         growth = float(np.polyfit(np.log(lags), np.log(np.maximum(kl, 1e-300)), 1)[0])
         rows = []
-        for r in sorted(group, key=lambda r: (order[r["config"]["buffer"]], -r["config"]["per_tau"])):
+        def sort_key(r):
+            c = r["config"]
+            return (order[c["buffer"]], c.get("per_schedule", "") != "algorithm1", c.get("per_alpha", 0.6) > 0,
+                    -c["per_tau"])
+
+        for r in sorted(group, key=sort_key):
             c, s = r["config"], r["summary"]
-            name = {"on-policy": "on-policy (B = R = 32)", "fifo": "uniform FIFO"}.get(c["buffer"])
+            name = {"on-policy": "on-policy (B = R = 32)", "fifo": "uniform FIFO (every update)"}.get(c["buffer"])
             if name is None:
-                name = "standard PER (tau = inf)" if math.isinf(c["per_tau"]) else f"FreshPER tau = {c['per_tau']:g}"
+                schedule = "Alg. 1" if c["per_schedule"] == "algorithm1" else "every update, |A| + eps, beta 0.4"
+                if c["per_alpha"] == 0:
+                    name = f"uniform replay ({schedule}, alpha = 0)"
+                else:
+                    kind = ("standard PER (tau = inf)" if math.isinf(c["per_tau"])
+                            else f"FreshPER tau = {c['per_tau']:g}")
+                    name = f"{kind} ({schedule})"
             rows.append([name, s["final_accuracy"], s["peak_accuracy"], s["peak_accuracy"] - s["final_accuracy"],
-                         s["mean_staleness"]])
-        per = [r for r in group if r["config"]["buffer"] == "prioritized"]
+                         s["mean_staleness"], int(r["counts"]["K_inference"])])
+        per = [r for r in group if r["config"]["buffer"] == "prioritized" and r["config"]["per_alpha"] > 0
+               and r["config"]["per_schedule"] == "algorithm1"]
         best = max(per, key=lambda r: r["summary"]["final_accuracy"])["config"]["per_tau"]
         blocks.append(f"lr = {lr:g}: measured drift KL(pi_t || pi_t-1) = {drift:.3g} per step, so the FreshPER "
                       f"heuristic tau = 1/c = {1 / drift:.3g} steps; KL grows with the lag as lag^{growth:.2f} "
                       f"(1 = random-walk drift, 2 = steady drift). Best tau among the prioritized runs: {best:g}.\n\n"
-                      + _md(["design", "final accuracy", "peak accuracy", "peak - final", "mean staleness"], rows))
+                      + _md(["design", "final accuracy", "peak accuracy", "peak - final", "mean staleness",
+                             "responses generated"], rows))
     return "\n\n".join(blocks)
 
 

@@ -120,6 +120,7 @@ class PipelineSettings:
     workers: float = 6.0
     trainers: float = 2.0
     sync_interval: int = 1
+    total_steps: int = 1  # updates in the run (FreshPER's beta schedule)
 
 
 class Pipeline:
@@ -136,6 +137,8 @@ class Pipeline:
         self.worker_weights = None
         self.worker_version = 0
         self.carry = 0.0
+        self.in_flight: RolloutBatch | None = None  # async: what the workers generated during the last step
+        self.prefill_generated = 0  # async: responses generated before the first update
         self.state: dict[str, np.ndarray | float] = {}  # per-design running totals (ExGRPO's questions)
         self.compute = np.zeros(num_seeds)  # (S,) compute so far, rollout-cost units
         self.k_training = 0.0
@@ -149,10 +152,23 @@ class Pipeline:
         return batch
 
     def fresh_rollouts(self, step: int, weights, *, on_policy: bool = False) -> RolloutBatch | None:
-        """This step's fresh responses: R from the current weights (sync), or the async workers' share."""
+        """This step's fresh responses: R from the current weights (sync), or what the async workers delivered.
+
+        Async (experience-replay Sec. 2), with real lag: the workers hold weights synced every
+        ``sync_interval`` steps; what they generate during step t (with the weights of the last sync
+        <= t) reaches the trainer at step t + 1, so a response is at least one update stale when first
+        used. They produce B W / (T mu) responses per update (G per group; fractions of a group carry
+        over, so every (W, T) split runs); the on-policy queue (W/T = mu) produces B per update and
+        each is used once. Before the first update the workers fill one batch from theta_0 (the
+        pipeline's start-up, counted as generated compute).
+        """
         config, settings, G = self.config, self.settings, self.config.group_size
         if settings.pipeline == "sync":
             return self.generate(weights, config.rollouts_per_step // G, step)
+        arrived = self.in_flight
+        if step == 0:  # start-up: the trainer waits for one batch of the base policy
+            arrived = self.generate(weights, math.ceil(config.batch_size / G), 0)
+            self.prefill_generated = arrived.size
         if step % settings.sync_interval == 0:
             self.worker_weights, self.worker_version = self.backend.snapshot(weights), step  # weight sync
         if on_policy:
@@ -161,7 +177,9 @@ class Pipeline:
             self.carry += config.batch_size * settings.workers / (settings.trainers * settings.mu) / G
             num_groups = int(self.carry)
             self.carry -= num_groups
-        return self.generate(self.worker_weights, num_groups, self.worker_version) if num_groups else None
+        self.in_flight = (self.generate(self.worker_weights, num_groups, self.worker_version) if num_groups
+                          else None)
+        return arrived
 
     def sample_responses(self, weights, prompts: np.ndarray):
         return self.backend.sample(weights, prompts)
@@ -199,6 +217,8 @@ class Pipeline:
         if settings.pipeline == "async":
             ratio = settings.mu if self.config.buffer == "on-policy" else settings.workers / settings.trainers
             self.compute += trained * (1.0 + ratio)  # Eq. (1) / text before Eq. (2): C(1 + W/T), C = B
+            self.compute += settings.mu * self.prefill_generated  # the start-up batch, charged once
+            self.prefill_generated = 0
         else:
             self.compute += settings.mu * data.generated + trained  # rollout-cost convention: c = mu R + B
         return self.compute

@@ -43,10 +43,12 @@ def test_async_pipeline_recovers_mu_and_compute_ratio():
                            workers=W, trainers=T, mu=mu))
     s = result.summary()
     assert s["compute_ratio"] == pytest.approx(compute_ratio(W, T, mu), rel=1e-12)  # Eq. (2)
-    # App. E estimate from the run's counts; whole groups make R_async integral, so within one group
-    assert s["mu_estimate"] == pytest.approx(mu, rel=0.02)
-    assert s["replay_ratio"] == pytest.approx(mu * T / W, rel=0.02)
-    assert result.curves["compute"][0, -1] == pytest.approx(120 * B * (1 + W / T))
+    # App. E estimate from the run's counts: whole groups, the start-up batch and the last step's rollouts
+    # still in flight make the counts differ from the rates by about one batch in 120 updates
+    assert s["mu_estimate"] == pytest.approx(mu, rel=0.03)
+    assert s["replay_ratio"] == pytest.approx(mu * T / W, rel=0.03)
+    # Eq. (1) per update, plus the start-up batch the trainers wait for (B responses of the base policy)
+    assert result.curves["compute"][0, -1] == pytest.approx(120 * B * (1 + W / T) + mu * B)
 
 
 def test_on_policy_has_zero_log_ratios_and_full_ess():

@@ -248,7 +248,8 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
     generator = torch.Generator(device="cpu").manual_seed(config.seed)
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     backend = LMBackend(problems, config, generator, sampler)
-    settings = PipelineSettings() if mu is None else PipelineSettings(mu=mu)
+    settings = PipelineSettings(total_steps=config.steps) if mu is None else PipelineSettings(mu=mu,
+                                                                                             total_steps=config.steps)
     pipeline = Pipeline(config, backend, rng, 1, settings, token_dtype=np.int32)  # int32: 150K-token vocabularies
     result = RLResult(config, buffer=pipeline.buffer)
     first_step = 0
