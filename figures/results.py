@@ -326,6 +326,10 @@ def freshper_data(results: Path) -> dict:
             entry["drift"] = float(kl[0] / arrays["drift_lags"][0])  # KL(pi_t || pi_t-1) per step
         elif c["buffer"] == "fifo":
             name = "uniform"
+        elif c.get("per_schedule", "algorithm1") != "algorithm1":
+            continue  # the earlier every-update variant: in the table, not in the figure
+        elif c.get("per_alpha", 0.6) == 0:
+            name = "uniform (Alg. 1)"
         else:
             name = "PER (tau = inf)" if np.isinf(c["per_tau"]) else f"tau = {c['per_tau']:g}"
         entry["designs"][name] = s["final_accuracy"]
@@ -343,8 +347,8 @@ def plot_freshper(results: Path = Path("results"), axes=None) -> Figure:
     lrs = sorted(data)
 
     def order(name: str) -> tuple:
-        if name in ("on-policy", "uniform"):
-            return (0, name != "on-policy", 0.0)
+        if name in ("on-policy", "uniform", "uniform (Alg. 1)"):
+            return (0, ("on-policy", "uniform", "uniform (Alg. 1)").index(name), 0.0)
         return (1, 0, -float("inf") if name.startswith("PER") else -float(name.split("= ")[1]))
 
     names = sorted(data[lrs[0]]["designs"], key=order)  # on-policy, uniform, PER, then decreasing tau

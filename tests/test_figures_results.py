@@ -131,13 +131,14 @@ def test_freshper_and_m2po_figures_read_their_runs(tmp_path):
     data = fig.freshper_data(root)
     assert sorted(data) == [0.02, 0.2]
     for entry in data.values():
-        assert set(entry["designs"]) == {"on-policy", "uniform", "PER (tau = inf)", "tau = 3"}
+        # the every-update variant stays out of the figure; Alg. 1 with alpha = 0 is its uniform control
+        assert set(entry["designs"]) == {"on-policy", "uniform", "uniform (Alg. 1)", "PER (tau = inf)", "tau = 3"}
         assert entry["drift"] > 0
         per = {k: v for k, v in entry["designs"].items() if k.startswith(("PER", "tau"))}
         best = max(per, key=per.get)
         assert (entry["best_tau"] == float("inf")) == best.startswith("PER")
     figure = fig.plot_freshper(root)
-    assert len(figure.axes[0].patches) == 2 * 4  # one bar per (lr, design)
+    assert len(figure.axes[0].patches) == 2 * 5  # one bar per (lr, design)
     plt.close(figure)
     m2po = copy.deepcopy(experiments.M2PO)
     m2po["base"].update(seeds=2, steps=12, eval_every=6, stale_k=4)
