@@ -47,6 +47,11 @@ CONVENTIONS = ("rollout-cost", "paper-sec3")
 # more generation than training absorbs); "stale-buffer" is y = 1 with x > 1 (gamma = 1, staler samples).
 REGIMES = ("replay", "on-policy", "over-generation", "stale-buffer", "unbounded")
 
+OBJECTIVE_LABELS = {
+    "paper-J": "the large-budget limit (Thm 3.5): J = c sigmabar^2(x) (1/B + 1/N + rho/R)",
+    "finite-budget": "the Thm 3.4 bound at the given compute budget, step size optimised per design",
+}
+
 # Defaults of `replay-theory optimal`, justified in README ("Assumptions").
 DEFAULT_ALPHA = 0.25
 DEFAULT_RHO = 0.1
@@ -378,7 +383,9 @@ class Design:
                 return {k: clean(v) for k, v in value.items()}
             return value
 
-        return {key: clean(value) for key, value in asdict(self).items()}
+        data = {key: clean(value) for key, value in asdict(self).items()}
+        data["objective_label"] = OBJECTIVE_LABELS[self.objective]
+        return data
 
 
 _ONE = 1e-12  # y = B/R within this of 1 counts as one use per rollout
@@ -951,7 +958,7 @@ def finite_budget_design(
         notes.append(f"paper-sec3 reads mu = {mu:g} as update cost / rollout cost, "
                      f"i.e. rollouts cost {mu_rollout:.3g}x an update; the budget is in rollout costs")
     large = {
-        "x": Nj / Rj, "y": Bj / Rj, "N": Nj, "R": Rj, "B": Bj,
+        "fixed": "B" if batch_fixed else "R", "x": Nj / Rj, "y": Bj / Rj, "N": Nj, "R": Rj, "B": Bj,
         "regime": classify_regime(Nj / Rj, Bj / Rj),
         "bound_at_budget": float(at_j.value), "updates_at_budget": float(at_j.updates),
         "paper_J": float(j_score(np.asarray(float(Nj)), np.asarray(float(Rj)), np.asarray(float(Bj)))),
