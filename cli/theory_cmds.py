@@ -17,10 +17,17 @@ from typing import Annotated, Optional
 
 import typer
 
-from replay_theory.cli.common import PROG, UserError, emit_json
+from replay_theory.cli.common import PROG, UserError, emit_json, option_message
 from replay_theory.theory.compute import compute_ratio, replay_ratio_of_split
-from replay_theory.theory.design import DesignQuery, optimal_design
-from replay_theory.theory.profiles import load_profile
+from replay_theory.theory.design import (
+    DEFAULT_ALPHA,
+    DEFAULT_RHO,
+    OBJECTIVE_LABELS,
+    DesignQuery,
+    finite_budget_design,
+    optimal_design,
+)
+from replay_theory.theory.profiles import PowerLawProfile, load_profile
 
 # Valid ranges appended when typer rejects a value before the theory's own checks run (cli/app.py::main).
 VALID_RANGES = {
@@ -33,6 +40,10 @@ VALID_RANGES = {
     "workers": "a number > 0",
     "trainers": "a number > 0",
     "average": "integral or discrete",
+    "budget": "a finite number > 0 (compute, in per-sample update costs)",
+    "smoothness": "a finite number > 0 (L of Assumption 3.1)",
+    "bias": "a finite number >= 0 (kappa of Assumption 3.2)",
+    "f0": "a finite number > 0 (F(theta_0) - inf F)",
 }
 
 
@@ -60,13 +71,23 @@ CONVENTION_TEXT = {
 }
 
 
+REGIME_SHORT = {
+    "replay": "reuse rollouts",
+    "on-policy": "use each rollout once",
+    "over-generation": "NOT replay: more generation than training absorbs (gamma > 1)",
+    "stale-buffer": "buffer without reuse (gamma = 1)",
+    "unbounded": "largest buffer you can afford",
+}
+
+
 def _render_design(design) -> str:
     d = design
+    finite = d.objective == "finite-budget"
     rows = [
-        ("staleness horizon", "x* = N/R", _fmt(d.x_star), "steps a rollout stays in the FIFO buffer"),
-        ("replay ratio", "y* = B/R", _fmt(d.y_star), "updates each rollout contributes to"),
-        ("regime", "", d.regime, {"replay": "reuse rollouts", "on-policy": "use each rollout once",
-                                  "unbounded": "largest buffer you can afford"}[d.regime]),
+        ("staleness horizon", "x = N/R" if finite else "x* = N/R", _fmt(d.x_star),
+         "steps a rollout stays in the FIFO buffer"),
+        ("replay ratio", "y = B/R" if finite else "y* = B/R", _fmt(d.y_star), "updates each rollout contributes to"),
+        ("regime", "", d.regime, REGIME_SHORT[d.regime]),
         ("workers per trainer", "W/T = mu/y", _fmt(d.workers_per_trainer, 3),
          "inference GPUs per trainer GPU, none idle"),
         ("compute ratio", "gamma", _fmt(d.compute_ratio, 3), "compute per update vs on-policy (Eq. 2)"),
@@ -78,18 +99,62 @@ def _render_design(design) -> str:
             ("batch size", "B", "-" if d.batch_size is None else str(d.batch_size),
              "samples per update, drawn uniformly"),
         ]
+    if finite:
+        rows += [
+            ("updates", "T = C/c", _fmt(d.updates),
+             f"updates the budget buys (c = {_fmt(d.bound_terms['cost_per_update'])})"),
+            ("step size", "eta*", _fmt(d.eta), f"optimal for this design (cap eta_max = {_fmt(d.eta_max)})"),
+            ("bound", "Thm 3.4", _fmt(d.bound), "guaranteed mean squared gradient norm"),
+            ("budget regime", "", d.budget_regime, "step-size cap binds" if d.budget_regime == "step-limited"
+             else "step size below its cap"),
+        ]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [f"{PROG} optimal: mu = {d.mu:g} ({CONVENTION_TEXT[d.convention]})", ""]
+    head = f"{PROG} optimal: mu = {d.mu:g} ({CONVENTION_TEXT[d.convention]})"
+    if finite:
+        head += f", budget C = {d.budget:g}"
+    lines = [head, f"objective: {OBJECTIVE_LABELS[d.objective]}", ""]
     for name, symbol, value, meaning in rows:
         lines.append(f"  {name:<{widths[0]}}  {symbol:<{widths[1]}}  {value:>{widths[2]}}  {meaning}")
     lines.append("")
+    lines.append(f"what it is: {d.regime_text}.")
+    lines.append(f"what to do: {d.advice}.")
+    if d.constraint:
+        lines.append(f"constraint: {d.constraint}.")
     alpha_text = "" if d.alpha is None else f"alpha = {d.alpha:g}, "
-    lines.append(f"assumptions: {d.profile}; {alpha_text}rho = {d.rho:g}; {d.method}.")
-    if (d.x_star_unconstrained != d.x_star) and d.regime != "unbounded":
+    constants = (f"; L = {d.smoothness:g}, kappa = {d.bias:g}, F0 = {d.f0:g}" if finite else "")
+    lines.append(f"assumptions: {d.profile}; {alpha_text}rho = {d.rho:g}{constants}; {d.method}.")
+    if (not finite and d.x_star_unconstrained != d.x_star) and d.regime != "unbounded":
         lines.append(f"unconstrained optimum: x = {_fmt(d.x_star_unconstrained)}, y = {_fmt(d.y_star_unconstrained)}.")
+    if finite and d.large_budget_limit is not None:
+        j = d.large_budget_limit
+        lines.append(f"large-budget limit (Thm 3.5's J at the same {j['fixed']}): "
+                     f"N = {j['N']}, R = {j['R']}, B = {j['B']} (x = {_fmt(j['x'])}, y = {_fmt(j['y'])}, "
+                     f"{j['regime']}); its bound at this budget = {_fmt(j['bound_at_budget'])} "
+                     f"({_fmt(j['bound_at_budget'] / d.bound, 3)}x this design's).")
     for note in d.notes:
         lines.append(f"note: {note}.")
     return "\n".join(lines)
+
+
+def _check_budget_options(budget, smoothness, bias, f0, rollouts_per_step, batch_size) -> None:
+    """The finite-budget options, checked before any work: one line naming the option and its range."""
+    given = {"--smoothness": smoothness, "--bias": bias, "--f0": f0}
+    if budget is None:
+        extra = [name for name, value in given.items() if value is not None]
+        if extra:
+            raise UserError(f"{extra[0]} only applies with --budget (the finite-budget objective)")
+        return
+    checks = (("--budget", budget, VALID_RANGES["budget"], False), ("--smoothness", smoothness,
+              VALID_RANGES["smoothness"], False), ("--bias", bias, VALID_RANGES["bias"], True),
+              ("--f0", f0, VALID_RANGES["f0"], False))
+    for name, value, valid, zero_ok in checks:
+        if value is None:
+            raise UserError(f"--budget needs {name}: {valid} (Thm 3.4's constants; see docs/THEORY.md)")
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+            raise UserError(f"{name} must be {valid}, got {value:g}")
+    if rollouts_per_step is None and batch_size is None:
+        raise UserError("--budget needs --batch-size or --rollouts-per-step: at a finite budget the bound prefers "
+                        "the smallest batch, so the scale must be fixed")
 
 
 def optimal(
@@ -111,9 +176,23 @@ def optimal(
     average: Annotated[Average, typer.Option("--average", help="Average of sigma^2 over the buffer for --profile: "
                                              "integral (paper) or discrete (exact, integer horizons).")
                        ] = Average.integral,
+    budget: Annotated[Optional[float], typer.Option("--budget", help="Compute budget C (per-sample update costs; "
+                                                    "rollout costs with paper-sec3): minimise the Thm 3.4 bound "
+                                                    "itself at C. Without it: Thm 3.5's J, the large-budget "
+                                                    "limit.")] = None,
+    smoothness: Annotated[Optional[float], typer.Option("--smoothness", help="L of Assumption 3.1 (> 0; with "
+                                                        "--budget).")] = None,
+    bias: Annotated[Optional[float], typer.Option("--bias", help="kappa of Assumption 3.2 (>= 0; with "
+                                                  "--budget).")] = None,
+    f0: Annotated[Optional[float], typer.Option("--f0", help="F(theta_0) - inf F (> 0; with --budget).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (infinite values as null).")] = False,
 ) -> None:
-    """Optimal staleness horizon x* = N/R and replay ratio y* = B/R (Thm 3.5), with the GPU split they imply."""
+    """Optimal staleness horizon x = N/R and replay ratio y = B/R, with the GPU split they imply.
+
+    Without --budget: Thm 3.5's J, the large-budget limit. With --budget C --smoothness L --bias KAPPA --f0 F0
+    and -B or -R: the integer design minimising the Thm 3.4 bound at compute C (docs/THEORY.md).
+    """
+    _check_budget_options(budget, smoothness, bias, f0, rollouts_per_step, batch_size)
     loaded = None if profile is None else load_profile(profile)
     query = DesignQuery(
         mu=mu,
@@ -129,11 +208,34 @@ def optimal(
     )
     if loaded is not None and alpha is not None:
         raise UserError("alpha cannot be combined with --profile (the profile replaces the power law)")
-    design = optimal_design(query)
+    if budget is None:
+        design = optimal_design(query)
+    else:
+        query.validated()  # the shared checks (mu, rho, -R/-B, ...) before the search
+        try:
+            design = _finite_budget(query, loaded, budget, smoothness, bias, f0)
+        except ValueError as err:  # "budget must be >= ..." names the option as typed
+            raise UserError(option_message(str(err), ("budget", "smoothness", "bias", "f0"))) from None
     if as_json:
         emit_json(design.to_json_dict())
     else:
         typer.echo(_render_design(design))
+
+
+def _finite_budget(query: DesignQuery, loaded, budget: float, smoothness: float, bias: float, f0: float):
+    """finite_budget_design for an `optimal` query: the power law (default alpha) or the loaded profile."""
+    alpha = query.alpha
+    if loaded is None:
+        alpha = DEFAULT_ALPHA if alpha is None else alpha
+    rho = query.rho if query.rho is not None else (loaded.rho if loaded is not None and loaded.rho is not None
+                                                   else DEFAULT_RHO)
+    return finite_budget_design(
+        budget=budget, mu=query.mu, smoothness=smoothness, bias=bias, f0=f0,
+        profile=PowerLawProfile(alpha) if loaded is None else loaded.profile,
+        profile_description=(f"power law sigma(s) = (s/tau)^{alpha:g}" if loaded is None else loaded.description),
+        alpha=alpha if loaded is None else None, rho=rho,
+        batch_size=query.batch_size, rollouts_per_step=query.rollouts_per_step, convention=query.convention,
+        average=query.average)
 
 
 def gamma(
@@ -145,12 +247,27 @@ def gamma(
     """Compute ratio gamma = (1 + W/T) / (1 + mu) of a buffered (W, T) split versus on-policy (Eq. 2)."""
     value = compute_ratio(workers, trainers, mu)
     replay = replay_ratio_of_split(workers, trainers, mu)
+    # gamma > 1 exactly when W/T > mu, i.e. y = mu T / W < 1: inference outruns training.
+    if abs(value - 1.0) <= 1e-12:
+        regime, verdict = "on-policy", "the on-policy split (W/T = mu): an update costs what it costs on-policy"
+    elif value > 1.0:
+        regime = "over-generation"
+        verdict = (f"gamma > 1: this split is worse than on-policy - more generation than training can absorb "
+                   f"(W/T = {workers / trainers:.3g} > mu = {mu:g}), so each update costs {value:.3g}x its "
+                   f"on-policy compute and some rollouts are never trained on; move GPUs to training "
+                   f"(W/T <= mu), e.g. W/T = mu is on-policy")
+    else:
+        regime = "replay"
+        verdict = (f"replay: each rollout is used {replay:.3g} times on average and an update costs "
+                   f"{value:.1%} of its on-policy compute")
     if as_json:
-        emit_json({"workers": workers, "trainers": trainers, "mu": mu, "gamma": value, "replay_ratio": replay})
+        emit_json({"workers": workers, "trainers": trainers, "mu": mu, "gamma": value, "replay_ratio": replay,
+                   "regime": regime, "verdict": verdict})
     else:
         typer.echo(f"gamma = (1 + W/T) / (1 + mu) = (1 + {workers:g}/{trainers:g}) / (1 + {mu:g}) = {value:.4f}")
         typer.echo(f"each rollout is used y = mu T / W = {replay:.3g} times on average; "
                    f"an update costs {value:.1%} of its on-policy compute.")
+        typer.echo(verdict + ".")
 
 
 def derive(

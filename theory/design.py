@@ -43,7 +43,14 @@ from replay_theory.theory.compute import compute_ratio_from_split_ratio
 from replay_theory.theory.profiles import Profile, sigma_bar_sq
 
 CONVENTIONS = ("rollout-cost", "paper-sec3")
-REGIMES = ("replay", "on-policy", "unbounded")
+# "replay" only when rollouts are reused (y = B/R > 1, so gamma < 1); "over-generation" is y < 1 (gamma > 1:
+# more generation than training absorbs); "stale-buffer" is y = 1 with x > 1 (gamma = 1, staler samples).
+REGIMES = ("replay", "on-policy", "over-generation", "stale-buffer", "unbounded")
+
+OBJECTIVE_LABELS = {
+    "paper-J": "the large-budget limit (Thm 3.5): J = c sigmabar^2(x) (1/B + 1/N + rho/R)",
+    "finite-budget": "the Thm 3.4 bound at the given compute budget, step size optimised per design",
+}
 
 # Defaults of `replay-theory optimal`, justified in README ("Assumptions").
 DEFAULT_ALPHA = 0.25
@@ -340,18 +347,94 @@ class Design:
     workers_per_trainer: float | None
     compute_ratio: float | None
     notes: list[str] = field(default_factory=list)
+    regime_text: str = ""
+    """What the design is, in words (never "replay" when gamma > 1 or y < 1)."""
+    advice: str = ""
+    """What to do about it."""
+    constraint: str | None = None
+    """Set when the reported design is not the objective's unconstrained optimum (a clamp), saying why."""
+    objective: str = "paper-J"
+    """'paper-J': Thm 3.5's J, the large-budget limit; 'finite-budget': the Thm 3.4 bound at ``budget``."""
+    budget: float | None = None
+    budget_regime: str | None = None
+    """'step-limited' (the step-size cap binds: more updates per compute win) or 'noise-limited'."""
+    smoothness: float | None = None
+    bias: float | None = None
+    f0: float | None = None
+    eta: float | None = None
+    eta_max: float | None = None
+    updates: float | None = None
+    bound: float | None = None
+    bound_terms: dict | None = None
+    large_budget_limit: dict | None = None
+    """For a finite-budget design: the paper-J design at the same fixed B or R, and its bound at this budget."""
 
     def to_json_dict(self) -> dict:
         """Plain JSON types; infinities and NaN become null."""
 
         def clean(value):
-            if isinstance(value, float) and not math.isfinite(value):
-                return None
-            if isinstance(value, list):
+            if isinstance(value, (float, np.floating)):
+                return float(value) if math.isfinite(value) else None
+            if isinstance(value, (bool, np.bool_)):
+                return bool(value)
+            if isinstance(value, (list, tuple)):
                 return [clean(v) for v in value]
+            if isinstance(value, dict):
+                return {k: clean(v) for k, v in value.items()}
             return value
 
-        return {key: clean(value) for key, value in asdict(self).items()}
+        data = {key: clean(value) for key, value in asdict(self).items()}
+        data["objective_label"] = OBJECTIVE_LABELS[self.objective]
+        return data
+
+
+_ONE = 1e-12  # y = B/R within this of 1 counts as one use per rollout
+
+
+def classify_regime(x: float, y: float, *, unbounded: bool = False) -> str:
+    """The honest name of a design (x = N/R, y = B/R): "replay" only when rollouts are reused (y > 1).
+
+    gamma = (1 + mu/y) / (1 + mu) (Eq. 2 with W/T = mu/y) exceeds 1 exactly when y < 1, whatever mu:
+    such a design generates more than its updates train on, so it is never called replay.
+    """
+    if unbounded:
+        return "unbounded"
+    if y < 1.0 - _ONE:
+        return "over-generation"
+    if y <= 1.0 + _ONE:
+        return "on-policy" if x <= 1.0 + _ONE else "stale-buffer"
+    return "replay"
+
+
+def describe_regime(regime: str, *, x: float, y: float, mu_rollout: float,
+                    gamma: float | None = None) -> tuple[str, str]:
+    """(what the design is, what to do), in words shared by `optimal`, `validate predict` and the docs."""
+    if gamma is None and math.isfinite(y) and y > 0:
+        gamma = float(compute_ratio_from_split_ratio(mu_rollout / y, mu_rollout))
+    g = "-" if gamma is None else f"{gamma:.3g}"
+    if regime == "replay":
+        return (f"replay: each rollout is used y = {y:.3g} times while it ages up to x = {x:.3g} steps; "
+                f"an update costs gamma = {g} of its on-policy compute",
+                f"run it with W/T = mu/y = {mu_rollout / y:.3g} inference GPUs per trainer GPU (none idle)")
+    if regime == "on-policy":
+        return ("on-policy: every rollout is used once, in the step that generated it (N = B = R, gamma = 1)",
+                f"no buffer: reuse does not pay under this model; split W/T = mu = {mu_rollout:.3g}")
+    if regime == "over-generation":
+        return (f"not replay: more generation than training can absorb (y = B/R = {y:.3g} < 1: a rollout is "
+                f"trained on {y:.3g} times on average and some never are); gamma = {g} > 1, i.e. each update "
+                f"costs more compute than on-policy",
+                f"raise B to R (or cut R to B) to train on-policy, or move GPUs from inference to training "
+                f"(W/T <= mu = {mu_rollout:.3g}); the model picks it only because rollouts are cheap here and "
+                f"extra fresh rollouts shrink its 1/N and rho/R noise terms")
+    if regime == "stale-buffer":
+        return (f"a buffer without reuse: y = 1 (gamma = 1, on-policy compute per update) but samples up to "
+                f"x = {x:.3g} steps stale",
+                "compare with on-policy: the compute per update is the same and only the 1/N noise term differs")
+    if regime == "unbounded":
+        return ("unbounded: the objective still falls at the largest horizon considered (staleness costs "
+                "little in this model)",
+                "use the largest buffer you can afford, and measure sigma^2(s) further out before trusting it")
+    raise ValueError(f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
 
 
 def optimal_design(query: DesignQuery) -> Design:
@@ -361,6 +444,7 @@ def optimal_design(query: DesignQuery) -> Design:
     mu_rollout = query.mu if query.convention == "rollout-cost" else 1.0 / query.mu
     notes: list[str] = []
 
+    constraint = None
     if query.profile is None:
         alpha = DEFAULT_ALPHA if query.alpha is None else query.alpha
         rho = DEFAULT_RHO if query.rho is None else query.rho
@@ -369,16 +453,19 @@ def optimal_design(query: DesignQuery) -> Design:
         profile_text = f"power law sigma(s) = (s/tau)^{alpha:g}"
         if alpha >= 0.5:
             regime = "on-policy"
-            notes.append("alpha >= 1/2: the bound grows with the horizon, so no buffer beats on-policy")
+            constraint = ("alpha >= 1/2: the bound grows with the horizon and its infimum is at x -> 0 (N < R, "
+                          "infeasible); clamped to the on-policy corner x = y = 1")
         elif alpha == 0.0:
             regime = "unbounded"
             notes.append("alpha = 0: staleness costs nothing in this model, "
                          "so the buffer should be as large as possible")
         elif x_free < 1.0:
             regime = "on-policy"
-            notes.append(f"x* = {x_free:.3g} < 1 would mean N < R; the feasible optimum is the on-policy corner")
+            constraint = (f"x* = {x_free:.3g} < 1 would mean N < R (infeasible); clamped to the on-policy corner "
+                          f"x = y = 1 (at x = 1 the bound alone would pick y = "
+                          f"{float(y_star_given_x(1.0, mu_sec3, rho)):.3g})")
         else:
-            regime = "replay"
+            regime = classify_regime(x_free, y_free)
     else:
         alpha = None
         rho_source = query.rho if query.rho is not None else query.profile_rho
@@ -389,21 +476,22 @@ def optimal_design(query: DesignQuery) -> Design:
         profile_text = query.profile_description or type(query.profile).__name__
         if optimum.at_lower_edge:
             regime = "on-policy"
-            notes.append("I(x) is smallest at the shortest horizon x = N/R = 1: stay on-policy")
+            constraint = (f"I(x) is smallest at the shortest horizon x = N/R = 1; clamped to the on-policy corner "
+                          f"x = y = 1 (at x = 1 the bound alone would pick y = {y_free:.3g})")
         elif optimum.at_upper_edge:
             regime = "unbounded"
             notes.append(f"I(x) still falls at the largest horizon considered (x = {x_free:.4g}): "
                          "the buffer should be as large as the profile allows; measure further out")
         else:
-            regime = "replay"
+            regime = classify_regime(x_free, y_free)
 
-    if regime == "replay":
-        x_star, y_star = x_free, y_free
-    elif regime == "on-policy":
+    if regime == "on-policy":
         x_star, y_star = 1.0, 1.0
         notes.append("on-policy: each rollout used once, N = B = R, W/T = rollout-cost mu, gamma = 1")
-    else:
+    elif regime == "unbounded":
         x_star, y_star = math.inf, (y_free if query.profile is None else float(y_star_given_x(math.inf, mu_sec3, rho)))
+    else:
+        x_star, y_star = x_free, y_free
 
     R = query.rollouts_per_step
     N = B = None
@@ -420,6 +508,7 @@ def optimal_design(query: DesignQuery) -> Design:
         gamma = float(compute_ratio_from_split_ratio(wpt, mu_rollout))  # Eq. (2)
     else:
         wpt = gamma = None
+    text, advice = describe_regime(regime, x=x_star, y=y_star, mu_rollout=mu_rollout, gamma=gamma)
     if query.convention == "paper-sec3":
         notes.append(f"paper-sec3 reads mu = {query.mu:g} as update cost / rollout cost, "
                      f"i.e. rollouts cost {mu_rollout:.3g}x an update")
@@ -444,4 +533,451 @@ def optimal_design(query: DesignQuery) -> Design:
         workers_per_trainer=wpt,
         compute_ratio=gamma,
         notes=notes,
+        regime_text=text,
+        advice=advice,
+        constraint=constraint,
+        objective="paper-J",
     )
+
+
+# --------------------------------------------------------------------------- finite budget (Thm 3.4 itself)
+#
+# Thm 3.4 at a compute budget C, with T = C / c updates of cost c each:
+#
+#     V(eta) = A / eta + b1 eta + b2 eta^2,
+#     A  = 12 F0 c / C                          (optimisation term, 12 F0 / (eta T))
+#     b1 = 8 L s S                              (noise through smoothness)
+#     b2 = 32 kappa^2 x^2 s S,  x = N/R         (noise through the bias of stale samples)
+#     s  = sigmabar^2(x),  S = 1/B + 1/N + rho/R
+#
+# on 0 < eta <= eta_max = min(1/(2L), 1/(2 sqrt2 kappa x)) (App. C.2 Eqs. (3)-(4); docs/ERRATA.md E6).
+# V is convex in eta; the stationary point solves 2 b2 eta^3 + b1 eta^2 - A = 0. With eta = sqrt(A/b1)/w
+# and beta = b2 sqrt(A) / b1^(3/2) the cubic is w^3 - w - 2 beta = 0, whose positive root is
+#     w = (2/sqrt3) cos(arccos(3 sqrt3 beta)/3)   (3 sqrt3 beta <= 1)
+#     w = (2/sqrt3) cosh(arccosh(3 sqrt3 beta)/3) (3 sqrt3 beta >  1)
+# (derivation `finite-budget`, theory/symbolic.py; docs/THEORY.md). Both forms are free of cancellation.
+
+BUDGET_REGIMES = ("step-limited", "noise-limited")
+
+
+def _cost_per_update(N: np.ndarray, R: np.ndarray, B: np.ndarray, mu: float, convention: str) -> np.ndarray:
+    """c: rollout-cost c = mu R + B (per-sample update units); paper-sec3 c = R + mu B (rollout units)."""
+    del N
+    if convention == "rollout-cost":
+        return mu * R + B  # Sec. 2 mu: R rollouts at mu each, B per-sample updates at 1 each
+    return R + mu * B  # Sec. 3 as printed
+
+
+def eta_star_unconstrained(A: ArrayLike, b1: ArrayLike, b2: ArrayLike) -> np.ndarray:
+    """Positive root of 2 b2 eta^3 + b1 eta^2 - A = 0 (closed form), the minimiser of A/eta + b1 eta + b2 eta^2.
+
+    Requires A >= 0, b1 > 0, b2 >= 0. Uses the substitution eta = sqrt(A/b1)/w, w^3 - w - 2 beta = 0,
+    beta = b2 sqrt(A)/b1^(3/2), and the trigonometric / hyperbolic root, which has no cancellation at
+    beta -> 0 (the large-budget limit, eta -> sqrt(A/b1)) nor at beta -> inf (eta -> (A/(2 b2))^(1/3)).
+    """
+    A = np.asarray(A, dtype=float)
+    b1 = np.asarray(b1, dtype=float)
+    b2 = np.asarray(b2, dtype=float)
+    beta = b2 * np.sqrt(A) / b1**1.5
+    z = 3.0 * math.sqrt(3.0) * beta  # cos(3 phi) or cosh(3 phi)
+    with np.errstate(invalid="ignore", over="ignore"):
+        w_trig = (2.0 / math.sqrt(3.0)) * np.cos(np.arccos(np.minimum(z, 1.0)) / 3.0)
+        # cosh(arccosh(z)/3) for huge z overflows nothing: arccosh(z) ~ log(2z)
+        w_hyp = (2.0 / math.sqrt(3.0)) * np.cosh(np.arccosh(np.maximum(z, 1.0)) / 3.0)
+    w = np.where(z <= 1.0, w_trig, w_hyp)
+    return np.sqrt(A / b1) / w
+
+
+def eta_star_numeric(A: ArrayLike, b1: ArrayLike, b2: ArrayLike, iterations: int = 200) -> np.ndarray:
+    """The same root by bisection in log eta on a bracket that always holds it (the robust fallback).
+
+    With f(eta) = 2 b2 eta^3 + b1 eta^2 - A: each positive term alone reaching A bounds the root above,
+    eta <= min(sqrt(A/b1), (A/(2 b2))^(1/3)); both terms at most A/2 bound it below.
+    """
+    A, b1, b2 = (np.asarray(v, dtype=float) for v in (A, b1, b2))
+    A, b1, b2 = np.broadcast_arrays(A, b1, b2)
+    with np.errstate(divide="ignore"):
+        hi = np.minimum(np.sqrt(A / b1), np.where(b2 > 0, np.cbrt(A / (2.0 * np.where(b2 > 0, b2, 1.0))), np.inf))
+        lo = np.minimum(np.sqrt(A / (2.0 * b1)), np.where(b2 > 0, np.cbrt(A / (4.0 * np.where(b2 > 0, b2, 1.0))),
+                                                           np.inf))
+    lo_log, hi_log = np.log(lo), np.log(hi)
+    for _ in range(iterations):
+        mid = 0.5 * (lo_log + hi_log)
+        eta = np.exp(mid)
+        positive = 2.0 * b2 * eta**3 + b1 * eta**2 - A > 0
+        hi_log = np.where(positive, mid, hi_log)
+        lo_log = np.where(positive, lo_log, mid)
+    return np.exp(0.5 * (lo_log + hi_log))
+
+
+def eta_star(A: ArrayLike, b1: ArrayLike, b2: ArrayLike) -> np.ndarray:
+    """Closed-form eta*, checked by its cubic's relative residual; bisection wherever the check fails."""
+    A, b1, b2 = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (A, b1, b2)))
+    eta = eta_star_unconstrained(A, b1, b2)
+    residual = np.abs(2.0 * b2 * eta**3 + b1 * eta**2 - A) / np.where(A > 0, A, 1.0)
+    bad = ~np.isfinite(eta) | (residual > 1e-9)
+    if np.any(bad):
+        eta = np.where(bad, eta_star_numeric(A, b1, b2), eta)
+    return eta
+
+
+@dataclass(frozen=True)
+class FiniteBudgetBound:
+    """Thm 3.4's right-hand side at a compute budget, minimised over the step size (arrays broadcast)."""
+
+    value: np.ndarray | float
+    """min over 0 < eta <= eta_max of the bound; inf where the budget buys less than one update."""
+    eta: np.ndarray | float
+    """the minimising step size (NaN where infeasible)."""
+    updates: np.ndarray | float
+    """T = budget / cost per update (real: integer constraints on T are relaxed)."""
+    terms: dict
+    """optimization = 12 F0/(eta T), noise_smoothness = 8 eta L s S, noise_bias = 32 eta^2 x^2 kappa^2 s S,
+    eta_max, eta_unconstrained, step_limited (eta* at the cap), cost_per_update, sigma_bar_sq, noise_factor S."""
+
+
+def _as_float(value: np.ndarray) -> np.ndarray | float:
+    return value if np.ndim(value) else float(value)
+
+
+def _check_budget_inputs(budget, mu, rho, smoothness, bias, f0, convention) -> None:
+    require_positive("budget", budget)
+    require_positive("mu", mu)
+    require_in_range("rho", rho, 0.0, 1.0)
+    require_positive("smoothness", smoothness)
+    require_finite("bias", bias)
+    require_nonnegative("bias", bias)
+    require_positive("f0", f0)
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
+
+
+def finite_budget_bound(
+    N: ArrayLike,
+    R: ArrayLike,
+    B: ArrayLike,
+    *,
+    budget: float,
+    mu: float,
+    profile: Profile,
+    rho: float,
+    smoothness: float,
+    bias: float,
+    f0: float,
+    convention: str = "rollout-cost",
+    average: str = "integral",
+) -> FiniteBudgetBound:
+    """min over eta of the Thm 3.4 bound for designs (N, R, B) at compute ``budget`` (vectorised, broadcast).
+
+    ``budget`` is in the convention's cost unit: per-sample update costs for "rollout-cost" (c = mu R + B),
+    rollout costs for "paper-sec3" (c = R + mu B). ``smoothness`` = L (Assumption 3.1), ``bias`` = kappa
+    (Assumption 3.2), ``f0`` = F(theta_0) - inf F (Thm 3.4's F(theta_0) with F shifted to inf F = 0).
+    Designs need N >= R >= 1, B >= 1 (real values accepted: the bound does not need integers).
+    """
+    _check_budget_inputs(budget, mu, rho, smoothness, bias, f0, convention)
+    N, R, B = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (N, R, B)))
+    for name, arr in (("N", N), ("R", R), ("B", B)):
+        require_positive(name, arr)
+    if np.any(N < R):
+        raise ValueError("N must be >= R (the buffer holds at least one step of rollouts)")
+    x = N / R
+    cost = _cost_per_update(N, R, B, mu, convention)
+    updates = budget / cost
+    s = np.asarray(sigma_bar_sq(profile, x, average), dtype=float)
+    S = 1.0 / B + 1.0 / N + rho / R  # App. C.2.3
+    A = 12.0 * f0 / updates  # Thm 3.4: 12 F(theta_0) / (eta T)
+    b1 = 8.0 * smoothness * s * S  # Thm 3.4: 8 eta L sigmabar^2 S
+    b2 = 32.0 * bias**2 * x**2 * s * S  # Thm 3.4: 8 eta (4 N^2 kappa^2 eta / R^2) sigmabar^2 S
+    with np.errstate(divide="ignore"):
+        bias_cap = np.where(bias > 0, 1.0 / (2.0 * math.sqrt(2.0) * max(bias, 1e-300) * x), np.inf)  # Eq. (4)
+    eta_max = np.minimum(1.0 / (2.0 * smoothness), bias_cap)  # Eq. (3): L eta <= 1/2 (docs/THEORY.md)
+    eta_free = eta_star(A, b1, b2)
+    eta = np.minimum(eta_free, eta_max)
+    optimization = A / eta
+    noise_smoothness = b1 * eta
+    noise_bias = b2 * eta**2
+    value = optimization + noise_smoothness + noise_bias
+    feasible = updates >= 1.0  # a budget below one update's cost buys no update at all
+    value = np.where(feasible, value, np.inf)
+    eta = np.where(feasible, eta, np.nan)
+    terms = {
+        "optimization": _as_float(np.where(feasible, optimization, np.inf)),
+        "noise_smoothness": _as_float(noise_smoothness),
+        "noise_bias": _as_float(noise_bias),
+        "eta_max": _as_float(eta_max),
+        "eta_unconstrained": _as_float(eta_free),
+        "step_limited": (eta_free >= eta_max) if np.ndim(eta_free) else bool(eta_free >= eta_max),
+        "cost_per_update": _as_float(cost),
+        "sigma_bar_sq": _as_float(s),
+        "noise_factor": _as_float(S),
+    }
+    return FiniteBudgetBound(_as_float(value), _as_float(eta), _as_float(updates), terms)
+
+
+def compute_to_target(
+    N: ArrayLike,
+    R: ArrayLike,
+    B: ArrayLike,
+    *,
+    target: float,
+    mu: float,
+    profile: Profile,
+    rho: float,
+    smoothness: float,
+    bias: float,
+    f0: float,
+    convention: str = "rollout-cost",
+    average: str = "integral",
+) -> np.ndarray | float:
+    """The least budget C at which the eta-optimised Thm 3.4 bound reaches ``target`` (the dual of the above).
+
+    T >= 12 F0 / p(eta) with p(eta) = eta (target - b1 eta - b2 eta^2), maximised at
+    eta = target / (b1 + sqrt(b1^2 + 3 b2 target)) (concave p), capped at eta_max; C = c T. Every
+    target > 0 is reachable (p > 0 for small eta), at a cost that grows like 1/target^2 (derivation
+    `compute-to-target`). Use it to rank designs by predicted compute-to-target.
+    """
+    require_positive("target", target)
+    _check_budget_inputs(1.0, mu, rho, smoothness, bias, f0, convention)
+    N, R, B = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (N, R, B)))
+    x = N / R
+    cost = _cost_per_update(N, R, B, mu, convention)
+    s = np.asarray(sigma_bar_sq(profile, x, average), dtype=float)
+    S = 1.0 / B + 1.0 / N + rho / R
+    b1 = 8.0 * smoothness * s * S
+    b2 = 32.0 * bias**2 * x**2 * s * S
+    with np.errstate(divide="ignore"):
+        bias_cap = np.where(bias > 0, 1.0 / (2.0 * math.sqrt(2.0) * max(bias, 1e-300) * x), np.inf)
+    eta_max = np.minimum(1.0 / (2.0 * smoothness), bias_cap)
+    eta = np.minimum(target / (b1 + np.sqrt(b1**2 + 3.0 * b2 * target)), eta_max)
+    p = eta * (target - b1 * eta - b2 * eta**2)
+    return _as_float(cost * 12.0 * f0 / p)
+
+
+def paper_objective(
+    x: ArrayLike,
+    y: ArrayLike,
+    *,
+    mu: float,
+    profile: Profile,
+    rho: float,
+    convention: str = "rollout-cost",
+    average: str = "integral",
+) -> np.ndarray | float:
+    """J = c sigmabar^2(N/R) (1/B + 1/N + rho/R) per R: the large-budget limit of the bound (Thm 3.5, App. C.3.1).
+
+    rollout-cost: J = sigmabar^2(x) (mu + y)(1/y + 1/x + rho); paper-sec3: sigmabar^2(x)(1 + mu y)(1/y + 1/x + rho).
+    The two are mu J_sec3(1/mu) apart (docs/ERRATA.md E3): the same argmin for reciprocal mu.
+    """
+    require_positive("mu", mu)
+    require_in_range("rho", rho, 0.0, 1.0)
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    cost = (mu + y) if convention == "rollout-cost" else (1.0 + mu * y)  # c / R
+    value = np.asarray(sigma_bar_sq(profile, x, average), dtype=float) * cost * (1.0 / y + 1.0 / x + rho)
+    return _as_float(value)
+
+
+# --------------------------------------------------------------------------- finite-budget design
+
+
+def _integers(lo: int, hi: int, cap: int) -> np.ndarray:
+    """All integers in [lo, hi], or ``cap`` log-spaced ones (ends included) when there are more."""
+    if hi - lo + 1 <= cap:
+        return np.arange(lo, hi + 1)
+    return np.unique(np.round(np.geomspace(lo, hi, cap)).astype(np.int64))
+
+
+def _search_integer_design(score, fixed: int, free_lo: int, free_hi: int, x_max: float, *, batch_fixed: bool,
+                           discrete: bool, free_points: int = 300, x_points: int = 240) -> tuple[int, int, int]:
+    """argmin of score(N, R, B) over integers N >= R, with B (``batch_fixed``) or R fixed at ``fixed``.
+
+    A coarse product grid (the free one of R or B, times log-spaced horizons x = N/R) finds the basin;
+    every integer design between the best cell's neighbours is then scored (twice, recentred). With
+    ``discrete`` N is a multiple of R (the exact buffer average needs an integer horizon).
+    """
+    free = _integers(free_lo, free_hi, free_points)  # (m,)
+    if discrete:
+        xs = _integers(1, max(1, int(math.floor(x_max))), x_points).astype(float)
+    else:
+        xs = np.geomspace(1.0, x_max, x_points) if x_max > 1 else np.array([1.0])  # (g,)
+
+    def designs(free_values: np.ndarray, n_lists: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        counts = [len(n) for n in n_lists]
+        other = np.repeat(free_values, counts).astype(float)
+        N = np.concatenate(n_lists).astype(float)
+        if batch_fixed:
+            return N, other, np.full_like(N, float(fixed))
+        return N, np.full_like(N, float(fixed)), other
+
+    def r_of(value: float) -> float:
+        return value if batch_fixed else float(fixed)
+
+    # coarse grid
+    n_lists = [np.unique(np.maximum(np.round(xs * r_of(v)), r_of(v))) for v in free]
+    if discrete:
+        n_lists = [np.unique(xs * r_of(v)) for v in free]
+    N, R, B = designs(free, n_lists)
+    values = np.asarray(score(N, R, B), dtype=float)
+    best = int(np.nanargmin(values))
+    best_design = (N[best], R[best], B[best])
+    for _ in range(2):  # refine around the best cell, then once more around the refined one
+        centre_free = best_design[1] if batch_fixed else best_design[2]
+        idx = int(np.searchsorted(free, centre_free))
+        lo_f = int(free[max(idx - 1, 0)])
+        hi_f = int(free[min(idx + 1, free.size - 1)])
+        lo_f, hi_f = min(lo_f, int(centre_free)), max(hi_f, int(centre_free))
+        local_free = _integers(max(lo_f, free_lo), min(hi_f, free_hi), 64)
+        x0 = best_design[0] / best_design[1]
+        j = int(np.searchsorted(xs, x0))
+        x_lo, x_hi = xs[max(j - 1, 0)], xs[min(j + 1, xs.size - 1)]
+        x_lo, x_hi = min(x_lo, x0), max(x_hi, x0)
+        n_lists = []
+        for v in local_free:
+            r = r_of(float(v))
+            if discrete:
+                ks = np.arange(max(1, math.floor(x_lo)), max(1, math.floor(min(x_hi, x_max))) + 1)
+                n_lists.append(ks * r)
+            else:
+                lo_n = max(int(math.floor(x_lo * r)), int(r))
+                hi_n = max(int(math.ceil(min(x_hi, x_max) * r)), lo_n)
+                n_lists.append(_integers(lo_n, min(hi_n, int(math.floor(x_max * r))) if hi_n > lo_n else lo_n,
+                                         256).astype(float))
+        N2, R2, B2 = designs(local_free, n_lists)
+        v2 = np.asarray(score(N2, R2, B2), dtype=float)
+        k = int(np.nanargmin(v2))
+        if v2[k] <= values[best]:
+            best_design = (N2[k], R2[k], B2[k])
+            values = np.append(values, v2[k])
+            best = values.size - 1
+    return int(round(best_design[0])), int(round(best_design[1])), int(round(best_design[2]))
+
+
+def finite_budget_design(
+    *,
+    budget: float,
+    mu: float,
+    profile: Profile,
+    rho: float,
+    smoothness: float,
+    bias: float,
+    f0: float,
+    batch_size: int | None = None,
+    rollouts_per_step: int | None = None,
+    convention: str = "rollout-cost",
+    average: str = "integral",
+    profile_description: str | None = None,
+    alpha: float | None = None,
+    x_max: float | None = None,
+    min_replay_ratio: float = 1.0 / 16.0,
+    max_replay_ratio: float = 1024.0,
+) -> Design:
+    """The integer design (N, R, B) minimising the eta-optimised Thm 3.4 bound at compute ``budget``.
+
+    Exactly one of ``batch_size`` (B) and ``rollouts_per_step`` (R) is fixed: at a finite budget the
+    bound is not scale-invariant and always prefers the smallest scale (fewer samples per update, more
+    updates), so the scale is the user's choice, as in practice. The search covers N >= R (x = N/R in
+    [1, x_max], x_max = the profile's last measured staleness, else 1e4) and y = B/R in
+    [min_replay_ratio, max_replay_ratio]. The answer is labelled step-limited (eta* at its cap) or
+    noise-limited, and compared with the paper's J optimum at the same fixed B or R.
+    """
+    _check_budget_inputs(budget, mu, rho, smoothness, bias, f0, convention)
+    if (batch_size is None) == (rollouts_per_step is None):
+        raise ValueError("a finite budget needs exactly one of batch-size and rollouts-per-step: the bound "
+                         "prefers the smallest batch at any budget, so the scale must be fixed")
+    fixed = batch_size if batch_size is not None else rollouts_per_step
+    if isinstance(fixed, bool) or int(fixed) != fixed or fixed < 1:
+        name = "batch-size" if batch_size is not None else "rollouts-per-step"
+        raise ValueError(f"{name} must be an integer >= 1, got {fixed}")
+    fixed = int(fixed)
+    require_positive("min_replay_ratio", min_replay_ratio)
+    if not max_replay_ratio > min_replay_ratio:
+        raise ValueError(f"max_replay_ratio must be > min_replay_ratio = {min_replay_ratio:g}")
+    if average not in ("integral", "discrete"):
+        raise ValueError(f"average must be 'integral' or 'discrete', got {average!r}")
+    upper = profile.max_staleness if x_max is None else x_max
+    if not math.isfinite(upper):
+        upper = 1e4
+    require_in_range("x_max", upper, 1.0, math.inf)
+    batch_fixed = batch_size is not None
+    if batch_fixed:  # y = B/R: R in [B / max_y, B / min_y]
+        free_lo, free_hi = max(1, math.ceil(fixed / max_replay_ratio)), max(1, math.floor(fixed / min_replay_ratio))
+    else:  # B in [R min_y, R max_y]
+        free_lo, free_hi = max(1, math.ceil(fixed * min_replay_ratio)), max(1, math.floor(fixed * max_replay_ratio))
+    kwargs = dict(budget=budget, mu=mu, profile=profile, rho=rho, smoothness=smoothness, bias=bias, f0=f0,
+                  convention=convention, average=average)
+    discrete = average == "discrete"
+
+    cheapest = (_cost_per_update(None, np.asarray(1.0), np.asarray(float(fixed)), mu, convention) if batch_fixed
+                else _cost_per_update(None, np.asarray(float(fixed)), np.asarray(float(free_lo)), mu, convention))
+    if budget < float(cheapest):
+        raise ValueError(f"budget must be >= {float(cheapest):g}, the cost of one update of the cheapest design "
+                         f"in the search, got {budget:g}")
+
+    def bound_score(N, R, B):
+        return finite_budget_bound(N, R, B, **kwargs).value
+
+    def j_score(N, R, B):
+        return paper_objective(N / R, B / R, mu=mu, profile=profile, rho=rho, convention=convention, average=average)
+
+    N, R, B = _search_integer_design(bound_score, fixed, free_lo, free_hi, upper, batch_fixed=batch_fixed,
+                                     discrete=discrete)
+    result = finite_budget_bound(N, R, B, **kwargs)
+    Nj, Rj, Bj = _search_integer_design(j_score, fixed, free_lo, free_hi, upper, batch_fixed=batch_fixed,
+                                        discrete=discrete)
+    at_j = finite_budget_bound(Nj, Rj, Bj, **kwargs)
+
+    mu_sec3 = float(mu_sec3_of(mu, convention))
+    mu_rollout = float(rollout_mu_of_convention(mu, convention))
+    x, y = N / R, B / R
+    notes: list[str] = []
+    at_upper = x >= upper * (1 - 1e-9) - 1.0 / R
+    regime = classify_regime(x, y, unbounded=at_upper)
+    if at_upper:
+        notes.append(f"the bound still falls at the largest horizon searched (x = {upper:g}); "
+                     "measure sigma^2(s) further out")
+    y_lo, y_hi = (fixed / free_hi, fixed / free_lo) if batch_fixed else (free_lo / fixed, free_hi / fixed)
+    if y <= y_lo * (1 + 1e-12) or y >= y_hi * (1 - 1e-12):
+        notes.append(f"y = {y:.4g} is at the edge of the replay ratios searched [{y_lo:.4g}, {y_hi:.4g}]")
+    terms = {k: (bool(v) if k == "step_limited" else float(v)) for k, v in result.terms.items()}
+    step_limited = terms["step_limited"]
+    budget_regime = "step-limited" if step_limited else "noise-limited"
+    share = terms["optimization"] / float(result.value)
+    if step_limited:
+        notes.append(f"step-limited: the step size sits at its cap eta_max = {terms['eta_max']:.3g} "
+                     f"(unconstrained eta* = {terms['eta_unconstrained']:.3g}); 12 F0/(eta T) is {share:.0%} of "
+                     "the bound, which falls like 1/T, so cheaper updates (more per unit compute) win")
+    else:
+        notes.append(f"noise-limited: eta* = {float(result.eta):.3g} is below its cap "
+                     f"{terms['eta_max']:.3g}; as the budget grows the design tends to the paper's J optimum")
+    wpt = mu_rollout / y
+    gamma = float(compute_ratio_from_split_ratio(wpt, mu_rollout))
+    text, advice = describe_regime(regime, x=x, y=y, mu_rollout=mu_rollout, gamma=gamma)
+    if convention == "paper-sec3":
+        notes.append(f"paper-sec3 reads mu = {mu:g} as update cost / rollout cost, "
+                     f"i.e. rollouts cost {mu_rollout:.3g}x an update; the budget is in rollout costs")
+    large = {
+        "fixed": "B" if batch_fixed else "R", "x": Nj / Rj, "y": Bj / Rj, "N": Nj, "R": Rj, "B": Bj,
+        "regime": classify_regime(Nj / Rj, Bj / Rj),
+        "bound_at_budget": float(at_j.value), "updates_at_budget": float(at_j.updates),
+        "paper_J": float(j_score(np.asarray(float(Nj)), np.asarray(float(Rj)), np.asarray(float(Bj)))),
+    }
+    fixed_text = f"B = {fixed}" if batch_fixed else f"R = {fixed}"
+    return Design(
+        mu=mu, convention=convention, mu_rollout_cost=mu_rollout, mu_sec3=mu_sec3, alpha=alpha, rho=rho,
+        profile=profile_description or type(profile).__name__,
+        method=(f"integer search over (N, {'R' if batch_fixed else 'B'}) at {fixed_text} of the Thm 3.4 bound, "
+                f"eta optimised per design (closed-form cubic root, capped at eta_max)"),
+        x_star=x, y_star=y, x_star_unconstrained=x, y_star_unconstrained=y, regime=regime,
+        rollouts_per_step=R, buffer_size=N, batch_size=B, workers_per_trainer=wpt, compute_ratio=gamma,
+        notes=notes, regime_text=text, advice=advice, constraint=None, objective="finite-budget", budget=budget,
+        budget_regime=budget_regime, smoothness=smoothness, bias=bias, f0=f0, eta=float(result.eta),
+        eta_max=terms["eta_max"], updates=float(result.updates), bound=float(result.value), bound_terms=terms,
+        large_budget_limit=large,
+    )
+
+
+def rollout_mu_of_convention(mu: float, convention: str) -> float:
+    """mu in the rollout-cost meaning (Table 1) for a mu given in ``convention``."""
+    return float(rollout_cost_mu_of(mu, convention))

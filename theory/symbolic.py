@@ -14,7 +14,7 @@ This module is imported only by ``replay-theory derive`` and the tests (never by
 Papers (docs/REFERENCES.md):
 
 - "Efficient RL training for LLMs with experience replay"
-  (experience-replay                   ): Thm 3.5, App. C.3.1, App. C.3.2, Eq. (5).
+  (experience-replay                   ): Thm 3.4, Thm 3.5, App. C.2, App. C.3.1, App. C.3.2, Eq. (5).
 - "Prosperity before Collapse" / M2PO (M2PO               ): Thm 5.1, App. C.
 - FreshPER (FreshPER                       , arXiv:2604.16918): Eqs. (5), (8), (9), (24).
 
@@ -30,6 +30,9 @@ Papers (docs/REFERENCES.md):
 | ``eta-star``            | eta* = sqrt(a/b), J0(eta*) = 2 sqrt(ab) = 8 sqrt(6) ... (printed: 4 sqrt(6))    |
 | ``var-r-chi2``          | E_q[r] = 1, Var_q(r) = chi^2 = exp(D_2) - 1, ESS = n exp(-D_2) (FreshPER)       |
 | ``thm51-chain``         | (e^z - 1)^2 <= max(1, e^z)^2 z^2 <= exp(2 abs(z)) z^2, chi^2 <= R^2 M2 (M2PO)   |
+| ``finite-budget``       | Thm 3.4 at budget C: eta* from 2 b2 eta^3 + b1 eta^2 - A = 0 (trig/cosh root),  |
+|                         | limits C -> oo (the paper's J) and C -> 0 (step-limited: c / eta_max)           |
+| ``compute-to-target``   | least C for the bound to reach epsilon; proportional to J when kappa = 0        |
 
 Derivations are built lazily and cached (``functools.cache``): treat a returned
 :class:`Derivation` as read-only.
@@ -791,6 +794,133 @@ def _build_thm51_chain() -> Derivation:
     )
 
 
+# --------------------------------------------------------------------------- 10. finite-budget
+
+
+@functools.cache
+def _build_finite_budget() -> Derivation:
+    eta, A, b1, b2, F0, c, C, L, s, S, x, kappa, w, beta = _positive(
+        "eta", "A", "b_1", "b_2", "F_0", "c", "C", "L", "s", "S", "x", "kappa", "w", "beta")
+    phi = sympy.Symbol("phi", real=True)
+    V = sympy.Function("V")(eta)
+    bound = 12 * F0 / (eta * (C / c)) + 8 * eta * (4 * x**2 * kappa**2 * eta + L) * s * S  # Thm 3.4, T = C/c
+    a_def, b1_def, b2_def = 12 * F0 * c / C, 8 * L * s * S, 32 * kappa**2 * x**2 * s * S
+    v = A / eta + b1 * eta + b2 * eta**2
+    same = _identity(bound, v.subs({A: a_def, b1: b1_def, b2: b2_def}))
+    d2 = sympy.simplify(sympy.diff(v, eta, 2))
+    cubic = sympy.expand(sympy.diff(v, eta) * eta**2)
+    coeffs = sympy.Poly(cubic, eta).all_coeffs()
+    beta_def = b2 * sqrt(A) / b1 ** Rational(3, 2)
+    scaled = sympy.expand(sympy.simplify(-cubic.subs(eta, sqrt(A / b1) / w) * w**3 / A))
+    w_cubic = w**3 - w - 2 * beta
+    scaled_ok = _identity(scaled, w_cubic.subs(beta, beta_def))
+    w_trig = 2 / sqrt(3) * sympy.cos(phi)
+    trig_ok = _identity(sympy.expand_trig(w_trig**3 - w_trig - 2 * sympy.cos(3 * phi) / (3 * sqrt(3))), 0)
+    w_hyp = 2 / sqrt(3) * sympy.cosh(phi)
+    hyp_ok = _identity(sympy.expand_trig(w_hyp**3 - w_hyp - 2 * sympy.cosh(3 * phi) / (3 * sqrt(3))), 0)
+    w_root = 2 / sqrt(3) * sympy.cos(sympy.acos(3 * sqrt(3) * beta) / 3)
+    w_series = sympy.series(w_root, beta, 0, 4).removeO()
+    value_w = sympy.simplify(v.subs(eta, sqrt(A / b1) / w).subs(b2, beta * b1 ** Rational(3, 2) / sqrt(A)))
+    value_w_form = sqrt(A * b1) * (w + 1 / w + beta / w**2)
+    value_ok = _identity(value_w, value_w_form)
+    limit_value = sympy.simplify(value_w_form.subs({w: 1, beta: 0}).subs({A: a_def, b1: b1_def}))
+    beta_of_c = sympy.simplify(beta_def.subs({A: a_def, b1: b1_def, b2: b2_def}))
+    beta_limit = sympy.limit(beta_of_c, C, sympy.oo)
+    eta_max = sympy.Symbol("eta_max", positive=True)
+    capped = v.subs({eta: eta_max, A: a_def})
+    step_limit = sympy.simplify(sympy.limit(C * capped, C, 0))
+    large_limit = sympy.simplify(limit_value * sqrt(C))
+    steps = (
+        Step("Thm 3.4 at compute C: T = C/c updates of cost c (rollout-cost c = mu R + B), x = N/R, "
+             "s = sigmabar^2(x), S = 1/B + 1/N + rho/R", Eq(V, bound)),
+        Step("Write it as A/eta + b1 eta + b2 eta^2 with A = 12 F0 c/C, b1 = 8 L s S, b2 = 32 kappa^2 x^2 s S",
+             Eq(V, v)),
+        Step("Check: the two forms agree (difference simplifies to 0)", same),
+        Step(f"V'' > 0 on eta > 0 (sympy is_positive = {d2.is_positive}): convex, one minimiser; on "
+             "0 < eta <= eta_max = min(1/(2L), 1/(2 sqrt2 kappa x)) it is min(eta_root, eta_max)",
+             Eq(sympy.Derivative(V, (eta, 2)), d2)),
+        Step("eta^2 V'(eta) = 0 is a cubic (App. C.3.1's 'third degree polynomial'); coefficients "
+             "[2 b2, b1, 0, -A]: one sign change, so exactly one positive root (Descartes)",
+             Eq(cubic, 0)),
+        Step("Substitute eta = sqrt(A/b1)/w and multiply by -w^3/A: the depressed cubic w^3 - w - 2 beta = 0 "
+             "with beta = b2 sqrt(A)/b1^(3/2)", Eq(w_cubic, 0)),
+        Step("Check: -w^3/A times the cubic at eta = sqrt(A/b1)/w minus that form (difference simplifies to 0)",
+             scaled_ok),
+        Step("Triple-angle identity: w = (2/sqrt3) cos(phi) solves it when cos(3 phi) = 3 sqrt3 beta "
+             "(3 sqrt3 beta <= 1, three real roots, this is the largest and the only positive one)", trig_ok),
+        Step("Hyperbolic twin: w = (2/sqrt3) cosh(phi), cosh(3 phi) = 3 sqrt3 beta (3 sqrt3 beta > 1, one real "
+             "root)", hyp_ok),
+        Step("Closed form and its series at beta -> 0 (no cancellation: w -> 1, eta* -> sqrt(A/b1))",
+             Eq(sympy.Symbol("w"), w_root)),
+        Step("Series of w in beta", Eq(sympy.Symbol("w"), w_series)),
+        Step("Value at eta = sqrt(A/b1)/w, with b2 written through beta", Eq(sympy.Function("V")(
+            sympy.Symbol("eta_*")), value_w_form)),
+        Step("Check: that form equals V at eta = sqrt(A/b1)/w (difference simplifies to 0)", value_ok),
+        Step(f"beta as a function of C; its limit as C -> oo is {beta_limit}: the large-budget limit is the "
+             "kappa-free App. C.3.1 problem", Eq(sympy.Symbol("beta"), beta_of_c)),
+        Step("Noise-limited limit (beta -> 0, w -> 1): sqrt(C) V(eta*) -> 8 sqrt6 sqrt(F0 L c s S), so the "
+             "argmin over designs tends to the argmin of J = c s S (Thm 3.5; docs/ERRATA.md E7 for 8 vs 4)",
+             Eq(sympy.Symbol("sqrt(C) V_inf"), large_limit)),
+        Step("Step-limited limit: when the cap binds (small C, eta* = eta_max), C V(eta_max) -> 12 F0 c/eta_max "
+             "as C -> 0: the argmin minimises c / eta_max(x), i.e. the cheapest updates",
+             Eq(sympy.Symbol("C V(eta_max)"), step_limit)),
+    )
+    return Derivation(
+        name="finite-budget",
+        title="The Thm 3.4 bound at a finite compute budget: eta* from a cubic, and its two limits",
+        source=f"{ER_PAPER}, Thm 3.4, App. C.2 (Eqs. (3), (4)), App. C.3.1",
+        steps=steps,
+        result=Eq(sympy.Symbol("eta_*"), sqrt(A / b1) / sympy.Symbol("w")),
+        symbols={"eta": eta, "A": A, "b1": b1, "b2": b2, "F0": F0, "c": c, "C": C, "L": L, "s": s, "S": S,
+                 "x": x, "kappa": kappa, "w": w, "beta": beta, "phi": phi, "eta_max": eta_max},
+        parts={"bound": bound, "V": v, "A": a_def, "b1": b1_def, "b2": b2_def, "cubic": cubic,
+               "coefficients": sympy.Tuple(*coeffs), "beta": beta_def, "w_cubic": w_cubic, "w_root": w_root,
+               "w_series": w_series, "value_w": value_w_form, "large_budget_limit": large_limit,
+               "step_limit": step_limit, "beta_limit": beta_limit, "identity_bound": same,
+               "identity_scaled": scaled_ok, "identity_trig": trig_ok, "identity_hyp": hyp_ok,
+               "identity_value": value_ok, "second_derivative": d2},
+    )
+
+
+# --------------------------------------------------------------------------- 11. compute-to-target
+
+
+@functools.cache
+def _build_compute_to_target() -> Derivation:
+    eta, b1, b2, eps, F0, c, L, s, S = _positive("eta", "b_1", "b_2", "epsilon", "F_0", "c", "L", "s", "S")
+    p = eta * (eps - b1 * eta - b2 * eta**2)
+    d2 = sympy.simplify(sympy.diff(p, eta, 2))
+    roots = sympy.solve(sympy.diff(p, eta), eta)
+    stable = eps / (b1 + sqrt(b1**2 + 3 * b2 * eps))
+    root, others = _root_equal_to(roots, stable, "stable root")
+    compute = c * 12 * F0 / p.subs(eta, stable)
+    small_b2 = sympy.limit(compute, b2, 0)
+    small_b2_in_j = sympy.simplify(small_b2.subs(b1, 8 * L * s * S))
+    steps = (
+        Step("Bound <= epsilon after T updates at step eta iff T >= 12 F0 / p(eta), with p = eta (epsilon - b1 eta "
+             "- b2 eta^2) (finite-budget: A = 12 F0/T)", Eq(sympy.Function("p")(eta), p)),
+        Step(f"p'' < 0 for eta > 0 (sympy is_negative = {d2.is_negative}): concave, one maximiser",
+             Eq(sympy.Derivative(sympy.Function("p")(eta), (eta, 2)), d2)),
+        Step("Solve p' = 0 (sympy.solve); the positive root, rationalised (no cancellation as b2 -> 0); capped "
+             "at eta_max when it exceeds the cap", Eq(sympy.Symbol("eta_o"), stable)),
+        Step("Check: sympy's positive root minus the rationalised form (difference simplifies to 0)",
+             _identity(root, stable)),
+        Step("Least compute C = c T = 12 F0 c / p(eta_o)", Eq(sympy.Symbol("C_epsilon"), compute)),
+        Step("kappa = 0 (b2 -> 0): C = 48 F0 b1 c/epsilon^2 = 384 F0 L c s S/epsilon^2, proportional to J = c s S",
+             Eq(sympy.Symbol("C_epsilon"), small_b2_in_j)),
+    )
+    return Derivation(
+        name="compute-to-target",
+        title="Least compute for the eta-optimised Thm 3.4 bound to reach a target epsilon",
+        source=f"{ER_PAPER}, Thm 3.4 (dual of the finite-budget problem)",
+        steps=steps,
+        result=Eq(sympy.Symbol("C_epsilon"), compute),
+        symbols={"eta": eta, "b1": b1, "b2": b2, "epsilon": eps, "F0": F0, "c": c, "L": L, "s": s, "S": S},
+        parts={"p": p, "root": root, "other_roots": sympy.Tuple(*others), "stable": stable, "compute": compute,
+               "kappa_zero": small_b2_in_j, "second_derivative": d2},
+    )
+
+
 # --------------------------------------------------------------------------- registry and rendering
 
 
@@ -804,6 +934,8 @@ DERIVATIONS: dict[str, Callable[[], Derivation]] = {
     "eta-star": _build_eta_star,
     "var-r-chi2": _build_var_r_chi2,
     "thm51-chain": _build_thm51_chain,
+    "finite-budget": _build_finite_budget,
+    "compute-to-target": _build_compute_to_target,
 }
 
 

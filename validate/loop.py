@@ -146,6 +146,7 @@ def run_predict(config: ValidateConfig, out_dir: Path, mu: float | None = None, 
                                         profile_description=loaded.description,
                                         rollouts_per_step=config.rollouts_per_step))
     predicted = {"mu_measured": mu_value, "x_star": design.x_star, "y_star": design.y_star, "regime": design.regime,
+                 "regime_text": design.regime_text, "advice": design.advice,
                  "N": design.buffer_size, "B": design.batch_size, "R": design.rollouts_per_step,
                  "workers_per_trainer": design.workers_per_trainer, "design": design.to_json_dict()}
     path = out_dir / "predicted.json"
@@ -158,8 +159,13 @@ def run_predict(config: ValidateConfig, out_dir: Path, mu: float | None = None, 
         predicted = saved
     else:
         write_new(path, lambda tmp: tmp.write_text(json.dumps(predicted, indent=1, default=lambda v: None)))
-    log(f"predicted: regime {design.regime}, x* = {design.x_star:.3g}, y* = {design.y_star:.3g}, "
-        f"N = {design.buffer_size}, B = {design.batch_size}, R = {design.rollouts_per_step}")
+    log(f"predicted (Thm 3.5's J, the large-budget limit): regime {design.regime}, x* = {design.x_star:.3g}, "
+        f"y* = {design.y_star:.3g}, N = {design.buffer_size}, B = {design.batch_size}, "
+        f"R = {design.rollouts_per_step}")
+    log(f"what it is: {design.regime_text}")  # never "replay" for gamma > 1 (theory/design.py::classify_regime)
+    log(f"what to do: {design.advice}")
+    if design.constraint:
+        log(f"constraint: {design.constraint}")
     return predicted
 
 
