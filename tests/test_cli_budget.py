@@ -65,6 +65,7 @@ def test_gamma_above_one_says_worse_than_on_policy(cli):
     assert json.loads(out)["regime"] == "on-policy"
 
 
+@pytest.mark.slow
 def test_derive_lists_the_finite_budget_derivations(cli):
     code, out, _ = cli("derive")
     assert code == 0 and "finite-budget" in out and "compute-to-target" in out
