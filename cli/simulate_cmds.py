@@ -13,6 +13,7 @@ spec and the config; results are never overwritten.
 
 from __future__ import annotations
 
+import re
 import sys
 from enum import Enum
 from pathlib import Path
@@ -129,7 +130,7 @@ def calibrate_simulator(
     try:
         check_probe(probe_config(config, max_gap), probe_staleness, samples, max_gap, reference, reference_samples)
     except ValueError as err:
-        raise UserError(option_message(str(err), [*field_names(), *PROBE_ARGUMENTS])) from None
+        raise UserError(_as_options(str(err))) from None
     result = measure_profile(config, staleness=probe_staleness, checkpoints=checkpoints, samples=samples,
                              max_gap=max_gap, reference=reference, reference_samples=reference_samples)
     changed = {k: v for k, v in config.to_dict().items() if v != getattr(SimConfig(), k)}
@@ -141,6 +142,12 @@ def calibrate_simulator(
     for line in calibration_lines(result, config.capacity):
         typer.echo(line)
     typer.echo(f"profile written to {out}")
+
+
+def _as_options(message: str) -> str:
+    """A probe check's message with every argument named as the user types it (``max_gap`` -> ``--max-gap``)."""
+    names = "|".join(sorted({*PROBE_ARGUMENTS, "group_size", "steps", "env"}, key=len, reverse=True))
+    return re.sub(rf"(?<![\w-])({names})\b", lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 
 def calibration_lines(result: Calibration, asked_capacity: int) -> list[str]:

@@ -173,8 +173,22 @@ def _one(array: np.ndarray) -> np.ndarray:
 
 
 def per_sample_grads(env, config: SimConfig, params: np.ndarray, batch: RolloutBatch) -> np.ndarray:
-    """G(theta, z_i) for every response: (S, M, d), the loss gradient on a batch of one."""
+    """G(theta, z_i) for every response: (S, M, d), the loss gradient on a batch of one.
+
+    On the bandit (one-token responses, features phi) the score phi[p, a] - E_pi phi[p, .] is formed
+    directly; elsewhere every response gets its own copy of its seed's parameters (``_flatten``),
+    which costs a full policy evaluation per response.
+    """
     S, M = batch.prompt.shape
+    if getattr(env, "seq_len", None) == 1 and hasattr(env, "features") and hasattr(env, "log_policy"):
+        logp_new = env.logp(params, batch.prompt, batch.tokens, batch.mask)  # (S, M, 1)
+        coef = compute_loss(config, _flatten(batch), logp_new.reshape(S * M, 1, 1)).grad_logp.reshape(S, M)
+        coef = np.where(batch.mask[..., 0], coef, 0.0)
+        pi = np.exp(env.log_policy(params))  # (S, P, A)
+        expected = np.einsum("spa,pad->spd", pi, env.features)  # (S, P, d) E_pi phi[p, .]
+        rows = np.arange(S)[:, None]
+        score = env.features[batch.prompt, batch.tokens[..., 0]] - expected[rows, batch.prompt]  # (S, M, d)
+        return coef[..., None] * score
     flat = _flatten(batch)
     flat_params = np.repeat(params, M, axis=0)  # (S*M, d)
     logp_new = env.logp(flat_params, flat.prompt, flat.tokens, flat.mask)  # (S*M, 1, L)
@@ -284,7 +298,7 @@ def check_probe(config: SimConfig, staleness: tuple[int, ...], samples: int, max
     if reference not in REFERENCES:
         raise ValueError(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
     if reference == "exact" and config.env != "bandit":
-        raise ValueError(f"reference exact needs env bandit (enumerable one-token responses), got env {config.env!r}")
+        raise ValueError(f"reference exact needs env bandit (enumerable one-token responses), got {config.env!r}")
     if reference_samples < 2 * G or reference_samples % G:
         raise ValueError(f"reference_samples must be a multiple of group_size = {G} and >= {2 * G}, "
                          f"got {reference_samples}")

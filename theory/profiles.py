@@ -202,8 +202,11 @@ class LoadedProfile:
         def fmt(x):
             return "nan" if x is None else f"{x:.3g}"
 
+        covers = ci[0] is not None and ci[1] is not None and (ci[0] <= 0 <= ci[1] or ci[0] <= 1 <= ci[1])
+        hint = (f" (the interval reaches {0 if ci[0] <= 0 <= ci[1] else 1}: --rho {0 if ci[0] <= 0 <= ci[1] else 1} "
+                "is consistent with it)") if covers else ""
         return (f"the profile's rho fit {fmt(value)} (90% interval [{fmt(ci[0])}, {fmt(ci[1])}]) is outside [0, 1], "
-                "the range Assumption 3.3 allows")
+                f"the range Assumption 3.3 allows{hint}")
 
 
 def profile_from_dict(data: dict) -> LoadedProfile:
