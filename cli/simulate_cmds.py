@@ -164,7 +164,10 @@ def calibration_lines(result: Calibration, asked_capacity: int) -> list[str]:
     for label, fit in (("rho", result.rho_fit), ("rho (uncentred eps)", result.rho_fit_uncentred)):
         if fit is None or (label != "rho" and result.rho_noise != "centred"):
             continue
-        status = "in [0, 1]" if fit.in_range else "OUT OF [0, 1]: not clamped; optimal needs --rho"
+        reaches = [b for b in (0, 1) if fit.ci[0] <= b <= fit.ci[1]]
+        status = "in [0, 1]" if fit.in_range else (
+            "OUT OF [0, 1], not clamped" + (f"; its interval covers {reaches[0]}" if reaches else "")
+            + "; optimal needs --rho")
         lines.append(f"{label} = {fit.value:.4g}, {fit.level:.0%} interval [{fit.ci[0]:.4g}, {fit.ci[1]:.4g}] "
                      f"({status}); corr at gap 1 / {fit.max_gap // 2} / {fit.max_gap} = "
                      f"{fit.correlation[1]:.4f} / {fit.correlation[fit.max_gap // 2]:.4f} / "

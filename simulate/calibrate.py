@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import warnings
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -391,7 +392,7 @@ def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS,
 
 def fit_profiles(staleness: np.ndarray, sigma_sq: np.ndarray) -> dict:
     """Fit the pure power law (s >= 1) and the floor profile sigma0^2 (1 + (s/tau)^(2 alpha))."""
-    from scipy.optimize import curve_fit
+    from scipy.optimize import OptimizeWarning, curve_fit
 
     fits: dict = {}
     pos = staleness >= 1
@@ -405,8 +406,10 @@ def fit_profiles(staleness: np.ndarray, sigma_sq: np.ndarray) -> dict:
         return sigma0 * (1.0 + (s / tau) ** (2 * alpha))
 
     try:
-        (alpha, tau), _ = curve_fit(floor_model, staleness, sigma_sq, p0=(0.5, 10.0),
-                                    bounds=([0.0, 1e-3], [3.0, 1e6]), maxfev=20000)
+        with warnings.catch_warnings():  # too few points for a covariance is fine: only the fit is kept
+            warnings.simplefilter("ignore", OptimizeWarning)
+            (alpha, tau), _ = curve_fit(floor_model, staleness, sigma_sq, p0=(0.5, 10.0),
+                                        bounds=([0.0, 1e-3], [3.0, 1e6]), maxfev=20000)
         fits["floor_power_law"] = {"kind": "power_law", "alpha": float(alpha), "tau": float(tau),
                                    "scale": sigma0, "floor": 1.0}
     except (RuntimeError, ValueError):
