@@ -13,6 +13,7 @@ spec and the config; results are never overwritten.
 
 from __future__ import annotations
 
+import re
 import sys
 from enum import Enum
 from pathlib import Path
@@ -23,6 +24,15 @@ import typer
 from replay_theory.cli.common import UserError, emit_json, option_message
 from replay_theory.cli.config_options import option_name, with_dataclass_options
 from replay_theory.outputs import check_new_file
+from replay_theory.simulate.calibrate import (
+    DEFAULT_MAX_GAP,
+    DEFAULT_REFERENCE_SAMPLES,
+    DEFAULT_STALENESS,
+    PROBE_ARGUMENTS,
+    Calibration,
+    check_probe,
+    probe_config,
+)
 from replay_theory.simulate.calibrate import calibrate as measure_profile
 from replay_theory.simulate.config import SimConfig, config_from_dict, field_names
 from replay_theory.simulate.engine import run
@@ -92,26 +102,84 @@ def calibrate_simulator(
     out: Annotated[Path, typer.Option("--out", help="Profile file to write (JSON; its folder must exist; "
                                                     "never overwritten).")],
     checkpoints: Annotated[int, typer.Option("--checkpoints", min=1,
-                                             help="Training steps at which sigma^2(s) is measured.")] = 3,
+                                             help="Training steps at which the noise is measured.")] = 3,
     samples: Annotated[int, typer.Option("--samples", min=1, help="Responses per staleness value and checkpoint "
                                                                   "(a multiple of --group-size).")] = 256,
+    staleness: Annotated[str, typer.Option("--staleness", help="Staleness values s of sigma^2(s), comma-separated "
+                                                               "increasing integers >= 0.")
+                         ] = ",".join(map(str, DEFAULT_STALENESS)),
+    max_gap: Annotated[int, typer.Option("--max-gap", help="Largest creation-step gap for rho, >= 1 (the horizon "
+                                                           "x = N/R of a design grid); the probe's FIFO capacity is "
+                                                           "raised to (gap + 1) R if smaller.")] = DEFAULT_MAX_GAP,
+    reference: Annotated[str, typer.Option("--reference", help="grad F: exact (enumerated; bandit), sampled (a "
+                                                               "held-out batch, its error subtracted) or auto.")
+                         ] = "auto",
+    reference_samples: Annotated[int, typer.Option("--reference-samples", help="Responses in the sampled "
+                                                   "reference batch (a multiple of --group-size).")
+                                 ] = DEFAULT_REFERENCE_SAMPLES,
 ) -> None:
-    """Measure the simulator's noise profile sigma^2(s), rho and KL drift on a probe run (the config given by
-    the options); writes the profile that `replay-theory optimal --profile` reads."""
+    """Measure sigma^2(s) (plain and signal-normalised), the retained signal, rho (unclamped, with a bootstrap
+    interval) and the within-group correlation on a probe run (the config given by the options); writes the
+    profile that `replay-theory optimal --profile` reads."""
     check_new_file(out)  # before the probe: a run whose result cannot be saved is not started
     config = build_config(fields)
-    if samples % config.group_size:
-        raise UserError(f"--samples must be a multiple of --group-size = {config.group_size}, got {samples}")
     try:
-        result = measure_profile(config, checkpoints=checkpoints, samples=samples)
+        probe_staleness = tuple(int(v) for v in staleness.split(","))
+    except ValueError:
+        raise UserError(f"--staleness must be comma-separated integers >= 0, got {staleness!r}") from None
+    try:
+        check_probe(probe_config(config, max_gap), probe_staleness, samples, max_gap, reference, reference_samples)
     except ValueError as err:
-        raise UserError(option_message(str(err), field_names())) from None
+        raise UserError(_as_options(str(err))) from None
+    result = measure_profile(config, staleness=probe_staleness, checkpoints=checkpoints, samples=samples,
+                             max_gap=max_gap, reference=reference, reference_samples=reference_samples)
     changed = {k: v for k, v in config.to_dict().items() if v != getattr(SimConfig(), k)}
     source = " ".join(["replay-theory calibrate-simulator"] + [f"{option_name(k)} {v}" for k, v in changed.items()])
-    save_profile(out, result.profile_dict(source=source))
-    typer.echo(f"staleness  {' '.join(f'{s:7g}' for s in result.staleness)}")
-    typer.echo(f"sigma^2    {' '.join(f'{v:7.4f}' for v in result.sigma_sq)}")
-    typer.echo(f"rho = {result.rho:.3g}; KL drift per step = {result.kl_drift_per_step:.3g}; profile written to {out}")
+    try:
+        save_profile(out, result.profile_dict(source=source))
+    except ValueError as err:
+        raise UserError(f"--out {out}: nothing written: {err}") from None
+    for line in calibration_lines(result, config.capacity):
+        typer.echo(line)
+    typer.echo(f"profile written to {out}")
+
+
+def _as_options(message: str) -> str:
+    """A probe check's message with every argument named as the user types it (``max_gap`` -> ``--max-gap``)."""
+    names = "|".join(sorted({*PROBE_ARGUMENTS, "group_size", "steps", "env"}, key=len, reverse=True))
+    return re.sub(rf"(?<![\w-])({names})\b", lambda m: "--" + m.group(1).replace("_", "-"), message)
+
+
+def calibration_lines(result: Calibration, asked_capacity: int) -> list[str]:
+    """The printed report of ``calibrate-simulator``: both sigma^2 forms, r(s), rho and the correlations."""
+    p = result.noise
+    lines = [f"{'staleness':>10} {'sigma^2 plain':>14} {'retained r':>11} {'sigma^2/r^2':>12}"]
+    for s, plain, r, norm in zip(p.staleness, p.plain, p.retained, p.signal_normalised):
+        lines.append(f"{s:>10g} {plain:>14.4g} {r:>11.3f} {norm:>12.4g}")
+    lines.append(f"reference grad F: {result.reference}; ||grad F||^2 = {p.true_grad_sq:.4g}; "
+                 f"profile table: {result.form} (loss {result.loss})")
+    if result.probe_capacity != asked_capacity:
+        lines.append(f"probe capacity raised from {asked_capacity} to {result.probe_capacity} to hold gaps up to "
+                     f"--max-gap")
+    for label, fit in (("rho", result.rho_fit), ("rho (uncentred eps)", result.rho_fit_uncentred)):
+        if fit is None or (label != "rho" and result.rho_noise != "centred"):
+            continue
+        reaches = [b for b in (0, 1) if fit.ci[0] <= b <= fit.ci[1]]
+        status = "in [0, 1]" if fit.in_range else (
+            "OUT OF [0, 1], not clamped" + (f"; its interval covers {reaches[0]}" if reaches else "")
+            + "; optimal needs --rho")
+        lines.append(f"{label} = {fit.value:.4g}, {fit.level:.0%} interval [{fit.ci[0]:.4g}, {fit.ci[1]:.4g}] "
+                     f"({status}); corr at gap 1 / {fit.max_gap // 2} / {fit.max_gap} = "
+                     f"{fit.correlation[1]:.4f} / {fit.correlation[fit.max_gap // 2]:.4f} / "
+                     f"{fit.correlation[fit.max_gap]:.4f}")
+    if result.rho_fit is not None:
+        fit = result.rho_fit
+        lines.append(f"within-group correlation (t_i = t_j, not in rho) = {fit.within_group:.4g}, "
+                     f"interval [{fit.within_group_ci[0]:.4g}, {fit.within_group_ci[1]:.4g}]")
+    else:
+        lines.append("rho not measured: the buffer has no FIFO items (buffer fifo, positive-bias or prioritized)")
+    lines.append(f"KL drift per step = {result.kl_drift_per_step:.3g}")
+    return lines
 
 
 def sweep(

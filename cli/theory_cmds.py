@@ -172,7 +172,9 @@ def optimal(
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", "-B", help="Batch size B (instead of R): "
                                                       "gives R and N.")] = None,
     profile: Annotated[Optional[Path], typer.Option("--profile", help="Noise profile sigma^2(s) file (JSON or CSV, "
-                                                    "see docs) to optimise numerically.")] = None,
+                                                    "see docs) to optimise numerically; a calibrated file holds the "
+                                                    "sigma^2 form of its probe's loss (plain: unbiased IS, "
+                                                    "signal-normalised: clipped).")] = None,
     average: Annotated[Average, typer.Option("--average", help="Average of sigma^2 over the buffer for --profile: "
                                              "integral (paper) or discrete (exact, integer horizons).")
                        ] = Average.integral,
@@ -194,6 +196,8 @@ def optimal(
     """
     _check_budget_options(budget, smoothness, bias, f0, rollouts_per_step, batch_size)
     loaded = None if profile is None else load_profile(profile)
+    if loaded is not None and rho is None and loaded.rho_problem():  # never a silent default for a failed fit
+        raise UserError(f"--profile {profile}: {loaded.rho_problem()}; pass --rho explicitly")
     query = DesignQuery(
         mu=mu,
         alpha=alpha,

@@ -1,63 +1,167 @@
-"""Measure the theory's inputs on the simulator: the noise profile sigma^2(s) and the correlation rho.
+"""Measure the theory's inputs on the simulator: sigma^2(s) in two forms, rho, and the within-group correlation.
 
 Paper: experience-replay (docs/REFERENCES.md), Assumption 3.3:
 E||eps_{t,i}||^2 <= sigma^2(t - t_i) and corr(eps_{t,i}, eps_{t,j}) <= rho |t_i - t_j| / N,
-with eps_{t,i} = G(theta_t, z_i) - grad F(theta_t) the per-sample gradient noise.
+with eps_{t,i} = G(theta_t, z_i) - grad F(theta_t) the per-sample gradient noise. The estimators are
+in ``theory/noise.py`` (shared with the language-model validator); this module produces their inputs.
 
-| code name            | paper symbol        | how it is measured here                                              |
-|----------------------|---------------------|----------------------------------------------------------------------|
-| ``per_sample_grads`` | G(theta_t, z)       | the loss's gradient on one response (its own batch of one)          |
-| ``reference_grad``   | grad F(theta_t)     | mean per-sample gradient over many FRESH responses of pi_t          |
-| ``sigma_sq[s]``      | sigma^2(s)          | mean ||G(theta_t, z) - grad F||^2 over z ~ pi_{t-s}                  |
-| ``rho``              | rho                 | slope of pairwise noise correlation vs |t_i - t_j| / N in the buffer |
+| code name                | paper symbol        | how it is measured here                                            |
+|--------------------------|---------------------|--------------------------------------------------------------------|
+| ``per_sample_grads``     | G(theta_t, z)       | the loss's gradient on one response (its own batch of one)         |
+| ``exact_loss_gradient``  | grad F(theta_t)     | E over fresh on-policy groups of G(theta_t, z), enumerated exactly |
+| ``profile.plain``        | sigma^2(s)          | E||G(theta_t, z) - grad F||^2 over z ~ pi_{t-s}                    |
+| ``profile.retained``     | r(s)                | <E G_s, grad F> / ||grad F||^2                                     |
+| ``profile.signal_normalised`` | sigma^2(s) / r(s)^2 | E||G_s / r(s) - grad F||^2                                   |
+| ``rho_fit``              | rho                 | slope of the different-group correlation in gap / N (no clamp)     |
+| ``rho_fit.within_group`` | (t_i = t_j term)    | correlation of two responses of one GRPO group, reported apart     |
 
-The probe is an ordinary run (``engine.run``) of the given config; at a few
-checkpoint steps an observer regenerates responses from the stored policies
-pi_{t-s} and measures the noise of the same loss the run trains with. The
-fresh-sample variance sigma^2(0) is not zero (unlike the pure power law, see
-docs/ERRATA.md E8), so two fits are reported: the pure power law
-c s^(2 alpha) on s >= 1, and sigma0^2 (1 + (s/tau)^(2 alpha)) with a floor.
+The "true gradient" of a clipped loss. grad F is the on-policy gradient of the SAME objective the
+run trains with: the expectation of the per-sample loss gradient over fresh groups of pi_t (at ratio
+1 the clip is inactive). So at s = 0 the noise has mean zero (Assumption 3.2 with t_i = t) and the
+retained signal is 1; the group advantage (GRPO's std normalisation included) is part of the
+objective. Exact enumeration (bandit): a response's expected advantage given its reward level is a
+sum over the multinomial counts of the other G - 1 responses' reward levels (36 terms for 3 levels
+and G = 8), computed with the config's own advantage; every loss is linear in the advantage at ratio
+1, so the loss evaluated at that expected advantage, weighted by pi(a | p) / P and contracted with
+grad log pi, is grad F. Environments without enumeration (the token MDP) use a held-out reference
+batch instead, its Monte Carlo error subtracted (``theory/noise.py``), exactly as on the language model.
+
+Which sigma^2 form the theory needs. For an unbiased importance-weighted loss a stale sample
+carries the full signal and plain variance is what Thm 3.4 bounds. A clipped (or truncated, or
+ratio-free) loss zeroes or shrinks stale gradients: plain variance then FALLS with staleness while
+the signal shrinks, so the comparable noise is that of an estimator with the same information and
+an unbiased mean, the signal-normalised form. ``loss_form`` picks it; the profile file's top-level
+``sigma_sq`` is that form (``sigma_sq_form`` names it) and ``replay-theory optimal --profile`` uses it.
+
+The probe is an ordinary run (``engine.run``) of the given config, with the FIFO capacity raised to
+(max_gap + 1) R when smaller, so that the buffer holds every creation-step gap up to ``max_gap``
+(the horizons x = N/R of a design grid). At ``checkpoints`` steps an observer regenerates responses
+from the stored policies pi_{t-s} for sigma^2(s) and takes the noise of every buffer item for rho.
+Units for the bootstrap are seeds (a seed's checkpoints are summed into it).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
+import warnings
 from dataclasses import dataclass, field, fields
 
 import numpy as np
 
 from replay_theory.simulate.config import SimConfig
-from replay_theory.simulate.designs import compute_loss
+from replay_theory.simulate.designs import compute_loss, make_advantage
 from replay_theory.simulate.engine import run
 from replay_theory.simulate.pipeline import EnvBackend, generate
 from replay_theory.simulate.rng import PerSeedGenerator
 from replay_theory.simulate.rollouts import RolloutBatch
+from replay_theory.theory import noise as noise_estimators
+from replay_theory.theory.noise import NoiseProfile, PairMoments, RhoFit
 
-DEFAULT_STALENESS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+DEFAULT_STALENESS = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160)
+DEFAULT_MAX_GAP = 64
+DEFAULT_REFERENCE_SAMPLES = 4096
+REFERENCES = ("auto", "exact", "sampled")
+PROBE_ARGUMENTS = ("staleness", "samples", "max_gap", "reference", "reference_samples")  # named in check_probe
+RHO_BUFFERS = ("fifo", "positive-bias", "prioritized")  # buffers whose items the rho probe reads
+UNBIASED_LOSSES = ("no-trust-region",)  # importance-weighted, unclipped: a stale sample keeps its signal
+FORMS = ("plain", "signal-normalised")
+RHO_NOISE_TEXT = {
+    "centred": "xi = G - E[G | creation step], exact (App. C.2: the proof bounds the correlation of the centred "
+               "noise; the bias E[eps] is Assumption 3.2's)",
+    "uncentred": "eps = G - grad F (includes products of the stale-sample biases)",
+}
+
+
+def loss_form(loss: str) -> str:
+    """The sigma^2 form the theory needs for ``loss``: plain (unbiased IS) or signal-normalised (the rest)."""
+    return "plain" if loss in UNBIASED_LOSSES else "signal-normalised"
+
+
+def _add(acc: dict, name: str, value) -> None:
+    """Sum a seed-unit measurement into ``acc[name]`` (checkpoints of one seed add up)."""
+    acc[name] = value if name not in acc else acc[name] + value
+
+
+def _clean(x: float):
+    return None if not math.isfinite(x) else x
 
 
 @dataclass
 class Calibration:
+    """What ``calibrate`` measured; ``profile_dict`` is the file ``optimal --profile`` reads."""
+
     staleness: np.ndarray  # (K,)
-    sigma_sq: np.ndarray  # (K,) mean over seeds and checkpoints
-    sigma_sq_per_seed: np.ndarray  # (S, K)
-    rho: float
-    correlation_by_gap: dict[int, float]
+    sigma_sq: np.ndarray  # (K,) the form that matches the loss (``form``); inf where no signal is left
+    form: str
+    loss: str
+    noise: NoiseProfile
+    rho_fit: RhoFit | None  # the rho of the theorem (centred noise where exact); None: no FIFO items to correlate
+    rho_fit_uncentred: RhoFit | None  # the same fit on eps = G - grad F (bias products included)
+    rho_noise: str  # "centred" (xi = G - E[G | creation step], App. C.2) or "uncentred" (eps)
     kl_drift_per_step: float  # exact KL(pi_t || pi_{t-1}) averaged over checkpoints and seeds
+    reference: str  # "exact" or "sampled (n = ...)"
+    probe_capacity: int
     fits: dict = field(default_factory=dict)
 
+    @property
+    def rho(self) -> float:
+        """The fitted rho as measured (NaN when not measured); may lie outside [0, 1]."""
+        return math.nan if self.rho_fit is None else self.rho_fit.value
+
+    def table(self) -> tuple[np.ndarray, np.ndarray]:
+        """The finite, positive prefix of (staleness, sigma_sq): where the matched form is defined."""
+        ok = np.isfinite(self.sigma_sq) & (self.sigma_sq > 0)
+        stop = int(np.argmin(ok)) if not ok.all() else ok.size
+        return self.staleness[:stop], self.sigma_sq[:stop]
+
     def profile_dict(self, source: str) -> dict:
-        """The profile file `replay-theory optimal --profile` reads (measured table + fits)."""
-        return {
+        """The profile file: the matched table, both forms, r(s), the rho fit (unclamped) and provenance.
+
+        ``rho`` is written only when the fit lies in [0, 1]; otherwise ``rho_fit.in_range`` is false
+        and ``optimal`` asks for an explicit ``--rho``.
+        """
+        s, v = self.table()
+        if s.size < 2:
+            raise ValueError(f"the {self.form} profile has fewer than 2 finite points (retained signal "
+                             f"{', '.join(f'{r:.3g}' for r in self.noise.retained)}): no table to write")
+        p = self.noise
+
+        def series(values, cis):
+            return {"value": [_clean(x) for x in values], "ci": [[_clean(a), _clean(b)] for a, b in cis]}
+
+        data = {
             "kind": "table",
-            "staleness": [float(s) for s in self.staleness],
-            "sigma_sq": [float(v) for v in self.sigma_sq],
-            "rho": float(self.rho),
+            "staleness": [float(x) for x in s],
+            "sigma_sq": [float(x) for x in v],
+            "sigma_sq_form": self.form,
+            "loss": self.loss,
+            "forms": {
+                "staleness": list(p.staleness),
+                "plain": series(p.plain, p.plain_ci),
+                "signal_normalised": series(p.signal_normalised, p.signal_normalised_ci),
+                "retained_signal": series(p.retained, p.retained_ci),
+                "true_grad_sq": p.true_grad_sq,
+                "level": p.level,
+                "units": p.units,
+            },
+            "reference": self.reference,
+            "probe_capacity": self.probe_capacity,
             "fits": self.fits,
             "kl_drift_per_step": self.kl_drift_per_step,
-            "correlation_by_gap": {str(k): v for k, v in self.correlation_by_gap.items()},
             "source": source,
         }
+        if self.rho_fit is not None:
+            data["rho_fit"] = {**self.rho_fit.to_dict(), "noise": RHO_NOISE_TEXT[self.rho_noise]}
+            if self.rho_fit_uncentred is not None and self.rho_noise == "centred":
+                data["rho_fit_uncentred"] = {**self.rho_fit_uncentred.to_dict(), "noise": RHO_NOISE_TEXT["uncentred"]}
+            if self.rho_fit.in_range:
+                data["rho"] = float(self.rho_fit.value)
+        return data
+
+
+# --------------------------------------------------------------------------- per-sample and exact gradients
 
 
 def _flatten(batch: RolloutBatch) -> RolloutBatch:
@@ -70,8 +174,22 @@ def _one(array: np.ndarray) -> np.ndarray:
 
 
 def per_sample_grads(env, config: SimConfig, params: np.ndarray, batch: RolloutBatch) -> np.ndarray:
-    """G(theta, z_i) for every response: (S, M, d), the loss gradient on a batch of one."""
+    """G(theta, z_i) for every response: (S, M, d), the loss gradient on a batch of one.
+
+    On the bandit (one-token responses, features phi) the score phi[p, a] - E_pi phi[p, .] is formed
+    directly; elsewhere every response gets its own copy of its seed's parameters (``_flatten``),
+    which costs a full policy evaluation per response.
+    """
     S, M = batch.prompt.shape
+    if getattr(env, "seq_len", None) == 1 and hasattr(env, "features") and hasattr(env, "log_policy"):
+        logp_new = env.logp(params, batch.prompt, batch.tokens, batch.mask)  # (S, M, 1)
+        coef = compute_loss(config, _flatten(batch), logp_new.reshape(S * M, 1, 1)).grad_logp.reshape(S, M)
+        coef = np.where(batch.mask[..., 0], coef, 0.0)
+        pi = np.exp(env.log_policy(params))  # (S, P, A)
+        expected = np.einsum("spa,pad->spd", pi, env.features)  # (S, P, d) E_pi phi[p, .]
+        rows = np.arange(S)[:, None]
+        score = env.features[batch.prompt, batch.tokens[..., 0]] - expected[rows, batch.prompt]  # (S, M, d)
+        return coef[..., None] * score
     flat = _flatten(batch)
     flat_params = np.repeat(params, M, axis=0)  # (S*M, d)
     logp_new = env.logp(flat_params, flat.prompt, flat.tokens, flat.mask)  # (S*M, 1, L)
@@ -80,88 +198,201 @@ def per_sample_grads(env, config: SimConfig, params: np.ndarray, batch: RolloutB
     return grads.reshape(S, M, -1)
 
 
-def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS, checkpoints: int = 3,
-              samples: int = 256) -> Calibration:
-    """Run the probe ``config`` and measure sigma^2(s), rho and the KL drift rate at ``checkpoints`` steps."""
-    config = config.validated()
+def expected_advantage_parts(config: SimConfig, levels: np.ndarray, level_probs: np.ndarray
+                             ) -> tuple[np.ndarray, np.ndarray]:
+    """E[max(A_i, 0) | r_i = levels[k]] and E[max(-A_i, 0) | r_i = levels[k]], exactly: (S, P, K) each.
+
+    The expectation is over the other G - 1 responses of the group; ``level_probs`` (S, P, K) is
+    each prompt's probability of each reward level under the policy that generated the group.
+    Enumerates the multinomial counts of the others' levels (C(G + K - 2, K - 1) of them) and applies
+    the config's own group advantage (``designs.make_advantage``) to each resulting group.
+    """
+    G, K = config.group_size, levels.size
+    comps = np.array([np.bincount(c, minlength=K) for c in
+                      itertools.combinations_with_replacement(range(K), G - 1)])  # (C, K) counts of others
+    others = np.array([np.repeat(levels, c) for c in comps])  # (C, G - 1)
+    groups = np.concatenate([np.broadcast_to(levels[None, :, None], (len(comps), K, 1)),
+                             np.broadcast_to(others[:, None, :], (len(comps), K, G - 1))], axis=2)  # (C, K, G)
+    own = make_advantage(config, groups.reshape(1, -1, G))[0, :, 0].reshape(len(comps), K)  # (C, K)
+    coef = np.exp(math.lgamma(G) - np.array([sum(math.lgamma(x + 1) for x in c) for c in comps]))  # (C,)
+    prob = coef * np.prod(level_probs[:, :, None, :] ** comps, axis=-1)  # (S, P, C); 0 ** 0 = 1
+    return (np.einsum("spc,ck->spk", prob, np.maximum(own, 0.0)),
+            np.einsum("spc,ck->spk", prob, np.maximum(-own, 0.0)))
+
+
+def supports_exact_gradient(env) -> bool:
+    """Whether the exact gradients can be enumerated for this environment (one-token responses, a reward table)."""
+    return getattr(env, "seq_len", None) == 1 and hasattr(env, "reward_table") and hasattr(env, "log_policy")
+
+
+def exact_sample_mean(env, config: SimConfig, params: np.ndarray, behaviour: np.ndarray) -> np.ndarray:
+    """E[G(theta, z)] over z in fresh groups of pi_behaviour (uniform prompts), exactly: (S, d).
+
+    Every (prompt, action) is one item with weight pi_b(a | p) / P, its behaviour log-prob and its
+    ratio pi_theta / pi_b. The loss's d loss / d logp of an item is piecewise linear in the advantage
+    with its only kink at 0 for every loss here (clips and masks depend on the ratio and the SIGN of
+    A: GRPO, M2PO, RLOO; the rest are affine), so
+    E[coef(A)] = coef(0) + E[A+] (coef(1) - coef(0)) + E[A-] (coef(-1) - coef(0)),
+    checked at A = +-2 (a loss that breaks it is refused). With ``behaviour = params`` this is grad F.
+    """
+    if not supports_exact_gradient(env):
+        raise ValueError("the exact gradient needs the bandit env (one-token responses); use the sampled reference")
+    S = params.shape[0]
+    table = env.reward_table  # (P, A)
+    P, A = table.shape
+    n = P * A
+    pi_b = np.exp(env.log_policy(behaviour)).reshape(S, n).copy()  # (S, PA): log_policy's cache is reused below
+    levels, level_of = np.unique(table, return_inverse=True)
+    onehot = np.eye(levels.size)[level_of.reshape(P, A)]  # (P, A, K)
+    a_pos, a_neg = expected_advantage_parts(config, levels, np.einsum("spa,pak->spk", pi_b.reshape(S, P, A), onehot))
+    level_idx = np.broadcast_to(level_of.reshape(1, P, A), (S, P, A))
+    a_pos = np.take_along_axis(a_pos, level_idx, axis=2).reshape(S, n)
+    a_neg = np.take_along_axis(a_neg, level_idx, axis=2).reshape(S, n)
+    prompts = np.broadcast_to(np.repeat(np.arange(P), A), (S, n)).astype(np.int64)
+    tokens = np.broadcast_to(np.tile(np.arange(A), P)[:, None], (S, n, 1)).astype(np.int64)
+    mask = np.ones((S, n, 1), bool)
+    logp_b = env.logp(behaviour, prompts, tokens, mask)  # (S, n, 1)
+    logp_new = env.logp(params, prompts, tokens, mask).reshape(S * n, 1, 1)
+
+    def coef(advantage: float) -> np.ndarray:
+        items = RolloutBatch(prompt=prompts.copy(), tokens=tokens.copy(), mask=mask, logp_behav=logp_b,
+                             reward=np.broadcast_to(table.reshape(1, -1), (S, n)).copy(),
+                             advantage=np.full((S, n), advantage), created=np.zeros((S, n), np.int64),
+                             group=np.broadcast_to(np.arange(n), (S, n)).copy())
+        return compute_loss(config, _flatten(items), logp_new).grad_logp.reshape(S, n)
+
+    c0, cp, cm = coef(0.0), coef(1.0), coef(-1.0)
+    if not (np.allclose(coef(2.0), c0 + 2 * (cp - c0), atol=1e-12)
+            and np.allclose(coef(-2.0), c0 + 2 * (cm - c0), atol=1e-12)):
+        raise ValueError(f"loss {config.loss} is not piecewise linear in the advantage: no exact gradient; "
+                         "use the sampled reference")
+    expected = c0 + a_pos * (cp - c0) + a_neg * (cm - c0)  # (S, n) E[d loss / d logp | item]
+    return env.grad_logp_contract(params, prompts, tokens, mask, expected * pi_b / P)
+
+
+def exact_loss_gradient(env, config: SimConfig, params: np.ndarray) -> np.ndarray:
+    """grad F(theta): the on-policy expected per-sample gradient of the run's loss, exactly: (S, d)."""
+    return exact_sample_mean(env, config, params, params)
+
+
+# --------------------------------------------------------------------------- the probe
+
+
+def probe_config(config: SimConfig, max_gap: int) -> SimConfig:
+    """``config`` with the FIFO capacity raised to (max_gap + 1) R if smaller, so every gap <= max_gap is held."""
+    need = (max_gap + 1) * config.rollouts_per_step
+    if config.buffer in RHO_BUFFERS and config.pipeline == "sync" and config.capacity < need:
+        return dataclasses.replace(config, capacity=need)
+    return config
+
+
+def check_probe(config: SimConfig, staleness: tuple[int, ...], samples: int, max_gap: int, reference: str,
+                reference_samples: int) -> None:
+    """One-line ValueErrors (naming the argument) for a probe that cannot run; before any work."""
     G = config.group_size
-    if samples % G:
+    if not staleness or any(int(s) != s or s < 0 for s in staleness) or list(staleness) != sorted(set(staleness)):
+        raise ValueError(f"staleness must be increasing integers >= 0, got {','.join(map(str, staleness))}")
+    if samples < G or samples % G:
         raise ValueError(f"samples must be a multiple of group_size = {G}, got {samples}")
-    max_s = max(staleness)
-    if config.steps <= max_s + 1:
-        raise ValueError(f"steps must exceed the largest staleness probed + 1 = {max_s + 1}, got {config.steps}")
-    first = max_s + 1
+    if max_gap < 1:
+        raise ValueError(f"max_gap must be an integer >= 1, got {max_gap}")
+    if reference not in REFERENCES:
+        raise ValueError(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
+    if reference == "exact" and config.env != "bandit":
+        raise ValueError(f"reference exact needs env bandit (enumerable one-token responses), got {config.env!r}")
+    if reference_samples < 2 * G or reference_samples % G:
+        raise ValueError(f"reference_samples must be a multiple of group_size = {G} and >= {2 * G}, "
+                         f"got {reference_samples}")
+    first = max(max(staleness), max_gap) + 1
+    if config.steps <= first:
+        raise ValueError(f"steps must exceed max(largest staleness probed, max_gap) + 1 = {first}, "
+                         f"got {config.steps}")
+
+
+def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS, checkpoints: int = 3,
+              samples: int = 256, max_gap: int = DEFAULT_MAX_GAP, reference: str = "auto",
+              reference_samples: int = DEFAULT_REFERENCE_SAMPLES, level: float = noise_estimators.DEFAULT_LEVEL,
+              draws: int = noise_estimators.DEFAULT_DRAWS) -> Calibration:
+    """Run the probe of ``config`` and measure sigma^2(s) (both forms), rho and the KL drift.
+
+    ``reference``: exact (enumerated grad F, bandit only), sampled (mean of ``reference_samples``
+    held-out fresh responses, its error subtracted) or auto (exact where possible).
+    """
+    config = probe_config(config.validated(), max_gap)
+    staleness = tuple(int(s) for s in staleness)
+    check_probe(config, staleness, samples, max_gap, reference, reference_samples)
+    exact = reference == "exact" or (reference == "auto" and config.env == "bandit")
+    G, S = config.group_size, config.seeds
+    first = max(max(staleness), max_gap) + 1
     checkpoint_steps = set(np.linspace(first, config.steps - 1, checkpoints).astype(int).tolist())
-    rng = PerSeedGenerator(config.seed + 7919, config.seeds)  # the probe's own stream: the run is unchanged
-    sums = np.zeros((config.seeds, len(staleness)))
-    corr_sum: dict[int, float] = {}
-    corr_n: dict[int, int] = {}
+    rng = PerSeedGenerator(config.seed + 7919, S)  # the probe's own stream: the run is unchanged
+    measure_rho = config.buffer in RHO_BUFFERS
+    acc: dict = {}
     drift = []
 
     def observer(step, params, history, buffer, env):
         if step not in checkpoint_steps:
             return
         theta = history[-1]  # (S, d): the parameters after this step's update
-        backend = EnvBackend(env, rng)  # the probe's own stream
-        fresh = generate(backend, config, theta, samples // G, step, 0, rng)
-        reference = per_sample_grads(env, config, theta, fresh).mean(axis=1)  # (S, d) ~ grad F(theta_t)
-        for k, s in enumerate(staleness):
-            behav = history[-1 - s]  # pi_{t-s}
-            batch = fresh if s == 0 else generate(backend, config, behav, samples // G, step - s, 0, rng)
-            noise = per_sample_grads(env, config, theta, batch) - reference[:, None, :]  # (S, M, d)
-            sums[:, k] += (noise**2).sum(axis=-1).mean(axis=1)  # Assumption 3.3: E||eps||^2
+        backend = EnvBackend(env, rng)
+        if exact:
+            true_grad, ref_var = exact_loss_gradient(env, config, theta), np.zeros(S)
+            means = np.stack([exact_sample_mean(env, config, theta, history[-1 - s]) for s in staleness], axis=1)
+        else:
+            ref = generate(backend, config, theta, reference_samples // G, step, 0, rng)
+            ref_grads = per_sample_grads(env, config, theta, ref)  # (S, n_ref, d), held out from every sample below
+            true_grad, ref_var = ref_grads.mean(axis=1), noise_estimators.reference_variance(ref_grads)
+            means = None
+        grads = np.stack([per_sample_grads(env, config, theta,
+                                           generate(backend, config, history[-1 - s], samples // G, step - s, 0, rng))
+                          for s in staleness], axis=1)  # (S, K, M, d)
+        _add(acc, "stale", noise_estimators.staleness_moments(grads, true_grad, ref_var, means))
         drift.append(env.exact_divergences(history[-1], history[-2])["kl_new_behav"].mean())
-        if (buffer is not None and hasattr(buffer, "valid")
-                and config.buffer in ("fifo", "positive-bias", "prioritized")):
-            _buffer_correlations(env, config, theta, reference, buffer, corr_sum, corr_n)
+        if measure_rho and hasattr(buffer, "valid"):
+            C = buffer.valid.shape[1]
+            items = buffer.stored(np.broadcast_to(np.arange(C), (S, C)))  # every slot; invalid ones masked
+            per_item = per_sample_grads(env, config, theta, items)  # (S, C, d)
+            eps = per_item - true_grad[:, None, :]
+            _add(acc, "pairs", noise_estimators.pair_moments(eps, items.created, items.group, max_gap, buffer.valid,
+                                                             ref_var))
+            if exact:  # xi = G - E[G | creation step]: the proof's centred noise (App. C.2)
+                created = np.where(buffer.valid, items.created, -1)
+                xi = np.zeros_like(per_item)
+                for k in np.unique(created[created >= 0]):
+                    at = created == k  # (S, C)
+                    mean_k = exact_sample_mean(env, config, theta, history[int(k)])  # (S, d), pi_k generated them
+                    xi[at] = (per_item - mean_k[:, None, :])[at]
+                _add(acc, "centred", noise_estimators.pair_moments(xi, items.created, items.group, max_gap,
+                                                                   buffer.valid))
 
     run(config, observer=observer)
-    n_checkpoints = len(checkpoint_steps)
-    per_seed = sums / n_checkpoints  # (S, K)
-    sigma_sq = per_seed.mean(axis=0)  # (K,)
-    by_gap = {gap: corr_sum[gap] / corr_n[gap] for gap in sorted(corr_sum)}
-    rho = fit_rho(by_gap, config.capacity)
-    calibration = Calibration(np.asarray(staleness, float), sigma_sq, per_seed, rho, by_gap,
-                              float(np.mean(drift)) if drift else math.nan)
-    calibration.fits = fit_profiles(calibration.staleness, sigma_sq)
+    profile = noise_estimators.noise_profile(acc["stale"], staleness, level, draws, seed=config.seed)
+
+    def fit(name: str) -> RhoFit | None:
+        moments: PairMoments | None = acc.get(name)
+        return None if moments is None else noise_estimators.fit_rho(moments, config.capacity, level, draws,
+                                                                      seed=config.seed)
+
+    uncentred, centred = fit("pairs"), fit("centred")
+    form = loss_form(config.loss)
+    values = np.asarray(profile.plain if form == "plain" else profile.signal_normalised)
+    calibration = Calibration(
+        staleness=np.asarray(staleness, float), sigma_sq=values, form=form, loss=config.loss, noise=profile,
+        rho_fit=centred if centred is not None else uncentred, rho_fit_uncentred=uncentred,
+        rho_noise="centred" if centred is not None else "uncentred",
+        kl_drift_per_step=float(np.mean(drift)) if drift else math.nan,
+        reference="exact" if exact else f"sampled (n = {reference_samples} per seed and checkpoint, "
+                                        "its variance / n subtracted)",
+        probe_capacity=config.capacity)
+    s, v = calibration.table()
+    if s.size >= 2:
+        calibration.fits = fit_profiles(s, v)
     return calibration
-
-
-def _buffer_correlations(env, config, theta, reference, buffer, corr_sum, corr_n) -> None:
-    """Mean correlation of noise vectors of buffer items, grouped by the gap |t_i - t_j| in steps."""
-    S, C = buffer.valid.shape
-    slots = np.broadcast_to(np.arange(C), (S, C))
-    batch = buffer._take(slots)  # (S, C, ...) every slot; invalid ones are masked out below
-    noise = per_sample_grads(env, config, theta, batch) - reference[:, None, :]  # (S, C, d)
-    unit = noise / np.maximum(np.linalg.norm(noise, axis=-1, keepdims=True), 1e-300)
-    cos = np.einsum("scd,sed->sce", unit, unit)  # (S, C, C)
-    created = batch.created  # (S, C)
-    gap = np.abs(created[:, :, None] - created[:, None, :])  # (S, C, C)
-    valid = buffer.valid[:, :, None] & buffer.valid[:, None, :] & ~np.eye(C, dtype=bool)[None]
-    for g in np.unique(gap[valid]):
-        sel = valid & (gap == g)
-        corr_sum[int(g)] = corr_sum.get(int(g), 0.0) + float(cos[sel].sum())
-        corr_n[int(g)] = corr_n.get(int(g), 0) + int(sel.sum())
-
-
-def fit_rho(correlation_by_gap: dict[int, float], capacity: int) -> float:
-    """rho from corr(eps_i, eps_j) = rho |t_i - t_j| / N (Assumption 3.3): least squares through 0.
-
-    As in App. C.2 the gap is in steps and N in responses (so gamma-bar(H) <= rho / R).
-    Clamped to [0, 1], the range the assumption allows.
-    """
-    gaps = np.array([g for g in correlation_by_gap if g > 0], float)
-    if gaps.size == 0:
-        return 0.0
-    corr = np.array([correlation_by_gap[int(g)] for g in gaps])
-    x = gaps / capacity
-    slope = float((x * corr).sum() / (x * x).sum())
-    return float(min(1.0, max(0.0, slope)))
 
 
 def fit_profiles(staleness: np.ndarray, sigma_sq: np.ndarray) -> dict:
     """Fit the pure power law (s >= 1) and the floor profile sigma0^2 (1 + (s/tau)^(2 alpha))."""
-    from scipy.optimize import curve_fit
+    from scipy.optimize import OptimizeWarning, curve_fit
 
     fits: dict = {}
     pos = staleness >= 1
@@ -175,8 +406,10 @@ def fit_profiles(staleness: np.ndarray, sigma_sq: np.ndarray) -> dict:
         return sigma0 * (1.0 + (s / tau) ** (2 * alpha))
 
     try:
-        (alpha, tau), _ = curve_fit(floor_model, staleness, sigma_sq, p0=(0.5, 10.0),
-                                    bounds=([0.0, 1e-3], [3.0, 1e6]), maxfev=20000)
+        with warnings.catch_warnings():  # too few points for a covariance is fine: only the fit is kept
+            warnings.simplefilter("ignore", OptimizeWarning)
+            (alpha, tau), _ = curve_fit(floor_model, staleness, sigma_sq, p0=(0.5, 10.0),
+                                        bounds=([0.0, 1e-3], [3.0, 1e6]), maxfev=20000)
         fits["floor_power_law"] = {"kind": "power_law", "alpha": float(alpha), "tau": float(tau),
                                    "scale": sigma0, "floor": 1.0}
     except (RuntimeError, ValueError):

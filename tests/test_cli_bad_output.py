@@ -84,9 +84,19 @@ def test_calibrate_simulator_checks_its_output_before_the_probe(cli, tmp_path, m
     (["--samples", "nan"], "Invalid value for '--samples': Input should be a valid integer, unable to parse string "
                            "as an integer (valid: an integer >= 1, a multiple of --group-size)"),
     (["--samples", "12"], "--samples must be a multiple of --group-size = 8, got 12"),
-    (["--steps", "5"], "--steps must exceed the largest staleness probed + 1 = 33, got 5"),
+    (["--steps", "5"], "--steps must exceed max(largest --staleness probed, --max-gap) + 1 = 161, got 5"),
+    (["--staleness", "0,x"], "--staleness must be comma-separated integers >= 0, got '0,x'"),
+    (["--staleness", "4,2"], "--staleness must be increasing integers >= 0, got 4,2"),
+    (["--max-gap", "0"], "--max-gap must be an integer >= 1, got 0"),
+    (["--reference", "nope"], "--reference must be one of auto, exact, sampled, got 'nope'"),
+    (["--reference", "exact", "--env", "token-mdp"],
+     "--reference exact needs --env bandit (enumerable one-token responses), got 'token-mdp'"),
+    (["--reference-samples", "12"], "--reference-samples must be a multiple of --group-size = 8 and >= 16, got 12"),
 ])
-def test_calibrate_simulator_names_the_option_and_range(cli, tmp_path, args, message):
+def test_calibrate_simulator_names_the_option_and_range(cli, tmp_path, monkeypatch, args, message):
+    import replay_theory.cli.simulate_cmds as simulate_cmds
+
+    monkeypatch.setattr(simulate_cmds, "measure_profile", lambda *a, **k: pytest.fail("the probe ran before the check"))
     assert one_line_error(cli, "calibrate-simulator", "--out", str(tmp_path / "p.json"), *args) == message
     assert list(tmp_path.iterdir()) == []
 

@@ -30,7 +30,9 @@ def test_calibrate_then_predict(tmp_path):
     calibration = run_calibrate(SMALL, out, log=lambda *_: None)
     assert calibration["staleness"] == [0.0, 1.0, 2.0, 4.0, 8.0]
     assert len(calibration["sigma_sq"]) == 5 and all(v >= 0 for v in calibration["sigma_sq"])
-    assert calibration["mu_timing"] > 0 and 0.0 <= calibration["rho"] <= 1.0
+    assert calibration["mu_timing"] > 0 and calibration["rho"] == calibration["rho_fit"]["value"]  # never clamped
+    assert calibration["rho_fit"]["in_range"] == (0.0 <= calibration["rho"] <= 1.0)
+    assert calibration["sigma_sq_form"] == "signal-normalised" and len(calibration["retained_signal"]) == 5
     assert set(calibration["kl_by_lag"]) == {"1", "2", "4", "8"}
     summary = json.loads((out / "calibration_summary.json").read_text())
     assert summary["mu_measured"] == calibration["mu_timing"] and 0.0 <= summary["warm_start"]["pass@1"] <= 1.0

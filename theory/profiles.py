@@ -25,6 +25,17 @@ Profile files (written by the simulator and validator, read by
     {"kind": "table", "staleness": [0, 1, 2, 4], "sigma_sq": [1.0, 1.2, 1.5, 2.1], "rho": 0.05}
 
 or CSV with a header row ``staleness,sigma_sq``. ``rho`` is optional.
+
+Measured profiles (``calibrate-simulator``, ``validate calibrate-model``) add, among others:
+
+* ``sigma_sq_form``: which sigma^2 the table holds, ``plain`` (E||eps||^2, for an unbiased
+  importance-weighted loss) or ``signal-normalised`` (sigma^2 / r(s)^2, for a clipped loss: the noise
+  of a stale sample rescaled to carry the full signal); the calibration picks the form that matches
+  its probe's ``loss`` (``simulate/calibrate.py::loss_form``), so ``optimal --profile`` uses it as is;
+  both forms and r(s) are kept under ``forms``;
+* ``rho_fit``: ``{"value", "ci", "in_range", ...}``, the fitted rho with its bootstrap interval, never
+  clamped. ``rho`` itself is written only when the fit lies in [0, 1]; a file with an out-of-range
+  fit carries ``rho_fit`` alone and ``optimal`` then needs ``--rho``.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ from numpy.typing import ArrayLike
 from replay_theory.theory.checks import require_finite, require_in_range, require_nonnegative, require_positive
 
 AVERAGES = ("integral", "discrete")
+SIGMA_SQ_FORMS = ("plain", "signal-normalised")
 
 
 @dataclass(frozen=True)
@@ -175,6 +187,26 @@ class LoadedProfile:
     profile: Profile
     rho: float | None
     description: str
+    rho_fit: dict | None = None
+    """The calibration's rho fit (value, ci, in_range, ...) when the file has one."""
+    sigma_sq_form: str | None = None
+    """plain or signal-normalised (measured tables); None when the file does not say."""
+
+    def rho_problem(self) -> str | None:
+        """Why the file's rho cannot be used (an out-of-range fit, no ``rho``), or None."""
+        fit = self.rho_fit
+        if self.rho is not None or not fit or fit.get("in_range", True):
+            return None
+        value, ci = fit.get("value"), fit.get("ci") or [None, None]
+
+        def fmt(x):
+            return "nan" if x is None else f"{x:.3g}"
+
+        covers = ci[0] is not None and ci[1] is not None and (ci[0] <= 0 <= ci[1] or ci[0] <= 1 <= ci[1])
+        hint = (f" (the interval reaches {0 if ci[0] <= 0 <= ci[1] else 1}: --rho {0 if ci[0] <= 0 <= ci[1] else 1} "
+                "is consistent with it)") if covers else ""
+        return (f"the profile's rho fit {fmt(value)} (90% interval [{fmt(ci[0])}, {fmt(ci[1])}]) is outside [0, 1], "
+                f"the range Assumption 3.3 allows{hint}")
 
 
 def profile_from_dict(data: dict) -> LoadedProfile:
@@ -186,6 +218,12 @@ def profile_from_dict(data: dict) -> LoadedProfile:
     if rho is not None:
         rho = float(rho)
         require_in_range("rho", rho, 0.0, 1.0)
+    rho_fit = data.get("rho_fit")
+    if rho_fit is not None and not isinstance(rho_fit, dict):
+        raise ValueError("profile 'rho_fit' must be a JSON object")
+    form = data.get("sigma_sq_form")
+    if form is not None and form not in SIGMA_SQ_FORMS:
+        raise ValueError(f"profile 'sigma_sq_form' must be one of {', '.join(SIGMA_SQ_FORMS)}, got {form!r}")
     if kind == "power_law":
         unknown = set(data) - {"kind", "alpha", "tau", "scale", "floor", "rho", "source", "fit", "notes"}
         if unknown:
@@ -206,9 +244,11 @@ def profile_from_dict(data: dict) -> LoadedProfile:
         if "staleness" not in data or "sigma_sq" not in data:
             raise ValueError("profile of kind table needs 'staleness' and 'sigma_sq' lists")
         profile = TabulatedProfile(tuple(map(float, data["staleness"])), tuple(map(float, data["sigma_sq"])))
-        desc = (f"measured table, {len(profile.staleness)} points, "
+        what = "measured table" if form is None else (
+            f"measured table of {form} sigma^2" + (f" (loss {data['loss']})" if data.get("loss") else ""))
+        desc = (f"{what}, {len(profile.staleness)} points, "
                 f"staleness {profile.staleness[0]:g}..{profile.staleness[-1]:g}")
-        return LoadedProfile(profile, rho, desc)
+        return LoadedProfile(profile, rho, desc, rho_fit, form)
     raise ValueError(f"profile kind must be 'power_law' or 'table', got {kind!r}")
 
 

@@ -8,14 +8,25 @@ but with per-sample gradients of the transformer instead of analytic scores.
 |--------------------|------------------|------------------------------------------------------------------------|
 | ``mu_timing``      | mu (Table 1)     | generation seconds per completion / update seconds per completion      |
 | ``mu_count``       | mu (App. E)      | (K_training / T) / (K_inference / W) in a fixed wall-clock window      |
-| ``sigma_sq[s]``    | sigma^2(s)       | mean ||G(theta_t, z) - grad F||^2 over completions z ~ pi_{t-s}         |
-| ``reference``      | grad F(theta_t)  | mean per-sample gradient over fresh completions of pi_t                |
-| ``rho``            | rho              | pairwise noise correlation of FIFO items vs |t_i - t_j| / N (fit_rho)   |
+| ``sigma_sq[s]``    | sigma^2(s)       | the form matching the loss (theory/noise.py): plain or signal-normalised |
+| ``reference``      | grad F(theta_t)  | mean per-sample gradient of a large HELD-OUT batch of fresh completions |
+| ``rho``            | rho              | slope of the norm-weighted FIFO noise correlation in gap / N (no clamp) |
 | ``kl_by_lag``      | KL drift         | k1 estimate of KL(pi_t || pi_{t-lag}) from completions of pi_t          |
 
 The probe is an ordinary RL run (``validate.rl.train``, FIFO buffer, GRPO) whose
 last per-step weights are kept (on the CPU), so completions of the stale policies
 pi_{t-s} can be regenerated after it.
+
+Shared estimators. sigma^2(s) (plain and signal-normalised), the retained signal r(s), rho and the
+within-group correlation come from ``theory/noise.py``, the code the simulator uses with its exact
+gradient. Here grad F is the mean of ``reference_samples`` fresh completions of pi_t that are used for
+nothing else; its Monte Carlo error E||g_ref - grad F||^2 is estimated as (sum of the per-coordinate
+sample variances of the reference gradients) / n_ref and subtracted from every squared norm, every
+pair's inner product and ||g_ref||^2 (``theory.noise.reference_variance``: the cross terms vanish
+because the reference is independent of the measured completions). The noise is not centred per
+creation step (that needs a Monte Carlo mean per step, too costly on a model), so rho here includes
+products of stale-sample biases, like the simulator's ``rho_fit_uncentred``. One checkpoint is one
+bootstrap unit, so with the default single checkpoint no interval is given (NaN).
 
 Count-based mu (App. E). The paper estimates mu from a buffered asynchronous run: with a
 buffer neither side waits, so in the same wall-clock time each inference GPU generates
@@ -49,8 +60,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from replay_theory.simulate.calibrate import fit_profiles, fit_rho
+from replay_theory.simulate.calibrate import fit_profiles, loss_form
 from replay_theory.simulate.designs import BufferSpec, compute_loss, make_design_buffer
+from replay_theory.theory import noise as noise_estimators
 from replay_theory.theory.compute import estimate_mu
 from replay_theory.theory.profiles import save_profile
 from replay_theory.validate import countdown
@@ -66,7 +78,9 @@ class LMCalibration:
     mu_timing: float
     staleness: list[float]
     sigma_sq: list[float]
+    """sigma^2(s) in the form ``sigma_sq_form`` (the one the probe's loss needs; inf where no signal is left)."""
     rho: float
+    """The fitted rho as measured (not clamped; see ``rho_fit``)."""
     correlation_by_gap: dict[int, float]
     kl_by_lag: dict[int, float]
     kl_drift_per_step: float
@@ -78,11 +92,51 @@ class LMCalibration:
     """seconds, k_inference, k_training, workers, trainers, generation_busy_s, training_busy_s."""
     grad_coords: int | None = None
     """Coordinates per per-sample gradient (None: all parameters, exact)."""
+    sigma_sq_form: str = "plain"
+    """plain or signal-normalised (``simulate.calibrate.loss_form`` of the probe's loss)."""
+    loss: str = "grpo"
+    sigma_sq_plain: list[float] = field(default_factory=list)
+    sigma_sq_signal_normalised: list[float] = field(default_factory=list)
+    retained_signal: list[float] = field(default_factory=list)
+    rho_fit: dict = field(default_factory=dict)
+    """theory.noise.RhoFit.to_dict(): value, ci, in_range, correlation by gap, within-group correlation."""
+    reference_samples: int = 0
+    reference_variance: float = math.nan
+    """E||g_ref - grad F||^2 subtracted from every estimate (already scaled to all coordinates)."""
 
     def profile_dict(self, source: str) -> dict:
-        """The file `replay-theory optimal --profile` reads."""
-        return {"kind": "table", "staleness": self.staleness, "sigma_sq": self.sigma_sq, "rho": self.rho,
+        """The file `replay-theory optimal --profile` reads: the finite prefix of the matched table, rho only if in
+        [0, 1] (the fit itself always, under ``rho_fit``)."""
+        values, form, note = np.asarray(self.sigma_sq, float), self.sigma_sq_form, None
+        stop = _usable_prefix(values)
+        if stop < 2:  # the reference batch did not resolve the signal: say so and give the upper bound
+            values = np.asarray(self.sigma_sq_plain, float) + self.reference_variance
+            form, stop = "plain", _usable_prefix(values)
+            note = (f"the {self.sigma_sq_form} sigma^2 is not resolved (||g_ref||^2 does not exceed its own Monte "
+                    f"Carlo error {self.reference_variance:.3g}): the table is the plain E||G - g_ref||^2 without the "
+                    "reference correction, an upper bound; use more --samples")
+        if stop < 2:
+            raise ValueError("no sigma^2 form has 2 usable (finite, > 0) points: the probe measured no gradient noise")
+        data = {"kind": "table", "staleness": self.staleness[:stop], "sigma_sq": [float(v) for v in values[:stop]],
+                "sigma_sq_form": form, "loss": self.loss,
+                "forms": {"staleness": self.staleness, "plain": self.sigma_sq_plain,
+                          "signal_normalised": [v if math.isfinite(v) else None
+                                                for v in self.sigma_sq_signal_normalised],
+                          "retained_signal": self.retained_signal},
+                "rho_fit": {**self.rho_fit, "noise": "eps = G - g_ref (uncentred; reference error subtracted)"},
+                "reference": f"sampled (n = {self.reference_samples}, its variance / n subtracted)",
                 "fits": self.fits, "kl_drift_per_step": self.kl_drift_per_step, "source": source}
+        if note:
+            data["note"] = note
+        if self.rho_fit.get("in_range"):
+            data["rho"] = self.rho
+        return data
+
+
+def _usable_prefix(values: np.ndarray) -> int:
+    """Length of the leading run of finite, positive values (a profile table must be positive)."""
+    ok = np.isfinite(values) & (values > 0)
+    return int(np.argmin(ok)) if not ok.all() else ok.size
 
 
 def _flat_grad(model: torch.nn.Module) -> torch.Tensor:
@@ -205,13 +259,19 @@ def _cpu_state(model: torch.nn.Module) -> dict:
 def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
                  staleness: tuple[int, ...] = (0, 1, 2, 4, 8), samples: int = 32, seed: int = 0,
                  sampler: Sampler | None = None, mu_window_seconds: float = 0.0,
-                 max_grad_coords: int | None = MAX_GRAD_COORDS) -> LMCalibration:
+                 max_grad_coords: int | None = MAX_GRAD_COORDS,
+                 reference_samples: int | None = None) -> LMCalibration:
     """Probe run of ``config`` on ``problems``, then sigma^2(s), rho and KL(pi_t || pi_t-lag) at its last step.
 
     With ``mu_window_seconds > 0``, also the App. E count-based mu over a window of that length
     (``measure_mu_count``, on a copy of the final policy). ``sampler`` generates every completion
-    (default: the HF loop).
+    (default: the HF loop). ``reference_samples`` (default 4 ``samples``) fresh completions, held out,
+    estimate grad F; the gaps probed for rho are those the probe's buffer holds (capacity / R - 1).
     """
+    reference_samples = 4 * samples if reference_samples is None else reference_samples
+    if reference_samples < 2 * config.group_size or reference_samples % config.group_size:
+        raise ValueError(f"reference_samples must be a multiple of group_size = {config.group_size} and >= "
+                         f"{2 * config.group_size}, got {reference_samples}")
     if config.steps <= max(staleness):
         raise ValueError(f"steps must exceed the largest staleness probed = {max(staleness)}, got {config.steps}")
     sampler = HFSampler(stale_copy=config.sync_every > 1) if sampler is None else sampler
@@ -222,37 +282,49 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
     generator = torch.Generator(device="cpu").manual_seed(seed + 7919)
     rng = np.random.default_rng(seed + 7919)
     behaviour = dataclasses.replace(policy, model=copy.deepcopy(policy.model))
-    prompts_per_batch = samples // config.group_size
     num_params = sum(p.numel() for p in policy.model.parameters())
     coords = gradient_coordinates(num_params, max_grad_coords, seed + 31)
     scale = 1.0 if coords is None else num_params / coords.numel()  # E[sum over k random coords] = k/P ||v||^2
 
-    def completions_of(lag: int):
+    def completions_of(lag: int, count: int = samples):
         behaviour.model.load_state_dict(snapshots[-1 - lag])
-        index = rng.integers(0, len(problems), size=prompts_per_batch)
+        index = rng.integers(0, len(problems), size=count // config.group_size)
         sampler.sync(behaviour)  # the engine samples from pi_{t-lag}
         batch, _ = generate_batch(behaviour, problems, index, config, config.steps - lag, 0, generator, sampler)
         return batch
 
+    def grads_of(batch) -> np.ndarray:  # (n, k) float64, scaled so that sums over k coordinates estimate all P
+        return math.sqrt(scale) * per_sample_grads(policy, problems, batch, config, coords).double().cpu().numpy()
+
+    # grad F: a held-out batch, in chunks of `samples` completions (only running sums are kept)
+    total, total_sq, n_ref = 0.0, 0.0, 0
+    while n_ref < reference_samples:
+        chunk = grads_of(completions_of(0, min(samples, reference_samples - n_ref)))
+        total, total_sq, n_ref = total + chunk.sum(0), total_sq + (chunk**2).sum(0), n_ref + chunk.shape[0]
+    reference = total / n_ref  # (k,)
+    ref_var = float(((total_sq - n_ref * reference**2) / (n_ref - 1)).sum() / n_ref)  # reference_variance's formula
     fresh = completions_of(0)
-    reference = per_sample_grads(policy, problems, fresh, config, coords).mean(dim=0)  # ~ grad F(theta_t)
-    sigma_sq = []
-    for s in staleness:
-        batch = fresh if s == 0 else completions_of(s)
-        noise = per_sample_grads(policy, problems, batch, config, coords) - reference  # (n, params)
-        sigma_sq.append(scale * float((noise**2).sum(dim=1).mean()))  # Assumption 3.3: E||eps||^2
+    grads = np.stack([grads_of(fresh if s == 0 else completions_of(s)) for s in staleness])  # (K, n, k)
+    moments = noise_estimators.staleness_moments(grads[None], reference[None], ref_var)
+    profile = noise_estimators.noise_profile(moments, staleness)
     kl_by_lag = _kl_by_lag(policy, behaviour, problems, fresh, snapshots, config)
-    by_gap = _buffer_correlations(policy, problems, result.buffer, reference, config, coords)
+    rho_fit = _buffer_rho(result.buffer, config, reference, ref_var, grads_of)
     count = (measure_mu_count(policy, problems, config, mu_window_seconds, sampler, seed)
              if mu_window_seconds > 0 else {})
     staleness_f = [float(s) for s in staleness]
+    form = loss_form(config.loss)
+    sigma_sq = list(profile.plain if form == "plain" else profile.signal_normalised)
+    finite = [i for i, v in enumerate(sigma_sq) if math.isfinite(v) and v > 0]
     return LMCalibration(
         mu_timing=result.mu_timing(), staleness=staleness_f, sigma_sq=sigma_sq,
-        rho=fit_rho(by_gap, config.capacity), correlation_by_gap=by_gap, kl_by_lag=kl_by_lag,
-        kl_drift_per_step=kl_by_lag.get(1, math.nan), probe_metrics=result.metrics,
-        fits=fit_profiles(np.asarray(staleness_f), np.asarray(sigma_sq)),
+        rho=rho_fit.value, correlation_by_gap={h: c for h, c in enumerate(rho_fit.correlation)},
+        kl_by_lag=kl_by_lag, kl_drift_per_step=kl_by_lag.get(1, math.nan), probe_metrics=result.metrics,
+        fits=fit_profiles(np.asarray(staleness_f)[finite], np.asarray(sigma_sq)[finite]) if len(finite) >= 2 else {},
         mu_count=count.get("mu", math.nan), count_window=count,
         grad_coords=None if coords is None else int(coords.numel()),
+        sigma_sq_form=form, loss=config.loss, sigma_sq_plain=list(profile.plain),
+        sigma_sq_signal_normalised=list(profile.signal_normalised), retained_signal=list(profile.retained),
+        rho_fit=rho_fit.to_dict(), reference_samples=n_ref, reference_variance=ref_var,
     )
 
 
@@ -273,19 +345,20 @@ def _kl_by_lag(policy, behaviour, problems, fresh, snapshots, config) -> dict[in
     return out
 
 
-def _buffer_correlations(policy, problems, buffer, reference, config, coords=None) -> dict[int, float]:
-    """Mean cosine between noise vectors of FIFO items, by the gap between their creation steps."""
-    if buffer is None:
-        return {}
+def _buffer_rho(buffer, config: RLConfig, reference: np.ndarray, ref_var: float, grads_of) -> noise_estimators.RhoFit:
+    """rho (theory.noise.fit_rho) from the FIFO items' noise against the held-out reference, gaps the buffer holds."""
+    R = config.rollouts_per_step
+    max_gap = max(config.capacity // R - 1, 1)
+    if buffer is None or not hasattr(buffer, "valid") or not buffer.valid[0].any():
+        empty = np.zeros((1, max_gap + 1))
+        moments = noise_estimators.PairMoments(empty, empty, empty, np.zeros(1), np.zeros(1), np.zeros(1))
+        return noise_estimators.fit_rho(moments, config.capacity)
     valid = np.nonzero(buffer.valid[0])[0]
     batch = buffer.stored(valid[None, :])  # (1, n, ...)
-    noise = per_sample_grads(policy, problems, batch, config, coords) - reference
-    unit = noise / noise.norm(dim=1, keepdim=True).clamp_min(1e-30)
-    cos = (unit @ unit.T).cpu().numpy()  # (n, n)
-    created = batch.created[0]
-    gap = np.abs(created[:, None] - created[None, :])
-    off_diagonal = ~np.eye(len(created), dtype=bool)
-    return {int(g): float(cos[(gap == g) & off_diagonal].mean()) for g in np.unique(gap[off_diagonal])}
+    eps = grads_of(batch) - reference  # (n, k)
+    moments = noise_estimators.pair_moments(eps[None], batch.created, batch.group, max_gap,
+                                            reference_variance=ref_var)
+    return noise_estimators.fit_rho(moments, config.capacity)
 
 
 def write_calibration(calibration: LMCalibration, out_dir: Path, source: str) -> None:
