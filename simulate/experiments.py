@@ -178,8 +178,12 @@ def _prediction_vs_best(out_dir: Path, runs: list[dict]) -> str:
     if not path.exists():
         return "(no profile.json: run `replay-theory experiment experience-replay` to measure it)"
     loaded = load_profile(path)
-    lines = []
-    for profile_name, profile, rho in [("measured table", loaded.profile, loaded.rho)]:
+    try:
+        rho_used, rho_note = loaded.rho_for_design()
+    except ValueError as err:
+        return f"(profile.json: {err}: no prediction)"
+    lines = [f"Note: {rho_note}."] if rho_note else []
+    for profile_name, profile, rho in [("measured table", loaded.profile, rho_used)]:
         design = optimal_design(DesignQuery(mu=5.28, profile=profile, profile_rho=rho,
                                             profile_description=loaded.description))
         lines.append(f"Prediction ({profile_name}, rho = {design.rho:.3g}): regime {design.regime}, "

@@ -153,3 +153,17 @@ def test_no_signal_left_gives_an_infinite_normalised_noise():
     grads = np.array([[[[0.0, 1.0], [0.0, -1.0]]]])  # orthogonal to grad F: r = 0
     p = noise_profile(staleness_moments(grads, g), [8])
     assert p.retained == (0.0,) and p.signal_normalised == (math.inf,) and p.plain == (2.0,)
+
+
+def test_rho_for_design_uses_zero_only_when_the_interval_covers_it():
+    from replay_theory.theory.profiles import LoadedProfile, PowerLawProfile
+
+    base = dict(profile=PowerLawProfile(alpha=0.25), rho=None, description="d")
+    below = LoadedProfile(**base, rho_fit={"value": -0.001, "ci": [-0.01, 0.01], "in_range": False})
+    rho, note = below.rho_for_design()
+    assert rho == 0.0 and note.startswith("rho = 0 used: the profile's rho fit -0.001")
+    above = LoadedProfile(**base, rho_fit={"value": 3.0, "ci": [2.0, 4.0], "in_range": False})
+    with pytest.raises(ValueError, match=r"rho fit 3 .* is outside \[0, 1\].*; give rho explicitly"):
+        above.rho_for_design()
+    inside = LoadedProfile(**{**base, "rho": 0.2}, rho_fit={"value": 0.2, "ci": [0.1, 0.3], "in_range": True})
+    assert inside.rho_for_design() == (0.2, None)

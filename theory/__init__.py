@@ -6,7 +6,9 @@ Modules (import the one you need; this package imports nothing heavy itself):
 - ``bounds``       identities and bounds between them, each returning both sides
 - ``compute``      compute ratio gamma (Eq. 2) and the mu estimate of App. E
 - ``profiles``     gradient-noise profiles sigma^2(s) and their buffer average
-- ``design``       Thm 3.4 bound (also at a finite budget, eta optimised), Thm 3.5 optimum (x*, y*), honest regimes, concrete advice
+- ``design``       Thm 3.4 bound (also at a finite budget, eta optimised), Thm 3.5 optimum (x*, y*),
+                   honest regimes, concrete advice
+- ``noise``        calibration estimators: rho (unclamped, bootstrap interval), sigma^2(s) plain and normalised
 - ``freshper``     age-decay helpers (FreshPER)
 - ``group_replay`` RLOO whole-group replay budget and weights
 - ``exgrpo``       ExGRPO policy shaping and bucket probabilities

@@ -209,6 +209,18 @@ class LoadedProfile:
                 f"the range Assumption 3.3 allows{hint}")
 
 
+    def rho_for_design(self) -> tuple[float | None, str | None]:
+        """(rho, note) for a design: the file's rho; 0 with a note when the fit lies below 0 but its interval
+        covers 0 (no correlation is measurable); a one-line ValueError when the fit is out of range otherwise."""
+        problem = self.rho_problem()
+        if problem is None:
+            return self.rho, None
+        ci = self.rho_fit.get("ci") or [None, None]
+        if ci[0] is not None and ci[1] is not None and ci[0] <= 0.0 <= ci[1] and self.rho_fit.get("value", 0) < 0:
+            return 0.0, f"rho = 0 used: {problem}"
+        raise ValueError(f"{problem}; give rho explicitly")
+
+
 def profile_from_dict(data: dict) -> LoadedProfile:
     """Build a profile from the JSON schema in the module docstring."""
     if not isinstance(data, dict):

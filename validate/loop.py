@@ -142,13 +142,20 @@ def run_predict(config: ValidateConfig, out_dir: Path, mu: float | None = None, 
     calibration = json.loads((out_dir / "calibration.json").read_text())
     mu_value = calibration["mu_timing"] if mu is None else mu
     loaded = load_profile(out_dir / "profile.json")
-    design = optimal_design(DesignQuery(mu=mu_value, profile=loaded.profile, profile_rho=loaded.rho,
+    try:
+        rho, rho_note = loaded.rho_for_design()  # an out-of-range fit is never clamped into [0, 1]
+    except ValueError as err:
+        raise ValueError(f"{out_dir / 'profile.json'}: {err}") from None
+    if rho_note:
+        log(f"note: {rho_note}")
+    design = optimal_design(DesignQuery(mu=mu_value, profile=loaded.profile, profile_rho=rho,
                                         profile_description=loaded.description,
                                         rollouts_per_step=config.rollouts_per_step))
     predicted = {"mu_measured": mu_value, "x_star": design.x_star, "y_star": design.y_star, "regime": design.regime,
                  "regime_text": design.regime_text, "advice": design.advice,
                  "N": design.buffer_size, "B": design.batch_size, "R": design.rollouts_per_step,
-                 "workers_per_trainer": design.workers_per_trainer, "design": design.to_json_dict()}
+                 "workers_per_trainer": design.workers_per_trainer, "rho_used": rho, "rho_note": rho_note,
+                 "design": design.to_json_dict()}
     path = out_dir / "predicted.json"
     if path.exists():
         saved = json.loads(path.read_text())
