@@ -44,6 +44,9 @@ MuWindowOption = Annotated[float, typer.Option("--mu-window",
                                                help="Seconds of the App. E count-based mu (0: skip).")]
 TinyOption = Annotated[bool, typer.Option("--tiny/--full", help="Small problem and probe sizes for a CPU.")]
 SeedOption = Annotated[int, typer.Option("--seed", help="Seed of the problems, the model and the probe.")]
+RhoOption = Annotated[Optional[float], typer.Option(
+    "--rho", help="Correlation rho of Assumption 3.3 in [0, 1] for the prediction (default: the profile's fit; an "
+                  "out-of-range fit gives 0, said in the output).")]
 SeedsOption = Annotated[int, typer.Option("--seeds", help="Seeds per design in verify.")]
 BudgetOption = Annotated[int, typer.Option("--budget-updates", help="verify's compute budget, in on-policy updates.")]
 
@@ -98,10 +101,11 @@ def predict(
     out: Annotated[Path, typer.Option("--out", help="Run directory holding calibration.json.")],
     mu: Annotated[Optional[float], typer.Option("--mu", help="Override the measured mu (rollout-cost meaning).")
                   ] = None,
+    rho: RhoOption = None,
 ) -> None:
     """Thm 3.5 on the measured profile: predicted.json with x*, y* and integer N, B, R."""
     check_run_dir(out, needs="calibration.json")
-    _loop().run_predict(load_run_config(out), out, mu=mu, log=typer.echo)
+    _loop().run_predict(load_run_config(out), out, mu=mu, log=typer.echo, rho=rho)
 
 
 @validate_app.command("verify")
@@ -140,12 +144,15 @@ def validate_all(
     seeds: SeedsOption = VERIFY_SEEDS,
     budget: BudgetOption = VERIFY_BUDGET_UPDATES,
     seed: SeedOption = DEFAULTS.seed,
+    rho: RhoOption = None,
 ) -> None:
     """calibrate-model -> predict -> verify."""
+    if rho is not None and not 0.0 <= rho <= 1.0:  # before any work
+        raise ValueError(f"--rho must be in [0, 1], got {rho}")
     config = calibrate_config(model, device, engine, sync_every, micro_batch, gpu_memory, lr, mu_window, tiny, seed)
     check_run_dir(out)
     _loop().run_calibrate(config, out, log=typer.echo)
-    _loop().run_predict(config, out, log=typer.echo)
+    _loop().run_predict(config, out, log=typer.echo, rho=rho)
     report = _loop().run_verify(config, out, seeds=seeds, budget_updates=budget, log=typer.echo)
     typer.echo(f"measured best: {report['measured_best']['name']}; report: {out / 'report.md'}")
 

@@ -294,3 +294,10 @@ def test_validate_steps_name_the_missing_step(cli, tmp_path):
         f"'{tmp_path}' has no calibration.json: run `replay-theory validate calibrate-model --out {tmp_path}` first")
     assert one_line_error(cli, "validate", "verify", "--out", str(tmp_path)) == (
         f"'{tmp_path}' has no predicted.json: run `replay-theory validate predict --out {tmp_path}` first")
+
+
+def test_validate_rho_out_of_range_is_refused_before_any_work(cli, tmp_path):
+    out = tmp_path / "run"
+    code, stdout, err = cli("validate", "all", "--out", str(out), "--rho", "2")
+    assert (code, stdout) == (2, "") and err == "replay-theory: error: --rho must be in [0, 1], got 2.0\n"
+    assert not out.exists()  # nothing written: no warm start was trained

@@ -53,7 +53,12 @@ def test_calibrate_then_predict(tmp_path):
 
     predicted = run_predict(SMALL, out, log=lambda *_: None)
     loaded = load_profile(out / "profile.json")
-    design = optimal_design(DesignQuery(mu=calibration["mu_timing"], profile=loaded.profile, profile_rho=loaded.rho,
+    # the LM's one-checkpoint fit has no interval: an out-of-range value gives rho = 0, said, never clamped
+    in_range = calibration["rho_fit"]["in_range"]
+    assert predicted["rho_used"] == (loaded.rho if in_range else 0.0)
+    assert (predicted["rho_note"] is None) == in_range
+    design = optimal_design(DesignQuery(mu=calibration["mu_timing"], profile=loaded.profile,
+                                        profile_rho=predicted["rho_used"],
                                         rollouts_per_step=SMALL.rollouts_per_step))
     assert predicted["regime"] == design.regime and predicted["R"] == SMALL.rollouts_per_step
     if math.isfinite(design.x_star):
@@ -165,7 +170,7 @@ def test_validate_calibrate_and_all_build_the_same_config_with_the_configs_defau
 
     seen = []
     monkeypatch.setattr(loop, "run_calibrate", lambda config, out, log: seen.append(config))
-    monkeypatch.setattr(loop, "run_predict", lambda config, out, log: None)
+    monkeypatch.setattr(loop, "run_predict", lambda config, out, log, rho=None: None)
     monkeypatch.setattr(loop, "run_verify", lambda config, out, seeds, budget_updates, log: {
         "measured_best": {"name": "on-policy"}})
     runner = CliRunner()
