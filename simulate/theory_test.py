@@ -363,12 +363,13 @@ def finite_budget(N: float, R: float, B: float, *, budget: float, mu: float, pro
 def objective_values(designs: list[tuple[int, int]], mu: float, calibration: Calibration, budget: float,
                      objectives: dict | None = None) -> dict[str, np.ndarray]:
     """Each objective on every grid design (lower = predicted cheaper)."""
-    profile, rho = calibration.profile(), calibration.rho
     if objectives is None:
+        profile, rho = calibration.profile(), calibration.rho
         objectives = {
             "paper_J": lambda x, y: paper_j(x, y, mu=mu, profile=profile, rho=rho),
             "finite_budget": lambda x, y: finite_budget(x * BATCH / y, BATCH / y, BATCH, budget=budget, mu=mu,
-                                                        profile=profile, rho=rho, smoothness=calibration.smoothness,
+                                                        profile=profile, rho=rho,
+                                                        smoothness=calibration.smoothness,
                                                         bias=calibration.bias, f0=calibration.f0),
             "null": lambda x, y: gamma(x, y, mu),
         }
@@ -518,8 +519,17 @@ STEP_CAP_FACTOR = 3.0
 design slower than that costs more than 3 x on-policy at every mu of the benchmark."""
 
 
-def run_theory_test(out: str | Path, options: Options = Options(), progress: bool = True) -> dict:
-    """Run (or resume) the benchmark into ``out`` and write out/summary.json; returns the summary."""
+ObjectiveFactory = Callable[[float, Calibration, float], dict[str, Callable[[float, float], float]]]
+"""(mu, calibration, budget) -> {"paper_J": f, "finite_budget": f, "null": f}, each f(x, y) lower = better."""
+
+
+def run_theory_test(out: str | Path, options: Options = Options(), progress: bool = True,
+                    objectives: ObjectiveFactory | None = None) -> dict:
+    """Run (or resume) the benchmark into ``out`` and write out/summary.json; returns the summary.
+
+    ``objectives`` replaces the three objectives (tests plug simple ones in); by default the paper's J,
+    the finite-budget Thm 3.4 bound and the null model gamma(y).
+    """
     check_options(options)
     out = check_out_dir(Path(out))
     started = time.time()
@@ -564,7 +574,7 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
                 measured[(regime_name, loss)] = {"grid": grid, "passage": passage, "censored": censored}
                 for mu in options.mus:
                     cells.append(_cell(regime_name, loss, options, mu, grid, passage, censored, calibration,
-                                       (pre_steps, pre_lr), slope))
+                                       (pre_steps, pre_lr), slope, objectives))
     finally:
         bar.close()
     summary = {"cells": finite(cells), "protocol": _protocol(options), "replay_theory_version": __version__,
@@ -597,13 +607,15 @@ def _calibration(store: Store, env, regime: Regime, loss: str, options: Options,
         probe={"run": probe["key"], "lr": found["lr"], "checkpoints": found["checkpoints"]})
 
 
-def _cell(regime, loss, options, mu, grid, passage, censored, calibration, pre_steps, slope) -> dict:
+def _cell(regime, loss, options, mu, grid, passage, censored, calibration, pre_steps, slope, objectives=None
+          ) -> dict:
     cost = np.array([mu * BATCH / y + BATCH for _, y in grid])  # mu R + B per step
     steps = design_steps(passage)
     lr_index = passage.mean(axis=2).argmin(axis=1)  # the tuned step size of each design (0 = largest)
     compute = steps * cost
     budget = pre_steps[0][-1] * (mu + 1) * BATCH  # what on-policy B = 256 needed: the budget a user would plan
-    values = objective_values(grid, mu, calibration, budget)
+    values = objective_values(grid, mu, calibration, budget,
+                              None if objectives is None else objectives(mu, calibration, budget))
     rng = np.random.default_rng([options.instance, int(mu * 1000), len(loss)])
     best = int(np.argmin(compute))
     by_objective = {}
