@@ -23,13 +23,16 @@ size optimised per design, or the null model gamma(y) (compute per update, no no
 
 Protocol (issue 12, "the prediction benchmark"): B = 256 responses in groups of 8; x in 1..64 and
 y in 1..32 on a log2 grid (R = B/y, N = x R); SGD with the step size tuned per design over 5 log-spaced
-values around 1/L; 32 seeds; target = J0 + 0.9 (J_plateau - J0) where J_plateau is the best on-policy
-(B = 256) plateau; compute-to-target = mean first-passage step x (mu R + B), so mu enters only the
-accounting and the same runs are re-priced at every mu. Regret = compute of the predicted design /
-compute of the grid's best, with a seed-bootstrap 90% interval (the step size re-tuned in every
-replicate). Two regimes: today's bandit (step-limited) and the same bandit with a noisy reward (the
+values (factor 2 apart, from the tuned on-policy step size down to 1/16 of it; the on-policy runs tune
+over 2/L .. 1/(8L)); 32 seeds; target = J0 + 0.95 (J* - J0) with J* the exact sup of the reward;
+compute-to-target = mean first-passage step x (mu R + B), so mu enters only the accounting and the
+same runs are re-priced at every mu. Regret = compute of the predicted design / compute of the grid's
+best, with a seed-bootstrap 90% interval (the step size re-tuned in every replicate). Precondition:
+the slope of log(on-policy steps-to-target) against log B over B = 64, 128, 256 (-1: noise-limited,
+0: step-limited). Two environments: today's bandit, and the same bandit with a noisy reward (the
 verifier's reward plus Gaussian noise of standard deviation ``reward_noise``: lower reward
-signal-to-noise), whose on-policy steps-to-target fall roughly as 1/B (the precondition, reported).
+signal-to-noise). Under this protocol both measure noise-limited (docs/SIMULATION.md, "Does the theory
+predict?"): a step-limited setting was not found.
 """
 
 from __future__ import annotations
@@ -67,7 +70,11 @@ QUICK_X_GRID = (1, 4, 16, 64)
 QUICK_Y_GRID = (1, 4, 16)
 MUS = (0.5, 1.0, 2.0, 5.28, 20.0)
 LR_FACTORS = (2.0, 1.0, 0.5, 0.25, 0.125)
-"""Step sizes tried per design, in units of 1/L (the measured smoothness): 5 log-spaced values."""
+"""Step sizes of the on-policy precondition runs, in units of 1/L (the measured smoothness): 5 log-spaced values."""
+DESIGN_LR_FACTORS = (1.0, 0.5, 0.25, 0.125, 0.0625)
+"""Step sizes tried per grid design, in units of the tuned on-policy (B = 256) step size: replay reuses each
+sample's noise in y updates, so replayed designs need smaller steps than on-policy (with the 1/L grid, a
+first full run had 14-41 of 42 designs at its smallest value); the largest is on-policy's own optimum."""
 TARGET_FRACTION = 0.95
 """Target = J0 + 0.95 (J* - J0): near the on-policy noise floor (issue 12: 90-95% of the plateau; J* is
 the noise-free plateau, which the best on-policy step size approaches within 0.02)."""
@@ -538,7 +545,7 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
     jobs = [(r, loss) for r in options.regimes for loss in options.losses]
     total = len(jobs) * (len(PRECONDITION_BATCHES) + len(grid) - 1)
     bar = _Bar(total, progress)
-    cells, measured = [], {}
+    cells = []
     lr_factors = np.asarray(LR_FACTORS)
     try:
         with threadpool_limits(limits=1, user_api="blas"):
@@ -556,6 +563,7 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
                 pre_steps = [float(p.mean(axis=1).min()) for p in pre_passage]
                 pre_lr = [LR_FACTORS[int(p.mean(axis=1).argmin())] for p in pre_passage]
                 slope = precondition_slope(PRECONDITION_BATCHES, pre_steps)
+                design_lrs = np.asarray(DESIGN_LR_FACTORS) * pre_lr[-1] / inst["smoothness"]
                 calibration = _calibration(store, env, regime, loss, options, inst, pre[BATCH], lrs)
                 s0 = pre_steps[-1]
                 runs = []
@@ -566,15 +574,15 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
                         continue
                     cap = math.ceil(STEP_CAP_FACTOR * s0 * (max(options.mus) + 1) * BATCH
                                     / (max(options.mus) * R + BATCH))
-                    runs.append(_run_design(store, env, regime_name, loss, options, x * R, R, BATCH, lrs, target,
-                                            max(cap, 50), tick=bar.tick))
+                    runs.append(_run_design(store, env, regime_name, loss, options, x * R, R, BATCH, design_lrs,
+                                            target, max(cap, 50), tick=bar.tick))
                     bar.advance()
                 passage = np.asarray([r["first_passage"] for r in runs], dtype=float)  # (D, lrs, seeds)
                 censored = np.asarray([r["censored"] for r in runs], dtype=bool)
-                measured[(regime_name, loss)] = {"grid": grid, "passage": passage, "censored": censored}
+                lr_used = np.asarray([r["config"]["lrs"] for r in runs]) * inst["smoothness"]  # (D, 5) x 1/L
                 for mu in options.mus:
                     cells.append(_cell(regime_name, loss, options, mu, grid, passage, censored, calibration,
-                                       (pre_steps, pre_lr), slope, objectives))
+                                       (pre_steps, pre_lr), slope, objectives, lr_used))
     finally:
         bar.close()
     summary = {"cells": finite(cells), "protocol": _protocol(options), "replay_theory_version": __version__,
@@ -607,11 +615,14 @@ def _calibration(store: Store, env, regime: Regime, loss: str, options: Options,
         probe={"run": probe["key"], "lr": found["lr"], "checkpoints": found["checkpoints"]})
 
 
-def _cell(regime, loss, options, mu, grid, passage, censored, calibration, pre_steps, slope, objectives=None
-          ) -> dict:
+def _cell(regime, loss, options, mu, grid, passage, censored, calibration, pre_steps, slope, objectives=None,
+          lr_used=None) -> dict:
     cost = np.array([mu * BATCH / y + BATCH for _, y in grid])  # mu R + B per step
     steps = design_steps(passage)
     lr_index = passage.mean(axis=2).argmin(axis=1)  # the tuned step size of each design (0 = largest)
+    tuned_censored = censored[np.arange(len(grid)), lr_index].any(axis=1)  # compute is then a lower bound
+    lr_times_l = (np.full(len(grid), np.nan) if lr_used is None
+                  else lr_used[np.arange(len(grid)), lr_index])  # the tuned step size x L
     compute = steps * cost
     budget = pre_steps[0][-1] * (mu + 1) * BATCH  # what on-policy B = 256 needed: the budget a user would plan
     values = objective_values(grid, mu, calibration, budget,
@@ -636,10 +647,11 @@ def _cell(regime, loss, options, mu, grid, passage, censored, calibration, pre_s
         "regret": main["regret"], "regret_ci": main["regret_ci"],
         "spearman": {name: v["spearman"] for name, v in by_objective.items()},
         "by_objective": by_objective,
-        "censored_designs": int(censored.all(axis=2).any(axis=1).sum()),
-        "designs": [{"x": x, "y": y, "steps": float(s), "compute": float(c), "lr_factor": LR_FACTORS[i]}
-                    for (x, y), s, c, i in zip(grid, steps, compute, lr_index)],
-        "lr_at_grid_edge": int(np.isin(lr_index, (0, len(LR_FACTORS) - 1)).sum()),
+        "censored_designs": int(tuned_censored.sum()),
+        "designs": [{"x": x, "y": y, "steps": float(s), "compute": float(c), "lr_times_L": float(lr),
+                     "censored": bool(cens)}
+                    for (x, y), s, c, lr, cens in zip(grid, steps, compute, lr_times_l, tuned_censored)],
+        "lr_at_grid_edge": int((np.isin(lr_index, (0, passage.shape[1] - 1)) & ~tuned_censored).sum()),
         "inputs": {"smoothness_L": calibration.smoothness, "bias_kappa": calibration.bias,
                    "bias_measured": calibration.bias_measured, "F0": calibration.f0, "rho": calibration.rho,
                    "rho_reason": calibration.rho_reason, "profile_kind": calibration.profile_kind,
@@ -651,8 +663,10 @@ def _cell(regime, loss, options, mu, grid, passage, censored, calibration, pre_s
 
 
 def _protocol(options: Options) -> dict:
-    return {"batch": BATCH, "group": GROUP, "grid": [list(d) for d in options.grid], "lr_factors_of_1_over_L":
-            list(LR_FACTORS), "seeds": options.seeds, "target_fraction": TARGET_FRACTION, "mus": list(options.mus),
+    return {"batch": BATCH, "group": GROUP, "grid": [list(d) for d in options.grid],
+            "lr_factors_of_1_over_L": list(LR_FACTORS),
+            "design_lr_factors_of_on_policy_lr": list(DESIGN_LR_FACTORS), "seeds": options.seeds,
+            "target_fraction": TARGET_FRACTION, "mus": list(options.mus),
             "losses": list(options.losses), "instance": options.instance, "quick": options.quick,
             "regimes": {name: asdict(REGIMES[name]) for name in options.regimes},
             "finite_budget_source": ("theory.design.finite_budget_bound"
