@@ -23,7 +23,6 @@ import typer
 from replay_theory.cli.common import UserError, emit_json, option_message
 from replay_theory.cli.config_options import option_name, with_dataclass_options
 from replay_theory.outputs import check_new_file
-from replay_theory.outputs import check_out_dir as check_out_path
 from replay_theory.simulate.calibrate import calibrate as measure_profile
 from replay_theory.simulate.config import SimConfig, config_from_dict, field_names
 from replay_theory.simulate.engine import run
@@ -31,6 +30,7 @@ from replay_theory.simulate.experiments import EXPERIMENTS, get_experiment, writ
 from replay_theory.simulate.sweep import BACKENDS, check_jobs, load_runs, load_spec, run_sweep
 from replay_theory.simulate.theory_test import Options as TheoryTestOptions
 from replay_theory.simulate.theory_test import check_options as check_theory_test
+from replay_theory.simulate.theory_test import check_out as check_theory_test_out
 from replay_theory.simulate.theory_test import run_theory_test, summary_table
 from replay_theory.theory.profiles import save_profile
 
@@ -161,7 +161,7 @@ def experiment(
     else:
         options = theory_test_options(instance, loss, mu, seeds, quick)
         try:
-            check_out_path(out)
+            check_theory_test_out(out, options)
             summary = run_theory_test(out, options, progress=not no_progress)
         except ValueError as err:
             raise UserError(str(err)) from None

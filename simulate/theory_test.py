@@ -538,8 +538,11 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
     the finite-budget Thm 3.4 bound and the null model gamma(y).
     """
     check_options(options)
-    out = check_out_dir(Path(out))
+    out = check_out(Path(out), options)
     started = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / "options.json").exists():
+        write_new(out / "options.json", lambda tmp: tmp.write_text(options_text(options)))
     store = Store(out)
     grid = options.grid
     jobs = [(r, loss) for r in options.regimes for loss in options.losses]
@@ -589,6 +592,25 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
                "elapsed_s": round(time.time() - started, 1)}
     _write_summary(Path(out), summary)
     return summary
+
+
+def options_text(options: Options) -> str:
+    return json.dumps({**_protocol(options), "replay_theory_version": __version__}, indent=1, sort_keys=True)
+
+
+def check_out(out: Path, options: Options) -> Path:
+    """``out`` can take this benchmark: absent, empty, or holding this very benchmark (resume). Reads only."""
+    out = check_out_dir(out)
+    if not out.is_dir() or not any(out.iterdir()):
+        return out
+    stored = out / "options.json"
+    if not stored.is_file():
+        raise ValueError(f"--out {out} is a non-empty directory that holds no theory-test results (no "
+                         f"options.json); results go into a new or empty directory")
+    if stored.read_text() != options_text(options):
+        raise ValueError(f"--out {out} holds a theory-test run with other options or another code version; "
+                         f"choose a new --out")
+    return out
 
 
 def _calibration(store: Store, env, regime: Regime, loss: str, options: Options, inst: dict, probe: dict,

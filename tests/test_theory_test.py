@@ -211,6 +211,22 @@ def test_benchmark_runs_resumes_and_never_overwrites(tmp_path, tiny, monkeypatch
                            objectives=lambda mu, c, b: {**simple_objectives(mu, c, b), "paper_J": lambda x, y: y})
 
 
+def test_out_directory_is_checked_before_work(tmp_path, tiny):
+    unrelated = tmp_path / "unrelated"
+    unrelated.mkdir()
+    (unrelated / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="is a non-empty directory that holds no theory-test results"):
+        tt.run_theory_test(unrelated, tiny, progress=False)
+    assert sorted(p.name for p in unrelated.iterdir()) == ["notes.txt"]
+    started = tmp_path / "started"
+    started.mkdir()
+    (started / "options.json").write_text(tt.options_text(tiny))
+    other = tt.Options(losses=("grpo",), mus=(1.0,), seeds=2, quick=True, regimes=("bandit",))
+    with pytest.raises(ValueError, match="holds a theory-test run with other options or another code version"):
+        tt.run_theory_test(started, other, progress=False)
+    assert sorted(p.name for p in started.iterdir()) == ["options.json"]
+
+
 # --------------------------------------------------------------------------- CLI
 
 
