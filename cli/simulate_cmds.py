@@ -38,6 +38,10 @@ from replay_theory.simulate.config import SimConfig, config_from_dict, field_nam
 from replay_theory.simulate.engine import run
 from replay_theory.simulate.experiments import EXPERIMENTS, get_experiment, write_table
 from replay_theory.simulate.sweep import BACKENDS, check_jobs, load_runs, load_spec, run_sweep
+from replay_theory.simulate.theory_test import Options as TheoryTestOptions
+from replay_theory.simulate.theory_test import check_options as check_theory_test
+from replay_theory.simulate.theory_test import check_out as check_theory_test_out
+from replay_theory.simulate.theory_test import run_theory_test, summary_table
 from replay_theory.theory.profiles import save_profile
 
 ALIASES = {"batch_size": ("--batch",)}
@@ -201,15 +205,66 @@ def experiment(
     out: OutDirOption,
     jobs: JobsOption = -1,
     no_progress: NoProgressOption = False,
+    instance: Annotated[int | None, typer.Option("--instance", help="theory-test only: seed of the environment "
+                                                                    "instance (prompt difficulties, features); "
+                                                                    "default 0.")] = None,
+    loss: Annotated[str | None, typer.Option("--loss", help="theory-test only: comma-separated losses, is "
+                                                            "(unbiased importance-weighted REINFORCE) and/or grpo "
+                                                            "(clipped); default is,grpo.")] = None,
+    mu: Annotated[str | None, typer.Option("--mu", help="theory-test only: comma-separated rollout-cost ratios "
+                                                        "at which the same runs are re-priced; default "
+                                                        "0.5,1,2,5.28,20.")] = None,
+    seeds: Annotated[int | None, typer.Option("--seeds", help="theory-test only: seeds per (design, step size); "
+                                                              "default 32.")] = None,
+    quick: Annotated[bool | None, typer.Option("--quick", help="theory-test only: 4 x 3 grid, 8 seeds unless "
+                                                               "--seeds (a smoke run, < 5 min).")] = None,
 ) -> None:
     """Run one of the docs/SIMULATION.md experiments and print its table (rebuilt from the saved runs)."""
     chosen = get_experiment(name)
+    given = {"--instance": instance, "--loss": loss, "--mu": mu, "--seeds": seeds, "--quick": quick}
+    if name != "theory-test":
+        extra = [flag for flag, value in given.items() if value is not None]
+        if extra:
+            raise UserError(f"{', '.join(extra)} only apply to the theory-test experiment, not {name}")
+    else:
+        options = theory_test_options(instance, loss, mu, seeds, quick)
+        try:
+            check_theory_test_out(out, options)
+            summary = run_theory_test(out, options, progress=not no_progress)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        table = summary_table(summary)
+        write_table(out, table)
+        typer.echo(table)
+        return
     run_sweep(chosen.spec, out, n_jobs=jobs_checked(jobs), show_progress=not no_progress)
     if chosen.prepare is not None:
         chosen.prepare(out)
     table = chosen.table(out)
     write_table(out, table)
     typer.echo(table)
+
+
+def _number_list(text: str, flag: str, valid: str, kind=float) -> tuple:
+    try:
+        values = tuple(kind(part) for part in text.split(","))
+    except ValueError:
+        raise UserError(f"{flag} must be {valid}, got {text!r}") from None
+    return values
+
+
+def theory_test_options(instance, loss, mu, seeds, quick) -> TheoryTestOptions:
+    """The benchmark's options from the CLI's, checked before any work (one line naming the option)."""
+    losses = tuple(part.strip() for part in loss.split(",")) if loss is not None else TheoryTestOptions.losses
+    mus = (_number_list(mu, "--mu", "a comma-separated list of finite numbers > 0") if mu is not None
+           else TheoryTestOptions.mus)
+    options = TheoryTestOptions(instance=0 if instance is None else instance, losses=losses, mus=mus,
+                                seeds=seeds if seeds is not None else (8 if quick else 32), quick=bool(quick))
+    try:
+        check_theory_test(options)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    return options
 
 
 def register(app: typer.Typer) -> None:

@@ -11,6 +11,7 @@ when it is missing:
 | m2po-collapse       | RESULTS/m2po/runs/*.npz              | experiment m2po --out RESULTS/m2po                   |
 | freshper            | RESULTS/freshper/runs/*.npz          | experiment freshper --out RESULTS/freshper           |
 | validation          | RESULTS/validation/report.json       | validate all --out RESULTS/validation                |
+| theory-test         | RESULTS/theory-test/summary.json     | experiment theory-test --out RESULTS/theory-test     |
 
 (*) ``--out RESULTS/experience-replay``.
 
@@ -38,6 +39,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import ScalarFormatter
 
 from replay_theory.figures.style import COLORS, DPI, new_axes, new_axes_row, render
 
@@ -47,6 +49,7 @@ COMMANDS = {
     "m2po": "replay-theory experiment m2po --out {path}",
     "freshper": "replay-theory experiment freshper --out {path}",
     "validation": "replay-theory validate all --out {path}",
+    "theory-test": "replay-theory experiment theory-test --out {path}",
 }
 
 
@@ -58,6 +61,7 @@ REQUIRES = {
     "m2po-collapse": ("m2po", "runs"),
     "freshper": ("freshper", "runs"),
     "validation": ("validation", "report.json"),
+    "theory-test": ("theory-test", "summary.json"),
 }
 
 
@@ -514,6 +518,62 @@ def plot_validation(results: Path = Path("results"), axes=None) -> Figure:
     return fig
 
 
+# --------------------------------------------------------------------------- does the theory predict?
+
+THEORY_TEST_OBJECTIVES = (("paper_J", "paper J", "-"), ("finite_budget", "finite budget", "--"),
+                          ("null", "null γ(y)", ":"))
+
+
+def theory_test_data(results: Path) -> dict:
+    """Per (regime, loss): mu, regret of each objective's pick with its 90% interval, Spearman of each objective."""
+    summary = read_json(_require(results, "theory-test", "summary.json") / "summary.json")
+    out: dict[tuple[str, str], dict] = {}
+    for cell in summary["cells"]:
+        d = out.setdefault((cell["regime"], cell["loss"]), {"mu": [], "regret": {}, "low": {}, "high": {},
+                                                            "spearman": {}, "measured": cell["regime_measured"]})
+        d["mu"].append(cell["mu"])
+        for name, _, _ in THEORY_TEST_OBJECTIVES:
+            o = cell["by_objective"][name]
+            d["regret"].setdefault(name, []).append(o["regret"])
+            d["low"].setdefault(name, []).append(o["regret_ci"][0])
+            d["high"].setdefault(name, []).append(o["regret_ci"][1])
+            value = cell["spearman"][name]
+            d["spearman"].setdefault(name, []).append(np.nan if value is None else value)
+    return {key: {k: ({n: np.asarray(v) for n, v in val.items()} if isinstance(val, dict) else
+                      (np.asarray(val) if isinstance(val, list) else val)) for k, val in d.items()}
+            for key, d in out.items()}
+
+
+def plot_theory_test(results: Path = Path("results"), axes=None) -> Figure:
+    """Regret of the design each objective predicts (90% seed-bootstrap band) and its Spearman rank
+    correlation with measured compute, against mu; one colour per (regime, loss), one line style per objective."""
+    data = theory_test_data(results)
+    fig, axes = new_axes_row(axes, n=2, figsize=(7.4, 3.8))
+    handles = []
+    for i, ((regime, loss), d) in enumerate(sorted(data.items())):
+        color = COLORS[i % len(COLORS)]
+        for name, _, style in THEORY_TEST_OBJECTIVES:
+            if name != "null":
+                axes[0].plot(d["mu"], d["regret"][name], color=color, ls=style, lw=1.2, marker="o", ms=3)
+                axes[0].fill_between(d["mu"], d["low"][name], d["high"][name], color=color, alpha=0.12, lw=0)
+            axes[1].plot(d["mu"], d["spearman"][name], color=color, ls=style, lw=1.2, marker="o", ms=3)
+        handles.append(Line2D([], [], color=color, lw=2, label=f"{regime}, {loss} ({d['measured']})"))
+    handles += [Line2D([], [], color="0.3", ls=style, lw=1.2, label=label)
+                for _, label, style in THEORY_TEST_OBJECTIVES]
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("μ (rollout cost / update cost)")
+    axes[0].set_yscale("log")
+    axes[0].yaxis.set_major_formatter(ScalarFormatter())
+    axes[0].yaxis.set_minor_formatter(ScalarFormatter())
+    axes[0].axhline(1.2, color="0.5", lw=0.8, ls="-.")
+    axes[0].set_ylabel("regret: compute of pick / best")
+    axes[1].axhline(0.0, color="0.5", lw=0.8)
+    axes[1].set_ylabel("Spearman vs measured compute")
+    fig.legend(handles=handles, loc="outside lower center", ncol=3)
+    return fig
+
+
 RESULTS_FIGURES = {
     "staleness-diversity": ("Fig. 2: staleness, replay count and time since last use per buffer design",
                             plot_staleness_diversity),
@@ -524,4 +584,6 @@ RESULTS_FIGURES = {
     "m2po-collapse": ("M2PO: reward over training at staleness 32, and clip / masked fractions", plot_m2po_collapse),
     "freshper": ("FreshPER: on-policy vs uniform vs PER vs age decay per lr; best tau vs 1/drift", plot_freshper),
     "validation": ("validation: predicted vs measured design at equal compute, reward vs compute", plot_validation),
+    "theory-test": ("does the theory predict? regret of each objective's pick and its Spearman, vs mu",
+                    plot_theory_test),
 }

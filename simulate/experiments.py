@@ -26,6 +26,8 @@ import numpy as np
 from replay_theory.simulate.calibrate import calibrate
 from replay_theory.simulate.config import config_from_dict
 from replay_theory.simulate.sweep import load_runs
+from replay_theory.simulate.theory_test import SPEC as THEORY_TEST_SPEC
+from replay_theory.simulate.theory_test import theory_test_table
 from replay_theory.theory.design import DesignQuery, optimal_design
 from replay_theory.theory.profiles import load_profile, save_profile
 
@@ -388,6 +390,8 @@ EXPERIMENTS: dict[str, Experiment] = {
     "m2po": Experiment("m2po", "no trust region vs clipped GRPO vs M2PO at staleness 32 (token MDP)", M2PO, m2po_table),
     "rloo": Experiment("rloo", "RLOO whole-group replay: rho, L, c (token MDP)", RLOO, rloo_table),
     "exgrpo": Experiment("exgrpo", "ExGRPO buckets, shaping and retirement ablations", EXGRPO, exgrpo_table),
+    "theory-test": Experiment("theory-test", "does the theory predict? regret of predicted designs (own runner)",
+                              THEORY_TEST_SPEC, theory_test_table),
 }
 
 

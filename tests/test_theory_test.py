@@ -1,0 +1,292 @@
+"""theory-test: the benchmark's measurements, scores and CLI, against hand-computed values."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+
+from replay_theory.figures import results as fig
+from replay_theory.figures.style import print_problems
+from replay_theory.simulate import theory_test as tt
+from replay_theory.simulate.envs.bandit import BanditConfig, BanditEnv
+from replay_theory.theory.profiles import PowerLawProfile, TabulatedProfile
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def small_env(noise: float = 0.0) -> tt.NoisyRewardBandit:
+    return tt.NoisyRewardBandit(BanditConfig(num_prompts=8, num_actions=5, feature_dim=4, num_well_formed=2),
+                                noise, seed=0)
+
+
+# --------------------------------------------------------------------------- exact quantities
+
+
+def test_exact_gradient_is_the_derivative_of_the_exact_reward():
+    env = small_env()
+    theta = np.random.default_rng(1).normal(size=(2, 4))
+    grad = tt.exact_grad(env, theta)
+    h = 1e-6
+    for k in range(4):
+        step = np.zeros(4)
+        step[k] = h
+        numeric = (tt.exact_reward(env, theta + step) - tt.exact_reward(env, theta - step)) / (2 * h)
+        np.testing.assert_allclose(grad[:, k], numeric, rtol=1e-6, atol=1e-9)
+
+
+def test_hessian_norm_is_the_largest_curvature_of_the_reward():
+    env = small_env()
+    theta = np.random.default_rng(2).normal(size=(1, 4))
+    h = 1e-4
+    hess = np.zeros((4, 4))  # second differences of the reward itself, independent of exact_grad
+    for i in range(4):
+        for j in range(4):
+            ei, ej = np.eye(4)[i] * h, np.eye(4)[j] * h
+            f = [tt.exact_reward(env, theta + a + b)[0] for a, b in ((ei, ej), (ei, -ej), (-ei, ej), (-ei, -ej))]
+            hess[i, j] = (f[0] - f[1] - f[2] + f[3]) / (4 * h * h)
+    assert tt.hessian_norm(env, theta) == pytest.approx(np.max(np.abs(np.linalg.eigvalsh(hess))), rel=1e-3)
+
+
+def test_noisy_reward_keeps_the_expected_reward():
+    clean = BanditEnv(BanditConfig(num_prompts=8, num_actions=5, feature_dim=4, num_well_formed=2))
+    prompts = np.zeros((1, 20000), np.int64)
+    tokens = np.full((1, 20000, 1), clean.answer[0])
+    np.testing.assert_array_equal(small_env(0.0).reward(prompts, tokens), clean.reward(prompts, tokens))
+    noisy = small_env(2.0).reward(prompts, tokens)
+    assert noisy.mean() == pytest.approx(1.0, abs=0.05) and noisy.std() == pytest.approx(2.0, rel=0.03)
+
+
+def test_the_unbiased_loss_has_no_staleness_bias_and_its_noise_grows_with_staleness():
+    # is = importance-weighted REINFORCE with a leave-one-out baseline: E G_s = grad J exactly, any s
+    env = small_env()
+    rng = np.random.default_rng(3)
+    theta = np.array([[0.8, -0.5, 0.3, 0.1]])
+    stale = np.zeros((1, 4))
+    exact = tt.exact_grad(env, theta)[0]
+
+    def within_noise(grads):  # responses of a group are correlated (shared baseline): groups are the units
+        groups = grads.reshape(-1, tt.GROUP, grads.shape[1]).mean(axis=1)
+        return np.all(np.abs(groups.mean(axis=0) - exact) < 4 * groups.std(axis=0) / math.sqrt(groups.shape[0]))
+
+    grads = tt.per_sample_grads(env, "is", theta, stale, 20000, rng)  # 160000 responses
+    fresh = tt.per_sample_grads(env, "is", theta, theta, 20000, rng)
+    assert within_noise(grads) and within_noise(fresh)
+    assert ((grads - exact) ** 2).sum(axis=1).mean() > ((fresh - exact) ** 2).sum(axis=1).mean()
+
+
+# --------------------------------------------------------------------------- objectives and scores
+
+
+def test_null_model_is_compute_per_update():
+    assert tt.gamma(4, 1, 5.28) == pytest.approx(1.0)  # on-policy
+    assert tt.gamma(4, 2, 1.0) == pytest.approx((0.5 + 1) / 2)  # (mu R + B) / ((mu + 1) B) with R = B/2
+
+
+def test_paper_j_by_hand():
+    flat = TabulatedProfile((0.0, 100.0), (3.0, 3.0))
+    # rollout-cost mu = 2: J = sigma^2 (1 + y/mu) (1/y + 1/x + rho) = 3 (1 + 1) (1/2 + 1/4) = 4.5
+    assert tt.paper_j(4, 2, mu=2.0, profile=flat, rho=0.0) == pytest.approx(4.5)
+
+
+def test_finite_budget_stand_in_is_the_thm34_minimum_over_eta():
+    profile = PowerLawProfile(alpha=0.0, scale=2.0)  # sigmabar^2 = 2
+    N, R, B, mu, L, f0, budget = 512.0, 64.0, 256.0, 5.28, 0.5, 0.3, 1e6
+    steps = budget / (mu * R + B)
+    a, b = 12 * f0 / steps, 8 * L * 2.0 * (1 / B + 1 / N)  # a / eta + b eta, kappa = 0
+    eta = math.sqrt(a / b)
+    assert eta < 1 / (2 * L)  # interior optimum: the bound is 2 sqrt(a b)
+    value = tt.thm34_at_budget(N, R, B, budget=budget, mu=mu, profile=profile, rho=0.0, smoothness=L, bias=0.0,
+                               f0=f0)
+    assert value == pytest.approx(2 * math.sqrt(a * b), rel=1e-3)
+    tiny = tt.thm34_at_budget(N, R, B, budget=1.0, mu=mu, profile=profile, rho=0.0, smoothness=L, bias=0.0, f0=f0)
+    eta_max = 1 / (2 * L)  # tiny budget: the step-size limit binds
+    assert tiny == pytest.approx(12 * f0 / (eta_max / (mu * R + B)) + b * eta_max, rel=1e-9)
+
+
+def test_regret_tunes_the_step_size_and_its_interval_shrinks_to_a_point_without_seed_noise():
+    # 2 designs x 2 step sizes x 4 seeds of first-passage steps
+    passage = np.array([[[10, 10, 10, 10], [8, 8, 8, 8]],
+                        [[5, 5, 5, 5], [20, 20, 20, 20]]], dtype=float)
+    np.testing.assert_array_equal(tt.design_steps(passage), [8.0, 5.0])
+    cost = np.array([1.0, 2.0])  # compute 8 and 10
+    regret, ci = tt.regret_and_ci(passage, cost, predicted=1, rng=np.random.default_rng(0))
+    assert regret == pytest.approx(10 / 8) and ci == pytest.approx([10 / 8, 10 / 8])
+
+
+def test_regret_interval_covers_the_seed_spread():
+    passage = np.array([[[10, 12, 8, 10]], [[9, 14, 7, 10]]], dtype=float)  # design 1 worse on average
+    regret, (low, high) = tt.regret_and_ci(passage, np.ones(2), predicted=1, rng=np.random.default_rng(0))
+    assert regret == pytest.approx(10 / 10) and low == pytest.approx(1.0) and 1.0 < high <= 14 / 12
+
+
+def test_spearman_and_precondition_slope():
+    assert tt.spearman(np.array([1.0, 2, 3]), np.array([10.0, 20, 30])) == pytest.approx(1.0)
+    assert tt.spearman(np.array([1.0, 2, 3]), np.array([30.0, 20, 10])) == pytest.approx(-1.0)
+    assert math.isnan(tt.spearman(np.array([1.0, 1, 1]), np.array([1.0, 2, 3])))  # a constant ranks nothing
+    assert tt.precondition_slope((64, 128, 256), [400.0, 200.0, 100.0]) == pytest.approx(-1.0)
+    assert tt.precondition_slope((64, 128, 256), [50.0, 50.0, 50.0]) == pytest.approx(0.0, abs=1e-12)
+    assert [tt.regime_label(s) for s in (-1.0, -0.5, 0.0)] == ["noise-limited", "mixed", "step-limited"]
+
+
+def test_pluggable_objectives():
+    calibration = None  # simple objectives ignore the measured inputs
+    values = tt.objective_values([(1, 1), (4, 2), (16, 8)], 2.0, calibration, 1.0,
+                                 {"paper_J": lambda x, y: x, "finite_budget": lambda x, y: -y,
+                                  "null": lambda x, y: tt.gamma(x, y, 2.0)})
+    np.testing.assert_array_equal(values["paper_J"], [1, 4, 16])
+    np.testing.assert_array_equal(values["finite_budget"], [-1, -2, -8])
+    np.testing.assert_allclose(values["null"], [1.0, 2 / 3, 1.25 / 3])
+
+
+# --------------------------------------------------------------------------- training
+
+
+def test_train_first_passage_and_censoring():
+    env = small_env()
+    lrs = np.array([1.0, 0.5])
+    reached = tt.train(env, "is", lrs, 32, 16, 16, 3, target=-1.0, max_steps=5)
+    assert reached.steps == 1 and reached.first_passage.tolist() == [[1, 1, 1], [1, 1, 1]]
+    never = tt.train(env, "grpo", lrs, 32, 16, 16, 3, target=2.0, max_steps=7)
+    assert never.steps == 7 and never.censored.all() and (never.first_passage == 8).all()
+    again = tt.train(env, "grpo", lrs, 32, 16, 16, 3, target=2.0, max_steps=7)
+    np.testing.assert_array_equal(never.mean_reward, again.mean_reward)  # same seed, same run
+
+
+# --------------------------------------------------------------------------- the whole benchmark, tiny
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setattr(tt, "QUICK_X_GRID", (1, 4))
+    monkeypatch.setattr(tt, "QUICK_Y_GRID", (1, 4))
+    monkeypatch.setattr(tt, "PRECONDITION_BATCHES", (128, 256))
+    monkeypatch.setattr(tt, "STALENESS", (0, 2, 8))
+    monkeypatch.setattr(tt, "BOOTSTRAP", 50)
+    return tt.Options(losses=("is",), mus=(1.0, 20.0), seeds=2, quick=True, regimes=("bandit",))
+
+
+def simple_objectives(mu, calibration, budget):
+    return {"paper_J": lambda x, y: 1.0 / y, "finite_budget": lambda x, y: x + y,
+            "null": lambda x, y: tt.gamma(x, y, mu)}
+
+
+def test_benchmark_runs_resumes_and_never_overwrites(tmp_path, tiny, monkeypatch):
+    out = tmp_path / "bench"
+    summary = tt.run_theory_test(out, tiny, progress=False, objectives=simple_objectives)
+    assert [(c["regime"], c["loss"], c["mu"]) for c in summary["cells"]] == [("bandit", "is", 1.0),
+                                                                            ("bandit", "is", 20.0)]
+    for cell in summary["cells"]:
+        assert cell["predicted"] == {"x": 1, "y": 1, "objective": "finite_budget", "value": 2.0}  # argmin x + y
+        assert cell["by_objective"]["paper_J"]["y"] == 4  # argmin 1/y
+        compute = {(d["x"], d["y"]): d["compute"] for d in cell["designs"]}
+        best = min(compute.values())
+        assert cell["regret"] == pytest.approx(compute[(1, 1)] / best)
+        assert compute[(cell["best"]["x"], cell["best"]["y"])] == best
+        assert cell["regret_ci"][0] <= cell["regret"] * (1 + 1e-12) or cell["regret_ci"][0] >= 1.0
+        # mu only prices the same runs: steps per design are identical across mu, compute = steps (mu R + B)
+        for d in cell["designs"]:
+            assert d["compute"] == pytest.approx(d["steps"] * (cell["mu"] * 256 / d["y"] + 256))
+        assert cell["inputs"]["rho"] == 0.0 and cell["inputs"]["bias_kappa"] == 0.0  # is: unbiased
+        assert cell["inputs"]["F0"] == pytest.approx(cell["inputs"]["J_star"] - cell["inputs"]["J0"])
+    steps = [[d["steps"] for d in c["designs"]] for c in summary["cells"]]
+    assert steps[0] == steps[1]
+    text = (out / "summary.json").read_text()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(tt, "train", no_training)
+    again = tt.run_theory_test(out, tiny, progress=False, objectives=simple_objectives)  # resume: all saved
+    assert again["cells"] == json.loads(text)["cells"] and (out / "summary.json").read_text() == text
+    with pytest.raises(ValueError, match="holds a different summary; results are never overwritten"):
+        tt.run_theory_test(out, tiny, progress=False,
+                           objectives=lambda mu, c, b: {**simple_objectives(mu, c, b), "paper_J": lambda x, y: y})
+
+
+def test_out_directory_is_checked_before_work(tmp_path, tiny):
+    unrelated = tmp_path / "unrelated"
+    unrelated.mkdir()
+    (unrelated / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="is a non-empty directory that holds no theory-test results"):
+        tt.run_theory_test(unrelated, tiny, progress=False)
+    assert sorted(p.name for p in unrelated.iterdir()) == ["notes.txt"]
+    started = tmp_path / "started"
+    started.mkdir()
+    (started / "options.json").write_text(tt.options_text(tiny))
+    other = tt.Options(losses=("grpo",), mus=(1.0,), seeds=2, quick=True, regimes=("bandit",))
+    with pytest.raises(ValueError, match="holds a theory-test run with other options or another code version"):
+        tt.run_theory_test(started, other, progress=False)
+    assert sorted(p.name for p in started.iterdir()) == ["options.json"]
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--loss", "foo"], "--loss must be a comma-separated list of is, grpo, got foo"),
+    (["--mu", "0,1"], "--mu must be a comma-separated list of finite numbers > 0, got 0,1"),
+    (["--mu", "a"], "--mu must be a comma-separated list of finite numbers > 0, got 'a'"),
+    (["--seeds", "1"], "--seeds must be an integer >= 2 (the bootstrap resamples seeds), got 1"),
+    (["--instance", "-1"], "--instance must be an integer >= 0, got -1"),
+])
+def test_bad_options_are_one_line_before_any_work(cli, tmp_path, args, message):
+    out = tmp_path / "new"
+    code, stdout, stderr = cli("experiment", "theory-test", "--out", str(out), *args)
+    assert code == 2 and stderr.strip() == f"replay-theory: error: {message}" and not out.exists()
+
+
+def test_theory_test_options_are_refused_for_other_experiments(cli, tmp_path):
+    code, _, stderr = cli("experiment", "sanity", "--out", str(tmp_path / "s"), "--seeds", "4", "--quick")
+    assert code == 2 and stderr.strip() == ("replay-theory: error: --seeds, --quick only apply to the theory-test "
+                                            "experiment, not sanity")
+    assert not (tmp_path / "s").exists()
+
+
+# --------------------------------------------------------------------------- the figure and table
+
+
+def fake_summary() -> dict:
+    cells = []
+    for regime, measured in (("bandit", "noise-limited"), ("noisy-reward", "noise-limited")):
+        for mu in (0.5, 5.28, 20.0):
+            by = {name: {"x": 4, "y": 2, "value": 1.0, "regret": 1.0 + mu / 10, "regret_ci": [1.0, 1.5 + mu / 10],
+                         "spearman": s} for name, s in (("paper_J", 0.5), ("finite_budget", 0.6), ("null", -0.2))}
+            cells.append({"regime": regime, "loss": "is", "mu": mu, "regime_measured": measured,
+                          "precondition_slope": -0.9, "predicted": {"x": 4, "y": 2, "objective": "finite_budget"},
+                          "best": {"x": 8, "y": 4}, "regret": 1.0 + mu / 10, "regret_ci": [1.0, 1.5 + mu / 10],
+                          "spearman": {"paper_J": 0.5, "finite_budget": 0.6, "null": None}, "by_objective": by})
+    return {"cells": cells}
+
+
+def test_figure_data_and_print_readiness(tmp_path):
+    (tmp_path / "theory-test").mkdir()
+    (tmp_path / "theory-test" / "summary.json").write_text(json.dumps(fake_summary()))
+    data = fig.theory_test_data(tmp_path)
+    assert set(data) == {("bandit", "is"), ("noisy-reward", "is")}
+    d = data[("bandit", "is")]
+    np.testing.assert_allclose(d["mu"], [0.5, 5.28, 20.0])
+    np.testing.assert_allclose(d["regret"]["finite_budget"], [1.05, 1.528, 3.0])
+    np.testing.assert_allclose(d["high"]["paper_J"], [1.55, 2.028, 3.5])
+    assert np.isnan(d["spearman"]["null"]).all() and d["measured"] == "noise-limited"
+    assert print_problems(fig.plot_theory_test(tmp_path)) == []
+
+
+def test_missing_summary_names_the_command(tmp_path):
+    with pytest.raises(fig.MissingResults, match="replay-theory experiment theory-test --out"):
+        fig.check_results("theory-test", tmp_path)
+
+
+def test_table_rows():
+    table = tt.summary_table(fake_summary())
+    rows = table.splitlines()
+    assert len(rows) == 2 + 6
+    assert rows[2] == ("| bandit (noise-limited) | is | 0.5 | -0.9 | 4, 2 | 8, 4 | 1.05 [1, 1.55] | 4, 2, 1.05 | "
+                       "0.5 / 0.6 / n/a |")
