@@ -59,8 +59,7 @@ from replay_theory.simulate.optim import OPTIMIZERS
 from replay_theory.simulate.pipeline import EnvBackend, Pipeline, score
 from replay_theory.simulate.rng import PerSeedGenerator
 from replay_theory.theory import design as theory_design
-from replay_theory.theory.design import mu_sec3_of, objective_j
-from replay_theory.theory.profiles import Profile, TabulatedProfile, sigma_bar_sq
+from replay_theory.theory.profiles import Profile, TabulatedProfile
 
 BATCH = 256
 GROUP = 8
@@ -333,38 +332,16 @@ def gamma(x: float, y: float, mu: float) -> float:
 
 
 def paper_j(x: float, y: float, *, mu: float, profile: Profile, rho: float) -> float:
-    """The paper's J (large-budget limit, App. C.3.1); theory.design.paper_objective where it exists."""
-    if hasattr(theory_design, "paper_objective"):
-        return float(theory_design.paper_objective(x, y, mu=mu, profile=profile, rho=rho,
-                                                   convention="rollout-cost"))
-    return float(objective_j(x, y, mu_sec3_of(mu, "rollout-cost"), rho, sigma_bar_sq(profile, x)))
-
-
-def thm34_at_budget(N: float, R: float, B: float, *, budget: float, mu: float, profile: Profile, rho: float,
-                    smoothness: float, bias: float, f0: float) -> float:
-    """min over eta <= eta_max of the Thm 3.4 bound after T = budget / (mu R + B) updates (stand-in for
-    theory.design.finite_budget_bound until it lands; same inputs, value only)."""
-    steps = budget / (mu * R + B)
-    noise = float(sigma_bar_sq(profile, N / R)) * (1.0 / B + 1.0 / N + rho / R)
-    bias_limit = math.inf if bias == 0 else R / (2.0 * math.sqrt(2.0) * bias * N)
-    eta_max = min(bias_limit, 1.0 / (2.0 * smoothness))  # App. C.2: L eta < 1/2
-
-    def bound(eta):
-        return 12.0 * f0 / (eta * steps) + 8.0 * eta * (4.0 * N**2 * bias**2 * eta / R**2 + smoothness) * noise
-
-    etas = eta_max * np.logspace(-6, 0, 241)
-    return float(np.min(bound(etas)))
+    """The paper's J (large-budget limit, App. C.3.1): theory.design.paper_objective."""
+    return float(theory_design.paper_objective(x, y, mu=mu, profile=profile, rho=rho, convention="rollout-cost"))
 
 
 def finite_budget(N: float, R: float, B: float, *, budget: float, mu: float, profile: Profile, rho: float,
                   smoothness: float, bias: float, f0: float) -> float:
-    """The Thm 3.4 bound at compute ``budget`` with eta optimised: theory.design.finite_budget_bound if present."""
-    if hasattr(theory_design, "finite_budget_bound"):
-        return float(theory_design.finite_budget_bound(N, R, B, budget=budget, mu=mu, profile=profile, rho=rho,
-                                                       smoothness=smoothness, bias=bias, f0=f0,
-                                                       convention="rollout-cost").value)
-    return thm34_at_budget(N, R, B, budget=budget, mu=mu, profile=profile, rho=rho, smoothness=smoothness,
-                           bias=bias, f0=f0)
+    """The Thm 3.4 bound at compute ``budget`` with eta optimised per design: theory.design.finite_budget_bound."""
+    return float(theory_design.finite_budget_bound(N, R, B, budget=budget, mu=mu, profile=profile, rho=rho,
+                                                   smoothness=smoothness, bias=bias, f0=f0,
+                                                   convention="rollout-cost").value)
 
 
 def objective_values(designs: list[tuple[int, int]], mu: float, calibration: Calibration, budget: float,
@@ -691,9 +668,7 @@ def _protocol(options: Options) -> dict:
             "target_fraction": TARGET_FRACTION, "mus": list(options.mus),
             "losses": list(options.losses), "instance": options.instance, "quick": options.quick,
             "regimes": {name: asdict(REGIMES[name]) for name in options.regimes},
-            "finite_budget_source": ("theory.design.finite_budget_bound"
-                                     if hasattr(theory_design, "finite_budget_bound")
-                                     else "simulate.theory_test.thm34_at_budget (stand-in)"),
+            "finite_budget_source": "theory.design.finite_budget_bound",
             "bootstrap": BOOTSTRAP}
 
 

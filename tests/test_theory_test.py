@@ -92,23 +92,29 @@ def test_null_model_is_compute_per_update():
 
 def test_paper_j_by_hand():
     flat = TabulatedProfile((0.0, 100.0), (3.0, 3.0))
-    # rollout-cost mu = 2: J = sigma^2 (1 + y/mu) (1/y + 1/x + rho) = 3 (1 + 1) (1/2 + 1/4) = 4.5
-    assert tt.paper_j(4, 2, mu=2.0, profile=flat, rho=0.0) == pytest.approx(4.5)
+    # rollout-cost mu = 2: J = sigma^2 (mu + y) (1/y + 1/x + rho) = 3 (2 + 2) (1/2 + 1/4) = 9 (cost per update
+    # in units of R times the variance term in units of 1/R; only the ranking at one mu matters here)
+    assert tt.paper_j(4, 2, mu=2.0, profile=flat, rho=0.0) == pytest.approx(9.0)
 
 
-def test_finite_budget_stand_in_is_the_thm34_minimum_over_eta():
+def test_finite_budget_is_the_thm34_minimum_over_eta():
     profile = PowerLawProfile(alpha=0.0, scale=2.0)  # sigmabar^2 = 2
     N, R, B, mu, L, f0, budget = 512.0, 64.0, 256.0, 5.28, 0.5, 0.3, 1e6
     steps = budget / (mu * R + B)
     a, b = 12 * f0 / steps, 8 * L * 2.0 * (1 / B + 1 / N)  # a / eta + b eta, kappa = 0
     eta = math.sqrt(a / b)
     assert eta < 1 / (2 * L)  # interior optimum: the bound is 2 sqrt(a b)
-    value = tt.thm34_at_budget(N, R, B, budget=budget, mu=mu, profile=profile, rho=0.0, smoothness=L, bias=0.0,
+    value = tt.finite_budget(N, R, B, budget=budget, mu=mu, profile=profile, rho=0.0, smoothness=L, bias=0.0,
                                f0=f0)
     assert value == pytest.approx(2 * math.sqrt(a * b), rel=1e-3)
-    tiny = tt.thm34_at_budget(N, R, B, budget=1.0, mu=mu, profile=profile, rho=0.0, smoothness=L, bias=0.0, f0=f0)
-    eta_max = 1 / (2 * L)  # tiny budget: the step-size limit binds
-    assert tiny == pytest.approx(12 * f0 / (eta_max / (mu * R + B)) + b * eta_max, rel=1e-9)
+    cost = mu * R + B  # one update
+    tiny = tt.finite_budget(N, R, B, budget=2 * cost, mu=mu, profile=profile, rho=0.0, smoothness=L, bias=0.0,
+                            f0=f0)
+    eta_max = 1 / (2 * L)  # two updates: the step-size limit binds
+    assert tiny == pytest.approx(12 * f0 / (eta_max * 2) + b * eta_max, rel=1e-9)
+    # a budget that cannot pay for one update has no bound
+    assert tt.finite_budget(N, R, B, budget=0.5 * cost, mu=mu, profile=profile, rho=0.0, smoothness=L, bias=0.0,
+                            f0=f0) == math.inf
 
 
 def test_regret_tunes_the_step_size_and_its_interval_shrinks_to_a_point_without_seed_noise():
