@@ -227,6 +227,9 @@ def experiment(
         if extra:
             raise UserError(f"{', '.join(extra)} only apply to the theory-test experiment, not {name}")
     else:
+        if jobs != -1:  # its runs train every step size and seed of a design in one vectorised process
+            raise UserError("--jobs does not apply to theory-test: it runs in one process (seeds and step sizes "
+                            "vectorised); leave it out")
         options = theory_test_options(instance, loss, mu, seeds, quick)
         try:
             check_theory_test_out(out, options)

@@ -296,3 +296,11 @@ def test_table_rows():
     assert len(rows) == 2 + 6
     assert rows[2] == ("| bandit (noise-limited) | is | 0.5 | -0.9 | 4, 2 | 8, 4 | 1.05 [1, 1.55] | 4, 2, 1.05 | "
                        "0.5 / 0.6 / n/a |")
+
+
+def test_jobs_is_refused_for_theory_test(cli, tmp_path):
+    code, out, err = cli("experiment", "theory-test", "--out", str(tmp_path / "t"), "--jobs", "2")
+    assert (code, out) == (2, "")
+    assert err == ("replay-theory: error: --jobs does not apply to theory-test: it runs in one process (seeds and "
+                   "step sizes vectorised); leave it out\n")
+    assert not (tmp_path / "t").exists()
