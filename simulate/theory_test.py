@@ -102,6 +102,10 @@ class Regime:
 REGIMES = {
     "bandit": Regime("bandit", {}, 0.0, "today's bandit (64 prompts, 16 actions, exact 1 / 0.1 / 0 reward)"),
     "noisy-reward": Regime("noisy-reward", {}, 2.0, "the same bandit, observed reward + N(0, 2^2) noise"),
+    # few prompts, every one far from solved and weakly aligned with the skill direction: a batch of 64 already
+    # sees each prompt 16 times, so sampling noise is small and the number of steps, not B, sets the cost
+    "few-prompts": Regime("few-prompts", {"num_prompts": 4, "warm_success_max": 0.1, "skill_alignment": 0.1}, 0.0,
+                          "4 prompts, warm-start success <= 0.1, skill alignment 0.1 (the step-limited probe)"),
 }
 
 
