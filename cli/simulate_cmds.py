@@ -218,10 +218,14 @@ def experiment(
                                                               "default 32.")] = None,
     quick: Annotated[bool | None, typer.Option("--quick", help="theory-test only: 4 x 3 grid, 8 seeds unless "
                                                                "--seeds (a smoke run, < 5 min).")] = None,
+    regime: Annotated[str | None, typer.Option("--regime", help="theory-test only: comma-separated settings, "
+                                                                 "bandit, noisy-reward (default) and few-prompts.")
+                      ] = None,
 ) -> None:
     """Run one of the docs/SIMULATION.md experiments and print its table (rebuilt from the saved runs)."""
     chosen = get_experiment(name)
-    given = {"--instance": instance, "--loss": loss, "--mu": mu, "--seeds": seeds, "--quick": quick}
+    given = {"--instance": instance, "--loss": loss, "--mu": mu, "--seeds": seeds, "--quick": quick,
+             "--regime": regime}
     if name != "theory-test":
         extra = [flag for flag, value in given.items() if value is not None]
         if extra:
@@ -230,7 +234,7 @@ def experiment(
         if jobs != -1:  # its runs train every step size and seed of a design in one vectorised process
             raise UserError("--jobs does not apply to theory-test: it runs in one process (seeds and step sizes "
                             "vectorised); leave it out")
-        options = theory_test_options(instance, loss, mu, seeds, quick)
+        options = theory_test_options(instance, loss, mu, seeds, quick, regime)
         try:
             check_theory_test_out(out, options)
             summary = run_theory_test(out, options, progress=not no_progress)
@@ -256,12 +260,14 @@ def _number_list(text: str, flag: str, valid: str, kind=float) -> tuple:
     return values
 
 
-def theory_test_options(instance, loss, mu, seeds, quick) -> TheoryTestOptions:
+def theory_test_options(instance, loss, mu, seeds, quick, regime=None) -> TheoryTestOptions:
     """The benchmark's options from the CLI's, checked before any work (one line naming the option)."""
     losses = tuple(part.strip() for part in loss.split(",")) if loss is not None else TheoryTestOptions.losses
+    regimes = (tuple(part.strip() for part in regime.split(",")) if regime is not None
+               else TheoryTestOptions.regimes)
     mus = (_number_list(mu, "--mu", "a comma-separated list of finite numbers > 0") if mu is not None
            else TheoryTestOptions.mus)
-    options = TheoryTestOptions(instance=0 if instance is None else instance, losses=losses, mus=mus,
+    options = TheoryTestOptions(instance=0 if instance is None else instance, losses=losses, mus=mus, regimes=regimes,
                                 seeds=seeds if seeds is not None else (8 if quick else 32), quick=bool(quick))
     try:
         check_theory_test(options)

@@ -107,6 +107,7 @@ REGIMES = {
     "few-prompts": Regime("few-prompts", {"num_prompts": 4, "warm_success_max": 0.1, "skill_alignment": 0.1}, 0.0,
                           "4 prompts, warm-start success <= 0.1, skill alignment 0.1 (the step-limited probe)"),
 }
+DEFAULT_REGIMES = ("bandit", "noisy-reward")  # few-prompts (10 more minutes) measured mixed, not step-limited
 
 
 # --------------------------------------------------------------------------- the environment
@@ -300,12 +301,15 @@ def measure_profile(env: BanditEnv, loss: str, history: np.ndarray, checkpoints:
     / ||theta_t - theta_{t-s}||, its Monte Carlo part (Var/M of both means) removed, max over s >= 4.
     """
     rng = np.random.default_rng([seed, 104729])
-    plain, normalised, retained, kappas = [], [], [], []
+    plain, normalised, retained, kappas, without_signal = [], [], [], [], []
     for t in checkpoints:
         theta = history[t][None]
         exact = exact_grad(env, theta)[0]
         fresh = per_sample_grads(env, loss, theta, theta, groups, rng)
         g0, var0 = fresh.mean(axis=0), float(((fresh - fresh.mean(axis=0)) ** 2).sum(axis=1).mean())
+        if not g0 @ g0 > 0:  # every group's rewards tie (a solved policy): no fresh signal to normalise by
+            without_signal.append(int(t))
+            continue
         row_p, row_n, row_c = [], [], []
         for s in STALENESS:
             behaviour = history[max(t - s, 0)][None]
@@ -323,8 +327,12 @@ def measure_profile(env: BanditEnv, loss: str, history: np.ndarray, checkpoints:
         plain.append(row_p)
         normalised.append(row_n)
         retained.append(row_c)
+    if not plain:
+        raise ValueError(f"no checkpoint of the probe ({', '.join(map(str, checkpoints))}) has a fresh gradient to "
+                         "measure sigma^2(s) against: every group's rewards tie")
     return {"plain": np.mean(plain, axis=0).tolist(), "normalised": np.mean(normalised, axis=0).tolist(),
-            "retained": np.mean(retained, axis=0).tolist(), "kappa": float(np.max(kappas)) if kappas else 0.0}
+            "retained": np.mean(retained, axis=0).tolist(), "kappa": float(np.max(kappas)) if kappas else 0.0,
+            "checkpoints_without_signal": without_signal}
 
 
 # --------------------------------------------------------------------------- objectives (pluggable)
@@ -414,7 +422,7 @@ class Options:
     mus: tuple[float, ...] = MUS
     seeds: int = 32
     quick: bool = False
-    regimes: tuple[str, ...] = tuple(REGIMES)
+    regimes: tuple[str, ...] = DEFAULT_REGIMES
 
     @property
     def grid(self) -> list[tuple[int, int]]:
@@ -424,6 +432,9 @@ class Options:
 
 def check_options(options: Options) -> None:
     """One-line ValueErrors naming the option, before any work."""
+    if not options.regimes or any(r not in REGIMES for r in options.regimes):
+        raise ValueError(f"--regime must be a comma-separated list of {', '.join(REGIMES)}, got "
+                         f"{','.join(options.regimes) or 'nothing'}")
     unknown = [loss for loss in options.losses if loss not in LOSSES]
     if unknown or not options.losses:
         raise ValueError(f"--loss must be a comma-separated list of {', '.join(LOSSES)}, got "

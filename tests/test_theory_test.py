@@ -304,3 +304,12 @@ def test_jobs_is_refused_for_theory_test(cli, tmp_path):
     assert err == ("replay-theory: error: --jobs does not apply to theory-test: it runs in one process (seeds and "
                    "step sizes vectorised); leave it out\n")
     assert not (tmp_path / "t").exists()
+
+
+def test_regime_option_is_checked_before_any_work(cli, tmp_path):
+    code, out, err = cli("experiment", "theory-test", "--out", str(tmp_path / "t"), "--regime", "bandit,lunar")
+    assert (code, out) == (2, "")
+    assert err == ("replay-theory: error: --regime must be a comma-separated list of bandit, noisy-reward, "
+                   "few-prompts, got bandit,lunar\n")
+    assert not (tmp_path / "t").exists()
+    assert tt.Options().regimes == ("bandit", "noisy-reward")  # few-prompts is opt-in (it adds ~10 min)
