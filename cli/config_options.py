@@ -19,7 +19,6 @@ import ast
 import dataclasses
 import functools
 import inspect
-import textwrap
 import types
 import typing
 from typing import Annotated, Any, Callable, Optional
@@ -52,6 +51,17 @@ def option_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
+@functools.lru_cache(maxsize=None)
+def _class_nodes(path: str | None) -> dict[str, ast.ClassDef]:
+    """Top-level class definitions of a source file, parsed once: every command's options are built at start-up,
+    and ``inspect.getsource`` per class re-tokenises the whole file each time (about 200 ms in all)."""
+    if path is None:
+        return {}
+    with open(path, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read())
+    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
 def field_docs(cls: type) -> dict[str, str]:
     """Attribute docstrings (the string right under each field) of ``cls`` and its dataclass bases.
 
@@ -62,10 +72,11 @@ def field_docs(cls: type) -> dict[str, str]:
         if not dataclasses.is_dataclass(klass):
             continue
         try:
-            source = textwrap.dedent(inspect.getsource(klass))
+            node = _class_nodes(inspect.getsourcefile(klass)).get(klass.__qualname__)
         except (OSError, TypeError):  # no source (e.g. a class built at run time): no help text
             continue
-        node = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef))
+        if node is None:
+            continue
         for stmt, following in zip(node.body, node.body[1:]):
             if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
                     and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)

@@ -14,7 +14,6 @@ spec and the config; results are never overwritten.
 from __future__ import annotations
 
 import re
-import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -37,6 +36,7 @@ from replay_theory.simulate.calibrate import calibrate as measure_profile
 from replay_theory.simulate.config import SimConfig, config_from_dict, field_names
 from replay_theory.simulate.engine import run
 from replay_theory.simulate.experiments import EXPERIMENTS, get_experiment, write_table
+from replay_theory.simulate.progress import ProgressBar
 from replay_theory.simulate.sweep import BACKENDS, check_jobs, load_runs, load_spec, run_sweep
 from replay_theory.simulate.theory_test import Options as TheoryTestOptions
 from replay_theory.simulate.theory_test import check_options as check_theory_test
@@ -285,15 +285,9 @@ def register(app: typer.Typer) -> None:
 
 
 def _run_with_progress(config: SimConfig, show: bool) -> dict:
-    if not show:
-        return run(config).summary()
-    # rich (typer's dependency) only when a bar is shown: it adds start-up time to every command
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    with Progress("simulate", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(file=sys.stderr), transient=True) as bar:
-        task = bar.add_task("steps", total=config.steps)
-        result = run(config, progress=lambda step: bar.advance(task))
+    bar = ProgressBar("simulate steps", config.steps, enabled=show)
+    try:
+        result = run(config, progress=lambda step: bar.advance())
+    finally:
+        bar.close()
     return result.summary()
-

@@ -48,6 +48,7 @@ from replay_theory import __version__
 from replay_theory.outputs import check_out_dir as check_out_path
 from replay_theory.simulate.config import SimConfig, config_from_dict
 from replay_theory.simulate.engine import run
+from replay_theory.simulate.progress import ProgressBar
 
 SPEC_KEYS = {"name", "base", "grid", "configs", "description"}
 BACKENDS = ("loky", "threading", "dask", "ray")
@@ -282,7 +283,7 @@ def run_sweep(spec: dict, out_dir: str | Path, n_jobs: int = -1, backend: str = 
             from ray.util.joblib import register_ray  # optional cluster engine, checked installed above
 
             register_ray()
-        progress = _Progress(len(configs), len(configs) - len(todo), enabled=show_progress)
+        progress = ProgressBar("configurations", len(configs), len(configs) - len(todo), enabled=show_progress)
         if todo:
             with joblib.parallel_config(backend=backend, n_jobs=n_jobs):
                 tasks = (joblib.delayed(_run_one)(c, runs_dir) for c in todo)
@@ -293,28 +294,6 @@ def run_sweep(spec: dict, out_dir: str | Path, n_jobs: int = -1, backend: str = 
         _remove_unfinished(out_dir, created, wrote_spec)
         raise
     return write_results_table(out_dir)
-
-
-class _Progress:
-    """A rich progress bar over configurations (rich ships with typer)."""
-
-    def __init__(self, total: int, done: int, enabled: bool):
-        self.bar = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
-
-            self.bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
-            self.bar.start()
-            self.task = self.bar.add_task("configurations", total=total, completed=done)
-
-    def advance(self) -> None:
-        if self.bar is not None:
-            self.bar.advance(self.task)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 def load_runs(out_dir: str | Path) -> list[dict]:

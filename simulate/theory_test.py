@@ -40,14 +40,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
-from scipy.stats import spearmanr
 from threadpoolctl import threadpool_limits
 
 from replay_theory import __version__
@@ -57,6 +55,7 @@ from replay_theory.simulate.designs import compute_loss
 from replay_theory.simulate.envs.bandit import BanditConfig, BanditEnv
 from replay_theory.simulate.optim import OPTIMIZERS
 from replay_theory.simulate.pipeline import EnvBackend, Pipeline, score
+from replay_theory.simulate.progress import ProgressBar
 from replay_theory.simulate.rng import PerSeedGenerator
 from replay_theory.theory import design as theory_design
 from replay_theory.theory.profiles import Profile, TabulatedProfile
@@ -396,11 +395,24 @@ def regret_and_ci(passage: np.ndarray, cost: np.ndarray, predicted: int, rng: np
     return regret, [float(np.quantile(ratios, 0.05)), float(np.quantile(ratios, 0.95))]
 
 
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n with ties given their average rank (what scipy.stats.rankdata's default does)."""
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(values.size)
+    ranks[order] = np.arange(1, values.size + 1)
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=ranks)
+    return sums[inverse] / counts[inverse]
+
+
 def spearman(objective: np.ndarray, compute: np.ndarray) -> float:
     """Rank correlation of an objective with measured compute (1 = ranks the designs perfectly)."""
     if np.ptp(objective) == 0 or np.ptp(compute) == 0:
         return float("nan")
-    return float(spearmanr(objective, compute).statistic)
+    a, b = _ranks(np.asarray(objective, float)), _ranks(np.asarray(compute, float))
+    if a.std() == 0 or b.std() == 0:
+        return math.nan  # a constant ranking has no correlation
+    return float(np.corrcoef(a, b)[0, 1])  # Spearman = Pearson correlation of the ranks
 
 
 def precondition_slope(batches: tuple[int, ...], steps: list[float]) -> float:
@@ -539,7 +551,7 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
     grid = options.grid
     jobs = [(r, loss) for r in options.regimes for loss in options.losses]
     total = len(jobs) * (len(PRECONDITION_BATCHES) + len(grid) - 1)
-    bar = _Bar(total, progress)
+    bar = ProgressBar("theory-test runs", total, enabled=progress)
     cells = []
     lr_factors = np.asarray(LR_FACTORS)
     try:
@@ -716,43 +728,6 @@ def load_summary(path: str | Path) -> dict:
     if path.is_dir():
         path = path / "summary.json"
     return json.loads(path.read_text())
-
-
-class _Bar:
-    """rich progress over training runs, with elapsed time and ETA (stderr)."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.bar = None
-        self.last = 0.0
-        if enabled:
-            from rich.console import Console  # rich (typer's dependency) only when a bar is shown
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self.bar = Progress(TextColumn("theory-test runs"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), TimeRemainingColumn(), console=Console(file=sys.stderr))
-            self.bar.start()
-            self.task = self.bar.add_task("runs", total=total)
-
-    def tick(self) -> None:
-        """Called every training step: keeps the elapsed time and ETA live during a long run."""
-        if self.bar is not None and time.monotonic() - self.last > 0.5:  # a redraw costs ~ a step
-            self.last = time.monotonic()
-            self.bar.refresh()
-
-    def advance(self) -> None:
-        if self.bar is not None:
-            self.bar.advance(self.task)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 # --------------------------------------------------------------------------- the table

@@ -313,3 +313,12 @@ def test_regime_option_is_checked_before_any_work(cli, tmp_path):
                    "few-prompts, got bandit,lunar\n")
     assert not (tmp_path / "t").exists()
     assert tt.Options().regimes == ("bandit", "noisy-reward")  # few-prompts is opt-in (it adds ~10 min)
+
+
+def test_spearman_equals_scipys_with_ties():
+    """The numpy rank correlation (no scipy.stats import at start-up) against scipy's, ties included."""
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        a, b = rng.integers(0, 5, 20).astype(float), rng.normal(size=20)
+        assert tt.spearman(a, b) == pytest.approx(stats.spearmanr(a, b).statistic, abs=1e-12)
