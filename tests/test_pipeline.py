@@ -10,7 +10,7 @@ import pytest
 from replay_theory.simulate.config import SimConfig
 from replay_theory.simulate.designs import BUFFER_DESIGNS, LOSSES, DesignConfig, GroupReplayParams, design_field_names
 from replay_theory.simulate.envs import make_env
-from replay_theory.simulate.pipeline import EnvBackend, Pipeline, PipelineSettings
+from replay_theory.simulate.pipeline import EnvBackend, Pipeline
 from replay_theory.simulate.rng import PerSeedGenerator
 from replay_theory.theory.group_replay import fresh_verifier_evaluations
 
@@ -96,10 +96,6 @@ def test_async_accounting_is_eq_2():
     assert pipe.counts()["compute_ratio"] == pytest.approx((1 + 6 / 2) / (1 + 5.28))  # Eq. (2)
     # Eq. (1): C (1 + W/T) per update, plus the start-up batch of B responses charged once
     np.testing.assert_allclose(pipe.compute, 10 * 32 * (1 + 6 / 2) + 5.28 * 32)
-
-
-def test_settings_default_is_sync():
-    assert PipelineSettings().pipeline == "sync"
 
 
 @pytest.mark.parametrize("workers,trainers", [(1.0, 7.0), (7.0, 1.0), (3.0, 5.0), (2.0, 6.0)])
