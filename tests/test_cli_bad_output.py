@@ -248,7 +248,7 @@ def test_validate_predict_never_overwrites_a_different_prediction(tmp_path):
     from replay_theory.theory.profiles import load_profile
 
     out = _fake_run_dir(tmp_path)
-    config = loop.ValidateConfig()
+    config = loop.ValidateConfig(price_mu=2.0)
     first = loop.run_predict(config, out, log=lambda *_: None)
     loaded = load_profile(out / "profile.json")
     design = optimal_design(DesignQuery(mu=2.0, profile=loaded.profile, profile_rho=loaded.rho,
@@ -258,7 +258,7 @@ def test_validate_predict_never_overwrites_a_different_prediction(tmp_path):
     assert stat.S_IMODE((out / "predicted.json").stat().st_mode) == 0o666 & ~_umask()
     assert loop.run_predict(config, out, log=lambda *_: None) == json.loads(saved)  # same request: kept
     with pytest.raises(ValueError, match=r"predicted.json exists with mu = 2, .* never overwritten"):
-        loop.run_predict(config, out, mu=7.0, log=lambda *_: None)
+        loop.run_predict(loop.ValidateConfig(price_mu=7.0), out, log=lambda *_: None)
     assert (out / "predicted.json").read_text() == saved
 
 
@@ -272,7 +272,7 @@ def test_validate_verify_never_overwrites_a_report(tmp_path):
     assert loop.run_verify(loop.ValidateConfig(), out, log=logged.append) == report  # nothing trained
     assert logged == [f"report exists in {out}; not trained again (a new --out runs verify afresh)"]
     with pytest.raises(ValueError) as info:
-        loop.run_verify(loop.ValidateConfig(), out, seeds=2, log=logged.append)
+        loop.run_verify(loop.ValidateConfig(), out, loop.VerifyConfig(seeds=2), log=logged.append)
     assert str(info.value) == (f"{out / 'report.json'} exists for --seeds 4 --budget-updates 48; reports are "
                                f"never overwritten: use another --out")
     assert json.loads((out / "report.json").read_text()) == report

@@ -13,6 +13,7 @@ from replay_theory.theory.group_replay import fresh_verifier_evaluations  # noqa
 from replay_theory.theory.profiles import load_profile  # noqa: E402
 from replay_theory.validate.loop import (  # noqa: E402
     ValidateConfig,
+    VerifyConfig,
     design_cost,
     run_calibrate,
     run_predict,
@@ -58,24 +59,37 @@ def test_calibrate_then_predict(tmp_path):
     in_range = calibration["rho_fit"]["in_range"]
     assert predicted["rho_used"] == (loaded.rho if in_range else 0.0)
     assert (predicted["rho_note"] is None) == in_range
-    design = optimal_design(DesignQuery(mu=calibration["mu_timing"], profile=loaded.profile,
+    design = optimal_design(DesignQuery(mu=SMALL.price_mu, profile=loaded.profile,
                                         profile_rho=predicted["rho_used"],
                                         rollouts_per_step=SMALL.rollouts_per_step))
     assert predicted["regime"] == design.regime and predicted["R"] == SMALL.rollouts_per_step
     if math.isfinite(design.x_star):
         assert predicted["x_star"] == pytest.approx(design.x_star) and predicted["N"] == design.buffer_size
-    assert json.loads((out / "predicted.json").read_text())["mu_measured"] == calibration["mu_timing"]
+    saved = json.loads((out / "predicted.json").read_text())
+    # compute is priced at --price-mu; the timing mu is recorded next to it, not used
+    assert saved["mu"] == SMALL.price_mu == 5.28 and saved["mu_timing"] == calibration["mu_timing"]
 
-    report = run_verify(SMALL, out, seeds=1, budget_updates=3, log=lambda *_: None)
-    mu, R = calibration["mu_timing"], SMALL.rollouts_per_step
+    report = run_verify(SMALL, out, VerifyConfig(seeds=2, budget_updates=3), log=lambda *_: None)
+    mu, R = SMALL.price_mu, SMALL.rollouts_per_step
     budget = 3 * (mu * R + R)
     names = [d["name"] for d in report["designs"]]
-    assert names[0] == "on-policy" and "N=2R, B=R" in names
+    centre = "predicted" if predicted["regime"] == "replay" else "on-policy"
+    N0, B0 = (predicted["N"], predicted["B"]) if centre == "predicted" else (R, R)
+    fifo = {(d["N"], d["B"]) for d in report["designs"] if d["family"]}
+    assert names[0] == "on-policy" and (2 * N0, B0) in fifo and (N0, 2 * B0) in fifo  # the neighbours ran
+    # the verdict: the centre's rank, regret (best family mean - centre mean) and one paired comparison per neighbour
+    verdict = report["verdict"]
+    family_rows = [d for d in report["designs"] if d["family"]]
+    means = {d["name"]: d["final_reward_mean"] for d in family_rows}
+    assert verdict["family"]["regret"] == pytest.approx(max(means.values()) - means[centre])
+    assert verdict["family"]["rank"] == 1 + sum(m > means[centre] for m in means.values())
+    assert verdict["family"]["regret_ci"][0] <= verdict["family"]["regret_ci"][1]
+    assert len(verdict["pairs"]) == len(family_rows) - 1
     assert names[-3:] == ["RLOO rho=0", "RLOO rho=1, L=1, c=1", "RLOO rho=1, L=2, c=3"]  # FIFO first, then RLOO
     assert report["designs"][0]["steps"] == 3  # on-policy gets exactly the budget's 3 updates
     K = SMALL.group_size
     for d in report["designs"]:
-        assert 0.0 <= d["final_reward_mean"] <= 1.0 and d["seeds"] == 1
+        assert 0.0 <= d["final_reward_mean"] <= 1.0 and d["seeds"] == 2
         if d["buffer"] == "group-replay":
             continue
         # equal compute: as many updates of cost mu R + B as fit in the on-policy budget
@@ -111,7 +125,7 @@ def test_calibrate_then_predict(tmp_path):
             assert key in d
     assert [(d["rho"], d["L"], d["c"]) for d in written["designs"][-2:]] == [(1.0, 1, 1.0), (1.0, 2, 3.0)]
     warm = written["warm_start_reward"]
-    assert warm["seeds"] == 1 and warm["mean"] == written["warm_start"]["mean_reward"] and warm["std"] == 0.0
+    assert warm["seeds"] == 2 and warm["by_seed"][0] == written["warm_start"]["mean_reward"]
     best = written["measured_best"]
     assert written["learning_signal"]["gain"] == pytest.approx(best["final_reward_mean"] - warm["mean"])
     assert written["mu_count"] == calibration["mu_count"] and written["count_window"] == window
@@ -120,7 +134,7 @@ def test_calibrate_then_predict(tmp_path):
     from replay_theory.validate.steplog import read_log
 
     logs = sorted((out / "verify").glob("*.jsonl"))
-    assert len(logs) == len(report["designs"])
+    assert len(logs) == 2 * len(report["designs"])
     first = read_log(logs[0])
     assert [m["step"] for m in first] == list(range(len(first))) and all("loss" in m and "ess_frac" in m for m in first)
 
@@ -163,22 +177,26 @@ def test_truncate_log_drops_steps_a_resumed_run_logs_again(tmp_path):
 
 
 def test_validate_calibrate_and_all_build_the_same_config_with_the_configs_defaults(monkeypatch, tmp_path):
-    """Both commands go through one builder; a default written in the CLI can't drift from ValidateConfig's."""
+    """Both commands build their config from ValidateConfig's fields; a CLI default can't drift from the config's."""
     from typer.testing import CliRunner
 
     import replay_theory.validate.loop as loop
     from replay_theory.cli.app import app
 
-    seen = []
-    monkeypatch.setattr(loop, "run_calibrate", lambda config, out, log: seen.append(config))
+    seen, plans = [], []
+    monkeypatch.setattr(loop, "run_calibrate", lambda config, out, log, progress: seen.append(config))
     monkeypatch.setattr(loop, "run_predict", lambda config, out, log, rho=None: None)
-    monkeypatch.setattr(loop, "run_verify", lambda config, out, seeds, budget_updates, log: {
+    monkeypatch.setattr(loop, "run_verify", lambda config, out, plan, log, progress: plans.append(plan) or {
         "measured_best": {"name": "on-policy"}})
     runner = CliRunner()
     for command in ("calibrate-model", "all"):
         assert runner.invoke(app, ["validate", command, "--out", str(tmp_path)]).exit_code == 0
         assert runner.invoke(app, ["validate", command, "--out", str(tmp_path), "--full", "--lr", "1e-6",
-                                   "--engine", "auto", "--seed", "3"]).exit_code == 0
-    default, full = ValidateConfig(), ValidateConfig(n_train=5000, probe_steps=64, samples=256, lr=1e-6,
-                                                     engine="auto", seed=3)
-    assert seen == [default, full, default, full]
+                                   "--engine", "auto", "--seed", "3", "--threads", "2", "--samples", "128"]
+                             ).exit_code == 0
+    default = ValidateConfig()
+    full = ValidateConfig(n_train=5000, probe_steps=64, samples=128, lr=1e-6, engine="auto", seed=3, threads=2)
+    assert seen == [default, full, default, full]  # --full keeps a size the user gave (--samples 128)
+    assert plans == [VerifyConfig(), VerifyConfig()]
+    assert runner.invoke(app, ["validate", "all", "--out", str(tmp_path), "--thorough"]).exit_code == 0
+    assert plans[-1] == VerifyConfig(seeds=16, budget_updates=96)

@@ -260,13 +260,15 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
                  staleness: tuple[int, ...] = (0, 1, 2, 4, 8), samples: int = 32, seed: int = 0,
                  sampler: Sampler | None = None, mu_window_seconds: float = 0.0,
                  max_grad_coords: int | None = MAX_GRAD_COORDS,
-                 reference_samples: int | None = None) -> LMCalibration:
+                 reference_samples: int | None = None,
+                 on_phase: Callable[[str, int, int], None] | None = None) -> LMCalibration:
     """Probe run of ``config`` on ``problems``, then sigma^2(s), rho and KL(pi_t || pi_t-lag) at its last step.
 
     With ``mu_window_seconds > 0``, also the App. E count-based mu over a window of that length
     (``measure_mu_count``, on a copy of the final policy). ``sampler`` generates every completion
     (default: the HF loop). ``reference_samples`` (default 4 ``samples``) fresh completions, held out,
     estimate grad F; the gaps probed for rho are those the probe's buffer holds (capacity / R - 1).
+    ``on_phase(phase, done, total)`` is called after each unit of work (progress display).
     """
     reference_samples = 4 * samples if reference_samples is None else reference_samples
     if reference_samples < 2 * config.group_size or reference_samples % config.group_size:
@@ -277,8 +279,19 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
     sampler = HFSampler(stale_copy=config.sync_every > 1) if sampler is None else sampler
     keep = max(max(staleness), max(KL_LAGS)) + 1  # only the last `keep` versions are ever read
     snapshots = collections.deque([_cpu_state(policy.model)], maxlen=keep)  # theta before each update, newest last
-    result = train(policy, problems, config, progress=lambda step, m: snapshots.append(_cpu_state(policy.model)),
-                   sampler=sampler)
+    tick = on_phase if on_phase is not None else (lambda phase, done, total: None)
+
+    def after_probe_step(step: int, metrics: dict) -> None:
+        snapshots.append(_cpu_state(policy.model))
+        tick("probe (RL steps)", step + 1, config.steps)
+
+    result = train(policy, problems, config, progress=after_probe_step, sampler=sampler)
+    measured = {"batches": 0}
+    total_batches = -(-reference_samples // samples) + len(staleness) + 1  # reference chunks, staleness, buffer
+
+    def measured_one() -> None:
+        measured["batches"] += 1
+        tick("noise (gradient batches)", measured["batches"], total_batches)
     generator = torch.Generator(device="cpu").manual_seed(seed + 7919)
     rng = np.random.default_rng(seed + 7919)
     behaviour = dataclasses.replace(policy, model=copy.deepcopy(policy.model))
@@ -294,7 +307,9 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
         return batch
 
     def grads_of(batch) -> np.ndarray:  # (n, k) float64, scaled so that sums over k coordinates estimate all P
-        return math.sqrt(scale) * per_sample_grads(policy, problems, batch, config, coords).double().cpu().numpy()
+        grads = math.sqrt(scale) * per_sample_grads(policy, problems, batch, config, coords).double().cpu().numpy()
+        measured_one()
+        return grads
 
     # grad F: a held-out batch, in chunks of `samples` completions (only running sums are kept)
     total, total_sq, n_ref = 0.0, 0.0, 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,13 +19,14 @@ from replay_theory.validate import countdown
 
 @dataclass(frozen=True)
 class ValidateConfig:
-    """The validation run. Field docs are the CLI help."""
+    """The validation run (``validate calibrate-model``; predict and verify read it back). Field docs: CLI help."""
 
     model: str = "tiny"
     """'tiny' (a small Qwen2 built from its config) or a local checkpoint path / hub id."""
     device: str = "cpu"
-    """cpu or cuda."""
+    """cpu or cuda (bf16 autocast over fp32 weights on cuda)."""
     seed: int = 0
+    """Seed of the problems, the model, the warm start and the probe (>= 0)."""
     n_train: int = 1000
     """Training problems (Countdown, seeded)."""
     n_test: int = 64
@@ -32,16 +34,19 @@ class ValidateConfig:
     sft_steps: int = 600
     """SFT warm-start steps on solver solutions (tiny model only)."""
     rollouts_per_step: int = 64
-    """R of the probe run and of the concrete advice."""
+    """R of the probe run and of every verify design (completions, a multiple of --group-size)."""
     group_size: int = 8
+    """Completions per prompt (GRPO group)."""
     probe_steps: int = 24
-    """RL steps of the calibration probe (FIFO buffer, GRPO)."""
+    """RL steps of the calibration probe (FIFO buffer, GRPO); more than the largest staleness probed (8)."""
     samples: int = 64
-    """Completions per staleness value when measuring sigma^2(s)."""
+    """Completions per staleness value when measuring sigma^2(s) (a multiple of --group-size)."""
     max_new_tokens: int = 16
+    """Longest completion, in tokens."""
     lr: float = 3e-4
+    """AdamW learning rate of the probe and verify runs."""
     engine: str = "hf"
-    """Rollout engine: hf (any device), vllm (CUDA) or auto (vllm when installed, on CUDA)."""
+    """Rollout engine: hf (HF sampling loop, any device), vllm (CUDA) or auto (vllm when installed, on CUDA)."""
     sync_every: int = 1
     """Updates between weight syncs trainer -> rollout engine."""
     micro_batch_size: int = 0
@@ -50,19 +55,110 @@ class ValidateConfig:
     """vLLM only: its share of the GPU (weights + KV cache); the trainer uses the rest."""
     mu_window_seconds: float = 3.0
     """Wall-clock window of the App. E count-based mu in calibrate (0: skip)."""
+    price_mu: float = 5.28
+    """Rollout cost in updates used to PRICE compute in predict and verify (Table 1's 5.28: Qwen2.5-7B on GPUs).
+    The CPU's own timing mu is still measured and reported; give it here to price at this machine's cost."""
+    threads: int = 1
+    """torch CPU threads of this process. 1 by default: on a 2-core machine with another job running, 2 threads
+    were 3.4-4x slower (bench/bench_validate_threads.py); results do not depend on it."""
 
     def problems(self) -> tuple[list[countdown.Problem], list[countdown.Problem]]:
         """Three-number problems with small numbers: learnable by the tiny model (pass@1 ~ 0.2 after SFT)."""
         return countdown.make_splits(self.n_train, self.n_test, seed=self.seed, num_numbers=(3,),
                                      number_range=(1, 9), target_range=(1, 40))
 
+    def validated(self) -> "ValidateConfig":
+        """Every option checked before any work: one-line ValueError naming the option and its valid range."""
+        check_integer("--seed", self.seed, 0)
+        for option, value, low in (("--n-train", self.n_train, self.group_size), ("--n-test", self.n_test, 1),
+                                   ("--sft-steps", self.sft_steps, 0), ("--group-size", self.group_size, 2),
+                                   ("--rollouts-per-step", self.rollouts_per_step, self.group_size),
+                                   ("--probe-steps", self.probe_steps, MAX_STALENESS + 1),
+                                   ("--samples", self.samples, self.group_size),
+                                   ("--max-new-tokens", self.max_new_tokens, 1), ("--sync-every", self.sync_every, 1),
+                                   ("--micro-batch-size", self.micro_batch_size, 0), ("--threads", self.threads, 1)):
+            check_integer(option, value, low)
+        for option, value in (("--rollouts-per-step", self.rollouts_per_step), ("--samples", self.samples)):
+            if value % self.group_size:
+                raise ValueError(f"{option} must be a multiple of --group-size = {self.group_size}, got {value}")
+        check_positive("--lr", self.lr)
+        check_positive("--price-mu", self.price_mu)
+        if not (math.isfinite(self.mu_window_seconds) and self.mu_window_seconds >= 0):
+            raise ValueError(f"--mu-window-seconds must be a finite number >= 0 (0: skip), "
+                             f"got {self.mu_window_seconds}")
+        if not (math.isfinite(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1):
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"--device must be cpu or cuda (cuda:N), got {self.device!r}")
+        return self
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """verify's protocol: seeds and equal-compute budget. Field docs are the CLI help."""
+
+    seeds: int = 4
+    """Seeds per design (the default 15-minute loop; --thorough: 16)."""
+    budget_updates: int = 48
+    """Equal-compute budget, in on-policy updates at --price-mu (default loop; --thorough: 96)."""
+
+    def validated(self) -> "VerifyConfig":
+        check_integer("--seeds", self.seeds, 1)
+        check_integer("--budget-updates", self.budget_updates, 1)
+        return self
+
+
+@dataclass(frozen=True)
+class AllConfig(ValidateConfig, VerifyConfig):
+    """``validate all``: calibrate-model's config and verify's protocol."""
+
+    def validated(self) -> "AllConfig":
+        ValidateConfig.validated(self)
+        VerifyConfig.validated(self)
+        return self
+
+    def calibration(self) -> ValidateConfig:
+        names = {f.name for f in dataclasses.fields(ValidateConfig)}
+        return ValidateConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
+
+    def verify(self) -> VerifyConfig:
+        return VerifyConfig(self.seeds, self.budget_updates)
+
+
+ENGINES = ("hf", "vllm", "auto")
+MAX_STALENESS = 8
+"""Largest staleness of the LM noise profile (s = 0, 1, 2, 4, 8) and largest KL lag."""
+FULL_SIZES = dict(n_train=5000, probe_steps=64, samples=256)
+"""--full: the sizes --tiny (the defaults) shrinks for a CPU."""
+THOROUGH = VerifyConfig(seeds=16, budget_updates=96)
+"""verify --thorough: the decisive protocol (measured wall time in docs/VALIDATION.md)."""
 
 TINY_MODEL = dict(hidden_size=96, num_layers=3, num_heads=4, num_kv_heads=2, intermediate_size=192)
 
-VERIFY_SEEDS = 4
+VERIFY_SEEDS = VerifyConfig.seeds
 """Seeds per design in verify (CLI default of ``validate verify`` and ``validate all``)."""
-VERIFY_BUDGET_UPDATES = 48
+VERIFY_BUDGET_UPDATES = VerifyConfig.budget_updates
 """verify's equal-compute budget, in on-policy updates (CLI default of ``validate verify`` and ``validate all``)."""
+
+
+def check_integer(option: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{option} must be an integer >= {low}, got {value}")
+
+
+def check_positive(option: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{option} must be a finite number > 0, got {value}")
+
+
+def protocol(seeds: int, budget_updates: int, thorough: bool) -> VerifyConfig:
+    """--thorough's seeds and budget, or the ones given; both at once is refused (which would win is a guess)."""
+    if thorough and (seeds, budget_updates) != (VERIFY_SEEDS, VERIFY_BUDGET_UPDATES):
+        raise ValueError("--thorough sets --seeds 16 --budget-updates 96; give --thorough or --seeds/--budget-updates,"
+                         " not both")
+    return (THOROUGH if thorough else VerifyConfig(seeds, budget_updates)).validated()
 
 
 def load_run_config(out_dir: Path, **overrides) -> ValidateConfig:

@@ -28,9 +28,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import transformers
 
 from replay_theory.figures.results import save_report_figure
 from replay_theory.outputs import write_new
+from replay_theory.simulate.progress import ProgressBar
 from replay_theory.theory.design import DesignQuery, optimal_design
 from replay_theory.theory.group_replay import fresh_groups_per_step, fresh_verifier_evaluations
 from replay_theory.theory.profiles import load_profile
@@ -41,6 +43,7 @@ from replay_theory.validate.config import (
     VERIFY_BUDGET_UPDATES,
     VERIFY_SEEDS,
     ValidateConfig,
+    VerifyConfig,
     check_run_dir,
     load_run_config,
 )
@@ -55,9 +58,26 @@ from replay_theory.validate.model import (
 )
 from replay_theory.validate.rl import RLConfig, checkpoint_next_step, evaluate_policy, train
 from replay_theory.validate.steplog import StepLog, truncate_log
+from replay_theory.validate.verdict import compare
 
-__all__ = ["TINY_MODEL", "VERIFY_BUDGET_UPDATES", "VERIFY_SEEDS", "ValidateConfig", "check_run_dir",
-           "load_run_config", "run_calibrate", "run_predict", "run_verify"]
+__all__ = ["TINY_MODEL", "VERIFY_BUDGET_UPDATES", "VERIFY_SEEDS", "ValidateConfig", "VerifyConfig", "check_run_dir",
+           "configure_torch", "load_run_config", "run_calibrate", "run_predict", "run_verify"]
+
+BOOTSTRAP_DRAWS = 2000
+INTERVAL_LEVEL = 0.9
+
+
+def configure_torch(threads: int) -> None:
+    """``threads`` intra-op CPU threads and deterministic kernels, before any work.
+
+    Why a set count: torch's default (one thread per core) oversubscribes a machine shared with other
+    jobs; on the 2-core machine with one other CPU-bound process, 2 threads ran the tiny model 3.4-4x
+    slower than 1 (bench/bench_validate_threads.py). Results do not depend on the count
+    (tests/test_validate_determinism.py runs a calibration at 1 and 2 threads in separate processes).
+    """
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    transformers.utils.logging.disable_progress_bar()  # one bar per checkpoint load; ours show the run's progress
 
 
 _SAMPLERS: dict = {}  # one rollout engine per (engine, run directory, settings) and process
@@ -85,7 +105,7 @@ def get_sampler(config: ValidateConfig, out_dir: Path):
     return _SAMPLERS[key]
 
 
-def prepare_policy(config: ValidateConfig, out_dir: Path, train_set):
+def prepare_policy(config: ValidateConfig, out_dir: Path, train_set, progress: bool = False):
     """The warm-started policy: loaded from DIR/warm_start if present, else built (+ SFT for tiny) and saved."""
 
     checkpoint = out_dir / "warm_start"  # created only once the policy loaded: bad input leaves nothing behind
@@ -94,26 +114,33 @@ def prepare_policy(config: ValidateConfig, out_dir: Path, train_set):
     if config.model == "tiny":
         policy = load_policy(ModelConfig(device=config.device, seed=config.seed, **TINY_MODEL), countdown.ALPHABET)
         examples = [(p.prompt_text(), countdown.solve(p)) for p in train_set]
+        bar = ProgressBar("warm start (SFT steps)", config.sft_steps, enabled=progress)
         losses = sft_warm_start(policy, examples, steps=config.sft_steps, batch_size=64, lr=3e-3,
-                                generator=torch.Generator().manual_seed(config.seed))
+                                generator=torch.Generator().manual_seed(config.seed),
+                                on_step=lambda step, loss: bar.advance())
+        bar.close()
     else:
         policy, losses = load_policy(ModelConfig(source=config.model, device=config.device, seed=config.seed)), None
     save_checkpoint(policy, checkpoint)
     return policy, losses
 
 
-def run_calibrate(config: ValidateConfig, out_dir: Path, log=print) -> dict:
-    """Warm start, evaluate, probe, measure; writes calibration.json + profile.json (skipped if present)."""
+def run_calibrate(config: ValidateConfig, out_dir: Path, log=print, progress: bool = False) -> dict:
+    """Warm start, evaluate, probe, measure; writes calibration.json + profile.json (skipped if present).
+
+    Every option is checked (``config.validated()``, the engine and device) before any work or file.
+    ``progress``: bars with an ETA on stderr for the warm start, the probe and the measurements.
+    """
+    config = config.validated()
     check_run_dir(out_dir)
     if (out_dir / "calibration.json").exists():
         log(f"calibration exists in {out_dir}; skipping (delete it to measure again)")
         return json.loads((out_dir / "calibration.json").read_text())
     engine = check_engine(config)  # bad --engine/--device: one line, before any work
-    if config.mu_window_seconds < 0:
-        raise ValueError(f"--mu-window must be >= 0 seconds (0: skip), got {config.mu_window_seconds}")
+    configure_torch(config.threads)
     started = time.perf_counter()
     train_set, test_set = config.problems()
-    policy, sft_losses = prepare_policy(config, out_dir, train_set)
+    policy, sft_losses = prepare_policy(config, out_dir, train_set, progress)
     sampler = get_sampler(config, out_dir)
     warm = evaluate_policy(policy, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1, sampler=sampler)
     log(f"warm start: held-out pass@1 {warm['pass@1']:.3f}, mean reward {warm['mean_reward']:.3f} ({engine} engine)")
@@ -121,8 +148,19 @@ def run_calibrate(config: ValidateConfig, out_dir: Path, log=print) -> dict:
                      group_size=config.group_size, batch_size=config.rollouts_per_step,
                      capacity=2 * config.rollouts_per_step, lr=config.lr, max_new_tokens=config.max_new_tokens,
                      sync_every=config.sync_every, micro_batch_size=config.micro_batch_size, seed=config.seed)
+    bars: dict[str, ProgressBar] = {}
+
+    def on_phase(phase: str, done: int, total: int) -> None:
+        if phase not in bars:
+            for bar in bars.values():
+                bar.close()
+            bars[phase] = ProgressBar(phase, total, done, enabled=progress)
+        bars[phase].advance()
+
     calibration = calibrate_lm(policy, train_set, probe, samples=config.samples, seed=config.seed, sampler=sampler,
-                               mu_window_seconds=config.mu_window_seconds)
+                               mu_window_seconds=config.mu_window_seconds, on_phase=on_phase)
+    for bar in bars.values():
+        bar.close()
     write_calibration(calibration, out_dir, source=f"replay-theory validate calibrate {dataclasses.asdict(config)}")
     summary = {"mu_measured": calibration.mu_timing, "mu_count": calibration.mu_count,
                "count_window": calibration.count_window, "engine": engine, "warm_start": warm,
@@ -136,19 +174,19 @@ def run_calibrate(config: ValidateConfig, out_dir: Path, log=print) -> dict:
     return json.loads((out_dir / "calibration.json").read_text())
 
 
-def run_predict(config: ValidateConfig, out_dir: Path, mu: float | None = None, log=print,
-                rho: float | None = None) -> dict:
-    """Thm 3.5 from the measured profile and mu: predicted.json with x*, y*, N, B, R.
+def run_predict(config: ValidateConfig, out_dir: Path, log=print, rho: float | None = None) -> dict:
+    """Thm 3.5 from the measured profile, compute priced at ``config.price_mu``: predicted.json with x*, y*, N, B, R.
 
     ``rho`` overrides the profile's. An out-of-range fit is never clamped into [0, 1]: without ``rho``,
     rho = 0 is used and said (in the log and in predicted.json), because the simulator's exact-gradient
     calibration measures no correlation between groups and the LM's uncentred fit carries the stale bias.
     """
     check_run_dir(out_dir, needs="calibration.json")
+    config = config.validated()
     if rho is not None and not 0.0 <= rho <= 1.0:
         raise ValueError(f"--rho must be in [0, 1], got {rho}")
     calibration = json.loads((out_dir / "calibration.json").read_text())
-    mu_value = calibration["mu_timing"] if mu is None else mu
+    mu_value = config.price_mu
     loaded = load_profile(out_dir / "profile.json")
     rho_note = None
     if rho is None:
@@ -163,7 +201,8 @@ def run_predict(config: ValidateConfig, out_dir: Path, mu: float | None = None, 
     design = optimal_design(DesignQuery(mu=mu_value, profile=loaded.profile, profile_rho=rho,
                                         profile_description=loaded.description,
                                         rollouts_per_step=config.rollouts_per_step))
-    predicted = {"mu_measured": mu_value, "x_star": design.x_star, "y_star": design.y_star, "regime": design.regime,
+    predicted = {"mu": mu_value, "mu_timing": calibration["mu_timing"], "x_star": design.x_star,
+                 "y_star": design.y_star, "regime": design.regime,
                  "regime_text": design.regime_text, "advice": design.advice,
                  "N": design.buffer_size, "B": design.batch_size, "R": design.rollouts_per_step,
                  "workers_per_trainer": design.workers_per_trainer, "rho_used": rho, "rho_note": rho_note,
@@ -171,16 +210,16 @@ def run_predict(config: ValidateConfig, out_dir: Path, mu: float | None = None, 
     path = out_dir / "predicted.json"
     if path.exists():
         saved = json.loads(path.read_text())
-        if any(saved.get(k) != predicted[k] for k in ("mu_measured", "N", "B", "R")):
-            raise ValueError(f"{path} exists with mu = {saved.get('mu_measured'):.4g}, N = {saved.get('N')}, "
+        if any(saved.get(k) != predicted[k] for k in ("mu", "N", "B", "R")):
+            raise ValueError(f"{path} exists with mu = {saved.get('mu', math.nan):.4g}, N = {saved.get('N')}, "
                              f"B = {saved.get('B')}, R = {saved.get('R')}; predictions are never overwritten: "
-                             f"use another --out (or drop --mu)")
+                             f"use another --out (or another --price-mu)")
         predicted = saved
     else:
         write_new(path, lambda tmp: tmp.write_text(json.dumps(predicted, indent=1, default=lambda v: None)))
-    log(f"predicted (Thm 3.5's J, the large-budget limit): regime {design.regime}, x* = {design.x_star:.3g}, "
-        f"y* = {design.y_star:.3g}, N = {design.buffer_size}, B = {design.batch_size}, "
-        f"R = {design.rollouts_per_step}")
+    log(f"predicted (Thm 3.5's J, the large-budget limit, compute priced at mu = {mu_value:g}; this machine's timing "
+        f"mu = {calibration['mu_timing']:.3g}): regime {design.regime}, x* = {design.x_star:.3g}, "
+        f"y* = {design.y_star:.3g}, N = {design.buffer_size}, B = {design.batch_size}, R = {design.rollouts_per_step}")
     log(f"what it is: {design.regime_text}")  # never "replay" for gamma > 1 (theory/design.py::classify_regime)
     log(f"what to do: {design.advice}")
     if design.constraint:
@@ -195,28 +234,35 @@ GROUP_REPLAY_CELLS = ((0.0, 0, 1.0), (1.0, 1, 1.0), (1.0, 2, 3.0))
 
 
 def _designs(config: ValidateConfig, predicted: dict) -> list[dict]:
-    """On-policy, the prediction, FIFO designs around and away from it (sync model: R fixed), then RLOO group replay.
+    """On-policy, the prediction and its four neighbours (N and B doubled and halved, R fixed), then RLOO cells.
 
-    FIFO designs (GRPO loss) carry N, B; group-replay designs (RLOO loss, leave-one-out advantage) carry
-    rho, L, c and B = R completions per update, i.e. B / K groups of which round(B/K / (1 + rho)) are fresh.
+    The neighbours are what the verdict needs: if the prediction is right, none of them beats it at equal
+    compute. When the prediction is not a replay design, the neighbours are on-policy's. FIFO designs train
+    with GRPO; group-replay designs (RLOO loss, leave-one-out advantage) carry rho, L, c and B = R completions
+    per update, i.e. B / K groups of which round(B/K / (1 + rho)) are fresh. All FIFO designs form the
+    family the theory ranks (``family``).
     """
     R = config.rollouts_per_step
-    designs = [{"name": "on-policy", "buffer": "on-policy", "loss": "grpo", "N": R, "B": R}]
-    if predicted["regime"] == "replay" and predicted["N"] and predicted["B"]:
-        designs.append({"name": "predicted", "buffer": "fifo", "loss": "grpo", "N": int(predicted["N"]),
-                        "B": int(predicted["B"])})
-    designs += [{"name": "N=2R, B=R", "buffer": "fifo", "loss": "grpo", "N": 2 * R, "B": R},
-                {"name": "N=4R, B=2R", "buffer": "fifo", "loss": "grpo", "N": 4 * R, "B": 2 * R},
-                {"name": "N=8R, B=4R", "buffer": "fifo", "loss": "grpo", "N": 8 * R, "B": 4 * R}]
+    designs = [{"name": "on-policy", "buffer": "on-policy", "loss": "grpo", "N": R, "B": R, "family": True}]
+    replay = predicted["regime"] == "replay" and bool(predicted["N"]) and bool(predicted["B"])
+    N0, B0 = (int(predicted["N"]), int(predicted["B"])) if replay else (R, R)
+    if replay:
+        designs.append({"name": "predicted", "buffer": "fifo", "loss": "grpo", "N": N0, "B": B0, "family": True})
+    centre = "predicted" if replay else "on-policy"
+    for label, N, B in (("N x2", 2 * N0, B0), ("N x0.5", N0 // 2, B0), ("B x2", N0, 2 * B0),
+                         ("B x0.5", N0, B0 // 2)):
+        if N >= R and B >= 1:  # x = N / R >= 1: a FIFO smaller than one step's rollouts drops fresh data unseen
+            designs.append({"name": f"{centre}, {label}", "buffer": "fifo", "loss": "grpo", "N": N, "B": B,
+                            "family": True})
     unique, seen = [], set()
     for d in designs:
-        if (d["N"], d["B"], d["buffer"]) not in seen:
-            seen.add((d["N"], d["B"], d["buffer"]))
+        if (d["N"], d["B"]) not in seen:
+            seen.add((d["N"], d["B"]))
             unique.append(d)
     for rho, L, c in GROUP_REPLAY_CELLS:
         name = "RLOO rho=0" if rho == 0 else f"RLOO rho={rho:g}, L={L}, c={c:g}"
         unique.append({"name": name, "buffer": "group-replay", "loss": "rloo", "N": None, "B": R,
-                       "rho": rho, "L": L, "c": c})
+                       "rho": rho, "L": L, "c": c, "family": False})
     return unique
 
 
@@ -251,7 +297,7 @@ def steps_at_budget(design: dict, budget: float, mu: float, R: int, K: int) -> i
 
 
 def _run_file_stem(name: str) -> str:
-    return name.replace("=", "").replace(", ", "_").replace(" ", "")
+    return name.replace("=", "").replace(", ", "_").replace(" ", "").replace("/", "over")
 
 
 def _mean_sd(values: list[float]) -> tuple[float, float]:
@@ -259,17 +305,22 @@ def _mean_sd(values: list[float]) -> tuple[float, float]:
     return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
-def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = VERIFY_SEEDS,
-               budget_updates: int = VERIFY_BUDGET_UPDATES, log=print) -> dict:
+def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None = None, log=print,
+               progress: bool = False) -> dict:
     """Train each design from the same warm start at EQUAL compute and compare held-out reward; report.json/.md.
 
-    Seed s of every design trains with seed ``config.seed + 101 s`` and is evaluated with evaluation seed
-    ``config.seed + 1 + s``; the warm start is evaluated with the same ``seeds`` evaluation seeds, so its
-    spread (sampling noise only) sits next to the designs' (training + sampling noise).
+    Compute is priced at the prediction's mu (``config.price_mu`` when predicted): a rollout costs mu
+    sample-updates. Seed s of every design trains with seed ``config.seed + 101 s`` and is evaluated with
+    evaluation seed ``config.seed + 1 + s``; the warm start is evaluated with the same evaluation seeds.
+    The verdict (``validate/verdict.py``): the prediction's rank among the FIFO designs the theory ranks
+    and among all, its regret (reward gap to the best at equal compute) with a paired seed-bootstrap
+    interval, and per neighbour the paired difference, its standard error and the seeds a 2-se
+    separation would need.
     """
+    plan = (plan or VerifyConfig()).validated()
+    config = config.validated()
     check_run_dir(out_dir, needs="predicted.json")
-    if seeds < 1 or budget_updates < 1:
-        raise ValueError(f"--seeds and --budget-updates must be >= 1, got {seeds} and {budget_updates}")
+    seeds, budget_updates = plan.seeds, plan.budget_updates
     existing = out_dir / "report.json"
     if existing.exists():  # reports are never overwritten: the same request returns the saved report
         report = json.loads(existing.read_text())
@@ -279,10 +330,11 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = VERIFY_SEEDS,
         log(f"report exists in {out_dir}; not trained again (a new --out runs verify afresh)")
         return report
     check_engine(config)
+    configure_torch(config.threads)
     started = time.perf_counter()
     predicted = json.loads((out_dir / "predicted.json").read_text())
     calibration = json.loads((out_dir / "calibration.json").read_text())
-    mu = predicted["mu_measured"]
+    mu = predicted["mu"]
     R, K = config.rollouts_per_step, config.group_size
     budget = budget_updates * (mu * R + R)  # the on-policy run's compute, sample-update units (one sample's update = 1)
     train_set, test_set = config.problems()
@@ -294,64 +346,38 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = VERIFY_SEEDS,
                                   sampler=sampler) for s in range(seeds)]
     warm_mean, warm_sd = _mean_sd([e["mean_reward"] for e in warm_evals])
     log(f"warm start: held-out reward {warm_mean:.3f} +- {warm_sd:.3f} over {seeds} evaluation seeds")
-    rows = []
-    for design in _designs(config, predicted):
+    designs = _designs(config, predicted)
+    plans = [(d, seed, runs_dir / f"{_run_file_stem(d['name'])}_seed{seed}.json") for d in designs
+             for seed in range(seeds)]
+    bar = ProgressBar("verify (design x seed runs)", len(plans), sum(path.exists() for *_, path in plans),
+                      enabled=progress)
+    records: dict[str, list[dict]] = {d["name"]: [] for d in designs}
+    for design, seed, path in plans:
         steps = steps_at_budget(design, budget, mu, R, K)
-        finals, pass1, computes, fresh_counts = [], [], [], []
-        for seed in range(seeds):
-            path = runs_dir / f"{_run_file_stem(design['name'])}_seed{seed}.json"
-            if path.exists():  # resume: finished runs are kept
-                record = json.loads(path.read_text())
-                if record["steps"] != steps:
-                    raise ValueError(f"{str(path)!r} was trained for {record['steps']} updates, not {steps}: a "
-                                     f"different --budget-updates or mu; use another --out")
-            else:
-                policy = load_checkpoint(out_dir / "warm_start", device=config.device)
-                knobs = {}
-                if design["buffer"] == "group-replay":
-                    knobs = dict(loss="rloo", replay_ratio_groups=design["rho"], max_age=design["L"],
-                                 clip_c=design["c"])
-                rl = RLConfig(steps=steps, rollouts_per_step=R, group_size=K, batch_size=design["B"],
-                              capacity=design["N"] or R, buffer=design["buffer"], lr=config.lr,
-                              max_new_tokens=config.max_new_tokens, sync_every=config.sync_every,
-                              micro_batch_size=config.micro_batch_size, seed=config.seed + 101 * seed, **knobs)
-                checkpoint = path.with_suffix(".ckpt")  # a run interrupted mid-way resumes from here
-                truncate_log(path.with_suffix(".jsonl"), checkpoint_next_step(checkpoint))
-                step_log = StepLog(path.with_suffix(".jsonl"), tensorboard_dir=runs_dir / "tensorboard" / path.stem)
-                result = train(policy, train_set, rl, progress=step_log, checkpoint=checkpoint, checkpoint_every=5,
-                               sampler=sampler, mu=mu)
-                step_log.close()
-                held_out = evaluate_policy(policy, test_set, 8, 1.0, config.max_new_tokens,
-                                           seed=config.seed + 1 + seed, sampler=sampler)
-                record = {"design": design, "seed": seed, "steps": steps,
-                          "fresh_rollouts": result.k_inference, "samples_trained": result.k_training,
-                          "compute": result.compute,  # charged by the pipeline from the counted rollouts
-                          "held_out": held_out, "train_reward": [m["reward"] for m in result.metrics]}
-                with path.open("x") as handle:
-                    json.dump(record, handle, indent=1, default=float)
-            finals.append(record["held_out"]["mean_reward"])
-            pass1.append(record["held_out"]["pass@1"])
-            computes.append(record["compute"])
-            fresh_counts.append(record.get("fresh_rollouts", record["steps"] * R))
-            log(f"{design['name']:<20} seed {seed}: held-out reward {record['held_out']['mean_reward']:.3f} "
-                f"(pass@1 {record['held_out']['pass@1']:.3f}) after {record['steps']} updates")
-        mean, sd = _mean_sd(finals)
-        fifo = design["buffer"] != "group-replay"
-        # R: fresh rollouts per step (group replay: K B_fresh after the all-fresh first step)
-        fresh_per_step = R if fifo else K * int(fresh_groups_per_step(design["B"] // K, design["rho"]))
-        rows.append({**design, "R": fresh_per_step, "x": design["N"] / R if fifo else None,
-                     "y": design["B"] / R if fifo else None, "K": K, "steps": steps, "seeds": seeds,
-                     "final_reward_mean": mean, "final_reward_std": sd, "final_rewards": finals,
-                     "final_pass_at_1_mean": _mean_sd(pass1)[0], "gain": mean - warm_mean,
-                     "gain_se": math.sqrt(sd ** 2 / seeds + warm_sd ** 2 / seeds),
-                     "fresh_rollouts": float(sum(fresh_counts) / len(fresh_counts)),
-                     "compute": float(sum(computes) / len(computes))})
+        if path.exists():  # resume: finished runs are kept
+            record = json.loads(path.read_text())
+            if record["steps"] != steps:
+                raise ValueError(f"{str(path)!r} was trained for {record['steps']} updates, not {steps}: a "
+                                 f"different --budget-updates or mu; use another --out")
+        else:
+            record = _train_one(config, out_dir, design, seed, steps, mu, path, train_set, test_set, sampler, bar)
+            bar.advance()
+        records[design["name"]].append(record)
+        log(f"{design['name']:<20} seed {seed}: held-out reward {record['held_out']['mean_reward']:.3f} "
+            f"(pass@1 {record['held_out']['pass@1']:.3f}) after {record['steps']} updates")
+    bar.close()
+    rows = [_design_row(design, records[design["name"]], R, K, seeds, warm_mean, warm_sd) for design in designs]
     best = max(rows, key=lambda r: r["final_reward_mean"])
-    predicted_row = next((r for r in rows if r["name"] == ("predicted" if predicted["regime"] == "replay"
-                                                              else "on-policy")), None)
+    centre = "predicted" if any(r["name"] == "predicted" for r in rows) else "on-policy"
+    names = [r["name"] for r in rows]
+    verdict = (compare(np.array([r["final_rewards"] for r in rows]), names, names.index(centre),
+                       np.array([r["family"] for r in rows]), np.random.default_rng(config.seed),
+                       draws=BOOTSTRAP_DRAWS, level=INTERVAL_LEVEL) if seeds >= 2 else None)
+    predicted_row = rows[names.index(centre)]
     report = {
-        "mu_measured": mu,
-        "mu_count": calibration.get("mu_count"),  # App. E counts; absent in calibrations made before it existed
+        "mu": mu, "mu_priced": mu,
+        "mu_measured": calibration["mu_timing"],  # this machine's timing mu: reported, not used for pricing
+        "mu_count": calibration.get("mu_count"),
         "count_window": calibration.get("count_window", {}),
         "profile": json.loads((out_dir / "profile.json").read_text()).get("fits", {}),
         "profile_table": {"staleness": calibration["staleness"], "sigma_sq": calibration["sigma_sq"],
@@ -363,15 +389,15 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = VERIFY_SEEDS,
                               "by_seed": [e["mean_reward"] for e in warm_evals]},
         "designs": rows,
         "measured_best": best,
+        "verdict": verdict,
         "learning_signal": {"design": best["name"], "gain": best["gain"], "standard_error": best["gain_se"],
                             "design_std": best["final_reward_std"], "warm_start_std": warm_sd, "seeds": seeds},
         "gap": {"x_predicted": predicted["x_star"], "x_best": best["x"],
                 "y_predicted": predicted["y_star"], "y_best": best["y"],
-                "design_predicted": predicted_row["name"] if predicted_row else None,
-                "reward_predicted": predicted_row["final_reward_mean"] if predicted_row else None,
+                "design_predicted": centre, "reward_predicted": predicted_row["final_reward_mean"],
                 "reward_best": best["final_reward_mean"],
-                "reward_gap": (best["final_reward_mean"] - predicted_row["final_reward_mean"]) if predicted_row
-                else None},
+                "reward_gap": best["final_reward_mean"] - predicted_row["final_reward_mean"]},
+        "config": dataclasses.asdict(config),
         "seconds": time.perf_counter() - started,
     }
     # report.json last: it marks a complete report. A report.md/.png without it is what an interrupted
@@ -385,10 +411,61 @@ def run_verify(config: ValidateConfig, out_dir: Path, seeds: int = VERIFY_SEEDS,
     return report
 
 
+def _train_one(config: ValidateConfig, out_dir: Path, design: dict, seed: int, steps: int, mu: float, path: Path,
+               train_set, test_set, sampler, bar: ProgressBar) -> dict:
+    """One verify run from the warm start (checkpointed every 5 steps, resumed exactly), evaluated held out."""
+    policy = load_checkpoint(out_dir / "warm_start", device=config.device)
+    knobs = {}
+    if design["buffer"] == "group-replay":
+        knobs = dict(loss="rloo", replay_ratio_groups=design["rho"], max_age=design["L"], clip_c=design["c"])
+    rl = RLConfig(steps=steps, rollouts_per_step=config.rollouts_per_step, group_size=config.group_size,
+                  batch_size=design["B"], capacity=design["N"] or config.rollouts_per_step, buffer=design["buffer"],
+                  lr=config.lr, max_new_tokens=config.max_new_tokens, sync_every=config.sync_every,
+                  micro_batch_size=config.micro_batch_size, seed=config.seed + 101 * seed, **knobs)
+    checkpoint = path.with_suffix(".ckpt")  # a run interrupted mid-way resumes from here
+    truncate_log(path.with_suffix(".jsonl"), checkpoint_next_step(checkpoint))
+    step_log = StepLog(path.with_suffix(".jsonl"), tensorboard_dir=path.parent / "tensorboard" / path.stem)
+
+    def on_step(step: int, metrics: dict) -> None:
+        step_log(step, metrics)
+        bar.tick()
+
+    result = train(policy, train_set, rl, progress=on_step, checkpoint=checkpoint, checkpoint_every=5,
+                   sampler=sampler, mu=mu)
+    step_log.close()
+    held_out = evaluate_policy(policy, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1 + seed,
+                               sampler=sampler)
+    record = {"design": design, "seed": seed, "steps": steps,
+              "fresh_rollouts": result.k_inference, "samples_trained": result.k_training,
+              "compute": result.compute,  # charged by the pipeline from the counted rollouts
+              "held_out": held_out, "train_reward": [m["reward"] for m in result.metrics]}
+    with path.open("x") as handle:
+        json.dump(record, handle, indent=1, default=float)
+    return record
+
+
+def _design_row(design: dict, records: list[dict], R: int, K: int, seeds: int, warm_mean: float,
+                warm_sd: float) -> dict:
+    finals = [r["held_out"]["mean_reward"] for r in records]
+    mean, sd = _mean_sd(finals)
+    fifo = design["buffer"] != "group-replay"
+    # R: fresh rollouts per step (group replay: K B_fresh after the all-fresh first step)
+    fresh_per_step = R if fifo else K * int(fresh_groups_per_step(design["B"] // K, design["rho"]))
+    return {**design, "R": fresh_per_step, "x": design["N"] / R if fifo else None,
+            "y": design["B"] / R if fifo else None, "K": K, "steps": records[0]["steps"], "seeds": seeds,
+            "final_reward_mean": mean, "final_reward_std": sd, "final_reward_se": sd / math.sqrt(seeds),
+            "final_rewards": finals,
+            "final_pass_at_1_mean": _mean_sd([r["held_out"]["pass@1"] for r in records])[0],
+            "gain": mean - warm_mean, "gain_se": math.sqrt(sd ** 2 / seeds + warm_sd ** 2 / seeds),
+            "fresh_rollouts": float(np.mean([r.get("fresh_rollouts", r["steps"] * R) for r in records])),
+            "compute": float(np.mean([r["compute"] for r in records]))}
+
+
 def _report_markdown(report: dict) -> str:
     warm = report["warm_start_reward"]
     lines = ["# Validation report", "",
-             f"mu measured (generation / update time per completion): {report['mu_measured']:.3g}", "",
+             f"Compute priced at mu = {report['mu']:g} (--price-mu); this machine's timing mu (generation / update "
+             f"time per completion): {report['mu_measured']:.3g}", "",
              f"mu from App. E counts (K_training / T) / (K_inference / W) in a "
              f"{report['count_window'].get('seconds', float('nan')):g} s window: {_fmt(report.get('mu_count'))} "
              f"(K_inference = {report['count_window'].get('k_inference', '-')}, "
@@ -420,8 +497,29 @@ def _report_markdown(report: dict) -> str:
     if gap["reward_gap"] is not None:
         lines += ["", f"Predicted design ({gap['design_predicted']}): {gap['reward_predicted']:.3f}; "
                   f"measured best: {gap['reward_best']:.3f}; gap {gap['reward_gap']:.3f}."]
+    lines += verdict_markdown(report.get("verdict"), gap["design_predicted"])
     lines += ["", "![reward vs design](report.png)", ""]
     return "\n".join(lines)
+
+
+def verdict_markdown(verdict: dict | None, centre: str) -> list[str]:
+    """The verdict's lines: rank and regret with intervals, then the paired comparisons and their power."""
+    if verdict is None:
+        return ["", "No verdict: it needs >= 2 seeds per design."]
+    pct = f"{100 * verdict['level']:g}%"
+    lines = ["", f"## Verdict ({centre}, {verdict['seeds']} paired seeds, {pct} seed-bootstrap intervals)", ""]
+    for scope, label in (("family", "FIFO designs (what Thm 3.5 ranks)"), ("all", "all designs")):
+        v = verdict[scope]
+        lines.append(f"- among {v['designs']} {label}: rank {v['rank']} [{v['rank_ci'][0]:.0f}, {v['rank_ci'][1]:.0f}]"
+                     f", P(best) {v['probability_predicted_best']:.2f}; best {v['best']}; regret (reward gap at "
+                     f"equal compute) {v['regret']:.4f} [{v['regret_ci'][0]:.4f}, {v['regret_ci'][1]:.4f}]")
+    lines += ["", f"| {centre} - design | difference | se (paired) | beyond 2 se | seeds for 2 se |",
+              "|---|---|---|---|---|"]
+    for pair in verdict["pairs"]:
+        needed = "-" if pair["seeds_needed"] is None else str(pair["seeds_needed"])
+        lines.append(f"| {pair['design']} | {pair['difference']:+.4f} | {pair['se']:.4f} | "
+                     f"{'yes' if pair['separated'] else 'no'} | {needed} |")
+    return lines
 
 
 def _fmt(value, spec: str = ".3g") -> str:

@@ -64,7 +64,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -506,12 +506,14 @@ def sft_warm_start(
     *,
     weight_decay: float = 0.0,
     max_grad_norm: float = 1.0,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """Supervised warm start: AdamW on the mean cross-entropy of completion tokens (prompt masked).
 
     ``examples`` are ``(prompt, answer)`` pairs; the target is ``answer + EOS``.
     Batches are drawn without replacement, reshuffling every epoch with
-    ``generator``. Returns the loss of every step (nats per completion token).
+    ``generator``. Returns the loss of every step (nats per completion token); ``on_step(step, loss)``
+    is called after each (progress display).
     """
     if not examples or steps < 0 or batch_size < 1 or lr <= 0:
         raise ValueError(
@@ -541,6 +543,8 @@ def sft_warm_start(
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         optimizer.step()
         losses.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(len(losses), losses[-1])
     model.train(was_training)
     return losses
 
