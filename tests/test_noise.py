@@ -7,6 +7,7 @@ import pytest
 
 from replay_theory.theory.noise import (
     fit_rho,
+    fit_rho_group_bootstrap,
     noise_profile,
     pair_moments,
     reference_variance,
@@ -167,3 +168,42 @@ def test_rho_for_design_uses_zero_only_when_the_interval_covers_it():
         above.rho_for_design()
     inside = LoadedProfile(**{**base, "rho": 0.2}, rho_fit={"value": 0.2, "ci": [0.1, 0.3], "in_range": True})
     assert inside.rho_for_design() == (0.2, None)
+
+
+def pooled(units, rng, **kwargs):
+    """One buffer made of ``units`` independent synthetic processes, their steps 100 apart (so pairs of
+    two processes lie beyond every max_gap and only pairs inside one process, correlated beta * gap, count):
+    noise (n, d), steps (n,), groups (n,)."""
+    eps, step, group = synthetic(units, rng, **kwargs)
+    U, n, d = eps.shape
+    shift = np.arange(U)[:, None]
+    return eps.reshape(U * n, d), (step[None] + 100 * shift).reshape(-1), (group[None] + 1000 * shift).reshape(-1)
+
+
+@pytest.mark.parametrize("reference", [0.0, 0.3])
+def test_group_bootstrap_point_estimate_equals_fit_rho(reference):
+    eps, step, group = pooled(3, np.random.default_rng(11), beta=0.005, within=0.2)
+    group = group * 7 % 10007  # ids in no particular order: only their equality matters
+    direct = fit_rho(pair_moments(eps[None], step[None], group[None], 8, reference_variance=reference), N)
+    boot = fit_rho_group_bootstrap(eps, step, group, 8, N, reference_variance=reference, draws=200)
+    assert boot.value == pytest.approx(direct.value, rel=1e-12)
+    assert boot.within_group == pytest.approx(direct.within_group, rel=1e-12)
+    np.testing.assert_allclose(boot.correlation, direct.correlation, rtol=1e-12)
+    assert boot.pairs == direct.pairs and boot.units == 3 * 18 and direct.units == 1  # units: groups vs the buffer
+    assert boot.ci[0] <= boot.value <= boot.ci[1] and math.isnan(direct.ci[0])  # one buffer: only groups give a CI
+    assert boot.within_group_ci[0] <= boot.within_group <= boot.within_group_ci[1]
+    with pytest.raises(ValueError, match="same creation step"):
+        fit_rho_group_bootstrap(eps, step, np.zeros_like(group), 8, N)
+
+
+def test_group_bootstrap_interval_covers_the_known_correlation():
+    """One buffer of 144 groups per replicate, rho = beta N = 0.36, within-group 0.2: the 90% group-bootstrap
+    intervals cover both at about the nominal rate (measured 0.93 for rho, a little conservative)."""
+    rng = np.random.default_rng(5)
+    hits = within_hits = 0
+    for draw in range(100):
+        eps, step, group = pooled(8, rng, d=16, within=0.2)
+        fit = fit_rho_group_bootstrap(eps, step, group, 8, N, draws=400, seed=draw)
+        hits += fit.ci[0] <= 0.36 <= fit.ci[1]
+        within_hits += fit.within_group_ci[0] <= 0.2 <= fit.within_group_ci[1]
+    assert 0.84 <= hits / 100 <= 0.99 and 0.80 <= within_hits / 100 <= 0.99

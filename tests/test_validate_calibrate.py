@@ -1,12 +1,17 @@
-"""App. E count-based mu (count_window), the micro-batched update and the gradient sketch of calibrate.
+"""App. E count-based mu (count_window), the micro-batched update, the gradient sketch, the exact KL by lag and
+the error bars of calibrate.
 
 Levels: hand-computed counts with a fake clock; the micro-batched update against the
-whole-batch update; sketched per-sample gradients against the full ones.
+whole-batch update; sketched per-sample gradients against the full ones; the exact KL against
+``theory.divergences.kl_exact`` by hand and against the sampled k3 / k1 estimates; sigma^2(s)
+with prompt-group units against the one-unit estimate.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -15,13 +20,19 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from replay_theory.theory.compute import estimate_mu  # noqa: E402
+from replay_theory.theory.divergences import k3_terms, kl_exact  # noqa: E402
+from replay_theory.theory.noise import noise_profile, staleness_moments  # noqa: E402
 from replay_theory.validate import countdown  # noqa: E402
 from replay_theory.validate import model as M  # noqa: E402
 from replay_theory.validate.calibrate import (  # noqa: E402
+    calibrate_lm,
     count_window,
     gradient_coordinates,
+    measure_kl_by_lag,
     measure_mu_count,
     per_sample_grads,
+    sequence_kl_terms,
+    staleness_profile,
 )
 from replay_theory.validate.rl import RLConfig, generate_batch, update_step  # noqa: E402
 
@@ -141,3 +152,128 @@ def test_gradient_sketch_keeps_the_chosen_coordinates(tiny):
     sketched = per_sample_grads(policy, train_set, batch, config, coords)  # (4, 2048)
     assert full.shape == (4, num_params) and sketched.shape == (4, 2048)
     assert torch.equal(sketched, full[:, coords])
+
+
+# --------------------------------------------------------------------------- exact KL by lag
+
+
+def _drifted(policy, scale: float = 0.02, seed: int = 0):
+    """A copy of ``policy`` with seeded Gaussian noise of std ``scale`` added to every weight: pi_{t-lag}."""
+    old = copy.deepcopy(policy)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in old.model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=generator))
+    return old
+
+
+def _completions(policy, train_set, prompts: int, temperature: float = 1.0):
+    config = RLConfig(steps=1, rollouts_per_step=4, group_size=4, batch_size=4, capacity=4, max_new_tokens=8,
+                      temperature=temperature)
+    batch, _ = generate_batch(policy, train_set, np.arange(prompts) % len(train_set), config, 0, 0,
+                              torch.Generator().manual_seed(1))
+    prompt_ids, prompt_mask = M.encode_prompts(policy, [train_set[i].prompt_text() for i in batch.prompt[0]])
+    ids = torch.as_tensor(batch.tokens[0])
+    mask = torch.as_tensor(batch.mask[0].astype(np.int64))
+    return config, batch, (prompt_ids, prompt_mask, ids, mask)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_next_token_logprobs_gather_to_sequence_logprobs(tiny, temperature):
+    policy, train_set = tiny
+    _, _, args = _completions(policy, train_set, 3, temperature)
+    with torch.no_grad():
+        full = M.next_token_logprobs(policy, *args, temperature=temperature)  # (B, L, V)
+        token = M.sequence_logprobs(policy, *args, temperature=temperature)  # (B, L)
+    B, L = args[2].shape
+    assert full.shape == (B, L, policy.model.config.vocab_size) and full.dtype == torch.float32
+    gathered = full.gather(-1, args[2].unsqueeze(-1)).squeeze(-1).masked_fill(args[3] == 0, 0.0)
+    assert torch.equal(gathered, token)  # the same numbers, not merely close
+    torch.testing.assert_close(full.logsumexp(-1), torch.zeros(B, L), rtol=0, atol=1e-5)  # normalised rows
+
+
+def test_exact_kl_equals_kl_exact_by_hand_and_is_nonnegative(tiny):
+    policy, train_set = tiny
+    old = _drifted(policy)
+    config, _, args = _completions(policy, train_set, 4)
+    terms = sequence_kl_terms(policy, old, *args, config.temperature)
+    with torch.no_grad():
+        lp = M.next_token_logprobs(policy, *args).double().numpy()  # (n, L, V)
+        lq = M.next_token_logprobs(old, *args).double().numpy()
+        token_p = M.sequence_logprobs(policy, *args).double().numpy()  # (n, L)
+        token_q = M.sequence_logprobs(old, *args).double().numpy()
+    live = args[3].numpy().astype(bool)
+    by_hand = (kl_exact(lp, lq) * live).sum(-1)  # sum over positions of KL over the vocabulary
+    np.testing.assert_allclose(terms["exact"], by_hand, rtol=1e-9, atol=1e-12)
+    assert (terms["exact"] >= 0).all() and terms["exact"].mean() > 1e-3  # the drift is real
+    log_ratio = np.where(live, token_q - token_p, 0.0)  # log pi_old - log pi_t of the sampled tokens
+    np.testing.assert_allclose(terms["k1"], -log_ratio.sum(-1), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(terms["k3"], k3_terms(log_ratio).sum(-1), rtol=1e-9, atol=1e-12)
+    chunked = sequence_kl_terms(policy, old, *args, config.temperature, chunk_elements=1)  # one row per pass
+    for name in terms:
+        np.testing.assert_allclose(chunked[name], terms[name], rtol=1e-5, atol=1e-7)
+    same = sequence_kl_terms(policy, policy, *args, config.temperature)
+    assert (same["exact"] == 0).all() and (same["k3"] == 0).all()  # KL(p || p) = 0 exactly
+
+
+def test_exact_kl_k3_and_k1_agree_within_standard_errors(tiny):
+    """KL(pi_t || pi_{t-1}) on 160 completions of a drifted pair: exact 0.171 +- 0.003, k3 0.166 +- 0.007,
+    k1 0.219 +- 0.045 (standard errors over the 40 prompt groups)."""
+    policy, train_set = tiny
+    old = _drifted(policy)
+    config, fresh, _ = _completions(policy, train_set, 40)
+    snapshots = collections.deque([{k: v.clone() for k, v in old.model.state_dict().items()},
+                                   {k: v.clone() for k, v in policy.model.state_dict().items()}])
+    kl = measure_kl_by_lag(policy, copy.deepcopy(policy), train_set, fresh, snapshots, config)
+    assert set(kl["exact"]) == {1}  # two snapshots reach lag 1 only
+    exact, k3, k1 = kl["exact"][1], kl["k3"][1], kl["k1"][1]
+    assert exact > 0.05 and 0 < kl["exact_se"][1] < exact / 10
+    assert abs(k3 - exact) < 4 * math.hypot(kl["k3_se"][1], kl["exact_se"][1])
+    assert abs(k1 - exact) < 4 * math.hypot(kl["k1_se"][1], kl["exact_se"][1])
+    assert kl["exact_se"][1] < kl["k3_se"][1] < kl["k1_se"][1]  # the exact sum has the least noise
+
+
+# --------------------------------------------------------------------------- error bars of sigma^2(s)
+
+
+def test_staleness_profile_units_are_prompt_groups():
+    """Point estimates equal the one-unit pooled estimate; the intervals exist and contain them."""
+    rng = np.random.default_rng(0)
+    K, n, G, d = 3, 24, 4, 5
+    reference = rng.standard_normal(d)
+    grads = reference + rng.standard_normal((K, n, d)) * np.array([1.0, 1.5, 2.0])[:, None, None]  # (K, n, d)
+    grads[:, :, 0] += np.repeat(rng.standard_normal((K, n // G)), G, axis=1)  # a shared prompt effect per group
+    profile = staleness_profile(grads, reference, 0.01, G, (0, 1, 2), seed=3)
+    one_unit = noise_profile(staleness_moments(grads[None], reference[None], 0.01), (0, 1, 2))
+    assert profile.units == n // G and one_unit.units == 1 and math.isnan(one_unit.plain_ci[0][0])
+    np.testing.assert_allclose(profile.plain, one_unit.plain, rtol=1e-12)
+    np.testing.assert_allclose(profile.signal_normalised, one_unit.signal_normalised, rtol=1e-12)
+    np.testing.assert_allclose(profile.retained, one_unit.retained, rtol=1e-12)
+    for values, intervals in ((profile.plain, profile.plain_ci), (profile.retained, profile.retained_ci),
+                              (profile.signal_normalised, profile.signal_normalised_ci)):
+        for v, (lo, hi) in zip(values, intervals):
+            assert math.isfinite(lo) and math.isfinite(hi) and lo <= v <= hi and hi > lo
+    with pytest.raises(ValueError, match="whole prompt groups"):
+        staleness_profile(grads[:, :6], reference, 0.01, G, (0, 1, 2))
+
+
+def test_calibrate_lm_gives_error_bars(tiny):
+    """A 3-step probe, 4 prompt groups per staleness value: finite sigma^2 intervals around the point estimates,
+    a rho interval from the buffer's groups, and an exact KL by lag next to k3 and k1."""
+    policy, train_set = tiny
+    policy = copy.deepcopy(policy)
+    config = RLConfig(steps=3, rollouts_per_step=8, group_size=4, batch_size=8, capacity=16, max_new_tokens=6,
+                      loss="asymre", lr=1e-2)
+    cal = calibrate_lm(policy, train_set, config, staleness=(0, 1, 2), samples=16, reference_samples=32)
+    assert cal.sigma_sq_units == 4 and cal.sigma_sq_level == 0.9
+    for v, (lo, hi) in zip(cal.sigma_sq_plain, cal.sigma_sq_plain_ci):
+        assert math.isfinite(lo) and math.isfinite(hi) and lo <= v <= hi and hi > lo
+    assert cal.rho_fit["units"] == 4 and cal.rho_fit["bootstrap_unit"].startswith("prompt group")
+    assert cal.rho_fit["ci"][0] <= cal.rho <= cal.rho_fit["ci"][1]
+    assert set(cal.kl_by_lag) == set(cal.kl_by_lag_k3) == set(cal.kl_by_lag_k1) == set(cal.kl_by_lag_se) == {1, 2}
+    assert all(v > 0 for v in cal.kl_by_lag.values()) and cal.kl_drift_per_step == cal.kl_by_lag[1]
+    assert all(cal.kl_by_lag_se[lag] > 0 and cal.kl_by_lag_k3_se[lag] > 0 for lag in (1, 2))
+    forms = cal.profile_dict("test")["forms"]
+    assert forms["plain_ci"] == [list(c) for c in cal.sigma_sq_plain_ci] and forms["units"] == 4
+    with pytest.raises(ValueError, match="samples must be a multiple of group_size = 4"):
+        calibrate_lm(policy, train_set, config, staleness=(0, 1), samples=6)

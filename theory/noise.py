@@ -369,3 +369,85 @@ def reference_variance(reference_grads: np.ndarray) -> np.ndarray:
     if n < 2:
         raise ValueError(f"a reference batch needs >= 2 samples to estimate its own error, got {n}")
     return r.var(axis=-2, ddof=1).sum(axis=-1) / n
+
+
+# --------------------------------------------------------------------------- rho with a group bootstrap (one buffer)
+
+
+def fit_rho_group_bootstrap(noise: np.ndarray, step: np.ndarray, group: np.ndarray, max_gap: int, capacity: float,
+                            reference_variance: float = 0.0, level: float = DEFAULT_LEVEL,
+                            draws: int = DEFAULT_DRAWS, seed: int = 0) -> RhoFit:
+    """rho of ONE buffer's noise ``noise`` (n, d), with a bootstrap over its GROUPS: a RhoFit whose units are groups.
+
+    ``fit_rho`` resamples whole units (seeds, checkpoints); a language-model probe has one buffer,
+    so there the responses' groups (one prompt each, sampled independently given the policy that
+    made them) are the resampled units. Items are first summed per group g: U_g = sum eps_i,
+    q_g = sum ||eps_i||^2, n_g, t_g; then, for the ordered pairs of two DIFFERENT groups g != g',
+
+        M[g, g'] = <U_g, U_g'>,   Q[g, g'] = (n_g' q_g + n_g q_g') / 2,   C[g, g'] = n_g n_g',
+
+    are the sums of <eps_i, eps_j>, (||eps_i||^2 + ||eps_j||^2) / 2 and the pair count, and
+    gap[g, g'] = |t_g - t_g'|. A bootstrap draw gives group multiplicities w (G,); its between-group
+    sums at gap h are w^T (X * [gap == h] * (1 - I)) w for X = M, Q, C (a group never pairs with its
+    own copy: two copies of one group are the same responses, not two groups), minus
+    ``reference_variance`` * count for M and Q, as in ``pair_moments``. The within-group sums are
+    sum_g w_g (||U_g||^2 - q_g), w_g q_g (n_g - 1), w_g n_g (n_g - 1). With w = 1 every sum is
+    ``pair_moments``'s, so the point estimate equals ``fit_rho(pair_moments(...))`` on the same data;
+    slope by ``rho_slope``, interval by ``percentile_interval``. ``RhoFit.units`` is the number of groups.
+    Cost O(n d + G^2 d) once, then O(draws G^2 (max_gap + 1)).
+    """
+    if not capacity > 0:
+        raise ValueError(f"capacity must be > 0, got {capacity}")
+    eps = np.asarray(noise, dtype=float)
+    t = np.asarray(step).astype(np.int64).reshape(-1)
+    g = np.asarray(group).reshape(-1)
+    if eps.ndim != 2 or eps.shape[0] != t.size or t.size != g.size:
+        raise ValueError(f"noise must be (n, d) with step and group of length n, got {eps.shape}, {t.shape}, "
+                         f"{g.shape}")
+    H, v = int(max_gap), float(reference_variance)
+    _, gi = np.unique(g, return_inverse=True)
+    n_groups = int(gi.max()) + 1 if gi.size else 0
+    d = eps.shape[1]
+    g_sum = np.zeros((n_groups, d))
+    np.add.at(g_sum, gi, eps)  # (G, d) U_g
+    sq = np.einsum("nd,nd->n", eps, eps)  # (n,)
+    g_sq = np.bincount(gi, weights=sq, minlength=n_groups)  # q_g
+    g_n = np.bincount(gi, minlength=n_groups).astype(float)  # n_g
+    g_step = np.zeros(n_groups, np.int64)
+    g_step[gi] = t
+    if np.any(np.bincount(gi, weights=t, minlength=n_groups) != g_n * g_step):
+        raise ValueError("every item of a group must have the same creation step")
+    inner = g_sum @ g_sum.T  # (G, G) M
+    half_sq = (np.outer(g_sq, g_n) + np.outer(g_n, g_sq)) / 2  # Q[g, g'] = (q_g n_g' + n_g q_g') / 2
+    count = np.outer(g_n, g_n)  # C
+    gap = np.abs(g_step[:, None] - g_step[None, :])
+    off_diagonal = ~np.eye(n_groups, dtype=bool)
+    masks = np.stack([(gap == h) & off_diagonal for h in range(H + 1)]).astype(float)  # (H + 1, G, G)
+    stacked = np.stack([inner, half_sq, count])[:, None] * masks[None]  # (3, H + 1, G, G)
+    within = np.stack([np.diag(inner) - g_sq, g_sq * (g_n - 1), g_n * (g_n - 1)])  # (3, G)
+
+    def sums(w: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(draws, G) multiplicities -> between (3, draws, H + 1) and within (3, draws), reference-corrected."""
+        left = np.tensordot(w, stacked, axes=([1], [2]))  # (draws, 3, H + 1, G): w^T X_h, by BLAS
+        between = np.einsum("dxhk,dk->xdh", left, w)
+        inside = np.einsum("dg,xg->xd", w, within)
+        between[:2] -= v * between[2]  # each pair's inner product and half-squared norms carry E||delta||^2
+        inside[:2] -= v * inside[2]
+        return between, inside
+
+    (b_inner, b_sq, b_count), (w_inner, w_sq, _) = sums(np.ones((1, n_groups)))
+    value = float(rho_slope(b_inner[0], b_sq[0], capacity))
+    corr = _ratio(b_inner[0], b_sq[0])
+    within_value = float(_ratio(w_inner[0], w_sq[0]))
+    nan2 = (math.nan, math.nan)
+    if n_groups >= 2:
+        w = unit_weights(n_groups, draws, np.random.default_rng(seed))
+        (bi, bs, _), (wi, ws, _) = sums(w)
+        ci = percentile_interval(rho_slope(bi, bs, capacity), level)
+        corr_boot = _ratio(bi, bs)
+        corr_ci = tuple(percentile_interval(corr_boot[:, h], level) for h in range(H + 1))
+        within_ci = percentile_interval(_ratio(wi, ws), level)
+    else:
+        ci, corr_ci, within_ci = nan2, tuple(nan2 for _ in range(H + 1)), nan2
+    return RhoFit(value, ci, level, float(capacity), H, tuple(float(c) for c in corr), corr_ci,
+                  tuple(int(round(c)) for c in b_count[0]), within_value, within_ci, n_groups)

@@ -9,9 +9,12 @@ but with per-sample gradients of the transformer instead of analytic scores.
 | ``mu_timing``      | mu (Table 1)     | generation seconds per completion / update seconds per completion      |
 | ``mu_count``       | mu (App. E)      | (K_training / T) / (K_inference / W) in a fixed wall-clock window      |
 | ``sigma_sq[s]``    | sigma^2(s)       | the form matching the loss (theory/noise.py): plain or signal-normalised |
+| ``sigma_sq_ci[s]`` | (interval)       | prompt-group bootstrap interval of sigma^2(s) (``sigma_sq_level``)      |
 | ``reference``      | grad F(theta_t)  | mean per-sample gradient of a large HELD-OUT batch of fresh completions |
 | ``rho``            | rho              | slope of the norm-weighted FIFO noise correlation in gap / N (no clamp) |
-| ``kl_by_lag``      | KL drift         | k1 estimate of KL(pi_t || pi_{t-lag}) from completions of pi_t          |
+| ``kl_by_lag``      | KL drift         | EXACT KL(pi_t || pi_{t-lag}) over the vocabulary, on completions of pi_t |
+| ``kl_by_lag_k3``   | (estimator)      | sampled k3 estimate of the same KL on the same completions              |
+| ``kl_by_lag_k1``   | (estimator)      | sampled k1 estimate (mean sequence log-ratio), can be negative          |
 
 The probe is an ordinary RL run (``validate.rl.train``, FIFO buffer, GRPO) whose
 last per-step weights are kept (on the CPU), so completions of the stale policies
@@ -25,8 +28,31 @@ sample variances of the reference gradients) / n_ref and subtracted from every s
 pair's inner product and ||g_ref||^2 (``theory.noise.reference_variance``: the cross terms vanish
 because the reference is independent of the measured completions). The noise is not centred per
 creation step (that needs a Monte Carlo mean per step, too costly on a model), so rho here includes
-products of stale-sample biases, like the simulator's ``rho_fit_uncentred``. One checkpoint is one
-bootstrap unit, so with the default single checkpoint no interval is given (NaN).
+products of stale-sample biases, like the simulator's ``rho_fit_uncentred``.
+
+Error bars. All measurements are taken at one checkpoint, so the simulator's unit (a seed) does not
+exist here; the bootstrap units are PROMPT GROUPS, which are independent given the policy. For sigma^2(s)
+the ``samples`` completions of each staleness value come in ``samples / G`` groups of G (one prompt each);
+unit u holds group u of every staleness value, (K, n, d) -> (U = n / G, K, G, d), and
+``theory.noise.noise_profile`` resamples units. The reference g_ref is broadcast to every unit: its own
+Monte Carlo error (``reference_variance``) is subtracted but the reference is NOT resampled, so the
+intervals leave out its sampling error (small next to the measured samples' when ``reference_samples``
+>> ``samples``). For rho the groups of the probe's final buffer are resampled
+(``theory.noise.fit_rho_group_bootstrap``; a group never pairs with its own copy).
+
+KL by lag. The tiny model's full next-token distribution is available
+(``validate.model.next_token_logprobs``), so KL(pi_t || pi_{t-lag}) of whole sequences is computed
+exactly over the vocabulary given each sampled prefix (chain rule):
+
+    KL_seq = E_{y ~ pi_t} sum_positions sum_v pi_t(v | x, y_<k) (log pi_t - log pi_{t-lag})(v | x, y_<k),
+
+averaged over fresh completions of pi_t; each vocabulary term is written as a non-negative Bregman term
+(as ``theory.divergences.kl_exact``), so the value is never negative. Next to it, on the same completions,
+the sampled k3 (sum over tokens of r - 1 - log r, log r = log pi_{t-lag} - log pi_t of the sampled token)
+and k1 (sum of -log r, the sequence log-ratio; unbiased but can be negative) estimates. Standard errors
+are over prompt groups (group means of the per-sequence values), the independent units. For a large
+vocabulary the completions are processed in chunks of at most ``kl_chunk_elements`` (chunk x L x V)
+log-probabilities.
 
 Count-based mu (App. E). The paper estimates mu from a buffered asynchronous run: with a
 buffer neither side waits, so in the same wall-clock time each inference GPU generates
@@ -64,13 +90,15 @@ from replay_theory.simulate.calibrate import fit_profiles, loss_form
 from replay_theory.simulate.designs import BufferSpec, compute_loss, make_design_buffer
 from replay_theory.theory import noise as noise_estimators
 from replay_theory.theory.compute import estimate_mu
+from replay_theory.theory.divergences import k3_terms
 from replay_theory.theory.profiles import save_profile
 from replay_theory.validate import countdown
 from replay_theory.validate.engines import HFSampler, Sampler
-from replay_theory.validate.model import Policy, encode_prompts, sequence_logprobs
+from replay_theory.validate.model import Policy, encode_prompts, next_token_logprobs, sequence_logprobs
 from replay_theory.validate.rl import RLConfig, generate_batch, train, update_step
 
 MAX_GRAD_COORDS = 1 << 22  # 4M float32 coordinates = 16 MB per per-sample gradient
+KL_CHUNK_ELEMENTS = 1 << 24  # chunk x L x V log-probs per pass: 64 MB float32 (about 8 such float64 temporaries)
 
 
 @dataclass
@@ -83,7 +111,9 @@ class LMCalibration:
     """The fitted rho as measured (not clamped; see ``rho_fit``)."""
     correlation_by_gap: dict[int, float]
     kl_by_lag: dict[int, float]
+    """Exact KL(pi_t || pi_{t-lag}) per sequence, over the vocabulary, mean over fresh completions of pi_t."""
     kl_drift_per_step: float
+    """``kl_by_lag[1]``."""
     probe_metrics: list[dict]
     fits: dict
     mu_count: float = math.nan
@@ -103,14 +133,33 @@ class LMCalibration:
     reference_samples: int = 0
     reference_variance: float = math.nan
     """E||g_ref - grad F||^2 subtracted from every estimate (already scaled to all coordinates)."""
+    sigma_sq_ci: list[list[float]] = field(default_factory=list)
+    """[lo, hi] per staleness value: prompt-group bootstrap interval of ``sigma_sq`` (its form)."""
+    sigma_sq_plain_ci: list[list[float]] = field(default_factory=list)
+    sigma_sq_signal_normalised_ci: list[list[float]] = field(default_factory=list)
+    retained_signal_ci: list[list[float]] = field(default_factory=list)
+    sigma_sq_level: float = noise_estimators.DEFAULT_LEVEL
+    """Coverage of every sigma^2, r(s) and rho interval (central percentile interval)."""
+    sigma_sq_units: int = 0
+    """Bootstrap units of sigma^2(s): prompt groups per staleness value (samples / group_size)."""
+    kl_by_lag_se: dict[int, float] = field(default_factory=dict)
+    """Standard error of ``kl_by_lag`` over prompt groups."""
+    kl_by_lag_k3: dict[int, float] = field(default_factory=dict)
+    """Sampled k3 estimate of the same KL on the same completions (sum over tokens of r - 1 - log r)."""
+    kl_by_lag_k3_se: dict[int, float] = field(default_factory=dict)
+    kl_by_lag_k1: dict[int, float] = field(default_factory=dict)
+    """Sampled k1 estimate (mean sequence log pi_t - log pi_{t-lag}); unbiased, can be negative."""
+    kl_by_lag_k1_se: dict[int, float] = field(default_factory=dict)
 
     def profile_dict(self, source: str) -> dict:
         """The file `replay-theory optimal --profile` reads: the finite prefix of the matched table, rho only if in
         [0, 1] (the fit itself always, under ``rho_fit``)."""
         values, form, note = np.asarray(self.sigma_sq, float), self.sigma_sq_form, None
+        intervals = np.asarray(self.sigma_sq_ci, float).reshape(-1, 2)
         stop = _usable_prefix(values)
         if stop < 2:  # the reference batch did not resolve the signal: say so and give the upper bound
             values = np.asarray(self.sigma_sq_plain, float) + self.reference_variance
+            intervals = np.asarray(self.sigma_sq_plain_ci, float).reshape(-1, 2) + self.reference_variance
             form, stop = "plain", _usable_prefix(values)
             note = (f"the {self.sigma_sq_form} sigma^2 is not resolved (||g_ref||^2 does not exceed its own Monte "
                     f"Carlo error {self.reference_variance:.3g}): the table is the plain E||G - g_ref||^2 without the "
@@ -119,10 +168,16 @@ class LMCalibration:
             raise ValueError("no sigma^2 form has 2 usable (finite, > 0) points: the probe measured no gradient noise")
         data = {"kind": "table", "staleness": self.staleness[:stop], "sigma_sq": [float(v) for v in values[:stop]],
                 "sigma_sq_form": form, "loss": self.loss,
+                "sigma_sq_ci": _json_intervals(intervals[:stop]),
                 "forms": {"staleness": self.staleness, "plain": self.sigma_sq_plain,
                           "signal_normalised": [v if math.isfinite(v) else None
                                                 for v in self.sigma_sq_signal_normalised],
-                          "retained_signal": self.retained_signal},
+                          "retained_signal": self.retained_signal,
+                          "plain_ci": _json_intervals(self.sigma_sq_plain_ci),
+                          "signal_normalised_ci": _json_intervals(self.sigma_sq_signal_normalised_ci),
+                          "retained_signal_ci": _json_intervals(self.retained_signal_ci),
+                          "level": self.sigma_sq_level, "units": self.sigma_sq_units,
+                          "bootstrap_unit": "prompt group (the reference is not resampled)"},
                 "rho_fit": {**self.rho_fit, "noise": "eps = G - g_ref (uncentred; reference error subtracted)"},
                 "reference": f"sampled (n = {self.reference_samples}, its variance / n subtracted)",
                 "fits": self.fits, "kl_drift_per_step": self.kl_drift_per_step, "source": source}
@@ -131,6 +186,12 @@ class LMCalibration:
         if self.rho_fit.get("in_range"):
             data["rho"] = self.rho
         return data
+
+
+def _json_intervals(intervals) -> list[list[float | None]]:
+    """[lo, hi] pairs with NaN and inf as None (JSON has neither)."""
+    pairs = np.asarray(intervals, float).reshape(-1, 2)
+    return [[float(v) if math.isfinite(v) else None for v in pair] for pair in pairs]
 
 
 def _usable_prefix(values: np.ndarray) -> int:
@@ -261,6 +322,7 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
                  sampler: Sampler | None = None, mu_window_seconds: float = 0.0,
                  max_grad_coords: int | None = MAX_GRAD_COORDS,
                  reference_samples: int | None = None,
+                 kl_chunk_elements: int = KL_CHUNK_ELEMENTS,
                  on_phase: Callable[[str, int, int], None] | None = None) -> LMCalibration:
     """Probe run of ``config`` on ``problems``, then sigma^2(s), rho and KL(pi_t || pi_t-lag) at its last step.
 
@@ -268,8 +330,12 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
     (``measure_mu_count``, on a copy of the final policy). ``sampler`` generates every completion
     (default: the HF loop). ``reference_samples`` (default 4 ``samples``) fresh completions, held out,
     estimate grad F; the gaps probed for rho are those the probe's buffer holds (capacity / R - 1).
+    ``samples`` must be a multiple of ``group_size`` with at least 2 groups: the groups are the bootstrap units.
     ``on_phase(phase, done, total)`` is called after each unit of work (progress display).
     """
+    if samples % config.group_size or samples < 2 * config.group_size:
+        raise ValueError(f"samples must be a multiple of group_size = {config.group_size} and >= "
+                         f"{2 * config.group_size} (the prompt groups are the bootstrap units), got {samples}")
     reference_samples = 4 * samples if reference_samples is None else reference_samples
     if reference_samples < 2 * config.group_size or reference_samples % config.group_size:
         raise ValueError(f"reference_samples must be a multiple of group_size = {config.group_size} and >= "
@@ -292,6 +358,7 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
     def measured_one() -> None:
         measured["batches"] += 1
         tick("noise (gradient batches)", measured["batches"], total_batches)
+
     generator = torch.Generator(device="cpu").manual_seed(seed + 7919)
     rng = np.random.default_rng(seed + 7919)
     behaviour = dataclasses.replace(policy, model=copy.deepcopy(policy.model))
@@ -320,48 +387,134 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
     ref_var = float(((total_sq - n_ref * reference**2) / (n_ref - 1)).sum() / n_ref)  # reference_variance's formula
     fresh = completions_of(0)
     grads = np.stack([grads_of(fresh if s == 0 else completions_of(s)) for s in staleness])  # (K, n, k)
-    moments = noise_estimators.staleness_moments(grads[None], reference[None], ref_var)
-    profile = noise_estimators.noise_profile(moments, staleness)
-    kl_by_lag = _kl_by_lag(policy, behaviour, problems, fresh, snapshots, config)
-    rho_fit = _buffer_rho(result.buffer, config, reference, ref_var, grads_of)
+    profile = staleness_profile(grads, reference, ref_var, config.group_size, staleness, seed=seed)
+    kl = measure_kl_by_lag(policy, behaviour, problems, fresh, snapshots, config, kl_chunk_elements)
+    rho_fit = _buffer_rho(result.buffer, config, reference, ref_var, grads_of, seed)
     count = (measure_mu_count(policy, problems, config, mu_window_seconds, sampler, seed)
              if mu_window_seconds > 0 else {})
     staleness_f = [float(s) for s in staleness]
     form = loss_form(config.loss)
     sigma_sq = list(profile.plain if form == "plain" else profile.signal_normalised)
+    sigma_sq_ci = profile.plain_ci if form == "plain" else profile.signal_normalised_ci
     finite = [i for i, v in enumerate(sigma_sq) if math.isfinite(v) and v > 0]
     return LMCalibration(
         mu_timing=result.mu_timing(), staleness=staleness_f, sigma_sq=sigma_sq,
         rho=rho_fit.value, correlation_by_gap={h: c for h, c in enumerate(rho_fit.correlation)},
-        kl_by_lag=kl_by_lag, kl_drift_per_step=kl_by_lag.get(1, math.nan), probe_metrics=result.metrics,
+        kl_by_lag=kl["exact"], kl_drift_per_step=kl["exact"].get(1, math.nan), probe_metrics=result.metrics,
         fits=fit_profiles(np.asarray(staleness_f)[finite], np.asarray(sigma_sq)[finite]) if len(finite) >= 2 else {},
         mu_count=count.get("mu", math.nan), count_window=count,
         grad_coords=None if coords is None else int(coords.numel()),
         sigma_sq_form=form, loss=config.loss, sigma_sq_plain=list(profile.plain),
         sigma_sq_signal_normalised=list(profile.signal_normalised), retained_signal=list(profile.retained),
-        rho_fit=rho_fit.to_dict(), reference_samples=n_ref, reference_variance=ref_var,
+        rho_fit={**rho_fit.to_dict(), "bootstrap_unit": "prompt group of the probe's final buffer"},
+        reference_samples=n_ref, reference_variance=ref_var,
+        sigma_sq_ci=[list(c) for c in sigma_sq_ci], sigma_sq_plain_ci=[list(c) for c in profile.plain_ci],
+        sigma_sq_signal_normalised_ci=[list(c) for c in profile.signal_normalised_ci],
+        retained_signal_ci=[list(c) for c in profile.retained_ci], sigma_sq_level=profile.level,
+        sigma_sq_units=profile.units, kl_by_lag_se=kl["exact_se"], kl_by_lag_k3=kl["k3"],
+        kl_by_lag_k3_se=kl["k3_se"], kl_by_lag_k1=kl["k1"], kl_by_lag_k1_se=kl["k1_se"],
     )
 
 
-def _kl_by_lag(policy, behaviour, problems, fresh, snapshots, config) -> dict[int, float]:
-    """k1 estimate of KL(pi_t || pi_t-lag) = E_{pi_t}[log pi_t - log pi_t-lag] over fresh completions of pi_t."""
-    prompt_ids, prompt_mask = encode_prompts(policy, [problems[i].prompt_text() for i in fresh.prompt[0]])
-    ids = torch.as_tensor(fresh.tokens[0], device=policy.device)
-    mask = torch.as_tensor(fresh.mask[0].astype(np.int64), device=policy.device)
+def staleness_profile(grads: np.ndarray, reference: np.ndarray, ref_var: float, group_size: int, staleness,
+                      seed: int = 0) -> noise_estimators.NoiseProfile:
+    """sigma^2(s) and r(s) with prompt-group bootstrap intervals from per-sample gradients ``grads`` (K, n, d).
+
+    Row i of every staleness value belongs to prompt group i // ``group_size`` (completions come in
+    consecutive groups of G, one prompt each); groups are independent given the policy, so unit u is
+    group u of every staleness value: (K, n, d) -> (U = n / G, K, G, d). The reference is broadcast to
+    every unit: its Monte Carlo error ``ref_var`` is subtracted but the reference is not resampled.
+    """
+    K, n, d = grads.shape
+    if n % group_size or n < 2 * group_size:
+        raise ValueError(f"need whole prompt groups, at least 2: {n} samples in groups of {group_size}")
+    units = grads.reshape(K, n // group_size, group_size, d).transpose(1, 0, 2, 3)  # (U, K, G, d), a view
+    U = units.shape[0]
+    moments = noise_estimators.staleness_moments(units, np.broadcast_to(reference, (U, d)), ref_var)
+    return noise_estimators.noise_profile(moments, staleness, seed=seed)
+
+
+def sequence_kl_terms(current: Policy, old: Policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                      ids: torch.Tensor, mask: torch.Tensor, temperature: float,
+                      chunk_elements: int = KL_CHUNK_ELEMENTS) -> dict[str, np.ndarray]:
+    """Per-sequence KL(pi_current || pi_old) of completions ``ids`` (n, L) sampled from pi_current: (n,) arrays.
+
+    ``exact``: sum over unmasked positions of sum_v p_v (log p_v - log q_v) over the whole vocabulary
+    (p = pi_current, q = pi_old given the prefix), each term written as q g(d) >= 0, g(d) = e^d (d - 1) + 1,
+    d = log p - log q (``theory.divergences.kl_exact``'s form: float64, both rows renormalised), so it is
+    never negative. ``k3``: sum over tokens of k3_terms(log q - log p) of the sampled token (the model's
+    float32 token log-probs, as ``sequence_logprobs`` gives them); ``k1``: sum of (log p - log q).
+    Completions go through in chunks of at most ``chunk_elements`` / (L V) rows (at least one).
+    """
+    n, L = ids.shape
+    was_training = (current.model.training, old.model.training)
+    current.model.eval()
+    old.model.eval()
+    out = {"exact": np.zeros(n), "k3": np.zeros(n), "k1": np.zeros(n)}
+    chunk = max(1, chunk_elements // max(1, L * int(current.model.config.vocab_size)))  # rows per pass
     with torch.no_grad():
-        current = sequence_logprobs(policy, prompt_ids, prompt_mask, ids, mask, temperature=config.temperature).sum(1)
-        out = {}
-        for lag in KL_LAGS:
-            if lag < len(snapshots):
-                behaviour.model.load_state_dict(snapshots[-1 - lag])
-                old = sequence_logprobs(behaviour, prompt_ids, prompt_mask, ids, mask,
-                                        temperature=config.temperature).sum(1)
-                out[lag] = float((current - old).mean())
+        for start in range(0, n, chunk):
+            rows = slice(start, start + chunk)
+            args = (prompt_ids[rows], prompt_mask[rows], ids[rows], mask[rows])
+            lp = next_token_logprobs(current, *args, temperature=temperature).double()  # (c, L, V)
+            lq = next_token_logprobs(old, *args, temperature=temperature).double()  # (c, L, V)
+            live = mask[rows].to(torch.float64)  # (c, L)
+            token = ids[rows].unsqueeze(-1)
+            log_ratio = ((lq.gather(-1, token) - lp.gather(-1, token)).squeeze(-1) * live).cpu().numpy()  # (c, L)
+            # renormalised in float64 (float32 rows sum to 1 only to ~1e-7): the Bregman form below needs
+            # sum p = sum q exactly, else a tiny KL would carry a bias of that size
+            lp, lq = lp - lp.logsumexp(-1, keepdim=True), lq - lq.logsumexp(-1, keepdim=True)
+            d = lp - lq
+            em = torch.expm1(d)
+            # q g(d) = q (d e^d - e^d + 1) = q (d expm1(d) - (expm1(d) - d)) for |d| <= 1 (no cancellation of
+            # the leading d^2 / 2), p (d - 1) + q beyond (no e^d overflow); clamped at 0 against rounding only
+            term = torch.where(d.abs() <= 1.0, lq.exp() * (d * em - (em - d)), lp.exp() * (d - 1.0) + lq.exp())
+            exact = (term.clamp_min(0.0).sum(-1) * live).sum(-1)  # (c,)
+            stop = start + exact.shape[0]
+            out["exact"][start:stop] = exact.cpu().numpy()
+            out["k3"][start:stop] = (k3_terms(log_ratio) * live.cpu().numpy()).sum(-1)  # padding: log r = 0 -> 0
+            out["k1"][start:stop] = -log_ratio.sum(-1)
+    if was_training[0]:
+        current.model.train()
+    if was_training[1]:
+        old.model.train()
     return out
 
 
-def _buffer_rho(buffer, config: RLConfig, reference: np.ndarray, ref_var: float, grads_of) -> noise_estimators.RhoFit:
-    """rho (theory.noise.fit_rho) from the FIFO items' noise against the held-out reference, gaps the buffer holds."""
+def _group_mean_and_se(values: np.ndarray, group: np.ndarray) -> tuple[float, float]:
+    """Mean of per-sequence ``values`` and its standard error over prompt groups (the independent units)."""
+    _, gi = np.unique(group, return_inverse=True)
+    means = np.bincount(gi, weights=values) / np.bincount(gi)  # (groups,)
+    se = float(means.std(ddof=1) / math.sqrt(means.size)) if means.size >= 2 else math.nan
+    return float(values.mean()), se
+
+
+def measure_kl_by_lag(policy: Policy, behaviour: Policy, problems, fresh, snapshots, config: RLConfig,
+                      chunk_elements: int = KL_CHUNK_ELEMENTS) -> dict[str, dict[int, float]]:
+    """KL(pi_t || pi_{t-lag}) for each lag in ``KL_LAGS`` the snapshots reach, on fresh completions of pi_t.
+
+    ``policy`` is pi_t; ``behaviour`` is loaded with ``snapshots[-1 - lag]`` (weights before each update,
+    newest last). Returns dicts by lag: ``exact`` (``sequence_kl_terms``), ``k3``, ``k1`` (means over the
+    completions) and their standard errors over prompt groups ``exact_se``, ``k3_se``, ``k1_se``.
+    """
+    prompt_ids, prompt_mask = encode_prompts(policy, [problems[i].prompt_text() for i in fresh.prompt[0]])
+    ids = torch.as_tensor(fresh.tokens[0], device=policy.device)
+    mask = torch.as_tensor(fresh.mask[0].astype(np.int64), device=policy.device)
+    out: dict[str, dict[int, float]] = {k: {} for k in ("exact", "exact_se", "k3", "k3_se", "k1", "k1_se")}
+    for lag in KL_LAGS:
+        if lag < len(snapshots):
+            behaviour.model.load_state_dict(snapshots[-1 - lag])
+            terms = sequence_kl_terms(policy, behaviour, prompt_ids, prompt_mask, ids, mask, config.temperature,
+                                      chunk_elements)
+            for name, values in terms.items():
+                out[name][lag], out[f"{name}_se"][lag] = _group_mean_and_se(values, fresh.group[0])
+    return out
+
+
+def _buffer_rho(buffer, config: RLConfig, reference: np.ndarray, ref_var: float, grads_of,
+                seed: int = 0) -> noise_estimators.RhoFit:
+    """rho from the FIFO items' noise against the held-out reference, gaps the buffer holds, with an interval
+    from a bootstrap over the buffer's prompt groups (``theory.noise.fit_rho_group_bootstrap``)."""
     R = config.rollouts_per_step
     max_gap = max(config.capacity // R - 1, 1)
     if buffer is None or not hasattr(buffer, "valid") or not buffer.valid[0].any():
@@ -371,9 +524,8 @@ def _buffer_rho(buffer, config: RLConfig, reference: np.ndarray, ref_var: float,
     valid = np.nonzero(buffer.valid[0])[0]
     batch = buffer.stored(valid[None, :])  # (1, n, ...)
     eps = grads_of(batch) - reference  # (n, k)
-    moments = noise_estimators.pair_moments(eps[None], batch.created, batch.group, max_gap,
-                                            reference_variance=ref_var)
-    return noise_estimators.fit_rho(moments, config.capacity)
+    return noise_estimators.fit_rho_group_bootstrap(eps, batch.created[0], batch.group[0], max_gap, config.capacity,
+                                                    reference_variance=ref_var, seed=seed)
 
 
 def write_calibration(calibration: LMCalibration, out_dir: Path, source: str) -> None:

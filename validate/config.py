@@ -74,7 +74,7 @@ class ValidateConfig:
                                    ("--sft-steps", self.sft_steps, 0), ("--group-size", self.group_size, 2),
                                    ("--rollouts-per-step", self.rollouts_per_step, self.group_size),
                                    ("--probe-steps", self.probe_steps, MAX_STALENESS + 1),
-                                   ("--samples", self.samples, self.group_size),
+                                   ("--samples", self.samples, 2 * self.group_size),
                                    ("--max-new-tokens", self.max_new_tokens, 1), ("--sync-every", self.sync_every, 1),
                                    ("--micro-batch-size", self.micro_batch_size, 0), ("--threads", self.threads, 1)):
             check_integer(option, value, low)

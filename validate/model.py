@@ -15,7 +15,9 @@ Computes, for the RLOO-with-group-replay validation on Countdown
   samples) that records the behaviour log-probs ``logp_behav`` of the sampled
   tokens from the sampling forward pass itself.
 * ``sequence_logprobs``: teacher-forced per-token log-probs of completion tokens
-  (differentiable), optionally with their entropies.
+  (differentiable), optionally with their entropies; ``next_token_logprobs``: the full
+  next-token log-distribution over the vocabulary at each completion position, which it gathers
+  from (exact KL between two policies, ``validate/calibrate.py``).
 * ``sft_warm_start``: the supervised warm start (paper: SFT before RL) as
   cross-entropy on completion tokens only.
 * ``save_checkpoint`` / ``load_checkpoint``.
@@ -310,7 +312,7 @@ def encode_prompts(policy: Policy, prompts: Sequence[str]) -> tuple[torch.Tensor
     return ids.to(policy.device), mask.to(policy.device)
 
 
-def sequence_logprobs(
+def next_token_logprobs(
     policy: Policy,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
@@ -318,16 +320,15 @@ def sequence_logprobs(
     completion_mask: torch.Tensor,
     *,
     temperature: float = 1.0,
-    with_entropy: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Teacher-forced per-token log-probs of the completion tokens: ``token_logp`` (B, L), float32.
+) -> torch.Tensor:
+    """The full teacher-forced next-token log-distribution at every completion position: (B, L, V), float32.
 
-    ``token_logp[b, t] = log_softmax(logits / temperature)[b, P - 1 + t, completion_ids[b, t]]``
-    (the logits at the position before the token), computed in float32 and
-    exactly 0.0 where ``completion_mask == 0``. Differentiable w.r.t. the model.
-    With ``with_entropy=True`` returns ``(token_logp, token_entropy)``, the
-    entropy of the same (temperature-scaled) distributions, without gradient,
-    0.0 on padding. Prompts left-padded (B, P), completions right-padded (B, L).
+    ``logp_all[b, t] = log_softmax(logits / temperature)[b, P - 1 + t]``, the distribution
+    pi(. given x, y_<t) the t-th completion token is drawn from, over the whole vocabulary
+    (computed in float32). Rows at padding positions (``completion_mask == 0``) are the model's
+    distribution after the padding tokens: callers mask them. Differentiable w.r.t. the model.
+    Memory is B * L * V floats: chunk the rows for a large vocabulary.
+    Prompts left-padded (B, P), completions right-padded (B, L).
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature}; must be > 0")
@@ -348,7 +349,30 @@ def sequence_logprobs(
     logits = out.logits[:, :-1].float()  # (B, L, V): position P-1+t predicts completion token t
     if temperature != 1.0:
         logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)  # (B, L, V)
+    return torch.log_softmax(logits, dim=-1)  # (B, L, V)
+
+
+def sequence_logprobs(
+    policy: Policy,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced per-token log-probs of the completion tokens: ``token_logp`` (B, L), float32.
+
+    ``token_logp[b, t] = log_softmax(logits / temperature)[b, P - 1 + t, completion_ids[b, t]]``
+    (the logits at the position before the token; ``next_token_logprobs`` gathered), computed in float32 and
+    exactly 0.0 where ``completion_mask == 0``. Differentiable w.r.t. the model.
+    With ``with_entropy=True`` returns ``(token_logp, token_entropy)``, the
+    entropy of the same (temperature-scaled) distributions, without gradient,
+    0.0 on padding. Prompts left-padded (B, P), completions right-padded (B, L).
+    """
+    logp_all = next_token_logprobs(policy, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                   temperature=temperature)  # (B, L, V)
     token_logp = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, L)
     pad = completion_mask == 0
     token_logp = token_logp.masked_fill(pad, 0.0)
