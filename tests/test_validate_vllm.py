@@ -218,7 +218,7 @@ def test_cli_engine_errors_exit_2_without_traceback(cli, tmp_path, monkeypatch):
     code, _, err = cli("validate", "all", "--out", str(tmp_path / "run"), "--engine", "vllm", "--device", "cpu")
     assert code == 2 and "add --device cuda" in err and "Traceback" not in err and err.count("\n") == 1
     code, _, err = cli("validate", "calibrate-model", "--out", str(tmp_path / "run"), "--sync-every", "0")
-    assert code == 2 and err.strip() == "replay-theory: error: --sync-every must be >= 1, got 0"
+    assert code == 2 and err.strip() == "replay-theory: error: --sync-every must be an integer >= 1, got 0"
     assert not (tmp_path / "run").exists()  # bad input leaves nothing behind
 
 
