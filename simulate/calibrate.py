@@ -23,8 +23,14 @@ objective. Exact enumeration (bandit): a response's expected advantage given its
 sum over the multinomial counts of the other G - 1 responses' reward levels (36 terms for 3 levels
 and G = 8), computed with the config's own advantage; every loss is linear in the advantage at ratio
 1, so the loss evaluated at that expected advantage, weighted by pi(a | p) / P and contracted with
-grad log pi, is grad F. Environments without enumeration (the token MDP) use a held-out reference
-batch instead, its Monte Carlo error subtracted (``theory/noise.py``), exactly as on the language model.
+grad log pi, is grad F. Token MDP (``token_mdp_sample_mean``): the reward is the same three levels
+(1 / 0.1 / 0) of the final sum, so the same expected advantage per level applies; a response's
+gradient is a sum over its tokens, each token's coefficient a function of its own ratio and A, so the
+expectation runs over (step, partial sum, token) states: a forward DP gives P(s_t = s), a backward DP
+E[A+- | s_{t+1}] (``TokenMDPEnv.state_distributions`` / ``backward_values``). M2PO's mask couples a
+response's tokens, so M2PO has no exact gradient on the token MDP (``exact_gradient_problem``). Where
+there is no enumeration, a held-out reference batch is used instead, its Monte Carlo error subtracted
+(``theory/noise.py``), exactly as on the language model; its rho is then the uncentred one.
 
 Which sigma^2 form the theory needs. For an unbiased importance-weighted loss a stale sample
 carries the full signal and plain variance is what Thm 3.4 bounds. A clipped (or truncated, or
@@ -462,8 +468,8 @@ def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS,
               draws: int = noise_estimators.DEFAULT_DRAWS) -> Calibration:
     """Run the probe of ``config`` and measure sigma^2(s) (both forms), rho and the KL drift.
 
-    ``reference``: exact (enumerated grad F, bandit only), sampled (mean of ``reference_samples``
-    held-out fresh responses, its error subtracted) or auto (exact where possible).
+    ``reference``: exact (enumerated grad F: bandit, or token MDP with a per-token loss), sampled (mean
+    of ``reference_samples`` held-out fresh responses, its error subtracted) or auto (exact where possible).
     """
     config = probe_config(config.validated(), max_gap)
     staleness = tuple(int(s) for s in staleness)

@@ -84,6 +84,14 @@ As in ``bandit.py`` the divergences are those of the joint (uniform prompt,
 response) distribution: chi2, KL and M2 are prompt averages and
 ``d2 = log(1 + chi2)`` (so chi2 = expm1(d2) exactly).
 
+The calibration's exact expected gradient (``simulate/calibrate.py``) uses the
+same state space: ``state_distributions`` (forward DP, P(s_t = s | p)),
+``backward_values`` (backward DP, E[terminal(s_L) | s_t = s] for any function
+of the final sum, e.g. the expected advantage of its reward level),
+``final_sum_reward`` (the verifier as a table over sums) and
+``state_token_contract`` (sum over states and tokens of a weight times
+grad log pi(v | state)).
+
 | code name          | symbol               | meaning                                                  |
 |--------------------|----------------------|----------------------------------------------------------|
 | ``params``         | theta (S, K V + 1)   | [:K V] reshaped (S, K, V), index k V + v; [-1] skill     |
