@@ -451,8 +451,8 @@ def check_probe(config: SimConfig, staleness: tuple[int, ...], samples: int, max
         raise ValueError(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
     problem = exact_gradient_problem(config.env, config.loss)
     if reference == "exact" and problem is not None:
-        raise ValueError(f"reference exact needs an enumerable gradient (env bandit, or env token-mdp with a "
-                         f"per-token loss): {problem}")
+        raise ValueError(f"reference exact needs an enumerable gradient (env bandit, or env token-mdp with "
+                         f"per-token gradients): {problem}")
     if reference_samples < 2 * G or reference_samples % G:
         raise ValueError(f"reference_samples must be a multiple of group_size = {G} and >= {2 * G}, "
                          f"got {reference_samples}")

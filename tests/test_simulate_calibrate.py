@@ -249,7 +249,7 @@ def test_token_mdp_m2po_is_refused_not_approximated():
                                              "the advantage or depends on the response's other tokens"):
             token_coefficients(config, logs[0], logs[1], 3)
         with pytest.raises(ValueError, match=rf"^reference exact needs an enumerable gradient \(env bandit, or env "
-                                             rf"token-mdp with a per-token loss\): loss '{loss}' masks"):
+                                             rf"token-mdp with per-token gradients\): loss '{loss}' masks"):
             check_probe(config.with_updates(steps=200), (0, 8), 24, 8, "exact", 48)
     check_probe(_token_config("grpo", steps=200), (0, 8), 64, 8, "exact", 64)  # a per-token loss is accepted
 
