@@ -23,8 +23,14 @@ objective. Exact enumeration (bandit): a response's expected advantage given its
 sum over the multinomial counts of the other G - 1 responses' reward levels (36 terms for 3 levels
 and G = 8), computed with the config's own advantage; every loss is linear in the advantage at ratio
 1, so the loss evaluated at that expected advantage, weighted by pi(a | p) / P and contracted with
-grad log pi, is grad F. Environments without enumeration (the token MDP) use a held-out reference
-batch instead, its Monte Carlo error subtracted (``theory/noise.py``), exactly as on the language model.
+grad log pi, is grad F. Token MDP (``token_mdp_sample_mean``): the reward is the same three levels
+(1 / 0.1 / 0) of the final sum, so the same expected advantage per level applies; a response's
+gradient is a sum over its tokens, each token's coefficient a function of its own ratio and A, so the
+expectation runs over (step, partial sum, token) states: a forward DP gives P(s_t = s), a backward DP
+E[A+- | s_{t+1}] (``TokenMDPEnv.state_distributions`` / ``backward_values``). M2PO's mask couples a
+response's tokens, so M2PO has no exact gradient on the token MDP (``exact_gradient_problem``). Where
+there is no enumeration, a held-out reference batch is used instead, its Monte Carlo error subtracted
+(``theory/noise.py``), exactly as on the language model; its rho is then the uncentred one.
 
 Which sigma^2 form the theory needs. For an unbiased importance-weighted loss a stale sample
 carries the full signal and plain variance is what Thm 3.4 bounds. A clipped (or truncated, or
@@ -220,23 +226,88 @@ def expected_advantage_parts(config: SimConfig, levels: np.ndarray, level_probs:
             np.einsum("spc,ck->spk", prob, np.maximum(-own, 0.0)))
 
 
-def supports_exact_gradient(env) -> bool:
-    """Whether the exact gradients can be enumerated for this environment (one-token responses, a reward table)."""
-    return getattr(env, "seq_len", None) == 1 and hasattr(env, "reward_table") and hasattr(env, "log_policy")
+SEQUENCE_COUPLED_LOSSES = ("m2po", "m2po-reference")  # the M2 mask of a token depends on the whole response
+
+
+def exact_gradient_problem(env_name: str, loss: str) -> str | None:
+    """Why the exact gradient cannot be enumerated for ``env_name`` and ``loss`` (None: it can).
+
+    The bandit (one-token responses) supports every loss. On the token MDP the expectation runs over
+    (step, partial sum, token) states, which needs each token's d loss / d logp to depend only on that
+    token's ratio and the response's advantage; M2PO's mask ranks a response's tokens by their M2 jointly.
+    """
+    if env_name == "bandit":
+        return None
+    if env_name == "token-mdp":
+        if loss in SEQUENCE_COUPLED_LOSSES:
+            return (f"loss {loss!r} masks a token by the M2 of the whole response, so its token gradients do not "
+                    "factor over (step, partial sum) states")
+        return None
+    return f"no enumeration for env {env_name!r}"
+
+
+def env_name(env) -> str | None:
+    """The config name of an environment instance that has an exact enumeration, else None."""
+    if getattr(env, "seq_len", None) == 1 and hasattr(env, "reward_table") and hasattr(env, "log_policy"):
+        return "bandit"
+    if all(hasattr(env, name) for name in ("final_sum_reward", "state_distributions", "backward_values",
+                                            "state_token_contract", "token_log_policy")):
+        return "token-mdp"
+    return None
+
+
+def supports_exact_gradient(env, loss: str | None = None) -> bool:
+    """Whether the exact gradients can be enumerated for this environment (and ``loss``, when given)."""
+    name = env_name(env)
+    return name is not None and (loss is None or exact_gradient_problem(name, loss) is None)
+
+
+def _loss_coefficient(config: SimConfig, items: RolloutBatch, logp_new: np.ndarray, advantage: float) -> np.ndarray:
+    """d loss / d logp of every token of ``items`` (each its own batch of one) at one advantage: (n, L)."""
+    batch = dataclasses.replace(items, advantage=np.full(items.advantage.shape, advantage))
+    return compute_loss(config, batch, logp_new).grad_logp[:, 0, :]
+
+
+def _check_kink_form(config: SimConfig, parts: tuple[np.ndarray, ...], at_two: tuple[np.ndarray, np.ndarray],
+                     what: str) -> None:
+    """Refuse a loss whose coef(+-2) is not coef(0) + 2 (coef(+-1) - coef(0)) (see ``_coefficient_parts``)."""
+    c0, cp, cm = parts
+    if not (np.allclose(at_two[0], c0 + 2 * (cp - c0), atol=1e-12)
+            and np.allclose(at_two[1], c0 + 2 * (cm - c0), atol=1e-12)):
+        raise ValueError(f"loss {config.loss}: {what}: no exact gradient; use the sampled reference")
+
+
+def _coefficient_parts(config: SimConfig, items: RolloutBatch, logp_new: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """d loss / d logp at A = 0, +1, -1 of every token of ``items`` (batches of one): each (n, L).
+
+    The loss's d loss / d logp of a token is piecewise linear in the advantage with its only kink at
+    0 for every loss here (clips and masks depend on the ratio and the SIGN of A: GRPO, M2PO, RLOO;
+    the rest are affine), so E[coef(A)] = coef(0) + E[A+] (coef(1) - coef(0)) + E[A-] (coef(-1) - coef(0));
+    checked at A = +-2 (a loss that breaks it is refused).
+    """
+    parts = tuple(_loss_coefficient(config, items, logp_new, a) for a in (0.0, 1.0, -1.0))
+    at_two = (_loss_coefficient(config, items, logp_new, 2.0), _loss_coefficient(config, items, logp_new, -2.0))
+    _check_kink_form(config, parts, at_two, "d loss / d logp is not piecewise linear in the advantage")
+    return parts
 
 
 def exact_sample_mean(env, config: SimConfig, params: np.ndarray, behaviour: np.ndarray) -> np.ndarray:
     """E[G(theta, z)] over z in fresh groups of pi_behaviour (uniform prompts), exactly: (S, d).
 
-    Every (prompt, action) is one item with weight pi_b(a | p) / P, its behaviour log-prob and its
-    ratio pi_theta / pi_b. The loss's d loss / d logp of an item is piecewise linear in the advantage
-    with its only kink at 0 for every loss here (clips and masks depend on the ratio and the SIGN of
-    A: GRPO, M2PO, RLOO; the rest are affine), so
-    E[coef(A)] = coef(0) + E[A+] (coef(1) - coef(0)) + E[A-] (coef(-1) - coef(0)),
-    checked at A = +-2 (a loss that breaks it is refused). With ``behaviour = params`` this is grad F.
+    Bandit: every (prompt, action) is one item with weight pi_b(a | p) / P, its behaviour log-prob and
+    its ratio pi_theta / pi_b. Token MDP: ``token_mdp_sample_mean``. Both use the kink-at-0 form of
+    the loss's coefficient (``_coefficient_parts``) and the exact expected advantage of a reward
+    level (``expected_advantage_parts``). With ``behaviour = params`` this is grad F.
     """
-    if not supports_exact_gradient(env):
-        raise ValueError("the exact gradient needs the bandit env (one-token responses); use the sampled reference")
+    name = env_name(env)
+    if name is None:
+        raise ValueError("the exact gradient needs the bandit or the token MDP; use the sampled reference")
+    problem = exact_gradient_problem(name, config.loss)
+    if problem is not None:
+        raise ValueError(f"no exact gradient: {problem}; use the sampled reference")
+    if name == "token-mdp":
+        return token_mdp_sample_mean(env, config, params, behaviour)
     S = params.shape[0]
     table = env.reward_table  # (P, A)
     P, A = table.shape
@@ -253,21 +324,101 @@ def exact_sample_mean(env, config: SimConfig, params: np.ndarray, behaviour: np.
     mask = np.ones((S, n, 1), bool)
     logp_b = env.logp(behaviour, prompts, tokens, mask)  # (S, n, 1)
     logp_new = env.logp(params, prompts, tokens, mask).reshape(S * n, 1, 1)
-
-    def coef(advantage: float) -> np.ndarray:
-        items = RolloutBatch(prompt=prompts.copy(), tokens=tokens.copy(), mask=mask, logp_behav=logp_b,
-                             reward=np.broadcast_to(table.reshape(1, -1), (S, n)).copy(),
-                             advantage=np.full((S, n), advantage), created=np.zeros((S, n), np.int64),
-                             group=np.broadcast_to(np.arange(n), (S, n)).copy())
-        return compute_loss(config, _flatten(items), logp_new).grad_logp.reshape(S, n)
-
-    c0, cp, cm = coef(0.0), coef(1.0), coef(-1.0)
-    if not (np.allclose(coef(2.0), c0 + 2 * (cp - c0), atol=1e-12)
-            and np.allclose(coef(-2.0), c0 + 2 * (cm - c0), atol=1e-12)):
-        raise ValueError(f"loss {config.loss} is not piecewise linear in the advantage: no exact gradient; "
-                         "use the sampled reference")
+    items = RolloutBatch(prompt=prompts.copy(), tokens=tokens.copy(), mask=mask, logp_behav=logp_b,
+                         reward=np.broadcast_to(table.reshape(1, -1), (S, n)).copy(),
+                         advantage=np.zeros((S, n)), created=np.zeros((S, n), np.int64),
+                         group=np.broadcast_to(np.arange(n), (S, n)).copy())
+    c0, cp, cm = (c.reshape(S, n) for c in _coefficient_parts(config, _flatten(items), logp_new))
     expected = c0 + a_pos * (cp - c0) + a_neg * (cm - c0)  # (S, n) E[d loss / d logp | item]
     return env.grad_logp_contract(params, prompts, tokens, mask, expected * pi_b / P)
+
+
+def _pack(log_new: list[np.ndarray], log_behav: list[np.ndarray], seq_len: int, shift: int = 0):
+    """Every (step, state, token) entry as one token of a pseudo-response of ``seq_len`` tokens.
+
+    Entries of all steps are laid end to end after ``shift`` padding entries of ratio 1 and cut into
+    pseudo-responses, each its own batch of one as in ``per_sample_grads``, so a token's aggregation
+    weight (1 / L for token-mean) is the real one. Returns (items, logp_new (m, 1, L), unpack), where
+    ``unpack`` maps a per-token array (m, L) back to arrays shaped like ``log_new``.
+    """
+    S = log_new[0].shape[0]
+    sizes = [a[0].size for a in log_new]
+
+    def flat(arrays):
+        out = np.concatenate([np.zeros((S, shift))] + [x.reshape(S, -1) for x in arrays], axis=1)
+        return np.pad(out, ((0, 0), (0, -out.shape[1] % seq_len)))
+
+    flat_new, flat_behav = flat(log_new), flat(log_behav)
+    m = S * flat_new.shape[1] // seq_len  # pseudo-responses
+    items = RolloutBatch(prompt=np.zeros((m, 1), np.int64), tokens=np.zeros((m, 1, seq_len), np.int64),
+                         mask=np.ones((m, 1, seq_len), bool), logp_behav=flat_behav.reshape(m, 1, seq_len),
+                         reward=np.zeros((m, 1)), advantage=np.zeros((m, 1)), created=np.zeros((m, 1), np.int64),
+                         group=np.zeros((m, 1), np.int64))
+    starts = shift + np.cumsum([0] + sizes)
+
+    def unpack(coef: np.ndarray) -> list[np.ndarray]:
+        c = coef.reshape(S, -1)
+        return [c[:, starts[t]:starts[t + 1]].reshape(x.shape) for t, x in enumerate(log_new)]
+
+    return items, flat_new.reshape(m, 1, seq_len), unpack
+
+
+def token_coefficients(config: SimConfig, log_new: list[np.ndarray], log_behav: list[np.ndarray], seq_len: int
+                       ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(coef(0), coef(+1), coef(-1)) of every (step, state, token) entry, each shaped like its ``log_new[t]``.
+
+    ``log_new[t]``, ``log_behav[t]`` (S, P, N_t, V): token log-probs of the current and the behaviour
+    policy at step t. A token's coefficient must depend only on its own ratio and the response's
+    advantage (the kink form of ``_coefficient_parts``); the check at A = +-2 runs on a layout shifted
+    by one entry, so a loss that couples the tokens of a response (M2PO's mask) fails it as well.
+    """
+    items, logp_new, unpack = _pack(log_new, log_behav, seq_len)
+    parts = [unpack(_loss_coefficient(config, items, logp_new, a)) for a in (0.0, 1.0, -1.0)]
+    items, logp_new, unpack = _pack(log_new, log_behav, seq_len, shift=1)
+    at_two = [unpack(_loss_coefficient(config, items, logp_new, a)) for a in (2.0, -2.0)]
+    flat = [np.concatenate([x.ravel() for x in c]) for c in parts + at_two]
+    _check_kink_form(config, tuple(flat[:3]), (flat[3], flat[4]),
+                     "a token's d loss / d logp is not piecewise linear in the advantage or depends on the "
+                     "response's other tokens")
+    return list(zip(*parts))
+
+
+def token_mdp_sample_mean(env, config: SimConfig, params: np.ndarray, behaviour: np.ndarray) -> np.ndarray:
+    """E[G(theta, z)] over z in fresh groups of pi_behaviour on the token MDP, exactly: (S, d).
+
+    G(theta, z) = sum_t c_t grad log pi_theta(token_t | p, t, s_t), where c_t is token t's
+    d loss / d logp: a function of its own ratio pi_theta / pi_b at (p, t, s_t, token_t) and of
+    the response's advantage A, with the kink at A = 0 (``token_coefficients``). So
+
+        E[G] = (1/P) sum_{p, t, s, v} P_b(s_t = s | p) pi_b(v | p, t, s)
+               [c0 + E_b[A+ | p, s_{t+1} = s + v] (c+ - c0) + E_b[A- | p, s_{t+1} = s + v] (c- - c0)]
+               grad log pi_theta(v | p, t, s),
+
+    where E_b[A+- | state] is a backward DP (``TokenMDPEnv.backward_values``) of the exact expected
+    advantage of each final reward level (1 / 0.1 / 0, ``expected_advantage_parts``: the other G - 1
+    responses of the group are drawn from pi_b too), and P_b(s_t = s) a forward DP. Cost: a few DPs
+    over (L, L (V - 1) + 1) states and one loss evaluation on P sum_t N_t V entries per coefficient.
+    """
+    S, P, L = params.shape[0], env.num_prompts, env.seq_len
+    reward = env.final_sum_reward()  # (P, N_L)
+    levels, level_of = np.unique(reward, return_inverse=True)
+    level_of = level_of.reshape(reward.shape)
+    states = env.state_distributions(behaviour)  # t = 0 .. L, (S, P, N_t)
+    level_probs = np.einsum("spn,pnk->spk", states[-1], np.eye(levels.size)[level_of])  # (S, P, K)
+    a_pos, a_neg = expected_advantage_parts(config, levels, level_probs)
+    level_idx = np.broadcast_to(level_of, (S,) + level_of.shape)  # (S, P, N_L)
+    h_pos = env.backward_values(behaviour, np.take_along_axis(a_pos, level_idx, axis=2))  # E_b[A+ | s_t]
+    h_neg = env.backward_values(behaviour, np.take_along_axis(a_neg, level_idx, axis=2))
+    log_new = [env.token_log_policy(params, t) for t in range(L)]  # (S, P, N_t, V)
+    log_behav = [env.token_log_policy(behaviour, t) for t in range(L)]
+    coefs = token_coefficients(config, log_new, log_behav, L)
+    total = np.zeros((S, env.param_dim))
+    for t, (c0, cp, cm) in enumerate(coefs):
+        expected = (c0 + env.next_state_values(h_pos[t + 1], t) * (cp - c0)
+                    + env.next_state_values(h_neg[t + 1], t) * (cm - c0))  # (S, P, N_t, V) E[c_t | state, v]
+        weight = states[t][..., None] * np.exp(log_behav[t]) * expected / P
+        total += env.state_token_contract(params, t, weight)
+    return total
 
 
 def exact_loss_gradient(env, config: SimConfig, params: np.ndarray) -> np.ndarray:
@@ -298,8 +449,10 @@ def check_probe(config: SimConfig, staleness: tuple[int, ...], samples: int, max
         raise ValueError(f"max_gap must be an integer >= 1, got {max_gap}")
     if reference not in REFERENCES:
         raise ValueError(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
-    if reference == "exact" and config.env != "bandit":
-        raise ValueError(f"reference exact needs env bandit (enumerable one-token responses), got {config.env!r}")
+    problem = exact_gradient_problem(config.env, config.loss)
+    if reference == "exact" and problem is not None:
+        raise ValueError(f"reference exact needs an enumerable gradient (env bandit, or env token-mdp with "
+                         f"per-token gradients): {problem}")
     if reference_samples < 2 * G or reference_samples % G:
         raise ValueError(f"reference_samples must be a multiple of group_size = {G} and >= {2 * G}, "
                          f"got {reference_samples}")
@@ -315,13 +468,13 @@ def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS,
               draws: int = noise_estimators.DEFAULT_DRAWS) -> Calibration:
     """Run the probe of ``config`` and measure sigma^2(s) (both forms), rho and the KL drift.
 
-    ``reference``: exact (enumerated grad F, bandit only), sampled (mean of ``reference_samples``
-    held-out fresh responses, its error subtracted) or auto (exact where possible).
+    ``reference``: exact (enumerated grad F: bandit, or token MDP with a per-token loss), sampled (mean
+    of ``reference_samples`` held-out fresh responses, its error subtracted) or auto (exact where possible).
     """
     config = probe_config(config.validated(), max_gap)
     staleness = tuple(int(s) for s in staleness)
     check_probe(config, staleness, samples, max_gap, reference, reference_samples)
-    exact = reference == "exact" or (reference == "auto" and config.env == "bandit")
+    exact = reference == "exact" or (reference == "auto" and exact_gradient_problem(config.env, config.loss) is None)
     G, S = config.group_size, config.seeds
     first = max(max(staleness), max_gap) + 1
     checkpoint_steps = set(np.linspace(first, config.steps - 1, checkpoints).astype(int).tolist())

@@ -291,6 +291,56 @@ def test_token_exact_dp_matches_brute_force_enumeration() -> None:
     np.testing.assert_allclose(div["m2"], np.asarray(D.m2_exact(ln, lb)).mean(-1), rtol=1e-10)
 
 
+def test_token_state_dp_methods_match_brute_force_enumeration() -> None:
+    """The calibration's DP pieces on a tiny instance with every sequence enumerated: the state distributions,
+    E[terminal(s_L) | s_t], the reward table over sums, and E[sum_t c(t, s_t, token_t) grad log pi(token_t)]."""
+    env = TokenMDPEnv(TokenMDPConfig(vocab_size=3, seq_len=4, num_prompts=3, tolerance=1, instance_seed=4))
+    S, P, L, V = 2, env.num_prompts, 4, 3
+    seqs = np.array(list(itertools.product(range(V), repeat=L)))  # (81, 4)
+    m = len(seqs)
+    prompts = np.repeat(np.arange(P), m)[None].repeat(S, 0)  # (S, P m)
+    tokens = np.tile(seqs, (P, 1))[None].repeat(S, 0)  # (S, P m, 4)
+    mask = np.ones_like(tokens, bool)
+    params = _params(env, S, 0.6, 40)
+    prob = np.exp(env.logp(params, prompts, tokens, mask).sum(-1)).reshape(S, P, m)  # (S, P, 81)
+    partial = np.cumsum(seqs, axis=1) - seqs  # (81, 4) s_t before token t
+    final = seqs.sum(1)  # (81,)
+    # the verifier as a table over final sums equals the reward of every sequence
+    table = env.final_sum_reward()
+    np.testing.assert_array_equal(table[prompts[0], np.tile(final, P)], env.reward(prompts, tokens, mask)[0])
+    assert table.shape == (P, L * (V - 1) + 1) and set(np.unique(table)) == {0.0, 0.1, 1.0}
+    # forward: P(s_t = s | p), t = 0 .. L (the last is the final-sum distribution)
+    states = env.state_distributions(params)
+    assert [x.shape for x in states] == [(S, P, t * (V - 1) + 1) for t in range(L + 1)]
+    for t in range(L + 1):
+        sums = final if t == L else partial[:, t]
+        want = np.stack([prob[..., sums == s].sum(-1) for s in range(t * (V - 1) + 1)], axis=-1)
+        np.testing.assert_allclose(states[t], want, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(states[L], env.final_sum_distribution(params), rtol=1e-12)
+    # backward: E[terminal | s_t = s] for an arbitrary terminal function of (prompt, final sum)
+    terminal = np.random.default_rng(41).standard_normal((S, P, L * (V - 1) + 1))
+    values = env.backward_values(params, terminal)
+    np.testing.assert_array_equal(values[L], terminal)
+    end = terminal[:, :, final]  # (S, P, 81) terminal of each sequence
+    for t in range(L):
+        for s in range(t * (V - 1) + 1):
+            at = partial[:, t] == s
+            want = (prob[..., at] * end[..., at]).sum(-1) / prob[..., at].sum(-1)
+            np.testing.assert_allclose(values[t][..., s], want, rtol=1e-10)
+    # contraction: weight = P(state) pi(v | state) c / P gives E_p E_pi[sum_t c grad log pi(token_t)]
+    coef = [np.random.default_rng(42 + t).standard_normal((S, P, t * (V - 1) + 1, V)) for t in range(L)]
+    got = sum(env.state_token_contract(params, t, states[t][..., None] * np.exp(env.token_log_policy(params, t))
+                                       * coef[t] / P) for t in range(L))
+    c_seq = np.stack([coef[t][:, prompts[0], partial[np.arange(P * m) % m, t], tokens[0, :, t]]
+                      for t in range(L)], axis=-1)  # (S, P m, L) the coefficient of each sampled token
+    want = env.grad_logp_contract(params, prompts, tokens, mask, c_seq * prob.reshape(S, P * m, 1) / P)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-14)
+    with pytest.raises(ValueError, match=r"t must lie in \[0, 4\), got 4"):
+        env.token_log_policy(params, 4)
+    with pytest.raises(ValueError, match=r"terminal must have shape \(2, 3, 9\), got \(2, 3, 8\)"):
+        env.backward_values(params, terminal[..., :-1])
+
+
 # --------------------------------------------------------------------------- #
 # exact divergences
 # --------------------------------------------------------------------------- #

@@ -84,6 +84,14 @@ As in ``bandit.py`` the divergences are those of the joint (uniform prompt,
 response) distribution: chi2, KL and M2 are prompt averages and
 ``d2 = log(1 + chi2)`` (so chi2 = expm1(d2) exactly).
 
+The calibration's exact expected gradient (``simulate/calibrate.py``) uses the
+same state space: ``state_distributions`` (forward DP, P(s_t = s | p)),
+``backward_values`` (backward DP, E[terminal(s_L) | s_t = s] for any function
+of the final sum, e.g. the expected advantage of its reward level),
+``final_sum_reward`` (the verifier as a table over sums) and
+``state_token_contract`` (sum over states and tokens of a weight times
+grad log pi(v | state)).
+
 | code name          | symbol               | meaning                                                  |
 |--------------------|----------------------|----------------------------------------------------------|
 | ``params``         | theta (S, K V + 1)   | [:K V] reshaped (S, K, V), index k V + v; [-1] skill     |
@@ -459,3 +467,75 @@ class TokenMDPEnv:
             "kl_behav_new": kl_bn.mean(axis=-1),
             "m2": m2.sum(axis=-1).mean(axis=-1),
         }
+
+    # ------------------------------------------------------------------ #
+    # exact expectations of per-token quantities (the calibration's exact gradient)
+    # ------------------------------------------------------------------ #
+    def final_sum_reward(self) -> np.ndarray:
+        """The verifier as a table over final sums: reward of sum s for prompt p, (P, L (V - 1) + 1)."""
+        miss = np.abs(np.arange(self.max_sum + 1) - self.target[:, None])  # (P, N_L)
+        return np.where(miss == 0, 1.0, np.where(miss <= self.config.tolerance, 0.1, 0.0))
+
+    def token_log_policy(self, params: np.ndarray, t: int) -> np.ndarray:
+        """log pi(v | p, t, s) at every prompt and reachable sum s = 0 .. t (V - 1): (S, P, t (V - 1) + 1, V)."""
+        if not 0 <= t < self.seq_len:
+            raise ValueError(f"t must lie in [0, {self.seq_len}), got {t}")
+        return self._dp_log_policy(check_params(params, self.param_dim), t)
+
+    def state_distributions(self, params: np.ndarray) -> list[np.ndarray]:
+        """P(s_t = s | p) under pi_params for t = 0 .. L, exact forward DP: entry t is (S, P, t (V - 1) + 1).
+
+        Entry L is the final-sum distribution (``final_sum_distribution``).
+        """
+        params = check_params(params, self.param_dim)
+        dist = [np.ones((params.shape[0], self.num_prompts, 1))]  # s_0 = 0
+        for t in range(self.seq_len):
+            dist.append(self._shift(dist[-1][..., None] * np.exp(self._dp_log_policy(params, t))))
+        return dist
+
+    def next_state_values(self, values: np.ndarray, t: int) -> np.ndarray:
+        """values (..., N_{t+1}) over the sums after step t, read at s + v for every (s, v) of step t: (..., N_t, V)."""
+        n_t = t * (self.vocab_size - 1) + 1
+        if values.shape[-1] != n_t + self.vocab_size - 1:
+            raise ValueError(f"values must have {n_t + self.vocab_size - 1} sums on the last axis, "
+                             f"got {values.shape[-1]}")
+        index = np.arange(n_t)[:, None] + np.arange(self.vocab_size)[None, :]  # (N_t, V): s + v
+        return values[..., index]
+
+    def backward_values(self, params: np.ndarray, terminal: np.ndarray) -> list[np.ndarray]:
+        """E_pi[terminal(p, s_L) | s_t = s] for t = 0 .. L (exact backward DP): entry t is (S, P, N_t).
+
+        ``terminal`` (S, P, L (V - 1) + 1) is any function of the prompt and the final sum (e.g. the
+        expected advantage of a response's reward level); entry L is ``terminal`` itself.
+        """
+        params = check_params(params, self.param_dim)
+        terminal = np.asarray(terminal, dtype=float)
+        want = (params.shape[0], self.num_prompts, self.max_sum + 1)
+        if terminal.shape != want:
+            raise ValueError(f"terminal must have shape {want}, got {terminal.shape}")
+        values = [terminal]
+        for t in reversed(range(self.seq_len)):
+            pi = np.exp(self._dp_log_policy(params, t))  # (S, P, N_t, V)
+            values.append(np.sum(pi * self.next_state_values(values[-1], t), axis=-1))
+        return values[::-1]
+
+    def state_token_contract(self, params: np.ndarray, t: int, weight: np.ndarray) -> np.ndarray:
+        """sum over (p, s, v) of weight[:, p, s, v] grad_theta log pi(v | p, t, s): (S, d).
+
+        ``weight`` (S, P, t (V - 1) + 1, V) holds one number per state of step t and token; with
+        weight = P(state) pi_b(v | state) c(state, v) / P this is the expected contribution of step t
+        to sum_t c_t grad log pi(token_t), the same contraction ``grad_logp_contract`` does on samples
+        (grad log pi = [f (x) (e_v - pi), q(v) - E_pi q]).
+        """
+        params = check_params(params, self.param_dim)
+        f, q, _ = self._dp_state_terms(t)  # (P, N_t, K), (P, N_t, V)
+        pi = np.exp(self._dp_log_policy(params, t))  # (S, P, N_t, V)
+        weight = np.asarray(weight, dtype=float)
+        if weight.shape != pi.shape:
+            raise ValueError(f"weight must have shape {pi.shape}, got {weight.shape}")
+        total = weight.sum(axis=-1)  # (S, P, N_t)
+        resid = weight - pi * total[..., None]  # sum_v w_v (e_v - pi)
+        S = params.shape[0]
+        g_block = np.einsum("pnk,spnv->skv", f, resid).reshape(S, -1)  # (S, K V)
+        g_skill = np.einsum("spnv,pnv->s", resid, q)  # sum_v w_v (q(v) - E_pi q)
+        return np.concatenate([g_block, g_skill[:, None]], axis=1)
