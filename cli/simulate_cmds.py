@@ -115,8 +115,9 @@ def calibrate_simulator(
     max_gap: Annotated[int, typer.Option("--max-gap", help="Largest creation-step gap for rho, >= 1 (the horizon "
                                                            "x = N/R of a design grid); the probe's FIFO capacity is "
                                                            "raised to (gap + 1) R if smaller.")] = DEFAULT_MAX_GAP,
-    reference: Annotated[str, typer.Option("--reference", help="grad F: exact (enumerated; bandit), sampled (a "
-                                                               "held-out batch, its error subtracted) or auto.")
+    reference: Annotated[str, typer.Option("--reference", help="grad F: exact (enumerated; bandit, or token-mdp "
+                                                               "except m2po), sampled (a held-out batch, its error "
+                                                               "subtracted) or auto.")
                          ] = "auto",
     reference_samples: Annotated[int, typer.Option("--reference-samples", help="Responses in the sampled "
                                                    "reference batch (a multiple of --group-size).")

@@ -89,8 +89,10 @@ def test_calibrate_simulator_checks_its_output_before_the_probe(cli, tmp_path, m
     (["--staleness", "4,2"], "--staleness must be increasing integers >= 0, got 4,2"),
     (["--max-gap", "0"], "--max-gap must be an integer >= 1, got 0"),
     (["--reference", "nope"], "--reference must be one of auto, exact, sampled, got 'nope'"),
-    (["--reference", "exact", "--env", "token-mdp"],
-     "--reference exact needs --env bandit (enumerable one-token responses), got 'token-mdp'"),
+    (["--reference", "exact", "--env", "token-mdp", "--loss", "m2po"],
+     "--reference exact needs an enumerable gradient (--env bandit, or --env token-mdp with per-token gradients): "
+     "loss 'm2po' masks a token by the M2 of the whole response, so its token gradients do not factor over "
+     "(step, partial sum) states"),
     (["--reference-samples", "12"], "--reference-samples must be a multiple of --group-size = 8 and >= 16, got 12"),
 ])
 def test_calibrate_simulator_names_the_option_and_range(cli, tmp_path, monkeypatch, args, message):
