@@ -277,3 +277,52 @@ def test_calibrate_lm_gives_error_bars(tiny):
     assert forms["plain_ci"] == [list(c) for c in cal.sigma_sq_plain_ci] and forms["units"] == 4
     with pytest.raises(ValueError, match="samples must be a multiple of group_size = 4"):
         calibrate_lm(policy, train_set, config, staleness=(0, 1), samples=6)
+
+
+def test_streamed_group_moments_equal_the_whole_array_profile():
+    """calibrate_lm reduces each chunk of gradients to group means at once; the profile equals staleness_profile's."""
+    from replay_theory.theory import noise as noise_estimators
+    from replay_theory.validate.calibrate import group_moments, staleness_profile
+
+    rng = np.random.default_rng(5)
+    grads = rng.normal(size=(3, 24, 7)) + 0.3  # (K, n, d): 6 groups of 4 per staleness value
+    reference, ref_var = rng.normal(size=7) + 0.3, 0.01
+    whole = staleness_profile(grads, reference, ref_var, 4, (0, 1, 2), seed=2)
+    parts = [[group_moments(grads[k, a:a + 8], reference, 4) for a in (0, 8, 16)] for k in range(3)]  # chunks of 8
+    sq = np.stack([np.concatenate([p[0] for p in row]) for row in parts], axis=1)  # (U, K)
+    inner = np.stack([np.concatenate([p[1] for p in row]) for row in parts], axis=1)
+    moments = noise_estimators.StalenessMoments(sq, inner, np.full(6, reference @ reference - ref_var), np.ones(6))
+    streamed = noise_estimators.noise_profile(moments, (0, 1, 2), seed=2)
+    np.testing.assert_allclose(streamed.plain, whole.plain, rtol=1e-12)
+    np.testing.assert_allclose(streamed.retained, whole.retained, rtol=1e-12)
+    np.testing.assert_allclose(np.array(streamed.plain_ci), np.array(whole.plain_ci), rtol=1e-12)
+    # by hand: plain sigma^2 at s = 0 is mean ||G||^2 - 2 mean <G, g_ref> + ||g_ref||^2 - ref_var
+    g0 = grads[0]
+    expected = (g0 * g0).sum(1).mean() - 2 * (g0 @ reference).mean() + reference @ reference - ref_var
+    assert streamed.plain[0] == pytest.approx(expected, rel=1e-12)
+
+
+def _calibration(retained_ci):
+    from replay_theory.validate.calibrate import LMCalibration
+
+    staleness = [0.0, 1.0, 2.0, 4.0, 8.0]
+    return LMCalibration(
+        mu_timing=1.0, staleness=staleness, sigma_sq=[2.0, 3.0, 5.0, 9.0, 40.0], rho=0.0, correlation_by_gap={},
+        kl_by_lag={}, kl_drift_per_step=0.0, probe_metrics=[], fits={}, sigma_sq_form="signal-normalised",
+        sigma_sq_plain=[2.0, 1.9, 1.8, 1.5, 1.2], sigma_sq_signal_normalised=[2.0, 3.0, 5.0, 9.0, 40.0],
+        retained_signal=[1.0, 0.8, 0.6, 0.4, 0.1], retained_signal_ci=retained_ci,
+        sigma_sq_ci=[[1, 3]] * 5, sigma_sq_plain_ci=[[1, 3]] * 5, sigma_sq_units=8, reference_variance=0.1)
+
+
+def test_profile_uses_the_signal_normalised_table_only_where_the_retained_signal_is_resolved():
+    resolved = _calibration([[0.9, 1.1], [0.6, 1.0], [0.4, 0.8], [0.2, 0.6], [0.05, 0.2]])
+    assert resolved.profile_dict("x")["sigma_sq"] == [2.0, 3.0, 5.0, 9.0, 40.0]
+    # r(4)'s interval reaches 0: the table stops before s = 4, and says so
+    cut = _calibration([[0.9, 1.1], [0.6, 1.0], [0.4, 0.8], [-0.1, 0.6], [-0.2, 0.2]]).profile_dict("x")
+    assert cut["sigma_sq"] == [2.0, 3.0, 5.0] and cut["sigma_sq_form"] == "signal-normalised"
+    assert cut["note"].startswith("the signal-normalised table stops before s = 4: the retained signal r(s)'s 0.9 "
+                                  "interval reaches 0 at s = 4")
+    # r(1) unresolved: fewer than 3 points left, so the plain table, said
+    plain = _calibration([[0.9, 1.1], [-0.1, 1.0], [0.4, 0.8], [0.2, 0.6], [0.05, 0.2]]).profile_dict("x")
+    assert plain["sigma_sq"] == [2.0, 1.9, 1.8, 1.5, 1.2] and plain["sigma_sq_form"] == "plain"
+    assert "the table is the plain sigma^2(s) of Assumption 3.3" in plain["note"]

@@ -25,10 +25,38 @@ SMALL = ValidateConfig(n_train=120, n_test=16, sft_steps=40, rollouts_per_step=1
                        samples=8, max_new_tokens=12, mu_window_seconds=2.0)
 
 
+class RecordedBar:
+    """Stands in for the progress bar: records each bar's label, total and how far it got."""
+
+    bars: list = []
+
+    def __init__(self, label, total, done=0, enabled=True):
+        self.label, self.total, self.count, self.enabled = label, total, done, enabled
+        RecordedBar.bars.append(self)
+
+    def advance(self):
+        self.count += 1
+
+    def tick(self):
+        pass
+
+    def close(self):
+        pass
+
+
 @pytest.mark.slow
-def test_calibrate_then_predict(tmp_path):
+def test_calibrate_then_predict(tmp_path, monkeypatch):
+    import replay_theory.validate.loop as loop
+
+    monkeypatch.setattr(loop, "ProgressBar", RecordedBar)
+    RecordedBar.bars = []
     out = tmp_path / "run"
-    calibration = run_calibrate(SMALL, out, log=lambda *_: None)
+    calibration = run_calibrate(SMALL, out, log=lambda *_: None, progress=True)
+    # a bar per phase, each run to its end: warm start, probe, noise measurement (reference chunks, 5 staleness
+    # values, the buffer)
+    progress = {bar.label: (bar.count, bar.total) for bar in RecordedBar.bars}
+    assert progress == {"warm start (SFT steps)": (40, 40), "probe (RL steps)": (10, 10),
+                        "noise (gradient batches)": (4 + 5 + 1, 10)} and all(b.enabled for b in RecordedBar.bars)
     assert calibration["staleness"] == [0.0, 1.0, 2.0, 4.0, 8.0]
     assert len(calibration["sigma_sq"]) == 5 and all(v >= 0 for v in calibration["sigma_sq"])
     assert calibration["mu_timing"] > 0 and calibration["rho"] == calibration["rho_fit"]["value"]  # never clamped
@@ -69,7 +97,10 @@ def test_calibrate_then_predict(tmp_path):
     # compute is priced at --price-mu; the timing mu is recorded next to it, not used
     assert saved["mu"] == SMALL.price_mu == 5.28 and saved["mu_timing"] == calibration["mu_timing"]
 
-    report = run_verify(SMALL, out, VerifyConfig(seeds=2, budget_updates=3), log=lambda *_: None)
+    RecordedBar.bars = []
+    report = run_verify(SMALL, out, VerifyConfig(seeds=2, budget_updates=3), log=lambda *_: None, progress=True)
+    assert [(b.label, b.count, b.total) for b in RecordedBar.bars] == [
+        ("verify (design x seed runs)", 2 * len(report["designs"]), 2 * len(report["designs"]))]
     mu, R = SMALL.price_mu, SMALL.rollouts_per_step
     budget = 3 * (mu * R + R)
     names = [d["name"] for d in report["designs"]]

@@ -98,6 +98,8 @@ from replay_theory.validate.model import Policy, encode_prompts, next_token_logp
 from replay_theory.validate.rl import RLConfig, generate_batch, train, update_step
 
 MAX_GRAD_COORDS = 1 << 22  # 4M float32 coordinates = 16 MB per per-sample gradient
+GRAD_CHUNK = 128
+"""Completions whose per-sample gradients are held at once (128 x 253K float64 = 260 MB for the tiny model)."""
 KL_CHUNK_ELEMENTS = 1 << 24  # chunk x L x V log-probs per pass: 64 MB float32 (about 8 such float64 temporaries)
 
 
@@ -157,6 +159,26 @@ class LMCalibration:
         values, form, note = np.asarray(self.sigma_sq, float), self.sigma_sq_form, None
         intervals = np.asarray(self.sigma_sq_ci, float).reshape(-1, 2)
         stop = _usable_prefix(values)
+        if form == "signal-normalised":
+            # sigma^2 / r(s)^2 means something only where the retained signal r(s) is resolved above 0: the table
+            # stops at the first s whose r(s) interval reaches 0, and falls back to plain if that leaves < 3 points
+            retained_low = np.asarray(self.retained_signal_ci, float).reshape(-1, 2)[:, 0]
+            resolved = (retained_low > 0) if len(retained_low) == len(values) else np.zeros(len(values), bool)
+            stop = min(stop, int(np.argmin(resolved)) if not resolved.all() else len(values))
+            if stop < len(values):
+                where = f"s = {self.staleness[stop]:g}"
+                why = (f"the retained signal r(s)'s {self.sigma_sq_level:g} interval reaches 0 at {where} "
+                       f"(||grad F||^2 is small against the per-sample noise with {self.sigma_sq_units} prompt "
+                       "groups per staleness; use more --samples)")
+                if stop >= 3:
+                    note = f"the signal-normalised table stops before {where}: {why}"
+                else:
+                    note = (f"the signal-normalised sigma^2 is not resolved: {why}; the table is the plain "
+                            "sigma^2(s) of Assumption 3.3, which does not charge a clipped loss for the signal stale "
+                            "samples lose")
+                    values = np.asarray(self.sigma_sq_plain, float)
+                    intervals = np.asarray(self.sigma_sq_plain_ci, float).reshape(-1, 2)
+                    form, stop = "plain", _usable_prefix(values)
         if stop < 2:  # the reference batch did not resolve the signal: say so and give the upper bound
             values = np.asarray(self.sigma_sq_plain, float) + self.reference_variance
             intervals = np.asarray(self.sigma_sq_plain_ci, float).reshape(-1, 2) + self.reference_variance
@@ -353,7 +375,9 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
 
     result = train(policy, problems, config, progress=after_probe_step, sampler=sampler)
     measured = {"batches": 0}
-    total_batches = -(-reference_samples // samples) + len(staleness) + 1  # reference chunks, staleness, buffer
+    chunk_size = max(config.group_size, GRAD_CHUNK // config.group_size * config.group_size)  # whole groups
+    chunks = -(-reference_samples // chunk_size) + len(staleness) * -(-samples // chunk_size)
+    total_batches = chunks + 1  # reference chunks, staleness chunks, the buffer
 
     def measured_one() -> None:
         measured["batches"] += 1
@@ -378,16 +402,33 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
         measured_one()
         return grads
 
-    # grad F: a held-out batch, in chunks of `samples` completions (only running sums are kept)
+    # grad F: a held-out batch, in chunks of GRAD_CHUNK completions (only running sums are kept)
     total, total_sq, n_ref = 0.0, 0.0, 0
     while n_ref < reference_samples:
-        chunk = grads_of(completions_of(0, min(samples, reference_samples - n_ref)))
+        chunk = grads_of(completions_of(0, min(chunk_size, reference_samples - n_ref)))
         total, total_sq, n_ref = total + chunk.sum(0), total_sq + (chunk**2).sum(0), n_ref + chunk.shape[0]
     reference = total / n_ref  # (k,)
     ref_var = float(((total_sq - n_ref * reference**2) / (n_ref - 1)).sum() / n_ref)  # reference_variance's formula
-    fresh = completions_of(0)
-    grads = np.stack([grads_of(fresh if s == 0 else completions_of(s)) for s in staleness])  # (K, n, k)
-    profile = staleness_profile(grads, reference, ref_var, config.group_size, staleness, seed=seed)
+    # sigma^2(s): each chunk of completions is reduced to its prompt groups' mean ||G||^2 and <G, g_ref> at once,
+    # so --samples is limited by time, not memory (1024 x 253K float64 gradients would be 2 GB per staleness)
+    fresh = None
+    group_sq, group_inner = [], []  # per staleness: (U,) arrays
+    for s in staleness:
+        sq_parts, inner_parts = [], []
+        for start in range(0, samples, chunk_size):
+            batch = completions_of(s, min(chunk_size, samples - start))
+            if s == 0 and fresh is None:
+                fresh = batch  # completions of pi_t: the KL by lag is measured on them
+            sq, inner = group_moments(grads_of(batch), reference, config.group_size)
+            sq_parts.append(sq)
+            inner_parts.append(inner)
+        group_sq.append(np.concatenate(sq_parts))
+        group_inner.append(np.concatenate(inner_parts))
+    sq_norm, inner = np.stack(group_sq, axis=1), np.stack(group_inner, axis=1)  # (U, K)
+    units = sq_norm.shape[0]
+    moments = noise_estimators.StalenessMoments(sq_norm, inner, np.full(units, float(reference @ reference) - ref_var),
+                                                np.ones(units))
+    profile = noise_estimators.noise_profile(moments, staleness, seed=seed)
     kl = measure_kl_by_lag(policy, behaviour, problems, fresh, snapshots, config, kl_chunk_elements)
     rho_fit = _buffer_rho(result.buffer, config, reference, ref_var, grads_of, seed)
     count = (measure_mu_count(policy, problems, config, mu_window_seconds, sampler, seed)
@@ -414,6 +455,19 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
         sigma_sq_units=profile.units, kl_by_lag_se=kl["exact_se"], kl_by_lag_k3=kl["k3"],
         kl_by_lag_k3_se=kl["k3_se"], kl_by_lag_k1=kl["k1"], kl_by_lag_k1_se=kl["k1_se"],
     )
+
+
+def group_moments(grads: np.ndarray, reference: np.ndarray, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per prompt group of ``grads`` (n, d) (rows in consecutive groups of G): mean ||G_i||^2 and mean <G_i, g_ref>.
+
+    What ``theory.noise.staleness_moments`` sums per unit, without keeping the gradients: (n / G,) each.
+    """
+    n = grads.shape[0]
+    if n % group_size:
+        raise ValueError(f"need whole prompt groups: {n} samples in groups of {group_size}")
+    sq = np.einsum("nd,nd->n", grads, grads).reshape(-1, group_size).mean(axis=1)
+    inner = (grads @ reference).reshape(-1, group_size).mean(axis=1)
+    return sq, inner
 
 
 def staleness_profile(grads: np.ndarray, reference: np.ndarray, ref_var: float, group_size: int, staleness,

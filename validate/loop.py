@@ -154,7 +154,7 @@ def run_calibrate(config: ValidateConfig, out_dir: Path, log=print, progress: bo
         if phase not in bars:
             for bar in bars.values():
                 bar.close()
-            bars[phase] = ProgressBar(phase, total, done, enabled=progress)
+            bars[phase] = ProgressBar(phase, total, 0, enabled=progress)
         bars[phase].advance()
 
     calibration = calibrate_lm(policy, train_set, probe, samples=config.samples, seed=config.seed, sampler=sampler,
