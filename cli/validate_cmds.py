@@ -36,7 +36,7 @@ from replay_theory.validate.config import (
 ALIASES = {"micro_batch_size": ("--micro-batch",), "mu_window_seconds": ("--mu-window",)}
 OutOption = Annotated[Path, typer.Option("--out", help="Run directory (resumed: finished steps are skipped).")]
 TinyOption = Annotated[bool, typer.Option("--tiny/--full", help="Small problem and probe sizes for a CPU (--full: "
-                                                              "n-train 5000, probe-steps 64, samples 256 where "
+                                                              "n-train 5000, probe-steps 64, samples 4096 where "
                                                               "left at their defaults).")]
 ThoroughOption = Annotated[bool, typer.Option("--thorough", help="The decisive verify: 16 seeds, budget 96 updates.")]
 RhoOption = Annotated[Optional[float], typer.Option(

@@ -39,8 +39,9 @@ class ValidateConfig:
     """Completions per prompt (GRPO group)."""
     probe_steps: int = 24
     """RL steps of the calibration probe (FIFO buffer, GRPO); more than the largest staleness probed (8)."""
-    samples: int = 64
-    """Completions per staleness value when measuring sigma^2(s) (a multiple of --group-size)."""
+    samples: int = 1024
+    """Completions per staleness value when measuring sigma^2(s) (a multiple of --group-size; the held-out reference
+    batch is 4x). 1024 resolves the tiny model's retained signal r(s) above 0 at every s <= 8; 64 did not."""
     max_new_tokens: int = 16
     """Longest completion, in tokens."""
     lr: float = 3e-4
@@ -130,7 +131,7 @@ class AllConfig(ValidateConfig, VerifyConfig):
 ENGINES = ("hf", "vllm", "auto")
 MAX_STALENESS = 8
 """Largest staleness of the LM noise profile (s = 0, 1, 2, 4, 8) and largest KL lag."""
-FULL_SIZES = dict(n_train=5000, probe_steps=64, samples=256)
+FULL_SIZES = dict(n_train=5000, probe_steps=64, samples=4096)
 """--full: the sizes --tiny (the defaults) shrinks for a CPU."""
 THOROUGH = VerifyConfig(seeds=16, budget_updates=96)
 """verify --thorough: the decisive protocol (measured wall time in docs/VALIDATION.md)."""
