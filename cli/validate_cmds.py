@@ -38,7 +38,8 @@ OutOption = Annotated[Path, typer.Option("--out", help="Run directory (resumed: 
 TinyOption = Annotated[bool, typer.Option("--tiny/--full", help="Small problem and probe sizes for a CPU (--full: "
                                                               "n-train 5000, probe-steps 64, samples 4096 where "
                                                               "left at their defaults).")]
-ThoroughOption = Annotated[bool, typer.Option("--thorough", help="The decisive verify: 16 seeds, budget 96 updates.")]
+ThoroughOption = Annotated[bool, typer.Option("--thorough", help="The decisive verify: 16 seeds, budget 96 updates, "
+                                                                "the FIFO family only.")]
 RhoOption = Annotated[Optional[float], typer.Option(
     "--rho", help="Correlation rho of Assumption 3.3 in [0, 1] for the prediction (default: the profile's fit; an "
                   "out-of-range fit gives 0, said in the output).")]
@@ -116,7 +117,7 @@ def verify(
 ) -> None:
     """Train on-policy, the prediction and its neighbours at equal compute; writes report.json/.md/.png
     (never overwritten: a re-run with the same settings prints the saved report's best design)."""
-    plan = protocol(fields["seeds"], fields["budget_updates"], thorough)
+    plan = protocol(fields["seeds"], fields["budget_updates"], thorough, fields["group_replay"])
     if threads is not None:
         check_integer("--threads", threads, 1)
     check_run_dir(out, needs="predicted.json")
@@ -132,7 +133,7 @@ def validate_all(fields: dict[str, Any], out: OutOption, tiny: TinyOption = True
                  rho: RhoOption = None, no_progress: NoProgressOption = False) -> None:
     """calibrate-model -> predict -> verify."""
     config = _sized(AllConfig, fields, tiny)
-    plan = protocol(config.seeds, config.budget_updates, thorough)
+    plan = protocol(config.seeds, config.budget_updates, thorough, config.group_replay)
     _check_rho(rho)
     check_run_dir(out)
     loop = _loop()

@@ -232,4 +232,4 @@ def test_validate_calibrate_and_all_build_the_same_config_with_the_configs_defau
     assert seen == [default, full, default, full]  # --full keeps a size the user gave (--samples 128)
     assert plans == [VerifyConfig(), VerifyConfig()]
     assert runner.invoke(app, ["validate", "all", "--out", str(tmp_path), "--thorough"]).exit_code == 0
-    assert plans[-1] == VerifyConfig(seeds=16, budget_updates=96)
+    assert plans[-1] == VerifyConfig(seeds=16, budget_updates=96, group_replay=False)

@@ -233,7 +233,7 @@ def run_predict(config: ValidateConfig, out_dir: Path, log=print, rho: float | N
 GROUP_REPLAY_CELLS = ((0.0, 0, 1.0), (1.0, 1, 1.0), (1.0, 2, 3.0))
 
 
-def _designs(config: ValidateConfig, predicted: dict) -> list[dict]:
+def _designs(config: ValidateConfig, predicted: dict, group_replay: bool = True) -> list[dict]:
     """On-policy, the prediction and its four neighbours (N and B doubled and halved, R fixed), then RLOO cells.
 
     The neighbours are what the verdict needs: if the prediction is right, none of them beats it at equal
@@ -259,7 +259,7 @@ def _designs(config: ValidateConfig, predicted: dict) -> list[dict]:
         if (d["N"], d["B"]) not in seen:
             seen.add((d["N"], d["B"]))
             unique.append(d)
-    for rho, L, c in GROUP_REPLAY_CELLS:
+    for rho, L, c in GROUP_REPLAY_CELLS if group_replay else ():
         name = "RLOO rho=0" if rho == 0 else f"RLOO rho={rho:g}, L={L}, c={c:g}"
         unique.append({"name": name, "buffer": "group-replay", "loss": "rloo", "N": None, "B": R,
                        "rho": rho, "L": L, "c": c, "family": False})
@@ -346,7 +346,7 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
                                   sampler=sampler) for s in range(seeds)]
     warm_mean, warm_sd = _mean_sd([e["mean_reward"] for e in warm_evals])
     log(f"warm start: held-out reward {warm_mean:.3f} +- {warm_sd:.3f} over {seeds} evaluation seeds")
-    designs = _designs(config, predicted)
+    designs = _designs(config, predicted, plan.group_replay)
     plans = [(d, seed, runs_dir / f"{_run_file_stem(d['name'])}_seed{seed}.json") for d in designs
              for seed in range(seeds)]
     bar = ProgressBar("verify (design x seed runs)", len(plans), sum(path.exists() for *_, path in plans),
@@ -383,7 +383,7 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
         "profile_table": {"staleness": calibration["staleness"], "sigma_sq": calibration["sigma_sq"],
                           "rho": calibration["rho"]},
         "predicted": {k: predicted[k] for k in ("x_star", "y_star", "N", "B", "R", "regime")},
-        "budget": {"updates": budget_updates, "compute": budget, "seeds": seeds},
+        "budget": {"updates": budget_updates, "compute": budget, "seeds": seeds, "group_replay": plan.group_replay},
         "warm_start": warm_evals[0],
         "warm_start_reward": {"mean": warm_mean, "std": warm_sd, "seeds": seeds,
                               "by_seed": [e["mean_reward"] for e in warm_evals]},
