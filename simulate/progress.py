@@ -42,6 +42,11 @@ class ProgressBar:
         if self.bar is not None:
             self.bar.advance(self.task)
 
+    def update(self, done: int) -> None:
+        """Set the count (for work reported as a running total, e.g. seconds of a window)."""
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()

@@ -37,6 +37,9 @@ class RecordedBar:
     def advance(self):
         self.count += 1
 
+    def update(self, done):
+        self.count = done
+
     def tick(self):
         pass
 
@@ -56,7 +59,8 @@ def test_calibrate_then_predict(tmp_path, monkeypatch):
     # values, the buffer)
     progress = {bar.label: (bar.count, bar.total) for bar in RecordedBar.bars}
     assert progress == {"warm start (SFT steps)": (40, 40), "probe (RL steps)": (10, 10),
-                        "noise (gradient batches)": (4 + 5 + 1, 10)} and all(b.enabled for b in RecordedBar.bars)
+                        "noise (gradient batches)": (1 + 5 + 1, 7),  # reference, 5 staleness values, the buffer
+                        "App. E count window (0.1 s)": (20, 20)} and all(b.enabled for b in RecordedBar.bars)
     assert calibration["staleness"] == [0.0, 1.0, 2.0, 4.0, 8.0]
     assert len(calibration["sigma_sq"]) == 5 and all(v >= 0 for v in calibration["sigma_sq"])
     assert calibration["mu_timing"] > 0 and calibration["rho"] == calibration["rho_fit"]["value"]  # never clamped

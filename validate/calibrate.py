@@ -261,7 +261,8 @@ def per_sample_grads(policy: Policy, problems, batch, config: RLConfig,
 
 
 def count_window(generate_once: Callable[[], int], update_once: Callable[[], int], window_seconds: float,
-                 clock: Callable[[], float] = time.perf_counter) -> dict:
+                 clock: Callable[[], float] = time.perf_counter,
+                 on_call: Callable[[float], None] | None = None) -> dict:
     """Emulated W = T = 1 asynchronous pipeline on one device, counted over ``window_seconds`` (App. E).
 
     ``generate_once()`` produces rollouts and returns how many; ``update_once()`` trains on
@@ -288,13 +289,16 @@ def count_window(generate_once: Callable[[], int], update_once: Callable[[], int
         else:
             train_clock += elapsed
             k_training += done if train_clock <= window_seconds else 0
+        if on_call is not None:  # progress: the slower side's clock, capped at the window
+            on_call(min(gen_clock, train_clock, window_seconds))
     mu = estimate_mu(k_training, k_inference, 1, 1) if k_training > 0 and k_inference > 0 else math.nan
     return {"seconds": window_seconds, "k_inference": k_inference, "k_training": k_training, "workers": 1,
             "trainers": 1, "generation_busy_s": gen_clock, "training_busy_s": train_clock, "mu": mu}
 
 
 def measure_mu_count(policy: Policy, problems: list[countdown.Problem], config: RLConfig, window_seconds: float,
-                     sampler: Sampler | None = None, seed: int = 0) -> dict:
+                     sampler: Sampler | None = None, seed: int = 0,
+                     on_call: Callable[[float], None] | None = None) -> dict:
     """``count_window`` on the real tiny pipeline: R fresh rollouts into the FIFO buffer vs one update on B.
 
     Runs on a copy of ``policy`` (the caller's weights are untouched) with a fresh AdamW, the same
@@ -328,7 +332,7 @@ def measure_mu_count(policy: Policy, problems: list[countdown.Problem], config: 
 
     generate_once()  # warm-up outside the window: first calls pay for allocator and kernel setup
     update_once()
-    return count_window(generate_once, update_once, window_seconds)
+    return count_window(generate_once, update_once, window_seconds, on_call=on_call)
 
 
 KL_LAGS = (1, 2, 4, 8)
@@ -431,7 +435,9 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
     profile = noise_estimators.noise_profile(moments, staleness, seed=seed)
     kl = measure_kl_by_lag(policy, behaviour, problems, fresh, snapshots, config, kl_chunk_elements)
     rho_fit = _buffer_rho(result.buffer, config, reference, ref_var, grads_of, seed)
-    count = (measure_mu_count(policy, problems, config, mu_window_seconds, sampler, seed)
+    tenths = int(math.ceil(10 * mu_window_seconds))
+    count = (measure_mu_count(policy, problems, config, mu_window_seconds, sampler, seed,
+                              on_call=lambda seconds: tick("App. E count window (0.1 s)", int(10 * seconds), tenths))
              if mu_window_seconds > 0 else {})
     staleness_f = [float(s) for s in staleness]
     form = loss_form(config.loss)

@@ -155,7 +155,7 @@ def run_calibrate(config: ValidateConfig, out_dir: Path, log=print, progress: bo
             for bar in bars.values():
                 bar.close()
             bars[phase] = ProgressBar(phase, total, 0, enabled=progress)
-        bars[phase].advance()
+        bars[phase].update(done)
 
     calibration = calibrate_lm(policy, train_set, probe, samples=config.samples, seed=config.seed, sampler=sampler,
                                mu_window_seconds=config.mu_window_seconds, on_phase=on_phase)
