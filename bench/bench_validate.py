@@ -12,7 +12,7 @@ mu = cost of generating one rollout / cost of processing it in a gradient update
 * mu (App. E counts) = K_training / K_inference over ``--window`` seconds of the emulated
   W = T = 1 pipeline (``validate.calibrate.measure_mu_count``).
 
-Run: ``python bench/bench_validate.py [--batch 64] [--new-tokens 16] [--window 3]``. Needs the validate
+Run: ``python bench/bench_validate.py [--batch 64] [--new-tokens 16] [--window 3] [--threads 1]``. Needs the validate
 extra. Timings are medians over ``--repeats``; they depend on what else runs on the machine.
 """
 
@@ -46,7 +46,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--window", type=float, default=3.0, help="seconds of the App. E count window (0: skip)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (validate's --threads default)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     if args.batch % 8:
         parser.error("--batch must be a multiple of the group size 8")
     problems, _ = countdown.make_splits(max(args.batch, 64), 1, seed=0, num_numbers=(3,), number_range=(1, 9),
