@@ -25,13 +25,15 @@ TARGET_SECONDS = 600.0
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="New run directory.")
-    parser.add_argument("--idle", action="store_true", help="No busy process (for comparison).")
+    parser.add_argument("--no-busy", action="store_true", help="Start no busy process: the other CPU-bound job is "
+                                                                  "already running (or measure idle).")
     args, extra = parser.parse_known_args()
     if args.out.exists():
         sys.exit(f"--out {args.out} exists; give a new directory")
     cli = shutil.which("replay-theory")
     command = [cli, "validate", "all", "--tiny", "--out", str(args.out), "--no-progress", *extra]
-    busy = None if args.idle else subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    busy = None if args.no_busy else subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    load_before = os.getloadavg()[0]
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     try:
         start = time.perf_counter()
@@ -41,8 +43,9 @@ def main() -> None:
         if busy is not None:
             busy.kill()
             busy.wait()
-    load = "idle" if args.idle else "one other CPU-bound process"
-    print(f"{' '.join(command[1:])}\n{os.cpu_count()} cores, {load}: {seconds:.0f} s = {seconds / 60:.1f} min; "
+    load = "no busy process started" if args.no_busy else "one busy process started"
+    print(f"{' '.join(command[1:])}\n{os.cpu_count()} cores, {load} (1-min load average {load_before:.2f} at the "
+          f"start, {os.getloadavg()[0]:.2f} at the end): {seconds:.0f} s = {seconds / 60:.1f} min; "
           f"{seconds / TARGET_SECONDS:.2f}x the 10-minute target")
 
 
