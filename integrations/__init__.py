@@ -1,0 +1,6 @@
+"""Integrations of replay-theory into the trainers people run (issue 14).
+
+Paper: experience-replay (docs/REFERENCES.md): N (buffer size), B (batch size), R (rollouts per step).
+``buffer`` (framework-free FIFO of whole GRPO groups, :class:`~replay_theory.integrations.buffer.ReplayConfig`),
+``trl`` (``ReplayGRPOTrainer``, a TRL ``GRPOTrainer`` subclass; needs the ``trl`` extra).
+"""

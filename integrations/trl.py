@@ -1,0 +1,237 @@
+"""TRL replay trainer: GRPO with a FIFO replay buffer sized by the experience-replay paper's theory.
+
+Paper: experience-replay (docs/REFERENCES.md), Sec. 3 (N, B, R; staleness x = N/R, replay ratio y = B/R); the
+off-policy corrections are the shared losses of ``replay_theory.simulate.losses`` (M2PO Eq. (1) PPO clip,
+Replay-RLOO Eq. (2) truncated sequence IS, M2PO Algorithm 1). Code names -> paper symbols:
+
+| code name                          | symbol          | where                                        |
+|------------------------------------|-----------------|----------------------------------------------|
+| ``replay.buffer_size``             | N               | FIFO capacity (completions)                  |
+| ``replay.batch_size``              | B               | completions per update, drawn uniformly      |
+| ``replay.rollouts_per_step``       | R               | fresh completions per update                 |
+| ``old_per_token_logps``            | log pi_behav    | the trainer's log-probs at generation        |
+| logp of the model in compute_loss  | log pi_theta    | the policy being trained                     |
+| age = global_step - version        | s               | staleness of a row, 0 .. ceil(N/R) - 1       |
+
+Each optimizer step: TRL generates and scores R completions (its own ``_generate_and_score_completions``), they are
+pushed into a :class:`~replay_theory.integrations.buffer.GroupFifoBuffer` as whole groups with their behaviour
+log-probs, advantages, rewards, masks (``tool_mask`` included) and policy version, B rows are drawn uniformly with
+replacement, and the loss is the shared numpy loss on those rows: its derivative d loss / d logp_new is
+backpropagated through the model's log-probs as ``(grad_logp.detach() * logp_new).sum()`` (the validator's route),
+so the gradient IS the shared loss's and nothing is re-implemented.
+
+Why a subclass and not a callback: a TRL callback sees the trainer only between steps and cannot change what a step
+trains on; the buffer has to sit between generation and the loss. The subclass overrides three TRL methods:
+``_prepare_inputs`` (generate -> push -> draw instead of TRL's split of one generation batch),
+``compute_loss`` (the shared losses), ``_calculate_rewards`` (to keep the per-row rewards TRL does not return);
+and calls ``_generate_and_score_completions`` and ``_get_per_token_logps_and_entropies``. These are TRL internals:
+tested against TRL 1.16.0, they may change on upgrade.
+
+Logged per step, through TRL's ``self._metrics`` (averaged by its ``log``): ``replay/staleness_mean``,
+``replay/staleness_max``, ``replay/staleness_frac/age_*`` (buckets 0, 1, 2-3, 4-7, ...), ``replay/replay_ratio``
+(samples trained / fresh generated, cumulative; = B/R), ``replay/ess`` and ``replay/ess/age_*`` (Kish fraction of
+the SEQUENCE log-ratios, theory.divergences.ess_kish_fraction), ``replay/buffer_rows``, ``replay/buffer_max_age``,
+the loss's own metrics under ``replay/<name>`` (``is_ratio_mean``, ``m2``, ``masked_frac``, ...) and, for the PPO
+clip, TRL's own ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean``; TRL's ``entropy``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from replay_theory.integrations.buffer import GroupFifoBuffer, ReplayConfig, age_buckets, fifo_max_age
+from replay_theory.simulate import losses
+from replay_theory.theory.divergences import ess_kish_fraction, sequence_log_ratio
+
+__all__ = ["ReplayConfig", "ReplayGRPOTrainer", "replay_grpo_args", "shared_loss", "shared_loss_tensor"]
+
+#: Fields of TRL's generation output that are kept per row in the buffer (the rest is recomputed or unused).
+_BUFFERED = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask",
+             "old_per_token_logps", "sampling_per_token_logps", "advantages")
+
+
+def replay_grpo_args(replay: ReplayConfig, num_generations: int, **kwargs: Any) -> GRPOConfig:
+    """A GRPOConfig whose generation batch is R completions and whose every step is one update.
+
+    per_device_train_batch_size = R (TRL's generation batch on one process), steps_per_generation = 1,
+    num_iterations = 1, gradient_accumulation_steps = 1, num_generations = G; ``kwargs`` set the rest.
+    """
+    fixed = dict(per_device_train_batch_size=replay.rollouts_per_step, steps_per_generation=1, num_iterations=1,
+                 gradient_accumulation_steps=1, num_generations=num_generations)
+    clash = sorted(k for k in fixed if k in kwargs and kwargs[k] != fixed[k])
+    if clash:
+        raise ValueError(f"{', '.join(clash)} are set by the replay design (R = {replay.rollouts_per_step}, "
+                         f"G = {num_generations}); leave them out")
+    return GRPOConfig(**{**kwargs, **fixed})
+
+
+def shared_loss(replay: ReplayConfig, logp_new: np.ndarray, logp_behav: np.ndarray, advantages: np.ndarray,
+                mask: np.ndarray) -> losses.LossOutput:
+    """The shared loss of ``replay.loss`` on one batch: arrays (B, L) / (B,), as one seed (S = 1).
+
+    Returns the LossOutput of ``replay_theory.simulate.losses`` (loss (1,), grad_logp (1, B, L), metrics).
+    """
+    lp, lb, m = logp_new[None], logp_behav[None], mask[None].astype(bool)
+    adv = advantages[None]
+    agg = {} if replay.aggregation is None else {"aggregation": replay.aggregation}
+    if replay.loss == "grpo":
+        return losses.grpo(lp, lb, adv, m, replay.eps_low, replay.eps_high, **agg)
+    if replay.loss == "no-trust-region":
+        return losses.no_trust_region(lp, lb, adv, m, **agg)
+    if replay.loss == "tis":
+        # Every row, fresh ones included, gets min(c, w): a fresh row's w is 1 at its first use (pi_theta = pi_behav).
+        return losses.rloo(lp, lb, adv, m, c=replay.clip_c, is_fresh=np.zeros(adv.shape, bool), **agg)
+    variant = "reference" if replay.loss == "m2po-reference" else "algorithm1"
+    return losses.m2po(lp, lb, adv, m, tau_m2=replay.tau_m2, variant=variant, **agg)
+
+
+def shared_loss_tensor(replay: ReplayConfig, logp_new: torch.Tensor, logp_behav: torch.Tensor,
+                       advantages: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, losses.LossOutput]:
+    """The shared loss as a torch scalar in logp_new's graph: its value is the numpy loss, its gradient the numpy one.
+
+    The numpy loss returns d loss / d logp_new; ``(grad.detach() * logp_new).sum()`` has exactly that gradient
+    (the validator's route), and adding ``value - surrogate.detach()`` makes the value the loss itself.
+    ``logp_new``, ``logp_behav``, ``mask`` (B, L); ``advantages`` (B,).
+    """
+    out = shared_loss(replay, _np(logp_new), _np(logp_behav), _np(advantages), _np(mask))
+    grad = torch.as_tensor(out.grad_logp[0], dtype=logp_new.dtype, device=logp_new.device)
+    surrogate = (grad * torch.where(mask.bool(), logp_new, 0.0)).sum()  # padding may hold anything: never read
+    value = torch.as_tensor(float(out.loss[0]), dtype=logp_new.dtype, device=logp_new.device)
+    return surrogate + (value - surrogate.detach()), out
+
+
+class ReplayGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer that generates R completions a step into a FIFO of N and trains on B drawn uniformly.
+
+    ``replay``: a :class:`ReplayConfig` (by hand, or ``ReplayConfig.from_optimal_json``). ``args`` must make TRL's
+    generation batch R completions with one update per generation (see :func:`replay_grpo_args`); the buffer is
+    per process, and one process is supported. Evaluation is TRL's, unchanged.
+    """
+
+    def __init__(self, *args: Any, replay: ReplayConfig, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        a = self.args
+        world = self.accelerator.num_processes
+        checks = [
+            (world == 1, f"one process is supported (the buffer is per process), got {world}"),
+            (a.steps_per_generation == 1, f"steps_per_generation must be 1, got {a.steps_per_generation}"),
+            (self.num_iterations == 1, f"num_iterations must be 1, got {self.num_iterations}"),
+            (a.gradient_accumulation_steps == 1,
+             f"gradient_accumulation_steps must be 1, got {a.gradient_accumulation_steps}"),
+            (a.per_device_train_batch_size == replay.rollouts_per_step,
+             f"per_device_train_batch_size must equal rollouts_per_step = {replay.rollouts_per_step}, "
+             f"got {a.per_device_train_batch_size}"),
+            (self.beta == 0.0, f"beta must be 0 (the shared losses have no KL term), got {self.beta}"),
+            (replay.buffer_size % self.num_generations == 0,
+             f"buffer_size must be a multiple of num_generations = {self.num_generations}, got {replay.buffer_size}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        self.replay = replay
+        self.replay_buffer = GroupFifoBuffer(replay.buffer_size, self.num_generations, seed=replay.seed)
+        self.replay_generated = 0  # fresh completions generated for training
+        self.replay_trained = 0  # completions trained on (with repetition)
+        self._replay_buckets = age_buckets(fifo_max_age(replay.buffer_size, replay.rollouts_per_step))
+        self._last_rewards_per_func: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ generation -> buffer -> draw
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # noqa: D102 (TRL internal)
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._last_rewards_per_func = rewards_per_func  # (rows, reward funcs); TRL does not return per-row rewards
+        return rewards_per_func
+
+    def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        fresh = self._generate_and_score_completions(generation_batch)
+        self.push_generation(fresh, version=self.state.global_step)
+        drawn = self.replay_buffer.sample(self.replay.batch_size)
+        self.replay_trained += self.replay.batch_size
+        return drawn
+
+    def push_generation(self, output: dict[str, Any], version: int) -> None:
+        """Buffer one TRL generation output (whole groups, per-row fields) as generated by ``version``."""
+        unsupported = sorted(k for k in ("pixel_values", "ref_per_token_logps", "importance_sampling_ratio")
+                             if k in output)
+        if unsupported:
+            raise ValueError(f"the replay trainer does not buffer {', '.join(unsupported)} yet (multimodal inputs, "
+                             "beta > 0, vLLM importance sampling correction)")
+        if "old_per_token_logps" not in output:  # TRL skips it when generation and update are aligned: we need it
+            output["old_per_token_logps"] = self._behaviour_logps(output)
+        rows = {k: output[k] for k in _BUFFERED if k in output}
+        if "tool_mask" not in rows:
+            rows["tool_mask"] = torch.ones_like(rows["completion_mask"])  # every push carries the same fields
+        rows["rewards"] = self._row_rewards(rows["completion_ids"].shape[0])
+        if "sampling_per_token_logps" not in rows:
+            rows["sampling_per_token_logps"] = rows["old_per_token_logps"]  # HF generate: the sampler is the model
+        self.replay_buffer.push(rows, version)
+        self.replay_generated += int(rows["completion_ids"].shape[0])
+
+    @torch.no_grad()
+    def _behaviour_logps(self, output: dict[str, Any]) -> torch.Tensor:
+        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        logps, _, _ = self._get_per_token_logps_and_entropies(
+            self.model, ids, attention, output["completion_ids"].size(1),
+            batch_size=self.args.per_device_train_batch_size)
+        return logps
+
+    def _row_rewards(self, rows: int) -> torch.Tensor:
+        per_func = self._last_rewards_per_func
+        if per_func is None or per_func.shape[0] != rows:
+            return torch.full((rows,), float("nan"))
+        weights = self.reward_weights.to(per_func.device)
+        return (per_func * weights.unsqueeze(0)).nansum(dim=1).detach().cpu()
+
+    # ------------------------------------------------------------------ loss
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if not model.training or "version" not in inputs:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if return_outputs:
+            raise ValueError("The GRPOTrainer does not support returning outputs")
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        logp_new, entropies, _ = self._get_per_token_logps_and_entropies(
+            model, ids, attention, inputs["completion_ids"].size(1), compute_entropy=True)
+        mask = (inputs["completion_mask"] * inputs["tool_mask"]).bool()
+        if not mask.any():  # every drawn row fully masked (e.g. all truncated): nothing to learn from
+            return (logp_new * 0.0).sum()
+        loss, out = shared_loss_tensor(self.replay, logp_new, inputs["old_per_token_logps"], inputs["advantages"],
+                                       mask)
+        self._log_replay(inputs, logp_new.detach(), mask, entropies, out)
+        return loss
+
+    def _log_replay(self, inputs: dict[str, Any], logp_new: torch.Tensor, mask: torch.Tensor,
+                    entropies: torch.Tensor, out: losses.LossOutput) -> None:
+        metrics = self._metrics["train"]
+        step = self.state.global_step
+        age = (step - inputs["version"]).cpu().numpy()
+        metrics["replay/staleness_mean"].append(float(age.mean()))
+        metrics["replay/staleness_max"].append(float(age.max()))
+        seq_lr = np.asarray(sequence_log_ratio(_np(logp_new - inputs["old_per_token_logps"]), _np(mask)))
+        metrics["replay/ess"].append(float(ess_kish_fraction(seq_lr)))
+        for lo, hi, name in self._replay_buckets:
+            rows = (age >= lo) & (age <= hi)
+            metrics[f"replay/staleness_frac/{name}"].append(float(rows.mean()))
+            if rows.any():  # an empty bucket has no ESS; TRL's log averages the steps that have one
+                metrics[f"replay/ess/{name}"].append(float(ess_kish_fraction(seq_lr[rows])))
+        metrics["replay/replay_ratio"].append(self.replay_trained / max(self.replay_generated, 1))
+        metrics["replay/buffer_rows"].append(float(len(self.replay_buffer)))
+        metrics["replay/buffer_max_age"].append(float(self.replay_buffer.ages(step).max()))
+        metrics["replay/loss"].append(float(out.loss[0]))
+        for key, value in out.metrics.items():
+            name = key if key.startswith("clip_ratio/") else f"replay/{key}"  # TRL's names where TRL has them
+            metrics[name].append(float(np.asarray(value).reshape(-1)[0]))
+        real = mask.sum().clamp(min=1)
+        metrics["entropy"].append(float((entropies.detach() * mask).sum() / real))
+
+
+def _np(x: torch.Tensor) -> np.ndarray:
+    return x.detach().to("cpu", torch.float64).numpy() if x.is_floating_point() else x.detach().cpu().numpy()
