@@ -2,5 +2,6 @@
 
 Paper: experience-replay (docs/REFERENCES.md): N (buffer size), B (batch size), R (rollouts per step).
 ``buffer`` (framework-free FIFO of whole GRPO groups, :class:`~replay_theory.integrations.buffer.ReplayConfig`),
+``loss`` (the shared losses of simulate/losses in a torch autograd graph; torch only),
 ``trl`` (``ReplayGRPOTrainer``, a TRL ``GRPOTrainer`` subclass; needs the ``trl`` extra).
 """

@@ -44,6 +44,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from replay_theory.integrations.buffer import GroupFifoBuffer, ReplayConfig, age_buckets, fifo_max_age
+from replay_theory.integrations.loss import as_numpy, shared_loss, shared_loss_tensor
 from replay_theory.simulate import losses
 from replay_theory.theory.divergences import ess_kish_fraction, sequence_log_ratio
 
@@ -69,47 +70,16 @@ def replay_grpo_args(replay: ReplayConfig, num_generations: int, **kwargs: Any) 
     return GRPOConfig(**{**kwargs, **fixed})
 
 
-def shared_loss(replay: ReplayConfig, logp_new: np.ndarray, logp_behav: np.ndarray, advantages: np.ndarray,
-                mask: np.ndarray) -> losses.LossOutput:
-    """The shared loss of ``replay.loss`` on one batch: arrays (B, L) / (B,), as one seed (S = 1).
-
-    Returns the LossOutput of ``replay_theory.simulate.losses`` (loss (1,), grad_logp (1, B, L), metrics).
-    """
-    lp, lb, m = logp_new[None], logp_behav[None], mask[None].astype(bool)
-    adv = advantages[None]
-    agg = {} if replay.aggregation is None else {"aggregation": replay.aggregation}
-    if replay.loss == "grpo":
-        return losses.grpo(lp, lb, adv, m, replay.eps_low, replay.eps_high, **agg)
-    if replay.loss == "no-trust-region":
-        return losses.no_trust_region(lp, lb, adv, m, **agg)
-    if replay.loss == "tis":
-        # Every row, fresh ones included, gets min(c, w): a fresh row's w is 1 at its first use (pi_theta = pi_behav).
-        return losses.rloo(lp, lb, adv, m, c=replay.clip_c, is_fresh=np.zeros(adv.shape, bool), **agg)
-    variant = "reference" if replay.loss == "m2po-reference" else "algorithm1"
-    return losses.m2po(lp, lb, adv, m, tau_m2=replay.tau_m2, variant=variant, **agg)
-
-
-def shared_loss_tensor(replay: ReplayConfig, logp_new: torch.Tensor, logp_behav: torch.Tensor,
-                       advantages: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, losses.LossOutput]:
-    """The shared loss as a torch scalar in logp_new's graph: its value is the numpy loss, its gradient the numpy one.
-
-    The numpy loss returns d loss / d logp_new; ``(grad.detach() * logp_new).sum()`` has exactly that gradient
-    (the validator's route), and adding ``value - surrogate.detach()`` makes the value the loss itself.
-    ``logp_new``, ``logp_behav``, ``mask`` (B, L); ``advantages`` (B,).
-    """
-    out = shared_loss(replay, _np(logp_new), _np(logp_behav), _np(advantages), _np(mask))
-    grad = torch.as_tensor(out.grad_logp[0], dtype=logp_new.dtype, device=logp_new.device)
-    surrogate = (grad * torch.where(mask.bool(), logp_new, 0.0)).sum()  # padding may hold anything: never read
-    value = torch.as_tensor(float(out.loss[0]), dtype=logp_new.dtype, device=logp_new.device)
-    return surrogate + (value - surrogate.detach()), out
-
-
 class ReplayGRPOTrainer(GRPOTrainer):
     """GRPOTrainer that generates R completions a step into a FIFO of N and trains on B drawn uniformly.
 
     ``replay``: a :class:`ReplayConfig` (by hand, or ``ReplayConfig.from_optimal_json``). ``args`` must make TRL's
     generation batch R completions with one update per generation (see :func:`replay_grpo_args`); the buffer is
     per process, and one process is supported. Evaluation is TRL's, unchanged.
+
+    The training loss is ``replay``'s, not TRL's: GRPOConfig's loss options (``loss_type``, ``epsilon``,
+    ``epsilon_high``, ``delta``, ``importance_sampling_level``, ``off_policy_mask_threshold``,
+    ``top_entropy_quantile``, the entropy bonus) do not act on it; ``beta`` must be 0.
     """
 
     def __init__(self, *args: Any, replay: ReplayConfig, **kwargs: Any) -> None:
@@ -215,7 +185,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
         age = (step - inputs["version"]).cpu().numpy()
         metrics["replay/staleness_mean"].append(float(age.mean()))
         metrics["replay/staleness_max"].append(float(age.max()))
-        seq_lr = np.asarray(sequence_log_ratio(_np(logp_new - inputs["old_per_token_logps"]), _np(mask)))
+        seq_lr = np.asarray(sequence_log_ratio(as_numpy(logp_new - inputs["old_per_token_logps"]), as_numpy(mask)))
         metrics["replay/ess"].append(float(ess_kish_fraction(seq_lr)))
         for lo, hi, name in self._replay_buckets:
             rows = (age >= lo) & (age <= hi)
@@ -231,7 +201,3 @@ class ReplayGRPOTrainer(GRPOTrainer):
             metrics[name].append(float(np.asarray(value).reshape(-1)[0]))
         real = mask.sum().clamp(min=1)
         metrics["entropy"].append(float((entropies.detach() * mask).sum() / real))
-
-
-def _np(x: torch.Tensor) -> np.ndarray:
-    return x.detach().to("cpu", torch.float64).numpy() if x.is_floating_point() else x.detach().cpu().numpy()

@@ -1,0 +1,347 @@
+"""The TRL replay trainer (replay_theory.integrations): FIFO law, whole groups, TRL #6804, shared losses, real TRL.
+
+The buffer tests need torch only; the trainer tests need TRL (``pytest.importorskip("trl")``) and train a tiny
+Qwen2 built from config, with an offline character tokenizer, through TRL's real GRPOTrainer for a few steps on CPU.
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from replay_theory.integrations.buffer import (  # noqa: E402 (after the importorskip)
+    GroupFifoBuffer,
+    ReplayConfig,
+    age_buckets,
+    fifo_max_age,
+)
+from replay_theory.integrations.loss import shared_loss, shared_loss_tensor  # noqa: E402
+from replay_theory.simulate import losses  # noqa: E402
+
+
+def _rows(n: int, start: int = 0, prompt_len: int = 3, completion_len: int = 4) -> dict:
+    """n rows whose every per-row field encodes the row number start + i (so misalignment is visible)."""
+    k = torch.arange(start, start + n)
+    return {
+        "prompt_ids": k[:, None].repeat(1, prompt_len),
+        "prompt_mask": torch.ones(n, prompt_len, dtype=torch.long),
+        "completion_ids": k[:, None].repeat(1, completion_len),
+        "completion_mask": torch.ones(n, completion_len, dtype=torch.long),
+        "tool_mask": torch.ones(n, completion_len, dtype=torch.long),
+        "old_per_token_logps": -k[:, None].repeat(1, completion_len).double(),
+        "advantages": k.double(),
+        "rewards": 10.0 * k.double(),
+    }
+
+
+# --------------------------------------------------------------------------- buffer: FIFO law, groups, #6804
+
+
+def test_fifo_law_ages_and_whole_groups():
+    # N = 10, R = 4, G = 2: ceil(10/4) - 1 = 2; the buffer keeps 4 rows of age 0, 4 of age 1 and ONE group of age 2
+    buffer = GroupFifoBuffer(capacity=10, group_size=2)
+    assert fifo_max_age(10, 4) == 2
+    expected_versions = {1: [0] * 4, 2: [0] * 4 + [1] * 4, 3: [0, 0] + [1] * 4 + [2] * 4, 4: [1, 1] + [2] * 4 + [3] * 4}
+    for step in range(4):
+        buffer.push(_rows(4, start=4 * step), version=step)
+        assert buffer.data["version"].tolist() == expected_versions[step + 1]
+        assert int(buffer.ages(step).max()) == min(step, 2)
+        groups, counts = torch.unique(buffer.data["group_id"], return_counts=True)
+        assert counts.tolist() == [2] * len(groups)  # whole groups only
+    # after 4 pushes of rows 0..15 the FIFO holds rows 6..15, group ids 3..7
+    assert buffer.data["completion_ids"][:, 0].tolist() == list(range(6, 16))
+    assert buffer.data["group_id"].tolist() == [3, 3, 4, 4, 5, 5, 6, 6, 7, 7]
+
+
+def test_age_buckets_cover_zero_to_max_age():
+    assert [name for _, _, name in age_buckets(0)] == ["age_0"]
+    assert [name for _, _, name in age_buckets(2)] == ["age_0", "age_1", "age_2-3"]
+    assert age_buckets(9)[-1] == (8, 15, "age_8-15")
+
+
+def test_trl_6804_every_group_is_buffered_and_rows_stay_aligned():
+    # TRL #6804: flat (B,) advantages met code written for (groups, generations); a whole-batch reduction kept
+    # only group 0. Here a push of 4 groups of 3 keeps all 4, and each drawn row's fields belong to that row.
+    buffer = GroupFifoBuffer(capacity=24, group_size=3, seed=1)
+    buffer.push(_rows(12), version=0)
+    assert buffer.num_groups == 4
+    assert buffer.data["group_id"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    drawn = buffer.sample(4000)
+    row = drawn["completion_ids"][:, 0]
+    assert torch.equal(drawn["advantages"], row.double())
+    assert torch.equal(drawn["rewards"], 10.0 * row.double())
+    assert torch.equal(drawn["old_per_token_logps"][:, 0], -row.double())
+    assert torch.equal(drawn["prompt_ids"][:, 0], row)
+    assert torch.equal(drawn["group_id"], row // 3)
+    assert torch.equal(drawn["buffer_index"], row)
+    assert sorted(set(drawn["group_id"].tolist())) == [0, 1, 2, 3]  # every group is drawn, not only group 0
+    for name, value in drawn.items():
+        assert value.shape[0] == 4000, name
+
+
+def test_per_group_shaped_field_is_refused():
+    rows = _rows(6)
+    rows["advantages"] = rows["advantages"].view(3, 2)  # (groups, generations): the #6804 layout
+    buffer = GroupFifoBuffer(capacity=6, group_size=2)
+    with pytest.raises(ValueError) as info:
+        buffer.push(rows, version=0)
+    assert str(info.value) == ("every buffered field must have one entry per row (6 rows), got shapes "
+                               "{'advantages': (3, 2)}")
+    rows["advantages"] = rows["advantages"].view(6, 1)  # per row, but not one value per row
+    with pytest.raises(ValueError, match=r"^advantages must be one value per row, shape \(6,\), got \(6, 1\)$"):
+        buffer.push(rows, version=0)
+    rows = _rows(6)
+    rows["rewards"] = rows["rewards"][:3]  # one value per group
+    with pytest.raises(ValueError, match=r"one entry per row \(6 rows\), got shapes \{'rewards': \(3,\)\}"):
+        buffer.push(rows, version=0)
+    with pytest.raises(ValueError, match="a push must hold whole groups: 5 rows is not a multiple of "
+                                         "num_generations = 2"):
+        buffer.push(_rows(5), version=0)
+    assert len(buffer) == 0  # nothing half-pushed
+
+
+def test_uniform_draw_with_replacement():
+    buffer = GroupFifoBuffer(capacity=10, group_size=2, seed=3)
+    buffer.push(_rows(10), version=0)
+    counts = torch.bincount(buffer.sample(50_000)["buffer_index"], minlength=10).double() / 50_000
+    # each row 1/10; binomial sd sqrt(0.1 * 0.9 / 5e4) = 0.00134, so 0.006 is 4.5 sd
+    assert torch.all((counts - 0.1).abs() < 0.006), counts
+
+
+def test_pushes_of_different_widths_are_repadded_on_their_side():
+    buffer = GroupFifoBuffer(capacity=8, group_size=2)
+    buffer.push(_rows(4, start=0, prompt_len=2, completion_len=3), version=0)
+    buffer.push(_rows(4, start=4, prompt_len=4, completion_len=1), version=1)
+    d = buffer.data
+    assert d["prompt_ids"].shape == (8, 4) and d["completion_ids"].shape == (8, 3)
+    assert d["prompt_mask"][0].tolist() == [0, 0, 1, 1]  # prompts left-padded
+    assert d["completion_mask"][4].tolist() == [1, 0, 0]  # completions right-padded
+    assert d["tool_mask"][4].tolist() == [1, 1, 1]  # TRL's pad value for tool_mask
+    assert d["old_per_token_logps"][4].tolist() == [-4.0, 0.0, 0.0]
+
+
+def test_replay_config_from_optimal_json(cli):
+    code, out, _ = cli("optimal", "--mu", "5.28", "-R", "8", "--json")
+    assert code == 0
+    design = json.loads(out)
+    replay = ReplayConfig.from_optimal_json(design)
+    assert (replay.buffer_size, replay.batch_size, replay.rollouts_per_step) == (19, 26, 8)
+    assert replay.replay_ratio == 26 / 8 and replay.max_age == 2
+    grouped = ReplayConfig.from_optimal_json(out, group_size=4, loss="m2po")  # the JSON text works too
+    assert (grouped.buffer_size, grouped.batch_size, grouped.loss) == (20, 26, "m2po")
+    assert grouped.notes == ("buffer_size 19 rounded to 20, a whole number of groups of 4",)
+    code, out, _ = cli("optimal", "--mu", "5.28", "--json")
+    with pytest.raises(ValueError, match=r"^the optimal --json output has no buffer_size, batch_size, "
+                                         r"rollouts_per_step: run `replay-theory optimal` with -R"):
+        ReplayConfig.from_optimal_json(json.loads(out))
+    with pytest.raises(ValueError, match="^rollouts_per_step = 8 from the design is not a multiple of group_size = 3"):
+        ReplayConfig.from_optimal_json(design, group_size=3)
+
+
+def test_replay_config_from_optimal_json_file(tmp_path):
+    path = tmp_path / "design.json"
+    path.write_text(json.dumps({"buffer_size": 12, "batch_size": 6, "rollouts_per_step": 4}))
+    assert ReplayConfig.from_optimal_json(path) == ReplayConfig(12, 6, 4)
+    assert ReplayConfig.from_optimal_json(str(path)) == ReplayConfig(12, 6, 4)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(buffer_size=0, batch_size=1, rollouts_per_step=1), "buffer_size must be an integer >= 1, got 0"),
+    (dict(buffer_size=4, batch_size=2.5, rollouts_per_step=4), "batch_size must be an integer >= 1, got 2.5"),
+    (dict(buffer_size=2, batch_size=2, rollouts_per_step=4),
+     "buffer_size must be >= rollouts_per_step = 4 (the fresh rollouts must fit), got 2"),
+    (dict(buffer_size=4, batch_size=2, rollouts_per_step=4, loss="ppo"),
+     "loss must be one of grpo, tis, m2po, m2po-reference, no-trust-region, got 'ppo'"),
+    (dict(buffer_size=4, batch_size=2, rollouts_per_step=4, clip_c=0), "clip_c must be > 0, got 0"),
+    (dict(buffer_size=4, batch_size=2, rollouts_per_step=4, eps_high=-0.1), "eps_high must be >= 0, got -0.1"),
+])
+def test_replay_config_bad_values(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        ReplayConfig(**kwargs)
+    assert str(info.value) == message
+
+
+def test_buffer_capacity_must_be_whole_groups():
+    with pytest.raises(ValueError) as info:
+        GroupFifoBuffer(capacity=19, group_size=4)
+    assert str(info.value) == "buffer_size must be a multiple of num_generations = 4 (whole groups are stored), got 19"
+
+
+# --------------------------------------------------------------------------- shared losses in the autograd graph
+
+
+def _loss_case(seed: int = 0, B: int = 6, L: int = 5):
+    g = torch.Generator().manual_seed(seed)
+    logp_behav = -torch.rand(B, L, generator=g, dtype=torch.float64) * 2 - 0.1
+    logp_new = (logp_behav + 0.4 * torch.randn(B, L, generator=g, dtype=torch.float64)).requires_grad_(True)
+    advantages = torch.randn(B, generator=g, dtype=torch.float64)
+    mask = torch.ones(B, L, dtype=torch.bool)
+    mask[0, 3:] = False
+    mask[2, 1:] = False
+    return logp_new, logp_behav, advantages, mask
+
+
+def test_ppo_clip_equals_trl_token_mean_formula():
+    # TRL's clipped surrogate (grpo_trainer._compute_loss, token ratios, loss_type="bnpo": sum over real tokens /
+    # real tokens) against the shared numpy grpo loss in the graph: value and gradient to 1e-12.
+    logp_new, logp_behav, adv, mask = _loss_case()
+    replay = ReplayConfig(8, 6, 4, loss="grpo", eps_low=0.2, eps_high=0.28)
+    ours, out = shared_loss_tensor(replay, logp_new, logp_behav, adv, mask)
+    (grad_ours,) = torch.autograd.grad(ours, logp_new)
+
+    coef_1 = torch.exp(logp_new - logp_behav)
+    coef_2 = torch.clamp(coef_1, 1 - 0.2, 1 + 0.28)
+    per_token = -torch.min(coef_1 * adv[:, None], coef_2 * adv[:, None])
+    m = mask.double()
+    theirs = (per_token * m).sum() / m.sum()
+    (grad_theirs,) = torch.autograd.grad(theirs, logp_new)
+    assert float(ours.detach()) == pytest.approx(float(theirs.detach()), abs=1e-12)
+    assert torch.allclose(grad_ours, grad_theirs, atol=1e-12)
+    assert float(ours.detach()) == pytest.approx(float(out.loss[0]), abs=1e-15)
+    assert out.metrics["clip_ratio/region_mean"][0] > 0  # the case exercises the clip
+
+
+@pytest.mark.parametrize("name", ["tis", "m2po", "no-trust-region"])
+def test_autograd_gradient_is_the_shared_numpy_gradient(name):
+    logp_new, logp_behav, adv, mask = _loss_case(seed=1)
+    replay = ReplayConfig(8, 6, 4, loss=name, clip_c=1.5, tau_m2=0.02)
+    loss, out = shared_loss_tensor(replay, logp_new, logp_behav, adv, mask)
+    (grad,) = torch.autograd.grad(loss, logp_new)
+    args = (logp_new.detach().numpy()[None], logp_behav.numpy()[None], adv.numpy()[None], mask.numpy()[None])
+    direct = {"tis": lambda: losses.rloo(*args, c=1.5, is_fresh=np.zeros((1, 6), bool)),
+              "m2po": lambda: losses.m2po(*args, tau_m2=0.02),
+              "no-trust-region": lambda: losses.no_trust_region(*args)}[name]()
+    assert float(loss.detach()) == pytest.approx(float(direct.loss[0]), abs=1e-12)
+    assert np.allclose(grad.numpy(), direct.grad_logp[0], atol=1e-12, rtol=0)
+    assert np.all(grad.numpy()[~mask.numpy()] == 0)  # padding never gets gradient
+    if name == "tis":
+        # truncated IS by hand: w_i = min(c, exp(sum_t log r)), loss = -(1/B) sum_i w_i A_i sum_t logp_it
+        seq = ((logp_new - logp_behav) * mask).sum(1).detach()
+        w = torch.clamp(seq.exp(), max=1.5)
+        by_hand = -(w * adv * (logp_new * mask).sum(1)).sum() / 6
+        assert float(loss.detach()) == pytest.approx(float(by_hand.detach()), abs=1e-12)
+    if name == "m2po":
+        assert out.metrics["masked_frac"][0] > 0  # tau_M2 = 0.02 binds
+
+
+# --------------------------------------------------------------------------- TRL's real trainer on a tiny Qwen2
+
+STEPS, N, B, R, G = 5, 10, 6, 4, 2
+
+
+def _char_tokenizer():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate("abcdefgh ")}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+
+
+def _reward(completions, **kwargs):
+    return [c.count("a") / max(len(c), 1) for c in completions]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from replay_theory.integrations.trl import ReplayGRPOTrainer, replay_grpo_args
+
+    tokenizer = _char_tokenizer()
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+                         tie_word_embeddings=True, use_sliding_window=False, pad_token_id=0, eos_token_id=1)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config)
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    dataset = Dataset.from_dict({"prompt": ["abc", "bcd", "cde", "def", "efg", "fgh", "ab", "gh"] * 4})
+    replay = ReplayConfig(buffer_size=N, batch_size=B, rollouts_per_step=R)
+    args = replay_grpo_args(replay, G, output_dir=str(tmp_path_factory.mktemp("trl")), max_completion_length=6,
+                            max_steps=STEPS, learning_rate=1e-2, logging_steps=1, report_to="none", use_cpu=True,
+                            save_strategy="no", seed=0)
+    trainer = ReplayGRPOTrainer(model=model, reward_funcs=_reward, args=args, train_dataset=dataset,
+                                processing_class=tokenizer, replay=replay)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "replay/replay_ratio" in h]
+    return trainer, logs, before, tokenizer
+
+
+@pytest.mark.slow
+def test_trl_replay_ratio_is_b_over_r(trained):
+    trainer, logs, _, _ = trained
+    assert len(logs) == STEPS
+    assert [h["replay/replay_ratio"] for h in logs] == [B / R] * STEPS
+    assert (trainer.replay_trained, trainer.replay_generated) == (STEPS * B, STEPS * R)
+
+
+@pytest.mark.slow
+def test_trl_staleness_follows_the_fifo_law(trained):
+    trainer, logs, _, _ = trained
+    max_age = math.ceil(N / R) - 1  # 2
+    assert [h["replay/buffer_max_age"] for h in logs] == [min(t, max_age) for t in range(STEPS)]
+    assert [h["replay/buffer_rows"] for h in logs] == [min(R * (t + 1), N) for t in range(STEPS)]
+    for t, h in enumerate(logs):
+        assert 0 <= h["replay/staleness_max"] <= min(t, max_age)
+        fracs = [h[f"replay/staleness_frac/{name}"] for _, _, name in age_buckets(max_age)]
+        assert sum(fracs) == pytest.approx(1.0)
+        assert h["replay/staleness_mean"] <= h["replay/staleness_max"]
+        assert h["replay/ess/age_0"] == pytest.approx(1.0)  # fresh rows: pi_theta = pi_behav, every weight 1
+        assert 0 < h["replay/ess"] <= 1
+    # the buffer after the last push: versions of the FIFO of N = 10, R = 4
+    assert trainer.replay_buffer.data["version"].tolist() == [2, 2, 3, 3, 3, 3, 4, 4, 4, 4]
+
+
+@pytest.mark.slow
+def test_trl_buffered_groups_keep_their_shapes_and_rows(trained):
+    # #6804 through TRL's real call path: every group of every push is buffered, and each row's reward and
+    # advantage are the ones TRL computed for THAT completion and ITS group.
+    trainer, _, _, tokenizer = trained
+    data = trainer.replay_buffer.data
+    assert trainer.replay_buffer.num_groups == N // G
+    for name, value in data.items():
+        assert value.shape[0] == N, name
+    assert data["group_id"].tolist() == [g for g in range(STEPS * R // G - N // G, STEPS * R // G) for _ in range(G)]
+    completions = tokenizer.batch_decode(data["completion_ids"] * data["completion_mask"], skip_special_tokens=True)
+    assert data["rewards"].tolist() == pytest.approx(_reward(completions), abs=1e-6)
+    rewards = data["rewards"].view(-1, G)  # TRL's GRPO advantage, per group: (r - mean) / (std + 1e-4)
+    advantage = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)
+    assert data["advantages"].tolist() == pytest.approx(advantage.reshape(-1).tolist(), abs=1e-5)
+
+
+@pytest.mark.slow
+def test_trl_loss_finite_and_parameters_move(trained):
+    trainer, logs, before, _ = trained
+    assert all(math.isfinite(h["loss"]) for h in logs)
+    assert all(h["loss"] == pytest.approx(h["replay/loss"], abs=1e-6) for h in logs)
+    moved = [k for k, v in trainer.model.named_parameters() if not torch.equal(v.detach(), before[k])]
+    assert len(moved) == len(before)
+
+
+@pytest.mark.slow
+def test_trl_tool_mask_is_multiplied_in(trained):
+    # TRL's tool_mask (0 on tool-result tokens) must leave those tokens out of the loss, as completion_mask does.
+    trainer, _, _, _ = trained
+    batch = trainer.replay_buffer.sample(B)
+    batch["tool_mask"] = torch.ones_like(batch["tool_mask"])
+    batch["tool_mask"][:, 1:3] = 0
+    batch["completion_mask"][:, 0] = 1  # at least one real token per row
+    trainer.model.train()
+    loss = trainer.compute_loss(trainer.model, batch)
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    with torch.no_grad():
+        logp, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention,
+                                                               batch["completion_ids"].size(1))
+    mask = (batch["completion_mask"] * batch["tool_mask"]).bool().numpy()
+    expected = shared_loss(trainer.replay, logp.double().numpy(), batch["old_per_token_logps"].double().numpy(),
+                           batch["advantages"].double().numpy(), mask)
+    assert float(loss.detach()) == pytest.approx(float(expected.loss[0]), abs=1e-6)
