@@ -147,10 +147,10 @@ class ReplayGRPOTrainer(GRPOTrainer):
     def _behaviour_logps(self, output: dict[str, Any]) -> torch.Tensor:
         ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        logps, _, _ = self._get_per_token_logps_and_entropies(
+        out = self._get_per_token_logps_and_entropies(
             self.model, ids, attention, output["completion_ids"].size(1),
             batch_size=self.args.per_device_train_batch_size)
-        return logps
+        return out[0]  # TRL 1.0-1.5 return (logps, entropies); 1.8 and later add the MoE aux loss
 
     def _row_rewards(self, rows: int) -> torch.Tensor:
         per_func = self._last_rewards_per_func
@@ -168,8 +168,8 @@ class ReplayGRPOTrainer(GRPOTrainer):
             raise ValueError("The GRPOTrainer does not support returning outputs")
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        logp_new, entropies, _ = self._get_per_token_logps_and_entropies(
-            model, ids, attention, inputs["completion_ids"].size(1), compute_entropy=True)
+        logp_new, entropies = self._get_per_token_logps_and_entropies(
+            model, ids, attention, inputs["completion_ids"].size(1), compute_entropy=True)[:2]
         mask = (inputs["completion_mask"] * inputs["tool_mask"]).bool()
         if not mask.any():  # every drawn row fully masked (e.g. all truncated): nothing to learn from
             return (logp_new * 0.0).sum()

@@ -339,8 +339,8 @@ def test_trl_tool_mask_is_multiplied_in(trained):
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     with torch.no_grad():
-        logp, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention,
-                                                               batch["completion_ids"].size(1))
+        logp = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention,
+                                                         batch["completion_ids"].size(1))[0]
     mask = (batch["completion_mask"] * batch["tool_mask"]).bool().numpy()
     expected = shared_loss(trainer.replay, logp.double().numpy(), batch["old_per_token_logps"].double().numpy(),
                            batch["advantages"].double().numpy(), mask)
