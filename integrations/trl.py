@@ -65,8 +65,8 @@ def replay_grpo_args(replay: ReplayConfig, num_generations: int, **kwargs: Any) 
                  gradient_accumulation_steps=1, num_generations=num_generations)
     clash = sorted(k for k in fixed if k in kwargs and kwargs[k] != fixed[k])
     if clash:
-        raise ValueError(f"{', '.join(clash)} are set by the replay design (R = {replay.rollouts_per_step}, "
-                         f"G = {num_generations}); leave them out")
+        raise ValueError(f"the replay design sets {', '.join(clash)} (R = {replay.rollouts_per_step}, "
+                         f"G = {num_generations}): leave {'it' if len(clash) == 1 else 'them'} out")
     return GRPOConfig(**{**kwargs, **fixed})
 
 

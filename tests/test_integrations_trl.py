@@ -247,9 +247,8 @@ def _reward(completions, **kwargs):
     return [c.count("a") / max(len(c), 1) for c in completions]
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    pytest.importorskip("trl")
+def _train(output_dir, replay: ReplayConfig, steps: int):
+    """TRL's real GRPOTrainer loop, through ReplayGRPOTrainer, on a tiny Qwen2 (2 layers, hidden 32) on CPU."""
     from datasets import Dataset
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -264,15 +263,21 @@ def trained(tmp_path_factory):
         model = Qwen2ForCausalLM(config)
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     dataset = Dataset.from_dict({"prompt": ["abc", "bcd", "cde", "def", "efg", "fgh", "ab", "gh"] * 4})
-    replay = ReplayConfig(buffer_size=N, batch_size=B, rollouts_per_step=R)
-    args = replay_grpo_args(replay, G, output_dir=str(tmp_path_factory.mktemp("trl")), max_completion_length=6,
-                            max_steps=STEPS, learning_rate=1e-2, logging_steps=1, report_to="none", use_cpu=True,
-                            save_strategy="no", seed=0)
+    args = replay_grpo_args(replay, G, output_dir=str(output_dir), max_completion_length=6, max_steps=steps,
+                            learning_rate=1e-2, logging_steps=1, report_to="none", use_cpu=True, save_strategy="no",
+                            seed=0)
     trainer = ReplayGRPOTrainer(model=model, reward_funcs=_reward, args=args, train_dataset=dataset,
                                 processing_class=tokenizer, replay=replay)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "replay/replay_ratio" in h]
     return trainer, logs, before, tokenizer
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    pytest.importorskip("trl")
+    return _train(tmp_path_factory.mktemp("trl"), ReplayConfig(buffer_size=N, batch_size=B, rollouts_per_step=R),
+                  STEPS)
 
 
 @pytest.mark.slow
@@ -345,3 +350,22 @@ def test_trl_tool_mask_is_multiplied_in(trained):
     expected = shared_loss(trainer.replay, logp.double().numpy(), batch["old_per_token_logps"].double().numpy(),
                            batch["advantages"].double().numpy(), mask)
     assert float(loss.detach()) == pytest.approx(float(expected.loss[0]), abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, metric", [("tis", "replay/weight_mean"), ("m2po", "replay/masked_frac")])
+def test_trl_other_corrections_train(tmp_path, name, metric):
+    pytest.importorskip("trl")
+    trainer, logs, before, _ = _train(tmp_path, ReplayConfig(N, B, R, loss=name), steps=3)
+    assert len(logs) == 3 and all(math.isfinite(h["loss"]) and metric in h for h in logs)
+    assert any(not torch.equal(v.detach(), before[k]) for k, v in trainer.model.named_parameters())
+
+
+@pytest.mark.slow  # the first TRL import alone takes about 5 s
+def test_trl_args_the_design_sets_are_refused():
+    pytest.importorskip("trl")
+    from replay_theory.integrations.trl import replay_grpo_args
+
+    with pytest.raises(ValueError) as info:
+        replay_grpo_args(ReplayConfig(N, B, R), G, output_dir="unused", per_device_train_batch_size=8)
+    assert str(info.value) == "the replay design sets per_device_train_batch_size (R = 4, G = 2): leave it out"
