@@ -105,13 +105,16 @@ class Regime:
     description: str
     optimizer: str = "sgd"
     """``sgd`` (the theory's setting: step sizes in units of 1/L) or ``adam`` (absolute lrs ``ADAM_LRS``)."""
+    lr_factors: tuple[float, ...] = LR_FACTORS
+    """SGD: the on-policy step sizes in units of 1/L, 5 log-spaced values; a regime whose tuned on-policy step
+    would sit at the top of ``LR_FACTORS`` (a grid corner) shifts them up."""
 
     def lr_grid(self, smoothness: float) -> tuple[np.ndarray, float]:
         """(on-policy step-size factors, unit): the precondition tries factors / unit, designs tune over
         ``DESIGN_LR_FACTORS`` x (tuned factor) / unit. SGD: factors of 1/L (unit L); Adam: absolute (unit 1)."""
         if self.optimizer == "adam":
             return np.asarray(ADAM_LRS), 1.0
-        return np.asarray(LR_FACTORS), smoothness
+        return np.asarray(self.lr_factors), smoothness
 
 
 REGIMES = {
@@ -121,6 +124,16 @@ REGIMES = {
     # sees each prompt 16 times, so sampling noise is small and the number of steps, not B, sets the cost
     "few-prompts": Regime("few-prompts", {"num_prompts": 4, "warm_success_max": 0.1, "skill_alignment": 0.1}, 0.0,
                           "4 prompts, warm-start success <= 0.1, skill alignment 0.1 (the step-limited probe)"),
+    # the one setting of the issue-12 search (60 settings screened by exact gradient ascent, 12 probed with SGD)
+    # whose on-policy SGD steps-to-target barely depend on B with the target well past start-up: with 32 seeds and
+    # step sizes 32 .. 0.5 / L, 168 / 177 / 140 steps at B = 64 / 128 / 256 (slope -0.13, is), the tuned step 4-8/L
+    # just under the stability cap (exact ascent: 76 steps at 8/L, never at 16/L). Its tuned step is above
+    # LR_FACTORS' top (2/L), so its grid is shifted up by 8x. grpo there takes MORE steps at larger B (483 / 735 /
+    # 1099, slope +0.59) and ~8x longer: run this regime with --loss is
+    "two-prompts": Regime("two-prompts", {"num_prompts": 2, "feature_dim": 4, "skill_alignment": 0.3}, 0.0,
+                          "2 prompts (one hard, one easy), 4 features, skill alignment 0.3: SGD steps-to-target "
+                          "nearly independent of B, the tuned step at the stability cap (the step-limited "
+                          "probe); step sizes 16 .. 1 / L", lr_factors=(16.0, 8.0, 4.0, 2.0, 1.0)),
     # the audit's step-limited finding (on-policy steps 291 / 271 / 251 at B = 64 / 128 / 256) came from Adam at a
     # fixed lr 0.01, far below Adam's optimum; SGD tuned per design measured noise-limited or mixed in every
     # setting searched, so this regime trains today's bandit with Adam, its lr tuned like SGD's step size
@@ -727,11 +740,13 @@ def _protocol(options: Options) -> dict:
 
 
 def regime_record(regime: Regime) -> dict:
-    """The regime as options.json records it; ``optimizer`` only when not SGD, so that directories written before
-    the field existed (all SGD) still match their options.json and resume."""
+    """The regime as options.json records it; ``optimizer`` and ``lr_factors`` only when not the defaults, so that
+    directories written before the fields existed still match their options.json and resume."""
     record = asdict(regime)
     if record["optimizer"] == "sgd":
         del record["optimizer"]
+    if tuple(record["lr_factors"]) == LR_FACTORS:
+        del record["lr_factors"]
     return record
 
 

@@ -153,18 +153,23 @@ def test_regimes_and_their_step_size_grids():
     assert {name: (r.env, r.reward_noise, r.optimizer) for name, r in tt.REGIMES.items()} == {
         "bandit": ({}, 0.0, "sgd"), "noisy-reward": ({}, 2.0, "sgd"),
         "few-prompts": ({"num_prompts": 4, "warm_success_max": 0.1, "skill_alignment": 0.1}, 0.0, "sgd"),
+        "two-prompts": ({"num_prompts": 2, "feature_dim": 4, "skill_alignment": 0.3}, 0.0, "sgd"),
         "adam": ({}, 0.0, "adam")}
     assert "outside their assumptions" in tt.REGIMES["adam"].description  # the objectives assume SGD
     factors, unit = tt.REGIMES["bandit"].lr_grid(0.5)  # SGD: factors of 1/L
     assert factors.tolist() == [2.0, 1.0, 0.5, 0.25, 0.125] and unit == 0.5
     assert (factors / unit).tolist() == [4.0, 2.0, 1.0, 0.5, 0.25]
+    factors, unit = tt.REGIMES["two-prompts"].lr_grid(0.5)  # shifted up 8x: its tuned step (4-8/L) > 2/L
+    assert factors.tolist() == [16.0, 8.0, 4.0, 2.0, 1.0] and unit == 0.5
     factors, unit = tt.REGIMES["adam"].lr_grid(0.5)  # Adam: absolute, the measured L plays no part
     assert factors.tolist() == [2.0, 1.0, 0.5, 0.25, 0.125] and unit == 1.0
     assert len(tt.ADAM_LRS) == len(tt.LR_FACTORS)  # the same number of log-spaced values as SGD's grid
     assert np.allclose(np.diff(np.log2(tt.ADAM_LRS)), -1.0)
     # options.json records the optimizer only when it is not SGD: directories written before it existed resume
-    assert "optimizer" not in tt.regime_record(tt.REGIMES["bandit"])
+    assert tt.regime_record(tt.REGIMES["bandit"]) == {"name": "bandit", "env": {}, "reward_noise": 0.0,
+                                                      "description": tt.REGIMES["bandit"].description}
     assert tt.regime_record(tt.REGIMES["adam"])["optimizer"] == "adam"
+    assert tt.regime_record(tt.REGIMES["two-prompts"])["lr_factors"] == (16.0, 8.0, 4.0, 2.0, 1.0)
 
 
 def test_adam_first_step_moves_every_coordinate_by_its_lr():
@@ -360,7 +365,7 @@ def test_regime_option_is_checked_before_any_work(cli, tmp_path):
     code, out, err = cli("experiment", "theory-test", "--out", str(tmp_path / "t"), "--regime", "bandit,lunar")
     assert (code, out) == (2, "")
     assert err == ("replay-theory: error: --regime must be a comma-separated list of bandit, noisy-reward, "
-                   "few-prompts, adam, got bandit,lunar\n")
+                   "few-prompts, two-prompts, adam, got bandit,lunar\n")
     assert not (tmp_path / "t").exists()
     assert tt.Options().regimes == ("bandit", "noisy-reward")  # few-prompts and adam are opt-in (~7-10 min each)
 
