@@ -458,6 +458,9 @@ def precondition_slope(batches: tuple[int, ...], steps: list[float]) -> float:
 
 
 def regime_label(slope: float) -> str:
+    """-1 noise-limited, 0 step-limited; a clearly positive slope (more steps at a larger B) is neither."""
+    if slope > 0.3:
+        return "steps grow with B"
     return "noise-limited" if slope <= -0.7 else ("step-limited" if slope >= -0.3 else "mixed")
 
 
