@@ -24,15 +24,22 @@ size optimised per design, or the null model gamma(y) (compute per update, no no
 Protocol (issue 12, "the prediction benchmark"): B = 256 responses in groups of 8; x in 1..64 and
 y in 1..32 on a log2 grid (R = B/y, N = x R); SGD with the step size tuned per design over 5 log-spaced
 values (factor 2 apart, from the tuned on-policy step size down to 1/16 of it; the on-policy runs tune
-over 2/L .. 1/(8L)); 32 seeds; target = J0 + 0.95 (J* - J0) with J* the exact sup of the reward;
+over 2/L .. 1/(8L), or a regime's own ``lr_factors`` where its tuned step would sit at that grid's top);
+32 seeds; target = J0 + 0.95 (J* - J0) with J* the exact sup of the reward;
 compute-to-target = mean first-passage step x (mu R + B), so mu enters only the accounting and the
 same runs are re-priced at every mu. Regret = compute of the predicted design / compute of the grid's
 best, with a seed-bootstrap 90% interval (the step size re-tuned in every replicate). Precondition:
 the slope of log(on-policy steps-to-target) against log B over B = 64, 128, 256 (-1: noise-limited,
-0: step-limited). Two environments: today's bandit, and the same bandit with a noisy reward (the
+0: step-limited). Two default environments: today's bandit, and the same bandit with a noisy reward (the
 verifier's reward plus Gaussian noise of standard deviation ``reward_noise``: lower reward
-signal-to-noise). Under this protocol both measure noise-limited (docs/SIMULATION.md, "Does the theory
-predict?"): a step-limited setting was not found.
+signal-to-noise); both measure noise-limited. Opt-in (``--regime``; docs/SIMULATION.md, "Does the theory
+predict?", says how each was found):
+- ``few-prompts``: 4 prompts; mixed with the default grid, noise-limited with a wider one;
+- ``two-prompts``: 2 prompts in 4 dimensions, the step-limited setting (with the ``is`` loss: on-policy
+  steps nearly independent of B, the tuned step just under the stability cap; grid 16/L .. 1/L);
+- ``adam``: today's bandit trained with Adam, the lr tuned per design over ``ADAM_LRS``. The audit's
+  step-limited bandit was Adam at a fixed, far too small lr; tuned, it is noise-limited / mixed. J and the
+  finite-budget bound are derived for SGD with eta <= 1/L, so there they are used outside their assumptions.
 """
 
 from __future__ import annotations
@@ -120,11 +127,12 @@ class Regime:
 REGIMES = {
     "bandit": Regime("bandit", {}, 0.0, "today's bandit (64 prompts, 16 actions, exact 1 / 0.1 / 0 reward)"),
     "noisy-reward": Regime("noisy-reward", {}, 2.0, "the same bandit, observed reward + N(0, 2^2) noise"),
-    # few prompts, every one far from solved and weakly aligned with the skill direction: a batch of 64 already
-    # sees each prompt 16 times, so sampling noise is small and the number of steps, not B, sets the cost
+    # few prompts, every one far from solved and weakly aligned with the skill direction: meant as a step-limited
+    # probe, it measures mixed (-0.56 / -0.59) with LR_FACTORS, and noise-limited (-0.86 is / -0.76 grpo) once the
+    # on-policy grid is widened to 32/L: its B = 256 tuned step (4/L, is) lies above LR_FACTORS' top
     "few-prompts": Regime("few-prompts", {"num_prompts": 4, "warm_success_max": 0.1, "skill_alignment": 0.1}, 0.0,
                           "4 prompts, warm-start success <= 0.1, skill alignment 0.1 (the step-limited probe)"),
-    # the one setting of the issue-12 search (60 settings screened by exact gradient ascent, 12 probed with SGD)
+    # the one setting of the issue-12 search (180 screened by exact gradient ascent, 9 probed with SGD)
     # whose on-policy SGD steps-to-target barely depend on B with the target well past start-up: with 32 seeds and
     # step sizes 32 .. 0.5 / L, 168 / 177 / 140 steps at B = 64 / 128 / 256 (slope -0.13, is), the tuned step 4-8/L
     # just under the stability cap (exact ascent: 76 steps at 8/L, never at 16/L). Its tuned step is above
