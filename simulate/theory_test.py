@@ -24,15 +24,22 @@ size optimised per design, or the null model gamma(y) (compute per update, no no
 Protocol (issue 12, "the prediction benchmark"): B = 256 responses in groups of 8; x in 1..64 and
 y in 1..32 on a log2 grid (R = B/y, N = x R); SGD with the step size tuned per design over 5 log-spaced
 values (factor 2 apart, from the tuned on-policy step size down to 1/16 of it; the on-policy runs tune
-over 2/L .. 1/(8L)); 32 seeds; target = J0 + 0.95 (J* - J0) with J* the exact sup of the reward;
+over 2/L .. 1/(8L), or a regime's own ``lr_factors`` where its tuned step would sit at that grid's top);
+32 seeds; target = J0 + 0.95 (J* - J0) with J* the exact sup of the reward;
 compute-to-target = mean first-passage step x (mu R + B), so mu enters only the accounting and the
 same runs are re-priced at every mu. Regret = compute of the predicted design / compute of the grid's
 best, with a seed-bootstrap 90% interval (the step size re-tuned in every replicate). Precondition:
 the slope of log(on-policy steps-to-target) against log B over B = 64, 128, 256 (-1: noise-limited,
-0: step-limited). Two environments: today's bandit, and the same bandit with a noisy reward (the
+0: step-limited). Two default environments: today's bandit, and the same bandit with a noisy reward (the
 verifier's reward plus Gaussian noise of standard deviation ``reward_noise``: lower reward
-signal-to-noise). Under this protocol both measure noise-limited (docs/SIMULATION.md, "Does the theory
-predict?"): a step-limited setting was not found.
+signal-to-noise); both measure noise-limited. Opt-in (``--regime``; docs/SIMULATION.md, "Does the theory
+predict?", says how each was found):
+- ``few-prompts``: 4 prompts; mixed with the default grid, noise-limited with a wider one;
+- ``two-prompts``: 2 prompts in 4 dimensions, the step-limited setting (with the ``is`` loss: on-policy
+  steps nearly independent of B, the tuned step just under the stability cap; grid 16/L .. 1/L);
+- ``adam``: today's bandit trained with Adam, the lr tuned per design over ``ADAM_LRS``. The audit's
+  step-limited bandit was Adam at a fixed, far too small lr; tuned, it is noise-limited / mixed. J and the
+  finite-budget bound are derived for SGD with eta <= 1/L, so there they are used outside their assumptions.
 """
 
 from __future__ import annotations
@@ -90,23 +97,61 @@ LOSSES = {"is": ("no-trust-region", "leave-one-out"), "grpo": ("grpo", "grpo")}
 leave-one-out baseline, unbiased on stale data; ``grpo``: the clipped surrogate with GRPO advantages."""
 
 
+ADAM_LRS = (2.0, 1.0, 0.5, 0.25, 0.125)
+"""Adam learning rates of the on-policy precondition runs of an Adam regime (absolute: Adam's step is about lr per
+coordinate whatever the gradient's scale, so 1/L is not its unit): 5 log-spaced values, factor 2 apart, like
+``LR_FACTORS``. A 32-seed probe over 2^-4 .. 2^4 put the on-policy optimum at 0.5 (``is``, B = 64 / 128 / 256) and
+0.25-0.5 (``grpo``), inside this grid; designs then tune over ``DESIGN_LR_FACTORS`` x the tuned on-policy lr."""
+
+
 @dataclass(frozen=True)
 class Regime:
     name: str
     env: dict
     reward_noise: float
     description: str
+    optimizer: str = "sgd"
+    """``sgd`` (the theory's setting: step sizes in units of 1/L) or ``adam`` (absolute lrs ``ADAM_LRS``)."""
+    lr_factors: tuple[float, ...] = LR_FACTORS
+    """SGD: the on-policy step sizes in units of 1/L, 5 log-spaced values; a regime whose tuned on-policy step
+    would sit at the top of ``LR_FACTORS`` (a grid corner) shifts them up."""
+
+    def lr_grid(self, smoothness: float) -> tuple[np.ndarray, float]:
+        """(on-policy step-size factors, unit): the precondition tries factors / unit, designs tune over
+        ``DESIGN_LR_FACTORS`` x (tuned factor) / unit. SGD: factors of 1/L (unit L); Adam: absolute (unit 1)."""
+        if self.optimizer == "adam":
+            return np.asarray(ADAM_LRS), 1.0
+        return np.asarray(self.lr_factors), smoothness
 
 
 REGIMES = {
     "bandit": Regime("bandit", {}, 0.0, "today's bandit (64 prompts, 16 actions, exact 1 / 0.1 / 0 reward)"),
     "noisy-reward": Regime("noisy-reward", {}, 2.0, "the same bandit, observed reward + N(0, 2^2) noise"),
-    # few prompts, every one far from solved and weakly aligned with the skill direction: a batch of 64 already
-    # sees each prompt 16 times, so sampling noise is small and the number of steps, not B, sets the cost
+    # few prompts, every one far from solved and weakly aligned with the skill direction: meant as a step-limited
+    # probe, it measures mixed (-0.56 / -0.59) with LR_FACTORS, and noise-limited (-0.86 is / -0.76 grpo) once the
+    # on-policy grid is widened to 32/L: its B = 256 tuned step (4/L, is) lies above LR_FACTORS' top
     "few-prompts": Regime("few-prompts", {"num_prompts": 4, "warm_success_max": 0.1, "skill_alignment": 0.1}, 0.0,
                           "4 prompts, warm-start success <= 0.1, skill alignment 0.1 (the step-limited probe)"),
+    # the one setting of the issue-12 search (180 screened by exact gradient ascent, 9 probed with SGD)
+    # whose on-policy SGD steps-to-target barely depend on B with the target well past start-up: with 32 seeds and
+    # step sizes 32 .. 0.5 / L, 168 / 177 / 140 steps at B = 64 / 128 / 256 (slope -0.13, is), the tuned step 4-8/L
+    # just under the stability cap (exact ascent: 76 steps at 8/L, never at 16/L). Its tuned step is above
+    # LR_FACTORS' top (2/L), so its grid is shifted up by 8x. grpo there takes MORE steps at larger B (483 / 735 /
+    # 1099, slope +0.59) and ~8x longer: run this regime with --loss is
+    "two-prompts": Regime("two-prompts", {"num_prompts": 2, "feature_dim": 4, "skill_alignment": 0.3}, 0.0,
+                          "2 prompts (one hard, one easy), 4 features, skill alignment 0.3: SGD steps-to-target "
+                          "nearly independent of B, the tuned step at the stability cap (the step-limited "
+                          "probe); step sizes 16 .. 1 / L", lr_factors=(16.0, 8.0, 4.0, 2.0, 1.0)),
+    # the audit's step-limited finding (on-policy steps 291 / 271 / 251 at B = 64 / 128 / 256) came from Adam at a
+    # fixed lr 0.01, far below Adam's optimum; SGD tuned per design measured noise-limited or mixed in every
+    # setting searched, so this regime trains today's bandit with Adam, its lr tuned like SGD's step size
+    "adam": Regime("adam", {}, 0.0,
+                   "today's bandit trained with Adam (the simulator's default optimizer, the audit's step-limited "
+                   "setting), the lr tuned per design over 5 log-spaced values (on-policy 2 .. 0.125); the "
+                   "objectives are derived for SGD with eta <= 1/L, so here they are used outside their assumptions",
+                   optimizer="adam"),
 }
-DEFAULT_REGIMES = ("bandit", "noisy-reward")  # few-prompts (10 more minutes) measured mixed, not step-limited
+DEFAULT_REGIMES = ("bandit", "noisy-reward")  # few-prompts and adam (each ~7-10 more minutes) are opt-in
 
 
 # --------------------------------------------------------------------------- the environment
@@ -421,6 +466,9 @@ def precondition_slope(batches: tuple[int, ...], steps: list[float]) -> float:
 
 
 def regime_label(slope: float) -> str:
+    """-1 noise-limited, 0 step-limited; a clearly positive slope (more steps at a larger B) is neither."""
+    if slope > 0.3:
+        return "steps grow with B"
     return "noise-limited" if slope <= -0.7 else ("step-limited" if slope >= -0.3 else "mixed")
 
 
@@ -492,15 +540,18 @@ def _savez(path: Path, arrays: dict) -> None:
 
 
 def _run_design(store: Store, env: BanditEnv, regime: str, loss: str, options: Options, N: int, R: int, B: int,
-                lrs: np.ndarray, target: float, max_steps: int, keep_history: bool = False, tick=None) -> dict:
+                lrs: np.ndarray, target: float, max_steps: int, keep_history: bool = False, tick=None,
+                optimizer: str = "sgd") -> dict:
     payload = {"kind": "run", "regime": regime, "loss": loss, "instance": options.instance, "N": N, "R": R, "B": B,
                "lrs": [float(v) for v in lrs], "seeds": options.seeds, "target": target, "max_steps": max_steps,
                "keep_history": keep_history}
+    if optimizer != "sgd":  # SGD runs keep their earlier keys, so saved benchmarks still resume
+        payload["optimizer"] = optimizer
     found = store.get(payload)
     if found is not None:
         return found
     trace = train(env, loss, lrs, N, R, B, options.seeds, target, max_steps, seed=options.instance,
-                  keep_history=keep_history, on_step=tick)
+                  keep_history=keep_history, optimizer=optimizer, on_step=tick)
     arrays = {"mean_reward": trace.mean_reward, "reward_steps": trace.reward_steps}
     result = {"first_passage": trace.first_passage.tolist(), "censored": trace.censored.tolist(),
               "steps": trace.steps}
@@ -553,24 +604,24 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
     total = len(jobs) * (len(PRECONDITION_BATCHES) + len(grid) - 1)
     bar = ProgressBar("theory-test runs", total, enabled=progress)
     cells = []
-    lr_factors = np.asarray(LR_FACTORS)
     try:
         with threadpool_limits(limits=1, user_api="blas"):
             for regime_name, loss in jobs:
                 regime = REGIMES[regime_name]
                 env, inst = _calibrate(store, regime, loss, options)
-                lrs = lr_factors / inst["smoothness"]
+                lr_factors, lr_unit = regime.lr_grid(inst["smoothness"])
+                lrs = lr_factors / lr_unit
                 target = inst["target"]
                 pre = {}
                 for B in PRECONDITION_BATCHES:
                     pre[B] = _run_design(store, env, regime_name, loss, options, B, B, B, lrs, target, 3000,
-                                         keep_history=(B == BATCH), tick=bar.tick)
+                                         keep_history=(B == BATCH), tick=bar.tick, optimizer=regime.optimizer)
                     bar.advance()
                 pre_passage = [np.asarray(pre[B]["first_passage"], dtype=float) for B in PRECONDITION_BATCHES]
                 pre_steps = [float(p.mean(axis=1).min()) for p in pre_passage]
-                pre_lr = [LR_FACTORS[int(p.mean(axis=1).argmin())] for p in pre_passage]
+                pre_lr = [float(lr_factors[int(p.mean(axis=1).argmin())]) for p in pre_passage]
                 slope = precondition_slope(PRECONDITION_BATCHES, pre_steps)
-                design_lrs = np.asarray(DESIGN_LR_FACTORS) * pre_lr[-1] / inst["smoothness"]
+                design_lrs = np.asarray(DESIGN_LR_FACTORS) * pre_lr[-1] / lr_unit
                 calibration = _calibration(store, env, regime, loss, options, inst, pre[BATCH], lrs)
                 s0 = pre_steps[-1]
                 runs = []
@@ -582,7 +633,7 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
                     cap = math.ceil(STEP_CAP_FACTOR * s0 * (max(options.mus) + 1) * BATCH
                                     / (max(options.mus) * R + BATCH))
                     runs.append(_run_design(store, env, regime_name, loss, options, x * R, R, BATCH, design_lrs,
-                                            target, max(cap, 50), tick=bar.tick))
+                                            target, max(cap, 50), tick=bar.tick, optimizer=regime.optimizer))
                     bar.advance()
                 passage = np.asarray([r["first_passage"] for r in runs], dtype=float)  # (D, lrs, seeds)
                 censored = np.asarray([r["censored"] for r in runs], dtype=bool)
@@ -694,9 +745,20 @@ def _protocol(options: Options) -> dict:
             "design_lr_factors_of_on_policy_lr": list(DESIGN_LR_FACTORS), "seeds": options.seeds,
             "target_fraction": TARGET_FRACTION, "mus": list(options.mus),
             "losses": list(options.losses), "instance": options.instance, "quick": options.quick,
-            "regimes": {name: asdict(REGIMES[name]) for name in options.regimes},
+            "regimes": {name: regime_record(REGIMES[name]) for name in options.regimes},
             "finite_budget_source": "theory.design.finite_budget_bound",
             "bootstrap": BOOTSTRAP}
+
+
+def regime_record(regime: Regime) -> dict:
+    """The regime as options.json records it; ``optimizer`` and ``lr_factors`` only when not the defaults, so that
+    directories written before the fields existed still match their options.json and resume."""
+    record = asdict(regime)
+    if record["optimizer"] == "sgd":
+        del record["optimizer"]
+    if tuple(record["lr_factors"]) == LR_FACTORS:
+        del record["lr_factors"]
+    return record
 
 
 def _write_summary(out: Path, summary: dict) -> Path:

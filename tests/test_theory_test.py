@@ -142,6 +142,63 @@ def test_spearman_and_precondition_slope():
     assert [tt.regime_label(s) for s in (-1.0, -0.5, 0.0)] == ["noise-limited", "mixed", "step-limited"]
 
 
+def test_regime_label_thresholds():
+    """noise-limited at slope <= -0.7, step-limited in [-0.3, 0.3], mixed strictly between; above 0.3 the steps
+    grow with B (two-prompts with grpo measured +0.59), which is neither limit."""
+    slopes = (-1.3, -0.7, -0.6999, -0.5, -0.3001, -0.3, 0.0, 0.3, 0.3001, 0.6)
+    assert [tt.regime_label(s) for s in slopes] == ["noise-limited", "noise-limited", "mixed", "mixed", "mixed",
+                                                    "step-limited", "step-limited", "step-limited",
+                                                    "steps grow with B", "steps grow with B"]
+
+
+def test_regimes_and_their_step_size_grids():
+    assert {name: (r.env, r.reward_noise, r.optimizer) for name, r in tt.REGIMES.items()} == {
+        "bandit": ({}, 0.0, "sgd"), "noisy-reward": ({}, 2.0, "sgd"),
+        "few-prompts": ({"num_prompts": 4, "warm_success_max": 0.1, "skill_alignment": 0.1}, 0.0, "sgd"),
+        "two-prompts": ({"num_prompts": 2, "feature_dim": 4, "skill_alignment": 0.3}, 0.0, "sgd"),
+        "adam": ({}, 0.0, "adam")}
+    assert "outside their assumptions" in tt.REGIMES["adam"].description  # the objectives assume SGD
+    factors, unit = tt.REGIMES["bandit"].lr_grid(0.5)  # SGD: factors of 1/L
+    assert factors.tolist() == [2.0, 1.0, 0.5, 0.25, 0.125] and unit == 0.5
+    assert (factors / unit).tolist() == [4.0, 2.0, 1.0, 0.5, 0.25]
+    factors, unit = tt.REGIMES["two-prompts"].lr_grid(0.5)  # shifted up 8x: its tuned step (4-8/L) > 2/L
+    assert factors.tolist() == [16.0, 8.0, 4.0, 2.0, 1.0] and unit == 0.5
+    factors, unit = tt.REGIMES["adam"].lr_grid(0.5)  # Adam: absolute, the measured L plays no part
+    assert factors.tolist() == [2.0, 1.0, 0.5, 0.25, 0.125] and unit == 1.0
+    assert len(tt.ADAM_LRS) == len(tt.LR_FACTORS)  # the same number of log-spaced values as SGD's grid
+    assert np.allclose(np.diff(np.log2(tt.ADAM_LRS)), -1.0)
+    # options.json records the optimizer only when it is not SGD: directories written before it existed resume
+    assert tt.regime_record(tt.REGIMES["bandit"]) == {"name": "bandit", "env": {}, "reward_noise": 0.0,
+                                                      "description": tt.REGIMES["bandit"].description}
+    assert tt.regime_record(tt.REGIMES["adam"])["optimizer"] == "adam"
+    assert tt.regime_record(tt.REGIMES["two-prompts"])["lr_factors"] == (16.0, 8.0, 4.0, 2.0, 1.0)
+
+
+def test_adam_first_step_moves_every_coordinate_by_its_lr():
+    """Adam's bias-corrected first step is lr g / (|g| + eps): each coordinate moves by lr (SGD's by lr |g|)."""
+    env = small_env()
+    lrs = np.array([0.5, 0.125])
+    trace = tt.train(env, "is", lrs, 16, 16, 16, 3, target=2.0, max_steps=1, keep_history=True, optimizer="adam")
+    moved = np.abs(trace.history[:, 1] - trace.history[:, 0])  # seed 0 of each lr, (lrs, d)
+    np.testing.assert_allclose(moved, lrs[:, None] * np.ones((1, 4)), rtol=1e-6)
+    sgd = tt.train(env, "is", lrs, 16, 16, 16, 3, target=2.0, max_steps=1, keep_history=True)
+    assert not np.allclose(np.abs(sgd.history[:, 1] - sgd.history[:, 0]), lrs[:, None])  # SGD moves by lr |g|
+
+
+def test_adam_runs_are_stored_under_their_own_key_and_sgd_keys_are_unchanged(tmp_path):
+    env = small_env()
+    store = tt.Store(tmp_path)
+    options = tt.Options(seeds=2)
+    lrs = np.array([0.5, 0.25])
+    sgd = tt._run_design(store, env, "bandit", "is", options, 16, 16, 16, lrs, 2.0, 3)
+    adam = tt._run_design(store, env, "adam", "is", options, 16, 16, 16, lrs, 2.0, 3, optimizer="adam")
+    assert "optimizer" not in sgd["config"] and adam["config"]["optimizer"] == "adam"
+    assert sgd["key"] == tt._key({"kind": "run", "regime": "bandit", "loss": "is", "instance": 0, "N": 16, "R": 16,
+                                  "B": 16, "lrs": [0.5, 0.25], "seeds": 2, "target": 2.0, "max_steps": 3,
+                                  "keep_history": False})
+    assert sgd["steps"] == adam["steps"] == 3  # target 2 > max reward: censored at max_steps
+
+
 def test_pluggable_objectives():
     calibration = None  # simple objectives ignore the measured inputs
     values = tt.objective_values([(1, 1), (4, 2), (16, 8)], 2.0, calibration, 1.0,
@@ -310,9 +367,9 @@ def test_regime_option_is_checked_before_any_work(cli, tmp_path):
     code, out, err = cli("experiment", "theory-test", "--out", str(tmp_path / "t"), "--regime", "bandit,lunar")
     assert (code, out) == (2, "")
     assert err == ("replay-theory: error: --regime must be a comma-separated list of bandit, noisy-reward, "
-                   "few-prompts, got bandit,lunar\n")
+                   "few-prompts, two-prompts, adam, got bandit,lunar\n")
     assert not (tmp_path / "t").exists()
-    assert tt.Options().regimes == ("bandit", "noisy-reward")  # few-prompts is opt-in (it adds ~10 min)
+    assert tt.Options().regimes == ("bandit", "noisy-reward")  # few-prompts and adam are opt-in (~7-10 min each)
 
 
 def test_spearman_equals_scipys_with_ties():
