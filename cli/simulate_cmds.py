@@ -220,7 +220,8 @@ def experiment(
     quick: Annotated[bool | None, typer.Option("--quick", help="theory-test only: 4 x 3 grid, 8 seeds unless "
                                                                "--seeds (a smoke run, < 5 min).")] = None,
     regime: Annotated[str | None, typer.Option("--regime", help="theory-test only: comma-separated settings, "
-                                                                 "bandit, noisy-reward (default) and few-prompts.")
+                                                                 "bandit, noisy-reward (default), few-prompts, "
+                                                                 "two-prompts (step-limited; use --loss is) and adam.")
                       ] = None,
 ) -> None:
     """Run one of the docs/SIMULATION.md experiments and print its table (rebuilt from the saved runs)."""
