@@ -437,7 +437,7 @@ def report_bars_data(report: dict) -> dict:
     (predicted orange), ``group_replay`` (D,) bool (RLOO whole-group replay: hatched), ``warm_mean`` and
     ``warm_std`` (the warm start over its evaluation seeds; reports made before the spread was recorded
     give evaluation seed 0 and sd 0), ``bottom`` (y-axis start: the differences are a few hundredths, so
-    the axis starts 0.05 under the lowest bar or band, not at 0) and ``mu`` (measured, or None).
+    the axis starts 0.05 under the lowest bar or band, not at 0) and ``mu`` (the mu compute was priced at: ``--price-mu``, or the measured mu of reports made before it; or None).
     """
     designs = report["designs"]
     warm = report.get("warm_start_reward") or {"mean": report["warm_start"]["mean_reward"], "std": 0.0}
@@ -448,7 +448,7 @@ def report_bars_data(report: dict) -> dict:
             "colors": _design_colors(designs),
             "group_replay": np.array([d.get("buffer") == "group-replay" for d in designs], dtype=bool),
             "warm_mean": float(warm["mean"]), "warm_std": float(warm["std"]),
-            "bottom": max(0.0, low - 0.05), "mu": report.get("mu_measured")}
+            "bottom": max(0.0, low - 0.05), "mu": report.get("mu", report.get("mu_measured"))}
 
 
 def plot_report_bars(report: dict, ax: Axes | None = None, legend: bool = True) -> Figure:
@@ -468,7 +468,7 @@ def plot_report_bars(report: dict, ax: Axes | None = None, legend: bool = True) 
     ax.set_xticks(range(len(d["names"])), d["names"], rotation=25, ha="right")
     ax.set_ylim(bottom=d["bottom"])
     ax.set_ylabel("held-out reward (mean ± sd)")
-    mu = "" if d["mu"] is None else f", μ = {d['mu']:.2g}"
+    mu = "" if d["mu"] is None else f", μ = {d['mu']:.3g}"
     ax.set_title(f"equal compute{mu}: predicted orange, RLOO hatched")
     if legend:
         ax.legend(loc="best")

@@ -191,6 +191,9 @@ def test_validate_report_png_is_the_validation_figures_left_panel(tmp_path, monk
         assert ax.get_ylim()[0] == pytest.approx(0.13)
     title = "equal compute, μ = 3.2: predicted orange, RLOO hatched"
     assert alone.axes[0].get_title() == both.axes[0].get_title() == title
+    # a report priced at --price-mu shows the price, not this machine's timing mu
+    priced = fig.plot_report_bars({**REPORT, "mu": 5.28})
+    assert priced.axes[0].get_title() == "equal compute, μ = 5.28: predicted orange, RLOO hatched"
     assert print_problems(alone) == [] and print_problems(both) == []
     plt.close("all")
 
