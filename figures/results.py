@@ -437,7 +437,8 @@ def report_bars_data(report: dict) -> dict:
     (predicted orange), ``group_replay`` (D,) bool (RLOO whole-group replay: hatched), ``warm_mean`` and
     ``warm_std`` (the warm start over its evaluation seeds; reports made before the spread was recorded
     give evaluation seed 0 and sd 0), ``bottom`` (y-axis start: the differences are a few hundredths, so
-    the axis starts 0.05 under the lowest bar or band, not at 0) and ``mu`` (the mu compute was priced at: ``--price-mu``, or the measured mu of reports made before it; or None).
+    the axis starts 0.05 under the lowest bar or band, not at 0) and ``mu`` (the mu compute was priced at:
+    ``--price-mu``, or the measured mu of reports made before it; or None).
     """
     designs = report["designs"]
     warm = report.get("warm_start_reward") or {"mean": report["warm_start"]["mean_reward"], "std": 0.0}
