@@ -102,7 +102,8 @@ def test_calibrate_then_predict(tmp_path, monkeypatch):
     assert saved["mu"] == SMALL.price_mu == 5.28 and saved["mu_timing"] == calibration["mu_timing"]
 
     RecordedBar.bars = []
-    report = run_verify(SMALL, out, VerifyConfig(seeds=2, budget_updates=3), log=lambda *_: None, progress=True)
+    report = run_verify(SMALL, out, VerifyConfig(seeds=2, budget_updates=3, group_replay=True), log=lambda *_: None,
+                        progress=True)
     assert [(b.label, b.count, b.total) for b in RecordedBar.bars] == [
         ("verify (design x seed runs)", 2 * len(report["designs"]), 2 * len(report["designs"]))]
     mu, R = SMALL.price_mu, SMALL.rollouts_per_step
@@ -237,3 +238,5 @@ def test_validate_calibrate_and_all_build_the_same_config_with_the_configs_defau
     assert plans == [VerifyConfig(), VerifyConfig()]
     assert runner.invoke(app, ["validate", "all", "--out", str(tmp_path), "--thorough"]).exit_code == 0
     assert plans[-1] == VerifyConfig(seeds=16, budget_updates=96, group_replay=False)
+    refused = runner.invoke(app, ["validate", "all", "--out", str(tmp_path), "--thorough", "--group-replay", "true"])
+    assert refused.exit_code == 2 and len(plans) == 3  # refused before any work

@@ -233,7 +233,7 @@ def run_predict(config: ValidateConfig, out_dir: Path, log=print, rho: float | N
 GROUP_REPLAY_CELLS = ((0.0, 0, 1.0), (1.0, 1, 1.0), (1.0, 2, 3.0))
 
 
-def _designs(config: ValidateConfig, predicted: dict, group_replay: bool = True) -> list[dict]:
+def _designs(config: ValidateConfig, predicted: dict, group_replay: bool = False) -> list[dict]:
     """On-policy, the prediction and its four neighbours (N and B doubled and halved, R fixed), then RLOO cells.
 
     The neighbours are what the verdict needs: if the prediction is right, none of them beats it at equal
