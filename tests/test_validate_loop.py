@@ -239,4 +239,6 @@ def test_validate_calibrate_and_all_build_the_same_config_with_the_configs_defau
     assert runner.invoke(app, ["validate", "all", "--out", str(tmp_path), "--thorough"]).exit_code == 0
     assert plans[-1] == VerifyConfig(seeds=16, budget_updates=96, group_replay=False)
     refused = runner.invoke(app, ["validate", "all", "--out", str(tmp_path), "--thorough", "--group-replay", "true"])
-    assert refused.exit_code == 2 and len(plans) == 3  # refused before any work
+    assert str(refused.exception) == ("--thorough sets --seeds 16 --budget-updates 96 --group-replay false; give "
+                                      "--thorough or those options, not both")
+    assert len(plans) == 3  # refused before any work (the CLI's handler turns it into exit code 2)
