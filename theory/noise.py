@@ -103,6 +103,23 @@ def _offset_sums(matrix: np.ndarray, max_gap: int) -> np.ndarray:
     return out
 
 
+def group_sums(eps: np.ndarray, sq: np.ndarray, step: np.ndarray, group: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per group (ids compacted in sorted order): U_g = sum of eps (G, d), q_g = sum of ||eps||^2 (G,), n_g (G,),
+    and the group's creation step (G,); every item of a group must share its step."""
+    _, gi = np.unique(group, return_inverse=True)  # compact group ids
+    n_groups = int(gi.max()) + 1 if gi.size else 0
+    g_sum = np.zeros((n_groups, eps.shape[1]))
+    np.add.at(g_sum, gi, eps)  # (G, d) U_g
+    g_sq = np.bincount(gi, weights=sq, minlength=n_groups)  # q_g
+    g_n = np.bincount(gi, minlength=n_groups).astype(float)  # n_g
+    g_step = np.zeros(n_groups, np.int64)
+    g_step[gi] = step
+    if np.any(np.bincount(gi, weights=step, minlength=n_groups) != g_n * g_step):
+        raise ValueError("every item of a group must have the same creation step")
+    return g_sum, g_sq, g_n, g_step
+
+
 def pair_moments(noise: np.ndarray, step: np.ndarray, group: np.ndarray, max_gap: int,
                  valid: np.ndarray | None = None, reference_variance: np.ndarray | float = 0.0) -> PairMoments:
     """Pair sums of the noise vectors ``noise`` (U, n, d) by creation-step gap, per unit.
@@ -125,16 +142,7 @@ def pair_moments(noise: np.ndarray, step: np.ndarray, group: np.ndarray, max_gap
             continue
         eps, t, g = noise[u, keep], step[u, keep].astype(np.int64), group[u, keep]
         sq = np.einsum("nd,nd->n", eps, eps)  # (m,) ||eps_i||^2
-        _, gi = np.unique(g, return_inverse=True)  # compact group ids
-        n_groups = gi.max() + 1
-        g_sum = np.zeros((n_groups, d))
-        np.add.at(g_sum, gi, eps)  # (groups, d) U_g
-        g_sq = np.bincount(gi, weights=sq, minlength=n_groups)  # q_g
-        g_n = np.bincount(gi, minlength=n_groups).astype(float)  # n_g
-        g_step = np.zeros(n_groups, np.int64)
-        g_step[gi] = t
-        if np.any(np.bincount(gi, weights=t, minlength=n_groups) != g_n * g_step):
-            raise ValueError("every item of a group must have the same creation step")
+        g_sum, g_sq, g_n, g_step = group_sums(eps, sq, t, g)
         k = g_step - g_step.min()
         K = int(k.max()) + 1
         s_sum = np.zeros((K, d))
@@ -405,18 +413,8 @@ def fit_rho_group_bootstrap(noise: np.ndarray, step: np.ndarray, group: np.ndarr
         raise ValueError(f"noise must be (n, d) with step and group of length n, got {eps.shape}, {t.shape}, "
                          f"{g.shape}")
     H, v = int(max_gap), float(reference_variance)
-    _, gi = np.unique(g, return_inverse=True)
-    n_groups = int(gi.max()) + 1 if gi.size else 0
-    d = eps.shape[1]
-    g_sum = np.zeros((n_groups, d))
-    np.add.at(g_sum, gi, eps)  # (G, d) U_g
-    sq = np.einsum("nd,nd->n", eps, eps)  # (n,)
-    g_sq = np.bincount(gi, weights=sq, minlength=n_groups)  # q_g
-    g_n = np.bincount(gi, minlength=n_groups).astype(float)  # n_g
-    g_step = np.zeros(n_groups, np.int64)
-    g_step[gi] = t
-    if np.any(np.bincount(gi, weights=t, minlength=n_groups) != g_n * g_step):
-        raise ValueError("every item of a group must have the same creation step")
+    g_sum, g_sq, g_n, g_step = group_sums(eps, np.einsum("nd,nd->n", eps, eps), t, g)
+    n_groups = g_n.size
     inner = g_sum @ g_sum.T  # (G, G) M
     half_sq = (np.outer(g_sq, g_n) + np.outer(g_n, g_sq)) / 2  # Q[g, g'] = (q_g n_g' + n_g q_g') / 2
     count = np.outer(g_n, g_n)  # C
