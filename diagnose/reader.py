@@ -15,6 +15,9 @@ Malformed rows are never silently dropped: null log-probs surface as NaN for
 the caller's validity check, and a wide row whose lists disagree in length
 raises unless ``skip_invalid`` is set, in which case it is counted in
 ``TokenChunk.mismatched_rows``.
+
+Tokens whose ``mask`` (padding) or ``tool_mask`` (TRL's tool results) is 0 are
+removed here, in either layout, before any check or statistic sees them.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ _SUFFIX_FORMAT = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv"
 BLOCK_BYTES = 16 * 1024 * 1024
 #: bytes read from the head of a file to tell Parquet, JSON lines and CSV apart.
 SNIFF_BYTES = 4096
+#: the per-token float quantities a :class:`TokenChunk` carries (masks are applied, not carried).
+_TOKEN_FIELDS = ("logp_behav", "logp_current", "age", "advantage", "reward")
 _KIND = {"parquet": "a Parquet file", "jsonl": "a JSON-lines file", "csv": "a CSV file",
          "binary": "a binary file that is not Parquet", "json-array": "one JSON array, not one object per line"}
 
@@ -213,8 +218,8 @@ class LogReader:
         elif self.format == "csv":
             import pyarrow.csv as pc_csv
 
-            types = {self.used[f]: self._pa.float64() for f in ("logp_behav", "logp_current", "age", "advantage",
-                                                                 "reward") if f in self.used}
+            types = {self.used[f]: self._pa.float64() for f in (*_TOKEN_FIELDS, "mask", "tool_mask")
+                     if f in self.used}
             with open(self.path, "rb") as fh:
                 reader = pc_csv.open_csv(
                     fh, read_options=pc_csv.ReadOptions(block_size=BLOCK_BYTES),
@@ -272,15 +277,10 @@ class LogReader:
 
     def _long(self, batch) -> TokenChunk:
         ids = batch.column(self.used["seq_id"]).to_numpy(zero_copy_only=False)
-        return TokenChunk(
-            seq=self._encode(ids),
-            logp_behav=self._float(batch, "logp_behav"),
-            logp_current=self._float(batch, "logp_current"),
-            age=self._float(batch, "age"),
-            advantage=self._float(batch, "advantage"),
-            reward=self._float(batch, "reward"),
-            first_row=self.rows_done,
-        )
+        arrays = {f: self._float(batch, f) for f in _TOKEN_FIELDS}
+        seq, arrays = _drop_masked(self._encode(ids), arrays, self._float(batch, "mask"),
+                                   self._float(batch, "tool_mask"))
+        return TokenChunk(seq=seq, first_row=self.rows_done, **arrays)
 
     def _wide(self, batch) -> TokenChunk:
         pc = self._pa.compute
@@ -292,7 +292,7 @@ class LogReader:
 
         length = lengths(self.used["logp_behav"])  # (rows,)
         ok = np.isfinite(length)
-        list_fields = [f for f in ("logp_current", "mask", "age", "advantage", "reward")
+        list_fields = [f for f in ("logp_current", "mask", "tool_mask", "age", "advantage", "reward")
                        if f in self.used and self._column_is_list(batch, self.used[f])]
         for field in list_fields:
             ok &= lengths(self.used[field]) == length
@@ -319,12 +319,8 @@ class LogReader:
         else:
             row_codes = self.rows_done + np.arange(n_rows, dtype=np.int64)
         seq = np.repeat(row_codes[ok], length[ok])  # (n_tokens,)
-        arrays = {f: flat(f) for f in ("logp_behav", "logp_current", "age", "advantage", "reward")}
-        mask = flat("mask")
-        if mask is not None:
-            keep = np.nan_to_num(mask, nan=0.0) != 0  # padding (0) and null flags drop out
-            seq = seq[keep]
-            arrays = {f: None if a is None else a[keep] for f, a in arrays.items()}
+        arrays = {f: flat(f) for f in _TOKEN_FIELDS}
+        seq, arrays = _drop_masked(seq, arrays, flat("mask"), flat("tool_mask"))
         return TokenChunk(seq=seq, first_row=self.rows_done, mismatched_rows=int(bad.size), **arrays)
 
     def _column_is_list(self, batch, name: str) -> bool:
@@ -345,6 +341,24 @@ class LogReader:
         uniq_codes = np.fromiter((codes.setdefault(u, len(codes)) for u in uniq.tolist()),
                                  dtype=np.int64, count=len(uniq))
         return uniq_codes[inverse.reshape(-1)]
+
+
+def _drop_masked(seq: np.ndarray, arrays: dict[str, Optional[np.ndarray]], mask: Optional[np.ndarray],
+                 tool_mask: Optional[np.ndarray]) -> tuple[np.ndarray, dict[str, Optional[np.ndarray]]]:
+    """Keep the tokens whose ``mask * tool_mask`` is non-zero; an absent mask counts as all ones.
+
+    The one place masks act: padding (``mask`` 0) and TRL's tool-result tokens (``tool_mask`` 0, whose sampling
+    log-prob TRL sets to 0, so their ratio says nothing about the policy) never reach a count or a statistic, as
+    they never reach TRL's loss (``completion_mask * tool_mask``). Null flags drop out too.
+    """
+    keep = None
+    for flags in (mask, tool_mask):
+        if flags is not None:
+            ok = np.nan_to_num(flags, nan=0.0) != 0
+            keep = ok if keep is None else keep & ok
+    if keep is None:
+        return seq, arrays
+    return seq[keep], {f: None if a is None else a[keep] for f, a in arrays.items()}
 
 
 def _split(batch, rows: int) -> Iterator:

@@ -11,13 +11,16 @@ A log is a table in one of two layouts:
   logp_behav     yes      log pi_behav(token): the sampler's log-prob
   logp_current   yes      log pi_current(token): the learner's (or proximal)
   position       no       token index in the response (reported, not needed)
+  mask           no       0/1: 0 drops the token (padding); absent = all 1
+  tool_mask      no       0/1: 0 drops the token (a tool result, TRL); absent = all 1
   age            no       policy versions between sampling and use (>= 0)
   advantage      no       advantage of the token (or of its sequence)
   reward         no       reward of the sequence (repeated on its tokens)
   ============== ======== ===================================================
 
 * ``wide``: one row per sequence, the per-token quantities as lists of equal
-  length, padding marked by an optional 0/1 list ``mask``; ``age``,
+  length, padding marked by an optional 0/1 list ``mask`` (and tool-result
+  tokens by an optional 0/1 list ``tool_mask``); ``age``,
   ``advantage`` and ``reward`` may be scalars (per sequence) or lists.  This is
   the shape of TRL's and verl's per-batch tensors written out row by row.
 
@@ -27,20 +30,28 @@ The ratio the whole module studies is r = pi_current / pi_behav, computed as
 Presets (``--preset``):
 
 * ``default``: the long layout above.
-* ``trl``: TRL ``GRPOTrainer`` inputs (``trl/trainer/grpo_trainer.py``):
-  behaviour = ``sampling_per_token_logps`` (the vLLM sampler's log-probs),
+* ``trl``: TRL ``GRPOTrainer`` inputs (``trl/trainer/grpo_trainer.py``), and
+  exactly what ``replay_theory.integrations.trl``'s ``DiagnoseLogCallback``
+  writes: behaviour = ``sampling_per_token_logps`` (the sampler's log-probs),
   current = ``per_token_logps`` (the learner at the update), padding =
-  ``completion_mask``, ``advantages``.  TRL's own vLLM importance-sampling
-  correction uses ``old_per_token_logps`` as the current side: pass
-  ``--columns logp_current=old_per_token_logps`` for that pair.
+  ``completion_mask``, times ``tool_mask`` (0 on tool-result tokens, whose
+  sampling log-prob TRL sets to 0: TRL's loss leaves them out, and so does
+  every count and statistic here), ``advantages``, ``rewards``, ``age`` (the
+  export's steps since the row was generated).  TRL's own vLLM
+  importance-sampling correction uses ``old_per_token_logps`` as the current
+  side: pass ``--columns logp_current=old_per_token_logps`` for that pair; the
+  replay trainer's loss corrects ``per_token_logps`` against
+  ``old_per_token_logps``: ``--columns logp_behav=old_per_token_logps``.
 * ``verl``: verl ``DataProto`` batch keys: behaviour = ``rollout_log_probs``
   (the rollout engine), current = ``old_log_probs`` (the actor's recomputation,
   the pair verl's rollout correction weights with), padding = ``response_mask``,
   ``advantages``.
 
-Neither framework stores a per-sample policy-version gap in these tensors: log
-one (e.g. ``current_version - rollout_version``) and map it with
-``--columns age=NAME`` to get the by-age table, the drift fit and FreshPER.
+TRL's GRPOTrainer stores no per-sample policy-version gap in these tensors (the
+replay trainer's export writes one, ``age``); otherwise log one (e.g.
+``current_version - rollout_version``) and map it with ``--columns age=NAME`` to
+get the by-age table, the drift fit and FreshPER.  A mapped column that the file
+lacks is simply not used (only the two log-prob columns are required).
 
 Every name can be overridden with ``--columns field=name,...``.
 """
@@ -55,7 +66,8 @@ from replay_theory.diagnose.errors import ConfigError
 Layout = Literal["auto", "long", "wide"]
 
 #: fields of :class:`ColumnMap` that name a column (``layout`` does not).
-COLUMN_FIELDS = ("seq_id", "logp_behav", "logp_current", "position", "age", "advantage", "reward", "mask")
+COLUMN_FIELDS = ("seq_id", "logp_behav", "logp_current", "position", "age", "advantage", "reward", "mask",
+                 "tool_mask")
 #: columns that must be present (``seq_id`` only in the long layout).
 REQUIRED = ("logp_behav", "logp_current")
 
@@ -72,6 +84,7 @@ class ColumnMap:
     advantage: Optional[str] = "advantage"
     reward: Optional[str] = "reward"
     mask: Optional[str] = None
+    tool_mask: Optional[str] = None  # multiplies ``mask``: TRL's 0 on tool-result tokens
     layout: Layout = "auto"
 
     def columns(self) -> dict[str, str]:
@@ -86,10 +99,11 @@ PRESETS: dict[str, ColumnMap] = {
         logp_behav="sampling_per_token_logps",
         logp_current="per_token_logps",
         position=None,
-        age=None,
+        age="age",
         advantage="advantages",
-        reward=None,
+        reward="rewards",
         mask="completion_mask",
+        tool_mask="tool_mask",
         layout="wide",
     ),
     "verl": ColumnMap(

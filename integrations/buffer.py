@@ -200,7 +200,7 @@ class GroupFifoBuffer:
         self.capacity = capacity
         self.group_size = group_size
         self.data: dict[str, torch.Tensor] = {}
-        self.pushed_rows = 0  # rows ever pushed (the next group id is pushed_rows // group_size)
+        self.pushed_rows = 0  # rows ever pushed (the next sample id; the next group id is pushed_rows // group_size)
         self.generator = torch.Generator().manual_seed(seed)
 
     def __len__(self) -> int:
@@ -233,7 +233,8 @@ class GroupFifoBuffer:
         device = rows["completion_ids"].device if "completion_ids" in rows else None
         fresh = {k: v.detach() for k, v in rows.items()}
         fresh["version"] = torch.full((n,), int(version), dtype=torch.long, device=device)
-        fresh["group_id"] = (torch.arange(n, device=device) + self.pushed_rows) // self.group_size
+        fresh["sample_id"] = torch.arange(n, device=device) + self.pushed_rows  # the completion, across replays
+        fresh["group_id"] = fresh["sample_id"] // self.group_size
         self.pushed_rows += n
         if not self.data:
             merged = fresh

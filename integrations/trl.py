@@ -27,6 +27,12 @@ trains on; the buffer has to sit between generation and the loss. The subclass o
 and calls ``_generate_and_score_completions`` and ``_get_per_token_logps_and_entropies``. These are TRL internals:
 tested against TRL 1.16.0, they may change on upgrade.
 
+Diagnose log: ``ReplayGRPOTrainer(..., diagnose_log="run.parquet")`` (or a :class:`DiagnoseLogCallback` passed in
+``callbacks``) writes every row each step trains on, with its per-token log-probs under the policy being trained
+and under the behaviour policy, masks, advantages, rewards and age, in the layout ``replay-theory diagnose LOG
+--preset trl`` reads (columns: ``replay_theory.integrations.export``). The file is new (never overwritten), gets
+one row group per step, and is complete (readable) when training ends.
+
 Logged per step, through TRL's ``self._metrics`` (averaged by its ``log``): ``replay/staleness_mean``,
 ``replay/staleness_max``, ``replay/staleness_frac/age_*`` (buckets 0, 1, 2-3, 4-7, ...), ``replay/replay_ratio``
 (samples trained / fresh generated, cumulative; = B/R), ``replay/ess`` and ``replay/ess/age_*`` (Kish fraction of
@@ -37,18 +43,23 @@ clip, TRL's own ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from replay_theory.integrations.buffer import GroupFifoBuffer, ReplayConfig, age_buckets, fifo_max_age
+from replay_theory.integrations.export import DiagnoseLogWriter
 from replay_theory.integrations.loss import as_numpy, shared_loss, shared_loss_tensor
 from replay_theory.simulate import losses
 from replay_theory.theory.divergences import ess_kish_fraction, sequence_log_ratio
 
-__all__ = ["ReplayConfig", "ReplayGRPOTrainer", "replay_grpo_args", "shared_loss", "shared_loss_tensor"]
+__all__ = ["DiagnoseLogCallback", "ReplayConfig", "ReplayGRPOTrainer", "replay_grpo_args", "shared_loss",
+           "shared_loss_tensor"]
 
 #: Fields of TRL's generation output that are kept per row in the buffer (the rest is recomputed or unused).
 _BUFFERED = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask",
@@ -70,6 +81,45 @@ def replay_grpo_args(replay: ReplayConfig, num_generations: int, **kwargs: Any) 
     return GRPOConfig(**{**kwargs, **fixed})
 
 
+class DiagnoseLogCallback(TrainerCallback):
+    """Writes the rows a :class:`ReplayGRPOTrainer` trains on, every step, as a ``diagnose --preset trl`` log.
+
+    A callback alone cannot see what a step trains on (TRL hands callbacks the state between steps), so the
+    trainer's ``compute_loss`` calls :meth:`record` with the step's rows; the callback owns the file and closes it
+    (writes Parquet's footer) at ``on_train_end``. ``path`` must not exist: checked here, before any training.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.writer = DiagnoseLogWriter(path)
+
+    @property
+    def path(self) -> Path:
+        """Where the log is written."""
+        return self.writer.path
+
+    def record(self, step: int, inputs: dict[str, Any], logp_new: torch.Tensor) -> None:
+        """Append one step's trained rows: ``inputs`` as drawn from the buffer, ``logp_new`` (B, L) at the update."""
+        version = inputs["version"].detach().cpu().long()
+        rows = version.shape[0]
+        self.writer.write({
+            "step": torch.full((rows,), int(step), dtype=torch.long),
+            "sample_id": inputs["sample_id"],
+            "group_id": inputs["group_id"],
+            "policy_version": version,
+            "age": int(step) - version,
+            "advantages": inputs["advantages"],
+            "rewards": inputs["rewards"],
+            "per_token_logps": logp_new,
+            "old_per_token_logps": inputs["old_per_token_logps"],
+            "sampling_per_token_logps": inputs["sampling_per_token_logps"],
+            "completion_mask": inputs["completion_mask"],
+            "tool_mask": inputs["tool_mask"],
+        })
+
+    def on_train_end(self, args, state, control, **kwargs):  # noqa: D102 (TrainerCallback hook)
+        self.writer.close()
+
+
 class ReplayGRPOTrainer(GRPOTrainer):
     """GRPOTrainer that generates R completions a step into a FIFO of N and trains on B drawn uniformly.
 
@@ -80,10 +130,17 @@ class ReplayGRPOTrainer(GRPOTrainer):
     The training loss is ``replay``'s, not TRL's: GRPOConfig's loss options (``loss_type``, ``epsilon``,
     ``epsilon_high``, ``delta``, ``importance_sampling_level``, ``off_policy_mask_threshold``,
     ``top_entropy_quantile``, the entropy bonus) do not act on it; ``beta`` must be 0.
+
+    ``diagnose_log``: a new Parquet path; every step's trained rows are written there for ``replay-theory diagnose
+    LOG --preset trl`` (a :class:`DiagnoseLogCallback`; passing one in ``callbacks`` does the same).
     """
 
-    def __init__(self, *args: Any, replay: ReplayConfig, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, replay: ReplayConfig, diagnose_log: str | os.PathLike | None = None,
+                 **kwargs: Any) -> None:
+        log_callback = DiagnoseLogCallback(diagnose_log) if diagnose_log is not None else None  # checked first
         super().__init__(*args, **kwargs)
+        if log_callback is not None:
+            self.add_callback(log_callback)
         a = self.args
         world = self.accelerator.num_processes
         checks = [
@@ -176,6 +233,9 @@ class ReplayGRPOTrainer(GRPOTrainer):
         loss, out = shared_loss_tensor(self.replay, logp_new, inputs["old_per_token_logps"], inputs["advantages"],
                                        mask)
         self._log_replay(inputs, logp_new.detach(), mask, entropies, out)
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, DiagnoseLogCallback):
+                callback.record(self.state.global_step, inputs, logp_new.detach())
         return loss
 
     def _log_replay(self, inputs: dict[str, Any], logp_new: torch.Tensor, mask: torch.Tensor,

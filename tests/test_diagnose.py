@@ -360,3 +360,65 @@ def test_ratio_quantiles_within_one_bin_of_numpy(tmp_path, pair):
     exact = diagnose(DiagnoseConfig(path=_write(tmp_path / "p.parquet", _sample_log(rng, 2000, 8, log_b, log_c),
                                                 "parquet"), run_what_if=False))
     assert exact["ratio_mean"] == pytest.approx(1.0, abs=0.03)  # E_behav[r] = 1 for an exact pair
+
+
+# --------------------------------------------------------------------------- TRL's tool_mask
+def _multi_turn_batch():
+    """Three TRL-shaped rows (wide): model tokens, tool-result tokens (sampling log-prob 0, tool_mask 0), padding.
+
+    The model's log-prob of a tool-result token is far below 0 (it did not write it), so counting it would give a
+    ratio near exp(-8) = 3.4e-4: the 489,877-token / min-ratio-0.0004 report of issue 14.
+    """
+    behav = [[-0.5, -1.0, 0.0, 0.0, -0.2, 0.0],  # tokens 2-3 a tool result, token 5 padding
+             [-0.3, -0.7, -0.9, 0.0, 0.0, 0.0],  # tokens 3-5 padding
+             [-1.2, 0.0, -0.4, -0.6, 0.0, 0.0]]  # token 1 a tool result, tokens 4-5 padding
+    current = [[-0.6, -0.8, -8.0, -7.5, -0.1, -3.0],
+               [-0.1, -0.9, -1.1, -2.0, -2.0, -2.0],
+               [-1.5, -9.0, -0.4, -0.5, -2.0, -2.0]]
+    completion = [[1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0]]
+    tool = [[1, 1, 0, 0, 1, 1], [1, 1, 1, 1, 1, 1], [1, 0, 1, 1, 1, 1]]  # TRL pads tool_mask with 1
+    return (np.array(behav), np.array(current), np.array(completion), np.array(tool))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_trl_preset_multiplies_in_the_tool_mask(tmp_path, fmt):
+    behav, current, completion, tool = _multi_turn_batch()
+    cols = {"sampling_per_token_logps": list(behav), "per_token_logps": list(current),
+            "completion_mask": list(completion), "tool_mask": list(tool), "advantages": [0.5, -1.0, 1.5]}
+    report = diagnose(DiagnoseConfig(path=_write(tmp_path / f"t.{fmt}", cols, fmt), preset="trl"))
+    # model tokens only: row 0 -> (0, 1, 4), row 1 -> (0, 1, 2), row 2 -> (0, 2, 3)
+    lr = np.array([-0.1, 0.2, 0.1, 0.2, -0.2, -0.2, -0.3, 0.0, 0.1])
+    assert report["n_tokens"] == int((completion * tool).sum()) == 9
+    assert report["ratio_min"] == pytest.approx(math.exp(-0.3), rel=1e-12)  # row 2 token 0, not exp(-9)
+    assert report["ratio_max"] == pytest.approx(math.exp(0.2), rel=1e-12)
+    assert report["ess_frac"] == pytest.approx(float(dv.ess_kish_fraction(lr)), rel=1e-12)
+    assert report["kl_k3"] == pytest.approx(float(np.mean(np.expm1(lr) - lr)), rel=1e-12)
+    seq_lr = np.array([-0.1 + 0.2 + 0.1, 0.2 - 0.2 - 0.2, -0.3 + 0.0 + 0.1])
+    assert report["sequence"]["ess_frac"] == pytest.approx(float(dv.ess_kish_fraction(seq_lr)), rel=1e-12)
+    assert report["columns"]["tool_mask"] == "tool_mask"
+
+    # without the tool_mask column: exactly what the completion mask alone gives (tool tokens counted)
+    del cols["tool_mask"]
+    plain = diagnose(DiagnoseConfig(path=_write(tmp_path / f"p.{fmt}", cols, fmt), preset="trl"))
+    lr_all = (current - behav)[completion.astype(bool)]
+    assert "tool_mask" not in plain["columns"]
+    assert plain["n_tokens"] == int(completion.sum()) == 12
+    assert plain["ratio_min"] == pytest.approx(math.exp(-9.0), rel=1e-12)  # the tool token the mask would drop
+    assert plain["ess_frac"] == pytest.approx(float(dv.ess_kish_fraction(lr_all)), rel=1e-12)
+    # ... and dropping the preset's tool_mask by hand on the first file gives the same as the file without it
+    dropped = diagnose(DiagnoseConfig(path=str(tmp_path / f"t.{fmt}"), preset="trl", columns="tool_mask="))
+    for key in ("n_tokens", "ratio_min", "ess_frac", "kl_k3", "m2"):
+        assert dropped[key] == plain[key], key
+
+
+def test_tool_mask_also_acts_in_the_long_layout(tmp_path):
+    behav, current, completion, tool = _multi_turn_batch()
+    rows, cols = completion.astype(bool), {}
+    cols["seq_id"] = np.nonzero(rows)[0]
+    cols["logp_behav"], cols["logp_current"] = behav[rows], current[rows]
+    cols["tool"] = tool[rows]
+    path = _write(tmp_path / "long.csv", cols, "csv")
+    masked = diagnose(DiagnoseConfig(path=path, columns="tool_mask=tool", run_what_if=False))
+    assert masked["n_tokens"] == 9 and masked["ratio_min"] == pytest.approx(math.exp(-0.3), rel=1e-12)
+    default = diagnose(DiagnoseConfig(path=path, run_what_if=False))  # the default preset maps no tool_mask
+    assert default["n_tokens"] == 12 and default["ratio_min"] == pytest.approx(math.exp(-9.0), rel=1e-12)

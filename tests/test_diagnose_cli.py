@@ -152,7 +152,7 @@ def test_figure_and_saved_report_rebuild(tmp_path, cli):
     assert fig2.read_bytes() == fig.read_bytes()
 
 
-_VALID_FIELDS = "advantage, age, layout, logp_behav, logp_current, mask, position, reward, seq_id"
+_VALID_FIELDS = "advantage, age, layout, logp_behav, logp_current, mask, position, reward, seq_id, tool_mask"
 _FORMATS = "valid: auto, parquet, csv, jsonl"
 
 

@@ -247,12 +247,14 @@ def _reward(completions, **kwargs):
     return [c.count("a") / max(len(c), 1) for c in completions]
 
 
-def _train(output_dir, replay: ReplayConfig, steps: int):
+def _train(output_dir, replay: ReplayConfig, steps: int, trainer_cls=None, **trainer_kwargs):
     """TRL's real GRPOTrainer loop, through ReplayGRPOTrainer, on a tiny Qwen2 (2 layers, hidden 32) on CPU."""
     from datasets import Dataset
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from replay_theory.integrations.trl import ReplayGRPOTrainer, replay_grpo_args
+
+    trainer_cls = trainer_cls or ReplayGRPOTrainer
 
     tokenizer = _char_tokenizer()
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -266,8 +268,8 @@ def _train(output_dir, replay: ReplayConfig, steps: int):
     args = replay_grpo_args(replay, G, output_dir=str(output_dir), max_completion_length=6, max_steps=steps,
                             learning_rate=1e-2, logging_steps=1, report_to="none", use_cpu=True, save_strategy="no",
                             seed=0)
-    trainer = ReplayGRPOTrainer(model=model, reward_funcs=_reward, args=args, train_dataset=dataset,
-                                processing_class=tokenizer, replay=replay)
+    trainer = trainer_cls(model=model, reward_funcs=_reward, args=args, train_dataset=dataset,
+                          processing_class=tokenizer, replay=replay, **trainer_kwargs)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "replay/replay_ratio" in h]
     return trainer, logs, before, tokenizer
@@ -369,3 +371,135 @@ def test_trl_args_the_design_sets_are_refused():
     with pytest.raises(ValueError) as info:
         replay_grpo_args(ReplayConfig(N, B, R), G, output_dir="unused", per_device_train_batch_size=8)
     assert str(info.value) == "the replay design sets per_device_train_batch_size (R = 4, G = 2): leave it out"
+
+
+# --------------------------------------------------------------------------- the diagnose log export
+
+
+def _tool_trainer_cls():
+    """ReplayGRPOTrainer fed TRL's multi-turn output shape: token 1 of every completion is a tool result.
+
+    As in TRL's tool loop (grpo_trainer._tool_call_loop): tool_mask 0 there, and the sampling log-prob 0 there,
+    while the model's own log-prob of that token (old_per_token_logps, per_token_logps) is whatever the model says.
+    """
+    from replay_theory.integrations.trl import ReplayGRPOTrainer
+
+    class ToolReplayGRPOTrainer(ReplayGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            tool = torch.ones_like(out["completion_mask"])
+            tool[:, 1:2] = 0  # (rows, L); a width-1 batch has no token 1
+            out["tool_mask"] = tool
+            out["old_per_token_logps"] = self._behaviour_logps(out)
+            out["sampling_per_token_logps"] = out["old_per_token_logps"] * tool
+            return out
+
+    return ToolReplayGRPOTrainer
+
+
+def _lists(table, name):
+    return [np.asarray(v, dtype=np.float64) for v in table.column(name).to_pylist()]
+
+
+@pytest.mark.slow
+def test_trl_diagnose_log_export_is_what_preset_trl_reads(tmp_path, cli, capsys):
+    pytest.importorskip("trl")
+    import pyarrow.parquet as pq
+
+    from replay_theory.diagnose import DiagnoseConfig, diagnose
+    from replay_theory.integrations.export import TRL_LOG_COLUMNS
+    from replay_theory.integrations.trl import DiagnoseLogCallback
+    from replay_theory.theory import divergences as dv
+
+    steps, path = 3, tmp_path / "logs" / "run.parquet"
+    trainer, logs, _, _ = _train(tmp_path / "out", ReplayConfig(N, B, R), steps, trainer_cls=_tool_trainer_cls(),
+                                 diagnose_log=path)
+    assert len(logs) == steps
+    table = pq.read_table(path)
+    assert table.column_names == list(TRL_LOG_COLUMNS)
+    assert pq.ParquetFile(path).metadata.num_row_groups == steps  # appended once per step
+    step = np.asarray(table.column("step").to_pylist())
+    age = np.asarray(table.column("age").to_pylist())
+    assert step.tolist() == [t for t in range(steps) for _ in range(B)]  # B rows trained per step
+    assert np.array_equal(age, step - np.asarray(table.column("policy_version").to_pylist()))
+    assert np.all((age >= 0) & (age <= np.minimum(step, math.ceil(N / R) - 1)))  # the FIFO law
+    assert np.array_equal(np.asarray(table.column("group_id").to_pylist()),
+                          np.asarray(table.column("sample_id").to_pylist()) // G)
+
+    new, behav, old = (_lists(table, n) for n in ("per_token_logps", "sampling_per_token_logps",
+                                                   "old_per_token_logps"))
+    completion, tool = _lists(table, "completion_mask"), _lists(table, "tool_mask")
+    keep = [(c * t).astype(bool) for c, t in zip(completion, tool)]
+    lr = np.concatenate([(n - b)[k] for n, b, k in zip(new, behav, keep)])
+    n_tokens = int(sum(k.sum() for k in keep))
+    tool_tokens = int(sum(((c == 1) & (t == 0)).sum() for c, t in zip(completion, tool)))
+    assert tool_tokens > 0 and all(np.all(b[t == 0] == 0) for b, t in zip(behav, tool))
+    # step 0 trains only fresh rows before the optimizer moved: per_token_logps is the behaviour policy's
+    for i in np.flatnonzero(step == 0):
+        assert np.allclose(new[i][keep[i]], old[i][keep[i]], atol=1e-5)
+
+    report = diagnose(DiagnoseConfig(path=str(path), preset="trl"))
+    assert report["n_tokens"] == n_tokens == len(lr)
+    assert report["n_sequences"] == steps * B
+    assert report["kl_k3"] == pytest.approx(float(np.mean(np.expm1(lr) - lr)), rel=1e-9, abs=1e-15)
+    assert report["ess_frac"] == pytest.approx(float(dv.ess_kish_fraction(lr)), rel=1e-12)
+    assert report["ratio_min"] == pytest.approx(math.exp(lr.min()), rel=1e-12)
+    token_age = np.concatenate([np.full(int(k.sum()), a) for k, a in zip(keep, age)])
+    assert [b["age"] for b in report["by_age"]] == sorted(set(token_age.tolist()))
+    assert [b["n_tokens"] for b in report["by_age"]] == [int((token_age == a).sum()) for a in sorted(set(token_age))]
+    rewards = np.asarray(table.column("rewards").to_pylist())
+    assert report["mean_reward"] == pytest.approx(float(np.repeat(rewards, [k.sum() for k in keep]).mean()))
+
+    # the CLI reads it the same way; dropping the tool_mask brings back the tool tokens and their tiny ratios
+    capsys.readouterr()  # TRL's training logs
+    code, out, err = cli("diagnose", str(path), "--preset", "trl", "--json", "--no-progress")
+    assert code == 0, err
+    assert json.loads(out)["n_tokens"] == n_tokens
+    with_tools = diagnose(DiagnoseConfig(path=str(path), preset="trl", columns="tool_mask="))
+    assert with_tools["n_tokens"] == n_tokens + tool_tokens
+    lr_all = np.concatenate([(n - b)[c.astype(bool)] for n, b, c in zip(new, behav, completion)])
+    assert with_tools["ratio_min"] == pytest.approx(math.exp(lr_all.min()), rel=1e-12)
+    assert with_tools["ratio_min"] < report["ratio_min"]
+
+    # never overwritten: refused when the trainer (or the callback) is made, before any training
+    size = path.stat().st_size
+    with pytest.raises(ValueError) as info:
+        _train(tmp_path / "again", ReplayConfig(N, B, R), 1, diagnose_log=path)
+    assert str(info.value) == f"diagnose log {path} exists: a log is never overwritten, give a new path"
+    with pytest.raises(ValueError, match="exists: a log is never overwritten"):
+        DiagnoseLogCallback(path)
+    assert path.stat().st_size == size
+
+
+def test_diagnose_log_writer_appends_new_files_only(tmp_path):
+    pytest.importorskip("pyarrow")
+    import os
+
+    import pyarrow.parquet as pq
+
+    from replay_theory.integrations.export import DiagnoseLogWriter
+
+    path = tmp_path / "sub" / "log.parquet"
+    writer = DiagnoseLogWriter(path)
+    writer.close()
+    assert not path.exists() and not path.parent.exists()  # nothing trained, nothing left behind
+    old = os.umask(0o027)
+    try:
+        writer = DiagnoseLogWriter(path)
+        writer.write({"step": torch.tensor([0, 0]), "per_token_logps": torch.tensor([[-1.0, -0.5], [-0.25, 0.0]])})
+        writer.write({"step": np.array([1]), "per_token_logps": np.array([[-2.0, -3.0]])})
+        with pytest.raises(ValueError) as info:
+            writer.write({"step": np.array([1]), "per_token_logps": np.array([[-2.0, -3.0]]), "x": np.array([1])})
+        assert str(info.value) == (f"diagnose log {path}: a batch's columns ['step', 'per_token_logps', 'x'] differ "
+                                   "from the first batch's ['step', 'per_token_logps']")
+        with pytest.raises(ValueError, match=r"^column x has 2 rows, the others 1$"):
+            writer.write({"step": np.array([1]), "x": np.array([1, 2])})
+        writer.close()
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o640
+    table = pq.read_table(path)
+    assert table.to_pydict() == {"step": [0, 0, 1], "per_token_logps": [[-1.0, -0.5], [-0.25, 0.0], [-2.0, -3.0]]}
+    assert writer.rows_written == 3
+    with pytest.raises(ValueError, match="is closed"):
+        writer.write({"step": np.array([2])})
