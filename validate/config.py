@@ -61,7 +61,7 @@ class ValidateConfig:
     The CPU's own timing mu is still measured and reported; give it here to price at this machine's cost."""
     threads: int = 1
     """torch CPU threads of this process. 1 by default: on a 2-core machine with another job running, 2 threads
-    were 3.4-4x slower (bench/bench_validate_threads.py); results do not depend on it."""
+    were 6.5x slower, idle 7.9x (bench/bench_validate_threads.py); results do not depend on it."""
 
     def problems(self) -> tuple[list[countdown.Problem], list[countdown.Problem]]:
         """Three-number problems with small numbers: learnable by the tiny model (pass@1 ~ 0.2 after SFT)."""
@@ -106,7 +106,7 @@ class VerifyConfig:
     """Equal-compute budget, in on-policy updates at --price-mu (default loop; --thorough: 96)."""
     group_replay: bool = False
     """Also train the three RLOO whole-group replay cells, which lie outside the (x, y) family Thm 3.5 ranks
-    (12 more runs at the defaults: `validate all --tiny` then takes 608 s instead of the 10-minute target's less)."""
+    (12 more runs at the defaults: `validate all --tiny` under load took 608 s with them, 487 s without)."""
 
     def validated(self) -> "VerifyConfig":
         check_integer("--seeds", self.seeds, 1)
