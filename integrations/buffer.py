@@ -1,4 +1,4 @@
-"""A FIFO replay buffer of whole GRPO groups, sized N, B, R by the experience-replay paper's theory.
+"""Replay buffers for trainers: the shared buffer designs over whole GRPO groups, sized N, B, R by the theory.
 
 Paper: experience-replay (docs/REFERENCES.md), Sec. 3: each step generates R fresh rollouts, pushes them into a
 FIFO buffer of capacity N, and trains on B rollouts drawn uniformly with replacement from the buffer; the staleness
@@ -13,10 +13,13 @@ horizon is x = N/R and the replay ratio y = B/R. Code names -> paper symbols:
 
 Under the FIFO law a row is trained on while its age s is 0 .. ceil(N/R) - 1 steps.
 
-The buffer is framework-free (torch only): ``integrations/trl.py`` feeds it TRL's generation output. Every stored
-field is a tensor whose FIRST dimension is the row (one completion): per-row scalars are (rows,), per-token fields
+One buffer implementation: the trainer's rows (torch tensors, whole TRL rows) live in :class:`RowReplayBuffer`,
+but WHICH rows are kept, evicted and drawn is decided by the design's own buffer from the shared registry
+(``simulate/designs.py``: ``fifo``, ``positive-bias``, ``prioritized``, or ``on-policy``), the same class and the
+same batch step the simulator and the validator run, fed one item per row whose token is the row's id. Every
+stored field has the row (one completion) as its FIRST dimension: per-row scalars (rows,), per-token fields
 (rows, L). A push is refused unless every field has exactly ``rows`` entries along dim 0, and a draw gathers every
-field with the SAME row indices, so a field shaped per group (groups, generations) can neither be stored nor
+field with the SAME row ids, so a field shaped per group (groups, generations) can neither be stored nor
 mis-indexed. That is the failure of TRL's experimental ``GRPOWithReplayBufferTrainer`` (huggingface/trl#6804):
 it passed flat (B,) tensors to code written for (groups, generations), a whole-batch reduction collapsed to one
 scalar, and only group 0 was ever buffered.
@@ -28,13 +31,26 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from types import SimpleNamespace
+from typing import Any, Callable, Literal, Mapping
 
+import numpy as np
 import torch
+
+from replay_theory.simulate.designs import (
+    BUFFER_DESIGNS,
+    BufferSpec,
+    DesignConfig,
+    StepBatch,
+    design_field_names,
+    make_design_buffer,
+)
+from replay_theory.simulate.rollouts import RolloutBatch
 
 __all__ = [
     "ReplayConfig",
-    "GroupFifoBuffer",
+    "RowReplayBuffer",
+    "ROW_DESIGNS",
     "REPLAY_LOSSES",
     "age_buckets",
     "fifo_max_age",
@@ -45,6 +61,14 @@ __all__ = [
 #: Off-policy corrections the trainer takes from ``replay_theory.simulate.losses``.
 #: ``tis`` is the truncated sequence importance weight min(c, pi_new / pi_behav) of losses.rloo (Replay-RLOO Eq. 2).
 REPLAY_LOSSES: tuple[str, ...] = ("grpo", "tis", "m2po", "m2po-reference", "no-trust-region")
+
+#: Buffer designs of the shared registry (``simulate/designs.py``) a trainer can run: each generates one fixed-size
+#: batch per step or none. group-replay, exgrpo and stale-k need a different number of groups per step.
+ROW_DESIGNS: tuple[str, ...] = ("on-policy", "fifo", "positive-bias", "prioritized")
+
+#: DesignConfig fields a ReplayConfig sets itself (N, B, R, G, the buffer and the loss): not allowed in ``design``.
+_DESIGN_SET_HERE = ("capacity", "batch_size", "rollouts_per_step", "group_size", "buffer", "loss", "eps_low",
+                    "eps_high", "clip_c", "tau_m2")
 
 #: Per-token fields padded on the left (TRL left-pads prompts) and on the right (completions), with their pad value.
 LEFT_PADDED: dict[str, int] = {"prompt_ids": 0, "prompt_mask": 0}
@@ -100,6 +124,11 @@ class ReplayConfig:
     """m2po: the second-moment budget tau_M2 (M2PO Sec. 5.2)."""
     aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] | None = None
     """How token terms become one loss; None: the loss's own default (token-mean, tis: seq-mean-token-sum)."""
+    buffer: str = "fifo"
+    """Buffer design of the shared registry (simulate/designs.py): on-policy, fifo, positive-bias or prioritized."""
+    design: Mapping[str, Any] = field(default_factory=dict)
+    """Other DesignConfig fields of that buffer, e.g. {"delta": 0.2} or {"per_alpha": 0.6, "per_tau": 8.0}; each is
+    documented once, on DesignConfig."""
     seed: int = 0
     """Seed of the uniform draws from the buffer (a generator of its own: TRL's RNG streams are left alone)."""
     notes: tuple[str, ...] = field(default=(), compare=False)
@@ -120,9 +149,27 @@ class ReplayConfig:
                 raise ValueError(f"{name} must be >= 0, got {value!r}")
         if isinstance(self.clip_c, bool) or not isinstance(self.clip_c, (int, float)) or not self.clip_c > 0:
             raise ValueError(f"clip_c must be > 0, got {self.clip_c!r}")
+        if self.buffer not in ROW_DESIGNS:
+            raise ValueError(f"buffer must be one of {', '.join(ROW_DESIGNS)}, got {self.buffer!r}")
+        if self.buffer == "on-policy" and self.batch_size != self.rollouts_per_step:
+            raise ValueError(f"batch_size must equal rollouts_per_step = {self.rollouts_per_step} on-policy (every "
+                             f"rollout trained once), got {self.batch_size}")
+        unknown = sorted(set(self.design) - set(design_field_names()))
+        if unknown:
+            raise ValueError(f"design has unknown field(s) {', '.join(unknown)}; DesignConfig's fields are "
+                             f"{', '.join(k for k in design_field_names() if k not in _DESIGN_SET_HERE)}")
+        clash = sorted(set(self.design) & set(_DESIGN_SET_HERE))
+        if clash:
+            raise ValueError(f"design sets {', '.join(clash)}, which ReplayConfig sets itself: leave "
+                             f"{'it' if len(clash) == 1 else 'them'} out of design")
         if self.aggregation not in (None, "token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
             raise ValueError("aggregation must be one of token-mean, seq-mean-token-sum, seq-mean-token-mean, "
                              f"got {self.aggregation!r}")
+
+    def design_config(self, group_size: int) -> DesignConfig:
+        """The shared registry's DesignConfig of this replay design (N, B, R, G, buffer and ``design``)."""
+        return DesignConfig(buffer=self.buffer, capacity=self.buffer_size, batch_size=self.batch_size,
+                            rollouts_per_step=self.rollouts_per_step, group_size=group_size, **dict(self.design))
 
     @property
     def replay_ratio(self) -> float:
@@ -183,25 +230,40 @@ def _pad_to(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tens
     return torch.cat([pad, x] if left else [x, pad], dim=1)
 
 
-class GroupFifoBuffer:
-    """FIFO of whole groups, stored row-wise: every field has the row (completion) as its first dimension.
+class RowReplayBuffer:
+    """A trainer's rows (torch, any width) selected by a buffer design of the shared registry.
 
-    ``push`` appends R rows (R/G whole groups, consecutive rows of a group, as TRL lays them out) and evicts the
-    oldest rows beyond ``capacity``; capacity and R being multiples of G, eviction removes whole groups.
-    ``sample`` draws rows uniformly with replacement and gathers EVERY field with the same indices.
+    The design's own buffer (``simulate.designs.make_design_buffer``: the simulator's and the validator's classes)
+    holds one item per row whose token is the row's ``sample_id``; it decides what is kept, evicted and drawn, with
+    the design's batch step (``BUFFER_DESIGNS[buffer].step``) called exactly as the simulator calls it. This class
+    only stores the rows those ids point to (every field with the row as dim 0, re-padded on its side when widths
+    differ) and drops the rows the design no longer holds. It is the design's ``PipelineState``: ``config``,
+    ``buffer``, ``rng``, ``state``, ``settings`` and ``fresh_rollouts``, which generates lazily through the
+    callable given to :meth:`step`, so a design that trains without generating (FreshPER Algorithm 1's replay
+    updates) generates nothing.
     """
 
-    def __init__(self, capacity: int, group_size: int, seed: int = 0) -> None:
-        _positive_int("capacity", capacity)
-        _positive_int("group_size", group_size)
-        if capacity % group_size:
-            raise ValueError(f"buffer_size must be a multiple of num_generations = {group_size} (whole groups are "
-                             f"stored), got {capacity}")
-        self.capacity = capacity
-        self.group_size = group_size
+    def __init__(self, design: DesignConfig, seed: int = 0, total_steps: int = 1) -> None:
+        design = design.validated_design()
+        if design.buffer not in ROW_DESIGNS:
+            raise ValueError(f"buffer must be one of {', '.join(ROW_DESIGNS)} in a trainer, got {design.buffer!r} "
+                             "(group-replay, exgrpo and stale-k generate a different number of groups per step "
+                             "than the trainer's fixed generation batch; run them in the simulator)")
+        if design.buffer != "on-policy" and design.capacity % design.group_size:
+            raise ValueError(f"buffer_size must be a multiple of num_generations = {design.group_size} (whole "
+                             f"groups are stored), got {design.capacity}")
+        self.config = design
+        self.buffer = make_design_buffer(design, BufferSpec(num_seeds=1, seq_len=1, token_dtype=np.int64))
+        self.rng = np.random.default_rng(seed)
+        self.state: dict = {}
+        self.settings = SimpleNamespace(total_steps=int(total_steps))  # FreshPER anneals beta over the run
         self.data: dict[str, torch.Tensor] = {}
-        self.pushed_rows = 0  # rows ever pushed (the next sample id; the next group id is pushed_rows // group_size)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.pushed_rows = 0  # rows ever pushed (the next sample id; the next group id is pushed_rows // G)
+        self._generate: Callable[[], Mapping[str, torch.Tensor]] | None = None
+
+    @property
+    def group_size(self) -> int:
+        return self.config.group_size
 
     def __len__(self) -> int:
         return 0 if not self.data else int(self.data["version"].shape[0])
@@ -210,8 +272,18 @@ class GroupFifoBuffer:
     def num_groups(self) -> int:
         return len(self) // self.group_size
 
-    def push(self, rows: Mapping[str, torch.Tensor], version: int) -> None:
-        """Append one generation batch: every tensor (rows, ...) with the same number of rows, a multiple of G."""
+    def ages(self, step: int) -> torch.Tensor:
+        """Age in steps of every stored row at optimizer step ``step`` (rows,)."""
+        return step - self.data["version"]
+
+    # ------------------------------------------------------------------ rows in, ids to the design
+
+    def push(self, rows: Mapping[str, torch.Tensor], version: int) -> RolloutBatch:
+        """Store one generation batch (every tensor (rows, ...), whole groups); returns its id batch (1, rows).
+
+        Only stores the rows: adding their ids to the design's buffer is the design step's job (``step``); call
+        ``self.buffer.add(ids, version)`` to fill the buffer by hand.
+        """
         if not rows:
             raise ValueError("nothing to push")
         counts = {k: (tuple(v.shape) if isinstance(v, torch.Tensor) else None) for k, v in rows.items()}
@@ -230,21 +302,95 @@ class GroupFifoBuffer:
         for k, s in counts.items():
             if k in ("advantages", "rewards") and len(s) != 1:
                 raise ValueError(f"{k} must be one value per row, shape ({n},), got {s}")
+        if self.data and set(rows) | {"version", "sample_id", "group_id"} != set(self.data):
+            raise ValueError(f"a push must carry the same fields as the buffer: "
+                             f"{sorted(set(self.data) - {'version', 'sample_id', 'group_id'})}, got {sorted(rows)}")
         device = rows["completion_ids"].device if "completion_ids" in rows else None
         fresh = {k: v.detach() for k, v in rows.items()}
         fresh["version"] = torch.full((n,), int(version), dtype=torch.long, device=device)
         fresh["sample_id"] = torch.arange(n, device=device) + self.pushed_rows  # the completion, across replays
         fresh["group_id"] = fresh["sample_id"] // self.group_size
         self.pushed_rows += n
+        merged = fresh if not self.data else {k: self._cat(k, self.data[k], fresh[k]) for k in fresh}
+        self.data = _trim_padding(merged)
+        return self._id_batch(fresh)
+
+    @staticmethod
+    def _id_batch(rows: Mapping[str, torch.Tensor]) -> RolloutBatch:
+        """The rows as the design's buffer stores them: token = sample_id, one token per row, seed axis first."""
+        ids = rows["sample_id"].cpu().numpy().astype(np.int64)  # (n,)
+        n = ids.shape[0]
+        per_row = {k: (rows[k].detach().to("cpu", torch.float64).numpy() if k in rows else np.zeros(n))
+                   for k in ("rewards", "advantages")}
+        group = rows["group_id"].cpu().numpy().astype(np.int64)
+        return RolloutBatch(
+            prompt=group[None],  # (1, n): the group stands for its prompt
+            tokens=ids[None, :, None],  # (1, n, 1)
+            mask=np.ones((1, n, 1), bool),
+            logp_behav=np.zeros((1, n, 1)),  # unused by the selection; the rows keep the real log-probs
+            reward=per_row["rewards"][None],  # positive-bias keeps reward == 1 rows, FreshPER ranks |r| + eps
+            advantage=per_row["advantages"][None],
+            created=rows["version"].cpu().numpy().astype(np.int64)[None],
+            group=group[None],
+        )
+
+    def fresh_rollouts(self, step: int, weights: Any = None, *, on_policy: bool = False) -> RolloutBatch | None:
+        """The design asks for this step's fresh rows: generate them now (PipelineState protocol)."""
+        if self._generate is None:
+            raise ValueError("fresh_rollouts is called by a design step: use RowReplayBuffer.step")
+        return self.push(self._generate(), version=step)
+
+    def step(self, step: int, generate: Callable[[], Mapping[str, torch.Tensor]]
+             ) -> tuple[dict[str, torch.Tensor], StepBatch]:
+        """One step of the design: generate (if it asks), add, draw; the drawn rows and the design's StepBatch.
+
+        ``generate()`` returns one generation batch of rows (as :meth:`push` takes them). The drawn rows carry
+        ``sampler_weight`` (FreshPER's importance weights; ones otherwise) and ``buffer_index`` (their position
+        in :attr:`data` before rows the design dropped are removed).
+        """
+        self._generate = generate
+        try:
+            data = BUFFER_DESIGNS[self.config.buffer].step(self, step, None)
+        finally:
+            self._generate = None
+        drawn = self.gather(data.train.tokens[0, :, 0])
+        drawn["sampler_weight"] = torch.as_tensor(data.weight[0], dtype=torch.float64)
+        self._drop_evicted()
+        return drawn, data
+
+    def sample(self, batch_size: int, step: int | None = None) -> dict[str, torch.Tensor]:
+        """B rows drawn by the design's own sampler (FIFO: uniformly with replacement), every field aligned."""
+        _positive_int("batch_size", batch_size)
+        if self.buffer is None or not len(self):
+            raise ValueError("the buffer is empty: push a generation batch first")
+        step = int(self.data["version"].max()) if step is None else step
+        drawn = self.buffer.sample(batch_size, step, self.rng)
+        rows = self.gather(drawn.batch.tokens[0, :, 0])
+        rows["sampler_weight"] = torch.as_tensor(drawn.weight[0], dtype=torch.float64)
+        return rows
+
+    def gather(self, ids: np.ndarray) -> dict[str, torch.Tensor]:
+        """The stored rows with these sample ids (B,), every field gathered with the same positions."""
+        ids_t = torch.as_tensor(np.asarray(ids, dtype=np.int64))
+        stored = self.data["sample_id"].cpu()
+        index = torch.searchsorted(stored, ids_t).clamp(max=len(stored) - 1)
+        if not torch.equal(stored[index], ids_t):
+            raise ValueError("the design drew a row the buffer no longer stores")  # an invariant, not user input
+        drawn = {k: v[index.to(v.device)] for k, v in self.data.items()}
+        drawn["buffer_index"] = index
+        return _trim_padding(drawn)
+
+    def _drop_evicted(self) -> None:
+        """Forget the rows whose ids the design's buffer no longer holds (on-policy: all of them)."""
         if not self.data:
-            merged = fresh
-        else:
-            if set(fresh) != set(self.data):
-                raise ValueError(f"a push must carry the same fields as the buffer: {sorted(self.data)}, got "
-                                 f"{sorted(fresh)}")
-            merged = {k: self._cat(k, self.data[k], fresh[k]) for k in fresh}
-        keep = max(0, int(merged["version"].shape[0]) - self.capacity)  # FIFO: drop the oldest rows
-        self.data = _trim_padding({k: v[keep:] for k, v in merged.items()})
+            return
+        if self.buffer is None:
+            self.data = {}
+            return
+        live = self.buffer.store.tokens[0, self.buffer.valid[0], 0]  # (kept,) sample ids
+        keep = torch.as_tensor(np.isin(self.data["sample_id"].cpu().numpy(), live))
+        if not bool(keep.all()):
+            self.data = _trim_padding({k: v[keep.to(v.device)] for k, v in self.data.items()})
 
     @staticmethod
     def _cat(name: str, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -256,20 +402,6 @@ class GroupFifoBuffer:
                 value = RIGHT_PADDED.get(name, 0)
                 old, new = (_pad_to(x, width, value, left=False) for x in (old, new))
         return torch.cat([old, new.to(old.device)], dim=0)
-
-    def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
-        """B rows drawn uniformly with replacement; every field gathered with the same row indices."""
-        _positive_int("batch_size", batch_size)
-        if not self.data:
-            raise ValueError("the buffer is empty: push a generation batch first")
-        index = torch.randint(len(self), (batch_size,), generator=self.generator)
-        drawn = {k: v[index.to(v.device)] for k, v in self.data.items()}
-        drawn["buffer_index"] = index
-        return _trim_padding(drawn)
-
-    def ages(self, step: int) -> torch.Tensor:
-        """Age in steps of every stored row at optimizer step ``step`` (rows,)."""
-        return step - self.data["version"]
 
 
 def _trim_padding(data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -47,15 +47,21 @@ def shared_loss(replay: ReplayConfig, logp_new: np.ndarray, logp_behav: np.ndarr
 
 
 def shared_loss_tensor(replay: ReplayConfig, logp_new: torch.Tensor, logp_behav: torch.Tensor,
-                       advantages: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, losses.LossOutput]:
+                       advantages: torch.Tensor, mask: torch.Tensor, row_weight: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, losses.LossOutput]:
     """The shared loss as a torch scalar in logp_new's graph: its value is the numpy loss, its gradient the numpy one.
 
     The numpy loss returns d loss / d logp_new; ``(grad.detach() * logp_new).sum()`` has exactly that gradient
     (the validator's route), and adding ``value - surrogate.detach()`` makes the value the loss itself.
-    ``logp_new``, ``logp_behav``, ``mask`` (B, L); ``advantages`` (B,).
+    ``logp_new``, ``logp_behav``, ``mask`` (B, L); ``advantages`` (B,). ``row_weight`` (B,): the sampler's
+    importance weights (FreshPER Eq. (15)), multiplied into each row's gradient as the simulator's engine does;
+    the value stays the loss's own.
     """
     out = shared_loss(replay, as_numpy(logp_new), as_numpy(logp_behav), as_numpy(advantages), as_numpy(mask))
-    grad = torch.as_tensor(out.grad_logp[0], dtype=logp_new.dtype, device=logp_new.device)
+    grad_logp = out.grad_logp[0]  # (B, L)
+    if row_weight is not None:
+        grad_logp = grad_logp * as_numpy(row_weight)[:, None]  # FreshPER IS weights (ones for uniform designs)
+    grad = torch.as_tensor(grad_logp, dtype=logp_new.dtype, device=logp_new.device)
     surrogate = (grad * torch.where(mask.bool(), logp_new, 0.0)).sum()  # padding may hold anything: never read
     value = torch.as_tensor(float(out.loss[0]), dtype=logp_new.dtype, device=logp_new.device)
     return surrogate + (value - surrogate.detach()), out

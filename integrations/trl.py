@@ -14,11 +14,14 @@ Replay-RLOO Eq. (2) truncated sequence IS, M2PO Algorithm 1). Code names -> pape
 | age = global_step - version        | s               | staleness of a row, 0 .. ceil(N/R) - 1       |
 
 Each optimizer step: TRL generates and scores R completions (its own ``_generate_and_score_completions``), they are
-pushed into a :class:`~replay_theory.integrations.buffer.GroupFifoBuffer` as whole groups with their behaviour
-log-probs, advantages, rewards, masks (``tool_mask`` included) and policy version, B rows are drawn uniformly with
-replacement, and the loss is the shared numpy loss on those rows: its derivative d loss / d logp_new is
-backpropagated through the model's log-probs as ``(grad_logp.detach() * logp_new).sum()`` (the validator's route),
-so the gradient IS the shared loss's and nothing is re-implemented.
+pushed into a :class:`~replay_theory.integrations.buffer.RowReplayBuffer` as whole groups with their behaviour
+log-probs, advantages, rewards, masks (``tool_mask`` included) and policy version, and B rows are drawn. Which rows
+are kept and drawn is the shared design's decision (``replay.buffer``: ``fifo`` by default, uniform with replacement;
+``positive-bias``, ``prioritized`` (FreshPER, its importance weights multiply each row's gradient) or
+``on-policy``), made by the same buffer classes and batch step the simulator runs. The loss is the shared numpy
+loss on those rows: its derivative d loss / d logp_new is backpropagated through the model's log-probs as
+``(grad_logp.detach() * logp_new).sum()`` (the validator's route), so the gradient IS the shared loss's and nothing
+is re-implemented.
 
 Why a subclass and not a callback: a TRL callback sees the trainer only between steps and cannot change what a step
 trains on; the buffer has to sit between generation and the loss. The subclass overrides three TRL methods:
@@ -52,7 +55,7 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from replay_theory.integrations.buffer import GroupFifoBuffer, ReplayConfig, age_buckets, fifo_max_age
+from replay_theory.integrations.buffer import ReplayConfig, RowReplayBuffer, age_buckets, fifo_max_age
 from replay_theory.integrations.export import DiagnoseLogWriter
 from replay_theory.integrations.loss import as_numpy, shared_loss, shared_loss_tensor
 from replay_theory.simulate import losses
@@ -121,7 +124,7 @@ class DiagnoseLogCallback(TrainerCallback):
 
 
 class ReplayGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer that generates R completions a step into a FIFO of N and trains on B drawn uniformly.
+    """GRPOTrainer that generates R completions a step into a replay buffer of N and trains on B drawn from it.
 
     ``replay``: a :class:`ReplayConfig` (by hand, or ``ReplayConfig.from_optimal_json``). ``args`` must make TRL's
     generation batch R completions with one update per generation (see :func:`replay_grpo_args`); the buffer is
@@ -153,17 +156,16 @@ class ReplayGRPOTrainer(GRPOTrainer):
              f"per_device_train_batch_size must equal rollouts_per_step = {replay.rollouts_per_step}, "
              f"got {a.per_device_train_batch_size}"),
             (self.beta == 0.0, f"beta must be 0 (the shared losses have no KL term), got {self.beta}"),
-            (replay.buffer_size % self.num_generations == 0,
-             f"buffer_size must be a multiple of num_generations = {self.num_generations}, got {replay.buffer_size}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
         self.replay = replay
-        self.replay_buffer = GroupFifoBuffer(replay.buffer_size, self.num_generations, seed=replay.seed)
+        self.replay_buffer = RowReplayBuffer(replay.design_config(self.num_generations), seed=replay.seed,
+                                             total_steps=max(int(self.args.max_steps), 1))
         self.replay_generated = 0  # fresh completions generated for training
         self.replay_trained = 0  # completions trained on (with repetition)
-        self._replay_buckets = age_buckets(fifo_max_age(replay.buffer_size, replay.rollouts_per_step))
+        self._fifo_max_age = fifo_max_age(replay.buffer_size, replay.rollouts_per_step)
         self._last_rewards_per_func: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ generation -> buffer -> draw
@@ -176,14 +178,16 @@ class ReplayGRPOTrainer(GRPOTrainer):
     def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
         if not self.model.training:
             return super()._prepare_inputs(generation_batch)
-        fresh = self._generate_and_score_completions(generation_batch)
-        self.push_generation(fresh, version=self.state.global_step)
-        drawn = self.replay_buffer.sample(self.replay.batch_size)
-        self.replay_trained += self.replay.batch_size
+        # The design's batch step decides whether to generate (FreshPER Algorithm 1's replay updates do not),
+        # what to keep and what to draw; TRL's generation runs only when it asks.
+        drawn, data = self.replay_buffer.step(
+            self.state.global_step, lambda: self.fresh_rows(self._generate_and_score_completions(generation_batch)))
+        self.replay_generated += int(np.sum(data.generated))
+        self.replay_trained += int(data.train.size)
         return drawn
 
-    def push_generation(self, output: dict[str, Any], version: int) -> None:
-        """Buffer one TRL generation output (whole groups, per-row fields) as generated by ``version``."""
+    def fresh_rows(self, output: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The per-row fields of one TRL generation output (whole groups) that the buffer stores."""
         unsupported = sorted(k for k in ("pixel_values", "ref_per_token_logps", "importance_sampling_ratio")
                              if k in output)
         if unsupported:
@@ -197,8 +201,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
         rows["rewards"] = self._row_rewards(rows["completion_ids"].shape[0])
         if "sampling_per_token_logps" not in rows:
             rows["sampling_per_token_logps"] = rows["old_per_token_logps"]  # HF generate: the sampler is the model
-        self.replay_buffer.push(rows, version)
-        self.replay_generated += int(rows["completion_ids"].shape[0])
+        return rows
 
     @torch.no_grad()
     def _behaviour_logps(self, output: dict[str, Any]) -> torch.Tensor:
@@ -231,7 +234,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
         if not mask.any():  # every drawn row fully masked (e.g. all truncated): nothing to learn from
             return (logp_new * 0.0).sum()
         loss, out = shared_loss_tensor(self.replay, logp_new, inputs["old_per_token_logps"], inputs["advantages"],
-                                       mask)
+                                       mask, row_weight=inputs.get("sampler_weight"))
         self._log_replay(inputs, logp_new.detach(), mask, entropies, out)
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, DiagnoseLogCallback):
@@ -247,14 +250,15 @@ class ReplayGRPOTrainer(GRPOTrainer):
         metrics["replay/staleness_max"].append(float(age.max()))
         seq_lr = np.asarray(sequence_log_ratio(as_numpy(logp_new - inputs["old_per_token_logps"]), as_numpy(mask)))
         metrics["replay/ess"].append(float(ess_kish_fraction(seq_lr)))
-        for lo, hi, name in self._replay_buckets:
+        for lo, hi, name in age_buckets(max(self._fifo_max_age, int(age.max()))):  # positive bias keeps older rows
             rows = (age >= lo) & (age <= hi)
             metrics[f"replay/staleness_frac/{name}"].append(float(rows.mean()))
             if rows.any():  # an empty bucket has no ESS; TRL's log averages the steps that have one
                 metrics[f"replay/ess/{name}"].append(float(ess_kish_fraction(seq_lr[rows])))
         metrics["replay/replay_ratio"].append(self.replay_trained / max(self.replay_generated, 1))
         metrics["replay/buffer_rows"].append(float(len(self.replay_buffer)))
-        metrics["replay/buffer_max_age"].append(float(self.replay_buffer.ages(step).max()))
+        stored_age = self.replay_buffer.ages(step) if len(self.replay_buffer) else torch.zeros(1)
+        metrics["replay/buffer_max_age"].append(float(stored_age.max()))
         metrics["replay/loss"].append(float(out.loss[0]))
         for key, value in out.metrics.items():
             name = key if key.startswith("clip_ratio/") else f"replay/{key}"  # TRL's names where TRL has them

@@ -13,13 +13,26 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from replay_theory.integrations.buffer import (  # noqa: E402 (after the importorskip)
-    GroupFifoBuffer,
     ReplayConfig,
+    RowReplayBuffer,
     age_buckets,
     fifo_max_age,
 )
 from replay_theory.integrations.loss import shared_loss, shared_loss_tensor  # noqa: E402
 from replay_theory.simulate import losses  # noqa: E402
+from replay_theory.simulate.buffers import FifoBuffer, PositiveBiasBuffer, PrioritizedBuffer  # noqa: E402
+
+
+def fifo(capacity: int, group_size: int, seed: int = 0, **design) -> RowReplayBuffer:
+    """The trainer's buffer over the shared FIFO design, R = group_size (pushes of any whole groups by hand)."""
+    config = ReplayConfig(capacity, 1, group_size, design=design).design_config(group_size)
+    return RowReplayBuffer(config, seed=seed)
+
+
+def fill(buffer: RowReplayBuffer, rows: dict, version: int) -> None:
+    """Push rows and add their ids to the design's buffer (what the design step does)."""
+    buffer.buffer.add(buffer.push(rows, version), version)
+    buffer._drop_evicted()
 
 
 def _rows(n: int, start: int = 0, prompt_len: int = 3, completion_len: int = 4) -> dict:
@@ -42,11 +55,11 @@ def _rows(n: int, start: int = 0, prompt_len: int = 3, completion_len: int = 4) 
 
 def test_fifo_law_ages_and_whole_groups():
     # N = 10, R = 4, G = 2: ceil(10/4) - 1 = 2; the buffer keeps 4 rows of age 0, 4 of age 1 and ONE group of age 2
-    buffer = GroupFifoBuffer(capacity=10, group_size=2)
+    buffer = fifo(capacity=10, group_size=2)
     assert fifo_max_age(10, 4) == 2
     expected_versions = {1: [0] * 4, 2: [0] * 4 + [1] * 4, 3: [0, 0] + [1] * 4 + [2] * 4, 4: [1, 1] + [2] * 4 + [3] * 4}
     for step in range(4):
-        buffer.push(_rows(4, start=4 * step), version=step)
+        fill(buffer, _rows(4, start=4 * step), version=step)
         assert buffer.data["version"].tolist() == expected_versions[step + 1]
         assert int(buffer.ages(step).max()) == min(step, 2)
         groups, counts = torch.unique(buffer.data["group_id"], return_counts=True)
@@ -65,8 +78,8 @@ def test_age_buckets_cover_zero_to_max_age():
 def test_trl_6804_every_group_is_buffered_and_rows_stay_aligned():
     # TRL #6804: flat (B,) advantages met code written for (groups, generations); a whole-batch reduction kept
     # only group 0. Here a push of 4 groups of 3 keeps all 4, and each drawn row's fields belong to that row.
-    buffer = GroupFifoBuffer(capacity=24, group_size=3, seed=1)
-    buffer.push(_rows(12), version=0)
+    buffer = fifo(capacity=24, group_size=3, seed=1)
+    fill(buffer, _rows(12), version=0)
     assert buffer.num_groups == 4
     assert buffer.data["group_id"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
     drawn = buffer.sample(4000)
@@ -85,7 +98,7 @@ def test_trl_6804_every_group_is_buffered_and_rows_stay_aligned():
 def test_per_group_shaped_field_is_refused():
     rows = _rows(6)
     rows["advantages"] = rows["advantages"].view(3, 2)  # (groups, generations): the #6804 layout
-    buffer = GroupFifoBuffer(capacity=6, group_size=2)
+    buffer = fifo(capacity=6, group_size=2)
     with pytest.raises(ValueError) as info:
         buffer.push(rows, version=0)
     assert str(info.value) == ("every buffered field must have one entry per row (6 rows), got shapes "
@@ -104,15 +117,15 @@ def test_per_group_shaped_field_is_refused():
 
 
 def test_uniform_draw_with_replacement():
-    buffer = GroupFifoBuffer(capacity=10, group_size=2, seed=3)
-    buffer.push(_rows(10), version=0)
+    buffer = fifo(capacity=10, group_size=2, seed=3)
+    fill(buffer, _rows(10), version=0)
     counts = torch.bincount(buffer.sample(50_000)["buffer_index"], minlength=10).double() / 50_000
     # each row 1/10; binomial sd sqrt(0.1 * 0.9 / 5e4) = 0.00134, so 0.006 is 4.5 sd
     assert torch.all((counts - 0.1).abs() < 0.006), counts
 
 
 def test_pushes_of_different_widths_are_repadded_on_their_side():
-    buffer = GroupFifoBuffer(capacity=8, group_size=2)
+    buffer = fifo(capacity=8, group_size=2)
     buffer.push(_rows(4, start=0, prompt_len=2, completion_len=3), version=0)
     buffer.push(_rows(4, start=4, prompt_len=4, completion_len=1), version=1)
     d = buffer.data
@@ -166,8 +179,93 @@ def test_replay_config_bad_values(kwargs, message):
 
 def test_buffer_capacity_must_be_whole_groups():
     with pytest.raises(ValueError) as info:
-        GroupFifoBuffer(capacity=19, group_size=4)
+        fifo(capacity=19, group_size=4)
     assert str(info.value) == "buffer_size must be a multiple of num_generations = 4 (whole groups are stored), got 19"
+
+
+def test_row_buffer_draws_are_the_simulators_fifo_draws():
+    # One buffer implementation: the trainer's rows are selected by simulate.buffers.FifoBuffer itself, so with the
+    # same generator the ids it draws are exactly those the simulator's FIFO draws over the same pushes.
+    buffer = RowReplayBuffer(ReplayConfig(12, 6, 4).design_config(2), seed=7)
+    assert type(buffer.buffer) is FifoBuffer
+    reference, rng = FifoBuffer(1, 12, 1, token_dtype=np.int64), np.random.default_rng(7)
+    for step in range(5):
+        drawn, data = buffer.step(step, lambda step=step: _rows(4, start=4 * step))
+        reference.add(data.fresh, step)
+        expected = reference.sample(6, step, rng).batch.tokens[0, :, 0]
+        assert drawn["sample_id"].tolist() == expected.tolist()
+        assert torch.equal(drawn["completion_ids"][:, 0], drawn["sample_id"])  # row i's fields are row i's
+        assert data.staleness[0].tolist() == (step - drawn["version"]).tolist()
+    assert buffer.data["sample_id"].tolist() == list(range(8, 20))  # rows 0..7 evicted by the design: forgotten
+
+
+def test_row_buffer_prioritized_algorithm1_generates_only_on_cycle_steps():
+    # FreshPER Algorithm 1 with K = 2: the design generates (and trains on-policy) at steps 0, 3, 6 and runs two
+    # prioritised replay updates in between, which generate nothing and carry Eq. (15) importance weights.
+    config = ReplayConfig(8, 4, 4, buffer="prioritized", design={"per_replay_updates": 2, "per_alpha": 1.0})
+    buffer = RowReplayBuffer(config.design_config(2), seed=0, total_steps=6)
+    assert type(buffer.buffer) is PrioritizedBuffer
+    generated = []
+
+    def generate(step):
+        generated.append(step)
+        rows = _rows(4, start=4 * len(generated))
+        rows["rewards"] = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+        return rows
+
+    weights = []
+    for step in range(6):
+        drawn, data = buffer.step(step, lambda step=step: generate(step))
+        assert drawn["sample_id"].shape == (4,)
+        weights.append(drawn["sampler_weight"])
+        assert data.generated == (4 if step % 3 == 0 else 0)
+    assert generated == [0, 3]
+    assert all(torch.equal(weights[t], torch.ones(4, dtype=torch.float64)) for t in (0, 3))  # on-policy updates
+    assert not torch.equal(weights[1], torch.ones(4, dtype=torch.float64))  # priorities |r| + eps: IS weights
+
+
+def test_row_buffer_positive_bias_keeps_correct_rows_past_the_fifo_age():
+    # experience-replay Sec. 4.3: delta N slots keep the freshest correct (reward 1) rollouts after FIFO eviction.
+    config = ReplayConfig(4, 2, 2, buffer="positive-bias", design={"delta": 0.5})
+    buffer = RowReplayBuffer(config.design_config(2), seed=0)
+    assert type(buffer.buffer) is PositiveBiasBuffer
+
+    def rows(step):
+        r = _rows(2, start=2 * step)
+        r["rewards"] = torch.tensor([1.0 if step == 0 else 0.0, 0.0], dtype=torch.float64)
+        return r
+
+    for step in range(4):
+        buffer.step(step, lambda step=step: rows(step))
+    # a FIFO of 4 would hold rows 4..7 (ages 0, 1); the correct row 0 of step 0 is still there, age 3
+    assert 0 in buffer.data["sample_id"].tolist()
+    assert int(buffer.ages(3).max()) == 3
+
+
+def test_row_buffer_on_policy_trains_each_fresh_row_once():
+    buffer = RowReplayBuffer(ReplayConfig(4, 4, 4, buffer="on-policy").design_config(2), seed=0)
+    for step in range(3):
+        drawn, data = buffer.step(step, lambda step=step: _rows(4, start=4 * step))
+        assert drawn["sample_id"].tolist() == list(range(4 * step, 4 * step + 4))
+        assert data.staleness[0].tolist() == [0, 0, 0, 0]
+        assert len(buffer) == 0  # nothing kept
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(buffer="group-replay"), "buffer must be one of on-policy, fifo, positive-bias, prioritized, "
+                                  "got 'group-replay'"),
+    (dict(buffer="on-policy"), "batch_size must equal rollouts_per_step = 4 on-policy (every rollout trained once), "
+                               "got 6"),
+    (dict(design={"capacity": 9}), "design sets capacity, which ReplayConfig sets itself: leave it out of design"),
+])
+def test_replay_config_design_errors(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        ReplayConfig(8, 6, 4, **kwargs)
+    assert str(info.value) == message
+    with pytest.raises(ValueError, match=r"^design has unknown field\(s\) deltaa; DesignConfig's fields are "):
+        ReplayConfig(8, 6, 4, design={"deltaa": 0.2})
+    with pytest.raises(ValueError, match=r"^delta must be in \[0, 1\), got 1.5$"):  # the registry's own rule
+        RowReplayBuffer(ReplayConfig(8, 6, 4, buffer="positive-bias", design={"delta": 1.5}).design_config(2))
 
 
 # --------------------------------------------------------------------------- shared losses in the autograd graph
@@ -360,6 +458,19 @@ def test_trl_other_corrections_train(tmp_path, name, metric):
     pytest.importorskip("trl")
     trainer, logs, before, _ = _train(tmp_path, ReplayConfig(N, B, R, loss=name), steps=3)
     assert len(logs) == 3 and all(math.isfinite(h["loss"]) and metric in h for h in logs)
+    assert any(not torch.equal(v.detach(), before[k]) for k, v in trainer.model.named_parameters())
+
+
+@pytest.mark.slow
+def test_trl_prioritized_design_runs_algorithm1(tmp_path):
+    # FreshPER Algorithm 1 (K = 2) through TRL's real loop: generation only at steps 0 and 3, replay in between.
+    pytest.importorskip("trl")
+    replay = ReplayConfig(8, 4, 4, buffer="prioritized", design={"per_replay_updates": 2})
+    trainer, logs, before, _ = _train(tmp_path, replay, steps=5)
+    assert (trainer.replay_generated, trainer.replay_trained) == (2 * 4, 5 * 4)
+    assert [h["replay/replay_ratio"] for h in logs] == pytest.approx([1, 2, 3, 2, 2.5])  # trained / generated
+    assert [h["replay/staleness_max"] for h in logs][:3] == [0, 1, 2]  # the cycle's rows age by one a step
+    assert all(math.isfinite(h["loss"]) for h in logs)
     assert any(not torch.equal(v.detach(), before[k]) for k, v in trainer.model.named_parameters())
 
 
