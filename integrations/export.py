@@ -17,6 +17,9 @@ r = pi_theta / pi_behav per token. Code names -> symbols:
 | ``completion_mask``         | 1 on completion tokens, 0 on padding                                      |
 | ``tool_mask``               | 0 on tool-result tokens (TRL), 1 elsewhere                                |
 | ``advantages``, ``rewards`` | A_i and the row's weighted reward                                         |
+| ``step_generation_seconds`` | wall seconds step t spent generating its fresh rows (``STEP_TIME_COLUMNS``) |
+| ``step_update_seconds``     | wall seconds step t spent on the update (forward, backward, optimizer)    |
+| ``step_generated_rows``     | fresh rows generated at step t                                            |
 
 The names are TRL's where TRL has one, and ``--preset trl`` (``diagnose/schema.py``) reads exactly these; one
 Parquet row per trained row, one row group per step. A row drawn twice in a step, or again at a later step, is a
@@ -34,13 +37,19 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["DiagnoseLogWriter", "TRL_LOG_COLUMNS"]
+__all__ = ["DiagnoseLogWriter", "STEP_TIME_COLUMNS", "TRL_LOG_COLUMNS"]
 
 #: The columns the TRL export writes, in order (per-row scalars, then per-token lists).
 TRL_LOG_COLUMNS: tuple[str, ...] = (
     "step", "sample_id", "group_id", "policy_version", "age", "advantages", "rewards",
     "per_token_logps", "old_per_token_logps", "sampling_per_token_logps", "completion_mask", "tool_mask",
 )
+
+#: Per-step timing columns (repeated on every row of the step) that ``replay-theory calibrate --from-log`` turns
+#: into mu = (generation seconds / generated rows) / (update seconds / trained rows): wall seconds the step spent
+#: generating its fresh rows, wall seconds it spent on the update (forward, backward, optimizer), and the number of
+#: fresh rows it generated (0 on a step that only replays). Rows trained at a step = log rows with that ``step``.
+STEP_TIME_COLUMNS: tuple[str, ...] = ("step_generation_seconds", "step_update_seconds", "step_generated_rows")
 
 
 def _as_numpy(value: Any) -> np.ndarray:

@@ -33,8 +33,9 @@ tested against TRL 1.16.0, they may change on upgrade.
 Diagnose log: ``ReplayGRPOTrainer(..., diagnose_log="run.parquet")`` (or a :class:`DiagnoseLogCallback` passed in
 ``callbacks``) writes every row each step trains on, with its per-token log-probs under the policy being trained
 and under the behaviour policy, masks, advantages, rewards and age, in the layout ``replay-theory diagnose LOG
---preset trl`` reads (columns: ``replay_theory.integrations.export``). The file is new (never overwritten), gets
-one row group per step, and is complete (readable) when training ends.
+--preset trl`` reads (columns: ``replay_theory.integrations.export``), plus the step's generation and update wall
+times (``STEP_TIME_COLUMNS``) that ``replay-theory calibrate --from-log`` turns into mu. The file is new (never
+overwritten), gets one row group per step, and is complete (readable) when training ends.
 
 Logged per step, through TRL's ``self._metrics`` (averaged by its ``log``): ``replay/staleness_mean``,
 ``replay/staleness_max``, ``replay/staleness_frac/age_*`` (buckets 0, 1, 2-3, 4-7, ...), ``replay/replay_ratio``
@@ -47,6 +48,7 @@ clip, TRL's own ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -94,17 +96,26 @@ class DiagnoseLogCallback(TrainerCallback):
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.writer = DiagnoseLogWriter(path)
+        self._pending: dict[str, Any] | None = None
+        self._pending_time = (float("nan"), 0)
+        self._step_started: float | None = None
 
     @property
     def path(self) -> Path:
         """Where the log is written."""
         return self.writer.path
 
-    def record(self, step: int, inputs: dict[str, Any], logp_new: torch.Tensor) -> None:
-        """Append one step's trained rows: ``inputs`` as drawn from the buffer, ``logp_new`` (B, L) at the update."""
+    def record(self, step: int, inputs: dict[str, Any], logp_new: torch.Tensor, *,
+               generation_seconds: float = float("nan"), generated_rows: int = 0) -> None:
+        """Hold one step's trained rows: ``inputs`` as drawn from the buffer, ``logp_new`` (B, L) at the update.
+
+        They are written at ``on_step_end``, once the step's update time is known: the step's wall time (from
+        ``on_step_begin``) minus ``generation_seconds``, the time it spent generating its ``generated_rows`` fresh
+        rows. These three per-step columns are what ``replay-theory calibrate --from-log`` turns into mu.
+        """
         version = inputs["version"].detach().cpu().long()
         rows = version.shape[0]
-        self.writer.write({
+        self._pending = {
             "step": torch.full((rows,), int(step), dtype=torch.long),
             "sample_id": inputs["sample_id"],
             "group_id": inputs["group_id"],
@@ -117,9 +128,30 @@ class DiagnoseLogCallback(TrainerCallback):
             "sampling_per_token_logps": inputs["sampling_per_token_logps"],
             "completion_mask": inputs["completion_mask"],
             "tool_mask": inputs["tool_mask"],
-        })
+        }
+        self._pending_time = (float(generation_seconds), int(generated_rows))
+
+    def on_step_begin(self, args, state, control, **kwargs):  # noqa: D102 (TrainerCallback hook)
+        self._step_started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: D102 (TrainerCallback hook)
+        self._flush(time.perf_counter())
+
+    def _flush(self, now: float | None) -> None:
+        if self._pending is None:
+            return
+        rows = int(self._pending["step"].shape[0])
+        generation, generated = self._pending_time
+        started = self._step_started
+        update = float("nan") if now is None or started is None else now - started - generation
+        self.writer.write({**self._pending,
+                           "step_generation_seconds": torch.full((rows,), generation, dtype=torch.float64),
+                           "step_update_seconds": torch.full((rows,), update, dtype=torch.float64),
+                           "step_generated_rows": torch.full((rows,), generated, dtype=torch.long)})
+        self._pending = None
 
     def on_train_end(self, args, state, control, **kwargs):  # noqa: D102 (TrainerCallback hook)
+        self._flush(None)  # a step that never ended (interrupted) keeps its rows, its update time unknown (NaN)
         self.writer.close()
 
 
@@ -167,6 +199,8 @@ class ReplayGRPOTrainer(GRPOTrainer):
         self.replay_trained = 0  # completions trained on (with repetition)
         self._fifo_max_age = fifo_max_age(replay.buffer_size, replay.rollouts_per_step)
         self._last_rewards_per_func: torch.Tensor | None = None
+        self._step_generation_seconds = 0.0  # wall seconds this step spent in TRL's generation (for the log)
+        self._step_generated_rows = 0
 
     # ------------------------------------------------------------------ generation -> buffer -> draw
 
@@ -180,9 +214,17 @@ class ReplayGRPOTrainer(GRPOTrainer):
             return super()._prepare_inputs(generation_batch)
         # The design's batch step decides whether to generate (FreshPER Algorithm 1's replay updates do not),
         # what to keep and what to draw; TRL's generation runs only when it asks.
-        drawn, data = self.replay_buffer.step(
-            self.state.global_step, lambda: self.fresh_rows(self._generate_and_score_completions(generation_batch)))
-        self.replay_generated += int(np.sum(data.generated))
+        self._step_generation_seconds = 0.0
+
+        def generate() -> dict[str, torch.Tensor]:
+            started = time.perf_counter()
+            rows = self.fresh_rows(self._generate_and_score_completions(generation_batch))
+            self._step_generation_seconds += time.perf_counter() - started
+            return rows
+
+        drawn, data = self.replay_buffer.step(self.state.global_step, generate)
+        self._step_generated_rows = int(np.sum(data.generated))
+        self.replay_generated += self._step_generated_rows
         self.replay_trained += int(data.train.size)
         return drawn
 
@@ -238,7 +280,9 @@ class ReplayGRPOTrainer(GRPOTrainer):
         self._log_replay(inputs, logp_new.detach(), mask, entropies, out)
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, DiagnoseLogCallback):
-                callback.record(self.state.global_step, inputs, logp_new.detach())
+                callback.record(self.state.global_step, inputs, logp_new.detach(),
+                                generation_seconds=self._step_generation_seconds,
+                                generated_rows=self._step_generated_rows)
         return loss
 
     def _log_replay(self, inputs: dict[str, Any], logp_new: torch.Tensor, mask: torch.Tensor,

@@ -518,7 +518,7 @@ def test_trl_diagnose_log_export_is_what_preset_trl_reads(tmp_path, cli, capsys)
     import pyarrow.parquet as pq
 
     from replay_theory.diagnose import DiagnoseConfig, diagnose
-    from replay_theory.integrations.export import TRL_LOG_COLUMNS
+    from replay_theory.integrations.export import STEP_TIME_COLUMNS, TRL_LOG_COLUMNS
     from replay_theory.integrations.trl import DiagnoseLogCallback
     from replay_theory.theory import divergences as dv
 
@@ -527,7 +527,14 @@ def test_trl_diagnose_log_export_is_what_preset_trl_reads(tmp_path, cli, capsys)
                                  diagnose_log=path)
     assert len(logs) == steps
     table = pq.read_table(path)
-    assert table.column_names == list(TRL_LOG_COLUMNS)
+    assert table.column_names == list(TRL_LOG_COLUMNS) + list(STEP_TIME_COLUMNS)
+    generated = np.asarray(table.column("step_generated_rows").to_pylist())
+    assert generated.tolist() == [R] * (steps * B)  # the FIFO design generates R fresh rows every step
+    for name in ("step_generation_seconds", "step_update_seconds"):
+        seconds = np.asarray(table.column(name).to_pylist())
+        assert np.all(seconds > 0) and np.all(np.isfinite(seconds)), name
+        per_step = seconds.reshape(steps, B)
+        assert np.all(per_step == per_step[:, :1]), name  # one value per step, repeated on its rows
     assert pq.ParquetFile(path).metadata.num_row_groups == steps  # appended once per step
     step = np.asarray(table.column("step").to_pylist())
     age = np.asarray(table.column("age").to_pylist())
