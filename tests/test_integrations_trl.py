@@ -621,3 +621,65 @@ def test_diagnose_log_writer_appends_new_files_only(tmp_path):
     assert writer.rows_written == 3
     with pytest.raises(ValueError, match="is closed"):
         writer.write({"step": np.array([2])})
+
+
+# --------------------------------------------------------------------------- replay-theory trl-replay
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--buffer-size", "16"], "give --design FILE (replay-theory optimal ... -R R --json > FILE) or all of "
+                              "--buffer-size, --batch-size, --rollouts-per-step"),
+    (["--buffer-size", "8", "--batch-size", "8", "--rollouts-per-step", "16"],
+     "--buffer-size must be >= rollouts_per_step = 16 (the fresh rollouts must fit), got 8"),
+    (["--buffer-size", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--buffer", "exgrpo"],
+     "--buffer must be one of on-policy, fifo, positive-bias, prioritized, got 'exgrpo'"),
+    (["--buffer-size", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--steps", "0"],
+     "--steps must be an integer >= 1, got 0"),
+    (["--buffer-size", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--model", "Qwen/Qwen2.5-0.5B"],
+     "--model must be tiny or a local checkpoint directory, got 'Qwen/Qwen2.5-0.5B' (this machine reaches no "
+     "model hub)"),
+])
+def test_trl_replay_bad_input_is_one_line_before_any_work(cli, tmp_path, args, message):
+    out = tmp_path / "run"
+    code, stdout, stderr = cli("trl-replay", "--out", str(out), *args)
+    assert code == 2 and stdout == ""
+    assert stderr.strip() == f"replay-theory: error: {message}"
+    assert not out.exists()
+
+
+def test_trl_replay_refuses_a_used_directory(cli, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "rollouts.parquet").write_text("x")
+    code, _, stderr = cli("trl-replay", "--out", str(tmp_path / "run"), "--buffer-size", "16", "--batch-size", "8",
+                          "--rollouts-per-step", "8")
+    assert code == 2
+    assert "is not an empty directory: a run is never overwritten" in stderr
+    assert (tmp_path / "run" / "rollouts.parquet").read_text() == "x"
+
+
+@pytest.mark.slow
+def test_trl_replay_command_runs_the_design_and_leaves_a_log(cli, tmp_path):
+    # optimal --json -> trl-replay: N, B, R from the design file (N rounded to whole groups), TRL's real loop on the
+    # warm-started tiny Qwen2, a diagnose log of B rows a step with the step times, run.json with the config.
+    pytest.importorskip("trl")
+    import pyarrow.parquet as pq
+
+    code, design, _ = cli("optimal", "--mu", "5.28", "-R", "8", "--json")
+    assert code == 0
+    (tmp_path / "design.json").write_text(design)
+    out = tmp_path / "run"
+    code, stdout, stderr = cli("trl-replay", "--design", str(tmp_path / "design.json"), "--out", str(out),
+                               "--group-size", "4", "--steps", "4", "--sft-steps", "20", "--n-train", "64",
+                               "--no-progress")
+    assert code == 0, stderr
+    summary = json.loads((out / "run.json").read_text())
+    assert (summary["replay"]["buffer_size"], summary["replay"]["batch_size"],
+            summary["replay"]["rollouts_per_step"]) == (20, 26, 8)  # N 19 -> 20, whole groups of 4
+    assert summary["replay"]["notes"] == ["buffer_size 19 rounded to 20, a whole number of groups of 4"]
+    assert (summary["generated"], summary["trained"]) == (4 * 8, 4 * 26)
+    assert all(math.isfinite(h["loss"]) for h in summary["history"])
+    assert 0 <= summary["reward_first_quarter"] <= 1 and summary["config"]["steps"] == 4
+    table = pq.read_table(out / "rollouts.parquet")
+    assert table.num_rows == 4 * 26
+    assert set(np.asarray(table.column("step_generated_rows").to_pylist()).tolist()) == {8}
+    assert f"next: replay-theory diagnose {out / 'rollouts.parquet'} --preset trl" in stdout
