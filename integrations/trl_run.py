@@ -26,6 +26,7 @@ import json
 import math
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -166,6 +167,8 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     from replay_theory.validate.model import ModelConfig, load_policy, sft_warm_start
 
     configure_torch(config.threads)
+    # TRL 1.16 calls transformers 5's deprecated gradient-checkpointing names every step: not the user's to fix
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     problems, _ = ValidateConfig(n_train=config.n_train, seed=config.seed).problems()
     started = time.perf_counter()
     if config.model == "tiny":
