@@ -42,7 +42,10 @@ Logged per step, through TRL's ``self._metrics`` (averaged by its ``log``): ``re
 (samples trained / fresh generated, cumulative; = B/R), ``replay/ess`` and ``replay/ess/age_*`` (Kish fraction of
 the SEQUENCE log-ratios, theory.divergences.ess_kish_fraction), ``replay/buffer_rows``, ``replay/buffer_max_age``,
 the loss's own metrics under ``replay/<name>`` (``is_ratio_mean``, ``m2``, ``masked_frac``, ...) and, for the PPO
-clip, TRL's own ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean``; TRL's ``entropy``.
+clip, TRL's own ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean``; TRL's ``entropy``;
+and the what-if flags: ``replay/whatif/<correction>_<param>/flagged_frac`` and ``.../ess_frac`` for every
+correction of ``replay-theory diagnose``'s what-if table (``seq_`` prefix: sequence level), on the step's rows, so a
+run shows what a PPO clip, truncation, mask or M2PO would have cut without rerunning it.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from replay_theory.diagnose.whatif import TokenWhatIf, WhatIfConfig, sequence_rows
 from replay_theory.integrations.buffer import ReplayConfig, RowReplayBuffer, age_buckets, fifo_max_age
 from replay_theory.integrations.export import DiagnoseLogWriter
 from replay_theory.integrations.loss import as_numpy, shared_loss, shared_loss_tensor
@@ -309,3 +313,25 @@ class ReplayGRPOTrainer(GRPOTrainer):
             metrics[name].append(float(np.asarray(value).reshape(-1)[0]))
         real = mask.sum().clamp(min=1)
         metrics["entropy"].append(float((entropies.detach() * mask).sum() / real))
+        self._log_whatif(metrics, as_numpy(logp_new - inputs["old_per_token_logps"]), as_numpy(mask).astype(bool),
+                         as_numpy(inputs["advantages"]), seq_lr)
+
+    def _log_whatif(self, metrics, log_ratio: np.ndarray, mask: np.ndarray, advantages: np.ndarray,
+                    seq_lr: np.ndarray) -> None:
+        """diagnose's what-if table on this step's rows: what each other correction would flag, and its ESS.
+
+        The same accumulators as ``replay-theory diagnose`` (diagnose/whatif.py), one step at a time; M2PO's mask
+        acts on the whole step as one block (its reference code masks per micro-batch: here, the update).
+        ``log_ratio``, ``mask`` (B, L); ``advantages`` (B,); ``seq_lr`` (B,) sequence log-ratios.
+        """
+        config = WhatIfConfig(m2po_batch_tokens=max(int(mask.sum()), 1))
+        token = TokenWhatIf(config, has_advantage=True)
+        token.update(log_ratio[mask], np.broadcast_to(advantages[:, None], mask.shape)[mask])
+        for level, rows in (("token", token.rows()), ("sequence", sequence_rows(seq_lr, config))):
+            for row in rows:
+                if row["correction"] == "none" or row["flagged_frac"] is None:
+                    continue
+                param = row["param"] if isinstance(row["param"], str) else f"{row['param']:g}"
+                name = f"replay/whatif/{'seq_' if level == 'sequence' else ''}{row['correction']}_{param}"
+                metrics[f"{name}/flagged_frac"].append(float(row["flagged_frac"]))
+                metrics[f"{name}/ess_frac"].append(float(row["ess_frac"]))

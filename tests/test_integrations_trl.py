@@ -406,6 +406,21 @@ def test_trl_staleness_follows_the_fifo_law(trained):
 
 
 @pytest.mark.slow
+def test_trl_whatif_flags_are_diagnose_s_on_the_step(trained):
+    # The PPO clip the loss applies (eps 0.2 both sides) flags exactly the tokens diagnose's what-if ppo_clip 0.2
+    # flags: the loss's clip_ratio/region_mean and the what-if flagged fraction are one number, every step.
+    _, logs, _, _ = trained
+    for h in logs:
+        assert h["replay/whatif/ppo_clip_0.2/flagged_frac"] == pytest.approx(h["clip_ratio/region_mean"], abs=1e-12)
+        # a higher truncation level touches a subset of the tokens a lower one touches
+        assert h["replay/whatif/tis_5/flagged_frac"] <= h["replay/whatif/tis_2/flagged_frac"]
+        assert h["replay/whatif/seq_mask_5/flagged_frac"] <= h["replay/whatif/seq_mask_2/flagged_frac"]
+    for key in ("ppo_clip_0.2", "tis_2", "mask_2", "m2po_algorithm1_0.04", "seq_tis_2"):
+        assert logs[0][f"replay/whatif/{key}/flagged_frac"] == 0  # step 0: fresh rows, every ratio exactly 1
+        assert logs[0][f"replay/whatif/{key}/ess_frac"] == pytest.approx(1.0)
+
+
+@pytest.mark.slow
 def test_trl_buffered_groups_keep_their_shapes_and_rows(trained):
     # #6804 through TRL's real call path: every group of every push is buffered, and each row's reward and
     # advantage are the ones TRL computed for THAT completion and ITS group.
