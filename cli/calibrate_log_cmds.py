@@ -16,6 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from replay_theory.cli.common import strict
 from replay_theory.diagnose.by_age import AGGREGATIONS, WEIGHTS
 from replay_theory.diagnose.errors import ConfigError
 from replay_theory.outputs import check_new_file, write_new
@@ -73,7 +74,7 @@ def calibrate_command(
         data = calibrate_from_log(config, ready)
     except ConfigError as err:
         raise ValueError(err.named(OPTION_OF_FIELD.get(err.field, err.field))) from None
-    write_new(out, lambda tmp: tmp.write_text(json.dumps(data, indent=1, allow_nan=False)), "--out")
+    write_new(out, lambda tmp: tmp.write_text(json.dumps(strict(data), indent=1, allow_nan=False)), "--out")
     typer.echo(summary(data, out))
 
 

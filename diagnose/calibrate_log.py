@@ -179,7 +179,8 @@ def estimate_mu(times: dict[str, np.ndarray], trained: dict[float, int], level: 
     w = unit_weights(steps.size, draws, np.random.default_rng(seed))  # (draws, U)
     ci = _ratio_ci((w @ gen_s) * (w @ rows), (w @ gen_rows) * (w @ upd_s), level) if steps.size >= 2 else \
         (math.nan, math.nan)
-    return {"value": float(per_row_gen / per_row_upd), "ci": list(ci), "level": level, "source": "log",
+    return {"value": float(per_row_gen / per_row_upd), "ci": [c if math.isfinite(c) else None for c in ci],
+            "level": level, "source": "log",
             "steps": int(steps.size), "generation_seconds_per_row": float(per_row_gen),
             "update_seconds_per_row": float(per_row_upd), "generated_rows": float(gen_rows.sum()),
             "trained_rows": float(rows.sum()), "convention": "rollout-cost",
@@ -288,8 +289,9 @@ def summary(data: dict, out: Path) -> str:
     lines.append(f"sigma^2(s) / sigma^2({data['staleness'][0]:g}), plain form, proxy ({proxy['weight']} weights, "
                  f"{proxy['score']} score, {proxy['aggregation']}):")
     lines.append("  age  sequences  sigma^2 ratio  90% CI")
-    for s, n, v, c in zip(data["staleness"], proxy["sequences_by_age"], data["sigma_sq"], proxy["ci"]):
-        lines.append(f"  {s:>3g}  {n:>9d}  {v:>13.4g}  {ci(c)}")
+    for k, (s, n, v, c) in enumerate(zip(data["staleness"], proxy["sequences_by_age"], data["sigma_sq"],
+                                         proxy["ci"])):
+        lines.append(f"  {s:>3g}  {n:>9d}  {v:>13.4g}  {ci(c) if k else '(the reference age)'}")
     if proxy["ages_left_out"]:
         lines.append("  left out (fewer than 2 sequences or zero advantages): ages "
                      + ", ".join(f"{a} ({n} seq)" for a, n in proxy["ages_left_out"].items()))
@@ -297,6 +299,9 @@ def summary(data: dict, out: Path) -> str:
         lines.append(f"rho = {data['rho']:g} (given with --rho, not measured)")
     else:
         lines.append("rho: not measurable from a log (a gradient correlation); optimal will ask for --rho")
+    if data["staleness"][-1] <= 1:
+        lines.append("note: the table ends at age 1; optimal needs ages beyond 1 (log a run whose buffer holds "
+                     "older rows, N > 2R)")
     lines.append(f"wrote {out}")
     rho = f" --rho {data['rho']:g}" if "rho" in data else " --rho RHO"
     lines.append(f"next: replay-theory optimal --profile {out} --mu {mu['value']:.4g}{rho}")
