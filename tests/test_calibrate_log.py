@@ -201,3 +201,22 @@ def test_bad_paths_and_missing_time_columns(tmp_path, cli):
     code, _, err = cli("calibrate", "--out", str(tmp_path / "q.json"))
     assert code == 2 and err == ("replay-theory: error: --from-log LOG is required: the diagnose log a run exported "
                                  "(Parquet, CSV or JSON lines)\n")
+
+
+def test_long_layout_csv_gives_the_same_mu_and_table(tmp_path, cli):
+    """The default preset's one-row-per-token CSV (time columns repeated on every token row): rows trained at a
+    step are the step's distinct sequences, so mu and the table equal the wide log's."""
+    lines = ["seq_id,step,age,advantage,logp_behav,logp_current,mask,step_generation_seconds,step_update_seconds,"
+             "step_generated_rows"]
+    for i, (step, age, adv, cur, behav, mask) in enumerate(ROWS):
+        gen_s, gen_rows, upd_s = TIMES[step]
+        for c, b, m in zip(cur, behav, mask):
+            lines.append(f"s{i},{step},{age},{adv!r},{b!r},{c!r},{m},{gen_s},{upd_s},{gen_rows}")
+    log = tmp_path / "long.csv"
+    log.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "p.json"
+    code, _, err = cli("calibrate", "--from-log", str(log), "--columns", "mask=mask", "--out", str(out))
+    data = json.loads(out.read_text())
+    assert code == 0 and err == "" and data["provenance"]["layout"] == "long"
+    assert data["mu"]["value"] == pytest.approx(MU, rel=1e-12) and data["mu"]["trained_rows"] == 7
+    assert data["sigma_sq"] == pytest.approx([1.0, RATIO_LOGIT], rel=1e-12)
