@@ -10,6 +10,7 @@ in one module per family, each with ``register(app)`` so it can be loaded and te
 | ``cli/validate_cmds.py``| validate calibrate-model / predict / verify / all           |
 | ``cli/figures_cmds.py`` | figures                                                     |
 | ``cli/diagnose_cmds.py``| diagnose                                                    |
+| ``cli/calibrate_log_cmds.py`` | calibrate --from-log (mu and sigma^2(s) from a run's log) |
 | ``cli/trl_cmds.py``     | trl-replay (TRL's GRPOTrainer with the replay buffer)       |
 
 Heavy optional dependencies (sympy, matplotlib, torch, transformers, pyarrow) are imported inside
@@ -28,7 +29,15 @@ from typing import Annotated, Optional
 import typer
 
 from replay_theory import __version__
-from replay_theory.cli import diagnose_cmds, figures_cmds, simulate_cmds, theory_cmds, trl_cmds, validate_cmds
+from replay_theory.cli import (
+    calibrate_log_cmds,
+    diagnose_cmds,
+    figures_cmds,
+    simulate_cmds,
+    theory_cmds,
+    trl_cmds,
+    validate_cmds,
+)
 from replay_theory.cli.common import PROG, UserError, help_without_command
 
 # Valid ranges shown when typer rejects a value before the commands' own checks run, by parameter name.
@@ -58,7 +67,7 @@ def root(
     help_without_command(ctx)
 
 
-for family in (theory_cmds, simulate_cmds, validate_cmds, figures_cmds, diagnose_cmds, trl_cmds):
+for family in (theory_cmds, simulate_cmds, validate_cmds, figures_cmds, diagnose_cmds, calibrate_log_cmds, trl_cmds):
     family.register(app)
 
 

@@ -197,6 +197,8 @@ class LoadedProfile:
         fit = self.rho_fit
         if self.rho is not None or not fit or fit.get("in_range", True):
             return None
+        if fit.get("measurable") is False:
+            return f"the profile has no rho: {fit.get('note') or 'it was not measured'}"
         value, ci = fit.get("value"), fit.get("ci") or [None, None]
 
         def fmt(x):
