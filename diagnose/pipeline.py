@@ -11,7 +11,13 @@
   KL drift fit and the FreshPER what-if);
 * per-sequence sums of log r (sequence ratio = product of token ratios, summed
   in log space, so an 8k-token response cannot overflow);
-* the streaming what-if corrections (``whatif.py``).
+* the streaming what-if corrections (``whatif.py``);
+* the sums behind TRL's, verl's and M2PO's logged metrics
+  (``framework_stats.FrameworkSums``: token sums plus per-sequence sums of
+  log r, log-probs and verl's clamped weights; a sequence's advantage is its
+  first token's), finished by the same ``framework_stats.finish`` as the
+  batch function ``framework_statistics``, so the report's ``framework``
+  equals that function on the whole log as one batch.
 
 Memory is O(chunk + sequences + distinct ages), whatever the file size.
 

@@ -5,7 +5,9 @@ effective importance weight w (0 for a token that no longer carries gradient),
 and we report over ALL tokens (or sequences):
 
 * ``flagged_frac``: fraction of tokens the correction touches (clipped,
-  truncated or masked): TRL ``clip_ratio/region_mean``, verl ``pg_clipfrac``,
+  truncated or masked); with advantages the ``ppo_clip`` / ``ppo_clip_asym``
+  rows equal TRL's ``clip_ratio/region_mean`` and verl's ``actor/pg_clipfrac``
+  at the same eps (verl divides by n + 1e-8),
   M2PO's masked fraction;
 * ``ess_frac``: Kish (sum w)^2 / (n sum w^2) of the effective weights, masked
   tokens counted as w = 0 (so masking lowers it: the ESS of what still trains);
