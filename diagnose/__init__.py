@@ -6,7 +6,13 @@ sums (``accumulators.py``), and reports the importance-weight quantities of
 ``theory/divergences.py`` overall, per sequence and per sample age, the theory
 bounds with their slack (``theory/bounds.py``), the KL drift with age and the
 FreshPER tau it implies (``drift.py``), and what other corrections would have
-done to the same tokens (``whatif.py``).  ``pipeline.diagnose`` runs the pass;
+done to the same tokens (``whatif.py``), and the metrics TRL, verl and M2PO
+log, under their own keys and with their code's definitions
+(``framework_stats.py``; ``framework_statistics`` is the numpy-only batch form
+the trainers can log).  TRL computes no ESS; ``ess_frac`` here is the Kish
+fraction of the raw ratios, not verl's ``rollout_is_eff_sample_size`` (the
+Kish fraction of the ratios clamped to [1/C, C]), which the framework
+section reports separately.  ``pipeline.diagnose`` runs the pass;
 ``report.py`` renders it.
 
 Papers and symbols: FreshPER (prioritized replay; ``ess_frac`` = ESS/n, its

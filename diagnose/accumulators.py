@@ -21,7 +21,7 @@ listed in docs/REFERENCES.md):
 
     ess_frac = A^2 / (n B)                       (sum r)^2 / (n sum r^2), Kish
     d2       = 2 M + log(B / n)                  log mean r^2, FreshPER Eq. (23)
-    chi2     = expm1(d2)                         mean r^2 - 1, verl chi2_token
+    chi2     = expm1(d2)                         mean r^2 - 1 (verl chi2_token clamps log r to +-20 first)
     kl_k1    = -sum log r / n                    M2PO Eq. (3)
     kl_k2    = sum (log r)^2 / (2 n),  m2 = 2 kl_k2     M2PO Eq. (4)
     kl_k3    = mean(r - 1 - log r)
@@ -163,8 +163,8 @@ class Moments:
             big = np.maximum(self.lmax, 0.0)
             return {
                 "n_tokens": self.n.copy(),
-                "ess_frac": np.minimum(self.A**2 / (n * self.B), 1.0),  # Kish, FreshPER Eq. (5) form
-                "chi2": np.expm1(d2),  # Eq. (24), FreshPER; verl chi2_token
+                "ess_frac": np.minimum(self.A**2 / (n * self.B), 1.0),  # Kish of raw r, FreshPER Eq. (5); not verl's
+                "chi2": np.expm1(d2),  # Eq. (24), FreshPER; verl chi2_token without its +-20 clamp
                 "d2": d2,
                 "kl_k1": -self.s1 / n,  # Eq. (3), M2PO
                 "kl_k2": 0.5 * self.s2 / n,

@@ -11,7 +11,13 @@
   KL drift fit and the FreshPER what-if);
 * per-sequence sums of log r (sequence ratio = product of token ratios, summed
   in log space, so an 8k-token response cannot overflow);
-* the streaming what-if corrections (``whatif.py``).
+* the streaming what-if corrections (``whatif.py``);
+* the sums behind TRL's, verl's and M2PO's logged metrics
+  (``framework_stats.FrameworkSums``: token sums plus per-sequence sums of
+  log r, log-probs and verl's clamped weights; a sequence's advantage is its
+  first token's), finished by the same ``framework_stats.finish`` as the
+  batch function ``framework_statistics``, so the report's ``framework``
+  equals that function on the whole log as one batch.
 
 Memory is O(chunk + sequences + distinct ages), whatever the file size.
 
@@ -33,6 +39,7 @@ import numpy as np
 from replay_theory.diagnose.accumulators import LogRatioHistogram, Moments
 from replay_theory.diagnose.drift import fit_kl_drift
 from replay_theory.diagnose.errors import ConfigError
+from replay_theory.diagnose.framework_stats import FrameworkParams, FrameworkSums, finish, rollout_is_metrics
 from replay_theory.diagnose.reader import FORMATS, LogReader, TokenChunk
 from replay_theory.diagnose.schema import resolve_columns
 from replay_theory.diagnose.whatif import TokenWhatIf, WhatIfConfig, freshper_rows, sequence_rows
@@ -58,6 +65,7 @@ class DiagnoseConfig:
     max_age_buckets: int = 16
     what_if: WhatIfConfig = field(default_factory=WhatIfConfig)
     run_what_if: bool = True
+    framework: FrameworkParams = field(default_factory=FrameworkParams)
 
     def __post_init__(self) -> None:
         # every field is checked here, before the file is opened: a bad value costs no work
@@ -94,6 +102,10 @@ class _State:
         self.skipped = {"nan_or_inf_logp": 0, "positive_logp": 0, "bad_age": 0, "bad_advantage": 0,
                         "mismatched_rows": 0}
         self.what_if = TokenWhatIf(config.what_if, has_advantage) if config.run_what_if else None
+        # the TRL / verl / M2PO metrics (framework_stats.py); a sequence's advantage is its first token's
+        self.framework = FrameworkSums(has_advantage=has_advantage)
+        self.framework_params = config.framework
+        self.seq_adv = np.zeros(0, dtype=np.float64)  # (n_seq,) NaN until the sequence's first kept token
 
 
 def _check(chunk: TokenChunk, skip: bool, state: _State, path: str) -> np.ndarray:
@@ -145,6 +157,17 @@ def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray) -> None:
 
     if lr.size == 0:
         return
+    seq_kept = seq[keep]
+    adv = None if chunk.advantage is None else chunk.advantage[keep]
+    seq_adv_tok = None
+    if adv is not None:
+        state.seq_adv = _grow(state.seq_adv, size, np.nan)
+        codes, first = np.unique(seq_kept, return_index=True)
+        unset = np.isnan(state.seq_adv[codes])
+        state.seq_adv[codes[unset]] = adv[first[unset]]
+        seq_adv_tok = state.seq_adv[seq_kept]
+    state.framework.add_tokens(lr, cur, behav, seq_kept, state.seq_sum.size, adv, seq_adv_tok,
+                               state.framework_params)
     state.tokens.fold(Moments.from_samples(lr))
     state.hist.update(lr)
     if chunk.age is not None:
@@ -223,6 +246,25 @@ def _by_age(state: _State, max_buckets: int) -> tuple[list[dict], np.ndarray]:
     return sorted(rows, key=lambda r: r["age"]), ages
 
 
+def _framework(state: _State, good: np.ndarray, n_seq: int) -> tuple[dict, dict]:
+    """TRL / verl / M2PO metrics (framework_stats.finish) over the whole log as one batch.
+
+    Token sums cover every kept token; the per-sequence sums the sequences that
+    kept all their tokens (the same ones as the sequence statistics).
+    """
+    fw = state.framework
+    sums = FrameworkSums(**{k: getattr(fw, k) for k in fw.__dataclass_fields__})
+    for name in ("seq_len", "seq_lr", "seq_cur", "seq_behav", "seq_w", "seq_trl_low", "seq_trl_high"):
+        full = getattr(fw, name)
+        padded = np.zeros(max(n_seq, full.size))
+        padded[: full.size] = full
+        setattr(sums, name, padded[:n_seq][good])
+    if sums.seq_len.size == 0:
+        return {}, {}
+    params = state.framework_params
+    return finish(sums, params, "token"), rollout_is_metrics(sums, params, "sequence")
+
+
 def diagnose(config: DiagnoseConfig, progress: Optional[Callable[[int, int], None]] = None) -> dict:
     """Read ``config.path`` once and return the report (a JSON-safe dict; see the CLI's ``--json``)."""
     columns = resolve_columns(config.preset, config.columns)
@@ -267,6 +309,9 @@ def diagnose(config: DiagnoseConfig, progress: Optional[Callable[[int, int], Non
     report["bounds"] = {"token": _relations(state.tokens),
                         "sequence": _relations(seq_moments) if seq_moments is not None else []}
 
+    report["framework"], report["framework_rollout_is_sequence"] = _framework(state, good, n_seq)
+    report["framework_params"] = asdict(config.framework)
+
     if state.has_age and state.by_age.size:
         report["by_age"], ages = _by_age(state, config.max_age_buckets)
         age_stats = state.by_age.statistics()
@@ -276,8 +321,16 @@ def diagnose(config: DiagnoseConfig, progress: Optional[Callable[[int, int], Non
 
     if state.what_if is not None:
         rows = state.what_if.rows()
+        if state.framework.has_advantage:
+            # M2 over M2PO's trust-region tokens, next to the M2PO rows: the number M2PO compares with tau_M2
+            last = max(i for i, r in enumerate(rows) if r["correction"].startswith("m2po"))
+            fw = state.framework
+            rows.insert(last + 1, {"correction": "m2_trust_region", "level": "token", "param": None,
+                                   "flagged_frac": fw.m2_count / fw.n, "ess_frac": None, "bias_proxy": None,
+                                   "m2": report["framework"]["m2po/M2"]})
         if seq_lr.size:
-            rows += sequence_rows(seq_lr, config.what_if)
+            seq_adv = state.seq_adv[:n_seq][good] if state.framework.has_advantage else None
+            rows += sequence_rows(seq_lr, config.what_if, state.seq_len[:n_seq][good], seq_adv)
         if ages is not None:
             taus = list(config.what_if.freshper_tau)
             fitted = (report["drift"] or {}).get("tau")

@@ -6,7 +6,6 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Optional
 
 from replay_theory.diagnose.errors import ConfigError
 
@@ -27,9 +26,21 @@ ROWS = (
 )
 
 
-def _fmt(x: Optional[float], digits: int = 4) -> str:
+#: where each framework metric's definition comes from (framework_stats.py transcribes it)
+FRAMEWORK_SOURCES = (
+    ("rollout_corr/", "verl rollout_corr_helper.py"),
+    ("actor/", "verl core_algos.py (vanilla PPO, dual clip)"),
+    ("sampling/", "TRL grpo_trainer.py (vLLM IS, sequence_mask)"),
+    ("clip_ratio/", "TRL grpo_trainer.py compute_loss"),
+    ("m2po/", "M2PO core_algos.py"),
+)
+
+
+def _fmt(x, digits: int = 4) -> str:
     if x is None:
         return "-"
+    if isinstance(x, (list, tuple)):  # a correction with two params, e.g. ppo_clip_asym lo/hi
+        return "/".join(_fmt(v, digits) for v in x)
     if isinstance(x, bool):
         return "yes" if x else "NO"
     if isinstance(x, int):
@@ -101,10 +112,22 @@ def render(report: dict) -> str:
                        f"{_fmt(drift['tau'])}")
         else:
             out.append(f"KL drift: {drift.get('reason', 'not fitted')}")
+    framework = report.get("framework") or {}
+    if framework:
+        seq_is = report.get("framework_rollout_is_sequence") or {}
+        params = report.get("framework_params") or {}
+        out += ["", "framework metrics (TRL / verl / M2PO keys as their code logs them; "
+                    + ", ".join(f"{k} {v:g}" for k, v in params.items()) + "):"]
+        rows = []
+        for key, value in framework.items():
+            source = next((src for prefix, src in FRAMEWORK_SOURCES if key.startswith(prefix)), "")
+            rows.append([key, _fmt(value), _fmt(seq_is.get(key)) if key in seq_is else "", source])
+        out += _table(["metric", "value", "rollout_is=sequence", "source"], rows)
     if report.get("what_if"):
         out += ["", "what if (same tokens, other corrections; w = 0 where a token stops training):"]
         rows = [[r["correction"], r["level"], "-" if r["param"] is None else _fmt(r["param"]),
-                 _fmt(r["flagged_frac"]), _fmt(r["ess_frac"]), _fmt(r["bias_proxy"]), r.get("note", "")]
+                 _fmt(r["flagged_frac"]), _fmt(r["ess_frac"]), _fmt(r["bias_proxy"]),
+                 r.get("note") or (f"M2 = {_fmt(r['m2'])} (m2po/M2)" if "m2" in r else "")]
                 for r in report["what_if"]]
         out += _table(["correction", "level", "param", "flagged", "ess_frac", "bias_proxy", "note"], rows)
     return "\n".join(out)

@@ -5,7 +5,9 @@ effective importance weight w (0 for a token that no longer carries gradient),
 and we report over ALL tokens (or sequences):
 
 * ``flagged_frac``: fraction of tokens the correction touches (clipped,
-  truncated or masked): TRL ``clip_ratio/region_mean``, verl ``pg_clipfrac``,
+  truncated or masked); with advantages the ``ppo_clip`` / ``ppo_clip_asym``
+  rows equal TRL's ``clip_ratio/region_mean`` and verl's ``actor/pg_clipfrac``
+  at the same eps (verl divides by n + 1e-8),
   M2PO's masked fraction;
 * ``ess_frac``: Kish (sum w)^2 / (n sum w^2) of the effective weights, masked
   tokens counted as w = 0 (so masking lowers it: the ESS of what still trains);
@@ -30,7 +32,33 @@ Corrections (papers FreshPER, M2PO and Replay-RLOO, listed in docs/REFERENCES.md
                       advantages (the candidate set depends on their sign).
 ``freshper`` tau      FreshPER age decay w = r e^{-age/tau} (Eq. 13).  Needs
                       ages; computed after the pass from the per-age sums.
+``ppo_clip_asym``     asymmetric PPO clip, one correction with both params
+  [lo, hi]            (DAPO's 0.2 / 0.28; verl clip_ratio_low/high, TRL
+                      epsilon/epsilon_high): A > 0 and r > 1 + hi, or A < 0
+                      and r < 1 - lo, gets w = 0 (both sides without A).
+``trl_is_mask`` C     TRL's default vLLM importance sampling
+                      (vllm_importance_sampling_mode="sequence_mask",
+                      vllm_importance_sampling_clip_max=3, clip_min None):
+                      one-sided, a sequence with R_seq > C gets w = 0,
+                      else w = R_seq (trl/trainer/grpo_trainer.py,
+                      _generate_and_score_completions).
+``gspo`` [lo, hi]     GSPO: the geometric-mean sequence ratio
+                      s = exp(sum log r / |y|) clipped to [1 - lo, 1 + hi]
+                      as TRL's importance_sampling_level="sequence" does
+                      (grpo_trainer.py compute_loss): a sequence with A > 0
+                      and s > 1 + hi, or A < 0 and s < 1 - lo, gets w = 0,
+                      else w = s.  The GSPO paper's eps 3e-4 / 4e-4 (TRL
+                      docs, paper_index.md).  A = the sequence's first
+                      token's advantage; both sides without advantages.
+``m2_trust_region``   not a correction: M2 = mean (log r)^2 over M2PO's
+                      trust-region tokens T ((A > 0, r > 1) or (A < 0,
+                      r < 1)), the quantity M2PO thresholds at tau_M2 and
+                      its code logs as ``m2po/M2``; ``flagged_frac`` = |T| / n.
 ====================  =====================================================
+
+``flagged_frac`` is a TOKEN fraction for token-level rows and a SEQUENCE
+fraction for sequence-level rows.  Neither TRL nor verl logs an ESS of these
+weights: ``ess_frac`` here is ours (Kish, as FreshPER).
 """
 
 from __future__ import annotations
@@ -42,6 +70,7 @@ import numpy as np
 
 from replay_theory.diagnose.accumulators import Moments, WeightSums
 from replay_theory.diagnose.errors import ConfigError
+from replay_theory.diagnose.framework_stats import gspo_sequence_log_ratio
 from replay_theory.simulate.losses import m2po_mask
 from replay_theory.theory.group_replay import clipping_bias_proxy
 
@@ -58,6 +87,9 @@ class WhatIfConfig:
     m2po: tuple[float, ...] = (0.04,)
     m2po_batch_tokens: int = 32768
     freshper_tau: tuple[float, ...] = (2.0, 8.0)
+    ppo_clip_asym: tuple[tuple[float, float], ...] = ((0.2, 0.28),)
+    trl_is_mask: tuple[float, ...] = (3.0,)
+    gspo: tuple[tuple[float, float], ...] = ((3e-4, 4e-4),)
 
     def __post_init__(self) -> None:
         # (field, open interval of valid values): the lower clip edge log(1 - eps) needs eps < 1
@@ -68,6 +100,16 @@ class WhatIfConfig:
             for v in values:
                 if not (isinstance(v, (int, float)) and math.isfinite(v) and lo < v < hi):
                     raise ConfigError(name, f"values must be finite numbers {valid}, got {v!r}")
+        for name, pairs in (("ppo_clip_asym", self.ppo_clip_asym), ("gspo", self.gspo)):
+            for pair in pairs:
+                ok = (isinstance(pair, (tuple, list)) and len(pair) == 2
+                      and all(isinstance(v, (int, float)) and math.isfinite(v) for v in pair)
+                      and 0 < pair[0] < 1 and pair[1] > 0)
+                if not ok:
+                    raise ConfigError(name, f"values must be pairs (lo, hi) with lo in (0, 1) and hi > 0, got {pair!r}")
+        for c in self.trl_is_mask:
+            if not (isinstance(c, (int, float)) and math.isfinite(c) and c > 0):
+                raise ConfigError("trl_is_mask", f"values must be finite numbers > 0, got {c!r}")
         if self.m2po_batch_tokens < 1:
             raise ConfigError("m2po_batch_tokens", f"must be an integer >= 1, got {self.m2po_batch_tokens}")
 
@@ -80,6 +122,14 @@ def _row(correction: str, level: str, param, result: dict | None, note: str = ""
     if note:
         row["note"] = note
     return row
+
+
+def _clip_active(lr: np.ndarray, advantage: np.ndarray | None, lo: float, hi: float) -> np.ndarray:
+    """Where a PPO clip [1 - lo, 1 + hi] takes the gradient (the clipped term is the min); log space."""
+    above, below = lr > math.log1p(hi), lr < math.log1p(-lo)
+    if advantage is None:  # without advantages both sides count (the worst case)
+        return above | below
+    return (above & (advantage > 0)) | (below & (advantage < 0))
 
 
 def _dropped_mass(lr: np.ndarray, dropped: np.ndarray) -> np.ndarray:
@@ -97,6 +147,8 @@ class TokenWhatIf:
         self.sums: dict[tuple, WeightSums] = {("none", None): WeightSums()}
         for eps in config.ppo_clip:
             self.sums[("ppo_clip", eps)] = WeightSums()
+        for lo, hi in config.ppo_clip_asym:
+            self.sums[("ppo_clip_asym", (float(lo), float(hi)))] = WeightSums()
         for c in config.tis:
             self.sums[("tis", c)] = WeightSums()
         for c in config.mask:
@@ -120,6 +172,10 @@ class TokenWhatIf:
             else:
                 active = above | below
             self.sums[("ppo_clip", eps)].update(np.where(active, -np.inf, lr), active, _dropped_mass(lr, active))
+        for lo, hi in self.config.ppo_clip_asym:
+            active = _clip_active(lr, advantage, lo, hi)
+            self.sums[("ppo_clip_asym", (float(lo), float(hi)))].update(np.where(active, -np.inf, lr), active,
+                                                                         _dropped_mass(lr, active))
         for c in self.config.tis:
             log_c = math.log(c)
             truncated = lr > log_c
@@ -164,6 +220,8 @@ class TokenWhatIf:
             if name == "m2po":
                 tau, variant = param
                 out.append(_row(f"m2po_{variant}", "token", tau, sums.result()))
+            elif name == "ppo_clip_asym":
+                out.append(_row(name, "token", list(param), sums.result()))
             else:
                 out.append(_row(name, "token", param, sums.result()))
         if not self.has_advantage:
@@ -172,8 +230,10 @@ class TokenWhatIf:
         return out
 
 
-def sequence_rows(seq_log_ratio: np.ndarray, config: WhatIfConfig) -> list[dict]:
-    """Sequence-level truncation and masking on the sequence log-ratios (n_seq,)."""
+def sequence_rows(seq_log_ratio: np.ndarray, config: WhatIfConfig, seq_len: np.ndarray | None = None,
+                  seq_advantage: np.ndarray | None = None) -> list[dict]:
+    """Sequence-level corrections on the sequence log-ratios (n_seq,); GSPO needs the lengths (n_seq,),
+    and uses the sequences' advantages (n_seq,) when given."""
     lr = np.asarray(seq_log_ratio, dtype=np.float64)
     rows = []
     base = WeightSums()
@@ -189,6 +249,19 @@ def sequence_rows(seq_log_ratio: np.ndarray, config: WhatIfConfig) -> list[dict]
         sums = WeightSums()
         sums.update(np.where(masked, -np.inf, lr), masked, _dropped_mass(lr, masked))
         rows.append(_row("mask", "sequence", c, sums.result()))
+    for c in config.trl_is_mask:
+        # TRL sequence_mask: R > C_max -> 0 (one-sided; vllm_importance_sampling_clip_min None)
+        masked = lr > math.log(c)
+        sums = WeightSums()
+        sums.update(np.where(masked, -np.inf, lr), masked, _dropped_mass(lr, masked))
+        rows.append(_row("trl_is_mask", "sequence", float(c), sums.result()))
+    if seq_len is not None:
+        geo = gspo_sequence_log_ratio(lr, seq_len)  # log s, s = geometric-mean token ratio
+        for lo, hi in config.gspo:
+            active = _clip_active(geo, seq_advantage, lo, hi)
+            sums = WeightSums()
+            sums.update(np.where(active, -np.inf, geo), active, _dropped_mass(geo, active))
+            rows.append(_row("gspo", "sequence", [float(lo), float(hi)], sums.result()))
     return rows
 
 
