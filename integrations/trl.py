@@ -45,7 +45,9 @@ the loss's own metrics under ``replay/<name>`` (``is_ratio_mean``, ``m2``, ``mas
 clip, TRL's own ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean``; TRL's ``entropy``;
 and the what-if flags: ``replay/whatif/<correction>_<param>/flagged_frac`` and ``.../ess_frac`` for every
 correction of ``replay-theory diagnose``'s what-if table (``seq_`` prefix: sequence level), on the step's rows, so a
-run shows what a PPO clip, truncation, mask or M2PO would have cut without rerunning it.
+run shows what a PPO clip, truncation, mask or M2PO would have cut without rerunning it; and the statistics verl,
+TRL and M2PO users know, under their own keys (``diagnose.framework_stats.framework_statistics``: verl's
+``rollout_corr/*`` perplexities and IS weights, ``actor/pg_clipfrac(_lower)``, TRL's ``sampling/*``, ``m2po/M2``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from replay_theory.diagnose.framework_stats import framework_statistics
 from replay_theory.diagnose.whatif import TokenWhatIf, WhatIfConfig, sequence_rows
 from replay_theory.integrations.buffer import ReplayConfig, RowReplayBuffer, age_buckets, fifo_max_age
 from replay_theory.integrations.export import DiagnoseLogWriter
@@ -315,6 +318,15 @@ class ReplayGRPOTrainer(GRPOTrainer):
         metrics["entropy"].append(float((entropies.detach() * mask).sum() / real))
         self._log_whatif(metrics, as_numpy(logp_new - inputs["old_per_token_logps"]), as_numpy(mask).astype(bool),
                          as_numpy(inputs["advantages"]), seq_lr)
+        # The statistics verl, TRL and M2PO log, under their keys, on the pair diagnose --preset trl reads (the
+        # sampler's log-probs vs the policy being trained). clip_ratio/* name a clip TRL applied: only the PPO clip
+        # loss logs them (above), so they are not repeated for a loss that does not clip.
+        framework = framework_statistics(as_numpy(inputs["sampling_per_token_logps"]), as_numpy(logp_new),
+                                         as_numpy(mask).astype(bool), as_numpy(inputs["advantages"]),
+                                         clip_low=self.replay.eps_low, clip_high=self.replay.eps_high)
+        for key, value in framework.items():
+            if not key.startswith("clip_ratio/"):
+                metrics[key].append(float(value))
 
     def _log_whatif(self, metrics, log_ratio: np.ndarray, mask: np.ndarray, advantages: np.ndarray,
                     seq_lr: np.ndarray) -> None:
@@ -331,7 +343,9 @@ class ReplayGRPOTrainer(GRPOTrainer):
             for row in rows:
                 if row["correction"] == "none" or row["flagged_frac"] is None:
                     continue
-                param = row["param"] if isinstance(row["param"], str) else f"{row['param']:g}"
+                params = row["param"] if isinstance(row["param"], (list, tuple)) else [row["param"]]  # asym clip: 2
+                param = "_".join(p if isinstance(p, str) else f"{p:g}" for p in params)
                 name = f"replay/whatif/{'seq_' if level == 'sequence' else ''}{row['correction']}_{param}"
                 metrics[f"{name}/flagged_frac"].append(float(row["flagged_frac"]))
-                metrics[f"{name}/ess_frac"].append(float(row["ess_frac"]))
+                if row["ess_frac"] is not None:  # the M2 trust-region row counts tokens, it weights none
+                    metrics[f"{name}/ess_frac"].append(float(row["ess_frac"]))

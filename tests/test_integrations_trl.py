@@ -415,6 +415,13 @@ def test_trl_whatif_flags_are_diagnose_s_on_the_step(trained):
         # a higher truncation level touches a subset of the tokens a lower one touches
         assert h["replay/whatif/tis_5/flagged_frac"] <= h["replay/whatif/tis_2/flagged_frac"]
         assert h["replay/whatif/seq_mask_5/flagged_frac"] <= h["replay/whatif/seq_mask_2/flagged_frac"]
+    # verl's / TRL's / M2PO's own keys, computed by diagnose's framework_statistics on the same pair
+    for h in logs:
+        assert h["rollout_corr/ppl_ratio"] > 0 and h["rollout_corr/rollout_ppl"] >= 1
+        assert 0 < h["rollout_corr/rollout_is_eff_sample_size"] <= 1 + 1e-6  # verl divides by mean + 1e-8
+        assert h["m2po/M2"] >= 0
+    assert logs[0]["sampling/sampling_logp_difference/mean"] == pytest.approx(0, abs=1e-6)  # step 0: same policy
+    assert logs[0]["rollout_corr/log_ppl_diff"] == pytest.approx(0, abs=1e-6)
     for key in ("ppo_clip_0.2", "tis_2", "mask_2", "m2po_algorithm1_0.04", "seq_tis_2"):
         assert logs[0][f"replay/whatif/{key}/flagged_frac"] == 0  # step 0: fresh rows, every ratio exactly 1
         assert logs[0][f"replay/whatif/{key}/ess_frac"] == pytest.approx(1.0)
