@@ -142,10 +142,10 @@ def test_sweep_refuses_a_non_empty_unrelated_directory(cli, tmp_path, spec_file)
 
 
 def test_a_failing_sweep_leaves_no_directory_behind(tmp_path, monkeypatch):
-    def crash(config, runs_dir):
+    def crash(config):
         raise RuntimeError("engine crashed")
 
-    monkeypatch.setattr(sweep_module, "_run_one", crash)
+    monkeypatch.setattr(sweep_module, "run_config", crash)
     out = tmp_path / "new" / "deeper"
     with pytest.raises(RuntimeError, match="engine crashed"):
         run_sweep({"configs": [TINY]}, out, n_jobs=1, backend="threading", show_progress=False)
