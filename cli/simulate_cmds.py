@@ -193,9 +193,10 @@ def sweep(
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Parallel configurations: -1 (all cores) or >= 1; with "
                                                             "dask or ray and no --scheduler, the local cluster's "
                                                             "workers.")] = -1,
+    # help text is rich markup: "\\[" keeps the extras' brackets visible
     backend: Annotated[Backend, typer.Option("--backend", help="Engine: loky (processes here), threading, dask "
-                                                               "(pip install 'replay-theory[dask]') or ray "
-                                                               "(pip install 'replay-theory[ray]'). Results are "
+                                                               "(pip install 'replay-theory\\[dask]') or ray "
+                                                               "(pip install 'replay-theory\\[ray]'). Results are "
                                                                "bit-identical across loky, dask and ray.")
                        ] = Backend.loky,
     scheduler: Annotated[str | None, typer.Option("--scheduler", help="dask or ray only: a running cluster, "

@@ -254,8 +254,11 @@ def check_scheduler(backend: str, scheduler: str | None, n_jobs: int = -1) -> st
 
 
 def local_workers(n_jobs: int, n_configs: int) -> int:
-    """Workers of a local engine: ``n_jobs`` (-1: every core), never more than the configurations to run."""
-    cores = n_jobs if n_jobs != -1 else (os.cpu_count() or 1)
+    """Workers of a local engine: ``n_jobs`` (-1: every core), never more than the configurations to run.
+
+    -1 counts cores as loky does (joblib.cpu_count: the CPUs this process may use, cgroup limits included).
+    """
+    cores = n_jobs if n_jobs != -1 else joblib.cpu_count()
     return max(1, min(cores, n_configs))
 
 
