@@ -242,3 +242,11 @@ def test_ray_equals_loky_bit_for_bit(tmp_path, loky_files):
     import ray
 
     assert not ray.is_initialized()  # the local Ray the sweep started is shut down
+
+
+def test_local_cluster_size():
+    import joblib
+
+    assert sweep_module.local_workers(2, 3) == 2  # --jobs 2: two workers
+    assert sweep_module.local_workers(8, 3) == 3  # never an idle worker process
+    assert sweep_module.local_workers(-1, 1000) == joblib.cpu_count()  # -1: every core, counted as loky does
