@@ -442,6 +442,8 @@ def run_sweep(spec: dict, out_dir: str | Path, n_jobs: int = -1, backend: str = 
 
     Everything is checked (spec, n_jobs, backend and its package, scheduler's format, out_dir) before the
     first file is written; the engine is started (or the cluster at ``scheduler`` reached) before it too.
+    dask's local cluster spawns its worker processes, so a script calling this with ``backend="dask"`` and no
+    ``scheduler`` runs it under ``if __name__ == "__main__":`` (as for any spawned pool).
     """
     configs = expand_spec(validate_spec(spec))
     check_jobs(n_jobs)
