@@ -37,7 +37,7 @@ from replay_theory.simulate.config import SimConfig, config_from_dict, field_nam
 from replay_theory.simulate.engine import run
 from replay_theory.simulate.experiments import EXPERIMENTS, get_experiment, write_table
 from replay_theory.simulate.progress import ProgressBar
-from replay_theory.simulate.sweep import BACKENDS, check_jobs, load_runs, load_spec, run_sweep
+from replay_theory.simulate.sweep import BACKENDS, check_jobs, load_runs, load_spec, parquet_available, run_sweep
 from replay_theory.simulate.theory_test import Options as TheoryTestOptions
 from replay_theory.simulate.theory_test import check_options as check_theory_test
 from replay_theory.simulate.theory_test import check_out as check_theory_test_out
@@ -190,15 +190,32 @@ def calibration_lines(result: Calibration, asked_capacity: int) -> list[str]:
 def sweep(
     spec: Annotated[Path, typer.Argument(help="Sweep spec (JSON): base config, grid, extra configs.")],
     out: OutDirOption,
-    jobs: JobsOption = -1,
-    backend: Annotated[Backend, typer.Option("--backend", help="joblib backend (dask and ray need their "
-                                                               "package installed).")] = Backend.loky,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Parallel configurations: -1 (all cores) or >= 1; with "
+                                                            "dask or ray and no --scheduler, the local cluster's "
+                                                            "workers.")] = -1,
+    # help text is rich markup: "\\[" keeps the extras' brackets visible
+    backend: Annotated[Backend, typer.Option("--backend", help="Engine: loky (processes here), threading, dask "
+                                                               "(pip install 'replay-theory\\[dask]') or ray "
+                                                               "(pip install 'replay-theory\\[ray]'). Results are "
+                                                               "bit-identical across loky, dask and ray.")
+                       ] = Backend.loky,
+    scheduler: Annotated[str | None, typer.Option("--scheduler", help="dask or ray only: a running cluster, "
+                                                                      "tcp://HOST:PORT (dask) or auto, HOST:PORT, "
+                                                                      "ray://HOST:PORT (ray); default: a local "
+                                                                      "cluster of --jobs workers, closed after.")
+                         ] = None,
     no_progress: NoProgressOption = False,
 ) -> None:
-    """Run a grid of simulator configurations in parallel; resumable, never overwrites."""
+    """Run a grid of simulator configurations in parallel; resumable, never overwrites. Writes results.csv and,
+    with pyarrow installed, results.parquet (one row per configuration and seed)."""
     loaded = load_spec(spec)
-    table = run_sweep(loaded, out, n_jobs=jobs_checked(jobs), backend=backend.value, show_progress=not no_progress)
-    typer.echo(f"results: {table}")
+    table = run_sweep(loaded, out, n_jobs=jobs_checked(jobs), backend=backend.value, show_progress=not no_progress,
+                      scheduler=scheduler)
+    if parquet_available():
+        typer.echo(f"results: {table}, {table.with_suffix('.parquet')}")
+    else:
+        typer.echo(f"results: {table} (results.parquet not written: pyarrow is not installed; "
+                   f"pip install 'replay-theory[dask]' or pip install pyarrow)")
 
 
 def experiment(

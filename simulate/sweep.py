@@ -1,5 +1,10 @@
 """Sweeps as data: a JSON spec of a grid over SimConfig fields, run in parallel, resumable.
 
+Paper: experience-replay (docs/REFERENCES.md), Sec. 3's synchronous FIFO model. A sweep is a set of
+designs (``capacity`` = buffer size N, ``rollouts_per_step`` = R, ``batch_size`` = B, so the staleness
+horizon is x = N/R and the replay ratio y = B/R) run on the simulator; each row of the results is one
+design and one seed.
+
 Spec (JSON)::
 
     {
@@ -11,9 +16,22 @@ Spec (JSON)::
 
 The configurations are the Cartesian product of ``grid`` over ``base`` plus each
 entry of ``configs`` (merged over ``base``). Each configuration runs all its seeds
-in one vectorised process; configurations run in parallel through joblib (the
-``loky`` process backend locally; ``dask`` or ``ray`` for a cluster through
-joblib's backend registry). No home-made process pool.
+in one vectorised process (:func:`run_config`); its seeds are fixed in its config, so
+its results do not depend on where it runs. Configurations run in parallel on one of
+four engines (``backend``), none home-made:
+
+    loky        joblib's process pool on this machine (default), ``n_jobs`` workers
+    threading   joblib's threads (one process; for debugging)
+    dask        a ``distributed`` cluster: the running scheduler at ``scheduler``
+                (``tcp://HOST:PORT``), or a ``LocalCluster`` started here with ``n_jobs``
+                single-threaded worker processes and closed after the sweep
+    ray         a Ray cluster: ``ray.init(address=scheduler)``, or a local Ray started
+                here with ``num_cpus=n_jobs`` and shut down after the sweep
+
+Workers only compute: each returns its curves and summary to this process, which
+writes the files, so a remote cluster needs no shared filesystem; a worker that runs
+another replay-theory version is refused. Loky, dask and ray give bit-identical files
+for the same spec (tests/test_sweep_backends.py).
 
 Output directory::
 
@@ -23,23 +41,32 @@ Output directory::
     runs/KEY.json        its full config, summary and code version, written last and atomically: the
                          completion marker
     results.csv          tidy table, one row per (configuration, seed), rebuilt from runs/*.json
+    results.parquet      the same rows and columns with typed columns (int64, float64, bool, string),
+                         written when pyarrow is installed (the ``dask``/``ray`` extras bring it)
 
+Both tables are derived indexes, rebuilt from runs/ after every sweep and each
+written to a temporary name and renamed, so neither is ever half-written.
 A finished configuration is never run again or overwritten, so an interrupted
-sweep resumes where it stopped and a crash mid-sweep loses only the
+sweep resumes where it stopped (on any backend) and a crash mid-sweep loses only the
 configurations in flight. A resumed sweep never mixes code versions. Every
-argument (spec, --jobs, --backend, --out) is checked before anything is
-written, and a sweep that fails before its first configuration finishes
-removes what it created.
+argument (spec, --jobs, --backend and its package, --scheduler's format, --out) is
+checked before anything is written, the cluster is reached before the first file is
+written, and a sweep that fails before its first configuration finishes removes
+what it created.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import itertools
 import json
 import os
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import joblib
 import numpy as np
@@ -52,9 +79,19 @@ from replay_theory.simulate.progress import ProgressBar
 
 SPEC_KEYS = {"name", "base", "grid", "configs", "description"}
 BACKENDS = ("loky", "threading", "dask", "ray")
-# The package each joblib backend beyond joblib's own needs, and how to install it.
-BACKEND_PACKAGES = {"dask": ("distributed", "pip install 'dask[distributed]'"),
-                    "ray": ("ray", "pip install 'ray[default]'")}
+# The package each engine beyond joblib's own needs, and the extra that installs it (with pyarrow).
+BACKEND_PACKAGES = {"dask": ("distributed", "pip install 'replay-theory[dask]'"),
+                    "ray": ("ray", "pip install 'replay-theory[ray]'")}
+CLUSTER_BACKENDS = ("dask", "ray")
+"""Backends that take a ``scheduler`` address (a running cluster) or start a local cluster."""
+CONNECT_TIMEOUT_S = 10
+"""Seconds to wait for a cluster at ``scheduler`` before the sweep is refused (nothing written)."""
+_HOST_PORT = r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>\d{1,5})"
+SCHEDULER_FORMATS = {
+    "dask": (re.compile(rf"(?:tcp|tls|ucx)://{_HOST_PORT}"), "tcp://HOST:PORT (or tls://, ucx://)"),
+    "ray": (re.compile(rf"auto|(?:ray://)?{_HOST_PORT}"), "auto, HOST:PORT or ray://HOST:PORT"),
+}
+"""What ``--scheduler`` accepts per backend, and how the error message spells it."""
 VERSION_KEY = "replay_theory_version"
 """Key of the code version in spec.json and in every runs/KEY.json."""
 
@@ -114,22 +151,21 @@ def expand_spec(spec: dict) -> list[SimConfig]:
     return configs
 
 
-def _run_one(config: SimConfig, runs_dir: str) -> str:
-    """Run a configuration and write its files (curves first, then the JSON marker atomically)."""
+def run_config(config: SimConfig) -> dict[str, Any]:
+    """Run one configuration (all its seeds) and return its files' contents; writes nothing.
+
+    Runs in a worker (a loky process, a dask worker, a Ray task): the caller writes the files with
+    :func:`write_run`, so workers need no access to the output directory.
+    """
     result = run(config)
-    key = config.key()
-    base = Path(runs_dir) / key
     arrays = {f"curve__{k}": v for k, v in result.curves.items()}
     arrays.update({f"eval__{k}": v for k, v in result.evals.items()})
     arrays.update(eval_steps=result.eval_steps, staleness_counts=result.staleness_counts,
                   replay_counts=result.replay_counts, time_since_last_use_counts=result.time_since_last_use_counts,
                   drift_lags=result.drift["lags"], drift_kl=result.drift["kl_new_behav"])
-    tmp_npz = base.with_suffix(".tmp.npz")
-    np.savez_compressed(tmp_npz, **arrays)
-    os.replace(tmp_npz, base.with_suffix(".npz"))
     tail = max(1, result.eval_steps.size // 10)
     payload = {
-        "key": key,
+        "key": config.key(),
         VERSION_KEY: __version__,
         "config": config.to_dict(),
         "summary": result.summary(),
@@ -141,10 +177,28 @@ def _run_one(config: SimConfig, runs_dir: str) -> str:
         "ess_by_age": {str(k): v for k, v in result.ess_by_age.items()},
         "counts": result.counts,
     }
+    return {"arrays": arrays, "payload": payload}
+
+
+def write_run(runs_dir: str | Path, output: dict[str, Any], where: str = "") -> str:
+    """Write one :func:`run_config` output: curves first, then the JSON marker, each atomically.
+
+    A worker of another replay-theory version (a remote cluster) is refused before anything is written;
+    ``where`` names the cluster in that message.
+    """
+    payload = output["payload"]
+    version = payload.get(VERSION_KEY)
+    if version != __version__:
+        raise ValueError(f"a worker{where} runs replay-theory {version}, this is {__version__}; versions are "
+                         f"never mixed in one sweep: install this version on the cluster's workers")
+    base = Path(runs_dir) / payload["key"]
+    tmp_npz = base.with_suffix(".tmp.npz")
+    np.savez_compressed(tmp_npz, **output["arrays"])
+    os.replace(tmp_npz, base.with_suffix(".npz"))
     tmp_json = base.with_suffix(".tmp.json")
     tmp_json.write_text(json.dumps(payload, indent=1, default=_json_default, allow_nan=True))
     os.replace(tmp_json, base.with_suffix(".json"))
-    return key
+    return payload["key"]
 
 
 def _json_default(value):
@@ -170,7 +224,7 @@ def check_jobs(n_jobs: int) -> int:
 
 
 def check_backend(backend: str) -> str:
-    """A joblib backend that can run here: the name is known and its package is installed."""
+    """A backend that can run here: the name is known and its package is installed."""
     if backend not in BACKENDS:
         raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend in BACKEND_PACKAGES:
@@ -178,6 +232,126 @@ def check_backend(backend: str) -> str:
         if importlib.util.find_spec(package) is None:
             raise ValueError(f"--backend {backend} needs the {package} package, which is not installed: {install}")
     return backend
+
+
+def check_scheduler(backend: str, scheduler: str | None, n_jobs: int = -1) -> str | None:
+    """``scheduler`` fits ``backend``: only dask and ray take one, in their address format; with one,
+    the cluster's workers set the parallelism, so ``n_jobs`` must be left at -1. Reads nothing."""
+    if scheduler is None:
+        return None
+    if backend not in CLUSTER_BACKENDS:
+        raise ValueError(f"--scheduler applies only to --backend dask or ray, not {backend}")
+    pattern, spelled = SCHEDULER_FORMATS[backend]
+    match = pattern.fullmatch(scheduler)
+    port = match.groupdict().get("port") if match else None
+    if match is None or (port is not None and not 1 <= int(port) <= 65535):
+        raise ValueError(f"--scheduler for --backend {backend} must be {spelled} with a port in 1-65535, "
+                         f"got {scheduler!r}")
+    if n_jobs != -1:
+        raise ValueError("--jobs does not apply with --scheduler: the cluster's workers run the configurations; "
+                         "leave --jobs out")
+    return scheduler
+
+
+def local_workers(n_jobs: int, n_configs: int) -> int:
+    """Workers of a local engine: ``n_jobs`` (-1: every core), never more than the configurations to run.
+
+    -1 counts cores as loky does (joblib.cpu_count: the CPUs this process may use, cgroup limits included).
+    """
+    cores = n_jobs if n_jobs != -1 else joblib.cpu_count()
+    return max(1, min(cores, n_configs))
+
+
+Results = Callable[[list[SimConfig]], Iterator[dict[str, Any]]]
+"""An open engine: runs configurations, yields :func:`run_config` outputs as they finish (any order)."""
+
+
+@contextlib.contextmanager
+def open_engine(backend: str, n_jobs: int, scheduler: str | None, n_configs: int) -> Iterator[Results]:
+    """Start (or connect to) ``backend``'s engine; closes what it started on exit, whatever happened.
+
+    Called before the first file is written, so a cluster that does not answer is a one-line ValueError
+    naming ``--scheduler`` and the output directory stays untouched.
+    """
+    if backend == "dask":
+        with _dask_engine(scheduler, local_workers(n_jobs, n_configs)) as results:
+            yield results
+    elif backend == "ray":
+        with _ray_engine(scheduler, local_workers(n_jobs, n_configs)) as results:
+            yield results
+    else:
+        def results(todo: list[SimConfig]) -> Iterator[dict[str, Any]]:
+            with joblib.parallel_config(backend=backend, n_jobs=n_jobs):
+                # run_config looked up at call time, so a test can replace it (threading backend)
+                yield from joblib.Parallel(return_as="generator_unordered")(
+                    joblib.delayed(run_config)(c) for c in todo)
+
+        yield results
+
+
+@contextlib.contextmanager
+def _dask_engine(scheduler: str | None, workers: int) -> Iterator[Results]:
+    from distributed import Client, LocalCluster, as_completed  # optional engine, checked installed
+
+    cluster = None
+    if scheduler is None:
+        # one single-threaded process per worker: the same isolation as loky's workers, no dashboard port
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+    try:
+        try:
+            client = Client(cluster if cluster is not None else scheduler, timeout=CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError) as err:
+            raise ValueError(f"--scheduler {scheduler}: no dask scheduler answered within {CONNECT_TIMEOUT_S} s "
+                             f"({type(err).__name__}); start one with `dask scheduler` or leave --scheduler out "
+                             f"for a local cluster") from None
+        futures: list = []
+        try:
+            def results(todo: list[SimConfig]) -> Iterator[dict[str, Any]]:
+                # pure=False: a configuration is computed once per sweep, never deduplicated across sweeps
+                futures.extend(client.map(run_config, todo, pure=False))
+                for future in as_completed(futures):
+                    yield future.result()
+
+            yield results
+        finally:
+            client.cancel(futures)  # an interrupted sweep leaves nothing running on the cluster
+            client.close()
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+@contextlib.contextmanager
+def _ray_engine(scheduler: str | None, workers: int) -> Iterator[Results]:
+    import ray  # optional engine, checked installed
+
+    started = not ray.is_initialized()  # a Ray the caller already runs is used, and left running
+    if started:
+        try:
+            if scheduler is None:
+                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            else:
+                ray.init(address=scheduler, log_to_driver=False, configure_logging=False)
+        except ConnectionError as err:
+            raise ValueError(f"--scheduler {scheduler}: no Ray cluster answered ({str(err).splitlines()[0]}); "
+                             f"start one with `ray start --head` or leave --scheduler out for a local Ray") from None
+    pending: list = []
+    try:
+        remote = ray.remote(num_cpus=1)(run_config)  # one CPU per configuration, like a loky worker
+
+        def results(todo: list[SimConfig]) -> Iterator[dict[str, Any]]:
+            pending.extend(remote.remote(c) for c in todo)
+            while pending:
+                done, rest = ray.wait(pending, num_returns=1)
+                pending[:] = rest
+                yield ray.get(done[0])
+
+        yield results
+    finally:
+        for ref in pending:  # an interrupted sweep leaves nothing running on the cluster
+            ray.cancel(ref, force=True)
+        if started:
+            ray.shutdown()
 
 
 def read_run(path: Path) -> dict:
@@ -236,8 +410,8 @@ def prepare_out_dir(spec: dict, out_dir: str | Path) -> Path:
     spec_file = out_dir / "spec.json"
     if not spec_file.exists():
         spec_file.write_text(_canonical(spec))
-    for stale in (out_dir / "runs").glob("*.tmp.*"):
-        stale.unlink()  # files of a configuration interrupted mid-write
+    for stale in [*(out_dir / "runs").glob("*.tmp.*"), *out_dir.glob("results.tmp.*")]:
+        stale.unlink()  # files of a configuration (or table) interrupted mid-write
     return out_dir
 
 
@@ -262,37 +436,39 @@ def _remove_unfinished(out_dir: Path, created: list[Path], wrote_spec: bool) -> 
             folder.rmdir()
 
 
-def run_sweep(spec: dict, out_dir: str | Path, n_jobs: int = -1, backend: str = "loky", show_progress: bool = True
-              ) -> Path:
+def run_sweep(spec: dict, out_dir: str | Path, n_jobs: int = -1, backend: str = "loky", show_progress: bool = True,
+              scheduler: str | None = None) -> Path:
     """Run every pending configuration of ``spec`` into ``out_dir``; returns results.csv.
 
-    Everything is checked (spec, n_jobs, backend, out_dir) before the first file is written.
+    Everything is checked (spec, n_jobs, backend and its package, scheduler's format, out_dir) before the
+    first file is written; the engine is started (or the cluster at ``scheduler`` reached) before it too.
+    dask's local cluster spawns its worker processes, so a script calling this with ``backend="dask"`` and no
+    ``scheduler`` runs it under ``if __name__ == "__main__":`` (as for any spawned pool).
     """
     configs = expand_spec(validate_spec(spec))
     check_jobs(n_jobs)
     check_backend(backend)
+    check_scheduler(backend, scheduler, n_jobs)
     out_dir = Path(out_dir)
     check_out_dir(spec, out_dir)
+    todo = pending_configs(configs, out_dir)  # reads only: out_dir may not exist yet
     created = _created_by_us(out_dir)
     wrote_spec = not (out_dir / "spec.json").exists()
-    try:
-        prepare_out_dir(spec, out_dir)
-        todo = pending_configs(configs, out_dir)
-        runs_dir = str(out_dir / "runs")
-        if backend == "ray":
-            from ray.util.joblib import register_ray  # optional cluster engine, checked installed above
-
-            register_ray()
-        progress = ProgressBar("configurations", len(configs), len(configs) - len(todo), enabled=show_progress)
-        if todo:
-            with joblib.parallel_config(backend=backend, n_jobs=n_jobs):
-                tasks = (joblib.delayed(_run_one)(c, runs_dir) for c in todo)
-                for _ in joblib.Parallel(return_as="generator_unordered")(tasks):
+    where = f" of --scheduler {scheduler}" if scheduler else ""
+    engine = open_engine(backend, n_jobs, scheduler, len(todo)) if todo else contextlib.nullcontext(None)
+    with engine as results:
+        try:
+            prepare_out_dir(spec, out_dir)
+            progress = ProgressBar("configurations", len(configs), len(configs) - len(todo), enabled=show_progress)
+            if todo:
+                runs_dir = out_dir / "runs"
+                for output in results(todo):
+                    write_run(runs_dir, output, where)
                     progress.advance()
-        progress.close()
-    except BaseException:
-        _remove_unfinished(out_dir, created, wrote_spec)
-        raise
+            progress.close()
+        except BaseException:
+            _remove_unfinished(out_dir, created, wrote_spec)
+            raise
     return write_results_table(out_dir)
 
 
@@ -301,9 +477,13 @@ def load_runs(out_dir: str | Path) -> list[dict]:
     return [read_run(p) for p in _run_files(Path(out_dir))]
 
 
-def write_results_table(out_dir: str | Path) -> Path:
-    """results.csv: one row per (configuration, seed) with the full config and its measurements."""
-    out_dir = Path(out_dir)
+def parquet_available() -> bool:
+    """Whether results.parquet can be written (pyarrow installed; it is not a core dependency)."""
+    return importlib.util.find_spec("pyarrow") is not None
+
+
+def results_rows(out_dir: str | Path) -> tuple[list[str], list[dict]]:
+    """The tidy table: its columns (union over runs, in first-seen order) and one row per (configuration, seed)."""
     rows = []
     for payload in load_runs(out_dir):
         summary = payload["summary"]
@@ -313,13 +493,57 @@ def write_results_table(out_dir: str | Path) -> Path:
             row.update(final_reward=reward, final_accuracy=payload["per_seed"]["final_accuracy"][seed_index],
                        compute=payload["per_seed"]["compute"][seed_index])
             rows.append(row)
+    columns = list(dict.fromkeys(key for row in rows for key in row))  # union: losses log different metrics
+    return columns, rows
+
+
+def write_results_table(out_dir: str | Path) -> Path:
+    """results.csv (and results.parquet with pyarrow): one row per (configuration, seed), full config and
+    measurements, rebuilt from runs/*.json; each written to a temporary name and renamed."""
+    out_dir = Path(out_dir)
+    columns, rows = results_rows(out_dir)
     path = out_dir / "results.csv"
     tmp = out_dir / "results.tmp.csv"
-    columns = list(dict.fromkeys(key for row in rows for key in row))  # union: losses log different metrics
     with tmp.open("w", newline="") as handle:
         if rows:
             writer = csv.DictWriter(handle, fieldnames=columns, restval="")
             writer.writeheader()
             writer.writerows(rows)
     os.replace(tmp, path)  # derived index, rebuilt from the immutable runs/ files
+    if parquet_available():
+        write_parquet(out_dir / "results.parquet", columns, rows)
     return path
+
+
+def write_parquet(path: Path, columns: list[str], rows: list[dict]) -> Path:
+    """``rows`` as a Parquet file with one typed column per name (see :func:`arrow_column`), atomically."""
+    import pyarrow as pa  # optional: only with the dask/ray/test extras
+    import pyarrow.parquet as pq
+
+    table = pa.table({name: arrow_column([row.get(name) for row in rows]) for name in columns})
+    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def arrow_column(values: list):
+    """One typed column: bool, int64, float64 (ints and floats mixed), string; a missing value is null.
+
+    Types come from the values, not from a schema, since runs of different losses log different metrics;
+    anything else (a list-valued field) is its text, as results.csv writes it.
+    """
+    import pyarrow as pa
+
+    present = [v for v in values if v is not None]
+    if present and all(isinstance(v, bool) for v in present):
+        kind = pa.bool_()
+    elif present and all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        kind = pa.int64()
+    elif present and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
+        kind = pa.float64()
+        values = [None if v is None else float(v) for v in values]
+    else:
+        kind = pa.string()
+        values = [None if v is None else v if isinstance(v, str) else str(v) for v in values]
+    return pa.array(values, type=kind)
