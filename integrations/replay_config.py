@@ -143,6 +143,11 @@ class ReplayConfig:
         """
         data = _load_json(source)
         missing = [k for k in ("buffer_size", "batch_size", "rollouts_per_step") if data.get(k) is None]
+        if missing and data.get("regime") == "unbounded":  # the objective still fell at the last measured staleness
+            raise ValueError("the design is unbounded (the objective still falls at the largest staleness the profile "
+                             f"measured): there is no buffer_size to read; choose N = x R by hand with x at most the "
+                             f"profile's last staleness + 1, B = {data.get('batch_size')}, or measure sigma^2(s) "
+                             "further out")
         if missing:
             raise ValueError(f"the optimal --json output has no {', '.join(missing)}: run `replay-theory optimal` "
                              "with -R (rollouts per step) or -B (batch size) to get an integer design")

@@ -154,6 +154,16 @@ def test_replay_config_from_optimal_json(cli):
         ReplayConfig.from_optimal_json(design, group_size=3)
 
 
+def test_replay_config_from_an_unbounded_design_says_what_to_do():
+    unbounded = {"buffer_size": None, "batch_size": 292, "rollouts_per_step": 32, "regime": "unbounded"}
+    with pytest.raises(ValueError) as info:
+        ReplayConfig.from_optimal_json(unbounded)
+    assert str(info.value) == (
+        "the design is unbounded (the objective still falls at the largest staleness the profile measured): there "
+        "is no buffer_size to read; choose N = x R by hand with x at most the profile's last staleness + 1, B = 292, "
+        "or measure sigma^2(s) further out")
+
+
 def test_replay_config_from_optimal_json_file(tmp_path):
     path = tmp_path / "design.json"
     path.write_text(json.dumps({"buffer_size": 12, "batch_size": 6, "rollouts_per_step": 4}))
