@@ -31,10 +31,12 @@ resumed across a weight sync); verl's fully-async trainer before 0.9 named them 
 ``param_version_end``.  ``age = current_version - policy_version`` (the start: the oldest weights any of the row's
 tokens came from, verl's ``trajectory_staleness_worst``) and ``age_end = current_version - policy_version_end``
 (verl's ``trajectory_staleness``).  The current version is the version of the weights the step trains from:
-``global_steps - 1`` in ``RayPPOTrainer`` and the separated / one-step-off trainers (version 0 is pushed before step
-1, version t after step t; verl's own staleness metric uses the same ``global_steps - 1``), and
-``self.current_param_version`` in the fully-async trainer (its versions count weight syncs, not steps): pass it as
-``current_version=``.  Without the version keys (or with them all ``None``) the four version columns are left out.
+``global_steps - 1`` in ``RayPPOTrainer`` (version 0 is pushed before step 1, version t after step t; verl's own
+staleness metric in its v1 trainers uses the same ``global_steps - 1``), ``global_steps`` in the one-step-off
+trainer (it pushes the weights at the start of step t, labelled t), and ``self.current_param_version`` in the
+fully-async trainer (its versions count weight syncs, not steps): the mixin picks it
+(``diagnose_current_version``); at the call site pass it as ``current_version=``.  Without the version keys
+(or with them all ``None``) the four version columns are left out.
 
 Call site, ``RayPPOTrainer.fit`` (``verl/trainer/ppo/ray_trainer.py``; verl 0.9.1): ``fit`` is one loop, and the
 batch and the step's metrics meet only at its end, so the hook is two lines there::
@@ -43,23 +45,23 @@ batch and the step's metrics meet only at its end, so the hook is two lines ther
     ...
                 self.diagnose_log(batch, metrics, self.global_steps)  # right before logger.log(data=metrics, ...)
 
-(and ``self.diagnose_log.close()`` where ``fit`` returns; an unclosed log has no Parquet footer).  For the trainers
-built from ``verl.experimental.separation.ray_trainer.SeparateRayPPOTrainer`` (``FullyAsyncTrainer``,
-``OneStepOffRayTrainer``), whose step is split into ``_fit_*`` methods, :class:`VerlDiagnoseLogMixin` does it with no
-edit to verl::
+(and ``self.diagnose_log.close()`` where ``fit`` returns; an unclosed log has no Parquet footer).  For verl 0.9's
+trainers built on ``verl.experimental.separation.ray_trainer.SeparateRayPPOTrainer`` (``FullyAsyncTrainer``,
+``OneStepOffRayTrainer``), whose step is split into ``_fit_*`` methods and whose ``fit`` is async,
+:class:`VerlDiagnoseLogMixin` does it with no edit to verl's code::
 
-    class LoggedFullyAsyncTrainer(VerlDiagnoseLogMixin, FullyAsyncTrainer):
+    class LoggedOneStepOffTrainer(VerlDiagnoseLogMixin, OneStepOffRayTrainer):
         pass
 
-    trainer = LoggedFullyAsyncTrainer(...)
-    trainer.diagnose_log = VerlDiagnoseLogger("run/diagnose.parquet")
+    trainer = LoggedOneStepOffTrainer(..., diagnose_log="run/diagnose.parquet")  # or +trainer.diagnose_log=...
 
-Times.  ``step_generation_seconds`` is verl's ``timing_s/gen``: in ``RayPPOTrainer`` the wall time of generating the
-step's rows; in the fully-async trainer the time the trainer waited for its rows from the rollouter's queue
-(generation runs concurrently there).  ``step_update_seconds`` is ``timing_s/update_actor`` (forward, backward and
-optimizer over the batch).  A step without ``timing_s/update_actor`` (verl's critic warm-up: the actor did not
-train) writes nothing.  ``step_generated_rows`` defaults to the batch's rows: verl trains every generated row once
-(pass ``generated_rows=`` when rows were filtered out, e.g. DAPO's dynamic sampling).
+Times. ``step_generation_seconds`` is verl's ``timing_s/gen``: in ``RayPPOTrainer`` the wall time of generating the
+step's rows; in the fully-async and one-step-off trainers the time the trainer waited for its rows (the rollouter's
+queue, the overlapped generation), since generation runs concurrently with training there. ``step_update_seconds``
+is ``timing_s/update_actor`` (forward, backward and optimizer over the batch). A step without
+``timing_s/update_actor`` (verl's critic warm-up: the actor did not train) writes nothing. ``step_generated_rows``
+defaults to the batch's rows: verl trains every generated row once (pass ``generated_rows=`` when rows were filtered
+out, e.g. DAPO's dynamic sampling).
 
 Needs numpy and pyarrow only (torch tensors are read through ``.detach()``); verl itself is not imported, so the
 hook works on ``DataProto`` and on anything with its three attributes (``batch``: a mapping of (rows, ...) tensors
@@ -68,6 +70,7 @@ or arrays, ``non_tensor_batch``: a mapping of numpy object arrays, ``meta_info``
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Mapping, Optional
 
@@ -211,6 +214,10 @@ class VerlDiagnoseLogger:
     def rows_written(self) -> int:
         return self.writer.rows_written
 
+    @property
+    def closed(self) -> bool:
+        return self.writer.closed
+
     def close(self) -> None:
         """Write the Parquet footer (idempotent)."""
         self.writer.close()
@@ -223,20 +230,62 @@ class VerlDiagnoseLogger:
 
 
 class VerlDiagnoseLogMixin:
-    """Logs each step of a verl ``SeparateRayPPOTrainer`` (``FullyAsyncTrainer``, ``OneStepOffRayTrainer``).
+    """Logs each step of verl 0.9's split-step trainers (``FullyAsyncTrainer``, ``OneStepOffRayTrainer``).
 
-    Put it first in the bases and set ``trainer.diagnose_log = VerlDiagnoseLogger(path)``; it wraps
-    ``_fit_update_actor`` (verl 0.9's split step), where the batch is complete and ``self.timing_raw`` holds
-    ``gen`` and ``update_actor``.  The current version is ``self.current_param_version`` where the trainer has one
-    (fully-async; it is advanced only after ``_fit_update_actor``), else ``global_steps - 1``.
+    Put it first in the bases; the log path is the ``diagnose_log=`` keyword of the constructor, else the trainer
+    config's ``trainer.diagnose_log`` (on verl's command line: ``+trainer.diagnose_log=run/diagnose.parquet``).  The
+    path is checked when the trainer is made, before any training.  It wraps ``_fit_update_actor``
+    (``verl.experimental.separation.ray_trainer``), where the batch is complete and ``self.timing_raw`` holds
+    ``gen`` and ``update_actor``, and closes the log when the (async) ``fit`` returns or raises.
+    ``FullyAsyncTrainer`` is a Ray actor class: subclass the class Ray wraps, ``__ray_actor_class__``::
+
+        @ray.remote(num_cpus=10)
+        class LoggedFullyAsyncTrainer(VerlDiagnoseLogMixin, FullyAsyncTrainer.__ray_actor_class__):
+            pass
+
+    and create ``LoggedFullyAsyncTrainer.remote(...)`` where verl's ``fully_async_main`` creates
+    ``FullyAsyncTrainer.remote(...)`` (the log is written on the node that runs the trainer actor).
     """
 
     diagnose_log: Optional[VerlDiagnoseLogger] = None
+
+    def __init__(self, *args: Any, diagnose_log: Optional[str | os.PathLike] = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        if diagnose_log is None:
+            trainer_config = getattr(getattr(self, "config", None), "trainer", None)
+            diagnose_log = trainer_config.get("diagnose_log") if trainer_config is not None else None
+        if diagnose_log is not None:
+            self.diagnose_log = VerlDiagnoseLogger(diagnose_log)
+
+    def diagnose_current_version(self) -> int:
+        """The version label, as verl stamps it on rollouts, of the weights this step trains from.
+
+        ``FullyAsyncTrainer``: ``current_param_version`` (its labels count weight syncs; it is advanced only after
+        ``_fit_update_actor``).  ``OneStepOffRayTrainer`` pushes its weights at the start of step t labelled t, so
+        t = ``global_steps`` (its first step reads age 1: labels 0 and 1 are both the initial weights).  Otherwise
+        ``global_steps - 1``, as in ``RayPPOTrainer``.  Override it for a trainer that labels otherwise.
+        """
+        if hasattr(self, "current_param_version"):
+            return int(self.current_param_version)
+        steps = int(self.global_steps)  # type: ignore[attr-defined]
+        if any(cls.__name__ == "OneStepOffRayTrainer" for cls in type(self).__mro__):
+            return steps
+        return steps - 1
 
     def _fit_update_actor(self, batch: Any) -> Any:
         batch = super()._fit_update_actor(batch)  # type: ignore[misc]
         if self.diagnose_log is not None:
             timing = {f"timing_s/{k}": v for k, v in self.timing_raw.items()}  # type: ignore[attr-defined]
-            step = int(self.global_steps)  # type: ignore[attr-defined]
-            self.diagnose_log(batch, timing, step, current_version=getattr(self, "current_param_version", None))
+            self.diagnose_log(batch, timing, int(self.global_steps),  # type: ignore[attr-defined]
+                              current_version=self.diagnose_current_version())
         return batch
+
+    async def fit(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = super().fit(*args, **kwargs)  # type: ignore[misc]
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+        finally:
+            if self.diagnose_log is not None:
+                self.diagnose_log.close()
