@@ -27,8 +27,12 @@ trl       one row per sequence, right-padded lists as TRL's ``GRPOTrainer`` hold
           them: sampling_per_token_logps, per_token_logps, completion_mask,
           advantages, plus version_gap (TRL has no age column: map it with
           ``--columns age=version_gap``).  Parquet or JSON lines.
-verl      the same with verl's DataProto keys: rollout_log_probs, old_log_probs,
-          response_mask, per-token advantages, plus version_gap.
+verl      what ``replay_theory.integrations.verl``'s hook writes (``--preset verl``
+          reads it with no ``--columns``): verl's DataProto keys rollout_log_probs,
+          old_log_probs, response_mask, per-token advantages, and per row step,
+          sample_id, group_id, policy_version(_end), age, age_end, scores, rewards;
+          plus version_gap (= age, for the older ``--columns age=version_gap``).
+          The hook's three step time columns are left out: this log has no timings.
 ========  ============================================================================
 
 The format follows the file suffix (.parquet, .csv, .jsonl).  Needs pyarrow.
@@ -90,7 +94,7 @@ def example_log(rng: np.random.Generator, *, n_prompts: int = 64, group: int = 8
     return columns, truth
 
 
-def _wide(columns: dict[str, np.ndarray], shape: str) -> dict[str, list]:
+def _wide(columns: dict[str, np.ndarray], shape: str, group: int = 8) -> dict[str, list]:
     """One row per sequence, right-padded lists (padding log-prob 0.0, mask 0) as the trainers hold them."""
     seq = columns["seq_id"]
     starts = np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]])
@@ -106,10 +110,21 @@ def _wide(columns: dict[str, np.ndarray], shape: str) -> dict[str, list]:
     names = {"trl": ("sampling_per_token_logps", "per_token_logps", "completion_mask"),
              "verl": ("rollout_log_probs", "old_log_probs", "response_mask")}[shape]
     seq_adv = columns["advantage"][starts]
+    age = columns["age"][starts].astype(np.int64)
+    if shape == "trl":
+        return {names[0]: pad(columns["logp_behav"]), names[1]: pad(columns["logp_current"]),
+                names[2]: mask.tolist(), "advantages": seq_adv.tolist(), "version_gap": age.tolist()}
+    # the verl hook's layout (integrations/verl.py): one step, at which the current weights are version
+    # age.max() (verl trains from version global_steps - 1)
+    current = int(age.max())
+    group_id = np.arange(age.size) // group  # example_log's prompts: ``group`` consecutive responses
+    reward = columns["reward"][starts]
     return {
+        "step": [current + 1] * age.size, "sample_id": list(range(age.size)), "group_id": group_id.tolist(),
+        "policy_version": (current - age).tolist(), "policy_version_end": (current - age).tolist(),
+        "age": age.tolist(), "age_end": age.tolist(), "scores": reward.tolist(), "rewards": reward.tolist(),
         names[0]: pad(columns["logp_behav"]), names[1]: pad(columns["logp_current"]), names[2]: mask.tolist(),
-        "advantages": seq_adv.tolist() if shape == "trl" else (seq_adv[:, None] * mask).tolist(),
-        "version_gap": columns["age"][starts].astype(np.int64).tolist(),
+        "advantages": (seq_adv[:, None] * mask).tolist(), "version_gap": age.tolist(),
     }
 
 

@@ -42,16 +42,28 @@ Presets (``--preset``):
   side: pass ``--columns logp_current=old_per_token_logps`` for that pair; the
   replay trainer's loss corrects ``per_token_logps`` against
   ``old_per_token_logps``: ``--columns logp_behav=old_per_token_logps``.
-* ``verl``: verl ``DataProto`` batch keys: behaviour = ``rollout_log_probs``
-  (the rollout engine), current = ``old_log_probs`` (the actor's recomputation,
-  the pair verl's rollout correction weights with), padding = ``response_mask``,
-  ``advantages``.
+* ``verl``: verl ``DataProto`` batch keys, and exactly what
+  ``replay_theory.integrations.verl``'s ``VerlDiagnoseLogger`` writes:
+  behaviour = ``rollout_log_probs`` (the rollout engine), current =
+  ``old_log_probs`` (the actor's recomputation at the step, before its update:
+  the pair verl's rollout correction weights with), padding = ``response_mask``
+  (verl's mask is also 0 on multi-turn tool-result tokens), per-token
+  ``advantages``, reward = ``scores`` (the row's sum of verl's
+  ``token_level_scores``; ``--columns reward=rewards`` for the KL-penalised
+  ``token_level_rewards``), ``age`` (current weights version minus the version
+  the rollout started under, from verl's per-sample ``min_global_steps`` /
+  ``max_global_steps``, named ``param_version_start`` / ``param_version_end``
+  in the fully-async trainer before verl 0.9; ``--columns age=age_end`` for the
+  gap to the version it ended under).
 
 TRL's GRPOTrainer stores no per-sample policy-version gap in these tensors (the
-replay trainer's export writes one, ``age``); otherwise log one (e.g.
-``current_version - rollout_version``) and map it with ``--columns age=NAME`` to
-get the by-age table, the drift fit and FreshPER.  A mapped column that the file
-lacks is simply not used (only the two log-prob columns are required).
+replay trainer's export writes one, ``age``).  verl does keep one: its agent
+loop records, per sample, the weights versions a response was generated
+under (above), and the verl hook turns it into ``age``.  For any other log,
+write one (e.g. ``current_version - rollout_version``) and map it with
+``--columns age=NAME`` to get the by-age table, the drift fit and FreshPER.  A
+mapped column that the file lacks is simply not used (only the two log-prob
+columns are required).
 
 Every name can be overridden with ``--columns field=name,...``.
 """
@@ -111,9 +123,9 @@ PRESETS: dict[str, ColumnMap] = {
         logp_behav="rollout_log_probs",
         logp_current="old_log_probs",
         position=None,
-        age=None,
+        age="age",
         advantage="advantages",
-        reward=None,
+        reward="scores",
         mask="response_mask",
         layout="wide",
     ),

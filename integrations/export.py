@@ -26,6 +26,33 @@ Parquet row per trained row, one row group per step. A row drawn twice in a step
 new log row (each draw is one sample of the ratio), so ``sample_id`` is NOT a per-row sequence id: mapping it to
 ``seq_id`` would add the draws' log-ratios into one sequence.
 
+The verl hook (``integrations/verl.py``, ``VerlDiagnoseLogger``) writes ``VERL_LOG_COLUMNS`` through the same writer,
+one Parquet row per response, with verl's ``DataProto`` key names where verl has one (``--preset verl`` reads them):
+
+| column                     | symbol / meaning                                                           |
+|----------------------------|----------------------------------------------------------------------------|
+| ``step``                   | t, verl's ``global_steps`` (1-based) when the row was trained              |
+| ``sample_id``              | the response: a running count 0, 1, 2, ... (verl trains each row once)     |
+| ``group_id``               | its GRPO group: verl's ``uid`` string, coded 0, 1, 2, ... by first sight   |
+| ``policy_version``         | v, the weights version the rollout started under (``min_global_steps``)    |
+| ``policy_version_end``     | the version it ended under (``max_global_steps``; > v after a resume)      |
+| ``age``                    | s = current version - ``policy_version`` (``trajectory_staleness_worst``)  |
+| ``age_end``                | current version - ``policy_version_end`` (verl's ``trajectory_staleness``) |
+| ``scores``                 | the row's sum of ``token_level_scores`` (the task score)                   |
+| ``rewards``                | the row's sum of ``token_level_rewards`` (minus verl's in-reward KL)       |
+| ``step_generation_seconds``| ``timing_s/gen`` of the step (the same on every row of the step)           |
+| ``step_update_seconds``    | ``timing_s/update_actor`` of the step                                      |
+| ``step_generated_rows``    | fresh rows generated at the step (default: the batch's rows)               |
+| ``rollout_log_probs``      | log pi_behav per token: the rollout engine's (vLLM / SGLang) log-probs     |
+| ``old_log_probs``          | log pi_theta per token: the actor's recomputation, before the step's update|
+| ``response_mask``          | 1 on tokens the policy wrote; 0 on padding and multi-turn tool results     |
+| ``advantages``             | A per token (verl's token-level advantages)                                |
+
+verl before 0.9 named the version keys ``param_version_start`` / ``param_version_end`` (fully-async trainer).
+The four version columns are written only when the batch carries the version keys (verl's agent loop fills them
+when the rollout server reports its weights version); the per-token lists are cut to the batch's longest response
+(the columns past it are padding on every row).
+
 Framework-free (numpy + pyarrow, which TRL's ``datasets`` and verl already install), so a verl hook can share it.
 """
 
@@ -37,7 +64,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["DiagnoseLogWriter", "STEP_TIME_COLUMNS", "TRL_LOG_COLUMNS"]
+__all__ = ["DiagnoseLogWriter", "STEP_TIME_COLUMNS", "TRL_LOG_COLUMNS", "VERL_LOG_COLUMNS", "VERL_VERSION_COLUMNS"]
 
 #: The columns the TRL export writes, in order (per-row scalars, then per-token lists).
 TRL_LOG_COLUMNS: tuple[str, ...] = (
@@ -50,6 +77,15 @@ TRL_LOG_COLUMNS: tuple[str, ...] = (
 #: generating its fresh rows, wall seconds it spent on the update (forward, backward, optimizer), and the number of
 #: fresh rows it generated (0 on a step that only replays). Rows trained at a step = log rows with that ``step``.
 STEP_TIME_COLUMNS: tuple[str, ...] = ("step_generation_seconds", "step_update_seconds", "step_generated_rows")
+
+#: The columns the verl hook writes, in order (per-row scalars, then per-token lists); the
+#: ``VERL_VERSION_COLUMNS`` among them only when the batch carries verl's per-sample weights versions.
+VERL_LOG_COLUMNS: tuple[str, ...] = (
+    "step", "sample_id", "group_id", "policy_version", "policy_version_end", "age", "age_end", "scores", "rewards",
+    *STEP_TIME_COLUMNS,
+    "rollout_log_probs", "old_log_probs", "response_mask", "advantages",
+)
+VERL_VERSION_COLUMNS: tuple[str, ...] = ("policy_version", "policy_version_end", "age", "age_end")
 
 
 def _as_numpy(value: Any) -> np.ndarray:
