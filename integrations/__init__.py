@@ -1,9 +1,12 @@
 """Integrations of replay-theory into the trainers people run (issue 14).
 
 Paper: experience-replay (docs/REFERENCES.md): N (buffer size), B (batch size), R (rollouts per step).
-``buffer`` (framework-free FIFO of whole GRPO groups, :class:`~replay_theory.integrations.buffer.ReplayConfig`),
-``loss`` (the shared losses of simulate/losses in a torch autograd graph; torch only),
+``replay_config`` (:class:`~replay_theory.integrations.replay_config.ReplayConfig`: N, B, R, the buffer design and
+the loss; no torch), ``buffer`` (``RowReplayBuffer``: a trainer's rows, selected by the shared design registry of
+simulate/designs.py; torch), ``loss`` (the shared losses of simulate/losses in a torch autograd graph; torch only),
 ``export`` (``DiagnoseLogWriter``: the rows a trainer trained on as a ``diagnose`` log; numpy + pyarrow),
-``trl`` (``ReplayGRPOTrainer``, a TRL ``GRPOTrainer`` subclass, and ``DiagnoseLogCallback``; needs the ``trl``
-extra).
+``trl`` (``ReplayGRPOTrainer``, a TRL ``GRPOTrainer`` subclass, and ``DiagnoseLogCallback``; the ``trl`` extra),
+``trl_run`` (``replay-theory trl-replay``: the trainer on Countdown in one command),
+``verl`` (``VerlDiagnoseLogger``, ``VerlDiagnoseLogMixin``: verl batches as a ``diagnose --preset verl`` log;
+numpy + pyarrow, verl not imported).
 """

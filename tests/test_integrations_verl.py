@@ -157,6 +157,14 @@ def test_hook_on_dataproto_shaped_batches_is_what_preset_verl_reads(tmp_path, cl
                                               a["response_mask"].sum(axis=1)) for _, a in steps])
     assert end["mean_reward"] == pytest.approx(float(token_rewards.mean()), rel=1e-12)
 
+    # calibrate --from-log reads the same file: mu from verl's timing_s/gen and timing_s/update_actor,
+    # (sum gen / rows generated) / (sum update / rows trained) = ((1.25 + 0.75) / 16) / ((2.5 + 3.0) / 16)
+    code, _, err = cli("calibrate", "--from-log", str(path), "--preset", "verl", "--out", str(tmp_path / "p.json"))
+    assert code == 0, err
+    profile = json.loads((tmp_path / "p.json").read_text())
+    assert profile["mu"]["value"] == pytest.approx(2.0 / 5.5, rel=1e-12)
+    assert profile["staleness"] == [0, 1, 2]  # the ages the hook wrote
+
 
 def test_fully_async_keys_before_verl_0_9_and_its_current_version(tmp_path):
     """param_version_start / _end (verl <= 0.8's fully-async trainer), ages against current_param_version."""
