@@ -27,7 +27,7 @@ import math
 import os
 import time
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -202,7 +202,7 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     rewards = [h["reward"] for h in history]
     k = max(1, len(rewards) // 4)
     summary = {
-        "config": asdict(replace(config)),
+        "config": asdict(config),
         "replay": {k2: v for k2, v in asdict(replay).items() if k2 != "notes"} | {"notes": list(replay.notes)},
         "replay_theory_version": __version__,
         "seconds": time.perf_counter() - started,
