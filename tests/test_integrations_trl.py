@@ -715,3 +715,21 @@ def test_trl_replay_command_runs_the_design_and_leaves_a_log(cli, tmp_path):
     assert table.num_rows == 4 * 26
     assert set(np.asarray(table.column("step_generated_rows").to_pylist()).tolist()) == {8}
     assert f"next: replay-theory diagnose {out / 'rollouts.parquet'} --preset trl" in stdout
+
+
+@pytest.mark.slow
+def test_trl_replay_same_seed_same_log(cli, tmp_path):
+    # Same seed, same numbers: two runs write the same log, row for row, apart from the wall-clock columns.
+    pytest.importorskip("trl")
+    import pyarrow.parquet as pq
+
+    tables = []
+    for name in ("a", "b"):
+        code, _, stderr = cli("trl-replay", "--buffer-size", "16", "--batch-size", "12", "--rollouts-per-step", "8",
+                              "--group-size", "4", "--steps", "3", "--sft-steps", "10", "--n-train", "32",
+                              "--out", str(tmp_path / name), "--no-progress")
+        assert code == 0, stderr
+        table = pq.read_table(tmp_path / name / "rollouts.parquet")
+        tables.append(table.select([c for c in table.column_names if not c.endswith("_seconds")]))
+    assert tables[0].num_rows == 3 * 12
+    assert tables[0].equals(tables[1])
