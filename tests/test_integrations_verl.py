@@ -15,12 +15,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
-from replay_theory.diagnose import DiagnoseConfig, diagnose, resolve_columns
-from replay_theory.integrations.export import VERL_LOG_COLUMNS, VERL_VERSION_COLUMNS
-from replay_theory.integrations.verl import VerlDiagnoseLogger, VerlDiagnoseLogMixin
-from replay_theory.theory import divergences as dv
+torch = pytest.importorskip("torch")  # verl batches hold torch tensors; without torch there is no verl
+
+from replay_theory.diagnose import DiagnoseConfig, diagnose, resolve_columns  # noqa: E402 (after the importorskip)
+from replay_theory.integrations.export import VERL_LOG_COLUMNS, VERL_VERSION_COLUMNS  # noqa: E402
+from replay_theory.integrations.verl import VerlDiagnoseLogger, VerlDiagnoseLogMixin  # noqa: E402
+from replay_theory.theory import divergences as dv  # noqa: E402
 
 pytest.importorskip("pyarrow")
 
