@@ -14,6 +14,7 @@ language model, that one the simulator.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -53,6 +54,10 @@ validate_app.callback(invoke_without_command=True)(help_without_command)
 def _loop():
     """validate/loop.py, imported when a validate command runs: it needs torch and transformers (the validate
     extra), which every other command, `optimal` first, must start without."""
+    missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"validate needs {' and '.join(missing)}: pip install torch==2.13.0 && "
+                         "pip install 'replay-theory[validate]'")
     from replay_theory.validate import loop
 
     return loop

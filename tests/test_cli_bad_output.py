@@ -281,6 +281,7 @@ def test_validate_verify_never_overwrites_a_report(tmp_path):
 
 
 def test_validate_verify_cli_prints_the_saved_report(cli, tmp_path):
+    pytest.importorskip("transformers")  # validate's commands need the validate extra
     out = _fake_run_dir(tmp_path)
     (out / "predicted.json").write_text("{}")
     (out / "report.json").write_text(json.dumps({"budget": {"updates": 48, "seeds": 4},
@@ -289,6 +290,17 @@ def test_validate_verify_cli_prints_the_saved_report(cli, tmp_path):
     assert code == 0 and err == ""
     assert stdout.splitlines() == [f"report exists in {out}; not trained again (a new --out runs verify afresh)",
                                    f"measured best: N=2R, B=R; report: {out / 'report.md'}"]
+
+
+def test_validate_without_its_extra_is_one_line(cli, tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    out = _fake_run_dir(tmp_path)
+    (out / "predicted.json").write_text("{}")
+    assert one_line_error(cli, "validate", "verify", "--out", str(out)) == (
+        "validate needs torch: pip install torch==2.13.0 && pip install 'replay-theory[validate]'")
 
 
 def test_validate_steps_name_the_missing_step(cli, tmp_path):
