@@ -296,11 +296,12 @@ def test_validate_without_its_extra_is_one_line(cli, tmp_path, monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("torch", "transformers")
+                        else real(name, *a))
     out = _fake_run_dir(tmp_path)
     (out / "predicted.json").write_text("{}")
     assert one_line_error(cli, "validate", "verify", "--out", str(out)) == (
-        "validate needs torch: pip install torch==2.13.0 && pip install 'replay-theory[validate]'")
+        "validate needs torch and transformers: pip install torch==2.13.0 && pip install 'replay-theory[validate]'")
 
 
 def test_validate_steps_name_the_missing_step(cli, tmp_path):
