@@ -27,23 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
-from replay_theory.diagnose.pipeline import LOGP_ROUNDOFF
+from replay_theory.diagnose.pipeline import LOGP_ROUNDOFF, grow
 from replay_theory.diagnose.reader import TokenChunk, detect_format, require_pyarrow
+from replay_theory.diagnose.schema import STEP_TIME_COLUMNS
 
 WEIGHTS = ("token", "sequence")
 #: the aggregation names of ``simulate/losses.py`` (how a loss averages its tokens).
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 SCORES = ("logit", "constant")
-#: the per-step time columns the TRL trainer and the verl hook write (notes: issue 14).
-TIME_COLUMNS = ("step_generation_seconds", "step_update_seconds", "step_generated_rows")
-
-
-def _grow(a: np.ndarray, size: int, fill) -> np.ndarray:
-    if size <= a.size:
-        return a
-    out = np.full(max(size, 2 * a.size), fill, dtype=a.dtype)
-    out[: a.size] = a
-    return out
 
 
 @dataclass
@@ -93,12 +84,12 @@ class SequenceSums:
         self.tokens += int(lr.size)
         seq = chunk.seq
         size = int(seq.max()) + 1 if seq.size else 0
-        self.term_max = _grow(self.term_max, size, -np.inf)
-        self.term_sum = _grow(self.term_sum, size, 0.0)
-        self.log_w = _grow(self.log_w, size, 0.0)
-        self.n_tokens = _grow(self.n_tokens, size, 0)
-        self.age = _grow(self.age, size, np.nan)
-        self.step = _grow(self.step, size, np.nan)
+        self.term_max = grow(self.term_max, size, -np.inf)
+        self.term_sum = grow(self.term_sum, size, 0.0)
+        self.log_w = grow(self.log_w, size, 0.0)
+        self.n_tokens = grow(self.n_tokens, size, 0)
+        self.age = grow(self.age, size, np.nan)
+        self.step = grow(self.step, size, np.nan)
         if not seq.size:
             return
         uniq, inv = np.unique(seq, return_inverse=True)
@@ -154,7 +145,7 @@ def age_step_sums(per_sequence: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def read_step_times(path: str | Path, step_column: str, fmt: str = "auto",
-                    columns: tuple[str, ...] = TIME_COLUMNS) -> dict[str, np.ndarray]:
+                    columns: tuple[str, ...] = STEP_TIME_COLUMNS) -> dict[str, np.ndarray]:
     """One value per step of each per-row scalar ``columns`` (the first row of the step), streamed.
 
     Returns ``step`` (U,) and each column (U,), in step order. Only these columns are decoded (Parquet by row

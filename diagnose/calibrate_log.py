@@ -41,7 +41,6 @@ import numpy as np
 from replay_theory.diagnose.by_age import (
     AGGREGATIONS,
     SCORES,
-    TIME_COLUMNS,
     WEIGHTS,
     SequenceSums,
     age_step_sums,
@@ -50,7 +49,7 @@ from replay_theory.diagnose.by_age import (
 )
 from replay_theory.diagnose.errors import ConfigError
 from replay_theory.diagnose.reader import FORMATS, LogReader
-from replay_theory.diagnose.schema import resolve_columns
+from replay_theory.diagnose.schema import STEP_TIME_COLUMNS, resolve_columns
 from replay_theory.theory.noise import DEFAULT_DRAWS, DEFAULT_LEVEL, percentile_interval, unit_weights
 
 #: the log column with the optimizer step a row was trained at (TRL export and verl hook).
@@ -138,7 +137,7 @@ def plan(config: CalibrateLogConfig) -> Plan:
             raise ConfigError("columns", f"must map {field}: the log has no {field} column "
                                          f"{name!r} (columns: {', '.join(names[:14])}); give --columns {field}=NAME")
     has_step = STEP_COLUMN in names
-    missing = [c for c in (STEP_COLUMN, *TIME_COLUMNS) if c not in names]
+    missing = [c for c in (STEP_COLUMN, *STEP_TIME_COLUMNS) if c not in names]
     if config.mu is None and missing:
         raise ConfigError("mu", f"is needed: {path.name} has no {', '.join(missing)} column"
                                 f"{'s' if len(missing) > 1 else ''} to measure it; give --mu MU (> 0, rollout cost / "

@@ -79,7 +79,8 @@ class DiagnoseConfig:
         resolve_columns(self.preset, self.columns)
 
 
-def _grow(a: np.ndarray, size: int, fill) -> np.ndarray:
+def grow(a: np.ndarray, size: int, fill) -> np.ndarray:
+    """``a`` (n,) extended to at least ``size`` entries filled with ``fill`` (capacity doubles: amortised O(1))."""
     if size <= a.size:
         return a
     out = np.full(max(size, 2 * a.size), fill, dtype=a.dtype)
@@ -146,9 +147,9 @@ def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray) -> None:
     # sequences: log R_seq = sum of token log r; a sequence that lost a token is marked bad
     uniq, inverse = np.unique(seq, return_inverse=True)
     size = int(uniq[-1]) + 1 if uniq.size else 0
-    state.seq_sum = _grow(state.seq_sum, size, 0.0)
-    state.seq_len = _grow(state.seq_len, size, 0)
-    state.seq_bad = _grow(state.seq_bad, size, False)
+    state.seq_sum = grow(state.seq_sum, size, 0.0)
+    state.seq_len = grow(state.seq_len, size, 0)
+    state.seq_bad = grow(state.seq_bad, size, False)
     kept_inverse = inverse.reshape(-1)[keep]
     state.seq_sum[uniq] += np.bincount(kept_inverse, weights=lr, minlength=uniq.size)
     state.seq_len[uniq] += np.bincount(kept_inverse, minlength=uniq.size)
@@ -162,7 +163,7 @@ def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray) -> None:
     adv = None if chunk.advantage is None else chunk.advantage[keep]
     seq_adv_tok = None
     if adv is not None:
-        state.seq_adv = _grow(state.seq_adv, size, np.nan)
+        state.seq_adv = grow(state.seq_adv, size, np.nan)
         codes, first = np.unique(seq_kept, return_index=True)
         unset = np.isnan(state.seq_adv[codes])
         state.seq_adv[codes[unset]] = adv[first[unset]]

@@ -84,6 +84,12 @@ COLUMN_FIELDS = ("seq_id", "logp_behav", "logp_current", "position", "age", "adv
 REQUIRED = ("logp_behav", "logp_current")
 
 
+#: Per-step timing columns of a trainer's log (repeated on every row of the step), which ``calibrate --from-log``
+#: turns into mu = (generation seconds / generated rows) / (update seconds / trained rows): wall seconds the step
+#: spent generating its fresh rows, wall seconds it spent on the update (forward, backward, optimizer), and the
+#: fresh rows it generated (0 on a step that only replays). Rows trained at a step = log rows with that step.
+STEP_TIME_COLUMNS: tuple[str, ...] = ("step_generation_seconds", "step_update_seconds", "step_generated_rows")
+
 @dataclass(frozen=True)
 class ColumnMap:
     """Which column of the file holds which quantity; ``None`` = not logged."""

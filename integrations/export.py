@@ -64,6 +64,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from replay_theory.diagnose.schema import STEP_TIME_COLUMNS  # the log format is diagnose's
+
 __all__ = ["DiagnoseLogWriter", "STEP_TIME_COLUMNS", "TRL_LOG_COLUMNS", "VERL_LOG_COLUMNS", "VERL_VERSION_COLUMNS"]
 
 #: The columns the TRL export writes, in order (per-row scalars, then per-token lists).
@@ -72,11 +74,6 @@ TRL_LOG_COLUMNS: tuple[str, ...] = (
     "per_token_logps", "old_per_token_logps", "sampling_per_token_logps", "completion_mask", "tool_mask",
 )
 
-#: Per-step timing columns (repeated on every row of the step) that ``replay-theory calibrate --from-log`` turns
-#: into mu = (generation seconds / generated rows) / (update seconds / trained rows): wall seconds the step spent
-#: generating its fresh rows, wall seconds it spent on the update (forward, backward, optimizer), and the number of
-#: fresh rows it generated (0 on a step that only replays). Rows trained at a step = log rows with that ``step``.
-STEP_TIME_COLUMNS: tuple[str, ...] = ("step_generation_seconds", "step_update_seconds", "step_generated_rows")
 
 #: The columns the verl hook writes, in order (per-row scalars, then per-token lists); the
 #: ``VERL_VERSION_COLUMNS`` among them only when the batch carries verl's per-sample weights versions.
