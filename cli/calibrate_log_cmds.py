@@ -17,6 +17,11 @@ from typing import Annotated, Optional
 import typer
 
 from replay_theory.cli.common import strict
+from replay_theory.cli.diagnose_cmds import (  # the log is read as diagnose reads it
+    ColumnsOption,
+    FormatOption,
+    PresetOption,
+)
 from replay_theory.diagnose.by_age import AGGREGATIONS, WEIGHTS
 from replay_theory.diagnose.errors import ConfigError
 from replay_theory.outputs import check_new_file, write_new
@@ -31,10 +36,6 @@ FromLogOption = Annotated[Optional[Path], typer.Option(
                        "plus the step time columns for mu.", show_default=False)]
 OutOption = Annotated[Optional[Path], typer.Option(
     "--out", help="New profile file (.json) for `optimal --profile`; never overwrites.", show_default=False)]
-PresetOption = Annotated[str, typer.Option("--preset", help="Column names: default, trl or verl (as diagnose).")]
-ColumnsOption = Annotated[Optional[str], typer.Option(
-    "--columns", help="Overrides of the preset's column names, e.g. 'age=version_gap'.")]
-FormatOption = Annotated[str, typer.Option("--format", help="auto (from the suffix), parquet, csv or jsonl.")]
 MuOption = Annotated[Optional[float], typer.Option(
     "--mu", help="mu = rollout cost / per-sample update cost (> 0), instead of measuring it from the time columns.")]
 RhoOption = Annotated[Optional[float], typer.Option(

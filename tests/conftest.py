@@ -16,3 +16,17 @@ def cli(capsys):
         return info.value.code, out, err
 
     return run
+
+
+@pytest.fixture
+def error_line(cli):
+    """Run a command that must fail: assert exit 2, nothing on stdout, one stderr line, no traceback; return the
+    line without the ``replay-theory: error: `` prefix."""
+
+    def run(*args):
+        code, out, err = cli(*args)
+        assert code == 2 and out == "", (code, out, err)
+        assert err.count("\n") == 1 and err.startswith("replay-theory: error: ") and "Traceback" not in err
+        return err[len("replay-theory: error: "):-1]
+
+    return run

@@ -16,12 +16,6 @@ from replay_theory.simulate.sweep import VERSION_KEY, load_runs, run_sweep
 TINY = {"seeds": 2, "steps": 20, "eval_every": 10, "measure_drift": False, "num_prompts": 16}
 
 
-def one_line_error(cli, *args):
-    """Run a command that must fail: returns its one error line (without the prefix)."""
-    code, out, err = cli(*args)
-    assert code == 2 and out == "", (code, out, err)
-    assert err.count("\n") == 1 and err.startswith("replay-theory: error: ") and "Traceback" not in err
-    return err[len("replay-theory: error: "):-1]
 
 
 @pytest.fixture
@@ -36,32 +30,32 @@ def spec_file(tmp_path):
     ["sweep", "SPEC"],
     ["experiment", "sanity"],
 ])
-def test_out_is_an_existing_file_simulator(cli, tmp_path, spec_file, command):
+def test_out_is_an_existing_file_simulator(cli, tmp_path, spec_file, command, error_line):
     target = tmp_path / "afile"
     target.write_text("mine")
     args = [str(spec_file) if a == "SPEC" else a for a in command]
-    message = one_line_error(cli, *args, "--out", str(target))
+    message = error_line(*args, "--out", str(target))
     assert message == f"--out {target} is an existing file; give a directory (created if absent)"
     assert target.read_text() == "mine"
 
 
 @pytest.mark.parametrize("command", [["validate", "calibrate-model"], ["validate", "predict"],
                                      ["validate", "verify"], ["validate", "all"]])
-def test_out_is_an_existing_file_validate(cli, tmp_path, command):
+def test_out_is_an_existing_file_validate(cli, tmp_path, command, error_line):
     target = tmp_path / "afile"
     target.write_text("mine")
-    assert one_line_error(cli, *command, "--out", str(target)) == (
+    assert error_line(*command, "--out", str(target)) == (
         f"--out {target} is an existing file; give a directory (created if absent)")
 
 
-def test_out_below_a_file(cli, tmp_path, spec_file):
+def test_out_below_a_file(cli, tmp_path, spec_file, error_line):
     (tmp_path / "afile").write_text("mine")
     target = tmp_path / "afile" / "sub"
-    assert one_line_error(cli, "sweep", str(spec_file), "--out", str(target)) == (
+    assert error_line("sweep", str(spec_file), "--out", str(target)) == (
         f"--out {target}: {tmp_path / 'afile'} is a file, not a folder")
 
 
-def test_calibrate_simulator_checks_its_output_before_the_probe(cli, tmp_path, monkeypatch):
+def test_calibrate_simulator_checks_its_output_before_the_probe(cli, tmp_path, monkeypatch, error_line):
     import replay_theory.cli.simulate_cmds as simulate_cmds
 
     def probe_must_not_run(*args, **kwargs):
@@ -69,11 +63,11 @@ def test_calibrate_simulator_checks_its_output_before_the_probe(cli, tmp_path, m
 
     monkeypatch.setattr(simulate_cmds, "measure_profile", probe_must_not_run)
     target = tmp_path / "nodir" / "p.json"
-    assert one_line_error(cli, "calibrate-simulator", "--out", str(target)) == (
+    assert error_line("calibrate-simulator", "--out", str(target)) == (
         f"--out {target}: the folder {tmp_path / 'nodir'} does not exist; create it first or choose another path")
     existing = tmp_path / "p.json"
     existing.write_text("{}")
-    assert one_line_error(cli, "calibrate-simulator", "--out", str(existing)) == (
+    assert error_line("calibrate-simulator", "--out", str(existing)) == (
         f"--out {existing} exists; results are never overwritten: choose a new path")
     assert not (tmp_path / "nodir").exists() and existing.read_text() == "{}"
 
@@ -95,47 +89,47 @@ def test_calibrate_simulator_checks_its_output_before_the_probe(cli, tmp_path, m
      "(step, partial sum) states"),
     (["--reference-samples", "12"], "--reference-samples must be a multiple of --group-size = 8 and >= 16, got 12"),
 ])
-def test_calibrate_simulator_names_the_option_and_range(cli, tmp_path, monkeypatch, args, message):
+def test_calibrate_simulator_names_the_option_and_range(cli, tmp_path, monkeypatch, args, message, error_line):
     import replay_theory.cli.simulate_cmds as simulate_cmds
 
     monkeypatch.setattr(simulate_cmds, "measure_profile", lambda *a, **k: pytest.fail("the probe ran before the check"))
-    assert one_line_error(cli, "calibrate-simulator", "--out", str(tmp_path / "p.json"), *args) == message
+    assert error_line("calibrate-simulator", "--out", str(tmp_path / "p.json"), *args) == message
     assert list(tmp_path.iterdir()) == []
 
 
-def test_sweep_empty_spec_is_refused(cli, tmp_path):
+def test_sweep_empty_spec_is_refused(cli, tmp_path, error_line):
     spec = tmp_path / "empty.json"
     spec.write_text("{}")
-    message = one_line_error(cli, "sweep", str(spec), "--out", str(tmp_path / "o"))
+    message = error_line("sweep", str(spec), "--out", str(tmp_path / "o"))
     assert message.startswith("sweep spec has no configuration to run: it needs a non-empty 'grid'")
     assert "'configs'" in message and not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("command,jobs", [(["sweep", "SPEC"], "0"), (["sweep", "SPEC"], "-2"),
                                           (["experiment", "sanity"], "-5")])
-def test_jobs_range(cli, tmp_path, spec_file, command, jobs):
+def test_jobs_range(cli, tmp_path, spec_file, command, jobs, error_line):
     args = [str(spec_file) if a == "SPEC" else a for a in command]
-    assert one_line_error(cli, *args, "--out", str(tmp_path / "o"), "--jobs", jobs) == (
+    assert error_line(*args, "--out", str(tmp_path / "o"), "--jobs", jobs) == (
         f"--jobs must be -1 (all cores) or an integer >= 1, got {jobs}")
     assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("backend,package", [("dask", "distributed"), ("ray", "ray")])
-def test_sweep_backend_checked_before_writing(cli, tmp_path, spec_file, backend, package, monkeypatch):
+def test_sweep_backend_checked_before_writing(cli, tmp_path, spec_file, backend, package, monkeypatch, error_line):
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real(name, *a))
-    message = one_line_error(cli, "sweep", str(spec_file), "--out", str(tmp_path / "o"), "--backend", backend)
+    message = error_line("sweep", str(spec_file), "--out", str(tmp_path / "o"), "--backend", backend)
     assert message.startswith(f"--backend {backend} needs the {package} package, which is not installed: pip install")
     assert not (tmp_path / "o").exists()
 
 
-def test_sweep_refuses_a_non_empty_unrelated_directory(cli, tmp_path, spec_file):
+def test_sweep_refuses_a_non_empty_unrelated_directory(cli, tmp_path, spec_file, error_line):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep")
-    assert one_line_error(cli, "sweep", str(spec_file), "--out", str(mine)) == (
+    assert error_line("sweep", str(spec_file), "--out", str(mine)) == (
         f"--out {mine} is a non-empty directory that holds no sweep (no spec.json); results go into a new or "
         f"empty directory, so they never mix with other files")
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
@@ -157,18 +151,18 @@ def test_a_failing_sweep_leaves_no_directory_behind(tmp_path, monkeypatch):
     assert empty.is_dir() and list(empty.iterdir()) == []
 
 
-def test_sweep_resume_names_a_corrupt_run_file_and_the_fix(cli, tmp_path, spec_file):
+def test_sweep_resume_names_a_corrupt_run_file_and_the_fix(cli, tmp_path, spec_file, error_line):
     out = tmp_path / "o"
     assert cli("sweep", str(spec_file), "--out", str(out), "--no-progress")[0] == 0
     (run_file,) = (out / "runs").glob("*.json")
     run_file.write_text("{'key': 1}")
-    assert one_line_error(cli, "sweep", str(spec_file), "--out", str(out), "--no-progress") == (
+    assert error_line("sweep", str(spec_file), "--out", str(out), "--no-progress") == (
         f"{run_file} is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2): a run "
         f"file damaged after it was written; delete it and its .npz, then run the sweep again to recompute that "
         f"configuration")
 
 
-def test_sweep_records_the_code_version_and_refuses_to_mix_versions(cli, tmp_path, spec_file):
+def test_sweep_records_the_code_version_and_refuses_to_mix_versions(cli, tmp_path, spec_file, error_line):
     out = tmp_path / "o"
     assert cli("sweep", str(spec_file), "--out", str(out), "--no-progress")[0] == 0
     spec_json = json.loads((out / "spec.json").read_text())
@@ -179,13 +173,13 @@ def test_sweep_records_the_code_version_and_refuses_to_mix_versions(cli, tmp_pat
     assert code == 0 and stdout == f"results: {out / 'results.csv'}, {out / 'results.parquet'}\n"  # pyarrow: [test]
     # ... but not over results of another version
     (out / "spec.json").write_text(json.dumps({**spec_json, VERSION_KEY: "0.0.1"}))
-    assert one_line_error(cli, "sweep", str(spec_file), "--out", str(out)) == (
+    assert error_line("sweep", str(spec_file), "--out", str(out)) == (
         f"--out {out} holds results of replay-theory 0.0.1, this is {__version__}; versions are never mixed in "
         f"one sweep: choose a new --out")
     (out / "spec.json").write_text(json.dumps(spec_json))
     (run_file,) = (out / "runs").glob("*.json")
     run_file.write_text(json.dumps({**payload, VERSION_KEY: "0.0.1"}))
-    assert one_line_error(cli, "sweep", str(spec_file), "--out", str(out)) == (
+    assert error_line("sweep", str(spec_file), "--out", str(out)) == (
         f"{run_file} was written by replay-theory 0.0.1, this is {__version__}; versions are never mixed in one "
         f"sweep: choose a new --out")
 
@@ -216,8 +210,8 @@ def test_version(cli):
     assert cli("--version") == (0, f"replay-theory {__version__}\n", "")
 
 
-def test_simulate_lr_inf_one_line_no_numpy_warning(cli):
-    message = one_line_error(cli, "simulate", "--lr", "inf", "--no-progress", "--steps", "20", "--seeds", "2")
+def test_simulate_lr_inf_one_line_no_numpy_warning(cli, error_line):
+    message = error_line("simulate", "--lr", "inf", "--no-progress", "--steps", "20", "--seeds", "2")
     assert message == "--lr must be a finite number > 0, got inf"
 
 
@@ -292,7 +286,7 @@ def test_validate_verify_cli_prints_the_saved_report(cli, tmp_path):
                                    f"measured best: N=2R, B=R; report: {out / 'report.md'}"]
 
 
-def test_validate_without_its_extra_is_one_line(cli, tmp_path, monkeypatch):
+def test_validate_without_its_extra_is_one_line(cli, tmp_path, monkeypatch, error_line):
     import importlib.util
 
     real = importlib.util.find_spec
@@ -300,14 +294,14 @@ def test_validate_without_its_extra_is_one_line(cli, tmp_path, monkeypatch):
                         else real(name, *a))
     out = _fake_run_dir(tmp_path)
     (out / "predicted.json").write_text("{}")
-    assert one_line_error(cli, "validate", "verify", "--out", str(out)) == (
+    assert error_line("validate", "verify", "--out", str(out)) == (
         "validate needs torch and transformers: pip install torch==2.13.0 && pip install 'replay-theory[validate]'")
 
 
-def test_validate_steps_name_the_missing_step(cli, tmp_path):
-    assert one_line_error(cli, "validate", "predict", "--out", str(tmp_path)) == (
+def test_validate_steps_name_the_missing_step(cli, tmp_path, error_line):
+    assert error_line("validate", "predict", "--out", str(tmp_path)) == (
         f"'{tmp_path}' has no calibration.json: run `replay-theory validate calibrate-model --out {tmp_path}` first")
-    assert one_line_error(cli, "validate", "verify", "--out", str(tmp_path)) == (
+    assert error_line("validate", "verify", "--out", str(tmp_path)) == (
         f"'{tmp_path}' has no predicted.json: run `replay-theory validate predict --out {tmp_path}` first")
 
 

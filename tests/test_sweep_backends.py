@@ -100,11 +100,6 @@ def test_finished_sweep_starts_no_cluster(tmp_path, loky_files, monkeypatch):
     assert_same_as_loky(out, loky_files)
 
 
-def one_line_error(cli, *args):
-    code, out, err = cli(*args)
-    assert code == 2 and out == "", (code, out, err)
-    assert err.count("\n") == 1 and err.startswith("replay-theory: error: ") and "Traceback" not in err
-    return err[len("replay-theory: error: "):-1]
 
 
 @pytest.fixture
@@ -118,11 +113,11 @@ def spec_file(tmp_path):
 
 @pytest.mark.parametrize("backend,package", [("dask", "distributed"), ("ray", "ray")])
 def test_backend_not_installed_is_one_line_and_writes_nothing(cli, tmp_path, spec_file, backend, package,
-                                                              monkeypatch):
+                                                              monkeypatch, error_line):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real(name, *a))
     monkeypatch.setattr(sweep_module, "open_engine", lambda *a, **k: pytest.fail("the engine was started"))
-    assert one_line_error(cli, "sweep", str(spec_file), "--out", str(tmp_path / "o"), "--backend", backend) == (
+    assert error_line("sweep", str(spec_file), "--out", str(tmp_path / "o"), "--backend", backend) == (
         f"--backend {backend} needs the {package} package, which is not installed: "
         f"pip install 'replay-theory[{backend}]'")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.json"]  # no --out folder
@@ -142,20 +137,20 @@ def test_backend_not_installed_is_one_line_and_writes_nothing(cli, tmp_path, spe
     (["--backend", "dask", "--scheduler", "tcp://127.0.0.1:8786", "--jobs", "4"],
      "--jobs does not apply with --scheduler: the cluster's workers run the configurations; leave --jobs out"),
 ])
-def test_scheduler_checked_before_anything_runs(cli, tmp_path, spec_file, monkeypatch, args, message):
+def test_scheduler_checked_before_anything_runs(cli, tmp_path, spec_file, monkeypatch, args, message, error_line):
     monkeypatch.setattr(sweep_module, "check_backend", lambda backend: backend)  # dask/ray need not be installed
     monkeypatch.setattr(sweep_module, "open_engine", lambda *a, **k: pytest.fail("the engine was started"))
-    assert one_line_error(cli, "sweep", str(spec_file), "--out", str(tmp_path / "o"), *args) == message
+    assert error_line("sweep", str(spec_file), "--out", str(tmp_path / "o"), *args) == message
     assert not (tmp_path / "o").exists()
 
 
-def test_unreachable_scheduler_is_one_line_and_writes_nothing(cli, tmp_path, spec_file, monkeypatch):
+def test_unreachable_scheduler_is_one_line_and_writes_nothing(cli, tmp_path, spec_file, monkeypatch, error_line):
     pytest.importorskip("distributed")
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     monkeypatch.setattr(sweep_module, "CONNECT_TIMEOUT_S", 1)
-    message = one_line_error(cli, "sweep", str(spec_file), "--out", str(tmp_path / "o"), "--backend", "dask",
+    message = error_line("sweep", str(spec_file), "--out", str(tmp_path / "o"), "--backend", "dask",
                              "--scheduler", f"tcp://127.0.0.1:{port}")
     assert message.startswith(f"--scheduler tcp://127.0.0.1:{port}: no dask scheduler answered within 1 s (")
     assert message.endswith("start one with `dask scheduler` or leave --scheduler out for a local cluster")
