@@ -40,6 +40,8 @@ from replay_theory.theory.bounds import Relation, make_relation
 from replay_theory.theory.divergences import k3_terms
 
 _SUMS = ("n", "s1", "s2", "sk3", "A", "B", "C", "P")
+#: expm1 overflows float64 above this log-ratio
+EXPM1_MAX = 709.0
 
 
 def _zeros(size: int) -> np.ndarray:
@@ -75,38 +77,60 @@ class Moments:
 
     # ------------------------------------------------------------------ building
     @classmethod
-    def from_samples(cls, log_ratio: np.ndarray, groups: np.ndarray | None = None, size: int = 1) -> "Moments":
-        """Statistics of ``log_ratio`` (n,), grouped by integer ``groups`` (n,) in [0, size)."""
+    def from_samples(cls, log_ratio: np.ndarray) -> "Moments":
+        """Statistics of ``log_ratio`` (n,) as one group."""
+        lr = np.asarray(log_ratio, dtype=np.float64)
+        if lr.size == 0:
+            return cls.empty(1)
+        return cls.from_segments(lr, np.zeros(1, dtype=np.int64))
+
+    @classmethod
+    def from_segments(cls, log_ratio: np.ndarray, starts: np.ndarray) -> "Moments":
+        """One group per run ``log_ratio[starts[i]:starts[i + 1]]`` (``starts`` (S,) increasing from 0).
+
+        Each run is shifted by its own maximum, so the per-token work is a few
+        ``reduceat`` passes; groups of runs (an age, the whole log) follow from
+        :meth:`reduce`, which costs O(runs), not O(tokens).
+        """
         lr = np.asarray(log_ratio, dtype=np.float64)  # (n,)
-        with np.errstate(over="ignore"):
+        n_tok = np.diff(np.append(starts, lr.size))  # (S,)
+        top = np.maximum.reduceat(lr, starts)  # (S,) M per run
+        top_tok = np.repeat(top, n_tok)  # (n,)
+        shifted = np.exp(lr - top_tok)  # in (0, 1]
+        # (r - 1) e^{-L}, L = max(0, M): expm1 keeps full precision for r near 1; it overflows only past
+        # log r = 709, where r e^{-L} = e^{log r - M} is used instead (L = M there)
+        with np.errstate(over="ignore", invalid="ignore"):
+            dev = np.expm1(lr) * np.repeat(np.exp(-np.maximum(top, 0.0)), n_tok)
             k3 = k3_terms(lr)  # r - 1 - log r, series near 0 so fresh data gives exactly 0
-        if groups is None:  # one group: plain reductions, the common and fast case
-            if lr.size == 0:
-                return cls.empty(1)
-            top = float(np.max(lr))
-            shifted = np.exp(lr - top)  # in (0, 1]
-            big = max(0.0, top)
-            dev = np.expm1(lr) if big == 0.0 else shifted * math.exp(top - big) - math.exp(-big)
-            sums = [lr.size, lr.sum(), (lr * lr).sum(), k3.sum(), shifted.sum(), (shifted * shifted).sum(),
-                    (shifted * lr).sum(), (dev * dev).sum()]
-            out = cls(**{f: np.array([v], dtype=np.float64) for f, v in zip(_SUMS, sums)},
-                      lmin=np.array([lr.min()]), lmax=np.array([top]))
-            return out
-        g = np.asarray(groups, dtype=np.int64)  # (n,)
+        if top.max() > EXPM1_MAX:
+            far = lr > EXPM1_MAX
+            dev[far] = shifted[far] - np.exp(-top_tok[far])
+
+        def total(x: np.ndarray) -> np.ndarray:
+            return np.add.reduceat(x, starts)
+
+        return cls(n=n_tok.astype(np.float64), s1=total(lr), s2=total(lr * lr), sk3=total(k3),
+                   lmin=np.minimum.reduceat(lr, starts), lmax=top, A=total(shifted), B=total(shifted * shifted),
+                   C=total(shifted * lr), P=total(dev * dev))
+
+    def reduce(self, groups: np.ndarray, size: int) -> "Moments":
+        """Groups merged: group i goes to new group ``groups[i]`` in [0, size) (exact, rescaled to the new maxima)."""
+        g = np.asarray(groups, dtype=np.int64)  # (G,)
         top = _full(size, -np.inf)
-        np.maximum.at(top, g, lr)
+        np.maximum.at(top, g, self.lmax)
         low = _full(size, np.inf)
-        np.minimum.at(low, g, lr)
-        top_tok = top[g]  # (n,) each token's group maximum
-        shifted = np.exp(lr - top_tok)
-        big_tok = np.maximum(top_tok, 0.0)
-        dev = np.where(big_tok == 0.0, np.expm1(lr), shifted * np.exp(top_tok - big_tok) - np.exp(-big_tok))
+        np.minimum.at(low, g, self.lmin)
+        seen = self.n > 0
+        with np.errstate(invalid="ignore"):
+            scale = np.where(seen, np.exp(self.lmax - top[g]), 0.0)  # e^{M_i - M_new}
+            scale_p = np.where(seen, np.exp(2.0 * (np.maximum(self.lmax, 0.0) - np.maximum(top[g], 0.0))), 0.0)
 
-        def total(w: np.ndarray | None) -> np.ndarray:
-            return np.bincount(g, weights=w, minlength=size).astype(np.float64)
+        def total(x: np.ndarray) -> np.ndarray:
+            return np.bincount(g, weights=x, minlength=size)
 
-        return cls(n=total(None), s1=total(lr), s2=total(lr * lr), sk3=total(k3), lmin=low, lmax=top,
-                   A=total(shifted), B=total(shifted * shifted), C=total(shifted * lr), P=total(dev * dev))
+        return Moments(n=total(self.n), s1=total(self.s1), s2=total(self.s2), sk3=total(self.sk3), lmin=low,
+                       lmax=top, A=total(self.A * scale), B=total(self.B * scale * scale), C=total(self.C * scale),
+                       P=total(self.P * scale_p))
 
     def grow(self, size: int) -> None:
         """Extend to ``size`` groups (new groups empty)."""
@@ -119,36 +143,11 @@ class Moments:
 
     def fold(self, other: "Moments") -> None:
         """Add ``other`` (same number of groups) into ``self``: exact merge of the shifted sums."""
-        new_max = np.maximum(self.lmax, other.lmax)
-        with np.errstate(invalid="ignore"):
-            mine = np.where(self.n > 0, np.exp(self.lmax - new_max), 0.0)
-            theirs = np.where(other.n > 0, np.exp(other.lmax - new_max), 0.0)
-        big, big_self, big_other = (np.maximum(x, 0.0) for x in (new_max, self.lmax, other.lmax))
-        mine_p = np.where(self.n > 0, np.exp(2.0 * (big_self - big)), 0.0)
-        theirs_p = np.where(other.n > 0, np.exp(2.0 * (big_other - big)), 0.0)
-        for f in ("n", "s1", "s2", "sk3"):
-            setattr(self, f, getattr(self, f) + getattr(other, f))
-        self.A = self.A * mine + other.A * theirs
-        self.B = self.B * mine**2 + other.B * theirs**2
-        self.C = self.C * mine + other.C * theirs
-        self.P = self.P * mine_p + other.P * theirs_p
-        self.lmax = new_max
-        self.lmin = np.minimum(self.lmin, other.lmin)
-
-    def take(self, index) -> "Moments":
-        """The groups ``index`` (an int array) as a new accumulator."""
-        return Moments(**{f.name: np.atleast_1d(getattr(self, f.name)[index]).copy() for f in fields(self)})
-
-    def combined(self, labels: np.ndarray, size: int) -> "Moments":
-        """Groups merged: old group i goes to new group ``labels[i]`` in [0, size)."""
-        out = Moments.empty(size)
-        for old, new in enumerate(np.asarray(labels, dtype=np.int64)):
-            part = Moments.empty(size)
-            one = self.take([old])
-            for f in fields(self):
-                getattr(part, f.name)[new] = getattr(one, f.name)[0]
-            out.fold(part)
-        return out
+        both = Moments(**{f.name: np.concatenate([getattr(self, f.name), getattr(other, f.name)])
+                          for f in fields(self)})
+        merged = both.reduce(np.tile(np.arange(self.size), 2), self.size)
+        for f in fields(self):
+            setattr(self, f.name, getattr(merged, f.name))
 
     # ------------------------------------------------------------------ results
     def statistics(self) -> dict[str, np.ndarray]:
@@ -202,6 +201,42 @@ class Moments:
             ]
 
 
+def _total(x) -> float:
+    with np.errstate(over="ignore"):
+        return float(np.sum(x))
+
+
+@dataclass
+class Running:
+    """count, sum, min, max and (Chan et al.'s merge of per-batch two-pass) mean and M2 of a stream of numbers."""
+
+    n: int = 0
+    total: float = 0.0
+    low: float = math.inf
+    high: float = -math.inf
+    mean: float = 0.0
+    m2: float = 0.0  # sum (x - mean)^2
+
+    def update(self, x: np.ndarray) -> None:
+        """Add ``x`` (k,); NaN entries count in n and the sums (as they would in a mean) but not in min / max."""
+        if x.size == 0:
+            return
+        mean = float(x.mean())
+        m2 = float(np.sum((x - mean) ** 2))
+        n = self.n + x.size
+        delta = mean - self.mean
+        self.m2 += m2 + delta * delta * self.n * x.size / n
+        self.mean += delta * x.size / n
+        self.n = n
+        self.total += float(x.sum())
+        if not np.all(np.isnan(x)):
+            self.low = min(self.low, float(np.nanmin(x)))
+            self.high = max(self.high, float(np.nanmax(x)))
+
+    def std(self, ddof: int = 1) -> float:
+        return math.sqrt(self.m2 / (self.n - ddof)) if self.n > ddof else 0.0
+
+
 @dataclass
 class WeightSums:
     """Streaming ESS of effective weights w >= 0 given as log w (-inf = weight 0)."""
@@ -214,20 +249,24 @@ class WeightSums:
     B: float = 0.0  # sum e^{2 (log w - top)}
 
     def update(self, log_w: np.ndarray, flagged: np.ndarray, removed: np.ndarray) -> None:
-        self.n += log_w.size
-        self.flagged += float(np.count_nonzero(flagged))
-        with np.errstate(over="ignore"):
-            self.removed += float(np.sum(removed))
-        if log_w.size == 0:
+        """Add weights given as ``log_w`` (n,), the ``flagged`` (n,) tokens and the ``removed`` IS mass (any shape)."""
+        top = float(np.max(log_w)) if log_w.size else -math.inf
+        if top == -math.inf:  # no weight left (or none given): only the counts move
+            self.add(log_w.size, np.count_nonzero(flagged), _total(removed), top, 0.0, 0.0)
             return
-        top = float(np.max(log_w))
+        w = np.exp(log_w - top)
+        self.add(log_w.size, np.count_nonzero(flagged), _total(removed), top, float(w.sum()), float((w * w).sum()))
+
+    def add(self, n: float, flagged: float, removed: float, top: float, A: float, B: float) -> None:
+        """Merge sums taken elsewhere: ``A`` = sum e^{log w - top}, ``B`` = sum e^{2 (log w - top)}."""
+        self.n += n
+        self.flagged += float(flagged)
+        self.removed += float(removed)
         if top == -math.inf:
             return
         new = max(self.top, top)
-        scale = math.exp(self.top - new) if self.top > -math.inf else 0.0
-        w = np.exp(log_w - new)
-        self.A = self.A * scale + float(w.sum())
-        self.B = self.B * scale**2 + float((w * w).sum())
+        self.A = self.A * math.exp(self.top - new) + A * math.exp(top - new)
+        self.B = self.B * math.exp(2.0 * (self.top - new)) + B * math.exp(2.0 * (top - new))
         self.top = new
 
     def result(self) -> dict[str, float]:

@@ -44,9 +44,11 @@ lower clamp; ``diagnose``'s ``tis`` what-if row at c = C) and from ``diagnose``'
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from replay_theory.diagnose.accumulators import Running
 
 #: verl/utils/torch_functional.py masked_mean: values.sum() / (mask.sum() + 1e-8)
 VERL_EPS = 1e-8
@@ -80,12 +82,47 @@ def _verl_w(lr: np.ndarray) -> np.ndarray:
     return np.exp(np.clip(lr, -SAFETY_BOUND, SAFETY_BOUND))
 
 
+#: per-sequence sums a run of tokens contributes (:meth:`FrameworkSums.add_tokens`), in this order
+SEQ_FIELDS = ("seq_len", "seq_lr", "seq_cur", "seq_behav", "seq_w", "seq_trl_low", "seq_trl_high")
+
+
+def sequence_quantities(seq: dict[str, np.ndarray], params: FrameworkParams) -> dict[str, np.ndarray]:
+    """The per-sequence values (n_seq,) whose means, extremes and spread :func:`finish` reports, from the
+    per-sequence sums ``seq`` (``SEQ_FIELDS``); streamed through :class:`Running` so no array is kept."""
+    L, slr = seq["seq_len"], seq["seq_lr"]
+    C = params.rollout_is_threshold
+    mean_cur = seq["seq_cur"] / (L + VERL_EPS)  # masked_mean(old_log_prob, response_mask, axis=-1)
+    mean_behav = seq["seq_behav"] / (L + VERL_EPS)
+    log_ppl_diff = mean_behav - mean_cur
+    w_seq = _verl_w(slr)  # sequence-mode rollout IS: exp(clamp(sum log r, -20, 20)) over the row
+    wc_seq = np.clip(w_seq, 1.0 / C, C)
+    is_weights = seq["seq_w"] / (L + VERL_EPS)  # token mode's seq_mean_weights
+    seq_weights = L * w_seq / (L + VERL_EPS)  # sequence mode's
+    # TRL's default sequence_mask: R = exp(sum log r), R > C_max -> 0; R <= C_max where kept, so exp is safe
+    kept = slr <= math.log(params.is_cap)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return {
+            "training_ppl": np.exp(-mean_cur), "training_log_ppl": -mean_cur,
+            "rollout_ppl": np.exp(-mean_behav), "rollout_log_ppl": -mean_behav,
+            "log_ppl_diff": log_ppl_diff, "log_ppl_abs_diff": np.abs(log_ppl_diff), "ppl_ratio": np.exp(log_ppl_diff),
+            "chi2_seq": w_seq**2,
+            "trl_is_ratio": np.where(kept, np.exp(np.minimum(slr, math.log(params.is_cap))), 0.0),
+            "trl_low": seq["seq_trl_low"] / L, "trl_high": seq["seq_trl_high"] / L,  # 0/0 = NaN: nanmin skips
+            "is_weights": is_weights, "is_weights_high": (is_weights > C) * 1.0, "is_weights_low": (is_weights < 1.0 / C) * 1.0,
+            "seq_lr": slr, "seq_lr_high": (slr > math.log(C)) * 1.0, "seq_lr_low": (slr < math.log(1.0 / C)) * 1.0,
+            "seq_Lw": L * w_seq, "seq_Lwc": L * wc_seq, "seq_Lwc_sq": L * wc_seq * wc_seq,
+            "seq_weights": seq_weights, "seq_weights_high": (seq_weights > C) * 1.0,
+            "seq_weights_low": (seq_weights < 1.0 / C) * 1.0,
+        }
+
+
 @dataclass
 class FrameworkSums:
-    """Mergeable token sums plus per-sequence sums: everything :func:`finish` needs.
+    """Mergeable token sums plus streamed per-sequence summaries: everything :func:`finish` needs.
 
-    Token sums run over the valid tokens; the per-sequence arrays have one entry
-    per sequence (row), empty rows included where the caller has them.
+    Token sums run over the valid tokens; ``seq`` summarises the per-sequence values
+    of :func:`sequence_quantities` over every sequence (row) given to :meth:`add_sequences`,
+    empty rows included where the caller has them.
     """
 
     has_advantage: bool
@@ -108,53 +145,39 @@ class FrameworkSums:
     trl_high: float = 0.0  # #{r > 1 + eps_high, A > 0}
     m2_sum: float = 0.0  # sum (log r)^2 over M2PO's trust-region tokens T
     m2_count: float = 0.0  # |T|
-    # per sequence (n_seq,)
-    seq_len: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    seq_lr: np.ndarray = field(default_factory=lambda: np.zeros(0))  # sum log r
-    seq_cur: np.ndarray = field(default_factory=lambda: np.zeros(0))  # sum logp_current
-    seq_behav: np.ndarray = field(default_factory=lambda: np.zeros(0))  # sum logp_behav
-    seq_w: np.ndarray = field(default_factory=lambda: np.zeros(0))  # sum w (token-mode verl seq_mean_weights)
-    seq_trl_low: np.ndarray = field(default_factory=lambda: np.zeros(0))  # TRL low-clipped tokens
-    seq_trl_high: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    seq: dict[str, Running] = field(default_factory=dict)  # name -> summary of sequence_quantities(...)[name]
 
-    def add_tokens(self, lr: np.ndarray, cur: np.ndarray, behav: np.ndarray, seq: np.ndarray, n_seq: int,
-                   adv: np.ndarray | None, seq_adv_tok: np.ndarray | None, params: FrameworkParams) -> None:
-        """Fold valid tokens: ``lr``, ``cur``, ``behav``, ``seq`` (n,) sequence index in [0, n_seq);
-        ``adv`` (n,) the token's advantage, ``seq_adv_tok`` (n,) its sequence's advantage (M2PO)."""
-        if self.seq_len.size < n_seq:
-            grow = n_seq - self.seq_len.size
-            for f in ("seq_len", "seq_lr", "seq_cur", "seq_behav", "seq_w", "seq_trl_low", "seq_trl_high"):
-                setattr(self, f, np.concatenate([getattr(self, f), np.zeros(grow)]))
-        if lr.size == 0:
-            return
+    def add_tokens(self, lr: np.ndarray, cur: np.ndarray, behav: np.ndarray, starts: np.ndarray,
+                   adv: np.ndarray | None, seq_adv_tok: np.ndarray | None, params: FrameworkParams
+                   ) -> dict[str, np.ndarray]:
+        """Fold valid tokens ``lr``, ``cur``, ``behav`` (n,), ``adv`` (n,) the token's advantage and
+        ``seq_adv_tok`` (n,) its sequence's (M2PO); return the ``SEQ_FIELDS`` sums (R,) of the runs of tokens
+        starting at ``starts`` (R,) (a run lies in one sequence; the caller adds runs up to sequences)."""
         C = params.rollout_is_threshold
-        w = _verl_w(lr)
+        clamped = np.clip(lr, -SAFETY_BOUND, SAFETY_BOUND)
+        w = np.exp(clamped)  # verl's ratio (rollout_corr_helper.py, SAFETY_BOUND)
         wc = np.clip(w, 1.0 / C, C)
-        absdiff = np.abs(lr)  # TRL: torch.abs(old_per_token_logps - sampling_per_token_logps)
         self.n += lr.size
         self.kl += float(np.sum(behav - cur))
-        self.ppo_kl += float(np.sum(-np.clip(lr, -SAFETY_BOUND, SAFETY_BOUND)))
+        self.ppo_kl -= float(np.sum(clamped))
         self.w += float(w.sum())
         self.w_sq += float(np.sum(w * w))
         self.w_high += float(np.count_nonzero(w > C))
         self.w_low += float(np.count_nonzero(w < 1.0 / C))
         self.wc += float(wc.sum())
         self.wc_sq += float(np.sum(wc * wc))
-        self.lmax = max(self.lmax, float(lr.max()))
-        self.lmin = min(self.lmin, float(lr.min()))
-        self.absdiff += float(absdiff.sum())
-        self.absdiff_max = max(self.absdiff_max, float(absdiff.max()))
+        top, low = float(lr.max()), float(lr.min())
+        self.lmax, self.lmin = max(self.lmax, top), min(self.lmin, low)
+        self.absdiff += float(np.sum(np.abs(lr)))  # TRL: torch.abs(old_per_token_logps - sampling_per_token_logps)
+        self.absdiff_max = max(self.absdiff_max, top, -low)
 
-        def per_seq(values: np.ndarray | None) -> np.ndarray:
-            return np.bincount(seq, weights=values, minlength=n_seq).astype(np.float64)
+        def per_run(values: np.ndarray) -> np.ndarray:
+            return np.add.reduceat(values, starts)
 
-        self.seq_len[:n_seq] += per_seq(None)
-        self.seq_lr[:n_seq] += per_seq(lr)
-        self.seq_cur[:n_seq] += per_seq(cur)
-        self.seq_behav[:n_seq] += per_seq(behav)
-        self.seq_w[:n_seq] += per_seq(w)
+        runs = {"seq_len": np.diff(np.append(starts, lr.size)).astype(np.float64), "seq_lr": per_run(lr),
+                "seq_cur": per_run(cur), "seq_behav": per_run(behav), "seq_w": per_run(w)}
         if adv is None:
-            return
+            return runs
         # verl core_algos.py compute_policy_loss_vanilla (ratio clamped to [e^-20, e^20], so exp is safe)
         loss1 = -adv * w
         loss2 = -adv * np.clip(w, 1.0 - params.clip_low, 1.0 + params.clip_high)
@@ -162,43 +185,34 @@ class FrameworkSums:
         clip_loss1 = np.maximum(loss1, loss2)
         self.pg_clip_lower += float(np.count_nonzero((clip_loss1 > -adv * params.dual_clip_c) & (adv < 0)))
         # TRL grpo_trainer.py compute_loss: coef_1 = exp(log_ratio) (token level), compared in log space
-        low = (lr < math.log1p(-params.clip_low)) & (adv < 0)
-        high = (lr > math.log1p(params.clip_high)) & (adv > 0)
-        self.trl_low += float(np.count_nonzero(low))
-        self.trl_high += float(np.count_nonzero(high))
-        self.seq_trl_low[:n_seq] += per_seq(low.astype(np.float64))
-        self.seq_trl_high[:n_seq] += per_seq(high.astype(np.float64))
+        low_clip = (lr < math.log1p(-params.clip_low)) & (adv < 0)
+        high_clip = (lr > math.log1p(params.clip_high)) & (adv > 0)
+        self.trl_low += float(np.count_nonzero(low_clip))
+        self.trl_high += float(np.count_nonzero(high_clip))
+        runs["seq_trl_low"] = per_run(low_clip * 1.0)
+        runs["seq_trl_high"] = per_run(high_clip * 1.0)
         # M2PO core_algos.py _get_trust_region_tokens_delta_sq: T = (A > 1e-12, r > 1 + 1e-12) or
-        # (A < -1e-12, r < 1 - 1e-12), A = the sequence's advantage (advantages[:, 0] there)
-        with np.errstate(over="ignore"):
-            r = np.exp(lr)  # only compared: inf > 1 + 1e-12 is right
+        # (A < -1e-12, r < 1 - 1e-12), A = the sequence's advantage (advantages[:, 0] there); w = r wherever
+        # |log r| <= 20 and is on the same side of 1 + -1e-12 beyond, so w decides as r would
         a = adv if seq_adv_tok is None else seq_adv_tok
-        trust = ((a > M2PO_TOL) & (r > 1.0 + M2PO_TOL)) | ((a < -M2PO_TOL) & (r < 1.0 - M2PO_TOL))
-        self.m2_sum += float(np.sum(lr[trust] ** 2))
+        trust = ((a > M2PO_TOL) & (w > 1.0 + M2PO_TOL)) | ((a < -M2PO_TOL) & (w < 1.0 - M2PO_TOL))
+        self.m2_sum += float(np.sum(np.square(lr, where=trust, out=np.zeros_like(lr))))
         self.m2_count += float(np.count_nonzero(trust))
+        return runs
 
-    def fold(self, other: "FrameworkSums") -> None:
-        """Add ``other`` (same sequences indexing) into ``self``."""
-        for f in fields(self):
-            name = f.name
-            if name == "has_advantage":
-                continue
-            mine, theirs = getattr(self, name), getattr(other, name)
-            if name in ("lmax", "absdiff_max"):
-                setattr(self, name, max(mine, theirs))
-            elif name == "lmin":
-                setattr(self, name, min(mine, theirs))
-            elif isinstance(mine, np.ndarray):
-                size = max(mine.size, theirs.size)
-                out = np.zeros(size)
-                out[: mine.size] += mine
-                out[: theirs.size] += theirs
-                setattr(self, name, out)
-            else:
-                setattr(self, name, mine + theirs)
+    def add_sequences(self, seq: dict[str, np.ndarray], params: FrameworkParams) -> None:
+        """Fold whole sequences: ``seq`` maps ``SEQ_FIELDS`` to (k,) sums (the TRL fields may be absent)."""
+        full = {f: seq.get(f, np.zeros_like(seq["seq_len"])) for f in SEQ_FIELDS}
+        for name, values in sequence_quantities(full, params).items():
+            self.seq.setdefault(name, Running()).update(values)
+
+    @property
+    def n_seq(self) -> int:
+        return self.seq["seq_lr"].n if self.seq else 0
 
 
-def _is_tail(n: float, sum_wc: float, sum_wc_sq: float, seq_mean_weights: np.ndarray, C: float) -> dict[str, float]:
+def _is_tail(n: float, sum_wc: float, sum_wc_sq: float, sums: FrameworkSums, prefix: str, C: float
+             ) -> dict[str, float]:
     """compute_is_metrics after the level-specific part: std, eff_sample_size, the seq_* family."""
     out: dict[str, float] = {}
     mean_wc = sum_wc / (n + VERL_EPS)
@@ -209,14 +223,14 @@ def _is_tail(n: float, sum_wc: float, sum_wc_sq: float, seq_mean_weights: np.nda
         out["rollout_is_std"] = 0.0
     # 1 / masked_mean((wc / (mean wc + 1e-8))^2): the (1e-8-regularised) Kish fraction of clamp(w, 1/C, C)
     out["rollout_is_eff_sample_size"] = 1.0 / ((sum_wc_sq / (mean_wc + VERL_EPS) ** 2) / (n + VERL_EPS))
-    s = seq_mean_weights
-    out["rollout_is_seq_mean"] = float(s.mean())
-    out["rollout_is_seq_std"] = float(s.std(ddof=1)) if s.size > 1 else 0.0  # torch .std(): unbiased
-    out["rollout_is_seq_max"] = float(s.max())
-    out["rollout_is_seq_min"] = float(s.min())
-    out["rollout_is_seq_max_deviation"] = float(np.abs(s - 1.0).max())
-    out["rollout_is_seq_fraction_high"] = float(np.mean(s > C))
-    out["rollout_is_seq_fraction_low"] = float(np.mean(s < 1.0 / C))
+    s = sums.seq[prefix]
+    out["rollout_is_seq_mean"] = s.total / s.n
+    out["rollout_is_seq_std"] = s.std(ddof=1)  # torch .std(): unbiased
+    out["rollout_is_seq_max"] = s.high
+    out["rollout_is_seq_min"] = s.low
+    out["rollout_is_seq_max_deviation"] = max(s.high - 1.0, 1.0 - s.low)  # max |s - 1|
+    out["rollout_is_seq_fraction_high"] = sums.seq[prefix + "_high"].total / s.n
+    out["rollout_is_seq_fraction_low"] = sums.seq[prefix + "_low"].total / s.n
     return out
 
 
@@ -224,19 +238,17 @@ def rollout_is_metrics(sums: FrameworkSums, params: FrameworkParams, rollout_is:
     """verl's ``rollout_corr/rollout_is_*`` metrics at aggregation level ``rollout_is`` (token or sequence)."""
     if rollout_is not in RS_LEVELS:
         raise ValueError(f"rollout_is must be token or sequence, got {rollout_is!r}")
-    C, n = params.rollout_is_threshold, sums.n
+    C, n, q = params.rollout_is_threshold, sums.n, sums.seq
     if rollout_is == "sequence":
         # compute_rollout_correction_weights: w = exp(clamp(sum log r, -20, 20)) broadcast over the row;
         # compute_is_metrics' sequence branch takes max / min / fractions over the (B, 1) sums (all rows)
-        L, slr = sums.seq_len, sums.seq_lr
-        w_seq = _verl_w(slr)
-        wc = np.clip(w_seq, 1.0 / C, C)
-        out = {"rollout_is_max": math.exp(min(float(slr.max()), SAFETY_BOUND)),
-               "rollout_is_min": math.exp(float(slr.min())),
-               "rollout_is_mean": float(np.sum(L * w_seq)) / (n + VERL_EPS),
-               "rollout_is_ratio_fraction_high": float(np.mean(slr > math.log(C))),
-               "rollout_is_ratio_fraction_low": float(np.mean(slr < math.log(1.0 / C)))}
-        out.update(_is_tail(n, float(np.sum(L * wc)), float(np.sum(L * wc * wc)), L * w_seq / (L + VERL_EPS), C))
+        slr = q["seq_lr"]
+        out = {"rollout_is_max": math.exp(min(slr.high, SAFETY_BOUND)),
+               "rollout_is_min": math.exp(slr.low),
+               "rollout_is_mean": q["seq_Lw"].total / (n + VERL_EPS),
+               "rollout_is_ratio_fraction_high": q["seq_lr_high"].total / slr.n,
+               "rollout_is_ratio_fraction_low": q["seq_lr_low"].total / slr.n}
+        out.update(_is_tail(n, q["seq_Lwc"].total, q["seq_Lwc_sq"].total, sums, "seq_weights", C))
     else:
         # token mode: compute_is_metrics on w = exp(clamp(log r)) before truncation
         out = {"rollout_is_mean": sums.w / (n + VERL_EPS),
@@ -244,7 +256,7 @@ def rollout_is_metrics(sums: FrameworkSums, params: FrameworkParams, rollout_is:
                "rollout_is_ratio_fraction_low": sums.w_low / (n + VERL_EPS),
                "rollout_is_max": float(_verl_w(np.array(sums.lmax))),
                "rollout_is_min": float(_verl_w(np.array(sums.lmin)))}
-        out.update(_is_tail(n, sums.wc, sums.wc_sq, sums.seq_w / (sums.seq_len + VERL_EPS), C))
+        out.update(_is_tail(n, sums.wc, sums.wc_sq, sums, "is_weights", C))
     order = ("rollout_is_mean", "rollout_is_max", "rollout_is_min", "rollout_is_ratio_fraction_high",
              "rollout_is_ratio_fraction_low", "rollout_is_std", "rollout_is_eff_sample_size", "rollout_is_seq_mean",
              "rollout_is_seq_std", "rollout_is_seq_max", "rollout_is_seq_min", "rollout_is_seq_max_deviation",
@@ -254,26 +266,21 @@ def rollout_is_metrics(sums: FrameworkSums, params: FrameworkParams, rollout_is:
 
 def finish(sums: FrameworkSums, params: FrameworkParams, rollout_is: str = "token") -> dict[str, float]:
     """The metrics dict from the sums (the frameworks' own keys; see the module docstring)."""
-    n = sums.n
+    n, q = sums.n, sums.seq
+    n_seq = sums.n_seq
     out: dict[str, float] = {}
-    L = sums.seq_len
-    # verl rollout_corr_helper.py compute_offpolicy_metrics (old_log_prob = current, rollout_log_prob = behav)
-    mean_cur = sums.seq_cur / (L + VERL_EPS)  # masked_mean(old_log_prob, response_mask, axis=-1)
-    mean_behav = sums.seq_behav / (L + VERL_EPS)
-    log_ppl_diff = mean_behav - mean_cur
-    with np.errstate(over="ignore"):  # a per-sequence mean log-prob below -709 is a perplexity beyond float
-        out["rollout_corr/training_ppl"] = float(np.exp(-mean_cur).mean())
-        out["rollout_corr/training_log_ppl"] = float((-mean_cur).mean())
-        out["rollout_corr/kl"] = sums.kl / (n + VERL_EPS)
-        out["rollout_corr/rollout_ppl"] = float(np.exp(-mean_behav).mean())
-        out["rollout_corr/rollout_log_ppl"] = float((-mean_behav).mean())
-        out["rollout_corr/log_ppl_diff"] = float(log_ppl_diff.mean())
-        out["rollout_corr/log_ppl_abs_diff"] = float(np.abs(log_ppl_diff).mean())
-        out["rollout_corr/log_ppl_diff_max"] = float(log_ppl_diff.max())
-        out["rollout_corr/log_ppl_diff_min"] = float(log_ppl_diff.min())
-        out["rollout_corr/ppl_ratio"] = float(np.exp(log_ppl_diff).mean())
+    # verl rollout_corr_helper.py compute_offpolicy_metrics (old_log_prob = current, rollout_log_prob = behav):
+    # batch means over the rows of per-row masked means
+    for key in ("training_ppl", "training_log_ppl"):
+        out[f"rollout_corr/{key}"] = q[key].total / n_seq
+    out["rollout_corr/kl"] = sums.kl / (n + VERL_EPS)
+    for key in ("rollout_ppl", "rollout_log_ppl", "log_ppl_diff", "log_ppl_abs_diff"):
+        out[f"rollout_corr/{key}"] = q[key].total / n_seq
+    out["rollout_corr/log_ppl_diff_max"] = q["log_ppl_diff"].high
+    out["rollout_corr/log_ppl_diff_min"] = q["log_ppl_diff"].low
+    out["rollout_corr/ppl_ratio"] = q["ppl_ratio"].total / n_seq
     out["rollout_corr/chi2_token"] = sums.w_sq / (n + VERL_EPS) - 1.0
-    out["rollout_corr/chi2_seq"] = float(np.mean(_verl_w(sums.seq_lr) ** 2)) - 1.0
+    out["rollout_corr/chi2_seq"] = q["chi2_seq"].total / n_seq - 1.0
     out.update(rollout_is_metrics(sums, params, rollout_is))
     # verl core_algos.py compute_policy_loss_vanilla
     out["actor/ppo_kl"] = sums.ppo_kl / (n + VERL_EPS)
@@ -283,13 +290,11 @@ def finish(sums: FrameworkSums, params: FrameworkParams, rollout_is: str = "toke
     # TRL grpo_trainer.py _generate_and_score_completions: |old - sampling| over the mask
     out["sampling/sampling_logp_difference/mean"] = sums.absdiff / n if n else 0.0
     out["sampling/sampling_logp_difference/max"] = sums.absdiff_max
-    # default vllm_importance_sampling_mode="sequence_mask": R = exp(sum log r) per row, R > C_max -> 0;
-    # min / mean / max over all rows (flatten of a (B, 1) tensor); R <= C_max where kept, so exp is safe
-    kept = sums.seq_lr <= math.log(params.is_cap)
-    R = np.where(kept, np.exp(np.minimum(sums.seq_lr, math.log(params.is_cap))), 0.0)
-    out["sampling/importance_sampling_ratio/min"] = float(R.min()) if R.size else 0.0
-    out["sampling/importance_sampling_ratio/mean"] = float(R.mean()) if R.size else 0.0
-    out["sampling/importance_sampling_ratio/max"] = float(R.max()) if R.size else 0.0
+    # default vllm_importance_sampling_mode="sequence_mask": min / mean / max over all rows
+    ratio = q["trl_is_ratio"]
+    out["sampling/importance_sampling_ratio/min"] = ratio.low if n_seq else 0.0
+    out["sampling/importance_sampling_ratio/mean"] = ratio.total / n_seq if n_seq else 0.0
+    out["sampling/importance_sampling_ratio/max"] = ratio.high if n_seq else 0.0
     if sums.has_advantage:
         # TRL grpo_trainer.py compute_loss (importance_sampling_level="token"): global_masked_mean and
         # nanmin / nanmax of masked_seq_mean over the rows
@@ -297,11 +302,9 @@ def finish(sums: FrameworkSums, params: FrameworkParams, rollout_is: str = "toke
         out["clip_ratio/low_mean"] = sums.trl_low / denom
         out["clip_ratio/high_mean"] = sums.trl_high / denom
         out["clip_ratio/region_mean"] = (sums.trl_low + sums.trl_high) / denom
-        with np.errstate(invalid="ignore", divide="ignore"):
-            low_seq = sums.seq_trl_low / L
-            high_seq = sums.seq_trl_high / L
-        out["clip_ratio/low_min"] = float(np.nanmin(low_seq)) if np.any(L > 0) else math.nan
-        out["clip_ratio/high_max"] = float(np.nanmax(high_seq)) if np.any(L > 0) else math.nan
+        low, high = q["trl_low"].low, q["trl_high"].high
+        out["clip_ratio/low_min"] = low if math.isfinite(low) else math.nan  # every row empty: NaN
+        out["clip_ratio/high_max"] = high if math.isfinite(high) else math.nan
         # M2PO core_algos.py kpo_clip_harmful_tokens: M2_now = mean delta^2 over T, 0.0 when T is empty
         out["m2po/M2"] = sums.m2_sum / sums.m2_count if sums.m2_count else 0.0
     return out
@@ -345,7 +348,15 @@ def batch_sums(logp_behav, logp_current, mask, advantages=None, params: Framewor
         first = np.argmax(m, axis=1)
         seq_adv = adv[np.arange(rows), first]
         seq_adv_tok = seq_adv[seq]
-    sums.add_tokens(lr, c, b, seq, rows, None if adv is None else adv[m], seq_adv_tok, params)
+    lengths = m.sum(axis=1)  # (rows,) every row's tokens are one run of the flattened valid tokens
+    full = lengths > 0
+    starts = (np.cumsum(lengths) - lengths)[full]
+    runs = sums.add_tokens(lr, c, b, starts, None if adv is None else adv[m], seq_adv_tok, params) if lr.size else {}
+    per_row = {}
+    for name, values in runs.items():  # empty rows are rows too (verl's batch means run over all of them)
+        per_row[name] = np.zeros(rows)
+        per_row[name][full] = values
+    sums.add_sequences(per_row or {"seq_len": np.zeros(rows)}, params)
     return sums
 
 

@@ -40,10 +40,11 @@ import numpy as np
 from replay_theory.diagnose.accumulators import LogRatioHistogram, Moments
 from replay_theory.diagnose.drift import fit_kl_drift
 from replay_theory.diagnose.errors import ConfigError
-from replay_theory.diagnose.framework_stats import FrameworkParams, FrameworkSums, finish, rollout_is_metrics
-from replay_theory.diagnose.reader import FORMATS, LogReader, TokenChunk
+from replay_theory.diagnose.framework_stats import (SEQ_FIELDS, FrameworkParams, FrameworkSums, finish,
+                                                   rollout_is_metrics)
+from replay_theory.diagnose.reader import FORMATS, LogReader, TokenChunk, UnsortedIds
 from replay_theory.diagnose.schema import resolve_columns
-from replay_theory.diagnose.whatif import TokenWhatIf, WhatIfConfig, freshper_rows, sequence_rows
+from replay_theory.diagnose.whatif import SequenceWhatIf, TokenWhatIf, WhatIfConfig, freshper_rows
 
 #: log-probs in (0, LOGP_ROUNDOFF] are round-off from bf16 / fused kernels and read as 0.
 LOGP_ROUNDOFF = 1e-6
@@ -61,7 +62,7 @@ class DiagnoseConfig:
     preset: str = "default"
     columns: Optional[str] = None  # "field=name,..." overrides of the preset
     format: str = "auto"
-    chunk_rows: int = 65536
+    chunk_rows: int = 262144
     skip_invalid: bool = False
     max_age_buckets: int = 16
     what_if: WhatIfConfig = field(default_factory=WhatIfConfig)
@@ -88,44 +89,120 @@ def grow(a: np.ndarray, size: int, fill) -> np.ndarray:
     return out
 
 
+#: what a sequence carries from token runs to its sequence-level statistics: the framework sums, its first
+#: kept token's advantage (NaN until seen) and whether it lost a token to --skip-invalid
+_SEQ_SUMS = (*SEQ_FIELDS, "adv", "bad")
+
+
+class _Sequences:
+    """Per-sequence sums, folded into the sequence-level statistics once a sequence is complete.
+
+    With sorted ids (the reader's ``sorted_ids``) a sequence is complete when the
+    next one starts, so only the last, open one is held: memory is flat in the
+    number of sequences.  Otherwise every sequence is held (arrays indexed by the
+    reader's codes) until the end of the log.
+    """
+
+    def __init__(self, state: "_State", sorted_ids: bool) -> None:
+        self.state = state
+        self.sorted_ids = sorted_ids
+        self.sums = {f: np.zeros(0) for f in _SEQ_SUMS}  # open sequences, by code (sorted: just the last one)
+        self.code0 = 0  # code of sums[...][0]
+
+    def first_advantage(self, codes: np.ndarray, starts: np.ndarray, adv: np.ndarray) -> np.ndarray:
+        """Each run's sequence advantage (R,): its first kept token's, possibly from an earlier chunk."""
+        self._reserve(codes)
+        held = self.sums["adv"]
+        index = codes - self.code0
+        first = np.unique(index, return_index=True)[1]  # first run of each sequence in this chunk
+        unset = np.isnan(held[index[first]])
+        held[index[first][unset]] = adv[starts[first][unset]]
+        return held[index]
+
+    def add(self, codes: np.ndarray, runs: dict[str, np.ndarray], bad_codes: np.ndarray) -> None:
+        """Add the run sums ``runs`` (R,) of sequences ``codes`` (R,), mark ``bad_codes`` as having lost a token,
+        and (sorted ids) close every sequence before the chunk's last."""
+        every = np.concatenate([codes, bad_codes])
+        self._reserve(every)
+        index = codes - self.code0
+        if index.size:
+            top = int(index.max()) + 1
+            for f, values in runs.items():
+                self.sums[f][:top] += np.bincount(index, weights=values, minlength=top)
+        if bad_codes.size:
+            self.sums["bad"][bad_codes - self.code0] = 1.0
+        if self.sorted_ids and every.size:
+            self._close(int(every.max()) - self.code0)
+
+    def finish(self) -> None:
+        self._close(self.sums["seq_len"].size)
+
+    def _reserve(self, codes: np.ndarray) -> None:
+        if codes.size == 0:
+            return
+        size = int(codes.max()) - self.code0 + 1
+        for f in _SEQ_SUMS:
+            self.sums[f] = grow(self.sums[f], size, np.nan if f == "adv" else 0.0)
+
+    def _close(self, count: int) -> None:
+        """Fold sequences [0, count) of the held ones into the sequence-level statistics and drop them."""
+        done = {f: v[:count] for f, v in self.sums.items()}
+        self.sums = {f: v[count:].copy() for f, v in self.sums.items()}
+        self.code0 += count
+        seen = done["seq_len"] > 0  # a sequence that lost every token was never seen
+        good = seen & (done["bad"] == 0)
+        st = self.state
+        st.n_sequences += int(np.count_nonzero(seen))
+        st.sequences_excluded += int(np.count_nonzero(seen & (done["bad"] != 0)))
+        if not good.any():
+            return
+        kept = {f: v[good] for f, v in done.items()}
+        st.seq_tokens += float(kept["seq_len"].sum())
+        st.seq_moments.fold(Moments.from_samples(kept["seq_lr"]))
+        st.framework.add_sequences(kept, st.framework_params)
+        if st.seq_what_if is not None:
+            st.seq_what_if.update(kept["seq_lr"], kept["seq_len"], kept["adv"] if st.has_advantage else None)
+
+
 class _State:
     """Everything accumulated during the pass."""
 
-    def __init__(self, config: DiagnoseConfig, has_age: bool, has_advantage: bool) -> None:
+    def __init__(self, config: DiagnoseConfig, has_age: bool, has_advantage: bool, sorted_ids: bool) -> None:
         self.tokens = Moments.empty(1)
         self.hist = LogRatioHistogram()
         self.age_codes: dict[float, int] = {}
         self.by_age = Moments.empty(0)
-        self.seq_sum = np.zeros(0, dtype=np.float64)  # (n_seq,) sum of token log r
-        self.seq_len = np.zeros(0, dtype=np.int64)  # (n_seq,)
-        self.seq_bad = np.zeros(0, dtype=bool)  # (n_seq,) lost a token to --skip-invalid
-        self.has_age = has_age
+        self.has_age, self.has_advantage = has_age, has_advantage
         self.reward_sum, self.reward_n = 0.0, 0
         self.skipped = {"nan_or_inf_logp": 0, "positive_logp": 0, "bad_age": 0, "bad_advantage": 0,
                         "mismatched_rows": 0}
         self.what_if = TokenWhatIf(config.what_if, has_advantage) if config.run_what_if else None
+        self.seq_what_if = SequenceWhatIf(config.what_if) if config.run_what_if else None
         # the TRL / verl / M2PO metrics (framework_stats.py); a sequence's advantage is its first token's
         self.framework = FrameworkSums(has_advantage=has_advantage)
         self.framework_params = config.framework
-        self.seq_adv = np.zeros(0, dtype=np.float64)  # (n_seq,) NaN until the sequence's first kept token
+        self.seq_moments = Moments.empty(1)  # of the sequence log-ratios
+        self.n_sequences = self.sequences_excluded = 0
+        self.seq_tokens = 0.0
+        self.sequences = _Sequences(self, sorted_ids)
 
 
-def _check(chunk: TokenChunk, skip: bool, state: _State, path: str) -> np.ndarray:
-    """Boolean (n,) of the tokens to keep; raises on the first problem unless ``skip``."""
+def _check(chunk: TokenChunk, skip: bool, state: _State, path: str) -> np.ndarray | None:
+    """Boolean (n,) of the tokens to keep, or None for all; raises on the first problem unless ``skip``."""
     problems = []
     behav, cur = chunk.logp_behav, chunk.logp_current
-    nonfinite = ~np.isfinite(behav) | ~np.isfinite(cur)
+    nonfinite = ~(np.isfinite(behav) & np.isfinite(cur))
     problems.append(("nan_or_inf_logp", nonfinite, "NaN, null or infinite log-probs"))
     with np.errstate(invalid="ignore"):
         positive = ~nonfinite & ((behav > LOGP_ROUNDOFF) | (cur > LOGP_ROUNDOFF))
     problems.append(("positive_logp", positive, f"positive log-probs (> {LOGP_ROUNDOFF:g})"))
     if chunk.age is not None:
         with np.errstate(invalid="ignore"):
-            bad_age = ~np.isfinite(chunk.age) | (chunk.age < 0)
+            bad_age = ~(chunk.age >= 0) | np.isinf(chunk.age)  # NaN fails >= 0
         problems.append(("bad_age", bad_age, "negative, null or non-finite ages"))
     if chunk.advantage is not None:
         problems.append(("bad_advantage", ~np.isfinite(chunk.advantage), "null or non-finite advantages"))
-    keep = np.ones(len(chunk), dtype=bool)
+    keep = None
     for key, bad, text in problems:
         count = int(np.count_nonzero(bad))
         if not count:
@@ -134,56 +211,49 @@ def _check(chunk: TokenChunk, skip: bool, state: _State, path: str) -> np.ndarra
             raise ValueError(f"{path}: {count} tokens with {text} in the rows from {chunk.first_row}; "
                              "fix the log or pass --skip-invalid to drop and count them")
         state.skipped[key] += count
-        keep &= ~bad
+        keep = ~bad if keep is None else keep & ~bad
     return keep
 
 
-def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray) -> None:
-    behav = np.minimum(chunk.logp_behav[keep], 0.0)  # round-off positives read as 0
-    cur = np.minimum(chunk.logp_current[keep], 0.0)
+def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> None:
+    def kept(x: np.ndarray | None) -> np.ndarray | None:
+        return x if x is None or keep is None else x[keep]
+
+    seq, age, adv = kept(chunk.seq), kept(chunk.age), kept(chunk.advantage)
+    bad_codes = np.zeros(0, dtype=np.int64) if keep is None else np.unique(chunk.seq[~keep])
+    behav = np.minimum(kept(chunk.logp_behav), 0.0)  # round-off positives read as 0
+    cur = np.minimum(kept(chunk.logp_current), 0.0)
     lr = cur - behav  # (n,) log r = log pi_current - log pi_behav, never exponentiated here
-    seq = chunk.seq  # (n_all,)
-
-    # sequences: log R_seq = sum of token log r; a sequence that lost a token is marked bad
-    uniq, inverse = np.unique(seq, return_inverse=True)
-    size = int(uniq[-1]) + 1 if uniq.size else 0
-    state.seq_sum = grow(state.seq_sum, size, 0.0)
-    state.seq_len = grow(state.seq_len, size, 0)
-    state.seq_bad = grow(state.seq_bad, size, False)
-    kept_inverse = inverse.reshape(-1)[keep]
-    state.seq_sum[uniq] += np.bincount(kept_inverse, weights=lr, minlength=uniq.size)
-    state.seq_len[uniq] += np.bincount(kept_inverse, minlength=uniq.size)
-    if not keep.all():
-        state.seq_bad[seq[~keep]] = True
-    state.n_seq = max(getattr(state, "n_seq", 0), size)
-
     if lr.size == 0:
+        state.sequences.add(seq, {}, bad_codes)
         return
-    seq_kept = seq[keep]
-    adv = None if chunk.advantage is None else chunk.advantage[keep]
-    seq_adv_tok = None
-    if adv is not None:
-        state.seq_adv = grow(state.seq_adv, size, np.nan)
-        codes, first = np.unique(seq_kept, return_index=True)
-        unset = np.isnan(state.seq_adv[codes])
-        state.seq_adv[codes[unset]] = adv[first[unset]]
-        seq_adv_tok = state.seq_adv[seq_kept]
-    state.framework.add_tokens(lr, cur, behav, seq_kept, state.seq_sum.size, adv, seq_adv_tok,
-                               state.framework_params)
-    state.tokens.fold(Moments.from_samples(lr))
+    # runs of tokens with one sequence and one age: every token sum is taken per run (reduceat), and the
+    # token, per-age and per-sequence groups are unions of runs
+    change = seq[1:] != seq[:-1]
+    if age is not None:
+        change |= age[1:] != age[:-1]
+    starts = np.concatenate([[0], np.flatnonzero(change) + 1])  # (R,)
+    run_seq = seq[starts]  # (R,)
+    runs = Moments.from_segments(lr, starts)
+    state.tokens.fold(runs.reduce(np.zeros(starts.size, dtype=np.int64), 1))
     state.hist.update(lr)
-    if chunk.age is not None:
-        age = chunk.age[keep]
-        values, inv = np.unique(age, return_inverse=True)
+    if age is not None:
+        values, inv = np.unique(age[starts], return_inverse=True)
         codes = np.fromiter((state.age_codes.setdefault(v, len(state.age_codes)) for v in values.tolist()),
                             dtype=np.int64, count=values.size)
         state.by_age.grow(len(state.age_codes))
-        state.by_age.fold(Moments.from_samples(lr, codes[inv.reshape(-1)], state.by_age.size))
+        state.by_age.fold(runs.reduce(codes[inv.reshape(-1)], state.by_age.size))
+    seq_adv_tok = None
+    if adv is not None:
+        run_adv = state.sequences.first_advantage(run_seq, starts, adv)  # (R,)
+        seq_adv_tok = np.repeat(run_adv, runs.n.astype(np.int64))
+    sums = state.framework.add_tokens(lr, cur, behav, starts, adv, seq_adv_tok, state.framework_params)
+    state.sequences.add(run_seq, sums, bad_codes)
     if chunk.reward is not None:
-        state.reward_sum += float(np.sum(chunk.reward[keep]))
-        state.reward_n += int(np.count_nonzero(keep))
+        state.reward_sum += float(np.sum(kept(chunk.reward)))
+        state.reward_n += lr.size
     if state.what_if is not None:
-        state.what_if.update(lr, None if chunk.advantage is None else chunk.advantage[keep])
+        state.what_if.update(lr, adv)
 
 
 def _clean(x):
@@ -234,7 +304,7 @@ def _by_age(state: _State, max_buckets: int) -> tuple[list[dict], np.ndarray]:
     ages = np.array(list(state.age_codes), dtype=np.float64)  # (G,) exact age of each group
     counts = state.by_age.n
     labels, n_buckets = _age_buckets(ages, counts, max_buckets)
-    buckets = state.by_age.combined(labels, n_buckets)
+    buckets = state.by_age.reduce(labels, n_buckets)
     rows = []
     for b in range(n_buckets):
         members = labels == b
@@ -248,37 +318,31 @@ def _by_age(state: _State, max_buckets: int) -> tuple[list[dict], np.ndarray]:
     return sorted(rows, key=lambda r: r["age"]), ages
 
 
-def _framework(state: _State, good: np.ndarray, n_seq: int) -> tuple[dict, dict]:
-    """TRL / verl / M2PO metrics (framework_stats.finish) over the whole log as one batch.
-
-    Token sums cover every kept token; the per-sequence sums the sequences that
-    kept all their tokens (the same ones as the sequence statistics).
-    """
-    fw = state.framework
-    sums = FrameworkSums(**{k: getattr(fw, k) for k in fw.__dataclass_fields__})
-    for name in ("seq_len", "seq_lr", "seq_cur", "seq_behav", "seq_w", "seq_trl_low", "seq_trl_high"):
-        full = getattr(fw, name)
-        padded = np.zeros(max(n_seq, full.size))
-        padded[: full.size] = full
-        setattr(sums, name, padded[:n_seq][good])
-    if sums.seq_len.size == 0:
-        return {}, {}
-    params = state.framework_params
-    return finish(sums, params, "token"), rollout_is_metrics(sums, params, "sequence")
-
-
-def diagnose(config: DiagnoseConfig, progress: Optional[Callable[[int, int], None]] = None) -> dict:
-    """Read ``config.path`` once and return the report (a JSON-safe dict; see the CLI's ``--json``)."""
+def _pass(config: DiagnoseConfig, sorted_ids: bool, progress) -> tuple[LogReader, _State]:
     columns = resolve_columns(config.preset, config.columns)
     reader = LogReader(config.path, columns, fmt=config.format, chunk_rows=config.chunk_rows,
-                       skip_invalid=config.skip_invalid)
-    state = _State(config, "age" in reader.used, "advantage" in reader.used)
+                       skip_invalid=config.skip_invalid, sorted_ids=sorted_ids)
+    state = _State(config, "age" in reader.used, "advantage" in reader.used, sorted_ids)
     for chunk in reader:
         state.skipped["mismatched_rows"] += chunk.mismatched_rows
         keep = _check(chunk, config.skip_invalid, state, reader.path.name)
         _fold_chunk(chunk, state, keep)
         if progress is not None:
             progress(reader.bytes_done, reader.total_bytes)
+    state.sequences.finish()
+    return reader, state
+
+
+def diagnose(config: DiagnoseConfig, progress: Optional[Callable[[int, int], None]] = None) -> dict:
+    """Read ``config.path`` and return the report (a JSON-safe dict; see the CLI's ``--json``).
+
+    Sequence ids are first read as sorted (flat memory); at the first id below an
+    earlier one the log is read again from the start with every sequence held.
+    """
+    try:
+        reader, state = _pass(config, True, progress)
+    except UnsortedIds:
+        reader, state = _pass(config, False, progress)
     if state.tokens.n[0] == 0:
         raise ValueError(f"{reader.path.name}: no valid tokens to diagnose")
 
@@ -294,24 +358,24 @@ def diagnose(config: DiagnoseConfig, progress: Optional[Callable[[int, int], Non
     if state.reward_n:
         report["mean_reward"] = state.reward_sum / state.reward_n
 
-    n_seq = getattr(state, "n_seq", 0)
-    seen = state.seq_len[:n_seq] > 0
-    good = seen & ~state.seq_bad[:n_seq]
-    seq_lr = state.seq_sum[:n_seq][good]  # (n_seq_ok,) sequence log-ratios
-    report["n_sequences"] = int(np.count_nonzero(seen))
-    sequence = {"n_sequences": int(seq_lr.size), "mean_length": float(state.seq_len[:n_seq][good].mean())
-                if seq_lr.size else None}
-    seq_moments = Moments.from_samples(seq_lr) if seq_lr.size else None
+    n_good = int(state.seq_moments.n[0])
+    seq_moments = state.seq_moments if n_good else None
+    report["n_sequences"] = state.n_sequences
+    sequence = {"n_sequences": n_good, "mean_length": state.seq_tokens / n_good if n_good else None}
     if seq_moments is not None:
         stats = _group_stats(seq_moments, 0)
         stats.pop("n_tokens")
         sequence.update(stats)
     report["sequence"] = sequence
-    report["skipped"] = dict(state.skipped, sequences_excluded=int(np.count_nonzero(seen & state.seq_bad[:n_seq])))
+    report["skipped"] = dict(state.skipped, sequences_excluded=state.sequences_excluded)
     report["bounds"] = {"token": _relations(state.tokens),
                         "sequence": _relations(seq_moments) if seq_moments is not None else []}
 
-    report["framework"], report["framework_rollout_is_sequence"] = _framework(state, good, n_seq)
+    fw = state.framework
+    report["framework"], report["framework_rollout_is_sequence"] = {}, {}
+    if fw.n_seq:  # TRL / verl / M2PO metrics over the whole log as one batch
+        report["framework"] = finish(fw, config.framework, "token")
+        report["framework_rollout_is_sequence"] = rollout_is_metrics(fw, config.framework, "sequence")
     report["framework_params"] = asdict(config.framework)
 
     if state.has_age and state.by_age.size:
@@ -323,16 +387,13 @@ def diagnose(config: DiagnoseConfig, progress: Optional[Callable[[int, int], Non
 
     if state.what_if is not None:
         rows = state.what_if.rows()
-        if state.framework.has_advantage:
+        if state.has_advantage:
             # M2 over M2PO's trust-region tokens, next to the M2PO rows: the number M2PO compares with tau_M2
             last = max(i for i, r in enumerate(rows) if r["correction"].startswith("m2po"))
-            fw = state.framework
             rows.insert(last + 1, {"correction": "m2_trust_region", "level": "token", "param": None,
                                    "flagged_frac": fw.m2_count / fw.n, "ess_frac": None, "bias_proxy": None,
                                    "m2": report["framework"]["m2po/M2"]})
-        if seq_lr.size:
-            seq_adv = state.seq_adv[:n_seq][good] if state.framework.has_advantage else None
-            rows += sequence_rows(seq_lr, config.what_if, state.seq_len[:n_seq][good], seq_adv)
+        rows += state.seq_what_if.rows()
         if ages is not None:
             taus = list(config.what_if.freshper_tau)
             fitted = (report["drift"] or {}).get("tau")
@@ -344,6 +405,5 @@ def diagnose(config: DiagnoseConfig, progress: Optional[Callable[[int, int], Non
                       "ess_frac": None, "bias_proxy": None, "note": "needs an age column"}
                      for t in config.what_if.freshper_tau]
         report["what_if"] = rows
-    config_dict = asdict(config)
-    report["config"] = config_dict
+    report["config"] = asdict(config)
     return _clean(report)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import io
 import os
+import queue
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -46,6 +48,10 @@ _KIND = {"parquet": "a Parquet file", "jsonl": "a JSON-lines file", "csv": "a CS
          "binary": "a binary file that is not Parquet", "json-array": "one JSON array, not one object per line"}
 
 
+class UnsortedIds(Exception):
+    """Raised by a ``sorted_ids`` reader at the first sequence id that is smaller than one before it."""
+
+
 def require_pyarrow():
     """The pyarrow module, or a one-line ValueError naming the extra that installs it."""
     try:
@@ -60,7 +66,7 @@ def require_pyarrow():
 class TokenChunk:
     """One streamed piece of a log, flattened to tokens (padding already removed)."""
 
-    seq: np.ndarray  # (n,) int64 dense sequence codes, stable across chunks
+    seq: np.ndarray  # (n,) int64 dense sequence codes, stable across chunks (consecutive when ``sorted_ids``)
     logp_behav: np.ndarray  # (n,) float64
     logp_current: np.ndarray  # (n,) float64
     age: Optional[np.ndarray]  # (n,) float64 or None
@@ -126,7 +132,7 @@ class LogReader:
     """Iterates a log file as :class:`TokenChunk` s; tracks progress and sequence codes."""
 
     def __init__(self, path: str | os.PathLike, columns: ColumnMap, *, fmt: str = "auto",
-                 chunk_rows: int = 65536, skip_invalid: bool = False) -> None:
+                 chunk_rows: int = 262144, skip_invalid: bool = False, sorted_ids: bool = False) -> None:
         self.path = Path(path)
         if not self.path.is_file():
             raise ConfigError("path", f"{self.path} is not a file (not found, or a directory)")
@@ -140,6 +146,12 @@ class LogReader:
         self.bytes_done = 0
         self.rows_done = 0
         self._codes: dict = {}
+        # sorted_ids: integer ids that never decrease (each sequence's tokens together, as TRL's and verl's exports
+        # and most loggers write them) get consecutive codes from a running counter, so a finished sequence can be
+        # folded and forgotten; the first id below its predecessor raises UnsortedIds (the caller re-reads unsorted)
+        self.sorted_ids = sorted_ids
+        self._last_id = None
+        self._next_code = 0
         self._pa = require_pyarrow()
         self.names = self._schema_names()
         self.used = self._used_columns()
@@ -264,13 +276,17 @@ class LogReader:
             yield batch
 
     def __iter__(self) -> Iterator[TokenChunk]:
+        """The chunks, decoded one ahead in a thread (pyarrow and numpy release the GIL while they work)."""
+        return _prefetch(self._chunks())
+
+    def _chunks(self) -> Iterator[TokenChunk]:
         try:
             for batch in self._batches():
                 chunk = self._wide(batch) if self.layout == "wide" else self._long(batch)
                 self.rows_done += batch.num_rows
                 yield chunk
         except Exception as exc:  # pyarrow parse errors mid-file: one line, no traceback
-            if _ours(exc, self._pa):
+            if _ours(exc, self._pa) or isinstance(exc, UnsortedIds):
                 raise
             raise ValueError(f"cannot read {self.path.name} past row {self.rows_done}: {_first_line(exc)}") from exc
 
@@ -323,7 +339,7 @@ class LogReader:
         if "seq_id" in self.used:
             row_codes = self._encode(batch.column(self.used["seq_id"]).to_numpy(zero_copy_only=False))
         else:
-            row_codes = self.rows_done + np.arange(n_rows, dtype=np.int64)
+            row_codes = self._encode(self.rows_done + np.arange(n_rows, dtype=np.int64))
         seq = np.repeat(row_codes[ok], length[ok])  # (n_tokens,)
         arrays = {f: flat(f) for f in _TOKEN_FIELDS}
         seq, arrays = _drop_masked(seq, arrays, flat("mask"), flat("tool_mask"))
@@ -336,6 +352,8 @@ class LogReader:
 
     def _encode(self, ids: np.ndarray) -> np.ndarray:
         """Dense int64 codes for arbitrary sequence ids, stable across chunks."""
+        if self.sorted_ids:
+            return self._encode_sorted(ids)
         if ids.dtype == object and any(v is None for v in ids[:1]):
             raise ValueError(f"null seq_id near row {self.rows_done} of {self.path.name}")
         try:
@@ -347,6 +365,62 @@ class LogReader:
         uniq_codes = np.fromiter((codes.setdefault(u, len(codes)) for u in uniq.tolist()),
                                  dtype=np.int64, count=len(uniq))
         return uniq_codes[inverse.reshape(-1)]
+
+    def _encode_sorted(self, ids: np.ndarray) -> np.ndarray:
+        """Codes 0, 1, 2, ... in order of appearance for non-decreasing integer ids (no dictionary: O(1) memory)."""
+        if ids.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if ids.dtype.kind not in "iu":
+            raise UnsortedIds("sequence ids are not integers")
+        new = ids[1:] != ids[:-1]  # (n-1,) a new sequence starts at i + 1
+        if np.any(ids[1:][new] < ids[:-1][new]) or (self._last_id is not None and ids[0] < self._last_id):
+            raise UnsortedIds(f"sequence id decreases near row {self.rows_done}")
+        first = self._next_code - (1 if ids[0] == self._last_id else 0)  # a sequence straddling two chunks
+        codes = np.empty(ids.size, dtype=np.int64)
+        codes[0] = first
+        np.cumsum(new, out=codes[1:])
+        codes[1:] += first
+        self._last_id = ids[-1]
+        self._next_code = int(codes[-1]) + 1
+        return codes
+
+
+def _prefetch(chunks: Iterator, depth: int = 2) -> Iterator:
+    """``chunks`` produced in a daemon thread, ``depth`` ahead, in order; its exceptions re-raised here."""
+    out: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def offer(item: tuple) -> bool:
+        while not stop.is_set():  # the consumer may have gone: never block for good
+            try:
+                out.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for chunk in chunks:
+                if not offer(("chunk", chunk)):
+                    return
+            offer(("end", None))
+        except BaseException as exc:  # handed to the consumer, which raises it as if read there
+            offer(("error", exc))
+
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, item = out.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _drop_masked(seq: np.ndarray, arrays: dict[str, Optional[np.ndarray]], mask: Optional[np.ndarray],

@@ -68,10 +68,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+EXP_MAX = 709.78  # math.exp overflows above
+
 from replay_theory.diagnose.accumulators import Moments, WeightSums
 from replay_theory.diagnose.errors import ConfigError
 from replay_theory.diagnose.framework_stats import gspo_sequence_log_ratio
-from replay_theory.simulate.losses import m2po_mask
+from replay_theory.simulate.losses import m2po_mask, m2po_may_bind
 from replay_theory.theory.group_replay import clipping_bias_proxy
 
 M2PO_VARIANTS = ("algorithm1", "reference")
@@ -138,8 +140,63 @@ def _dropped_mass(lr: np.ndarray, dropped: np.ndarray) -> np.ndarray:
         return np.where(dropped, np.exp(np.where(dropped, lr, 0.0)), 0.0)
 
 
+#: a truncation whose cap is this far (in log) below the largest ratio gets its own shift
+SHARED_SHIFT_RANGE = 600.0
+#: kept weights summing above this (shifted by the largest ratio) lose nothing to underflow: the largest kept
+#: e^{log r - top} is >= 1e-100 / n, and every term below 1e-154 adds less than 1e-300 to sums of at least 1e-200
+SHARED_SHIFT_FLOOR = 1e-100
+
+
+class _Shifted:
+    """One chunk's ratios shifted by their maximum, shared by every correction: e = e^{log r - top}."""
+
+    def __init__(self, lr: np.ndarray) -> None:
+        self.lr = lr
+        self.top = float(lr.max())
+        self.e = np.exp(lr - self.top)  # (n,) in (0, 1]
+        self.e2 = self.e * self.e
+        self.A, self.B = float(self.e.sum()), float(self.e2.sum())
+
+    def kept(self, flagged: np.ndarray) -> tuple[int, float, float, float]:
+        """(#flagged, sum e and sum e^2 over the tokens not ``flagged``, sum e over the flagged)."""
+        n_flagged = int(np.count_nonzero(flagged))
+        if not n_flagged:
+            return 0, self.A, self.B, 0.0
+        gone_A, gone_B = float(np.sum(self.e, where=flagged)), float(np.sum(self.e2, where=flagged))
+        if gone_A <= 0.5 * self.A:  # at least half is left: the difference loses no digit
+            return n_flagged, self.A - gone_A, self.B - gone_B, gone_A
+        keep = ~flagged
+        return n_flagged, float(np.sum(self.e, where=keep)), float(np.sum(self.e2, where=keep)), gone_A
+
+    def masked(self, sums: WeightSums, flagged: np.ndarray) -> None:
+        """Fold w = r where not ``flagged``, 0 where flagged (a clip that takes the gradient, a mask)."""
+        n_flagged, A, B, gone = self.kept(flagged)
+        if A <= SHARED_SHIFT_FLOOR:  # the kept ratios are all far below the largest: shift them by their own
+            sums.update(np.where(flagged, -np.inf, self.lr), flagged, _dropped_mass(self.lr, flagged))
+            return
+        log_removed = self.top + math.log(gone) if gone > 0 else -math.inf
+        removed = math.exp(log_removed) if log_removed < EXP_MAX else math.inf  # sum of r over the dropped tokens
+        sums.add(self.lr.size, n_flagged, removed, self.top, A, B)
+
+    def truncated(self, sums: WeightSums, c: float) -> None:
+        """Fold w = min(r, c) (truncated IS): the truncated tokens weigh c each."""
+        log_c = math.log(c)
+        trunc = self.lr > log_c
+        excess = clipping_bias_proxy(self.lr, c) * self.lr.size  # sum (r - c)_+
+        if self.top - log_c > SHARED_SHIFT_RANGE:
+            sums.update(np.minimum(self.lr, log_c), trunc, np.atleast_1d(excess))
+            return
+        n_trunc, A, B, _ = self.kept(trunc)
+        cap = math.exp(log_c - self.top)
+        sums.add(self.lr.size, n_trunc, float(excess), self.top, A + n_trunc * cap, B + n_trunc * cap * cap)
+
+
 class TokenWhatIf:
-    """Streams token-level corrections; state: one :class:`WeightSums` each and the M2PO block."""
+    """Streams token-level corrections; state: one :class:`WeightSums` each and the M2PO block in progress.
+
+    With advantages the tokens are processed in whole M2PO blocks (``m2po_batch_tokens``),
+    so every correction sees the same arrays and the M2PO masks are those of the blocks.
+    """
 
     def __init__(self, config: WhatIfConfig, has_advantage: bool) -> None:
         self.config = config
@@ -163,56 +220,54 @@ class TokenWhatIf:
 
     def update(self, lr: np.ndarray, advantage: np.ndarray | None) -> None:
         """Add one chunk: ``lr`` (n,) token log-ratios, ``advantage`` (n,) or None."""
-        none = np.zeros(lr.shape, dtype=bool)
-        self.sums[("none", None)].update(lr, none, np.zeros(lr.shape))
-        for eps in self.config.ppo_clip:
-            above, below = lr > math.log1p(eps), lr < math.log1p(-eps)
-            if advantage is not None:  # PPO clips only where the clipped term is the min
-                active = (above & (advantage > 0)) | (below & (advantage < 0))
-            else:
-                active = above | below
-            self.sums[("ppo_clip", eps)].update(np.where(active, -np.inf, lr), active, _dropped_mass(lr, active))
-        for lo, hi in self.config.ppo_clip_asym:
-            active = _clip_active(lr, advantage, lo, hi)
-            self.sums[("ppo_clip_asym", (float(lo), float(hi)))].update(np.where(active, -np.inf, lr), active,
-                                                                         _dropped_mass(lr, active))
-        for c in self.config.tis:
-            log_c = math.log(c)
-            truncated = lr > log_c
-            excess = clipping_bias_proxy(lr, c) * lr.size if lr.size else np.zeros(0)  # sum (r - c)_+
-            self.sums[("tis", c)].update(np.minimum(lr, log_c), truncated, np.atleast_1d(excess))
-        for c in self.config.mask:
-            masked = np.abs(lr) > math.log(c)
-            self.sums[("mask", c)].update(np.where(masked, -np.inf, lr), masked, _dropped_mass(lr, masked))
-        if self.has_advantage:
-            self._pending_lr.append(lr)
-            self._pending_adv.append(advantage)
-            self._pending += lr.size
-            block = self.config.m2po_batch_tokens
-            if self._pending >= block:
-                lr_all = np.concatenate(self._pending_lr)
-                adv_all = np.concatenate(self._pending_adv)
-                full = (lr_all.size // block) * block
-                for start in range(0, full, block):
-                    self._m2po_block(lr_all[start:start + block], adv_all[start:start + block])
-                self._pending_lr, self._pending_adv = [lr_all[full:]], [adv_all[full:]]
-                self._pending = lr_all.size - full
+        if not self.has_advantage:
+            self._fold(lr, None)
+            return
+        self._pending_lr.append(lr)
+        self._pending_adv.append(advantage)
+        self._pending += lr.size
+        block = self.config.m2po_batch_tokens
+        if self._pending >= block:
+            lr_all, adv_all = np.concatenate(self._pending_lr), np.concatenate(self._pending_adv)
+            full = (lr_all.size // block) * block
+            self._fold(lr_all[:full], adv_all[:full])
+            self._pending_lr, self._pending_adv = [lr_all[full:]], [adv_all[full:]]
+            self._pending = lr_all.size - full
 
-    def _m2po_block(self, lr: np.ndarray, adv: np.ndarray) -> None:
+    def _fold(self, lr: np.ndarray, adv: np.ndarray | None) -> None:
+        """Every correction over ``lr`` (n,); with ``adv``, n is whole M2PO blocks (or the log's last block)."""
         if lr.size == 0:
             return
-        ones = np.ones((1, 1, lr.size), dtype=bool)
+        shared = _Shifted(lr)
+        self.sums[("none", None)].add(lr.size, 0, 0.0, shared.top, shared.A, shared.B)
+        for eps in self.config.ppo_clip:  # PPO clips only where the clipped term is the min
+            shared.masked(self.sums[("ppo_clip", eps)], _clip_active(lr, adv, eps, eps))
+        for lo, hi in self.config.ppo_clip_asym:
+            shared.masked(self.sums[("ppo_clip_asym", (float(lo), float(hi)))], _clip_active(lr, adv, lo, hi))
+        for c in self.config.tis:
+            shared.truncated(self.sums[("tis", c)], c)
+        if self.config.mask:
+            size = np.abs(lr)
+            for c in self.config.mask:
+                shared.masked(self.sums[("mask", c)], size > math.log(c))
+        if adv is None:
+            return
+        block = min(self.config.m2po_batch_tokens, lr.size)
+        lr_blocks, adv_blocks = lr.reshape(-1, block), adv.reshape(-1, block)  # (blocks, T): a block is a "seed"
         for tau in self.config.m2po:
+            binds = m2po_may_bind(lr_blocks, adv_blocks, tau)  # (blocks,) most blocks mask nothing: no sort
             for variant in M2PO_VARIANTS:
-                keep = m2po_mask(lr[None, None, :], adv[None, None, :], ones, tau, variant)[0, 0]  # (T,)
-                masked = ~keep
-                self.sums[("m2po", (tau, variant))].update(np.where(masked, -np.inf, lr), masked,
-                                                           _dropped_mass(lr, masked))
+                masked = np.zeros(lr_blocks.shape, dtype=bool)
+                if binds.any():
+                    ones = np.ones((int(binds.sum()), 1, block), dtype=bool)
+                    masked[binds] = ~m2po_mask(lr_blocks[binds, None], adv_blocks[binds, None], ones, tau,
+                                               variant)[:, 0]
+                shared.masked(self.sums[("m2po", (tau, variant))], masked.reshape(-1))
 
     def rows(self) -> list[dict]:
         """Finish the M2PO block in progress and return one row per correction."""
         if self.has_advantage and self._pending:
-            self._m2po_block(np.concatenate(self._pending_lr), np.concatenate(self._pending_adv))
+            self._fold(np.concatenate(self._pending_lr), np.concatenate(self._pending_adv))
             self._pending = 0
             self._pending_lr, self._pending_adv = [], []
         out = []
@@ -230,39 +285,53 @@ class TokenWhatIf:
         return out
 
 
+class SequenceWhatIf:
+    """Sequence-level corrections, streamed over batches of whole sequences (one :class:`WeightSums` each)."""
+
+    def __init__(self, config: WhatIfConfig) -> None:
+        self.config = config
+        self.sums: dict[tuple, WeightSums] = {}
+
+    def _sums(self, key: tuple) -> WeightSums:
+        return self.sums.setdefault(key, WeightSums())
+
+    def update(self, seq_log_ratio: np.ndarray, seq_len: np.ndarray | None = None,
+               seq_advantage: np.ndarray | None = None) -> None:
+        """Add sequences: log-ratios (k,); GSPO needs the lengths (k,), and uses the advantages (k,) when given."""
+        lr = np.asarray(seq_log_ratio, dtype=np.float64)
+        if lr.size == 0:
+            return
+        config = self.config
+        self._sums(("none", None)).update(lr, np.zeros(lr.shape, dtype=bool), np.zeros(1))
+        for c in config.tis:
+            excess = clipping_bias_proxy(lr, c) * lr.size  # E[(R - c)_+] * n, Sec. 3.2
+            self._sums(("tis", c)).update(np.minimum(lr, math.log(c)), lr > math.log(c), np.atleast_1d(excess))
+        for c in config.mask:
+            masked = np.abs(lr) > math.log(c)
+            self._sums(("mask", c)).update(np.where(masked, -np.inf, lr), masked, _dropped_mass(lr, masked))
+        for c in config.trl_is_mask:
+            # TRL sequence_mask: R > C_max -> 0 (one-sided; vllm_importance_sampling_clip_min None)
+            masked = lr > math.log(c)
+            self._sums(("trl_is_mask", float(c))).update(np.where(masked, -np.inf, lr), masked,
+                                                         _dropped_mass(lr, masked))
+        if seq_len is not None:
+            geo = gspo_sequence_log_ratio(lr, seq_len)  # log s, s = geometric-mean token ratio
+            for lo, hi in config.gspo:
+                active = _clip_active(geo, seq_advantage, lo, hi)
+                self._sums(("gspo", (float(lo), float(hi)))).update(np.where(active, -np.inf, geo), active,
+                                                                    _dropped_mass(geo, active))
+
+    def rows(self) -> list[dict]:
+        return [_row(name, "sequence", list(param) if isinstance(param, tuple) else param, sums.result())
+                for (name, param), sums in self.sums.items()]
+
+
 def sequence_rows(seq_log_ratio: np.ndarray, config: WhatIfConfig, seq_len: np.ndarray | None = None,
                   seq_advantage: np.ndarray | None = None) -> list[dict]:
-    """Sequence-level corrections on the sequence log-ratios (n_seq,); GSPO needs the lengths (n_seq,),
-    and uses the sequences' advantages (n_seq,) when given."""
-    lr = np.asarray(seq_log_ratio, dtype=np.float64)
-    rows = []
-    base = WeightSums()
-    base.update(lr, np.zeros(lr.shape, dtype=bool), np.zeros(lr.shape))
-    rows.append(_row("none", "sequence", None, base.result()))
-    for c in config.tis:
-        sums = WeightSums()
-        excess = clipping_bias_proxy(lr, c) * lr.size if lr.size else 0.0  # E[(R - c)_+] * n, Sec. 3.2
-        sums.update(np.minimum(lr, math.log(c)), lr > math.log(c), np.atleast_1d(excess))  # Eq. (2), Replay-RLOO
-        rows.append(_row("tis", "sequence", c, sums.result()))
-    for c in config.mask:
-        masked = np.abs(lr) > math.log(c)
-        sums = WeightSums()
-        sums.update(np.where(masked, -np.inf, lr), masked, _dropped_mass(lr, masked))
-        rows.append(_row("mask", "sequence", c, sums.result()))
-    for c in config.trl_is_mask:
-        # TRL sequence_mask: R > C_max -> 0 (one-sided; vllm_importance_sampling_clip_min None)
-        masked = lr > math.log(c)
-        sums = WeightSums()
-        sums.update(np.where(masked, -np.inf, lr), masked, _dropped_mass(lr, masked))
-        rows.append(_row("trl_is_mask", "sequence", float(c), sums.result()))
-    if seq_len is not None:
-        geo = gspo_sequence_log_ratio(lr, seq_len)  # log s, s = geometric-mean token ratio
-        for lo, hi in config.gspo:
-            active = _clip_active(geo, seq_advantage, lo, hi)
-            sums = WeightSums()
-            sums.update(np.where(active, -np.inf, geo), active, _dropped_mass(geo, active))
-            rows.append(_row("gspo", "sequence", [float(lo), float(hi)], sums.result()))
-    return rows
+    """Sequence-level corrections on the sequence log-ratios (n_seq,) in one batch (see :class:`SequenceWhatIf`)."""
+    what_if = SequenceWhatIf(config)
+    what_if.update(seq_log_ratio, seq_len, seq_advantage)
+    return what_if.rows()
 
 
 def freshper_rows(by_age: Moments, ages: np.ndarray, taus) -> list[dict]:

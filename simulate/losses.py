@@ -395,6 +395,16 @@ def _m2po_candidates(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray) -> n
     return m & (((adv > 0) & (log_ratio > 0)) | ((adv < 0) & (log_ratio < 0)))  # (A>0, r>1) or (A<0, r<1)
 
 
+def m2po_may_bind(log_ratio: np.ndarray, adv: np.ndarray, tau_m2: float) -> np.ndarray:
+    """(S,) False where M2PO masks nothing for sure: mean_T (log r)^2 <= tau_M2 over each row's T (Algorithm 1
+    stops at once, the reference cap is inf), with a 1e-9 margin that leaves rounding-level ties to the exact sort.
+
+    ``log_ratio``, ``adv``: (S, N) real tokens only (a padded batch goes through :func:`m2po_mask`).
+    """
+    cand = _m2po_candidates(log_ratio, adv, True)
+    return np.sum(log_ratio * log_ratio, axis=1, where=cand) > tau_m2 * (1.0 - 1e-9) * cand.sum(axis=1)
+
+
 def _m2po_drop_and_cap(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray, tau_m2: float,
                        variant: str) -> tuple[np.ndarray, np.ndarray]:
     """(drop (S, n, L) bool: tokens the M2 constraint masks, cap (S,): log-ratio cap tau; inf if none binds)."""
@@ -405,10 +415,17 @@ def _m2po_drop_and_cap(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray, ta
     cand = _flat(_m2po_candidates(log_ratio, adv, m))  # (S, N) T
     lr = _flat(log_ratio)  # (S, N)
     m2_tok = lr * lr  # (S, N) M2_i = (log r_i)^2, Eq. (4)
+    count = cand.sum(axis=1)  # (S,) |T|
+    may_bind = np.sum(m2_tok, axis=1, where=cand) > tau_m2 * (1.0 - 1e-9) * count  # as m2po_may_bind
+    if not may_bind.all():  # the O(N log N) sort runs only on the rows that may bind
+        drop, cap = np.zeros(m.shape, dtype=bool), np.full(S, np.inf)
+        if may_bind.any():
+            drop[may_bind], cap[may_bind] = _m2po_drop_and_cap(log_ratio[may_bind], adv[may_bind], m[may_bind],
+                                                               tau_m2, variant)
+        return drop, cap
     key = np.where(cand, m2_tok, -np.inf)
     order = np.argsort(-key, axis=1, kind="stable")  # descending M2_i, ties by index (= argmax's first hit)
     v_sorted = np.where(cand, m2_tok, 0.0)[np.arange(S)[:, None], order]  # (S, N); non-candidates (0) last
-    count = cand.sum(axis=1)  # (S,) |T|
     N = lr.shape[1]
     suffix = np.concatenate([np.cumsum(v_sorted[:, ::-1], axis=1)[:, ::-1], np.zeros((S, 1))], axis=1)  # (S, N+1)
     # suffix[:, k] = sum of the |T| - k smallest candidates = what is left after masking the k largest

@@ -184,14 +184,14 @@ def k3_terms(lr: FloatArray) -> FloatArray:
     sum it chunk by chunk.
     """
     lr = np.asarray(lr, dtype=np.float64)
-    small = np.abs(lr) < _K3_SERIES_CUTOFF
     with np.errstate(all="ignore"):
-        big = np.expm1(lr) - lr  # overflow -> inf is legitimate
-    big = np.where(np.isposinf(lr), np.inf, big)  # expm1(inf) - inf would be NaN
-    x = np.where(small, lr, 0.0)
+        out = np.asarray(np.expm1(lr) - lr)  # overflow -> inf is legitimate
+    out[np.isposinf(lr)] = np.inf  # expm1(inf) - inf would be NaN
+    small = np.flatnonzero(np.abs(lr) < _K3_SERIES_CUTOFF)
+    x = lr.reshape(-1)[small]
     # sum_{k>=2} x^k / k!, truncated after x^7 (relative error < 1e-13 for |x| < 1e-2)
-    series = x * x * (1 / 2 + x * (1 / 6 + x * (1 / 24 + x * (1 / 120 + x * (1 / 720 + x / 5040)))))
-    return np.where(small, series, big)
+    out.reshape(-1)[small] = x * x * (1 / 2 + x * (1 / 6 + x * (1 / 24 + x * (1 / 120 + x * (1 / 720 + x / 5040)))))
+    return out
 
 
 
