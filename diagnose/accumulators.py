@@ -100,8 +100,9 @@ class Moments:
         # (r - 1) e^{-L}, L = max(0, M): expm1 keeps full precision for r near 1; it overflows only past
         # log r = 709, where r e^{-L} = e^{log r - M} is used instead (L = M there)
         with np.errstate(over="ignore", invalid="ignore"):
-            dev = np.expm1(lr) * np.repeat(np.exp(-np.maximum(top, 0.0)), n_tok)
-            k3 = k3_terms(lr)  # r - 1 - log r, series near 0 so fresh data gives exactly 0
+            r_minus_1 = np.expm1(lr)
+            dev = r_minus_1 * np.repeat(np.exp(-np.maximum(top, 0.0)), n_tok)
+            k3 = k3_terms(lr, r_minus_1)  # r - 1 - log r, series near 0 so fresh data gives exactly 0
         if top.max() > EXPM1_MAX:
             far = lr > EXPM1_MAX
             dev[far] = shifted[far] - np.exp(-top_tok[far])

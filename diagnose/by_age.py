@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from replay_theory.diagnose.pipeline import LOGP_ROUNDOFF, grow
-from replay_theory.diagnose.reader import TokenChunk, detect_format, require_pyarrow
+from replay_theory.diagnose.reader import TokenChunk, detect_format, require_pyarrow, to_numpy
 from replay_theory.diagnose.schema import STEP_TIME_COLUMNS
 
 WEIGHTS = ("token", "sequence")
@@ -159,7 +159,7 @@ def read_step_times(path: str | Path, step_column: str, fmt: str = "auto",
     first: dict[float, tuple[float, ...]] = {}
 
     def fold(batch) -> None:
-        values = [np.asarray(batch.column(n).to_numpy(zero_copy_only=False), dtype=np.float64) for n in names]
+        values = [np.asarray(to_numpy(batch.column(n)), dtype=np.float64) for n in names]
         stacked = np.stack(values, axis=1)  # (rows, 1 + len(columns))
         if not np.all(np.isfinite(stacked)):
             raise ValueError(f"{path.name}: null or non-finite values in {', '.join(names)}")

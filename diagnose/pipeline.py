@@ -32,6 +32,7 @@ token is left out of the sequence-level statistics.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
@@ -63,6 +64,7 @@ class DiagnoseConfig:
     columns: Optional[str] = None  # "field=name,..." overrides of the preset
     format: str = "auto"
     chunk_rows: int = 262144
+    threads: int = 2  # the independent folds of a chunk run side by side; any count gives the same numbers
     skip_invalid: bool = False
     max_age_buckets: int = 16
     what_if: WhatIfConfig = field(default_factory=WhatIfConfig)
@@ -75,6 +77,8 @@ class DiagnoseConfig:
             raise ConfigError("format", f"must be auto, {', '.join(FORMATS)}; got {self.format!r}")
         if self.chunk_rows < 1:
             raise ConfigError("chunk_rows", f"must be an integer >= 1, got {self.chunk_rows}")
+        if self.threads < 1:
+            raise ConfigError("threads", f"must be an integer >= 1, got {self.threads}")
         if self.max_age_buckets < 1:
             raise ConfigError("max_age_buckets", f"must be an integer >= 1, got {self.max_age_buckets}")
         resolve_columns(self.preset, self.columns)
@@ -92,6 +96,8 @@ def grow(a: np.ndarray, size: int, fill) -> np.ndarray:
 #: what a sequence carries from token runs to its sequence-level statistics: the framework sums, its first
 #: kept token's advantage (NaN until seen) and whether it lost a token to --skip-invalid
 _SEQ_SUMS = (*SEQ_FIELDS, "adv", "bad")
+#: complete sequences are folded in batches of at least this many (about 0.6 MB of sums): few numpy calls, flat memory
+CLOSE_EVERY = 8192
 
 
 class _Sequences:
@@ -131,8 +137,9 @@ class _Sequences:
                 self.sums[f][:top] += np.bincount(index, weights=values, minlength=top)
         if bad_codes.size:
             self.sums["bad"][bad_codes - self.code0] = 1.0
-        if self.sorted_ids and every.size:
-            self._close(int(every.max()) - self.code0)
+        complete = int(every.max()) - self.code0 if every.size else 0
+        if self.sorted_ids and complete >= CLOSE_EVERY:
+            self._close(complete)
 
     def finish(self) -> None:
         self._close(self.sums["seq_len"].size)
@@ -234,26 +241,34 @@ def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> No
         change |= age[1:] != age[:-1]
     starts = np.concatenate([[0], np.flatnonzero(change) + 1])  # (R,)
     run_seq = seq[starts]  # (R,)
-    runs = Moments.from_segments(lr, starts)
-    state.tokens.fold(runs.reduce(np.zeros(starts.size, dtype=np.int64), 1))
-    state.hist.update(lr)
-    if age is not None:
-        values, inv = np.unique(age[starts], return_inverse=True)
-        codes = np.fromiter((state.age_codes.setdefault(v, len(state.age_codes)) for v in values.tolist()),
-                            dtype=np.int64, count=values.size)
-        state.by_age.grow(len(state.age_codes))
-        state.by_age.fold(runs.reduce(codes[inv.reshape(-1)], state.by_age.size))
     seq_adv_tok = None
     if adv is not None:
         run_adv = state.sequences.first_advantage(run_seq, starts, adv)  # (R,)
-        seq_adv_tok = np.repeat(run_adv, runs.n.astype(np.int64))
-    sums = state.framework.add_tokens(lr, cur, behav, starts, adv, seq_adv_tok, state.framework_params)
-    state.sequences.add(run_seq, sums, bad_codes)
+        seq_adv_tok = np.repeat(run_adv, np.diff(np.append(starts, lr.size)))
+
+    def moments() -> None:
+        runs = Moments.from_segments(lr, starts)
+        state.tokens.fold(runs.reduce(np.zeros(starts.size, dtype=np.int64), 1))
+        if age is not None:
+            values, inv = np.unique(age[starts], return_inverse=True)
+            codes = np.fromiter((state.age_codes.setdefault(v, len(state.age_codes)) for v in values.tolist()),
+                                dtype=np.int64, count=values.size)
+            state.by_age.grow(len(state.age_codes))
+            state.by_age.fold(runs.reduce(codes[inv.reshape(-1)], state.by_age.size))
+
+    def framework() -> dict[str, np.ndarray]:
+        return state.framework.add_tokens(lr, cur, behav, starts, adv, seq_adv_tok, state.framework_params)
+
+    # independent folds of the same arrays, each into its own accumulator: run side by side (numpy releases the
+    # GIL), joined before the next chunk, so the numbers do not depend on the number of threads
+    tasks = [moments, framework, lambda: state.hist.update(lr)]
+    if state.what_if is not None:
+        tasks.append(lambda: state.what_if.update(lr, adv))
+    results = list(state.pool.map(lambda task: task(), tasks)) if state.pool else [task() for task in tasks]
+    state.sequences.add(run_seq, results[1], bad_codes)
     if chunk.reward is not None:
         state.reward_sum += float(np.sum(kept(chunk.reward)))
         state.reward_n += lr.size
-    if state.what_if is not None:
-        state.what_if.update(lr, adv)
 
 
 def _clean(x):
@@ -323,12 +338,17 @@ def _pass(config: DiagnoseConfig, sorted_ids: bool, progress) -> tuple[LogReader
     reader = LogReader(config.path, columns, fmt=config.format, chunk_rows=config.chunk_rows,
                        skip_invalid=config.skip_invalid, sorted_ids=sorted_ids)
     state = _State(config, "age" in reader.used, "advantage" in reader.used, sorted_ids)
-    for chunk in reader:
-        state.skipped["mismatched_rows"] += chunk.mismatched_rows
-        keep = _check(chunk, config.skip_invalid, state, reader.path.name)
-        _fold_chunk(chunk, state, keep)
-        if progress is not None:
-            progress(reader.bytes_done, reader.total_bytes)
+    state.pool = ThreadPoolExecutor(config.threads) if config.threads > 1 else None
+    try:
+        for chunk in reader:
+            state.skipped["mismatched_rows"] += chunk.mismatched_rows
+            keep = _check(chunk, config.skip_invalid, state, reader.path.name)
+            _fold_chunk(chunk, state, keep)
+            if progress is not None:
+                progress(reader.bytes_done, reader.total_bytes)
+    finally:
+        if state.pool:
+            state.pool.shutdown()
     state.sequences.finish()
     return reader, state
 

@@ -56,7 +56,6 @@ def require_pyarrow():
     """The pyarrow module, or a one-line ValueError naming the extra that installs it."""
     try:
         import pyarrow  # noqa: F401
-        import pyarrow.compute  # noqa: F401
     except ImportError as exc:  # pragma: no cover - the diagnose/test extras install it
         raise ValueError("diagnose needs pyarrow to read logs: pip install 'replay-theory[diagnose]'") from exc
     return pyarrow
@@ -294,23 +293,22 @@ class LogReader:
     def _float(self, batch, field: str) -> Optional[np.ndarray]:
         if field not in self.used:
             return None
-        col = batch.column(self.used[field])
-        return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)  # nulls -> NaN
+        return np.asarray(to_numpy(batch.column(self.used[field])), dtype=np.float64)
 
     def _long(self, batch) -> TokenChunk:
-        ids = batch.column(self.used["seq_id"]).to_numpy(zero_copy_only=False)
+        ids = self._ids(batch.column(self.used["seq_id"]))
         arrays = {f: self._float(batch, f) for f in _TOKEN_FIELDS}
         seq, arrays = _drop_masked(self._encode(ids), arrays, self._float(batch, "mask"),
                                    self._float(batch, "tool_mask"))
         return TokenChunk(seq=seq, first_row=self.rows_done, **arrays)
 
     def _wide(self, batch) -> TokenChunk:
-        pc = self._pa.compute
+        import pyarrow.compute as pc
+
         n_rows = batch.num_rows
 
         def lengths(name: str) -> np.ndarray:
-            return np.asarray(pc.list_value_length(batch.column(name)).to_numpy(zero_copy_only=False),
-                              dtype=np.float64)  # null list -> NaN
+            return np.asarray(to_numpy(pc.list_value_length(batch.column(name))), dtype=np.float64)  # null -> NaN
 
         length = lengths(self.used["logp_behav"])  # (rows,)
         ok = np.isfinite(length)
@@ -332,12 +330,12 @@ class LogReader:
             if field in list_fields or field in ("logp_behav",):
                 keep_rows = self._pa.array(ok)
                 values = pc.list_flatten(col.filter(keep_rows))
-                return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float64)
-            per_row = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
+                return np.asarray(to_numpy(values), dtype=np.float64)
+            per_row = np.asarray(to_numpy(col), dtype=np.float64)
             return np.repeat(per_row[ok], length[ok])
 
         if "seq_id" in self.used:
-            row_codes = self._encode(batch.column(self.used["seq_id"]).to_numpy(zero_copy_only=False))
+            row_codes = self._encode(self._ids(batch.column(self.used["seq_id"])))
         else:
             row_codes = self._encode(self.rows_done + np.arange(n_rows, dtype=np.int64))
         seq = np.repeat(row_codes[ok], length[ok])  # (n_tokens,)
@@ -349,6 +347,12 @@ class LogReader:
         kind = batch.schema.field(name).type
         pa = self._pa
         return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+
+    def _ids(self, col) -> np.ndarray:
+        """Sequence ids as numpy: integers as they are, anything else as Python objects (None for a null)."""
+        if col.null_count == 0 and self._pa.types.is_integer(col.type):
+            return to_numpy(col)
+        return np.array(col.to_pylist(), dtype=object)
 
     def _encode(self, ids: np.ndarray) -> np.ndarray:
         """Dense int64 codes for arbitrary sequence ids, stable across chunks."""
@@ -421,6 +425,22 @@ def _prefetch(chunks: Iterator, depth: int = 2) -> Iterator:
     finally:
         stop.set()
         thread.join()
+
+
+def to_numpy(col) -> np.ndarray:
+    """A numeric Arrow array as numpy (zero-copy when it has no nulls), nulls as NaN.
+
+    Read from the Arrow buffer directly: pyarrow's ``to_numpy`` imports pandas on
+    its first call (0.23 s, longer than diagnosing a million tokens).
+    """
+    import pyarrow as pa
+
+    kind = "f" if pa.types.is_floating(col.type) else "i" if pa.types.is_signed_integer(col.type) else \
+        "u" if pa.types.is_unsigned_integer(col.type) else None
+    if col.null_count or kind is None or col.type.bit_width < 32:
+        col, kind = col.cast(pa.float64()).fill_null(float("nan")), "f"  # nulls -> NaN; bool, float16, ... -> float
+    dtype = np.dtype(f"{kind}{col.type.bit_width // 8}")
+    return np.frombuffer(col.buffers()[1], dtype=dtype, count=len(col), offset=col.offset * dtype.itemsize)
 
 
 def _drop_masked(seq: np.ndarray, arrays: dict[str, Optional[np.ndarray]], mask: Optional[np.ndarray],

@@ -73,7 +73,6 @@ from typing import Union
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.special import expit
 
 FloatArray = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
@@ -176,17 +175,18 @@ def log_abs_expm1(x: FloatArray) -> FloatArray:
     return np.where(pos, out_pos, np.where(neg, out_neg, -np.inf))
 
 
-def k3_terms(lr: FloatArray) -> FloatArray:
+def k3_terms(lr: FloatArray, expm1_lr: FloatArray | None = None) -> FloatArray:
     """r - 1 - log r = expm1(lr) - lr elementwise; Taylor series for small |lr|; +-inf -> inf.
 
     The per-token term of the k3 KL estimator (:func:`kl_k3` is its mean); public
     because streaming callers (``diagnose/accumulators.py``, ``simulate/losses.py``)
-    sum it chunk by chunk.
+    sum it chunk by chunk.  ``expm1_lr``: ``np.expm1(lr)`` if the caller has it already.
     """
     lr = np.asarray(lr, dtype=np.float64)
     with np.errstate(all="ignore"):
-        out = np.asarray(np.expm1(lr) - lr)  # overflow -> inf is legitimate
-    out[np.isposinf(lr)] = np.inf  # expm1(inf) - inf would be NaN
+        out = np.asarray((np.expm1(lr) if expm1_lr is None else expm1_lr) - lr)  # overflow -> inf is legitimate
+    if lr.size and np.max(lr) == np.inf:
+        out[np.isposinf(lr)] = np.inf  # expm1(inf) - inf would be NaN
     small = np.flatnonzero(np.abs(lr) < _K3_SERIES_CUTOFF)
     x = lr.reshape(-1)[small]
     # sum_{k>=2} x^k / k!, truncated after x^7 (relative error < 1e-13 for |x| < 1e-2)
@@ -624,7 +624,10 @@ def ess_kong(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int =
     lr, m, n = _prep_samples(log_ratio, mask, axis)
     w = np.where(m, 1.0 / n[..., None], 0.0)
     log_var = log_var_exp(lr, w, m)
-    return _out(n * expit(-log_var))  # n / (1 + e^{log Var}); Eq. (5), FreshPER
+    with np.errstate(over="ignore"):  # e^{-|v|} never overflows; 1 / (1 + e^v) written so neither branch does
+        small = np.exp(-np.abs(log_var))
+        inv_one_plus = np.where(log_var > 0, small / (1.0 + small), 1.0 / (1.0 + small))  # expit(-log_var)
+    return _out(n * inv_one_plus)  # n / (1 + e^{log Var}); Eq. (5), FreshPER; numpy, not scipy: diagnose starts faster
 
 
 def ratio_stats(
