@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import io
 import os
-import queue
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -389,42 +388,13 @@ class LogReader:
         return codes
 
 
-def _prefetch(chunks: Iterator, depth: int = 2) -> Iterator:
-    """``chunks`` produced in a daemon thread, ``depth`` ahead, in order; its exceptions re-raised here."""
-    out: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def offer(item: tuple) -> bool:
-        while not stop.is_set():  # the consumer may have gone: never block for good
-            try:
-                out.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for chunk in chunks:
-                if not offer(("chunk", chunk)):
-                    return
-            offer(("end", None))
-        except BaseException as exc:  # handed to the consumer, which raises it as if read there
-            offer(("error", exc))
-
-    thread = threading.Thread(target=produce, daemon=True)
-    thread.start()
-    try:
-        while True:
-            kind, item = out.get()
-            if kind == "end":
-                return
-            if kind == "error":
-                raise item
-            yield item
-    finally:
-        stop.set()
-        thread.join()
+def _prefetch(chunks: Iterator) -> Iterator:
+    """``chunks`` in order, each produced in a worker thread while the caller works on the one before."""
+    with ThreadPoolExecutor(1) as pool:
+        ahead = pool.submit(next, chunks, None)
+        while (chunk := ahead.result()) is not None:  # result() re-raises the worker's exception here
+            ahead = pool.submit(next, chunks, None)
+            yield chunk
 
 
 def to_numpy(col) -> np.ndarray:
@@ -437,7 +407,9 @@ def to_numpy(col) -> np.ndarray:
 
     kind = "f" if pa.types.is_floating(col.type) else "i" if pa.types.is_signed_integer(col.type) else \
         "u" if pa.types.is_unsigned_integer(col.type) else None
-    if col.null_count or kind is None or col.type.bit_width < 32:
+    if not col.null_count and kind in ("i", "u") and col.type.bit_width < 32:
+        col, kind = col.cast(pa.int64()), "i"
+    elif col.null_count or kind is None or col.type.bit_width < 32:
         col, kind = col.cast(pa.float64()).fill_null(float("nan")), "f"  # nulls -> NaN; bool, float16, ... -> float
     dtype = np.dtype(f"{kind}{col.type.bit_width // 8}")
     return np.frombuffer(col.buffers()[1], dtype=dtype, count=len(col), offset=col.offset * dtype.itemsize)

@@ -475,4 +475,5 @@ def test_parquet_is_read_one_row_group_at_a_time(tmp_path):
     report = diagnose(DiagnoseConfig(path=str(path), chunk_rows=10_000, run_what_if=False),
                       progress=lambda done, total: held.append(pa.total_allocated_bytes()))
     assert report["n_tokens"] == groups * rows
-    assert len(held) >= groups and max(held) < 3 * group_bytes  # the whole file decoded would be 20 groups
+    # the group being folded plus the next, decoded ahead in a thread; the whole file decoded would be 20 groups
+    assert len(held) >= groups and max(held) < 4 * group_bytes
