@@ -154,19 +154,21 @@ class FrameworkSums:
         ``seq_adv_tok`` (n,) its sequence's (M2PO); return the ``SEQ_FIELDS`` sums (R,) of the runs of tokens
         starting at ``starts`` (R,) (a run lies in one sequence; the caller adds runs up to sequences)."""
         C = params.rollout_is_threshold
-        clamped = np.clip(lr, -SAFETY_BOUND, SAFETY_BOUND)
+        top, low = float(lr.max()), float(lr.min())
+        inside = -SAFETY_BOUND <= low and top <= SAFETY_BOUND  # the usual case: the clamp changes nothing
+        clamped = lr if inside else np.clip(lr, -SAFETY_BOUND, SAFETY_BOUND)
         w = np.exp(clamped)  # verl's ratio (rollout_corr_helper.py, SAFETY_BOUND)
         wc = np.clip(w, 1.0 / C, C)
         self.n += lr.size
-        self.kl += float(np.sum(behav - cur))
-        self.ppo_kl -= float(np.sum(clamped))
+        lr_sum = float(np.sum(lr))
+        self.kl -= lr_sum  # sum (behav - cur): IEEE subtraction is antisymmetric, so this is -sum lr exactly
+        self.ppo_kl -= lr_sum if inside else float(np.sum(clamped))
         self.w += float(w.sum())
         self.w_sq += float(np.sum(w * w))
         self.w_high += float(np.count_nonzero(w > C))
         self.w_low += float(np.count_nonzero(w < 1.0 / C))
         self.wc += float(wc.sum())
         self.wc_sq += float(np.sum(wc * wc))
-        top, low = float(lr.max()), float(lr.min())
         self.lmax, self.lmin = max(self.lmax, top), min(self.lmin, low)
         self.absdiff += float(np.sum(np.abs(lr)))  # TRL: torch.abs(old_per_token_logps - sampling_per_token_logps)
         self.absdiff_max = max(self.absdiff_max, top, -low)
@@ -179,14 +181,16 @@ class FrameworkSums:
         if adv is None:
             return runs
         # verl core_algos.py compute_policy_loss_vanilla (ratio clamped to [e^-20, e^20], so exp is safe)
-        loss1 = -adv * w
-        loss2 = -adv * np.clip(w, 1.0 - params.clip_low, 1.0 + params.clip_high)
+        neg_adv = -adv
+        negative, positive = adv < 0, adv > 0
+        loss1 = neg_adv * w
+        loss2 = neg_adv * np.clip(w, 1.0 - params.clip_low, 1.0 + params.clip_high)
         self.pg_clip += float(np.count_nonzero(loss2 > loss1))
         clip_loss1 = np.maximum(loss1, loss2)
-        self.pg_clip_lower += float(np.count_nonzero((clip_loss1 > -adv * params.dual_clip_c) & (adv < 0)))
+        self.pg_clip_lower += float(np.count_nonzero((clip_loss1 > neg_adv * params.dual_clip_c) & negative))
         # TRL grpo_trainer.py compute_loss: coef_1 = exp(log_ratio) (token level), compared in log space
-        low_clip = (lr < math.log1p(-params.clip_low)) & (adv < 0)
-        high_clip = (lr > math.log1p(params.clip_high)) & (adv > 0)
+        low_clip = (lr < math.log1p(-params.clip_low)) & negative
+        high_clip = (lr > math.log1p(params.clip_high)) & positive
         self.trl_low += float(np.count_nonzero(low_clip))
         self.trl_high += float(np.count_nonzero(high_clip))
         runs["seq_trl_low"] = per_run(low_clip * 1.0)

@@ -126,12 +126,17 @@ def _row(correction: str, level: str, param, result: dict | None, note: str = ""
     return row
 
 
-def _clip_active(lr: np.ndarray, advantage: np.ndarray | None, lo: float, hi: float) -> np.ndarray:
-    """Where a PPO clip [1 - lo, 1 + hi] takes the gradient (the clipped term is the min); log space."""
+def _signs(advantage: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
+    return None if advantage is None else (advantage > 0, advantage < 0)
+
+
+def _clip_active(lr: np.ndarray, signs: tuple[np.ndarray, np.ndarray] | None, lo: float, hi: float) -> np.ndarray:
+    """Where a PPO clip [1 - lo, 1 + hi] takes the gradient (the clipped term is the min); log space.
+    ``signs``: (A > 0, A < 0) from :func:`_signs`."""
     above, below = lr > math.log1p(hi), lr < math.log1p(-lo)
-    if advantage is None:  # without advantages both sides count (the worst case)
+    if signs is None:  # without advantages both sides count (the worst case)
         return above | below
-    return (above & (advantage > 0)) | (below & (advantage < 0))
+    return (above & signs[0]) | (below & signs[1])
 
 
 def _dropped_mass(lr: np.ndarray, dropped: np.ndarray) -> np.ndarray:
@@ -182,7 +187,8 @@ class _Shifted:
         """Fold w = min(r, c) (truncated IS): the truncated tokens weigh c each."""
         log_c = math.log(c)
         trunc = self.lr > log_c
-        excess = clipping_bias_proxy(self.lr, c) * self.lr.size  # sum (r - c)_+
+        over = self.lr[trunc]  # only these have (r - c)_+ > 0
+        excess = clipping_bias_proxy(over, c) * over.size if over.size else 0.0  # sum (r - c)_+
         if self.top - log_c > SHARED_SHIFT_RANGE:
             sums.update(np.minimum(self.lr, log_c), trunc, np.atleast_1d(excess))
             return
@@ -238,12 +244,12 @@ class TokenWhatIf:
         """Every correction over ``lr`` (n,); with ``adv``, n is whole M2PO blocks (or the log's last block)."""
         if lr.size == 0:
             return
-        shared = _Shifted(lr)
+        shared, signs = _Shifted(lr), _signs(adv)
         self.sums[("none", None)].add(lr.size, 0, 0.0, shared.top, shared.A, shared.B)
         for eps in self.config.ppo_clip:  # PPO clips only where the clipped term is the min
-            shared.masked(self.sums[("ppo_clip", eps)], _clip_active(lr, adv, eps, eps))
+            shared.masked(self.sums[("ppo_clip", eps)], _clip_active(lr, signs, eps, eps))
         for lo, hi in self.config.ppo_clip_asym:
-            shared.masked(self.sums[("ppo_clip_asym", (float(lo), float(hi)))], _clip_active(lr, adv, lo, hi))
+            shared.masked(self.sums[("ppo_clip_asym", (float(lo), float(hi)))], _clip_active(lr, signs, lo, hi))
         for c in self.config.tis:
             shared.truncated(self.sums[("tis", c)], c)
         if self.config.mask:
@@ -317,7 +323,7 @@ class SequenceWhatIf:
         if seq_len is not None:
             geo = gspo_sequence_log_ratio(lr, seq_len)  # log s, s = geometric-mean token ratio
             for lo, hi in config.gspo:
-                active = _clip_active(geo, seq_advantage, lo, hi)
+                active = _clip_active(geo, _signs(seq_advantage), lo, hi)
                 self._sums(("gspo", (float(lo), float(hi)))).update(np.where(active, -np.inf, geo), active,
                                                                     _dropped_mass(geo, active))
 
