@@ -108,7 +108,8 @@ def sequence_quantities(seq: dict[str, np.ndarray], params: FrameworkParams) -> 
             "chi2_seq": w_seq**2,
             "trl_is_ratio": np.where(kept, np.exp(np.minimum(slr, math.log(params.is_cap))), 0.0),
             "trl_low": seq["seq_trl_low"] / L, "trl_high": seq["seq_trl_high"] / L,  # 0/0 = NaN: nanmin skips
-            "is_weights": is_weights, "is_weights_high": (is_weights > C) * 1.0, "is_weights_low": (is_weights < 1.0 / C) * 1.0,
+            "is_weights": is_weights, "is_weights_high": (is_weights > C) * 1.0,
+            "is_weights_low": (is_weights < 1.0 / C) * 1.0,
             "seq_lr": slr, "seq_lr_high": (slr > math.log(C)) * 1.0, "seq_lr_low": (slr < math.log(1.0 / C)) * 1.0,
             "seq_Lw": L * w_seq, "seq_Lwc": L * wc_seq, "seq_Lwc_sq": L * wc_seq * wc_seq,
             "seq_weights": seq_weights, "seq_weights_high": (seq_weights > C) * 1.0,

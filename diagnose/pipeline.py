@@ -42,8 +42,13 @@ import numpy as np
 from replay_theory.diagnose.accumulators import LogRatioHistogram, Moments
 from replay_theory.diagnose.drift import fit_kl_drift
 from replay_theory.diagnose.errors import ConfigError
-from replay_theory.diagnose.framework_stats import (SEQ_FIELDS, FrameworkParams, FrameworkSums, finish,
-                                                   rollout_is_metrics)
+from replay_theory.diagnose.framework_stats import (
+    SEQ_FIELDS,
+    FrameworkParams,
+    FrameworkSums,
+    finish,
+    rollout_is_metrics,
+)
 from replay_theory.diagnose.reader import FORMATS, LogReader, TokenChunk, UnsortedIds
 from replay_theory.diagnose.schema import resolve_columns
 from replay_theory.diagnose.whatif import SequenceWhatIf, TokenWhatIf, WhatIfConfig, freshper_rows

@@ -376,8 +376,11 @@ class LogReader:
         if ids.dtype.kind not in "iu":
             raise UnsortedIds("sequence ids are not integers")
         new = ids[1:] != ids[:-1]  # (n-1,) a new sequence starts at i + 1
-        if np.any(ids[1:][new] < ids[:-1][new]) or (self._last_id is not None and ids[0] < self._last_id):
-            raise UnsortedIds(f"sequence id decreases near row {self.rows_done}")
+        down = np.flatnonzero(ids[1:] < ids[:-1]) + 1
+        if self._last_id is not None and ids[0] < self._last_id:
+            down = np.zeros(1, dtype=np.int64)
+        if down.size:
+            raise UnsortedIds(f"sequence id decreases at row {self.rows_done + int(down[0])}")
         first = self._next_code - (1 if ids[0] == self._last_id else 0)  # a sequence straddling two chunks
         codes = np.empty(ids.size, dtype=np.int64)
         codes[0] = first

@@ -68,8 +68,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-EXP_MAX = 709.78  # math.exp overflows above
-
 from replay_theory.diagnose.accumulators import Moments, WeightSums
 from replay_theory.diagnose.errors import ConfigError
 from replay_theory.diagnose.framework_stats import gspo_sequence_log_ratio
@@ -77,6 +75,7 @@ from replay_theory.simulate.losses import m2po_mask, m2po_may_bind
 from replay_theory.theory.group_replay import clipping_bias_proxy
 
 M2PO_VARIANTS = ("algorithm1", "reference")
+EXP_MAX = 709.78  # math.exp overflows above
 
 
 @dataclass(frozen=True)

@@ -635,3 +635,21 @@ def test_group_advantage_uses_numpys_std_bit_for_bit(ddof, kind):
     with np.errstate(invalid="ignore", divide="ignore"):
         want = np.where(std == 0.0, 0.0, (r - r.mean(axis=-1, keepdims=True)) / (std + 1e-6))
     np.testing.assert_array_equal(adv_mod.group_advantage(r, ddof=ddof), want)
+
+
+def test_m2po_rows_that_cannot_bind_skip_the_sort_and_match_the_naive_loop():
+    # rows whose mean_T M2 is already <= tau take the no-sort path (m2po_may_bind False); rows that bind take the
+    # sort; a batch mixing both must equal Algorithm 1 and the reference code run literally on each row
+    b = _batch(seed=5, S=6, n=8, T=16, scale=0.3)
+    lr = np.where(b["mask"], b["logp_new"] - b["logp_behav"], 0.0)
+    lr[::2] *= 0.1  # even rows: M2 ~ 1e-3, far below tau
+    tau = 0.04
+    adv_tok = np.broadcast_to(b["advantage"][..., None], lr.shape)
+    binds = L.m2po_may_bind(lr.reshape(6, -1), np.where(b["mask"], adv_tok, 0.0).reshape(6, -1), tau)
+    assert binds.tolist() == [False, True, False, True, False, True]
+    for variant, naive in (("algorithm1", _naive_algorithm1), ("reference", _naive_reference)):
+        keep = L.m2po_mask(lr, b["advantage"], b["mask"], tau, variant)
+        for s in range(6):
+            expected = naive(lr[s], b["advantage"][s], b["mask"][s], tau)
+            np.testing.assert_array_equal(keep[s].ravel(), expected[0] if variant == "reference" else expected)
+        assert (keep != b["mask"]).any(axis=(1, 2)).tolist() == binds.tolist()  # the binding rows do mask
