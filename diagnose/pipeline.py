@@ -1,26 +1,37 @@
 """One streaming pass over a rollout log -> the off-policy health report.
 
 ``diagnose(DiagnoseConfig(path=...))`` reads the log chunk by chunk
-(``reader.py``), checks every token (finite, non-positive log-probs; ages
->= 0), and folds each chunk into:
+(``reader.py``, one chunk decoded ahead in a thread), checks every token
+(finite, non-positive log-probs; ages >= 0), and cuts each chunk into runs of
+tokens with one sequence and one age.  Every per-token sum is taken once per run
+(``np.add.reduceat``, each run shifted by its own maximum log r); the groups the
+report needs are unions of runs, merged exactly at O(runs) cost:
 
-* the overall token-level :class:`~.accumulators.Moments` and a log-ratio
+* the overall token-level :class:`~.accumulators.Moments`, and a log-ratio
   histogram (quantiles);
 * one ``Moments`` group per distinct age value (merged into at most
   ``max_age_buckets`` buckets at the end; the exact per-age sums also give the
   KL drift fit and the FreshPER what-if);
 * per-sequence sums of log r (sequence ratio = product of token ratios, summed
-  in log space, so an 8k-token response cannot overflow);
-* the streaming what-if corrections (``whatif.py``);
-* the sums behind TRL's, verl's and M2PO's logged metrics
-  (``framework_stats.FrameworkSums``: token sums plus per-sequence sums of
-  log r, log-probs and verl's clamped weights; a sequence's advantage is its
-  first token's), finished by the same ``framework_stats.finish`` as the
-  batch function ``framework_statistics``, so the report's ``framework``
-  equals that function on the whole log as one batch.
+  in log space, so an 8k-token response cannot overflow), of the log-probs and
+  of verl's clamped weights (``framework_stats.FrameworkSums``; a sequence's
+  advantage is its first token's), folded into the sequence statistics, the
+  sequence what-if rows and the TRL / verl / M2PO metrics when the sequence is
+  complete; ``framework_stats.finish`` is the same as for the batch function
+  ``framework_statistics``, so the report's ``framework`` equals that function
+  on the whole log as one batch;
+* the token what-if corrections (``whatif.py``).
 
-Memory is O(row group + sequences + distinct ages), whatever the number of tokens (about 330 bytes a
-sequence: 280 MiB at 10M tokens / 0.3M sequences, 1.25 GB at 100M / 3.2M; bench/bench_diagnose.py).
+The moment, framework, histogram and what-if folds of a chunk are independent:
+``threads`` run them side by side and join before the next chunk, so every thread
+count gives the same numbers, bit for bit.
+
+Memory: with integer sequence ids that never decrease (each sequence's tokens
+together, as TRL's and verl's exports write them) a sequence is folded as soon as
+the next begins, so memory is O(chunk + distinct ages), flat in the length of the
+log (194 MiB at 10M tokens, ... at 100M; ``bench/bench_diagnose.py``).  Any other
+id order is detected at the first decreasing id and the log is read again with
+every sequence held until the end (about 100 bytes a sequence).
 
 Invalid data is never silently dropped: by default the first NaN / infinite /
 positive log-prob, negative or NaN age, NaN advantage or mismatched wide row
@@ -136,11 +147,10 @@ class _Sequences:
         and (sorted ids) close every sequence before the chunk's last."""
         every = np.concatenate([codes, bad_codes])
         self._reserve(every)
-        index = codes - self.code0
-        if index.size:
-            top = int(index.max()) + 1
+        if codes.size:  # only the sequences in this chunk are touched: O(runs), however many are held
+            held, inverse = np.unique(codes - self.code0, return_inverse=True)
             for f, values in runs.items():
-                self.sums[f][:top] += np.bincount(index, weights=values, minlength=top)
+                self.sums[f][held] += np.bincount(inverse.reshape(-1), weights=values, minlength=held.size)
         if bad_codes.size:
             self.sums["bad"][bad_codes - self.code0] = 1.0
         complete = int(every.max()) - self.code0 if every.size else 0
