@@ -353,7 +353,7 @@ def _by_age(state: _State, max_buckets: int) -> tuple[list[dict], np.ndarray]:
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
-def keep_freed_memory(trim_bytes: int = 64 << 20, mmap_bytes: int = 32 << 20) -> bool:
+def keep_freed_memory(trim_bytes: int = 32 << 20, mmap_bytes: int = 32 << 20) -> bool:
     """Let glibc keep up to ``trim_bytes`` of freed heap and serve blocks below ``mmap_bytes`` from it.
 
     Every chunk allocates and frees the same few dozen megabytes of numpy
