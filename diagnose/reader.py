@@ -9,7 +9,11 @@ are stable across chunks, so a sequence whose tokens straddle two chunks is
 still one sequence.
 
 pyarrow does the parsing because it streams all three formats with typed,
-vectorised decoders, and reads only the columns asked for.
+vectorised decoders, and reads only the columns asked for.  Columns become numpy
+arrays straight from the Arrow buffers (:func:`to_numpy`), and the next chunk is
+decoded in a thread while the caller folds the current one.  With ``sorted_ids``
+integer ids that never decrease get running codes and no dictionary (O(1)
+memory); the first decrease raises :class:`UnsortedIds`.
 
 Malformed rows are never silently dropped: null log-probs surface as NaN for
 the caller's validity check, and a wide row whose lists disagree in length
