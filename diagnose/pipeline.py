@@ -365,7 +365,7 @@ def keep_freed_memory(trim_bytes: int = 32 << 20, mmap_bytes: int = 32 << 20) ->
     """
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows): nothing to tune
+    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS, Windows): nothing to tune
         return False
     return bool(mallopt(_M_TRIM_THRESHOLD, trim_bytes)) and bool(mallopt(_M_MMAP_THRESHOLD, mmap_bytes))
 
