@@ -168,6 +168,7 @@ _FORMATS = "valid: auto, parquet, csv, jsonl"
     (["{csv}", "--m2po-batch-tokens", "0"], "--m2po-batch-tokens must be an integer >= 1, got 0"),
     (["{csv}", "--max-age-buckets", "0"], "--max-age-buckets must be an integer >= 1, got 0"),
     (["{csv}", "--chunk-rows", "0"], "--chunk-rows must be an integer >= 1, got 0"),
+    (["{csv}", "--threads", "0"], "--threads must be an integer >= 1, got 0"),
     (["{csv}", "--format", "xml"], "--format must be auto, parquet, csv, jsonl; got 'xml'"),
     (["{csv}", "--columns", "logp_behav"], "--columns must be field=name pairs separated by commas, got 'logp_behav'"),
     (["{csv}", "--columns", "foo=bar"], f"--columns names an unknown field 'foo' (valid: {_VALID_FIELDS})"),
