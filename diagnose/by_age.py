@@ -28,7 +28,14 @@ from pathlib import Path
 import numpy as np
 
 from replay_theory.diagnose.pipeline import LOGP_ROUNDOFF, grow
-from replay_theory.diagnose.reader import TokenChunk, detect_format, require_pyarrow, to_numpy
+from replay_theory.diagnose.reader import (
+    TokenChunk,
+    detect_format,
+    iter_batches,
+    read_schema,
+    require_pyarrow,
+    to_numpy,
+)
 from replay_theory.diagnose.schema import STEP_TIME_COLUMNS
 
 WEIGHTS = ("token", "sequence")
@@ -149,16 +156,16 @@ def read_step_times(path: str | Path, step_column: str, fmt: str = "auto",
     """One value per step of each per-row scalar ``columns`` (the first row of the step), streamed.
 
     Returns ``step`` (U,) and each column (U,), in step order. Only these columns are decoded (Parquet by row
-    groups, CSV by blocks; a JSON-lines file is parsed whole by pyarrow). Rows of one step that disagree in a
+    groups, CSV and JSON lines by blocks: ``reader.iter_batches``). Rows of one step that disagree in a
     time column are a one-line ValueError: the columns are per-step values repeated on each row.
     """
-    pa = require_pyarrow()
+    require_pyarrow()
     path = Path(path)
     chosen = detect_format(path, fmt)
     names = [step_column, *columns]
     first: dict[float, tuple[float, ...]] = {}
 
-    def fold(batch) -> None:
+    for batch, _ in iter_batches(path, chosen, names, 65536, names):
         values = [np.asarray(to_numpy(batch.column(n)), dtype=np.float64) for n in names]
         stacked = np.stack(values, axis=1)  # (rows, 1 + len(columns))
         if not np.all(np.isfinite(stacked)):
@@ -170,26 +177,6 @@ def read_step_times(path: str | Path, step_column: str, fmt: str = "auto",
             if seen != tuple(row[1:]):
                 raise ValueError(f"{path.name}: step {key:g} has different values of {', '.join(columns)} on its "
                                  "rows; they must be one value per step")
-
-    if chosen == "parquet":
-        import pyarrow.parquet as pq
-
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=65536, columns=names):
-            fold(batch)
-    elif chosen == "csv":
-        import pyarrow.csv as pc_csv
-
-        with open(path, "rb") as fh:
-            reader = pc_csv.open_csv(fh, convert_options=pc_csv.ConvertOptions(
-                include_columns=names, column_types={n: pa.float64() for n in names}))
-            for batch in reader:
-                fold(batch)
-    else:
-        import pyarrow.json as pj
-
-        table = pj.read_json(path)
-        for batch in table.select(names).to_batches():
-            fold(batch)
     keys = sorted(first)
     out = {"step": np.asarray(keys, dtype=np.float64)}
     for i, name in enumerate(columns):
@@ -200,21 +187,4 @@ def read_step_times(path: str | Path, step_column: str, fmt: str = "auto",
 def column_names(path: str | Path, fmt: str = "auto") -> list[str]:
     """The column names of a log (Parquet footer, or the head of a CSV / JSON-lines file)."""
     require_pyarrow()
-    path = Path(path)
-    chosen = detect_format(path, fmt)
-    if chosen == "parquet":
-        import pyarrow.parquet as pq
-
-        return list(pq.ParquetFile(path).schema_arrow.names)
-    import io
-
-    with open(path, "rb") as fh:
-        head = fh.read(1 << 20)
-    head = head[: head.rfind(b"\n") + 1] or head
-    if chosen == "jsonl":
-        import pyarrow.json as pj
-
-        return list(pj.read_json(io.BytesIO(head)).schema.names)
-    import pyarrow.csv as pc_csv
-
-    return list(pc_csv.read_csv(io.BytesIO(head)).schema.names)
+    return list(read_schema(Path(path), detect_format(Path(path), fmt)).names)

@@ -162,31 +162,10 @@ class LogReader:
     # ------------------------------------------------------------------ schema
     def _schema_names(self) -> list[str]:
         try:
-            if self.format == "parquet":
-                import pyarrow.parquet as pq
-
-                self._parquet = pq.ParquetFile(self.path)
-                self.total_rows = self._parquet.metadata.num_rows
-                return list(self._parquet.schema_arrow.names)
-            first = self._first_table()
-            return list(first.schema.names)
+            self.schema = read_schema(self.path, self.format)
         except Exception as exc:  # pyarrow raises many types for a corrupt file
-            if _ours(exc, self._pa):
-                raise
             raise ValueError(f"cannot read {self.path.name} as {self.format}: {_first_line(exc)}") from exc
-
-    def _first_table(self):
-        """A small leading piece of a CSV / JSONL file, for its column names and types."""
-        with open(self.path, "rb") as fh:
-            head = fh.read(min(self.total_bytes, 1 << 20))
-        if self.format == "jsonl":
-            head = head[: head.rfind(b"\n") + 1] or head
-            import pyarrow.json as pj
-
-            return pj.read_json(io.BytesIO(head))
-        import pyarrow.csv as pc_csv
-
-        return pc_csv.read_csv(io.BytesIO(head[: head.rfind(b"\n") + 1] or head))
+        return list(self.schema.names)
 
     def _used_columns(self) -> dict[str, str]:
         """field -> column actually present; missing required columns raise with the fix."""
@@ -215,66 +194,14 @@ class LogReader:
         return layout
 
     def _is_list(self, name: str) -> bool:
-        pa = self._pa
-        schema = self._parquet.schema_arrow if self.format == "parquet" else self._first_table().schema
-        kind = schema.field(name).type
-        return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+        return _is_list_type(self.schema.field(name).type)
 
     # ------------------------------------------------------------------ batches
     def _batches(self) -> Iterator:
-        needed = sorted(set(self.used.values()))
-        if self.format == "parquet":
-            done_rows = 0
-            # One row group at a time, released before the next: pyarrow 26's ParquetFile.iter_batches keeps every
-            # batch it decoded allocated until the file object goes (538 MiB after a 540 MB, 30M-token log; peak
-            # RSS 2.75 GB at 100M tokens), so memory grew with the file. Memory is now one row group.
-            for group in range(self._parquet.metadata.num_row_groups):
-                table = self._parquet.read_row_group(group, columns=needed)
-                for batch in table.to_batches(max_chunksize=self.chunk_rows):
-                    done_rows += batch.num_rows
-                    self.bytes_done = int(self.total_bytes * done_rows / max(self.total_rows, 1))
-                    yield batch
-                del table
-        elif self.format == "csv":
-            import pyarrow.csv as pc_csv
-
-            types = {self.used[f]: self._pa.float64() for f in (*_TOKEN_FIELDS, "mask", "tool_mask")
-                     if f in self.used}
-            with open(self.path, "rb") as fh:
-                reader = pc_csv.open_csv(
-                    fh, read_options=pc_csv.ReadOptions(block_size=BLOCK_BYTES),
-                    convert_options=pc_csv.ConvertOptions(include_columns=needed, column_types=types))
-                for batch in reader:
-                    self.bytes_done = min(fh.tell(), self.total_bytes)
-                    yield from _split(batch, self.chunk_rows)
-        else:
-            import pyarrow.json as pj
-
-            with open(self.path, "rb") as fh:
-                tail = b""
-                while True:
-                    block = fh.read(BLOCK_BYTES)
-                    data = tail + block
-                    if not block:
-                        if data.strip():
-                            yield from self._json_batches(pj, data, needed)
-                        break
-                    cut = data.rfind(b"\n") + 1
-                    tail = data[cut:]
-                    if cut:
-                        self.bytes_done = fh.tell() - len(tail)
-                        yield from self._json_batches(pj, data[:cut], needed)
-            self.bytes_done = self.total_bytes
-
-    def _json_batches(self, pj, data: bytes, needed: list[str]) -> Iterator:
-        try:
-            table = pj.read_json(io.BytesIO(data))
-        except Exception as exc:
-            raise ValueError(f"malformed JSON line in {self.path.name}: {_first_line(exc)}") from exc
-        missing = [n for n in needed if n not in table.schema.names]
-        if missing:
-            raise ValueError(f"column {missing[0]!r} missing from some lines of {self.path.name}")
-        for batch in table.select(needed).to_batches(max_chunksize=self.chunk_rows):
+        floats = [self.used[f] for f in (*_TOKEN_FIELDS, "mask", "tool_mask") if f in self.used]
+        for batch, done in iter_batches(self.path, self.format, sorted(set(self.used.values())), self.chunk_rows,
+                                        floats, self.schema):
+            self.bytes_done = done
             yield batch
 
     def __iter__(self) -> Iterator[TokenChunk]:
@@ -347,9 +274,7 @@ class LogReader:
         return TokenChunk(seq=seq, first_row=self.rows_done, mismatched_rows=int(bad.size), **arrays)
 
     def _column_is_list(self, batch, name: str) -> bool:
-        kind = batch.schema.field(name).type
-        pa = self._pa
-        return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+        return _is_list_type(batch.schema.field(name).type)
 
     def _ids(self, col) -> np.ndarray:
         """Sequence ids as numpy: integers as they are, anything else as Python objects (None for a null)."""
@@ -404,6 +329,76 @@ def _prefetch(chunks: Iterator) -> Iterator:
             yield chunk
 
 
+def read_schema(path: Path, fmt: str):
+    """The Arrow schema of a log: the Parquet footer, or what pyarrow infers from the first MiB of a text file."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).schema_arrow
+    with open(path, "rb") as fh:
+        head = fh.read(1 << 20)
+    head = head[: head.rfind(b"\n") + 1] or head
+    if fmt == "jsonl":
+        import pyarrow.json as pj
+
+        return pj.read_json(io.BytesIO(head)).schema
+    import pyarrow.csv as pc_csv
+
+    return pc_csv.read_csv(io.BytesIO(head)).schema
+
+
+def iter_batches(path: Path, fmt: str, columns: list[str], chunk_rows: int, floats: list[str] = (),
+                 schema=None) -> Iterator[tuple]:
+    """(record batch of ``columns``, bytes read so far): at most ``chunk_rows`` rows each, in file order.
+
+    Parquet is read one row group at a time, released before the next: pyarrow 26's
+    ``ParquetFile.iter_batches`` keeps every batch it decoded until the file object
+    goes (peak RSS 2.75 GB at 100M tokens).  CSV and JSON lines stream by blocks;
+    ``floats`` are parsed as float64 (as lists of float64 where ``schema``, the
+    head's, has lists) whatever the first block looks like.
+    """
+    import pyarrow as pa
+
+    total = path.stat().st_size
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(path)
+        rows, done = max(parquet.metadata.num_rows, 1), 0
+        for group in range(parquet.metadata.num_row_groups):
+            for batch in parquet.read_row_group(group, columns=columns).to_batches(max_chunksize=chunk_rows):
+                done += batch.num_rows
+                yield batch, int(total * done / rows)
+        return
+    with open(path, "rb") as fh:
+        if fmt == "csv":
+            import pyarrow.csv as pc_csv
+
+            reader = pc_csv.open_csv(fh, read_options=pc_csv.ReadOptions(block_size=BLOCK_BYTES),
+                                     convert_options=pc_csv.ConvertOptions(
+                                         include_columns=columns, column_types={n: pa.float64() for n in floats}))
+        else:
+            import pyarrow.json as pj
+
+            typed = [pa.field(n, pa.list_(pa.float64()) if schema is not None and _is_list_type(
+                schema.field(n).type) else pa.float64()) for n in floats]
+            reader = pj.open_json(fh, read_options=pj.ReadOptions(block_size=BLOCK_BYTES),
+                                  parse_options=pj.ParseOptions(explicit_schema=pa.schema(typed),
+                                                                unexpected_field_behavior="infer"))
+        for batch in reader:
+            missing = [n for n in columns if n not in batch.schema.names]
+            if missing:
+                raise ValueError(f"column {missing[0]!r} missing from some lines of {path.name}")
+            for start in range(0, batch.num_rows, chunk_rows):
+                yield batch.select(columns).slice(start, chunk_rows), min(fh.tell(), total)
+
+
+def _is_list_type(kind) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+
+
 def to_numpy(col) -> np.ndarray:
     """A numeric Arrow array as numpy (zero-copy when it has no nulls), nulls as NaN.
 
@@ -438,11 +433,6 @@ def _drop_masked(seq: np.ndarray, arrays: dict[str, Optional[np.ndarray]], mask:
     if keep is None:
         return seq, arrays
     return seq[keep], {f: None if a is None else a[keep] for f, a in arrays.items()}
-
-
-def _split(batch, rows: int) -> Iterator:
-    for start in range(0, batch.num_rows, rows):
-        yield batch.slice(start, rows)
 
 
 def _ours(exc: BaseException, pa) -> bool:
