@@ -202,11 +202,6 @@ class Moments:
             ]
 
 
-def _total(x) -> float:
-    with np.errstate(over="ignore"):
-        return float(np.sum(x))
-
-
 @dataclass
 class Running:
     """count, sum, min, max and (Chan et al.'s merge of per-batch two-pass) mean and M2 of a stream of numbers."""
@@ -240,7 +235,7 @@ class Running:
 
 @dataclass
 class WeightSums:
-    """Streaming ESS of effective weights w >= 0 given as log w (-inf = weight 0)."""
+    """Streaming ESS of effective weights w >= 0 from shifted sums (see :meth:`add`), merged in log space."""
 
     n: float = 0.0
     flagged: float = 0.0  # tokens the correction touched (clipped, truncated, masked)
@@ -248,15 +243,6 @@ class WeightSums:
     top: float = -math.inf  # max log w seen
     A: float = 0.0  # sum e^{log w - top}
     B: float = 0.0  # sum e^{2 (log w - top)}
-
-    def update(self, log_w: np.ndarray, flagged: np.ndarray, removed: np.ndarray) -> None:
-        """Add weights given as ``log_w`` (n,), the ``flagged`` (n,) tokens and the ``removed`` IS mass (any shape)."""
-        top = float(np.max(log_w)) if log_w.size else -math.inf
-        if top == -math.inf:  # no weight left (or none given): only the counts move
-            self.add(log_w.size, np.count_nonzero(flagged), _total(removed), top, 0.0, 0.0)
-            return
-        w = np.exp(log_w - top)
-        self.add(log_w.size, np.count_nonzero(flagged), _total(removed), top, float(w.sum()), float((w * w).sum()))
 
     def add(self, n: float, flagged: float, removed: float, top: float, A: float, B: float) -> None:
         """Merge sums taken elsewhere: ``A`` = sum e^{log w - top}, ``B`` = sum e^{2 (log w - top)}."""

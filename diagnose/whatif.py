@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -138,12 +139,6 @@ def _clip_active(lr: np.ndarray, signs: tuple[np.ndarray, np.ndarray] | None, lo
     return (above & signs[0]) | (below & signs[1])
 
 
-def _dropped_mass(lr: np.ndarray, dropped: np.ndarray) -> np.ndarray:
-    """r on the dropped tokens, 0 elsewhere (inf only where r itself overflows)."""
-    with np.errstate(over="ignore"):
-        return np.where(dropped, np.exp(np.where(dropped, lr, 0.0)), 0.0)
-
-
 #: a truncation whose cap is this far (in log) below the largest ratio gets its own shift
 SHARED_SHIFT_RANGE = 600.0
 #: kept weights summing above this (shifted by the largest ratio) lose nothing to underflow: the largest kept
@@ -175,25 +170,41 @@ class _Shifted:
     def masked(self, sums: WeightSums, flagged: np.ndarray) -> None:
         """Fold w = r where not ``flagged``, 0 where flagged (a clip that takes the gradient, a mask)."""
         n_flagged, A, B, gone = self.kept(flagged)
-        if A <= SHARED_SHIFT_FLOOR:  # the kept ratios are all far below the largest: shift them by their own
-            sums.update(np.where(flagged, -np.inf, self.lr), flagged, _dropped_mass(self.lr, flagged))
-            return
         log_removed = self.top + math.log(gone) if gone > 0 else -math.inf
         removed = math.exp(log_removed) if log_removed < EXP_MAX else math.inf  # sum of r over the dropped tokens
-        sums.add(self.lr.size, n_flagged, removed, self.top, A, B)
+        top = self.top
+        if A <= SHARED_SHIFT_FLOOR:  # the kept ratios are all far below the largest: shift them by their own
+            kept = self.lr[~flagged]
+            top = float(kept.max()) if kept.size else -math.inf
+            e = np.exp(kept - top)
+            A, B = float(e.sum()), float(np.sum(e * e))
+        sums.add(self.lr.size, n_flagged, removed, top, A, B)
 
     def truncated(self, sums: WeightSums, c: float) -> None:
         """Fold w = min(r, c) (truncated IS): the truncated tokens weigh c each."""
         log_c = math.log(c)
         trunc = self.lr > log_c
         over = self.lr[trunc]  # only these have (r - c)_+ > 0
-        excess = clipping_bias_proxy(over, c) * over.size if over.size else 0.0  # sum (r - c)_+
-        if self.top - log_c > SHARED_SHIFT_RANGE:
-            sums.update(np.minimum(self.lr, log_c), trunc, np.atleast_1d(excess))
+        excess = clipping_bias_proxy(over, c) * over.size if over.size else 0.0  # sum (r - c)_+, Sec. 3.2
+        if self.top - log_c > SHARED_SHIFT_RANGE:  # shifted by log c instead: the truncated weigh 1 each
+            e = np.exp(self.lr[~trunc] - log_c)
+            sums.add(self.lr.size, over.size, excess, log_c, float(e.sum()) + over.size,
+                     float(np.sum(e * e)) + over.size)
             return
         n_trunc, A, B, _ = self.kept(trunc)
         cap = math.exp(log_c - self.top)
         sums.add(self.lr.size, n_trunc, float(excess), self.top, A + n_trunc * cap, B + n_trunc * cap * cap)
+
+
+def _fold_shared(sums: Callable[[tuple], WeightSums], shared: _Shifted, config: WhatIfConfig) -> None:
+    """The corrections both levels have: none, truncated IS and the two-sided mask."""
+    sums(("none", None)).add(shared.lr.size, 0, 0.0, shared.top, shared.A, shared.B)
+    for c in config.tis:
+        shared.truncated(sums(("tis", c)), c)
+    if config.mask:
+        size = np.abs(shared.lr)
+        for c in config.mask:
+            shared.masked(sums(("mask", c)), size > math.log(c))
 
 
 class TokenWhatIf:
@@ -244,17 +255,11 @@ class TokenWhatIf:
         if lr.size == 0:
             return
         shared, signs = _Shifted(lr), _signs(adv)
-        self.sums[("none", None)].add(lr.size, 0, 0.0, shared.top, shared.A, shared.B)
+        _fold_shared(self.sums.__getitem__, shared, self.config)
         for eps in self.config.ppo_clip:  # PPO clips only where the clipped term is the min
             shared.masked(self.sums[("ppo_clip", eps)], _clip_active(lr, signs, eps, eps))
         for lo, hi in self.config.ppo_clip_asym:
             shared.masked(self.sums[("ppo_clip_asym", (float(lo), float(hi)))], _clip_active(lr, signs, lo, hi))
-        for c in self.config.tis:
-            shared.truncated(self.sums[("tis", c)], c)
-        if self.config.mask:
-            size = np.abs(lr)
-            for c in self.config.mask:
-                shared.masked(self.sums[("mask", c)], size > math.log(c))
         if adv is None:
             return
         block = min(self.config.m2po_batch_tokens, lr.size)
@@ -306,25 +311,16 @@ class SequenceWhatIf:
         lr = np.asarray(seq_log_ratio, dtype=np.float64)
         if lr.size == 0:
             return
-        config = self.config
-        self._sums(("none", None)).update(lr, np.zeros(lr.shape, dtype=bool), np.zeros(1))
-        for c in config.tis:
-            excess = clipping_bias_proxy(lr, c) * lr.size  # E[(R - c)_+] * n, Sec. 3.2
-            self._sums(("tis", c)).update(np.minimum(lr, math.log(c)), lr > math.log(c), np.atleast_1d(excess))
-        for c in config.mask:
-            masked = np.abs(lr) > math.log(c)
-            self._sums(("mask", c)).update(np.where(masked, -np.inf, lr), masked, _dropped_mass(lr, masked))
-        for c in config.trl_is_mask:
-            # TRL sequence_mask: R > C_max -> 0 (one-sided; vllm_importance_sampling_clip_min None)
-            masked = lr > math.log(c)
-            self._sums(("trl_is_mask", float(c))).update(np.where(masked, -np.inf, lr), masked,
-                                                         _dropped_mass(lr, masked))
+        shared = _Shifted(lr)
+        _fold_shared(self._sums, shared, self.config)
+        for c in self.config.trl_is_mask:  # TRL sequence_mask: R > C_max -> 0 (one-sided; clip_min None)
+            shared.masked(self._sums(("trl_is_mask", float(c))), lr > math.log(c))
         if seq_len is not None:
             geo = gspo_sequence_log_ratio(lr, seq_len)  # log s, s = geometric-mean token ratio
-            for lo, hi in config.gspo:
+            geo_shared = _Shifted(geo)
+            for lo, hi in self.config.gspo:
                 active = _clip_active(geo, _signs(seq_advantage), lo, hi)
-                self._sums(("gspo", (float(lo), float(hi)))).update(np.where(active, -np.inf, geo), active,
-                                                                    _dropped_mass(geo, active))
+                geo_shared.masked(self._sums(("gspo", (float(lo), float(hi)))), active)
 
     def rows(self) -> list[dict]:
         return [_row(name, "sequence", list(param) if isinstance(param, tuple) else param, sums.result())
