@@ -113,6 +113,8 @@ def grow(a: np.ndarray, size: int, fill) -> np.ndarray:
 #: what a sequence carries from token runs to its sequence-level statistics: the framework sums, its first
 #: kept token's advantage (NaN until seen) and whether it lost a token to --skip-invalid
 _SEQ_SUMS = (*SEQ_FIELDS, "adv", "bad")
+#: the independent folds of a chunk (``_fold_chunk``); with two threads the first and third share one
+FOLDS = ("moments", "sequences", "histogram", "what_if")
 #: complete sequences are folded in batches of at least this many (about 0.6 MB of sums): few numpy calls, flat memory
 CLOSE_EVERY = 8192
 
@@ -238,7 +240,9 @@ def _check(chunk: TokenChunk, skip: bool, state: _State, path: str) -> np.ndarra
     return keep
 
 
-def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> None:
+def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> dict[str, Callable[[], None]]:
+    """The chunk's folds, by accumulator (``FOLDS``): each reads only this chunk's arrays and writes only its
+    own accumulators, so folds of different names may run side by side."""
     def kept(x: np.ndarray | None) -> np.ndarray | None:
         return x if x is None or keep is None else x[keep]
 
@@ -247,9 +251,11 @@ def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> No
     behav = np.minimum(kept(chunk.logp_behav), 0.0)  # round-off positives read as 0
     cur = np.minimum(kept(chunk.logp_current), 0.0)
     lr = cur - behav  # (n,) log r = log pi_current - log pi_behav, never exponentiated here
+    if chunk.reward is not None:
+        state.reward_sum += float(np.sum(kept(chunk.reward)))
+        state.reward_n += lr.size
     if lr.size == 0:
-        state.sequences.add(seq, {}, bad_codes)
-        return
+        return {"sequences": lambda: state.sequences.add(seq, {}, bad_codes)}
     # runs of tokens with one sequence and one age: every token sum is taken per run (reduceat), and the
     # token, per-age and per-sequence groups are unions of runs
     change = seq[1:] != seq[:-1]
@@ -257,10 +263,6 @@ def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> No
         change |= age[1:] != age[:-1]
     starts = np.concatenate([[0], np.flatnonzero(change) + 1])  # (R,)
     run_seq = seq[starts]  # (R,)
-    seq_adv_tok = None
-    if adv is not None:
-        run_adv = state.sequences.first_advantage(run_seq, starts, adv)  # (R,)
-        seq_adv_tok = np.repeat(run_adv, np.diff(np.append(starts, lr.size)))
 
     def moments() -> None:
         runs = Moments.from_segments(lr, starts)
@@ -272,19 +274,18 @@ def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> No
             state.by_age.grow(len(state.age_codes))
             state.by_age.fold(runs.reduce(codes[inv.reshape(-1)], state.by_age.size))
 
-    def framework() -> dict[str, np.ndarray]:
-        return state.framework.add_tokens(lr, cur, behav, starts, adv, seq_adv_tok, state.framework_params)
+    def sequences() -> None:
+        seq_adv_tok = None
+        if adv is not None:
+            run_adv = state.sequences.first_advantage(run_seq, starts, adv)  # (R,)
+            seq_adv_tok = np.repeat(run_adv, np.diff(np.append(starts, lr.size)))
+        sums = state.framework.add_tokens(lr, cur, behav, starts, adv, seq_adv_tok, state.framework_params)
+        state.sequences.add(run_seq, sums, bad_codes)
 
-    # independent folds of the same arrays, each into its own accumulator: run side by side (numpy releases the
-    # GIL), joined before the next chunk, so the numbers do not depend on the number of threads
-    tasks = [moments, framework, lambda: state.hist.update(lr)]
+    folds = {"moments": moments, "sequences": sequences, "histogram": lambda: state.hist.update(lr)}
     if state.what_if is not None:
-        tasks.append(lambda: state.what_if.update(lr, adv))
-    results = list(state.pool.map(lambda task: task(), tasks)) if state.pool else [task() for task in tasks]
-    state.sequences.add(run_seq, results[1], bad_codes)
-    if chunk.reward is not None:
-        state.reward_sum += float(np.sum(kept(chunk.reward)))
-        state.reward_n += lr.size
+        folds["what_if"] = lambda: state.what_if.update(lr, adv)
+    return folds
 
 
 def _clean(x):
@@ -375,17 +376,32 @@ def _pass(config: DiagnoseConfig, sorted_ids: bool, progress) -> tuple[LogReader
     reader = LogReader(config.path, columns, fmt=config.format, chunk_rows=config.chunk_rows,
                        skip_invalid=config.skip_invalid, sorted_ids=sorted_ids)
     state = _State(config, "age" in reader.used, "advantage" in reader.used, sorted_ids)
-    state.pool = ThreadPoolExecutor(config.threads) if config.threads > 1 else None
+    # one lane (a one-thread executor) per group of accumulators: a lane runs its folds in chunk order, so every
+    # accumulator sees the chunks in file order and the numbers do not depend on the thread count; lanes run
+    # side by side and a fast lane may work two chunks ahead of a slow one
+    lanes = [ThreadPoolExecutor(1) for _ in range(min(config.threads, len(FOLDS)))] if config.threads > 1 else []
+    pending: list[list] = []
     try:
         for chunk in reader:
             state.skipped["mismatched_rows"] += chunk.mismatched_rows
             keep = _check(chunk, config.skip_invalid, state, reader.path.name)
-            _fold_chunk(chunk, state, keep)
+            folds = _fold_chunk(chunk, state, keep)
+            if not lanes:
+                for fold in folds.values():
+                    fold()
+            else:
+                pending.append([lanes[FOLDS.index(name) % len(lanes)].submit(fold) for name, fold in folds.items()])
+                while len(pending) > 2:  # bounds the chunks in flight (memory)
+                    for future in pending.pop(0):
+                        future.result()  # re-raises a fold's exception here
             if progress is not None:
                 progress(reader.bytes_done, reader.total_bytes)
+        for futures in pending:
+            for future in futures:
+                future.result()
     finally:
-        if state.pool:
-            state.pool.shutdown()
+        for lane in lanes:
+            lane.shutdown(cancel_futures=True)
     state.sequences.finish()
     return reader, state
 
