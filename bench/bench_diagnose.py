@@ -17,7 +17,7 @@ Checks that all agree (k1, M2, D_2, ESS at every level, to 1e-9: the tools sum
 in different orders), then prints seconds, tokens per second, peak RSS and the
 ratios to the DuckDB query, all measured in this one run, with the load average
 before it (the machine may be shared).
-Run: ``python bench/bench_diagnose.py [--tokens N] [--keep PATH] [--modes duckdb,stats,...]``
+Run: ``python bench/bench_diagnose.py [--tokens N] [--keep PATH] [--modes duckdb,stats,...] [--drift D]``
 (needs pandas and polars: ``pip install -e ".[bench,diagnose]"``).
 """
 
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 
-def write_log(path: Path, n_tokens: int, seed: int = 0) -> None:
+def write_log(path: Path, n_tokens: int, seed: int = 0, drift: float = 0.03) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -53,7 +53,7 @@ def write_log(path: Path, n_tokens: int, seed: int = 0) -> None:
         seq = seq_base + np.repeat(np.arange(lengths.size), lengths)
         age = np.repeat(rng.integers(0, 8, size=lengths.size), lengths).astype(np.float64)
         behav = -rng.exponential(1.0, size=n)
-        current = np.minimum(behav + rng.normal(scale=0.03, size=n) * np.sqrt(1.0 + age), 0.0)
+        current = np.minimum(behav + rng.normal(scale=drift, size=n) * np.sqrt(1.0 + age), 0.0)
         adv = np.repeat(rng.normal(size=lengths.size), lengths)
         table = pa.table({"seq_id": seq, "logp_behav": behav, "logp_current": current, "age": age,
                           "advantage": adv})
@@ -173,6 +173,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=10_000_000)
     parser.add_argument("--keep", type=Path, default=None, help="Write / reuse the log here.")
+    parser.add_argument("--drift", type=float, default=0.03,
+                        help="Per-token log-ratio noise at age 0 (x sqrt(1 + age)); 0.3 makes M2PO's mask bind.")
     parser.add_argument("--modes", default=",".join(MODES), help="Comma-separated subset of " + ", ".join(MODES))
     parser.add_argument("--worker", choices=list(MODES), help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
@@ -188,7 +190,7 @@ def main() -> None:
     path = args.keep or Path(tmp.name) / "log.parquet"
     if not path.exists():
         t = time.perf_counter()
-        write_log(path, args.tokens)
+        write_log(path, args.tokens, drift=args.drift)
         print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - t:.1f} s")
     with open("/proc/loadavg") as fh:
         print(f"load average before: {' '.join(fh.read().split()[:3])} ({os.cpu_count()} CPUs)")

@@ -201,7 +201,7 @@ class FrameworkSums:
         # |log r| <= 20 and is on the same side of 1 + -1e-12 beyond, so w decides as r would
         a = adv if seq_adv_tok is None else seq_adv_tok
         trust = ((a > M2PO_TOL) & (w > 1.0 + M2PO_TOL)) | ((a < -M2PO_TOL) & (w < 1.0 - M2PO_TOL))
-        self.m2_sum += float(np.sum(np.square(lr, where=trust, out=np.zeros_like(lr))))
+        self.m2_sum += float(np.sum(lr * lr * trust))
         self.m2_count += float(np.count_nonzero(trust))
         return runs
 

@@ -161,11 +161,12 @@ class _Shifted:
         n_flagged = int(np.count_nonzero(flagged))
         if not n_flagged:
             return 0, self.A, self.B, 0.0
-        gone_A, gone_B = float(np.sum(self.e, where=flagged)), float(np.sum(self.e2, where=flagged))
+        # masked sums as products with the 0/1 flags: np.sum(where=) branches per element, 8x slower on a 50% mask
+        gone_A, gone_B = float(np.sum(self.e * flagged)), float(np.sum(self.e2 * flagged))
         if gone_A <= 0.5 * self.A:  # at least half is left: the difference loses no digit
             return n_flagged, self.A - gone_A, self.B - gone_B, gone_A
         keep = ~flagged
-        return n_flagged, float(np.sum(self.e, where=keep)), float(np.sum(self.e2, where=keep)), gone_A
+        return n_flagged, float(np.sum(self.e * keep)), float(np.sum(self.e2 * keep)), gone_A
 
     def masked(self, sums: WeightSums, flagged: np.ndarray) -> None:
         """Fold w = r where not ``flagged``, 0 where flagged (a clip that takes the gradient, a mask)."""

@@ -402,7 +402,7 @@ def m2po_may_bind(log_ratio: np.ndarray, adv: np.ndarray, tau_m2: float) -> np.n
     ``log_ratio``, ``adv``: (S, N) real tokens only (a padded batch goes through :func:`m2po_mask`).
     """
     cand = _m2po_candidates(log_ratio, adv, True)
-    return np.sum(log_ratio * log_ratio, axis=1, where=cand) > tau_m2 * (1.0 - 1e-9) * cand.sum(axis=1)
+    return np.sum(log_ratio * log_ratio * cand, axis=1) > tau_m2 * (1.0 - 1e-9) * cand.sum(axis=1)
 
 
 def _m2po_drop_and_cap(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray, tau_m2: float,
@@ -416,16 +416,16 @@ def _m2po_drop_and_cap(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray, ta
     lr = _flat(log_ratio)  # (S, N)
     m2_tok = lr * lr  # (S, N) M2_i = (log r_i)^2, Eq. (4)
     count = cand.sum(axis=1)  # (S,) |T|
-    may_bind = np.sum(m2_tok, axis=1, where=cand) > tau_m2 * (1.0 - 1e-9) * count  # as m2po_may_bind
+    may_bind = np.sum(m2_tok * cand, axis=1) > tau_m2 * (1.0 - 1e-9) * count  # as m2po_may_bind
     if not may_bind.all():  # the O(N log N) sort runs only on the rows that may bind
         drop, cap = np.zeros(m.shape, dtype=bool), np.full(S, np.inf)
         if may_bind.any():
             drop[may_bind], cap[may_bind] = _m2po_drop_and_cap(log_ratio[may_bind], adv[may_bind], m[may_bind],
                                                                tau_m2, variant)
         return drop, cap
-    key = np.where(cand, m2_tok, -np.inf)
-    order = np.argsort(-key, axis=1, kind="stable")  # descending M2_i, ties by index (= argmax's first hit)
-    v_sorted = np.where(cand, m2_tok, 0.0)[np.arange(S)[:, None], order]  # (S, N); non-candidates (0) last
+    # the candidates' M2_i, descending (S, N), non-candidates as 0 at the end; values only: which tokens
+    # are dropped follows from the threshold below, ties by index (= argmax's first hit)
+    v_sorted = -np.sort(-np.where(cand, m2_tok, 0.0), axis=1)
     N = lr.shape[1]
     suffix = np.concatenate([np.cumsum(v_sorted[:, ::-1], axis=1)[:, ::-1], np.zeros((S, 1))], axis=1)  # (S, N+1)
     # suffix[:, k] = sum of the |T| - k smallest candidates = what is left after masking the k largest
@@ -436,9 +436,12 @@ def _m2po_drop_and_cap(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray, ta
             mean_rest = suffix / remaining  # mean_{i in T} M2_i after k removals
         stop = (remaining <= 0) | (mean_rest <= tau_m2)  # Algorithm 1, line 3: while mean_T M2_i > tau_M2
         n_drop = np.argmax(stop, axis=1)  # first k at which the while loop exits (S,)
-        drop_sorted = np.arange(N)[None, :] < n_drop[:, None]  # the n_drop largest M2_i (lines 4-5)
-        drop = np.zeros((S, N), dtype=bool)
-        np.put_along_axis(drop, order, drop_sorted, axis=1)
+        # the n_drop largest M2_i (lines 4-5): every candidate above the n_drop-th value, then the tied ones at
+        # it in index order until n_drop are dropped
+        last = np.where(n_drop > 0, v_sorted[np.arange(S), np.maximum(n_drop - 1, 0)], np.inf)  # (S,)
+        above = cand & (m2_tok > last[:, None])
+        tied = cand & (m2_tok == last[:, None])
+        drop = above | (tied & (np.cumsum(tied, axis=1) <= (n_drop - above.sum(axis=1))[:, None]))
         cap = np.full(S, np.inf)
     else:
         # Winsorised mean with a fixed denominator: g(c) = (1/|T|) sum_T min(M2_i, c), c = tau^2.
