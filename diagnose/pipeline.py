@@ -113,8 +113,8 @@ def grow(a: np.ndarray, size: int, fill) -> np.ndarray:
 #: what a sequence carries from token runs to its sequence-level statistics: the framework sums, its first
 #: kept token's advantage (NaN until seen) and whether it lost a token to --skip-invalid
 _SEQ_SUMS = (*SEQ_FIELDS, "adv", "bad")
-#: the independent folds of a chunk (``_fold_chunk``); with two threads the first and third share one
-FOLDS = ("moments", "sequences", "histogram", "what_if")
+#: the independent folds of a chunk (``_fold_chunk``); with two threads, fold i runs in lane i % 2 (balanced by cost)
+FOLDS = ("moments", "sequences", "what_if", "histogram")
 #: complete sequences are folded in batches of at least this many (about 0.6 MB of sums): few numpy calls, flat memory
 CLOSE_EVERY = 8192
 
