@@ -364,9 +364,12 @@ def iter_batches(path: Path, fmt: str, columns: list[str], chunk_rows: int, floa
         import pyarrow.parquet as pq
 
         parquet = pq.ParquetFile(path)
+        # on two cores pyarrow's own decoding threads only compete with the folds (diagnose decodes ahead in a thread)
+        many_cores = (os.cpu_count() or 1) > 2
         rows, done = max(parquet.metadata.num_rows, 1), 0
         for group in range(parquet.metadata.num_row_groups):
-            for batch in parquet.read_row_group(group, columns=columns).to_batches(max_chunksize=chunk_rows):
+            table = parquet.read_row_group(group, columns=columns, use_threads=many_cores)
+            for batch in table.to_batches(max_chunksize=chunk_rows):
                 done += batch.num_rows
                 yield batch, int(total * done / rows)
         return
