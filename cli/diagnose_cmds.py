@@ -20,11 +20,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from replay_theory.diagnose import ConfigError, DiagnoseConfig, WhatIfConfig, diagnose, load_report, render
+from replay_theory.diagnose.errors import ConfigError
+
+if TYPE_CHECKING:
+    from replay_theory.diagnose import DiagnoseConfig
 from replay_theory.outputs import check_new_file, write_new
 
 #: config field (DiagnoseConfig, WhatIfConfig, the report) -> the option a user types for it.
@@ -94,7 +97,9 @@ def save_figure(report: dict, path: Path) -> None:
         plt.close(figure)
 
 
-def _run(config: DiagnoseConfig, log: Path, show_progress: bool) -> dict:
+def _run(config: "DiagnoseConfig", log: Path, show_progress: bool) -> dict:
+    from replay_theory.diagnose import diagnose
+
     if not show_progress:
         # rich writes a newline to a stderr that is not a terminal when the bar stops: keep a
         # redirected stderr empty on success and exactly one line on error
@@ -132,6 +137,7 @@ def diagnose_command(
 ) -> None:
     """Off-policy health of logged rollouts: ESS, chi^2, KL, M2 overall / per sequence / by age, the theory
     bounds with their slack, KL drift and FreshPER tau, and a what-if table of corrections."""
+    from replay_theory.diagnose import DiagnoseConfig, WhatIfConfig, load_report, render  # loaded when run
     try:
         if from_report is not None:
             if log is not None:

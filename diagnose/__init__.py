@@ -26,11 +26,17 @@ Nothing here needs torch: it imports numpy, pyarrow (to read logs),
 never ``replay_theory.validate``.
 """
 
-from replay_theory.diagnose.errors import ConfigError
-from replay_theory.diagnose.pipeline import DiagnoseConfig, diagnose
-from replay_theory.diagnose.report import load_report, render
-from replay_theory.diagnose.schema import PRESETS, ColumnMap, resolve_columns
-from replay_theory.diagnose.whatif import WhatIfConfig
+import importlib
 
-__all__ = ["ConfigError", "DiagnoseConfig", "diagnose", "load_report", "render", "PRESETS", "ColumnMap",
-           "resolve_columns", "WhatIfConfig"]
+#: public name -> the module that defines it; loaded on first use (PEP 562), so that commands which never
+#: diagnose a log (``replay-theory optimal``) do not pay for the pipeline's imports
+_EXPORTS = {"ConfigError": "errors", "DiagnoseConfig": "pipeline", "diagnose": "pipeline", "load_report": "report",
+            "render": "report", "PRESETS": "schema", "ColumnMap": "schema", "resolve_columns": "schema",
+            "WhatIfConfig": "whatif"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -27,10 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from replay_theory.diagnose.pipeline import LOGP_ROUNDOFF, grow
 from replay_theory.diagnose.reader import (
+    LOGP_ROUNDOFF,
     TokenChunk,
     detect_format,
+    grow,
     iter_batches,
     read_schema,
     require_pyarrow,

@@ -60,12 +60,10 @@ from replay_theory.diagnose.framework_stats import (
     finish,
     rollout_is_metrics,
 )
-from replay_theory.diagnose.reader import FORMATS, LogReader, TokenChunk, UnsortedIds
+from replay_theory.diagnose.reader import FORMATS, LOGP_ROUNDOFF, LogReader, TokenChunk, UnsortedIds, grow
 from replay_theory.diagnose.schema import resolve_columns
 from replay_theory.diagnose.whatif import SequenceWhatIf, TokenWhatIf, WhatIfConfig, freshper_rows
 
-#: log-probs in (0, LOGP_ROUNDOFF] are round-off from bf16 / fused kernels and read as 0.
-LOGP_ROUNDOFF = 1e-6
 QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 #: the statistics reported per group (token level, sequence level, each age bucket).
 STAT_KEYS = ("n_tokens", "ess_frac", "chi2", "d2", "kl_k1", "kl_k2", "kl_k3", "m2", "ratio_min", "ratio_mean",
@@ -99,15 +97,6 @@ class DiagnoseConfig:
         if self.max_age_buckets < 1:
             raise ConfigError("max_age_buckets", f"must be an integer >= 1, got {self.max_age_buckets}")
         resolve_columns(self.preset, self.columns)
-
-
-def grow(a: np.ndarray, size: int, fill) -> np.ndarray:
-    """``a`` (n,) extended to at least ``size`` entries filled with ``fill`` (capacity doubles: amortised O(1))."""
-    if size <= a.size:
-        return a
-    out = np.full(max(size, 2 * a.size), fill, dtype=a.dtype)
-    out[: a.size] = a
-    return out
 
 
 #: what a sequence carries from token runs to its sequence-level statistics: the framework sums, its first

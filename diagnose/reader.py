@@ -51,6 +51,19 @@ _KIND = {"parquet": "a Parquet file", "jsonl": "a JSON-lines file", "csv": "a CS
          "binary": "a binary file that is not Parquet", "json-array": "one JSON array, not one object per line"}
 
 
+#: log-probs in (0, LOGP_ROUNDOFF] are round-off from bf16 / fused kernels and read as 0.
+LOGP_ROUNDOFF = 1e-6
+
+
+def grow(a: np.ndarray, size: int, fill) -> np.ndarray:
+    """``a`` (n,) extended to at least ``size`` entries filled with ``fill`` (capacity doubles: amortised O(1))."""
+    if size <= a.size:
+        return a
+    out = np.full(max(size, 2 * a.size), fill, dtype=a.dtype)
+    out[: a.size] = a
+    return out
+
+
 class UnsortedIds(Exception):
     """Raised by a ``sorted_ids`` reader at the first sequence id that is smaller than one before it."""
 

@@ -282,8 +282,6 @@ def test_from_report_refuses_a_log_or_save_beside_it(tmp_path, cli):
 
 
 def test_output_paths_are_checked_before_any_work(tmp_path, cli, monkeypatch):
-    import replay_theory.cli.diagnose_cmds as cmds
-
     path, _ = _age_log(tmp_path)
     taken = tmp_path / "taken.png"
     taken.write_bytes(b"the user's own figure")
@@ -293,7 +291,7 @@ def test_output_paths_are_checked_before_any_work(tmp_path, cli, monkeypatch):
     def no_work(*args, **kwargs):
         raise AssertionError("the log was read before the output paths were checked")
 
-    monkeypatch.setattr(cmds, "diagnose", no_work)
+    monkeypatch.setattr("replay_theory.diagnose.pipeline.diagnose", no_work)  # the command loads it when run
     never = "results are never overwritten: choose a new path"
     cases = [
         (["--figure", str(taken)], f"--figure {taken} exists; {never}"),
