@@ -168,11 +168,13 @@ def diagnose_command(
                                m2po_batch_tokens=m2po_batch_tokens, freshper_tau=_floats(tau, "--tau"))
         config = DiagnoseConfig(path=str(log), preset=preset, columns=columns, format=fmt, chunk_rows=chunk_rows,
                                 threads=threads, skip_invalid=skip_invalid, max_age_buckets=max_age_buckets,
-                                what_if=what_if,
-                                run_what_if=not no_what_if)
+                                what_if=what_if, run_what_if=not no_what_if)
         report = _run(config, log, show_progress=not no_progress and sys.stderr.isatty())
     except ConfigError as err:
         raise ValueError(err.named(OPTION_OF_FIELD.get(err.field, err.field))) from None
+    except MemoryError:  # memory is chunks x folds in flight, whatever the log's length
+        raise ValueError(f"out of memory while diagnosing {log}: lower --chunk-rows (now {chunk_rows}) or --threads "
+                         f"(now {threads}); with unsorted sequence ids every sequence is held") from None
     if figure is not None and report["by_age"]:
         save_figure(report, figure)
     if save is not None:

@@ -281,6 +281,21 @@ def test_from_report_refuses_a_log_or_save_beside_it(tmp_path, cli):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.parquet", "r.json"]
 
 
+def test_running_out_of_memory_is_one_line_naming_the_options_that_bound_it(tmp_path, cli, monkeypatch):
+    path, _ = _age_log(tmp_path)
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 2.00 MiB for an array with shape (262144,) and data type float64")
+
+    monkeypatch.setattr("replay_theory.diagnose.pipeline.diagnose", no_memory)
+    code, out, err = cli("diagnose", str(path), "--chunk-rows", "1000", "--no-progress", "--save",
+                         str(tmp_path / "r.json"))
+    assert code == 2 and out == ""
+    assert err == (f"replay-theory: error: out of memory while diagnosing {path}: lower --chunk-rows (now 1000) or "
+                   "--threads (now 2); with unsorted sequence ids every sequence is held\n")
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_output_paths_are_checked_before_any_work(tmp_path, cli, monkeypatch):
     path, _ = _age_log(tmp_path)
     taken = tmp_path / "taken.png"

@@ -140,3 +140,39 @@ def test_values_near_exact_arithmetic_where_differences_cancel(tmp_path):
         for key, value in exact.items():
             tol = max(1e-12, 64 * 2.2e-16 * cancel.get(key, 0.0))
             assert abs(row[key] - float(value)) <= tol * abs(float(value)), (row["age"], key)
+
+
+_UNDER_LIMIT = """
+import resource, sys, threading
+threading.stack_size(1 << 20)  # the fold and read-ahead threads' stacks count against the limit too
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+pa.set_memory_pool(pa.system_memory_pool())  # Arrow's own pools reserve address space early; malloc obeys the limit
+from replay_theory.diagnose import DiagnoseConfig, diagnose
+
+small, big, budget = sys.argv[1], sys.argv[2], int(sys.argv[3])
+diagnose(DiagnoseConfig(path=small, chunk_rows=65536))  # start every thread and pool the pass uses
+pq.read_table(small)
+size = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + budget, size + budget))
+report = diagnose(DiagnoseConfig(path=big, chunk_rows=65536))
+try:
+    pq.read_table(big)
+    whole = "the whole log fits"
+except MemoryError:
+    whole = "the whole log does not fit"
+print(report["n_tokens"], report["n_sequences"], whole)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc are Linux's")
+def test_a_log_three_times_larger_than_the_memory_limit_is_diagnosed(tmp_path):
+    # The process may grow by 32 MiB of address space; the log decodes to 120 MB (3M tokens x 5 float64 columns).
+    # Reading it whole fails under the same limit, so the limit binds; diagnose streams it and finishes.
+    small = _write_log(tmp_path / "small.parquet", 1000)
+    big = _write_log(tmp_path / "big.parquet", 150_000)
+    budget = 32 << 20
+    assert 150_000 * 20 * 5 * 8 >= 3 * budget
+    out = subprocess.run([sys.executable, "-c", _UNDER_LIMIT, small, big, str(budget)], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[0] == "3000000 150000 the whole log does not fit"
