@@ -159,17 +159,19 @@ class FrameworkSums:
         inside = -SAFETY_BOUND <= low and top <= SAFETY_BOUND  # the usual case: the clamp changes nothing
         clamped = lr if inside else np.clip(lr, -SAFETY_BOUND, SAFETY_BOUND)
         w = np.exp(clamped)  # verl's ratio (rollout_corr_helper.py, SAFETY_BOUND)
-        wc = np.clip(w, 1.0 / C, C)
+        w_high, w_low = np.count_nonzero(w > C), np.count_nonzero(w < 1.0 / C)
+        wc = np.clip(w, 1.0 / C, C) if w_high or w_low else w  # clamp(w, 1/C, C) is w when nothing is outside
         self.n += lr.size
         lr_sum = float(np.sum(lr))
         self.kl -= lr_sum  # sum (behav - cur): IEEE subtraction is antisymmetric, so this is -sum lr exactly
         self.ppo_kl -= lr_sum if inside else float(np.sum(clamped))
-        self.w += float(w.sum())
-        self.w_sq += float(np.sum(w * w))
-        self.w_high += float(np.count_nonzero(w > C))
-        self.w_low += float(np.count_nonzero(w < 1.0 / C))
-        self.wc += float(wc.sum())
-        self.wc_sq += float(np.sum(wc * wc))
+        w_sum, w_sq = float(w.sum()), float(np.sum(w * w))
+        self.w += w_sum
+        self.w_sq += w_sq
+        self.w_high += float(w_high)
+        self.w_low += float(w_low)
+        self.wc += float(wc.sum()) if wc is not w else w_sum
+        self.wc_sq += float(np.sum(wc * wc)) if wc is not w else w_sq
         self.lmax, self.lmin = max(self.lmax, top), min(self.lmin, low)
         self.absdiff += float(np.sum(np.abs(lr)))  # TRL: torch.abs(old_per_token_logps - sampling_per_token_logps)
         self.absdiff_max = max(self.absdiff_max, top, -low)

@@ -237,8 +237,9 @@ def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> di
 
     seq, age, adv = kept(chunk.seq), kept(chunk.age), kept(chunk.advantage)
     bad_codes = np.zeros(0, dtype=np.int64) if keep is None else np.unique(chunk.seq[~keep])
-    behav = np.minimum(kept(chunk.logp_behav), 0.0)  # round-off positives read as 0
-    cur = np.minimum(kept(chunk.logp_current), 0.0)
+    behav, cur = kept(chunk.logp_behav), kept(chunk.logp_current)
+    behav = np.minimum(behav, 0.0) if behav.size and behav.max() > 0 else behav  # round-off positives read as 0
+    cur = np.minimum(cur, 0.0) if cur.size and cur.max() > 0 else cur
     lr = cur - behav  # (n,) log r = log pi_current - log pi_behav, never exponentiated here
     if chunk.reward is not None:
         state.reward_sum += float(np.sum(kept(chunk.reward)))
