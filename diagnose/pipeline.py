@@ -29,7 +29,7 @@ count gives the same numbers, bit for bit.
 Memory: with integer sequence ids that never decrease (each sequence's tokens
 together, as TRL's and verl's exports write them) a sequence is folded as soon as
 the next begins, so memory is O(chunk + distinct ages), flat in the length of the
-log (peak RSS 205 MiB at 10M tokens, 204 MiB at 100M; ``bench/bench_diagnose.py``).
+log (peak RSS 188-196 MiB at 10M tokens, 193-219 MiB at 100M; ``bench/bench_diagnose.py``).
 Any other id order is detected at the first decreasing id and the log is read
 again with every sequence held until the end (about 370 bytes a sequence).
 
