@@ -79,7 +79,7 @@ class DiagnoseConfig:
     columns: Optional[str] = None  # "field=name,..." overrides of the preset
     format: str = "auto"
     chunk_rows: int = 262144
-    threads: int = 2  # the independent folds of a chunk run side by side; any count gives the same numbers
+    threads: int = 2  # folds side by side and the next chunk read ahead (1: all in the calling thread); same numbers
     skip_invalid: bool = False
     max_age_buckets: int = 16
     what_if: WhatIfConfig = field(default_factory=WhatIfConfig)
@@ -364,7 +364,7 @@ def keep_freed_memory(trim_bytes: int = 32 << 20, mmap_bytes: int = 32 << 20) ->
 def _pass(config: DiagnoseConfig, sorted_ids: bool, progress) -> tuple[LogReader, _State]:
     columns = resolve_columns(config.preset, config.columns)
     reader = LogReader(config.path, columns, fmt=config.format, chunk_rows=config.chunk_rows,
-                       skip_invalid=config.skip_invalid, sorted_ids=sorted_ids)
+                       skip_invalid=config.skip_invalid, sorted_ids=sorted_ids, read_ahead=config.threads > 1)
     state = _State(config, "age" in reader.used, "advantage" in reader.used, sorted_ids)
     # one lane (a one-thread executor) per group of accumulators: a lane runs its folds in chunk order, so every
     # accumulator sees the chunks in file order and the numbers do not depend on the thread count; lanes run

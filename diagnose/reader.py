@@ -147,7 +147,8 @@ class LogReader:
     """Iterates a log file as :class:`TokenChunk` s; tracks progress and sequence codes."""
 
     def __init__(self, path: str | os.PathLike, columns: ColumnMap, *, fmt: str = "auto",
-                 chunk_rows: int = 262144, skip_invalid: bool = False, sorted_ids: bool = False) -> None:
+                 chunk_rows: int = 262144, skip_invalid: bool = False, sorted_ids: bool = False,
+                 read_ahead: bool = True) -> None:
         self.path = Path(path)
         if not self.path.is_file():
             raise ConfigError("path", f"{self.path} is not a file (not found, or a directory)")
@@ -165,6 +166,7 @@ class LogReader:
         # and most loggers write them) get consecutive codes from a running counter, so a finished sequence can be
         # folded and forgotten; the first id below its predecessor raises UnsortedIds (the caller re-reads unsorted)
         self.sorted_ids = sorted_ids
+        self.read_ahead = read_ahead
         self._last_id = None
         self._next_code = 0
         self._pa = require_pyarrow()
@@ -218,8 +220,8 @@ class LogReader:
             yield batch
 
     def __iter__(self) -> Iterator[TokenChunk]:
-        """The chunks, decoded one ahead in a thread (pyarrow and numpy release the GIL while they work)."""
-        return _prefetch(self._chunks())
+        """The chunks; with ``read_ahead``, decoded one ahead in a thread (pyarrow and numpy release the GIL)."""
+        return _prefetch(self._chunks()) if self.read_ahead else self._chunks()
 
     def _chunks(self) -> Iterator[TokenChunk]:
         try:

@@ -144,20 +144,21 @@ def test_values_near_exact_arithmetic_where_differences_cancel(tmp_path):
 
 
 _UNDER_LIMIT = """
-import resource, sys, threading
-threading.stack_size(1 << 20)  # the fold and read-ahead threads' stacks count against the limit too
+import resource, sys
 import numpy as np, pyarrow as pa, pyarrow.parquet as pq
 pa.set_memory_pool(pa.system_memory_pool())  # Arrow's own pools reserve address space early; malloc obeys the limit
 from replay_theory.diagnose import DiagnoseConfig, diagnose
 
 small, big, budget = sys.argv[1], sys.argv[2], int(sys.argv[3])
-diagnose(DiagnoseConfig(path=small, chunk_rows=65536))  # start every thread and pool the pass uses
-pq.read_table(small)
+# --threads 1: no thread starts under the limit (a new thread's stack and thread-local data need address space,
+# and a C++ thread that cannot allocate aborts the process instead of raising)
+diagnose(DiagnoseConfig(path=small, chunk_rows=65536, threads=1))
+pq.read_table(small, use_threads=False)
 size = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (size + budget, size + budget))
-report = diagnose(DiagnoseConfig(path=big, chunk_rows=65536))
+report = diagnose(DiagnoseConfig(path=big, chunk_rows=65536, threads=1))
 try:
-    pq.read_table(big)
+    pq.read_table(big, use_threads=False)
     whole = "the whole log fits"
 except MemoryError:
     whole = "the whole log does not fit"
