@@ -12,9 +12,11 @@ every statistic follows exactly, in log space:
 Shifting by the running maximum M keeps every exponential in (0, 1], so an
 8k-token sequence with log r = 4096 neither overflows nor loses the rest of the
 sum; when a later chunk raises M the old sums are rescaled by e^{M_old - M_new}.
-Two accumulators of the same group combine exactly (:meth:`Moments.fold`), so
-chunks can arrive in any order and age values can be merged into buckets after
-the pass.
+Within a chunk the sums are taken per run of tokens (:meth:`Moments.from_segments`,
+one ``reduceat`` per sum), each run shifted by its own maximum; groups of runs
+and groups of groups merge exactly (:meth:`Moments.reduce`, :meth:`Moments.fold`),
+so chunks can arrive in any order and age values can be merged into buckets
+after the pass.
 
 From the sums (n tokens, r = e^{log r}; the papers FreshPER and M2PO are
 listed in docs/REFERENCES.md):
