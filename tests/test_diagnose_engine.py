@@ -92,7 +92,8 @@ _PROBE = """
 import sys, tracemalloc, pyarrow as pa
 from replay_theory.diagnose import DiagnoseConfig, diagnose
 tracemalloc.start()
-report = diagnose(DiagnoseConfig(path=sys.argv[1], chunk_rows=65536))
+# --threads 1: how many chunks the fold threads hold at once depends on scheduling, not on the log
+report = diagnose(DiagnoseConfig(path=sys.argv[1], chunk_rows=65536, threads=1))
 print(tracemalloc.get_traced_memory()[1] + pa.default_memory_pool().max_memory(), report["n_tokens"])
 """
 
@@ -111,7 +112,7 @@ def test_memory_is_flat_in_the_number_of_sequences_when_ids_are_sorted(tmp_path)
     peak = {(n, s): _peak_bytes(_write_log(tmp_path / f"{n}_{s}.parquet", n, order=np.random.default_rng(0)
                                            .permutation(n) if s else None)) for n in (small, large) for s in (0, 1)}
     decoded = large * 20 * 5 * 8
-    assert peak[(large, 0)] < 1.25 * peak[(small, 0)]
+    assert peak[(large, 0)] < 1.1 * peak[(small, 0)]  # measured: 1.018x (8.2 -> 8.4 MiB)
     assert peak[(large, 0)] < decoded / 3
     assert peak[(large, 1)] > 2 * peak[(small, 1)]  # the test can fail: held sequences do show
 
