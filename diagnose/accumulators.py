@@ -44,6 +44,8 @@ from replay_theory.theory.divergences import k3_terms
 _SUMS = ("n", "s1", "s2", "sk3", "A", "B", "C", "P")
 #: expm1 overflows float64 above this log-ratio
 EXPM1_MAX = 709.0
+#: within +-this log-ratio, e^{2 log r} (and a sum of 2^30 of them) stays a normal float64: no shift needed
+UNSHIFTED_MAX = 300.0
 
 
 def _zeros(size: int) -> np.ndarray:
@@ -97,6 +99,22 @@ class Moments:
         lr = np.asarray(log_ratio, dtype=np.float64)  # (n,)
         n_tok = np.diff(np.append(starts, lr.size))  # (S,)
         top = np.maximum.reduceat(lr, starts)  # (S,) M per run
+
+        def total(x: np.ndarray) -> np.ndarray:
+            return np.add.reduceat(x, starts)
+
+        if lr.size and max(float(top.max()), -float(lr.min())) <= UNSHIFTED_MAX:
+            # e^{log r} and (r - 1)^2 can neither overflow nor leave the normal range here: sum them as they are and
+            # shift the run sums (S,), not the tokens (n,) (a few ulps from shifting first; no repeat, no subtraction)
+            r = np.exp(lr)
+            r_minus_1 = np.expm1(lr)  # full precision for r near 1
+            k3 = k3_terms(lr, r_minus_1)  # r - 1 - log r, series near 0 so fresh data gives exactly 0
+            down = np.exp(-top)  # (S,) e^{-M}
+            scale_p = np.exp(-2.0 * np.maximum(top, 0.0))  # (S,) e^{-2L}
+            return cls(n=n_tok.astype(np.float64), s1=total(lr), s2=total(lr * lr), sk3=total(k3),
+                       lmin=np.minimum.reduceat(lr, starts), lmax=top, A=total(r) * down,
+                       B=total(r * r) * (down * down), C=total(r * lr) * down,
+                       P=total(r_minus_1 * r_minus_1) * scale_p)
         top_tok = np.repeat(top, n_tok)  # (n,)
         shifted = np.exp(lr - top_tok)  # in (0, 1]
         # (r - 1) e^{-L}, L = max(0, M): expm1 keeps full precision for r near 1; it overflows only past
@@ -104,14 +122,10 @@ class Moments:
         with np.errstate(over="ignore", invalid="ignore"):
             r_minus_1 = np.expm1(lr)
             dev = r_minus_1 * np.repeat(np.exp(-np.maximum(top, 0.0)), n_tok)
-            k3 = k3_terms(lr, r_minus_1)  # r - 1 - log r, series near 0 so fresh data gives exactly 0
+            k3 = k3_terms(lr, r_minus_1)
         if top.max() > EXPM1_MAX:
             far = lr > EXPM1_MAX
             dev[far] = shifted[far] - np.exp(-top_tok[far])
-
-        def total(x: np.ndarray) -> np.ndarray:
-            return np.add.reduceat(x, starts)
-
         return cls(n=n_tok.astype(np.float64), s1=total(lr), s2=total(lr * lr), sk3=total(k3),
                    lmin=np.minimum.reduceat(lr, starts), lmax=top, A=total(shifted), B=total(shifted * shifted),
                    C=total(shifted * lr), P=total(dev * dev))
@@ -204,35 +218,51 @@ class Moments:
             ]
 
 
-@dataclass
-class Running:
-    """count, sum, min, max and (Chan et al.'s merge of per-batch two-pass) mean and M2 of a stream of numbers."""
+@dataclass(frozen=True)
+class Summary:
+    """One stream's count, sum, min, max and spread (a row of :class:`Running`)."""
 
-    n: int = 0
-    total: float = 0.0
-    low: float = math.inf
-    high: float = -math.inf
-    mean: float = 0.0
-    m2: float = 0.0  # sum (x - mean)^2
-
-    def update(self, x: np.ndarray) -> None:
-        """Add ``x`` (k,); NaN entries count in n and the sums (as they would in a mean) but not in min / max."""
-        if x.size == 0:
-            return
-        mean = float(x.mean())
-        m2 = float(np.sum((x - mean) ** 2))
-        n = self.n + x.size
-        delta = mean - self.mean
-        self.m2 += m2 + delta * delta * self.n * x.size / n
-        self.mean += delta * x.size / n
-        self.n = n
-        self.total += float(x.sum())
-        if not np.all(np.isnan(x)):
-            self.low = min(self.low, float(np.nanmin(x)))
-            self.high = max(self.high, float(np.nanmax(x)))
+    n: int
+    total: float
+    low: float
+    high: float
+    m2: float  # sum (x - mean)^2
 
     def std(self, ddof: int = 1) -> float:
         return math.sqrt(self.m2 / (self.n - ddof)) if self.n > ddof else 0.0
+
+
+class Running:
+    """count, sum, min, max and (Chan et al.'s merge of per-batch two-pass) mean and M2 of ``names`` streams of
+    numbers that grow together, one row each: a batch is updated with a few numpy calls whatever the streams."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.row = {name: i for i, name in enumerate(names)}
+        self.n = 0
+        k = len(names)
+        self.total, self.mean, self.m2 = _zeros(k), _zeros(k), _zeros(k)  # (k,) each
+        self.low, self.high = _full(k, math.inf), _full(k, -math.inf)
+
+    def update(self, x: np.ndarray) -> None:
+        """Add a batch ``x`` (k, m); NaN entries count in n and the sums (as they would in a mean) but not in
+        min / max."""
+        if x.shape[1] == 0:
+            return
+        mean = x.mean(axis=1)  # (k,)
+        m2 = np.sum((x - mean[:, None]) ** 2, axis=1)
+        n = self.n + x.shape[1]
+        delta = mean - self.mean
+        self.m2 += m2 + delta * delta * self.n * x.shape[1] / n
+        self.mean += delta * x.shape[1] / n
+        self.n = n
+        self.total += x.sum(axis=1)
+        self.low = np.fmin(self.low, np.fmin.reduce(x, axis=1))  # fmin skips NaN; an all-NaN row leaves +inf
+        self.high = np.fmax(self.high, np.fmax.reduce(x, axis=1))
+
+    def __getitem__(self, name: str) -> Summary:
+        i = self.row[name]
+        return Summary(self.n, float(self.total[i]), float(self.low[i]), float(self.high[i]), float(self.m2[i]))
 
 
 @dataclass

@@ -44,7 +44,7 @@ lower clamp; ``diagnose``'s ``tis`` what-if row at c = C) and from ``diagnose``'
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -146,7 +146,7 @@ class FrameworkSums:
     trl_high: float = 0.0  # #{r > 1 + eps_high, A > 0}
     m2_sum: float = 0.0  # sum (log r)^2 over M2PO's trust-region tokens T
     m2_count: float = 0.0  # |T|
-    seq: dict[str, Running] = field(default_factory=dict)  # name -> summary of sequence_quantities(...)[name]
+    seq: Running | None = None  # summaries of sequence_quantities(...), one row per name
 
     def add_tokens(self, lr: np.ndarray, cur: np.ndarray, behav: np.ndarray, starts: np.ndarray,
                    adv: np.ndarray | None, seq_adv_tok: np.ndarray | None, params: FrameworkParams
@@ -210,12 +210,14 @@ class FrameworkSums:
     def add_sequences(self, seq: dict[str, np.ndarray], params: FrameworkParams) -> None:
         """Fold whole sequences: ``seq`` maps ``SEQ_FIELDS`` to (k,) sums (the TRL fields may be absent)."""
         full = {f: seq.get(f, np.zeros_like(seq["seq_len"])) for f in SEQ_FIELDS}
-        for name, values in sequence_quantities(full, params).items():
-            self.seq.setdefault(name, Running()).update(values)
+        values = sequence_quantities(full, params)
+        if self.seq is None:
+            self.seq = Running(tuple(values))
+        self.seq.update(np.stack(list(values.values())))
 
     @property
     def n_seq(self) -> int:
-        return self.seq["seq_lr"].n if self.seq else 0
+        return self.seq.n if self.seq is not None else 0
 
 
 def _is_tail(n: float, sum_wc: float, sum_wc_sq: float, sums: FrameworkSums, prefix: str, C: float

@@ -139,9 +139,14 @@ class _Sequences:
         every = np.concatenate([codes, bad_codes])
         self._reserve(every)
         if codes.size:  # only the sequences in this chunk are touched: O(runs), however many are held
-            held, inverse = np.unique(codes - self.code0, return_inverse=True)
-            for f, values in runs.items():
-                self.sums[f][held] += np.bincount(inverse.reshape(-1), weights=values, minlength=held.size)
+            index = codes - self.code0
+            if np.all(index[1:] > index[:-1]):  # one run a sequence (the usual case): add in place
+                for f, values in runs.items():
+                    self.sums[f][index] += values
+            else:
+                held, inverse = np.unique(index, return_inverse=True)
+                for f, values in runs.items():
+                    self.sums[f][held] += np.bincount(inverse.reshape(-1), weights=values, minlength=held.size)
         if bad_codes.size:
             self.sums["bad"][bad_codes - self.code0] = 1.0
         complete = int(every.max()) - self.code0 if every.size else 0
@@ -203,19 +208,26 @@ class _State:
 
 def _check(chunk: TokenChunk, skip: bool, state: _State, path: str) -> np.ndarray | None:
     """Boolean (n,) of the tokens to keep, or None for all; raises on the first problem unless ``skip``."""
+    behav, cur, age, adv = chunk.logp_behav, chunk.logp_current, chunk.age, chunk.advantage
+    # the usual chunk has no problem, and a few reductions show it: a NaN makes max / min / sum NaN, and every
+    # comparison with NaN is False
+    # (and Python's max() is no help: max(-1.0, nan) is -1.0)
+    if behav.size == 0 or (behav.max() <= LOGP_ROUNDOFF and cur.max() <= LOGP_ROUNDOFF and behav.min() > -np.inf
+                           and cur.min() > -np.inf and (age is None or (age.min() >= 0 and age.max() < np.inf))
+                           and (adv is None or np.isfinite(adv.sum()))):
+        return None
     problems = []
-    behav, cur = chunk.logp_behav, chunk.logp_current
     nonfinite = ~(np.isfinite(behav) & np.isfinite(cur))
     problems.append(("nan_or_inf_logp", nonfinite, "NaN, null or infinite log-probs"))
     with np.errstate(invalid="ignore"):
         positive = ~nonfinite & ((behav > LOGP_ROUNDOFF) | (cur > LOGP_ROUNDOFF))
     problems.append(("positive_logp", positive, f"positive log-probs (> {LOGP_ROUNDOFF:g})"))
-    if chunk.age is not None:
+    if age is not None:
         with np.errstate(invalid="ignore"):
-            bad_age = ~(chunk.age >= 0) | np.isinf(chunk.age)  # NaN fails >= 0
+            bad_age = ~(age >= 0) | np.isinf(age)  # NaN fails >= 0
         problems.append(("bad_age", bad_age, "negative, null or non-finite ages"))
-    if chunk.advantage is not None:
-        problems.append(("bad_advantage", ~np.isfinite(chunk.advantage), "null or non-finite advantages"))
+    if adv is not None:
+        problems.append(("bad_advantage", ~np.isfinite(adv), "null or non-finite advantages"))
     keep = None
     for key, bad, text in problems:
         count = int(np.count_nonzero(bad))

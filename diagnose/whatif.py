@@ -161,8 +161,11 @@ class _Shifted:
         n_flagged = int(np.count_nonzero(flagged))
         if not n_flagged:
             return 0, self.A, self.B, 0.0
-        # masked sums as products with the 0/1 flags: np.sum(where=) branches per element, 8x slower on a 50% mask
-        gone_A, gone_B = float(np.sum(self.e * flagged)), float(np.sum(self.e2 * flagged))
+        if 8 * n_flagged < flagged.size:  # the usual few clipped tokens: gather them, O(flagged) after one scan
+            gone = self.e[np.flatnonzero(flagged)]
+            gone_A, gone_B = float(gone.sum()), float(np.sum(gone * gone))
+        else:  # products with the 0/1 flags: np.sum(where=) branches per element, 8x slower on a 50% mask
+            gone_A, gone_B = float(np.sum(self.e * flagged)), float(np.sum(self.e2 * flagged))
         if gone_A <= 0.5 * self.A:  # at least half is left: the difference loses no digit
             return n_flagged, self.A - gone_A, self.B - gone_B, gone_A
         keep = ~flagged
