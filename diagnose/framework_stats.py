@@ -183,21 +183,26 @@ class FrameworkSums:
                 "seq_cur": per_run(cur), "seq_behav": per_run(behav), "seq_w": per_run(w)}
         if adv is None:
             return runs
-        # verl core_algos.py compute_policy_loss_vanilla (ratio clamped to [e^-20, e^20], so exp is safe)
-        neg_adv = -adv
-        negative, positive = adv < 0, adv > 0
-        loss1 = neg_adv * w
-        loss2 = neg_adv * np.clip(w, 1.0 - params.clip_low, 1.0 + params.clip_high)
+        # verl core_algos.py compute_policy_loss_vanilla (ratio clamped to [e^-20, e^20], so exp is safe), on the
+        # few tokens it can count: where lo_w <= w <= hi_w, clip(w) = w and loss2 == loss1; and as fl(-A x) is
+        # monotone in x, max(loss1, loss2) > -A c needs max(w, lo_w) > c, i.e. w > c (lo_w < 1 < c)
+        lo_w, hi_w, c = 1.0 - params.clip_low, 1.0 + params.clip_high, params.dual_clip_c
+        some = np.flatnonzero((w < lo_w) | (w > min(hi_w, c)))
+        neg_adv, w_some = -adv[some], w[some]
+        loss1 = neg_adv * w_some
+        loss2 = neg_adv * np.clip(w_some, lo_w, hi_w)
         self.pg_clip += float(np.count_nonzero(loss2 > loss1))
         clip_loss1 = np.maximum(loss1, loss2)
-        self.pg_clip_lower += float(np.count_nonzero((clip_loss1 > neg_adv * params.dual_clip_c) & negative))
-        # TRL grpo_trainer.py compute_loss: coef_1 = exp(log_ratio) (token level), compared in log space
-        low_clip = (lr < math.log1p(-params.clip_low)) & negative
-        high_clip = (lr > math.log1p(params.clip_high)) & positive
-        self.trl_low += float(np.count_nonzero(low_clip))
-        self.trl_high += float(np.count_nonzero(high_clip))
-        runs["seq_trl_low"] = per_run(low_clip * 1.0)
-        runs["seq_trl_high"] = per_run(high_clip * 1.0)
+        self.pg_clip_lower += float(np.count_nonzero((clip_loss1 > neg_adv * c) & (neg_adv > 0)))
+        # TRL grpo_trainer.py compute_loss: coef_1 = exp(log_ratio) (token level), compared in log space; the
+        # clipped tokens are found first and counted per run: O(R log k) for k of them, whatever k
+        bounds = np.append(starts, lr.size)  # (R + 1,)
+        for key, side, sign in (("trl_low", lr < math.log1p(-params.clip_low), -1.0),
+                                ("trl_high", lr > math.log1p(params.clip_high), 1.0)):
+            at = np.flatnonzero(side)
+            at = at[adv[at] * sign > 0]  # (k,) A < 0 below the clip, A > 0 above it
+            setattr(self, key, getattr(self, key) + at.size)
+            runs["seq_" + key] = np.diff(np.searchsorted(at, bounds)).astype(np.float64)  # (R,) per run
         # M2PO core_algos.py _get_trust_region_tokens_delta_sq: T = (A > 1e-12, r > 1 + 1e-12) or
         # (A < -1e-12, r < 1 - 1e-12), A = the sequence's advantage (advantages[:, 0] there); w = r wherever
         # |log r| <= 20 and is on the same side of 1 + -1e-12 beyond, so w decides as r would

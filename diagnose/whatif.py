@@ -234,25 +234,19 @@ class TokenWhatIf:
             for tau in config.m2po:
                 for variant in M2PO_VARIANTS:
                     self.sums[("m2po", (tau, variant))] = WeightSums()
-        self._pending_lr: list[np.ndarray] = []
-        self._pending_adv: list[np.ndarray] = []
-        self._pending = 0
+        self._pending_lr = self._pending_adv = np.zeros(0)  # the tokens of the M2PO block in progress
 
     def update(self, lr: np.ndarray, advantage: np.ndarray | None) -> None:
         """Add one chunk: ``lr`` (n,) token log-ratios, ``advantage`` (n,) or None."""
         if not self.has_advantage:
             self._fold(lr, None)
             return
-        self._pending_lr.append(lr)
-        self._pending_adv.append(advantage)
-        self._pending += lr.size
-        block = self.config.m2po_batch_tokens
-        if self._pending >= block:
-            lr_all, adv_all = np.concatenate(self._pending_lr), np.concatenate(self._pending_adv)
-            full = (lr_all.size // block) * block
-            self._fold(lr_all[:full], adv_all[:full])
-            self._pending_lr, self._pending_adv = [lr_all[full:]], [adv_all[full:]]
-            self._pending = lr_all.size - full
+        if self._pending_lr.size:  # the block in progress first
+            lr, advantage = np.concatenate([self._pending_lr, lr]), np.concatenate([self._pending_adv, advantage])
+        full = (lr.size // self.config.m2po_batch_tokens) * self.config.m2po_batch_tokens
+        if full:
+            self._fold(lr[:full], advantage[:full])
+        self._pending_lr, self._pending_adv = lr[full:], advantage[full:]
 
     def _fold(self, lr: np.ndarray, adv: np.ndarray | None) -> None:
         """Every correction over ``lr`` (n,); with ``adv``, n is whole M2PO blocks (or the log's last block)."""
@@ -280,10 +274,9 @@ class TokenWhatIf:
 
     def rows(self) -> list[dict]:
         """Finish the M2PO block in progress and return one row per correction."""
-        if self.has_advantage and self._pending:
-            self._fold(np.concatenate(self._pending_lr), np.concatenate(self._pending_adv))
-            self._pending = 0
-            self._pending_lr, self._pending_adv = [], []
+        if self.has_advantage and self._pending_lr.size:
+            self._fold(self._pending_lr, self._pending_adv)
+            self._pending_lr = self._pending_adv = np.zeros(0)
         out = []
         for (name, param), sums in self.sums.items():
             if name == "m2po":
