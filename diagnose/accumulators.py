@@ -309,8 +309,12 @@ class LogRatioHistogram:
 
     def update(self, lr: np.ndarray) -> None:
         # bin 0: below lo; last bin: at or above hi (the exact extremes are in Moments)
-        idx = np.floor((lr - self.lo) / self.width).astype(np.int64) + 1
-        np.clip(idx, 0, self.counts.size - 1, out=idx)
+        x = lr - self.lo  # (n,), then the bin number in place
+        x /= self.width
+        np.floor(x, out=x)
+        np.clip(x, -1.0, self.counts.size - 2, out=x)  # before the cast: nothing out of int64's range
+        idx = x.astype(np.int64)
+        idx += 1
         self.counts += np.bincount(idx, minlength=self.counts.size)
 
     def quantiles(self, qs, lmin: float, lmax: float) -> list[float]:

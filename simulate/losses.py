@@ -401,8 +401,11 @@ def m2po_may_bind(log_ratio: np.ndarray, adv: np.ndarray, tau_m2: float) -> np.n
 
     ``log_ratio``, ``adv``: (S, N) real tokens only (a padded batch goes through :func:`m2po_mask`).
     """
-    cand = _m2po_candidates(log_ratio, adv, True)
-    return np.sum(log_ratio * log_ratio * cand, axis=1) > tau_m2 * (1.0 - 1e-9) * cand.sum(axis=1)
+    # A log r > 0 is (A > 0, r > 1) or (A < 0, r < 1) except where the product underflows to 0: such a token leaves
+    # out a square below 1e-300 and one from the count, which can only raise the mean (True where unsure)
+    cand = adv * log_ratio > 0  # (S, N)
+    sum_sq = np.einsum("sn,sn->s", log_ratio, log_ratio * cand)  # no (S, N) square, no BLAS
+    return sum_sq > tau_m2 * (1.0 - 1e-9) * np.count_nonzero(cand, axis=1)
 
 
 def _m2po_drop_and_cap(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray, tau_m2: float,
