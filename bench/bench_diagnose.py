@@ -13,6 +13,9 @@ after the other, each in a fresh subprocess so that peak memory is its own:
 * ``full``: ``diagnose`` with the default what-if table (PPO clip, TIS, masks,
   M2PO both variants, sequence corrections, FreshPER).
 
+Python's bytecode cache of the modules diagnose imports is filled first, as any
+first import fills it (unless PYTHONDONTWRITEBYTECODE is set): no tool pays for
+compiling its own code (duckdb, polars and pandas come compiled by pip).
 Checks that all agree (k1, M2, D_2, ESS at every level, to 1e-9: the tools sum
 in different orders), then prints seconds, tokens per second, peak RSS and the
 ratios to the DuckDB query, all measured in this one run, with the load average
@@ -24,6 +27,7 @@ Run: ``python bench/bench_diagnose.py [--tokens N] [--keep PATH] [--modes duckdb
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import resource
@@ -194,6 +198,12 @@ def main() -> None:
         print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - t:.1f} s")
     with open("/proc/loadavg") as fh:
         print(f"load average before: {' '.join(fh.read().split()[:3])} ({os.cpu_count()} CPUs)")
+    import replay_theory
+
+    root = Path(replay_theory.__file__).parent
+    compileall.compile_file(root / "__init__.py", quiet=1)
+    for package in ("diagnose", "theory", "simulate"):
+        compileall.compile_dir(root / package, quiet=1)
     results = {}
     for mode in modes:  # each in a fresh process: its peak RSS is its own
         proc = subprocess.run([sys.executable, __file__, "--worker", mode, "--path", str(path)],

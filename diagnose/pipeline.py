@@ -268,8 +268,9 @@ def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> di
 
     def moments() -> None:
         runs = Moments.from_segments(lr, starts)
-        state.tokens.fold(runs.reduce(np.zeros(starts.size, dtype=np.int64), 1))
-        if age is not None:
+        if age is None:  # with ages, the token level is the union of the ages (``_pass``)
+            state.tokens.fold(runs.reduce(np.zeros(starts.size, dtype=np.int64), 1))
+        else:
             values, inv = np.unique(age[starts], return_inverse=True)
             codes = np.fromiter((state.age_codes.setdefault(v, len(state.age_codes)) for v in values.tolist()),
                                 dtype=np.int64, count=values.size)
@@ -405,6 +406,8 @@ def _pass(config: DiagnoseConfig, sorted_ids: bool, progress) -> tuple[LogReader
         for lane in lanes:
             lane.shutdown(cancel_futures=True)
     state.sequences.finish()
+    if state.has_age:
+        state.tokens = state.by_age.reduce(np.zeros(state.by_age.size, dtype=np.int64), 1)
     return reader, state
 
 
