@@ -182,3 +182,33 @@ def test_a_log_three_times_larger_than_the_memory_limit_is_diagnosed(tmp_path):
                          text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[0] == "3000000 150000 the whole log does not fit"
+
+
+@pytest.mark.parametrize("field, value, key", [
+    ("logp_behav", np.nan, "nan_or_inf_logp"), ("logp_current", np.nan, "nan_or_inf_logp"),
+    ("logp_behav", -np.inf, "nan_or_inf_logp"), ("logp_current", np.inf, "nan_or_inf_logp"),
+    ("logp_behav", 0.5, "positive_logp"), ("logp_current", 2e-6, "positive_logp"),
+    ("age", np.nan, "bad_age"), ("age", -1.0, "bad_age"), ("age", np.inf, "bad_age"),
+    ("advantage", np.nan, "bad_advantage"), ("advantage", -np.inf, "bad_advantage")])
+@pytest.mark.parametrize("where", [0, 17, -1])
+def test_every_bad_token_is_caught_wherever_it_sits(field, value, key, where):
+    # _check's clean-chunk shortcut (a max / min / sum per column) must miss no bad value in any position: NaN
+    # makes Python's max() order-dependent (max(-1.0, nan) is -1.0), so each value goes first, inside and last
+    from replay_theory.diagnose.pipeline import _check, _State
+    from replay_theory.diagnose.reader import TokenChunk
+
+    rng = np.random.default_rng(3)
+    n = 40
+    arrays = {"logp_behav": -rng.exponential(size=n), "logp_current": -rng.exponential(size=n),
+              "age": rng.integers(0, 4, size=n) * 1.0, "advantage": rng.normal(size=n)}
+    arrays["logp_current"][5] = 1e-7  # round-off positives (<= 1e-6) are not a problem
+    arrays[field][where] = value
+    chunk = TokenChunk(seq=np.repeat(np.arange(4), 10), reward=None, first_row=100, **arrays)
+    state = _State(DiagnoseConfig(path="x.parquet"), True, True, True)
+    with pytest.raises(ValueError, match="rows from 100"):
+        _check(chunk, False, state, "x.parquet")
+    keep = _check(chunk, True, state, "x.parquet")
+    assert np.flatnonzero(~keep).tolist() == [where % n] and state.skipped[key] == 1
+    clean = TokenChunk(seq=chunk.seq, reward=None, first_row=0, **{**arrays, field: np.delete(arrays[field], where)[
+        np.r_[0:n - 1, 0]]})
+    assert _check(clean, False, state, "x.parquet") is None
