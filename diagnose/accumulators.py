@@ -103,32 +103,28 @@ class Moments:
         def total(x: np.ndarray) -> np.ndarray:
             return np.add.reduceat(x, starts)
 
+        with np.errstate(over="ignore", invalid="ignore"):
+            r_minus_1 = np.expm1(lr)  # full precision for r near 1
+            k3 = k3_terms(lr, r_minus_1)  # r - 1 - log r, series near 0 so fresh data gives exactly 0
         if lr.size and max(float(top.max()), -float(lr.min())) <= UNSHIFTED_MAX:
             # e^{log r} and (r - 1)^2 can neither overflow nor leave the normal range here: sum them as they are and
             # shift the run sums (S,), not the tokens (n,) (a few ulps from shifting first; no repeat, no subtraction)
-            r = np.exp(lr)
-            r_minus_1 = np.expm1(lr)  # full precision for r near 1
-            k3 = k3_terms(lr, r_minus_1)  # r - 1 - log r, series near 0 so fresh data gives exactly 0
-            down = np.exp(-top)  # (S,) e^{-M}
-            scale_p = np.exp(-2.0 * np.maximum(top, 0.0))  # (S,) e^{-2L}
-            return cls(n=n_tok.astype(np.float64), s1=total(lr), s2=total(lr * lr), sk3=total(k3),
-                       lmin=np.minimum.reduceat(lr, starts), lmax=top, A=total(r) * down,
-                       B=total(r * r) * (down * down), C=total(r * lr) * down,
-                       P=total(r_minus_1 * r_minus_1) * scale_p)
-        top_tok = np.repeat(top, n_tok)  # (n,)
-        shifted = np.exp(lr - top_tok)  # in (0, 1]
-        # (r - 1) e^{-L}, L = max(0, M): expm1 keeps full precision for r near 1; it overflows only past
-        # log r = 709, where r e^{-L} = e^{log r - M} is used instead (L = M there)
-        with np.errstate(over="ignore", invalid="ignore"):
-            r_minus_1 = np.expm1(lr)
-            dev = r_minus_1 * np.repeat(np.exp(-np.maximum(top, 0.0)), n_tok)
-            k3 = k3_terms(lr, r_minus_1)
-        if top.max() > EXPM1_MAX:
-            far = lr > EXPM1_MAX
-            dev[far] = shifted[far] - np.exp(-top_tok[far])
+            r, down = np.exp(lr), np.exp(-top)  # (n,), (S,) e^{-M}
+            A, B, C = total(r) * down, total(r * r) * (down * down), total(r * lr) * down
+            P = total(r_minus_1 * r_minus_1) * np.exp(-2.0 * np.maximum(top, 0.0))  # e^{-2L}
+        else:
+            top_tok = np.repeat(top, n_tok)  # (n,)
+            shifted = np.exp(lr - top_tok)  # in (0, 1]
+            # (r - 1) e^{-L}, L = max(0, M); expm1 overflows only past log r = 709, where r e^{-L} = e^{log r - M}
+            # is used instead (L = M there)
+            with np.errstate(over="ignore", invalid="ignore"):
+                dev = r_minus_1 * np.repeat(np.exp(-np.maximum(top, 0.0)), n_tok)
+            if top.max() > EXPM1_MAX:
+                far = lr > EXPM1_MAX
+                dev[far] = shifted[far] - np.exp(-top_tok[far])
+            A, B, C, P = total(shifted), total(shifted * shifted), total(shifted * lr), total(dev * dev)
         return cls(n=n_tok.astype(np.float64), s1=total(lr), s2=total(lr * lr), sk3=total(k3),
-                   lmin=np.minimum.reduceat(lr, starts), lmax=top, A=total(shifted), B=total(shifted * shifted),
-                   C=total(shifted * lr), P=total(dev * dev))
+                   lmin=np.minimum.reduceat(lr, starts), lmax=top, A=A, B=B, C=C, P=P)
 
     def reduce(self, groups: np.ndarray, size: int) -> "Moments":
         """Groups merged: group i goes to new group ``groups[i]`` in [0, size) (exact, rescaled to the new maxima)."""
@@ -323,13 +319,8 @@ class LogRatioHistogram:
         if total == 0:
             return [math.nan for _ in qs]
         cdf = np.cumsum(self.counts)
-        out = []
-        for q in qs:
-            target = q * total
-            b = int(np.searchsorted(cdf, target, side="left"))
-            before = cdf[b - 1] if b > 0 else 0
-            inside = (target - before) / max(self.counts[b], 1)
-            left = self.lo + (b - 1) * self.width
-            value = left + inside * self.width
-            out.append(float(min(max(value, lmin), lmax)))
-        return out
+        target = np.asarray(qs, dtype=np.float64) * total
+        b = np.searchsorted(cdf, target, side="left")  # the bin of each quantile
+        before = np.where(b > 0, cdf[b - 1], 0)
+        inside = (target - before) / np.maximum(self.counts[b], 1)
+        return np.clip(self.lo + (b - 1) * self.width + inside * self.width, lmin, lmax).tolist()

@@ -1,43 +1,27 @@
 """One streaming pass over a rollout log -> the off-policy health report.
 
-``diagnose(DiagnoseConfig(path=...))`` reads the log chunk by chunk
-(``reader.py``, one chunk decoded ahead in a thread), checks every token
-(finite, non-positive log-probs; ages >= 0), and cuts each chunk into runs of
-tokens with one sequence and one age.  Every per-token sum is taken once per run
-(``np.add.reduceat``, each run shifted by its own maximum log r); the groups the
-report needs are unions of runs, merged exactly at O(runs) cost:
+``diagnose(DiagnoseConfig(path=...))`` reads the log chunk by chunk (``reader.py``), checks every token
+(finite, non-positive log-probs; ages >= 0) and cuts each chunk into runs of tokens with one sequence and one
+age.  Every per-token sum is taken once per run (``np.add.reduceat``); the report's groups are unions of runs,
+merged exactly at O(runs) cost (``accumulators.Moments``):
 
-* the overall token-level :class:`~.accumulators.Moments`, and a log-ratio
-  histogram (quantiles);
-* one ``Moments`` group per distinct age value (merged into at most
-  ``max_age_buckets`` buckets at the end; the exact per-age sums also give the
-  KL drift fit and the FreshPER what-if);
-* per-sequence sums of log r (sequence ratio = product of token ratios, summed
-  in log space, so an 8k-token response cannot overflow), of the log-probs and
-  of verl's clamped weights (``framework_stats.FrameworkSums``; a sequence's
-  advantage is its first token's), folded into the sequence statistics, the
-  sequence what-if rows and the TRL / verl / M2PO metrics when the sequence is
-  complete; ``framework_stats.finish`` is the same as for the batch function
-  ``framework_statistics``, so the report's ``framework`` equals that function
-  on the whole log as one batch;
-* the token what-if corrections (``whatif.py``).
+* one group per distinct age value (merged into at most ``max_age_buckets`` buckets at the end; the exact
+  per-age sums also give the token level, the KL drift fit and the FreshPER what-if);
+* per-sequence sums of log r (the sequence ratio, summed in log space: an 8k-token response cannot
+  overflow), of the log-probs and of verl's clamped weights, folded into the sequence statistics, the
+  sequence what-if rows and the TRL / verl / M2PO metrics (``framework_stats.finish``, the same code as the
+  batch ``framework_statistics``) once the sequence is complete;
+* a log-ratio histogram (quantiles) and the token what-if corrections (``whatif.py``).
 
-The moment, framework, histogram and what-if folds of a chunk are independent:
-``threads`` run them side by side and join before the next chunk, so every thread
-count gives the same numbers, bit for bit.
+These folds are independent: with ``threads`` > 1 each runs in its own lane, in chunk order, so every thread
+count gives the same numbers, bit for bit.  With integer sequence ids that never decrease (TRL's and verl's
+exports) a sequence is folded when the next begins, so memory is flat in the length of the log; any other
+order is detected at the first decreasing id and the log is read again with every sequence held (about 370
+bytes a sequence).
 
-Memory: with integer sequence ids that never decrease (each sequence's tokens
-together, as TRL's and verl's exports write them) a sequence is folded as soon as
-the next begins, so memory is O(chunk + distinct ages), flat in the length of the
-log (peak RSS 188-196 MiB at 10M tokens, 193-219 MiB at 100M; ``bench/bench_diagnose.py``).
-Any other id order is detected at the first decreasing id and the log is read
-again with every sequence held until the end (about 370 bytes a sequence).
-
-Invalid data is never silently dropped: by default the first NaN / infinite /
-positive log-prob, negative or NaN age, NaN advantage or mismatched wide row
-raises a one-line ``ValueError``; with ``skip_invalid`` such tokens are
-dropped, counted in ``report["skipped"]``, and every sequence that lost a
-token is left out of the sequence-level statistics.
+Invalid data is never silently dropped: the first NaN / infinite / positive log-prob, negative or NaN age,
+NaN advantage or mismatched wide row raises a one-line ``ValueError``; with ``skip_invalid`` such tokens are
+dropped, counted in ``report["skipped"]``, and a sequence that lost a token leaves the sequence statistics.
 """
 
 from __future__ import annotations

@@ -97,7 +97,8 @@ class WhatIfConfig:
         # (field, open interval of valid values): the lower clip edge log(1 - eps) needs eps < 1
         for name, lo, hi, values in (("ppo_clip", 0.0, 1.0, self.ppo_clip), ("tis", 1.0, math.inf, self.tis),
                                      ("mask", 1.0, math.inf, self.mask), ("m2po", 0.0, math.inf, self.m2po),
-                                     ("freshper_tau", 0.0, math.inf, self.freshper_tau)):
+                                     ("freshper_tau", 0.0, math.inf, self.freshper_tau),
+                                     ("trl_is_mask", 0.0, math.inf, self.trl_is_mask)):
             valid = f"in ({lo:g}, {hi:g})" if math.isfinite(hi) else f"> {lo:g}"
             for v in values:
                 if not (isinstance(v, (int, float)) and math.isfinite(v) and lo < v < hi):
@@ -109,9 +110,6 @@ class WhatIfConfig:
                       and 0 < pair[0] < 1 and pair[1] > 0)
                 if not ok:
                     raise ConfigError(name, f"values must be pairs (lo, hi) with lo in (0, 1) and hi > 0, got {pair!r}")
-        for c in self.trl_is_mask:
-            if not (isinstance(c, (int, float)) and math.isfinite(c) and c > 0):
-                raise ConfigError("trl_is_mask", f"values must be finite numbers > 0, got {c!r}")
         if self.m2po_batch_tokens < 1:
             raise ConfigError("m2po_batch_tokens", f"must be an integer >= 1, got {self.m2po_batch_tokens}")
 
@@ -124,6 +122,16 @@ def _row(correction: str, level: str, param, result: dict | None, note: str = ""
     if note:
         row["note"] = note
     return row
+
+
+def _rows(sums: dict[tuple, WeightSums], level: str) -> list[dict]:
+    """A row per (correction, param) key; M2PO's (tau, variant) is labelled m2po_<variant> with param tau."""
+    out = []
+    for (name, param), weights in sums.items():
+        if name == "m2po":
+            name, param = f"m2po_{param[1]}", param[0]
+        out.append(_row(name, level, list(param) if isinstance(param, tuple) else param, weights.result()))
+    return out
 
 
 def _signs(advantage: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
@@ -221,19 +229,11 @@ class TokenWhatIf:
     def __init__(self, config: WhatIfConfig, has_advantage: bool) -> None:
         self.config = config
         self.has_advantage = has_advantage
-        self.sums: dict[tuple, WeightSums] = {("none", None): WeightSums()}
-        for eps in config.ppo_clip:
-            self.sums[("ppo_clip", eps)] = WeightSums()
-        for lo, hi in config.ppo_clip_asym:
-            self.sums[("ppo_clip_asym", (float(lo), float(hi)))] = WeightSums()
-        for c in config.tis:
-            self.sums[("tis", c)] = WeightSums()
-        for c in config.mask:
-            self.sums[("mask", c)] = WeightSums()
-        if has_advantage:
-            for tau in config.m2po:
-                for variant in M2PO_VARIANTS:
-                    self.sums[("m2po", (tau, variant))] = WeightSums()
+        keys = [("none", None), *(("ppo_clip", eps) for eps in config.ppo_clip),
+                *(("ppo_clip_asym", (float(lo), float(hi))) for lo, hi in config.ppo_clip_asym),
+                *(("tis", c) for c in config.tis), *(("mask", c) for c in config.mask),
+                *(("m2po", (tau, v)) for tau in config.m2po for v in M2PO_VARIANTS if has_advantage)]
+        self.sums = {key: WeightSums() for key in keys}  # in the order of the report's rows
         self._pending_lr = self._pending_adv = np.zeros(0)  # the tokens of the M2PO block in progress
 
     def update(self, lr: np.ndarray, advantage: np.ndarray | None) -> None:
@@ -277,18 +277,9 @@ class TokenWhatIf:
         if self.has_advantage and self._pending_lr.size:
             self._fold(self._pending_lr, self._pending_adv)
             self._pending_lr = self._pending_adv = np.zeros(0)
-        out = []
-        for (name, param), sums in self.sums.items():
-            if name == "m2po":
-                tau, variant = param
-                out.append(_row(f"m2po_{variant}", "token", tau, sums.result()))
-            elif name == "ppo_clip_asym":
-                out.append(_row(name, "token", list(param), sums.result()))
-            else:
-                out.append(_row(name, "token", param, sums.result()))
+        out = _rows(self.sums, "token")
         if not self.has_advantage:
-            for tau in self.config.m2po:
-                out.append(_row("m2po", "token", tau, None, "needs an advantage column"))
+            out += [_row("m2po", "token", tau, None, "needs an advantage column") for tau in self.config.m2po]
         return out
 
 
@@ -320,8 +311,7 @@ class SequenceWhatIf:
                 geo_shared.masked(self._sums(("gspo", (float(lo), float(hi)))), active)
 
     def rows(self) -> list[dict]:
-        return [_row(name, "sequence", list(param) if isinstance(param, tuple) else param, sums.result())
-                for (name, param), sums in self.sums.items()]
+        return _rows(self.sums, "sequence")
 
 
 def sequence_rows(seq_log_ratio: np.ndarray, config: WhatIfConfig, seq_len: np.ndarray | None = None,
