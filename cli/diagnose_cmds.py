@@ -70,9 +70,9 @@ TauOption = Annotated[str, typer.Option("--tau", help="What-if FreshPER age-deca
 NoWhatIfOption = Annotated[bool, typer.Option("--no-what-if", help="Statistics only.")]
 MaxAgeBucketsOption = Annotated[int, typer.Option("--max-age-buckets", help="Age buckets in the by-age table (>= 1).")]
 ChunkRowsOption = Annotated[int, typer.Option("--chunk-rows", help="Rows read per chunk (>= 1; bounds the memory).")]
-ThreadsOption = Annotated[int, typer.Option("--threads", help="Threads for the independent folds of each chunk and for "
-                                            "reading ahead (>= 1; 1 runs all in one thread); every count gives the "
-                                            "same numbers.")]
+ThreadsOption = Annotated[int, typer.Option("--threads", help="Threads that fold each chunk side by side (>= 1; 2 "
+                                            "splits the work about evenly, more helps only with more cores); every "
+                                            "count gives the same numbers.")]
 NoProgressOption = Annotated[bool, typer.Option(
     "--no-progress", help="No progress bar (none either when stderr is not a terminal).")]
 

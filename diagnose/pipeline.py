@@ -63,7 +63,7 @@ class DiagnoseConfig:
     columns: Optional[str] = None  # "field=name,..." overrides of the preset
     format: str = "auto"
     chunk_rows: int = 262144
-    threads: int = 2  # folds side by side and the next chunk read ahead (1: all in the calling thread); same numbers
+    threads: int = 2  # threads folding each chunk side by side (1: all in the calling thread); same numbers
     skip_invalid: bool = False
     max_age_buckets: int = 16
     what_if: WhatIfConfig = field(default_factory=WhatIfConfig)
