@@ -2,28 +2,15 @@
 
 Paper: "Efficient RL training for LLMs with experience replay" (experience-replay, docs/REFERENCES.md):
 Assumption 3.3 (sigma^2(s), rho), Thm 3.5 (J = c sigmabar^2(x)(1/B + 1/N + rho/R)), Sec. 2 / App. E (mu).
-The full derivation, with every assumption, is docs/THEORY.md section 8 ("Calibrating from a run's log").
+The proxy's derivation, with every assumption, is docs/THEORY.md section 8 ("Calibrating from a run's log");
+the per-token symbols (q, c_t, k_t) are in ``by_age.py``.
 
 | code name          | paper symbol         | how it is obtained here                                               |
 |--------------------|----------------------|-----------------------------------------------------------------------|
 | ``staleness``      | s = t - t_i          | the log's ``age`` column                                              |
 | ``sigma_sq``       | sigma^2(s)/sigma^2(0)| proxy E_s[q] / E_0[q], plain form, relative to the youngest age      |
-| ``q``              | E||G_i||^2 / kappa   | sum_t c_t^2 k_t, c_t = w_t A_t (token weights) or W A_t (sequence)    |
-| ``k_t``            | ||grad log pi||^2    | (1 - pi_theta(token))^2 (``logit``) or 1 (``constant``)               |
 | ``mu``             | mu (rollout-cost)    | (sum gen s / sum generated rows) / (sum update s / sum trained rows)  |
 | ``rho``            | rho                  | NOT measurable from a log: ``--rho`` or recorded as not measured      |
-
-The proxy in one paragraph. A sample's gradient is G_i = sum_t c_t grad log pi_theta(y_t), with c_t the loss's
-d loss / d logp_t (w_t A_t for the importance-weighted policy gradient). Assume (i) the per-sample signal is
-small against its noise, ||grad F||^2 << E||G||^2 (true for LLM policy gradients; 0.9-1.1% on the simulator),
-so sigma^2(s) = E||G_s - grad F||^2 ~ E||G_s||^2; (ii) the score vectors of different tokens are uncorrelated,
-so E||G_i||^2 = E sum_t c_t^2 ||grad log pi(y_t)||^2; (iii) ||grad log pi(y_t)||^2 = kappa k_t with kappa a
-constant independent of age and weight and k_t = (1 - p_t)^2, p_t = pi_theta(y_t): the squared norm of the
-softmax score in logit space, ||e_y - p||^2, lies between (1 - p_y)^2 and 2 (1 - p_y)^2. Then
-sigma^2(s)/sigma^2(0) ~ E_s[q] / E_0[q]. kappa and ||grad F|| cancel in the ratio and nothing else is needed,
-but the ABSOLUTE scale, the retained signal r(s) (hence the signal-normalised form a clipped loss needs) and
-rho are gradient quantities the log does not carry: the profile records the plain form, relative to the
-youngest age, and rho only as given (``--rho``) or as not measured, so ``optimal`` asks for it.
 
 Checked against exact profiles on the simulator (``python -m replay_theory.diagnose.proxy_check``).
 """
@@ -121,7 +108,6 @@ class Plan:
 
     reader: LogReader
     has_step: bool
-    mu_from_log: bool
 
 
 def plan(config: CalibrateLogConfig) -> Plan:
@@ -145,7 +131,7 @@ def plan(config: CalibrateLogConfig) -> Plan:
     # the step rides in the reader's reward field (calibration reads no reward): a sequence's step in any layout
     streamed = replace(columns, reward=STEP_COLUMN if has_step else None)
     reader = LogReader(path, streamed, fmt=config.format, chunk_rows=config.chunk_rows)
-    return Plan(reader, has_step, config.mu is None)
+    return Plan(reader, has_step)
 
 
 def sha256(path: str | Path) -> str:
@@ -154,11 +140,6 @@ def sha256(path: str | Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _ratio_ci(num: np.ndarray, den: np.ndarray, level: float) -> tuple[float, float]:
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return percentile_interval(num / den, level)
 
 
 def estimate_mu(times: dict[str, np.ndarray], trained: dict[float, int], level: float, draws: int,
@@ -176,8 +157,9 @@ def estimate_mu(times: dict[str, np.ndarray], trained: dict[float, int], level: 
     per_row_gen = gen_s.sum() / gen_rows.sum()
     per_row_upd = upd_s.sum() / rows.sum()
     w = unit_weights(steps.size, draws, np.random.default_rng(seed))  # (draws, U)
-    ci = _ratio_ci((w @ gen_s) * (w @ rows), (w @ gen_rows) * (w @ upd_s), level) if steps.size >= 2 else \
-        (math.nan, math.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ci = percentile_interval((w @ gen_s) * (w @ rows) / ((w @ gen_rows) * (w @ upd_s)), level) \
+            if steps.size >= 2 else (math.nan, math.nan)
     return {"value": float(per_row_gen / per_row_upd), "ci": [c if math.isfinite(c) else None for c in ci],
             "level": level, "source": "log",
             "steps": int(steps.size), "generation_seconds_per_row": float(per_row_gen),
@@ -226,9 +208,8 @@ def calibrate_from_log(config: CalibrateLogConfig, ready: Optional[Plan] = None)
     per_seq = sums.per_sequence()
     if per_seq["log_q"].size == 0:
         raise ValueError(f"{reader.path.name}: no valid tokens to calibrate from")
-    by_age = age_step_sums(per_seq)
-    table = profile_table(by_age, config.level, config.draws, config.seed)
-    if ready.mu_from_log:
+    table = profile_table(age_step_sums(per_seq), config.level, config.draws, config.seed)
+    if config.mu is None:
         times = read_step_times(reader.path, STEP_COLUMN, config.format)
         steps, counts = np.unique(per_seq["step"][np.isfinite(per_seq["step"])], return_counts=True)
         mu = estimate_mu(times, dict(zip(steps.tolist(), counts.tolist())), config.level, config.draws, config.seed)
@@ -239,10 +220,7 @@ def calibrate_from_log(config: CalibrateLogConfig, ready: Optional[Plan] = None)
                 "and advantages cannot measure it (validate calibrate-model or calibrate-simulator measure it with "
                 "gradients)")
     data: dict = {
-        "kind": "table",
-        "staleness": table["staleness"],
-        "sigma_sq": table["sigma_sq"],
-        "sigma_sq_form": "plain",
+        "kind": "table", "staleness": table["staleness"], "sigma_sq": table["sigma_sq"], "sigma_sq_form": "plain",
         "source": f"replay-theory calibrate --from-log {reader.path}",
         "proxy": {"name": PROXY_NAME, "weight": config.weight, "aggregation": config.aggregation,
                   "score": config.score, "scale": f"relative: sigma_sq = 1 at age {table['normalised_at']:g}",
@@ -250,9 +228,7 @@ def calibrate_from_log(config: CalibrateLogConfig, ready: Optional[Plan] = None)
                   "units": f"{table['units']} steps (bootstrap units)" if ready.has_step else
                   "1 (no step column: no interval)", "ages_left_out": table["left_out"],
                   "tokens": sums.tokens, "sequences": int(per_seq["log_q"].size)},
-        "mu": mu,
-        "assumptions": list(ASSUMPTIONS),
-        "not_measured": list(NOT_MEASURED),
+        "mu": mu, "assumptions": list(ASSUMPTIONS), "not_measured": list(NOT_MEASURED),
         "provenance": {"log": str(reader.path.resolve()), "sha256": sha256(reader.path), "preset": config.preset,
                        "columns": reader.used, "format": reader.format, "layout": reader.layout,
                        "code_version": __version__},
@@ -262,8 +238,7 @@ def calibrate_from_log(config: CalibrateLogConfig, ready: Optional[Plan] = None)
         data["rho_record"] = {"value": float(config.rho), "source": "--rho (given by the user, not measured)"}
     else:
         # no "rho" key and an unusable fit: optimal --profile refuses to run without --rho (never a silent default)
-        data["rho_fit"] = {"value": None, "ci": [None, None], "in_range": False, "measurable": False,
-                           "note": rho_note}
+        data["rho_fit"] = {"value": None, "ci": [None, None], "in_range": False, "measurable": False, "note": rho_note}
         data["rho_record"] = {"value": None, "source": "not measured", "note": rho_note}
     data["notes"] = ["sigma_sq is the plain form; for a clipped loss (GRPO) the theory needs the signal-normalised "
                      "form, which needs gradients (validate calibrate-model)"]
