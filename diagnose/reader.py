@@ -29,7 +29,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from replay_theory.diagnose.errors import ConfigError
-from replay_theory.diagnose.schema import ColumnMap
+from replay_theory.diagnose.schema import REQUIRED, ColumnMap
 
 FORMATS = ("parquet", "csv", "jsonl")
 _SUFFIX_FORMAT = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv",
@@ -160,7 +160,7 @@ class LogReader:
             raise ValueError(f"cannot read {self.path.name} as {self.format}: {_first_line(exc)}") from exc
         self.names = list(self.schema.names)
         self.used = {field: name for field, name in columns.columns().items() if name in self.names}  # field -> column
-        for field in ("logp_behav", "logp_current"):
+        for field in REQUIRED:
             if field not in self.used:
                 raise ValueError(
                     f"column {getattr(columns, field)!r} ({field}) not in {self.path.name} (columns: "

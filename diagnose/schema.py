@@ -56,14 +56,10 @@ Presets (``--preset``):
   in the fully-async trainer before verl 0.9; ``--columns age=age_end`` for the
   gap to the version it ended under).
 
-TRL's GRPOTrainer stores no per-sample policy-version gap in these tensors (the
-replay trainer's export writes one, ``age``).  verl does keep one: its agent
-loop records, per sample, the weights versions a response was generated
-under (above), and the verl hook turns it into ``age``.  For any other log,
-write one (e.g. ``current_version - rollout_version``) and map it with
-``--columns age=NAME`` to get the by-age table, the drift fit and FreshPER.  A
-mapped column that the file lacks is simply not used (only the two log-prob
-columns are required).
+TRL's GRPOTrainer stores no per-sample policy-version gap in these tensors (the replay trainer's export writes
+one, ``age``). For any other log, write one (e.g. ``current_version - rollout_version``) and map it with
+``--columns age=NAME`` to get the by-age table, the drift fit and FreshPER. A mapped column that the file lacks
+is simply not used (only the two log-prob columns are required).
 
 Every name can be overridden with ``--columns field=name,...``.
 """
@@ -77,13 +73,8 @@ from replay_theory.diagnose.errors import ConfigError
 
 Layout = Literal["auto", "long", "wide"]
 
-#: fields of :class:`ColumnMap` that name a column (``layout`` does not).
-COLUMN_FIELDS = ("seq_id", "logp_behav", "logp_current", "position", "age", "advantage", "reward", "mask",
-                 "tool_mask")
 #: columns that must be present (``seq_id`` only in the long layout).
 REQUIRED = ("logp_behav", "logp_current")
-
-
 #: Per-step timing columns of a trainer's log (repeated on every row of the step), which ``calibrate --from-log``
 #: turns into mu = (generation seconds / generated rows) / (update seconds / trained rows): wall seconds the step
 #: spent generating its fresh rows, wall seconds it spent on the update (forward, backward, optimizer), and the
@@ -106,35 +97,17 @@ class ColumnMap:
     layout: Layout = "auto"
 
     def columns(self) -> dict[str, str]:
-        """field -> column name, for the fields that name a column."""
-        return {f: getattr(self, f) for f in COLUMN_FIELDS if getattr(self, f)}
+        """field -> column name, for the fields that name a column (``layout`` does not)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "layout" and getattr(self, f.name)}
 
 
 PRESETS: dict[str, ColumnMap] = {
     "default": ColumnMap(),
-    "trl": ColumnMap(
-        seq_id=None,
-        logp_behav="sampling_per_token_logps",
-        logp_current="per_token_logps",
-        position=None,
-        age="age",
-        advantage="advantages",
-        reward="rewards",
-        mask="completion_mask",
-        tool_mask="tool_mask",
-        layout="wide",
-    ),
-    "verl": ColumnMap(
-        seq_id=None,
-        logp_behav="rollout_log_probs",
-        logp_current="old_log_probs",
-        position=None,
-        age="age",
-        advantage="advantages",
-        reward="scores",
-        mask="response_mask",
-        layout="wide",
-    ),
+    "trl": ColumnMap(seq_id=None, logp_behav="sampling_per_token_logps", logp_current="per_token_logps", position=None,
+                     age="age", advantage="advantages", reward="rewards", mask="completion_mask", tool_mask="tool_mask",
+                     layout="wide"),
+    "verl": ColumnMap(seq_id=None, logp_behav="rollout_log_probs", logp_current="old_log_probs", position=None,
+                      age="age", advantage="advantages", reward="scores", mask="response_mask", layout="wide"),
 }
 
 
