@@ -102,16 +102,11 @@ class CalibrateLogConfig:
         resolve_columns(self.preset, self.columns)
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What the pass will read, found from the log's schema alone (no data read yet)."""
+def plan(config: CalibrateLogConfig) -> LogReader:
+    """Check the log and its columns (schema only) and build the reader: one-line errors, no data read.
 
-    reader: LogReader
-    has_step: bool
-
-
-def plan(config: CalibrateLogConfig) -> Plan:
-    """Check the log and its columns (schema only) and build the reader: one-line errors, no data read."""
+    The step rides in the reader's ``reward`` field (calibration reads no reward), mapped only when the log has it.
+    """
     path = Path(config.path)
     if not path.is_file():
         raise ConfigError("path", f"{path} is not a file (not found, or a directory)")
@@ -122,16 +117,13 @@ def plan(config: CalibrateLogConfig) -> Plan:
         if not name or name not in names:
             raise ConfigError("columns", f"must map {field}: the log has no {field} column "
                                          f"{name!r} (columns: {', '.join(names[:14])}); give --columns {field}=NAME")
-    has_step = STEP_COLUMN in names
     missing = [c for c in (STEP_COLUMN, *STEP_TIME_COLUMNS) if c not in names]
     if config.mu is None and missing:
         raise ConfigError("mu", f"is needed: {path.name} has no {', '.join(missing)} column"
                                 f"{'s' if len(missing) > 1 else ''} to measure it; give --mu MU (> 0, rollout cost / "
                                 "per-sample update cost)")
-    # the step rides in the reader's reward field (calibration reads no reward): a sequence's step in any layout
-    streamed = replace(columns, reward=STEP_COLUMN if has_step else None)
-    reader = LogReader(path, streamed, fmt=config.format, chunk_rows=config.chunk_rows)
-    return Plan(reader, has_step)
+    streamed = replace(columns, reward=STEP_COLUMN if STEP_COLUMN in names else None)  # a sequence's step, any layout
+    return LogReader(path, streamed, fmt=config.format, chunk_rows=config.chunk_rows)
 
 
 def sha256(path: str | Path) -> str:
@@ -196,12 +188,11 @@ def profile_table(sums: dict[str, np.ndarray], level: float, draws: int, seed: i
             "normalised_at": float(ages[base])}
 
 
-def calibrate_from_log(config: CalibrateLogConfig, ready: Optional[Plan] = None) -> dict:
-    """One pass over the log -> the profile dict ``optimal --profile`` reads (plus provenance)."""
+def calibrate_from_log(config: CalibrateLogConfig, reader: Optional[LogReader] = None) -> dict:
+    """One pass over the log (``reader``: :func:`plan`'s) -> the profile dict ``optimal --profile`` reads."""
     from replay_theory import __version__
 
-    ready = ready or plan(config)
-    reader = ready.reader
+    reader = reader or plan(config)
     sums = SequenceSums(config.weight, config.aggregation, config.score)
     for chunk in reader:
         sums.fold(chunk, reader.path.name)
@@ -225,7 +216,7 @@ def calibrate_from_log(config: CalibrateLogConfig, ready: Optional[Plan] = None)
         "proxy": {"name": PROXY_NAME, "weight": config.weight, "aggregation": config.aggregation,
                   "score": config.score, "scale": f"relative: sigma_sq = 1 at age {table['normalised_at']:g}",
                   "ci": table["ci"], "level": config.level, "sequences_by_age": table["sequences"],
-                  "units": f"{table['units']} steps (bootstrap units)" if ready.has_step else
+                  "units": f"{table['units']} steps (bootstrap units)" if "reward" in reader.used else
                   "1 (no step column: no interval)", "ages_left_out": table["left_out"],
                   "tokens": sums.tokens, "sequences": int(per_seq["log_q"].size)},
         "mu": mu, "assumptions": list(ASSUMPTIONS), "not_measured": list(NOT_MEASURED),
