@@ -42,9 +42,7 @@ def fit_kl_drift(ages: np.ndarray, kl: np.ndarray, counts: np.ndarray) -> dict:
     ``exponent`` (log-log slope, None when undefined), both fits' coefficients and
     residuals, and the ages used.
     """
-    ages = np.asarray(ages, dtype=np.float64)
-    kl = np.asarray(kl, dtype=np.float64)
-    w = np.asarray(counts, dtype=np.float64)
+    ages, kl, w = (np.asarray(a, dtype=np.float64) for a in (ages, kl, counts))
     ok = np.isfinite(ages) & np.isfinite(kl) & (w > 0)
     ages, kl, w = ages[ok], kl[ok], w[ok]
     distinct = np.unique(ages)
@@ -52,10 +50,7 @@ def fit_kl_drift(ages: np.ndarray, kl: np.ndarray, counts: np.ndarray) -> dict:
         return {"shape": "undetermined", "reason": "needs at least two distinct ages", "n_ages": int(distinct.size)}
     k0, c, sse_linear = _weighted_fit(ages, kl, w)
     q0, q, sse_quadratic = _weighted_fit(ages**2, kl, w)
-    if distinct.size < 3:
-        shape = "undetermined"
-    else:
-        shape = "linear" if sse_linear <= sse_quadratic else "quadratic"
+    shape = "undetermined" if distinct.size < 3 else "linear" if sse_linear <= sse_quadratic else "quadratic"
     exponent = None
     pos = (ages > 0) & (kl > 0)
     if np.unique(ages[pos]).size >= 2:

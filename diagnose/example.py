@@ -136,26 +136,19 @@ def write_example(path: str | Path, shape: str = "default", seed: int = 0) -> di
     if path.exists():
         raise ValueError(f"{path} exists; choose a new path")
     fmt = detect_format(path)
+    if fmt == "csv" and shape != "default":
+        raise ValueError("the trl and verl shapes hold lists: write .parquet or .jsonl, not .csv")
     columns, truth = example_log(np.random.default_rng(seed))
     table = {k: v.tolist() for k, v in columns.items()} if shape == "default" else _wide(columns, shape)
     if fmt == "jsonl":
-        keys = list(table)
         with open(path, "w") as fh:
-            for row in zip(*table.values()):
-                fh.write(json.dumps(dict(zip(keys, row))) + "\n")
+            fh.writelines(json.dumps(dict(zip(table, row))) + "\n" for row in zip(*table.values()))
         return truth
     pa = require_pyarrow()
-    arrow = pa.table(table)
-    if fmt == "csv":
-        if shape != "default":
-            raise ValueError("the trl and verl shapes hold lists: write .parquet or .jsonl, not .csv")
-        import pyarrow.csv as pa_csv
+    import pyarrow.csv as pa_csv
+    import pyarrow.parquet as pq
 
-        pa_csv.write_csv(arrow, path)
-    else:
-        import pyarrow.parquet as pq
-
-        pq.write_table(arrow, path)
+    (pa_csv.write_csv if fmt == "csv" else pq.write_table)(pa.table(table), path)
     return truth
 
 
