@@ -1,19 +1,16 @@
 """KL drift with sample age, and the FreshPER time constant it implies.
 
-FreshPER (docs/REFERENCES.md) assumes KL(pi_t || pi_{t - Delta}) ~= c Delta
-(Eq. 12) and sets the age-decay time constant tau = 1/c (Eq. 13).  The
-heuristic is not derived: locally KL ~= 0.5 dtheta^T F dtheta, so a steady
-drift of the parameters gives KL growing like Delta^2 and a random walk gives
-KL growing like Delta.  We fit both shapes to the per-age KL of the log,
+FreshPER (docs/REFERENCES.md) assumes KL(pi_t || pi_{t - Delta}) ~= c Delta (Eq. 12) and sets the age-decay time
+constant tau = 1/c (Eq. 13).  The heuristic is not derived: locally KL ~= 0.5 dtheta^T F dtheta, so a steady drift
+of the parameters gives KL growing like Delta^2 and a random walk gives KL growing like Delta.  We fit both shapes
+to the per-age KL of the log,
 
     linear:     KL(a) = k0 + c a          quadratic:  KL(a) = k0 + q a^2
 
-by least squares weighted by the tokens at each age (k0 absorbs a sampler /
-trainer mismatch floor at age 0), keep the one with the smaller weighted
-residual, and report the log-log slope of KL against age (ages > 0) as the
-exponent p (1 = linear, 2 = quadratic).  The KL per age is the k3 estimate
-of KL(pi_behav || pi_current), which agrees with FreshPER's direction to
-second order in the drift.
+by least squares weighted by the tokens at each age (k0 absorbs a sampler / trainer mismatch floor at age 0), keep
+the one with the smaller weighted residual, and report the log-log slope of KL against age (ages > 0) as the
+exponent p (1 = linear, 2 = quadratic).  The KL per age is the k3 estimate of KL(pi_behav || pi_current), which
+agrees with FreshPER's direction to second order in the drift.
 """
 
 from __future__ import annotations

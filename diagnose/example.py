@@ -4,19 +4,16 @@
 
 The log is drawn from known policy pairs, like an asynchronous GRPO run:
 
-* a log-linear policy over ``vocab`` tokens in each of ``contexts`` contexts
-  (a token's context is drawn uniformly), whose logits move by a Gaussian random
-  walk of ``drift`` per policy version (a random walk makes KL grow linearly
+* a log-linear policy over ``vocab`` tokens in each of ``contexts`` contexts (a token's context is drawn uniformly),
+  whose logits move by a Gaussian random walk of ``drift`` per policy version (a random walk makes KL grow linearly
   with age: ``drift.py``);
-* a sequence of age a was sampled by version T - a, through a sampler whose
-  logits differ from the learner's by Gaussian noise of ``mismatch`` (the
-  vLLM-vs-trainer gap, which gives a KL floor at age 0);
-* ``logp_behav`` is the sampler's log-prob of the token, ``logp_current`` the
-  current learner's (version T); prompts have ``group`` responses with 0/1
-  rewards and group-mean-centred advantages (Dr. GRPO).
+* a sequence of age a was sampled by version T - a, through a sampler whose logits differ from the learner's by
+  Gaussian noise of ``mismatch`` (the vLLM-vs-trainer gap, which gives a KL floor at age 0);
+* ``logp_behav`` is the sampler's log-prob of the token, ``logp_current`` the current learner's (version T); prompts
+  have ``group`` responses with 0/1 rewards and group-mean-centred advantages (Dr. GRPO).
 
-``exact_kl_by_age`` is the true KL(pi_behav || pi_current) per age, the value
-``diagnose``'s per-age ``kl_k1`` / ``kl_k3`` estimate.
+``exact_kl_by_age`` is the true KL(pi_behav || pi_current) per age, the value ``diagnose``'s per-age ``kl_k1`` /
+``kl_k3`` estimate.
 
 Shapes (``--shape``), all holding the same tokens:
 
