@@ -143,9 +143,8 @@ def age_step_sums(per_sequence: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"ages": ages, "steps": steps, "q": qs, "count": counts, "shift": shift}
 
 
-def read_step_times(path: str | Path, step_column: str, fmt: str = "auto",
-                    columns: tuple[str, ...] = STEP_TIME_COLUMNS) -> dict[str, np.ndarray]:
-    """One value per step of each per-row scalar ``columns`` (the first row of the step), streamed.
+def read_step_times(path: str | Path, step_column: str, fmt: str = "auto") -> dict[str, np.ndarray]:
+    """One value per step of each per-row scalar ``STEP_TIME_COLUMNS`` (the first row of the step), streamed.
 
     Returns ``step`` (U,) and each column (U,), in step order. Only these columns are decoded (Parquet by row
     groups, CSV and JSON lines by blocks: ``reader.iter_batches``). Rows of one step that disagree in a
@@ -154,7 +153,7 @@ def read_step_times(path: str | Path, step_column: str, fmt: str = "auto",
     require_pyarrow()
     path = Path(path)
     chosen = detect_format(path, fmt)
-    names = [step_column, *columns]
+    names = [step_column, *STEP_TIME_COLUMNS]
     first: dict[float, tuple[float, ...]] = {}
 
     for batch, _ in iter_batches(path, chosen, names, 65536, names):
@@ -165,11 +164,11 @@ def read_step_times(path: str | Path, step_column: str, fmt: str = "auto",
             key = float(row[0])
             seen = first.setdefault(key, tuple(row[1:]))
             if seen != tuple(row[1:]):
-                raise ValueError(f"{path.name}: step {key:g} has different values of {', '.join(columns)} on its "
+                raise ValueError(f"{path.name}: step {key:g} has different values of {', '.join(names[1:])} on its "
                                  "rows; they must be one value per step")
     keys = sorted(first)
     return {"step": np.asarray(keys, dtype=np.float64),
-            **{name: np.asarray([first[k][i] for k in keys], dtype=np.float64) for i, name in enumerate(columns)}}
+            **{name: np.asarray([first[k][i] for k in keys], dtype=np.float64) for i, name in enumerate(names[1:])}}
 
 
 def column_names(path: str | Path, fmt: str = "auto") -> list[str]:

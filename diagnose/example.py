@@ -78,12 +78,10 @@ def example_log(rng: np.random.Generator, *, n_prompts: int = 64, group: int = 8
     age = seq_age[seq]  # (n,)
     ctx = rng.integers(0, contexts, size=seq.size)  # (n,)
     behav_table = sampler[max_age - age, ctx]  # (n, V): the sampler that drew each token
-    gumbel = rng.gumbel(size=behav_table.shape)
-    token = np.argmax(behav_table + gumbel, axis=1)  # (n,) a draw from pi_behav
-    rows = np.arange(seq.size)
+    token = np.argmax(behav_table + rng.gumbel(size=behav_table.shape), axis=1)  # (n,) a draw from pi_behav
     columns = {
         "seq_id": seq, "position": position,
-        "logp_behav": behav_table[rows, token], "logp_current": current[ctx, token],
+        "logp_behav": behav_table[np.arange(seq.size), token], "logp_current": current[ctx, token],
         "age": age.astype(np.float64), "advantage": advantage[seq], "reward": reward[seq],
     }
     per_version = np.sum(np.exp(sampler) * (sampler - current), axis=-1).mean(axis=1)  # (versions,)
