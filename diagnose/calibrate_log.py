@@ -138,8 +138,7 @@ def estimate_mu(times: dict[str, np.ndarray], trained: dict[float, int], level: 
                 seed: int) -> dict:
     """mu from one value per step, with a bootstrap over steps (``level`` percentile interval)."""
     steps = times["step"]
-    gen_s, upd_s = times["step_generation_seconds"], times["step_update_seconds"]
-    gen_rows = times["step_generated_rows"]
+    gen_s, upd_s, gen_rows = (times[c] for c in STEP_TIME_COLUMNS)  # generation s, update s, generated rows
     rows = np.asarray([trained.get(float(s), 0) for s in steps], dtype=np.float64)
     if np.any(gen_s < 0) or np.any(upd_s < 0) or np.any(gen_rows < 0):
         raise ValueError("the log's step time columns hold negative values")
