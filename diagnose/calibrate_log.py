@@ -244,29 +244,23 @@ def summary(data: dict, out: Path) -> str:
 
     lines = [f"calibrated from {prov['log']} (sha256 {prov['sha256'][:12]}, preset {prov['preset']}): "
              f"{proxy['sequences']} sequences, {proxy['tokens']} tokens, {proxy['units']}"]
-    if mu["source"] == "log":
-        lines.append(f"mu = {mu['value']:.4g} (90% CI {ci(mu['ci'])} over {mu['steps']} steps): "
-                     f"{mu['generation_seconds_per_row']:.4g} s per generated row / "
-                     f"{mu['update_seconds_per_row']:.4g} s per trained row")
-    else:
-        lines.append(f"mu = {mu['value']:g} (given with --mu)")
-    lines.append(f"sigma^2(s) / sigma^2({data['staleness'][0]:g}), plain form, proxy ({proxy['weight']} weights, "
-                 f"{proxy['score']} score, {proxy['aggregation']}):")
-    lines.append("  age  sequences  sigma^2 ratio  90% CI")
+    lines.append((f"mu = {mu['value']:.4g} (90% CI {ci(mu['ci'])} over {mu['steps']} steps): "
+                  f"{mu['generation_seconds_per_row']:.4g} s per generated row / "
+                  f"{mu['update_seconds_per_row']:.4g} s per trained row") if mu["source"] == "log" else
+                 f"mu = {mu['value']:g} (given with --mu)")
+    lines += [f"sigma^2(s) / sigma^2({data['staleness'][0]:g}), plain form, proxy ({proxy['weight']} weights, "
+              f"{proxy['score']} score, {proxy['aggregation']}):", "  age  sequences  sigma^2 ratio  90% CI"]
     for k, (s, n, v, c) in enumerate(zip(data["staleness"], proxy["sequences_by_age"], data["sigma_sq"],
                                          proxy["ci"])):
         lines.append(f"  {s:>3g}  {n:>9d}  {v:>13.4g}  {ci(c) if k else '(the reference age)'}")
     if proxy["ages_left_out"]:
         lines.append("  left out (fewer than 2 sequences or zero advantages): ages "
                      + ", ".join(f"{a} ({n} seq)" for a, n in proxy["ages_left_out"].items()))
-    if "rho" in data:
-        lines.append(f"rho = {data['rho']:g} (given with --rho, not measured)")
-    else:
-        lines.append("rho: not measurable from a log (a gradient correlation); optimal will ask for --rho")
+    lines.append(f"rho = {data['rho']:g} (given with --rho, not measured)" if "rho" in data else
+                 "rho: not measurable from a log (a gradient correlation); optimal will ask for --rho")
     if data["staleness"][-1] <= 1:
         lines.append("note: the table ends at age 1; optimal needs ages beyond 1 (log a run whose buffer holds "
                      "older rows, N > 2R)")
-    lines.append(f"wrote {out}")
     rho = f" --rho {data['rho']:g}" if "rho" in data else " --rho RHO"
-    lines.append(f"next: replay-theory optimal --profile {out} --mu {mu['value']:.4g}{rho}")
+    lines += [f"wrote {out}", f"next: replay-theory optimal --profile {out} --mu {mu['value']:.4g}{rho}"]
     return "\n".join(lines)
