@@ -51,16 +51,14 @@ def write_simulator_log(path: Path, env_name: str = "bandit", seeds: int = 16, s
     checkpoint_steps = set(np.linspace(first, probe.steps - 1, checkpoints).astype(int).tolist())
     rng = PerSeedGenerator(probe.seed + 104729, probe.seeds)  # not calibrate's stream: independent samples
     writer = DiagnoseLogWriter(path)
-    G = probe.group_size
 
     def observer(step, params, history, buffer, env):
         if step not in checkpoint_steps:
             return
-        theta = history[-1]
         backend = EnvBackend(env, rng)
         for s in staleness:
-            batch = generate(backend, probe, history[-1 - s], samples // G, step - s, 0, rng)
-            current = env.logp(theta, batch.prompt, batch.tokens, batch.mask)  # (S, M, L)
+            batch = generate(backend, probe, history[-1 - s], samples // probe.group_size, step - s, 0, rng)
+            current = env.logp(history[-1], batch.prompt, batch.tokens, batch.mask)  # (S, M, L)
             S, M, L = current.shape
             mask = batch.mask.reshape(S * M, L).astype(np.int64)
             unit = (np.arange(S)[:, None] * 100000 + step) * np.ones((1, M), np.int64)  # step id per seed
