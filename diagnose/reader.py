@@ -194,14 +194,10 @@ class LogReader:
                 raise
             raise ValueError(f"cannot read {self.path.name} past row {self.rows_done}: {_first_line(exc)}") from exc
 
-    def _float(self, batch, field: str) -> Optional[np.ndarray]:
-        if field not in self.used:
-            return None
-        return np.asarray(to_numpy(batch.column(self.used[field])), dtype=np.float64)
-
     def _long(self, batch) -> TokenChunk:
         seq = self._encode(self._ids(batch.column(self.used["seq_id"])))
-        seq, arrays = _drop_masked(seq, {f: self._float(batch, f) for f in _READ_FIELDS})
+        seq, arrays = _drop_masked(seq, {f: np.asarray(to_numpy(batch.column(self.used[f])), dtype=np.float64)
+                                         if f in self.used else None for f in _READ_FIELDS})
         return TokenChunk(seq=seq, first_row=self.rows_done, **arrays)
 
     def _wide(self, batch) -> TokenChunk:
