@@ -111,10 +111,7 @@ def resolve_columns(preset: str = "default", overrides: Optional[str] = None) ->
         return cmap
     changes: dict[str, Optional[str]] = {}
     valid = {f.name for f in fields(ColumnMap)}
-    for item in overrides.split(","):
-        item = item.strip()
-        if not item:
-            continue
+    for item in filter(None, (part.strip() for part in overrides.split(","))):  # empty items are skipped
         if "=" not in item:
             raise ConfigError("columns", f"must be field=name pairs separated by commas, got {item!r}")
         key, value = (part.strip() for part in item.split("=", 1))
