@@ -152,8 +152,7 @@ def estimate_mu(times: dict[str, np.ndarray], trained: dict[float, int], level: 
         ci = percentile_interval((w @ gen_s) * (w @ rows) / ((w @ gen_rows) * (w @ upd_s)), level) \
             if steps.size >= 2 else (math.nan, math.nan)
     return {"value": float(per_row_gen / per_row_upd), "ci": [c if math.isfinite(c) else None for c in ci],
-            "level": level, "source": "log",
-            "steps": int(steps.size), "generation_seconds_per_row": float(per_row_gen),
+            "level": level, "source": "log", "steps": int(steps.size), "generation_seconds_per_row": float(per_row_gen),
             "update_seconds_per_row": float(per_row_upd), "generated_rows": float(gen_rows.sum()),
             "trained_rows": float(rows.sum()), "convention": "rollout-cost",
             "units": "bootstrap over steps (one value per step of each time column)"}
@@ -172,14 +171,13 @@ def profile_table(sums: dict[str, np.ndarray], level: float, draws: int, seed: i
     base = int(np.flatnonzero(keep)[0])
     values = mean[keep] / mean[base]
     U = q.shape[0]
+    cis = [[None, None]] * int(keep.sum())  # no interval from one unit
     if U >= 2:
         w = unit_weights(U, draws, np.random.default_rng(seed))  # (draws, U)
         with np.errstate(invalid="ignore", divide="ignore"):
             boot = (w @ q) / (w @ count)  # (draws, K)
             boot = boot[:, keep] / boot[:, [base]]
         cis = [list(percentile_interval(boot[:, k], level)) for k in range(int(keep.sum()))]
-    else:
-        cis = [[None, None] for _ in range(int(keep.sum()))]
     return {"staleness": [float(a) for a in ages[keep]], "sigma_sq": [float(v) for v in values],
             "ci": [[None if c is None or not math.isfinite(c) else float(c) for c in ci] for ci in cis],
             "sequences": [int(c) for c in seqs[keep]], "units": int(U),
