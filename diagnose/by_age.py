@@ -32,7 +32,6 @@ from replay_theory.diagnose.reader import (
     detect_format,
     grow,
     iter_batches,
-    read_schema,
     require_pyarrow,
     to_numpy,
 )
@@ -169,9 +168,3 @@ def read_step_times(path: str | Path, step_column: str, fmt: str = "auto") -> di
     keys = sorted(first)
     return {"step": np.asarray(keys, dtype=np.float64),
             **{name: np.asarray([first[k][i] for k in keys], dtype=np.float64) for i, name in enumerate(names[1:])}}
-
-
-def column_names(path: str | Path, fmt: str = "auto") -> list[str]:
-    """The column names of a log (Parquet footer, or the head of a CSV / JSON-lines file)."""
-    require_pyarrow()
-    return list(read_schema(Path(path), detect_format(Path(path), fmt)).names)

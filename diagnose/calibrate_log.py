@@ -25,17 +25,9 @@ from typing import Optional
 
 import numpy as np
 
-from replay_theory.diagnose.by_age import (
-    AGGREGATIONS,
-    SCORES,
-    WEIGHTS,
-    SequenceSums,
-    age_step_sums,
-    column_names,
-    read_step_times,
-)
+from replay_theory.diagnose.by_age import AGGREGATIONS, SCORES, WEIGHTS, SequenceSums, age_step_sums, read_step_times
 from replay_theory.diagnose.errors import ConfigError
-from replay_theory.diagnose.reader import FORMATS, LogReader
+from replay_theory.diagnose.reader import FORMATS, LogReader, column_names
 from replay_theory.diagnose.schema import STEP_TIME_COLUMNS, resolve_columns
 from replay_theory.theory.noise import DEFAULT_DRAWS, DEFAULT_LEVEL, percentile_interval, unit_weights
 
