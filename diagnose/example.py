@@ -94,8 +94,7 @@ def _wide(columns: dict[str, np.ndarray], shape: str, group: int = 8) -> dict[st
     seq = columns["seq_id"]
     starts = np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]])
     lengths = np.diff(np.r_[starts, seq.size])
-    width = int(lengths.max())
-    mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)  # (n_seq, width)
+    mask = (np.arange(int(lengths.max()))[None, :] < lengths[:, None]).astype(np.int64)  # (n_seq, longest)
 
     def pad(values: np.ndarray) -> list[list]:
         out = np.zeros(mask.shape, dtype=values.dtype)

@@ -317,11 +317,10 @@ def iter_batches(path: Path, fmt: str, columns: list[str], chunk_rows: int, floa
                  schema=None) -> Iterator[tuple]:
     """(record batch of ``columns``, bytes read so far): at most ``chunk_rows`` rows each, in file order.
 
-    Parquet is read one row group at a time, released before the next: pyarrow 26's
-    ``ParquetFile.iter_batches`` keeps every batch it decoded until the file object
-    goes (peak RSS 2.75 GB at 100M tokens).  CSV and JSON lines stream by blocks;
-    ``floats`` are parsed as float64 (as lists of float64 where ``schema``, the
-    head's, has lists) whatever the first block looks like.
+    Parquet is read one row group at a time, released before the next: pyarrow 26's ``ParquetFile.iter_batches``
+    keeps every batch it decoded until the file object goes (peak RSS 2.75 GB at 100M tokens). CSV and JSON lines
+    stream by blocks; ``floats`` are parsed as float64 (as lists of float64 where ``schema``, the head's, has
+    lists) whatever the first block looks like.
     """
     import pyarrow as pa
 
