@@ -84,12 +84,7 @@ class TokenChunk:
 
 
 def sniff_format(path: Path) -> Optional[str]:
-    """What the head of ``path`` looks like: parquet, jsonl, json-array, csv, binary or None (empty, unreadable).
-
-    Parquet files start with the magic ``PAR1``; a JSON-lines file's first
-    non-blank byte is ``{``; other text is taken for CSV; control bytes other
-    than tab / newline / carriage return mean a binary file.
-    """
+    """What the head of ``path`` looks like: parquet, jsonl, json-array, csv, binary or None (empty, unreadable)."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(SNIFF_BYTES)
