@@ -32,10 +32,7 @@ DEFAULT_STALENESS = (0, 2, 4, 8, 16, 32)
 def write_simulator_log(path: Path, env_name: str = "bandit", seeds: int = 16, steps: int = 120, samples: int = 2048,
                         checkpoints: int = 5, staleness: tuple[int, ...] = DEFAULT_STALENESS, max_gap: int = 8,
                         loss: str = "no-trust-region") -> dict:
-    """Write the TRL-shaped log of stale batches of one simulator run to ``path``; return the exact profile.
-
-    The exact profile is ``simulate.calibrate.calibrate`` of the same config and checkpoints (its own samples).
-    """
+    """Write the TRL-shaped log of stale batches of one simulator run to ``path``; return the exact profile."""
     from replay_theory.integrations.export import DiagnoseLogWriter
     from replay_theory.simulate.calibrate import calibrate, probe_config
     from replay_theory.simulate.config import SimConfig
