@@ -223,11 +223,9 @@ class LogReader:
                 return np.asarray(to_numpy(pc.list_flatten(col.filter(keep_rows))), dtype=np.float64)
             return np.repeat(np.asarray(to_numpy(col), dtype=np.float64)[ok], length[ok])
 
-        if "seq_id" in self.used:
-            row_codes = self._encode(self._ids(batch.column(self.used["seq_id"])))
-        else:
-            row_codes = self._encode(self.rows_done + np.arange(batch.num_rows, dtype=np.int64))
-        seq = np.repeat(row_codes[ok], length[ok])  # (n_tokens,)
+        ids = self._ids(batch.column(self.used["seq_id"])) if "seq_id" in self.used else \
+            self.rows_done + np.arange(batch.num_rows, dtype=np.int64)  # no id column: one sequence per row
+        seq = np.repeat(self._encode(ids)[ok], length[ok])  # (n_tokens,)
         seq, arrays = _drop_masked(seq, {f: flat(f) for f in _READ_FIELDS})
         return TokenChunk(seq=seq, first_row=self.rows_done, mismatched_rows=int(bad.size), **arrays)
 
