@@ -16,8 +16,7 @@ The sums are folded chunk by chunk from :class:`~replay_theory.diagnose.reader.T
 reader), one slot per sequence code, in log space (``log q`` = log-sum-exp of the tokens' log terms), so a
 sequence weight prod w_t over 8k tokens cannot overflow. The log's ``step`` is streamed through the reader's
 spare ``reward`` field (``ColumnMap`` is public; calibration never reads rewards), so a sequence's step is
-known in both layouts without a second token pass. The per-step time columns are scalars repeated on each row
-of a step; :func:`read_step_times` streams only those columns and keeps one value per step.
+known in both layouts without a second token pass.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from replay_theory.diagnose.reader import (
     detect_format,
     grow,
     iter_batches,
-    read_schema,
     require_pyarrow,
     to_numpy,
 )
@@ -54,12 +52,9 @@ class SequenceSums:
     score: str = "logit"
 
     def __post_init__(self) -> None:
-        if self.weight not in WEIGHTS:
-            raise ValueError(f"weight must be one of {', '.join(WEIGHTS)}, got {self.weight!r}")
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}")
-        if self.score not in SCORES:
-            raise ValueError(f"score must be one of {', '.join(SCORES)}, got {self.score!r}")
+        for name, valid in (("weight", WEIGHTS), ("aggregation", AGGREGATIONS), ("score", SCORES)):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"{name} must be one of {', '.join(valid)}, got {getattr(self, name)!r}")
         self.term_max = np.zeros(0)  # (n_seq,) running max of the log terms (-inf: none yet)
         self.term_sum = np.zeros(0)  # (n_seq,) sum of exp(term - term_max)
         self.log_w = np.zeros(0)  # (n_seq,) sum of token log w (log of the sequence weight)
@@ -82,25 +77,20 @@ class SequenceSums:
                              "token)")
         behav, cur = np.minimum(behav, 0.0), np.minimum(cur, 0.0)  # round-off positives read as 0
         lr = cur - behav  # (n,) log w_t
-        if self.score == "logit":
-            log_k = 2.0 * np.log(-np.expm1(cur))  # log (1 - p)^2, -inf at p = 1 (no gradient through the softmax)
-        else:
-            log_k = np.zeros_like(cur)
+        # logit: log (1 - p)^2, -inf at p = 1 (no gradient through the softmax); constant: log 1
+        log_k = 2.0 * np.log(-np.expm1(cur)) if self.score == "logit" else np.zeros_like(cur)
         with np.errstate(divide="ignore"):
             log_a2 = 2.0 * np.log(np.abs(adv))  # -inf at A = 0
         term = log_a2 + log_k + (2.0 * lr if self.weight == "token" else 0.0)  # (n,)
         self.tokens += int(lr.size)
         seq = chunk.seq
         size = int(seq.max()) + 1 if seq.size else 0
-        self.term_max = grow(self.term_max, size, -np.inf)
-        self.term_sum = grow(self.term_sum, size, 0.0)
-        self.log_w = grow(self.log_w, size, 0.0)
-        self.n_tokens = grow(self.n_tokens, size, 0)
-        self.age = grow(self.age, size, np.nan)
-        self.step = grow(self.step, size, np.nan)
+        for name, fill in (("term_max", -np.inf), ("term_sum", 0.0), ("log_w", 0.0), ("n_tokens", 0), ("age", np.nan),
+                           ("step", np.nan)):
+            setattr(self, name, grow(getattr(self, name), size, fill))
         if not seq.size:
             return
-        uniq, inv = np.unique(seq, return_inverse=True)
+        uniq, first, inv = np.unique(seq, return_index=True, return_inverse=True)  # first: a sequence's first token
         inv = inv.reshape(-1)
         chunk_max = np.full(uniq.size, -np.inf)
         np.maximum.at(chunk_max, inv, term)
@@ -114,9 +104,9 @@ class SequenceSums:
         self.term_max[uniq] = new_max
         self.log_w[uniq] += np.bincount(inv, weights=lr, minlength=uniq.size)
         self.n_tokens[uniq] += np.bincount(inv, minlength=uniq.size)
-        self.age[uniq] = age[np.unique(inv, return_index=True)[1]]  # a sequence has one age
+        self.age[uniq] = age[first]  # a sequence has one age
         if chunk.reward is not None:  # the step column, streamed as the reward field
-            self.step[uniq] = chunk.reward[np.unique(inv, return_index=True)[1]]
+            self.step[uniq] = chunk.reward[first]
 
     def per_sequence(self) -> dict[str, np.ndarray]:
         """Sequences seen: ``log_q`` (n,), ``age``, ``step`` (NaN without a step column), ``n_tokens``."""
@@ -152,9 +142,8 @@ def age_step_sums(per_sequence: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"ages": ages, "steps": steps, "q": qs, "count": counts, "shift": shift}
 
 
-def read_step_times(path: str | Path, step_column: str, fmt: str = "auto",
-                    columns: tuple[str, ...] = STEP_TIME_COLUMNS) -> dict[str, np.ndarray]:
-    """One value per step of each per-row scalar ``columns`` (the first row of the step), streamed.
+def read_step_times(path: str | Path, step_column: str, fmt: str = "auto") -> dict[str, np.ndarray]:
+    """One value per step of each per-row scalar ``STEP_TIME_COLUMNS`` (the first row of the step), streamed.
 
     Returns ``step`` (U,) and each column (U,), in step order. Only these columns are decoded (Parquet by row
     groups, CSV and JSON lines by blocks: ``reader.iter_batches``). Rows of one step that disagree in a
@@ -163,29 +152,19 @@ def read_step_times(path: str | Path, step_column: str, fmt: str = "auto",
     require_pyarrow()
     path = Path(path)
     chosen = detect_format(path, fmt)
-    names = [step_column, *columns]
+    names = [step_column, *STEP_TIME_COLUMNS]
     first: dict[float, tuple[float, ...]] = {}
 
     for batch, _ in iter_batches(path, chosen, names, 65536, names):
-        values = [np.asarray(to_numpy(batch.column(n)), dtype=np.float64) for n in names]
-        stacked = np.stack(values, axis=1)  # (rows, 1 + len(columns))
+        stacked = np.stack([np.asarray(to_numpy(batch.column(n)), dtype=np.float64) for n in names], axis=1)
         if not np.all(np.isfinite(stacked)):
             raise ValueError(f"{path.name}: null or non-finite values in {', '.join(names)}")
-        uniq = np.unique(stacked, axis=0)
-        for row in uniq:
+        for row in np.unique(stacked, axis=0):
             key = float(row[0])
             seen = first.setdefault(key, tuple(row[1:]))
             if seen != tuple(row[1:]):
-                raise ValueError(f"{path.name}: step {key:g} has different values of {', '.join(columns)} on its "
+                raise ValueError(f"{path.name}: step {key:g} has different values of {', '.join(names[1:])} on its "
                                  "rows; they must be one value per step")
     keys = sorted(first)
-    out = {"step": np.asarray(keys, dtype=np.float64)}
-    for i, name in enumerate(columns):
-        out[name] = np.asarray([first[k][i] for k in keys], dtype=np.float64)
-    return out
-
-
-def column_names(path: str | Path, fmt: str = "auto") -> list[str]:
-    """The column names of a log (Parquet footer, or the head of a CSV / JSON-lines file)."""
-    require_pyarrow()
-    return list(read_schema(Path(path), detect_format(Path(path), fmt)).names)
+    return {"step": np.asarray(keys, dtype=np.float64),
+            **{name: np.asarray([first[k][i] for k in keys], dtype=np.float64) for i, name in enumerate(names[1:])}}

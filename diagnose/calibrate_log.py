@@ -2,28 +2,15 @@
 
 Paper: "Efficient RL training for LLMs with experience replay" (experience-replay, docs/REFERENCES.md):
 Assumption 3.3 (sigma^2(s), rho), Thm 3.5 (J = c sigmabar^2(x)(1/B + 1/N + rho/R)), Sec. 2 / App. E (mu).
-The full derivation, with every assumption, is docs/THEORY.md section 8 ("Calibrating from a run's log").
+The proxy's derivation, with every assumption, is docs/THEORY.md section 8 ("Calibrating from a run's log");
+the per-token symbols (q, c_t, k_t) are in ``by_age.py``.
 
 | code name          | paper symbol         | how it is obtained here                                               |
 |--------------------|----------------------|-----------------------------------------------------------------------|
 | ``staleness``      | s = t - t_i          | the log's ``age`` column                                              |
 | ``sigma_sq``       | sigma^2(s)/sigma^2(0)| proxy E_s[q] / E_0[q], plain form, relative to the youngest age      |
-| ``q``              | E||G_i||^2 / kappa   | sum_t c_t^2 k_t, c_t = w_t A_t (token weights) or W A_t (sequence)    |
-| ``k_t``            | ||grad log pi||^2    | (1 - pi_theta(token))^2 (``logit``) or 1 (``constant``)               |
 | ``mu``             | mu (rollout-cost)    | (sum gen s / sum generated rows) / (sum update s / sum trained rows)  |
 | ``rho``            | rho                  | NOT measurable from a log: ``--rho`` or recorded as not measured      |
-
-The proxy in one paragraph. A sample's gradient is G_i = sum_t c_t grad log pi_theta(y_t), with c_t the loss's
-d loss / d logp_t (w_t A_t for the importance-weighted policy gradient). Assume (i) the per-sample signal is
-small against its noise, ||grad F||^2 << E||G||^2 (true for LLM policy gradients; 0.9-1.1% on the simulator),
-so sigma^2(s) = E||G_s - grad F||^2 ~ E||G_s||^2; (ii) the score vectors of different tokens are uncorrelated,
-so E||G_i||^2 = E sum_t c_t^2 ||grad log pi(y_t)||^2; (iii) ||grad log pi(y_t)||^2 = kappa k_t with kappa a
-constant independent of age and weight and k_t = (1 - p_t)^2, p_t = pi_theta(y_t): the squared norm of the
-softmax score in logit space, ||e_y - p||^2, lies between (1 - p_y)^2 and 2 (1 - p_y)^2. Then
-sigma^2(s)/sigma^2(0) ~ E_s[q] / E_0[q]. kappa and ||grad F|| cancel in the ratio and nothing else is needed,
-but the ABSOLUTE scale, the retained signal r(s) (hence the signal-normalised form a clipped loss needs) and
-rho are gradient quantities the log does not carry: the profile records the plain form, relative to the
-youngest age, and rho only as given (``--rho``) or as not measured, so ``optimal`` asks for it.
 
 Checked against exact profiles on the simulator (``python -m replay_theory.diagnose.proxy_check``).
 """
@@ -38,17 +25,9 @@ from typing import Optional
 
 import numpy as np
 
-from replay_theory.diagnose.by_age import (
-    AGGREGATIONS,
-    SCORES,
-    WEIGHTS,
-    SequenceSums,
-    age_step_sums,
-    column_names,
-    read_step_times,
-)
+from replay_theory.diagnose.by_age import AGGREGATIONS, SCORES, WEIGHTS, SequenceSums, age_step_sums, read_step_times
 from replay_theory.diagnose.errors import ConfigError
-from replay_theory.diagnose.reader import FORMATS, LogReader
+from replay_theory.diagnose.reader import FORMATS, LogReader, column_names
 from replay_theory.diagnose.schema import STEP_TIME_COLUMNS, resolve_columns
 from replay_theory.theory.noise import DEFAULT_DRAWS, DEFAULT_LEVEL, percentile_interval, unit_weights
 
@@ -115,17 +94,11 @@ class CalibrateLogConfig:
         resolve_columns(self.preset, self.columns)
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What the pass will read, found from the log's schema alone (no data read yet)."""
+def plan(config: CalibrateLogConfig) -> LogReader:
+    """Check the log and its columns (schema only) and build the reader: one-line errors, no data read.
 
-    reader: LogReader
-    has_step: bool
-    mu_from_log: bool
-
-
-def plan(config: CalibrateLogConfig) -> Plan:
-    """Check the log and its columns (schema only) and build the reader: one-line errors, no data read."""
+    The step rides in the reader's ``reward`` field (calibration reads no reward), mapped only when the log has it.
+    """
     path = Path(config.path)
     if not path.is_file():
         raise ConfigError("path", f"{path} is not a file (not found, or a directory)")
@@ -136,16 +109,13 @@ def plan(config: CalibrateLogConfig) -> Plan:
         if not name or name not in names:
             raise ConfigError("columns", f"must map {field}: the log has no {field} column "
                                          f"{name!r} (columns: {', '.join(names[:14])}); give --columns {field}=NAME")
-    has_step = STEP_COLUMN in names
     missing = [c for c in (STEP_COLUMN, *STEP_TIME_COLUMNS) if c not in names]
     if config.mu is None and missing:
         raise ConfigError("mu", f"is needed: {path.name} has no {', '.join(missing)} column"
                                 f"{'s' if len(missing) > 1 else ''} to measure it; give --mu MU (> 0, rollout cost / "
                                 "per-sample update cost)")
-    # the step rides in the reader's reward field (calibration reads no reward): a sequence's step in any layout
-    streamed = replace(columns, reward=STEP_COLUMN if has_step else None)
-    reader = LogReader(path, streamed, fmt=config.format, chunk_rows=config.chunk_rows)
-    return Plan(reader, has_step, config.mu is None)
+    streamed = replace(columns, reward=STEP_COLUMN if STEP_COLUMN in names else None)  # a sequence's step, any layout
+    return LogReader(path, streamed, fmt=config.format, chunk_rows=config.chunk_rows)
 
 
 def sha256(path: str | Path) -> str:
@@ -156,17 +126,11 @@ def sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def _ratio_ci(num: np.ndarray, den: np.ndarray, level: float) -> tuple[float, float]:
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return percentile_interval(num / den, level)
-
-
 def estimate_mu(times: dict[str, np.ndarray], trained: dict[float, int], level: float, draws: int,
                 seed: int) -> dict:
     """mu from one value per step, with a bootstrap over steps (``level`` percentile interval)."""
     steps = times["step"]
-    gen_s, upd_s = times["step_generation_seconds"], times["step_update_seconds"]
-    gen_rows = times["step_generated_rows"]
+    gen_s, upd_s, gen_rows = (times[c] for c in STEP_TIME_COLUMNS)  # generation s, update s, generated rows
     rows = np.asarray([trained.get(float(s), 0) for s in steps], dtype=np.float64)
     if np.any(gen_s < 0) or np.any(upd_s < 0) or np.any(gen_rows < 0):
         raise ValueError("the log's step time columns hold negative values")
@@ -176,11 +140,11 @@ def estimate_mu(times: dict[str, np.ndarray], trained: dict[float, int], level: 
     per_row_gen = gen_s.sum() / gen_rows.sum()
     per_row_upd = upd_s.sum() / rows.sum()
     w = unit_weights(steps.size, draws, np.random.default_rng(seed))  # (draws, U)
-    ci = _ratio_ci((w @ gen_s) * (w @ rows), (w @ gen_rows) * (w @ upd_s), level) if steps.size >= 2 else \
-        (math.nan, math.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ci = percentile_interval((w @ gen_s) * (w @ rows) / ((w @ gen_rows) * (w @ upd_s)), level) \
+            if steps.size >= 2 else (math.nan, math.nan)
     return {"value": float(per_row_gen / per_row_upd), "ci": [c if math.isfinite(c) else None for c in ci],
-            "level": level, "source": "log",
-            "steps": int(steps.size), "generation_seconds_per_row": float(per_row_gen),
+            "level": level, "source": "log", "steps": int(steps.size), "generation_seconds_per_row": float(per_row_gen),
             "update_seconds_per_row": float(per_row_upd), "generated_rows": float(gen_rows.sum()),
             "trained_rows": float(rows.sum()), "convention": "rollout-cost",
             "units": "bootstrap over steps (one value per step of each time column)"}
@@ -199,14 +163,13 @@ def profile_table(sums: dict[str, np.ndarray], level: float, draws: int, seed: i
     base = int(np.flatnonzero(keep)[0])
     values = mean[keep] / mean[base]
     U = q.shape[0]
+    cis = [[None, None]] * int(keep.sum())  # no interval from one unit
     if U >= 2:
         w = unit_weights(U, draws, np.random.default_rng(seed))  # (draws, U)
         with np.errstate(invalid="ignore", divide="ignore"):
             boot = (w @ q) / (w @ count)  # (draws, K)
             boot = boot[:, keep] / boot[:, [base]]
         cis = [list(percentile_interval(boot[:, k], level)) for k in range(int(keep.sum()))]
-    else:
-        cis = [[None, None] for _ in range(int(keep.sum()))]
     return {"staleness": [float(a) for a in ages[keep]], "sigma_sq": [float(v) for v in values],
             "ci": [[None if c is None or not math.isfinite(c) else float(c) for c in ci] for ci in cis],
             "sequences": [int(c) for c in seqs[keep]], "units": int(U),
@@ -214,21 +177,19 @@ def profile_table(sums: dict[str, np.ndarray], level: float, draws: int, seed: i
             "normalised_at": float(ages[base])}
 
 
-def calibrate_from_log(config: CalibrateLogConfig, ready: Optional[Plan] = None) -> dict:
-    """One pass over the log -> the profile dict ``optimal --profile`` reads (plus provenance)."""
+def calibrate_from_log(config: CalibrateLogConfig, reader: Optional[LogReader] = None) -> dict:
+    """One pass over the log (``reader``: :func:`plan`'s) -> the profile dict ``optimal --profile`` reads."""
     from replay_theory import __version__
 
-    ready = ready or plan(config)
-    reader = ready.reader
+    reader = reader or plan(config)
     sums = SequenceSums(config.weight, config.aggregation, config.score)
     for chunk in reader:
         sums.fold(chunk, reader.path.name)
     per_seq = sums.per_sequence()
     if per_seq["log_q"].size == 0:
         raise ValueError(f"{reader.path.name}: no valid tokens to calibrate from")
-    by_age = age_step_sums(per_seq)
-    table = profile_table(by_age, config.level, config.draws, config.seed)
-    if ready.mu_from_log:
+    table = profile_table(age_step_sums(per_seq), config.level, config.draws, config.seed)
+    if config.mu is None:
         times = read_step_times(reader.path, STEP_COLUMN, config.format)
         steps, counts = np.unique(per_seq["step"][np.isfinite(per_seq["step"])], return_counts=True)
         mu = estimate_mu(times, dict(zip(steps.tolist(), counts.tolist())), config.level, config.draws, config.seed)
@@ -239,20 +200,15 @@ def calibrate_from_log(config: CalibrateLogConfig, ready: Optional[Plan] = None)
                 "and advantages cannot measure it (validate calibrate-model or calibrate-simulator measure it with "
                 "gradients)")
     data: dict = {
-        "kind": "table",
-        "staleness": table["staleness"],
-        "sigma_sq": table["sigma_sq"],
-        "sigma_sq_form": "plain",
+        "kind": "table", "staleness": table["staleness"], "sigma_sq": table["sigma_sq"], "sigma_sq_form": "plain",
         "source": f"replay-theory calibrate --from-log {reader.path}",
         "proxy": {"name": PROXY_NAME, "weight": config.weight, "aggregation": config.aggregation,
                   "score": config.score, "scale": f"relative: sigma_sq = 1 at age {table['normalised_at']:g}",
                   "ci": table["ci"], "level": config.level, "sequences_by_age": table["sequences"],
-                  "units": f"{table['units']} steps (bootstrap units)" if ready.has_step else
+                  "units": f"{table['units']} steps (bootstrap units)" if "reward" in reader.used else
                   "1 (no step column: no interval)", "ages_left_out": table["left_out"],
                   "tokens": sums.tokens, "sequences": int(per_seq["log_q"].size)},
-        "mu": mu,
-        "assumptions": list(ASSUMPTIONS),
-        "not_measured": list(NOT_MEASURED),
+        "mu": mu, "assumptions": list(ASSUMPTIONS), "not_measured": list(NOT_MEASURED),
         "provenance": {"log": str(reader.path.resolve()), "sha256": sha256(reader.path), "preset": config.preset,
                        "columns": reader.used, "format": reader.format, "layout": reader.layout,
                        "code_version": __version__},
@@ -262,8 +218,7 @@ def calibrate_from_log(config: CalibrateLogConfig, ready: Optional[Plan] = None)
         data["rho_record"] = {"value": float(config.rho), "source": "--rho (given by the user, not measured)"}
     else:
         # no "rho" key and an unusable fit: optimal --profile refuses to run without --rho (never a silent default)
-        data["rho_fit"] = {"value": None, "ci": [None, None], "in_range": False, "measurable": False,
-                           "note": rho_note}
+        data["rho_fit"] = {"value": None, "ci": [None, None], "in_range": False, "measurable": False, "note": rho_note}
         data["rho_record"] = {"value": None, "source": "not measured", "note": rho_note}
     data["notes"] = ["sigma_sq is the plain form; for a clipped loss (GRPO) the theory needs the signal-normalised "
                      "form, which needs gradients (validate calibrate-model)"]
@@ -279,29 +234,23 @@ def summary(data: dict, out: Path) -> str:
 
     lines = [f"calibrated from {prov['log']} (sha256 {prov['sha256'][:12]}, preset {prov['preset']}): "
              f"{proxy['sequences']} sequences, {proxy['tokens']} tokens, {proxy['units']}"]
-    if mu["source"] == "log":
-        lines.append(f"mu = {mu['value']:.4g} (90% CI {ci(mu['ci'])} over {mu['steps']} steps): "
-                     f"{mu['generation_seconds_per_row']:.4g} s per generated row / "
-                     f"{mu['update_seconds_per_row']:.4g} s per trained row")
-    else:
-        lines.append(f"mu = {mu['value']:g} (given with --mu)")
-    lines.append(f"sigma^2(s) / sigma^2({data['staleness'][0]:g}), plain form, proxy ({proxy['weight']} weights, "
-                 f"{proxy['score']} score, {proxy['aggregation']}):")
-    lines.append("  age  sequences  sigma^2 ratio  90% CI")
+    lines.append((f"mu = {mu['value']:.4g} (90% CI {ci(mu['ci'])} over {mu['steps']} steps): "
+                  f"{mu['generation_seconds_per_row']:.4g} s per generated row / "
+                  f"{mu['update_seconds_per_row']:.4g} s per trained row") if mu["source"] == "log" else
+                 f"mu = {mu['value']:g} (given with --mu)")
+    lines += [f"sigma^2(s) / sigma^2({data['staleness'][0]:g}), plain form, proxy ({proxy['weight']} weights, "
+              f"{proxy['score']} score, {proxy['aggregation']}):", "  age  sequences  sigma^2 ratio  90% CI"]
     for k, (s, n, v, c) in enumerate(zip(data["staleness"], proxy["sequences_by_age"], data["sigma_sq"],
                                          proxy["ci"])):
         lines.append(f"  {s:>3g}  {n:>9d}  {v:>13.4g}  {ci(c) if k else '(the reference age)'}")
     if proxy["ages_left_out"]:
         lines.append("  left out (fewer than 2 sequences or zero advantages): ages "
                      + ", ".join(f"{a} ({n} seq)" for a, n in proxy["ages_left_out"].items()))
-    if "rho" in data:
-        lines.append(f"rho = {data['rho']:g} (given with --rho, not measured)")
-    else:
-        lines.append("rho: not measurable from a log (a gradient correlation); optimal will ask for --rho")
+    lines.append(f"rho = {data['rho']:g} (given with --rho, not measured)" if "rho" in data else
+                 "rho: not measurable from a log (a gradient correlation); optimal will ask for --rho")
     if data["staleness"][-1] <= 1:
         lines.append("note: the table ends at age 1; optimal needs ages beyond 1 (log a run whose buffer holds "
                      "older rows, N > 2R)")
-    lines.append(f"wrote {out}")
     rho = f" --rho {data['rho']:g}" if "rho" in data else " --rho RHO"
-    lines.append(f"next: replay-theory optimal --profile {out} --mu {mu['value']:.4g}{rho}")
+    lines += [f"wrote {out}", f"next: replay-theory optimal --profile {out} --mu {mu['value']:.4g}{rho}"]
     return "\n".join(lines)

@@ -1,19 +1,16 @@
 """KL drift with sample age, and the FreshPER time constant it implies.
 
-FreshPER (docs/REFERENCES.md) assumes KL(pi_t || pi_{t - Delta}) ~= c Delta
-(Eq. 12) and sets the age-decay time constant tau = 1/c (Eq. 13).  The
-heuristic is not derived: locally KL ~= 0.5 dtheta^T F dtheta, so a steady
-drift of the parameters gives KL growing like Delta^2 and a random walk gives
-KL growing like Delta.  We fit both shapes to the per-age KL of the log,
+FreshPER (docs/REFERENCES.md) assumes KL(pi_t || pi_{t - Delta}) ~= c Delta (Eq. 12) and sets the age-decay time
+constant tau = 1/c (Eq. 13).  The heuristic is not derived: locally KL ~= 0.5 dtheta^T F dtheta, so a steady drift
+of the parameters gives KL growing like Delta^2 and a random walk gives KL growing like Delta.  We fit both shapes
+to the per-age KL of the log,
 
     linear:     KL(a) = k0 + c a          quadratic:  KL(a) = k0 + q a^2
 
-by least squares weighted by the tokens at each age (k0 absorbs a sampler /
-trainer mismatch floor at age 0), keep the one with the smaller weighted
-residual, and report the log-log slope of KL against age (ages > 0) as the
-exponent p (1 = linear, 2 = quadratic).  The KL per age is the k3 estimate
-of KL(pi_behav || pi_current), which agrees with FreshPER's direction to
-second order in the drift.
+by least squares weighted by the tokens at each age (k0 absorbs a sampler / trainer mismatch floor at age 0), keep
+the one with the smaller weighted residual, and report the log-log slope of KL against age (ages > 0) as the
+exponent p (1 = linear, 2 = quadratic).  The KL per age is the k3 estimate of KL(pi_behav || pi_current), which
+agrees with FreshPER's direction to second order in the drift.
 """
 
 from __future__ import annotations
@@ -42,9 +39,7 @@ def fit_kl_drift(ages: np.ndarray, kl: np.ndarray, counts: np.ndarray) -> dict:
     ``exponent`` (log-log slope, None when undefined), both fits' coefficients and
     residuals, and the ages used.
     """
-    ages = np.asarray(ages, dtype=np.float64)
-    kl = np.asarray(kl, dtype=np.float64)
-    w = np.asarray(counts, dtype=np.float64)
+    ages, kl, w = (np.asarray(a, dtype=np.float64) for a in (ages, kl, counts))
     ok = np.isfinite(ages) & np.isfinite(kl) & (w > 0)
     ages, kl, w = ages[ok], kl[ok], w[ok]
     distinct = np.unique(ages)
@@ -52,10 +47,7 @@ def fit_kl_drift(ages: np.ndarray, kl: np.ndarray, counts: np.ndarray) -> dict:
         return {"shape": "undetermined", "reason": "needs at least two distinct ages", "n_ages": int(distinct.size)}
     k0, c, sse_linear = _weighted_fit(ages, kl, w)
     q0, q, sse_quadratic = _weighted_fit(ages**2, kl, w)
-    if distinct.size < 3:
-        shape = "undetermined"
-    else:
-        shape = "linear" if sse_linear <= sse_quadratic else "quadratic"
+    shape = "undetermined" if distinct.size < 3 else "linear" if sse_linear <= sse_quadratic else "quadratic"
     exponent = None
     pos = (ages > 0) & (kl > 0)
     if np.unique(ages[pos]).size >= 2:

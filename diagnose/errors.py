@@ -1,10 +1,9 @@
 """The one error type of ``diagnose`` that names a config field, so a front end can name its own option.
 
 The library speaks in :class:`~replay_theory.diagnose.DiagnoseConfig` /
-:class:`~replay_theory.diagnose.WhatIfConfig` field names (``ppo_clip``,
-``freshper_tau``); the command line calls the same values ``--clip`` and
-``--tau``.  A :class:`ConfigError` keeps the field and the rest of the message
-apart, and ``cli/diagnose_cmds.py`` swaps in the option as the user typed it.
+:class:`~replay_theory.diagnose.WhatIfConfig` field names (``ppo_clip``, ``freshper_tau``); the command line calls
+the same values ``--clip`` and ``--tau``.  A :class:`ConfigError` keeps the field and the rest of the message apart,
+and ``cli/diagnose_cmds.py`` swaps in the option as the user typed it.
 """
 
 from __future__ import annotations

@@ -4,19 +4,16 @@
 
 The log is drawn from known policy pairs, like an asynchronous GRPO run:
 
-* a log-linear policy over ``vocab`` tokens in each of ``contexts`` contexts
-  (a token's context is drawn uniformly), whose logits move by a Gaussian random
-  walk of ``drift`` per policy version (a random walk makes KL grow linearly
+* a log-linear policy over ``vocab`` tokens in each of ``contexts`` contexts (a token's context is drawn uniformly),
+  whose logits move by a Gaussian random walk of ``drift`` per policy version (a random walk makes KL grow linearly
   with age: ``drift.py``);
-* a sequence of age a was sampled by version T - a, through a sampler whose
-  logits differ from the learner's by Gaussian noise of ``mismatch`` (the
-  vLLM-vs-trainer gap, which gives a KL floor at age 0);
-* ``logp_behav`` is the sampler's log-prob of the token, ``logp_current`` the
-  current learner's (version T); prompts have ``group`` responses with 0/1
-  rewards and group-mean-centred advantages (Dr. GRPO).
+* a sequence of age a was sampled by version T - a, through a sampler whose logits differ from the learner's by
+  Gaussian noise of ``mismatch`` (the vLLM-vs-trainer gap, which gives a KL floor at age 0);
+* ``logp_behav`` is the sampler's log-prob of the token, ``logp_current`` the current learner's (version T); prompts
+  have ``group`` responses with 0/1 rewards and group-mean-centred advantages (Dr. GRPO).
 
-``exact_kl_by_age`` is the true KL(pi_behav || pi_current) per age, the value
-``diagnose``'s per-age ``kl_k1`` / ``kl_k3`` estimate.
+``exact_kl_by_age`` is the true KL(pi_behav || pi_current) per age, the value ``diagnose``'s per-age ``kl_k1`` /
+``kl_k3`` estimate.
 
 Shapes (``--shape``), all holding the same tokens:
 
@@ -81,12 +78,10 @@ def example_log(rng: np.random.Generator, *, n_prompts: int = 64, group: int = 8
     age = seq_age[seq]  # (n,)
     ctx = rng.integers(0, contexts, size=seq.size)  # (n,)
     behav_table = sampler[max_age - age, ctx]  # (n, V): the sampler that drew each token
-    gumbel = rng.gumbel(size=behav_table.shape)
-    token = np.argmax(behav_table + gumbel, axis=1)  # (n,) a draw from pi_behav
-    rows = np.arange(seq.size)
+    token = np.argmax(behav_table + rng.gumbel(size=behav_table.shape), axis=1)  # (n,) a draw from pi_behav
     columns = {
         "seq_id": seq, "position": position,
-        "logp_behav": behav_table[rows, token], "logp_current": current[ctx, token],
+        "logp_behav": behav_table[np.arange(seq.size), token], "logp_current": current[ctx, token],
         "age": age.astype(np.float64), "advantage": advantage[seq], "reward": reward[seq],
     }
     per_version = np.sum(np.exp(sampler) * (sampler - current), axis=-1).mean(axis=1)  # (versions,)
@@ -99,8 +94,7 @@ def _wide(columns: dict[str, np.ndarray], shape: str, group: int = 8) -> dict[st
     seq = columns["seq_id"]
     starts = np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]])
     lengths = np.diff(np.r_[starts, seq.size])
-    width = int(lengths.max())
-    mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)  # (n_seq, width)
+    mask = (np.arange(int(lengths.max()))[None, :] < lengths[:, None]).astype(np.int64)  # (n_seq, longest)
 
     def pad(values: np.ndarray) -> list[list]:
         out = np.zeros(mask.shape, dtype=values.dtype)
@@ -136,26 +130,19 @@ def write_example(path: str | Path, shape: str = "default", seed: int = 0) -> di
     if path.exists():
         raise ValueError(f"{path} exists; choose a new path")
     fmt = detect_format(path)
+    if fmt == "csv" and shape != "default":
+        raise ValueError("the trl and verl shapes hold lists: write .parquet or .jsonl, not .csv")
     columns, truth = example_log(np.random.default_rng(seed))
     table = {k: v.tolist() for k, v in columns.items()} if shape == "default" else _wide(columns, shape)
     if fmt == "jsonl":
-        keys = list(table)
         with open(path, "w") as fh:
-            for row in zip(*table.values()):
-                fh.write(json.dumps(dict(zip(keys, row))) + "\n")
+            fh.writelines(json.dumps(dict(zip(table, row))) + "\n" for row in zip(*table.values()))
         return truth
     pa = require_pyarrow()
-    arrow = pa.table(table)
-    if fmt == "csv":
-        if shape != "default":
-            raise ValueError("the trl and verl shapes hold lists: write .parquet or .jsonl, not .csv")
-        import pyarrow.csv as pa_csv
+    import pyarrow.csv as pa_csv
+    import pyarrow.parquet as pq
 
-        pa_csv.write_csv(arrow, path)
-    else:
-        import pyarrow.parquet as pq
-
-        pq.write_table(arrow, path)
+    (pa_csv.write_csv if fmt == "csv" else pq.write_table)(pa.table(table), path)
     return truth
 
 

@@ -1,26 +1,19 @@
 """Stream a rollout log (Parquet, CSV or JSON lines) as chunks of per-token arrays.
 
-Files larger than memory are read piece by piece through pyarrow: Parquet one
-row group at a time, split into record batches (only the mapped columns are
-decoded), CSV by blocks, JSON lines by blocks of whole lines.  Each piece becomes a :class:`TokenChunk` of flat
-per-token arrays, whichever layout (long / wide, see ``schema.py``) the file
-has.  Sequence identifiers of any type are mapped to dense integer codes that
-are stable across chunks, so a sequence whose tokens straddle two chunks is
-still one sequence.
+Files larger than memory are read piece by piece through pyarrow: Parquet one row group at a time, split into
+record batches (only the mapped columns are decoded), CSV by blocks, JSON lines by blocks of whole lines. Each
+piece becomes a :class:`TokenChunk` of flat per-token arrays, whichever layout (long / wide, see ``schema.py``)
+the file has. Sequence identifiers of any type are mapped to dense integer codes that are stable across chunks,
+so a sequence whose tokens straddle two chunks is still one sequence.
 
-pyarrow does the parsing because it streams all three formats with typed,
-vectorised decoders, and reads only the columns asked for.  Columns become numpy
-arrays straight from the Arrow buffers (:func:`to_numpy`), and the next chunk is
-decoded in a thread while the caller folds the current one.  With ``sorted_ids``
-integer ids that never decrease get running codes and no dictionary (O(1)
-memory); the first decrease raises :class:`UnsortedIds`.
+pyarrow does the parsing because it streams all three formats with typed, vectorised decoders, and reads only
+the columns asked for. Columns become numpy arrays straight from the Arrow buffers (:func:`to_numpy`), and the
+next chunk is decoded in a thread while the caller folds the current one. With ``sorted_ids`` integer ids that
+never decrease get running codes and no dictionary (O(1) memory); the first decrease raises :class:`UnsortedIds`.
 
-Malformed rows are never silently dropped: null log-probs surface as NaN for
-the caller's validity check, and a wide row whose lists disagree in length
-raises unless ``skip_invalid`` is set, in which case it is counted in
-``TokenChunk.mismatched_rows``.
-
-Tokens whose ``mask`` (padding) or ``tool_mask`` (TRL's tool results) is 0 are
+Malformed rows are never silently dropped: null log-probs surface as NaN for the caller's validity check, and a
+wide row whose lists disagree in length raises unless ``skip_invalid`` is set, in which case it is counted in
+``TokenChunk.mismatched_rows``. Tokens whose ``mask`` (padding) or ``tool_mask`` (TRL's tool results) is 0 are
 removed here, in either layout, before any check or statistic sees them.
 """
 
@@ -36,7 +29,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from replay_theory.diagnose.errors import ConfigError
-from replay_theory.diagnose.schema import ColumnMap
+from replay_theory.diagnose.schema import REQUIRED, ColumnMap
 
 FORMATS = ("parquet", "csv", "jsonl")
 _SUFFIX_FORMAT = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv",
@@ -47,10 +40,9 @@ BLOCK_BYTES = 16 * 1024 * 1024
 SNIFF_BYTES = 4096
 #: the per-token float quantities a :class:`TokenChunk` carries (masks are applied, not carried).
 _TOKEN_FIELDS = ("logp_behav", "logp_current", "age", "advantage", "reward")
+_READ_FIELDS = (*_TOKEN_FIELDS, "mask", "tool_mask")
 _KIND = {"parquet": "a Parquet file", "jsonl": "a JSON-lines file", "csv": "a CSV file",
          "binary": "a binary file that is not Parquet", "json-array": "one JSON array, not one object per line"}
-
-
 #: log-probs in (0, LOGP_ROUNDOFF] are round-off from bf16 / fused kernels and read as 0.
 LOGP_ROUNDOFF = 1e-6
 
@@ -90,17 +82,9 @@ class TokenChunk:
     first_row: int  # file row of the chunk's first row (for error messages)
     mismatched_rows: int = 0  # wide rows skipped because their lists disagree in length
 
-    def __len__(self) -> int:
-        return int(self.logp_behav.shape[0])
-
 
 def sniff_format(path: Path) -> Optional[str]:
-    """What the head of ``path`` looks like: parquet, jsonl, json-array, csv, binary or None (empty, unreadable).
-
-    Parquet files start with the magic ``PAR1``; a JSON-lines file's first
-    non-blank byte is ``{``; other text is taken for CSV; control bytes other
-    than tab / newline / carriage return mean a binary file.
-    """
+    """What the head of ``path`` looks like: parquet, jsonl, json-array, csv, binary or None (empty, unreadable)."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(SNIFF_BYTES)
@@ -125,19 +109,15 @@ def detect_format(path: Path, fmt: str = "auto") -> str:
     if fmt != "auto" and fmt not in FORMATS:
         raise ConfigError("format", f"must be auto, {', '.join(FORMATS)}; got {fmt!r}")
     valid = f"valid: auto, {', '.join(FORMATS)}"
-    chosen = fmt
-    if fmt == "auto":
-        suffixes = [s.lower() for s in path.suffixes]
-        chosen = next((_SUFFIX_FORMAT[s] for s in reversed(suffixes) if s in _SUFFIX_FORMAT), None)
-        if chosen is None:
-            raise ConfigError("format", f"auto cannot tell the format of {path.name} from its suffix ({valid})")
+    chosen = fmt if fmt != "auto" else next(
+        (_SUFFIX_FORMAT[s.lower()] for s in reversed(path.suffixes) if s.lower() in _SUFFIX_FORMAT), None)
+    if chosen is None:
+        raise ConfigError("format", f"auto cannot tell the format of {path.name} from its suffix ({valid})")
     seen = sniff_format(path) if path.is_file() else None
     # refuse only what the head proves: Parquet's magic, control bytes, '[' or '{' read as CSV; a text file
     # read as Parquet or CSV read as JSON lines fails in pyarrow with a one-line message of its own
-    wrong = ((seen == "parquet" and chosen != "parquet")
-             or (chosen in ("csv", "jsonl") and seen in ("binary", "json-array"))
-             or (chosen == "csv" and seen == "jsonl"))
-    if wrong:
+    if ((seen == "parquet" and chosen != "parquet") or (chosen in ("csv", "jsonl") and seen in ("binary", "json-array"))
+            or (chosen == "csv" and seen == "jsonl")):
         how = "" if fmt != "auto" else f" (auto took {chosen} from the suffix)"
         raise ConfigError("format", f"{fmt} does not match {path.name}{how}: it looks like {_KIND[seen]} ({valid})")
     return chosen
@@ -155,7 +135,6 @@ class LogReader:
         if chunk_rows < 1:
             raise ConfigError("chunk_rows", f"must be an integer >= 1, got {chunk_rows}")
         self.format = detect_format(self.path, fmt)
-        self.columns = columns
         self.chunk_rows = int(chunk_rows)
         self.skip_invalid = skip_invalid
         self.total_bytes = self.path.stat().st_size
@@ -170,62 +149,38 @@ class LogReader:
         self._last_id = None
         self._next_code = 0
         self._pa = require_pyarrow()
-        self.names = self._schema_names()
-        self.used = self._used_columns()
-        self.layout = self._layout()
-
-    # ------------------------------------------------------------------ schema
-    def _schema_names(self) -> list[str]:
         try:
             self.schema = read_schema(self.path, self.format)
         except Exception as exc:  # pyarrow raises many types for a corrupt file
             raise ValueError(f"cannot read {self.path.name} as {self.format}: {_first_line(exc)}") from exc
-        return list(self.schema.names)
-
-    def _used_columns(self) -> dict[str, str]:
-        """field -> column actually present; missing required columns raise with the fix."""
-        used = {}
-        for field, name in self.columns.columns().items():
-            if name in self.names:
-                used[field] = name
-            elif field in ("logp_behav", "logp_current"):
+        self.names = list(self.schema.names)
+        self.used = {field: name for field, name in columns.columns().items() if name in self.names}  # field -> column
+        for field in REQUIRED:
+            if field not in self.used:
                 raise ValueError(
-                    f"column {name!r} ({field}) not in {self.path.name} (columns: {', '.join(self.names[:12])}); "
-                    f"map it with --columns {field}=NAME or pick --preset trl|verl")
-        return used
-
-    def _layout(self) -> str:
-        layout = self.columns.layout
-        if layout == "auto":
-            layout = "long"
-            if self.format != "csv":
-                layout = "wide" if self._is_list(self.used["logp_behav"]) else "long"
-        if layout == "wide" and self.format == "csv":
+                    f"column {getattr(columns, field)!r} ({field}) not in {self.path.name} (columns: "
+                    f"{', '.join(self.names[:12])}); map it with --columns {field}=NAME or pick --preset trl|verl")
+        self.layout = columns.layout
+        if self.layout == "auto":  # CSV has no list columns
+            wide = self.format != "csv" and _is_list_type(self.schema.field(self.used["logp_behav"]).type)
+            self.layout = "wide" if wide else "long"
+        if self.layout == "wide" and self.format == "csv":
             raise ValueError("the wide layout (list columns) needs Parquet or JSON lines, not CSV")
-        if layout == "long" and "seq_id" not in self.used:
+        if self.layout == "long" and "seq_id" not in self.used:
             raise ValueError(
-                f"column {self.columns.seq_id!r} (seq_id) not in {self.path.name}: the long layout (a row per token) "
+                f"column {columns.seq_id!r} (seq_id) not in {self.path.name}: the long layout (a row per token) "
                 "needs a sequence id; map it with --columns seq_id=NAME")
-        return layout
-
-    def _is_list(self, name: str) -> bool:
-        return _is_list_type(self.schema.field(name).type)
-
-    # ------------------------------------------------------------------ batches
-    def _batches(self) -> Iterator:
-        floats = [self.used[f] for f in (*_TOKEN_FIELDS, "mask", "tool_mask") if f in self.used]
-        for batch, done in iter_batches(self.path, self.format, sorted(set(self.used.values())), self.chunk_rows,
-                                        floats, self.schema):
-            self.bytes_done = done
-            yield batch
 
     def __iter__(self) -> Iterator[TokenChunk]:
         """The chunks; with ``read_ahead``, decoded one ahead in a thread (pyarrow and numpy release the GIL)."""
         return _prefetch(self._chunks()) if self.read_ahead else self._chunks()
 
     def _chunks(self) -> Iterator[TokenChunk]:
+        floats = [self.used[f] for f in _READ_FIELDS if f in self.used]
+        batches = iter_batches(self.path, self.format, sorted(set(self.used.values())), self.chunk_rows, floats,
+                               self.schema)
         try:
-            for batch in self._batches():
+            for batch, self.bytes_done in batches:
                 chunk = self._wide(batch) if self.layout == "wide" else self._long(batch)
                 self.rows_done += batch.num_rows
                 yield chunk
@@ -234,23 +189,14 @@ class LogReader:
                 raise
             raise ValueError(f"cannot read {self.path.name} past row {self.rows_done}: {_first_line(exc)}") from exc
 
-    # ------------------------------------------------------------------ layouts
-    def _float(self, batch, field: str) -> Optional[np.ndarray]:
-        if field not in self.used:
-            return None
-        return np.asarray(to_numpy(batch.column(self.used[field])), dtype=np.float64)
-
     def _long(self, batch) -> TokenChunk:
-        ids = self._ids(batch.column(self.used["seq_id"]))
-        arrays = {f: self._float(batch, f) for f in _TOKEN_FIELDS}
-        seq, arrays = _drop_masked(self._encode(ids), arrays, self._float(batch, "mask"),
-                                   self._float(batch, "tool_mask"))
+        seq = self._encode(self._ids(batch.column(self.used["seq_id"])))
+        seq, arrays = _drop_masked(seq, {f: np.asarray(to_numpy(batch.column(self.used[f])), dtype=np.float64)
+                                         if f in self.used else None for f in _READ_FIELDS})
         return TokenChunk(seq=seq, first_row=self.rows_done, **arrays)
 
     def _wide(self, batch) -> TokenChunk:
         import pyarrow.compute as pc
-
-        n_rows = batch.num_rows
 
         def lengths(name: str) -> np.ndarray:
             return np.asarray(to_numpy(pc.list_value_length(batch.column(name))), dtype=np.float64)  # null -> NaN
@@ -258,7 +204,7 @@ class LogReader:
         length = lengths(self.used["logp_behav"])  # (rows,)
         ok = np.isfinite(length)
         list_fields = [f for f in ("logp_current", "mask", "tool_mask", "age", "advantage", "reward")
-                       if f in self.used and self._column_is_list(batch, self.used[f])]
+                       if f in self.used and _is_list_type(batch.schema.field(self.used[f]).type)]
         for field in list_fields:
             ok &= lengths(self.used[field]) == length
         bad = np.flatnonzero(~ok)
@@ -267,29 +213,21 @@ class LogReader:
                 f"row {self.rows_done + int(bad[0])} of {self.path.name}: the per-token lists have different "
                 f"lengths (or are null); fix the log or pass --skip-invalid to drop and count such rows")
         length = np.where(ok, length, 0).astype(np.int64)
+        keep_rows = self._pa.array(ok)
 
         def flat(field: str) -> Optional[np.ndarray]:
             if field not in self.used:
                 return None
             col = batch.column(self.used[field])
-            if field in list_fields or field in ("logp_behav",):
-                keep_rows = self._pa.array(ok)
-                values = pc.list_flatten(col.filter(keep_rows))
-                return np.asarray(to_numpy(values), dtype=np.float64)
-            per_row = np.asarray(to_numpy(col), dtype=np.float64)
-            return np.repeat(per_row[ok], length[ok])
+            if field == "logp_behav" or field in list_fields:
+                return np.asarray(to_numpy(pc.list_flatten(col.filter(keep_rows))), dtype=np.float64)
+            return np.repeat(np.asarray(to_numpy(col), dtype=np.float64)[ok], length[ok])
 
-        if "seq_id" in self.used:
-            row_codes = self._encode(self._ids(batch.column(self.used["seq_id"])))
-        else:
-            row_codes = self._encode(self.rows_done + np.arange(n_rows, dtype=np.int64))
-        seq = np.repeat(row_codes[ok], length[ok])  # (n_tokens,)
-        arrays = {f: flat(f) for f in _TOKEN_FIELDS}
-        seq, arrays = _drop_masked(seq, arrays, flat("mask"), flat("tool_mask"))
+        ids = self._ids(batch.column(self.used["seq_id"])) if "seq_id" in self.used else \
+            self.rows_done + np.arange(batch.num_rows, dtype=np.int64)  # no id column: one sequence per row
+        seq = np.repeat(self._encode(ids)[ok], length[ok])  # (n_tokens,)
+        seq, arrays = _drop_masked(seq, {f: flat(f) for f in _READ_FIELDS})
         return TokenChunk(seq=seq, first_row=self.rows_done, mismatched_rows=int(bad.size), **arrays)
-
-    def _column_is_list(self, batch, name: str) -> bool:
-        return _is_list_type(batch.schema.field(name).type)
 
     def _ids(self, col) -> np.ndarray:
         """Sequence ids as numpy: integers as they are, anything else as Python objects (None for a null)."""
@@ -362,15 +300,20 @@ def read_schema(path: Path, fmt: str):
     return pc_csv.read_csv(io.BytesIO(head)).schema
 
 
+def column_names(path: str | Path, fmt: str = "auto") -> list[str]:
+    """The column names of a log (Parquet footer, or the head of a CSV / JSON-lines file)."""
+    require_pyarrow()
+    return list(read_schema(Path(path), detect_format(Path(path), fmt)).names)
+
+
 def iter_batches(path: Path, fmt: str, columns: list[str], chunk_rows: int, floats: list[str] = (),
                  schema=None) -> Iterator[tuple]:
     """(record batch of ``columns``, bytes read so far): at most ``chunk_rows`` rows each, in file order.
 
-    Parquet is read one row group at a time, released before the next: pyarrow 26's
-    ``ParquetFile.iter_batches`` keeps every batch it decoded until the file object
-    goes (peak RSS 2.75 GB at 100M tokens).  CSV and JSON lines stream by blocks;
-    ``floats`` are parsed as float64 (as lists of float64 where ``schema``, the
-    head's, has lists) whatever the first block looks like.
+    Parquet is read one row group at a time, released before the next: pyarrow 26's ``ParquetFile.iter_batches``
+    keeps every batch it decoded until the file object goes (peak RSS 2.75 GB at 100M tokens). CSV and JSON lines
+    stream by blocks; ``floats`` are parsed as float64 (as lists of float64 where ``schema``, the head's, has
+    lists) whatever the first block looks like.
     """
     import pyarrow as pa
 
@@ -435,21 +378,18 @@ def to_numpy(col) -> np.ndarray:
     return np.frombuffer(col.buffers()[1], dtype=dtype, count=len(col), offset=col.offset * dtype.itemsize)
 
 
-def _drop_masked(seq: np.ndarray, arrays: dict[str, Optional[np.ndarray]], mask: Optional[np.ndarray],
-                 tool_mask: Optional[np.ndarray]) -> tuple[np.ndarray, dict[str, Optional[np.ndarray]]]:
-    """Keep the tokens whose ``mask * tool_mask`` is non-zero; an absent mask counts as all ones.
+def _drop_masked(seq: np.ndarray, arrays: dict[str, Optional[np.ndarray]]) -> tuple[np.ndarray, dict]:
+    """``arrays`` less ``mask`` and ``tool_mask``, at the tokens whose ``mask * tool_mask`` is non-zero (None: all 1).
 
     The one place masks act: padding (``mask`` 0) and TRL's tool-result tokens (``tool_mask`` 0, whose sampling
     log-prob TRL sets to 0, so their ratio says nothing about the policy) never reach a count or a statistic, as
     they never reach TRL's loss (``completion_mask * tool_mask``). Null flags drop out too.
     """
-    keep = None
-    for flags in (mask, tool_mask):
-        if flags is not None:
-            ok = np.nan_to_num(flags, nan=0.0) != 0
-            keep = ok if keep is None else keep & ok
-    if keep is None:
+    flags = [arrays.pop(f) for f in ("mask", "tool_mask")]
+    keeps = [np.nan_to_num(f, nan=0.0) != 0 for f in flags if f is not None]
+    if not keeps:
         return seq, arrays
+    keep = np.logical_and.reduce(keeps)
     return seq[keep], {f: None if a is None else a[keep] for f, a in arrays.items()}
 
 

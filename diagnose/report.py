@@ -12,28 +12,15 @@ from replay_theory.diagnose.errors import ConfigError
 #: keys every report of ``pipeline.diagnose`` has; a JSON object without them is some other file.
 REPORT_KEYS = ("n_tokens", "ess_frac", "by_age", "config")
 
-ROWS = (
-    ("ess_frac", "ESS fraction (Kish)"),
-    ("chi2", "chi^2 = mean r^2 - 1"),
-    ("d2", "D_2 = log mean r^2"),
-    ("kl_k1", "KL k1 = mean(-log r)"),
-    ("kl_k2", "KL k2 = mean((log r)^2)/2"),
-    ("kl_k3", "KL k3 = mean(r - 1 - log r)"),
-    ("m2", "M2 = mean((log r)^2)"),
-    ("ratio_min", "ratio min"),
-    ("ratio_mean", "ratio mean"),
-    ("ratio_max", "ratio max"),
-)
-
-
-#: where each framework metric's definition comes from (framework_stats.py transcribes it)
-FRAMEWORK_SOURCES = (
-    ("rollout_corr/", "verl rollout_corr_helper.py"),
-    ("actor/", "verl core_algos.py (vanilla PPO, dual clip)"),
-    ("sampling/", "TRL grpo_trainer.py (vLLM IS, sequence_mask)"),
-    ("clip_ratio/", "TRL grpo_trainer.py compute_loss"),
-    ("m2po/", "M2PO core_algos.py"),
-)
+#: report key -> label of the summary table's rows
+ROWS = {"ess_frac": "ESS fraction (Kish)", "chi2": "chi^2 = mean r^2 - 1", "d2": "D_2 = log mean r^2",
+        "kl_k1": "KL k1 = mean(-log r)", "kl_k2": "KL k2 = mean((log r)^2)/2", "kl_k3": "KL k3 = mean(r - 1 - log r)",
+        "m2": "M2 = mean((log r)^2)", "ratio_min": "ratio min", "ratio_mean": "ratio mean", "ratio_max": "ratio max"}
+#: metric key prefix -> where its definition comes from (framework_stats.py transcribes it)
+FRAMEWORK_SOURCES = {"rollout_corr/": "verl rollout_corr_helper.py",
+                     "actor/": "verl core_algos.py (vanilla PPO, dual clip)",
+                     "sampling/": "TRL grpo_trainer.py (vLLM IS, sequence_mask)",
+                     "clip_ratio/": "TRL grpo_trainer.py compute_loss", "m2po/": "M2PO core_algos.py"}
 
 
 def _fmt(x, digits: int = 4) -> str:
@@ -45,9 +32,7 @@ def _fmt(x, digits: int = 4) -> str:
         return "yes" if x else "NO"
     if isinstance(x, int):
         return f"{x:,}"
-    if isinstance(x, float) and (math.isinf(x) or math.isnan(x)):
-        return str(x)
-    return f"{x:.{digits}g}"
+    return str(x) if isinstance(x, float) and not math.isfinite(x) else f"{x:.{digits}g}"
 
 
 def load_report(path: str | os.PathLike) -> dict:
@@ -82,19 +67,15 @@ def render(report: dict) -> str:
            f"preset {report['preset']})",
            f"  {report['n_tokens']:,} tokens in {report['n_sequences']:,} sequences; r = pi_current / pi_behav"]
     skipped = {k: v for k, v in (report.get("skipped") or {}).items() if v}
-    out.append("  skipped: " + (", ".join(f"{k} {v:,}" for k, v in skipped.items()) if skipped else "none"))
-    out.append("")
+    out += ["  skipped: " + (", ".join(f"{k} {v:,}" for k, v in skipped.items()) if skipped else "none"), ""]
     out += _table(["statistic", "token", "sequence"],
-                  [[label, _fmt(report.get(key)), _fmt(seq.get(key))] for key, label in ROWS])
+                  [[label, _fmt(report.get(key)), _fmt(seq.get(key))] for key, label in ROWS.items()])
     q = report.get("ratio_quantiles") or {}
     if q:
         out.append("  ratio quantiles: " + "  ".join(f"{k} {_fmt(v, 3)}" for k, v in q.items()))
     out += ["", "theory bounds (lhs <= rhs):"]
-    rows = []
-    for level in ("token", "sequence"):
-        for rel in (report.get("bounds") or {}).get(level, []):
-            rows.append([f"{level}: {rel['name']}", _fmt(rel["lhs"]), _fmt(rel["rhs"]), _fmt(rel["holds"]),
-                         _fmt(rel["slack"]), rel["source"]])
+    rows = [[f"{level}: {rel['name']}", _fmt(rel["lhs"]), _fmt(rel["rhs"]), _fmt(rel["holds"]), _fmt(rel["slack"]),
+             rel["source"]] for level in ("token", "sequence") for rel in (report.get("bounds") or {}).get(level, [])]
     out += _table(["relation", "lhs", "rhs", "holds", "slack", "source"], rows)
     if report.get("by_age"):
         out += ["", "by sample age:"]
@@ -118,10 +99,9 @@ def render(report: dict) -> str:
         params = report.get("framework_params") or {}
         out += ["", "framework metrics (TRL / verl / M2PO keys as their code logs them; "
                     + ", ".join(f"{k} {v:g}" for k, v in params.items()) + "):"]
-        rows = []
-        for key, value in framework.items():
-            source = next((src for prefix, src in FRAMEWORK_SOURCES if key.startswith(prefix)), "")
-            rows.append([key, _fmt(value), _fmt(seq_is.get(key)) if key in seq_is else "", source])
+        rows = [[key, _fmt(value), _fmt(seq_is.get(key)) if key in seq_is else "",
+                 next((src for prefix, src in FRAMEWORK_SOURCES.items() if key.startswith(prefix)), "")]
+                for key, value in framework.items()]
         out += _table(["metric", "value", "rollout_is=sequence", "source"], rows)
     if report.get("what_if"):
         out += ["", "what if (same tokens, other corrections; w = 0 where a token stops training):"]

@@ -18,52 +18,39 @@ A log is a table in one of two layouts:
   reward         no       reward of the sequence (repeated on its tokens)
   ============== ======== ===================================================
 
-* ``wide``: one row per sequence, the per-token quantities as lists of equal
-  length, padding marked by an optional 0/1 list ``mask`` (and tool-result
-  tokens by an optional 0/1 list ``tool_mask``); ``age``,
-  ``advantage`` and ``reward`` may be scalars (per sequence) or lists.  This is
-  the shape of TRL's and verl's per-batch tensors written out row by row.
+* ``wide``: one row per sequence, the per-token quantities as lists of equal length, padding marked by an optional
+  0/1 list ``mask`` (and tool-result tokens by an optional 0/1 list ``tool_mask``); ``age``, ``advantage`` and
+  ``reward`` may be scalars (per sequence) or lists.  This is the shape of TRL's and verl's per-batch tensors
+  written out row by row.
 
-The ratio the whole module studies is r = pi_current / pi_behav, computed as
-``log r = logp_current - logp_behav`` (samples are drawn under pi_behav).
+The ratio the whole module studies is r = pi_current / pi_behav, computed as ``log r = logp_current - logp_behav``
+(samples are drawn under pi_behav).
 
 Presets (``--preset``):
 
 * ``default``: the long layout above.
-* ``trl``: TRL ``GRPOTrainer`` inputs (``trl/trainer/grpo_trainer.py``), and
-  exactly what ``replay_theory.integrations.trl``'s ``DiagnoseLogCallback``
-  writes: behaviour = ``sampling_per_token_logps`` (the sampler's log-probs),
-  current = ``per_token_logps`` (the learner at the update), padding =
-  ``completion_mask``, times ``tool_mask`` (0 on tool-result tokens, whose
-  sampling log-prob TRL sets to 0: TRL's loss leaves them out, and so does
-  every count and statistic here), ``advantages``, ``rewards``, ``age`` (the
-  export's steps since the row was generated).  TRL's own vLLM
-  importance-sampling correction uses ``old_per_token_logps`` as the current
-  side: pass ``--columns logp_current=old_per_token_logps`` for that pair; the
-  replay trainer's loss corrects ``per_token_logps`` against
-  ``old_per_token_logps``: ``--columns logp_behav=old_per_token_logps``.
-* ``verl``: verl ``DataProto`` batch keys, and exactly what
-  ``replay_theory.integrations.verl``'s ``VerlDiagnoseLogger`` writes:
-  behaviour = ``rollout_log_probs`` (the rollout engine), current =
-  ``old_log_probs`` (the actor's recomputation at the step, before its update:
-  the pair verl's rollout correction weights with), padding = ``response_mask``
-  (verl's mask is also 0 on multi-turn tool-result tokens), per-token
-  ``advantages``, reward = ``scores`` (the row's sum of verl's
-  ``token_level_scores``; ``--columns reward=rewards`` for the KL-penalised
-  ``token_level_rewards``), ``age`` (current weights version minus the version
-  the rollout started under, from verl's per-sample ``min_global_steps`` /
-  ``max_global_steps``, named ``param_version_start`` / ``param_version_end``
-  in the fully-async trainer before verl 0.9; ``--columns age=age_end`` for the
-  gap to the version it ended under).
+* ``trl``: TRL ``GRPOTrainer`` inputs (``trl/trainer/grpo_trainer.py``), and exactly what
+  ``replay_theory.integrations.trl``'s ``DiagnoseLogCallback`` writes: behaviour = ``sampling_per_token_logps`` (the
+  sampler's log-probs), current = ``per_token_logps`` (the learner at the update), padding = ``completion_mask``,
+  times ``tool_mask`` (0 on tool-result tokens, whose sampling log-prob TRL sets to 0: TRL's loss leaves them out,
+  and so does every count and statistic here), ``advantages``, ``rewards``, ``age`` (the export's steps since the
+  row was generated).  TRL's own vLLM importance-sampling correction uses ``old_per_token_logps`` as the current
+  side: pass ``--columns logp_current=old_per_token_logps`` for that pair; the replay trainer's loss corrects
+  ``per_token_logps`` against ``old_per_token_logps``: ``--columns logp_behav=old_per_token_logps``.
+* ``verl``: verl ``DataProto`` batch keys, and exactly what ``replay_theory.integrations.verl``'s
+  ``VerlDiagnoseLogger`` writes: behaviour = ``rollout_log_probs`` (the rollout engine), current = ``old_log_probs``
+  (the actor's recomputation at the step, before its update: the pair verl's rollout correction weights with),
+  padding = ``response_mask`` (verl's mask is also 0 on multi-turn tool-result tokens), per-token ``advantages``,
+  reward = ``scores`` (the row's sum of verl's ``token_level_scores``; ``--columns reward=rewards`` for the
+  KL-penalised ``token_level_rewards``), ``age`` (current weights version minus the version the rollout started
+  under, from verl's per-sample ``min_global_steps`` / ``max_global_steps``, named ``param_version_start`` /
+  ``param_version_end`` in the fully-async trainer before verl 0.9; ``--columns age=age_end`` for the gap to the
+  version it ended under).
 
-TRL's GRPOTrainer stores no per-sample policy-version gap in these tensors (the
-replay trainer's export writes one, ``age``).  verl does keep one: its agent
-loop records, per sample, the weights versions a response was generated
-under (above), and the verl hook turns it into ``age``.  For any other log,
-write one (e.g. ``current_version - rollout_version``) and map it with
-``--columns age=NAME`` to get the by-age table, the drift fit and FreshPER.  A
-mapped column that the file lacks is simply not used (only the two log-prob
-columns are required).
+TRL's GRPOTrainer stores no per-sample policy-version gap in these tensors (the replay trainer's export writes one,
+``age``). For any other log, write one (e.g. ``current_version - rollout_version``) and map it with
+``--columns age=NAME`` to get the by-age table, the drift fit and FreshPER. A mapped column that the file lacks is
+simply not used (only the two log-prob columns are required).
 
 Every name can be overridden with ``--columns field=name,...``.
 """
@@ -77,13 +64,8 @@ from replay_theory.diagnose.errors import ConfigError
 
 Layout = Literal["auto", "long", "wide"]
 
-#: fields of :class:`ColumnMap` that name a column (``layout`` does not).
-COLUMN_FIELDS = ("seq_id", "logp_behav", "logp_current", "position", "age", "advantage", "reward", "mask",
-                 "tool_mask")
 #: columns that must be present (``seq_id`` only in the long layout).
 REQUIRED = ("logp_behav", "logp_current")
-
-
 #: Per-step timing columns of a trainer's log (repeated on every row of the step), which ``calibrate --from-log``
 #: turns into mu = (generation seconds / generated rows) / (update seconds / trained rows): wall seconds the step
 #: spent generating its fresh rows, wall seconds it spent on the update (forward, backward, optimizer), and the
@@ -106,35 +88,17 @@ class ColumnMap:
     layout: Layout = "auto"
 
     def columns(self) -> dict[str, str]:
-        """field -> column name, for the fields that name a column."""
-        return {f: getattr(self, f) for f in COLUMN_FIELDS if getattr(self, f)}
+        """field -> column name, for the fields that name a column (``layout`` does not)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "layout" and getattr(self, f.name)}
 
 
 PRESETS: dict[str, ColumnMap] = {
     "default": ColumnMap(),
-    "trl": ColumnMap(
-        seq_id=None,
-        logp_behav="sampling_per_token_logps",
-        logp_current="per_token_logps",
-        position=None,
-        age="age",
-        advantage="advantages",
-        reward="rewards",
-        mask="completion_mask",
-        tool_mask="tool_mask",
-        layout="wide",
-    ),
-    "verl": ColumnMap(
-        seq_id=None,
-        logp_behav="rollout_log_probs",
-        logp_current="old_log_probs",
-        position=None,
-        age="age",
-        advantage="advantages",
-        reward="scores",
-        mask="response_mask",
-        layout="wide",
-    ),
+    "trl": ColumnMap(seq_id=None, logp_behav="sampling_per_token_logps", logp_current="per_token_logps", position=None,
+                     age="age", advantage="advantages", reward="rewards", mask="completion_mask", tool_mask="tool_mask",
+                     layout="wide"),
+    "verl": ColumnMap(seq_id=None, logp_behav="rollout_log_probs", logp_current="old_log_probs", position=None,
+                      age="age", advantage="advantages", reward="scores", mask="response_mask", layout="wide"),
 }
 
 
@@ -147,10 +111,7 @@ def resolve_columns(preset: str = "default", overrides: Optional[str] = None) ->
         return cmap
     changes: dict[str, Optional[str]] = {}
     valid = {f.name for f in fields(ColumnMap)}
-    for item in overrides.split(","):
-        item = item.strip()
-        if not item:
-            continue
+    for item in filter(None, (part.strip() for part in overrides.split(","))):  # empty items are skipped
         if "=" not in item:
             raise ConfigError("columns", f"must be field=name pairs separated by commas, got {item!r}")
         key, value = (part.strip() for part in item.split("=", 1))
