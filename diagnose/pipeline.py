@@ -362,7 +362,7 @@ def keep_freed_memory(trim_bytes: int = 32 << 20, mmap_bytes: int = 32 << 20) ->
 def _pass(config: DiagnoseConfig, sorted_ids: bool, progress) -> tuple[LogReader, _State]:
     columns = resolve_columns(config.preset, config.columns)
     reader = LogReader(config.path, columns, fmt=config.format, chunk_rows=config.chunk_rows,
-                       skip_invalid=config.skip_invalid, sorted_ids=sorted_ids, read_ahead=False)
+                       skip_invalid=config.skip_invalid, sorted_ids=sorted_ids)
     state = _State(config, "age" in reader.used, "advantage" in reader.used, sorted_ids)
     # worker lanes (one-thread executors) and the reading thread each run their folds in chunk order, so every
     # accumulator sees the chunks in file order and the numbers do not depend on the thread count; a lane may

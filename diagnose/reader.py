@@ -7,9 +7,9 @@ the file has. Sequence identifiers of any type are mapped to dense integer codes
 so a sequence whose tokens straddle two chunks is still one sequence.
 
 pyarrow does the parsing because it streams all three formats with typed, vectorised decoders, and reads only
-the columns asked for. Columns become numpy arrays straight from the Arrow buffers (:func:`to_numpy`), and the
-next chunk is decoded in a thread while the caller folds the current one. With ``sorted_ids`` integer ids that
-never decrease get running codes and no dictionary (O(1) memory); the first decrease raises :class:`UnsortedIds`.
+the columns asked for. Columns become numpy arrays straight from the Arrow buffers (:func:`to_numpy`). With
+``sorted_ids`` integer ids that never decrease get running codes and no dictionary (O(1) memory); the first
+decrease raises :class:`UnsortedIds`.
 
 Malformed rows are never silently dropped: null log-probs surface as NaN for the caller's validity check, and a
 wide row whose lists disagree in length raises unless ``skip_invalid`` is set, in which case it is counted in
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import io
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -127,8 +126,7 @@ class LogReader:
     """Iterates a log file as :class:`TokenChunk` s; tracks progress and sequence codes."""
 
     def __init__(self, path: str | os.PathLike, columns: ColumnMap, *, fmt: str = "auto",
-                 chunk_rows: int = 262144, skip_invalid: bool = False, sorted_ids: bool = False,
-                 read_ahead: bool = True) -> None:
+                 chunk_rows: int = 262144, skip_invalid: bool = False, sorted_ids: bool = False) -> None:
         self.path = Path(path)
         if not self.path.is_file():
             raise ConfigError("path", f"{self.path} is not a file (not found, or a directory)")
@@ -145,7 +143,6 @@ class LogReader:
         # and most loggers write them) get consecutive codes from a running counter, so a finished sequence can be
         # folded and forgotten; the first id below its predecessor raises UnsortedIds (the caller re-reads unsorted)
         self.sorted_ids = sorted_ids
-        self.read_ahead = read_ahead
         self._last_id = None
         self._next_code = 0
         self._pa = require_pyarrow()
@@ -172,10 +169,6 @@ class LogReader:
                 "needs a sequence id; map it with --columns seq_id=NAME")
 
     def __iter__(self) -> Iterator[TokenChunk]:
-        """The chunks; with ``read_ahead``, decoded one ahead in a thread (pyarrow and numpy release the GIL)."""
-        return _prefetch(self._chunks()) if self.read_ahead else self._chunks()
-
-    def _chunks(self) -> Iterator[TokenChunk]:
         floats = [self.used[f] for f in _READ_FIELDS if f in self.used]
         batches = iter_batches(self.path, self.format, sorted(set(self.used.values())), self.chunk_rows, floats,
                                self.schema)
@@ -273,15 +266,6 @@ class LogReader:
         return codes
 
 
-def _prefetch(chunks: Iterator) -> Iterator:
-    """``chunks`` in order, each produced in a worker thread while the caller works on the one before."""
-    with ThreadPoolExecutor(1) as pool:
-        ahead = pool.submit(next, chunks, None)
-        while (chunk := ahead.result()) is not None:  # result() re-raises the worker's exception here
-            ahead = pool.submit(next, chunks, None)
-            yield chunk
-
-
 def read_schema(path: Path, fmt: str):
     """The Arrow schema of a log: the Parquet footer, or what pyarrow infers from the first MiB of a text file."""
     if fmt == "parquet":
@@ -322,7 +306,7 @@ def iter_batches(path: Path, fmt: str, columns: list[str], chunk_rows: int, floa
         import pyarrow.parquet as pq
 
         parquet = pq.ParquetFile(path)
-        # on two cores pyarrow's own decoding threads only compete with the folds (diagnose decodes ahead in a thread)
+        # on two cores pyarrow's own decoding threads only compete with diagnose's fold thread
         many_cores = (os.cpu_count() or 1) > 2
         rows, done = max(parquet.metadata.num_rows, 1), 0
         for group in range(parquet.metadata.num_row_groups):
