@@ -78,8 +78,8 @@ class SequenceSums:
         behav, cur = np.minimum(behav, 0.0), np.minimum(cur, 0.0)  # round-off positives read as 0
         lr = cur - behav  # (n,) log w_t
         # logit: log (1 - p)^2, -inf at p = 1 (no gradient through the softmax); constant: log 1
-        log_k = 2.0 * np.log(-np.expm1(cur)) if self.score == "logit" else np.zeros_like(cur)
         with np.errstate(divide="ignore"):
+            log_k = 2.0 * np.log(-np.expm1(cur)) if self.score == "logit" else np.zeros_like(cur)
             log_a2 = 2.0 * np.log(np.abs(adv))  # -inf at A = 0
         term = log_a2 + log_k + (2.0 * lr if self.weight == "token" else 0.0)  # (n,)
         self.tokens += int(lr.size)
