@@ -220,3 +220,18 @@ def test_long_layout_csv_gives_the_same_mu_and_table(tmp_path, cli):
     assert code == 0 and err == "" and data["provenance"]["layout"] == "long"
     assert data["mu"]["value"] == pytest.approx(MU, rel=1e-12) and data["mu"]["trained_rows"] == 7
     assert data["sigma_sq"] == pytest.approx([1.0, RATIO_LOGIT], rel=1e-12)
+
+
+def test_a_token_with_p_one_weighs_zero_without_a_warning(tmp_path):
+    # log (1 - p)^2 is -inf at p = 1 (logp 0): the token carries no gradient through the softmax and adds 0 to q;
+    # numpy's divide-by-zero warning must not reach the user
+    import warnings
+
+    from replay_theory.diagnose.calibrate_log import CalibrateLogConfig, calibrate_from_log
+
+    log = write_log(tmp_path / "run.parquet", rows=[*ROWS, (1, 1, 1.0, [L5, 0.0], [L5, 0.0], [1, 1])])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        data = calibrate_from_log(CalibrateLogConfig(path=str(log), preset="trl"))
+    # age 1 gains a sequence with q = 1 * 1 * 0.25 + 0 (its p = 1 token)
+    assert data["sigma_sq"] == pytest.approx([1.0, ((0.16 + 1.25 + 0.0625 + 0.25) / 4) / (4.25 / 3)], rel=1e-12)
