@@ -89,12 +89,13 @@ class Moments:
         return cls.from_segments(lr, np.zeros(1, dtype=np.int64))
 
     @classmethod
-    def from_segments(cls, log_ratio: np.ndarray, starts: np.ndarray) -> "Moments":
+    def from_segments(cls, log_ratio: np.ndarray, starts: np.ndarray, ratio: np.ndarray | None = None) -> "Moments":
         """One group per run ``log_ratio[starts[i]:starts[i + 1]]`` (``starts`` (S,) increasing from 0).
 
         Each run is shifted by its own maximum, so the per-token work is a few
         ``reduceat`` passes; groups of runs (an age, the whole log) follow from
-        :meth:`reduce`, which costs O(runs), not O(tokens).
+        :meth:`reduce`, which costs O(runs), not O(tokens).  ``ratio``: e^{log r} (n,) if the caller has it,
+        given only where every |log r| <= ``UNSHIFTED_MAX``.
         """
         lr = np.asarray(log_ratio, dtype=np.float64)  # (n,)
         n_tok = np.diff(np.append(starts, lr.size))  # (S,)
@@ -109,7 +110,7 @@ class Moments:
         if lr.size and max(float(top.max()), -float(lr.min())) <= UNSHIFTED_MAX:
             # e^{log r} and (r - 1)^2 can neither overflow nor leave the normal range here: sum them as they are and
             # shift the run sums (S,), not the tokens (n,) (a few ulps from shifting first; no repeat, no subtraction)
-            r, down = np.exp(lr), np.exp(-top)  # (n,), (S,) e^{-M}
+            r, down = np.exp(lr) if ratio is None else ratio, np.exp(-top)  # (n,), (S,) e^{-M}
             A, B, C = total(r) * down, total(r * r) * (down * down), total(r * lr) * down
             P = total(r_minus_1 * r_minus_1) * np.exp(-2.0 * np.maximum(top, 0.0))  # e^{-2L}
         else:

@@ -149,16 +149,18 @@ class FrameworkSums:
     seq: Running | None = None  # summaries of sequence_quantities(...), one row per name
 
     def add_tokens(self, lr: np.ndarray, cur: np.ndarray, behav: np.ndarray, starts: np.ndarray,
-                   adv: np.ndarray | None, seq_adv_tok: np.ndarray | None, params: FrameworkParams
-                   ) -> dict[str, np.ndarray]:
+                   adv: np.ndarray | None, seq_adv_tok: np.ndarray | None, params: FrameworkParams,
+                   ratio: np.ndarray | None = None, moments=None) -> dict[str, np.ndarray]:
         """Fold valid tokens ``lr``, ``cur``, ``behav`` (n,), ``adv`` (n,) the token's advantage and
         ``seq_adv_tok`` (n,) its sequence's (M2PO); return the ``SEQ_FIELDS`` sums (R,) of the runs of tokens
-        starting at ``starts`` (R,) (a run lies in one sequence; the caller adds runs up to sequences)."""
+        starting at ``starts`` (R,) (a run lies in one sequence; the caller adds runs up to sequences).
+        ``ratio`` (n,) = np.exp(lr) and ``moments`` (the runs' ``Moments``) if the caller has them: same numbers."""
         C = params.rollout_is_threshold
         top, low = float(lr.max()), float(lr.min())
         inside = -SAFETY_BOUND <= low and top <= SAFETY_BOUND  # the usual case: the clamp changes nothing
         clamped = lr if inside else np.clip(lr, -SAFETY_BOUND, SAFETY_BOUND)
-        w = np.exp(clamped)  # verl's ratio (rollout_corr_helper.py, SAFETY_BOUND)
+        # verl's ratio (rollout_corr_helper.py, SAFETY_BOUND)
+        w = ratio if inside and ratio is not None else np.exp(clamped)
         w_high, w_low = np.count_nonzero(w > C), np.count_nonzero(w < 1.0 / C)
         wc = np.clip(w, 1.0 / C, C) if w_high or w_low else w  # clamp(w, 1/C, C) is w when nothing is outside
         self.n += lr.size
@@ -179,8 +181,12 @@ class FrameworkSums:
         def per_run(values: np.ndarray) -> np.ndarray:
             return np.add.reduceat(values, starts)
 
-        runs = {"seq_len": np.diff(np.append(starts, lr.size)).astype(np.float64), "seq_lr": per_run(lr),
-                "seq_cur": per_run(cur), "seq_behav": per_run(behav), "seq_w": per_run(w)}
+        if moments is None:
+            seq_len, seq_lr = np.diff(np.append(starts, lr.size)).astype(np.float64), per_run(lr)
+        else:  # the same reduceat, taken once
+            seq_len, seq_lr = moments.n, moments.s1
+        runs = {"seq_len": seq_len, "seq_lr": seq_lr, "seq_cur": per_run(cur), "seq_behav": per_run(behav),
+                "seq_w": per_run(w)}
         if adv is None:
             return runs
         # verl core_algos.py compute_policy_loss_vanilla (ratio clamped to [e^-20, e^20], so exp is safe), on the

@@ -34,7 +34,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from replay_theory.diagnose.accumulators import LogRatioHistogram, Moments
+from replay_theory.diagnose.accumulators import UNSHIFTED_MAX, LogRatioHistogram, Moments
 from replay_theory.diagnose.drift import fit_kl_drift
 from replay_theory.diagnose.errors import ConfigError
 from replay_theory.diagnose.framework_stats import (
@@ -86,9 +86,9 @@ class DiagnoseConfig:
 #: what a sequence carries from token runs to its sequence-level statistics: the framework sums, its first
 #: kept token's advantage (NaN until seen) and whether it lost a token to --skip-invalid
 _SEQ_SUMS = (*SEQ_FIELDS, "adv", "bad")
-#: the independent folds of a chunk (``_fold_chunk``), heaviest first; with t threads, fold i runs in worker lane
-#: i % (t - 1) if i < max(2, t - 1), else in the reading thread: two threads split about evenly (measured)
-FOLDS = ("moments", "sequences", "what_if", "histogram")
+#: the independent folds of a chunk (``_fold_chunk``), heaviest first; with t threads, fold i runs in worker lane i
+#: if i < t - 1, else in the reading thread: with two threads, the worker's tokens fold takes as long as the rest
+FOLDS = ("tokens", "what_if", "histogram")
 #: complete sequences are folded in batches of at least this many (about 0.6 MB of sums): few numpy calls, flat memory
 CLOSE_EVERY = 8192
 
@@ -242,7 +242,7 @@ def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> di
         state.reward_sum += float(np.sum(kept(chunk.reward)))
         state.reward_n += lr.size
     if lr.size == 0:
-        return {"sequences": lambda: state.sequences.add(seq, {}, bad_codes)}
+        return {"tokens": lambda: state.sequences.add(seq, {}, bad_codes)}
     # runs of tokens with one sequence and one age: every token sum is taken per run (reduceat), and the
     # token, per-age and per-sequence groups are unions of runs
     change = seq[1:] != seq[:-1]
@@ -251,8 +251,9 @@ def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> di
     starts = np.concatenate([[0], np.flatnonzero(change) + 1])  # (R,)
     run_seq = seq[starts]  # (R,)
 
-    def moments() -> None:
-        runs = Moments.from_segments(lr, starts)
+    def tokens() -> None:  # moments, framework and sequence sums: one thread, so they share r and the run sums
+        ratio = np.exp(lr) if max(float(lr.max()), -float(lr.min())) <= UNSHIFTED_MAX else None  # (n,) or None
+        runs = Moments.from_segments(lr, starts, ratio)
         if age is None:  # with ages, the token level is the union of the ages (``_pass``)
             state.tokens.fold(runs.reduce(np.zeros(starts.size, dtype=np.int64), 1))
         else:
@@ -261,16 +262,15 @@ def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> di
                                 dtype=np.int64, count=values.size)
             state.by_age.grow(len(state.age_codes))
             state.by_age.fold(runs.reduce(codes[inv.reshape(-1)], state.by_age.size))
-
-    def sequences() -> None:
         seq_adv_tok = None
         if adv is not None:
             run_adv = state.sequences.first_advantage(run_seq, starts, adv)  # (R,)
-            seq_adv_tok = np.repeat(run_adv, np.diff(np.append(starts, lr.size)))
-        sums = state.framework.add_tokens(lr, cur, behav, starts, adv, seq_adv_tok, state.framework_params)
+            seq_adv_tok = np.repeat(run_adv, runs.n.astype(np.int64))
+        sums = state.framework.add_tokens(lr, cur, behav, starts, adv, seq_adv_tok, state.framework_params, ratio,
+                                          runs)
         state.sequences.add(run_seq, sums, bad_codes)
 
-    folds = {"moments": moments, "sequences": sequences, "histogram": lambda: state.hist.update(lr)}
+    folds = {"tokens": tokens, "histogram": lambda: state.hist.update(lr)}
     if state.what_if is not None:
         folds["what_if"] = lambda: state.what_if.update(lr, adv)
     return folds
@@ -367,7 +367,7 @@ def _pass(config: DiagnoseConfig, sorted_ids: bool, progress) -> tuple[LogReader
     # worker lanes (one-thread executors) and the reading thread each run their folds in chunk order, so every
     # accumulator sees the chunks in file order and the numbers do not depend on the thread count; a lane may
     # run two chunks behind the reader
-    lanes = [ThreadPoolExecutor(1) for _ in range(min(config.threads, len(FOLDS) + 1) - 1)]
+    lanes = [ThreadPoolExecutor(1) for _ in range(min(config.threads - 1, len(FOLDS)))]
     pending: list[list] = []
     try:
         for chunk in reader:
@@ -376,8 +376,8 @@ def _pass(config: DiagnoseConfig, sorted_ids: bool, progress) -> tuple[LogReader
             futures = []
             for name, fold in _fold_chunk(chunk, state, keep).items():
                 i = FOLDS.index(name)
-                if i < max(2, len(lanes)) and lanes:
-                    futures.append(lanes[i % len(lanes)].submit(fold))
+                if i < len(lanes):
+                    futures.append(lanes[i].submit(fold))
                 else:
                     fold()
             pending.append(futures)
