@@ -1,25 +1,20 @@
 """Streaming, mergeable sufficient statistics of importance log-ratios.
 
-The statistics of ``theory/divergences.py`` (ESS, chi^2, D_2, KL k1/k2/k3, M2,
-ratio min/mean/max) need whole arrays; a rollout log may not fit in memory.
-:class:`Moments` keeps, per group (overall, an age value, ...), sums from which
-every statistic follows exactly, in log space:
+The statistics of ``theory/divergences.py`` (ESS, chi^2, D_2, KL k1/k2/k3, M2, ratio min/mean/max) need whole
+arrays; a rollout log may not fit in memory.  :class:`Moments` keeps, per group (overall, an age value, ...), sums
+from which every statistic follows exactly, in log space:
 
     n, sum log r, sum (log r)^2, sum k3(log r), min / max log r,
     A = sum e^{log r - M},  B = sum e^{2 (log r - M)},  C = sum e^{log r - M} log r,
     P = sum ((r - 1) e^{-L})^2,        M = max log r,  L = max(0, M).
 
-Shifting by the running maximum M keeps every exponential in (0, 1], so an
-8k-token sequence with log r = 4096 neither overflows nor loses the rest of the
-sum; when a later chunk raises M the old sums are rescaled by e^{M_old - M_new}.
-Within a chunk the sums are taken per run of tokens (:meth:`Moments.from_segments`,
-one ``reduceat`` per sum), each run shifted by its own maximum; groups of runs
-and groups of groups merge exactly (:meth:`Moments.reduce`, :meth:`Moments.fold`),
-so chunks can arrive in any order and age values can be merged into buckets
-after the pass.
+Shifting by the running maximum M keeps every exponential in (0, 1], so an 8k-token sequence with log r = 4096
+neither overflows nor loses the rest of the sum; when a later chunk raises M the old sums are rescaled by
+e^{M_old - M_new}.  Within a chunk the sums are taken per run of tokens (:meth:`Moments.from_segments`, one
+``reduceat`` per sum); groups of runs and groups of groups merge exactly (:meth:`Moments.reduce`,
+:meth:`Moments.fold`), so chunks can arrive in any order and age values can be merged into buckets after the pass.
 
-From the sums (n tokens, r = e^{log r}; the papers FreshPER and M2PO are
-listed in docs/REFERENCES.md):
+From the sums (n tokens, r = e^{log r}; the papers FreshPER and M2PO are listed in docs/REFERENCES.md):
 
     ess_frac = A^2 / (n B)                       (sum r)^2 / (n sum r^2), Kish
     d2       = 2 M + log(B / n)                  log mean r^2, FreshPER Eq. (23)

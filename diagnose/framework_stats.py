@@ -1,44 +1,34 @@
 """The off-policy statistics TRL, verl and M2PO users already read in their logs, under the frameworks' own names.
 
-Each statistic is a transcription of the code that logs it (the file and function
-are named next to its formula below), over one batch of padded arrays
-``(rows, tokens)`` with a 0/1 ``mask``.  Roles: ``logp_behav`` is the policy that
-sampled the tokens (verl ``rollout_log_probs``, TRL ``sampling_per_token_logps``,
-M2PO ``old_log_prob``), ``logp_current`` the policy being trained (verl
-``old_log_probs`` / ``log_prob``, TRL ``old_per_token_logps`` / ``per_token_logps``),
-and log r = logp_current - logp_behav throughout.  Only numpy is needed, so the
-TRL trainer can log :func:`framework_statistics` and ``diagnose`` can stream the
-same quantities (:class:`FrameworkSums`): both go through :func:`finish`, so a
-streamed log and the same log as one batch give the same numbers.
+Each statistic is a transcription of the code that logs it (the file and function are named next to its formula
+below), over one batch of padded arrays ``(rows, tokens)`` with a 0/1 ``mask``.  Roles: ``logp_behav`` is the
+policy that sampled the tokens (verl ``rollout_log_probs``, TRL ``sampling_per_token_logps``, M2PO
+``old_log_prob``), ``logp_current`` the policy being trained (verl ``old_log_probs`` / ``log_prob``, TRL
+``old_per_token_logps`` / ``per_token_logps``), and log r = logp_current - logp_behav throughout.  Only numpy is
+needed, so the TRL trainer can log :func:`framework_statistics` and ``diagnose`` can stream the same quantities
+(:class:`FrameworkSums`): both go through :func:`finish`, so a streamed log and the same log as one batch give the
+same numbers.
 
-Conventions copied from the code (they matter at the 1e-8 level and for
-which average is meant):
+Conventions copied from the code (they matter at the 1e-8 level and for which average is meant):
 
-* verl's ``masked_mean`` divides by ``mask.sum() + 1e-8`` (verl/utils/torch_functional.py,
-  ``masked_mean``); per-sequence means (``axis=-1``) likewise, and a batch mean of
-  per-sequence values runs over ALL rows, empty ones included.
-* verl exponentiates log-ratios only after clamping them to [-20, 20]
-  (``SAFETY_BOUND``, rollout_corr_helper.py; core_algos.py ``compute_policy_loss_vanilla``).
-* TRL's per-sequence quantities are means over ALL rows; ``clip_ratio/low_min`` and
-  ``high_max`` take ``nanmin`` / ``nanmax`` over per-sequence token means (an empty
-  row gives 0/0 = NaN and is skipped).
+* verl's ``masked_mean`` divides by ``mask.sum() + 1e-8`` (verl/utils/torch_functional.py); per-sequence means
+  (``axis=-1``) likewise, and a batch mean of per-sequence values runs over ALL rows, empty ones included.
+* verl exponentiates log-ratios only after clamping them to [-20, 20] (``SAFETY_BOUND``, rollout_corr_helper.py;
+  core_algos.py ``compute_policy_loss_vanilla``).
+* TRL's per-sequence quantities are means over ALL rows; ``clip_ratio/low_min`` and ``high_max`` take ``nanmin`` /
+  ``nanmax`` over per-sequence token means (an empty row gives 0/0 = NaN and is skipped).
 
-Not a transcription: comparisons of a ratio with a threshold are made on log r
-(``lr > log c`` for ``exp(lr) > c``) where the ratio may overflow; they differ from
-the frameworks' float32 ``exp`` only for a ratio within an ulp of the threshold.
-Sequence log-ratios are summed, never exponentiated unbounded, so |log R| = 4096
-gives finite numbers.  ``rollout_corr/k3_kl`` is left out: verl computes it
-without the clamp (so it is inf where r overflows); ``diagnose``'s ``kl_k3`` is the
-same quantity.
+Not a transcription: comparisons of a ratio with a threshold are made on log r (``lr > log c`` for
+``exp(lr) > c``) where the ratio may overflow; they differ from the frameworks' float32 ``exp`` only for a ratio
+within an ulp of the threshold.  Sequence log-ratios are summed, never exponentiated unbounded, so |log R| = 4096
+gives finite numbers.  ``rollout_corr/k3_kl`` is left out: verl computes it without the clamp (so it is inf where
+r overflows); ``diagnose``'s ``kl_k3`` is the same quantity.
 
-Two ESS-like numbers, not to be confused (TRL computes no ESS at all):
-``rollout_corr/rollout_is_eff_sample_size`` is verl's
-1 / masked_mean((w~ / (mean w~ + 1e-8))^2) with w~ = clamp(w, 1/C, C), w = r
-clamped to [e^-20, e^20] (token mode: the Kish fraction of the token ratios clamped
-to [1/C, C]; sequence mode: of the sequence ratio clamped likewise, token-weighted),
-which differs from the Kish ESS of the weights verl trains with (min(w, C), no
-lower clamp; ``diagnose``'s ``tis`` what-if row at c = C) and from ``diagnose``'s
-``ess_frac`` (Kish of the raw r).
+Two ESS-like numbers, not to be confused (TRL computes no ESS at all): ``rollout_corr/rollout_is_eff_sample_size``
+is verl's 1 / masked_mean((w~ / (mean w~ + 1e-8))^2) with w~ = clamp(w, 1/C, C), w = r clamped to [e^-20, e^20]
+(token mode: the Kish fraction of the token ratios clamped to [1/C, C]; sequence mode: of the sequence ratio
+clamped likewise, token-weighted), which differs from the Kish ESS of the weights verl trains with (min(w, C), no
+lower clamp; ``diagnose``'s ``tis`` what-if row at c = C) and from ``diagnose``'s ``ess_frac`` (Kish of raw r).
 """
 
 from __future__ import annotations

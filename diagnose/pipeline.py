@@ -74,12 +74,9 @@ class DiagnoseConfig:
         # every field is checked here, before the file is opened: a bad value costs no work
         if self.format not in ("auto", *FORMATS):
             raise ConfigError("format", f"must be auto, {', '.join(FORMATS)}; got {self.format!r}")
-        if self.chunk_rows < 1:
-            raise ConfigError("chunk_rows", f"must be an integer >= 1, got {self.chunk_rows}")
-        if self.threads < 1:
-            raise ConfigError("threads", f"must be an integer >= 1, got {self.threads}")
-        if self.max_age_buckets < 1:
-            raise ConfigError("max_age_buckets", f"must be an integer >= 1, got {self.max_age_buckets}")
+        for name in ("chunk_rows", "threads", "max_age_buckets"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be an integer >= 1, got {getattr(self, name)}")
         resolve_columns(self.preset, self.columns)
 
 
@@ -194,9 +191,8 @@ class _State:
 def _check(chunk: TokenChunk, skip: bool, state: _State, path: str) -> np.ndarray | None:
     """Boolean (n,) of the tokens to keep, or None for all; raises on the first problem unless ``skip``."""
     behav, cur, age, adv = chunk.logp_behav, chunk.logp_current, chunk.age, chunk.advantage
-    # the usual chunk has no problem, and a few reductions show it: a NaN makes max / min / sum NaN, and every
-    # comparison with NaN is False
-    # (and Python's max() is no help: max(-1.0, nan) is -1.0)
+    # the usual chunk has no problem, and a few reductions show it: a NaN makes numpy's max / min / sum NaN and every
+    # comparison with NaN is False (Python's max() is no help: max(-1.0, nan) is -1.0)
     if behav.size == 0 or (behav.max() <= LOGP_ROUNDOFF and cur.max() <= LOGP_ROUNDOFF and behav.min() > -np.inf
                            and cur.min() > -np.inf and (age is None or (age.min() >= 0 and age.max() < np.inf))
                            and (adv is None or np.isfinite(adv.sum()))):

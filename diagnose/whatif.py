@@ -1,64 +1,39 @@
 """What-if: the same logged tokens under other off-policy corrections.
 
-For each correction the logged ratio r = pi_current / pi_behav becomes an
-effective importance weight w (0 for a token that no longer carries gradient),
-and we report over ALL tokens (or sequences):
+For each correction the logged ratio r = pi_current / pi_behav becomes an effective importance weight w (0 for a
+token that no longer carries gradient), and we report over ALL tokens (or sequences):
 
-* ``flagged_frac``: fraction of tokens the correction touches (clipped,
-  truncated or masked); with advantages the ``ppo_clip`` / ``ppo_clip_asym``
-  rows equal TRL's ``clip_ratio/region_mean`` and verl's ``actor/pg_clipfrac``
-  at the same eps (verl divides by n + 1e-8),
-  M2PO's masked fraction;
-* ``ess_frac``: Kish (sum w)^2 / (n sum w^2) of the effective weights, masked
-  tokens counted as w = 0 (so masking lowers it: the ESS of what still trains);
-* ``bias_proxy``: mean(r - w), the IS mass the correction removes.  For
-  truncation at c this is E[(r - c)_+], the bias proxy of the Replay-RLOO
-  report (Sec. 3.2: E[min(c, r)] = 1 - E[(r - c)_+]); for a clip or mask it is
-  E[r 1{dropped}].
+* ``flagged_frac``: fraction of tokens (of sequences, for sequence rows) the correction touches (clipped,
+  truncated or masked); with advantages the ``ppo_clip`` / ``ppo_clip_asym`` rows equal TRL's
+  ``clip_ratio/region_mean`` and verl's ``actor/pg_clipfrac`` at the same eps (verl divides by n + 1e-8);
+* ``ess_frac``: Kish (sum w)^2 / (n sum w^2) of the effective weights, masked tokens counted as w = 0 (the ESS of
+  what still trains; ours, as FreshPER's: neither TRL nor verl logs an ESS of these weights);
+* ``bias_proxy``: mean(r - w), the IS mass the correction removes: E[(r - c)_+] for truncation at c, the bias
+  proxy of the Replay-RLOO report (Sec. 3.2: E[min(c, r)] = 1 - E[(r - c)_+]); E[r 1{dropped}] for a clip or mask.
 
 Corrections (papers FreshPER, M2PO and Replay-RLOO, listed in docs/REFERENCES.md):
 
-====================  =====================================================
-``ppo_clip`` eps      PPO / GRPO clip: a token with A > 0 and r > 1 + eps or
-                      A < 0 and r < 1 - eps gets no gradient (w = 0).
-                      Without advantages both sides count (the worst case).
-``tis`` c             truncated IS, w = min(r, c) (token) or min(R_seq, c).
-``mask`` c            rejection / icepop-style mask: w = 0 when r is outside
-                      [1/c, c] (token) or R_seq is (sequence).
-``m2po`` tau_M2       M2PO masking (Algorithm 1 and the reference-code
-                      variant, labelled), applied per block of
-                      ``m2po_batch_tokens`` consecutive tokens as the
-                      reference code applies it per micro-batch.  Needs
-                      advantages (the candidate set depends on their sign).
-``freshper`` tau      FreshPER age decay w = r e^{-age/tau} (Eq. 13).  Needs
-                      ages; computed after the pass from the per-age sums.
-``ppo_clip_asym``     asymmetric PPO clip, one correction with both params
-  [lo, hi]            (DAPO's 0.2 / 0.28; verl clip_ratio_low/high, TRL
-                      epsilon/epsilon_high): A > 0 and r > 1 + hi, or A < 0
-                      and r < 1 - lo, gets w = 0 (both sides without A).
-``trl_is_mask`` C     TRL's default vLLM importance sampling
-                      (vllm_importance_sampling_mode="sequence_mask",
-                      vllm_importance_sampling_clip_max=3, clip_min None):
-                      one-sided, a sequence with R_seq > C gets w = 0,
-                      else w = R_seq (trl/trainer/grpo_trainer.py,
-                      _generate_and_score_completions).
-``gspo`` [lo, hi]     GSPO: the geometric-mean sequence ratio
-                      s = exp(sum log r / |y|) clipped to [1 - lo, 1 + hi]
-                      as TRL's importance_sampling_level="sequence" does
-                      (grpo_trainer.py compute_loss): a sequence with A > 0
-                      and s > 1 + hi, or A < 0 and s < 1 - lo, gets w = 0,
-                      else w = s.  The GSPO paper's eps 3e-4 / 4e-4 (TRL
-                      docs, paper_index.md).  A = the sequence's first
-                      token's advantage; both sides without advantages.
-``m2_trust_region``   not a correction: M2 = mean (log r)^2 over M2PO's
-                      trust-region tokens T ((A > 0, r > 1) or (A < 0,
-                      r < 1)), the quantity M2PO thresholds at tau_M2 and
-                      its code logs as ``m2po/M2``; ``flagged_frac`` = |T| / n.
-====================  =====================================================
-
-``flagged_frac`` is a TOKEN fraction for token-level rows and a SEQUENCE
-fraction for sequence-level rows.  Neither TRL nor verl logs an ESS of these
-weights: ``ess_frac`` here is ours (Kish, as FreshPER).
+=======================  ==========================================================================================
+``ppo_clip`` eps         PPO / GRPO clip: a token with A > 0 and r > 1 + eps or A < 0 and r < 1 - eps gets no
+                         gradient (w = 0). Without advantages both sides count (the worst case).
+``tis`` c                truncated IS, w = min(r, c) (token) or min(R_seq, c).
+``mask`` c               rejection / icepop-style mask: w = 0 when r (token) or R_seq (sequence) is outside [1/c, c].
+``m2po`` tau_M2          M2PO masking (Algorithm 1 and the reference-code variant, labelled), per block of
+                         ``m2po_batch_tokens`` consecutive tokens as the reference code applies it per micro-batch.
+                         Needs advantages (the candidate set depends on their sign).
+``freshper`` tau         FreshPER age decay w = r e^{-age/tau} (Eq. 13). Needs ages; from the per-age sums.
+``ppo_clip_asym`` lo,hi  asymmetric PPO clip as one correction (DAPO's 0.2 / 0.28; verl clip_ratio_low/high, TRL
+                         epsilon/epsilon_high): A > 0 and r > 1 + hi, or A < 0 and r < 1 - lo, gets w = 0.
+``trl_is_mask`` C        TRL's default vLLM importance sampling (vllm_importance_sampling_mode="sequence_mask",
+                         clip_max 3, clip_min None; grpo_trainer.py _generate_and_score_completions): one-sided, a
+                         sequence with R_seq > C gets w = 0, else w = R_seq.
+``gspo`` lo,hi           GSPO: the geometric-mean sequence ratio s = exp(sum log r / |y|) clipped to [1 - lo, 1 + hi]
+                         as TRL's importance_sampling_level="sequence" (compute_loss): a sequence with A > 0 and
+                         s > 1 + hi, or A < 0 and s < 1 - lo, gets w = 0, else w = s (the paper's eps 3e-4 / 4e-4;
+                         A = the sequence's first token's advantage; both sides without advantages).
+``m2_trust_region``      not a correction: M2 = mean (log r)^2 over M2PO's trust-region tokens T ((A > 0, r > 1) or
+                         (A < 0, r < 1)), what M2PO thresholds at tau_M2 and logs as ``m2po/M2``; flagged = |T| / n.
+=======================  ==========================================================================================
 """
 
 from __future__ import annotations
