@@ -43,14 +43,6 @@ EXPM1_MAX = 709.0
 UNSHIFTED_MAX = 300.0
 
 
-def _zeros(size: int) -> np.ndarray:
-    return np.zeros(size, dtype=np.float64)
-
-
-def _full(size: int, value: float) -> np.ndarray:
-    return np.full(size, value, dtype=np.float64)
-
-
 @dataclass
 class Moments:
     """Sufficient statistics of log r for ``size`` groups (arrays of shape (G,))."""
@@ -68,7 +60,7 @@ class Moments:
 
     @classmethod
     def empty(cls, size: int = 1) -> "Moments":
-        return cls(**{f: _zeros(size) for f in _SUMS}, lmin=_full(size, np.inf), lmax=_full(size, -np.inf))
+        return cls(**{f: np.zeros(size) for f in _SUMS}, lmin=np.full(size, np.inf), lmax=np.full(size, -np.inf))
 
     @property
     def size(self) -> int:
@@ -125,9 +117,9 @@ class Moments:
     def reduce(self, groups: np.ndarray, size: int) -> "Moments":
         """Groups merged: group i goes to new group ``groups[i]`` in [0, size) (exact, rescaled to the new maxima)."""
         g = np.asarray(groups, dtype=np.int64)  # (G,)
-        top = _full(size, -np.inf)
+        top = np.full(size, -np.inf)
         np.maximum.at(top, g, self.lmax)
-        low = _full(size, np.inf)
+        low = np.full(size, np.inf)
         np.minimum.at(low, g, self.lmin)
         seen = self.n > 0
         with np.errstate(invalid="ignore"):
@@ -233,8 +225,8 @@ class Running:
         self.row = {name: i for i, name in enumerate(names)}
         self.n = 0
         k = len(names)
-        self.total, self.mean, self.m2 = _zeros(k), _zeros(k), _zeros(k)  # (k,) each
-        self.low, self.high = _full(k, math.inf), _full(k, -math.inf)
+        self.total, self.mean, self.m2 = np.zeros(k), np.zeros(k), np.zeros(k)  # (k,) each
+        self.low, self.high = np.full(k, math.inf), np.full(k, -math.inf)
 
     def update(self, x: np.ndarray) -> None:
         """Add a batch ``x`` (k, m); NaN entries count in n and the sums (as they would in a mean) but not in
