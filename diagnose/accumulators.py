@@ -79,10 +79,9 @@ class Moments:
     def from_segments(cls, log_ratio: np.ndarray, starts: np.ndarray, ratio: np.ndarray | None = None) -> "Moments":
         """One group per run ``log_ratio[starts[i]:starts[i + 1]]`` (``starts`` (S,) increasing from 0).
 
-        Each run is shifted by its own maximum, so the per-token work is a few
-        ``reduceat`` passes; groups of runs (an age, the whole log) follow from
-        :meth:`reduce`, which costs O(runs), not O(tokens).  ``ratio``: e^{log r} (n,) if the caller has it,
-        given only where every |log r| <= ``UNSHIFTED_MAX``.
+        The per-token work is a few ``reduceat`` passes; groups of runs (an age, the whole log) follow from
+        :meth:`reduce`, which costs O(runs), not O(tokens).  ``ratio``: e^{log r} (n,) if the caller has it, given
+        only where every |log r| <= ``UNSHIFTED_MAX``.
         """
         lr = np.asarray(log_ratio, dtype=np.float64)  # (n,)
         n_tok = np.diff(np.append(starts, lr.size))  # (S,)
@@ -181,8 +180,8 @@ class Moments:
     def relations(self, group: int = 0) -> list[Relation]:
         """The sample bounds of theory/bounds.py for one group, from the sums (each with its slack).
 
-        FreshPER relations use the self-normalised ratios (a finite sample has
-        mean r != 1), so they hold for any data; M2PO's hold pointwise.
+        FreshPER relations use the self-normalised ratios (a finite sample has mean r != 1), so they hold for any
+        data; M2PO's hold pointwise.
         """
         s = {k: float(v[group]) for k, v in self.statistics().items()}
         log_mean_r = math.log(s["ratio_mean"]) if s["ratio_mean"] > 0 else -math.inf

@@ -111,9 +111,8 @@ def sequence_quantities(seq: dict[str, np.ndarray], params: FrameworkParams) -> 
 class FrameworkSums:
     """Mergeable token sums plus streamed per-sequence summaries: everything :func:`finish` needs.
 
-    Token sums run over the valid tokens; ``seq`` summarises the per-sequence values
-    of :func:`sequence_quantities` over every sequence (row) given to :meth:`add_sequences`,
-    empty rows included where the caller has them.
+    Token sums run over the valid tokens; ``seq`` summarises the per-sequence values of :func:`sequence_quantities`
+    over every sequence (row) given to :meth:`add_sequences`, empty rows included where the caller has them.
     """
 
     has_advantage: bool
@@ -375,14 +374,12 @@ def framework_statistics(logp_behav, logp_current, mask, advantages=None, *, cli
                          rollout_is_threshold: float = 2.0, rollout_is: str = "token") -> dict[str, float]:
     """TRL's, verl's and M2PO's logged off-policy metrics for one padded batch, under their own keys.
 
-    ``logp_behav``, ``logp_current``: (rows, tokens) log-probs of the sampling and the
-    trained policy; ``mask`` (rows, tokens) 0/1; ``advantages`` (rows,), (rows, 1) or
-    (rows, tokens), or None (then the advantage-dependent keys are left out).
-    ``clip_low`` / ``clip_high``: the PPO clip (verl clip_ratio_low/high, TRL
-    epsilon/epsilon_high); ``dual_clip_c``: verl clip_ratio_c; ``is_cap``: TRL's
-    vllm_importance_sampling_clip_max in its default ``sequence_mask`` mode;
-    ``rollout_is_threshold`` / ``rollout_is``: verl's rollout correction threshold and level.
-    Returns plain floats keyed ``rollout_corr/...``, ``actor/...``, ``sampling/...``,
+    ``logp_behav``, ``logp_current``: (rows, tokens) log-probs of the sampling and the trained policy; ``mask``
+    (rows, tokens) 0/1; ``advantages`` (rows,), (rows, 1) or (rows, tokens), or None (then the advantage-dependent
+    keys are left out).  ``clip_low`` / ``clip_high``: the PPO clip (verl clip_ratio_low/high, TRL
+    epsilon/epsilon_high); ``dual_clip_c``: verl clip_ratio_c; ``is_cap``: TRL's vllm_importance_sampling_clip_max in
+    its default ``sequence_mask`` mode; ``rollout_is_threshold`` / ``rollout_is``: verl's rollout correction
+    threshold and level.  Returns plain floats keyed ``rollout_corr/...``, ``actor/...``, ``sampling/...``,
     ``clip_ratio/...``, ``m2po/M2`` (see the module docstring for each source).
     """
     params = FrameworkParams(clip_low=clip_low, clip_high=clip_high, dual_clip_c=dual_clip_c, is_cap=is_cap,
@@ -398,8 +395,7 @@ def framework_statistics(logp_behav, logp_current, mask, advantages=None, *, cli
 def gspo_sequence_log_ratio(seq_lr: np.ndarray, seq_len: np.ndarray) -> np.ndarray:
     """GSPO's geometric-mean sequence log-ratio: sum log r / max(|y|, 1).
 
-    TRL grpo_trainer.py compute_loss, importance_sampling_level="sequence":
-    (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0); verl core_algos.py
-    compute_policy_loss_gspo likewise (clamp(min=1)).
+    TRL grpo_trainer.py compute_loss, importance_sampling_level="sequence": (log_ratio * mask).sum(-1) /
+    mask.sum(-1).clamp(min=1.0); verl core_algos.py compute_policy_loss_gspo likewise (clamp(min=1)).
     """
     return np.asarray(seq_lr, dtype=np.float64) / np.maximum(np.asarray(seq_len, dtype=np.float64), 1.0)

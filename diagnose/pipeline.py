@@ -93,10 +93,9 @@ CLOSE_EVERY = 8192
 class _Sequences:
     """Per-sequence sums, folded into the sequence-level statistics once a sequence is complete.
 
-    With sorted ids (the reader's ``sorted_ids``) a sequence is complete when the
-    next one starts, so only the last, open one is held: memory is flat in the
-    number of sequences.  Otherwise every sequence is held (arrays indexed by the
-    reader's codes) until the end of the log.
+    With sorted ids (the reader's ``sorted_ids``) a sequence is complete when the next one starts, so only the last,
+    open one is held: memory is flat in the number of sequences.  Otherwise every sequence is held (arrays indexed
+    by the reader's codes) until the end of the log.
     """
 
     def __init__(self, state: "_State", sorted_ids: bool) -> None:
@@ -121,14 +120,9 @@ class _Sequences:
         every = np.concatenate([codes, bad_codes])
         self._reserve(every)
         if codes.size:  # only the sequences in this chunk are touched: O(runs), however many are held
-            index = codes - self.code0
-            if np.all(index[1:] > index[:-1]):  # one run a sequence (the usual case): add in place
-                for f, values in runs.items():
-                    self.sums[f][index] += values
-            else:
-                held, inverse = np.unique(index, return_inverse=True)
-                for f, values in runs.items():
-                    self.sums[f][held] += np.bincount(inverse.reshape(-1), weights=values, minlength=held.size)
+            held, inverse = np.unique(codes - self.code0, return_inverse=True)
+            for f, values in runs.items():
+                self.sums[f][held] += np.bincount(inverse.reshape(-1), weights=values, minlength=held.size)
         if bad_codes.size:
             self.sums["bad"][bad_codes - self.code0] = 1.0
         complete = int(every.max()) - self.code0 if every.size else 0
@@ -341,12 +335,10 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 def keep_freed_memory(trim_bytes: int = 32 << 20, mmap_bytes: int = 32 << 20) -> bool:
     """Let glibc keep up to ``trim_bytes`` of freed heap and serve blocks below ``mmap_bytes`` from it.
 
-    Every chunk allocates and frees the same few dozen megabytes of numpy
-    temporaries; by default glibc hands them back to the kernel after each chunk
-    and takes page faults to get them again: 0.35 of 1.2 s on the 10M-token bench
-    log was system time, 0.13 s after this call.  Process-wide and permanent (the
-    thresholds glibc would otherwise adapt become fixed at about the values it
-    adapts to); a no-op returning False where the C library is not glibc.
+    Every chunk allocates and frees the same few dozen megabytes of numpy temporaries; by default glibc hands them
+    back to the kernel after each chunk and takes page faults to get them again: 0.35 of 1.2 s on the 10M-token
+    bench log was system time, 0.13 s after this call.  Process-wide and permanent (the thresholds glibc would
+    otherwise adapt become fixed at about the values it adapts to); a no-op returning False off glibc.
     """
     try:
         mallopt = ctypes.CDLL(None).mallopt
@@ -397,8 +389,8 @@ def _pass(config: DiagnoseConfig, sorted_ids: bool, progress) -> tuple[LogReader
 def diagnose(config: DiagnoseConfig, progress: Optional[Callable[[int, int], None]] = None) -> dict:
     """Read ``config.path`` and return the report (a JSON-safe dict; see the CLI's ``--json``).
 
-    Sequence ids are first read as sorted (flat memory); at the first id below an
-    earlier one the log is read again from the start with every sequence held.
+    Sequence ids are first read as sorted (flat memory); at the first id below an earlier one the log is read again
+    from the start with every sequence held.
     """
     keep_freed_memory()
     try:

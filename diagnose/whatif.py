@@ -197,8 +197,8 @@ def _fold_shared(sums: Callable[[tuple], WeightSums], shared: _Shifted, config: 
 class TokenWhatIf:
     """Streams token-level corrections; state: one :class:`WeightSums` each and the M2PO block in progress.
 
-    With advantages the tokens are processed in whole M2PO blocks (``m2po_batch_tokens``),
-    so every correction sees the same arrays and the M2PO masks are those of the blocks.
+    With advantages the tokens are processed in whole M2PO blocks (``m2po_batch_tokens``), so every correction sees
+    the same arrays and the M2PO masks are those of the blocks.
     """
 
     def __init__(self, config: WhatIfConfig, has_advantage: bool) -> None:
@@ -300,8 +300,8 @@ def sequence_rows(seq_log_ratio: np.ndarray, config: WhatIfConfig, seq_len: np.n
 def freshper_rows(by_age: Moments, ages: np.ndarray, taus) -> list[dict]:
     """FreshPER age decay from the per-age sums: w = r e^{-age/tau} (Eq. 13), no second pass.
 
-    sum w = sum_a e^{-a/tau} e^{M_a} A_a and sum w^2 = sum_a e^{-2a/tau} e^{2 M_a} B_a,
-    combined in log space (``by_age`` groups are exact age values ``ages``).
+    sum w = sum_a e^{-a/tau} e^{M_a} A_a and sum w^2 = sum_a e^{-2a/tau} e^{2 M_a} B_a, combined in log space
+    (``by_age`` groups are exact age values ``ages``).
     """
     seen = by_age.n > 0
     a, A, B, top, n_age = ages[seen], by_age.A[seen], by_age.B[seen], by_age.lmax[seen], by_age.n[seen]
