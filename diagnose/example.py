@@ -17,20 +17,17 @@ The log is drawn from known policy pairs, like an asynchronous GRPO run:
 
 Shapes (``--shape``), all holding the same tokens:
 
-========  ============================================================================
-default   one row per token (the default schema): seq_id, position, logp_behav,
-          logp_current, age, advantage, reward.  Parquet, CSV or JSON lines.
-trl       one row per sequence, right-padded lists as TRL's ``GRPOTrainer`` holds
-          them: sampling_per_token_logps, per_token_logps, completion_mask,
-          advantages, plus version_gap (TRL has no age column: map it with
+========  ==============================================================================================================
+default   one row per token (the default schema): seq_id, position, logp_behav, logp_current, age, advantage, reward.
+          Parquet, CSV or JSON lines.
+trl       one row per sequence, right-padded lists as TRL's ``GRPOTrainer`` holds them: sampling_per_token_logps,
+          per_token_logps, completion_mask, advantages, plus version_gap (TRL has no age column: map it with
           ``--columns age=version_gap``).  Parquet or JSON lines.
-verl      what ``replay_theory.integrations.verl``'s hook writes (``--preset verl``
-          reads it with no ``--columns``): verl's DataProto keys rollout_log_probs,
-          old_log_probs, response_mask, per-token advantages, and per row step,
-          sample_id, group_id, policy_version(_end), age, age_end, scores, rewards;
-          plus version_gap (= age, for the older ``--columns age=version_gap``).
-          The hook's three step time columns are left out: this log has no timings.
-========  ============================================================================
+verl      what ``replay_theory.integrations.verl``'s hook writes (``--preset verl`` reads it with no ``--columns``):
+          verl's DataProto keys rollout_log_probs, old_log_probs, response_mask, per-token advantages, and per row
+          step, sample_id, group_id, policy_version(_end), age, age_end, scores, rewards; plus version_gap (= age, for
+          the older ``--columns age=version_gap``).  The hook's three step time columns are left out: no timings.
+========  ==============================================================================================================
 
 The format follows the file suffix (.parquet, .csv, .jsonl).  Needs pyarrow.
 """

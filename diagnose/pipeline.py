@@ -27,6 +27,7 @@ dropped, counted in ``report["skipped"]``, and a sequence that lost a token leav
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -266,20 +267,9 @@ def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> di
     return folds
 
 
-def _clean(x):
-    """JSON-safe: numpy scalars to Python, NaN / inf to None."""
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, (np.bool_, bool)):
-        return bool(x)
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        x = float(x)
-        return x if math.isfinite(x) else None
-    return x
+def _clean(report: dict) -> dict:
+    """JSON-safe: numpy scalars to Python, tuples to lists, NaN / inf to None (a JSON round trip)."""
+    return json.loads(json.dumps(report, default=lambda x: x.item()), parse_constant=lambda _: None)
 
 
 def _group_stats(moments: Moments, group: int) -> dict:
