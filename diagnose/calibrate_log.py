@@ -27,7 +27,7 @@ import numpy as np
 
 from replay_theory.diagnose.by_age import AGGREGATIONS, SCORES, WEIGHTS, SequenceSums, age_step_sums, read_step_times
 from replay_theory.diagnose.errors import ConfigError
-from replay_theory.diagnose.reader import FORMATS, LogReader, column_names
+from replay_theory.diagnose.reader import FORMATS, LogReader, detect_format, read_schema, require_pyarrow
 from replay_theory.diagnose.schema import STEP_TIME_COLUMNS, resolve_columns
 from replay_theory.theory.noise import DEFAULT_DRAWS, DEFAULT_LEVEL, percentile_interval, unit_weights
 
@@ -103,7 +103,8 @@ def plan(config: CalibrateLogConfig) -> LogReader:
     if not path.is_file():
         raise ConfigError("path", f"{path} is not a file (not found, or a directory)")
     columns = resolve_columns(config.preset, config.columns)
-    names = column_names(path, config.format)
+    require_pyarrow()
+    names = list(read_schema(path, detect_format(path, config.format)).names)
     for field in ("age", "advantage"):
         name = getattr(columns, field)
         if not name or name not in names:

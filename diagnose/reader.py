@@ -284,12 +284,6 @@ def read_schema(path: Path, fmt: str):
     return pc_csv.read_csv(io.BytesIO(head)).schema
 
 
-def column_names(path: str | Path, fmt: str = "auto") -> list[str]:
-    """The column names of a log (Parquet footer, or the head of a CSV / JSON-lines file)."""
-    require_pyarrow()
-    return list(read_schema(Path(path), detect_format(Path(path), fmt)).names)
-
-
 def iter_batches(path: Path, fmt: str, columns: list[str], chunk_rows: int, floats: list[str] = (),
                  schema=None) -> Iterator[tuple]:
     """(record batch of ``columns``, bytes read so far): at most ``chunk_rows`` rows each, in file order.

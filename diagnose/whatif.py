@@ -109,13 +109,9 @@ def _rows(sums: dict[tuple, WeightSums], level: str) -> list[dict]:
     return out
 
 
-def _signs(advantage: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
-    return None if advantage is None else (advantage > 0, advantage < 0)
-
-
 def _clip_active(lr: np.ndarray, signs: tuple[np.ndarray, np.ndarray] | None, lo: float, hi: float) -> np.ndarray:
     """Where a PPO clip [1 - lo, 1 + hi] takes the gradient (the clipped term is the min); log space.
-    ``signs``: (A > 0, A < 0) from :func:`_signs`."""
+    ``signs``: (A > 0, A < 0), or None without advantages."""
     above, below = lr > math.log1p(hi), lr < math.log1p(-lo)
     if signs is None:  # without advantages both sides count (the worst case)
         return above | below
@@ -227,7 +223,7 @@ class TokenWhatIf:
         """Every correction over ``lr`` (n,); with ``adv``, n is whole M2PO blocks (or the log's last block)."""
         if lr.size == 0:
             return
-        shared, signs = _Shifted(lr), _signs(adv)
+        shared, signs = _Shifted(lr), None if adv is None else (adv > 0, adv < 0)
         _fold_shared(self.sums.__getitem__, shared, self.config)
         for eps in self.config.ppo_clip:  # PPO clips only where the clipped term is the min
             shared.masked(self.sums[("ppo_clip", eps)], _clip_active(lr, signs, eps, eps))
@@ -282,7 +278,8 @@ class SequenceWhatIf:
             geo = gspo_sequence_log_ratio(lr, seq_len)  # log s, s = geometric-mean token ratio
             geo_shared = _Shifted(geo)
             for lo, hi in self.config.gspo:
-                active = _clip_active(geo, _signs(seq_advantage), lo, hi)
+                signs = None if seq_advantage is None else (seq_advantage > 0, seq_advantage < 0)
+                active = _clip_active(geo, signs, lo, hi)
                 geo_shared.masked(self._sums(("gspo", (float(lo), float(hi)))), active)
 
     def rows(self) -> list[dict]:
