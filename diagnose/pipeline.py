@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
@@ -84,8 +85,7 @@ class DiagnoseConfig:
 #: what a sequence carries from token runs to its sequence-level statistics: the framework sums, its first
 #: kept token's advantage (NaN until seen) and whether it lost a token to --skip-invalid
 _SEQ_SUMS = (*SEQ_FIELDS, "adv", "bad")
-#: the independent folds of a chunk (``_fold_chunk``), heaviest first; with t threads, fold i runs in worker lane i
-#: if i < t - 1, else in the reading thread: with two threads, the worker's tokens fold takes as long as the rest
+#: the independent folds of a chunk (``_fold_chunk``), usually heaviest first; ``_pass`` places them by their cost
 FOLDS = ("tokens", "what_if", "histogram")
 #: complete sequences are folded in batches of at least this many (about 0.6 MB of sums): few numpy calls, flat memory
 CLOSE_EVERY = 8192
@@ -337,6 +337,14 @@ def keep_freed_memory(trim_bytes: int = 32 << 20, mmap_bytes: int = 32 << 20) ->
     return bool(mallopt(_M_TRIM_THRESHOLD, trim_bytes)) and bool(mallopt(_M_MMAP_THRESHOLD, mmap_bytes))
 
 
+def _timed(fold: Callable[[], None], cost: dict[str, float], name: str) -> Callable[[], None]:
+    def run() -> None:
+        start = time.thread_time()
+        fold()
+        cost[name] += time.thread_time() - start
+    return run
+
+
 def _pass(config: DiagnoseConfig, sorted_ids: bool, progress) -> tuple[LogReader, _State]:
     columns = resolve_columns(config.preset, config.columns)
     reader = LogReader(config.path, columns, fmt=config.format, chunk_rows=config.chunk_rows,
@@ -346,18 +354,30 @@ def _pass(config: DiagnoseConfig, sorted_ids: bool, progress) -> tuple[LogReader
     # accumulator sees the chunks in file order and the numbers do not depend on the thread count; a lane may
     # run two chunks behind the reader
     lanes = [ThreadPoolExecutor(1) for _ in range(min(config.threads - 1, len(FOLDS)))]
+    cost = dict.fromkeys(FOLDS, 0.0)  # CPU seconds each fold has taken so far
+    placed: dict[str, tuple] = {}  # fold -> (its worker lane, the future of its last chunk there)
     pending: list[list] = []
     try:
         for chunk in reader:
             state.skipped["mismatched_rows"] += chunk.mismatched_rows
             keep = _check(chunk, config.skip_invalid, state, reader.path.name)
+            folds = _fold_chunk(chunk, state, keep)
+            # the costliest folds so far run in the workers (one there stays unless another costs 25% more: M2PO's
+            # sort can make the what-if the heaviest), the rest here; a fold that moves first waits for its chunk
+            order = sorted(folds, key=lambda n: -cost[n] * (1.25 if n in placed else 1.0))
+            top = order[:len(lanes)]
+            free = sorted(set(range(len(lanes))) - {placed[n][0] for n in top if n in placed})
             futures = []
-            for name, fold in _fold_chunk(chunk, state, keep).items():
-                i = FOLDS.index(name)
-                if i < len(lanes):
-                    futures.append(lanes[i].submit(fold))
-                else:
+            for name in order:
+                lane = (placed[name][0] if name in placed else free.pop(0)) if name in top else None
+                if name in placed and placed[name][0] != lane:
+                    placed.pop(name)[1].result()
+                fold = _timed(folds[name], cost, name)
+                if lane is None:
                     fold()
+                else:
+                    placed[name] = (lane, lanes[lane].submit(fold))
+                    futures.append(placed[name][1])
             pending.append(futures)
             while len(pending) > 2:  # bounds the chunks in flight (memory)
                 for future in pending.pop(0):

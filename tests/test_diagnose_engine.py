@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -48,6 +50,36 @@ def test_same_numbers_for_any_thread_count(tmp_path):
         r.pop("config")
     assert any(row["flagged_frac"] for row in reports[0]["what_if"] if row["correction"].startswith("m2po"))
     assert json.dumps(reports[0]) == json.dumps(reports[1]) == json.dumps(reports[2])  # bit for bit
+
+
+def test_folds_that_move_between_threads_give_the_same_numbers(tmp_path, monkeypatch):
+    # _pass places the costliest folds in the worker threads; a fold that moves must first finish its chunk in
+    # flight. Scripted costs make the what-if overtake the tokens fold after four chunks (as M2PO's sort can), so
+    # both move, and the report must equal the one-thread report bit for bit
+    from replay_theory.diagnose import pipeline as P
+
+    path = _write_log(tmp_path / "log.parquet", 3000, drift=0.4)
+    one = diagnose(DiagnoseConfig(path=path, threads=1, chunk_rows=3000))
+    calls, where = {}, []
+
+    def scripted(fold, cost, name):
+        def run():
+            calls[name] = calls.get(name, 0) + 1
+            here = threading.current_thread() is threading.main_thread()
+            where.append((name, here))
+            if not here:
+                time.sleep(0.01)  # a slow worker: a move that did not wait would run this fold's chunks out of order
+            fold()
+            cost[name] += {"tokens": 1.0, "what_if": 0.0 if calls[name] <= 4 else 5.0}.get(name, 0.1)
+        return run
+
+    monkeypatch.setattr(P, "_timed", scripted)
+    moved = diagnose(DiagnoseConfig(path=path, threads=2, chunk_rows=3000))
+    assert ("tokens", False) in where and ("tokens", True) in where  # tokens ran in the worker, then here
+    assert ("what_if", True) in where and ("what_if", False) in where
+    for r in (one, moved):
+        r.pop("config")
+    assert json.dumps(one) == json.dumps(moved)
 
 
 def test_sorted_ids_get_running_codes_and_a_decrease_is_reported(tmp_path):
