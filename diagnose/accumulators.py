@@ -209,10 +209,7 @@ class Summary:
     total: float
     low: float
     high: float
-    m2: float  # sum (x - mean)^2
-
-    def std(self, ddof: int = 1) -> float:
-        return math.sqrt(self.m2 / (self.n - ddof)) if self.n > ddof else 0.0
+    std: float  # unbiased (ddof 1, torch's .std()); 0 for fewer than two numbers
 
 
 class Running:
@@ -245,7 +242,8 @@ class Running:
 
     def __getitem__(self, name: str) -> Summary:
         i = self.row[name]
-        return Summary(self.n, float(self.total[i]), float(self.low[i]), float(self.high[i]), float(self.m2[i]))
+        std = math.sqrt(self.m2[i] / (self.n - 1)) if self.n > 1 else 0.0
+        return Summary(self.n, float(self.total[i]), float(self.low[i]), float(self.high[i]), std)
 
 
 @dataclass

@@ -234,7 +234,7 @@ def _is_tail(n: float, sum_wc: float, sum_wc_sq: float, sums: FrameworkSums, pre
     out["rollout_is_eff_sample_size"] = 1.0 / ((sum_wc_sq / (mean_wc + VERL_EPS) ** 2) / (n + VERL_EPS))
     s = sums.seq[prefix]
     out["rollout_is_seq_mean"] = s.total / s.n
-    out["rollout_is_seq_std"] = s.std(ddof=1)  # torch .std(): unbiased
+    out["rollout_is_seq_std"] = s.std  # torch .std(): unbiased
     out["rollout_is_seq_max"] = s.high
     out["rollout_is_seq_min"] = s.low
     out["rollout_is_seq_max_deviation"] = max(s.high - 1.0, 1.0 - s.low)  # max |s - 1|

@@ -128,10 +128,7 @@ class _Sequences:
             self.sums["bad"][bad_codes - self.code0] = 1.0
         complete = int(every.max()) - self.code0 if every.size else 0
         if self.sorted_ids and complete >= CLOSE_EVERY:
-            self._close(complete)
-
-    def finish(self) -> None:
-        self._close(self.sums["seq_len"].size)
+            self.close(complete)
 
     def _reserve(self, codes: np.ndarray) -> None:
         if codes.size == 0:
@@ -140,7 +137,7 @@ class _Sequences:
         for f in _SEQ_SUMS:
             self.sums[f] = grow(self.sums[f], size, np.nan if f == "adv" else 0.0)
 
-    def _close(self, count: int) -> None:
+    def close(self, count: int) -> None:
         """Fold sequences [0, count) of the held ones into the sequence-level statistics and drop them."""
         done = {f: v[:count] for f, v in self.sums.items()}
         self.sums = {f: v[count:].copy() for f, v in self.sums.items()}
@@ -318,10 +315,6 @@ def _by_age(state: _State, max_buckets: int) -> tuple[list[dict], np.ndarray]:
     return sorted(rows, key=lambda r: r["age"]), ages
 
 
-#: glibc mallopt parameters (malloc.h): M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-
-
 def keep_freed_memory(trim_bytes: int = 32 << 20, mmap_bytes: int = 32 << 20) -> bool:
     """Let glibc keep up to ``trim_bytes`` of freed heap and serve blocks below ``mmap_bytes`` from it.
 
@@ -334,7 +327,7 @@ def keep_freed_memory(trim_bytes: int = 32 << 20, mmap_bytes: int = 32 << 20) ->
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS, Windows): nothing to tune
         return False
-    return bool(mallopt(_M_TRIM_THRESHOLD, trim_bytes)) and bool(mallopt(_M_MMAP_THRESHOLD, mmap_bytes))
+    return bool(mallopt(-1, trim_bytes)) and bool(mallopt(-3, mmap_bytes))  # malloc.h M_TRIM / M_MMAP_THRESHOLD
 
 
 def _timed(fold: Callable[[], None], cost: dict[str, float], name: str) -> Callable[[], None]:
@@ -390,7 +383,7 @@ def _pass(config: DiagnoseConfig, sorted_ids: bool, progress) -> tuple[LogReader
     finally:
         for lane in lanes:
             lane.shutdown(cancel_futures=True)
-    state.sequences.finish()
+    state.sequences.close(state.sequences.sums["seq_len"].size)  # the last sequences
     if state.has_age:
         state.tokens = state.by_age.reduce(np.zeros(state.by_age.size, dtype=np.int64), 1)
     return reader, state
