@@ -132,20 +132,12 @@ class Moments:
                        lmax=top, A=total(self.A * scale), B=total(self.B * scale * scale), C=total(self.C * scale),
                        P=total(self.P * scale_p))
 
-    def grow(self, size: int) -> None:
-        """Extend to ``size`` groups (new groups empty)."""
-        extra = size - self.size
-        if extra <= 0:
-            return
-        pad = Moments.empty(extra)
-        for f in fields(self):
-            setattr(self, f.name, np.concatenate([getattr(self, f.name), getattr(pad, f.name)]))
-
     def fold(self, other: "Moments") -> None:
-        """Add ``other`` (same number of groups) into ``self``: exact merge of the shifted sums."""
+        """Add ``other`` into ``self``, group i into group i (exact merge of the shifted sums); groups that only
+        ``other`` has are added."""
         both = Moments(**{f.name: np.concatenate([getattr(self, f.name), getattr(other, f.name)])
                           for f in fields(self)})
-        merged = both.reduce(np.tile(np.arange(self.size), 2), self.size)
+        merged = both.reduce(np.concatenate([np.arange(self.size), np.arange(other.size)]), max(self.size, other.size))
         for f in fields(self):
             setattr(self, f.name, getattr(merged, f.name))
 

@@ -225,11 +225,7 @@ def _is_tail(n: float, sum_wc: float, sum_wc_sq: float, sums: FrameworkSums, pre
     """compute_is_metrics after the level-specific part: std, eff_sample_size, the seq_* family."""
     out: dict[str, float] = {}
     mean_wc = sum_wc / (n + VERL_EPS)
-    if n > 1:
-        var = sum_wc_sq / (n + VERL_EPS) - mean_wc**2
-        out["rollout_is_std"] = math.sqrt(max(var, 0.0))
-    else:
-        out["rollout_is_std"] = 0.0
+    out["rollout_is_std"] = math.sqrt(max(sum_wc_sq / (n + VERL_EPS) - mean_wc**2, 0.0)) if n > 1 else 0.0
     # 1 / masked_mean((wc / (mean wc + 1e-8))^2): the (1e-8-regularised) Kish fraction of clamp(w, 1/C, C)
     out["rollout_is_eff_sample_size"] = 1.0 / ((sum_wc_sq / (mean_wc + VERL_EPS) ** 2) / (n + VERL_EPS))
     s = sums.seq[prefix]
@@ -354,9 +350,7 @@ def batch_sums(logp_behav, logp_current, mask, advantages=None, params: Framewor
     if adv is not None:
         # a sequence's advantage = its first valid token's (M2PO reads advantages[:, 0]: the same for
         # right-padded rows, where the response starts at column 0)
-        first = np.argmax(m, axis=1)
-        seq_adv = adv[np.arange(rows), first]
-        seq_adv_tok = seq_adv[seq]
+        seq_adv_tok = adv[np.arange(rows), np.argmax(m, axis=1)][seq]
     lengths = m.sum(axis=1)  # (rows,) every row's tokens are one run of the flattened valid tokens
     full = lengths > 0
     starts = (np.cumsum(lengths) - lengths)[full]

@@ -248,8 +248,7 @@ def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> di
             values, inv = np.unique(age[starts], return_inverse=True)
             codes = np.fromiter((state.age_codes.setdefault(v, len(state.age_codes)) for v in values.tolist()),
                                 dtype=np.int64, count=values.size)
-            state.by_age.grow(len(state.age_codes))
-            state.by_age.fold(runs.reduce(codes[inv.reshape(-1)], state.by_age.size))
+            state.by_age.fold(runs.reduce(codes[inv.reshape(-1)], len(state.age_codes)))
         seq_adv_tok = None
         if adv is not None:
             run_adv = state.sequences.first_advantage(run_seq, starts, adv)  # (R,)
