@@ -47,7 +47,7 @@ import numpy as np
 from replay_theory.diagnose.accumulators import Moments, WeightSums
 from replay_theory.diagnose.errors import ConfigError
 from replay_theory.diagnose.framework_stats import gspo_sequence_log_ratio
-from replay_theory.simulate.losses import m2po_mask, m2po_may_bind
+from replay_theory.simulate.losses import m2po_masks, m2po_may_bind
 from replay_theory.theory.group_replay import clipping_bias_proxy
 
 M2PO_VARIANTS = ("algorithm1", "reference")
@@ -235,12 +235,13 @@ class TokenWhatIf:
         lr_blocks, adv_blocks = lr.reshape(-1, block), adv.reshape(-1, block)  # (blocks, T): a block is a "seed"
         for tau in self.config.m2po:
             binds = m2po_may_bind(lr_blocks, adv_blocks, tau)  # (blocks,) most blocks mask nothing: no sort
+            keep = m2po_masks(lr_blocks[binds, None], adv_blocks[binds, None],
+                              np.ones((int(binds.sum()), 1, block), dtype=bool), tau, M2PO_VARIANTS) \
+                if binds.any() else None  # both variants from one sort
             for variant in M2PO_VARIANTS:
                 masked = np.zeros(lr_blocks.shape, dtype=bool)
-                if binds.any():
-                    ones = np.ones((int(binds.sum()), 1, block), dtype=bool)
-                    masked[binds] = ~m2po_mask(lr_blocks[binds, None], adv_blocks[binds, None], ones, tau,
-                                               variant)[:, 0]
+                if keep is not None:
+                    masked[binds] = ~keep[variant][:, 0]
                 shared.masked(self.sums[("m2po", (tau, variant))], masked.reshape(-1))
 
     def rows(self) -> list[dict]:

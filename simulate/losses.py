@@ -88,6 +88,7 @@ __all__ = [
     "grpo",
     "no_trust_region",
     "m2po_mask",
+    "m2po_masks",
     "m2po",
     "m2po_reference",
     "rloo",
@@ -409,11 +410,13 @@ def m2po_may_bind(log_ratio: np.ndarray, adv: np.ndarray, tau_m2: float) -> np.n
 
 
 def _m2po_drop_and_cap(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray, tau_m2: float,
-                       variant: str) -> tuple[np.ndarray, np.ndarray]:
-    """(drop (S, n, L) bool: tokens the M2 constraint masks, cap (S,): log-ratio cap tau; inf if none binds)."""
+                       variants: tuple[str, ...]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """variant -> (drop (S, n, L) bool: tokens the M2 constraint masks, cap (S,): log-ratio cap tau; inf if none
+    binds); the variants share one sort."""
     require_nonnegative("tau_m2", tau_m2, allow_inf=True)
-    if variant not in ("algorithm1", "reference"):
-        raise ValueError(f"variant must be 'algorithm1' or 'reference', got {variant!r}")
+    for variant in variants:
+        if variant not in ("algorithm1", "reference"):
+            raise ValueError(f"variant must be 'algorithm1' or 'reference', got {variant!r}")
     S = m.shape[0]
     cand = _flat(_m2po_candidates(log_ratio, adv, m))  # (S, N) T
     lr = _flat(log_ratio)  # (S, N)
@@ -421,18 +424,20 @@ def _m2po_drop_and_cap(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray, ta
     count = cand.sum(axis=1)  # (S,) |T|
     may_bind = np.sum(m2_tok * cand, axis=1) > tau_m2 * (1.0 - 1e-9) * count  # as m2po_may_bind
     if not may_bind.all():  # the O(N log N) sort runs only on the rows that may bind
-        drop, cap = np.zeros(m.shape, dtype=bool), np.full(S, np.inf)
+        out = {v: (np.zeros(m.shape, dtype=bool), np.full(S, np.inf)) for v in variants}
         if may_bind.any():
-            drop[may_bind], cap[may_bind] = _m2po_drop_and_cap(log_ratio[may_bind], adv[may_bind], m[may_bind],
-                                                               tau_m2, variant)
-        return drop, cap
+            binding = _m2po_drop_and_cap(log_ratio[may_bind], adv[may_bind], m[may_bind], tau_m2, variants)
+            for v, (drop, cap) in binding.items():
+                out[v][0][may_bind], out[v][1][may_bind] = drop, cap
+        return out
     # the candidates' M2_i, descending (S, N), non-candidates as 0 at the end; values only: which tokens
     # are dropped follows from the threshold below, ties by index (= argmax's first hit)
     v_sorted = -np.sort(-np.where(cand, m2_tok, 0.0), axis=1)
     N = lr.shape[1]
     suffix = np.concatenate([np.cumsum(v_sorted[:, ::-1], axis=1)[:, ::-1], np.zeros((S, 1))], axis=1)  # (S, N+1)
     # suffix[:, k] = sum of the |T| - k smallest candidates = what is left after masking the k largest
-    if variant == "algorithm1":
+    out = {}
+    if "algorithm1" in variants:
         k = np.arange(N + 1)[None, :]  # tokens masked so far
         remaining = count[:, None] - k  # (S, N+1)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -445,8 +450,8 @@ def _m2po_drop_and_cap(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray, ta
         above = cand & (m2_tok > last[:, None])
         tied = cand & (m2_tok == last[:, None])
         drop = above | (tied & (np.cumsum(tied, axis=1) <= (n_drop - above.sum(axis=1))[:, None]))
-        cap = np.full(S, np.inf)
-    else:
+        out["algorithm1"] = (drop.reshape(m.shape), np.full(S, np.inf))
+    if "reference" in variants:
         # Winsorised mean with a fixed denominator: g(c) = (1/|T|) sum_T min(M2_i, c), c = tau^2.
         # g is piecewise linear and increasing; at the k-th largest value c_k,
         # g(c_k) |T| = k c_k + (sum of the smaller ones). Count K = #{k : g(c_k) > budget}
@@ -461,7 +466,8 @@ def _m2po_drop_and_cap(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray, ta
             c_star = np.where(n_capped > 0, (total - rest) / np.maximum(n_capped, 1), np.inf)
         cap = np.sqrt(np.maximum(c_star, 0.0))  # (S,) tau: (1/|T|) sum_T min(delta_i^2, tau^2) = budget
         drop = cand & (np.abs(lr) > cap[:, None])  # tokens in T with |log r| > tau: zero gradient
-    return drop.reshape(m.shape), cap
+        out["reference"] = (drop.reshape(m.shape), cap)
+    return {v: out[v] for v in variants}
 
 
 def m2po_mask(log_ratio: ArrayLike, advantage: ArrayLike, mask: ArrayLike, tau_m2: float = 0.04,
@@ -488,12 +494,17 @@ def m2po_mask(log_ratio: ArrayLike, advantage: ArrayLike, mask: ArrayLike, tau_m
 
     ``advantage`` is (S, n) or (S, n, L).
     """
+    return m2po_masks(log_ratio, advantage, mask, tau_m2, (variant,))[variant]
+
+
+def m2po_masks(log_ratio: ArrayLike, advantage: ArrayLike, mask: ArrayLike, tau_m2: float = 0.04,
+               variants: tuple[M2POVariant, ...] = ("algorithm1", "reference")) -> dict[str, np.ndarray]:
+    """:func:`m2po_mask` of each variant (variant -> keep-mask), from one sort."""
     lr = np.asarray(log_ratio, dtype=np.float64)
     m = _mask(mask, lr.shape if lr.ndim == 3 else None)
     lr = _logp(lr, "log_ratio", m)
     adv = _token_advantage(advantage, m)
-    drop, _ = _m2po_drop_and_cap(lr, adv, m, tau_m2, variant)
-    return m & ~drop
+    return {v: m & ~drop for v, (drop, _) in _m2po_drop_and_cap(lr, adv, m, tau_m2, variants).items()}
 
 
 def m2po(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask: ArrayLike,
@@ -523,7 +534,7 @@ def m2po(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask:
     lp, m, lb, lr = _inputs(logp_new, mask, logp_behav)
     adv = _token_advantage(advantage, m)
     weights = _token_weights(m, aggregation)
-    drop, cap = _m2po_drop_and_cap(lr, adv, m, tau_m2, variant)
+    drop, cap = _m2po_drop_and_cap(lr, adv, m, tau_m2, (variant,))[variant]
     keep = m & ~drop
     if variant == "algorithm1":
         live = keep & (adv != 0)

@@ -653,3 +653,4 @@ def test_m2po_rows_that_cannot_bind_skip_the_sort_and_match_the_naive_loop():
             expected = naive(lr[s], b["advantage"][s], b["mask"][s], tau)
             np.testing.assert_array_equal(keep[s].ravel(), expected[0] if variant == "reference" else expected)
         assert (keep != b["mask"]).any(axis=(1, 2)).tolist() == binds.tolist()  # the binding rows do mask
+        np.testing.assert_array_equal(L.m2po_masks(lr, b["advantage"], b["mask"], tau)[variant], keep)  # one sort
