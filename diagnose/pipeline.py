@@ -14,10 +14,10 @@ merged exactly at O(runs) cost (``accumulators.Moments``):
 * a log-ratio histogram (quantiles) and the token what-if corrections (``whatif.py``).
 
 These folds are independent: with ``threads`` > 1 the costliest so far run in worker threads and the rest in the
-reading thread, each fold in chunk order, so every thread count gives the same numbers, bit for bit.  With integer sequence ids that never decrease (TRL's and verl's
-exports) a sequence is folded when the next begins, so memory is flat in the length of the log; any other
-order is detected at the first decreasing id and the log is read again with every sequence held (about 370
-bytes a sequence).
+reading thread, each fold in chunk order, so every thread count gives the same numbers, bit for bit. With integer
+sequence ids that never decrease (TRL's and verl's exports) a sequence is folded when the next begins, so memory is
+flat in the length of the log; any other order is detected at the first decreasing id and the log is read again with
+every sequence held (about 370 bytes a sequence).
 
 Invalid data is never silently dropped: the first NaN / infinite / positive log-prob, negative or NaN age,
 NaN advantage or mismatched wide row raises a one-line ``ValueError``; with ``skip_invalid`` such tokens are
