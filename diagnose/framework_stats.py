@@ -145,7 +145,8 @@ class FrameworkSums:
         starting at ``starts`` (R,) (a run lies in one sequence; the caller adds runs up to sequences).
         ``ratio`` (n,) = np.exp(lr) and ``moments`` (the runs' ``Moments``) if the caller has them: same numbers."""
         C = params.rollout_is_threshold
-        top, low = float(lr.max()), float(lr.min())
+        top, low = (float(lr.max()), float(lr.min())) if moments is None else \
+            (float(moments.lmax.max()), float(moments.lmin.min()))  # the runs' extremes are the chunk's
         inside = -SAFETY_BOUND <= low and top <= SAFETY_BOUND  # the usual case: the clamp changes nothing
         clamped = lr if inside else np.clip(lr, -SAFETY_BOUND, SAFETY_BOUND)
         # verl's ratio (rollout_corr_helper.py, SAFETY_BOUND)
