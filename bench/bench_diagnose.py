@@ -16,11 +16,13 @@ after the other, each in a fresh subprocess so that peak memory is its own:
 Python's bytecode cache of the modules diagnose imports is filled first, as any
 first import fills it (unless PYTHONDONTWRITEBYTECODE is set): no tool pays for
 compiling its own code (duckdb, polars and pandas come compiled by pip).
-Checks that all agree (k1, M2, D_2, ESS at every level, to 1e-9: the tools sum
-in different orders), then prints seconds, tokens per second, peak RSS and the
+Runs ``--repeat`` rounds (default 3) of all tools, interleaved, so that a noisy
+moment on a shared machine hits every tool alike.  Checks that all agree (k1, M2,
+D_2, ESS at every level, to 1e-9: the tools sum in different orders), then prints
+each tool's median seconds and range, tokens per second, largest peak RSS and the
 ratios to the DuckDB query, all measured in this one run, with the load average
-before it (the machine may be shared).
-Run: ``python bench/bench_diagnose.py [--tokens N] [--keep PATH] [--modes duckdb,stats,...] [--drift D]``
+before it.
+Run: ``python bench/bench_diagnose.py [--tokens N] [--keep PATH] [--modes duckdb,stats,...] [--drift D] [--repeat R]``
 (needs pandas and polars: ``pip install -e ".[bench,diagnose]"``).
 """
 
@@ -180,6 +182,8 @@ def main() -> None:
     parser.add_argument("--drift", type=float, default=0.03,
                         help="Per-token log-ratio noise at age 0 (x sqrt(1 + age)); 0.3 makes M2PO's mask bind.")
     parser.add_argument("--modes", default=",".join(MODES), help="Comma-separated subset of " + ", ".join(MODES))
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="Rounds of all tools, interleaved; seconds are each tool's median, peak RSS its largest.")
     parser.add_argument("--worker", choices=list(MODES), help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -190,6 +194,8 @@ def main() -> None:
     unknown = [m for m in modes if m not in MODES]
     if unknown or "duckdb" not in modes:
         sys.exit(f"--modes must name some of {', '.join(MODES)}, duckdb among them; got {args.modes!r}")
+    if args.repeat < 1:
+        sys.exit(f"--repeat must be an integer >= 1, got {args.repeat}")
     tmp = tempfile.TemporaryDirectory()
     path = args.keep or Path(tmp.name) / "log.parquet"
     if not path.exists():
@@ -204,23 +210,32 @@ def main() -> None:
     compileall.compile_file(root / "__init__.py", quiet=1)
     for package in ("diagnose", "theory", "simulate"):
         compileall.compile_dir(root / package, quiet=1)
-    results = {}
-    for mode in modes:  # each in a fresh process: its peak RSS is its own
-        proc = subprocess.run([sys.executable, __file__, "--worker", mode, "--path", str(path)],
-                              capture_output=True, text=True, check=True)
-        results[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+    for _ in range(args.repeat):  # rounds interleave the tools, so a noisy moment hits them alike
+        for mode in modes:  # each in a fresh process: its peak RSS is its own
+            proc = subprocess.run([sys.executable, __file__, "--worker", mode, "--path", str(path)],
+                                  capture_output=True, text=True, check=True)
+            runs[mode].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    results = {mode: {"seconds": float(np.median([r["seconds"] for r in rs])),
+                      "peak_rss": max(r["peak_rss"] for r in rs), "result": rs[0]["result"],
+                      "range": (min(r["seconds"] for r in rs), max(r["seconds"] for r in rs))}
+               for mode, rs in runs.items()}
     base = results["duckdb"]
     for mode in modes:
-        agree(results[mode]["result"], base["result"])
+        for r in runs[mode]:
+            agree(r["result"], base["result"])
     tok, seq = base["result"]["token"], base["result"]["sequence"]
     n = tok["n"]
     print(f"{n:,} tokens; {', '.join(modes)} agree to 1e-9 on k1, M2, D_2 and ESS at token, sequence and age level "
           f"(ess_frac {tok['ess_frac']:.6f}, sequence ess_frac {seq['ess_frac']:.6f}, "
           f"{len(base['result']['by_age'])} ages)")
-    print(f"{'run':<42}{'seconds':>9}{'tokens/s':>13}{'peak RSS':>11}{'speed vs DuckDB':>17}{'memory vs DuckDB':>18}")
+    print(f"median of {args.repeat} interleaved rounds (seconds: median and range)")
+    print(f"{'run':<42}{'seconds':>9}{'range':>12}{'tokens/s':>13}{'peak RSS':>11}{'speed vs DuckDB':>17}"
+          f"{'memory vs DuckDB':>18}")
     for mode in modes:
         r = results[mode]
-        print(f"{MODES[mode][0]:<42}{r['seconds']:>9.2f}{n / r['seconds']:>13,.0f}{r['peak_rss'] / 2**20:>7.0f} MiB"
+        print(f"{MODES[mode][0]:<42}{r['seconds']:>9.2f}{r['range'][0]:>7.2f}-{r['range'][1]:<4.2f}"
+              f"{n / r['seconds']:>13,.0f}{r['peak_rss'] / 2**20:>7.0f} MiB"
               f"{base['seconds'] / r['seconds']:>16.2f}x{r['peak_rss'] / base['peak_rss']:>17.2f}x")
 
 
