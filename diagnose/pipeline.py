@@ -318,9 +318,10 @@ def keep_freed_memory(trim_bytes: int = 32 << 20, mmap_bytes: int = 32 << 20) ->
     """Let glibc keep up to ``trim_bytes`` of freed heap and serve blocks below ``mmap_bytes`` from it.
 
     Every chunk allocates and frees the same few dozen megabytes of numpy temporaries; by default glibc hands them
-    back to the kernel after each chunk and takes page faults to get them again: 0.35 of 1.2 s on the 10M-token
-    bench log was system time, 0.13 s after this call.  Process-wide and permanent (the thresholds glibc would
-    otherwise adapt become fixed at about the values it adapts to); a no-op returning False off glibc.
+    back to the kernel after each chunk and takes page faults to get them again: on the 10M-token bench log, 0.24-0.46
+    s of system time and 0.50-0.67 s in all, against 0.03-0.04 s and 0.35-0.37 s after this call (three fresh
+    processes each).  Process-wide and permanent (the thresholds glibc would otherwise adapt become fixed at about
+    the values it adapts to); a no-op returning False off glibc.
     """
     try:
         mallopt = ctypes.CDLL(None).mallopt
