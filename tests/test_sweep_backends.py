@@ -100,8 +100,6 @@ def test_finished_sweep_starts_no_cluster(tmp_path, loky_files, monkeypatch):
     assert_same_as_loky(out, loky_files)
 
 
-
-
 @pytest.fixture
 def spec_file(tmp_path):
     import json

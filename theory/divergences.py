@@ -194,10 +194,6 @@ def k3_terms(lr: FloatArray, expm1_lr: FloatArray | None = None) -> FloatArray:
     return out
 
 
-
-# The old private name, kept only so that simulate/losses.py (restructured in parallel
-# for issue 11) still imports until it switches to ``k3_terms``; delete it then.
-
 def _bregman_g(d: FloatArray) -> FloatArray:
     """g(d) = d e^d - (e^d - 1) = r log r - r + 1 >= 0 at r = e^d, accurate for small |d|."""
     with np.errstate(all="ignore"):
