@@ -17,6 +17,8 @@ Papers (docs/REFERENCES.md):
   (experience-replay                   ): Thm 3.4, Thm 3.5, App. C.2, App. C.3.1, App. C.3.2, Eq. (5).
 - "Prosperity before Collapse" / M2PO (M2PO               ): Thm 5.1, App. C.
 - FreshPER (FreshPER                       , arXiv:2604.16918): Eqs. (5), (8), (9), (24).
+- McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training" (arXiv 1812.06162):
+  Eq. (2.7), steps S = S_min (1 + B_noise / B), with the batch variance 1/B replaced by the long-run variance V.
 
 | derivation              | derives                                                                         |
 |-------------------------|---------------------------------------------------------------------------------|
@@ -33,6 +35,12 @@ Papers (docs/REFERENCES.md):
 | ``finite-budget``       | Thm 3.4 at budget C: eta* from 2 b2 eta^3 + b1 eta^2 - A = 0 (trig/cosh root),  |
 |                         | limits C -> oo (the paper's J) and C -> 0 (step-limited: c / eta_max)           |
 | ``compute-to-target``   | least C for the bound to reach epsilon; proportional to J when kappa = 0        |
+| ``fifo-long-run-variance`` | batch-mean noise of a full FIFO (B drawn with replacement): C(0), C(k),     |
+|                         | sum over lags sigma^2 (1/B + 1/R - 1/(BN)); on-policy sigma^2/B or 2/B - 1/B^2  |
+| ``noise-scale-rule``    | S = S_min (1 + B_noise V), cost (1 + b(1+y))(1 + mu/y), y* = sqrt(mu(1+1/b)),   |
+|                         | replay pays iff 4b(1+b) < mu, threshold and best saving (McCandlish Eq. 2.7)    |
+| ``assumption-3.2-counterexample`` | F = theta^2/2, G = theta + z: E[eps | F_1] = z_0, no finite kappa;    |
+|                         | in mean square kappa ~ 1/eta, so the dropped kappa^2 eta term is O(1/eta)       |
 
 Derivations are built lazily and cached (``functools.cache``): treat a returned
 :class:`Derivation` as read-only.
@@ -45,6 +53,8 @@ Derivations are built lazily and cached (``functools.cache``): treat a returned
 | ``rho``      | rho              | correlation (Assumption 3.3); a positive symbol, rho -> 0 by limit |
 | ``alpha``    | alpha            | power-law exponent, sigma(s) = (s/tau)^alpha                       |
 | ``z``        | log r            | log importance ratio (M2PO)                                        |
+| ``b``        | B_noise / B      | gradient noise scale (McCandlish) in units of the batch            |
+| ``V``        | sum_k C(k)/sigma^2 | long-run variance of the batch-mean noise per unit sigma^2       |
 """
 
 from __future__ import annotations
@@ -921,6 +931,233 @@ def _build_compute_to_target() -> Derivation:
     )
 
 
+# --------------------------------------------------------------------------- 12. fifo-long-run-variance
+
+
+@functools.cache
+def _build_fifo_long_run_variance() -> Derivation:
+    B, R, N, sigma = _positive("B", "R", "N", "sigma")
+    x, k, W, m = (sympy.Symbol(name, integer=True, positive=True) for name in ("x", "k", "W", "m"))
+    j = sympy.Symbol("j", integer=True, positive=True)
+    C = sympy.Function("C")
+    e_t, z_draw = sympy.Symbol("e_t"), sympy.Function("z")(sympy.Symbol("I_tj"))
+    lrv = sympy.Symbol("sum_k C(k)")
+    # C(0): B^2 ordered pairs of draws; the B diagonal ones give sigma^2, each of the B(B - 1) others picks the same
+    # item with probability 1/N (independent uniform draws with replacement)
+    c0_pairs = sigma**2 * (B + B * (B - 1) / N) / B**2
+    c0 = sigma**2 * (1 / B + 1 / N - 1 / (B * N))
+    # C(k >= 1): draws k steps apart are independent; they pick the same item only among the N - kR shared ones
+    ck = sigma**2 * sympy.Sum(1 / N**2, (m, 1, N - k * R)).doit()  # every one of the B^2 pairs alike
+    shared_x = sympy.factor((N - k * R).subs(N, x * R))
+    lag_sum = sympy.summation(ck.subs(N, x * R), (k, 1, x - 1))
+    long_run_x = sympy.simplify(c0.subs(N, x * R) + 2 * lag_sum)
+    closed = sigma**2 * (1 / B + 1 / R - 1 / (B * N))
+    window = (W * c0.subs(N, x * R) + 2 * sympy.summation((W - k) * ck.subs(N, x * R), (k, 1, x - 1))) / W
+    window_limit = sympy.simplify(sympy.limit(window, W, sympy.oo))
+    on_policy = sympy.summation(sigma**2 / B**2, (m, 1, B))  # B distinct i.i.d. items, no repeats, no overlap
+    with_replacement = sympy.simplify(closed.subs({N: B, R: B}))  # x = 1, y = 1: N = R = B
+    steps = (
+        Step("Model (experience-replay Sec. 3): each step R fresh items join a FIFO of N = x R (x a positive "
+             "integer), B indices drawn uniformly with replacement; item noises i.i.d., mean 0, variance sigma^2, "
+             "fixed at draw; e_t is the batch-mean noise", Eq(e_t, sympy.Sum(z_draw, (j, 1, B)) / B)),
+        Step("C(0) = E e_t^2: the B diagonal pairs give sigma^2, each of the B (B - 1) others picks the same item "
+             "with probability 1/N", Eq(C(0), c0_pairs)),
+        Step("C(0) minus sigma^2 (1/B + 1/N - 1/(BN)) simplifies to 0", _identity(c0_pairs, c0)),
+        Step("C(k), k >= 1: the buffers k steps apart share N - kR items and two independent draws pick the same "
+             "one with probability (N - kR)/N^2 (sum over the shared items of 1/N^2, sympy Sum.doit)",
+             Eq(C(k), ck)),
+        Step("With N = x R the shared count factors as R (x - k): C(k) = sigma^2 (N - kR)_+/N^2 vanishes for "
+             "k >= x (argued from the factor)", Eq((N - k * R).subs(N, x * R), shared_x)),
+        Step("Sum over all lags, C(0) + 2 sum_{k=1}^{x-1} C(k) (sympy.summation over k)", Eq(lrv, long_run_x)),
+        Step("It minus sigma^2 (1/B + 1/R - 1/(BN)) simplifies to 0 at N = x R: replay cannot push the noise "
+             "below the sigma^2/R that the R fresh items per step carry", _identity(long_run_x, closed.subs(N, x * R))),
+        Step("The variance of the mean of W consecutive e_t, times W, tends to it as W -> oo (sympy.limit): the "
+             "noise a slowly moving theta integrates", Eq(sympy.Limit(sympy.Symbol("W Var(mean_W e)"), W, sympy.oo),
+                                                           window_limit)),
+        Step("That limit minus sigma^2 (1/B + 1/R - 1/(BN)) simplifies to 0",
+             _identity(window_limit, closed.subs(N, x * R))),
+        Step("On-policy without replacement (N = R = B, every item once, no overlap between steps): the mean of B "
+             "distinct i.i.d. items (sympy.summation)", Eq(sympy.Symbol("V_on sigma^2"), on_policy)),
+        Step("On-policy drawn with replacement (x = 1, y = 1: N = R = B) minus sigma^2 (2/B - 1/B^2) simplifies to "
+             "0: almost twice the on-policy noise", _identity(with_replacement, sigma**2 * (2 / B - 1 / B**2))),
+    )
+    return Derivation(
+        name="fifo-long-run-variance",
+        title="Long-run variance of the batch-mean noise of a FIFO sampled with replacement",
+        source=f"{ER_PAPER}, Sec. 3 (FIFO of N, R new per step, B drawn uniformly with replacement)",
+        steps=steps,
+        result=Eq(lrv, closed),
+        symbols={"B": B, "R": R, "N": N, "sigma": sigma, "x": x, "k": k, "W": W},
+        parts={"C0": c0, "Ck": ck, "long_run": closed, "long_run_x": long_run_x, "window_limit": window_limit,
+               "on_policy": on_policy, "on_policy_with_replacement": with_replacement},
+    )
+
+
+# --------------------------------------------------------------------------- 13. noise-scale-rule
+
+
+MU_QWEN = Rational(132, 25)  # mu = 5.28, Table 1 (Qwen2.5-7B), rollout cost / per-sample update cost
+
+
+@functools.cache
+def _build_noise_scale_rule() -> Derivation:
+    s_min, b_noise, B, R, mu, b, y, V = _positive("S_min", "B_noise", "B", "R", "mu", "b", "y", "V")
+    S, cost_sym, y_star_sym, b_c = sympy.Symbol("S"), sympy.Symbol("C"), sympy.Symbol("y_*"), sympy.Symbol("b_c")
+    cost_fn = sympy.Function("cost")(y)
+    v_replay, v_on = 1 / B + 1 / R, 1 / B
+    cost = s_min * (1 + b_noise * v_replay) * (mu * R + B)  # S steps of cost mu R + B
+    cost_by = (1 + b * (1 + y)) * (1 + mu / y)  # in units of S_min B
+    cost_on = (1 + b) * (1 + mu)
+    d_cost = sympy.diff(cost_by, y)
+    (y_solved,) = sympy.solve(Eq(d_cost, 0), y)  # y is a positive symbol: the positive root only
+    y_star = sqrt(mu * (1 + 1 / b))
+    d2 = sympy.simplify(sympy.diff(cost_by, y, 2))
+    min_cost = (sqrt(1 + b) + sqrt(mu * b)) ** 2
+    gap = sympy.simplify(cost_on - cost_by.subs(y, y_star))
+    (b_solved,) = sympy.solve(Eq(4 * b * (1 + b), mu), b)
+    threshold = (sqrt(1 + mu) - 1) / 2
+    saving = cost_on / min_cost
+    t = sympy.Symbol("t", positive=True)  # t = sqrt(1 + mu) - 1: mu = t (t + 2), b_c = t/2 (no nested roots)
+    at_threshold = saving.subs({b: t / 2, mu: t * (t + 2)})
+    noiseless = sympy.limit(saving, b, 0)
+    table = {bb: (sympy.N(saving.subs({b: bb, mu: MU_QWEN}), 6), sympy.N(y_star.subs({b: bb, mu: MU_QWEN}), 4))
+             for bb in (Rational(1, 10), Rational(1, 4), Rational(1, 2))}
+    steps = (
+        Step("Steps to a target (McCandlish et al. 2018, Eq. 2.7) with the batch variance 1/B replaced by the "
+             "long-run variance V (per sigma^2) of the design's batch-mean noise", Eq(S, s_min * (1 + b_noise * V))),
+        Step("V for FIFO with replacement (derive fifo-long-run-variance without its -1/(BN), below 1/B^2) and for "
+             "on-policy without replacement", sympy.Tuple(Eq(sympy.Symbol("V_replay"), v_replay),
+                                                          Eq(sympy.Symbol("V_on"), v_on))),
+        Step("Compute to the target: S steps costing mu R + B each (mu = rollout cost / per-sample update cost, "
+             "Table 1)", Eq(cost_sym, cost)),
+        Step("At fixed B with B_noise = b B and R = B/y, C minus S_min B (1 + b (1 + y))(1 + mu/y) simplifies to 0",
+             _identity(cost.subs({b_noise: b * B, R: B / y}), s_min * B * cost_by)),
+        Step("On-policy (R = B, V = 1/B): S_min (1 + b)(mu B + B) minus S_min B (1 + b)(1 + mu) simplifies to 0",
+             _identity(s_min * (1 + b * B * v_on) * (mu * B + B), s_min * B * cost_on)),
+        Step("Differentiate cost(y) = C/(S_min B) in y (sympy.diff)", Eq(sympy.Derivative(cost_fn, y), d_cost)),
+        Step("Solve d cost/dy = 0 for y > 0 (sympy.solve, 1 positive solution)", Eq(y_star_sym, y_solved)),
+        Step("It minus sqrt(mu (1 + 1/b)) simplifies to 0", _identity(y_solved, y_star)),
+        Step(f"Second derivative (sympy.diff twice); is_positive = {d2.is_positive} for y > 0: convex, the "
+             "stationary point is the minimum", Eq(sympy.Derivative(cost_fn, (y, 2)), d2)),
+        Step("cost(y*) minus (sqrt(1 + b) + sqrt(mu b))^2 simplifies to 0",
+             _identity(cost_by.subs(y, y_star), min_cost)),
+        Step("On-policy cost minus the replay minimum (sympy.simplify)",
+             Eq(sympy.Symbol("cost_on - cost(y*)"), gap)),
+        Step("It minus sqrt(mu) (sqrt(mu) - 2 sqrt(b (1 + b))) simplifies to 0: replay beats on-policy iff "
+             "sqrt(mu) > 2 sqrt(b (1 + b)), i.e. 4 b (1 + b) < mu (both sides positive, argued)",
+             _identity(gap, sqrt(mu) * (sqrt(mu) - 2 * sqrt(b * (1 + b))))),
+        Step("Threshold: solve 4 b (1 + b) = mu for b > 0 (sympy.solve, 1 positive solution): "
+             "b_c = (sqrt(1 + mu) - 1)/2", Eq(b_c, b_solved)),
+        Step("At mu = 5.28 = 132/25 (sympy.N)", sympy.Tuple(Eq(b_c, threshold.subs(mu, MU_QWEN)),
+                                                            Eq(b_c, sympy.N(threshold.subs(mu, MU_QWEN), 6)))),
+        Step("Best saving = on-policy cost / cost(y*); at the threshold, written with t = sqrt(1 + mu) - 1 "
+             "(mu = t (t + 2), b_c = t/2), it minus 1 simplifies to 0", _identity(at_threshold, 1)),
+        Step("As b -> 0 (noiseless gradients, every rollout reused without limit) it tends to 1 + mu (sympy.limit)",
+             Eq(sympy.Limit(sympy.Symbol("saving"), b, 0), noiseless)),
+        Step("At mu = 5.28 (sympy.N): (b, saving, y*) for b = 1/10, 1/4, 1/2",
+             sympy.Tuple(*(sympy.Tuple(bb, sv, ys) for bb, (sv, ys) in table.items()))),
+    )
+    return Derivation(
+        name="noise-scale-rule",
+        title="The noise-scale rule: optimal replay ratio, when replay pays, and the saving",
+        source="McCandlish et al. 2018 (arXiv 1812.06162), Eq. 2.7; V from derive fifo-long-run-variance",
+        steps=steps,
+        result=Eq(y_star_sym, y_star),
+        symbols={"S_min": s_min, "B_noise": b_noise, "B": B, "R": R, "mu": mu, "b": b, "y": y, "V": V},
+        parts={"cost": cost, "cost_replay": cost_by, "cost_on_policy": cost_on, "dcost_dy": d_cost,
+               "y_star": y_star, "second_derivative": d2, "min_cost": min_cost, "gap": gap,
+               "threshold": threshold, "saving": saving, "saving_noiseless": noiseless,
+               "threshold_mu_5_28": threshold.subs(mu, MU_QWEN),
+               "table_mu_5_28": sympy.Tuple(*(sympy.Tuple(bb, sv, ys) for bb, (sv, ys) in table.items()))},
+    )
+
+
+# --------------------------------------------------------------------------- 14. assumption-3.2-counterexample
+
+
+@functools.cache
+def _build_assumption_32_counterexample() -> Derivation:
+    theta, theta_1, z, z0 = sympy.symbols("theta theta_1 z z_0", real=True)
+    theta_0 = sympy.Symbol("theta_0", positive=True)  # theta -> -theta, z -> -z gives theta_0 < 0
+    eta, sigma, kappa, H, L = _positive("eta", "sigma", "kappa", "H", "L")
+    F = theta**2 / 2
+    G = theta + z0
+    update = theta_0 - eta * (theta_0 + z0)  # step 0: the buffer holds only z_0, g_0 = G(theta_0, z_0) for any B
+    (z0_solved,) = sympy.solve(Eq(theta_1, update), z0)
+    eps_12 = G.subs(theta, theta_1) - sympy.diff(F, theta).subs(theta, theta_1)  # noise of z_0 at theta_1
+    drift = sympy.Abs(update - theta_0)
+    kappa_req = sympy.Abs(z0) / (eta * sympy.Abs(theta_0 + z0))
+    lim_right = sympy.limit(kappa_req, z0, -theta_0, "+")
+    lim_left = sympy.limit(kappa_req, z0, -theta_0, "-")
+    density = sympy.exp(-(z**2) / (2 * sigma**2)) / (sigma * sqrt(2 * sympy.pi))  # z_0 ~ N(0, sigma^2)
+    mean_sq_noise = sympy.integrate(z**2 * density, (z, -sympy.oo, sympy.oo))
+    mean_sq_step = sympy.simplify(sympy.integrate((theta_0 + z) ** 2 * density, (z, -sympy.oo, sympy.oo)))
+    kappa_ms = sqrt(mean_sq_noise / (eta**2 * mean_sq_step))  # E|E[eps|F_1]|^2 <= kappa^2 E|theta_1 - theta_0|^2
+    eta_kappa = sympy.simplify(eta * kappa_ms)
+    ratio_limit = sympy.limit(4 * H**2 * kappa_ms**2 * eta / L, eta, 0)
+    term = 8 * eta * 4 * H**2 * kappa_ms**2 * eta  # Thm 3.4: 8 eta (4 N^2 kappa^2 eta / R^2) per sigmabar^2 S
+    term_limit = sympy.limit(term, eta, 0)
+    eq4 = sympy.simplify(2 * H**2 * kappa_ms**2 * eta**2)  # Eq. (4): must be <= 1/4
+    (theta_0_eq4,) = sympy.solve(Eq(eq4, Rational(1, 4)), theta_0)
+    cond = sympy.Symbol("E[epsilon_{1,2} | F_1]")
+    kr = sympy.Symbol("kappa_req")
+    steps = (
+        Step("F = theta^2/2 (L = 1), G(theta, z) = theta + z with z ~ N(0, sigma^2); Assumption 3.2 bounds "
+             "||E[eps_{t,i} | F_t]|| <= kappa ||theta_t - theta_{t_i}||, eps_{t,i} = G(theta_t, z_{t,i}) - grad F, "
+             "F_t = sigma(theta_s, s <= t)", sympy.Tuple(Eq(sympy.Function("F")(theta), F),
+                                                         Eq(sympy.Function("G")(theta, z0), G))),
+        Step("R = 1, N >= 2 (Sec. 3: add R, then draw B uniformly). Step 0: the buffer holds only z_0, so every "
+             "draw is z_0 and g_0 = theta_0 + z_0 whatever B", Eq(theta_1, update)),
+        Step("Solve for z_0 (sympy.solve): a function of (theta_0, theta_1), hence F_1-measurable",
+             Eq(z0, z0_solved)),
+        Step("Step 1: z_0 sits at buffer position i = 2, t_i = t + 1 - ceil(i/R) = 0; its noise at theta_1, "
+             "G(theta_1, z_0) - F'(theta_1), is z_0 itself", Eq(sympy.Symbol("epsilon_{1,2}"), eps_12)),
+        Step("So E[eps_{1,2} | F_1] = z_0 read off the trajectory: the recovered z_0 at theta_1 = theta_0 - "
+             "eta (theta_0 + z_0) minus z_0 simplifies to 0", _identity(z0_solved.subs(theta_1, update), z0)),
+        Step("The bound's right side at (t, i) = (1, 2): kappa |theta_1 - theta_0| with the step above",
+             Eq(sympy.Symbol("kappa |theta_1 - theta_0|"), kappa * drift)),
+        Step("Assumption 3.2 at (t, i) = (1, 2) needs |z_0| <= kappa eta |theta_0 + z_0|: the least kappa for this "
+             "z_0", Eq(kr, kappa_req)),
+        Step("It is unbounded as z_0 -> -theta_0 from either side (sympy.limit; theta_0 != 0)",
+             sympy.Tuple(Eq(sympy.Limit(kr, z0, -theta_0, "+"), lim_right),
+                         Eq(sympy.Limit(kr, z0, -theta_0, "-"), lim_left))),
+        Step("z_0 has positive density at -theta_0, so P(kappa_req > K) > 0 for every K: no finite kappa holds "
+             "almost surely (argued); theta_0 = 0 would give kappa_req = 1/eta exactly",
+             Eq(sympy.Symbol("kappa_req(theta_0 = 0)"), sympy.Abs(z0) / (eta * sympy.Abs(z0)))),
+        Step("Mean square, the form App. C.2.1 uses (it squares the bound and takes expectations): Gaussian "
+             "integrals (sympy.integrate) of z_0^2 and (theta_0 + z_0)^2",
+             sympy.Tuple(Eq(sympy.Symbol("E z_0^2"), mean_sq_noise),
+                         Eq(sympy.Symbol("E (theta_0 + z_0)^2"), mean_sq_step))),
+        Step("kappa^2 >= E z_0^2 / (eta^2 E (theta_0 + z_0)^2): eta kappa_ms does not depend on eta, kappa ~ 1/eta",
+             sympy.Tuple(Eq(sympy.Symbol("kappa_ms"), kappa_ms), Eq(sympy.Symbol("eta kappa_ms"), eta_kappa))),
+        Step("App. C.3.1 drops the kappa^2 eta term as 'negligible in front of L' when eta -> 0; with kappa_ms its "
+             "ratio to L (H = N/R) tends to oo (sympy.limit): kappa^2 eta = O(1/eta), not o(1)",
+             Eq(sympy.Limit(4 * H**2 * sympy.Symbol("kappa_ms") ** 2 * eta / L, eta, 0), ratio_limit)),
+        Step("Its contribution 8 eta (4 H^2 kappa^2 eta) to the Thm 3.4 bound (per sigmabar^2 S) tends to a "
+             "constant (sympy.limit): the bound no longer vanishes as eta -> 0",
+             Eq(sympy.Limit(32 * H**2 * sympy.Symbol("kappa_ms") ** 2 * eta**2, eta, 0), term_limit)),
+        Step("Eq. (4), 2 H^2 kappa^2 eta^2 <= 1/4, loses eta; equality at this theta_0 (sympy.solve), so when "
+             "theta_0^2 < (8 H^2 - 1) sigma^2 no step size meets it", Eq(theta_0, theta_0_eq4)),
+        Step("App. C.1 posits ||pi(.|F_t) - pi_theta_t|| <= kappa_0 ||pi_theta_{t_i} - pi_theta_t||; here the "
+             "sampling law N(0, sigma^2) does not depend on theta, so the right side is 0, while pi(.|F_1) is the "
+             "point mass at z_0: one use of a sample reveals it, however little theta moved (argued)",
+             Eq(sympy.Function("pi")(z, sympy.Symbol("F_1")), sympy.DiracDelta(z - z0))),
+    )
+    return Derivation(
+        name="assumption-3.2-counterexample",
+        title="Assumption 3.2 fails for replayed samples: E[eps | F_1] = z_0 and kappa ~ 1/eta",
+        source=f"{ER_PAPER}, Assumption 3.2, App. C.1, App. C.2.1 (Eq. 4), App. C.3.1",
+        steps=steps,
+        result=Eq(cond, z0),
+        symbols={"theta": theta, "theta_0": theta_0, "theta_1": theta_1, "z_0": z0, "z": z, "eta": eta,
+                 "sigma": sigma, "kappa": kappa, "H": H, "L": L},
+        parts={"update": update, "z0_recovered": z0_solved, "eps": eps_12, "kappa_required": kappa_req,
+               "limit_right": lim_right, "limit_left": lim_left, "mean_sq_noise": mean_sq_noise,
+               "mean_sq_step": mean_sq_step, "kappa_ms": kappa_ms, "eta_kappa_ms": eta_kappa,
+               "ratio_limit": ratio_limit, "term_limit": term_limit, "eq4": eq4, "theta_0_eq4": theta_0_eq4},
+    )
+
+
 # --------------------------------------------------------------------------- registry and rendering
 
 
@@ -936,6 +1173,9 @@ DERIVATIONS: dict[str, Callable[[], Derivation]] = {
     "thm51-chain": _build_thm51_chain,
     "finite-budget": _build_finite_budget,
     "compute-to-target": _build_compute_to_target,
+    "fifo-long-run-variance": _build_fifo_long_run_variance,
+    "noise-scale-rule": _build_noise_scale_rule,
+    "assumption-3.2-counterexample": _build_assumption_32_counterexample,
 }
 
 
