@@ -1,0 +1,338 @@
+"""The noisy quadratic: a testbed whose gradient noise scale B_noise is set exactly, for the replay design rule.
+
+Papers: McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training" (arXiv 1812.06162),
+Eqs. (2.7)-(2.11): steps to a target S = S_min (1 + B_noise / B), B_noise = tr Sigma / |G|^2 (the simple noise
+scale); Zhang, Li, Nado et al. 2019, "Which Algorithmic Choices Matter at Which Batch Sizes? Insights From a Noisy
+Quadratic Model" (arXiv 1907.04164), Sec. 2: the noisy quadratic with diagonal H and gradient covariance C = H;
+experience-replay paper (docs/REFERENCES.md), Sec. 3: the synchronous FIFO (generate R, push into a FIFO of N, draw
+B uniformly with replacement, one step). The rule it tests: theory/noise_scale.py; why replayed samples break the
+paper's Assumption 3.2: /work/shared/notes/noise-scale.md ("a stored sample's noise realisation is fixed at draw").
+
+The model (rows = seeds first, every array (S, ...)):
+
+    F(theta) = 1/2 (theta - theta*)^T H (theta - theta*),   J = -F (the "reward", rises to J* = 0)
+    H = diag(h),  h_k = condition^(-k / (d - 1)),  k = 0 .. d-1   (log-spaced, L = max h = 1)
+    a sample is a noise vector z ~ N(0, Sigma), Sigma = s^2 H, drawn when the sample is generated and FIXED after:
+    its gradient at the current theta is  H (theta - theta*) + z,  the same z every time the sample is replayed.
+
+Why Sigma = s^2 H: the noisy quadratic model's choice (Zhang et al. Sec. 2), and what a well-specified likelihood
+loss gives near its optimum (per-sample gradient covariance = Fisher = Hessian; McCandlish App. A). The noise is
+Gaussian so a mean of B samples is again Gaussian, which the exact shortcuts below use.
+
+The start: theta* ~ N(0, I) and theta_0 - theta* = u / sqrt(h) with u uniform on the sphere of radius sqrt(2),
+both from ``instance_seed``: F(theta_0) = |u|^2 / 2 = 1 and every eigendirection carries on average 1/d of the
+initial loss, so the path to the target crosses the whole spectrum (slow directions set the end of it).
+
+How ``noise_scale`` sets s^2. The target is J0 + f (J* - J0) (f = ``target_fraction``, the theory test's 0.95),
+i.e. F = (1 - f) F(theta_0). On the noise-free gradient flow theta(t) - theta* = exp(-H t) (theta_0 - theta*),
+|grad F(theta(t))|^2 = sum_k h_k^2 delta_k^2 exp(-2 h_k t) decreases strictly (its derivative is
+-2 sum h^3 delta^2 e^(-2ht) < 0), so B_noise(t) = tr Sigma / |grad F|^2 increases strictly and its median over the
+path t in [0, T] (T: the flow time to the target) is B_noise(T / 2). ``noise_scale`` is that median, in samples:
+s^2 = noise_scale |grad F(theta(T/2))|^2 / tr H. The benchmark measures B_noise as the median over checkpoints
+equally spaced in steps before the plateau; at small step size eta a step is eta units of flow time, so the two
+medians are the same quantity. b = B_noise / B = 0.03 .. 30 at B = 256 is noise_scale = 7.68 .. 7680.
+
+| code name          | symbol                         | meaning                                                    |
+|--------------------|--------------------------------|------------------------------------------------------------|
+| ``curvature``      | h (d,)                         | eigenvalues of H (H diagonal)                              |
+| ``optimum``        | theta* (d,)                    | minimiser of F                                             |
+| ``smoothness``     | L = max h                      | McCandlish's / Thm 3.4's L (= 1)                           |
+| ``noise_var``      | diag Sigma = s^2 h (d,)        | per-sample noise variance per coordinate                   |
+| ``trace_sigma``    | tr Sigma                       | per-sample noise, summed over coordinates                  |
+| ``noise_scale``    | B_noise (median on the path)   | McCandlish Eq. (2.11), B_simple, in samples                |
+| ``target_time``    | T                              | gradient-flow time from theta_0 to the target              |
+| ``capacity``       | N                              | FIFO capacity (experience-replay Sec. 3)                   |
+| ``rollouts``       | R                              | fresh samples per step                                     |
+| ``batch``          | B                              | samples drawn per step                                     |
+
+The sampler ``QuadraticReplay`` is the bandit benchmark's two designs (simulate/theory_test.py ``sim_config``):
+on-policy (N = R = B: every fresh sample used exactly once, as ``simulate.designs.on_policy_step``, which trains on
+the whole fresh batch), and FIFO (each step push R fresh samples into ``simulate.buffers.FifoBuffer`` of capacity N,
+draw B with replacement with ``FifoBuffer.select``; before the buffer fills, from what it holds). The buffer stores
+one item id per sample (``RolloutBatch.group``); the noise vectors live in a ring keyed by id mod N, which is the
+FIFO's own slot (a FIFO of N holds the last N ids: distinct mod N), so there is one FIFO implementation.
+
+Exact shortcuts (speed: a step's cost must not grow with R d where it need not). A mean of m independent N(0,
+Sigma) draws is N(0, Sigma / m) and a count-weighted sum sum_i c_i z_i of independent ones is N(0, Sigma sum c_i^2):
+* on-policy: the mean of the R fresh noise vectors is drawn as one N(0, Sigma / R) vector;
+* FIFO with N = R (x = 1): every sample leaves the buffer one step after it was generated, so no noise vector is
+  ever seen at two steps; the step's noise (1 / B) sum_i c_i z_i, c_i = times sample i was drawn (from FifoBuffer's
+  draw), is drawn as one N(0, Sigma sum_i c_i^2 / B^2) vector;
+* FIFO with N > R stores every sample's z (that is where a replayed sample's noise repeats across steps).
+``materialise=True`` stores every z in every design (the literal model; tests check both give the same law).
+Normal draws come from ``rng.random`` by Box-Muller (so ``simulate.rng.PerSeedGenerator`` stays in its batched
+mode: one stream per row, all rows at once; its uniforms have 53 bits, so |xi| <= sqrt(2 * 53 ln 2) = 8.6).
+Cost per step: on-policy and x = 1 do not grow with R d (160 rows x 2000 steps at B = 256: 0.3 s on-policy, 3.5 s
+x = 1 y = 4 on a loaded 2-core machine, most of it FifoBuffer's add and draw); x > 1 draws R d normals a step
+(x = 4 y = 4: 10 s).
+
+Measured (``python tests/test_quadratic.py``; defaults, 32 seeds, step size tuned over 2 .. 2^-8 / L): on-policy
+steps are linear in 1/B (McCandlish Eq. 2.7, residuals <= 4%) with S_min = 12-15, but the fitted B_noise is
+0.10-0.19 x ``noise_scale`` (4.9 / 24.6 / 277.5 at noise_scale 25.6 / 256 / 2560): with a spread spectrum the
+median of tr Sigma / |grad F|^2 overstates the noise that sets the steps (at condition 100: 0.01-0.02 x). Replay at
+x = 1, y = 4 takes 1.06 / 1.39 / 3.08 x on-policy's steps at B = 256: the rule's (1 + b (1 + y)) / (1 + b) gives
+1.07 / 1.35 / 3.08 with the fitted b, 1.36 / 3.00 / 4.64 with the set one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import brentq
+
+from replay_theory.simulate.buffers import FifoBuffer
+from replay_theory.simulate.rng import PerSeedGenerator
+from replay_theory.simulate.rollouts import RolloutBatch
+from replay_theory.theory.checks import require_int, require_positive
+
+__all__ = ["QuadraticConfig", "QuadraticEnv", "QuadraticReplay", "QuadraticTrace", "standard_normal",
+           "train_to_target"]
+
+
+@dataclass(frozen=True)
+class QuadraticConfig:
+    """A noisy-quadratic instance; every random draw of the instance comes from ``instance_seed``."""
+
+    dim: int = 16
+    """d: dimension of theta."""
+    condition: float = 20.0
+    """h_max / h_min: eigenvalues of H log-spaced from 1 down to 1 / condition (NQM-style spread spectrum)."""
+    noise_scale: float = 256.0
+    """B_noise in samples: the median of the exact tr Sigma / |grad F|^2 over the noise-free path to the target
+    (b = noise_scale / B; 256 is b = 1 at B = 256)."""
+    instance_seed: int = 0
+    """Seed of theta* and of the direction of theta_0 - theta*; shared by all training rows."""
+    target_fraction: float = 0.95
+    """f: target J0 + f (J* - J0), J* = 0 (the theory test's TARGET_FRACTION)."""
+
+    def __post_init__(self) -> None:
+        require_int("dim", self.dim, 1)
+        require_positive("condition", self.condition)
+        if not self.condition >= 1:
+            raise ValueError(f"condition must be >= 1, got {self.condition!r}")
+        require_positive("noise_scale", self.noise_scale)
+        require_int("instance_seed", self.instance_seed, 0)
+        if not 0 < self.target_fraction < 1:
+            raise ValueError(f"target_fraction must be in (0, 1), got {self.target_fraction!r}")
+
+
+def standard_normal(rng, rows: int, n: int) -> np.ndarray:
+    """(rows, n) float32 standard normals from ``2 ceil(n / 2)`` uniforms per row of ``rng.random`` (Box-Muller).
+
+    ``rng`` is a ``PerSeedGenerator`` (row i from its own stream, all rows in one batched draw) or an
+    ``np.random.Generator``. Box-Muller: r = sqrt(-2 log(1 - u1)), z = (r cos 2 pi u2, r sin 2 pi u2), exact in law;
+    the transcendental functions run in float32 (4x cheaper than float64 here; relative error ~1e-7, far below the
+    noise), on 1 - u1 formed in float64 so that it stays in (0, 1] (u1 <= 1 - 2^-53: |z| <= 8.6).
+    """
+    k = (n + 1) // 2
+    u = rng.random((rows, 2 * k))  # (rows, 2k): u1 | u2
+    radius = np.sqrt(np.float32(-2.0) * np.log((1.0 - u[:, :k]).astype(np.float32)))  # (rows, k)
+    angle = (u[:, k:] * (2.0 * np.pi)).astype(np.float32)  # (rows, k)
+    out = np.empty((rows, 2 * k), dtype=np.float32)
+    np.multiply(radius, np.cos(angle), out=out[:, :k])
+    np.multiply(radius, np.sin(angle), out=out[:, k:])
+    return out[:, :n]
+
+
+class QuadraticEnv:
+    """F(theta) = 1/2 (theta - theta*)^T H (theta - theta*) with per-sample noise N(0, s^2 H); see the module doc."""
+
+    def __init__(self, config: QuadraticConfig = QuadraticConfig()):
+        self.config = config
+        d = self.param_dim = int(config.dim)
+        exponent = np.arange(d) / (d - 1) if d > 1 else np.zeros(1)
+        self.curvature = float(config.condition) ** -exponent  # (d,) h: 1 .. 1/condition
+        rng = np.random.default_rng([int(config.instance_seed), 31337])
+        self.optimum = rng.standard_normal(d)  # (d,) theta*
+        u = rng.standard_normal(d)
+        u *= math.sqrt(2.0) / np.linalg.norm(u)  # |u|^2 = 2: F(theta_0) = 1
+        self.start_offset = u / np.sqrt(self.curvature)  # (d,) theta_0 - theta*
+        self.smoothness = float(self.curvature.max())  # L
+        self.j_star = 0.0
+        self.j0 = -self._loss_along_flow(0.0)  # -F(theta_0) = -1
+        self.target = self.j0 + config.target_fraction * (self.j_star - self.j0)  # theory test's target
+        f_target = -self.target
+        upper = math.log(-self.j0 / f_target) / (2 * self.curvature.min())  # F(t) <= F0 exp(-2 h_min t)
+        self.target_time = float(brentq(lambda t: self._loss_along_flow(t) - f_target, 0.0, upper * (1 + 1e-12),
+                                        xtol=1e-13, rtol=1e-15))  # T
+        grad_sq_mid = self._grad_sq_along_flow(self.target_time / 2)  # |grad F|^2 at the median of the path
+        self.noise_level = float(config.noise_scale) * grad_sq_mid / self.curvature.sum()  # s^2
+        self.noise_var = self.noise_level * self.curvature  # (d,) diag Sigma = s^2 h
+        self.noise_std = np.sqrt(self.noise_var)  # (d,)
+        self.trace_sigma = float(self.noise_var.sum())  # tr Sigma
+
+    # ------------------------------------------------------------------ the noise-free path
+
+    def _loss_along_flow(self, t: float) -> float:
+        """F(theta(t)) on the gradient flow: 1/2 sum h delta_0^2 exp(-2 h t)."""
+        return float(0.5 * np.sum(self.curvature * self.start_offset**2 * np.exp(-2 * self.curvature * t)))
+
+    def _grad_sq_along_flow(self, t: float) -> float:
+        return float(np.sum((self.curvature * self.start_offset) ** 2 * np.exp(-2 * self.curvature * t)))
+
+    def flow_b_noise(self, t: np.ndarray) -> np.ndarray:
+        """Exact B_noise on the noise-free gradient flow at times ``t`` (any shape); increasing in t."""
+        t = np.asarray(t, dtype=float)
+        grad = self.curvature * self.start_offset * np.exp(-np.multiply.outer(t, self.curvature))  # (..., d)
+        return self.trace_sigma / np.sum(grad**2, axis=-1)
+
+    # ------------------------------------------------------------------ what the benchmark calls
+
+    def _check(self, params: np.ndarray) -> np.ndarray:
+        params = np.asarray(params, dtype=np.float64)
+        if params.ndim != 2 or params.shape[1] != self.param_dim:
+            raise ValueError(f"params must have shape (rows, {self.param_dim}), got {params.shape}")
+        return params
+
+    def init_params(self, rows: int) -> np.ndarray:
+        """theta_0 (rows, d), every row the same."""
+        rows = int(require_int("rows", rows, 1))
+        return np.tile(self.optimum + self.start_offset, (rows, 1))
+
+    def evaluate(self, params: np.ndarray) -> dict[str, np.ndarray]:
+        """{"reward": J = -F (rows,), "loss": F (rows,)}, exact."""
+        delta = self._check(params) - self.optimum  # (rows, d)
+        loss = 0.5 * (delta**2 @ self.curvature)  # (rows,)
+        return {"reward": -loss, "loss": loss}
+
+    def exact_grad(self, params: np.ndarray) -> np.ndarray:
+        """grad J = -H (theta - theta*) (rows, d): the ascent direction of the reward."""
+        return -(self._check(params) - self.optimum) * self.curvature
+
+    def b_noise(self, params: np.ndarray) -> np.ndarray:
+        """Exact B_noise = tr Sigma / |grad F(theta)|^2 (rows,); inf at theta* (no signal: said, not clamped)."""
+        grad_sq = np.sum(self.exact_grad(params) ** 2, axis=1)
+        with np.errstate(divide="ignore"):
+            return self.trace_sigma / grad_sq
+
+    def noise(self, rng, shape: tuple[int, ...]) -> np.ndarray:
+        """Per-sample noise vectors z ~ N(0, Sigma), shape ``shape + (d,)``; shape[0] is the row axis."""
+        shape = tuple(int(v) for v in shape)
+        if not shape:
+            raise ValueError("shape must have the row axis first, got ()")
+        n = math.prod(shape[1:]) * self.param_dim
+        xi = standard_normal(rng, shape[0], n).reshape(shape + (self.param_dim,))
+        return xi * self.noise_std  # sqrt(diag Sigma) xi, float64
+
+    def sample_grads(self, params: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        """Per-sample gradients of F, H (theta - theta*) + z: params (rows, d), noise (rows, m, d) -> (rows, m, d)."""
+        return -self.exact_grad(params)[:, None, :] + noise
+
+
+class QuadraticReplay:
+    """The stateful sampler: each row's buffer of samples (noise vectors), one gradient per step.
+
+    FIFO (``on_policy=False``): each ``gradient`` call generates R samples, pushes their ids into a
+    ``FifoBuffer(rows, N)`` and draws B ids with replacement (``FifoBuffer.select`` on ``rng.random``, what
+    ``FifoBuffer.sample`` draws); on-policy: N = R = B, every fresh sample used once. ``rng``: a
+    ``PerSeedGenerator`` (each row its own stream) or an ``np.random.Generator``.
+    """
+
+    def __init__(self, env: QuadraticEnv, capacity: int, rollouts: int, batch: int, rows: int, rng, *,
+                 on_policy: bool, materialise: bool = False):
+        self.env, self.rng = env, rng
+        self.capacity = int(require_int("capacity N", capacity, 1))
+        self.rollouts = int(require_int("rollouts R", rollouts, 1))
+        self.batch = int(require_int("batch B", batch, 1))
+        self.rows = int(require_int("rows", rows, 1))
+        self.on_policy, self.materialise = bool(on_policy), bool(materialise)
+        N, R, B, S = self.capacity, self.rollouts, self.batch, self.rows
+        if self.on_policy and not N == R == B:
+            raise ValueError(f"on-policy needs capacity N = rollouts R = batch B, got N={N}, R={R}, B={B}")
+        if N < R:
+            raise ValueError(f"capacity N must be >= rollouts R = {R} (a FIFO holds at least one step), got {N}")
+        self.generated = 0  # samples generated per row so far: the next id
+        self.last_ids: np.ndarray | None = None  # (S, B) ids drawn at the last step (FIFO)
+        self.buffer: FifoBuffer | None = None
+        self.stores_noise = not self.on_policy and (N > R or self.materialise)
+        if not self.on_policy:
+            self.buffer = FifoBuffer(S, N, 1)
+            zeros_i, zeros_f = np.zeros((S, R), np.int64), np.zeros((S, R))
+            # the buffer copies a batch into its store, so one set of arrays serves every step
+            self._ids, self._created = np.zeros((S, R), np.int64), np.zeros((S, R), np.int64)  # (S, R) each
+            self._fresh = RolloutBatch(prompt=zeros_i, tokens=np.zeros((S, R, 1), np.int64),
+                                       mask=np.ones((S, R, 1), bool), logp_behav=np.zeros((S, R, 1)), reward=zeros_f,
+                                       advantage=zeros_f, created=self._created, group=self._ids)
+            self._row_cells = np.arange(S)[:, None] * N  # (S, 1) offsets into (S * N)
+        if self.stores_noise:
+            # (S, N, d) float32: xi of the sample with id i at slot i mod N, its noise z = sqrt(diag Sigma) xi
+            self.noise_ring = np.zeros((S, N, env.param_dim), dtype=np.float32)
+
+    def gradient(self, step: int, params: np.ndarray) -> np.ndarray:
+        """The step's ascent direction (rows, d): -(mean over the B samples used of H (theta - theta*) + z)."""
+        exact = self.env.exact_grad(params)  # (S, d) = -H (theta - theta*)
+        return exact - self._noise_mean(int(step))
+
+    def _noise_mean(self, step: int) -> np.ndarray:
+        """Mean noise (S, d) of this step's B samples (generating this step's R)."""
+        env, S, R, B, N = self.env, self.rows, self.rollouts, self.batch, self.capacity
+        first = self.generated
+        self.generated += R
+        if self.on_policy:
+            if self.materialise:
+                return env.noise(self.rng, (S, R)).mean(axis=1)  # (S, R, d) -> (S, d)
+            return standard_normal(self.rng, S, env.param_dim) * (env.noise_std / math.sqrt(R))  # N(0, Sigma / R)
+        self._ids[:] = first + np.arange(R)  # (S, R) this step's sample ids
+        self._created.fill(step)
+        if self.stores_noise:
+            xi = standard_normal(self.rng, S, R * env.param_dim).reshape(S, R, env.param_dim)  # fixed from now on
+            self.noise_ring[:, (first + np.arange(R)) % N] = xi
+        self.buffer.add(self._fresh, step)
+        # uses are never recorded (select, not sample): the evicted use counts the buffer logs for diagnostics are
+        # all 0 and would grow by S R integers a step (0.65 GB over 2000 steps at S = 160, R = 256)
+        self.buffer._evicted.clear()
+        u = self.rng.random(self.buffer.uniform_shape(B))  # what FifoBuffer.sample draws
+        slots = self.buffer.select(u, B)  # (S, B): Sec. 3, uniform with replacement over what is stored
+        self.last_ids = np.take(self.buffer.store.group, (slots + self._row_cells).ravel()).reshape(S, B)
+        cells = (self.last_ids % N + self._row_cells).ravel()  # (S * B,) into the (S * N) noise ring
+        counts = np.bincount(cells, minlength=S * N).reshape(S, N)  # (S, N) c_i: draws of each stored sample
+        if self.stores_noise:
+            summed = (counts.astype(np.float32)[:, None, :] @ self.noise_ring)[:, 0]  # (S, 1, N) @ (S, N, d)
+            return summed * (env.noise_std / B)  # sum_i c_i z_i / B
+        scale = np.sqrt(np.einsum("sn,sn->s", counts, counts))[:, None] / B  # (S, 1) sqrt(sum_i c_i^2) / B
+        return standard_normal(self.rng, S, env.param_dim) * (env.noise_std * scale)  # N(0, Sigma sum c_i^2 / B^2)
+
+
+@dataclass
+class QuadraticTrace:
+    first_passage: np.ndarray  # (lrs, seeds) 1-based step at which each row first reached the target
+    censored: np.ndarray  # (lrs, seeds) bool: never reached within ``steps``
+    steps: int  # steps run
+
+
+def train_to_target(env: QuadraticEnv, lrs, capacity: int, rollouts: int, batch: int, seeds: int, max_steps: int,
+                    *, on_policy: bool, seed: int = 0, rng=None, materialise: bool = False,
+                    stop_factor: float = 1.25) -> QuadraticTrace:
+    """SGD theta <- theta + eta g (g from ``QuadraticReplay``), every (lr, seed) row at once, lr-major rows as
+    ``simulate.theory_test.train``, with its stopping rule: stop once some lr has every seed past ``env.target`` and
+    the step count exceeds ``stop_factor`` x that lr's best mean first passage (so the step size is decided), or
+    when every row has passed, or at ``max_steps``.
+
+    ``rng`` defaults to ``PerSeedGenerator(seed, rows)``, what ``train`` uses.
+    """
+    lrs = np.asarray(lrs, dtype=float).ravel()
+    require_positive("lr", lrs)
+    require_int("seeds", seeds, 1)
+    require_int("max_steps", max_steps, 1)
+    nl, rows = lrs.size, lrs.size * int(seeds)
+    rng = PerSeedGenerator(seed, rows) if rng is None else rng
+    sampler = QuadraticReplay(env, capacity, rollouts, batch, rows, rng, on_policy=on_policy,
+                              materialise=materialise)
+    lr = np.repeat(lrs, seeds)[:, None]  # (rows, 1), lr-major
+    params = env.init_params(rows)
+    passage = np.full(rows, max_steps + 1, dtype=np.int64)
+    step = 0
+    for step in range(int(max_steps)):
+        params = params + lr * sampler.gradient(step, params)  # ascent on J = descent on F
+        newly = (passage > max_steps) & (env.evaluate(params)["reward"] >= env.target)
+        passage[newly] = step + 1
+        complete = (passage <= max_steps).reshape(nl, -1).all(axis=1)  # (lrs,)
+        if complete.any():
+            best = passage.reshape(nl, -1)[complete].mean(axis=1).min()
+            if complete.all() or step + 1 >= stop_factor * best:
+                break
+    steps = step + 1
+    censored = passage > steps
+    return QuadraticTrace(np.where(censored, steps + 1, passage).reshape(nl, -1), censored.reshape(nl, -1), steps)
