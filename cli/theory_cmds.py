@@ -1,9 +1,12 @@
 """``replay-theory optimal | gamma | derive``: the theory from the command line.
 
-Paper: experience-replay (docs/REFERENCES.md). ``optimal`` gives Thm 3.5's staleness horizon x* = N/R
-(N: buffer capacity ``--buffer-size``, R: rollouts per step ``-R``) and replay ratio y* = B/R (B: batch
-size ``-B``) for a rollout cost ratio mu; ``gamma`` is Eq. 2's compute ratio of a (W, T) GPU split;
-``derive`` prints the sympy derivations. Each command builds one typed query and calls ``theory/``.
+``optimal`` answers with the noise-scale rule by default (theory/noise_scale.py; McCandlish et al. 2018 with the
+FIFO long-run variance): at a fixed batch B, replay ratio y* = B/R = sqrt(mu (1 + 1/b)) when 4 b (1 + b) < mu
+(b = B_noise / B), else on-policy; without a measured noise scale it prints that decision as a function of b and
+how to measure b. ``--objective paper`` gives the experience-replay paper's Thm 3.5 staleness horizon x* = N/R and
+replay ratio y* = B/R (or, with ``--budget``, the Thm 3.4 bound at a finite budget). Every answer carries an
+``evidence:`` line: what the prediction benchmark found for its objective (theory/evidence.py). ``gamma`` is Eq. 2's
+compute ratio of a (W, T) GPU split; ``derive`` prints the sympy derivations.
 
 ``optimal`` must start fast (bench/bench_optimal_startup.py): sympy is imported inside ``derive`` only.
 """
@@ -18,6 +21,7 @@ from typing import Annotated, Optional
 import typer
 
 from replay_theory.cli.common import PROG, UserError, emit_json, option_message
+from replay_theory.theory import noise_scale as ns
 from replay_theory.theory.compute import compute_ratio, replay_ratio_of_split
 from replay_theory.theory.design import (
     DEFAULT_ALPHA,
@@ -26,7 +30,9 @@ from replay_theory.theory.design import (
     DesignQuery,
     finite_budget_design,
     optimal_design,
+    rollout_mu_of_convention,
 )
+from replay_theory.theory.evidence import evidence_line
 from replay_theory.theory.profiles import PowerLawProfile, load_profile
 
 # Valid ranges appended when typer rejects a value before the theory's own checks run (cli/app.py::main).
@@ -44,7 +50,14 @@ VALID_RANGES = {
     "smoothness": "a finite number > 0 (L of Assumption 3.1)",
     "bias": "a finite number >= 0 (kappa of Assumption 3.2)",
     "f0": "a finite number > 0 (F(theta_0) - inf F)",
+    "noise_scale": "a finite number > 0 (B_noise = tr Sigma / |E G|^2, in samples)",
+    "objective": "noise-scale or paper",
 }
+
+
+class Objective(str, Enum):
+    noise_scale = "noise-scale"
+    paper = "paper"
 
 
 class Convention(str, Enum):
@@ -157,45 +170,100 @@ def _check_budget_options(budget, smoothness, bias, f0, rollouts_per_step, batch
                         "the smallest batch, so the scale must be fixed")
 
 
+TABLE_BS = (0.03, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+"""The values of b at which ``optimal`` without a noise scale shows the rule's decision (plus its threshold)."""
+
+MEASURE_B = (
+    "how to measure b = B_noise / B (B_noise = tr Sigma / |E G|^2 of your loss's gradient, per prompt group):",
+    "  a run of TRL: replay-theory trl-replay ... logs |g|^2 of two micro-batches and their sum each step "
+    "(RUN/noise_scale.jsonl);",
+    "    replay-theory calibrate --from-log LOG --grad-norms RUN/noise_scale.jsonl --out profile.json",
+    "  a language model: replay-theory validate calibrate-model --out DIR (per-group gradients)",
+    "  the simulator: replay-theory calibrate-simulator --out profile.json",
+    "then: replay-theory optimal --mu MU --noise-scale B_NOISE -B B   (or --profile profile.json -B B)",
+)
+
+
+def _paper_options_given(alpha, rho, average, budget, smoothness, bias, f0, rollouts_per_step) -> list[str]:
+    given = {"--alpha": alpha, "--rho": rho, "--average": average, "--budget": budget, "--smoothness": smoothness,
+             "--bias": bias, "--f0": f0, "--rollouts-per-step": rollouts_per_step}
+    return [flag for flag, value in given.items() if value is not None]
+
+
+def _check_noise_scale(value: Optional[float]) -> None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise UserError(f"--noise-scale must be {VALID_RANGES['noise_scale']}, got {value:g}")
+
+
+def _check_mu(mu: float) -> None:
+    """mu far from 1 overflows the products of the rule and the paper's closed form: a range, said up front."""
+    if not (math.isfinite(mu) and 1e-100 <= mu <= 1e100):
+        raise UserError(f"--mu must be a finite number > 0, in [1e-100, 1e100], got {mu:g}")
+
+
 def optimal(
     mu: Annotated[float, typer.Option("--mu", help="Rollout cost ratio (default meaning: rollout cost / per-sample "
                                                    "update cost, Table 1; 5.28 for Qwen2.5-7B).")],
-    alpha: Annotated[Optional[float], typer.Option("--alpha", help="Power-law exponent of the noise profile "
+    noise_scale: Annotated[Optional[float], typer.Option("--noise-scale", help="Measured gradient noise scale "
+                                                         "B_noise = tr Sigma / |E G|^2 in samples (noise-scale "
+                                                         "rule; with -B). Omit it to see the rule's decision as a "
+                                                         "function of b = B_noise / B.")] = None,
+    objective: Annotated[Objective, typer.Option("--objective", help="noise-scale (default: the rule the "
+                                                 "benchmark tests best) or paper (the experience-replay paper's "
+                                                 "Thm 3.5 J, or Thm 3.4 at --budget).")] = Objective.noise_scale,
+    alpha: Annotated[Optional[float], typer.Option("--alpha", help="paper: power-law exponent of the noise profile "
                                                    "sigma(s) = (s/tau)^alpha, >= 0 (default 0.25).")] = None,
-    rho: Annotated[Optional[float], typer.Option("--rho", help="Sample correlation coefficient of Assumption 3.3, "
-                                                 "in [0, 1] (default 0.1, or the profile's).")] = None,
+    rho: Annotated[Optional[float], typer.Option("--rho", help="paper: sample correlation coefficient of "
+                                                 "Assumption 3.3, in [0, 1] (default 0.1, or the profile's).")] = None,
     convention: Annotated[Convention, typer.Option("--convention", help="Meaning of mu: rollout-cost (Table 1) or "
                                                    "paper-sec3 (literal Sec. 3: c = R + mu B).")
                           ] = Convention.rollout_cost,
-    rollouts_per_step: Annotated[Optional[int], typer.Option("--rollouts-per-step", "-R", help="Fresh rollouts per "
-                                                             "step R: gives integer N and B.")] = None,
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", "-B", help="Batch size B (instead of R): "
-                                                      "gives R and N.")] = None,
-    profile: Annotated[Optional[Path], typer.Option("--profile", help="Noise profile sigma^2(s) file (JSON or CSV, "
-                                                    "see docs) to optimise numerically; a calibrated file holds the "
-                                                    "sigma^2 form of its probe's loss (plain: unbiased IS, "
-                                                    "signal-normalised: clipped).")] = None,
-    average: Annotated[Average, typer.Option("--average", help="Average of sigma^2 over the buffer for --profile: "
-                                             "integral (paper) or discrete (exact, integer horizons).")
-                       ] = Average.integral,
-    budget: Annotated[Optional[float], typer.Option("--budget", help="Compute budget C (per-sample update costs; "
-                                                    "rollout costs with paper-sec3): minimise the Thm 3.4 bound "
-                                                    "itself at C. Without it: Thm 3.5's J, the large-budget "
-                                                    "limit.")] = None,
-    smoothness: Annotated[Optional[float], typer.Option("--smoothness", help="L of Assumption 3.1 (> 0; with "
-                                                        "--budget).")] = None,
-    bias: Annotated[Optional[float], typer.Option("--bias", help="kappa of Assumption 3.2 (>= 0; with "
+    rollouts_per_step: Annotated[Optional[int], typer.Option("--rollouts-per-step", "-R", help="paper: fresh "
+                                                             "rollouts per step R: gives integer N and B.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", "-B", help="Batch size B: the noise-scale "
+                                                      "rule's fixed batch; paper: gives R and N.")] = None,
+    profile: Annotated[Optional[Path], typer.Option("--profile", help="Profile file (JSON or CSV, see docs): its "
+                                                    "noise_scale record is the rule's B_noise; its sigma^2(s) "
+                                                    "table is the paper objective's noise profile (plain: unbiased "
+                                                    "IS, signal-normalised: clipped).")] = None,
+    average: Annotated[Optional[Average], typer.Option("--average", help="paper: average of sigma^2 over the "
+                                                       "buffer for --profile: integral (default) or discrete.")
+                       ] = None,
+    budget: Annotated[Optional[float], typer.Option("--budget", help="paper: compute budget C (per-sample update "
+                                                    "costs): minimise the Thm 3.4 bound itself at C.")] = None,
+    smoothness: Annotated[Optional[float], typer.Option("--smoothness", help="paper: L of Assumption 3.1 (> 0; "
+                                                        "with --budget).")] = None,
+    bias: Annotated[Optional[float], typer.Option("--bias", help="paper: kappa of Assumption 3.2 (>= 0; with "
                                                   "--budget).")] = None,
-    f0: Annotated[Optional[float], typer.Option("--f0", help="F(theta_0) - inf F (> 0; with --budget).")] = None,
+    f0: Annotated[Optional[float], typer.Option("--f0", help="paper: F(theta_0) - inf F (> 0; with "
+                                                "--budget).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (infinite values as null).")] = False,
 ) -> None:
-    """Optimal staleness horizon x = N/R and replay ratio y = B/R, with the GPU split they imply.
+    """The replay design: replay ratio y = B/R, buffer N, GPU split, for a rollout cost ratio mu.
 
-    Without --budget: Thm 3.5's J, the large-budget limit. With --budget C --smoothness L --bias KAPPA --f0 F0
-    and -B or -R: the integer design minimising the Thm 3.4 bound at compute C (docs/THEORY.md).
+    Default: the noise-scale rule at a fixed batch B (docs/THEORY.md, "The noise-scale rule"). --objective paper:
+    Thm 3.5's J (large-budget limit), or with --budget C --smoothness L --bias KAPPA --f0 F0 and -B or -R the
+    integer design minimising the Thm 3.4 bound at compute C.
     """
+    _check_mu(mu)
+    if objective is Objective.noise_scale:
+        extra = _paper_options_given(alpha, rho, average, budget, smoothness, bias, f0, rollouts_per_step)
+        if extra:
+            why = (" (the rule fixes B: at a fixed R replay cannot beat on-policy at batch R; give -B)"
+                   if extra[0] == "--rollouts-per-step" else "")
+            raise UserError(f"{extra[0]} applies to --objective paper; the noise-scale rule reads --mu, "
+                            f"--noise-scale (or --profile) and -B{why}")
+        _check_noise_scale(noise_scale)
+        _noise_scale_answer(mu, noise_scale, batch_size, profile, convention.value, as_json)
+        return
+    if noise_scale is not None:
+        raise UserError("--noise-scale applies to the noise-scale rule (the default --objective), not --objective "
+                        "paper")
     _check_budget_options(budget, smoothness, bias, f0, rollouts_per_step, batch_size)
     loaded = None if profile is None else load_profile(profile)
+    if loaded is not None and loaded.profile is None:
+        raise UserError(f"--profile {profile} holds a noise scale only; --objective paper needs a sigma^2(s) table "
+                        f"or power law")
     if loaded is not None and rho is None and loaded.rho_problem():  # never a silent default for a failed fit
         raise UserError(f"--profile {profile}: {loaded.rho_problem()}; pass --rho explicitly")
     query = DesignQuery(
@@ -208,7 +276,7 @@ def optimal(
         profile=None if loaded is None else loaded.profile,
         profile_description=None if loaded is None else loaded.description,
         profile_rho=None if loaded is None else loaded.rho,
-        average=average.value,
+        average=(average or Average.integral).value,
     )
     if loaded is not None and alpha is not None:
         raise UserError("alpha cannot be combined with --profile (the profile replaces the power law)")
@@ -220,10 +288,120 @@ def optimal(
             design = _finite_budget(query, loaded, budget, smoothness, bias, f0)
         except ValueError as err:  # "budget must be >= ..." names the option as typed
             raise UserError(option_message(str(err), ("budget", "smoothness", "bias", "f0"))) from None
+    evidence = evidence_line("paper" if budget is None else "finite-budget")
     if as_json:
-        emit_json(design.to_json_dict())
+        emit_json({**design.to_json_dict(), "evidence": evidence})
     else:
         typer.echo(_render_design(design))
+        typer.echo(evidence + ".")
+
+
+def _noise_scale_inputs(noise_scale, batch_size, profile) -> tuple[Optional[float], Optional[int], str]:
+    """(B_noise, B, where B_noise came from): --noise-scale, or the profile's noise_scale record."""
+    if profile is None:
+        return noise_scale, batch_size, "--noise-scale"
+    if noise_scale is not None:
+        raise UserError("give the noise scale once: --noise-scale or --profile, not both")
+    loaded = load_profile(profile)
+    record = loaded.noise_scale
+    if record is None:
+        raise UserError(f"--profile {profile} has no noise_scale record (b is missing): measure B_noise (replay-theory "
+                        f"calibrate-simulator, validate calibrate-model, calibrate --from-log --grad-norms) or pass "
+                        f"--noise-scale")
+    interval = record.get("b_noise_interval") or [None, None]
+    span = "" if None in interval else f", 90% interval [{interval[0]:.4g}, {interval[1]:.4g}]"
+    return float(record["b_noise"]), batch_size, f"--profile {profile} ({record.get('method', 'measured')}{span})"
+
+
+def _noise_scale_answer(mu: float, noise_scale, batch_size, profile, convention: str, as_json: bool) -> None:
+    b_noise, batch, source = _noise_scale_inputs(noise_scale, batch_size, profile)
+    mu_rollout = rollout_mu_of_convention(mu, convention)
+    evidence = evidence_line("noise-scale")
+    paper = evidence_line("paper")
+    if b_noise is not None and batch is None:
+        raise UserError("--noise-scale needs -B (the batch size: the rule's b = B_noise / B)")
+    if batch is not None and batch < 1:
+        raise UserError(f"--batch-size must be {VALID_RANGES['batch_size']}, got {batch}")
+    if b_noise is None:
+        rows = [_table_row(b, mu_rollout) for b in sorted({*TABLE_BS, ns.replay_threshold(mu_rollout)})]
+        if as_json:
+            emit_json({"objective": "noise-scale", "mu": mu, "convention": convention, "mu_rollout_cost": mu_rollout,
+                       "threshold_b": ns.replay_threshold(mu_rollout), "rows": rows, "evidence": evidence,
+                       "measure_b": list(MEASURE_B), "paper_evidence": paper})
+        else:
+            paper_design = optimal_design(DesignQuery(mu=mu, convention=convention))
+            typer.echo(_render_table(mu, mu_rollout, convention, rows, evidence, paper_design, paper))
+        return
+    design = ns.noise_scale_design(b_noise, batch, mu_rollout)
+    paper_design = optimal_design(DesignQuery(mu=mu, convention=convention, batch_size=batch))
+    if as_json:
+        emit_json({"objective": "noise-scale", "mu": mu, "convention": convention, "noise_scale_source": source,
+                   **design.__dict__, "x": 1.0, "workers_per_trainer": mu_rollout / design.y,
+                   "compute_ratio": (mu_rollout / design.y + 1) / (mu_rollout + 1), "evidence": evidence,
+                   "paper": {"x_star": paper_design.x_star, "y_star": paper_design.y_star,
+                             "regime": paper_design.regime, "evidence": paper}})
+    else:
+        typer.echo(_render_rule(mu, convention, design, source, evidence, paper_design, paper))
+
+
+def _table_row(b: float, mu: float) -> dict:
+    pays = ns.replay_pays(b, mu) and not math.isclose(b, ns.replay_threshold(mu))
+    y = ns.optimal_replay_ratio(b, mu) if pays else 1.0
+    return {"b": b, "regime": "replay" if pays else "on-policy", "y_star": y, "workers_per_trainer": mu / y,
+            "compute_ratio": (mu / y + 1) / (mu + 1), "saving": ns.best_saving(b, mu) if pays else 1.0,
+            "steps_factor": (1 + b * (1 + y)) / (1 + b) if pays else 1.0}
+
+
+def _render_table(mu, mu_rollout, convention, rows, evidence, paper_design, paper) -> str:
+    threshold = ns.replay_threshold(mu_rollout)
+    lines = [f"{PROG} optimal: mu = {mu:g} ({CONVENTION_TEXT[convention]})",
+             "objective: the noise-scale rule (McCandlish et al. 2018, steps S = S_min (1 + B_noise V), V the long-run "
+             "variance of a FIFO drawn with replacement, 1/B + 1/R; docs/THEORY.md)",
+             f"{evidence}.", "",
+             f"no noise scale given: replay pays only if b = B_noise / B < {threshold:.3g} (4 b (1 + b) < mu); "
+             f"above it, use each rollout once.", "",
+             "       b  regime     y* = B/R  W/T = mu/y  gamma  steps vs on-policy  compute saved"]
+    for r in rows:
+        mark = "  <- threshold" if math.isclose(r["b"], threshold) else ""
+        lines.append(f"  {r['b']:>6.3g}  {r['regime']:<9}  {r['y_star']:>8.3g}  {r['workers_per_trainer']:>10.3g}  "
+                     f"{r['compute_ratio']:>5.2f}  {r['steps_factor']:>17.2f}x  {r['saving']:>12.2f}x{mark}")
+    lines += ["", "horizon: N = R (x = 1): the rule does not predict a longer horizon (docs/THEORY.md says where "
+              "a longer one helped and where it hurt in the benchmark).", *MEASURE_B, "",
+              f"the paper's rule (--objective paper) answers x* = {_fmt(paper_design.x_star, 3)}, y* = "
+              f"{_fmt(paper_design.y_star, 3)} ({paper_design.regime}) whatever b; {paper}."]
+    return "\n".join(lines)
+
+
+def _render_rule(mu, convention, d, source, evidence, paper_design, paper) -> str:
+    rows = [("noise scale", "B_noise", _fmt(d.b_noise), source),
+            ("noise scale / batch", "b = B_noise/B", _fmt(d.b, 3), f"replay pays iff b < {d.threshold_b:.3g}"),
+            ("regime", "", d.regime, REGIME_SHORT[d.regime]),
+            ("replay ratio", "y = B/R", _fmt(d.y, 4), f"updates each rollout contributes to (y* = "
+                                                      f"{_fmt(d.y_continuous, 4)} before rounding R)"),
+            ("rollouts per step", "R", str(d.rollouts), "fresh rollouts generated each step"),
+            ("buffer size", "N = R", str(d.capacity), "x = 1: the shortest horizon"),
+            ("batch size", "B", str(d.batch), "samples per update, drawn uniformly with replacement"
+             if d.regime == "replay" else "each fresh rollout used once"),
+            ("workers per trainer", "W/T = mu/y", _fmt(d.mu / d.y, 3), "inference GPUs per trainer GPU, none idle"),
+            ("compute ratio", "gamma", _fmt((d.mu / d.y + 1) / (d.mu + 1), 3), "compute per update vs on-policy "
+                                                                               "(Eq. 2)"),
+            ("steps vs on-policy", "S/S_on", _fmt(d.steps_factor / (1 + d.b), 3), "more updates to the same "
+                                                                                  "target"),
+            ("compute saved", "", f"{d.saving:.3g}x", "on-policy compute / this design's, to the same target")]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [f"{PROG} optimal: mu = {mu:g} ({CONVENTION_TEXT[convention]}), B = {d.batch}",
+             "objective: the noise-scale rule (docs/THEORY.md)", f"{evidence}.", ""]
+    lines += [f"  {n:<{widths[0]}}  {s:<{widths[1]}}  {v:>{widths[2]}}  {m}" for n, s, v, m in rows]
+    lines.append("")
+    if d.regime == "replay":
+        lines.append(f"what to do: generate R = {d.rollouts} rollouts per step, keep only them (N = R), and train on "
+                     f"B = {d.batch} drawn from them with replacement; W/T = {d.mu / d.y:.3g}.")
+    else:
+        lines.append(f"what to do: stay on-policy (b = {d.b:.3g} >= {d.threshold_b:.3g}: replay's extra noise "
+                     f"costs more steps than its cheaper steps save).")
+    lines.append(f"the paper's rule (--objective paper) would say x* = {_fmt(paper_design.x_star, 3)}, y* = "
+                 f"{_fmt(paper_design.y_star, 3)} ({paper_design.regime}); {paper}.")
+    return "\n".join(lines)
 
 
 def _finite_budget(query: DesignQuery, loaded, budget: float, smoothness: float, bias: float, f0: float):

@@ -11,7 +11,7 @@ from replay_theory.theory.design import power_law_optimum
 
 
 def test_optimal_json_rollout_cost_default(cli):
-    code, out, err = cli("optimal", "--mu", "5.28", "--json")
+    code, out, err = cli("optimal", "--objective", "paper", "--mu", "5.28", "--json")
     assert code == 0 and err == ""
     payload = json.loads(out)
     x, y = power_law_optimum(1 / 5.28, 0.25, 0.1)
@@ -24,7 +24,7 @@ def test_optimal_json_rollout_cost_default(cli):
 
 
 def test_optimal_json_paper_sec3_gives_opposite_advice(cli):
-    code, out, _ = cli("optimal", "--mu", "5.28", "--convention", "paper-sec3", "--json")
+    code, out, _ = cli("optimal", "--objective", "paper", "--mu", "5.28", "--convention", "paper-sec3", "--json")
     payload = json.loads(out)
     assert code == 0 and payload["convention"] == "paper-sec3" and payload["regime"] == "on-policy"
     assert payload["x_star_unconstrained"] == pytest.approx(power_law_optimum(5.28, 0.25, 0.1)[0], rel=1e-15)
@@ -32,14 +32,14 @@ def test_optimal_json_paper_sec3_gives_opposite_advice(cli):
 
 
 def test_optimal_json_unbounded_has_nulls(cli):
-    code, out, _ = cli("optimal", "--mu", "5.28", "--alpha", "0", "--rho", "0", "--json")
+    code, out, _ = cli("optimal", "--objective", "paper", "--mu", "5.28", "--alpha", "0", "--rho", "0", "--json")
     payload = json.loads(out)
     assert code == 0 and payload["regime"] == "unbounded"
     assert payload["x_star"] is None and payload["y_star"] is None and payload["workers_per_trainer"] is None
 
 
 def test_optimal_human_output_with_rollouts_per_step(cli):
-    code, out, _ = cli("optimal", "--mu", "5.28", "--rollouts-per-step", "64")
+    code, out, _ = cli("optimal", "--objective", "paper", "--mu", "5.28", "--rollouts-per-step", "64")
     assert code == 0
     assert "rollout-cost" in out and "replay" in out
     lines = {line.split()[0] + " " + line.split()[1]: line for line in out.splitlines() if len(line.split()) > 2}
@@ -51,11 +51,11 @@ def test_optimal_human_output_with_rollouts_per_step(cli):
 def test_optimal_reads_a_profile(cli, tmp_path):
     path = tmp_path / "profile.json"
     path.write_text(json.dumps({"kind": "power_law", "alpha": 0.25, "rho": 0.1}))
-    code, out, _ = cli("optimal", "--mu", "5.28", "--profile", str(path), "--json")
+    code, out, _ = cli("optimal", "--objective", "paper", "--mu", "5.28", "--profile", str(path), "--json")
     payload = json.loads(out)
     assert code == 0 and payload["alpha"] is None and payload["rho"] == 0.1
     assert payload["x_star"] == pytest.approx(power_law_optimum(1 / 5.28, 0.25, 0.1)[0], rel=1e-6)
-    code, out, _ = cli("optimal", "--mu", "5.28", "--profile", str(path), "--rho", "0.0", "--json")
+    code, out, _ = cli("optimal", "--objective", "paper", "--mu", "5.28", "--profile", str(path), "--rho", "0.0", "--json")
     assert json.loads(out)["rho"] == 0.0  # --rho overrides the profile's
 
 
@@ -73,13 +73,13 @@ def test_gamma_json_matches_eq2(cli):
         (["optimal", "--mu", "-3"], "mu must be a finite number > 0"),
         (["optimal", "--mu", "nan"], "mu must be a finite number > 0"),
         (["optimal", "--mu", "abc"], "'--mu'"),
-        (["optimal", "--mu", "5", "--alpha", "-1"], "alpha must be a finite number >= 0"),
-        (["optimal", "--mu", "5", "--alpha", "nan"], "alpha must be a finite number"),
-        (["optimal", "--mu", "5", "--rho", "-0.1"], "rho must be in [0, 1]"),
-        (["optimal", "--mu", "5", "--rho", "nan"], "rho must be in [0, 1]"),
-        (["optimal", "--mu", "5", "--convention", "sec3"], "rollout-cost"),
-        (["optimal", "--mu", "5", "--profile", "/no/such/file.json"], "cannot be read"),
-        (["optimal", "--mu", "5", "-R", "8", "-B", "8"], "not both"),
+        (["optimal", "--objective", "paper", "--mu", "5", "--alpha", "-1"], "alpha must be a finite number >= 0"),
+        (["optimal", "--objective", "paper", "--mu", "5", "--alpha", "nan"], "alpha must be a finite number"),
+        (["optimal", "--objective", "paper", "--mu", "5", "--rho", "-0.1"], "rho must be in [0, 1]"),
+        (["optimal", "--objective", "paper", "--mu", "5", "--rho", "nan"], "rho must be in [0, 1]"),
+        (["optimal", "--objective", "paper", "--mu", "5", "--convention", "sec3"], "rollout-cost"),
+        (["optimal", "--objective", "paper", "--mu", "5", "--profile", "/no/such/file.json"], "cannot be read"),
+        (["optimal", "--objective", "paper", "--mu", "5", "-R", "8", "-B", "8"], "not both"),
         (["optimal"], "--mu"),
         (["gamma", "--workers", "0", "--trainers", "2", "--mu", "5"], "workers must be a finite number > 0"),
         (["nonsense"], "nonsense"),
@@ -95,7 +95,7 @@ def test_bad_input_is_one_line_exit_2(cli, args, needle):
 def test_unreadable_profile_content(cli, tmp_path):
     path = tmp_path / "bad.json"
     path.write_text("[1, 2")
-    code, out, err = cli("optimal", "--mu", "5", "--profile", str(path))
+    code, out, err = cli("optimal", "--objective", "paper", "--mu", "5", "--profile", str(path))
     assert code == 2 and out == "" and "not valid JSON" in err
 
 

@@ -11,7 +11,7 @@ BUDGET = ["--smoothness", "1", "--bias", "0.1", "--f0", "1", "-B", "256"]
 
 
 def test_optimal_budget_json_is_the_finite_budget_design(cli):
-    code, out, err = cli("optimal", "--mu", "5.28", "--budget", "1e4", *BUDGET, "--json")
+    code, out, err = cli("optimal", "--objective", "paper", "--mu", "5.28", "--budget", "1e4", *BUDGET, "--json")
     assert code == 0 and err == ""
     payload = json.loads(out)
     d = finite_budget_design(budget=1e4, mu=5.28, profile=PowerLawProfile(0.25), rho=0.1, smoothness=1.0,
@@ -26,29 +26,29 @@ def test_optimal_budget_json_is_the_finite_budget_design(cli):
 
 
 def test_optimal_budget_text_reports_both_regimes(cli):
-    code, out, _ = cli("optimal", "--mu", "5.28", "--budget", "1e9", *BUDGET)
+    code, out, _ = cli("optimal", "--objective", "paper", "--mu", "5.28", "--budget", "1e9", *BUDGET)
     assert code == 0 and "noise-limited" in out
     assert "objective: the Thm 3.4 bound at the given compute budget" in out
     assert "large-budget limit (Thm 3.5's J at the same B): N = 194, R = 80, B = 256" in out
-    code, out, _ = cli("optimal", "--mu", "5.28", "--budget", "1e4", *BUDGET)
+    code, out, _ = cli("optimal", "--objective", "paper", "--mu", "5.28", "--budget", "1e4", *BUDGET)
     assert "step-limited: the step size sits at its cap eta_max = 0.5" in out
 
 
 def test_without_budget_the_output_is_labelled_the_large_budget_limit(cli):
-    code, out, _ = cli("optimal", "--mu", "5.28", "--json")
+    code, out, _ = cli("optimal", "--objective", "paper", "--mu", "5.28", "--json")
     payload = json.loads(out)
     assert payload["objective"] == "paper-J" and payload["budget"] is None
     assert payload["objective_label"].startswith("the large-budget limit (Thm 3.5)")
-    code, out, _ = cli("optimal", "--mu", "5.28")
+    code, out, _ = cli("optimal", "--objective", "paper", "--mu", "5.28")
     assert "objective: the large-budget limit (Thm 3.5)" in out
 
 
 def test_optimal_never_calls_over_generation_replay(cli):
-    code, out, _ = cli("optimal", "--mu", "0.2", "--alpha", "0.1", "--rho", "0")
+    code, out, _ = cli("optimal", "--objective", "paper", "--mu", "0.2", "--alpha", "0.1", "--rho", "0")
     assert code == 0
     assert "over-generation" in out and "NOT replay" in out and "what it is: not replay" in out
     assert "what to do: raise B to R" in out
-    code, out, _ = cli("optimal", "--mu", "0.5")
+    code, out, _ = cli("optimal", "--objective", "paper", "--mu", "0.5")
     assert "constraint: x* = 0.438 < 1 would mean N < R (infeasible); clamped to the on-policy corner" in out
 
 
@@ -95,7 +95,7 @@ def test_derive_lists_the_finite_budget_derivations(cli):
     ],
 )
 def test_budget_bad_input_is_one_line_exit_2(cli, args, needle):
-    code, out, err = cli("optimal", "--mu", "5.28", *args)
+    code, out, err = cli("optimal", "--objective", "paper", "--mu", "5.28", *args)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("replay-theory: error:")
     assert needle in err and "Traceback" not in err

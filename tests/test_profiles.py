@@ -61,7 +61,7 @@ def test_json_and_csv_profiles_load(tmp_path):
     "content,suffix,message",
     [
         ("{not json", ".json", "is not valid JSON"),
-        (json.dumps({"kind": "spline"}), ".json", "kind must be 'power_law' or 'table'"),
+        (json.dumps({"kind": "spline"}), ".json", "kind must be 'power_law', 'table' or 'noise_scale'"),
         (json.dumps({"kind": "table", "staleness": [0, 1]}), ".json", "needs 'staleness' and 'sigma_sq'"),
         (json.dumps({"staleness": [0, 2, 1], "sigma_sq": [1, 2, 3]}), ".json", "strictly increasing"),
         (json.dumps({"staleness": [0, 1], "sigma_sq": [1, -2]}), ".json", "sigma_sq must be a finite number > 0"),

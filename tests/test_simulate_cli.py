@@ -94,7 +94,7 @@ def test_calibrate_writes_a_profile_that_optimal_reads(tmp_path, cli):
     fit = data["rho_fit"]
     assert fit["max_gap"] == 8 and set(fit["correlation_by_gap"]) == {str(h) for h in range(9)}
     assert ("rho" in data) == fit["in_range"] and fit["ci"][0] <= fit["value"] <= fit["ci"][1]
-    args = ["optimal", "--mu", "5.28", "--profile", str(profile), "--json"]
+    args = ["optimal", "--objective", "paper", "--mu", "5.28", "--profile", str(profile), "--json"]
     code, out, err = cli(*(args if fit["in_range"] else args + ["--rho", "0"]))
     assert code == 0 and json.loads(out)["rho"] == (data["rho"] if fit["in_range"] else 0.0)
     code, out, err = cli("calibrate-simulator", "--out", str(profile), "--seeds", "2")

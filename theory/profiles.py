@@ -23,8 +23,13 @@ Profile files (written by the simulator and validator, read by
 
     {"kind": "power_law", "alpha": 0.3, "tau": 1.0, "scale": 1.0, "floor": 0.0, "rho": 0.1}
     {"kind": "table", "staleness": [0, 1, 2, 4], "sigma_sq": [1.0, 1.2, 1.5, 2.1], "rho": 0.05}
+    {"kind": "noise_scale", "noise_scale": {"b_noise": 3000, "batch": 256, ...}}
 
 or CSV with a header row ``staleness,sigma_sq``. ``rho`` is optional.
+
+Any of them may carry a ``noise_scale`` record (the measured B_noise the noise-scale rule reads; its fields are
+written by every calibration: ``b_noise``, ``b_noise_interval``, ``level``, ``method``, ``batch``, ``unit_size``,
+``source``).
 
 Measured profiles (``calibrate-simulator``, ``validate calibrate-model``) add, among others:
 
@@ -191,6 +196,9 @@ class LoadedProfile:
     """The calibration's rho fit (value, ci, in_range, ...) when the file has one."""
     sigma_sq_form: str | None = None
     """plain or signal-normalised (measured tables); None when the file does not say."""
+    noise_scale: dict | None = None
+    """The measured noise-scale record (``b_noise``, ``b_noise_interval``, ``batch``, ``method``, ``source``) that
+    the noise-scale rule reads (theory/noise_scale.py), or None."""
 
     def rho_problem(self) -> str | None:
         """Why the file's rho cannot be used (an out-of-range fit, no ``rho``), or None."""
@@ -223,10 +231,32 @@ class LoadedProfile:
         raise ValueError(f"{problem}; give rho explicitly")
 
 
+def _noise_scale_record(data: dict) -> dict | None:
+    """The file's ``noise_scale`` record, checked: a JSON object whose ``b_noise`` is a finite number > 0 (a record
+    measured without signal carries null there, and the rule then has no input: said, not defaulted)."""
+    record = data.get("noise_scale")
+    if record is None:
+        return None
+    if not isinstance(record, dict):
+        raise ValueError("profile 'noise_scale' must be a JSON object")
+    value = record.get("b_noise")
+    if value is None:
+        raise ValueError("profile 'noise_scale' has no b_noise (B_noise was not measurable: no gradient signal at "
+                         "its checkpoints); measure it again or pass --noise-scale")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+        raise ValueError(f"profile 'noise_scale.b_noise' must be a finite number > 0, got {value!r}")
+    return record
+
+
 def profile_from_dict(data: dict) -> LoadedProfile:
     """Build a profile from the JSON schema in the module docstring."""
     if not isinstance(data, dict):
         raise ValueError("profile must be a JSON object")
+    noise_scale = _noise_scale_record(data)
+    if data.get("kind") == "noise_scale":
+        if noise_scale is None:
+            raise ValueError("profile of kind noise_scale needs a 'noise_scale' object with b_noise")
+        return LoadedProfile(None, None, "measured noise scale only (no sigma^2 table)", noise_scale=noise_scale)
     kind = data.get("kind", "table" if "staleness" in data else None)
     rho = data.get("rho")
     if rho is not None:
@@ -239,7 +269,7 @@ def profile_from_dict(data: dict) -> LoadedProfile:
     if form is not None and form not in SIGMA_SQ_FORMS:
         raise ValueError(f"profile 'sigma_sq_form' must be one of {', '.join(SIGMA_SQ_FORMS)}, got {form!r}")
     if kind == "power_law":
-        unknown = set(data) - {"kind", "alpha", "tau", "scale", "floor", "rho", "source", "fit", "notes"}
+        unknown = set(data) - {"kind", "alpha", "tau", "scale", "floor", "rho", "source", "fit", "notes", "noise_scale"}
         if unknown:
             raise ValueError(f"profile has unknown power_law keys: {', '.join(sorted(unknown))}")
         if "alpha" not in data:
@@ -253,7 +283,7 @@ def profile_from_dict(data: dict) -> LoadedProfile:
         desc = (
             f"power law sigma^2(s) = {profile.scale:g} ({profile.floor:g} + (s/{profile.tau:g})^{2 * profile.alpha:g})"
         )
-        return LoadedProfile(profile, rho, desc)
+        return LoadedProfile(profile, rho, desc, noise_scale=noise_scale)
     if kind == "table":
         if "staleness" not in data or "sigma_sq" not in data:
             raise ValueError("profile of kind table needs 'staleness' and 'sigma_sq' lists")
@@ -262,8 +292,8 @@ def profile_from_dict(data: dict) -> LoadedProfile:
             f"measured table of {form} sigma^2" + (f" (loss {data['loss']})" if data.get("loss") else ""))
         desc = (f"{what}, {len(profile.staleness)} points, "
                 f"staleness {profile.staleness[0]:g}..{profile.staleness[-1]:g}")
-        return LoadedProfile(profile, rho, desc, rho_fit, form)
-    raise ValueError(f"profile kind must be 'power_law' or 'table', got {kind!r}")
+        return LoadedProfile(profile, rho, desc, rho_fit, form, noise_scale)
+    raise ValueError(f"profile kind must be 'power_law', 'table' or 'noise_scale', got {kind!r}")
 
 
 def load_profile(path: str | Path) -> LoadedProfile:
