@@ -25,11 +25,14 @@ from replay_theory.cli.config_options import option_name, with_dataclass_options
 from replay_theory.outputs import check_new_file
 from replay_theory.simulate.calibrate import (
     DEFAULT_MAX_GAP,
+    DEFAULT_NOISE_CHECKPOINTS,
+    DEFAULT_NOISE_GROUPS,
     DEFAULT_REFERENCE_SAMPLES,
     DEFAULT_STALENESS,
     PROBE_ARGUMENTS,
     Calibration,
     check_probe,
+    noise_scale_lines,
     probe_config,
 )
 from replay_theory.simulate.calibrate import calibrate as measure_profile
@@ -52,6 +55,8 @@ VALID_RANGES = {
     "checkpoints": "an integer >= 1",
     "samples": "an integer >= 1, a multiple of --group-size",
     "jobs": "-1 (all cores) or an integer >= 1",
+    "noise_checkpoints": "an integer >= 1",
+    "noise_groups": "an integer >= 2",
 }
 
 Backend = Enum("Backend", {name: name for name in BACKENDS}, type=str)  # typer shows the choices in --help
@@ -122,10 +127,18 @@ def calibrate_simulator(
     reference_samples: Annotated[int, typer.Option("--reference-samples", help="Responses in the sampled "
                                                    "reference batch (a multiple of --group-size).")
                                  ] = DEFAULT_REFERENCE_SAMPLES,
+    noise_checkpoints: Annotated[int, typer.Option("--noise-checkpoints", help="Steps, evenly spread over the run, "
+                                                   "at which the noise scale B_noise is measured on fresh groups "
+                                                   "(those before the reward plateau are kept), >= 1.")
+                                 ] = DEFAULT_NOISE_CHECKPOINTS,
+    noise_groups: Annotated[int, typer.Option("--noise-groups", help="Fresh prompt groups per seed and "
+                                              "noise-scale checkpoint, >= 2 (the units of B_noise).")
+                            ] = DEFAULT_NOISE_GROUPS,
 ) -> None:
     """Measure sigma^2(s) (plain and signal-normalised), the retained signal, rho (unclamped, with a bootstrap
-    interval) and the within-group correlation on a probe run (the config given by the options); writes the
-    profile that `replay-theory optimal --profile` reads."""
+    interval), the within-group correlation and the noise scale B_noise (per-sample, and with the exact |E G|^2
+    where it can be enumerated) on a probe run (the config given by the options); writes the profile that
+    `replay-theory optimal --profile` reads."""
     check_new_file(out)  # before the probe: a run whose result cannot be saved is not started
     config = build_config(fields)
     try:
@@ -133,18 +146,20 @@ def calibrate_simulator(
     except ValueError:
         raise UserError(f"--staleness must be comma-separated integers >= 0, got {staleness!r}") from None
     try:
-        check_probe(probe_config(config, max_gap), probe_staleness, samples, max_gap, reference, reference_samples)
+        check_probe(probe_config(config, max_gap), probe_staleness, samples, max_gap, reference, reference_samples,
+                    noise_checkpoints, noise_groups)
     except ValueError as err:
         raise UserError(_as_options(str(err))) from None
     result = measure_profile(config, staleness=probe_staleness, checkpoints=checkpoints, samples=samples,
-                             max_gap=max_gap, reference=reference, reference_samples=reference_samples)
+                             max_gap=max_gap, reference=reference, reference_samples=reference_samples,
+                             noise_checkpoints=noise_checkpoints, noise_groups=noise_groups)
     changed = {k: v for k, v in config.to_dict().items() if v != getattr(SimConfig(), k)}
     source = " ".join(["replay-theory calibrate-simulator"] + [f"{option_name(k)} {v}" for k, v in changed.items()])
     try:
         save_profile(out, result.profile_dict(source=source))
     except ValueError as err:
         raise UserError(f"--out {out}: nothing written: {err}") from None
-    for line in calibration_lines(result, config.capacity):
+    for line in calibration_lines(result, config.capacity) + noise_scale_lines(result.noise_scale):
         typer.echo(line)
     typer.echo(f"profile written to {out}")
 
@@ -223,22 +238,28 @@ def experiment(
     out: OutDirOption,
     jobs: JobsOption = -1,
     no_progress: NoProgressOption = False,
-    instance: Annotated[int | None, typer.Option("--instance", help="theory-test only: seed of the environment "
-                                                                    "instance (prompt difficulties, features); "
-                                                                    "default 0.")] = None,
+    instance: Annotated[str | None, typer.Option("--instance", help="theory-test only: comma-separated seeds of "
+                                                                    "the environment instances (prompt "
+                                                                    "difficulties, features; the quadratic's "
+                                                                    "start); default 0,1,2.")] = None,
     loss: Annotated[str | None, typer.Option("--loss", help="theory-test only: comma-separated losses, is "
-                                                            "(unbiased importance-weighted REINFORCE) and/or grpo "
-                                                            "(clipped); default is,grpo.")] = None,
+                                                            "(unbiased importance-weighted REINFORCE), grpo "
+                                                            "(clipped) and quadratic (the quadratic settings' "
+                                                            "own); each setting runs those of its losses that "
+                                                            "are listed; default all.")] = None,
     mu: Annotated[str | None, typer.Option("--mu", help="theory-test only: comma-separated rollout-cost ratios "
                                                         "at which the same runs are re-priced; default "
                                                         "0.5,1,2,5.28,20.")] = None,
     seeds: Annotated[int | None, typer.Option("--seeds", help="theory-test only: seeds per (design, step size); "
-                                                              "default 32.")] = None,
-    quick: Annotated[bool | None, typer.Option("--quick", help="theory-test only: 4 x 3 grid, 8 seeds unless "
-                                                               "--seeds (a smoke run, < 5 min).")] = None,
-    regime: Annotated[str | None, typer.Option("--regime", help="theory-test only: comma-separated settings, "
-                                                                 "bandit, noisy-reward (default), few-prompts, "
-                                                                 "two-prompts (step-limited; use --loss is) and adam.")
+                                                              "default 16.")] = None,
+    quick: Annotated[bool | None, typer.Option("--quick", help="theory-test only: 2 x 3 grid, 8 seeds unless "
+                                                               "--seeds, instance 0 unless --instance (a smoke "
+                                                               "run, < 2 min).")] = None,
+    regime: Annotated[str | None, typer.Option("--regime", help="theory-test only: comma-separated settings: "
+                                                                 "the default quadratic-noise1, -noise10, -noise30, "
+                                                                 "-noise100, -noise300, -noise1000, two-prompts, "
+                                                                 "bandit, noisy-reward; "
+                                                                 "opt-in few-prompts and adam.")
                       ] = None,
 ) -> None:
     """Run one of the docs/SIMULATION.md experiments and print its table (rebuilt from the saved runs)."""
@@ -286,8 +307,11 @@ def theory_test_options(instance, loss, mu, seeds, quick, regime=None) -> Theory
                else TheoryTestOptions.regimes)
     mus = (_number_list(mu, "--mu", "a comma-separated list of finite numbers > 0") if mu is not None
            else TheoryTestOptions.mus)
-    options = TheoryTestOptions(instance=0 if instance is None else instance, losses=losses, mus=mus, regimes=regimes,
-                                seeds=seeds if seeds is not None else (8 if quick else 32), quick=bool(quick))
+    instances = (_number_list(instance, "--instance", "a comma-separated list of distinct integers >= 0", int)
+                 if instance is not None else ((0,) if quick else TheoryTestOptions.instances))
+    options = TheoryTestOptions(instances=instances, losses=losses, mus=mus, regimes=regimes,
+                                seeds=seeds if seeds is not None else (8 if quick else TheoryTestOptions.seeds),
+                                quick=bool(quick))
     try:
         check_theory_test(options)
     except ValueError as err:

@@ -80,11 +80,20 @@ def _check_rho(rho: Optional[float]) -> None:
 @with_dataclass_options(ValidateConfig, aliases=ALIASES)
 def calibrate_model(fields: dict[str, Any], out: OutOption, tiny: TinyOption = True,
                     no_progress: NoProgressOption = False) -> None:
-    """Warm-start, probe and measure mu, sigma^2(s), rho and KL drift of the language model; writes
-    calibration.json and profile.json."""
+    """Warm-start, probe and measure mu, sigma^2(s), rho, KL drift and the noise scale B_noise (per prompt group,
+    with a bootstrap interval) of the language model; writes calibration.json and profile.json."""
     config = _sized(ValidateConfig, fields, tiny)
     check_run_dir(out)
-    _loop().run_calibrate(config, out, log=typer.echo, progress=not no_progress)
+    calibration = _loop().run_calibrate(config, out, log=typer.echo, progress=not no_progress)
+    record = calibration.get("noise_scale")
+    if record:
+        from replay_theory.validate.calibrate import noise_scale_line
+
+        typer.echo(noise_scale_line(record))
+        typer.echo(f"  measured on {record['source']}")
+    else:
+        typer.echo(f"no noise scale in {out / 'calibration.json'} (measured before B_noise was; delete it to measure "
+                   "again)")
 
 
 @validate_app.command("predict")

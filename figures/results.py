@@ -521,8 +521,8 @@ def plot_validation(results: Path = Path("results"), axes=None) -> Figure:
 
 # --------------------------------------------------------------------------- does the theory predict?
 
-THEORY_TEST_OBJECTIVES = (("paper_J", "paper J", "-"), ("finite_budget", "finite budget", "--"),
-                          ("null", "null γ(y)", ":"))
+THEORY_TEST_OBJECTIVES = (("noise_scale", "noise-scale rule", "-"), ("paper_J", "paper J", "--"),
+                          ("on_policy", "always on-policy", "-."), ("null", "null γ(y)", ":"))
 
 
 def theory_test_data(results: Path) -> dict:
@@ -554,7 +554,7 @@ def plot_theory_test(results: Path = Path("results"), axes=None) -> Figure:
     for i, ((regime, loss), d) in enumerate(sorted(data.items())):
         color = COLORS[i % len(COLORS)]
         for name, _, style in THEORY_TEST_OBJECTIVES:
-            if name != "null":
+            if name != "null":  # the null's regret runs off the scale; its Spearman is on the right
                 axes[0].plot(d["mu"], d["regret"][name], color=color, ls=style, lw=1.2, marker="o", ms=3)
                 axes[0].fill_between(d["mu"], d["low"][name], d["high"][name], color=color, alpha=0.12, lw=0)
             axes[1].plot(d["mu"], d["spearman"][name], color=color, ls=style, lw=1.2, marker="o", ms=3)

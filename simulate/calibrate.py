@@ -44,6 +44,22 @@ The probe is an ordinary run (``engine.run``) of the given config, with the FIFO
 (the horizons x = N/R of a design grid). At ``checkpoints`` steps an observer regenerates responses
 from the stored policies pi_{t-s} for sigma^2(s) and takes the noise of every buffer item for rho.
 Units for the bootstrap are seeds (a seed's checkpoints are summed into it).
+
+The noise scale (McCandlish et al. 2018, arXiv 1812.06162, Eq. 2.11; ``theory/noise_scale.py``).
+B_noise = tr Sigma / |E G|^2 of the run's OWN per-sample gradient G (its loss, its group advantage), on FRESH
+groups (staleness 0) of pi_theta at ``noise_checkpoints`` steps of the same probe run, kept where they lie
+before the reward plateau (``plateau_step``). Every advantage here is group-relative, so the independent unit is
+the prompt group: the units are per-group mean gradients and B_noise is scaled back to samples (unit_size = G).
+Each (seed, checkpoint) is its own theta, so each gives one B_noise; they are pooled by the median with a
+bootstrap over the units of each (``theory.noise_scale.pooled_noise_scale``). Where the exact gradient can be
+enumerated, |E G|^2 = ||grad F||^2 is exact (``exact_loss_gradient``) and only tr Sigma is sampled: that value
+is reported NEXT TO the per-sample one (``noise_scale_exact_grad`` in the profile), never instead of it.
+
+| code name              | symbol              | how                                                             |
+|------------------------|---------------------|-----------------------------------------------------------------|
+| ``noise.estimate``     | B_noise             | per-sample: tr Sigma and |E G|^2 both from the group units       |
+| ``noise.exact_grad``   | B_noise             | tr Sigma from the group units, |E G|^2 = ||grad F||^2 exact       |
+| ``noise.unit_size``    | G                   | responses per unit: tr Sigma per sample = G tr Sigma_unit         |
 """
 
 from __future__ import annotations
@@ -64,12 +80,19 @@ from replay_theory.simulate.rng import PerSeedGenerator
 from replay_theory.simulate.rollouts import RolloutBatch
 from replay_theory.theory import noise as noise_estimators
 from replay_theory.theory.noise import NoiseProfile, PairMoments, RhoFit
+from replay_theory.theory.noise_scale import PooledNoiseScale, noise_scale_from_samples, pooled_noise_scale
 
 DEFAULT_STALENESS = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160)
 DEFAULT_MAX_GAP = 64
 DEFAULT_REFERENCE_SAMPLES = 4096
+DEFAULT_NOISE_CHECKPOINTS = 8
+DEFAULT_NOISE_GROUPS = 128
+PLATEAU_FRACTION = 0.9
+"""The reward plateau starts at the first evaluation reaching J0 + 0.9 (J_end - J0) (seed-mean curve)."""
+NOISE_BOOTSTRAP = 1000
 REFERENCES = ("auto", "exact", "sampled")
-PROBE_ARGUMENTS = ("staleness", "samples", "max_gap", "reference", "reference_samples")  # named in check_probe
+PROBE_ARGUMENTS = ("staleness", "samples", "max_gap", "reference", "reference_samples", "noise_checkpoints",
+                   "noise_groups")  # named in check_probe
 RHO_BUFFERS = ("fifo", "positive-bias", "prioritized")  # buffers whose items the rho probe reads
 UNBIASED_LOSSES = ("no-trust-region",)  # importance-weighted, unclipped: a stale sample keeps its signal
 FORMS = ("plain", "signal-normalised")
@@ -110,6 +133,7 @@ class Calibration:
     reference: str  # "exact" or "sampled (n = ...)"
     probe_capacity: int
     fits: dict = field(default_factory=dict)
+    noise_scale: NoiseScaleMeasurement | None = None  # B_noise of the probe's own loss on fresh groups
 
     @property
     def rho(self) -> float:
@@ -164,6 +188,11 @@ class Calibration:
                 data["rho_fit_uncentred"] = {**self.rho_fit_uncentred.to_dict(), "noise": RHO_NOISE_TEXT["uncentred"]}
             if self.rho_fit.in_range:
                 data["rho"] = float(self.rho_fit.value)
+        if self.noise_scale is not None:  # without signal (b_noise null) the rule has no input: kept apart, said
+            record = self.noise_scale.record()
+            data["noise_scale" if record["b_noise"] is not None else "noise_scale_unresolved"] = record
+            if self.noise_scale.exact_grad is not None:
+                data["noise_scale_exact_grad"] = self.noise_scale.record(exact=True)
         return data
 
 
@@ -426,6 +455,132 @@ def exact_loss_gradient(env, config: SimConfig, params: np.ndarray) -> np.ndarra
     return exact_sample_mean(env, config, params, params)
 
 
+# --------------------------------------------------------------------------- the noise scale
+
+
+def group_units(grads: np.ndarray, group_size: int) -> np.ndarray:
+    """Per-group mean gradients (..., M / G, d) of per-sample gradients (..., M, d) in consecutive groups of G.
+
+    The mean of a group's G per-sample gradients is the loss's gradient on that group: the independent unit of a
+    group-baseline loss (its responses are coupled through the baseline).
+    """
+    *lead, M, d = grads.shape
+    if M % group_size:
+        raise ValueError(f"need whole prompt groups: {M} samples in groups of {group_size}")
+    return grads.reshape(*lead, M // group_size, group_size, d).mean(axis=-2)  # (..., U, d)
+
+
+def pooled_exact_grad_sq(grads_by_checkpoint: list[np.ndarray], grad_sq: np.ndarray, rng: np.random.Generator, *,
+                         unit_size: int = 1, n_boot: int = NOISE_BOOTSTRAP,
+                         level: float = noise_estimators.DEFAULT_LEVEL) -> PooledNoiseScale:
+    """``pooled_noise_scale`` with |E G|^2 known exactly: B_noise = tr Sigma (from the units) / ``grad_sq``.
+
+    ``grad_sq`` (n,): the exact |E G|^2 of each checkpoint; tr Sigma per sample is ``noise_scale_from_samples``'s
+    (unbiased, times ``unit_size``). Median over checkpoints; the bootstrap resamples the units of each checkpoint
+    (|E G|^2 has no sampling error), with the same order-statistic quantiles as ``pooled_noise_scale``.
+    """
+    grad_sq = np.asarray(grad_sq, dtype=float)
+    if len(grads_by_checkpoint) != grad_sq.size or grad_sq.size == 0:
+        raise ValueError(f"need one exact |E G|^2 per checkpoint, got {grad_sq.size} for "
+                         f"{len(grads_by_checkpoint)} checkpoints")
+
+    def ratio(trace: float, sq: float) -> float:
+        return trace / sq if sq > 0 else math.inf  # a zero gradient: no signal, said as inf
+
+    units = [np.asarray(g, dtype=float) for g in grads_by_checkpoint]
+    per = [ratio(noise_scale_from_samples(g, unit_size).trace_sigma, sq) for g, sq in zip(units, grad_sq)]
+    boots = np.empty(n_boot)
+    for i in range(n_boot):
+        boots[i] = np.median([ratio(noise_scale_from_samples(g[rng.integers(0, len(g), size=len(g))],
+                                                             unit_size).trace_sigma, sq)
+                              for g, sq in zip(units, grad_sq)])
+    alpha = (1 - level) / 2
+    lo = float(np.quantile(boots, alpha, method="lower"))
+    hi = float(np.quantile(boots, 1 - alpha, method="higher"))
+    return PooledNoiseScale(float(np.median(per)), (lo, hi), level, tuple(float(v) for v in per), len(per),
+                            "per-sample tr Sigma, exact |E G|^2")
+
+
+def plateau_step(eval_steps: np.ndarray, reward: np.ndarray, fraction: float = PLATEAU_FRACTION) -> int | None:
+    """First evaluation step whose seed-mean reward reaches J0 + ``fraction`` (J_end - J0); None if it never rose.
+
+    ``reward`` (S, E) at ``eval_steps`` (E,) (``RunResult.evals``); J0 is the first evaluation, J_end the mean of
+    the last 10% (``RunResult.summary``'s final reward).
+    """
+    curve = np.asarray(reward, dtype=float).mean(axis=0)  # (E,)
+    j0, j_end = curve[0], curve[-max(1, curve.size // 10):].mean()
+    if not j_end > j0:
+        return None
+    return int(np.asarray(eval_steps)[np.argmax(curve >= j0 + fraction * (j_end - j0))])
+
+
+@dataclass(frozen=True)
+class NoiseScaleMeasurement:
+    """B_noise of the probe run's loss on fresh groups, per-sample and (where enumerable) with exact |E G|^2."""
+
+    estimate: PooledNoiseScale  # per-sample: both parts from the group units
+    exact_grad: PooledNoiseScale | None  # tr Sigma from the units, |E G|^2 exact; None: no enumeration
+    batch: int  # B of the run
+    unit_size: int  # G
+    steps: tuple[int, ...]  # updates done at the checkpoints kept (theta_step)
+    plateau: int | None  # the plateau step; None: the reward never rose
+    source: str
+
+    def record(self, exact: bool = False) -> dict:
+        """The profile file's "noise_scale" record (common format): PooledNoiseScale.to_dict() + batch, unit_size,
+        source."""
+        pooled = self.exact_grad if exact else self.estimate
+        return {**pooled.to_dict(), "batch": self.batch, "unit_size": self.unit_size, "source": self.source}
+
+
+def measure_noise_scale(units: dict[int, np.ndarray], exact_sq: dict[int, np.ndarray], eval_steps: np.ndarray,
+                        reward: np.ndarray, batch: int, group_size: int, source: str, seed: int,
+                        level: float = noise_estimators.DEFAULT_LEVEL) -> NoiseScaleMeasurement:
+    """Pool the checkpoints before the plateau: ``units[step]`` (S, U, d) group gradients at theta_step,
+    ``exact_sq[step]`` (S,) the exact |E G|^2 (empty dict: no enumeration). Every (seed, checkpoint) is one theta.
+
+    When no checkpoint lies before the plateau the earliest one is kept, and the source says so.
+    """
+    plateau = plateau_step(eval_steps, reward)
+    steps = sorted(units)
+    kept = [t for t in steps if plateau is None or t < plateau]
+    if not kept:
+        kept = steps[:1]
+        where = f"the earliest checkpoint only (the reward plateau, step {plateau}, comes before every other)"
+    else:
+        where = ("no reward plateau (the reward did not rise)" if plateau is None
+                 else f"before the reward plateau at step {plateau}")
+    grads = [units[t][i] for t in kept for i in range(units[t].shape[0])]  # (U, d) per (checkpoint, seed)
+    S, U = units[kept[0]].shape[:2]
+    text = (f"{source}; fresh groups at steps {', '.join(map(str, kept))} ({where}), {S} seeds x {U} groups of "
+            f"{group_size}; median over seed x checkpoint")
+    estimate = pooled_noise_scale(grads, np.random.default_rng(seed), unit_size=group_size, level=level,
+                                  n_boot=NOISE_BOOTSTRAP)
+    exact = None
+    if exact_sq:
+        exact = pooled_exact_grad_sq(grads, np.concatenate([exact_sq[t] for t in kept]),
+                                     np.random.default_rng(seed + 1), unit_size=group_size, level=level)
+    return NoiseScaleMeasurement(estimate, exact, int(batch), int(group_size), tuple(kept), plateau, text)
+
+
+def noise_scale_lines(noise: NoiseScaleMeasurement) -> list[str]:
+    """The printed B_noise and b = B_noise / B, each with its interval (per-sample, then exact |E G|^2)."""
+    out = []
+    for label, pooled in (("per-sample", noise.estimate), ("exact |E G|^2", noise.exact_grad)):
+        if pooled is None:
+            continue
+        lo, hi = pooled.interval
+        B = noise.batch
+        out.append(f"noise scale B_noise ({label}) = {pooled.b_noise:.4g}, {pooled.level:.0%} interval "
+                   f"[{lo:.4g}, {hi:.4g}]; b = B_noise / B = {pooled.b_noise / B:.4g} [{lo / B:.4g}, {hi / B:.4g}] "
+                   f"at B = {B}")
+    out.append(f"  measured on {noise.source}")
+    if not math.isfinite(noise.estimate.b_noise):
+        out.append("  no gradient signal at the median checkpoint: the profile keeps the record as "
+                   "noise_scale_unresolved (optimal cannot use it); use more --noise-groups")
+    return out
+
+
 # --------------------------------------------------------------------------- the probe
 
 
@@ -438,7 +593,8 @@ def probe_config(config: SimConfig, max_gap: int) -> SimConfig:
 
 
 def check_probe(config: SimConfig, staleness: tuple[int, ...], samples: int, max_gap: int, reference: str,
-                reference_samples: int) -> None:
+                reference_samples: int, noise_checkpoints: int = DEFAULT_NOISE_CHECKPOINTS,
+                noise_groups: int = DEFAULT_NOISE_GROUPS) -> None:
     """One-line ValueErrors (naming the argument) for a probe that cannot run; before any work."""
     G = config.group_size
     if not staleness or any(int(s) != s or s < 0 for s in staleness) or list(staleness) != sorted(set(staleness)):
@@ -460,20 +616,30 @@ def check_probe(config: SimConfig, staleness: tuple[int, ...], samples: int, max
     if config.steps <= first:
         raise ValueError(f"steps must exceed max(largest staleness probed, max_gap) + 1 = {first}, "
                          f"got {config.steps}")
+    if noise_checkpoints < 1:
+        raise ValueError(f"noise_checkpoints must be an integer >= 1, got {noise_checkpoints}")
+    if noise_groups < 2:
+        raise ValueError(f"noise_groups must be an integer >= 2 (prompt groups are the noise scale's units), "
+                         f"got {noise_groups}")
 
 
 def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS, checkpoints: int = 3,
               samples: int = 256, max_gap: int = DEFAULT_MAX_GAP, reference: str = "auto",
               reference_samples: int = DEFAULT_REFERENCE_SAMPLES, level: float = noise_estimators.DEFAULT_LEVEL,
-              draws: int = noise_estimators.DEFAULT_DRAWS) -> Calibration:
-    """Run the probe of ``config`` and measure sigma^2(s) (both forms), rho and the KL drift.
+              draws: int = noise_estimators.DEFAULT_DRAWS, noise_checkpoints: int = DEFAULT_NOISE_CHECKPOINTS,
+              noise_groups: int = DEFAULT_NOISE_GROUPS) -> Calibration:
+    """Run the probe of ``config`` and measure sigma^2(s) (both forms), rho, the KL drift and B_noise.
 
     ``reference``: exact (enumerated grad F: bandit, or token MDP with a per-token loss), sampled (mean
     of ``reference_samples`` held-out fresh responses, its error subtracted) or auto (exact where possible).
+    B_noise: ``noise_groups`` fresh groups per seed at ``noise_checkpoints`` steps evenly spread over the run,
+    those before the reward plateau kept (``measure_noise_scale``); the exact-|E G|^2 value wherever the gradient
+    can be enumerated (whatever ``reference`` says).
     """
+    asked_capacity = config.capacity
     config = probe_config(config.validated(), max_gap)
     staleness = tuple(int(s) for s in staleness)
-    check_probe(config, staleness, samples, max_gap, reference, reference_samples)
+    check_probe(config, staleness, samples, max_gap, reference, reference_samples, noise_checkpoints, noise_groups)
     exact = reference == "exact" or (reference == "auto" and exact_gradient_problem(config.env, config.loss) is None)
     G, S = config.group_size, config.seeds
     first = max(max(staleness), max_gap) + 1
@@ -482,8 +648,20 @@ def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS,
     measure_rho = config.buffer in RHO_BUFFERS
     acc: dict = {}
     drift = []
+    noise_steps = set(np.linspace(0, config.steps - 1, noise_checkpoints).astype(int).tolist())
+    noise_rng = PerSeedGenerator(config.seed + 15485863, S)  # its own stream: the sigma^2 probe's draws unchanged
+    enumerable = exact_gradient_problem(config.env, config.loss) is None
+    noise_units: dict[int, np.ndarray] = {}  # updates done -> (S, U, d) per-group mean gradients at that theta
+    noise_exact_sq: dict[int, np.ndarray] = {}  # updates done -> (S,) exact |E G|^2 = ||grad F||^2
 
     def observer(step, params, history, buffer, env):
+        if step in noise_steps:  # theta_{step + 1}: fresh groups of it, its own loss gradient (staleness 0)
+            theta = history[-1]
+            fresh = generate(EnvBackend(env, noise_rng), config, theta, noise_groups, step + 1, 0, noise_rng)
+            noise_units[step + 1] = group_units(per_sample_grads(env, config, theta, fresh), G)  # (S, U, d)
+            if enumerable:
+                grad_f = exact_loss_gradient(env, config, theta)  # (S, d)
+                noise_exact_sq[step + 1] = np.einsum("sd,sd->s", grad_f, grad_f)
         if step not in checkpoint_steps:
             return
         theta = history[-1]  # (S, d): the parameters after this step's update
@@ -518,7 +696,7 @@ def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS,
                 _add(acc, "centred", noise_estimators.pair_moments(xi, items.created, items.group, max_gap,
                                                                    buffer.valid))
 
-    run(config, observer=observer)
+    result = run(config, observer=observer)
     profile = noise_estimators.noise_profile(acc["stale"], staleness, level, draws, seed=config.seed)
 
     def fit(name: str) -> RhoFit | None:
@@ -537,6 +715,13 @@ def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS,
         reference="exact" if exact else f"sampled (n = {reference_samples} per seed and checkpoint, "
                                         "its variance / n subtracted)",
         probe_capacity=config.capacity)
+    probe = ("the probe run" if config.capacity == asked_capacity
+             else f"the probe run (FIFO capacity raised from {asked_capacity} to {config.capacity})")
+    calibration.noise_scale = measure_noise_scale(
+        noise_units, noise_exact_sq, result.eval_steps, result.evals["reward"], config.batch_size, G,
+        f"calibrate-simulator: {config.env}, loss {config.loss}, advantage {config.resolved_advantage()}, B = "
+        f"{config.batch_size}, R = {config.rollouts_per_step}, lr {config.lr:g} ({config.optimizer}), {probe}",
+        config.seed, level)
     s, v = calibration.table()
     if s.size >= 2:
         calibration.fits = fit_profiles(s, v)

@@ -1,7 +1,9 @@
 """simulate/calibrate.py: exact gradients against Monte Carlo (bandit) and full enumeration (token MDP), the
-profile file's forms and rho record, and the fitted rho with a sampled reference against the one measured with
-the exact gradient (bandit and token MDP)."""
+profile file's forms and rho record, the fitted rho with a sampled reference against the one measured with
+the exact gradient (bandit and token MDP), and the noise scale B_noise: a hand case through the code path, the
+profile record's JSON round trip, and the per-sample estimator against the exact-|E G|^2 value on the bandit."""
 
+import dataclasses
 import itertools
 import json
 import math
@@ -16,7 +18,10 @@ from replay_theory.simulate.calibrate import (
     exact_loss_gradient,
     exact_sample_mean,
     expected_advantage_parts,
+    group_units,
     loss_form,
+    measure_noise_scale,
+    noise_scale_lines,
     per_sample_grads,
     probe_config,
     supports_exact_gradient,
@@ -99,10 +104,11 @@ def test_profile_file_records_forms_and_an_out_of_range_rho(tmp_path, cli):
     assert "signal-normalised sigma^2 (loss grpo)" in loaded.description
     assert loaded.rho_problem() == ("the profile's rho fit -0.4 (90% interval [-0.6, -0.2]) is outside [0, 1], "
                                     "the range Assumption 3.3 allows")
-    code, out, err = cli("optimal", "--mu", "5.28", "--profile", str(path))
+    code, out, err = cli("optimal", "--objective", "paper", "--mu", "5.28", "--profile", str(path))
     assert code == 2 and out == "" and err == (f"replay-theory: error: --profile {path}: {loaded.rho_problem()}; "
                                                "pass --rho explicitly\n")
-    code, out, err = cli("optimal", "--mu", "5.28", "--profile", str(path), "--rho", "0", "--json")
+    code, out, err = cli("optimal", "--objective", "paper", "--mu", "5.28", "--profile", str(path), "--rho", "0",
+                         "--json")
     assert code == 0 and json.loads(out)["rho"] == 0.0
     # an in-range fit is the profile's rho, and optimal uses it
     inside = _calibration(0.02, (0.01, 0.03), form="plain").profile_dict("test")
@@ -277,3 +283,84 @@ def test_token_mdp_centred_rho_with_interval_and_the_sampled_reference_agrees():
     data = exact.profile_dict("test")
     assert data["reference"] == "exact" and data["rho_fit"]["ci"] == list(fit.ci)
     assert data["rho_fit_uncentred"]["value"] == direct.value
+
+
+# --------------------------------------------------------------------------- the noise scale B_noise
+
+
+def _hand_noise_scale():
+    """One seed, d = 1, groups of G = 2, three checkpoints (updates 1, 5, 9); the reward reaches its plateau
+    J0 + 0.9 (J_end - J0) = 0.9 at step 9, so the third checkpoint is left out.
+
+    Step 1: samples 1, 3, 5, 7 -> group means 2, 6: tr Sigma_unit = ((2-4)^2 + (6-4)^2) / 1 = 8,
+    |E G|^2 = 4^2 - 8/2 = 12, tr Sigma per sample = G 8 = 16, B_noise = 16 / 12 = 4/3.
+    Step 5: samples 0, 2, 4, 6 -> 1, 5: tr Sigma_unit = 8, |E G|^2 = 9 - 4 = 5, B_noise = 16 / 5.
+    Median of two: (4/3 + 16/5) / 2 = 34/15. Exact |E G|^2 16 and 9: B_noise 1 and 16/9, median 25/18.
+    """
+    samples = {1: [1.0, 3.0, 5.0, 7.0], 5: [0.0, 2.0, 4.0, 6.0], 9: [0.0, 100.0, 0.0, -100.0]}
+    units = {t: group_units(np.array(v).reshape(1, 4, 1), 2) for t, v in samples.items()}  # (1, 2, 1) each
+    exact_sq = {1: np.array([16.0]), 5: np.array([9.0]), 9: np.array([1.0])}
+    return measure_noise_scale(units, exact_sq, np.array([1, 5, 9]), np.array([[0.0, 0.1, 1.0]]), 64, 2, "hand",
+                               seed=0)
+
+
+def test_noise_scale_hand_case_through_the_code_path():
+    noise = _hand_noise_scale()
+    assert noise.steps == (1, 5) and noise.plateau == 9 and noise.unit_size == 2 and noise.batch == 64
+    assert noise.estimate.per_checkpoint == pytest.approx((4 / 3, 16 / 5), rel=1e-12)
+    assert noise.estimate.b_noise == pytest.approx(34 / 15, rel=1e-12)
+    assert noise.exact_grad.per_checkpoint == pytest.approx((1.0, 16 / 9), rel=1e-12)
+    assert noise.exact_grad.b_noise == pytest.approx(25 / 18, rel=1e-12)
+    assert noise.estimate.method == "per-sample" and noise.exact_grad.method == "per-sample tr Sigma, exact |E G|^2"
+    assert "steps 1, 5 (before the reward plateau at step 9)" in noise.source
+    lines = noise_scale_lines(noise)
+    assert lines[0].startswith(f"noise scale B_noise (per-sample) = {34 / 15:.4g}, 90% interval [")
+    assert f"b = B_noise / B = {34 / 15 / 64:.4g} [" in lines[0] and lines[0].endswith("at B = 64")
+    assert lines[1].startswith(f"noise scale B_noise (exact |E G|^2) = {25 / 18:.4g}")
+
+
+def test_noise_scale_record_round_trips_through_the_profile_file(tmp_path, cli):
+    calibration = _calibration(0.02, (0.01, 0.03), form="plain")
+    calibration.noise_scale = _hand_noise_scale()
+    path = tmp_path / "p.json"
+    save_profile(path, calibration.profile_dict("test"))
+    data = json.loads(path.read_text())
+    record = data["noise_scale"]
+    assert set(record) == {"b_noise", "b_noise_interval", "level", "per_checkpoint", "checkpoints", "method", "batch",
+                           "unit_size", "source"}
+    assert record["b_noise"] == pytest.approx(34 / 15, rel=1e-12) and record["method"] == "per-sample"
+    assert record["per_checkpoint"] == pytest.approx([4 / 3, 16 / 5], rel=1e-12) and record["checkpoints"] == 2
+    assert record["batch"] == 64 and record["unit_size"] == 2 and record["level"] == 0.9
+    assert record["source"] == calibration.noise_scale.source
+    # two groups: a replicate drawing one group twice has tr Sigma = 0 (B_noise 0), one whose shifted |E G|^2 is
+    # <= 0 has no signal (inf, written null: JSON has no infinity)
+    assert record["b_noise_interval"] == [0.0, None] == calibration.noise_scale.estimate.to_dict()["b_noise_interval"]
+    exact = data["noise_scale_exact_grad"]
+    assert exact["b_noise"] == pytest.approx(25 / 18, rel=1e-12) and set(exact) == set(record)
+    assert load_profile(path).sigma_sq_form == "plain"  # the profile still loads
+    code, out, err = cli("optimal", "--mu", "5.28", "--profile", str(path), "-B", "64", "--json")
+    assert code == 0 and json.loads(out)["b_noise"] == pytest.approx(34 / 15, rel=1e-12)  # the rule reads it
+    # no signal (b_noise null): the record is kept apart and the profile (its sigma^2 table) is still written
+    unresolved = _calibration(0.02, (0.01, 0.03), form="plain")
+    unresolved.noise_scale = dataclasses.replace(
+        calibration.noise_scale, estimate=dataclasses.replace(calibration.noise_scale.estimate, b_noise=math.inf))
+    data = unresolved.profile_dict("test")
+    assert "noise_scale" not in data and data["noise_scale_unresolved"]["b_noise"] is None
+    save_profile(tmp_path / "q.json", data)
+    assert "noise_scale_unresolved" in noise_scale_lines(unresolved.noise_scale)[-1]
+
+
+def test_noise_scale_per_sample_agrees_with_the_exact_grad_on_the_default_bandit():
+    """Default bandit (GRPO): the per-sample B_noise's 90% interval holds the value with the exact |E G|^2 (same
+    units, same checkpoints), and both intervals hold their own points."""
+    cal = calibrate(SimConfig(), staleness=(0, 8), max_gap=8, checkpoints=1, samples=64)
+    noise = cal.noise_scale
+    est, exact = noise.estimate, noise.exact_grad
+    assert noise.unit_size == 8 and noise.batch == 64 and noise.plateau is not None
+    assert len(noise.steps) >= 2 and max(noise.steps) < noise.plateau
+    assert est.checkpoints == exact.checkpoints == 8 * len(noise.steps)  # one theta per (seed, checkpoint)
+    assert est.interval[0] <= exact.b_noise <= est.interval[1]
+    for pooled in (est, exact):
+        assert math.isfinite(pooled.b_noise) and pooled.interval[0] <= pooled.b_noise <= pooled.interval[1]
+    # the exact |E G|^2 removes the denominator's Monte Carlo error: a narrower interval
+    assert exact.interval[1] - exact.interval[0] < est.interval[1] - est.interval[0]

@@ -152,11 +152,17 @@ def test_regime_label_thresholds():
 
 
 def test_regimes_and_their_step_size_grids():
-    assert {name: (r.env, r.reward_noise, r.optimizer) for name, r in tt.REGIMES.items()} == {
-        "bandit": ({}, 0.0, "sgd"), "noisy-reward": ({}, 2.0, "sgd"),
-        "few-prompts": ({"num_prompts": 4, "warm_success_max": 0.1, "skill_alignment": 0.1}, 0.0, "sgd"),
-        "two-prompts": ({"num_prompts": 2, "feature_dim": 4, "skill_alignment": 0.3}, 0.0, "sgd"),
-        "adam": ({}, 0.0, "adam")}
+    bandits = {name: (r.env, r.reward_noise, r.optimizer, r.losses) for name, r in tt.REGIMES.items()
+               if r.quadratic_noise is None}
+    assert bandits == {
+        "bandit": ({}, 0.0, "sgd", ("is", "grpo")), "noisy-reward": ({}, 2.0, "sgd", ("is", "grpo")),
+        "few-prompts": ({"num_prompts": 4, "warm_success_max": 0.1, "skill_alignment": 0.1}, 0.0, "sgd",
+                        ("is", "grpo")),
+        "two-prompts": ({"num_prompts": 2, "feature_dim": 4, "skill_alignment": 0.3}, 0.0, "sgd", ("is",)),
+        "adam": ({}, 0.0, "adam", ("is", "grpo"))}
+    quadratics = {name: r.quadratic_noise for name, r in tt.REGIMES.items() if r.quadratic_noise is not None}
+    assert quadratics == {f"quadratic-noise{n:g}": n for n in (1, 10, 30, 100, 300, 1000)}
+    assert all(tt.REGIMES[name].losses == ("quadratic",) for name in quadratics)
     assert "outside their assumptions" in tt.REGIMES["adam"].description  # the objectives assume SGD
     factors, unit = tt.REGIMES["bandit"].lr_grid(0.5)  # SGD: factors of 1/L
     assert factors.tolist() == [2.0, 1.0, 0.5, 0.25, 0.125] and unit == 0.5
@@ -169,7 +175,8 @@ def test_regimes_and_their_step_size_grids():
     assert np.allclose(np.diff(np.log2(tt.ADAM_LRS)), -1.0)
     # options.json records the optimizer only when it is not SGD: directories written before it existed resume
     assert tt.regime_record(tt.REGIMES["bandit"]) == {"name": "bandit", "env": {}, "reward_noise": 0.0,
-                                                      "description": tt.REGIMES["bandit"].description}
+                                                      "description": tt.REGIMES["bandit"].description,
+                                                      "losses": ("is", "grpo"), "quadratic_noise": None}
     assert tt.regime_record(tt.REGIMES["adam"])["optimizer"] == "adam"
     assert tt.regime_record(tt.REGIMES["two-prompts"])["lr_factors"] == (16.0, 8.0, 4.0, 2.0, 1.0)
 
@@ -190,8 +197,8 @@ def test_adam_runs_are_stored_under_their_own_key_and_sgd_keys_are_unchanged(tmp
     store = tt.Store(tmp_path)
     options = tt.Options(seeds=2)
     lrs = np.array([0.5, 0.25])
-    sgd = tt._run_design(store, env, "bandit", "is", options, 16, 16, 16, lrs, 2.0, 3)
-    adam = tt._run_design(store, env, "adam", "is", options, 16, 16, 16, lrs, 2.0, 3, optimizer="adam")
+    sgd = tt._run_design(store, env, "bandit", "is", 0, options, 16, 16, 16, lrs, 2.0, 3)
+    adam = tt._run_design(store, env, "adam", "is", 0, options, 16, 16, 16, lrs, 2.0, 3, optimizer="adam")
     assert "optimizer" not in sgd["config"] and adam["config"]["optimizer"] == "adam"
     assert sgd["key"] == tt._key({"kind": "run", "regime": "bandit", "loss": "is", "instance": 0, "N": 16, "R": 16,
                                   "B": 16, "lrs": [0.5, 0.25], "seeds": 2, "target": 2.0, "max_steps": 3,
@@ -233,7 +240,7 @@ def tiny(monkeypatch):
     monkeypatch.setattr(tt, "PRECONDITION_BATCHES", (128, 256))
     monkeypatch.setattr(tt, "STALENESS", (0, 2, 8))
     monkeypatch.setattr(tt, "BOOTSTRAP", 50)
-    return tt.Options(losses=("is",), mus=(1.0, 20.0), seeds=2, quick=True, regimes=("bandit",))
+    return tt.Options(instances=(0,), losses=("is",), mus=(1.0, 20.0), seeds=2, quick=True, regimes=("bandit",))
 
 
 def simple_objectives(mu, calibration, budget):
@@ -284,7 +291,7 @@ def test_out_directory_is_checked_before_work(tmp_path, tiny):
     started = tmp_path / "started"
     started.mkdir()
     (started / "options.json").write_text(tt.options_text(tiny))
-    other = tt.Options(losses=("grpo",), mus=(1.0,), seeds=2, quick=True, regimes=("bandit",))
+    other = tt.Options(instances=(0,), losses=("grpo",), mus=(1.0,), seeds=2, quick=True, regimes=("bandit",))
     with pytest.raises(ValueError, match="holds a theory-test run with other options or another code version"):
         tt.run_theory_test(started, other, progress=False)
     assert sorted(p.name for p in started.iterdir()) == ["options.json"]
@@ -294,11 +301,14 @@ def test_out_directory_is_checked_before_work(tmp_path, tiny):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--loss", "foo"], "--loss must be a comma-separated list of is, grpo, got foo"),
+    (["--loss", "foo"], "--loss must be a comma-separated list of is, grpo, quadratic, got foo"),
+    (["--loss", "grpo", "--regime", "two-prompts"], "--loss grpo selects no setting of --regime two-prompts "
+                                                    "(two-prompts: is)"),
     (["--mu", "0,1"], "--mu must be a comma-separated list of finite numbers > 0, got 0,1"),
     (["--mu", "a"], "--mu must be a comma-separated list of finite numbers > 0, got 'a'"),
     (["--seeds", "1"], "--seeds must be an integer >= 2 (the bootstrap resamples seeds), got 1"),
-    (["--instance", "-1"], "--instance must be an integer >= 0, got -1"),
+    (["--instance", "-1"], "--instance must be a comma-separated list of distinct integers >= 0, got -1"),
+    (["--instance", "0,0"], "--instance must be a comma-separated list of distinct integers >= 0, got 0,0"),
 ])
 def test_bad_options_are_one_line_before_any_work(cli, tmp_path, args, message):
     out = tmp_path / "new"
@@ -316,16 +326,21 @@ def test_theory_test_options_are_refused_for_other_experiments(cli, tmp_path):
 # --------------------------------------------------------------------------- the figure and table
 
 
+OBJECTIVE_SPEARMAN = (("noise_scale", 0.8), ("noise_scale_grad", 0.7), ("paper_J", 0.5), ("finite_budget", 0.6),
+                      ("null", -0.2), ("on_policy", None))
+
+
 def fake_summary() -> dict:
     cells = []
     for regime, measured in (("bandit", "noise-limited"), ("noisy-reward", "noise-limited")):
         for mu in (0.5, 5.28, 20.0):
             by = {name: {"x": 4, "y": 2, "value": 1.0, "regret": 1.0 + mu / 10, "regret_ci": [1.0, 1.5 + mu / 10],
-                         "spearman": s} for name, s in (("paper_J", 0.5), ("finite_budget", 0.6), ("null", -0.2))}
-            cells.append({"regime": regime, "loss": "is", "mu": mu, "regime_measured": measured,
-                          "precondition_slope": -0.9, "predicted": {"x": 4, "y": 2, "objective": "finite_budget"},
+                         "spearman": s} for name, s in OBJECTIVE_SPEARMAN}
+            cells.append({"regime": regime, "loss": "is", "instance": 0, "mu": mu, "regime_measured": measured,
+                          "precondition_slope": -0.9, "predicted": {"x": 4, "y": 2, "objective": "noise_scale"},
                           "best": {"x": 8, "y": 4}, "regret": 1.0 + mu / 10, "regret_ci": [1.0, 1.5 + mu / 10],
-                          "spearman": {"paper_J": 0.5, "finite_budget": 0.6, "null": None}, "by_objective": by})
+                          "spearman": dict(OBJECTIVE_SPEARMAN), "by_objective": by,
+                          "on_policy_batches": {"64": {"ratio_to_best": 0.8}, "256": {"ratio_to_best": 1.2}}})
     return {"cells": cells}
 
 
@@ -336,9 +351,10 @@ def test_figure_data_and_print_readiness(tmp_path):
     assert set(data) == {("bandit", "is"), ("noisy-reward", "is")}
     d = data[("bandit", "is")]
     np.testing.assert_allclose(d["mu"], [0.5, 5.28, 20.0])
-    np.testing.assert_allclose(d["regret"]["finite_budget"], [1.05, 1.528, 3.0])
+    np.testing.assert_allclose(d["regret"]["noise_scale"], [1.05, 1.528, 3.0])
     np.testing.assert_allclose(d["high"]["paper_J"], [1.55, 2.028, 3.5])
-    assert np.isnan(d["spearman"]["null"]).all() and d["measured"] == "noise-limited"
+    np.testing.assert_allclose(d["spearman"]["null"], [-0.2] * 3)
+    assert np.isnan(d["spearman"]["on_policy"]).all() and d["measured"] == "noise-limited"
     assert print_problems(fig.plot_theory_test(tmp_path)) == []
 
 
@@ -350,9 +366,12 @@ def test_missing_summary_names_the_command(tmp_path):
 def test_table_rows():
     table = tt.summary_table(fake_summary())
     rows = table.splitlines()
-    assert len(rows) == 2 + 6
-    assert rows[2] == ("| bandit (noise-limited) | is | 0.5 | -0.9 | 4, 2 | 8, 4 | 1.05 [1, 1.55] | 4, 2, 1.05 | "
-                       "0.5 / 0.6 / n/a |")
+    assert rows[:2] == ["| setting | loss | inst | slope | b from steps [90% CI] | b from gradients | S_min | "
+                        "lr edge / extended / censored / buffer filled / curve reaches target (of designs) |",
+                        "|---" * 9 + "|"]
+    assert len(rows) == 2 + 1 + 2 + 6 + 1  # no settings in the fake; a blank line, header, rule, 6 cells, blank
+    assert rows[5] == ("| bandit | is | 0 | 0.5 | 8, 4 | 4, 2, 1.05 [1, 1.55] | 4, 2, 1.05 | 4, 2, 1.05 | 1.05 | "
+                       "1.05 [1, 1.55] | 64: 0.8 | 0.8 / 0.7 / 0.5 / -0.2 |")
 
 
 def test_jobs_is_refused_for_theory_test(cli, tmp_path):
@@ -366,10 +385,12 @@ def test_jobs_is_refused_for_theory_test(cli, tmp_path):
 def test_regime_option_is_checked_before_any_work(cli, tmp_path):
     code, out, err = cli("experiment", "theory-test", "--out", str(tmp_path / "t"), "--regime", "bandit,lunar")
     assert (code, out) == (2, "")
-    assert err == ("replay-theory: error: --regime must be a comma-separated list of bandit, noisy-reward, "
-                   "few-prompts, two-prompts, adam, got bandit,lunar\n")
+    assert err.startswith("replay-theory: error: --regime must be a comma-separated list of bandit, noisy-reward, "
+                          "few-prompts, two-prompts, adam, quadratic-noise1,") and err.endswith("got bandit,lunar\n")
     assert not (tmp_path / "t").exists()
-    assert tt.Options().regimes == ("bandit", "noisy-reward")  # few-prompts and adam are opt-in (~7-10 min each)
+    assert tt.Options().regimes == ("quadratic-noise1", "quadratic-noise10", "quadratic-noise30", "quadratic-noise100",
+                                    "quadratic-noise300", "quadratic-noise1000", "two-prompts", "bandit",
+                                    "noisy-reward")  # few-prompts and adam are opt-in
 
 
 def test_spearman_equals_scipys_with_ties():
@@ -379,3 +400,78 @@ def test_spearman_equals_scipys_with_ties():
     for _ in range(50):
         a, b = rng.integers(0, 5, 20).astype(float), rng.normal(size=20)
         assert tt.spearman(a, b) == pytest.approx(stats.spearmanr(a, b).statistic, abs=1e-12)
+
+
+# --------------------------------------------------------------------------- issue 22: the noise-scale rule's scoring
+
+
+def _fake_run(lrs, passage, censored=None, key="k"):
+    passage = np.asarray(passage, dtype=float)
+    censored = np.zeros(passage.shape, bool) if censored is None else np.asarray(censored)
+    return {"key": key, "config": {"lrs": list(lrs)}, "first_passage": passage.tolist(),
+            "censored": censored.tolist(), "steps": int(passage.max()), "mean_reward_max": [0.0] * len(lrs)}
+
+
+def test_b_from_steps_is_exact_on_the_mcCandlish_law():
+    # S(B) = S_min (1 + B_noise / B) with S_min = 40, B_noise = 64: 50, 60, 80 steps at B = 256, 128, 64
+    runs = [_fake_run([1.0, 0.5], [[40 * (1 + 64 / B)] * 4, [999.0] * 4]) for B in (64, 128, 256)]
+    fit = tt._steps_fit(runs, (64, 128, 256), np.random.default_rng(0))
+    assert fit["s_min"] == pytest.approx(40.0) and fit["b_noise"] == pytest.approx(64.0)
+    assert fit["b_noise_interval"] == pytest.approx([64.0, 64.0])  # every seed alike: no spread
+    flat = [_fake_run([1.0], [[100.0 * 256 / B] * 4]) for B in (64, 128, 256)]  # steps ~ 1/B: S_min = 0
+    assert tt._steps_fit(flat, (64, 128, 256), np.random.default_rng(0))["b_noise"] == math.inf
+
+
+def test_noise_scale_values_by_hand():
+    grid = [(1, 1), (1, 4), (4, 4), (1, 8)]
+    b, mu = 0.25, 5.28
+    values = tt.noise_scale_values(grid, b, mu)
+    expected = [(1 + b) * (1 + mu), (1 + 5 * b) * (1 + mu / 4), (1 + 5 * b) * (1 + mu / 4), (1 + 9 * b) * (1 + mu / 8)]
+    np.testing.assert_allclose(values, expected)
+    assert int(np.argmin(values)) == 1  # ties across x go to the shortest horizon, the grid's first
+    limit = tt.noise_scale_values(grid, math.inf, mu)  # b -> inf: B V (1 + mu / y), the on-policy design first
+    np.testing.assert_allclose(limit, [1 + mu, 5 * (1 + mu / 4), 5 * (1 + mu / 4), 9 * (1 + mu / 8)])
+
+
+def test_a_step_size_at_an_edge_is_extended_beyond_it(monkeypatch):
+    calls = []
+
+    def fake_run_design(store, env, regime, loss, instance, options, N, R, B, lrs, target, max_steps,
+                        keep_history=False, tick=None, optimizer="sgd", replacement=False):
+        lrs = np.asarray(lrs, dtype=float)
+        calls.append(lrs.tolist())
+        return _fake_run(lrs, [[10.0 / lr] * 3 for lr in lrs], key=str(len(calls)))  # the larger, the faster
+
+    monkeypatch.setattr(tt, "_run_design", fake_run_design)
+    merged = tt._tuned_run(None, None, tt.REGIMES["bandit"], "is", 0, tt.Options(seeds=3), 16, 16, 16,
+                           np.array([1.0, 0.5]), 1.0, 10)
+    assert calls == [[1.0, 0.5], [4.0, 2.0], [16.0, 8.0]]  # two rounds up, then EXTEND_ROUNDS stops it
+    assert merged["lrs"] == [16.0, 8.0, 4.0, 2.0, 1.0, 0.5] and merged["extended"] == 2 and merged["at_edge"]
+    assert merged["first_passage"][0] == [10 / 16] * 3
+
+
+def test_targets_count_cells_and_the_falsifying_checks():
+    def cell(regime, mu, ns, op, gain, b=2.0):
+        by = {"noise_scale": {"regret": ns, "spearman": 0.9}, "on_policy": {"regret": op, "spearman": None}}
+        return {"regime": regime, "loss": "is", "instance": 0, "mu": mu, "b": b, "by_objective": by,
+                "best_replay_gain": gain, "replay_vs_on_policy_at_R": {"64": {"ratio": 1.05, "x": 1, "y": 4}}}
+
+    t = tt.targets([cell("a", 1.0, 1.1, 2.0, 1.3), cell("a", 5.28, 1.3, 1.2, 0.9), cell("b", 20.0, 1.0, 1.6, 1.6)])
+    o = t["objectives"]["noise_scale"]
+    assert (o["within_1.2"], o["within_1.5"], o["worst"]) == (2, 3, 1.3)
+    assert o["cells_on_policy_above_1.5"] == 2 and o["beats_on_policy_by_1.5x"] == 2  # 2.0/1.1 and 1.6/1.0
+    assert t["high_b_replay_gain_max"] == 1.3 and t["high_b_cells_replay_wins_over_1.2"] == ["a/is/i0/mu1: 1.30"]
+    assert t["fixed_R_ratio_max"] == 1.05 and t["fixed_R_cells_replay_wins_over_1.1"] == []
+
+
+def test_the_quadratic_trains_through_the_benchmark_loop():
+    env = tt.make_env(tt.REGIMES["quadratic-noise10"], instance=0)
+    lrs = np.array([1.0, 0.5])
+    on = tt.train(env, "quadratic", lrs, 64, 64, 64, 4, env.target, 2000)
+    replay = tt.train(env, "quadratic", lrs, 16, 16, 64, 4, env.target, 2000)  # x = 1, y = 4: R = 16
+    with_replacement = tt.train(env, "quadratic", lrs, 64, 64, 64, 4, env.target, 2000, replacement=True)
+    assert not on.censored[0].any() and on.steps < 2000  # the larger step decides; the run stops at 1.25x it
+    steps = [t.first_passage.mean(axis=1).min() for t in (on, replay, with_replacement)]
+    assert steps[1] > steps[0] and steps[2] >= steps[0]  # replay's fixed noise costs steps; so does replacement
+    again = tt.train(env, "quadratic", lrs, 16, 16, 64, 4, env.target, 2000)
+    np.testing.assert_array_equal(replay.first_passage, again.first_passage)  # same seed, same numbers

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import json
 import math
 
 import numpy as np
@@ -22,14 +23,17 @@ pytest.importorskip("transformers")
 from replay_theory.theory.compute import estimate_mu  # noqa: E402
 from replay_theory.theory.divergences import k3_terms, kl_exact  # noqa: E402
 from replay_theory.theory.noise import noise_profile, staleness_moments  # noqa: E402
+from replay_theory.theory.noise_scale import noise_scale_from_samples, pooled_noise_scale  # noqa: E402
 from replay_theory.validate import countdown  # noqa: E402
 from replay_theory.validate import model as M  # noqa: E402
 from replay_theory.validate.calibrate import (  # noqa: E402
     calibrate_lm,
     count_window,
     gradient_coordinates,
+    gram_rows,
     measure_kl_by_lag,
     measure_mu_count,
+    noise_scale_line,
     per_sample_grads,
     sequence_kl_terms,
     staleness_profile,
@@ -275,6 +279,11 @@ def test_calibrate_lm_gives_error_bars(tiny):
     assert all(cal.kl_by_lag_se[lag] > 0 and cal.kl_by_lag_k3_se[lag] > 0 for lag in (1, 2))
     forms = cal.profile_dict("test")["forms"]
     assert forms["plain_ci"] == [list(c) for c in cal.sigma_sq_plain_ci] and forms["units"] == 4
+    # B_noise at 3 checkpoints: the warm start and 2 updates (32 fresh completions = 8 groups each), the end (the
+    # 32 reference and 16 s = 0 completions: 12 groups)
+    record = cal.profile_dict("test")["noise_scale"]
+    assert record["checkpoints"] == 3 and len(record["per_checkpoint"]) == 3 and record["unit_size"] == 4
+    assert "after 0 (8 groups), 2 (8 groups), 3 (12 groups) of 3 probe updates" in record["source"]
     with pytest.raises(ValueError, match="samples must be a multiple of group_size = 4"):
         calibrate_lm(policy, train_set, config, staleness=(0, 1), samples=6)
 
@@ -326,3 +335,49 @@ def test_profile_uses_the_signal_normalised_table_only_where_the_retained_signal
     plain = _calibration([[0.9, 1.1], [-0.1, 1.0], [0.4, 0.8], [0.2, 0.6], [0.05, 0.2]]).profile_dict("x")
     assert plain["sigma_sq"] == [2.0, 1.9, 1.8, 1.5, 1.2] and plain["sigma_sq_form"] == "plain"
     assert "the table is the plain sigma^2(s) of Assumption 3.3" in plain["note"]
+
+
+def test_gram_rows_keep_the_noise_scale_and_its_bootstrap():
+    """B_noise sees only inner products: the (U, U) rows give the same estimate and the same bootstrap draws."""
+    rng = np.random.default_rng(3)
+    units = [rng.normal(0.3, 1.0, size=(12, 500)), rng.normal(0.1, 1.0, size=(9, 500))]
+    rows = [gram_rows(u) for u in units]
+    assert rows[0].shape == (12, 12) and rows[1].shape == (9, 9)
+    for u, r in zip(units, rows):
+        full, small = noise_scale_from_samples(u, 4), noise_scale_from_samples(r, 4)
+        assert small.trace_sigma == pytest.approx(full.trace_sigma, rel=1e-10)
+        assert small.grad_sq == pytest.approx(full.grad_sq, rel=1e-9)
+    a = pooled_noise_scale(units, np.random.default_rng(0), unit_size=4, n_boot=50)
+    b = pooled_noise_scale(rows, np.random.default_rng(0), unit_size=4, n_boot=50)
+    assert b.b_noise == pytest.approx(a.b_noise, rel=1e-9) and b.interval == pytest.approx(a.interval, rel=1e-9)
+
+
+def test_noise_scale_line_prints_b_and_its_interval():
+    record = {"b_noise": 240.0, "b_noise_interval": [160.0, None], "level": 0.9, "method": "per-sample", "batch": 8}
+    assert noise_scale_line(record) == ("noise scale B_noise (per-sample) = 240, 90% interval [160, inf (no signal)]; "
+                                        "b = B_noise / B = 30 [20, inf] at B = 8")
+
+
+@pytest.mark.slow
+def test_calibrate_lm_noise_scale_is_finite_with_an_interval(tiny, tmp_path):
+    """GRPO on the tiny model after 2 updates: B_noise is about 240 responses, so 1024 fresh completions (256
+    groups of 4, the reference batch and s = 0) resolve it: finite, positive, inside a finite interval, and the
+    profile file carries the record."""
+    policy, train_set = tiny
+    policy = copy.deepcopy(policy)
+    config = RLConfig(steps=2, rollouts_per_step=8, group_size=4, batch_size=8, capacity=8, max_new_tokens=6,
+                      loss="grpo", lr=1e-2)
+    cal = calibrate_lm(policy, train_set, config, staleness=(0, 1), samples=8, reference_samples=1024,
+                       noise_checkpoints=1)
+    record = cal.noise_scale
+    lo, hi = record["b_noise_interval"]
+    assert math.isfinite(record["b_noise"]) and record["b_noise"] > 0 and lo is not None and hi is not None
+    assert 0 < lo <= record["b_noise"] <= hi and record["per_checkpoint"] == [record["b_noise"]]
+    assert record["method"] == "per-sample" and record["batch"] == 8 and record["unit_size"] == 4
+    assert record["level"] == 0.9 and record["checkpoints"] == 1
+    num_params = sum(p.numel() for p in policy.model.parameters())
+    assert f"({num_params} parameters, qwen2), loss grpo" in record["source"]
+    assert "after 2 (258 groups) of 2 probe updates" in record["source"] and "all coordinates" in record["source"]
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(cal.profile_dict("test")))
+    assert json.loads(path.read_text())["noise_scale"] == record

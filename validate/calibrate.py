@@ -65,6 +65,17 @@ the side that is behind going next, until both clocks reach the window. Only wor
 inside the window counts, as for a run cut at a fixed wall time. Neither side ever waits for
 the other, which is App. E's no-downtime condition.
 
+Noise scale (McCandlish et al. 2018, arXiv 1812.06162, Eq. 2.11; ``theory/noise_scale.py``). B_noise =
+tr Sigma / |E G|^2 of the probe's own loss gradient on FRESH completions (staleness 0) of pi_theta at
+``noise_checkpoints`` probe steps evenly spread from the warm start (0 updates) to the end (the final one uses
+the held-out reference batch and the s = 0 completions, gradients already computed). The loss's group baseline
+couples a group's completions, so the units are per-group mean gradients (unit_size = G) and B_noise is in
+samples. Median over checkpoints with a bootstrap over each checkpoint's groups
+(``theory.noise_scale.pooled_noise_scale``), after ``gram_rows`` compresses each (U, k) array to the (U, U) rows
+with the same inner products (the estimator sees nothing else). The probe is short and starts at the warm start;
+whether its checkpoints lie before the reward plateau is not checked here. With a coordinate subset (below) the
+P / k scale cancels in the ratio; numerator and denominator are each estimated on the same k coordinates.
+
 Large models: per-sample gradients are flat vectors of all parameters, so for models above
 ``max_grad_coords`` parameters a fixed random subset of coordinates (drawn with replacement,
 seeded) stands in for the whole vector: squared norms are rescaled by P / k (unbiased) and
@@ -91,6 +102,7 @@ from replay_theory.simulate.designs import BufferSpec, compute_loss, make_design
 from replay_theory.theory import noise as noise_estimators
 from replay_theory.theory.compute import estimate_mu
 from replay_theory.theory.divergences import k3_terms
+from replay_theory.theory.noise_scale import pooled_noise_scale
 from replay_theory.theory.profiles import save_profile
 from replay_theory.validate import countdown
 from replay_theory.validate.engines import HFSampler, Sampler
@@ -152,6 +164,8 @@ class LMCalibration:
     kl_by_lag_k1: dict[int, float] = field(default_factory=dict)
     """Sampled k1 estimate (mean sequence log pi_t - log pi_{t-lag}); unbiased, can be negative."""
     kl_by_lag_k1_se: dict[int, float] = field(default_factory=dict)
+    noise_scale: dict = field(default_factory=dict)
+    """The "noise_scale" record (PooledNoiseScale.to_dict() + batch, unit_size, source); empty: not measured."""
 
     def profile_dict(self, source: str) -> dict:
         """The file `replay-theory optimal --profile` reads: the finite prefix of the matched table, rho only if in
@@ -207,7 +221,41 @@ class LMCalibration:
             data["note"] = note
         if self.rho_fit.get("in_range"):
             data["rho"] = self.rho
+        if self.noise_scale:  # without signal (b_noise null) the rule has no input: kept apart, said
+            data["noise_scale" if self.noise_scale["b_noise"] is not None else "noise_scale_unresolved"] = \
+                self.noise_scale
         return data
+
+
+def gram_rows(units: np.ndarray) -> np.ndarray:
+    """(U, U) rows with the inner products of ``units`` (U, k), k >= U: R^T of units^T = Q R.
+
+    B_noise from units (``noise_scale_from_samples``) depends only on their Gram matrix (the mean's norm, the
+    squared deviations), and so does every bootstrap resample (a sub-matrix of it): the estimate is unchanged and
+    a resample costs O(U^2) instead of O(U k) (k = 253K coordinates for the tiny model).
+    """
+    units = np.asarray(units, dtype=float)
+    if units.shape[1] <= units.shape[0]:
+        return units
+    return np.linalg.qr(units.T, mode="r").T  # units units^T = R^T Q^T Q R = R^T R
+
+
+def noise_scale_line(record: dict) -> str:
+    """The printed B_noise and b = B_noise / B with their intervals, from a "noise_scale" record."""
+    b, (lo, hi), B = record["b_noise"], record["b_noise_interval"], record["batch"]
+
+    def text(v) -> str:
+        return "inf (no signal)" if v is None else f"{v:.4g}"
+
+    def per_batch(v) -> str:
+        return "inf" if v is None else f"{v / B:.4g}"
+
+    line = (f"noise scale B_noise ({record['method']}) = {text(b)}, {record['level']:.0%} interval [{text(lo)}, "
+            f"{text(hi)}]; b = B_noise / B = {per_batch(b)} [{per_batch(lo)}, {per_batch(hi)}] at B = {B}")
+    if b is None:
+        line += ("; no gradient signal at the median checkpoint: profile.json keeps the record as "
+                 "noise_scale_unresolved (optimal cannot use it); measure with more completions")
+    return line
 
 
 def _json_intervals(intervals) -> list[list[float | None]]:
@@ -349,7 +397,8 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
                  max_grad_coords: int | None = MAX_GRAD_COORDS,
                  reference_samples: int | None = None,
                  kl_chunk_elements: int = KL_CHUNK_ELEMENTS,
-                 on_phase: Callable[[str, int, int], None] | None = None) -> LMCalibration:
+                 on_phase: Callable[[str, int, int], None] | None = None,
+                 noise_checkpoints: int = 3, noise_samples: int | None = None) -> LMCalibration:
     """Probe run of ``config`` on ``problems``, then sigma^2(s), rho and KL(pi_t || pi_t-lag) at its last step.
 
     With ``mu_window_seconds > 0``, also the App. E count-based mu over a window of that length
@@ -358,7 +407,11 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
     estimate grad F; the gaps probed for rho are those the probe's buffer holds (capacity / R - 1).
     ``samples`` must be a multiple of ``group_size`` with at least 2 groups: the groups are the bootstrap units.
     ``on_phase(phase, done, total)`` is called after each unit of work (progress display).
+    B_noise (module docstring): at ``noise_checkpoints`` probe steps from 0 to ``config.steps`` updates, each
+    but the last with ``noise_samples`` (default ``reference_samples``) fresh completions of its own weights.
     """
+    if noise_checkpoints < 1:
+        raise ValueError(f"noise_checkpoints must be an integer >= 1, got {noise_checkpoints}")
     if samples % config.group_size or samples < 2 * config.group_size:
         raise ValueError(f"samples must be a multiple of group_size = {config.group_size} and >= "
                          f"{2 * config.group_size} (the prompt groups are the bootstrap units), got {samples}")
@@ -368,19 +421,29 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
                          f"{2 * config.group_size}, got {reference_samples}")
     if config.steps <= max(staleness):
         raise ValueError(f"steps must exceed the largest staleness probed = {max(staleness)}, got {config.steps}")
+    noise_samples = reference_samples if noise_samples is None else noise_samples
+    if noise_samples < 2 * config.group_size or noise_samples % config.group_size:
+        raise ValueError(f"noise_samples must be a multiple of group_size = {config.group_size} and >= "
+                         f"{2 * config.group_size} (prompt groups are the noise scale's units), got {noise_samples}")
+    noise_steps = sorted(set(np.linspace(0, config.steps, noise_checkpoints).round().astype(int).tolist())
+                         | {config.steps})[-noise_checkpoints:]  # updates done; the last is the final theta
     sampler = HFSampler(stale_copy=config.sync_every > 1) if sampler is None else sampler
     keep = max(max(staleness), max(KL_LAGS)) + 1  # only the last `keep` versions are ever read
     snapshots = collections.deque([_cpu_state(policy.model)], maxlen=keep)  # theta before each update, newest last
+    noise_states = {0: snapshots[0]} if 0 in noise_steps else {}  # updates done -> weights (CPU), final excluded
     tick = on_phase if on_phase is not None else (lambda phase, done, total: None)
 
     def after_probe_step(step: int, metrics: dict) -> None:
         snapshots.append(_cpu_state(policy.model))
+        if step + 1 in noise_steps and step + 1 < config.steps:
+            noise_states[step + 1] = snapshots[-1]
         tick("probe (RL steps)", step + 1, config.steps)
 
     result = train(policy, problems, config, progress=after_probe_step, sampler=sampler)
     measured = {"batches": 0}
     chunk_size = max(config.group_size, GRAD_CHUNK // config.group_size * config.group_size)  # whole groups
-    chunks = -(-reference_samples // chunk_size) + len(staleness) * -(-samples // chunk_size)
+    chunks = (-(-reference_samples // chunk_size) + len(staleness) * -(-samples // chunk_size)
+              + (len(noise_steps) - 1) * -(-noise_samples // chunk_size))
     total_batches = chunks + 1  # reference chunks, staleness chunks, the buffer
 
     def measured_one() -> None:
@@ -401,16 +464,33 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
         batch, _ = generate_batch(behaviour, problems, index, config, config.steps - lag, 0, generator, sampler)
         return batch
 
-    def grads_of(batch) -> np.ndarray:  # (n, k) float64, scaled so that sums over k coordinates estimate all P
-        grads = math.sqrt(scale) * per_sample_grads(policy, problems, batch, config, coords).double().cpu().numpy()
+    def grads_of(batch, at: Policy = policy) -> np.ndarray:  # (n, k) float64, sums over k coords estimate all P
+        grads = math.sqrt(scale) * per_sample_grads(at, problems, batch, config, coords).double().cpu().numpy()
         measured_one()
         return grads
+
+    def group_means(grads: np.ndarray) -> np.ndarray:  # (n, k) in consecutive groups of G -> (n / G, k)
+        return grads.reshape(-1, config.group_size, grads.shape[1]).mean(axis=1)
+
+    # B_noise at the earlier checkpoints: fresh groups of each checkpoint's own weights, its own loss gradient
+    noise_units: dict[int, list[np.ndarray]] = {k: [] for k in noise_steps}  # updates done -> [(g, k) group means]
+    noise_generator = torch.Generator(device="cpu").manual_seed(seed + 15485863)  # own streams: the sigma^2(s)
+    noise_rng = np.random.default_rng(seed + 15485863)  # and rho completions are those drawn without B_noise
+    for done, state in sorted(noise_states.items()):
+        behaviour.model.load_state_dict(state)
+        sampler.sync(behaviour)
+        for start in range(0, noise_samples, chunk_size):
+            count = min(chunk_size, noise_samples - start) // config.group_size
+            index = noise_rng.integers(0, len(problems), size=count)
+            batch, _ = generate_batch(behaviour, problems, index, config, done, 0, noise_generator, sampler)
+            noise_units[done].append(group_means(grads_of(batch, behaviour)))
 
     # grad F: a held-out batch, in chunks of GRAD_CHUNK completions (only running sums are kept)
     total, total_sq, n_ref = 0.0, 0.0, 0
     while n_ref < reference_samples:
         chunk = grads_of(completions_of(0, min(chunk_size, reference_samples - n_ref)))
         total, total_sq, n_ref = total + chunk.sum(0), total_sq + (chunk**2).sum(0), n_ref + chunk.shape[0]
+        noise_units[config.steps].append(group_means(chunk))  # fresh groups of the final theta
     reference = total / n_ref  # (k,)
     ref_var = float(((total_sq - n_ref * reference**2) / (n_ref - 1)).sum() / n_ref)  # reference_variance's formula
     # sigma^2(s): each chunk of completions is reduced to its prompt groups' mean ||G||^2 and <G, g_ref> at once,
@@ -423,7 +503,10 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
             batch = completions_of(s, min(chunk_size, samples - start))
             if s == 0 and fresh is None:
                 fresh = batch  # completions of pi_t: the KL by lag is measured on them
-            sq, inner = group_moments(grads_of(batch), reference, config.group_size)
+            grads = grads_of(batch)
+            if s == 0:
+                noise_units[config.steps].append(group_means(grads))
+            sq, inner = group_moments(grads, reference, config.group_size)
             sq_parts.append(sq)
             inner_parts.append(inner)
         group_sq.append(np.concatenate(sq_parts))
@@ -439,6 +522,20 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
     count = (measure_mu_count(policy, problems, config, mu_window_seconds, sampler, seed,
                               on_call=lambda seconds: tick("App. E count window (0.1 s)", int(10 * seconds), tenths))
              if mu_window_seconds > 0 else {})
+    pooled = pooled_noise_scale([gram_rows(np.concatenate(noise_units[k])) for k in noise_steps],
+                                np.random.default_rng(seed + 104723), unit_size=config.group_size)
+    model_config = policy.model.config
+    counts = {k: sum(u.shape[0] for u in noise_units[k]) for k in noise_steps}
+    noise_record = {
+        **pooled.to_dict(), "batch": int(config.batch_size), "unit_size": int(config.group_size),
+        "source": (f"validate calibrate-model: {getattr(model_config, 'name_or_path', '') or model_config.model_type} "
+                   f"({num_params} parameters, {model_config.model_type}), loss {config.loss}, B = "
+                   f"{config.batch_size}, R = {config.rollouts_per_step}, G = {config.group_size}, lr {config.lr:g}; "
+                   f"fresh groups after {', '.join(f'{k} ({counts[k]} groups)' for k in noise_steps)} of "
+                   f"{config.steps} probe updates (plateau not checked); "
+                   + ("all coordinates" if coords is None else
+                      f"{coords.numel()} of {num_params} coordinates (the scale cancels in the ratio)")),
+    }
     staleness_f = [float(s) for s in staleness]
     form = loss_form(config.loss)
     sigma_sq = list(profile.plain if form == "plain" else profile.signal_normalised)
@@ -460,6 +557,7 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
         retained_signal_ci=[list(c) for c in profile.retained_ci], sigma_sq_level=profile.level,
         sigma_sq_units=profile.units, kl_by_lag_se=kl["exact_se"], kl_by_lag_k3=kl["k3"],
         kl_by_lag_k3_se=kl["k3_se"], kl_by_lag_k1=kl["k1"], kl_by_lag_k1_se=kl["k1_se"],
+        noise_scale=noise_record,
     )
 
 
