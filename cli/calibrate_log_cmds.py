@@ -6,6 +6,10 @@ sigma^2(s) and rho (Assumption 3.3), for Thm 3.5's J = c sigmabar^2(x)(1/B + 1/N
 options onto :class:`~replay_theory.diagnose.calibrate_log.CalibrateLogConfig`, checks every input and the
 output path before the log is read, writes the profile whole or not at all (``outputs.write_new``), and prints
 a summary with the ``optimal`` command to run next.
+
+``--grad-norms FILE`` adds the gradient noise scale B_noise (McCandlish et al. 2018, arXiv 1812.06162, App. A.1:
+two batch sizes at the same theta) from per-step squared gradient norms, e.g. the ``noise_scale.jsonl`` that
+``replay-theory trl-replay`` writes; a log of log-probs alone cannot give it, and the summary says so.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from replay_theory.outputs import check_new_file, write_new
 #: config field -> the option as the user types it.
 OPTION_OF_FIELD = {"path": "--from-log", "preset": "--preset", "columns": "--columns", "format": "--format",
                    "mu": "--mu", "rho": "--rho", "weight": "--weight", "aggregation": "--aggregation",
-                   "score": "--score"}
+                   "score": "--score", "grad_norms": "--grad-norms"}
 
 FromLogOption = Annotated[Optional[Path], typer.Option(
     "--from-log", help="Exported diagnose log (Parquet, CSV or JSON lines) with ages, advantages and log-probs, "
@@ -44,6 +48,10 @@ WeightOption = Annotated[str, typer.Option(
     "--weight", help=f"Importance weight the loss uses: {' or '.join(WEIGHTS)} (w_t, or prod w_t).")]
 AggregationOption = Annotated[str, typer.Option(
     "--aggregation", help=f"How the loss averages tokens: {', '.join(AGGREGATIONS)}.")]
+GradNormsOption = Annotated[Optional[Path], typer.Option(
+    "--grad-norms", help="Per-step squared gradient norms at two batch sizes (JSON lines or CSV with step, "
+                         "grad_sq_small, grad_sq_big, batch_small, batch_big; trl-replay's noise_scale.jsonl): "
+                         "adds B_noise with its bootstrap interval to the profile.", show_default=False)]
 ScoreOption = Annotated[str, typer.Option(
     "--score", help="Per-token score norm: logit ((1 - p)^2, p = current token prob) or constant.")]
 
@@ -59,9 +67,17 @@ def calibrate_command(
     weight: WeightOption = "token",
     aggregation: AggregationOption = "token-mean",
     score: ScoreOption = "logit",
+    grad_norms: GradNormsOption = None,
 ) -> None:
-    """mu and a noise profile sigma^2(s) for `optimal --profile`, from a run's exported diagnose log."""
-    from replay_theory.diagnose.calibrate_log import CalibrateLogConfig, calibrate_from_log, plan, summary
+    """mu and a noise profile sigma^2(s) for `optimal --profile`, from a run's exported diagnose log (and B_noise from
+    the run's gradient norms with --grad-norms)."""
+    from replay_theory.diagnose.calibrate_log import (
+        CalibrateLogConfig,
+        calibrate_from_log,
+        plan,
+        read_grad_norms,
+        summary,
+    )
 
     try:
         if from_log is None:
@@ -69,10 +85,12 @@ def calibrate_command(
         if out is None:
             raise ValueError("--out PROFILE.json is required: the new profile file for `optimal --profile`")
         config = CalibrateLogConfig(path=str(from_log), preset=preset, columns=columns, format=fmt, mu=mu, rho=rho,
-                                    weight=weight, aggregation=aggregation, score=score)
+                                    weight=weight, aggregation=aggregation, score=score,
+                                    grad_norms=None if grad_norms is None else str(grad_norms))
         check_new_file(out, "--out", ("json",))
+        norms = None if grad_norms is None else read_grad_norms(grad_norms)  # the whole file, checked first
         ready = plan(config)
-        data = calibrate_from_log(config, ready)
+        data = calibrate_from_log(config, ready, norms)
     except ConfigError as err:
         raise ValueError(err.named(OPTION_OF_FIELD.get(err.field, err.field))) from None
     write_new(out, lambda tmp: tmp.write_text(json.dumps(strict(data), indent=1, allow_nan=False)), "--out")

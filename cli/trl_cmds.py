@@ -17,7 +17,8 @@ import typer
 from replay_theory.cli.config_options import with_dataclass_options
 from replay_theory.integrations.trl_run import TrlRunConfig, check_out_dir
 
-OutOption = Annotated[Path, typer.Option("--out", help="New (or empty) run directory: rollouts.parquet, run.json.")]
+OutOption = Annotated[Path, typer.Option(
+    "--out", help="New (or empty) run directory: rollouts.parquet, run.json, noise_scale.jsonl, noise_profile.json.")]
 NoProgressOption = Annotated[bool, typer.Option("--no-progress", help="Hide the progress bars (stderr).")]
 
 
@@ -28,7 +29,8 @@ def register(app: typer.Typer) -> None:
 @with_dataclass_options(TrlRunConfig)
 def trl_replay(fields: dict[str, Any], out: OutOption, no_progress: NoProgressOption = False) -> None:
     """Run TRL's GRPOTrainer with the replay buffer (N, B, R from --design or by hand) on Countdown; writes the
-    diagnose log that `diagnose --preset trl` and `calibrate --from-log` read."""
+    diagnose log that `diagnose --preset trl` and `calibrate --from-log` read, and the gradient noise scale B_noise
+    (two batch sizes a step, no extra backward pass)."""
     config = TrlRunConfig(**fields).validated()
     check_out_dir(out)
     missing = [m for m in ("trl", "datasets", "torch", "transformers") if importlib.util.find_spec(m) is None]

@@ -11,8 +11,15 @@ the per-token symbols (q, c_t, k_t) are in ``by_age.py``.
 | ``sigma_sq``       | sigma^2(s)/sigma^2(0)| proxy E_s[q] / E_0[q], plain form, relative to the youngest age      |
 | ``mu``             | mu (rollout-cost)    | (sum gen s / sum generated rows) / (sum update s / sum trained rows)  |
 | ``rho``            | rho                  | NOT measurable from a log: ``--rho`` or recorded as not measured      |
+| ``b_noise``        | B_noise              | ``--grad-norms``: tr Sigma / |G|^2, two batch sizes (App. A.1)        |
 
 Checked against exact profiles on the simulator (``python -m replay_theory.diagnose.proxy_check``).
+
+The noise scale B_noise (McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training",
+arXiv 1812.06162, Eq. 2.11 and App. A.1) needs gradients: a log of log-probs and advantages cannot give it.
+``--grad-norms FILE`` reads per-step squared norms of the mean-loss gradient at two batch sizes (the TRL trainer
+writes them to ``noise_scale.jsonl``: ``integrations/trl.py``) and pools them with
+``theory.noise_scale.pooled_two_batch`` into the profile's "noise_scale" record.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from replay_theory.diagnose.errors import ConfigError
 from replay_theory.diagnose.reader import FORMATS, LogReader, detect_format, read_schema, require_pyarrow
 from replay_theory.diagnose.schema import STEP_TIME_COLUMNS, resolve_columns
 from replay_theory.theory.noise import DEFAULT_DRAWS, DEFAULT_LEVEL, percentile_interval, unit_weights
+from replay_theory.theory.noise_scale import noise_scale_two_batch, pooled_two_batch
 
 #: the log column with the optimizer step a row was trained at (TRL export and verl hook).
 STEP_COLUMN = "step"
@@ -54,6 +62,12 @@ NOT_MEASURED = (
     "the retained signal r(s) and hence the signal-normalised sigma^2 a clipped loss (GRPO's PPO clip) needs",
     "the absolute noise scale sigma^2(0)",
 )
+#: the per-step columns of a two-batch gradient-norm file (``noise_scale.jsonl``); ``unit_size`` is optional.
+GRAD_NORM_COLUMNS = ("step", "grad_sq_small", "grad_sq_big", "batch_small", "batch_big")
+GRAD_NORM_FORMATS = ("jsonl", "csv")
+B_NOISE_NOT_MEASURED = ("b = B_noise / B cannot be measured from log-probs alone (it needs gradients): pass "
+                        "--grad-norms DIR/noise_scale.jsonl from `replay-theory trl-replay` (the TRL trainer's "
+                        "two-batch measurement), or run `replay-theory validate calibrate-model`")
 
 
 @dataclass(frozen=True)
@@ -73,6 +87,7 @@ class CalibrateLogConfig:
     draws: int = DEFAULT_DRAWS
     seed: int = 0
     chunk_rows: int = 65536
+    grad_norms: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.mu is not None and not (math.isfinite(self.mu) and self.mu > 0):
@@ -178,10 +193,134 @@ def profile_table(sums: dict[str, np.ndarray], level: float, draws: int, seed: i
             "normalised_at": float(ages[base])}
 
 
-def calibrate_from_log(config: CalibrateLogConfig, reader: Optional[LogReader] = None) -> dict:
-    """One pass over the log (``reader``: :func:`plan`'s) -> the profile dict ``optimal --profile`` reads."""
+def read_grad_norms(path: str | Path) -> dict[str, np.ndarray]:
+    """The per-step two-batch squared norms of a JSON-lines (.jsonl) or CSV (.csv) file, every value checked.
+
+    Columns ``GRAD_NORM_COLUMNS`` (more are ignored; ``unit_size``, if present, must be one integer >= 1 on every
+    step). Returns float arrays (steps,) by column, plus ``unit_size`` (int, or None when the file has none).
+    Raises a one-line :class:`ConfigError` on the field ``grad_norms``: a missing file, an unknown format, a missing
+    column, fewer than 2 steps (the interval resamples steps), a negative or non-finite squared norm, a batch size
+    <= 0 or a batch_big <= batch_small.
+    """
+    import csv
+    import json
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("grad_norms", f"{path} is not a file (not found, or a directory)")
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in GRAD_NORM_FORMATS:
+        raise ConfigError("grad_norms", f"{path} must be JSON lines (.jsonl) or CSV (.csv) with the columns "
+                                        f"{', '.join(GRAD_NORM_COLUMNS)}")
+    rows: list[dict] = []
+    with open(path, newline="") as fh:
+        if fmt == "csv":
+            rows = list(csv.DictReader(fh))
+        else:
+            for number, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        raise ConfigError("grad_norms", f"{path} line {number} is not a JSON object") from None
+                    if not isinstance(rows[-1], dict):
+                        raise ConfigError("grad_norms", f"{path} line {number} is not a JSON object")
+    needed = (*GRAD_NORM_COLUMNS, "unit_size") if rows and "unit_size" in rows[0] else GRAD_NORM_COLUMNS
+    missing = [c for c in needed if any(c not in r or r[c] in (None, "") for r in rows)]
+    if rows and missing:
+        raise ConfigError("grad_norms", f"{path} has no {', '.join(missing)} column{'s' if len(missing) > 1 else ''} "
+                                        f"on every step (needs {', '.join(GRAD_NORM_COLUMNS)})")
+    if len(rows) < 2:
+        raise ConfigError("grad_norms", f"{path} holds {len(rows)} step{'' if len(rows) == 1 else 's'}: the two-batch "
+                                        "estimate needs >= 2 (its interval resamples steps)")
+    try:
+        data = {c: np.asarray([float(r[c]) for r in rows], dtype=np.float64) for c in needed}
+    except (TypeError, ValueError):
+        raise ConfigError("grad_norms", f"{path} holds a value that is not a number in {', '.join(needed)}") from None
+    step = data["step"]
+
+    def first_bad(bad: np.ndarray, column: str) -> str:
+        i = int(np.flatnonzero(bad)[0])
+        return f"{data[column][i]:g} at step {step[i]:g}"
+
+    for column in ("grad_sq_small", "grad_sq_big"):  # a squared norm: finite and >= 0
+        bad = ~(np.isfinite(data[column]) & (data[column] >= 0))
+        if bad.any():
+            raise ConfigError("grad_norms", f"{path}: {column} must be a finite number >= 0 at every step, got "
+                                            f"{first_bad(bad, column)}")
+    for column in ("batch_small", "batch_big"):
+        bad = ~(np.isfinite(data[column]) & (data[column] > 0))
+        if bad.any():
+            raise ConfigError("grad_norms", f"{path}: {column} must be > 0 (samples) at every step, got "
+                                            f"{first_bad(bad, column)}")
+    bad = ~(data["batch_big"] > data["batch_small"])
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ConfigError("grad_norms", f"{path}: batch_big must exceed batch_small at every step, got "
+                                        f"{data['batch_big'][i]:g} <= {data['batch_small'][i]:g} at step {step[i]:g}")
+    unit = data.pop("unit_size", None)
+    if unit is not None and not (np.all(unit == unit[0]) and unit[0] >= 1 and unit[0] == int(unit[0])):
+        raise ConfigError("grad_norms", f"{path}: unit_size must be one integer >= 1 on every step, got "
+                                        f"{', '.join(f'{u:g}' for u in np.unique(unit))}")
+    data["unit_size"] = None if unit is None else int(unit[0])
+    return data
+
+
+def noise_scale_record(norms: dict[str, np.ndarray], *, unit_size: int, source: str, level: float = DEFAULT_LEVEL,
+                       draws: int = 1000, seed: int = 0) -> dict:
+    """The profile file's "noise_scale" record from per-step two-batch squared norms (``read_grad_norms``' arrays).
+
+    B_noise = ratio of the step means of tr Sigma and |G|^2 (McCandlish App. A.1, ``pooled_two_batch``) with a
+    bootstrap interval over steps; batch sizes are in samples, so B_noise is in samples whatever ``unit_size`` (the
+    group size kept whole in each half: recorded, not multiplied in). Steps whose batch sizes differ (halves that
+    keep groups whole are unequal) are first mapped, exactly, onto common sizes B_s*, B_b* (the harmonic means):
+    each step's unbiased parts |G|^2_t, tr Sigma_t (Eqs. A.2-A.3) give |g|^2 at B* as |G|^2_t + tr Sigma_t / B*,
+    so the pooled ratio is mean_t tr Sigma_t / mean_t |G|^2_t, as with equal sizes. ``batch``: the run's B (the
+    big batch) when every step has the same whole one, else None.
+    """
+    small, big = norms["grad_sq_small"], norms["grad_sq_big"]  # (steps,)
+    b_small, b_big = norms["batch_small"], norms["batch_big"]  # (steps,)
+    if np.all(b_small == b_small[0]) and np.all(b_big == b_big[0]):
+        ref_small, ref_big = float(b_small[0]), float(b_big[0])
+    else:
+        ref_small, ref_big = 1 / float(np.mean(1 / b_small)), 1 / float(np.mean(1 / b_big))  # B_s* < B_b* stepwise
+        parts = [noise_scale_two_batch(s, g, bs, bb) for s, g, bs, bb in zip(small, big, b_small, b_big)]
+        grad_sq = np.array([p.grad_sq for p in parts])  # (steps,) |G|^2_t, Eq. A.2
+        trace = np.array([p.trace_sigma for p in parts])  # (steps,) tr Sigma_t, Eq. A.3
+        small, big = grad_sq + trace / ref_small, grad_sq + trace / ref_big  # E|g_B|^2 = |G|^2 + tr Sigma / B
+    pooled = pooled_two_batch(small, big, ref_small, ref_big, np.random.default_rng(seed), n_boot=draws, level=level)
+    whole = np.all(b_big == b_big[0]) and b_big[0] == int(b_big[0])
+    return {**pooled.to_dict(), "batch": int(b_big[0]) if whole else None, "unit_size": int(unit_size),
+            "source": source}
+
+
+def noise_scale_lines(record: dict) -> list[str]:
+    """The summary lines of a "noise_scale" record (B_noise, its interval, b = B_noise / B)."""
+    lo, hi = record["b_noise_interval"]
+    interval = "-".join("inf" if v is None else f"{v:.4g}" for v in (lo, hi))  # None: an infinite bound
+    if record["b_noise"] is None:
+        return [f"B_noise: no measurable signal over {record['checkpoints']} steps (the two-batch |G|^2 <= 0; "
+                f"{record['level']:.0%} interval {interval}): the gradient noise swamps its mean at this batch; "
+                "measure more steps, or a larger batch"]
+    unit = f"groups of {record['unit_size']} kept whole" if record["unit_size"] > 1 else "one sample a unit"
+    line = (f"B_noise = {record['b_noise']:.4g} samples ({record['level']:.0%} interval {interval}, bootstrap over "
+            f"{record['checkpoints']} steps, {record['method']}, {unit})")
+    if record["batch"] is not None:
+        line += f"; b = B_noise / B = {record['b_noise'] / record['batch']:.4g} at B = {record['batch']}"
+    return [line]
+
+
+def calibrate_from_log(config: CalibrateLogConfig, reader: Optional[LogReader] = None,
+                       norms: Optional[dict[str, np.ndarray]] = None) -> dict:
+    """One pass over the log (``reader``: :func:`plan`'s) -> the profile dict ``optimal --profile`` reads.
+
+    With ``config.grad_norms`` (``norms``: :func:`read_grad_norms`' arrays, read here when None) the profile gets the
+    "noise_scale" record; without, ``not_measured`` says that B_noise needs gradients and how to get them.
+    """
     from replay_theory import __version__
 
+    if config.grad_norms is not None and norms is None:
+        norms = read_grad_norms(config.grad_norms)  # checked before the log is read
     reader = reader or plan(config)
     sums = SequenceSums(config.weight, config.aggregation, config.score)
     for chunk in reader:
@@ -189,7 +328,12 @@ def calibrate_from_log(config: CalibrateLogConfig, reader: Optional[LogReader] =
     per_seq = sums.per_sequence()
     if per_seq["log_q"].size == 0:
         raise ValueError(f"{reader.path.name}: no valid tokens to calibrate from")
-    table = profile_table(age_step_sums(per_seq), config.level, config.draws, config.seed)
+    try:
+        table = profile_table(age_step_sums(per_seq), config.level, config.draws, config.seed)
+    except ValueError as err:  # an on-policy pilot has one age: with --grad-norms its B_noise is still the answer
+        if norms is None:
+            raise
+        table, no_table = None, str(err)
     if config.mu is None:
         times = read_step_times(reader.path, STEP_COLUMN, config.format)
         steps, counts = np.unique(per_seq["step"][np.isfinite(per_seq["step"])], return_counts=True)
@@ -200,6 +344,12 @@ def calibrate_from_log(config: CalibrateLogConfig, reader: Optional[LogReader] =
     rho_note = ("rho is Assumption 3.3's correlation of per-sample gradient noise across steps: a log of log-probs "
                 "and advantages cannot measure it (validate calibrate-model or calibrate-simulator measure it with "
                 "gradients)")
+    provenance = {"log": str(reader.path.resolve()), "sha256": sha256(reader.path), "preset": config.preset,
+                  "columns": reader.used, "format": reader.format, "layout": reader.layout, "code_version": __version__}
+    if table is None:  # {"kind": "noise_scale"}: the profile file of a measured noise scale alone (optimal reads it)
+        data = {"kind": "noise_scale", "source": f"replay-theory calibrate --from-log {reader.path}", "mu": mu,
+                "not_measured": [f"sigma^2(s): {no_table}"], "provenance": provenance}
+        return _with_noise_scale(data, config, norms)
     data: dict = {
         "kind": "table", "staleness": table["staleness"], "sigma_sq": table["sigma_sq"], "sigma_sq_form": "plain",
         "source": f"replay-theory calibrate --from-log {reader.path}",
@@ -209,10 +359,7 @@ def calibrate_from_log(config: CalibrateLogConfig, reader: Optional[LogReader] =
                   "units": f"{table['units']} steps (bootstrap units)" if "reward" in reader.used else
                   "1 (no step column: no interval)", "ages_left_out": table["left_out"],
                   "tokens": sums.tokens, "sequences": int(per_seq["log_q"].size)},
-        "mu": mu, "assumptions": list(ASSUMPTIONS), "not_measured": list(NOT_MEASURED),
-        "provenance": {"log": str(reader.path.resolve()), "sha256": sha256(reader.path), "preset": config.preset,
-                       "columns": reader.used, "format": reader.format, "layout": reader.layout,
-                       "code_version": __version__},
+        "mu": mu, "assumptions": list(ASSUMPTIONS), "not_measured": list(NOT_MEASURED), "provenance": provenance,
     }
     if config.rho is not None:
         data["rho"] = float(config.rho)
@@ -223,22 +370,46 @@ def calibrate_from_log(config: CalibrateLogConfig, reader: Optional[LogReader] =
         data["rho_record"] = {"value": None, "source": "not measured", "note": rho_note}
     data["notes"] = ["sigma_sq is the plain form; for a clipped loss (GRPO) the theory needs the signal-normalised "
                      "form, which needs gradients (validate calibrate-model)"]
+    return _with_noise_scale(data, config, norms)
+
+
+def _with_noise_scale(data: dict, config: CalibrateLogConfig, norms: Optional[dict[str, np.ndarray]]) -> dict:
+    """``data`` with the "noise_scale" record of ``--grad-norms``, or with B_noise listed as not measured."""
+    if config.grad_norms is not None:
+        path = Path(config.grad_norms)
+        unit = norms["unit_size"]
+        data["noise_scale"] = noise_scale_record(
+            norms, unit_size=unit or 1, level=config.level, draws=config.draws, seed=config.seed,
+            source=f"replay-theory calibrate --grad-norms {path}: two-batch squared norms of the mean-loss gradient, "
+                   f"{norms['step'].size} steps" + ("" if unit else " (no unit_size column: one sample is the unit)"))
+        data["provenance"]["grad_norms"] = {"path": str(path.resolve()), "sha256": sha256(path)}
+    else:
+        data["not_measured"].append(B_NOISE_NOT_MEASURED)
     return data
 
 
 def summary(data: dict, out: Path) -> str:
     """The printed summary and the next command."""
-    prov, mu, proxy = data["provenance"], data["mu"], data["proxy"]
+    prov, mu = data["provenance"], data["mu"]
 
     def ci(c):
         return "no interval" if c[0] is None or c[1] is None else f"{c[0]:.3g}-{c[1]:.3g}"
 
-    lines = [f"calibrated from {prov['log']} (sha256 {prov['sha256'][:12]}, preset {prov['preset']}): "
-             f"{proxy['sequences']} sequences, {proxy['tokens']} tokens, {proxy['units']}"]
+    lines = [f"calibrated from {prov['log']} (sha256 {prov['sha256'][:12]}, preset {prov['preset']})"]
+    if data["kind"] == "table":
+        proxy = data["proxy"]
+        lines[0] += f": {proxy['sequences']} sequences, {proxy['tokens']} tokens, {proxy['units']}"
     lines.append((f"mu = {mu['value']:.4g} (90% CI {ci(mu['ci'])} over {mu['steps']} steps): "
                   f"{mu['generation_seconds_per_row']:.4g} s per generated row / "
                   f"{mu['update_seconds_per_row']:.4g} s per trained row") if mu["source"] == "log" else
                  f"mu = {mu['value']:g} (given with --mu)")
+    if data["kind"] == "noise_scale":  # no sigma^2(s) table: the noise-scale rule only
+        lines += [f"no {data['not_measured'][0]}"] + noise_scale_lines(data["noise_scale"]) + [f"wrote {out}"]
+        record = data["noise_scale"]
+        if record["b_noise"] is not None:
+            lines.append(f"next: replay-theory optimal --profile {out} --mu {mu['value']:.4g} -B "
+                         f"{record['batch'] if record['batch'] is not None else 'B'}")
+        return "\n".join(lines)
     lines += [f"sigma^2(s) / sigma^2({data['staleness'][0]:g}), plain form, proxy ({proxy['weight']} weights, "
               f"{proxy['score']} score, {proxy['aggregation']}):", "  age  sequences  sigma^2 ratio  90% CI"]
     for k, (s, n, v, c) in enumerate(zip(data["staleness"], proxy["sequences_by_age"], data["sigma_sq"],
@@ -249,9 +420,16 @@ def summary(data: dict, out: Path) -> str:
                      + ", ".join(f"{a} ({n} seq)" for a, n in proxy["ages_left_out"].items()))
     lines.append(f"rho = {data['rho']:g} (given with --rho, not measured)" if "rho" in data else
                  "rho: not measurable from a log (a gradient correlation); optimal will ask for --rho")
+    lines += noise_scale_lines(data["noise_scale"]) if "noise_scale" in data else [B_NOISE_NOT_MEASURED]
     if data["staleness"][-1] <= 1:
         lines.append("note: the table ends at age 1; optimal needs ages beyond 1 (log a run whose buffer holds "
                      "older rows, N > 2R)")
     rho = f" --rho {data['rho']:g}" if "rho" in data else " --rho RHO"
-    lines += [f"wrote {out}", f"next: replay-theory optimal --profile {out} --mu {mu['value']:.4g}{rho}"]
+    lines.append(f"wrote {out}")
+    record = data.get("noise_scale")
+    if record is not None and record["b_noise"] is not None:  # the noise-scale rule (optimal's default) reads it
+        batch = record["batch"] if record["batch"] is not None else "B"
+        lines.append(f"next: replay-theory optimal --profile {out} --mu {mu['value']:.4g} -B {batch}")
+    lines.append(f"{'or' if record is not None and record['b_noise'] is not None else 'next'}: replay-theory "
+                 f"optimal --objective paper --profile {out} --mu {mu['value']:.4g}{rho}")
     return "\n".join(lines)

@@ -48,10 +48,41 @@ correction of ``replay-theory diagnose``'s what-if table (``seq_`` prefix: seque
 run shows what a PPO clip, truncation, mask or M2PO would have cut without rerunning it; and the statistics verl,
 TRL and M2PO users know, under their own keys (``diagnose.framework_stats.framework_statistics``: verl's
 ``rollout_corr/*`` perplexities and IS weights, ``actor/pg_clipfrac(_lower)``, TRL's ``sampling/*``, ``m2po/M2``).
+
+The gradient noise scale (McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training",
+arXiv 1812.06162, App. A.1), measured every step at no extra backward pass and logged as ``noise/grad_sq_small``
+(|g_small|^2), ``noise/grad_sq_big`` (|g_big|^2), ``noise/batch_small`` (B_small), ``noise/batch_big`` (B_big = B),
+batch sizes in samples (responses); ``noise_log="noise_scale.jsonl"`` writes them per step for ``replay-theory
+calibrate --from-log LOG --grad-norms FILE`` (``theory.noise_scale.pooled_two_batch``). How it hooks into TRL:
+
+1. ``compute_loss`` splits the B drawn rows into two halves that keep every prompt group whole
+   (:func:`noise_halves`: the group baseline correlates a group's rows, so the group is the independent unit) and
+   runs the model forward on each half separately (two micro-batches, both graphs alive: the memory of one
+   forward over B, as before). The shared loss is computed ONCE on the whole batch's log-probs, so training is
+   unchanged (the clip, M2PO's batch mask and the token-mean normaliser see all B rows); its d loss / d logp_new
+   is split into the two halves' surrogates S_1 + S_2 = the full loss's surrogate.
+2. ``compute_loss`` backpropagates S_1 itself through ``accelerator.backward`` (scaled as TRL's ``training_step``
+   scales its loss), copies the accumulated gradient g_1 (one copy of the gradients: the memory this costs), and
+   returns a loss whose value is the full loss and whose gradient is S_2's.
+3. TRL's own ``training_step`` backpropagates that loss, so ``.grad`` holds g_1 + g_2, the full-batch gradient,
+   each half's graph traversed once: one backward pass in all. ``training_step`` (overridden, around TRL's) then
+   reads the norms, before TRL clips the gradient and steps the optimizer.
+
+What is measured. With the loss L = sum_i a_i l_i (a_i the aggregation's weight of row i, sum 1: token-mean
+a_i = T_i / T, seq-mean a_i = 1 / B) and W_k = sum_{i in half k} a_i, g_hat_k = g_k / W_k is the gradient of
+half k's own mean loss (its own token-mean), g_big = g_1 + g_2 = W_1 g_hat_1 + W_2 g_hat_2 the full-batch one:
+|g_small|^2 = (|g_hat_1|^2 + |g_hat_2|^2) / 2 and |g_big|^2 = |g_1 + g_2|^2. With halves of b_1, b_2 rows,
+E|g_hat_k|^2 = |G|^2 + tr Sigma / b_k, so B_small = 2 b_1 b_2 / (b_1 + b_2) (the harmonic mean; b_1 = b_2 = B/2
+gives B/2) and B_big = B. Rows of unequal length make a token-mean's effective batch slightly below B: rows are
+the samples here. FreshPER's importance weights are part of each row's gradient. The norms are divided by the
+square of accelerate's fp16 loss scale when it has one. A step is not measured (nothing logged for it) when its
+rows hold one group only, or a half has no real token. Training is the same whether measured or not
+(``measure_noise=False`` skips the split and the gradient copy).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -62,6 +93,7 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from replay_theory.diagnose.calibrate_log import GRAD_NORM_COLUMNS
 from replay_theory.diagnose.framework_stats import framework_statistics
 from replay_theory.diagnose.whatif import TokenWhatIf, WhatIfConfig, sequence_rows
 from replay_theory.integrations.buffer import ReplayConfig, RowReplayBuffer, age_buckets, fifo_max_age
@@ -70,12 +102,49 @@ from replay_theory.integrations.loss import as_numpy, shared_loss, shared_loss_t
 from replay_theory.simulate import losses
 from replay_theory.theory.divergences import ess_kish_fraction, sequence_log_ratio
 
-__all__ = ["DiagnoseLogCallback", "ReplayConfig", "ReplayGRPOTrainer", "replay_grpo_args", "shared_loss",
-           "shared_loss_tensor"]
+__all__ = ["DiagnoseLogCallback", "ReplayConfig", "ReplayGRPOTrainer", "noise_halves", "replay_grpo_args",
+           "shared_loss", "shared_loss_tensor"]
 
 #: Fields of TRL's generation output that are kept per row in the buffer (the rest is recomputed or unused).
 _BUFFERED = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask",
              "old_per_token_logps", "sampling_per_token_logps", "advantages")
+
+
+def noise_halves(group_id: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Two halves of a batch's rows, each prompt group's rows all in one half, as equal in rows as a greedy split
+    makes them; None when the rows hold a single group (no split keeps it whole).
+
+    Greedy (longest-processing-time): groups by row count, largest first (ties: first appearance in the batch),
+    each into the half with fewer rows so far (ties: the first half). ``group_id`` (B,); returns two sorted index
+    tensors (b_1,), (b_2,) with b_1 + b_2 = B. A batch of whole groups of G (on-policy) with an even number of
+    groups splits into B/2 and B/2.
+    """
+    ids = group_id.detach().cpu().tolist()
+    first: dict[int, int] = {}
+    count: dict[int, int] = {}
+    for row, g in enumerate(ids):
+        first.setdefault(g, row)
+        count[g] = count.get(g, 0) + 1
+    if len(count) < 2:
+        return None
+    half_of: dict[int, int] = {}
+    rows = [0, 0]
+    for g in sorted(count, key=lambda g: (-count[g], first[g])):
+        k = 0 if rows[0] <= rows[1] else 1
+        half_of[g] = k
+        rows[k] += count[g]
+    side = torch.tensor([half_of[g] for g in ids])
+    return torch.nonzero(side == 0).flatten(), torch.nonzero(side == 1).flatten()
+
+
+def _row_shares(replay: ReplayConfig, mask: torch.Tensor) -> np.ndarray:
+    """a_i: each row's weight in the shared loss (the aggregation's token weights summed over the row; sum 1).
+
+    ``replay.aggregation`` None is the loss's own default (ReplayConfig.aggregation's doc: tis seq-mean-token-sum,
+    the others token-mean). ``mask`` (B, L) real tokens; returns (B,).
+    """
+    aggregation = replay.aggregation or ("seq-mean-token-sum" if replay.loss == "tis" else "token-mean")
+    return losses._token_weights(as_numpy(mask).astype(bool)[None], aggregation)[0].sum(axis=1)
 
 
 def replay_grpo_args(replay: ReplayConfig, num_generations: int, **kwargs: Any) -> GRPOConfig:
@@ -175,10 +244,19 @@ class ReplayGRPOTrainer(GRPOTrainer):
 
     ``diagnose_log``: a new Parquet path; every step's trained rows are written there for ``replay-theory diagnose
     LOG --preset trl`` (a :class:`DiagnoseLogCallback`; passing one in ``callbacks`` does the same).
+
+    ``measure_noise`` (default True): the two-batch noise-scale norms every step (module docstring), kept in
+    ``noise_records`` and logged under ``noise/*``; ``noise_log``: a new JSON-lines path that gets one line a step
+    (``GRAD_NORM_COLUMNS`` plus ``unit_size``, the group size), for ``calibrate --from-log LOG --grad-norms``.
     """
 
     def __init__(self, *args: Any, replay: ReplayConfig, diagnose_log: str | os.PathLike | None = None,
-                 **kwargs: Any) -> None:
+                 measure_noise: bool = True, noise_log: str | os.PathLike | None = None, **kwargs: Any) -> None:
+        if noise_log is not None:  # checked first, as the diagnose log
+            if not measure_noise:
+                raise ValueError("noise_log needs measure_noise=True (it holds the measured norms)")
+            if Path(noise_log).exists():
+                raise ValueError(f"noise log {noise_log} exists: a log is never overwritten, give a new path")
         log_callback = DiagnoseLogCallback(diagnose_log) if diagnose_log is not None else None  # checked first
         super().__init__(*args, **kwargs)
         if log_callback is not None:
@@ -208,6 +286,11 @@ class ReplayGRPOTrainer(GRPOTrainer):
         self._last_rewards_per_func: torch.Tensor | None = None
         self._step_generation_seconds = 0.0  # wall seconds this step spent in TRL's generation (for the log)
         self._step_generated_rows = 0
+        self.measure_noise = bool(measure_noise)
+        self.noise_log = None if noise_log is None else Path(noise_log)
+        self.noise_records: list[dict[str, float]] = []  # one per measured step: GRAD_NORM_COLUMNS
+        self._noise_pending: dict[str, Any] | None = None  # half 1's gradient copy, between compute_loss and the end
+        self._noise_armed = False  # True inside training_step only
 
     # ------------------------------------------------------------------ generation -> buffer -> draw
 
@@ -277,13 +360,28 @@ class ReplayGRPOTrainer(GRPOTrainer):
             raise ValueError("The GRPOTrainer does not support returning outputs")
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        logp_new, entropies = self._get_per_token_logps_and_entropies(
-            model, ids, attention, inputs["completion_ids"].size(1), compute_entropy=True)[:2]
+        width = inputs["completion_ids"].size(1)
+        # only inside training_step (which finishes the measurement): a direct call returns the plain loss
+        halves = noise_halves(inputs["group_id"]) if self.measure_noise and self._noise_armed else None
+        if halves is not None:
+            halves = tuple(h.to(ids.device) for h in halves)
+        if halves is None:
+            logp_new, entropies = self._get_per_token_logps_and_entropies(model, ids, attention, width,
+                                                                          compute_entropy=True)[:2]
+        else:  # two micro-batches (module docstring): each half's graph is backpropagated once, separately
+            parts = [self._get_per_token_logps_and_entropies(model, ids[h], attention[h], width,
+                                                             compute_entropy=True)[:2] for h in halves]
+            order = torch.argsort(torch.cat(halves))  # back to the batch's row order
+            logp_new = torch.cat([lp for lp, _ in parts])[order]  # (B, L)
+            entropies = torch.cat([e for _, e in parts])[order]  # (B, L)
         mask = (inputs["completion_mask"] * inputs["tool_mask"]).bool()
         if not mask.any():  # every drawn row fully masked (e.g. all truncated): nothing to learn from
             return (logp_new * 0.0).sum()
-        loss, out = shared_loss_tensor(self.replay, logp_new, inputs["old_per_token_logps"], inputs["advantages"],
-                                       mask, row_weight=inputs.get("sampler_weight"))
+        if halves is None:
+            loss, out = shared_loss_tensor(self.replay, logp_new, inputs["old_per_token_logps"],
+                                           inputs["advantages"], mask, row_weight=inputs.get("sampler_weight"))
+        else:
+            loss, out = self._loss_in_halves(inputs, logp_new, mask, halves, [lp for lp, _ in parts])
         self._log_replay(inputs, logp_new.detach(), mask, entropies, out)
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, DiagnoseLogCallback):
@@ -291,6 +389,81 @@ class ReplayGRPOTrainer(GRPOTrainer):
                                 generation_seconds=self._step_generation_seconds,
                                 generated_rows=self._step_generated_rows)
         return loss
+
+    def _loss_in_halves(self, inputs: dict[str, Any], logp_new: torch.Tensor, mask: torch.Tensor,
+                        halves: tuple[torch.Tensor, torch.Tensor], logp_halves: list[torch.Tensor]
+                        ) -> tuple[torch.Tensor, losses.LossOutput]:
+        """The shared loss on the whole batch, half 1's share backpropagated here and its gradient copied; returns
+        the loss to hand TRL (value: the full loss; gradient: half 2's share) and the loss's output.
+
+        ``logp_new`` (B, L) in batch order; ``logp_halves`` [(b_1, L), (b_2, L)], the halves' own graphs.
+        """
+        leaf = logp_new.detach().requires_grad_(True)  # (B, L): the loss's d / d logp_new, without the model
+        full, out = shared_loss_tensor(self.replay, leaf, inputs["old_per_token_logps"], inputs["advantages"], mask,
+                                       row_weight=inputs.get("sampler_weight"))
+        (coef,) = torch.autograd.grad(full, leaf)  # (B, L), 0 on padding: the full loss's per-token gradient
+        surrogates = [(coef[h] * torch.where(mask[h], lp, 0.0)).sum()  # S_1 + S_2 = the full loss's surrogate
+                      for h, lp in zip(halves, logp_halves)]
+        # scaled as TRL's training_step scales the loss it backpropagates (1 / gradient accumulation steps)
+        self.accelerator.backward(surrogates[0] / self.current_gradient_accumulation_steps)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        shares = _row_shares(self.replay, mask)  # (B,) a_i
+        self._noise_pending = {
+            "step": self.state.global_step,
+            "first": [None if p.grad is None else p.grad.detach().clone() for p in params],  # g_1 (one copy)
+            "shares": [float(shares[h.cpu().numpy()].sum()) for h in halves],  # W_1, W_2
+            "rows": [int(h.numel()) for h in halves],  # b_1, b_2
+        }
+        value = full.detach()
+        return surrogates[1] + (value - surrogates[1].detach()), out
+
+    def training_step(self, model, inputs, num_items_in_batch=None):  # noqa: D102 (TRL's, then the noise norms)
+        self._noise_pending, self._noise_armed = None, True
+        try:
+            loss = super().training_step(model, inputs, num_items_in_batch)  # compute_loss + TRL's backward
+        finally:
+            self._noise_armed = False
+        if self._noise_pending is not None:
+            self._record_noise(self._noise_pending)
+            self._noise_pending = None  # free half 1's gradient copy
+        return loss
+
+    @torch.no_grad()
+    def _record_noise(self, pending: dict[str, Any]) -> None:
+        """|g_small|^2, |g_big|^2 from half 1's gradient copy and the accumulated full-batch gradient (module
+        docstring); logged, kept in ``noise_records`` and appended to ``noise_log``."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        sq_first = sq_second = sq_full = 0.0
+        for p, g1 in zip(params, pending["first"]):
+            g = p.grad
+            if g is None:  # a parameter the loss does not reach
+                continue
+            g1 = torch.zeros_like(g) if g1 is None else g1
+            sq_first += float(torch.linalg.vector_norm(g1, dtype=torch.float64) ** 2)  # |g_1|^2
+            sq_second += float(torch.linalg.vector_norm(g - g1, dtype=torch.float64) ** 2)  # |g_2|^2
+            sq_full += float(torch.linalg.vector_norm(g, dtype=torch.float64) ** 2)  # |g_1 + g_2|^2
+        w1, w2 = pending["shares"]
+        if not (w1 > 0 and w2 > 0):  # a half without a real token has no mean loss: the step is not measured
+            return
+        scaler = getattr(self.accelerator, "scaler", None)
+        scale = float(scaler.get_scale()) if scaler is not None else 1.0  # fp16: gradients carry the loss scale
+        b1, b2 = pending["rows"]
+        record = {
+            "step": int(pending["step"]),
+            "grad_sq_small": (sq_first / w1**2 + sq_second / w2**2) / 2 / scale**2,  # mean of |g_hat_k|^2
+            "grad_sq_big": sq_full / scale**2,  # |g_big|^2 = |W_1 g_hat_1 + W_2 g_hat_2|^2
+            "batch_small": 2 * b1 * b2 / (b1 + b2),  # E mean_k |g_hat_k|^2 = |G|^2 + tr Sigma / B_small
+            "batch_big": float(b1 + b2),  # B
+        }
+        self.noise_records.append(record)
+        metrics = self._metrics["train"]
+        for key in GRAD_NORM_COLUMNS[1:]:
+            metrics[f"noise/{key}"].append(record[key])
+        if self.noise_log is not None:
+            self.noise_log.parent.mkdir(parents=True, exist_ok=True)
+            mode = "a" if len(self.noise_records) > 1 else "x"  # created new (never over a file), then appended
+            with open(self.noise_log, mode) as fh:  # one line a step: an interrupted run keeps its steps
+                fh.write(json.dumps({**record, "unit_size": self.num_generations}) + "\n")
 
     def _log_replay(self, inputs: dict[str, Any], logp_new: torch.Tensor, mask: torch.Tensor,
                     entropies: torch.Tensor, out: losses.LossOutput) -> None:

@@ -14,7 +14,12 @@ What it runs, in order, every value checked first (one-line errors, nothing writ
    loss from the shared registry;
 3. the diagnose log ``DIR/rollouts.parquet`` (``replay-theory diagnose DIR/rollouts.parquet --preset trl``,
    ``replay-theory calibrate --from-log DIR/rollouts.parquet``) and ``DIR/run.json`` (config, code version,
-   per-step reward and metrics).
+   per-step reward and metrics);
+4. the gradient noise scale (McCandlish et al. 2018, arXiv 1812.06162, App. A.1), measured by the trainer every
+   step from two batch sizes at no extra backward pass (``integrations/trl.py``): the per-step squared norms in
+   ``DIR/noise_scale.jsonl`` (``calibrate --from-log ... --grad-norms`` reads them), B_noise with its bootstrap
+   interval over steps (``theory.noise_scale.pooled_two_batch``) in ``run.json`` and in the profile file
+   ``DIR/noise_profile.json`` ({"kind": "noise_scale", "noise_scale": {...}}), and in the printed summary.
 
 ``DIR`` must not exist or be empty: a run is never overwritten. It is not resumable (TRL's checkpoints do not hold
 the replay buffer); an interrupted run leaves its log with the steps it finished.
@@ -36,6 +41,8 @@ from replay_theory.integrations.replay_config import REPLAY_LOSSES, ROW_DESIGNS,
 
 LOG_NAME = "rollouts.parquet"
 RUN_NAME = "run.json"
+NOISE_NAME = "noise_scale.jsonl"
+NOISE_PROFILE_NAME = "noise_profile.json"
 
 
 @dataclass(frozen=True)
@@ -192,7 +199,8 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
                             max_completion_length=config.max_completion_length, temperature=config.temperature,
                             disable_tqdm=not progress)
     trainer = ReplayGRPOTrainer(model=policy.model, reward_funcs=countdown_reward, args=args, train_dataset=dataset,
-                                processing_class=tokenizer, replay=replay, diagnose_log=out / LOG_NAME)
+                                processing_class=tokenizer, replay=replay, diagnose_log=out / LOG_NAME,
+                                noise_log=out / NOISE_NAME)
     if not progress:
         from transformers import PrinterCallback
 
@@ -212,14 +220,45 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
         "generated": trainer.replay_generated,
         "trained": trainer.replay_trained,
         "history": history,
+        "noise_scale": noise_record(trainer.noise_records, config.group_size, config.seed, out / NOISE_NAME),
     }
     (out / RUN_NAME).write_text(json.dumps(summary, indent=1, default=str))
+    if summary["noise_scale"] is not None:
+        (out / NOISE_PROFILE_NAME).write_text(json.dumps({"kind": "noise_scale",
+                                                           "noise_scale": summary["noise_scale"]}, indent=1))
     log(f"trained {config.steps} steps in {summary['seconds']:.0f} s: N = {replay.buffer_size}, "
         f"B = {replay.batch_size}, R = {replay.rollouts_per_step}, buffer {replay.buffer}, loss {replay.loss}"
         + (f" ({'; '.join(replay.notes)})" if replay.notes else ""))
     log(f"reward: {summary['reward_first_quarter']:.3f} (first {k} steps) -> {summary['reward_last_quarter']:.3f} "
         f"(last {k}); replay ratio {trainer.replay_trained / max(trainer.replay_generated, 1):.3f} (B/R = "
         f"{replay.replay_ratio:.3f})")
-    log(f"wrote {out / LOG_NAME} and {out / RUN_NAME}")
+    from replay_theory.diagnose.calibrate_log import noise_scale_lines
+
+    measured = len(trainer.noise_records)
+    if summary["noise_scale"] is None:
+        log(f"B_noise: not measured ({measured} of {config.steps} steps measured; the two-batch estimate needs 2)")
+    else:
+        log(noise_scale_lines(summary["noise_scale"])[0] + f" [{measured} of {config.steps} steps measured]")
+    wrote = [out / LOG_NAME, out / RUN_NAME] + ([out / NOISE_NAME] if measured else []) + \
+        ([out / NOISE_PROFILE_NAME] if summary["noise_scale"] is not None else [])
+    log(f"wrote {', '.join(str(p) for p in wrote)}")
     log(f"next: replay-theory diagnose {out / LOG_NAME} --preset trl")
     return summary
+
+
+def noise_record(records: list[dict], group_size: int, seed: int, path: Path) -> Optional[dict]:
+    """The profile's "noise_scale" record of the run's per-step two-batch norms (None with fewer than 2 steps).
+
+    The same pooling as ``calibrate --from-log LOG --grad-norms`` (``diagnose.calibrate_log.noise_scale_record``),
+    bootstrap seeded by the run's seed; unit_size = G (the halves keep groups whole).
+    """
+    import numpy as np
+
+    from replay_theory.diagnose.calibrate_log import GRAD_NORM_COLUMNS, noise_scale_record
+
+    if len(records) < 2:
+        return None
+    norms = {c: np.asarray([r[c] for r in records], dtype=np.float64) for c in GRAD_NORM_COLUMNS}
+    return noise_scale_record(norms, unit_size=group_size, seed=seed,
+                              source=f"replay-theory trl-replay: two-batch squared gradient norms ({path.name}), "
+                                     f"{len(records)} steps, halves of whole groups of {group_size}")

@@ -137,7 +137,7 @@ def test_pushes_of_different_widths_are_repadded_on_their_side():
 
 
 def test_replay_config_from_optimal_json(cli):
-    code, out, _ = cli("optimal", "--mu", "5.28", "-R", "8", "--json")
+    code, out, _ = cli("optimal", "--objective", "paper", "--mu", "5.28", "-R", "8", "--json")
     assert code == 0
     design = json.loads(out)
     replay = ReplayConfig.from_optimal_json(design)
@@ -146,7 +146,7 @@ def test_replay_config_from_optimal_json(cli):
     grouped = ReplayConfig.from_optimal_json(out, group_size=4, loss="m2po")  # the JSON text works too
     assert (grouped.buffer_size, grouped.batch_size, grouped.loss) == (20, 26, "m2po")
     assert grouped.notes == ("buffer_size 19 rounded to 20, a whole number of groups of 4",)
-    code, out, _ = cli("optimal", "--mu", "5.28", "--json")
+    code, out, _ = cli("optimal", "--objective", "paper", "--mu", "5.28", "--json")
     with pytest.raises(ValueError, match=r"^the optimal --json output has no buffer_size, batch_size, "
                                          r"rollouts_per_step: run `replay-theory optimal` with -R"):
         ReplayConfig.from_optimal_json(json.loads(out))
@@ -355,7 +355,7 @@ def _reward(completions, **kwargs):
     return [c.count("a") / max(len(c), 1) for c in completions]
 
 
-def _train(output_dir, replay: ReplayConfig, steps: int, trainer_cls=None, **trainer_kwargs):
+def _train(output_dir, replay: ReplayConfig, steps: int, trainer_cls=None, dtype=torch.float32, **trainer_kwargs):
     """TRL's real GRPOTrainer loop, through ReplayGRPOTrainer, on a tiny Qwen2 (2 layers, hidden 32) on CPU."""
     from datasets import Dataset
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -370,7 +370,7 @@ def _train(output_dir, replay: ReplayConfig, steps: int, trainer_cls=None, **tra
                          tie_word_embeddings=True, use_sliding_window=False, pad_token_id=0, eos_token_id=1)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = Qwen2ForCausalLM(config)
+        model = Qwen2ForCausalLM(config).to(dtype)
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     dataset = Dataset.from_dict({"prompt": ["abc", "bcd", "cde", "def", "efg", "fgh", "ab", "gh"] * 4})
     args = replay_grpo_args(replay, G, output_dir=str(output_dir), max_completion_length=6, max_steps=steps,
@@ -482,6 +482,126 @@ def test_trl_tool_mask_is_multiplied_in(trained):
     expected = shared_loss(trainer.replay, logp.double().numpy(), batch["old_per_token_logps"].double().numpy(),
                            batch["advantages"].double().numpy(), mask)
     assert float(loss.detach()) == pytest.approx(float(expected.loss[0]), abs=1e-6)
+
+
+# --------------------------------------------------------------------------- the noise scale, two batch sizes
+
+
+@pytest.mark.slow  # imports TRL
+def test_noise_halves_keep_groups_whole_by_hand():
+    pytest.importorskip("trl")
+    from replay_theory.integrations.trl import noise_halves
+
+    # counts 5: 3, 2: 2, 7: 2, 9: 1 -> largest first: 5 -> half 1 (3), 2 -> half 2 (2), 7 -> half 2 (4), 9 -> half 1
+    first, second = noise_halves(torch.tensor([5, 5, 5, 2, 7, 7, 2, 9]))
+    assert first.tolist() == [0, 1, 2, 7] and second.tolist() == [3, 4, 5, 6]
+    # on-policy: 4 whole groups of 2 in order -> groups 0, 2 and 1, 3: B/2 each
+    first, second = noise_halves(torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]))
+    assert first.tolist() == [0, 1, 4, 5] and second.tolist() == [2, 3, 6, 7]
+    # three groups of 2: 4 rows and 2 (no split keeps groups whole and equal)
+    first, second = noise_halves(torch.tensor([0, 0, 1, 1, 2, 2]))
+    assert first.tolist() == [0, 1, 4, 5] and second.tolist() == [2, 3]
+    assert noise_halves(torch.tensor([3, 3, 3])) is None  # one group: not splittable
+
+
+def _grad_sq(loss, params) -> float:
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return sum(float((g.double() ** 2).sum()) for g in grads if g is not None)
+
+
+def _float64_trainer_cls(seen: dict | None = None):
+    """ReplayGRPOTrainer with log-probs by a plain log_softmax of the logits (float64 with a float64 model), that
+    records each step's parameters and rows in ``seen``.
+
+    Why: TRL 1.16's fused log-prob kernel works in float32, and the tiny model's backward amplifies float32 round-off
+    to 0.02-1% of |g|^2 (measured: |grad (s f)|^2 / s^2 moves by 0.7% between s = 1 and 2.5 in float32, by 1e-8 in
+    float64): more than a test of the noise bookkeeping should allow, and enough to fork two float32 runs.
+    """
+    from replay_theory.integrations.trl import ReplayGRPOTrainer
+
+    class Float64(ReplayGRPOTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if seen is not None and model.training and "version" in inputs:  # theta and rows, before the update
+                seen[self.state.global_step] = ({k: v.detach().clone() for k, v in model.state_dict().items()},
+                                                {k: v.clone() for k, v in inputs.items()})
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                                               batch_size=None, compute_entropy=False, **_):
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -logits_to_keep - 1:-1]
+            logp_all = torch.log_softmax(logits, dim=-1)  # (rows, L, V)
+            logp = logp_all.gather(-1, input_ids[:, -logits_to_keep:, None])[..., 0]  # (rows, L)
+            entropy = -(logp_all.exp() * logp_all).sum(-1) if compute_entropy else None
+            return logp, entropy, None
+
+    return Float64
+
+
+@pytest.mark.slow
+def test_trl_noise_norms_equal_autograd_on_each_half(tmp_path):
+    """|g_small|^2, |g_big|^2 logged by the trainer at each step = autograd by hand at that step's parameters: the
+    shared loss on each half ALONE (its own token-mean) and on the whole batch, float64 (``_float64_trainer_cls``).
+    Tolerance rel 1e-7 (Qwen2's RMSNorm still rounds through float32; measured 9e-9). Batch sizes: the harmonic mean
+    of the halves' rows and B. The jsonl file and TRL's logged metrics carry the same numbers."""
+    pytest.importorskip("trl")
+    from replay_theory.integrations.trl import noise_halves
+
+    seen: dict = {}
+    trainer_cls = _float64_trainer_cls(seen)
+    replay = ReplayConfig(N, B, R)
+    noise_log = tmp_path / "noise" / "noise_scale.jsonl"
+    trainer, logs, _, _ = _train(tmp_path / "out", replay, steps=3, trainer_cls=trainer_cls, dtype=torch.float64,
+                                 noise_log=noise_log)
+    records = trainer.noise_records
+    assert len(records) >= 2 and [r["step"] for r in records] == sorted(r["step"] for r in records)
+    lines = [json.loads(line) for line in noise_log.read_text().splitlines()]
+    assert lines == [{**r, "unit_size": G} for r in records]
+    by_step = {h["step"] - 1: h for h in logs}  # TRL logs step t + 1 after update t
+    model = trainer.model
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def loss_on(batch, rows):
+        """The shared loss of ``rows`` of ``batch`` alone, in the model's graph."""
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)[rows]
+        attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)[rows]
+        logp = trainer_cls._get_per_token_logps_and_entropies(trainer, model, ids, attention,
+                                                              batch["completion_ids"].size(1))[0]
+        mask = (batch["completion_mask"][rows] * batch["tool_mask"][rows]).bool()
+        return shared_loss_tensor(replay, logp, batch["old_per_token_logps"][rows], batch["advantages"][rows],
+                                  mask)[0]
+
+    for record in records:
+        state, batch = seen[record["step"]]
+        model.load_state_dict(state)
+        model.train()
+        halves = noise_halves(batch["group_id"])
+        full = loss_on(batch, torch.arange(B))
+        small = [_grad_sq(loss_on(batch, h), params) for h in halves]
+        b1, b2 = (len(h) for h in halves)
+        assert record["grad_sq_big"] == pytest.approx(_grad_sq(full, params), rel=1e-7)
+        assert record["grad_sq_small"] == pytest.approx(sum(small) / 2, rel=1e-7)
+        assert (record["batch_small"], record["batch_big"]) == (2 * b1 * b2 / (b1 + b2), B)
+        assert record["grad_sq_small"] > record["grad_sq_big"]  # the halves are noisier than their mean
+        logged = by_step[record["step"]]
+        for key in ("grad_sq_small", "grad_sq_big", "batch_small", "batch_big"):
+            assert logged[f"noise/{key}"] == pytest.approx(record[key], rel=1e-12)
+        assert logged["loss"] == pytest.approx(float(full.detach()), rel=1e-7)  # trained on the full loss
+    with pytest.raises(ValueError, match="exists: a log is never overwritten"):
+        _train(tmp_path / "again", replay, 1, noise_log=noise_log)
+
+
+@pytest.mark.slow
+def test_trl_measuring_the_noise_does_not_change_training(tmp_path):
+    # the split into halves backpropagates the same full-batch gradient: the same losses and parameters (float64)
+    pytest.importorskip("trl")
+    runs = [_train(tmp_path / str(measure), ReplayConfig(N, B, R), 4, trainer_cls=_float64_trainer_cls(),
+                   dtype=torch.float64, measure_noise=measure) for measure in (True, False)]
+    (measured, logs, _, _), (plain, plain_logs, _, _) = runs
+    assert plain.noise_records == [] and not any(k.startswith("noise/") for h in plain_logs for k in h)
+    assert sum("noise/grad_sq_big" in h for h in logs) == len(measured.noise_records) >= 3
+    assert [h["loss"] for h in plain_logs] == pytest.approx([h["loss"] for h in logs], rel=1e-7)
+    for (name, p), q in zip(measured.model.named_parameters(), plain.model.parameters()):
+        assert torch.allclose(p, q, rtol=1e-6, atol=1e-9), name
 
 
 @pytest.mark.slow
@@ -696,7 +816,7 @@ def test_trl_replay_command_runs_the_design_and_leaves_a_log(cli, tmp_path):
     pytest.importorskip("trl")
     import pyarrow.parquet as pq
 
-    code, design, _ = cli("optimal", "--mu", "5.28", "-R", "8", "--json")
+    code, design, _ = cli("optimal", "--objective", "paper", "--mu", "5.28", "-R", "8", "--json")
     assert code == 0
     (tmp_path / "design.json").write_text(design)
     out = tmp_path / "run"
@@ -715,6 +835,27 @@ def test_trl_replay_command_runs_the_design_and_leaves_a_log(cli, tmp_path):
     assert table.num_rows == 4 * 26
     assert set(np.asarray(table.column("step_generated_rows").to_pylist()).tolist()) == {8}
     assert f"next: replay-theory diagnose {out / 'rollouts.parquet'} --preset trl" in stdout
+
+    # the noise scale: per-step norms in noise_scale.jsonl, pooled into run.json and noise_profile.json; calibrate
+    # --from-log --grad-norms reads the same file back to the same B_noise
+    from replay_theory.diagnose.calibrate_log import noise_scale_record, read_grad_norms
+    from replay_theory.theory.noise_scale import noise_scale_two_batch
+
+    norms = read_grad_norms(out / "noise_scale.jsonl")
+    assert norms["unit_size"] == 4 and set(norms["batch_big"]) == {26.0} and norms["step"].size >= 2
+    record = summary["noise_scale"]
+    assert record == noise_scale_record(norms, unit_size=4, seed=0, source=record["source"])
+    assert json.loads((out / "noise_profile.json").read_text()) == {"kind": "noise_scale", "noise_scale": record}
+    assert record["method"] == "two-batch" and record["batch"] == 26 and record["unit_size"] == 4
+    if np.all(norms["batch_small"] == norms["batch_small"][0]):  # equal halves every step: the plain formula
+        direct = noise_scale_two_batch(norms["grad_sq_small"], norms["grad_sq_big"], norms["batch_small"][0], 26)
+        assert record["b_noise"] == (direct.b_noise if direct.grad_sq > 0 else None)
+    assert "B_noise" in stdout and str(out / "noise_profile.json") in stdout or record["b_noise"] is None
+    code, calibrated, err = cli("calibrate", "--from-log", str(out / "rollouts.parquet"), "--preset", "trl",
+                                "--grad-norms", str(out / "noise_scale.jsonl"), "--mu", "5",
+                                "--out", str(tmp_path / "profile.json"))
+    assert code == 0, err
+    assert json.loads((tmp_path / "profile.json").read_text())["noise_scale"]["b_noise"] == record["b_noise"]
 
 
 @pytest.mark.slow
