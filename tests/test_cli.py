@@ -55,7 +55,8 @@ def test_optimal_reads_a_profile(cli, tmp_path):
     payload = json.loads(out)
     assert code == 0 and payload["alpha"] is None and payload["rho"] == 0.1
     assert payload["x_star"] == pytest.approx(power_law_optimum(1 / 5.28, 0.25, 0.1)[0], rel=1e-6)
-    code, out, _ = cli("optimal", "--objective", "paper", "--mu", "5.28", "--profile", str(path), "--rho", "0.0", "--json")
+    code, out, _ = cli("optimal", "--objective", "paper", "--mu", "5.28", "--profile", str(path), "--rho", "0.0",
+                       "--json")
     assert json.loads(out)["rho"] == 0.0  # --rho overrides the profile's
 
 
