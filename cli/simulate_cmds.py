@@ -40,7 +40,15 @@ from replay_theory.simulate.config import SimConfig, config_from_dict, field_nam
 from replay_theory.simulate.engine import run
 from replay_theory.simulate.experiments import EXPERIMENTS, get_experiment, write_table
 from replay_theory.simulate.progress import ProgressBar
-from replay_theory.simulate.sweep import BACKENDS, check_jobs, load_runs, load_spec, parquet_available, run_sweep
+from replay_theory.simulate.sweep import (
+    BACKENDS,
+    SweepInterrupted,
+    check_jobs,
+    load_runs,
+    load_spec,
+    parquet_available,
+    run_sweep,
+)
 from replay_theory.simulate.theory_test import Options as TheoryTestOptions
 from replay_theory.simulate.theory_test import check_options as check_theory_test
 from replay_theory.simulate.theory_test import check_out as check_theory_test_out
@@ -224,8 +232,12 @@ def sweep(
     """Run a grid of simulator configurations in parallel; resumable, never overwrites. Writes results.csv and,
     with pyarrow installed, results.parquet (one row per configuration and seed)."""
     loaded = load_spec(spec)
-    table = run_sweep(loaded, out, n_jobs=jobs_checked(jobs), backend=backend.value, show_progress=not no_progress,
-                      scheduler=scheduler)
+    try:
+        table = run_sweep(loaded, out, n_jobs=jobs_checked(jobs), backend=backend.value,
+                          show_progress=not no_progress, scheduler=scheduler)
+    except SweepInterrupted as stop:  # Ctrl-C: what is kept and how to resume, then the shell's code for SIGINT
+        typer.echo(stop.message(), err=True)
+        raise typer.Exit(130) from None
     if parquet_available():
         typer.echo(f"results: {table}, {table.with_suffix('.parquet')}")
     else:
@@ -257,8 +269,8 @@ def experiment(
                                                                "run, < 2 min).")] = None,
     regime: Annotated[str | None, typer.Option("--regime", help="theory-test only: comma-separated settings: "
                                                                  "the default quadratic-noise1, -noise10, -noise30, "
-                                                                 "-noise100, -noise300, -noise1000, two-prompts, "
-                                                                 "bandit, noisy-reward; "
+                                                                 "-noise100, -noise300, two-prompts, bandit, "
+                                                                 "noisy-reward; "
                                                                  "opt-in few-prompts and adam.")
                       ] = None,
 ) -> None:

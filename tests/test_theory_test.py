@@ -161,7 +161,7 @@ def test_regimes_and_their_step_size_grids():
         "two-prompts": ({"num_prompts": 2, "feature_dim": 4, "skill_alignment": 0.3}, 0.0, "sgd", ("is",)),
         "adam": ({}, 0.0, "adam", ("is", "grpo"))}
     quadratics = {name: r.quadratic_noise for name, r in tt.REGIMES.items() if r.quadratic_noise is not None}
-    assert quadratics == {f"quadratic-noise{n:g}": n for n in (1, 10, 30, 100, 300, 1000)}
+    assert quadratics == {f"quadratic-noise{n:g}": n for n in (1, 10, 30, 100, 300)}
     assert all(tt.REGIMES[name].losses == ("quadratic",) for name in quadratics)
     assert "outside their assumptions" in tt.REGIMES["adam"].description  # the objectives assume SGD
     factors, unit = tt.REGIMES["bandit"].lr_grid(0.5)  # SGD: factors of 1/L
@@ -219,13 +219,24 @@ def test_pluggable_objectives():
 # --------------------------------------------------------------------------- training
 
 
+def test_a_step_size_whose_seed_mean_never_reached_the_target_is_not_tuned():
+    run = _fake_run([1.0, 0.5], [[5.0, 7.0], [9.0, 11.0]])
+    run["mean_passage"] = [run["steps"] + 1, 10]  # lr 1's seeds crossed by fluctuation; its mean never did
+    np.testing.assert_array_equal(tt._passage(run), [[np.inf, np.inf], [9.0, 11.0]])
+    assert tt._tuned(run) == (10.0, pytest.approx(np.array([False, False])))
+    run["mean_passage"] = [run["steps"] + 1] * 2  # none did: every step size kept, the design's steps a lower bound
+    np.testing.assert_array_equal(tt._passage(run), [[5.0, 7.0], [9.0, 11.0]])
+
+
 def test_train_first_passage_and_censoring():
     env = small_env()
     lrs = np.array([1.0, 0.5])
     reached = tt.train(env, "is", lrs, 32, 16, 16, 3, target=-1.0, max_steps=5)
     assert reached.steps == 1 and reached.first_passage.tolist() == [[1, 1, 1], [1, 1, 1]]
+    assert reached.mean_passage.tolist() == [1, 1]
     never = tt.train(env, "grpo", lrs, 32, 16, 16, 3, target=2.0, max_steps=7)
     assert never.steps == 7 and never.censored.all() and (never.first_passage == 8).all()
+    assert never.mean_passage.tolist() == [8, 8] and (never.mean_reward_max < 2.0).all()
     again = tt.train(env, "grpo", lrs, 32, 16, 16, 3, target=2.0, max_steps=7)
     np.testing.assert_array_equal(never.mean_reward, again.mean_reward)  # same seed, same run
 
@@ -389,7 +400,7 @@ def test_regime_option_is_checked_before_any_work(cli, tmp_path):
                           "few-prompts, two-prompts, adam, quadratic-noise1,") and err.endswith("got bandit,lunar\n")
     assert not (tmp_path / "t").exists()
     assert tt.Options().regimes == ("quadratic-noise1", "quadratic-noise10", "quadratic-noise30", "quadratic-noise100",
-                                    "quadratic-noise300", "quadratic-noise1000", "two-prompts", "bandit",
+                                    "quadratic-noise300", "two-prompts", "bandit",
                                     "noisy-reward")  # few-prompts and adam are opt-in
 
 
@@ -409,7 +420,8 @@ def _fake_run(lrs, passage, censored=None, key="k"):
     passage = np.asarray(passage, dtype=float)
     censored = np.zeros(passage.shape, bool) if censored is None else np.asarray(censored)
     return {"key": key, "config": {"lrs": list(lrs)}, "first_passage": passage.tolist(),
-            "censored": censored.tolist(), "steps": int(passage.max()), "mean_reward_max": [0.0] * len(lrs)}
+            "censored": censored.tolist(), "steps": int(passage.max()), "mean_reward_max": [0.0] * len(lrs),
+            "mean_passage": passage.mean(axis=1).tolist()}
 
 
 def test_b_from_steps_is_exact_on_the_mcCandlish_law():
