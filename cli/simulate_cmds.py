@@ -52,7 +52,7 @@ from replay_theory.simulate.sweep import (
 from replay_theory.simulate.theory_test import Options as TheoryTestOptions
 from replay_theory.simulate.theory_test import check_options as check_theory_test
 from replay_theory.simulate.theory_test import check_out as check_theory_test_out
-from replay_theory.simulate.theory_test import run_theory_test, summary_table
+from replay_theory.simulate.theory_test import run_theory_test, summary_table, write_evidence
 from replay_theory.theory.profiles import save_profile
 
 ALIASES = {"batch_size": ("--batch",)}
@@ -216,10 +216,9 @@ def sweep(
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Parallel configurations: -1 (all cores) or >= 1; with "
                                                             "dask or ray and no --scheduler, the local cluster's "
                                                             "workers.")] = -1,
-    # help text is rich markup: "\\[" keeps the extras' brackets visible
     backend: Annotated[Backend, typer.Option("--backend", help="Engine: loky (processes here), threading, dask "
-                                                               "(pip install 'replay-theory\\[dask]') or ray "
-                                                               "(pip install 'replay-theory\\[ray]'). Results are "
+                                                               "(pip install 'replay-theory[dask]') or ray "
+                                                               "(pip install 'replay-theory[ray]'). Results are "
                                                                "bit-identical across loky, dask and ray.")
                        ] = Backend.loky,
     scheduler: Annotated[str | None, typer.Option("--scheduler", help="dask or ray only: a running cluster, "
@@ -294,6 +293,7 @@ def experiment(
             raise UserError(str(err)) from None
         table = summary_table(summary)
         write_table(out, table)
+        write_evidence(out, summary, _theory_test_command(out, instance, loss, mu, seeds, quick, regime))
         typer.echo(table)
         return
     run_sweep(chosen.spec, out, n_jobs=jobs_checked(jobs), show_progress=not no_progress)
@@ -302,6 +302,14 @@ def experiment(
     table = chosen.table(out)
     write_table(out, table)
     typer.echo(table)
+
+
+def _theory_test_command(out, instance, loss, mu, seeds, quick, regime) -> str:
+    """The command line that produced a benchmark, as evidence.json records it."""
+    given = {"--instance": instance, "--loss": loss, "--mu": mu, "--seeds": seeds, "--regime": regime}
+    parts = ["replay-theory experiment theory-test --out", Path(out).name]
+    parts += [f"{flag} {value}" for flag, value in given.items() if value is not None]
+    return " ".join(parts + (["--quick"] if quick else []))
 
 
 def _number_list(text: str, flag: str, valid: str, kind=float) -> tuple:

@@ -526,52 +526,71 @@ THEORY_TEST_OBJECTIVES = (("noise_scale", "noise-scale rule", "-"), ("paper_J", 
 
 
 def theory_test_data(results: Path) -> dict:
-    """Per (regime, loss): mu, regret of each objective's pick with its 90% interval, Spearman of each objective."""
+    """Per (setting, loss): mu, each objective's regret (the median over instances) with a band from the lowest 90%
+    lower bound to the highest upper bound over instances, and its Spearman (median over instances)."""
     summary = read_json(_require(results, "theory-test", "summary.json") / "summary.json")
-    out: dict[tuple[str, str], dict] = {}
+    grouped: dict[tuple[str, str], dict[float, list[dict]]] = {}
+    measured: dict[tuple[str, str], str] = {}
     for cell in summary["cells"]:
-        d = out.setdefault((cell["regime"], cell["loss"]), {"mu": [], "regret": {}, "low": {}, "high": {},
-                                                            "spearman": {}, "measured": cell["regime_measured"]})
-        d["mu"].append(cell["mu"])
+        key = (cell["regime"], cell["loss"])
+        grouped.setdefault(key, {}).setdefault(cell["mu"], []).append(cell)
+        measured[key] = cell["regime_measured"]
+    out = {}
+    for key, by_mu in grouped.items():
+        mus = sorted(by_mu)
+        d = {"mu": np.asarray(mus), "regret": {}, "low": {}, "high": {}, "spearman": {}, "measured": measured[key]}
         for name, _, _ in THEORY_TEST_OBJECTIVES:
-            o = cell["by_objective"][name]
-            d["regret"].setdefault(name, []).append(o["regret"])
-            d["low"].setdefault(name, []).append(o["regret_ci"][0])
-            d["high"].setdefault(name, []).append(o["regret_ci"][1])
-            value = cell["spearman"][name]
-            d["spearman"].setdefault(name, []).append(np.nan if value is None else value)
-    return {key: {k: ({n: np.asarray(v) for n, v in val.items()} if isinstance(val, dict) else
-                      (np.asarray(val) if isinstance(val, list) else val)) for k, val in d.items()}
-            for key, d in out.items()}
+            objs = [[c["by_objective"][name] for c in by_mu[mu]] for mu in mus]
+            d["regret"][name] = np.array([np.median([o["regret"] for o in row]) for row in objs])
+            d["low"][name] = np.array([min(o["regret_ci"][0] for o in row) for row in objs])
+            d["high"][name] = np.array([max(o["regret_ci"][1] for o in row) for row in objs])
+            d["spearman"][name] = np.array([np.median([np.nan if o["spearman"] is None else o["spearman"]
+                                                       for o in row]) for row in objs])
+        out[key] = d
+    return out
+
+
+def theory_test_cells(results: Path) -> list[dict]:
+    """Every cell of the benchmark: setting, instance, mu, b (from steps) and each objective's regret."""
+    summary = read_json(_require(results, "theory-test", "summary.json") / "summary.json")
+    return [{"setting": f"{c['regime']}/{c['loss']}", "instance": c["instance"], "mu": c["mu"], "b": c.get("b"),
+             "regret": {name: c["by_objective"][name]["regret"] for name, _, _ in THEORY_TEST_OBJECTIVES}}
+            for c in summary["cells"]]
 
 
 def plot_theory_test(results: Path = Path("results"), axes=None) -> Figure:
-    """Regret of the design each objective predicts (90% seed-bootstrap band) and its Spearman rank
-    correlation with measured compute, against mu; one colour per (regime, loss), one line style per objective."""
-    data = theory_test_data(results)
-    fig, axes = new_axes_row(axes, n=2, figsize=(7.4, 3.8))
-    handles = []
-    for i, ((regime, loss), d) in enumerate(sorted(data.items())):
-        color = COLORS[i % len(COLORS)]
-        for name, _, style in THEORY_TEST_OBJECTIVES:
-            if name != "null":  # the null's regret runs off the scale; its Spearman is on the right
-                axes[0].plot(d["mu"], d["regret"][name], color=color, ls=style, lw=1.2, marker="o", ms=3)
-                axes[0].fill_between(d["mu"], d["low"][name], d["high"][name], color=color, alpha=0.12, lw=0)
-            axes[1].plot(d["mu"], d["spearman"][name], color=color, ls=style, lw=1.2, marker="o", ms=3)
-        handles.append(Line2D([], [], color=color, lw=2, label=f"{regime}, {loss} ({d['measured']})"))
-    handles += [Line2D([], [], color="0.3", ls=style, lw=1.2, label=label)
-                for _, label, style in THEORY_TEST_OBJECTIVES]
-    for ax in axes:
-        ax.set_xscale("log")
-        ax.set_xlabel("μ (rollout cost / update cost)")
+    """Left: every cell's regret (compute of the pick / the grid's best) per objective, the 1.2 target dashed.
+    Right: the regret against b = B_noise / B measured from on-policy steps, at mu = 5.28, one marker per
+    (setting, instance), for the noise-scale rule, the paper's J and always on-policy."""
+    cells = theory_test_cells(results)
+    fig, axes = new_axes_row(axes, n=2, figsize=(6.5, 3.4))
+    rng = np.random.default_rng(0)  # jitter only
+    for i, (name, _label, _) in enumerate(THEORY_TEST_OBJECTIVES):
+        values = np.array([c["regret"][name] for c in cells])
+        within = float(np.mean(values <= 1.2))
+        axes[0].scatter(i + rng.uniform(-0.25, 0.25, values.size), values, s=6, color=COLORS[i % len(COLORS)],
+                        alpha=0.6, lw=0)
+        axes[0].text(i, 0.93, f"{100 * within:.0f}%", ha="center", va="top", fontsize=8)
+    axes[0].set_xticks(range(len(THEORY_TEST_OBJECTIVES)),
+                       [label for _, label, _ in THEORY_TEST_OBJECTIVES], rotation=20, ha="right", fontsize=8)
     axes[0].set_yscale("log")
+    axes[0].set_ylim(0.85, None)
     axes[0].yaxis.set_major_formatter(ScalarFormatter())
     axes[0].yaxis.set_minor_formatter(ScalarFormatter())
-    axes[0].axhline(1.2, color="0.5", lw=0.8, ls="-.")
-    axes[0].set_ylabel("regret: compute of pick / best")
-    axes[1].axhline(0.0, color="0.5", lw=0.8)
-    axes[1].set_ylabel("Spearman vs measured compute")
-    fig.legend(handles=handles, loc="outside lower center", ncol=3)
+    axes[0].axhline(1.2, color="0.5", lw=0.8, ls="--")
+    axes[0].set_ylabel("regret (share of cells <= 1.2 at the bottom)")
+    at = [c for c in cells if c["mu"] == 5.28 and c["b"] is not None and np.isfinite(c["b"])]
+    for i, (name, label, _style) in enumerate(THEORY_TEST_OBJECTIVES[:3]):
+        axes[1].scatter([c["b"] for c in at], [c["regret"][name] for c in at], s=12, color=COLORS[i],
+                        marker="o^s"[i], label=label, alpha=0.8, lw=0)
+    axes[1].set_xscale("log")
+    axes[1].set_yscale("log")
+    axes[1].yaxis.set_major_formatter(ScalarFormatter())
+    axes[1].axhline(1.2, color="0.5", lw=0.8, ls="--")
+    axes[1].axvline((np.sqrt(1 + 5.28) - 1) / 2, color="0.3", lw=0.8, ls=":")  # the rule's threshold at mu = 5.28
+    axes[1].set_xlabel("b = B_noise / B, measured (μ = 5.28; dotted: threshold)")
+    axes[1].set_ylabel("regret")
+    axes[1].legend(loc="upper left", fontsize=8)
     return fig
 
 
@@ -585,6 +604,6 @@ RESULTS_FIGURES = {
     "m2po-collapse": ("M2PO: reward over training at staleness 32, and clip / masked fractions", plot_m2po_collapse),
     "freshper": ("FreshPER: on-policy vs uniform vs PER vs age decay per lr; best tau vs 1/drift", plot_freshper),
     "validation": ("validation: predicted vs measured design at equal compute, reward vs compute", plot_validation),
-    "theory-test": ("does the theory predict? regret of each objective's pick and its Spearman, vs mu",
+    "theory-test": ("does the theory predict? every cell's regret per objective, and the regret against b",
                     plot_theory_test),
 }

@@ -1208,6 +1208,20 @@ def finite(value):
     return value
 
 
+def write_evidence(out: Path, summary: dict, command: str) -> Path:
+    """OUT/evidence.json: the targets per objective and the command, what ``optimal``'s evidence line quotes once
+    copied to theory/evidence.json (theory.evidence). Never overwritten: an identical one is kept, another refused."""
+    from replay_theory.theory.evidence import evidence_record
+
+    path = Path(out) / "evidence.json"
+    text = json.dumps(evidence_record(summary, command), indent=1, sort_keys=True) + "\n"
+    if path.exists():
+        if path.read_text() == text:
+            return path
+        raise ValueError(f"{path} exists and holds other evidence; results are never overwritten: move it away")
+    return write_new(path, lambda tmp: tmp.write_text(text))
+
+
 def load_summary(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():

@@ -348,6 +348,7 @@ def fake_summary() -> dict:
             by = {name: {"x": 4, "y": 2, "value": 1.0, "regret": 1.0 + mu / 10, "regret_ci": [1.0, 1.5 + mu / 10],
                          "spearman": s} for name, s in OBJECTIVE_SPEARMAN}
             cells.append({"regime": regime, "loss": "is", "instance": 0, "mu": mu, "regime_measured": measured,
+                          "b": 0.3,
                           "precondition_slope": -0.9, "predicted": {"x": 4, "y": 2, "objective": "noise_scale"},
                           "best": {"x": 8, "y": 4}, "regret": 1.0 + mu / 10, "regret_ci": [1.0, 1.5 + mu / 10],
                           "spearman": dict(OBJECTIVE_SPEARMAN), "by_objective": by,
@@ -487,3 +488,22 @@ def test_the_quadratic_trains_through_the_benchmark_loop():
     assert steps[1] > steps[0] and steps[2] >= steps[0]  # replay's fixed noise costs steps; so does replacement
     again = tt.train(env, "quadratic", lrs, 16, 16, 64, 4, env.target, 2000)
     np.testing.assert_array_equal(replay.first_passage, again.first_passage)  # same seed, same numbers
+
+
+def test_evidence_is_written_once_and_read_by_optimal(tmp_path):
+    from replay_theory.theory import evidence
+
+    summary = {"cells": [{"regime": "bandit", "loss": "is"}], "replay_theory_version": "0.1.0",
+               "protocol": {"seeds": 16, "instances": [0, 1, 2], "grid": [[1, 1]], "mus": [1.0], "quick": False},
+               "targets": {"cells": 10, "objectives": {"noise_scale": {"within_1.2": 9, "share_within_1.2": 0.9,
+                                                                       "within_1.5": 10, "worst": 1.3}}},
+               "targets_held_out": None}
+    path = tt.write_evidence(tmp_path, summary, "replay-theory experiment theory-test --out theory-test")
+    record = json.loads(path.read_text())
+    assert record["settings"] == ["bandit/is"] and record["targets"] == summary["targets"]
+    assert evidence.evidence_line("noise-scale", record) == (
+        "evidence: within 1.2x of the best design in 9 of 10 benchmark cells (90%), within 1.5x in 10, worst 1.30 "
+        "(replay-theory experiment theory-test --out theory-test, docs/SIMULATION.md)")
+    assert tt.write_evidence(tmp_path, summary, "replay-theory experiment theory-test --out theory-test") == path
+    with pytest.raises(ValueError, match="holds other evidence; results are never overwritten"):
+        tt.write_evidence(tmp_path, summary, "another command")
