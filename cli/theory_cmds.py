@@ -32,7 +32,7 @@ from replay_theory.theory.design import (
     optimal_design,
     rollout_mu_of_convention,
 )
-from replay_theory.theory.evidence import evidence_line
+from replay_theory.theory.evidence import evidence_line, horizon_line, verdict_line
 from replay_theory.theory.profiles import PowerLawProfile, load_profile
 
 # Valid ranges appended when typer rejects a value before the theory's own checks run (cli/app.py::main).
@@ -325,7 +325,8 @@ def _noise_scale_answer(mu: float, noise_scale, batch_size, profile, convention:
     if b_noise is None:
         rows = [_table_row(b, mu_rollout) for b in sorted({*TABLE_BS, ns.replay_threshold(mu_rollout)})]
         if as_json:
-            emit_json({"objective": "noise-scale", "mu": mu, "convention": convention, "mu_rollout_cost": mu_rollout,
+            emit_json({"objective": "noise-scale", "verdict": verdict_line(), "horizon": horizon_line(), "mu": mu,
+                       "convention": convention, "mu_rollout_cost": mu_rollout,
                        "threshold_b": ns.replay_threshold(mu_rollout), "rows": rows, "evidence": evidence,
                        "measure_b": list(MEASURE_B), "paper_evidence": paper})
         else:
@@ -335,7 +336,8 @@ def _noise_scale_answer(mu: float, noise_scale, batch_size, profile, convention:
     design = ns.noise_scale_design(b_noise, batch, mu_rollout)
     paper_design = optimal_design(DesignQuery(mu=mu, convention=convention, batch_size=batch))
     if as_json:
-        emit_json({"objective": "noise-scale", "mu": mu, "convention": convention, "noise_scale_source": source,
+        emit_json({"objective": "noise-scale", "verdict": verdict_line(), "horizon": horizon_line(), "mu": mu,
+                   "convention": convention, "noise_scale_source": source,
                    **design.__dict__, "x": 1.0, "workers_per_trainer": mu_rollout / design.y,
                    "compute_ratio": (mu_rollout / design.y + 1) / (mu_rollout + 1), "evidence": evidence,
                    "paper": {"x_star": paper_design.x_star, "y_star": paper_design.y_star,
@@ -354,7 +356,8 @@ def _table_row(b: float, mu: float) -> dict:
 
 def _render_table(mu, mu_rollout, convention, rows, evidence, paper_design, paper) -> str:
     threshold = ns.replay_threshold(mu_rollout)
-    lines = [f"{PROG} optimal: mu = {mu:g} ({CONVENTION_TEXT[convention]})",
+    verdict = verdict_line()
+    lines = ([verdict + "."] if verdict else []) + [f"{PROG} optimal: mu = {mu:g} ({CONVENTION_TEXT[convention]})",
              "objective: the noise-scale rule (McCandlish et al. 2018, steps S = S_min (1 + B_noise V), V the long-run "
              "variance of a FIFO drawn with replacement, 1/B + 1/R; docs/THEORY.md)",
              f"{evidence}.", "",
@@ -365,8 +368,8 @@ def _render_table(mu, mu_rollout, convention, rows, evidence, paper_design, pape
         mark = "  <- threshold" if math.isclose(r["b"], threshold) else ""
         lines.append(f"  {r['b']:>6.3g}  {r['regime']:<9}  {r['y_star']:>8.3g}  {r['workers_per_trainer']:>10.3g}  "
                      f"{r['compute_ratio']:>5.2f}  {r['steps_factor']:>17.2f}x  {r['saving']:>12.2f}x{mark}")
-    lines += ["", "horizon: N = R (x = 1): the rule does not predict a longer horizon (docs/THEORY.md says where "
-              "a longer one helped and where it hurt in the benchmark).", *MEASURE_B, "",
+    lines += ["", (horizon_line() or "horizon: N = R (x = 1): the rule does not predict a longer one") + ".",
+              *MEASURE_B, "",
               f"the paper's rule (--objective paper) answers x* = {_fmt(paper_design.x_star, 3)}, y* = "
               f"{_fmt(paper_design.y_star, 3)} ({paper_design.regime}) whatever b; {paper}."]
     return "\n".join(lines)
@@ -389,13 +392,18 @@ def _render_rule(mu, convention, d, source, evidence, paper_design, paper) -> st
                                                                                   "target"),
             ("compute saved", "", f"{d.saving:.3g}x", "on-policy compute / this design's, to the same target")]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [f"{PROG} optimal: mu = {mu:g} ({CONVENTION_TEXT[convention]}), B = {d.batch}",
-             "objective: the noise-scale rule (docs/THEORY.md)", f"{evidence}.", ""]
+    verdict = verdict_line()
+    lines = ([verdict + "."] if verdict else []) + [
+        f"{PROG} optimal: mu = {mu:g} ({CONVENTION_TEXT[convention]}), B = {d.batch}",
+        "objective: the noise-scale rule (docs/THEORY.md)", f"{evidence}.", ""]
     lines += [f"  {n:<{widths[0]}}  {s:<{widths[1]}}  {v:>{widths[2]}}  {m}" for n, s, v, m in rows]
     lines.append("")
     if d.regime == "replay":
         lines.append(f"what to do: generate R = {d.rollouts} rollouts per step, keep only them (N = R), and train on "
                      f"B = {d.batch} drawn from them with replacement; W/T = {d.mu / d.y:.3g}.")
+        horizon = horizon_line()
+        if horizon:
+            lines.append(horizon + ".")
     else:
         lines.append(f"what to do: stay on-policy (b = {d.b:.3g} >= {d.threshold_b:.3g}: replay's extra noise "
                      f"costs more steps than its cheaper steps save).")

@@ -337,7 +337,8 @@ def test_theory_test_options_are_refused_for_other_experiments(cli, tmp_path):
 # --------------------------------------------------------------------------- the figure and table
 
 
-OBJECTIVE_SPEARMAN = (("noise_scale", 0.8), ("noise_scale_grad", 0.7), ("paper_J", 0.5), ("finite_budget", 0.6),
+OBJECTIVE_SPEARMAN = (("noise_scale", 0.8), ("noise_scale_long", 0.75), ("noise_scale_grad", 0.7), ("paper_J", 0.5),
+                      ("finite_budget", 0.6),
                       ("null", -0.2), ("on_policy", None))
 
 
@@ -382,8 +383,8 @@ def test_table_rows():
                         "lr edge / extended / censored / buffer filled / curve reaches target (of designs) |",
                         "|---" * 9 + "|"]
     assert len(rows) == 2 + 1 + 2 + 6 + 1  # no settings in the fake; a blank line, header, rule, 6 cells, blank
-    assert rows[5] == ("| bandit | is | 0 | 0.5 | 8, 4 | 4, 2, 1.05 [1, 1.55] | 4, 2, 1.05 | 4, 2, 1.05 | 1.05 | "
-                       "1.05 [1, 1.55] | 64: 0.8 | 0.8 / 0.7 / 0.5 / -0.2 |")
+    assert rows[5] == ("| bandit | is | 0 | 0.5 | 8, 4 | 4, 2, 1.05 [1, 1.55] | 4, 2, 1.05 | 4, 2, 1.05 | 4, 2, 1.05 | "
+                       "1.05 | 1.05 [1, 1.55] | 64: 0.8 | 0.8 / 0.7 / 0.5 / -0.2 |")
 
 
 def test_jobs_is_refused_for_theory_test(cli, tmp_path):
@@ -444,6 +445,9 @@ def test_noise_scale_values_by_hand():
     assert int(np.argmin(values)) == 1  # ties across x go to the shortest horizon, the grid's first
     limit = tt.noise_scale_values(grid, math.inf, mu)  # b -> inf: B V (1 + mu / y), the on-policy design first
     np.testing.assert_allclose(limit, [1 + mu, 5 * (1 + mu / 4), 5 * (1 + mu / 4), 9 * (1 + mu / 8)])
+    longest = tt.noise_scale_values(grid, b, mu, horizon=4)  # the rule's y at x = 4; other replay designs last
+    np.testing.assert_allclose(longest, [expected[0], np.inf, expected[2], np.inf])
+    assert grid[int(np.argmin(longest))] == (4, 4)
 
 
 def test_a_step_size_at_an_edge_is_extended_beyond_it(monkeypatch):
