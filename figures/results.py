@@ -39,7 +39,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import ScalarFormatter
+from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
 from replay_theory.figures.style import COLORS, DPI, new_axes, new_axes_row, render
 
@@ -521,8 +521,10 @@ def plot_validation(results: Path = Path("results"), axes=None) -> Figure:
 
 # --------------------------------------------------------------------------- does the theory predict?
 
-THEORY_TEST_OBJECTIVES = (("noise_scale", "noise-scale rule", "-"), ("paper_J", "paper J", "--"),
-                          ("on_policy", "always on-policy", "-."), ("null", "null γ(y)", ":"))
+THEORY_TEST_OBJECTIVES = (("noise_scale", "noise-scale rule", "-"), ("noise_scale_long", "rule, x = 16", "-"),
+                          ("paper_J", "paper J", "--"), ("on_policy", "always on-policy", "-."),
+                          ("null", "null γ(y)", ":"))
+REGRET_TICKS = (1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0)
 
 
 def theory_test_data(results: Path) -> dict:
@@ -573,24 +575,25 @@ def plot_theory_test(results: Path = Path("results"), axes=None) -> Figure:
         axes[0].text(i, 0.93, f"{100 * within:.0f}%", ha="center", va="top", fontsize=8)
     axes[0].set_xticks(range(len(THEORY_TEST_OBJECTIVES)),
                        [label for _, label, _ in THEORY_TEST_OBJECTIVES], rotation=20, ha="right", fontsize=8)
-    axes[0].set_yscale("log")
+    for ax in axes:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(FixedLocator(REGRET_TICKS))
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_locator(NullLocator())
     axes[0].set_ylim(0.85, None)
-    axes[0].yaxis.set_major_formatter(ScalarFormatter())
-    axes[0].yaxis.set_minor_formatter(ScalarFormatter())
     axes[0].axhline(1.2, color="0.5", lw=0.8, ls="--")
     axes[0].set_ylabel("regret (share of cells <= 1.2 at the bottom)")
     at = [c for c in cells if c["mu"] == 5.28 and c["b"] is not None and np.isfinite(c["b"])]
-    for i, (name, label, _style) in enumerate(THEORY_TEST_OBJECTIVES[:3]):
+    for i, (name, label, _style) in enumerate(THEORY_TEST_OBJECTIVES[:4]):
         axes[1].scatter([c["b"] for c in at], [c["regret"][name] for c in at], s=12, color=COLORS[i],
-                        marker="o^s"[i], label=label, alpha=0.8, lw=0)
+                        marker="o^sD"[i], label=label, alpha=0.8, lw=0)
     axes[1].set_xscale("log")
-    axes[1].set_yscale("log")
-    axes[1].yaxis.set_major_formatter(ScalarFormatter())
+    axes[1].set_ylim(0.9, None)
     axes[1].axhline(1.2, color="0.5", lw=0.8, ls="--")
     axes[1].axvline((np.sqrt(1 + 5.28) - 1) / 2, color="0.3", lw=0.8, ls=":")  # the rule's threshold at mu = 5.28
     axes[1].set_xlabel("b = B_noise / B, measured (μ = 5.28; dotted: threshold)")
     axes[1].set_ylabel("regret")
-    axes[1].legend(loc="upper left", fontsize=8)
+    axes[1].legend(loc="upper right", fontsize=8)
     return fig
 
 
