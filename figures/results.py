@@ -593,7 +593,8 @@ def plot_theory_test(results: Path = Path("results"), axes=None) -> Figure:
     axes[1].axvline((np.sqrt(1 + 5.28) - 1) / 2, color="0.3", lw=0.8, ls=":")  # the rule's threshold at mu = 5.28
     axes[1].set_xlabel("b = B_noise / B, measured (μ = 5.28; dotted: threshold)")
     axes[1].set_ylabel("regret")
-    axes[1].legend(loc="upper right", fontsize=8)
+    handles, labels = axes[1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=8)
     return fig
 
 
