@@ -34,8 +34,15 @@ import numpy as np
 
 from replay_theory.diagnose.by_age import AGGREGATIONS, SCORES, WEIGHTS, SequenceSums, age_step_sums, read_step_times
 from replay_theory.diagnose.errors import ConfigError
-from replay_theory.diagnose.reader import FORMATS, LogReader, detect_format, read_schema, require_pyarrow
-from replay_theory.diagnose.schema import STEP_TIME_COLUMNS, resolve_columns
+from replay_theory.diagnose.reader import (
+    FORMATS,
+    LogReader,
+    detect_format,
+    missing_column,
+    read_schema,
+    require_pyarrow,
+)
+from replay_theory.diagnose.schema import REQUIRED, STEP_TIME_COLUMNS, resolve_columns
 from replay_theory.theory.noise import DEFAULT_DRAWS, DEFAULT_LEVEL, percentile_interval, unit_weights
 from replay_theory.theory.noise_scale import noise_scale_two_batch, pooled_two_batch
 
@@ -120,6 +127,9 @@ def plan(config: CalibrateLogConfig) -> LogReader:
     columns = resolve_columns(config.preset, config.columns)
     require_pyarrow()
     names = list(read_schema(path, detect_format(path, config.format)).names)
+    for field in REQUIRED:  # first, as diagnose does: a log of another preset gets the --preset to pass
+        if getattr(columns, field) not in names:
+            raise ValueError(missing_column(path.name, field, getattr(columns, field), names))
     for field in ("age", "advantage"):
         name = getattr(columns, field)
         if not name or name not in names:

@@ -72,6 +72,8 @@ def _verl_w(lr: np.ndarray) -> np.ndarray:
     return np.exp(np.clip(lr, -SAFETY_BOUND, SAFETY_BOUND))
 
 
+#: rows of :func:`sequence_quantities` that are logs of verl's perplexities and ppl_ratio (their means of e^x)
+EXP_OF = ("training_log_ppl", "rollout_log_ppl", "log_ppl_diff")
 #: per-sequence sums a run of tokens contributes (:meth:`FrameworkSums.add_tokens`), in this order
 SEQ_FIELDS = ("seq_len", "seq_lr", "seq_cur", "seq_behav", "seq_w", "seq_trl_low", "seq_trl_high")
 
@@ -90,11 +92,12 @@ def sequence_quantities(seq: dict[str, np.ndarray], params: FrameworkParams) -> 
     seq_weights = L * w_seq / (L + VERL_EPS)  # sequence mode's
     # TRL's default sequence_mask: R = exp(sum log r), R > C_max -> 0; R <= C_max where kept, so exp is safe
     kept = slr <= math.log(params.is_cap)
+    # the perplexities exp(-mean log p) and ppl_ratio exp(log_ppl_diff) overflow past e^709: they are streamed as
+    # their logs (the rows of EXP_OF), whose means of e^x Running keeps in log space
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         return {
-            "training_ppl": np.exp(-mean_cur), "training_log_ppl": -mean_cur,
-            "rollout_ppl": np.exp(-mean_behav), "rollout_log_ppl": -mean_behav,
-            "log_ppl_diff": log_ppl_diff, "log_ppl_abs_diff": np.abs(log_ppl_diff), "ppl_ratio": np.exp(log_ppl_diff),
+            "training_log_ppl": -mean_cur, "rollout_log_ppl": -mean_behav,
+            "log_ppl_diff": log_ppl_diff, "log_ppl_abs_diff": np.abs(log_ppl_diff),
             "chi2_seq": w_seq**2,
             "trl_is_ratio": np.where(kept, np.exp(np.minimum(slr, math.log(params.is_cap))), 0.0),
             "trl_low": seq["seq_trl_low"] / L, "trl_high": seq["seq_trl_high"] / L,  # 0/0 = NaN: nanmin skips
@@ -213,7 +216,7 @@ class FrameworkSums:
         full = {f: seq.get(f, np.zeros_like(seq["seq_len"])) for f in SEQ_FIELDS}
         values = sequence_quantities(full, params)
         if self.seq is None:
-            self.seq = Running(tuple(values))
+            self.seq = Running(tuple(values), exp_of=EXP_OF)
         self.seq.update(np.stack(list(values.values())))
 
     @property
@@ -276,15 +279,16 @@ def finish(sums: FrameworkSums, params: FrameworkParams, rollout_is: str = "toke
     n_seq = sums.n_seq
     out: dict[str, float] = {}
     # verl rollout_corr_helper.py compute_offpolicy_metrics (old_log_prob = current, rollout_log_prob = behav):
-    # batch means over the rows of per-row masked means
-    for key in ("training_ppl", "training_log_ppl"):
-        out[f"rollout_corr/{key}"] = q[key].total / n_seq
+    # batch means over the rows of per-row masked means; the perplexities are means of e^{log ppl} (inf past 1.8e308)
+    out["rollout_corr/training_ppl"] = q["training_log_ppl"].mean_exp
+    out["rollout_corr/training_log_ppl"] = q["training_log_ppl"].total / n_seq
     out["rollout_corr/kl"] = sums.kl / (n + VERL_EPS)
-    for key in ("rollout_ppl", "rollout_log_ppl", "log_ppl_diff", "log_ppl_abs_diff"):
+    out["rollout_corr/rollout_ppl"] = q["rollout_log_ppl"].mean_exp
+    for key in ("rollout_log_ppl", "log_ppl_diff", "log_ppl_abs_diff"):
         out[f"rollout_corr/{key}"] = q[key].total / n_seq
     out["rollout_corr/log_ppl_diff_max"] = q["log_ppl_diff"].high
     out["rollout_corr/log_ppl_diff_min"] = q["log_ppl_diff"].low
-    out["rollout_corr/ppl_ratio"] = q["ppl_ratio"].total / n_seq
+    out["rollout_corr/ppl_ratio"] = q["log_ppl_diff"].mean_exp
     out["rollout_corr/chi2_token"] = sums.w_sq / (n + VERL_EPS) - 1.0
     out["rollout_corr/chi2_seq"] = q["chi2_seq"].total / n_seq - 1.0
     out.update(rollout_is_metrics(sums, params, rollout_is))

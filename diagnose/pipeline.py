@@ -36,7 +36,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from replay_theory.diagnose.accumulators import UNSHIFTED_MAX, LogRatioHistogram, Moments
+from replay_theory.diagnose.accumulators import LOG_FLOAT_MAX, UNSHIFTED_MAX, LogRatioHistogram, Moments
 from replay_theory.diagnose.drift import fit_kl_drift
 from replay_theory.diagnose.errors import ConfigError
 from replay_theory.diagnose.framework_stats import (
@@ -410,8 +410,14 @@ def diagnose(config: DiagnoseConfig, progress: Optional[Callable[[int, int], Non
     report.update(_group_stats(state.tokens, 0))
     report["n_tokens"] = int(state.tokens.n[0])
     top, low = float(state.tokens.lmax[0]), float(state.tokens.lmin[0])
-    report["ratio_quantiles"] = {f"p{int(round(q * 100)):02d}": math.exp(v)
-                                 for q, v in zip(QUANTILES, state.hist.quantiles(QUANTILES, low, top))}
+    values, widths = state.hist.quantiles(QUANTILES, low, top)
+    names = [f"p{int(round(q * 100)):02d}" for q in QUANTILES]
+    report["log_ratio_quantiles"] = dict(zip(names, values))
+    # r itself leaves float64 past log r = 709.78 (null in the JSON, e^{log r} in the table, as for ratio_max)
+    report["ratio_quantiles"] = {k: math.exp(v) if v < LOG_FLOAT_MAX else math.inf for k, v in zip(names, values)}
+    # the most any quantile's log r can be off: the histogram's bin width, wider only where its sparse tail had to
+    # coarsen (report.py prints it then)
+    report["ratio_quantiles_log_error"] = max(widths)
     if state.reward_n:
         report["mean_reward"] = state.reward_sum / state.reward_n
 

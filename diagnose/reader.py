@@ -20,7 +20,9 @@ removed here, in either layout, before any check or statistic sees them.
 from __future__ import annotations
 
 import io
+import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -28,7 +30,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from replay_theory.diagnose.errors import ConfigError
-from replay_theory.diagnose.schema import REQUIRED, ColumnMap
+from replay_theory.diagnose.schema import PRESETS, REQUIRED, ColumnMap
 
 FORMATS = ("parquet", "csv", "jsonl")
 _SUFFIX_FORMAT = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv",
@@ -149,14 +151,12 @@ class LogReader:
         try:
             self.schema = read_schema(self.path, self.format)
         except Exception as exc:  # pyarrow raises many types for a corrupt file
-            raise ValueError(f"cannot read {self.path.name} as {self.format}: {_first_line(exc)}") from exc
+            raise ValueError(f"cannot read {self.path.name} as {self.format}: {self._parse_error(exc, 0)}") from exc
         self.names = list(self.schema.names)
         self.used = {field: name for field, name in columns.columns().items() if name in self.names}  # field -> column
         for field in REQUIRED:
             if field not in self.used:
-                raise ValueError(
-                    f"column {getattr(columns, field)!r} ({field}) not in {self.path.name} (columns: "
-                    f"{', '.join(self.names[:12])}); map it with --columns {field}=NAME or pick --preset trl|verl")
+                raise ValueError(missing_column(self.path.name, field, getattr(columns, field), self.names))
         self.layout = columns.layout
         if self.layout == "auto":  # CSV has no list columns
             wide = self.format != "csv" and _is_list_type(self.schema.field(self.used["logp_behav"]).type)
@@ -180,7 +180,25 @@ class LogReader:
         except Exception as exc:  # pyarrow parse errors mid-file: one line, no traceback
             if _ours(exc, self._pa) or isinstance(exc, UnsortedIds):
                 raise
+            if self.format == "jsonl":
+                raise ValueError(f"cannot read {self.path.name}: {self._parse_error(exc, self.rows_done)}") from exc
             raise ValueError(f"cannot read {self.path.name} past row {self.rows_done}: {_first_line(exc)}") from exc
+
+    def _parse_error(self, exc: BaseException, rows_before: int) -> str:
+        """pyarrow's message, for JSON lines with the file's 1-based line number in place of pyarrow's row (0-based,
+        counted from the start of the block that failed, blank lines skipped): ``rows_before`` rows came before it."""
+        text = _first_line(exc)
+        found = _PYARROW_ROW.search(text) if self.format == "jsonl" else None
+        if found is None:
+            return text
+        line, content = _line_of_row(self.path, rows_before + int(found.group(1)))
+        if line is None:
+            return text
+        try:  # pyarrow reads a cut-off line together with the next; Python's parser names what is wrong with it
+            json.loads(content)
+        except ValueError as err:
+            return f"line {line} is not JSON ({getattr(err, 'msg', err)}, column {getattr(err, 'colno', '?')})"
+        return f"{text[:found.start()].rstrip()} on line {line}{text[found.end():]}"
 
     def _long(self, batch) -> TokenChunk:
         seq = self._encode(self._ids(batch.column(self.used["seq_id"])))
@@ -374,6 +392,43 @@ def _drop_masked(seq: np.ndarray, arrays: dict[str, Optional[np.ndarray]]) -> tu
 def _ours(exc: BaseException, pa) -> bool:
     """A ValueError raised here (already one line), not a pyarrow error (some subclass ValueError)."""
     return isinstance(exc, ValueError) and not isinstance(exc, pa.lib.ArrowException)
+
+
+def missing_column(file: str, field: str, name: str, names: list[str]) -> str:
+    """The one-line error for a required column ``field`` (mapped to ``name``) that ``file`` lacks: the fix, naming
+    the preset whose two log-prob columns the file has where one has them (``diagnose`` and ``calibrate --from-log``
+    both say it)."""
+    fits = [preset for preset, cmap in PRESETS.items()
+            if preset != "default" and cmap.logp_behav in names and cmap.logp_current in names]
+    if fits:
+        fix = f"this log has the {' and the '.join(fits)} preset's columns: pass --preset {fits[0]}"
+    else:
+        fix = f"map it with --columns {field}=NAME or pick --preset {'|'.join(p for p in PRESETS if p != 'default')}"
+    return f"column {name!r} ({field}) not in {file} (columns: {', '.join(names[:12])}); {fix}"
+
+
+#: where pyarrow's JSON reader names the failing row
+_PYARROW_ROW = re.compile(r"\s*\bin row (\d+)\b")
+
+
+def _line_of_row(path: Path, row: int) -> tuple[Optional[int], bytes]:
+    """The 1-based line number and the bytes of the ``row``-th (0-based) non-blank line of ``path``, as pyarrow
+    counts rows (blank lines skipped); (None, b"") past the end. Read in blocks: only an error message pays for it."""
+    seen = lines_before = 0
+    rest = b""
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(BLOCK_BYTES), b""):
+            lines = (rest + block).split(b"\n")
+            rest = lines.pop()  # the block's last line may go on in the next block
+            nonblank = np.flatnonzero([bool(text.strip()) for text in lines])  # (k,)
+            if seen + nonblank.size > row:
+                at = int(nonblank[row - seen])
+                return lines_before + at + 1, lines[at]
+            seen += nonblank.size
+            lines_before += len(lines)
+    if rest.strip() and seen == row:
+        return lines_before + 1, rest
+    return None, b""
 
 
 def _first_line(exc: BaseException) -> str:

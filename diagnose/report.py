@@ -72,7 +72,14 @@ def render(report: dict) -> str:
                   [[label, _fmt(report.get(key)), _fmt(seq.get(key))] for key, label in ROWS.items()])
     q = report.get("ratio_quantiles") or {}
     if q:
-        out.append("  ratio quantiles: " + "  ".join(f"{k} {_fmt(v, 3)}" for k, v in q.items()))
+        error = report.get("ratio_quantiles_log_error")
+        # printed only when a quantile came from a coarsened tail bin: the default 1e-3 is below the 3 digits shown
+        within = f" (each within a factor e^{error:.3g} = {math.exp(error):.4g})" if error and error > 2e-3 else ""
+        logs = report.get("log_ratio_quantiles") or {}
+        # a quantile that leaves float64 (null: over; 0: under) is shown as e^{log r}, never as a bare "-" or 0
+        shown = {k: f"e^{logs[k]:.4g}" if (v is None or v == 0) and logs.get(k) is not None else _fmt(v, 3)
+                 for k, v in q.items()}
+        out.append(f"  ratio quantiles{within}: " + "  ".join(f"{k} {v}" for k, v in shown.items()))
     out += ["", "theory bounds (lhs <= rhs):"]
     rows = [[f"{level}: {rel['name']}", _fmt(rel["lhs"]), _fmt(rel["rhs"]), _fmt(rel["holds"]), _fmt(rel["slack"]),
              rel["source"]] for level in ("token", "sequence") for rel in (report.get("bounds") or {}).get(level, [])]

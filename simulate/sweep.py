@@ -415,6 +415,23 @@ def prepare_out_dir(spec: dict, out_dir: str | Path) -> Path:
     return out_dir
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`run_sweep`: what is saved in ``out_dir`` and how to go on (:meth:`message`)."""
+
+    def __init__(self, out_dir: Path, total: int, reused: int, new: int) -> None:
+        super().__init__(out_dir, total, reused, new)
+        self.out_dir, self.total, self.reused, self.new = out_dir, total, reused, new
+
+    def message(self) -> str:
+        saved = self.reused + self.new
+        if not saved:
+            return (f"interrupted: none of the {self.total} configurations had finished, so nothing was kept in "
+                    f"{self.out_dir}; run the same command to start again")
+        return (f"interrupted: {saved} of {self.total} configurations are saved in {self.out_dir / 'runs'} "
+                f"({self.new} finished now, {self.reused} reused from before); run the same command to resume: it "
+                f"runs only the other {self.total - saved}")
+
+
 def _created_by_us(out_dir: Path) -> list[Path]:
     """The folders (deepest first) that creating ``out_dir/runs`` will make: removed again if nothing finishes."""
     missing = [p for p in [out_dir / "runs", out_dir, *out_dir.parents] if not p.exists()]
@@ -456,19 +473,31 @@ def run_sweep(spec: dict, out_dir: str | Path, n_jobs: int = -1, backend: str = 
     wrote_spec = not (out_dir / "spec.json").exists()
     where = f" of --scheduler {scheduler}" if scheduler else ""
     engine = open_engine(backend, n_jobs, scheduler, len(todo)) if todo else contextlib.nullcontext(None)
-    with engine as results:
-        try:
-            prepare_out_dir(spec, out_dir)
-            progress = ProgressBar("configurations", len(configs), len(configs) - len(todo), enabled=show_progress)
-            if todo:
-                runs_dir = out_dir / "runs"
-                for output in results(todo):
-                    write_run(runs_dir, output, where)
-                    progress.advance()
-            progress.close()
-        except BaseException:
-            _remove_unfinished(out_dir, created, wrote_spec)
-            raise
+    reused = len(configs) - len(todo)
+    new = 0
+    progress = None
+    try:
+        with engine as results:
+            try:
+                prepare_out_dir(spec, out_dir)
+                # the count starts at the configurations found finished; the label says so, or 3/12 would read as 3
+                # run just now
+                label = f"configurations ({reused} reused)" if reused else "configurations"
+                progress = ProgressBar(label, len(configs), reused, enabled=show_progress)
+                if todo:
+                    runs_dir = out_dir / "runs"
+                    for output in results(todo):
+                        write_run(runs_dir, output, where)
+                        new += 1
+                        progress.advance()
+            except BaseException:
+                _remove_unfinished(out_dir, created, wrote_spec)
+                raise
+            finally:
+                if progress is not None:
+                    progress.close()
+    except KeyboardInterrupt as err:  # Ctrl-C, here or while the engine shuts down: say what is kept
+        raise SweepInterrupted(out_dir, len(configs), reused, new) from err
     return write_results_table(out_dir)
 
 
