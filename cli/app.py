@@ -43,11 +43,15 @@ from replay_theory.cli.common import PROG, UserError, help_without_command
 # Valid ranges shown when typer rejects a value before the commands' own checks run, by parameter name.
 VALID_RANGES = {**theory_cmds.VALID_RANGES, **simulate_cmds.VALID_RANGES}
 
+# rich_markup_mode=None: click's plain help, option and metavar on the left, the text wrapped beside it in all the
+# width left (48 of 80 columns). typer's rich panels give the text 22 of 80 columns (optimal's help ran to 100
+# lines for 16 options) and show flags as taking a <bool> value, which they refuse (--json true is an error).
 app = typer.Typer(
     name=PROG,
     help="How large a replay buffer, what replay ratio, which GPU split: theory-backed answers for LLM RL.",
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 

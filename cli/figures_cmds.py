@@ -6,7 +6,8 @@ tracked gallery by default (``figures/gallery/`` changes only when someone asks 
 overwritten: every requested file is checked before any work, and the command refuses with one line.
 Every figure is rendered in memory first and the files are written only afterwards, so an error
 leaves neither an empty nor a half-written directory behind. Every bad value is one line naming its
-option, exit code 2 (``cli/app.py``'s ``main`` turns ValueError into that line).
+option, exit code 2 (``cli/app.py``'s ``main`` turns ValueError into that line); a ``--results`` folder given for
+``all`` that does not exist is one (a typo there would otherwise skip every results figure and exit 0).
 """
 
 from __future__ import annotations
@@ -42,6 +43,18 @@ def parse_formats(fmt: str) -> list[str]:
     if not formats or any(f not in FORMATS for f in formats):
         raise ValueError(f"--format must be a comma-separated subset of {', '.join(FORMATS)}, got {fmt!r}")
     return formats
+
+
+def check_results_dir(results: Path, given: bool) -> None:
+    """A ``--results`` the user ``given`` must be a folder (a typo would otherwise skip every results figure and
+    exit 0); the default ``results/`` may be absent (then the theory figures only)."""
+    if not given:
+        return
+    if not results.exists():
+        raise ValueError(f"--results {results}: no such folder; give the folder `replay-theory experiment` or "
+                         "`replay-theory validate all` wrote into (RESULTS/<experiment>/, RESULTS/validation/)")
+    if not results.is_dir():
+        raise ValueError(f"--results {results} is a file; give the results folder")
 
 
 def check_dpi(dpi: int) -> None:
@@ -89,6 +102,7 @@ def write_all(out: Path, files: list[tuple[str, bytes]]) -> list[Path]:
 def register(app: typer.Typer) -> None:
     @app.command()
     def figures(
+        ctx: typer.Context,
         names: NamesArgument = None,
         out: OutOption = DEFAULT_OUT,
         fmt: FormatOption = "png",
@@ -123,6 +137,8 @@ def register(app: typer.Typer) -> None:
         unknown = [n for n in chosen if n not in available]
         if unknown:
             raise ValueError(f"unknown figure(s) {', '.join(unknown)}; choose from {', '.join(available)} or all")
+        if everything:  # a named results figure says which experiment's folder it misses; `all` would skip them all
+            check_results_dir(results, ctx.get_parameter_source("results").name != "DEFAULT")
         check_out_dir(out)
         skipped = []
         for name in [n for n in chosen if n in RESULTS_FIGURES]:

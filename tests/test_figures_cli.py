@@ -22,8 +22,8 @@ def test_default_out_is_figures_out_not_the_gallery_at_200_dpi(cli, tmp_path, mo
     assert (code, err) == (0, "")
     assert out == os.path.join("figures-out", "gamma-table.png") + "\n"
     assert sorted(os.listdir(tmp_path)) == ["figures-out"]
-    image = Image.open(tmp_path / "figures-out" / "gamma-table.png")
-    assert image.info["dpi"][0] == pytest.approx(200, abs=0.01)
+    with Image.open(tmp_path / "figures-out" / "gamma-table.png") as image:
+        assert image.info["dpi"][0] == pytest.approx(200, abs=0.01)
 
 
 @pytest.mark.parametrize("dpi", ["100000", "0", "49", "1201"])

@@ -108,7 +108,8 @@ def test_every_results_figure_renders_or_names_its_command(results_root, tmp_pat
 
 
 def test_figures_all_skips_missing_results_with_the_command(cli, tmp_path):
-    code, out, _ = cli("figures", "all", "--results", str(tmp_path / "none"), "--out", str(tmp_path / "f"))
+    (tmp_path / "empty").mkdir()  # a results folder with no experiment in it yet (a missing one is an error)
+    code, out, _ = cli("figures", "all", "--results", str(tmp_path / "empty"), "--out", str(tmp_path / "f"))
     assert code == 0
     assert "skipped validation: " in out and "replay-theory validate all --out" in out
     # the theory figures are still built, identical to building them on their own
@@ -180,7 +181,8 @@ def test_validate_report_png_is_the_validation_figures_left_panel(tmp_path, monk
 
     assert loop.save_report_figure is fig.save_report_figure  # report.png is drawn by the figures module
     fig.save_report_figure(REPORT, tmp_path / "report.png")
-    assert Image.open(tmp_path / "report.png").info["dpi"][0] == pytest.approx(200, abs=0.01)
+    with Image.open(tmp_path / "report.png") as image:  # closed: an unclosed file is a ResourceWarning
+        assert image.info["dpi"][0] == pytest.approx(200, abs=0.01)
     alone = fig.plot_report_bars(REPORT)
     (tmp_path / "validation").mkdir()
     (tmp_path / "validation" / "report.json").write_text(json.dumps(REPORT))
