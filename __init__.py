@@ -5,8 +5,19 @@ Sub-packages
 theory    symbolic and numeric derivations (importance weights, optimal buffer design)
 simulate  vectorized bandit / token-MDP simulator of replay designs
 validate  the same training on a Qwen-architecture language model
+diagnose  statistics of logged rollouts (importance weights, by age, what-if corrections)
+integrations  the replay buffer inside TRL, a logging hook for verl
 cli       the ``replay-theory`` command line
 figures   figures rebuilt from theory and from saved results
 """
 
+import os as _os
+
 __version__ = "0.1.0"
+
+# Same seed, same numbers at any --threads: Intel MKL (torch's CPU BLAS) splits a matrix product's inner dimension
+# across threads on AVX-512 machines, so a backward pass at 2 threads differed from 1 thread in the last bits (the SFT
+# warm start drifted 1e-6 per step; tests/test_validate_determinism.py). MKL's conditional numerical reproducibility
+# mode with STRICT (results independent of the thread count; COMPATIBLE alone left some shapes differing) removes
+# that; it must be set before torch loads MKL, hence here. A value the user set is kept.
+_os.environ.setdefault("MKL_CBWR", "AVX2,STRICT")
