@@ -40,7 +40,7 @@ TinyOption = Annotated[bool, typer.Option("--tiny/--full", help="Small problem a
                                                               "n-train 5000, probe-steps 64, samples 4096 where "
                                                               "left at their defaults).")]
 ThoroughOption = Annotated[bool, typer.Option("--thorough", help="The decisive verify: 16 seeds, budget 96 updates, "
-                                                                "the FIFO family only.")]
+                                                                "the FIFO family only, --lr-grid auto.")]
 RhoOption = Annotated[Optional[float], typer.Option(
     "--rho", help="Correlation rho of Assumption 3.3 in [0, 1] for the prediction (default: the profile's fit; an "
                   "out-of-range fit gives 0, said in the output).")]
@@ -131,7 +131,8 @@ def verify(
 ) -> None:
     """Train on-policy, the prediction and its neighbours at equal compute; writes report.json/.md/.png
     (never overwritten: a re-run with the same settings prints the saved report's best design)."""
-    plan = protocol(fields["seeds"], fields["budget_updates"], thorough, fields["group_replay"])
+    plan = protocol(fields["seeds"], fields["budget_updates"], thorough, fields["group_replay"], fields["lr_grid"],
+                    fields["batched"])
     if threads is not None:
         check_integer("--threads", threads, 1)
     check_run_dir(out, needs="predicted.json")
@@ -147,7 +148,8 @@ def validate_all(fields: dict[str, Any], out: OutOption, tiny: TinyOption = True
                  rho: RhoOption = None, no_progress: NoProgressOption = False) -> None:
     """calibrate-model -> predict -> verify."""
     config = _sized(AllConfig, fields, tiny)
-    plan = protocol(config.seeds, config.budget_updates, thorough, config.group_replay)
+    plan = protocol(config.seeds, config.budget_updates, thorough, config.group_replay, config.lr_grid,
+                    config.batched)
     _check_rho(rho)
     check_run_dir(out)
     loop = _loop()

@@ -56,10 +56,10 @@ def test_calibrate_then_predict(tmp_path, monkeypatch):
     out = tmp_path / "run"
     calibration = run_calibrate(SMALL, out, log=lambda *_: None, progress=True)
     # a bar per phase, each run to its end: warm start, probe, noise measurement (reference chunks, 5 staleness
-    # values, the buffer)
+    # values, the buffer, and the 2 earlier noise-scale checkpoints: the last reuses the reference)
     progress = {bar.label: (bar.count, bar.total) for bar in RecordedBar.bars}
     assert progress == {"warm start (SFT steps)": (40, 40), "probe (RL steps)": (10, 10),
-                        "noise (gradient batches)": (1 + 5 + 1, 7),  # reference, 5 staleness values, the buffer
+                        "noise (gradient batches)": (1 + 5 + 1 + 2, 9),
                         "App. E count window (0.1 s)": (20, 20)} and all(b.enabled for b in RecordedBar.bars)
     assert calibration["staleness"] == [0.0, 1.0, 2.0, 4.0, 8.0]
     assert len(calibration["sigma_sq"]) == 5 and all(v >= 0 for v in calibration["sigma_sq"])
@@ -220,7 +220,7 @@ def test_validate_calibrate_and_all_build_the_same_config_with_the_configs_defau
     from replay_theory.cli.app import app
 
     seen, plans = [], []
-    monkeypatch.setattr(loop, "run_calibrate", lambda config, out, log, progress: seen.append(config))
+    monkeypatch.setattr(loop, "run_calibrate", lambda config, out, log, progress: seen.append(config) or {})
     monkeypatch.setattr(loop, "run_predict", lambda config, out, log, rho=None: None)
     monkeypatch.setattr(loop, "run_verify", lambda config, out, plan, log, progress: plans.append(plan) or {
         "measured_best": {"name": "on-policy"}})
@@ -237,7 +237,7 @@ def test_validate_calibrate_and_all_build_the_same_config_with_the_configs_defau
     assert seen == [default, full, default, full]  # --full keeps a size the user gave (--samples 128)
     assert plans == [VerifyConfig(), VerifyConfig()]
     assert runner.invoke(app, ["validate", "all", "--out", str(tmp_path), "--thorough"]).exit_code == 0
-    assert plans[-1] == VerifyConfig(seeds=16, budget_updates=96, group_replay=False)
+    assert plans[-1] == VerifyConfig(seeds=16, budget_updates=96, group_replay=False, lr_grid="auto")
     refused = runner.invoke(app, ["validate", "all", "--out", str(tmp_path), "--thorough", "--group-replay", "true"])
     assert str(refused.exception) == ("--thorough sets --seeds 16 --budget-updates 96 --group-replay false; give "
                                       "--thorough or those options, not both")

@@ -107,11 +107,36 @@ class VerifyConfig:
     group_replay: bool = False
     """Also train the three RLOO whole-group replay cells, which lie outside the (x, y) family Thm 3.5 ranks
     (12 more runs at the defaults: `validate all --tiny` under load took 608 s with them, 487 s without)."""
+    lr_grid: str = ""
+    """Learning rates to train every design at, comma-separated (>= 3 distinct values > 0, e.g. 1.5e-4,3e-4,6e-4), or
+    auto (--lr / 2, --lr, 2 --lr; the --thorough default); each design is reported at its best (grid edge flagged).
+    Empty: --lr only."""
+    batched: bool = False
+    """Train all seeds of a design at once (validate/batched.py; bit-identical to the one-seed-at-a-time reference
+    loop). Off by default: on the 2-core CPU it measured 0.82x (slower) at 16 seeds with 5.6x the peak memory
+    (bench/bench_validate_batched.py); meant for a GPU, where it was not measured."""
 
     def validated(self) -> "VerifyConfig":
         check_integer("--seeds", self.seeds, 1)
         check_integer("--budget-updates", self.budget_updates, 1)
+        self.learning_rates(1.0)  # the grid's own checks (auto needs no --lr to be checked)
         return self
+
+    def learning_rates(self, lr: float) -> tuple[float, ...]:
+        """The grid, ascending: ``lr_grid``'s values, (lr / 2, lr, 2 lr) for ``auto``, or (lr,) when empty."""
+        text = self.lr_grid.strip()
+        if not text:
+            return (lr,)
+        if text == "auto":
+            return (lr / 2, lr, 2 * lr)
+        try:
+            values = [float(v) for v in text.split(",")]
+        except ValueError:
+            raise ValueError(f"--lr-grid must be comma-separated numbers > 0 or auto, got {self.lr_grid!r}") from None
+        if len(values) < 3 or any(not (math.isfinite(v) and v > 0) for v in values) or len(set(values)) < len(values):
+            raise ValueError(f"--lr-grid must be >= 3 distinct finite numbers > 0 (e.g. 1.5e-4,3e-4,6e-4) or auto, "
+                             f"got {self.lr_grid!r}")
+        return tuple(sorted(values))
 
 
 @dataclass(frozen=True)
@@ -128,7 +153,7 @@ class AllConfig(ValidateConfig, VerifyConfig):
         return ValidateConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
 
     def verify(self) -> VerifyConfig:
-        return VerifyConfig(self.seeds, self.budget_updates, self.group_replay)
+        return VerifyConfig(self.seeds, self.budget_updates, self.group_replay, self.lr_grid, self.batched)
 
 
 ENGINES = ("hf", "vllm", "auto")
@@ -136,8 +161,9 @@ MAX_STALENESS = 8
 """Largest staleness of the LM noise profile (s = 0, 1, 2, 4, 8) and largest KL lag."""
 FULL_SIZES = dict(n_train=5000, probe_steps=64, samples=4096)
 """--full: the sizes --tiny (the defaults) shrinks for a CPU."""
-THOROUGH = VerifyConfig(seeds=16, budget_updates=96, group_replay=False)
-"""verify --thorough: the decisive protocol (measured wall time in docs/VALIDATION.md)."""
+THOROUGH = VerifyConfig(seeds=16, budget_updates=96, group_replay=False, lr_grid="auto")
+"""verify --thorough: the decisive protocol (measured wall time in docs/VALIDATION.md); the step size tuned per
+design on --lr / 2, --lr, 2 --lr."""
 
 TINY_MODEL = dict(hidden_size=96, num_layers=3, num_heads=4, num_kv_heads=2, intermediate_size=192)
 
@@ -157,12 +183,17 @@ def check_positive(option: str, value: float) -> None:
         raise ValueError(f"{option} must be a finite number > 0, got {value}")
 
 
-def protocol(seeds: int, budget_updates: int, thorough: bool, group_replay: bool = False) -> VerifyConfig:
-    """--thorough's seeds and budget, or the ones given; both at once is refused (which would win is a guess)."""
+def protocol(seeds: int, budget_updates: int, thorough: bool, group_replay: bool = False, lr_grid: str = "",
+             batched: bool = False) -> VerifyConfig:
+    """--thorough's seeds and budget, or the ones given; both at once is refused (which would win is a guess).
+
+    --lr-grid may be given with --thorough: it replaces the default grid (auto)."""
     if thorough and ((seeds, budget_updates) != (VERIFY_SEEDS, VERIFY_BUDGET_UPDATES) or group_replay):
         raise ValueError("--thorough sets --seeds 16 --budget-updates 96 --group-replay false; give --thorough or "
                          "those options, not both")
-    return (THOROUGH if thorough else VerifyConfig(seeds, budget_updates, group_replay)).validated()
+    if thorough:
+        return dataclasses.replace(THOROUGH, lr_grid=lr_grid or THOROUGH.lr_grid, batched=batched).validated()
+    return VerifyConfig(seeds, budget_updates, group_replay, lr_grid, batched).validated()
 
 
 def load_run_config(out_dir: Path, **overrides) -> ValidateConfig:

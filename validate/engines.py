@@ -51,7 +51,8 @@ class Sampler(Protocol):
     def sync(self, policy: Policy) -> None: ...
 
     def generate(self, policy: Policy, prompts: Sequence[str], num_samples: int, max_new_tokens: int,
-                 temperature: float, generator: torch.Generator) -> Rollouts: ...
+                 temperature: float, generator: torch.Generator | Sequence[torch.Generator], *,
+                 prompt_width: int | None = None) -> Rollouts: ...
 
 
 class HFSampler:
@@ -72,12 +73,15 @@ class HFSampler:
             self._copy.model.load_state_dict(policy.model.state_dict())
 
     def generate(self, policy: Policy, prompts: Sequence[str], num_samples: int, max_new_tokens: int,
-                 temperature: float, generator: torch.Generator) -> Rollouts:
+                 temperature: float, generator: torch.Generator | Sequence[torch.Generator], *,
+                 prompt_width: int | None = None) -> Rollouts:
         if not self.stale_copy:
-            return generate(policy, prompts, num_samples, max_new_tokens, temperature, generator)
+            return generate(policy, prompts, num_samples, max_new_tokens, temperature, generator,
+                            prompt_width=prompt_width)
         if self._copy is None:
             raise RuntimeError("HFSampler(stale_copy=True).generate called before sync(policy)")
-        return generate(self._copy, prompts, num_samples, max_new_tokens, temperature, generator)
+        return generate(self._copy, prompts, num_samples, max_new_tokens, temperature, generator,
+                        prompt_width=prompt_width)
 
 
 def resolve_engine(engine: str, device: str) -> str:

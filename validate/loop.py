@@ -37,6 +37,7 @@ from replay_theory.theory.design import DesignQuery, optimal_design
 from replay_theory.theory.group_replay import fresh_groups_per_step, fresh_verifier_evaluations
 from replay_theory.theory.profiles import load_profile
 from replay_theory.validate import countdown
+from replay_theory.validate.batched import stack_policy
 from replay_theory.validate.calibrate import calibrate_lm, write_calibration
 from replay_theory.validate.config import (
     TINY_MODEL,
@@ -56,7 +57,14 @@ from replay_theory.validate.model import (
     save_checkpoint,
     sft_warm_start,
 )
-from replay_theory.validate.rl import RLConfig, checkpoint_next_step, evaluate_policy, train
+from replay_theory.validate.rl import (
+    RLConfig,
+    checkpoint_next_step,
+    evaluate_policies,
+    evaluate_policy,
+    train,
+    train_loop,
+)
 from replay_theory.validate.steplog import StepLog, truncate_log
 from replay_theory.validate.verdict import compare
 
@@ -324,12 +332,16 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     existing = out_dir / "report.json"
     if existing.exists():  # reports are never overwritten: the same request returns the saved report
         report = json.loads(existing.read_text())
-        if (report["budget"]["seeds"], report["budget"]["updates"]) != (seeds, budget_updates):
+        saved_lrs = report["budget"].get("lr_grid", [report.get("config", {}).get("lr", config.lr)])
+        if (report["budget"]["seeds"], report["budget"]["updates"], saved_lrs) != (
+                seeds, budget_updates, list(plan.learning_rates(config.lr))):
+            lr_text = f" at learning rates {', '.join(f'{lr:.3g}' for lr in saved_lrs)}" if len(saved_lrs) > 1 else ""
             raise ValueError(f"{existing} exists for --seeds {report['budget']['seeds']} --budget-updates "
-                             f"{report['budget']['updates']}; reports are never overwritten: use another --out")
+                             f"{report['budget']['updates']}{lr_text}; reports are never overwritten: use another "
+                             f"--out")
         log(f"report exists in {out_dir}; not trained again (a new --out runs verify afresh)")
         return report
-    check_engine(config)
+    engine = check_engine(config)
     configure_torch(config.threads)
     started = time.perf_counter()
     predicted = json.loads((out_dir / "predicted.json").read_text())
@@ -342,31 +354,52 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     runs_dir.mkdir(exist_ok=True)
     warm = load_checkpoint(out_dir / "warm_start", device=config.device)
     sampler = get_sampler(config, out_dir)
-    warm_evals = [evaluate_policy(warm, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1 + s,
-                                  sampler=sampler) for s in range(seeds)]
+    # seeds as a batch axis (validate/batched.py) with --batched and the HF engine; else one seed at a time
+    batched = plan.batched and engine == "hf"
+    eval_seeds = [config.seed + 1 + s for s in range(seeds)]
+    if batched and seeds > 1:
+        warm_evals = evaluate_policies(stack_policy(warm, seeds), test_set, 8, 1.0, config.max_new_tokens, eval_seeds,
+                                       sampler=sampler)
+    else:
+        warm_evals = [evaluate_policy(warm, test_set, 8, 1.0, config.max_new_tokens, seed=e, sampler=sampler)
+                      for e in eval_seeds]
     warm_mean, warm_sd = _mean_sd([e["mean_reward"] for e in warm_evals])
     log(f"warm start: held-out reward {warm_mean:.3f} +- {warm_sd:.3f} over {seeds} evaluation seeds")
     designs = _designs(config, predicted, plan.group_replay)
-    plans = [(d, seed, runs_dir / f"{_run_file_stem(d['name'])}_seed{seed}.json") for d in designs
-             for seed in range(seeds)]
-    bar = ProgressBar("verify (design x seed runs)", len(plans), sum(path.exists() for *_, path in plans),
-                      enabled=progress)
-    records: dict[str, list[dict]] = {d["name"]: [] for d in designs}
-    for design, seed, path in plans:
+    lrs = plan.learning_rates(config.lr)
+    grid = len(lrs) > 1
+    cells = [(d, lr) for d in designs for lr in lrs]  # (design, learning rate): one group of seeds each
+    paths = {(d["name"], lr): [runs_dir / f"{_run_file_stem(d['name'])}{_lr_tag(lr) if grid else ''}_seed{s}.json"
+                               for s in range(seeds)] for d, lr in cells}
+    bar = ProgressBar("verify (design x seed runs)", len(cells) * seeds,
+                      sum(path.exists() for ps in paths.values() for path in ps), enabled=progress)
+    records: dict[tuple[str, float], list[dict]] = {}
+    for design, lr in cells:
         steps = steps_at_budget(design, budget, mu, R, K)
-        if path.exists():  # resume: finished runs are kept
-            record = json.loads(path.read_text())
-            if record["steps"] != steps:
-                raise ValueError(f"{str(path)!r} was trained for {record['steps']} updates, not {steps}: a "
-                                 f"different --budget-updates or mu; use another --out")
+        cell_paths = paths[(design["name"], lr)]
+        for path in cell_paths:
+            if path.exists():  # resume: finished runs are kept
+                saved = json.loads(path.read_text())
+                if saved["steps"] != steps:
+                    raise ValueError(f"{str(path)!r} was trained for {saved['steps']} updates, not {steps}: a "
+                                     f"different --budget-updates or mu; use another --out")
+        pending = [s for s, path in enumerate(cell_paths) if not path.exists()]
+        run_config = dataclasses.replace(config, lr=lr)
+        if batched and len(pending) > 1:
+            _train_seeds(run_config, out_dir, design, pending, steps, mu, cell_paths, train_set, test_set, sampler,
+                         bar)
         else:
-            record = _train_one(config, out_dir, design, seed, steps, mu, path, train_set, test_set, sampler, bar)
-            bar.advance()
-        records[design["name"]].append(record)
-        log(f"{design['name']:<20} seed {seed}: held-out reward {record['held_out']['mean_reward']:.3f} "
-            f"(pass@1 {record['held_out']['pass@1']:.3f}) after {record['steps']} updates")
+            for s in pending:
+                _train_one(run_config, out_dir, design, s, steps, mu, cell_paths[s], train_set, test_set, sampler,
+                           bar)
+                bar.advance()
+        records[(design["name"], lr)] = [json.loads(path.read_text()) for path in cell_paths]
+        for s, record in enumerate(records[(design["name"], lr)]):
+            log(f"{design['name']:<20}{f' lr {lr:.3g}' if grid else ''} seed {s}: held-out reward "
+                f"{record['held_out']['mean_reward']:.3f} (pass@1 {record['held_out']['pass@1']:.3f}) after "
+                f"{record['steps']} updates")
     bar.close()
-    rows = [_design_row(design, records[design["name"]], R, K, seeds, warm_mean, warm_sd) for design in designs]
+    rows = [_best_lr_row(design, lrs, records, R, K, seeds, warm_mean, warm_sd) for design in designs]
     best = max(rows, key=lambda r: r["final_reward_mean"])
     centre = "predicted" if any(r["name"] == "predicted" for r in rows) else "on-policy"
     names = [r["name"] for r in rows]
@@ -383,7 +416,8 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
         "profile_table": {"staleness": calibration["staleness"], "sigma_sq": calibration["sigma_sq"],
                           "rho": calibration["rho"]},
         "predicted": {k: predicted[k] for k in ("x_star", "y_star", "N", "B", "R", "regime")},
-        "budget": {"updates": budget_updates, "compute": budget, "seeds": seeds, "group_replay": plan.group_replay},
+        "budget": {"updates": budget_updates, "compute": budget, "seeds": seeds, "group_replay": plan.group_replay,
+                   "lr_grid": list(lrs), "batched": batched},
         "warm_start": warm_evals[0],
         "warm_start_reward": {"mean": warm_mean, "std": warm_sd, "seeds": seeds,
                               "by_seed": [e["mean_reward"] for e in warm_evals]},
@@ -415,13 +449,7 @@ def _train_one(config: ValidateConfig, out_dir: Path, design: dict, seed: int, s
                train_set, test_set, sampler, bar: ProgressBar) -> dict:
     """One verify run from the warm start (checkpointed every 5 steps, resumed exactly), evaluated held out."""
     policy = load_checkpoint(out_dir / "warm_start", device=config.device)
-    knobs = {}
-    if design["buffer"] == "group-replay":
-        knobs = dict(loss="rloo", replay_ratio_groups=design["rho"], max_age=design["L"], clip_c=design["c"])
-    rl = RLConfig(steps=steps, rollouts_per_step=config.rollouts_per_step, group_size=config.group_size,
-                  batch_size=design["B"], capacity=design["N"] or config.rollouts_per_step, buffer=design["buffer"],
-                  lr=config.lr, max_new_tokens=config.max_new_tokens, sync_every=config.sync_every,
-                  micro_batch_size=config.micro_batch_size, seed=config.seed + 101 * seed, **knobs)
+    rl = _rl_config(config, design, steps, config.seed + 101 * seed)
     checkpoint = path.with_suffix(".ckpt")  # a run interrupted mid-way resumes from here
     truncate_log(path.with_suffix(".jsonl"), checkpoint_next_step(checkpoint))
     step_log = StepLog(path.with_suffix(".jsonl"), tensorboard_dir=path.parent / "tensorboard" / path.stem)
@@ -435,6 +463,61 @@ def _train_one(config: ValidateConfig, out_dir: Path, design: dict, seed: int, s
     step_log.close()
     held_out = evaluate_policy(policy, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1 + seed,
                                sampler=sampler)
+    return _write_record(path, design, seed, steps, result, held_out)
+
+
+def _lr_tag(lr: float) -> str:
+    return f"_lr{lr:.3g}"
+
+
+def _rl_config(config: ValidateConfig, design: dict, steps: int, seed: int) -> RLConfig:
+    """The RL run of ``design`` in verify: the calibration's sizes and learning rate, the design's buffer and loss."""
+    knobs = {}
+    if design["buffer"] == "group-replay":
+        knobs = dict(loss="rloo", replay_ratio_groups=design["rho"], max_age=design["L"], clip_c=design["c"])
+    return RLConfig(steps=steps, rollouts_per_step=config.rollouts_per_step, group_size=config.group_size,
+                    batch_size=design["B"], capacity=design["N"] or config.rollouts_per_step, buffer=design["buffer"],
+                    lr=config.lr, max_new_tokens=config.max_new_tokens, sync_every=config.sync_every,
+                    micro_batch_size=config.micro_batch_size, seed=seed, **knobs)
+
+
+def _train_seeds(config: ValidateConfig, out_dir: Path, design: dict, pending: list[int], steps: int, mu: float,
+                 paths: list[Path], train_set, test_set, sampler, bar: ProgressBar) -> None:
+    """``_train_one`` for the seeds ``pending`` of one design at once (seeds as a batch axis, validate/batched.py).
+
+    Seed s trains with the streams of ``config.seed + 101 s`` and is evaluated with ``config.seed + 1 + s``, as in
+    ``_train_one``: each record equals the sequential one (tests/test_validate_batched.py). One checkpoint holds
+    every pending seed (every 5 steps, resumed exactly); records are written when all of them finish.
+    """
+    seeds = [config.seed + 101 * s for s in pending]
+    policy = stack_policy(load_checkpoint(out_dir / "warm_start", device=config.device), len(pending))
+    rl = _rl_config(config, design, steps, config.seed)
+    checkpoint = paths[pending[0]].with_name(f"{paths[pending[0]].stem.rsplit('_seed', 1)[0]}_seeds"
+                                             f"{'-'.join(map(str, pending))}.ckpt")
+    next_step = checkpoint_next_step(checkpoint)
+    logs = []
+    for s in pending:
+        truncate_log(paths[s].with_suffix(".jsonl"), next_step)
+        logs.append(StepLog(paths[s].with_suffix(".jsonl"),
+                            tensorboard_dir=paths[s].parent / "tensorboard" / paths[s].stem))
+
+    def on_step(step: int, seed_metrics: list[dict]) -> None:
+        for step_log, metrics in zip(logs, seed_metrics):
+            step_log(step, metrics)
+            bar.tick()
+
+    results = train_loop(policy, train_set, rl, seeds, progress=on_step, checkpoint=checkpoint, checkpoint_every=5,
+                         sampler=sampler, mu=mu)
+    for step_log in logs:
+        step_log.close()
+    held_out = evaluate_policies(policy, test_set, 8, 1.0, config.max_new_tokens,
+                                 [config.seed + 1 + s for s in pending], sampler=sampler)
+    for s, result, evaluation in zip(pending, results, held_out):
+        _write_record(paths[s], design, s, steps, result, evaluation)
+        bar.advance()
+
+
+def _write_record(path: Path, design: dict, seed: int, steps: int, result, held_out: dict) -> dict:
     record = {"design": design, "seed": seed, "steps": steps,
               "fresh_rollouts": result.k_inference, "samples_trained": result.k_training,
               "compute": result.compute,  # charged by the pipeline from the counted rollouts
@@ -442,6 +525,21 @@ def _train_one(config: ValidateConfig, out_dir: Path, design: dict, seed: int, s
     with path.open("x") as handle:
         json.dump(record, handle, indent=1, default=float)
     return record
+
+
+def _best_lr_row(design: dict, lrs: tuple[float, ...], records: dict, R: int, K: int, seeds: int, warm_mean: float,
+                 warm_sd: float) -> dict:
+    """The design's row at its best learning rate (highest mean held-out reward), with every rate's result.
+
+    ``lr_edge``: the best rate is the grid's smallest or largest, so the optimum may lie outside it. Choosing on the
+    held-out reward that is then reported favours every design alike (each gets its best of len(lrs) tries).
+    """
+    rows = [_design_row(design, records[(design["name"], lr)], R, K, seeds, warm_mean, warm_sd) for lr in lrs]
+    best = max(range(len(lrs)), key=lambda i: rows[i]["final_reward_mean"])
+    sweep = [{"lr": lr, "final_reward_mean": r["final_reward_mean"], "final_reward_se": r["final_reward_se"]}
+             for lr, r in zip(lrs, rows)]
+    edge = None if len(lrs) == 1 else best in (0, len(lrs) - 1)
+    return {**rows[best], "lr": lrs[best], "lr_edge": edge, "lr_sweep": sweep}
 
 
 def _design_row(design: dict, records: list[dict], R: int, K: int, seeds: int, warm_mean: float,
@@ -478,16 +576,26 @@ def _report_markdown(report: dict) -> str:
              f"Budget: the compute of {report['budget']['updates']} on-policy updates = "
              f"{report['budget']['compute']:.4g} (compute = mu x fresh rollouts + samples trained); "
              f"{report['budget']['seeds']} seeds per design.", "",
-             "| design | loss | N | B | R | x = N/R | y = B/R | rho | L | c | updates | fresh rollouts | compute "
+             "| design | loss | N | B | R | x = N/R | y = B/R | rho | L | c | lr | updates | fresh rollouts | compute "
              "| held-out reward (mean +- sd) | pass@1 | gain over warm start (+- se) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["designs"]:
         lines.append(f"| {r['name']} | {r['loss']} | {_fmt(r['N'], 'd')} | {r['B']} | {r['R']} | {_fmt(r['x'])} | "
                      f"{_fmt(r['y'])} | {_fmt(r.get('rho'), 'g')} | {_fmt(r.get('L'), 'd')} | "
-                     f"{_fmt(r.get('c'), 'g')} | "
+                     f"{_fmt(r.get('c'), 'g')} | {_lr_cell(r, report['config'].get('lr'))} | "
                      f"{r['steps']} | {r['fresh_rollouts']:.0f} | {r['compute']:.4g} | "
                      f"{r['final_reward_mean']:.3f} +- {r['final_reward_std']:.3f} | {r['final_pass_at_1_mean']:.3f} | "
                      f"{r['gain']:+.3f} +- {r['gain_se']:.3f} |")
+    lrs = report["budget"].get("lr_grid", [])
+    if len(lrs) > 1:
+        lines += ["", f"Step size tuned per design: each row above is the design at its best of lr in "
+                  f"{{{', '.join(f'{lr:.3g}' for lr in lrs)}}} (highest mean held-out reward; 'edge': the best is the "
+                  "grid's end, so the optimum may lie beyond it).", "",
+                  "| design | " + " | ".join(f"lr {lr:.3g}" for lr in lrs) + " |",
+                  "|---|" + "---|" * len(lrs)]
+        for r in report["designs"]:
+            lines.append(f"| {r['name']} | " + " | ".join(f"{c['final_reward_mean']:.3f} +- {c['final_reward_se']:.3f}"
+                                                          for c in r["lr_sweep"]) + " |")
     best, gap = report["measured_best"], report["gap"]
     knobs = (f"rho = {best['rho']:g}, L = {best['L']}, c = {best['c']:g}" if best["buffer"] == "group-replay"
              else f"x = {best['x']:.3g}, y = {best['y']:.3g}")
@@ -520,6 +628,11 @@ def verdict_markdown(verdict: dict | None, centre: str) -> list[str]:
         lines.append(f"| {pair['design']} | {pair['difference']:+.4f} | {pair['se']:.4f} | "
                      f"{'yes' if pair['separated'] else 'no'} | {needed} |")
     return lines
+
+
+def _lr_cell(row: dict, default_lr) -> str:
+    lr = row.get("lr", default_lr)
+    return "-" if lr is None else f"{lr:.3g}{' (edge)' if row.get('lr_edge') else ''}"
 
 
 def _fmt(value, spec: str = ".3g") -> str:

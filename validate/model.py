@@ -61,7 +61,9 @@ Conventions (read these before writing the RL loop):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
+import inspect
 import json
 import os
 from dataclasses import dataclass, field
@@ -306,10 +308,22 @@ def prompt_token_ids(policy: Policy, prompts: Sequence[str]) -> list[list[int]]:
     return seqs
 
 
-def encode_prompts(policy: Policy, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ``(prompt_ids, prompt_mask)``, ``(B, P)`` long, on ``policy.device``."""
-    ids, mask = pad_batch(prompt_token_ids(policy, prompts), policy.tokenizer.pad_token_id, left_pad=True)
+def encode_prompts(policy: Policy, prompts: Sequence[str],
+                   width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``(prompt_ids, prompt_mask)``, ``(B, P)`` long, on ``policy.device``; P >= ``width``.
+
+    A fixed ``width`` (the longest prompt of the problem set, ``prompt_width``) makes a row's arithmetic independent
+    of which other prompts share its batch: left padding shifts the columns attention reduces over, which moves
+    log-probs by float32 rounding (2.4e-7 measured on the tiny model).
+    """
+    ids, mask = pad_batch(prompt_token_ids(policy, prompts), policy.tokenizer.pad_token_id, left_pad=True,
+                          width=width)
     return ids.to(policy.device), mask.to(policy.device)
+
+
+def prompt_width(policy: Policy, prompts: Sequence[str]) -> int:
+    """The longest of ``prompts`` in tokens: the fixed left-padding width of every batch drawn from them."""
+    return max(len(ids) for ids in prompt_token_ids(policy, prompts))
 
 
 def next_token_logprobs(
@@ -421,10 +435,11 @@ def generate(
     num_samples: int,
     max_new_tokens: int,
     temperature: float,
-    generator: torch.Generator,
+    generator: torch.Generator | Sequence[torch.Generator],
     *,
     top_k: int = 0,
     top_p: float = 1.0,
+    prompt_width: int | None = None,
 ) -> Rollouts:
     """Sample ``num_samples`` completions per prompt with a KV-cached loop; deterministic given ``generator``.
 
@@ -433,7 +448,10 @@ def generate(
     top-p if asked, renormalised), draws with ``torch.multinomial(.., generator)``
     and records the drawn token's log-prob under that distribution as
     ``logp_behav``. A row stops after a stop token (EOS); later columns are padding.
-    ``generator`` may live on the CPU or on ``policy.device``.
+    ``generator`` may live on the CPU or on ``policy.device``. A list of S generators splits the rows into S
+    equal consecutive blocks (the seeds of a seed-stacked policy, ``validate/batched.py``) and draws block s
+    with generator s only, so each seed's tokens are what its own generator gives it sampling alone.
+    ``prompt_width``: pad prompts to at least this many tokens (``encode_prompts``).
     """
     if num_samples < 1 or max_new_tokens < 1:
         raise ValueError(f"num_samples={num_samples}, max_new_tokens={max_new_tokens}; both must be >= 1")
@@ -446,13 +464,17 @@ def generate(
     was_training = model.training
     model.eval()
 
-    prompt_ids, prompt_mask = encode_prompts(policy, prompts)  # (B, P)
+    prompt_ids, prompt_mask = encode_prompts(policy, prompts, prompt_width)  # (B, P)
     prompt_ids = prompt_ids.repeat_interleave(num_samples, dim=0)  # (N, P), row i*K + k
     prompt_mask = prompt_mask.repeat_interleave(num_samples, dim=0)  # (N, P)
     prompt_index = torch.arange(len(prompts)).repeat_interleave(num_samples)  # (N,)
     n_rows = prompt_ids.shape[0]
     prompt_len = prompt_mask.sum(1)  # (N,)
     stop_ids = torch.tensor(policy.stop_token_ids, device=device)
+    generators = [generator] if isinstance(generator, torch.Generator) else list(generator)
+    if not generators or n_rows % len(generators):
+        raise ValueError(f"{len(generators)} generators for {n_rows} rows; the rows must split into equal blocks")
+    block = n_rows // len(generators)  # rows per generator (per seed)
 
     tokens = torch.full((n_rows, max_new_tokens), pad_id, dtype=torch.long, device=device)  # (N, T)
     logp_behav = torch.zeros((n_rows, max_new_tokens), dtype=torch.float32, device=device)  # (N, T)
@@ -476,10 +498,11 @@ def generate(
         logp_all = torch.log_softmax(out.logits[:, -1].float() / temperature, dim=-1)  # (N, V)
         if top_k or top_p < 1.0:
             logp_all = _truncate(logp_all, top_k, top_p)
-        probs = logp_all.exp()
-        if generator.device.type != probs.device.type:
-            probs = probs.to(generator.device)
-        token = torch.multinomial(probs, 1, generator=generator).to(device).squeeze(1)  # (N,)
+        probs = logp_all.exp()  # (N, V)
+        if generators[0].device.type != probs.device.type:
+            probs = probs.to(generators[0].device)
+        token = torch.cat([torch.multinomial(probs[i * block:(i + 1) * block], 1, generator=g)
+                           for i, g in enumerate(generators)]).to(device).squeeze(1)  # (N,): block i from stream i
         alive = ~finished  # (N,)
         token = torch.where(alive, token, torch.full_like(token, pad_id))
         tokens[:, t] = token
@@ -494,8 +517,8 @@ def generate(
             input_ids=token[:, None],
             attention_mask=attention_mask,
             position_ids=(prompt_len + t)[:, None],  # same positions as sequence_logprobs
-            past_key_values=out.past_key_values,
             use_cache=True,
+            **_cache_argument(model, out),
         )
     model.train(was_training)
 
@@ -515,6 +538,17 @@ def generate(
         prompt_index=prompt_index.to(device),
         finished=finished,
     )
+
+
+def _cache_argument(model, out) -> dict:
+    """The KV cache of ``out`` as the next forward's keyword: ``cache`` from transformers 5.24 on (``past_key_values``
+    is deprecated there and removed in 5.40), ``past_key_values`` before (the validate extra allows >= 4.44)."""
+    return {"cache": out.cache} if _takes_cache(type(model)) else {"past_key_values": out.past_key_values}
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_cache(model_class: type) -> bool:
+    return "cache" in inspect.signature(model_class.forward).parameters
 
 
 # --------------------------------------------------------------------------- SFT

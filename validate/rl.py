@@ -50,7 +50,7 @@ from replay_theory.simulate.rollouts import RolloutBatch
 from replay_theory.theory import divergences as div
 from replay_theory.validate import countdown
 from replay_theory.validate.engines import HFSampler, Sampler
-from replay_theory.validate.model import Policy, encode_prompts, sequence_logprobs
+from replay_theory.validate.model import Policy, encode_prompts, prompt_width, sequence_logprobs
 
 
 @dataclass(frozen=True)
@@ -126,35 +126,41 @@ class LMBackend:
     accumulates the time of every call (the generation side of mu).
     """
 
-    def __init__(self, problems: list[countdown.Problem], config: RLConfig, generator: torch.Generator,
-                 sampler: Sampler | None = None):
+    def __init__(self, problems: list[countdown.Problem], config: RLConfig,
+                 generator: torch.Generator | list[torch.Generator], sampler: Sampler | None = None):
         self.problems, self.config, self.generator = problems, config, generator
         self.sampler = HFSampler() if sampler is None else sampler
         self.num_prompts, self.seq_len = len(problems), config.max_new_tokens
-        self.info: dict[str, float] = {}
+        self.info: list[dict[str, float]] = []  # per seed
         self.generation_seconds = 0.0
+        self.prompt_width: int | None = None  # train_loop: the problem set's longest prompt (encode_prompts)
 
     def sample(self, policy: Policy, prompts: np.ndarray):
+        """Completions for prompts (S, n), seed-major rows; S > 1 needs a seed-stacked policy and S generators."""
         started = time.perf_counter()
         config, G = self.config, self.config.group_size
-        texts = [self.problems[i].prompt_text() for i in prompts[0, ::G]]  # one prompt per group
-        rollouts = self.sampler.generate(policy, texts, G, config.max_new_tokens, config.temperature, self.generator)
+        S, n = prompts.shape
+        texts = [self.problems[i].prompt_text() for row in prompts for i in row[::G]]  # one prompt per group
+        rollouts = self.sampler.generate(policy, texts, G, config.max_new_tokens, config.temperature, self.generator,
+                                         prompt_width=self.prompt_width)
         L = config.max_new_tokens
-        ids = _pad_to(rollouts.completion_ids, L, policy.tokenizer.pad_token_id)  # (R, L)
-        mask = _pad_to(rollouts.completion_mask, L, 0)  # (R, L)
-        sampler_logp = _pad_to(rollouts.logp_behav, L, 0.0)  # (R, L)
+        ids = _pad_to(rollouts.completion_ids, L, policy.tokenizer.pad_token_id)  # (S n, L)
+        mask = _pad_to(rollouts.completion_mask, L, 0)  # (S n, L)
+        sampler_logp = _pad_to(rollouts.logp_behav, L, 0.0)  # (S n, L)
         with torch.no_grad():
             trainer_logp = sequence_logprobs(policy, rollouts.prompt_ids, rollouts.prompt_mask, ids, mask,
-                                             temperature=config.temperature)  # (R, L)
+                                             temperature=config.temperature)  # (S n, L)
         logp = trainer_logp if config.logp_source == "trainer" else sampler_logp
-        reward = countdown.verify_batch([self.problems[i] for i in prompts[0]], rollouts.completion_text)  # (R,)
-        self.info = {"logp_mismatch_max": float((trainer_logp - sampler_logp).abs().max()),
-                     "reward": float(reward.mean()), "accuracy": float((reward == 1.0).mean())}
+        reward = countdown.verify_batch([self.problems[i] for i in prompts.reshape(-1)],
+                                        rollouts.completion_text).reshape(S, n)  # (S, n)
+        mismatch = (trainer_logp - sampler_logp).abs().reshape(S, n * L).amax(dim=1)  # (S,)
+        self.info = [{"logp_mismatch_max": float(mismatch[s]), "reward": float(reward[s].mean()),
+                      "accuracy": float((reward[s] == 1.0).mean())} for s in range(S)]
         self.generation_seconds += time.perf_counter() - started
-        return (ids.cpu().numpy()[None].astype(np.int64),  # (1, R, L) each
-                logp.cpu().numpy()[None].astype(np.float64),
-                mask.cpu().numpy()[None].astype(bool),
-                reward[None])  # (1, R)
+        return (ids.cpu().numpy().reshape(S, n, L).astype(np.int64),  # (S, n, L) each
+                logp.cpu().numpy().reshape(S, n, L).astype(np.float64),
+                mask.cpu().numpy().reshape(S, n, L).astype(bool),
+                reward)  # (S, n)
 
     def entropy(self, policy, prompts, tokens, mask):
         raise ValueError("the language-model backend does not compute token entropies (RLConfig.validated refuses "
@@ -184,43 +190,59 @@ def generate_batch(policy: Policy, problems: list[countdown.Problem], prompt_ind
     R = prompts.shape[1]
     group = (group_offset + np.repeat(np.arange(R // G), G))[None]
     batch = score(config, prompts, tokens, mask, logp, reward, np.full((1, R), step, np.int64), group)
-    return batch, backend.info
+    return batch, backend.info[0]
 
 
 def update_step(policy: Policy, optimizer: torch.optim.Optimizer, problems: list[countdown.Problem],
-                config: RLConfig, batch: RolloutBatch, is_fresh=None):
-    """One optimizer step on a one-seed training batch; returns (logp_new (B, L) detached, the loss output).
+                config: RLConfig, batch: RolloutBatch, is_fresh=None, prompt_width: int | None = None):
+    """One optimizer step on a training batch (S, B, ...); returns (logp_new (S B, L) detached, the loss output).
 
+    S = 1 for a plain policy; S seeds of a seed-stacked policy (``validate/batched.py``) train at once, rows
+    seed-major: the loss is per seed, and seed s's parameters get only seed s's gradient.
     The shared numpy loss gives d loss / d logp_new; the model's gradient is that of the
     surrogate sum(grad_logp * logp_new). With ``config.micro_batch_size`` smaller than the batch,
     a no-grad pass first computes every logp_new (the losses need the whole batch at once: token
-    means, M2PO's batch-level masks), then forward/backward runs chunk by chunk; the summed
-    chunk gradients equal the whole-batch gradient.
+    means, M2PO's batch-level masks), then forward/backward runs chunk by chunk (micro_batch_size
+    completions of every seed per chunk); the summed chunk gradients equal the whole-batch gradient.
+    ``prompt_width``: pad prompts to this width (``train_loop`` passes the problem set's longest prompt).
     """
-    prompt_ids, prompt_mask = encode_prompts(policy, [problems[i].prompt_text() for i in batch.prompt[0]])  # (B, P)
-    ids = torch.as_tensor(batch.tokens[0], device=policy.device)  # (B, L)
-    mask = torch.as_tensor(batch.mask[0].astype(np.int64), device=policy.device)  # (B, L)
-    n = ids.shape[0]
+    S, n = batch.prompt.shape
+    prompt_ids, prompt_mask = encode_prompts(policy, [problems[i].prompt_text() for i in batch.prompt.reshape(-1)],
+                                             prompt_width)  # (S B, P)
+    ids = torch.as_tensor(batch.tokens.reshape(S * n, -1), device=policy.device)  # (S B, L)
+    mask = torch.as_tensor(batch.mask.reshape(S * n, -1).astype(np.int64), device=policy.device)  # (S B, L)
     chunk = config.micro_batch_size or n
 
-    def logp_of(rows: slice) -> torch.Tensor:  # (rows, L)
+    def rows_of(a: int):  # rows a .. a + chunk of every seed
+        if S == 1:
+            return slice(a, a + chunk)
+        return (torch.arange(S)[:, None] * n + torch.arange(a, min(a + chunk, n))).reshape(-1).to(policy.device)
+
+    def logp_of(rows) -> torch.Tensor:  # (rows, L)
         return sequence_logprobs(policy, prompt_ids[rows], prompt_mask[rows], ids[rows], mask[rows],
                                  temperature=config.temperature)
+
+    def loss_of(logp: torch.Tensor):  # the shared numpy loss on (S, B, L)
+        return compute_loss(config, batch, logp.detach().cpu().double().numpy().reshape(S, n, -1), is_fresh)
 
     optimizer.zero_grad(set_to_none=True)
     if chunk >= n:
         logp_new = logp_of(slice(None))
-        out = compute_loss(config, batch, logp_new.detach().cpu().double().numpy()[None], is_fresh)
-        grad = torch.as_tensor(out.grad_logp[0], dtype=logp_new.dtype, device=logp_new.device)  # (B, L)
+        out = loss_of(logp_new)
+        grad = torch.as_tensor(out.grad_logp.reshape(S * n, -1), dtype=logp_new.dtype,
+                               device=logp_new.device)  # (S B, L)
         (grad * logp_new).sum().backward()  # d surrogate / d theta = sum dL/dlogp * d logp / d theta
         logp_value = logp_new.detach()
     else:
         with torch.no_grad():
-            logp_value = torch.cat([logp_of(slice(a, a + chunk)) for a in range(0, n, chunk)])  # (B, L)
-        out = compute_loss(config, batch, logp_value.cpu().double().numpy()[None], is_fresh)
-        grad = torch.as_tensor(out.grad_logp[0], dtype=logp_value.dtype, device=logp_value.device)  # (B, L)
+            logp_value = torch.empty(ids.shape, dtype=torch.float32, device=policy.device)  # (S B, L)
+            for a in range(0, n, chunk):
+                logp_value[rows_of(a)] = logp_of(rows_of(a))
+        out = loss_of(logp_value)
+        grad = torch.as_tensor(out.grad_logp.reshape(S * n, -1), dtype=logp_value.dtype,
+                               device=logp_value.device)  # (S B, L)
         for a in range(0, n, chunk):
-            rows = slice(a, a + chunk)
+            rows = rows_of(a)
             (grad[rows] * logp_of(rows)).sum().backward()  # gradients accumulate over chunks
     optimizer.step()
     return logp_value, out
@@ -242,29 +264,60 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
     copy of the weights). It is synced with the trainer at the run's first step and then every
     ``sync_every`` steps, before that step's generation.
     """
+    on_step = None if progress is None else (lambda step, seed_metrics: progress(step, seed_metrics[0]))
+    return train_loop(policy, problems, config, [config.seed], on_step, checkpoint, checkpoint_every, sampler, mu)[0]
+
+
+def train_loop(policy: Policy, problems: list[countdown.Problem], config: RLConfig, seeds: list[int],
+               progress: Callable[[int, list[dict]], None] | None = None, checkpoint: Path | None = None,
+               checkpoint_every: int = 10, sampler: Sampler | None = None,
+               mu: float | None = None) -> list[RLResult]:
+    """``train`` for S = len(seeds) seeds at once: the one RL loop (``train`` is S = 1).
+
+    S > 1 needs a seed-stacked ``policy`` (``validate.batched.stack_policy``). Seed s draws its prompts and buffer
+    samples from ``np.random.default_rng(seeds[s])`` and its tokens from ``torch.Generator().manual_seed(seeds[s])``,
+    the streams a one-seed run with ``config.seed = seeds[s]`` uses, so each seed reproduces that run
+    (``tests/test_validate_batched.py``). ``progress(step, metrics of every seed)``. Timings in the results are
+    the whole batch's.
+    """
     config = config.validated()
+    S = len(seeds)
     sampler = HFSampler(stale_copy=config.sync_every > 1) if sampler is None else sampler
-    rng = np.random.default_rng(config.seed)
-    generator = torch.Generator(device="cpu").manual_seed(config.seed)
+    if S == 1:
+        rng = np.random.default_rng(seeds[0])
+        generators = torch.Generator(device="cpu").manual_seed(seeds[0])
+    else:
+        from replay_theory.validate.batched import SeedStreams  # a PerSeedGenerator with the given seeds
+
+        rng = SeedStreams(seeds)
+        generators = [torch.Generator(device="cpu").manual_seed(seed) for seed in seeds]
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    backend = LMBackend(problems, config, generator, sampler)
+    backend = LMBackend(problems, config, generators, sampler)
+    backend.prompt_width = fixed_prompt_width(policy, problems)
     settings = PipelineSettings(total_steps=config.steps) if mu is None else PipelineSettings(mu=mu,
                                                                                              total_steps=config.steps)
-    pipeline = Pipeline(config, backend, rng, 1, settings, token_dtype=np.int32)  # int32: 150K-token vocabularies
-    result = RLResult(config, buffer=pipeline.buffer)
+    pipeline = Pipeline(config, backend, rng, S, settings, token_dtype=np.int32)  # int32: 150K-token vocabularies
+    results = [RLResult(dataclasses.replace(config, seed=seed), buffer=pipeline.buffer) for seed in seeds]
     first_step = 0
     if checkpoint is not None and Path(checkpoint).exists():
-        state = _load_state(Path(checkpoint), config)
+        state = _load_state(Path(checkpoint), config, seeds)
         policy.model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        rng.bit_generator.state = state["rng"]
-        generator.set_state(state["torch_rng"])
+        if S == 1:
+            rng.bit_generator.state = state["rng"]
+            generators.set_state(state["torch_rng"])
+            results = [state["result"]]
+        else:
+            pipeline.rng = rng = state["rng"]
+            for generator, torch_state in zip(generators, state["torch_rng"]):
+                generator.set_state(torch_state)
+            results = state["result"]
         pipeline.buffer = state["buffer"]
         pipeline.group_counter = state["group_counter"]
-        result = state["result"]
-        result.buffer = pipeline.buffer
-        pipeline.k_inference, pipeline.k_training = float(result.k_inference), float(result.k_training)
-        pipeline.compute[:] = 0.0 if mu is None else result.compute
+        for result in results:
+            result.buffer = pipeline.buffer
+        pipeline.k_inference, pipeline.k_training = float(results[0].k_inference), float(results[0].k_training)
+        pipeline.compute[:] = 0.0 if mu is None else [result.compute for result in results]
         first_step = state["next_step"]
     synced_at = first_step
     for step in range(first_step, config.steps):
@@ -272,53 +325,88 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
             t_sync = time.perf_counter()
             sampler.sync(policy)
             synced_at = step
-            result.sync_seconds += time.perf_counter() - t_sync
+            for result in results:
+                result.sync_seconds += time.perf_counter() - t_sync
         t0 = time.perf_counter()
         generation_before = backend.generation_seconds
         policy.model.eval()
         data = pipeline.next_batch(step, policy)  # generation (timed by the backend) and the buffer's work
         train_batch = data.train
         policy.model.train()
-        logp_new, out = update_step(policy, optimizer, problems, config, train_batch, data.is_fresh)
+        logp_new, out = update_step(policy, optimizer, problems, config, train_batch, data.is_fresh,
+                                    backend.prompt_width)
         pipeline.after_update(step, data)  # RLOO: add the fresh groups after the update
-        compute = pipeline.account(data)  # (1,) running total
+        compute = pipeline.account(data)  # (S,) running total
         generation = backend.generation_seconds - generation_before
-        result.generation_seconds += generation
-        result.update_seconds += time.perf_counter() - t0 - generation
-        result.k_inference, result.k_training = int(pipeline.k_inference), int(pipeline.k_training)
-        result.compute = math.nan if mu is None else float(compute[0])
-
-        token_lr = logp_new.cpu().double().numpy()[None] - train_batch.logp_behav  # (1, B, L)
-        seq_lr = np.where(train_batch.mask, token_lr, 0.0).sum(axis=-1)  # (1, B)
-        stats = div.sample_statistics(token_lr.reshape(1, -1), mask=train_batch.mask.reshape(1, -1))
-        metrics = {
-            "step": step,
-            **backend.info,
-            "loss": float(out.loss[0]),
-            "ess_frac": float(div.ess_kish_fraction(seq_lr)[0]),
-            "log_ratio_abs_max": float(np.abs(np.where(train_batch.mask, token_lr, 0.0)).max()),
-            "staleness_mean": float(data.staleness.mean()),
-            "policy_lag": step - synced_at,  # updates the sampler's weights trail the trainer's
-            **{k: float(v[0]) for k, v in stats.items() if k != "ess_frac"},
-            **{k: float(np.asarray(v).reshape(-1)[0]) for k, v in out.metrics.items()
-               if k.startswith(("clip_ratio", "pg_clipfrac", "masked_frac", "is_ratio"))},
-        }
-        result.metrics.append(metrics)
+        update = time.perf_counter() - t0 - generation
+        token_lr = logp_new.cpu().double().numpy().reshape(train_batch.logp_behav.shape) - train_batch.logp_behav
+        seed_metrics = step_metrics(step, backend.info, out, train_batch, token_lr, data, step - synced_at)
+        for s, result in enumerate(results):
+            result.generation_seconds += generation
+            result.update_seconds += update
+            result.k_inference, result.k_training = int(pipeline.k_inference), int(pipeline.k_training)
+            result.compute = math.nan if mu is None else float(compute[s])
+            result.metrics.append(seed_metrics[s])
         if progress is not None:
-            progress(step, metrics)
+            progress(step, seed_metrics)
         if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == config.steps):
-            _save_state(Path(checkpoint), config, policy, optimizer, rng, generator, pipeline, result, step + 1)
-    return result
+            _save_state(Path(checkpoint), config, seeds, policy, optimizer, rng, generators, pipeline, results,
+                        step + 1)
+    return results
 
 
-def _save_state(path: Path, config, policy, optimizer, rng, generator, pipeline, result, next_step: int) -> None:
+def fixed_prompt_width(policy: Policy, problems: list[countdown.Problem]) -> int:
+    """The left-padding width of every batch of a run: the problem set's longest prompt plus one.
+
+    Why fixed: a seed's arithmetic must not depend on the prompts of the other seeds sharing its batch (S > 1),
+    and S = 1 must run the same arithmetic. Why plus one: every row then has a padding column, so the Hugging Face
+    model always builds its explicit attention mask; a batch without any padding would take its mask-free fast
+    path, equal only up to float32 rounding (4.8e-7 in a log-prob, measured).
+    """
+    return prompt_width(policy, [p.prompt_text() for p in problems]) + 1
+
+
+def step_metrics(step: int, info: list[dict], out, train_batch: RolloutBatch, token_lr: np.ndarray, data,
+                 policy_lag: int) -> list[dict]:
+    """One dict per seed: the backend's sampling info, the loss, ESS and log-ratio statistics of the trained batch.
+
+    ``token_lr`` (S, B, L): log pi_theta - log mu of the trained tokens (before the update's step).
+    """
+    S = token_lr.shape[0]
+    seq_lr = np.where(train_batch.mask, token_lr, 0.0).sum(axis=-1)  # (S, B)
+    stats = div.sample_statistics(token_lr.reshape(S, -1), mask=train_batch.mask.reshape(S, -1))
+    ess = div.ess_kish_fraction(seq_lr)  # (S,)
+    lr_abs_max = np.abs(np.where(train_batch.mask, token_lr, 0.0)).reshape(S, -1).max(axis=1)  # (S,)
+    staleness = np.asarray(data.staleness).reshape(S, -1)
+    loss_metrics = {k: np.asarray(v).reshape(S, -1)[:, 0] for k, v in out.metrics.items()
+                    if k.startswith(("clip_ratio", "pg_clipfrac", "masked_frac", "is_ratio"))}
+    return [{
+        "step": step,
+        **info[s],
+        "loss": float(out.loss[s]),
+        "ess_frac": float(ess[s]),
+        "log_ratio_abs_max": float(lr_abs_max[s]),
+        "staleness_mean": float(staleness[s].mean()),
+        "policy_lag": policy_lag,  # updates the sampler's weights trail the trainer's
+        **{k: float(np.asarray(v).reshape(S, -1)[s, 0]) for k, v in stats.items() if k != "ess_frac"},
+        **{k: float(v[s]) for k, v in loss_metrics.items()},
+    } for s in range(S)]
+
+
+def _save_state(path: Path, config, seeds, policy, optimizer, rng, generators, pipeline, results,
+                next_step: int) -> None:
     """Atomic: written to a temporary file, then renamed over the previous checkpoint."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save({"config": asdict(config), "model": policy.model.state_dict(), "optimizer": optimizer.state_dict(),
-                "rng": rng.bit_generator.state, "torch_rng": generator.get_state(), "buffer": pipeline.buffer,
-                "group_counter": pipeline.group_counter,
-                "result": dataclasses.replace(result, buffer=None), "next_step": next_step}, tmp)
+    one = len(seeds) == 1
+    torch.save({"config": asdict(config), "seeds": list(seeds), "model": policy.model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "rng": rng.bit_generator.state if one else rng,  # S > 1: the SeedStreams object (its block)
+                "torch_rng": generators.get_state() if one else [g.get_state() for g in generators],
+                "buffer": pipeline.buffer, "group_counter": pipeline.group_counter,
+                "result": (dataclasses.replace(results[0], buffer=None) if one
+                           else [dataclasses.replace(r, buffer=None) for r in results]),
+                "next_step": next_step}, tmp)
     os.replace(tmp, path)
 
 
@@ -332,13 +420,13 @@ def checkpoint_next_step(path: Path) -> int:
         return 0
 
 
-def _load_state(path: Path, config) -> dict:
+def _load_state(path: Path, config, seeds) -> dict:
     try:
         state = torch.load(path, weights_only=False)  # our own file: it holds the buffer object
     except Exception as err:  # noqa: BLE001 - any unreadable file is the same user error
         raise ValueError(f"checkpoint {str(path)!r} is corrupt or incomplete ({type(err).__name__}); "
                          f"delete it to start the run over") from None
-    if state.get("config") != asdict(config):
+    if state.get("config") != asdict(config) or state.get("seeds", [config.seed]) != list(seeds):
         raise ValueError(f"checkpoint {str(path)!r} belongs to a different run configuration; delete it or "
                          f"use another --out")
     return state
@@ -350,12 +438,21 @@ def evaluate_policy(policy: Policy, problems: list[countdown.Problem], num_sampl
 
     ``sampler`` (default: the HF loop) is first synced to ``policy``: evaluation is always on-policy.
     """
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    return evaluate_policies(policy, problems, num_samples, temperature, max_new_tokens, [seed], ks, sampler)[0]
+
+
+def evaluate_policies(policy: Policy, problems: list[countdown.Problem], num_samples: int, temperature: float,
+                      max_new_tokens: int, seeds: list[int], ks=(1, 4), sampler: Sampler | None = None) -> list[dict]:
+    """``evaluate_policy`` of each seed of a seed-stacked policy (S = len(seeds)), all at once; seed s samples with
+    ``torch.Generator().manual_seed(seeds[s])``, as ``evaluate_policy(..., seed=seeds[s])`` on its own weights."""
+    generators = [torch.Generator(device="cpu").manual_seed(seed) for seed in seeds]
     policy.model.eval()
     sampler = HFSampler() if sampler is None else sampler
     sampler.sync(policy)
-    rollouts = sampler.generate(policy, [p.prompt_text() for p in problems], num_samples, max_new_tokens,
-                                temperature, generator)
-    owners = [p for p in problems for _ in range(num_samples)]
-    reward = countdown.verify_batch(owners, rollouts.completion_text).reshape(len(problems), num_samples)
-    return countdown.evaluate_samples(reward == 1.0, ks=ks, rewards=reward)
+    S, P = len(seeds), len(problems)
+    rollouts = sampler.generate(policy, [p.prompt_text() for p in problems] * S, num_samples, max_new_tokens,
+                                temperature, generators[0] if S == 1 else generators,
+                                prompt_width=fixed_prompt_width(policy, problems))
+    owners = [p for p in problems for _ in range(num_samples)] * S
+    reward = countdown.verify_batch(owners, rollouts.completion_text).reshape(S, P, num_samples)
+    return [countdown.evaluate_samples(reward[s] == 1.0, ks=ks, rewards=reward[s]) for s in range(S)]

@@ -35,14 +35,14 @@ FILENAME = "char_tokenizer.json"
 
 
 def pad_batch(
-    seqs: Sequence[Sequence[int]], pad_id: int, left_pad: bool = True
+    seqs: Sequence[Sequence[int]], pad_id: int, left_pad: bool = True, width: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack token lists into ``(input_ids, attention_mask)``, both ``(B, T_max)`` long.
+    """Stack token lists into ``(input_ids, attention_mask)``, both ``(B, T)`` long, T = max(T_max, ``width``).
 
     Left padding puts the pads before the tokens (prompts for generation);
     right padding after them (completions). Shared by both tokenizer kinds.
     """
-    width = max((len(s) for s in seqs), default=0)
+    width = max(max((len(s) for s in seqs), default=0), width or 0)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # (B, T)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)  # (B, T)
     for row, seq in enumerate(seqs):

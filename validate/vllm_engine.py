@@ -55,7 +55,7 @@ def load_weights_into_vllm(llm: Any, named_tensors: Iterable[tuple[str, torch.Te
 
 
 def rollouts_from_vllm(policy: Policy, prompt_seqs: Sequence[Sequence[int]], num_samples: int,
-                       outputs: Sequence[Any]) -> Rollouts:
+                       outputs: Sequence[Any], prompt_width: int | None = None) -> Rollouts:
     """Convert vLLM ``RequestOutput`` objects (one request per completion, prompt-major) into ``Rollouts``.
 
     ``outputs[i * num_samples + k].outputs[0]`` is sample k of prompt i, with ``token_ids``
@@ -99,7 +99,7 @@ def rollouts_from_vllm(policy: Policy, prompt_seqs: Sequence[Sequence[int]], num
         completion_mask[row, : len(ids)] = 1
         logp_behav[row, : len(ids)] = torch.tensor(logp, dtype=torch.float32)
     repeated = [seq for seq in prompt_seqs for _ in range(num_samples)]  # row i*K + k answers prompt i
-    prompt_ids, prompt_mask = pad_batch(repeated, pad_id, left_pad=True)  # (N, P)
+    prompt_ids, prompt_mask = pad_batch(repeated, pad_id, left_pad=True, width=prompt_width)  # (N, P), P >= width
     texts = [policy.tokenizer.decode(ids) for ids in kept_ids]
     return Rollouts(
         prompt_ids=prompt_ids.to(device),
@@ -149,7 +149,8 @@ class VLLMSampler:
         load_weights_into_vllm(self.llm, policy.model.state_dict().items())
 
     def generate(self, policy: Policy, prompts: Sequence[str], num_samples: int, max_new_tokens: int,
-                 temperature: float, generator: torch.Generator, *, top_k: int = 0, top_p: float = 1.0) -> Rollouts:
+                 temperature: float, generator: torch.Generator, *, top_k: int = 0, top_p: float = 1.0,
+                 prompt_width: int | None = None) -> Rollouts:
         from vllm import SamplingParams
 
         if num_samples < 1 or max_new_tokens < 1 or temperature <= 0:
@@ -164,4 +165,4 @@ class VLLMSampler:
                   for s in seeds]
         requests = [{"prompt_token_ids": list(seq)} for seq in seqs for _ in range(num_samples)]  # prompt-major
         outputs = self.llm.generate(requests, params, use_tqdm=False)
-        return rollouts_from_vllm(policy, seqs, num_samples, outputs)
+        return rollouts_from_vllm(policy, seqs, num_samples, outputs, prompt_width)
