@@ -33,9 +33,10 @@ seed-averaged plateau of most designs); compute-to-target = mean first-passage s
 the accounting and the same runs are re-priced at every mu. Regret = compute of the predicted design / compute of
 the grid's best, with a seed-bootstrap 90% interval (the step size re-tuned in every replicate). Beside the grid:
 on-policy at B = R for every R of the grid (compute against the replay designs of the same R) and on-policy drawn
-WITH replacement (FIFO x = 1, y = 1), so that on-policy is compared like for like. Settings span b = B_noise / B from
-0.03 to above 5: the noisy quadratic (``simulate/envs/quadratic.py``) at six noise levels, ``two-prompts`` (b << 1),
-the bandit and the bandit with a noisy reward (b >= 1). Opt-in (``--regime``; docs/SIMULATION.md says how each was
+WITH replacement (FIFO x = 1, y = 1), so that on-policy is compared like for like. A step size counts only if its
+seed-mean reward reaches the target. Settings span b = B_noise / B (measured from on-policy steps) from 0.01 to above
+10: the noisy quadratic (``simulate/envs/quadratic.py``) at five noise levels, ``two-prompts`` (b << 1), the bandit
+and the bandit with a noisy reward (b >= 1). Opt-in (``--regime``; docs/SIMULATION.md says how each was
 found):
 - ``few-prompts``: 4 prompts; mixed with the default grid, noise-limited with a wider one;
 - ``adam``: today's bandit trained with Adam, the lr tuned per design over ``ADAM_LRS``. J and the finite-budget
