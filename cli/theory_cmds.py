@@ -468,8 +468,9 @@ def derive(
     from replay_theory.theory import symbolic  # sympy: heavy, kept out of `optimal`'s start-up
 
     if name is None:
+        width = max(map(len, symbolic.DERIVATIONS))
         for key in symbolic.DERIVATIONS:
-            typer.echo(f"{key:<22} {symbolic.derive(key).title}")
+            typer.echo(f"{key:<{width}}  {symbolic.derive(key).title}")
         return
     typer.echo(symbolic.render(symbolic.derive(name), latex=latex))
 

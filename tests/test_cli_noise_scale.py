@@ -133,3 +133,12 @@ def test_the_first_line_says_when_no_rule_passes_and_names_the_closest():
     assert evidence.verdict_line(record) is None  # a rule that meets both regret targets passes: no warning
     record["targets"]["objectives"]["noise_scale"]["worst"] = 1.6
     assert evidence.verdict_line(record).startswith("no design rule passes")  # 90% is not enough with a 1.6
+
+
+def test_derive_lists_the_noise_scale_derivations_in_one_aligned_column(cli):
+    code, out, _ = cli("derive")
+    lines = out.splitlines()
+    names = [line.split()[0] for line in lines]
+    assert code == 0 and {"fifo-long-run-variance", "noise-scale-rule", "assumption-3.2-counterexample"} <= set(names)
+    width = max(map(len, names))
+    assert {line.index(line.split()[1], len(line.split()[0])) for line in lines} == {width + 2}  # titles aligned
