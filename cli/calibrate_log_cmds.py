@@ -37,7 +37,8 @@ OPTION_OF_FIELD = {"path": "--from-log", "preset": "--preset", "columns": "--col
 
 FromLogOption = Annotated[Optional[Path], typer.Option(
     "--from-log", help="Exported diagnose log (Parquet, CSV or JSON lines) with ages, advantages and log-probs, "
-                       "plus the step time columns for mu.", show_default=False)]
+                       "plus the step time columns for mu (NeMo-RL's, SkyRL's and slime's step files carry neither "
+                       "ages nor times).", show_default=False)]
 OutOption = Annotated[Optional[Path], typer.Option(
     "--out", help="New profile file (.json) for `optimal --profile`; never overwrites.", show_default=False)]
 MuOption = Annotated[Optional[float], typer.Option(

@@ -44,8 +44,12 @@ FIGURE_DPI = 200
 
 # One definition and one help text per option.
 LogArgument = Annotated[Optional[Path], typer.Argument(
-    metavar="LOG", help="Log file: Parquet, CSV or JSON lines (see --preset).", show_default=False)]
-PresetOption = Annotated[str, typer.Option("--preset", help="Column names: default, trl or verl.")]
+    metavar="LOG", help="Log file: Parquet, CSV or JSON lines (see --preset); with --preset nemo-rl, skyrl or slime "
+                        "the framework's own step file, or a folder of them.", show_default=False)]
+PresetOption = Annotated[str, typer.Option(
+    "--preset", help="Column names: default, trl or verl; or read the files a framework writes at every step: nemo-rl "
+                     "(train_data_step{N}.jsonl), skyrl (global_step_N_training_input.pkl), slime "
+                     "(train_data/{rollout_id}.pt, needs torch). Pickles are read with a whitelist.")]
 ColumnsOption = Annotated[Optional[str], typer.Option(
     "--columns", help="Overrides of the preset's column names, e.g. 'logp_behav=old_logp,age=version_gap'.")]
 FormatOption = Annotated[str, typer.Option(

@@ -122,11 +122,28 @@ def plan(config: CalibrateLogConfig) -> LogReader:
     The step rides in the reader's ``reward`` field (calibration reads no reward), mapped only when the log has it.
     """
     path = Path(config.path)
-    if not path.is_file():
-        raise ConfigError("path", f"{path} is not a file (not found, or a directory)")
     columns = resolve_columns(config.preset, config.columns)
+    if not (path.is_file() or (columns.dump and path.is_dir())):
+        raise ConfigError("path", f"{path} is not a file " + (
+            "or a folder (not found)" if columns.dump else "(not found, or a directory)"))
     require_pyarrow()
-    names = list(read_schema(path, detect_format(path, config.format)).names)
+    if columns.dump:  # a framework's own files (dumps.py): the first one gives the columns
+        from replay_theory.diagnose.dumps import MISSING, DumpSource
+
+        if config.format != "auto":
+            raise ConfigError("format", f"must be auto with --preset {columns.dump} (it reads the framework's own "
+                                        f"files), got {config.format!r}")
+        names = list(DumpSource(columns.dump, path).schema.names)
+        if config.mu is None or not (columns.age and columns.age in names):
+            # one line: what the files lack and what calibrate then needs; diagnose reads them as they are
+            needs = [need for lacking, need in ((not (columns.age and columns.age in names),
+                                                 "a per-row age (--columns age=NAME)"), (config.mu is None, "--mu MU"))
+                     if lacking]
+            raise ConfigError("preset", f"{config.preset}: {MISSING[columns.dump]}, so calibrate --from-log needs "
+                                        f"{' and '.join(needs)} (mu = rollout cost / per-sample update cost, > 0); "
+                                        "diagnose reads the files as they are")
+    else:
+        names = list(read_schema(path, detect_format(path, config.format)).names)
     for field in REQUIRED:  # first, as diagnose does: a log of another preset gets the --preset to pass
         if getattr(columns, field) not in names:
             raise ValueError(missing_column(path.name, field, getattr(columns, field), names))
@@ -145,7 +162,13 @@ def plan(config: CalibrateLogConfig) -> LogReader:
 
 
 def sha256(path: str | Path) -> str:
+    """The file's SHA-256; a folder (a dump preset's step files): that of its files' names and hashes, in order."""
     digest = hashlib.sha256()
+    path = Path(path)
+    if path.is_dir():
+        for child in sorted(p for p in path.iterdir() if p.is_file()):
+            digest.update(f"{child.name}\0{sha256(child)}\n".encode())
+        return digest.hexdigest()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)

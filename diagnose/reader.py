@@ -130,14 +130,19 @@ class LogReader:
     def __init__(self, path: str | os.PathLike, columns: ColumnMap, *, fmt: str = "auto",
                  chunk_rows: int = 262144, skip_invalid: bool = False, sorted_ids: bool = False) -> None:
         self.path = Path(path)
-        if not self.path.is_file():
-            raise ConfigError("path", f"{self.path} is not a file (not found, or a directory)")
+        self.dump = None  # a framework's dump files (``dumps.DumpSource``), for the nemo-rl / skyrl / slime presets
+        if not (self.path.is_file() or (columns.dump and self.path.is_dir())):
+            raise ConfigError("path", f"{self.path} is not a file " + (
+                "or a folder (not found)" if columns.dump else "(not found, or a directory)"))
         if chunk_rows < 1:
             raise ConfigError("chunk_rows", f"must be an integer >= 1, got {chunk_rows}")
-        self.format = detect_format(self.path, fmt)
+        if columns.dump and fmt != "auto":
+            raise ConfigError("format", f"must be auto with --preset {columns.dump} (it reads the framework's own "
+                                        f"files), got {fmt!r}")
+        self.format = columns.dump or detect_format(self.path, fmt)
         self.chunk_rows = int(chunk_rows)
         self.skip_invalid = skip_invalid
-        self.total_bytes = self.path.stat().st_size
+        self.total_bytes = self.path.stat().st_size if self.path.is_file() else 0
         self.bytes_done = 0
         self.rows_done = 0
         self._codes: dict = {}
@@ -148,10 +153,17 @@ class LogReader:
         self._last_id = None
         self._next_code = 0
         self._pa = require_pyarrow()
-        try:
-            self.schema = read_schema(self.path, self.format)
-        except Exception as exc:  # pyarrow raises many types for a corrupt file
-            raise ValueError(f"cannot read {self.path.name} as {self.format}: {self._parse_error(exc, 0)}") from exc
+        if columns.dump:
+            from replay_theory.diagnose.dumps import DumpSource
+
+            self.dump = DumpSource(columns.dump, self.path)
+            self.schema, self.total_bytes = self.dump.schema, self.dump.total_bytes
+        else:
+            try:
+                self.schema = read_schema(self.path, self.format)
+            except Exception as exc:  # pyarrow raises many types for a corrupt file
+                raise ValueError(f"cannot read {self.path.name} as {self.format}: {self._parse_error(exc, 0)}") \
+                    from exc
         self.names = list(self.schema.names)
         self.used = {field: name for field, name in columns.columns().items() if name in self.names}  # field -> column
         for field in REQUIRED:
@@ -170,8 +182,9 @@ class LogReader:
 
     def __iter__(self) -> Iterator[TokenChunk]:
         floats = [self.used[f] for f in _READ_FIELDS if f in self.used]
-        batches = iter_batches(self.path, self.format, sorted(set(self.used.values())), self.chunk_rows, floats,
-                               self.schema)
+        names = sorted(set(self.used.values()))
+        batches = self.dump.batches(names, self.chunk_rows) if self.dump is not None else \
+            iter_batches(self.path, self.format, names, self.chunk_rows, floats, self.schema)
         try:
             for batch, self.bytes_done in batches:
                 chunk = self._wide(batch) if self.layout == "wide" else self._long(batch)
@@ -398,12 +411,12 @@ def missing_column(file: str, field: str, name: str, names: list[str]) -> str:
     """The one-line error for a required column ``field`` (mapped to ``name``) that ``file`` lacks: the fix, naming
     the preset whose two log-prob columns the file has where one has them (``diagnose`` and ``calibrate --from-log``
     both say it)."""
-    fits = [preset for preset, cmap in PRESETS.items()
-            if preset != "default" and cmap.logp_behav in names and cmap.logp_current in names]
+    tables = [p for p, cmap in PRESETS.items() if p != "default" and not cmap.dump]  # dump presets read other files
+    fits = [p for p in tables if PRESETS[p].logp_behav in names and PRESETS[p].logp_current in names]
     if fits:
         fix = f"this log has the {' and the '.join(fits)} preset's columns: pass --preset {fits[0]}"
     else:
-        fix = f"map it with --columns {field}=NAME or pick --preset {'|'.join(p for p in PRESETS if p != 'default')}"
+        fix = f"map it with --columns {field}=NAME or pick --preset {'|'.join(tables)}"
     return f"column {name!r} ({field}) not in {file} (columns: {', '.join(names[:12])}); {fix}"
 
 

@@ -52,6 +52,15 @@ TRL's GRPOTrainer stores no per-sample policy-version gap in these tensors (the 
 ``--columns age=NAME`` to get the by-age table, the drift fit and FreshPER. A mapped column that the file lacks is
 simply not used (only the two log-prob columns are required).
 
+* ``nemo-rl``, ``skyrl``, ``slime``: the per-step files these frameworks already write (``dumps.py``, which cites
+  each writer): NeMo-RL's ``train_data_step{N}.jsonl`` (behaviour = ``generation_logprobs``, current =
+  ``prev_logprobs``, padding and prompt = ``token_loss_mask`` times ``sample_loss_mask``, per-token
+  ``advantages``, ``rewards``); SkyRL's ``global_step_N_training_input.pkl`` (``rollout_logprobs``,
+  ``action_log_probs``, ``loss_mask`` times ``response_mask``, ``advantages``; SkyRL drops ``rewards`` before the
+  dump); slime's ``train_data/{rollout_id}.pt`` (``rollout_log_probs``, ``log_probs``, ``loss_masks``,
+  ``advantages``, ``rewards``). A file or a folder of them; each row gets ``step`` from the file. None of the three
+  stores a per-row policy version (no ``age``) or step times.
+
 Every name can be overridden with ``--columns field=name,...``.
 """
 
@@ -86,10 +95,16 @@ class ColumnMap:
     mask: Optional[str] = None
     tool_mask: Optional[str] = None  # multiplies ``mask``: TRL's 0 on tool-result tokens
     layout: Layout = "auto"
+    dump: Optional[str] = None  # a framework's own dump files (``dumps.py``: nemo-rl, skyrl, slime), not a table
 
     def columns(self) -> dict[str, str]:
-        """field -> column name, for the fields that name a column (``layout`` does not)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "layout" and getattr(self, f.name)}
+        """field -> column name, for the fields that name a column (``layout`` and ``dump`` do not)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in NOT_COLUMNS and getattr(self, f.name)}
+
+
+#: ColumnMap fields that name no column
+NOT_COLUMNS = ("layout", "dump")
 
 
 PRESETS: dict[str, ColumnMap] = {
@@ -99,6 +114,16 @@ PRESETS: dict[str, ColumnMap] = {
                      layout="wide"),
     "verl": ColumnMap(seq_id=None, logp_behav="rollout_log_probs", logp_current="old_log_probs", position=None,
                       age="age", advantage="advantages", reward="scores", mask="response_mask", layout="wide"),
+    # the files these frameworks write at every step (``dumps.py`` reads them and cites each writer)
+    "nemo-rl": ColumnMap(seq_id=None, logp_behav="generation_logprobs", logp_current="prev_logprobs", position=None,
+                         age=None, advantage="advantages", reward="rewards", mask="token_loss_mask",
+                         tool_mask="sample_loss_mask", layout="wide", dump="nemo-rl"),
+    "skyrl": ColumnMap(seq_id=None, logp_behav="rollout_logprobs", logp_current="action_log_probs", position=None,
+                       age=None, advantage="advantages", reward=None, mask="loss_mask", tool_mask="response_mask",
+                       layout="wide", dump="skyrl"),
+    "slime": ColumnMap(seq_id=None, logp_behav="rollout_log_probs", logp_current="log_probs", position=None,
+                       age=None, advantage="advantages", reward="rewards", mask="loss_masks", layout="wide",
+                       dump="slime"),
 }
 
 
@@ -110,7 +135,7 @@ def resolve_columns(preset: str = "default", overrides: Optional[str] = None) ->
     if not overrides:
         return cmap
     changes: dict[str, Optional[str]] = {}
-    valid = {f.name for f in fields(ColumnMap)}
+    valid = {f.name for f in fields(ColumnMap) if f.name != "dump"}  # the preset decides how files are read
     for item in filter(None, (part.strip() for part in overrides.split(","))):  # empty items are skipped
         if "=" not in item:
             raise ConfigError("columns", f"must be field=name pairs separated by commas, got {item!r}")

@@ -164,7 +164,7 @@ def test_profile_round_trips_through_optimal(tmp_path, cli):
     (["--rho", "-0.1"], "--rho must be in [0, 1] (the range Assumption 3.3 and optimal allow), got -0.1"),
     (["--weight", "tokens"], "--weight must be one of token, sequence, got 'tokens'"),
     (["--score", "x"], "--score must be one of logit, constant, got 'x'"),
-    (["--preset", "nope"], "--preset must be one of default, trl, verl, got 'nope'"),
+    (["--preset", "nope"], "--preset must be one of default, trl, verl, nemo-rl, skyrl, slime, got 'nope'"),
     (["--columns", "age=version_gap"], "--columns must map age: the log has no age column 'version_gap' (columns: "
      "step, sample_id, group_id, policy_version, age, advantages, rewards, per_token_logps, old_per_token_logps, "
      "sampling_per_token_logps, completion_mask, tool_mask, step_generation_seconds, step_update_seconds); "

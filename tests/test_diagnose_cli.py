@@ -158,7 +158,7 @@ _FORMATS = "valid: auto, parquet, csv, jsonl"
 
 @pytest.mark.parametrize("args, message", [
     (["missing.parquet"], "LOG missing.parquet is not a file (not found, or a directory)"),
-    (["{csv}", "--preset", "nemo"], "--preset must be one of default, trl, verl, got 'nemo'"),
+    (["{csv}", "--preset", "nemo"], "--preset must be one of default, trl, verl, nemo-rl, skyrl, slime, got 'nemo'"),
     (["{csv}", "--clip", "0.2,x"], "--clip must be comma-separated numbers, got '0.2,x'"),
     (["{csv}", "--clip", "1.5"], "--clip values must be finite numbers in (0, 1), got 1.5"),
     (["{csv}", "--tis", "0.5"], "--tis values must be finite numbers > 1, got 0.5"),
