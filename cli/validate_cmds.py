@@ -32,6 +32,7 @@ from replay_theory.validate.config import (
     check_run_dir,
     load_run_config,
     protocol,
+    report_stem,
 )
 
 ALIASES = {"micro_batch_size": ("--micro-batch",), "mu_window_seconds": ("--mu-window",)}
@@ -132,14 +133,15 @@ def verify(
     """Train on-policy, the prediction and its neighbours at equal compute; writes report.json/.md/.png
     (never overwritten: a re-run with the same settings prints the saved report's best design)."""
     plan = protocol(fields["seeds"], fields["budget_updates"], thorough, fields["group_replay"], fields["lr_grid"],
-                    fields["batched"])
+                    fields["batched"], fields["family"])
     if threads is not None:
         check_integer("--threads", threads, 1)
     check_run_dir(out, needs="predicted.json")
     config = load_run_config(out, device=device, engine=engine, sync_every=sync_every, micro_batch_size=micro_batch,
                              gpu_memory_utilization=gpu_memory, threads=threads).validated()
+    plan.check_sizes(config.rollouts_per_step, config.group_size)
     report = _loop().run_verify(config, out, plan, log=typer.echo, progress=not no_progress)
-    typer.echo(f"measured best: {report['measured_best']['name']}; report: {out / 'report.md'}")
+    typer.echo(f"measured best: {report['measured_best']['name']}; report: {out / (report_stem(plan.family) + '.md')}")
 
 
 @validate_app.command("all")
@@ -149,14 +151,14 @@ def validate_all(fields: dict[str, Any], out: OutOption, tiny: TinyOption = True
     """calibrate-model -> predict -> verify."""
     config = _sized(AllConfig, fields, tiny)
     plan = protocol(config.seeds, config.budget_updates, thorough, config.group_replay, config.lr_grid,
-                    config.batched)
+                    config.batched, config.family)
     _check_rho(rho)
     check_run_dir(out)
     loop = _loop()
     loop.run_calibrate(config.calibration(), out, log=typer.echo, progress=not no_progress)
     loop.run_predict(config.calibration(), out, log=typer.echo, rho=rho)
     report = loop.run_verify(config.calibration(), out, plan, log=typer.echo, progress=not no_progress)
-    typer.echo(f"measured best: {report['measured_best']['name']}; report: {out / 'report.md'}")
+    typer.echo(f"measured best: {report['measured_best']['name']}; report: {out / (report_stem(plan.family) + '.md')}")
 
 
 def register(app: typer.Typer) -> None:

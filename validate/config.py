@@ -115,12 +115,26 @@ class VerifyConfig:
     """Train all seeds of a design at once (validate/batched.py; bit-identical to the one-seed-at-a-time reference
     loop). Off by default: on the 2-core CPU it measured 0.82x (slower) at 16 seeds with 5.6x the peak memory
     (bench/bench_validate_batched.py); meant for a GPU, where it was not measured."""
+    family: str = "neighbours"
+    """Designs to train: neighbours (on-policy, the paper's prediction and its N, B doubled and halved at R =
+    --rollouts-per-step) or fixed-b (at B = --rollouts-per-step: on-policy, replay at R = B/2, B/4, B/8 with N = R,
+    on-policy at B/2 and B/4, the noise-scale rule's and the paper's predictions; writes report-fixed-b.*). Opt-in,
+    also under --thorough."""
 
     def validated(self) -> "VerifyConfig":
         check_integer("--seeds", self.seeds, 1)
         check_integer("--budget-updates", self.budget_updates, 1)
         self.learning_rates(1.0)  # the grid's own checks (auto needs no --lr to be checked)
+        if self.family not in FAMILIES:
+            raise ValueError(f"--family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
         return self
+
+    def check_sizes(self, rollouts_per_step: int, group_size: int) -> None:
+        """fixed-b's smallest R = B / 8 must be whole prompt groups: B a multiple of 8 x --group-size."""
+        step = max(FIXED_B_REPLAY_RATIOS) * group_size
+        if self.family == "fixed-b" and rollouts_per_step % step:
+            raise ValueError(f"--family fixed-b needs --rollouts-per-step (its B) a multiple of 8 x --group-size = "
+                             f"{step} (R = B/8 whole groups), got {rollouts_per_step}")
 
     def learning_rates(self, lr: float) -> tuple[float, ...]:
         """The grid, ascending: ``lr_grid``'s values, (lr / 2, lr, 2 lr) for ``auto``, or (lr,) when empty."""
@@ -146,6 +160,7 @@ class AllConfig(ValidateConfig, VerifyConfig):
     def validated(self) -> "AllConfig":
         ValidateConfig.validated(self)
         VerifyConfig.validated(self)
+        self.check_sizes(self.rollouts_per_step, self.group_size)
         return self
 
     def calibration(self) -> ValidateConfig:
@@ -153,10 +168,22 @@ class AllConfig(ValidateConfig, VerifyConfig):
         return ValidateConfig(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
 
     def verify(self) -> VerifyConfig:
-        return VerifyConfig(self.seeds, self.budget_updates, self.group_replay, self.lr_grid, self.batched)
+        return VerifyConfig(self.seeds, self.budget_updates, self.group_replay, self.lr_grid, self.batched,
+                            self.family)
 
 
 ENGINES = ("hf", "vllm", "auto")
+FAMILIES = ("neighbours", "fixed-b")
+FIXED_B_REPLAY_RATIOS = (2, 4, 8)
+"""fixed-b: replay at R = B / y, N = R (the shortest horizon), for these y (issue 23)."""
+FIXED_B_SMALLER = (2, 4)
+"""fixed-b: on-policy at B / these."""
+
+
+def report_stem(family: str) -> str:
+    """report.json/.md/.png for the neighbours family, report-fixed-b.* for fixed-b: both families of one calibration
+    live in one run directory and share their common runs (on-policy at B, the paper's prediction)."""
+    return "report" if family == "neighbours" else f"report-{family}"
 MAX_STALENESS = 8
 """Largest staleness of the LM noise profile (s = 0, 1, 2, 4, 8) and largest KL lag."""
 FULL_SIZES = dict(n_train=5000, probe_steps=64, samples=4096)
@@ -184,7 +211,7 @@ def check_positive(option: str, value: float) -> None:
 
 
 def protocol(seeds: int, budget_updates: int, thorough: bool, group_replay: bool = False, lr_grid: str = "",
-             batched: bool = False) -> VerifyConfig:
+             batched: bool = False, family: str = "neighbours") -> VerifyConfig:
     """--thorough's seeds and budget, or the ones given; both at once is refused (which would win is a guess).
 
     --lr-grid may be given with --thorough: it replaces the default grid (auto)."""
@@ -192,8 +219,9 @@ def protocol(seeds: int, budget_updates: int, thorough: bool, group_replay: bool
         raise ValueError("--thorough sets --seeds 16 --budget-updates 96 --group-replay false; give --thorough or "
                          "those options, not both")
     if thorough:
-        return dataclasses.replace(THOROUGH, lr_grid=lr_grid or THOROUGH.lr_grid, batched=batched).validated()
-    return VerifyConfig(seeds, budget_updates, group_replay, lr_grid, batched).validated()
+        return dataclasses.replace(THOROUGH, lr_grid=lr_grid or THOROUGH.lr_grid, batched=batched,
+                                   family=family).validated()
+    return VerifyConfig(seeds, budget_updates, group_replay, lr_grid, batched, family).validated()
 
 
 def load_run_config(out_dir: Path, **overrides) -> ValidateConfig:

@@ -35,11 +35,14 @@ from replay_theory.outputs import write_new
 from replay_theory.simulate.progress import ProgressBar
 from replay_theory.theory.design import DesignQuery, optimal_design
 from replay_theory.theory.group_replay import fresh_groups_per_step, fresh_verifier_evaluations
+from replay_theory.theory.noise_scale import noise_scale_design, replay_cost
 from replay_theory.theory.profiles import load_profile
 from replay_theory.validate import countdown
 from replay_theory.validate.batched import stack_policy
 from replay_theory.validate.calibrate import calibrate_lm, write_calibration
 from replay_theory.validate.config import (
+    FIXED_B_REPLAY_RATIOS,
+    FIXED_B_SMALLER,
     TINY_MODEL,
     VERIFY_BUDGET_UPDATES,
     VERIFY_SEEDS,
@@ -47,6 +50,7 @@ from replay_theory.validate.config import (
     VerifyConfig,
     check_run_dir,
     load_run_config,
+    report_stem,
 )
 from replay_theory.validate.engines import make_sampler, resolve_engine
 from replay_theory.validate.model import (
@@ -267,11 +271,80 @@ def _designs(config: ValidateConfig, predicted: dict, group_replay: bool = False
         if (d["N"], d["B"]) not in seen:
             seen.add((d["N"], d["B"]))
             unique.append(d)
+    return unique + _group_replay_designs(R, group_replay)
+
+
+def _group_replay_designs(R: int, group_replay: bool) -> list[dict]:
+    designs = []
     for rho, L, c in GROUP_REPLAY_CELLS if group_replay else ():
         name = "RLOO rho=0" if rho == 0 else f"RLOO rho={rho:g}, L={L}, c={c:g}"
-        unique.append({"name": name, "buffer": "group-replay", "loss": "rloo", "N": None, "B": R,
-                       "rho": rho, "L": L, "c": c, "family": False})
-    return unique
+        designs.append({"name": name, "buffer": "group-replay", "loss": "rloo", "N": None, "B": R,
+                        "rho": rho, "L": L, "c": c, "family": False})
+    return designs
+
+
+def noise_scale_pick(b_noise: float, batch: int, group_size: int, mu: float) -> dict:
+    """The noise-scale rule's design at fixed B (``theory.noise_scale.noise_scale_design``) with R whole prompt groups.
+
+    b = B_noise / B; replay pays iff 4 b (1 + b) < mu, then y* = sqrt(mu (1 + 1/b)) and R is whichever multiple of K
+    next to B / y* costs less by ``replay_cost`` ((1 + b (1 + y))(1 + mu / y), units S_min B), N = R; on-policy
+    (R = N = B) when it does not pay or the rounded design costs at least on-policy's (1 + b)(1 + mu).
+    """
+    rule = noise_scale_design(b_noise, batch, mu)
+    pick = {"b_noise": b_noise, "B": batch, "b": rule.b, "mu": mu, "y_star": rule.y_continuous,
+            "threshold_b": rule.threshold_b, "on_policy_cost": rule.on_policy_cost}
+    on_policy = {**pick, "regime": "on-policy", "R": batch, "N": batch, "y": 1.0, "cost": rule.on_policy_cost}
+    if rule.regime == "on-policy":
+        return on_policy
+    exact = batch / rule.y_continuous  # R* = B / y*, between whole groups
+    candidates = sorted({max(group_size, group_size * math.floor(exact / group_size)),
+                         min(batch, group_size * math.ceil(exact / group_size))})
+    R = min(candidates, key=lambda r: replay_cost(rule.b, batch / r, mu))
+    cost = replay_cost(rule.b, batch / R, mu)
+    if cost >= rule.on_policy_cost:  # the groups' rounding lost the saving
+        return on_policy
+    return {**pick, "regime": "replay", "R": R, "N": R, "y": batch / R, "cost": cost}
+
+
+def _add_design(designs: list[dict], design: dict) -> str:
+    """Append ``design`` unless one with its buffer, N, B and R is there; the name of the one in the list."""
+    key = (design["buffer"], design["N"], design["B"], design["R"])
+    for d in designs:
+        if (d["buffer"], d["N"], d["B"], d["R"]) == key:
+            return d["name"]
+    designs.append(design)
+    return design["name"]
+
+
+def fixed_b_designs(config: ValidateConfig, predicted: dict, pick: dict | None,
+                    group_replay: bool = False) -> tuple[list[dict], dict[str, str]]:
+    """The family where replay can win (issue 23; docs/THEORY.md, the noise-scale rule) and where each rule's pick is.
+
+    At B = --rollouts-per-step: on-policy (R = N = B), FIFO replay at R = N = B / y for y in 2, 4, 8 (the shortest
+    horizon x = 1), on-policy at B / 2 and B / 4, then the noise-scale rule's design (``pick``; None: no measured
+    B_noise) and the paper's (predicted.json; R = B) where they are not already in the list. Every design carries
+    its own R (fresh rollouts per step). Returns the designs and {"noise-scale", "paper"} -> design name.
+    """
+    B = config.rollouts_per_step
+    designs = [{"name": "on-policy", "buffer": "on-policy", "loss": "grpo", "N": B, "B": B, "R": B, "family": True}]
+    for y in FIXED_B_REPLAY_RATIOS:
+        designs.append({"name": f"replay y={y}", "buffer": "fifo", "loss": "grpo", "N": B // y, "B": B, "R": B // y,
+                        "family": True})
+    for d in FIXED_B_SMALLER:
+        designs.append({"name": f"on-policy B/{d}", "buffer": "on-policy", "loss": "grpo", "N": B // d, "B": B // d,
+                        "R": B // d, "family": True})
+    centres = {}
+    if pick is not None:
+        centres["noise-scale"] = _add_design(designs, designs[0] if pick["regime"] == "on-policy" else {
+            "name": "noise-scale rule", "buffer": "fifo", "loss": "grpo", "N": pick["N"], "B": B, "R": pick["R"],
+            "family": True})
+    if predicted["regime"] == "replay" and bool(predicted["N"]) and bool(predicted["B"]):
+        centres["paper"] = _add_design(designs, {"name": "predicted", "buffer": "fifo", "loss": "grpo",
+                                                 "N": int(predicted["N"]), "B": int(predicted["B"]), "R": B,
+                                                 "family": True})
+    else:
+        centres["paper"] = "on-policy"
+    return designs + _group_replay_designs(B, group_replay), centres
 
 
 def design_cost(design: dict, steps: int, mu: float, R: int, K: int) -> dict:
@@ -285,7 +358,7 @@ def design_cost(design: dict, steps: int, mu: float, R: int, K: int) -> dict:
     if design["buffer"] == "group-replay":
         fresh = int(fresh_verifier_evaluations(K, design["B"] // K, steps, design["rho"]))  # App. B, Replay-RLOO
     else:
-        fresh = steps * R
+        fresh = steps * design.get("R", R)  # a fixed-b design carries its own R
     trained = steps * design["B"]
     return {"fresh_rollouts": fresh, "samples_trained": trained, "compute": mu * fresh + trained}
 
@@ -327,9 +400,11 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     """
     plan = (plan or VerifyConfig()).validated()
     config = config.validated()
+    plan.check_sizes(config.rollouts_per_step, config.group_size)
     check_run_dir(out_dir, needs="predicted.json")
     seeds, budget_updates = plan.seeds, plan.budget_updates
-    existing = out_dir / "report.json"
+    stem = report_stem(plan.family)
+    existing = out_dir / f"{stem}.json"
     if existing.exists():  # reports are never overwritten: the same request returns the saved report
         report = json.loads(existing.read_text())
         saved_lrs = report["budget"].get("lr_grid", [report.get("config", {}).get("lr", config.lr)])
@@ -365,7 +440,16 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
                       for e in eval_seeds]
     warm_mean, warm_sd = _mean_sd([e["mean_reward"] for e in warm_evals])
     log(f"warm start: held-out reward {warm_mean:.3f} +- {warm_sd:.3f} over {seeds} evaluation seeds")
-    designs = _designs(config, predicted, plan.group_replay)
+    pick, noise_record = None, calibration.get("noise_scale") or {}
+    if plan.family == "fixed-b":
+        if noise_record.get("b_noise") is not None:
+            pick = noise_scale_pick(noise_record["b_noise"], R, K, mu)
+        else:
+            log("note: calibration.json has no measured B_noise (no gradient signal, or calibrated before it was "
+                "measured): the noise-scale rule makes no prediction; the family is trained without it")
+        designs, centres = fixed_b_designs(config, predicted, pick, plan.group_replay)
+    else:
+        designs, centres = _designs(config, predicted, plan.group_replay), {}
     lrs = plan.learning_rates(config.lr)
     grid = len(lrs) > 1
     cells = [(d, lr) for d in designs for lr in lrs]  # (design, learning rate): one group of seeds each
@@ -401,11 +485,15 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     bar.close()
     rows = [_best_lr_row(design, lrs, records, R, K, seeds, warm_mean, warm_sd) for design in designs]
     best = max(rows, key=lambda r: r["final_reward_mean"])
-    centre = "predicted" if any(r["name"] == "predicted" for r in rows) else "on-policy"
+    centre = centres.get("paper") or ("predicted" if any(r["name"] == "predicted" for r in rows) else "on-policy")
     names = [r["name"] for r in rows]
-    verdict = (compare(np.array([r["final_rewards"] for r in rows]), names, names.index(centre),
-                       np.array([r["family"] for r in rows]), np.random.default_rng(config.seed),
-                       draws=BOOTSTRAP_DRAWS, level=INTERVAL_LEVEL) if seeds >= 2 else None)
+
+    def verdict_of(name: str) -> dict | None:  # the same seed-bootstrap draws for every prediction
+        return (compare(np.array([r["final_rewards"] for r in rows]), names, names.index(name),
+                        np.array([r["family"] for r in rows]), np.random.default_rng(config.seed),
+                        draws=BOOTSTRAP_DRAWS, level=INTERVAL_LEVEL) if seeds >= 2 else None)
+
+    verdict = verdict_of(centre)
     predicted_row = rows[names.index(centre)]
     report = {
         "mu": mu, "mu_priced": mu,
@@ -417,7 +505,7 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
                           "rho": calibration["rho"]},
         "predicted": {k: predicted[k] for k in ("x_star", "y_star", "N", "B", "R", "regime")},
         "budget": {"updates": budget_updates, "compute": budget, "seeds": seeds, "group_replay": plan.group_replay,
-                   "lr_grid": list(lrs), "batched": batched},
+                   "lr_grid": list(lrs), "batched": batched, "family": plan.family},
         "warm_start": warm_evals[0],
         "warm_start_reward": {"mean": warm_mean, "std": warm_sd, "seeds": seeds,
                               "by_seed": [e["mean_reward"] for e in warm_evals]},
@@ -434,15 +522,98 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
         "config": dataclasses.asdict(config),
         "seconds": time.perf_counter() - started,
     }
+    if plan.family == "fixed-b":
+        report["predictions"] = prediction_rows(rows, centres, pick, noise_record, predicted, verdict_of, K)
     # report.json last: it marks a complete report. A report.md/.png without it is what an interrupted
     # write left behind, so only those two are replaced.
-    markdown = out_dir / "report.md"
-    markdown.with_name(".report.md.tmp").write_text(_report_markdown(report))
-    os.replace(markdown.with_name(".report.md.tmp"), markdown)
-    save_report_figure(report, out_dir / ".report.tmp.png")  # the validation figure's left panel
-    os.replace(out_dir / ".report.tmp.png", out_dir / "report.png")
+    markdown = out_dir / f"{stem}.md"
+    markdown.with_name(f".{stem}.md.tmp").write_text(_report_markdown(report))
+    os.replace(markdown.with_name(f".{stem}.md.tmp"), markdown)
+    save_report_figure(report, out_dir / f".{stem}.tmp.png")  # the validation figure's left panel
+    os.replace(out_dir / f".{stem}.tmp.png", out_dir / f"{stem}.png")
     write_new(existing, lambda tmp: tmp.write_text(json.dumps(report, indent=1, default=lambda v: None)))
     return report
+
+
+def prediction_rows(rows: list[dict], centres: dict[str, str], pick: dict | None, noise_record: dict,
+                    predicted: dict, verdict_of, group_size: int) -> list[dict]:
+    """Both rules' predictions in the fixed-b family: design, input, and ``verdict_of(name)`` (validate/verdict.py).
+
+    ``separation``: the pair (prediction - strongest rival) of that verdict, the rival being the family design
+    other than the prediction with the highest mean reward (the best when the prediction is not), with the seeds
+    a 2-se separation of the two needs.
+    """
+    means = {r["name"]: r["final_reward_mean"] for r in rows if r["family"]}
+    out = []
+    for rule, name in (("noise-scale", centres.get("noise-scale")), ("paper", centres["paper"])):
+        entry = {"rule": rule, "design": name}
+        if rule == "noise-scale":
+            entry["input"] = {k: noise_record.get(k) for k in ("b_noise", "b_noise_interval", "level", "method",
+                                                               "batch", "unit_size", "source")}
+            entry["pick"] = pick
+            B = pick["B"] if pick else None
+            if pick:  # the rule at both ends of B_noise's interval (None: no signal, b = inf, on-policy)
+                entry["pick_at_interval"] = [None if v is None else noise_scale_pick(v, B, group_size, pick["mu"])
+                                             for v in noise_record["b_noise_interval"]]
+        else:
+            entry["input"] = {k: predicted[k] for k in ("x_star", "y_star", "regime", "N", "B", "R")}
+        if name is None:
+            entry["verdict"], entry["separation"] = None, None
+            out.append(entry)
+            continue
+        verdict = verdict_of(name)
+        entry["verdict"] = verdict
+        rivals = [n for n in means if n != name]
+        rival = max(rivals, key=means.get) if rivals else None
+        entry["separation"] = (None if verdict is None or rival is None else
+                               next(p for p in verdict["pairs"] if p["design"] == rival))
+        out.append(entry)
+    return out
+
+
+def predictions_markdown(report: dict) -> list[str]:
+    """fixed-b: the table of both rules' predictions (rank, P(best), regret, seeds for 2 se), then each one's pairs."""
+    predictions = report.get("predictions")
+    if not predictions:
+        return []
+    lines = ["", "## Both rules' predictions in the fixed-b family (equal compute)", ""]
+    rule = next(p for p in predictions if p["rule"] == "noise-scale")
+    record, pick = rule["input"], rule["pick"]
+    if pick is None:
+        lines.append("The noise-scale rule made no prediction: the calibration has no measured B_noise.")
+    else:
+        lo, hi = record["b_noise_interval"]
+        at_ends = ", ".join("on-policy (b = inf)" if p is None else
+                            f"{p['regime']} R = {p['R']}" for p in rule["pick_at_interval"])
+        y_star = f"y* = {pick['y_star']:.3g}; " if pick["regime"] == "replay" else ""
+        lines.append(f"Noise-scale rule: B_noise = {record['b_noise']:.4g} ({record['method']}, "
+                     f"{100 * record['level']:g}% interval [{_fmt(lo, '.4g')}, {_fmt(hi, '.4g')}]; calibration "
+                     f"batch {record['batch']}, unit {record['unit_size']}), b = B_noise / B = {pick['b']:.4g} at "
+                     f"B = {pick['B']}, mu = {pick['mu']:g}: replay pays iff b < {pick['threshold_b']:.4g}; "
+                     f"{y_star}pick {pick['regime']} R = N = {pick['R']} (y = {pick['y']:.3g}), "
+                     f"predicted cost {pick['cost']:.4g} vs on-policy {pick['on_policy_cost']:.4g} (S_min B units); "
+                     f"at the interval's ends: {at_ends}.")
+    paper = next(p for p in predictions if p["rule"] == "paper")["input"]
+    lines += ["", f"Paper (Thm 3.5): regime {paper['regime']}, x* = {_fmt(paper['x_star'])}, "
+              f"y* = {_fmt(paper['y_star'])}, N = {_fmt(paper['N'], 'd')}, B = {_fmt(paper['B'], 'd')}, "
+              f"R = {paper['R']}.", "",
+              "| rule | design | rank [CI] | P(best) | regret [CI] | strongest rival | difference +- se | "
+              "seeds for 2 se |", "|---|---|---|---|---|---|---|---|"]
+    for p in predictions:
+        v = p["verdict"]
+        if v is None:
+            lines.append(f"| {p['rule']} | {p['design'] or '-'} | - | - | - | - | - | - |")
+            continue
+        f, sep = v["family"], p["separation"]
+        rival = "- | - | -" if sep is None else (f"{sep['design']} | {sep['difference']:+.4f} +- {sep['se']:.4f} | "
+                                                 f"{'-' if sep['seeds_needed'] is None else sep['seeds_needed']}")
+        lines.append(f"| {p['rule']} | {p['design']} | {f['rank']} of {f['designs']} [{f['rank_ci'][0]:.0f}, "
+                     f"{f['rank_ci'][1]:.0f}] | {f['probability_predicted_best']:.2f} | {f['regret']:.4f} "
+                     f"[{f['regret_ci'][0]:.4f}, {f['regret_ci'][1]:.4f}] | {rival} |")
+    for p in predictions:
+        if p["rule"] == "noise-scale" and p["verdict"] is not None:
+            lines += verdict_markdown(p["verdict"], p["design"])
+    return lines
 
 
 def _train_one(config: ValidateConfig, out_dir: Path, design: dict, seed: int, steps: int, mu: float, path: Path,
@@ -475,8 +646,9 @@ def _rl_config(config: ValidateConfig, design: dict, steps: int, seed: int) -> R
     knobs = {}
     if design["buffer"] == "group-replay":
         knobs = dict(loss="rloo", replay_ratio_groups=design["rho"], max_age=design["L"], clip_c=design["c"])
-    return RLConfig(steps=steps, rollouts_per_step=config.rollouts_per_step, group_size=config.group_size,
-                    batch_size=design["B"], capacity=design["N"] or config.rollouts_per_step, buffer=design["buffer"],
+    R = design.get("R", config.rollouts_per_step)  # fixed-b designs carry their own R
+    return RLConfig(steps=steps, rollouts_per_step=R, group_size=config.group_size,
+                    batch_size=design["B"], capacity=design["N"] or R, buffer=design["buffer"],
                     lr=config.lr, max_new_tokens=config.max_new_tokens, sync_every=config.sync_every,
                     micro_batch_size=config.micro_batch_size, seed=seed, **knobs)
 
@@ -548,14 +720,14 @@ def _design_row(design: dict, records: list[dict], R: int, K: int, seeds: int, w
     mean, sd = _mean_sd(finals)
     fifo = design["buffer"] != "group-replay"
     # R: fresh rollouts per step (group replay: K B_fresh after the all-fresh first step)
-    fresh_per_step = R if fifo else K * int(fresh_groups_per_step(design["B"] // K, design["rho"]))
-    return {**design, "R": fresh_per_step, "x": design["N"] / R if fifo else None,
-            "y": design["B"] / R if fifo else None, "K": K, "steps": records[0]["steps"], "seeds": seeds,
+    fresh_per_step = design.get("R", R) if fifo else K * int(fresh_groups_per_step(design["B"] // K, design["rho"]))
+    return {**design, "R": fresh_per_step, "x": design["N"] / fresh_per_step if fifo else None,
+            "y": design["B"] / fresh_per_step if fifo else None, "K": K, "steps": records[0]["steps"], "seeds": seeds,
             "final_reward_mean": mean, "final_reward_std": sd, "final_reward_se": sd / math.sqrt(seeds),
             "final_rewards": finals,
             "final_pass_at_1_mean": _mean_sd([r["held_out"]["pass@1"] for r in records])[0],
             "gain": mean - warm_mean, "gain_se": math.sqrt(sd ** 2 / seeds + warm_sd ** 2 / seeds),
-            "fresh_rollouts": float(np.mean([r.get("fresh_rollouts", r["steps"] * R) for r in records])),
+            "fresh_rollouts": float(np.mean([r.get("fresh_rollouts", r["steps"] * fresh_per_step) for r in records])),
             "compute": float(np.mean([r["compute"] for r in records]))}
 
 
@@ -606,7 +778,8 @@ def _report_markdown(report: dict) -> str:
         lines += ["", f"Predicted design ({gap['design_predicted']}): {gap['reward_predicted']:.3f}; "
                   f"measured best: {gap['reward_best']:.3f}; gap {gap['reward_gap']:.3f}."]
     lines += verdict_markdown(report.get("verdict"), gap["design_predicted"])
-    lines += ["", "![reward vs design](report.png)", ""]
+    lines += predictions_markdown(report)
+    lines += ["", f"![reward vs design]({report_stem(report['budget'].get('family', 'neighbours'))}.png)", ""]
     return "\n".join(lines)
 
 
