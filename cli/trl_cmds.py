@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
 from replay_theory.cli.config_options import with_dataclass_options
-from replay_theory.integrations.trl_run import TrlRunConfig, check_out_dir
+from replay_theory.integrations.trl_run import CACHE_ENV, TrlRunConfig, check_out_dir, default_cache_dir
 
 OutOption = Annotated[Path, typer.Option(
-    "--out", help="New (or empty) run directory: rollouts.parquet, run.json, noise_scale.jsonl, noise_profile.json.")]
+    "--out", help="New (or empty) run directory: rollouts.parquet, run.json, trainer_log.jsonl (TRL's per-step "
+                  "logs), noise_scale.jsonl, noise_profile.json.")]
 NoProgressOption = Annotated[bool, typer.Option("--no-progress", help="Hide the progress bars (stderr).")]
+CacheDirOption = Annotated[Optional[Path], typer.Option(
+    "--cache-dir", help="Where the tiny model's warm-start weights are cached, by code version and warm-start "
+                        "options (default: $REPLAY_THEORY_CACHE, else $XDG_CACHE_HOME/replay-theory, else "
+                        "~/.cache/replay-theory).")]
 
 
 def register(app: typer.Typer) -> None:
@@ -27,16 +32,21 @@ def register(app: typer.Typer) -> None:
 
 
 @with_dataclass_options(TrlRunConfig)
-def trl_replay(fields: dict[str, Any], out: OutOption, no_progress: NoProgressOption = False) -> None:
+def trl_replay(fields: dict[str, Any], out: OutOption, no_progress: NoProgressOption = False,
+               cache_dir: CacheDirOption = None) -> None:
     """Run TRL's GRPOTrainer with the replay buffer (N, B, R from --design or by hand) on Countdown; writes the
     diagnose log that `diagnose --preset trl` and `calibrate --from-log` read, and the gradient noise scale B_noise
-    (two batch sizes a step, no extra backward pass)."""
+    (two batch sizes a step, no extra backward pass). stdout: the regime when it is not replay, then the summary;
+    TRL's per-step logs go to OUT/trainer_log.jsonl, a progress bar to stderr."""
     config = TrlRunConfig(**fields).validated()
     check_out_dir(out)
+    cache_dir = default_cache_dir() if cache_dir is None else cache_dir
+    if cache_dir.exists() and not cache_dir.is_dir():
+        raise ValueError(f"--cache-dir (or ${CACHE_ENV}) {cache_dir} is not a directory")
     missing = [m for m in ("trl", "datasets", "torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         raise ValueError(f"trl-replay needs {', '.join(missing)}: pip install torch==2.13.0 && "
                          "pip install 'replay-theory[trl]'")
     from replay_theory.integrations.trl_run import run
 
-    run(config, out, log=typer.echo, progress=not no_progress)
+    run(config, out, log=typer.echo, progress=not no_progress, cache_dir=cache_dir)

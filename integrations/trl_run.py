@@ -21,15 +21,31 @@ What it runs, in order, every value checked first (one-line errors, nothing writ
    interval over steps (``theory.noise_scale.pooled_two_batch``) in ``run.json`` and in the profile file
    ``DIR/noise_profile.json`` ({"kind": "noise_scale", "noise_scale": {...}}), and in the printed summary.
 
+Every option is checked before any work, in the options' names: besides each option's own range, what TRL's
+GRPOConfig / GRPOTrainer would refuse on the values passed (R a multiple of G: TRL's ``generation_batch_size %
+num_generations``; G >= 2), what the trainer's buffer and the shared design refuse (N whole groups, N >= R, B = R
+on-policy) and what TRL's prompt sampler needs (R/G <= --n-train <= the Countdown family's distinct problems less
+the held-out ones). A design that is not replay says so in one line before training: on-policy (N = B = R) or
+over-generation (y = B/R < 1; ``theory.design.classify_regime``).
+
+stdout carries that line, the summary and the files written; the progress bars go to stderr and TRL's per-step log
+dicts (what Trainer prints) to ``DIR/trainer_log.jsonl`` (``run.json`` keeps the per-step metrics too). The tiny
+model's warm-start weights are cached in ``--cache-dir`` (default ``$REPLAY_THEORY_CACHE``, else
+``$XDG_CACHE_HOME/replay-theory``, else ``~/.cache/replay-theory``) under a name made of the code version
+(``replay_theory.__version__``) and a hash of every warm-start input (``TrlRunConfig.warm_start_key``): a second
+run with the same warm start loads them instead of repeating the SFT, and trains bit for bit the same.
+
 ``DIR`` must not exist or be empty: a run is never overwritten. It is not resumable (TRL's checkpoints do not hold
 the replay buffer); an interrupted run leaves its log with the steps it finished.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -38,11 +54,28 @@ from typing import Any, Callable, Optional
 
 from replay_theory import __version__
 from replay_theory.integrations.replay_config import REPLAY_LOSSES, ROW_DESIGNS, ReplayConfig
+from replay_theory.theory.design import classify_regime
 
 LOG_NAME = "rollouts.parquet"
 RUN_NAME = "run.json"
 NOISE_NAME = "noise_scale.jsonl"
 NOISE_PROFILE_NAME = "noise_profile.json"
+TRAINER_LOG_NAME = "trainer_log.jsonl"
+"""TRL's per-step log dicts (what its PrinterCallback would print), one JSON line each."""
+
+CACHE_ENV = "REPLAY_THEORY_CACHE"
+"""Environment variable naming the warm-start cache folder (``--cache-dir`` wins over it)."""
+
+#: Distinct Countdown problems of the validator's family (three numbers 1-9, targets 1-40; counted by
+#: ``countdown.solve`` over every multiset, tests/test_trl_run_cli.py) and how many the split holds out.
+COUNTDOWN_DISTINCT = 1721
+COUNTDOWN_HELD_OUT = 64
+MAX_N_TRAIN = COUNTDOWN_DISTINCT - COUNTDOWN_HELD_OUT
+
+#: The internal names a design's rules use (simulate/designs.py, integrations/buffer.py) -> the options typed.
+_OPTION_OF = {"capacity": "--buffer-size", "buffer_size": "--buffer-size", "batch_size": "--batch-size",
+              "rollouts_per_step": "--rollouts-per-step", "group_size": "--group-size",
+              "num_generations": "--group-size"}
 
 
 @dataclass(frozen=True)
@@ -109,8 +142,51 @@ class TrlRunConfig:
         if self.model != "tiny" and not Path(self.model).is_dir():
             raise ValueError(f"--model must be tiny or a local checkpoint directory, got {self.model!r} "
                              "(this machine reaches no model hub)")
-        self.replay_config()  # N, B, R and their rules, named as options
+        replay = self.replay_config()  # N, B, R and their rules, named as options
+        self._check_trl_rules(replay)
         return self
+
+    def _check_trl_rules(self, replay: ReplayConfig) -> None:
+        """What TRL's GRPOConfig / GRPOTrainer, the trainer's buffer and TRL's prompt sampler would refuse later
+        (after the warm start, in their own names), checked here in the options' names."""
+        g, n, r = self.group_size, replay.buffer_size, replay.rollouts_per_step
+        if r % g:  # GRPOConfig: generation_batch_size % num_generations (generation_batch_size = R here)
+            raise ValueError(f"--rollouts-per-step must be a multiple of --group-size = {g} (whole prompt groups), "
+                             f"got {r}")
+        if replay.buffer != "on-policy" and n % g:  # RowReplayBuffer: whole groups are stored
+            raise ValueError(f"--buffer-size must be a multiple of --group-size = {g} (whole groups are stored), "
+                             f"got {n}")
+        try:  # the shared design's own rules (simulate/designs.py), as the trainer's buffer applies them
+            replay.design_config(g).validated_design()
+        except ValueError as err:
+            raise ValueError(_option_names(str(err).splitlines()[0])) from None
+        # TRL's RepeatSampler drops an incomplete batch of R/G prompts: fewer problems than that train no step;
+        # more than the family holds cannot be drawn (validate/countdown.make_splits)
+        if not r // g <= self.n_train <= MAX_N_TRAIN:
+            raise ValueError(f"--n-train must be in [{r // g}, {MAX_N_TRAIN}] (R/G = {r}/{g} prompts a step; "
+                             f"{COUNTDOWN_DISTINCT} distinct problems, {COUNTDOWN_HELD_OUT} held out), "
+                             f"got {self.n_train}")
+
+    def regime_line(self) -> Optional[str]:
+        """One line when the design is not replay (theory.design.classify_regime on x = N/R, y = B/R), else None."""
+        replay = self.replay_config()
+        n, b, r = replay.buffer_size, replay.batch_size, replay.rollouts_per_step
+        regime = classify_regime(n / r, b / r)
+        if regime == "on-policy":
+            return (f"regime: on-policy (N = B = R = {r}): every rollout is trained once, in the step that "
+                    "generated it; no replay")
+        if regime == "over-generation":
+            return (f"regime: over-generation, not replay (y = B/R = {b}/{r} = {b / r:.3g} < 1): some rollouts "
+                    "are never trained on; raise --batch-size to R or cut --rollouts-per-step to B")
+        return None
+
+    def warm_start_key(self) -> dict[str, Any]:
+        """Everything the tiny model's warm-start weights depend on (the code through its version)."""
+        from replay_theory.validate.config import TINY_MODEL
+
+        return {"replay_theory_version": __version__, "model": dict(TINY_MODEL), "seed": self.seed,
+                "sft_steps": self.sft_steps, "n_train": self.n_train, "held_out": COUNTDOWN_HELD_OUT,
+                "sft_batch_size": SFT_BATCH_SIZE, "sft_lr": SFT_LR, "threads": self.threads}
 
     def replay_config(self) -> ReplayConfig:
         """The ReplayConfig of this run (raises a one-line ValueError naming the option)."""
@@ -120,11 +196,35 @@ class TrlRunConfig:
                 return ReplayConfig.from_optimal_json(Path(self.design), group_size=self.group_size, **common)
             return ReplayConfig(self.buffer_size, self.batch_size, self.rollouts_per_step, **common)
         except (ValueError, json.JSONDecodeError) as err:
-            first, _, rest = str(err).splitlines()[0].partition(" ")
-            if first in ("buffer_size", "batch_size", "rollouts_per_step"):  # name the option the user typed
-                first = "--" + first.replace("_", "-")
-            raise ValueError(f"{first} {rest}" if self.design is None else f"--design {self.design}: {first} {rest}"
-                             ) from None
+            message = str(err).splitlines()[0]
+            if self.design is not None:  # the names are the design file's keys
+                raise ValueError(f"--design {self.design}: {message}") from None
+            raise ValueError(_option_names(message)) from None
+
+
+SFT_BATCH_SIZE = 64
+SFT_LR = 3e-3
+
+
+def _option_names(message: str) -> str:
+    """A design rule's message with its internal names (buffer_size, capacity, ...) as the options typed."""
+    for name, option in _OPTION_OF.items():
+        message = re.sub(rf"(?<![-\w]){name}\b", option, message)
+    return message
+
+
+def default_cache_dir() -> Path:
+    """$REPLAY_THEORY_CACHE, else $XDG_CACHE_HOME/replay-theory, else ~/.cache/replay-theory."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "replay-theory"
+
+
+def warm_start_path(config: TrlRunConfig, cache_dir: Path) -> Path:
+    """The cached warm-start weights of ``config``: named by the code version and a hash of the warm-start key."""
+    key = json.dumps(config.warm_start_key(), sort_keys=True)
+    return cache_dir / f"warm-start-{__version__}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
 
 
 def check_out_dir(out: Path) -> None:
@@ -157,11 +257,15 @@ def countdown_reward(completions: list[str], numbers: list[list[int]], target: l
     return [countdown.verify(countdown.Problem(tuple(n), int(t)), c) for c, n, t in zip(completions, numbers, target)]
 
 
-def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, progress: bool = True) -> dict:
-    """Warm start (tiny), the TRL replay run, the diagnose log; returns (and writes) the run summary."""
+def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, progress: bool = True,
+        cache_dir: Optional[Path] = None) -> dict:
+    """Warm start (tiny; cached in ``cache_dir``, default :func:`default_cache_dir`), the TRL replay run, the
+    diagnose log; returns (and writes) the run summary. stdout (``log``) gets the regime, the summary and the files;
+    TRL's per-step dicts go to ``DIR/trainer_log.jsonl``, a progress bar to stderr."""
     config = config.validated()
     check_out_dir(out)
     replay = config.replay_config()
+    cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
     from datasets import Dataset
@@ -176,16 +280,37 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     configure_torch(config.threads)
     # TRL 1.16 calls transformers 5's deprecated gradient-checkpointing names every step: not the user's to fix
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
-    problems, _ = ValidateConfig(n_train=config.n_train, seed=config.seed).problems()
+    try:
+        problems, _ = ValidateConfig(n_train=config.n_train, n_test=COUNTDOWN_HELD_OUT, seed=config.seed).problems()
+    except ValueError as err:  # the generator stalls short of the family's size (a rare problem never drawn)
+        reason = str(err).splitlines()[0]
+        raise ValueError(f"--n-train {config.n_train}: seed {config.seed}'s problem generator stalls before "
+                         f"{config.n_train} + {COUNTDOWN_HELD_OUT} held-out distinct problems ({reason}): use a "
+                         "smaller --n-train") from None
+    regime = config.regime_line()
+    if regime is not None:
+        log(regime)
     started = time.perf_counter()
     if config.model == "tiny":
         policy = load_policy(ModelConfig(seed=config.seed, **TINY_MODEL), countdown.ALPHABET)
         if config.sft_steps:
-            bar = ProgressBar("warm start (SFT steps)", config.sft_steps, enabled=progress)
-            sft_warm_start(policy, [(p.prompt_text(), countdown.solve(p)) for p in problems], steps=config.sft_steps,
-                           batch_size=64, lr=3e-3, generator=torch.Generator().manual_seed(config.seed),
-                           on_step=lambda step, loss: bar.advance())
-            bar.close()
+            cached = warm_start_path(config, cache_dir)
+            if cached.is_file():
+                policy.model.load_state_dict(torch.load(cached, map_location=policy.device, weights_only=True))
+                log(f"warm start: loaded {cached} (delete it to redo the SFT)")
+            else:
+                bar = ProgressBar("warm start (SFT steps)", config.sft_steps, enabled=progress)
+                sft_warm_start(policy, [(p.prompt_text(), countdown.solve(p)) for p in problems],
+                               steps=config.sft_steps, batch_size=SFT_BATCH_SIZE, lr=SFT_LR,
+                               generator=torch.Generator().manual_seed(config.seed),
+                               on_step=lambda step, loss: bar.advance())
+                bar.close()
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                partial = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+                torch.save(policy.model.state_dict(), partial)
+                partial.replace(cached)  # atomic: a concurrent run never reads half a file
+                cached.with_suffix(".json").write_text(json.dumps(config.warm_start_key(), indent=1))
+                log(f"warm start: cached {cached}")
     else:
         policy = load_policy(ModelConfig(source=config.model, seed=config.seed))
     tokenizer = _hf_tokenizer(policy.tokenizer)
@@ -197,15 +322,19 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
                             learning_rate=config.learning_rate, logging_steps=1, report_to="none",
                             use_cpu=policy.device.type == "cpu", save_strategy="no", seed=config.seed,
                             max_completion_length=config.max_completion_length, temperature=config.temperature,
-                            disable_tqdm=not progress)
+                            disable_tqdm=True)
     trainer = ReplayGRPOTrainer(model=policy.model, reward_funcs=countdown_reward, args=args, train_dataset=dataset,
                                 processing_class=tokenizer, replay=replay, diagnose_log=out / LOG_NAME,
                                 noise_log=out / NOISE_NAME)
-    if not progress:
-        from transformers import PrinterCallback
+    from transformers import PrinterCallback
 
-        trainer.remove_callback(PrinterCallback)  # without a bar, Trainer prints every step's metrics dict
-    trainer.train()
+    trainer.remove_callback(PrinterCallback)  # it prints every step's metrics dict: they go to TRAINER_LOG_NAME
+    bar = ProgressBar("TRL replay (steps)", config.steps, enabled=progress)
+    trainer.add_callback(_step_callback(bar, out / TRAINER_LOG_NAME))
+    try:
+        trainer.train()
+    finally:
+        bar.close()
     history = [h for h in trainer.state.log_history if "replay/replay_ratio" in h]
     rewards = [h["reward"] for h in history]
     k = max(1, len(rewards) // 4)
@@ -239,11 +368,27 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
         log(f"B_noise: not measured ({measured} of {config.steps} steps measured; the two-batch estimate needs 2)")
     else:
         log(noise_scale_lines(summary["noise_scale"])[0] + f" [{measured} of {config.steps} steps measured]")
-    wrote = [out / LOG_NAME, out / RUN_NAME] + ([out / NOISE_NAME] if measured else []) + \
+    wrote = [out / LOG_NAME, out / RUN_NAME, out / TRAINER_LOG_NAME] + ([out / NOISE_NAME] if measured else []) + \
         ([out / NOISE_PROFILE_NAME] if summary["noise_scale"] is not None else [])
     log(f"wrote {', '.join(str(p) for p in wrote)}")
     log(f"next: replay-theory diagnose {out / LOG_NAME} --preset trl")
     return summary
+
+
+def _step_callback(bar: Any, path: Path) -> Any:
+    """A TrainerCallback that advances ``bar`` every optimizer step and appends each of TRL's log dicts to ``path``
+    (one JSON line: what Trainer's PrinterCallback prints to stdout)."""
+    from transformers import TrainerCallback
+
+    class StepLog(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):  # noqa: D102 (TrainerCallback hook)
+            bar.advance()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D102 (TrainerCallback hook)
+            with open(path, "a") as fh:  # one line a log: an interrupted run keeps its steps
+                fh.write(json.dumps({"step": state.global_step, **(logs or {})}, default=str) + "\n")
+
+    return StepLog()
 
 
 def noise_record(records: list[dict], group_size: int, seed: int, path: Path) -> Optional[dict]:

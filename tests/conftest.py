@@ -30,3 +30,10 @@ def error_line(cli):
         return err[len("replay-theory: error: "):-1]
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def _private_warm_start_cache(tmp_path_factory, monkeypatch):
+    """trl-replay caches its warm start under $REPLAY_THEORY_CACHE (else the user's cache folder): each test gets its
+    own, so the suite never writes into the home directory nor reuses a checkpoint another test made."""
+    monkeypatch.setenv("REPLAY_THEORY_CACHE", str(tmp_path_factory.mktemp("warm-start-cache")))

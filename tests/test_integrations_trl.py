@@ -782,7 +782,7 @@ def test_diagnose_log_writer_appends_new_files_only(tmp_path):
     (["--buffer-size", "16"], "give --design FILE (replay-theory optimal ... -R R --json > FILE) or all of "
                               "--buffer-size, --batch-size, --rollouts-per-step"),
     (["--buffer-size", "8", "--batch-size", "8", "--rollouts-per-step", "16"],
-     "--buffer-size must be >= rollouts_per_step = 16 (the fresh rollouts must fit), got 8"),
+     "--buffer-size must be >= --rollouts-per-step = 16 (the fresh rollouts must fit), got 8"),
     (["--buffer-size", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--buffer", "exgrpo"],
      "--buffer must be one of on-policy, fifo, positive-bias, prioritized, got 'exgrpo'"),
     (["--buffer-size", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--steps", "0"],
