@@ -2,13 +2,15 @@
 
 Sub-packages
 ------------
-theory    symbolic and numeric derivations (importance weights, optimal buffer design)
-simulate  vectorized bandit / token-MDP simulator of replay designs
-validate  the same training on a Qwen-architecture language model
-diagnose  statistics of logged rollouts (importance weights, by age, what-if corrections)
+theory        symbolic and numeric derivations (importance weights, noise scale, optimal buffer design)
+core          what every part shares: designs, buffers, losses, advantages, the pipeline, random streams
+simulate      vectorized bandit / token-MDP / quadratic simulator of replay designs
+validate      the same training on a Qwen2-architecture language model
+diagnose      statistics of logged rollouts (importance weights, by age, what-if corrections)
 integrations  the replay buffer inside TRL, a logging hook for verl
-cli       the ``replay-theory`` command line
-figures   figures rebuilt from theory and from saved results
+experiments   the benchmark and paper-table experiments, apart from the library
+cli           the ``replay-theory`` command line
+figures       figures rebuilt from theory and from saved results
 """
 
 import os as _os

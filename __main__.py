@@ -1,6 +1,6 @@
 """``python -m replay_theory`` is the ``replay-theory`` command."""
 
-from replay_theory.cli.app import main
+from .cli.app import main
 
 if __name__ == "__main__":
     main()

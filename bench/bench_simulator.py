@@ -1,7 +1,7 @@
 """Simulator speed and memory against the issue-3 targets, all measured in one run.
 
 1. Speed-up of the vectorised engine (``simulate.engine.run``) over the plain
-   per-seed Python loop (``simulate.naive.run_naive_fifo_bandit``) on the same
+   per-seed Python loop (``experiments.naive.run_naive_fifo_bandit``) on the same
    64-seed synchronous FIFO bandit run (target >= 50x), after checking on a
    small case that both give the same parameters and evaluation curves.
 2. A 27-configuration x 16-seed x 500-step bandit sweep through
@@ -30,9 +30,9 @@ import time
 
 import numpy as np
 
+from replay_theory.experiments.naive import run_naive_fifo_bandit
 from replay_theory.simulate import engine, optim
 from replay_theory.simulate.config import SimConfig
-from replay_theory.simulate.naive import run_naive_fifo_bandit
 
 SPEEDUP_TARGET = 50.0
 SWEEP_TARGET_S = 60.0
@@ -241,8 +241,8 @@ def section_sweep(quick: bool) -> None:
 
 def memory_child(capacity: int, seeds: int, seq_len: int, chunk: int) -> dict:
     """Build and fill a FifoBuffer with token-MDP-shaped rollouts in this (fresh) process; nbytes and RSS."""
-    from replay_theory.simulate.buffers import FifoBuffer
-    from replay_theory.simulate.rollouts import RolloutBatch
+    from replay_theory.core.buffers import FifoBuffer
+    from replay_theory.core.rollouts import RolloutBatch
 
     rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     buffer = FifoBuffer(seeds, capacity, seq_len)  # the engine's dtypes

@@ -28,8 +28,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from replay_theory import __version__
-from replay_theory.cli import (
+from .. import __version__
+from . import (
     calibrate_log_cmds,
     diagnose_cmds,
     figures_cmds,
@@ -38,7 +38,7 @@ from replay_theory.cli import (
     trl_cmds,
     validate_cmds,
 )
-from replay_theory.cli.common import PROG, UserError, help_without_command
+from .common import PROG, UserError, help_without_command
 
 # Valid ranges shown when typer rejects a value before the commands' own checks run, by parameter name.
 VALID_RANGES = {**theory_cmds.VALID_RANGES, **simulate_cmds.VALID_RANGES}

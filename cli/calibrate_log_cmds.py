@@ -20,15 +20,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from replay_theory.cli.common import strict
-from replay_theory.cli.diagnose_cmds import (  # the log is read as diagnose reads it
+from ..diagnose.by_age import AGGREGATIONS, WEIGHTS
+from ..diagnose.errors import ConfigError
+from ..outputs import check_new_file, write_new
+from .common import strict
+from .diagnose_cmds import (  # the log is read as diagnose reads it
     ColumnsOption,
     FormatOption,
     PresetOption,
 )
-from replay_theory.diagnose.by_age import AGGREGATIONS, WEIGHTS
-from replay_theory.diagnose.errors import ConfigError
-from replay_theory.outputs import check_new_file, write_new
 
 #: config field -> the option as the user types it.
 OPTION_OF_FIELD = {"path": "--from-log", "preset": "--preset", "columns": "--columns", "format": "--format",
@@ -72,7 +72,7 @@ def calibrate_command(
 ) -> None:
     """mu and a noise profile sigma^2(s) for `optimal --profile`, from a run's exported diagnose log (and B_noise from
     the run's gradient norms with --grad-norms)."""
-    from replay_theory.diagnose.calibrate_log import (
+    from ..diagnose.calibrate_log import (
         CalibrateLogConfig,
         calibrate_from_log,
         plan,

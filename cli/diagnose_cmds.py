@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from replay_theory.diagnose.errors import ConfigError
+from ..diagnose.errors import ConfigError
 
 if TYPE_CHECKING:
-    from replay_theory.diagnose import DiagnoseConfig
-from replay_theory.outputs import check_new_file, write_new
+    from ..diagnose import DiagnoseConfig
+from ..outputs import check_new_file, write_new
 
 #: config field (DiagnoseConfig, WhatIfConfig, the report) -> the option a user types for it.
 OPTION_OF_FIELD = {
@@ -92,7 +92,7 @@ def save_figure(report: dict, path: Path) -> None:
     """Draw the ESS-by-age figure of ``report`` into the new file ``path`` (format from the suffix)."""
     import matplotlib.pyplot as plt
 
-    from replay_theory.figures.diagnose import plot_ess_by_age
+    from ..figures.diagnose import plot_ess_by_age
 
     figure = plot_ess_by_age(report)
     try:
@@ -103,7 +103,7 @@ def save_figure(report: dict, path: Path) -> None:
 
 
 def _run(config: "DiagnoseConfig", log: Path, show_progress: bool) -> dict:
-    from replay_theory.diagnose import diagnose
+    from ..diagnose import diagnose
 
     if not show_progress:
         # rich writes a newline to a stderr that is not a terminal when the bar stops: keep a
@@ -142,7 +142,7 @@ def diagnose_command(
 ) -> None:
     """Off-policy health of logged rollouts: ESS, chi^2, KL, M2 overall / per sequence / by age, the theory
     bounds with their slack, KL drift and FreshPER tau, and a what-if table of corrections."""
-    from replay_theory.diagnose import DiagnoseConfig, WhatIfConfig, load_report, render  # loaded when run
+    from ..diagnose import DiagnoseConfig, WhatIfConfig, load_report, render  # loaded when run
     try:
         if from_report is not None:
             if log is not None:

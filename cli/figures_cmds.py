@@ -17,8 +17,8 @@ from typing import Annotated, Callable, Optional
 
 import typer
 
-from replay_theory.figures.defaults import DPI, DPI_RANGE
-from replay_theory.outputs import check_out_dir
+from ..figures.defaults import DPI, DPI_RANGE
+from ..outputs import check_out_dir
 
 #: Default output directory: not the tracked gallery (see the module docstring); ignored by git.
 DEFAULT_OUT = Path("figures-out")
@@ -118,9 +118,9 @@ def register(app: typer.Typer) -> None:
         # matplotlib loads here, not at import, so that other commands start without it.
         import matplotlib.pyplot as plt
 
-        from replay_theory.figures.results import RESULTS_FIGURES, MissingResults, check_results
-        from replay_theory.figures.style import render
-        from replay_theory.figures.theory import THEORY_FIGURES
+        from ..figures.results import RESULTS_FIGURES, MissingResults, check_results
+        from ..figures.style import render
+        from ..figures.theory import THEORY_FIGURES
 
         available: dict[str, tuple[str, Callable]] = dict(THEORY_FIGURES)
         available.update({name: (text, lambda plot=plot: plot(results))

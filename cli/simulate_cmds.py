@@ -20,10 +20,14 @@ from typing import Annotated, Any
 
 import typer
 
-from replay_theory.cli.common import UserError, emit_json, option_message
-from replay_theory.cli.config_options import option_name, with_dataclass_options
-from replay_theory.outputs import check_new_file
-from replay_theory.simulate.calibrate import (
+from ..core.progress import ProgressBar
+from ..experiments.paper_tables import EXPERIMENTS, get_experiment, write_table
+from ..experiments.theory_test import Options as TheoryTestOptions
+from ..experiments.theory_test import check_options as check_theory_test
+from ..experiments.theory_test import check_out as check_theory_test_out
+from ..experiments.theory_test import run_theory_test, summary_table, write_evidence
+from ..outputs import check_new_file
+from ..simulate.calibrate import (
     DEFAULT_MAX_GAP,
     DEFAULT_NOISE_CHECKPOINTS,
     DEFAULT_NOISE_GROUPS,
@@ -35,12 +39,10 @@ from replay_theory.simulate.calibrate import (
     noise_scale_lines,
     probe_config,
 )
-from replay_theory.simulate.calibrate import calibrate as measure_profile
-from replay_theory.simulate.config import SimConfig, config_from_dict, field_names
-from replay_theory.simulate.engine import run
-from replay_theory.simulate.experiments import EXPERIMENTS, get_experiment, write_table
-from replay_theory.simulate.progress import ProgressBar
-from replay_theory.simulate.sweep import (
+from ..simulate.calibrate import calibrate as measure_profile
+from ..simulate.config import SimConfig, config_from_dict, field_names
+from ..simulate.engine import run
+from ..simulate.sweep import (
     BACKENDS,
     SweepInterrupted,
     check_jobs,
@@ -49,11 +51,9 @@ from replay_theory.simulate.sweep import (
     parquet_available,
     run_sweep,
 )
-from replay_theory.simulate.theory_test import Options as TheoryTestOptions
-from replay_theory.simulate.theory_test import check_options as check_theory_test
-from replay_theory.simulate.theory_test import check_out as check_theory_test_out
-from replay_theory.simulate.theory_test import run_theory_test, summary_table, write_evidence
-from replay_theory.theory.profiles import save_profile
+from ..theory.profiles import save_profile
+from .common import UserError, emit_json, option_message
+from .config_options import option_name, with_dataclass_options
 
 ALIASES = {"batch_size": ("--batch",)}
 SUMMARY_KEYS = ("mean_staleness", "max_staleness", "replay_ratio", "mean_time_since_last_use", "compute_ratio",

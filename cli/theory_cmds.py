@@ -20,10 +20,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from replay_theory.cli.common import PROG, UserError, emit_json, option_message
-from replay_theory.theory import noise_scale as ns
-from replay_theory.theory.compute import compute_ratio, replay_ratio_of_split
-from replay_theory.theory.design import (
+from ..theory import noise_scale as ns
+from ..theory.compute import compute_ratio, replay_ratio_of_split
+from ..theory.design import (
     DEFAULT_ALPHA,
     DEFAULT_RHO,
     OBJECTIVE_LABELS,
@@ -32,8 +31,9 @@ from replay_theory.theory.design import (
     optimal_design,
     rollout_mu_of_convention,
 )
-from replay_theory.theory.evidence import evidence_line, horizon_line, verdict_line
-from replay_theory.theory.profiles import PowerLawProfile, load_profile
+from ..theory.evidence import evidence_line, horizon_line, verdict_line
+from ..theory.profiles import PowerLawProfile, load_profile
+from .common import PROG, UserError, emit_json, option_message
 
 # Valid ranges appended when typer rejects a value before the theory's own checks run (cli/app.py::main).
 VALID_RANGES = {
@@ -465,7 +465,7 @@ def derive(
     latex: Annotated[bool, typer.Option("--latex", help="Print LaTeX instead of plain text.")] = False,
 ) -> None:
     """Print a sympy derivation (y-star, reduction, power-law-quadratic, ...) step by step."""
-    from replay_theory.theory import symbolic  # sympy: heavy, kept out of `optimal`'s start-up
+    from ..theory import symbolic  # sympy: heavy, kept out of `optimal`'s start-up
 
     if name is None:
         width = max(map(len, symbolic.DERIVATIONS))

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from replay_theory.cli.config_options import with_dataclass_options
-from replay_theory.integrations.trl_run import CACHE_ENV, TrlRunConfig, check_out_dir, default_cache_dir
+from ..integrations.trl_run import CACHE_ENV, TrlRunConfig, check_out_dir, default_cache_dir
+from .config_options import with_dataclass_options
 
 OutOption = Annotated[Path, typer.Option(
     "--out", help="New (or empty) run directory: rollouts.parquet, run.json, trainer_log.jsonl (TRL's per-step "
@@ -47,6 +47,6 @@ def trl_replay(fields: dict[str, Any], out: OutOption, no_progress: NoProgressOp
     if missing:
         raise ValueError(f"trl-replay needs {', '.join(missing)}: pip install torch==2.13.0 && "
                          "pip install 'replay-theory[trl]'")
-    from replay_theory.integrations.trl_run import run
+    from ..integrations.trl_run import run
 
     run(config, out, log=typer.echo, progress=not no_progress, cache_dir=cache_dir)

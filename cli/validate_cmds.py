@@ -20,9 +20,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from replay_theory.cli.common import help_without_command
-from replay_theory.cli.config_options import with_dataclass_options
-from replay_theory.validate.config import (
+from ..validate.config import (
     FULL_SIZES,
     AllConfig,
     ValidateConfig,
@@ -34,6 +32,8 @@ from replay_theory.validate.config import (
     protocol,
     report_stem,
 )
+from .common import help_without_command
+from .config_options import with_dataclass_options
 
 ALIASES = {"micro_batch_size": ("--micro-batch",), "mu_window_seconds": ("--mu-window",)}
 OutOption = Annotated[Path, typer.Option("--out", help="Run directory (resumed: finished steps are skipped).")]
@@ -59,7 +59,7 @@ def _loop():
     if missing:
         raise ValueError(f"validate needs {' and '.join(missing)}: pip install torch==2.13.0 && "
                          "pip install 'replay-theory[validate]'")
-    from replay_theory.validate import loop
+    from ..validate import loop
 
     return loop
 
@@ -88,7 +88,7 @@ def calibrate_model(fields: dict[str, Any], out: OutOption, tiny: TinyOption = T
     calibration = _loop().run_calibrate(config, out, log=typer.echo, progress=not no_progress)
     record = calibration.get("noise_scale")
     if record:
-        from replay_theory.validate.calibrate import noise_scale_line
+        from ..validate.calibrate import noise_scale_line
 
         typer.echo(noise_scale_line(record))
         typer.echo(f"  measured on {record['source']}")

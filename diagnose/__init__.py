@@ -16,7 +16,7 @@ Thm 5.1's chi^2 <= R^2 M2), Replay-RLOO (truncated IS ``tis`` c and its bias pro
 r = pi_current / pi_behav throughout.
 
 Nothing here needs torch: it imports numpy, pyarrow (to read logs), ``replay_theory.theory`` and
-``replay_theory.simulate.losses`` (M2PO's mask), never ``replay_theory.validate``.
+``replay_theory.core.losses`` (M2PO's mask), never ``replay_theory.validate``.
 """
 
 import importlib

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from replay_theory.theory.bounds import Relation, make_relation
-from replay_theory.theory.divergences import k3_terms
+from ..theory.bounds import Relation, make_relation
+from ..theory.divergences import k3_terms
 
 _SUMS = ("n", "s1", "s2", "sk3", "A", "B", "C", "P")
 #: expm1 overflows float64 above this log-ratio

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replay_theory.diagnose.reader import (
+from .reader import (
     LOGP_ROUNDOFF,
     TokenChunk,
     detect_format,
@@ -35,10 +35,10 @@ from replay_theory.diagnose.reader import (
     require_pyarrow,
     to_numpy,
 )
-from replay_theory.diagnose.schema import STEP_TIME_COLUMNS
+from .schema import STEP_TIME_COLUMNS
 
 WEIGHTS = ("token", "sequence")
-#: the aggregation names of ``simulate/losses.py`` (how a loss averages its tokens).
+#: the aggregation names of ``core/losses.py`` (how a loss averages its tokens).
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 SCORES = ("logit", "constant")
 

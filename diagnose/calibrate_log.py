@@ -13,7 +13,7 @@ the per-token symbols (q, c_t, k_t) are in ``by_age.py``.
 | ``rho``            | rho                  | NOT measurable from a log: ``--rho`` or recorded as not measured      |
 | ``b_noise``        | B_noise              | ``--grad-norms``: tr Sigma / |G|^2, two batch sizes (App. A.1)        |
 
-Checked against exact profiles on the simulator (``python -m replay_theory.diagnose.proxy_check``).
+Checked against exact profiles on the simulator (``python -m replay_theory.experiments.proxy_check``).
 
 The noise scale B_noise (McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training",
 arXiv 1812.06162, Eq. 2.11 and App. A.1) needs gradients: a log of log-probs and advantages cannot give it.
@@ -32,9 +32,11 @@ from typing import Optional
 
 import numpy as np
 
-from replay_theory.diagnose.by_age import AGGREGATIONS, SCORES, WEIGHTS, SequenceSums, age_step_sums, read_step_times
-from replay_theory.diagnose.errors import ConfigError
-from replay_theory.diagnose.reader import (
+from ..theory.noise import DEFAULT_DRAWS, DEFAULT_LEVEL, percentile_interval, unit_weights
+from ..theory.noise_scale import noise_scale_two_batch, pooled_two_batch
+from .by_age import AGGREGATIONS, SCORES, WEIGHTS, SequenceSums, age_step_sums, read_step_times
+from .errors import ConfigError
+from .reader import (
     FORMATS,
     LogReader,
     detect_format,
@@ -42,9 +44,7 @@ from replay_theory.diagnose.reader import (
     read_schema,
     require_pyarrow,
 )
-from replay_theory.diagnose.schema import REQUIRED, STEP_TIME_COLUMNS, resolve_columns
-from replay_theory.theory.noise import DEFAULT_DRAWS, DEFAULT_LEVEL, percentile_interval, unit_weights
-from replay_theory.theory.noise_scale import noise_scale_two_batch, pooled_two_batch
+from .schema import REQUIRED, STEP_TIME_COLUMNS, resolve_columns
 
 #: the log column with the optimizer step a row was trained at (TRL export and verl hook).
 STEP_COLUMN = "step"
@@ -128,7 +128,7 @@ def plan(config: CalibrateLogConfig) -> LogReader:
             "or a folder (not found)" if columns.dump else "(not found, or a directory)"))
     require_pyarrow()
     if columns.dump:  # a framework's own files (dumps.py): the first one gives the columns
-        from replay_theory.diagnose.dumps import MISSING, DumpSource
+        from .dumps import MISSING, DumpSource
 
         if config.format != "auto":
             raise ConfigError("format", f"must be auto with --preset {columns.dump} (it reads the framework's own "
@@ -350,7 +350,7 @@ def calibrate_from_log(config: CalibrateLogConfig, reader: Optional[LogReader] =
     With ``config.grad_norms`` (``norms``: :func:`read_grad_norms`' arrays, read here when None) the profile gets the
     "noise_scale" record; without, ``not_measured`` says that B_noise needs gradients and how to get them.
     """
-    from replay_theory import __version__
+    from .. import __version__
 
     if config.grad_norms is not None and norms is None:
         norms = read_grad_norms(config.grad_norms)  # checked before the log is read

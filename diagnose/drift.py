@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from replay_theory.theory.freshper import tau_from_kl_drift
+from ..theory.freshper import tau_from_kl_drift
 
 
 def _weighted_fit(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float, float]:

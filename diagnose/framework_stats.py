@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replay_theory.diagnose.accumulators import Running
+from .accumulators import Running
 
 #: verl/utils/torch_functional.py masked_mean: values.sum() / (mask.sum() + 1e-8)
 VERL_EPS = 1e-8

@@ -36,19 +36,19 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from replay_theory.diagnose.accumulators import LOG_FLOAT_MAX, UNSHIFTED_MAX, LogRatioHistogram, Moments
-from replay_theory.diagnose.drift import fit_kl_drift
-from replay_theory.diagnose.errors import ConfigError
-from replay_theory.diagnose.framework_stats import (
+from .accumulators import LOG_FLOAT_MAX, UNSHIFTED_MAX, LogRatioHistogram, Moments
+from .drift import fit_kl_drift
+from .errors import ConfigError
+from .framework_stats import (
     SEQ_FIELDS,
     FrameworkParams,
     FrameworkSums,
     finish,
     rollout_is_metrics,
 )
-from replay_theory.diagnose.reader import FORMATS, LOGP_ROUNDOFF, LogReader, TokenChunk, UnsortedIds, grow
-from replay_theory.diagnose.schema import resolve_columns
-from replay_theory.diagnose.whatif import SequenceWhatIf, TokenWhatIf, WhatIfConfig, freshper_rows
+from .reader import FORMATS, LOGP_ROUNDOFF, LogReader, TokenChunk, UnsortedIds, grow
+from .schema import resolve_columns
+from .whatif import SequenceWhatIf, TokenWhatIf, WhatIfConfig, freshper_rows
 
 QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 #: the statistics reported per group (token level, sequence level, each age bucket).

@@ -29,8 +29,8 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from replay_theory.diagnose.errors import ConfigError
-from replay_theory.diagnose.schema import PRESETS, REQUIRED, ColumnMap
+from .errors import ConfigError
+from .schema import PRESETS, REQUIRED, ColumnMap
 
 FORMATS = ("parquet", "csv", "jsonl")
 _SUFFIX_FORMAT = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv",
@@ -154,7 +154,7 @@ class LogReader:
         self._next_code = 0
         self._pa = require_pyarrow()
         if columns.dump:
-            from replay_theory.diagnose.dumps import DumpSource
+            from .dumps import DumpSource
 
             self.dump = DumpSource(columns.dump, self.path)
             self.schema, self.total_bytes = self.dump.schema, self.dump.total_bytes

@@ -7,7 +7,7 @@ import math
 import os
 from pathlib import Path
 
-from replay_theory.diagnose.errors import ConfigError
+from .errors import ConfigError
 
 #: keys every report of ``pipeline.diagnose`` has; a JSON object without them is some other file.
 REPORT_KEYS = ("n_tokens", "ess_frac", "by_age", "config")

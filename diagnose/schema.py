@@ -69,7 +69,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Literal, Optional
 
-from replay_theory.diagnose.errors import ConfigError
+from .errors import ConfigError
 
 Layout = Literal["auto", "long", "wide"]
 

@@ -44,11 +44,11 @@ from typing import Callable
 
 import numpy as np
 
-from replay_theory.diagnose.accumulators import Moments, WeightSums
-from replay_theory.diagnose.errors import ConfigError
-from replay_theory.diagnose.framework_stats import gspo_sequence_log_ratio
-from replay_theory.simulate.losses import m2po_masks, m2po_may_bind
-from replay_theory.theory.group_replay import clipping_bias_proxy
+from ..core.losses import m2po_masks, m2po_may_bind
+from ..theory.group_replay import clipping_bias_proxy
+from .accumulators import Moments, WeightSums
+from .errors import ConfigError
+from .framework_stats import gspo_sequence_log_ratio
 
 M2PO_VARIANTS = ("algorithm1", "reference")
 EXP_MAX = 709.78  # math.exp overflows above

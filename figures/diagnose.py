@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from replay_theory.figures.style import COLORS, new_axes_row
+from .style import COLORS, new_axes_row
 
 
 def ess_by_age_data(report: dict) -> dict[str, np.ndarray]:

@@ -41,7 +41,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
-from replay_theory.figures.style import COLORS, DPI, new_axes, new_axes_row, render
+from .style import COLORS, DPI, new_axes, new_axes_row, render
 
 COMMANDS = {
     "experience-replay": "replay-theory experiment experience-replay --out {path}",

@@ -25,7 +25,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
-from replay_theory.figures.defaults import DPI, DPI_RANGE, MIN_FONT_PT  # noqa: E402
+from .defaults import DPI, DPI_RANGE, MIN_FONT_PT  # noqa: E402
 
 __all__ = ["FIGSIZE", "COLORS", "DPI", "DPI_RANGE", "MIN_FONT_PT", "FORMATS", "apply_style", "new_axes",
            "new_axes_row", "render", "print_problems"]

@@ -39,12 +39,12 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from replay_theory.figures.style import COLORS, new_axes, new_axes_row
-from replay_theory.theory.compute import compute_ratio
-from replay_theory.theory.design import mu_sec3_of, power_law_k, power_law_optimum
-from replay_theory.theory.divergences import chi2_exact, d2_exact, ess_kish_fraction, kl_exact, m2_exact
-from replay_theory.theory.exgrpo import bucket_probabilities
-from replay_theory.theory.freshper import age_decay_weight, effective_time_constant
+from ..theory.compute import compute_ratio
+from ..theory.design import mu_sec3_of, power_law_k, power_law_optimum
+from ..theory.divergences import chi2_exact, d2_exact, ess_kish_fraction, kl_exact, m2_exact
+from ..theory.exgrpo import bucket_probabilities
+from ..theory.freshper import age_decay_weight, effective_time_constant
+from .style import COLORS, new_axes, new_axes_row
 
 __all__ = [
     "THEORY_FIGURES",

@@ -3,7 +3,7 @@
 Paper: experience-replay (docs/REFERENCES.md): N (buffer size), B (batch size), R (rollouts per step).
 ``replay_config`` (:class:`~replay_theory.integrations.replay_config.ReplayConfig`: N, B, R, the buffer design and
 the loss; no torch), ``buffer`` (``RowReplayBuffer``: a trainer's rows, selected by the shared design registry of
-simulate/designs.py; torch), ``loss`` (the shared losses of simulate/losses in a torch autograd graph; torch only),
+core/designs.py; torch), ``loss`` (the shared losses of core/losses.py in a torch autograd graph; torch only),
 ``export`` (``DiagnoseLogWriter``: the rows a trainer trained on as a ``diagnose`` log; numpy + pyarrow),
 ``trl`` (``ReplayGRPOTrainer``, a TRL ``GRPOTrainer`` subclass, and ``DiagnoseLogCallback``; the ``trl`` extra),
 ``trl_run`` (``replay-theory trl-replay``: the trainer on Countdown in one command),

@@ -15,7 +15,7 @@ Under the FIFO law a row is trained on while its age s is 0 .. ceil(N/R) - 1 ste
 
 One buffer implementation: the trainer's rows (torch tensors, whole TRL rows) live in :class:`RowReplayBuffer`,
 but WHICH rows are kept, evicted and drawn is decided by the design's own buffer from the shared registry
-(``simulate/designs.py``: ``fifo``, ``positive-bias``, ``prioritized``, or ``on-policy``), the same class and the
+(``core/designs.py``: ``fifo``, ``positive-bias``, ``prioritized``, or ``on-policy``), the same class and the
 same batch step the simulator and the validator run, fed one item per row whose token is the row's id. Every
 stored field has the row (one completion) as its FIRST dimension: per-row scalars (rows,), per-token fields
 (rows, L). A push is refused unless every field has exactly ``rows`` entries along dim 0, and a draw gathers every
@@ -33,15 +33,15 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from replay_theory.integrations.replay_config import (
+from ..core.designs import BUFFER_DESIGNS, BufferSpec, DesignConfig, StepBatch, make_design_buffer
+from ..core.rollouts import RolloutBatch
+from .replay_config import (
     REPLAY_LOSSES,
     ROW_DESIGNS,
     ReplayConfig,
     age_buckets,
     fifo_max_age,
 )
-from replay_theory.simulate.designs import BUFFER_DESIGNS, BufferSpec, DesignConfig, StepBatch, make_design_buffer
-from replay_theory.simulate.rollouts import RolloutBatch
 
 __all__ = [
     "ReplayConfig",
@@ -76,7 +76,7 @@ def _pad_to(x: torch.Tensor, width: int, value: float, left: bool) -> torch.Tens
 class RowReplayBuffer:
     """A trainer's rows (torch, any width) selected by a buffer design of the shared registry.
 
-    The design's own buffer (``simulate.designs.make_design_buffer``: the simulator's and the validator's classes)
+    The design's own buffer (``core.designs.make_design_buffer``: the simulator's and the validator's classes)
     holds one item per row whose token is the row's ``sample_id``; it decides what is kept, evicted and drawn, with
     the design's batch step (``BUFFER_DESIGNS[buffer].step``) called exactly as the simulator calls it. This class
     only stores the rows those ids point to (every field with the row as dim 0, re-padded on its side when widths

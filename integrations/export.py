@@ -64,7 +64,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from replay_theory.diagnose.schema import STEP_TIME_COLUMNS  # the log format is diagnose's
+from ..diagnose.schema import STEP_TIME_COLUMNS  # the log format is diagnose's
 
 __all__ = ["DiagnoseLogWriter", "STEP_TIME_COLUMNS", "TRL_LOG_COLUMNS", "VERL_LOG_COLUMNS", "VERL_VERSION_COLUMNS"]
 

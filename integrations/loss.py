@@ -1,4 +1,4 @@
-"""The shared losses of ``replay_theory.simulate.losses`` on a replay batch, in a torch autograd graph.
+"""The shared losses of ``replay_theory.core.losses`` on a replay batch, in a torch autograd graph.
 
 Paper: experience-replay (docs/REFERENCES.md); the corrections are M2PO Eq. (1) (PPO clip, ``grpo``),
 Replay-RLOO Eq. (2) (truncated sequence importance weight min(c, pi_theta / pi_behav), ``tis``), M2PO Algorithm 1
@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from replay_theory.integrations.buffer import ReplayConfig
-from replay_theory.simulate import losses
+from ..core import losses
+from .buffer import ReplayConfig
 
 __all__ = ["shared_loss", "shared_loss_tensor", "as_numpy"]
 
@@ -30,7 +30,7 @@ def shared_loss(replay: ReplayConfig, logp_new: np.ndarray, logp_behav: np.ndarr
                 mask: np.ndarray) -> losses.LossOutput:
     """The shared loss of ``replay.loss`` on one batch: arrays (B, L) / (B,), as one seed (S = 1).
 
-    Returns the LossOutput of ``replay_theory.simulate.losses`` (loss (1,), grad_logp (1, B, L), metrics).
+    Returns the LossOutput of ``replay_theory.core.losses`` (loss (1,), grad_logp (1, B, L), metrics).
     """
     lp, lb, m = logp_new[None], logp_behav[None], mask[None].astype(bool)
     adv = advantages[None]

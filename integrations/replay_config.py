@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from replay_theory.simulate.designs import DesignConfig, design_field_names
+from ..core.designs import DesignConfig, design_field_names
 
 __all__ = ["REPLAY_LOSSES", "ROW_DESIGNS", "ReplayConfig", "age_buckets", "fifo_max_age"]
 
-#: Off-policy corrections the trainer takes from ``replay_theory.simulate.losses``.
+#: Off-policy corrections the trainer takes from ``replay_theory.core.losses``.
 #: ``tis`` is the truncated sequence importance weight min(c, pi_new / pi_behav) of losses.rloo (Replay-RLOO Eq. 2).
 REPLAY_LOSSES: tuple[str, ...] = ("grpo", "tis", "m2po", "m2po-reference", "no-trust-region")
 
-#: Buffer designs of the shared registry (``simulate/designs.py``) a trainer can run: each generates one fixed-size
+#: Buffer designs of the shared registry (``core/designs.py``) a trainer can run: each generates one fixed-size
 #: batch per step or none. group-replay, exgrpo and stale-k need a different number of groups per step.
 ROW_DESIGNS: tuple[str, ...] = ("on-policy", "fifo", "positive-bias", "prioritized")
 
@@ -54,7 +54,7 @@ def _positive_int(name: str, value: Any) -> None:
 
 @dataclass(frozen=True)
 class ReplayConfig:
-    """N, B, R and the off-policy correction of a replay run (experience-replay Sec. 3; losses of simulate/losses)."""
+    """N, B, R and the off-policy correction of a replay run (experience-replay Sec. 3; losses of core/losses.py)."""
 
     buffer_size: int
     """N: FIFO capacity in completions; a multiple of the group size (whole groups are stored), >= R."""
@@ -75,7 +75,7 @@ class ReplayConfig:
     aggregation: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] | None = None
     """How token terms become one loss; None: the loss's own default (token-mean, tis: seq-mean-token-sum)."""
     buffer: str = "fifo"
-    """Buffer design of the shared registry (simulate/designs.py): on-policy, fifo, positive-bias or prioritized."""
+    """Buffer design of the shared registry (core/designs.py): on-policy, fifo, positive-bias or prioritized."""
     design: Mapping[str, Any] = field(default_factory=dict)
     """Other DesignConfig fields of that buffer, e.g. {"delta": 0.2} or {"per_alpha": 0.6, "per_tau": 8.0}; each is
     documented once, on DesignConfig."""

@@ -1,7 +1,7 @@
 """TRL replay trainer: GRPO with a FIFO replay buffer sized by the experience-replay paper's theory.
 
 Paper: experience-replay (docs/REFERENCES.md), Sec. 3 (N, B, R; staleness x = N/R, replay ratio y = B/R); the
-off-policy corrections are the shared losses of ``replay_theory.simulate.losses`` (M2PO Eq. (1) PPO clip,
+off-policy corrections are the shared losses of ``replay_theory.core.losses`` (M2PO Eq. (1) PPO clip,
 Replay-RLOO Eq. (2) truncated sequence IS, M2PO Algorithm 1). Code names -> paper symbols:
 
 | code name                          | symbol          | where                                        |
@@ -93,14 +93,14 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from replay_theory.diagnose.calibrate_log import GRAD_NORM_COLUMNS
-from replay_theory.diagnose.framework_stats import framework_statistics
-from replay_theory.diagnose.whatif import TokenWhatIf, WhatIfConfig, sequence_rows
-from replay_theory.integrations.buffer import ReplayConfig, RowReplayBuffer, age_buckets, fifo_max_age
-from replay_theory.integrations.export import DiagnoseLogWriter
-from replay_theory.integrations.loss import as_numpy, shared_loss, shared_loss_tensor
-from replay_theory.simulate import losses
-from replay_theory.theory.divergences import ess_kish_fraction, sequence_log_ratio
+from ..core import losses
+from ..diagnose.calibrate_log import GRAD_NORM_COLUMNS
+from ..diagnose.framework_stats import framework_statistics
+from ..diagnose.whatif import TokenWhatIf, WhatIfConfig, sequence_rows
+from ..theory.divergences import ess_kish_fraction, sequence_log_ratio
+from .buffer import ReplayConfig, RowReplayBuffer, age_buckets, fifo_max_age
+from .export import DiagnoseLogWriter
+from .loss import as_numpy, shared_loss, shared_loss_tensor
 
 __all__ = ["DiagnoseLogCallback", "ReplayConfig", "ReplayGRPOTrainer", "noise_halves", "replay_grpo_args",
            "shared_loss", "shared_loss_tensor"]

@@ -52,9 +52,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from replay_theory import __version__
-from replay_theory.integrations.replay_config import REPLAY_LOSSES, ROW_DESIGNS, ReplayConfig
-from replay_theory.theory.design import classify_regime
+from .. import __version__
+from ..theory.design import classify_regime
+from .replay_config import REPLAY_LOSSES, ROW_DESIGNS, ReplayConfig
 
 LOG_NAME = "rollouts.parquet"
 RUN_NAME = "run.json"
@@ -72,7 +72,7 @@ COUNTDOWN_DISTINCT = 1721
 COUNTDOWN_HELD_OUT = 64
 MAX_N_TRAIN = COUNTDOWN_DISTINCT - COUNTDOWN_HELD_OUT
 
-#: The internal names a design's rules use (simulate/designs.py, integrations/buffer.py) -> the options typed.
+#: The internal names a design's rules use (core/designs.py, integrations/buffer.py) -> the options typed.
 _OPTION_OF = {"capacity": "--buffer-size", "buffer_size": "--buffer-size", "batch_size": "--batch-size",
               "rollouts_per_step": "--rollouts-per-step", "group_size": "--group-size",
               "num_generations": "--group-size"}
@@ -156,7 +156,7 @@ class TrlRunConfig:
         if replay.buffer != "on-policy" and n % g:  # RowReplayBuffer: whole groups are stored
             raise ValueError(f"--buffer-size must be a multiple of --group-size = {g} (whole groups are stored), "
                              f"got {n}")
-        try:  # the shared design's own rules (simulate/designs.py), as the trainer's buffer applies them
+        try:  # the shared design's own rules (core/designs.py), as the trainer's buffer applies them
             replay.design_config(g).validated_design()
         except ValueError as err:
             raise ValueError(_option_names(str(err).splitlines()[0])) from None
@@ -182,7 +182,7 @@ class TrlRunConfig:
 
     def warm_start_key(self) -> dict[str, Any]:
         """Everything the tiny model's warm-start weights depend on (the code through its version)."""
-        from replay_theory.validate.config import TINY_MODEL
+        from ..validate.config import TINY_MODEL
 
         return {"replay_theory_version": __version__, "model": dict(TINY_MODEL), "seed": self.seed,
                 "sft_steps": self.sft_steps, "n_train": self.n_train, "held_out": COUNTDOWN_HELD_OUT,
@@ -238,7 +238,7 @@ def _hf_tokenizer(tokenizer) -> Any:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from replay_theory.validate.tokenizer import CharTokenizer
+    from ..validate.tokenizer import CharTokenizer
 
     if not isinstance(tokenizer, CharTokenizer):
         return tokenizer.hf  # a real checkpoint's own tokenizer
@@ -252,7 +252,7 @@ def _hf_tokenizer(tokenizer) -> Any:
 
 def countdown_reward(completions: list[str], numbers: list[list[int]], target: list[int], **_: Any) -> list[float]:
     """The Countdown verifier (1 correct, 0.1 well formed, 0 otherwise) as a TRL reward function."""
-    from replay_theory.validate import countdown
+    from ..validate import countdown
 
     return [countdown.verify(countdown.Problem(tuple(n), int(t)), c) for c, n, t in zip(completions, numbers, target)]
 
@@ -270,12 +270,12 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     import torch
     from datasets import Dataset
 
-    from replay_theory.integrations.trl import ReplayGRPOTrainer, replay_grpo_args
-    from replay_theory.simulate.progress import ProgressBar
-    from replay_theory.validate import countdown
-    from replay_theory.validate.config import TINY_MODEL, ValidateConfig
-    from replay_theory.validate.loop import configure_torch
-    from replay_theory.validate.model import ModelConfig, load_policy, sft_warm_start
+    from ..core.progress import ProgressBar
+    from ..validate import countdown
+    from ..validate.config import TINY_MODEL, ValidateConfig
+    from ..validate.loop import configure_torch
+    from ..validate.model import ModelConfig, load_policy, sft_warm_start
+    from .trl import ReplayGRPOTrainer, replay_grpo_args
 
     configure_torch(config.threads)
     # TRL 1.16 calls transformers 5's deprecated gradient-checkpointing names every step: not the user's to fix
@@ -361,7 +361,7 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     log(f"reward: {summary['reward_first_quarter']:.3f} (first {k} steps) -> {summary['reward_last_quarter']:.3f} "
         f"(last {k}); replay ratio {trainer.replay_trained / max(trainer.replay_generated, 1):.3f} (B/R = "
         f"{replay.replay_ratio:.3f})")
-    from replay_theory.diagnose.calibrate_log import noise_scale_lines
+    from ..diagnose.calibrate_log import noise_scale_lines
 
     measured = len(trainer.noise_records)
     if summary["noise_scale"] is None:
@@ -399,7 +399,7 @@ def noise_record(records: list[dict], group_size: int, seed: int, path: Path) ->
     """
     import numpy as np
 
-    from replay_theory.diagnose.calibrate_log import GRAD_NORM_COLUMNS, noise_scale_record
+    from ..diagnose.calibrate_log import GRAD_NORM_COLUMNS, noise_scale_record
 
     if len(records) < 2:
         return None

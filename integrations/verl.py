@@ -76,7 +76,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from replay_theory.integrations.export import DiagnoseLogWriter
+from .export import DiagnoseLogWriter
 
 __all__ = ["VerlDiagnoseLogger", "VerlDiagnoseLogMixin", "VERSION_KEYS", "TOKEN_KEYS"]
 

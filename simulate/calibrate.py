@@ -72,15 +72,15 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from replay_theory.simulate.config import SimConfig
-from replay_theory.simulate.designs import compute_loss, make_advantage
-from replay_theory.simulate.engine import run
-from replay_theory.simulate.pipeline import EnvBackend, generate
-from replay_theory.simulate.rng import PerSeedGenerator
-from replay_theory.simulate.rollouts import RolloutBatch
-from replay_theory.theory import noise as noise_estimators
-from replay_theory.theory.noise import NoiseProfile, PairMoments, RhoFit
-from replay_theory.theory.noise_scale import PooledNoiseScale, noise_scale_from_samples, pooled_noise_scale
+from ..core.designs import compute_loss, make_advantage
+from ..core.pipeline import EnvBackend, generate
+from ..core.rng import PerSeedGenerator
+from ..core.rollouts import RolloutBatch
+from ..theory import noise as noise_estimators
+from ..theory.noise import NoiseProfile, PairMoments, RhoFit
+from ..theory.noise_scale import PooledNoiseScale, noise_scale_from_samples, pooled_noise_scale
+from .config import SimConfig
+from .engine import run
 
 DEFAULT_STALENESS = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160)
 DEFAULT_MAX_GAP = 64

@@ -3,7 +3,7 @@
 Flat on purpose: a sweep is a grid over these fields, and a result row is the
 config plus its measurements, so every field is a scalar that fits a CSV cell.
 The design fields (buffer, loss, sizes and each design's parameters) come from
-``simulate.designs.DesignConfig``, which the validator's ``RLConfig`` shares; the
+``core.designs.DesignConfig``, which the validator's ``RLConfig`` shares; the
 fields defined here say how the simulated run goes (environment, pipeline, seeds).
 Each field's docstring is its ``--help`` text.
 
@@ -12,7 +12,7 @@ Each field's docstring is its ``--help`` text.
 | ``workers``/``trainers``| W / T        | inference and trainer GPUs (asynchronous model, experience-replay Sec. 2) |
 | ``mu``                  | mu           | rollout cost / per-sample update cost (Table 1 meaning)            |
 | ``sync_interval``       | k            | async: trainer steps between weight syncs                          |
-(design fields: see ``simulate/designs.py``)
+(design fields: see ``core/designs.py``)
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import json
 import math
 from dataclasses import dataclass
 
-from replay_theory import __version__
-from replay_theory.simulate.designs import DesignConfig
-from replay_theory.simulate.pipeline import PipelineSettings
+from .. import __version__
+from ..core.designs import DesignConfig
+from ..core.pipeline import PipelineSettings
 
 ENVS = ("bandit", "token-mdp")
 PIPELINES = ("sync", "async")

@@ -1,13 +1,13 @@
-"""The simulator's training loop: every design of ``simulate/designs.py`` on a log-linear policy, all seeds at once.
+"""The simulator's training loop: every design of ``core/designs.py`` on a log-linear policy, all seeds at once.
 
 Papers (docs/REFERENCES.md): experience-replay Sec. 2-3 for the pipelines and compute;
 FreshPER, M2PO, RLOO group replay and ExGRPO for the other designs.
 
 The batch of each step, the buffer and the compute accounting come from
-``simulate.pipeline.Pipeline`` (shared with the language-model validator); this module
+``core.pipeline.Pipeline`` (shared with the language-model validator); this module
 adds what only the simulator can do: exact gradients and evaluations of the policy, and
 per-step curves. All arrays carry the seed axis first. Each step: the pipeline hands
-over the training batch, the loss of ``simulate/designs.py`` gives d loss / d logp_new,
+over the training batch, the loss of ``core/designs.py`` gives d loss / d logp_new,
 ``env.grad_logp_contract`` turns it into the exact parameter gradient, the optimiser steps.
 
 | code name                | paper symbol   | meaning                                                           |
@@ -27,14 +27,14 @@ from typing import Callable
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from replay_theory.simulate.config import SimConfig
-from replay_theory.simulate.designs import StepBatch, compute_loss
-from replay_theory.simulate.envs import make_env
-from replay_theory.simulate.losses import LossOutput, ess_kish_fraction_finite
-from replay_theory.simulate.optim import OPTIMIZERS
-from replay_theory.simulate.pipeline import AGE_BUCKETS, EnvBackend, Pipeline, UsageRecord, age_bucket
-from replay_theory.simulate.rng import PerSeedGenerator
-from replay_theory.theory import divergences as div
+from ..core.designs import StepBatch, compute_loss
+from ..core.losses import LossOutput, ess_kish_fraction_finite
+from ..core.pipeline import AGE_BUCKETS, EnvBackend, Pipeline, UsageRecord, age_bucket
+from ..core.rng import PerSeedGenerator
+from ..theory import divergences as div
+from .config import SimConfig
+from .envs import make_env
+from .optim import OPTIMIZERS
 
 
 @dataclass

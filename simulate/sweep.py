@@ -71,11 +71,11 @@ from typing import Any
 import joblib
 import numpy as np
 
-from replay_theory import __version__
-from replay_theory.outputs import check_out_dir as check_out_path
-from replay_theory.simulate.config import SimConfig, config_from_dict
-from replay_theory.simulate.engine import run
-from replay_theory.simulate.progress import ProgressBar
+from .. import __version__
+from ..core.progress import ProgressBar
+from ..outputs import check_out_dir as check_out_path
+from .config import SimConfig, config_from_dict
+from .engine import run
 
 SPEC_KEYS = {"name", "base", "grid", "configs", "description"}
 BACKENDS = ("loky", "threading", "dask", "ray")

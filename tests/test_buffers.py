@@ -1,4 +1,4 @@
-"""Tests for replay_theory.simulate.buffers and simulate.sumtree (values, naive-loop references, designs)."""
+"""Tests for replay_theory.core.buffers and core.sumtree (values, naive-loop references, designs)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from replay_theory.simulate.buffers import (
+from replay_theory.core.buffers import (
     ExGRPOBuffer,
     FifoBuffer,
     GroupReplayBuffer,
@@ -15,8 +15,8 @@ from replay_theory.simulate.buffers import (
     PrioritizedBuffer,
     StaleKQueue,
 )
-from replay_theory.simulate.rollouts import RolloutBatch
-from replay_theory.simulate.sumtree import SumTree
+from replay_theory.core.rollouts import RolloutBatch
+from replay_theory.core.sumtree import SumTree
 from replay_theory.theory import exgrpo as ex
 from replay_theory.theory import freshper as fp
 from replay_theory.theory import group_replay as gr
@@ -715,7 +715,7 @@ def test_token_dtype_range_and_logp_precision():
 
 
 def test_design_registry_builds_every_buffer():
-    from replay_theory.simulate.designs import BUFFER_DESIGNS, BufferSpec, DesignConfig, make_design_buffer
+    from replay_theory.core.designs import BUFFER_DESIGNS, BufferSpec, DesignConfig, make_design_buffer
 
     expected = {"on-policy": type(None), "fifo": FifoBuffer, "positive-bias": PositiveBiasBuffer,
                 "prioritized": PrioritizedBuffer, "group-replay": GroupReplayBuffer, "exgrpo": ExGRPOBuffer,
@@ -777,7 +777,7 @@ def test_bad_buffer_arguments_raise_value_error_naming_the_parameter(name, kwarg
     ],
 )
 def test_bad_designs_raise_one_line_naming_the_field(changes, message):
-    from replay_theory.simulate.designs import DesignConfig
+    from replay_theory.core.designs import DesignConfig
 
     with pytest.raises(ValueError, match=message) as info:
         DesignConfig(**changes).validated_design()

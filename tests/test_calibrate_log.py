@@ -122,7 +122,7 @@ def test_sequence_weights_and_seq_mean_aggregation_by_hand(tmp_path, cli):
 def test_proxy_against_the_exact_simulator_profile():
     """Bandit, unbiased IS loss: the logit-score proxy is within 5% of the exact plain sigma^2(s)/sigma^2(0) at
     s = 0..32 (measured: at most 3.0%); the constant score is off by more than 30% at s = 32 (measured: +52%)."""
-    from replay_theory.diagnose.proxy_check import compare
+    from replay_theory.experiments.proxy_check import compare
 
     result = compare("bandit")
     exact, logit, constant = (np.asarray(result[k], float) for k in ("exact", "logit", "constant"))

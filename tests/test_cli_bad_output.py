@@ -8,9 +8,9 @@ import stat
 import pytest
 
 from replay_theory import __version__
+from replay_theory.experiments.paper_tables import write_table
 from replay_theory.simulate import sweep as sweep_module
 from replay_theory.simulate.config import SimConfig
-from replay_theory.simulate.experiments import write_table
 from replay_theory.simulate.sweep import VERSION_KEY, load_runs, run_sweep
 
 TINY = {"seeds": 2, "steps": 20, "eval_every": 10, "measure_drift": False, "num_prompts": 16}

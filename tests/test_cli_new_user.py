@@ -88,7 +88,7 @@ def test_ctrl_c_before_any_configuration_finished_keeps_nothing(cli, tmp_path, m
 
 def test_a_real_sigint_during_a_sweep(tmp_path):
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({**SPEC, "base": {**SPEC["base"], "steps": 300},
+    spec.write_text(json.dumps({**SPEC, "base": {**SPEC["base"], "steps": 2000},
                                 "grid": {"capacity": [64, 96, 128, 160, 192, 224, 256, 288]}}))
     out = tmp_path / "sweep"
     proc = subprocess.Popen([sys.executable, "-c", "from replay_theory.cli.app import main; main()", "sweep",

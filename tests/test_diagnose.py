@@ -12,11 +12,11 @@ pa = pytest.importorskip("pyarrow")
 import pyarrow.csv as pa_csv  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from replay_theory.core.losses import m2po_mask  # noqa: E402
 from replay_theory.diagnose import DiagnoseConfig, WhatIfConfig, diagnose  # noqa: E402
 from replay_theory.diagnose.accumulators import Moments  # noqa: E402
 from replay_theory.diagnose.drift import fit_kl_drift  # noqa: E402
 from replay_theory.diagnose.schema import resolve_columns  # noqa: E402
-from replay_theory.simulate.losses import m2po_mask  # noqa: E402
 from replay_theory.theory import divergences as dv  # noqa: E402
 from replay_theory.theory.bounds import sample_relations  # noqa: E402
 

@@ -478,7 +478,7 @@ def test_success_leaves_a_redirected_stderr_empty(tmp_path, cli):
 
 
 def test_example_log_shapes_agree_and_recover_the_known_drift(tmp_path, cli):
-    from replay_theory.diagnose.example import example_log, write_example
+    from replay_theory.experiments.example_log import example_log, write_example
 
     reports = {}
     for shape, name, extra in (("default", "log.parquet", []), ("default", "log.csv", []),

@@ -434,7 +434,7 @@ def test_same_rng_seed_gives_identical_samples(name: str) -> None:
 
 
 class _StackedGenerator:
-    """One generator per seed, draws stacked along axis 0 (like simulate/rng.py's PerSeedGenerator)."""
+    """One generator per seed, draws stacked along axis 0 (like core/rng.py's PerSeedGenerator)."""
 
     def __init__(self, seeds: list[int]) -> None:
         self.generators = [np.random.default_rng(s) for s in seeds]

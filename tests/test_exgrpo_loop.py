@@ -1,4 +1,4 @@
-"""ExGRPO's mixed-policy batches (simulate/designs.py ``exgrpo_step``) through the engine: values, not just shapes."""
+"""ExGRPO's mixed-policy batches (core/designs.py ``exgrpo_step``) through the engine: values, not just shapes."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from replay_theory.simulate import engine, losses
+from replay_theory.core import losses
+from replay_theory.core.designs import fresh_questions, make_advantage
+from replay_theory.simulate import engine
 from replay_theory.simulate.config import SimConfig
-from replay_theory.simulate.designs import fresh_questions, make_advantage
 from replay_theory.simulate.envs import make_env
 
 RHO, B, G = 0.5, 8, 8  # B questions of G responses: batch_size = B G responses

@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
+from replay_theory.experiments import paper_tables as experiments
 from replay_theory.figures import results as fig
 from replay_theory.figures.style import print_problems
-from replay_theory.simulate import experiments
 from replay_theory.simulate.sweep import load_runs, run_sweep
 
 

@@ -12,6 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from replay_theory.core import losses  # noqa: E402
+from replay_theory.core.buffers import FifoBuffer, PositiveBiasBuffer, PrioritizedBuffer  # noqa: E402
 from replay_theory.integrations.buffer import (  # noqa: E402 (after the importorskip)
     ReplayConfig,
     RowReplayBuffer,
@@ -19,8 +21,6 @@ from replay_theory.integrations.buffer import (  # noqa: E402 (after the importo
     fifo_max_age,
 )
 from replay_theory.integrations.loss import shared_loss, shared_loss_tensor  # noqa: E402
-from replay_theory.simulate import losses  # noqa: E402
-from replay_theory.simulate.buffers import FifoBuffer, PositiveBiasBuffer, PrioritizedBuffer  # noqa: E402
 
 
 def fifo(capacity: int, group_size: int, seed: int = 0, **design) -> RowReplayBuffer:
@@ -194,7 +194,7 @@ def test_buffer_capacity_must_be_whole_groups():
 
 
 def test_row_buffer_draws_are_the_simulators_fifo_draws():
-    # One buffer implementation: the trainer's rows are selected by simulate.buffers.FifoBuffer itself, so with the
+    # One buffer implementation: the trainer's rows are selected by core.buffers.FifoBuffer itself, so with the
     # same generator the ids it draws are exactly those the simulator's FIFO draws over the same pushes.
     buffer = RowReplayBuffer(ReplayConfig(12, 6, 4).design_config(2), seed=7)
     assert type(buffer.buffer) is FifoBuffer

@@ -323,7 +323,7 @@ def test_preset_verl_names_the_hooks_columns_and_the_example_has_them(tmp_path, 
         "rollout_log_probs", "old_log_probs", "response_mask", "advantages", "age", "scores")
     assert set(cmap.columns().values()) <= set(VERL_LOG_COLUMNS) and cmap.layout == "wide"
 
-    from replay_theory.diagnose.example import example_log, write_example
+    from replay_theory.experiments.example_log import example_log, write_example
 
     path = tmp_path / "verl_example.parquet"
     truth = write_example(path, "verl", seed=5)

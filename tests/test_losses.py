@@ -1,4 +1,4 @@
-"""Tests for replay_theory.simulate.losses and replay_theory.simulate.advantages.
+"""Tests for replay_theory.core.losses and replay_theory.core.advantages.
 
 Three levels (docs/REFERENCES.md): hand-worked values; the vectorised M2PO
 mask against a literal per-seed loop of Algorithm 1; every ``grad_logp``
@@ -13,8 +13,8 @@ import warnings
 import numpy as np
 import pytest
 
-from replay_theory.simulate import advantages as adv_mod
-from replay_theory.simulate import losses as L
+from replay_theory.core import advantages as adv_mod
+from replay_theory.core import losses as L
 
 LOG_HI = math.log(1.2)  # GRPO clip bounds at eps = 0.2, in log space
 LOG_LO = math.log(0.8)
@@ -606,7 +606,7 @@ def test_group_advantage_hand_values():
 
 @pytest.mark.parametrize("scale", [0.0, 0.3, 40.0])  # on-policy (Var r = 0), typical, huge ratios
 def test_dense_ratio_metrics_equal_the_masked_estimators_bit_for_bit(scale):
-    from replay_theory.simulate.losses import _dense_ratio_metrics, _ratio_metrics
+    from replay_theory.core.losses import _dense_ratio_metrics, _ratio_metrics
     from replay_theory.theory.divergences import ratio_stats, sample_statistics
 
     lr = scale * np.random.default_rng(5).standard_normal((4, 37, 1))  # (S, n, L)
@@ -615,7 +615,7 @@ def test_dense_ratio_metrics_equal_the_masked_estimators_bit_for_bit(scale):
     slow = {**ratio_stats(flat, every), **sample_statistics(flat, every)}
     for name, value in fast.items():
         np.testing.assert_array_equal(value, slow[name], err_msg=name)
-    from replay_theory.simulate.losses import ess_kish_fraction_finite
+    from replay_theory.core.losses import ess_kish_fraction_finite
     from replay_theory.theory.divergences import ess_kish_fraction
 
     np.testing.assert_array_equal(ess_kish_fraction_finite(flat), ess_kish_fraction(flat))

@@ -1,13 +1,13 @@
-"""The vectorised engine against the plain per-seed loop (simulate/naive.py) on a small FIFO bandit run."""
+"""The vectorised engine against the plain per-seed loop (experiments/naive.py) on a small FIFO bandit run."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from replay_theory.experiments.naive import run_naive_fifo_bandit
 from replay_theory.simulate import engine, optim
 from replay_theory.simulate.config import SimConfig
-from replay_theory.simulate.naive import run_naive_fifo_bandit
 
 SMALL = SimConfig(env="bandit", pipeline="sync", buffer="fifo", loss="grpo", advantage="grpo", seeds=3, steps=12,
                   rollouts_per_step=16, group_size=4, capacity=48, batch_size=24, num_prompts=16, eval_every=5)

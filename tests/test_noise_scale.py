@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import sympy
 
-from replay_theory.simulate.buffers import FifoBuffer
-from replay_theory.simulate.rollouts import RolloutBatch
+from replay_theory.core.buffers import FifoBuffer
+from replay_theory.core.rollouts import RolloutBatch
 from replay_theory.theory import noise_scale as ns
 from replay_theory.theory.symbolic import derive
 
@@ -220,7 +220,7 @@ def _id_batch(num_seeds: int, ids: np.ndarray, step: int) -> RolloutBatch:
 
 def _fifo_batch_means(N, R, B, seeds, steps, rng, *, replacement=True):
     """Batch-mean noise e (seeds, steps) drawn through the project's FifoBuffer (add R, then sample B, as
-    simulate.designs.uniform_buffer_step does). Each item's scalar noise z ~ N(0, 1) is fixed at draw and gathered
+    core.designs.uniform_buffer_step does). Each item's scalar noise z ~ N(0, 1) is fixed at draw and gathered
     by the id stored with it."""
     buffer = FifoBuffer(seeds, N, 1, replacement=replacement)
     noise = rng.standard_normal((seeds, steps * R))  # (seeds, items): z of item id

@@ -1,4 +1,4 @@
-"""The shared pipeline and design registry (simulate/designs.py, simulate/pipeline.py): values, not shapes."""
+"""The shared pipeline and design registry (core/designs.py, core/pipeline.py): values, not shapes."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
+from replay_theory.core.designs import BUFFER_DESIGNS, LOSSES, DesignConfig, GroupReplayParams, design_field_names
+from replay_theory.core.pipeline import EnvBackend, Pipeline
+from replay_theory.core.rng import PerSeedGenerator
 from replay_theory.simulate.config import SimConfig
-from replay_theory.simulate.designs import BUFFER_DESIGNS, LOSSES, DesignConfig, GroupReplayParams, design_field_names
 from replay_theory.simulate.envs import make_env
-from replay_theory.simulate.pipeline import EnvBackend, Pipeline
-from replay_theory.simulate.rng import PerSeedGenerator
 from replay_theory.theory.group_replay import fresh_verifier_evaluations
 
 

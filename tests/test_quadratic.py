@@ -11,7 +11,9 @@ import math
 import numpy as np
 import pytest
 
-from replay_theory.simulate.buffers import FifoBuffer
+from replay_theory.core.buffers import FifoBuffer
+from replay_theory.core.rng import PerSeedGenerator
+from replay_theory.core.rollouts import RolloutBatch
 from replay_theory.simulate.envs.quadratic import (
     QuadraticConfig,
     QuadraticEnv,
@@ -19,8 +21,6 @@ from replay_theory.simulate.envs.quadratic import (
     standard_normal,
     train_to_target,
 )
-from replay_theory.simulate.rng import PerSeedGenerator
-from replay_theory.simulate.rollouts import RolloutBatch
 from replay_theory.theory.noise_scale import fifo_autocovariance, noise_scale_from_samples
 
 # --------------------------------------------------------------------------- exact values

@@ -1,11 +1,11 @@
-"""simulate/rng.py: the batched draws are the per-seed numpy generators' draws, bit for bit."""
+"""core/rng.py: the batched draws are the per-seed numpy generators' draws, bit for bit."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from replay_theory.simulate.rng import PerSeedGenerator
+from replay_theory.core.rng import PerSeedGenerator
 
 
 def reference(base_seed: int, num_seeds: int) -> list[np.random.Generator]:

@@ -11,6 +11,10 @@ import math
 import numpy as np
 import pytest
 
+from replay_theory.core.designs import make_advantage
+from replay_theory.core.pipeline import EnvBackend, generate
+from replay_theory.core.rng import PerSeedGenerator
+from replay_theory.core.rollouts import RolloutBatch
 from replay_theory.simulate.calibrate import (
     Calibration,
     calibrate,
@@ -28,11 +32,7 @@ from replay_theory.simulate.calibrate import (
     token_coefficients,
 )
 from replay_theory.simulate.config import SimConfig
-from replay_theory.simulate.designs import make_advantage
 from replay_theory.simulate.envs import BanditConfig, BanditEnv, TokenMDPConfig, TokenMDPEnv
-from replay_theory.simulate.pipeline import EnvBackend, generate
-from replay_theory.simulate.rng import PerSeedGenerator
-from replay_theory.simulate.rollouts import RolloutBatch
 from replay_theory.theory.noise import RhoFit, noise_profile, staleness_moments
 from replay_theory.theory.profiles import load_profile, save_profile
 

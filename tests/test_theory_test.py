@@ -9,9 +9,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
+from replay_theory.experiments import theory_test as tt
 from replay_theory.figures import results as fig
 from replay_theory.figures.style import print_problems
-from replay_theory.simulate import theory_test as tt
 from replay_theory.simulate.envs.bandit import BanditConfig, BanditEnv
 from replay_theory.theory.profiles import PowerLawProfile, TabulatedProfile
 

@@ -49,7 +49,7 @@ from typing import Union
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from replay_theory.theory.divergences import (
+from .divergences import (
     as_last_axis,
     d2_exact,
     kl_exact,

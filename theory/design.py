@@ -33,14 +33,14 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
-from replay_theory.theory.checks import (
+from .checks import (
     require_finite,
     require_in_range,
     require_nonnegative,
     require_positive,
 )
-from replay_theory.theory.compute import compute_ratio_from_split_ratio
-from replay_theory.theory.profiles import Profile, sigma_bar_sq
+from .compute import compute_ratio_from_split_ratio
+from .profiles import Profile, sigma_bar_sq
 
 CONVENTIONS = ("rollout-cost", "paper-sec3")
 # "replay" only when rollouts are reused (y = B/R > 1, so gamma < 1); "over-generation" is y < 1 (gamma > 1:

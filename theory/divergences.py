@@ -179,7 +179,7 @@ def k3_terms(lr: FloatArray, expm1_lr: FloatArray | None = None) -> FloatArray:
     """r - 1 - log r = expm1(lr) - lr elementwise; Taylor series for small |lr|; +-inf -> inf.
 
     The per-token term of the k3 KL estimator (:func:`kl_k3` is its mean); public
-    because streaming callers (``diagnose/accumulators.py``, ``simulate/losses.py``)
+    because streaming callers (``diagnose/accumulators.py``, ``core/losses.py``)
     sum it chunk by chunk.  ``expm1_lr``: ``np.expm1(lr)`` if the caller has it already.
     """
     lr = np.asarray(lr, dtype=np.float64)

@@ -40,7 +40,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from replay_theory.theory.checks import require_finite, require_int, require_nonnegative, require_positive
+from .checks import require_finite, require_int, require_nonnegative, require_positive
 
 __all__ = [
     "shaping",

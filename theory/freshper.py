@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from replay_theory.theory.checks import require_nonnegative, require_positive
+from .checks import require_nonnegative, require_positive
 
 __all__ = [
     "tau_from_kl_drift",

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from replay_theory.theory.checks import require_int, require_positive
+from .checks import require_int, require_positive
 
 # --------------------------------------------------------------------------- the noise a buffer injects
 

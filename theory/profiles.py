@@ -55,7 +55,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike
 
-from replay_theory.theory.checks import require_finite, require_in_range, require_nonnegative, require_positive
+from .checks import require_finite, require_in_range, require_nonnegative, require_positive
 
 AVERAGES = ("integral", "discrete")
 SIGMA_SQ_FORMS = ("plain", "signal-normalised")

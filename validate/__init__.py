@@ -1,7 +1,7 @@
 """Real-model validation on a Qwen2-architecture language model.
 
 Paper: experience-replay (docs/REFERENCES.md). The validator trains through the simulator's pipeline
-(``replay_theory.simulate.pipeline``: the same designs, buffers, losses and compute accounting) and uses
+(``replay_theory.core.pipeline``: the same designs, buffers, losses and compute accounting) and uses
 the divergences of ``replay_theory.theory``:
 ``model`` (policy, HF sampling, log-probs), ``engines`` / ``vllm_engine`` (rollout engines),
 ``rl`` (training), ``calibrate`` (mu, sigma^2(s), rho), ``loop`` (calibrate -> predict -> verify).

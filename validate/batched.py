@@ -4,7 +4,7 @@ Paper: experience-replay (docs/REFERENCES.md): verify trains every design of Thm
 seeds; here the seeds of one design train together, as the simulator's engine does (purejaxrl-style: the seed
 axis first). The sequential loop (one seed after another, ``validate.rl.train``) stays the reference; one RL
 loop serves both (``validate.rl.train_loop`` with S seeds), and the buffers, losses and compute accounting are
-the simulator's (``simulate/pipeline.py``), which already take a leading seed axis.
+the simulator's (``core/pipeline.py``), which already take a leading seed axis.
 
 How S models run as one: ``stack_policy`` copies the Qwen2 model and replaces each module that holds weights by
 a seed-stacked one whose parameters gain a leading axis S: ``nn.Linear`` -> ``SeedLinear`` (a batched matmul,
@@ -34,8 +34,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from replay_theory.simulate.rng import PerSeedGenerator
-from replay_theory.validate.model import Policy
+from ..core.rng import PerSeedGenerator
+from .model import Policy
 
 __all__ = ["SeedEmbedding", "SeedLinear", "SeedRMSNorm", "SeedStreams", "num_seeds", "seed_state_dict",
            "stack_policy"]

@@ -97,17 +97,17 @@ from typing import Callable
 import numpy as np
 import torch
 
-from replay_theory.simulate.calibrate import fit_profiles, loss_form
-from replay_theory.simulate.designs import BufferSpec, compute_loss, make_design_buffer
-from replay_theory.theory import noise as noise_estimators
-from replay_theory.theory.compute import estimate_mu
-from replay_theory.theory.divergences import k3_terms
-from replay_theory.theory.noise_scale import pooled_noise_scale
-from replay_theory.theory.profiles import save_profile
-from replay_theory.validate import countdown
-from replay_theory.validate.engines import HFSampler, Sampler
-from replay_theory.validate.model import Policy, encode_prompts, next_token_logprobs, sequence_logprobs
-from replay_theory.validate.rl import RLConfig, generate_batch, train, update_step
+from ..core.designs import BufferSpec, compute_loss, make_design_buffer
+from ..simulate.calibrate import fit_profiles, loss_form
+from ..theory import noise as noise_estimators
+from ..theory.compute import estimate_mu
+from ..theory.divergences import k3_terms
+from ..theory.noise_scale import pooled_noise_scale
+from ..theory.profiles import save_profile
+from . import countdown
+from .engines import HFSampler, Sampler
+from .model import Policy, encode_prompts, next_token_logprobs, sequence_logprobs
+from .rl import RLConfig, generate_batch, train, update_step
 
 MAX_GRAD_COORDS = 1 << 22  # 4M float32 coordinates = 16 MB per per-sample gradient
 GRAD_CHUNK = 128

@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from replay_theory.outputs import check_out_dir
-from replay_theory.validate import countdown
+from ..outputs import check_out_dir
+from . import countdown
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from replay_theory.theory.group_replay import pass_at_k
+from ..theory.group_replay import pass_at_k
 
 __all__ = [
     "ALPHABET",

@@ -30,9 +30,9 @@ from typing import Protocol, Sequence
 
 import torch
 
-from replay_theory.validate import model as _model  # module reference: tests patch model.vllm_available
-from replay_theory.validate.model import Policy, Rollouts, generate, resolve_device
-from replay_theory.validate.vllm_engine import VLLMSampler  # imports vllm itself only when one is built
+from . import model as _model  # module reference: tests patch model.vllm_available
+from .model import Policy, Rollouts, generate, resolve_device
+from .vllm_engine import VLLMSampler  # imports vllm itself only when one is built
 
 ENGINES = ("hf", "vllm", "auto")
 

@@ -30,17 +30,17 @@ import numpy as np
 import torch
 import transformers
 
-from replay_theory.figures.results import save_report_figure
-from replay_theory.outputs import write_new
-from replay_theory.simulate.progress import ProgressBar
-from replay_theory.theory.design import DesignQuery, optimal_design
-from replay_theory.theory.group_replay import fresh_groups_per_step, fresh_verifier_evaluations
-from replay_theory.theory.noise_scale import noise_scale_design, replay_cost
-from replay_theory.theory.profiles import load_profile
-from replay_theory.validate import countdown
-from replay_theory.validate.batched import stack_policy
-from replay_theory.validate.calibrate import calibrate_lm, write_calibration
-from replay_theory.validate.config import (
+from ..core.progress import ProgressBar
+from ..figures.results import save_report_figure
+from ..outputs import write_new
+from ..theory.design import DesignQuery, optimal_design
+from ..theory.group_replay import fresh_groups_per_step, fresh_verifier_evaluations
+from ..theory.noise_scale import noise_scale_design, replay_cost
+from ..theory.profiles import load_profile
+from . import countdown
+from .batched import stack_policy
+from .calibrate import calibrate_lm, write_calibration
+from .config import (
     FIXED_B_REPLAY_RATIOS,
     FIXED_B_SMALLER,
     TINY_MODEL,
@@ -52,8 +52,8 @@ from replay_theory.validate.config import (
     load_run_config,
     report_stem,
 )
-from replay_theory.validate.engines import make_sampler, resolve_engine
-from replay_theory.validate.model import (
+from .engines import make_sampler, resolve_engine
+from .model import (
     ModelConfig,
     load_checkpoint,
     load_policy,
@@ -61,7 +61,7 @@ from replay_theory.validate.model import (
     save_checkpoint,
     sft_warm_start,
 )
-from replay_theory.validate.rl import (
+from .rl import (
     RLConfig,
     checkpoint_next_step,
     evaluate_policies,
@@ -69,8 +69,8 @@ from replay_theory.validate.rl import (
     train,
     train_loop,
 )
-from replay_theory.validate.steplog import StepLog, truncate_log
-from replay_theory.validate.verdict import compare
+from .steplog import StepLog, truncate_log
+from .verdict import compare
 
 __all__ = ["TINY_MODEL", "VERIFY_BUDGET_UPDATES", "VERIFY_SEEDS", "ValidateConfig", "VerifyConfig", "check_run_dir",
            "configure_torch", "load_run_config", "run_calibrate", "run_predict", "run_verify"]

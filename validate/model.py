@@ -72,7 +72,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from replay_theory.validate.tokenizer import CharTokenizer, pad_batch
+from .tokenizer import CharTokenizer, pad_batch
 
 META_FILENAME = "replay_theory_policy.json"
 _META_FORMAT = 1

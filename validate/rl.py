@@ -2,7 +2,7 @@
 
 Papers (docs/REFERENCES.md): experience-replay for the FIFO buffer (N, B, R) and GRPO; M2PO,
 RLOO and FreshPER for the other losses and samplers. The buffer, each step's training batch and
-the compute accounting come from ``simulate.pipeline.Pipeline`` with a language-model backend
+the compute accounting come from ``core.pipeline.Pipeline`` with a language-model backend
 (``LMBackend``): the simulator and the validator run the same pipeline code.
 
 | code name            | paper symbol | meaning                                                        |
@@ -14,7 +14,7 @@ the compute accounting come from ``simulate.pipeline.Pipeline`` with a language-
 | ``logp_behav``       | log mu       | behaviour token log-probs stored when the completion is added   |
 | ``logp_new``         | log pi_theta | token log-probs under the current model (teacher forcing)       |
 
-How a shared numpy loss trains a torch model: every loss in ``simulate/losses.py``
+How a shared numpy loss trains a torch model: every loss in ``core/losses.py``
 returns d loss / d logp_new for the sampled tokens, so the model's gradient is
 that of the surrogate sum(grad_logp * logp_new) with grad_logp held constant.
 The buffer stores completions as a ``RolloutBatch`` with one seed (S = 1).
@@ -44,13 +44,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from replay_theory.simulate.designs import BUFFER_DESIGNS, DesignConfig, compute_loss
-from replay_theory.simulate.pipeline import Pipeline, PipelineSettings, score
-from replay_theory.simulate.rollouts import RolloutBatch
-from replay_theory.theory import divergences as div
-from replay_theory.validate import countdown
-from replay_theory.validate.engines import HFSampler, Sampler
-from replay_theory.validate.model import Policy, encode_prompts, prompt_width, sequence_logprobs
+from ..core.designs import BUFFER_DESIGNS, DesignConfig, compute_loss
+from ..core.pipeline import Pipeline, PipelineSettings, score
+from ..core.rollouts import RolloutBatch
+from ..theory import divergences as div
+from . import countdown
+from .engines import HFSampler, Sampler
+from .model import Policy, encode_prompts, prompt_width, sequence_logprobs
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ def generate_batch(policy: Policy, problems: list[countdown.Problem], prompt_ind
                    sampler: Sampler | None = None) -> tuple[RolloutBatch, dict]:
     """Sample G completions for each chosen prompt and score them: a one-seed RolloutBatch (1, R, L) and its info.
 
-    The pipeline's own generation (``LMBackend`` + ``simulate.pipeline.score``) for callers that choose the
+    The pipeline's own generation (``LMBackend`` + ``core.pipeline.score``) for callers that choose the
     prompts themselves (calibration probes, benchmarks).
     """
     backend = LMBackend(problems, config, generator, sampler)
@@ -287,7 +287,7 @@ def train_loop(policy: Policy, problems: list[countdown.Problem], config: RLConf
         rng = np.random.default_rng(seeds[0])
         generators = torch.Generator(device="cpu").manual_seed(seeds[0])
     else:
-        from replay_theory.validate.batched import SeedStreams  # a PerSeedGenerator with the given seeds
+        from .batched import SeedStreams  # a PerSeedGenerator with the given seeds
 
         rng = SeedStreams(seeds)
         generators = [torch.Generator(device="cpu").manual_seed(seed) for seed in seeds]

@@ -31,8 +31,8 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from replay_theory.validate.model import Policy, Rollouts, prompt_token_ids, require_vllm
-from replay_theory.validate.tokenizer import pad_batch
+from .model import Policy, Rollouts, prompt_token_ids, require_vllm
+from .tokenizer import pad_batch
 
 _SEED_HIGH = 2**31 - 1  # vLLM seeds are Python ints; keep them in int32 range
 

@@ -1,6 +1,6 @@
 """Environments of the replay simulator: verifiable-reward tasks with log-linear policies.
 
-Both implement ``simulate.rollouts.Environment`` (seed axis first, everything
+Both implement ``core.rollouts.Environment`` (seed axis first, everything
 vectorised over seeds, randomness only through an explicit ``rng``):
 
 | name          | class                         | models                                                        |
@@ -14,9 +14,9 @@ vectorised over seeds, randomness only through an explicit ``rng``):
 
 from __future__ import annotations
 
-from replay_theory.simulate.envs.bandit import BanditConfig, BanditEnv
-from replay_theory.simulate.envs.token_mdp import TokenMDPConfig, TokenMDPEnv
-from replay_theory.simulate.rollouts import Environment
+from ...core.rollouts import Environment
+from .bandit import BanditConfig, BanditEnv
+from .token_mdp import TokenMDPConfig, TokenMDPEnv
 
 __all__ = ["ENV_NAMES", "BanditConfig", "BanditEnv", "TokenMDPConfig", "TokenMDPEnv", "make_env"]
 

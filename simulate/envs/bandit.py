@@ -68,7 +68,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
-from replay_theory.theory.divergences import chi2_exact, d2_exact, kl_exact, m2_exact
+from ...theory.divergences import chi2_exact, d2_exact, kl_exact, m2_exact
 
 __all__ = ["BanditConfig", "BanditEnv"]
 
@@ -204,7 +204,7 @@ def _row_max(x: np.ndarray) -> np.ndarray:
 # the environment
 # --------------------------------------------------------------------------- #
 class BanditEnv:
-    """Vectorised contextual bandit; see the module docstring.  Implements ``simulate.rollouts.Environment``."""
+    """Vectorised contextual bandit; see the module docstring.  Implements ``core.rollouts.Environment``."""
 
     seq_len = 1
 

@@ -45,9 +45,9 @@ medians are the same quantity. b = B_noise / B = 0.03 .. 30 at B = 256 is noise_
 | ``rollouts``       | R                              | fresh samples per step                                     |
 | ``batch``          | B                              | samples drawn per step                                     |
 
-The sampler ``QuadraticReplay`` is the bandit benchmark's two designs (simulate/theory_test.py ``sim_config``):
-on-policy (N = R = B: every fresh sample used exactly once, as ``simulate.designs.on_policy_step``, which trains on
-the whole fresh batch), and FIFO (each step push R fresh samples into ``simulate.buffers.FifoBuffer`` of capacity N,
+The sampler ``QuadraticReplay`` is the bandit benchmark's two designs (experiments/theory_test.py ``sim_config``):
+on-policy (N = R = B: every fresh sample used exactly once, as ``core.designs.on_policy_step``, which trains on
+the whole fresh batch), and FIFO (each step push R fresh samples into ``core.buffers.FifoBuffer`` of capacity N,
 draw B with replacement with ``FifoBuffer.select``; before the buffer fills, from what it holds). The buffer stores
 one item id per sample (``RolloutBatch.group``); the noise vectors live in a ring keyed by id mod N, which is the
 FIFO's own slot (a FIFO of N holds the last N ids: distinct mod N), so there is one FIFO implementation.
@@ -60,7 +60,7 @@ Sigma) draws is N(0, Sigma / m) and a count-weighted sum sum_i c_i z_i of indepe
   draw), is drawn as one N(0, Sigma sum_i c_i^2 / B^2) vector;
 * FIFO with N > R stores every sample's z (that is where a replayed sample's noise repeats across steps).
 ``materialise=True`` stores every z in every design (the literal model; tests check both give the same law).
-Normal draws come from ``rng.random`` by Box-Muller (so ``simulate.rng.PerSeedGenerator`` stays in its batched
+Normal draws come from ``rng.random`` by Box-Muller (so ``core.rng.PerSeedGenerator`` stays in its batched
 mode: one stream per row, all rows at once; its uniforms have 53 bits, so |xi| <= sqrt(2 * 53 ln 2) = 8.6).
 Cost per step: on-policy and x = 1 do not grow with R d (160 rows x 2000 steps at B = 256: 0.3 s on-policy, 3.5 s
 x = 1 y = 4 on a loaded 2-core machine, most of it FifoBuffer's add and draw); x > 1 draws R d normals a step
@@ -82,10 +82,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import brentq
 
-from replay_theory.simulate.buffers import FifoBuffer
-from replay_theory.simulate.rng import PerSeedGenerator
-from replay_theory.simulate.rollouts import RolloutBatch
-from replay_theory.theory.checks import require_int, require_positive
+from ...core.buffers import FifoBuffer
+from ...core.rng import PerSeedGenerator
+from ...core.rollouts import RolloutBatch
+from ...theory.checks import require_int, require_positive
 
 __all__ = ["QuadraticConfig", "QuadraticEnv", "QuadraticReplay", "QuadraticTrace", "standard_normal",
            "train_to_target"]
@@ -306,7 +306,7 @@ def train_to_target(env: QuadraticEnv, lrs, capacity: int, rollouts: int, batch:
                     *, on_policy: bool, seed: int = 0, rng=None, materialise: bool = False,
                     stop_factor: float = 1.25) -> QuadraticTrace:
     """SGD theta <- theta + eta g (g from ``QuadraticReplay``), every (lr, seed) row at once, lr-major rows as
-    ``simulate.theory_test.train``, with its stopping rule: stop once some lr has every seed past ``env.target`` and
+    ``experiments.theory_test.train``, with its stopping rule: stop once some lr has every seed past ``env.target`` and
     the step count exceeds ``stop_factor`` x that lr's best mean first passage (so the step size is decided), or
     when every row has passed, or at ``max_steps``.
 

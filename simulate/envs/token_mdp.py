@@ -115,7 +115,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import log_softmax
 
-from replay_theory.simulate.envs.bandit import (
+from ...theory.divergences import chi2_exact, kl_exact
+from .bandit import (
     check_batch,
     check_mask,
     check_params,
@@ -123,7 +124,6 @@ from replay_theory.simulate.envs.bandit import (
     sample_categorical,
     token_coef,
 )
-from replay_theory.theory.divergences import chi2_exact, kl_exact
 
 __all__ = ["TokenMDPConfig", "TokenMDPEnv"]
 
@@ -182,7 +182,7 @@ class TokenMDPConfig:
 
 
 class TokenMDPEnv:
-    """Vectorised Countdown-like token MDP; see the module docstring.  Implements ``simulate.rollouts.Environment``."""
+    """Vectorised Countdown-like token MDP; see the module docstring.  Implements ``core.rollouts.Environment``."""
 
     def __init__(self, config: TokenMDPConfig = TokenMDPConfig()) -> None:
         self.config = config

@@ -23,13 +23,13 @@ from typing import Callable
 
 import numpy as np
 
-from replay_theory.simulate.calibrate import calibrate
-from replay_theory.simulate.config import config_from_dict
-from replay_theory.simulate.sweep import load_runs
-from replay_theory.simulate.theory_test import SPEC as THEORY_TEST_SPEC
-from replay_theory.simulate.theory_test import theory_test_table
-from replay_theory.theory.design import DesignQuery, optimal_design
-from replay_theory.theory.profiles import load_profile, save_profile
+from ..simulate.calibrate import calibrate
+from ..simulate.config import config_from_dict
+from ..simulate.sweep import load_runs
+from ..theory.design import DesignQuery, optimal_design
+from ..theory.profiles import load_profile, save_profile
+from .theory_test import SPEC as THEORY_TEST_SPEC
+from .theory_test import theory_test_table
 
 BANDIT = {"env": "bandit", "seeds": 8, "measure_drift": False, "lr": 0.01, "eval_every": 10}
 

@@ -27,8 +27,8 @@ import math
 
 import numpy as np
 
-from replay_theory.simulate.config import SimConfig
-from replay_theory.simulate.envs.bandit import BanditConfig, BanditEnv
+from ..simulate.config import SimConfig
+from ..simulate.envs.bandit import BanditConfig, BanditEnv
 
 __all__ = ["run_naive_fifo_bandit"]
 

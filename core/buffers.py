@@ -2,9 +2,9 @@
 
 The one stateful part of the simulator; the torch validator uses the same
 classes with S = 1, so everything here stores numpy arrays only. Every array
-has the seed axis first (see ``simulate.rollouts``); randomness comes only from
+has the seed axis first (see ``core.rollouts``); randomness comes only from
 an explicit ``rng`` argument: a ``np.random.Generator`` or a
-``simulate.rng.PerSeedGenerator`` (every draw here has the seed axis first, and
+``core.rng.PerSeedGenerator`` (every draw here has the seed axis first, and
 ExGRPO's per-seed draws use ``rng.seed_generator(s)`` when it exists).
 
 | class                 | paper (docs/REFERENCES.md)                            | section / equation                  |
@@ -69,12 +69,12 @@ from typing import Callable, Literal
 
 import numpy as np
 
-from replay_theory.simulate.rollouts import RolloutBatch
-from replay_theory.simulate.sumtree import SumTree
-from replay_theory.theory import exgrpo as _exgrpo
-from replay_theory.theory import freshper as _freshper
-from replay_theory.theory import group_replay as _group_replay
-from replay_theory.theory.checks import require_int, require_positive
+from ..theory import exgrpo as _exgrpo
+from ..theory import freshper as _freshper
+from ..theory import group_replay as _group_replay
+from ..theory.checks import require_int, require_positive
+from .rollouts import RolloutBatch
+from .sumtree import SumTree
 
 __all__ = [
     "Sample",
@@ -91,7 +91,7 @@ __all__ = [
 
 EntropyFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
-# dtypes of a RolloutBatch handed back to callers (see simulate.rollouts)
+# dtypes of a RolloutBatch handed back to callers (see core.rollouts)
 _BATCH_DTYPES = {
     "prompt": np.int64,
     "tokens": np.int64,
@@ -504,7 +504,7 @@ class PrioritizedBuffer(ReplayBuffer):
       (p_base e^{-age/tau})^alpha, so the sampling distribution decays with time
       constant tau/alpha; ``False`` gives p_base^alpha e^{-age/tau}. Same
       semantics as ``theory.freshper.sampling_probabilities``.
-    * Sum tree (Sec. 3.5, ``simulate.sumtree``) with STRATIFIED sampling: the
+    * Sum tree (Sec. 3.5, ``core.sumtree``) with STRATIFIED sampling: the
       mass is split into B equal segments, one uniform draw u_j per segment
       (mass (j + u_j) S / B); ``stratified=False`` draws i.i.d. The uniforms
       are one ``rng.random((S, B))`` call. A slot can be drawn more than once.
@@ -1024,7 +1024,7 @@ class ExGRPOBuffer(ReplayBuffer):
         probs = self.bucket_probs()
         q_sel = np.zeros((S, B), dtype=np.int64)
         valid = np.zeros((S, B), dtype=bool)
-        per_seed = hasattr(rng, "seed_generator")  # simulate.rng.PerSeedGenerator: seed s draws from its own stream
+        per_seed = hasattr(rng, "seed_generator")  # core.rng.PerSeedGenerator: seed s draws from its own stream
         for s in range(S):  # per-seed Python loop: Alg. 2 bucket counts and within-bucket draws
             n = min(B, int(sizes[s].sum()))
             if n == 0:

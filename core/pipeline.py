@@ -1,7 +1,7 @@
 """The training pipeline both loops share: where each step's batch comes from, what it cost, how stale it was.
 
 Papers (docs/REFERENCES.md): experience-replay Sec. 2 (asynchronous pipeline, Eqs. 1-2) and
-Sec. 3 (synchronous pipeline); the per-design batch steps are in ``simulate/designs.py``.
+Sec. 3 (synchronous pipeline); the per-design batch steps are in ``core/designs.py``.
 
 The simulator's engine (``simulate/engine.py``: every seed at once, a log-linear policy)
 and the validator (``validate/rl.py``: one seed, a language model) drive the same
@@ -31,7 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
-from replay_theory.simulate.designs import (
+from .designs import (
     BUFFER_DESIGNS,
     BufferSpec,
     DesignConfig,
@@ -39,7 +39,7 @@ from replay_theory.simulate.designs import (
     make_advantage,
     make_design_buffer,
 )
-from replay_theory.simulate.rollouts import RolloutBatch
+from .rollouts import RolloutBatch
 
 AGE_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # left edges, log2-spaced
 

@@ -1,6 +1,6 @@
 """Check ``calibrate --from-log``'s sigma^2(s) proxy against the simulator's exact profile.
 
-    python -m replay_theory.diagnose.proxy_check [--env bandit|token-mdp] [--seeds 16] [--samples 2048]
+    python -m replay_theory.experiments.proxy_check [--env bandit|token-mdp] [--seeds 16] [--samples 2048]
 
 Paper: experience-replay (docs/REFERENCES.md), Assumption 3.3. ``simulate/calibrate.py`` measures the plain
 sigma^2(s) = E||G_s - grad F||^2 with the exact grad F (enumerated) at checkpoints of a run. Here the same run (same
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replay_theory.diagnose.calibrate_log import CalibrateLogConfig, calibrate_from_log
+from ..diagnose.calibrate_log import CalibrateLogConfig, calibrate_from_log
 
 DEFAULT_STALENESS = (0, 2, 4, 8, 16, 32)
 
@@ -33,12 +33,12 @@ def write_simulator_log(path: Path, env_name: str = "bandit", seeds: int = 16, s
                         checkpoints: int = 5, staleness: tuple[int, ...] = DEFAULT_STALENESS, max_gap: int = 8,
                         loss: str = "no-trust-region") -> dict:
     """Write the TRL-shaped log of stale batches of one simulator run to ``path``; return the exact profile."""
-    from replay_theory.integrations.export import DiagnoseLogWriter
-    from replay_theory.simulate.calibrate import calibrate, probe_config
-    from replay_theory.simulate.config import SimConfig
-    from replay_theory.simulate.engine import run
-    from replay_theory.simulate.pipeline import EnvBackend, generate
-    from replay_theory.simulate.rng import PerSeedGenerator
+    from ..core.pipeline import EnvBackend, generate
+    from ..core.rng import PerSeedGenerator
+    from ..integrations.export import DiagnoseLogWriter
+    from ..simulate.calibrate import calibrate, probe_config
+    from ..simulate.config import SimConfig
+    from ..simulate.engine import run
 
     config = SimConfig(seeds=seeds, steps=steps, loss=loss, env=env_name)
     exact = calibrate(config, staleness=staleness, max_gap=max_gap, samples=samples, checkpoints=checkpoints,
@@ -98,7 +98,7 @@ def compare(env: str = "bandit", **kwargs) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m replay_theory.diagnose.proxy_check",
+    parser = argparse.ArgumentParser(prog="python -m replay_theory.experiments.proxy_check",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="bandit", choices=("bandit", "token-mdp"))
     parser.add_argument("--seeds", type=int, default=16)

@@ -56,19 +56,19 @@ from typing import Callable
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from replay_theory import __version__
-from replay_theory.outputs import check_out_dir, write_new
-from replay_theory.simulate.config import SimConfig, config_from_dict
-from replay_theory.simulate.designs import compute_loss
-from replay_theory.simulate.envs.bandit import BanditConfig, BanditEnv
-from replay_theory.simulate.envs.quadratic import QuadraticConfig, QuadraticEnv, QuadraticReplay
-from replay_theory.simulate.optim import OPTIMIZERS
-from replay_theory.simulate.pipeline import EnvBackend, Pipeline, score
-from replay_theory.simulate.progress import ProgressBar
-from replay_theory.simulate.rng import PerSeedGenerator
-from replay_theory.theory import design as theory_design
-from replay_theory.theory import noise_scale as noise_scale_lib
-from replay_theory.theory.profiles import Profile, TabulatedProfile
+from .. import __version__
+from ..core.designs import compute_loss
+from ..core.pipeline import EnvBackend, Pipeline, score
+from ..core.progress import ProgressBar
+from ..core.rng import PerSeedGenerator
+from ..outputs import check_out_dir, write_new
+from ..simulate.config import SimConfig, config_from_dict
+from ..simulate.envs.bandit import BanditConfig, BanditEnv
+from ..simulate.envs.quadratic import QuadraticConfig, QuadraticEnv, QuadraticReplay
+from ..simulate.optim import OPTIMIZERS
+from ..theory import design as theory_design
+from ..theory import noise_scale as noise_scale_lib
+from ..theory.profiles import Profile, TabulatedProfile
 
 BATCH = 256
 GROUP = 8
@@ -1221,7 +1221,7 @@ def finite(value):
 def write_evidence(out: Path, summary: dict, command: str) -> Path:
     """OUT/evidence.json: the targets per objective and the command, what ``optimal``'s evidence line quotes once
     copied to theory/evidence.json (theory.evidence). Never overwritten: an identical one is kept, another refused."""
-    from replay_theory.theory.evidence import evidence_record
+    from ..theory.evidence import evidence_record
 
     path = Path(out) / "evidence.json"
     text = json.dumps(evidence_record(summary, command), indent=1, sort_keys=True) + "\n"

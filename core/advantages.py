@@ -31,8 +31,8 @@ from typing import Callable
 import numpy as np
 from numpy.typing import ArrayLike
 
-from replay_theory.theory.checks import require_nonnegative
-from replay_theory.theory.group_replay import leave_one_out_advantage
+from ..theory.checks import require_nonnegative
+from ..theory.group_replay import leave_one_out_advantage
 
 __all__ = [
     "group_advantage",

@@ -2,7 +2,7 @@
 
 Seed i of a run uses ``np.random.default_rng([base_seed, i])`` whatever the
 number of seeds, so the first 16 seeds of a 64-seed run equal a 16-seed run,
-and a per-seed Python loop (simulate/naive.py) consumes exactly the same draws.
+and a per-seed Python loop (experiments/naive.py) consumes exactly the same draws.
 
 Batched draws
 -------------

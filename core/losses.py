@@ -15,7 +15,7 @@ Quantities that the reference implementations compute without gradient (the
 RLOO weight w, the M2PO mask M, the reference variant's cap tau) are constants
 in ``grad_logp`` ("detached"), exactly as there.
 
-Shapes (seed axis first, see ``simulate/rollouts.py``): ``logp_new``,
+Shapes (seed axis first, see ``core/rollouts.py``): ``logp_new``,
 ``logp_behav``, ``mask`` (S, n, L); per-response arrays (S, n); ``LossOutput.loss``
 and every metric (S,). Advantages may be per response (S, n) or per token (S, n, L).
 
@@ -70,16 +70,16 @@ from typing import Callable, Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from replay_theory.theory.checks import require_nonnegative, require_positive
-from replay_theory.theory.divergences import (
+from ..theory.checks import require_nonnegative, require_positive
+from ..theory.divergences import (
     ess_kish_fraction,
     k3_terms,
     ratio_stats,
     sample_statistics,
     sequence_log_ratio,
 )
-from replay_theory.theory.exgrpo import shaping, shaping_gradient_weight
-from replay_theory.theory.group_replay import clipped_sequence_weight
+from ..theory.exgrpo import shaping, shaping_gradient_weight
+from ..theory.group_replay import clipped_sequence_weight
 
 __all__ = [
     "LossOutput",

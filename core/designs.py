@@ -1,11 +1,11 @@
 """Every buffer design and loss in one registry: its typed parameters, buffer, loss, advantage, rules and batch step.
 
 The one place to add a design (see CONTRIBUTING in README.md): a buffer class in
-``simulate/buffers.py``, then here a params dataclass (mixed into ``DesignConfig``),
+``core/buffers.py``, then here a params dataclass (mixed into ``DesignConfig``),
 a ``BufferDesign`` entry (constructor, rules, batch step) and nothing else. The
 simulator's engine (``simulate/engine.py``, all seeds at once) and the language-model
 validator (``validate/rl.py``, one seed) both build their buffer, loss and training
-batch from here, through ``simulate/pipeline.py``.
+batch from here, through ``core/pipeline.py``.
 
 Papers (docs/REFERENCES.md): experience-replay (FIFO, positive bias, GRPO, Sec. 2-3),
 FreshPER (prioritised replay with age decay), RLOO group replay, ExGRPO, M2PO.
@@ -40,8 +40,9 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from replay_theory.simulate import advantages, losses
-from replay_theory.simulate.buffers import (
+from ..theory.group_replay import fresh_groups_per_step
+from . import advantages, losses
+from .buffers import (
     ExGRPOBuffer,
     FifoBuffer,
     GroupReplayBuffer,
@@ -50,8 +51,7 @@ from replay_theory.simulate.buffers import (
     StaleKQueue,
     UniformQuestionBuffer,
 )
-from replay_theory.simulate.rollouts import RolloutBatch
-from replay_theory.theory.group_replay import fresh_groups_per_step
+from .rollouts import RolloutBatch
 
 # --------------------------------------------------------------------------- typed parameters
 
@@ -258,13 +258,13 @@ class StepBatch:
 
 
 class PipelineState(Protocol):
-    """What a design's batch step uses of ``simulate.pipeline.Pipeline``."""
+    """What a design's batch step uses of ``core.pipeline.Pipeline``."""
 
     config: DesignConfig
     buffer: object
     rng: object
     state: dict
-    settings: object  # simulate.pipeline.PipelineSettings
+    settings: object  # core.pipeline.PipelineSettings
 
     def fresh_rollouts(self, step: int, weights, *, on_policy: bool = False) -> RolloutBatch | None: ...
 

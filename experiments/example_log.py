@@ -1,6 +1,6 @@
 """A small synthetic rollout log whose answer is known, for trying ``replay-theory diagnose``.
 
-    python -m replay_theory.diagnose.example rollouts.parquet [--shape default|trl|verl] [--seed 0]
+    python -m replay_theory.experiments.example_log rollouts.parquet [--shape default|trl|verl] [--seed 0]
 
 The log is drawn from known policy pairs, like an asynchronous GRPO run:
 
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replay_theory.diagnose.reader import detect_format, require_pyarrow
+from ..diagnose.reader import detect_format, require_pyarrow
 
 SHAPES = ("default", "trl", "verl")
 
@@ -144,7 +144,7 @@ def write_example(path: str | Path, shape: str = "default", seed: int = 0) -> di
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m replay_theory.diagnose.example",
+    parser = argparse.ArgumentParser(prog="python -m replay_theory.experiments.example_log",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("path", type=Path, help="Where to write the log (.parquet, .csv or .jsonl).")
     parser.add_argument("--shape", default="default", choices=SHAPES, help="Column names and layout.")

@@ -1,0 +1,18 @@
+"""The shared core: what the simulator, the language-model validator and the trainer integrations all run.
+
+One implementation of each buffer, sampler, loss, advantage and pipeline step (papers: docs/REFERENCES.md). It
+depends on ``replay_theory.theory`` only; ``simulate/``, ``validate/``, ``integrations/`` and ``diagnose/`` import
+it, never the other way round.
+
+| module            | what                                                                                  |
+|-------------------|---------------------------------------------------------------------------------------|
+| ``designs.py``    | the design registry: params, buffer, loss, advantage, rules and batch step of each    |
+| ``pipeline.py``   | the pipeline the engine and the language-model validator share: batches, compute      |
+| ``buffers.py``    | the buffers (FIFO, positive bias, FreshPER, RLOO group replay, ExGRPO, stale-k)       |
+| ``sumtree.py``    | the sum tree behind prioritized sampling                                              |
+| ``losses.py``     | the losses (REINFORCE, GRPO, no trust region, M2PO, RLOO, AsymRE, ExGRPO shaping)     |
+| ``advantages.py`` | group advantages (GRPO, group mean, leave-one-out)                                    |
+| ``rollouts.py``   | ``RolloutBatch``: the arrays a buffer stores, seed axis first                         |
+| ``rng.py``        | per-seed random streams drawn as one (``PerSeedGenerator``)                           |
+| ``progress.py``   | the progress bar with an ETA every long job prints to stderr                          |
+"""
