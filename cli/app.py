@@ -1,4 +1,4 @@
-"""The ``replay-theory`` command line: the root app, ``--version`` and the one error handler.
+"""The ``replay-theory`` command line: the root app, ``--version``, lazy command loading and the one error handler.
 
 Paper: experience-replay (docs/REFERENCES.md) and the replay designs it is compared with. Commands live
 in one module per family, each with ``register(app)`` so it can be loaded and tested on its own:
@@ -13,9 +13,11 @@ in one module per family, each with ``register(app)`` so it can be loaded and te
 | ``cli/calibrate_log_cmds.py`` | calibrate --from-log (mu and sigma^2(s) from a run's log) |
 | ``cli/trl_cmds.py``     | trl-replay (TRL's GRPOTrainer with the replay buffer)       |
 
-Heavy optional dependencies (sympy, matplotlib, torch, transformers, pyarrow) are imported inside
-the commands that need them, so ``replay-theory optimal`` loads only typer, numpy and scipy
-(bench/bench_optimal_startup.py measures it).
+Commands are registered lazily (``COMMANDS``, ``LazyGroup``): the root help is written from the table, and a
+command's module is imported only when that command runs or shows its own help, so ``replay-theory optimal``
+loads typer, numpy and the theory modules it uses, not the simulator, the experiments or diagnose
+(bench/bench_optimal_startup.py measures it; tests/test_cli_lazy.py checks the imported module set). Heavy optional
+dependencies (sympy, matplotlib, torch, transformers, pyarrow) are imported inside the commands that need them.
 
 Bad input never shows a traceback: ``main`` prints one line naming the option and its valid range
 and exits with code 2.
@@ -23,35 +25,144 @@ and exits with code 2.
 
 from __future__ import annotations
 
+import importlib
 import sys
-from typing import Annotated, Optional
+from collections.abc import Iterator, MutableMapping
+from typing import Annotated, NamedTuple, Optional
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from .. import __version__
-from . import (
-    calibrate_log_cmds,
-    diagnose_cmds,
-    figures_cmds,
-    simulate_cmds,
-    theory_cmds,
-    trl_cmds,
-    validate_cmds,
-)
 from .common import PROG, UserError, help_without_command
 
-# Valid ranges shown when typer rejects a value before the commands' own checks run, by parameter name.
-VALID_RANGES = {**theory_cmds.VALID_RANGES, **simulate_cmds.VALID_RANGES}
+
+class Entry(NamedTuple):
+    module: str
+    """The command's family module in this package (``cli/<module>.py``), whose ``register(app)`` adds it."""
+    help: str
+    """Its summary in the root help: the first sentence of its own help (tests/test_cli_lazy.py checks that both
+    shorten to the same line at every width, so the root help cannot drift from the command)."""
+
+
+# Every command, in the order the root help lists them (typer listed a group, here validate, after the commands).
+COMMANDS: dict[str, Entry] = {
+    "optimal": Entry("theory_cmds", "The replay design: replay ratio y = B/R, buffer N, GPU split, for a rollout "
+                                    "cost ratio mu."),
+    "gamma": Entry("theory_cmds", "Compute ratio gamma = (1 + W/T) / (1 + mu) of a buffered (W, T) split versus "
+                                  "on-policy (Eq. 2)."),
+    "derive": Entry("theory_cmds", "Print a sympy derivation (y-star, reduction, power-law-quadratic, ...) step by "
+                                   "step."),
+    "simulate": Entry("simulate_cmds", "Run one simulator configuration (all seeds vectorised) and print its "
+                                       "summary."),
+    "calibrate-simulator": Entry("simulate_cmds", "Measure sigma^2(s) (plain and signal-normalised), the retained "
+                                                  "signal, rho (unclamped, with a bootstrap interval), the "
+                                                  "within-group correlation and the noise scale B_noise (per-sample, "
+                                                  "and with the exact |E G|^2 where it can be enumerated) on a probe "
+                                                  "run (the config given by the options); writes the profile that "
+                                                  "`replay-theory optimal --profile` reads."),
+    "sweep": Entry("simulate_cmds", "Run a grid of simulator configurations in parallel; resumable, never "
+                                    "overwrites."),
+    "experiment": Entry("simulate_cmds", "Run one of the docs/SIMULATION.md experiments and print its table (rebuilt "
+                                         "from the saved runs)."),
+    "figures": Entry("figures_cmds", "Regenerate figures (matplotlib): theory figures always, results figures whose "
+                                     "results exist."),
+    "diagnose": Entry("diagnose_cmds", "Off-policy health of logged rollouts: ESS, chi^2, KL, M2 overall / per "
+                                       "sequence / by age, the theory bounds with their slack, KL drift and FreshPER "
+                                       "tau, and a what-if table of corrections."),
+    "calibrate": Entry("calibrate_log_cmds", "mu and a noise profile sigma^2(s) for `optimal --profile`, from a run's "
+                                             "exported diagnose log (and B_noise from the run's gradient norms with "
+                                             "--grad-norms)."),
+    "trl-replay": Entry("trl_cmds", "Run TRL's GRPOTrainer with the replay buffer (N, B, R from --design or by hand) "
+                                    "on Countdown; writes the diagnose log that `diagnose --preset trl` and `calibrate "
+                                    "--from-log` read, and the gradient noise scale B_noise (two batch sizes a step, "
+                                    "no extra backward pass)."),
+    "validate": Entry("validate_cmds", "Check the theory's predictions on a Qwen2-architecture language model (needs "
+                                       "the validate extra)."),
+}
+
+# Valid ranges shown when typer rejects a value before the commands' own checks run, by parameter name: the
+# ``VALID_RANGES`` tables of these families, read when an error needs them (``valid_range``).
+RANGE_FAMILIES = ("theory_cmds", "simulate_cmds")
 
 # rich_markup_mode=None: click's plain help, option and metavar on the left, the text wrapped beside it in all the
 # width left (48 of 80 columns). typer's rich panels give the text 22 of 80 columns (optimal's help ran to 100
 # lines for 16 options) and show flags as taking a <bool> value, which they refuse (--json true is an error).
+# A family's commands are built with these same settings (``load_family``), as when they were added to ``app``.
+SETTINGS = {"add_completion": False, "pretty_exceptions_enable": False, "rich_markup_mode": None}
+
+
+def load_family(module: str) -> dict[str, TyperCommand | TyperGroup]:
+    """The click commands ``cli/<module>.py`` registers, by name, built as typer builds them for the root app."""
+    family = typer.Typer(**SETTINGS)
+    importlib.import_module(f".{module}", __package__).register(family)
+    return dict(typer.main.get_group(family).commands)
+
+
+class LazyCommands(MutableMapping):
+    """name -> click command, keyed by ``COMMANDS``: reading a name imports its family (once); listing imports
+    nothing. A command added directly (``add_command``) is kept as it is."""
+
+    def __init__(self, table: dict[str, Entry]) -> None:
+        self.table = table
+        self.loaded: dict = {}
+
+    def __getitem__(self, name: str):
+        if name not in self.loaded and name in self.table:
+            self.loaded.update(load_family(self.table[name].module))
+        return self.loaded[name]
+
+    def __setitem__(self, name: str, command) -> None:
+        self.loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        raise TypeError(f"the command {name!r} cannot be removed")
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.table
+        yield from (name for name in self.loaded if name not in self.table)
+
+    def __len__(self) -> int:
+        return len(self.table) + sum(name not in self.table for name in self.loaded)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.table or name in self.loaded
+
+
+class LazyGroup(TyperGroup):
+    """The root group: commands from ``COMMANDS``, imported on first use; the root help imports none of them."""
+
+    def __init__(self, **attrs) -> None:
+        super().__init__(**attrs)
+        added = dict(self.commands)
+        self.commands = LazyCommands(COMMANDS)
+        self.commands.update(added)
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        return list(self.commands)
+
+    def get_command(self, ctx: typer.Context, cmd_name: str):
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: typer.Context, formatter) -> None:
+        """TyperGroup.format_commands with each summary shortened from the table (a stand-in command carrying the
+        table's text shortens it exactly as click shortens the command's own help) instead of the loaded command."""
+        commands = [(name, TyperCommand(name, help=COMMANDS[name].help) if name in COMMANDS else self.commands[name])
+                    for name in self.commands]
+        commands = [(name, command) for name, command in commands if not command.hidden]
+        if not commands:
+            return
+        limit = formatter.width - 6 - max(len(name) for name, _ in commands)  # as TyperGroup.format_commands
+        summaries = [(name, command.get_short_help_str(limit)) for name, command in commands]
+        with formatter.section("Commands"):
+            formatter.write_dl(summaries)
+
+
 app = typer.Typer(
     name=PROG,
     help="How large a replay buffer, what replay ratio, which GPU split: theory-backed answers for LLM RL.",
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
+    cls=LazyGroup,
+    **SETTINGS,
 )
 
 
@@ -71,8 +182,15 @@ def root(
     help_without_command(ctx)
 
 
-for family in (theory_cmds, simulate_cmds, validate_cmds, figures_cmds, diagnose_cmds, calibrate_log_cmds, trl_cmds):
-    family.register(app)
+def valid_range(name: str) -> Optional[str]:
+    """The valid range of the parameter ``name`` as the families in ``RANGE_FAMILIES`` state it (None if none
+    does), read when an input error needs it. The tables share no name (tests/test_cli_lazy.py), so the first one
+    that has it gives the merged answer and an error in ``optimal`` imports theory_cmds only."""
+    for module in RANGE_FAMILIES:
+        ranges = importlib.import_module(f".{module}", __package__).VALID_RANGES
+        if name in ranges:
+            return ranges[name]
+    return None
 
 
 def _one_line(message: str) -> str:
@@ -91,7 +209,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         result = app(args=args, prog_name=PROG, standalone_mode=False)
     except typer.BadParameter as err:
         param = getattr(err, "param", None)
-        hint = VALID_RANGES.get(getattr(param, "name", None) or "")
+        hint = valid_range(getattr(param, "name", None) or "")
         _fail(err.format_message() + (f" (valid: {hint})" if hint else ""))
     except typer.TyperException as err:  # every usage error typer/click raises (unknown option, missing value)
         _fail(err.format_message())

@@ -8,7 +8,10 @@ replay ratio y* = B/R (or, with ``--budget``, the Thm 3.4 bound at a finite budg
 ``evidence:`` line: what the prediction benchmark found for its objective (theory/evidence.py). ``gamma`` is Eq. 2's
 compute ratio of a (W, T) GPU split; ``derive`` prints the sympy derivations.
 
-``optimal`` must start fast (bench/bench_optimal_startup.py): sympy is imported inside ``derive`` only.
+``optimal`` must start fast (bench/bench_optimal_startup.py, at most 0.6x ``import typer, numpy, scipy.optimize``):
+this module and the theory modules it imports need numpy only; scipy is imported where a search needs it
+(theory/design.py::numeric_optimum for a sigma^2(s) table, theory/profiles.py's quadrature), sympy inside ``derive``
+only (tests/test_cli_lazy.py checks the module set ``optimal --mu 5.28`` loads).
 """
 
 from __future__ import annotations
