@@ -10,10 +10,11 @@ Errors are one-line ``ValueError``s that name the option as the user typed it.
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 NEVER = "results are never overwritten"
 
@@ -68,3 +69,15 @@ def write_new(path: Path, write: Callable[[Path], None], option: str = "--out") 
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def strict(value: Any) -> Any:
+    """``value`` with every non-finite float (inf, nan) replaced by None, recursively: strict JSON (RFC 8259), the
+    form every saved result and ``--json`` output takes."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return value

@@ -3,7 +3,7 @@
 Paper: experience-replay (docs/REFERENCES.md), Sec. 2 / Table 1:
 mu = cost of generating one rollout / cost of processing it in a gradient update. Here:
 
-* sampling alone: ``validate.model.generate`` (the HF engine), tokens/s of sampled tokens;
+* sampling alone: ``validate.sampling.generate`` (the HF engine), tokens/s of sampled tokens;
 * the RL generation step: ``validate.rl.generate_batch`` = sampling + the trainer's behaviour
   log-prob pass + rewards, i.e. what ``RLResult.mu_timing`` charges to generation;
 * the RL training step: ``validate.rl.update_step`` (GRPO, the same code as ``train``), on
@@ -27,8 +27,9 @@ import torch
 from replay_theory.validate import countdown
 from replay_theory.validate.calibrate import measure_mu_count
 from replay_theory.validate.config import TINY_MODEL
-from replay_theory.validate.model import ModelConfig, generate, load_policy
+from replay_theory.validate.policy import ModelConfig, load_policy
 from replay_theory.validate.rl import RLConfig, generate_batch, update_step
+from replay_theory.validate.sampling import generate
 
 
 def _median_seconds(fn, repeats: int) -> tuple[float, object]:

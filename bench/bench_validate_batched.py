@@ -36,7 +36,7 @@ torch.use_deterministic_algorithms(True, warn_only=device != "cpu")
 from replay_theory.validate import countdown
 from replay_theory.validate.batched import stack_policy
 from replay_theory.validate.config import TINY_MODEL, ValidateConfig
-from replay_theory.validate.model import ModelConfig, load_policy
+from replay_theory.validate.policy import ModelConfig, load_policy
 from replay_theory.validate.rl import RLConfig, evaluate_policies, evaluate_policy, train, train_loop
 config = ValidateConfig()
 train_set, test_set = config.problems()

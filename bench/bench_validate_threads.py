@@ -24,8 +24,9 @@ import json, sys, time, torch
 torch.set_num_threads(int(sys.argv[1]))
 from replay_theory.validate import countdown
 from replay_theory.validate.config import TINY_MODEL, ValidateConfig
-from replay_theory.validate.model import ModelConfig, load_policy, sft_warm_start
+from replay_theory.validate.policy import ModelConfig, load_policy
 from replay_theory.validate.rl import RLConfig, train
+from replay_theory.validate.sft import sft_warm_start
 config = ValidateConfig()
 train_set, _ = config.problems()
 policy = load_policy(ModelConfig(device="cpu", seed=0, **TINY_MODEL), countdown.ALPHABET)

@@ -19,7 +19,7 @@ longest and least predictable step, so it goes last and takes what time is left)
    at <= ``tokens_per_micro_batch`` completion tokens per forward/backward chunk). mu = generation seconds per
    completion / update seconds per completion (``RLResult.mu_timing``, ``bench/bench_validate.py``); also the
    sampling-only mu and the peak memory (``torch.cuda.max_memory_allocated``) per case.
-5. decode-loop speed-ups at the 0.5B shape, L = 128, bf16 weights: ``validate.model.generate`` as it runs in
+5. decode-loop speed-ups at the 0.5B shape, L = 128, bf16 weights: ``validate.sampling.generate`` as it runs in
    ``validate`` (a CPU ``torch.Generator``: every step copies the (N, V) probabilities to the host), the same loop
    with a CUDA generator, and ``transformers``' ``generate`` with a dynamic cache, a static cache, and a static cache
    plus ``torch.compile(mode="reduce-overhead")`` (CUDA graphs; first call = compile, timed apart). Tokens/s each.
@@ -592,7 +592,7 @@ def _full_vocab_tokenizer(alphabet: str, vocab_size: int):
 
 def build_policy(shape: Shape, device: str, *, dtype: str | None = None, compute_dtype: str | None = None,
                  seed: int = 0):
-    """A ``validate.model.Policy`` around a random-weight Qwen2 of ``shape`` that never stops early.
+    """A ``validate.policy.Policy`` around a random-weight Qwen2 of ``shape`` that never stops early.
 
     ``stop_token_ids=(-1,)``: no sampled id is -1, so every completion runs to max_new_tokens (fixed length).
     Precision as ``ModelConfig``: ``dtype`` None = fp32 master weights, ``compute_dtype`` None = bf16 autocast on
@@ -603,7 +603,7 @@ def build_policy(shape: Shape, device: str, *, dtype: str | None = None, compute
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from replay_theory.validate import countdown
-    from replay_theory.validate.model import ModelConfig, Policy, resolve_compute_dtype, resolve_dtype
+    from replay_theory.validate.policy import ModelConfig, Policy, resolve_compute_dtype, resolve_dtype
 
     tokenizer = _full_vocab_tokenizer(countdown.ALPHABET, shape.vocab_size)
     hf_config = Qwen2Config(
@@ -783,7 +783,8 @@ def worker_logprob_mismatch(plan: Plan, deadline: float, emit: Callable[[dict], 
     """Section 6: the sampler's logp_behav against ``sequence_logprobs`` in bf16 and in fp32, same tokens."""
     import torch
 
-    from replay_theory.validate.model import generate, sequence_logprobs
+    from replay_theory.validate.logprobs import sequence_logprobs
+    from replay_theory.validate.sampling import generate
 
     shape, length = plan.shapes[0], plan.mismatch_tokens
     R, G = plan.rollouts, plan.group_size
@@ -828,7 +829,7 @@ def worker_logprob_mismatch(plan: Plan, deadline: float, emit: Callable[[dict], 
 
 def _autocast_state(policy) -> str:
     """What ``policy.autocast()`` does, in words: the rule of ``Policy.autocast`` (and of the CPU subclass)."""
-    from replay_theory.validate.model import resolve_compute_dtype
+    from replay_theory.validate.policy import resolve_compute_dtype
 
     compute, weights = resolve_compute_dtype(policy.config), next(policy.model.parameters()).dtype
     if compute == weights:
@@ -841,7 +842,8 @@ def worker_decode(plan: Plan, deadline: float, emit: Callable[[dict], None]) -> 
     import torch
     from transformers import CompileConfig, GenerationConfig
 
-    from replay_theory.validate.model import encode_prompts, generate
+    from replay_theory.validate.logprobs import encode_prompts
+    from replay_theory.validate.sampling import generate
 
     shape, length = plan.shapes[0], plan.decode_tokens
     R, G = plan.rollouts, plan.group_size

@@ -7,27 +7,17 @@ range, exit code 2 (``cli/app.py::main``), and it is found before any work start
 from __future__ import annotations
 
 import json
-import math
-from typing import Any, Iterable
+from typing import Iterable
 
 import typer
+
+from ..outputs import strict
 
 PROG = "replay-theory"
 
 
 class UserError(Exception):
     """A problem with the user's input: one line, exit code 2."""
-
-
-def strict(value: Any) -> Any:
-    """``value`` with every non-finite float (inf, nan) replaced by None, recursively: strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [strict(v) for v in value]
-    return value
 
 
 def emit_json(payload: dict) -> None:

@@ -4,7 +4,10 @@
 field as an option (``capacity`` -> ``--capacity``, the buffer size N of the experience-replay paper,
 Sec. 3). Field help is written once, as the attribute docstring right under the field, and read here
 from the source of every dataclass in the class's MRO (so fields inherited from a base config keep
-their help). Typer reads the options from the ``inspect.Signature`` of the wrapped command: no
+their help). A field that names a registry entry (``buffer``, ``loss``) carries ``metadata={"choices":
+callable}`` (``core.designs.CHOICES``): the callable returns {name: one-line help} from the registry, and
+the option's help lists them after the docstring, so the choices and their help are written once, at
+the registry entry. Typer reads the options from the ``inspect.Signature`` of the wrapped command: no
 hand-parsed argv.
 
 Booleans take a value, parsed like typer/click's BOOLEAN type (``--replacement false``, ``--replacement
@@ -32,6 +35,17 @@ CONTEXT = "cli_context"
 """Name of the typer.Context parameter added to every wrapped command (to tell typed values from defaults)."""
 NO_PREFIX = "no__"
 """Parameter-name prefix of the ``--no-FIELD`` flags (double underscore: cannot clash with a field)."""
+CHOICES = "choices"
+"""Field-metadata key of a registry name field: the key ``core.designs.CHOICES`` names (not imported: the command
+modules load before numpy)."""
+
+
+def field_help(field: dataclasses.Field, doc: str) -> str:
+    """A field's option help: its docstring, then the registry's choices with their one-line help, if it has any."""
+    listed = field.metadata.get(CHOICES)
+    if listed is None:
+        return doc
+    return f"{doc} One of: " + "; ".join(f"{name}: {text}" for name, text in listed().items()) + "."
 
 
 def parse_bool(value: Any) -> bool:
@@ -111,7 +125,7 @@ def dataclass_parameters(cls: type, aliases: Optional[dict[str, tuple[str, ...]]
         else:
             default = ...  # required
         names = (option_name(field.name), *aliases.get(field.name, ()))
-        help_text = docs.get(field.name, "")
+        help_text = field_help(field, docs.get(field.name, ""))
         if kind is bool:
             # value-taking (see the module docstring); str annotation so typer does not force a flag
             option = typer.Option(*names, help=help_text + f" ({option_name('no_' + field.name)}: false)",

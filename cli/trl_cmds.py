@@ -1,7 +1,8 @@
 """``replay-theory trl-replay``: TRL's GRPO trainer with a replay buffer sized by the theory, in one command.
 
 Paper: experience-replay (docs/REFERENCES.md), Sec. 3 (N, B, R). Options are the fields of ``TrlRunConfig``
-(integrations/trl_run.py), their help the field docstrings; every value is checked before any work or file. It
+(integrations/trl_run.py), their help the field docstrings; ``--buffer`` and ``--loss`` list the registry's entries
+a trainer can run, with their help (core/designs.py). Every value is checked before any work or file. It
 needs the trl extra (TRL, transformers, torch, datasets), imported when the command runs, so this module loads
 without them.
 """

@@ -6,7 +6,8 @@ it, never the other way round.
 
 | module            | what                                                                                  |
 |-------------------|---------------------------------------------------------------------------------------|
-| ``designs.py``    | the design registry: params, buffer, loss, advantage, rules and batch step of each    |
+| ``designs.py``    | THE registry: every buffer design and loss by name, its help, params, rules, step     |
+| ``surrogate.py``  | numpy loss gradient -> torch scalar (the validator's and the trainers'; imports torch)|
 | ``pipeline.py``   | the pipeline the engine and the language-model validator share: batches, compute      |
 | ``buffers.py``    | the buffers (FIFO, positive bias, FreshPER, RLOO group replay, ExGRPO, stale-k)       |
 | ``sumtree.py``    | the sum tree behind prioritized sampling                                              |

@@ -3,12 +3,10 @@
 Papers (docs/REFERENCES.md):
 
 * GRPO advantage: Shao et al. 2024 (arXiv:2402.03300), as printed in M2PO
-  Eq. (2) (``M2PO               ``), ExGRPO Eq. (2)/(5)
-  (``ExGRPO                      ``) and the experience-replay paper App. E.2,
-  Eq. (6) (``experience-replay                   ``).
+  Eq. (2), ExGRPO Eq. (2)/(5) and the experience-replay paper App. E.2, Eq. (6).
 * Dr. GRPO (Liu et al. 2025, arXiv:2503.20783): no std normalisation; ExGRPO's
   implementation uses it (App. D.1).
-* Leave-one-out (RLOO) advantage: ``RLOO group replay              `` Eq. (1),
+* Leave-one-out (RLOO) advantage: RLOO group replay Eq. (1),
   implemented once in :func:`replay_theory.theory.group_replay.leave_one_out_advantage`.
 
 Axis convention: ``reward`` is (S, g, G): seeds, groups (prompts), responses

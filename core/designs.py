@@ -1,11 +1,16 @@
 """Every buffer design and loss in one registry: its typed parameters, buffer, loss, advantage, rules and batch step.
 
-The one place to add a design (see CONTRIBUTING in README.md): a buffer class in
-``core/buffers.py``, then here a params dataclass (mixed into ``DesignConfig``),
-a ``BufferDesign`` entry (constructor, rules, batch step) and nothing else. The
-simulator's engine (``simulate/engine.py``, all seeds at once) and the language-model
-validator (``validate/rl.py``, one seed) both build their buffer, loss and training
-batch from here, through ``core/pipeline.py``.
+The one place every name is mapped to its implementation (see CONTRIBUTING in README.md):
+``BUFFER_DESIGNS`` (name -> ``BufferDesign``) and ``LOSSES`` (name -> ``LossDesign``, the
+off-policy corrections, ``tis`` included). A new buffer design is a buffer class in
+``core/buffers.py`` plus, here, a params dataclass (mixed into ``DesignConfig``) and a
+``BufferDesign`` entry; a new loss is its function in ``core/losses.py`` plus, here, an
+adapter and a ``LossDesign`` entry. Each entry carries its one-line help and whether a
+trainer can run it (``trainer=True``), so nothing else lists names: the simulator's engine
+(``simulate/engine.py``, all seeds at once), the language-model validator (``validate/rl.py``,
+one seed; both through ``core/pipeline.py``), the trainers (``integrations/``: ``ReplayConfig``,
+``RowReplayBuffer``, ``shared_loss``) and the command line (``--buffer`` / ``--loss`` help and
+checks, through the fields' ``CHOICES`` metadata) all read these two tables.
 
 Papers (docs/REFERENCES.md): experience-replay (FIFO, positive bias, GRPO, Sec. 2-3),
 FreshPER (prioritised replay with age decay), RLOO group replay, ExGRPO, M2PO.
@@ -36,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
@@ -52,6 +57,28 @@ from .buffers import (
     UniformQuestionBuffer,
 )
 from .rollouts import RolloutBatch
+
+CHOICES = "choices"
+"""Field-metadata key of a name field (``buffer``, ``loss``): a callable returning {name: one-line help} from the
+registry, which ``cli/config_options.py`` appends to the option's help (the help is written once, at the entry)."""
+
+
+def choices(registry: Mapping[str, object], trainer: bool = False) -> dict[str, str]:
+    """{name: one-line help} of a registry (``BUFFER_DESIGNS`` or ``LOSSES``), in registry order.
+
+    ``trainer``: only the entries a trainer can run (``entry.trainer``): the TRL trainer's and ``trl-replay``'s
+    choices are these, so an entry marked there is available to the trainer with no other edit.
+    """
+    return {name: entry.help for name, entry in registry.items() if entry.trainer or not trainer}
+
+
+def check_choice(option: str, value: object, registry: Mapping[str, object], trainer: bool = False,
+                 where: str = "") -> None:
+    """A one-line ValueError naming ``option`` and the registry's valid names unless ``value`` is one of them."""
+    names = choices(registry, trainer)
+    if not isinstance(value, str) or value not in names:
+        raise ValueError(f"{option} must be one of {', '.join(names)}{where}, got {value!r}")
+
 
 # --------------------------------------------------------------------------- typed parameters
 
@@ -191,10 +218,10 @@ class ExGRPOShapingParams:
 class DesignChoice:
     """Which buffer design, loss and advantage: the first fields of every design config (and of ``--help``)."""
 
-    buffer: str = "fifo"
-    """on-policy, fifo, positive-bias, prioritized, group-replay, exgrpo or stale-k."""
-    loss: str = "grpo"
-    """reinforce, grpo, no-trust-region, m2po, m2po-reference, rloo, asymre or exgrpo."""
+    buffer: str = dataclasses.field(default="fifo", metadata={CHOICES: lambda: choices(BUFFER_DESIGNS)})
+    """Buffer design."""
+    loss: str = dataclasses.field(default="grpo", metadata={CHOICES: lambda: choices(LOSSES)})
+    """Loss (off-policy correction)."""
     advantage: str = "auto"
     """grpo (std-normalised group), group-mean (REINFORCE baseline), leave-one-out (RLOO) or auto (the loss's own)."""
 
@@ -563,8 +590,9 @@ def _no_rules(c: DesignConfig, pipeline: str) -> None:
 
 @dataclass(frozen=True)
 class BufferDesign:
-    """One buffer design: parameters, buffer, rules, and how a step's training batch is made."""
+    """One buffer design: its help, parameters, buffer, rules, and how a step's training batch is made."""
 
+    help: str  # one line: what it keeps and draws, with its paper anchor (the --buffer choice help)
     params: type | None  # its typed parameters (a dataclass mixed into DesignConfig)
     make: Callable[[DesignConfig, BufferSpec], object] | None  # None: no buffer (on-policy)
     step: Callable[[PipelineState, int, object], StepBatch]
@@ -573,18 +601,25 @@ class BufferDesign:
     final_counts: Callable[[PipelineState], dict[str, float]] | None = None  # design-specific run totals
     pipelines: tuple[str, ...] = ("sync",)
     needs_entropy: bool = False  # the batch step asks the backend for token entropies (ExGRPO's o* choice)
+    trainer: bool = False  # a trainer can run it: one batch of B per step from a fixed generation batch of R
+    # (integrations/buffer.py's RowReplayBuffer); group-replay, exgrpo and stale-k generate a varying number
 
 
 BUFFER_DESIGNS: dict[str, BufferDesign] = {
-    "on-policy": BufferDesign(None, None, on_policy_step, pipelines=("sync", "async")),
-    "fifo": BufferDesign(FifoParams, _fifo, uniform_buffer_step, _fifo_rules, pipelines=("sync", "async")),
-    "positive-bias": BufferDesign(PositiveBiasParams, _positive_bias, uniform_buffer_step, _fifo_rules),
-    "prioritized": BufferDesign(FreshPERParams, _prioritized, prioritized_step, _prioritized_rules),
-    "group-replay": BufferDesign(GroupReplayParams, _group_replay, group_replay_step, _group_replay_rules,
-                                 group_replay_after_update),
-    "exgrpo": BufferDesign(ExGRPOParams, _exgrpo, exgrpo_step, _exgrpo_rules, exgrpo_after_update,
-                           exgrpo_counts, needs_entropy=True),
-    "stale-k": BufferDesign(StaleKParams, _stale_k, stale_k_step),
+    "on-policy": BufferDesign("no buffer, each rollout trained once in its own step", None, None, on_policy_step,
+                              pipelines=("sync", "async"), trainer=True),
+    "fifo": BufferDesign("FIFO of N, B drawn uniformly (experience-replay Sec. 3)", FifoParams, _fifo,
+                         uniform_buffer_step, _fifo_rules, pipelines=("sync", "async"), trainer=True),
+    "positive-bias": BufferDesign("FIFO keeping a share delta for correct rollouts (experience-replay Sec. 4.3)",
+                                  PositiveBiasParams, _positive_bias, uniform_buffer_step, _fifo_rules, trainer=True),
+    "prioritized": BufferDesign("FreshPER priorities with age decay and IS weights (FreshPER Alg. 1)", FreshPERParams,
+                                _prioritized, prioritized_step, _prioritized_rules, trainer=True),
+    "group-replay": BufferDesign("RLOO whole-group replay of ages 1..L (Replay-RLOO App. B)", GroupReplayParams,
+                                 _group_replay, group_replay_step, _group_replay_rules, group_replay_after_update),
+    "exgrpo": BufferDesign("ExGRPO experience buckets by success count (ExGRPO Sec. 4)", ExGRPOParams, _exgrpo,
+                           exgrpo_step, _exgrpo_rules, exgrpo_after_update, exgrpo_counts, needs_entropy=True),
+    "stale-k": BufferDesign("each update trains on the batch of k updates earlier (M2PO Sec. 3)", StaleKParams,
+                            _stale_k, stale_k_step),
 }
 
 
@@ -597,63 +632,114 @@ def make_design_buffer(config: DesignConfig, spec: BufferSpec):
 # --------------------------------------------------------------------------- losses and advantages
 
 
-def _reinforce(c, batch, logp_new, is_fresh):
-    return losses.reinforce(logp_new, batch.advantage, batch.mask)
+@dataclass(frozen=True)
+class LossInputs:
+    """One training batch as every loss reads it, seed axis first: from a ``RolloutBatch`` (simulator, validator)
+    or from a trainer's rows (``integrations/loss.py``, S = 1)."""
+
+    logp_new: np.ndarray  # (S, B, L) log pi_theta of the sampled tokens
+    logp_behav: np.ndarray  # (S, B, L) log pi_behav: the policy that generated each row
+    advantage: np.ndarray  # (S, B) A_i
+    mask: np.ndarray  # (S, B, L) bool, the real tokens
+    is_fresh: np.ndarray | None = None  # (S, B) generated this step (rloo, exgrpo); None: every row is fresh
+    reward: np.ndarray | None = None  # (S, B) r_i (asymre's baseline is V-hat = r - A)
+
+    @classmethod
+    def of(cls, batch: RolloutBatch, logp_new: np.ndarray, is_fresh: np.ndarray | None = None) -> "LossInputs":
+        return cls(logp_new, batch.logp_behav, batch.advantage, batch.mask, is_fresh, batch.reward)
 
 
-def _grpo(c, batch, logp_new, is_fresh):
-    return losses.grpo(logp_new, batch.logp_behav, batch.advantage, batch.mask, eps_low=c.eps_low,
-                       eps_high=c.eps_high)
+def _reinforce(c, x: LossInputs, agg: str):
+    return losses.reinforce(x.logp_new, x.advantage, x.mask, aggregation=agg)
 
 
-def _no_trust_region(c, batch, logp_new, is_fresh):
-    return losses.no_trust_region(logp_new, batch.logp_behav, batch.advantage, batch.mask)
+def _grpo(c, x: LossInputs, agg: str):
+    return losses.grpo(x.logp_new, x.logp_behav, x.advantage, x.mask, eps_low=c.eps_low, eps_high=c.eps_high,
+                       aggregation=agg)
 
 
-def _m2po(c, batch, logp_new, is_fresh):
-    return losses.m2po(logp_new, batch.logp_behav, batch.advantage, batch.mask, tau_m2=c.tau_m2, variant="algorithm1")
+def _no_trust_region(c, x: LossInputs, agg: str):
+    return losses.no_trust_region(x.logp_new, x.logp_behav, x.advantage, x.mask, aggregation=agg)
 
 
-def _m2po_reference(c, batch, logp_new, is_fresh):
-    return losses.m2po(logp_new, batch.logp_behav, batch.advantage, batch.mask, tau_m2=c.tau_m2, variant="reference")
+def _m2po(c, x: LossInputs, agg: str):
+    return losses.m2po(x.logp_new, x.logp_behav, x.advantage, x.mask, tau_m2=c.tau_m2, variant="algorithm1",
+                       aggregation=agg)
 
 
-def _rloo(c, batch, logp_new, is_fresh):
-    fresh = np.ones(batch.prompt.shape, bool) if is_fresh is None else is_fresh
-    return losses.rloo(logp_new, batch.logp_behav, batch.advantage, batch.mask, c=c.clip_c, is_fresh=fresh)
+def _m2po_reference(c, x: LossInputs, agg: str):
+    return losses.m2po(x.logp_new, x.logp_behav, x.advantage, x.mask, tau_m2=c.tau_m2, variant="reference",
+                       aggregation=agg)
 
 
-def _asymre(c, batch, logp_new, is_fresh):
-    return losses.asymre(logp_new, batch.reward, batch.reward - batch.advantage, batch.mask,
-                         delta_v=c.asymre_delta_v)
+def _rloo(c, x: LossInputs, agg: str):
+    fresh = np.ones(x.advantage.shape, bool) if x.is_fresh is None else x.is_fresh
+    return losses.rloo(x.logp_new, x.logp_behav, x.advantage, x.mask, c=c.clip_c, is_fresh=fresh, aggregation=agg)
 
 
-def _exgrpo_loss(c, batch, logp_new, is_fresh):
-    replayed = np.zeros(batch.prompt.shape, bool) if is_fresh is None else ~is_fresh
-    return losses.exgrpo_shaped(logp_new, batch.logp_behav, batch.advantage, batch.mask, is_replayed=replayed,
-                                beta=c.exgrpo_beta, eps_low=c.eps_low, eps_high=c.eps_high)
+def _tis(c, x: LossInputs, agg: str):
+    # every row, fresh ones included, gets min(c, w): a fresh row's w is 1 at its first use (pi_theta = pi_behav)
+    return losses.rloo(x.logp_new, x.logp_behav, x.advantage, x.mask, c=c.clip_c,
+                       is_fresh=np.zeros(x.advantage.shape, bool), aggregation=agg)
+
+
+def _asymre(c, x: LossInputs, agg: str):
+    if x.reward is None:
+        raise ValueError("loss asymre needs the rewards (its baseline is r - A): give LossInputs.reward")
+    return losses.asymre(x.logp_new, x.reward, x.reward - x.advantage, x.mask, delta_v=c.asymre_delta_v,
+                         aggregation=agg)
+
+
+def _exgrpo_loss(c, x: LossInputs, agg: str):
+    replayed = np.zeros(x.advantage.shape, bool) if x.is_fresh is None else ~x.is_fresh
+    return losses.exgrpo_shaped(x.logp_new, x.logp_behav, x.advantage, x.mask, is_replayed=replayed,
+                                beta=c.exgrpo_beta, eps_low=c.eps_low, eps_high=c.eps_high, aggregation=agg)
 
 
 @dataclass(frozen=True)
 class LossDesign:
-    """One loss: its parameters, the advantage it is defined with, and the buffers it needs."""
+    """One loss: its help, parameters, the advantage it is defined with, and who can run it.
 
-    params: type | None
-    compute: Callable
+    ``compute(config, inputs, aggregation)`` calls the function of ``core/losses.py`` with the config's parameters
+    (the fields of ``params``, read from any DesignConfig) and returns its ``LossOutput``.
+    """
+
+    help: str  # one line: the correction and its paper anchor (the --loss choice help)
+    params: type | None  # its typed parameters (a dataclass mixed into DesignConfig)
+    compute: Callable[[DesignConfig, LossInputs, str], losses.LossOutput]
     advantage: str  # the advantage of ``advantage="auto"``
     advantages: tuple[str, ...] = ("grpo", "group-mean", "leave-one-out")  # the ones it accepts
     buffers: tuple[str, ...] | None = None  # None: any buffer whose own rules accept it
+    aggregation: str = "token-mean"  # how token terms become one loss (the function's default; a trainer may override)
+    trainer: bool = False  # a trainer can run it: it reads only logp_new, logp_behav, advantage and mask, and
+    # corrects for the behaviour policy (reinforce does not; rloo/exgrpo need is_fresh, asymre the rewards)
+    unbiased: bool = False  # importance-weighted and unclipped: calibrate's plain sigma^2 form (else signal-normalised)
+    sequence_coupled: str = ""  # why a token's gradient depends on its whole response beyond its advantage ("":
+    # it does not); such a loss has no exact enumeration over the token MDP's states (simulate/calibrate.py)
 
+
+_M2_MASK = "masks a token by the M2 of the whole response"
 
 LOSSES: dict[str, LossDesign] = {
-    "reinforce": LossDesign(None, _reinforce, "group-mean"),
-    "grpo": LossDesign(ClipParams, _grpo, "grpo"),
-    "no-trust-region": LossDesign(None, _no_trust_region, "grpo"),
-    "m2po": LossDesign(M2POParams, _m2po, "grpo"),
-    "m2po-reference": LossDesign(M2POParams, _m2po_reference, "grpo"),
-    "rloo": LossDesign(RLOOParams, _rloo, "leave-one-out", buffers=("group-replay", "on-policy")),
-    "asymre": LossDesign(AsymREParams, _asymre, "group-mean", advantages=("group-mean",)),
-    "exgrpo": LossDesign(ExGRPOShapingParams, _exgrpo_loss, "grpo"),
+    "reinforce": LossDesign("REINFORCE, no off-policy correction", None, _reinforce, "group-mean"),
+    "grpo": LossDesign("PPO clip of the token ratio to [1 - eps_low, 1 + eps_high] (M2PO Eq. 1)", ClipParams, _grpo,
+                       "grpo", trainer=True),
+    "no-trust-region": LossDesign("token importance weight, unclipped", None, _no_trust_region, "grpo",
+                                  trainer=True, unbiased=True),
+    "m2po": LossDesign("M2PO second-moment trust region tau_m2 (M2PO Algorithm 1)", M2POParams, _m2po, "grpo",
+                       trainer=True, sequence_coupled=_M2_MASK),
+    "m2po-reference": LossDesign("M2PO as its reference code computes it", M2POParams, _m2po_reference, "grpo",
+                                 trainer=True, sequence_coupled=_M2_MASK),
+    "rloo": LossDesign("replayed rows weighted min(c, w) of the sequence, fresh rows 1 (Replay-RLOO Eq. 2)",
+                       RLOOParams, _rloo, "leave-one-out", buffers=("group-replay", "on-policy"),
+                       aggregation="seq-mean-token-sum"),
+    "tis": LossDesign("truncated sequence IS, every row weighted min(c, w) (Replay-RLOO Eq. 2)", RLOOParams, _tis,
+                      "grpo", aggregation="seq-mean-token-sum", trainer=True,
+                      sequence_coupled="weights a token by its whole response's ratio min(c, w)"),
+    "asymre": LossDesign("AsymRE, REINFORCE with the shifted baseline V-hat + delta V", AsymREParams, _asymre,
+                         "group-mean", advantages=("group-mean",), aggregation="seq-mean-token-sum"),
+    "exgrpo": LossDesign("ExGRPO, PPO clip on fresh rows and f(w) = w/(w + beta) on replayed (ExGRPO Eq. 4)",
+                         ExGRPOShapingParams, _exgrpo_loss, "grpo"),
 }
 
 ADVANTAGES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -663,9 +749,23 @@ ADVANTAGES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
+def loss_aggregation(config: DesignConfig, aggregation: str | None = None) -> str:
+    """The aggregation a loss runs with: ``aggregation`` when given, else the registry entry's own."""
+    return LOSSES[config.loss].aggregation if aggregation is None else aggregation
+
+
+def loss_output(config: DesignConfig, inputs: LossInputs, aggregation: str | None = None) -> losses.LossOutput:
+    """The loss named in ``config`` (its parameters too) on ``inputs``: a ``losses.LossOutput`` (value, d / d logp_new).
+
+    The one name -> implementation route: the simulator's engine, the validator (``compute_loss``) and the
+    trainers (``integrations/loss.py``) all call it. ``aggregation`` None: the loss's own (``LossDesign``).
+    """
+    return LOSSES[config.loss].compute(config, inputs, loss_aggregation(config, aggregation))
+
+
 def compute_loss(config: DesignConfig, batch: RolloutBatch, logp_new: np.ndarray, is_fresh: np.ndarray | None = None):
     """The loss named in ``config`` on ``batch``: a ``losses.LossOutput`` (value and d loss / d logp_new)."""
-    return LOSSES[config.loss].compute(config, batch, logp_new, is_fresh)
+    return loss_output(config, LossInputs.of(batch, logp_new, is_fresh))
 
 
 def make_advantage(config: DesignConfig, reward_groups: np.ndarray) -> np.ndarray:
@@ -684,8 +784,8 @@ def _choice(config, name: str, options) -> None:
 
 def validate_design(c: DesignConfig, pipeline: str = "sync") -> None:
     """Every rule of the design in one place: one-line ValueErrors naming the field and its valid range."""
-    _choice(c, "buffer", tuple(BUFFER_DESIGNS))
-    _choice(c, "loss", tuple(LOSSES))
+    check_choice("buffer", c.buffer, BUFFER_DESIGNS)
+    check_choice("loss", c.loss, LOSSES)
     _choice(c, "advantage", ("auto", *ADVANTAGES))
     for name, least in (("rollouts_per_step", 1), ("batch_size", 1), ("capacity", 1), ("max_age", 0)):
         value = getattr(c, name)

@@ -50,10 +50,9 @@ Papers (docs/REFERENCES.md) and code names:
 | ``delta_v``          | delta V                        | AsymRE, experience-replay App. E               |
 | ``beta``             | beta (0.1)                     | ExGRPO Sec. 4.2, f(w) = w / (w + beta)         |
 
-Files: ``M2PO               `` (M2PO, "Prosperity before Collapse"),
-``RLOO group replay              `` (Replay-RLOO), ``ExGRPO                      ``
-(ExGRPO, arXiv:2510.02245), ``experience-replay                   `` (GRPO and
-AsymRE settings; AsymRE from Arnal et al. 2025).
+Papers by short name (title, authors and id of each in docs/REFERENCES.md): M2PO ("Prosperity before
+Collapse", arXiv:2510.01161), RLOO group replay (Replay-RLOO, a course project report), ExGRPO
+(arXiv:2510.02245), experience-replay (GRPO and AsymRE settings; AsymRE from Arnal et al. 2025, arXiv:2506.20520).
 
 Metric names follow TRL / verl (docs/REFERENCES.md):
 ``clip_ratio/{low,high,region}_mean`` (TRL), ``pg_clipfrac`` (verl),
@@ -65,21 +64,16 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from ..theory.checks import require_nonnegative, require_positive
-from ..theory.divergences import (
-    ess_kish_fraction,
-    k3_terms,
-    ratio_stats,
-    sample_statistics,
-    sequence_log_ratio,
-)
+from ..theory.divergences import ess_kish_fraction, sequence_log_ratio
 from ..theory.exgrpo import shaping, shaping_gradient_weight
 from ..theory.group_replay import clipped_sequence_weight
+from ..theory.moments import Moments, statistics
 
 __all__ = [
     "LossOutput",
@@ -89,13 +83,15 @@ __all__ = [
     "no_trust_region",
     "m2po_mask",
     "m2po_masks",
+    "clip_log_bounds",
+    "ppo_clip_flags",
+    "m2po_trust_set",
+    "gspo_sequence_log_ratio",
     "m2po",
     "m2po_reference",
     "rloo",
     "asymre",
     "exgrpo_shaped",
-    "LOSSES",
-    "get_loss",
 ]
 
 Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
@@ -218,71 +214,17 @@ def _token_mean(x: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 
 def _ratio_metrics(log_ratio: np.ndarray, m: np.ndarray) -> dict[str, np.ndarray]:
-    """Token-level IS diagnostics over real tokens, each (S,), computed in log space."""
-    lr, mf = _flat(log_ratio), _flat(m)
-    if mf.all() and np.isfinite(lr).all():
-        return _dense_ratio_metrics(lr)  # the common case, the same numbers in one pass
-    out = {k: np.asarray(v) for k, v in ratio_stats(lr, mf).items()}  # is_ratio_{min,mean,max,std}
-    stats = sample_statistics(lr, mf)  # one pass over the same estimators as theory.divergences
-    out["ess_frac"] = np.asarray(stats["ess_frac"])  # Kish (sum r)^2 / (N sum r^2)
-    out["kl_k3"] = np.asarray(stats["kl_k3"])  # KL(pi_behav || pi_new), k3 estimator
-    out["m2"] = np.asarray(stats["m2"])  # Eq. (4), M2PO
+    """Token-level IS diagnostics over real tokens, each (S,), computed in log space: the statistics kernel's
+    estimators (``theory/moments.py``) on the sums of each seed's real tokens (inputs validated by ``_inputs``)."""
+    lr, mf = _flat(log_ratio), _flat(m)  # (S, n L)
+    stats = statistics(Moments.from_rows(lr, None if mf.all() else mf))
+    out = {f"is_ratio_{k}": stats[f"ratio_{k}"] for k in ("min", "mean", "max", "std")}
+    out["ess_frac"] = stats["ess_frac"]  # Kish (sum r)^2 / (N sum r^2)
+    out["kl_k3"] = stats["kl_k3"]  # KL(pi_behav || pi_new), k3 estimator
+    out["m2"] = stats["m2"]  # Eq. (4), M2PO
     for name in ("kl_k1", "kl_k2", "d2", "chi2"):  # the rest of the set, so callers need not recompute it
-        out[name] = np.asarray(stats[name])
+        out[name] = stats[name]
     return out
-
-
-def _dense_ratio_metrics(lr: np.ndarray) -> dict[str, np.ndarray]:
-    """``_ratio_metrics`` of finite log-ratios ``lr`` (S, N) with every token real: the same numbers, bit for bit.
-
-    theory.divergences' ``ratio_stats`` and ``sample_statistics`` each validate,
-    mask and recompute the row max, exp(lr - max) and its sum (six log-sum-exps
-    and max passes in all). Here each quantity is the same floating-point
-    expression as there, with the masks (all True) and the branches for
-    infinite log-ratios (never taken) dropped, and the shared pieces computed
-    once. tests/test_losses.py checks the equality against those functions.
-    """
-    n, top, scaled, total, ess = _kish_parts(lr)
-    log_n = np.log(n)
-    log_total = np.log(total) + top[:, 0]  # log sum r (logsumexp)
-    w = 1.0 / n[:, None]  # (S, 1) the population weights of log_var_exp
-    mu = np.sum(w * scaled, axis=-1, keepdims=True)
-    with np.errstate(all="ignore"):  # as there: log 0 = -inf (on-policy, Var r = 0) is a value, not an error
-        log_var = 2.0 * top[:, 0] + np.log(np.sum(w * (scaled - mu) ** 2, axis=-1))  # log Var(r) (log_var_exp)
-        square = np.sum(lr * lr, axis=-1) / n  # mean (log r)^2
-        twice = 2.0 * lr
-        top2 = 2.0 * top  # = max(2 lr): doubling is exact and monotone
-        d2 = np.log(np.sum(np.exp(twice - top2), axis=-1)) + top2[:, 0] - log_n  # log mean r^2, Eq. (23) FreshPER
-        return {
-            "is_ratio_min": np.exp(lr.min(axis=-1)),
-            "is_ratio_mean": np.exp(log_total - log_n),
-            "is_ratio_max": np.exp(top[:, 0]),
-            "is_ratio_std": np.exp(0.5 * log_var),
-            "ess_frac": ess / n,
-            "kl_k3": np.sum(k3_terms(lr), axis=-1) / n,  # KL(pi_behav || pi_new), k3 estimator
-            "m2": square,  # Eq. (4), M2PO
-            "kl_k1": np.sum(-lr, axis=-1) / n,  # Eq. (3), M2PO
-            "kl_k2": 0.5 * square,
-            "d2": d2,
-            "chi2": np.expm1(d2),  # Eq. (24), FreshPER
-        }
-
-
-def _kish_parts(lr: np.ndarray) -> tuple[np.ndarray, ...]:
-    """n (S,), max (S, 1), exp(lr - max) (S, N), its sum (S,) and the Kish ESS (S,) of finite ``lr`` (S, N)."""
-    n = np.full(lr.shape[0], float(lr.shape[1]))  # (S,) samples per seed
-    top = lr.max(axis=-1, keepdims=True)  # (S, 1) the shift of every log-sum-exp
-    scaled = np.exp(lr - top)  # (S, N) r / max r, in (0, 1]
-    total = np.sum(scaled, axis=-1)  # (S,)
-    with np.errstate(all="ignore"):
-        ess = np.minimum(total**2 / np.sum(scaled**2, axis=-1), n)  # Kish (sum r)^2 / sum r^2 (_ess_kish_prepared)
-    return n, top, scaled, total, ess
-
-
-def ess_kish_fraction_finite(log_ratio: np.ndarray) -> np.ndarray:
-    """theory.divergences.ess_kish_fraction of finite log-ratios (S, N), bit for bit, without its checks: (S,)."""
-    n, _, _, _, ess = _kish_parts(log_ratio)
-    return ess / n
 
 
 def _require_eps(name: str, eps: float) -> None:
@@ -302,6 +244,48 @@ def _log_bounds(eps_low: float, eps_high: float) -> tuple[float, float]:
     return log_lo, log_hi
 
 
+def clip_log_bounds(eps_low: float, eps_high: float) -> tuple[float, float]:
+    """The PPO clip range [1 - eps_low, 1 + eps_high] as log-bounds (log_lo, log_hi); eps_low >= 1: no lower bound."""
+    return _log_bounds(eps_low, eps_high)
+
+
+def ppo_clip_flags(log_ratio: np.ndarray, log_lo: ArrayLike, log_hi: ArrayLike, positive: np.ndarray | None = None,
+                   negative: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high): where a PPO clip [e^log_lo, e^log_hi] zeroes a token's gradient (the clipped term is the min).
+
+    high: A > 0 and r > e^log_hi; low: A < 0 and r < e^log_lo (M2PO Eq. (1); TRL's ``clip_ratio/{low,high}``).
+    ``positive`` / ``negative``: where A > 0 / A < 0 (and the token is real); None (both): without advantages both
+    sides count (the worst case, diagnose's what-if).  Compared in log space: no ratio is formed.
+    """
+    high = log_ratio > log_hi  # r > 1 + eps_high
+    low = log_ratio < log_lo  # r < 1 - eps_low
+    if positive is None:
+        return low, high
+    return negative & low, positive & high
+
+
+def m2po_trust_set(log_ratio: np.ndarray, advantage: np.ndarray, tol: float = 0.0) -> np.ndarray:
+    """M2PO's trust-region tokens T: where a PPO clip could bind, (A > tol, r > 1 + tol) or (A < -tol, r < 1 - tol).
+
+    M2PO Sec. 5.2: ``tol = 0`` is Algorithm 1 (the losses here); the reference code (core_algos.py
+    ``_get_trust_region_tokens_delta_sq``) uses 1e-12, which ``diagnose``'s ``m2po/M2`` transcribes.
+    Compared in log space (log1p(+-tol)); ``advantage`` broadcasts against ``log_ratio``.
+    """
+    if tol == 0.0:
+        return ((advantage > 0) & (log_ratio > 0)) | ((advantage < 0) & (log_ratio < 0))  # (A>0, r>1) or (A<0, r<1)
+    return (((advantage > tol) & (log_ratio > np.log1p(tol)))
+            | ((advantage < -tol) & (log_ratio < np.log1p(-tol))))
+
+
+def gspo_sequence_log_ratio(seq_lr: np.ndarray, seq_len: np.ndarray) -> np.ndarray:
+    """GSPO's geometric-mean sequence log-ratio: sum log r / max(|y|, 1).
+
+    TRL grpo_trainer.py compute_loss, importance_sampling_level="sequence": (log_ratio * mask).sum(-1) /
+    mask.sum(-1).clamp(min=1.0); verl core_algos.py compute_policy_loss_gspo likewise (clamp(min=1)).
+    """
+    return np.asarray(seq_lr, dtype=np.float64) / np.maximum(np.asarray(seq_len, dtype=np.float64), 1.0)
+
+
 def _clipped_surrogate(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray,
                        log_lo: ArrayLike, log_hi: ArrayLike):
     """PPO surrogate min(r A, clip(r, e^log_lo, e^log_hi) A) per token, and its derivative in logp_new.
@@ -313,8 +297,7 @@ def _clipped_surrogate(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray,
     """
     pos = m & (adv > 0)
     neg = m & (adv < 0)
-    high = pos & (log_ratio > log_hi)  # A > 0, r > 1 + eps_high
-    low = neg & (log_ratio < log_lo)  # A < 0, r < 1 - eps_low
+    low, high = ppo_clip_flags(log_ratio, log_lo, log_hi, pos, neg)  # A < 0, r < 1 - eps_low; A > 0, r > 1 + eps_high
     log_value = np.where(high, log_hi, np.where(low, log_lo, log_ratio))  # log of the ratio multiplying A
     with np.errstate(over="ignore"):
         ratio = np.exp(log_value)  # inf only where the surrogate itself is unbounded
@@ -393,7 +376,7 @@ def no_trust_region(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: Array
 
 def _m2po_candidates(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray) -> np.ndarray:
     """Trust-region tokens T: real tokens where a PPO clip could bind (M2PO Sec. 5.2)."""
-    return m & (((adv > 0) & (log_ratio > 0)) | ((adv < 0) & (log_ratio < 0)))  # (A>0, r>1) or (A<0, r<1)
+    return m & m2po_trust_set(log_ratio, adv)
 
 
 def m2po_may_bind(log_ratio: np.ndarray, adv: np.ndarray, tau_m2: float) -> np.ndarray:
@@ -691,23 +674,3 @@ def exgrpo_shaped(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLi
     }
     return _output(objective, d_objective, weights, metrics)
 
-
-#: name -> loss function. Signatures differ (each takes what its paper needs); call with keywords.
-LOSSES: dict[str, Callable[..., LossOutput]] = {
-    "reinforce": reinforce,
-    "grpo": grpo,
-    "no-trust-region": no_trust_region,
-    "m2po": m2po,
-    "m2po-reference": m2po_reference,
-    "rloo": rloo,
-    "asymre": asymre,
-    "exgrpo": exgrpo_shaped,
-}
-
-
-def get_loss(name: str) -> Callable[..., LossOutput]:
-    """The loss registered under ``name``; ValueError listing the names otherwise."""
-    try:
-        return LOSSES[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {name!r}") from None

@@ -31,6 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ..theory.compute import compute_ratio_from_split_ratio, estimate_mu
 from .designs import (
     BUFFER_DESIGNS,
     BufferSpec,
@@ -41,7 +42,28 @@ from .designs import (
 )
 from .rollouts import RolloutBatch
 
-AGE_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # left edges, log2-spaced
+
+def age_buckets(max_age: int) -> list[tuple[int, int, str]]:
+    """Age buckets [lo, hi] covering 0 .. max_age: 0, 1, 2-3, 4-7, ... (powers of two), with their metric names.
+
+    The one bucketing of sample ages (staleness t - t_i): the simulator's ESS by age, the validator's and the TRL
+    trainer's ``replay/.../age_*`` metrics.
+    """
+    buckets = [(0, 0, "age_0")]
+    lo = 1
+    while lo <= max_age:
+        hi = 2 * lo - 1
+        buckets.append((lo, hi, f"age_{lo}" if lo == hi else f"age_{lo}-{hi}"))
+        lo *= 2
+    return buckets
+
+
+def fifo_max_age(capacity: int, rollouts_per_step: int) -> int:
+    """Oldest age (in steps) a FIFO buffer of N rows fed R rows a step holds once full: ceil(N/R) - 1."""
+    return math.ceil(capacity / rollouts_per_step) - 1  # experience-replay Sec. 3: staleness horizon x = N/R
+
+
+AGE_BUCKETS = tuple(lo for lo, _, _ in age_buckets(1024))  # left edges 0, 1, 2, 4, ..., 1024 (log2-spaced)
 
 # bucket of every staleness 0 .. 1024 (the last left edge): one table look-up instead of a binary search
 AGE_TABLE = np.searchsorted(np.asarray(AGE_BUCKETS), np.arange(AGE_BUCKETS[-1] + 1), side="right") - 1
@@ -230,9 +252,9 @@ class Pipeline:
         if settings.pipeline == "async":
             on_policy = self.config.buffer == "on-policy"
             ratio = settings.mu if on_policy else settings.workers / settings.trainers
-            out["compute_ratio"] = (1 + ratio) / (1 + settings.mu)  # Eq. (2)
+            out["compute_ratio"] = compute_ratio_from_split_ratio(ratio, settings.mu)  # Eq. (2)
             workers = settings.mu * settings.trainers if on_policy else settings.workers
-            out["mu_estimate"] = (k_training / settings.trainers) / (k_inference / workers)  # App. E
+            out["mu_estimate"] = estimate_mu(k_training, k_inference, workers, settings.trainers)  # App. E
         else:
             on_policy = (settings.mu + 1) * k_training  # same number of updates, each on fresh rollouts
             out["compute_ratio"] = float(self.compute.mean() / on_policy)

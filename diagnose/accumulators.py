@@ -1,201 +1,29 @@
-"""Streaming, mergeable sufficient statistics of importance log-ratios.
+"""Streaming, mergeable accumulators of diagnose: the kernel's log-ratio sums, running summaries, weight sums,
+a log-ratio histogram.
 
-The statistics of ``theory/divergences.py`` (ESS, chi^2, D_2, KL k1/k2/k3, M2, ratio min/mean/max) need whole
-arrays; a rollout log may not fit in memory.  :class:`Moments` keeps, per group (overall, an age value, ...), sums
-from which every statistic follows exactly, in log space:
+:class:`Moments` (the sums every sample estimator follows from, exactly and in log space: ESS, chi^2, D_2, KL
+k1/k2/k3, M2, ratio min/mean/max) is the statistics kernel of ``theory/moments.py``, re-exported here: diagnose takes
+it per run of tokens (:meth:`Moments.from_segments`, one ``reduceat`` per sum) and merges runs into ages, sequences
+and the whole log (:meth:`Moments.reduce`, :meth:`Moments.fold`), so chunks can arrive in any order and age values
+can be merged into buckets after the pass; the estimators and the sample bounds are the kernel's
+(``theory.moments.statistics``, ``theory.bounds.moments_relations``).  The papers (FreshPER, M2PO) are listed in
+docs/REFERENCES.md; the symbols are those of ``theory/moments.py``.
 
-    n, sum log r, sum (log r)^2, sum k3(log r), min / max log r,
-    A = sum e^{log r - M},  B = sum e^{2 (log r - M)},  C = sum e^{log r - M} log r,
-    P = sum ((r - 1) e^{-L})^2,        M = max log r,  L = max(0, M).
-
-Shifting by the running maximum M keeps every exponential in (0, 1], so an 8k-token sequence with log r = 4096
-neither overflows nor loses the rest of the sum; when a later chunk raises M the old sums are rescaled by
-e^{M_old - M_new}.  Within a chunk the sums are taken per run of tokens (:meth:`Moments.from_segments`, one
-``reduceat`` per sum); groups of runs and groups of groups merge exactly (:meth:`Moments.reduce`,
-:meth:`Moments.fold`), so chunks can arrive in any order and age values can be merged into buckets after the pass.
-
-From the sums (n tokens, r = e^{log r}; the papers FreshPER and M2PO are listed in docs/REFERENCES.md):
-
-    ess_frac = A^2 / (n B)                       (sum r)^2 / (n sum r^2), Kish
-    d2       = 2 M + log(B / n)                  log mean r^2, FreshPER Eq. (23)
-    chi2     = expm1(d2)                         mean r^2 - 1 (verl chi2_token clamps log r to +-20 first)
-    kl_k1    = -sum log r / n                    M2PO Eq. (3)
-    kl_k2    = sum (log r)^2 / (2 n),  m2 = 2 kl_k2     M2PO Eq. (4)
-    kl_k3    = mean(r - 1 - log r)
-    kl_new_behav = C / A - log m,  m = e^M A / n       self-normalised E[r~ log r~]
-    chi2_pearson = e^{2L} P / n                  E[(r - 1)^2], M2PO Thm 5.1's chi^2
+:class:`WeightSums` keeps the shifted sums of effective weights w >= 0 (the what-if corrections) and gives the Kish
+ESS of the kernel (``ess_frac_from_sums``); :class:`Running` and :class:`LogRatioHistogram` summarise streams whose
+whole arrays are never held.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..theory.bounds import Relation, make_relation
-from ..theory.divergences import k3_terms
+from ..theory.moments import UNSHIFTED_MAX, Moments, ess_frac_from_sums
 
-_SUMS = ("n", "s1", "s2", "sk3", "A", "B", "C", "P")
-#: expm1 overflows float64 above this log-ratio
-EXPM1_MAX = 709.0
-#: within +-this log-ratio, e^{2 log r} (and a sum of 2^30 of them) stays a normal float64: no shift needed
-UNSHIFTED_MAX = 300.0
-
-
-@dataclass
-class Moments:
-    """Sufficient statistics of log r for ``size`` groups (arrays of shape (G,))."""
-
-    n: np.ndarray  # (G,) token counts
-    s1: np.ndarray  # (G,) sum log r
-    s2: np.ndarray  # (G,) sum (log r)^2
-    sk3: np.ndarray  # (G,) sum (r - 1 - log r)
-    lmin: np.ndarray  # (G,) min log r (+inf when empty)
-    lmax: np.ndarray  # (G,) max log r = M (-inf when empty)
-    A: np.ndarray  # (G,) sum e^{log r - M}
-    B: np.ndarray  # (G,) sum e^{2 (log r - M)}
-    C: np.ndarray  # (G,) sum e^{log r - M} log r
-    P: np.ndarray  # (G,) sum ((r - 1) e^{-L})^2, L = max(0, M)
-
-    @classmethod
-    def empty(cls, size: int = 1) -> "Moments":
-        return cls(**{f: np.zeros(size) for f in _SUMS}, lmin=np.full(size, np.inf), lmax=np.full(size, -np.inf))
-
-    @property
-    def size(self) -> int:
-        return int(self.n.shape[0])
-
-    # ------------------------------------------------------------------ building
-    @classmethod
-    def from_samples(cls, log_ratio: np.ndarray) -> "Moments":
-        """Statistics of ``log_ratio`` (n,) as one group."""
-        lr = np.asarray(log_ratio, dtype=np.float64)
-        if lr.size == 0:
-            return cls.empty(1)
-        return cls.from_segments(lr, np.zeros(1, dtype=np.int64))
-
-    @classmethod
-    def from_segments(cls, log_ratio: np.ndarray, starts: np.ndarray, ratio: np.ndarray | None = None) -> "Moments":
-        """One group per run ``log_ratio[starts[i]:starts[i + 1]]`` (``starts`` (S,) increasing from 0).
-
-        The per-token work is a few ``reduceat`` passes; groups of runs (an age, the whole log) follow from
-        :meth:`reduce`, which costs O(runs), not O(tokens).  ``ratio``: e^{log r} (n,) if the caller has it, given
-        only where every |log r| <= ``UNSHIFTED_MAX``.
-        """
-        lr = np.asarray(log_ratio, dtype=np.float64)  # (n,)
-        n_tok = np.diff(np.append(starts, lr.size))  # (S,)
-        top = np.maximum.reduceat(lr, starts)  # (S,) M per run
-
-        def total(x: np.ndarray) -> np.ndarray:
-            return np.add.reduceat(x, starts)
-
-        with np.errstate(over="ignore", invalid="ignore"):
-            r_minus_1 = np.expm1(lr)  # full precision for r near 1
-            k3 = k3_terms(lr, r_minus_1)  # r - 1 - log r, series near 0 so fresh data gives exactly 0
-        if lr.size and max(float(top.max()), -float(lr.min())) <= UNSHIFTED_MAX:
-            # e^{log r} and (r - 1)^2 can neither overflow nor leave the normal range here: sum them as they are and
-            # shift the run sums (S,), not the tokens (n,) (a few ulps from shifting first; no repeat, no subtraction)
-            r, down = np.exp(lr) if ratio is None else ratio, np.exp(-top)  # (n,), (S,) e^{-M}
-            A, B, C = total(r) * down, total(r * r) * (down * down), total(r * lr) * down
-            P = total(r_minus_1 * r_minus_1) * np.exp(-2.0 * np.maximum(top, 0.0))  # e^{-2L}
-        else:
-            top_tok = np.repeat(top, n_tok)  # (n,)
-            shifted = np.exp(lr - top_tok)  # in (0, 1]
-            # (r - 1) e^{-L}, L = max(0, M); expm1 overflows only past log r = 709, where r e^{-L} = e^{log r - M}
-            # is used instead (L = M there)
-            with np.errstate(over="ignore", invalid="ignore"):
-                dev = r_minus_1 * np.repeat(np.exp(-np.maximum(top, 0.0)), n_tok)
-            if top.max() > EXPM1_MAX:
-                far = lr > EXPM1_MAX
-                dev[far] = shifted[far] - np.exp(-top_tok[far])
-            A, B, C, P = total(shifted), total(shifted * shifted), total(shifted * lr), total(dev * dev)
-        return cls(n=n_tok.astype(np.float64), s1=total(lr), s2=total(lr * lr), sk3=total(k3),
-                   lmin=np.minimum.reduceat(lr, starts), lmax=top, A=A, B=B, C=C, P=P)
-
-    def reduce(self, groups: np.ndarray, size: int) -> "Moments":
-        """Groups merged: group i goes to new group ``groups[i]`` in [0, size) (exact, rescaled to the new maxima)."""
-        g = np.asarray(groups, dtype=np.int64)  # (G,)
-        top = np.full(size, -np.inf)
-        np.maximum.at(top, g, self.lmax)
-        low = np.full(size, np.inf)
-        np.minimum.at(low, g, self.lmin)
-        seen = self.n > 0
-        with np.errstate(invalid="ignore"):
-            scale = np.where(seen, np.exp(self.lmax - top[g]), 0.0)  # e^{M_i - M_new}
-            scale_p = np.where(seen, np.exp(2.0 * (np.maximum(self.lmax, 0.0) - np.maximum(top[g], 0.0))), 0.0)
-
-        def total(x: np.ndarray) -> np.ndarray:
-            return np.bincount(g, weights=x, minlength=size)
-
-        return Moments(n=total(self.n), s1=total(self.s1), s2=total(self.s2), sk3=total(self.sk3), lmin=low,
-                       lmax=top, A=total(self.A * scale), B=total(self.B * scale * scale), C=total(self.C * scale),
-                       P=total(self.P * scale_p))
-
-    def fold(self, other: "Moments") -> None:
-        """Add ``other`` into ``self``, group i into group i (exact merge of the shifted sums); groups that only
-        ``other`` has are added."""
-        both = Moments(**{f.name: np.concatenate([getattr(self, f.name), getattr(other, f.name)])
-                          for f in fields(self)})
-        merged = both.reduce(np.concatenate([np.arange(self.size), np.arange(other.size)]), max(self.size, other.size))
-        for f in fields(self):
-            setattr(self, f.name, getattr(merged, f.name))
-
-    # ------------------------------------------------------------------ results
-    def statistics(self) -> dict[str, np.ndarray]:
-        """Every statistic of the module docstring, arrays of shape (G,) (NaN for empty groups)."""
-        n = np.where(self.n > 0, self.n, np.nan)
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            log_mean_r = self.lmax + np.log(self.A / n)
-            d2 = 2.0 * self.lmax + np.log(self.B / n)  # Eq. (23), FreshPER
-            var_r = np.exp(2.0 * self.lmax) * np.maximum(self.B / n - (self.A / n) ** 2, 0.0)
-            # C / A = sum r log r / sum r; minus log mean r gives E[r~ log r~], r~ = r / mean r (self-normalised).
-            kl_new_behav = self.C / self.A - log_mean_r
-            big = np.maximum(self.lmax, 0.0)
-            return {
-                "n_tokens": self.n.copy(),
-                "ess_frac": np.minimum(self.A**2 / (n * self.B), 1.0),  # Kish of raw r, FreshPER Eq. (5); not verl's
-                "chi2": np.expm1(d2),  # Eq. (24), FreshPER; verl chi2_token without its +-20 clamp
-                "d2": d2,
-                "kl_k1": -self.s1 / n,  # Eq. (3), M2PO
-                "kl_k2": 0.5 * self.s2 / n,
-                "kl_k3": self.sk3 / n,
-                "m2": self.s2 / n,  # Eq. (4), M2PO
-                "ratio_min": np.exp(self.lmin),
-                "ratio_mean": np.exp(log_mean_r),
-                "ratio_max": np.exp(self.lmax),
-                "ratio_std": np.sqrt(var_r),
-                "kl_new_behav": kl_new_behav,
-                "chi2_pearson": np.exp(2.0 * big) * self.P / n,  # E[(r - 1)^2], M2PO Thm 5.1
-            }
-
-    def relations(self, group: int = 0) -> list[Relation]:
-        """The sample bounds of theory/bounds.py for one group, from the sums (each with its slack).
-
-        FreshPER relations use the self-normalised ratios (a finite sample has mean r != 1), so they hold for any
-        data; M2PO's hold pointwise.
-        """
-        s = {k: float(v[group]) for k, v in self.statistics().items()}
-        # log E[r~^2] = D_2 - 2 log mean r = log(n B / A^2): the shifts e^{2M} cancel in the sums, not in floats of
-        # size 2M (log(ratio_mean) was log(inf) past r = e^709, and -inf made the bound fail)
-        with np.errstate(divide="ignore"):
-            d2_sn = float(np.log(self.n[group] * self.B[group] / self.A[group] ** 2))
-        kl = s["kl_new_behav"]
-        sup_r = s["ratio_max"]
-        # numpy floats: past r = e^354.9 a square is inf, where a Python float raises OverflowError
-        R = np.float64(max(sup_r, 1.0 / s["ratio_min"]) if s["ratio_min"] > 0 else math.inf)
-        sup_r = np.float64(sup_r)
-        with np.errstate(over="ignore", invalid="ignore"):
-            return [
-                make_relation("ess_bound_kl", s["ess_frac"], math.exp(-kl), "<=", 1e-9, 1e-12,
-                              "FreshPER Eqs. (10)-(11): ESS/n = e^{-D_2} <= e^{-KL(new||behav)}"),
-                make_relation("kl_le_d2", kl, d2_sn, "<=", 1e-9, 1e-12, "FreshPER Eq. (26)"),
-                make_relation("m2po_sharp", s["chi2_pearson"], np.maximum(1.0, sup_r) ** 2 * s["m2"], "<=", 1e-9, 1e-12,
-                              "M2PO Thm 5.1, sharp form: chi^2 <= max(1, sup r)^2 M2"),
-                make_relation("m2po_thm51", s["chi2_pearson"], R**2 * s["m2"], "<=", 1e-9, 1e-12,
-                              "M2PO Thm 5.1: chi^2 <= R^2 M2, R = max(sup r, 1/inf r)"),
-            ]
-
+__all__ = ["Moments", "UNSHIFTED_MAX", "Summary", "Running", "WeightSums", "LogRatioHistogram", "LOG_FLOAT_MAX"]
 
 @dataclass(frozen=True)
 class Summary:
@@ -292,8 +120,8 @@ class WeightSums:
 
     def result(self) -> dict[str, float]:
         n = self.n if self.n else math.nan
-        ess = self.A**2 / (n * self.B) if self.B > 0 else 0.0
-        return {"flagged_frac": self.flagged / n, "ess_frac": min(ess, 1.0), "bias_proxy": self.removed / n}
+        ess = float(ess_frac_from_sums(self.A, self.B, self.n))  # Kish (sum w)^2 / (n sum w^2); 0 if every w = 0
+        return {"flagged_frac": self.flagged / n, "ess_frac": ess, "bias_proxy": self.removed / n}
 
 
 @dataclass

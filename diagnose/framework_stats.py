@@ -38,7 +38,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.losses import clip_log_bounds, gspo_sequence_log_ratio, m2po_trust_set, ppo_clip_flags
 from .accumulators import Running
+
+__all__ = ["FrameworkParams", "FrameworkSums", "framework_statistics", "batch_sums", "finish", "rollout_is_metrics",
+           "sequence_quantities", "gspo_sequence_log_ratio"]
 
 #: verl/utils/torch_functional.py masked_mean: values.sum() / (mask.sum() + 1e-8)
 VERL_EPS = 1e-8
@@ -196,17 +200,18 @@ class FrameworkSums:
         # TRL grpo_trainer.py compute_loss: coef_1 = exp(log_ratio) (token level), compared in log space; the
         # clipped tokens are found first and counted per run: O(R log k) for k of them, whatever k
         bounds = np.append(starts, lr.size)  # (R + 1,)
-        for key, side, sign in (("trl_low", lr < math.log1p(-params.clip_low), -1.0),
-                                ("trl_high", lr > math.log1p(params.clip_high), 1.0)):
+        # the losses' clip test on both sides; the advantage's sign is checked on the few flagged tokens only
+        low_side, high_side = ppo_clip_flags(lr, *clip_log_bounds(params.clip_low, params.clip_high))
+        for key, side, sign in (("trl_low", low_side, -1.0), ("trl_high", high_side, 1.0)):
             at = np.flatnonzero(side)
             at = at[adv[at] * sign > 0]  # (k,) A < 0 below the clip, A > 0 above it
             setattr(self, key, getattr(self, key) + at.size)
             runs["seq_" + key] = np.diff(np.searchsorted(at, bounds)).astype(np.float64)  # (R,) per run
         # M2PO core_algos.py _get_trust_region_tokens_delta_sq: T = (A > 1e-12, r > 1 + 1e-12) or
-        # (A < -1e-12, r < 1 - 1e-12), A = the sequence's advantage (advantages[:, 0] there); w = r wherever
-        # |log r| <= 20 and is on the same side of 1 + -1e-12 beyond, so w decides as r would
+        # (A < -1e-12, r < 1 - 1e-12), A = the sequence's advantage (advantages[:, 0] there): the losses' trust set
+        # at the reference code's tolerance, compared in log space (r is never formed)
         a = adv if seq_adv_tok is None else seq_adv_tok
-        trust = ((a > M2PO_TOL) & (w > 1.0 + M2PO_TOL)) | ((a < -M2PO_TOL) & (w < 1.0 - M2PO_TOL))
+        trust = m2po_trust_set(lr, a, M2PO_TOL)
         self.m2_sum += float(np.sum(lr * lr * trust))
         self.m2_count += float(np.count_nonzero(trust))
         return runs
@@ -390,11 +395,3 @@ def framework_statistics(logp_behav, logp_current, mask, advantages=None, *, cli
         raise ValueError("mask selects no token")
     return finish(sums, params, rollout_is)
 
-
-def gspo_sequence_log_ratio(seq_lr: np.ndarray, seq_len: np.ndarray) -> np.ndarray:
-    """GSPO's geometric-mean sequence log-ratio: sum log r / max(|y|, 1).
-
-    TRL grpo_trainer.py compute_loss, importance_sampling_level="sequence": (log_ratio * mask).sum(-1) /
-    mask.sum(-1).clamp(min=1.0); verl core_algos.py compute_policy_loss_gspo likewise (clamp(min=1)).
-    """
-    return np.asarray(seq_lr, dtype=np.float64) / np.maximum(np.asarray(seq_len, dtype=np.float64), 1.0)

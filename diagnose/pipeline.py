@@ -36,6 +36,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..theory.bounds import moments_relations
 from .accumulators import LOG_FLOAT_MAX, UNSHIFTED_MAX, LogRatioHistogram, Moments
 from .drift import fit_kl_drift
 from .errors import ConfigError
@@ -51,9 +52,6 @@ from .schema import resolve_columns
 from .whatif import SequenceWhatIf, TokenWhatIf, WhatIfConfig, freshper_rows
 
 QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
-#: the statistics reported per group (token level, sequence level, each age bucket).
-STAT_KEYS = ("n_tokens", "ess_frac", "chi2", "d2", "kl_k1", "kl_k2", "kl_k3", "m2", "ratio_min", "ratio_mean",
-             "ratio_max", "ratio_std", "kl_new_behav", "chi2_pearson")
 
 
 @dataclass(frozen=True)
@@ -270,7 +268,7 @@ def _clean(report: dict) -> dict:
 
 def _group_stats(moments: Moments, group: int) -> dict:
     stats = moments.statistics()
-    out = {k: float(stats[k][group]) for k in STAT_KEYS}
+    out = {k: float(v[group]) for k, v in stats.items()}  # every estimator of theory/moments.py, in its order
     out["n_tokens"] = int(stats["n_tokens"][group])
     out["ess"] = out["ess_frac"] * out["n_tokens"]
     return out
@@ -279,7 +277,7 @@ def _group_stats(moments: Moments, group: int) -> dict:
 def _relations(moments: Moments, group: int = 0) -> list[dict]:
     return [{"name": r.name, "relation": r.relation, "lhs": float(r.lhs), "rhs": float(r.rhs),
              "holds": bool(r.holds), "slack": float(r.slack), "source": r.source}
-            for r in moments.relations(group)]
+            for r in moments_relations(moments, group)]
 
 
 def _age_buckets(ages: np.ndarray, counts: np.ndarray, max_buckets: int) -> tuple[np.ndarray, int]:

@@ -44,11 +44,11 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.losses import m2po_masks, m2po_may_bind
+from ..core.losses import clip_log_bounds, gspo_sequence_log_ratio, m2po_masks, m2po_may_bind, ppo_clip_flags
 from ..theory.group_replay import clipping_bias_proxy
+from ..theory.moments import ess_frac_from_log_sums
 from .accumulators import Moments, WeightSums
 from .errors import ConfigError
-from .framework_stats import gspo_sequence_log_ratio
 
 M2PO_VARIANTS = ("algorithm1", "reference")
 EXP_MAX = 709.78  # math.exp overflows above
@@ -110,12 +110,10 @@ def _rows(sums: dict[tuple, WeightSums], level: str) -> list[dict]:
 
 
 def _clip_active(lr: np.ndarray, signs: tuple[np.ndarray, np.ndarray] | None, lo: float, hi: float) -> np.ndarray:
-    """Where a PPO clip [1 - lo, 1 + hi] takes the gradient (the clipped term is the min); log space.
-    ``signs``: (A > 0, A < 0), or None without advantages."""
-    above, below = lr > math.log1p(hi), lr < math.log1p(-lo)
-    if signs is None:  # without advantages both sides count (the worst case)
-        return above | below
-    return (above & signs[0]) | (below & signs[1])
+    """Where a PPO clip [1 - lo, 1 + hi] takes the gradient (the clipped term is the min): the losses' clip test.
+    ``signs``: (A > 0, A < 0), or None without advantages (both sides count, the worst case)."""
+    low, high = ppo_clip_flags(lr, *clip_log_bounds(lo, hi), *(signs or (None, None)))
+    return low | high
 
 
 #: a truncation whose cap is this far (in log) below the largest ratio gets its own shift
@@ -312,8 +310,8 @@ def freshper_rows(by_age: Moments, ages: np.ndarray, taus) -> list[dict]:
         with np.errstate(divide="ignore"):
             log_sum_w = np.logaddexp.reduce(log_decay + top + np.log(A))
             log_sum_w2 = np.logaddexp.reduce(2.0 * (log_decay + top) + np.log(B))
-        ess = math.exp(2.0 * log_sum_w - log_sum_w2 - math.log(n)) if n else math.nan
+        ess = float(ess_frac_from_log_sums(log_sum_w, log_sum_w2, n))  # Kish of w, the kernel's; NaN if n = 0
         rows.append(_row("freshper", "token", float(tau),
-                         {"ess_frac": min(ess, 1.0),
+                         {"ess_frac": ess,
                           "mean_age_weight": float(np.sum(n_age * np.exp(log_decay)) / n)}))
     return rows

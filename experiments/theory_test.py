@@ -61,7 +61,7 @@ from ..core.designs import compute_loss
 from ..core.pipeline import EnvBackend, Pipeline, score
 from ..core.progress import ProgressBar
 from ..core.rng import PerSeedGenerator
-from ..outputs import check_out_dir, write_new
+from ..outputs import check_out_dir, strict, write_new
 from ..simulate.config import SimConfig, config_from_dict
 from ..simulate.envs.bandit import BanditConfig, BanditEnv
 from ..simulate.envs.quadratic import QuadraticConfig, QuadraticEnv, QuadraticReplay
@@ -801,8 +801,8 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
     finally:
         bar.close()
     held_out = [c for c in cells if c["instance"] != 0]  # instance 0 is the one the benchmark was developed on
-    summary = {"cells": finite(cells), "settings": finite(settings), "targets": finite(targets(cells)),
-               "targets_held_out": finite(targets(held_out)),
+    summary = {"cells": strict(cells), "settings": strict(settings), "targets": strict(targets(cells)),
+               "targets_held_out": strict(targets(held_out)),
                "protocol": _protocol(options), "replay_theory_version": __version__,
                "elapsed_s": round(time.time() - started, 1)}
     _write_summary(Path(out), summary)
@@ -949,8 +949,8 @@ def _noise_scale(store: Store, env, regime: Regime, loss: str, instance: int, pr
         if exact:
             record["with_exact_grad"] = float(np.median(exact))
             record["with_exact_grad_per_checkpoint"] = exact
-    store.put(payload, {"noise_scale": finite(record)})
-    return finite(record)
+    store.put(payload, {"noise_scale": strict(record)})
+    return strict(record)
 
 
 def options_text(options: Options) -> str:
@@ -1205,17 +1205,6 @@ def _write_summary(out: Path, summary: dict) -> Path:
         raise ValueError(f"{path} exists and holds a different summary; results are never overwritten: "
                          f"move it away or choose a new --out")
     return write_new(path, lambda tmp: tmp.write_text(json.dumps(summary, indent=1, allow_nan=False)))
-
-
-def finite(value):
-    """``value`` with NaN / inf floats as None, recursively: summary.json is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
 
 
 def write_evidence(out: Path, summary: dict, command: str) -> Path:

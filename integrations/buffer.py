@@ -6,7 +6,7 @@ horizon is x = N/R and the replay ratio y = B/R. Code names -> paper symbols:
 
 | code name           | symbol | meaning                                                      |
 |---------------------|--------|--------------------------------------------------------------|
-| ``buffer_size``     | N      | FIFO capacity, in completions (rows)                         |
+| ``capacity``        | N      | buffer size, in completions (rows)                           |
 | ``batch_size``      | B      | completions trained on per update                            |
 | ``rollouts_per_step`` | R    | fresh completions generated per update                       |
 | ``version``         | -      | optimizer steps done when a row was generated; age s = t - v |
@@ -15,7 +15,7 @@ Under the FIFO law a row is trained on while its age s is 0 .. ceil(N/R) - 1 ste
 
 One buffer implementation: the trainer's rows (torch tensors, whole TRL rows) live in :class:`RowReplayBuffer`,
 but WHICH rows are kept, evicted and drawn is decided by the design's own buffer from the shared registry
-(``core/designs.py``: ``fifo``, ``positive-bias``, ``prioritized``, or ``on-policy``), the same class and the
+(``core/designs.py``: the ``BUFFER_DESIGNS`` entries with ``trainer=True``), the same class and the
 same batch step the simulator and the validator run, fed one item per row whose token is the row's id. Every
 stored field has the row (one completion) as its FIRST dimension: per-row scalars (rows,), per-token fields
 (rows, L). A push is refused unless every field has exactly ``rows`` entries along dim 0, and a draw gathers every
@@ -33,11 +33,9 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from ..core.designs import BUFFER_DESIGNS, BufferSpec, DesignConfig, StepBatch, make_design_buffer
+from ..core.designs import BUFFER_DESIGNS, BufferSpec, DesignConfig, StepBatch, check_choice, make_design_buffer
 from ..core.rollouts import RolloutBatch
 from .replay_config import (
-    REPLAY_LOSSES,
-    ROW_DESIGNS,
     ReplayConfig,
     age_buckets,
     fifo_max_age,
@@ -46,8 +44,6 @@ from .replay_config import (
 __all__ = [
     "ReplayConfig",
     "RowReplayBuffer",
-    "ROW_DESIGNS",
-    "REPLAY_LOSSES",
     "age_buckets",
     "fifo_max_age",
     "LEFT_PADDED",
@@ -88,12 +84,12 @@ class RowReplayBuffer:
 
     def __init__(self, design: DesignConfig, seed: int = 0, total_steps: int = 1) -> None:
         design = design.validated_design()
-        if design.buffer not in ROW_DESIGNS:
-            raise ValueError(f"buffer must be one of {', '.join(ROW_DESIGNS)} in a trainer, got {design.buffer!r} "
-                             "(group-replay, exgrpo and stale-k generate a different number of groups per step "
-                             "than the trainer's fixed generation batch; run them in the simulator)")
+        simulator_only = ", ".join(name for name, d in BUFFER_DESIGNS.items() if not d.trainer)
+        check_choice("buffer", design.buffer, BUFFER_DESIGNS, trainer=True,
+                     where=f" in a trainer ({simulator_only} generate a different number of groups per step than the "
+                           "trainer's fixed generation batch; run them in the simulator)")
         if design.buffer != "on-policy" and design.capacity % design.group_size:
-            raise ValueError(f"buffer_size must be a multiple of num_generations = {design.group_size} (whole "
+            raise ValueError(f"capacity must be a multiple of num_generations = {design.group_size} (whole "
                              f"groups are stored), got {design.capacity}")
         self.config = design
         self.buffer = make_design_buffer(design, BufferSpec(num_seeds=1, seq_len=1, token_dtype=np.int64))

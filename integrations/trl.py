@@ -6,7 +6,7 @@ Replay-RLOO Eq. (2) truncated sequence IS, M2PO Algorithm 1). Code names -> pape
 
 | code name                          | symbol          | where                                        |
 |------------------------------------|-----------------|----------------------------------------------|
-| ``replay.buffer_size``             | N               | FIFO capacity (completions)                  |
+| ``replay.capacity``                | N               | buffer size (completions)                    |
 | ``replay.batch_size``              | B               | completions per update, drawn uniformly      |
 | ``replay.rollouts_per_step``       | R               | fresh completions per update                 |
 | ``old_per_token_logps``            | log pi_behav    | the trainer's log-probs at generation        |
@@ -40,7 +40,8 @@ overwritten), gets one row group per step, and is complete (readable) when train
 Logged per step, through TRL's ``self._metrics`` (averaged by its ``log``): ``replay/staleness_mean``,
 ``replay/staleness_max``, ``replay/staleness_frac/age_*`` (buckets 0, 1, 2-3, 4-7, ...), ``replay/replay_ratio``
 (samples trained / fresh generated, cumulative; = B/R), ``replay/ess`` and ``replay/ess/age_*`` (Kish fraction of
-the SEQUENCE log-ratios, theory.divergences.ess_kish_fraction), ``replay/buffer_rows``, ``replay/buffer_max_age``,
+the SEQUENCE log-ratios: ``core.metrics``' ``step_metrics`` and ``ess_by_age``, the simulator's and the validator's),
+``replay/buffer_rows``, ``replay/buffer_max_age``,
 the loss's own metrics under ``replay/<name>`` (``is_ratio_mean``, ``m2``, ``masked_frac``, ...) and, for the PPO
 clip, TRL's own ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean``; TRL's ``entropy``;
 and the what-if flags: ``replay/whatif/<correction>_<param>/flagged_frac`` and ``.../ess_frac`` for every
@@ -94,10 +95,10 @@ from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from ..core import losses
+from ..core.metrics import ess_by_age, sequence_log_ratio, step_metrics
 from ..diagnose.calibrate_log import GRAD_NORM_COLUMNS
 from ..diagnose.framework_stats import framework_statistics
 from ..diagnose.whatif import TokenWhatIf, WhatIfConfig, sequence_rows
-from ..theory.divergences import ess_kish_fraction, sequence_log_ratio
 from .buffer import ReplayConfig, RowReplayBuffer, age_buckets, fifo_max_age
 from .export import DiagnoseLogWriter
 from .loss import as_numpy, shared_loss, shared_loss_tensor
@@ -140,11 +141,10 @@ def noise_halves(group_id: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | 
 def _row_shares(replay: ReplayConfig, mask: torch.Tensor) -> np.ndarray:
     """a_i: each row's weight in the shared loss (the aggregation's token weights summed over the row; sum 1).
 
-    ``replay.aggregation`` None is the loss's own default (ReplayConfig.aggregation's doc: tis seq-mean-token-sum,
-    the others token-mean). ``mask`` (B, L) real tokens; returns (B,).
+    The aggregation is ``replay.resolved_aggregation``: ``replay.aggregation``, else the loss's own (its registry
+    entry; tis seq-mean-token-sum, the others token-mean). ``mask`` (B, L) real tokens; returns (B,).
     """
-    aggregation = replay.aggregation or ("seq-mean-token-sum" if replay.loss == "tis" else "token-mean")
-    return losses._token_weights(as_numpy(mask).astype(bool)[None], aggregation)[0].sum(axis=1)
+    return losses._token_weights(as_numpy(mask).astype(bool)[None], replay.resolved_aggregation)[0].sum(axis=1)
 
 
 def replay_grpo_args(replay: ReplayConfig, num_generations: int, **kwargs: Any) -> GRPOConfig:
@@ -282,7 +282,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
                                              total_steps=max(int(self.args.max_steps), 1))
         self.replay_generated = 0  # fresh completions generated for training
         self.replay_trained = 0  # completions trained on (with repetition)
-        self._fifo_max_age = fifo_max_age(replay.buffer_size, replay.rollouts_per_step)
+        self._fifo_max_age = fifo_max_age(replay.capacity, replay.rollouts_per_step)
         self._last_rewards_per_func: torch.Tensor | None = None
         self._step_generation_seconds = 0.0  # wall seconds this step spent in TRL's generation (for the log)
         self._step_generated_rows = 0
@@ -469,16 +469,23 @@ class ReplayGRPOTrainer(GRPOTrainer):
                     entropies: torch.Tensor, out: losses.LossOutput) -> None:
         metrics = self._metrics["train"]
         step = self.state.global_step
-        age = (step - inputs["version"]).cpu().numpy()
-        metrics["replay/staleness_mean"].append(float(age.mean()))
-        metrics["replay/staleness_max"].append(float(age.max()))
-        seq_lr = np.asarray(sequence_log_ratio(as_numpy(logp_new - inputs["old_per_token_logps"]), as_numpy(mask)))
-        metrics["replay/ess"].append(float(ess_kish_fraction(seq_lr)))
-        for lo, hi, name in age_buckets(max(self._fifo_max_age, int(age.max()))):  # positive bias keeps older rows
-            rows = (age >= lo) & (age <= hi)
-            metrics[f"replay/staleness_frac/{name}"].append(float(rows.mean()))
-            if rows.any():  # an empty bucket has no ESS; TRL's log averages the steps that have one
-                metrics[f"replay/ess/{name}"].append(float(ess_kish_fraction(seq_lr[rows])))
+        age = (step - inputs["version"]).cpu().numpy()  # (B,)
+        token_lr = as_numpy(logp_new - inputs["old_per_token_logps"])[None]  # (1, B, L): one seed
+        real_tok = as_numpy(mask).astype(bool)[None]  # (1, B, L)
+        # the shared per-step metrics (core/metrics.py), logged under replay/; the loss's metrics carry the
+        # token-level estimators already
+        shared = step_metrics(token_lr, real_tok, age[None], {k: np.reshape(v, -1) for k, v in out.metrics.items()})
+        metrics["replay/staleness_mean"].append(float(shared["staleness_mean"][0]))
+        metrics["replay/staleness_max"].append(float(shared["staleness_max"][0]))
+        metrics["replay/ess"].append(float(shared["ess_frac"][0]))
+        seq_lr = sequence_log_ratio(token_lr, real_tok)[1]  # (1, B)
+        buckets = age_buckets(max(self._fifo_max_age, int(age.max())))  # positive bias keeps older rows
+        which = np.searchsorted([lo for lo, _, _ in buckets], age, side="right") - 1  # (B,) bucket of each row
+        ess, count = ess_by_age(seq_lr, which[None], len(buckets))  # (1, K) each
+        for b, (_, _, name) in enumerate(buckets):
+            metrics[f"replay/staleness_frac/{name}"].append(float(count[0, b] / age.size))
+            if count[0, b]:  # an empty bucket has no ESS; TRL's log averages the steps that have one
+                metrics[f"replay/ess/{name}"].append(float(ess[0, b]))
         metrics["replay/replay_ratio"].append(self.replay_trained / max(self.replay_generated, 1))
         metrics["replay/buffer_rows"].append(float(len(self.replay_buffer)))
         stored_age = self.replay_buffer.ages(step) if len(self.replay_buffer) else torch.zeros(1)
@@ -489,8 +496,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
             metrics[name].append(float(np.asarray(value).reshape(-1)[0]))
         real = mask.sum().clamp(min=1)
         metrics["entropy"].append(float((entropies.detach() * mask).sum() / real))
-        self._log_whatif(metrics, as_numpy(logp_new - inputs["old_per_token_logps"]), as_numpy(mask).astype(bool),
-                         as_numpy(inputs["advantages"]), seq_lr)
+        self._log_whatif(metrics, token_lr[0], real_tok[0], as_numpy(inputs["advantages"]), seq_lr[0])
         # The statistics verl, TRL and M2PO log, under their keys, on the pair diagnose --preset trl reads (the
         # sampler's log-probs vs the policy being trained). clip_ratio/* name a clip TRL applied: only the PPO clip
         # loss logs them (above), so they are not repeated for a loss that does not clip.

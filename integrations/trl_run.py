@@ -1,12 +1,14 @@
 """One command from a buffer design to a TRL replay run: ``replay-theory trl-replay --out DIR``.
 
 Paper: experience-replay (docs/REFERENCES.md), Sec. 3 (N, B, R); the task is the Replay-RLOO paper's Countdown
-(validate/countdown.py, verifier reward 1 / 0.1 / 0). Code names -> paper symbols: ``buffer_size`` N,
-``batch_size`` B, ``rollouts_per_step`` R, ``group_size`` G (TRL's ``num_generations``).
+(validate/countdown.py, verifier reward 1 / 0.1 / 0). Code names -> paper symbols: ``capacity`` N,
+``batch_size`` B, ``rollouts_per_step`` R, ``group_size`` G (TRL's ``num_generations``). The option names are our
+configs' (``--lr``, ``--max-new-tokens`` as ``validate``'s); TRL's own field names appear only where GRPOConfig is
+built (``run``).
 
 What it runs, in order, every value checked first (one-line errors, nothing written on bad input):
 
-1. the policy: ``--model tiny`` builds the validator's small Qwen2 (validate/model.py, the same builder and sizes
+1. the policy: ``--model tiny`` builds the validator's small Qwen2 (validate/policy.py, the same builder and sizes
    as ``validate``) and warm-starts it by SFT on solved problems, so the reward has a signal to climb; a
    checkpoint path (``--model ./Qwen2.5-0.5B-Instruct``) is loaded as it is, with its own tokenizer;
 2. TRL's real ``GRPOTrainer`` loop through :class:`~replay_theory.integrations.trl.ReplayGRPOTrainer`, N, B, R
@@ -48,13 +50,14 @@ import os
 import re
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .. import __version__
+from ..core.designs import BUFFER_DESIGNS, CHOICES, LOSSES, check_choice, choices
 from ..theory.design import classify_regime
-from .replay_config import REPLAY_LOSSES, ROW_DESIGNS, ReplayConfig
+from .replay_config import ReplayConfig
 
 LOG_NAME = "rollouts.parquet"
 RUN_NAME = "run.json"
@@ -73,7 +76,7 @@ COUNTDOWN_HELD_OUT = 64
 MAX_N_TRAIN = COUNTDOWN_DISTINCT - COUNTDOWN_HELD_OUT
 
 #: The internal names a design's rules use (core/designs.py, integrations/buffer.py) -> the options typed.
-_OPTION_OF = {"capacity": "--buffer-size", "buffer_size": "--buffer-size", "batch_size": "--batch-size",
+_OPTION_OF = {"capacity": "--capacity", "batch_size": "--batch-size",
               "rollouts_per_step": "--rollouts-per-step", "group_size": "--group-size",
               "num_generations": "--group-size"}
 
@@ -84,30 +87,30 @@ class TrlRunConfig:
 
     design: Optional[str] = None
     """`replay-theory optimal ... -R R --json` saved to a file: N, B, R from it (N rounded to whole groups)."""
-    buffer_size: Optional[int] = None
-    """N by hand (completions kept); with --batch-size and --rollouts-per-step instead of --design."""
+    capacity: Optional[int] = None
+    """N: buffer size in completions, by hand; with --batch-size and --rollouts-per-step instead of --design."""
     batch_size: Optional[int] = None
     """B by hand: completions trained on per update."""
     rollouts_per_step: Optional[int] = None
     """R by hand: fresh completions generated per update (a multiple of --group-size)."""
     group_size: int = 8
     """G: completions per prompt (TRL's num_generations)."""
-    buffer: str = "fifo"
-    """Buffer design: on-policy, fifo, positive-bias or prioritized (the shared registry's)."""
-    loss: str = "grpo"
-    """Off-policy correction: grpo (PPO clip), tis, m2po, m2po-reference or no-trust-region."""
+    buffer: str = field(default="fifo", metadata={CHOICES: lambda: choices(BUFFER_DESIGNS, trainer=True)})
+    """Buffer design."""
+    loss: str = field(default="grpo", metadata={CHOICES: lambda: choices(LOSSES, trainer=True)})
+    """Off-policy correction."""
     steps: int = 40
     """Optimizer steps (updates) of the replay run."""
-    learning_rate: float = 3e-4
-    """AdamW step size of the replay run."""
+    lr: float = 3e-4
+    """AdamW learning rate of the replay run."""
     model: str = "tiny"
     """tiny (the validator's small Qwen2, built from config and warm-started) or a local checkpoint directory."""
     sft_steps: int = 600
     """Tiny model: supervised warm-start steps on solved problems before RL (0: none; the reward then stays ~0)."""
     n_train: int = 1000
     """Countdown training problems (three numbers 1-9, targets 1-40, as the validator's)."""
-    max_completion_length: int = 16
-    """Longest completion, in tokens."""
+    max_new_tokens: int = 16
+    """Completion length limit, in tokens."""
     temperature: float = 1.0
     """Sampling temperature of TRL's generation."""
     seed: int = 0
@@ -117,28 +120,26 @@ class TrlRunConfig:
 
     def validated(self) -> "TrlRunConfig":
         """Every option checked before any work: a one-line ValueError naming the option and its valid range."""
-        by_hand = (self.buffer_size, self.batch_size, self.rollouts_per_step)
+        by_hand = (self.capacity, self.batch_size, self.rollouts_per_step)
         if self.design is not None and any(v is not None for v in by_hand):
-            raise ValueError("--design and --buffer-size/--batch-size/--rollouts-per-step exclude each other: "
+            raise ValueError("--design and --capacity/--batch-size/--rollouts-per-step exclude each other: "
                              "give one")
         if self.design is None and any(v is None for v in by_hand):
             raise ValueError("give --design FILE (replay-theory optimal ... -R R --json > FILE) or all of "
-                             "--buffer-size, --batch-size, --rollouts-per-step")
+                             "--capacity, --batch-size, --rollouts-per-step")
         if self.design is not None and not Path(self.design).is_file():
             raise ValueError(f"--design {self.design} is not a file")
         for option, value, low in (("--group-size", self.group_size, 2), ("--steps", self.steps, 1),
                                    ("--sft-steps", self.sft_steps, 0), ("--n-train", self.n_train, 1),
-                                   ("--max-completion-length", self.max_completion_length, 1),
+                                   ("--max-new-tokens", self.max_new_tokens, 1),
                                    ("--threads", self.threads, 1), ("--seed", self.seed, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{option} must be an integer >= {low}, got {value!r}")
-        for option, value in (("--learning-rate", self.learning_rate), ("--temperature", self.temperature)):
+        for option, value in (("--lr", self.lr), ("--temperature", self.temperature)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{option} must be > 0, got {value!r}")
-        if self.buffer not in ROW_DESIGNS:
-            raise ValueError(f"--buffer must be one of {', '.join(ROW_DESIGNS)}, got {self.buffer!r}")
-        if self.loss not in REPLAY_LOSSES:
-            raise ValueError(f"--loss must be one of {', '.join(REPLAY_LOSSES)}, got {self.loss!r}")
+        check_choice("--buffer", self.buffer, BUFFER_DESIGNS, trainer=True)
+        check_choice("--loss", self.loss, LOSSES, trainer=True)
         if self.model != "tiny" and not Path(self.model).is_dir():
             raise ValueError(f"--model must be tiny or a local checkpoint directory, got {self.model!r} "
                              "(this machine reaches no model hub)")
@@ -149,12 +150,12 @@ class TrlRunConfig:
     def _check_trl_rules(self, replay: ReplayConfig) -> None:
         """What TRL's GRPOConfig / GRPOTrainer, the trainer's buffer and TRL's prompt sampler would refuse later
         (after the warm start, in their own names), checked here in the options' names."""
-        g, n, r = self.group_size, replay.buffer_size, replay.rollouts_per_step
+        g, n, r = self.group_size, replay.capacity, replay.rollouts_per_step
         if r % g:  # GRPOConfig: generation_batch_size % num_generations (generation_batch_size = R here)
             raise ValueError(f"--rollouts-per-step must be a multiple of --group-size = {g} (whole prompt groups), "
                              f"got {r}")
         if replay.buffer != "on-policy" and n % g:  # RowReplayBuffer: whole groups are stored
-            raise ValueError(f"--buffer-size must be a multiple of --group-size = {g} (whole groups are stored), "
+            raise ValueError(f"--capacity must be a multiple of --group-size = {g} (whole groups are stored), "
                              f"got {n}")
         try:  # the shared design's own rules (core/designs.py), as the trainer's buffer applies them
             replay.design_config(g).validated_design()
@@ -170,7 +171,7 @@ class TrlRunConfig:
     def regime_line(self) -> Optional[str]:
         """One line when the design is not replay (theory.design.classify_regime on x = N/R, y = B/R), else None."""
         replay = self.replay_config()
-        n, b, r = replay.buffer_size, replay.batch_size, replay.rollouts_per_step
+        n, b, r = replay.capacity, replay.batch_size, replay.rollouts_per_step
         regime = classify_regime(n / r, b / r)
         if regime == "on-policy":
             return (f"regime: on-policy (N = B = R = {r}): every rollout is trained once, in the step that "
@@ -194,7 +195,7 @@ class TrlRunConfig:
         try:
             if self.design is not None:
                 return ReplayConfig.from_optimal_json(Path(self.design), group_size=self.group_size, **common)
-            return ReplayConfig(self.buffer_size, self.batch_size, self.rollouts_per_step, **common)
+            return ReplayConfig(self.capacity, self.batch_size, self.rollouts_per_step, **common)
         except (ValueError, json.JSONDecodeError) as err:
             message = str(err).splitlines()[0]
             if self.design is not None:  # the names are the design file's keys
@@ -207,7 +208,7 @@ SFT_LR = 3e-3
 
 
 def _option_names(message: str) -> str:
-    """A design rule's message with its internal names (buffer_size, capacity, ...) as the options typed."""
+    """A design rule's message with its internal names (capacity, batch_size, ...) as the options typed."""
     for name, option in _OPTION_OF.items():
         message = re.sub(rf"(?<![-\w]){name}\b", option, message)
     return message
@@ -274,7 +275,8 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     from ..validate import countdown
     from ..validate.config import TINY_MODEL, ValidateConfig
     from ..validate.loop import configure_torch
-    from ..validate.model import ModelConfig, load_policy, sft_warm_start
+    from ..validate.policy import ModelConfig, load_policy
+    from ..validate.sft import sft_warm_start
     from .trl import ReplayGRPOTrainer, replay_grpo_args
 
     configure_torch(config.threads)
@@ -318,10 +320,11 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
                                  "numbers": [list(p.numbers) for p in problems],
                                  "target": [p.target for p in problems]})
     out.mkdir(parents=True, exist_ok=True)
+    # the boundary to TRL's GRPOConfig: its learning_rate is our lr, its max_completion_length our max_new_tokens
     args = replay_grpo_args(replay, config.group_size, output_dir=str(out / "trainer"), max_steps=config.steps,
-                            learning_rate=config.learning_rate, logging_steps=1, report_to="none",
+                            learning_rate=config.lr, logging_steps=1, report_to="none",
                             use_cpu=policy.device.type == "cpu", save_strategy="no", seed=config.seed,
-                            max_completion_length=config.max_completion_length, temperature=config.temperature,
+                            max_completion_length=config.max_new_tokens, temperature=config.temperature,
                             disable_tqdm=True)
     trainer = ReplayGRPOTrainer(model=policy.model, reward_funcs=countdown_reward, args=args, train_dataset=dataset,
                                 processing_class=tokenizer, replay=replay, diagnose_log=out / LOG_NAME,
@@ -355,7 +358,7 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     if summary["noise_scale"] is not None:
         (out / NOISE_PROFILE_NAME).write_text(json.dumps({"kind": "noise_scale",
                                                            "noise_scale": summary["noise_scale"]}, indent=1))
-    log(f"trained {config.steps} steps in {summary['seconds']:.0f} s: N = {replay.buffer_size}, "
+    log(f"trained {config.steps} steps in {summary['seconds']:.0f} s: N = {replay.capacity}, "
         f"B = {replay.batch_size}, R = {replay.rollouts_per_step}, buffer {replay.buffer}, loss {replay.loss}"
         + (f" ({'; '.join(replay.notes)})" if replay.notes else ""))
     log(f"reward: {summary['reward_first_quarter']:.3f} (first {k} steps) -> {summary['reward_last_quarter']:.3f} "

@@ -72,7 +72,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from ..core.designs import compute_loss, make_advantage
+from ..core.designs import LOSSES, compute_loss, make_advantage
 from ..core.pipeline import EnvBackend, generate
 from ..core.rng import PerSeedGenerator
 from ..core.rollouts import RolloutBatch
@@ -94,7 +94,6 @@ REFERENCES = ("auto", "exact", "sampled")
 PROBE_ARGUMENTS = ("staleness", "samples", "max_gap", "reference", "reference_samples", "noise_checkpoints",
                    "noise_groups")  # named in check_probe
 RHO_BUFFERS = ("fifo", "positive-bias", "prioritized")  # buffers whose items the rho probe reads
-UNBIASED_LOSSES = ("no-trust-region",)  # importance-weighted, unclipped: a stale sample keeps its signal
 FORMS = ("plain", "signal-normalised")
 RHO_NOISE_TEXT = {
     "centred": "xi = G - E[G | creation step], exact (App. C.2: the proof bounds the correlation of the centred "
@@ -105,7 +104,7 @@ RHO_NOISE_TEXT = {
 
 def loss_form(loss: str) -> str:
     """The sigma^2 form the theory needs for ``loss``: plain (unbiased IS) or signal-normalised (the rest)."""
-    return "plain" if loss in UNBIASED_LOSSES else "signal-normalised"
+    return "plain" if LOSSES[loss].unbiased else "signal-normalised"  # the registry entry's flag
 
 
 def _add(acc: dict, name: str, value) -> None:
@@ -255,9 +254,6 @@ def expected_advantage_parts(config: SimConfig, levels: np.ndarray, level_probs:
             np.einsum("spc,ck->spk", prob, np.maximum(-own, 0.0)))
 
 
-SEQUENCE_COUPLED_LOSSES = ("m2po", "m2po-reference")  # the M2 mask of a token depends on the whole response
-
-
 def exact_gradient_problem(env_name: str, loss: str) -> str | None:
     """Why the exact gradient cannot be enumerated for ``env_name`` and ``loss`` (None: it can).
 
@@ -268,9 +264,9 @@ def exact_gradient_problem(env_name: str, loss: str) -> str | None:
     if env_name == "bandit":
         return None
     if env_name == "token-mdp":
-        if loss in SEQUENCE_COUPLED_LOSSES:
-            return (f"loss {loss!r} masks a token by the M2 of the whole response, so its token gradients do not "
-                    "factor over (step, partial sum) states")
+        if LOSSES[loss].sequence_coupled:  # the registry entry's reason (M2PO's mask, tis's sequence weight)
+            return (f"loss {loss!r} {LOSSES[loss].sequence_coupled}, so its token gradients do not factor over "
+                    "(step, partial sum) states")
         return None
     return f"no enumeration for env {env_name!r}"
 

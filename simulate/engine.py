@@ -28,10 +28,10 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ..core.designs import StepBatch, compute_loss
-from ..core.losses import LossOutput, ess_kish_fraction_finite
+from ..core.losses import LossOutput
+from ..core.metrics import TOKEN_STATS, ess_by_age, sequence_log_ratio, step_metrics
 from ..core.pipeline import AGE_BUCKETS, EnvBackend, Pipeline, UsageRecord, age_bucket
 from ..core.rng import PerSeedGenerator
-from ..theory import divergences as div
 from .config import SimConfig
 from .envs import make_env
 from .optim import OPTIMIZERS
@@ -119,56 +119,33 @@ class Recorder:
             self.curves[name] = np.full((self.num_seeds, self.steps), np.nan)
         self.curves[name][:, step] = value
 
-    TOKEN_STATS = ("kl_k1", "kl_k2", "kl_k3", "m2", "d2", "chi2")
+    TOKEN_STATS = TOKEN_STATS
+    #: the keys of core.metrics.step_metrics the engine records (under these names)
+    STEP_KEYS = ("ess_frac", *TOKEN_STATS, "staleness_mean", "staleness_max")
 
     def record_batch(self, step: int, data: StepBatch, logp_new: np.ndarray, loss_metrics: dict | None = None) -> None:
-        """Distributions, sequence-level ESS, ESS by age and the token-level estimators.
+        """Distributions, sequence-level ESS, ESS by age and the token-level estimators (``core.metrics``).
 
         The token-level estimators come from ``loss_metrics`` when the loss already
-        computed them on this batch (every loss with a behaviour policy does), else here.
+        computed them on this batch (every loss with a behaviour policy does), else there.
         """
-        batch, staleness = data.train, data.staleness
+        batch = data.train
         self.usage.add(data)
-        token_lr = np.where(batch.mask, logp_new - batch.logp_behav, 0.0)  # (S, B, L)
-        seq_lr = token_lr.sum(axis=-1)  # (S, B): sequence log-ratio = sum of token log-ratios
-        mask = batch.mask
-        # sequence level: the product of token ratios (div.ess_kish_fraction, without its checks when all finite)
-        finite = np.isfinite(seq_lr).all()
-        self.put("ess_frac", step, ess_kish_fraction_finite(seq_lr) if finite else div.ess_kish_fraction(seq_lr))
-        flat_lr = token_lr.reshape(self.num_seeds, -1)
-        flat_mask = mask.reshape(self.num_seeds, -1)
-        if loss_metrics is not None and all(k in loss_metrics for k in self.TOKEN_STATS):
-            token_stats = {k: loss_metrics[k] for k in self.TOKEN_STATS}
-        else:
-            token_stats = div.sample_statistics(flat_lr, mask=flat_mask)
-        for name in self.TOKEN_STATS:
-            self.put(name, step, token_stats[name])  # token level, verl/TRL style
-        self.put("staleness_mean", step, np.sum(staleness, axis=1) / staleness.shape[1])  # = .mean(axis=1)
-        self.put("staleness_max", step, staleness.max(axis=1))
-        self._record_ess_by_age(seq_lr, staleness)
+        token_lr = logp_new - batch.logp_behav  # (S, B, L)
+        metrics = step_metrics(token_lr, batch.mask, data.staleness, loss_metrics)
+        for name in self.STEP_KEYS:  # ess_frac at sequence level; the estimators at token level, verl/TRL style
+            self.put(name, step, metrics[name])
+        _, seq_lr = sequence_log_ratio(token_lr, batch.mask)  # (S, B)
+        self._record_ess_by_age(seq_lr, data.staleness)
 
     def _record_ess_by_age(self, seq_lr: np.ndarray, staleness: np.ndarray) -> None:
         """Kish ESS fraction of each (seed, age bucket) cell with >= 2 samples, accumulated over steps."""
-        S = seq_lr.shape[0]
-        nb = len(AGE_BUCKETS)
-        cell = (age_bucket(staleness) + np.arange(0, S * nb, nb)[:, None]).ravel()  # (S*B,) flat (seed, bucket)
-        lr = seq_lr.ravel()
-        top = np.full(S * nb, -np.inf)
-        np.maximum.at(top, cell, lr)  # per-cell max: weights rescaled into (0, 1]
-        w = np.exp(lr - np.take(top, cell))  # (S*B,)
-        count = np.bincount(cell, minlength=S * nb)
-        sum_w = np.bincount(cell, weights=w, minlength=S * nb)
-        sum_w2 = np.bincount(cell, weights=w * w, minlength=S * nb)
+        frac, count = ess_by_age(seq_lr, age_bucket(staleness), len(AGE_BUCKETS))  # (S, K) each
         ok = count >= 2
-        frac = np.zeros(S * nb)
-        frac[ok] = sum_w[ok] ** 2 / (count[ok] * sum_w2[ok])  # Kish ESS / n within the cell
-        per_bucket_ok = ok.reshape(S, nb)
-        per_bucket_frac = frac.reshape(S, nb)
-        for b in np.nonzero(per_bucket_ok.any(axis=0))[0]:
+        for b in np.nonzero(ok.any(axis=0))[0]:
             edge = AGE_BUCKETS[b]
-            self.ess_age_sum[edge] += float(per_bucket_frac[per_bucket_ok[:, b], b].sum())
-            self.ess_age_n[edge] += int(per_bucket_ok[:, b].sum())
-
+            self.ess_age_sum[edge] += float(frac[ok[:, b], b].sum())
+            self.ess_age_n[edge] += int(ok[:, b].sum())
 
 
 def env_kwargs(config: SimConfig) -> dict:

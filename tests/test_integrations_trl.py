@@ -141,11 +141,11 @@ def test_replay_config_from_optimal_json(cli):
     assert code == 0
     design = json.loads(out)
     replay = ReplayConfig.from_optimal_json(design)
-    assert (replay.buffer_size, replay.batch_size, replay.rollouts_per_step) == (19, 26, 8)
+    assert (replay.capacity, replay.batch_size, replay.rollouts_per_step) == (19, 26, 8)
     assert replay.replay_ratio == 26 / 8 and replay.max_age == 2
     grouped = ReplayConfig.from_optimal_json(out, group_size=4, loss="m2po")  # the JSON text works too
-    assert (grouped.buffer_size, grouped.batch_size, grouped.loss) == (20, 26, "m2po")
-    assert grouped.notes == ("buffer_size 19 rounded to 20, a whole number of groups of 4",)
+    assert (grouped.capacity, grouped.batch_size, grouped.loss) == (20, 26, "m2po")
+    assert grouped.notes == ("capacity 19 rounded to 20, a whole number of groups of 4",)
     code, out, _ = cli("optimal", "--objective", "paper", "--mu", "5.28", "--json")
     with pytest.raises(ValueError, match=r"^the optimal --json output has no buffer_size, batch_size, "
                                          r"rollouts_per_step: run `replay-theory optimal` with -R"):
@@ -172,14 +172,16 @@ def test_replay_config_from_optimal_json_file(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(buffer_size=0, batch_size=1, rollouts_per_step=1), "buffer_size must be an integer >= 1, got 0"),
-    (dict(buffer_size=4, batch_size=2.5, rollouts_per_step=4), "batch_size must be an integer >= 1, got 2.5"),
-    (dict(buffer_size=2, batch_size=2, rollouts_per_step=4),
-     "buffer_size must be >= rollouts_per_step = 4 (the fresh rollouts must fit), got 2"),
-    (dict(buffer_size=4, batch_size=2, rollouts_per_step=4, loss="ppo"),
-     "loss must be one of grpo, tis, m2po, m2po-reference, no-trust-region, got 'ppo'"),
-    (dict(buffer_size=4, batch_size=2, rollouts_per_step=4, clip_c=0), "clip_c must be > 0, got 0"),
-    (dict(buffer_size=4, batch_size=2, rollouts_per_step=4, eps_high=-0.1), "eps_high must be >= 0, got -0.1"),
+    (dict(capacity=0, batch_size=1, rollouts_per_step=1), "capacity must be an integer >= 1, got 0"),
+    (dict(capacity=4, batch_size=2.5, rollouts_per_step=4), "batch_size must be an integer >= 1, got 2.5"),
+    (dict(capacity=2, batch_size=2, rollouts_per_step=4),
+     "capacity must be >= rollouts_per_step = 4 (the fresh rollouts must fit), got 2"),
+    (dict(capacity=4, batch_size=2, rollouts_per_step=4, loss="ppo"),  # the registry's trainer losses, in its order
+     "loss must be one of grpo, no-trust-region, m2po, m2po-reference, tis, got 'ppo'"),
+    (dict(capacity=4, batch_size=2, rollouts_per_step=4, loss="rloo"),  # needs is_fresh: simulator and validator
+     "loss must be one of grpo, no-trust-region, m2po, m2po-reference, tis, got 'rloo'"),
+    (dict(capacity=4, batch_size=2, rollouts_per_step=4, clip_c=0), "clip_c must be > 0, got 0"),
+    (dict(capacity=4, batch_size=2, rollouts_per_step=4, eps_high=-0.1), "eps_high must be >= 0, got -0.1"),
 ])
 def test_replay_config_bad_values(kwargs, message):
     with pytest.raises(ValueError) as info:
@@ -190,7 +192,7 @@ def test_replay_config_bad_values(kwargs, message):
 def test_buffer_capacity_must_be_whole_groups():
     with pytest.raises(ValueError) as info:
         fifo(capacity=19, group_size=4)
-    assert str(info.value) == "buffer_size must be a multiple of num_generations = 4 (whole groups are stored), got 19"
+    assert str(info.value) == "capacity must be a multiple of num_generations = 4 (whole groups are stored), got 19"
 
 
 def test_row_buffer_draws_are_the_simulators_fifo_draws():
@@ -386,7 +388,7 @@ def _train(output_dir, replay: ReplayConfig, steps: int, trainer_cls=None, dtype
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     pytest.importorskip("trl")
-    return _train(tmp_path_factory.mktemp("trl"), ReplayConfig(buffer_size=N, batch_size=B, rollouts_per_step=R),
+    return _train(tmp_path_factory.mktemp("trl"), ReplayConfig(capacity=N, batch_size=B, rollouts_per_step=R),
                   STEPS)
 
 
@@ -779,15 +781,15 @@ def test_diagnose_log_writer_appends_new_files_only(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--buffer-size", "16"], "give --design FILE (replay-theory optimal ... -R R --json > FILE) or all of "
-                              "--buffer-size, --batch-size, --rollouts-per-step"),
-    (["--buffer-size", "8", "--batch-size", "8", "--rollouts-per-step", "16"],
-     "--buffer-size must be >= --rollouts-per-step = 16 (the fresh rollouts must fit), got 8"),
-    (["--buffer-size", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--buffer", "exgrpo"],
+    (["--capacity", "16"], "give --design FILE (replay-theory optimal ... -R R --json > FILE) or all of "
+                              "--capacity, --batch-size, --rollouts-per-step"),
+    (["--capacity", "8", "--batch-size", "8", "--rollouts-per-step", "16"],
+     "--capacity must be >= --rollouts-per-step = 16 (the fresh rollouts must fit), got 8"),
+    (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--buffer", "exgrpo"],
      "--buffer must be one of on-policy, fifo, positive-bias, prioritized, got 'exgrpo'"),
-    (["--buffer-size", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--steps", "0"],
+    (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--steps", "0"],
      "--steps must be an integer >= 1, got 0"),
-    (["--buffer-size", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--model", "Qwen/Qwen2.5-0.5B"],
+    (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--model", "Qwen/Qwen2.5-0.5B"],
      "--model must be tiny or a local checkpoint directory, got 'Qwen/Qwen2.5-0.5B' (this machine reaches no "
      "model hub)"),
 ])
@@ -802,7 +804,7 @@ def test_trl_replay_bad_input_is_one_line_before_any_work(cli, tmp_path, args, m
 def test_trl_replay_refuses_a_used_directory(cli, tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "rollouts.parquet").write_text("x")
-    code, _, stderr = cli("trl-replay", "--out", str(tmp_path / "run"), "--buffer-size", "16", "--batch-size", "8",
+    code, _, stderr = cli("trl-replay", "--out", str(tmp_path / "run"), "--capacity", "16", "--batch-size", "8",
                           "--rollouts-per-step", "8")
     assert code == 2
     assert "is not an empty directory: a run is never overwritten" in stderr
@@ -825,9 +827,9 @@ def test_trl_replay_command_runs_the_design_and_leaves_a_log(cli, tmp_path):
                                "--no-progress")
     assert code == 0, stderr
     summary = json.loads((out / "run.json").read_text())
-    assert (summary["replay"]["buffer_size"], summary["replay"]["batch_size"],
+    assert (summary["replay"]["capacity"], summary["replay"]["batch_size"],
             summary["replay"]["rollouts_per_step"]) == (20, 26, 8)  # N 19 -> 20, whole groups of 4
-    assert summary["replay"]["notes"] == ["buffer_size 19 rounded to 20, a whole number of groups of 4"]
+    assert summary["replay"]["notes"] == ["capacity 19 rounded to 20, a whole number of groups of 4"]
     assert (summary["generated"], summary["trained"]) == (4 * 8, 4 * 26)
     assert all(math.isfinite(h["loss"]) for h in summary["history"])
     assert 0 <= summary["reward_first_quarter"] <= 1 and summary["config"]["steps"] == 4
@@ -866,7 +868,7 @@ def test_trl_replay_same_seed_same_log(cli, tmp_path):
 
     tables = []
     for name in ("a", "b"):
-        code, _, stderr = cli("trl-replay", "--buffer-size", "16", "--batch-size", "12", "--rollouts-per-step", "8",
+        code, _, stderr = cli("trl-replay", "--capacity", "16", "--batch-size", "12", "--rollouts-per-step", "8",
                               "--group-size", "4", "--steps", "3", "--sft-steps", "10", "--n-train", "32",
                               "--out", str(tmp_path / name), "--no-progress")
         assert code == 0, stderr

@@ -15,6 +15,7 @@ import pytest
 
 from replay_theory.core import advantages as adv_mod
 from replay_theory.core import losses as L
+from replay_theory.core.designs import LOSSES, DesignConfig, LossInputs, check_choice, loss_output
 
 LOG_HI = math.log(1.2)  # GRPO clip bounds at eps = 0.2, in log space
 LOG_LO = math.log(0.8)
@@ -67,10 +68,12 @@ def _call(name: str, b: dict, logp_new=None, logp_behav=None, **kw) -> L.LossOut
         return L.rloo(lp, lb, a, m, c=1.2, is_fresh=b["flags"], **kw)
     if name == "exgrpo":
         return L.exgrpo_shaped(lp, lb, a, m, is_replayed=b["flags"], **kw)
-    return L.get_loss(name)(lp, lb, a, m, **kw)
+    # the rest through the registry (core/designs.py), as the simulator, the validator and the trainers call them
+    aggregation = kw.pop("aggregation", None)
+    return loss_output(DesignConfig(loss=name, clip_c=1.2, **kw), LossInputs(lp, lb, a, m), aggregation)
 
 
-ALL = list(L.LOSSES)
+ALL = list(LOSSES)
 
 
 def test_random_batch_is_away_from_the_kinks():
@@ -90,7 +93,7 @@ def test_random_batch_is_away_from_the_kinks():
 # level 3: grad_logp == finite difference of loss
 # --------------------------------------------------------------------------- #
 @pytest.mark.parametrize("aggregation", L.AGGREGATIONS)
-@pytest.mark.parametrize("name", [n for n in ALL if n not in ("rloo", "m2po-reference")])
+@pytest.mark.parametrize("name", [n for n in ALL if n not in ("rloo", "tis", "m2po-reference")])
 def test_grad_logp_equals_finite_difference(name, aggregation):
     b = _batch()
     out = _call(name, b, aggregation=aggregation)
@@ -111,13 +114,14 @@ def test_grad_logp_equals_finite_difference(name, aggregation):
 
 
 @pytest.mark.parametrize("aggregation", L.AGGREGATIONS)
-def test_rloo_grad_treats_the_weight_as_detached(aggregation):
+@pytest.mark.parametrize("name", ["rloo", "tis"])
+def test_rloo_grad_treats_the_weight_as_detached(name, aggregation):
     """w depends on logp_new - logp_behav only: moving both by h keeps w fixed, so the
     finite difference of that joint move is the derivative with w held constant."""
     b = _batch()
-    out = _call("rloo", b, aggregation=aggregation)
+    out = _call(name, b, aggregation=aggregation)
     shift = b["logp_behav"] - b["logp_new"]
-    fd = _fd(lambda x: _call("rloo", b, logp_new=x, logp_behav=x + shift, aggregation=aggregation).loss,
+    fd = _fd(lambda x: _call(name, b, logp_new=x, logp_behav=x + shift, aggregation=aggregation).loss,
              b["logp_new"], b["mask"])
     np.testing.assert_allclose(out.grad_logp, fd, rtol=1e-6, atol=1e-11)
 
@@ -253,8 +257,8 @@ def test_per_token_advantage_equals_broadcast_per_response_advantage():
     b = _batch()
     a_tok = np.broadcast_to(b["advantage"][..., None], b["mask"].shape)
     for name in ("grpo", "m2po", "m2po-reference", "no-trust-region"):
-        x = L.get_loss(name)(b["logp_new"], b["logp_behav"], b["advantage"], b["mask"])
-        y = L.get_loss(name)(b["logp_new"], b["logp_behav"], a_tok, b["mask"])
+        x = _call(name, b)
+        y = _call(name, dict(b, advantage=a_tok))
         np.testing.assert_array_equal(x.loss, y.loss)
         np.testing.assert_array_equal(x.grad_logp, y.grad_logp)
 
@@ -559,11 +563,13 @@ def test_huge_log_ratios_never_warn():
 
 
 def test_registries():
-    assert list(L.LOSSES) == ["reinforce", "grpo", "no-trust-region", "m2po", "m2po-reference", "rloo",
-                              "asymre", "exgrpo"]
-    assert L.get_loss("m2po-reference") is L.m2po_reference
-    with pytest.raises(ValueError, match=r"loss must be one of reinforce, grpo, .*, exgrpo, got 'ppo'"):
-        L.get_loss("ppo")
+    assert list(LOSSES) == ["reinforce", "grpo", "no-trust-region", "m2po", "m2po-reference", "rloo", "tis",
+                            "asymre", "exgrpo"]
+    with pytest.raises(ValueError, match=r"^loss must be one of reinforce, grpo, .*, exgrpo, got 'ppo'$"):
+        check_choice("loss", "ppo", LOSSES)
+    b = _batch()  # the registry's m2po-reference is the reference function itself
+    ref = L.m2po_reference(b["logp_new"], b["logp_behav"], b["advantage"], b["mask"])
+    np.testing.assert_array_equal(_call("m2po-reference", b).grad_logp, ref.grad_logp)
     assert adv_mod.get_advantage("leave-one-out") is adv_mod.leave_one_out
     assert adv_mod.get_advantage("grpo") is adv_mod.group_advantage
     with pytest.raises(ValueError, match=r"advantage must be one of grpo, dr-grpo, group-mean, leave-one-out"):
@@ -605,24 +611,27 @@ def test_group_advantage_hand_values():
 
 
 @pytest.mark.parametrize("scale", [0.0, 0.3, 40.0])  # on-policy (Var r = 0), typical, huge ratios
-def test_dense_ratio_metrics_equal_the_masked_estimators_bit_for_bit(scale):
-    from replay_theory.core.losses import _dense_ratio_metrics, _ratio_metrics
-    from replay_theory.theory.divergences import ratio_stats, sample_statistics
+def test_ratio_metrics_are_the_kernels_estimators_bit_for_bit(scale):
+    """The losses' IS metrics and theory.divergences' sample functions are the statistics kernel's estimators on the
+    same sums (theory/moments.py): equal bit for bit, with or without padding, in one key order."""
+    from replay_theory.core.losses import _ratio_metrics
+    from replay_theory.theory.divergences import ess_kish_fraction, ratio_stats, sample_statistics
 
     lr = scale * np.random.default_rng(5).standard_normal((4, 37, 1))  # (S, n, L)
     flat, every = lr.reshape(4, -1), np.ones((4, 37), dtype=bool)
-    fast = _dense_ratio_metrics(flat)
+    fast = _ratio_metrics(lr, np.ones(lr.shape, dtype=bool))
     slow = {**ratio_stats(flat, every), **sample_statistics(flat, every)}
     for name, value in fast.items():
         np.testing.assert_array_equal(value, slow[name], err_msg=name)
-    from replay_theory.core.losses import ess_kish_fraction_finite
-    from replay_theory.theory.divergences import ess_kish_fraction
-
-    np.testing.assert_array_equal(ess_kish_fraction_finite(flat), ess_kish_fraction(flat))
-    assert _ratio_metrics(lr, np.ones(lr.shape, dtype=bool)).keys() == fast.keys()
+    np.testing.assert_array_equal(fast["ess_frac"], ess_kish_fraction(flat))
     padded = np.ones(lr.shape, dtype=bool)
-    padded[0, -1] = False  # the masked path: same keys in the same order
-    assert list(_ratio_metrics(lr, padded)) == list(fast)
+    padded[0, -1] = False  # the masked path: same keys in the same order, the same numbers as dropping the token
+    masked = _ratio_metrics(np.where(padded, lr, np.nan), padded)
+    assert list(masked) == list(fast)
+    for name, value in masked.items():
+        np.testing.assert_array_equal(value[1:], fast[name][1:], err_msg=name)
+        dropped = {**ratio_stats(flat[0, :-1]), **sample_statistics(flat[0, :-1])}[name]
+        np.testing.assert_array_equal(value[0], dropped, err_msg=name)
 
 
 @pytest.mark.parametrize("ddof", [0, 1])

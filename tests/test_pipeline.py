@@ -27,6 +27,52 @@ def test_every_design_and_loss_parameter_is_a_design_config_field_with_help():
         assert sim[f.name] == f.default or (f.default != f.default and sim[f.name] != sim[f.name])
 
 
+def test_every_name_has_its_help_once_at_its_registry_entry_and_the_cli_lists_it():
+    from replay_theory.cli.config_options import CHOICES as CLI_CHOICES
+    from replay_theory.cli.config_options import field_help
+    from replay_theory.core.designs import CHOICES, choices
+
+    assert CLI_CHOICES == CHOICES
+    for registry in (BUFFER_DESIGNS, LOSSES):
+        for name, entry in registry.items():
+            assert entry.help and "\n" not in entry.help and ":" not in entry.help and len(entry.help) <= 90, name
+    # what a trainer runs is the entries marked trainer=True, in registry order
+    assert list(choices(BUFFER_DESIGNS, trainer=True)) == ["on-policy", "fifo", "positive-bias", "prioritized"]
+    assert list(choices(LOSSES, trainer=True)) == ["grpo", "no-trust-region", "m2po", "m2po-reference", "tis"]
+    loss = {f.name: f for f in dataclasses.fields(DesignConfig)}["loss"]
+    text = field_help(loss, "Loss (off-policy correction).")
+    assert text.startswith("Loss (off-policy correction). One of: reinforce: REINFORCE, no off-policy correction; ")
+    assert text.endswith("; exgrpo: " + LOSSES["exgrpo"].help + ".")
+    assert all(f"; {name}: {entry.help}" in text for name, entry in list(LOSSES.items())[1:])
+
+
+def test_registry_losses_run_with_their_functions_defaults_and_trainer_losses_need_only_rows():
+    import inspect
+
+    from replay_theory.core import losses
+    from replay_theory.core.designs import LossInputs, loss_output
+
+    functions = {"reinforce": losses.reinforce, "grpo": losses.grpo, "no-trust-region": losses.no_trust_region,
+                 "m2po": losses.m2po, "m2po-reference": losses.m2po, "rloo": losses.rloo, "tis": losses.rloo,
+                 "asymre": losses.asymre, "exgrpo": losses.exgrpo_shaped}
+    assert set(functions) == set(LOSSES)
+    for name, entry in LOSSES.items():  # passing the entry's aggregation explicitly changes nothing
+        assert entry.aggregation == inspect.signature(functions[name]).parameters["aggregation"].default, name
+    rng = np.random.default_rng(0)
+    lb = -rng.uniform(0.1, 2.0, (1, 4, 3))
+    lp = lb + rng.normal(0, 0.3, (1, 4, 3))
+    rows = LossInputs(lp, lb, rng.normal(size=(1, 4)), np.ones((1, 4, 3), bool))  # no is_fresh, no reward
+    for name, entry in LOSSES.items():
+        if entry.trainer:
+            assert np.isfinite(loss_output(DesignConfig(loss=name), rows).loss).all(), name
+    # tis = min(c, w) on every row, fresh or not; rloo leaves a fresh row's weight at 1
+    c = 1.05
+    seq_w = np.exp((lp - lb).sum(-1))  # (1, 4) sequence weights
+    tis = loss_output(DesignConfig(loss="tis", clip_c=c), rows)
+    expected = np.minimum(c, seq_w)[..., None] * rows.advantage[..., None] * np.ones((1, 4, 3))
+    np.testing.assert_allclose(tis.grad_logp, -expected / 4, rtol=1e-13)  # seq-mean-token-sum: 1/B per row
+
+
 def test_typed_params_view():
     config = DesignConfig(buffer="group-replay", loss="rloo", replay_ratio_groups=1.5, max_age=3)
     assert config.params(GroupReplayParams) == GroupReplayParams(replay_ratio_groups=1.5, max_age=3)

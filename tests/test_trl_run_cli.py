@@ -20,19 +20,19 @@ from replay_theory.integrations.trl_run import (
     warm_start_path,
 )
 
-BY_HAND = ["--buffer-size", "16", "--batch-size", "12", "--rollouts-per-step", "8", "--group-size", "4"]
+BY_HAND = ["--capacity", "16", "--batch-size", "12", "--rollouts-per-step", "8", "--group-size", "4"]
 
 
 @pytest.mark.parametrize("args, message", [
     # TRL's GRPOConfig: generation_batch_size (R) % num_generations (G), after the warm start, in TRL's names
-    (["--buffer-size", "12", "--batch-size", "6", "--rollouts-per-step", "6", "--group-size", "4"],
+    (["--capacity", "12", "--batch-size", "6", "--rollouts-per-step", "6", "--group-size", "4"],
      "--rollouts-per-step must be a multiple of --group-size = 4 (whole prompt groups), got 6"),
     # the trainer's buffer (integrations/buffer.py), at the trainer's construction
-    (["--buffer-size", "10", "--batch-size", "8", "--rollouts-per-step", "8", "--group-size", "4"],
-     "--buffer-size must be a multiple of --group-size = 4 (whole groups are stored), got 10"),
-    (["--buffer-size", "4", "--batch-size", "8", "--rollouts-per-step", "8", "--group-size", "4"],
-     "--buffer-size must be >= --rollouts-per-step = 8 (the fresh rollouts must fit), got 4"),
-    (["--buffer-size", "16", "--batch-size", "6", "--rollouts-per-step", "8", "--buffer", "on-policy"],
+    (["--capacity", "10", "--batch-size", "8", "--rollouts-per-step", "8", "--group-size", "4"],
+     "--capacity must be a multiple of --group-size = 4 (whole groups are stored), got 10"),
+    (["--capacity", "4", "--batch-size", "8", "--rollouts-per-step", "8", "--group-size", "4"],
+     "--capacity must be >= --rollouts-per-step = 8 (the fresh rollouts must fit), got 4"),
+    (["--capacity", "16", "--batch-size", "6", "--rollouts-per-step", "8", "--buffer", "on-policy"],
      "--batch-size must equal --rollouts-per-step = 8 on-policy (every rollout trained once), got 6"),
     # TRL's RepeatSampler drops a batch of fewer than R/G prompts; the Countdown family holds 1721 problems
     ([*BY_HAND, "--n-train", "1"],
@@ -44,12 +44,12 @@ BY_HAND = ["--buffer-size", "16", "--batch-size", "12", "--rollouts-per-step", "
 ])
 def test_bad_input_is_one_line_in_the_options_names_before_any_work(error_line, tmp_path, monkeypatch, args,
                                                                      message):
-    from replay_theory.validate import model
+    from replay_theory.validate import sft
 
     def no_sft(*a, **k):  # the check must come before the warm start
         raise AssertionError("the warm start ran")
 
-    monkeypatch.setattr(model, "sft_warm_start", no_sft)
+    monkeypatch.setattr(sft, "sft_warm_start", no_sft)
     out = tmp_path / "run"
     assert error_line("trl-replay", "--out", str(out), "--cache-dir", str(tmp_path / "cache"), *args) == message
     assert not out.exists() and not (tmp_path / "cache").exists()
@@ -59,7 +59,7 @@ def test_a_generator_stall_names_n_train_before_the_warm_start(error_line, tmp_p
     # near the family's size the generator may never draw a rare problem (make_splits gives up): one line naming
     # --n-train, before the warm start and before --out is made
     pytest.importorskip("torch")
-    from replay_theory.validate import model
+    from replay_theory.validate import sft
     from replay_theory.validate.config import ValidateConfig
 
     def stalled(self):
@@ -69,7 +69,7 @@ def test_a_generator_stall_names_n_train_before_the_warm_start(error_line, tmp_p
         raise AssertionError("the warm start ran")
 
     monkeypatch.setattr(ValidateConfig, "problems", stalled)
-    monkeypatch.setattr(model, "sft_warm_start", no_sft)
+    monkeypatch.setattr(sft, "sft_warm_start", no_sft)
     line = error_line("trl-replay", "--out", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"),
                       *BY_HAND, "--n-train", "1657")
     assert line == ("--n-train 1657: seed 0's problem generator stalls before 1657 + 64 held-out distinct problems "
@@ -103,17 +103,17 @@ def test_countdown_family_size_is_the_solvers_count():
     (16, 8, 8, None),  # a buffer without reuse (y = 1, x = 2): not one of the two named regimes
 ])
 def test_regime_line(n, b, r, line):
-    config = TrlRunConfig(buffer_size=n, batch_size=b, rollouts_per_step=r, group_size=4).validated()
+    config = TrlRunConfig(capacity=n, batch_size=b, rollouts_per_step=r, group_size=4).validated()
     assert config.regime_line() == line
 
 
 def test_warm_start_cache_key_and_folder(tmp_path, monkeypatch):
-    base = TrlRunConfig(buffer_size=16, batch_size=12, rollouts_per_step=8, group_size=4)
+    base = TrlRunConfig(capacity=16, batch_size=12, rollouts_per_step=8, group_size=4)
     path = warm_start_path(base, tmp_path)
     assert path.parent == tmp_path and path.name.startswith(f"warm-start-{trl_run.__version__}-")
     # the RL options do not touch the warm start; every SFT input does
-    same = TrlRunConfig(buffer_size=32, batch_size=8, rollouts_per_step=16, group_size=8, steps=3,
-                        learning_rate=1e-4, loss="tis", temperature=0.5)
+    same = TrlRunConfig(capacity=32, batch_size=8, rollouts_per_step=16, group_size=8, steps=3,
+                        lr=1e-4, loss="tis", temperature=0.5)
     assert warm_start_path(same, tmp_path) == path
     for change in ({"seed": 1}, {"sft_steps": 599}, {"n_train": 999}, {"threads": 2}):
         assert warm_start_path(TrlRunConfig(**{**base.__dict__, **change}), tmp_path) != path, change
@@ -136,16 +136,16 @@ def test_second_run_loads_the_cached_warm_start_and_trains_the_same(cli, tmp_pat
     pytest.importorskip("trl")
     import pyarrow.parquet as pq
 
-    from replay_theory.validate import model
+    from replay_theory.validate import sft
 
     calls = []
-    real_sft = model.sft_warm_start
+    real_sft = sft.sft_warm_start
 
     def counting_sft(*a, **k):
         calls.append(k["steps"])
         return real_sft(*a, **k)
 
-    monkeypatch.setattr(model, "sft_warm_start", counting_sft)
+    monkeypatch.setattr(sft, "sft_warm_start", counting_sft)
     cache = tmp_path / "cache"
     args = [*BY_HAND, "--steps", "3", "--sft-steps", "10", "--n-train", "32", "--no-progress", "--cache-dir",
             str(cache)]
@@ -159,7 +159,7 @@ def test_second_run_loads_the_cached_warm_start_and_trains_the_same(cli, tmp_pat
     def no_sft(*a, **k):
         raise AssertionError("the second run repeated the SFT")
 
-    monkeypatch.setattr(model, "sft_warm_start", no_sft)
+    monkeypatch.setattr(sft, "sft_warm_start", no_sft)
     code, second, stderr = cli("trl-replay", "--out", str(tmp_path / "b"), *args)
     assert code == 0, stderr
     assert f"warm start: cached {cached}" in first and f"warm start: loaded {cached}" in second

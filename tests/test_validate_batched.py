@@ -18,7 +18,8 @@ pytest.importorskip("transformers")
 from replay_theory.validate import countdown  # noqa: E402
 from replay_theory.validate.batched import SeedStreams, num_seeds, seed_state_dict, stack_policy  # noqa: E402
 from replay_theory.validate.config import VerifyConfig, protocol  # noqa: E402
-from replay_theory.validate.model import ModelConfig, encode_prompts, load_policy, sequence_logprobs  # noqa: E402
+from replay_theory.validate.logprobs import encode_prompts, sequence_logprobs  # noqa: E402
+from replay_theory.validate.policy import ModelConfig, load_policy  # noqa: E402
 from replay_theory.validate.rl import RLConfig, evaluate_policies, evaluate_policy, train, train_loop  # noqa: E402
 
 SMALL_MODEL = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)

@@ -25,7 +25,6 @@ from replay_theory.theory.divergences import k3_terms, kl_exact  # noqa: E402
 from replay_theory.theory.noise import noise_profile, staleness_moments  # noqa: E402
 from replay_theory.theory.noise_scale import noise_scale_from_samples, pooled_noise_scale  # noqa: E402
 from replay_theory.validate import countdown  # noqa: E402
-from replay_theory.validate import model as M  # noqa: E402
 from replay_theory.validate.calibrate import (  # noqa: E402
     calibrate_lm,
     count_window,
@@ -38,6 +37,8 @@ from replay_theory.validate.calibrate import (  # noqa: E402
     sequence_kl_terms,
     staleness_profile,
 )
+from replay_theory.validate.logprobs import encode_prompts, next_token_logprobs, sequence_logprobs  # noqa: E402
+from replay_theory.validate.policy import ModelConfig, load_policy  # noqa: E402
 from replay_theory.validate.rl import RLConfig, generate_batch, update_step  # noqa: E402
 
 
@@ -102,7 +103,7 @@ def test_count_window_rejects_bad_windows_and_stuck_clocks():
 @pytest.fixture(scope="module")
 def tiny():
     train_set, _ = countdown.make_splits(40, 4, seed=2)
-    return M.load_policy(M.ModelConfig(), countdown.ALPHABET), train_set
+    return load_policy(ModelConfig(), countdown.ALPHABET), train_set
 
 
 @pytest.mark.slow
@@ -176,7 +177,7 @@ def _completions(policy, train_set, prompts: int, temperature: float = 1.0):
                       temperature=temperature)
     batch, _ = generate_batch(policy, train_set, np.arange(prompts) % len(train_set), config, 0, 0,
                               torch.Generator().manual_seed(1))
-    prompt_ids, prompt_mask = M.encode_prompts(policy, [train_set[i].prompt_text() for i in batch.prompt[0]])
+    prompt_ids, prompt_mask = encode_prompts(policy, [train_set[i].prompt_text() for i in batch.prompt[0]])
     ids = torch.as_tensor(batch.tokens[0])
     mask = torch.as_tensor(batch.mask[0].astype(np.int64))
     return config, batch, (prompt_ids, prompt_mask, ids, mask)
@@ -187,8 +188,8 @@ def test_next_token_logprobs_gather_to_sequence_logprobs(tiny, temperature):
     policy, train_set = tiny
     _, _, args = _completions(policy, train_set, 3, temperature)
     with torch.no_grad():
-        full = M.next_token_logprobs(policy, *args, temperature=temperature)  # (B, L, V)
-        token = M.sequence_logprobs(policy, *args, temperature=temperature)  # (B, L)
+        full = next_token_logprobs(policy, *args, temperature=temperature)  # (B, L, V)
+        token = sequence_logprobs(policy, *args, temperature=temperature)  # (B, L)
     B, L = args[2].shape
     assert full.shape == (B, L, policy.model.config.vocab_size) and full.dtype == torch.float32
     gathered = full.gather(-1, args[2].unsqueeze(-1)).squeeze(-1).masked_fill(args[3] == 0, 0.0)
@@ -202,10 +203,10 @@ def test_exact_kl_equals_kl_exact_by_hand_and_is_nonnegative(tiny):
     config, _, args = _completions(policy, train_set, 4)
     terms = sequence_kl_terms(policy, old, *args, config.temperature)
     with torch.no_grad():
-        lp = M.next_token_logprobs(policy, *args).double().numpy()  # (n, L, V)
-        lq = M.next_token_logprobs(old, *args).double().numpy()
-        token_p = M.sequence_logprobs(policy, *args).double().numpy()  # (n, L)
-        token_q = M.sequence_logprobs(old, *args).double().numpy()
+        lp = next_token_logprobs(policy, *args).double().numpy()  # (n, L, V)
+        lq = next_token_logprobs(old, *args).double().numpy()
+        token_p = sequence_logprobs(policy, *args).double().numpy()  # (n, L)
+        token_q = sequence_logprobs(old, *args).double().numpy()
     live = args[3].numpy().astype(bool)
     by_hand = (kl_exact(lp, lq) * live).sum(-1)  # sum over positions of KL over the vocabulary
     np.testing.assert_allclose(terms["exact"], by_hand, rtol=1e-9, atol=1e-12)

@@ -1,4 +1,4 @@
-"""Tests of validate/tokenizer.py and validate/model.py on tiny models (hidden 64, 2 layers).
+"""Tests of validate/tokenizer.py, policy.py, logprobs.py, sampling.py and sft.py on tiny models (hidden 64, 2 layers).
 
 Levels (style note 8): hand-computed values (token ids, parameter count);
 vectorised code against a naive loop (sequence_logprobs vs. a per-token
@@ -17,12 +17,26 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from replay_theory.validate import countdown  # noqa: E402
-from replay_theory.validate import model as M  # noqa: E402
+from replay_theory.validate import countdown, vllm_engine  # noqa: E402
+from replay_theory.validate.logprobs import encode_prompts, sequence_logprobs  # noqa: E402
+from replay_theory.validate.policy import (  # noqa: E402
+    META_FILENAME,
+    HFTokenizer,
+    ModelConfig,
+    Policy,
+    load_checkpoint,
+    load_policy,
+    num_parameters,
+    resolve_compute_dtype,
+    resolve_dtype,
+    save_checkpoint,
+)
+from replay_theory.validate.sampling import generate  # noqa: E402
+from replay_theory.validate.sft import sft_warm_start  # noqa: E402
 from replay_theory.validate.tokenizer import CharTokenizer  # noqa: E402
 
 ALPHABET = countdown.ALPHABET
-TINY = M.ModelConfig()  # hidden 64, 2 layers, 4 heads, 2 kv heads, SwiGLU 128
+TINY = ModelConfig()  # hidden 64, 2 layers, 4 heads, 2 kv heads, SwiGLU 128
 
 
 def _countdown_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
@@ -37,18 +51,18 @@ def _assert_one_line(err: pytest.ExceptionInfo) -> str:
 
 
 @pytest.fixture(scope="module")
-def policy() -> M.Policy:
+def policy() -> Policy:
     """A freshly initialised tiny policy; tests must not train it."""
-    return M.load_policy(TINY, ALPHABET)
+    return load_policy(TINY, ALPHABET)
 
 
 @pytest.fixture(scope="module")
 def sft_run():
     """(policy, losses, parameters before): 60 SFT steps on 32 Countdown solver pairs."""
-    pol = M.load_policy(TINY, ALPHABET)
+    pol = load_policy(TINY, ALPHABET)
     before = [p.detach().clone() for p in pol.model.parameters()]
-    losses = M.sft_warm_start(pol, _countdown_pairs(32), steps=60, batch_size=16, lr=3e-3,
-                              generator=torch.Generator().manual_seed(0))
+    losses = sft_warm_start(pol, _countdown_pairs(32), steps=60, batch_size=16, lr=3e-3,
+                            generator=torch.Generator().manual_seed(0))
     return pol, losses, before
 
 
@@ -102,14 +116,14 @@ def test_tiny_parameter_count_matches_qwen2_formula(policy):
     per_layer = attn + mlp + 2 * h  # + input and post-attention RMSNorm
     expected = vocab * h + c.num_layers * per_layer + h  # tied embedding/lm_head, final norm
     assert expected == 30 * 64 + 2 * 37120 + 64 == 76224
-    assert M.num_parameters(policy) == expected
+    assert num_parameters(policy) == expected
     assert policy.model.get_output_embeddings().weight is policy.model.get_input_embeddings().weight
 
 
 def test_tiny_init_is_seeded_and_leaves_global_rng_alone(policy):
     state = torch.random.get_rng_state()
-    same = M.load_policy(TINY, ALPHABET)
-    other = M.load_policy(M.ModelConfig(seed=1), ALPHABET)
+    same = load_policy(TINY, ALPHABET)
+    other = load_policy(ModelConfig(seed=1), ALPHABET)
     assert torch.equal(torch.random.get_rng_state(), state)
     for a, b in zip(policy.model.parameters(), same.model.parameters()):
         assert torch.equal(a, b)
@@ -122,14 +136,14 @@ def _toy_batch(policy):
     tok = policy.tokenizer
     prompts = ["nums 3 4 target 7 =", "nums 1 2 3 target 6 =", "nums 5 target 5 ="]
     answers = ["3+4", "1+2+3", "5"]
-    p_ids, p_mask = M.encode_prompts(policy, prompts)  # (3, P) left-padded
+    p_ids, p_mask = encode_prompts(policy, prompts)  # (3, P) left-padded
     c_ids, c_mask = tok.batch_encode(answers, left_pad=False, add_eos=True)  # (3, L) right-padded
     return p_ids, p_mask, c_ids, c_mask
 
 
 def test_sequence_logprobs_equal_manual_gather_and_zero_on_padding(policy):
     p_ids, p_mask, c_ids, c_mask = _toy_batch(policy)
-    token_logp, token_entropy = M.sequence_logprobs(policy, p_ids, p_mask, c_ids, c_mask, with_entropy=True)
+    token_logp, token_entropy = sequence_logprobs(policy, p_ids, p_mask, c_ids, c_mask, with_entropy=True)
     assert token_logp.shape == c_ids.shape and token_logp.dtype == torch.float32
     assert token_logp.requires_grad and not token_entropy.requires_grad
     assert (token_logp[c_mask == 0] == 0).all() and (token_entropy[c_mask == 0] == 0).all()
@@ -154,15 +168,15 @@ def test_sequence_logprobs_equal_manual_gather_and_zero_on_padding(policy):
     # padding is invisible: each row alone, unpadded, gives the same log-probs
     for b in range(ids.shape[0]):
         pm, cm = p_mask[b].bool(), c_mask[b].bool()
-        alone = M.sequence_logprobs(policy, p_ids[b, pm][None], p_mask[b, pm][None],
-                                    c_ids[b, cm][None], c_mask[b, cm][None])
+        alone = sequence_logprobs(policy, p_ids[b, pm][None], p_mask[b, pm][None],
+                                  c_ids[b, cm][None], c_mask[b, cm][None])
         assert torch.allclose(alone[0], token_logp[b, cm], atol=1e-5)
 
 
 def test_sequence_logprobs_temperature_and_gradients(policy):
     p_ids, p_mask, c_ids, c_mask = _toy_batch(policy)
     policy.model.zero_grad(set_to_none=True)
-    token_logp = M.sequence_logprobs(policy, p_ids, p_mask, c_ids, c_mask)
+    token_logp = sequence_logprobs(policy, p_ids, p_mask, c_ids, c_mask)
     token_logp.sum().backward()
     grads = {n: p.grad for n, p in policy.model.named_parameters()}
     assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
@@ -172,7 +186,7 @@ def test_sequence_logprobs_temperature_and_gradients(policy):
     policy.model.zero_grad(set_to_none=True)
 
     with torch.no_grad():
-        hot = M.sequence_logprobs(policy, p_ids, p_mask, c_ids, c_mask, temperature=2.0)
+        hot = sequence_logprobs(policy, p_ids, p_mask, c_ids, c_mask, temperature=2.0)
         out = policy.model(input_ids=torch.cat([p_ids, c_ids], 1),
                            attention_mask=torch.cat([p_mask, c_mask], 1),
                            position_ids=(torch.cat([p_mask, c_mask], 1).cumsum(1) - 1).clamp(min=0))
@@ -186,9 +200,9 @@ def test_sequence_logprobs_temperature_and_gradients(policy):
 
 def test_generate_is_deterministic_and_shaped(policy):
     prompts = ["nums 3 4 target 7 =", "nums 1 2 3 target 6 ="]
-    a = M.generate(policy, prompts, 3, 12, 1.0, torch.Generator().manual_seed(7))
-    b = M.generate(policy, prompts, 3, 12, 1.0, torch.Generator().manual_seed(7))
-    c = M.generate(policy, prompts, 3, 12, 1.0, torch.Generator().manual_seed(8))
+    a = generate(policy, prompts, 3, 12, 1.0, torch.Generator().manual_seed(7))
+    b = generate(policy, prompts, 3, 12, 1.0, torch.Generator().manual_seed(7))
+    c = generate(policy, prompts, 3, 12, 1.0, torch.Generator().manual_seed(8))
     assert torch.equal(a.completion_ids, b.completion_ids) and a.completion_text == b.completion_text
     assert torch.equal(a.logp_behav, b.logp_behav)
     assert not torch.equal(a.completion_ids, c.completion_ids)
@@ -202,10 +216,10 @@ def test_generate_is_deterministic_and_shaped(policy):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logp_behav_equals_recomputed_logprobs(policy, temperature):
     prompts = ["nums 3 4 target 7 =", "nums 10 2 3 target 36 =", "nums 5 target 5 ="]
-    r = M.generate(policy, prompts, 4, 16, temperature, torch.Generator().manual_seed(0))
+    r = generate(policy, prompts, 4, 16, temperature, torch.Generator().manual_seed(0))
     with torch.no_grad():
-        fresh = M.sequence_logprobs(policy, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask,
-                                    temperature=temperature)
+        fresh = sequence_logprobs(policy, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask,
+                                  temperature=temperature)
     assert (r.logp_behav[r.completion_mask == 0] == 0).all()
     assert (fresh - r.logp_behav).abs().max() < 1e-5  # log-ratio of fresh data ~ 0
 
@@ -214,7 +228,7 @@ def test_generate_stops_at_eos_and_pads_after(sft_run):
     pol, _, _ = sft_run
     tok = pol.tokenizer
     prompts = [p for p, _ in _countdown_pairs(8, seed=1)]
-    r = M.generate(pol, prompts, 4, 24, 1.0, torch.Generator().manual_seed(0))
+    r = generate(pol, prompts, 4, 24, 1.0, torch.Generator().manual_seed(0))
     assert r.finished.float().mean() > 0.5  # the warm-started model ends its answers
     for ids, mask, logp, text, done in zip(r.completion_ids, r.completion_mask, r.logp_behav,
                                            r.completion_text, r.finished):
@@ -229,7 +243,7 @@ def test_generate_stops_at_eos_and_pads_after(sft_run):
 
 @pytest.mark.parametrize("truncation", [{"top_k": 1}, {"top_p": 1e-6}, {"top_k": 1, "top_p": 0.95}])
 def test_top_k_one_and_tiny_top_p_are_greedy(policy, truncation):
-    r = M.generate(policy, ["nums 3 4 target 7 ="], 2, 8, 1.0, torch.Generator().manual_seed(0), **truncation)
+    r = generate(policy, ["nums 3 4 target 7 ="], 2, 8, 1.0, torch.Generator().manual_seed(0), **truncation)
     assert torch.equal(r.completion_ids[0], r.completion_ids[1])
     assert (r.logp_behav == 0).all()  # probability 1 under the truncated distribution
     ids = torch.cat([r.prompt_ids[:1], r.completion_ids[:1]], 1)
@@ -258,38 +272,38 @@ def test_sft_warm_start_lowers_loss_and_moves_parameters(sft_run):
 
 def test_bad_sources_raise_one_line_value_errors(tmp_path):
     with pytest.raises(ValueError, match="cannot load model .*no such directory.*local directory") as err:
-        M.load_policy(M.ModelConfig(source=str(tmp_path / "missing")))
+        load_policy(ModelConfig(source=str(tmp_path / "missing")))
     _assert_one_line(err)
     with pytest.raises(ValueError, match="no config.json") as err:
-        M.load_policy(M.ModelConfig(source=str(tmp_path)))
+        load_policy(ModelConfig(source=str(tmp_path)))
     _assert_one_line(err)
     from transformers import ViTConfig
 
     ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2).save_pretrained(tmp_path / "vit")
     with pytest.raises(ValueError, match="not a causal LM") as err:
-        M.load_policy(M.ModelConfig(source=str(tmp_path / "vit")))
+        load_policy(ModelConfig(source=str(tmp_path / "vit")))
     _assert_one_line(err)
     with pytest.raises(ValueError, match="alphabet"):
-        M.load_policy(TINY)
+        load_policy(TINY)
     with pytest.raises(ValueError, match="unknown dtype"):
-        M.load_policy(M.ModelConfig(dtype="float8"), ALPHABET)
+        load_policy(ModelConfig(dtype="float8"), ALPHABET)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
 def test_cuda_without_gpu_raises():
     msg = r"CUDA requested but torch.cuda.is_available\(\) is False; use --device cpu"
     with pytest.raises(ValueError, match=msg) as err:
-        M.load_policy(M.ModelConfig(device="cuda"), ALPHABET)
+        load_policy(ModelConfig(device="cuda"), ALPHABET)
     _assert_one_line(err)
 
 
 def test_require_vllm(monkeypatch):
-    if not M.vllm_available():
+    if not vllm_engine.vllm_available():
         with pytest.raises(ValueError, match="pip install 'replay-theory\\[gpu\\]'"):
-            M.require_vllm()
-    monkeypatch.setattr(M, "vllm_available", lambda: False)
+            vllm_engine.require_vllm()
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: False)
     with pytest.raises(ValueError, match="vLLM requested but not installed") as err:
-        M.require_vllm()
+        vllm_engine.require_vllm()
     _assert_one_line(err)
 
 
@@ -298,31 +312,31 @@ def test_require_vllm(monkeypatch):
 
 def test_checkpoint_round_trip_gives_identical_logits(sft_run, tmp_path):
     pol, _, _ = sft_run
-    M.save_checkpoint(pol, tmp_path / "ckpt")
-    back = M.load_checkpoint(tmp_path / "ckpt")
+    save_checkpoint(pol, tmp_path / "ckpt")
+    back = load_checkpoint(tmp_path / "ckpt")
     assert back.config == pol.config and back.tokenizer.alphabet == pol.tokenizer.alphabet
     p_ids, p_mask, c_ids, c_mask = _toy_batch(pol)
     with torch.no_grad():
-        a = M.sequence_logprobs(pol, p_ids, p_mask, c_ids, c_mask)
-        b = M.sequence_logprobs(back, p_ids, p_mask, c_ids, c_mask)
+        a = sequence_logprobs(pol, p_ids, p_mask, c_ids, c_mask)
+        b = sequence_logprobs(back, p_ids, p_mask, c_ids, c_mask)
     assert torch.equal(a, b)
 
 
 def test_corrupt_checkpoints_raise_one_line_value_errors(policy, tmp_path):
     def fresh(name):
-        return M.save_checkpoint(policy, tmp_path / name)
+        return save_checkpoint(policy, tmp_path / name)
 
     def expect_corrupt(path):
         with pytest.raises(ValueError, match="is corrupt or incomplete.*delete it or point --resume elsewhere") as err:
-            M.load_checkpoint(path)
+            load_checkpoint(path)
         _assert_one_line(err)
 
     ckpt = fresh("no_meta")
-    (ckpt / M.META_FILENAME).unlink()
+    (ckpt / META_FILENAME).unlink()
     expect_corrupt(ckpt)
 
     ckpt = fresh("bad_meta")
-    (ckpt / M.META_FILENAME).write_text("{not json")
+    (ckpt / META_FILENAME).write_text("{not json")
     expect_corrupt(ckpt)
 
     ckpt = fresh("truncated_weights")
@@ -340,8 +354,8 @@ def test_corrupt_checkpoints_raise_one_line_value_errors(policy, tmp_path):
     expect_corrupt(ckpt)
 
     with pytest.raises(ValueError, match="does not exist"):
-        M.load_checkpoint(tmp_path / "never_written")
-    meta = json.loads((fresh("ok") / M.META_FILENAME).read_text())
+        load_checkpoint(tmp_path / "never_written")
+    meta = json.loads((fresh("ok") / META_FILENAME).read_text())
     assert meta["tokenizer"] == "char" and meta["config"]["hidden_size"] == 64
 
 
@@ -363,25 +377,25 @@ def test_local_hf_checkpoint_shares_the_pipeline(tmp_path):
     Qwen2ForCausalLM(hf_config).save_pretrained(tmp_path / "hf")
     hf_tok.save_pretrained(tmp_path / "hf")
 
-    pol = M.load_policy(M.ModelConfig(source=str(tmp_path / "hf")))
-    assert isinstance(pol.tokenizer, M.HFTokenizer)
+    pol = load_policy(ModelConfig(source=str(tmp_path / "hf")))
+    assert isinstance(pol.tokenizer, HFTokenizer)
     assert (pol.tokenizer.pad_token_id, pol.tokenizer.eos_token_id, pol.tokenizer.bos_token_id) == (0, 1, None)
     assert pol.tokenizer.encode("3+4", add_bos=True, add_eos=True) == [vocab["3"], vocab["+"], vocab["4"], 1]
-    r = M.generate(pol, ["nums 3 4 target 7 =", "nums 5 target 5 ="], 2, 10, 1.0,
-                   torch.Generator().manual_seed(0))
+    r = generate(pol, ["nums 3 4 target 7 =", "nums 5 target 5 ="], 2, 10, 1.0,
+                 torch.Generator().manual_seed(0))
     with torch.no_grad():
-        fresh = M.sequence_logprobs(pol, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+        fresh = sequence_logprobs(pol, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
     assert (fresh - r.logp_behav).abs().max() < 1e-5
-    losses = M.sft_warm_start(pol, _countdown_pairs(4), steps=2, batch_size=2, lr=1e-3,
-                              generator=torch.Generator().manual_seed(0))
+    losses = sft_warm_start(pol, _countdown_pairs(4), steps=2, batch_size=2, lr=1e-3,
+                            generator=torch.Generator().manual_seed(0))
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
 
-    M.save_checkpoint(pol, tmp_path / "ckpt")
-    back = M.load_checkpoint(tmp_path / "ckpt")
-    assert isinstance(back.tokenizer, M.HFTokenizer)
+    save_checkpoint(pol, tmp_path / "ckpt")
+    back = load_checkpoint(tmp_path / "ckpt")
+    assert isinstance(back.tokenizer, HFTokenizer)
     with torch.no_grad():
-        again = M.sequence_logprobs(back, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
-        now = M.sequence_logprobs(pol, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+        again = sequence_logprobs(back, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+        now = sequence_logprobs(pol, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
     assert torch.equal(again, now)
 
 
@@ -389,13 +403,13 @@ def test_local_hf_checkpoint_shares_the_pipeline(tmp_path):
 
 
 def test_fp32_weights_everywhere_and_bf16_autocast_only_on_cuda(policy):
-    cuda = M.ModelConfig(device="cuda")  # resolving dtypes needs no GPU
-    assert M.resolve_dtype(cuda) == torch.float32 and M.resolve_compute_dtype(cuda) == torch.bfloat16
-    assert M.resolve_dtype(TINY) == M.resolve_compute_dtype(TINY) == torch.float32
-    assert M.resolve_compute_dtype(M.ModelConfig(device="cuda", compute_dtype="float16")) == torch.float16
-    assert M.resolve_dtype(M.ModelConfig(dtype="bfloat16")) == torch.bfloat16
+    cuda = ModelConfig(device="cuda")  # resolving dtypes needs no GPU
+    assert resolve_dtype(cuda) == torch.float32 and resolve_compute_dtype(cuda) == torch.bfloat16
+    assert resolve_dtype(TINY) == resolve_compute_dtype(TINY) == torch.float32
+    assert resolve_compute_dtype(ModelConfig(device="cuda", compute_dtype="float16")) == torch.float16
+    assert resolve_dtype(ModelConfig(dtype="bfloat16")) == torch.bfloat16
     with pytest.raises(ValueError, match="unknown dtype 'fp8'"):
-        M.resolve_compute_dtype(M.ModelConfig(compute_dtype="fp8"))
+        resolve_compute_dtype(ModelConfig(compute_dtype="fp8"))
     with policy.autocast():
         assert not torch.is_autocast_enabled("cpu")  # CPU runs are plain float32
     # why the master weights stay float32: the paper's lr (3.37e-7) is invisible to a bf16 weight of 0.02

@@ -7,8 +7,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from replay_theory.validate import countdown  # noqa: E402
-from replay_theory.validate.model import ModelConfig, load_policy, sft_warm_start  # noqa: E402
+from replay_theory.validate.policy import ModelConfig, load_policy  # noqa: E402
 from replay_theory.validate.rl import RLConfig, train  # noqa: E402
+from replay_theory.validate.sft import sft_warm_start  # noqa: E402
 
 
 @pytest.fixture(scope="module")

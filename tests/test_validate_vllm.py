@@ -22,10 +22,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from replay_theory.validate import countdown  # noqa: E402
-from replay_theory.validate import model as M  # noqa: E402
+from replay_theory.validate import countdown, vllm_engine  # noqa: E402
 from replay_theory.validate.engines import HFSampler, resolve_engine  # noqa: E402
+from replay_theory.validate.logprobs import encode_prompts, sequence_logprobs  # noqa: E402
+from replay_theory.validate.policy import ModelConfig, Policy, load_policy  # noqa: E402
 from replay_theory.validate.rl import RLConfig, train  # noqa: E402
+from replay_theory.validate.sampling import generate  # noqa: E402
 from replay_theory.validate.vllm_engine import VLLMSampler, load_weights_into_vllm  # noqa: E402
 
 
@@ -81,7 +83,7 @@ def _output(token_ids, logps, finish_reason, extra_entry=True):
 
 @pytest.fixture(scope="module")
 def policy():
-    return M.load_policy(M.ModelConfig(), countdown.ALPHABET)
+    return load_policy(ModelConfig(), countdown.ALPHABET)
 
 
 @pytest.fixture
@@ -149,12 +151,12 @@ def test_adapter_builds_the_exact_trainer_tensors(policy, install):
     assert out.finished.tolist() == [True, False, True, True, False, True]
     assert out.completion_text == ["1+2", "7*3=", "9"] * 2
     assert out.prompt_index.tolist() == [0, 0, 0, 1, 1, 1]
-    prompt_ids, prompt_mask = M.encode_prompts(policy, prompts)
+    prompt_ids, prompt_mask = encode_prompts(policy, prompts)
     assert torch.equal(out.prompt_ids, prompt_ids.repeat_interleave(3, dim=0))
     assert torch.equal(out.prompt_mask, prompt_mask.repeat_interleave(3, dim=0))
     # the trainer's log-probs line up column by column with these completions (same shape, same mask)
-    trainer_logp = M.sequence_logprobs(policy, out.prompt_ids, out.prompt_mask, out.completion_ids,
-                                       out.completion_mask, temperature=0.7)
+    trainer_logp = sequence_logprobs(policy, out.prompt_ids, out.prompt_mask, out.completion_ids,
+                                     out.completion_mask, temperature=0.7)
     assert trainer_logp.shape == (6, 4) and bool((trainer_logp[expected_mask == 0] == 0).all())
 
 
@@ -187,11 +189,11 @@ def test_weight_sync_passes_every_trainer_tensor_and_resets_the_prefix_cache(pol
 
 def test_engine_choice_and_one_line_errors(install, monkeypatch):
     assert resolve_engine("hf", "cpu") == "hf"
-    monkeypatch.setattr(M, "vllm_available", lambda: False)
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: False)
     assert resolve_engine("auto", "cuda") == "hf"  # not installed
     with pytest.raises(ValueError, match=r"vLLM requested but not installed: pip install"):
         resolve_engine("vllm", "cuda")
-    monkeypatch.setattr(M, "vllm_available", lambda: True)
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)
     assert resolve_engine("auto", "cpu") == "hf"  # a CPU trainer keeps the HF loop
     with pytest.raises(ValueError, match="--engine vllm generates on a GPU but --device is 'cpu'; add --device cuda"):
         resolve_engine("vllm", "cpu")
@@ -210,11 +212,11 @@ def test_engine_choice_and_one_line_errors(install, monkeypatch):
 
 
 def test_cli_engine_errors_exit_2_without_traceback(cli, tmp_path, monkeypatch):
-    monkeypatch.setattr(M, "vllm_available", lambda: False)
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: False)
     code, _, err = cli("validate", "calibrate-model", "--out", str(tmp_path / "run"), "--engine", "vllm")
     assert code == 2 and err.strip() == ("replay-theory: error: vLLM requested but not installed: "
                                          "pip install 'replay-theory[gpu]' (needs a CUDA GPU)")
-    monkeypatch.setattr(M, "vllm_available", lambda: True)
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)
     code, _, err = cli("validate", "all", "--out", str(tmp_path / "run"), "--engine", "vllm", "--device", "cpu")
     assert code == 2 and "add --device cuda" in err and "Traceback" not in err and err.count("\n") == 1
     code, _, err = cli("validate", "calibrate-model", "--out", str(tmp_path / "run"), "--sync-every", "0")
@@ -228,7 +230,7 @@ class _HFBackedLLM:
     The copy changes only through load_weights, so the test sees exactly which weights the engine had.
     """
 
-    def __init__(self, base: M.Policy):
+    def __init__(self, base: Policy):
         import copy
 
         self.policy = copy.deepcopy(base)
@@ -240,7 +242,7 @@ class _HFBackedLLM:
         tok = self.policy.tokenizer
         texts = [tok.decode(r["prompt_token_ids"]) for r in requests]  # BOS dropped, re-added by generate
         generator = torch.Generator().manual_seed(params[0].seed)
-        out = M.generate(self.policy, texts, 1, params[0].max_tokens, params[0].temperature, generator)
+        out = generate(self.policy, texts, 1, params[0].max_tokens, params[0].temperature, generator)
         rows = []
         for ids, mask, logp in zip(out.completion_ids, out.completion_mask, out.logp_behav):
             keep = mask.bool()
@@ -253,7 +255,7 @@ def test_train_drives_the_vllm_engine_through_the_shared_loop(install):
     steps 0 and 2 only, and its behaviour log-probs match the trainer's exactly when synced and differ when one update
     stale."""
     train_set, _ = countdown.make_splits(40, 4, seed=3)
-    policy = M.load_policy(M.ModelConfig(), countdown.ALPHABET)
+    policy = load_policy(ModelConfig(), countdown.ALPHABET)
     backend = _HFBackedLLM(policy)
     install(_fake_vllm(backend))
     sampler = VLLMSampler("/ckpt")
@@ -279,13 +281,13 @@ def test_train_drives_the_vllm_engine_through_the_shared_loop(install):
 
 def test_hf_engine_with_sync_every_has_the_same_staleness():
     train_set, _ = countdown.make_splits(40, 4, seed=3)
-    policy = M.load_policy(M.ModelConfig(), countdown.ALPHABET)
+    policy = load_policy(ModelConfig(), countdown.ALPHABET)
     config = RLConfig(steps=4, rollouts_per_step=8, group_size=4, batch_size=8, capacity=16, lr=1e-2,
                       max_new_tokens=8, logp_source="sampler", sync_every=2, loss="asymre")
     result = train(policy, train_set, config)  # default sampler: HFSampler(stale_copy=True)
     mismatch = [m["logp_mismatch_max"] for m in result.metrics]
     assert [m["policy_lag"] for m in result.metrics] == [0, 1, 0, 1]
     assert mismatch[0] < 1e-5 and mismatch[2] < 1e-5 and mismatch[1] > 1e-3 and mismatch[3] > 1e-3
-    every_step = train(M.load_policy(M.ModelConfig(), countdown.ALPHABET), train_set,
+    every_step = train(load_policy(ModelConfig(), countdown.ALPHABET), train_set,
                        RLConfig(**{**config.__dict__, "sync_every": 1}), sampler=HFSampler())
     assert all(m["policy_lag"] == 0 and m["logp_mismatch_max"] < 1e-5 for m in every_step.metrics)

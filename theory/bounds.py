@@ -58,6 +58,7 @@ from .divergences import (
     logsumexp,
     validated_logprobs,
 )
+from .moments import Moments, statistics
 
 FloatArray = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
@@ -77,6 +78,7 @@ __all__ = [
     "mean_abs_log_ratio_le_sqrt_m2",
     "exact_relations",
     "sample_relations",
+    "moments_relations",
 ]
 
 RTOL = 1e-9
@@ -116,9 +118,8 @@ def make_relation(
 ) -> Relation:
     """Evaluate ``lhs relation rhs`` (``"=="`` or ``"<="``) with the tolerances of the module docstring.
 
-    Public so that callers holding both sides already (``diagnose/accumulators.py``
-    computes them from streamed sums) build the same :class:`Relation` as the
-    functions here.
+    Public so that callers holding both sides already build the same
+    :class:`Relation` as the functions here.
     """
     lhs_a = np.asarray(lhs, dtype=np.float64)
     rhs_a = np.asarray(rhs, dtype=np.float64)
@@ -276,16 +277,26 @@ def _chi2_equals_expm1_d2(W: _Weighted, rtol: float, atol: float) -> Relation:
 
 
 def _kl_le_d2(W: _Weighted, rtol: float, atol: float) -> Relation:
-    lhs = W.kl_new_behav()  # Eq. (25), FreshPER
-    rhs = W.log_second_moment()  # Eq. (23), FreshPER
-    return make_relation("kl_le_d2", lhs, rhs, "<=", rtol, atol, "FreshPER Eq. (26)")
+    return kl_le_d2_relation(W.kl_new_behav(), W.log_second_moment(), rtol, atol)  # Eqs. (25), (23), FreshPER
+
+
+def kl_le_d2_relation(kl: ArrayLike, d2: ArrayLike, rtol: float = RTOL, atol: float = ATOL,
+                      source: str = "FreshPER Eq. (26)") -> Relation:
+    """KL(new || behav) <= D_2(new || behav) from the two values (arrays or streamed sums alike)."""
+    return make_relation("kl_le_d2", kl, d2, "<=", rtol, atol, source)
 
 
 def _ess_bound_kl(W: _Weighted, n: float, rtol: float, atol: float) -> Relation:
     lhs = n * _exp(-W.log_second_moment())  # Eqs. (5), (24), FreshPER: exact ESS = n e^{-D_2}
+    return ess_bound_kl_relation(lhs, W.kl_new_behav(), n, rtol, atol)
+
+
+def ess_bound_kl_relation(ess: ArrayLike, kl: ArrayLike, n: float = 1.0, rtol: float = RTOL, atol: float = ATOL,
+                          source: str = "FreshPER Eqs. (10)-(11)") -> Relation:
+    """ESS <= n e^{-KL(new || behav)} from the ESS (``n = 1``: its fraction) and the KL."""
     with np.errstate(over="ignore"):
-        rhs = n * np.exp(-W.kl_new_behav())  # Eq. (11), FreshPER
-    return make_relation("ess_bound_kl", lhs, rhs, "<=", rtol, atol, "FreshPER Eqs. (10)-(11)")
+        rhs = n * np.exp(-np.asarray(kl, dtype=np.float64))  # Eq. (11), FreshPER
+    return make_relation("ess_bound_kl", ess, rhs, "<=", rtol, atol, source)
 
 
 def _log_R(R: ArrayLike | None, default: FloatArray) -> FloatArray:
@@ -311,23 +322,31 @@ def _log_m2(W: _Weighted) -> FloatArray:
 
 def _m2po_thm51(W: _Weighted, R: ArrayLike | None, rtol: float, atol: float) -> Relation:
     log_R = _log_R(R, np.maximum(W.max_lr(), -W.min_lr()))  # log max(sup r, 1/inf r)
-    lhs = _exp(W.log_chi2())  # chi^2 = E[(r-1)^2], Thm 5.1, M2PO
-    rhs = _times_R2(log_R, _log_m2(W))  # R^2 M_2, Thm 5.1, M2PO
-    return make_relation("m2po_thm51", lhs, rhs, "<=", rtol, atol, "M2PO Thm 5.1 (App. C)")
+    return m2po_thm51_relation(_exp(W.log_chi2()), _log_m2(W), log_R, rtol, atol)
+
+
+def m2po_thm51_relation(chi2: ArrayLike, log_m2: ArrayLike, log_R: ArrayLike, rtol: float = RTOL,
+                        atol: float = ATOL, source: str = "M2PO Thm 5.1 (App. C)") -> Relation:
+    """chi^2 = E[(r - 1)^2] <= R^2 M_2 from chi^2, log M_2 and log R."""
+    return make_relation("m2po_thm51", chi2, _times_R2(log_R, log_m2), "<=", rtol, atol, source)  # Thm 5.1, M2PO
 
 
 def _m2po_sharp(W: _Weighted, rtol: float, atol: float) -> Relation:
-    log_R = np.maximum(0.0, W.max_lr())  # log max(1, sup r)
-    lhs = _exp(W.log_chi2())
-    rhs = _times_R2(log_R, _log_m2(W))  # sharpened Thm 5.1, M2PO
-    return make_relation("m2po_sharp", lhs, rhs, "<=", rtol, atol, "M2PO Thm 5.1, sharpened (notes/m2po.md)")
+    return m2po_sharp_relation(_exp(W.log_chi2()), _log_m2(W), W.max_lr(), rtol, atol)
+
+
+def m2po_sharp_relation(chi2: ArrayLike, log_m2: ArrayLike, log_sup_r: ArrayLike, rtol: float = RTOL,
+                        atol: float = ATOL, source: str = "M2PO Thm 5.1, sharpened") -> Relation:
+    """chi^2 <= max(1, sup r)^2 M_2 (the sharpened Thm 5.1) from chi^2, log M_2 and log sup r."""
+    log_R = np.maximum(0.0, log_sup_r)  # log max(1, sup r)
+    return make_relation("m2po_sharp", chi2, _times_R2(log_R, log_m2), "<=", rtol, atol, source)  # Thm 5.1, M2PO
 
 
 def _m2_converse(W: _Weighted, R: ArrayLike | None, rtol: float, atol: float) -> Relation:
     log_R = _log_R(R, np.maximum(0.0, -W.min_lr()))  # log max(1, 1/inf r)
     lhs = W.m2()  # Eq. (4), M2PO
     rhs = _times_R2(log_R, W.log_chi2())
-    return make_relation("m2_converse", lhs, rhs, "<=", rtol, atol, "converse of M2PO Thm 5.1 (notes/m2po.md)")
+    return make_relation("m2_converse", lhs, rhs, "<=", rtol, atol, "converse of M2PO Thm 5.1")
 
 
 def _m2_decomposition(W: _Weighted, rtol: float, atol: float) -> Relation:
@@ -623,4 +642,30 @@ def sample_relations(
         _chi2_equals_expm1_d2(sn, rtol, atol),
         _kl_le_d2(sn, rtol, atol),
         _ess_bound_kl(sn, 1.0, rtol, atol),
+    ]
+
+
+def moments_relations(m: Moments, group: int = 0, rtol: float = 1e-9, atol: float = 1e-12) -> list[Relation]:
+    """The sample relations of :func:`sample_relations` that follow from the kernel's sums (``theory/moments.py``)
+    for one group: what ``diagnose`` reports of a streamed log, through the same relation builders.
+
+    FreshPER relations use the self-normalised ratios (a finite sample has mean r != 1), so they hold for any data;
+    M2PO's hold pointwise.
+    """
+    s = {k: np.float64(v[group]) for k, v in statistics(m).items()}
+    # log E[r~^2] = D_2 - 2 log mean r = log(n B / A^2): the shifts e^{2M} cancel in the sums, not in floats of
+    # size 2M (log(ratio_mean) was log(inf) past r = e^709, and -inf made the bound fail)
+    with np.errstate(divide="ignore"):
+        d2_sn = np.log(m.n[group] * m.B[group] / m.A[group] ** 2)
+        log_m2 = np.log(s["m2"])
+    kl = s["kl_new_behav"]
+    top, low = np.float64(m.lmax[group]), np.float64(m.lmin[group])
+    return [
+        ess_bound_kl_relation(s["ess_frac"], kl, 1.0, rtol, atol,
+                              "FreshPER Eqs. (10)-(11): ESS/n = e^{-D_2} <= e^{-KL(new||behav)}"),
+        kl_le_d2_relation(kl, d2_sn, rtol, atol, "FreshPER Eq. (26)"),
+        m2po_sharp_relation(s["chi2_pearson"], log_m2, top, rtol, atol,
+                            "M2PO Thm 5.1, sharp form: chi^2 <= max(1, sup r)^2 M2"),
+        m2po_thm51_relation(s["chi2_pearson"], log_m2, np.maximum(top, -low), rtol, atol,
+                            "M2PO Thm 5.1: chi^2 <= R^2 M2, R = max(sup r, 1/inf r)"),
     ]

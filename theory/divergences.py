@@ -18,7 +18,10 @@ whose log-probs the inference engine recorded).  Two families:
    :func:`chi2_estimate`, :func:`d2_estimate`, :func:`renyi_estimate`,
    :func:`ess_kish`, :func:`ess_kish_fraction`, :func:`ess_kong`,
    :func:`ratio_stats`, plus the pre-processing helpers
-   :func:`token_log_ratio` and :func:`sequence_log_ratio`.
+   :func:`token_log_ratio` and :func:`sequence_log_ratio`.  k1 / k2 / k3, M2,
+   D_2, chi^2 and the Kish ESS are the statistics kernel's estimators
+   (``theory/moments.py``) on its sums over the reduced axis: one formula each,
+   shared with the losses' metrics, the simulator, diagnose and the trainers.
 
 Conventions
 -----------
@@ -74,6 +77,21 @@ from typing import Union
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from .moments import (
+    Moments,
+    chi2_from_sums,
+    d2_from_sums,
+    ess_frac_from_sums,
+    ess_from_sums,
+    k3_terms,
+    kl_k1_from_sums,
+    kl_k2_from_sums,
+    kl_k3_from_sums,
+    m2_from_sums,
+    statistics,
+    weight_sums,
+)
+
 FloatArray = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
 FloatOrArray = Union[np.float64, FloatArray]
@@ -108,8 +126,6 @@ __all__ = [
 LOGP_POSITIVE_TOL = 1e-12
 #: exact distributions must satisfy |log sum p| <= this; they are then renormalised.
 NORMALIZATION_TOL = 1e-6
-#: below this |log r| the k3 term uses its Taylor series instead of expm1(x) - x.
-_K3_SERIES_CUTOFF = 1e-2
 
 
 # --------------------------------------------------------------------------- #
@@ -173,25 +189,6 @@ def log_abs_expm1(x: FloatArray) -> FloatArray:
     out_pos = xp + np.log(-np.expm1(-xp))
     out_neg = np.log(-np.expm1(xn))
     return np.where(pos, out_pos, np.where(neg, out_neg, -np.inf))
-
-
-def k3_terms(lr: FloatArray, expm1_lr: FloatArray | None = None) -> FloatArray:
-    """r - 1 - log r = expm1(lr) - lr elementwise; Taylor series for small |lr|; +-inf -> inf.
-
-    The per-token term of the k3 KL estimator (:func:`kl_k3` is its mean); public
-    because streaming callers (``diagnose/accumulators.py``, ``core/losses.py``)
-    sum it chunk by chunk.  ``expm1_lr``: ``np.expm1(lr)`` if the caller has it already.
-    """
-    lr = np.asarray(lr, dtype=np.float64)
-    with np.errstate(all="ignore"):
-        out = np.asarray((np.expm1(lr) if expm1_lr is None else expm1_lr) - lr)  # overflow -> inf is legitimate
-    if lr.size and np.max(lr) == np.inf:
-        out[np.isposinf(lr)] = np.inf  # expm1(inf) - inf would be NaN
-    small = np.flatnonzero(np.abs(lr) < _K3_SERIES_CUTOFF)
-    x = lr.reshape(-1)[small]
-    # sum_{k>=2} x^k / k!, truncated after x^7 (relative error < 1e-13 for |x| < 1e-2)
-    out.reshape(-1)[small] = x * x * (1 / 2 + x * (1 / 6 + x * (1 / 24 + x * (1 / 120 + x * (1 / 720 + x / 5040)))))
-    return out
 
 
 def _bregman_g(d: FloatArray) -> FloatArray:
@@ -279,11 +276,6 @@ def _prep_samples(
     if np.isnan(lr).any():
         raise ValueError(f"{name} contains NaN at unmasked positions")
     return lr, m, count
-
-
-def _masked_mean(f: FloatArray, m: BoolArray, count: FloatArray) -> FloatArray:
-    with np.errstate(invalid="ignore"):  # +inf and -inf in one row -> NaN (undefined mean)
-        return np.sum(np.where(m, f, 0.0), axis=-1) / count
 
 
 def _check_alpha(alpha: float) -> float:
@@ -473,17 +465,22 @@ def sequence_log_ratio(
 # --------------------------------------------------------------------------- #
 # sample estimates from log-ratios of samples drawn under pi_behav
 # --------------------------------------------------------------------------- #
+def _moments(log_ratio: ArrayLike, mask: ArrayLike | None, axis: int) -> Moments:
+    """The kernel's sums (``theory/moments.py``) over the reduced axis, after the checks of ``_prep_samples``."""
+    lr, m, _ = _prep_samples(log_ratio, mask, axis)
+    return Moments.from_rows(lr, m)
+
+
 def kl_k1(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
     """k1 = mean(-log r): unbiased estimate of KL(pi_behav || pi_new).  M2PO Eq. (3)."""
-    lr, m, n = _prep_samples(log_ratio, mask, axis)
-    return _out(_masked_mean(-lr, m, n))  # Eq. (3), M2PO
+    s = _moments(log_ratio, mask, axis)
+    return _out(kl_k1_from_sums(s.s1, s.n))  # Eq. (3), M2PO
 
 
 def kl_k2(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
     """k2 = mean((log r)^2) / 2 = M_2 / 2: low-variance, biased estimate of KL(pi_behav || pi_new)."""
-    lr, m, n = _prep_samples(log_ratio, mask, axis)
-    with np.errstate(over="ignore"):
-        return _out(0.5 * _masked_mean(lr * lr, m, n))
+    s = _moments(log_ratio, mask, axis)
+    return _out(kl_k2_from_sums(s.s2, s.n))
 
 
 def kl_k3(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
@@ -492,15 +489,14 @@ def kl_k3(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1
     Each term is ``expm1(lr) - lr`` (Taylor series for |lr| < 1e-2); huge
     log-ratios give +inf, without warnings.
     """
-    lr, m, n = _prep_samples(log_ratio, mask, axis)
-    return _out(_masked_mean(k3_terms(lr), m, n))
+    s = _moments(log_ratio, mask, axis)
+    return _out(kl_k3_from_sums(s.sk3, s.n))
 
 
 def m2(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
     """M_2 = mean((log r)^2) = 2 * k2.  M2PO Eq. (4)."""
-    lr, m, n = _prep_samples(log_ratio, mask, axis)
-    with np.errstate(over="ignore"):
-        return _out(_masked_mean(lr * lr, m, n))  # Eq. (4), M2PO
+    s = _moments(log_ratio, mask, axis)
+    return _out(m2_from_sums(s.s2, s.n))  # Eq. (4), M2PO
 
 
 def _log_mean_exp(a: FloatArray, m: BoolArray, n: FloatArray) -> FloatArray:
@@ -509,13 +505,13 @@ def _log_mean_exp(a: FloatArray, m: BoolArray, n: FloatArray) -> FloatArray:
 
 
 def d2_estimate(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
-    """D_2-hat = log mean(r^2) (log-sum-exp; finite even for 8k-token sequence ratios).
+    """D_2-hat = log mean(r^2) (shifted sums; finite even for 8k-token sequence ratios).
 
     Estimates D_2(pi_new || pi_behav) (FreshPER Eq. (23)); consistent, biased
     (Jensen) for finite n.
     """
-    lr, m, n = _prep_samples(log_ratio, mask, axis)
-    return _out(_log_mean_exp(2.0 * lr, m, n))  # Eq. (23), FreshPER
+    s = _moments(log_ratio, mask, axis)
+    return _out(d2_from_sums(s.lmax, s.B, s.n))  # Eq. (23), FreshPER
 
 
 def chi2_estimate(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
@@ -525,8 +521,8 @@ def chi2_estimate(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: 
     the two differ by 2 (mean(r) - 1) whenever the sample mean of r is not 1.
     May be +inf (no warning).
     """
-    with np.errstate(over="ignore"):
-        return _out(np.expm1(np.asarray(d2_estimate(log_ratio, mask, axis=axis))))  # Eq. (24), FreshPER
+    s = _moments(log_ratio, mask, axis)
+    return _out(chi2_from_sums(s.lmax, s.B, s.n))  # Eq. (24), FreshPER
 
 
 def renyi_estimate(
@@ -565,21 +561,8 @@ def ess_kish(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int =
     Converges to n e^{-D_2(new || behav)} (FreshPER Eqs. (5), (24)).
     """
     lr, m, n = _prep_samples(log_ratio, mask, axis)
-    return _out(_ess_kish_prepared(lr, m, n))
-
-
-def _ess_kish_prepared(lr: FloatArray, m: BoolArray, n: FloatArray) -> FloatArray:
-    l1 = logsumexp(np.where(m, lr, -np.inf))  # log sum w
-    # Weights rescaled by their max (in (0, 1], no overflow) and summed directly, so equal
-    # log-ratios (fresh, on-policy data) give exactly n rather than n (1 - 1e-16).
-    top = np.max(np.where(m, lr, -np.inf), axis=-1, keepdims=True)
-    with np.errstate(all="ignore"):
-        scaled = np.where(m & np.isfinite(top), np.exp(lr - top), 0.0)
-        ess = np.sum(scaled, axis=-1) ** 2 / np.sum(scaled**2, axis=-1)
-    n_inf = np.sum(m & np.isposinf(lr), axis=-1).astype(np.float64)
-    ess = np.where(n_inf > 0, n_inf, ess)
-    ess = np.where(l1 == -np.inf, 0.0, ess)
-    return np.minimum(ess, n)
+    A, B, _ = weight_sums(lr, m)  # the kernel's A, B alone
+    return _out(ess_from_sums(A, B, n))
 
 
 def sample_statistics(log_ratio: ArrayLike, mask: ArrayLike | None = None, *,
@@ -589,25 +572,15 @@ def sample_statistics(log_ratio: ArrayLike, mask: ArrayLike | None = None, *,
     Keys and meanings are those of the single functions: ``kl_k1``, ``kl_k2``, ``kl_k3``,
     ``m2``, ``d2``, ``chi2`` (mean r^2 - 1), ``ess_frac`` (Kish ESS / n).
     """
-    lr, m, n = _prep_samples(log_ratio, mask, axis)
-    with np.errstate(over="ignore"):
-        square = _masked_mean(lr * lr, m, n)
-        d2 = _log_mean_exp(2.0 * lr, m, n)  # Eq. (23), FreshPER
-        return {
-            "kl_k1": _out(_masked_mean(-lr, m, n)),  # Eq. (3), M2PO
-            "kl_k2": _out(0.5 * square),
-            "kl_k3": _out(_masked_mean(k3_terms(lr), m, n)),
-            "m2": _out(square),  # Eq. (4), M2PO
-            "d2": _out(d2),
-            "chi2": _out(np.expm1(d2)),  # Eq. (24), FreshPER
-            "ess_frac": _out(_ess_kish_prepared(lr, m, n) / n),
-        }
+    stats = statistics(_moments(log_ratio, mask, axis))
+    return {k: _out(stats[k]) for k in ("kl_k1", "kl_k2", "kl_k3", "m2", "d2", "chi2", "ess_frac")}
 
 
 def ess_kish_fraction(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
     """Kish ESS / n = (sum w)^2 / (n sum w^2): TRL/verl ``ess_frac``, PipelineRL ``rl/ess``."""
     lr, m, n = _prep_samples(log_ratio, mask, axis)
-    return _out(np.asarray(ess_kish(lr, m)) / n)
+    A, B, _ = weight_sums(lr, m)  # the kernel's A, B alone
+    return _out(ess_frac_from_sums(A, B, n))
 
 
 def ess_kong(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
@@ -631,19 +604,8 @@ def ratio_stats(
 ) -> dict[str, FloatOrArray]:
     """min / mean / max / std (ddof=0) of r, keyed ``is_ratio_{min,mean,max,std}``.
 
-    Mean and std go through log space; only a genuinely huge value
-    (e.g. exp(4096)) becomes +inf, without warnings.
+    From the statistics kernel's sums (mean and the centred sum shifted by max log r);
+    only a genuinely huge value (e.g. exp(4096)) becomes +inf, without warnings.
     """
-    lr, m, n = _prep_samples(log_ratio, mask, axis)
-    w = np.where(m, 1.0 / n[..., None], 0.0)
-    lmin = np.min(np.where(m, lr, np.inf), axis=-1)
-    lmax = np.max(np.where(m, lr, -np.inf), axis=-1)
-    lmean = _log_mean_exp(lr, m, n)
-    lvar = log_var_exp(lr, w, m)
-    with np.errstate(over="ignore"):
-        return {
-            "is_ratio_min": _out(np.exp(lmin)),
-            "is_ratio_mean": _out(np.exp(lmean)),
-            "is_ratio_max": _out(np.exp(lmax)),
-            "is_ratio_std": _out(np.exp(0.5 * lvar)),
-        }
+    stats = statistics(_moments(log_ratio, mask, axis))
+    return {f"is_ratio_{k}": _out(stats[f"ratio_{k}"]) for k in ("min", "mean", "max", "std")}

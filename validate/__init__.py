@@ -3,6 +3,7 @@
 Paper: experience-replay (docs/REFERENCES.md). The validator trains through the simulator's pipeline
 (``replay_theory.core.pipeline``: the same designs, buffers, losses and compute accounting) and uses
 the divergences of ``replay_theory.theory``:
-``model`` (policy, HF sampling, log-probs), ``engines`` / ``vllm_engine`` (rollout engines),
+``policy`` (build, load, checkpoint), ``logprobs`` (prompt encoding, log-probs), ``sampling`` (the HF
+sampling loop), ``sft`` (warm start), ``engines`` / ``vllm_engine`` (rollout engines),
 ``rl`` (training), ``calibrate`` (mu, sigma^2(s), rho), ``loop`` (calibrate -> predict -> verify).
 """

@@ -6,16 +6,17 @@ axis first). The sequential loop (one seed after another, ``validate.rl.train``)
 loop serves both (``validate.rl.train_loop`` with S seeds), and the buffers, losses and compute accounting are
 the simulator's (``core/pipeline.py``), which already take a leading seed axis.
 
-How S models run as one: ``stack_policy`` copies the Qwen2 model and replaces each module that holds weights by
-a seed-stacked one whose parameters gain a leading axis S: ``nn.Linear`` -> ``SeedLinear`` (a batched matmul,
-``torch.bmm`` / ``baddbmm``, weight (S, out, in)), the token embedding -> ``SeedEmbedding`` (weight (S, V, d),
-the tied LM head reads the same tensor) and ``Qwen2RMSNorm`` -> ``SeedRMSNorm`` (weight (S, d)). Everything else
-(rotary embeddings, masks, attention, the KV cache, sampling, log-probs) is the unchanged Hugging Face and
-``validate/model.py`` code running on S x n rows, seed-major: rows s n .. (s + 1) n - 1 belong to seed s, and a
-seed-stacked module reshapes its input to (S, n ..., d) so that seed s's rows meet only seed s's weights. This is
-the "equivalent batched model" of issue 23 rather than ``torch.func.vmap(functional_call)``: the HF forward builds
-masks and caches with Python control flow that vmap cannot trace, and the batched matmul of one seed runs the
-same kernel as the sequential ``F.linear`` (the tests measure the two equal to the bit on the forward pass).
+How S models run as one: ``stack_policy`` copies the Qwen2 model and replaces each module that holds weights by a
+seed-stacked one whose parameters gain a leading axis S: ``nn.Linear`` -> ``SeedLinear`` (a batched matmul,
+``torch.bmm`` / ``baddbmm``, weight (S, out, in)), the token embedding -> ``SeedEmbedding`` (weight (S, V, d), the
+tied LM head reads the same tensor) and ``Qwen2RMSNorm`` -> ``SeedRMSNorm`` (weight (S, d)). Everything else
+(rotary embeddings, masks, attention, the KV cache, sampling, log-probs) is the unchanged Hugging Face,
+``validate/sampling.py`` and ``validate/logprobs.py`` code running on S x n rows, seed-major:
+rows s n .. (s + 1) n - 1 belong to seed s, and a seed-stacked module reshapes its input to (S, n ..., d) so that
+seed s's rows meet only seed s's weights. This is the "equivalent batched model" of issue 23 rather than
+``torch.func.vmap(functional_call)``: the HF forward builds masks and caches with Python control flow that vmap
+cannot trace, and the batched matmul of one seed runs the same kernel as the sequential ``F.linear`` (the tests
+measure the two equal to the bit on the forward pass).
 
 | code name      | meaning                                                                   |
 |----------------|---------------------------------------------------------------------------|
@@ -35,7 +36,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..core.rng import PerSeedGenerator
-from .model import Policy
+from .policy import Policy
 
 __all__ = ["SeedEmbedding", "SeedLinear", "SeedRMSNorm", "SeedStreams", "num_seeds", "seed_state_dict",
            "stack_policy"]

@@ -41,7 +41,7 @@ intervals leave out its sampling error (small next to the measured samples' when
 (``theory.noise.fit_rho_group_bootstrap``; a group never pairs with its own copy).
 
 KL by lag. The tiny model's full next-token distribution is available
-(``validate.model.next_token_logprobs``), so KL(pi_t || pi_{t-lag}) of whole sequences is computed
+(``validate.logprobs.next_token_logprobs``), so KL(pi_t || pi_{t-lag}) of whole sequences is computed
 exactly over the vocabulary given each sampled prefix (chain rule):
 
     KL_seq = E_{y ~ pi_t} sum_positions sum_v pi_t(v | x, y_<k) (log pi_t - log pi_{t-lag})(v | x, y_<k),
@@ -106,7 +106,8 @@ from ..theory.noise_scale import pooled_noise_scale
 from ..theory.profiles import save_profile
 from . import countdown
 from .engines import HFSampler, Sampler
-from .model import Policy, encode_prompts, next_token_logprobs, sequence_logprobs
+from .logprobs import encode_prompts, next_token_logprobs, sequence_logprobs
+from .policy import Policy
 from .rl import RLConfig, generate_batch, train, update_step
 
 MAX_GRAD_COORDS = 1 << 22  # 4M float32 coordinates = 16 MB per per-sample gradient

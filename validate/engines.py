@@ -6,7 +6,7 @@ behaviour policy mu can trail the trainer's pi_theta by a few updates (off-polic
 
 Two engines implement one interface, ``Sampler``:
 
-* ``HFSampler`` (``--engine hf``, any device): ``validate.model.generate``, the hand-written
+* ``HFSampler`` (``--engine hf``, any device): ``validate.sampling.generate``, the hand-written
   KV-cached loop. With ``sync_every = 1`` it samples from the trainer's own model (syncing is
   free); with ``sync_every > 1`` it keeps a copy of the weights that is refreshed only at sync
   steps, so the staleness semantics of the vLLM path can be run and tested on a CPU.
@@ -30,8 +30,9 @@ from typing import Protocol, Sequence
 
 import torch
 
-from . import model as _model  # module reference: tests patch model.vllm_available
-from .model import Policy, Rollouts, generate, resolve_device
+from . import vllm_engine as _vllm_engine  # module reference: tests patch vllm_engine.vllm_available
+from .policy import Policy, resolve_device
+from .sampling import Rollouts, generate
 from .vllm_engine import VLLMSampler  # imports vllm itself only when one is built
 
 ENGINES = ("hf", "vllm", "auto")
@@ -40,9 +41,10 @@ ENGINES = ("hf", "vllm", "auto")
 class Sampler(Protocol):
     """Generates ``num_samples`` completions per prompt, prompt-major, with per-token behaviour log-probs.
 
-    ``generate`` returns a ``validate.model.Rollouts`` with the conventions documented in
-    ``validate/model.py`` (left-padded prompts, right-padded completions including the stop
-    token, ``logp_behav`` under the temperature-scaled sampling distribution, 0 on padding).
+    ``generate`` returns a ``validate.sampling.Rollouts`` with the conventions documented in
+    ``validate/sampling.py`` and ``validate/logprobs.py`` (left-padded prompts, right-padded
+    completions including the stop token, ``logp_behav`` under the temperature-scaled sampling
+    distribution, 0 on padding).
     ``sync(policy)`` makes later calls sample from ``policy``'s current weights.
     """
 
@@ -56,7 +58,7 @@ class Sampler(Protocol):
 
 
 class HFSampler:
-    """``validate.model.generate`` on the trainer's model, or on a copy refreshed only by ``sync``."""
+    """``validate.sampling.generate`` on the trainer's model, or on a copy refreshed only by ``sync``."""
 
     name = "hf"
 
@@ -94,9 +96,9 @@ def resolve_engine(engine: str, device: str) -> str:
         raise ValueError(f"unknown engine '{engine}'; use --engine hf, vllm or auto")
     is_cuda = _device_type(device) == "cuda"
     if engine == "auto":
-        return "vllm" if (_model.vllm_available() and is_cuda and torch.cuda.is_available()) else "hf"
+        return "vllm" if (_vllm_engine.vllm_available() and is_cuda and torch.cuda.is_available()) else "hf"
     if engine == "vllm":
-        _model.require_vllm()
+        _vllm_engine.require_vllm()
         if not is_cuda:
             raise ValueError(f"--engine vllm generates on a GPU but --device is '{device}'; "
                              "add --device cuda, or use --engine hf on a CPU")

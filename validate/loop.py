@@ -53,13 +53,12 @@ from .config import (
     report_stem,
 )
 from .engines import make_sampler, resolve_engine
-from .model import (
+from .policy import (
     ModelConfig,
     load_checkpoint,
     load_policy,
     resolve_device,
     save_checkpoint,
-    sft_warm_start,
 )
 from .rl import (
     RLConfig,
@@ -69,6 +68,7 @@ from .rl import (
     train,
     train_loop,
 )
+from .sft import sft_warm_start
 from .steplog import StepLog, truncate_log
 from .verdict import compare
 

@@ -16,7 +16,8 @@ the compute accounting come from ``core.pipeline.Pipeline`` with a language-mode
 
 How a shared numpy loss trains a torch model: every loss in ``core/losses.py``
 returns d loss / d logp_new for the sampled tokens, so the model's gradient is
-that of the surrogate sum(grad_logp * logp_new) with grad_logp held constant.
+that of the surrogate sum(grad_logp * logp_new) with grad_logp held constant
+(``core/surrogate.py``, the one the trainers use).
 The buffer stores completions as a ``RolloutBatch`` with one seed (S = 1).
 
 Behaviour log-probs come from the sampler (``logp_source="sampler"``, what vLLM
@@ -45,12 +46,15 @@ import numpy as np
 import torch
 
 from ..core.designs import BUFFER_DESIGNS, DesignConfig, compute_loss
+from ..core.metrics import TOKEN_STATS
+from ..core.metrics import step_metrics as off_policy_metrics
 from ..core.pipeline import Pipeline, PipelineSettings, score
 from ..core.rollouts import RolloutBatch
-from ..theory import divergences as div
+from ..core.surrogate import gradient_tensor, surrogate
 from . import countdown
 from .engines import HFSampler, Sampler
-from .model import Policy, encode_prompts, prompt_width, sequence_logprobs
+from .logprobs import encode_prompts, prompt_width, sequence_logprobs
+from .policy import Policy
 
 
 @dataclass(frozen=True)
@@ -229,9 +233,8 @@ def update_step(policy: Policy, optimizer: torch.optim.Optimizer, problems: list
     if chunk >= n:
         logp_new = logp_of(slice(None))
         out = loss_of(logp_new)
-        grad = torch.as_tensor(out.grad_logp.reshape(S * n, -1), dtype=logp_new.dtype,
-                               device=logp_new.device)  # (S B, L)
-        (grad * logp_new).sum().backward()  # d surrogate / d theta = sum dL/dlogp * d logp / d theta
+        # d surrogate / d theta = sum dL/dlogp * d logp / d theta (core/surrogate.py, the trainers' too)
+        surrogate(out.grad_logp.reshape(S * n, -1), logp_new).backward()  # grad_logp (S B, L)
         logp_value = logp_new.detach()
     else:
         with torch.no_grad():
@@ -239,11 +242,10 @@ def update_step(policy: Policy, optimizer: torch.optim.Optimizer, problems: list
             for a in range(0, n, chunk):
                 logp_value[rows_of(a)] = logp_of(rows_of(a))
         out = loss_of(logp_value)
-        grad = torch.as_tensor(out.grad_logp.reshape(S * n, -1), dtype=logp_value.dtype,
-                               device=logp_value.device)  # (S B, L)
+        grad = gradient_tensor(out.grad_logp.reshape(S * n, -1), logp_value)  # (S B, L), converted once
         for a in range(0, n, chunk):
             rows = rows_of(a)
-            (grad[rows] * logp_of(rows)).sum().backward()  # gradients accumulate over chunks
+            surrogate(grad[rows], logp_of(rows)).backward()  # gradients accumulate over chunks
     optimizer.step()
     return logp_value, out
 
@@ -373,22 +375,19 @@ def step_metrics(step: int, info: list[dict], out, train_batch: RolloutBatch, to
     ``token_lr`` (S, B, L): log pi_theta - log mu of the trained tokens (before the update's step).
     """
     S = token_lr.shape[0]
-    seq_lr = np.where(train_batch.mask, token_lr, 0.0).sum(axis=-1)  # (S, B)
-    stats = div.sample_statistics(token_lr.reshape(S, -1), mask=train_batch.mask.reshape(S, -1))
-    ess = div.ess_kish_fraction(seq_lr)  # (S,)
-    lr_abs_max = np.abs(np.where(train_batch.mask, token_lr, 0.0)).reshape(S, -1).max(axis=1)  # (S,)
-    staleness = np.asarray(data.staleness).reshape(S, -1)
+    # the shared per-step metrics (core/metrics.py): sequence-level Kish ESS, token-level estimators, staleness
+    shared = off_policy_metrics(token_lr, train_batch.mask, data.staleness)
     loss_metrics = {k: np.asarray(v).reshape(S, -1)[:, 0] for k, v in out.metrics.items()
                     if k.startswith(("clip_ratio", "pg_clipfrac", "masked_frac", "is_ratio"))}
     return [{
         "step": step,
         **info[s],
         "loss": float(out.loss[s]),
-        "ess_frac": float(ess[s]),
-        "log_ratio_abs_max": float(lr_abs_max[s]),
-        "staleness_mean": float(staleness[s].mean()),
+        "ess_frac": float(shared["ess_frac"][s]),
+        "log_ratio_abs_max": float(shared["log_ratio_abs_max"][s]),
+        "staleness_mean": float(shared["staleness_mean"][s]),
         "policy_lag": policy_lag,  # updates the sampler's weights trail the trainer's
-        **{k: float(np.asarray(v).reshape(S, -1)[s, 0]) for k, v in stats.items() if k != "ess_frac"},
+        **{k: float(shared[k][s]) for k in TOKEN_STATS},
         **{k: float(v[s]) for k, v in loss_metrics.items()},
     } for s in range(S)]
 

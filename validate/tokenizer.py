@@ -16,7 +16,7 @@ letters of the prompt template). Ids:
 so every prompt must end at the same column (the HF convention for decoder-only
 generation). The same minimal interface (``encode``, ``decode``,
 ``batch_encode``, ``pad/bos/eos_token_id``, ``vocab_size``) is what
-``validate/model.py`` wraps a Hugging Face tokenizer in for real checkpoints.
+``validate/policy.py`` wraps a Hugging Face tokenizer in (``HFTokenizer``) for real checkpoints.
 """
 
 from __future__ import annotations

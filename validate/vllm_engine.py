@@ -18,23 +18,38 @@ What this module does, and nothing more (everything else is shared with the HF p
 * one request per completion, each with its own seed drawn from the run's ``torch.Generator``,
   so a run is reproducible given its seed (as far as vLLM's kernels are);
 * ``load_weights_into_vllm``: the one version-specific call (weight sync);
-* ``rollouts_from_vllm``: RequestOutputs -> the exact ``Rollouts`` tensors the trainer expects.
+* ``rollouts_from_vllm``: RequestOutputs -> the exact ``Rollouts`` tensors the trainer expects;
+* ``vllm_available`` / ``require_vllm``: whether vLLM is installed, and the one-line install hint when not.
 
 vLLM is imported inside functions only: this module imports without vLLM installed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import torch
 
-from .model import Policy, Rollouts, prompt_token_ids, require_vllm
+from .logprobs import prompt_token_ids
+from .policy import Policy
+from .sampling import Rollouts
 from .tokenizer import pad_batch
 
 _SEED_HIGH = 2**31 - 1  # vLLM seeds are Python ints; keep them in int32 range
+
+
+def vllm_available() -> bool:
+    """Whether the optional vLLM package is importable (found without importing it)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def require_vllm() -> None:
+    """Raise a one-line ValueError with the install hint when vLLM is absent."""
+    if not vllm_available():
+        raise ValueError("vLLM requested but not installed: pip install 'replay-theory[gpu]' (needs a CUDA GPU)")
 
 
 def load_weights_into_vllm(llm: Any, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -61,7 +76,7 @@ def rollouts_from_vllm(policy: Policy, prompt_seqs: Sequence[Sequence[int]], num
     ``outputs[i * num_samples + k].outputs[0]`` is sample k of prompt i, with ``token_ids``
     (generated ids, the stop token included when generation stopped on it) and ``logprobs``
     (one ``{token_id: Logprob}`` mapping per generated token). The result follows
-    ``validate.model.generate`` exactly: completions right-padded with ``pad_token_id`` to the
+    ``validate.sampling.generate`` exactly: completions right-padded with ``pad_token_id`` to the
     longest one, mask 1 up to and including the first stop token, ``logp_behav`` float32 with 0.0
     on padding, texts decoded by the trainer's tokenizer without special tokens.
     """

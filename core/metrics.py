@@ -1,0 +1,77 @@
+"""Per-step off-policy metrics of a training batch: the one function the simulator, the validator and the trainer log.
+
+Papers (docs/REFERENCES.md): FreshPER (the Kish ESS, Eqs. (5), (24), and its fall with the age of a sample, Sec. 3),
+M2PO (k1, M_2, Eqs. (3)-(4)), experience-replay (staleness, Sec. 2).  Every estimator is the statistics kernel's
+(``theory/moments.py``); this module only decides which samples go in:
+
+| key                 | symbol                 | over                                                          |
+|---------------------|------------------------|---------------------------------------------------------------|
+| ``ess_frac``        | ESS / n (Kish)         | the SEQUENCE log-ratios sum_t log r_t of the batch's responses |
+| ``kl_k1`` .. ``chi2`` | k1, k2, k3, M_2, D_2, chi^2 | the real TOKENS' log r (verl / TRL style)                |
+| ``log_ratio_abs_max`` | max abs(log r)       | the real tokens                                               |
+| ``staleness_mean/max`` | t - t_i             | the batch's responses                                         |
+
+:func:`ess_by_age` is the Kish ESS per (seed, age bucket), buckets from ``core.pipeline.age_buckets``.
+Shapes: seed axis first, ``token_lr`` = logp_new - logp_behav and ``mask`` (S, B, L), ``staleness`` (S, B);
+results (S,).
+Callers keep their logged names by a mapping (the engine and the validator log these keys as they are, the TRL
+trainer under ``replay/``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..theory.divergences import ess_kish_fraction, sample_statistics
+from ..theory.moments import ess_frac_from_sums
+
+__all__ = ["TOKEN_STATS", "step_metrics", "sequence_log_ratio", "ess_by_age"]
+
+#: the token-level estimators of :func:`step_metrics` (the losses report the same ones: they may be passed in)
+TOKEN_STATS = ("kl_k1", "kl_k2", "kl_k3", "m2", "d2", "chi2")
+
+
+def sequence_log_ratio(token_lr: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(token log-ratios (S, B, L) with 0 on padding, sequence log-ratios (S, B): their sums over tokens)."""
+    token_lr = np.where(mask, token_lr, 0.0)  # (S, B, L): padding may hold anything
+    return token_lr, token_lr.sum(axis=-1)  # the sequence ratio is the product of token ratios, summed in log space
+
+
+def step_metrics(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
+                 token_stats: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The off-policy metrics of one training batch, per seed (S,) (keys: the module docstring's table).
+
+    ``token_lr`` (S, B, L) = logp_new - logp_behav of the trained tokens; ``token_stats``: the token-level
+    estimators (``TOKEN_STATS``, each (S,)) when the loss already computed them on this batch (every loss with a
+    behaviour policy does: the same kernel on the same tokens), else they are computed here.
+    """
+    S = mask.shape[0]
+    token_lr, seq_lr = sequence_log_ratio(token_lr, mask)
+    if token_stats is None or not all(k in token_stats for k in TOKEN_STATS):
+        token_stats = sample_statistics(token_lr.reshape(S, -1), mask=mask.reshape(S, -1))
+    staleness = np.asarray(staleness).reshape(S, -1)
+    return {
+        "ess_frac": np.asarray(ess_kish_fraction(seq_lr)),  # (S,) Kish of the sequence ratios, FreshPER Eq. (5)
+        **{k: np.asarray(token_stats[k]).reshape(S) for k in TOKEN_STATS},
+        "log_ratio_abs_max": np.abs(token_lr).reshape(S, -1).max(axis=1),  # padding is 0
+        "staleness_mean": np.sum(staleness, axis=1) / staleness.shape[1],
+        "staleness_max": staleness.max(axis=1),
+    }
+
+
+def ess_by_age(seq_lr: np.ndarray, bucket: np.ndarray, num_buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """Kish ESS fraction of each (seed, age bucket) cell: (fractions (S, K), sample counts (S, K)).
+
+    ``seq_lr`` (S, B) sequence log-ratios, ``bucket`` (S, B) each response's age bucket in [0, K).  Each cell's
+    weights are shifted by the cell's largest (in (0, 1]); an empty cell's fraction is NaN.
+    """
+    S, K = seq_lr.shape[0], num_buckets
+    cell = (bucket + np.arange(0, S * K, K)[:, None]).ravel()  # (S*B,) flat (seed, bucket)
+    lr = seq_lr.ravel()
+    top = np.full(S * K, -np.inf)
+    np.maximum.at(top, cell, lr)  # per-cell max: weights rescaled into (0, 1]
+    w = np.exp(lr - np.take(top, cell))  # (S*B,)
+    count = np.bincount(cell, minlength=S * K)
+    sum_w = np.bincount(cell, weights=w, minlength=S * K)
+    sum_w2 = np.bincount(cell, weights=w * w, minlength=S * K)
+    return ess_frac_from_sums(sum_w, sum_w2, count).reshape(S, K), count.reshape(S, K)  # FreshPER Eq. (5) per cell
