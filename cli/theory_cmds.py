@@ -204,9 +204,35 @@ def _check_mu(mu: float) -> None:
         raise UserError(f"--mu must be a finite number > 0, in [1e-100, 1e100], got {mu:g}")
 
 
+def _resolve_mu(mu: Optional[float], convention: Optional[Convention], profile: Optional[Path]
+                ) -> tuple[float, Convention, Optional[str]]:
+    """--mu, else the measured mu the --profile file carries (so a calibrate --from-log profile feeds optimal with
+    the user's own numbers); never a silent default: where it came from is the note optimal prints on stderr once
+    the answer is out (an input error stays one line)."""
+    if mu is not None:
+        return mu, convention or Convention.rollout_cost, None
+    if profile is None:
+        raise UserError("--mu is required (or a --profile file that carries a measured mu, as calibrate --from-log "
+                        "writes)")
+    record = load_profile(profile).mu
+    if record is None:
+        raise UserError(f"--mu is required: --profile {profile} carries no measured mu")
+    measured = Convention(record["convention"])
+    if convention is not None and convention is not measured:
+        raise UserError(f"--convention {convention.value} differs from the {measured.value} mu that --profile "
+                        f"{profile} carries: give --mu in that convention")
+    ci = record.get("ci") or [None, None]
+    span = f", 90% CI {ci[0]:.4g}-{ci[1]:.4g}" if None not in ci else ""
+    return record["value"], measured, f"mu = {record['value']:.4g} from --profile {profile} " \
+                                      f"({record.get('source', 'measured')}{span})"
+
+
 def optimal(
-    mu: Annotated[float, typer.Option("--mu", help="Rollout cost ratio (default meaning: rollout cost / per-sample "
-                                                   "update cost, Table 1; 5.28 for Qwen2.5-7B).")],
+    mu: Annotated[Optional[float], typer.Option("--mu", help="Rollout cost ratio (default meaning: rollout cost / "
+                                                             "per-sample update cost, Table 1; 5.28 for "
+                                                             "Qwen2.5-7B). Required unless --profile carries a "
+                                                             "measured mu (calibrate --from-log writes one).")
+                  ] = None,
     noise_scale: Annotated[Optional[float], typer.Option("--noise-scale", help="Measured gradient noise scale "
                                                          "B_noise = tr Sigma / |E G|^2 in samples (noise-scale "
                                                          "rule; with -B). Omit it to see the rule's decision as a "
@@ -218,9 +244,9 @@ def optimal(
                                                    "sigma(s) = (s/tau)^alpha, >= 0 (default 0.25).")] = None,
     rho: Annotated[Optional[float], typer.Option("--rho", help="paper: sample correlation coefficient of "
                                                  "Assumption 3.3, in [0, 1] (default 0.1, or the profile's).")] = None,
-    convention: Annotated[Convention, typer.Option("--convention", help="Meaning of mu: rollout-cost (Table 1) or "
-                                                   "paper-sec3 (literal Sec. 3: c = R + mu B).")
-                          ] = Convention.rollout_cost,
+    convention: Annotated[Optional[Convention], typer.Option("--convention", help="Meaning of mu: rollout-cost "
+                                                             "(Table 1; the default) or paper-sec3 (literal Sec. "
+                                                             "3: c = R + mu B).")] = None,
     rollouts_per_step: Annotated[Optional[int], typer.Option("--rollouts-per-step", "-R", help="paper: fresh "
                                                              "rollouts per step R: gives integer N and B.")] = None,
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", "-B", help="Batch size B: the noise-scale "
@@ -248,6 +274,7 @@ def optimal(
     Thm 3.5's J (large-budget limit), or with --budget C --smoothness L --bias KAPPA --f0 F0 and -B or -R the
     integer design minimising the Thm 3.4 bound at compute C.
     """
+    mu, convention, note = _resolve_mu(mu, convention, profile)
     _check_mu(mu)
     if objective is Objective.noise_scale:
         extra = _paper_options_given(alpha, rho, average, budget, smoothness, bias, f0, rollouts_per_step)
@@ -258,6 +285,7 @@ def optimal(
                             f"--noise-scale (or --profile) and -B{why}")
         _check_noise_scale(noise_scale)
         _noise_scale_answer(mu, noise_scale, batch_size, profile, convention.value, as_json)
+        _stderr_note(note)
         return
     if noise_scale is not None:
         raise UserError("--noise-scale applies to the noise-scale rule (the default --objective), not --objective "
@@ -297,6 +325,12 @@ def optimal(
     else:
         typer.echo(_render_design(design))
         typer.echo(evidence + ".")
+    _stderr_note(note)
+
+
+def _stderr_note(note: Optional[str]) -> None:
+    if note is not None:
+        typer.echo(note, err=True)
 
 
 def _noise_scale_inputs(noise_scale, batch_size, profile) -> tuple[Optional[float], Optional[int], str]:
@@ -312,6 +346,12 @@ def _noise_scale_inputs(noise_scale, batch_size, profile) -> tuple[Optional[floa
                         f"calibrate-simulator, validate calibrate-model, calibrate --from-log --grad-norms) or pass "
                         f"--noise-scale")
     interval = record.get("b_noise_interval") or [None, None]
+    if record.get("b_noise") is None:
+        low = "" if interval[0] is None else (f"; its interval's lower end is {interval[0]:.4g}: --mu MU --noise-scale "
+                                              f"{interval[0]:.4g} -B B gives the most replay-friendly answer the data "
+                                              f"allow")
+        raise UserError(f"--profile {profile} has no B_noise (not measurable: no gradient signal where it was "
+                        f"measured){low}; or measure again over more steps or a larger batch")
     span = "" if None in interval else f", 90% interval [{interval[0]:.4g}, {interval[1]:.4g}]"
     return float(record["b_noise"]), batch_size, f"--profile {profile} ({record.get('method', 'measured')}{span})"
 

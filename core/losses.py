@@ -106,6 +106,10 @@ class LossOutput:
     loss: np.ndarray  # (S,) value of the loss to MINIMISE
     grad_logp: np.ndarray  # (S, n, L) d loss / d logp_new (0 on masked/padding tokens)
     metrics: dict[str, np.ndarray] = field(default_factory=dict)  # each (S,)
+    # (S, n, L) the per-token objective, loss = -sum a_it * objective_it (read only where a_it > 0): what a trainer
+    # that weights tokens after the loss (TRL's vLLM importance-sampling ratio, integrations/trl.py) needs for its
+    # value; None where a loss does not set it
+    objective: np.ndarray | None = None
 
 
 # --------------------------------------------------------------------------- #
@@ -199,7 +203,7 @@ def _output(objective: np.ndarray, d_objective: np.ndarray, weights: np.ndarray,
     with np.errstate(invalid="ignore"):
         loss = -np.sum(np.where(weights > 0, weights * objective, 0.0), axis=(1, 2))  # (S,)
         grad = np.where(weights > 0, -weights * d_objective, 0.0)  # (S, n, L)
-    return LossOutput(loss=loss, grad_logp=grad, metrics=metrics)
+    return LossOutput(loss=loss, grad_logp=grad, metrics=metrics, objective=objective)
 
 
 def _flat(x: np.ndarray) -> np.ndarray:

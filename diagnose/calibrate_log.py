@@ -438,10 +438,7 @@ def summary(data: dict, out: Path) -> str:
                  f"mu = {mu['value']:g} (given with --mu)")
     if data["kind"] == "noise_scale":  # no sigma^2(s) table: the noise-scale rule only
         lines += [f"no {data['not_measured'][0]}"] + noise_scale_lines(data["noise_scale"]) + [f"wrote {out}"]
-        record = data["noise_scale"]
-        if record["b_noise"] is not None:
-            lines.append(f"next: replay-theory optimal --profile {out} --mu {mu['value']:.4g} -B "
-                         f"{record['batch'] if record['batch'] is not None else 'B'}")
+        lines += _noise_scale_next(out, mu, data["noise_scale"])
         return "\n".join(lines)
     lines += [f"sigma^2(s) / sigma^2({data['staleness'][0]:g}), plain form, proxy ({proxy['weight']} weights, "
               f"{proxy['score']} score, {proxy['aggregation']}):", "  age  sequences  sigma^2 ratio  90% CI"]
@@ -460,9 +457,22 @@ def summary(data: dict, out: Path) -> str:
     rho = f" --rho {data['rho']:g}" if "rho" in data else " --rho RHO"
     lines.append(f"wrote {out}")
     record = data.get("noise_scale")
-    if record is not None and record["b_noise"] is not None:  # the noise-scale rule (optimal's default) reads it
-        batch = record["batch"] if record["batch"] is not None else "B"
-        lines.append(f"next: replay-theory optimal --profile {out} --mu {mu['value']:.4g} -B {batch}")
-    lines.append(f"{'or' if record is not None and record['b_noise'] is not None else 'next'}: replay-theory "
-                 f"optimal --objective paper --profile {out} --mu {mu['value']:.4g}{rho}")
+    rule = _noise_scale_next(out, mu, record) if record is not None else []
+    # optimal reads mu from the profile (--mu only where it is not the file's): the steps chain with the user's numbers
+    given = "" if mu["source"] == "log" else f" --mu {mu['value']:g}"
+    lines += rule + [f"{'or' if rule else 'next'}: replay-theory optimal --objective paper --profile {out}{given}{rho}"]
     return "\n".join(lines)
+
+
+def _noise_scale_next(out, mu: dict, record: dict) -> list[str]:
+    """The ``next:`` line of the noise-scale rule (optimal's default objective) for a measured record."""
+    batch = record["batch"] if record["batch"] is not None else "B"
+    given = "" if mu["source"] == "log" else f" --mu {mu['value']:g}"
+    if record["b_noise"] is not None:
+        return [f"next: replay-theory optimal --profile {out}{given} -B {batch}"]
+    low = (record.get("b_noise_interval") or [None])[0]
+    if low is None:
+        return []
+    # no point estimate: the interval's lower end is the most replay-friendly B_noise the data allow
+    return [f"next: replay-theory optimal --mu {mu['value']:.4g} --noise-scale {low:.4g} -B {batch}   (B_noise's "
+            f"lower bound: if even that says on-policy, so does every B_noise the data allow)"]

@@ -58,6 +58,7 @@ RIGHT_PADDED: dict[str, float] = {
     "tool_mask": 1,  # TRL pads tool_mask with 1; completion_mask is 0 there anyway
     "old_per_token_logps": 0.0,  # the behaviour log-probs (TRL's name): pi_behav of the loss
     "sampling_per_token_logps": 0.0,  # the inference engine's log-probs, when TRL returns them (vLLM)
+    "importance_sampling_ratio": 1.0,  # TRL's vLLM correction pi_old / pi_vllm per token (padding: never read)
 }
 
 

@@ -28,6 +28,8 @@ from ..core.designs import (
     loss_aggregation,
 )
 from ..core.pipeline import age_buckets, fifo_max_age  # the one age bucketing (re-exported)
+from ..theory.design import rollout_mu_of_convention
+from ..theory.noise_scale import noise_scale_pick
 
 __all__ = ["ReplayConfig", "age_buckets", "fifo_max_age"]
 
@@ -132,7 +134,8 @@ class ReplayConfig:
     @classmethod
     def from_optimal_json(cls, source: str | Path | Mapping[str, Any], *, group_size: int | None = None,
                           **overrides: Any) -> "ReplayConfig":
-        """N, B, R from ``replay-theory optimal ... -R R --json`` output (a path, a JSON string, or its dict).
+        """N, B, R from ``replay-theory optimal ... --json`` output (a path, a JSON string, or its dict): the
+        noise-scale rule's (``capacity``, ``batch``, ``rollouts``) or the paper objective's (with -R or -B).
 
         The JSON's ``buffer_size`` (optimal's name for N, read into ``capacity``), ``batch_size`` and
         ``rollouts_per_step`` are null unless ``optimal`` was given
@@ -141,6 +144,21 @@ class ReplayConfig:
         (``loss``, ``eps_high``, ...).
         """
         data = _load_json(source)
+        notes: list[str] = []
+        if data.get("objective") == "noise-scale":  # the default rule's keys (cli/theory_cmds.py): N, B, R as named
+            if data.get("batch") is None or data.get("b_noise") is None:
+                raise ValueError("the optimal --json output has no design: run `replay-theory optimal` with the "
+                                 "noise scale (--noise-scale or --profile) and -B (batch size)")
+            n, r = data["capacity"], data["rollouts"]
+            if group_size is not None:  # R in whole groups, by the rule's own cost (theory.noise_scale)
+                _positive_int("group_size", group_size)
+                mu = rollout_mu_of_convention(data["mu"], data.get("convention", "rollout-cost"))
+                pick = noise_scale_pick(data["b_noise"], data["batch"], group_size, mu)
+                if pick["R"] != r:
+                    notes.append(f"R = N = {r} of the rule rounded to {pick['R']}, whole groups of {group_size} "
+                                 f"(the cheaper neighbour by the rule's cost; regime {pick['regime']})")
+                n = r = pick["R"]
+            data = {**data, "buffer_size": n, "batch_size": data["batch"], "rollouts_per_step": r}
         missing = [k for k in ("buffer_size", "batch_size", "rollouts_per_step") if data.get(k) is None]
         if missing and data.get("regime") == "unbounded":  # the objective still fell at the last measured staleness
             raise ValueError("the design is unbounded (the objective still falls at the largest staleness the profile "
@@ -152,7 +170,6 @@ class ReplayConfig:
                              "with -R (rollouts per step) or -B (batch size) to get an integer design")
         # optimal --json's keys (theory.design.Design, a saved format): its buffer_size is our capacity N
         n, b, r = int(data["buffer_size"]), int(data["batch_size"]), int(data["rollouts_per_step"])
-        notes: list[str] = []
         if group_size is not None:
             _positive_int("group_size", group_size)
             if r % group_size:

@@ -30,6 +30,16 @@ trains on; the buffer has to sit between generation and the loss. The subclass o
 and calls ``_generate_and_score_completions`` and ``_get_per_token_logps_and_entropies``. These are TRL internals:
 tested against TRL 1.16.0, they may change on upgrade.
 
+vLLM (``use_vllm=True`` with TRL's default ``vllm_importance_sampling_correction``): a row generated at step v by
+the engine (log mu, TRL's ``sampling_per_token_logps``), scored then by the trainer (log pi_old,
+``old_per_token_logps``) and trained at step t (pi_theta) has pi_theta / mu = (pi_theta / pi_old) (pi_old / mu).
+The engine factor rho = pi_old / mu is fixed at generation: TRL computes it with its mode and cap
+(``importance_sampling_ratio``, grpo_trainer.py:2660-2707; ``token_truncate`` clip(e^d, C_min, C_max),
+``token_mask`` e^d 1[C_min <= e^d <= C_max], ``sequence_*`` the same on e^(sum_t d), d = log pi_old - log mu) and
+the buffer stores it with the row. The staleness factor r = pi_theta / pi_old is the shared loss's correction,
+recomputed at every draw. rho multiplies each token's term as TRL multiplies its per-token loss (L3146-3147):
+:func:`engine_corrected_loss`, loss = -sum a_it rho_it objective_it(r), gradient rho times the loss's own.
+
 Diagnose log: ``ReplayGRPOTrainer(..., diagnose_log="run.parquet")`` (or a :class:`DiagnoseLogCallback` passed in
 ``callbacks``) writes every row each step trains on, with its per-token log-probs under the policy being trained
 and under the behaviour policy, masks, advantages, rewards and age, in the layout ``replay-theory diagnose LOG
@@ -96,6 +106,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from ..core import losses
 from ..core.metrics import ess_by_age, sequence_log_ratio, step_metrics
+from ..core.surrogate import surrogate
 from ..diagnose.calibrate_log import GRAD_NORM_COLUMNS
 from ..diagnose.framework_stats import framework_statistics
 from ..diagnose.whatif import TokenWhatIf, WhatIfConfig, sequence_rows
@@ -103,12 +114,15 @@ from .buffer import ReplayConfig, RowReplayBuffer, age_buckets, fifo_max_age
 from .export import DiagnoseLogWriter
 from .loss import as_numpy, shared_loss, shared_loss_tensor
 
-__all__ = ["DiagnoseLogCallback", "ReplayConfig", "ReplayGRPOTrainer", "noise_halves", "replay_grpo_args",
-           "shared_loss", "shared_loss_tensor"]
+__all__ = ["DiagnoseLogCallback", "ReplayConfig", "ReplayGRPOTrainer", "VLLM_IS_MODES", "engine_corrected_loss",
+           "noise_halves", "replay_grpo_args", "shared_loss", "shared_loss_tensor"]
 
 #: Fields of TRL's generation output that are kept per row in the buffer (the rest is recomputed or unused).
 _BUFFERED = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask",
-             "old_per_token_logps", "sampling_per_token_logps", "advantages")
+             "old_per_token_logps", "sampling_per_token_logps", "importance_sampling_ratio", "advantages")
+
+#: TRL 1.16's ``vllm_importance_sampling_mode`` values (grpo_trainer.py:2667, 2680, 2686).
+VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 def noise_halves(group_id: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -136,6 +150,34 @@ def noise_halves(group_id: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | 
         rows[k] += count[g]
     side = torch.tensor([half_of[g] for g in ids])
     return torch.nonzero(side == 0).flatten(), torch.nonzero(side == 1).flatten()
+
+
+def engine_corrected_loss(replay: ReplayConfig, logp_new: torch.Tensor, logp_behav: torch.Tensor,
+                          advantages: torch.Tensor, mask: torch.Tensor, is_ratio: torch.Tensor | None = None,
+                          row_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, losses.LossOutput]:
+    """The shared loss with TRL's vLLM importance-sampling ratio multiplied into every token's term, as TRL does.
+
+    TRL (grpo_trainer.py:3146-3147) multiplies its per-token loss by ``importance_sampling_ratio`` rho_it, a constant
+    computed at generation (pi_old / pi_vllm with its mode and cap, L2660-2707), before aggregating. Every trainer
+    loss is loss = -sum_it a_it objective_it with objective_it's dependence on other tokens held constant (the PPO
+    clip, M2PO's mask and Replay-RLOO's sequence weight are not differentiated), so weighting the terms gives
+    value -sum_it a_it rho_it objective_it and d / d logp_it = rho_it * (the loss's own d / d logp_it): the shared
+    loss's gradient times rho, nothing re-implemented. ``logp_new``, ``logp_behav`` (= pi_old), ``mask``,
+    ``is_ratio`` (B, L); ``advantages``, ``row_weight`` (B,). ``is_ratio`` None: :func:`shared_loss_tensor`.
+    """
+    if is_ratio is None:
+        return shared_loss_tensor(replay, logp_new, logp_behav, advantages, mask, row_weight=row_weight)
+    out = shared_loss(replay, as_numpy(logp_new), as_numpy(logp_behav), as_numpy(advantages), as_numpy(mask))
+    rho = as_numpy(is_ratio)  # (B, L) rho_it, fixed with the row at generation
+    real = as_numpy(mask).astype(bool)  # (B, L)
+    a = losses._token_weights(real[None], replay.resolved_aggregation)[0]  # (B, L) a_it of the loss's value
+    live = real & (rho > 0)  # a masked token (rho = 0, *_mask modes) adds 0, even to an infinite objective
+    with np.errstate(invalid="ignore", over="ignore"):
+        grad = np.where(live, out.grad_logp[0] * rho, 0.0)  # (B, L) d loss / d logp_it = rho_it * loss's own
+        value = -np.sum(np.where(live & (a > 0), a * rho * out.objective[0], 0.0))  # -sum a rho objective
+    scalar = surrogate(grad, logp_new, mask=mask, row_weight=row_weight, value=value)
+    return scalar, losses.LossOutput(loss=np.array([value]), grad_logp=grad[None], metrics=out.metrics,
+                                     objective=out.objective)
 
 
 def _row_shares(replay: ReplayConfig, mask: torch.Tensor) -> np.ndarray:
@@ -273,6 +315,10 @@ class ReplayGRPOTrainer(GRPOTrainer):
              f"per_device_train_batch_size must equal rollouts_per_step = {replay.rollouts_per_step}, "
              f"got {a.per_device_train_batch_size}"),
             (self.beta == 0.0, f"beta must be 0 (the shared losses have no KL term), got {self.beta}"),
+            (not (self.use_vllm and self.vllm_importance_sampling_correction)
+             or self.vllm_importance_sampling_mode in VLLM_IS_MODES,
+             f"vllm_importance_sampling_mode must be one of {', '.join(VLLM_IS_MODES)}, "
+             f"got {getattr(self, 'vllm_importance_sampling_mode', None)!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -320,11 +366,15 @@ class ReplayGRPOTrainer(GRPOTrainer):
 
     def fresh_rows(self, output: dict[str, Any]) -> dict[str, torch.Tensor]:
         """The per-row fields of one TRL generation output (whole groups) that the buffer stores."""
-        unsupported = sorted(k for k in ("pixel_values", "ref_per_token_logps", "importance_sampling_ratio")
-                             if k in output)
+        unsupported = sorted(k for k in ("pixel_values", "ref_per_token_logps") if k in output)
         if unsupported:
             raise ValueError(f"the replay trainer does not buffer {', '.join(unsupported)} yet (multimodal inputs, "
-                             "beta > 0, vLLM importance sampling correction)")
+                             "beta > 0)")
+        if "importance_sampling_ratio" in output:  # vLLM: TRL's pi_old / pi_vllm after its mode and cap
+            ratio = output["importance_sampling_ratio"]  # (rows, L) token_* modes, (rows, 1) sequence_* modes
+            # one value per token (a sequence mode's row value repeated, as TRL's (B, 1) * (B, L) broadcasts), so
+            # it is stored, padded and trimmed with the completion
+            output["importance_sampling_ratio"] = ratio.expand_as(output["completion_mask"]).to(torch.float64)
         if "old_per_token_logps" not in output:  # TRL skips it when generation and update are aligned: we need it
             output["old_per_token_logps"] = self._behaviour_logps(output)
         rows = {k: output[k] for k in _BUFFERED if k in output}
@@ -378,8 +428,10 @@ class ReplayGRPOTrainer(GRPOTrainer):
         if not mask.any():  # every drawn row fully masked (e.g. all truncated): nothing to learn from
             return (logp_new * 0.0).sum()
         if halves is None:
-            loss, out = shared_loss_tensor(self.replay, logp_new, inputs["old_per_token_logps"],
-                                           inputs["advantages"], mask, row_weight=inputs.get("sampler_weight"))
+            loss, out = engine_corrected_loss(self.replay, logp_new, inputs["old_per_token_logps"],
+                                              inputs["advantages"], mask,
+                                              is_ratio=inputs.get("importance_sampling_ratio"),
+                                              row_weight=inputs.get("sampler_weight"))
         else:
             loss, out = self._loss_in_halves(inputs, logp_new, mask, halves, [lp for lp, _ in parts])
         self._log_replay(inputs, logp_new.detach(), mask, entropies, out)
@@ -399,8 +451,9 @@ class ReplayGRPOTrainer(GRPOTrainer):
         ``logp_new`` (B, L) in batch order; ``logp_halves`` [(b_1, L), (b_2, L)], the halves' own graphs.
         """
         leaf = logp_new.detach().requires_grad_(True)  # (B, L): the loss's d / d logp_new, without the model
-        full, out = shared_loss_tensor(self.replay, leaf, inputs["old_per_token_logps"], inputs["advantages"], mask,
-                                       row_weight=inputs.get("sampler_weight"))
+        full, out = engine_corrected_loss(self.replay, leaf, inputs["old_per_token_logps"], inputs["advantages"],
+                                          mask, is_ratio=inputs.get("importance_sampling_ratio"),
+                                          row_weight=inputs.get("sampler_weight"))
         (coef,) = torch.autograd.grad(full, leaf)  # (B, L), 0 on padding: the full loss's per-token gradient
         surrogates = [(coef[h] * torch.where(mask[h], lp, 0.0)).sum()  # S_1 + S_2 = the full loss's surrogate
                       for h, lp in zip(halves, logp_halves)]
@@ -491,6 +544,10 @@ class ReplayGRPOTrainer(GRPOTrainer):
         stored_age = self.replay_buffer.ages(step) if len(self.replay_buffer) else torch.zeros(1)
         metrics["replay/buffer_max_age"].append(float(stored_age.max()))
         metrics["replay/loss"].append(float(out.loss[0]))
+        if "importance_sampling_ratio" in inputs:  # the engine correction rho of the rows trained on (fresh and old)
+            rho = inputs["importance_sampling_ratio"][mask]
+            metrics["replay/vllm_is_ratio_mean"].append(float(rho.mean()))
+            metrics["replay/vllm_is_masked_frac"].append(float((rho == 0).double().mean()))
         for key, value in out.metrics.items():
             name = key if key.startswith("clip_ratio/") else f"replay/{key}"  # TRL's names where TRL has them
             metrics[name].append(float(np.asarray(value).reshape(-1)[0]))

@@ -117,6 +117,9 @@ class TrlRunConfig:
     """Seed of the model's initialisation, the warm start, TRL and the buffer's draws."""
     threads: int = 1
     """torch CPU threads (1: torch's default oversubscribes a shared machine; see validate --threads)."""
+    device: str = "cpu"
+    """cpu or cuda (cuda:N). On cuda the passes run under bfloat16 autocast over float32 weights (TRL's bf16), as
+    validate does; generation is TRL's own (HF generate)."""
 
     def validated(self) -> "TrlRunConfig":
         """Every option checked before any work: a one-line ValueError naming the option and its valid range."""
@@ -140,6 +143,8 @@ class TrlRunConfig:
                 raise ValueError(f"{option} must be > 0, got {value!r}")
         check_choice("--buffer", self.buffer, BUFFER_DESIGNS, trainer=True)
         check_choice("--loss", self.loss, LOSSES, trainer=True)
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"--device must be cpu or cuda (cuda:N), got {self.device!r}")
         if self.model != "tiny" and not Path(self.model).is_dir():
             raise ValueError(f"--model must be tiny or a local checkpoint directory, got {self.model!r} "
                              "(this machine reaches no model hub)")
@@ -187,7 +192,7 @@ class TrlRunConfig:
 
         return {"replay_theory_version": __version__, "model": dict(TINY_MODEL), "seed": self.seed,
                 "sft_steps": self.sft_steps, "n_train": self.n_train, "held_out": COUNTDOWN_HELD_OUT,
-                "sft_batch_size": SFT_BATCH_SIZE, "sft_lr": SFT_LR, "threads": self.threads}
+                "sft_batch_size": SFT_BATCH_SIZE, "sft_lr": SFT_LR, "threads": self.threads, "device": self.device}
 
     def replay_config(self) -> ReplayConfig:
         """The ReplayConfig of this run (raises a one-line ValueError naming the option)."""
@@ -280,6 +285,9 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     from .trl import ReplayGRPOTrainer, replay_grpo_args
 
     configure_torch(config.threads)
+    from ..validate.policy import resolve_device
+
+    device = resolve_device(config.device)  # cuda without a GPU: one line, before any work
     # TRL 1.16 calls transformers 5's deprecated gradient-checkpointing names every step: not the user's to fix
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     try:
@@ -294,7 +302,7 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
         log(regime)
     started = time.perf_counter()
     if config.model == "tiny":
-        policy = load_policy(ModelConfig(seed=config.seed, **TINY_MODEL), countdown.ALPHABET)
+        policy = load_policy(ModelConfig(seed=config.seed, device=config.device, **TINY_MODEL), countdown.ALPHABET)
         if config.sft_steps:
             cached = warm_start_path(config, cache_dir)
             if cached.is_file():
@@ -314,7 +322,7 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
                 cached.with_suffix(".json").write_text(json.dumps(config.warm_start_key(), indent=1))
                 log(f"warm start: cached {cached}")
     else:
-        policy = load_policy(ModelConfig(source=config.model, seed=config.seed))
+        policy = load_policy(ModelConfig(source=config.model, seed=config.seed, device=config.device))
     tokenizer = _hf_tokenizer(policy.tokenizer)
     dataset = Dataset.from_dict({"prompt": [p.prompt_text() for p in problems],
                                  "numbers": [list(p.numbers) for p in problems],
@@ -323,7 +331,8 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     # the boundary to TRL's GRPOConfig: its learning_rate is our lr, its max_completion_length our max_new_tokens
     args = replay_grpo_args(replay, config.group_size, output_dir=str(out / "trainer"), max_steps=config.steps,
                             learning_rate=config.lr, logging_steps=1, report_to="none",
-                            use_cpu=policy.device.type == "cpu", save_strategy="no", seed=config.seed,
+                            use_cpu=device.type == "cpu", bf16=device.type == "cuda",  # validate's precision
+                            save_strategy="no", seed=config.seed,
                             max_completion_length=config.max_new_tokens, temperature=config.temperature,
                             disable_tqdm=True)
     trainer = ReplayGRPOTrainer(model=policy.model, reward_funcs=countdown_reward, args=args, train_dataset=dataset,

@@ -32,11 +32,30 @@ resumed across a weight sync); verl's fully-async trainer before 0.9 named them 
 tokens came from, verl's ``trajectory_staleness_worst``) and ``age_end = current_version - policy_version_end``
 (verl's ``trajectory_staleness``).  The current version is the version of the weights the step trains from:
 ``global_steps - 1`` in ``RayPPOTrainer`` (version 0 is pushed before step 1, version t after step t; verl's own
-staleness metric in its v1 trainers uses the same ``global_steps - 1``), ``global_steps`` in the one-step-off
+staleness metric in its v1 trainers uses the same ``global_steps - 1``: verl/trainer/ppo/v1/trainer_base.py:1979-1980,
+which is also the v1 hook's), ``global_steps`` in the one-step-off
 trainer (it pushes the weights at the start of step t, labelled t), and ``self.current_param_version`` in the
 fully-async trainer (its versions count weight syncs, not steps): the mixin picks it
 (``diagnose_current_version``); at the call site pass it as ``current_version=``.  Without the version keys
 (or with them all ``None``) the four version columns are left out.
+
+Which hook serves which trainer (verl 0.9.1).  ``trainer.use_v1=True``, verl 0.9's default (ppo_trainer.yaml:232,
+main_ppo.py:183): :class:`VerlV1DiagnoseLogMixin`, registered over verl's v1 modes by :func:`register_v1_trainers`.
+``trainer.use_v1=False`` (``RayPPOTrainer``, deprecated, ray_trainer.py:285): :class:`VerlDiagnoseLogger` at its
+call site.  ``verl.experimental``'s fully-async and one-step-off trainers: :class:`VerlDiagnoseLogMixin`.
+
+The v1 trainer (``verl/trainer/ppo/v1/trainer_base.py``) keeps no batch in the trainer: each stage reads and writes
+the step's fields in TransferQueue, keyed by a ``KVBatchMeta`` (keys, per-row tags).  ``old_log_probs`` is written
+at L1667-1671, ``advantages`` at L1787-1800, the actor updated at L1827; ``fit`` then calls ``_compute_metrics``
+(L500) and clears the data (``tq.kv_clear``, L511).  The capture point is therefore the end of
+``_compute_metrics``: :class:`VerlV1DiagnoseLogMixin` lets verl's run (so ``metrics`` holds ``timing_s/gen`` and
+``timing_s/update_actor``), reads :data:`V1_FIELDS` with ``tq.kv_batch_get``, pads them as verl does and drops
+verl's ``is_padding`` rows (:func:`v1_batch`); the versions come from the tags ``min_global_steps`` /
+``max_global_steps`` the agent loop sets (agent_loop_tq.py:216-218).  v1's ``rm_scores`` is the
+``token_level_scores`` column.  With ``trainer.v1.<mode>.parameter_sync_step`` > 1 the step's batch is several
+local updates' rows; ``old_log_probs`` of each came from the weights of its own update, and the ages still count
+from ``global_steps - 1`` as verl's metric does.  In bypass mode v1 copies ``rollout_log_probs`` into
+``old_log_probs`` (L1642-1647): the mixin refuses such a run when the trainer is made.
 
 Call site, ``RayPPOTrainer.fit`` (``verl/trainer/ppo/ray_trainer.py``; verl 0.9.1): ``fit`` is one loop, and the
 batch and the step's metrics meet only at its end, so the hook is two lines there::
@@ -63,9 +82,10 @@ is ``timing_s/update_actor`` (forward, backward and optimizer over the batch). A
 defaults to the batch's rows: verl trains every generated row once (pass ``generated_rows=`` when rows were filtered
 out, e.g. DAPO's dynamic sampling).
 
-Needs numpy and pyarrow only (torch tensors are read through ``.detach()``); verl itself is not imported, so the
-hook works on ``DataProto`` and on anything with its three attributes (``batch``: a mapping of (rows, ...) tensors
-or arrays, ``non_tensor_batch``: a mapping of numpy object arrays, ``meta_info``).
+:class:`VerlDiagnoseLogger` needs numpy and pyarrow only (torch tensors are read through ``.detach()``); verl is not
+imported, so it works on ``DataProto`` and on anything with its three attributes (``batch``: a mapping of
+(rows, ...) tensors or arrays, ``non_tensor_batch``: a mapping of numpy object arrays, ``meta_info``).  The v1
+parts import torch, verl and ``transfer_queue`` (verl's ``verl-core`` extra) only when they run.
 """
 
 from __future__ import annotations
@@ -78,7 +98,8 @@ import numpy as np
 
 from .export import DiagnoseLogWriter
 
-__all__ = ["VerlDiagnoseLogger", "VerlDiagnoseLogMixin", "VERSION_KEYS", "TOKEN_KEYS"]
+__all__ = ["VerlDiagnoseLogger", "VerlDiagnoseLogMixin", "VerlV1DiagnoseLogMixin", "register_v1_trainers",
+           "v1_batch", "V1_FIELDS", "VERSION_KEYS", "TOKEN_KEYS"]
 
 #: verl's per-token tensors the log keeps, in ``batch.batch``; all (rows, response_length).
 TOKEN_KEYS: tuple[str, ...] = ("rollout_log_probs", "old_log_probs", "response_mask", "advantages")
@@ -86,6 +107,11 @@ TOKEN_KEYS: tuple[str, ...] = ("rollout_log_probs", "old_log_probs", "response_m
 VERSION_KEYS: tuple[tuple[str, str], ...] = (("min_global_steps", "max_global_steps"),
                                              ("param_version_start", "param_version_end"))
 GEN_TIME, UPDATE_TIME = "timing_s/gen", "timing_s/update_actor"
+#: the TransferQueue fields the v1 hook reads (``rm_scores`` is v1's ``token_level_scores``, trainer_base.py:1751;
+#: ``token_level_rewards`` is written back only with ``algorithm.use_kl_in_reward``, trainer_base.py:1788-1789)
+V1_FIELDS: tuple[str, ...] = ("uid", *TOKEN_KEYS, "rm_scores")
+#: the suffix of the trainer modes :func:`register_v1_trainers` registers (``trainer.v1.trainer_mode=sync_diagnose``)
+V1_MODE_SUFFIX = "_diagnose"
 
 
 def _numpy(value: Any) -> np.ndarray:
@@ -290,3 +316,127 @@ class VerlDiagnoseLogMixin:
         finally:
             if self.diagnose_log is not None:
                 self.diagnose_log.close()
+
+
+# --------------------------------------------------------------------------- verl's v1 trainer (use_v1=True)
+
+
+def v1_batch(data: Any, tags: list[Mapping[str, Any]]) -> Any:
+    """One step's TransferQueue fields (verl v1) -> the ``DataProto``-shaped view :class:`VerlDiagnoseLogger` reads.
+
+    ``data``: the ``TensorDict`` ``tq.kv_batch_get`` returns for the step's keys (jagged (rows, j) tensors, ``uid`` a
+    ``NonTensorStack``); ``tags``: the step's ``KVBatchMeta.tags``.  Padded to (rows, max length) with 0 exactly as
+    verl's ``_compute_metrics`` does (``data.to_padded_tensor()``), the rows verl pads the batch with for an even
+    split over data-parallel ranks (tag ``is_padding``, trainer/ppo/padding_utils.py) dropped as verl's own metrics
+    drop them, and the tags' ``min_global_steps`` / ``max_global_steps`` put where a ``DataProto`` holds them.
+    """
+    from types import SimpleNamespace
+
+    import torch  # verl's batches are torch tensors; only reached with verl installed
+
+    padded = data.to_padded_tensor()
+    rows = int(padded.batch_size[0])
+    if len(tags) != rows:
+        raise ValueError(f"verl v1 batch: {len(tags)} tags for {rows} rows")
+    keep = np.array([not tag.get("is_padding", False) for tag in tags], dtype=bool)
+    uid = np.array(padded.pop("uid").tolist(), dtype=object)  # as verl's _compute_advantage reads it
+    index = torch.as_tensor(np.flatnonzero(keep))
+    tensors = {k: padded[k][index] for k in TOKEN_KEYS}
+    tensors["token_level_scores"] = padded["rm_scores"][index]
+    if "token_level_rewards" in padded.keys():
+        tensors["token_level_rewards"] = padded["token_level_rewards"][index]
+    non_tensor = {"uid": uid[keep]}
+    for key in VERSION_KEYS[0]:  # the agent loop's tags (trainer/ppo/v1/agent_loop_tq.py:216-218)
+        non_tensor[key] = np.array([tag.get(key) for tag in tags], dtype=object)[keep]
+    return SimpleNamespace(batch=tensors, non_tensor_batch=non_tensor, meta_info={})
+
+
+def _check_v1_config(config: Any) -> None:
+    """Refuse, before training, a v1 run whose batch cannot give the ratio diagnose studies (one line each)."""
+    algorithm = config.get("algorithm", {}) or {}
+    correction = algorithm.get("rollout_correction", None) or {}
+    if correction.get("bypass_mode", False):
+        raise ValueError("verl algorithm.rollout_correction.bypass_mode=True copies rollout_log_probs into "
+                         "old_log_probs (every ratio is 1): the diagnose log needs a run without bypass mode")
+    rollout = config.get("actor_rollout_ref", {}).get("rollout", {})
+    if not rollout.get("calculate_log_probs", False):
+        raise ValueError("verl batch has no rollout_log_probs: set actor_rollout_ref.rollout.calculate_log_probs"
+                         "=True so the rollout returns its log-probs (the behaviour side of the ratio)")
+
+
+class VerlV1DiagnoseLogMixin:
+    """Logs each step of verl's v1 trainers (``trainer.use_v1=True``, verl 0.9's default; ``PPOTrainerSync``,
+    ``PPOTrainerColocateAsync``, ``PPOTrainerSeparateAsync`` of ``verl.trainer.ppo.v1``).
+
+    The v1 trainer holds no batch: its step passes a ``KVBatchMeta`` (keys, tags) and the data stays in
+    TransferQueue.  ``PPOTrainer.fit`` (trainer/ppo/v1/trainer_base.py) calls ``_compute_metrics`` (L500) after
+    the actor update and clears the step's data (``tq.kv_clear``, L511) right after, so the mixin wraps
+    ``_compute_metrics``: verl's own runs first (``metrics`` then holds ``timing_s/gen`` and
+    ``timing_s/update_actor``), then the mixin reads the step's fields from TransferQueue (:data:`V1_FIELDS`) and
+    writes them.  Ages against ``global_steps - 1``, the version verl's own ``trajectory_staleness_worst`` uses
+    (trainer_base.py:1980).  The path is the ``diagnose_log=`` keyword, else ``trainer.diagnose_log`` of the
+    config; a run in bypass mode or without rollout log-probs is refused when the trainer is made.  The log is
+    closed when ``fit`` returns or raises.  :func:`register_v1_trainers` makes the registered modes.
+    """
+
+    diagnose_log: Optional[VerlDiagnoseLogger] = None
+
+    def __init__(self, config: Any, *args: Any, diagnose_log: Optional[str | os.PathLike] = None,
+                 **kwargs: Any) -> None:
+        if diagnose_log is None:
+            trainer_config = config.get("trainer", None)
+            diagnose_log = trainer_config.get("diagnose_log", None) if trainer_config is not None else None
+        if diagnose_log is not None:
+            _check_v1_config(config)
+        super().__init__(config, *args, **kwargs)  # type: ignore[call-arg]
+        if diagnose_log is not None:
+            self.diagnose_log = VerlDiagnoseLogger(diagnose_log)
+
+    def _compute_metrics(self, batch: Any, metrics: dict, timing_raw: dict, global_steps: int, epoch: int) -> Any:
+        result = super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)  # type: ignore[misc]
+        if self.diagnose_log is not None:
+            import transfer_queue as tq  # verl's v1 trainer imports it; the mixin runs only there
+
+            fields = list(V1_FIELDS)
+            if self.config.algorithm.get("use_kl_in_reward", False):  # type: ignore[attr-defined]
+                fields.append("token_level_rewards")
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+            self.diagnose_log(v1_batch(data, batch.tags), metrics, int(global_steps),
+                              current_version=int(global_steps) - 1)
+        return result
+
+    def fit(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().fit(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            if self.diagnose_log is not None:
+                self.diagnose_log.close()
+
+
+def register_v1_trainers() -> dict[str, type]:
+    """Register ``<mode>_diagnose`` for each of verl's v1 trainer modes (``sync_diagnose``, ...); idempotent.
+
+    verl's ``TaskRunnerV1`` (trainer/main_ppo.py) looks the trainer up by ``trainer.v1.trainer_mode`` in the Ray
+    actor it runs in, so the registration must run in that process: Ray's ``worker_process_setup_hook`` does it,
+    from verl's command line::
+
+        python -m verl.trainer.main_ppo ... trainer.v1.trainer_mode=sync_diagnose \\
+            +trainer.diagnose_log=run/diagnose.parquet \\
+            +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=replay_theory.integrations.verl.register_v1_trainers
+
+    Returns the registered classes by mode name.
+    """
+    import verl.trainer.ppo.v1  # noqa: F401 (registers verl's own modes)
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY, register_trainer
+
+    made: dict[str, type] = {}
+    for mode, cls in list(TRAINER_REGISTRY.items()):
+        if issubclass(cls, VerlV1DiagnoseLogMixin):
+            continue
+        name = mode + V1_MODE_SUFFIX
+        logged = TRAINER_REGISTRY.get(name)
+        if logged is None:
+            logged = register_trainer(name)(type(f"DiagnoseLogged{cls.__name__}", (VerlV1DiagnoseLogMixin, cls),
+                                                 {"__module__": __name__}))
+        made[name] = logged
+    return made

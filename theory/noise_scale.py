@@ -275,3 +275,27 @@ def pooled_two_batch(sq_small: ArrayLike, sq_big: ArrayLike, batch_small: float,
     lo = float(np.quantile(boots, alpha, method="lower"))
     hi = float(np.quantile(boots, 1 - alpha, method="higher"))
     return PooledNoiseScale(point, (lo, hi), level, (), int(small.size), "two-batch")
+
+
+def noise_scale_pick(b_noise: float, batch: int, group_size: int, mu: float) -> dict:
+    """The noise-scale rule's design at fixed B (:func:`noise_scale_design`) with R whole prompt groups (a trainer
+    stores and draws whole GRPO groups of ``group_size``): what validate verify trains and trl-replay --design reads.
+
+    b = B_noise / B; replay pays iff 4 b (1 + b) < mu, then y* = sqrt(mu (1 + 1/b)) and R is whichever multiple of K
+    next to B / y* costs less by ``replay_cost`` ((1 + b (1 + y))(1 + mu / y), units S_min B), N = R; on-policy
+    (R = N = B) when it does not pay or the rounded design costs at least on-policy's (1 + b)(1 + mu).
+    """
+    rule = noise_scale_design(b_noise, batch, mu)
+    pick = {"b_noise": b_noise, "B": batch, "b": rule.b, "mu": mu, "y_star": rule.y_continuous,
+            "threshold_b": rule.threshold_b, "on_policy_cost": rule.on_policy_cost}
+    on_policy = {**pick, "regime": "on-policy", "R": batch, "N": batch, "y": 1.0, "cost": rule.on_policy_cost}
+    if rule.regime == "on-policy":
+        return on_policy
+    exact = batch / rule.y_continuous  # R* = B / y*, between whole groups
+    candidates = sorted({max(group_size, group_size * math.floor(exact / group_size)),
+                         min(batch, group_size * math.ceil(exact / group_size))})
+    R = min(candidates, key=lambda r: replay_cost(rule.b, batch / r, mu))
+    cost = replay_cost(rule.b, batch / R, mu)
+    if cost >= rule.on_policy_cost:  # the groups' rounding lost the saving
+        return on_policy
+    return {**pick, "regime": "replay", "R": R, "N": R, "y": batch / R, "cost": cost}

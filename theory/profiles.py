@@ -46,6 +46,7 @@ Measured profiles (``calibrate-simulator``, ``validate calibrate-model``) add, a
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -199,6 +200,9 @@ class LoadedProfile:
     noise_scale: dict | None = None
     """The measured noise-scale record (``b_noise``, ``b_noise_interval``, ``batch``, ``method``, ``source``) that
     the noise-scale rule reads (theory/noise_scale.py), or None."""
+    mu: dict | None = None
+    """The measured rollout cost ratio the file carries (``calibrate --from-log`` writes ``{"value", "ci",
+    "source", "convention"}``), which ``optimal`` uses when ``--mu`` is not given; None when the file has none."""
 
     def rho_problem(self) -> str | None:
         """Why the file's rho cannot be used (an out-of-range fit, no ``rho``), or None."""
@@ -232,26 +236,44 @@ class LoadedProfile:
 
 
 def _noise_scale_record(data: dict) -> dict | None:
-    """The file's ``noise_scale`` record, checked: a JSON object whose ``b_noise`` is a finite number > 0 (a record
-    measured without signal carries null there, and the rule then has no input: said, not defaulted)."""
+    """The file's ``noise_scale`` record, checked: a JSON object whose ``b_noise`` is a finite number > 0, or null for
+    a record measured without signal (the rule then has no input: ``optimal`` says so, never a default)."""
     record = data.get("noise_scale")
     if record is None:
         return None
     if not isinstance(record, dict):
         raise ValueError("profile 'noise_scale' must be a JSON object")
     value = record.get("b_noise")
-    if value is None:
-        raise ValueError("profile 'noise_scale' has no b_noise (B_noise was not measurable: no gradient signal at "
-                         "its checkpoints); measure it again or pass --noise-scale")
+    if value is None:  # measured without signal: kept (its interval still bounds B_noise); the rule says so when read
+        return record
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
         raise ValueError(f"profile 'noise_scale.b_noise' must be a finite number > 0, got {value!r}")
     return record
+
+
+def _mu_record(data: dict) -> dict | None:
+    """The file's measured mu as {"value", "convention", ...} (a bare number is a rollout-cost mu), or None."""
+    record = data.get("mu")
+    if record is None:
+        return None
+    if not isinstance(record, dict):
+        record = {"value": record}
+    value, convention = record.get("value"), record.get("convention", "rollout-cost")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+        raise ValueError(f"profile 'mu' must be a finite number > 0, got {value!r}")
+    if convention not in ("rollout-cost", "paper-sec3"):
+        raise ValueError(f"profile 'mu.convention' must be rollout-cost or paper-sec3, got {convention!r}")
+    return {**record, "value": float(value), "convention": convention}
 
 
 def profile_from_dict(data: dict) -> LoadedProfile:
     """Build a profile from the JSON schema in the module docstring."""
     if not isinstance(data, dict):
         raise ValueError("profile must be a JSON object")
+    return dataclasses.replace(_profile_from_dict(data), mu=_mu_record(data))
+
+
+def _profile_from_dict(data: dict) -> LoadedProfile:
     noise_scale = _noise_scale_record(data)
     if data.get("kind") == "noise_scale":
         if noise_scale is None:
@@ -269,7 +291,8 @@ def profile_from_dict(data: dict) -> LoadedProfile:
     if form is not None and form not in SIGMA_SQ_FORMS:
         raise ValueError(f"profile 'sigma_sq_form' must be one of {', '.join(SIGMA_SQ_FORMS)}, got {form!r}")
     if kind == "power_law":
-        unknown = set(data) - {"kind", "alpha", "tau", "scale", "floor", "rho", "source", "fit", "notes", "noise_scale"}
+        unknown = set(data) - {"kind", "alpha", "tau", "scale", "floor", "rho", "source", "fit", "notes", "noise_scale",
+                               "mu"}
         if unknown:
             raise ValueError(f"profile has unknown power_law keys: {', '.join(sorted(unknown))}")
         if "alpha" not in data:

@@ -35,7 +35,7 @@ from ..figures.results import save_report_figure
 from ..outputs import write_new
 from ..theory.design import DesignQuery, optimal_design
 from ..theory.group_replay import fresh_groups_per_step, fresh_verifier_evaluations
-from ..theory.noise_scale import noise_scale_design, replay_cost
+from ..theory.noise_scale import noise_scale_pick
 from ..theory.profiles import load_profile
 from . import countdown
 from .batched import stack_policy
@@ -281,29 +281,6 @@ def _group_replay_designs(R: int, group_replay: bool) -> list[dict]:
         designs.append({"name": name, "buffer": "group-replay", "loss": "rloo", "N": None, "B": R,
                         "rho": rho, "L": L, "c": c, "family": False})
     return designs
-
-
-def noise_scale_pick(b_noise: float, batch: int, group_size: int, mu: float) -> dict:
-    """The noise-scale rule's design at fixed B (``theory.noise_scale.noise_scale_design``) with R whole prompt groups.
-
-    b = B_noise / B; replay pays iff 4 b (1 + b) < mu, then y* = sqrt(mu (1 + 1/b)) and R is whichever multiple of K
-    next to B / y* costs less by ``replay_cost`` ((1 + b (1 + y))(1 + mu / y), units S_min B), N = R; on-policy
-    (R = N = B) when it does not pay or the rounded design costs at least on-policy's (1 + b)(1 + mu).
-    """
-    rule = noise_scale_design(b_noise, batch, mu)
-    pick = {"b_noise": b_noise, "B": batch, "b": rule.b, "mu": mu, "y_star": rule.y_continuous,
-            "threshold_b": rule.threshold_b, "on_policy_cost": rule.on_policy_cost}
-    on_policy = {**pick, "regime": "on-policy", "R": batch, "N": batch, "y": 1.0, "cost": rule.on_policy_cost}
-    if rule.regime == "on-policy":
-        return on_policy
-    exact = batch / rule.y_continuous  # R* = B / y*, between whole groups
-    candidates = sorted({max(group_size, group_size * math.floor(exact / group_size)),
-                         min(batch, group_size * math.ceil(exact / group_size))})
-    R = min(candidates, key=lambda r: replay_cost(rule.b, batch / r, mu))
-    cost = replay_cost(rule.b, batch / R, mu)
-    if cost >= rule.on_policy_cost:  # the groups' rounding lost the saving
-        return on_policy
-    return {**pick, "regime": "replay", "R": R, "N": R, "y": batch / R, "cost": cost}
 
 
 def _add_design(designs: list[dict], design: dict) -> str:
