@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 
 # Same seed, same numbers at any --threads: Intel MKL (torch's CPU BLAS) splits a matrix product's inner dimension
 # across threads on AVX-512 machines, so a backward pass at 2 threads differed from 1 thread in the last bits (the SFT
-# warm start drifted 1e-6 per step; tests/test_validate_determinism.py). MKL's conditional numerical reproducibility
-# mode with STRICT (results independent of the thread count; COMPATIBLE alone left some shapes differing) removes
-# that; it must be set before torch loads MKL, hence here. A value the user set is kept.
+# warm start drifted 1e-6 per step; tests/integration/test_validate_determinism.py). MKL's conditional numerical
+# reproducibility mode with STRICT (results independent of the thread count; COMPATIBLE alone left some shapes
+# differing) removes that; it must be set before torch loads MKL, hence here. A value the user set is kept.
 _os.environ.setdefault("MKL_CBWR", "AVX2,STRICT")

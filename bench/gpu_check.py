@@ -45,7 +45,8 @@ Run (the checkout need not be installed; no network, only torch, transformers an
     p=$(mktemp -d) && ln -s "$PWD" $p/replay_theory && PYTHONPATH=$p python3 bench/gpu_check.py --out $OUT/gpu_check
 
 ``--smoke`` runs every section on the CPU at tiny shapes (hidden 64, 2 layers, vocabulary 1000, 8 tokens, R 8; section
-2 skipped) in about a minute: the code paths exercised before the one blind run (``tests/test_gpu_check.py``).
+2 skipped) in about a minute: the code paths exercised before the one blind run
+(``tests/integration/test_gpu_check.py``).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ in one module per family, each with ``register(app)`` so it can be loaded and te
 Commands are registered lazily (``COMMANDS``, ``LazyGroup``): the root help is written from the table, and a
 command's module is imported only when that command runs or shows its own help, so ``replay-theory optimal``
 loads typer, numpy and the theory modules it uses, not the simulator, the experiments or diagnose
-(bench/bench_optimal_startup.py measures it; tests/test_cli_lazy.py checks the imported module set). Heavy optional
-dependencies (sympy, matplotlib, torch, transformers, pyarrow) are imported inside the commands that need them.
+(bench/bench_optimal_startup.py measures it; tests/integration/test_cli_lazy.py checks the imported module set). Heavy
+optional dependencies (sympy, matplotlib, torch, transformers, pyarrow) are imported inside the commands that need them.
 
 Bad input never shows a traceback: ``main`` prints one line naming the option and its valid range
 and exits with code 2.
@@ -41,8 +41,8 @@ class Entry(NamedTuple):
     module: str
     """The command's family module in this package (``cli/<module>.py``), whose ``register(app)`` adds it."""
     help: str
-    """Its summary in the root help: the first sentence of its own help (tests/test_cli_lazy.py checks that both
-    shorten to the same line at every width, so the root help cannot drift from the command)."""
+    """Its summary in the root help: the first sentence of its own help (tests/integration/test_cli_lazy.py checks that
+    both shorten to the same line at every width, so the root help cannot drift from the command)."""
 
 
 # Every command, in the order the root help lists them (typer listed a group, here validate, after the commands).
@@ -184,8 +184,8 @@ def root(
 
 def valid_range(name: str) -> Optional[str]:
     """The valid range of the parameter ``name`` as the families in ``RANGE_FAMILIES`` state it (None if none
-    does), read when an input error needs it. The tables share no name (tests/test_cli_lazy.py), so the first one
-    that has it gives the merged answer and an error in ``optimal`` imports theory_cmds only."""
+    does), read when an input error needs it. The tables share no name (tests/integration/test_cli_lazy.py), so the
+    first one that has it gives the merged answer and an error in ``optimal`` imports theory_cmds only."""
     for module in RANGE_FAMILIES:
         ranges = importlib.import_module(f".{module}", __package__).VALID_RANGES
         if name in ranges:

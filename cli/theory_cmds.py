@@ -11,7 +11,7 @@ compute ratio of a (W, T) GPU split; ``derive`` prints the sympy derivations.
 ``optimal`` must start fast (bench/bench_optimal_startup.py, at most 0.6x ``import typer, numpy, scipy.optimize``):
 this module and the theory modules it imports need numpy only; scipy is imported where a search needs it
 (theory/design.py::numeric_optimum for a sigma^2(s) table, theory/profiles.py's quadrature), sympy inside ``derive``
-only (tests/test_cli_lazy.py checks the module set ``optimal --mu 5.28`` loads).
+only (tests/integration/test_cli_lazy.py checks the module set ``optimal --mu 5.28`` loads).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def _render_design(design) -> str:
     if d.rollouts_per_step is not None:
         rows += [
             ("rollouts per step", "R", str(d.rollouts_per_step), "fresh rollouts generated each step"),
-            ("buffer size", "N", "-" if d.buffer_size is None else str(d.buffer_size), "FIFO capacity"),
+            ("buffer size", "N", "-" if d.capacity is None else str(d.capacity), "FIFO capacity"),
             ("batch size", "B", "-" if d.batch_size is None else str(d.batch_size),
              "samples per update, drawn uniformly"),
         ]
@@ -424,9 +424,9 @@ def _render_rule(mu, convention, d, source, evidence, paper_design, paper) -> st
             ("regime", "", d.regime, REGIME_SHORT[d.regime]),
             ("replay ratio", "y = B/R", _fmt(d.y, 4), f"updates each rollout contributes to (y* = "
                                                       f"{_fmt(d.y_continuous, 4)} before rounding R)"),
-            ("rollouts per step", "R", str(d.rollouts), "fresh rollouts generated each step"),
+            ("rollouts per step", "R", str(d.rollouts_per_step), "fresh rollouts generated each step"),
             ("buffer size", "N = R", str(d.capacity), "x = 1: the shortest horizon"),
-            ("batch size", "B", str(d.batch), "samples per update, drawn uniformly with replacement"
+            ("batch size", "B", str(d.batch_size), "samples per update, drawn uniformly with replacement"
              if d.regime == "replay" else "each fresh rollout used once"),
             ("workers per trainer", "W/T = mu/y", _fmt(d.mu / d.y, 3), "inference GPUs per trainer GPU, none idle"),
             ("compute ratio", "gamma", _fmt((d.mu / d.y + 1) / (d.mu + 1), 3), "compute per update vs on-policy "
@@ -437,13 +437,13 @@ def _render_rule(mu, convention, d, source, evidence, paper_design, paper) -> st
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     verdict = verdict_line()
     lines = ([verdict + "."] if verdict else []) + [
-        f"{PROG} optimal: mu = {mu:g} ({CONVENTION_TEXT[convention]}), B = {d.batch}",
+        f"{PROG} optimal: mu = {mu:g} ({CONVENTION_TEXT[convention]}), B = {d.batch_size}",
         "objective: the noise-scale rule (docs/THEORY.md)", f"{evidence}.", ""]
     lines += [f"  {n:<{widths[0]}}  {s:<{widths[1]}}  {v:>{widths[2]}}  {m}" for n, s, v, m in rows]
     lines.append("")
     if d.regime == "replay":
-        lines.append(f"what to do: generate R = {d.rollouts} rollouts per step, keep only them (N = R), and train on "
-                     f"B = {d.batch} drawn from them with replacement; W/T = {d.mu / d.y:.3g}.")
+        lines.append(f"what to do: generate R = {d.rollouts_per_step} rollouts per step, keep only them (N = R), and "
+                     f"train on B = {d.batch_size} drawn from them with replacement; W/T = {d.mu / d.y:.3g}.")
         horizon = horizon_line()
         if horizon:
             lines.append(horizon + ".")

@@ -72,7 +72,7 @@ def group_advantage(reward: ArrayLike, normalize_std: bool = True, eps: float = 
         return centred  # Dr. GRPO: no std normalisation (ExGRPO App. D.1)
     # r.std(axis=-1, ddof=ddof, keepdims=True), computed as numpy computes it (sqrt of the summed
     # squares of r - mean over G - ddof) from the centred rewards already at hand: the same
-    # numbers (tests/test_losses.py), without np.std's second mean and Python overhead
+    # numbers (tests/unit/test_losses.py), without np.std's second mean and Python overhead
     std = np.sqrt(np.sum(centred * centred, axis=-1, keepdims=True) / (r.shape[-1] - ddof))  # (S, g, 1)
     with np.errstate(invalid="ignore", divide="ignore"):
         adv = centred / (std + eps)  # Eq. (2), M2PO: (r - mean) / std (+1e-6 in code)

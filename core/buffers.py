@@ -53,7 +53,7 @@ Conventions decided here (each is documented again on its class):
   back with the ``RolloutBatch`` dtypes (int64 tokens, float64 log-probs).
 * 20,000 token-MDP rollouts of L = 32 at S = 64 with int8 tokens and float64
   log-probs take 482,560,000 bytes (0.45 GiB; float32 log-probs: 318,720,000;
-  ``tests/test_buffers.py::test_fifo_memory_20k_rollouts_64_seeds_under_2gib``).
+  ``tests/unit/test_buffers.py::test_fifo_memory_20k_rollouts_64_seeds_under_2gib``).
 * Vectorisation: every buffer is vectorised over seeds except ExGRPO's
   question sampling (Alg. 2's per-bucket draws), which loops over seeds in
   Python; its bookkeeping (retirement, de-duplication, storage) is vectorised,

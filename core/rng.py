@@ -22,7 +22,7 @@ in one ``random_raw`` call, with numpy's own algorithms:
   high - low is a power of two) is redone by numpy itself, seed by seed.
 
 The numbers are therefore those of the per-seed generators, bit for bit
-(``tests/test_rng.py`` checks them against numpy on every path, rejections and
+(``tests/unit/test_rng.py`` checks them against numpy on every path, rejections and
 half-used 32-bit words included). Anything else (another draw, another range,
 another bit generator, ``seed_generator``, ``generators``) first hands every
 seed's position back to its ``np.random.Generator`` (rewinding the outputs

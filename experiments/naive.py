@@ -1,7 +1,7 @@
 """A deliberately plain per-seed Python loop of one synchronous FIFO-buffer bandit run (not a user API).
 
 What it is for: the REFERENCE against which the vectorised engine
-(``simulate.engine.run``) is checked and timed. ``tests/test_naive.py`` asserts
+(``simulate.engine.run``) is checked and timed. ``tests/unit/test_naive.py`` asserts
 that both give the same final parameters and evaluation curves, and
 ``bench/bench_simulator.py`` prints the engine's speed-up over this loop.
 Nothing else should call it: it is slow on purpose and covers one design only.

@@ -153,10 +153,10 @@ class Regime:
 
 QUADRATIC_NOISE = (1.0, 10.0, 30.0, 100.0, 300.0)
 """The noisy quadratic's noise levels: B_simple / B (B = 256) at the median of the noise-free path
-(``QuadraticConfig.noise_scale`` / 256). The noise that sets the steps is 5-10x smaller (tests/test_quadratic.py);
-measured from on-policy steps these levels span b = 0.01 .. 2.5 across the rule's threshold (b = 0.11 at mu = 0.5,
-0.75 at 5.28, 1.79 at 20). 1000 (b = 2.9 measured) was dropped: its replay designs run 5,000-9,000 steps, and
-b >> 1 is the noisy-reward bandit's (b = 4-10)."""
+(``QuadraticConfig.noise_scale`` / 256). The noise that sets the steps is 5-10x smaller
+(tests/integration/test_quadratic.py); measured from on-policy steps these levels span b = 0.01 .. 2.5 across the rule's
+threshold (b = 0.11 at mu = 0.5, 0.75 at 5.28, 1.79 at 20). 1000 (b = 2.9 measured) was dropped: its replay designs run
+5,000-9,000 steps, and b >> 1 is the noisy-reward bandit's (b = 4-10)."""
 QUADRATIC_CONDITION = 100.0
 """h_max / h_min of the quadratic: on-policy needs 58-600 steps over these noise levels, so that a buffer of 16
 steps fills long before the target (at the module default 20, 9-20 steps: a start-up artefact for x >= 16)."""
@@ -882,7 +882,7 @@ def _steps_fit(runs: list[dict], batches: tuple[int, ...], rng: np.random.Genera
     """B_noise from on-policy steps to the target at several batch sizes (the pilot of McCandlish Sec. 2.2 /
     App. D: S(B) = S_min (1 + B_noise / B), least squares in 1/B), with a seed-bootstrap interval (the step size
     re-tuned in every replicate). This is the noise that sets the steps; tr Sigma / |E G|^2 of the gradients (the
-    other measurement) overstates it wherever the curvature is spread (tests/test_quadratic.py: 5-10x)."""
+    other measurement) overstates it wherever the curvature is spread (tests/integration/test_quadratic.py: 5-10x)."""
     inv = 1.0 / np.asarray(batches, dtype=float)
     passage = [_passage(r) for r in runs]  # each (lrs, seeds)
 

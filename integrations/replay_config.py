@@ -134,42 +134,42 @@ class ReplayConfig:
     @classmethod
     def from_optimal_json(cls, source: str | Path | Mapping[str, Any], *, group_size: int | None = None,
                           **overrides: Any) -> "ReplayConfig":
-        """N, B, R from ``replay-theory optimal ... --json`` output (a path, a JSON string, or its dict): the
-        noise-scale rule's (``capacity``, ``batch``, ``rollouts``) or the paper objective's (with -R or -B).
+        """N, B, R from ``replay-theory optimal ... --json`` output (a path, a JSON string, or its dict).
 
-        The JSON's ``buffer_size`` (optimal's name for N, read into ``capacity``), ``batch_size`` and
-        ``rollouts_per_step`` are null unless ``optimal`` was given
-        -R or -B; then this raises. With ``group_size`` G, N is rounded to the nearest multiple of G (whole groups
-        are stored), at least R; the rounding is recorded in ``notes``. ``overrides`` set the other fields
-        (``loss``, ``eps_high``, ...).
+        Both objectives name them ``capacity``, ``batch_size`` and ``rollouts_per_step`` (a file saved before the
+        names were unified may say ``buffer_size`` for N: read as capacity). The paper objective's are null unless
+        ``optimal`` was given -R or -B; then this raises. With ``group_size`` G, the noise-scale rule's R = N is
+        rounded to whole groups by the rule's own cost (theory.noise_scale.noise_scale_pick), and the paper's N to
+        the nearest multiple of G, at least R; the rounding is recorded in ``notes``. ``overrides`` set the other
+        fields (``loss``, ``eps_high``, ...).
         """
-        data = _load_json(source)
+        data = dict(_load_json(source))
+        if "capacity" not in data and "buffer_size" in data:  # optimal --json before capacity was its name for N
+            data["capacity"] = data["buffer_size"]
         notes: list[str] = []
-        if data.get("objective") == "noise-scale":  # the default rule's keys (cli/theory_cmds.py): N, B, R as named
-            if data.get("batch") is None or data.get("b_noise") is None:
+        if data.get("objective") == "noise-scale":  # the default rule (cli/theory_cmds.py): N = R at fixed B
+            if data.get("batch_size") is None or data.get("b_noise") is None:
                 raise ValueError("the optimal --json output has no design: run `replay-theory optimal` with the "
                                  "noise scale (--noise-scale or --profile) and -B (batch size)")
-            n, r = data["capacity"], data["rollouts"]
-            if group_size is not None:  # R in whole groups, by the rule's own cost (theory.noise_scale)
+            if group_size is not None:  # R in whole groups, by the rule's own cost
                 _positive_int("group_size", group_size)
                 mu = rollout_mu_of_convention(data["mu"], data.get("convention", "rollout-cost"))
-                pick = noise_scale_pick(data["b_noise"], data["batch"], group_size, mu)
-                if pick["R"] != r:
-                    notes.append(f"R = N = {r} of the rule rounded to {pick['R']}, whole groups of {group_size} "
-                                 f"(the cheaper neighbour by the rule's cost; regime {pick['regime']})")
-                n = r = pick["R"]
-            data = {**data, "buffer_size": n, "batch_size": data["batch"], "rollouts_per_step": r}
-        missing = [k for k in ("buffer_size", "batch_size", "rollouts_per_step") if data.get(k) is None]
+                pick = noise_scale_pick(data["b_noise"], data["batch_size"], group_size, mu)
+                if pick["R"] != data["rollouts_per_step"]:
+                    notes.append(f"R = N = {data['rollouts_per_step']} of the rule rounded to {pick['R']}, whole "
+                                 f"groups of {group_size} (the cheaper neighbour by the rule's cost; regime "
+                                 f"{pick['regime']})")
+                data["capacity"] = data["rollouts_per_step"] = pick["R"]
+        missing = [k for k in ("capacity", "batch_size", "rollouts_per_step") if data.get(k) is None]
         if missing and data.get("regime") == "unbounded":  # the objective still fell at the last measured staleness
             raise ValueError("the design is unbounded (the objective still falls at the largest staleness the profile "
-                             f"measured): there is no buffer_size to read; choose N = x R by hand with x at most the "
+                             f"measured): there is no capacity to read; choose N = x R by hand with x at most the "
                              f"profile's last staleness + 1, B = {data.get('batch_size')}, or measure sigma^2(s) "
                              "further out")
         if missing:
             raise ValueError(f"the optimal --json output has no {', '.join(missing)}: run `replay-theory optimal` "
                              "with -R (rollouts per step) or -B (batch size) to get an integer design")
-        # optimal --json's keys (theory.design.Design, a saved format): its buffer_size is our capacity N
-        n, b, r = int(data["buffer_size"]), int(data["batch_size"]), int(data["rollouts_per_step"])
+        n, b, r = int(data["capacity"]), int(data["batch_size"]), int(data["rollouts_per_step"])
         if group_size is not None:
             _positive_int("group_size", group_size)
             if r % group_size:

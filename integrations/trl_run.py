@@ -70,7 +70,7 @@ CACHE_ENV = "REPLAY_THEORY_CACHE"
 """Environment variable naming the warm-start cache folder (``--cache-dir`` wins over it)."""
 
 #: Distinct Countdown problems of the validator's family (three numbers 1-9, targets 1-40; counted by
-#: ``countdown.solve`` over every multiset, tests/test_trl_run_cli.py) and how many the split holds out.
+#: ``countdown.solve`` over every multiset, tests/integration/test_trl_run_cli.py) and how many the split holds out.
 COUNTDOWN_DISTINCT = 1721
 COUNTDOWN_HELD_OUT = 64
 MAX_N_TRAIN = COUNTDOWN_DISTINCT - COUNTDOWN_HELD_OUT

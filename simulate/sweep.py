@@ -31,7 +31,7 @@ four engines (``backend``), none home-made:
 Workers only compute: each returns its curves and summary to this process, which
 writes the files, so a remote cluster needs no shared filesystem; a worker that runs
 another replay-theory version is refused. Loky, dask and ray give bit-identical files
-for the same spec (tests/test_sweep_backends.py).
+for the same spec (tests/integration/test_sweep_backends.py).
 
 Output directory::
 

@@ -1,8 +1,20 @@
-"""Shared test helpers."""
+"""Fixtures shared by both tiers: ``tests/unit`` (fast: hand values, pure functions) and ``tests/integration``
+(engine and sweep runs, CLI end-to-end runs, memory probes, subprocesses, TRL and tiny-LM training).
+
+Heavy libraries (matplotlib, torch) are imported inside the fixtures that need them, so that collecting the fast
+tier does not pay for them.
+"""
+
+import os
+import sys
+from pathlib import Path
 
 import pytest
 
 from replay_theory.cli.app import main
+
+#: the repository root (this file is tests/conftest.py at any test-folder depth below it)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -37,3 +49,48 @@ def _private_warm_start_cache(tmp_path_factory, monkeypatch):
     """trl-replay caches its warm start under $REPLAY_THEORY_CACHE (else the user's cache folder): each test gets its
     own, so the suite never writes into the home directory nor reuses a checkpoint another test made."""
     monkeypatch.setenv("REPLAY_THEORY_CACHE", str(tmp_path_factory.mktemp("warm-start-cache")))
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    """The repository root (pyproject.toml, bench/, the package's own files): tests run scripts from there."""
+    return ROOT
+
+
+@pytest.fixture
+def close_figures():
+    """Close every matplotlib figure after the test (use with ``pytestmark = pytest.mark.usefixtures(...)``)."""
+    yield
+    plt = sys.modules.get("matplotlib.pyplot")  # imported by the test, if it drew anything
+    if plt is not None:
+        plt.close("all")
+
+
+@pytest.fixture
+def umask() -> int:
+    """The process's file-creation mask (os.umask can only be read by setting it: set it back at once)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@pytest.fixture
+def spec_file(request, tmp_path) -> Path:
+    """The test module's ``SPEC`` (a sweep spec dict) written to ``tmp_path/spec.json``."""
+    import json
+
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(request.module.SPEC))
+    return path
+
+
+@pytest.fixture(scope="module")
+def policy():
+    """A freshly initialised tiny policy (``ModelConfig()``, the Countdown alphabet), one per test module; tests must
+    not train it."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from replay_theory.validate import countdown
+    from replay_theory.validate.policy import ModelConfig, load_policy
+
+    return load_policy(ModelConfig(), countdown.ALPHABET)

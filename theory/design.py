@@ -342,7 +342,7 @@ class Design:
     y_star_unconstrained: float
     regime: str
     rollouts_per_step: int | None
-    buffer_size: int | None
+    capacity: int | None
     batch_size: int | None
     workers_per_trainer: float | None
     compute_ratio: float | None
@@ -528,7 +528,7 @@ def optimal_design(query: DesignQuery) -> Design:
         y_star_unconstrained=y_free,
         regime=regime,
         rollouts_per_step=R,
-        buffer_size=N,
+        capacity=N,
         batch_size=B,
         workers_per_trainer=wpt,
         compute_ratio=gamma,
@@ -970,7 +970,7 @@ def finite_budget_design(
         method=(f"integer search over (N, {'R' if batch_fixed else 'B'}) at {fixed_text} of the Thm 3.4 bound, "
                 f"eta optimised per design (closed-form cubic root, capped at eta_max)"),
         x_star=x, y_star=y, x_star_unconstrained=x, y_star_unconstrained=y, regime=regime,
-        rollouts_per_step=R, buffer_size=N, batch_size=B, workers_per_trainer=wpt, compute_ratio=gamma,
+        rollouts_per_step=R, capacity=N, batch_size=B, workers_per_trainer=wpt, compute_ratio=gamma,
         notes=notes, regime_text=text, advice=advice, constraint=None, objective="finite-budget", budget=budget,
         budget_regime=budget_regime, smoothness=smoothness, bias=bias, f0=f0, eta=float(result.eta),
         eta_max=terms["eta_max"], updates=float(result.updates), bound=float(result.value), bound_terms=terms,

@@ -118,12 +118,12 @@ class NoiseScaleDesign:
     """The rule's design at a fixed batch B: integer R, N = R (the shortest horizon)."""
 
     b_noise: float
-    batch: int  # B
+    batch_size: int  # B
     mu: float
     b: float  # B_noise / B
     regime: str  # "replay" or "on-policy"
     y_continuous: float  # y* = sqrt(mu (1 + 1/b)), or 1 on-policy
-    rollouts: int  # R = round(B / y*), >= 1
+    rollouts_per_step: int  # R = round(B / y*), >= 1
     capacity: int  # N = R: x = 1
     y: float  # B / R, the integer design's replay ratio
     cost: float  # (1 + b B V)(1 + mu / y) of the integer design, units S_min B

@@ -5,7 +5,7 @@ Each derivation starts from the paper's definitions and lets sympy do the work
 ``series``), recording every step as a :class:`Step`. A step whose text says
 "(argued)" states a fact that is reasoned in words, not computed; every other
 step shows what sympy returned. The numeric modules (``design``, ``profiles``,
-``divergences``) implement the results; ``tests/test_symbolic.py`` compares the
+``divergences``) implement the results; ``tests/unit/test_symbolic.py`` compares the
 two.
 
 This module is imported only by ``replay-theory derive`` and the tests (never by

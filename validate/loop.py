@@ -85,7 +85,7 @@ def configure_torch(threads: int) -> None:
     Why a set count: torch's default (one thread per core) oversubscribes a machine shared with other
     jobs; on the 2-core machine with one other CPU-bound process, 2 threads ran the tiny model 6.5x
     slower than 1 (bench/bench_validate_threads.py). Results do not depend on the count
-    (tests/test_validate_determinism.py runs a calibration at 1 and 2 threads in separate processes).
+    (tests/integration/test_validate_determinism.py runs a calibration at 1 and 2 threads in separate processes).
     """
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
@@ -216,7 +216,7 @@ def run_predict(config: ValidateConfig, out_dir: Path, log=print, rho: float | N
     predicted = {"mu": mu_value, "mu_timing": calibration["mu_timing"], "x_star": design.x_star,
                  "y_star": design.y_star, "regime": design.regime,
                  "regime_text": design.regime_text, "advice": design.advice,
-                 "N": design.buffer_size, "B": design.batch_size, "R": design.rollouts_per_step,
+                 "N": design.capacity, "B": design.batch_size, "R": design.rollouts_per_step,
                  "workers_per_trainer": design.workers_per_trainer, "rho_used": rho, "rho_note": rho_note,
                  "design": design.to_json_dict()}
     path = out_dir / "predicted.json"
@@ -231,7 +231,7 @@ def run_predict(config: ValidateConfig, out_dir: Path, log=print, rho: float | N
         write_new(path, lambda tmp: tmp.write_text(json.dumps(predicted, indent=1, default=lambda v: None)))
     log(f"predicted (Thm 3.5's J, the large-budget limit, compute priced at mu = {mu_value:g}; this machine's timing "
         f"mu = {calibration['mu_timing']:.3g}): regime {design.regime}, x* = {design.x_star:.3g}, "
-        f"y* = {design.y_star:.3g}, N = {design.buffer_size}, B = {design.batch_size}, R = {design.rollouts_per_step}")
+        f"y* = {design.y_star:.3g}, N = {design.capacity}, B = {design.batch_size}, R = {design.rollouts_per_step}")
     log(f"what it is: {design.regime_text}")  # never "replay" for gamma > 1 (theory/design.py::classify_regime)
     log(f"what to do: {design.advice}")
     if design.constraint:
@@ -635,8 +635,8 @@ def _train_seeds(config: ValidateConfig, out_dir: Path, design: dict, pending: l
     """``_train_one`` for the seeds ``pending`` of one design at once (seeds as a batch axis, validate/batched.py).
 
     Seed s trains with the streams of ``config.seed + 101 s`` and is evaluated with ``config.seed + 1 + s``, as in
-    ``_train_one``: each record equals the sequential one (tests/test_validate_batched.py). One checkpoint holds
-    every pending seed (every 5 steps, resumed exactly); records are written when all of them finish.
+    ``_train_one``: each record equals the sequential one (tests/integration/test_validate_batched.py). One checkpoint
+    holds every pending seed (every 5 steps, resumed exactly); records are written when all of them finish.
     """
     seeds = [config.seed + 101 * s for s in pending]
     policy = stack_policy(load_checkpoint(out_dir / "warm_start", device=config.device), len(pending))

@@ -279,8 +279,8 @@ def train_loop(policy: Policy, problems: list[countdown.Problem], config: RLConf
     S > 1 needs a seed-stacked ``policy`` (``validate.batched.stack_policy``). Seed s draws its prompts and buffer
     samples from ``np.random.default_rng(seeds[s])`` and its tokens from ``torch.Generator().manual_seed(seeds[s])``,
     the streams a one-seed run with ``config.seed = seeds[s]`` uses, so each seed reproduces that run
-    (``tests/test_validate_batched.py``). ``progress(step, metrics of every seed)``. Timings in the results are
-    the whole batch's.
+    (``tests/integration/test_validate_batched.py``). ``progress(step, metrics of every seed)``. Timings in the results
+    are the whole batch's.
     """
     config = config.validated()
     S = len(seeds)

@@ -66,8 +66,8 @@ Cost per step: on-policy and x = 1 do not grow with R d (160 rows x 2000 steps a
 x = 1 y = 4 on a loaded 2-core machine, most of it FifoBuffer's add and draw); x > 1 draws R d normals a step
 (x = 4 y = 4: 10 s).
 
-Measured (``python tests/test_quadratic.py``; defaults, 32 seeds, step size tuned over 2 .. 2^-8 / L): on-policy
-steps are linear in 1/B (McCandlish Eq. 2.7, residuals <= 4%) with S_min = 12-15, but the fitted B_noise is
+Measured (``python tests/integration/test_quadratic.py``; defaults, 32 seeds, step size tuned over 2 .. 2^-8 / L):
+on-policy steps are linear in 1/B (McCandlish Eq. 2.7, residuals <= 4%) with S_min = 12-15, but the fitted B_noise is
 0.10-0.19 x ``noise_scale`` (4.9 / 24.6 / 277.5 at noise_scale 25.6 / 256 / 2560): with a spread spectrum the
 median of tr Sigma / |grad F|^2 overstates the noise that sets the steps (at condition 100: 0.01-0.02 x). Replay at
 x = 1, y = 4 takes 1.06 / 1.39 / 3.08 x on-policy's steps at B = 256: the rule's (1 + b (1 + y)) / (1 + b) gives

@@ -14,7 +14,7 @@ Checked against numpy by hand, for each of TRL's four modes with a cap (and a lo
   gives the same value and parameter gradient (a fresh row's result is TRL's; a replayed row's is TRL's formula
   with the row's stored pi_old and rho);
 and that training runs (finite loss, parameters moved). The tiny-model builder repeats
-tests/test_integrations_trl.py's (pytest's importlib mode does not let test modules import each other).
+tests/integration/test_integrations_trl.py's (pytest's importlib mode does not let test modules import each other).
 """
 
 import math

@@ -1,0 +1,228 @@
+"""``replay-theory trl-replay`` for a new user: options checked first, quiet stdout, cached warm start, regime line.
+
+The checks and the cache key need no torch; the runs (marked slow) train TRL's real GRPOTrainer on the tiny Qwen2
+for a few steps on CPU, with the warm-start cache in a temporary folder.
+"""
+
+import json
+from itertools import combinations_with_replacement
+
+import pytest
+
+from replay_theory.integrations import trl_run
+from replay_theory.integrations.trl_run import (
+    CACHE_ENV,
+    COUNTDOWN_DISTINCT,
+    MAX_N_TRAIN,
+    TRAINER_LOG_NAME,
+    TrlRunConfig,
+    default_cache_dir,
+    warm_start_path,
+)
+
+BY_HAND = ["--capacity", "16", "--batch-size", "12", "--rollouts-per-step", "8", "--group-size", "4"]
+
+
+@pytest.mark.parametrize("args, message", [
+    # TRL's GRPOConfig: generation_batch_size (R) % num_generations (G), after the warm start, in TRL's names
+    (["--capacity", "12", "--batch-size", "6", "--rollouts-per-step", "6", "--group-size", "4"],
+     "--rollouts-per-step must be a multiple of --group-size = 4 (whole prompt groups), got 6"),
+    # the trainer's buffer (integrations/buffer.py), at the trainer's construction
+    (["--capacity", "10", "--batch-size", "8", "--rollouts-per-step", "8", "--group-size", "4"],
+     "--capacity must be a multiple of --group-size = 4 (whole groups are stored), got 10"),
+    (["--capacity", "4", "--batch-size", "8", "--rollouts-per-step", "8", "--group-size", "4"],
+     "--capacity must be >= --rollouts-per-step = 8 (the fresh rollouts must fit), got 4"),
+    (["--capacity", "16", "--batch-size", "6", "--rollouts-per-step", "8", "--buffer", "on-policy"],
+     "--batch-size must equal --rollouts-per-step = 8 on-policy (every rollout trained once), got 6"),
+    # TRL's RepeatSampler drops a batch of fewer than R/G prompts; the Countdown family holds 1721 problems
+    ([*BY_HAND, "--n-train", "1"],
+     "--n-train must be in [2, 1657] (R/G = 8/4 prompts a step; 1721 distinct problems, 64 held out), got 1"),
+    ([*BY_HAND, "--n-train", "1658"],
+     "--n-train must be in [2, 1657] (R/G = 8/4 prompts a step; 1721 distinct problems, 64 held out), got 1658"),
+    ([*BY_HAND, "--group-size", "1"], "--group-size must be an integer >= 2, got 1"),
+    ([*BY_HAND, "--temperature", "0"], "--temperature must be > 0, got 0.0"),
+    ([*BY_HAND, "--device", "tpu"], "--device must be cpu or cuda (cuda:N), got 'tpu'"),
+    ([*BY_HAND, "--device", "cuda:x"], "--device must be cpu or cuda (cuda:N), got 'cuda:x'"),
+])
+def test_bad_input_is_one_line_in_the_options_names_before_any_work(error_line, tmp_path, monkeypatch, args,
+                                                                     message):
+    from replay_theory.validate import sft
+
+    def no_sft(*a, **k):  # the check must come before the warm start
+        raise AssertionError("the warm start ran")
+
+    monkeypatch.setattr(sft, "sft_warm_start", no_sft)
+    out = tmp_path / "run"
+    assert error_line("trl-replay", "--out", str(out), "--cache-dir", str(tmp_path / "cache"), *args) == message
+    assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_generator_stall_names_n_train_before_the_warm_start(error_line, tmp_path, monkeypatch):
+    # near the family's size the generator may never draw a rare problem (make_splits gives up): one line naming
+    # --n-train, before the warm start and before --out is made
+    pytest.importorskip("torch")
+    from replay_theory.validate import sft
+    from replay_theory.validate.config import ValidateConfig
+
+    def stalled(self):
+        raise ValueError("cannot find 1721 distinct problems with {...}")
+
+    def no_sft(*a, **k):
+        raise AssertionError("the warm start ran")
+
+    monkeypatch.setattr(ValidateConfig, "problems", stalled)
+    monkeypatch.setattr(sft, "sft_warm_start", no_sft)
+    line = error_line("trl-replay", "--out", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"),
+                      *BY_HAND, "--n-train", "1657")
+    assert line == ("--n-train 1657: seed 0's problem generator stalls before 1657 + 64 held-out distinct problems "
+                    "(cannot find 1721 distinct problems with {...}): use a smaller --n-train")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_cache_dir_that_is_a_file_is_refused(error_line, tmp_path):
+    (tmp_path / "cache").write_text("x")
+    line = error_line("trl-replay", "--out", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"),
+                      *BY_HAND)
+    assert line == f"--cache-dir (or ${CACHE_ENV}) {tmp_path / 'cache'} is not a directory"
+    assert not (tmp_path / "run").exists()
+
+
+def test_countdown_family_size_is_the_solvers_count():
+    # MAX_N_TRAIN = the distinct solvable problems (three numbers 1-9, target 1-40) less the 64 held out
+    from replay_theory.validate import countdown
+
+    count = sum(1 for numbers in combinations_with_replacement(range(1, 10), 3) for target in range(1, 41)
+                if countdown.solve(countdown.Problem(numbers, target)) is not None)
+    assert count == COUNTDOWN_DISTINCT == 1721 and MAX_N_TRAIN == 1657
+
+
+@pytest.mark.parametrize("n, b, r, line", [
+    (8, 8, 8, "regime: on-policy (N = B = R = 8): every rollout is trained once, in the step that generated it; "
+              "no replay"),
+    (16, 4, 8, "regime: over-generation, not replay (y = B/R = 4/8 = 0.5 < 1): some rollouts are never trained "
+               "on; raise --batch-size to R or cut --rollouts-per-step to B"),
+    (16, 12, 8, None),  # replay: y = 1.5
+    (16, 8, 8, None),  # a buffer without reuse (y = 1, x = 2): not one of the two named regimes
+])
+def test_regime_line(n, b, r, line):
+    config = TrlRunConfig(capacity=n, batch_size=b, rollouts_per_step=r, group_size=4).validated()
+    assert config.regime_line() == line
+
+
+def test_warm_start_cache_key_and_folder(tmp_path, monkeypatch):
+    base = TrlRunConfig(capacity=16, batch_size=12, rollouts_per_step=8, group_size=4)
+    path = warm_start_path(base, tmp_path)
+    assert path.parent == tmp_path and path.name.startswith(f"warm-start-{trl_run.__version__}-")
+    # the RL options do not touch the warm start; every SFT input does
+    same = TrlRunConfig(capacity=32, batch_size=8, rollouts_per_step=16, group_size=8, steps=3,
+                        lr=1e-4, loss="tis", temperature=0.5)
+    assert warm_start_path(same, tmp_path) == path
+    for change in ({"seed": 1}, {"sft_steps": 599}, {"n_train": 999}, {"threads": 2}):
+        assert warm_start_path(TrlRunConfig(**{**base.__dict__, **change}), tmp_path) != path, change
+    monkeypatch.setattr(trl_run, "__version__", "9.9.9")  # a new code version never reads the old weights
+    assert warm_start_path(base, tmp_path) != path
+    # the folder: $REPLAY_THEORY_CACHE, else $XDG_CACHE_HOME/replay-theory, else ~/.cache/replay-theory
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "replay-theory"
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
+    assert default_cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv(CACHE_ENV)
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "replay-theory"
+
+
+@pytest.mark.slow
+def test_second_run_loads_the_cached_warm_start_and_trains_the_same(cli, tmp_path, monkeypatch):
+    pytest.importorskip("trl")
+    import pyarrow.parquet as pq
+
+    from replay_theory.validate import sft
+
+    calls = []
+    real_sft = sft.sft_warm_start
+
+    def counting_sft(*a, **k):
+        calls.append(k["steps"])
+        return real_sft(*a, **k)
+
+    monkeypatch.setattr(sft, "sft_warm_start", counting_sft)
+    cache = tmp_path / "cache"
+    args = [*BY_HAND, "--steps", "3", "--sft-steps", "10", "--n-train", "32", "--no-progress", "--cache-dir",
+            str(cache)]
+    code, first, stderr = cli("trl-replay", "--out", str(tmp_path / "a"), *args)
+    assert code == 0, stderr
+    assert calls == [10]
+    cached = warm_start_path(TrlRunConfig(sft_steps=10, n_train=32), cache)
+    assert sorted(p.name for p in cache.iterdir()) == sorted([cached.name, cached.with_suffix(".json").name])
+    assert json.loads(cached.with_suffix(".json").read_text())["sft_steps"] == 10
+
+    def no_sft(*a, **k):
+        raise AssertionError("the second run repeated the SFT")
+
+    monkeypatch.setattr(sft, "sft_warm_start", no_sft)
+    code, second, stderr = cli("trl-replay", "--out", str(tmp_path / "b"), *args)
+    assert code == 0, stderr
+    assert f"warm start: cached {cached}" in first and f"warm start: loaded {cached}" in second
+
+    # bit for bit: the same rows, log-probs and advantages (wall-clock columns aside), the same per-step metrics
+    tables = [pq.read_table(tmp_path / name / "rollouts.parquet") for name in ("a", "b")]
+    tables = [t.select([c for c in t.column_names if not c.endswith("_seconds")]) for t in tables]
+    assert tables[0].num_rows == 3 * 12 and tables[0].equals(tables[1])
+    runs = [json.loads((tmp_path / name / "run.json").read_text()) for name in ("a", "b")]
+    timing = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "step_time")
+
+    def metrics(history):
+        return [{k: v for k, v in h.items() if k not in timing} for h in history]
+
+    assert metrics(runs[0]["history"]) == metrics(runs[1]["history"])
+    assert runs[0]["noise_scale"] == runs[1]["noise_scale"]
+
+    # stdout: the summary only; TRL's per-step dicts are in trainer_log.jsonl, the same steps run.json keeps
+    lines = second.splitlines()
+    assert [line.split()[0].rstrip(":") for line in lines] == ["warm", "trained", "reward", "B_noise", "wrote",
+                                                               "next"]
+    assert not any(line.lstrip().startswith("{") for line in lines)
+    logged = [json.loads(line) for line in (tmp_path / "b" / TRAINER_LOG_NAME).read_text().splitlines()]
+    per_step = [row for row in logged if "replay/replay_ratio" in row]
+    assert [row["step"] for row in per_step] == [1, 2, 3]
+    assert [row["reward"] for row in per_step] == [h["reward"] for h in runs[1]["history"]]
+    assert str(tmp_path / "b" / TRAINER_LOG_NAME) in lines[4]
+
+
+def test_gpu_extra_is_trls_vllm_range(repo_root):
+    # pyproject's gpu extra allows exactly the vLLM versions the installed TRL's own vllm extra does (TRL 1.16:
+    # >= 0.22.0, <= 0.31.0)
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement  # pytest's own dependency
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    try:
+        trl_requires = requires("trl") or []
+    except PackageNotFoundError:
+        pytest.skip("trl is not installed")
+    trl_vllm = [Requirement(r) for r in trl_requires if Requirement(r).name == "vllm"]
+    pyproject = tomllib.loads((repo_root / "pyproject.toml").read_text())
+    ours = [Requirement(r) for r in pyproject["project"]["optional-dependencies"]["gpu"]]
+    assert [r.name for r in ours] == ["vllm"] and len(trl_vllm) == 1
+    assert ours[0].specifier == trl_vllm[0].specifier
+    assert [v for v in ("0.21.9", "0.22.0", "0.31.0", "0.31.1", "0.33.0") if v in ours[0].specifier] == \
+        ["0.22.0", "0.31.0"]
+
+
+def test_cuda_without_a_gpu_is_one_line_before_any_work(error_line, tmp_path, monkeypatch):
+    # --device cuda on a machine without a GPU: validate's own refusal (validate/policy.resolve_device), before the
+    # warm start and before --out is made
+    import torch
+
+    from replay_theory.validate import sft
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sft, "sft_warm_start", lambda *a, **k: (_ for _ in ()).throw(AssertionError("SFT ran")))
+    out = tmp_path / "run"
+    line = error_line("trl-replay", "--out", str(out), "--cache-dir", str(tmp_path / "cache"), *BY_HAND,
+                      "--device", "cuda")
+    assert line == "CUDA requested but torch.cuda.is_available() is False; use --device cpu"
+    assert not out.exists() and not (tmp_path / "cache").exists()
