@@ -33,6 +33,7 @@ from ..outputs import check_new_file, write_new
 #: config field (DiagnoseConfig, WhatIfConfig, the report) -> the option a user types for it.
 OPTION_OF_FIELD = {
     "path": "LOG", "preset": "--preset", "columns": "--columns", "format": "--format", "chunk_rows": "--chunk-rows",
+    "threads": "--threads",
     "max_age_buckets": "--max-age-buckets", "ppo_clip": "--clip", "tis": "--tis", "mask": "--mask",
     "m2po": "--m2po", "m2po_batch_tokens": "--m2po-batch-tokens", "freshper_tau": "--tau",
     "report": "--from-report",
@@ -73,6 +74,9 @@ TauOption = Annotated[str, typer.Option("--tau", help="What-if FreshPER age-deca
 NoWhatIfOption = Annotated[bool, typer.Option("--no-what-if", help="Statistics only.")]
 MaxAgeBucketsOption = Annotated[int, typer.Option("--max-age-buckets", help="Age buckets in the by-age table (>= 1).")]
 ChunkRowsOption = Annotated[int, typer.Option("--chunk-rows", help="Rows read per chunk (>= 1; bounds the memory).")]
+ThreadsOption = Annotated[int, typer.Option("--threads", help="Threads that fold each chunk side by side (>= 1; 2 "
+                                            "splits the work about evenly, more helps only with more cores); every "
+                                            "count gives the same numbers.")]
 NoProgressOption = Annotated[bool, typer.Option(
     "--no-progress", help="No progress bar (none either when stderr is not a terminal).")]
 
@@ -133,6 +137,7 @@ def diagnose_command(
     no_what_if: NoWhatIfOption = False,
     max_age_buckets: MaxAgeBucketsOption = 16,
     chunk_rows: ChunkRowsOption = 262144,
+    threads: ThreadsOption = 2,
     no_progress: NoProgressOption = False,
 ) -> None:
     """Off-policy health of logged rollouts: ESS, chi^2, KL, M2 overall / per sequence / by age, the theory
@@ -167,14 +172,14 @@ def diagnose_command(
                                mask=_floats(mask, "--mask"), m2po=_floats(m2po, "--m2po"),
                                m2po_batch_tokens=m2po_batch_tokens, freshper_tau=_floats(tau, "--tau"))
         config = DiagnoseConfig(path=str(log), preset=preset, columns=columns, format=fmt, chunk_rows=chunk_rows,
-                                skip_invalid=skip_invalid, max_age_buckets=max_age_buckets,
+                                threads=threads, skip_invalid=skip_invalid, max_age_buckets=max_age_buckets,
                                 what_if=what_if, run_what_if=not no_what_if)
         report = _run(config, log, show_progress=not no_progress and sys.stderr.isatty())
     except ConfigError as err:
         raise ValueError(err.named(OPTION_OF_FIELD.get(err.field, err.field))) from None
-    except MemoryError:  # memory is one chunk's arrays (and, unsorted, every sequence), whatever the log's length
-        raise ValueError(f"out of memory while diagnosing {log}: lower --chunk-rows (now {chunk_rows}); with unsorted "
-                         "sequence ids every sequence is held") from None
+    except MemoryError:  # memory is chunks x folds in flight, whatever the log's length
+        raise ValueError(f"out of memory while diagnosing {log}: lower --chunk-rows (now {chunk_rows}) or --threads "
+                         f"(now {threads}); with unsorted sequence ids every sequence is held") from None
     if figure is not None and report["by_age"]:
         save_figure(report, figure)
     if save is not None:

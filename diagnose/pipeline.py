@@ -13,10 +13,8 @@ merged exactly at O(runs) cost (``accumulators.Moments``):
   batch ``framework_statistics``) once the sequence is complete;
 * a log-ratio histogram (quantiles) and the token what-if corrections (``whatif.py``).
 
-These folds are independent and run in the reading thread, each chunk's one after the other, in chunk order. (Worker
-threads that ran the costliest folds beside the reader were removed: on the shared 2-core machine they measured 0.79
-s against 0.73 s with one thread for statistics only and 0.89 against 0.82 s for the full report, 3M tokens.) The
-allocator tuning (``keep_freed_memory``) stays: it saves 9-13% of the full report's time. With integer
+These folds are independent: with ``threads`` > 1 the costliest so far run in worker threads and the rest in the
+reading thread, each fold in chunk order, so every thread count gives the same numbers, bit for bit. With integer
 sequence ids that never decrease (TRL's and verl's exports) a sequence is folded when the next begins, so memory is
 flat in the length of the log; any other order is detected at the first decreasing id and the log is read again with
 every sequence held (about 370 bytes a sequence).
@@ -31,6 +29,8 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
@@ -63,6 +63,7 @@ class DiagnoseConfig:
     columns: Optional[str] = None  # "field=name,..." overrides of the preset
     format: str = "auto"
     chunk_rows: int = 262144
+    threads: int = 2  # threads folding each chunk side by side (1: all in the calling thread); same numbers
     skip_invalid: bool = False
     max_age_buckets: int = 16
     what_if: WhatIfConfig = field(default_factory=WhatIfConfig)
@@ -73,7 +74,7 @@ class DiagnoseConfig:
         # every field is checked here, before the file is opened: a bad value costs no work
         if self.format not in ("auto", *FORMATS):
             raise ConfigError("format", f"must be auto, {', '.join(FORMATS)}; got {self.format!r}")
-        for name in ("chunk_rows", "max_age_buckets"):
+        for name in ("chunk_rows", "threads", "max_age_buckets"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be an integer >= 1, got {getattr(self, name)}")
         resolve_columns(self.preset, self.columns)
@@ -82,6 +83,8 @@ class DiagnoseConfig:
 #: what a sequence carries from token runs to its sequence-level statistics: the framework sums, its first
 #: kept token's advantage (NaN until seen) and whether it lost a token to --skip-invalid
 _SEQ_SUMS = (*SEQ_FIELDS, "adv", "bad")
+#: the independent folds of a chunk (``_fold_chunk``), usually heaviest first; ``_pass`` places them by their cost
+FOLDS = ("tokens", "what_if", "histogram")
 #: complete sequences are folded in batches of at least this many (about 0.6 MB of sums): few numpy calls, flat memory
 CLOSE_EVERY = 8192
 
@@ -210,8 +213,8 @@ def _check(chunk: TokenChunk, skip: bool, state: _State, path: str) -> np.ndarra
 
 
 def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> dict[str, Callable[[], None]]:
-    """The chunk's folds, by accumulator (tokens, what-if, histogram): each reads only this chunk's arrays and
-    writes only its own accumulators, so their order within a chunk does not change any number."""
+    """The chunk's folds, by accumulator (``FOLDS``): each reads only this chunk's arrays and writes only its
+    own accumulators, so folds of different names may run side by side."""
     def kept(x: np.ndarray | None) -> np.ndarray | None:
         return x if x is None or keep is None else x[keep]
 
@@ -234,7 +237,7 @@ def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> di
     starts = np.concatenate([[0], np.flatnonzero(change) + 1])  # (R,)
     run_seq = seq[starts]  # (R,)
 
-    def tokens() -> None:  # moments, framework and sequence sums: one fold, so they share r and the run sums
+    def tokens() -> None:  # moments, framework and sequence sums: one thread, so they share r and the run sums
         ratio = np.exp(lr) if max(float(lr.max()), -float(lr.min())) <= UNSHIFTED_MAX else None  # (n,) or None
         runs = Moments.from_segments(lr, starts, ratio)
         if age is None:  # with ages, the token level is the union of the ages (``_pass``)
@@ -325,18 +328,59 @@ def keep_freed_memory(trim_bytes: int = 32 << 20, mmap_bytes: int = 32 << 20) ->
     return bool(mallopt(-1, trim_bytes)) and bool(mallopt(-3, mmap_bytes))  # malloc.h M_TRIM / M_MMAP_THRESHOLD
 
 
+def _timed(fold: Callable[[], None], cost: dict[str, float], name: str) -> Callable[[], None]:
+    def run() -> None:
+        start = time.thread_time()
+        fold()
+        cost[name] += time.thread_time() - start
+    return run
+
+
 def _pass(config: DiagnoseConfig, sorted_ids: bool, progress) -> tuple[LogReader, _State]:
     columns = resolve_columns(config.preset, config.columns)
     reader = LogReader(config.path, columns, fmt=config.format, chunk_rows=config.chunk_rows,
                        skip_invalid=config.skip_invalid, sorted_ids=sorted_ids)
     state = _State(config, "age" in reader.used, "advantage" in reader.used, sorted_ids)
-    for chunk in reader:
-        state.skipped["mismatched_rows"] += chunk.mismatched_rows
-        keep = _check(chunk, config.skip_invalid, state, reader.path.name)
-        for fold in _fold_chunk(chunk, state, keep).values():  # every accumulator sees the chunks in file order
-            fold()
-        if progress is not None:
-            progress(reader.bytes_done, reader.total_bytes)
+    # worker lanes (one-thread executors) and the reading thread each run their folds in chunk order, so every
+    # accumulator sees the chunks in file order and the numbers do not depend on the thread count; a lane may
+    # run two chunks behind the reader
+    lanes = [ThreadPoolExecutor(1) for _ in range(min(config.threads - 1, len(FOLDS)))]
+    cost = dict.fromkeys(FOLDS, 0.0)  # CPU seconds each fold has taken so far
+    placed: dict[str, tuple] = {}  # fold -> (its worker lane, the future of its last chunk there)
+    pending: list[list] = []
+    try:
+        for chunk in reader:
+            state.skipped["mismatched_rows"] += chunk.mismatched_rows
+            keep = _check(chunk, config.skip_invalid, state, reader.path.name)
+            folds = _fold_chunk(chunk, state, keep)
+            # the costliest folds so far run in the workers (one there stays unless another costs 25% more: M2PO's
+            # sort can make the what-if the heaviest), the rest here; a fold that moves first waits for its chunk
+            order = sorted(folds, key=lambda n: -cost[n] * (1.25 if n in placed else 1.0))
+            top = order[:len(lanes)]
+            free = sorted(set(range(len(lanes))) - {placed[n][0] for n in top if n in placed})
+            futures = []
+            for name in order:
+                lane = (placed[name][0] if name in placed else free.pop(0)) if name in top else None
+                if name in placed and placed[name][0] != lane:
+                    placed.pop(name)[1].result()
+                fold = _timed(folds[name], cost, name)
+                if lane is None:
+                    fold()
+                else:
+                    placed[name] = (lane, lanes[lane].submit(fold))
+                    futures.append(placed[name][1])
+            pending.append(futures)
+            while len(pending) > 2:  # bounds the chunks in flight (memory)
+                for future in pending.pop(0):
+                    future.result()  # re-raises a fold's exception here
+            if progress is not None:
+                progress(reader.bytes_done, reader.total_bytes)
+        for futures in pending:
+            for future in futures:
+                future.result()
+    finally:
+        for lane in lanes:
+            lane.shutdown(cancel_futures=True)
     state.sequences.close(state.sequences.sums["seq_len"].size)  # the last sequences
     if state.has_age:
         state.tokens = state.by_age.reduce(np.zeros(state.by_age.size, dtype=np.int64), 1)

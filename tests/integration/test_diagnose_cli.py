@@ -168,6 +168,7 @@ _FORMATS = "valid: auto, parquet, csv, jsonl"
     (["{csv}", "--m2po-batch-tokens", "0"], "--m2po-batch-tokens must be an integer >= 1, got 0"),
     (["{csv}", "--max-age-buckets", "0"], "--max-age-buckets must be an integer >= 1, got 0"),
     (["{csv}", "--chunk-rows", "0"], "--chunk-rows must be an integer >= 1, got 0"),
+    (["{csv}", "--threads", "0"], "--threads must be an integer >= 1, got 0"),
     (["{csv}", "--format", "xml"], "--format must be auto, parquet, csv, jsonl; got 'xml'"),
     (["{csv}", "--columns", "logp_behav"], "--columns must be field=name pairs separated by commas, got 'logp_behav'"),
     (["{csv}", "--columns", "foo=bar"], f"--columns names an unknown field 'foo' (valid: {_VALID_FIELDS})"),
@@ -280,7 +281,7 @@ def test_from_report_refuses_a_log_or_save_beside_it(tmp_path, cli):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.parquet", "r.json"]
 
 
-def test_running_out_of_memory_is_one_line_naming_the_option_that_bounds_it(tmp_path, cli, monkeypatch):
+def test_running_out_of_memory_is_one_line_naming_the_options_that_bound_it(tmp_path, cli, monkeypatch):
     path, _ = _age_log(tmp_path)
 
     def no_memory(*args, **kwargs):
@@ -290,8 +291,8 @@ def test_running_out_of_memory_is_one_line_naming_the_option_that_bounds_it(tmp_
     code, out, err = cli("diagnose", str(path), "--chunk-rows", "1000", "--no-progress", "--save",
                          str(tmp_path / "r.json"))
     assert code == 2 and out == ""
-    assert err == (f"replay-theory: error: out of memory while diagnosing {path}: lower --chunk-rows (now 1000); "
-                   "with unsorted sequence ids every sequence is held\n")
+    assert err == (f"replay-theory: error: out of memory while diagnosing {path}: lower --chunk-rows (now 1000) or "
+                   "--threads (now 2); with unsorted sequence ids every sequence is held\n")
     assert not (tmp_path / "r.json").exists()
 
 

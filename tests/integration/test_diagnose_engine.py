@@ -1,4 +1,4 @@
-"""diagnose's streaming engine: token runs, sorted-id streaming, chunk sizes, memory, exact arithmetic (issue 15)."""
+"""diagnose's streaming engine: token runs, sorted-id streaming, threads, memory, exact arithmetic (issue 15)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -41,27 +43,43 @@ def _flatten(x, prefix=""):
         yield prefix, x
 
 
-def test_the_full_report_does_not_depend_on_the_chunk_size(tmp_path):
-    # every fold (token sums, what-if with M2PO binding, histogram, sequences spanning chunks) sees the same tokens in
-    # the same order at any chunk size; only the grouping of the sums changes, so floats agree to round-off and
-    # everything else (counts, flags, names) exactly. The same chunk size twice gives the same report bit for bit.
-    path = _write_log(tmp_path / "log.parquet", 3000, drift=0.4)  # 4096-row groups: chunks of 333, 1000 and 4096
-    reports = [diagnose(DiagnoseConfig(path=path, chunk_rows=c)) for c in (333, 1000, 5000, 5000)]
+def test_same_numbers_for_any_thread_count(tmp_path):
+    path = _write_log(tmp_path / "log.parquet", 3000, drift=0.4)  # M2PO binds in some blocks
+    reports = [diagnose(DiagnoseConfig(path=path, threads=t, chunk_rows=5000)) for t in (1, 2, 3)]
     for r in reports:
         r.pop("config")
     assert any(row["flagged_frac"] for row in reports[0]["what_if"] if row["correction"].startswith("m2po"))
-    assert json.dumps(reports[2]) == json.dumps(reports[3])  # bit for bit
-    flat = [dict(_flatten(r)) for r in reports[:3]]
-    assert flat[0].keys() == flat[1].keys() == flat[2].keys()
-    floats = 0
-    for key, value in flat[2].items():
-        for other in flat[:2]:
-            if isinstance(value, float):
-                assert other[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
-            else:
-                assert other[key] == value, key
-        floats += isinstance(value, float)
-    assert floats > 200
+    assert json.dumps(reports[0]) == json.dumps(reports[1]) == json.dumps(reports[2])  # bit for bit
+
+
+def test_folds_that_move_between_threads_give_the_same_numbers(tmp_path, monkeypatch):
+    # _pass places the costliest folds in the worker threads; a fold that moves must first finish its chunk in
+    # flight. Scripted costs make the what-if overtake the tokens fold after four chunks (as M2PO's sort can), so
+    # both move, and the report must equal the one-thread report bit for bit
+    from replay_theory.diagnose import pipeline as P
+
+    path = _write_log(tmp_path / "log.parquet", 3000, drift=0.4)
+    one = diagnose(DiagnoseConfig(path=path, threads=1, chunk_rows=3000))
+    calls, where = {}, []
+
+    def scripted(fold, cost, name):
+        def run():
+            calls[name] = calls.get(name, 0) + 1
+            here = threading.current_thread() is threading.main_thread()
+            where.append((name, here))
+            if not here:
+                time.sleep(0.01)  # a slow worker: a move that did not wait would run this fold's chunks out of order
+            fold()
+            cost[name] += {"tokens": 1.0, "what_if": 0.0 if calls[name] <= 4 else 5.0}.get(name, 0.1)
+        return run
+
+    monkeypatch.setattr(P, "_timed", scripted)
+    moved = diagnose(DiagnoseConfig(path=path, threads=2, chunk_rows=3000))
+    assert ("tokens", False) in where and ("tokens", True) in where  # tokens ran in the worker, then here
+    assert ("what_if", True) in where and ("what_if", False) in where
+    for r in (one, moved):
+        r.pop("config")
+    assert json.dumps(one) == json.dumps(moved)
 
 
 def test_sorted_ids_get_running_codes_and_a_decrease_is_reported(tmp_path):
@@ -106,7 +124,8 @@ _PROBE = """
 import sys, tracemalloc, pyarrow as pa
 from replay_theory.diagnose import DiagnoseConfig, diagnose
 tracemalloc.start()
-report = diagnose(DiagnoseConfig(path=sys.argv[1], chunk_rows=65536))
+# --threads 1: how many chunks the fold threads hold at once depends on scheduling, not on the log
+report = diagnose(DiagnoseConfig(path=sys.argv[1], chunk_rows=65536, threads=1))
 print(tracemalloc.get_traced_memory()[1] + pa.default_memory_pool().max_memory(), report["n_tokens"])
 """
 
@@ -164,11 +183,13 @@ pa.set_memory_pool(pa.system_memory_pool())  # Arrow's own pools reserve address
 from replay_theory.diagnose import DiagnoseConfig, diagnose
 
 small, big, budget = sys.argv[1], sys.argv[2], int(sys.argv[3])
-diagnose(DiagnoseConfig(path=small, chunk_rows=65536))
+# --threads 1: no thread starts under the limit (a new thread's stack and thread-local data need address space,
+# and a C++ thread that cannot allocate aborts the process instead of raising)
+diagnose(DiagnoseConfig(path=small, chunk_rows=65536, threads=1))
 pq.read_table(small, use_threads=False)
 size = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (size + budget, size + budget))
-report = diagnose(DiagnoseConfig(path=big, chunk_rows=65536))
+report = diagnose(DiagnoseConfig(path=big, chunk_rows=65536, threads=1))
 try:
     pq.read_table(big, use_threads=False)
     whole = "the whole log fits"
@@ -223,3 +244,26 @@ def test_every_bad_token_is_caught_wherever_it_sits(field, value, key, where):
     clean = TokenChunk(seq=chunk.seq, reward=None, first_row=0, **{**arrays, field: np.delete(arrays[field], where)[
         np.r_[0:n - 1, 0]]})
     assert _check(clean, False, state, "x.parquet") is None
+
+
+def test_the_full_report_does_not_depend_on_the_chunk_size(tmp_path):
+    # every fold (token sums, what-if with M2PO binding, histogram, sequences spanning chunks) sees the same tokens in
+    # the same order at any chunk size; only the grouping of the sums changes, so floats agree to round-off and
+    # everything else (counts, flags, names) exactly. The same chunk size twice gives the same report bit for bit.
+    path = _write_log(tmp_path / "log.parquet", 3000, drift=0.4)  # 4096-row groups: chunks of 333, 1000 and 4096
+    reports = [diagnose(DiagnoseConfig(path=path, chunk_rows=c)) for c in (333, 1000, 5000, 5000)]
+    for r in reports:
+        r.pop("config")
+    assert any(row["flagged_frac"] for row in reports[0]["what_if"] if row["correction"].startswith("m2po"))
+    assert json.dumps(reports[2]) == json.dumps(reports[3])  # bit for bit
+    flat = [dict(_flatten(r)) for r in reports[:3]]
+    assert flat[0].keys() == flat[1].keys() == flat[2].keys()
+    floats = 0
+    for key, value in flat[2].items():
+        for other in flat[:2]:
+            if isinstance(value, float):
+                assert other[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+            else:
+                assert other[key] == value, key
+        floats += isinstance(value, float)
+    assert floats > 200
