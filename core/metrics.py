@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..theory.divergences import ess_kish_fraction, sample_statistics
-from ..theory.moments import ess_frac_from_sums
+from ..theory.moments import ess_frac_from_sums, weight_sums
 
 __all__ = ["TOKEN_STATS", "step_metrics", "sequence_log_ratio", "ess_by_age"]
 
@@ -50,8 +50,12 @@ def step_metrics(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
     if token_stats is None or not all(k in token_stats for k in TOKEN_STATS):
         token_stats = sample_statistics(token_lr.reshape(S, -1), mask=mask.reshape(S, -1))
     staleness = np.asarray(staleness).reshape(S, -1)
+    if np.isfinite(seq_lr).all():  # the engine's every step: the kernel's sums without the checks' passes
+        ess = ess_frac_from_sums(*weight_sums(seq_lr))  # (S,) the same numbers as ess_kish_fraction(seq_lr)
+    else:
+        ess = ess_kish_fraction(seq_lr)
     return {
-        "ess_frac": np.asarray(ess_kish_fraction(seq_lr)),  # (S,) Kish of the sequence ratios, FreshPER Eq. (5)
+        "ess_frac": np.asarray(ess),  # (S,) Kish of the sequence ratios, FreshPER Eq. (5)
         **{k: np.asarray(token_stats[k]).reshape(S) for k in TOKEN_STATS},
         "log_ratio_abs_max": np.abs(token_lr).reshape(S, -1).max(axis=1),  # padding is 0
         "staleness_mean": np.sum(staleness, axis=1) / staleness.shape[1],
