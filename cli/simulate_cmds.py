@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..core.jobs import check_jobs
 from ..core.progress import ProgressBar
 from ..experiments.paper_tables import EXPERIMENTS, get_experiment, write_table
 from ..experiments.theory_test import Options as TheoryTestOptions
@@ -45,7 +46,6 @@ from ..simulate.engine import run
 from ..simulate.sweep import (
     BACKENDS,
     SweepInterrupted,
-    check_jobs,
     load_runs,
     load_spec,
     parquet_available,

@@ -133,7 +133,7 @@ def verify(
     """Train on-policy, the prediction and its neighbours at equal compute; writes report.json/.md/.png
     (never overwritten: a re-run with the same settings prints the saved report's best design)."""
     plan = protocol(fields["seeds"], fields["budget_updates"], thorough, fields["group_replay"], fields["lr_grid"],
-                    fields["batched"], fields["family"])
+                    fields["batched"], fields["family"], fields["jobs"])
     if threads is not None:
         check_integer("--threads", threads, 1)
     check_run_dir(out, needs="predicted.json")
@@ -151,7 +151,7 @@ def validate_all(fields: dict[str, Any], out: OutOption, tiny: TinyOption = True
     """calibrate-model -> predict -> verify."""
     config = _sized(AllConfig, fields, tiny)
     plan = protocol(config.seeds, config.budget_updates, thorough, config.group_replay, config.lr_grid,
-                    config.batched, config.family)
+                    config.batched, config.family, config.jobs)
     _check_rho(rho)
     check_run_dir(out)
     loop = _loop()

@@ -68,10 +68,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import joblib
 import numpy as np
 
 from .. import __version__
+from ..core.jobs import check_jobs, local_workers, run_unordered
 from ..core.progress import ProgressBar
 from ..outputs import check_out_dir as check_out_path
 from .config import SimConfig, config_from_dict
@@ -216,13 +216,6 @@ def pending_configs(configs: list[SimConfig], out_dir: Path) -> list[SimConfig]:
     return [c for c in configs if not (runs / f"{c.key()}.json").exists()]
 
 
-def check_jobs(n_jobs: int) -> int:
-    """joblib's n_jobs as this package allows it: -1 (all cores) or a count >= 1."""
-    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or (n_jobs != -1 and n_jobs < 1):
-        raise ValueError(f"--jobs must be -1 (all cores) or an integer >= 1, got {n_jobs!r}")
-    return n_jobs
-
-
 def check_backend(backend: str) -> str:
     """A backend that can run here: the name is known and its package is installed."""
     if backend not in BACKENDS:
@@ -253,15 +246,6 @@ def check_scheduler(backend: str, scheduler: str | None, n_jobs: int = -1) -> st
     return scheduler
 
 
-def local_workers(n_jobs: int, n_configs: int) -> int:
-    """Workers of a local engine: ``n_jobs`` (-1: every core), never more than the configurations to run.
-
-    -1 counts cores as loky does (joblib.cpu_count: the CPUs this process may use, cgroup limits included).
-    """
-    cores = n_jobs if n_jobs != -1 else joblib.cpu_count()
-    return max(1, min(cores, n_configs))
-
-
 Results = Callable[[list[SimConfig]], Iterator[dict[str, Any]]]
 """An open engine: runs configurations, yields :func:`run_config` outputs as they finish (any order)."""
 
@@ -281,10 +265,8 @@ def open_engine(backend: str, n_jobs: int, scheduler: str | None, n_configs: int
             yield results
     else:
         def results(todo: list[SimConfig]) -> Iterator[dict[str, Any]]:
-            with joblib.parallel_config(backend=backend, n_jobs=n_jobs):
-                # run_config looked up at call time, so a test can replace it (threading backend)
-                yield from joblib.Parallel(return_as="generator_unordered")(
-                    joblib.delayed(run_config)(c) for c in todo)
+            # run_config looked up at call time, so a test can replace it (threading backend)
+            yield from run_unordered(run_config, ((c,) for c in todo), n_jobs, backend)
 
         yield results
 

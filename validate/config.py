@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.jobs import check_jobs
 from ..outputs import check_out_dir
 from . import countdown
 
@@ -120,9 +121,13 @@ class VerifyConfig:
     --rollouts-per-step) or fixed-b (at B = --rollouts-per-step: on-policy, replay at R = B/2, B/4, B/8 with N = R,
     on-policy at B/2 and B/4, the noise-scale rule's and the paper's predictions; writes report-fixed-b.*). Opt-in,
     also under --thorough."""
+    jobs: int = 1
+    """Worker processes training verify's runs at once (-1: one per core), each with --threads torch threads; the
+    runs are independent, so the results are the same at any count. 2 on the 2-core CPU: 1.9x (docs/VALIDATION.md)."""
 
     def validated(self) -> "VerifyConfig":
         check_integer("--seeds", self.seeds, 1)
+        check_jobs(self.jobs)
         check_integer("--budget-updates", self.budget_updates, 1)
         self.learning_rates(1.0)  # the grid's own checks (auto needs no --lr to be checked)
         if self.family not in FAMILIES:
@@ -169,7 +174,7 @@ class AllConfig(ValidateConfig, VerifyConfig):
 
     def verify(self) -> VerifyConfig:
         return VerifyConfig(self.seeds, self.budget_updates, self.group_replay, self.lr_grid, self.batched,
-                            self.family)
+                            self.family, self.jobs)
 
 
 ENGINES = ("hf", "vllm", "auto")
@@ -211,7 +216,7 @@ def check_positive(option: str, value: float) -> None:
 
 
 def protocol(seeds: int, budget_updates: int, thorough: bool, group_replay: bool = False, lr_grid: str = "",
-             batched: bool = False, family: str = "neighbours") -> VerifyConfig:
+             batched: bool = False, family: str = "neighbours", jobs: int = 1) -> VerifyConfig:
     """--thorough's seeds and budget, or the ones given; both at once is refused (which would win is a guess).
 
     --lr-grid may be given with --thorough: it replaces the default grid (auto)."""
@@ -220,8 +225,8 @@ def protocol(seeds: int, budget_updates: int, thorough: bool, group_replay: bool
                          "those options, not both")
     if thorough:
         return dataclasses.replace(THOROUGH, lr_grid=lr_grid or THOROUGH.lr_grid, batched=batched,
-                                   family=family).validated()
-    return VerifyConfig(seeds, budget_updates, group_replay, lr_grid, batched, family).validated()
+                                   family=family, jobs=jobs).validated()
+    return VerifyConfig(seeds, budget_updates, group_replay, lr_grid, batched, family, jobs).validated()
 
 
 def load_run_config(out_dir: Path, **overrides) -> ValidateConfig:

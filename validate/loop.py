@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import transformers
 
+from ..core.jobs import local_workers, run_unordered
 from ..core.progress import ProgressBar
 from ..figures.results import save_report_figure
 from ..outputs import write_new
@@ -394,6 +395,9 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
         log(f"report exists in {out_dir}; not trained again (a new --out runs verify afresh)")
         return report
     engine = check_engine(config)
+    if engine == "vllm" and plan.jobs != 1:
+        raise ValueError(f"--jobs must be 1 with --engine vllm (one engine holds its GPU memory share), got "
+                         f"{plan.jobs}")
     configure_torch(config.threads)
     started = time.perf_counter()
     predicted = json.loads((out_dir / "predicted.json").read_text())
@@ -432,33 +436,47 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     cells = [(d, lr) for d in designs for lr in lrs]  # (design, learning rate): one group of seeds each
     paths = {(d["name"], lr): [runs_dir / f"{_run_file_stem(d['name'])}{_lr_tag(lr) if grid else ''}_seed{s}.json"
                                for s in range(seeds)] for d, lr in cells}
-    bar = ProgressBar("verify (design x seed runs)", len(cells) * seeds,
-                      sum(path.exists() for ps in paths.values() for path in ps), enabled=progress)
-    records: dict[tuple[str, float], list[dict]] = {}
+    units = []  # what one process trains at a time: (design, lr, steps, pending seeds); a cell's seeds if batched
     for design, lr in cells:
         steps = steps_at_budget(design, budget, mu, R, K)
-        cell_paths = paths[(design["name"], lr)]
-        for path in cell_paths:
+        for path in paths[(design["name"], lr)]:
             if path.exists():  # resume: finished runs are kept
                 saved = json.loads(path.read_text())
                 if saved["steps"] != steps:
                     raise ValueError(f"{str(path)!r} was trained for {saved['steps']} updates, not {steps}: a "
                                      f"different --budget-updates or mu; use another --out")
-        pending = [s for s, path in enumerate(cell_paths) if not path.exists()]
-        run_config = dataclasses.replace(config, lr=lr)
+        pending = [s for s, path in enumerate(paths[(design["name"], lr)]) if not path.exists()]
         if batched and len(pending) > 1:
-            _train_seeds(run_config, out_dir, design, pending, steps, mu, cell_paths, train_set, test_set, sampler,
-                         bar)
+            units.append((design, lr, steps, pending))
         else:
-            for s in pending:
-                _train_one(run_config, out_dir, design, s, steps, mu, cell_paths[s], train_set, test_set, sampler,
-                           bar)
-                bar.advance()
-        records[(design["name"], lr)] = [json.loads(path.read_text()) for path in cell_paths]
-        for s, record in enumerate(records[(design["name"], lr)]):
+            units += [(design, lr, steps, [s]) for s in pending]
+    workers = local_workers(plan.jobs, len(units)) if units else 1
+    done = sum(path.exists() for ps in paths.values() for path in ps)
+    if done or workers > 1:
+        log(f"verify: {done} of {len(cells) * seeds} runs saved; training the other {len(cells) * seeds - done} "
+            f"in {workers} process{'es' if workers > 1 else ''}")
+    bar = ProgressBar("verify (design x seed runs)", len(cells) * seeds, done, enabled=progress)
+
+    def log_unit(design: dict, lr: float, pending: list[int]) -> None:
+        for s in pending:
+            record = json.loads(paths[(design["name"], lr)][s].read_text())
             log(f"{design['name']:<20}{f' lr {lr:.3g}' if grid else ''} seed {s}: held-out reward "
                 f"{record['held_out']['mean_reward']:.3f} (pass@1 {record['held_out']['pass@1']:.3f}) after "
                 f"{record['steps']} updates")
+
+    if workers == 1:
+        for design, lr, steps, pending in units:
+            _train_unit(dataclasses.replace(config, lr=lr), out_dir, design, steps, mu, pending,
+                        paths[(design["name"], lr)], batched, train_set, test_set, sampler, bar)
+            log_unit(design, lr, pending)
+    else:  # independent runs, each seeded by its own seed: the same files whichever process trains them
+        jobs = ((dataclasses.replace(config, lr=lr), out_dir, design, steps, mu, pending, paths[(design["name"], lr)],
+                 batched) for design, lr, steps, pending in units)
+        for design, lr, pending in run_unordered(_train_unit_in_worker, jobs, workers, batch_size=1):
+            for _ in pending:
+                bar.advance()
+            log_unit(design, lr, pending)
+    records = {cell: [json.loads(path.read_text()) for path in cell_paths] for cell, cell_paths in paths.items()}
     bar.close()
     rows = [_best_lr_row(design, lrs, records, R, K, seeds, warm_mean, warm_sd) for design in designs]
     best = max(rows, key=lambda r: r["final_reward_mean"])
@@ -614,6 +632,50 @@ def _train_one(config: ValidateConfig, out_dir: Path, design: dict, seed: int, s
     return _write_record(path, design, seed, steps, result, held_out)
 
 
+def _train_unit(config: ValidateConfig, out_dir: Path, design: dict, steps: int, mu: float, pending: list[int],
+                cell_paths: list[Path], batched: bool, train_set, test_set, sampler, bar: ProgressBar) -> None:
+    """Seeds ``pending`` of one (design, learning rate) cell: together when ``batched``, else one after another."""
+    if batched and len(pending) > 1:
+        _train_seeds(config, out_dir, design, pending, steps, mu, cell_paths, train_set, test_set, sampler, bar)
+        return
+    for s in pending:
+        _train_one(config, out_dir, design, s, steps, mu, cell_paths[s], train_set, test_set, sampler, bar)
+        bar.advance()
+
+
+def _train_unit_in_worker(config: ValidateConfig, out_dir: Path, design: dict, steps: int, mu: float,
+                          pending: list[int], cell_paths: list[Path], batched: bool) -> tuple[dict, float, list[int]]:
+    """``_train_unit`` in a ``--jobs`` worker process: it builds what ``run_verify`` holds (the problems, the
+    engine, torch's threads and deterministic kernels) and writes the same record files."""
+    configure_torch(config.threads)
+    train_set, test_set = config.problems()
+    _train_unit(config, out_dir, design, steps, mu, pending, cell_paths, batched, train_set, test_set,
+                get_sampler(config, out_dir), _WorkerBar())
+    return design, config.lr, pending
+
+
+class _WorkerBar:
+    """A ``--jobs`` worker's stand-in for the progress bar (the main process draws it). At every step it checks that
+    the verify that started this worker is alive: a worker whose verify was killed (SIGTERM, SIGKILL) would otherwise
+    train on as an orphan beside a restarted verify. It stops within a step; the run's checkpoint resumes it."""
+
+    def __init__(self):
+        self.parent = os.getppid()
+
+    def tick(self) -> None:
+        if os.getppid() != self.parent:
+            raise SystemExit(f"verify (process {self.parent}) is gone; this worker stops")
+
+    def advance(self) -> None:
+        self.tick()
+
+    def update(self, done: int) -> None:
+        self.tick()
+
+    def close(self) -> None:
+        pass
+
+
 def _lr_tag(lr: float) -> str:
     return f"_lr{lr:.3g}"
 
@@ -671,8 +733,8 @@ def _write_record(path: Path, design: dict, seed: int, steps: int, result, held_
               "fresh_rollouts": result.k_inference, "samples_trained": result.k_training,
               "compute": result.compute,  # charged by the pipeline from the counted rollouts
               "held_out": held_out, "train_reward": [m["reward"] for m in result.metrics]}
-    with path.open("x") as handle:
-        json.dump(record, handle, indent=1, default=float)
+    # whole or not at all: a run killed while writing (Ctrl-C, a --jobs worker stopped) leaves no half record
+    write_new(path, lambda tmp: tmp.write_text(json.dumps(record, indent=1, default=float)))
     return record
 
 

@@ -1,6 +1,7 @@
 """verify --family fixed-b (issue 23): the designs where replay can win, their equal-compute budgets, the noise-scale
 rule's pick, both rules' rows in the report, and the options refused before any work."""
 
+import dataclasses
 import json
 import math
 
@@ -175,17 +176,17 @@ def test_thorough_keeps_the_neighbours_family_unless_fixed_b_is_asked(monkeypatc
     assert plans == [VerifyConfig(16, 96, False, "auto", False, "fixed-b"), VerifyConfig(16, 96, False, "auto")]
 
 
-@pytest.mark.slow
-def test_fixed_b_verify_end_to_end_on_the_tiny_model(tmp_path):
-    """B = 16, K = 2, 2 seeds, budget 2 on-policy updates at mu = 5.28, a hand-made calibration with B_noise = 4
-    (b = 0.25: R = 4, the family's replay y=4); every design's records carry its own R and the equal budget."""
+TINY_FIXED_B = ValidateConfig(n_train=40, n_test=4, sft_steps=2, rollouts_per_step=16, group_size=2, probe_steps=9,
+                              samples=4, max_new_tokens=4)
+
+
+def _hand_made_run(out):
+    """A run directory for TINY_FIXED_B: its warm start, and a hand-made calibration with B_noise = 4 and
+    prediction (x* = y* = 2), so verify runs without the calibration's minutes."""
     from replay_theory.validate.loop import prepare_policy
 
-    config = ValidateConfig(n_train=40, n_test=4, sft_steps=2, rollouts_per_step=16, group_size=2, probe_steps=9,
-                            samples=4, max_new_tokens=4)
-    out = tmp_path / "run"
     out.mkdir()
-    prepare_policy(config, out, config.problems()[0])
+    prepare_policy(TINY_FIXED_B, out, TINY_FIXED_B.problems()[0])
     record = {"b_noise": 4.0, "b_noise_interval": [2.0, 40.0], "level": 0.9, "per_checkpoint": [4.0], "checkpoints": 1,
               "method": "per-sample", "batch": 16, "unit_size": 2, "source": "hand-made for the test"}
     (out / "calibration.json").write_text(json.dumps({"mu_timing": 1.0, "mu_count": 1.0, "count_window": {},
@@ -194,6 +195,15 @@ def test_fixed_b_verify_end_to_end_on_the_tiny_model(tmp_path):
     (out / "profile.json").write_text(json.dumps({"fits": {}}))
     (out / "predicted.json").write_text(json.dumps({"mu": 5.28, "x_star": 2.0, "y_star": 2.0, "N": 32, "B": 32,
                                                     "R": 16, "regime": "replay"}))
+    return out
+
+
+@pytest.mark.slow
+def test_fixed_b_verify_end_to_end_on_the_tiny_model(tmp_path):
+    """B = 16, K = 2, 2 seeds, budget 2 on-policy updates at mu = 5.28, a hand-made calibration with B_noise = 4
+    (b = 0.25: R = 4, the family's replay y=4); every design's records carry its own R and the equal budget."""
+    config = TINY_FIXED_B
+    out = _hand_made_run(tmp_path / "run")
     report = run_verify(config, out, VerifyConfig(seeds=2, budget_updates=2, family="fixed-b"), log=lambda *_: None)
     mu, budget = 5.28, 2 * (5.28 * 16 + 16)
     assert [d["name"] for d in report["designs"]] == ["on-policy", "replay y=2", "replay y=4", "replay y=8",
@@ -217,3 +227,55 @@ def test_fixed_b_verify_end_to_end_on_the_tiny_model(tmp_path):
     # the records hold the run's own R: on-policy B/4 trained 8 updates of 4 fresh completions
     run = json.loads((out / "verify" / "on-policyBover4_seed0.json").read_text())
     assert (run["fresh_rollouts"], run["samples_trained"]) == (32, 32)
+
+
+@pytest.mark.slow
+def test_verify_in_two_worker_processes_writes_the_same_runs_as_one(tmp_path):
+    """--jobs 2 trains the runs in two loky worker processes: every run record (weights' held-out evaluation, the
+    training rewards, compute) and the report's rows equal the one-process run's, bit for bit; a run directory
+    half trained by one process count is finished by another, and the log says how many runs were saved."""
+    import shutil
+
+    one = _hand_made_run(tmp_path / "one")
+    two = tmp_path / "two"
+    shutil.copytree(one, two)
+    plan = VerifyConfig(seeds=2, budget_updates=2, family="fixed-b")
+    report_one = run_verify(TINY_FIXED_B, one, plan, log=lambda *_: None)
+    # the second directory starts with 5 of the 14 runs finished by the one-process run (a resumed run)
+    finished = sorted((one / "verify").glob("*_seed*.json"))
+    (two / "verify").mkdir()
+    for path in finished[:5]:
+        shutil.copy(path, two / "verify" / path.name)
+    logged = []
+    report_two = run_verify(TINY_FIXED_B, two, dataclasses.replace(plan, jobs=2), log=logged.append)
+    assert logged[1] == "verify: 5 of 14 runs saved; training the other 9 in 2 processes"
+    assert sum(" seed " in line and "held-out reward" in line for line in logged) == 9  # each trained run, once
+    assert len(finished) == 14 and sorted(p.name for p in (two / "verify").glob("*_seed*.json")) == [
+        p.name for p in finished]
+    for path in finished:
+        assert json.loads((two / "verify" / path.name).read_text()) == json.loads(path.read_text()), path.name
+    assert report_two["designs"] == report_one["designs"] and report_two["verdict"] == report_one["verdict"]
+
+
+def test_jobs_is_checked_before_any_work(error_line, tmp_path):
+    assert error_line("validate", "verify", "--out", str(tmp_path / "x"), "--jobs", "0") == (
+        "--jobs must be -1 (all cores) or an integer >= 1, got 0")
+    assert error_line("validate", "all", "--out", str(tmp_path / "y"), "--jobs", "-2") == (
+        "--jobs must be -1 (all cores) or an integer >= 1, got -2")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_a_worker_stops_when_its_verify_is_gone(monkeypatch):
+    """A --jobs worker checks at every step that the verify that started it lives: once its parent process is
+    gone (the worker is re-parented), the next step stops it, so no orphan trains beside a restarted verify."""
+    import os
+
+    from replay_theory.validate.loop import _WorkerBar
+
+    monkeypatch.setattr(os, "getppid", lambda: 4242)
+    bar = _WorkerBar()
+    bar.tick()
+    bar.advance()  # the parent lives: nothing happens
+    monkeypatch.setattr(os, "getppid", lambda: 1)
+    with pytest.raises(SystemExit, match="verify \\(process 4242\\) is gone; this worker stops"):
+        bar.tick()
