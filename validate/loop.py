@@ -562,8 +562,20 @@ def prediction_rows(rows: list[dict], centres: dict[str, str], pick: dict | None
         rival = max(rivals, key=means.get) if rivals else None
         entry["separation"] = (None if verdict is None or rival is None else
                                next(p for p in verdict["pairs"] if p["design"] == rival))
+        entry["criterion"] = _criterion(verdict, entry["separation"])
         out.append(entry)
     return out
+
+
+def _criterion(verdict: dict | None, separation: dict | None) -> dict | None:
+    """Issue 23's test of a prediction: it ranks first (the highest mean reward) or lies within one paired se of the
+    best. ``separation`` is (prediction - strongest rival), the rival being the best when the prediction is not."""
+    if verdict is None or separation is None:
+        return None
+    first = verdict["family"]["rank"] == 1
+    difference, se = separation["difference"], separation["se"]
+    return {"first": first, "within_one_se": first or -difference <= se, "rival": separation["design"],
+            "difference": difference, "se": se, "in_se": difference / se if se > 0 else None}
 
 
 def predictions_markdown(report: dict) -> list[str]:
@@ -605,6 +617,19 @@ def predictions_markdown(report: dict) -> list[str]:
         lines.append(f"| {p['rule']} | {p['design']} | {f['rank']} of {f['designs']} [{f['rank_ci'][0]:.0f}, "
                      f"{f['rank_ci'][1]:.0f}] | {f['probability_predicted_best']:.2f} | {f['regret']:.4f} "
                      f"[{f['regret_ci'][0]:.4f}, {f['regret_ci'][1]:.4f}] | {rival} |")
+    lines.append("")
+    for p in predictions:  # the test: first, or within one paired se of the best
+        c = p.get("criterion")
+        if c is None:
+            continue
+        in_se = "se 0" if c["in_se"] is None else f"{abs(c['in_se']):.1f} paired se"
+        size = f"{abs(c['difference']):.4f} ({in_se})"
+        if c["first"]:
+            said = f"ranks first, ahead of {c['rival']} by {size}"
+        else:
+            said = (f"{'within' if c['within_one_se'] else 'NOT within'} one paired se of the best ({c['rival']}): "
+                    f"behind by {size}")
+        lines.append(f"- {p['rule']} rule ({p['design']}): {said}")
     for p in predictions:
         if p["rule"] == "noise-scale" and p["verdict"] is not None:
             lines += verdict_markdown(p["verdict"], p["design"])

@@ -132,6 +132,15 @@ def test_report_rows_of_both_rules_by_hand():
     assert "| 1 of 3 [" in row and "| 0.0000 [" in row and row.endswith("| replay y=2 | +0.1250 +- 0.0323 | 2 |")
     row = next(line for line in lines if line.startswith("| paper | on-policy |"))
     assert "| 3 of 3 [" in row and "| 0.1750 [" in row and "| replay y=4 | -0.1750 +- " in row
+    # issue 23's test, first or within one paired se of the best: the rule first (0.125 / 0.0323 = 3.9 se ahead);
+    # the paper behind by 0.175, se sqrt(0.0225 / 3 / 4) = 0.0433: 4.0 se, not within one
+    assert rule["criterion"] == {"first": True, "within_one_se": True, "rival": "replay y=2", "difference": sep[
+        "difference"], "se": sep["se"], "in_se": pytest.approx(0.125 / math.sqrt(0.0125 / 12))}
+    assert paper["criterion"]["within_one_se"] is False and paper["criterion"]["in_se"] == pytest.approx(
+        -0.175 / math.sqrt(0.0075 / 4))
+    assert "- noise-scale rule (replay y=4): ranks first, ahead of replay y=2 by 0.1250 (3.9 paired se)" in lines
+    assert "- paper rule (on-policy): NOT within one paired se of the best (replay y=4): behind by 0.1750 (4.0 " \
+           "paired se)" in lines
     # no measured B_noise: the rule's row says so, the paper's is still there
     out = prediction_rows(rows, {"paper": "on-policy"}, None, {}, PAPER_ON_POLICY, verdict_of, 8)
     assert out[0]["verdict"] is None and out[1]["verdict"]["family"]["rank"] == 3
