@@ -114,8 +114,8 @@ class VerifyConfig:
     Empty: --lr only."""
     batched: bool = False
     """Train all seeds of a design at once (validate/batched.py; bit-identical to the one-seed-at-a-time reference
-    loop). Off by default: on the 2-core CPU it measured 0.82x (slower) at 16 seeds with 5.6x the peak memory
-    (bench/bench_validate_batched.py); meant for a GPU, where it was not measured."""
+    loop). Off by default: on the 2-core CPU it measured 1.11x at 16 seeds with 5.7x the peak memory (--jobs 2:
+    1.98x; bench/bench_validate_batched.py); meant for a GPU, where it was not measured."""
     family: str = "neighbours"
     """Designs to train: neighbours (on-policy, the paper's prediction and its N, B doubled and halved at R =
     --rollouts-per-step) or fixed-b (at B = --rollouts-per-step: on-policy, replay at R = B/2, B/4, B/8 with N = R,
@@ -123,7 +123,7 @@ class VerifyConfig:
     also under --thorough."""
     jobs: int = 1
     """Worker processes training verify's runs at once (-1: one per core), each with --threads torch threads; the
-    runs are independent, so the results are the same at any count. 2 on the 2-core CPU: 1.9x (docs/VALIDATION.md)."""
+    runs are independent, so the results are the same at any count. 2 on the 2-core CPU: 1.98x (docs/VALIDATION.md)."""
 
     def validated(self) -> "VerifyConfig":
         check_integer("--seeds", self.seeds, 1)
