@@ -417,7 +417,8 @@ def _design_colors(designs: list[dict]) -> list[str]:
     start), so the RLOO designs reuse the FIFO designs' colours, told apart by hatching and dashes:
     on-policy and RLOO rho = 0, the no-replay baseline of each kind, share the first colour.
     """
-    palette = [c for c in COLORS if c not in (COLORS[1], "#000000")]
+    # + grey: the fixed-b family's 6 designs besides the prediction would otherwise wrap to on-policy's blue
+    palette = [c for c in COLORS if c not in (COLORS[1], "#000000")] + ["#999999"]
     counts = {False: 0, True: 0}
     colors = []
     for design in designs:
@@ -434,7 +435,8 @@ def report_bars_data(report: dict) -> dict:
     """What the bar chart of a validation report shows (one implementation for the gallery and validate's report.png).
 
     Returns ``names``, ``means``, ``stds`` (D,) held-out reward per design in report order, ``colors``
-    (predicted orange), ``group_replay`` (D,) bool (RLOO whole-group replay: hatched), ``warm_mean`` and
+    (predicted orange), ``group_replay`` (D,) bool (RLOO whole-group replay: hatched),
+    ``picks`` ({design index: [rule, ...]}: the rules whose prediction it is, in a fixed-b report), ``warm_mean`` and
     ``warm_std`` (the warm start over its evaluation seeds; reports made before the spread was recorded
     give evaluation seed 0 and sd 0), ``bottom`` (y-axis start: the differences are a few hundredths, so
     the axis starts 0.05 under the lowest bar or band, not at 0) and ``mu`` (the mu compute was priced at:
@@ -445,10 +447,15 @@ def report_bars_data(report: dict) -> dict:
     means = np.array([d["final_reward_mean"] for d in designs], dtype=float)
     stds = np.array([d["final_reward_std"] for d in designs], dtype=float)
     low = min(float(np.min(means - stds)), warm["mean"] - warm["std"])
-    return {"names": [d["name"] for d in designs], "means": means, "stds": stds,
+    names = [d["name"] for d in designs]
+    picks: dict[int, list[str]] = {}  # fixed-b: design index -> the rules that picked it
+    for prediction in report.get("predictions") or ():
+        if prediction.get("design") in names:
+            picks.setdefault(names.index(prediction["design"]), []).append(prediction["rule"])
+    return {"names": names, "means": means, "stds": stds,
             "colors": _design_colors(designs),
             "group_replay": np.array([d.get("buffer") == "group-replay" for d in designs], dtype=bool),
-            "warm_mean": float(warm["mean"]), "warm_std": float(warm["std"]),
+            "picks": picks, "warm_mean": float(warm["mean"]), "warm_std": float(warm["std"]),
             "bottom": max(0.0, low - 0.05), "mu": report.get("mu", report.get("mu_measured"))}
 
 
@@ -466,11 +473,20 @@ def plot_report_bars(report: dict, ax: Axes | None = None, legend: bool = True) 
     ax.axhline(d["warm_mean"], color="k", ls="--", lw=1, label="warm start (± sd)")
     if d["warm_std"] > 0:
         ax.axhspan(d["warm_mean"] - d["warm_std"], d["warm_mean"] + d["warm_std"], color="k", alpha=0.1, lw=0)
+    for i, rules in d["picks"].items():  # fixed-b: each rule's prediction outlined and named above its bar
+        bars[i].set_edgecolor("k")
+        bars[i].set_linewidth(1.5)
+        label = " + ".join({"noise-scale": "noise-scale\nrule's", "paper": "paper's"}.get(r, r) for r in rules)
+        ax.annotate(f"{label}\npick", (i, d["means"][i] + d["stds"][i]), xytext=(0, 2),
+                    textcoords="offset points", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(d["names"])), d["names"], rotation=25, ha="right")
-    ax.set_ylim(bottom=d["bottom"])
+    top = float(np.max(d["means"] + d["stds"]))
+    ax.set_ylim(d["bottom"], top + (0.3 if d["picks"] else 0.1) * (top - d["bottom"]))  # room for the labels
     ax.set_ylabel("held-out reward (mean ± sd)")
     mu = "" if d["mu"] is None else f", μ = {d['mu']:.3g}"
-    ax.set_title(f"equal compute{mu}: predicted orange, RLOO hatched")
+    keys = ["predicted orange"] + (["RLOO hatched"] if d["group_replay"].any() else []) + (
+        ["rules' picks outlined"] if d["picks"] else [])
+    ax.set_title(f"equal compute{mu}: {', '.join(keys)}")
     if legend:
         ax.legend(loc="best")
     return fig

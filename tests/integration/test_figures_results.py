@@ -200,6 +200,32 @@ def test_validate_report_png_is_the_validation_figures_left_panel(tmp_path, monk
     plt.close("all")
 
 
+def test_fixed_b_report_names_both_rules_picks():
+    """A fixed-b report: each rule's prediction outlined and named above its bar; the 6 other designs get 6 colours
+    (grey added to the palette, so the 6th does not repeat on-policy's blue); no RLOO key in the title."""
+    import matplotlib.pyplot as plt
+
+    names = ["on-policy", "replay y=2", "replay y=4", "replay y=8", "on-policy B/2", "on-policy B/4", "predicted"]
+    report = {"mu": 5.28, "warm_start_reward": {"mean": 0.2, "std": 0.01},
+              "designs": [{"name": n, "buffer": "fifo", "final_reward_mean": 0.25, "final_reward_std": 0.02}
+                          for n in names],
+              "predictions": [{"rule": "noise-scale", "design": "on-policy"}, {"rule": "paper", "design": "predicted"}]}
+    d = fig.report_bars_data(report)
+    assert d["picks"] == {0: ["noise-scale"], 6: ["paper"]}
+    assert len(set(d["colors"])) == 7 and d["colors"][5] == "#999999" and d["colors"][6] == fig.COLORS[1]
+    figure = fig.plot_report_bars(report)
+    ax = figure.axes[0]
+    assert [b.get_linewidth() for b in ax.patches[:7]] == [1.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.5]  # style default 1
+    assert [t.get_text() for t in ax.texts] == ["noise-scale\nrule's\npick", "paper's\npick"]
+    assert ax.get_title() == "equal compute, μ = 5.28: predicted orange, rules' picks outlined"
+    # both rules picking the same design: one label naming both
+    both = fig.report_bars_data({**report, "predictions": [{"rule": "noise-scale", "design": "on-policy"},
+                                                           {"rule": "paper", "design": "on-policy"}]})
+    assert both["picks"] == {0: ["noise-scale", "paper"]}
+    assert print_problems(figure) == []
+    plt.close("all")
+
+
 def test_results_figures_are_print_ready(results_root):
     import matplotlib.pyplot as plt
 
