@@ -16,4 +16,6 @@ it, never the other way round.
 | ``rollouts.py``   | ``RolloutBatch``: the arrays a buffer stores, seed axis first                         |
 | ``rng.py``        | per-seed random streams drawn as one (``PerSeedGenerator``)                           |
 | ``progress.py``   | the progress bar with an ETA every long job prints to stderr                          |
+| ``jobs.py``       | ``--jobs``: independent runs in worker processes (the sweeps, verify; joblib's loky)  |
+| ``metrics.py``    | the per-step off-policy metrics of the engine, the validator and the TRL trainer      |
 """
