@@ -14,6 +14,9 @@ max_new_tokens, the longest case). Printed: seconds per mode, their ratio, peak 
 A third mode, ``--jobs J`` (default 2), runs the sequential loop's runs in J worker processes
 (``core/jobs.py``), as ``validate verify --jobs J`` does.
 
+``--profile`` instead prints where a step's time goes, sequential and batched (cProfile, CPU, one thread): ms per
+seed-step, in matrix products, in the backward pass, and the share inside built-in (C) calls.
+
 Run: ``python bench/bench_validate_batched.py [--seeds 16] [--steps 96] [--threads 1] [--jobs 2]``
 (--thorough-like; about an hour sequential on a loaded 2-core machine) or ``--seeds 4 --steps 3`` for a quick
 check. Needs the validate extra. ``--device cuda`` runs every mode on the GPU (bf16 autocast, as ``validate
@@ -93,6 +96,56 @@ print(json.dumps({"seconds": seconds, "peak_rss_mib": peak, "peak_gpu_mib": gpu_
 """
 
 
+PROFILE = r"""
+import copy, cProfile, dataclasses, json, pstats, sys, time, torch
+mode, seeds, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+torch.set_num_threads(1)
+torch.use_deterministic_algorithms(True)
+from replay_theory.validate import countdown
+from replay_theory.validate.batched import stack_policy
+from replay_theory.validate.config import TINY_MODEL, ValidateConfig
+from replay_theory.validate.policy import ModelConfig, load_policy
+from replay_theory.validate.rl import RLConfig, train, train_loop
+config = ValidateConfig()
+train_set, _ = config.problems()
+warm = load_policy(ModelConfig(device="cpu", seed=0, **TINY_MODEL), countdown.ALPHABET)
+R = config.rollouts_per_step
+rl = RLConfig(steps=steps, rollouts_per_step=R, group_size=config.group_size, lr=config.lr, buffer="on-policy",
+              batch_size=R, capacity=R, max_new_tokens=config.max_new_tokens, seed=config.seed)
+run_seeds = [config.seed + 101 * s for s in range(seeds)]
+profile = cProfile.Profile()
+start = time.perf_counter()
+profile.enable()
+if mode == "sequential":
+    for seed in run_seeds:
+        policy = dataclasses.replace(warm, model=copy.deepcopy(warm.model))
+        train(policy, train_set, dataclasses.replace(rl, seed=seed), mu=config.price_mu)
+else:
+    train_loop(stack_policy(warm, seeds), train_set, rl, run_seeds, mu=config.price_mu)
+profile.disable()
+seconds = time.perf_counter() - start
+stats = pstats.Stats(profile).stats  # (file, line, name) -> (calls, primitive calls, tottime, cumtime, callers)
+inside_c = sum(v[2] for k, v in stats.items() if k[0] == "~")  # built-ins: torch's C calls, numpy's, Python's own
+total = sum(v[2] for v in stats.values())
+def named(*names):
+    return sum(v[2] for k, v in stats.items() if k[0] == "~" and any(n in k[2] for n in names))
+per = 1e3 / (seeds * steps)  # seconds -> ms per seed-step
+print(json.dumps({"ms_per_seed_step": per * seconds, "products_ms": per * named("_nn.linear", "torch.bmm",
+                  "torch.baddbmm"), "backward_ms": per * named("run_backward"), "inside_c": inside_c / total}))
+"""
+
+
+def profile(mode: str, seeds: int, steps: int) -> dict:
+    """``mode`` (sequential or batched) of on-policy GRPO under cProfile in a fresh process, one thread:
+    {"ms_per_seed_step", "products_ms" (matrix products), "backward_ms", "inside_c" (share of the profiled time in
+    built-in calls)}."""
+    done = subprocess.run([sys.executable, "-c", PROFILE, mode, str(seeds), str(steps)], capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}, no stderr"]
+        raise SystemExit(f"{mode} profile failed: {lines[-1]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
 def run(mode: str, seeds: int, steps: int, threads: int, device: str = "cpu", timeout: float | None = None,
         jobs: int = 1) -> dict:
     """One mode in a fresh process: {"seconds", "peak_rss_mib", "peak_gpu_mib" (None on CPU), "held_out": [...]}."""
@@ -121,12 +174,22 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of every process")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes of the --jobs mode (verify --jobs)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N): where every mode runs")
+    parser.add_argument("--profile", action="store_true", help="instead: where a step's time goes (cProfile, CPU, "
+                        "on-policy GRPO, --seeds seeds x --steps updates, sequential and batched)")
     args = parser.parse_args()
     for name in ("seeds", "steps", "threads", "jobs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
     if args.device != "cpu" and not args.device.startswith("cuda"):
         parser.error(f"--device must be cpu or cuda (cuda:N), got {args.device!r}")
+    if args.profile:
+        print(f"cProfile, on-policy GRPO (R = B = 64), {args.seeds} seeds x {args.steps} updates, 1 thread, "
+              f"per seed-step:")
+        for mode in ("sequential", "batched"):
+            r = profile(mode, args.seeds, args.steps)
+            print(f"  {mode:<10} {r['ms_per_seed_step']:6.0f} ms   matrix products {r['products_ms']:5.0f} ms   "
+                  f"backward {r['backward_ms']:5.0f} ms   inside built-in (C) calls {100 * r['inside_c']:3.0f}%")
+        return
     results = {"sequential": run("sequential", args.seeds, args.steps, args.threads, args.device),
                "batched": run("batched", args.seeds, args.steps, args.threads, args.device),
                f"--jobs {args.jobs}": run("jobs", args.seeds, args.steps, args.threads, args.device, jobs=args.jobs)}
