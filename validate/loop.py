@@ -10,7 +10,10 @@ predict --out DIR`` turns them into the Thm 3.5 design (x*, y*) and integer N, B
 ``DIR/predicted.json``; ``verify`` trains the designs at equal compute (on-policy, the prediction and FIFO
 buffers around it with GRPO; RLOO whole-group replay cells (rho, L, c)) and writes ``DIR/report.json/.md/.png``.
 Files are never overwritten: a step whose output exists is skipped (resume) when it was made with the
-same settings, and refused otherwise; ``--out`` is checked before any work (``check_run_dir``).
+same settings, and refused otherwise; ``--out`` is checked before any work (``check_run_dir``). verify's runs
+(design x learning rate x seed) are independent and each fixes its own seeds: ``--jobs`` trains them in worker
+processes (``core/jobs.py``) and ``--batched`` a design's seeds as one model (``validate/batched.py``), both writing
+the records the one-run-at-a-time loop writes.
 
 Rollouts come from the engine chosen by ``ValidateConfig.engine`` (``validate/engines.py``): the HF
 loop, or vLLM on a GPU started from ``DIR/warm_start``. One engine per process and run directory
