@@ -18,12 +18,24 @@ Run: ``python bench/bench_mkl_path.py [--rounds 3] [--steps 3]`` (about a minute
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 PATHS = ("AVX2,STRICT", "AVX512,STRICT", "")  # "": unset, MKL picks
+HERE = Path(__file__).resolve().parent
+
+
+def _batched_bench():
+    """``bench/bench_validate_batched.py`` as a module (bench/ is not a package): its tiny on-policy run's lines."""
+    spec = importlib.util.spec_from_file_location("bench_validate_batched", HERE / "bench_validate_batched.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 WORK = r"""
 import json, sys, time
@@ -43,19 +55,9 @@ for _ in range(5):
     for _ in range(200):
         pair()
     best = min(best, (time.perf_counter() - start) / 200)
-torch.use_deterministic_algorithms(True)
-from replay_theory.validate import countdown
-from replay_theory.validate.config import TINY_MODEL, ValidateConfig
-from replay_theory.validate.policy import ModelConfig, load_policy
-from replay_theory.validate.rl import RLConfig, train
-config = ValidateConfig()
-train_set, _ = config.problems()
-policy = load_policy(ModelConfig(device="cpu", seed=0, **TINY_MODEL), countdown.ALPHABET)
-R = config.rollouts_per_step
-rl = RLConfig(steps=steps, rollouts_per_step=R, group_size=config.group_size, lr=config.lr, buffer="on-policy",
-              batch_size=R, capacity=R, max_new_tokens=config.max_new_tokens, seed=config.seed)
+""" + _batched_bench().TINY_ON_POLICY + r"""
 start = time.perf_counter()
-train(policy, train_set, rl, mu=config.price_mu)
+train(warm, train_set, rl, mu=config.price_mu)
 print(json.dumps({"pair_ms": 1e3 * best, "steps_s": time.perf_counter() - start}))
 """
 

@@ -96,22 +96,29 @@ print(json.dumps({"seconds": seconds, "peak_rss_mib": peak, "peak_gpu_mib": gpu_
 """
 
 
-PROFILE = r"""
-import copy, cProfile, dataclasses, json, pstats, sys, time, torch
-mode, seeds, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+TINY_ON_POLICY = r"""
 torch.set_num_threads(1)
 torch.use_deterministic_algorithms(True)
 from replay_theory.validate import countdown
-from replay_theory.validate.batched import stack_policy
 from replay_theory.validate.config import TINY_MODEL, ValidateConfig
 from replay_theory.validate.policy import ModelConfig, load_policy
-from replay_theory.validate.rl import RLConfig, train, train_loop
+from replay_theory.validate.rl import RLConfig, train
 config = ValidateConfig()
 train_set, _ = config.problems()
 warm = load_policy(ModelConfig(device="cpu", seed=0, **TINY_MODEL), countdown.ALPHABET)
 R = config.rollouts_per_step
 rl = RLConfig(steps=steps, rollouts_per_step=R, group_size=config.group_size, lr=config.lr, buffer="on-policy",
               batch_size=R, capacity=R, max_new_tokens=config.max_new_tokens, seed=config.seed)
+"""
+"""Script lines (``torch`` and ``steps`` defined before them): the tiny model at its random initialisation
+(``warm``), one thread, and ``rl``: ``steps`` on-policy GRPO updates at R = B = 64 (also ``bench_mkl_path.py``'s)."""
+
+PROFILE = r"""
+import copy, cProfile, dataclasses, json, pstats, sys, time, torch
+mode, seeds, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+""" + TINY_ON_POLICY + r"""
+from replay_theory.validate.batched import stack_policy
+from replay_theory.validate.rl import train_loop
 run_seeds = [config.seed + 101 * s for s in range(seeds)]
 profile = cProfile.Profile()
 start = time.perf_counter()
