@@ -87,7 +87,7 @@ from ...core.rng import PerSeedGenerator
 from ...core.rollouts import RolloutBatch
 from ...theory.checks import require_int, require_positive
 
-__all__ = ["QuadraticConfig", "QuadraticEnv", "QuadraticReplay", "QuadraticTrace", "standard_normal",
+__all__ = ["QuadraticConfig", "QuadraticEnv", "QuadraticReplay", "QuadraticTrace", "expected_loss", "standard_normal",
            "train_to_target"]
 
 
@@ -336,3 +336,49 @@ def train_to_target(env: QuadraticEnv, lrs, capacity: int, rollouts: int, batch:
     steps = step + 1
     censored = passage > steps
     return QuadraticTrace(np.where(censored, steps + 1, passage).reshape(nl, -1), censored.reshape(nl, -1), steps)
+
+
+def expected_loss(env: QuadraticEnv, lrs, capacity: int, rollouts: int, batch: int, steps: int, *,
+                  on_policy: bool) -> np.ndarray:
+    """E F(theta_t) (lrs, steps + 1) of SGD on ``env`` for one design, exactly (no sampling), buffer start-up included.
+
+    Per eigendirection (H and Sigma are diagonal, so directions decouple) with a = 1 - eta h, e_t = theta_t - theta*
+    and the step's noise mean (1/B) sum_j z_{I_j} over B draws with replacement from the n_t = R min(t + 1, x) samples
+    the FIFO holds (x = N / R):
+
+        M_{t+1} = a^2 M_t - 2 a eta (R / n_t) sum_slots u_t sigma^2 + eta^2 sigma^2 (1/B + (1 - 1/B) / n_t)
+        u_{t+1} = a u_t - eta / n_t   for every stored generation, 0 for the one generated at step t + 1
+
+    where M_t = E e_t^2 and u_t = E[e_t z] / sigma^2 of a sample of one stored generation (all of its R samples share
+    it: they were drawn, and so remembered, alike). On-policy without replacement: M_{t+1} = a^2 M_t + eta^2
+    sigma^2 / B. E F_t = sum_i h_i M_t,i / 2. Its stationary point is ``derive forgetting-variance``'s V_eff.
+    """
+    lrs = np.asarray(lrs, dtype=float).ravel()
+    require_positive("lr", lrs)
+    N, R, B = (int(require_int(n, v, 1)) for n, v in (("capacity N", capacity), ("rollouts R", rollouts),
+                                                     ("batch B", batch)))
+    steps = int(require_int("steps", steps, 0))
+    if on_policy and not N == R == B:
+        raise ValueError(f"on-policy needs capacity N = rollouts R = batch B, got N={N}, R={R}, B={B}")
+    if N % R:
+        raise ValueError(f"capacity N must be a multiple of rollouts R, got N={N}, R={R}")
+    x = N // R
+    h, var = env.curvature, env.noise_var  # (d,) each
+    eta = lrs[:, None]  # (L, 1)
+    a = 1.0 - eta * h  # (L, d)
+    m = np.tile(env.start_offset**2, (lrs.size, 1))  # (L, d) M_0 = e_0^2
+    u = np.zeros((lrs.size, h.size, x))  # (L, d, x) per generation slot (slot = step mod x)
+    out = np.empty((lrs.size, steps + 1))
+    out[:, 0] = 0.5 * m @ h
+    with np.errstate(over="ignore", invalid="ignore"):  # a diverging step: inf / nan, never below the target
+        for t in range(steps):
+            if on_policy:
+                m = a * a * m + eta**2 * var / B
+            else:
+                u[:, :, t % x] = 0.0  # this step's generation joins (evicting the oldest once full)
+                n = R * min(t + 1, x)
+                m = a * a * m - 2 * a * eta * (R / n) * u.sum(axis=2) * var + eta**2 * var * (1 / B + (1 - 1 / B) / n)
+                u = a[:, :, None] * u - eta[:, :, None] / n
+                u[:, :, t + 1:] = 0.0  # during start-up the slots after t hold no generation yet
+            out[:, t + 1] = 0.5 * m @ h
+    return out

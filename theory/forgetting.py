@@ -1,0 +1,606 @@
+"""Forgetting: how much of a replay buffer's batch noise the optimizer keeps, and the design rule built on it.
+
+Sources: McCandlish, Kaplan, Amodei et al. 2018 (arXiv 1812.06162), Eq. 2.7 (steps S = S_min (1 + B_noise V)) and
+Eq. 2.6 (the tuned step falls as eta_max / (1 + B_noise / B)); the experience-replay paper's synchronous FIFO (Sec. 3:
+generate R, push into a FIFO of N, draw B uniformly with replacement); the FIFO autocovariance C(k) of
+``theory/noise_scale.py``. Derivations: ``replay-theory derive forgetting-variance``, ``derive forgetting-rule``,
+``derive free-batch``; docs/THEORY.md, "Forgetting".
+
+A stored sample's noise is fixed when it is drawn, so a FIFO's batch-mean noise is correlated across steps
+(C(k) = sigma^2 (N - kR)_+ / N^2). An optimizer that contracts the error along a direction by a = 1 - kappa per step
+keeps the noise V_eff = C(0) + 2 sum_k rho(k) C(k), rho(k) the autocorrelation of its impulse response (a^k for SGD).
+With N = x R and y = B / R:
+
+    B V_eff = 1 + y psi(x, kappa) - 1/N,   psi = 1/x + (2 / x^2) sum_{k=1}^{x-1} (x - k) rho(k)     (in [1/x, 1])
+
+psi -> 1 (the long-run variance of ``noise_scale``: replay's noise never averages out) when the horizon x is short
+against the optimizer's memory 1/kappa; psi ~ 2 / (kappa x) when it is long (the optimizer has forgotten a sample's
+earlier draws by the time it is drawn again). On-policy without replacement has B V = 1.
+
+| code name          | symbol                          | meaning                                                   |
+|--------------------|---------------------------------|-----------------------------------------------------------|
+| ``kappa``          | kappa = eta lambda_eff          | per-step contraction along the noise; memory 1/kappa steps |
+| ``lambda_eff``     | tr(H Sigma) / tr Sigma          | the curvature the noise sees                              |
+| ``optimizer``      | --                              | sgd (rho = a^k), momentum (heavy ball), adam (linearised)  |
+| ``beta1``          | beta_1                          | momentum / Adam's first-moment decay                      |
+| ``psi``            | psi(x, kappa)                   | share of replay's extra noise the optimizer keeps         |
+| ``b``              | B_noise / B                     | noise scale in units of the batch                         |
+| ``staleness``      | r(s) = sigma^2(s) / sigma^2(0)  | noise growth with a sample's age (IS: 1 + chi^2(s))       |
+| ``floor``          | R_floor                         | generation latency floor, in rollouts                     |
+| ``step_exponent``  | alpha                           | tuned step ~ eta_max / (1 + B_noise V)^alpha              |
+
+Units: batches, rollouts and capacities in samples (responses); compute in units of one sample's update, a step costs
+mu max(R, R_floor) + B; steps relative to S_min.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy.linalg import solve_discrete_lyapunov
+from scipy.optimize import brentq
+
+from .checks import require_in_range, require_int, require_nonnegative, require_positive
+
+OPTIMIZERS = ("sgd", "momentum", "adam")
+STEP_EXPONENT = {"sgd": 1.0, "momentum": 1.0, "adam": 0.5}
+"""alpha of the tuned-step feedback: McCandlish Eq. 2.6 gives eta_opt = eta_max / (1 + B_noise / B) for SGD; for
+Adam-style (sign-like) updates the tuned step falls more slowly with the noise, about as its square root
+(McCandlish App. E; Li et al. 2024, arXiv 2405.14578). The benchmark reports the measured exponent beside it."""
+
+# --------------------------------------------------------------------------- the optimizer's memory
+
+
+def _check_optimizer(optimizer: str, beta1: float) -> None:
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    if optimizer != "sgd":
+        require_in_range("beta1", float(beta1), 0.0, 0.999999)
+
+
+def _linear_system(kappa: float, optimizer: str, beta1: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(A, b, c) of the error's response e_t to the noise along one direction, per unit of eta n_t.
+
+    kappa is the long-run contraction per step (the slow eigenvalue is about 1 - kappa) for every optimizer:
+    SGD e' = (1 - kappa) e - n; heavy ball (torch SGD momentum) v' = beta v + g, e' = e - eta v', whose effective
+    step is eta / (1 - beta), so kappa = eta h / (1 - beta); Adam's first moment m' = beta m + (1 - beta) g with
+    e' = e - eta m' (preconditioned coordinates, v frozen: the linearisation near a stationary point), kappa = eta h.
+    """
+    if optimizer == "sgd":
+        return np.array([[1.0 - kappa]]), np.array([-1.0]), np.array([1.0])
+    beta = float(beta1)
+    if optimizer == "momentum":
+        k = kappa * (1.0 - beta)  # eta h
+        # state (e, eta v): eta v' = beta eta v + eta h e + eta n;  e' = e - eta v'
+        a = np.array([[1.0 - k, -beta], [k, beta]])
+        return a, np.array([-1.0, 1.0]), np.array([1.0, 0.0])
+    # adam: state (e, eta m): eta m' = beta eta m + (1 - beta)(eta h e + eta n);  e' = e - eta m'
+    k = kappa * (1.0 - beta)
+    a = np.array([[1.0 - k, -beta], [k, beta]])
+    return a, np.array([-(1.0 - beta), 1.0 - beta]), np.array([1.0, 0.0])
+
+
+def impulse_autocorrelation(lags: ArrayLike, kappa: float, optimizer: str = "sgd", beta1: float = 0.9) -> np.ndarray:
+    """rho(k) = sum_j r_j r_{j+k} / sum_j r_j^2 of the error's impulse response r_j to a noise kick (lags >= 0).
+
+    SGD: a^k with a = 1 - kappa (closed form). Momentum and Adam: c^T A^k P c / c^T P c with P = A P A^T + b b^T
+    (the stationary response covariance, scipy's discrete Lyapunov solver).
+    """
+    _check_optimizer(optimizer, beta1)
+    require_positive("kappa", kappa)
+    lags = np.abs(np.asarray(lags, dtype=np.int64))
+    if optimizer == "sgd":
+        if not kappa < 2:
+            raise ValueError(f"kappa must be < 2 for SGD (beyond it the step diverges), got {kappa!r}")
+        return (1.0 - kappa) ** lags.astype(float)
+    a, b, c = _linear_system(kappa, optimizer, beta1)
+    if not np.max(np.abs(np.linalg.eigvals(a))) < 1:
+        raise ValueError(f"kappa = {kappa:g} with beta1 = {beta1:g} is unstable for {optimizer} (spectral radius >= 1)")
+    p = solve_discrete_lyapunov(a, np.outer(b, b))  # sum_j A^j b b^T A^T^j
+    pc = p @ c
+    out = np.empty(lags.shape, dtype=float)
+    flat = lags.ravel()
+    order = np.argsort(flat)
+    v, at = pc.copy(), 0
+    for i in order:  # A^k P c by repeated products, lags in increasing order
+        while at < flat[i]:
+            v = a @ v
+            at += 1
+        out.flat[i] = c @ v
+    return out / (c @ pc)
+
+
+def phi_sgd(x: ArrayLike, kappa: ArrayLike) -> np.ndarray | float:
+    """phi(x, a) = (2/x^2) sum_{k=1}^{x-1} (x - k) a^k = 2 a [x (1 - a) - 1 + a^x] / (x^2 (1 - a)^2), a = 1 - kappa.
+
+    ``derive forgetting-variance`` sums it with sympy; at a = 1 it is (x - 1)/x, at a = 0 it is 0.
+    """
+    x, kappa = np.asarray(x, dtype=float), np.asarray(kappa, dtype=float)
+    a = 1.0 - kappa
+    with np.errstate(divide="ignore", invalid="ignore"):
+        closed = 2 * a * (x * (1 - a) - 1 + a**x) / (x**2 * (1 - a) ** 2)
+    value = np.where(kappa == 0, (x - 1) / x, closed)
+    return float(value) if value.ndim == 0 else value
+
+
+def psi(horizon: ArrayLike, kappa: float, optimizer: str = "sgd", beta1: float = 0.9) -> np.ndarray | float:
+    """psi(x) = 1/x + (2/x^2) sum_{k=1}^{x-1} (x - k) rho(k): the share of the FIFO's extra noise the optimizer keeps.
+
+    B V_eff = 1 + y psi - 1/N (``effective_variance``). In [1/x, 1]: 1/x when the optimizer forgets within a step,
+    1 when it remembers the whole horizon. ``horizon`` x = N / R, a positive integer (array allowed).
+    """
+    x = np.asarray(horizon)
+    require_int("horizon x = N/R", x, 1)
+    x = x.astype(np.int64)
+    if optimizer == "sgd":
+        _check_optimizer(optimizer, beta1)
+        require_positive("kappa", kappa)
+        if not kappa < 2:
+            raise ValueError(f"kappa must be < 2 for SGD (beyond it the step diverges), got {kappa!r}")
+        value = 1.0 / x + phi_sgd(x, kappa)
+    else:
+        top = int(x.max())
+        rho = impulse_autocorrelation(np.arange(top), kappa, optimizer, beta1)  # (top,) rho(0..top-1)
+        value = np.empty(x.shape, dtype=float)
+        for idx, xx in np.ndenumerate(x):
+            k = np.arange(1, xx)
+            value[idx] = 1.0 / xx + 2.0 * np.sum((xx - k) * rho[k]) / xx**2
+    value = np.asarray(value, dtype=float)
+    return float(value) if value.ndim == 0 else value
+
+
+def psi_spectrum(horizon: int, kappas: ArrayLike, weights: ArrayLike, optimizer: str = "sgd",
+                 beta1: float = 0.9) -> float:
+    """sum_i w_i psi(x, kappa_i) / sum_i w_i: psi over a spectrum of directions, each weighted by its noise Sigma_ii.
+
+    The exact counterpart of psi(x, kappa) at kappa = eta lambda_eff on a quadratic whose noise spreads over
+    directions of different curvature (the weights are what the stationary loss charges each direction's noise).
+    """
+    kappas, weights = np.asarray(kappas, dtype=float).ravel(), np.asarray(weights, dtype=float).ravel()
+    require_nonnegative("weights", weights)
+    values = np.array([psi(horizon, float(k), optimizer, beta1) for k in kappas])
+    return float(np.sum(weights * values) / np.sum(weights))
+
+
+def effective_variance(batch: float, rollouts: float, capacity: float, kappa: float, optimizer: str = "sgd",
+                       beta1: float = 0.9, *, on_policy: bool = False) -> float:
+    """B V_eff (per sigma^2 / B): 1 for on-policy without replacement, 1 + y psi(x) - 1/N for a FIFO of N = x R
+    sampled with replacement (``derive forgetting-variance``; exact for N a multiple of R)."""
+    require_positive("batch B", batch)
+    if on_policy:
+        return 1.0
+    require_positive("rollouts R", rollouts)
+    require_positive("capacity N", capacity)
+    x = capacity / rollouts
+    if x != round(x):
+        raise ValueError(f"capacity N must be a multiple of rollouts R, got N={capacity:g}, R={rollouts:g}")
+    return 1.0 + (batch / rollouts) * psi(int(round(x)), kappa, optimizer, beta1) - 1.0 / capacity
+
+
+# --------------------------------------------------------------------------- the rule at a fixed batch
+
+
+def forgetting_cost(b: ArrayLike, y: ArrayLike, mu: ArrayLike, psi_value: ArrayLike) -> np.ndarray | float:
+    """Compute to the target at fixed B in units of S_min B: (1 + b + b y psi)(1 + mu / y) (derive forgetting-rule)."""
+    b, y, mu, p = (np.asarray(v, dtype=float) for v in (b, y, mu, psi_value))
+    value = (1 + b + b * y * p) * (1 + mu / y)
+    return float(value) if value.ndim == 0 else value
+
+
+def forgetting_replay_ratio(b: ArrayLike, mu: ArrayLike, psi_value: ArrayLike) -> np.ndarray | float:
+    """y* = sqrt(mu (1 + b) / (b psi)): the minimiser of (1 + b + b y psi)(1 + mu / y) over y > 0."""
+    b, mu, p = (np.asarray(v, dtype=float) for v in (b, mu, psi_value))
+    value = np.sqrt(mu * (1 + b) / (b * p))
+    return float(value) if value.ndim == 0 else value
+
+
+def forgetting_replay_pays(b: ArrayLike, mu: ArrayLike, psi_value: ArrayLike) -> np.ndarray | bool:
+    """4 b psi (1 + b) < mu (1 + b - b psi)^2 with b psi < 1 + b: the optimum at fixed B beats on-policy's
+    (1 + b)(1 + mu). At psi = 1 it is today's 4 b (1 + b) < mu (``noise_scale.replay_pays``)."""
+    b, mu, p = (np.asarray(v, dtype=float) for v in (b, mu, psi_value))
+    value = (b * p < 1 + b) & (4 * b * p * (1 + b) < mu * (1 + b - b * p) ** 2)
+    return bool(value) if value.ndim == 0 else value
+
+
+def equal_steps_threshold(y: ArrayLike, mu: ArrayLike) -> np.ndarray | float:
+    """psi below which replay at (R, B = y R) beats on-policy at the batch that takes as many steps:
+    psi < mu (y - 1) / (y (mu + y)) (``derive free-batch``). 0 at y = 1; never reached at psi = 1."""
+    y, mu = np.asarray(y, dtype=float), np.asarray(mu, dtype=float)
+    value = mu * (y - 1) / (y * (mu + y))
+    return float(value) if value.ndim == 0 else value
+
+
+def loosest_equal_steps(mu: ArrayLike) -> tuple[np.ndarray | float, np.ndarray | float]:
+    """(y, threshold) where ``equal_steps_threshold`` peaks: y = 1 + sqrt(1 + mu), psi < mu / (1 + sqrt(1 + mu))^2
+    (0.43 at mu = 5.28): no replay ratio beats a smaller on-policy batch unless psi is below this."""
+    mu = np.asarray(mu, dtype=float)
+    y = 1 + np.sqrt(1 + mu)
+    threshold = mu / (1 + np.sqrt(1 + mu)) ** 2
+    return (float(y), float(threshold)) if mu.ndim == 0 else (y, threshold)
+
+
+# --------------------------------------------------------------------------- the whole design (B, R, N)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The optimizer's memory, measured at a pilot design (on-policy at ``pilot_batch`` with its tuned step)."""
+
+    kappa: float
+    """kappa at the pilot: eta lambda_eff (curvature along the noise x step); 1/kappa is the memory in steps."""
+    optimizer: str = "sgd"
+    beta1: float = 0.9
+    pilot_batch: float | None = None
+    """The on-policy batch kappa was measured at (with its own tuned step). None: kappa is taken as the same at
+    every design (no step feedback)."""
+    step_exponent: float | None = None
+    """alpha of eta_d = eta_max / (1 + B_noise V_d)^alpha; None: ``STEP_EXPONENT[optimizer]``."""
+
+    def __post_init__(self) -> None:
+        _check_optimizer(self.optimizer, self.beta1)
+        require_positive("kappa", self.kappa)
+        if self.pilot_batch is not None:
+            require_positive("pilot batch", self.pilot_batch)
+        if self.step_exponent is not None:
+            require_nonnegative("step exponent", self.step_exponent)
+
+    @property
+    def alpha(self) -> float:
+        return STEP_EXPONENT[self.optimizer] if self.step_exponent is None else float(self.step_exponent)
+
+    def kappa_max(self, b_noise: float) -> float:
+        """kappa of the noiseless tuned step, kappa_pilot (1 + B_noise / B_pilot)^alpha (McCandlish Eq. 2.6)."""
+        if self.pilot_batch is None:
+            return self.kappa
+        return self.kappa * (1 + b_noise / self.pilot_batch) ** self.alpha
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """r(s) = sigma^2(s) / sigma^2(0) by age s (0, 1, 2, ...): how much noisier a stored sample gets as it ages
+    (for an importance-weighted loss 1 + chi^2(s) of the weights; a clipped loss's retained-signal form also fits).
+    Tabulated ages are interpolated linearly and extrapolated by the last slope (never clamped to the table)."""
+
+    ages: tuple[float, ...] = (0.0,)
+    ratio: tuple[float, ...] = (1.0,)
+    source: str = "none: a stored sample is as noisy at every age (no staleness cost)"
+
+    def __post_init__(self) -> None:
+        if len(self.ages) != len(self.ratio) or not self.ages:
+            raise ValueError("staleness ages and ratios must be equal-length, non-empty")
+        require_nonnegative("staleness age", self.ages)
+        require_positive("staleness ratio sigma^2(s)/sigma^2(0)", self.ratio)
+        if any(b <= a for a, b in zip(self.ages, self.ages[1:])):
+            raise ValueError("staleness ages must increase")
+
+    @property
+    def flat(self) -> bool:
+        return all(r == 1.0 for r in self.ratio)
+
+    def at(self, ages: ArrayLike) -> np.ndarray:
+        s = np.asarray(ages, dtype=float)
+        xs, ys = np.asarray(self.ages, float), np.asarray(self.ratio, float)
+        if xs.size == 1:
+            return np.full(s.shape, ys[0])
+        inside = np.interp(s, xs, ys)
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return np.where(s > xs[-1], ys[-1] + slope * (s - xs[-1]), inside)
+
+    def mean(self, horizon: int) -> float:
+        """m(x) = mean of r(s) over the ages 0 .. x - 1 a FIFO of x steps holds."""
+        return float(np.mean(self.at(np.arange(int(horizon)))))
+
+
+NO_STALENESS = Staleness()
+
+
+@dataclass(frozen=True)
+class Design:
+    """One synchronous design: B drawn per update from a FIFO of N holding R fresh samples a step (on-policy:
+    N = R = B, each fresh sample used once, no replacement)."""
+
+    batch: int  # B
+    rollouts: int  # R
+    capacity: int  # N
+    on_policy: bool = False
+
+    def __post_init__(self) -> None:
+        require_int("batch B", self.batch, 1)
+        require_int("rollouts R", self.rollouts, 1)
+        require_int("capacity N", self.capacity, 1)
+        if self.on_policy and not self.batch == self.rollouts == self.capacity:
+            raise ValueError(f"on-policy needs N = R = B, got N={self.capacity}, R={self.rollouts}, B={self.batch}")
+        if self.capacity < self.rollouts or self.capacity % self.rollouts:
+            raise ValueError(f"capacity N must be a multiple of rollouts R, got N={self.capacity}, R={self.rollouts}")
+
+    @property
+    def x(self) -> int:
+        return self.capacity // self.rollouts
+
+    @property
+    def y(self) -> float:
+        return self.batch / self.rollouts
+
+    @classmethod
+    def on_policy_at(cls, batch: int) -> "Design":
+        return cls(int(batch), int(batch), int(batch), True)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    design: Design
+    steps: float  # S / S_min
+    cost_per_step: float  # mu max(R, R_floor) + B
+    compute: float  # steps x cost_per_step (units: S_min x one sample's update)
+    kappa: float  # kappa at this design's own tuned step
+    psi: float  # 1 for on-policy
+    staleness: float  # m(x)
+
+
+def step_cost(design: Design, mu: float, floor: float = 0.0) -> float:
+    """mu max(R, R_floor) + B: generation cannot get cheaper than the floor's batch (decoding is latency-bound)."""
+    return mu * max(design.rollouts, floor) + design.batch
+
+
+def predict(design: Design, b_noise: float, mu: float, memory: Memory | None, staleness: Staleness = NO_STALENESS,
+            floor: float = 0.0) -> Prediction:
+    """S / S_min = 1 + B_noise V_eff(design, kappa_d) m(x), kappa_d = kappa_max / (1 + B_noise V_eff)^alpha solved as
+    a fixed point (reuse adds noise, the tuned step shrinks, the memory lengthens, psi grows). memory None: psi = 1
+    (today's noise-scale rule)."""
+    require_positive("noise scale B_noise", b_noise)
+    require_positive("mu", mu)
+    require_nonnegative("latency floor", floor)
+    cost = step_cost(design, mu, floor)
+    if design.on_policy:
+        kappa = memory.kappa_max(b_noise) / (1 + b_noise / design.batch) ** memory.alpha if memory else math.nan
+        steps = 1 + b_noise / design.batch
+        return Prediction(design, steps, cost, steps * cost, kappa, 1.0, 1.0)
+    m = staleness.mean(design.x)
+    B, R, N = design.batch, design.rollouts, design.capacity
+
+    def noise(p: float) -> float:  # B_noise V_eff m(x)
+        return b_noise / B * (1 + (B / R) * p - 1 / N) * m
+
+    if memory is None:
+        p, kappa = 1.0, math.nan
+    else:
+        k_max = memory.kappa_max(b_noise)
+        if design.x == 1:
+            p = 1.0  # psi(1) = 1 whatever kappa
+            kappa = k_max / (1 + noise(1.0)) ** memory.alpha
+        else:
+            def gap(k: float) -> float:
+                return k - k_max / (1 + noise(psi(design.x, k, memory.optimizer, memory.beta1))) ** memory.alpha
+
+            low = k_max / (1 + noise(1.0)) ** memory.alpha  # the memory can be no longer than at psi = 1
+            kappa = low if gap(low) >= 0 else brentq(gap, low, k_max, xtol=1e-12 * k_max, rtol=1e-10)
+            p = psi(design.x, kappa, memory.optimizer, memory.beta1)
+    steps = 1 + noise(p)
+    return Prediction(design, steps, cost, steps * cost, kappa, float(p), m)
+
+
+@dataclass(frozen=True)
+class WholeDesign:
+    """``optimal``'s answer over (B, R, N): the cheapest on-policy batch and the best replay design, against
+    on-policy at the user's B."""
+
+    at_batch: Prediction  # on-policy at the user's B
+    on_policy: Prediction  # the cheapest on-policy batch within the steps cap
+    replay: Prediction | None  # the cheapest replay design within the steps cap (None: none allowed)
+    winner: str  # "replay", "on-policy (smaller batch)", "on-policy (larger batch)" or "on-policy at B"
+    max_steps_ratio: float
+    threshold: float  # the loosest equal-steps psi threshold, mu / (1 + sqrt(1 + mu))^2
+    threshold_y: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def best(self) -> Prediction:
+        if self.replay is not None and self.replay.compute < self.on_policy.compute:
+            return self.replay
+        return self.on_policy
+
+
+def whole_design(b_noise: float, batch: int, mu: float, memory: Memory, *, group_size: int = 1,
+                 staleness: Staleness = NO_STALENESS, floor: float = 0.0, max_steps_ratio: float = 2.0,
+                 max_horizon: int = 64, max_batch: int | None = None) -> WholeDesign:
+    """Search on-policy batches and replay designs (B', R, N = x R) in whole groups of ``group_size`` for the least
+    predicted compute whose steps stay within ``max_steps_ratio`` x on-policy's at the user's B (the wall-time
+    budget: compute falls with the batch below the noise scale, steps rise).
+
+    B' ranges over whole groups up to ``max_batch`` (default 4 B), R over whole groups up to B', x over 1 ..
+    ``max_horizon``.
+    """
+    require_positive("noise scale B_noise", b_noise)
+    require_int("batch size B", batch, 1)
+    require_int("group size", group_size, 1)
+    if batch % group_size:
+        raise ValueError(f"batch size B must be whole groups of {group_size}, got {batch}")
+    require_positive("max steps ratio", max_steps_ratio)
+    require_int("max horizon", max_horizon, 1)
+    max_batch = int(4 * batch if max_batch is None else max_batch)
+    require_int("max batch", max_batch, group_size)
+    ref = predict(Design.on_policy_at(batch), b_noise, mu, memory, staleness, floor)
+    cap = max_steps_ratio * ref.steps
+    groups = np.arange(group_size, max_batch + 1, group_size)
+    best_on = ref
+    for bb in groups:
+        p = predict(Design.on_policy_at(int(bb)), b_noise, mu, memory, staleness, floor)
+        if p.steps <= cap and p.compute < best_on.compute:
+            best_on = p
+    best_replay = None
+    # replay at B' with R < B' and x >= 1; y = B'/R > 1 or x > 1 (x = y = 1 is on-policy drawn with replacement)
+    for bb in _log_subset(groups):
+        for rr in _log_subset(np.arange(group_size, int(bb) + 1, group_size)):
+            for x in _horizons(max_horizon):
+                if rr == bb and x == 1:
+                    continue
+                p = predict(Design(int(bb), int(rr), int(rr) * x), b_noise, mu, memory, staleness, floor)
+                if p.steps <= cap and (best_replay is None or p.compute < best_replay.compute):
+                    best_replay = p
+    y_l, thr = loosest_equal_steps(mu)
+    if best_replay is not None and best_replay.compute < best_on.compute:
+        winner = "replay"
+    elif best_on.design.batch == batch:
+        winner = "on-policy at B"
+    else:
+        winner = "on-policy (smaller batch)" if best_on.design.batch < batch else "on-policy (larger batch)"
+    return WholeDesign(ref, best_on, best_replay, winner, float(max_steps_ratio), float(thr), float(y_l))
+
+
+def _log_subset(values: np.ndarray, per_octave: int = 8) -> list[int]:
+    """Whole-group values thinned to about ``per_octave`` per factor 2 (plus both ends): the search stays fast at
+    large B while resolving the optimum to within 2^(1/8) = 9%."""
+    values = np.asarray(values, dtype=np.int64)
+    if values.size <= 4 * per_octave:
+        return [int(v) for v in values]
+    grid = np.unique(np.round(np.exp(np.linspace(np.log(values[0]), np.log(values[-1]),
+                                                 int(per_octave * np.log2(values[-1] / values[0])) + 1))))
+    picked = {int(values[np.argmin(np.abs(values - g))]) for g in grid}
+    return sorted(picked | {int(values[0]), int(values[-1])})
+
+
+def _horizons(max_horizon: int) -> list[int]:
+    """Horizons 1, 2, 3, 4, 6, 8, 11, 16, ... (powers of sqrt 2, rounded) up to ``max_horizon``, which is included."""
+    top = int(max_horizon)
+    grid = {int(round(2 ** (k / 2))) for k in range(int(2 * math.log2(top)) + 1)}
+    return sorted({v for v in grid if v <= top} | {top})
+
+
+# --------------------------------------------------------------------------- measuring kappa in a pilot
+
+
+def lag1_gradient_autocorrelation(kappa: float, optimizer: str = "sgd", beta1: float = 0.9) -> float:
+    """corr(g_{t+1}, g_t) of successive minibatch gradients at stationarity along one direction, fresh noise each step.
+
+    With g = h e + n (per unit eta: g~ = eta g = k e + eta n, k = eta h) and the state covariance P of the linear
+    system: corr = (k^2 (A P)[0, 0] + k b[0]) / (k^2 P[0, 0] + 1). SGD: exactly -kappa / 2. Momentum and Adam: the
+    momentum spreads a kick over ~1/(1 - beta1) steps, so the lag-1 correlation is ~(1 - beta1) times smaller.
+    """
+    _check_optimizer(optimizer, beta1)
+    require_positive("kappa", kappa)
+    if optimizer == "sgd":
+        if not kappa < 2:
+            raise ValueError(f"kappa must be < 2 for SGD (beyond it the step diverges), got {kappa!r}")
+        return -kappa / 2  # derive forgetting-variance: (k^2 a - k (1 - a^2)) / (k^2 + 1 - a^2) = -k/2
+    a, b, c = _linear_system(kappa, optimizer, beta1)
+    if not np.max(np.abs(np.linalg.eigvals(a))) < 1:
+        raise ValueError(f"kappa = {kappa:g} with beta1 = {beta1:g} is unstable for {optimizer}")
+    # g~ = eta g = k e + eta n with k = eta h: kappa for Adam (unit DC gain), kappa (1 - beta1) for heavy ball
+    k = kappa if optimizer == "adam" else kappa * (1.0 - beta1)
+    p = solve_discrete_lyapunov(a, np.outer(b, b))  # state covariance per unit (eta n)^2
+    return float((k * k * (a @ p)[0, 0] + k * b[0]) / (k * k * p[0, 0] + 1.0))
+
+
+def kappa_from_autocorrelation(corr: float, optimizer: str = "sgd", beta1: float = 0.9) -> float:
+    """The kappa whose stationary lag-1 gradient autocorrelation is ``corr`` (``lag1_gradient_autocorrelation``
+    inverted; monotone in kappa on the stable range).
+
+    SGD: kappa = -2 corr, so corr must be in (-1, 0). Momentum and Adam: corr is POSITIVE and grows with kappa (about
+    0.4 kappa at beta1 = 0.9): the momentum carries a kick on for ~1/(1 - beta1) steps. Bias: early in a run and at
+    low noise the drift of the mean gradient adds a positive term; for SGD that hides the signal (corr >= 0 raises),
+    for momentum and Adam it adds to it and overstates kappa: prefer ``kappa_from_curvature_pairs`` there.
+    """
+    _check_optimizer(optimizer, beta1)
+    corr = float(corr)
+    if optimizer == "sgd":
+        if not (math.isfinite(corr) and -1 < corr < 0):
+            raise ValueError(f"the lag-1 gradient autocorrelation must be in (-1, 0) to give SGD's memory, got "
+                             f"{corr:g}: the gradients' mean drift dominates their noise (early in a run or at low "
+                             "noise)")
+        return -2.0 * corr
+    if not (math.isfinite(corr) and corr > 0):
+        raise ValueError(f"the lag-1 gradient autocorrelation must be > 0 to give {optimizer}'s memory (beta1 = "
+                         f"{beta1:g}), got {corr:g}")
+    low, top = 1e-9, 1e-3
+    while True:  # grow the bracket while the system stays stable
+        try:
+            if lag1_gradient_autocorrelation(top, optimizer, beta1) >= corr:
+                break
+        except ValueError:
+            raise ValueError(f"lag-1 autocorrelation {corr:g} is more than {optimizer} with beta1 = {beta1:g} "
+                             "produces at any stable step") from None
+        low, top = top, top * 2.0
+    return float(brentq(lambda k: lag1_gradient_autocorrelation(k, optimizer, beta1) - corr, low, top,
+                        xtol=1e-14, rtol=1e-10))
+
+
+@dataclass(frozen=True)
+class KappaEstimate:
+    """kappa with a bootstrap interval, and how it was measured (the profile record's ``memory`` field)."""
+
+    kappa: float
+    interval: tuple[float, float]
+    level: float
+    method: str  # "exact", "curvature-pairs" or "lag-autocorrelation"
+    optimizer: str
+    beta1: float
+    pilot_batch: float | None
+    units: int  # pairs or steps the estimate averages
+    detail: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        def clean(v):
+            return v if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+        return {"kappa": clean(self.kappa), "kappa_interval": [clean(v) for v in self.interval],
+                "level": self.level, "method": self.method, "optimizer": self.optimizer, "beta1": self.beta1,
+                "pilot_batch": self.pilot_batch, "units": self.units, **self.detail}
+
+    def memory(self) -> Memory:
+        return Memory(self.kappa, self.optimizer, self.beta1, self.pilot_batch)
+
+
+def kappa_from_curvature_pairs(numerators: ArrayLike, denominators: ArrayLike, step: float,
+                               rng: np.random.Generator, *, optimizer: str = "sgd", beta1: float = 0.9,
+                               pilot_batch: float | None = None, n_boot: int = 1000,
+                               level: float = 0.9) -> KappaEstimate:
+    """kappa = eta sum_i xi_i^T H xi_i / sum_i |xi_i|^2 over pairs, xi = g_1 - g_2 the difference of two independent
+    minibatch gradients at one theta (E xi xi^T = 2 Sigma / b, so the ratio of sums estimates tr(H Sigma) / tr Sigma;
+    H xi is one Hessian-vector product). For Adam pass the preconditioned forms (D xi)^T H (D xi) and xi^T D xi
+    (D = 1 / (sqrt(v) + eps) of the optimizer state) and eta = the learning rate. Ratio of sums: the ratio of means
+    has a bias of order 1/pairs; the bootstrap over pairs gives the interval."""
+    num, den = np.asarray(numerators, dtype=float).ravel(), np.asarray(denominators, dtype=float).ravel()
+    if num.shape != den.shape or num.size < 2:
+        raise ValueError(f"numerators and denominators must be equal-length with >= 2 pairs, got {num.size}, "
+                         f"{den.size}")
+    require_positive("step eta", step)
+    require_positive("|xi|^2", den)
+    value = float(step * num.sum() / den.sum())
+    index = rng.integers(0, num.size, size=(n_boot, num.size))
+    boots = step * num[index].sum(axis=1) / den[index].sum(axis=1)
+    alpha = (1 - level) / 2
+    lo, hi = (float(v) for v in np.quantile(boots, [alpha, 1 - alpha]))
+    return KappaEstimate(value, (lo, hi), level, "curvature-pairs", optimizer, float(beta1), pilot_batch,
+                         int(num.size), {"step": float(step), "lambda_eff": float(num.sum() / den.sum())})
+
+
+def kappa_from_gradient_series(dots: ArrayLike, sq_norms: ArrayLike, rng: np.random.Generator, *,
+                               optimizer: str = "sgd", beta1: float = 0.9, pilot_batch: float | None = None,
+                               block: int = 8, n_boot: int = 1000, level: float = 0.9) -> KappaEstimate:
+    """kappa from successive gradients of one run: corr = sum_t g_{t+1} . g_t / sum_t |g_t|^2 (``dots`` (T,) the
+    lag-1 dot products, ``sq_norms`` (T,) the squared norms, both through the same fixed projection), inverted by
+    ``kappa_from_autocorrelation``. Needs fresh noise each step (on-policy; a replayed sample's noise adds C(1) > 0)
+    and a near-stationary stretch: the mean gradient's drift biases corr upward early in a run and at low noise.
+    Interval: a moving-block bootstrap over steps (blocks of ``block`` keep the series' short-range dependence);
+    replicates whose corr has the wrong sign give no kappa and count as kappa = 0 (said in ``detail``)."""
+    dots, sq = np.asarray(dots, dtype=float).ravel(), np.asarray(sq_norms, dtype=float).ravel()
+    if dots.shape != sq.shape or dots.size < 2 * block:
+        raise ValueError(f"dots and sq_norms must be equal-length with >= {2 * block} steps, got {dots.size}, "
+                         f"{sq.size}")
+    corr = float(dots.sum() / sq.sum())
+    value = kappa_from_autocorrelation(corr, optimizer, beta1)
+    starts = np.arange(dots.size - block + 1)
+    per = int(math.ceil(dots.size / block))
+    picks = rng.choice(starts, size=(n_boot, per))
+    rows = (picks[:, :, None] + np.arange(block)).reshape(n_boot, -1)[:, : dots.size]
+    corrs = dots[rows].sum(axis=1) / sq[rows].sum(axis=1)
+    signal = corrs < 0 if optimizer == "sgd" else corrs > 0
+    boots = np.array([kappa_from_autocorrelation(c, optimizer, beta1) if ok else 0.0 for c, ok in zip(corrs, signal)])
+    alpha = (1 - level) / 2
+    lo, hi = (float(v) for v in np.quantile(boots, [alpha, 1 - alpha]))
+    return KappaEstimate(value, (lo, hi), level, "lag-autocorrelation", optimizer, float(beta1), pilot_batch,
+                         int(dots.size), {"lag1_autocorrelation": corr,
+                                          "replicates_without_signal": int((~signal).sum())})
