@@ -32,7 +32,10 @@ def _load(root: Path):
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory, repo_root):
-    """One smoke run (about a minute on 2 cores): (result JSON, markdown file text, stdout)."""
+    """One smoke run (about a minute on 2 cores): (result JSON, markdown file text, stdout). It trains the tiny
+    model, so it needs the validate extra (torch, transformers); the README's `pip install -e ".[test]"` skips it."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
     base = tmp_path_factory.mktemp("gpu_check")
     (base / "path").mkdir()
     (base / "path" / "replay_theory").symlink_to(repo_root, target_is_directory=True)

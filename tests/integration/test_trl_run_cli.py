@@ -4,7 +4,9 @@ The checks and the cache key need no torch; the runs (marked slow) train TRL's r
 for a few steps on CPU, with the warm-start cache in a temporary folder.
 """
 
+import importlib.util
 import json
+import sys
 from itertools import combinations_with_replacement
 
 import pytest
@@ -21,6 +23,27 @@ from replay_theory.integrations.trl_run import (
 )
 
 BY_HAND = ["--capacity", "16", "--batch-size", "12", "--rollouts-per-step", "8", "--group-size", "4"]
+
+
+def needs_trl_extra() -> None:
+    """Skip unless trl-replay's dependency check passes (the trl extra: what cli/trl_cmds.py looks for)."""
+    for module in ("torch", "trl", "datasets", "transformers"):
+        pytest.importorskip(module)
+
+
+@pytest.fixture
+def no_warm_start(monkeypatch):
+    """The warm start fails the test if it runs: a check must come before it. Without torch (the README's
+    `pip install -e ".[test]"`) there is no warm start to guard: trl-replay cannot reach it, and a check that came
+    after the missing-dependency line would show up as that line instead of the expected one."""
+    if importlib.util.find_spec("torch") is None:
+        return
+    from replay_theory.validate import sft
+
+    def no_sft(*a, **k):
+        raise AssertionError("the warm start ran")
+
+    monkeypatch.setattr(sft, "sft_warm_start", no_sft)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -44,14 +67,8 @@ BY_HAND = ["--capacity", "16", "--batch-size", "12", "--rollouts-per-step", "8",
     ([*BY_HAND, "--device", "tpu"], "--device must be cpu or cuda (cuda:N), got 'tpu'"),
     ([*BY_HAND, "--device", "cuda:x"], "--device must be cpu or cuda (cuda:N), got 'cuda:x'"),
 ])
-def test_bad_input_is_one_line_in_the_options_names_before_any_work(error_line, tmp_path, monkeypatch, args,
+def test_bad_input_is_one_line_in_the_options_names_before_any_work(error_line, tmp_path, no_warm_start, args,
                                                                      message):
-    from replay_theory.validate import sft
-
-    def no_sft(*a, **k):  # the check must come before the warm start
-        raise AssertionError("the warm start ran")
-
-    monkeypatch.setattr(sft, "sft_warm_start", no_sft)
     out = tmp_path / "run"
     assert error_line("trl-replay", "--out", str(out), "--cache-dir", str(tmp_path / "cache"), *args) == message
     assert not out.exists() and not (tmp_path / "cache").exists()
@@ -59,8 +76,8 @@ def test_bad_input_is_one_line_in_the_options_names_before_any_work(error_line, 
 
 def test_a_generator_stall_names_n_train_before_the_warm_start(error_line, tmp_path, monkeypatch):
     # near the family's size the generator may never draw a rare problem (make_splits gives up): one line naming
-    # --n-train, before the warm start and before --out is made
-    pytest.importorskip("torch")
+    # --n-train, before the warm start and before --out is made; the command gets that far only with the trl extra
+    needs_trl_extra()
     from replay_theory.validate import sft
     from replay_theory.validate.config import ValidateConfig
 
@@ -214,7 +231,8 @@ def test_gpu_extra_is_trls_vllm_range(repo_root):
 
 def test_cuda_without_a_gpu_is_one_line_before_any_work(error_line, tmp_path, monkeypatch):
     # --device cuda on a machine without a GPU: validate's own refusal (validate/policy.resolve_device), before the
-    # warm start and before --out is made
+    # warm start and before --out is made; the command gets that far only with the trl extra installed
+    needs_trl_extra()
     import torch
 
     from replay_theory.validate import sft
@@ -225,4 +243,15 @@ def test_cuda_without_a_gpu_is_one_line_before_any_work(error_line, tmp_path, mo
     line = error_line("trl-replay", "--out", str(out), "--cache-dir", str(tmp_path / "cache"), *BY_HAND,
                       "--device", "cuda")
     assert line == "CUDA requested but torch.cuda.is_available() is False; use --device cpu"
+    assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+def test_without_the_trl_extra_is_one_line_with_the_cpu_install(error_line, tmp_path, monkeypatch):
+    # the advice is PyTorch's CPU index, not a pinned PyPI torch (the CUDA build anywhere but the CI machine)
+    for module in ("trl", "datasets", "torch", "transformers"):  # absent, whether or not this machine has them
+        monkeypatch.setitem(sys.modules, module, None)  # importlib.util.find_spec then answers None
+    out = tmp_path / "run"
+    assert error_line("trl-replay", "--out", str(out), "--cache-dir", str(tmp_path / "cache"), *BY_HAND) == (
+        "trl-replay needs trl, datasets, torch, transformers: pip install 'replay-theory[trl]' (without a CUDA GPU, "
+        "first pip install torch --index-url https://download.pytorch.org/whl/cpu)")
     assert not out.exists() and not (tmp_path / "cache").exists()
