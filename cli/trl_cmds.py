@@ -15,6 +15,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from .. import install_hint
 from ..integrations.trl_run import CACHE_ENV, TrlRunConfig, check_out_dir, default_cache_dir
 from .config_options import with_dataclass_options
 
@@ -46,8 +47,7 @@ def trl_replay(fields: dict[str, Any], out: OutOption, no_progress: NoProgressOp
         raise ValueError(f"--cache-dir (or ${CACHE_ENV}) {cache_dir} is not a directory")
     missing = [m for m in ("trl", "datasets", "torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
-        raise ValueError(f"trl-replay needs {', '.join(missing)}: pip install torch==2.13.0 && "
-                         "pip install 'replay-theory[trl]'")
+        raise ValueError(f"trl-replay needs {', '.join(missing)}: {install_hint('trl')}")
     from ..integrations.trl_run import run
 
     run(config, out, log=typer.echo, progress=not no_progress, cache_dir=cache_dir)

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from .. import install_hint
 from ..validate.config import (
     FULL_SIZES,
     AllConfig,
@@ -57,8 +58,7 @@ def _loop():
     extra), which every other command, `optimal` first, must start without."""
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
-        raise ValueError(f"validate needs {' and '.join(missing)}: pip install torch==2.13.0 && "
-                         "pip install 'replay-theory[validate]'")
+        raise ValueError(f"validate needs {' and '.join(missing)}: {install_hint('validate')}")
     from ..validate import loop
 
     return loop

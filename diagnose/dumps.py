@@ -63,6 +63,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
+from .. import TORCH_CPU_INSTALL
+
 #: preset -> (glob of its files in a folder, regex giving the step from a file name)
 FILES = {
     "nemo-rl": ("train_data_step*.jsonl", re.compile(r"^train_data_step(\d+)\.jsonl$")),
@@ -173,7 +175,8 @@ def require_torch(what: str):
     try:
         import torch
     except ImportError:
-        raise ValueError(f"{what} needs torch (an optional dependency): pip install torch") from None
+        raise ValueError(f"{what} needs torch (an optional dependency): {TORCH_CPU_INSTALL} on a machine without a "
+                         "CUDA GPU, else pip install torch") from None
     return torch
 
 

@@ -138,4 +138,5 @@ def test_validate_without_its_extra_is_one_line(cli, tmp_path, monkeypatch, erro
     out = _fake_run_dir(tmp_path)
     (out / "predicted.json").write_text("{}")
     assert error_line("validate", "verify", "--out", str(out)) == (
-        "validate needs torch and transformers: pip install torch==2.13.0 && pip install 'replay-theory[validate]'")
+        "validate needs torch and transformers: pip install 'replay-theory[validate]' (without a CUDA GPU, first "
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu)")

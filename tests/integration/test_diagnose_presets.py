@@ -340,7 +340,8 @@ def test_slime_refuses_code_and_says_it_needs_torch(tmp_path, monkeypatch, error
     assert not marker.exists()
     monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
     assert error_line("diagnose", str(path), "--preset", "slime") == (
-        "--preset slime (9.pt, saved with torch.save) needs torch (an optional dependency): pip install torch")
+        "--preset slime (9.pt, saved with torch.save) needs torch (an optional dependency): pip install torch "
+        "--index-url https://download.pytorch.org/whl/cpu on a machine without a CUDA GPU, else pip install torch")
 
 
 def test_restricted_unpickler_admits_arrays_and_tensors():
