@@ -126,29 +126,58 @@ def phi_sgd(x: ArrayLike, kappa: ArrayLike) -> np.ndarray | float:
     return float(value) if value.ndim == 0 else value
 
 
-def psi(horizon: ArrayLike, kappa: float, optimizer: str = "sgd", beta1: float = 0.9) -> np.ndarray | float:
+def _geometric_lag_sum(x: np.ndarray, lam: np.ndarray) -> np.ndarray:
+    """S(x, lam) = sum_{k=1}^{x-1} (x - k) lam^k = lam [x (1 - lam) - 1 + lam^x] / (1 - lam)^2 (complex lam allowed;
+    ``derive forgetting-variance`` sums it)."""
+    return lam * (x * (1 - lam) - 1 + lam**x) / (1 - lam) ** 2
+
+
+def _momentum_modes(kappa: np.ndarray, optimizer: str, beta1: float) -> tuple[np.ndarray, np.ndarray]:
+    """(alpha, lam) (..., 2) with rho(k) = sum_j alpha_j lam_j^k for momentum / Adam at every kappa (any shape):
+    the eigenvalues lam of A and the weights from P = A P A^T + b b^T, all 2 x 2 systems solved at once."""
+    beta = float(beta1)
+    k = kappa * (1.0 - beta)
+    a = np.zeros(kappa.shape + (2, 2))
+    a[..., 0, 0], a[..., 0, 1], a[..., 1, 0], a[..., 1, 1] = 1.0 - k, -beta, k, beta
+    bvec = np.array([-1.0, 1.0]) if optimizer == "momentum" else np.array([-(1.0 - beta), 1.0 - beta])
+    kron = np.einsum("...ij,...kl->...ikjl", a, a).reshape(kappa.shape + (4, 4))  # A (x) A on vec(P), row-major
+    rhs = np.broadcast_to(np.outer(bvec, bvec).ravel(), kappa.shape + (4,))[..., None]  # (..., 4, 1)
+    p = np.linalg.solve(np.eye(4) - kron, rhs)[..., 0]
+    pc = p.reshape(kappa.shape + (2, 2))[..., :, 0]  # P c with c = e_0
+    lam, vec = np.linalg.eig(a)  # (..., 2), (..., 2, 2)
+    weights = np.linalg.solve(vec, pc.astype(complex)[..., None])[..., 0]  # V^-1 P c
+    alpha = vec[..., 0, :] * weights / pc[..., 0:1]  # (c^T V)_j (V^-1 P c)_j / c^T P c
+    return alpha, lam
+
+
+def psi(horizon: ArrayLike, kappa: ArrayLike, optimizer: str = "sgd", beta1: float = 0.9) -> np.ndarray | float:
     """psi(x) = 1/x + (2/x^2) sum_{k=1}^{x-1} (x - k) rho(k): the share of the FIFO's extra noise the optimizer keeps.
 
     B V_eff = 1 + y psi - 1/N (``effective_variance``). In [1/x, 1]: 1/x when the optimizer forgets within a step,
-    1 when it remembers the whole horizon. ``horizon`` x = N / R, a positive integer (array allowed).
+    1 when it remembers the whole horizon. ``horizon`` x = N / R (positive integers) and ``kappa`` broadcast. Momentum
+    and Adam: rho(k) = sum_j alpha_j lam_j^k over the eigenvalues of A, so the lag sum is ``_geometric_lag_sum`` per
+    eigenvalue (``impulse_autocorrelation`` sums the lags one by one; the tests compare the two).
     """
     x = np.asarray(horizon)
     require_int("horizon x = N/R", x, 1)
-    x = x.astype(np.int64)
+    _check_optimizer(optimizer, beta1)
+    kappa = np.asarray(kappa, dtype=float)
+    require_positive("kappa", kappa)
+    xf, kappa = np.broadcast_arrays(x.astype(float), kappa)
     if optimizer == "sgd":
-        _check_optimizer(optimizer, beta1)
-        require_positive("kappa", kappa)
-        if not kappa < 2:
-            raise ValueError(f"kappa must be < 2 for SGD (beyond it the step diverges), got {kappa!r}")
-        value = 1.0 / x + phi_sgd(x, kappa)
+        if not np.all(kappa < 2):
+            raise ValueError(f"kappa must be < 2 for SGD (beyond it the step diverges), got {kappa.max()!r}")
+        value = np.asarray(1.0 / xf + phi_sgd(xf, kappa), dtype=float)
     else:
-        top = int(x.max())
-        rho = impulse_autocorrelation(np.arange(top), kappa, optimizer, beta1)  # (top,) rho(0..top-1)
-        value = np.empty(x.shape, dtype=float)
-        for idx, xx in np.ndenumerate(x):
-            k = np.arange(1, xx)
-            value[idx] = 1.0 / xx + 2.0 * np.sum((xx - k) * rho[k]) / xx**2
-    value = np.asarray(value, dtype=float)
+        alpha, lam = _momentum_modes(kappa, optimizer, beta1)
+        if not np.all(np.abs(lam) < 1):
+            raise ValueError(f"kappa up to {kappa.max():g} with beta1 = {beta1:g} is unstable for {optimizer} "
+                             "(spectral radius >= 1)")
+        if np.any(np.abs(lam[..., 0] - lam[..., 1]) < 1e-7):
+            raise ValueError(f"kappa = {kappa.ravel()[0]:g} makes {optimizer}'s system critically damped (a repeated "
+                             "eigenvalue); use impulse_autocorrelation's lag sum there")
+        lag_sum = np.sum(alpha * _geometric_lag_sum(xf[..., None], lam), axis=-1)
+        value = np.asarray(1.0 / xf + 2.0 * np.real(lag_sum) / xf**2, dtype=float)
     return float(value) if value.ndim == 0 else value
 
 
@@ -335,51 +364,63 @@ class Prediction:
     steps: float  # S / S_min
     cost_per_step: float  # mu max(R, R_floor) + B
     compute: float  # steps x cost_per_step (units: S_min x one sample's update)
-    kappa: float  # kappa at this design's own tuned step
+    kappa: float  # kappa at this design's own tuned step (nan without a memory)
     psi: float  # 1 for on-policy
     staleness: float  # m(x)
 
 
-def step_cost(design: Design, mu: float, floor: float = 0.0) -> float:
+def step_cost(rollouts: ArrayLike, batch: ArrayLike, mu: float, floor: float = 0.0) -> np.ndarray | float:
     """mu max(R, R_floor) + B: generation cannot get cheaper than the floor's batch (decoding is latency-bound)."""
-    return mu * max(design.rollouts, floor) + design.batch
+    value = mu * np.maximum(np.asarray(rollouts, dtype=float), floor) + np.asarray(batch, dtype=float)
+    return float(value) if value.ndim == 0 else value
+
+
+def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memory | None,
+                 staleness: Staleness = NO_STALENESS, floor: float = 0.0) -> list[Prediction]:
+    """``predict`` for many designs at once (one vectorised fixed-point solve)."""
+    require_positive("noise scale B_noise", b_noise)
+    require_positive("mu", mu)
+    require_nonnegative("latency floor", floor)
+    if not designs:
+        return []
+    B = np.array([d.batch for d in designs], dtype=float)
+    R = np.array([d.rollouts for d in designs], dtype=float)
+    N = np.array([d.capacity for d in designs], dtype=float)
+    x = np.array([d.x for d in designs], dtype=np.int64)
+    on = np.array([d.on_policy for d in designs])
+    m = np.array([1.0 if d.on_policy else staleness.mean(d.x) for d in designs])
+    y = B / R
+
+    def noise(p: np.ndarray) -> np.ndarray:  # B_noise V_eff m(x); on-policy B_noise / B
+        return np.where(on, b_noise / B, b_noise / B * (1 + y * p - 1 / N) * m)
+
+    if memory is None:
+        p, kappa = np.ones_like(B), np.full_like(B, math.nan)
+    else:
+        k_max, alpha = memory.kappa_max(b_noise), memory.alpha
+        low = k_max / (1 + noise(np.ones_like(B))) ** alpha  # at psi = 1 the step is smallest, the memory longest
+        lo, hi = np.log(low), np.full_like(B, math.log(k_max))
+        solve = (~on) & (x > 1)  # psi(1) = 1 and on-policy has no replay noise: kappa = low there
+        for _ in range(60 if solve.any() else 0):  # bisection in log kappa on kappa - kappa_max / (1 + noise)^alpha
+            mid = 0.5 * (lo + hi)
+            k = np.exp(mid)
+            gap = k - k_max / (1 + noise(psi(x, k, memory.optimizer, memory.beta1))) ** alpha
+            above = gap >= 0
+            hi, lo = np.where(above, mid, hi), np.where(above, lo, mid)
+        kappa = np.where(solve, np.exp(hi), low)
+        p = np.where(solve, psi(x, kappa, memory.optimizer, memory.beta1), 1.0)
+    steps = 1 + noise(p)
+    cost = step_cost(R, B, mu, floor)
+    return [Prediction(d, float(s), float(c), float(s * c), float(k), float(pp), float(mm))
+            for d, s, c, k, pp, mm in zip(designs, steps, cost, kappa, np.where(on, 1.0, p), m)]
 
 
 def predict(design: Design, b_noise: float, mu: float, memory: Memory | None, staleness: Staleness = NO_STALENESS,
             floor: float = 0.0) -> Prediction:
-    """S / S_min = 1 + B_noise V_eff(design, kappa_d) m(x), kappa_d = kappa_max / (1 + B_noise V_eff)^alpha solved as
-    a fixed point (reuse adds noise, the tuned step shrinks, the memory lengthens, psi grows). memory None: psi = 1
-    (today's noise-scale rule)."""
-    require_positive("noise scale B_noise", b_noise)
-    require_positive("mu", mu)
-    require_nonnegative("latency floor", floor)
-    cost = step_cost(design, mu, floor)
-    if design.on_policy:
-        kappa = memory.kappa_max(b_noise) / (1 + b_noise / design.batch) ** memory.alpha if memory else math.nan
-        steps = 1 + b_noise / design.batch
-        return Prediction(design, steps, cost, steps * cost, kappa, 1.0, 1.0)
-    m = staleness.mean(design.x)
-    B, R, N = design.batch, design.rollouts, design.capacity
-
-    def noise(p: float) -> float:  # B_noise V_eff m(x)
-        return b_noise / B * (1 + (B / R) * p - 1 / N) * m
-
-    if memory is None:
-        p, kappa = 1.0, math.nan
-    else:
-        k_max = memory.kappa_max(b_noise)
-        if design.x == 1:
-            p = 1.0  # psi(1) = 1 whatever kappa
-            kappa = k_max / (1 + noise(1.0)) ** memory.alpha
-        else:
-            def gap(k: float) -> float:
-                return k - k_max / (1 + noise(psi(design.x, k, memory.optimizer, memory.beta1))) ** memory.alpha
-
-            low = k_max / (1 + noise(1.0)) ** memory.alpha  # the memory can be no longer than at psi = 1
-            kappa = low if gap(low) >= 0 else brentq(gap, low, k_max, xtol=1e-12 * k_max, rtol=1e-10)
-            p = psi(design.x, kappa, memory.optimizer, memory.beta1)
-    steps = 1 + noise(p)
-    return Prediction(design, steps, cost, steps * cost, kappa, float(p), m)
+    """S / S_min = 1 + B_noise V_eff(design, kappa_d) m(x) with kappa_d = kappa_max / (1 + B_noise V_eff m)^alpha,
+    solved as a fixed point (reuse adds noise, the tuned step shrinks, the memory lengthens, psi grows); on-policy
+    1 + B_noise / B. ``memory`` None: psi = 1, today's noise-scale rule. Compute = steps x (mu max(R, R_floor) + B)."""
+    return predict_many([design], b_noise, mu, memory, staleness, floor)[0]
 
 
 @dataclass(frozen=True)
@@ -394,7 +435,6 @@ class WholeDesign:
     max_steps_ratio: float
     threshold: float  # the loosest equal-steps psi threshold, mu / (1 + sqrt(1 + mu))^2
     threshold_y: float
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def best(self) -> Prediction:
@@ -403,15 +443,15 @@ class WholeDesign:
         return self.on_policy
 
 
-def whole_design(b_noise: float, batch: int, mu: float, memory: Memory, *, group_size: int = 1,
+def whole_design(b_noise: float, batch: int, mu: float, memory: Memory | None, *, group_size: int = 1,
                  staleness: Staleness = NO_STALENESS, floor: float = 0.0, max_steps_ratio: float = 2.0,
                  max_horizon: int = 64, max_batch: int | None = None) -> WholeDesign:
     """Search on-policy batches and replay designs (B', R, N = x R) in whole groups of ``group_size`` for the least
     predicted compute whose steps stay within ``max_steps_ratio`` x on-policy's at the user's B (the wall-time
-    budget: compute falls with the batch below the noise scale, steps rise).
+    budget: below the noise scale compute falls with the batch while steps rise).
 
-    B' ranges over whole groups up to ``max_batch`` (default 4 B), R over whole groups up to B', x over 1 ..
-    ``max_horizon``.
+    B' ranges over whole groups up to ``max_batch`` (default 4 B), R over whole groups up to B' (both thinned to
+    about 8 values per factor 2), x over 1, 2, 3, 4, 6, 8, 11, 16, ... up to ``max_horizon``.
     """
     require_positive("noise scale B_noise", b_noise)
     require_int("batch size B", batch, 1)
@@ -425,21 +465,16 @@ def whole_design(b_noise: float, batch: int, mu: float, memory: Memory, *, group
     ref = predict(Design.on_policy_at(batch), b_noise, mu, memory, staleness, floor)
     cap = max_steps_ratio * ref.steps
     groups = np.arange(group_size, max_batch + 1, group_size)
-    best_on = ref
-    for bb in groups:
-        p = predict(Design.on_policy_at(int(bb)), b_noise, mu, memory, staleness, floor)
-        if p.steps <= cap and p.compute < best_on.compute:
-            best_on = p
-    best_replay = None
-    # replay at B' with R < B' and x >= 1; y = B'/R > 1 or x > 1 (x = y = 1 is on-policy drawn with replacement)
-    for bb in _log_subset(groups):
-        for rr in _log_subset(np.arange(group_size, int(bb) + 1, group_size)):
-            for x in _horizons(max_horizon):
-                if rr == bb and x == 1:
-                    continue
-                p = predict(Design(int(bb), int(rr), int(rr) * x), b_noise, mu, memory, staleness, floor)
-                if p.steps <= cap and (best_replay is None or p.compute < best_replay.compute):
-                    best_replay = p
+    ons = predict_many([Design.on_policy_at(int(v)) for v in groups], b_noise, mu, memory, staleness, floor)
+    best_on = min((p for p in ons if p.steps <= cap), key=lambda p: p.compute, default=ref)
+    if ref.compute <= best_on.compute:
+        best_on = ref
+    candidates = [Design(int(bb), int(rr), int(rr) * x)
+                  for bb in _log_subset(groups)
+                  for rr in _log_subset(np.arange(group_size, int(bb) + 1, group_size))
+                  for x in _horizons(max_horizon) if not (rr == bb and x == 1)]
+    replays = [p for p in predict_many(candidates, b_noise, mu, memory, staleness, floor) if p.steps <= cap]
+    best_replay = min(replays, key=lambda p: p.compute, default=None)
     y_l, thr = loosest_equal_steps(mu)
     if best_replay is not None and best_replay.compute < best_on.compute:
         winner = "replay"
@@ -604,3 +639,26 @@ def kappa_from_gradient_series(dots: ArrayLike, sq_norms: ArrayLike, rng: np.ran
     return KappaEstimate(value, (lo, hi), level, "lag-autocorrelation", optimizer, float(beta1), pilot_batch,
                          int(dots.size), {"lag1_autocorrelation": corr,
                                           "replicates_without_signal": int((~signal).sum())})
+
+
+def forgetting_pick(b_noise: float, batch: int, group_size: int, mu: float, kappa: float, optimizer: str = "adam",
+                    beta1: float = 0.9, *, pilot_batch: float | None = None, staleness: Staleness = NO_STALENESS,
+                    floor: float = 0.0, max_horizon: int = 64) -> dict:
+    """The forgetting-aware rule's design at a fixed batch B (the fixed-B families of ``validate verify``): R over
+    whole groups of ``group_size`` up to B, x = N/R over 1 .. ``max_horizon``, the least predicted compute
+    (``predict``); on-policy (R = N = B) when nothing beats it. kappa was measured at ``pilot_batch`` (default:
+    on-policy at B). Shaped like ``noise_scale.noise_scale_pick``."""
+    require_int("group size", group_size, 1)
+    if batch % group_size:
+        raise ValueError(f"batch size B must be whole groups of {group_size}, got {batch}")
+    memory = Memory(kappa, optimizer, beta1, float(batch) if pilot_batch is None else pilot_batch)
+    on = predict(Design.on_policy_at(batch), b_noise, mu, memory, staleness, floor)
+    candidates = [Design(batch, rr, rr * x) for rr in _log_subset(np.arange(group_size, batch + 1, group_size))
+                  for x in _horizons(max_horizon) if not (rr == batch and x == 1)]
+    best = min(predict_many(candidates, b_noise, mu, memory, staleness, floor) + [on], key=lambda p: p.compute)
+    d = best.design
+    return {"b_noise": b_noise, "B": batch, "b": b_noise / batch, "mu": mu, "kappa": kappa, "optimizer": optimizer,
+            "beta1": beta1, "regime": "on-policy" if d.on_policy else "replay", "R": d.rollouts, "N": d.capacity,
+            "x": d.x, "y": d.y, "psi": best.psi, "kappa_at_design": best.kappa, "steps": best.steps,
+            "cost": best.compute / (batch * 1.0), "on_policy_cost": on.compute / batch,
+            "saving": on.compute / best.compute}
