@@ -29,7 +29,11 @@ or CSV with a header row ``staleness,sigma_sq``. ``rho`` is optional.
 
 Any of them may carry a ``noise_scale`` record (the measured B_noise the noise-scale rule reads; its fields are
 written by every calibration: ``b_noise``, ``b_noise_interval``, ``level``, ``method``, ``batch``, ``unit_size``,
-``source``).
+``source``), and beside it a ``memory`` record: the optimizer's memory kappa = eta tr(H Sigma) / tr Sigma that the
+forgetting-aware rule reads (``theory.forgetting.KappaEstimate.to_dict()``: ``kappa`` (finite > 0, or null with a
+``reason``), ``kappa_interval``, ``level``, ``method``, ``optimizer`` (sgd, momentum or adam), ``beta1`` in [0, 1),
+``pilot_batch``, ``units``, ...); other estimates of the same kappa may sit under ``memory_estimators`` (name ->
+record of the same shape, checked the same way), e.g. the exact value and the lag-1 autocorrelation's.
 
 Measured profiles (``calibrate-simulator``, ``validate calibrate-model``) add, among others:
 
@@ -203,6 +207,26 @@ class LoadedProfile:
     mu: dict | None = None
     """The measured rollout cost ratio the file carries (``calibrate --from-log`` writes ``{"value", "ci",
     "source", "convention"}``), which ``optimal`` uses when ``--mu`` is not given; None when the file has none."""
+    memory: dict | None = None
+    """The measured optimizer memory (``KappaEstimate.to_dict()``: kappa, its interval, the optimizer, beta1, the
+    method, the pilot batch), checked by ``_memory_record``; None when the file has none. Its kappa may be None
+    (measured without a usable signal), then ``reason`` says why."""
+    memory_estimators: dict | None = None
+    """Other estimates of the same kappa (name -> record shaped like ``memory``), for comparison; None if absent."""
+
+    def memory_model(self):
+        """The ``theory.forgetting.Memory`` of the file's ``memory`` record; a one-line ValueError when the file has
+        none or its kappa could not be measured (the record's reason)."""
+        from .forgetting import Memory  # the profile reader needs forgetting only here
+
+        record = self.memory
+        if record is None:
+            raise ValueError("the profile has no memory record (kappa): measure it (calibrate-simulator, validate "
+                             "calibrate-model, calibrate --from-log --grad-norms with curvature pairs) or give kappa")
+        if record["kappa"] is None:
+            raise ValueError(f"the profile's kappa was not measured: {record['reason']}")
+        return Memory(float(record["kappa"]), record["optimizer"], float(record["beta1"]),
+                      None if record.get("pilot_batch") is None else float(record["pilot_batch"]))
 
     def rho_problem(self) -> str | None:
         """Why the file's rho cannot be used (an out-of-range fit, no ``rho``), or None."""
@@ -251,6 +275,76 @@ def _noise_scale_record(data: dict) -> dict | None:
     return record
 
 
+MEMORY_OPTIMIZERS = ("sgd", "momentum", "adam")  # theory.forgetting.OPTIMIZERS
+
+
+def _number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
+def _memory_record(record, name: str = "memory") -> dict:
+    """A ``memory`` record checked: a JSON object whose ``kappa`` is a finite number > 0, or null with a non-empty
+    ``reason``; ``optimizer`` one of sgd, momentum, adam; ``beta1`` a number in [0, 1); ``kappa_interval`` (when
+    present) two numbers or nulls; ``pilot_batch`` (when present) null or a finite number > 0."""
+    if not isinstance(record, dict):
+        raise ValueError(f"profile {name!r} must be a JSON object")
+    kappa = record.get("kappa")
+    if kappa is None:
+        reason = record.get("reason")
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError(f"profile '{name}.kappa' is null without a 'reason' (say why it was not measured)")
+    elif not _number(kappa) or not (0 < kappa < math.inf):
+        raise ValueError(f"profile '{name}.kappa' must be a finite number > 0 or null with a reason, got {kappa!r}")
+    optimizer = record.get("optimizer")
+    if optimizer not in MEMORY_OPTIMIZERS:
+        raise ValueError(f"profile '{name}.optimizer' must be one of {', '.join(MEMORY_OPTIMIZERS)}, got {optimizer!r}")
+    beta1 = record.get("beta1")
+    if not _number(beta1) or not (0.0 <= beta1 < 1.0):
+        raise ValueError(f"profile '{name}.beta1' must be a number in [0, 1), got {beta1!r}")
+    interval = record.get("kappa_interval")
+    if interval is not None and not (isinstance(interval, list) and len(interval) == 2
+                                     and all(v is None or (_number(v) and math.isfinite(v)) for v in interval)):
+        raise ValueError(f"profile '{name}.kappa_interval' must be [low, high] (numbers or nulls), got {interval!r}")
+    pilot = record.get("pilot_batch")
+    if pilot is not None and (not _number(pilot) or not (0 < pilot < math.inf)):
+        raise ValueError(f"profile '{name}.pilot_batch' must be null or a finite number > 0, got {pilot!r}")
+    return record
+
+
+def _memory_records(data: dict) -> tuple[dict | None, dict | None]:
+    """The file's ``memory`` record and its ``memory_estimators`` (name -> record), each checked, or None."""
+    memory = None if data.get("memory") is None else _memory_record(data["memory"])
+    others = data.get("memory_estimators")
+    if others is not None:
+        if not isinstance(others, dict):
+            raise ValueError("profile 'memory_estimators' must be a JSON object (name -> memory record)")
+        others = {str(k): _memory_record(v, f"memory_estimators.{k}") for k, v in others.items()}
+    return memory, others
+
+
+def memory_record(estimate, reason: str | None = None) -> dict:
+    """The profile's ``memory`` record of a ``theory.forgetting.KappaEstimate``: its ``to_dict()`` when kappa is a
+    finite number > 0; otherwise kappa null, the measured value kept as ``kappa_measured`` and a ``reason`` (given,
+    or: the curvature along the noise is not positive, so the optimizer's memory 1/kappa is not defined there)."""
+    record = estimate.to_dict()
+    value = estimate.kappa
+    if reason is None and math.isfinite(value) and value > 0:
+        return record
+    if reason is None:
+        lo, hi = estimate.interval
+        reason = (f"kappa measured {value:.3g} ({estimate.level:.0%} interval [{lo:.3g}, {hi:.3g}]) by "
+                  f"{estimate.method}: the curvature along the gradient noise is not positive, so the optimizer's "
+                  "memory 1/kappa is not defined at the measured checkpoints")
+    return {**record, "kappa": None, "kappa_measured": value if math.isfinite(value) else None, "reason": reason}
+
+
+def unmeasured_memory(reason: str, *, method: str, optimizer: str, beta1: float,
+                      pilot_batch: float | None = None) -> dict:
+    """A ``memory`` record for a kappa that could not be formed at all: kappa null and the ``reason``."""
+    return {"kappa": None, "kappa_interval": [None, None], "level": None, "method": method, "optimizer": optimizer,
+            "beta1": float(beta1), "pilot_batch": pilot_batch, "units": 0, "reason": reason}
+
+
 def _mu_record(data: dict) -> dict | None:
     """The file's measured mu as {"value", "convention", ...} (a bare number is a rollout-cost mu), or None."""
     record = data.get("mu")
@@ -270,7 +364,9 @@ def profile_from_dict(data: dict) -> LoadedProfile:
     """Build a profile from the JSON schema in the module docstring."""
     if not isinstance(data, dict):
         raise ValueError("profile must be a JSON object")
-    return dataclasses.replace(_profile_from_dict(data), mu=_mu_record(data))
+    memory, others = _memory_records(data)
+    return dataclasses.replace(_profile_from_dict(data), mu=_mu_record(data), memory=memory,
+                               memory_estimators=others)
 
 
 def _profile_from_dict(data: dict) -> LoadedProfile:
@@ -292,7 +388,7 @@ def _profile_from_dict(data: dict) -> LoadedProfile:
         raise ValueError(f"profile 'sigma_sq_form' must be one of {', '.join(SIGMA_SQ_FORMS)}, got {form!r}")
     if kind == "power_law":
         unknown = set(data) - {"kind", "alpha", "tau", "scale", "floor", "rho", "source", "fit", "notes", "noise_scale",
-                               "mu"}
+                               "mu", "memory", "memory_estimators"}
         if unknown:
             raise ValueError(f"profile has unknown power_law keys: {', '.join(sorted(unknown))}")
         if "alpha" not in data:
