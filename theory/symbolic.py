@@ -41,6 +41,13 @@ Papers (docs/REFERENCES.md):
 |                         | replay pays iff 4b(1+b) < mu, threshold and best saving (McCandlish Eq. 2.7)    |
 | ``assumption-3.2-counterexample`` | F = theta^2/2, G = theta + z: E[eps | F_1] = z_0, no finite kappa;    |
 |                         | in mean square kappa ~ 1/eta, so the dropped kappa^2 eta term is O(1/eta)       |
+| ``forgetting-variance`` | Var e = eta^2 V_eff/(1 - a^2), V_eff = C(0) + 2 sum a^k C(k); B V_eff =         |
+|                         | 1 + y psi - 1/N, psi = 1/x + phi(x, a) closed form, limits a -> 0, 1, x -> oo;  |
+|                         | lag-1 gradient autocorrelation -kappa/2 (SGD), (beta1 - 1/2) kappa (Adam)       |
+| ``forgetting-rule``     | cost (1 + b + b y psi)(1 + mu/y), y* = sqrt(mu (1+b)/(b psi)), replay pays iff  |
+|                         | 4 b psi (1+b) < mu (1 + b - b psi)^2, i.e. psi < (1 + 1/b) mu/(1+sqrt(1+mu))^2  |
+| ``free-batch``          | psi = 1: on-policy at B' = R beats replay at (R, B); equal-steps condition      |
+|                         | psi < mu (y-1)/(y (mu+y)), loosest mu/(1+sqrt(1+mu))^2 = 0.4295 at mu = 5.28    |
 
 Derivations are built lazily and cached (``functools.cache``): treat a returned
 :class:`Derivation` as read-only.
@@ -55,6 +62,9 @@ Derivations are built lazily and cached (``functools.cache``): treat a returned
 | ``z``        | log r            | log importance ratio (M2PO)                                        |
 | ``b``        | B_noise / B      | gradient noise scale (McCandlish) in units of the batch            |
 | ``V``        | sum_k C(k)/sigma^2 | long-run variance of the batch-mean noise per unit sigma^2       |
+| ``a``        | 1 - eta h        | SGD's contraction per step along a direction of curvature h        |
+| ``kappa``    | eta lambda_eff   | the optimizer's forgetting rate; its memory is about 1/kappa steps |
+| ``psi``      | psi(x, kappa)    | share of the FIFO's extra noise the optimizer keeps, in [0, 1]     |
 """
 
 from __future__ import annotations
@@ -1158,6 +1168,347 @@ def _build_assumption_32_counterexample() -> Derivation:
     )
 
 
+# --------------------------------------------------------------------------- 15. forgetting-variance
+
+
+def _piecewise_branch(expr: sympy.Basic, index: int) -> sympy.Basic:
+    """``expr`` with every Piecewise replaced by its branch number ``index`` (sympy's summation states the
+    convergent or generic case as one branch and the special case as another)."""
+    return expr.replace(lambda e: isinstance(e, sympy.Piecewise), lambda e: e.args[index].expr)
+
+
+def _adam_lyapunov(kappa: sympy.Expr, beta: sympy.Expr) -> tuple[sympy.Matrix, sympy.Matrix, sympy.Matrix]:
+    """(A, b, P) of Adam's linearised error response (theory/forgetting.py ``_linear_system``): state (e, eta m),
+    eta m' = beta eta m + (1 - beta)(eta h e + eta n), e' = e - eta m', kappa = eta h; P = A P A^T + b b^T solved by
+    sympy.solve (three unknowns of the symmetric P), per unit (eta n)^2."""
+    k = kappa * (1 - beta)
+    A = sympy.Matrix([[1 - k, -beta], [k, beta]])
+    b = sympy.Matrix([-(1 - beta), 1 - beta])
+    p00, p01, p11 = sympy.symbols("p00 p01 p11")
+    P = sympy.Matrix([[p00, p01], [p01, p11]])
+    residual = P - A * P * A.T - b * b.T
+    (solution,) = sympy.solve([residual[0, 0], residual[0, 1], residual[1, 1]], [p00, p01, p11], dict=True)
+    return A, b, P.subs(solution).applyfunc(sympy.factor)
+
+
+def _adam_psi(x: int, kappa: sympy.Expr, beta: sympy.Expr) -> sympy.Expr:
+    """psi(x) for Adam in exact arithmetic: 1/x + (2/x^2) sum_{k=1}^{x-1} (x - k) rho(k), rho(k) = c^T A^k P c /
+    c^T P c (the impulse-response autocorrelation theory/forgetting.py ``impulse_autocorrelation`` computes)."""
+    A, _, P = _adam_lyapunov(kappa, beta)
+    pc = P[:, 0]  # P c with c = (1, 0)
+    total, power = sympy.Integer(0), sympy.eye(2)
+    for lag in range(1, x):
+        power = power * A
+        total += (x - lag) * (power * pc)[0]
+    return sympy.nsimplify(1 / sympy.Integer(x) + 2 * total / (pc[0] * x**2))
+
+
+KAPPAS_PSI16 = (sympy.Integer(1), Rational(1, 2), Rational(1, 10), Rational(1, 100))
+BETA_ADAM = Rational(9, 10)
+
+
+@functools.cache
+def _build_forgetting_variance() -> Derivation:
+    fifo = _build_fifo_long_run_variance()
+    B, R, N, sigma, x, k = (fifo.symbols[n] for n in ("B", "R", "N", "sigma", "x", "k"))
+    a = sympy.Symbol("a", real=True)  # 1 - eta h: |a| < 1 for a stable step, negative when eta h > 1
+    eta, h, y, s, beta, kappa, tau = _positive("eta", "h", "y", "s", "beta1", "kappa", "tau")
+    l = sympy.Symbol("l", integer=True, nonnegative=True)
+    e_t, e_next, n_t = sympy.symbols("e_t e_{t+1} n_t")
+    C = sympy.Function("C")
+    var_e, v_eff_sym, psi_sym, phi_sym = sympy.symbols("Var(e) V_eff psi phi")
+    # Var e = eta^2 sum_{j,l >= 0} a^(j + l) C(j - l): the pairs with j - l = k >= 0 carry sum_l a^(2 l + k)
+    pair_sum = sympy.summation(a ** (2 * l + k), (l, 0, sympy.oo))
+    pair_closed = _piecewise_branch(pair_sum, 0)  # the branch a^2 < 1 (a stable step)
+    c0 = fifo.parts["C0"].subs(N, x * R)
+    ck = fifo.parts["Ck"].subs(N, x * R)
+    lag_sum = sympy.simplify(sympy.summation((x - k) * a**k, (k, 1, x - 1)))
+    lag_generic, lag_at_1 = _piecewise_branch(lag_sum, 1), _piecewise_branch(lag_sum, 0)
+    lag_closed = a * (x * (1 - a) - 1 + a**x) / (1 - a) ** 2
+    cov_sum = _piecewise_branch(sympy.summation(a**k * ck, (k, 1, x - 1)), 1)  # C(k) = 0 from k = x on
+    cov_closed = sigma**2 * lag_closed / (x**2 * R)
+    v_eff = c0 + 2 * cov_closed
+    phi = 2 * lag_closed / x**2
+    psi = 1 / x + phi
+    r_v = (R * v_eff / sigma**2).subs(B, y * R)
+    b_v = (B * v_eff / sigma**2).subs(B, y * R)
+    paper_form = 1 / B + 1 / (x * R) + phi / R - 1 / (B * x * R)  # Thm 3.5's 1/B + 1/N + rho/R with rho -> phi
+    var_closed = eta**2 * v_eff / (1 - a**2)
+    lim_a1, lim_a0 = sympy.limit(psi, a, 1), sympy.limit(psi, a, 0)
+    lim_x = sympy.simplify(sympy.limit(x * psi.subs(a, sympy.exp(-s)), x, sympy.oo))  # a = e^(-s) in (0, 1)
+    tau_sgd = (1 + a) / (1 - a)
+    psi_kappa = psi.subs(a, 1 - kappa)
+    slope = sympy.simplify(sympy.series(psi_kappa, kappa, 0, 2).removeO().coeff(kappa, 1))
+    x5 = 5
+    double_sum = sum(a ** abs(i - j) for i in range(x5) for j in range(x5)) / sympy.Integer(x5) ** 2
+    # the lag-1 gradient autocorrelation, fresh noise each step (on-policy): g = h e + n, Var n = s^2
+    p_on = eta**2 * s**2 / (1 - a**2)  # Var e with C(k >= 1) = 0
+    corr_sgd_def = (h**2 * a * p_on - eta * h * s**2) / (h**2 * p_on + s**2)
+    corr_sgd = sympy.simplify(corr_sgd_def.subs({a: 1 - kappa, eta: kappa / h}))
+    # Adam (heavy ball has the same A and b / (1 - beta)): the same quantities from the Lyapunov equation
+    A, bvec, P = _adam_lyapunov(kappa, beta)
+    corr_adam = sympy.factor(sympy.simplify((kappa**2 * (A * P)[0, 0] + kappa * bvec[0]) / (kappa**2 * P[0, 0] + 1)))
+    corr_adam_printed = (kappa * ((2 * beta - 1) * (1 + beta) - beta * (1 - beta) * kappa)
+                         / (2 * (1 + beta + beta * kappa)))
+    corr_slope = sympy.cancel(sympy.limit(corr_adam / kappa, kappa, 0))
+    A_hb, b_hb = A, bvec / (1 - beta)  # heavy ball: eta v' = beta eta v + eta g, e' = e - eta v'; k = eta h
+    P_hb = P / (1 - beta) ** 2  # b scaled by 1/(1 - beta): P scales by its square (the equation is linear in b b^T)
+    k_hb = kappa * (1 - beta)
+    corr_hb = (k_hb**2 * (A_hb * P_hb)[0, 0] + k_hb * b_hb[0]) / (k_hb**2 * P_hb[0, 0] + 1)
+    corr_hb_simple = sympy.factor(sympy.simplify(corr_hb))
+    tau_adam = sympy.factor(sympy.simplify(1 + 2 * (A * (sympy.eye(2) - A).inv() * P)[0, 0] / P[0, 0]))
+    det_a = sympy.factor(A.det())
+    psi16_sgd = sympy.Tuple(*(sympy.Tuple(kv, sympy.N(psi.subs({x: 16, a: 1 - kv}), 4)) for kv in KAPPAS_PSI16))
+    psi16_adam = sympy.Tuple(*(sympy.Tuple(kv, sympy.N(_adam_psi(16, kv, BETA_ADAM), 4)) for kv in KAPPAS_PSI16))
+    steps = (
+        Step("SGD along an eigendirection of H (curvature h, step eta): the error e = theta - theta* moves as "
+             "e_{t+1} = a e_t - eta n_t with a = 1 - eta h; n_t is the step's batch-mean noise, stationary with "
+             "autocovariance C(k) (derive fifo-long-run-variance)", Eq(e_next, a * e_t - eta * n_t)),
+        Step("(argued) Unrolled, e_t = -eta sum_{j >= 0} a^j n_{t-1-j}, so at stationarity Var e = eta^2 "
+             "sum_{j, l >= 0} a^(j + l) C(j - l); group the pairs by their lag k = |j - l|",
+             Eq(var_e, eta**2 * sympy.Sum(sympy.Sum(a ** (sympy.Symbol("j") + l) * C(sympy.Symbol("j") - l),
+                                                     (sympy.Symbol("j"), 0, sympy.oo)), (l, 0, sympy.oo)))),
+        Step("The pairs with j - l = k >= 0 weigh C(k) by sum_l a^(2l + k) (sympy.summation; the branch a^2 < 1 "
+             "is a stable step)", Eq(sympy.Sum(a ** (2 * l + k), (l, 0, sympy.oo)), pair_sum)),
+        Step("(argued) The pairs with l - j = k give the same (C(-k) = C(k)), so Var e = eta^2 V_eff / (1 - a^2) "
+             "with V_eff = C(0) + 2 sum_{k >= 1} a^k C(k); a = 1 (no forgetting) leaves the plain sum over lags "
+             "of derive fifo-long-run-variance", Eq(var_e, eta**2 * v_eff_sym / (1 - a**2))),
+        Step("C(0) and C(k) of the FIFO at N = x R (derive fifo-long-run-variance), C(k) = 0 from k = x on",
+             sympy.Tuple(Eq(C(0), c0), Eq(C(k), ck))),
+        Step("The lag sum sum_{k=1}^{x-1} (x - k) a^k (sympy.summation, simplified): a = 1 gives x (x - 1)/2",
+             Eq(sympy.Sum((x - k) * a**k, (k, 1, x - 1)), lag_sum)),
+        Step("Its a != 1 branch minus a [x (1 - a) - 1 + a^x] / (1 - a)^2 simplifies to 0",
+             _identity(lag_generic, lag_closed)),
+        Step("sum_{k=1}^{x-1} a^k C(k) (sympy.summation, a != 1 branch) minus sigma^2/(x^2 R) times the lag sum "
+             "simplifies to 0", _identity(cov_sum, cov_closed)),
+        Step("Hence V_eff = C(0) + 2 sum_{k=1}^{x-1} a^k C(k)", Eq(v_eff_sym, v_eff)),
+        Step("With B = y R: R V_eff / sigma^2 minus (1/y + 1/x - 1/(x y R) + phi), phi = 2 a [x (1 - a) - 1 + "
+             "a^x] / (x^2 (1 - a)^2), simplifies to 0",
+             _identity(r_v, 1 / y + 1 / x - 1 / (x * y * R) + phi)),
+        Step("B V_eff / sigma^2 minus (1 + y psi - 1/N), psi = 1/x + phi, simplifies to 0",
+             _identity(b_v, 1 + y * psi - 1 / (x * R))),
+        Step("In the paper's form V_eff / sigma^2 minus (1/B + 1/N + phi/R - 1/(BN)) simplifies to 0: Thm 3.5's "
+             "1/B + 1/N + rho/R with its constant rho replaced by phi(x, a), which depends on x",
+             _identity((v_eff / sigma**2).subs(N, x * R), paper_form)),
+        Step("Stationary variance along the direction: eta^2 V_eff / (1 - a^2)", Eq(var_e, var_closed)),
+        Step("psi = 1/x + phi", Eq(psi_sym, psi)),
+        Step("a -> 1 (the optimizer remembers the whole horizon) and a -> 0 (it forgets within a step), "
+             "sympy.limit: psi -> 1 is today's B V = 1 + y; psi -> 1/x", sympy.Tuple(
+                 Eq(sympy.Limit(psi_sym, a, 1), lim_a1), Eq(sympy.Limit(psi_sym, a, 0), lim_a0))),
+        Step("x -> oo at fixed a = e^(-s) in (0, 1) (sympy.limit of x psi)",
+             Eq(sympy.Limit(x * psi_sym, x, sympy.oo), lim_x)),
+        Step("It minus (1 + a)/(1 - a) simplifies to 0 (a = e^(-s)): psi ~ (1 + a)/((1 - a) x) = (2 - kappa)/"
+             "(kappa x) with kappa = eta h, about 2/(kappa x) when kappa is small",
+             _identity(lim_x, tau_sgd.subs(a, sympy.exp(-s)))),
+        Step("Short horizon: the kappa coefficient of psi(x, 1 - kappa) (sympy.series) minus -(x^2 - 1)/(3 x) "
+             "simplifies to 0: psi = 1 - kappa (x^2 - 1)/(3 x) + O(kappa^2)",
+             _identity(slope, -(x**2 - 1) / (3 * x))),
+        Step("At x = 5, psi minus x^-2 sum_{j,l<x} a^|j - l| simplifies to 0: psi is the variance of the mean of x "
+             "consecutive values of a unit AR(1), so psi is in [0, 1] for |a| < 1 and in [1/x, 1] for a >= 0 "
+             "(argued from that form)", _identity(psi.subs(x, x5), double_sum)),
+        Step("(argued) Fresh noise each step (on-policy, Var n = s^2): g = h e + n, Var e = eta^2 s^2/(1 - a^2), "
+             "Cov(g_{t+1}, g_t) = h^2 a Var e - eta h s^2 (e_{t+1} = a e_t - eta n_t; n_{t+1} is new)",
+             Eq(sympy.Symbol("corr(g_{t+1}, g_t)"), corr_sgd_def)),
+        Step("At a = 1 - kappa, eta = kappa/h (sympy.simplify): the lag-1 gradient autocorrelation of SGD",
+             Eq(sympy.Symbol("corr_SGD"), corr_sgd)),
+        Step("Adam, linearised (state (e, eta m), v frozen, kappa = eta h): A, b and the stationary P = A P A^T + "
+             "b b^T (sympy.solve), per unit (eta n)^2",
+             sympy.Tuple(*(Eq(sympy.MatrixSymbol(name, *m.shape), sympy.ImmutableMatrix(m), evaluate=False)
+                           for name, m in (("A", A), ("b", bvec), ("P", P))))),
+        Step("Its lag-1 gradient autocorrelation (kappa^2 (A P)_00 + kappa b_0)/(kappa^2 P_00 + 1) (sympy.factor)",
+             Eq(sympy.Symbol("corr_Adam"), corr_adam)),
+        Step("It minus kappa [(2 beta1 - 1)(1 + beta1) - beta1 (1 - beta1) kappa] / (2 (1 + beta1 + beta1 kappa)) "
+             "simplifies to 0; beta1 = 0 gives SGD's -kappa/2", _identity(corr_adam, corr_adam_printed)),
+        Step("Heavy ball (torch SGD momentum, b / (1 - beta1), kappa = eta h / (1 - beta1)): its autocorrelation "
+             "minus Adam's simplifies to 0", sympy.Tuple(Eq(sympy.Symbol("corr_HB"), corr_hb_simple),
+                                                           _identity(corr_hb_simple, corr_adam))),
+        Step("Small kappa (sympy.limit of corr / kappa): beta1 - 1/2, POSITIVE for beta1 > 1/2 (0.4 at 0.9), "
+             "where SGD's is -1/2", Eq(sympy.Limit(sympy.Symbol("corr_Adam") / kappa, kappa, 0), corr_slope)),
+        Step("Adam's integrated autocorrelation lim x psi = 1 + 2 c^T A (I - A)^-1 P c / c^T P c (sympy)",
+             Eq(tau, tau_adam)),
+        Step("It minus (2/kappa - (1 - beta1)/(1 + beta1)) simplifies to 0: at long horizons Adam keeps what SGD "
+             "keeps, 2/kappa - 1 at beta1 = 0",
+             _identity(tau_adam, 2 / kappa - (1 - beta) / (1 + beta))),
+        Step("det A = beta1 (sympy), the product of A's eigenvalues: the slower one has |lambda| >= sqrt(beta1), "
+             "so a kick's squared response falls by at most beta1 a step, over ~1/(1 - beta1) steps: the memory "
+             "floor that keeps psi near 1 at short horizons whatever kappa (argued from the product)",
+             Eq(sympy.Symbol("det A"), det_a)),
+        Step("psi(16) for SGD at kappa = 1, 1/2, 1/10, 1/100 (exact, sympy.N)",
+             Eq(sympy.Symbol("(kappa, psi_SGD(16))"), psi16_sgd)),
+        Step("psi(16) for Adam at beta1 = 9/10, same kappa (exact rho(k) = c^T A^k P c / c^T P c, sympy.N)",
+             Eq(sympy.Symbol("(kappa, psi_Adam(16))"), psi16_adam)),
+    )
+    return Derivation(
+        name="forgetting-variance",
+        title="The FIFO noise an optimizer keeps: V_eff, psi(x, kappa) and the lag-1 gradient autocorrelation",
+        source=(f"{ER_PAPER}, Sec. 3 (FIFO); C(k) from derive fifo-long-run-variance; the SGD, heavy-ball and "
+                "Adam error recursions (theory/forgetting.py)"),
+        steps=steps,
+        result=Eq(psi_sym, psi),
+        symbols={"B": B, "R": R, "N": N, "sigma": sigma, "x": x, "k": k, "a": a, "eta": eta, "h": h, "y": y,
+                 "s": s, "beta1": beta, "kappa": kappa},
+        parts={"pair_sum": pair_closed, "C0": c0, "Ck": ck, "lag_sum": lag_closed, "lag_sum_at_1": lag_at_1,
+               "v_eff": v_eff, "R_v_eff": r_v, "B_v_eff": b_v, "phi": phi, "psi": psi, "variance": var_closed,
+               "limit_a_1": lim_a1, "limit_a_0": lim_a0, "x_psi_limit": lim_x, "tau_sgd": tau_sgd,
+               "small_kappa_slope": slope, "corr_sgd": corr_sgd, "corr_adam": corr_adam,
+               "corr_adam_slope": corr_slope, "tau_adam": tau_adam, "det_A": det_a, "P_adam": P,
+               "psi16_sgd": psi16_sgd, "psi16_adam": psi16_adam},
+    )
+
+
+# --------------------------------------------------------------------------- 16. forgetting-rule
+
+
+@functools.cache
+def _build_forgetting_rule() -> Derivation:
+    s_min, b_noise, B, R, mu, b, y, psi = _positive("S_min", "B_noise", "B", "R", "mu", "b", "y", "psi")
+    S, cost_sym, y_star_sym, psi_c = sympy.Symbol("S"), sympy.Symbol("C"), sympy.Symbol("y_*"), sympy.Symbol("psi_c")
+    cost_fn = sympy.Function("cost")(y)
+    cost = s_min * (1 + b_noise * (1 + y * psi) / B) * (mu * R + B)  # S steps of mu R + B, B V_eff = 1 + y psi
+    cost_by = (1 + b + b * y * psi) * (1 + mu / y)
+    cost_on = (1 + b) * (1 + mu)
+    d_cost = sympy.diff(cost_by, y)
+    (y_solved,) = sympy.solve(Eq(d_cost, 0), y)
+    y_star = sqrt(mu * (1 + b) / (b * psi))
+    d2 = sympy.simplify(sympy.diff(cost_by, y, 2))
+    min_cost = (sqrt(1 + b) + sqrt(mu * b * psi)) ** 2
+    gap = sympy.expand(cost_on - min_cost)
+    gap_factored = sqrt(mu) * (sqrt(mu) * (1 + b - b * psi) - 2 * sqrt(b * psi * (1 + b)))
+    condition_lhs, condition_rhs = 4 * b * psi * (1 + b), mu * (1 + b - b * psi) ** 2
+    roots = sympy.solve(Eq(condition_lhs, condition_rhs), psi)
+    psi_threshold = (1 + 1 / b) * mu / (1 + sqrt(1 + mu)) ** 2
+    threshold_root, other_roots = _root_equal_to(roots, psi_threshold, "psi threshold")
+    big_b = sympy.limit(psi_threshold, b, sympy.oo)
+    noise_rule = _build_noise_scale_rule()
+    table = sympy.Tuple(*(sympy.Tuple(bb, sympy.N(psi_threshold.subs({b: bb, mu: MU_QWEN}), 4))
+                          for bb in (Rational(1, 10), Rational(1, 4), Rational(1, 2), 1, 4, 37)))
+    steps = (
+        Step("Steps to a target (McCandlish et al. 2018, Eq. 2.7) with the noise the optimizer keeps, "
+             "B V_eff = 1 + y psi(x, kappa) - 1/N (derive forgetting-variance), the -1/N dropped",
+             Eq(S, s_min * (1 + b_noise * (1 + y * psi) / B))),
+        Step("Compute: S steps costing mu R + B each", Eq(cost_sym, cost)),
+        Step("At fixed B with B_noise = b B, R = B/y: C minus S_min B (1 + b + b y psi)(1 + mu/y) simplifies to 0",
+             _identity(cost.subs({b_noise: b * B, R: B / y}), s_min * B * cost_by)),
+        Step("Differentiate cost(y) = C/(S_min B) in y (sympy.diff)", Eq(sympy.Derivative(cost_fn, y), d_cost)),
+        Step("Solve d cost/dy = 0 for y > 0 (sympy.solve, 1 positive solution)", Eq(y_star_sym, y_solved)),
+        Step("It minus sqrt(mu (1 + b) / (b psi)) simplifies to 0", _identity(y_solved, y_star)),
+        Step(f"Second derivative (sympy.diff twice); is_positive = {d2.is_positive} for y > 0: convex, the "
+             "stationary point is the minimum", Eq(sympy.Derivative(cost_fn, (y, 2)), d2)),
+        Step("cost(y*) minus (sqrt(1 + b) + sqrt(mu b psi))^2 simplifies to 0",
+             _identity(cost_by.subs(y, y_star), min_cost)),
+        Step("On-policy (R = B, V = 1/B) costs (1 + b)(1 + mu); it minus cost(y*) (sympy.expand)",
+             Eq(sympy.Symbol("cost_on - cost(y*)"), gap)),
+        Step("It minus sqrt(mu) (sqrt(mu) (1 + b - b psi) - 2 sqrt(b psi (1 + b))) simplifies to 0: replay beats "
+             "on-policy iff b psi < 1 + b and 4 b psi (1 + b) < mu (1 + b - b psi)^2 (squaring two positive "
+             "sides, argued)", _identity(gap, gap_factored)),
+        Step(f"The boundary 4 b psi (1 + b) = mu (1 + b - b psi)^2 in psi (sympy.solve, {len(roots)} roots; the "
+             "second, shown last, is above (1 + b)/b); the first minus (1 + 1/b) mu / (1 + sqrt(1 + mu))^2 "
+             "simplifies to 0", sympy.Tuple(Eq(psi_c, threshold_root), _identity(threshold_root, psi_threshold),
+                                            *other_roots)),
+        Step("So replay pays at fixed B iff psi < psi_c = (1 + 1/b) mu/(1 + sqrt(1 + mu))^2; as b -> oo "
+             "(sympy.limit) it tightens to the free-batch threshold of derive free-batch",
+             Eq(sympy.Limit(psi_c, b, sympy.oo), big_b)),
+        Step("At psi = 1 the condition's right side minus mu simplifies to 0: today's 4 b (1 + b) < mu "
+             "(derive noise-scale-rule)", _identity(condition_rhs.subs(psi, 1), mu)),
+        Step("At psi = 1, y* minus sqrt(mu (1 + 1/b)) and cost(y*) minus noise-scale-rule's minimum simplify to 0",
+             sympy.Tuple(_identity(y_star.subs(psi, 1), noise_rule.parts["y_star"]),
+                         _identity(min_cost.subs(psi, 1), noise_rule.parts["min_cost"]))),
+        Step("psi_c at mu = 5.28 = 132/25 (sympy.N): (b, psi_c) for b = 1/10, 1/4, 1/2, 1, 4, 37; psi <= 1 "
+             "always, so replay pays whatever the memory where psi_c >= 1", Eq(sympy.Symbol("(b, psi_c)"), table)),
+    )
+    return Derivation(
+        name="forgetting-rule",
+        title="The forgetting-aware rule at fixed B: optimal replay ratio, cost and when replay pays",
+        source="McCandlish et al. 2018 (arXiv 1812.06162), Eq. 2.7; V_eff from derive forgetting-variance",
+        steps=steps,
+        result=Eq(y_star_sym, y_star),
+        symbols={"S_min": s_min, "B_noise": b_noise, "B": B, "R": R, "mu": mu, "b": b, "y": y, "psi": psi},
+        parts={"cost": cost, "cost_replay": cost_by, "cost_on_policy": cost_on, "dcost_dy": d_cost,
+               "y_star": y_star, "second_derivative": d2, "min_cost": min_cost, "gap": gap,
+               "psi_threshold": psi_threshold, "psi_threshold_large_b": big_b, "other_roots": sympy.Tuple(*other_roots),
+               "table_mu_5_28": table},
+    )
+
+
+# --------------------------------------------------------------------------- 17. free-batch
+
+
+@functools.cache
+def _build_free_batch() -> Derivation:
+    b_noise, B, R, N, mu, y, psi, b_prime = _positive("B_noise", "B", "R", "N", "mu", "y", "psi", "B'")
+    W, T = _positive("W", "T")
+    s_rep, s_on = sympy.Symbol("S_replay / S_min"), sympy.Symbol("S_on(R) / S_min")
+    thr_sym, y_l = sympy.Symbol("psi_eq"), sympy.Symbol("y_l")
+    steps_replay = 1 + b_noise * (1 / B + 1 / R)  # psi = 1: V = 1/B + 1/R (derive noise-scale-rule)
+    steps_on = 1 + b_noise / R  # on-policy at B' = R
+    steps_exact = 1 + b_noise * (1 / B + 1 / R - 1 / (B * N))  # keeping -1/(BN) (derive fifo-long-run-variance)
+    more_steps = sympy.simplify(steps_replay - steps_on)
+    more_steps_exact = sympy.factor(sympy.simplify(steps_exact - steps_on))
+    more_cost = sympy.simplify((mu * R + B) - (1 + mu) * R)
+    # with forgetting, replay at (R, B = y R): B V_eff = 1 + y psi
+    steps_forget = 1 + b_noise * (1 + y * psi) / (y * R)
+    (b_equal,) = sympy.solve(Eq(1 + b_noise / b_prime, steps_forget), b_prime)
+    cheaper = sympy.simplify((1 + mu) * b_equal - (mu * R + y * R))  # > 0: replay's step is the cheaper
+    (psi_eq,) = sympy.solve(Eq((1 + mu) * b_equal, mu * R + y * R), psi)
+    psi_eq_printed = mu * (y - 1) / (y * (mu + y))
+    margin = sympy.factor(sympy.simplify(1 - psi_eq_printed))
+    d_thr = sympy.diff(psi_eq_printed, y)
+    y_roots = sympy.solve(Eq(d_thr, 0), y)
+    y_loose = 1 + sqrt(1 + mu)
+    y_root, _ = _root_equal_to(y_roots, y_loose, "loosest y")
+    at_loose = psi_eq_printed.subs(y, y_loose)
+    loose_value = mu / (1 + sqrt(1 + mu)) ** 2
+    lim_inf = sympy.limit(psi_eq_printed, y, sympy.oo)
+    horizon = 1 / loose_value  # psi >= 1/x: x must exceed it
+    steps = (
+        Step("psi = 1 (derive noise-scale-rule): replay at (R, B > R) takes S_min (1 + B_noise (1/B + 1/R)) steps, "
+             "on-policy at B' = R takes S_min (1 + B_noise/R); their difference (sympy.simplify)",
+             sympy.Tuple(Eq(s_rep, steps_replay), Eq(s_on, steps_on), Eq(s_rep - s_on, more_steps))),
+        Step("Keeping FIFO's -1/(BN) (derive fifo-long-run-variance) the difference is B_noise (N - 1)/(B N) >= 0 "
+             "(sympy.factor)", Eq(s_rep - s_on, more_steps_exact)),
+        Step("A replay step costs mu R + B, an on-policy step at R costs (1 + mu) R; their difference is B - R > 0 "
+             "(sympy.simplify)", Eq(sympy.Symbol("(mu R + B) - (1 + mu) R"), more_cost)),
+        Step("(argued) Fewer steps and cheaper ones: on-policy at B' = R costs less compute than replay at "
+             "(R, B > R), and less time in any step time that does not fall with B (max(mu R/W, B/T) on W "
+             "generation and T training GPUs is at least max(mu R/W, R/T))",
+             sympy.Ge(sympy.Max(mu * R / W, B / T), sympy.Max(mu * R / W, R / T), evaluate=False)),
+        Step("With forgetting, replay at (R, B = y R) takes S_min (1 + B_noise (1 + y psi)/(y R)) steps (derive "
+             "forgetting-rule); the on-policy batch B' with as many steps (sympy.solve)",
+             Eq(b_prime, b_equal)),
+        Step("On-policy's step (1 + mu) B' minus replay's mu R + y R (sympy.simplify); replay is cheaper at equal "
+             "steps iff it is positive", Eq(sympy.Symbol("(1 + mu) B' - (mu + y) R"), cheaper)),
+        Step("The boundary in psi (sympy.solve)", Eq(thr_sym, psi_eq)),
+        Step("It minus mu (y - 1)/(y (mu + y)) simplifies to 0: replay beats the smaller on-policy batch at equal "
+             "steps iff psi < mu (y - 1)/(y (mu + y)); 0 at y = 1", _identity(psi_eq, psi_eq_printed)),
+        Step("1 - psi_eq (sympy.factor) is positive: at psi = 1 replay never wins",
+             Eq(1 - thr_sym, margin)),
+        Step(f"d psi_eq/dy = 0 (sympy.solve, {len(y_roots)} roots; 1 - sqrt(1 + mu) < 0 is not a ratio); the "
+             "other minus 1 + sqrt(1 + mu) simplifies to 0", sympy.Tuple(Eq(y_l, y_root), _identity(y_root, y_loose))),
+        Step("psi_eq is 0 at y = 1 and tends to 0 as y -> oo (sympy.limit) with one stationary point between: "
+             "its maximum (argued)", Eq(sympy.Limit(thr_sym, y, sympy.oo), lim_inf)),
+        Step("psi_eq at y_l minus mu/(1 + sqrt(1 + mu))^2 simplifies to 0: no replay ratio beats a smaller "
+             "on-policy batch unless psi < mu/(1 + sqrt(1 + mu))^2", _identity(at_loose, loose_value)),
+        Step("At mu = 5.28 = 132/25 (sympy.N): y_l, the threshold, and the horizon it needs, x > (1 + sqrt(1 + "
+             "mu))^2/mu, since psi >= 1/x (derive forgetting-variance)",
+             sympy.Tuple(Eq(y_l, sympy.N(y_loose.subs(mu, MU_QWEN), 6)),
+                         Eq(thr_sym, sympy.N(loose_value.subs(mu, MU_QWEN), 6)),
+                         Eq(sympy.Symbol("x_min"), sympy.N(horizon.subs(mu, MU_QWEN), 6)))),
+    )
+    return Derivation(
+        name="free-batch",
+        title="At a free batch: a smaller on-policy batch beats replay unless the optimizer forgets",
+        source="McCandlish et al. 2018 (arXiv 1812.06162), Eq. 2.7; derive noise-scale-rule, derive forgetting-rule",
+        steps=steps,
+        result=Eq(thr_sym, psi_eq_printed),
+        symbols={"B_noise": b_noise, "B": B, "R": R, "N": N, "mu": mu, "y": y, "psi": psi, "B'": b_prime},
+        parts={"steps_replay": steps_replay, "steps_on_policy": steps_on, "more_steps": more_steps,
+               "more_steps_exact": more_steps_exact, "more_cost": more_cost, "equal_steps_batch": b_equal,
+               "cheaper": cheaper, "threshold": psi_eq_printed, "y_loose": y_loose, "loose_value": loose_value,
+               "loose_value_mu_5_28": loose_value.subs(mu, MU_QWEN), "y_loose_mu_5_28": y_loose.subs(mu, MU_QWEN),
+               "horizon_mu_5_28": horizon.subs(mu, MU_QWEN)},
+    )
+
+
 # --------------------------------------------------------------------------- registry and rendering
 
 
@@ -1176,6 +1527,9 @@ DERIVATIONS: dict[str, Callable[[], Derivation]] = {
     "fifo-long-run-variance": _build_fifo_long_run_variance,
     "noise-scale-rule": _build_noise_scale_rule,
     "assumption-3.2-counterexample": _build_assumption_32_counterexample,
+    "forgetting-variance": _build_forgetting_variance,
+    "forgetting-rule": _build_forgetting_rule,
+    "free-batch": _build_free_batch,
 }
 
 
