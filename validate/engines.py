@@ -7,8 +7,9 @@ behaviour policy mu can trail the trainer's pi_theta by a few updates (off-polic
 Two engines implement one interface, ``Sampler``:
 
 * ``HFSampler`` (``--engine hf``, any device): ``validate.sampling.generate``, the hand-written
-  KV-cached loop. With ``sync_every = 1`` it samples from the trainer's own model (syncing is
-  free); with ``sync_every > 1`` it keeps a copy of the weights that is refreshed only at sync
+  KV-cached loop, decoding as ``--decode`` says (``validate.sampling.default_decode``: the eager loop on the CPU, a
+  static KV cache and a compiled step on CUDA). With ``sync_every = 1`` it samples from the trainer's own model
+  (syncing is free); with ``sync_every > 1`` it keeps a copy of the weights that is refreshed only at sync
   steps, so the staleness semantics of the vLLM path can be run and tested on a CPU.
 * ``VLLMSampler`` (``--engine vllm``, CUDA only; ``validate/vllm_engine.py``): ``vllm.LLM`` with
   weights copied from the trainer at sync steps.
@@ -32,7 +33,7 @@ import torch
 
 from . import vllm_engine as _vllm_engine  # module reference: tests patch vllm_engine.vllm_available
 from .policy import Policy, resolve_device
-from .sampling import Rollouts, generate
+from .sampling import DECODE_MODES, Rollouts, default_decode, generate
 from .vllm_engine import VLLMSampler  # imports vllm itself only when one is built
 
 ENGINES = ("hf", "vllm", "auto")
@@ -62,8 +63,11 @@ class HFSampler:
 
     name = "hf"
 
-    def __init__(self, stale_copy: bool = False):
+    def __init__(self, stale_copy: bool = False, decode: str = "auto"):
+        if decode not in DECODE_MODES:
+            raise ValueError(f"--decode must be one of {', '.join(DECODE_MODES)}, got {decode!r}")
         self.stale_copy = stale_copy
+        self.decode = decode
         self._copy: Policy | None = None
 
     def sync(self, policy: Policy) -> None:
@@ -77,13 +81,14 @@ class HFSampler:
     def generate(self, policy: Policy, prompts: Sequence[str], num_samples: int, max_new_tokens: int,
                  temperature: float, generator: torch.Generator | Sequence[torch.Generator], *,
                  prompt_width: int | None = None) -> Rollouts:
+        decode = default_decode(policy.device, self.decode)
         if not self.stale_copy:
             return generate(policy, prompts, num_samples, max_new_tokens, temperature, generator,
-                            prompt_width=prompt_width)
+                            prompt_width=prompt_width, decode=decode)
         if self._copy is None:
             raise RuntimeError("HFSampler(stale_copy=True).generate called before sync(policy)")
         return generate(self._copy, prompts, num_samples, max_new_tokens, temperature, generator,
-                        prompt_width=prompt_width)
+                        prompt_width=prompt_width, decode=decode)
 
 
 def resolve_engine(engine: str, device: str) -> str:
@@ -114,11 +119,13 @@ def _device_type(device: str) -> str:
 
 
 def make_sampler(engine: str, *, device: str = "cpu", sync_every: int = 1, model_path: str | None = None,
-                 seed: int = 0, gpu_memory_utilization: float = 0.3, max_model_len: int | None = None) -> Sampler:
-    """The sampler for a resolved or unresolved ``engine`` name (vLLM needs ``model_path``: a checkpoint directory)."""
+                 seed: int = 0, gpu_memory_utilization: float = 0.3, max_model_len: int | None = None,
+                 decode: str = "auto") -> Sampler:
+    """The sampler for a resolved or unresolved ``engine`` name (vLLM needs ``model_path``: a checkpoint directory).
+    ``decode``: the HF loop's ``--decode`` (``validate.sampling.DECODE_MODES``)."""
     engine = resolve_engine(engine, device)
     if engine == "hf":
-        return HFSampler(stale_copy=sync_every > 1)
+        return HFSampler(stale_copy=sync_every > 1, decode=decode)
     if model_path is None:
         raise ValueError("the vLLM engine needs a checkpoint directory (model_path) to start from")
     return VLLMSampler(model_path, seed=seed, gpu_memory_utilization=gpu_memory_utilization,

@@ -30,6 +30,11 @@ vLLM on a GPU. The trainer's weights are pushed to it every ``sync_every`` updat
 (``policy_lag`` in the step log: how many updates the sampler's weights trail). With
 ``micro_batch_size`` the update runs forward/backward in chunks and accumulates the gradient
 of the same surrogate (one extra no-grad forward; needed on a GPU for a 150K-token vocabulary).
+
+Where it runs (issue 31): on the CPU the numpy losses and CPU generators, the numbers of every earlier version bit for
+bit; on CUDA the token generators live on the device (``make_generator``) and the update takes the loss from
+``core/losses_torch.py`` on the device (``loss_library``), so neither sampling nor the update copies log-probs to the
+host and back; each update ends with a device synchronisation, so the time charged to it is its own (mu).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import numpy as np
 import torch
 
 from ..core.designs import BUFFER_DESIGNS, DesignConfig, compute_loss
+from ..core.losses_torch import loss_output_torch
 from ..core.metrics import TOKEN_STATS
 from ..core.metrics import step_metrics as off_policy_metrics
 from ..core.pipeline import Pipeline, PipelineSettings, score
@@ -55,6 +61,7 @@ from . import countdown
 from .engines import HFSampler, Sampler
 from .logprobs import encode_prompts, prompt_width, sequence_logprobs
 from .policy import Policy
+from .sampling import compile_seconds
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,7 @@ class RLResult:
     generation_seconds: float = 0.0
     update_seconds: float = 0.0
     sync_seconds: float = 0.0  # trainer -> sampler weight copies (in neither mu side)
+    compile_seconds: float = 0.0  # first calls of newly compiled decode steps (in neither mu side)
     k_inference: int = 0  # completions generated
     k_training: int = 0  # completions processed by backprop
     compute: float = math.nan  # mu x fresh completions + completions trained (the pipeline's Eq. 1-2 charge; needs mu)
@@ -127,7 +135,8 @@ class LMBackend:
     ``weights`` is the ``Policy``; the ``sampler`` (HF loop or vLLM) generates, a no-grad trainer
     forward pass gives the trainer's log-probs, and the Countdown verifier gives the rewards.
     ``info`` holds the last call's sampler-vs-trainer mismatch and reward; ``generation_seconds``
-    accumulates the time of every call (the generation side of mu).
+    accumulates the time of every call (the generation side of mu) less the compiling of new decode steps, which
+    ``compile_seconds`` accumulates apart (``validate.sampling.compile_seconds``).
     """
 
     def __init__(self, problems: list[countdown.Problem], config: RLConfig,
@@ -137,11 +146,12 @@ class LMBackend:
         self.num_prompts, self.seq_len = len(problems), config.max_new_tokens
         self.info: list[dict[str, float]] = []  # per seed
         self.generation_seconds = 0.0
+        self.compile_seconds = 0.0
         self.prompt_width: int | None = None  # train_loop: the problem set's longest prompt (encode_prompts)
 
     def sample(self, policy: Policy, prompts: np.ndarray):
         """Completions for prompts (S, n), seed-major rows; S > 1 needs a seed-stacked policy and S generators."""
-        started = time.perf_counter()
+        started, compiled_before = time.perf_counter(), compile_seconds()
         config, G = self.config, self.config.group_size
         S, n = prompts.shape
         texts = [self.problems[i].prompt_text() for row in prompts for i in row[::G]]  # one prompt per group
@@ -160,11 +170,14 @@ class LMBackend:
         mismatch = (trainer_logp - sampler_logp).abs().reshape(S, n * L).amax(dim=1)  # (S,)
         self.info = [{"logp_mismatch_max": float(mismatch[s]), "reward": float(reward[s].mean()),
                       "accuracy": float((reward[s] == 1.0).mean())} for s in range(S)]
-        self.generation_seconds += time.perf_counter() - started
-        return (ids.cpu().numpy().reshape(S, n, L).astype(np.int64),  # (S, n, L) each
-                logp.cpu().numpy().reshape(S, n, L).astype(np.float64),
-                mask.cpu().numpy().reshape(S, n, L).astype(bool),
-                reward)  # (S, n)
+        out = (ids.cpu().numpy().reshape(S, n, L).astype(np.int64),  # (S, n, L) each; the copies end the GPU work
+               logp.cpu().numpy().reshape(S, n, L).astype(np.float64),
+               mask.cpu().numpy().reshape(S, n, L).astype(bool),
+               reward)  # (S, n)
+        compiling = compile_seconds() - compiled_before
+        self.compile_seconds += compiling
+        self.generation_seconds += time.perf_counter() - started - compiling
+        return out
 
     def entropy(self, policy, prompts, tokens, mask):
         raise ValueError("the language-model backend does not compute token entropies (RLConfig.validated refuses "
@@ -173,6 +186,36 @@ class LMBackend:
     def snapshot(self, policy):
         raise ValueError("the language-model backend runs the synchronous pipeline; stale rollouts come from "
                          "--sync-every")
+
+
+def make_generator(device: torch.device | str, seed: int) -> torch.Generator:
+    """The token stream of seed ``seed`` for a policy on ``device``: a CPU generator on the CPU (the numbers of every
+    earlier version), one on the device on CUDA (sampling never leaves the card, ``validate/sampling.py``)."""
+    device = torch.device(device)
+    return torch.Generator(device=device if device.type == "cuda" else "cpu").manual_seed(seed)
+
+
+LOSS_LIBRARIES = ("numpy", "torch")
+
+
+def loss_library(device: torch.device | str) -> str:
+    """numpy (``core/losses.py``, the reference: the CPU's numbers bit for bit) on the CPU, torch
+    (``core/losses_torch.py``, equal to 1e-6) on CUDA, where the log-probs then never leave the device."""
+    return "torch" if torch.device(device).type == "cuda" else "numpy"
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the device's queued work (CUDA), so that a timer around a step measures the step."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclasses.dataclass
+class StepLoss:
+    """What a step logs of its loss, on the host: value (S,) and the loss's metrics, each (S,) (``step_metrics``)."""
+
+    loss: np.ndarray
+    metrics: dict[str, np.ndarray]
 
 
 def _pad_to(t: torch.Tensor, length: int, value) -> torch.Tensor:
@@ -198,7 +241,8 @@ def generate_batch(policy: Policy, problems: list[countdown.Problem], prompt_ind
 
 
 def update_step(policy: Policy, optimizer: torch.optim.Optimizer, problems: list[countdown.Problem],
-                config: RLConfig, batch: RolloutBatch, is_fresh=None, prompt_width: int | None = None):
+                config: RLConfig, batch: RolloutBatch, is_fresh=None, prompt_width: int | None = None,
+                library: str | None = None):
     """One optimizer step on a training batch (S, B, ...); returns (logp_new (S B, L) detached, the loss output).
 
     S = 1 for a plain policy; S seeds of a seed-stacked policy (``validate/batched.py``) train at once, rows
@@ -209,7 +253,14 @@ def update_step(policy: Policy, optimizer: torch.optim.Optimizer, problems: list
     means, M2PO's batch-level masks), then forward/backward runs chunk by chunk (micro_batch_size
     completions of every seed per chunk); the summed chunk gradients equal the whole-batch gradient.
     ``prompt_width``: pad prompts to this width (``train_loop`` passes the problem set's longest prompt).
+    ``library``: the loss's array library, numpy or torch (None: ``loss_library(policy.device)``). With torch the loss
+    and its gradient stay on the device; the loss output returned is then a ``StepLoss`` (value and metrics copied
+    to the host once, after the backward pass, with the finite check the numpy loss makes). On CUDA the step ends
+    with a device synchronisation.
     """
+    library = loss_library(policy.device) if library is None else library
+    if library not in LOSS_LIBRARIES:
+        raise ValueError(f"library must be one of {', '.join(LOSS_LIBRARIES)}, got {library!r}")
     S, n = batch.prompt.shape
     prompt_ids, prompt_mask = encode_prompts(policy, [problems[i].prompt_text() for i in batch.prompt.reshape(-1)],
                                              prompt_width)  # (S B, P)
@@ -226,8 +277,27 @@ def update_step(policy: Policy, optimizer: torch.optim.Optimizer, problems: list
         return sequence_logprobs(policy, prompt_ids[rows], prompt_mask[rows], ids[rows], mask[rows],
                                  temperature=config.temperature)
 
-    def loss_of(logp: torch.Tensor):  # the shared numpy loss on (S, B, L)
-        return compute_loss(config, batch, logp.detach().cpu().double().numpy().reshape(S, n, -1), is_fresh)
+    if library == "torch":  # the batch's fixed data on the device once per update
+        device = policy.device
+        fixed = {"logp_behav": torch.as_tensor(batch.logp_behav, device=device),  # (S, B, L) float64
+                 "advantage": torch.as_tensor(batch.advantage, device=device),  # (S, B)
+                 "mask": torch.as_tensor(batch.mask, device=device),  # (S, B, L) bool
+                 "is_fresh": None if is_fresh is None else torch.as_tensor(is_fresh, device=device),  # (S, B)
+                 "reward": None if batch.reward is None else torch.as_tensor(batch.reward, device=device)}
+
+    def loss_of(logp: torch.Tensor):  # the shared loss on (S, B, L): numpy on the host, or torch on the device
+        if library == "numpy":
+            return compute_loss(config, batch, logp.detach().cpu().double().numpy().reshape(S, n, -1), is_fresh)
+        return loss_output_torch(config, logp.detach().reshape(S, n, -1), **fixed)
+
+    def to_host(out) -> StepLoss:  # torch: one copy of the value, the metrics and the finite flags, before the step
+        if library == "numpy":
+            return out
+        names = list(out.metrics)
+        host = torch.stack([out.finite.double(), out.loss, *(out.metrics[k].double() for k in names)]).cpu().numpy()
+        if not host[0].all():  # as the numpy loss refuses it (core/losses.py, _logp)
+            raise ValueError("logp_new must be finite on real (unmasked) tokens")
+        return StepLoss(loss=host[1], metrics=dict(zip(names, host[2:])))
 
     optimizer.zero_grad(set_to_none=True)
     if chunk >= n:
@@ -246,7 +316,9 @@ def update_step(policy: Policy, optimizer: torch.optim.Optimizer, problems: list
         for a in range(0, n, chunk):
             rows = rows_of(a)
             surrogate(grad[rows], logp_of(rows)).backward()  # gradients accumulate over chunks
+    out = to_host(out)
     optimizer.step()
+    synchronize(policy.device)  # CUDA: the update's time is its own, not the next generation's
     return logp_value, out
 
 
@@ -287,12 +359,12 @@ def train_loop(policy: Policy, problems: list[countdown.Problem], config: RLConf
     sampler = HFSampler(stale_copy=config.sync_every > 1) if sampler is None else sampler
     if S == 1:
         rng = np.random.default_rng(seeds[0])
-        generators = torch.Generator(device="cpu").manual_seed(seeds[0])
+        generators = make_generator(policy.device, seeds[0])
     else:
         from .batched import SeedStreams  # a PerSeedGenerator with the given seeds
 
         rng = SeedStreams(seeds)
-        generators = [torch.Generator(device="cpu").manual_seed(seed) for seed in seeds]
+        generators = [make_generator(policy.device, seed) for seed in seeds]
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     backend = LMBackend(problems, config, generators, sampler)
     backend.prompt_width = fixed_prompt_width(policy, problems)
@@ -330,7 +402,7 @@ def train_loop(policy: Policy, problems: list[countdown.Problem], config: RLConf
             for result in results:
                 result.sync_seconds += time.perf_counter() - t_sync
         t0 = time.perf_counter()
-        generation_before = backend.generation_seconds
+        generation_before, compiling_before = backend.generation_seconds, backend.compile_seconds
         policy.model.eval()
         data = pipeline.next_batch(step, policy)  # generation (timed by the backend) and the buffer's work
         train_batch = data.train
@@ -340,12 +412,14 @@ def train_loop(policy: Policy, problems: list[countdown.Problem], config: RLConf
         pipeline.after_update(step, data)  # RLOO: add the fresh groups after the update
         compute = pipeline.account(data)  # (S,) running total
         generation = backend.generation_seconds - generation_before
-        update = time.perf_counter() - t0 - generation
+        compiling = backend.compile_seconds - compiling_before
+        update = time.perf_counter() - t0 - generation - compiling
         token_lr = logp_new.cpu().double().numpy().reshape(train_batch.logp_behav.shape) - train_batch.logp_behav
         seed_metrics = step_metrics(step, backend.info, out, train_batch, token_lr, data, step - synced_at)
         for s, result in enumerate(results):
             result.generation_seconds += generation
             result.update_seconds += update
+            result.compile_seconds += compiling
             result.k_inference, result.k_training = int(pipeline.k_inference), int(pipeline.k_training)
             result.compute = math.nan if mu is None else float(compute[s])
             result.metrics.append(seed_metrics[s])
@@ -444,7 +518,7 @@ def evaluate_policies(policy: Policy, problems: list[countdown.Problem], num_sam
                       max_new_tokens: int, seeds: list[int], ks=(1, 4), sampler: Sampler | None = None) -> list[dict]:
     """``evaluate_policy`` of each seed of a seed-stacked policy (S = len(seeds)), all at once; seed s samples with
     ``torch.Generator().manual_seed(seeds[s])``, as ``evaluate_policy(..., seed=seeds[s])`` on its own weights."""
-    generators = [torch.Generator(device="cpu").manual_seed(seed) for seed in seeds]
+    generators = [make_generator(policy.device, seed) for seed in seeds]
     policy.model.eval()
     sampler = HFSampler() if sampler is None else sampler
     sampler.sync(policy)

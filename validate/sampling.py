@@ -4,10 +4,20 @@ Paper: RLOO group replay (docs/REFERENCES.md), Sec. 3.1-3.3: K responses are sam
 (Eq. (1)'s group) and the behaviour log-probability log mu(y_i | x_i) of Eq. (2) is stored when a
 group is sampled.
 
-* ``generate``: a hand-written KV-cached sampling loop (``torch.multinomial``
-  with an explicit ``torch.Generator``, so the same seed gives the same
-  samples) that records the behaviour log-probs ``logp_behav`` of the sampled
-  tokens from the sampling forward pass itself; it returns ``Rollouts``.
+* ``generate``: a hand-written KV-cached sampling loop with explicit ``torch.Generator``s (the same seed gives the
+  same samples) that records the behaviour log-probs ``logp_behav`` of the sampled tokens from the sampling forward
+  pass itself; it returns ``Rollouts``. How it decodes is a ``DecodeOptions`` (``default_decode`` by device):
+  - the CPU: the eager loop on a dynamic cache, ``torch.multinomial`` on the CPU generators, the finished flags read
+    every token: the numbers of every earlier version, bit for bit;
+  - CUDA (issue 31): the generators on the device, so sampling, the finished flags and ``logp_behav`` never leave it
+    (a draw is the exponential race ``argmax(p / E)``, E ~ Exp(1), what ``torch.multinomial`` computes for one
+    sample, without its host-side checks); all-finished read every ``check_every`` tokens; a static KV cache and a
+    decode step compiled once per process (``torch.compile``, CUDA graphs through mode ``reduce-overhead``) on a
+    ``StaticDecoder``: a copy of the model's architecture in the compute dtype whose weights are copied in at every
+    call, so every run of a verify (each its own model object) reuses the one compiled step. Shapes are fixed by
+    padding each seed's rows to a power of two (``padded_rows``) and the cache to the prompt width + L.
+  Every path also runs on the CPU (tests/integration/test_validate_decode.py); where ``torch.compile`` fails, the
+  decoder says so in one line on stderr and decodes eagerly on the static cache.
 * ``_cache_argument``: the KV cache as the next forward's keyword, across transformers versions.
 
 This is the HF engine of ``validate/engines.py``; the vLLM one (``validate/vllm_engine.py``) returns
@@ -31,15 +41,23 @@ In addition:
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
+import json
+import sys
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from .logprobs import encode_prompts
-from .policy import Policy
+from .policy import Policy, resolve_compute_dtype
+
+DECODE_MODES = ("auto", "eager", "static", "compiled")
+"""``--decode``: auto (compiled on CUDA, eager on the CPU), eager (dynamic cache, no compile), static (static KV
+cache, eager step), compiled (static cache + torch.compile)."""
 
 
 @dataclass
@@ -56,6 +74,47 @@ class Rollouts:
     finished: torch.Tensor  # (N,) bool: stopped at a stop token (False = cut at max_new_tokens)
 
 
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How ``generate`` decodes (module docstring): ``default_decode`` picks one per device."""
+
+    static_cache: bool = False
+    """A static KV cache of width prompt + L on a ``StaticDecoder`` (False: transformers' dynamic cache on the
+    policy's own model)."""
+    compile: bool = False
+    """Compile the static decoder's step (``torch.compile``; needs ``static_cache``)."""
+    check_every: int = 1
+    """Read the all-finished flag (a host sync) every this many tokens; > 1 draws past the end for finished rows, so
+    the generators advance further than with 1 (the returned rollouts are the same)."""
+    compile_mode: str | None = None
+    """``torch.compile``'s mode: None = "reduce-overhead" (CUDA graphs) on CUDA, inductor's default on the CPU."""
+    race: bool | None = None
+    """Draw by the exponential race on the generators' device (``draw_tokens``); None: when they are not on the CPU.
+    On the CPU it gives ``torch.multinomial``'s tokens (the tests run the device path there)."""
+
+    def __post_init__(self):
+        if self.check_every < 1:
+            raise ValueError(f"check_every must be an integer >= 1, got {self.check_every}")
+        if self.compile and not self.static_cache:
+            raise ValueError("compile needs static_cache: the compiled step has fixed shapes")
+
+
+CUDA_CHECK_EVERY = 8
+"""All-finished read every 8 tokens on CUDA: at most 7 extra tokens of work per call, 1/8 of the syncs."""
+
+
+def default_decode(device: torch.device | str, mode: str = "auto") -> DecodeOptions:
+    """``--decode MODE`` on ``device``: auto is the compiled loop on CUDA and the eager loop (today's CPU numbers) on the
+    CPU; eager, static and compiled ask for one everywhere (the CPU tests run each)."""
+    if mode not in DECODE_MODES:
+        raise ValueError(f"--decode must be one of {', '.join(DECODE_MODES)}, got {mode!r}")
+    cuda = torch.device(device).type == "cuda"
+    if mode == "auto":
+        mode = "compiled" if cuda else "eager"
+    check_every = CUDA_CHECK_EVERY if cuda else 1
+    return DecodeOptions(static_cache=mode != "eager", compile=mode == "compiled", check_every=check_every)
+
+
 def _truncate(logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Top-k then top-p (nucleus) truncation of log-probs (N, V), renormalised."""
     if top_k and top_k < logp.shape[-1]:
@@ -70,6 +129,29 @@ def _truncate(logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return torch.log_softmax(logp, dim=-1)
 
 
+def draw_tokens(probs: torch.Tensor, generators: Sequence[torch.Generator], block: int,
+                race: bool | None = None) -> torch.Tensor:
+    """One token per row of ``probs`` (N, V), rows block i drawn with ``generators[i]``: (N,) long on ``probs``' device.
+
+    ``race`` False (None: generators on the CPU): ``torch.multinomial`` on them (the CPU numbers of every version; a
+    CUDA ``probs`` is copied to the host, the slow path issue 31 measured). ``race`` True (None: generators on
+    ``probs``' device): the exponential race argmax_v p_v / E_v, E ~ Exp(1) from generator i, which is how
+    ``torch.multinomial`` draws one sample (the same tokens on the CPU), on the device and without a host round trip.
+    """
+    device = probs.device
+    if race is None:
+        race = generators[0].device.type != "cpu"
+    if not race:
+        if device.type != "cpu":
+            probs = probs.to("cpu")
+        return torch.cat([torch.multinomial(probs[i * block:(i + 1) * block], 1, generator=g)
+                          for i, g in enumerate(generators)]).to(device).squeeze(1)  # (N,): block i from stream i
+    race = torch.empty_like(probs)  # (N, V)
+    for i, g in enumerate(generators):
+        race[i * block:(i + 1) * block].exponential_(generator=g)  # E ~ Exp(1), block i from stream i
+    return (probs / race).argmax(dim=-1)  # (N,)
+
+
 @torch.no_grad()
 def generate(
     policy: Policy,
@@ -82,18 +164,19 @@ def generate(
     top_k: int = 0,
     top_p: float = 1.0,
     prompt_width: int | None = None,
+    decode: DecodeOptions | None = None,
 ) -> Rollouts:
     """Sample ``num_samples`` completions per prompt with a KV-cached loop; deterministic given ``generator``.
 
     Each step takes the logits of the last position, forms the sampling
     distribution ``log_softmax(logits / temperature)`` in float32 (then top-k /
-    top-p if asked, renormalised), draws with ``torch.multinomial(.., generator)``
-    and records the drawn token's log-prob under that distribution as
-    ``logp_behav``. A row stops after a stop token (EOS); later columns are padding.
+    top-p if asked, renormalised), draws a token (``draw_tokens``) and records the drawn token's log-prob under that
+    distribution as ``logp_behav``. A row stops after a stop token (EOS); later columns are padding.
     ``generator`` may live on the CPU or on ``policy.device``. A list of S generators splits the rows into S
     equal consecutive blocks (the seeds of a seed-stacked policy, ``validate/batched.py``) and draws block s
     with generator s only, so each seed's tokens are what its own generator gives it sampling alone.
-    ``prompt_width``: pad prompts to at least this many tokens (``encode_prompts``).
+    ``prompt_width``: pad prompts to at least this many tokens (``encode_prompts``). ``decode``: how (``DecodeOptions``;
+    None = ``default_decode(policy.device)``).
     """
     if num_samples < 1 or max_new_tokens < 1:
         raise ValueError(f"num_samples={num_samples}, max_new_tokens={max_new_tokens}; both must be >= 1")
@@ -101,6 +184,7 @@ def generate(
         raise ValueError(f"temperature={temperature}; must be > 0 (use top_k=1 for greedy decoding)")
     if not 0.0 < top_p <= 1.0 or top_k < 0:
         raise ValueError(f"top_k={top_k}, top_p={top_p}; need top_k >= 0 and 0 < top_p <= 1")
+    decode = default_decode(policy.device) if decode is None else decode
     model, device = policy.model, policy.device
     pad_id = policy.tokenizer.pad_token_id
     was_training = model.training
@@ -123,28 +207,34 @@ def generate(
     alive_cols = torch.zeros((n_rows, max_new_tokens), dtype=torch.long, device=device)  # (N, T)
     finished = torch.zeros(n_rows, dtype=torch.bool, device=device)  # (N,)
 
-    def forward(**inputs):
-        with policy.autocast():  # bf16 on CUDA, as in training; nothing on CPU
-            return model(**inputs)
+    if decode.static_cache:
+        decoder = static_decoder(policy, decode)
+        next_logits = decoder.start(policy, prompt_ids, prompt_mask, len(generators), max_new_tokens)
+    else:
+        def forward(**inputs):
+            with policy.autocast():  # bf16 on CUDA, as in training; nothing on CPU
+                return model(**inputs)
 
-    attention_mask = prompt_mask
-    out = forward(
-        input_ids=prompt_ids,
-        attention_mask=attention_mask,
-        position_ids=(prompt_mask.cumsum(1) - 1).clamp(min=0),
-        use_cache=True,
-        logits_to_keep=1,
-    )
+        state = {"mask": prompt_mask, "out": forward(input_ids=prompt_ids, attention_mask=prompt_mask,
+                                                     position_ids=(prompt_mask.cumsum(1) - 1).clamp(min=0),
+                                                     use_cache=True, logits_to_keep=1)}
+
+        def next_logits(token: torch.Tensor | None, alive: torch.Tensor | None, t: int) -> torch.Tensor:
+            """Logits after feeding completion token t (column t; None: after the prompt)."""
+            if token is not None:
+                state["mask"] = torch.cat([state["mask"], alive.long()[:, None]], dim=1)  # (N, P + t + 1)
+                state["out"] = forward(input_ids=token[:, None], attention_mask=state["mask"],
+                                       position_ids=(prompt_len + t)[:, None],  # same positions as sequence_logprobs
+                                       use_cache=True, **_cache_argument(model, state["out"]))
+            return state["out"].logits[:, -1]  # (N, V)
+
     steps = 0
+    logits = next_logits(None, None, 0)
     for t in range(max_new_tokens):
-        logp_all = torch.log_softmax(out.logits[:, -1].float() / temperature, dim=-1)  # (N, V)
+        logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (N, V)
         if top_k or top_p < 1.0:
             logp_all = _truncate(logp_all, top_k, top_p)
-        probs = logp_all.exp()  # (N, V)
-        if generators[0].device.type != probs.device.type:
-            probs = probs.to(generators[0].device)
-        token = torch.cat([torch.multinomial(probs[i * block:(i + 1) * block], 1, generator=g)
-                           for i, g in enumerate(generators)]).to(device).squeeze(1)  # (N,): block i from stream i
+        token = draw_tokens(logp_all.exp(), generators, block, decode.race)  # (N,)
         alive = ~finished  # (N,)
         token = torch.where(alive, token, torch.full_like(token, pad_id))
         tokens[:, t] = token
@@ -152,17 +242,13 @@ def generate(
         alive_cols[:, t] = alive.long()
         finished = finished | (alive & torch.isin(token, stop_ids))
         steps = t + 1
-        if bool(finished.all()) or steps == max_new_tokens:
+        if steps == max_new_tokens or (steps % decode.check_every == 0 and bool(finished.all())):
             break
-        attention_mask = torch.cat([attention_mask, alive.long()[:, None]], dim=1)  # (N, P + t + 1)
-        out = forward(
-            input_ids=token[:, None],
-            attention_mask=attention_mask,
-            position_ids=(prompt_len + t)[:, None],  # same positions as sequence_logprobs
-            use_cache=True,
-            **_cache_argument(model, out),
-        )
+        logits = next_logits(token, alive, t)
     model.train(was_training)
+    if decode.check_every > 1:  # the loop may have run past the last live column: trim as checking every token does
+        live = alive_cols.any(0).nonzero()
+        steps = int(live.max()) + 1 if live.numel() else 1
 
     completion_ids = tokens[:, :steps]
     completion_mask = alive_cols[:, :steps]
@@ -180,6 +266,227 @@ def generate(
         prompt_index=prompt_index.to(device),
         finished=finished,
     )
+
+
+# --------------------------------------------------------------------------- the static, compiled decoder
+
+
+def padded_rows(rows: int) -> int:
+    """Rows per seed block of the static decoder: the next power of two >= ``rows`` (at least 8), so that the few
+    batch sizes of a verify (R of each design, evaluation's 64 x 8) share a handful of compiled shapes."""
+    return max(8, 1 << max(0, rows - 1).bit_length())
+
+
+_COMPILE_SECONDS = [0.0]  # wall seconds of first calls of newly compiled steps in this process (compile + one step)
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent compiling decode steps (first calls of each new shape): the generation side
+    of mu excludes them (``validate.rl.LMBackend``)."""
+    return _COMPILE_SECONDS[0]
+
+
+class StaticDecoder:
+    """A model's decode step on static KV caches, optionally compiled, shared by every ``generate`` of the process.
+
+    ``model``: a copy of the policy's architecture in the compute dtype (bf16 on CUDA), with fixed parameter
+    addresses: ``start`` copies the policy's current weights in, so CUDA graphs recorded once stay valid for every
+    run. One cache and one step per (rows, width); the prefill is eager (its shape changes with the prompt width).
+    """
+
+    def __init__(self, policy: Policy, options: DecodeOptions):
+        self.device = policy.device
+        self.dtype = resolve_compute_dtype(policy.config)
+        self.model = copy.deepcopy(policy.model).to(dtype=self.dtype).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.options = options
+        cuda = self.device.type == "cuda"
+        self.mode = options.compile_mode if options.compile_mode is not None else (
+            "reduce-overhead" if cuda else None)
+        self.caches: dict[tuple[int, int], object] = {}
+        self.steps: dict[tuple[int, int], object] = {}
+        self.fallback: str | None = None  # why the step runs eagerly although compile was asked (one line, once)
+        self.attn = getattr(self.model.config, "_attn_implementation", "sdpa")
+        self.takes_cache = _takes_cache(type(self.model))
+        self._warm: set = set()  # shapes whose compiled step has run once
+
+    # -- weights and shapes
+
+    @torch.no_grad()
+    def load(self, policy: Policy) -> None:
+        """Copy ``policy``'s current weights into the decoder's model (converted to the compute dtype)."""
+        for dst, src in zip(self.model.parameters(), policy.model.parameters()):
+            dst.copy_(src)
+
+    def _cache(self, rows: int, width: int):
+        from transformers import StaticCache
+
+        key = (rows, width)
+        if key not in self.caches:
+            self.caches[key] = StaticCache(config=self.model.config, max_cache_len=width)
+        cache = self.caches[key]
+        cache.reset()  # in place: the tensors keep their addresses (the CUDA graphs read them)
+        return cache
+
+    def _cache_kw(self, cache) -> dict:
+        return {"cache": cache} if self.takes_cache else {"past_key_values": cache}
+
+    def _attention(self, mask2d: torch.Tensor) -> torch.Tensor:
+        """The decode step's 4D mask (rows, 1, 1, width) from the 2D one: the columns not yet written are 0, so the
+        causal part is already in it. sdpa takes True = attend; eager an additive mask; others read the 2D mask."""
+        if self.attn == "sdpa":
+            return mask2d.bool()[:, None, None, :].clone()
+        if self.attn == "eager":
+            additive = torch.zeros(mask2d.shape, dtype=self.dtype, device=mask2d.device)
+            return additive.masked_fill(mask2d == 0, torch.finfo(self.dtype).min)[:, None, None, :].contiguous()
+        return mask2d.clone()
+
+    def _set_column(self, attention: torch.Tensor, column: int, alive: torch.Tensor) -> None:
+        if self.attn == "sdpa":
+            attention[:, 0, 0, column] = alive
+        elif self.attn == "eager":
+            attention[:, 0, 0, column] = torch.where(alive, 0.0, torch.finfo(self.dtype).min).to(self.dtype)
+        else:
+            attention[:, column] = alive.long()
+
+    # -- the step
+
+    def _make_step(self, cache):
+        model, kw = self.model, self._cache_kw(cache)
+
+        def step(input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        use_cache=True, logits_to_keep=1, **kw)
+            return out.logits[:, -1]  # (rows, V)
+
+        return step
+
+    def _compiled(self, key, cache):
+        if key not in self.steps:
+            eager = self._make_step(cache)
+            if not self.options.compile or self.fallback is not None:
+                self.steps[key] = (eager, eager, False)
+            else:
+                _raise_recompile_limit()
+                try:
+                    compiled = torch.compile(eager, mode=self.mode, dynamic=False, fullgraph=False)
+                except Exception as err:  # noqa: BLE001 - no compiler on this platform: decode eagerly, said once
+                    self._fall_back(err)
+                    compiled = eager
+                self.steps[key] = (compiled, eager, compiled is not eager)
+        return self.steps[key]
+
+    def _fall_back(self, err: BaseException) -> None:
+        if self.fallback is None:
+            self.fallback = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+            print(f"validate: torch.compile of the decode step is unavailable ({self.fallback}); decoding eagerly "
+                  f"on the static KV cache", file=sys.stderr, flush=True)
+
+    @torch.no_grad()
+    def start(self, policy: Policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_blocks: int,
+              max_new_tokens: int):
+        """Load the weights, pad every seed block to ``padded_rows``, prefill the static cache; returns
+        ``next_logits(token, alive, t)`` for ``generate`` (real rows only, (N, V))."""
+        self.load(policy)
+        N, P = prompt_ids.shape
+        n = N // num_blocks
+        n_pad = padded_rows(n)
+        rows, width = num_blocks * n_pad, P + max_new_tokens
+        device = prompt_ids.device
+        # padded layout: block s holds its n real rows, then copies of its first row (never sampled, never NaN)
+        local = torch.arange(n_pad, device=device).clamp(max=n - 1)  # (n_pad,)
+        source = (torch.arange(num_blocks, device=device)[:, None] * n + local).reshape(-1)  # (rows,)
+        real = (torch.arange(num_blocks, device=device)[:, None] * n_pad
+                + torch.arange(n, device=device)).reshape(-1)  # (N,) where the real rows sit
+        padded = n_pad != n
+        ids_p, mask_p = prompt_ids[source], prompt_mask[source]  # (rows, P)
+        mask2d = torch.zeros((rows, width), dtype=torch.long, device=device)  # (rows, P + L)
+        mask2d[:, :P] = mask_p
+        prompt_len = mask_p.sum(1)  # (rows,)
+        cache = self._cache(rows, width)
+        out = self.model(input_ids=ids_p, attention_mask=mask2d, position_ids=(mask_p.cumsum(1) - 1).clamp(min=0),
+                         use_cache=True, logits_to_keep=1, **self._cache_kw(cache))  # eager prefill, columns 0..P-1
+        first = out.logits[:, -1]
+        attention = self._attention(mask2d)
+        key = (rows, width)
+        step, eager, compiled = self._compiled(key, cache)
+        cuda_graphs = compiled and self.device.type == "cuda" and self.mode == "reduce-overhead"
+        pad_token = policy.tokenizer.pad_token_id
+
+        def next_logits(token, alive, t):
+            nonlocal step
+            if token is None:
+                logits = first
+            else:
+                if padded:
+                    token_p = torch.full((rows,), pad_token, dtype=token.dtype, device=device)
+                    token_p[real] = token
+                    alive_p = torch.zeros(rows, dtype=torch.bool, device=device)
+                    alive_p[real] = alive
+                else:
+                    token_p, alive_p = token, alive
+                column = P + t  # completion token t is written to cache column P + t
+                self._set_column(attention, column, alive_p)
+                inputs = (token_p[:, None], (prompt_len + t)[:, None], attention)
+                if cuda_graphs and hasattr(torch.compiler, "cudagraph_mark_step_begin"):
+                    torch.compiler.cudagraph_mark_step_begin()  # the previous step's logits are consumed
+                if step is not eager and key not in self._warm:  # first call of a new compiled shape
+                    started = time.perf_counter()
+                    try:
+                        logits = step(*inputs)
+                    except Exception as err:  # noqa: BLE001 - a compile error surfaces at the first call
+                        self._fall_back(err)
+                        _rewind(cache, column)
+                        self.steps[key] = (eager, eager, False)
+                        step = eager
+                        logits = step(*inputs)
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize()
+                    _COMPILE_SECONDS[0] += time.perf_counter() - started
+                    self._warm.add(key)
+                else:
+                    logits = step(*inputs)
+            return logits[real] if padded else logits  # (N, V); consumed before the next step overwrites it
+
+        return next_logits
+
+
+def _rewind(cache, column: int) -> None:
+    """Set every static layer's write position back to ``column`` (a failed compiled call may have advanced it)."""
+    for layer in getattr(cache, "layers", []):
+        length = getattr(layer, "cumulative_length", None)
+        if isinstance(length, torch.Tensor):
+            length.fill_(column)
+
+
+def _raise_recompile_limit() -> None:
+    """Every decoder compiles the same step function (one code object), one graph per shape: dynamo's default limit
+    of 8 recompiles per code object would silently fall back to eager after a few shapes and models."""
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name) and getattr(config, name) < 64:
+            setattr(config, name, 64)
+
+
+_DECODERS: dict[str, StaticDecoder] = {}  # one decoder per architecture, device, dtype and options, per process
+
+
+def static_decoder(policy: Policy, options: DecodeOptions) -> StaticDecoder:
+    """The process's ``StaticDecoder`` for ``policy``'s architecture (built at first use)."""
+    model = policy.model
+    shapes = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+    config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
+    key = json.dumps([type(model).__name__, shapes, str(policy.device), str(resolve_compute_dtype(policy.config)),
+                      options.compile, options.compile_mode, config], default=str)
+    if key not in _DECODERS:
+        _DECODERS[key] = StaticDecoder(policy, options)
+    return _DECODERS[key]
+
+
+def release_decoders() -> None:
+    """Drop every decoder of this process (their weights, caches and graphs): gpu_check between model shapes."""
+    _DECODERS.clear()
 
 
 def _cache_argument(model, out) -> dict:
