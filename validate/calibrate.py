@@ -108,7 +108,7 @@ from . import countdown
 from .engines import HFSampler, Sampler
 from .logprobs import encode_prompts, next_token_logprobs, sequence_logprobs
 from .policy import Policy
-from .rl import RLConfig, generate_batch, train, update_step
+from .rl import RLConfig, generate_batch, make_generator, train, update_step
 
 MAX_GRAD_COORDS = 1 << 22  # 4M float32 coordinates = 16 MB per per-sample gradient
 GRAD_CHUNK = 128
@@ -361,7 +361,7 @@ def measure_mu_count(policy: Policy, problems: list[countdown.Problem], config: 
     optimizer = torch.optim.AdamW(window_policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     buffer = make_design_buffer(config, BufferSpec(1, config.max_new_tokens, len(problems), np.int32))
     rng = np.random.default_rng(seed + 104729)
-    generator = torch.Generator(device="cpu").manual_seed(seed + 104729)
+    generator = make_generator(policy.device, seed + 104729)  # on the device on CUDA: the loop verify runs
     state = {"generated": 0}
 
     def generate_once() -> int:
