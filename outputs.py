@@ -6,6 +6,10 @@ before it starts, and writes through ``write_new``: a temporary file in the same
 mode 0o666 so the umask applies (0644 under the usual 022; ``tempfile.mkstemp`` would give 0600), then
 hard-linked into place, which fails instead of replacing a file that appeared meanwhile.
 Errors are one-line ``ValueError``s that name the option as the user typed it.
+
+Writable is checked by trying, not by permission bits: ``check_writable`` creates and removes an empty hidden file
+in the folder that will hold the results (or the nearest existing folder above it). Permission bits do not tell:
+root passes every one of them, while a read-only mount, ``/sys`` or an ACL refuses whatever they say.
 """
 
 from __future__ import annotations
@@ -19,8 +23,29 @@ from typing import Any, Callable, Optional
 NEVER = "results are never overwritten"
 
 
-def check_out_dir(path: Path, option: str = "--out") -> Path:
-    """``path`` is a directory or does not exist yet, with no file where one of its folders should be."""
+def check_writable(path: Path, option: str = "--out") -> Path:
+    """This process can write in the folder ``path`` (or create it, in its nearest existing folder): a one-line
+    ValueError naming ``option`` otherwise. Tried with an empty probe file, created and removed at once."""
+    path = Path(path)
+    folder = next(p for p in (path, *path.parents) if p.exists())  # "." for a relative path at the least
+    probe = folder / f".replay-theory-write-check-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as err:
+        raise ValueError(f"{option} {path}: cannot write in {folder} ({err.strerror or err})") from None
+    probe.unlink()
+    return path
+
+
+def check_out_dir(path: Path, option: str = "--out", ours: Optional[Callable[[Path], bool]] = None,
+                  holds: str = "") -> Path:
+    """``path`` is a directory or does not exist yet, with no file where one of its folders should be, and this
+    process can write there.
+
+    ``ours``: when given, a non-empty existing directory must be one this command wrote (``ours(path)``: a sweep's
+    spec.json, a validate run's files), so results never mix with other files; ``lambda p: False`` admits only a
+    new or empty directory. ``holds`` says what such a directory lacks ("holds no sweep (no spec.json)").
+    """
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{option} {path} is an existing file; give a directory (created if absent)")
@@ -29,7 +54,10 @@ def check_out_dir(path: Path, option: str = "--out") -> Path:
             if not parent.is_dir():
                 raise ValueError(f"{option} {path}: {parent} is a file, not a folder")
             break
-    return path
+    if ours is not None and path.is_dir() and any(path.iterdir()) and not ours(path):
+        raise ValueError(f"{option} {path} is a non-empty directory{' that ' + holds if holds else ''}; results go "
+                         "into a new or empty directory, so they never mix with other files")
+    return check_writable(path, option)
 
 
 def check_new_file(path: Path, option: str = "--out", formats: Optional[tuple[str, ...]] = None) -> Path:
@@ -43,7 +71,7 @@ def check_new_file(path: Path, option: str = "--out", formats: Optional[tuple[st
         raise ValueError(f"{option} {path}: the folder {folder} {why}; create it first or choose another path")
     if formats is not None and path.suffix.lower().lstrip(".") not in formats:
         raise ValueError(f"{option} {path} must end in one of {', '.join(f'.{f}' for f in formats)}")
-    return path
+    return check_writable(path, option)  # the file does not exist: its folder is tried
 
 
 def write_new(path: Path, write: Callable[[Path], None], option: str = "--out") -> Path:

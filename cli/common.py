@@ -7,7 +7,8 @@ range, exit code 2 (``cli/app.py::main``), and it is found before any work start
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from contextlib import contextmanager
+from typing import Iterable, Iterator
 
 import typer
 
@@ -47,3 +48,17 @@ def help_without_command(ctx: typer.Context) -> None:
         if help_text:
             typer.echo(help_text)
         raise typer.Exit(2)
+
+
+@contextmanager
+def on_ctrl_c(kept: str) -> Iterator[None]:
+    """Ctrl-C inside: one line on stderr saying what is kept and how to go on, then exit code 130 (the shell's for
+    SIGINT), no traceback. ``kept`` is the command's line; an interruption that carries its own (``message()``:
+    a sweep's, trl-replay's) says that instead. Caught here, inside the command: click would turn it into an
+    "Aborted!" after a blank line."""
+    try:
+        yield
+    except KeyboardInterrupt as err:
+        said = err.message() if callable(getattr(err, "message", None)) else kept
+        typer.echo(said, err=True)
+        raise typer.Exit(130) from None

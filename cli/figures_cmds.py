@@ -2,8 +2,9 @@
 
 Output rules (issue 11): figures go to ``figures-out/`` unless ``--out`` says otherwise, never to the
 tracked gallery by default (``figures/gallery/`` changes only when someone asks for it with
-``--out figures/gallery``, so a casual run never dirties the checkout). An existing file is never
-overwritten: every requested file is checked before any work, and the command refuses with one line.
+``--out figures/gallery``, so a casual run never dirties the checkout). ``--out`` must be new or empty (issue 32:
+figures never mix with other files, so none is ever overwritten) and writable, checked before any work, with one
+line otherwise (outputs.check_out_dir).
 Every figure is rendered in memory first and the files are written only afterwards, so an error
 leaves neither an empty nor a half-written directory behind. Every bad value is one line naming its
 option, exit code 2 (``cli/app.py``'s ``main`` turns ValueError into that line); a ``--results`` folder given for
@@ -26,8 +27,8 @@ FORMATS = ("png", "pdf", "svg")
 
 NamesArgument = Annotated[Optional[list[str]], typer.Argument(help="Figures to build, or 'all' (default).")]
 OutOption = Annotated[Path, typer.Option(
-    "--out", help="Output directory (created when the first figure is written). Existing files are never "
-                  "overwritten: pick a new directory, or delete the old files first.")]
+    "--out", help="Output directory, new or empty (created when the figures are written); files are never "
+                  "overwritten.")]
 FormatOption = Annotated[str, typer.Option("--format", help="Comma-separated formats: png, pdf, svg.")]
 ListOption = Annotated[bool, typer.Option("--list", help="Name each figure with one line on what it shows.")]
 DpiOption = Annotated[int, typer.Option(
@@ -62,15 +63,6 @@ def check_dpi(dpi: int) -> None:
     low, high = DPI_RANGE
     if not low <= dpi <= high:
         raise ValueError(f"--dpi must be an integer in {low}..{high}, got {dpi}")
-
-
-def check_not_overwriting(out: Path, files: list[str]) -> None:
-    """Refuse, naming them, if any of ``files`` already exists under ``out``: figures are never overwritten."""
-    taken = [name for name in files if (out / name).exists()]
-    if taken:
-        shown = ", ".join(taken[:4]) + (f" and {len(taken) - 4} more" if len(taken) > 4 else "")
-        raise ValueError(f"--out {out} already holds {shown}: figures are never overwritten; choose a new --out "
-                         f"directory, or delete the old files to rebuild them there")
 
 
 def write_all(out: Path, files: list[tuple[str, bytes]]) -> list[Path]:
@@ -110,11 +102,7 @@ def register(app: typer.Typer) -> None:
         dpi: DpiOption = DPI,
         results: ResultsOption = Path("results"),
     ) -> None:
-        """Regenerate figures (matplotlib): theory figures always, results figures whose results exist.
-
-        The tracked gallery is rebuilt on purpose: delete figures/gallery/*.png, then
-        `replay-theory figures all --results RESULTS --out figures/gallery`.
-        """
+        """Regenerate figures (matplotlib): theory figures always, results figures whose results exist."""
         # matplotlib loads here, not at import, so that other commands start without it.
         import matplotlib.pyplot as plt
 
@@ -139,7 +127,7 @@ def register(app: typer.Typer) -> None:
             raise ValueError(f"unknown figure(s) {', '.join(unknown)}; choose from {', '.join(available)} or all")
         if everything:  # a named results figure says which experiment's folder it misses; `all` would skip them all
             check_results_dir(results, ctx.get_parameter_source("results").name != "DEFAULT")
-        check_out_dir(out)
+        check_out_dir(out, ours=lambda folder: False)  # new or empty: figures never mix with other files
         skipped = []
         for name in [n for n in chosen if n in RESULTS_FIGURES]:
             try:
@@ -149,7 +137,6 @@ def register(app: typer.Typer) -> None:
                     raise
                 skipped.append(f"{name}: {err}")
                 chosen.remove(name)
-        check_not_overwriting(out, [f"{name}.{f}" for name in chosen for f in formats])
         files = []
         for name in chosen:
             figure = available[name][1]()

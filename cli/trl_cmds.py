@@ -17,11 +17,12 @@ import typer
 
 from .. import install_hint
 from ..integrations.trl_run import CACHE_ENV, TrlRunConfig, check_out_dir, default_cache_dir
+from .common import on_ctrl_c
 from .config_options import with_dataclass_options
 
 OutOption = Annotated[Path, typer.Option(
     "--out", help="New (or empty) run directory: rollouts.parquet, run.json, trainer_log.jsonl (TRL's per-step "
-                  "logs), noise_scale.jsonl, noise_profile.json.")]
+                  "logs), noise_scale.jsonl, noise_profile.json; an unfinished run's (checkpoints/) is continued.")]
 NoProgressOption = Annotated[bool, typer.Option("--no-progress", help="Hide the progress bars (stderr).")]
 CacheDirOption = Annotated[Optional[Path], typer.Option(
     "--cache-dir", help="Where the tiny model's warm-start weights are cached, by code version and warm-start "
@@ -41,7 +42,7 @@ def trl_replay(fields: dict[str, Any], out: OutOption, no_progress: NoProgressOp
     (two batch sizes a step, no extra backward pass). stdout: the regime when it is not replay, then the summary;
     TRL's per-step logs go to OUT/trainer_log.jsonl, a progress bar to stderr."""
     config = TrlRunConfig(**fields).validated()
-    check_out_dir(out)
+    check_out_dir(out, config)
     cache_dir = default_cache_dir() if cache_dir is None else cache_dir
     if cache_dir.exists() and not cache_dir.is_dir():
         raise ValueError(f"--cache-dir (or ${CACHE_ENV}) {cache_dir} is not a directory")
@@ -50,4 +51,6 @@ def trl_replay(fields: dict[str, Any], out: OutOption, no_progress: NoProgressOp
         raise ValueError(f"trl-replay needs {', '.join(missing)}: {install_hint('trl')}")
     from ..integrations.trl_run import run
 
-    run(config, out, log=typer.echo, progress=not no_progress, cache_dir=cache_dir)
+    with on_ctrl_c(f"interrupted before training started: nothing to resume from in {out}; run the same command "
+                   "to start again"):  # the run's own line (what its checkpoint holds) once training started
+        run(config, out, log=typer.echo, progress=not no_progress, cache_dir=cache_dir)

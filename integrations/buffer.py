@@ -27,6 +27,8 @@ scalar, and only group 0 was ever buffered.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping
 
@@ -35,6 +37,7 @@ import torch
 
 from ..core.designs import BUFFER_DESIGNS, BufferSpec, DesignConfig, StepBatch, check_choice, make_design_buffer
 from ..core.rollouts import RolloutBatch
+from ..core.state import load_object_state, load_state, object_state, save_state
 from .replay_config import (
     ReplayConfig,
     age_buckets,
@@ -104,6 +107,20 @@ class RowReplayBuffer:
     @property
     def group_size(self) -> int:
         return self.config.group_size
+
+    # ------------------------------------------------------------------ resume
+
+    def save_state(self, path_stem: str | os.PathLike) -> list[Path]:
+        """Write everything that decides the next draws (the rows, the design's buffer, the generator, the design's
+        running state) to ``<stem>.json`` + ``<stem>.npz``, without pickle (core/state.py); returns the paths."""
+        tree, arrays = object_state(self, skip=("_generate",))
+        return save_state(path_stem, tree, arrays)
+
+    def load_state(self, path_stem: str | os.PathLike) -> None:
+        """Restore :meth:`save_state`'s files into this buffer, built with the same design config: its next draws
+        are then the saved buffer's. A file of another design is a one-line ValueError."""
+        tree, arrays = load_state(path_stem)
+        load_object_state(self, tree, arrays)
 
     def __len__(self) -> int:
         return 0 if not self.data else int(self.data["version"].shape[0])

@@ -66,7 +66,8 @@ import numpy as np
 
 from ..diagnose.schema import STEP_TIME_COLUMNS  # the log format is diagnose's
 
-__all__ = ["DiagnoseLogWriter", "STEP_TIME_COLUMNS", "TRL_LOG_COLUMNS", "VERL_LOG_COLUMNS", "VERL_VERSION_COLUMNS"]
+__all__ = ["DiagnoseLogWriter", "STEP_TIME_COLUMNS", "TRL_LOG_COLUMNS", "VERL_LOG_COLUMNS", "VERL_VERSION_COLUMNS",
+           "require_pyarrow"]
 
 #: The columns the TRL export writes, in order (per-row scalars, then per-token lists).
 TRL_LOG_COLUMNS: tuple[str, ...] = (
@@ -94,6 +95,15 @@ def _as_numpy(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
+def require_pyarrow() -> None:
+    """A one-line ValueError unless pyarrow (which writes the log) imports."""
+    try:
+        import pyarrow  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - TRL's datasets and verl install pyarrow
+        raise ValueError("the diagnose log needs pyarrow: pip install 'replay-theory[diagnose]'") from exc
+
+
 class DiagnoseLogWriter:
     """Appends batches of rows to one new Parquet file; never overwrites one.
 
@@ -106,11 +116,7 @@ class DiagnoseLogWriter:
         self.path = Path(path)
         if self.path.exists():
             raise ValueError(f"diagnose log {self.path} exists: a log is never overwritten, give a new path")
-        try:
-            import pyarrow  # noqa: F401
-            import pyarrow.parquet  # noqa: F401
-        except ImportError as exc:  # pragma: no cover - TRL's datasets and verl install pyarrow
-            raise ValueError("the diagnose log needs pyarrow: pip install 'replay-theory[diagnose]'") from exc
+        require_pyarrow()
         self._file = None
         self._writer = None
         self._schema = None

@@ -45,7 +45,14 @@ Diagnose log: ``ReplayGRPOTrainer(..., diagnose_log="run.parquet")`` (or a :clas
 and under the behaviour policy, masks, advantages, rewards and age, in the layout ``replay-theory diagnose LOG
 --preset trl`` reads (columns: ``replay_theory.integrations.export``), plus the step's generation and update wall
 times (``STEP_TIME_COLUMNS``) that ``replay-theory calibrate --from-log`` turns into mu. The file is new (never
-overwritten), gets one row group per step, and is complete (readable) when training ends.
+overwritten), gets one row group per step, and is written when the last step is done (the steps go to parts until
+then: :class:`DiagnoseLogCallback`).
+
+Checkpoints and resume: with Trainer's ``save_strategy`` on, every checkpoint also holds the replay buffer (its rows,
+the design's buffer and generator: ``RowReplayBuffer.save_state``, no pickle), the trainer's counters, the noise
+records and the diagnose log's complete parts, then a marker; ``train(resume_from_checkpoint=True)`` continues from
+the newest complete one with the numbers of an uninterrupted run (TRL's prompt sampler is advanced to the resumed
+epoch, which Trainer does not do). integrations/checkpoints.py names the files.
 
 Logged per step, through TRL's ``self._metrics`` (averaged by its ``log``): ``replay/staleness_mean``,
 ``replay/staleness_max``, ``replay/staleness_frac/age_*`` (buckets 0, 1, 2-3, 4-7, ...), ``replay/replay_ratio``
@@ -63,8 +70,9 @@ TRL and M2PO users know, under their own keys (``diagnose.framework_stats.framew
 The gradient noise scale (McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training",
 arXiv 1812.06162, App. A.1), measured every step at no extra backward pass and logged as ``noise/grad_sq_small``
 (|g_small|^2), ``noise/grad_sq_big`` (|g_big|^2), ``noise/batch_small`` (B_small), ``noise/batch_big`` (B_big = B),
-batch sizes in samples (responses); ``noise_log="noise_scale.jsonl"`` writes them per step for ``replay-theory
-calibrate --from-log LOG --grad-norms FILE`` (``theory.noise_scale.pooled_two_batch``). How it hooks into TRL:
+batch sizes in samples (responses); ``noise_log="noise_scale.jsonl"`` writes them, one line a step, when the last
+step is done (checkpoints hold them until then), for ``replay-theory calibrate --from-log LOG --grad-norms FILE``
+(``theory.noise_scale.pooled_two_batch``). How it hooks into TRL:
 
 1. ``compute_loss`` splits the B drawn rows into two halves that keep every prompt group whole
    (:func:`noise_halves`: the group baseline correlates a group's rows, so the group is the independent unit) and
@@ -95,6 +103,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -104,6 +113,7 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from .. import __version__
 from ..core import losses
 from ..core.metrics import ess_by_age, sequence_log_ratio, step_metrics
 from ..core.surrogate import surrogate
@@ -111,7 +121,8 @@ from ..diagnose.calibrate_log import GRAD_NORM_COLUMNS
 from ..diagnose.framework_stats import framework_statistics
 from ..diagnose.whatif import TokenWhatIf, WhatIfConfig, sequence_rows
 from .buffer import ReplayConfig, RowReplayBuffer, age_buckets, fifo_max_age
-from .export import DiagnoseLogWriter
+from .checkpoints import CHECKPOINT_DONE, CHECKPOINT_PREFIX, REPLAY_BUFFER_STATE, REPLAY_STATE, complete_checkpoints
+from .export import DiagnoseLogWriter, require_pyarrow
 from .loss import as_numpy, shared_loss, shared_loss_tensor
 
 __all__ = ["DiagnoseLogCallback", "ReplayConfig", "ReplayGRPOTrainer", "VLLM_IS_MODES", "engine_corrected_loss",
@@ -123,6 +134,21 @@ _BUFFERED = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "
 
 #: TRL 1.16's ``vllm_importance_sampling_mode`` values (grpo_trainer.py:2667, 2680, 2686).
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+#: TRL's own running counters that a checkpoint does not keep (GRPOTrainer.__init__): its step count and the
+#: train tokens seen, logged as num_tokens.
+_TRL_COUNTERS = ("_step", "_total_train_tokens")
+
+
+class _FinishCallback(TrainerCallback):
+    """Calls the trainer's ``_finish`` when training reaches ``max_steps`` (not on a stop before it)."""
+
+    def __init__(self, trainer: "ReplayGRPOTrainer") -> None:
+        self.trainer = trainer
+
+    def on_train_end(self, args, state, control, **kwargs):  # noqa: D102 (TrainerCallback hook)
+        if state.global_step >= state.max_steps:
+            self.trainer._finish()
 
 
 def noise_halves(group_id: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -208,20 +234,52 @@ class DiagnoseLogCallback(TrainerCallback):
     """Writes the rows a :class:`ReplayGRPOTrainer` trains on, every step, as a ``diagnose --preset trl`` log.
 
     A callback alone cannot see what a step trains on (TRL hands callbacks the state between steps), so the
-    trainer's ``compute_loss`` calls :meth:`record` with the step's rows; the callback owns the file and closes it
-    (writes Parquet's footer) at ``on_train_end``. ``path`` must not exist: checked here, before any training.
+    trainer's ``compute_loss`` calls :meth:`record` with the step's rows. ``path`` must not exist: checked here,
+    before any training.
+
+    Resumable (issue 32): while training, the rows go to parts, ``<path>.parts/<first step>.parquet``, and each
+    checkpoint closes the open part (Parquet's footer written), so every part a checkpoint lists is complete and
+    holds exactly the steps before it. A resumed run deletes the parts the checkpoint does not list (the steps after
+    it, trained again identically) and goes on. When the last step is done (``on_train_end`` at ``max_steps``) the
+    parts are joined, row group by row group, into ``path`` (one row group per step) and removed; an interrupted
+    run leaves its parts and its checkpoint, not ``path``.
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.writer = DiagnoseLogWriter(path)
+        self.path = Path(path)
+        if self.path.exists():
+            raise ValueError(f"diagnose log {self.path} exists: a log is never overwritten, give a new path")
+        self.parts = self.path.with_name(self.path.name + ".parts")
+        require_pyarrow()  # now, not at the first step
+        self.writer: DiagnoseLogWriter | None = None  # the open part
+        self.closed_parts: list[str] = []  # complete parts, in step order
         self._pending: dict[str, Any] | None = None
         self._pending_time = (float("nan"), 0)
         self._step_started: float | None = None
 
-    @property
-    def path(self) -> Path:
-        """Where the log is written."""
-        return self.writer.path
+    def start(self, parts: list[str] | None) -> None:
+        """Before training: ``parts`` None for a fresh run (no part may be there), else a checkpoint's complete
+        parts, kept while every other part (steps after the checkpoint) is removed."""
+        found = sorted(p.name for p in self.parts.glob("*.parquet")) if self.parts.is_dir() else []
+        if parts is None:
+            if found:
+                raise ValueError(f"diagnose log parts {self.parts} exist from an interrupted run: resume it "
+                                 "(train(resume_from_checkpoint=True)) or give a new path")
+            self.closed_parts = []
+            return
+        missing = [name for name in parts if name not in found]
+        if missing:
+            raise ValueError(f"diagnose log parts {self.parts}: the checkpoint lists {', '.join(missing)}, which "
+                             "are gone; the run cannot resume with its log")
+        for name in found:
+            if name not in parts:  # written after the checkpoint: its steps are trained again
+                (self.parts / name).unlink()
+        self.closed_parts = list(parts)
+
+    def checkpoint(self) -> list[str]:
+        """Close the open part (its footer written): the complete parts, which a checkpoint records."""
+        self._close_part()
+        return list(self.closed_parts)
 
     def record(self, step: int, inputs: dict[str, Any], logp_new: torch.Tensor, *,
                generation_seconds: float = float("nan"), generated_rows: int = 0) -> None:
@@ -262,15 +320,52 @@ class DiagnoseLogCallback(TrainerCallback):
         generation, generated = self._pending_time
         started = self._step_started
         update = float("nan") if now is None or started is None else now - started - generation
+        if self.writer is None:  # the first step after the start or a checkpoint opens a part
+            self.writer = DiagnoseLogWriter(self.parts / f"{int(self._pending['step'][0]):06d}.parquet")
         self.writer.write({**self._pending,
                            "step_generation_seconds": torch.full((rows,), generation, dtype=torch.float64),
                            "step_update_seconds": torch.full((rows,), update, dtype=torch.float64),
                            "step_generated_rows": torch.full((rows,), generated, dtype=torch.long)})
         self._pending = None
 
+    def _close_part(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            if self.writer.rows_written:
+                self.closed_parts.append(self.writer.path.name)
+            self.writer = None
+
     def on_train_end(self, args, state, control, **kwargs):  # noqa: D102 (TrainerCallback hook)
-        self._flush(None)  # a step that never ended (interrupted) keeps its rows, its update time unknown (NaN)
-        self.writer.close()
+        self._flush(None)  # a step that never ended keeps its rows, its update time unknown (NaN)
+        self._close_part()
+        if state.global_step >= state.max_steps:  # finished (a stop on Ctrl-C keeps its parts to resume from)
+            self.finish()
+
+    def finish(self) -> None:
+        """Join the parts into ``path`` (whole or not at all, never over a file) and remove them."""
+        import pyarrow.parquet as pq
+
+        from ..outputs import write_new
+
+        if not self.closed_parts:
+            return  # nothing trained, nothing left behind
+
+        def join(tmp: Path) -> None:
+            writer = None
+            for name in self.closed_parts:
+                part = pq.ParquetFile(self.parts / name)
+                for group in range(part.num_row_groups):  # one per step: the log reads the same as one file
+                    table = part.read_row_group(group)
+                    writer = writer or pq.ParquetWriter(tmp, table.schema)
+                    writer.write_table(table)
+            writer.close()
+
+        write_new(self.path, join, option="diagnose log")
+        for name in self.closed_parts:
+            (self.parts / name).unlink()
+        if not any(self.parts.iterdir()):
+            self.parts.rmdir()
+        self.closed_parts = []
 
 
 class ReplayGRPOTrainer(GRPOTrainer):
@@ -289,6 +384,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
 
     ``measure_noise`` (default True): the two-batch noise-scale norms every step (module docstring), kept in
     ``noise_records`` and logged under ``noise/*``; ``noise_log``: a new JSON-lines path that gets one line a step
+    when training reaches ``max_steps``
     (``GRAD_NORM_COLUMNS`` plus ``unit_size``, the group size), for ``calibrate --from-log LOG --grad-norms``.
     """
 
@@ -303,6 +399,8 @@ class ReplayGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         if log_callback is not None:
             self.add_callback(log_callback)
+        self.add_callback(_FinishCallback(self))
+        self._resume_step = 0  # the checkpoint's step when resuming: TRL's sampler is advanced to its epoch
         a = self.args
         world = self.accelerator.num_processes
         checks = [
@@ -337,6 +435,75 @@ class ReplayGRPOTrainer(GRPOTrainer):
         self.noise_records: list[dict[str, float]] = []  # one per measured step: GRAD_NORM_COLUMNS
         self._noise_pending: dict[str, Any] | None = None  # half 1's gradient copy, between compute_loss and the end
         self._noise_armed = False  # True inside training_step only
+
+    # ------------------------------------------------------------------ checkpoints: resume exactly
+
+    def _diagnose_callback(self) -> DiagnoseLogCallback | None:
+        return next((c for c in self.callback_handler.callbacks if isinstance(c, DiagnoseLogCallback)), None)
+
+    def _save_checkpoint(self, model, trial):  # noqa: D102 (Trainer's, then the replay state and the marker)
+        super()._save_checkpoint(model, trial)  # model, optimizer, scheduler, RNG states, trainer_state.json
+        run_dir = Path(self._get_output_dir(trial=trial))
+        folder = run_dir / f"{CHECKPOINT_PREFIX}{self.state.global_step}"
+        log = self._diagnose_callback()
+        self.replay_buffer.save_state(folder / REPLAY_BUFFER_STATE)
+        state = {"replay_theory_version": __version__, "global_step": int(self.state.global_step),
+                 "replay_generated": self.replay_generated, "replay_trained": self.replay_trained,
+                 "noise_records": self.noise_records,
+                 "diagnose_parts": None if log is None else log.checkpoint(),
+                 "trl": {name: getattr(self, name) for name in _TRL_COUNTERS}}
+        (folder / REPLAY_STATE).write_text(json.dumps(state))
+        # the marker last, whole: a checkpoint without it (a crash while saving) is never resumed from
+        tmp = folder / f".{CHECKPOINT_DONE}.tmp"
+        tmp.write_text(str(self.state.global_step))
+        tmp.replace(folder / CHECKPOINT_DONE)
+        for older in complete_checkpoints(run_dir)[:-1]:  # Trainer's save_total_limit would delete before the marker
+            shutil.rmtree(older)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any):
+        """TRL's train; ``resume_from_checkpoint`` (True: the newest complete checkpoint in ``output_dir``, or a
+        path) also restores the replay buffer, its counters, the noise records and the diagnose log's parts, so
+        the run goes on exactly as if it had not stopped."""
+        if resume_from_checkpoint is True:
+            found = complete_checkpoints(Path(self.args.output_dir))
+            resume_from_checkpoint = str(found[-1]) if found else None
+        log = self._diagnose_callback()
+        if resume_from_checkpoint:
+            folder = Path(resume_from_checkpoint)
+            if not (folder / CHECKPOINT_DONE).is_file():
+                raise ValueError(f"{folder} is not a complete replay checkpoint (no {CHECKPOINT_DONE})")
+            state = json.loads((folder / REPLAY_STATE).read_text())
+            self.replay_buffer.load_state(folder / REPLAY_BUFFER_STATE)
+            self.replay_generated, self.replay_trained = state["replay_generated"], state["replay_trained"]
+            self.noise_records = state["noise_records"]
+            for name, value in state["trl"].items():
+                setattr(self, name, value)
+            self._resume_step = int(state["global_step"])
+            if log is not None:
+                log.start(state["diagnose_parts"] or [])
+        elif log is not None:
+            log.start(None)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _get_train_sampler(self, dataset=None):  # noqa: D102 (TRL's RepeatSampler, advanced when resuming)
+        sampler = super()._get_train_sampler(dataset)
+        generator = getattr(sampler, "generator", None)
+        if self._resume_step and generator is not None:
+            # Trainer makes the sampler afresh (seeded) and skips only the resumed epoch's first batches: the
+            # epochs before it drew one permutation each from the generator, drawn again here
+            per_epoch = sampler.num_samples // sampler.batch_size  # batches (steps) per epoch, as Trainer counts
+            for _ in range(self._resume_step // max(per_epoch, 1)):
+                torch.randperm(sampler.num_samples, generator=generator)
+        return sampler
+
+    def _finish(self) -> None:
+        """The last step is done: the noise log, whole (the checkpoints held its lines until now)."""
+        if self.noise_log is not None and self.noise_records:
+            from ..outputs import write_new
+
+            self.noise_log.parent.mkdir(parents=True, exist_ok=True)
+            lines = "".join(json.dumps({**r, "unit_size": self.num_generations}) + "\n" for r in self.noise_records)
+            write_new(self.noise_log, lambda tmp: tmp.write_text(lines), option="noise log")
 
     # ------------------------------------------------------------------ generation -> buffer -> draw
 
@@ -512,11 +679,6 @@ class ReplayGRPOTrainer(GRPOTrainer):
         metrics = self._metrics["train"]
         for key in GRAD_NORM_COLUMNS[1:]:
             metrics[f"noise/{key}"].append(record[key])
-        if self.noise_log is not None:
-            self.noise_log.parent.mkdir(parents=True, exist_ok=True)
-            mode = "a" if len(self.noise_records) > 1 else "x"  # created new (never over a file), then appended
-            with open(self.noise_log, mode) as fh:  # one line a step: an interrupted run keeps its steps
-                fh.write(json.dumps({**record, "unit_size": self.num_generations}) + "\n")
 
     def _log_replay(self, inputs: dict[str, Any], logp_new: torch.Tensor, mask: torch.Tensor,
                     entropies: torch.Tensor, out: losses.LossOutput) -> None:

@@ -37,8 +37,12 @@ model's warm-start weights are cached in ``--cache-dir`` (default ``$REPLAY_THEO
 (``replay_theory.__version__``) and a hash of every warm-start input (``TrlRunConfig.warm_start_key``): a second
 run with the same warm start loads them instead of repeating the SFT, and trains bit for bit the same.
 
-``DIR`` must not exist or be empty: a run is never overwritten. It is not resumable (TRL's checkpoints do not hold
-the replay buffer); an interrupted run leaves its log with the steps it finished.
+``DIR`` must not exist or be empty: a run is never overwritten. It is resumable: while it trains, ``DIR/checkpoints``
+holds Trainer's checkpoint every ``--save-every`` steps plus the replay buffer, its counters and random state
+(integrations/trl.py, integrations/checkpoints.py), and the first Ctrl-C saves one after the current step and stops
+(a second stops at once). The same command on the same ``DIR`` continues from the newest complete checkpoint and
+trains the numbers an uninterrupted run trains (tests/integration/test_trl_run_cli.py). The result files are written
+when the last step is done, whole, and the checkpoints are then removed.
 """
 
 from __future__ import annotations
@@ -48,15 +52,23 @@ import json
 import math
 import os
 import re
+import shutil
+import signal
+import sys
+import threading
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .. import __version__
 from ..core.designs import BUFFER_DESIGNS, CHOICES, LOSSES, check_choice, choices
+from ..outputs import NEVER, check_writable, write_new
+from ..outputs import check_out_dir as check_out_path
 from ..theory.design import classify_regime
+from .checkpoints import CHECKPOINT_PREFIX, checkpoint_step, complete_checkpoints
 from .replay_config import ReplayConfig
 
 LOG_NAME = "rollouts.parquet"
@@ -65,6 +77,10 @@ NOISE_NAME = "noise_scale.jsonl"
 NOISE_PROFILE_NAME = "noise_profile.json"
 TRAINER_LOG_NAME = "trainer_log.jsonl"
 """TRL's per-step log dicts (what its PrinterCallback would print), one JSON line each."""
+CHECKPOINT_DIR = "checkpoints"
+"""While a run is unfinished: Trainer's output_dir, with the checkpoints it resumes from (removed when it ends)."""
+COMMAND_NAME = "command.json"
+"""In CHECKPOINT_DIR: the run's config and code version, which the command that continues it must match."""
 
 CACHE_ENV = "REPLAY_THEORY_CACHE"
 """Environment variable naming the warm-start cache folder (``--cache-dir`` wins over it)."""
@@ -101,6 +117,9 @@ class TrlRunConfig:
     """Off-policy correction."""
     steps: int = 40
     """Optimizer steps (updates) of the replay run."""
+    save_every: int = 10
+    """Steps between checkpoints (model, optimizer, buffer, random state) that a crashed run resumes from; Ctrl-C
+    saves one at once. The same command on the same --out continues the run."""
     lr: float = 3e-4
     """AdamW learning rate of the replay run."""
     model: str = "tiny"
@@ -133,6 +152,7 @@ class TrlRunConfig:
         if self.design is not None and not Path(self.design).is_file():
             raise ValueError(f"--design {self.design} is not a file")
         for option, value, low in (("--group-size", self.group_size, 2), ("--steps", self.steps, 1),
+                                   ("--save-every", self.save_every, 1),
                                    ("--sft-steps", self.sft_steps, 0), ("--n-train", self.n_train, 1),
                                    ("--max-new-tokens", self.max_new_tokens, 1),
                                    ("--threads", self.threads, 1), ("--seed", self.seed, 0)):
@@ -233,10 +253,31 @@ def warm_start_path(config: TrlRunConfig, cache_dir: Path) -> Path:
     return cache_dir / f"warm-start-{__version__}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
 
 
-def check_out_dir(out: Path) -> None:
-    """A new run directory: absent or empty (a run is never overwritten)."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"--out {out} exists and is not an empty directory: a run is never overwritten")
+def check_out_dir(out: Path, config: Optional[TrlRunConfig] = None) -> Optional[Path]:
+    """``--out``: a new or empty directory, or an unfinished run of this very command (options and code version
+    as saved). Returns the newest complete checkpoint to continue from (None: start at step 0). One-line
+    ValueError otherwise, before any work; writes nothing."""
+    out = Path(out)
+    if (out / RUN_NAME).exists():
+        raise ValueError(f"--out {out} holds a finished run ({RUN_NAME}); {NEVER}: choose a new --out")
+    command = out / CHECKPOINT_DIR / COMMAND_NAME
+    check_out_path(out, "--out", ours=lambda folder: (folder / CHECKPOINT_DIR / COMMAND_NAME).is_file(),
+                   holds=f"holds no unfinished trl-replay run (no {CHECKPOINT_DIR}/{COMMAND_NAME})")
+    if not command.is_file():
+        return None
+    saved = json.loads(command.read_text())
+    if saved.get("replay_theory_version") != __version__:
+        raise ValueError(f"--out {out} holds an unfinished run of replay-theory {saved.get('replay_theory_version')}, "
+                         f"this is {__version__}: it cannot be continued; choose a new --out")
+    if config is not None:
+        now = asdict(config)
+        changed = [f"--{k.replace('_', '-')} {saved['config'].get(k)!r} (now {v!r})"
+                   for k, v in now.items() if saved["config"].get(k) != v]
+        if changed:
+            raise ValueError(f"--out {out} holds an unfinished run with other options: {', '.join(changed)}; run "
+                             "its own command to continue it, or choose a new --out")
+    found = complete_checkpoints(out / CHECKPOINT_DIR)
+    return found[-1] if found else None
 
 
 def _hf_tokenizer(tokenizer) -> Any:
@@ -267,11 +308,18 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
         cache_dir: Optional[Path] = None) -> dict:
     """Warm start (tiny; cached in ``cache_dir``, default :func:`default_cache_dir`), the TRL replay run, the
     diagnose log; returns (and writes) the run summary. stdout (``log``) gets the regime, the summary and the files;
-    TRL's per-step dicts go to ``DIR/trainer_log.jsonl``, a progress bar to stderr."""
+    TRL's per-step dicts go to ``DIR/trainer_log.jsonl``, a progress bar to stderr.
+
+    Resumable: a checkpoint every ``config.save_every`` steps and at the first Ctrl-C (``DIR/checkpoints``); the
+    same call on the same ``out`` continues from the newest one, with the numbers of an uninterrupted run. An
+    interruption raises :class:`TrlRunInterrupted`, whose ``message()`` says what is saved and how to go on."""
     config = config.validated()
-    check_out_dir(out)
+    resume = check_out_dir(out, config)
     replay = config.replay_config()
     cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)
+    if resume is None and config.model == "tiny" and config.sft_steps and not warm_start_path(config,
+                                                                                            cache_dir).is_file():
+        check_writable(cache_dir, "--cache-dir")  # the warm start is cached there: refused before the SFT
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
     from datasets import Dataset
@@ -301,9 +349,13 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     if regime is not None:
         log(regime)
     started = time.perf_counter()
+    done_before = 0 if resume is None else checkpoint_step(resume)
+    if resume is not None:
+        log(f"resuming from step {done_before} of {config.steps} ({resume}): model, optimizer, buffer and random "
+            "state as saved")
     if config.model == "tiny":
         policy = load_policy(ModelConfig(seed=config.seed, device=config.device, **TINY_MODEL), countdown.ALPHABET)
-        if config.sft_steps:
+        if resume is None and config.sft_steps:  # resumed: the weights come from the checkpoint
             cached = warm_start_path(config, cache_dir)
             if cached.is_file():
                 policy.model.load_state_dict(torch.load(cached, map_location=policy.device, weights_only=True))
@@ -327,26 +379,39 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     dataset = Dataset.from_dict({"prompt": [p.prompt_text() for p in problems],
                                  "numbers": [list(p.numbers) for p in problems],
                                  "target": [p.target for p in problems]})
-    out.mkdir(parents=True, exist_ok=True)
-    # the boundary to TRL's GRPOConfig: its learning_rate is our lr, its max_completion_length our max_new_tokens
-    args = replay_grpo_args(replay, config.group_size, output_dir=str(out / "trainer"), max_steps=config.steps,
+    checkpoints = out / CHECKPOINT_DIR
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    _clear_unfinished(out, resume)
+    if not (checkpoints / COMMAND_NAME).exists():  # what a rerun must match to continue this run
+        command = json.dumps({"replay_theory_version": __version__, "config": asdict(config)}, indent=1)
+        write_new(checkpoints / COMMAND_NAME, lambda tmp: tmp.write_text(command))
+    # the boundary to TRL's GRPOConfig: its learning_rate is our lr, its max_completion_length our max_new_tokens;
+    # Trainer's checkpoints every --save-every steps (save_total_limit off: the trainer deletes an older one only
+    # once a newer is complete)
+    args = replay_grpo_args(replay, config.group_size, output_dir=str(checkpoints), max_steps=config.steps,
                             learning_rate=config.lr, logging_steps=1, report_to="none",
                             use_cpu=device.type == "cpu", bf16=device.type == "cuda",  # validate's precision
-                            save_strategy="no", seed=config.seed,
-                            max_completion_length=config.max_new_tokens, temperature=config.temperature,
-                            disable_tqdm=True)
+                            save_strategy="steps", save_steps=config.save_every, save_total_limit=None,
+                            seed=config.seed, max_completion_length=config.max_new_tokens,
+                            temperature=config.temperature, disable_tqdm=True)
     trainer = ReplayGRPOTrainer(model=policy.model, reward_funcs=countdown_reward, args=args, train_dataset=dataset,
                                 processing_class=tokenizer, replay=replay, diagnose_log=out / LOG_NAME,
                                 noise_log=out / NOISE_NAME)
     from transformers import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # it prints every step's metrics dict: they go to TRAINER_LOG_NAME
-    bar = ProgressBar("TRL replay (steps)", config.steps, enabled=progress)
-    trainer.add_callback(_step_callback(bar, out / TRAINER_LOG_NAME))
+    bar = ProgressBar("TRL replay (steps)", config.steps, done_before, enabled=progress)
+    stop = _stop_on_interrupt(bar)
+    trainer.add_callback(stop)
     try:
-        trainer.train()
+        with stop.installed():
+            trainer.train(resume_from_checkpoint=None if resume is None else str(resume))
+    except KeyboardInterrupt:  # a second Ctrl-C, mid-step: the newest complete checkpoint is what is kept
+        raise TrlRunInterrupted(out, config.steps, int(trainer.state.global_step), during_step=True) from None
     finally:
         bar.close()
+    if trainer.state.global_step < config.steps:  # stopped at the first Ctrl-C, after saving this step
+        raise TrlRunInterrupted(out, config.steps, int(trainer.state.global_step), during_step=False)
     history = [h for h in trainer.state.log_history if "replay/replay_ratio" in h]
     rewards = [h["reward"] for h in history]
     k = max(1, len(rewards) // 4)
@@ -355,6 +420,7 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
         "replay": {k2: v for k2, v in asdict(replay).items() if k2 != "notes"} | {"notes": list(replay.notes)},
         "replay_theory_version": __version__,
         "seconds": time.perf_counter() - started,
+        "resumed_from_step": done_before if resume is not None else None,
         "log": str(out / LOG_NAME),
         "reward_first_quarter": sum(rewards[:k]) / k,
         "reward_last_quarter": sum(rewards[-k:]) / k,
@@ -363,11 +429,17 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
         "history": history,
         "noise_scale": noise_record(trainer.noise_records, config.group_size, config.seed, out / NOISE_NAME),
     }
-    (out / RUN_NAME).write_text(json.dumps(summary, indent=1, default=str))
+    lines = "".join(json.dumps({"step": h["step"], **{k2: v for k2, v in h.items() if k2 != "step"}},
+                               default=str) + "\n" for h in trainer.state.log_history)
+    write_new(out / TRAINER_LOG_NAME, lambda tmp: tmp.write_text(lines))
+    write_new(out / RUN_NAME, lambda tmp: tmp.write_text(json.dumps(summary, indent=1, default=str)))
     if summary["noise_scale"] is not None:
-        (out / NOISE_PROFILE_NAME).write_text(json.dumps({"kind": "noise_scale",
-                                                           "noise_scale": summary["noise_scale"]}, indent=1))
-    log(f"trained {config.steps} steps in {summary['seconds']:.0f} s: N = {replay.capacity}, "
+        profile = json.dumps({"kind": "noise_scale", "noise_scale": summary["noise_scale"]}, indent=1)
+        write_new(out / NOISE_PROFILE_NAME, lambda tmp: tmp.write_text(profile))
+    shutil.rmtree(checkpoints)  # the run is complete: its results are the files listed below
+    trained = (f"trained {config.steps} steps" if resume is None else
+               f"trained steps {done_before + 1}-{config.steps} of {config.steps} (resumed)")
+    log(f"{trained} in {summary['seconds']:.0f} s: N = {replay.capacity}, "
         f"B = {replay.batch_size}, R = {replay.rollouts_per_step}, buffer {replay.buffer}, loss {replay.loss}"
         + (f" ({'; '.join(replay.notes)})" if replay.notes else ""))
     log(f"reward: {summary['reward_first_quarter']:.3f} (first {k} steps) -> {summary['reward_last_quarter']:.3f} "
@@ -387,20 +459,68 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     return summary
 
 
-def _step_callback(bar: Any, path: Path) -> Any:
-    """A TrainerCallback that advances ``bar`` every optimizer step and appends each of TRL's log dicts to ``path``
-    (one JSON line: what Trainer's PrinterCallback prints to stdout)."""
+def _clear_unfinished(out: Path, resume: Optional[Path]) -> None:
+    """An unfinished run's files that its continuation does not use: every checkpoint but ``resume`` (older ones, and
+    any a crash left without its marker) and, starting from step 0, the diagnose log's parts (a resumed trainer
+    keeps the parts ``resume`` lists and drops the rest itself)."""
+    for folder in (out / CHECKPOINT_DIR).glob(f"{CHECKPOINT_PREFIX}*"):
+        if folder.is_dir() and (resume is None or folder.resolve() != Path(resume).resolve()):
+            shutil.rmtree(folder)
+    if resume is None:
+        shutil.rmtree(out / f"{LOG_NAME}.parts", ignore_errors=True)
+
+
+class TrlRunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`run`: what is saved and how to go on (:meth:`message`, one line)."""
+
+    def __init__(self, out: Path, total: int, step: int, during_step: bool) -> None:
+        super().__init__(out, total, step, during_step)
+        self.out, self.total, self.step, self.during_step = Path(out), total, step, during_step
+
+    def message(self) -> str:
+        found = complete_checkpoints(self.out / CHECKPOINT_DIR)
+        when = f"during step {self.step + 1}" if self.during_step else f"after step {self.step}"
+        if not found:
+            return (f"interrupted {when} of {self.total}, before the first checkpoint: nothing to resume from in "
+                    f"{self.out}; run the same command to start again")
+        saved = checkpoint_step(found[-1])
+        return (f"interrupted {when} of {self.total}: model, optimizer, buffer and random state of step {saved} are "
+                f"saved in {found[-1]}; run the same command to continue from step {saved + 1}")
+
+
+def _stop_on_interrupt(bar: Any) -> Any:
+    """A TrainerCallback that advances ``bar`` every step and turns the first Ctrl-C into "save this step, then
+    stop" (Trainer saves a checkpoint and leaves its loop); a second Ctrl-C interrupts at once."""
     from transformers import TrainerCallback
 
-    class StepLog(TrainerCallback):
+    class StopOnInterrupt(TrainerCallback):
+        requested = False
+
         def on_step_end(self, args, state, control, **kwargs):  # noqa: D102 (TrainerCallback hook)
             bar.advance()
+            if self.requested:
+                control.should_save = True
+                control.should_training_stop = True
 
-        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D102 (TrainerCallback hook)
-            with open(path, "a") as fh:  # one line a log: an interrupted run keeps its steps
-                fh.write(json.dumps({"step": state.global_step, **(logs or {})}, default=str) + "\n")
+        def _handler(self, signum, frame):
+            if self.requested:
+                raise KeyboardInterrupt
+            self.requested = True
+            print("Ctrl-C: saving a checkpoint after this step (Ctrl-C again to stop at once)", file=sys.stderr)
 
-    return StepLog()
+        @contextmanager
+        def installed(self):
+            """The handler while training, in the main thread only (no other thread receives signals)."""
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = signal.signal(signal.SIGINT, self._handler)
+            try:
+                yield
+            finally:
+                signal.signal(signal.SIGINT, previous)
+
+    return StopOnInterrupt()
 
 
 def noise_record(records: list[dict], group_size: int, seed: int, path: Path) -> Optional[dict]:

@@ -357,16 +357,15 @@ def _canonical(spec: dict) -> str:
 def check_out_dir(spec: dict, out_dir: str | Path) -> None:
     """``out_dir`` can take this sweep: new, empty, or holding this very spec from this code version (resume).
 
-    Raises a one-line ValueError naming --out otherwise: a file, a folder of unrelated files, another
-    spec, another code version, or a corrupt run file. Reads only; writes nothing.
+    Raises a one-line ValueError naming --out otherwise: a file, a folder of unrelated files, a folder this process
+    cannot write in, another spec, another code version, or a corrupt run file. Writes nothing (the write check's
+    probe file is removed at once).
     """
-    out_dir = check_out_path(out_dir)
+    out_dir = check_out_path(out_dir, ours=lambda folder: (folder / "spec.json").is_file(),
+                             holds="holds no sweep (no spec.json)")
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return
     spec_file = out_dir / "spec.json"
-    if not spec_file.is_file():
-        raise ValueError(f"--out {out_dir} is a non-empty directory that holds no sweep (no spec.json); results go "
-                         f"into a new or empty directory, so they never mix with other files")
     try:
         stored = json.loads(spec_file.read_text())
     except json.JSONDecodeError as err:

@@ -243,9 +243,15 @@ def load_run_config(out_dir: Path, **overrides) -> ValidateConfig:
     return ValidateConfig(**values)
 
 
+#: What a validate run directory holds (any one marks a folder as a run of these commands, an interrupted one too).
+RUN_DIR_FILES = ("warm_start", "calibration.json", "profile.json", "calibration_summary.json", "predicted.json")
+
+
 def check_run_dir(out_dir: Path, needs: str | None = None) -> None:
-    """``--out`` names a run directory (existing or not), never a file; ``needs``: a file it must hold."""
-    out_dir = check_out_dir(out_dir)
+    """``--out`` names a run directory (new, empty, or a validate run's), never a file or a folder of other files,
+    and one this process can write in; ``needs``: a file it must hold."""
+    out_dir = check_out_dir(out_dir, ours=lambda folder: any((folder / name).exists() for name in RUN_DIR_FILES),
+                            holds=f"holds no validate run (none of {', '.join(RUN_DIR_FILES)})")
     if needs is not None and not (out_dir / needs).exists():
         step = {"calibration.json": "calibrate", "predicted.json": "predict"}[needs]
         raise ValueError(f"{str(out_dir)!r} has no {needs}: run `replay-theory validate "

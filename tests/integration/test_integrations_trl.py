@@ -256,6 +256,44 @@ def test_row_buffer_positive_bias_keeps_correct_rows_past_the_fifo_age():
     assert int(buffer.ages(3).max()) == 3
 
 
+@pytest.mark.parametrize("buffer, design", [("fifo", {}), ("positive-bias", {"delta": 0.5}),
+                                            ("prioritized", {"per_replay_updates": 2}), ("on-policy", {})])
+def test_row_buffer_state_restores_the_next_draws(tmp_path, buffer, design):
+    # resume (trl-replay): a buffer built afresh (another seed) and given a saved state draws exactly what the saved
+    # buffer draws next, rows, weights and all; the files are JSON and an .npz read without pickle
+    capacity, batch = (4, 4) if buffer == "on-policy" else (8, 4 if buffer == "prioritized" else 6)
+    config = ReplayConfig(capacity, batch, 4, buffer=buffer, design=design).design_config(2)
+
+    def rows(step):
+        r = _rows(4, start=4 * step)
+        r["rewards"] = torch.tensor([1.0, 0.0, 0.5, 0.0], dtype=torch.float64) * (step % 3)
+        return r
+
+    saved = RowReplayBuffer(config, seed=3, total_steps=10)
+    for step in range(4):
+        saved.step(step, lambda step=step: rows(step))
+    files = saved.save_state(tmp_path / "buffer")
+    assert sorted(f.name for f in files) == ["buffer.json", "buffer.npz"]
+    with np.load(tmp_path / "buffer.npz", allow_pickle=False) as arrays:  # arrays only (on-policy keeps none)
+        assert bool(arrays.files) == (buffer != "on-policy")
+    restored = RowReplayBuffer(config, seed=99, total_steps=10)
+    restored.load_state(tmp_path / "buffer")
+    for step in range(4, 9):
+        a, _ = saved.step(step, lambda step=step: rows(step))
+        b, _ = restored.step(step, lambda step=step: rows(step))
+        assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), step
+
+
+def test_row_buffer_state_of_another_design_is_refused(tmp_path):
+    fifo_buffer = RowReplayBuffer(ReplayConfig(8, 6, 4).design_config(2), seed=0)
+    fifo_buffer.step(0, lambda: _rows(4))
+    fifo_buffer.save_state(tmp_path / "buffer")
+    other = RowReplayBuffer(ReplayConfig(8, 4, 4, buffer="prioritized").design_config(2), seed=0)
+    with pytest.raises(ValueError) as info:
+        other.load_state(tmp_path / "buffer")
+    assert str(info.value).startswith("state config: saved with DesignConfig(") and "\n" not in str(info.value)
+
+
 def test_row_buffer_on_policy_trains_each_fresh_row_once():
     buffer = RowReplayBuffer(ReplayConfig(4, 4, 4, buffer="on-policy").design_config(2), seed=0)
     for step in range(3):
@@ -809,7 +847,9 @@ def test_trl_replay_refuses_a_used_directory(cli, tmp_path):
     code, _, stderr = cli("trl-replay", "--out", str(tmp_path / "run"), "--capacity", "16", "--batch-size", "8",
                           "--rollouts-per-step", "8")
     assert code == 2
-    assert "is not an empty directory: a run is never overwritten" in stderr
+    assert stderr == (f"replay-theory: error: --out {tmp_path / 'run'} is a non-empty directory that holds no "
+                      "unfinished trl-replay run (no checkpoints/command.json); results go into a new or empty "
+                      "directory, so they never mix with other files\n")
     assert (tmp_path / "run" / "rollouts.parquet").read_text() == "x"
 
 

@@ -255,3 +255,95 @@ def test_without_the_trl_extra_is_one_line_with_the_cpu_install(error_line, tmp_
         "trl-replay needs trl, datasets, torch, transformers: pip install 'replay-theory[trl]' (without a CUDA GPU, "
         "first pip install torch --index-url https://download.pytorch.org/whl/cpu)")
     assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+RESUME_ARGS = [*BY_HAND, "--steps", "5", "--sft-steps", "10", "--n-train", "4", "--save-every", "2",
+               "--no-progress"]  # 4 problems, R/G = 2 a step: an epoch every 2 steps, so a resume crosses epochs
+TIMING = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "step_time", "train_loss")
+
+
+def _records(out):
+    """Everything a run decided, without wall-clock values: the log's rows, the per-step metrics, the noise records."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(out / "rollouts.parquet")
+    table = table.select([c for c in table.column_names if not c.endswith("_seconds")])
+    run = json.loads((out / "run.json").read_text())
+    steps = [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+             for line in (out / TRAINER_LOG_NAME).read_text().splitlines()]
+    noise = (out / "noise_scale.jsonl").read_text()
+    return table, [{k: v for k, v in h.items() if k not in TIMING} for h in run["history"]], steps[:-1], noise, \
+        (run["generated"], run["trained"], run["noise_scale"])
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_to_the_numbers_of_an_uninterrupted_one(cli, tmp_path, monkeypatch, capsys):
+    # Ctrl-C after step 3 (a checkpoint then, mid-epoch), and a crash in step 4 (the checkpoint of step 2, at an
+    # epoch boundary): the same command continues each, and both end with what the uninterrupted run wrote
+    needs_trl_extra()
+    import os
+    import signal
+
+    from replay_theory.integrations.trl import ReplayGRPOTrainer
+
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    code, _, err = cli("trl-replay", "--out", str(tmp_path / "whole"), *RESUME_ARGS, *cache)
+    assert code == 0, err
+    whole = _records(tmp_path / "whole")
+    assert whole[0].num_rows == 5 * 12 and len(whole[1]) == 5
+
+    real_step = ReplayGRPOTrainer.training_step
+
+    def interrupt_at(done: int, how: str):
+        def training_step(self, *args, **kwargs):
+            if self.state.global_step == done:  # steps done so far: this call trains step done + 1
+                if how == "crash":
+                    raise RuntimeError("injected crash")
+                os.kill(os.getpid(), signal.SIGINT)  # as a user's Ctrl-C: the handler asks for a save and a stop
+            return real_step(self, *args, **kwargs)
+        monkeypatch.setattr(ReplayGRPOTrainer, "training_step", training_step)
+
+    out = tmp_path / "ctrl-c"
+    interrupt_at(2, "ctrl-c")
+    code, stdout, err = cli("trl-replay", "--out", str(out), *RESUME_ARGS, *cache)
+    assert code == 130
+    assert err.splitlines()[-1] == (f"interrupted after step 3 of 5: model, optimizer, buffer and random state of "
+                                    f"step 3 are saved in {out / 'checkpoints' / 'checkpoint-3'}; run the same "
+                                    "command to continue from step 4")
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "rollouts.parquet.parts"]  # no result yet
+
+    crashed = tmp_path / "crash"
+    interrupt_at(3, "crash")
+    with pytest.raises(RuntimeError, match="injected crash"):  # a real crash: its traceback is the user's clue
+        cli("trl-replay", "--out", str(crashed), *RESUME_ARGS, *cache)
+    capsys.readouterr()  # the crashed run's output, which the cli fixture did not get to read
+    assert [p.name for p in (crashed / "checkpoints").glob("checkpoint-*")] == ["checkpoint-2"]
+
+    monkeypatch.setattr(ReplayGRPOTrainer, "training_step", real_step)
+    for folder, step in ((out, 3), (crashed, 2)):
+        code, stdout, err = cli("trl-replay", "--out", str(folder), *RESUME_ARGS, *cache)
+        assert code == 0, err
+        checkpoint = folder / "checkpoints" / f"checkpoint-{step}"
+        assert stdout.splitlines()[0] == (f"resuming from step {step} of 5 ({checkpoint}): model, optimizer, buffer "
+                                          "and random state as saved")
+        assert stdout.splitlines()[1].startswith(f"trained steps {step + 1}-5 of 5 (resumed) in ")
+        resumed = _records(folder)
+        assert resumed[0].equals(whole[0])
+        assert resumed[1:] == whole[1:]
+        assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in (tmp_path / "whole").iterdir())
+
+
+def test_another_command_does_not_continue_an_unfinished_run(error_line, tmp_path):
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    saved = TrlRunConfig(capacity=16, batch_size=12, rollouts_per_step=8, group_size=4)
+    (out / "checkpoints" / "command.json").write_text(json.dumps(
+        {"replay_theory_version": trl_run.__version__, "config": saved.__dict__}))
+    before = sorted(p.name for p in out.rglob("*"))
+    assert error_line("trl-replay", "--out", str(out), *BY_HAND, "--steps", "7") == (
+        f"--out {out} holds an unfinished run with other options: --steps 40 (now 7); run its own command to "
+        "continue it, or choose a new --out")
+    (out / "run.json").write_text("{}")
+    assert error_line("trl-replay", "--out", str(out), *BY_HAND) == (
+        f"--out {out} holds a finished run (run.json); results are never overwritten: choose a new --out")
+    assert sorted(p.name for p in out.rglob("*")) == before + ["run.json"]

@@ -48,21 +48,23 @@ def test_out_pointing_at_a_file_names_out(cli, tmp_path):
     assert (tmp_path / "f").read_text() == "mine"
 
 
-def test_existing_files_are_refused_before_any_work(cli, tmp_path):
+def test_a_non_empty_out_is_refused_before_any_work(cli, tmp_path):
+    # issue 32: figures go into a new or empty folder only, so they never mix with (or overwrite) other files
     out_dir = tmp_path / "o"
     out_dir.mkdir()
-    (out_dir / "k-curve.pdf").write_bytes(b"old")
+    (out_dir / "notes.txt").write_bytes(b"old")
     code, out, err = cli("figures", "gamma-table", "k-curve", "--format", "png,pdf", "--out", str(out_dir))
     assert (code, out) == (2, "")
-    assert err == (f"{PREFIX}--out {out_dir} already holds k-curve.pdf: figures are never overwritten; choose a "
-                   f"new --out directory, or delete the old files to rebuild them there\n")
-    assert sorted(os.listdir(out_dir)) == ["k-curve.pdf"]  # gamma-table.png was not written either
-    assert (out_dir / "k-curve.pdf").read_bytes() == b"old"
-    # a second run into the same directory refuses every figure it would rewrite, named in order
+    assert err == (f"{PREFIX}--out {out_dir} is a non-empty directory; results go into a new or empty directory, "
+                   "so they never mix with other files\n")
+    assert sorted(os.listdir(out_dir)) == ["notes.txt"]  # gamma-table.png was not written either
+    assert (out_dir / "notes.txt").read_bytes() == b"old"
+    # a second run into the same directory is refused the same way
     code, _, _ = cli("figures", "gamma-table", "--out", str(tmp_path / "p"))
     assert code == 0
     code, _, err = cli("figures", "gamma-table", "--out", str(tmp_path / "p"))
-    assert code == 2 and err.startswith(f"{PREFIX}--out {tmp_path / 'p'} already holds gamma-table.png: ")
+    assert code == 2 and err.startswith(f"{PREFIX}--out {tmp_path / 'p'} is a non-empty directory; ")
+    assert sorted(os.listdir(tmp_path / "p")) == ["gamma-table.png"]
 
 
 def test_bad_format_and_unknown_figure_name_the_option(cli, tmp_path):
