@@ -1235,7 +1235,8 @@ def _build_forgetting_variance() -> Derivation:
     paper_form = 1 / B + 1 / (x * R) + phi / R - 1 / (B * x * R)  # Thm 3.5's 1/B + 1/N + rho/R with rho -> phi
     var_closed = eta**2 * v_eff / (1 - a**2)
     lim_a1, lim_a0 = sympy.limit(psi, a, 1), sympy.limit(psi, a, 0)
-    lim_x = sympy.simplify(sympy.limit(x * psi.subs(a, sympy.exp(-s)), x, sympy.oo))  # a = e^(-s) in (0, 1)
+    # a = e^(-s) in (0, 1); sympy returns 1/tanh(s/2), written back in exponentials
+    lim_x = sympy.limit(x * psi.subs(a, sympy.exp(-s)), x, sympy.oo).rewrite(sympy.exp)
     tau_sgd = (1 + a) / (1 - a)
     psi_kappa = psi.subs(a, 1 - kappa)
     slope = sympy.simplify(sympy.series(psi_kappa, kappa, 0, 2).removeO().coeff(kappa, 1))
@@ -1320,8 +1321,8 @@ def _build_forgetting_variance() -> Derivation:
         Step("It minus kappa [(2 beta1 - 1)(1 + beta1) - beta1 (1 - beta1) kappa] / (2 (1 + beta1 + beta1 kappa)) "
              "simplifies to 0; beta1 = 0 gives SGD's -kappa/2", _identity(corr_adam, corr_adam_printed)),
         Step("Heavy ball (torch SGD momentum, b / (1 - beta1), kappa = eta h / (1 - beta1)): its autocorrelation "
-             "minus Adam's simplifies to 0", sympy.Tuple(Eq(sympy.Symbol("corr_HB"), corr_hb_simple),
-                                                           _identity(corr_hb_simple, corr_adam))),
+             "(sympy.factor)", Eq(sympy.Symbol("corr_HB"), corr_hb_simple)),
+        Step("It minus Adam's simplifies to 0: the same function of kappa", _identity(corr_hb_simple, corr_adam)),
         Step("Small kappa (sympy.limit of corr / kappa): beta1 - 1/2, POSITIVE for beta1 > 1/2 (0.4 at 0.9), "
              "where SGD's is -1/2", Eq(sympy.Limit(sympy.Symbol("corr_Adam") / kappa, kappa, 0), corr_slope)),
         Step("Adam's integrated autocorrelation lim x psi = 1 + 2 c^T A (I - A)^-1 P c / c^T P c (sympy)",
@@ -1401,10 +1402,11 @@ def _build_forgetting_rule() -> Derivation:
         Step("It minus sqrt(mu) (sqrt(mu) (1 + b - b psi) - 2 sqrt(b psi (1 + b))) simplifies to 0: replay beats "
              "on-policy iff b psi < 1 + b and 4 b psi (1 + b) < mu (1 + b - b psi)^2 (squaring two positive "
              "sides, argued)", _identity(gap, gap_factored)),
-        Step(f"The boundary 4 b psi (1 + b) = mu (1 + b - b psi)^2 in psi (sympy.solve, {len(roots)} roots; the "
-             "second, shown last, is above (1 + b)/b); the first minus (1 + 1/b) mu / (1 + sqrt(1 + mu))^2 "
-             "simplifies to 0", sympy.Tuple(Eq(psi_c, threshold_root), _identity(threshold_root, psi_threshold),
-                                            *other_roots)),
+        Step(f"The boundary 4 b psi (1 + b) = mu (1 + b - b psi)^2 in psi (sympy.solve, {len(roots)} roots); the "
+             "second, shown last, is above (1 + b)/b, where b psi < 1 + b fails",
+             sympy.Tuple(Eq(psi_c, threshold_root), *other_roots)),
+        Step("The first minus (1 + 1/b) mu / (1 + sqrt(1 + mu))^2 simplifies to 0",
+             _identity(threshold_root, psi_threshold)),
         Step("So replay pays at fixed B iff psi < psi_c = (1 + 1/b) mu/(1 + sqrt(1 + mu))^2; as b -> oo "
              "(sympy.limit) it tightens to the free-batch threshold of derive free-batch",
              Eq(sympy.Limit(psi_c, b, sympy.oo), big_b)),
@@ -1482,8 +1484,9 @@ def _build_free_batch() -> Derivation:
              "steps iff psi < mu (y - 1)/(y (mu + y)); 0 at y = 1", _identity(psi_eq, psi_eq_printed)),
         Step("1 - psi_eq (sympy.factor) is positive: at psi = 1 replay never wins",
              Eq(1 - thr_sym, margin)),
-        Step(f"d psi_eq/dy = 0 (sympy.solve, {len(y_roots)} roots; 1 - sqrt(1 + mu) < 0 is not a ratio); the "
-             "other minus 1 + sqrt(1 + mu) simplifies to 0", sympy.Tuple(Eq(y_l, y_root), _identity(y_root, y_loose))),
+        Step(f"d psi_eq/dy = 0 (sympy.solve, {len(y_roots)} roots; 1 - sqrt(1 + mu) < 0 is not a ratio)",
+             Eq(y_l, y_root)),
+        Step("It minus 1 + sqrt(1 + mu) simplifies to 0", _identity(y_root, y_loose)),
         Step("psi_eq is 0 at y = 1 and tends to 0 as y -> oo (sympy.limit) with one stationary point between: "
              "its maximum (argued)", Eq(sympy.Limit(thr_sym, y, sympy.oo), lim_inf)),
         Step("psi_eq at y_l minus mu/(1 + sqrt(1 + mu))^2 simplifies to 0: no replay ratio beats a smaller "
