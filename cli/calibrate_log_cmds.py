@@ -23,7 +23,7 @@ import typer
 from ..diagnose.by_age import AGGREGATIONS, WEIGHTS
 from ..diagnose.errors import ConfigError
 from ..outputs import check_new_file, write_new
-from .common import strict
+from .common import on_ctrl_c, strict
 from .diagnose_cmds import (  # the log is read as diagnose reads it
     ColumnsOption,
     FormatOption,
@@ -90,8 +90,10 @@ def calibrate_command(
                                     grad_norms=None if grad_norms is None else str(grad_norms))
         check_new_file(out, "--out", ("json",))
         norms = None if grad_norms is None else read_grad_norms(grad_norms)  # the whole file, checked first
-        ready = plan(config)
-        data = calibrate_from_log(config, ready, norms)
+        with on_ctrl_c(f"interrupted: calibrate writes --out {out} only after its passes over the log, so nothing "
+                       "was written; run the same command to start again"):
+            ready = plan(config)
+            data = calibrate_from_log(config, ready, norms)
     except ConfigError as err:
         raise ValueError(err.named(OPTION_OF_FIELD.get(err.field, err.field))) from None
     write_new(out, lambda tmp: tmp.write_text(json.dumps(strict(data), indent=1, allow_nan=False)), "--out")

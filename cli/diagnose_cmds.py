@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from ..diagnose.errors import ConfigError
+from .common import on_ctrl_c
 
 if TYPE_CHECKING:
     from ..diagnose import DiagnoseConfig
@@ -174,7 +175,9 @@ def diagnose_command(
         config = DiagnoseConfig(path=str(log), preset=preset, columns=columns, format=fmt, chunk_rows=chunk_rows,
                                 threads=threads, skip_invalid=skip_invalid, max_age_buckets=max_age_buckets,
                                 what_if=what_if, run_what_if=not no_what_if)
-        report = _run(config, log, show_progress=not no_progress and sys.stderr.isatty())
+        with on_ctrl_c("interrupted: diagnose writes --save and --figure only after its pass over the log, so "
+                       "nothing was written; run the same command to start again"):
+            report = _run(config, log, show_progress=not no_progress and sys.stderr.isatty())
     except ConfigError as err:
         raise ValueError(err.named(OPTION_OF_FIELD.get(err.field, err.field))) from None
     except MemoryError:  # memory is chunks x folds in flight, whatever the log's length

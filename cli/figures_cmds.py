@@ -20,6 +20,7 @@ import typer
 
 from ..figures.defaults import DPI, DPI_RANGE
 from ..outputs import check_out_dir
+from .common import on_ctrl_c
 
 #: Default output directory: not the tracked gallery (see the module docstring); ignored by git.
 DEFAULT_OUT = Path("figures-out")
@@ -138,12 +139,14 @@ def register(app: typer.Typer) -> None:
                 skipped.append(f"{name}: {err}")
                 chosen.remove(name)
         files = []
-        for name in chosen:
-            figure = available[name][1]()
-            try:
-                files += [(f"{name}.{f}", render(figure, f, dpi)) for f in formats]
-            finally:
-                plt.close(figure)
+        with on_ctrl_c(f"interrupted: the figures are written together once all are drawn, so nothing was written "
+                       f"to {out}; run the same command to start again"):
+            for name in chosen:
+                figure = available[name][1]()
+                try:
+                    files += [(f"{name}.{f}", render(figure, f, dpi)) for f in formats]
+                finally:
+                    plt.close(figure)
         for path in write_all(out, files):
             typer.echo(str(path))
         for line in skipped:

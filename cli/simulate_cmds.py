@@ -52,7 +52,7 @@ from ..simulate.sweep import (
     run_sweep,
 )
 from ..theory.profiles import save_profile
-from .common import UserError, emit_json, option_message
+from .common import UserError, emit_json, on_ctrl_c, option_message
 from .config_options import option_name, with_dataclass_options
 
 ALIASES = {"batch_size": ("--batch",)}
@@ -101,11 +101,14 @@ def simulate(
 ) -> None:
     """Run one simulator configuration (all seeds vectorised) and print its summary."""
     config = build_config(fields)
-    if out is not None:
-        run_sweep({"name": "simulate", "configs": [config.to_dict()]}, out, n_jobs=1, show_progress=not no_progress)
-        summary = next(p for p in load_runs(out) if p["key"] == config.key())["summary"]
-    else:
-        summary = _run_with_progress(config, show=not no_progress)
+    with on_ctrl_c("interrupted: simulate without --out keeps nothing; run the same command to start again (with "
+                   "--out DIR the run is saved, and the same command reuses it)"):  # with --out: the sweep's line
+        if out is not None:
+            run_sweep({"name": "simulate", "configs": [config.to_dict()]}, out, n_jobs=1,
+                      show_progress=not no_progress)
+            summary = next(p for p in load_runs(out) if p["key"] == config.key())["summary"]
+        else:
+            summary = _run_with_progress(config, show=not no_progress)
     if as_json:
         emit_json({**summary, "config": config.to_dict()})
     else:
@@ -158,9 +161,11 @@ def calibrate_simulator(
                     noise_checkpoints, noise_groups)
     except ValueError as err:
         raise UserError(_as_options(str(err))) from None
-    result = measure_profile(config, staleness=probe_staleness, checkpoints=checkpoints, samples=samples,
-                             max_gap=max_gap, reference=reference, reference_samples=reference_samples,
-                             noise_checkpoints=noise_checkpoints, noise_groups=noise_groups)
+    with on_ctrl_c(f"interrupted during the probe: nothing was written (--out {out} is written when it ends); run "
+                   "the same command to start again"):
+        result = measure_profile(config, staleness=probe_staleness, checkpoints=checkpoints, samples=samples,
+                                 max_gap=max_gap, reference=reference, reference_samples=reference_samples,
+                                 noise_checkpoints=noise_checkpoints, noise_groups=noise_groups)
     changed = {k: v for k, v in config.to_dict().items() if v != getattr(SimConfig(), k)}
     source = " ".join(["replay-theory calibrate-simulator"] + [f"{option_name(k)} {v}" for k, v in changed.items()])
     try:
@@ -296,9 +301,10 @@ def experiment(
         write_evidence(out, summary, _theory_test_command(out, instance, loss, mu, seeds, quick, regime))
         typer.echo(table)
         return
-    run_sweep(chosen.spec, out, n_jobs=jobs_checked(jobs), show_progress=not no_progress)
-    if chosen.prepare is not None:
-        chosen.prepare(out)
+    with on_ctrl_c(f"interrupted: the finished runs are kept in {out}; run the same command to go on from them"):
+        run_sweep(chosen.spec, out, n_jobs=jobs_checked(jobs), show_progress=not no_progress)  # or the sweep's line
+        if chosen.prepare is not None:
+            chosen.prepare(out)
     table = chosen.table(out)
     write_table(out, table)
     typer.echo(table)

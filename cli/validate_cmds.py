@@ -33,7 +33,7 @@ from ..validate.config import (
     protocol,
     report_stem,
 )
-from .common import help_without_command
+from .common import help_without_command, on_ctrl_c
 from .config_options import with_dataclass_options
 
 ALIASES = {"micro_batch_size": ("--micro-batch",), "mu_window_seconds": ("--mu-window",)}
@@ -64,6 +64,13 @@ def _loop():
     return loop
 
 
+def kept(out: Path) -> str:
+    """The Ctrl-C line of calibrate-model, verify and all: each step's files are written when it ends and skipped
+    when present (validate/loop.py), and verify's runs checkpoint every 5 steps."""
+    return (f"interrupted: what finished is kept in {out} (the warm start, calibration.json, predicted.json, verify's "
+            "runs and their checkpoints every 5 steps); run the same command to continue from there")
+
+
 def _sized(cls, fields: dict[str, Any], tiny: bool):
     """``cls(**fields)`` with --full's sizes where a size was left at its default."""
     if not tiny:
@@ -85,7 +92,8 @@ def calibrate_model(fields: dict[str, Any], out: OutOption, tiny: TinyOption = T
     with a bootstrap interval) of the language model; writes calibration.json and profile.json."""
     config = _sized(ValidateConfig, fields, tiny)
     check_run_dir(out)
-    calibration = _loop().run_calibrate(config, out, log=typer.echo, progress=not no_progress)
+    with on_ctrl_c(kept(out)):
+        calibration = _loop().run_calibrate(config, out, log=typer.echo, progress=not no_progress)
     record = calibration.get("noise_scale")
     if record:
         from ..validate.calibrate import noise_scale_line
@@ -103,6 +111,8 @@ def predict(
     price_mu: Annotated[Optional[float], typer.Option("--price-mu", "--mu", help="Rollout cost in updates to "
                                                      "price compute (default: calibrate's --price-mu).")] = None,
     rho: RhoOption = None,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="Accepted as by the other validate commands "
+                                                                    "(predict draws no progress bar).")] = False,
 ) -> None:
     """Thm 3.5 on the measured profile at --price-mu: predicted.json with x*, y* and integer N, B, R."""
     if price_mu is not None:
@@ -140,7 +150,8 @@ def verify(
     config = load_run_config(out, device=device, engine=engine, sync_every=sync_every, micro_batch_size=micro_batch,
                              gpu_memory_utilization=gpu_memory, threads=threads).validated()
     plan.check_sizes(config.rollouts_per_step, config.group_size)
-    report = _loop().run_verify(config, out, plan, log=typer.echo, progress=not no_progress)
+    with on_ctrl_c(kept(out)):
+        report = _loop().run_verify(config, out, plan, log=typer.echo, progress=not no_progress)
     typer.echo(f"measured best: {report['measured_best']['name']}; report: {out / (report_stem(plan.family) + '.md')}")
 
 
@@ -155,9 +166,10 @@ def validate_all(fields: dict[str, Any], out: OutOption, tiny: TinyOption = True
     _check_rho(rho)
     check_run_dir(out)
     loop = _loop()
-    loop.run_calibrate(config.calibration(), out, log=typer.echo, progress=not no_progress)
-    loop.run_predict(config.calibration(), out, log=typer.echo, rho=rho)
-    report = loop.run_verify(config.calibration(), out, plan, log=typer.echo, progress=not no_progress)
+    with on_ctrl_c(kept(out)):
+        loop.run_calibrate(config.calibration(), out, log=typer.echo, progress=not no_progress)
+        loop.run_predict(config.calibration(), out, log=typer.echo, rho=rho)
+        report = loop.run_verify(config.calibration(), out, plan, log=typer.echo, progress=not no_progress)
     typer.echo(f"measured best: {report['measured_best']['name']}; report: {out / (report_stem(plan.family) + '.md')}")
 
 
