@@ -23,6 +23,7 @@ import typer
 from .. import install_hint
 from ..validate.config import (
     FULL_SIZES,
+    PRESETS,
     AllConfig,
     ValidateConfig,
     VerifyConfig,
@@ -30,6 +31,7 @@ from ..validate.config import (
     check_positive,
     check_run_dir,
     load_run_config,
+    apply_preset,
     protocol,
     report_stem,
 )
@@ -47,6 +49,11 @@ RhoOption = Annotated[Optional[float], typer.Option(
     "--rho", help="Correlation rho of Assumption 3.3 in [0, 1] for the prediction (default: the profile's fit; an "
                   "out-of-range fit gives 0, said in the output).")]
 NoProgressOption = Annotated[bool, typer.Option("--no-progress", help="Hide the progress bars (stderr).")]
+PresetOption = Annotated[Optional[str], typer.Option("--preset", help="Options for a named run, applied where an "
+                                                     "option is left at its default: " + "; ".join(
+                                                         f"{name}: " + " ".join(f"--{k.replace('_', '-')} {v}"
+                                                                                for k, v in opts.items())
+                                                         for name, opts in PRESETS.items()) + ".")]
 
 validate_app = typer.Typer(help="Check the theory's predictions on a Qwen2-architecture language model "
                                 "(needs the validate extra).", add_completion=False)
@@ -143,7 +150,7 @@ def verify(
     """Train on-policy, the prediction and its neighbours at equal compute; writes report.json/.md/.png
     (never overwritten: a re-run with the same settings prints the saved report's best design)."""
     plan = protocol(fields["seeds"], fields["budget_updates"], thorough, fields["group_replay"], fields["lr_grid"],
-                    fields["batched"], fields["family"], fields["jobs"])
+                    fields["batched"], fields["family"], fields["jobs"], fields["kappa"])
     if threads is not None:
         check_integer("--threads", threads, 1)
     check_run_dir(out, needs="predicted.json")
@@ -158,11 +165,11 @@ def verify(
 @validate_app.command("all")
 @with_dataclass_options(AllConfig, aliases=ALIASES)
 def validate_all(fields: dict[str, Any], out: OutOption, tiny: TinyOption = True, thorough: ThoroughOption = False,
-                 rho: RhoOption = None, no_progress: NoProgressOption = False) -> None:
+                 rho: RhoOption = None, no_progress: NoProgressOption = False, preset: PresetOption = None) -> None:
     """calibrate-model -> predict -> verify."""
-    config = _sized(AllConfig, fields, tiny)
+    config = _sized(AllConfig, apply_preset(fields, preset, AllConfig()), tiny)
     plan = protocol(config.seeds, config.budget_updates, thorough, config.group_replay, config.lr_grid,
-                    config.batched, config.family, config.jobs)
+                    config.batched, config.family, config.jobs, config.kappa)
     _check_rho(rho)
     check_run_dir(out)
     loop = _loop()

@@ -161,6 +161,14 @@ def no_trust_region(logp_new: Tensor, logp_behav: Tensor, advantage: Tensor, mas
     return grpo(logp_new, logp_behav, advantage, mask, math.inf, math.inf, aggregation=aggregation)
 
 
+def _reverse_cumsum(values: Tensor) -> Tensor:
+    """suffix[:, k] = sum of values[:, k:] (S, N). torch refuses a floating cumsum on CUDA under deterministic
+    algorithms (the validator runs with them): there it is summed on the host, the one copy of M2PO's update."""
+    if values.is_cuda and torch.are_deterministic_algorithms_enabled():
+        return values.cpu().flip(1).cumsum(1).flip(1).to(values.device)
+    return values.flip(1).cumsum(1).flip(1)
+
+
 def _m2po_drop_and_cap(log_ratio: Tensor, adv: Tensor, m: Tensor, tau_m2: float, variant: str):
     """(drop (S, n, L), cap (S,)) of ``core.losses._m2po_drop_and_cap`` for one variant: the sorted-suffix form of
     Algorithm 1 (M2PO) or the reference code's winsorised cap, computed for every row, then kept only where the
@@ -175,7 +183,7 @@ def _m2po_drop_and_cap(log_ratio: Tensor, adv: Tensor, m: Tensor, tau_m2: float,
     may_bind = (m2_tok * cand).sum(1) > tau_m2 * (1.0 - 1e-9) * count
     v_sorted = torch.where(cand, m2_tok, 0.0).sort(dim=1, descending=True).values  # (S, N)
     N = lr.shape[1]
-    suffix = torch.cat([v_sorted.flip(1).cumsum(1).flip(1), v_sorted.new_zeros(S, 1)], dim=1)  # (S, N + 1)
+    suffix = torch.cat([_reverse_cumsum(v_sorted), v_sorted.new_zeros(S, 1)], dim=1)  # (S, N + 1)
     rows = torch.arange(S, device=lr.device)
     inf = torch.full((S,), math.inf, dtype=lr.dtype, device=lr.device)
     if variant == "algorithm1":

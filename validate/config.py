@@ -63,6 +63,9 @@ class ValidateConfig:
     threads: int = 1
     """torch CPU threads of this process. 1 by default: on a 2-core machine with another job running, 2 threads
     were 6.5x slower, idle 7.9x (bench/bench_validate_threads.py); results do not depend on it."""
+    decode: str = "auto"
+    """HF engine's decoding: auto (a static KV cache and a torch.compile'd step with CUDA graphs on cuda, the eager
+    loop on cpu: its numbers unchanged), eager, static (static cache, eager step) or compiled."""
 
     def problems(self) -> tuple[list[countdown.Problem], list[countdown.Problem]]:
         """Three-number problems with small numbers: learnable by the tiny model (pass@1 ~ 0.2 after SFT)."""
@@ -92,6 +95,8 @@ class ValidateConfig:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.engine not in ENGINES:
             raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"--decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
         if self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"--device must be cpu or cuda (cuda:N), got {self.device!r}")
         return self
@@ -124,9 +129,16 @@ class VerifyConfig:
     jobs: int = 1
     """Worker processes training verify's runs at once (-1: one per core), each with --threads torch threads; the
     runs are independent, so the results are the same at any count. 2 on the 2-core CPU: 1.98x (docs/VALIDATION.md)."""
+    kappa: float | None = None
+    """fixed-b: the optimizer's memory kappa (per-step contraction along the noise) for the forgetting-aware rule
+    (theory/forgetting.py), AdamW with beta1 0.9 as verify trains. Not given: profile.json's measured memory record;
+    with neither, that rule makes no prediction (said in the report)."""
 
     def validated(self) -> "VerifyConfig":
         check_integer("--seeds", self.seeds, 1)
+        if self.kappa is not None and not (isinstance(self.kappa, (int, float)) and math.isfinite(self.kappa)
+                                           and self.kappa > 0):
+            raise ValueError(f"--kappa must be a finite number > 0, got {self.kappa}")
         check_jobs(self.jobs)
         check_integer("--budget-updates", self.budget_updates, 1)
         self.learning_rates(1.0)  # the grid's own checks (auto needs no --lr to be checked)
@@ -174,10 +186,12 @@ class AllConfig(ValidateConfig, VerifyConfig):
 
     def verify(self) -> VerifyConfig:
         return VerifyConfig(self.seeds, self.budget_updates, self.group_replay, self.lr_grid, self.batched,
-                            self.family, self.jobs)
+                            self.family, self.jobs, self.kappa)
 
 
 ENGINES = ("hf", "vllm", "auto")
+DECODE_MODES = ("auto", "eager", "static", "compiled")
+"""--decode (validate/sampling.py): auto is compiled on CUDA and eager on the CPU."""
 FAMILIES = ("neighbours", "fixed-b")
 FIXED_B_REPLAY_RATIOS = (2, 4, 8)
 """fixed-b: replay at R = B / y, N = R (the shortest horizon), for these y (issue 23)."""
@@ -215,8 +229,32 @@ def check_positive(option: str, value: float) -> None:
         raise ValueError(f"{option} must be a finite number > 0, got {value}")
 
 
+PRESETS = {
+    "gpu-fixed-b": dict(device="cuda", rollouts_per_step=4096, family="fixed-b", seeds=16, batched=True,
+                        budget_updates=6, samples=256, probe_steps=10, n_train=5000, micro_batch_size=1024,
+                        mu_window_seconds=1.0),
+}
+"""``validate all --preset NAME``: options for a run, each applied where the option was left at its default.
+gpu-fixed-b: the fixed-B verdict where the noise-scale rule says replay pays on the tiny model (B_noise ~ 2383 per
+group of 8 there, docs/VALIDATION.md: b = 0.58 at B = 4096, below the threshold 0.753 at mu = 5.28; give
+--rollouts-per-step 16384 for b = 0.15), 16 seeds trained as one batch on one GPU; --samples 256 and 10 probe steps
+keep the calibration's per-sample gradients to minutes; micro-batches of 1024 completions per seed bound the update's
+memory (bench/gpu_check.py runs it as its verdict section)."""
+
+
+def apply_preset(fields: dict, name: str | None, defaults) -> dict:
+    """``fields`` (option name -> value) with preset ``name``'s values where a field equals ``defaults``' (an
+    AllConfig); one-line ValueError for an unknown name. None: ``fields`` unchanged."""
+    if name is None:
+        return fields
+    if name not in PRESETS:
+        raise ValueError(f"--preset must be one of {', '.join(PRESETS)}, got {name!r}")
+    return {**fields, **{k: v for k, v in PRESETS[name].items() if fields[k] == getattr(defaults, k)}}
+
+
 def protocol(seeds: int, budget_updates: int, thorough: bool, group_replay: bool = False, lr_grid: str = "",
-             batched: bool = False, family: str = "neighbours", jobs: int = 1) -> VerifyConfig:
+             batched: bool = False, family: str = "neighbours", jobs: int = 1,
+             kappa: float | None = None) -> VerifyConfig:
     """--thorough's seeds and budget, or the ones given; both at once is refused (which would win is a guess).
 
     --lr-grid may be given with --thorough: it replaces the default grid (auto)."""
@@ -225,8 +263,8 @@ def protocol(seeds: int, budget_updates: int, thorough: bool, group_replay: bool
                          "those options, not both")
     if thorough:
         return dataclasses.replace(THOROUGH, lr_grid=lr_grid or THOROUGH.lr_grid, batched=batched,
-                                   family=family, jobs=jobs).validated()
-    return VerifyConfig(seeds, budget_updates, group_replay, lr_grid, batched, family, jobs).validated()
+                                   family=family, jobs=jobs, kappa=kappa).validated()
+    return VerifyConfig(seeds, budget_updates, group_replay, lr_grid, batched, family, jobs, kappa).validated()
 
 
 def load_run_config(out_dir: Path, **overrides) -> ValidateConfig:

@@ -39,6 +39,7 @@ from ..figures.results import save_report_figure
 from ..outputs import write_new
 from ..theory.design import DesignQuery, optimal_design
 from ..theory.group_replay import fresh_groups_per_step, fresh_verifier_evaluations
+from ..theory.forgetting import forgetting_pick
 from ..theory.noise_scale import noise_scale_pick
 from ..theory.profiles import load_profile
 from . import countdown
@@ -113,11 +114,12 @@ def check_engine(config: ValidateConfig) -> str:
 def get_sampler(config: ValidateConfig, out_dir: Path):
     """The run's rollout engine, built once per process (vLLM starts from DIR/warm_start)."""
     engine = check_engine(config)
-    key = (engine, str(Path(out_dir).resolve()), config.device, config.sync_every, config.gpu_memory_utilization)
+    key = (engine, str(Path(out_dir).resolve()), config.device, config.sync_every, config.gpu_memory_utilization,
+           config.decode)
     if key not in _SAMPLERS:
         _SAMPLERS[key] = make_sampler(engine, device=config.device, sync_every=config.sync_every,
                                       model_path=str(Path(out_dir) / "warm_start"), seed=config.seed,
-                                      gpu_memory_utilization=config.gpu_memory_utilization)
+                                      gpu_memory_utilization=config.gpu_memory_utilization, decode=config.decode)
     return _SAMPLERS[key]
 
 
@@ -298,13 +300,14 @@ def _add_design(designs: list[dict], design: dict) -> str:
 
 
 def fixed_b_designs(config: ValidateConfig, predicted: dict, pick: dict | None,
-                    group_replay: bool = False) -> tuple[list[dict], dict[str, str]]:
+                    group_replay: bool = False, forgetting: dict | None = None) -> tuple[list[dict], dict[str, str]]:
     """The family where replay can win (issue 23; docs/THEORY.md, the noise-scale rule) and where each rule's pick is.
 
     At B = --rollouts-per-step: on-policy (R = N = B), FIFO replay at R = N = B / y for y in 2, 4, 8 (the shortest
     horizon x = 1), on-policy at B / 2 and B / 4, then the noise-scale rule's design (``pick``; None: no measured
-    B_noise) and the paper's (predicted.json; R = B) where they are not already in the list. Every design carries
-    its own R (fresh rollouts per step). Returns the designs and {"noise-scale", "paper"} -> design name.
+    B_noise), the forgetting-aware rule's (``forgetting``, ``theory.forgetting.forgetting_pick``; None: no kappa) and
+    the paper's (predicted.json; R = B) where they are not already in the list. Every design carries its own R (fresh
+    rollouts per step). Returns the designs and {"noise-scale", "forgetting", "paper"} -> design name.
     """
     B = config.rollouts_per_step
     designs = [{"name": "on-policy", "buffer": "on-policy", "loss": "grpo", "N": B, "B": B, "R": B, "family": True}]
@@ -319,6 +322,10 @@ def fixed_b_designs(config: ValidateConfig, predicted: dict, pick: dict | None,
         centres["noise-scale"] = _add_design(designs, designs[0] if pick["regime"] == "on-policy" else {
             "name": "noise-scale rule", "buffer": "fifo", "loss": "grpo", "N": pick["N"], "B": B, "R": pick["R"],
             "family": True})
+    if forgetting is not None:
+        centres["forgetting"] = _add_design(designs, designs[0] if forgetting["regime"] == "on-policy" else {
+            "name": "forgetting-aware rule", "buffer": "fifo", "loss": "grpo", "N": forgetting["N"], "B": B,
+            "R": forgetting["R"], "family": True})
     if predicted["regime"] == "replay" and bool(predicted["N"]) and bool(predicted["B"]):
         centres["paper"] = _add_design(designs, {"name": "predicted", "buffer": "fifo", "loss": "grpo",
                                                  "N": int(predicted["N"]), "B": int(predicted["B"]), "R": B,
@@ -425,13 +432,20 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     warm_mean, warm_sd = _mean_sd([e["mean_reward"] for e in warm_evals])
     log(f"warm start: held-out reward {warm_mean:.3f} +- {warm_sd:.3f} over {seeds} evaluation seeds")
     pick, noise_record = None, calibration.get("noise_scale") or {}
+    memory, forgetting = None, None
     if plan.family == "fixed-b":
         if noise_record.get("b_noise") is not None:
             pick = noise_scale_pick(noise_record["b_noise"], R, K, mu)
         else:
             log("note: calibration.json has no measured B_noise (no gradient signal, or calibrated before it was "
                 "measured): the noise-scale rule makes no prediction; the family is trained without it")
-        designs, centres = fixed_b_designs(config, predicted, pick, plan.group_replay)
+        memory = forgetting_memory(out_dir, plan.kappa, log)
+        if memory.get("kappa") is not None and noise_record.get("b_noise") is not None:
+            forgetting = forgetting_pick(noise_record["b_noise"], R, K, mu, memory["kappa"], memory["optimizer"],
+                                         memory["beta1"], pilot_batch=memory.get("pilot_batch"))
+        elif memory.get("kappa") is not None:
+            memory["reason"] = "no measured B_noise"
+        designs, centres = fixed_b_designs(config, predicted, pick, plan.group_replay, forgetting)
     else:
         designs, centres = _designs(config, predicted, plan.group_replay), {}
     lrs = plan.learning_rates(config.lr)
@@ -521,7 +535,9 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
         "seconds": time.perf_counter() - started,
     }
     if plan.family == "fixed-b":
-        report["predictions"] = prediction_rows(rows, centres, pick, noise_record, predicted, verdict_of, K)
+        report["forgetting_input"] = memory  # the kappa record, or why the forgetting-aware rule made no prediction
+        report["predictions"] = prediction_rows(rows, centres, pick, noise_record, predicted, verdict_of, K,
+                                                forgetting, memory if forgetting is not None else None)
     # report.json last: it marks a complete report. A report.md/.png without it is what an interrupted
     # write left behind, so only those two are replaced.
     markdown = out_dir / f"{stem}.md"
@@ -533,9 +549,32 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     return report
 
 
+def forgetting_memory(out_dir: Path, kappa: float | None, log=print) -> dict:
+    """The optimizer memory the forgetting-aware rule reads: ``--kappa`` when given (the validator's optimizer, AdamW
+    with beta1 0.9, measured at on-policy B), else profile.json's measured ``memory`` record; ``kappa`` None with a
+    ``reason`` when neither exists (no default is invented). ``source`` says which."""
+    try:
+        measured = load_profile(out_dir / "profile.json").memory
+    except (OSError, ValueError):
+        measured = None
+    if kappa is not None:
+        if measured and measured.get("kappa") is not None:
+            log(f"note: --kappa {kappa:g} is used; the profile's measured kappa {measured['kappa']:g} is recorded "
+                "beside it in the report")
+        return {"kappa": float(kappa), "optimizer": "adam", "beta1": 0.9, "pilot_batch": None, "source": "--kappa",
+                "profile_memory": measured}
+    if measured and measured.get("kappa") is not None:
+        return {**measured, "source": "profile.json memory record"}
+    reason = (f"the profile's kappa was not measured: {measured.get('reason')}" if measured else
+              "no kappa: profile.json has no memory record and --kappa was not given")
+    return {"kappa": None, "source": None, "reason": reason}
+
+
 def prediction_rows(rows: list[dict], centres: dict[str, str], pick: dict | None, noise_record: dict,
-                    predicted: dict, verdict_of, group_size: int) -> list[dict]:
-    """Both rules' predictions in the fixed-b family: design, input, and ``verdict_of(name)`` (validate/verdict.py).
+                    predicted: dict, verdict_of, group_size: int, forgetting: dict | None = None,
+                    memory: dict | None = None) -> list[dict]:
+    """Each rule's prediction in the fixed-b family (noise-scale, forgetting-aware when ``memory`` is given (its kappa
+    record, ``forgetting_memory``), paper): design, input, and ``verdict_of(name)`` (validate/verdict.py).
 
     ``separation``: the pair (prediction - strongest rival) of that verdict, the rival being the family design
     other than the prediction with the highest mean reward (the best when the prediction is not), with the seeds
@@ -543,9 +582,14 @@ def prediction_rows(rows: list[dict], centres: dict[str, str], pick: dict | None
     """
     means = {r["name"]: r["final_reward_mean"] for r in rows if r["family"]}
     out = []
-    for rule, name in (("noise-scale", centres.get("noise-scale")), ("paper", centres["paper"])):
+    rules = [("noise-scale", centres.get("noise-scale")), ("forgetting", centres.get("forgetting")),
+             ("paper", centres["paper"])]
+    for rule, name in rules if memory is not None else rules[::2]:  # no memory given: the two rules of issue 23
         entry = {"rule": rule, "design": name}
-        if rule == "noise-scale":
+        if rule == "forgetting":
+            entry["input"] = {"b_noise": noise_record.get("b_noise"), **memory}
+            entry["pick"] = forgetting
+        elif rule == "noise-scale":
             entry["input"] = {k: noise_record.get(k) for k in ("b_noise", "b_noise_interval", "level", "method",
                                                                "batch", "unit_size", "source")}
             entry["pick"] = pick
@@ -603,6 +647,19 @@ def predictions_markdown(report: dict) -> list[str]:
                      f"{y_star}pick {pick['regime']} R = N = {pick['R']} (y = {pick['y']:.3g}), "
                      f"predicted cost {pick['cost']:.4g} vs on-policy {pick['on_policy_cost']:.4g} (S_min B units); "
                      f"at the interval's ends: {at_ends}.")
+    forgetting = next((p for p in predictions if p["rule"] == "forgetting"), None)
+    if forgetting is None and report.get("forgetting_input"):
+        lines += ["", f"Forgetting-aware rule: no prediction ({report['forgetting_input'].get('reason')})."]
+    elif forgetting is not None:
+        memory, fpick = forgetting["input"], forgetting["pick"]
+        if fpick is None:
+            lines += ["", f"Forgetting-aware rule: no prediction ({memory.get('reason')})."]
+        else:
+            lines += ["", f"Forgetting-aware rule: kappa = {fpick['kappa']:.4g} ({memory['source']}; optimizer "
+                      f"{fpick['optimizer']}, beta1 {fpick['beta1']:g}), b = {fpick['b']:.4g} at B = {fpick['B']}, "
+                      f"mu = {fpick['mu']:g}: pick {fpick['regime']} R = {fpick['R']}, N = {fpick['N']} (x = "
+                      f"{fpick['x']:.3g}, y = {fpick['y']:.3g}, psi = {fpick['psi']:.3g}), predicted cost "
+                      f"{fpick['cost']:.4g} vs on-policy {fpick['on_policy_cost']:.4g}."]
     paper = next(p for p in predictions if p["rule"] == "paper")["input"]
     lines += ["", f"Paper (Thm 3.5): regime {paper['regime']}, x* = {_fmt(paper['x_star'])}, "
               f"y* = {_fmt(paper['y_star'])}, N = {_fmt(paper['N'], 'd')}, B = {_fmt(paper['B'], 'd')}, "

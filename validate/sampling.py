@@ -52,12 +52,9 @@ from typing import Sequence
 
 import torch
 
+from .config import DECODE_MODES  # auto (compiled on CUDA, eager on the CPU), eager, static, compiled
 from .logprobs import encode_prompts
 from .policy import Policy, resolve_compute_dtype
-
-DECODE_MODES = ("auto", "eager", "static", "compiled")
-"""``--decode``: auto (compiled on CUDA, eager on the CPU), eager (dynamic cache, no compile), static (static KV
-cache, eager step), compiled (static cache + torch.compile)."""
 
 
 @dataclass
