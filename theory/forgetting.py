@@ -11,7 +11,7 @@ A stored sample's noise is fixed when it is drawn, so a FIFO's batch-mean noise 
 keeps the noise V_eff = C(0) + 2 sum_k rho(k) C(k), rho(k) the autocorrelation of its impulse response (a^k for SGD).
 With N = x R and y = B / R:
 
-    B V_eff = 1 + y psi(x, kappa) - 1/N,   psi = 1/x + (2 / x^2) sum_{k=1}^{x-1} (x - k) rho(k)     (in [1/x, 1])
+    B V_eff = 1 + y psi(x, kappa) - 1/N,   psi = 1/x + (2 / x^2) sum_{k=1}^{x-1} (x - k) rho(k)   (in [1/x, 1], a >= 0)
 
 psi -> 1 (the long-run variance of ``noise_scale``: replay's noise never averages out) when the horizon x is short
 against the optimizer's memory 1/kappa; psi ~ 2 / (kappa x) when it is long (the optimizer has forgotten a sample's
@@ -59,6 +59,14 @@ def _check_optimizer(optimizer: str, beta1: float) -> None:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     if optimizer != "sgd":
         require_in_range("beta1", float(beta1), 0.0, 0.999999)
+
+
+def stable_kappa(optimizer: str, beta1: float = 0.9) -> float:
+    """The largest kappa ``psi`` accepts, just inside the stability limit along the noise: 2 for SGD (a = 1 - kappa >
+    -1), 2 (1 + beta1) / (1 - beta1) for heavy ball and Adam (A's eigenvalue -1 at eta h = 2 (1 + beta1))."""
+    _check_optimizer(optimizer, beta1)
+    limit = 2.0 if optimizer == "sgd" else 2.0 * (1.0 + beta1) / (1.0 - beta1)
+    return limit * (1.0 - 1e-9)
 
 
 def _linear_system(kappa: float, optimizer: str, beta1: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -119,17 +127,40 @@ def phi_sgd(x: ArrayLike, kappa: ArrayLike) -> np.ndarray | float:
     ``derive forgetting-variance`` sums it with sympy; at a = 1 it is (x - 1)/x, at a = 0 it is 0.
     """
     x, kappa = np.asarray(x, dtype=float), np.asarray(kappa, dtype=float)
-    a = 1.0 - kappa
-    with np.errstate(divide="ignore", invalid="ignore"):
-        closed = 2 * a * (x * (1 - a) - 1 + a**x) / (x**2 * (1 - a) ** 2)
-    value = np.where(kappa == 0, (x - 1) / x, closed)
+    value = 2 * _lag_sum(x, kappa) / x**2  # q = 1 - a = kappa exactly (1 - (1 - kappa) loses kappa's low digits)
     return float(value) if value.ndim == 0 else value
+
+
+SERIES_BELOW = 0.5
+"""|1 - lam| x under which ``_lag_sum`` sums its binomial series instead of the closed form."""
+
+
+def _lag_sum(x: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """S(x, lam) = sum_{k=1}^{x-1} (x - k) lam^k at lam = 1 - q (complex q allowed), ``derive forgetting-variance``.
+
+    Closed form lam [x q - 1 + lam^x] / q^2 where |q| x > 1/2. Nearer lam = 1 it cancels: x q - 1 + lam^x is about
+    x^2 q^2 / 2, so its rounding error (~1e-16 x) over q^2 ruins it (psi(2, 1e-9) came out 0.5 instead of 1). There the
+    exact binomial expansion S = C(x + 1, 2) - x + sum_{m >= 1} (-q)^m C(x + 1, m + 2) (sum_k (x - k) C(k, m) =
+    C(x + 1, m + 2)) is summed: each term is at most |q| x / (m + 2) <= 1/(2 (m + 2)) times the previous one, so 20
+    terms leave < 1e-25 of the sum.
+    """
+    x, q = np.broadcast_arrays(np.asarray(x, dtype=float), np.asarray(q))
+    lam = 1 - q
+    near = np.abs(q) * x <= SERIES_BELOW
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        closed = lam * (x * q - 1 + lam**x) / q**2
+    term = x * (x + 1) / 2 * np.ones_like(q)  # C(x + 1, 2)
+    series = term - x
+    for m in range(1, 21):
+        term = term * (-q) * (x - m) / (m + 2)  # C(x + 1, m + 2) / C(x + 1, m + 1) = (x - m) / (m + 2)
+        series = series + term
+    return np.where(near, series, closed)
 
 
 def _geometric_lag_sum(x: np.ndarray, lam: np.ndarray) -> np.ndarray:
     """S(x, lam) = sum_{k=1}^{x-1} (x - k) lam^k = lam [x (1 - lam) - 1 + lam^x] / (1 - lam)^2 (complex lam allowed;
-    ``derive forgetting-variance`` sums it)."""
-    return lam * (x * (1 - lam) - 1 + lam**x) / (1 - lam) ** 2
+    ``derive forgetting-variance`` sums it; ``_lag_sum`` near lam = 1)."""
+    return _lag_sum(x, 1 - lam)
 
 
 def _momentum_modes(kappa: np.ndarray, optimizer: str, beta1: float) -> tuple[np.ndarray, np.ndarray]:
@@ -153,8 +184,9 @@ def _momentum_modes(kappa: np.ndarray, optimizer: str, beta1: float) -> tuple[np
 def psi(horizon: ArrayLike, kappa: ArrayLike, optimizer: str = "sgd", beta1: float = 0.9) -> np.ndarray | float:
     """psi(x) = 1/x + (2/x^2) sum_{k=1}^{x-1} (x - k) rho(k): the share of the FIFO's extra noise the optimizer keeps.
 
-    B V_eff = 1 + y psi - 1/N (``effective_variance``). In [1/x, 1]: 1/x when the optimizer forgets within a step,
-    1 when it remembers the whole horizon. ``horizon`` x = N / R (positive integers) and ``kappa`` broadcast. Momentum
+    B V_eff = 1 + y psi - 1/N (``effective_variance``). In [1/x, 1] (in [0, 1] for SGD's overshooting kappa in
+    (1, 2)): 1/x when the optimizer forgets within a step, 1 when it remembers the whole horizon. ``horizon``
+    x = N / R (positive integers) and ``kappa`` broadcast. Momentum
     and Adam: rho(k) = sum_j alpha_j lam_j^k over the eigenvalues of A, so the lag sum is ``_geometric_lag_sum`` per
     eigenvalue (``impulse_autocorrelation`` sums the lags one by one; the tests compare the two).
     """
@@ -396,10 +428,16 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
 
     if memory is None:
         p, kappa = np.ones_like(B), np.full_like(B, math.nan)
+    elif memory.pilot_batch is None:  # no step feedback: the measured kappa at every design (``Memory``)
+        kappa = np.full_like(B, memory.kappa)
+        p = np.where(on, 1.0, psi(x, kappa, memory.optimizer, memory.beta1))
     else:
         k_max, alpha = memory.kappa_max(b_noise), memory.alpha
-        low = k_max / (1 + noise(np.ones_like(B))) ** alpha  # at psi = 1 the step is smallest, the memory longest
-        lo, hi = np.log(low), np.full_like(B, math.log(k_max))
+        # Eq. 2.6 extrapolated to no noise can pass the stability limit along the noise (kappa_pilot = 0.2 at
+        # B_noise / B_pilot = 1e4 gives kappa_max = 2000); a tuned step stays below it, so kappa_d is capped there
+        top = min(k_max, stable_kappa(memory.optimizer, memory.beta1))
+        low = np.minimum(k_max / (1 + noise(np.ones_like(B))) ** alpha, top)  # psi = 1: smallest step, longest memory
+        lo, hi = np.log(low), np.full_like(B, math.log(top))
         solve = (~on) & (x > 1)  # psi(1) = 1 and on-policy has no replay noise: kappa = low there
         for _ in range(60 if solve.any() else 0):  # bisection in log kappa on kappa - kappa_max / (1 + noise)^alpha
             mid = 0.5 * (lo + hi)
@@ -511,8 +549,10 @@ def lag1_gradient_autocorrelation(kappa: float, optimizer: str = "sgd", beta1: f
     """corr(g_{t+1}, g_t) of successive minibatch gradients at stationarity along one direction, fresh noise each step.
 
     With g = h e + n (per unit eta: g~ = eta g = k e + eta n, k = eta h) and the state covariance P of the linear
-    system: corr = (k^2 (A P)[0, 0] + k b[0]) / (k^2 P[0, 0] + 1). SGD: exactly -kappa / 2. Momentum and Adam: the
-    momentum spreads a kick over ~1/(1 - beta1) steps, so the lag-1 correlation is ~(1 - beta1) times smaller.
+    system: corr = (k^2 (A P)[0, 0] + k b[0]) / (k^2 P[0, 0] + 1). SGD: exactly -kappa / 2. Momentum and Adam (the
+    same function of kappa): kappa [(2 beta1 - 1)(1 + beta1) - beta1 (1 - beta1) kappa] / (2 (1 + beta1 + beta1
+    kappa)) (``derive forgetting-variance``), about (beta1 - 1/2) kappa: POSITIVE for beta1 > 1/2, the momentum
+    carrying a kick on for ~1/(1 - beta1) steps.
     """
     _check_optimizer(optimizer, beta1)
     require_positive("kappa", kappa)
@@ -531,7 +571,8 @@ def lag1_gradient_autocorrelation(kappa: float, optimizer: str = "sgd", beta1: f
 
 def kappa_from_autocorrelation(corr: float, optimizer: str = "sgd", beta1: float = 0.9) -> float:
     """The kappa whose stationary lag-1 gradient autocorrelation is ``corr`` (``lag1_gradient_autocorrelation``
-    inverted; monotone in kappa on the stable range).
+    inverted on its rising branch: for momentum and Adam corr peaks, 0.42 near kappa = 4.2 at beta1 = 0.9, and the
+    smaller kappa is returned).
 
     SGD: kappa = -2 corr, so corr must be in (-1, 0). Momentum and Adam: corr is POSITIVE and grows with kappa (about
     0.4 kappa at beta1 = 0.9): the momentum carries a kick on for ~1/(1 - beta1) steps. Bias: early in a run and at

@@ -1349,7 +1349,8 @@ def _build_forgetting_variance() -> Derivation:
         symbols={"B": B, "R": R, "N": N, "sigma": sigma, "x": x, "k": k, "a": a, "eta": eta, "h": h, "y": y,
                  "s": s, "beta1": beta, "kappa": kappa},
         parts={"pair_sum": pair_closed, "C0": c0, "Ck": ck, "lag_sum": lag_closed, "lag_sum_at_1": lag_at_1,
-               "v_eff": v_eff, "R_v_eff": r_v, "B_v_eff": b_v, "phi": phi, "psi": psi, "variance": var_closed,
+               "v_eff": v_eff, "R_v_eff": sympy.expand(r_v), "B_v_eff": sympy.expand(b_v),  # expanded: no sigma
+               "phi": phi, "psi": psi, "variance": var_closed,
                "limit_a_1": lim_a1, "limit_a_0": lim_a0, "x_psi_limit": lim_x, "tau_sgd": tau_sgd,
                "small_kappa_slope": slope, "corr_sgd": corr_sgd, "corr_adam": corr_adam,
                "corr_adam_slope": corr_slope, "tau_adam": tau_adam, "det_A": det_a, "P_adam": P,
