@@ -319,8 +319,16 @@ def _theory_test_command(out, instance, loss, mu, seeds, quick, regime) -> str:
 
 
 def _number_list(text: str, flag: str, valid: str, kind=float) -> tuple:
+    """A comma-separated list of numbers. For a list of reals, two bare integers (``5,28``) are refused: in a
+    decimal-comma locale that is one number (5.28, the paper's mu), and reading it as two would run other settings
+    than the user meant without a word; the line says how to write either."""
+    parts = text.split(",")
+    if kind is float and len(parts) == 2 and all(re.fullmatch(r"\d+", part.strip()) for part in parts):
+        a, b = (part.strip() for part in parts)
+        raise UserError(f"{flag} {text} is ambiguous: the two values {a} and {b}, or {a}.{b} with a decimal comma? "
+                        f"Write {a}.{b} for one value (the decimal separator is a point), or {a}.0,{b} for two")
     try:
-        values = tuple(kind(part) for part in text.split(","))
+        values = tuple(kind(part) for part in parts)
     except ValueError:
         raise UserError(f"{flag} must be {valid}, got {text!r}") from None
     return values

@@ -246,7 +246,7 @@ def read_grad_norms(path: str | Path) -> dict[str, np.ndarray]:
         raise ConfigError("grad_norms", f"{path} must be JSON lines (.jsonl) or CSV (.csv) with the columns "
                                         f"{', '.join(GRAD_NORM_COLUMNS)}")
     rows: list[dict] = []
-    with open(path, newline="") as fh:
+    with open(path, newline="", encoding="utf-8-sig") as fh:  # a byte-order mark, as logs may have
         if fmt == "csv":
             rows = list(csv.DictReader(fh))
         else:

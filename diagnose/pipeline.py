@@ -280,6 +280,16 @@ def _relations(moments: Moments, group: int = 0) -> list[dict]:
             for r in moments_relations(moments, group)]
 
 
+def sample_note(n_tokens: int, n_sequences: int) -> str | None:
+    """The report's warning when it rests on one sequence: nothing then varies between sequences, so every statistic,
+    quantile, bound and by-age row describes that sequence and estimates nothing about the run; None otherwise."""
+    if n_sequences >= 2:
+        return None
+    return (f"one sequence ({n_tokens:,} token{'s' if n_tokens != 1 else ''}): every statistic below describes this "
+            "sequence alone, not the run (nothing varies between sequences to estimate a spread from); log more "
+            "rollouts")
+
+
 def _age_buckets(ages: np.ndarray, counts: np.ndarray, max_buckets: int) -> tuple[np.ndarray, int]:
     """Label each exact age value with a bucket: one per age if few, else equal-token buckets."""
     order = np.argsort(ages)
@@ -422,6 +432,7 @@ def diagnose(config: DiagnoseConfig, progress: Optional[Callable[[int, int], Non
     n_good = int(state.seq_moments.n[0])
     seq_moments = state.seq_moments if n_good else None
     report["n_sequences"] = state.n_sequences
+    report["sample_note"] = sample_note(report["n_tokens"], state.n_sequences)
     sequence = {"n_sequences": n_good, "mean_length": state.seq_tokens / n_good if n_good else None}
     if seq_moments is not None:
         stats = _group_stats(seq_moments, 0)

@@ -213,7 +213,33 @@ class LogReader:
             return f"line {line} is not JSON ({getattr(err, 'msg', err)}, column {getattr(err, 'colno', '?')})"
         return f"{text[:found.start()].rstrip()} on line {line}{text[found.end():]}"
 
+    def _check_ages(self, batch) -> None:
+        """Ages count optimizer steps (s = t - v): a fractional one means another unit (epochs, seconds) or another
+        column, which would make a by-age bucket of its own (diagnose) or a staleness the profile cannot place
+        (calibrate). Refused, with the column and its file row, whatever --skip-invalid says: no row is wrong, the
+        column is."""
+        if "age" not in self.used:
+            return
+        import pyarrow.compute as pc
+
+        name = self.used["age"]
+        col = batch.column(name)
+        listed = _is_list_type(col.type)
+        kind = col.type.value_type if listed else col.type
+        if not self._pa.types.is_floating(kind) and not self._pa.types.is_decimal(kind):
+            return  # integers (or strings, refused as numbers later): whole by construction
+        values = np.asarray(to_numpy(pc.list_flatten(col) if listed else col), dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            fractional = np.isfinite(values) & (values != np.floor(values))
+        if fractional.any():
+            i = int(np.argmax(fractional))
+            row = int(np.asarray(to_numpy(pc.list_parent_indices(col)))[i]) if listed else i
+            raise ValueError(f"row {self.rows_done + row} of {self.path.name}: column {name!r} (the age) holds "
+                             f"{values[i]:g}, not a whole number of steps; ages count optimizer steps (s = t - v): "
+                             "convert the column, or map another with --columns age=NAME")
+
     def _long(self, batch) -> TokenChunk:
+        self._check_ages(batch)
         seq = self._encode(self._ids(batch.column(self.used["seq_id"])))
         seq, arrays = _drop_masked(seq, {f: np.asarray(to_numpy(batch.column(self.used[f])), dtype=np.float64)
                                          if f in self.used else None for f in _READ_FIELDS})
@@ -221,6 +247,8 @@ class LogReader:
 
     def _wide(self, batch) -> TokenChunk:
         import pyarrow.compute as pc
+
+        self._check_ages(batch)
 
         def lengths(name: str) -> np.ndarray:
             return np.asarray(to_numpy(pc.list_value_length(batch.column(name))), dtype=np.float64)  # null -> NaN

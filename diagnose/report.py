@@ -38,7 +38,7 @@ def _fmt(x, digits: int = 4) -> str:
 def load_report(path: str | os.PathLike) -> dict:
     """A report saved by ``replay-theory diagnose LOG --save PATH``; one-line :class:`ConfigError` otherwise."""
     try:
-        report = json.loads(Path(path).read_text())
+        report = json.loads(Path(path).read_text(encoding="utf-8-sig"))  # a byte-order mark is accepted
     except OSError as err:
         raise ConfigError("report", f"{path} cannot be read: {err.strerror}") from None
     except UnicodeDecodeError:
@@ -66,6 +66,8 @@ def render(report: dict) -> str:
     out = [f"replay-theory diagnose: {report['file']} ({report['format']}, {report['layout']} layout, "
            f"preset {report['preset']})",
            f"  {report['n_tokens']:,} tokens in {report['n_sequences']:,} sequences; r = pi_current / pi_behav"]
+    if report.get("sample_note"):
+        out.append(f"  WARNING: {report['sample_note']}")
     skipped = {k: v for k, v in (report.get("skipped") or {}).items() if v}
     out += ["  skipped: " + (", ".join(f"{k} {v:,}" for k, v in skipped.items()) if skipped else "none"), ""]
     out += _table(["statistic", "token", "sequence"],

@@ -11,6 +11,7 @@ line checks a design (``trl-replay``) without importing torch; the buffer itself
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -144,6 +145,7 @@ class ReplayConfig:
         fields (``loss``, ``eps_high``, ...).
         """
         data = dict(_load_json(source))
+        _check_design(data)
         if "capacity" not in data and "buffer_size" in data:  # optimal --json before capacity was its name for N
             data["capacity"] = data["buffer_size"]
         notes: list[str] = []
@@ -169,7 +171,7 @@ class ReplayConfig:
         if missing:
             raise ValueError(f"the optimal --json output has no {', '.join(missing)}: run `replay-theory optimal` "
                              "with -R (rollouts per step) or -B (batch size) to get an integer design")
-        n, b, r = int(data["capacity"]), int(data["batch_size"]), int(data["rollouts_per_step"])
+        n, b, r = (int(data[k]) for k in ("capacity", "batch_size", "rollouts_per_step"))  # whole (_check_design)
         if group_size is not None:
             _positive_int("group_size", group_size)
             if r % group_size:
@@ -182,12 +184,42 @@ class ReplayConfig:
         return cls(capacity=n, batch_size=b, rollouts_per_step=r, notes=tuple(notes), **overrides)
 
 
+#: The fields of ``optimal --json`` a design is read from, by kind: sizes are whole numbers >= 1, the rule's inputs
+#: finite and > 0, each null where optimal leaves it out.
+_DESIGN_SIZES = ("capacity", "buffer_size", "batch_size", "rollouts_per_step")
+_DESIGN_POSITIVE = ("b_noise", "mu")
+_OBJECTIVES = ("noise-scale", "paper")
+
+
+def _check_design(data: Mapping[str, Any]) -> None:
+    """Every field the design is read from, checked before any is used (a hand-edited or damaged file gives one
+    line naming the field, not a run of N = -50)."""
+    from ..theory.design import CONVENTIONS
+
+    for key in _DESIGN_SIZES:
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value != int(value) or value < 1):
+            raise ValueError(f"{key} must be a whole number >= 1 (or null), got {value!r}")
+    for key in _DESIGN_POSITIVE:
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise ValueError(f"{key} must be a finite number > 0 (or null), got {value!r}")
+    if data.get("objective") is not None and data["objective"] not in _OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(_OBJECTIVES)}, got {data['objective']!r}")
+    if data.get("convention") is not None and data["convention"] not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {data['convention']!r}")
+    if data.get("objective") == "noise-scale" and data.get("batch_size") is not None and data.get("mu") is None:
+        raise ValueError("mu is missing: the noise-scale design needs the mu it was priced at")
+
+
 def _load_json(source: str | Path | Mapping[str, Any]) -> Mapping[str, Any]:
     if isinstance(source, Mapping):
         return source
     text = str(source)
     if isinstance(source, Path) or not text.lstrip().startswith("{"):
-        text = Path(source).read_text()
+        text = Path(source).read_text(encoding="utf-8-sig")  # a byte-order mark is no reason to refuse a file
     data = json.loads(text)
     if not isinstance(data, dict):
         raise ValueError("the optimal --json output must be one JSON object")

@@ -99,7 +99,7 @@ VERSION_KEY = "replay_theory_version"
 def load_spec(path: str | Path) -> dict:
     path = Path(path)
     try:
-        spec = json.loads(path.read_text())
+        spec = json.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark is no reason to refuse
     except OSError as err:
         raise ValueError(f"sweep spec {str(path)!r} cannot be read: {err.strerror or err}") from None
     except json.JSONDecodeError as err:

@@ -419,7 +419,7 @@ def load_profile(path: str | Path) -> LoadedProfile:
     """Read a JSON or CSV profile file; any problem is a one-line ``ValueError``."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (some editors add one) is accepted
     except OSError as err:
         raise ValueError(f"profile file {str(path)!r} cannot be read: {err.strerror or err}") from None
     if path.suffix.lower() == ".csv":
