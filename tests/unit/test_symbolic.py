@@ -451,3 +451,69 @@ def test_thm51_bound_on_categorical_pairs():
     assert bounds.m2po_sharp(log_r, q).ok
     assert bounds.m2_converse(log_r, q).ok
     np.testing.assert_allclose(bounds.m2po_sharp(log_r, q).rhs, np.maximum(1, sup_r) ** 2 * m2, rtol=1e-9)
+
+
+# --------------------------------------------------------------------------- forgetting (theory/forgetting.py)
+
+
+def test_forgetting_variance_closed_forms():
+    """The sympy sums against direct evaluation: psi(x, a) at integer x equals the lag sum written out, the (1 - a^2)
+    factor is the geometric sum of the unrolled pairs, and the printed limits and values hold."""
+    d = derive("forgetting-variance")
+    a, x, k = (d.symbols[n] for n in ("a", "x", "k"))
+    half = sympy.Rational(1, 2)
+    for xv in (1, 2, 3, 6):
+        written_out = 1 / sympy.Integer(xv) + 2 * sum((xv - j) * a**j for j in range(1, xv)) / sympy.Integer(xv) ** 2
+        assert sympy.simplify(d.parts["psi"].subs(x, xv) - written_out) == 0
+    # sum_l a^(2l + k) = a^k / (1 - a^2): at a = 1/2, k = 3 against a long partial sum
+    partial = sum(half ** (2 * j + 3) for j in range(200))
+    assert float(d.parts["pair_sum"].subs({a: half, k: 3})) == pytest.approx(float(partial), rel=1e-15)
+    assert d.parts["lag_sum_at_1"] == x * (x - 1) / 2
+    assert d.parts["corr_sgd"] == -d.symbols["kappa"] / 2
+    beta = d.symbols["beta1"]
+    assert sympy.simplify(d.parts["tau_adam"].subs(beta, 0) - d.parts["tau_sgd"].subs(a, 1 - d.symbols["kappa"])) == 0
+    assert sympy.simplify(d.parts["corr_adam"].subs(beta, 0) - d.parts["corr_sgd"]) == 0
+    sgd = [(str(kv), str(v)) for kv, v in d.parts["psi16_sgd"]]  # 4 significant digits, as printed
+    assert sgd == [("1", "0.06250"), ("1/2", "0.1719"), ("1/10", "0.6147"), ("1/100", "0.9487")]
+    assert [str(v) for _, v in d.parts["psi16_adam"]] == ["0.1897", "0.4278", "0.8460", "0.9835"]
+
+
+def test_forgetting_rule_reduces_to_the_noise_scale_rule_at_psi_one():
+    rule, old = derive("forgetting-rule"), derive("noise-scale-rule")
+    psi, b, mu = (rule.symbols[n] for n in ("psi", "b", "mu"))
+    assert sympy.simplify(rule.parts["y_star"].subs(psi, 1) - old.parts["y_star"]) == 0
+    assert sympy.simplify(rule.parts["min_cost"].subs(psi, 1) - old.parts["min_cost"]) == 0
+    assert sympy.simplify(rule.parts["cost_replay"].subs(psi, 1) - old.parts["cost_replay"]) == 0
+    # psi_c = 1 exactly at today's threshold b_c = (sympy.sqrt(1 + mu) - 1)/2
+    at_bc = rule.parts["psi_threshold"].subs(b, old.parts["threshold"])
+    assert sympy.simplify(sympy.radsimp(at_bc) - 1) == 0
+    assert rule.parts["psi_threshold_large_b"] == mu / (1 + sympy.sqrt(1 + mu)) ** 2
+    table = [(str(bb), str(v)) for bb, v in rule.parts["table_mu_5_28"]]
+    assert table[3] == ("1", "0.8591") and table[5] == ("37", "0.4412")
+    second = rule.steps[6].description
+    assert second.startswith("Second derivative") and "is_positive = True" in second
+
+
+def test_free_batch_values_at_mu_5_28():
+    d = derive("free-batch")
+    mu = sympy.Rational(132, 25)
+    assert sympy.simplify(d.parts["y_loose_mu_5_28"] - (1 + sympy.sqrt(1 + mu))) == 0
+    assert float(d.parts["loose_value_mu_5_28"]) == pytest.approx(0.42954817529, abs=1e-11)
+    assert float(d.parts["horizon_mu_5_28"]) == pytest.approx(2.32802758, abs=1e-8)
+    B, R, N, b_noise = (d.symbols[n] for n in ("B", "R", "N", "B_noise"))
+    assert sympy.simplify(d.parts["more_steps"] - b_noise / B) == 0
+    assert sympy.simplify(d.parts["more_steps_exact"] - b_noise * (N - 1) / (B * N)) == 0
+
+
+@pytest.mark.parametrize("name,last", [
+    ("forgetting-variance", "psi = "), ("forgetting-rule", "y_* = "), ("free-batch", "psi_eq = ")])
+def test_derive_prints_the_forgetting_derivations(cli, name, last):
+    code, out, err = cli("derive", name)
+    assert code == 0 and not err
+    assert out.startswith(f"{name}: {derive(name).title}")
+    result = out.split("Result:")[1]
+    assert last in result
+    if name == "free-batch":
+        assert "(y_l = 3.50599, psi_eq = 0.429548, x_min = 2.32803)" in out
+    if name == "forgetting-variance":
+        assert "corr_SGD = " in out and "-kappa" in out
