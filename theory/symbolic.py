@@ -45,7 +45,8 @@ Papers (docs/REFERENCES.md):
 |                         | 1 + y psi - 1/N, psi = 1/x + phi(x, a) closed form, limits a -> 0, 1, x -> oo;  |
 |                         | lag-1 gradient autocorrelation -kappa/2 (SGD), (beta1 - 1/2) kappa (Adam)       |
 | ``forgetting-rule``     | cost (1 + b + b y psi)(1 + mu/y), y* = sqrt(mu (1+b)/(b psi)), replay pays iff  |
-|                         | 4 b psi (1+b) < mu (1 + b - b psi)^2, i.e. psi < (1 + 1/b) mu/(1+sqrt(1+mu))^2  |
+|                         | 4 b psi (1+b) < mu (1 + b - b psi)^2, i.e. psi < (1 + 1/b) mu/(1+sqrt(1+mu))^2; |
+|                         | staleness r(s) = 1 + c s gives the horizon x* = sqrt(tau y (2 - c)/c)           |
 | ``free-batch``          | psi = 1: on-policy at B' = R beats replay at (R, B); equal-steps condition      |
 |                         | psi < mu (y-1)/(y (mu+y)), loosest mu/(1+sqrt(1+mu))^2 = 0.4295 at mu = 5.28    |
 
@@ -1384,6 +1385,17 @@ def _build_forgetting_rule() -> Derivation:
     noise_rule = _build_noise_scale_rule()
     table = sympy.Tuple(*(sympy.Tuple(bb, sympy.N(psi_threshold.subs({b: bb, mu: MU_QWEN}), 4))
                           for bb in (Rational(1, 10), Rational(1, 4), Rational(1, 2), 1, 4, 37)))
+    # the horizon: staleness r(s) = 1 + c s by age, psi ~ tau / x at long horizons
+    c, x, tau = _positive("c", "x", "tau")
+    age, x_int = sympy.Symbol("s", integer=True, nonnegative=True), sympy.Symbol("x", integer=True, positive=True)
+    m_fn, x_star_sym = sympy.Function("m")(x), sympy.Symbol("x_*")
+    m_x = sympy.simplify(sympy.summation(1 + c * age, (age, 0, x_int - 1)) / x_int).subs(x_int, x)
+    noise_x = (1 + y * tau / x) * m_x
+    x_roots = sympy.solve(Eq(sympy.diff(noise_x, x), 0), x)
+    x_star = sqrt(tau * y * (2 - c) / c)
+    x_root, _ = _root_equal_to(x_roots, x_star, "horizon")
+    d2_x = sympy.simplify(sympy.diff(noise_x, x, 2).subs(x, x_star))
+    x_flat = sympy.limit(x_star, c, 0, "+")
     steps = (
         Step("Steps to a target (McCandlish et al. 2018, Eq. 2.7) with the noise the optimizer keeps, "
              "B V_eff = 1 + y psi(x, kappa) - 1/N (derive forgetting-variance), the -1/N dropped",
@@ -1418,18 +1430,33 @@ def _build_forgetting_rule() -> Derivation:
                          _identity(min_cost.subs(psi, 1), noise_rule.parts["min_cost"]))),
         Step("psi_c at mu = 5.28 = 132/25 (sympy.N): (b, psi_c) for b = 1/10, 1/4, 1/2, 1, 4, 37; psi <= 1 "
              "always, so replay pays whatever the memory where psi_c >= 1", Eq(sympy.Symbol("(b, psi_c)"), table)),
+        Step("The horizon. (argued, an approximation) A stored sample of age s is r(s) = sigma^2(s)/sigma^2(0) times "
+             "as noisy (IS: 1 + chi^2(s)); a FIFO of x steps holds the ages 0 .. x - 1 alike, so every term of "
+             "V_eff is scaled by their mean m(x); for r(s) = 1 + c s (sympy.summation)", Eq(m_fn, m_x)),
+        Step("(argued) At horizons long against the memory, psi ~ tau/x with tau = lim x psi ((2 - kappa)/kappa for "
+             "SGD, 2/kappa - (1 - beta1)/(1 + beta1) for Adam; derive forgetting-variance), so the design's noise "
+             "per b is (1 + y tau/x) m(x)", Eq(sympy.Symbol("B V_eff m / sigma^2"), noise_x)),
+        Step(f"d/dx = 0 (sympy.solve, {len(x_roots)} positive solution)", Eq(x_star_sym, x_root)),
+        Step("It minus sqrt(tau y (2 - c)/c) simplifies to 0: x* ~ sqrt(2 tau y / c) when c is small",
+             _identity(x_root, x_star)),
+        Step("The second derivative at x* (sympy.simplify): positive for 0 < c < 2 (argued from its form), a minimum",
+             Eq(sympy.Symbol("d2/dx2 at x_*"), d2_x)),
+        Step("As c -> 0 (flat staleness, sympy.limit) the horizon runs off: x* is finite only when r(s) grows",
+             Eq(sympy.Limit(x_star_sym, c, 0, "+"), x_flat)),
     )
     return Derivation(
         name="forgetting-rule",
-        title="The forgetting-aware rule at fixed B: optimal replay ratio, cost and when replay pays",
+        title="The forgetting-aware rule at fixed B: optimal replay ratio, cost, when replay pays, the horizon",
         source="McCandlish et al. 2018 (arXiv 1812.06162), Eq. 2.7; V_eff from derive forgetting-variance",
         steps=steps,
         result=Eq(y_star_sym, y_star),
-        symbols={"S_min": s_min, "B_noise": b_noise, "B": B, "R": R, "mu": mu, "b": b, "y": y, "psi": psi},
+        symbols={"S_min": s_min, "B_noise": b_noise, "B": B, "R": R, "mu": mu, "b": b, "y": y, "psi": psi, "c": c,
+                 "x": x, "tau": tau},
         parts={"cost": cost, "cost_replay": cost_by, "cost_on_policy": cost_on, "dcost_dy": d_cost,
                "y_star": y_star, "second_derivative": d2, "min_cost": min_cost, "gap": gap,
                "psi_threshold": psi_threshold, "psi_threshold_large_b": big_b, "other_roots": sympy.Tuple(*other_roots),
-               "table_mu_5_28": table},
+               "table_mu_5_28": table, "staleness_mean": m_x, "horizon_noise": noise_x, "x_star": x_star,
+               "x_star_flat": x_flat},
     )
 
 

@@ -688,3 +688,26 @@ def test_expected_loss_start_up_and_shapes():
         expected_loss(ENV, [0.5], 10, 4, 8, 5, on_policy=False)
     with pytest.raises(ValueError, match=r"^on-policy needs capacity N = rollouts R = batch B"):
         expected_loss(ENV, [0.5], 8, 4, 8, 5, on_policy=True)
+
+
+def test_the_horizon_that_minimises_noise_times_staleness():
+    """derive forgetting-rule: with r(s) = 1 + c s, m(x) = 1 + c (x - 1)/2 and, at horizons long against the memory
+    (psi ~ tau/x), the noise (1 + y tau/x) m(x) is least at x* = sqrt(tau y (2 - c)/c). SGD at kappa = 1 forgets
+    within a step (psi = 1/x exactly, tau = 1): ``predict``'s integer argmin is x* to rounding; at kappa = 0.5
+    (tau = 3) the neglected O(1/x^2) of psi moves it by < 5%. Flat staleness: no interior minimum in x."""
+    d = derive("forgetting-rule")
+    x_star = _fn(d.parts["x_star"], d, "tau", "y", "c")
+    m_x = _fn(d.parts["staleness_mean"], d, "c", "x")
+    xs = np.arange(1, 400)
+    for kappa, c, tol in ((1.0, 0.002, 0.5), (1.0, 0.02, 0.5), (0.5, 0.01, 0.05 * 49)):
+        staleness = fg.Staleness((0.0, 1.0), (1.0, 1.0 + c))  # extrapolated by its slope: r(s) = 1 + c s
+        assert [staleness.mean(int(x)) for x in (1, 7, 40)] == pytest.approx([m_x(c, x) for x in (1, 7, 40)],
+                                                                              rel=RTOL)
+        preds = fg.predict_many([fg.Design(64, 16, 16 * int(x)) for x in xs], 100.0, MU_QWEN, fg.Memory(kappa),
+                                staleness)
+        best = xs[np.argmin([p.steps for p in preds])]
+        want = x_star((2 - kappa) / kappa, 4.0, c)
+        assert abs(best - want) <= tol, (kappa, c, best, want)
+    flat = fg.predict_many([fg.Design(64, 16, 16 * int(x)) for x in xs], 100.0, MU_QWEN, fg.Memory(0.5))
+    assert np.all(np.diff([p.steps for p in flat]) < 0)  # psi falls with x: the longest horizon wins
+    assert d.parts["x_star_flat"] == sympy.oo
