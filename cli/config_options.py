@@ -22,6 +22,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import re
 import types
 import typing
 from typing import Annotated, Any, Callable, Optional
@@ -35,17 +36,59 @@ CONTEXT = "cli_context"
 """Name of the typer.Context parameter added to every wrapped command (to tell typed values from defaults)."""
 NO_PREFIX = "no__"
 """Parameter-name prefix of the ``--no-FIELD`` flags (double underscore: cannot clash with a field)."""
+OPTIONS_DOC = "docs/OPTIONS.md"
+"""Where the options built here are printed in full (cli/options_doc.py writes it from the same docstrings)."""
 CHOICES = "choices"
 """Field-metadata key of a registry name field: the key ``core.designs.CHOICES`` names (not imported: the command
 modules load before numpy)."""
 
 
 def field_help(field: dataclasses.Field, doc: str) -> str:
-    """A field's option help: its docstring, then the registry's choices with their one-line help, if it has any."""
+    """A field's full text: its docstring, then the registry's choices with their one-line help, if it has any
+    (docs/OPTIONS.md prints it; ``--help`` prints :func:`option_help`)."""
     listed = field.metadata.get(CHOICES)
     if listed is None:
         return doc
     return f"{doc} One of: " + "; ".join(f"{name}: {text}" for name, text in listed().items()) + "."
+
+
+#: Words that end in a point inside a sentence (paper references, Latin): not a sentence end.
+_ABBREVIATIONS = ("Sec", "Secs", "Eq", "Eqs", "App", "Thm", "Alg", "Fig", "Tab", "e.g", "i.e", "cf", "vs", "al",
+                  "resp", "approx")
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of ``text``: up to the first ". " outside parentheses that does not end an abbreviation
+    (``Sec. 3``, ``e.g.``); the whole text if there is none."""
+    depth = 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(char, 0)
+        if char == "." and depth <= 0 and (i + 1 == len(text) or text[i + 1] == " "):
+            word = text[:i].rsplit(" ", 1)[-1].lstrip("(")
+            if word not in _ABBREVIATIONS and not word.replace(".", "").isdigit() and word.strip("."):  # "...": on
+                return text[:i + 1]
+    return text
+
+
+def _without_asides(text: str) -> str:
+    """``text`` without its parenthesised asides (round brackets; an interval's ``[0, 1)`` is kept)."""
+    out, depth = [], 0
+    for i, char in enumerate(text):
+        if char == "(" and (depth or i == 0 or text[i - 1] == " "):  # an aside opens after a space, not "[0, 1)"
+            depth += 1
+        elif char == ")" and depth:
+            depth -= 1
+        elif not depth:
+            out.append(char)
+    return re.sub(r"\s+([.,:;])(?=\s|$)", r"\1", " ".join("".join(out).split()))  # "word (aside)." -> "word."
+
+
+def option_help(field: dataclasses.Field, doc: str) -> str:
+    """A field's ``--help`` entry: the docstring's first sentence without its asides, and a registry field's choice
+    names; each choice's help and the whole docstring are in docs/OPTIONS.md, so ``--help`` stays a short list."""
+    short = _without_asides(first_sentence(doc))
+    listed = field.metadata.get(CHOICES)
+    return short if listed is None else f"{short} One of: {', '.join(listed())}."
 
 
 def parse_bool(value: Any) -> bool:
@@ -125,7 +168,7 @@ def dataclass_parameters(cls: type, aliases: Optional[dict[str, tuple[str, ...]]
         else:
             default = ...  # required
         names = (option_name(field.name), *aliases.get(field.name, ()))
-        help_text = field_help(field, docs.get(field.name, ""))
+        help_text = option_help(field, docs.get(field.name, ""))
         if kind is bool:
             # value-taking (see the module docstring); str annotation so typer does not force a flag
             option = typer.Option(*names, help=help_text + f" ({option_name('no_' + field.name)}: false)",
@@ -180,6 +223,8 @@ def with_dataclass_options(cls: type, aliases: Optional[dict[str, tuple[str, ...
                 fields[name] = value
             return func(fields, **kwargs)
 
+        # the full text of every option (the field docstrings) is one file away; --help gives each one line
+        command.__doc__ = inspect.cleandoc(func.__doc__ or "") + f"\n\nEvery option in full: {OPTIONS_DOC}."
         context = inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
         signature = own + field_params + [context]
         command.__signature__ = inspect.Signature(signature)  # type: ignore[attr-defined]

@@ -188,7 +188,6 @@ class ReplayConfig:
 #: finite and > 0, each null where optimal leaves it out.
 _DESIGN_SIZES = ("capacity", "buffer_size", "batch_size", "rollouts_per_step")
 _DESIGN_POSITIVE = ("b_noise", "mu")
-_OBJECTIVES = ("noise-scale", "paper")
 
 
 def _check_design(data: Mapping[str, Any]) -> None:
@@ -206,8 +205,6 @@ def _check_design(data: Mapping[str, Any]) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not math.isfinite(value) or value <= 0):
             raise ValueError(f"{key} must be a finite number > 0 (or null), got {value!r}")
-    if data.get("objective") is not None and data["objective"] not in _OBJECTIVES:
-        raise ValueError(f"objective must be one of {', '.join(_OBJECTIVES)}, got {data['objective']!r}")
     if data.get("convention") is not None and data["convention"] not in CONVENTIONS:
         raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {data['convention']!r}")
     if data.get("objective") == "noise-scale" and data.get("batch_size") is not None and data.get("mu") is None:

@@ -12,7 +12,7 @@ What it runs, in order, every value checked first (one-line errors, nothing writ
    as ``validate``) and warm-starts it by SFT on solved problems, so the reward has a signal to climb; a
    checkpoint path (``--model ./Qwen2.5-0.5B-Instruct``) is loaded as it is, with its own tokenizer;
 2. TRL's real ``GRPOTrainer`` loop through :class:`~replay_theory.integrations.trl.ReplayGRPOTrainer`, N, B, R
-   from ``--design`` (``replay-theory optimal ... -R R --json`` saved to a file) or by hand, the buffer design and
+   from ``--design`` (``replay-theory optimal ... -B B --json`` saved to a file) or by hand, the buffer design and
    loss from the shared registry;
 3. the diagnose log ``DIR/rollouts.parquet`` (``replay-theory diagnose DIR/rollouts.parquet --preset trl``,
    ``replay-theory calibrate --from-log DIR/rollouts.parquet``) and ``DIR/run.json`` (config, code version,
@@ -102,7 +102,7 @@ class TrlRunConfig:
     """The replay run of ``replay-theory trl-replay``: design, model, task and training sizes."""
 
     design: Optional[str] = None
-    """`replay-theory optimal ... -R R --json` saved to a file: N, B, R from it (N rounded to whole groups)."""
+    """`replay-theory optimal ... -B B --json` saved to a file: N, B, R from it (R and N rounded to whole groups)."""
     capacity: Optional[int] = None
     """N: buffer size in completions, by hand; with --batch-size and --rollouts-per-step instead of --design."""
     batch_size: Optional[int] = None
@@ -147,7 +147,7 @@ class TrlRunConfig:
             raise ValueError("--design and --capacity/--batch-size/--rollouts-per-step exclude each other: "
                              "give one")
         if self.design is None and any(v is None for v in by_hand):
-            raise ValueError("give --design FILE (replay-theory optimal ... -R R --json > FILE) or all of "
+            raise ValueError("give --design FILE (replay-theory optimal ... -B B --json > FILE) or all of "
                              "--capacity, --batch-size, --rollouts-per-step")
         if self.design is not None and not Path(self.design).is_file():
             raise ValueError(f"--design {self.design} is not a file")

@@ -78,7 +78,6 @@ def test_a_fractional_age_in_a_wide_log_names_its_row(tmp_path, error_line):
     ("capacity", "64", "capacity must be a whole number >= 1 (or null), got '64'"),
     ("b_noise", -3.0, "b_noise must be a finite number > 0 (or null), got -3.0"),
     ("mu", 0, "mu must be a finite number > 0 (or null), got 0"),
-    ("objective", "fast", "objective must be one of noise-scale, paper, got 'fast'"),
     ("convention", "mine", "convention must be one of rollout-cost, paper-sec3, got 'mine'"),
 ])
 def test_a_design_file_is_checked_field_by_field_before_any_work(cli, error_line, tmp_path, field, value, message):

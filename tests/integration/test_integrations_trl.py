@@ -821,7 +821,7 @@ def test_diagnose_log_writer_appends_new_files_only(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--capacity", "16"], "give --design FILE (replay-theory optimal ... -R R --json > FILE) or all of "
+    (["--capacity", "16"], "give --design FILE (replay-theory optimal ... -B B --json > FILE) or all of "
                               "--capacity, --batch-size, --rollouts-per-step"),
     (["--capacity", "8", "--batch-size", "8", "--rollouts-per-step", "16"],
      "--capacity must be >= --rollouts-per-step = 16 (the fresh rollouts must fit), got 8"),

@@ -347,3 +347,9 @@ def test_another_command_does_not_continue_an_unfinished_run(error_line, tmp_pat
     assert error_line("trl-replay", "--out", str(out), *BY_HAND) == (
         f"--out {out} holds a finished run (run.json); results are never overwritten: choose a new --out")
     assert sorted(p.name for p in out.rglob("*")) == before + ["run.json"]
+
+
+def test_design_help_names_the_batch_size_as_the_readme_does(cli):
+    # the design file comes from `optimal ... -B B --json` (the noise-scale rule fixes B); -R was the paper rule's
+    code, out, _ = cli("trl-replay", "--help")
+    assert code == 0 and "optimal ... -B B --json" in " ".join(out.split()) and "-R R" not in out

@@ -75,15 +75,38 @@ def test_parse_bool_accepts_clicks_boolean_words(word, value):
     assert parse_bool(word) is value
 
 
-def test_simulate_help_is_the_field_docstring_for_every_field():
+def test_simulate_help_is_the_first_sentence_of_every_field_docstring():
+    # issue 32: --help gives each option one short entry; the whole docstring is in docs/OPTIONS.md
+    from replay_theory.cli.config_options import first_sentence, option_help
+
     app = typer.Typer()
     simulate_cmds.register(app)
-    params = {p.name: p for p in typer.main.get_command(app).commands["simulate"].params}
+    command = typer.main.get_command(app).commands["simulate"]
+    params = {p.name: p for p in command.params}
     docs = field_docs(SimConfig)
     for field in dataclasses.fields(SimConfig):
-        assert params[field.name].help.startswith(docs[field.name]), field.name
+        assert params[field.name].help.startswith(option_help(field, docs[field.name])), field.name
     assert params["batch_size"].opts == ["--batch-size", "--batch"]
     assert params["per_tau"].default == float("inf")
+    assert params["buffer"].help == ("Buffer design. One of: on-policy, fifo, positive-bias, prioritized, "
+                                     "group-replay, exgrpo, stale-k.")
+    assert params["advantage"].help == "grpo, group-mean, leave-one-out or auto."  # the asides are in the doc
+    assert params["delta"].help == ("Positive-bias buffer: share of the N slots kept for the freshest correct "
+                                    "rollouts, in [0, 1).")  # an interval's bracket is no aside
+    assert first_sentence("Sample with replacement (Sec. 3 theory) or not. More.") == \
+        "Sample with replacement (Sec. 3 theory) or not."
+    assert first_sentence("FreshPER Alg. 1: K updates. Then more.") == "FreshPER Alg. 1: K updates."
+    assert first_sentence("`optimal ... -B B --json` saved. More.") == "`optimal ... -B B --json` saved."
+    assert command.help.endswith("Every option in full: docs/OPTIONS.md.")
+
+
+def test_options_doc_is_the_field_docstrings_in_full(repo_root):
+    # docs/OPTIONS.md is written from the docstrings --help shortens: regenerate it when a field changes
+    from replay_theory.cli.options_doc import options_markdown
+
+    text = (repo_root / "docs" / "OPTIONS.md").read_text(encoding="utf-8")
+    assert text == options_markdown(), "run: python -m replay_theory.cli.options_doc > docs/OPTIONS.md"
+    assert "| `--buffer` | `'fifo'` | Buffer design. One of: on-policy: no buffer, each rollout trained once" in text
 
 
 def test_simulate_runs_from_its_own_module(tmp_path):
