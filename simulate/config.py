@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from .. import __version__
 from ..core.designs import DesignConfig
 from ..core.pipeline import PipelineSettings
+from .envs import ENV_NAMES
 
-ENVS = ("bandit", "token-mdp")
+ENVS = ENV_NAMES  # the registry's engine environments (simulate/envs/__init__.py)
 PIPELINES = ("sync", "async")
 
 

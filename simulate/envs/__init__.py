@@ -1,33 +1,55 @@
-"""Environments of the replay simulator: verifiable-reward tasks with log-linear policies.
+"""Environments of the replay simulator, in one registry (shaped like ``core.designs.BUFFER_DESIGNS``).
 
-Both implement ``core.rollouts.Environment`` (seed axis first, everything
-vectorised over seeds, randomness only through an explicit ``rng``):
+Each entry names a config dataclass (every random draw of an instance comes from its ``instance_seed``) and the class
+it builds. Rollout environments implement ``core.rollouts.Environment`` (seed axis first, vectorised over seeds,
+randomness only through an explicit ``rng``) and run in the engine (``simulate``, sweeps) and in the benchmark; the
+noisy quadratic has no rollouts (a sample is a noise vector) and runs only where an exact expected loss is wanted
+(``experiment theory-test``, through ``simulate/to_target.py``). All of them expose ``init_params``, ``evaluate``
+(exact expected reward) and ``exact_grad`` (its exact gradient) to the target-based benchmark.
 
-| name          | class                         | models                                                        |
-|---------------|-------------------------------|---------------------------------------------------------------|
-| ``bandit``    | ``bandit.BanditEnv``          | one-token responses; prompts of spread difficulty (ExGRPO)    |
-| ``token-mdp`` | ``token_mdp.TokenMDPEnv``     | L-token responses, Countdown-like sum target, reward 1/0.1/0  |
-
-``make_env(name, **config)`` builds one from its config fields
-(``BanditConfig`` / ``TokenMDPConfig``).
+A new environment: its module here, plus one ``EnvSpec`` entry below.
 """
 
 from __future__ import annotations
 
-from ...core.rollouts import Environment
-from .bandit import BanditConfig, BanditEnv
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .bandit import BanditConfig, BanditEnv, NoisyBanditConfig, NoisyRewardBandit
+from .quadratic import QuadraticConfig, QuadraticEnv
 from .token_mdp import TokenMDPConfig, TokenMDPEnv
 
-__all__ = ["ENV_NAMES", "BanditConfig", "BanditEnv", "TokenMDPConfig", "TokenMDPEnv", "make_env"]
-
-#: environment names accepted by :func:`make_env`.
-ENV_NAMES = ("bandit", "token-mdp")
+__all__ = ["ENVIRONMENTS", "ENV_NAMES", "BanditConfig", "BanditEnv", "EnvSpec", "NoisyBanditConfig",
+           "NoisyRewardBandit", "QuadraticConfig", "QuadraticEnv", "TokenMDPConfig", "TokenMDPEnv", "make_env"]
 
 
-def make_env(name: str, **config: object) -> Environment:
-    """Environment ``name`` ("bandit" or "token-mdp") with config fields ``config``."""
-    if name == "bandit":
-        return BanditEnv(BanditConfig(**config))  # type: ignore[arg-type]
-    if name == "token-mdp":
-        return TokenMDPEnv(TokenMDPConfig(**config))  # type: ignore[arg-type]
-    raise ValueError(f"env must be one of {', '.join(ENV_NAMES)}, got {name!r}")
+@dataclass(frozen=True)
+class EnvSpec:
+    config: type
+    build: Callable[[Any], Any]
+    help: str
+    engine: bool
+    """True: ``simulate --env`` runs it (a ``core.rollouts.Environment`` whose config fields the engine's SimConfig
+    sets); False: the target-based benchmark only."""
+
+
+ENVIRONMENTS: dict[str, EnvSpec] = {
+    "bandit": EnvSpec(BanditConfig, BanditEnv, "K-armed prompts, one-token responses, reward 1 / 0.1 / 0", True),
+    "noisy-bandit": EnvSpec(NoisyBanditConfig, NoisyRewardBandit,
+                            "the bandit observed through a verifier with Gaussian reward noise", False),
+    "token-mdp": EnvSpec(TokenMDPConfig, TokenMDPEnv, "L-token responses, Countdown-like sum target", True),
+    "quadratic": EnvSpec(QuadraticConfig, QuadraticEnv,
+                         "noisy quadratic F = 1/2 (theta - theta*)^T H (theta - theta*), noise fixed at draw", False),
+}
+
+#: names of the environments the simulation engine runs (``simulate --env``).
+ENV_NAMES = tuple(name for name, spec in ENVIRONMENTS.items() if spec.engine)
+
+
+def make_env(name: str, **config: object):
+    """Environment ``name`` built from its config fields ``config``."""
+    try:
+        spec = ENVIRONMENTS[name]
+    except KeyError:
+        raise ValueError(f"env must be one of {', '.join(ENVIRONMENTS)}, got {name!r}") from None
+    return spec.build(spec.config(**config))

@@ -70,7 +70,7 @@ from scipy.special import logsumexp
 
 from ...theory.divergences import chi2_exact, d2_exact, kl_exact, m2_exact
 
-__all__ = ["BanditConfig", "BanditEnv"]
+__all__ = ["BanditConfig", "BanditEnv", "NoisyBanditConfig", "NoisyRewardBandit"]
 
 
 @dataclass(frozen=True)
@@ -391,6 +391,26 @@ class BanditEnv:
         accuracy = pi[:, np.arange(self.num_prompts), self.answer].mean(axis=-1)
         return {"reward": reward, "accuracy": accuracy}
 
+    def exact_grad(self, params: np.ndarray) -> np.ndarray:
+        """grad J(theta) (S, d) of the exact expected reward J = mean_p sum_a pi(a|p) R[p, a] (the ascent direction):
+        sum_a pi (R - J_p) phi[p, a], averaged over prompts."""
+        pi = self._probs(params)  # (S, P, A)
+        value = np.einsum("spa,pa->sp", pi, self._reward_table)[..., None]  # (S, P, 1) J_p
+        w = pi * (self._reward_table - value)  # sum_a pi (R - J_p) phi = sum_a pi R (phi - E phi)
+        S, P, A = pi.shape
+        return w.reshape(S, P * A) @ self._features_flat / P
+
+    def sup_reward(self, steps: int = 4000) -> tuple[float, np.ndarray]:
+        """J* = sup J over the policy class, by noise-free Adam ascent on the exact gradient; and the argmax (1, d)."""
+        theta = self.init_params(1)
+        m, v = np.zeros_like(theta), np.zeros_like(theta)
+        for t in range(1, steps + 1):
+            g = -self.exact_grad(theta)
+            m = 0.9 * m + 0.1 * g
+            v = 0.999 * v + 0.001 * g * g
+            theta = theta - 0.05 * (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-12)
+        return float(self.evaluate(theta)["reward"][0]), theta
+
     def exact_divergences(self, params_new: np.ndarray, params_behav: np.ndarray) -> dict[str, np.ndarray]:
         """Exact divergences of the joint (uniform prompt, action) distributions, each (S,).
 
@@ -407,3 +427,33 @@ class BanditEnv:
             "kl_behav_new": np.asarray(kl_exact(lb, ln)).mean(axis=-1),
             "m2": np.asarray(m2_exact(ln, lb)).mean(axis=-1),
         }
+
+
+@dataclass(frozen=True)
+class NoisyBanditConfig(BanditConfig):
+    """The bandit observed through a noisy verifier."""
+
+    reward_noise: float = 2.0
+    """Standard deviation of the Gaussian noise added to every observed reward (E reward, and J, unchanged)."""
+    noise_seed: int = 0
+    """Seed of the verifier's noise stream (its own generator: the training draws are untouched)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (np.isfinite(self.reward_noise) and self.reward_noise >= 0):
+            raise ValueError(f"reward_noise must be a finite number >= 0, got {self.reward_noise!r}")
+
+
+class NoisyRewardBandit(BanditEnv):
+    """The bandit with a noisy verifier: observed reward = R[p, a] + N(0, noise^2); E reward (and J) unchanged."""
+
+    def __init__(self, config: NoisyBanditConfig = NoisyBanditConfig()):
+        super().__init__(config)
+        self.noise = float(config.reward_noise)
+        self.noise_rng = np.random.default_rng([int(config.noise_seed), 7919])
+
+    def reward(self, prompts, tokens, mask=None) -> np.ndarray:
+        clean = super().reward(prompts, tokens, mask)
+        if self.noise == 0:
+            return clean
+        return clean + self.noise * self.noise_rng.standard_normal(clean.shape)

@@ -286,6 +286,9 @@ class QuadraticReplay:
         u = self.rng.random(self.buffer.uniform_shape(B))  # what FifoBuffer.sample draws
         slots = self.buffer.select(u, B)  # (S, B): Sec. 3, uniform with replacement over what is stored
         self.last_ids = np.take(self.buffer.store.group, (slots + self._row_cells).ravel()).reshape(S, B)
+        if self.stores_noise and B < N:  # gather the B drawn noise vectors: S B d work instead of S N d
+            drawn = self.noise_ring[np.arange(S)[:, None], self.last_ids % N]  # (S, B, d)
+            return drawn.sum(axis=1) * (env.noise_std / B)  # sum_i c_i z_i / B
         cells = (self.last_ids % N + self._row_cells).ravel()  # (S * B,) into the (S * N) noise ring
         counts = np.bincount(cells, minlength=S * N).reshape(S, N)  # (S, N) c_i: draws of each stored sample
         if self.stores_noise:
@@ -339,7 +342,7 @@ def train_to_target(env: QuadraticEnv, lrs, capacity: int, rollouts: int, batch:
 
 
 def expected_loss(env: QuadraticEnv, lrs, capacity: int, rollouts: int, batch: int, steps: int, *,
-                  on_policy: bool) -> np.ndarray:
+                  on_policy: bool, stop_below: float | None = None) -> np.ndarray:
     """E F(theta_t) (lrs, steps + 1) of SGD on ``env`` for one design, exactly (no sampling), buffer start-up included.
 
     Per eigendirection (H and Sigma are diagonal, so directions decouple) with a = 1 - eta h, e_t = theta_t - theta*
@@ -352,6 +355,7 @@ def expected_loss(env: QuadraticEnv, lrs, capacity: int, rollouts: int, batch: i
     where M_t = E e_t^2 and u_t = E[e_t z] / sigma^2 of a sample of one stored generation (all of its R samples share
     it: they were drawn, and so remembered, alike). On-policy without replacement: M_{t+1} = a^2 M_t + eta^2
     sigma^2 / B. E F_t = sum_i h_i M_t,i / 2. Its stationary point is ``derive forgetting-variance``'s V_eff.
+    ``stop_below``: stop once every step size's E F has been at or below it (the returned curve is then shorter).
     """
     lrs = np.asarray(lrs, dtype=float).ravel()
     require_positive("lr", lrs)
@@ -370,6 +374,7 @@ def expected_loss(env: QuadraticEnv, lrs, capacity: int, rollouts: int, batch: i
     u = np.zeros((lrs.size, h.size, x))  # (L, d, x) per generation slot (slot = step mod x)
     out = np.empty((lrs.size, steps + 1))
     out[:, 0] = 0.5 * m @ h
+    reached = np.zeros(lrs.size, bool)
     with np.errstate(over="ignore", invalid="ignore"):  # a diverging step: inf / nan, never below the target
         for t in range(steps):
             if on_policy:
@@ -381,4 +386,8 @@ def expected_loss(env: QuadraticEnv, lrs, capacity: int, rollouts: int, batch: i
                 u = a[:, :, None] * u - eta[:, :, None] / n
                 u[:, :, t + 1:] = 0.0  # during start-up the slots after t hold no generation yet
             out[:, t + 1] = 0.5 * m @ h
+            if stop_below is not None:
+                reached |= out[:, t + 1] <= stop_below
+                if reached.all():
+                    return out[:, : t + 2]
     return out

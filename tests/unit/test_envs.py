@@ -38,7 +38,7 @@ def test_make_env_names_and_error() -> None:
     env = make_env("token-mdp", seq_len=4, vocab_size=3)
     assert isinstance(env, TokenMDPEnv)
     assert (env.seq_len, env.vocab_size, env.param_dim) == (4, 3, 5 * 3 + 1)
-    with pytest.raises(ValueError, match=r"env must be one of bandit, token-mdp, got 'x'"):
+    with pytest.raises(ValueError, match=r"env must be one of bandit, noisy-bandit, token-mdp, quadratic, got 'x'"):
         make_env("x")
     with pytest.raises(TypeError):
         make_env("bandit", no_such_field=1)
