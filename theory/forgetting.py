@@ -40,8 +40,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.linalg import solve_discrete_lyapunov
-from scipy.optimize import brentq
 
 from .checks import require_in_range, require_int, require_nonnegative, require_positive
 
@@ -107,6 +105,8 @@ def impulse_autocorrelation(lags: ArrayLike, kappa: float, optimizer: str = "sgd
     a, b, c = _linear_system(kappa, optimizer, beta1)
     if not np.max(np.abs(np.linalg.eigvals(a))) < 1:
         raise ValueError(f"kappa = {kappa:g} with beta1 = {beta1:g} is unstable for {optimizer} (spectral radius >= 1)")
+    from scipy.linalg import solve_discrete_lyapunov  # scipy on demand: ``optimal`` starts with numpy alone
+
     p = solve_discrete_lyapunov(a, np.outer(b, b))  # sum_j A^j b b^T A^T^j
     pc = p @ c
     out = np.empty(lags.shape, dtype=float)
@@ -148,13 +148,17 @@ def _lag_sum(x: np.ndarray, q: np.ndarray) -> np.ndarray:
     lam = 1 - q
     near = np.abs(q) * x <= SERIES_BELOW
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        closed = lam * (x * q - 1 + lam**x) / q**2
-    term = x * (x + 1) / 2 * np.ones_like(q)  # C(x + 1, 2)
-    series = term - x
-    for m in range(1, 21):
-        term = term * (-q) * (x - m) / (m + 2)  # C(x + 1, m + 2) / C(x + 1, m + 1) = (x - m) / (m + 2)
-        series = series + term
-    return np.where(near, series, closed)
+        out = lam * (x * q - 1 + lam**x) / q**2
+    if near.any():  # the series only where it is needed (it is 20 passes over the array)
+        xn, qn = x[near], q[near]
+        term = xn * (xn + 1) / 2 * np.ones_like(qn)  # C(x + 1, 2)
+        series = term - xn
+        for m in range(1, 21):
+            term = term * (-qn) * (xn - m) / (m + 2)  # C(x + 1, m + 2) / C(x + 1, m + 1) = (x - m) / (m + 2)
+            series = series + term
+        out = np.array(out, dtype=np.result_type(out, series))
+        out[near] = series
+    return out
 
 
 def _geometric_lag_sum(x: np.ndarray, lam: np.ndarray) -> np.ndarray:
@@ -164,20 +168,39 @@ def _geometric_lag_sum(x: np.ndarray, lam: np.ndarray) -> np.ndarray:
 
 
 def _momentum_modes(kappa: np.ndarray, optimizer: str, beta1: float) -> tuple[np.ndarray, np.ndarray]:
-    """(alpha, lam) (..., 2) with rho(k) = sum_j alpha_j lam_j^k for momentum / Adam at every kappa (any shape):
-    the eigenvalues lam of A and the weights from P = A P A^T + b b^T, all 2 x 2 systems solved at once."""
+    """(alpha, lam) (..., 2) with rho(k) = sum_j alpha_j lam_j^k for momentum / Adam at every kappa (any shape).
+
+    A = [[1 - k, -beta], [k, beta]] (k = kappa (1 - beta)), kick u: its eigenvalues lam = (tr +- sqrt(tr^2 - 4
+    beta)) / 2, eigenvectors (-beta, lam - 1 + k); P = A P A^T + u u^T solved for (p11, p12, p22) by Cramer's rule;
+    alpha_j = (c^T V)_j (V^-1 P c)_j / c^T P c with c = e_0. All elementwise: no per-kappa linear algebra call
+    (``impulse_autocorrelation`` is the generic reference the tests compare with).
+    """
     beta = float(beta1)
-    k = kappa * (1.0 - beta)
-    a = np.zeros(kappa.shape + (2, 2))
-    a[..., 0, 0], a[..., 0, 1], a[..., 1, 0], a[..., 1, 1] = 1.0 - k, -beta, k, beta
-    bvec = np.array([-1.0, 1.0]) if optimizer == "momentum" else np.array([-(1.0 - beta), 1.0 - beta])
-    kron = np.einsum("...ij,...kl->...ikjl", a, a).reshape(kappa.shape + (4, 4))  # A (x) A on vec(P), row-major
-    rhs = np.broadcast_to(np.outer(bvec, bvec).ravel(), kappa.shape + (4,))[..., None]  # (..., 4, 1)
-    p = np.linalg.solve(np.eye(4) - kron, rhs)[..., 0]
-    pc = p.reshape(kappa.shape + (2, 2))[..., :, 0]  # P c with c = e_0
-    lam, vec = np.linalg.eig(a)  # (..., 2), (..., 2, 2)
-    weights = np.linalg.solve(vec, pc.astype(complex)[..., None])[..., 0]  # V^-1 P c
-    alpha = vec[..., 0, :] * weights / pc[..., 0:1]  # (c^T V)_j (V^-1 P c)_j / c^T P c
+    k = np.asarray(kappa, dtype=float) * (1.0 - beta)
+    a11, a12, a21, a22 = 1.0 - k, -beta, k, beta
+    u1, u2 = (-1.0, 1.0) if optimizer == "momentum" else (-(1.0 - beta), 1.0 - beta)
+    # the stationary covariance: [[1 - a11^2, -2 a11 a12, -a12^2], [-a11 a21, 1 - a11 a22 - a12 a21, -a12 a22],
+    # [-a21^2, -2 a21 a22, 1 - a22^2]] (p11, p12, p22) = (u1^2, u1 u2, u2^2)
+    m = [[1 - a11**2, -2 * a11 * a12, np.full_like(k, -a12**2)],
+         [-a11 * a21, 1 - a11 * a22 - a12 * a21, np.full_like(k, -a12 * a22)],
+         [-(a21**2), -2 * a21 * a22, np.full_like(k, 1 - a22**2)]]
+    r = [u1 * u1, u1 * u2, u2 * u2]
+
+    def det3(c0, c1, c2):  # the determinant of the columns c0, c1, c2
+        return (c0[0] * (c1[1] * c2[2] - c2[1] * c1[2]) - c1[0] * (c0[1] * c2[2] - c2[1] * c0[2])
+                + c2[0] * (c0[1] * c1[2] - c1[1] * c0[2]))
+
+    cols = [[m[i][j] for i in range(3)] for j in range(3)]
+    rhs = [np.full_like(k, v) for v in r]
+    det = det3(*cols)
+    p11 = det3(rhs, cols[1], cols[2]) / det
+    p12 = det3(cols[0], rhs, cols[2]) / det
+    disc = np.sqrt((a11 + a22) ** 2 - 4 * (a11 * a22 - a12 * a21) + 0j)
+    lam = np.stack([(a11 + a22 + disc) / 2, (a11 + a22 - disc) / 2], axis=-1)  # (..., 2)
+    det_v = a12 * (lam[..., 1] - lam[..., 0])
+    w1 = ((lam[..., 1] - a11) * p11 - a12 * p12) / det_v  # (V^-1 P c)_1
+    w2 = (-(lam[..., 0] - a11) * p11 + a12 * p12) / det_v
+    alpha = a12 * np.stack([w1, w2], axis=-1) / p11[..., None]
     return alpha, lam
 
 
@@ -369,9 +392,9 @@ class Design:
     on_policy: bool = False
 
     def __post_init__(self) -> None:
-        require_int("batch B", self.batch, 1)
-        require_int("rollouts R", self.rollouts, 1)
-        require_int("capacity N", self.capacity, 1)
+        for name, value in (("batch B", self.batch), ("rollouts R", self.rollouts), ("capacity N", self.capacity)):
+            if not (type(value) is int and value >= 1):  # the common case checked without numpy: searches build many
+                require_int(name, value, 1)
         if self.on_policy and not self.batch == self.rollouts == self.capacity:
             raise ValueError(f"on-policy needs N = R = B, got N={self.capacity}, R={self.rollouts}, B={self.batch}")
         if self.capacity < self.rollouts or self.capacity % self.rollouts:
@@ -488,8 +511,9 @@ def whole_design(b_noise: float, batch: int, mu: float, memory: Memory | None, *
     predicted compute whose steps stay within ``max_steps_ratio`` x on-policy's at the user's B (the wall-time
     budget: below the noise scale compute falls with the batch while steps rise).
 
-    B' ranges over whole groups up to ``max_batch`` (default 4 B), R over whole groups up to B' (both thinned to
-    about 8 values per factor 2), x over 1, 2, 3, 4, 6, 8, 11, 16, ... up to ``max_horizon``.
+    B' ranges over whole groups up to ``max_batch`` (default 4 B) and R over whole groups up to B', first 4 per
+    factor 2 with x over 1, 2, 3, 4, 6, 8, 11, 16, ... up to ``max_horizon``, then around the best at 16 per factor
+    2 (every whole group when they are fewer) with every x within a factor sqrt(2).
     """
     require_positive("noise scale B_noise", b_noise)
     require_int("batch size B", batch, 1)
@@ -507,12 +531,22 @@ def whole_design(b_noise: float, batch: int, mu: float, memory: Memory | None, *
     best_on = min((p for p in ons if p.steps <= cap), key=lambda p: p.compute, default=ref)
     if ref.compute <= best_on.compute:
         best_on = ref
-    candidates = [Design(int(bb), int(rr), int(rr) * x)
-                  for bb in _log_subset(groups)
-                  for rr in _log_subset(np.arange(group_size, int(bb) + 1, group_size))
-                  for x in _horizons(max_horizon) if not (rr == bb and x == 1)]
-    replays = [p for p in predict_many(candidates, b_noise, mu, memory, staleness, floor) if p.steps <= cap]
-    best_replay = min(replays, key=lambda p: p.compute, default=None)
+    # replay, coarse to fine: (B', R) 4 per octave and the horizons, then every whole group within one coarse step
+    # of the best (B', R) with the horizons around its x
+    horizons = _horizons(max_horizon)
+    coarse = [Design(int(bb), int(rr), int(rr) * x) for bb in _log_subset(groups, 4)
+              for rr in _log_subset(np.arange(group_size, int(bb) + 1, group_size), 4)
+              for x in horizons if not (rr == bb and x == 1)]
+    best_replay = _cheapest(predict_many(coarse, b_noise, mu, memory, staleness, floor), cap)
+    if best_replay is not None:
+        d = best_replay.design
+        near_b = groups[(groups >= d.batch / 2 ** 0.25) & (groups <= d.batch * 2 ** 0.25)]
+        near_x = [x for x in range(1, max_horizon + 1) if d.x / 2 ** 0.5 <= x <= d.x * 2 ** 0.5]
+        fine = [Design(int(bb), int(rr), int(rr) * x) for bb in _log_subset(near_b, 16)
+                for rr in _log_subset(groups[(groups >= d.rollouts / 2 ** 0.25) & (groups <= min(
+                    d.rollouts * 2 ** 0.25, bb))], 16)
+                for x in near_x if not (rr == bb and x == 1)]
+        best_replay = _cheapest(predict_many(fine, b_noise, mu, memory, staleness, floor) + [best_replay], cap)
     y_l, thr = loosest_equal_steps(mu)
     if best_replay is not None and best_replay.compute < best_on.compute:
         winner = "replay"
@@ -521,6 +555,11 @@ def whole_design(b_noise: float, batch: int, mu: float, memory: Memory | None, *
     else:
         winner = "on-policy (smaller batch)" if best_on.design.batch < batch else "on-policy (larger batch)"
     return WholeDesign(ref, best_on, best_replay, winner, float(max_steps_ratio), float(thr), float(y_l))
+
+
+def _cheapest(predictions: list[Prediction], cap: float) -> Prediction | None:
+    """The least compute among the predictions whose steps are within ``cap`` (ties: the first)."""
+    return min((p for p in predictions if p.steps <= cap), key=lambda p: p.compute, default=None)
 
 
 def _log_subset(values: np.ndarray, per_octave: int = 8) -> list[int]:
@@ -565,6 +604,8 @@ def lag1_gradient_autocorrelation(kappa: float, optimizer: str = "sgd", beta1: f
         raise ValueError(f"kappa = {kappa:g} with beta1 = {beta1:g} is unstable for {optimizer}")
     # g~ = eta g = k e + eta n with k = eta h: kappa for Adam (unit DC gain), kappa (1 - beta1) for heavy ball
     k = kappa if optimizer == "adam" else kappa * (1.0 - beta1)
+    from scipy.linalg import solve_discrete_lyapunov
+
     p = solve_discrete_lyapunov(a, np.outer(b, b))  # state covariance per unit (eta n)^2
     return float((k * k * (a @ p)[0, 0] + k * b[0]) / (k * k * p[0, 0] + 1.0))
 
@@ -599,6 +640,8 @@ def kappa_from_autocorrelation(corr: float, optimizer: str = "sgd", beta1: float
             raise ValueError(f"lag-1 autocorrelation {corr:g} is more than {optimizer} with beta1 = {beta1:g} "
                              "produces at any stable step") from None
         low, top = top, top * 2.0
+    from scipy.optimize import brentq
+
     return float(brentq(lambda k: lag1_gradient_autocorrelation(k, optimizer, beta1) - corr, low, top,
                         xtol=1e-14, rtol=1e-10))
 
