@@ -34,7 +34,7 @@ from ..theory.design import (
     optimal_design,
     rollout_mu_of_convention,
 )
-from ..theory.evidence import evidence_line, horizon_line, verdict_line
+from ..theory.evidence import evidence_line, verdict_line
 from ..theory.profiles import PowerLawProfile, load_profile
 from .common import PROG, UserError, emit_json, option_message
 
@@ -54,13 +54,28 @@ VALID_RANGES = {
     "bias": "a finite number >= 0 (kappa of Assumption 3.2)",
     "f0": "a finite number > 0 (F(theta_0) - inf F)",
     "noise_scale": "a finite number > 0 (B_noise = tr Sigma / |E G|^2, in samples)",
-    "objective": "noise-scale or paper",
+    "objective": "forgetting, noise-scale or paper",
+    "kappa": "a finite number > 0 (the optimizer's memory, 1/kappa steps)",
+    "optimizer": "sgd, momentum or adam",
+    "beta1": "a number in [0, 1)",
+    "pilot_batch": "an integer >= 1",
+    "group_size": "an integer >= 1 that divides -B",
+    "latency_floor": "a finite number >= 0 (rollouts)",
+    "max_steps_ratio": "a finite number >= 1",
+    "max_horizon": "an integer in [1, 4096]",
 }
 
 
 class Objective(str, Enum):
+    forgetting = "forgetting"
     noise_scale = "noise-scale"
     paper = "paper"
+
+
+class Optimizer(str, Enum):
+    sgd = "sgd"
+    momentum = "momentum"
+    adam = "adam"
 
 
 class Convention(str, Enum):
@@ -193,6 +208,108 @@ def _paper_options_given(alpha, rho, average, budget, smoothness, bias, f0, roll
     return [flag for flag, value in given.items() if value is not None]
 
 
+def _forgetting_options_given(kappa, optimizer, beta1, pilot_batch, group_size, latency_floor, max_steps_ratio,
+                              max_horizon) -> list[str]:
+    given = {"--kappa": kappa, "--optimizer": optimizer, "--beta1": beta1, "--pilot-batch": pilot_batch,
+             "--group-size": None if group_size == 1 else group_size,
+             "--latency-floor": None if latency_floor == 0.0 else latency_floor,
+             "--max-steps-ratio": None if max_steps_ratio == 2.0 else max_steps_ratio,
+             "--max-horizon": None if max_horizon == 64 else max_horizon}
+    return [flag for flag, value in given.items() if value is not None]
+
+
+def _check_forgetting_options(batch_size, kappa, beta1, pilot_batch, group_size, latency_floor, max_steps_ratio,
+                              max_horizon) -> None:
+    """One line naming the option and its valid range, before any work."""
+    checks = [
+        ("--kappa", kappa, "kappa", kappa is None or (math.isfinite(kappa) and kappa > 0)),
+        ("--beta1", beta1, "beta1", beta1 is None or 0 <= beta1 < 1),
+        ("--pilot-batch", pilot_batch, "pilot_batch", pilot_batch is None or pilot_batch >= 1),
+        ("--group-size", group_size, "group_size", group_size >= 1 and (batch_size is None
+                                                                          or batch_size % group_size == 0)),
+        ("--latency-floor", latency_floor, "latency_floor", math.isfinite(latency_floor) and latency_floor >= 0),
+        ("--max-steps-ratio", max_steps_ratio, "max_steps_ratio", math.isfinite(max_steps_ratio)
+         and max_steps_ratio >= 1),
+        ("--max-horizon", max_horizon, "max_horizon", 1 <= max_horizon <= 4096),
+    ]
+    for flag, value, key, ok in checks:
+        if not ok:
+            raise UserError(f"{flag} must be {VALID_RANGES[key]}, got {value:g}")
+    if batch_size is not None and batch_size < 1:
+        raise UserError(f"--batch-size must be {VALID_RANGES['batch_size']}, got {batch_size}")
+
+
+def _memory_inputs(kappa, optimizer, beta1, pilot_batch, loaded, profile) -> tuple:
+    """(kappa, optimizer, beta1, pilot batch, source): the options, else the profile's memory record; given twice
+    and different is an error, never a silent choice."""
+    record = None if loaded is None else loaded.memory
+    if record is not None and kappa is not None:
+        raise UserError("give kappa once: --kappa or --profile's memory record, not both")
+    if record is None:
+        source = "--kappa" if kappa is not None else ""
+        return (kappa, (optimizer or Optimizer.adam).value, 0.9 if beta1 is None else beta1, pilot_batch, source)
+    if record.get("kappa") is None:
+        raise UserError(f"--profile {profile}: its kappa was not measured ({record.get('reason', 'no reason given')}); "
+                        f"measure again or pass --kappa")
+    for flag, given, stored in (("--optimizer", None if optimizer is None else optimizer.value, record["optimizer"]),
+                                ("--beta1", beta1, record["beta1"]), ("--pilot-batch", pilot_batch,
+                                                                      record.get("pilot_batch"))):
+        if given is not None and stored is not None and given != stored:
+            raise UserError(f"{flag} {given} differs from the {stored} that --profile {profile}'s memory was "
+                            f"measured with: leave {flag} out")
+    interval = record.get("kappa_interval") or [None, None]
+    span = "" if None in interval else f", 90% interval [{interval[0]:.3g}, {interval[1]:.3g}]"
+    pilot = record.get("pilot_batch") if pilot_batch is None else pilot_batch
+    return (float(record["kappa"]), record["optimizer"], float(record["beta1"]),
+            None if pilot is None else int(pilot), f"--profile {profile} ({record.get('method', 'measured')}{span})")
+
+
+def _staleness_of(loaded):
+    """r(s) = sigma^2(s) / sigma^2(0) of a profile's measured table (the forgetting rule's staleness cost)."""
+    from ..theory.forgetting import NO_STALENESS, Staleness
+    from ..theory.profiles import TabulatedProfile
+
+    if loaded is None or not isinstance(loaded.profile, TabulatedProfile):
+        return NO_STALENESS
+    table = loaded.profile
+    ages, values = tuple(float(s) for s in table.staleness), tuple(float(v) for v in table.sigma_sq)
+    if ages[0] != 0 or values[0] <= 0:
+        return NO_STALENESS
+    return Staleness(ages, tuple(v / values[0] for v in values),
+                     f"the profile's sigma^2(s) / sigma^2(0) ({loaded.sigma_sq_form or 'form not stated'})")
+
+
+def _forgetting_answer(mu, convention, batch_size, noise_scale, kappa, optimizer, beta1, pilot_batch, group_size,
+                       latency_floor, max_steps_ratio, max_horizon, profile, as_json) -> None:
+    from ..theory import advice
+
+    _check_forgetting_options(batch_size, kappa, beta1, pilot_batch, group_size, latency_floor, max_steps_ratio,
+                              max_horizon)
+    b_noise, batch, source = _noise_scale_inputs(noise_scale, batch_size, profile)
+    if b_noise is not None and batch is None:
+        raise UserError("--noise-scale needs -B (the batch size: b = B_noise / B)")
+    if b_noise is not None and batch % group_size:
+        raise UserError(f"--group-size must be {VALID_RANGES['group_size']}, got {group_size} for -B {batch}")
+    loaded = None if profile is None else load_profile(profile)
+    k, opt, b1, pilot, k_source = _memory_inputs(kappa, optimizer, beta1, pilot_batch, loaded, profile)
+    query = advice.Query(mu=rollout_mu_of_convention(mu, convention), batch=batch, b_noise=b_noise,
+                         b_noise_source=source, kappa=k, kappa_source=k_source, optimizer=opt, beta1=b1,
+                         pilot_batch=pilot, group_size=group_size, floor=latency_floor,
+                         max_steps_ratio=max_steps_ratio, max_horizon=max_horizon, staleness=_staleness_of(loaded))
+    try:
+        record = advice.advise(query)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    verdict = verdict_line()
+    evidence = evidence_line("forgetting")
+    if as_json:
+        emit_json({**record, "verdict": verdict, "evidence": evidence, "convention": convention,
+                   "paper_evidence": evidence_line("paper")})
+        return
+    text = advice.render(record, [evidence])
+    typer.echo((verdict + ".\n" if verdict else "") + text)
+
+
 def _check_noise_scale(value: Optional[float]) -> None:
     if value is not None and not (math.isfinite(value) and value > 0):
         raise UserError(f"--noise-scale must be {VALID_RANGES['noise_scale']}, got {value:g}")
@@ -233,13 +350,34 @@ def optimal(
                                                              "Qwen2.5-7B). Required unless --profile carries a "
                                                              "measured mu (calibrate --from-log writes one).")
                   ] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", "-B", help="Your batch B (responses per "
+                                                      "update, on-policy today): the rules' b = B_noise / B; paper: "
+                                                      "gives R and N.")] = None,
     noise_scale: Annotated[Optional[float], typer.Option("--noise-scale", help="Measured gradient noise scale "
-                                                         "B_noise = tr Sigma / |E G|^2 in samples (noise-scale "
-                                                         "rule; with -B). Omit it to see the rule's decision as a "
-                                                         "function of b = B_noise / B.")] = None,
-    objective: Annotated[Objective, typer.Option("--objective", help="noise-scale (default: the rule the "
-                                                 "benchmark tests best) or paper (the experience-replay paper's "
-                                                 "Thm 3.5 J, or Thm 3.4 at --budget).")] = Objective.noise_scale,
+                                                         "B_noise = tr Sigma / |E G|^2 in samples (with -B).")
+                           ] = None,
+    kappa: Annotated[Optional[float], typer.Option("--kappa", help="forgetting: the optimizer's measured memory "
+                                                   "kappa = eta tr(H Sigma) / tr Sigma (1/kappa steps) at "
+                                                   "--pilot-batch; or a profile's memory record.")] = None,
+    optimizer: Annotated[Optional[Optimizer], typer.Option("--optimizer", help="forgetting: the optimizer kappa "
+                                                           "belongs to (default adam, or the profile's).")] = None,
+    beta1: Annotated[Optional[float], typer.Option("--beta1", help="forgetting: momentum / Adam's beta1 (default "
+                                                   "0.9, or the profile's).")] = None,
+    pilot_batch: Annotated[Optional[int], typer.Option("--pilot-batch", help="forgetting: the on-policy batch "
+                                                       "kappa was measured at (default -B, or the profile's).")
+                           ] = None,
+    group_size: Annotated[int, typer.Option("--group-size", help="forgetting: responses per prompt group; B and R "
+                                            "in whole groups.")] = 1,
+    latency_floor: Annotated[float, typer.Option("--latency-floor", help="forgetting: generation latency floor in "
+                                                 "rollouts (a step costs mu max(R, floor) + B).")] = 0.0,
+    max_steps_ratio: Annotated[float, typer.Option("--max-steps-ratio", help="forgetting: steps allowed, relative "
+                                                   "to on-policy at B (the wall-time budget).")] = 2.0,
+    max_horizon: Annotated[int, typer.Option("--max-horizon", help="forgetting: the longest buffer horizon x = "
+                                             "N/R considered.")] = 64,
+    objective: Annotated[Objective, typer.Option("--objective", help="forgetting (default: the whole design, the "
+                                                 "rule the benchmark tests), noise-scale (y at a fixed B, the "
+                                                 "optimizer never forgetting) or paper (Thm 3.5 J, or Thm 3.4 at "
+                                                 "--budget).")] = Objective.forgetting,
     alpha: Annotated[Optional[float], typer.Option("--alpha", help="paper: power-law exponent of the noise profile "
                                                    "sigma(s) = (s/tau)^alpha, >= 0 (default 0.25).")] = None,
     rho: Annotated[Optional[float], typer.Option("--rho", help="paper: sample correlation coefficient of "
@@ -249,12 +387,10 @@ def optimal(
                                                              "3: c = R + mu B).")] = None,
     rollouts_per_step: Annotated[Optional[int], typer.Option("--rollouts-per-step", "-R", help="paper: fresh "
                                                              "rollouts per step R: gives integer N and B.")] = None,
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", "-B", help="Batch size B: the noise-scale "
-                                                      "rule's fixed batch; paper: gives R and N.")] = None,
     profile: Annotated[Optional[Path], typer.Option("--profile", help="Profile file (JSON or CSV, see docs): its "
-                                                    "noise_scale record is the rule's B_noise; its sigma^2(s) "
-                                                    "table is the paper objective's noise profile (plain: unbiased "
-                                                    "IS, signal-normalised: clipped).")] = None,
+                                                    "noise_scale and memory records feed the rules, its mu the "
+                                                    "cost, its sigma^2(s) table the staleness cost (forgetting) or "
+                                                    "the paper objective's noise profile.")] = None,
     average: Annotated[Optional[Average], typer.Option("--average", help="paper: average of sigma^2 over the "
                                                        "buffer for --profile: integral (default) or discrete.")
                        ] = None,
@@ -268,28 +404,37 @@ def optimal(
                                                 "--budget).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (infinite values as null).")] = False,
 ) -> None:
-    """The replay design: replay ratio y = B/R, buffer N, GPU split, for a rollout cost ratio mu.
+    """What to do with your rollouts: the cheapest on-policy batch against the best replay design (B, R, N).
 
-    Default: the noise-scale rule at a fixed batch B (docs/THEORY.md, "The noise-scale rule"). --objective paper:
-    Thm 3.5's J (large-budget limit), or with --budget C --smoothness L --bias KAPPA --f0 F0 and -B or -R the
-    integer design minimising the Thm 3.4 bound at compute C.
+    Default (forgetting): from mu, b = B_noise / B at your batch and the optimizer's memory kappa, the whole design
+    (docs/THEORY.md, "Forgetting"). --objective noise-scale: the replay ratio at a fixed B with psi = 1.
+    --objective paper: Thm 3.5's J (large-budget limit), or with --budget C --smoothness L --bias KAPPA --f0 F0 and
+    -B or -R the integer design minimising the Thm 3.4 bound at compute C.
     """
     mu, convention, note = _resolve_mu(mu, convention, profile)
     _check_mu(mu)
-    if objective is Objective.noise_scale:
+    forgetting_given = _forgetting_options_given(kappa, optimizer, beta1, pilot_batch, group_size, latency_floor,
+                                                 max_steps_ratio, max_horizon)
+    if objective is not Objective.forgetting and forgetting_given:
+        raise UserError(f"{forgetting_given[0]} applies to the forgetting-aware rule (the default --objective), not "
+                        f"--objective {objective.value}")
+    if objective is not Objective.paper:
         extra = _paper_options_given(alpha, rho, average, budget, smoothness, bias, f0, rollouts_per_step)
         if extra:
-            why = (" (the rule fixes B: at a fixed R replay cannot beat on-policy at batch R; give -B)"
+            why = (" (at a fixed R replay cannot beat on-policy at batch R; give -B)"
                    if extra[0] == "--rollouts-per-step" else "")
-            raise UserError(f"{extra[0]} applies to --objective paper; the noise-scale rule reads --mu, "
+            raise UserError(f"{extra[0]} applies to --objective paper; the {objective.value} rule reads --mu, "
                             f"--noise-scale (or --profile) and -B{why}")
         _check_noise_scale(noise_scale)
-        _noise_scale_answer(mu, noise_scale, batch_size, profile, convention.value, as_json)
+        if objective is Objective.forgetting:
+            _forgetting_answer(mu, convention.value, batch_size, noise_scale, kappa, optimizer, beta1, pilot_batch,
+                               group_size, latency_floor, max_steps_ratio, max_horizon, profile, as_json)
+        else:
+            _noise_scale_answer(mu, noise_scale, batch_size, profile, convention.value, as_json)
         _stderr_note(note)
         return
     if noise_scale is not None:
-        raise UserError("--noise-scale applies to the noise-scale rule (the default --objective), not --objective "
-                        "paper")
+        raise UserError("--noise-scale applies to the forgetting-aware and noise-scale rules, not --objective paper")
     _check_budget_options(budget, smoothness, bias, f0, rollouts_per_step, batch_size)
     loaded = None if profile is None else load_profile(profile)
     if loaded is not None and loaded.profile is None:
@@ -368,7 +513,7 @@ def _noise_scale_answer(mu: float, noise_scale, batch_size, profile, convention:
     if b_noise is None:
         rows = [_table_row(b, mu_rollout) for b in sorted({*TABLE_BS, ns.replay_threshold(mu_rollout)})]
         if as_json:
-            emit_json({"objective": "noise-scale", "verdict": verdict_line(), "horizon": horizon_line(), "mu": mu,
+            emit_json({"objective": "noise-scale", "verdict": verdict_line(), "horizon": HORIZON_TEXT, "mu": mu,
                        "convention": convention, "mu_rollout_cost": mu_rollout,
                        "threshold_b": ns.replay_threshold(mu_rollout), "rows": rows, "evidence": evidence,
                        "measure_b": list(MEASURE_B), "paper_evidence": paper})
@@ -379,7 +524,7 @@ def _noise_scale_answer(mu: float, noise_scale, batch_size, profile, convention:
     design = ns.noise_scale_design(b_noise, batch, mu_rollout)
     paper_design = optimal_design(DesignQuery(mu=mu, convention=convention, batch_size=batch))
     if as_json:
-        emit_json({"objective": "noise-scale", "verdict": verdict_line(), "horizon": horizon_line(), "mu": mu,
+        emit_json({"objective": "noise-scale", "verdict": verdict_line(), "horizon": HORIZON_TEXT, "mu": mu,
                    "convention": convention, "noise_scale_source": source,
                    **design.__dict__, "x": 1.0, "workers_per_trainer": mu_rollout / design.y,
                    "compute_ratio": (mu_rollout / design.y + 1) / (mu_rollout + 1), "evidence": evidence,
@@ -387,6 +532,11 @@ def _noise_scale_answer(mu: float, noise_scale, batch_size, profile, convention:
                              "regime": paper_design.regime, "evidence": paper}})
     else:
         typer.echo(_render_rule(mu, convention, design, source, evidence, paper_design, paper))
+
+
+HORIZON_TEXT = ("horizon: this rule keeps N = R (x = 1) and assumes the optimizer never forgets (psi = 1); the "
+                "forgetting-aware rule, the default --objective, predicts the horizon and compares a smaller "
+                "on-policy batch")
 
 
 def _table_row(b: float, mu: float) -> dict:
@@ -411,7 +561,7 @@ def _render_table(mu, mu_rollout, convention, rows, evidence, paper_design, pape
         mark = "  <- threshold" if math.isclose(r["b"], threshold) else ""
         lines.append(f"  {r['b']:>6.3g}  {r['regime']:<9}  {r['y_star']:>8.3g}  {r['workers_per_trainer']:>10.3g}  "
                      f"{r['compute_ratio']:>5.2f}  {r['steps_factor']:>17.2f}x  {r['saving']:>12.2f}x{mark}")
-    lines += ["", (horizon_line() or "horizon: N = R (x = 1): the rule does not predict a longer one") + ".",
+    lines += ["", HORIZON_TEXT + ".",
               *MEASURE_B, "",
               f"the paper's rule (--objective paper) answers x* = {_fmt(paper_design.x_star, 3)}, y* = "
               f"{_fmt(paper_design.y_star, 3)} ({paper_design.regime}) whatever b; {paper}."]
@@ -444,9 +594,7 @@ def _render_rule(mu, convention, d, source, evidence, paper_design, paper) -> st
     if d.regime == "replay":
         lines.append(f"what to do: generate R = {d.rollouts_per_step} rollouts per step, keep only them (N = R), and "
                      f"train on B = {d.batch_size} drawn from them with replacement; W/T = {d.mu / d.y:.3g}.")
-        horizon = horizon_line()
-        if horizon:
-            lines.append(horizon + ".")
+        lines.append(HORIZON_TEXT + ".")
     else:
         lines.append(f"what to do: stay on-policy (b = {d.b:.3g} >= {d.threshold_b:.3g}: replay's extra noise "
                      f"costs more steps than its cheaper steps save).")

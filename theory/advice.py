@@ -1,0 +1,211 @@
+"""What ``replay-theory optimal`` answers by default: the whole design (B, R, N) from the forgetting-aware rule.
+
+Paper and model: ``theory/forgetting.py`` (McCandlish et al. 2018's steps with the FIFO noise the optimizer keeps,
+psi(x, kappa); docs/THEORY.md, "Forgetting"). This module turns measured inputs into an answer record and its text;
+the first line of the text says what to do. Numbers come from ``forgetting`` only.
+
+| code name         | symbol         | meaning                                                                   |
+|-------------------|----------------|---------------------------------------------------------------------------|
+| ``batch``         | B              | the user's batch (responses per update), on-policy today                  |
+| ``b_noise``       | B_noise        | gradient noise scale in samples; b = B_noise / B                          |
+| ``kappa``         | kappa          | the optimizer's memory (1/kappa steps) measured at ``pilot_batch``        |
+| ``floor``         | R_floor        | generation latency floor in rollouts: a step costs mu max(R, R_floor) + B |
+| ``max_steps_ratio``| --            | steps allowed relative to on-policy at B (the wall-time budget)           |
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import forgetting as fg
+
+MEMORY_ROWS = (0.01, 0.1, 1.0)
+"""kappa values of the no-measurement table: a memory of 100, 10 and 1 steps."""
+TABLE_HORIZONS = (4, 16, 64)
+
+
+@dataclass(frozen=True)
+class Query:
+    """Everything ``optimal`` was given (and where each input came from), checked by ``check``."""
+
+    mu: float
+    batch: int | None = None
+    b_noise: float | None = None
+    b_noise_source: str = ""
+    kappa: float | None = None
+    kappa_source: str = ""
+    optimizer: str = "adam"
+    beta1: float = 0.9
+    pilot_batch: int | None = None
+    group_size: int = 1
+    floor: float = 0.0
+    max_steps_ratio: float = 2.0
+    max_horizon: int = 64
+    staleness: fg.Staleness = field(default_factory=lambda: fg.NO_STALENESS)
+
+
+def _design_row(p: fg.Prediction, ref: fg.Prediction) -> dict:
+    d = p.design
+    return {"B": d.batch, "R": d.rollouts, "N": d.capacity, "x": d.x, "y": d.y, "on_policy": d.on_policy,
+            "steps_vs_B": p.steps / ref.steps, "compute_vs_B": p.compute / ref.compute, "psi": p.psi,
+            "kappa_at_design": None if math.isnan(p.kappa) else p.kappa, "staleness_factor": p.staleness}
+
+
+def advise(q: Query) -> dict:
+    """The answer record: with B_noise and B, the whole design; without, what to measure and what decides it."""
+    thr_y, thr = fg.loosest_equal_steps(q.mu)
+    base = {"objective": "forgetting", "mu": q.mu, "optimizer": q.optimizer, "beta1": q.beta1,
+            "loosest_threshold": {"psi": thr, "y": thr_y}, "floor": q.floor, "max_steps_ratio": q.max_steps_ratio,
+            "group_size": q.group_size, "max_horizon": q.max_horizon, "staleness": q.staleness.source}
+    if q.b_noise is None:
+        return {**base, "measured": False, "what_to_do": _unmeasured_advice(q, thr),
+                "memory_table": memory_table(q.optimizer, q.beta1, thr)}
+    memory = None
+    if q.kappa is not None:
+        memory = fg.Memory(q.kappa, q.optimizer, q.beta1, float(q.pilot_batch or q.batch))
+    answer = fg.whole_design(q.b_noise, q.batch, q.mu, memory, group_size=q.group_size, staleness=q.staleness,
+                             floor=q.floor, max_steps_ratio=q.max_steps_ratio, max_horizon=q.max_horizon)
+    ref = answer.at_batch
+    rows = {"at_batch": _design_row(ref, ref), "on_policy": _design_row(answer.on_policy, ref),
+            "replay": None if answer.replay is None else _design_row(answer.replay, ref)}
+    record = {**base, "measured": True, "batch": q.batch, "b_noise": q.b_noise, "b": q.b_noise / q.batch,
+              "b_noise_source": q.b_noise_source, "kappa": q.kappa, "kappa_source": q.kappa_source,
+              "pilot_batch": q.pilot_batch or q.batch, "winner": answer.winner, "designs": rows}
+    if answer.replay is not None:
+        y = answer.replay.design.y
+        record["condition"] = {"psi": answer.replay.psi, "x": answer.replay.design.x, "y": y,
+                               "threshold_at_y": fg.equal_steps_threshold(y, q.mu)}
+    record["what_to_do"] = _measured_advice(record)
+    record["notes"] = _notes(q, record)
+    return record
+
+
+def memory_table(optimizer: str, beta1: float, threshold: float) -> list[dict]:
+    """Per memory kappa: psi at a few horizons and the shortest horizon whose psi is below ``threshold`` (where a
+    replay design can start to beat a smaller on-policy batch)."""
+    rows = []
+    for kappa in MEMORY_ROWS:
+        xs = np.arange(1, 4097)
+        values = fg.psi(xs, kappa, optimizer, beta1)
+        below = np.flatnonzero(values < threshold)
+        rows.append({"kappa": kappa, "psi": {str(x): float(values[x - 1]) for x in TABLE_HORIZONS},
+                     "shortest_horizon": int(xs[below[0]]) if below.size else None})
+    return rows
+
+
+def _unmeasured_advice(q: Query, threshold: float) -> str:
+    return (f"stay on-policy at your batch until you have measured b = B_noise / B and the optimizer's memory kappa "
+            f"(commands below), then ask again with -B, --noise-scale and --kappa. At mu = {q.mu:g} replay beats a "
+            f"smaller on-policy batch only where psi < {threshold:.2f}: the optimizer must forget a rollout's earlier "
+            f"draws within the buffer's horizon, which an unmeasured run gives no reason to assume")
+
+
+def _measured_advice(r: dict) -> str:
+    at, on, rep = r["designs"]["at_batch"], r["designs"]["on_policy"], r["designs"]["replay"]
+    if r["winner"] == "replay":
+        return (f"replay: B = {rep['B']}, R = {rep['R']}, N = {rep['N']} (horizon x = {rep['x']}, replay ratio y = "
+                f"{rep['y']:.3g}) needs {rep['compute_vs_B']:.2f}x the compute of on-policy at B = {r['batch']} in "
+                f"{rep['steps_vs_B']:.2f}x its steps, {on['compute_vs_B'] / rep['compute_vs_B']:.2f}x less than the "
+                f"cheapest on-policy batch (B = {on['B']}); it pays because the optimizer keeps psi = "
+                f"{rep['psi']:.2f} of the buffer's extra noise, below the {r['condition']['threshold_at_y']:.2f} "
+                f"a smaller on-policy batch allows at y = {rep['y']:.3g}")
+    why = ("no replay design is allowed within the steps budget" if rep is None else
+           f"replay's best (B = {rep['B']}, R = {rep['R']}, N = {rep['N']}) needs {rep['compute_vs_B']:.2f}x: the "
+           f"optimizer keeps psi = {rep['psi']:.2f} of its extra noise at x = {rep['x']}, above the "
+           f"{r['condition']['threshold_at_y']:.2f} a smaller on-policy batch allows at y = {rep['y']:.3g}")
+    if r["winner"] == "on-policy at B":
+        return (f"stay on-policy at B = {r['batch']}: no other batch within {r['max_steps_ratio']:g}x its steps is "
+                f"cheaper, and {why}")
+    side = "smaller" if on["B"] < at["B"] else "larger"
+    return (f"train on-policy at a {side} batch, B = R = N = {on['B']}: {on['compute_vs_B']:.2f}x the compute of "
+            f"on-policy at B = {r['batch']} in {on['steps_vs_B']:.2f}x its steps; {why}")
+
+
+def _notes(q: Query, r: dict) -> list[str]:
+    notes = []
+    if q.kappa is None:
+        notes.append("no memory given (--kappa or a profile's memory): the answer assumes the optimizer never "
+                     "forgets (psi = 1, the noise-scale rule), the assumption least kind to replay; measure kappa to "
+                     "see whether a long buffer pays")
+    rep = r["designs"]["replay"]
+    if rep is not None and rep["x"] >= q.max_horizon and q.staleness.flat:
+        notes.append(f"no staleness cost given (a profile's sigma^2(s) table): in this model a longer buffer only "
+                     f"helps, so replay's horizon sits at --max-horizon {q.max_horizon}; stale rollouts' importance "
+                     f"weights set the real limit (replay-theory diagnose shows them by age)")
+    if r["designs"]["on_policy"]["steps_vs_B"] >= 0.95 * q.max_steps_ratio:
+        notes.append(f"the cheapest on-policy batch sits at (or near) the steps budget ({q.max_steps_ratio:g}x on-policy's at "
+                     f"B, --max-steps-ratio): a smaller batch is cheaper still in compute and slower in wall time")
+    if q.floor == 0:
+        notes.append("no latency floor given (--latency-floor): a step's generation is priced in proportion to R "
+                     "however small, which favours small batches; a GPU decodes a small batch in about the time "
+                     "of a full one")
+    return notes
+
+
+def _fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}g}"
+
+
+def render(r: dict, evidence: list[str]) -> str:
+    """The text ``optimal`` prints: what to do first, then the evidence, the inputs and the designs."""
+    lines = [f"what to do: {r['what_to_do']}."] + [f"{e}." for e in evidence if e]
+    thr = r["loosest_threshold"]
+    if not r["measured"]:
+        lines += ["", f"what decides it: psi(x, kappa), the share of a replay buffer's extra noise the optimizer "
+                      f"keeps over a horizon of x = N/R steps; at mu = {r['mu']:g} replay can beat a smaller "
+                      f"on-policy batch only where psi < {thr['psi']:.2f} (reached at y = B/R = {thr['y']:.2f}; "
+                      f"derive free-batch). {r['optimizer']}"
+                      + (f" (beta1 = {r['beta1']:g})" if r["optimizer"] != "sgd" else "") + ":", "",
+                  "  kappa  memory   " + "  ".join(f"psi(x={x:<2})" for x in TABLE_HORIZONS)
+                  + "  shortest x with psi < " + f"{thr['psi']:.2f}"]
+        for row in r["memory_table"]:
+            shortest = "beyond 4096" if row["shortest_horizon"] is None else str(row["shortest_horizon"])
+            lines.append(f"  {row['kappa']:>5g}  {1 / row['kappa']:>6g}   "
+                         + "  ".join(f"{row['psi'][str(x)]:>9.2f}" for x in TABLE_HORIZONS) + f"  {shortest:>18}")
+        lines += ["", *MEASURE]
+        return "\n".join(lines)
+    d = r["designs"]
+    lines += ["",
+              f"inputs: mu = {r['mu']:g}; B = {r['batch']}; B_noise = {r['b_noise']:.4g} (b = {r['b']:.3g}), "
+              f"{r['b_noise_source']}; kappa = {_fmt(r['kappa'])} ({r['optimizer']}"
+              + (f", beta1 = {r['beta1']:g}" if r["optimizer"] != "sgd" else "") + f", measured at B = "
+              f"{r['pilot_batch']}), {r['kappa_source'] or 'not given'}; latency floor {r['floor']:g} rollouts; steps "
+              f"at most {r['max_steps_ratio']:g}x on-policy's at B; whole groups of {r['group_size']}; staleness: "
+              f"{r['staleness']}", "",
+              "  design                    B       R        N     x      y  steps vs B  compute vs B     psi"]
+    for name, key in (("on-policy at your B", "at_batch"), ("cheapest on-policy", "on_policy"),
+                      ("best replay", "replay")):
+        row = d[key]
+        if row is None:
+            lines.append(f"  {name:<22}  none within the steps budget")
+            continue
+        mark = "  <- best" if (key == "replay") == (r["winner"] == "replay") and key != "at_batch" or (
+            key == "at_batch" and r["winner"] == "on-policy at B") else ""
+        lines.append(f"  {name:<22}  {row['B']:>5} {row['R']:>7} {row['N']:>8} {row['x']:>5} {row['y']:>6.3g}  "
+                     f"{row['steps_vs_B']:>9.2f}x  {row['compute_vs_B']:>11.2f}x  {row['psi']:>6.2f}{mark}")
+    if r.get("condition"):
+        c = r["condition"]
+        lines += ["", f"the condition: replay at (R, B = y R) beats the on-policy batch with as many steps iff psi < "
+                      f"mu (y - 1) / (y (mu + y)) = {c['threshold_at_y']:.3f} at y = {c['y']:.3g} (at most "
+                      f"{thr['psi']:.3f}, at y = {thr['y']:.2f}; derive free-batch); its best design keeps psi = "
+                      f"{c['psi']:.3f} at x = {c['x']}" + (" (with a latency floor the comparison also prices the "
+                                                           "floor)" if r["floor"] else "") + "."]
+    lines += [f"note: {n}." for n in r["notes"]]
+    return "\n".join(lines)
+
+
+MEASURE = (
+    "measure b = B_noise / B and kappa on a short run at your batch (both land in one profile file):",
+    "  TRL: replay-theory trl-replay ... logs two micro-batches' |g|^2 and curvature pairs each step;",
+    "       replay-theory calibrate --from-log RUN/rollouts.parquet --preset trl --grad-norms RUN/noise_scale.jsonl "
+    "--out profile.json",
+    "  verl: replay-theory calibrate --from-log LOG --preset verl --grad-norms FILE --out profile.json",
+    "  the tiny language model: replay-theory validate calibrate-model --out DIR; the simulator: replay-theory "
+    "calibrate-simulator --out profile.json",
+    "then: replay-theory optimal --profile profile.json -B B   (or --mu MU -B B --noise-scale B_NOISE --kappa K)",
+)
