@@ -136,8 +136,9 @@ def _notes(q: Query, r: dict) -> list[str]:
                      f"helps, so replay's horizon sits at --max-horizon {q.max_horizon}; stale rollouts' importance "
                      f"weights set the real limit (replay-theory diagnose shows them by age)")
     if r["designs"]["on_policy"]["steps_vs_B"] >= 0.95 * q.max_steps_ratio:
-        notes.append(f"the cheapest on-policy batch sits at (or near) the steps budget ({q.max_steps_ratio:g}x on-policy's at "
-                     f"B, --max-steps-ratio): a smaller batch is cheaper still in compute and slower in wall time")
+        notes.append(f"the cheapest on-policy batch sits at (or near) the steps budget ({q.max_steps_ratio:g}x "
+                     f"on-policy's at B, --max-steps-ratio): a smaller batch is cheaper still in compute and slower "
+                     f"in wall time")
     if q.floor == 0:
         notes.append("no latency floor given (--latency-floor): a step's generation is priced in proportion to R "
                      "however small, which favours small batches; a GPU decodes a small batch in about the time "
