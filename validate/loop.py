@@ -38,8 +38,8 @@ from ..core.progress import ProgressBar
 from ..figures.results import save_report_figure
 from ..outputs import write_new
 from ..theory.design import DesignQuery, optimal_design
-from ..theory.group_replay import fresh_groups_per_step, fresh_verifier_evaluations
 from ..theory.forgetting import forgetting_pick
+from ..theory.group_replay import fresh_groups_per_step, fresh_verifier_evaluations
 from ..theory.noise_scale import noise_scale_pick
 from ..theory.profiles import load_profile
 from . import countdown
