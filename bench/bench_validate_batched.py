@@ -22,7 +22,9 @@ Run: ``python bench/bench_validate_batched.py [--seeds 16] [--steps 96] [--threa
 check. Needs the validate extra. ``--device cuda`` runs every mode on the GPU (bf16 autocast, as ``validate
 --device cuda``) and adds each mode's peak GPU memory; there the modes may differ in the last bits (different kernels
 for a batched matmul), so the line gives the largest held-out difference instead of asserting equality.
-``bench/gpu_check.py`` calls ``run`` per mode.
+On CUDA each mode first compiles the decode step (``validate/sampling.py``: once per process, as a verify does) on a
+held-out warm-up, outside the clock; ``compile_s`` is what new shapes cost inside it, ``window`` the clock's epoch
+span (gpu_check reads the GPU's busy fraction over it). ``bench/gpu_check.py`` calls ``run`` per mode.
 """
 
 from __future__ import annotations
@@ -74,6 +76,17 @@ run_seeds = [config.seed + 101 * s for s in range(seeds)]
 eval_seeds = [config.seed + 1 + s for s in range(seeds)]
 runs = [(design, seed, eval_seed) for design in designs for seed, eval_seed in zip(run_seeds, eval_seeds)]
 held_out = []
+from replay_theory.validate.sampling import compile_seconds
+if device != "cpu" and mode != "jobs":  # compile the decode step before the clock: once per process, as in a verify
+    from replay_theory.validate.batched import stack_policy
+    from replay_theory.validate.rl import evaluate_policies, evaluate_policy
+    if mode == "sequential":
+        evaluate_policy(warm, test_set[:8], 8, 1.0, config.max_new_tokens, seed=0)  # (64 rows: a training batch)
+    else:
+        evaluate_policies(stack_policy(warm, seeds), test_set[:8], 8, 1.0, config.max_new_tokens, eval_seeds)
+    torch.cuda.synchronize()
+compiled_before = compile_seconds()
+window_start = time.time()
 start = time.perf_counter()
 if mode == "sequential":
     held_out = [one_seed(*run) for run in runs]
@@ -92,7 +105,9 @@ else:
 seconds = time.perf_counter() - start
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB (Linux); the main process only
 gpu_peak = torch.cuda.max_memory_allocated() / 2**20 if device != "cpu" else None  # bytes -> MiB
-print(json.dumps({"seconds": seconds, "peak_rss_mib": peak, "peak_gpu_mib": gpu_peak, "held_out": held_out}))
+compiling = compile_seconds() - compiled_before  # new shapes met inside the clock (graphs recorded, compiles)
+print(json.dumps({"seconds": seconds, "compile_s": compiling, "window": [window_start, time.time()],
+                  "peak_rss_mib": peak, "peak_gpu_mib": gpu_peak, "held_out": held_out}))
 """
 
 

@@ -1,31 +1,44 @@
-"""The GPU path measured (issue 23): one script, run once on a borrowed H100/H200, that records what the card does.
+"""The GPU path measured (issues 23, 31): one script, run once on a borrowed H100/H200, that records what the card does.
 
 Paper: experience-replay (docs/REFERENCES.md), Sec. 2 and Table 1: mu = cost of generating one rollout / cost of
 processing it in a gradient update. This script measures mu and everything around it on one GPU, instead of
-estimating it. Sections (numbered as in the report; run in the order 1, 2, 3, 4, 6, 5 because 5 compiles, the
-longest and least predictable step, so it goes last and takes what time is left):
+estimating it, with the validator's loop as it now runs on CUDA (issue 31: the token generators on the device, a
+static KV cache and a decode step compiled once per process with CUDA graphs, the update's loss in torch on the
+device; ``validate/sampling.py``, ``validate/rl.py``). Sections (numbered as in the report; run in the order 1, 2,
+3, 7, 4, 6, 5: 5 compiles two 0.5B-model decoders, the least predictable step, so it goes last and takes what is left):
 
 1. environment: torch / transformers versions, device name, total memory, CUDA capability.
-2. ``validate all --device cuda`` end to end at small settings (a subprocess of ``python3 -m replay_theory``):
-   wall time, the mu / warm-start / prediction / verdict lines it prints, and the GPU busy fraction meanwhile.
+2. ``validate all --device cuda`` with its DEFAULTS (a subprocess of ``python3 -m replay_theory``; issue 31's target:
+   <= 2 minutes): wall time (a kill at the section's budget is the measurement "over budget"), the mu / warm-start /
+   prediction / verdict lines it prints, and the GPU busy fraction meanwhile.
 3. batched vs sequential verify-style training on the card: ``bench/bench_validate_batched.py``'s ``run`` per
-   mode (a fresh process each) with ``device="cuda"``: both times, their ratio, the largest held-out difference
-   seed by seed (0 on the CPU; on CUDA the batched matmuls may round differently), peak GPU memory, GPU busy.
+   mode (a fresh process each) with ``device="cuda"``: both times (each process compiles its decode step first,
+   outside the clock), their ratio (target >= 10x), the largest held-out difference seed by seed, peak GPU memory,
+   and the GPU busy fraction over each mode's clock (target >= 0.5).
 4. mu of the validator's own loop at real shapes with random weights (no downloads): Qwen2.5-0.5B and -1.5B shapes
    (full 151,936-token vocabulary, tied embeddings) built from ``transformers.Qwen2Config``, the project's precision
-   (fp32 master weights, bf16 autocast on CUDA). Per completion length L in {16, 128, 512}: R completions of fixed
-   length through ``validate.rl.generate_batch`` (sampling + the trainer's behaviour log-prob pass + rewards: what
-   ``RLResult.mu_timing`` charges to generation) and one ``validate.rl.update_step`` on them (GRPO, micro-batched
-   at <= ``tokens_per_micro_batch`` completion tokens per forward/backward chunk). mu = generation seconds per
-   completion / update seconds per completion (``RLResult.mu_timing``, ``bench/bench_validate.py``); also the
-   sampling-only mu and the peak memory (``torch.cuda.max_memory_allocated``) per case.
-5. decode-loop speed-ups at the 0.5B shape, L = 128, bf16 weights: ``validate.sampling.generate`` as it runs in
-   ``validate`` (a CPU ``torch.Generator``: every step copies the (N, V) probabilities to the host), the same loop
-   with a CUDA generator, and ``transformers``' ``generate`` with a dynamic cache, a static cache, and a static cache
-   plus ``torch.compile(mode="reduce-overhead")`` (CUDA graphs; first call = compile, timed apart). Tokens/s each.
-6. bf16 sampler-vs-trainer log-prob mismatch: completions sampled by ``generate`` under bf16 autocast, their
+   (fp32 master weights, bf16 autocast on CUDA; the decoder holds a bf16 copy). Per completion length L in
+   {16, 128, 512}: R completions of fixed length through ``validate.rl.generate_batch`` (sampling + the trainer's
+   behaviour log-prob pass + rewards: what ``RLResult.mu_timing`` charges to generation; the compile of a new decode
+   shape is timed apart and left out, as ``RLResult`` leaves it out) and one ``validate.rl.update_step`` on them
+   (GRPO in torch on the device, micro-batched at <= ``tokens_per_micro_batch`` completion tokens per chunk).
+   mu = generation seconds per completion / update seconds per completion; also the sampling-only mu and the peak
+   memory (``torch.cuda.max_memory_allocated``) per case.
+5. decode speed at the 0.5B shape, R = 64, L = 128, bf16 weights: ``validate.sampling.generate`` as validate runs it
+   on CUDA (static cache + compiled step, device generators; first call = compile, timed apart), the eager loop with a
+   CUDA generator and with a CPU generator (the loop before issue 31, at 16 tokens: at ~140 tokens/s 128 would take
+   a minute), and ``transformers``' ``generate`` with a dynamic cache, a static cache, and a static cache plus
+   ``torch.compile(mode="reduce-overhead")`` (the compiled reference). Tokens/s each; targets: the validator's loop
+   >= 10,000 tokens/s and >= 70% of the compiled reference.
+6. bf16 sampler-vs-trainer log-prob mismatch: completions sampled by ``generate`` as on CUDA (bf16 decoder), their
    log-probs recomputed by the trainer path (``sequence_logprobs``) in bf16 and in fp32; max and mean |difference|
    per token (and per sequence). Control: an fp32 sampler against the fp32 trainer (float32 rounding only).
+7. the fixed-B verdict where replay should win: ``validate all --preset gpu-fixed-b`` (B = 4096, where the tiny
+   model's b = B_noise / B is below the replay threshold; 16 seeds batched; ``validate/config.py`` PRESETS), with
+   ``--kappa`` when given: wall time (target <= 6 minutes), the measured B_noise and b, each rule's pick (noise-scale,
+   forgetting-aware, the paper's) placed with rank, P(best), regret and the seeds a 2-se separation needs
+   (``report-fixed-b.json``), GPU busy. Then B = 16384 (``--rollouts-per-step 16384 --budget-updates 3``) if the time
+   left covers 3 times the first case's wall.
 
 | code name        | paper symbol / meaning                                                     |
 |------------------|----------------------------------------------------------------------------|
@@ -34,19 +47,23 @@ longest and least predictable step, so it goes last and takes what time is left)
 | ``L``            | completion length in tokens (fixed: no stop token can end a completion)    |
 | ``mu``           | mu (Table 1): generation s per completion / update s per completion         |
 | ``busy_fraction``| mean of nvidia-smi's utilization.gpu / 100 over 0.5 s samples               |
+| ``b``            | B_noise / B (section 7; replay pays iff b < the threshold at mu)            |
+| ``kappa``        | the optimizer's memory, what the forgetting-aware rule reads (section 7)    |
 
 Robustness, because it runs once and blind: each section runs in its own try/except with its own time budget, the
 model sections (4, 5, 6) in worker subprocesses that write their finished cases after each one (a crash or a kill
-keeps them), a global deadline (default 7.5 min) turns later sections into "skipped: <why>", ``gpu_check.json`` is
-rewritten after every section and ``gpu_check.md`` (also printed on stdout) at the end. Progress goes to stderr.
+keeps them), a global deadline (default 575 s: one device command may run 10 minutes) turns later sections into
+"skipped: <why>", a section's budget is its cap or what is left after the minimum starts of the sections after it,
+``gpu_check.json`` is rewritten after every section and ``gpu_check.md`` (also printed on stdout) at the end. Progress
+goes to stderr.
 
 Run (the checkout need not be installed; no network, only torch, transformers and numpy are needed)::
 
     p=$(mktemp -d) && ln -s "$PWD" $p/replay_theory && PYTHONPATH=$p python3 bench/gpu_check.py --out $OUT/gpu_check
 
 ``--smoke`` runs every section on the CPU at tiny shapes (hidden 64, 2 layers, vocabulary 1000, 8 tokens, R 8; section
-2 skipped) in about a minute: the code paths exercised before the one blind run
-(``tests/integration/test_gpu_check.py``).
+2 skipped; section 7 at B = 64, 2 seeds, one update of budget; compiles with torch.compile's eager backend) in a few
+minutes: the code paths exercised before the one blind run (``tests/integration/test_gpu_check.py``).
 """
 
 from __future__ import annotations
@@ -74,15 +91,16 @@ from typing import Any, Callable
 HERE = Path(__file__).resolve().parent
 
 # Section names in report order, and the order they run in (5 compiles: last, it takes what is left).
-SECTIONS = ("environment", "validate_all", "batched_verify", "mu", "decode", "logprob_mismatch")
-RUN_ORDER = ("environment", "validate_all", "batched_verify", "mu", "logprob_mismatch", "decode")
+SECTIONS = ("environment", "validate_all", "batched_verify", "mu", "decode", "logprob_mismatch", "verdict")
+RUN_ORDER = ("environment", "validate_all", "batched_verify", "verdict", "mu", "logprob_mismatch", "decode")
 TITLES = {
     "environment": "1. Environment",
-    "validate_all": "2. validate all --device cuda, end to end",
+    "validate_all": "2. validate all --device cuda (defaults), end to end",
     "batched_verify": "3. Batched vs sequential verify-style training",
     "mu": "4. mu of the validator's loop at real shapes (random weights)",
-    "decode": "5. Decode-loop speed-ups (static KV cache, torch.compile)",
+    "decode": "5. Decode speed: the validator's loop against transformers' compiled generate",
     "logprob_mismatch": "6. bf16 sampler-vs-trainer log-prob mismatch",
+    "verdict": "7. The fixed-B verdict where replay should win (validate all --preset gpu-fixed-b)",
 }
 WORKER_SECTIONS = ("mu", "decode", "logprob_mismatch")  # sections that run in a worker subprocess
 
@@ -116,14 +134,17 @@ class CheckConfig:
     """Directory for gpu_check.json, gpu_check.md and the logs (created; one that holds a result is refused)."""
     smoke: bool = False
     """Run every section on the CPU at tiny shapes (about a minute): the code paths, not the numbers."""
-    deadline_s: float = 450.0
-    """Global wall-clock deadline in seconds (7.5 min; the GPU machine's hard limit is 8): later sections skip."""
+    deadline_s: float = 575.0
+    """Global wall-clock deadline in seconds (575: one device command may run 10 minutes): later sections skip."""
     threads: int = 1
     """torch CPU threads of every process (validate's --threads default: the loop as validate runs it)."""
     rollouts: int = 0
     """R, completions per generation call and per update (0: 64 on the GPU, 8 with --smoke); a multiple of 8."""
     sections: tuple[str, ...] = SECTIONS
     """Sections to run (the others are recorded as skipped)."""
+    kappa: float | None = None
+    """Section 7: the optimizer's memory kappa for the forgetting-aware rule (validate --kappa); not given: the
+    calibration's measured memory record if it has one, else that rule makes no prediction and the section says so."""
 
 
 @dataclass(frozen=True)
@@ -144,15 +165,27 @@ class Plan:
     batched_seeds: int  # section 3
     batched_steps: int  # section 3
     validate_args: tuple[str, ...]  # section 2: arguments after `validate all --out DIR`
+    verdict_args: tuple[str, ...]  # section 7: arguments after `validate all --out DIR` (the preset and its sizes)
+    verdict_large_args: tuple[str, ...]  # section 7's second case (B = 16384 on the GPU), appended to verdict_args
+    compile_backend: str  # torch.compile backend of the validator's decoder in sections 4-6 (smoke: eager)
+    kappa: float | None = None  # section 7: --kappa (None: not given)
     budgets: dict[str, float] = field(default_factory=dict)  # section -> at most this many seconds
     min_start: dict[str, float] = field(default_factory=dict)  # section -> skip when fewer seconds are left
     min_case_s: float = 10.0  # a worker starts no case with fewer seconds left
 
 
-# Small enough for about 2 minutes on one GPU (the defaults took 333 s on an H200; on a loaded 2-core CPU these took
-# about 3 min): 2 seeds, 8 updates of budget, a short warm start, 64 completions per staleness value, 1 s mu window.
-GPU_VALIDATE_ARGS = ("--seeds", "2", "--budget-updates", "8", "--sft-steps", "100", "--samples", "64",
-                     "--probe-steps", "10", "--n-train", "200", "--n-test", "32", "--mu-window", "1", "--no-progress")
+# Section 2 on the GPU: validate all with its defaults (issue 31's target is <= 2 minutes for them).
+GPU_VALIDATE_ARGS = ("--no-progress",)
+# The smoke run checks these options against --help only (validate all at small settings; minutes on a CPU).
+SMOKE_VALIDATE_ARGS = ("--seeds", "2", "--budget-updates", "8", "--sft-steps", "100", "--samples", "64",
+                       "--probe-steps", "10", "--n-train", "200", "--n-test", "32", "--mu-window", "1", "--no-progress")
+GPU_VERDICT_ARGS = ("--preset", "gpu-fixed-b", "--no-progress")
+GPU_VERDICT_LARGE = ("--rollouts-per-step", "16384", "--budget-updates", "3")
+# smoke: the preset's fixed-b family on the CPU (a preset fills only options at their defaults, and cpu is one) at
+# B = 64 (8 groups of 8), 2 seeds batched, one on-policy update of budget
+SMOKE_VERDICT_ARGS = ("--family", "fixed-b", "--batched", "true", "--rollouts-per-step", "64", "--seeds", "2",
+                      "--budget-updates", "1", "--sft-steps", "5", "--samples", "16", "--probe-steps", "9",
+                      "--n-train", "64", "--n-test", "4", "--mu-window", "0", "--no-progress")
 
 
 def make_plan(config: CheckConfig) -> Plan:
@@ -161,20 +194,27 @@ def make_plan(config: CheckConfig) -> Plan:
         return Plan(out=str(config.out), smoke=True, device="cpu", threads=config.threads,
                     rollouts=config.rollouts or 8, group_size=4, shapes=(SMOKE_SHAPE,), lengths=(4, 8),
                     tokens_per_micro_batch=16, decode_tokens=8, mismatch_tokens=8, batched_seeds=2,
-                    batched_steps=1, validate_args=GPU_VALIDATE_ARGS,
-                    budgets={"environment": 30, "validate_all": 30, "batched_verify": 120, "mu": 90,
-                             "logprob_mismatch": 60, "decode": 90},
-                    min_start={"validate_all": 5, "batched_verify": 5, "mu": 5, "logprob_mismatch": 5, "decode": 5},
+                    batched_steps=1, validate_args=SMOKE_VALIDATE_ARGS, verdict_args=SMOKE_VERDICT_ARGS,
+                    verdict_large_args=(), compile_backend="eager",
+                    kappa=config.kappa if config.kappa is not None else 0.1,
+                    budgets={"environment": 30, "validate_all": 30, "batched_verify": 120, "verdict": 400, "mu": 90,
+                             "logprob_mismatch": 60, "decode": 120},
+                    min_start={"validate_all": 5, "batched_verify": 5, "verdict": 5, "mu": 5, "logprob_mismatch": 5,
+                               "decode": 5},
                     min_case_s=1.0)
     # GPU: R = 64 as the verify family; lengths as issue 23 asks; micro-batches of <= 4096 completion tokens keep
-    # the full-vocabulary fp32 log-softmax of one chunk near 4096 x 151936 x 4 B = 2.5 GB per copy.
+    # the full-vocabulary fp32 log-softmax of one chunk near 4096 x 151936 x 4 B = 2.5 GB per copy. Budgets are caps
+    # (run_check also leaves the later sections their minimum starts): 15 + 125 + 60 + 240 + 90 + 25 + 110 > 575 s,
+    # what is not used by one section goes to the next.
     return Plan(out=str(config.out), smoke=False, device="cuda", threads=config.threads,
                 rollouts=config.rollouts or 64, group_size=8, shapes=(QWEN25_05B, QWEN25_15B), lengths=(16, 128, 512),
                 tokens_per_micro_batch=4096, decode_tokens=128, mismatch_tokens=128, batched_seeds=16,
-                batched_steps=3, validate_args=GPU_VALIDATE_ARGS,
-                budgets={"environment": 30, "validate_all": 150, "batched_verify": 90, "mu": 150,
-                         "logprob_mismatch": 40, "decode": 170},
-                min_start={"validate_all": 60, "batched_verify": 40, "mu": 40, "logprob_mismatch": 20, "decode": 45},
+                batched_steps=3, validate_args=GPU_VALIDATE_ARGS, verdict_args=GPU_VERDICT_ARGS,
+                verdict_large_args=GPU_VERDICT_LARGE, compile_backend="inductor", kappa=config.kappa,
+                budgets={"environment": 15, "validate_all": 125, "batched_verify": 60, "verdict": 240, "mu": 90,
+                         "logprob_mismatch": 25, "decode": 110},
+                min_start={"validate_all": 60, "batched_verify": 30, "verdict": 90, "mu": 40, "logprob_mismatch": 15,
+                           "decode": 60},
                 min_case_s=10.0)
 
 
@@ -188,6 +228,8 @@ def parse_args(argv: list[str]) -> CheckConfig:
     parser.add_argument("--threads", type=int, default=CheckConfig.threads, help="torch CPU threads (default 1)")
     parser.add_argument("--rollouts", type=int, default=0, help="R (0: 64 on the GPU, 8 with --smoke)")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
+    parser.add_argument("--kappa", type=float, default=None, help="section 7: the optimizer's memory kappa for the "
+                        "forgetting-aware rule (not given: the calibration's measured one, else no prediction)")
     args = parser.parse_args(argv)
 
     def fail(message: str) -> None:
@@ -204,12 +246,14 @@ def parse_args(argv: list[str]) -> CheckConfig:
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown or not sections:
         fail(f"--sections must name some of {', '.join(SECTIONS)}, got {args.sections!r}")
+    if args.kappa is not None and not (math.isfinite(args.kappa) and args.kappa > 0):
+        fail(f"--kappa must be a finite number > 0, got {args.kappa}")
     if Path(args.out).exists() and not Path(args.out).is_dir():
         fail(f"--out must be a directory, got the file {args.out!r}")
     if (Path(args.out) / "gpu_check.json").exists():  # results are never overwritten
         fail(f"--out {args.out!r} already holds gpu_check.json; pass a new directory")
     return CheckConfig(out=Path(args.out), smoke=args.smoke, deadline_s=args.deadline_s, threads=args.threads,
-                       rollouts=args.rollouts, sections=sections)
+                       rollouts=args.rollouts, sections=sections, kappa=args.kappa)
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -256,6 +300,7 @@ class GpuMonitor:
         self.period = period
         self.util: list[float] = []
         self.memory: list[float] = []
+        self.times: list[float] = []  # epoch seconds of each sample
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.source = self._pick_source()
@@ -285,6 +330,7 @@ class GpuMonitor:
             util, mem = float(torch.cuda.utilization()), math.nan
         self.util.append(util)
         self.memory.append(mem)
+        self.times.append(time.time())
 
     def _loop(self) -> None:
         next_at = time.time()
@@ -306,6 +352,12 @@ class GpuMonitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+    def busy_between(self, start: float, end: float) -> float | str:
+        """Mean utilisation / 100 of the samples taken in [start, end] (epoch seconds): a clock inside a process
+        (bench_validate_batched's ``window``) without its start-up and compile; "unavailable" without samples there."""
+        inside = [u for u, t in zip(self.util, self.times) if start <= t <= end]
+        return statistics.fmean(inside) / 100.0 if inside else "unavailable"
 
     def summary(self) -> dict:
         if self.source == "unavailable" or not self.util:
@@ -476,6 +528,9 @@ def section_batched_verify(plan: Plan, clock: Clock, budget: float) -> dict:
                 result["status"] = f"error: {one_line(str(exit_))}"
                 break
         run.update(monitor.summary())
+        window = run.pop("window", None)
+        if window is not None:  # the mode's own clock, without its start-up and the compile before it
+            run["gpu_busy_fraction_in_clock"] = monitor.busy_between(*window)
         held_out = run.pop("held_out")
         run["held_out_mean_reward"] = [h.get("mean_reward") for h in held_out]
         runs[mode] = {**run, "_held_out": held_out}
@@ -486,6 +541,98 @@ def section_batched_verify(plan: Plan, clock: Clock, budget: float) -> dict:
         result["held_out_equal"] = seq["_held_out"] == bat["_held_out"]
         result["held_out_max_abs_diff"] = bench.held_out_max_abs_diff(seq["_held_out"], bat["_held_out"])
     result["runs"] = {mode: {k: v for k, v in run.items() if k != "_held_out"} for mode, run in runs.items()}
+    return result
+
+
+def verdict_summary(report: dict) -> dict:
+    """What section 7 reports of a ``report-fixed-b.json``: the batch, b, each rule's pick and its placement
+    (rank, P(best), regret, strongest rival, seeds for 2 se), the designs' rewards, and why a rule made no pick."""
+    rows = [{"name": d["name"], "R": d.get("R"), "N": d.get("N"), "B": d.get("B"), "steps": d.get("steps"),
+             "reward_mean": d.get("final_reward_mean"), "reward_sd": d.get("final_reward_std")}
+            for d in report.get("designs", [])]
+    rules = []
+    for p in report.get("predictions") or []:
+        v, sep, pick = p.get("verdict"), p.get("separation"), p.get("pick")
+        family = (v or {}).get("family") or {}
+        rules.append({"rule": p["rule"], "design": p.get("design"),
+                      "regime": (pick or p.get("input") or {}).get("regime"),
+                      "b": None if pick is None else pick.get("b"), "threshold_b": (pick or {}).get("threshold_b"),
+                      "kappa": (pick or {}).get("kappa"), "kappa_source": (p.get("input") or {}).get("source"),
+                      "rank": family.get("rank"), "designs": family.get("designs"), "rank_ci": family.get("rank_ci"),
+                      "p_best": family.get("probability_predicted_best"), "regret": family.get("regret"),
+                      "regret_ci": family.get("regret_ci"), "rival": (sep or {}).get("design"),
+                      "difference": (sep or {}).get("difference"), "se": (sep or {}).get("se"),
+                      "seeds_for_2se": (sep or {}).get("seeds_needed"),
+                      "first_or_within_one_se": (p.get("criterion") or {}).get("within_one_se")})
+    noise = next((p for p in report.get("predictions") or [] if p["rule"] == "noise-scale"), {})
+    budget = report.get("budget", {})
+    return {"B": report.get("config", {}).get("rollouts_per_step"), "seeds": budget.get("seeds"),
+            "budget_updates": budget.get("updates"), "batched": budget.get("batched"), "mu_priced": report.get("mu"),
+            "mu_measured": report.get("mu_measured"), "b_noise": (noise.get("input") or {}).get("b_noise"),
+            "b_noise_interval": (noise.get("input") or {}).get("b_noise_interval"),
+            "measured_best": (report.get("measured_best") or {}).get("name"), "rules": rules, "designs": rows,
+            "forgetting_note": None if any(r["rule"] == "forgetting" for r in rules) else
+            (report.get("forgetting_input") or {}).get("reason"), "verify_seconds": report.get("seconds")}
+
+
+def section_verdict(plan: Plan, clock: Clock, budget: float) -> dict:
+    """``validate all --preset gpu-fixed-b`` (section 7): each case a subprocess with the GPU sampled, its
+    report-fixed-b.json summarised (``verdict_summary``) and copied; the larger batch only when 3x the first case's
+    wall is left."""
+    ends_at = time.time() + budget
+    options = _help_options(plan)
+    wanted = sorted({a for a in plan.verdict_args + plan.verdict_large_args if a.startswith("--")} | {"--out",
+                                                                                                       "--kappa"})
+    missing = [a for a in wanted if a not in options]
+    if missing:
+        raise RuntimeError(f"validate all has no option {', '.join(missing)} (checked against --help)")
+    kappa = [] if plan.kappa is None else ["--kappa", repr(plan.kappa)]
+    result: dict[str, Any] = {"kappa_given": plan.kappa, "cases": []}
+    cases = [("preset", plan.verdict_args)]
+    if plan.verdict_large_args:
+        cases.append(("preset, " + " ".join(plan.verdict_large_args), plan.verdict_args + plan.verdict_large_args))
+    first_wall = None
+    for index, (label, args) in enumerate(cases):
+        left = ends_at - time.time()
+        case: dict[str, Any] = {"label": label}
+        if first_wall is not None and left < 3 * first_wall:
+            case["status"] = (f"skipped: {left:.0f} s left, under 3x the first case's {first_wall:.0f} s (the batch is "
+                              "4x larger)")
+            result["cases"].append(case)
+            continue
+        run_dir = Path(tempfile.mkdtemp(prefix="gpu_check_verdict_"))
+        cmd = [sys.executable, "-m", "replay_theory", "validate", "all", "--out", str(run_dir / "run"), *args, *kappa]
+        clock.log(f"verdict: {' '.join(cmd[2:])} (up to {left:.0f} s)")
+        with GpuMonitor() as monitor:
+            code, lines, wall = run_process(cmd, left, Path(plan.out) / f"verdict_{index}.log",
+                                            child_env(plan.threads), echo=True)
+        case.update(command=" ".join(["python3", *cmd[1:]]), wall_s=wall, exit_code=code, **monitor.summary())
+        first_wall = wall if first_wall is None else first_wall
+        reports = Path(plan.out) / f"verdict_reports_{index}"
+        for name in ("report-fixed-b.json", "report-fixed-b.md", "calibration_summary.json", "predicted.json",
+                     "profile.json", "calibration.json"):
+            path = run_dir / "run" / name
+            if path.is_file() and path.stat().st_size < 2**22:
+                reports.mkdir(exist_ok=True)
+                shutil.copy(path, reports / name)
+        report_path = run_dir / "run" / "report-fixed-b.json"
+        if report_path.is_file():
+            case.update(verdict_summary(json.loads(report_path.read_text())))
+        summary_path = run_dir / "run" / "calibration_summary.json"
+        if summary_path.is_file():
+            case["calibration_seconds"] = json.loads(summary_path.read_text()).get("seconds")
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if code is None:
+            case["status"] = f"error: killed at the section's {budget:.0f} s budget (log: verdict_{index}.log)"
+        elif code != 0:
+            last = next((ln for ln in reversed(lines) if ln.strip()), "no output")
+            case["status"] = f"error: exit code {code}: {one_line(last)}"
+        else:
+            case["status"] = "ok"
+        result["cases"].append(case)
+    failed = [c for c in result["cases"] if c["status"].startswith("error")]
+    if failed:
+        result["status"] = failed[0]["status"]
     return result
 
 
@@ -527,6 +674,7 @@ SECTION_FUNCTIONS: dict[str, Callable[[Plan, Clock, float], dict]] = {
     "environment": section_environment,
     "validate_all": section_validate_all,
     "batched_verify": section_batched_verify,
+    "verdict": section_verdict,
     **{name: section_worker(name) for name in WORKER_SECTIONS},
 }
 
@@ -648,19 +796,37 @@ def _problems(plan: Plan):
     return train
 
 
-def _timed_sampler(device):
-    """``HFSampler`` that also times its ``generate`` calls: the sampling-only part of the generation side."""
+def decode_options(plan: Plan):
+    """How sections 4-6 decode: what validate runs on CUDA (``default_decode("cuda")``: static cache, compiled step,
+    all-finished read every 8 tokens, the exponential-race draw), with the plan's compile backend (smoke: eager)."""
+    from replay_theory.validate.sampling import CUDA_CHECK_EVERY, DecodeOptions
+
+    return DecodeOptions(static_cache=True, compile=True, check_every=CUDA_CHECK_EVERY, race=True,
+                         compile_backend=plan.compile_backend)
+
+
+def _timed_sampler(plan: Plan):
+    """``HFSampler`` decoding with ``decode_options(plan)`` that also times its ``generate`` calls (the sampling-only
+    part of the generation side, less the compiling of new shapes, which ``compile_s`` holds)."""
+    from replay_theory.validate import sampling
     from replay_theory.validate.engines import HFSampler
+
+    options = decode_options(plan)
 
     class TimedSampler(HFSampler):
         seconds = 0.0
+        compile_s = 0.0
 
-        def generate(self, *args, **kwargs):
-            _sync(device)
-            start = time.perf_counter()
-            rollouts = super().generate(*args, **kwargs)
-            _sync(device)
-            self.seconds += time.perf_counter() - start
+        def generate(self, policy, prompts, num_samples, max_new_tokens, temperature, generator, *,
+                     prompt_width=None):
+            _sync(plan.device)
+            start, compiled = time.perf_counter(), sampling.compile_seconds()
+            rollouts = sampling.generate(policy, prompts, num_samples, max_new_tokens, temperature, generator,
+                                         prompt_width=prompt_width, decode=options)
+            _sync(plan.device)
+            compiling = sampling.compile_seconds() - compiled
+            self.compile_s += compiling
+            self.seconds += time.perf_counter() - start - compiling
             return rollouts
 
     return TimedSampler()
@@ -678,13 +844,15 @@ def worker_mu(plan: Plan, deadline: float, emit: Callable[[dict], None]) -> dict
     import numpy as np
     import torch
 
-    from replay_theory.validate.rl import RLConfig, generate_batch, update_step
+    from replay_theory.validate import sampling
+    from replay_theory.validate.rl import RLConfig, generate_batch, make_generator, update_step
 
     problems = _problems(plan)
     R, G = plan.rollouts, plan.group_size
     index = np.arange(R // G)  # R / G prompts x G samples
     result: dict[str, Any] = {"rollouts": R, "group_size": G, "precision": "fp32 weights, bf16 autocast on CUDA "
-                              "(validate's default); fp32 on the CPU", "cases": []}
+                              "(validate's default; the decoder a bf16 copy); fp32 on the CPU",
+                              "loop": f"{decode_options(plan)}; generators on the device; torch losses", "cases": []}
 
     def rl_config(length: int) -> RLConfig:
         return RLConfig(steps=1, rollouts_per_step=R, group_size=G, batch_size=R, capacity=R, buffer="on-policy",
@@ -692,24 +860,25 @@ def worker_mu(plan: Plan, deadline: float, emit: Callable[[dict], None]) -> dict
 
     def one_case(policy, optimizer, length: int) -> dict:
         config = rl_config(length)
-        sampler = _timed_sampler(plan.device)
-        generator = torch.Generator(device="cpu").manual_seed(length)  # the CPU stream validate's loop uses
+        sampler = _timed_sampler(plan)
+        generator = make_generator(plan.device, length)  # on the device on CUDA, as validate's loop now samples
         _reset_peak(plan.device)
         policy.model.eval()
         _sync(plan.device)
-        start = time.perf_counter()
+        start, compiled = time.perf_counter(), sampling.compile_seconds()
         batch, _ = generate_batch(policy, problems, index, config, 0, 0, generator, sampler)
         _sync(plan.device)
-        generation_s = time.perf_counter() - start
+        compile_s = sampling.compile_seconds() - compiled  # a new decode shape: compiled or its graph recorded
+        generation_s = time.perf_counter() - start - compile_s  # as RLResult.mu_timing charges it
         policy.model.train()
         start = time.perf_counter()
-        update_step(policy, optimizer, problems, config, batch)
+        update_step(policy, optimizer, problems, config, batch, library="torch")  # the loss on the device
         _sync(plan.device)
         update_s = time.perf_counter() - start
         policy.model.eval()
         tokens = int(batch.mask.sum())
         return {"generation_s": generation_s, "sampling_s": sampler.seconds, "update_s": update_s,
-                "mu": generation_s / update_s,  # (gen s / R) / (update s / R): RLResult.mu_timing
+                "compile_s": compile_s, "mu": generation_s / update_s,  # (gen s / R) / (update s / R)
                 "mu_sampling_only": sampler.seconds / update_s, "completion_tokens": tokens,
                 "fixed_length": tokens == R * length, "micro_batch": config.micro_batch_size,
                 "sampled_tokens_per_s": tokens / sampler.seconds, "peak_memory_gib": _peak_gib(plan.device)}
@@ -768,6 +937,7 @@ def worker_mu(plan: Plan, deadline: float, emit: Callable[[dict], None]) -> dict
             result["cases"].append(case)
             emit(result)
         del policy, optimizer
+        sampling.release_decoders()  # the shape's decoder (its weights, caches and graphs) goes with it
         _free(plan.device)
     return result
 
@@ -809,7 +979,9 @@ def worker_logprob_mismatch(plan: Plan, deadline: float, emit: Callable[[dict], 
     def generator():  # on the device: how tokens are drawn does not matter here, and a CPU draw of 151,936 ids
         return torch.Generator(device=policy_bf16.device).manual_seed(1)  # per row and step costs seconds
 
-    sampled_bf16 = generate(policy_bf16, prompts, G, length, 1.0, generator())
+    decode = decode_options(plan)  # the sampler as validate runs it on CUDA: a bf16 (compute dtype) decoder copy
+    result["decode"] = str(decode)
+    sampled_bf16 = generate(policy_bf16, prompts, G, length, 1.0, generator(), decode=decode)
     mask = sampled_bf16.completion_mask.float()
     trainer_bf16, trainer_fp32 = trainer(policy_bf16, sampled_bf16), trainer(policy_fp32, sampled_bf16)
     pairs = [("sampler bf16 vs trainer bf16", sampled_bf16.logp_behav, trainer_bf16),
@@ -819,7 +991,7 @@ def worker_logprob_mismatch(plan: Plan, deadline: float, emit: Callable[[dict], 
         result["cases"].append({"pair": name, "status": "ok", **_token_stats(a, b, mask)})
     emit(result)
     # The control: sampler and trainer both fp32. Only the KV-cached vs full forward's float32 rounding remains.
-    sampled_fp32 = generate(policy_fp32, prompts, G, length, 1.0, generator())
+    sampled_fp32 = generate(policy_fp32, prompts, G, length, 1.0, generator(), decode=decode)
     result["cases"].append({"pair": "sampler fp32 vs trainer fp32 (control)", "status": "ok",
                             **_token_stats(sampled_fp32.logp_behav, trainer(policy_fp32, sampled_fp32),
                                            sampled_fp32.completion_mask.float())})
@@ -839,12 +1011,15 @@ def _autocast_state(policy) -> str:
 
 
 def worker_decode(plan: Plan, deadline: float, emit: Callable[[dict], None]) -> dict:
-    """Section 5: tokens/s of the project's sampling loop and of transformers' generate (static cache, compile)."""
+    """Section 5: tokens/s of the validator's loop as it runs on CUDA (compiled), of its eager forms (the loop before
+    issue 31 with a CPU generator, and with a CUDA one), and of transformers' generate (dynamic cache, static cache,
+    static cache + torch.compile: the compiled reference); the loop's ratio to the reference."""
     import torch
     from transformers import CompileConfig, GenerationConfig
 
+    from replay_theory.validate import sampling
     from replay_theory.validate.logprobs import encode_prompts
-    from replay_theory.validate.sampling import generate
+    from replay_theory.validate.sampling import DecodeOptions, generate
 
     shape, length = plan.shapes[0], plan.decode_tokens
     R, G = plan.rollouts, plan.group_size
@@ -856,9 +1031,9 @@ def worker_decode(plan: Plan, deadline: float, emit: Callable[[dict], None]) -> 
     prompt_ids, prompt_mask = encode_prompts(policy, prompts)  # (R / G, P) left-padded
     prompt_ids = prompt_ids.repeat_interleave(G, dim=0)  # (R, P): the rows the project's loop samples
     prompt_mask = prompt_mask.repeat_interleave(G, dim=0)
-    tokens = R * length
+    old_length = min(length, 16)  # the loop before issue 31 draws on the host: ~140 tokens/s at 0.5B on an H200
     result: dict[str, Any] = {"shape": shape.name, "length": length, "rollouts": R, "weights": "bfloat16",
-                              "cases": []}
+                              "old_loop_length": old_length, "cases": []}
 
     def timed(fn, *args, **kwargs) -> float:
         _sync(device)
@@ -880,77 +1055,81 @@ def worker_decode(plan: Plan, deadline: float, emit: Callable[[dict], None]) -> 
             raise RuntimeError(f"generate returned {out.shape[1] - prompt_ids.shape[1]} new tokens, not {new_tokens}")
         return out
 
-    def project(generator_device: str):
+    def project(generator_device: str, decode: DecodeOptions):
         def run(new_tokens: int):
             generator = torch.Generator(device=generator_device).manual_seed(0)
-            rollouts = generate(policy, prompts, G, new_tokens, 1.0, generator)
+            rollouts = generate(policy, prompts, G, new_tokens, 1.0, generator, decode=decode)
             if rollouts.completion_ids.shape[1] != new_tokens:
                 raise RuntimeError(f"the loop returned {rollouts.completion_ids.shape[1]} tokens, not {new_tokens}")
         return run
 
-    if torch.device(device).type == "cuda":
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
         compile_config = CompileConfig(mode="reduce-overhead")  # inductor + CUDA graphs
     else:  # smoke: inductor on a 2-core CPU takes minutes; the eager backend still goes through dynamo
         compile_config = CompileConfig(backend="eager", mode=None)
         compile_config._compile_all_devices = True  # transformers' own switch for compiling off-GPU
     compile_name = f"torch.compile(backend={compile_config.backend}, mode={compile_config.mode})"
-    variants = [
-        ("project loop, CPU generator (as validate runs it)", project("cpu"), None),
-        ("project loop, CUDA generator", project(str(device)),
-         None if device.type == "cuda" else "skipped: CPU run (the generator already lives on the device)"),
-        ("transformers generate, dynamic cache", lambda n: hf_generate(n, disable_compile=True), None),
+    ours = decode_options(plan)
+    eager_device = DecodeOptions(check_every=ours.check_every, race=True)
+    LOOP = "validator's loop as validate runs it on CUDA (static cache, compiled step, device generator)"
+    REFERENCE = f"transformers generate, static cache + {compile_name}"
+    variants = [  # (name, run(new_tokens), tokens per call, compiles?, skip reason)
+        ("validator's loop before issue 31 (eager, CPU generator)", project("cpu", DecodeOptions()), old_length,
+         False, None),
+        ("validator's loop, eager, CUDA generator", project(str(device), eager_device), length, False,
+         None if cuda else "skipped: CPU run (the generator already lives on the device)"),
+        ("transformers generate, dynamic cache", lambda n: hf_generate(n, disable_compile=True), length, False, None),
         ("transformers generate, static cache", lambda n: hf_generate(n, cache_implementation="static",
-                                                                      disable_compile=True), None),
+                                                                      disable_compile=True), length, False, None),
+        (LOOP, project(str(device) if cuda else "cpu", ours), length, True, None),
+        (REFERENCE, lambda n: hf_generate(n, cache_implementation="static", compile_config=compile_config), length,
+         True, None),
     ]
-    baseline = None
-    for name, fn, skip in variants:
-        case: dict[str, Any] = {"variant": name}
+    rates: dict[str, float] = {}
+    for name, fn, new_tokens, compiles, skip in variants:
+        case: dict[str, Any] = {"variant": name, "tokens_per_call": R * new_tokens}
+        result["cases"].append(case)  # updated in place: a kill mid-case keeps what finished
         left = deadline - time.time()
-        if skip or left < plan.min_case_s:
-            case["status"] = skip or f"skipped: deadline ({left:.0f} s left)"
+        need = plan.min_case_s * (3 if compiles else 1)  # a compile needs far more than one plain case
+        if skip or left < need:
+            case["status"] = skip or f"skipped: deadline ({left:.0f} s left, about {need:.0f} s needed)"
         else:
             try:
-                timed(fn, min(4, length))  # warm-up: kernels, allocator
-                seconds = timed(fn, length)
-                case.update(status="ok", seconds=seconds, tokens_per_s=tokens / seconds)
-                if name == variants[0][0]:
-                    baseline = case["tokens_per_s"]  # speed-ups are relative to the loop validate runs
-                if baseline:
-                    case["speedup_vs_project_loop"] = case["tokens_per_s"] / baseline
+                if compiles:
+                    case["status"] = "error: killed during the first (compiling) call"
+                    emit(result)
+                    case["first_call_s"] = timed(fn, new_tokens)  # compiles (and records the CUDA graphs)
+                    case["status"] = "error: killed during the steady calls"
+                    emit(result)
+                    steady = [timed(fn, new_tokens) for _ in range(2)]
+                    seconds = min(steady)
+                    case.update(steady_calls_s=steady, compile_s=case["first_call_s"] - seconds)
+                    if name == REFERENCE:  # transformers keeps its compiled forward as model._compiled_call (5.x)
+                        case["compiled"] = hasattr(model, "_compiled_call")
+                    else:
+                        decoder = next((d for d in sampling._DECODERS.values() if d.options.compile), None)
+                        case["compiled"] = decoder is not None and decoder.compiled
+                else:
+                    timed(fn, min(4, new_tokens))  # warm-up: kernels, allocator
+                    seconds = timed(fn, new_tokens)
+                case.update(status="ok", seconds=seconds, tokens_per_s=R * new_tokens / seconds)
+                rates[name] = case["tokens_per_s"]
             except Exception as err:  # noqa: BLE001 - one variant's failure leaves the others
                 case["status"] = f"error: {one_line(err)}"
             _free(device)
         print(f"[decode] {name}: {case.get('status')} {case.get('tokens_per_s', 0):,.0f} tokens/s", file=sys.stderr,
               flush=True)
-        result["cases"].append(case)
         emit(result)
-
-    name = f"transformers generate, static cache + {compile_name}"
-    case = {"variant": name}
-    result["cases"].append(case)  # updated in place: a kill during the steady calls keeps the first call's time
-    left = deadline - time.time()
-    if left < plan.min_case_s * 3:  # a compile needs far more than one plain case
-        case["status"] = f"skipped: deadline ({left:.0f} s left, compiling needs more)"
-    else:
-        try:
-            static = {"cache_implementation": "static", "compile_config": compile_config}
-            case["status"] = "error: killed during the first (compiling) call"
-            emit(result)
-            first_s = timed(hf_generate, length, **static)  # compiles (and records the CUDA graphs)
-            # transformers keeps its compiled forward as model._compiled_call (get_compiled_call, 5.x)
-            case.update(first_call_s=first_s, compiled=hasattr(model, "_compiled_call"),
-                        status="error: killed during the steady calls")
-            emit(result)
-            steady = [timed(hf_generate, length, **static) for _ in range(2)]
-            seconds = min(steady)
-            case.update(status="ok", seconds=seconds, steady_calls_s=steady, tokens_per_s=tokens / seconds,
-                        compile_s=first_s - seconds)
-            if baseline:
-                case["speedup_vs_project_loop"] = case["tokens_per_s"] / baseline
-        except Exception as err:  # noqa: BLE001 - compile failures are a result too
-            case["status"] = f"error: {one_line(err)}"
-    print(f"[decode] {name}: {case.get('status')} {case.get('tokens_per_s', 0):,.0f} tokens/s", file=sys.stderr,
-          flush=True)
+    old = rates.get(variants[0][0])
+    for case in result["cases"]:
+        if old and "tokens_per_s" in case:
+            case["speedup_vs_old_loop"] = case["tokens_per_s"] / old
+    if LOOP in rates and REFERENCE in rates:
+        result["loop_over_compiled_reference"] = rates[LOOP] / rates[REFERENCE]  # target >= 0.7
+    if LOOP in rates:
+        result["loop_tokens_per_s"] = rates[LOOP]  # target >= 10,000 at the 0.5B shape, R = 64, L = 128
+    sampling.release_decoders()
     return result
 
 
@@ -1044,9 +1223,11 @@ def markdown(data: dict) -> str:
                       *record.get("lines", []), *record.get("verdict_lines", []), "```"]
         elif name == "batched_verify" and record.get("runs"):
             runs = record["runs"]
-            lines += _table(["mode", "seconds", "peak RSS MiB", "peak GPU MiB", "GPU busy"],
-                            [[m, r.get("seconds"), r.get("peak_rss_mib"), r.get("peak_gpu_mib"),
-                              r.get("gpu_busy_fraction")] for m, r in runs.items()])
+            lines += _table(["mode", "seconds", "compile s inside", "peak RSS MiB", "peak GPU MiB",
+                             "GPU busy (its clock)", "GPU busy (process)"],
+                            [[m, r.get("seconds"), r.get("compile_s"), r.get("peak_rss_mib"), r.get("peak_gpu_mib"),
+                              r.get("gpu_busy_fraction_in_clock"), r.get("gpu_busy_fraction")]
+                             for m, r in runs.items()])
             lines += ["", f"{record['seeds']} seeds x 2 designs x {record['steps']} updates + held-out evaluation, "
                       f"tiny model on {record['device']}: ratio sequential / batched "
                       f"{_fmt(record.get('ratio_sequential_over_batched'))}x; held-out results equal seed by seed: "
@@ -1054,22 +1235,56 @@ def markdown(data: dict) -> str:
                       f"{_fmt(record.get('held_out_max_abs_diff'))})"]
         elif name == "mu" and record.get("cases"):
             lines += [f"R = {record['rollouts']} completions (G = {record['group_size']}), fixed length; "
-                      f"{record['precision']}; {_busy(record)}", ""]
-            lines += _table(["shape", "L", "micro-batch", "generation s", "sampling s", "update s", "mu",
-                             "mu (sampling only)", "peak GiB", "status"],
+                      f"{record['precision']}; loop: {record.get('loop', '-')}; {_busy(record)}", ""]
+            lines += _table(["shape", "L", "micro-batch", "generation s", "sampling s", "update s", "compile s (apart)",
+                             "mu", "mu (sampling only)", "peak GiB", "status"],
                             [[c["shape"], c["length"], c.get("micro_batch"), c.get("generation_s"),
-                              c.get("sampling_s"), c.get("update_s"), c.get("mu"), c.get("mu_sampling_only"),
-                              c.get("peak_memory_gib"), c["status"]] for c in record["cases"]])
+                              c.get("sampling_s"), c.get("update_s"), c.get("compile_s"), c.get("mu"),
+                              c.get("mu_sampling_only"), c.get("peak_memory_gib"), c["status"]]
+                             for c in record["cases"]])
         elif name == "decode" and record.get("cases"):
             lines += [f"{record['shape']}, R = {record['rollouts']}, L = {record['length']} (fixed), "
                       f"{record['weights']} weights; {_busy(record)}", ""]
-            lines += _table(["variant", "seconds", "tokens/s", "speed-up vs project loop", "status"],
-                            [[c["variant"], c.get("seconds"), c.get("tokens_per_s"),
-                              c.get("speedup_vs_project_loop"), c.get("status")] for c in record["cases"]])
+            lines += _table(["variant", "tokens per call", "seconds", "tokens/s", "speed-up vs the old loop",
+                             "status"],
+                            [[c["variant"], c.get("tokens_per_call"), c.get("seconds"), c.get("tokens_per_s"),
+                              c.get("speedup_vs_old_loop"), c.get("status")] for c in record["cases"]])
             compiled = [c for c in record["cases"] if "first_call_s" in c]
             for c in compiled:
-                lines += ["", f"compile: first call {_fmt(c['first_call_s'])} s, steady {_fmt(c.get('seconds'))} s, "
-                          f"compile ~ {_fmt(c.get('compile_s'))} s; compiled forward used: {_fmt(c.get('compiled'))}"]
+                lines += ["", f"{c['variant']}: first call {_fmt(c['first_call_s'])} s, steady "
+                          f"{_fmt(c.get('seconds'))} s, compile ~ {_fmt(c.get('compile_s'))} s; compiled: "
+                          f"{_fmt(c.get('compiled'))}"]
+            lines += ["", f"the validator's loop: {_fmt(record.get('loop_tokens_per_s'))} tokens/s (target >= "
+                      f"10,000), {_fmt(record.get('loop_over_compiled_reference'))} of the compiled reference "
+                      f"(target >= 0.7)"]
+        elif name == "verdict" and record.get("cases"):
+            lines += [f"--kappa: {_fmt(record.get('kappa_given'))}", ""]
+            for c in record["cases"]:
+                lines += [f"### {c['label']}: {c['status']}", ""]
+                if "wall_s" not in c:
+                    continue
+                lines += [f"`{c['command']}`", "", f"wall {c['wall_s']:.1f} s (target <= 360 s; calibration "
+                          f"{_fmt(c.get('calibration_seconds'))} s, verify {_fmt(c.get('verify_seconds'))} s), "
+                          f"exit code {c['exit_code']}; {_busy(c)}; peak GPU memory used "
+                          f"{_fmt(c.get('gpu_memory_used_max_mib'))} MiB", ""]
+                if c.get("rules"):
+                    lines += [f"B = {c['B']}, {c['seeds']} seeds (batched: {_fmt(c['batched'])}), budget "
+                              f"{c['budget_updates']} on-policy updates at mu = {_fmt(c['mu_priced'])} (measured "
+                              f"{_fmt(c['mu_measured'])}); B_noise = {_fmt(c['b_noise'])} "
+                              f"{c.get('b_noise_interval')}; measured best: {c['measured_best']}", ""]
+                    lines += _table(["rule", "design", "regime", "b", "kappa", "rank", "P(best)", "regret",
+                                     "strongest rival", "difference", "se", "seeds for 2 se",
+                                     "first or within 1 se"],
+                                    [[r["rule"], r["design"], r["regime"], r["b"], r["kappa"],
+                                      None if r["rank"] is None else f"{r['rank']} of {r['designs']}", r["p_best"],
+                                      r["regret"], r["rival"], r["difference"], r["se"], r["seeds_for_2se"],
+                                      r["first_or_within_one_se"]] for r in c["rules"]])
+                    if c.get("forgetting_note"):
+                        lines += ["", f"forgetting-aware rule: no prediction ({c['forgetting_note']})"]
+                    lines += [""] + _table(["design", "R", "N", "B", "updates", "held-out reward", "sd"],
+                                           [[d["name"], d["R"], d["N"], d["B"], d["steps"], d["reward_mean"],
+                                             d["reward_sd"]] for d in c["designs"]])
+                lines.append("")
         elif name == "logprob_mismatch" and record.get("cases"):
             lines += [f"{record['shape']}, R = {record['rollouts']}, L = {record['length']}; bf16 rows: "
                       f"{record.get('autocast_bf16', '-')}, fp32 rows: {record.get('autocast_fp32', '-')}", ""]
@@ -1104,7 +1319,9 @@ def run_check(config: CheckConfig) -> dict:
             record = {"status": f"skipped: deadline ({left:.0f} s left, the section needs "
                                 f"{plan.min_start[name]:.0f} s to start)"}
         else:
-            budget = min(plan.budgets.get(name, left), left)
+            later = [n for n in RUN_ORDER[index + 1:] if n in config.sections]
+            reserve = sum(plan.min_start.get(n, 0.0) for n in later)  # the later sections can still start
+            budget = min(plan.budgets.get(name, left), max(left - reserve, plan.min_start.get(name, 0.0)), left)
             clock.log(f"section {index + 1}/{len(RUN_ORDER)} {name}: budget {budget:.0f} s, done by "
                       f"{time.time() - clock.start + budget:.0f} s at the latest")
             start = time.time()

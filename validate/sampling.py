@@ -85,6 +85,8 @@ class DecodeOptions:
     the generators advance further than with 1 (the returned rollouts are the same)."""
     compile_mode: str | None = None
     """``torch.compile``'s mode: None = "reduce-overhead" (CUDA graphs) on CUDA, inductor's default on the CPU."""
+    compile_backend: str = "inductor"
+    """``torch.compile``'s backend (gpu_check's CPU smoke run passes "eager": dynamo without inductor's minutes)."""
     race: bool | None = None
     """Draw by the exponential race on the generators' device (``draw_tokens``); None: when they are not on the CPU.
     On the CPU it gives ``torch.multinomial``'s tokens (the tests run the device path there)."""
@@ -101,8 +103,8 @@ CUDA_CHECK_EVERY = 8
 
 
 def default_decode(device: torch.device | str, mode: str = "auto") -> DecodeOptions:
-    """``--decode MODE`` on ``device``: auto is the compiled loop on CUDA and the eager loop (today's CPU numbers) on the
-    CPU; eager, static and compiled ask for one everywhere (the CPU tests run each)."""
+    """``--decode MODE`` on ``device``: auto is the compiled loop on CUDA and the eager loop (today's CPU numbers) on
+    the CPU; eager, static and compiled ask for one everywhere (the CPU tests run each)."""
     if mode not in DECODE_MODES:
         raise ValueError(f"--decode must be one of {', '.join(DECODE_MODES)}, got {mode!r}")
     cuda = torch.device(device).type == "cuda"
@@ -287,8 +289,11 @@ class StaticDecoder:
     """A model's decode step on static KV caches, optionally compiled, shared by every ``generate`` of the process.
 
     ``model``: a copy of the policy's architecture in the compute dtype (bf16 on CUDA), with fixed parameter
-    addresses: ``start`` copies the policy's current weights in, so CUDA graphs recorded once stay valid for every
-    run. One cache and one step per (rows, width); the prefill is eager (its shape changes with the prompt width).
+    addresses: ``start`` copies the policy's current weights in, so what is compiled (and the CUDA graphs recorded)
+    once stays valid for every run. One static cache per (rows, width), rows padded per seed block to a power of two
+    and the prompt width to a multiple of ``WIDTH_STEP`` (extra left padding); the prefill is eager. The step takes the
+    cache as an argument and is compiled once with dynamic shapes, so a new (rows, width) records a graph rather than
+    compiling again.
     """
 
     def __init__(self, policy: Policy, options: DecodeOptions):
@@ -302,11 +307,12 @@ class StaticDecoder:
         self.mode = options.compile_mode if options.compile_mode is not None else (
             "reduce-overhead" if cuda else None)
         self.caches: dict[tuple[int, int], object] = {}
-        self.steps: dict[tuple[int, int], object] = {}
         self.fallback: str | None = None  # why the step runs eagerly although compile was asked (one line, once)
         self.attn = getattr(self.model.config, "_attn_implementation", "sdpa")
         self.takes_cache = _takes_cache(type(self.model))
-        self._warm: set = set()  # shapes whose compiled step has run once
+        self.warm: set = set()  # (rows, width) whose compiled step has run once (compiled or graph recorded)
+        self.compiled = False  # whether self.step is torch.compile's (set by _compile, cleared by _fall_back)
+        self.step = self._compile() if options.compile else self.eager_step
 
     # -- weights and shapes
 
@@ -349,46 +355,41 @@ class StaticDecoder:
 
     # -- the step
 
-    def _make_step(self, cache):
-        model, kw = self.model, self._cache_kw(cache)
+    def eager_step(self, cache, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                   attention_mask: torch.Tensor) -> torch.Tensor:
+        """One decode step: the tokens (rows, 1) at their positions, written to the cache; the next logits (rows, V)."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=True, logits_to_keep=1, **self._cache_kw(cache))
+        return out.logits[:, -1]
 
-        def step(input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-            out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        use_cache=True, logits_to_keep=1, **kw)
-            return out.logits[:, -1]  # (rows, V)
-
+    def _compile(self):
+        _raise_recompile_limit()
+        try:
+            step = torch.compile(self.eager_step, mode=self.mode, dynamic=True, fullgraph=False,
+                                 backend=self.options.compile_backend)
+        except Exception as err:  # noqa: BLE001 - no compiler on this platform: decode eagerly, said once
+            self._fall_back(err)
+            return self.eager_step
+        self.compiled = True
         return step
-
-    def _compiled(self, key, cache):
-        if key not in self.steps:
-            eager = self._make_step(cache)
-            if not self.options.compile or self.fallback is not None:
-                self.steps[key] = (eager, eager, False)
-            else:
-                _raise_recompile_limit()
-                try:
-                    compiled = torch.compile(eager, mode=self.mode, dynamic=False, fullgraph=False)
-                except Exception as err:  # noqa: BLE001 - no compiler on this platform: decode eagerly, said once
-                    self._fall_back(err)
-                    compiled = eager
-                self.steps[key] = (compiled, eager, compiled is not eager)
-        return self.steps[key]
 
     def _fall_back(self, err: BaseException) -> None:
         if self.fallback is None:
             self.fallback = " ".join(f"{type(err).__name__}: {err}".split())[:300]
             print(f"validate: torch.compile of the decode step is unavailable ({self.fallback}); decoding eagerly "
                   f"on the static KV cache", file=sys.stderr, flush=True)
+        self.step, self.compiled = self.eager_step, False
 
     @torch.no_grad()
     def start(self, policy: Policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_blocks: int,
               max_new_tokens: int):
-        """Load the weights, pad every seed block to ``padded_rows``, prefill the static cache; returns
-        ``next_logits(token, alive, t)`` for ``generate`` (real rows only, (N, V))."""
+        """Load the weights, pad every seed block to ``padded_rows`` and the prompt to a multiple of ``WIDTH_STEP``,
+        prefill the static cache; returns ``next_logits(token, alive, t)`` for ``generate`` (real rows, (N, V))."""
         self.load(policy)
-        N, P = prompt_ids.shape
+        N, P0 = prompt_ids.shape
         n = N // num_blocks
         n_pad = padded_rows(n)
+        P = -(-P0 // WIDTH_STEP) * WIDTH_STEP  # prompt columns, left-padded further
         rows, width = num_blocks * n_pad, P + max_new_tokens
         device = prompt_ids.device
         # padded layout: block s holds its n real rows, then copies of its first row (never sampled, never NaN)
@@ -397,9 +398,12 @@ class StaticDecoder:
         real = (torch.arange(num_blocks, device=device)[:, None] * n_pad
                 + torch.arange(n, device=device)).reshape(-1)  # (N,) where the real rows sit
         padded = n_pad != n
-        ids_p, mask_p = prompt_ids[source], prompt_mask[source]  # (rows, P)
+        pad_token = policy.tokenizer.pad_token_id
+        ids_p = torch.full((rows, P), pad_token, dtype=prompt_ids.dtype, device=device)  # (rows, P)
+        ids_p[:, P - P0:] = prompt_ids[source]
         mask2d = torch.zeros((rows, width), dtype=torch.long, device=device)  # (rows, P + L)
-        mask2d[:, :P] = mask_p
+        mask2d[:, P - P0:P] = prompt_mask[source]
+        mask_p = mask2d[:, :P]
         prompt_len = mask_p.sum(1)  # (rows,)
         cache = self._cache(rows, width)
         out = self.model(input_ids=ids_p, attention_mask=mask2d, position_ids=(mask_p.cumsum(1) - 1).clamp(min=0),
@@ -407,12 +411,8 @@ class StaticDecoder:
         first = out.logits[:, -1]
         attention = self._attention(mask2d)
         key = (rows, width)
-        step, eager, compiled = self._compiled(key, cache)
-        cuda_graphs = compiled and self.device.type == "cuda" and self.mode == "reduce-overhead"
-        pad_token = policy.tokenizer.pad_token_id
 
         def next_logits(token, alive, t):
-            nonlocal step
             if token is None:
                 logits = first
             else:
@@ -425,28 +425,32 @@ class StaticDecoder:
                     token_p, alive_p = token, alive
                 column = P + t  # completion token t is written to cache column P + t
                 self._set_column(attention, column, alive_p)
-                inputs = (token_p[:, None], (prompt_len + t)[:, None], attention)
-                if cuda_graphs and hasattr(torch.compiler, "cudagraph_mark_step_begin"):
+                inputs = (cache, token_p[:, None], (prompt_len + t)[:, None], attention)
+                compiled = self.compiled
+                if compiled and self.device.type == "cuda" and hasattr(torch.compiler, "cudagraph_mark_step_begin"):
                     torch.compiler.cudagraph_mark_step_begin()  # the previous step's logits are consumed
-                if step is not eager and key not in self._warm:  # first call of a new compiled shape
+                if compiled and key not in self.warm:  # first call of a shape: compile or record its graph
                     started = time.perf_counter()
                     try:
-                        logits = step(*inputs)
+                        logits = self.step(*inputs)
                     except Exception as err:  # noqa: BLE001 - a compile error surfaces at the first call
                         self._fall_back(err)
                         _rewind(cache, column)
-                        self.steps[key] = (eager, eager, False)
-                        step = eager
-                        logits = step(*inputs)
+                        logits = self.step(*inputs)
                     if self.device.type == "cuda":
                         torch.cuda.synchronize()
                     _COMPILE_SECONDS[0] += time.perf_counter() - started
-                    self._warm.add(key)
+                    self.warm.add(key)
                 else:
-                    logits = step(*inputs)
+                    logits = self.step(*inputs)
             return logits[real] if padded else logits  # (N, V); consumed before the next step overwrites it
 
         return next_logits
+
+
+WIDTH_STEP = 16
+"""The static decoder left-pads prompts to a multiple of 16 columns: callers that pad each batch to its own longest
+prompt (calibration's batches) then share a few cache widths."""
 
 
 def _rewind(cache, column: int) -> None:

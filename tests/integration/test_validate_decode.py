@@ -138,6 +138,13 @@ def test_compiled_step_is_compiled_once_and_reused_across_models(setup):
     _same(_sample(other, train_set, DecodeOptions()), again, STATIC_TOL)
     assert not torch.equal(again.completion_ids, first.completion_ids)
     assert len(sampling._DECODERS) == 2 and all(d.fallback is None for d in sampling._DECODERS.values())
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
+    for prompts, length in ((20, 16), (5, 24)):  # new rows and widths: graphs recorded, nothing compiled again
+        _same(_sample(policy, train_set, DecodeOptions(), prompts=prompts, length=length),
+              _sample(policy, train_set, compiled, prompts=prompts, length=length), STATIC_TOL)
+    assert counters["stats"]["unique_graphs"] == graphs
 
 
 @pytest.mark.parametrize("where", ["torch.compile", "first call"])
@@ -227,3 +234,22 @@ def test_sampler_decode_option_reaches_generate(setup, monkeypatch):
                                                   torch.Generator().manual_seed(0))
     HFSampler().generate(policy, ["nums 1 2 3 target 6 ="], 2, 4, 1.0, torch.Generator().manual_seed(0))
     assert seen == [DecodeOptions(static_cache=True), DecodeOptions()]
+
+
+@pytest.mark.slow
+def test_seed_stacked_model_through_the_compiled_step(setup):
+    """verify --batched on a GPU: a design's seeds as one stacked model through the compiled static step; each seed's
+    rows equal the eager loop's (tokens; log-probs within float32 rounding), padding split per seed (12 rows -> 16)."""
+    train_set, policy, stopping = setup
+    stacked = stack_policy(stopping, 3)
+    with torch.no_grad():
+        for s, p in enumerate(p for p in stacked.model.parameters()):
+            p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(s)))  # the seeds differ
+    reference = _sample(stacked, train_set, DecodeOptions(), seeds=(5, 6, 7), prompts=3)
+    compiled = _sample(stacked, train_set, DecodeOptions(static_cache=True, compile=True, race=True, check_every=4),
+                       seeds=(5, 6, 7), prompts=3)
+    _same(reference, compiled, STATIC_TOL)
+    decoder = next(d for d in sampling._DECODERS.values() if d.options.compile and d.fallback is None
+                   and type(d.model.lm_head).__name__ == "SeedLinear")
+    assert any(rows == 48 and width % sampling.WIDTH_STEP == 16 % sampling.WIDTH_STEP for rows, width in
+               decoder.warm)  # 3 seeds x 12 rows, each padded to 16; width a multiple of 16 plus L = 16

@@ -43,7 +43,8 @@ def test_bad_preset_kappa_and_decode_are_one_line_before_any_work(error_line, tm
     out = tmp_path / "never"
     assert error_line("validate", "all", "--preset", "gpu", "--out", str(out)) == (
         "--preset must be one of gpu-fixed-b, got 'gpu'")
-    assert error_line("validate", "all", "--kappa", "0", "--out", str(out)) == "--kappa must be a finite number > 0, got 0.0"
+    assert error_line("validate", "all", "--kappa", "0", "--out", str(out)) == (
+        "--kappa must be a finite number > 0, got 0.0")
     assert error_line("validate", "all", "--kappa", "nan", "--out", str(out)).startswith("--kappa must be a finite")
     assert error_line("validate", "calibrate-model", "--decode", "fast", "--out", str(out)) == (
         "--decode must be one of auto, eager, static, compiled, got 'fast'")
