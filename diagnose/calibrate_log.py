@@ -74,7 +74,9 @@ GRAD_NORM_COLUMNS = ("step", "grad_sq_small", "grad_sq_big", "batch_small", "bat
 GRAD_NORM_FORMATS = ("jsonl", "csv")
 B_NOISE_NOT_MEASURED = ("b = B_noise / B cannot be measured from log-probs alone (it needs gradients): pass "
                         "--grad-norms DIR/noise_scale.jsonl from `replay-theory trl-replay` (the TRL trainer's "
-                        "two-batch measurement), or run `replay-theory validate calibrate-model`")
+                        "two-batch measurement) or the noise log of a verl run (+trainer.noise_log with "
+                        "integrations.verl.VerlGradNoiseMixin on its engine), or run `replay-theory validate "
+                        "calibrate-model`")
 
 
 @dataclass(frozen=True)

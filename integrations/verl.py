@@ -82,6 +82,29 @@ is ``timing_s/update_actor`` (forward, backward and optimizer over the batch). A
 defaults to the batch's rows: verl trains every generated row once (pass ``generated_rows=`` when rows were filtered
 out, e.g. DAPO's dynamic sampling).
 
+The gradient noise scale B_noise (b = B_noise / B for ``replay-theory optimal``).  verl 0.9.1's own
+``variance_proxy/*`` metrics (trainer/ppo/metric_utils.py:691-797, on with ``actor.calculate_sum_pi_squared``)
+cannot give it: ``proxy1_signal_strength`` is ``actor/grad_norm``^2, the squared norm of a mini-batch's gradient in
+PARAMETER space; ``proxy2_total_power`` is the batch mean of A^2 sum_t (1 - 2 pi_t(y_t) + sum_v pi_t(v)^2), the
+squared norm of each response's score with respect to the LOGITS (the softmax Jacobian term, tokens taken as
+orthogonal), an other space with other units; ``proxy3_pure_noise`` = (proxy2 - proxy1) / (N - 1) subtracts one
+from the other.  Neither is tr Sigma nor |G|^2 of the parameter gradient, nor the same quantity at two batch sizes.
+So the noise scale comes from the actor's own gradient, as the TRL trainer measures it (integrations/trl.py): two
+batch sizes in every mini-batch at no extra backward pass.  :class:`VerlGradNoiseMixin` goes on verl's training
+engine (the worker side: ``FSDPEngineWithLMHead``), and copies the accumulated gradient once the micro-batches done
+hold at least half of the mini-batch's responses (g_1), so that after the last micro-batch g_2 = g - g_1; with
+W_k = half k's share of the loss's normaliser (its tokens for verl's token-mean, its responses for the seq-mean
+modes: ``noise_weighting``) it reports, as verl metrics ``noise/grad_sq_small`` = (|g_1|^2 / W_1^2 + |g_2|^2 /
+W_2^2) / 2, ``noise/grad_sq_big`` = |g|^2 (verl's own ``grad_norm``^2: the same gradient, before clipping),
+``noise/batch_small`` = 2 b_1 b_2 / (b_1 + b_2) and ``noise/batch_big`` = b_1 + b_2 in responses.  verl averages
+them over the step's mini-batches (``actor/noise/*``), and :class:`VerlV1DiagnoseLogMixin` with ``noise_log=``
+(``+trainer.noise_log=PATH``) writes one JSON line a step, the file ``replay-theory calibrate --from-log LOG --preset
+verl --grad-norms PATH`` reads.  Unlike the TRL trainer's halves, verl's micro-batches need not keep a GRPO group
+whole, so ``unit_size`` is 1; with a group split between the halves the halves are correlated and B_noise reads low
+(keep groups whole: ``use_dynamic_bsz=False``, ``ppo_micro_batch_size_per_gpu`` a multiple of ``rollout.n``, no
+shuffle).  One more scalar per step fits the same route (a metric from the engine, a key in the line): e.g. the
+dot product of this step's and the previous step's gradient over a fixed random subset of coordinates.
+
 :class:`VerlDiagnoseLogger` needs numpy and pyarrow only (torch tensors are read through ``.detach()``); verl is not
 imported, so it works on ``DataProto`` and on anything with its three attributes (``batch``: a mapping of
 (rows, ...) tensors or arrays, ``non_tensor_batch``: a mapping of numpy object arrays, ``meta_info``).  The v1
@@ -98,8 +121,8 @@ import numpy as np
 
 from .export import DiagnoseLogWriter
 
-__all__ = ["VerlDiagnoseLogger", "VerlDiagnoseLogMixin", "VerlV1DiagnoseLogMixin", "register_v1_trainers",
-           "v1_batch", "V1_FIELDS", "VERSION_KEYS", "TOKEN_KEYS"]
+__all__ = ["VerlDiagnoseLogger", "VerlDiagnoseLogMixin", "VerlGradNoiseMixin", "VerlV1DiagnoseLogMixin",
+           "register_v1_trainers", "v1_batch", "NOISE_METRICS", "V1_FIELDS", "VERSION_KEYS", "TOKEN_KEYS"]
 
 #: verl's per-token tensors the log keeps, in ``batch.batch``; all (rows, response_length).
 TOKEN_KEYS: tuple[str, ...] = ("rollout_log_probs", "old_log_probs", "response_mask", "advantages")
@@ -112,6 +135,9 @@ GEN_TIME, UPDATE_TIME = "timing_s/gen", "timing_s/update_actor"
 V1_FIELDS: tuple[str, ...] = ("uid", *TOKEN_KEYS, "rm_scores")
 #: the suffix of the trainer modes :func:`register_v1_trainers` registers (``trainer.v1.trainer_mode=sync_diagnose``)
 V1_MODE_SUFFIX = "_diagnose"
+#: the engine's metrics of the two-batch noise scale (:class:`VerlGradNoiseMixin`; TRL's names), which verl's
+#: trainer logs as ``actor/noise/<name>``; the noise log's columns are diagnose/calibrate_log.py's GRAD_NORM_COLUMNS
+NOISE_METRICS: tuple[str, ...] = ("grad_sq_small", "grad_sq_big", "batch_small", "batch_big")
 
 
 def _numpy(value: Any) -> np.ndarray:
@@ -380,20 +406,27 @@ class VerlV1DiagnoseLogMixin:
     """
 
     diagnose_log: Optional[VerlDiagnoseLogger] = None
+    noise_log: Optional["NoiseLog"] = None
 
     def __init__(self, config: Any, *args: Any, diagnose_log: Optional[str | os.PathLike] = None,
-                 **kwargs: Any) -> None:
+                 noise_log: Optional[str | os.PathLike] = None, **kwargs: Any) -> None:
+        trainer_config = config.get("trainer", None)
         if diagnose_log is None:
-            trainer_config = config.get("trainer", None)
             diagnose_log = trainer_config.get("diagnose_log", None) if trainer_config is not None else None
+        if noise_log is None:
+            noise_log = trainer_config.get("noise_log", None) if trainer_config is not None else None
         if diagnose_log is not None:
             _check_v1_config(config)
+        log = NoiseLog(noise_log) if noise_log is not None else None  # checked before verl builds anything
         super().__init__(config, *args, **kwargs)  # type: ignore[call-arg]
         if diagnose_log is not None:
             self.diagnose_log = VerlDiagnoseLogger(diagnose_log)
+        self.noise_log = log
 
     def _compute_metrics(self, batch: Any, metrics: dict, timing_raw: dict, global_steps: int, epoch: int) -> Any:
         result = super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)  # type: ignore[misc]
+        if self.noise_log is not None:
+            self.noise_log(metrics, int(global_steps))
         if self.diagnose_log is not None:
             import transfer_queue as tq  # verl's v1 trainer imports it; the mixin runs only there
 
@@ -411,6 +444,140 @@ class VerlV1DiagnoseLogMixin:
         finally:
             if self.diagnose_log is not None:
                 self.diagnose_log.close()
+
+
+class NoiseLog:
+    """The per-step two-batch squared norms of a verl run, one JSON line a step (``replay-theory calibrate --from-log
+    LOG --preset verl --grad-norms PATH``): from the step's ``actor/noise/*`` metrics, which
+    :class:`VerlGradNoiseMixin` puts on verl's engine.  The path is checked when made (never overwritten); a step
+    without the metrics (the engine hook is off, or its mini-batches had one micro-batch) writes nothing."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        from pathlib import Path
+
+        self.path = Path(path)
+        if self.path.exists():
+            raise ValueError(f"noise log {self.path} exists: a log is never overwritten, give a new path")
+        self.lines_written = 0
+
+    def __call__(self, metrics: Mapping[str, Any], step: int) -> bool:
+        """Append ``step``'s line from ``metrics`` (verl's reduced step metrics); True when one was written."""
+        import json
+
+        keys = [f"actor/noise/{name}" for name in NOISE_METRICS]
+        if not all(k in metrics for k in keys):
+            return False
+        record = {"step": int(step), **{name: float(metrics[k]) for name, k in zip(NOISE_METRICS, keys)},
+                  "unit_size": 1}  # verl's micro-batches need not keep a group whole (module docstring)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "x" if self.lines_written == 0 else "a") as fh:  # new, then one line a step
+            fh.write(json.dumps(record) + "\n")
+        self.lines_written += 1
+        return True
+
+
+class VerlGradNoiseMixin:
+    """Two batch sizes in every verl mini-batch, at no extra backward pass: mix into verl's training engine (module
+    docstring; ``class Engine(VerlGradNoiseMixin, FSDPEngineWithLMHead)``, registered in verl's ``EngineRegistry``
+    in place of its own).  It wraps ``forward_backward_batch`` (verl's micro-batch loop, workers/engine/fsdp/
+    transformer_impl.py:724) and ``forward_step`` (called once per micro-batch, after the previous one's backward):
+    once the finished micro-batches hold at least half of the mini-batch's responses it copies the accumulated
+    gradient (one copy of the gradients, freed at the end), and after the loop it adds the ``noise/*`` metrics
+    (:data:`NOISE_METRICS`) to the engine's output, before ``train_batch`` clips and steps.  Training is unchanged.
+
+    ``noise_weighting``: "tokens" (verl's default token-mean loss: a half's share of the loss is its share of the
+    loss-mask tokens) or "rows" (the seq-mean modes).  With data-parallel ranks the gradient must be synchronised
+    after every micro-batch (``use_no_sync_for_gradient_accumulation=False``), or the copy would be one rank's
+    unsynchronised sum: refused at the first step otherwise.  Squared norms add over the ranks' shards.
+    """
+
+    noise_weighting: str = "tokens"
+    _noise: Optional[dict] = None
+
+    def forward_backward_batch(self, data: Any, loss_function: Any, forward_only: bool = False) -> Any:
+        if forward_only:
+            return super().forward_backward_batch(data, loss_function, forward_only=True)  # type: ignore[misc]
+        if self.noise_weighting not in ("tokens", "rows"):
+            raise ValueError(f"noise_weighting must be tokens or rows, got {self.noise_weighting!r}")
+        dp = self.get_data_parallel_size()  # type: ignore[attr-defined]
+        defers = getattr(getattr(self, "engine_config", None), "use_no_sync_for_gradient_accumulation", True)
+        if dp > 1 and defers:
+            raise ValueError("the noise-scale hook needs the gradient synchronised after every micro-batch with "
+                             f"{dp} data-parallel ranks: set use_no_sync_for_gradient_accumulation=False")
+        mask = data["loss_mask"]
+        self._noise = {"rows": int(mask.shape[0]), "tokens": float(mask.sum()), "done": [], "first": None}
+        try:
+            output = super().forward_backward_batch(data, loss_function, forward_only=False)  # type: ignore[misc]
+            record = self._noise_record()
+        finally:
+            self._noise = None
+        if record is not None and output is not None and isinstance(output.get("metrics"), dict):
+            for name in NOISE_METRICS:
+                output["metrics"][f"noise/{name}"] = record[name]
+        return output
+
+    def forward_step(self, micro_batch: Any, loss_function: Any, forward_only: bool) -> Any:
+        noise = self._noise
+        if noise is not None and not forward_only:
+            done_rows = sum(rows for rows, _ in noise["done"])
+            if noise["first"] is None and noise["done"] and 2 * done_rows >= noise["rows"]:
+                noise["first"] = [None if g is None else g.detach().clone() for g in self._noise_grads()]
+                noise["split"] = len(noise["done"])
+            mask = micro_batch["loss_mask"]
+            noise["done"].append((int(mask.shape[0]), float(mask.sum())))  # finished once its backward has run
+        return super().forward_step(micro_batch, loss_function, forward_only)  # type: ignore[misc]
+
+    def _noise_grads(self) -> list:
+        return [p.grad for p in self.module.parameters() if p.requires_grad]  # type: ignore[attr-defined]
+
+    def _noise_record(self) -> Optional[dict]:
+        """|g_small|^2, |g_big|^2 and the two batch sizes of the mini-batch just accumulated (None: one micro-batch,
+        or a half without a loss token)."""
+        import torch
+
+        noise = self._noise
+        if noise is None or noise["first"] is None:
+            return None
+        split = noise["split"]
+        first, second = noise["done"][:split], noise["done"][split:]
+        unit = 1 if self.noise_weighting == "tokens" else 0
+        # (b_1, b_2, the halves' loss normalisers) on this rank; summed over the ranks below
+        counts = torch.tensor([sum(r for r, _ in first), sum(r for r, _ in second),
+                               sum(part[unit] for part in first), sum(part[unit] for part in second)],
+                              dtype=torch.float64)
+        sums = torch.zeros(3, dtype=torch.float64)  # |g_1|^2, |g_2|^2, |g|^2 over this rank's shards
+        for g, g1 in zip(self._noise_grads(), noise["first"]):
+            if g is None:
+                continue
+            g = _local(g)
+            g1 = torch.zeros_like(g) if g1 is None else _local(g1)
+            sums += torch.stack([torch.linalg.vector_norm(x, dtype=torch.float64) ** 2 for x in (g1, g - g1, g)])
+        group = self.get_data_parallel_group()  # type: ignore[attr-defined]
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size(group) > 1:
+            # every rank must have split after the same micro-batch (the synchronised g_1 is their joint half)
+            splits = torch.tensor([split, -split], dtype=torch.float64)
+            torch.distributed.all_reduce(splits, op=torch.distributed.ReduceOp.MAX, group=group)
+            if splits[0] != -splits[1]:
+                raise ValueError("the noise-scale hook needs every data-parallel rank to split its mini-batch after "
+                                 "the same micro-batch: set use_dynamic_bsz=False (equal micro-batches)")
+            torch.distributed.all_reduce(sums, group=group)  # shards of one gradient: their squares add
+            torch.distributed.all_reduce(counts, group=group)
+        b1, b2, u1, u2 = (float(v) for v in counts)
+        w1, w2 = (u1 / (u1 + u2), u2 / (u1 + u2)) if u1 + u2 > 0 else (0.0, 0.0)
+        if not (w1 > 0 and w2 > 0):
+            return None
+        scaler = getattr(self, "scaler", None)
+        scale = float(scaler.get_scale()) if scaler is not None else 1.0  # gradients carry the fp16 loss scale
+        sq1, sq2, sq = (float(v) / scale**2 for v in sums)
+        return {"grad_sq_small": (sq1 / w1**2 + sq2 / w2**2) / 2,  # mean of |g_hat_k|^2, g_hat_k = g_k / W_k
+                "grad_sq_big": sq,  # |g_1 + g_2|^2
+                "batch_small": 2 * b1 * b2 / (b1 + b2),  # E mean_k |g_hat_k|^2 = |G|^2 + tr Sigma / B_small
+                "batch_big": float(b1 + b2)}
+
+
+def _local(tensor: Any) -> Any:
+    """A gradient's local values: an FSDP2 DTensor's shard, a plain tensor as it is."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def register_v1_trainers() -> dict[str, type]:

@@ -320,8 +320,9 @@ def test_without_grad_norms_the_output_says_b_needs_gradients(tmp_path, cli):
     out = tmp_path / "p.json"
     code, stdout, _ = cli("calibrate", "--from-log", str(log), "--preset", "trl", "--out", str(out))
     line = ("b = B_noise / B cannot be measured from log-probs alone (it needs gradients): pass --grad-norms "
-            "DIR/noise_scale.jsonl from `replay-theory trl-replay` (the TRL trainer's two-batch measurement), or run "
-            "`replay-theory validate calibrate-model`")
+            "DIR/noise_scale.jsonl from `replay-theory trl-replay` (the TRL trainer's two-batch measurement) or the "
+            "noise log of a verl run (+trainer.noise_log with integrations.verl.VerlGradNoiseMixin on its engine), "
+            "or run `replay-theory validate calibrate-model`")
     assert code == 0 and line in stdout.splitlines()
     data = json.loads(out.read_text())
     assert "noise_scale" not in data and data["not_measured"][-1] == line

@@ -138,10 +138,24 @@ class _ActorWorkers:
         return {"metrics": {"mfu": [0.0], "pg_loss": [0.5]}}
 
 
-def _train_step(trainer, rows: list[dict], step: int) -> dict:
+class _NoiseActorWorkers(_ActorWorkers):
+    """As _ActorWorkers, and the actor's metrics carry what VerlGradNoiseMixin adds on verl's engine: one value per
+    mini-batch of each noise/* metric (the step's list, as verl's train_mini_batch collects them)."""
+
+    def __init__(self, old: dict[str, np.ndarray], noise: dict[str, list[float]]) -> None:
+        super().__init__(old)
+        self.noise = noise
+
+    def update_actor(self, batch: KVBatchMeta) -> dict:
+        metrics = super().update_actor(batch)["metrics"]
+        return {"metrics": {**metrics, **{f"noise/{k}": list(v) for k, v in self.noise.items()}}}
+
+
+def _train_step(trainer, rows: list[dict], step: int, noise: dict | None = None) -> dict:
     """verl's PPOTrainer.fit for one step (trainer_base.py:465-511) with _step_once's stages (L562-612)."""
     trainer.global_steps = step
-    trainer.actor_rollout_wg = _ActorWorkers({f"{r['uid']}_{r['session']}_0": r["old"] for r in rows})
+    old = {f"{r['uid']}_{r['session']}_0": r["old"] for r in rows}
+    trainer.actor_rollout_wg = _ActorWorkers(old) if noise is None else _NoiseActorWorkers(old, noise)
     metrics, timing_raw = {}, {}
     with marked_timer("step", timing_raw):
         with marked_timer("gen", timing_raw):
@@ -279,3 +293,44 @@ def test_v1_mixin_closes_the_log_when_fit_returns_or_raises(tmp_path):
     with pytest.raises(RuntimeError, match="boom"):
         failing.fit("boom")
     assert failing.diagnose_log.closed and not (tmp_path / "b.parquet").exists()  # nothing was logged
+
+
+# two mini-batches a step (values the engine hook would report); verl's reduce_metrics averages them: step 3 gives
+# small 10, big 6; step 4 small 8, big 5; B_small 4, B_big 8 (McCandlish App. A.1, over the step means 9 and 5.5):
+# |G|^2 = (8 * 5.5 - 4 * 9) / (8 - 4) = 2, tr Sigma = (9 - 5.5) / (1/4 - 1/8) = 28, B_noise = 14
+NOISE = {3: {"grad_sq_small": [9.0, 11.0], "grad_sq_big": [5.0, 7.0], "batch_small": [4.0, 4.0],
+             "batch_big": [8.0, 8.0]},
+         4: {"grad_sq_small": [8.0, 8.0], "grad_sq_big": [4.0, 6.0], "batch_small": [4.0, 4.0],
+             "batch_big": [8.0, 8.0]}}
+
+
+def test_v1_noise_log_gives_b_noise_by_hand_through_calibrate(tmp_path, transfer_queue, cli):
+    # verl's own step metrics (reduce_metrics over the mini-batches, the actor/ prefix) carry the engine's two-batch
+    # norms to the driver; the mixin writes one line a step; calibrate --preset verl --grad-norms reads it
+    path, noise = tmp_path / "v1.parquet", tmp_path / "noise_scale.jsonl"
+    cfg = _config(path)
+    with open_dict(cfg):
+        cfg.trainer.noise_log = str(noise)
+    trainer = register_v1_trainers()["sync_diagnose"](config=cfg)
+    trainer.resource_pool_manager = SimpleNamespace(get_n_gpus=lambda: 1)
+    for seed, spec in enumerate(STEPS):
+        out = _train_step(trainer, _rows(seed, spec), spec["step"], NOISE[spec["step"]])
+        assert out["metrics"]["actor/noise/grad_sq_small"] == np.mean(NOISE[spec["step"]]["grad_sq_small"])
+    trainer.diagnose_log.close()
+    lines = [json.loads(line) for line in noise.read_text().splitlines()]
+    assert lines == [{"step": 3, "grad_sq_small": 10.0, "grad_sq_big": 6.0, "batch_small": 4.0, "batch_big": 8.0,
+                      "unit_size": 1},
+                     {"step": 4, "grad_sq_small": 8.0, "grad_sq_big": 5.0, "batch_small": 4.0, "batch_big": 8.0,
+                      "unit_size": 1}]
+    profile = tmp_path / "profile.json"
+    code, stdout, err = cli("calibrate", "--from-log", str(path), "--preset", "verl", "--grad-norms", str(noise),
+                            "--mu", "5", "--out", str(profile))
+    assert code == 0, err
+    record = json.loads(profile.read_text())["noise_scale"]
+    assert record["b_noise"] == pytest.approx(14.0, rel=1e-12)
+    # the bootstrap resamples the 2 steps: step 3 twice gives tr Sigma 32 over |G|^2 2 = 16, step 4 twice 24 / 2 = 12
+    assert record["b_noise_interval"] == pytest.approx([12.0, 16.0], rel=1e-12)
+    assert (record["method"], record["batch"], record["unit_size"], record["checkpoints"]) == ("two-batch", 8, 1, 2)
+    assert "B_noise = 14 samples" in stdout and "b = B_noise / B = 1.75 at B = 8" in stdout
+    print("verl noise log -> calibrate: B_noise", record["b_noise"], "interval", record["b_noise_interval"],
+          "(hand: 14)")
