@@ -91,7 +91,8 @@ orthogonal), an other space with other units; ``proxy3_pure_noise`` = (proxy2 - 
 from the other.  Neither is tr Sigma nor |G|^2 of the parameter gradient, nor the same quantity at two batch sizes.
 So the noise scale comes from the actor's own gradient, as the TRL trainer measures it (integrations/trl.py): two
 batch sizes in every mini-batch at no extra backward pass.  :class:`VerlGradNoiseMixin` goes on verl's training
-engine (the worker side: ``FSDPEngineWithLMHead``), and copies the accumulated gradient once the micro-batches done
+engine (the worker side: ``FSDPEngineWithLMHead``; :func:`setup_verl_worker` as Ray's worker setup hook does it and
+registers the v1 trainer modes), and copies the accumulated gradient once the micro-batches done
 hold at least half of the mini-batch's responses (g_1), so that after the last micro-batch g_2 = g - g_1; with
 W_k = half k's share of the loss's normaliser (its tokens for verl's token-mean, its responses for the seq-mean
 modes: ``noise_weighting``) it reports, as verl metrics ``noise/grad_sq_small`` = (|g_1|^2 / W_1^2 + |g_2|^2 /
@@ -122,7 +123,8 @@ import numpy as np
 from .export import DiagnoseLogWriter
 
 __all__ = ["VerlDiagnoseLogger", "VerlDiagnoseLogMixin", "VerlGradNoiseMixin", "VerlV1DiagnoseLogMixin",
-           "register_v1_trainers", "v1_batch", "NOISE_METRICS", "V1_FIELDS", "VERSION_KEYS", "TOKEN_KEYS"]
+           "register_noise_engines", "register_v1_trainers", "setup_verl_worker", "v1_batch", "NOISE_METRICS",
+           "V1_FIELDS", "VERSION_KEYS", "TOKEN_KEYS"]
 
 #: verl's per-token tensors the log keeps, in ``batch.batch``; all (rows, response_length).
 TOKEN_KEYS: tuple[str, ...] = ("rollout_log_probs", "old_log_probs", "response_mask", "advantages")
@@ -478,8 +480,8 @@ class NoiseLog:
 
 class VerlGradNoiseMixin:
     """Two batch sizes in every verl mini-batch, at no extra backward pass: mix into verl's training engine (module
-    docstring; ``class Engine(VerlGradNoiseMixin, FSDPEngineWithLMHead)``, registered in verl's ``EngineRegistry``
-    in place of its own).  It wraps ``forward_backward_batch`` (verl's micro-batch loop, workers/engine/fsdp/
+    docstring; :func:`register_noise_engines` puts it on every engine verl registers, in the worker processes via
+    :func:`setup_verl_worker`).  It wraps ``forward_backward_batch`` (verl's micro-batch loop, workers/engine/fsdp/
     transformer_impl.py:724) and ``forward_step`` (called once per micro-batch, after the previous one's backward):
     once the finished micro-batches hold at least half of the mini-batch's responses it copies the accumulated
     gradient (one copy of the gradients, freed at the end), and after the loop it adds the ``noise/*`` metrics
@@ -607,3 +609,34 @@ def register_v1_trainers() -> dict[str, type]:
                                                  {"__module__": __name__}))
         made[name] = logged
     return made
+
+
+def register_noise_engines() -> dict[str, type]:
+    """Put :class:`VerlGradNoiseMixin` on every training engine in verl's ``EngineRegistry`` (FSDP, Megatron, ...:
+    each registered class replaced by ``NoiseMeasured<Class>``, its subclass); idempotent.  verl's actor workers
+    build their engine with ``EngineRegistry.new`` in their own Ray process, so run it there, with
+    :func:`setup_verl_worker` as Ray's ``worker_process_setup_hook``.  Returns the new classes by the old name."""
+    from verl.workers.engine.base import EngineRegistry
+
+    made: dict[str, type] = {}
+    for backends in EngineRegistry._engines.values():
+        for keyed in backends.values():
+            for key, cls in list(keyed.items()):
+                if not issubclass(cls, VerlGradNoiseMixin):
+                    measured = made.get(cls.__name__) or type(f"NoiseMeasured{cls.__name__}",
+                                                              (VerlGradNoiseMixin, cls), {"__module__": __name__})
+                    keyed[key] = made.setdefault(cls.__name__, measured)
+    return made
+
+
+def setup_verl_worker() -> None:
+    """Ray's ``worker_process_setup_hook`` for a run with both hooks: the v1 trainer modes that write the diagnose
+    and noise logs (:func:`register_v1_trainers`) and the engines that measure the noise
+    (:func:`register_noise_engines`)::
+
+        python -m verl.trainer.main_ppo ... trainer.v1.trainer_mode=sync_diagnose \\
+            +trainer.diagnose_log=run/diagnose.parquet +trainer.noise_log=run/noise_scale.jsonl \\
+            +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=replay_theory.integrations.verl.setup_verl_worker
+    """
+    register_v1_trainers()
+    register_noise_engines()

@@ -170,3 +170,22 @@ def test_noise_log_writes_a_line_per_measured_step_and_never_overwrites(tmp_path
                       "unit_size": 1}]
     with pytest.raises(ValueError, match="exists: a log is never overwritten"):
         NoiseLog(path)
+
+
+def test_register_noise_engines_puts_the_hook_on_verls_registered_engines(monkeypatch):
+    import copy
+
+    from verl.workers.engine.base import EngineRegistry
+
+    from replay_theory.integrations.verl import register_noise_engines
+
+    monkeypatch.setattr(EngineRegistry, "_engines", copy.deepcopy(EngineRegistry._engines))  # undone after
+    before = EngineRegistry._engines["language_model"]["fsdp"]
+    made = register_noise_engines()
+    after = EngineRegistry._engines["language_model"]["fsdp"]
+    assert set(after) == set(before)
+    for key, cls in after.items():
+        assert issubclass(cls, VerlGradNoiseMixin) and issubclass(cls, before[key])
+        assert cls.__mro__[1] is VerlGradNoiseMixin  # the hook's methods first, then verl's engine
+    assert register_noise_engines() == {}  # idempotent: nothing left to wrap
+    assert made["FSDPEngineWithLMHead"].__name__ == "NoiseMeasuredFSDPEngineWithLMHead"
