@@ -27,11 +27,11 @@ from ..validate.config import (
     AllConfig,
     ValidateConfig,
     VerifyConfig,
+    apply_preset,
     check_integer,
     check_positive,
     check_run_dir,
     load_run_config,
-    apply_preset,
     protocol,
     report_stem,
 )
