@@ -5,7 +5,7 @@ in one module per family, each with ``register(app)`` so it can be loaded and te
 
 | module                  | commands                                                    |
 |-------------------------|-------------------------------------------------------------|
-| ``cli/theory_cmds.py``  | optimal (Thm 3.5: x* = N/R, y* = B/R), gamma (Eq. 2), derive |
+| ``cli/theory_cmds.py``  | optimal (the whole design; Thm 3.5 too), gamma (Eq. 2), derive |
 | ``cli/simulate_cmds.py``| simulate, calibrate-simulator, sweep, experiment            |
 | ``cli/validate_cmds.py``| validate calibrate-model / predict / verify / all           |
 | ``cli/figures_cmds.py`` | figures                                                     |
@@ -47,8 +47,8 @@ class Entry(NamedTuple):
 
 # Every command, in the order the root help lists them (typer listed a group, here validate, after the commands).
 COMMANDS: dict[str, Entry] = {
-    "optimal": Entry("theory_cmds", "The replay design: replay ratio y = B/R, buffer N, GPU split, for a rollout "
-                                    "cost ratio mu."),
+    "optimal": Entry("theory_cmds", "What to do with your rollouts: the cheapest on-policy batch against the best "
+                                    "replay design (B, R, N)."),
     "gamma": Entry("theory_cmds", "Compute ratio gamma = (1 + W/T) / (1 + mu) of a buffered (W, T) split versus "
                                   "on-policy (Eq. 2)."),
     "derive": Entry("theory_cmds", "Print a sympy derivation (y-star, reduction, power-law-quadratic, ...) step by "
@@ -57,10 +57,12 @@ COMMANDS: dict[str, Entry] = {
                                        "summary."),
     "calibrate-simulator": Entry("simulate_cmds", "Measure sigma^2(s) (plain and signal-normalised), the retained "
                                                   "signal, rho (unclamped, with a bootstrap interval), the "
-                                                  "within-group correlation and the noise scale B_noise (per-sample, "
-                                                  "and with the exact |E G|^2 where it can be enumerated) on a probe "
-                                                  "run (the config given by the options); writes the profile that "
-                                                  "`replay-theory optimal --profile` reads."),
+                                                  "within-group correlation, the noise scale B_noise (per-sample, "
+                                                  "and with the exact |E G|^2 where it can be enumerated) and the "
+                                                  "optimizer's memory kappa (exact, curvature pairs, lag-1 "
+                                                  "autocorrelation) on a probe run (the config given by the "
+                                                  "options); writes the profile that `replay-theory optimal "
+                                                  "--profile` reads."),
     "sweep": Entry("simulate_cmds", "Run a grid of simulator configurations in parallel; resumable, never "
                                     "overwrites."),
     "experiment": Entry("simulate_cmds", "Run one of the docs/SIMULATION.md experiments and print its table (rebuilt "

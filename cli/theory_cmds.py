@@ -272,7 +272,7 @@ def _staleness_of(loaded):
     if loaded is None or not isinstance(loaded.profile, TabulatedProfile):
         return NO_STALENESS
     table = loaded.profile
-    ages, values = tuple(float(s) for s in table.staleness), tuple(float(v) for v in table.sigma_sq)
+    ages, values = tuple(float(s) for s in table.staleness), tuple(float(v) for v in table.sigma_sq_values)
     if ages[0] != 0 or values[0] <= 0:
         return NO_STALENESS
     return Staleness(ages, tuple(v / values[0] for v in values),

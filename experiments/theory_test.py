@@ -899,9 +899,23 @@ def score_cell(record: dict, mu: float, floor: float) -> dict:
     return {"setting": record["setting"], "optimizer": record["optimizer"], "instance": record["instance"],
             "mu": mu, "floor": floor, "exact": record["exact"], "b": record["noise"]["b"],
             "best_free": labels[best_free], "best_pinned": labels[best_pinned],
-            "best_free_at_edge": labels[best_free] in (labels[0],) or bool(
-                "x=16" in labels[best_free] and max(d.x for d in designs) == 16),
+            "best_free_at_edge": _grid_edge(designs, best_free),
+            "best_pinned_at_edge": _grid_edge(designs, best_pinned),
             "by_objective": by_objective}
+
+
+def _grid_edge(designs: list[forgetting.Design], i: int) -> str | None:
+    """Which edge of the design grid design i sits on (the smallest on-policy batch, the longest horizon, the largest
+    replay ratio), or None: a best design there may be beaten by one beyond the grid."""
+    d = designs[i]
+    if d.on_policy and d.batch == min(e.batch for e in designs if e.on_policy) and d.batch < BATCH:
+        return "smallest batch"
+    replay = [e for e in designs if not e.on_policy]
+    if not d.on_policy and replay and d.x == max(e.x for e in replay) and d.x > 1:
+        return "longest horizon"
+    if not d.on_policy and replay and d.y == max(e.y for e in replay):
+        return "largest replay ratio"
+    return None
 
 
 def horizon_check(record: dict) -> list[dict]:
@@ -990,6 +1004,9 @@ def targets(cells: list[dict], units: list[dict], floor: int = HEADLINE_FLOOR) -
         rec["spearman_by_setting"] = means
         rec["min_setting_spearman"] = min((v for v in means.values() if v is not None), default=None)
         out["objectives"][name] = rec
+    for mode in ("free", "pinned"):
+        edges = [c[f"best_{mode}_at_edge"] for c in cells if c[f"best_{mode}_at_edge"]]
+        out[f"best_{mode}_at_grid_edge"] = {kind: edges.count(kind) for kind in sorted(set(edges))}
     b_ratios = [u["checks"].get("b_ratio") for u in units if u["exact"]]
     out["b_within_1.5x_of_exact"] = [sum(1 for r in b_ratios if r and 1 / 1.5 <= r <= 1.5), len(b_ratios)]
     quad = [u for u in units if "exact_b_noise" in u["noise"]]
@@ -1216,6 +1233,10 @@ def targets_text(t: dict) -> str:
     lines.append(f"- counted designs whose exact stationary loss is at or above the target: "
                  f"{t['stationary_at_or_above_target']}; seed-mean curves that touched the target well before they "
                  f"crossed it (hovered): {t['hovered']}")
+    for mode, label in (("free", "the whole grid"), ("pinned", "B = 256")):
+        edges = t.get(f"best_{mode}_at_grid_edge") or {}
+        lines.append(f"- cells whose best design ({label}) sits at an edge of the grid: "
+                     + (", ".join(f"{n} at the {k}" for k, n in edges.items()) or "none"))
     lines.append(f"- designs at a step-size edge or not reached, largest share in a unit: "
                  f"{100 * (t['edge_or_censored_share_max'] or 0):.0f}% (units over 10%: "
                  f"{', '.join(t['units_over_10%_at_edge_or_censored']) or 'none'})")

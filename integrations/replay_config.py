@@ -149,7 +149,10 @@ class ReplayConfig:
         if "capacity" not in data and "buffer_size" in data:  # optimal --json before capacity was its name for N
             data["capacity"] = data["buffer_size"]
         notes: list[str] = []
-        if data.get("objective") == "noise-scale":  # the default rule (cli/theory_cmds.py): N = R at fixed B
+        if data.get("objective") == "forgetting" and not data.get("measured"):  # the default rule's answer
+            raise ValueError("the optimal --json output has no design: run `replay-theory optimal` with the noise "
+                             "scale (--noise-scale or --profile) and -B (batch size)")
+        if data.get("objective") == "noise-scale":  # N = R at fixed B (cli/theory_cmds.py)
             if data.get("batch_size") is None or data.get("b_noise") is None:
                 raise ValueError("the optimal --json output has no design: run `replay-theory optimal` with the "
                                  "noise scale (--noise-scale or --profile) and -B (batch size)")

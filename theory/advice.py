@@ -78,6 +78,9 @@ def advise(q: Query) -> dict:
         y = answer.replay.design.y
         record["condition"] = {"psi": answer.replay.psi, "x": answer.replay.design.x, "y": y,
                                "threshold_at_y": fg.equal_steps_threshold(y, q.mu)}
+    best = answer.best.design  # the design to run, under the names the trainers read (integrations/replay_config.py)
+    record.update(regime="on-policy" if best.on_policy else "replay", batch_size=best.batch,
+                  rollouts_per_step=best.rollouts, capacity=best.capacity)
     record["what_to_do"] = _measured_advice(record)
     record["notes"] = _notes(q, record)
     return record

@@ -129,7 +129,8 @@ def test_json_files_with_a_byte_order_mark_are_read(tmp_path, cli):
     from replay_theory.simulate.sweep import load_spec
     from replay_theory.theory.profiles import load_profile
 
-    code, design, _ = cli("optimal", "--mu", "5.28", "--noise-scale", "1000", "-B", "64", "--json")
+    code, design, _ = cli("optimal", "--mu", "5.28", "--noise-scale", "1000", "-B", "64", "--objective", "noise-scale",
+                          "--json")
     (tmp_path / "design.json").write_text(BOM + design, encoding="utf-8")
     config = ReplayConfig.from_optimal_json(tmp_path / "design.json", group_size=4)
     assert (config.capacity, config.batch_size, config.rollouts_per_step) == \

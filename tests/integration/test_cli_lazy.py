@@ -29,8 +29,8 @@ def _modules_after(args: list[str]) -> tuple[str, list[str]]:
 
 def test_optimal_imports_only_the_theory_it_uses():
     out, modules = _modules_after(["optimal", "--mu", "5.28"])
-    assert out.splitlines()[1] == ("replay-theory optimal: mu = 5.28 (rollout-cost: mu = cost of one rollout / cost "
-                                   "of one sample's update (Sec. 2, Table 1))")
+    assert any(line.startswith("what to do: stay on-policy at your batch until you have measured b = B_noise / B")
+               for line in out.splitlines()[:2])  # the actionable line first (after a verdict line, if any)
     assert sorted({m.split(".")[0] for m in modules} & set(HEAVY)) == []  # the default rule needs numpy only
     ours = [m for m in modules if m.startswith("replay_theory.")]
     assert [m for m in ours if m.split(".")[1] in LIBRARY_PARTS] == []

@@ -1,4 +1,4 @@
-"""``replay-theory optimal`` with the noise-scale rule (the default objective): values by hand, bad input.
+"""``replay-theory optimal --objective noise-scale`` and the evidence lines: values by hand, bad input.
 
 Fast tier; the slower tests of this module (the sympy derivations) are in tests/integration/test_cli_noise_scale.py.
 """
@@ -14,7 +14,7 @@ from replay_theory.theory import evidence
 
 
 def test_without_a_noise_scale_it_prints_the_decision_as_a_function_of_b(cli):
-    code, out, err = cli("optimal", "--mu", "5.28", "--json")
+    code, out, err = cli("optimal", "--mu", "5.28", "--objective", "noise-scale", "--json")
     assert code == 0 and err == ""
     data = json.loads(out)
     assert data["objective"] == "noise-scale"
@@ -30,7 +30,7 @@ def test_without_a_noise_scale_it_prints_the_decision_as_a_function_of_b(cli):
 
 
 def test_the_table_text_names_the_threshold_how_to_measure_b_and_the_papers_answer(cli):
-    code, out, _ = cli("optimal", "--mu", "5.28")
+    code, out, _ = cli("optimal", "--mu", "5.28", "--objective", "noise-scale")
     assert code == 0
     lines = out.splitlines()
     start = [i for i, line in enumerate(lines) if line.startswith("replay-theory optimal: mu = 5.28")][0]
@@ -43,7 +43,8 @@ def test_the_table_text_names_the_threshold_how_to_measure_b_and_the_papers_answ
 
 
 def test_a_noise_scale_gives_one_design_rounded_to_the_cheaper_integer_R(cli):
-    code, out, _ = cli("optimal", "--mu", "5.28", "--noise-scale", "64", "-B", "256", "--json")
+    code, out, _ = cli("optimal", "--mu", "5.28", "--noise-scale", "64", "-B", "256", "--objective", "noise-scale",
+                       "--json")
     assert code == 0
     d = json.loads(out)
     b = 64 / 256  # y* = sqrt(5.28 x 5) = 5.138: R = 256 / 5.138 = 49.8, so 49 or 50
@@ -57,7 +58,8 @@ def test_a_noise_scale_gives_one_design_rounded_to_the_cheaper_integer_R(cli):
 
 
 def test_above_the_threshold_it_stays_on_policy(cli):
-    code, out, _ = cli("optimal", "--mu", "5.28", "--noise-scale", "256", "-B", "256")  # b = 1 > 0.753
+    code, out, _ = cli("optimal", "--mu", "5.28", "--noise-scale", "256", "-B", "256",  # b = 1 > 0.753
+                       "--objective", "noise-scale")
     assert code == 0
     assert "what to do: stay on-policy (b = 1 >= 0.753" in out
     assert [line.split()[-6] for line in out.splitlines() if line.startswith("  rollouts per step")] == ["256"]
@@ -67,7 +69,8 @@ def test_the_profile_carries_b(cli, tmp_path):
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"kind": "noise_scale", "noise_scale": {
         "b_noise": 25.6, "b_noise_interval": [20.0, 30.0], "method": "two-batch", "batch": 256}}))
-    code, out, _ = cli("optimal", "--mu", "5.28", "--profile", str(path), "-B", "256", "--json")
+    code, out, _ = cli("optimal", "--mu", "5.28", "--profile", str(path), "-B", "256", "--objective", "noise-scale",
+                       "--json")
     assert code == 0
     d = json.loads(out)
     assert d["b"] == pytest.approx(0.1) and d["regime"] == "replay"
@@ -83,8 +86,10 @@ def test_the_profile_carries_b(cli, tmp_path):
     (["--noise-scale", "100", "-R", "64"], "--rollouts-per-step applies to --objective paper"),
     (["--alpha", "0.3"], "--alpha applies to --objective paper"),
     (["--budget", "1e4"], "--budget applies to --objective paper"),
-    (["--objective", "paper", "--noise-scale", "100"], "--noise-scale applies to the noise-scale rule"),
-    (["--objective", "best"], "noise-scale or paper"),
+    (["--objective", "paper", "--noise-scale", "100"], "--noise-scale applies to the forgetting-aware and "
+                                                       "noise-scale rules, not --objective paper"),
+    (["--objective", "best"], "forgetting, noise-scale or paper"),
+    (["--objective", "noise-scale", "--kappa", "0.1"], "--kappa applies to the forgetting-aware rule"),
 ])
 def test_bad_noise_scale_input_is_one_line_exit_2(error_line, args, needle):
     assert needle in error_line("optimal", "--mu", "5.28", *args)
@@ -108,33 +113,41 @@ def test_a_profile_without_b_is_refused_before_any_work(error_line, tmp_path):
     assert "b_noise' must be a finite number > 0" in error_line("optimal", "--mu", "5", "--profile", str(path))
 
 
+def _targets(share: float, worst: float, spearman: float | None = 0.8, cells: int = 40) -> dict:
+    return {"cells": cells, "free": {"within_1.2": round(share * cells), "share_within_1.2": share,
+                                     "within_1.5": cells, "worst": worst},
+            "pinned": {"within_1.2": cells, "share_within_1.2": 1.0, "within_1.5": cells, "worst": 1.1},
+            "min_setting_spearman": spearman}
+
+
 def test_the_evidence_line_quotes_the_stored_benchmark():
-    record = {"command": "replay-theory experiment theory-test --out R", "targets": {"cells": 40, "objectives": {
-        "noise_scale": {"within_1.2": 35, "share_within_1.2": 0.875, "within_1.5": 40, "worst": 1.41}}},
-        "targets_held_out": {"cells": 20, "objectives": {"noise_scale": {"within_1.2": 18}}}}
-    line = evidence.evidence_line("noise-scale", record)
-    assert line == ("evidence: within 1.2x of the best design in 35 of 40 benchmark cells (88%), within 1.5x in 40, "
-                    "worst 1.41; on held-out instances 18 of 20 within 1.2x (replay-theory experiment theory-test "
+    record = {"command": "replay-theory experiment theory-test --out R", "protocol": {"headline_floor": 64},
+              "targets": {"64": {"cells": 60, "objectives": {"forgetting": _targets(0.7, 2.0, cells=60)}}},
+              "targets_held_out": {"64": {"cells": 40, "objectives": {
+                  "forgetting": _targets(0.875, 1.41), "on_policy": _targets(0.25, 4.0)}}}}
+    line = evidence.evidence_line("forgetting", record)
+    assert line == ("evidence (held-out instances, latency floor 64, 40 cells): within 1.2x of the cheapest design in "
+                    "88% of cells (worst 1.41) when the batch is free, 100% (worst 1.10) at a pinned batch; lowest "
+                    "per-setting Spearman 0.80; always on-policy at B 25% (replay-theory experiment theory-test "
                     "--out R, docs/SIMULATION.md)")
     assert evidence.evidence_line("paper", record).startswith("evidence: none stored for the paper objective")
+    del record["targets_held_out"]["64"]  # a run with no held-out instance quotes every instance, and says so
+    assert evidence.evidence_line("forgetting", record).startswith(
+        "evidence (every instance (none held out), latency floor 64, 60 cells): within 1.2x of the cheapest design "
+        "in 70% of cells")
 
 
 def test_the_first_line_says_when_no_rule_passes_and_names_the_closest():
-    record = {"protocol": {"grid": [[1, 1], [4, 2], [16, 2]]}, "targets": {"cells": 100, "objectives": {
-        "noise_scale": {"share_within_1.2": 0.63, "worst": 3.2},
-        "noise_scale_long": {"share_within_1.2": 0.75, "worst": 2.67},
-        "paper_J": {"share_within_1.2": 0.33, "worst": 4.55},
-        "on_policy": {"share_within_1.2": 0.61, "worst": 12.0}}},
-        "targets_held_out": {"cells": 60, "objectives": {"noise_scale": {"share_within_1.2": 0.66},
-                                                         "noise_scale_long": {"share_within_1.2": 0.81}}}}
+    objectives = {"forgetting": _targets(0.80, 1.9), "noise_scale": _targets(0.4, 3.0), "paper_J": _targets(0.1, 9.0),
+                  "on_policy": _targets(0.2, 4.0)}
+    record = {"protocol": {"headline_floor": 64}, "targets_held_out": {"64": {"cells": 40, "objectives": objectives}}}
     assert evidence.verdict_line(record) == (
-        "no design rule passes the benchmark (regret <= 1.2 in 85% of cells and <= 1.5 in all): the best, the "
-        "noise-scale rule at a long horizon, is within 1.2x in 75% of cells, worst 2.67; always on-policy 61%. Read "
-        "the answer below as the best-tested guess, and check it against on-policy on your own run")
-    assert evidence.horizon_line(record).startswith(
-        "horizon: the rule does not predict one and uses N = R; at the same y a buffer of 16 steps (N = 16 R) was "
-        "within 1.2x of the best in 75% of benchmark cells against 63% for N = R (81% vs 66% on held-out instances")
-    record["targets"]["objectives"]["noise_scale"] = {"share_within_1.2": 0.9, "worst": 1.4}
-    assert evidence.verdict_line(record) is None  # a rule that meets both regret targets passes: no warning
-    record["targets"]["objectives"]["noise_scale"]["worst"] = 1.6
-    assert evidence.verdict_line(record).startswith("no design rule passes")  # 90% is not enough with a 1.6
+        "no design rule passes the benchmark (held-out instances, latency floor 64: regret <= 1.2 in 85% of cells "
+        "and <= 1.5 in all, Spearman >= 0.7 in every setting): the best, the forgetting-aware rule, is within 1.2x "
+        "in 80% of cells, worst 1.90, lowest per-setting Spearman 0.80; read the answer below as the best-tested "
+        "guess and check it against on-policy on your own run")
+    objectives["forgetting"] = _targets(0.9, 1.4)
+    assert evidence.verdict_line(record) is None  # the rule meets every target: no warning
+    objectives["forgetting"] = _targets(0.9, 1.4, spearman=0.6)
+    assert evidence.verdict_line(record).startswith("no design rule passes")  # Spearman 0.6 < 0.7
+    assert evidence.verdict_line({}) .startswith("no stored benchmark")

@@ -27,7 +27,7 @@ def test_optimal_reads_mu_from_the_profile_and_says_so(cli, tmp_path):
     code, out, err = cli("optimal", "--profile", str(path), "-B", "64")
     same = cli("optimal", "--profile", str(path), "-B", "64", "--mu", "0.6663")
     assert code == 0 and (code, out) == same[:2]  # the profile's mu is exactly --mu 0.6663
-    assert "mu = 0.6663 (rollout-cost" in out and ", B = 64\n" in out and "b = B_noise/B       24.1" in out
+    assert "inputs: mu = 0.6663; B = 64; B_noise = 1541 (b = 24.1)" in out
     assert err == f"mu = 0.6663 from --profile {path} (log, 90% CI 0.637-0.696)\n"
 
 
@@ -59,7 +59,8 @@ def test_an_unmeasurable_noise_scale_names_its_lower_bound(error_line, tmp_path)
 
 def test_design_json_of_the_noise_scale_rule_feeds_the_trainer_in_whole_groups(cli, tmp_path):
     # b = 10 / 64: replay pays at mu = 5.28; y* = sqrt(5.28 (1 + 6.4)) = 6.25, R* = 64 / 6.25 = 10.24
-    code, out, _ = cli("optimal", "--mu", "5.28", "--noise-scale", "10", "-B", "64", "--json")
+    code, out, _ = cli("optimal", "--mu", "5.28", "--noise-scale", "10", "-B", "64", "--objective", "noise-scale",
+                       "--json")
     design = json.loads(out)
     assert code == 0 and (design["rollouts_per_step"], design["batch_size"], design["capacity"]) == (10, 64, 10)
     replay = ReplayConfig.from_optimal_json(design, group_size=8)
@@ -73,9 +74,23 @@ def test_design_json_of_the_noise_scale_rule_feeds_the_trainer_in_whole_groups(c
                             "rule's cost; regime replay)",)
     assert noise_scale_pick(10.0, 64, 8, 5.28)["R"] == 8
     # on-policy (b = 1541 / 64 = 24 > 0.75): N = B = R = 64, nothing rounded
-    code, out, _ = cli("optimal", "--mu", "5.28", "--noise-scale", "1541", "-B", "64", "--json")
+    code, out, _ = cli("optimal", "--mu", "5.28", "--noise-scale", "1541", "-B", "64", "--objective", "noise-scale",
+                       "--json")
     replay = ReplayConfig.from_optimal_json(json.loads(out), group_size=8)
     assert (replay.capacity, replay.batch_size, replay.rollouts_per_step, replay.notes) == (64, 64, 64, ())
+
+
+def test_design_json_of_the_forgetting_rule_feeds_the_trainer_its_winner(cli):
+    code, out, _ = cli("optimal", "--mu", "5.28", "--noise-scale", "100", "-B", "512", "--kappa", "0.5",
+                       "--optimizer", "sgd", "--group-size", "8", "--latency-floor", "128", "--json")
+    design = json.loads(out)
+    replay = ReplayConfig.from_optimal_json(design, group_size=8)
+    rep = design["designs"]["replay"]  # the winner here (test_cli_optimal): N = x R, B, R in whole groups
+    assert design["winner"] == "replay" and (replay.capacity, replay.batch_size, replay.rollouts_per_step) == (
+        rep["N"], rep["B"], rep["R"]) and replay.notes == ()
+    code, out, _ = cli("optimal", "--mu", "5.28", "--json")
+    with pytest.raises(ValueError, match="the optimal --json output has no design"):
+        ReplayConfig.from_optimal_json(json.loads(out), group_size=8)
 
 
 def test_design_json_without_a_noise_scale_is_refused():

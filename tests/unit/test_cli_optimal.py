@@ -1,0 +1,107 @@
+"""``replay-theory optimal`` (the forgetting-aware whole design, the default): values against theory/forgetting,
+what it prints first, its inputs from options and profiles, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from replay_theory.theory import advice
+from replay_theory.theory import forgetting as fg
+
+
+def test_without_measurements_it_says_measure_first_and_tabulates_the_memory(cli):
+    code, out, err = cli("optimal", "--mu", "5.28", "--json")
+    assert code == 0 and err == ""
+    d = json.loads(out)
+    assert d["objective"] == "forgetting" and d["measured"] is False
+    y, thr = fg.loosest_equal_steps(5.28)
+    assert d["loosest_threshold"] == {"psi": pytest.approx(thr), "y": pytest.approx(y)}  # 0.4295 at y = 3.506
+    for row in d["memory_table"]:
+        assert row["psi"]["16"] == pytest.approx(fg.psi(16, row["kappa"], "adam", 0.9))
+        x = row["shortest_horizon"]  # the first horizon whose psi is below the threshold
+        assert fg.psi(x, row["kappa"], "adam", 0.9) < thr <= fg.psi(x - 1, row["kappa"], "adam", 0.9)
+    code, text, _ = cli("optimal", "--mu", "5.28")
+    first = [line for line in text.splitlines() if not line.startswith("no ")][0]  # after a verdict line, if any
+    assert first.startswith("what to do: stay on-policy at your batch until you have measured b = B_noise / B")
+
+
+def test_the_whole_design_is_forgettings_answer(cli):
+    code, out, _ = cli("optimal", "--mu", "5.28", "-B", "512", "--noise-scale", "100", "--kappa", "0.5",
+                       "--optimizer", "sgd", "--group-size", "8", "--latency-floor", "128", "--json")
+    assert code == 0
+    d = json.loads(out)
+    w = fg.whole_design(100, 512, 5.28, fg.Memory(0.5, "sgd", 0.9, 512.0), group_size=8, floor=128)
+    assert d["winner"] == w.winner == "replay"
+    rep, on = d["designs"]["replay"], d["designs"]["on_policy"]
+    assert (rep["B"], rep["R"], rep["N"]) == (w.replay.design.batch, w.replay.design.rollouts, w.replay.design.capacity)
+    assert rep["compute_vs_B"] == pytest.approx(w.replay.compute / w.at_batch.compute)
+    assert rep["steps_vs_B"] == pytest.approx(w.replay.steps / w.at_batch.steps)
+    assert on["B"] == w.on_policy.design.batch and rep["B"] % 8 == rep["R"] % 8 == 0
+    assert d["condition"]["threshold_at_y"] == pytest.approx(fg.equal_steps_threshold(rep["y"], 5.28))
+    assert d["what_to_do"].startswith(f"replay: B = {rep['B']}, R = {rep['R']}, N = {rep['N']}")
+
+
+def test_a_long_memory_keeps_it_on_policy_at_a_smaller_batch(cli):
+    code, out, _ = cli("optimal", "--mu", "5.28", "-B", "512", "--noise-scale", "2383", "--kappa", "0.05",
+                       "--group-size", "8")
+    assert code == 0
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("what to do:"))
+    assert start <= 1  # what to do comes first (after the benchmark's verdict, if no rule passes)
+    assert lines[start].startswith("what to do: train on-policy at a smaller batch, B = R = N = ")
+    assert "above the" in lines[start] and "a smaller on-policy batch allows" in lines[start]
+
+
+def test_without_kappa_the_answer_assumes_no_forgetting_and_says_so():
+    q = advice.Query(mu=5.28, batch=256, b_noise=25.6, b_noise_source="test")
+    r = advice.advise(q)
+    assert r["designs"]["replay"]["psi"] == 1.0  # psi = 1: the noise-scale rule's assumption
+    assert any(n.startswith("no memory given") for n in r["notes"])
+
+
+def test_the_profile_carries_b_kappa_and_the_staleness_table(cli, tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({
+        "kind": "table", "staleness": [0, 1, 2, 4], "sigma_sq": [1.0, 1.1, 1.3, 2.0], "sigma_sq_form": "plain",
+        "noise_scale": {"b_noise": 100.0, "b_noise_interval": [80.0, 130.0], "method": "two-batch", "batch": 512},
+        "memory": {"kappa": 0.5, "kappa_interval": [0.4, 0.6], "level": 0.9, "method": "curvature-pairs",
+                   "optimizer": "sgd", "beta1": 0.9, "pilot_batch": 512, "units": 64}}))
+    code, out, _ = cli("optimal", "--mu", "5.28", "--profile", str(path), "-B", "512", "--json")
+    assert code == 0
+    d = json.loads(out)
+    assert d["kappa"] == 0.5 and d["optimizer"] == "sgd" and "curvature-pairs" in d["kappa_source"]
+    assert d["staleness"].startswith("the profile's sigma^2(s) / sigma^2(0)")
+    staleness = fg.Staleness((0.0, 1.0, 2.0, 4.0), (1.0, 1.1, 1.3, 2.0))
+    w = fg.whole_design(100, 512, 5.28, fg.Memory(0.5, "sgd", 0.9, 512.0), staleness=staleness)
+    assert d["designs"]["replay"]["x"] == w.replay.design.x < 64  # a growing r(s) bounds the horizon
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-B", "512", "--noise-scale", "100", "--kappa", "0"], "--kappa must be a finite number > 0 (the optimizer's "
+                                                            "memory, 1/kappa steps), got 0"),
+    (["-B", "512", "--noise-scale", "100", "--beta1", "1"], "--beta1 must be a number in [0, 1), got 1"),
+    (["-B", "500", "--noise-scale", "100", "--group-size", "8"], "--group-size must be an integer >= 1 that "
+                                                                 "divides -B, got 8"),
+    (["-B", "512", "--noise-scale", "100", "--latency-floor", "-1"], "--latency-floor must be a finite number >= 0 "
+                                                                     "(rollouts), got -1"),
+    (["-B", "512", "--noise-scale", "100", "--max-steps-ratio", "0.5"], "--max-steps-ratio must be a finite number "
+                                                                        ">= 1, got 0.5"),
+    (["-B", "512", "--noise-scale", "100", "--max-horizon", "0"], "--max-horizon must be an integer in [1, 4096], "
+                                                                  "got 0"),
+])
+def test_bad_forgetting_input_is_one_line_exit_2(error_line, args, message):
+    assert error_line("optimal", "--mu", "5.28", *args) == message
+
+
+def test_kappa_given_twice_or_with_another_optimizer_is_refused(error_line, tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"kind": "noise_scale", "noise_scale": {"b_noise": 100.0},
+                                "memory": {"kappa": 0.5, "optimizer": "adam", "beta1": 0.9, "pilot_batch": 64,
+                                           "method": "curvature-pairs"}}))
+    assert error_line("optimal", "--mu", "5", "--profile", str(path), "-B", "64", "--kappa", "0.1") == (
+        "give kappa once: --kappa or --profile's memory record, not both")
+    assert error_line("optimal", "--mu", "5", "--profile", str(path), "-B", "64", "--optimizer", "sgd") == (
+        f"--optimizer sgd differs from the adam that --profile {path}'s memory was measured with: leave --optimizer "
+        "out")
