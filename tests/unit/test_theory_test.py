@@ -11,7 +11,7 @@ import pytest
 from replay_theory.experiments import theory_test as tt
 from replay_theory.simulate import to_target
 from replay_theory.simulate.envs import make_env
-from replay_theory.simulate.envs.bandit import BanditConfig, NoisyBanditConfig, NoisyRewardBandit
+from replay_theory.simulate.envs.bandit import NoisyBanditConfig, NoisyRewardBandit
 from replay_theory.simulate.envs.quadratic import QuadraticConfig, QuadraticEnv
 from replay_theory.theory import forgetting as fg
 
