@@ -475,7 +475,8 @@ def measure_pilot(unit: Unit) -> dict:
     lr = unit.tuned_lr(label)
     s_ref = int(design_steps(unit.runs[label])[0])
     payload = {"kind": "pilot", "setting": unit.setting.name, "optimizer": unit.optimizer,
-               "instance": unit.instance, "lr": lr, "steps": s_ref, "seeds": unit.options.seeds}
+               "instance": unit.instance, "lr": lr, "steps": s_ref, "seeds": unit.options.seeds,
+               "measures": ["kappa", "staleness", "drift"], "pairs": PAIRS}
     found = unit.store.get(payload)
     if found is not None:
         return found
@@ -493,7 +494,7 @@ def measure_pilot(unit: Unit) -> dict:
 
     def observer(step: int, params: np.ndarray, grad: np.ndarray, optimizer) -> None:
         if step <= s_ref:
-            history.append(params[0].copy())
+            history.append(params.copy())  # (seeds, d): every seed's trajectory, for the drift
         if step in checkpoints:
             states[step] = (params.copy(), precondition(optimizer))
         if lag_from <= step < lag_to:
@@ -532,13 +533,15 @@ def measure_pilot(unit: Unit) -> dict:
     except ValueError as err:
         lag = {"kappa": None, "reason": str(err), "lag1_autocorrelation": float(np.sum(dots) / np.sum(sq))}
     kappa_exact = lr * float(np.sum(exact_num) / np.sum(exact_den))  # weighted by noise power, as the pairs are
-    profile = (measure_staleness(env, unit.setting, np.asarray(history), unit.instance)
+    trajectory = np.asarray(history)  # (steps + 1, seeds, d)
+    profile = (measure_staleness(env, unit.setting, trajectory[:, 0], unit.instance)
                if not isinstance(env, QuadraticEnv) else None)
+    drift = None if isinstance(env, QuadraticEnv) else measure_drift(env, trajectory)
     result = {"lr": lr, "steps": s_ref, "checkpoints": checkpoints, "kappa_exact": kappa_exact,
               "kappa_exact_what": ("exact: lr sum tr(D H D Sigma) / sum tr(D Sigma) over the checkpoints' seeds"
                                    if isinstance(env, QuadraticEnv) else "reference: lr sum tr(D H D Sigma) / sum "
                                    "tr(D Sigma), H exact, Sigma from 4,096 samples per point"),
-              "kappa_pairs": pairs.to_dict(), "kappa_lag": lag, "staleness": profile}
+              "kappa_pairs": pairs.to_dict(), "kappa_lag": lag, "staleness": profile, "drift": drift}
     return unit.store.put(payload, result)
 
 
@@ -564,6 +567,25 @@ def _kappa_parts(env, setting: Setting, theta: np.ndarray, d_vec: np.ndarray,
     hess = exact_hessian(env, theta)
     dm = np.diag(d_vec)
     return float(np.trace(dm @ hess @ dm @ sigma)), float(np.trace(dm @ sigma))
+
+
+def measure_drift(env, trajectory: np.ndarray) -> dict:
+    """The exact drift of the policy at t from the policy at t - s on the pilot's trajectories (T + 1, seeds, d),
+    averaged over every seed and the checkpoints T/3, 2T/3, T: M2(s) = E_behav[(log pi_t / pi_{t-s})^2] (M2PO's
+    statistic; about chi^2 and 2 KL for a small drift, and without chi^2's heavy tail, which one nearly
+    deterministic seed can blow up). 1 + M2(s) is the variance factor of an importance weight at age s that the
+    forgetting rule's staleness cost reads (on a real run: diagnose's m2 by age). chi^2 and KL beside it."""
+    T, seeds = trajectory.shape[0] - 1, trajectory.shape[1]
+    checkpoints = sorted({max(1, T // 3), max(1, 2 * T // 3), T})
+    sums = {"m2": np.zeros(len(STALENESS)), "chi2": np.zeros(len(STALENESS)), "kl_new_behav": np.zeros(len(STALENESS))}
+    for t in checkpoints:
+        for i, s in enumerate(STALENESS):
+            div = env.exact_divergences(trajectory[t], trajectory[max(t - s, 0)])  # each (seeds,)
+            for key in sums:
+                sums[key][i] += float(np.mean(div[key]))
+    n = len(checkpoints)
+    return {"staleness": list(STALENESS), **{k: (v / n).tolist() for k, v in sums.items()}, "checkpoints": checkpoints,
+            "seeds": seeds}
 
 
 def measure_staleness(env, setting: Setting, history: np.ndarray, instance: int) -> dict:
@@ -752,13 +774,13 @@ def _designs_of(record: dict) -> list[forgetting.Design]:
 
 
 def staleness_of(record: dict) -> forgetting.Staleness:
-    """r(s) = sigma^2(s) / sigma^2(0) of the pilot's profile (the form the loss needs), or none (the quadratic)."""
-    cal = record["calibration"]
-    if cal["form"] == "exact (flat)":
+    """r(s) = 1 + M2(s), the exact drift of the pilot's policy over s steps (rollout settings), or none (the
+    quadratic: a stored sample's gradient is exact at the current theta but for its fixed noise)."""
+    drift = record["pilot"].get("drift")
+    if not drift:
         return forgetting.NO_STALENESS
-    sig = np.asarray(cal["sigma_sq"], dtype=float)
-    return forgetting.Staleness(tuple(float(s) for s in cal["staleness"]), tuple(float(v) for v in sig / sig[0]),
-                                f"measured on the pilot ({cal['form']})")
+    return forgetting.Staleness(tuple(float(s) for s in drift["staleness"]),
+                                tuple(1.0 + float(c) for c in drift["m2"]), "1 + M2(s) on the pilot, exact")
 
 
 def rule_values(designs: list[forgetting.Design], b_noise: float, kappa: float | None, optimizer: str,

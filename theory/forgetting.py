@@ -377,6 +377,18 @@ class Staleness:
         """m(x) = mean of r(s) over the ages 0 .. x - 1 a FIFO of x steps holds."""
         return float(np.mean(self.at(np.arange(int(horizon)))))
 
+    def means(self, horizons: np.ndarray, scale: np.ndarray | float = 1.0) -> np.ndarray:
+        """m(x) with every age stretched by ``scale`` (per design): mean over s < x of r(s scale). A stale sample's
+        drift is set by how far the parameters moved, so a design whose tuned step is ``scale`` x the pilot's sees
+        the pilot's r at scale x its age."""
+        x = np.asarray(horizons, dtype=np.int64)
+        if self.flat or x.size == 0:
+            return np.ones(x.shape)
+        ages = np.arange(int(x.max()))  # (xmax,)
+        values = self.at(np.multiply.outer(np.broadcast_to(np.asarray(scale, dtype=float), x.shape), ages))
+        inside = ages < x[..., None]  # (..., xmax)
+        return np.where(inside, values, 0.0).sum(axis=-1) / x
+
 
 NO_STALENESS = Staleness()
 
@@ -443,36 +455,46 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
     N = np.array([d.capacity for d in designs], dtype=float)
     x = np.array([d.x for d in designs], dtype=np.int64)
     on = np.array([d.on_policy for d in designs])
-    means = {x: staleness.mean(x) for x in {d.x for d in designs if not d.on_policy}}  # m(x), once per horizon
-    m = np.array([1.0 if d.on_policy else means[d.x] for d in designs])
     y = B / R
+    flat = staleness.flat
 
-    def noise(p: np.ndarray) -> np.ndarray:  # B_noise V_eff m(x); on-policy B_noise / B
+    def m_of(kappa: np.ndarray | float) -> np.ndarray:  # m(x) at each design's own step: ages scaled by kappa_d/kappa
+        if flat:
+            return np.ones_like(B)
+        scale = 1.0 if memory is None or memory.pilot_batch is None else np.asarray(kappa) / memory.kappa
+        return np.where(on, 1.0, staleness.means(x, scale))
+
+    def noise(p: np.ndarray, m: np.ndarray) -> np.ndarray:  # B_noise V_eff m(x); on-policy B_noise / B
         return np.where(on, b_noise / B, b_noise / B * (1 + y * p - 1 / N) * m)
 
     if memory is None:
         p, kappa = np.ones_like(B), np.full_like(B, math.nan)
+        m = m_of(1.0)
     elif memory.pilot_batch is None:  # no step feedback: the measured kappa at every design (``Memory``)
         kappa = np.full_like(B, memory.kappa)
         p = np.where(on, 1.0, psi(x, kappa, memory.optimizer, memory.beta1))
+        m = m_of(kappa)
     else:
         k_max, alpha = memory.kappa_max(b_noise), memory.alpha
         # Eq. 2.6 extrapolated to no noise can pass the stability limit along the noise (kappa_pilot = 0.2 at
         # B_noise / B_pilot = 1e4 gives kappa_max = 2000); a tuned step stays below it, so kappa_d is capped there
         top = min(k_max, stable_kappa(memory.optimizer, memory.beta1))
-        low = np.minimum(k_max / (1 + noise(np.ones_like(B))) ** alpha, top)  # psi = 1: smallest step, longest memory
+        # psi = 1 and the staleness of the largest step: the most noise, so the smallest step any design can have
+        low = np.minimum(k_max / (1 + noise(np.ones_like(B), m_of(np.full_like(B, top)))) ** alpha, top)
         lo, hi = np.log(low), np.full_like(B, math.log(top))
-        solve = (~on) & (x > 1)  # psi(1) = 1 and on-policy has no replay noise: kappa = low there
+        solve = (~on) & (x > 1)  # psi(1) = 1, m(1) = 1 and on-policy has no replay noise: kappa = its own there
         for _ in range(44 if solve.any() else 0):  # bisection in log kappa on kappa - kappa_max / (1 + noise)^alpha:
             # the bracket spans at most ln(1 + B_noise V) <= ~40 in log kappa, so 44 halvings leave < 3e-12
             mid = 0.5 * (lo + hi)
             k = np.exp(mid)
-            gap = k - k_max / (1 + noise(psi(x, k, memory.optimizer, memory.beta1))) ** alpha
+            gap = k - k_max / (1 + noise(psi(x, k, memory.optimizer, memory.beta1), m_of(k))) ** alpha
             above = gap >= 0
             hi, lo = np.where(above, mid, hi), np.where(above, lo, mid)
-        kappa = np.where(solve, np.exp(hi), low)
+        own = np.minimum(k_max / (1 + noise(np.ones_like(B), np.ones_like(B))) ** alpha, top)  # x = 1, on-policy
+        kappa = np.where(solve, np.exp(hi), own)
         p = np.where(solve, psi(x, kappa, memory.optimizer, memory.beta1), 1.0)
-    steps = 1 + noise(p)
+        m = m_of(kappa)
+    steps = 1 + noise(p, m)
     cost = step_cost(R, B, mu, floor)
     return [Prediction(d, float(s), float(c), float(s * c), float(k), float(pp), float(mm))
             for d, s, c, k, pp, mm in zip(designs, steps, cost, kappa, np.where(on, 1.0, p), m)]

@@ -491,7 +491,8 @@ def test_the_tuned_step_fixed_point_holds():
             preds = fg.predict_many(designs, b_noise, 2.0, memory, staleness)
             assert preds == [fg.predict(d, b_noise, 2.0, memory, staleness) for d in designs]
             for d, p in zip(designs, preds):
-                m = staleness.mean(d.x)
+                # the staleness at the design's own step: ages stretched by kappa_d / kappa_pilot
+                m = float(np.mean([staleness.at(s * p.kappa / memory.kappa) for s in range(d.x)]))
                 noise = b_noise / d.batch * (1 + d.y * fg.psi(d.x, p.kappa, memory.optimizer, memory.beta1)
                                              - 1 / d.capacity) * m
                 rhs = memory.kappa_max(b_noise) / (1 + noise) ** memory.alpha
