@@ -124,8 +124,9 @@ class VerifyConfig:
     family: str = "neighbours"
     """Designs to train: neighbours (on-policy, the paper's prediction and its N, B doubled and halved at R =
     --rollouts-per-step) or fixed-b (at B = --rollouts-per-step: on-policy, replay at R = B/2, B/4, B/8 with N = R,
-    on-policy at B/2 and B/4, the noise-scale rule's and the paper's predictions; writes report-fixed-b.*). Opt-in,
-    also under --thorough."""
+    on-policy at B/2 and B/4, the noise-scale rule's, the forgetting-aware rule's and the paper's predictions; writes
+    report-fixed-b.*) or horizon (fixed-b plus replay at y = 4 with horizons x = 16 and 32; report-horizon.*).
+    Opt-in, also under --thorough."""
     jobs: int = 1
     """Worker processes training verify's runs at once (-1: one per core), each with --threads torch threads; the
     runs are independent, so the results are the same at any count. 2 on the 2-core CPU: 1.98x (docs/VALIDATION.md)."""
@@ -149,9 +150,9 @@ class VerifyConfig:
     def check_sizes(self, rollouts_per_step: int, group_size: int) -> None:
         """fixed-b's smallest R = B / 8 must be whole prompt groups: B a multiple of 8 x --group-size."""
         step = max(FIXED_B_REPLAY_RATIOS) * group_size
-        if self.family == "fixed-b" and rollouts_per_step % step:
-            raise ValueError(f"--family fixed-b needs --rollouts-per-step (its B) a multiple of 8 x --group-size = "
-                             f"{step} (R = B/8 whole groups), got {rollouts_per_step}")
+        if self.family in FIXED_B_FAMILIES and rollouts_per_step % step:
+            raise ValueError(f"--family {self.family} needs --rollouts-per-step (its B) a multiple of 8 x --group-size "
+                             f"= {step} (R = B/8 whole groups), got {rollouts_per_step}")
 
     def learning_rates(self, lr: float) -> tuple[float, ...]:
         """The grid, ascending: ``lr_grid``'s values, (lr / 2, lr, 2 lr) for ``auto``, or (lr,) when empty."""
@@ -192,7 +193,12 @@ class AllConfig(ValidateConfig, VerifyConfig):
 ENGINES = ("hf", "vllm", "auto")
 DECODE_MODES = ("auto", "eager", "static", "compiled")
 """--decode (validate/sampling.py): auto is compiled on CUDA and eager on the CPU."""
-FAMILIES = ("neighbours", "fixed-b")
+FAMILIES = ("neighbours", "fixed-b", "horizon")
+FIXED_B_FAMILIES = ("fixed-b", "horizon")
+"""The families trained at a fixed B = --rollouts-per-step with the rules' picks placed in them."""
+HORIZON_Y = 4
+HORIZON_XS = (16, 32)
+"""horizon: the fixed-b family plus replay at y = B/R = 4 with the horizons x = N/R = 16 and 32 (issue 30)."""
 FIXED_B_REPLAY_RATIOS = (2, 4, 8)
 """fixed-b: replay at R = B / y, N = R (the shortest horizon), for these y (issue 23)."""
 FIXED_B_SMALLER = (2, 4)

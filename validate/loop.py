@@ -46,8 +46,11 @@ from . import countdown
 from .batched import stack_policy
 from .calibrate import calibrate_lm, write_calibration
 from .config import (
+    FIXED_B_FAMILIES,
     FIXED_B_REPLAY_RATIOS,
     FIXED_B_SMALLER,
+    HORIZON_XS,
+    HORIZON_Y,
     TINY_MODEL,
     VERIFY_BUDGET_UPDATES,
     VERIFY_SEEDS,
@@ -335,6 +338,18 @@ def fixed_b_designs(config: ValidateConfig, predicted: dict, pick: dict | None,
     return designs + _group_replay_designs(B, group_replay), centres
 
 
+def horizon_designs(config: ValidateConfig, designs: list[dict]) -> list[dict]:
+    """The fixed-b family plus replay at y = B/R = HORIZON_Y with the horizons x = N/R in HORIZON_XS (issue 30): where
+    the optimizer's forgetting could make replay pay (docs/THEORY.md, "Forgetting"); names "replay y=4 x=16", ..."""
+    designs = list(designs)
+    B = config.rollouts_per_step
+    r = B // HORIZON_Y
+    for x in HORIZON_XS:
+        _add_design(designs, {"name": f"replay y={HORIZON_Y} x={x}", "buffer": "fifo", "loss": "grpo", "N": x * r,
+                              "B": B, "R": r, "family": True})
+    return designs
+
+
 def design_cost(design: dict, steps: int, mu: float, R: int, K: int) -> dict:
     """Fresh rollouts, samples trained and compute of ``steps`` updates of ``design``, in sample-update units.
 
@@ -433,7 +448,7 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     log(f"warm start: held-out reward {warm_mean:.3f} +- {warm_sd:.3f} over {seeds} evaluation seeds")
     pick, noise_record = None, calibration.get("noise_scale") or {}
     memory, forgetting = None, None
-    if plan.family == "fixed-b":
+    if plan.family in FIXED_B_FAMILIES:
         if noise_record.get("b_noise") is not None:
             pick = noise_scale_pick(noise_record["b_noise"], R, K, mu)
         else:
@@ -442,10 +457,13 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
         memory = forgetting_memory(out_dir, plan.kappa, log)
         if memory.get("kappa") is not None and noise_record.get("b_noise") is not None:
             forgetting = forgetting_pick(noise_record["b_noise"], R, K, mu, memory["kappa"], memory["optimizer"],
-                                         memory["beta1"], pilot_batch=memory.get("pilot_batch"))
+                                         memory["beta1"], pilot_batch=memory.get("pilot_batch"),
+                                         staleness=staleness_of_calibration(calibration))
         elif memory.get("kappa") is not None:
             memory["reason"] = "no measured B_noise"
         designs, centres = fixed_b_designs(config, predicted, pick, plan.group_replay, forgetting)
+        if plan.family == "horizon":
+            designs = horizon_designs(config, designs)
     else:
         designs, centres = _designs(config, predicted, plan.group_replay), {}
     lrs = plan.learning_rates(config.lr)
@@ -534,7 +552,7 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
         "config": dataclasses.asdict(config),
         "seconds": time.perf_counter() - started,
     }
-    if plan.family == "fixed-b":
+    if plan.family in FIXED_B_FAMILIES:
         report["forgetting_input"] = memory  # the kappa record, or why the forgetting-aware rule made no prediction
         report["predictions"] = prediction_rows(rows, centres, pick, noise_record, predicted, verdict_of, K,
                                                 forgetting, memory if forgetting is not None else None)
@@ -547,6 +565,20 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     os.replace(out_dir / f".{stem}.tmp.png", out_dir / f"{stem}.png")
     write_new(existing, lambda tmp: tmp.write_text(json.dumps(report, indent=1, default=lambda v: None)))
     return report
+
+
+def staleness_of_calibration(calibration: dict):
+    """r(s) = 1 + 2 KL(s) from the calibration's exact drift KL(pi_t || pi_{t-s}) by lag (chi^2 and M2 are about 2 KL
+    for a small drift): the forgetting rule's staleness cost, as the benchmark reads M2(s) (experiments/theory_test.py);
+    none when the calibration measured no drift."""
+    from ..theory.forgetting import NO_STALENESS, Staleness
+
+    kl = {int(k): float(v) for k, v in (calibration.get("kl_by_lag") or {}).items() if v is not None}
+    if not kl or any(not math.isfinite(v) or v < 0 for v in kl.values()):
+        return NO_STALENESS
+    ages = sorted(set(kl) | {0})
+    return Staleness(tuple(float(a) for a in ages), tuple(1.0 + 2.0 * kl.get(a, 0.0) for a in ages),
+                     "1 + 2 KL(s), the calibration's exact drift by lag")
 
 
 def forgetting_memory(out_dir: Path, kappa: float | None, log=print) -> dict:
@@ -630,7 +662,8 @@ def predictions_markdown(report: dict) -> list[str]:
     predictions = report.get("predictions")
     if not predictions:
         return []
-    lines = ["", "## Both rules' predictions in the fixed-b family (equal compute)", ""]
+    family = report.get("budget", {}).get("family", "fixed-b")
+    lines = ["", f"## The rules' predictions in the {family} family (equal compute)", ""]
     rule = next(p for p in predictions if p["rule"] == "noise-scale")
     record, pick = rule["input"], rule["pick"]
     if pick is None:

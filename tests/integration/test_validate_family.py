@@ -18,9 +18,11 @@ from replay_theory.validate.loop import (  # noqa: E402
     _rl_config,
     design_cost,
     fixed_b_designs,
+    horizon_designs,
     prediction_rows,
     predictions_markdown,
     run_verify,
+    staleness_of_calibration,
     steps_at_budget,
 )
 from replay_theory.validate.verdict import compare  # noqa: E402
@@ -87,6 +89,26 @@ def test_fixed_b_designs_and_their_equal_compute_budgets_by_hand():
     assert centres == {"noise-scale": "noise-scale rule", "paper": "on-policy"}
     designs, centres = fixed_b_designs(B64, PAPER_ON_POLICY, None, group_replay=True)
     assert centres == {"paper": "on-policy"} and len(designs) == 6 + 3 and not designs[-1]["family"]
+
+
+def test_horizon_family_adds_long_buffers_at_equal_compute_by_hand():
+    """horizon = fixed-b + replay y = 4 at x = 16 and 32: R = 16, N = 256 and 512, B = 64; at mu = 0.5 a step costs
+    0.5 x 16 + 64 = 72 whatever N, so both train floor(2304 / 72) = 32 updates, like replay y=4 at x = 1."""
+    paper = {"regime": "replay", "N": 128, "B": 128, "R": 64, "x_star": 2.0, "y_star": 2.0}
+    designs, _ = fixed_b_designs(B64, paper, None)
+    designs = horizon_designs(B64, designs)
+    got = {d["name"]: (d["buffer"], d["N"], d["B"], d["R"]) for d in designs[-2:]}
+    assert got == {"replay y=4 x=16": ("fifo", 256, 64, 16), "replay y=4 x=32": ("fifo", 512, 64, 16)}
+    assert [steps_at_budget(d, 2304.0, 0.5, 64, 8) for d in designs[-2:]] == [32, 32]
+    assert len({d["name"] for d in designs}) == len(designs) == 9
+    rl = _rl_config(B64, designs[-1], 32, seed=0)
+    assert (rl.rollouts_per_step, rl.batch_size, rl.capacity, rl.buffer) == (16, 64, 512, "fifo")
+
+
+def test_staleness_of_the_calibration_is_its_drift():
+    st = staleness_of_calibration({"kl_by_lag": {"1": 0.01, "2": 0.04, "4": 0.16}})
+    assert st.ages == (0.0, 1.0, 2.0, 4.0) and st.ratio == pytest.approx((1.0, 1.02, 1.08, 1.32))
+    assert staleness_of_calibration({}).flat
 
 
 def test_report_rows_of_both_rules_by_hand():
