@@ -495,8 +495,10 @@ def _noise_scale_inputs(noise_scale, batch_size, profile) -> tuple[Optional[floa
         low = "" if interval[0] is None else (f"; its interval's lower end is {interval[0]:.4g}: --mu MU --noise-scale "
                                               f"{interval[0]:.4g} -B B gives the most replay-friendly answer the data "
                                               f"allow")
-        raise UserError(f"--profile {profile} has no B_noise (not measurable: no gradient signal where it was "
-                        f"measured){low}; or measure again over more steps or a larger batch")
+        why = record.get("reason") or record.get("note")
+        said = f": {why}" if why else ""
+        raise UserError(f"--profile {profile} has no B_noise (its noise_scale record has b_noise: null{said}){low}; "
+                        f"or measure again over more steps or a larger batch")
     span = "" if None in interval else f", 90% interval [{interval[0]:.4g}, {interval[1]:.4g}]"
     return float(record["b_noise"]), batch_size, f"--profile {profile} ({record.get('method', 'measured')}{span})"
 

@@ -107,8 +107,8 @@ def test_a_profile_without_b_is_refused_before_any_work(error_line, tmp_path):
                                                                    "-B", "64")
     path.write_text(json.dumps({"kind": "noise_scale", "noise_scale": {"b_noise": None}}))
     assert error_line("optimal", "--mu", "5", "--profile", str(path), "-B", "64") == (
-        f"--profile {path} has no B_noise (not measurable: no gradient signal where it was measured); or measure "
-        "again over more steps or a larger batch")
+        f"--profile {path} has no B_noise (its noise_scale record has b_noise: null); or measure again over more "
+        "steps or a larger batch")  # what the file says, no cause assumed
     path.write_text(json.dumps({"kind": "noise_scale", "noise_scale": {"b_noise": -3}}))
     assert "b_noise' must be a finite number > 0" in error_line("optimal", "--mu", "5", "--profile", str(path))
 

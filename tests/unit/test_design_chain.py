@@ -52,7 +52,7 @@ def test_a_profile_without_mu_asks_for_it(error_line, tmp_path):
 def test_an_unmeasurable_noise_scale_names_its_lower_bound(error_line, tmp_path):
     path = _profile(tmp_path, None)
     assert error_line("optimal", "--profile", str(path), "-B", "64") == (
-        f"--profile {path} has no B_noise (not measurable: no gradient signal where it was measured); its interval's "
+        f"--profile {path} has no B_noise (its noise_scale record has b_noise: null); its interval's "
         "lower end is 494: --mu MU --noise-scale 494 -B B gives the most replay-friendly answer the data allow; or "
         "measure again over more steps or a larger batch")
 
