@@ -274,7 +274,7 @@ def test_grad_norms_give_b_noise_by_hand(tmp_path, cli, name):
     assert "B_noise = 32 samples (90% interval" in stdout and "b = B_noise / B = 4 at B = 8" in stdout
     assert f"next: replay-theory optimal --profile {out} -B 8" in stdout
     # the profile drives optimal's noise-scale rule: the same answer as --noise-scale 32 -B 8
-    results = [cli("optimal", "--mu", "5.28", "-B", "8", "--json", *args)
+    results = [cli("optimal", "--mu", "5.28", "-B", "8", "--objective", "noise-scale", "--json", *args)
                for args in (["--profile", str(out)], ["--noise-scale", "32"])]
     assert [r[0] for r in results] == [0, 0], results
     ours, direct = (json.loads(r[1]) for r in results)
@@ -389,7 +389,7 @@ def test_on_policy_log_with_grad_norms_writes_a_noise_scale_profile(tmp_path, cl
     assert data["mu"]["value"] == pytest.approx(MU, rel=1e-12) and "staleness" not in data
     assert data["not_measured"][0].startswith("sigma^2(s): the log has usable sequences")
     assert f"next: replay-theory optimal --profile {out} -B 8" in stdout
-    results = [cli("optimal", "--mu", "5.28", "-B", "8", "--json", *args)
+    results = [cli("optimal", "--mu", "5.28", "-B", "8", "--objective", "noise-scale", "--json", *args)
                for args in (["--profile", str(out)], ["--noise-scale", "32"])]
     assert [r[0] for r in results] == [0, 0], results
     ours, direct = (json.loads(r[1]) for r in results)
