@@ -338,6 +338,42 @@ def memory_record(estimate, reason: str | None = None) -> dict:
     return {**record, "kappa": None, "kappa_measured": value if math.isfinite(value) else None, "reason": reason}
 
 
+def curvature_pairs_record(numerators: ArrayLike, denominators: ArrayLike, step: ArrayLike, rng: np.random.Generator,
+                           *, optimizer: str, beta1: float, pilot_batch: float | None = None, level: float = 0.9,
+                           n_boot: int = 1000, detail: dict | None = None) -> dict:
+    """The ``memory`` record of curvature pairs (``theory.forgetting.kappa_from_curvature_pairs``: kappa = eta sum
+    num / sum den, bootstrap over pairs), ``detail`` merged in.
+
+    A pair with xi = 0 (both minibatch gradients equal: e.g. every prompt group's rewards equal, so no advantage)
+    adds 0 to both sums: it is left out and counted (``pairs_without_noise``), the estimate unchanged. ``step``: the
+    learning rate, or one per pair (a schedule): then kappa = sum eta_i num_i / sum den_i. Fewer than 2 pairs with
+    noise, or a kappa that is not > 0: kappa null and the reason."""
+    from .forgetting import kappa_from_curvature_pairs  # the profile reader needs forgetting only here
+
+    num, den = np.asarray(numerators, dtype=float).ravel(), np.asarray(denominators, dtype=float).ravel()
+    eta = np.broadcast_to(np.asarray(step, dtype=float), num.shape)
+    detail = dict(detail or {})
+    method = detail.pop("method", "curvature-pairs")
+    keep = den > 0
+    extra = {"pairs_without_noise": int((~keep).sum())}
+    if eta.size and np.ptp(eta) > 0:
+        extra["step_range"] = [float(eta.min()), float(eta.max())]
+    if keep.sum() < 2:
+        reason = (f"{int(keep.sum())} of {num.size} curvature pairs have a gradient difference xi != 0 (the minibatch "
+                  "gradients were equal: no reward variation within their prompt groups); need >= 2")
+        return {**unmeasured_memory(reason, method=method, optimizer=optimizer, beta1=beta1, pilot_batch=pilot_batch),
+                **extra, **detail}
+    scalar = np.ptp(eta[keep]) == 0
+    estimate = kappa_from_curvature_pairs(num[keep] * (1.0 if scalar else eta[keep]), den[keep],
+                                          float(eta[keep][0]) if scalar else 1.0, rng, optimizer=optimizer,
+                                          beta1=beta1, pilot_batch=pilot_batch, n_boot=n_boot, level=level)
+    if not scalar:  # the step lives in the numerators; say the mean learning rate
+        estimate = dataclasses.replace(estimate, detail={**estimate.detail, "step": float(eta[keep].mean()),
+                                                         "lambda_eff": None})
+    estimate = dataclasses.replace(estimate, method=method, detail={**estimate.detail, **extra, **detail})
+    return memory_record(estimate)
+
+
 def unmeasured_memory(reason: str, *, method: str, optimizer: str, beta1: float,
                       pilot_batch: float | None = None) -> dict:
     """A ``memory`` record for a kappa that could not be formed at all: kappa null and the ``reason``."""

@@ -97,3 +97,22 @@ def test_bad_memory_estimators_name_their_entry(tmp_path):
     path.write_text(json.dumps({**TABLE, "memory": [GOOD]}))
     with pytest.raises(ValueError, match="profile 'memory' must be a JSON object"):
         load_profile(path)
+
+
+def test_curvature_pairs_record_leaves_out_pairs_without_noise_and_takes_a_schedule():
+    from replay_theory.theory.profiles import curvature_pairs_record
+
+    num, den = np.array([1.0, 2.0, 0.0, 3.0]), np.array([2.0, 2.0, 0.0, 4.0])
+    record = curvature_pairs_record(num, den, 0.1, np.random.default_rng(0), optimizer="adam", beta1=0.9,
+                                    pilot_batch=8.0, detail={"source": "test"})
+    assert record["kappa"] == pytest.approx(0.1 * 6.0 / 8.0) and record["units"] == 3  # the xi = 0 pair adds 0 / 0
+    assert record["pairs_without_noise"] == 1 and record["source"] == "test" and record["step"] == 0.1
+    # a learning-rate schedule: kappa = sum eta_i num_i / sum den_i
+    eta = np.array([0.1, 0.2, 0.3, 0.4])
+    scheduled = curvature_pairs_record(num, den, eta, np.random.default_rng(0), optimizer="sgd", beta1=0.0)
+    assert scheduled["kappa"] == pytest.approx((0.1 * 1 + 0.2 * 2 + 0.4 * 3) / 8.0)
+    assert scheduled["step_range"] == [0.1, 0.4] and scheduled["step"] == pytest.approx(0.7 / 3)
+    empty = curvature_pairs_record(num * 0, den * 0, 0.1, np.random.default_rng(0), optimizer="adam", beta1=0.9)
+    assert empty["kappa"] is None and "0 of 4 curvature pairs have a gradient difference xi != 0" in empty["reason"]
+    negative = curvature_pairs_record(-num, den, 0.1, np.random.default_rng(0), optimizer="adam", beta1=0.9)
+    assert negative["kappa"] is None and negative["kappa_measured"] < 0 and "not positive" in negative["reason"]
