@@ -60,6 +60,20 @@ is reported NEXT TO the per-sample one (``noise_scale_exact_grad`` in the profil
 | ``noise.estimate``     | B_noise             | per-sample: tr Sigma and |E G|^2 both from the group units       |
 | ``noise.exact_grad``   | B_noise             | tr Sigma from the group units, |E G|^2 = ||grad F||^2 exact       |
 | ``noise.unit_size``    | G                   | responses per unit: tr Sigma per sample = G tr Sigma_unit         |
+
+The optimizer's memory (issue 30; theory/forgetting.py): kappa = eta tr(H Sigma) / tr Sigma, for Adam in its
+preconditioned coordinates (eta tr(D H D Sigma) / tr(D Sigma), D = 1 / (sqrt(v_hat) + eps) of the probe's own Adam
+state), at the noise scale's checkpoints, beside b. H is the Jacobian of the mean gradient field grad F (the
+linearised dynamics' curvature), by central differences of the enumerated grad F.
+
+| ``memory.estimators`` key | estimator                                                          | profile field      |
+|---------------------------|--------------------------------------------------------------------|--------------------|
+| (``memory.pairs``)        | curvature pairs xi = g_1 - g_2 of fresh minibatches, H xi of grad F | memory            |
+| ``exact``                 | the whole Jacobian, Sigma from the noise scale's fresh groups      | memory_estimators  |
+| ``independent``           | H xi of a third minibatch, score-reweighted (as the LM and TRL do) | memory_estimators  |
+| ``surrogate``             | H xi of the third minibatch's own loss (no cross-token terms)      | memory_estimators  |
+| ``same``                  | the pairs, H xi of the pair's first minibatch (biased)             | memory_estimators  |
+| ``lag``                   | lag-1 autocorrelation of an on-policy run's update gradients       | memory_estimators  |
 """
 
 from __future__ import annotations
@@ -77,8 +91,10 @@ from ..core.pipeline import EnvBackend, generate
 from ..core.rng import PerSeedGenerator
 from ..core.rollouts import RolloutBatch
 from ..theory import noise as noise_estimators
+from ..theory.forgetting import KappaEstimate, kappa_from_curvature_pairs, kappa_from_gradient_series
 from ..theory.noise import NoiseProfile, PairMoments, RhoFit
 from ..theory.noise_scale import PooledNoiseScale, noise_scale_from_samples, pooled_noise_scale
+from ..theory.profiles import memory_record, unmeasured_memory
 from .config import SimConfig
 from .engine import run
 
@@ -92,7 +108,7 @@ PLATEAU_FRACTION = 0.9
 NOISE_BOOTSTRAP = 1000
 REFERENCES = ("auto", "exact", "sampled")
 PROBE_ARGUMENTS = ("staleness", "samples", "max_gap", "reference", "reference_samples", "noise_checkpoints",
-                   "noise_groups")  # named in check_probe
+                   "noise_groups", "kappa_pairs")  # named in check_probe
 RHO_BUFFERS = ("fifo", "positive-bias", "prioritized")  # buffers whose items the rho probe reads
 FORMS = ("plain", "signal-normalised")
 RHO_NOISE_TEXT = {
@@ -133,6 +149,7 @@ class Calibration:
     probe_capacity: int
     fits: dict = field(default_factory=dict)
     noise_scale: NoiseScaleMeasurement | None = None  # B_noise of the probe's own loss on fresh groups
+    memory: KappaMeasurement | None = None  # kappa at the noise-scale checkpoints, three estimators
 
     @property
     def rho(self) -> float:
@@ -192,6 +209,8 @@ class Calibration:
             data["noise_scale" if record["b_noise"] is not None else "noise_scale_unresolved"] = record
             if self.noise_scale.exact_grad is not None:
                 data["noise_scale_exact_grad"] = self.noise_scale.record(exact=True)
+        if self.memory is not None:  # beside b: the curvature-pairs kappa, the other estimators for comparison
+            data["memory"], data["memory_estimators"] = self.memory.records()
         return data
 
 
@@ -577,6 +596,346 @@ def noise_scale_lines(noise: NoiseScaleMeasurement) -> list[str]:
     return out
 
 
+# --------------------------------------------------------------------------- the optimizer's memory kappa
+
+DEFAULT_KAPPA_PAIRS = {"bandit": 8, "token-mdp": 2}
+"""Curvature pairs per seed and kept noise checkpoint (three fresh minibatches of B each: two for xi, one for the
+independent Hessian-vector product), by env: the token MDP's enumerated grad F costs ~0.2 s per parameter vector
+(forward and backward DPs), so each of its field products is ~1000x a bandit's."""
+JACOBIAN_ENVS = ("bandit",)
+"""Where the exact kappa (the whole Jacobian, 2 d S enumerated gradients per checkpoint) is measured: the bandit
+(d = 16, ~1 ms per gradient); on the token MDP it would be 2 x 31 x 8 = 496 gradients, ~2 min per checkpoint."""
+
+
+def kappa_pairs_for(config: SimConfig, kappa_pairs: int | None) -> int:
+    """``kappa_pairs``, or the env's default (``DEFAULT_KAPPA_PAIRS``) when None."""
+    return DEFAULT_KAPPA_PAIRS.get(config.env, 2) if kappa_pairs is None else kappa_pairs
+FD_STEP = 1e-5
+"""Central-difference step of a gradient along a vector, relative to max(1, |theta|): in float64 the truncation
+(~ step^2) and the rounding (~ 1e-16 / step) both stay near 1e-10 (the tests compare steps 10x apart)."""
+LAG_BLOCK = 8
+"""Moving-block length (steps) of the lag-1 estimator's bootstrap (``kappa_from_gradient_series``)."""
+KAPPA_BOOTSTRAP = 1000
+HVPS = ("field", "independent", "surrogate", "same")
+"""Where H xi comes from: the exact field; a third, independent minibatch (score-reweighted); the same third
+minibatch's own loss Hessian; the pair's first minibatch (score-reweighted)."""
+HVP_TEXT = {
+    "field": "H xi by central differences of the enumerated grad F: the mean gradient field's Jacobian (the H of the "
+             "linearised dynamics), no sampling error, independent of xi",
+    "independent": "H xi by central differences of a third, independent minibatch's on-policy gradient reweighted "
+                   "by its response ratio pi_theta' / pi_theta (rho(theta') g(theta'), unbiased for the field's "
+                   "Jacobian): what validate calibrate-model and the TRL trainer measure",
+    "surrogate": "H xi by central differences of the third minibatch's own loss gradient (fixed samples, per-token "
+                 "ratios): the surrogate's Hessian",
+    "same": "H xi as 'independent' but on the pair's first minibatch (one pass fewer; shares samples with xi)",
+}
+BIAS_TEXT = {
+    "exact": "Sigma sampled from the noise scale's fresh groups (its error is the interval); H exact",
+    "field": "ratio of sums over pairs: bias O(1 / pairs)",
+    "independent": "unbiased for the field's Jacobian but for the group advantage's cross-sample score terms (zero "
+                   "for a mean baseline, small with GRPO's std); more variance than the field's (the score term)",
+    "surrogate": "the fixed-sample loss Hessian misses the score cross terms between a response's tokens (sum over "
+                 "t != t' of A s_t s_t'^T), and for a loss without an importance ratio (reinforce) the whole score "
+                 "term: 0.67x the field's kappa on the token MDP (SGD), equal on the one-token bandit",
+    "same": "biased: the minibatch's Hessian and xi share samples, which adds E[e^T h e] / B (one sample's noise e "
+            "and Hessian h; large for a policy gradient, h ~ A (s s^T + grad^2 log pi), e ~ A s): 1.7x the exact "
+            "kappa under SGD on the bandit",
+    "lag": "lag-1 autocorrelation: -kappa/2 for SGD, about +0.4 kappa for Adam / momentum at beta1 = 0.9; the mean "
+           "gradient's drift adds a positive term early in a run and at low noise (hides SGD's signal, overstates "
+           "Adam's kappa); needs fresh noise every step (an on-policy run)",
+}
+ESTIMATOR_KEYS = {"exact": "exact", "independent": "curvature-pairs-independent-minibatch",
+                  "surrogate": "curvature-pairs-surrogate-hessian", "same": "curvature-pairs-same-minibatch",
+                  "lag": "lag-autocorrelation"}
+"""``memory_estimators`` keys of the profile (the curvature pairs with the field's H are its ``memory``)."""
+
+
+def optimizer_kind(config: SimConfig) -> tuple[str, float]:
+    """(optimizer, beta1) as theory/forgetting.py names them: simulate/optim.py's Adam has beta1 = 0.9."""
+    return ("adam", 0.9) if config.optimizer == "adam" else ("sgd", 0.0)
+
+
+def take_rows(batch: RolloutBatch, rows: int) -> RolloutBatch:
+    """(S, K B, ...) -> (S K, B, ...): K consecutive minibatches of every seed as rows of their own (seed-major)."""
+    def cut(a: np.ndarray) -> np.ndarray:
+        return a.reshape(rows, a.shape[0] * a.shape[1] // rows, *a.shape[2:])
+
+    return RolloutBatch(**{f.name: cut(getattr(batch, f.name)) for f in fields(RolloutBatch)})
+
+
+def select_rows(batch: RolloutBatch, index: np.ndarray, repeat: int = 1) -> RolloutBatch:
+    """The rows ``index`` (leading axis) of every field, the selection repeated ``repeat`` times end to end."""
+    return RolloutBatch(**{f.name: np.concatenate([getattr(batch, f.name)[index]] * repeat)
+                           for f in fields(RolloutBatch)})
+
+
+def minibatch_gradient(env, config: SimConfig, params: np.ndarray, batch: RolloutBatch, *,
+                       reweighted: bool = False) -> np.ndarray:
+    """The run's loss gradient on ``batch`` (R, B, ...) at ``params`` (R, d), as the engine forms it (its batch
+    aggregation, every row fresh, weights 1): (R, d). At params other than the ones that generated the batch the
+    ratio is pi_params / pi_behav: the fixed-sample surrogate's gradient.
+
+    ``reweighted``: rho(theta') g_on(theta') instead, g_on the loss's gradient with the behaviour log-probs set to the
+    current ones (ratio 1: the on-policy per-sample gradient at theta') and rho = pi_theta' / pi_behav of the whole
+    response. Its derivative at the behaviour policy is E[grad g + g S^T] (S the response's score), the Jacobian of
+    the on-policy field E_{pi_theta}[g]: score cross terms between tokens included, which the surrogate's lacks."""
+    logp_new = env.logp(params, batch.prompt, batch.tokens, batch.mask)  # (R, B, L)
+    if not reweighted:
+        out = compute_loss(config, batch, logp_new)
+        return env.grad_logp_contract(params, batch.prompt, batch.tokens, batch.mask, out.grad_logp)
+    out = compute_loss(config, dataclasses.replace(batch, logp_behav=logp_new), logp_new)
+    rho = np.exp(np.where(batch.mask, logp_new - batch.logp_behav, 0.0).sum(axis=2))  # (R, B) response ratio
+    return env.grad_logp_contract(params, batch.prompt, batch.tokens, batch.mask, out.grad_logp * rho[:, :, None])
+
+
+def central_difference(gradient, params: np.ndarray, vectors: np.ndarray, step: float = FD_STEP) -> np.ndarray:
+    """H v = (grad(theta + h v) - grad(theta - h v)) / (2 h) per row, h = ``step`` max(1, |theta|) / |v| (a zero v
+    gives 0); ``gradient`` maps (2R, d) -> (2R, d), both sides in one call: (R, d)."""
+    norm = np.linalg.norm(vectors, axis=1)
+    scale = step * np.maximum(1.0, np.linalg.norm(params, axis=1))
+    h = np.divide(scale, norm, out=np.zeros_like(norm), where=norm > 0)[:, None]  # (R, 1)
+    both = gradient(np.concatenate([params + h * vectors, params - h * vectors]))
+    plus, minus = both[: len(params)], both[len(params):]
+    return np.divide(plus - minus, 2 * h, out=np.zeros_like(plus), where=h > 0)
+
+
+def field_hvp(env, config: SimConfig, params: np.ndarray, vectors: np.ndarray, step: float = FD_STEP,
+              chunk: int = 512) -> np.ndarray:
+    """J v of the exact gradient field grad F (``exact_loss_gradient``) by central differences: (R, d)."""
+    out = [central_difference(lambda p: exact_loss_gradient(env, config, p), params[a:a + chunk],
+                              vectors[a:a + chunk], step) for a in range(0, len(params), chunk)]
+    return np.concatenate(out)
+
+
+def field_jacobian(env, config: SimConfig, params: np.ndarray, step: float = FD_STEP) -> np.ndarray:
+    """The Jacobian J (S, d, d) of grad F at each seed's theta, column by column (J e_j by central differences)."""
+    S, d = params.shape
+    columns = field_hvp(env, config, np.repeat(params, d, axis=0), np.tile(np.eye(d), (S, 1)), step)  # (S d, d)
+    return columns.reshape(S, d, d).transpose(0, 2, 1)  # [s, :, j] = J e_j
+
+
+@dataclass
+class CurvatureParts:
+    """kappa's numerators and denominators at one checkpoint (preconditioned forms, D = Adam's 1/(sqrt(v_hat)+eps))."""
+
+    numerators: dict[str, np.ndarray]  # HVPS key -> (S, K) (D xi)^T H (D xi); "field" absent without enumeration
+    denominators: np.ndarray  # (S, K) xi^T D xi
+    exact_num: np.ndarray | None  # (S, U) (D c)^T J (D c) of the centred units c; None: no enumeration
+    exact_den: np.ndarray | None  # (S, U) c^T D c
+
+
+def curvature_parts(env, config: SimConfig, theta: np.ndarray, precond: np.ndarray | None, pairs: int,
+                    version: int, rng, *, field: bool, units: np.ndarray | None = None,
+                    grad_f: np.ndarray | None = None, step: float = FD_STEP) -> CurvatureParts:
+    """The numerators and denominators of kappa at one checkpoint ``theta`` (S, d), all seeds at once.
+
+    Curvature pairs: 3 ``pairs`` fresh minibatches of B (whole groups) of pi_theta per seed; xi = g_1 - g_2 of the
+    first two, w = D xi (D the Adam preconditioner ``precond`` (S, d); identity for SGD); numerators w^T H w with
+    H w from each source in ``HVPS`` (``HVP_TEXT``; the field with ``field``, where grad F is enumerable),
+    denominator xi^T D xi. Exact: with the fresh group units ``units`` (S, U, d) and grad F ``grad_f`` (S, d) (their
+    exact mean; both None: not measured),
+    c = u - grad F and the whole Jacobian J give (D c)^T J (D c) and c^T D c per unit, whose sums' ratio is
+    tr(D J D Sigma) / tr(D Sigma) with Sigma the units' sample covariance.
+    """
+    S, d = theta.shape
+    D = np.ones((S, d)) if precond is None else precond
+    groups = max(1, config.batch_size // config.group_size)
+    fresh = generate(EnvBackend(env, rng), config, theta, 3 * pairs * groups, version, 0, rng)  # (S, 3K B)
+    rows = take_rows(fresh, S * 3 * pairs)  # row 3 (s K + k) + j: minibatch j of pair k of seed s
+    grads = minibatch_gradient(env, config, np.repeat(theta, 3 * pairs, axis=0), rows).reshape(S, pairs, 3, d)
+    xi = grads[:, :, 0] - grads[:, :, 1]  # (S, K, d)
+    w = (D[:, None, :] * xi).reshape(S * pairs, d)
+    theta_k = np.repeat(theta, pairs, axis=0)  # (S K, d)
+    products = {}
+    for name, j, reweighted in (("same", 0, True), ("independent", 2, True), ("surrogate", 2, False)):
+        batch = select_rows(rows, np.arange(j, S * 3 * pairs, 3), repeat=2)  # both sides of the difference
+        products[name] = central_difference(
+            lambda p, b=batch, r=reweighted: minibatch_gradient(env, config, p, b, reweighted=r), theta_k, w, step)
+    exact_num = exact_den = None
+    if field:
+        products["field"] = field_hvp(env, config, theta_k, w, step)
+    if grad_f is not None:
+        jac = field_jacobian(env, config, theta, step)  # (S, d, d)
+        c = units - grad_f[:, None, :]  # (S, U, d)
+        dc = D[:, None, :] * c
+        exact_num, exact_den = np.einsum("sud,sde,sue->su", dc, jac, dc), np.einsum("sud,sud,sd->su", c, c, D)
+    numerators = {name: np.einsum("rd,rd->r", w, hw).reshape(S, pairs) for name, hw in products.items()}
+    return CurvatureParts(numerators, np.einsum("skd,skd,sd->sk", xi, xi, D), exact_num, exact_den)
+
+
+def on_policy_twin(config: SimConfig) -> SimConfig:
+    """The probe's on-policy twin: ``config`` itself when it trains on fresh responses once (sync on-policy), else
+    the same run with buffer on-policy and R = B (fresh noise every step: what the lag-1 estimator needs)."""
+    if config.buffer == "on-policy" and config.pipeline == "sync":
+        return config
+    return dataclasses.replace(config, buffer="on-policy", pipeline="sync",
+                               rollouts_per_step=config.batch_size).validated()
+
+
+def lag_series(config: SimConfig) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """Successive update gradients of an on-policy run of ``config``: (dots (T-1,), sq (T-1,), plateau step).
+
+    dots[i] = sum over seeds of g_{i+1}^T D g_i and sq[i] = g_i^T D g_i, D the Adam preconditioner of the state
+    before update i + 1 (identity for SGD): the lag-1 products in the coordinates Adam's step is SGD in.
+    """
+    dots, sq, previous = [], [], {}
+
+    def on_step(view) -> None:
+        g = view.grad
+        if "g" in previous:
+            precond = view.optimizer.preconditioner()
+            D = np.ones_like(g) if precond is None else precond
+            dots.append(float(np.einsum("sd,sd,sd->", g, previous["g"], D)))
+            sq.append(float(np.einsum("sd,sd,sd->", previous["g"], previous["g"], D)))
+        previous["g"] = g.copy()
+
+    result = run(config, on_step=on_step)
+    return np.asarray(dots), np.asarray(sq), plateau_step(result.eval_steps, result.evals["reward"])
+
+
+@dataclass(frozen=True)
+class KappaMeasurement:
+    """kappa = eta tr(H Sigma) / tr Sigma at the probe's noise-scale checkpoints, by every estimator."""
+
+    pairs: KappaEstimate | None  # the profile's memory: curvature pairs, H from the field (an independent
+    # minibatch's without enumeration); None: not measured (``problems["pairs"]``)
+    estimators: dict[str, KappaEstimate | None]  # ESTIMATOR_KEYS key -> the other estimates (None: not measured)
+    problems: dict[str, str]  # ESTIMATOR_KEYS key (or "pairs") -> why it is None
+    optimizer: str
+    beta1: float
+    batch: int
+    source: str
+
+    def records(self) -> tuple[dict, dict]:
+        """(the profile's ``memory`` record, ``memory_estimators``): the curvature-pairs kappa, and the others."""
+        def record(key: str, estimate: KappaEstimate | None) -> dict:
+            if estimate is None:
+                return {**unmeasured_memory(self.problems[key], method=key, optimizer=self.optimizer,
+                                            beta1=self.beta1, pilot_batch=float(self.batch)), "source": self.source}
+            return {**memory_record(estimate), "source": self.source}
+
+        others = {ESTIMATOR_KEYS[key]: record(key, value) for key, value in self.estimators.items()}
+        return record("pairs", self.pairs), others
+
+
+def _with(estimate: KappaEstimate, **detail) -> KappaEstimate:
+    return dataclasses.replace(estimate, detail={**estimate.detail, **detail})
+
+
+def lag_estimate(config: SimConfig, seed: int, level: float) -> tuple[KappaEstimate | None, str | None]:
+    """kappa from the lag-1 autocorrelation of the update gradients of the probe's on-policy twin, before its reward
+    plateau, from the second update on; (None, why) when it cannot be formed."""
+    optimizer, beta1 = optimizer_kind(config)
+    try:
+        twin = on_policy_twin(config)
+    except ValueError as err:
+        return None, f"the probe has no on-policy twin (buffer on-policy, R = B): {err}"
+    what = ("the probe run" if twin is config
+            else f"an on-policy twin run (buffer on-policy, R = B = {config.batch_size})")
+    dots, sq, plateau = lag_series(twin)
+    stop = len(dots) if plateau is None else max(0, min(len(dots), plateau - 1))  # g_{i+1} before the plateau
+    dots, sq = dots[1:stop], sq[1:stop]  # from the second update on: Adam's first preconditioner is 1 / |g_0|
+    if dots.size < 2 * LAG_BLOCK:
+        return None, (f"only {dots.size} update pairs before the reward plateau of {what}; the lag-1 estimator needs "
+                      f">= {2 * LAG_BLOCK} (use more --steps)")
+    try:
+        lag = kappa_from_gradient_series(dots, sq, np.random.default_rng(seed), optimizer=optimizer, beta1=beta1,
+                                         pilot_batch=float(config.batch_size), block=LAG_BLOCK,
+                                         n_boot=KAPPA_BOOTSTRAP, level=level)
+    except ValueError as err:
+        return None, f"lag-1 estimator on {what}: {err}"
+    return _with(lag, series=f"update gradients of {what}, updates 1..{stop} (before its reward plateau), summed "
+                             "over seeds", bias=BIAS_TEXT["lag"]), None
+
+
+def measure_kappa(parts: dict[int, CurvatureParts], kept: tuple[int, ...], config: SimConfig, seed: int,
+                  level: float = noise_estimators.DEFAULT_LEVEL) -> KappaMeasurement:
+    """Pool the checkpoints ``kept`` (those of the noise scale) into kappa by each estimator (ratio of sums over
+    every pair / unit, a bootstrap over them) and add the lag-1 estimator (``lag_estimate``)."""
+    optimizer, beta1 = optimizer_kind(config)
+    batch = max(1, config.batch_size // config.group_size) * config.group_size
+    eta = float(config.lr)
+    common = dict(optimizer=optimizer, beta1=beta1, pilot_batch=float(batch), n_boot=KAPPA_BOOTSTRAP, level=level)
+    kept_parts = [parts[t] for t in kept]
+    den = np.concatenate([p.denominators.ravel() for p in kept_parts])
+    noisy = den > 0  # a pair with xi = 0 (no reward variation in its minibatches) adds 0 to both sums: left out
+    by_hvp, problems = {}, {}
+    for i, name in enumerate(HVPS):
+        if name in kept_parts[0].numerators:
+            num = np.concatenate([p.numerators[name].ravel() for p in kept_parts])
+            if noisy.sum() < 2:
+                by_hvp[name] = None
+                problems[name] = (f"{int(noisy.sum())} of {den.size} pairs have xi != 0 (their minibatch gradients "
+                                  "were equal: no reward variation); need >= 2")
+                continue
+            by_hvp[name] = _with(kappa_from_curvature_pairs(num[noisy], den[noisy], eta,
+                                                            np.random.default_rng(seed + i), **common),
+                                 hvp=HVP_TEXT[name], bias=BIAS_TEXT[name], pairs_without_noise=int((~noisy).sum()))
+    estimators: dict[str, KappaEstimate | None] = {"exact": None}
+    problems["exact"] = ((f"the whole Jacobian is measured on {', '.join(JACOBIAN_ENVS)} only (its enumerated grad F "
+                          "is cheap)" if config.env not in JACOBIAN_ENVS else
+                          "no enumeration of grad F for this loss (exact_gradient_problem)"))
+    if kept_parts[0].exact_num is not None:
+        num = np.concatenate([p.exact_num.ravel() for p in kept_parts])
+        units = np.concatenate([p.exact_den.ravel() for p in kept_parts])
+        try:
+            exact = kappa_from_curvature_pairs(num, units, eta, np.random.default_rng(seed + 10), **common)
+            estimators["exact"] = _with(dataclasses.replace(exact, method="exact"),
+                                        hvp="the whole Jacobian of grad F (central differences, column by column)",
+                                        bias=BIAS_TEXT["exact"])
+        except ValueError as err:  # no unit deviates from grad F: no noise to measure a curvature along
+            problems["exact"] = f"the fresh groups carry no noise: {err}"
+    primary = "field" if "field" in by_hvp else "independent"
+    pairs = by_hvp.pop(primary)
+    problems["pairs"] = problems.pop(primary, "")
+    estimators.update(by_hvp)
+    estimators["lag"], problems["lag"] = lag_estimate(config, seed + 4, level)
+    source = (f"calibrate-simulator: {config.env}, loss {config.loss}, {config.optimizer} lr {eta:g}, minibatch "
+              f"B = {batch}; {len(kept)} noise-scale checkpoints (steps {', '.join(map(str, kept))}) x "
+              f"{config.seeds} seeds")
+    return KappaMeasurement(pairs, estimators, problems, optimizer, beta1, batch, source)
+
+
+def kappa_lines(memory: KappaMeasurement) -> list[str]:
+    """The printed kappas, each with its interval and memory 1/kappa (the first curvature-pairs one is the
+    profile's ``memory``)."""
+    coords = "in Adam's preconditioned coordinates, " if memory.optimizer == "adam" else ""
+    out = [f"optimizer memory kappa = eta tr(H Sigma) / tr Sigma ({memory.optimizer}"
+           + (f", beta1 {memory.beta1:g}" if memory.optimizer == "adam" else "") + f"; {coords}eta = the lr)"]
+
+    def line(label: str, estimate: KappaEstimate | None, problem: str = "") -> str:
+        if estimate is None:
+            return f"  {label}: not measured: {problem}"
+        lo, hi = estimate.interval
+        unit = {"exact": "units", "lag-autocorrelation": "steps"}.get(estimate.method, "pairs")
+        corr = estimate.detail.get("lag1_autocorrelation")
+        extra = "" if corr is None else f", lag-1 autocorrelation {corr:.3g}"
+        memory_steps = f"; memory 1/kappa = {1 / estimate.kappa:.3g} steps" if estimate.kappa > 0 else ""
+        return (f"  {label} = {estimate.kappa:.4g}, {estimate.level:.0%} interval [{lo:.4g}, {hi:.4g}] "
+                f"({estimate.units} {unit}{extra}){memory_steps}")
+
+    field = "independent" in memory.estimators
+    est = memory.estimators
+    out.append(line("exact (exact Jacobian of grad F, Sigma from the fresh groups)", est["exact"],
+                    memory.problems["exact"]))
+    out.append(line("curvature pairs, H xi of the exact grad F [profile memory]" if field else
+                    "curvature pairs, H xi of an independent minibatch, score-reweighted [profile memory]",
+                    memory.pairs, memory.problems.get("pairs", "")))
+    if field:
+        out.append(line("curvature pairs, H xi of an independent minibatch, score-reweighted (as the LM and TRL "
+                        "measure)", est["independent"], memory.problems.get("independent", "")))
+    out.append(line("curvature pairs, H xi of that minibatch's own loss (surrogate Hessian: no cross-token score "
+                    "terms)", est["surrogate"], memory.problems.get("surrogate", "")))
+    out.append(line("curvature pairs, H xi of the pair's own first minibatch (biased: shares samples with xi)",
+                    est["same"], memory.problems.get("same", "")))
+    out.append(line("lag-1 autocorrelation of successive update gradients", est["lag"], memory.problems.get("lag", "")))
+    out.append("  biases: lag-1 is -kappa/2 for SGD but ~ +0.4 kappa for Adam at beta1 = 0.9, and the mean "
+               "gradient's drift pushes it up early in a run and at low noise; a minibatch's H misses the group "
+               "advantage's cross-sample terms, and the surrogate's also the cross-token score terms")
+    out.append(f"  measured on {memory.source}")
+    return out
+
+
 # --------------------------------------------------------------------------- the probe
 
 
@@ -590,7 +949,7 @@ def probe_config(config: SimConfig, max_gap: int) -> SimConfig:
 
 def check_probe(config: SimConfig, staleness: tuple[int, ...], samples: int, max_gap: int, reference: str,
                 reference_samples: int, noise_checkpoints: int = DEFAULT_NOISE_CHECKPOINTS,
-                noise_groups: int = DEFAULT_NOISE_GROUPS) -> None:
+                noise_groups: int = DEFAULT_NOISE_GROUPS, kappa_pairs: int | None = None) -> None:
     """One-line ValueErrors (naming the argument) for a probe that cannot run; before any work."""
     G = config.group_size
     if not staleness or any(int(s) != s or s < 0 for s in staleness) or list(staleness) != sorted(set(staleness)):
@@ -617,25 +976,33 @@ def check_probe(config: SimConfig, staleness: tuple[int, ...], samples: int, max
     if noise_groups < 2:
         raise ValueError(f"noise_groups must be an integer >= 2 (prompt groups are the noise scale's units), "
                          f"got {noise_groups}")
+    if kappa_pairs is not None and (isinstance(kappa_pairs, bool) or not isinstance(kappa_pairs, int)
+                                    or kappa_pairs < 0):
+        raise ValueError(f"kappa_pairs must be an integer >= 0 (curvature pairs per seed and noise checkpoint; 0: "
+                         f"kappa not measured), got {kappa_pairs!r}")
 
 
 def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS, checkpoints: int = 3,
               samples: int = 256, max_gap: int = DEFAULT_MAX_GAP, reference: str = "auto",
               reference_samples: int = DEFAULT_REFERENCE_SAMPLES, level: float = noise_estimators.DEFAULT_LEVEL,
               draws: int = noise_estimators.DEFAULT_DRAWS, noise_checkpoints: int = DEFAULT_NOISE_CHECKPOINTS,
-              noise_groups: int = DEFAULT_NOISE_GROUPS) -> Calibration:
-    """Run the probe of ``config`` and measure sigma^2(s) (both forms), rho, the KL drift and B_noise.
+              noise_groups: int = DEFAULT_NOISE_GROUPS, kappa_pairs: int | None = None) -> Calibration:
+    """Run the probe of ``config`` and measure sigma^2(s) (both forms), rho, the KL drift, B_noise and kappa.
 
     ``reference``: exact (enumerated grad F: bandit, or token MDP with a per-token loss), sampled (mean
     of ``reference_samples`` held-out fresh responses, its error subtracted) or auto (exact where possible).
     B_noise: ``noise_groups`` fresh groups per seed at ``noise_checkpoints`` steps evenly spread over the run,
     those before the reward plateau kept (``measure_noise_scale``); the exact-|E G|^2 value wherever the gradient
-    can be enumerated (whatever ``reference`` says).
+    can be enumerated (whatever ``reference`` says). kappa (the optimizer's memory, ``measure_kappa``): after the run,
+    at the checkpoints B_noise kept, ``kappa_pairs`` curvature pairs per seed on their own stream (None: the env's
+    default, ``DEFAULT_KAPPA_PAIRS``; 0: not measured), the exact value on the bandit, and the lag-1 estimator on the
+    probe's on-policy twin.
     """
     asked_capacity = config.capacity
     config = probe_config(config.validated(), max_gap)
     staleness = tuple(int(s) for s in staleness)
-    check_probe(config, staleness, samples, max_gap, reference, reference_samples, noise_checkpoints, noise_groups)
+    check_probe(config, staleness, samples, max_gap, reference, reference_samples, noise_checkpoints, noise_groups,
+                kappa_pairs)
     exact = reference == "exact" or (reference == "auto" and exact_gradient_problem(config.env, config.loss) is None)
     G, S = config.group_size, config.seeds
     first = max(max(staleness), max_gap) + 1
@@ -649,15 +1016,25 @@ def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS,
     enumerable = exact_gradient_problem(config.env, config.loss) is None
     noise_units: dict[int, np.ndarray] = {}  # updates done -> (S, U, d) per-group mean gradients at that theta
     noise_exact_sq: dict[int, np.ndarray] = {}  # updates done -> (S,) exact |E G|^2 = ||grad F||^2
+    kappa_pairs = kappa_pairs_for(config, kappa_pairs)
+    kappa_at: dict[int, tuple] = {}  # updates done -> (theta, Adam's preconditioner, grad F) for kappa after the run
+    live = {}  # the run's optimizer (its state is the preconditioner), seen by on_step before the first update
+
+    def keep_optimizer(view) -> None:
+        live["optimizer"] = view.optimizer
 
     def observer(step, params, history, buffer, env):
         if step in noise_steps:  # theta_{step + 1}: fresh groups of it, its own loss gradient (staleness 0)
             theta = history[-1]
             fresh = generate(EnvBackend(env, noise_rng), config, theta, noise_groups, step + 1, 0, noise_rng)
             noise_units[step + 1] = group_units(per_sample_grads(env, config, theta, fresh), G)  # (S, U, d)
+            grad_f = None
             if enumerable:
                 grad_f = exact_loss_gradient(env, config, theta)  # (S, d)
                 noise_exact_sq[step + 1] = np.einsum("sd,sd->s", grad_f, grad_f)
+            precond = live["optimizer"].preconditioner()
+            kappa_at[step + 1] = (theta.copy(), None if precond is None else precond.copy(), grad_f)
+            live["env"] = env
         if step not in checkpoint_steps:
             return
         theta = history[-1]  # (S, d): the parameters after this step's update
@@ -692,7 +1069,7 @@ def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS,
                 _add(acc, "centred", noise_estimators.pair_moments(xi, items.created, items.group, max_gap,
                                                                    buffer.valid))
 
-    result = run(config, observer=observer)
+    result = run(config, observer=observer, on_step=keep_optimizer)
     profile = noise_estimators.noise_profile(acc["stale"], staleness, level, draws, seed=config.seed)
 
     def fit(name: str) -> RhoFit | None:
@@ -718,6 +1095,14 @@ def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS,
         f"calibrate-simulator: {config.env}, loss {config.loss}, advantage {config.resolved_advantage()}, B = "
         f"{config.batch_size}, R = {config.rollouts_per_step}, lr {config.lr:g} ({config.optimizer}), {probe}",
         config.seed, level)
+    if kappa_pairs:  # at the checkpoints B_noise kept (before the reward plateau), beside b
+        kappa_rng = PerSeedGenerator(config.seed + 32452843, S)  # its own stream: every other probe draw unchanged
+        jacobian = config.env in JACOBIAN_ENVS
+        parts = {t: curvature_parts(live["env"], config, kappa_at[t][0], kappa_at[t][1], kappa_pairs, t, kappa_rng,
+                                    field=enumerable, units=noise_units[t] if jacobian and enumerable else None,
+                                    grad_f=kappa_at[t][2] if jacobian else None)
+                 for t in calibration.noise_scale.steps}
+        calibration.memory = measure_kappa(parts, calibration.noise_scale.steps, config, config.seed + 271, level)
     s, v = calibration.table()
     if s.size >= 2:
         calibration.fits = fit_profiles(s, v)

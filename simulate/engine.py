@@ -166,6 +166,8 @@ class StepView:
     params: np.ndarray  # (S, d) the policy before the update
     logp_new: np.ndarray  # (S, B, L) the training batch's log-probs under ``params``
     loss: LossOutput
+    grad: np.ndarray | None = None  # (S, d) the gradient this update applies (calibration's lag-1 series)
+    optimizer: object = None  # the run's optimizer (simulate/optim.py), its state before this update
 
 
 def run(config: SimConfig, progress: Callable[[int], None] | None = None, observer=None,
@@ -207,7 +209,7 @@ def _run(config: SimConfig, progress, observer, on_step) -> RunResult:
         coef = out.grad_logp * data.weight[:, :, None]  # FreshPER IS weights (ones otherwise)
         grad = env.grad_logp_contract(params, train.prompt, train.tokens, train.mask, coef)  # (S, d)
         if on_step is not None:
-            on_step(StepView(step, data, params, logp_new, out))
+            on_step(StepView(step, data, params, logp_new, out, grad, optimizer))
         rec.record_batch(step, data, logp_new, out.metrics)
         for name, value in out.metrics.items():
             if name in Recorder.TOKEN_STATS or name == "ess_frac":

@@ -26,6 +26,14 @@ class Adam:
         second_hat = self.second / (1 - self.beta2**self.count)
         return params - self.lr * first_hat / (np.sqrt(second_hat) + self.eps)
 
+    def preconditioner(self) -> np.ndarray:
+        """D = 1 / (sqrt(v_hat) + eps) (S, d) of the state after ``count`` steps (v_hat = v / (1 - beta2^count),
+        bias-corrected as ``step`` corrects it): the diagonal the next step applies to the first moment, and the
+        coordinates in which kappa = eta tr(H Sigma) / tr Sigma is read for Adam (theory/forgetting.py)."""
+        if self.count == 0:
+            raise ValueError("Adam has taken no step: its second moment v, so its preconditioner, is not defined yet")
+        return 1.0 / (np.sqrt(self.second / (1 - self.beta2**self.count)) + self.eps)
+
 
 class SGD:
     """theta <- theta - lr * grad."""
@@ -35,6 +43,10 @@ class SGD:
 
     def step(self, params: np.ndarray, grad: np.ndarray) -> np.ndarray:
         return params - self.lr * grad
+
+    def preconditioner(self) -> None:
+        """None: SGD's step is the gradient itself (the identity preconditioner)."""
+        return None
 
 
 OPTIMIZERS = {"adam": Adam, "sgd": SGD}
