@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -29,6 +29,7 @@ from ..experiments.theory_test import check_out as check_theory_test_out
 from ..experiments.theory_test import run_theory_test, summary_table, write_evidence
 from ..outputs import check_new_file
 from ..simulate.calibrate import (
+    DEFAULT_KAPPA_PAIRS,
     DEFAULT_MAX_GAP,
     DEFAULT_NOISE_CHECKPOINTS,
     DEFAULT_NOISE_GROUPS,
@@ -37,6 +38,7 @@ from ..simulate.calibrate import (
     PROBE_ARGUMENTS,
     Calibration,
     check_probe,
+    kappa_lines,
     noise_scale_lines,
     probe_config,
 )
@@ -65,6 +67,7 @@ VALID_RANGES = {
     "jobs": "-1 (all cores) or an integer >= 1",
     "noise_checkpoints": "an integer >= 1",
     "noise_groups": "an integer >= 2",
+    "kappa_pairs": "an integer >= 0",
 }
 
 Backend = Enum("Backend", {name: name for name in BACKENDS}, type=str)  # typer shows the choices in --help
@@ -145,11 +148,18 @@ def calibrate_simulator(
     noise_groups: Annotated[int, typer.Option("--noise-groups", help="Fresh prompt groups per seed and "
                                               "noise-scale checkpoint, >= 2 (the units of B_noise).")
                             ] = DEFAULT_NOISE_GROUPS,
+    kappa_pairs: Annotated[Optional[int], typer.Option(
+        "--kappa-pairs", min=0, help="Curvature pairs per seed and kept noise-scale checkpoint for the optimizer's "
+                                     "memory kappa, >= 0 (each: three fresh minibatches of B and Hessian-vector "
+                                     "products; 0: kappa not measured). Default: "
+                                     + ", ".join(f"{v} on the {k}" for k, v in DEFAULT_KAPPA_PAIRS.items())
+                                     + ".", show_default=False)] = None,
 ) -> None:
     """Measure sigma^2(s) (plain and signal-normalised), the retained signal, rho (unclamped, with a bootstrap
-    interval), the within-group correlation and the noise scale B_noise (per-sample, and with the exact |E G|^2
-    where it can be enumerated) on a probe run (the config given by the options); writes the profile that
-    `replay-theory optimal --profile` reads."""
+    interval), the within-group correlation, the noise scale B_noise (per-sample, and with the exact |E G|^2
+    where it can be enumerated) and the optimizer's memory kappa (exact, curvature pairs, lag-1 autocorrelation) on
+    a probe run (the config given by the options); writes the profile that `replay-theory optimal --profile`
+    reads."""
     check_new_file(out)  # before the probe: a run whose result cannot be saved is not started
     config = build_config(fields)
     try:
@@ -158,21 +168,24 @@ def calibrate_simulator(
         raise UserError(f"--staleness must be comma-separated integers >= 0, got {staleness!r}") from None
     try:
         check_probe(probe_config(config, max_gap), probe_staleness, samples, max_gap, reference, reference_samples,
-                    noise_checkpoints, noise_groups)
+                    noise_checkpoints, noise_groups, kappa_pairs)
     except ValueError as err:
         raise UserError(_as_options(str(err))) from None
     with on_ctrl_c(f"interrupted during the probe: nothing was written (--out {out} is written when it ends); run "
                    "the same command to start again"):
         result = measure_profile(config, staleness=probe_staleness, checkpoints=checkpoints, samples=samples,
                                  max_gap=max_gap, reference=reference, reference_samples=reference_samples,
-                                 noise_checkpoints=noise_checkpoints, noise_groups=noise_groups)
+                                 noise_checkpoints=noise_checkpoints, noise_groups=noise_groups,
+                                 kappa_pairs=kappa_pairs)
     changed = {k: v for k, v in config.to_dict().items() if v != getattr(SimConfig(), k)}
     source = " ".join(["replay-theory calibrate-simulator"] + [f"{option_name(k)} {v}" for k, v in changed.items()])
     try:
         save_profile(out, result.profile_dict(source=source))
     except ValueError as err:
         raise UserError(f"--out {out}: nothing written: {err}") from None
-    for line in calibration_lines(result, config.capacity) + noise_scale_lines(result.noise_scale):
+    memory = ["optimizer memory kappa not measured (--kappa-pairs 0)"] if result.memory is None else \
+        kappa_lines(result.memory)
+    for line in calibration_lines(result, config.capacity) + noise_scale_lines(result.noise_scale) + memory:
         typer.echo(line)
     typer.echo(f"profile written to {out}")
 
