@@ -9,7 +9,10 @@ a summary with the ``optimal`` command to run next.
 
 ``--grad-norms FILE`` adds the gradient noise scale B_noise (McCandlish et al. 2018, arXiv 1812.06162, App. A.1:
 two batch sizes at the same theta) from per-step squared gradient norms, e.g. the ``noise_scale.jsonl`` that
-``replay-theory trl-replay`` writes; a log of log-probs alone cannot give it, and the summary says so.
+``replay-theory trl-replay`` writes; a log of log-probs alone cannot give it, and the summary says so. Where that
+file carries curvature pairs (the TRL trainer logs one every ``--curvature-every`` steps), the optimizer's memory
+kappa goes beside B_noise into the profile's "memory" record, and the ``next:`` line passes it to ``optimal``
+(``--kappa K --optimizer adam --beta1 B1``).
 """
 
 from __future__ import annotations
@@ -52,7 +55,9 @@ AggregationOption = Annotated[str, typer.Option(
 GradNormsOption = Annotated[Optional[Path], typer.Option(
     "--grad-norms", help="Per-step squared gradient norms at two batch sizes (JSON lines or CSV with step, "
                          "grad_sq_small, grad_sq_big, batch_small, batch_big; trl-replay's noise_scale.jsonl): "
-                         "adds B_noise with its bootstrap interval to the profile.", show_default=False)]
+                         "adds B_noise with its bootstrap interval to the profile, and kappa where the file has "
+                         "curvature pairs (curvature_num, curvature_den, curvature_lr, curvature_beta1).",
+                         show_default=False)]
 ScoreOption = Annotated[str, typer.Option(
     "--score", help="Per-token score norm: logit ((1 - p)^2, p = current token prob) or constant.")]
 

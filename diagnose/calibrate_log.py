@@ -12,6 +12,7 @@ the per-token symbols (q, c_t, k_t) are in ``by_age.py``.
 | ``mu``             | mu (rollout-cost)    | (sum gen s / sum generated rows) / (sum update s / sum trained rows)  |
 | ``rho``            | rho                  | NOT measurable from a log: ``--rho`` or recorded as not measured      |
 | ``b_noise``        | B_noise              | ``--grad-norms``: tr Sigma / |G|^2, two batch sizes (App. A.1)        |
+| ``memory.kappa``   | kappa (issue 30)     | ``--grad-norms`` with curvature pairs: lr sum w^T H w / sum xi^T D xi |
 
 Checked against exact profiles on the simulator (``python -m replay_theory.experiments.proxy_check``).
 
@@ -19,7 +20,10 @@ The noise scale B_noise (McCandlish, Kaplan, Amodei et al. 2018, "An Empirical M
 arXiv 1812.06162, Eq. 2.11 and App. A.1) needs gradients: a log of log-probs and advantages cannot give it.
 ``--grad-norms FILE`` reads per-step squared norms of the mean-loss gradient at two batch sizes (the TRL trainer
 writes them to ``noise_scale.jsonl``: ``integrations/trl.py``) and pools them with
-``theory.noise_scale.pooled_two_batch`` into the profile's "noise_scale" record.
+``theory.noise_scale.pooled_two_batch`` into the profile's "noise_scale" record. Where the file also carries
+curvature pairs (``curvature_num``, ``curvature_den``, ``curvature_lr``, ``curvature_beta1``: the TRL trainer's,
+``integrations/trl.py``), the optimizer's memory kappa = sum eta_i num_i / sum den_i with a bootstrap over pairs
+(``theory.profiles.curvature_pairs_record``) goes beside it into the profile's "memory" record.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import numpy as np
 
 from ..theory.noise import DEFAULT_DRAWS, DEFAULT_LEVEL, percentile_interval, unit_weights
 from ..theory.noise_scale import noise_scale_two_batch, pooled_two_batch
+from ..theory.profiles import curvature_pairs_record
 from .by_age import AGGREGATIONS, SCORES, WEIGHTS, SequenceSums, age_step_sums, read_step_times
 from .errors import ConfigError
 from .reader import (
@@ -71,6 +76,11 @@ NOT_MEASURED = (
 )
 #: the per-step columns of a two-batch gradient-norm file (``noise_scale.jsonl``); ``unit_size`` is optional.
 GRAD_NORM_COLUMNS = ("step", "grad_sq_small", "grad_sq_big", "batch_small", "batch_big")
+#: optional per-step columns of a curvature pair (kappa, issue 30), on the steps that measured one.
+CURVATURE_COLUMNS = ("curvature_num", "curvature_den", "curvature_lr", "curvature_beta1")
+KAPPA_NOT_MEASURED = ("kappa (the optimizer's memory) needs curvature pairs: --grad-norms from `replay-theory "
+                      "trl-replay` (its trainer logs a pair every --curvature-every steps), or `replay-theory validate "
+                      "calibrate-model` / calibrate-simulator")
 GRAD_NORM_FORMATS = ("jsonl", "csv")
 B_NOISE_NOT_MEASURED = ("b = B_noise / B cannot be measured from log-probs alone (it needs gradients): pass "
                         "--grad-norms DIR/noise_scale.jsonl from `replay-theory trl-replay` (the TRL trainer's "
@@ -298,7 +308,79 @@ def read_grad_norms(path: str | Path) -> dict[str, np.ndarray]:
         raise ConfigError("grad_norms", f"{path}: unit_size must be one integer >= 1 on every step, got "
                                         f"{', '.join(f'{u:g}' for u in np.unique(unit))}")
     data["unit_size"] = None if unit is None else int(unit[0])
+    data["curvature"] = _curvature_pairs(rows, path)
     return data
+
+
+def _curvature_pairs(rows: list[dict], path: Path) -> Optional[dict[str, np.ndarray]]:
+    """The curvature pairs of a gradient-norm file (``CURVATURE_COLUMNS`` on the steps that carry
+    ``curvature_num``), checked, as arrays; None when no step carries one. One-line :class:`ConfigError` on the field
+    ``grad_norms``: a pair without all its columns, a non-finite value, a denominator < 0, a learning rate <= 0, or
+    beta1 outside [0, 1) or not one value (kappa is one optimizer's)."""
+    pairs = [r for r in rows if r.get("curvature_num") not in (None, "")]
+    if not pairs:
+        return None
+    missing = [c for c in CURVATURE_COLUMNS if any(r.get(c) in (None, "") for r in pairs)]
+    if missing:
+        raise ConfigError("grad_norms", f"{path}: a step with curvature_num has no {', '.join(missing)} (a curvature "
+                                        f"pair needs {', '.join(CURVATURE_COLUMNS)})")
+    try:
+        data = {c: np.asarray([float(r[c]) for r in pairs], dtype=np.float64) for c in ("step", *CURVATURE_COLUMNS)}
+    except (TypeError, ValueError):
+        raise ConfigError("grad_norms", f"{path} holds a curvature value that is not a number") from None
+    for column, ok, text in (("curvature_num", np.isfinite(data["curvature_num"]), "a finite number"),
+                             ("curvature_den", np.isfinite(data["curvature_den"]) & (data["curvature_den"] >= 0),
+                              "a finite number >= 0"),
+                             ("curvature_lr", np.isfinite(data["curvature_lr"]) & (data["curvature_lr"] > 0),
+                              "a finite number > 0"),
+                             ("curvature_beta1", (data["curvature_beta1"] >= 0) & (data["curvature_beta1"] < 1),
+                              "in [0, 1)")):
+        if not ok.all():
+            i = int(np.flatnonzero(~ok)[0])
+            raise ConfigError("grad_norms", f"{path}: {column} must be {text} on every curvature pair, got "
+                                            f"{data[column][i]:g} at step {data['step'][i]:g}")
+    if not np.all(data["curvature_beta1"] == data["curvature_beta1"][0]):
+        raise ConfigError("grad_norms", f"{path}: curvature_beta1 must be one value (one optimizer), got "
+                                        f"{', '.join(f'{b:g}' for b in np.unique(data['curvature_beta1']))}")
+    data["batch"] = np.asarray([float(r["batch_big"]) for r in pairs])
+    return data
+
+
+def memory_record(norms: dict[str, np.ndarray], *, source: str, level: float = DEFAULT_LEVEL, draws: int = 1000,
+                  seed: int = 0) -> Optional[dict]:
+    """The profile's "memory" record from a gradient-norm file's curvature pairs (``read_grad_norms``' arrays):
+    kappa = sum eta_i num_i / sum den_i (Adam's preconditioned coordinates: the TRL trainer's AdamW), a bootstrap
+    over pairs (``theory.profiles.curvature_pairs_record``; a pair with xi = 0 adds 0 / 0: left out, counted).
+    None when the file carries no pairs."""
+    pairs = norms.get("curvature")
+    if pairs is None:
+        return None
+    batch = pairs["batch"]
+    return {**curvature_pairs_record(pairs["curvature_num"], pairs["curvature_den"], pairs["curvature_lr"],
+                                     np.random.default_rng(seed + 1), optimizer="adam",
+                                     beta1=float(pairs["curvature_beta1"][0]),
+                                     pilot_batch=float(batch[0]) if np.all(batch == batch[0]) else None,
+                                     level=level, n_boot=draws),
+            "source": source}
+
+
+def memory_lines(record: dict) -> list[str]:
+    """The summary line of a "memory" record: kappa, its interval and the memory 1/kappa in steps."""
+    if record["kappa"] is None:
+        return [f"kappa: not measured: {record['reason']}"]
+    lo, hi = record["kappa_interval"]
+    interval = "-".join("nan" if v is None else f"{v:.4g}" for v in (lo, hi))
+    return [f"kappa = {record['kappa']:.4g} ({record['level']:.0%} interval {interval}, bootstrap over "
+            f"{record['units']} curvature pairs, {record['optimizer']} beta1 {record['beta1']:g}): the optimizer's "
+            f"memory 1/kappa = {1 / record['kappa']:.3g} steps"]
+
+
+def _kappa_flags(data: dict) -> str:
+    """``optimal``'s flags for a measured kappa (the profile carries it too), else nothing."""
+    record = data.get("memory")
+    if not record or record["kappa"] is None:
+        return ""
+    return f" --kappa {record['kappa']:.4g} --optimizer {record['optimizer']} --beta1 {record['beta1']:g}"
 
 
 def noise_scale_record(norms: dict[str, np.ndarray], *, unit_size: int, source: str, level: float = DEFAULT_LEVEL,
@@ -418,7 +500,14 @@ def _with_noise_scale(data: dict, config: CalibrateLogConfig, norms: Optional[di
             source=f"replay-theory calibrate --grad-norms {path}: two-batch squared norms of the mean-loss gradient, "
                    f"{norms['step'].size} steps" + ("" if unit else " (no unit_size column: one sample is the unit)"))
         data["provenance"]["grad_norms"] = {"path": str(path.resolve()), "sha256": sha256(path)}
+        memory = memory_record(norms, level=config.level, draws=config.draws, seed=config.seed,
+                               source=f"replay-theory calibrate --grad-norms {path}: curvature pairs")
+        if memory is not None:
+            data["memory"] = memory
+        else:
+            data["not_measured"].append(f"kappa: no curvature pairs logged in {path.name}; {KAPPA_NOT_MEASURED}")
     else:
+        data["not_measured"].append(KAPPA_NOT_MEASURED)
         data["not_measured"].append(B_NOISE_NOT_MEASURED)
     return data
 
@@ -439,8 +528,8 @@ def summary(data: dict, out: Path) -> str:
                   f"{mu['update_seconds_per_row']:.4g} s per trained row") if mu["source"] == "log" else
                  f"mu = {mu['value']:g} (given with --mu)")
     if data["kind"] == "noise_scale":  # no sigma^2(s) table: the noise-scale rule only
-        lines += [f"no {data['not_measured'][0]}"] + noise_scale_lines(data["noise_scale"]) + [f"wrote {out}"]
-        lines += _noise_scale_next(out, mu, data["noise_scale"])
+        lines += [f"no {data['not_measured'][0]}"] + noise_scale_lines(data["noise_scale"]) + _memory(data)
+        lines += [f"wrote {out}"] + _noise_scale_next(out, mu, data["noise_scale"], _kappa_flags(data))
         return "\n".join(lines)
     lines += [f"sigma^2(s) / sigma^2({data['staleness'][0]:g}), plain form, proxy ({proxy['weight']} weights, "
               f"{proxy['score']} score, {proxy['aggregation']}):", "  age  sequences  sigma^2 ratio  90% CI"]
@@ -453,28 +542,38 @@ def summary(data: dict, out: Path) -> str:
     lines.append(f"rho = {data['rho']:g} (given with --rho, not measured)" if "rho" in data else
                  "rho: not measurable from a log (a gradient correlation); optimal will ask for --rho")
     lines += noise_scale_lines(data["noise_scale"]) if "noise_scale" in data else [B_NOISE_NOT_MEASURED]
+    lines += _memory(data)
     if data["staleness"][-1] <= 1:
         lines.append("note: the table ends at age 1; optimal needs ages beyond 1 (log a run whose buffer holds "
                      "older rows, N > 2R)")
     rho = f" --rho {data['rho']:g}" if "rho" in data else " --rho RHO"
     lines.append(f"wrote {out}")
     record = data.get("noise_scale")
-    rule = _noise_scale_next(out, mu, record) if record is not None else []
+    rule = _noise_scale_next(out, mu, record, _kappa_flags(data)) if record is not None else []
     # optimal reads mu from the profile (--mu only where it is not the file's): the steps chain with the user's numbers
     given = "" if mu["source"] == "log" else f" --mu {mu['value']:g}"
     lines += rule + [f"{'or' if rule else 'next'}: replay-theory optimal --objective paper --profile {out}{given}{rho}"]
     return "\n".join(lines)
 
 
-def _noise_scale_next(out, mu: dict, record: dict) -> list[str]:
-    """The ``next:`` line of the noise-scale rule (optimal's default objective) for a measured record."""
+def _memory(data: dict) -> list[str]:
+    """The kappa line: measured (``memory_lines``), or why not (with --grad-norms only: without it B_noise's line
+    already says that gradients are needed)."""
+    if "memory" in data:
+        return memory_lines(data["memory"])
+    return [line.split(";")[0] for line in data["not_measured"] if line.startswith("kappa: no curvature pairs")]
+
+
+def _noise_scale_next(out, mu: dict, record: dict, kappa: str = "") -> list[str]:
+    """The ``next:`` line of the noise-scale rule (optimal's default objective) for a measured record; ``kappa``:
+    the measured memory's flags (``_kappa_flags``)."""
     batch = record["batch"] if record["batch"] is not None else "B"
     given = "" if mu["source"] == "log" else f" --mu {mu['value']:g}"
     if record["b_noise"] is not None:
-        return [f"next: replay-theory optimal --profile {out}{given} -B {batch}"]
+        return [f"next: replay-theory optimal --profile {out}{given} -B {batch}{kappa}"]
     low = (record.get("b_noise_interval") or [None])[0]
     if low is None:
         return []
     # no point estimate: the interval's lower end is the most replay-friendly B_noise the data allow
-    return [f"next: replay-theory optimal --mu {mu['value']:.4g} --noise-scale {low:.4g} -B {batch}   (B_noise's "
-            f"lower bound: if even that says on-policy, so does every B_noise the data allow)"]
+    return [f"next: replay-theory optimal --mu {mu['value']:.4g} --noise-scale {low:.4g} -B {batch}{kappa}   "
+            f"(B_noise's lower bound: if even that says on-policy, so does every B_noise the data allow)"]
