@@ -889,11 +889,12 @@ def spearman(predicted: np.ndarray, measured: np.ndarray) -> float | None:
 def _regret(compute: np.ndarray, pick: int, menu: np.ndarray) -> tuple[float, list[float]]:
     """compute[0, pick] / min over ``menu`` (bool, designs) and its bootstrap 90% interval over the replicates."""
     best = compute[:, menu].min(axis=1)
-    ratios = compute[:, pick] / best
+    with np.errstate(invalid="ignore"):  # a replicate where the pick never arrives: inf / finite = inf, kept
+        ratios = compute[:, pick] / best
     point = float(ratios[0])
     if compute.shape[0] == 1:
         return point, [point, point]
-    lo, hi = np.quantile(ratios[1:], [0.05, 0.95])
+    lo, hi = np.quantile(ratios[1:], [0.05, 0.95], method="lower")  # order statistics: defined with inf entries
     return point, [float(lo), float(hi)]
 
 
@@ -1037,6 +1038,11 @@ def targets(cells: list[dict], units: list[dict], floor: int = HEADLINE_FLOOR) -
         out[f"{name}_within_25%"] = [sum(1 for r in ratios if r and 0.75 <= r <= 1.25), len(ratios)]
     hz = [u["checks"]["horizon_within_25"] for u in units]
     out["horizon_ratio_within_25%"] = [sum(h[0] for h in hz), sum(h[1] for h in hz)]
+    for kind, pick in (("quadratic_sgd", lambda u: u["exact"]),
+                       ("quadratic_adam", lambda u: "exact_b_noise" in u["noise"] and not u["exact"]),
+                       ("rollout", lambda u: "exact_b_noise" not in u["noise"])):
+        part = [u["checks"]["horizon_within_25"] for u in units if pick(u)]
+        out[f"horizon_ratio_within_25%_{kind}"] = [sum(h[0] for h in part), sum(h[1] for h in part)]
     out["stationary_at_or_above_target"] = sum(u["checks"].get("stationary_at_or_above_target", 0) for u in units)
     out["hovered"] = sum(u["checks"]["hovered"] for u in units)
     shares = [u["checks"]["edge_or_censored_share"] for u in units]
@@ -1250,8 +1256,11 @@ def targets_text(t: dict) -> str:
     lines.append(f"- kappa within 25% of exact: curvature pairs {t['kappa_pairs_within_25%'][0]} of "
                  f"{t['kappa_pairs_within_25%'][1]}, lag-1 autocorrelation {t['kappa_lag_within_25%'][0]} of "
                  f"{t['kappa_lag_within_25%'][1]} quadratic units")
+    parts = ", ".join(f"{label} {t[f'horizon_ratio_within_25%_{k}'][0]} of {t[f'horizon_ratio_within_25%_{k}'][1]}"
+                      for k, label in (("quadratic_sgd", "quadratic SGD"), ("quadratic_adam", "quadratic Adam"),
+                                       ("rollout", "bandits")) if f"horizon_ratio_within_25%_{k}" in t)
     lines.append(f"- predicted steps(x = 16) / steps(x = 1) within 25% of measured: {t['horizon_ratio_within_25%'][0]} "
-                 f"of {t['horizon_ratio_within_25%'][1]} (unit, y) pairs")
+                 f"of {t['horizon_ratio_within_25%'][1]} (unit, y) pairs ({parts})")
     lines.append(f"- counted designs whose exact stationary loss is at or above the target: "
                  f"{t['stationary_at_or_above_target']}; seed-mean curves that touched the target well before they "
                  f"crossed it (hovered): {t['hovered']}")

@@ -103,4 +103,17 @@ def evidence_line(objective: str, record: dict | None = None) -> str:
     if key != "on_policy" and "on_policy" in targets["objectives"]:
         op = targets["objectives"]["on_policy"]["free"]
         line += f"; always on-policy at B {100 * op['share_within_1.2']:.0f}%"
+    for other, t in _other_floors(record):
+        o2 = (t.get("objectives") or {}).get(key)
+        if o2:
+            line += (f"; with a latency floor of {other}, {100 * o2['free']['share_within_1.2']:.0f}% (worst "
+                     f"{o2['free']['worst']:.2f}) when the batch is free")
     return line + f" ({record['command']}, docs/SIMULATION.md)"
+
+
+def _other_floors(record: dict) -> list[tuple[str, dict]]:
+    """(floor, targets) of the floors besides the headline one, from the same instances the headline quotes."""
+    head = str(record.get("protocol", {}).get("headline_floor"))
+    held = record.get("targets_held_out") or {}
+    source = held if (held.get(head) or {}).get("cells") else (record.get("targets") or {})
+    return [(f, t) for f, t in source.items() if f != head and t]
