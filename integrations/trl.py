@@ -97,6 +97,36 @@ the samples here. FreshPER's importance weights are part of each row's gradient.
 square of accelerate's fp16 loss scale when it has one. A step is not measured (nothing logged for it) when its
 rows hold one group only, or a half has no real token. Training is the same whether measured or not
 (``measure_noise=False`` skips the split and the gradient copy).
+
+The optimizer's memory kappa = eta tr(D H D Sigma) / tr(D Sigma) (issue 30; theory/forgetting.py, AdamW's
+preconditioned coordinates, D = 1 / (sqrt(v_hat) + eps)): curvature pairs, every ``curvature_every`` steps (default
+``DEFAULT_CURVATURE_EVERY``), logged on that step's noise record as ``curvature_num`` (w^T H w), ``curvature_den``
+(xi^T D xi), ``curvature_lr`` (eta), ``curvature_beta1``, ``curvature_hvp_step``, ``curvature_hvp_rows``;
+``calibrate --from-log --grad-norms`` pools them (ratio of sums, bootstrap over pairs) into the profile's ``memory``.
+Why curvature pairs and not the lag-1 autocorrelation of successive gradients: under Adam the lag-1 signal is
+positive, about 0.4 kappa at beta1 = 0.9, the sign of the mean gradient's drift that biases it upward, and tiny at
+small kappa (calibrate-simulator measured 5x the exact kappa with it), and under replay the reused rows' noise adds
+C(1) > 0. What a pair costs and why it is built so:
+
+1. xi = g_hat_1 - g_hat_2, the two halves the noise scale already backpropagates (no extra pass), w = D xi with D
+   from AdamW's state before the step's update; w is one gradient-sized buffer, kept until the next step.
+2. H w at the NEXT step that generates, on its R fresh rows: rows that xi's halves never held. A Hessian taken on
+   one of xi's own halves shares samples with xi and adds a third-moment term E[e^T h e] / B that a policy gradient
+   makes large (1.7x the exact kappa on the simulator's bandit under SGD); the next step's fresh rows are independent
+   of xi, its theta one update away (and the halves' symmetric noise cancels the drift's third-order term).
+3. H w by central differences, theta +- h w with h = ``curvature_step`` |theta| / |w|, of the rows' on-policy
+   gradient reweighted by their sequence ratio pi_theta' / pi_old: the derivative of E_{pi_theta}[g] (the on-policy
+   field's Jacobian, the H of the linearised dynamics), including the score cross terms between a completion's tokens
+   that the loss's own Hessian on fixed rows lacks (2.7x off on the simulator's token MDP). Two forward+backward
+   passes of R rows, with ``torch.autograd.grad`` (``.grad``, which the update uses, is untouched), the random streams
+   forked, and the parameters restored bit for bit from a copy (two more parameter-sized buffers during the pass).
+   Needs float32 parameters (bfloat16 rounds theta + h w back to theta) and no active dropout; otherwise the pair is
+   skipped and said (``curvature_skipped``).
+
+Also logged, for SGD users: ``lag1_dot_raw`` and ``lag1_sq_raw``, successive full-batch gradients' products through a
+fixed random subset of ``lag_coords`` coordinates (raw, unpreconditioned; -kappa/2 for SGD on an on-policy run).
+A checkpoint keeps a pending w (``KAPPA_STATE``, safetensors) and the last subset (JSON), so a resumed run logs what
+an uninterrupted one logs.
 """
 
 from __future__ import annotations
@@ -105,6 +135,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +169,17 @@ VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_
 #: TRL's own running counters that a checkpoint does not keep (GRPOTrainer.__init__): its step count and the
 #: train tokens seen, logged as num_tokens.
 _TRL_COUNTERS = ("_step", "_total_train_tokens")
+
+DEFAULT_CURVATURE_EVERY = 10
+"""Steps between curvature pairs for kappa (issue 30): each costs two forward+backward passes of one step's R fresh
+rows (2 R / B of an update when it is on-policy: 20% of the update time at every 10th step, 2% overall)."""
+CURVATURE_FD_STEP = 1e-4
+"""|h w| / |theta| of the central difference: on the tiny Qwen2 in float32 the product agrees with autograd's to 4e-4
+(tests/integration/test_validate_kappa.py); 1e-2 is past the loss's curvature scale."""
+KAPPA_STATE = "kappa_pending.safetensors"
+"""In a checkpoint: the pending curvature pair's w (``_save_kappa_state``)."""
+DEFAULT_LAG_COORDS = 4096
+"""Coordinates of the fixed random subset the lag-1 gradient products go through (two k-vectors, on the CPU)."""
 
 
 class _FinishCallback(TrainerCallback):
@@ -386,10 +428,30 @@ class ReplayGRPOTrainer(GRPOTrainer):
     ``noise_records`` and logged under ``noise/*``; ``noise_log``: a new JSON-lines path that gets one line a step
     when training reaches ``max_steps``
     (``GRAD_NORM_COLUMNS`` plus ``unit_size``, the group size), for ``calibrate --from-log LOG --grad-norms``.
+
+    ``curvature_every`` (default ``DEFAULT_CURVATURE_EVERY`` with ``measure_noise``, 0: off): the steps between the
+    curvature pairs of kappa, and ``curvature_step`` the central difference's |h w| / |theta|; ``lag_coords``
+    (default ``DEFAULT_LAG_COORDS``, 0: off): the lag-1 products' coordinates (module docstring). Both add their
+    fields to the noise records.
     """
 
     def __init__(self, *args: Any, replay: ReplayConfig, diagnose_log: str | os.PathLike | None = None,
-                 measure_noise: bool = True, noise_log: str | os.PathLike | None = None, **kwargs: Any) -> None:
+                 measure_noise: bool = True, noise_log: str | os.PathLike | None = None,
+                 curvature_every: int | None = None, curvature_step: float = CURVATURE_FD_STEP,
+                 lag_coords: int | None = None, **kwargs: Any) -> None:
+        # None: the default with measure_noise (DEFAULT_CURVATURE_EVERY, DEFAULT_LAG_COORDS), off without it
+        for name, value in (("curvature_every", curvature_every), ("lag_coords", lag_coords)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be an integer >= 0 (0: off), got {value!r}")
+            if value and not measure_noise:
+                raise ValueError(f"{name} > 0 needs measure_noise=True (it works on the two halves' gradients and "
+                                 "their records)")
+        curvature_every = (DEFAULT_CURVATURE_EVERY if measure_noise else 0) if curvature_every is None \
+            else curvature_every
+        lag_coords = (DEFAULT_LAG_COORDS if measure_noise else 0) if lag_coords is None else lag_coords
+        if isinstance(curvature_step, bool) or not isinstance(curvature_step, (int, float)) \
+                or not (0 < curvature_step < 1):
+            raise ValueError(f"curvature_step must be in (0, 1) (|h w| / |theta|), got {curvature_step!r}")
         if noise_log is not None:  # checked first, as the diagnose log
             if not measure_noise:
                 raise ValueError("noise_log needs measure_noise=True (it holds the measured norms)")
@@ -435,6 +497,12 @@ class ReplayGRPOTrainer(GRPOTrainer):
         self.noise_records: list[dict[str, float]] = []  # one per measured step: GRAD_NORM_COLUMNS
         self._noise_pending: dict[str, Any] | None = None  # half 1's gradient copy, between compute_loss and the end
         self._noise_armed = False  # True inside training_step only
+        self.curvature_every, self.curvature_step, self.lag_coords = curvature_every, float(curvature_step), lag_coords
+        self._curvature_pending: dict[str, Any] | None = None  # w = D xi of step t, until the next fresh rows
+        self.curvature_skipped: dict[str, int] = {}  # why a due pair was not measured -> how often
+        self._lag_index: list | None = None  # (parameter, its coordinates in the subset), drawn at the first use
+        self._lag_scale = 1.0
+        self._lag_previous: tuple[int, torch.Tensor] | None = None  # (step, subset of its gradient)
 
     # ------------------------------------------------------------------ checkpoints: resume exactly
 
@@ -451,7 +519,8 @@ class ReplayGRPOTrainer(GRPOTrainer):
                  "replay_generated": self.replay_generated, "replay_trained": self.replay_trained,
                  "noise_records": self.noise_records,
                  "diagnose_parts": None if log is None else log.checkpoint(),
-                 "trl": {name: getattr(self, name) for name in _TRL_COUNTERS}}
+                 "trl": {name: getattr(self, name) for name in _TRL_COUNTERS},
+                 "kappa": self._save_kappa_state(folder)}
         (folder / REPLAY_STATE).write_text(json.dumps(state))
         # the marker last, whole: a checkpoint without it (a crash while saving) is never resumed from
         tmp = folder / f".{CHECKPOINT_DONE}.tmp"
@@ -479,6 +548,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
             for name, value in state["trl"].items():
                 setattr(self, name, value)
             self._resume_step = int(state["global_step"])
+            self._load_kappa_state(folder, state.get("kappa"))
             if log is not None:
                 log.start(state["diagnose_parts"] or [])
         elif log is not None:
@@ -519,13 +589,18 @@ class ReplayGRPOTrainer(GRPOTrainer):
         # what to keep and what to draw; TRL's generation runs only when it asks.
         self._step_generation_seconds = 0.0
 
+        fresh: list[dict[str, torch.Tensor]] = []
+
         def generate() -> dict[str, torch.Tensor]:
             started = time.perf_counter()
             rows = self.fresh_rows(self._generate_and_score_completions(generation_batch))
             self._step_generation_seconds += time.perf_counter() - started
+            fresh.append(rows)
             return rows
 
         drawn, data = self.replay_buffer.step(self.state.global_step, generate)
+        if self._curvature_pending is not None and fresh:  # kappa's H w on rows xi's halves never held
+            self._finish_curvature(fresh[0])
         self._step_generated_rows = int(np.sum(data.generated))
         self.replay_generated += self._step_generated_rows
         self.replay_trained += int(data.train.size)
@@ -645,7 +720,11 @@ class ReplayGRPOTrainer(GRPOTrainer):
             self._noise_armed = False
         if self._noise_pending is not None:
             self._record_noise(self._noise_pending)
+            if self.curvature_every:
+                self._start_curvature(self._noise_pending)  # before TRL's optimizer step: the gradients are read only
             self._noise_pending = None  # free half 1's gradient copy
+        if self.lag_coords and self.measure_noise:
+            self._record_lag(int(self.state.global_step))
         return loss
 
     @torch.no_grad()
@@ -679,6 +758,195 @@ class ReplayGRPOTrainer(GRPOTrainer):
         metrics = self._metrics["train"]
         for key in GRAD_NORM_COLUMNS[1:]:
             metrics[f"noise/{key}"].append(record[key])
+
+    # ------------------------------------------------------------------ the optimizer's memory kappa (issue 30)
+
+    def _save_kappa_state(self, folder: Path) -> dict:
+        """What a resumed run needs to log what an uninterrupted one logs: a pending pair's w (safetensors, no pickle:
+        one gradient-sized file) and its scalars, the last lag-1 gradient subset, the skip counts (JSON)."""
+        from safetensors.torch import save_file
+
+        pending = self._curvature_pending
+        if pending is not None:
+            save_file({f"w{i}": x.contiguous().cpu() for i, x in enumerate(pending["w"])}, str(folder / KAPPA_STATE))
+        previous = self._lag_previous
+        return {"pending": None if pending is None else {k: v for k, v in pending.items() if k != "w"},
+                "lag_previous": None if previous is None else [previous[0], previous[1].tolist()],
+                "skipped": self.curvature_skipped}
+
+    def _load_kappa_state(self, folder: Path, state: dict | None) -> None:
+        """``_save_kappa_state``'s counterpart (a checkpoint written before kappa existed has none: nothing pending)."""
+        from safetensors.torch import load_file
+
+        state = state or {}
+        self.curvature_skipped = dict(state.get("skipped") or {})
+        previous = state.get("lag_previous")
+        self._lag_previous = None if previous is None else (int(previous[0]),
+                                                            torch.tensor(previous[1], dtype=torch.float64))
+        pending = state.get("pending")
+        self._curvature_pending = None
+        if pending is not None:
+            saved = load_file(str(folder / KAPPA_STATE))
+            params = self._trainable()
+            self._curvature_pending = {**pending, "w": [saved[f"w{i}"].to(p.device) for i, p in enumerate(params)]}
+
+    def _noise_record_of(self, step: int) -> dict[str, float] | None:
+        """The noise record of ``step`` (the last one, if it is that step's), where the kappa fields are added."""
+        last = self.noise_records[-1] if self.noise_records else None
+        return last if last is not None and last["step"] == step else None
+
+    def _trainable(self) -> list[torch.Tensor]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    @torch.no_grad()
+    def _start_curvature(self, pending: dict[str, Any]) -> None:
+        """At a measured step t (every ``curvature_every``): xi = g_hat_1 - g_hat_2 of the two halves (their own mean
+        losses' gradients, ``_record_noise``), w = D xi with D = 1 / (sqrt(v_hat) + eps) the diagonal this step's
+        AdamW update applies (v = beta2 exp_avg_sq + (1 - beta2) g^2 with this step's gradient g, bias-corrected at
+        the step's count: the state before the update alone would put 1 / eps = 1e8 on a coordinate whose gradient
+        first appears now), and xi^T D xi. w (one gradient-sized buffer) waits for the next step's fresh rows
+        (``_finish_curvature``); the update itself is untouched (its gradients are only read)."""
+        step = int(pending["step"])
+        record = self._noise_record_of(step)
+        if record is None or not self.curvature_every or step % self.curvature_every:
+            return
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate wraps torch's AdamW
+        if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+            self._skip_curvature(f"step {step}: the optimizer is {type(optimizer).__name__}: kappa's preconditioner "
+                                 "is Adam's (AdamW, TRL's default)")
+            return
+        params = self._trainable()
+        states = [optimizer.state.get(p, {}) for p in params]  # empty before the first update
+        groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+        scaler = getattr(self.accelerator, "scaler", None)
+        scale = float(scaler.get_scale()) if scaler is not None else 1.0  # fp16: gradients carry the loss scale
+        w1, w2 = pending["shares"]
+        w, den = [], 0.0
+        for p, g1, state in zip(params, pending["first"], states):
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            g1 = torch.zeros_like(g) if g1 is None else g1
+            xi = (g1 / w1 - (g - g1) / w2).float() / scale  # g_hat_1 - g_hat_2 (float32: w's buffer)
+            group = groups[id(p)]
+            beta2, count = group["betas"][1], float(state.get("step", 0.0)) + 1.0  # this step's update
+            previous = state["exp_avg_sq"].double() if "exp_avg_sq" in state else 0.0
+            v_hat = (beta2 * previous + (1.0 - beta2) * (g.double() / scale) ** 2) / (1.0 - beta2 ** count)
+            d = (1.0 / (v_hat.sqrt() + group["eps"])).float()
+            w.append(d * xi)
+            den += float((xi.double() * w[-1].double()).sum())
+        lrs = {float(optimizer.param_groups[0]["lr"])} | {float(g["lr"]) for g in optimizer.param_groups}
+        if len(lrs) != 1:
+            self._skip_curvature(f"step {step}: the parameter groups have different learning rates {sorted(lrs)}: "
+                                 "kappa needs one eta")
+            return
+        self._curvature_pending = {"step": step, "w": w, "den": den, "lr": lrs.pop(),
+                                   "beta1": float(optimizer.param_groups[0]["betas"][0])}
+
+    def _finish_curvature(self, rows: dict[str, torch.Tensor]) -> None:
+        """At the next step that generates (theta_{t+1}, its fresh rows, which xi's rows never were): the numerator
+        w^T H w, H w by central differences of the rows' score-reweighted on-policy gradient (``_curvature_grad``),
+        theta +- h w with h = ``curvature_step`` |theta| / |w|; the parameters are restored bit for bit from a copy,
+        the gradients come from autograd.grad (``.grad`` untouched), the random streams are forked. Adds
+        ``curvature_num``, ``curvature_den``, ``curvature_lr``, ``curvature_hvp_step``, ``curvature_hvp_rows`` to
+        step t's noise record."""
+        pending, self._curvature_pending = self._curvature_pending, None
+        params = self._trainable()
+        if any(p.dtype not in (torch.float32, torch.float64) for p in params):
+            self._skip_curvature(f"step {pending['step']}: parameters in {params[0].dtype}: theta +- h w rounds back "
+                                 "to theta below float32 (train the model in float32, or with float32 master "
+                                 "weights)")
+            return
+        dropout = [m for m in self.model.modules() if isinstance(m, torch.nn.Dropout) and m.training and m.p > 0]
+        if dropout:
+            self._skip_curvature(f"step {pending['step']}: dropout p = {dropout[0].p:g} is active: the two sides of "
+                                 "the difference would see different masks (GRPOConfig(disable_dropout=True))")
+            return
+        w = pending["w"]
+        theta_norm = float(torch.sqrt(sum((p.detach().double() ** 2).sum() for p in params)))
+        w_norm = float(torch.sqrt(sum((x.double() ** 2).sum() for x in w)))
+        if not w_norm > 0:
+            self._skip_curvature(f"step {pending['step']}: xi = 0 (the halves' gradients are equal)")
+            return
+        h = self.curvature_step * theta_norm / w_norm
+        saved = [p.detach().clone() for p in params]  # restored exactly: the update sees the same theta
+        devices = sorted({p.device.index for p in params if p.device.type == "cuda"})
+        num = 0.0
+        try:
+            with torch.random.fork_rng(devices=devices):  # the training's random streams are never advanced
+                for sign in (1.0, -1.0):
+                    with torch.no_grad():
+                        for p, s, x in zip(params, saved, w):
+                            p.copy_(s + sign * h * x.to(p.dtype))
+                    grads = self._curvature_grad(rows, params)
+                    num += sign * sum(float((g.double() * x.double()).sum()) for g, x in zip(grads, w)
+                                      if g is not None)
+                    del grads
+        finally:
+            with torch.no_grad():
+                for p, s in zip(params, saved):
+                    p.copy_(s)
+        record = next((r for r in reversed(self.noise_records) if r["step"] == pending["step"]), None)
+        if record is None:
+            return
+        record.update({"curvature_num": num / (2 * h), "curvature_den": pending["den"],
+                       "curvature_lr": pending["lr"], "curvature_beta1": pending["beta1"],
+                       "curvature_hvp_step": int(self.state.global_step),
+                       "curvature_hvp_rows": int(rows["completion_ids"].shape[0])})
+        if pending["den"] > 0:  # one pair's kappa: a noisy monitor; calibrate --from-log pools the pairs
+            self._metrics["train"]["noise/kappa_pair"].append(pending["lr"] * record["curvature_num"] / pending["den"])
+
+    def _curvature_grad(self, rows: dict[str, torch.Tensor], params: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        """rho g_on of the fresh ``rows`` at the model's current parameters: the shared loss with the behaviour
+        log-probs set to the current ones (ratio 1, the on-policy gradient) times each row's sequence ratio rho =
+        pi_theta / pi_old (a constant weight), and TRL's vLLM ratio where there is one. Its derivative at pi_old is
+        the on-policy field's Jacobian (score cross terms between tokens included, which the loss's own Hessian on
+        fixed rows lacks: simulate/calibrate.py measures both). autograd.grad: nothing accumulates in ``.grad``."""
+        ids = torch.cat([rows["prompt_ids"], rows["completion_ids"]], dim=1)
+        attention = torch.cat([rows["prompt_mask"], rows["completion_mask"]], dim=1)
+        logp = self._get_per_token_logps_and_entropies(self.model, ids, attention, rows["completion_ids"].size(1))[0]
+        mask = (rows["completion_mask"] * rows["tool_mask"]).bool()
+        current = logp.detach()
+        rho = torch.exp(torch.where(mask, current - rows["old_per_token_logps"], 0.0).sum(dim=1))  # (R,)
+        loss, _ = engine_corrected_loss(self.replay, logp, current, rows["advantages"], mask,
+                                        is_ratio=rows.get("importance_sampling_ratio"), row_weight=rho)
+        return list(torch.autograd.grad(loss, params, allow_unused=True))
+
+    def _skip_curvature(self, reason: str) -> None:
+        """A curvature pair that could not be formed: counted and said once per reason (never silently)."""
+        first = reason.split(":", 1)[-1].strip()
+        if first not in self.curvature_skipped:
+            warnings.warn(f"curvature pair not measured at {reason}", stacklevel=2)
+        self.curvature_skipped[first] = self.curvature_skipped.get(first, 0) + 1
+
+    @torch.no_grad()
+    def _record_lag(self, step: int) -> None:
+        """The lag-1 products of successive full-batch gradients through a fixed random subset of ``lag_coords``
+        coordinates (drawn once, seeded by ``args.seed``), scaled by P / k: ``lag1_dot_raw`` = g_t . g_{t-1} and
+        ``lag1_sq_raw`` = |g_{t-1}|^2 on step t's noise record. Raw (unpreconditioned) coordinates: SGD's estimator
+        (``theory.forgetting.kappa_from_gradient_series``: corr = -kappa / 2 on an on-policy run); under Adam the
+        signal is ~ +0.4 kappa, the sign of the mean gradient's drift, and under replay the reused rows' noise adds
+        C(1) > 0: use the curvature pairs there."""
+        record = self._noise_record_of(step)
+        params = self._trainable()
+        if self._lag_index is None:
+            sizes = torch.tensor([p.numel() for p in params])
+            total = int(sizes.sum())
+            generator = torch.Generator().manual_seed(int(self.args.seed) + 7907)
+            flat = torch.randint(0, total, (self.lag_coords,), generator=generator).sort().values
+            which = torch.searchsorted(torch.cumsum(sizes, 0), flat, right=True)
+            starts = torch.cumsum(sizes, 0) - sizes
+            self._lag_index = [(i, (flat[which == i] - starts[i]).to(params[i].device))
+                               for i in range(len(params)) if bool((which == i).any())]
+            self._lag_scale = total / self.lag_coords
+        scaler = getattr(self.accelerator, "scaler", None)
+        scale = float(scaler.get_scale()) if scaler is not None else 1.0
+        vec = torch.cat([(params[i].grad.reshape(-1)[idx] if params[i].grad is not None
+                          else torch.zeros(len(idx), device=idx.device)).double().cpu() for i, idx in self._lag_index])
+        vec = vec / scale
+        previous, self._lag_previous = self._lag_previous, (step, vec)
+        if record is not None and previous is not None and previous[0] == step - 1:
+            record["lag1_dot_raw"] = self._lag_scale * float(vec @ previous[1])
+            record["lag1_sq_raw"] = self._lag_scale * float(previous[1] @ previous[1])
+            record["lag1_coords"] = self.lag_coords
 
     def _log_replay(self, inputs: dict[str, Any], logp_new: torch.Tensor, mask: torch.Tensor,
                     entropies: torch.Tensor, out: losses.LossOutput) -> None:

@@ -139,6 +139,11 @@ class TrlRunConfig:
     device: str = "cpu"
     """cpu or cuda (cuda:N). On cuda the passes run under bfloat16 autocast over float32 weights (TRL's bf16), as
     validate does; generation is TRL's own (HF generate)."""
+    curvature_every: int = 10
+    """Steps between the curvature pairs of the optimizer's memory kappa (0: none; the trainer's
+    DEFAULT_CURVATURE_EVERY). Each pair costs two forward+backward passes of the next step's R fresh rows; they go
+    into noise_scale.jsonl (calibrate --from-log --grad-norms makes them the profile's memory), and kappa with its
+    interval into run.json and the summary (integrations/trl.py)."""
 
     def validated(self) -> "TrlRunConfig":
         """Every option checked before any work: a one-line ValueError naming the option and its valid range."""
@@ -155,7 +160,8 @@ class TrlRunConfig:
                                    ("--save-every", self.save_every, 1),
                                    ("--sft-steps", self.sft_steps, 0), ("--n-train", self.n_train, 1),
                                    ("--max-new-tokens", self.max_new_tokens, 1),
-                                   ("--threads", self.threads, 1), ("--seed", self.seed, 0)):
+                                   ("--threads", self.threads, 1), ("--seed", self.seed, 0),
+                                   ("--curvature-every", self.curvature_every, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{option} must be an integer >= {low}, got {value!r}")
         for option, value in (("--lr", self.lr), ("--temperature", self.temperature)):
@@ -396,7 +402,7 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
                             temperature=config.temperature, disable_tqdm=True)
     trainer = ReplayGRPOTrainer(model=policy.model, reward_funcs=countdown_reward, args=args, train_dataset=dataset,
                                 processing_class=tokenizer, replay=replay, diagnose_log=out / LOG_NAME,
-                                noise_log=out / NOISE_NAME)
+                                noise_log=out / NOISE_NAME, curvature_every=config.curvature_every)
     from transformers import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # it prints every step's metrics dict: they go to TRAINER_LOG_NAME
@@ -428,6 +434,8 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
         "trained": trainer.replay_trained,
         "history": history,
         "noise_scale": noise_record(trainer.noise_records, config.group_size, config.seed, out / NOISE_NAME),
+        "memory": kappa_record(trainer.noise_records, config.seed, out / NOISE_NAME),
+        "curvature_skipped": trainer.curvature_skipped,
     }
     lines = "".join(json.dumps({"step": h["step"], **{k2: v for k2, v in h.items() if k2 != "step"}},
                                default=str) + "\n" for h in trainer.state.log_history)
@@ -451,7 +459,8 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     if summary["noise_scale"] is None:
         log(f"B_noise: not measured ({measured} of {config.steps} steps measured; the two-batch estimate needs 2)")
     else:
-        log(noise_scale_lines(summary["noise_scale"])[0] + f" [{measured} of {config.steps} steps measured]")
+        log(noise_scale_lines(summary["noise_scale"])[0] + f" [{measured} of {config.steps} steps measured]; "
+            + _kappa_text(summary["memory"], config, trainer.curvature_skipped))
     wrote = [out / LOG_NAME, out / RUN_NAME, out / TRAINER_LOG_NAME] + ([out / NOISE_NAME] if measured else []) + \
         ([out / NOISE_PROFILE_NAME] if summary["noise_scale"] is not None else [])
     log(f"wrote {', '.join(str(p) for p in wrote)}")
@@ -539,3 +548,35 @@ def noise_record(records: list[dict], group_size: int, seed: int, path: Path) ->
     return noise_scale_record(norms, unit_size=group_size, seed=seed,
                               source=f"replay-theory trl-replay: two-batch squared gradient norms ({path.name}), "
                                      f"{len(records)} steps, halves of whole groups of {group_size}")
+
+
+def _kappa_text(record: Optional[dict], config: TrlRunConfig, skipped: dict) -> str:
+    """kappa for the summary's B_noise line: its value and interval, or why it is not there."""
+    if record is None:
+        why = "--curvature-every 0" if not config.curvature_every else (
+            f"no curvature pair completed in {config.steps} steps at --curvature-every {config.curvature_every}"
+            + (f"; skipped: {skipped}" if skipped else ""))
+        return f"kappa not measured ({why})"
+    if record["kappa"] is None:
+        return f"kappa not measured: {record['reason']}"
+    lo, hi = record["kappa_interval"]
+    interval = "-".join("nan" if v is None else f"{v:.3g}" for v in (lo, hi))
+    return (f"kappa = {record['kappa']:.3g} ({record['level']:.0%} interval {interval}, {record['units']} curvature "
+            f"pairs, one every {config.curvature_every} steps)")
+
+
+def kappa_record(records: list[dict], seed: int, path: Path) -> Optional[dict]:
+    """The profile's "memory" record of the run's curvature pairs (None when no pair was completed): the same
+    pooling as ``calibrate --from-log LOG --grad-norms`` (``diagnose.calibrate_log.memory_record``), bootstrap
+    seeded by the run's seed."""
+    import numpy as np
+
+    from ..diagnose.calibrate_log import CURVATURE_COLUMNS, memory_record
+
+    pairs = [r for r in records if "curvature_num" in r]
+    if not pairs:
+        return None
+    curvature = {c: np.asarray([r[c] for r in pairs], dtype=np.float64) for c in ("step", *CURVATURE_COLUMNS)}
+    curvature["batch"] = np.asarray([r["batch_big"] for r in pairs], dtype=np.float64)
+    return memory_record({"curvature": curvature}, seed=seed,
+                         source=f"replay-theory trl-replay: curvature pairs ({path.name}), {len(pairs)} pairs")
