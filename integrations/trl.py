@@ -132,6 +132,7 @@ an uninterrupted one logs.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -802,10 +803,11 @@ class ReplayGRPOTrainer(GRPOTrainer):
     def _start_curvature(self, pending: dict[str, Any]) -> None:
         """At a measured step t (every ``curvature_every``): xi = g_hat_1 - g_hat_2 of the two halves (their own mean
         losses' gradients, ``_record_noise``), w = D xi with D = 1 / (sqrt(v_hat) + eps) the diagonal this step's
-        AdamW update applies (v = beta2 exp_avg_sq + (1 - beta2) g^2 with this step's gradient g, bias-corrected at
-        the step's count: the state before the update alone would put 1 / eps = 1e8 on a coordinate whose gradient
-        first appears now), and xi^T D xi. w (one gradient-sized buffer) waits for the next step's fresh rows
-        (``_finish_curvature``); the update itself is untouched (its gradients are only read)."""
+        AdamW update applies (v = beta2 exp_avg_sq + (1 - beta2) g^2 with this step's gradient g as Trainer clips
+        it, ``max_grad_norm``, bias-corrected at the step's count: the state before the update alone would put
+        1 / eps = 1e8 on a coordinate whose gradient first appears now), and xi^T D xi. w (one gradient-sized
+        buffer) waits for the next step's fresh rows (``_finish_curvature``); the update itself is untouched (its
+        gradients are only read)."""
         step = int(pending["step"])
         record = self._noise_record_of(step)
         if record is None or not self.curvature_every or step % self.curvature_every:
@@ -821,6 +823,10 @@ class ReplayGRPOTrainer(GRPOTrainer):
         scaler = getattr(self.accelerator, "scaler", None)
         scale = float(scaler.get_scale()) if scaler is not None else 1.0  # fp16: gradients carry the loss scale
         w1, w2 = pending["shares"]
+        # Trainer clips the gradient (max_grad_norm, torch's clip_grad_norm_) before AdamW folds it into v
+        norm = math.sqrt(sum(float(((p.grad.double() / scale) ** 2).sum()) for p in params if p.grad is not None))
+        max_norm = self.args.max_grad_norm
+        clip = min(1.0, max_norm / (norm + 1e-6)) if max_norm is not None and max_norm > 0 else 1.0
         w, den = [], 0.0
         for p, g1, state in zip(params, pending["first"], states):
             g = p.grad if p.grad is not None else torch.zeros_like(p)
@@ -829,7 +835,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
             group = groups[id(p)]
             beta2, count = group["betas"][1], float(state.get("step", 0.0)) + 1.0  # this step's update
             previous = state["exp_avg_sq"].double() if "exp_avg_sq" in state else 0.0
-            v_hat = (beta2 * previous + (1.0 - beta2) * (g.double() / scale) ** 2) / (1.0 - beta2 ** count)
+            v_hat = (beta2 * previous + (1.0 - beta2) * (clip * g.double() / scale) ** 2) / (1.0 - beta2 ** count)
             d = (1.0 / (v_hat.sqrt() + group["eps"])).float()
             w.append(d * xi)
             den += float((xi.double() * w[-1].double()).sum())

@@ -117,10 +117,10 @@ def _grad(trainer, replay, params: dict, rows: dict, which=None, reweighted: boo
 @pytest.mark.slow
 def test_trl_curvature_pairs_and_lag_products_equal_a_recomputation(tmp_path):
     """Each logged pair by hand from the saved state: xi = g_hat_1 - g_hat_2 (the halves' own losses), D of the step's
-    AdamW update (beta2 exp_avg_sq + (1 - beta2) g^2, bias-corrected, eps), den = xi^T D xi (relative 1e-6: the
-    trainer keeps xi in float32); the numerator's central difference of the next step's fresh rows' score-reweighted
-    gradient at that step's parameters (1e-3, below); eta the step's lr. The lag-1 products: the full-batch gradients
-    through the trainer's subset (1e-9)."""
+    AdamW update (beta2 exp_avg_sq + (1 - beta2) g^2, g clipped to norm 1 as Trainer clips it, bias-corrected, eps),
+    den = xi^T D xi (relative 1e-6: the trainer keeps xi in float32); the numerator's central difference of the next
+    step's fresh rows' score-reweighted gradient at that step's parameters (1e-3, below); eta the step's lr. The
+    lag-1 products: the full-batch gradients through the trainer's subset (1e-9)."""
     pytest.importorskip("trl")
     from replay_theory.integrations.trl import CURVATURE_FD_STEP, noise_halves
 
@@ -141,10 +141,12 @@ def test_trl_curvature_pairs_and_lag_products_equal_a_recomputation(tmp_path):
         halves = noise_halves(seen[t]["inputs"]["group_id"])
         g1, g2 = (_grad(trainer, replay, seen[t]["params"], seen[t]["inputs"], h) for h in halves)
         w, den = [], 0.0
+        norm = float(torch.sqrt(sum((g ** 2).sum() for g in full[t] if g is not None)))
+        clip = min(1.0, 1.0 / (norm + 1e-6))  # Trainer's max_grad_norm = 1.0 clips before AdamW's v
         for p, a, b, g in zip(params, g1, g2, full[t]):
             state = seen[t]["adam"].get(id(p), {})
             count = float(state.get("step", 0.0)) + 1  # this step's update: AdamW's v with this step's gradient
-            v = 0.999 * state.get("exp_avg_sq", torch.zeros_like(g)) + 0.001 * g ** 2
+            v = 0.999 * state.get("exp_avg_sq", torch.zeros_like(g)) + 0.001 * (clip * g) ** 2
             d = 1.0 / ((v / (1 - 0.999 ** count)).sqrt() + 1e-8)
             w.append((d * (a - b)).float().double())  # the trainer keeps w in float32
             den += float(((a - b) * d * (a - b)).sum())
