@@ -246,3 +246,21 @@ def test_theory_test_options_are_refused_for_other_experiments(error_line, tmp_p
     line = error_line("experiment", "sanity", "--out", str(tmp_path / "s"), "--seeds", "4", "--quick")
     assert line == "--seeds, --quick only apply to the theory-test experiment, not sanity"
     assert not (tmp_path / "s").exists()
+
+
+def test_a_rollout_environment_trains_through_the_shared_pipeline_to_its_target():
+    env = make_env("bandit", num_prompts=8, num_actions=5, feature_dim=4, num_well_formed=2)
+    j0 = float(env.evaluate(env.init_params(1))["reward"][0])
+    target = j0 + 0.2
+    boot = np.random.default_rng(0).integers(0, 4, size=(20, 4))
+    trace = to_target.run_to_target(env, ("no-trust-region", "leave-one-out"), fg.Design(64, 16, 64), [2.0, 0.5], 4,
+                                    "sgd", target, 400, boot_index=boot)
+    assert trace.crossing.shape == (21, 2) and trace.crossing[0, 0] > 0
+    # the larger step gets there first; the run stops at 1.3x its crossing, before the smaller one may arrive
+    assert trace.crossing[0, 1] == 0 or trace.crossing[0, 1] > trace.crossing[0, 0]
+    assert trace.steps <= int(1.3 * trace.crossing[0, 0]) + 1 + to_target._window(int(1.3 * trace.crossing[0, 0]) + 1)
+    assert trace.mean_reward[0, -1] >= target > j0  # the seed mean of the best step size did rise to the target
+    assert trace.mean_reward[1, -1] > j0 + 0.05  # the smaller one rose too, more slowly
+    again = to_target.run_to_target(env, ("no-trust-region", "leave-one-out"), fg.Design(64, 16, 64), [2.0, 0.5], 4,
+                                    "sgd", target, 400, boot_index=boot)
+    assert np.array_equal(again.crossing, trace.crossing)  # same seed, same numbers
