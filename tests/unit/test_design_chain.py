@@ -1,6 +1,6 @@
 """The end-to-end steps chain with the user's own numbers: optimal reads mu from a calibrate --from-log profile, and
-trl-replay's --design reads the noise-scale rule's JSON with R in whole groups (README "From a TRL run to a buffer
-design, end to end"; issue 25)."""
+trl-replay's --design reads the noise-scale rule's JSON with R in whole groups (docs/TRL.md, the README's workflow;
+issue 25)."""
 
 from __future__ import annotations
 
