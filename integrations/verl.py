@@ -103,8 +103,20 @@ them over the step's mini-batches (``actor/noise/*``), and :class:`VerlV1Diagnos
 verl --grad-norms PATH`` reads.  Unlike the TRL trainer's halves, verl's micro-batches need not keep a GRPO group
 whole, so ``unit_size`` is 1; with a group split between the halves the halves are correlated and B_noise reads low
 (keep groups whole: ``use_dynamic_bsz=False``, ``ppo_micro_batch_size_per_gpu`` a multiple of ``rollout.n``, no
-shuffle).  One more scalar per step fits the same route (a metric from the engine, a key in the line): e.g. the
-dot product of this step's and the previous step's gradient over a fixed random subset of coordinates.
+shuffle).
+
+The optimizer's memory kappa (issue 30) through the same route: every ``curvature_every`` mini-batch updates the
+engine forms a curvature pair as the TRL trainer does (integrations/trl.py): xi = g_hat_1 - g_hat_2 of the halves
+above, w = D xi with D the diagonal of this update's AdamW (exp_avg_sq with this gradient folded in, clipped as verl
+clips it), and at the NEXT update whose mini-batch shares no response with xi's (row fingerprints; with
+``ppo_epochs > 1`` the same responses come back), before its own micro-batch loop, w^T H w by central differences
+of that mini-batch's gradient under verl's own loss (two extra passes of its micro-batches at theta +- h w; the
+parameters, FSDP shards included, restored bit for bit, the gradients zeroed after, the random streams forked).
+The engine reports ``noise/curvature_num``, ``_den``, ``_lr``, ``_beta1`` on that mini-batch; :class:`NoiseLog`
+writes them, and ``calibrate --from-log --preset verl --grad-norms`` pools them into kappa.  H is the Hessian of
+verl's loss on fixed responses (its per-token ratios): the engine has the loss only as verl's function, so the
+score reweighting the TRL trainer uses (the on-policy field's Jacobian) is not applied; that Hessian misses the score
+cross terms between a response's tokens (2.7x off on the simulator's token MDP, within its interval on the tiny LM).
 
 :class:`VerlDiagnoseLogger` needs numpy and pyarrow only (torch tensors are read through ``.detach()``); verl is not
 imported, so it works on ``DataProto`` and on anything with its three attributes (``batch``: a mapping of
@@ -140,6 +152,9 @@ V1_MODE_SUFFIX = "_diagnose"
 #: the engine's metrics of the two-batch noise scale (:class:`VerlGradNoiseMixin`; TRL's names), which verl's
 #: trainer logs as ``actor/noise/<name>``; the noise log's columns are diagnose/calibrate_log.py's GRAD_NORM_COLUMNS
 NOISE_METRICS: tuple[str, ...] = ("grad_sq_small", "grad_sq_big", "batch_small", "batch_big")
+#: the engine's metrics of a curvature pair for kappa (issue 30; :class:`VerlGradNoiseMixin`, the TRL trainer's names),
+#: logged on the mini-batch that completes the pair, so verl's per-step mean keeps each pair's parts together
+CURVATURE_METRICS: tuple[str, ...] = ("curvature_num", "curvature_den", "curvature_lr", "curvature_beta1")
 
 
 def _numpy(value: Any) -> np.ndarray:
@@ -471,6 +486,9 @@ class NoiseLog:
             return False
         record = {"step": int(step), **{name: float(metrics[k]) for name, k in zip(NOISE_METRICS, keys)},
                   "unit_size": 1}  # verl's micro-batches need not keep a group whole (module docstring)
+        curvature = [f"actor/noise/{name}" for name in CURVATURE_METRICS]
+        if all(k in metrics for k in curvature):  # a curvature pair completed at this step (kappa)
+            record.update({name: float(metrics[k]) for name, k in zip(CURVATURE_METRICS, curvature)})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "x" if self.lines_written == 0 else "a") as fh:  # new, then one line a step
             fh.write(json.dumps(record) + "\n")
@@ -494,7 +512,13 @@ class VerlGradNoiseMixin:
     """
 
     noise_weighting: str = "tokens"
+    curvature_every: int = 10
+    """Mini-batch updates between curvature pairs (0: none); each costs two extra passes of one mini-batch."""
+    curvature_step: float = 1e-4
+    """|h w| / |theta| of the central difference (integrations/trl.py's CURVATURE_FD_STEP)."""
     _noise: Optional[dict] = None
+    _curvature: Optional[dict] = None  # the pending pair: w (local shards), den, lr, beta1, xi's row fingerprints
+    _curvature_updates: int = 0
 
     def forward_backward_batch(self, data: Any, loss_function: Any, forward_only: bool = False) -> Any:
         if forward_only:
@@ -506,16 +530,23 @@ class VerlGradNoiseMixin:
         if dp > 1 and defers:
             raise ValueError("the noise-scale hook needs the gradient synchronised after every micro-batch with "
                              f"{dp} data-parallel ranks: set use_no_sync_for_gradient_accumulation=False")
+        pair = self._finish_curvature(data, loss_function) if self._curvature is not None else None
         mask = data["loss_mask"]
         self._noise = {"rows": int(mask.shape[0]), "tokens": float(mask.sum()), "done": [], "first": None}
         try:
             output = super().forward_backward_batch(data, loss_function, forward_only=False)  # type: ignore[misc]
             record = self._noise_record()
+            due = self.curvature_every and self._curvature_updates % self.curvature_every == 0
+            if record is not None and due and self._curvature is None:
+                self._start_curvature(data)
+            self._curvature_updates += 1
         finally:
             self._noise = None
-        if record is not None and output is not None and isinstance(output.get("metrics"), dict):
-            for name in NOISE_METRICS:
+        if output is not None and isinstance(output.get("metrics"), dict):
+            for name in NOISE_METRICS if record is not None else ():
                 output["metrics"][f"noise/{name}"] = record[name]
+            for name in CURVATURE_METRICS if pair is not None else ():
+                output["metrics"][f"noise/{name}"] = pair[name]
         return output
 
     def forward_step(self, micro_batch: Any, loss_function: Any, forward_only: bool) -> Any:
@@ -571,10 +602,117 @@ class VerlGradNoiseMixin:
         scaler = getattr(self, "scaler", None)
         scale = float(scaler.get_scale()) if scaler is not None else 1.0  # gradients carry the fp16 loss scale
         sq1, sq2, sq = (float(v) / scale**2 for v in sums)
+        noise.update(weights=(w1, w2), scale=scale, grad_sq=sq)  # what a curvature pair reads (_start_curvature)
         return {"grad_sq_small": (sq1 / w1**2 + sq2 / w2**2) / 2,  # mean of |g_hat_k|^2, g_hat_k = g_k / W_k
                 "grad_sq_big": sq,  # |g_1 + g_2|^2
                 "batch_small": 2 * b1 * b2 / (b1 + b2),  # E mean_k |g_hat_k|^2 = |G|^2 + tr Sigma / B_small
                 "batch_big": float(b1 + b2)}
+
+
+    # ------------------------------------------------------------------ curvature pairs (kappa, issue 30)
+
+    def _all_sum(self, values: list[float]) -> list[float]:
+        """Sums over the data-parallel ranks (shards of one vector: their dot products add)."""
+        import torch
+
+        total = torch.tensor(values, dtype=torch.float64)
+        group = self.get_data_parallel_group()  # type: ignore[attr-defined]
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size(group) > 1:
+            torch.distributed.all_reduce(total, group=group)
+        return [float(v) for v in total]
+
+    def _start_curvature(self, data: Any) -> None:
+        """After the micro-batch loop (before verl clips and steps): xi = g_1 / W_1 - g_2 / W_2, w = D xi with D the
+        diagonal of this update's AdamW (v = beta2 exp_avg_sq + (1 - beta2) (c g)^2 at the next count, c verl's clip
+        coefficient), den = xi^T D xi; w waits for the next mini-batch without xi's responses."""
+        import torch
+
+        optimizer = getattr(self, "optimizer", None)
+        if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+            return  # kappa's preconditioner is Adam's (verl's actor default); another optimizer: no pair
+        noise = self._noise
+        (w1, w2), scale = noise["weights"], noise["scale"]
+        clip_at = getattr(getattr(self, "optimizer_config", None), "clip_grad", None)
+        norm = noise["grad_sq"] ** 0.5
+        clip = min(1.0, clip_at / (norm + 1e-6)) if clip_at else 1.0  # torch's clip_grad_norm_ coefficient
+        params = [p for p in self.module.parameters() if p.requires_grad]  # type: ignore[attr-defined]
+        groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+        w, den = [], 0.0
+        for p, g1 in zip(params, noise["first"]):
+            g = _local(p.grad) if p.grad is not None else torch.zeros_like(_local(p.detach()))
+            g1 = torch.zeros_like(g) if g1 is None else _local(g1)
+            xi = (g1 / w1 - (g - g1) / w2).double() / scale
+            state, group = optimizer.state.get(p, {}), groups[id(p)]
+            beta2, count = group["betas"][1], float(state.get("step", 0.0)) + 1.0
+            previous = _local(state["exp_avg_sq"]).double() if "exp_avg_sq" in state else 0.0
+            v_hat = (beta2 * previous + (1.0 - beta2) * (clip * g.double() / scale) ** 2) / (1.0 - beta2 ** count)
+            w.append((xi / (v_hat.sqrt() + group["eps"])).to(g.dtype))
+            den += float((xi * w[-1].double()).sum())
+        (den,) = self._all_sum([den])
+        self._curvature = {"w": w, "curvature_den": den, "curvature_lr": float(optimizer.param_groups[0]["lr"]),
+                           "curvature_beta1": float(optimizer.param_groups[0]["betas"][0]),
+                           "rows": _row_fingerprints(data)}
+
+    def _finish_curvature(self, data: Any, loss_function: Any) -> Optional[dict]:
+        """Before this mini-batch's loop: w^T H w by central differences of its gradient under verl's loss (two
+        extra passes of the micro-batch loop), unless it holds a response of xi's mini-batch (then the pair waits).
+        The parameters are restored from a copy, the gradients zeroed, the random streams forked."""
+        import torch
+
+        pending = self._curvature
+        if pending["rows"] & _row_fingerprints(data):
+            return None  # the same responses again (ppo_epochs > 1): their Hessian would share samples with xi
+        self._curvature = None
+        params = [p for p in self.module.parameters() if p.requires_grad]  # type: ignore[attr-defined]
+        local = [_local(p.data) for p in params]
+        saved = [x.clone() for x in local]
+        theta_sq, w_sq = self._all_sum([sum(float((x.double() ** 2).sum()) for x in saved),
+                                        sum(float((x.double() ** 2).sum()) for x in pending["w"])])
+        if not w_sq > 0:
+            return None
+        h = self.curvature_step * theta_sq ** 0.5 / w_sq ** 0.5
+        devices = sorted({p.device.index for p in params if p.device.type == "cuda"})
+        sides = []
+        try:
+            with torch.random.fork_rng(devices=devices):
+                for sign in (1.0, -1.0):
+                    with torch.no_grad():
+                        for x, s0, w in zip(local, saved, pending["w"]):
+                            x.copy_(s0 + sign * h * w)
+                    self._zero_grad()
+                    super().forward_backward_batch(data, loss_function, forward_only=False)  # type: ignore[misc]
+                    sides.append(sum(float((_local(p.grad).double() * w.double()).sum())
+                                     for p, w in zip(params, pending["w"]) if p.grad is not None))
+        finally:
+            with torch.no_grad():
+                for x, s0 in zip(local, saved):
+                    x.copy_(s0)
+            self._zero_grad()  # verl zeroed them before this loop: as it left them
+        plus, minus = self._all_sum(sides)
+        scaler = getattr(self, "scaler", None)
+        scale = float(scaler.get_scale()) if scaler is not None else 1.0
+        return {"curvature_num": (plus - minus) / (2 * h) / scale,
+                **{k: pending[k] for k in ("curvature_den", "curvature_lr", "curvature_beta1")}}
+
+    def _zero_grad(self) -> None:
+        for p in self.module.parameters():  # type: ignore[attr-defined]
+            p.grad = None
+
+
+def _row_fingerprints(data: Any) -> set:
+    """One fingerprint per response of a mini-batch (every (rows, ...) tensor field's row, hashed together)."""
+    import hashlib
+
+    rows = int(data["loss_mask"].shape[0])
+    digests = [hashlib.blake2b(digest_size=16) for _ in range(rows)]
+    for key in sorted(str(k) for k in data.keys()):
+        value = data[key]
+        if not hasattr(value, "shape") or len(value.shape) == 0 or value.shape[0] != rows:
+            continue
+        for i in range(rows):
+            digests[i].update(key.encode())
+            digests[i].update(np.ascontiguousarray(_numpy(value[i])).tobytes())
+    return {d.hexdigest() for d in digests}
 
 
 def _local(tensor: Any) -> Any:
