@@ -660,7 +660,8 @@ class VerlGradNoiseMixin:
         import torch
 
         pending = self._curvature
-        if pending["rows"] & _row_fingerprints(data):
+        (shared,) = self._all_sum([float(bool(pending["rows"] & _row_fingerprints(data)))])  # every rank decides alike
+        if shared:
             return None  # the same responses again (ppo_epochs > 1): their Hessian would share samples with xi
         self._curvature = None
         params = [p for p in self.module.parameters() if p.requires_grad]  # type: ignore[attr-defined]
