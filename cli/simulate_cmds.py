@@ -267,51 +267,52 @@ def experiment(
     out: OutDirOption,
     jobs: JobsOption = -1,
     no_progress: NoProgressOption = False,
-    instance: Annotated[str | None, typer.Option("--instance", help="theory-test only: comma-separated seeds of "
-                                                                    "the environment instances (prompt "
-                                                                    "difficulties, features; the quadratic's "
-                                                                    "start); default 0,1,2.")] = None,
-    loss: Annotated[str | None, typer.Option("--loss", help="theory-test only: comma-separated losses, is "
-                                                            "(unbiased importance-weighted REINFORCE), grpo "
-                                                            "(clipped) and quadratic (the quadratic settings' "
-                                                            "own); each setting runs those of its losses that "
-                                                            "are listed; default all.")] = None,
+    instance: Annotated[str | None, typer.Option("--instance", help="theory-test only: comma-separated instance "
+                                                                    "seeds (the quadratic's start, the bandit's "
+                                                                    "features); default 0,3,4 (0 is the development "
+                                                                    "instance, 3 and 4 held out).")] = None,
+    setting: Annotated[str | None, typer.Option("--setting", help="theory-test only: comma-separated settings "
+                                                                  "(quadratic-noise1, -3, -10, -30, -100, "
+                                                                  "two-prompts, bandit-grpo, noisy-reward); default "
+                                                                  "all.")] = None,
+    optimizer: Annotated[str | None, typer.Option("--optimizer", help="theory-test only: sgd, adam or both "
+                                                                      "(comma-separated); default both.")] = None,
     mu: Annotated[str | None, typer.Option("--mu", help="theory-test only: comma-separated rollout-cost ratios "
                                                         "at which the same runs are re-priced; default "
                                                         "0.5,1,2,5.28,20.")] = None,
+    floor: Annotated[str | None, typer.Option("--floor", help="theory-test only: comma-separated generation "
+                                                              "latency floors in rollouts per step (a step costs "
+                                                              "mu max(R, floor) + B); default 64,0.")] = None,
     seeds: Annotated[int | None, typer.Option("--seeds", help="theory-test only: seeds per (design, step size); "
                                                               "default 16.")] = None,
-    quick: Annotated[bool | None, typer.Option("--quick", help="theory-test only: 2 x 3 grid, 8 seeds unless "
-                                                               "--seeds, instance 0 unless --instance (a smoke "
-                                                               "run, < 2 min).")] = None,
-    regime: Annotated[str | None, typer.Option("--regime", help="theory-test only: comma-separated settings: "
-                                                                 "the default quadratic-noise1, -noise10, -noise30, "
-                                                                 "-noise100, -noise300, two-prompts, bandit, "
-                                                                 "noisy-reward; "
-                                                                 "opt-in few-prompts and adam.")
-                      ] = None,
+    quick: Annotated[bool | None, typer.Option("--quick", help="theory-test only: a 2 x 3 grid, on-policy at 4 "
+                                                               "batches, 8 seeds unless --seeds, instance 0 unless "
+                                                               "--instance (a smoke run).")] = None,
 ) -> None:
     """Run one of the docs/SIMULATION.md experiments and print its table (rebuilt from the saved runs)."""
     chosen = get_experiment(name)
-    given = {"--instance": instance, "--loss": loss, "--mu": mu, "--seeds": seeds, "--quick": quick,
-             "--regime": regime}
+    given = {"--instance": instance, "--setting": setting, "--optimizer": optimizer, "--mu": mu, "--floor": floor,
+             "--seeds": seeds, "--quick": quick}
     if name != "theory-test":
         extra = [flag for flag, value in given.items() if value is not None]
         if extra:
             raise UserError(f"{', '.join(extra)} only apply to the theory-test experiment, not {name}")
     else:
-        if jobs != -1:  # its runs train every step size and seed of a design in one vectorised process
-            raise UserError("--jobs does not apply to theory-test: it runs in one process (seeds and step sizes "
-                            "vectorised); leave it out")
-        options = theory_test_options(instance, loss, mu, seeds, quick, regime)
+        options = theory_test_options(instance, setting, optimizer, mu, floor, seeds, quick)
+        n_jobs = jobs_checked(jobs)
         try:
             check_theory_test_out(out, options)
-            summary = run_theory_test(out, options, progress=not no_progress)
         except ValueError as err:
             raise UserError(str(err)) from None
+        with on_ctrl_c(f"interrupted: every finished run is kept in {out}/runs and every finished unit in "
+                       f"{out}/units; run the same command to go on from them"):
+            try:
+                summary = run_theory_test(out, options, progress=not no_progress, jobs=n_jobs)
+            except ValueError as err:
+                raise UserError(str(err)) from None
         table = summary_table(summary)
         write_table(out, table)
-        write_evidence(out, summary, _theory_test_command(out, instance, loss, mu, seeds, quick, regime))
+        write_evidence(out, summary, _theory_test_command(out, given))
         typer.echo(table)
         return
     with on_ctrl_c(f"interrupted: the finished runs are kept in {out}; run the same command to go on from them"):
@@ -323,12 +324,11 @@ def experiment(
     typer.echo(table)
 
 
-def _theory_test_command(out, instance, loss, mu, seeds, quick, regime) -> str:
+def _theory_test_command(out, given: dict) -> str:
     """The command line that produced a benchmark, as evidence.json records it."""
-    given = {"--instance": instance, "--loss": loss, "--mu": mu, "--seeds": seeds, "--regime": regime}
     parts = ["replay-theory experiment theory-test --out", Path(out).name]
-    parts += [f"{flag} {value}" for flag, value in given.items() if value is not None]
-    return " ".join(parts + (["--quick"] if quick else []))
+    parts += [f"{flag} {value}" for flag, value in given.items() if value is not None and flag != "--quick"]
+    return " ".join(parts + (["--quick"] if given.get("--quick") else []))
 
 
 def _number_list(text: str, flag: str, valid: str, kind=float) -> tuple:
@@ -347,16 +347,19 @@ def _number_list(text: str, flag: str, valid: str, kind=float) -> tuple:
     return values
 
 
-def theory_test_options(instance, loss, mu, seeds, quick, regime=None) -> TheoryTestOptions:
+def theory_test_options(instance, setting, optimizer, mu, floor, seeds, quick) -> TheoryTestOptions:
     """The benchmark's options from the CLI's, checked before any work (one line naming the option)."""
-    losses = tuple(part.strip() for part in loss.split(",")) if loss is not None else TheoryTestOptions.losses
-    regimes = (tuple(part.strip() for part in regime.split(",")) if regime is not None
-               else TheoryTestOptions.regimes)
+    def names(text, default):
+        return tuple(part.strip() for part in text.split(",")) if text is not None else default
+
     mus = (_number_list(mu, "--mu", "a comma-separated list of finite numbers > 0") if mu is not None
            else TheoryTestOptions.mus)
+    floors = (_number_list(floor, "--floor", "a comma-separated list of distinct integers >= 0", int)
+              if floor is not None else TheoryTestOptions.floors)
     instances = (_number_list(instance, "--instance", "a comma-separated list of distinct integers >= 0", int)
                  if instance is not None else ((0,) if quick else TheoryTestOptions.instances))
-    options = TheoryTestOptions(instances=instances, losses=losses, mus=mus, regimes=regimes,
+    options = TheoryTestOptions(instances=instances, settings=names(setting, TheoryTestOptions.settings),
+                                optimizers=names(optimizer, TheoryTestOptions.optimizers), mus=mus, floors=floors,
                                 seeds=seeds if seeds is not None else (8 if quick else TheoryTestOptions.seeds),
                                 quick=bool(quick))
     try:
