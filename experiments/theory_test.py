@@ -280,7 +280,9 @@ class Unit:
         return 1.0 / self.inst["smoothness"] if self.optimizer == "sgd" else 1.0
 
     def payload(self, design: forgetting.Design, lrs: np.ndarray, max_steps: int) -> dict:
+        stream = {"noise_stream": "per run"} if hasattr(self.env, "with_noise_stream") else {}
         return {"kind": "run", "setting": self.setting.name, "optimizer": self.optimizer, "instance": self.instance,
+                **stream,
                 "design": [design.batch, design.rollouts, design.capacity, design.on_policy],
                 "lrs": [float(v) for v in lrs], "seeds": self.options.seeds, "boots": int(self.boot_index.shape[0]),
                 "target": self.inst["target"], "max_steps": int(max_steps)}
@@ -476,11 +478,14 @@ def measure_pilot(unit: Unit) -> dict:
     s_ref = int(design_steps(unit.runs[label])[0])
     payload = {"kind": "pilot", "setting": unit.setting.name, "optimizer": unit.optimizer,
                "instance": unit.instance, "lr": lr, "steps": s_ref, "seeds": unit.options.seeds,
-               "measures": ["kappa", "staleness", "drift"], "pairs": PAIRS}
+               "measures": ["kappa", "staleness", "drift"], "pairs": PAIRS,
+               **({"noise_stream": "per pilot"} if hasattr(unit.env, "with_noise_stream") else {})}
     found = unit.store.get(payload)
     if found is not None:
         return found
     env, seeds = unit.env, unit.options.seeds
+    if hasattr(env, "with_noise_stream"):  # the measurements' verifier noise keyed by the pilot alone
+        env = env.with_noise_stream(271828, unit.instance)
     checkpoints = sorted({max(1, int(round(f * s_ref))) for f in KAPPA_CHECKPOINTS})
     lag_from, lag_to = int(LAG_SPAN[0] * s_ref), int(math.ceil(LAG_SPAN[1] * s_ref))
     history, states, dots, sq = [], {}, [], []

@@ -180,6 +180,8 @@ def run_to_target(env, loss: tuple[str, str] | None, design: Design, lrs, seeds:
     nl = lrs.size
     rows = nl * seeds
     rng = PerSeedGenerator(seed, rows)
+    if hasattr(env, "with_noise_stream"):  # a verifier's own noise: keyed by the run, never by earlier runs' draws
+        env = env.with_noise_stream(int(seed), rows, int(max_steps))
     if isinstance(env, QuadraticEnv):
         gradient = QuadraticGradient(env, design, rows, rng)
     else:

@@ -447,10 +447,16 @@ class NoisyBanditConfig(BanditConfig):
 class NoisyRewardBandit(BanditEnv):
     """The bandit with a noisy verifier: observed reward = R[p, a] + N(0, noise^2); E reward (and J) unchanged."""
 
-    def __init__(self, config: NoisyBanditConfig = NoisyBanditConfig()):
+    def __init__(self, config: NoisyBanditConfig = NoisyBanditConfig(), stream: tuple[int, ...] = ()):
         super().__init__(config)
         self.noise = float(config.reward_noise)
-        self.noise_rng = np.random.default_rng([int(config.noise_seed), 7919])
+        self.noise_rng = np.random.default_rng([int(config.noise_seed), 7919, *stream])
+
+    def with_noise_stream(self, *stream: int) -> "NoisyRewardBandit":
+        """The same instance with its own verifier stream keyed by ``stream``: a run's noise then depends on the run
+        alone, not on what the shared environment object drew before (a resumed benchmark trains some runs and not
+        others in a process)."""
+        return NoisyRewardBandit(self.config, tuple(int(v) for v in stream))
 
     def reward(self, prompts, tokens, mask=None) -> np.ndarray:
         clean = super().reward(prompts, tokens, mask)

@@ -264,3 +264,16 @@ def test_a_rollout_environment_trains_through_the_shared_pipeline_to_its_target(
     again = to_target.run_to_target(env, ("no-trust-region", "leave-one-out"), fg.Design(64, 16, 64), [2.0, 0.5], 4,
                                     "sgd", target, 400, boot_index=boot)
     assert np.array_equal(again.crossing, trace.crossing)  # same seed, same numbers
+
+
+def test_a_noisy_verifier_run_does_not_depend_on_what_ran_before_it():
+    env = NoisyRewardBandit(NoisyBanditConfig(num_prompts=8, num_actions=5, feature_dim=4, num_well_formed=2))
+    target = float(env.evaluate(env.init_params(1))["reward"][0]) + 0.2
+    loss = ("no-trust-region", "leave-one-out")
+
+    def run():
+        return to_target.run_to_target(env, loss, fg.Design(64, 16, 64), [2.0], 4, "sgd", target, 60).mean_reward
+
+    first = run()
+    env.reward(np.zeros((1, 1000), np.int64), np.zeros((1, 1000, 1), np.int64))  # another run's draws in between
+    assert np.array_equal(run(), first)  # the same run, the same numbers (resume trains some runs and not others)
