@@ -33,7 +33,8 @@ def test_readme_gives_the_two_set_up_commands_and_the_cpu_torch_line(repo_root):
     assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in text
 
 
-@pytest.mark.parametrize("name", ["README.md", "docs/OPTIMAL.md", "docs/DIAGNOSE.md", "docs/TRL.md", "docs/VERL.md"])
+@pytest.mark.parametrize("name", ["README.md", "docs/OPTIMAL.md", "docs/DIAGNOSE.md", "docs/TRL.md", "docs/VERL.md",
+                                  "docs/COMMANDS.md"])
 def test_every_console_block_is_a_marked_example(repo_root, name):
     path = repo_root / name
     lines = path.read_text(encoding="utf-8").splitlines()
