@@ -38,8 +38,8 @@ def test_readme_gives_the_two_set_up_commands_and_the_cpu_torch_line(repo_root):
 def test_every_console_block_is_a_marked_example(repo_root, name):
     path = repo_root / name
     lines = path.read_text(encoding="utf-8").splitlines()
-    unmarked = [number for number, line in enumerate(lines, 1)
-                if line.strip().startswith("```console") and not (number >= 2 and MARK.match(lines[number - 2].strip()))]
+    unmarked = [number for number, line in enumerate(lines, 1) if line.strip().startswith("```console")
+                and not (number >= 2 and MARK.match(lines[number - 2].strip()))]
     assert unmarked == [], f"{name}: console blocks without <!-- example: fast|slow --> at lines {unmarked}"
     assert any(line.strip().startswith("```console") for line in lines), f"{name} shows no example"
 
