@@ -300,8 +300,10 @@ def _forgetting_answer(mu, convention, batch_size, noise_scale, kappa, optimizer
         record = advice.advise(query)
     except ValueError as err:
         raise UserError(str(err)) from None
-    verdict = verdict_line()
-    evidence = evidence_line("forgetting")
+    # the benchmark's cost model nearest the user's: its floor as a share of the batch (no batch: the floor's sign)
+    floor_ratio = latency_floor / batch if batch else (0.0 if latency_floor == 0 else None)
+    verdict = verdict_line(floor_ratio=floor_ratio)
+    evidence = evidence_line("forgetting", floor_ratio=floor_ratio)
     if as_json:
         emit_json({**record, "verdict": verdict, "evidence": evidence, "convention": convention,
                    "paper_evidence": evidence_line("paper")})
@@ -628,8 +630,11 @@ def gamma(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Compute ratio gamma = (1 + W/T) / (1 + mu) of a buffered (W, T) split versus on-policy (Eq. 2)."""
-    value = compute_ratio(workers, trainers, mu)
-    replay = replay_ratio_of_split(workers, trainers, mu)
+    try:
+        value = compute_ratio(workers, trainers, mu)
+        replay = replay_ratio_of_split(workers, trainers, mu)
+    except ValueError as err:  # "workers must be ..." as the user typed it
+        raise UserError(option_message(str(err), ("workers", "trainers", "mu"))) from None
     # gamma > 1 exactly when W/T > mu, i.e. y = mu T / W < 1: inference outruns training.
     if abs(value - 1.0) <= 1e-12:
         regime, verdict = "on-policy", "the on-policy split (W/T = mu): an update costs what it costs on-policy"
@@ -648,8 +653,9 @@ def gamma(
                    "regime": regime, "verdict": verdict})
     else:
         typer.echo(f"gamma = (1 + W/T) / (1 + mu) = (1 + {workers:g}/{trainers:g}) / (1 + {mu:g}) = {value:.4f}")
-        typer.echo(f"each rollout is used y = mu T / W = {replay:.3g} times on average; "
-                   f"an update costs {value:.1%} of its on-policy compute.")
+        if regime != "replay":  # the replay verdict already says how often a rollout is used and what an update costs
+            typer.echo(f"each rollout is used y = mu T / W = {replay:.3g} times on average; "
+                       f"an update costs {value:.1%} of its on-policy compute.")
         typer.echo(verdict + ".")
 
 

@@ -40,15 +40,27 @@ def evidence_record(summary: dict, command: str) -> dict:
     instance and over the held-out ones, with the command that produced it."""
     protocol = summary["protocol"]
     return {"command": command, "replay_theory_version": summary.get("replay_theory_version"),
-            "protocol": {k: protocol.get(k) for k in ("seeds", "instances", "dev_instances", "grid", "mus", "floors",
-                                                      "headline_floor", "on_policy_batches", "optimizers", "quick")},
+            "protocol": {k: protocol.get(k) for k in ("batch", "seeds", "instances", "dev_instances", "grid", "mus",
+                                                      "floors", "headline_floor", "on_policy_batches", "optimizers",
+                                                      "quick")},
             "settings": sorted(protocol.get("settings", {})),
             "targets": summary.get("targets"), "targets_held_out": summary.get("targets_held_out")}
 
 
-def _headline(record: dict) -> tuple[dict | None, str]:
-    """(targets, which) at the headline floor: the held-out instances when the run had any, else every instance."""
-    floor = str(record.get("protocol", {}).get("headline_floor"))
+def benchmark_floor(record: dict, floor_ratio: float | None) -> str:
+    """The benchmark's latency floor nearest the user's, compared as a share of the batch (the benchmark's floors
+    are rollouts at its B): None, the headline floor."""
+    protocol = record.get("protocol", {})
+    floors, batch = protocol.get("floors") or [], protocol.get("batch") or 256
+    if floor_ratio is None or not floors:
+        return str(protocol.get("headline_floor"))
+    return str(min(floors, key=lambda f: (abs(f / batch - floor_ratio), f)))
+
+
+def _headline(record: dict, floor_ratio: float | None = None) -> tuple[dict | None, str]:
+    """(targets, which) at the floor nearest the user's (``benchmark_floor``): the held-out instances when the run
+    had any, else every instance."""
+    floor = benchmark_floor(record, floor_ratio)
     held = (record.get("targets_held_out") or {}).get(floor) or {}
     if held.get("cells"):
         return held, f"held-out instances, latency floor {floor}"
@@ -63,11 +75,12 @@ def passes(o: dict) -> bool:
             and spearman is not None and spearman >= PASS_SPEARMAN)
 
 
-def verdict_line(record: dict | None = None) -> str | None:
-    """None when the forgetting-aware rule passes the targets; else the first line ``optimal`` prints: that no rule
-    does, and how close the best-scoring one came (never an untested design presented as the answer)."""
+def verdict_line(record: dict | None = None, floor_ratio: float | None = None) -> str | None:
+    """None when a rule passes the targets at the benchmark's cost model nearest the user's (``floor_ratio``: the
+    user's latency floor / batch); else the first line ``optimal`` prints: that no rule does there, and how close the
+    best-scoring one came (never an untested design presented as the answer)."""
     record = load_evidence() if record is None else record
-    targets, which = _headline(record) if record else (None, "")
+    targets, which = _headline(record, floor_ratio) if record else (None, "")
     if not targets:
         return "no stored benchmark: no design rule has been tested here (run replay-theory experiment theory-test)"
     objectives = targets["objectives"]
@@ -76,22 +89,31 @@ def verdict_line(record: dict | None = None) -> str | None:
         return None
     best = max(rules, key=lambda k: (rules[k]["free"]["share_within_1.2"], -rules[k]["free"]["worst"]))
     o = rules[best]["free"]
+    elsewhere = ""
+    batch = record.get("protocol", {}).get("batch") or 256
+    for floor, t in _other_floors(record, floor_ratio):
+        passing = [k for k, v in (t.get("objectives") or {}).items() if k in rules and passes(v)]
+        if passing:
+            elsewhere = (f"; with a latency floor of {floor} rollouts ({int(floor) / batch:g} of the batch) "
+                         f"{NAMES[passing[0]]} passes: give yours with --latency-floor")
+            break
     return (f"no design rule passes the benchmark ({which}: regret <= 1.2 in 85% of cells and <= 1.5 in all, "
             f"Spearman >= 0.7 in every setting): the best, {NAMES[best]}, is within 1.2x in "
             f"{100 * o['share_within_1.2']:.0f}% of cells, worst {o['worst']:.2f}, lowest per-setting Spearman "
-            f"{_fmt(rules[best].get('min_setting_spearman'))}; read the answer below as the best-tested guess and "
-            f"check it against on-policy on your own run")
+            f"{_fmt(rules[best].get('min_setting_spearman'))}{elsewhere}; read the answer below as the best-tested "
+            f"guess and check it against on-policy on your own run")
 
 
 def _fmt(v) -> str:
     return "n/a" if v is None else f"{v:.2f}"
 
 
-def evidence_line(objective: str, record: dict | None = None) -> str:
-    """One line: how the objective's picks scored in the benchmark (or that there is no stored benchmark)."""
+def evidence_line(objective: str, record: dict | None = None, floor_ratio: float | None = None) -> str:
+    """One line: how the objective's picks scored in the benchmark at the cost model nearest the user's (and at the
+    other), or that there is no stored benchmark."""
     record = load_evidence() if record is None else record
     key = OBJECTIVE_KEYS[objective]
-    targets, which = _headline(record) if record else (None, "")
+    targets, which = _headline(record, floor_ratio) if record else (None, "")
     if not targets or key not in targets.get("objectives", {}):
         return f"evidence: none stored for the {objective} objective (run replay-theory experiment theory-test)"
     o = targets["objectives"][key]
@@ -103,7 +125,7 @@ def evidence_line(objective: str, record: dict | None = None) -> str:
     if key != "on_policy" and "on_policy" in targets["objectives"]:
         op = targets["objectives"]["on_policy"]["free"]
         line += f"; always on-policy at B {100 * op['share_within_1.2']:.0f}%"
-    for other, t in _other_floors(record):
+    for other, t in _other_floors(record, floor_ratio):
         o2 = (t.get("objectives") or {}).get(key)
         if o2:
             line += (f"; with a latency floor of {other}, {100 * o2['free']['share_within_1.2']:.0f}% (worst "
@@ -111,9 +133,9 @@ def evidence_line(objective: str, record: dict | None = None) -> str:
     return line + f" ({record['command']}, docs/SIMULATION.md)"
 
 
-def _other_floors(record: dict) -> list[tuple[str, dict]]:
-    """(floor, targets) of the floors besides the headline one, from the same instances the headline quotes."""
-    head = str(record.get("protocol", {}).get("headline_floor"))
+def _other_floors(record: dict, floor_ratio: float | None = None) -> list[tuple[str, dict]]:
+    """(floor, targets) of the floors besides the quoted one, from the same instances it quotes."""
+    head = benchmark_floor(record, floor_ratio)
     held = record.get("targets_held_out") or {}
     source = held if (held.get(head) or {}).get("cells") else (record.get("targets") or {})
     return [(f, t) for f, t in source.items() if f != head and t]

@@ -36,7 +36,7 @@ def test_the_table_text_names_the_threshold_how_to_measure_b_and_the_papers_answ
     start = [i for i, line in enumerate(lines) if line.startswith("replay-theory optimal: mu = 5.28")][0]
     assert start in (0, 1)  # 1: the stored benchmark's verdict comes first (no rule passes)
     assert lines[start + 1].startswith("objective: the noise-scale rule")
-    assert lines[start + 2].startswith("evidence: ")
+    assert lines[start + 2].startswith("evidence (")
     assert "b = B_noise / B < 0.753" in out
     assert "replay-theory calibrate --from-log LOG --grad-norms" in out and "validate calibrate-model" in out
     assert "--objective paper) answers x* = 2.43, y* = 3.21 (replay) whatever b" in out
