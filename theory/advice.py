@@ -81,7 +81,7 @@ def advise(q: Query) -> dict:
     best = answer.best.design  # the design to run, under the names the trainers read (integrations/replay_config.py)
     record.update(regime="on-policy" if best.on_policy else "replay", batch_size=best.batch,
                   rollouts_per_step=best.rollouts, capacity=best.capacity)
-    record["what_to_do"] = _measured_advice(record)
+    record["what_to_do"], record["why"] = _measured_advice(record)
     record["notes"] = _notes(q, record)
     return record
 
@@ -106,25 +106,28 @@ def _unmeasured_advice(q: Query, threshold: float) -> str:
             f"draws within the buffer's horizon, which an unmeasured run gives no reason to assume")
 
 
-def _measured_advice(r: dict) -> str:
+def _measured_advice(r: dict) -> tuple[str, str]:
+    """(what to do, why): the action in one short sentence, the numbers and the condition that decided it apart."""
     at, on, rep = r["designs"]["at_batch"], r["designs"]["on_policy"], r["designs"]["replay"]
     if r["winner"] == "replay":
-        return (f"replay: B = {rep['B']}, R = {rep['R']}, N = {rep['N']} (horizon x = {rep['x']}, replay ratio y = "
-                f"{rep['y']:.3g}) needs {rep['compute_vs_B']:.2f}x the compute of on-policy at B = {r['batch']} in "
-                f"{rep['steps_vs_B']:.2f}x its steps, {on['compute_vs_B'] / rep['compute_vs_B']:.2f}x less than the "
-                f"cheapest on-policy batch (B = {on['B']}); it pays because the optimizer keeps psi = "
-                f"{rep['psi']:.2f} of the buffer's extra noise, below the {r['condition']['threshold_at_y']:.2f} "
-                f"a smaller on-policy batch allows at y = {rep['y']:.3g}")
-    why = ("no replay design is allowed within the steps budget" if rep is None else
-           f"replay's best (B = {rep['B']}, R = {rep['R']}, N = {rep['N']}) needs {rep['compute_vs_B']:.2f}x: the "
-           f"optimizer keeps psi = {rep['psi']:.2f} of its extra noise at x = {rep['x']}, above the "
-           f"{r['condition']['threshold_at_y']:.2f} a smaller on-policy batch allows at y = {rep['y']:.3g}")
+        action = (f"replay with B = {rep['B']}, R = {rep['R']}, N = {rep['N']} (horizon x = {rep['x']}, replay ratio "
+                  f"y = {rep['y']:.3g})")
+        why = (f"{rep['compute_vs_B']:.2f}x the compute of on-policy at B = {r['batch']} in {rep['steps_vs_B']:.2f}x "
+               f"its steps, {on['compute_vs_B'] / rep['compute_vs_B']:.2f}x cheaper than the cheapest on-policy batch "
+               f"(B = {on['B']}): the optimizer keeps psi = {rep['psi']:.2f} of the buffer's extra noise, below the "
+               f"{r['condition']['threshold_at_y']:.2f} a smaller on-policy batch allows at y = {rep['y']:.3g}")
+        return action, why
+    replay = ("no replay design fits the steps budget" if rep is None else
+              f"replay's best (B = {rep['B']}, R = {rep['R']}, N = {rep['N']}) needs {rep['compute_vs_B']:.2f}x: the "
+              f"optimizer keeps psi = {rep['psi']:.2f} of its extra noise at x = {rep['x']}, above the "
+              f"{r['condition']['threshold_at_y']:.2f} a smaller on-policy batch allows at y = {rep['y']:.3g}")
     if r["winner"] == "on-policy at B":
-        return (f"stay on-policy at B = {r['batch']}: no other batch within {r['max_steps_ratio']:g}x its steps is "
-                f"cheaper, and {why}")
+        return (f"stay on-policy at B = {r['batch']}",
+                f"no other batch within {r['max_steps_ratio']:g}x its steps is cheaper; {replay}")
     side = "smaller" if on["B"] < at["B"] else "larger"
-    return (f"train on-policy at a {side} batch, B = R = N = {on['B']}: {on['compute_vs_B']:.2f}x the compute of "
-            f"on-policy at B = {r['batch']} in {on['steps_vs_B']:.2f}x its steps; {why}")
+    return (f"train on-policy at a {side} batch, B = R = N = {on['B']}",
+            f"{on['compute_vs_B']:.2f}x the compute of on-policy at B = {r['batch']} in {on['steps_vs_B']:.2f}x its "
+            f"steps; {replay}")
 
 
 def _notes(q: Query, r: dict) -> list[str]:
@@ -149,6 +152,14 @@ def _notes(q: Query, r: dict) -> list[str]:
     return notes
 
 
+def _kappa_text(r: dict) -> str:
+    if r["kappa"] is None:
+        return "kappa not given (psi = 1: the optimizer is taken never to forget)"
+    beta = f", beta1 = {r['beta1']:g}" if r["optimizer"] != "sgd" else ""
+    return (f"kappa = {r['kappa']:.3g} ({r['optimizer']}{beta}, measured on-policy at B = {r['pilot_batch']}), "
+            f"{r['kappa_source']}")
+
+
 def _fmt(value, digits: int = 3) -> str:
     if value is None:
         return "-"
@@ -156,8 +167,9 @@ def _fmt(value, digits: int = 3) -> str:
 
 
 def render(r: dict, evidence: list[str]) -> str:
-    """The text ``optimal`` prints: what to do first, then the evidence, the inputs and the designs."""
-    lines = [f"what to do: {r['what_to_do']}."] + [f"{e}." for e in evidence if e]
+    """The text ``optimal`` prints: what to do first, then why, the evidence, the inputs and the designs."""
+    lines = [f"what to do: {r['what_to_do']}."] + ([f"why: {r['why']}."] if r.get("why") else [])
+    lines += [f"{e}." for e in evidence if e]
     thr = r["loosest_threshold"]
     if not r["measured"]:
         lines += ["", f"what decides it: psi(x, kappa), the share of a replay buffer's extra noise the optimizer "
@@ -176,10 +188,8 @@ def render(r: dict, evidence: list[str]) -> str:
     d = r["designs"]
     lines += ["",
               f"inputs: mu = {r['mu']:g}; B = {r['batch']}; B_noise = {r['b_noise']:.4g} (b = {r['b']:.3g}), "
-              f"{r['b_noise_source']}; kappa = {_fmt(r['kappa'])} ({r['optimizer']}"
-              + (f", beta1 = {r['beta1']:g}" if r["optimizer"] != "sgd" else "") + f", measured at B = "
-              f"{r['pilot_batch']}), {r['kappa_source'] or 'not given'}; latency floor {r['floor']:g} rollouts; steps "
-              f"at most {r['max_steps_ratio']:g}x on-policy's at B; whole groups of {r['group_size']}; staleness: "
+              f"{r['b_noise_source']}; " + _kappa_text(r) + f"; latency floor {r['floor']:g} rollouts; steps at most "
+              f"{r['max_steps_ratio']:g}x on-policy's at B; whole groups of {r['group_size']}; staleness: "
               f"{r['staleness']}", "",
               "  design                    B       R        N     x      y  steps vs B  compute vs B     psi"]
     for name, key in (("on-policy at your B", "at_batch"), ("cheapest on-policy", "on_policy"),

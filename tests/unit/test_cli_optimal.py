@@ -40,7 +40,8 @@ def test_the_whole_design_is_forgettings_answer(cli):
     assert rep["steps_vs_B"] == pytest.approx(w.replay.steps / w.at_batch.steps)
     assert on["B"] == w.on_policy.design.batch and rep["B"] % 8 == rep["R"] % 8 == 0
     assert d["condition"]["threshold_at_y"] == pytest.approx(fg.equal_steps_threshold(rep["y"], 5.28))
-    assert d["what_to_do"].startswith(f"replay: B = {rep['B']}, R = {rep['R']}, N = {rep['N']}")
+    assert d["what_to_do"].startswith(f"replay with B = {rep['B']}, R = {rep['R']}, N = {rep['N']}")
+    assert "below the" in d["why"]  # the condition that decided it
 
 
 def test_a_long_memory_keeps_it_on_policy_at_a_smaller_batch(cli):
@@ -51,7 +52,8 @@ def test_a_long_memory_keeps_it_on_policy_at_a_smaller_batch(cli):
     start = next(i for i, line in enumerate(lines) if line.startswith("what to do:"))
     assert start <= 1  # what to do comes first (after the benchmark's verdict, if no rule passes)
     assert lines[start].startswith("what to do: train on-policy at a smaller batch, B = R = N = ")
-    assert "above the" in lines[start] and "a smaller on-policy batch allows" in lines[start]
+    assert lines[start + 1].startswith("why: ") and "above the" in lines[start + 1]
+    assert "a smaller on-policy batch allows" in lines[start + 1]
 
 
 def test_without_kappa_the_answer_assumes_no_forgetting_and_says_so():
