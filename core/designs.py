@@ -1,6 +1,6 @@
 """Every buffer design and loss in one registry: its typed parameters, buffer, loss, advantage, rules and batch step.
 
-The one place every name is mapped to its implementation (see CONTRIBUTING in README.md):
+The one place every name is mapped to its implementation (see docs/CONTRIBUTING.md):
 ``BUFFER_DESIGNS`` (name -> ``BufferDesign``) and ``LOSSES`` (name -> ``LossDesign``, the
 off-policy corrections, ``tis`` included). A new buffer design is a buffer class in
 ``core/buffers.py`` plus, here, a params dataclass (mixed into ``DesignConfig``) and a

@@ -71,7 +71,7 @@ FILES = {
     "skyrl": ("global_step_*_training_input.pkl", re.compile(r"^global_step_(\d+)_training_input\.pkl$")),
     "slime": ("*.pt", re.compile(r"^(\d+)\.pt$")),
 }
-#: what a preset's files do not carry, said once wherever it matters (calibrate --from-log, the README)
+#: what a preset's files do not carry, said once wherever it matters (calibrate --from-log, docs/DIAGNOSE.md)
 MISSING = {
     "nemo-rl": "NeMo-RL's train_data_step{N}.jsonl carries no step times and no per-row age",
     "skyrl": "SkyRL's global_step_N_training_input.pkl carries no step times, no per-row age and no rewards "

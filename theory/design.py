@@ -52,7 +52,7 @@ OBJECTIVE_LABELS = {
     "finite-budget": "the Thm 3.4 bound at the given compute budget, step size optimised per design",
 }
 
-# Defaults of `replay-theory optimal`, justified in README ("Assumptions").
+# Defaults of `replay-theory optimal --objective paper`, justified in docs/OPTIMAL.md ("Its defaults").
 DEFAULT_ALPHA = 0.25
 DEFAULT_RHO = 0.1
 
