@@ -569,8 +569,8 @@ def _noise_scale_next(out, mu: dict, record: dict, kappa: str = "") -> list[str]
     the measured memory's flags (``_kappa_flags``)."""
     batch = record["batch"] if record["batch"] is not None else "B"
     given = "" if mu["source"] == "log" else f" --mu {mu['value']:g}"
-    if record["b_noise"] is not None:
-        return [f"next: replay-theory optimal --profile {out}{given} -B {batch}{kappa}"]
+    if record["b_noise"] is not None:  # the profile carries the memory record too: optimal reads kappa from it
+        return [f"next: replay-theory optimal --profile {out}{given} -B {batch}"]
     low = (record.get("b_noise_interval") or [None])[0]
     if low is None:
         return []
