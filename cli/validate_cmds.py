@@ -95,8 +95,9 @@ def _check_rho(rho: Optional[float]) -> None:
 @with_dataclass_options(ValidateConfig, aliases=ALIASES)
 def calibrate_model(fields: dict[str, Any], out: OutOption, tiny: TinyOption = True,
                     no_progress: NoProgressOption = False) -> None:
-    """Warm-start, probe and measure mu, sigma^2(s), rho, KL drift and the noise scale B_noise (per prompt group,
-    with a bootstrap interval) of the language model; writes calibration.json and profile.json."""
+    """Warm-start, probe and measure mu, sigma^2(s), rho, KL drift, the noise scale B_noise (per prompt group,
+    with a bootstrap interval) and the optimizer's memory kappa (curvature pairs under the probe's AdamW) of the
+    language model; writes calibration.json and profile.json."""
     config = _sized(ValidateConfig, fields, tiny)
     check_run_dir(out)
     with on_ctrl_c(kept(out)):
@@ -110,6 +111,15 @@ def calibrate_model(fields: dict[str, Any], out: OutOption, tiny: TinyOption = T
     else:
         typer.echo(f"no noise scale in {out / 'calibration.json'} (measured before B_noise was; delete it to measure "
                    "again)")
+    memory = calibration.get("memory")  # the optimizer's memory kappa, beside b (issue 30)
+    if memory:
+        from ..validate.calibrate import kappa_line
+
+        typer.echo(kappa_line(memory))
+        typer.echo(f"  measured on {memory['source']}")
+    else:
+        typer.echo(f"no optimizer memory kappa in {out / 'calibration.json'} (measured before kappa was; delete it to "
+                   "measure again)")
 
 
 @validate_app.command("predict")

@@ -15,6 +15,7 @@ but with per-sample gradients of the transformer instead of analytic scores.
 | ``kl_by_lag``      | KL drift         | EXACT KL(pi_t || pi_{t-lag}) over the vocabulary, on completions of pi_t |
 | ``kl_by_lag_k3``   | (estimator)      | sampled k3 estimate of the same KL on the same completions              |
 | ``kl_by_lag_k1``   | (estimator)      | sampled k1 estimate (mean sequence log-ratio), can be negative          |
+| ``memory``         | kappa (issue 30) | lr tr(D H D Sigma) / tr(D Sigma): curvature pairs, ``measure_lm_kappa`` |
 
 The probe is an ordinary RL run (``validate.rl.train``, FIFO buffer, GRPO) whose
 last per-step weights are kept (on the CPU), so completions of the stale policies
@@ -76,6 +77,17 @@ with the same inner products (the estimator sees nothing else). The probe is sho
 whether its checkpoints lie before the reward plateau is not checked here. With a coordinate subset (below) the
 P / k scale cancels in the ratio; numerator and denominator are each estimated on the same k coordinates.
 
+The optimizer's memory kappa (theory/forgetting.py; ``measure_lm_kappa``), beside b: at the noise checkpoints that
+follow an update, curvature pairs xi = g_1 - g_2 of two fresh micro-batches of B/2 (whole prompt groups), w = D xi
+with D the diagonal of the probe's AdamW (its exp_avg_sq at that checkpoint, the pair's mean gradient folded in as the
+next update would, bias-corrected, eps), and w^T H w by central differences on a THIRD fresh micro-batch
+(``central_hvp``): its on-policy gradient reweighted by each completion's ratio, whose derivative is the on-policy
+field's Jacobian. Finite differences because the loss is the shared numpy loss (autograd through the surrogate would
+drop the ratio's part of the Hessian) and the model's SDPA kernel has no double backward on the CPU; a third
+micro-batch because a Hessian on one of xi's own shares its samples (the same-micro-batch variant, kept beside it,
+is ~100x the independent one on the tiny model). Pooled over pairs (ratio of sums) with a bootstrap over pairs.
+Deterministic: its own random streams, no thread-dependent reduction beyond the model's own.
+
 Large models: per-sample gradients are flat vectors of all parameters, so for models above
 ``max_grad_coords`` parameters a fixed random subset of coordinates (drawn with replacement,
 seeded) stands in for the whole vector: squared norms are rescaled by P / k (unbiased) and
@@ -96,14 +108,16 @@ from typing import Callable
 
 import numpy as np
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..core.designs import BufferSpec, compute_loss, make_design_buffer
+from ..core.surrogate import surrogate
 from ..simulate.calibrate import fit_profiles, loss_form
 from ..theory import noise as noise_estimators
 from ..theory.compute import estimate_mu
 from ..theory.divergences import k3_terms
 from ..theory.noise_scale import pooled_noise_scale
-from ..theory.profiles import save_profile
+from ..theory.profiles import curvature_pairs_record, save_profile, unmeasured_memory
 from . import countdown
 from .engines import HFSampler, Sampler
 from .logprobs import encode_prompts, next_token_logprobs, sequence_logprobs
@@ -167,6 +181,10 @@ class LMCalibration:
     kl_by_lag_k1_se: dict[int, float] = field(default_factory=dict)
     noise_scale: dict = field(default_factory=dict)
     """The "noise_scale" record (PooledNoiseScale.to_dict() + batch, unit_size, source); empty: not measured."""
+    memory: dict = field(default_factory=dict)
+    """The optimizer's memory kappa (the profile's "memory" record, ``measure_lm_kappa``); empty: not measured."""
+    memory_estimators: dict = field(default_factory=dict)
+    """Other estimates of the same kappa (the same-micro-batch Hessian's), for comparison."""
 
     def profile_dict(self, source: str) -> dict:
         """The file `replay-theory optimal --profile` reads: the finite prefix of the matched table, rho only if in
@@ -225,6 +243,10 @@ class LMCalibration:
         if self.noise_scale:  # without signal (b_noise null) the rule has no input: kept apart, said
             data["noise_scale" if self.noise_scale["b_noise"] is not None else "noise_scale_unresolved"] = \
                 self.noise_scale
+        if self.memory:  # beside b: kappa from curvature pairs (measure_lm_kappa)
+            data["memory"] = self.memory
+            if self.memory_estimators:
+                data["memory_estimators"] = self.memory_estimators
         return data
 
 
@@ -384,6 +406,212 @@ def measure_mu_count(policy: Policy, problems: list[countdown.Problem], config: 
     return count_window(generate_once, update_once, window_seconds, on_call=on_call)
 
 
+# --------------------------------------------------------------------------- the optimizer's memory kappa (issue 30)
+
+DEFAULT_KAPPA_PAIRS = 8
+"""Curvature pairs per probe checkpoint that has an optimizer state (every noise checkpoint after the first update)."""
+KAPPA_FD_STEP = 1e-4
+"""|h w| / |theta| of the central difference H w = (grad(theta + h w) - grad(theta - h w)) / (2 h): on the tiny model
+in float32 it agrees with autograd's Hessian-vector product to ~1e-3 (tests/integration/test_validate_kappa.py);
+1e-2 is past the loss's curvature scale (a 90% error), 1e-6 reaches float32 rounding."""
+KAPPA_BOOTSTRAP = 1000
+
+
+def flat_parameters(model: torch.nn.Module) -> torch.Tensor:
+    """The model's parameters as one detached flat float32 vector (P,), on their device (tied weights once)."""
+    return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+
+
+def load_flat(model: torch.nn.Module, flat: torch.Tensor) -> None:
+    """Write the flat vector ``flat`` (P,) into the model's parameters, in ``model.parameters()`` order."""
+    start = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(flat[start:start + p.numel()].view_as(p))
+            start += p.numel()
+
+
+def batch_gradient(policy: Policy, problems, batch, config: RLConfig, *, reweighted: bool = False) -> torch.Tensor:
+    """The loss's gradient on a micro-batch (a one-seed RolloutBatch (1, n, ...)) at the policy's weights, formed as
+    the probe's update forms it (the shared numpy loss with its aggregation over these rows, the surrogate
+    backpropagated): flat float32 (P,). The model's ``.grad`` is left empty.
+
+    ``reweighted``: rho g_on instead, g_on the loss's gradient with the behaviour log-probs set to the current ones
+    (ratio 1: the on-policy per-completion gradient at these weights) and rho = pi_theta / pi_behav of each whole
+    completion (a constant row weight). Its derivative at the behaviour weights is E[grad g + g S^T] (S the
+    completion's score): the Jacobian of the on-policy gradient field, with the score cross terms between a
+    completion's tokens that the loss's own Hessian (per-token ratios on fixed completions) lacks
+    (``simulate.calibrate.minibatch_gradient``; measured on the token MDP)."""
+    model = policy.model
+    model.train()
+    prompt_ids, prompt_mask = encode_prompts(policy, [problems[i].prompt_text() for i in batch.prompt[0]])
+    ids = torch.as_tensor(batch.tokens[0], device=policy.device)
+    mask = torch.as_tensor(batch.mask[0].astype(np.int64), device=policy.device)
+    logp = sequence_logprobs(policy, prompt_ids, prompt_mask, ids, mask, temperature=config.temperature)  # (n, L)
+    current = logp.detach().cpu().double().numpy()[None]  # (1, n, L)
+    if reweighted:
+        out = compute_loss(config, dataclasses.replace(batch, logp_behav=current), current)
+        rho = np.exp(np.where(batch.mask, current - batch.logp_behav, 0.0).sum(axis=2))  # (1, n)
+        grad_logp = out.grad_logp[0] * rho[0][:, None]
+    else:
+        grad_logp = compute_loss(config, batch, current).grad_logp[0]
+    model.zero_grad(set_to_none=True)
+    surrogate(grad_logp, logp).backward()
+    grad = _flat_grad(model).detach().float().clone()
+    model.zero_grad(set_to_none=True)
+    return grad
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
+    """a . b in float64 by numpy's pairwise sum on the CPU: the same number at any torch thread count (torch's CPU
+    reductions split the sum over its threads, so its rounding moves with the count)."""
+    return float(np.sum(a.detach().double().cpu().numpy() * b.detach().double().cpu().numpy()))
+
+
+def central_hvp(scratch: Policy, problems, batch, config: RLConfig, theta: torch.Tensor, vector: torch.Tensor,
+                step: float = KAPPA_FD_STEP, *, reweighted: bool = True) -> torch.Tensor:
+    """H v of the micro-batch's loss at ``theta`` by central differences of ``batch_gradient``, h = ``step`` |theta|
+    / |v|; ``scratch`` is a policy whose weights are overwritten (the caller's model is never touched): (P,).
+
+    Why finite differences and not autograd's double backward: the loss is the shared numpy loss (its d loss /
+    d logp enters as a constant, so autograd through the surrogate would drop d(d loss / d logp) / d theta, the
+    importance ratio's part of the Hessian), and the attention kernel the model runs (SDPA) has no double
+    backward on the CPU. Both sides re-score the same rows at theta +- h v with their stored behaviour log-probs
+    (``reweighted``: the field's Jacobian, else the loss's own Hessian; ``batch_gradient``).
+    """
+    norm = math.sqrt(_dot(vector, vector))
+    if norm == 0:
+        return torch.zeros_like(vector)
+    h = step * math.sqrt(_dot(theta, theta)) / norm
+    load_flat(scratch.model, theta + h * vector)
+    plus = batch_gradient(scratch, problems, batch, config, reweighted=reweighted)
+    load_flat(scratch.model, theta - h * vector)
+    minus = batch_gradient(scratch, problems, batch, config, reweighted=reweighted)
+    return (plus - minus) / (2 * h)
+
+
+def adamw_snapshot(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict:
+    """What kappa reads from a probe's AdamW after an update: exp_avg_sq (CPU copies, ``model.parameters()`` order),
+    the step count, lr, betas, eps and weight decay."""
+    group = optimizer.param_groups[0]
+    states = [optimizer.state.get(p, {}) for p in model.parameters()]
+    if not all("exp_avg_sq" in s for s in states):
+        raise ValueError("the optimizer has no exp_avg_sq for every parameter (not AdamW, or no step taken)")
+    return {"exp_avg_sq": [s["exp_avg_sq"].detach().to("cpu", copy=True) for s in states],
+            "step": int(float(states[0]["step"])), "lr": float(group["lr"]), "betas": tuple(group["betas"]),
+            "eps": float(group["eps"]), "weight_decay": float(group["weight_decay"])}
+
+
+def adamw_preconditioner(snapshot: dict, device, gradient: torch.Tensor | None = None) -> torch.Tensor:
+    """D = 1 / (sqrt(v_hat) + eps) of torch's AdamW (bias-corrected), flat float32 (P,) on ``device``: of the state
+    in ``snapshot`` (v_hat = exp_avg_sq / (1 - beta2^step), the diagonal its last update applied), or, with
+    ``gradient``, of the next update were its gradient that one (v = beta2 exp_avg_sq + (1 - beta2) g^2 at step + 1:
+    finite where the state alone has v = 0, on a coordinate no update has reached, whose D would be 1 / eps)."""
+    beta2 = snapshot["betas"][1]
+    v = torch.cat([x.reshape(-1).double() for x in snapshot["exp_avg_sq"]]).to(device)
+    step = snapshot["step"]
+    if gradient is not None:
+        v, step = beta2 * v + (1.0 - beta2) * gradient.double() ** 2, step + 1
+    return (1.0 / ((v / (1.0 - beta2 ** step)).sqrt() + snapshot["eps"])).float()
+
+
+def kappa_pairs_at(policy: Policy, scratch: Policy, problems, config: RLConfig, adam: dict, pairs: int,
+                   rng: np.random.Generator, generator: torch.Generator, sampler: Sampler, version: int,
+                   step: float = KAPPA_FD_STEP) -> dict[str, np.ndarray]:
+    """Curvature pairs at the policy's weights: three fresh micro-batches of B/2 (whole prompt groups) per pair;
+    xi = g_1 - g_2, w = D xi; numerators w^T H w with H w of the third micro-batch score-reweighted
+    (``independent``: the field's Jacobian), its own loss Hessian (``surrogate``) and of the first micro-batch
+    reweighted (``same``, which shares samples with xi), denominator xi^T D xi. D: AdamW's next update's diagonal
+    from the state ``adam`` (``adamw_snapshot``) with the pair's mean gradient (g_1 + g_2) / 2, a batch of B, as its
+    gradient (``adamw_preconditioner``). Arrays (pairs,) float64."""
+    groups = max(1, config.batch_size // config.group_size // 2)
+    theta = flat_parameters(policy.model)
+    sampler.sync(policy)
+    out = {"independent": [], "surrogate": [], "same": [], "den": []}
+    for _ in range(pairs):
+        batches = []
+        for _ in range(3):
+            index = rng.integers(0, len(problems), size=groups)
+            batches.append(generate_batch(policy, problems, index, config, version, 0, generator, sampler)[0])
+        g1, g2 = (batch_gradient(policy, problems, b, config) for b in batches[:2])
+        xi = g1 - g2
+        w = adamw_preconditioner(adam, policy.device, (g1 + g2) / 2) * xi
+        out["den"].append(_dot(xi, w))
+        for name, b, reweighted in (("independent", batches[2], True), ("surrogate", batches[2], False),
+                                    ("same", batches[0], True)):
+            hw = central_hvp(scratch, problems, b, config, theta, w, step, reweighted=reweighted)
+            out[name].append(_dot(w, hw))
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def measure_lm_kappa(policy: Policy, problems, config: RLConfig, weights: dict[int, dict], adam: dict[int, dict],
+                     sampler: Sampler, seed: int, pairs: int = DEFAULT_KAPPA_PAIRS,
+                     on_pair: Callable[[int, int], None] | None = None) -> tuple[dict, dict]:
+    """kappa = lr tr(D H D Sigma) / tr(D Sigma) at the probe checkpoints ``adam`` has a state for (updates done ->
+    ``adamw_snapshot``; ``weights``: updates done -> state dict), pooled over all pairs (ratio of sums) with a
+    bootstrap over pairs (``theory.forgetting.kappa_from_curvature_pairs``). Returns (the profile's ``memory``
+    record: H from an independent micro-batch; ``memory_estimators``: the same-micro-batch variant)."""
+    steps = sorted(k for k in adam if k in weights)
+    lr = {adam[k]["lr"] for k in steps}
+    if not steps:
+        reason = "no probe checkpoint after an update (AdamW has no second moment before its first step)"
+        return unmeasured_memory(reason, method="curvature-pairs", optimizer="adam", beta1=0.9), {}
+    if len(lr) != 1:
+        raise ValueError(f"the probe's learning rate changed between checkpoints ({sorted(lr)}): kappa needs one eta")
+    eta, beta1 = lr.pop(), float(adam[steps[0]]["betas"][0])
+    rng = np.random.default_rng(seed + 49979687)  # its own streams: every other measurement's draws unchanged
+    generator = make_generator(policy.device, seed + 49979687)
+    checkpoint = dataclasses.replace(policy, model=copy.deepcopy(policy.model))
+    scratch = dataclasses.replace(policy, model=copy.deepcopy(policy.model))
+    parts = []
+    for i, k in enumerate(steps):
+        checkpoint.model.load_state_dict(weights[k])
+        parts.append(kappa_pairs_at(checkpoint, scratch, problems, config, adam[k], pairs, rng, generator, sampler,
+                                    k))
+        if on_pair is not None:
+            on_pair(i + 1, len(steps))
+    den = np.concatenate([p["den"] for p in parts])
+    micro = max(1, config.batch_size // config.group_size // 2) * config.group_size
+    num_params = sum(p.numel() for p in policy.model.parameters())
+    source = (f"validate calibrate-model: {num_params} parameters, loss {config.loss}, AdamW lr {eta:g} (weight decay "
+              f"{adam[steps[0]]['weight_decay']:g}: a further lr x wd contraction per step, not in kappa); "
+              f"{pairs} pairs at each of {len(steps)} probe checkpoints (after {', '.join(map(str, steps))} updates), "
+              f"micro-batches of {micro} completions")
+    records = {}
+    for name, text in (("independent", "H xi by central differences of a third, independent micro-batch's "
+                                        "on-policy gradient times its completions' ratio pi_theta' / pi_theta (the "
+                                        "field's Jacobian), re-scored at theta +- h xi, h = "
+                                        f"{KAPPA_FD_STEP:g} |theta| / |xi|"),
+                       ("surrogate", "H xi of the third micro-batch's own loss (per-token ratios on fixed "
+                                     "completions: no score cross terms between tokens)"),
+                       ("same", "H xi of the pair's first micro-batch, reweighted (shares its completions with xi: "
+                                "biased)")):
+        num = np.concatenate([p[name] for p in parts])
+        records[name] = {**curvature_pairs_record(num, den, eta, np.random.default_rng(seed + 104743), optimizer="adam",
+                                                  beta1=beta1, pilot_batch=float(config.batch_size),
+                                                  n_boot=KAPPA_BOOTSTRAP,
+                                                  detail={"hvp": text, "preconditioner": "AdamW's next update: "
+                                                          "exp_avg_sq with the pair's mean gradient, bias-corrected, "
+                                                          "eps"}),
+                         "source": source}
+    return records["independent"], {"curvature-pairs-surrogate-hessian": records["surrogate"],
+                                    "curvature-pairs-same-micro-batch": records["same"]}
+
+
+def kappa_line(record: dict) -> str:
+    """The printed kappa of a ``memory`` record, with its interval and the memory 1/kappa in steps."""
+    if record.get("kappa") is None:
+        return f"optimizer memory kappa: not measured: {record['reason']}"
+    lo, hi = record["kappa_interval"]
+
+    def text(v) -> str:
+        return "nan" if v is None else f"{v:.4g}"
+
+    return (f"optimizer memory kappa = lr tr(D H D Sigma) / tr(D Sigma) ({record['optimizer']}, beta1 "
+            f"{record['beta1']:g}, curvature pairs) = {record['kappa']:.4g}, {record['level']:.0%} interval "
+            f"[{text(lo)}, {text(hi)}] ({record['units']} pairs); memory 1/kappa = {1 / record['kappa']:.3g} steps")
+
+
 KL_LAGS = (1, 2, 4, 8)
 
 
@@ -399,7 +627,8 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
                  reference_samples: int | None = None,
                  kl_chunk_elements: int = KL_CHUNK_ELEMENTS,
                  on_phase: Callable[[str, int, int], None] | None = None,
-                 noise_checkpoints: int = 3, noise_samples: int | None = None) -> LMCalibration:
+                 noise_checkpoints: int = 3, noise_samples: int | None = None,
+                 kappa_pairs: int = DEFAULT_KAPPA_PAIRS) -> LMCalibration:
     """Probe run of ``config`` on ``problems``, then sigma^2(s), rho and KL(pi_t || pi_t-lag) at its last step.
 
     With ``mu_window_seconds > 0``, also the App. E count-based mu over a window of that length
@@ -410,9 +639,13 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
     ``on_phase(phase, done, total)`` is called after each unit of work (progress display).
     B_noise (module docstring): at ``noise_checkpoints`` probe steps from 0 to ``config.steps`` updates, each
     but the last with ``noise_samples`` (default ``reference_samples``) fresh completions of its own weights.
+    kappa (the optimizer's memory, ``measure_lm_kappa``): ``kappa_pairs`` curvature pairs at each of those checkpoints
+    that follows an update, preconditioned by the probe's AdamW state there (0: not measured).
     """
     if noise_checkpoints < 1:
         raise ValueError(f"noise_checkpoints must be an integer >= 1, got {noise_checkpoints}")
+    if isinstance(kappa_pairs, bool) or not isinstance(kappa_pairs, int) or kappa_pairs < 0:
+        raise ValueError(f"kappa_pairs must be an integer >= 0 (0: kappa not measured), got {kappa_pairs!r}")
     if samples % config.group_size or samples < 2 * config.group_size:
         raise ValueError(f"samples must be a multiple of group_size = {config.group_size} and >= "
                          f"{2 * config.group_size} (the prompt groups are the bootstrap units), got {samples}")
@@ -434,13 +667,26 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
     noise_states = {0: snapshots[0]} if 0 in noise_steps else {}  # updates done -> weights (CPU), final excluded
     tick = on_phase if on_phase is not None else (lambda phase, done, total: None)
 
+    kappa_weights, kappa_adam, probe_optimizer = {}, {}, {}  # updates done -> weights, AdamW state (kappa)
+
+    def keep_optimizer(optimizer, args, kwargs) -> None:  # train builds its AdamW inside: seen at its steps
+        if optimizer.param_groups[0]["params"][0] is next(policy.model.parameters()):
+            probe_optimizer["adamw"] = optimizer
+
     def after_probe_step(step: int, metrics: dict) -> None:
         snapshots.append(_cpu_state(policy.model))
         if step + 1 in noise_steps and step + 1 < config.steps:
             noise_states[step + 1] = snapshots[-1]
+        if step + 1 in noise_steps and kappa_pairs and "adamw" in probe_optimizer:
+            kappa_weights[step + 1] = snapshots[-1]
+            kappa_adam[step + 1] = adamw_snapshot(probe_optimizer["adamw"], policy.model)
         tick("probe (RL steps)", step + 1, config.steps)
 
-    result = train(policy, problems, config, progress=after_probe_step, sampler=sampler)
+    hook = register_optimizer_step_post_hook(keep_optimizer)
+    try:
+        result = train(policy, problems, config, progress=after_probe_step, sampler=sampler)
+    finally:
+        hook.remove()
     measured = {"batches": 0}
     chunk_size = max(config.group_size, GRAD_CHUNK // config.group_size * config.group_size)  # whole groups
     chunks = (-(-reference_samples // chunk_size) + len(staleness) * -(-samples // chunk_size)
@@ -525,6 +771,12 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
              if mu_window_seconds > 0 else {})
     pooled = pooled_noise_scale([gram_rows(np.concatenate(noise_units[k])) for k in noise_steps],
                                 np.random.default_rng(seed + 104723), unit_size=config.group_size)
+    memory, memory_estimators = {}, {}
+    if kappa_pairs:
+        memory, memory_estimators = measure_lm_kappa(
+            policy, problems, config, kappa_weights, kappa_adam, sampler, seed, kappa_pairs,
+            on_pair=lambda done, total: tick("kappa (curvature pairs per checkpoint)", done, total))
+        sampler.sync(policy)  # the engine back on the final weights
     model_config = policy.model.config
     counts = {k: sum(u.shape[0] for u in noise_units[k]) for k in noise_steps}
     noise_record = {
@@ -558,7 +810,7 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
         retained_signal_ci=[list(c) for c in profile.retained_ci], sigma_sq_level=profile.level,
         sigma_sq_units=profile.units, kl_by_lag_se=kl["exact_se"], kl_by_lag_k3=kl["k3"],
         kl_by_lag_k3_se=kl["k3_se"], kl_by_lag_k1=kl["k1"], kl_by_lag_k1_se=kl["k1_se"],
-        noise_scale=noise_record,
+        noise_scale=noise_record, memory=memory, memory_estimators=memory_estimators,
     )
 
 
