@@ -346,7 +346,8 @@ class Memory:
 class Staleness:
     """r(s) = sigma^2(s) / sigma^2(0) by age s (0, 1, 2, ...): how much noisier a stored sample gets as it ages
     (for an importance-weighted loss 1 + chi^2(s) of the weights; a clipped loss's retained-signal form also fits).
-    Tabulated ages are interpolated linearly and extrapolated by the last slope (never clamped to the table)."""
+    Tabulated ages are interpolated linearly; beyond the table r follows the last slope if it rises, else its last
+    value (``at``)."""
 
     ages: tuple[float, ...] = (0.0,)
     ratio: tuple[float, ...] = (1.0,)
@@ -365,12 +366,15 @@ class Staleness:
         return all(r == 1.0 for r in self.ratio)
 
     def at(self, ages: ArrayLike) -> np.ndarray:
+        """r at ``ages``: interpolated inside the table; beyond it extended along the last slope when that slope
+        rises, and held at the last value when it falls (a ratio of variances cannot go below 0, and a falling end of
+        a short, noisy table is no evidence that stale samples keep getting less noisy)."""
         s = np.asarray(ages, dtype=float)
         xs, ys = np.asarray(self.ages, float), np.asarray(self.ratio, float)
         if xs.size == 1:
             return np.full(s.shape, ys[0])
         inside = np.interp(s, xs, ys)
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
         return np.where(s > xs[-1], ys[-1] + slope * (s - xs[-1]), inside)
 
     def mean(self, horizon: int) -> float:

@@ -713,3 +713,11 @@ def test_the_horizon_that_minimises_noise_times_staleness():
     flat = fg.predict_many([fg.Design(64, 16, 16 * int(x)) for x in xs], 100.0, MU_QWEN, fg.Memory(0.5))
     assert np.all(np.diff([p.steps for p in flat]) < 0)  # psi falls with x: the longest horizon wins
     assert d.parts["x_star_flat"] == sympy.oo
+
+
+def test_staleness_beyond_its_table_rises_along_a_rising_end_and_holds_a_falling_one():
+    rising = fg.Staleness((0.0, 1.0, 2.0), (1.0, 1.5, 2.0))
+    assert rising.at([4.0]) == pytest.approx([3.0])  # the last slope 0.5 per step, extended
+    falling = fg.Staleness((0.0, 1.0), (1.0, 0.35))  # a noisy two-point table from a short log
+    assert falling.at([1.0, 8.0, 100.0]) == pytest.approx([0.35, 0.35, 0.35])  # never below 0, never falling on
+    assert falling.means(np.array([4]), 3.0)[0] == pytest.approx((1.0 + 0.35 * 3) / 4)
