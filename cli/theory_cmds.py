@@ -53,7 +53,7 @@ VALID_RANGES = {
     "smoothness": "a finite number > 0 (L of Assumption 3.1)",
     "bias": "a finite number >= 0 (kappa of Assumption 3.2)",
     "f0": "a finite number > 0 (F(theta_0) - inf F)",
-    "noise_scale": "a finite number > 0 (B_noise = tr Sigma / |E G|^2, in samples)",
+    "noise_scale": "a number in [1e-06, 1e+12] (B_noise = tr Sigma / |E G|^2, in samples)",
     "objective": "forgetting, noise-scale or paper",
     "kappa": "a finite number > 0 (the optimizer's memory, 1/kappa steps)",
     "optimizer": "sgd, momentum or adam",
@@ -312,8 +312,13 @@ def _forgetting_answer(mu, convention, batch_size, noise_scale, kappa, optimizer
     typer.echo((verdict + ".\n" if verdict else "") + text)
 
 
+NOISE_SCALE_RANGE = (1e-6, 1e12)
+"""B_noise is a number of samples: below a millionth of one the rules' y* overflows into nonsense (y* = 1.8e151 at
+1e-300), above 1e12 no batch is large enough to matter; both ends are beyond any measurement."""
+
+
 def _check_noise_scale(value: Optional[float]) -> None:
-    if value is not None and not (math.isfinite(value) and value > 0):
+    if value is not None and not (math.isfinite(value) and NOISE_SCALE_RANGE[0] <= value <= NOISE_SCALE_RANGE[1]):
         raise UserError(f"--noise-scale must be {VALID_RANGES['noise_scale']}, got {value:g}")
 
 
@@ -600,8 +605,14 @@ def _render_rule(mu, convention, d, source, evidence, paper_design, paper) -> st
                      f"train on B = {d.batch_size} drawn from them with replacement; W/T = {d.mu / d.y:.3g}.")
         lines.append(HORIZON_TEXT + ".")
     else:
-        lines.append(f"what to do: stay on-policy (b = {d.b:.3g} >= {d.threshold_b:.3g}: replay's extra noise "
-                     f"costs more steps than its cheaper steps save).")
+        if d.b < d.threshold_b:  # replay would pay, but R = B / y* rounds up to B (or its saving is lost)
+            y_star = ns.optimal_replay_ratio(d.b, d.mu)
+            lines.append(f"what to do: stay on-policy (b = {d.b:.3g} < {d.threshold_b:.3g}, so replay would pay at "
+                         f"y* = {y_star:.3g}, but R = B / y* rounded to a whole rollout is {d.batch_size} = B or loses "
+                         f"the saving: use a larger B).")
+        else:
+            lines.append(f"what to do: stay on-policy (b = {d.b:.3g} >= {d.threshold_b:.3g}: replay's extra noise "
+                         f"costs more steps than its cheaper steps save).")
     lines.append(f"the paper's rule (--objective paper) would say x* = {_fmt(paper_design.x_star, 3)}, y* = "
                  f"{_fmt(paper_design.y_star, 3)} ({paper_design.regime}); {paper}.")
     return "\n".join(lines)

@@ -57,6 +57,12 @@ def test_a_noise_scale_gives_one_design_rounded_to_the_cheaper_integer_R(cli):
     assert d["paper"]["x_star"] == pytest.approx(2.432, abs=1e-3)
 
 
+def test_below_the_threshold_at_a_batch_too_small_to_replay_it_says_so_truly(cli):
+    code, out, _ = cli("optimal", "--mu", "5.28", "-B", "1", "--noise-scale", "0.01", "--objective", "noise-scale")
+    assert code == 0  # b = 0.01 < 0.753 (replay would pay, y* = sqrt(5.28 x 101) = 23.1) but R = B / y* rounds to 1
+    assert "what to do: stay on-policy (b = 0.01 < 0.753, so replay would pay at y* = 23.1, but R = B / y* rounded" in out
+
+
 def test_above_the_threshold_it_stays_on_policy(cli):
     code, out, _ = cli("optimal", "--mu", "5.28", "--noise-scale", "256", "-B", "256",  # b = 1 > 0.753
                        "--objective", "noise-scale")
@@ -78,10 +84,11 @@ def test_the_profile_carries_b(cli, tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--noise-scale", "0", "-B", "256"], "--noise-scale must be a finite number > 0"),
-    (["--noise-scale", "-5", "-B", "256"], "--noise-scale must be a finite number > 0"),
-    (["--noise-scale", "nan", "-B", "256"], "--noise-scale must be a finite number > 0"),
-    (["--noise-scale", "inf", "-B", "256"], "--noise-scale must be a finite number > 0"),
+    (["--noise-scale", "0", "-B", "256"], "--noise-scale must be a number in [1e-06, 1e+12] (B_noise"),
+    (["--noise-scale", "-5", "-B", "256"], "--noise-scale must be a number in [1e-06, 1e+12]"),
+    (["--noise-scale", "nan", "-B", "256"], "--noise-scale must be a number in [1e-06, 1e+12]"),
+    (["--noise-scale", "inf", "-B", "256"], "--noise-scale must be a number in [1e-06, 1e+12]"),
+    (["--noise-scale", "1e-300", "-B", "64"], "--noise-scale must be a number in [1e-06, 1e+12]"),
     (["--noise-scale", "100"], "--noise-scale needs -B"),
     (["--noise-scale", "100", "-R", "64"], "--rollouts-per-step applies to --objective paper"),
     (["--alpha", "0.3"], "--alpha applies to --objective paper"),
