@@ -5,8 +5,9 @@ the shared core's (``replay_theory.core``), the same ones the language-model val
 
 | module          | what                                                                              |
 |-----------------|-----------------------------------------------------------------------------------|
-| ``envs/``       | bandit, Countdown-like token MDP and noisy quadratic, exact gradients and divergences |
+| ``envs/``       | the environment registry: bandit (and its noisy verifier), token MDP, noisy quadratic |
 | ``engine.py``   | the training loop: exact gradients, evaluations, curves                           |
+| ``to_target.py``| train one design to a target, all step sizes and seeds at once (the benchmark's loop) |
 | ``optim.py``    | Adam / SGD on the seed-stacked parameters                                         |
 | ``config.py``   | ``SimConfig``: one run (``DesignConfig`` + environment, pipeline and seeds)        |
 | ``calibrate.py``| sigma^2(s), rho, KL drift and the noise scale measured for the theory              |
