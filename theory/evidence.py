@@ -54,7 +54,7 @@ def benchmark_floor(record: dict, floor_ratio: float | None) -> str:
     floors, batch = protocol.get("floors") or [], protocol.get("batch") or 256
     if floor_ratio is None or not floors:
         return str(protocol.get("headline_floor"))
-    return str(min(floors, key=lambda f: (abs(f / batch - floor_ratio), f)))
+    return str(min(floors, key=lambda f: (abs(f / batch - floor_ratio), -f)))  # a tie: the floor the user has
 
 
 def _headline(record: dict, floor_ratio: float | None = None) -> tuple[dict | None, str]:
