@@ -329,10 +329,20 @@ class Unit:
             runs.append(self.run(design, more, max_steps))
             extended += 1
 
-    def tuned_lr(self, label: str) -> float:
+    def tuned_lr(self, label: str) -> float | None:
+        """The design's best step size; None when no step size it tried reached the target."""
         record = self.runs[label]
         best = _best_lr(np.asarray(record["crossing"])[0])
-        return float(record["lrs"][best])
+        return None if best is None else float(record["lrs"][best])
+
+    def start_from(self, *neighbours: tuple[str, float]) -> float:
+        """The first reached neighbour's tuned step size times its factor: where a design's search starts."""
+        for label, factor in neighbours:
+            lr = self.tuned_lr(label) if label in self.runs else None
+            if lr is not None:
+                return lr * factor
+        raise RuntimeError(f"{self.setting.name}/{self.optimizer}/instance {self.instance}: none of "
+                           f"{', '.join(n for n, _ in neighbours)} reached the target to start a search from")
 
     def exact_run(self, label: str, design: forgetting.Design, max_steps: int) -> dict:
         """The design's exact expected curve at every step size of a 2^(1/4) grid from 2 / L down (SGD only)."""
@@ -416,7 +426,8 @@ def train_unit(unit: Unit) -> None:
         if b == BATCH:
             continue
         design = forgetting.Design.on_policy_at(b)
-        start = unit.tuned_lr(f"on-policy B={previous}") * (b / previous) ** (alpha / 2)
+        start = unit.start_from((f"on-policy B={previous}", (b / previous) ** (alpha / 2)),
+                                (f"on-policy B={BATCH}", (b / BATCH) ** (alpha / 2)))
         cap = _step_cap(options, design, s_ref)
         unit.tune(f"on-policy B={b}", design, start, cap)
         if unit.exact:
@@ -433,11 +444,14 @@ def train_unit(unit: Unit) -> None:
             if unit.exact:  # the expected curve exactly: no seeds, no step-size search to seed
                 unit.exact_run(label, design, _step_cap(options, design, s_ref_exact))
             else:
-                if x == xs[0]:
-                    neighbour = f"on-policy B={BATCH}" if y == ys[0] else f"x={x} y={ys[ys.index(y) - 1]}"
-                    start = unit.tuned_lr(neighbour) * (LR_RATIO ** -1 if y != ys[0] else 1.0)
-                else:
-                    start = unit.tuned_lr(f"x={xs[xs.index(x) - 1]} y={y}")
+                # start next to the nearest design already tuned: the shorter horizon at this y, else the smaller y
+                # at this horizon, else on-policy at B scaled down by sqrt(y) (a design none of whose neighbours
+                # reached the target)
+                neighbours = [(f"x={xs[xs.index(x) - 1]} y={y}", 1.0)] if x != xs[0] else []
+                if y != ys[0]:
+                    neighbours.append((f"x={x} y={ys[ys.index(y) - 1]}", LR_RATIO ** -1))
+                neighbours.append((f"on-policy B={BATCH}", y ** -0.5))
+                start = unit.start_from(*neighbours)
                 unit.tune(label, design, start, _step_cap(options, design, s_ref))
             if unit.advance:
                 unit.advance()
@@ -706,7 +720,8 @@ def measured_alpha(noise: dict) -> float | None:
     b_noise = read_b_noise(noise)
     if not math.isfinite(b_noise) or b_noise <= 0:
         return None
-    batches, lrs = np.asarray(noise["batches"]), np.asarray(noise["tuned_lr"])
+    batches = np.asarray(noise["batches"])
+    lrs = np.array([math.nan if v is None else v for v in noise["tuned_lr"]], dtype=float)  # None: not reached
     ok = np.isfinite(np.asarray(noise["steps"]))
     if ok.sum() < 3:
         return None
