@@ -417,8 +417,9 @@ def _design_colors(designs: list[dict]) -> list[str]:
     start), so the RLOO designs reuse the FIFO designs' colours, told apart by hatching and dashes:
     on-policy and RLOO rho = 0, the no-replay baseline of each kind, share the first colour.
     """
-    # + grey: the fixed-b family's 6 designs besides the prediction would otherwise wrap to on-policy's blue
-    palette = [c for c in COLORS if c not in (COLORS[1], "#000000")] + ["#999999"]
+    # + grey, wine, indigo: the fixed-b family's 6 designs besides the prediction, and the horizon family's 8, would
+    # otherwise wrap to on-policy's blue
+    palette = [c for c in COLORS if c not in (COLORS[1], "#000000")] + ["#999999", "#882255", "#332288"]
     counts = {False: 0, True: 0}
     colors = []
     for design in designs:

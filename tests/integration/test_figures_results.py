@@ -223,6 +223,12 @@ def test_fixed_b_report_names_both_rules_picks():
                                                            {"rule": "paper", "design": "on-policy"}]})
     assert both["picks"] == {0: ["noise-scale", "paper"]}
     assert print_problems(figure) == []
+    # the horizon family's 8 designs besides the prediction: 8 colours, none repeating on-policy's blue
+    horizon = {**report, "designs": report["designs"] + [{"name": n, "buffer": "fifo", "final_reward_mean": 0.24,
+                                                          "final_reward_std": 0.02}
+                                                         for n in ("replay y=4 x=16", "replay y=4 x=32")]}
+    colors = fig.report_bars_data(horizon)["colors"]
+    assert len(set(colors)) == 9 and colors[7:] == ["#882255", "#332288"]
     plt.close("all")
 
 
