@@ -73,6 +73,7 @@ from ..theory import exgrpo as _exgrpo
 from ..theory import freshper as _freshper
 from ..theory import group_replay as _group_replay
 from ..theory.checks import require_int, require_positive
+from .rng import PerSeedGenerator, RandomSource
 from .rollouts import RolloutBatch
 from .sumtree import SumTree
 
@@ -80,6 +81,7 @@ __all__ = [
     "Sample",
     "RolloutStore",
     "ReplayBuffer",
+    "SlotBuffer",
     "FifoBuffer",
     "PositiveBiasBuffer",
     "PrioritizedBuffer",
@@ -216,10 +218,37 @@ class RolloutStore:
         return [getattr(self, f.name) for f in fields(RolloutBatch)]
 
 
-# --- base class ------------------------------------------------------------------------------------
+# --- the interface every buffer implements ---------------------------------------------------------
 
 
 class ReplayBuffer(ABC):
+    """What every buffer does, whatever it stores: the type the registry's designs and the pipeline hold.
+
+    ``add`` stores the fresh rollouts generated at ``step``; ``sample`` draws a training batch and records its
+    use; ``len`` is the smallest per-seed fill; ``evicted_use_counts`` the replay counts of what has left
+    (global diversity, experience-replay Sec. 2). Every class below implements it, ``StaleKQueue`` included.
+    """
+
+    num_seeds: int
+
+    @abstractmethod
+    def add(self, batch: RolloutBatch, step: int) -> None:
+        """Store a batch of fresh rollouts generated at ``step``."""
+
+    @abstractmethod
+    def sample(self, batch_size: int, step: int, rng: RandomSource) -> Sample:
+        """Draw a batch and record its use."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Smallest per-seed fill."""
+
+    @abstractmethod
+    def evicted_use_counts(self) -> np.ndarray:
+        """Replay counts of every item that has left the buffer (all seeds, flat, eviction order)."""
+
+
+class SlotBuffer(ReplayBuffer):
     """Common state: a RolloutStore plus per-item ``use_count``, ``last_used`` (-1 = never), ``valid``.
 
     Items are rollouts, except in ``GroupReplayBuffer`` where they are groups of
@@ -241,14 +270,6 @@ class ReplayBuffer(ABC):
         self._rows = np.arange(S)[:, None]  # (S, 1)
 
     # --- interface ---------------------------------------------------------
-
-    @abstractmethod
-    def add(self, batch: RolloutBatch, step: int) -> None:
-        """Store a batch of fresh rollouts generated at ``step``."""
-
-    @abstractmethod
-    def sample(self, batch_size: int, step: int, rng: np.random.Generator) -> Sample:
-        """Draw a batch and record its use (use_count += 1, last_used = step)."""
 
     @property
     def size(self) -> np.ndarray:
@@ -348,7 +369,7 @@ class ReplayBuffer(ABC):
 # --- uniform buffers (experience-replay paper) -----------------------------------------------------
 
 
-class _UniformBuffer(ReplayBuffer):
+class _UniformBuffer(SlotBuffer):
     """Uniform sampling among the valid items, with or without replacement.
 
     Random numbers, drawn up front in one call ``rng.random(uniform_shape(B))``:
@@ -383,7 +404,7 @@ class _UniformBuffer(ReplayBuffer):
         keys = np.where(self.valid, u, np.inf)  # (S, capacity)
         return _smallest_keys(keys, batch_size)  # App. B.5: random.sample(buffer, B)
 
-    def sample(self, batch_size: int, step: int, rng: np.random.Generator) -> Sample:
+    def sample(self, batch_size: int, step: int, rng: RandomSource) -> Sample:
         B = batch_size if type(batch_size) is int and batch_size >= 1 else _int_param("batch_size", batch_size, 1)
         self._require_nonempty()
         if not self.replacement and B > int(self.size.min()):
@@ -491,7 +512,7 @@ class PositiveBiasBuffer(_UniformBuffer):
 # --- FreshPER --------------------------------------------------------------------------------------
 
 
-class PrioritizedBuffer(ReplayBuffer):
+class PrioritizedBuffer(SlotBuffer):
     """FreshPER: prioritized replay with exponential age decay (arXiv:2604.16918).
 
     * Priority (Eq. 14): p_i = p_base_i exp(-age_i / tau), age_i = step - created_i,
@@ -615,7 +636,7 @@ class PrioritizedBuffer(ReplayBuffer):
         """Slots (S, B) from uniforms u (S, B) through the sum tree; records nothing."""
         return self.tree.sample(u, stratified=self.stratified)
 
-    def sample(self, batch_size: int, step: int, rng: np.random.Generator) -> Sample:
+    def sample(self, batch_size: int, step: int, rng: RandomSource) -> Sample:
         B = _int_param("batch_size", batch_size, 1)
         self._require_nonempty()
         if self.auto_refresh and (self._dirty or self._refreshed_at != step):
@@ -640,7 +661,7 @@ class PrioritizedBuffer(ReplayBuffer):
 # --- RLOO whole-group replay -----------------------------------------------------------------------
 
 
-class GroupReplayBuffer(ReplayBuffer):
+class GroupReplayBuffer(SlotBuffer):
     """Bounded-age whole-group replay (RLOO on Countdown, Sec. 3.2 and App. B).
 
     Stores WHOLE groups: prompt, K responses, rewards, behaviour log-probs and
@@ -759,7 +780,7 @@ class GroupReplayBuffer(ReplayBuffer):
         n_replay = min(want, int(self.available(step).min()))
         return int(B) - n_replay, n_replay
 
-    def sample_groups(self, num_replay: int, step: int, rng: np.random.Generator) -> Sample:
+    def sample_groups(self, num_replay: int, step: int, rng: RandomSource) -> Sample:
         """Up to ``num_replay`` eligible groups per seed, uniform without replacement.
 
         Returns m = min(num_replay, min over seeds of available) groups (all seeds
@@ -773,7 +794,7 @@ class GroupReplayBuffer(ReplayBuffer):
         index = _smallest_keys(np.where(elig, u, np.inf), m)  # Sec. 3.2: uniform without replacement
         return self._finish_sample(index, np.ones(index.shape), step)
 
-    def sample(self, batch_size: int, step: int, rng: np.random.Generator) -> Sample:
+    def sample(self, batch_size: int, step: int, rng: RandomSource) -> Sample:
         """Alias of ``sample_groups`` (``batch_size`` counts groups)."""
         return self.sample_groups(batch_size, step, rng)
 
@@ -787,7 +808,7 @@ class GroupReplayBuffer(ReplayBuffer):
 # --- ExGRPO ----------------------------------------------------------------------------------------
 
 
-class ExGRPOBuffer(ReplayBuffer):
+class ExGRPOBuffer(SlotBuffer):
     """ExGRPO experience buffer: per-question success counts, stored successful trajectories (Sec. 4, Algs. 1-2).
 
     * Records (Alg. 1 lines 24-29): for each group of a question, k = number of
@@ -1007,7 +1028,7 @@ class ExGRPOBuffer(ReplayBuffer):
             q = q / q.sum() if q.sum() > 0 else room / room.sum()
             c = c + rng.multinomial(deficit, q)
 
-    def sample(self, batch_size: int, step: int, rng: np.random.Generator,
+    def sample(self, batch_size: int, step: int, rng: RandomSource,
                entropy_fn: EntropyFn | None = None) -> Sample:
         """Draw up to ``batch_size`` questions per seed and their o* trajectories.
 
@@ -1024,12 +1045,11 @@ class ExGRPOBuffer(ReplayBuffer):
         probs = self.bucket_probs()
         q_sel = np.zeros((S, B), dtype=np.int64)
         valid = np.zeros((S, B), dtype=bool)
-        per_seed = hasattr(rng, "seed_generator")  # core.rng.PerSeedGenerator: seed s draws from its own stream
         for s in range(S):  # per-seed Python loop: Alg. 2 bucket counts and within-bucket draws
             n = min(B, int(sizes[s].sum()))
             if n == 0:
                 continue
-            g = rng.seed_generator(s) if per_seed else rng
+            g = rng.seed_generator(s) if isinstance(rng, PerSeedGenerator) else rng  # seed s: its own stream
             counts = self._bucket_counts(n, probs[s], sizes[s], g)
             chosen = [g.choice(np.flatnonzero(b[s] == kb + 1), size=c, replace=False)  # Alg. 2 line 14
                       for kb, c in enumerate(counts) if c > 0]
@@ -1088,7 +1108,7 @@ def _occurrence_rank(q: np.ndarray) -> np.ndarray:
 # --- M2PO stale-k --------------------------------------------------------------------------------------
 
 
-class StaleKQueue:
+class StaleKQueue(ReplayBuffer):
     """Stale-k FIFO of whole batches (M2PO, Sec. 3): update t trains on the batch generated at update t - k.
 
     ``push(batch, step)`` stores the batch generated at update ``step``;
@@ -1103,7 +1123,10 @@ class StaleKQueue:
     ``step``: with one push per model update, k = s; the M2PO reference code
     pushes one batch per training step (= 4 model updates, one mini-batch each)
     into a FIFO of s/4 entries, i.e. k = s/4 training steps, so s = 256 means
-    staleness 256-259 updates.
+    staleness 256-259 updates. As a ``ReplayBuffer``: ``add`` is ``push`` and
+    ``sample`` is ``pop`` as a ``Sample`` (the whole stored batch, whatever
+    ``batch_size``; weights one, never used before); nothing is replayed, so
+    ``evicted_use_counts`` is empty.
     """
 
     def __init__(self, num_seeds: int, k: int) -> None:
@@ -1131,6 +1154,18 @@ class StaleKQueue:
             self._queue.popleft()
         self.last_step = self._queue[0][0]
         return self._queue[0][1]
+
+    def add(self, batch: RolloutBatch, step: int) -> None:
+        self.push(batch, step)
+
+    def sample(self, batch_size: int, step: int, rng: RandomSource) -> Sample:
+        batch = self.pop(step)
+        shape = batch.prompt.shape  # (S, n)
+        return Sample(index=np.broadcast_to(np.arange(shape[1]), shape), weight=np.ones(shape),
+                      batch=batch, staleness=step - batch.created, time_since_last_use=np.full(shape, -1))
+
+    def evicted_use_counts(self) -> np.ndarray:
+        return np.zeros(0)
 
     def __len__(self) -> int:
         return len(self._queue)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, TypeVar
 
 import numpy as np
 
@@ -53,9 +53,11 @@ from .buffers import (
     GroupReplayBuffer,
     PositiveBiasBuffer,
     PrioritizedBuffer,
+    ReplayBuffer,
     StaleKQueue,
     UniformQuestionBuffer,
 )
+from .rng import RandomSource
 from .rollouts import RolloutBatch
 
 CHOICES = "choices"
@@ -63,7 +65,17 @@ CHOICES = "choices"
 registry, which ``cli/config_options.py`` appends to the option's help (the help is written once, at the entry)."""
 
 
-def choices(registry: Mapping[str, object], trainer: bool = False) -> dict[str, str]:
+class RegistryEntry(Protocol):
+    """What ``choices`` reads of a ``BufferDesign`` or a ``LossDesign``."""
+
+    @property
+    def help(self) -> str: ...
+
+    @property
+    def trainer(self) -> bool: ...
+
+
+def choices(registry: Mapping[str, RegistryEntry], trainer: bool = False) -> dict[str, str]:
     """{name: one-line help} of a registry (``BUFFER_DESIGNS`` or ``LOSSES``), in registry order.
 
     ``trainer``: only the entries a trainer can run (``entry.trainer``): the TRL trainer's and ``trl-replay``'s
@@ -72,7 +84,7 @@ def choices(registry: Mapping[str, object], trainer: bool = False) -> dict[str, 
     return {name: entry.help for name, entry in registry.items() if entry.trainer or not trainer}
 
 
-def check_choice(option: str, value: object, registry: Mapping[str, object], trainer: bool = False,
+def check_choice(option: str, value: object, registry: Mapping[str, RegistryEntry], trainer: bool = False,
                  where: str = "") -> None:
     """A one-line ValueError naming ``option`` and the registry's valid names unless ``value`` is one of them."""
     names = choices(registry, trainer)
@@ -285,23 +297,45 @@ class StepBatch:
 
 
 class PipelineState(Protocol):
-    """What a design's batch step uses of ``core.pipeline.Pipeline``."""
+    """What a design's batch step uses of ``core.pipeline.Pipeline`` (and of the trainers' ``RowReplayBuffer``)."""
 
-    config: DesignConfig
-    buffer: object
-    rng: object
-    state: dict
-    settings: object  # core.pipeline.PipelineSettings
+    @property
+    def config(self) -> DesignConfig: ...
+
+    @property
+    def buffer(self) -> ReplayBuffer | None: ...
+
+    @property
+    def rng(self) -> RandomSource: ...
+
+    @property
+    def state(self) -> dict: ...
+
+    @property
+    def settings(self) -> Any: ...  # core.pipeline.PipelineSettings (a trainer's: a namespace with total_steps)
 
     def fresh_rollouts(self, step: int, weights, *, on_policy: bool = False) -> RolloutBatch | None: ...
 
     def generate(self, weights, num_groups: int, version) -> RolloutBatch: ...
 
-    def sample_responses(self, weights, prompts: np.ndarray): ...
+    def sample_responses(self, weights, prompts: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]: ...
 
     def score(self, prompts, tokens, mask, logp_behav, reward, created, group) -> RolloutBatch: ...
 
     def entropy_fn(self, weights) -> Callable: ...
+
+
+BufferT = TypeVar("BufferT", bound=ReplayBuffer)
+
+
+def design_buffer(pipe: PipelineState, cls: type[BufferT]) -> BufferT:
+    """``pipe.buffer`` as the class a design's batch step works on (its ``BufferDesign.make`` built it)."""
+    buffer = pipe.buffer
+    if not isinstance(buffer, cls):
+        raise TypeError(f"buffer {pipe.config.buffer} steps on a {cls.__name__}, the pipeline holds a "
+                        f"{type(buffer).__name__}")
+    return buffer
 
 
 # --------------------------------------------------------------------------- batch steps
@@ -319,12 +353,13 @@ def on_policy_step(pipe: PipelineState, step: int, weights) -> StepBatch:
 
 def uniform_buffer_step(pipe: PipelineState, step: int, weights) -> StepBatch:
     """FIFO-style designs: generate, add, (FreshPER: refresh priorities), sample B (experience-replay Sec. 3)."""
+    buffer = design_buffer(pipe, ReplayBuffer)
     fresh = pipe.fresh_rollouts(step, weights)
     if fresh is not None:
-        pipe.buffer.add(fresh, step)
-    if isinstance(pipe.buffer, PrioritizedBuffer):
-        pipe.buffer.refresh(step)  # FreshPER Alg. 1 step 5: priorities decay with age
-    sample = pipe.buffer.sample(pipe.config.batch_size, step, pipe.rng)
+        buffer.add(fresh, step)
+    if isinstance(buffer, PrioritizedBuffer):
+        buffer.refresh(step)  # FreshPER Alg. 1 step 5: priorities decay with age
+    sample = buffer.sample(pipe.config.batch_size, step, pipe.rng)
     return StepBatch(sample.batch, sample.weight, sample.staleness, sample.time_since_last_use, None, fresh,
                      0 if fresh is None else fresh.size)
 
@@ -343,7 +378,7 @@ def prioritized_step(pipe: PipelineState, step: int, weights) -> StepBatch:
     priority with its age (line 5), sample B with P ~ p^alpha from the sum tree, weight by Eq. (15), update
     (line 6). Ages count updates. beta anneals linearly (``per_beta_at``).
     """
-    config, buffer = pipe.config, pipe.buffer
+    config, buffer = pipe.config, design_buffer(pipe, PrioritizedBuffer)
     buffer.beta = per_beta_at(config, step, pipe.settings.total_steps)
     if config.per_schedule == "every-step":
         return uniform_buffer_step(pipe, step, weights)
@@ -364,25 +399,25 @@ def stale_k_step(pipe: PipelineState, step: int, weights) -> StepBatch:
     once, and every later update on the batch generated exactly k updates earlier. The pre-fill is
     generated compute, counted at step 0.
     """
+    queue = design_buffer(pipe, StaleKQueue)
     prefill = 0
     if step == 0:
-        for j in range(pipe.buffer.k):  # queue slots -k .. -1, all generated by theta_0 (version 0)
+        for j in range(queue.k):  # queue slots -k .. -1, all generated by theta_0 (version 0)
             batch = pipe.fresh_rollouts(0, weights)
-            pipe.buffer.push(batch, j - pipe.buffer.k)
+            queue.add(batch, j - queue.k)
             prefill += batch.size
     fresh = pipe.fresh_rollouts(step, weights)
-    pipe.buffer.push(fresh, step)
-    train = pipe.buffer.pop(step)
-    shape = train.prompt.shape
-    return StepBatch(train, np.ones(shape), step - train.created, np.full(shape, -1), None, fresh,
+    queue.add(fresh, step)
+    drawn = queue.sample(pipe.config.batch_size, step, pipe.rng)  # the batch of k updates earlier, whole
+    return StepBatch(drawn.batch, drawn.weight, drawn.staleness, drawn.time_since_last_use, None, fresh,
                      fresh.size + prefill)
 
 
 def group_replay_step(pipe: PipelineState, step: int, weights) -> StepBatch:
     """RLOO App. B: replay groups of age 1..L, fresh groups for the rest (a replay shortfall is filled fresh)."""
-    config = pipe.config
-    _, n_replay = pipe.buffer.split(config.groups_per_update, config.replay_ratio_groups, step)
-    replay = pipe.buffer.sample_groups(n_replay, step, pipe.rng) if n_replay else None
+    config, buffer = pipe.config, design_buffer(pipe, GroupReplayBuffer)
+    _, n_replay = buffer.split(config.groups_per_update, config.replay_ratio_groups, step)
+    replay = buffer.sample_groups(n_replay, step, pipe.rng) if n_replay else None
     fresh = pipe.generate(weights, config.groups_per_update - n_replay, step)
     if replay is None:
         data = _fresh_only(fresh, step)
@@ -395,7 +430,7 @@ def group_replay_step(pipe: PipelineState, step: int, weights) -> StepBatch:
 
 
 def group_replay_after_update(pipe: PipelineState, step: int, data: StepBatch) -> None:
-    pipe.buffer.add(data.fresh, step)  # RLOO order: sample, update, add fresh, evict
+    design_buffer(pipe, GroupReplayBuffer).add(data.fresh, step)  # RLOO order: sample, update, add fresh, evict
 
 
 def fresh_questions(retired: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -418,7 +453,7 @@ def exgrpo_step(pipe: PipelineState, step: int, weights) -> StepBatch:
     4. G fresh responses per fresh question, G - 1 + o* per experience question; advantages over each mixed
        group. The simulator draws a response at the o* slot too and discards it (not counted as generated).
     """
-    config, buffer, rng = pipe.config, pipe.buffer, pipe.rng
+    config, buffer, rng = pipe.config, design_buffer(pipe, ExGRPOBuffer), pipe.rng
     G, B = config.group_size, config.groups_per_update  # B: QUESTIONS per step
     S = buffer.num_seeds
     n = B * G
@@ -475,12 +510,12 @@ def exgrpo_after_update(pipe: PipelineState, step: int, data: StepBatch) -> dict
     step; a question whose G - 1 fresh responses all succeed is retired. o*, an exact duplicate,
     is not stored twice.
     """
-    keep = data.fresh_keep
+    buffer, keep = design_buffer(pipe, ExGRPOBuffer), data.fresh_keep
     correct = np.where(keep, data.train.reward == 1.0, 0.0).sum(axis=1) / np.maximum(keep.sum(axis=1), 1)
-    pipe.buffer.observe_pass_rate(correct)  # (S,) batch pass@1 of the fresh responses (Sec. 4.2 delayed start)
-    pipe.buffer.add(data.train, step)  # collects only in active seeds; retires all-correct questions
+    buffer.observe_pass_rate(correct)  # (S,) batch pass@1 of the fresh responses (Sec. 4.2 delayed start)
+    buffer.add(data.train, step)  # collects only in active seeds; retires all-correct questions
     pipe.state["exp_questions"] = pipe.state.get("exp_questions", 0) + data.curves["_n_exp"]
-    return {"n_experience": pipe.buffer.n_experience(), "retired": pipe.buffer.retired.sum(axis=1)}
+    return {"n_experience": buffer.n_experience(), "retired": buffer.retired.sum(axis=1)}
 
 
 def exgrpo_counts(pipe: PipelineState) -> dict[str, float]:
@@ -489,7 +524,7 @@ def exgrpo_counts(pipe: PipelineState) -> dict[str, float]:
     return {"shaping": 1.0 if c.exgrpo_shaping else 0.0,
             "uniform_questions": 1.0 if c.exgrpo_question_selection == "uniform" else 0.0,
             "skip_retired": 1.0 if c.exgrpo_skip_retired else 0.0,
-            "retired": float(pipe.buffer.retired.sum(axis=1).mean()),
+            "retired": float(design_buffer(pipe, ExGRPOBuffer).retired.sum(axis=1).mean()),
             "exp_questions": float(np.mean(pipe.state.get("exp_questions", 0)))}
 
 
@@ -506,28 +541,28 @@ class BufferSpec:
     token_dtype: type = np.int16
 
 
-def _fifo(c: DesignConfig, s: BufferSpec):
+def _fifo(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
     return FifoBuffer(s.num_seeds, c.capacity, s.seq_len, replacement=c.replacement, token_dtype=s.token_dtype)
 
 
-def _positive_bias(c: DesignConfig, s: BufferSpec):
+def _positive_bias(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
     return PositiveBiasBuffer(s.num_seeds, c.capacity, s.seq_len, delta=c.delta, token_dtype=s.token_dtype)
 
 
-def _prioritized(c: DesignConfig, s: BufferSpec):
+def _prioritized(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
     return PrioritizedBuffer(s.num_seeds, c.capacity, s.seq_len, alpha=c.per_alpha, beta=c.per_beta, tau=c.per_tau,
                              base=c.per_base, token_dtype=s.token_dtype)
 
 
-def _group_replay(c: DesignConfig, s: BufferSpec):
+def _group_replay(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
     return GroupReplayBuffer(s.num_seeds, c.max_age, c.group_size, s.seq_len, token_dtype=s.token_dtype)
 
 
-def _stale_k(c: DesignConfig, s: BufferSpec):
+def _stale_k(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
     return StaleKQueue(s.num_seeds, c.stale_k)
 
 
-def _exgrpo(c: DesignConfig, s: BufferSpec):
+def _exgrpo(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
     cls = {"buckets": ExGRPOBuffer, "uniform": UniformQuestionBuffer}[c.exgrpo_question_selection]
     return cls(s.num_seeds, s.num_prompts, c.group_size, s.seq_len, rho=c.exgrpo_rho, units=c.exgrpo_units,
                selection=c.exgrpo_selection, start_pass_rate=c.exgrpo_start_pass_rate, token_dtype=s.token_dtype)
@@ -594,7 +629,7 @@ class BufferDesign:
 
     help: str  # one line: what it keeps and draws, with its paper anchor (the --buffer choice help)
     params: type | None  # its typed parameters (a dataclass mixed into DesignConfig)
-    make: Callable[[DesignConfig, BufferSpec], object] | None  # None: no buffer (on-policy)
+    make: Callable[[DesignConfig, BufferSpec], ReplayBuffer] | None  # None: no buffer (on-policy)
     step: Callable[[PipelineState, int, object], StepBatch]
     rules: Callable[[DesignConfig, str], None] = _no_rules
     after_update: Callable[[PipelineState, int, StepBatch], dict | None] | None = None
@@ -623,7 +658,7 @@ BUFFER_DESIGNS: dict[str, BufferDesign] = {
 }
 
 
-def make_design_buffer(config: DesignConfig, spec: BufferSpec):
+def make_design_buffer(config: DesignConfig, spec: BufferSpec) -> ReplayBuffer | None:
     """The buffer of ``config.buffer`` (None for on-policy)."""
     design = BUFFER_DESIGNS[config.buffer]
     return None if design.make is None else design.make(config, spec)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import Union, cast
 
 import numpy as np
 
@@ -229,7 +230,7 @@ class PerSeedGenerator:
         """Put every seed's generator where its draws so far left it; drop the outputs drawn ahead."""
         pos = self._positions()
         for s, g in enumerate(self._generators):
-            bit_generator = g.bit_generator
+            bit_generator = cast(np.random.PCG64, g.bit_generator)  # batched mode runs on PCG64 only
             ahead = self._raw.shape[1] - int(pos[s])
             if ahead:
                 bit_generator.advance(-ahead)  # PCG64 steps modulo 2**128: back over the unconsumed outputs
@@ -245,3 +246,7 @@ class PerSeedGenerator:
         if self._batched:
             self._sync()
             self._batched = False
+
+
+RandomSource = Union[np.random.Generator, PerSeedGenerator]
+"""What a buffer or a pipeline draws from: one generator, or ``PerSeedGenerator`` (the seed axis first)."""

@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from ..core.buffers import SlotBuffer
 from ..core.designs import BUFFER_DESIGNS, BufferSpec, DesignConfig, StepBatch, check_choice, make_design_buffer
 from ..core.rollouts import RolloutBatch
 from ..core.state import load_object_state, load_state, object_state, save_state
@@ -96,7 +97,10 @@ class RowReplayBuffer:
             raise ValueError(f"capacity must be a multiple of num_generations = {design.group_size} (whole "
                              f"groups are stored), got {design.capacity}")
         self.config = design
-        self.buffer = make_design_buffer(design, BufferSpec(num_seeds=1, seq_len=1, token_dtype=np.int64))
+        buffer = make_design_buffer(design, BufferSpec(num_seeds=1, seq_len=1, token_dtype=np.int64))
+        if buffer is not None and not isinstance(buffer, SlotBuffer):  # the rows' ids must live in store slots
+            raise TypeError(f"buffer {design.buffer} keeps no slots a trainer's rows can be found in")
+        self.buffer: SlotBuffer | None = buffer
         self.rng = np.random.default_rng(seed)
         self.state: dict = {}
         self.settings = SimpleNamespace(total_steps=int(total_steps))  # FreshPER anneals beta over the run
