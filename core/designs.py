@@ -45,6 +45,7 @@ from typing import Any, Callable, Mapping, Protocol, TypeVar
 
 import numpy as np
 
+from ..theory.checks import invalid, require_integer, require_number, require_one_of, require_unit_interval
 from ..theory.group_replay import fresh_groups_per_step
 from . import advantages, losses
 from .buffers import (
@@ -87,9 +88,7 @@ def choices(registry: Mapping[str, RegistryEntry], trainer: bool = False) -> dic
 def check_choice(option: str, value: object, registry: Mapping[str, RegistryEntry], trainer: bool = False,
                  where: str = "") -> None:
     """A one-line ValueError naming ``option`` and the registry's valid names unless ``value`` is one of them."""
-    names = choices(registry, trainer)
-    if not isinstance(value, str) or value not in names:
-        raise ValueError(f"{option} must be one of {', '.join(names)}{where}, got {value!r}")
+    require_one_of(option, value, choices(registry, trainer), where=where)
 
 
 # --------------------------------------------------------------------------- typed parameters
@@ -571,10 +570,21 @@ def _exgrpo(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
 # --------------------------------------------------------------------------- rules (one line each, naming the field)
 
 
+def capacity_holds_a_step(capacity: int, rollouts_per_step: int) -> bool:
+    """N >= R: a FIFO holds at least one step's fresh rollouts (horizon x = N/R >= 1, experience-replay Sec. 3)."""
+    return capacity >= rollouts_per_step
+
+
+def check_capacity(capacity: int, rollouts_per_step: int, names: tuple[str, str] = ("capacity", "rollouts_per_step")
+                   ) -> None:
+    """The rule ``capacity_holds_a_step`` as a one-line ValueError; ``names``: how the caller calls N and R."""
+    if not capacity_holds_a_step(capacity, rollouts_per_step):
+        raise invalid(names[0], f">= {names[1]} = {rollouts_per_step} (a FIFO holds at least one step)", capacity)
+
+
 def _fifo_rules(c: DesignConfig, pipeline: str) -> None:
-    if pipeline == "sync" and c.capacity < c.rollouts_per_step:
-        raise ValueError(f"capacity must be >= rollouts_per_step = {c.rollouts_per_step} "
-                         f"(a FIFO holds at least one step), got {c.capacity}")
+    if pipeline == "sync":
+        check_capacity(c.capacity, c.rollouts_per_step)
     if pipeline == "sync" and not c.replacement and c.batch_size > c.rollouts_per_step:
         raise ValueError(f"batch_size must be <= rollouts_per_step = {c.rollouts_per_step} when sampling "
                          f"without replacement (after the first step the buffer holds only R rollouts), "
@@ -600,23 +610,17 @@ def _exgrpo_rules(c: DesignConfig, pipeline: str) -> None:
     _whole_groups(c, "questions")
     if c.loss != "exgrpo":
         raise ValueError(f"buffer exgrpo trains with loss exgrpo, got loss {c.loss!r}")
-    for name, options in (("exgrpo_question_selection", ("buckets", "uniform")),
-                          ("exgrpo_units", ("success-count", "accuracy")),
-                          ("exgrpo_selection", ("lowest", "highest", "random"))):
-        if getattr(c, name) not in options:
-            raise ValueError(f"{name} must be one of {', '.join(options)}, got {getattr(c, name)!r}")
+    require_one_of("exgrpo_question_selection", c.exgrpo_question_selection, ("buckets", "uniform"))
+    require_one_of("exgrpo_units", c.exgrpo_units, ("success-count", "accuracy"))
+    require_one_of("exgrpo_selection", c.exgrpo_selection, ("lowest", "highest", "random"))
 
 
 def _prioritized_rules(c: DesignConfig, pipeline: str) -> None:
     _fifo_rules(c, pipeline)
-    if c.per_base not in ("advantage", "reward"):
-        raise ValueError(f"per_base must be one of reward, advantage, got {c.per_base!r}")
-    if c.per_schedule not in ("algorithm1", "every-step"):
-        raise ValueError(f"per_schedule must be one of algorithm1, every-step, got {c.per_schedule!r}")
-    if not isinstance(c.per_replay_updates, int) or isinstance(c.per_replay_updates, bool) or c.per_replay_updates < 1:
-        raise ValueError(f"per_replay_updates must be an integer >= 1, got {c.per_replay_updates!r}")
-    if not 0 <= c.per_beta_final <= 1:
-        raise ValueError(f"per_beta_final must be in [0, 1], got {c.per_beta_final!r}")
+    require_one_of("per_base", c.per_base, ("reward", "advantage"))
+    require_one_of("per_schedule", c.per_schedule, ("algorithm1", "every-step"))
+    require_integer("per_replay_updates", c.per_replay_updates, 1)
+    require_unit_interval("per_beta_final", c.per_beta_final)
 
 
 def _no_rules(c: DesignConfig, pipeline: str) -> None:
@@ -811,37 +815,21 @@ def make_advantage(config: DesignConfig, reward_groups: np.ndarray) -> np.ndarra
 # --------------------------------------------------------------------------- validation
 
 
-def _choice(config, name: str, options) -> None:
-    value = getattr(config, name)
-    if value not in options:
-        raise ValueError(f"{name} must be one of {', '.join(options)}, got {value!r}")
-
-
 def validate_design(c: DesignConfig, pipeline: str = "sync") -> None:
     """Every rule of the design in one place: one-line ValueErrors naming the field and its valid range."""
     check_choice("buffer", c.buffer, BUFFER_DESIGNS)
     check_choice("loss", c.loss, LOSSES)
-    _choice(c, "advantage", ("auto", *ADVANTAGES))
+    require_one_of("advantage", c.advantage, ("auto", *ADVANTAGES))
     for name, least in (("rollouts_per_step", 1), ("batch_size", 1), ("capacity", 1), ("max_age", 0)):
-        value = getattr(c, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-    if not isinstance(c.group_size, int) or isinstance(c.group_size, bool) or c.group_size < 2:
-        raise ValueError(f"group_size must be an integer >= 2, got {c.group_size!r}")
+        require_integer(name, getattr(c, name), least)
+    require_integer("group_size", c.group_size, 2)
     for name in ("clip_c", "per_tau", "exgrpo_beta"):
-        value = getattr(c, name)
-        if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0) or math.isnan(value):
-            raise ValueError(f"{name} must be > 0, got {value!r}")
+        require_number(name, getattr(c, name), above=0)
     for name in ("eps_low", "eps_high", "tau_m2", "replay_ratio_groups", "per_alpha", "per_beta"):
-        value = getattr(c, name)
-        if isinstance(value, bool) or not (isinstance(value, (int, float)) and value >= 0) or math.isnan(value):
-            raise ValueError(f"{name} must be >= 0, got {value!r}")
-    if not isinstance(c.stale_k, int) or isinstance(c.stale_k, bool) or c.stale_k < 0:
-        raise ValueError(f"stale_k must be an integer >= 0, got {c.stale_k!r}")
-    if not 0 <= c.delta < 1:
-        raise ValueError(f"delta must be in [0, 1), got {c.delta!r}")
-    if not 0 <= c.exgrpo_rho < 1:
-        raise ValueError(f"exgrpo_rho must be in [0, 1), got {c.exgrpo_rho!r}")
+        require_number(name, getattr(c, name), at_least=0)
+    require_integer("stale_k", c.stale_k, 0)
+    require_unit_interval("delta", c.delta, closed=False)
+    require_unit_interval("exgrpo_rho", c.exgrpo_rho, closed=False)
     if c.rollouts_per_step % c.group_size:
         raise ValueError(f"rollouts_per_step must be a multiple of group_size = {c.group_size}, "
                          f"got {c.rollouts_per_step}")
@@ -857,6 +845,26 @@ def validate_design(c: DesignConfig, pipeline: str = "sync") -> None:
     if advantage not in loss.advantages:
         raise ValueError(f"loss {c.loss} uses the {' or '.join(loss.advantages)} advantage: set advantage "
                          f"{loss.advantages[0]} (or auto), got {c.advantage!r}")
+
+
+def validate_trainer_design(c: DesignConfig) -> None:
+    """The rules of a trainer's design before the trainer's group size is known (``integrations.ReplayConfig``).
+
+    N, B, R whole and N >= R (the generation batch must fit, whatever the buffer), a loss and a buffer a trainer
+    runs, the loss's parameters, and on-policy B = R (every rollout trained once). The rest, with G, is
+    ``validate_design``, which the trainer's buffer applies (``integrations.buffer.RowReplayBuffer``).
+    """
+    for name in ("capacity", "batch_size", "rollouts_per_step"):
+        require_integer(name, getattr(c, name), 1)
+    check_capacity(c.capacity, c.rollouts_per_step)
+    check_choice("loss", c.loss, LOSSES, trainer=True)
+    for name in ("eps_low", "eps_high", "tau_m2"):
+        require_number(name, getattr(c, name), at_least=0)
+    require_number("clip_c", c.clip_c, above=0)
+    check_choice("buffer", c.buffer, BUFFER_DESIGNS, trainer=True)
+    if c.buffer == "on-policy" and c.batch_size != c.rollouts_per_step:
+        raise ValueError(f"batch_size must equal rollouts_per_step = {c.rollouts_per_step} on-policy (every "
+                         f"rollout trained once), got {c.batch_size}")
 
 
 def fresh_groups(config: DesignConfig) -> int:

@@ -39,6 +39,7 @@ from ..core.buffers import SlotBuffer
 from ..core.designs import BUFFER_DESIGNS, BufferSpec, DesignConfig, StepBatch, check_choice, make_design_buffer
 from ..core.rollouts import RolloutBatch
 from ..core.state import load_object_state, load_state, object_state, save_state
+from ..theory.checks import require_integer
 from .replay_config import (
     ReplayConfig,
     age_buckets,
@@ -221,8 +222,7 @@ class RowReplayBuffer:
 
     def sample(self, batch_size: int, step: int | None = None) -> dict[str, torch.Tensor]:
         """B rows drawn by the design's own sampler (FIFO: uniformly with replacement), every field aligned."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        require_integer("batch_size", batch_size, 1)
         if self.buffer is None or not len(self):
             raise ValueError("the buffer is empty: push a generation batch first")
         step = int(self.data["version"].max()) if step is None else step

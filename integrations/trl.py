@@ -152,6 +152,7 @@ from ..core.surrogate import surrogate
 from ..diagnose.calibrate_log import GRAD_NORM_COLUMNS
 from ..diagnose.framework_stats import framework_statistics
 from ..diagnose.whatif import TokenWhatIf, WhatIfConfig, sequence_rows
+from ..theory.checks import require_integer
 from .buffer import ReplayConfig, RowReplayBuffer, age_buckets, fifo_max_age
 from .checkpoints import CHECKPOINT_DONE, CHECKPOINT_PREFIX, REPLAY_BUFFER_STATE, REPLAY_STATE, complete_checkpoints
 from .export import DiagnoseLogWriter, require_pyarrow
@@ -442,8 +443,8 @@ class ReplayGRPOTrainer(GRPOTrainer):
                  lag_coords: int | None = None, **kwargs: Any) -> None:
         # None: the default with measure_noise (DEFAULT_CURVATURE_EVERY, DEFAULT_LAG_COORDS), off without it
         for name, value in (("curvature_every", curvature_every), ("lag_coords", lag_coords)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ValueError(f"{name} must be an integer >= 0 (0: off), got {value!r}")
+            if value is not None:
+                require_integer(name, value, 0, note=" (0: off)")
             if value and not measure_noise:
                 raise ValueError(f"{name} > 0 needs measure_noise=True (it works on the two halves' gradients and "
                                  "their records)")

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -67,6 +66,7 @@ from .. import __version__
 from ..core.designs import BUFFER_DESIGNS, CHOICES, LOSSES, check_choice, choices
 from ..outputs import NEVER, check_writable, write_new
 from ..outputs import check_out_dir as check_out_path
+from ..theory.checks import require_integer, require_number
 from ..theory.design import classify_regime
 from .checkpoints import CHECKPOINT_PREFIX, checkpoint_step, complete_checkpoints
 from .replay_config import ReplayConfig
@@ -162,11 +162,9 @@ class TrlRunConfig:
                                    ("--max-new-tokens", self.max_new_tokens, 1),
                                    ("--threads", self.threads, 1), ("--seed", self.seed, 0),
                                    ("--curvature-every", self.curvature_every, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{option} must be an integer >= {low}, got {value!r}")
+            require_integer(option, value, low)
         for option, value in (("--lr", self.lr), ("--temperature", self.temperature)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{option} must be > 0, got {value!r}")
+            require_number(option, value, above=0, finite=True)
         check_choice("--buffer", self.buffer, BUFFER_DESIGNS, trainer=True)
         check_choice("--loss", self.loss, LOSSES, trainer=True)
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
@@ -423,7 +421,7 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     k = max(1, len(rewards) // 4)
     summary = {
         "config": asdict(config),
-        "replay": {k2: v for k2, v in asdict(replay).items() if k2 != "notes"} | {"notes": list(replay.notes)},
+        "replay": replay.record(),
         "replay_theory_version": __version__,
         "seconds": time.perf_counter() - started,
         "resumed_from_step": done_before if resume is not None else None,
