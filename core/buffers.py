@@ -72,7 +72,7 @@ import numpy as np
 from ..theory import exgrpo as _exgrpo
 from ..theory import freshper as _freshper
 from ..theory import group_replay as _group_replay
-from ..theory.checks import require_int, require_positive
+from ..theory.checks import require_int, require_one_of, require_positive, require_unit_interval
 from .rng import PerSeedGenerator, RandomSource
 from .rollouts import RolloutBatch
 from .sumtree import SumTree
@@ -108,15 +108,6 @@ _BATCH_DTYPES = {
 
 def _int_param(name: str, value: object, minimum: int) -> int:
     return int(require_int(name, value, minimum))
-
-
-def _unit_interval(name: str, value: float, *, closed_right: bool = True) -> float:
-    v = float(value)
-    ok = (0.0 <= v <= 1.0) if closed_right else (0.0 <= v < 1.0)
-    if not ok:  # NaN fails both
-        rng = "[0, 1]" if closed_right else "[0, 1)"
-        raise ValueError(f"{name} must be in {rng}, got {value!r}")
-    return v
 
 
 def _smallest_keys(keys: np.ndarray, m: int) -> np.ndarray:
@@ -466,7 +457,7 @@ class PositiveBiasBuffer(_UniformBuffer):
                  correct_reward: float = 1.0, token_dtype: np.dtype | type = np.int16,
                  logp_dtype: np.dtype | type = np.float64) -> None:
         super().__init__(num_seeds, capacity, seq_len, replacement, token_dtype=token_dtype, logp_dtype=logp_dtype)
-        self.delta = _unit_interval("delta", delta, closed_right=False)
+        self.delta = require_unit_interval("delta", delta, closed=False)
         self.n_fresh = int(np.floor((1.0 - self.delta) * self.capacity + 0.5))  # Sec. 4.3: (1 - delta) N
         if self.n_fresh < 1:
             raise ValueError(
@@ -555,14 +546,13 @@ class PrioritizedBuffer(SlotBuffer):
                  is_normalization: Literal["buffer", "batch"] = "buffer",
                  token_dtype: np.dtype | type = np.int16, logp_dtype: np.dtype | type = np.float64) -> None:
         super().__init__(num_seeds, capacity, seq_len, token_dtype=token_dtype, logp_dtype=logp_dtype)
-        self.alpha = _unit_interval("alpha", alpha)
-        self.beta = _unit_interval("beta", beta)
+        self.alpha = require_unit_interval("alpha", alpha)
+        self.beta = require_unit_interval("beta", beta)
         require_positive("tau", tau, allow_inf=True)
         self.tau = float(tau)
         require_positive("eps", eps)
         self.eps = float(eps)
-        if base not in ("reward", "advantage"):
-            raise ValueError(f"base must be 'reward' or 'advantage', got {base!r}")
+        require_one_of("base", base, ("reward", "advantage"))
         if is_normalization not in ("buffer", "batch"):
             raise ValueError(f"is_normalization must be 'buffer' or 'batch', got {is_normalization!r}")
         self.base = base
@@ -857,14 +847,13 @@ class ExGRPOBuffer(SlotBuffer):
         self.max_trajectories = _int_param("max_trajectories", max_trajectories, 1)
         super().__init__(num_seeds, self.num_prompts * self.max_trajectories, seq_len,
                          token_dtype=token_dtype, logp_dtype=logp_dtype)
-        self.rho = _unit_interval("rho", rho, closed_right=False)
+        self.rho = require_unit_interval("rho", rho, closed=False)
         # validate mu / sigma / units once through the theory function
         _exgrpo.bucket_probabilities(self.group_size, mu, sigma, units)
         self.mu, self.sigma, self.units = mu, float(sigma), units
-        if selection not in ("lowest", "highest", "random"):
-            raise ValueError(f"selection must be 'lowest', 'highest' or 'random', got {selection!r}")
+        require_one_of("selection", selection, ("lowest", "highest", "random"))
         self.selection = selection
-        self.start_pass_rate = _unit_interval("start_pass_rate", start_pass_rate)
+        self.start_pass_rate = require_unit_interval("start_pass_rate", start_pass_rate)
         S, P = self.num_seeds, self.num_prompts
         self.success_count = np.full((S, P), -1, dtype=np.int64)  # (seeds, prompts) latest k, -1 = no record
         self.retired = np.zeros((S, P), dtype=bool)  # (seeds, prompts) the retired set

@@ -69,7 +69,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..theory.checks import require_nonnegative, require_positive
+from ..theory.checks import invalid, one_of, require_finite, require_nonnegative, require_positive
 from ..theory.divergences import ess_kish_fraction, sequence_log_ratio
 from ..theory.exgrpo import shaping, shaping_gradient_weight
 from ..theory.group_replay import clipped_sequence_weight
@@ -194,7 +194,7 @@ def _token_weights(m: np.ndarray, aggregation: str) -> np.ndarray:
     if aggregation == "seq-mean-token-mean":
         length = mf.sum(axis=2, keepdims=True)  # (S, n, 1) |o_i|
         return np.where(length > 0, mf / (n * np.maximum(length, 1.0)), 0.0)  # GRPO: (1/G) sum_i (1/|o_i|) sum_t
-    raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
+    raise invalid("aggregation", one_of(AGGREGATIONS), aggregation)
 
 
 def _output(objective: np.ndarray, d_objective: np.ndarray, weights: np.ndarray,
@@ -620,8 +620,7 @@ def asymre(logp_new: ArrayLike, reward: ArrayLike, value_baseline: ArrayLike, ma
     lp, m, _, lr = _inputs(logp_new, mask, logp_behav)
     r = _per_response(reward, "reward", m.shape)
     v = _per_response(value_baseline, "value_baseline", m.shape)
-    if not np.isfinite(delta_v):
-        raise ValueError(f"delta_v must be a finite number, got {delta_v!r}")
+    require_finite("delta_v", delta_v)
     coef = np.broadcast_to((r - (v + delta_v))[..., None], m.shape)  # App. E: r(z_i, q) - (V-hat + delta V)
     weights = _token_weights(m, aggregation)
     objective = coef * lp  # App. E, experience replay: (r - (V + dV)) log pi(z_i|q)

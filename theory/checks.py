@@ -11,7 +11,7 @@ numpy only, so ``theory/`` (the lowest layer) uses it, and so do ``core/``, ``in
 | ``require_integer``        | a Python int, not a bool (a config field, an option)    | an integer >= m              |
 | ``require_number``         | an int or a float, not a bool, not NaN                  | [a finite number] > b / >= b |
 | ``require_unit_interval``  | a number                                                | in [0, 1] / in [0, 1)        |
-| ``require_one_of``         | one of the names given                                  | one of a, b, c               |
+| ``require_one_of``         | one of the names given (``one_of``: the phrase)         | one of a, b, c               |
 | ``require_int``            | integer-valued numbers or arrays (whole floats too)     | an integer >= m              |
 | ``require_finite``         | numbers or arrays                                       | a finite number              |
 | ``require_positive``       | numbers or arrays                                       | [a finite number] > 0        |
@@ -72,11 +72,16 @@ def require_unit_interval(name: str, value: float, *, closed: bool = True) -> fl
     return v
 
 
+def one_of(options: Iterable[str]) -> str:
+    """The valid range of a name: ``"one of a, b, c"`` (``invalid(name, one_of(names), value)``)."""
+    return f"one of {', '.join(options)}"
+
+
 def require_one_of(name: str, value: object, options: Iterable[str], *, where: str = "") -> None:
     """``value`` is one of ``options`` (a str; listed in their order, ``where`` after them)."""
     names = tuple(options)
     if not isinstance(value, str) or value not in names:
-        raise invalid(name, f"one of {', '.join(names)}{where}", value)
+        raise invalid(name, one_of(names) + where, value)
 
 
 # --- numbers or arrays, converted with numpy ----------------------------------------------------------

@@ -40,7 +40,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .checks import require_finite, require_int, require_nonnegative, require_positive
+from .checks import invalid, require_finite, require_int, require_nonnegative, require_positive
 
 __all__ = [
     "shaping",
@@ -116,7 +116,7 @@ def bucket_probabilities(
         x = np.arange(1, K_int, dtype=float) / K_int  # Acc = k / K
         mu_arr = np.asarray(0.5 if mu is None else mu, dtype=float)
     else:
-        raise ValueError(f"units must be 'success-count' or 'accuracy', got {units!r}")
+        raise invalid("units", "one of success-count, accuracy", units)
     sigma_arr = np.asarray(sigma, dtype=float)
     require_finite("mu", mu_arr)
     require_positive("sigma", sigma_arr)
@@ -149,7 +149,7 @@ def batch_split(B: ArrayLike, rho: ArrayLike, n_experience: ArrayLike) -> tuple[
     rho_arr = np.asarray(rho, dtype=float)
     bad = ~((rho_arr >= 0.0) & (rho_arr < 1.0))
     if np.any(bad):
-        raise ValueError(f"rho must be in [0, 1), got {float(rho_arr[bad].ravel()[0]):g}")
+        raise invalid("rho", "in [0, 1)", float(rho_arr[bad].ravel()[0]), fmt="g")
     n_exp_pool = require_int("n_experience", n_experience, 0)
     n_exp = np.minimum(np.floor(np.round(rho_arr * B_arr, 9)).astype(np.int64), n_exp_pool)  # Sec. 4.2, ExGRPO
     n_on = B_arr - n_exp  # Sec. 4.2, ExGRPO: |B_on| = B - |B_exp|

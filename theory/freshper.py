@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .checks import require_nonnegative, require_positive
+from .checks import invalid, require_nonnegative, require_positive
 
 __all__ = [
     "tau_from_kl_drift",
@@ -58,7 +58,7 @@ def _require_unit_interval(name: str, value: np.ndarray) -> None:
     """0 <= value <= 1 elementwise, NaN rejected."""
     bad = ~((value >= 0.0) & (value <= 1.0))
     if np.any(bad):
-        raise ValueError(f"{name} must be in [0, 1], got {float(value[bad].ravel()[0]):g}")
+        raise invalid(name, "in [0, 1]", float(value[bad].ravel()[0]), fmt="g")
 
 
 def _require_last_axis(name: str, value: np.ndarray) -> None:

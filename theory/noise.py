@@ -57,6 +57,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .checks import invalid
+
 DEFAULT_LEVEL = 0.9
 DEFAULT_DRAWS = 2000
 
@@ -255,7 +257,7 @@ def fit_rho(m: PairMoments, capacity: float, level: float = DEFAULT_LEVEL, draws
     (NaN). Nothing is clamped: a slope outside [0, 1] is returned as is (``RhoFit.in_range``).
     """
     if not capacity > 0:
-        raise ValueError(f"capacity must be > 0, got {capacity}")
+        raise invalid("capacity", "> 0", capacity, fmt="")
     U = m.between_inner.shape[0]
     value = float(rho_slope(m.between_inner.sum(0), m.between_sq.sum(0), capacity))
     corr = correlation_by_gap(m)
@@ -405,7 +407,7 @@ def fit_rho_group_bootstrap(noise: np.ndarray, step: np.ndarray, group: np.ndarr
     Cost O(n d + G^2 d) once, then O(draws G^2 (max_gap + 1)).
     """
     if not capacity > 0:
-        raise ValueError(f"capacity must be > 0, got {capacity}")
+        raise invalid("capacity", "> 0", capacity, fmt="")
     eps = np.asarray(noise, dtype=float)
     t = np.asarray(step).astype(np.int64).reshape(-1)
     g = np.asarray(group).reshape(-1)

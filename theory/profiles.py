@@ -60,7 +60,17 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .checks import require_finite, require_in_range, require_nonnegative, require_positive
+from .checks import (
+    invalid,
+    one_of,
+    require_finite,
+    require_in_range,
+    require_int,
+    require_nonnegative,
+    require_number,
+    require_one_of,
+    require_positive,
+)
 
 AVERAGES = ("integral", "discrete")
 SIGMA_SQ_FORMS = ("plain", "signal-normalised")
@@ -182,12 +192,11 @@ def sigma_bar_sq(profile: Profile, horizon: ArrayLike, average: str = "integral"
         require_positive("horizon", x, allow_inf=False)
         return np.asarray(profile.integral_average(x), dtype=float)
     if average == "discrete":
-        if np.any(x < 1) or np.any(x != np.round(x)):
-            raise ValueError(f"horizon must be an integer >= 1 for the discrete average, got {horizon}")
+        require_int("horizon", x, 1, note=" for the discrete average")
         h_max = int(x.max())
         cumulative = np.cumsum(profile.sigma_sq(np.arange(h_max)))  # (h_max,)
         return cumulative[x.astype(int) - 1] / x
-    raise ValueError(f"average must be one of {', '.join(AVERAGES)}, got {average!r}")
+    raise invalid("average", one_of(AVERAGES), average)
 
 
 @dataclass(frozen=True)
@@ -270,8 +279,7 @@ def _noise_scale_record(data: dict) -> dict | None:
     value = record.get("b_noise")
     if value is None:  # measured without signal: kept (its interval still bounds B_noise); the rule says so when read
         return record
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
-        raise ValueError(f"profile 'noise_scale.b_noise' must be a finite number > 0, got {value!r}")
+    require_number("profile 'noise_scale.b_noise'", value, above=0, finite=True)
     return record
 
 
@@ -296,8 +304,8 @@ def _memory_record(record, name: str = "memory") -> dict:
     elif not _number(kappa) or not (0 < kappa < math.inf):
         raise ValueError(f"profile '{name}.kappa' must be a finite number > 0 or null with a reason, got {kappa!r}")
     optimizer = record.get("optimizer")
-    if optimizer not in MEMORY_OPTIMIZERS:
-        raise ValueError(f"profile '{name}.optimizer' must be one of {', '.join(MEMORY_OPTIMIZERS)}, got {optimizer!r}")
+    if optimizer not in MEMORY_OPTIMIZERS:  # a missing key (None) or a JSON number is refused too
+        raise invalid(f"profile '{name}.optimizer'", one_of(MEMORY_OPTIMIZERS), optimizer)
     beta1 = record.get("beta1")
     if not _number(beta1) or not (0.0 <= beta1 < 1.0):
         raise ValueError(f"profile '{name}.beta1' must be a number in [0, 1), got {beta1!r}")
@@ -389,8 +397,7 @@ def _mu_record(data: dict) -> dict | None:
     if not isinstance(record, dict):
         record = {"value": record}
     value, convention = record.get("value"), record.get("convention", "rollout-cost")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
-        raise ValueError(f"profile 'mu' must be a finite number > 0, got {value!r}")
+    require_number("profile 'mu'", value, above=0, finite=True)
     if convention not in ("rollout-cost", "paper-sec3"):
         raise ValueError(f"profile 'mu.convention' must be rollout-cost or paper-sec3, got {convention!r}")
     return {**record, "value": float(value), "convention": convention}
@@ -420,8 +427,8 @@ def _profile_from_dict(data: dict) -> LoadedProfile:
     if rho_fit is not None and not isinstance(rho_fit, dict):
         raise ValueError("profile 'rho_fit' must be a JSON object")
     form = data.get("sigma_sq_form")
-    if form is not None and form not in SIGMA_SQ_FORMS:
-        raise ValueError(f"profile 'sigma_sq_form' must be one of {', '.join(SIGMA_SQ_FORMS)}, got {form!r}")
+    if form is not None:
+        require_one_of("profile 'sigma_sq_form'", form, SIGMA_SQ_FORMS)
     if kind == "power_law":
         unknown = set(data) - {"kind", "alpha", "tau", "scale", "floor", "rho", "source", "fit", "notes", "noise_scale",
                                "mu", "memory", "memory_estimators"}
