@@ -1,11 +1,8 @@
 """Replay buffers for S seeds at once: FIFO, positive-bias, FreshPER, group replay, ExGRPO, stale-k.
 
-The one stateful part of the simulator; the torch validator uses the same
-classes with S = 1, so everything here stores numpy arrays only. Every array
-has the seed axis first (see ``core.rollouts``); randomness comes only from
-an explicit ``rng`` argument: a ``np.random.Generator`` or a
-``core.rng.PerSeedGenerator`` (every draw here has the seed axis first, and
-ExGRPO's per-seed draws use ``rng.seed_generator(s)`` when it exists).
+The one stateful part of the simulator; the validator and the trainers use the same classes with S = 1. numpy
+arrays only, seed axis first (``core.rollouts``); randomness only from an explicit ``rng``
+(``core.rng.RandomSource``).
 
 | class                 | paper (docs/REFERENCES.md)                            | section / equation                  |
 |-----------------------|--------------------------------------------------------|-------------------------------------|
@@ -32,32 +29,7 @@ ExGRPO's per-seed draws use ``rng.seed_generator(s)`` when it exists).
 | ``rho``                 | rho                    | replay proportion (RLOO: per fresh group; ExGRPO: of B)   |
 | ``k``                   | s (M2PO)               | stale-k delay, in the units of ``step``                   |
 
-Conventions decided here (each is documented again on its class):
-
-* Within one step a caller ADDS the fresh rollouts, then SAMPLES. A rollout
-  created at step t and sampled at step t has staleness 0, so with R rollouts
-  per step and N = kR the buffer holds ages 0..k-1 and the mean sampled
-  staleness is (N/R - 1)/2 (exp.-replay Sec. 3). Group replay is the
-  exception: it samples replay groups BEFORE adding the fresh ones (RLOO App. B).
-* ``sample`` records the use after the whole batch is drawn: a slot drawn twice
-  in one batch (with replacement) reports the same ``time_since_last_use`` for
-  both draws and gets ``use_count += 2``.
-* Storage is a preallocated structure of arrays (``RolloutStore``) of shape
-  (S, capacity, ...) per ``RolloutBatch`` field plus ``use_count``,
-  ``last_used`` (-1 = never) and ``valid``. Tokens take a ``token_dtype``
-  (default int16; ``add`` raises if a token does not fit) and behaviour
-  log-probs a ``logp_dtype``: float64 (default) or float32. float32 keeps a
-  relative error of 2^-24 ~ 6e-8 per token log-prob; for L = 32 tokens with
-  |log p| <= 10 the summed sequence log-prob is off by at most ~2e-5, i.e. a
-  sequence importance ratio is off by a factor exp(2e-5). Sampled batches come
-  back with the ``RolloutBatch`` dtypes (int64 tokens, float64 log-probs).
-* 20,000 token-MDP rollouts of L = 32 at S = 64 with int8 tokens and float64
-  log-probs take 482,560,000 bytes (0.45 GiB; float32 log-probs: 318,720,000;
-  ``tests/unit/test_buffers.py::test_fifo_memory_20k_rollouts_64_seeds_under_2gib``).
-* Vectorisation: every buffer is vectorised over seeds except ExGRPO's
-  question sampling (Alg. 2's per-bucket draws), which loops over seeds in
-  Python; its bookkeeping (retirement, de-duplication, storage) is vectorised,
-  with one extra pass per repeated prompt within a batch.
+Conventions (add, then sample; when a use is recorded; the stored dtypes): ``SlotBuffer`` and ``RolloutStore``.
 """
 
 from __future__ import annotations
@@ -150,7 +122,13 @@ class Sample:
 
 
 class RolloutStore:
-    """Preallocated structure-of-arrays store: one (S, capacity, ...) array per RolloutBatch field."""
+    """Preallocated structure-of-arrays store: one (S, capacity, ...) array per RolloutBatch field.
+
+    Tokens take a ``token_dtype`` (default int16; ``write`` raises if a token does not fit) and behaviour log-probs
+    a ``logp_dtype``: float64 (default) or float32, whose relative error 2^-24 per token log-prob puts a summed
+    sequence log-prob of L = 32 tokens with |log p| <= 10 off by at most ~2e-5 (a sequence ratio off by a factor
+    exp(2e-5)). Sampled batches come back with the ``RolloutBatch`` dtypes (int64 tokens, float64 log-probs).
+    """
 
     def __init__(self, num_seeds: int, capacity: int, seq_len: int,
                  token_dtype: np.dtype | type = np.int16, logp_dtype: np.dtype | type = np.float64) -> None:
@@ -198,7 +176,7 @@ class RolloutStore:
     def take_cells(self, cells: np.ndarray, shape: tuple[int, ...]) -> RolloutBatch:
         """``take`` by flat index ``cells`` (k,) into the (S * capacity) slot axis, shaped ``shape`` (S, m).
 
-        One 1-D ``np.take`` per field: about 3x cheaper than indexing [rows, slots].
+        One 1-D ``np.take`` per field, not indexing [rows, slots].
         """
         return RolloutBatch(**{
             f.name: _take_slots(getattr(self, f.name), cells, shape).astype(_BATCH_DTYPES[f.name], copy=False)
@@ -244,6 +222,16 @@ class SlotBuffer(ReplayBuffer):
 
     Items are rollouts, except in ``GroupReplayBuffer`` where they are groups of
     K responses (``store_capacity = capacity * K``).
+
+    Within one step a caller ADDS the fresh rollouts, then SAMPLES. A rollout
+    created at step t and sampled at step t has staleness 0, so with R rollouts
+    per step and N = kR the buffer holds ages 0..k-1 and the mean sampled
+    staleness is (N/R - 1)/2 (exp.-replay Sec. 3). Group replay is the
+    exception: it samples replay groups BEFORE adding the fresh ones (RLOO App. B).
+    ``sample`` records the use after the whole batch is drawn: a slot drawn twice
+    in one batch (with replacement) reports the same ``time_since_last_use`` for
+    both draws and gets ``use_count += 2``. Every buffer is vectorised over seeds
+    except ExGRPO's question sampling (Alg. 2's per-bucket draws).
     """
 
     def __init__(self, num_seeds: int, capacity: int, seq_len: int, *,

@@ -1,19 +1,10 @@
 """Every buffer design and loss in one registry: its typed parameters, buffer, loss, advantage, rules and batch step.
 
-The one place every name is mapped to its implementation (see docs/CONTRIBUTING.md):
-``BUFFER_DESIGNS`` (name -> ``BufferDesign``) and ``LOSSES`` (name -> ``LossDesign``, the
-off-policy corrections, ``tis`` included). A new buffer design is a buffer class in
-``core/buffers.py`` plus, here, a params dataclass (mixed into ``DesignConfig``) and a
-``BufferDesign`` entry; a new loss is its function in ``core/losses.py`` plus, here, an
-adapter and a ``LossDesign`` entry. Each entry carries its one-line help and whether a
-trainer can run it (``trainer=True``), so nothing else lists names: the simulator's engine
-(``simulate/engine.py``, all seeds at once), the language-model validator (``validate/rl.py``,
-one seed; both through ``core/pipeline.py``), the trainers (``integrations/``: ``ReplayConfig``,
-``RowReplayBuffer``, ``shared_loss``) and the command line (``--buffer`` / ``--loss`` help and
-checks, through the fields' ``CHOICES`` metadata) all read these two tables.
-
-Papers (docs/REFERENCES.md): experience-replay (FIFO, positive bias, GRPO, Sec. 2-3),
-FreshPER (prioritised replay with age decay), RLOO group replay, ExGRPO, M2PO.
+The one place every name is mapped to its implementation (docs/CONTRIBUTING.md): ``BUFFER_DESIGNS`` (name ->
+``BufferDesign``) and ``LOSSES`` (name -> ``LossDesign``), each with its help, parameters, rules (``validate_design``,
+``validate_trainer_design``, ``check_capacity``) and whether a trainer runs it. The simulator, the validator (both
+through ``core/pipeline.py``), the trainers (``integrations/``) and the command line all read these two tables.
+Papers (docs/REFERENCES.md): experience-replay, FreshPER, RLOO group replay, ExGRPO, M2PO.
 
 Units (one per name): ``rollouts_per_step`` and ``batch_size`` count RESPONSES
 (completions) for every design; groups of ``group_size`` responses to one prompt

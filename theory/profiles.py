@@ -12,39 +12,8 @@ Paper: "Efficient RL training for LLMs with experience replay"
 | ``PowerLawProfile``    | sigma(s) = (s/tau)^a  | App. C.3.2, plus an optional fresh-sample floor       |
 | ``rho``                | rho                   | correlation coefficient of Assumption 3.3             |
 
-Two averages are offered. ``"integral"`` is the paper's approximation
-(1/x) int_0^x sigma^2(s) ds, smooth in x; ``"discrete"`` is the exact mean over
-the integer ages 0..H-1 of a buffer holding H = N/R steps of rollouts. They
-differ most for the pure power law, whose sigma(0) = 0 makes fresh samples
-noiseless (see docs/ERRATA.md).
-
-Profile files (written by the simulator and validator, read by
-``replay-theory optimal --profile FILE``) are JSON::
-
-    {"kind": "power_law", "alpha": 0.3, "tau": 1.0, "scale": 1.0, "floor": 0.0, "rho": 0.1}
-    {"kind": "table", "staleness": [0, 1, 2, 4], "sigma_sq": [1.0, 1.2, 1.5, 2.1], "rho": 0.05}
-    {"kind": "noise_scale", "noise_scale": {"b_noise": 3000, "batch": 256, ...}}
-
-or CSV with a header row ``staleness,sigma_sq``. ``rho`` is optional.
-
-Any of them may carry a ``noise_scale`` record (the measured B_noise the noise-scale rule reads; its fields are
-written by every calibration: ``b_noise``, ``b_noise_interval``, ``level``, ``method``, ``batch``, ``unit_size``,
-``source``), and beside it a ``memory`` record: the optimizer's memory kappa = eta tr(H Sigma) / tr Sigma that the
-forgetting-aware rule reads (``theory.forgetting.KappaEstimate.to_dict()``: ``kappa`` (finite > 0, or null with a
-``reason``), ``kappa_interval``, ``level``, ``method``, ``optimizer`` (sgd, momentum or adam), ``beta1`` in [0, 1),
-``pilot_batch``, ``units``, ...); other estimates of the same kappa may sit under ``memory_estimators`` (name ->
-record of the same shape, checked the same way), e.g. the exact value and the lag-1 autocorrelation's.
-
-Measured profiles (``calibrate-simulator``, ``validate calibrate-model``) add, among others:
-
-* ``sigma_sq_form``: which sigma^2 the table holds, ``plain`` (E||eps||^2, for an unbiased
-  importance-weighted loss) or ``signal-normalised`` (sigma^2 / r(s)^2, for a clipped loss: the noise
-  of a stale sample rescaled to carry the full signal); the calibration picks the form that matches
-  its probe's ``loss`` (``simulate/calibrate.py::loss_form``), so ``optimal --profile`` uses it as is;
-  both forms and r(s) are kept under ``forms``;
-* ``rho_fit``: ``{"value", "ci", "in_range", ...}``, the fitted rho with its bootstrap interval, never
-  clamped. ``rho`` itself is written only when the fit lies in [0, 1]; a file with an out-of-range
-  fit carries ``rho_fit`` alone and ``optimal`` then needs ``--rho``.
+Two averages (``sigma_bar_sq``): the paper's integral and the exact discrete mean. Profile files (JSON or CSV, read
+by ``replay-theory optimal --profile FILE``): the schema is ``profile_from_dict``'s.
 """
 
 from __future__ import annotations
@@ -186,6 +155,12 @@ def sigma_bar_sq(profile: Profile, horizon: ArrayLike, average: str = "integral"
 
     ``"integral"``: (1/x) int_0^x sigma^2(s) ds (App. C.3.2 approximation).
     ``"discrete"``: (1/H) sum_{s=0}^{H-1} sigma^2(s) with H = x, x an integer >= 1.
+
+    Two averages are offered. ``"integral"`` is the paper's approximation
+    (1/x) int_0^x sigma^2(s) ds, smooth in x; ``"discrete"`` is the exact mean over
+    the integer ages 0..H-1 of a buffer holding H = N/R steps of rollouts. They
+    differ most for the pure power law, whose sigma(0) = 0 makes fresh samples
+    noiseless (see docs/ERRATA.md).
     """
     x = np.asarray(horizon, dtype=float)
     if average == "integral":
@@ -404,7 +379,36 @@ def _mu_record(data: dict) -> dict | None:
 
 
 def profile_from_dict(data: dict) -> LoadedProfile:
-    """Build a profile from the JSON schema in the module docstring."""
+    """Build a profile from the JSON schema below.
+
+    Profile files (written by the simulator and validator, read by
+    ``replay-theory optimal --profile FILE``) are JSON::
+
+        {"kind": "power_law", "alpha": 0.3, "tau": 1.0, "scale": 1.0, "floor": 0.0, "rho": 0.1}
+        {"kind": "table", "staleness": [0, 1, 2, 4], "sigma_sq": [1.0, 1.2, 1.5, 2.1], "rho": 0.05}
+        {"kind": "noise_scale", "noise_scale": {"b_noise": 3000, "batch": 256, ...}}
+
+    or CSV with a header row ``staleness,sigma_sq``. ``rho`` is optional.
+
+    Any of them may carry a ``noise_scale`` record (the measured B_noise the noise-scale rule reads; its fields are
+    written by every calibration: ``b_noise``, ``b_noise_interval``, ``level``, ``method``, ``batch``, ``unit_size``,
+    ``source``), and beside it a ``memory`` record: the optimizer's memory kappa = eta tr(H Sigma) / tr Sigma that the
+    forgetting-aware rule reads (``theory.forgetting.KappaEstimate.to_dict()``: ``kappa`` (finite > 0, or null with a
+    ``reason``), ``kappa_interval``, ``level``, ``method``, ``optimizer`` (sgd, momentum or adam), ``beta1`` in [0, 1),
+    ``pilot_batch``, ``units``, ...); other estimates of the same kappa may sit under ``memory_estimators`` (name ->
+    record of the same shape, checked the same way), e.g. the exact value and the lag-1 autocorrelation's.
+
+    Measured profiles (``calibrate-simulator``, ``validate calibrate-model``) add, among others:
+
+    * ``sigma_sq_form``: which sigma^2 the table holds, ``plain`` (E||eps||^2, for an unbiased
+      importance-weighted loss) or ``signal-normalised`` (sigma^2 / r(s)^2, for a clipped loss: the noise
+      of a stale sample rescaled to carry the full signal); the calibration picks the form that matches
+      its probe's ``loss`` (``simulate/calibrate.py::loss_form``), so ``optimal --profile`` uses it as is;
+      both forms and r(s) are kept under ``forms``;
+    * ``rho_fit``: ``{"value", "ci", "in_range", ...}``, the fitted rho with its bootstrap interval, never
+      clamped. ``rho`` itself is written only when the fit lies in [0, 1]; a file with an out-of-range
+      fit carries ``rho_fit`` alone and ``optimal`` then needs ``--rho``.
+    """
     if not isinstance(data, dict):
         raise ValueError("profile must be a JSON object")
     memory, others = _memory_records(data)
