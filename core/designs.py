@@ -255,6 +255,30 @@ class DesignConfig(ExGRPOShapingParams, AsymREParams, RLOOParams, M2POParams, Cl
         validate_design(self, pipeline)
         return dataclasses.replace(self, advantage=self.resolved_advantage())
 
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], **fields: Any) -> "DesignConfig":
+        """The design a saved record names, N, B, R from whichever keys it has; ``fields`` set the rest.
+
+        ``replay-theory optimal --json``: ``capacity``, ``batch_size``, ``rollouts_per_step`` (files saved before
+        ``capacity`` was N's name say ``buffer_size``); ``validate predict``'s predicted.json: ``N``, ``B``, ``R``.
+        Each size must be an integer >= 1 (a JSON 64.0 reads as 64); a missing or null one is a one-line ValueError.
+        """
+        sizes = {}
+        for name, keys in RECORD_KEYS.items():
+            key = next((k for k in keys if record.get(k) is not None), None)
+            if key is None:
+                raise ValueError(f"the record has no {name} (one of {', '.join(keys)})")
+            sizes[name] = require_integer(key, record[key], 1, whole_floats=True)
+        return cls(**sizes, **fields)
+
+
+RECORD_KEYS: dict[str, tuple[str, ...]] = {
+    "capacity": ("capacity", "buffer_size", "N"),
+    "batch_size": ("batch_size", "B"),
+    "rollouts_per_step": ("rollouts_per_step", "R"),
+}
+"""The keys a saved record gives N, B, R under (``DesignConfig.from_record``), the current name first."""
+
 
 def design_field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(DesignConfig)]

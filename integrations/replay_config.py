@@ -205,7 +205,8 @@ class ReplayConfig:
         if missing:
             raise ValueError(f"the optimal --json output has no {', '.join(missing)}: run `replay-theory optimal` "
                              "with -R (rollouts per step) or -B (batch size) to get an integer design")
-        n, b, r = (int(data[k]) for k in ("capacity", "batch_size", "rollouts_per_step"))  # whole (_check_design)
+        sizes = DesignConfig.from_record(data)  # N, B, R: whole numbers (_check_design)
+        n, b, r = sizes.capacity, sizes.batch_size, sizes.rollouts_per_step
         if group_size is not None:
             require_integer("group_size", group_size, 1)
             if r % group_size:

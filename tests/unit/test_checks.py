@@ -1,5 +1,6 @@
 """theory/checks.py: each rule's one message, worked out by hand; and the design rules that go through it."""
 
+import json
 import math
 
 import numpy as np
@@ -114,3 +115,18 @@ def test_every_design_buffer_is_a_replay_buffer():
     assert drawn.batch.created.tolist() == [[1, 1, 1]] * 2 and drawn.staleness.tolist() == [[2, 2, 2]] * 2
     assert drawn.weight.tolist() == [[1.0] * 3] * 2 and drawn.time_since_last_use.tolist() == [[-1] * 3] * 2
     assert queue.evicted_use_counts().size == 0
+
+
+def test_design_config_from_record_reads_every_saved_shape(cli):
+    code, out, _ = cli("optimal", "--mu", "5.28", "-B", "512", "--noise-scale", "2383", "--kappa", "0.2",
+                       "--group-size", "8", "--latency-floor", "64", "--json")
+    design = DesignConfig.from_record(json.loads(out), group_size=8)
+    assert code == 0 and (design.capacity, design.batch_size, design.rollouts_per_step) == (11264, 1000, 176)
+    old = {"buffer_size": 512.0, "batch_size": 256, "rollouts_per_step": 64}  # optimal --json before `capacity`
+    predicted = {"x_star": 8.0, "y_star": 4.0, "N": 512, "B": 256, "R": 64, "regime": "replay"}  # validate predict
+    assert DesignConfig.from_record(old) == DesignConfig.from_record(predicted) == \
+        DesignConfig(capacity=512, batch_size=256, rollouts_per_step=64)
+    assert DesignConfig.from_record(predicted, buffer="prioritized").buffer == "prioritized"
+    assert _message(DesignConfig.from_record, {"N": 512, "B": 256}) == \
+        "the record has no rollouts_per_step (one of rollouts_per_step, R)"
+    assert _message(DesignConfig.from_record, {"N": 512, "B": 2.5, "R": 64}) == "B must be an integer >= 1, got 2.5"
