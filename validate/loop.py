@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import transformers
 
+from ..core.designs import capacity_holds_a_step
 from ..core.jobs import local_workers, run_unordered
 from ..core.progress import ProgressBar
 from ..figures.results import save_report_figure
@@ -272,7 +273,7 @@ def _designs(config: ValidateConfig, predicted: dict, group_replay: bool = False
     centre = "predicted" if replay else "on-policy"
     for label, N, B in (("N x2", 2 * N0, B0), ("N x0.5", N0 // 2, B0), ("B x2", N0, 2 * B0),
                          ("B x0.5", N0, B0 // 2)):
-        if N >= R and B >= 1:  # x = N / R >= 1: a FIFO smaller than one step's rollouts drops fresh data unseen
+        if capacity_holds_a_step(N, R) and B >= 1:  # a FIFO smaller than one step's rollouts drops fresh data unseen
             designs.append({"name": f"{centre}, {label}", "buffer": "fifo", "loss": "grpo", "N": N, "B": B,
                             "family": True})
     unique, seen = [], set()
