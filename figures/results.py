@@ -577,7 +577,8 @@ def plot_theory_test(results: Path = Path("results"), axes=None) -> Figure:
         axes[0].text(i, 1.01, f"{100 * within:.0f}%", ha="center", va="bottom", fontsize=8,
                      transform=axes[0].get_xaxis_transform())
     axes[0].set_xticks(range(len(THEORY_TEST_OBJECTIVES)),
-                       [label for _, label, _ in THEORY_TEST_OBJECTIVES], rotation=35, ha="right", rotation_mode="anchor", fontsize=8)
+                       [label for _, label, _ in THEORY_TEST_OBJECTIVES], rotation=35, ha="right",
+                       rotation_mode="anchor", fontsize=8)
     for ax in axes:
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(FixedLocator(REGRET_TICKS))

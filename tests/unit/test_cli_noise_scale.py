@@ -60,7 +60,8 @@ def test_a_noise_scale_gives_one_design_rounded_to_the_cheaper_integer_R(cli):
 def test_below_the_threshold_at_a_batch_too_small_to_replay_it_says_so_truly(cli):
     code, out, _ = cli("optimal", "--mu", "5.28", "-B", "1", "--noise-scale", "0.01", "--objective", "noise-scale")
     assert code == 0  # b = 0.01 < 0.753 (replay would pay, y* = sqrt(5.28 x 101) = 23.1) but R = B / y* rounds to 1
-    assert "what to do: stay on-policy (b = 0.01 < 0.753, so replay would pay at y* = 23.1, but R = B / y* rounded" in out
+    assert ("what to do: stay on-policy (b = 0.01 < 0.753, so replay would pay at y* = 23.1, but R = B / y* rounded"
+            in out)
 
 
 def test_above_the_threshold_it_stays_on_policy(cli):
