@@ -1,8 +1,8 @@
 """Calibrate the theory's inputs on the language model: mu, sigma^2(s), rho and the KL drift.
 
-Paper: experience-replay (docs/REFERENCES.md), Assumption 3.3,
-Thm 3.5 and App. E; the same measurements as ``simulate/calibrate.py`` (whose fits are reused),
-but with per-sample gradients of the transformer instead of analytic scores.
+Paper: experience-replay (docs/REFERENCES.md), Assumption 3.3, Thm 3.5 and App. E; the same measurements as
+``simulate/calibrate.py`` (the same fits, ``theory.profiles.fit_profiles``), but with per-sample gradients of the
+transformer instead of analytic scores.
 
 | code name          | paper symbol     | how it is measured on the LM                                           |
 |--------------------|------------------|------------------------------------------------------------------------|
@@ -110,14 +110,13 @@ import numpy as np
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ..core.designs import BufferSpec, compute_loss, make_design_buffer
+from ..core.designs import BufferSpec, compute_loss, loss_form, make_design_buffer
 from ..core.surrogate import surrogate
-from ..simulate.calibrate import fit_profiles, loss_form
 from ..theory import noise as noise_estimators
 from ..theory.compute import estimate_mu
 from ..theory.divergences import k3_terms
 from ..theory.noise_scale import pooled_noise_scale
-from ..theory.profiles import curvature_pairs_record, save_profile, unmeasured_memory
+from ..theory.profiles import curvature_pairs_record, fit_profiles, save_profile, unmeasured_memory
 from . import countdown
 from .engines import HFSampler, Sampler
 from .logprobs import encode_prompts, next_token_logprobs, sequence_logprobs
@@ -152,7 +151,7 @@ class LMCalibration:
     grad_coords: int | None = None
     """Coordinates per per-sample gradient (None: all parameters, exact)."""
     sigma_sq_form: str = "plain"
-    """plain or signal-normalised (``simulate.calibrate.loss_form`` of the probe's loss)."""
+    """plain or signal-normalised (``core.designs.loss_form`` of the probe's loss)."""
     loss: str = "grpo"
     sigma_sq_plain: list[float] = field(default_factory=list)
     sigma_sq_signal_normalised: list[float] = field(default_factory=list)
