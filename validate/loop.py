@@ -706,20 +706,8 @@ def prediction_rows(rows: list[dict], centres: dict[str, str], pick: dict | None
     rules = [("noise-scale", centres.get("noise-scale")), ("forgetting", centres.get("forgetting")),
              ("paper", centres["paper"])]
     for rule, name in rules if memory is not None else rules[::2]:  # no memory given: the two rules of issue 23
-        entry = {"rule": rule, "design": name}
-        if rule == "forgetting":
-            entry["input"] = {"b_noise": noise_record.get("b_noise"), **memory}
-            entry["pick"] = forgetting
-        elif rule == "noise-scale":
-            entry["input"] = {k: noise_record.get(k) for k in ("b_noise", "b_noise_interval", "level", "method",
-                                                               "batch", "unit_size", "source")}
-            entry["pick"] = pick
-            B = pick["B"] if pick else None
-            if pick:  # the rule at both ends of B_noise's interval (None: no signal, b = inf, on-policy)
-                entry["pick_at_interval"] = [None if v is None else noise_scale_pick(v, B, group_size, pick["mu"])
-                                             for v in noise_record["b_noise_interval"]]
-        else:
-            entry["input"] = {k: predicted[k] for k in ("x_star", "y_star", "regime", "N", "B", "R")}
+        entry = {"rule": rule, "design": name,
+                 **_rule_input(rule, pick, noise_record, predicted, group_size, forgetting, memory)}
         if name is None:
             entry["verdict"], entry["separation"] = None, None
             out.append(entry)
@@ -733,6 +721,23 @@ def prediction_rows(rows: list[dict], centres: dict[str, str], pick: dict | None
         entry["criterion"] = _criterion(verdict, entry["separation"])
         out.append(entry)
     return out
+
+
+def _rule_input(rule: str, pick: dict | None, noise_record: dict, predicted: dict, group_size: int,
+                forgetting: dict | None, memory: dict | None) -> dict:
+    """A rule's ``input`` (what it read) and ``pick`` in ``prediction_rows``; the noise-scale rule also at both ends
+    of B_noise's interval."""
+    if rule == "forgetting":
+        return {"input": {"b_noise": noise_record.get("b_noise"), **memory}, "pick": forgetting}
+    if rule == "paper":
+        return {"input": {k: predicted[k] for k in ("x_star", "y_star", "regime", "N", "B", "R")}}
+    entry = {"input": {k: noise_record.get(k) for k in ("b_noise", "b_noise_interval", "level", "method", "batch",
+                                                        "unit_size", "source")},
+             "pick": pick}
+    if pick:  # the rule at both ends of B_noise's interval (None: no signal, b = inf, on-policy)
+        entry["pick_at_interval"] = [None if v is None else noise_scale_pick(v, pick["B"], group_size, pick["mu"])
+                                     for v in noise_record["b_noise_interval"]]
+    return entry
 
 
 def _criterion(verdict: dict | None, separation: dict | None) -> dict | None:
@@ -753,41 +758,60 @@ def predictions_markdown(report: dict) -> list[str]:
         return []
     family = report.get("budget", {}).get("family", "fixed-b")
     lines = ["", f"## The rules' predictions in the {family} family (equal compute)", ""]
-    rule = next(p for p in predictions if p["rule"] == "noise-scale")
-    record, pick = rule["input"], rule["pick"]
-    if pick is None:
-        lines.append("The noise-scale rule made no prediction: the calibration has no measured B_noise.")
-    else:
-        lo, hi = record["b_noise_interval"]
-        at_ends = ", ".join("on-policy (b = inf)" if p is None else
-                            f"{p['regime']} R = {p['R']}" for p in rule["pick_at_interval"])
-        y_star = f"y* = {pick['y_star']:.3g}; " if pick["regime"] == "replay" else ""
-        lines.append(f"Noise-scale rule: B_noise = {record['b_noise']:.4g} ({record['method']}, "
-                     f"{100 * record['level']:g}% interval [{_fmt(lo, '.4g')}, {_fmt(hi, '.4g')}]; calibration "
-                     f"batch {record['batch']}, unit {record['unit_size']}), b = B_noise / B = {pick['b']:.4g} at "
-                     f"B = {pick['B']}, mu = {pick['mu']:g}: replay pays iff b < {pick['threshold_b']:.4g}; "
-                     f"{y_star}pick {pick['regime']} R = N = {pick['R']} (y = {pick['y']:.3g}), "
-                     f"predicted cost {pick['cost']:.4g} vs on-policy {pick['on_policy_cost']:.4g} (S_min B units); "
-                     f"at the interval's ends: {at_ends}.")
-    forgetting = next((p for p in predictions if p["rule"] == "forgetting"), None)
-    if forgetting is None and report.get("forgetting_input"):
-        lines += ["", f"Forgetting-aware rule: no prediction ({report['forgetting_input'].get('reason')})."]
-    elif forgetting is not None:
-        memory, fpick = forgetting["input"], forgetting["pick"]
-        if fpick is None:
-            lines += ["", f"Forgetting-aware rule: no prediction ({memory.get('reason')})."]
-        else:
-            lines += ["", f"Forgetting-aware rule: kappa = {fpick['kappa']:.4g} ({memory['source']}; optimizer "
-                      f"{fpick['optimizer']}, beta1 {fpick['beta1']:g}), b = {fpick['b']:.4g} at B = {fpick['B']}, "
-                      f"mu = {fpick['mu']:g}: pick {fpick['regime']} R = {fpick['R']}, N = {fpick['N']} (x = "
-                      f"{fpick['x']:.3g}, y = {fpick['y']:.3g}, psi = {fpick['psi']:.3g}), predicted cost "
-                      f"{fpick['cost']:.4g} vs on-policy {fpick['on_policy_cost']:.4g}."]
+    lines.append(_noise_scale_rule_line(next(p for p in predictions if p["rule"] == "noise-scale")))
+    lines += _forgetting_rule_lines(next((p for p in predictions if p["rule"] == "forgetting"), None),
+                                    report.get("forgetting_input"))
     paper = next(p for p in predictions if p["rule"] == "paper")["input"]
     lines += ["", f"Paper (Thm 3.5): regime {paper['regime']}, x* = {_fmt(paper['x_star'])}, "
               f"y* = {_fmt(paper['y_star'])}, N = {_fmt(paper['N'], 'd')}, B = {_fmt(paper['B'], 'd')}, "
-              f"R = {paper['R']}.", "",
-              "| rule | design | rank [CI] | P(best) | regret [CI] | strongest rival | difference +- se | "
-              "seeds for 2 se |", "|---|---|---|---|---|---|---|---|"]
+              f"R = {paper['R']}.", ""]
+    lines += _predictions_table(predictions)
+    lines.append("")
+    lines += [_criterion_line(p) for p in predictions if p.get("criterion") is not None]
+    for p in predictions:
+        if p["rule"] == "noise-scale" and p["verdict"] is not None:
+            lines += verdict_markdown(p["verdict"], p["design"])
+    return lines
+
+
+def _noise_scale_rule_line(rule: dict) -> str:
+    """The noise-scale rule's line: B_noise with its interval, b, the threshold and the pick (at both ends too)."""
+    record, pick = rule["input"], rule["pick"]
+    if pick is None:
+        return "The noise-scale rule made no prediction: the calibration has no measured B_noise."
+    lo, hi = record["b_noise_interval"]
+    at_ends = ", ".join("on-policy (b = inf)" if p is None else
+                        f"{p['regime']} R = {p['R']}" for p in rule["pick_at_interval"])
+    y_star = f"y* = {pick['y_star']:.3g}; " if pick["regime"] == "replay" else ""
+    return (f"Noise-scale rule: B_noise = {record['b_noise']:.4g} ({record['method']}, "
+            f"{100 * record['level']:g}% interval [{_fmt(lo, '.4g')}, {_fmt(hi, '.4g')}]; calibration "
+            f"batch {record['batch']}, unit {record['unit_size']}), b = B_noise / B = {pick['b']:.4g} at "
+            f"B = {pick['B']}, mu = {pick['mu']:g}: replay pays iff b < {pick['threshold_b']:.4g}; "
+            f"{y_star}pick {pick['regime']} R = N = {pick['R']} (y = {pick['y']:.3g}), "
+            f"predicted cost {pick['cost']:.4g} vs on-policy {pick['on_policy_cost']:.4g} (S_min B units); "
+            f"at the interval's ends: {at_ends}.")
+
+
+def _forgetting_rule_lines(forgetting: dict | None, forgetting_input: dict | None) -> list[str]:
+    """The forgetting-aware rule's line: kappa and its pick, or why it made none; nothing when it was not asked."""
+    if forgetting is None and not forgetting_input:
+        return []
+    if forgetting is None:
+        return ["", f"Forgetting-aware rule: no prediction ({forgetting_input.get('reason')})."]
+    memory, fpick = forgetting["input"], forgetting["pick"]
+    if fpick is None:
+        return ["", f"Forgetting-aware rule: no prediction ({memory.get('reason')})."]
+    return ["", f"Forgetting-aware rule: kappa = {fpick['kappa']:.4g} ({memory['source']}; optimizer "
+            f"{fpick['optimizer']}, beta1 {fpick['beta1']:g}), b = {fpick['b']:.4g} at B = {fpick['B']}, "
+            f"mu = {fpick['mu']:g}: pick {fpick['regime']} R = {fpick['R']}, N = {fpick['N']} (x = "
+            f"{fpick['x']:.3g}, y = {fpick['y']:.3g}, psi = {fpick['psi']:.3g}), predicted cost "
+            f"{fpick['cost']:.4g} vs on-policy {fpick['on_policy_cost']:.4g}."]
+
+
+def _predictions_table(predictions: list[dict]) -> list[str]:
+    """One row a rule: its design's rank [CI], P(best), regret [CI] and the strongest rival's paired difference."""
+    lines = ["| rule | design | rank [CI] | P(best) | regret [CI] | strongest rival | difference +- se | "
+             "seeds for 2 se |", "|---|---|---|---|---|---|---|---|"]
     for p in predictions:
         v = p["verdict"]
         if v is None:
@@ -799,23 +823,20 @@ def predictions_markdown(report: dict) -> list[str]:
         lines.append(f"| {p['rule']} | {p['design']} | {f['rank']} of {f['designs']} [{f['rank_ci'][0]:.0f}, "
                      f"{f['rank_ci'][1]:.0f}] | {f['probability_predicted_best']:.2f} | {f['regret']:.4f} "
                      f"[{f['regret_ci'][0]:.4f}, {f['regret_ci'][1]:.4f}] | {rival} |")
-    lines.append("")
-    for p in predictions:  # the test: first, or within one paired se of the best
-        c = p.get("criterion")
-        if c is None:
-            continue
-        in_se = "se 0" if c["in_se"] is None else f"{abs(c['in_se']):.1f} paired se"
-        size = f"{abs(c['difference']):.4f} ({in_se})"
-        if c["first"]:
-            said = f"ranks first, ahead of {c['rival']} by {size}"
-        else:
-            said = (f"{'within' if c['within_one_se'] else 'NOT within'} one paired se of the best ({c['rival']}): "
-                    f"behind by {size}")
-        lines.append(f"- {p['rule']} rule ({p['design']}): {said}")
-    for p in predictions:
-        if p["rule"] == "noise-scale" and p["verdict"] is not None:
-            lines += verdict_markdown(p["verdict"], p["design"])
     return lines
+
+
+def _criterion_line(prediction: dict) -> str:
+    """Issue 23's test of one rule's prediction: first, or within one paired se of the best."""
+    c = prediction["criterion"]
+    in_se = "se 0" if c["in_se"] is None else f"{abs(c['in_se']):.1f} paired se"
+    size = f"{abs(c['difference']):.4f} ({in_se})"
+    if c["first"]:
+        said = f"ranks first, ahead of {c['rival']} by {size}"
+    else:
+        said = (f"{'within' if c['within_one_se'] else 'NOT within'} one paired se of the best ({c['rival']}): "
+                f"behind by {size}")
+    return f"- {prediction['rule']} rule ({prediction['design']}): {said}"
 
 
 def _train_one(config: ValidateConfig, out_dir: Path, design: dict, seed: int, steps: int, mu: float, path: Path,
