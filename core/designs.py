@@ -827,6 +827,13 @@ def make_advantage(config: DesignConfig, reward_groups: np.ndarray) -> np.ndarra
     return ADVANTAGES[config.resolved_advantage()](reward_groups)
 
 
+def loss_form(loss: str) -> str:
+    """The sigma^2 form the theory needs for ``loss``: plain (unbiased IS) or signal-normalised (the rest).
+
+    Both calibrations (simulate/calibrate.py, validate/calibrate.py) write their profile's table in this form."""
+    return "plain" if LOSSES[loss].unbiased else "signal-normalised"  # the registry entry's flag
+
+
 # --------------------------------------------------------------------------- validation
 
 

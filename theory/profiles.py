@@ -11,6 +11,7 @@ Paper: "Efficient RL training for LLMs with experience replay"
 | ``sigma_bar_sq(x)``    | sigmabar^2(x)         | sigma^2 averaged over the ages 0..x of the buffer     |
 | ``PowerLawProfile``    | sigma(s) = (s/tau)^a  | App. C.3.2, plus an optional fresh-sample floor       |
 | ``rho``                | rho                   | correlation coefficient of Assumption 3.3             |
+| ``fit_profiles``       | alpha, tau            | the power laws fitted to a measured sigma^2(s) table  |
 
 Two averages (``sigma_bar_sq``): the paper's integral and the exact discrete mean. Profile files (JSON or CSV, read
 by ``replay-theory optimal --profile FILE``): the schema is ``profile_from_dict``'s.
@@ -22,6 +23,7 @@ import csv
 import dataclasses
 import json
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,6 +174,37 @@ def sigma_bar_sq(profile: Profile, horizon: ArrayLike, average: str = "integral"
         cumulative = np.cumsum(profile.sigma_sq(np.arange(h_max)))  # (h_max,)
         return cumulative[x.astype(int) - 1] / x
     raise invalid("average", one_of(AVERAGES), average)
+
+
+def fit_profiles(staleness: np.ndarray, sigma_sq: np.ndarray) -> dict:
+    """Fit the pure power law (s >= 1) and the floor profile sigma0^2 (1 + (s/tau)^(2 alpha)) to a measured table.
+
+    Both calibrations (the simulator's and the language model's) write these fits into their profile's ``fits``,
+    as ``PowerLawProfile`` records (App. C.3.2).
+    """
+    from scipy.optimize import OptimizeWarning, curve_fit
+
+    fits: dict = {}
+    pos = staleness >= 1
+    if pos.sum() >= 2:
+        slope, intercept = np.polyfit(np.log(staleness[pos]), np.log(sigma_sq[pos]), 1)
+        fits["power_law"] = {"kind": "power_law", "alpha": float(max(slope / 2, 0.0)), "tau": 1.0,
+                             "scale": float(math.exp(intercept)), "floor": 0.0}
+    sigma0 = float(sigma_sq[staleness == 0][0]) if np.any(staleness == 0) else float(sigma_sq.min())
+
+    def floor_model(s, alpha, tau):
+        return sigma0 * (1.0 + (s / tau) ** (2 * alpha))
+
+    try:
+        with warnings.catch_warnings():  # too few points for a covariance is fine: only the fit is kept
+            warnings.simplefilter("ignore", OptimizeWarning)
+            (alpha, tau), _ = curve_fit(floor_model, staleness, sigma_sq, p0=(0.5, 10.0),
+                                        bounds=([0.0, 1e-3], [3.0, 1e6]), maxfev=20000)
+        fits["floor_power_law"] = {"kind": "power_law", "alpha": float(alpha), "tau": float(tau),
+                                   "scale": sigma0, "floor": 1.0}
+    except (RuntimeError, ValueError):
+        pass
+    return fits
 
 
 @dataclass(frozen=True)
