@@ -98,8 +98,8 @@ CASES: dict[str, tuple[list, list[str], bool]] = {
 # the JSON keys that hold wall-clock timings (left out of every record), and the validator's printed timing numbers
 TIMING_KEYS = {"mu_timing", "mu_measured", "mu_count", "count_window", "seconds", "compile_seconds", "elapsed_s"}
 TIMING_TEXT = [
-    (re.compile(r"(timing mu = |time per completion\) = |time per completion\): )[0-9.e+-]+"), r"\1<timing>"),
-    (re.compile(r"(window\) = |s window: )[0-9.e+-]+"), r"\1<timing>"),
+    (re.compile(r"(timing mu = |time per completion\) = |time per completion\): )(nan|inf|[0-9.e+-]+)"), r"\1<timing>"),
+    (re.compile(r"(window\) = |s window: )(nan|inf|[0-9.e+-]+)"), r"\1<timing>"),  # nan: no completion in the window
     (re.compile(r"(K_inference = |K_training = )\d+"), r"\1<timing>"),
 ]
 
