@@ -24,6 +24,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..theory import noise_scale as ns
+from ..theory.checks import invalid, require_integer
 from ..theory.compute import compute_ratio, replay_ratio_of_split
 from ..theory.design import (
     DEFAULT_ALPHA,
@@ -182,7 +183,7 @@ def _check_budget_options(budget, smoothness, bias, f0, rollouts_per_step, batch
         if value is None:
             raise UserError(f"--budget needs {name}: {valid} (Thm 3.4's constants; see docs/THEORY.md)")
         if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
-            raise UserError(f"{name} must be {valid}, got {value:g}")
+            raise invalid(name, valid, value, fmt="g")
     if rollouts_per_step is None and batch_size is None:
         raise UserError("--budget needs --batch-size or --rollouts-per-step: at a finite budget the bound prefers "
                         "the smallest batch, so the scale must be fixed")
@@ -234,9 +235,9 @@ def _check_forgetting_options(batch_size, kappa, beta1, pilot_batch, group_size,
     ]
     for flag, value, key, ok in checks:
         if not ok:
-            raise UserError(f"{flag} must be {VALID_RANGES[key]}, got {value:g}")
-    if batch_size is not None and batch_size < 1:
-        raise UserError(f"--batch-size must be {VALID_RANGES['batch_size']}, got {batch_size}")
+            raise invalid(flag, VALID_RANGES[key], value, fmt="g")
+    if batch_size is not None:
+        require_integer("--batch-size", batch_size, 1)
 
 
 def _memory_inputs(kappa, optimizer, beta1, pilot_batch, loaded, profile) -> tuple:
@@ -319,13 +320,13 @@ NOISE_SCALE_RANGE = (1e-6, 1e12)
 
 def _check_noise_scale(value: Optional[float]) -> None:
     if value is not None and not (math.isfinite(value) and NOISE_SCALE_RANGE[0] <= value <= NOISE_SCALE_RANGE[1]):
-        raise UserError(f"--noise-scale must be {VALID_RANGES['noise_scale']}, got {value:g}")
+        raise invalid("--noise-scale", VALID_RANGES["noise_scale"], value, fmt="g")
 
 
 def _check_mu(mu: float) -> None:
     """mu far from 1 overflows the products of the rule and the paper's closed form: a range, said up front."""
     if not (math.isfinite(mu) and 1e-100 <= mu <= 1e100):
-        raise UserError(f"--mu must be a finite number > 0, in [1e-100, 1e100], got {mu:g}")
+        raise invalid("--mu", "a finite number > 0, in [1e-100, 1e100]", mu, fmt="g")
 
 
 def _resolve_mu(mu: Optional[float], convention: Optional[Convention], profile: Optional[Path]

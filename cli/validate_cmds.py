@@ -71,6 +71,14 @@ def _loop():
     return loop
 
 
+def _report_figure():
+    """The report's figure (figures/results.py), which verify draws as report.png: figures/ sits beside validate/, so
+    the command hands the drawing in; matplotlib is imported when verify runs."""
+    from ..figures.results import save_report_figure
+
+    return save_report_figure
+
+
 def kept(out: Path) -> str:
     """The Ctrl-C line of calibrate-model, verify and all: each step's files are written when it ends and skipped
     when present (validate/loop.py), and verify's runs checkpoint every 5 steps."""
@@ -168,7 +176,8 @@ def verify(
                              gpu_memory_utilization=gpu_memory, threads=threads).validated()
     plan.check_sizes(config.rollouts_per_step, config.group_size)
     with on_ctrl_c(kept(out)):
-        report = _loop().run_verify(config, out, plan, log=typer.echo, progress=not no_progress)
+        report = _loop().run_verify(config, out, plan, log=typer.echo, progress=not no_progress,
+                                    figure=_report_figure())
     typer.echo(f"measured best: {report['measured_best']['name']}; report: {out / (report_stem(plan.family) + '.md')}")
 
 
@@ -186,7 +195,8 @@ def validate_all(fields: dict[str, Any], out: OutOption, tiny: TinyOption = True
     with on_ctrl_c(kept(out)):
         loop.run_calibrate(config.calibration(), out, log=typer.echo, progress=not no_progress)
         loop.run_predict(config.calibration(), out, log=typer.echo, rho=rho)
-        report = loop.run_verify(config.calibration(), out, plan, log=typer.echo, progress=not no_progress)
+        report = loop.run_verify(config.calibration(), out, plan, log=typer.echo, progress=not no_progress,
+                                 figure=_report_figure())
     typer.echo(f"measured best: {report['measured_best']['name']}; report: {out / (report_stem(plan.family) + '.md')}")
 
 

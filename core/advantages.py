@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..theory.checks import require_nonnegative
+from ..theory.checks import invalid, one_of, require_nonnegative
 from ..theory.group_replay import leave_one_out_advantage
 
 __all__ = [
@@ -113,4 +113,4 @@ def get_advantage(name: str) -> Callable[..., np.ndarray]:
     try:
         return ADVANTAGES[name]
     except (KeyError, TypeError):
-        raise ValueError(f"advantage must be one of {', '.join(ADVANTAGES)}, got {name!r}") from None
+        raise invalid("advantage", one_of(ADVANTAGES), name) from None

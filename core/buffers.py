@@ -1,11 +1,8 @@
 """Replay buffers for S seeds at once: FIFO, positive-bias, FreshPER, group replay, ExGRPO, stale-k.
 
-The one stateful part of the simulator; the torch validator uses the same
-classes with S = 1, so everything here stores numpy arrays only. Every array
-has the seed axis first (see ``core.rollouts``); randomness comes only from
-an explicit ``rng`` argument: a ``np.random.Generator`` or a
-``core.rng.PerSeedGenerator`` (every draw here has the seed axis first, and
-ExGRPO's per-seed draws use ``rng.seed_generator(s)`` when it exists).
+The one stateful part of the simulator; the validator and the trainers use the same classes with S = 1. numpy
+arrays only, seed axis first (``core.rollouts``); randomness only from an explicit ``rng``
+(``core.rng.RandomSource``).
 
 | class                 | paper (docs/REFERENCES.md)                            | section / equation                  |
 |-----------------------|--------------------------------------------------------|-------------------------------------|
@@ -32,32 +29,7 @@ ExGRPO's per-seed draws use ``rng.seed_generator(s)`` when it exists).
 | ``rho``                 | rho                    | replay proportion (RLOO: per fresh group; ExGRPO: of B)   |
 | ``k``                   | s (M2PO)               | stale-k delay, in the units of ``step``                   |
 
-Conventions decided here (each is documented again on its class):
-
-* Within one step a caller ADDS the fresh rollouts, then SAMPLES. A rollout
-  created at step t and sampled at step t has staleness 0, so with R rollouts
-  per step and N = kR the buffer holds ages 0..k-1 and the mean sampled
-  staleness is (N/R - 1)/2 (exp.-replay Sec. 3). Group replay is the
-  exception: it samples replay groups BEFORE adding the fresh ones (RLOO App. B).
-* ``sample`` records the use after the whole batch is drawn: a slot drawn twice
-  in one batch (with replacement) reports the same ``time_since_last_use`` for
-  both draws and gets ``use_count += 2``.
-* Storage is a preallocated structure of arrays (``RolloutStore``) of shape
-  (S, capacity, ...) per ``RolloutBatch`` field plus ``use_count``,
-  ``last_used`` (-1 = never) and ``valid``. Tokens take a ``token_dtype``
-  (default int16; ``add`` raises if a token does not fit) and behaviour
-  log-probs a ``logp_dtype``: float64 (default) or float32. float32 keeps a
-  relative error of 2^-24 ~ 6e-8 per token log-prob; for L = 32 tokens with
-  |log p| <= 10 the summed sequence log-prob is off by at most ~2e-5, i.e. a
-  sequence importance ratio is off by a factor exp(2e-5). Sampled batches come
-  back with the ``RolloutBatch`` dtypes (int64 tokens, float64 log-probs).
-* 20,000 token-MDP rollouts of L = 32 at S = 64 with int8 tokens and float64
-  log-probs take 482,560,000 bytes (0.45 GiB; float32 log-probs: 318,720,000;
-  ``tests/unit/test_buffers.py::test_fifo_memory_20k_rollouts_64_seeds_under_2gib``).
-* Vectorisation: every buffer is vectorised over seeds except ExGRPO's
-  question sampling (Alg. 2's per-bucket draws), which loops over seeds in
-  Python; its bookkeeping (retirement, de-duplication, storage) is vectorised,
-  with one extra pass per repeated prompt within a batch.
+Conventions (add, then sample; when a use is recorded; the stored dtypes): ``SlotBuffer`` and ``RolloutStore``.
 """
 
 from __future__ import annotations
@@ -72,7 +44,8 @@ import numpy as np
 from ..theory import exgrpo as _exgrpo
 from ..theory import freshper as _freshper
 from ..theory import group_replay as _group_replay
-from ..theory.checks import require_int, require_positive
+from ..theory.checks import require_int, require_one_of, require_positive, require_unit_interval
+from .rng import PerSeedGenerator, RandomSource
 from .rollouts import RolloutBatch
 from .sumtree import SumTree
 
@@ -80,6 +53,7 @@ __all__ = [
     "Sample",
     "RolloutStore",
     "ReplayBuffer",
+    "SlotBuffer",
     "FifoBuffer",
     "PositiveBiasBuffer",
     "PrioritizedBuffer",
@@ -106,15 +80,6 @@ _BATCH_DTYPES = {
 
 def _int_param(name: str, value: object, minimum: int) -> int:
     return int(require_int(name, value, minimum))
-
-
-def _unit_interval(name: str, value: float, *, closed_right: bool = True) -> float:
-    v = float(value)
-    ok = (0.0 <= v <= 1.0) if closed_right else (0.0 <= v < 1.0)
-    if not ok:  # NaN fails both
-        rng = "[0, 1]" if closed_right else "[0, 1)"
-        raise ValueError(f"{name} must be in {rng}, got {value!r}")
-    return v
 
 
 def _smallest_keys(keys: np.ndarray, m: int) -> np.ndarray:
@@ -157,7 +122,13 @@ class Sample:
 
 
 class RolloutStore:
-    """Preallocated structure-of-arrays store: one (S, capacity, ...) array per RolloutBatch field."""
+    """Preallocated structure-of-arrays store: one (S, capacity, ...) array per RolloutBatch field.
+
+    Tokens take a ``token_dtype`` (default int16; ``write`` raises if a token does not fit) and behaviour log-probs
+    a ``logp_dtype``: float64 (default) or float32, whose relative error 2^-24 per token log-prob puts a summed
+    sequence log-prob of L = 32 tokens with |log p| <= 10 off by at most ~2e-5 (a sequence ratio off by a factor
+    exp(2e-5)). Sampled batches come back with the ``RolloutBatch`` dtypes (int64 tokens, float64 log-probs).
+    """
 
     def __init__(self, num_seeds: int, capacity: int, seq_len: int,
                  token_dtype: np.dtype | type = np.int16, logp_dtype: np.dtype | type = np.float64) -> None:
@@ -205,7 +176,7 @@ class RolloutStore:
     def take_cells(self, cells: np.ndarray, shape: tuple[int, ...]) -> RolloutBatch:
         """``take`` by flat index ``cells`` (k,) into the (S * capacity) slot axis, shaped ``shape`` (S, m).
 
-        One 1-D ``np.take`` per field: about 3x cheaper than indexing [rows, slots].
+        One 1-D ``np.take`` per field, not indexing [rows, slots].
         """
         return RolloutBatch(**{
             f.name: _take_slots(getattr(self, f.name), cells, shape).astype(_BATCH_DTYPES[f.name], copy=False)
@@ -216,14 +187,51 @@ class RolloutStore:
         return [getattr(self, f.name) for f in fields(RolloutBatch)]
 
 
-# --- base class ------------------------------------------------------------------------------------
+# --- the interface every buffer implements ---------------------------------------------------------
 
 
 class ReplayBuffer(ABC):
+    """What every buffer does, whatever it stores: the type the registry's designs and the pipeline hold.
+
+    ``add`` stores the fresh rollouts generated at ``step``; ``sample`` draws a training batch and records its
+    use; ``len`` is the smallest per-seed fill; ``evicted_use_counts`` the replay counts of what has left
+    (global diversity, experience-replay Sec. 2). Every class below implements it, ``StaleKQueue`` included.
+    """
+
+    num_seeds: int
+
+    @abstractmethod
+    def add(self, batch: RolloutBatch, step: int) -> None:
+        """Store a batch of fresh rollouts generated at ``step``."""
+
+    @abstractmethod
+    def sample(self, batch_size: int, step: int, rng: RandomSource) -> Sample:
+        """Draw a batch and record its use."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Smallest per-seed fill."""
+
+    @abstractmethod
+    def evicted_use_counts(self) -> np.ndarray:
+        """Replay counts of every item that has left the buffer (all seeds, flat, eviction order)."""
+
+
+class SlotBuffer(ReplayBuffer):
     """Common state: a RolloutStore plus per-item ``use_count``, ``last_used`` (-1 = never), ``valid``.
 
     Items are rollouts, except in ``GroupReplayBuffer`` where they are groups of
     K responses (``store_capacity = capacity * K``).
+
+    Within one step a caller ADDS the fresh rollouts, then SAMPLES. A rollout
+    created at step t and sampled at step t has staleness 0, so with R rollouts
+    per step and N = kR the buffer holds ages 0..k-1 and the mean sampled
+    staleness is (N/R - 1)/2 (exp.-replay Sec. 3). Group replay is the
+    exception: it samples replay groups BEFORE adding the fresh ones (RLOO App. B).
+    ``sample`` records the use after the whole batch is drawn: a slot drawn twice
+    in one batch (with replacement) reports the same ``time_since_last_use`` for
+    both draws and gets ``use_count += 2``. Every buffer is vectorised over seeds
+    except ExGRPO's question sampling (Alg. 2's per-bucket draws).
     """
 
     def __init__(self, num_seeds: int, capacity: int, seq_len: int, *,
@@ -241,14 +249,6 @@ class ReplayBuffer(ABC):
         self._rows = np.arange(S)[:, None]  # (S, 1)
 
     # --- interface ---------------------------------------------------------
-
-    @abstractmethod
-    def add(self, batch: RolloutBatch, step: int) -> None:
-        """Store a batch of fresh rollouts generated at ``step``."""
-
-    @abstractmethod
-    def sample(self, batch_size: int, step: int, rng: np.random.Generator) -> Sample:
-        """Draw a batch and record its use (use_count += 1, last_used = step)."""
 
     @property
     def size(self) -> np.ndarray:
@@ -348,7 +348,7 @@ class ReplayBuffer(ABC):
 # --- uniform buffers (experience-replay paper) -----------------------------------------------------
 
 
-class _UniformBuffer(ReplayBuffer):
+class _UniformBuffer(SlotBuffer):
     """Uniform sampling among the valid items, with or without replacement.
 
     Random numbers, drawn up front in one call ``rng.random(uniform_shape(B))``:
@@ -383,7 +383,7 @@ class _UniformBuffer(ReplayBuffer):
         keys = np.where(self.valid, u, np.inf)  # (S, capacity)
         return _smallest_keys(keys, batch_size)  # App. B.5: random.sample(buffer, B)
 
-    def sample(self, batch_size: int, step: int, rng: np.random.Generator) -> Sample:
+    def sample(self, batch_size: int, step: int, rng: RandomSource) -> Sample:
         B = batch_size if type(batch_size) is int and batch_size >= 1 else _int_param("batch_size", batch_size, 1)
         self._require_nonempty()
         if not self.replacement and B > int(self.size.min()):
@@ -445,7 +445,7 @@ class PositiveBiasBuffer(_UniformBuffer):
                  correct_reward: float = 1.0, token_dtype: np.dtype | type = np.int16,
                  logp_dtype: np.dtype | type = np.float64) -> None:
         super().__init__(num_seeds, capacity, seq_len, replacement, token_dtype=token_dtype, logp_dtype=logp_dtype)
-        self.delta = _unit_interval("delta", delta, closed_right=False)
+        self.delta = require_unit_interval("delta", delta, closed=False)
         self.n_fresh = int(np.floor((1.0 - self.delta) * self.capacity + 0.5))  # Sec. 4.3: (1 - delta) N
         if self.n_fresh < 1:
             raise ValueError(
@@ -491,7 +491,7 @@ class PositiveBiasBuffer(_UniformBuffer):
 # --- FreshPER --------------------------------------------------------------------------------------
 
 
-class PrioritizedBuffer(ReplayBuffer):
+class PrioritizedBuffer(SlotBuffer):
     """FreshPER: prioritized replay with exponential age decay (arXiv:2604.16918).
 
     * Priority (Eq. 14): p_i = p_base_i exp(-age_i / tau), age_i = step - created_i,
@@ -534,14 +534,13 @@ class PrioritizedBuffer(ReplayBuffer):
                  is_normalization: Literal["buffer", "batch"] = "buffer",
                  token_dtype: np.dtype | type = np.int16, logp_dtype: np.dtype | type = np.float64) -> None:
         super().__init__(num_seeds, capacity, seq_len, token_dtype=token_dtype, logp_dtype=logp_dtype)
-        self.alpha = _unit_interval("alpha", alpha)
-        self.beta = _unit_interval("beta", beta)
+        self.alpha = require_unit_interval("alpha", alpha)
+        self.beta = require_unit_interval("beta", beta)
         require_positive("tau", tau, allow_inf=True)
         self.tau = float(tau)
         require_positive("eps", eps)
         self.eps = float(eps)
-        if base not in ("reward", "advantage"):
-            raise ValueError(f"base must be 'reward' or 'advantage', got {base!r}")
+        require_one_of("base", base, ("reward", "advantage"))
         if is_normalization not in ("buffer", "batch"):
             raise ValueError(f"is_normalization must be 'buffer' or 'batch', got {is_normalization!r}")
         self.base = base
@@ -615,7 +614,7 @@ class PrioritizedBuffer(ReplayBuffer):
         """Slots (S, B) from uniforms u (S, B) through the sum tree; records nothing."""
         return self.tree.sample(u, stratified=self.stratified)
 
-    def sample(self, batch_size: int, step: int, rng: np.random.Generator) -> Sample:
+    def sample(self, batch_size: int, step: int, rng: RandomSource) -> Sample:
         B = _int_param("batch_size", batch_size, 1)
         self._require_nonempty()
         if self.auto_refresh and (self._dirty or self._refreshed_at != step):
@@ -640,7 +639,7 @@ class PrioritizedBuffer(ReplayBuffer):
 # --- RLOO whole-group replay -----------------------------------------------------------------------
 
 
-class GroupReplayBuffer(ReplayBuffer):
+class GroupReplayBuffer(SlotBuffer):
     """Bounded-age whole-group replay (RLOO on Countdown, Sec. 3.2 and App. B).
 
     Stores WHOLE groups: prompt, K responses, rewards, behaviour log-probs and
@@ -759,7 +758,7 @@ class GroupReplayBuffer(ReplayBuffer):
         n_replay = min(want, int(self.available(step).min()))
         return int(B) - n_replay, n_replay
 
-    def sample_groups(self, num_replay: int, step: int, rng: np.random.Generator) -> Sample:
+    def sample_groups(self, num_replay: int, step: int, rng: RandomSource) -> Sample:
         """Up to ``num_replay`` eligible groups per seed, uniform without replacement.
 
         Returns m = min(num_replay, min over seeds of available) groups (all seeds
@@ -773,7 +772,7 @@ class GroupReplayBuffer(ReplayBuffer):
         index = _smallest_keys(np.where(elig, u, np.inf), m)  # Sec. 3.2: uniform without replacement
         return self._finish_sample(index, np.ones(index.shape), step)
 
-    def sample(self, batch_size: int, step: int, rng: np.random.Generator) -> Sample:
+    def sample(self, batch_size: int, step: int, rng: RandomSource) -> Sample:
         """Alias of ``sample_groups`` (``batch_size`` counts groups)."""
         return self.sample_groups(batch_size, step, rng)
 
@@ -787,7 +786,7 @@ class GroupReplayBuffer(ReplayBuffer):
 # --- ExGRPO ----------------------------------------------------------------------------------------
 
 
-class ExGRPOBuffer(ReplayBuffer):
+class ExGRPOBuffer(SlotBuffer):
     """ExGRPO experience buffer: per-question success counts, stored successful trajectories (Sec. 4, Algs. 1-2).
 
     * Records (Alg. 1 lines 24-29): for each group of a question, k = number of
@@ -836,14 +835,13 @@ class ExGRPOBuffer(ReplayBuffer):
         self.max_trajectories = _int_param("max_trajectories", max_trajectories, 1)
         super().__init__(num_seeds, self.num_prompts * self.max_trajectories, seq_len,
                          token_dtype=token_dtype, logp_dtype=logp_dtype)
-        self.rho = _unit_interval("rho", rho, closed_right=False)
+        self.rho = require_unit_interval("rho", rho, closed=False)
         # validate mu / sigma / units once through the theory function
         _exgrpo.bucket_probabilities(self.group_size, mu, sigma, units)
         self.mu, self.sigma, self.units = mu, float(sigma), units
-        if selection not in ("lowest", "highest", "random"):
-            raise ValueError(f"selection must be 'lowest', 'highest' or 'random', got {selection!r}")
+        require_one_of("selection", selection, ("lowest", "highest", "random"))
         self.selection = selection
-        self.start_pass_rate = _unit_interval("start_pass_rate", start_pass_rate)
+        self.start_pass_rate = require_unit_interval("start_pass_rate", start_pass_rate)
         S, P = self.num_seeds, self.num_prompts
         self.success_count = np.full((S, P), -1, dtype=np.int64)  # (seeds, prompts) latest k, -1 = no record
         self.retired = np.zeros((S, P), dtype=bool)  # (seeds, prompts) the retired set
@@ -1007,7 +1005,7 @@ class ExGRPOBuffer(ReplayBuffer):
             q = q / q.sum() if q.sum() > 0 else room / room.sum()
             c = c + rng.multinomial(deficit, q)
 
-    def sample(self, batch_size: int, step: int, rng: np.random.Generator,
+    def sample(self, batch_size: int, step: int, rng: RandomSource,
                entropy_fn: EntropyFn | None = None) -> Sample:
         """Draw up to ``batch_size`` questions per seed and their o* trajectories.
 
@@ -1024,12 +1022,11 @@ class ExGRPOBuffer(ReplayBuffer):
         probs = self.bucket_probs()
         q_sel = np.zeros((S, B), dtype=np.int64)
         valid = np.zeros((S, B), dtype=bool)
-        per_seed = hasattr(rng, "seed_generator")  # core.rng.PerSeedGenerator: seed s draws from its own stream
         for s in range(S):  # per-seed Python loop: Alg. 2 bucket counts and within-bucket draws
             n = min(B, int(sizes[s].sum()))
             if n == 0:
                 continue
-            g = rng.seed_generator(s) if per_seed else rng
+            g = rng.seed_generator(s) if isinstance(rng, PerSeedGenerator) else rng  # seed s: its own stream
             counts = self._bucket_counts(n, probs[s], sizes[s], g)
             chosen = [g.choice(np.flatnonzero(b[s] == kb + 1), size=c, replace=False)  # Alg. 2 line 14
                       for kb, c in enumerate(counts) if c > 0]
@@ -1088,7 +1085,7 @@ def _occurrence_rank(q: np.ndarray) -> np.ndarray:
 # --- M2PO stale-k --------------------------------------------------------------------------------------
 
 
-class StaleKQueue:
+class StaleKQueue(ReplayBuffer):
     """Stale-k FIFO of whole batches (M2PO, Sec. 3): update t trains on the batch generated at update t - k.
 
     ``push(batch, step)`` stores the batch generated at update ``step``;
@@ -1103,7 +1100,10 @@ class StaleKQueue:
     ``step``: with one push per model update, k = s; the M2PO reference code
     pushes one batch per training step (= 4 model updates, one mini-batch each)
     into a FIFO of s/4 entries, i.e. k = s/4 training steps, so s = 256 means
-    staleness 256-259 updates.
+    staleness 256-259 updates. As a ``ReplayBuffer``: ``add`` is ``push`` and
+    ``sample`` is ``pop`` as a ``Sample`` (the whole stored batch, whatever
+    ``batch_size``; weights one, never used before); nothing is replayed, so
+    ``evicted_use_counts`` is empty.
     """
 
     def __init__(self, num_seeds: int, k: int) -> None:
@@ -1131,6 +1131,18 @@ class StaleKQueue:
             self._queue.popleft()
         self.last_step = self._queue[0][0]
         return self._queue[0][1]
+
+    def add(self, batch: RolloutBatch, step: int) -> None:
+        self.push(batch, step)
+
+    def sample(self, batch_size: int, step: int, rng: RandomSource) -> Sample:
+        batch = self.pop(step)
+        shape = batch.prompt.shape  # (S, n)
+        return Sample(index=np.broadcast_to(np.arange(shape[1]), shape), weight=np.ones(shape),
+                      batch=batch, staleness=step - batch.created, time_since_last_use=np.full(shape, -1))
+
+    def evicted_use_counts(self) -> np.ndarray:
+        return np.zeros(0)
 
     def __len__(self) -> int:
         return len(self._queue)

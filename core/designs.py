@@ -1,19 +1,10 @@
 """Every buffer design and loss in one registry: its typed parameters, buffer, loss, advantage, rules and batch step.
 
-The one place every name is mapped to its implementation (see docs/CONTRIBUTING.md):
-``BUFFER_DESIGNS`` (name -> ``BufferDesign``) and ``LOSSES`` (name -> ``LossDesign``, the
-off-policy corrections, ``tis`` included). A new buffer design is a buffer class in
-``core/buffers.py`` plus, here, a params dataclass (mixed into ``DesignConfig``) and a
-``BufferDesign`` entry; a new loss is its function in ``core/losses.py`` plus, here, an
-adapter and a ``LossDesign`` entry. Each entry carries its one-line help and whether a
-trainer can run it (``trainer=True``), so nothing else lists names: the simulator's engine
-(``simulate/engine.py``, all seeds at once), the language-model validator (``validate/rl.py``,
-one seed; both through ``core/pipeline.py``), the trainers (``integrations/``: ``ReplayConfig``,
-``RowReplayBuffer``, ``shared_loss``) and the command line (``--buffer`` / ``--loss`` help and
-checks, through the fields' ``CHOICES`` metadata) all read these two tables.
-
-Papers (docs/REFERENCES.md): experience-replay (FIFO, positive bias, GRPO, Sec. 2-3),
-FreshPER (prioritised replay with age decay), RLOO group replay, ExGRPO, M2PO.
+The one place every name is mapped to its implementation (docs/CONTRIBUTING.md): ``BUFFER_DESIGNS`` (name ->
+``BufferDesign``) and ``LOSSES`` (name -> ``LossDesign``), each with its help, parameters, rules (``validate_design``,
+``validate_trainer_design``, ``check_capacity``) and whether a trainer runs it. The simulator, the validator (both
+through ``core/pipeline.py``), the trainers (``integrations/``) and the command line all read these two tables.
+Papers (docs/REFERENCES.md): experience-replay, FreshPER, RLOO group replay, ExGRPO, M2PO.
 
 Units (one per name): ``rollouts_per_step`` and ``batch_size`` count RESPONSES
 (completions) for every design; groups of ``group_size`` responses to one prompt
@@ -41,10 +32,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, TypeVar
 
 import numpy as np
 
+from ..theory.checks import invalid, require_integer, require_number, require_one_of, require_unit_interval
 from ..theory.group_replay import fresh_groups_per_step
 from . import advantages, losses
 from .buffers import (
@@ -53,9 +45,11 @@ from .buffers import (
     GroupReplayBuffer,
     PositiveBiasBuffer,
     PrioritizedBuffer,
+    ReplayBuffer,
     StaleKQueue,
     UniformQuestionBuffer,
 )
+from .rng import RandomSource
 from .rollouts import RolloutBatch
 
 CHOICES = "choices"
@@ -63,7 +57,17 @@ CHOICES = "choices"
 registry, which ``cli/config_options.py`` appends to the option's help (the help is written once, at the entry)."""
 
 
-def choices(registry: Mapping[str, object], trainer: bool = False) -> dict[str, str]:
+class RegistryEntry(Protocol):
+    """What ``choices`` reads of a ``BufferDesign`` or a ``LossDesign``."""
+
+    @property
+    def help(self) -> str: ...
+
+    @property
+    def trainer(self) -> bool: ...
+
+
+def choices(registry: Mapping[str, RegistryEntry], trainer: bool = False) -> dict[str, str]:
     """{name: one-line help} of a registry (``BUFFER_DESIGNS`` or ``LOSSES``), in registry order.
 
     ``trainer``: only the entries a trainer can run (``entry.trainer``): the TRL trainer's and ``trl-replay``'s
@@ -72,12 +76,10 @@ def choices(registry: Mapping[str, object], trainer: bool = False) -> dict[str, 
     return {name: entry.help for name, entry in registry.items() if entry.trainer or not trainer}
 
 
-def check_choice(option: str, value: object, registry: Mapping[str, object], trainer: bool = False,
+def check_choice(option: str, value: object, registry: Mapping[str, RegistryEntry], trainer: bool = False,
                  where: str = "") -> None:
     """A one-line ValueError naming ``option`` and the registry's valid names unless ``value`` is one of them."""
-    names = choices(registry, trainer)
-    if not isinstance(value, str) or value not in names:
-        raise ValueError(f"{option} must be one of {', '.join(names)}{where}, got {value!r}")
+    require_one_of(option, value, choices(registry, trainer), where=where)
 
 
 # --------------------------------------------------------------------------- typed parameters
@@ -253,6 +255,30 @@ class DesignConfig(ExGRPOShapingParams, AsymREParams, RLOOParams, M2POParams, Cl
         validate_design(self, pipeline)
         return dataclasses.replace(self, advantage=self.resolved_advantage())
 
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], **fields: Any) -> "DesignConfig":
+        """The design a saved record names, N, B, R from whichever keys it has; ``fields`` set the rest.
+
+        ``replay-theory optimal --json``: ``capacity``, ``batch_size``, ``rollouts_per_step`` (files saved before
+        ``capacity`` was N's name say ``buffer_size``); ``validate predict``'s predicted.json: ``N``, ``B``, ``R``.
+        Each size must be an integer >= 1 (a JSON 64.0 reads as 64); a missing or null one is a one-line ValueError.
+        """
+        sizes = {}
+        for name, keys in RECORD_KEYS.items():
+            key = next((k for k in keys if record.get(k) is not None), None)
+            if key is None:
+                raise ValueError(f"the record has no {name} (one of {', '.join(keys)})")
+            sizes[name] = require_integer(key, record[key], 1, whole_floats=True)
+        return cls(**sizes, **fields)
+
+
+RECORD_KEYS: dict[str, tuple[str, ...]] = {
+    "capacity": ("capacity", "buffer_size", "N"),
+    "batch_size": ("batch_size", "B"),
+    "rollouts_per_step": ("rollouts_per_step", "R"),
+}
+"""The keys a saved record gives N, B, R under (``DesignConfig.from_record``), the current name first."""
+
 
 def design_field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(DesignConfig)]
@@ -285,23 +311,45 @@ class StepBatch:
 
 
 class PipelineState(Protocol):
-    """What a design's batch step uses of ``core.pipeline.Pipeline``."""
+    """What a design's batch step uses of ``core.pipeline.Pipeline`` (and of the trainers' ``RowReplayBuffer``)."""
 
-    config: DesignConfig
-    buffer: object
-    rng: object
-    state: dict
-    settings: object  # core.pipeline.PipelineSettings
+    @property
+    def config(self) -> DesignConfig: ...
+
+    @property
+    def buffer(self) -> ReplayBuffer | None: ...
+
+    @property
+    def rng(self) -> RandomSource: ...
+
+    @property
+    def state(self) -> dict: ...
+
+    @property
+    def settings(self) -> Any: ...  # core.pipeline.PipelineSettings (a trainer's: a namespace with total_steps)
 
     def fresh_rollouts(self, step: int, weights, *, on_policy: bool = False) -> RolloutBatch | None: ...
 
     def generate(self, weights, num_groups: int, version) -> RolloutBatch: ...
 
-    def sample_responses(self, weights, prompts: np.ndarray): ...
+    def sample_responses(self, weights, prompts: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]: ...
 
     def score(self, prompts, tokens, mask, logp_behav, reward, created, group) -> RolloutBatch: ...
 
     def entropy_fn(self, weights) -> Callable: ...
+
+
+BufferT = TypeVar("BufferT", bound=ReplayBuffer)
+
+
+def design_buffer(pipe: PipelineState, cls: type[BufferT]) -> BufferT:
+    """``pipe.buffer`` as the class a design's batch step works on (its ``BufferDesign.make`` built it)."""
+    buffer = pipe.buffer
+    if not isinstance(buffer, cls):
+        raise TypeError(f"buffer {pipe.config.buffer} steps on a {cls.__name__}, the pipeline holds a "
+                        f"{type(buffer).__name__}")
+    return buffer
 
 
 # --------------------------------------------------------------------------- batch steps
@@ -319,12 +367,13 @@ def on_policy_step(pipe: PipelineState, step: int, weights) -> StepBatch:
 
 def uniform_buffer_step(pipe: PipelineState, step: int, weights) -> StepBatch:
     """FIFO-style designs: generate, add, (FreshPER: refresh priorities), sample B (experience-replay Sec. 3)."""
+    buffer = design_buffer(pipe, ReplayBuffer)
     fresh = pipe.fresh_rollouts(step, weights)
     if fresh is not None:
-        pipe.buffer.add(fresh, step)
-    if isinstance(pipe.buffer, PrioritizedBuffer):
-        pipe.buffer.refresh(step)  # FreshPER Alg. 1 step 5: priorities decay with age
-    sample = pipe.buffer.sample(pipe.config.batch_size, step, pipe.rng)
+        buffer.add(fresh, step)
+    if isinstance(buffer, PrioritizedBuffer):
+        buffer.refresh(step)  # FreshPER Alg. 1 step 5: priorities decay with age
+    sample = buffer.sample(pipe.config.batch_size, step, pipe.rng)
     return StepBatch(sample.batch, sample.weight, sample.staleness, sample.time_since_last_use, None, fresh,
                      0 if fresh is None else fresh.size)
 
@@ -343,7 +392,7 @@ def prioritized_step(pipe: PipelineState, step: int, weights) -> StepBatch:
     priority with its age (line 5), sample B with P ~ p^alpha from the sum tree, weight by Eq. (15), update
     (line 6). Ages count updates. beta anneals linearly (``per_beta_at``).
     """
-    config, buffer = pipe.config, pipe.buffer
+    config, buffer = pipe.config, design_buffer(pipe, PrioritizedBuffer)
     buffer.beta = per_beta_at(config, step, pipe.settings.total_steps)
     if config.per_schedule == "every-step":
         return uniform_buffer_step(pipe, step, weights)
@@ -364,25 +413,25 @@ def stale_k_step(pipe: PipelineState, step: int, weights) -> StepBatch:
     once, and every later update on the batch generated exactly k updates earlier. The pre-fill is
     generated compute, counted at step 0.
     """
+    queue = design_buffer(pipe, StaleKQueue)
     prefill = 0
     if step == 0:
-        for j in range(pipe.buffer.k):  # queue slots -k .. -1, all generated by theta_0 (version 0)
+        for j in range(queue.k):  # queue slots -k .. -1, all generated by theta_0 (version 0)
             batch = pipe.fresh_rollouts(0, weights)
-            pipe.buffer.push(batch, j - pipe.buffer.k)
+            queue.add(batch, j - queue.k)
             prefill += batch.size
     fresh = pipe.fresh_rollouts(step, weights)
-    pipe.buffer.push(fresh, step)
-    train = pipe.buffer.pop(step)
-    shape = train.prompt.shape
-    return StepBatch(train, np.ones(shape), step - train.created, np.full(shape, -1), None, fresh,
+    queue.add(fresh, step)
+    drawn = queue.sample(pipe.config.batch_size, step, pipe.rng)  # the batch of k updates earlier, whole
+    return StepBatch(drawn.batch, drawn.weight, drawn.staleness, drawn.time_since_last_use, None, fresh,
                      fresh.size + prefill)
 
 
 def group_replay_step(pipe: PipelineState, step: int, weights) -> StepBatch:
     """RLOO App. B: replay groups of age 1..L, fresh groups for the rest (a replay shortfall is filled fresh)."""
-    config = pipe.config
-    _, n_replay = pipe.buffer.split(config.groups_per_update, config.replay_ratio_groups, step)
-    replay = pipe.buffer.sample_groups(n_replay, step, pipe.rng) if n_replay else None
+    config, buffer = pipe.config, design_buffer(pipe, GroupReplayBuffer)
+    _, n_replay = buffer.split(config.groups_per_update, config.replay_ratio_groups, step)
+    replay = buffer.sample_groups(n_replay, step, pipe.rng) if n_replay else None
     fresh = pipe.generate(weights, config.groups_per_update - n_replay, step)
     if replay is None:
         data = _fresh_only(fresh, step)
@@ -395,7 +444,7 @@ def group_replay_step(pipe: PipelineState, step: int, weights) -> StepBatch:
 
 
 def group_replay_after_update(pipe: PipelineState, step: int, data: StepBatch) -> None:
-    pipe.buffer.add(data.fresh, step)  # RLOO order: sample, update, add fresh, evict
+    design_buffer(pipe, GroupReplayBuffer).add(data.fresh, step)  # RLOO order: sample, update, add fresh, evict
 
 
 def fresh_questions(retired: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -418,7 +467,7 @@ def exgrpo_step(pipe: PipelineState, step: int, weights) -> StepBatch:
     4. G fresh responses per fresh question, G - 1 + o* per experience question; advantages over each mixed
        group. The simulator draws a response at the o* slot too and discards it (not counted as generated).
     """
-    config, buffer, rng = pipe.config, pipe.buffer, pipe.rng
+    config, buffer, rng = pipe.config, design_buffer(pipe, ExGRPOBuffer), pipe.rng
     G, B = config.group_size, config.groups_per_update  # B: QUESTIONS per step
     S = buffer.num_seeds
     n = B * G
@@ -475,12 +524,12 @@ def exgrpo_after_update(pipe: PipelineState, step: int, data: StepBatch) -> dict
     step; a question whose G - 1 fresh responses all succeed is retired. o*, an exact duplicate,
     is not stored twice.
     """
-    keep = data.fresh_keep
+    buffer, keep = design_buffer(pipe, ExGRPOBuffer), data.fresh_keep
     correct = np.where(keep, data.train.reward == 1.0, 0.0).sum(axis=1) / np.maximum(keep.sum(axis=1), 1)
-    pipe.buffer.observe_pass_rate(correct)  # (S,) batch pass@1 of the fresh responses (Sec. 4.2 delayed start)
-    pipe.buffer.add(data.train, step)  # collects only in active seeds; retires all-correct questions
+    buffer.observe_pass_rate(correct)  # (S,) batch pass@1 of the fresh responses (Sec. 4.2 delayed start)
+    buffer.add(data.train, step)  # collects only in active seeds; retires all-correct questions
     pipe.state["exp_questions"] = pipe.state.get("exp_questions", 0) + data.curves["_n_exp"]
-    return {"n_experience": pipe.buffer.n_experience(), "retired": pipe.buffer.retired.sum(axis=1)}
+    return {"n_experience": buffer.n_experience(), "retired": buffer.retired.sum(axis=1)}
 
 
 def exgrpo_counts(pipe: PipelineState) -> dict[str, float]:
@@ -489,7 +538,7 @@ def exgrpo_counts(pipe: PipelineState) -> dict[str, float]:
     return {"shaping": 1.0 if c.exgrpo_shaping else 0.0,
             "uniform_questions": 1.0 if c.exgrpo_question_selection == "uniform" else 0.0,
             "skip_retired": 1.0 if c.exgrpo_skip_retired else 0.0,
-            "retired": float(pipe.buffer.retired.sum(axis=1).mean()),
+            "retired": float(design_buffer(pipe, ExGRPOBuffer).retired.sum(axis=1).mean()),
             "exp_questions": float(np.mean(pipe.state.get("exp_questions", 0)))}
 
 
@@ -506,28 +555,28 @@ class BufferSpec:
     token_dtype: type = np.int16
 
 
-def _fifo(c: DesignConfig, s: BufferSpec):
+def _fifo(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
     return FifoBuffer(s.num_seeds, c.capacity, s.seq_len, replacement=c.replacement, token_dtype=s.token_dtype)
 
 
-def _positive_bias(c: DesignConfig, s: BufferSpec):
+def _positive_bias(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
     return PositiveBiasBuffer(s.num_seeds, c.capacity, s.seq_len, delta=c.delta, token_dtype=s.token_dtype)
 
 
-def _prioritized(c: DesignConfig, s: BufferSpec):
+def _prioritized(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
     return PrioritizedBuffer(s.num_seeds, c.capacity, s.seq_len, alpha=c.per_alpha, beta=c.per_beta, tau=c.per_tau,
                              base=c.per_base, token_dtype=s.token_dtype)
 
 
-def _group_replay(c: DesignConfig, s: BufferSpec):
+def _group_replay(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
     return GroupReplayBuffer(s.num_seeds, c.max_age, c.group_size, s.seq_len, token_dtype=s.token_dtype)
 
 
-def _stale_k(c: DesignConfig, s: BufferSpec):
+def _stale_k(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
     return StaleKQueue(s.num_seeds, c.stale_k)
 
 
-def _exgrpo(c: DesignConfig, s: BufferSpec):
+def _exgrpo(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
     cls = {"buckets": ExGRPOBuffer, "uniform": UniformQuestionBuffer}[c.exgrpo_question_selection]
     return cls(s.num_seeds, s.num_prompts, c.group_size, s.seq_len, rho=c.exgrpo_rho, units=c.exgrpo_units,
                selection=c.exgrpo_selection, start_pass_rate=c.exgrpo_start_pass_rate, token_dtype=s.token_dtype)
@@ -536,10 +585,21 @@ def _exgrpo(c: DesignConfig, s: BufferSpec):
 # --------------------------------------------------------------------------- rules (one line each, naming the field)
 
 
+def capacity_holds_a_step(capacity: int, rollouts_per_step: int) -> bool:
+    """N >= R: a FIFO holds at least one step's fresh rollouts (horizon x = N/R >= 1, experience-replay Sec. 3)."""
+    return capacity >= rollouts_per_step
+
+
+def check_capacity(capacity: int, rollouts_per_step: int, names: tuple[str, str] = ("capacity", "rollouts_per_step")
+                   ) -> None:
+    """The rule ``capacity_holds_a_step`` as a one-line ValueError; ``names``: how the caller calls N and R."""
+    if not capacity_holds_a_step(capacity, rollouts_per_step):
+        raise invalid(names[0], f">= {names[1]} = {rollouts_per_step} (a FIFO holds at least one step)", capacity)
+
+
 def _fifo_rules(c: DesignConfig, pipeline: str) -> None:
-    if pipeline == "sync" and c.capacity < c.rollouts_per_step:
-        raise ValueError(f"capacity must be >= rollouts_per_step = {c.rollouts_per_step} "
-                         f"(a FIFO holds at least one step), got {c.capacity}")
+    if pipeline == "sync":
+        check_capacity(c.capacity, c.rollouts_per_step)
     if pipeline == "sync" and not c.replacement and c.batch_size > c.rollouts_per_step:
         raise ValueError(f"batch_size must be <= rollouts_per_step = {c.rollouts_per_step} when sampling "
                          f"without replacement (after the first step the buffer holds only R rollouts), "
@@ -565,23 +625,17 @@ def _exgrpo_rules(c: DesignConfig, pipeline: str) -> None:
     _whole_groups(c, "questions")
     if c.loss != "exgrpo":
         raise ValueError(f"buffer exgrpo trains with loss exgrpo, got loss {c.loss!r}")
-    for name, options in (("exgrpo_question_selection", ("buckets", "uniform")),
-                          ("exgrpo_units", ("success-count", "accuracy")),
-                          ("exgrpo_selection", ("lowest", "highest", "random"))):
-        if getattr(c, name) not in options:
-            raise ValueError(f"{name} must be one of {', '.join(options)}, got {getattr(c, name)!r}")
+    require_one_of("exgrpo_question_selection", c.exgrpo_question_selection, ("buckets", "uniform"))
+    require_one_of("exgrpo_units", c.exgrpo_units, ("success-count", "accuracy"))
+    require_one_of("exgrpo_selection", c.exgrpo_selection, ("lowest", "highest", "random"))
 
 
 def _prioritized_rules(c: DesignConfig, pipeline: str) -> None:
     _fifo_rules(c, pipeline)
-    if c.per_base not in ("advantage", "reward"):
-        raise ValueError(f"per_base must be one of reward, advantage, got {c.per_base!r}")
-    if c.per_schedule not in ("algorithm1", "every-step"):
-        raise ValueError(f"per_schedule must be one of algorithm1, every-step, got {c.per_schedule!r}")
-    if not isinstance(c.per_replay_updates, int) or isinstance(c.per_replay_updates, bool) or c.per_replay_updates < 1:
-        raise ValueError(f"per_replay_updates must be an integer >= 1, got {c.per_replay_updates!r}")
-    if not 0 <= c.per_beta_final <= 1:
-        raise ValueError(f"per_beta_final must be in [0, 1], got {c.per_beta_final!r}")
+    require_one_of("per_base", c.per_base, ("reward", "advantage"))
+    require_one_of("per_schedule", c.per_schedule, ("algorithm1", "every-step"))
+    require_integer("per_replay_updates", c.per_replay_updates, 1)
+    require_unit_interval("per_beta_final", c.per_beta_final)
 
 
 def _no_rules(c: DesignConfig, pipeline: str) -> None:
@@ -594,7 +648,7 @@ class BufferDesign:
 
     help: str  # one line: what it keeps and draws, with its paper anchor (the --buffer choice help)
     params: type | None  # its typed parameters (a dataclass mixed into DesignConfig)
-    make: Callable[[DesignConfig, BufferSpec], object] | None  # None: no buffer (on-policy)
+    make: Callable[[DesignConfig, BufferSpec], ReplayBuffer] | None  # None: no buffer (on-policy)
     step: Callable[[PipelineState, int, object], StepBatch]
     rules: Callable[[DesignConfig, str], None] = _no_rules
     after_update: Callable[[PipelineState, int, StepBatch], dict | None] | None = None
@@ -623,7 +677,7 @@ BUFFER_DESIGNS: dict[str, BufferDesign] = {
 }
 
 
-def make_design_buffer(config: DesignConfig, spec: BufferSpec):
+def make_design_buffer(config: DesignConfig, spec: BufferSpec) -> ReplayBuffer | None:
     """The buffer of ``config.buffer`` (None for on-policy)."""
     design = BUFFER_DESIGNS[config.buffer]
     return None if design.make is None else design.make(config, spec)
@@ -773,40 +827,31 @@ def make_advantage(config: DesignConfig, reward_groups: np.ndarray) -> np.ndarra
     return ADVANTAGES[config.resolved_advantage()](reward_groups)
 
 
+def loss_form(loss: str) -> str:
+    """The sigma^2 form the theory needs for ``loss``: plain (unbiased IS) or signal-normalised (the rest).
+
+    Both calibrations (simulate/calibrate.py, validate/calibrate.py) write their profile's table in this form."""
+    return "plain" if LOSSES[loss].unbiased else "signal-normalised"  # the registry entry's flag
+
+
 # --------------------------------------------------------------------------- validation
-
-
-def _choice(config, name: str, options) -> None:
-    value = getattr(config, name)
-    if value not in options:
-        raise ValueError(f"{name} must be one of {', '.join(options)}, got {value!r}")
 
 
 def validate_design(c: DesignConfig, pipeline: str = "sync") -> None:
     """Every rule of the design in one place: one-line ValueErrors naming the field and its valid range."""
     check_choice("buffer", c.buffer, BUFFER_DESIGNS)
     check_choice("loss", c.loss, LOSSES)
-    _choice(c, "advantage", ("auto", *ADVANTAGES))
+    require_one_of("advantage", c.advantage, ("auto", *ADVANTAGES))
     for name, least in (("rollouts_per_step", 1), ("batch_size", 1), ("capacity", 1), ("max_age", 0)):
-        value = getattr(c, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-    if not isinstance(c.group_size, int) or isinstance(c.group_size, bool) or c.group_size < 2:
-        raise ValueError(f"group_size must be an integer >= 2, got {c.group_size!r}")
+        require_integer(name, getattr(c, name), least)
+    require_integer("group_size", c.group_size, 2)
     for name in ("clip_c", "per_tau", "exgrpo_beta"):
-        value = getattr(c, name)
-        if isinstance(value, bool) or not (isinstance(value, (int, float)) and value > 0) or math.isnan(value):
-            raise ValueError(f"{name} must be > 0, got {value!r}")
+        require_number(name, getattr(c, name), above=0)
     for name in ("eps_low", "eps_high", "tau_m2", "replay_ratio_groups", "per_alpha", "per_beta"):
-        value = getattr(c, name)
-        if isinstance(value, bool) or not (isinstance(value, (int, float)) and value >= 0) or math.isnan(value):
-            raise ValueError(f"{name} must be >= 0, got {value!r}")
-    if not isinstance(c.stale_k, int) or isinstance(c.stale_k, bool) or c.stale_k < 0:
-        raise ValueError(f"stale_k must be an integer >= 0, got {c.stale_k!r}")
-    if not 0 <= c.delta < 1:
-        raise ValueError(f"delta must be in [0, 1), got {c.delta!r}")
-    if not 0 <= c.exgrpo_rho < 1:
-        raise ValueError(f"exgrpo_rho must be in [0, 1), got {c.exgrpo_rho!r}")
+        require_number(name, getattr(c, name), at_least=0)
+    require_integer("stale_k", c.stale_k, 0)
+    require_unit_interval("delta", c.delta, closed=False)
+    require_unit_interval("exgrpo_rho", c.exgrpo_rho, closed=False)
     if c.rollouts_per_step % c.group_size:
         raise ValueError(f"rollouts_per_step must be a multiple of group_size = {c.group_size}, "
                          f"got {c.rollouts_per_step}")
@@ -822,6 +867,26 @@ def validate_design(c: DesignConfig, pipeline: str = "sync") -> None:
     if advantage not in loss.advantages:
         raise ValueError(f"loss {c.loss} uses the {' or '.join(loss.advantages)} advantage: set advantage "
                          f"{loss.advantages[0]} (or auto), got {c.advantage!r}")
+
+
+def validate_trainer_design(c: DesignConfig) -> None:
+    """The rules of a trainer's design before the trainer's group size is known (``integrations.ReplayConfig``).
+
+    N, B, R whole and N >= R (the generation batch must fit, whatever the buffer), a loss and a buffer a trainer
+    runs, the loss's parameters, and on-policy B = R (every rollout trained once). The rest, with G, is
+    ``validate_design``, which the trainer's buffer applies (``integrations.buffer.RowReplayBuffer``).
+    """
+    for name in ("capacity", "batch_size", "rollouts_per_step"):
+        require_integer(name, getattr(c, name), 1)
+    check_capacity(c.capacity, c.rollouts_per_step)
+    check_choice("loss", c.loss, LOSSES, trainer=True)
+    for name in ("eps_low", "eps_high", "tau_m2"):
+        require_number(name, getattr(c, name), at_least=0)
+    require_number("clip_c", c.clip_c, above=0)
+    check_choice("buffer", c.buffer, BUFFER_DESIGNS, trainer=True)
+    if c.buffer == "on-policy" and c.batch_size != c.rollouts_per_step:
+        raise ValueError(f"batch_size must equal rollouts_per_step = {c.rollouts_per_step} on-policy (every "
+                         f"rollout trained once), got {c.batch_size}")
 
 
 def fresh_groups(config: DesignConfig) -> int:

@@ -1,29 +1,11 @@
 """Policy-gradient losses on the SAMPLED tokens' log-probs: value and d loss / d logp_new.
 
-One implementation of each loss, shared by the numpy simulator and the torch
-validator. Every loss is a pure numpy function of ``logp_new`` (the current
-policy's log-probs of the sampled tokens) and fixed data (behaviour log-probs,
-advantages, masks). It returns the loss to MINIMISE, per seed, and its
-derivative with respect to every entry of ``logp_new``:
-
-* simulator (log-linear policy): grad_theta = sum dL/dlogp * grad_theta logp,
-  i.e. ``env.grad_logp_contract(..., coef=out.grad_logp)``;
-* validator (a real LM): backpropagate ``(grad_logp.detach() * logp_new).sum()``,
-  whose gradient is the loss gradient.
-
-Quantities that the reference implementations compute without gradient (the
-RLOO weight w, the M2PO mask M, the reference variant's cap tau) are constants
-in ``grad_logp`` ("detached"), exactly as there.
-
-Shapes (seed axis first, see ``core/rollouts.py``): ``logp_new``,
-``logp_behav``, ``mask`` (S, n, L); per-response arrays (S, n); ``LossOutput.loss``
-and every metric (S,). Advantages may be per response (S, n) or per token (S, n, L).
-
-Ratios are handled in LOG space: r = exp(logp_new - logp_behav) is formed only
-where it is finite or clipped; clipping compares log-ratios with log-bounds.
-Where the loss itself is unbounded (no trust region, or a negative advantage
-with r -> inf, which PPO's min never clips) the value is +-inf, without warnings.
-Padding (mask False) may hold anything, even NaN: it is never read.
+One pure numpy function per loss, shared by the simulator and the validator (and the trainers through
+``core/designs.py``): the loss to MINIMISE per seed and its derivative in every entry of ``logp_new`` (the simulator
+contracts it with grad_theta logp; the validator backpropagates ``(grad_logp.detach() * logp_new).sum()``).
+What the references compute without gradient (RLOO's w, M2PO's mask M, the reference cap tau) is constant here
+too. Shapes, seed axis first: ``logp_new``, ``logp_behav``, ``mask`` (S, n, L); per response (S, n); losses and
+metrics (S,). Ratios stay in log space; an unbounded loss is +-inf; padding is never read.
 
 Aggregation (how token terms become one number per seed; verl's ``loss_agg_mode``):
 
@@ -50,14 +32,10 @@ Papers (docs/REFERENCES.md) and code names:
 | ``delta_v``          | delta V                        | AsymRE, experience-replay App. E               |
 | ``beta``             | beta (0.1)                     | ExGRPO Sec. 4.2, f(w) = w / (w + beta)         |
 
-Papers by short name (title, authors and id of each in docs/REFERENCES.md): M2PO ("Prosperity before
-Collapse", arXiv:2510.01161), RLOO group replay (Replay-RLOO, a course project report), ExGRPO
-(arXiv:2510.02245), experience-replay (GRPO and AsymRE settings; AsymRE from Arnal et al. 2025, arXiv:2506.20520).
-
-Metric names follow TRL / verl (docs/REFERENCES.md):
-``clip_ratio/{low,high,region}_mean`` (TRL), ``pg_clipfrac`` (verl),
-``is_ratio_{min,mean,max,std}``, ``ess_frac`` = (sum r)^2 / (N sum r^2) over real
-tokens, ``kl_k3`` (estimates KL(pi_behav || pi_new)), ``m2`` = mean (log r)^2.
+Papers (docs/REFERENCES.md): M2PO (arXiv:2510.01161), Replay-RLOO, ExGRPO (arXiv:2510.02245), experience-replay
+(GRPO and AsymRE settings; AsymRE: arXiv:2506.20520). Metrics follow TRL / verl: ``clip_ratio/{low,high,region}_mean``,
+``pg_clipfrac``, ``is_ratio_{min,mean,max,std}``, ``ess_frac`` = (sum r)^2 / (N sum r^2), ``kl_k3``, ``m2`` =
+mean (log r)^2.
 """
 
 from __future__ import annotations
@@ -69,7 +47,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..theory.checks import require_nonnegative, require_positive
+from ..theory.checks import invalid, one_of, require_finite, require_nonnegative, require_positive
 from ..theory.divergences import ess_kish_fraction, sequence_log_ratio
 from ..theory.exgrpo import shaping, shaping_gradient_weight
 from ..theory.group_replay import clipped_sequence_weight
@@ -194,7 +172,7 @@ def _token_weights(m: np.ndarray, aggregation: str) -> np.ndarray:
     if aggregation == "seq-mean-token-mean":
         length = mf.sum(axis=2, keepdims=True)  # (S, n, 1) |o_i|
         return np.where(length > 0, mf / (n * np.maximum(length, 1.0)), 0.0)  # GRPO: (1/G) sum_i (1/|o_i|) sum_t
-    raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
+    raise invalid("aggregation", one_of(AGGREGATIONS), aggregation)
 
 
 def _output(objective: np.ndarray, d_objective: np.ndarray, weights: np.ndarray,
@@ -620,8 +598,7 @@ def asymre(logp_new: ArrayLike, reward: ArrayLike, value_baseline: ArrayLike, ma
     lp, m, _, lr = _inputs(logp_new, mask, logp_behav)
     r = _per_response(reward, "reward", m.shape)
     v = _per_response(value_baseline, "value_baseline", m.shape)
-    if not np.isfinite(delta_v):
-        raise ValueError(f"delta_v must be a finite number, got {delta_v!r}")
+    require_finite("delta_v", delta_v)
     coef = np.broadcast_to((r - (v + delta_v))[..., None], m.shape)  # App. E: r(z_i, q) - (V-hat + delta V)
     weights = _token_weights(m, aggregation)
     objective = coef * lp  # App. E, experience replay: (r - (V + dV)) log pi(z_i|q)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..theory.checks import invalid, one_of, require_finite, require_nonnegative, require_positive
 from .losses import AGGREGATIONS, clip_log_bounds
 
 __all__ = ["TorchLossOutput", "TORCH_LOSSES", "loss_output_torch", "reinforce", "grpo", "no_trust_region", "m2po",
@@ -82,7 +83,7 @@ def _token_weights(m: Tensor, aggregation: str) -> Tensor:
     if aggregation == "seq-mean-token-mean":
         length = mf.sum(dim=2, keepdim=True)  # (S, n, 1)
         return torch.where(length > 0, mf / (n * length.clamp(min=1.0)), 0.0)
-    raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
+    raise invalid("aggregation", one_of(AGGREGATIONS), aggregation)
 
 
 def _output(objective: Tensor, d_objective: Tensor, weights: Tensor, metrics: dict, finite: Tensor
@@ -214,8 +215,7 @@ def _m2po_drop_and_cap(log_ratio: Tensor, adv: Tensor, m: Tensor, tau_m2: float,
 def m2po(logp_new: Tensor, logp_behav: Tensor, advantage: Tensor, mask: Tensor, tau_m2: float = 0.04,
          variant: str = "algorithm1", *, aggregation: str = "token-mean") -> TorchLossOutput:
     """M2PO, second-moment trust region by token masking (Eqs. (4)-(5), Algorithm 1; ``core.losses.m2po``)."""
-    if not tau_m2 >= 0:
-        raise ValueError(f"tau_m2 must be >= 0, got {tau_m2!r}")
+    require_nonnegative("tau_m2", tau_m2, allow_inf=True)
     lp, m, lb, lr, finite = _inputs(logp_new, mask, logp_behav)
     adv = _token_advantage(advantage, m)
     weights = _token_weights(m, aggregation)
@@ -246,8 +246,7 @@ def _kish(log_w: Tensor, real: Tensor) -> Tensor:
 def rloo(logp_new: Tensor, logp_behav: Tensor, advantage: Tensor, mask: Tensor, c: float, is_fresh: Tensor, *,
          aggregation: str = "seq-mean-token-sum") -> TorchLossOutput:
     """Replay-RLOO with the clipped sequence weight w = min(c, e^{sum log r}), detached (Eqs. (2)-(3))."""
-    if not c > 0:
-        raise ValueError(f"c must be > 0, got {c!r}")
+    require_positive("c", c, allow_inf=True)
     lp, m, lb, lr, finite = _inputs(logp_new, mask, logp_behav)
     adv = advantage.double()  # (S, n)
     fresh = is_fresh.bool()  # (S, n)
@@ -275,8 +274,7 @@ def rloo(logp_new: Tensor, logp_behav: Tensor, advantage: Tensor, mask: Tensor, 
 def asymre(logp_new: Tensor, reward: Tensor, value_baseline: Tensor, mask: Tensor, delta_v: float = 0.0, *,
            aggregation: str = "seq-mean-token-sum", logp_behav: Tensor | None = None) -> TorchLossOutput:
     """AsymRE, -(1/n) sum_i (r_i - (V + delta V)) log pi(z_i|q) (experience-replay App. E)."""
-    if not math.isfinite(delta_v):
-        raise ValueError(f"delta_v must be a finite number, got {delta_v!r}")
+    require_finite("delta_v", delta_v)
     lp, m, _, lr, finite = _inputs(logp_new, mask, logp_behav)
     coef = (reward.double() - (value_baseline.double() + delta_v))[..., None].expand(m.shape)
     metrics = _ratio_metrics(lr, m) if lr is not None else {}
@@ -287,8 +285,7 @@ def exgrpo_shaped(logp_new: Tensor, logp_behav: Tensor, advantage: Tensor, mask:
                   beta: float = 0.1, eps_low: float = 0.2, eps_high: float = 0.2, *,
                   aggregation: str = "token-mean") -> TorchLossOutput:
     """ExGRPO: the GRPO clip on fresh rows, f(w) = w / (w + beta) on replayed ones (Eq. (4), Sec. 4.2)."""
-    if not beta > 0:
-        raise ValueError(f"beta must be > 0, got {beta!r}")
+    require_positive("beta", beta, allow_inf=True)
     lp, m, lb, lr, finite = _inputs(logp_new, mask, logp_behav)
     adv = _token_advantage(advantage, m)
     rep = is_replayed.bool()[..., None].expand(m.shape)

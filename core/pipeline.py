@@ -32,6 +32,7 @@ from typing import Protocol
 import numpy as np
 
 from ..theory.compute import compute_ratio_from_split_ratio, estimate_mu
+from .buffers import ReplayBuffer
 from .designs import (
     BUFFER_DESIGNS,
     BufferSpec,
@@ -82,12 +83,15 @@ class RolloutBackend(Protocol):
 
     def sample(self, weights, prompts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(tokens (S, n, L), logp_behav (S, n, L), mask (S, n, L), reward (S, n)) for prompts (S, n)."""
+        ...
 
     def entropy(self, weights, prompts: np.ndarray, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Token entropies (S, n, L) under ``weights`` (ExGRPO's trajectory choice)."""
+        ...
 
     def snapshot(self, weights):
         """A copy of ``weights`` that later updates do not change (async workers)."""
+        ...
 
 
 class EnvBackend:
@@ -153,8 +157,8 @@ class Pipeline:
         self.config, self.backend, self.rng, self.settings = config, backend, rng, settings
         self.num_seeds = num_seeds
         self.design = BUFFER_DESIGNS[config.buffer]
-        self.buffer = make_design_buffer(config, BufferSpec(num_seeds, backend.seq_len, backend.num_prompts,
-                                                            token_dtype))
+        spec = BufferSpec(num_seeds, backend.seq_len, backend.num_prompts, token_dtype)
+        self.buffer: ReplayBuffer | None = make_design_buffer(config, spec)
         self.group_counter = 0
         self.worker_weights = None
         self.worker_version = 0
@@ -264,7 +268,7 @@ class Pipeline:
 
     def evicted_use_counts(self) -> np.ndarray:
         """Use count of every response that left the buffer (global diversity, experience-replay Sec. 2)."""
-        if self.buffer is None or not hasattr(self.buffer, "evicted_use_counts"):
+        if self.buffer is None:
             return np.zeros(0)
         return np.asarray(self.buffer.evicted_use_counts())
 

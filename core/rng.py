@@ -4,36 +4,15 @@ Seed i of a run uses ``np.random.default_rng([base_seed, i])`` whatever the
 number of seeds, so the first 16 seeds of a 64-seed run equal a 16-seed run,
 and a per-seed Python loop (experiments/naive.py) consumes exactly the same draws.
 
-Batched draws
--------------
-Asking 64 generators for a handful of numbers each, three times a step, costs
-more than the rest of a small simulator step. So ``random`` and ``integers``
-(the only draws of the training loop) are computed here, for all seeds at once,
-from blocks of raw 64-bit outputs that each seed's PCG64 bit generator hands out
-in one ``random_raw`` call, with numpy's own algorithms:
-
-* ``random``: ``(raw >> 11) * 2**-53``, numpy's ``next_double``;
-* ``integers(low, high)`` with ``high - low <= 2**32 - 1`` (int64 results):
-  Lemire's multiply-and-reject on 32-bit draws, numpy's
-  ``buffered_bounded_lemire_uint32``, where a 32-bit draw is the low half of a
-  raw output and the high half is kept for the next 32-bit draw (PCG64's
-  ``has_uint32`` / ``uinteger``), across calls. A call in which some draw is
-  rejected (probability below (high - low) / 2**32 per draw; never when
-  high - low is a power of two) is redone by numpy itself, seed by seed.
-
-The numbers are therefore those of the per-seed generators, bit for bit
-(``tests/unit/test_rng.py`` checks them against numpy on every path, rejections and
-half-used 32-bit words included). Anything else (another draw, another range,
-another bit generator, ``seed_generator``, ``generators``) first hands every
-seed's position back to its ``np.random.Generator`` (rewinding the outputs
-drawn ahead with ``PCG64.advance``) and then draws seed by seed, as before,
-for the rest of the object's life.
+How ``random`` and ``integers`` are drawn for all seeds at once, bit for bit the per-seed generators' draws:
+``PerSeedGenerator``.
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from typing import Union, cast
 
 import numpy as np
 
@@ -44,7 +23,31 @@ _DOUBLE_SCALE = 1.0 / 9007199254740992.0  # 2**-53, numpy's next_double
 
 
 class PerSeedGenerator:
-    """Stacks per-seed ``np.random.Generator`` draws along axis 0 (size[0] must equal the seed count)."""
+    """Stacks per-seed ``np.random.Generator`` draws along axis 0 (size[0] must equal the seed count).
+
+    Asking 64 generators for a handful of numbers each, three times a step, costs
+    more than the rest of a small simulator step. So ``random`` and ``integers``
+    (the only draws of the training loop) are computed here, for all seeds at once,
+    from blocks of raw 64-bit outputs that each seed's PCG64 bit generator hands out
+    in one ``random_raw`` call, with numpy's own algorithms:
+
+    * ``random``: ``(raw >> 11) * 2**-53``, numpy's ``next_double``;
+    * ``integers(low, high)`` with ``high - low <= 2**32 - 1`` (int64 results):
+      Lemire's multiply-and-reject on 32-bit draws, numpy's
+      ``buffered_bounded_lemire_uint32``, where a 32-bit draw is the low half of a
+      raw output and the high half is kept for the next 32-bit draw (PCG64's
+      ``has_uint32`` / ``uinteger``), across calls. A call in which some draw is
+      rejected (probability below (high - low) / 2**32 per draw; never when
+      high - low is a power of two) is redone by numpy itself, seed by seed.
+
+    The numbers are therefore those of the per-seed generators, bit for bit
+    (``tests/unit/test_rng.py`` checks them against numpy on every path, rejections and
+    half-used 32-bit words included). Anything else (another draw, another range,
+    another bit generator, ``seed_generator``, ``generators``) first hands every
+    seed's position back to its ``np.random.Generator`` (rewinding the outputs
+    drawn ahead with ``PCG64.advance``) and then draws seed by seed, as before,
+    for the rest of the object's life.
+    """
 
     def __init__(self, base_seed: int, num_seeds: int):
         self._generators = [np.random.default_rng([base_seed, i]) for i in range(num_seeds)]
@@ -229,7 +232,7 @@ class PerSeedGenerator:
         """Put every seed's generator where its draws so far left it; drop the outputs drawn ahead."""
         pos = self._positions()
         for s, g in enumerate(self._generators):
-            bit_generator = g.bit_generator
+            bit_generator = cast(np.random.PCG64, g.bit_generator)  # batched mode runs on PCG64 only
             ahead = self._raw.shape[1] - int(pos[s])
             if ahead:
                 bit_generator.advance(-ahead)  # PCG64 steps modulo 2**128: back over the unconsumed outputs
@@ -245,3 +248,7 @@ class PerSeedGenerator:
         if self._batched:
             self._sync()
             self._batched = False
+
+
+RandomSource = Union[np.random.Generator, PerSeedGenerator]
+"""What a buffer or a pipeline draws from: one generator, or ``PerSeedGenerator`` (the seed axis first)."""

@@ -75,6 +75,12 @@ def _is_ours(value: Any) -> bool:
     return isinstance(value, SimpleNamespace) or type(value).__module__.split(".")[0] == "replay_theory"
 
 
+def _frozen(instance: Any) -> bool:
+    """A frozen dataclass instance (a config): its class's ``__dataclass_params__``."""
+    params = getattr(type(instance), "__dataclass_params__", None)
+    return params is not None and bool(params.frozen)
+
+
 def _node(value: Any, path: str, arrays: dict[str, np.ndarray]) -> dict:
     if value is None or isinstance(value, (bool, int, float, str)):
         return {"value": value}
@@ -101,7 +107,7 @@ def _node(value: Any, path: str, arrays: dict[str, np.ndarray]) -> dict:
     if isinstance(value, (list, tuple)):
         kind = "list" if isinstance(value, list) else "tuple"
         return {kind: [_node(v, f"{path}.{i}", arrays) for i, v in enumerate(value)]}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type) and value.__dataclass_params__.frozen:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and _frozen(value):
         return {"config": repr(value)}
     if isinstance(value, (FunctionType, MethodType, ModuleType, type)) or callable(value) and not _is_ours(value):
         return {"code": repr(value)}  # behaviour, not state: the fresh object was built with the same

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..theory.checks import require_int
+
 __all__ = ["SumTree"]
 
 
@@ -36,12 +38,8 @@ class SumTree:
     """Sum segment trees for S seeds at once: (S, 2 * cap_pow2) float64."""
 
     def __init__(self, num_seeds: int, capacity: int) -> None:
-        if int(num_seeds) < 1:
-            raise ValueError(f"num_seeds must be an integer >= 1, got {num_seeds!r}")
-        if int(capacity) < 1:
-            raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
-        self.num_seeds = int(num_seeds)
-        self.capacity = int(capacity)
+        self.num_seeds = int(require_int("num_seeds", num_seeds, 1))
+        self.capacity = int(require_int("capacity", capacity, 1))
         self.depth = max(0, (self.capacity - 1).bit_length())  # levels below the root
         self.cap_pow2 = 1 << self.depth
         self.tree = np.zeros((self.num_seeds, 2 * self.cap_pow2))  # (S, 2 cap_pow2)

@@ -35,9 +35,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from ..core.buffers import SlotBuffer
 from ..core.designs import BUFFER_DESIGNS, BufferSpec, DesignConfig, StepBatch, check_choice, make_design_buffer
 from ..core.rollouts import RolloutBatch
 from ..core.state import load_object_state, load_state, object_state, save_state
+from ..theory.checks import require_integer
 from .replay_config import (
     ReplayConfig,
     age_buckets,
@@ -96,7 +98,10 @@ class RowReplayBuffer:
             raise ValueError(f"capacity must be a multiple of num_generations = {design.group_size} (whole "
                              f"groups are stored), got {design.capacity}")
         self.config = design
-        self.buffer = make_design_buffer(design, BufferSpec(num_seeds=1, seq_len=1, token_dtype=np.int64))
+        buffer = make_design_buffer(design, BufferSpec(num_seeds=1, seq_len=1, token_dtype=np.int64))
+        if buffer is not None and not isinstance(buffer, SlotBuffer):  # the rows' ids must live in store slots
+            raise TypeError(f"buffer {design.buffer} keeps no slots a trainer's rows can be found in")
+        self.buffer: SlotBuffer | None = buffer
         self.rng = np.random.default_rng(seed)
         self.state: dict = {}
         self.settings = SimpleNamespace(total_steps=int(total_steps))  # FreshPER anneals beta over the run
@@ -217,8 +222,7 @@ class RowReplayBuffer:
 
     def sample(self, batch_size: int, step: int | None = None) -> dict[str, torch.Tensor]:
         """B rows drawn by the design's own sampler (FIFO: uniformly with replacement), every field aligned."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        require_integer("batch_size", batch_size, 1)
         if self.buffer is None or not len(self):
             raise ValueError("the buffer is empty: push a generation batch first")
         step = int(self.data["version"].max()) if step is None else step

@@ -21,13 +21,9 @@ r = pi_theta / pi_behav per token. Code names -> symbols:
 | ``step_update_seconds``     | wall seconds step t spent on the update (forward, backward, optimizer)    |
 | ``step_generated_rows``     | fresh rows generated at step t                                            |
 
-The names are TRL's where TRL has one, and ``--preset trl`` (``diagnose/schema.py``) reads exactly these; one
-Parquet row per trained row, one row group per step. A row drawn twice in a step, or again at a later step, is a
-new log row (each draw is one sample of the ratio), so ``sample_id`` is NOT a per-row sequence id: mapping it to
-``seq_id`` would add the draws' log-ratios into one sequence.
-
-The verl hook (``integrations/verl.py``, ``VerlDiagnoseLogger``) writes ``VERL_LOG_COLUMNS`` through the same writer,
-one Parquet row per response, with verl's ``DataProto`` key names where verl has one (``--preset verl`` reads them):
+TRL's names, read by ``--preset trl`` (``diagnose/schema.py``); one Parquet row per trained row (a row drawn again
+is a new log row, so ``sample_id`` is not a sequence id), one row group per step. The verl hook
+(``integrations/verl.py``) writes ``VERL_LOG_COLUMNS`` with verl's ``DataProto`` names (``--preset verl``):
 
 | column                     | symbol / meaning                                                           |
 |----------------------------|----------------------------------------------------------------------------|
@@ -48,12 +44,8 @@ one Parquet row per response, with verl's ``DataProto`` key names where verl has
 | ``response_mask``          | 1 on tokens the policy wrote; 0 on padding and multi-turn tool results     |
 | ``advantages``             | A per token (verl's token-level advantages)                                |
 
-verl before 0.9 named the version keys ``param_version_start`` / ``param_version_end`` (fully-async trainer).
-The four version columns are written only when the batch carries the version keys (verl's agent loop fills them
-when the rollout server reports its weights version); the per-token lists are cut to the batch's longest response
-(the columns past it are padding on every row).
-
-Framework-free (numpy + pyarrow, which TRL's ``datasets`` and verl already install), so a verl hook can share it.
+The version columns are written only when the batch carries verl's version keys (``VerlDiagnoseLogger``).
+numpy + pyarrow only, so the TRL and verl hooks share it.
 """
 
 from __future__ import annotations

@@ -10,112 +10,143 @@ line checks a design (``trl-replay``) without importing torch; the buffer itself
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from ..core import losses
 from ..core.designs import (
-    BUFFER_DESIGNS,
-    LOSSES,
     ClipParams,
     DesignConfig,
     M2POParams,
     RLOOParams,
-    check_choice,
     design_field_names,
     loss_aggregation,
+    validate_trainer_design,
 )
 from ..core.pipeline import age_buckets, fifo_max_age  # the one age bucketing (re-exported)
+from ..theory.checks import require_integer, require_number, require_one_of
 from ..theory.design import rollout_mu_of_convention
 from ..theory.noise_scale import noise_scale_pick
 
 __all__ = ["ReplayConfig", "age_buckets", "fifo_max_age"]
 
-#: The loss parameters a ReplayConfig carries as its own fields (DesignConfig's names; a new loss's parameters go in
+#: The loss parameters a ReplayConfig takes as its own arguments (DesignConfig's names; a new loss's parameters go in
 #: ``design``, so a loss added to the registry runs in a trainer with no edit here).
 _LOSS_FIELDS = ("eps_low", "eps_high", "clip_c", "tau_m2")
 #: DesignConfig fields a ReplayConfig sets itself (N, B, R, G, the buffer and the loss): not allowed in ``design``.
 _DESIGN_SET_HERE = ("capacity", "batch_size", "rollouts_per_step", "group_size", "buffer", "loss", *_LOSS_FIELDS)
+#: The constructor's arguments, in its order: ``record()``'s keys (run.json's ``replay``) and ``repr``.
+_ARGUMENTS = ("capacity", "batch_size", "rollouts_per_step", "loss", *_LOSS_FIELDS, "aggregation", "buffer",
+              "design", "seed", "notes")
 
 
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False, repr=False)
 class ReplayConfig:
-    """N, B, R and the off-policy correction of a replay run (experience-replay Sec. 3; losses of core/losses.py)."""
+    """N, B, R and the off-policy correction of a replay run (experience-replay Sec. 3; losses of core/losses.py).
 
-    capacity: int
-    """N: buffer size in completions; a multiple of the group size (whole groups are stored), >= R."""
-    batch_size: int
-    """B: completions drawn uniformly with replacement from the buffer for each update."""
-    rollouts_per_step: int
-    """R: fresh completions generated per update (TRL: per_device_train_batch_size on one process)."""
-    loss: str = "grpo"
-    """Off-policy correction: a ``LOSSES`` entry of core/designs.py with ``trainer=True`` (its help is there)."""
-    eps_low: float = ClipParams.eps_low
-    """grpo: ClipParams.eps_low (the ratio is clipped below at 1 - eps_low)."""
-    eps_high: float = ClipParams.eps_high
-    """grpo: ClipParams.eps_high (the ratio is clipped above at 1 + eps_high; DAPO uses 0.28)."""
-    clip_c: float = RLOOParams.clip_c
-    """tis: RLOOParams.clip_c (the sequence weight min(c, pi_new / pi_behav), Replay-RLOO Eq. 2)."""
-    tau_m2: float = M2POParams.tau_m2
-    """m2po: M2POParams.tau_m2 (the second-moment budget tau_M2, M2PO Sec. 5.2)."""
-    aggregation: str | None = None
+    It holds the registry's ``DesignConfig`` (``shared``) of the design and reads N, B, R, the buffer, the loss
+    and its parameters from it; each is documented once, on DesignConfig. The trainer's group size G (TRL's
+    num_generations) is set by :meth:`design_config`. Arguments: ``capacity`` N (in completions; a multiple of G,
+    >= R), ``batch_size`` B (completions drawn per update), ``rollouts_per_step`` R (fresh completions per update;
+    TRL: per_device_train_batch_size on one process), ``loss`` (a ``LOSSES`` entry with ``trainer=True``),
+    ``eps_low`` / ``eps_high`` (grpo's clip), ``clip_c`` (tis), ``tau_m2`` (m2po), ``buffer`` (a
+    ``BUFFER_DESIGNS`` entry with ``trainer=True``) and ``design`` (that buffer's other DesignConfig fields, e.g.
+    {"delta": 0.2}).
+    """
+
+    shared: DesignConfig
+    """The registry's design: N, B, R, buffer, loss, its parameters and ``design``'s fields (G: the default)."""
+    aggregation: str | None
     """How token terms become one loss (core/losses.AGGREGATIONS); None: the loss's own (its LossDesign entry)."""
-    buffer: str = "fifo"
-    """Buffer design: a ``BUFFER_DESIGNS`` entry of core/designs.py with ``trainer=True`` (its help is there)."""
-    design: Mapping[str, Any] = field(default_factory=dict)
-    """Other DesignConfig fields of that buffer, e.g. {"delta": 0.2} or {"per_alpha": 0.6, "per_tau": 8.0}; each is
-    documented once, on DesignConfig."""
-    seed: int = 0
+    design: Mapping[str, Any]
+    """The buffer's other DesignConfig fields as given, e.g. {"delta": 0.2} or {"per_alpha": 0.6, "per_tau": 8.0}."""
+    seed: int
     """Seed of the uniform draws from the buffer (a generator of its own: TRL's RNG streams are left alone)."""
-    notes: tuple[str, ...] = field(default=(), compare=False)
+    notes: tuple[str, ...] = field(compare=False)
     """What ``from_optimal_json`` changed (e.g. N rounded to whole groups)."""
 
-    def __post_init__(self) -> None:
-        _positive_int("capacity", self.capacity)
-        _positive_int("batch_size", self.batch_size)
-        _positive_int("rollouts_per_step", self.rollouts_per_step)
-        if self.capacity < self.rollouts_per_step:
-            raise ValueError(f"capacity must be >= rollouts_per_step = {self.rollouts_per_step} (the fresh "
-                             f"rollouts must fit), got {self.capacity}")
-        check_choice("loss", self.loss, LOSSES, trainer=True)
-        for name in ("eps_low", "eps_high", "tau_m2"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"{name} must be >= 0, got {value!r}")
-        if isinstance(self.clip_c, bool) or not isinstance(self.clip_c, (int, float)) or not self.clip_c > 0:
-            raise ValueError(f"clip_c must be > 0, got {self.clip_c!r}")
-        check_choice("buffer", self.buffer, BUFFER_DESIGNS, trainer=True)
-        if self.buffer == "on-policy" and self.batch_size != self.rollouts_per_step:
-            raise ValueError(f"batch_size must equal rollouts_per_step = {self.rollouts_per_step} on-policy (every "
-                             f"rollout trained once), got {self.batch_size}")
-        unknown = sorted(set(self.design) - set(design_field_names()))
+    def __init__(self, capacity: int, batch_size: int, rollouts_per_step: int, loss: str = "grpo",
+                 eps_low: float = ClipParams.eps_low, eps_high: float = ClipParams.eps_high,
+                 clip_c: float = RLOOParams.clip_c, tau_m2: float = M2POParams.tau_m2, aggregation: str | None = None,
+                 buffer: str = "fifo", design: Mapping[str, Any] | None = None, seed: int = 0,
+                 notes: tuple[str, ...] = ()) -> None:
+        design = {} if design is None else design
+        shared = DesignConfig(buffer=buffer, loss=loss, capacity=capacity, batch_size=batch_size,
+                              rollouts_per_step=rollouts_per_step, eps_low=eps_low, eps_high=eps_high,
+                              clip_c=clip_c, tau_m2=tau_m2)
+        validate_trainer_design(shared)  # the registry's rules (core/designs.py)
+        unknown = sorted(set(design) - set(design_field_names()))
         if unknown:
             raise ValueError(f"design has unknown field(s) {', '.join(unknown)}; DesignConfig's fields are "
                              f"{', '.join(k for k in design_field_names() if k not in _DESIGN_SET_HERE)}")
-        clash = sorted(set(self.design) & set(_DESIGN_SET_HERE))
+        clash = sorted(set(design) & set(_DESIGN_SET_HERE))
         if clash:
             raise ValueError(f"design sets {', '.join(clash)}, which ReplayConfig sets itself: leave "
                              f"{'it' if len(clash) == 1 else 'them'} out of design")
-        if self.aggregation is not None and self.aggregation not in losses.AGGREGATIONS:
-            raise ValueError(f"aggregation must be one of {', '.join(losses.AGGREGATIONS)}, got {self.aggregation!r}")
+        if aggregation is not None:
+            require_one_of("aggregation", aggregation, losses.AGGREGATIONS)
+        for name, value in (("shared", dataclasses.replace(shared, **design)), ("aggregation", aggregation),
+                            ("design", design), ("seed", seed), ("notes", notes)):
+            object.__setattr__(self, name, value)
+
+    @property
+    def capacity(self) -> int:
+        """N: buffer size in completions."""
+        return self.shared.capacity
+
+    @property
+    def batch_size(self) -> int:
+        """B: completions drawn from the buffer for each update."""
+        return self.shared.batch_size
+
+    @property
+    def rollouts_per_step(self) -> int:
+        """R: fresh completions generated per update."""
+        return self.shared.rollouts_per_step
+
+    @property
+    def loss(self) -> str:
+        return self.shared.loss
+
+    @property
+    def buffer(self) -> str:
+        return self.shared.buffer
+
+    @property
+    def eps_low(self) -> float:
+        return self.shared.eps_low
+
+    @property
+    def eps_high(self) -> float:
+        return self.shared.eps_high
+
+    @property
+    def clip_c(self) -> float:
+        return self.shared.clip_c
+
+    @property
+    def tau_m2(self) -> float:
+        return self.shared.tau_m2
+
+    def record(self) -> dict[str, Any]:
+        """The constructor's arguments as a JSON object, in its order (run.json's ``replay``; notes as a list)."""
+        out = {name: getattr(self, name) for name in _ARGUMENTS}
+        return out | {"design": dict(self.design), "notes": list(self.notes)}
+
+    def __repr__(self) -> str:
+        args = {name: getattr(self, name) for name in _ARGUMENTS}
+        return f"ReplayConfig({', '.join(f'{k}={v!r}' for k, v in args.items())})"
 
     def design_config(self, group_size: int) -> DesignConfig:
         """The shared registry's DesignConfig of this replay design (N, B, R, G, buffer, loss and ``design``)."""
-        return DesignConfig(buffer=self.buffer, capacity=self.capacity, batch_size=self.batch_size,
-                            rollouts_per_step=self.rollouts_per_step, group_size=group_size, loss=self.loss,
-                            **{k: getattr(self, k) for k in _LOSS_FIELDS}, **dict(self.design))
+        return dataclasses.replace(self.shared, group_size=group_size)
 
     def loss_config(self) -> DesignConfig:
-        """The DesignConfig the registry's loss reads: the loss, its parameters and ``design``'s (sizes unread)."""
-        return DesignConfig(loss=self.loss, **{k: getattr(self, k) for k in _LOSS_FIELDS}, **dict(self.design))
+        """The DesignConfig the registry's loss reads: the loss, its parameters and ``design``'s."""
+        return self.shared
 
     @property
     def resolved_aggregation(self) -> str:
@@ -157,7 +188,7 @@ class ReplayConfig:
                 raise ValueError("the optimal --json output has no design: run `replay-theory optimal` with the "
                                  "noise scale (--noise-scale or --profile) and -B (batch size)")
             if group_size is not None:  # R in whole groups, by the rule's own cost
-                _positive_int("group_size", group_size)
+                require_integer("group_size", group_size, 1)
                 mu = rollout_mu_of_convention(data["mu"], data.get("convention", "rollout-cost"))
                 pick = noise_scale_pick(data["b_noise"], data["batch_size"], group_size, mu)
                 if pick["R"] != data["rollouts_per_step"]:
@@ -174,9 +205,10 @@ class ReplayConfig:
         if missing:
             raise ValueError(f"the optimal --json output has no {', '.join(missing)}: run `replay-theory optimal` "
                              "with -R (rollouts per step) or -B (batch size) to get an integer design")
-        n, b, r = (int(data[k]) for k in ("capacity", "batch_size", "rollouts_per_step"))  # whole (_check_design)
+        sizes = DesignConfig.from_record(data)  # N, B, R: whole numbers (_check_design)
+        n, b, r = sizes.capacity, sizes.batch_size, sizes.rollouts_per_step
         if group_size is not None:
-            _positive_int("group_size", group_size)
+            require_integer("group_size", group_size, 1)
             if r % group_size:
                 raise ValueError(f"rollouts_per_step = {r} from the design is not a multiple of group_size = "
                                  f"{group_size}: rerun `replay-theory optimal` with -R a multiple of {group_size}")
@@ -187,7 +219,7 @@ class ReplayConfig:
         return cls(capacity=n, batch_size=b, rollouts_per_step=r, notes=tuple(notes), **overrides)
 
 
-#: The fields of ``optimal --json`` a design is read from, by kind: sizes are whole numbers >= 1, the rule's inputs
+#: The fields of ``optimal --json`` a design is read from, by kind: sizes are integers >= 1, the rule's inputs
 #: finite and > 0, each null where optimal leaves it out.
 _DESIGN_SIZES = ("capacity", "buffer_size", "batch_size", "rollouts_per_step")
 _DESIGN_POSITIVE = ("b_noise", "mu")
@@ -199,17 +231,13 @@ def _check_design(data: Mapping[str, Any]) -> None:
     from ..theory.design import CONVENTIONS
 
     for key in _DESIGN_SIZES:
-        value = data.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value != int(value) or value < 1):
-            raise ValueError(f"{key} must be a whole number >= 1 (or null), got {value!r}")
+        if data.get(key) is not None:
+            require_integer(key, data[key], 1, note=" (or null)", whole_floats=True)
     for key in _DESIGN_POSITIVE:
-        value = data.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value <= 0):
-            raise ValueError(f"{key} must be a finite number > 0 (or null), got {value!r}")
-    if data.get("convention") is not None and data["convention"] not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {data['convention']!r}")
+        if data.get(key) is not None:
+            require_number(key, data[key], above=0, finite=True, note=" (or null)")
+    if data.get("convention") is not None:
+        require_one_of("convention", data["convention"], CONVENTIONS)
     if data.get("objective") == "noise-scale" and data.get("batch_size") is not None and data.get("mu") is None:
         raise ValueError("mu is missing: the noise-scale design needs the mu it was priced at")
 

@@ -1,8 +1,9 @@
-"""TRL replay trainer: GRPO with a FIFO replay buffer sized by the experience-replay paper's theory.
+"""TRL replay trainer: GRPO with a replay buffer sized by the experience-replay paper's theory (``ReplayGRPOTrainer``).
 
 Paper: experience-replay (docs/REFERENCES.md), Sec. 3 (N, B, R; staleness x = N/R, replay ratio y = B/R); the
 off-policy corrections are the shared losses of ``replay_theory.core.losses`` (M2PO Eq. (1) PPO clip,
-Replay-RLOO Eq. (2) truncated sequence IS, M2PO Algorithm 1). Code names -> paper symbols:
+Replay-RLOO Eq. (2) truncated sequence IS, M2PO Algorithm 1); the gradient noise scale is McCandlish et al. 2018
+(arXiv 1812.06162, App. A.1); the optimizer's memory kappa is theory/forgetting.py's. Code names -> paper symbols:
 
 | code name                          | symbol          | where                                        |
 |------------------------------------|-----------------|----------------------------------------------|
@@ -13,120 +14,11 @@ Replay-RLOO Eq. (2) truncated sequence IS, M2PO Algorithm 1). Code names -> pape
 | logp of the model in compute_loss  | log pi_theta    | the policy being trained                     |
 | age = global_step - version        | s               | staleness of a row, 0 .. ceil(N/R) - 1       |
 
-Each optimizer step: TRL generates and scores R completions (its own ``_generate_and_score_completions``), they are
-pushed into a :class:`~replay_theory.integrations.buffer.RowReplayBuffer` as whole groups with their behaviour
-log-probs, advantages, rewards, masks (``tool_mask`` included) and policy version, and B rows are drawn. Which rows
-are kept and drawn is the shared design's decision (``replay.buffer``: ``fifo`` by default, uniform with replacement;
-``positive-bias``, ``prioritized`` (FreshPER, its importance weights multiply each row's gradient) or
-``on-policy``), made by the same buffer classes and batch step the simulator runs. The loss is the shared numpy
-loss on those rows: its derivative d loss / d logp_new is backpropagated through the model's log-probs as
-``(grad_logp.detach() * logp_new).sum()`` (the validator's route), so the gradient IS the shared loss's and nothing
-is re-implemented.
-
-Why a subclass and not a callback: a TRL callback sees the trainer only between steps and cannot change what a step
-trains on; the buffer has to sit between generation and the loss. The subclass overrides three TRL methods:
-``_prepare_inputs`` (generate -> push -> draw instead of TRL's split of one generation batch),
-``compute_loss`` (the shared losses), ``_calculate_rewards`` (to keep the per-row rewards TRL does not return);
-and calls ``_generate_and_score_completions`` and ``_get_per_token_logps_and_entropies``. These are TRL internals:
-tested against TRL 1.16.0, they may change on upgrade.
-
-vLLM (``use_vllm=True`` with TRL's default ``vllm_importance_sampling_correction``): a row generated at step v by
-the engine (log mu, TRL's ``sampling_per_token_logps``), scored then by the trainer (log pi_old,
-``old_per_token_logps``) and trained at step t (pi_theta) has pi_theta / mu = (pi_theta / pi_old) (pi_old / mu).
-The engine factor rho = pi_old / mu is fixed at generation: TRL computes it with its mode and cap
-(``importance_sampling_ratio``, grpo_trainer.py:2660-2707; ``token_truncate`` clip(e^d, C_min, C_max),
-``token_mask`` e^d 1[C_min <= e^d <= C_max], ``sequence_*`` the same on e^(sum_t d), d = log pi_old - log mu) and
-the buffer stores it with the row. The staleness factor r = pi_theta / pi_old is the shared loss's correction,
-recomputed at every draw. rho multiplies each token's term as TRL multiplies its per-token loss (L3146-3147):
-:func:`engine_corrected_loss`, loss = -sum a_it rho_it objective_it(r), gradient rho times the loss's own.
-
-Diagnose log: ``ReplayGRPOTrainer(..., diagnose_log="run.parquet")`` (or a :class:`DiagnoseLogCallback` passed in
-``callbacks``) writes every row each step trains on, with its per-token log-probs under the policy being trained
-and under the behaviour policy, masks, advantages, rewards and age, in the layout ``replay-theory diagnose LOG
---preset trl`` reads (columns: ``replay_theory.integrations.export``), plus the step's generation and update wall
-times (``STEP_TIME_COLUMNS``) that ``replay-theory calibrate --from-log`` turns into mu. The file is new (never
-overwritten), gets one row group per step, and is written when the last step is done (the steps go to parts until
-then: :class:`DiagnoseLogCallback`).
-
-Checkpoints and resume: with Trainer's ``save_strategy`` on, every checkpoint also holds the replay buffer (its rows,
-the design's buffer and generator: ``RowReplayBuffer.save_state``, no pickle), the trainer's counters, the noise
-records and the diagnose log's complete parts, then a marker; ``train(resume_from_checkpoint=True)`` continues from
-the newest complete one with the numbers of an uninterrupted run (TRL's prompt sampler is advanced to the resumed
-epoch, which Trainer does not do). integrations/checkpoints.py names the files.
-
-Logged per step, through TRL's ``self._metrics`` (averaged by its ``log``): ``replay/staleness_mean``,
-``replay/staleness_max``, ``replay/staleness_frac/age_*`` (buckets 0, 1, 2-3, 4-7, ...), ``replay/replay_ratio``
-(samples trained / fresh generated, cumulative; = B/R), ``replay/ess`` and ``replay/ess/age_*`` (Kish fraction of
-the SEQUENCE log-ratios: ``core.metrics``' ``step_metrics`` and ``ess_by_age``, the simulator's and the validator's),
-``replay/buffer_rows``, ``replay/buffer_max_age``,
-the loss's own metrics under ``replay/<name>`` (``is_ratio_mean``, ``m2``, ``masked_frac``, ...) and, for the PPO
-clip, TRL's own ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean``; TRL's ``entropy``;
-and the what-if flags: ``replay/whatif/<correction>_<param>/flagged_frac`` and ``.../ess_frac`` for every
-correction of ``replay-theory diagnose``'s what-if table (``seq_`` prefix: sequence level), on the step's rows, so a
-run shows what a PPO clip, truncation, mask or M2PO would have cut without rerunning it; and the statistics verl,
-TRL and M2PO users know, under their own keys (``diagnose.framework_stats.framework_statistics``: verl's
-``rollout_corr/*`` perplexities and IS weights, ``actor/pg_clipfrac(_lower)``, TRL's ``sampling/*``, ``m2po/M2``).
-
-The gradient noise scale (McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training",
-arXiv 1812.06162, App. A.1), measured every step at no extra backward pass and logged as ``noise/grad_sq_small``
-(|g_small|^2), ``noise/grad_sq_big`` (|g_big|^2), ``noise/batch_small`` (B_small), ``noise/batch_big`` (B_big = B),
-batch sizes in samples (responses); ``noise_log="noise_scale.jsonl"`` writes them, one line a step, when the last
-step is done (checkpoints hold them until then), for ``replay-theory calibrate --from-log LOG --grad-norms FILE``
-(``theory.noise_scale.pooled_two_batch``). How it hooks into TRL:
-
-1. ``compute_loss`` splits the B drawn rows into two halves that keep every prompt group whole
-   (:func:`noise_halves`: the group baseline correlates a group's rows, so the group is the independent unit) and
-   runs the model forward on each half separately (two micro-batches, both graphs alive: the memory of one
-   forward over B, as before). The shared loss is computed ONCE on the whole batch's log-probs, so training is
-   unchanged (the clip, M2PO's batch mask and the token-mean normaliser see all B rows); its d loss / d logp_new
-   is split into the two halves' surrogates S_1 + S_2 = the full loss's surrogate.
-2. ``compute_loss`` backpropagates S_1 itself through ``accelerator.backward`` (scaled as TRL's ``training_step``
-   scales its loss), copies the accumulated gradient g_1 (one copy of the gradients: the memory this costs), and
-   returns a loss whose value is the full loss and whose gradient is S_2's.
-3. TRL's own ``training_step`` backpropagates that loss, so ``.grad`` holds g_1 + g_2, the full-batch gradient,
-   each half's graph traversed once: one backward pass in all. ``training_step`` (overridden, around TRL's) then
-   reads the norms, before TRL clips the gradient and steps the optimizer.
-
-What is measured. With the loss L = sum_i a_i l_i (a_i the aggregation's weight of row i, sum 1: token-mean
-a_i = T_i / T, seq-mean a_i = 1 / B) and W_k = sum_{i in half k} a_i, g_hat_k = g_k / W_k is the gradient of
-half k's own mean loss (its own token-mean), g_big = g_1 + g_2 = W_1 g_hat_1 + W_2 g_hat_2 the full-batch one:
-|g_small|^2 = (|g_hat_1|^2 + |g_hat_2|^2) / 2 and |g_big|^2 = |g_1 + g_2|^2. With halves of b_1, b_2 rows,
-E|g_hat_k|^2 = |G|^2 + tr Sigma / b_k, so B_small = 2 b_1 b_2 / (b_1 + b_2) (the harmonic mean; b_1 = b_2 = B/2
-gives B/2) and B_big = B. Rows of unequal length make a token-mean's effective batch slightly below B: rows are
-the samples here. FreshPER's importance weights are part of each row's gradient. The norms are divided by the
-square of accelerate's fp16 loss scale when it has one. A step is not measured (nothing logged for it) when its
-rows hold one group only, or a half has no real token. Training is the same whether measured or not
-(``measure_noise=False`` skips the split and the gradient copy).
-
-The optimizer's memory kappa = eta tr(D H D Sigma) / tr(D Sigma) (issue 30; theory/forgetting.py, AdamW's
-preconditioned coordinates, D = 1 / (sqrt(v_hat) + eps)): curvature pairs, every ``curvature_every`` steps (default
-``DEFAULT_CURVATURE_EVERY``), logged on that step's noise record as ``curvature_num`` (w^T H w), ``curvature_den``
-(xi^T D xi), ``curvature_lr`` (eta), ``curvature_beta1``, ``curvature_hvp_step``, ``curvature_hvp_rows``;
-``calibrate --from-log --grad-norms`` pools them (ratio of sums, bootstrap over pairs) into the profile's ``memory``.
-Why curvature pairs and not the lag-1 autocorrelation of successive gradients: under Adam the lag-1 signal is
-positive, about 0.4 kappa at beta1 = 0.9, the sign of the mean gradient's drift that biases it upward, and tiny at
-small kappa (calibrate-simulator measured 5x the exact kappa with it), and under replay the reused rows' noise adds
-C(1) > 0. What a pair costs and why it is built so:
-
-1. xi = g_hat_1 - g_hat_2, the two halves the noise scale already backpropagates (no extra pass), w = D xi with D
-   from AdamW's state before the step's update; w is one gradient-sized buffer, kept until the next step.
-2. H w at the NEXT step that generates, on its R fresh rows: rows that xi's halves never held. A Hessian taken on
-   one of xi's own halves shares samples with xi and adds a third-moment term E[e^T h e] / B that a policy gradient
-   makes large (1.7x the exact kappa on the simulator's bandit under SGD); the next step's fresh rows are independent
-   of xi, its theta one update away (and the halves' symmetric noise cancels the drift's third-order term).
-3. H w by central differences, theta +- h w with h = ``curvature_step`` |theta| / |w|, of the rows' on-policy
-   gradient reweighted by their sequence ratio pi_theta' / pi_old: the derivative of E_{pi_theta}[g] (the on-policy
-   field's Jacobian, the H of the linearised dynamics), including the score cross terms between a completion's tokens
-   that the loss's own Hessian on fixed rows lacks (2.7x off on the simulator's token MDP). Two forward+backward
-   passes of R rows, with ``torch.autograd.grad`` (``.grad``, which the update uses, is untouched), the random streams
-   forked, and the parameters restored bit for bit from a copy (two more parameter-sized buffers during the pass).
-   Needs float32 parameters (bfloat16 rounds theta + h w back to theta) and no active dropout; otherwise the pair is
-   skipped and said (``curvature_skipped``).
-
-Also logged, for SGD users: ``lag1_dot_raw`` and ``lag1_sq_raw``, successive full-batch gradients' products through a
-fixed random subset of ``lag_coords`` coordinates (raw, unpreconditioned; -kappa/2 for SGD on an on-policy run).
-A checkpoint keeps a pending w (``KAPPA_STATE``, safetensors) and the last subset (JSON), so a resumed run logs what
-an uninterrupted one logs.
+Where each part is explained: the step (generate, push, draw, the shared loss) and why a subclass,
+:class:`ReplayGRPOTrainer`; vLLM's engine ratio, :func:`engine_corrected_loss`; the diagnose log,
+:class:`DiagnoseLogCallback`; the logged metrics, ``ReplayGRPOTrainer._log_replay``; the noise scale's two halves,
+``_loss_in_halves`` and ``_record_noise``; kappa's curvature pairs, ``_start_curvature`` and ``_finish_curvature``;
+the lag-1 products, ``_record_lag``; checkpoints and resume, ``train`` (files: integrations/checkpoints.py).
 """
 
 from __future__ import annotations
@@ -152,6 +44,7 @@ from ..core.surrogate import surrogate
 from ..diagnose.calibrate_log import GRAD_NORM_COLUMNS
 from ..diagnose.framework_stats import framework_statistics
 from ..diagnose.whatif import TokenWhatIf, WhatIfConfig, sequence_rows
+from ..theory.checks import require_integer
 from .buffer import ReplayConfig, RowReplayBuffer, age_buckets, fifo_max_age
 from .checkpoints import CHECKPOINT_DONE, CHECKPOINT_PREFIX, REPLAY_BUFFER_STATE, REPLAY_STATE, complete_checkpoints
 from .export import DiagnoseLogWriter, require_pyarrow
@@ -233,6 +126,14 @@ def engine_corrected_loss(replay: ReplayConfig, logp_new: torch.Tensor, logp_beh
     value -sum_it a_it rho_it objective_it and d / d logp_it = rho_it * (the loss's own d / d logp_it): the shared
     loss's gradient times rho, nothing re-implemented. ``logp_new``, ``logp_behav`` (= pi_old), ``mask``,
     ``is_ratio`` (B, L); ``advantages``, ``row_weight`` (B,). ``is_ratio`` None: :func:`shared_loss_tensor`.
+
+    Why two factors (vLLM, ``use_vllm=True`` with TRL's default ``vllm_importance_sampling_correction``): a row
+    generated at step v by the engine (log mu, TRL's ``sampling_per_token_logps``), scored then by the trainer
+    (log pi_old, ``old_per_token_logps``) and trained at step t (pi_theta) has pi_theta / mu = (pi_theta / pi_old)
+    (pi_old / mu). The engine factor rho = pi_old / mu is fixed at generation (``token_truncate`` clip(e^d, C_min,
+    C_max), ``token_mask`` e^d 1[C_min <= e^d <= C_max], ``sequence_*`` the same on e^(sum_t d), d = log pi_old -
+    log mu) and the buffer stores it with the row; the staleness factor r = pi_theta / pi_old is the shared loss's
+    correction, recomputed at every draw.
     """
     if is_ratio is None:
         return shared_loss_tensor(replay, logp_new, logp_behav, advantages, mask, row_weight=row_weight)
@@ -285,7 +186,10 @@ class DiagnoseLogCallback(TrainerCallback):
     holds exactly the steps before it. A resumed run deletes the parts the checkpoint does not list (the steps after
     it, trained again identically) and goes on. When the last step is done (``on_train_end`` at ``max_steps``) the
     parts are joined, row group by row group, into ``path`` (one row group per step) and removed; an interrupted
-    run leaves its parts and its checkpoint, not ``path``.
+    run leaves its parts and its checkpoint, not ``path``. Each row carries its per-token log-probs under the policy
+    being trained and the behaviour policy, masks, advantages, rewards and age (columns:
+    ``replay_theory.integrations.export``), and each step its generation and update wall times
+    (``STEP_TIME_COLUMNS``), which ``replay-theory calibrate --from-log`` turns into mu.
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
@@ -425,15 +329,30 @@ class ReplayGRPOTrainer(GRPOTrainer):
     ``diagnose_log``: a new Parquet path; every step's trained rows are written there for ``replay-theory diagnose
     LOG --preset trl`` (a :class:`DiagnoseLogCallback`; passing one in ``callbacks`` does the same).
 
-    ``measure_noise`` (default True): the two-batch noise-scale norms every step (module docstring), kept in
+    ``measure_noise`` (default True): the two-batch noise-scale norms every step (``_loss_in_halves``), kept in
     ``noise_records`` and logged under ``noise/*``; ``noise_log``: a new JSON-lines path that gets one line a step
     when training reaches ``max_steps``
     (``GRAD_NORM_COLUMNS`` plus ``unit_size``, the group size), for ``calibrate --from-log LOG --grad-norms``.
 
     ``curvature_every`` (default ``DEFAULT_CURVATURE_EVERY`` with ``measure_noise``, 0: off): the steps between the
     curvature pairs of kappa, and ``curvature_step`` the central difference's |h w| / |theta|; ``lag_coords``
-    (default ``DEFAULT_LAG_COORDS``, 0: off): the lag-1 products' coordinates (module docstring). Both add their
+    (default ``DEFAULT_LAG_COORDS``, 0: off): the lag-1 products' coordinates (``_record_lag``). Both add their
     fields to the noise records.
+
+    Each optimizer step: TRL generates and scores R completions (its own ``_generate_and_score_completions``), they
+    are pushed into a :class:`~replay_theory.integrations.buffer.RowReplayBuffer` as whole groups with their
+    behaviour log-probs, advantages, rewards, masks (``tool_mask`` included) and policy version, and B rows are
+    drawn. Which rows are kept and drawn is the shared design's decision (``replay.buffer``), made by the same
+    buffer classes and batch step the simulator runs. The loss is the shared numpy loss on those rows: its
+    derivative d loss / d logp_new is backpropagated through the model's log-probs as
+    ``(grad_logp.detach() * logp_new).sum()`` (the validator's route), so the gradient IS the shared loss's.
+
+    Why a subclass and not a callback: a TRL callback sees the trainer only between steps and cannot change what a
+    step trains on; the buffer has to sit between generation and the loss. The subclass overrides three TRL
+    methods: ``_prepare_inputs`` (generate -> push -> draw instead of TRL's split of one generation batch),
+    ``compute_loss`` (the shared losses), ``_calculate_rewards`` (to keep the per-row rewards TRL does not return);
+    and calls ``_generate_and_score_completions`` and ``_get_per_token_logps_and_entropies``. These are TRL
+    internals: tested against TRL 1.16.0, they may change on upgrade.
     """
 
     def __init__(self, *args: Any, replay: ReplayConfig, diagnose_log: str | os.PathLike | None = None,
@@ -442,8 +361,8 @@ class ReplayGRPOTrainer(GRPOTrainer):
                  lag_coords: int | None = None, **kwargs: Any) -> None:
         # None: the default with measure_noise (DEFAULT_CURVATURE_EVERY, DEFAULT_LAG_COORDS), off without it
         for name, value in (("curvature_every", curvature_every), ("lag_coords", lag_coords)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ValueError(f"{name} must be an integer >= 0 (0: off), got {value!r}")
+            if value is not None:
+                require_integer(name, value, 0, note=" (0: off)")
             if value and not measure_noise:
                 raise ValueError(f"{name} > 0 needs measure_noise=True (it works on the two halves' gradients and "
                                  "their records)")
@@ -661,7 +580,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
         if halves is None:
             logp_new, entropies = self._get_per_token_logps_and_entropies(model, ids, attention, width,
                                                                           compute_entropy=True)[:2]
-        else:  # two micro-batches (module docstring): each half's graph is backpropagated once, separately
+        else:  # two micro-batches (_loss_in_halves): each half's graph is backpropagated once, separately
             parts = [self._get_per_token_logps_and_entropies(model, ids[h], attention[h], width,
                                                              compute_entropy=True)[:2] for h in halves]
             order = torch.argsort(torch.cat(halves))  # back to the batch's row order
@@ -692,6 +611,21 @@ class ReplayGRPOTrainer(GRPOTrainer):
         the loss to hand TRL (value: the full loss; gradient: half 2's share) and the loss's output.
 
         ``logp_new`` (B, L) in batch order; ``logp_halves`` [(b_1, L), (b_2, L)], the halves' own graphs.
+
+        How the noise scale hooks into TRL at no extra backward pass:
+
+        1. ``compute_loss`` splits the B drawn rows into two halves that keep every prompt group whole
+           (:func:`noise_halves`: the group baseline correlates a group's rows, so the group is the independent
+           unit) and runs the model forward on each half separately (both graphs alive: the memory of one forward
+           over B). The shared loss is computed ONCE on the whole batch's log-probs, so training is unchanged (the
+           clip, M2PO's batch mask and the token-mean normaliser see all B rows); its d loss / d logp_new is split
+           into the two halves' surrogates S_1 + S_2 = the full loss's surrogate.
+        2. Here, S_1 is backpropagated through ``accelerator.backward`` (scaled as TRL's ``training_step`` scales its
+           loss) and the accumulated gradient g_1 copied (one copy of the gradients: the memory this costs); the
+           loss returned has the full loss's value and S_2's gradient.
+        3. TRL's own ``training_step`` backpropagates that loss, so ``.grad`` holds g_1 + g_2, the full-batch
+           gradient, each half's graph traversed once. ``training_step`` (overridden, around TRL's) then reads the
+           norms (``_record_noise``), before TRL clips the gradient and steps the optimizer.
         """
         leaf = logp_new.detach().requires_grad_(True)  # (B, L): the loss's d / d logp_new, without the model
         full, out = engine_corrected_loss(self.replay, leaf, inputs["old_per_token_logps"], inputs["advantages"],
@@ -730,8 +664,20 @@ class ReplayGRPOTrainer(GRPOTrainer):
 
     @torch.no_grad()
     def _record_noise(self, pending: dict[str, Any]) -> None:
-        """|g_small|^2, |g_big|^2 from half 1's gradient copy and the accumulated full-batch gradient (module
-        docstring); logged, kept in ``noise_records`` and appended to ``noise_log``."""
+        """|g_small|^2, |g_big|^2 from half 1's gradient copy and the accumulated full-batch gradient
+        (``_loss_in_halves``); logged (``noise/grad_sq_small``, ``noise/grad_sq_big``, ``noise/batch_small``,
+        ``noise/batch_big``, batch sizes in responses), kept in ``noise_records`` and appended to ``noise_log`` for
+        ``calibrate --from-log --grad-norms`` (``theory.noise_scale.pooled_two_batch``).
+
+        What is measured. With the loss L = sum_i a_i l_i (a_i the aggregation's weight of row i, sum 1: token-mean
+        a_i = T_i / T, seq-mean a_i = 1 / B) and W_k = sum_{i in half k} a_i, g_hat_k = g_k / W_k is the gradient of
+        half k's own mean loss, g_big = g_1 + g_2 = W_1 g_hat_1 + W_2 g_hat_2 the full-batch one: |g_small|^2 =
+        (|g_hat_1|^2 + |g_hat_2|^2) / 2 and |g_big|^2 = |g_1 + g_2|^2. With halves of b_1, b_2 rows, E|g_hat_k|^2 =
+        |G|^2 + tr Sigma / b_k, so B_small = 2 b_1 b_2 / (b_1 + b_2) (the harmonic mean) and B_big = B. Rows of
+        unequal length make a token-mean's effective batch slightly below B: rows are the samples here. FreshPER's
+        importance weights are part of each row's gradient. The norms are divided by the square of accelerate's fp16
+        loss scale when it has one. A step holding one group only, or a half with no real token, is not measured.
+        """
         params = [p for p in self.model.parameters() if p.requires_grad]
         sq_first = sq_second = sq_full = 0.0
         for p, g1 in zip(params, pending["first"]):
@@ -807,7 +753,14 @@ class ReplayGRPOTrainer(GRPOTrainer):
         it, ``max_grad_norm``, bias-corrected at the step's count: the state before the update alone would put
         1 / eps = 1e8 on a coordinate whose gradient first appears now), and xi^T D xi. w (one gradient-sized
         buffer) waits for the next step's fresh rows (``_finish_curvature``); the update itself is untouched (its
-        gradients are only read)."""
+        gradients are only read).
+
+        kappa = eta tr(D H D Sigma) / tr(D Sigma) (issue 30; theory/forgetting.py): ``calibrate --from-log
+        --grad-norms`` pools the pairs (ratio of sums, bootstrap over pairs) into the profile's ``memory``. Why
+        curvature pairs and not the lag-1 autocorrelation of successive gradients: under Adam the lag-1 signal is
+        positive, about 0.4 kappa at beta1 = 0.9, biased upward by the mean gradient's drift and tiny at small kappa
+        (calibrate-simulator measured 5x the exact kappa with it); under replay the reused rows' noise adds C(1) > 0.
+        xi costs no extra pass: it is the two halves the noise scale already backpropagates."""
         step = int(pending["step"])
         record = self._noise_record_of(step)
         if record is None or not self.curvature_every or step % self.curvature_every:
@@ -853,7 +806,17 @@ class ReplayGRPOTrainer(GRPOTrainer):
         theta +- h w with h = ``curvature_step`` |theta| / |w|; the parameters are restored bit for bit from a copy,
         the gradients come from autograd.grad (``.grad`` untouched), the random streams are forked. Adds
         ``curvature_num``, ``curvature_den``, ``curvature_lr``, ``curvature_hvp_step``, ``curvature_hvp_rows`` to
-        step t's noise record."""
+        step t's noise record.
+
+        Why the next step's fresh rows: a Hessian taken on one of xi's own halves shares samples with xi and adds a
+        third-moment term E[e^T h e] / B that a policy gradient makes large (1.7x the exact kappa on the simulator's
+        bandit under SGD); the next step's rows are independent of xi, its theta one update away. Why the
+        score-reweighted on-policy gradient (ratio pi_theta' / pi_old): its derivative is the on-policy field's
+        Jacobian, the H of the linearised dynamics, with the score cross terms between a completion's tokens that
+        the loss's own Hessian on fixed rows lacks (2.7x off on the simulator's token MDP). Costs two
+        forward+backward passes of R rows and two parameter-sized buffers; needs float32 parameters (bfloat16 rounds
+        theta + h w back to theta) and no active dropout, else the pair is skipped and said (``curvature_skipped``).
+        """
         pending, self._curvature_pending = self._curvature_pending, None
         params = self._trainable()
         if any(p.dtype not in (torch.float32, torch.float64) for p in params):
@@ -930,7 +893,8 @@ class ReplayGRPOTrainer(GRPOTrainer):
         ``lag1_sq_raw`` = |g_{t-1}|^2 on step t's noise record. Raw (unpreconditioned) coordinates: SGD's estimator
         (``theory.forgetting.kappa_from_gradient_series``: corr = -kappa / 2 on an on-policy run); under Adam the
         signal is ~ +0.4 kappa, the sign of the mean gradient's drift, and under replay the reused rows' noise adds
-        C(1) > 0: use the curvature pairs there."""
+        C(1) > 0: use the curvature pairs there. A checkpoint keeps a pending w (``KAPPA_STATE``, safetensors) and the
+        last subset (JSON), so a resumed run logs what an uninterrupted one logs."""
         record = self._noise_record_of(step)
         params = self._trainable()
         if self._lag_index is None:
@@ -956,6 +920,17 @@ class ReplayGRPOTrainer(GRPOTrainer):
 
     def _log_replay(self, inputs: dict[str, Any], logp_new: torch.Tensor, mask: torch.Tensor,
                     entropies: torch.Tensor, out: losses.LossOutput) -> None:
+        """This step's metrics, through TRL's ``self._metrics`` (averaged by its ``log``).
+
+        ``replay/staleness_mean``, ``replay/staleness_max``, ``replay/staleness_frac/age_*`` (buckets 0, 1, 2-3,
+        4-7, ...), ``replay/replay_ratio`` (samples trained / fresh generated, cumulative; = B/R), ``replay/ess`` and
+        ``replay/ess/age_*`` (Kish fraction of the SEQUENCE log-ratios: ``core.metrics``' ``step_metrics`` and
+        ``ess_by_age``), ``replay/buffer_rows``, ``replay/buffer_max_age``, the loss's own metrics under
+        ``replay/<name>``, for the PPO clip TRL's ``clip_ratio/*``, TRL's ``entropy``; the what-if flags
+        ``replay/whatif/<correction>_<param>/flagged_frac`` and ``.../ess_frac`` of ``replay-theory diagnose``'s
+        what-if table; and verl's, TRL's and M2PO's own statistics under their keys
+        (``diagnose.framework_stats.framework_statistics``).
+        """
         metrics = self._metrics["train"]
         step = self.state.global_step
         age = (step - inputs["version"]).cpu().numpy()  # (B,)

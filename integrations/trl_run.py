@@ -6,50 +6,14 @@ Paper: experience-replay (docs/REFERENCES.md), Sec. 3 (N, B, R); the task is the
 configs' (``--lr``, ``--max-new-tokens`` as ``validate``'s); TRL's own field names appear only where GRPOConfig is
 built (``run``).
 
-What it runs, in order, every value checked first (one-line errors, nothing written on bad input):
-
-1. the policy: ``--model tiny`` builds the validator's small Qwen2 (validate/policy.py, the same builder and sizes
-   as ``validate``) and warm-starts it by SFT on solved problems, so the reward has a signal to climb; a
-   checkpoint path (``--model ./Qwen2.5-0.5B-Instruct``) is loaded as it is, with its own tokenizer;
-2. TRL's real ``GRPOTrainer`` loop through :class:`~replay_theory.integrations.trl.ReplayGRPOTrainer`, N, B, R
-   from ``--design`` (``replay-theory optimal ... -B B --json`` saved to a file) or by hand, the buffer design and
-   loss from the shared registry;
-3. the diagnose log ``DIR/rollouts.parquet`` (``replay-theory diagnose DIR/rollouts.parquet --preset trl``,
-   ``replay-theory calibrate --from-log DIR/rollouts.parquet``) and ``DIR/run.json`` (config, code version,
-   per-step reward and metrics);
-4. the gradient noise scale (McCandlish et al. 2018, arXiv 1812.06162, App. A.1), measured by the trainer every
-   step from two batch sizes at no extra backward pass (``integrations/trl.py``): the per-step squared norms in
-   ``DIR/noise_scale.jsonl`` (``calibrate --from-log ... --grad-norms`` reads them), B_noise with its bootstrap
-   interval over steps (``theory.noise_scale.pooled_two_batch``) in ``run.json`` and in the profile file
-   ``DIR/noise_profile.json`` ({"kind": "noise_scale", "noise_scale": {...}}), and in the printed summary.
-
-Every option is checked before any work, in the options' names: besides each option's own range, what TRL's
-GRPOConfig / GRPOTrainer would refuse on the values passed (R a multiple of G: TRL's ``generation_batch_size %
-num_generations``; G >= 2), what the trainer's buffer and the shared design refuse (N whole groups, N >= R, B = R
-on-policy) and what TRL's prompt sampler needs (R/G <= --n-train <= the Countdown family's distinct problems less
-the held-out ones). A design that is not replay says so in one line before training: on-policy (N = B = R) or
-over-generation (y = B/R < 1; ``theory.design.classify_regime``).
-
-stdout carries that line, the summary and the files written; the progress bars go to stderr and TRL's per-step log
-dicts (what Trainer prints) to ``DIR/trainer_log.jsonl`` (``run.json`` keeps the per-step metrics too). The tiny
-model's warm-start weights are cached in ``--cache-dir`` (default ``$REPLAY_THEORY_CACHE``, else
-``$XDG_CACHE_HOME/replay-theory``, else ``~/.cache/replay-theory``) under a name made of the code version
-(``replay_theory.__version__``) and a hash of every warm-start input (``TrlRunConfig.warm_start_key``): a second
-run with the same warm start loads them instead of repeating the SFT, and trains bit for bit the same.
-
-``DIR`` must not exist or be empty: a run is never overwritten. It is resumable: while it trains, ``DIR/checkpoints``
-holds Trainer's checkpoint every ``--save-every`` steps plus the replay buffer, its counters and random state
-(integrations/trl.py, integrations/checkpoints.py), and the first Ctrl-C saves one after the current step and stops
-(a second stops at once). The same command on the same ``DIR`` continues from the newest complete checkpoint and
-trains the numbers an uninterrupted run trains (tests/integration/test_trl_run_cli.py). The result files are written
-when the last step is done, whole, and the checkpoints are then removed.
+What it runs, the files it writes and how it resumes: :func:`run`; what is checked before any work:
+:meth:`TrlRunConfig.validated`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -67,6 +31,7 @@ from .. import __version__
 from ..core.designs import BUFFER_DESIGNS, CHOICES, LOSSES, check_choice, choices
 from ..outputs import NEVER, check_writable, write_new
 from ..outputs import check_out_dir as check_out_path
+from ..theory.checks import require_integer, require_number
 from ..theory.design import classify_regime
 from .checkpoints import CHECKPOINT_PREFIX, checkpoint_step, complete_checkpoints
 from .replay_config import ReplayConfig
@@ -146,7 +111,15 @@ class TrlRunConfig:
     interval into run.json and the summary (integrations/trl.py)."""
 
     def validated(self) -> "TrlRunConfig":
-        """Every option checked before any work: a one-line ValueError naming the option and its valid range."""
+        """Every option checked before any work: a one-line ValueError naming the option and its valid range.
+
+        In the options' names: besides each option's own range, what TRL's
+        GRPOConfig / GRPOTrainer would refuse on the values passed (R a multiple of G: TRL's ``generation_batch_size %
+        num_generations``; G >= 2), what the trainer's buffer and the shared design refuse (N whole groups, N >= R, B =
+        R on-policy) and what TRL's prompt sampler needs (R/G <= --n-train <= the Countdown family's distinct problems
+        less the held-out ones). A design that is not replay says so in one line before training: on-policy (N = B = R)
+        or over-generation (y = B/R < 1; ``theory.design.classify_regime``).
+        """
         by_hand = (self.capacity, self.batch_size, self.rollouts_per_step)
         if self.design is not None and any(v is not None for v in by_hand):
             raise ValueError("--design and --capacity/--batch-size/--rollouts-per-step exclude each other: "
@@ -162,11 +135,9 @@ class TrlRunConfig:
                                    ("--max-new-tokens", self.max_new_tokens, 1),
                                    ("--threads", self.threads, 1), ("--seed", self.seed, 0),
                                    ("--curvature-every", self.curvature_every, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{option} must be an integer >= {low}, got {value!r}")
+            require_integer(option, value, low)
         for option, value in (("--lr", self.lr), ("--temperature", self.temperature)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{option} must be > 0, got {value!r}")
+            require_number(option, value, above=0, finite=True)
         check_choice("--buffer", self.buffer, BUFFER_DESIGNS, trainer=True)
         check_choice("--loss", self.loss, LOSSES, trainer=True)
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
@@ -318,7 +289,39 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
 
     Resumable: a checkpoint every ``config.save_every`` steps and at the first Ctrl-C (``DIR/checkpoints``); the
     same call on the same ``out`` continues from the newest one, with the numbers of an uninterrupted run. An
-    interruption raises :class:`TrlRunInterrupted`, whose ``message()`` says what is saved and how to go on."""
+    interruption raises :class:`TrlRunInterrupted`, whose ``message()`` says what is saved and how to go on.
+
+    What it runs, in order, every value checked first (one-line errors, nothing written on bad input):
+
+    1. the policy: ``--model tiny`` builds the validator's small Qwen2 (validate/policy.py, the same builder and sizes
+       as ``validate``) and warm-starts it by SFT on solved problems, so the reward has a signal to climb; a
+       checkpoint path (``--model ./Qwen2.5-0.5B-Instruct``) is loaded as it is, with its own tokenizer;
+    2. TRL's real ``GRPOTrainer`` loop through :class:`~replay_theory.integrations.trl.ReplayGRPOTrainer`, N, B, R
+       from ``--design`` (``replay-theory optimal ... -B B --json`` saved to a file) or by hand, the buffer design and
+       loss from the shared registry;
+    3. the diagnose log ``DIR/rollouts.parquet`` (``replay-theory diagnose DIR/rollouts.parquet --preset trl``,
+       ``replay-theory calibrate --from-log DIR/rollouts.parquet``) and ``DIR/run.json`` (config, code version,
+       per-step reward and metrics);
+    4. the gradient noise scale (McCandlish et al. 2018, arXiv 1812.06162, App. A.1), measured by the trainer every
+       step from two batch sizes at no extra backward pass (``integrations/trl.py``): the per-step squared norms in
+       ``DIR/noise_scale.jsonl`` (``calibrate --from-log ... --grad-norms`` reads them), B_noise with its bootstrap
+       interval over steps (``theory.noise_scale.pooled_two_batch``) in ``run.json`` and in the profile file
+       ``DIR/noise_profile.json`` ({"kind": "noise_scale", "noise_scale": {...}}), and in the printed summary.
+
+    stdout carries that line, the summary and the files written; the progress bars go to stderr and TRL's per-step log
+    dicts (what Trainer prints) to ``DIR/trainer_log.jsonl`` (``run.json`` keeps the per-step metrics too). The tiny
+    model's warm-start weights are cached in ``--cache-dir`` (default ``$REPLAY_THEORY_CACHE``, else
+    ``$XDG_CACHE_HOME/replay-theory``, else ``~/.cache/replay-theory``) under a name made of the code version
+    (``replay_theory.__version__``) and a hash of every warm-start input (``TrlRunConfig.warm_start_key``): a second
+    run with the same warm start loads them instead of repeating the SFT, and trains bit for bit the same.
+
+    ``DIR`` must not exist or be empty: a run is never overwritten. It is resumable: while it trains,
+    ``DIR/checkpoints`` holds Trainer's checkpoint every ``--save-every`` steps plus the replay buffer, its counters and
+    random state (integrations/trl.py, integrations/checkpoints.py), and the first Ctrl-C saves one after the current
+    step and stops (a second stops at once). The same command on the same ``DIR`` continues from the newest complete
+    checkpoint and trains the numbers an uninterrupted run trains (tests/integration/test_trl_run_cli.py). The result
+    files are written when the last step is done, whole, and the checkpoints are then removed.
+    """
     config = config.validated()
     resume = check_out_dir(out, config)
     replay = config.replay_config()
@@ -423,7 +426,7 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     k = max(1, len(rewards) // 4)
     summary = {
         "config": asdict(config),
-        "replay": {k2: v for k2, v in asdict(replay).items() if k2 != "notes"} | {"notes": list(replay.notes)},
+        "replay": replay.record(),
         "replay_theory_version": __version__,
         "seconds": time.perf_counter() - started,
         "resumed_from_step": done_before if resume is not None else None,

@@ -17,106 +17,14 @@ verl's ``DataProto`` names -> symbols (the columns are listed in ``integrations/
 | current version - ``policy_version``                     | ``age``                 | s = t - v               |
 | ``timing_s/gen``, ``timing_s/update_actor``              | ``step_generation_seconds``, ``step_update_seconds`` |  |
 
-``old_log_probs`` is the actor's recomputation of the batch at the step's weights, before the update: the "current"
-side of verl's own rollout correction (``rollout_is`` weights pi_old / pi_rollout), so the pair is exactly the one
-verl corrects.  In verl's bypass mode (``algorithm.rollout_correction.bypass_mode``) verl copies
-``rollout_log_probs`` into ``old_log_probs``, every ratio is 1 and the log says nothing: log a run without it.
-``rollout_log_probs`` exists only when the rollout returns log-probs (``actor_rollout_ref.rollout.calculate_log_probs
-=True``, verl's default in 0.9); the hook refuses a batch without it.  verl's ``response_mask`` is already 0 on
-tool-result tokens of a multi-turn agent loop, so it plays TRL's ``completion_mask * tool_mask`` role alone.
-
-Age.  verl 0.9's agent loop stores, per response, the weights versions the rollout server generated it under:
-``min_global_steps`` (where it started) and ``max_global_steps`` (where it ended; larger only for a partial rollout
-resumed across a weight sync); verl's fully-async trainer before 0.9 named them ``param_version_start`` /
-``param_version_end``.  ``age = current_version - policy_version`` (the start: the oldest weights any of the row's
-tokens came from, verl's ``trajectory_staleness_worst``) and ``age_end = current_version - policy_version_end``
-(verl's ``trajectory_staleness``).  The current version is the version of the weights the step trains from:
-``global_steps - 1`` in ``RayPPOTrainer`` (version 0 is pushed before step 1, version t after step t; verl's own
-staleness metric in its v1 trainers uses the same ``global_steps - 1``: verl/trainer/ppo/v1/trainer_base.py:1979-1980,
-which is also the v1 hook's), ``global_steps`` in the one-step-off
-trainer (it pushes the weights at the start of step t, labelled t), and ``self.current_param_version`` in the
-fully-async trainer (its versions count weight syncs, not steps): the mixin picks it
-(``diagnose_current_version``); at the call site pass it as ``current_version=``.  Without the version keys
-(or with them all ``None``) the four version columns are left out.
-
 Which hook serves which trainer (verl 0.9.1).  ``trainer.use_v1=True``, verl 0.9's default (ppo_trainer.yaml:232,
 main_ppo.py:183): :class:`VerlV1DiagnoseLogMixin`, registered over verl's v1 modes by :func:`register_v1_trainers`.
 ``trainer.use_v1=False`` (``RayPPOTrainer``, deprecated, ray_trainer.py:285): :class:`VerlDiagnoseLogger` at its
 call site.  ``verl.experimental``'s fully-async and one-step-off trainers: :class:`VerlDiagnoseLogMixin`.
 
-The v1 trainer (``verl/trainer/ppo/v1/trainer_base.py``) keeps no batch in the trainer: each stage reads and writes
-the step's fields in TransferQueue, keyed by a ``KVBatchMeta`` (keys, per-row tags).  ``old_log_probs`` is written
-at L1667-1671, ``advantages`` at L1787-1800, the actor updated at L1827; ``fit`` then calls ``_compute_metrics``
-(L500) and clears the data (``tq.kv_clear``, L511).  The capture point is therefore the end of
-``_compute_metrics``: :class:`VerlV1DiagnoseLogMixin` lets verl's run (so ``metrics`` holds ``timing_s/gen`` and
-``timing_s/update_actor``), reads :data:`V1_FIELDS` with ``tq.kv_batch_get``, pads them as verl does and drops
-verl's ``is_padding`` rows (:func:`v1_batch`); the versions come from the tags ``min_global_steps`` /
-``max_global_steps`` the agent loop sets (agent_loop_tq.py:216-218).  v1's ``rm_scores`` is the
-``token_level_scores`` column.  With ``trainer.v1.<mode>.parameter_sync_step`` > 1 the step's batch is several
-local updates' rows; ``old_log_probs`` of each came from the weights of its own update, and the ages still count
-from ``global_steps - 1`` as verl's metric does.  In bypass mode v1 copies ``rollout_log_probs`` into
-``old_log_probs`` (L1642-1647): the mixin refuses such a run when the trainer is made.
-
-Call site, ``RayPPOTrainer.fit`` (``verl/trainer/ppo/ray_trainer.py``; verl 0.9.1): ``fit`` is one loop, and the
-batch and the step's metrics meet only at its end, so the hook is two lines there::
-
-    self.diagnose_log = VerlDiagnoseLogger("run/diagnose.parquet")  # before the loop (or in __init__)
-    ...
-                self.diagnose_log(batch, metrics, self.global_steps)  # right before logger.log(data=metrics, ...)
-
-(and ``self.diagnose_log.close()`` where ``fit`` returns; an unclosed log has no Parquet footer).  For verl 0.9's
-trainers built on ``verl.experimental.separation.ray_trainer.SeparateRayPPOTrainer`` (``FullyAsyncTrainer``,
-``OneStepOffRayTrainer``), whose step is split into ``_fit_*`` methods and whose ``fit`` is async,
-:class:`VerlDiagnoseLogMixin` does it with no edit to verl's code::
-
-    class LoggedOneStepOffTrainer(VerlDiagnoseLogMixin, OneStepOffRayTrainer):
-        pass
-
-    trainer = LoggedOneStepOffTrainer(..., diagnose_log="run/diagnose.parquet")  # or +trainer.diagnose_log=...
-
-Times. ``step_generation_seconds`` is verl's ``timing_s/gen``: in ``RayPPOTrainer`` the wall time of generating the
-step's rows; in the fully-async and one-step-off trainers the time the trainer waited for its rows (the rollouter's
-queue, the overlapped generation), since generation runs concurrently with training there. ``step_update_seconds``
-is ``timing_s/update_actor`` (forward, backward and optimizer over the batch). A step without
-``timing_s/update_actor`` (verl's critic warm-up: the actor did not train) writes nothing. ``step_generated_rows``
-defaults to the batch's rows: verl trains every generated row once (pass ``generated_rows=`` when rows were filtered
-out, e.g. DAPO's dynamic sampling).
-
-The gradient noise scale B_noise (b = B_noise / B for ``replay-theory optimal``).  verl 0.9.1's own
-``variance_proxy/*`` metrics (trainer/ppo/metric_utils.py:691-797, on with ``actor.calculate_sum_pi_squared``)
-cannot give it: ``proxy1_signal_strength`` is ``actor/grad_norm``^2, the squared norm of a mini-batch's gradient in
-PARAMETER space; ``proxy2_total_power`` is the batch mean of A^2 sum_t (1 - 2 pi_t(y_t) + sum_v pi_t(v)^2), the
-squared norm of each response's score with respect to the LOGITS (the softmax Jacobian term, tokens taken as
-orthogonal), an other space with other units; ``proxy3_pure_noise`` = (proxy2 - proxy1) / (N - 1) subtracts one
-from the other.  Neither is tr Sigma nor |G|^2 of the parameter gradient, nor the same quantity at two batch sizes.
-So the noise scale comes from the actor's own gradient, as the TRL trainer measures it (integrations/trl.py): two
-batch sizes in every mini-batch at no extra backward pass.  :class:`VerlGradNoiseMixin` goes on verl's training
-engine (the worker side: ``FSDPEngineWithLMHead``; :func:`setup_verl_worker` as Ray's worker setup hook does it and
-registers the v1 trainer modes), and copies the accumulated gradient once the micro-batches done
-hold at least half of the mini-batch's responses (g_1), so that after the last micro-batch g_2 = g - g_1; with
-W_k = half k's share of the loss's normaliser (its tokens for verl's token-mean, its responses for the seq-mean
-modes: ``noise_weighting``) it reports, as verl metrics ``noise/grad_sq_small`` = (|g_1|^2 / W_1^2 + |g_2|^2 /
-W_2^2) / 2, ``noise/grad_sq_big`` = |g|^2 (verl's own ``grad_norm``^2: the same gradient, before clipping),
-``noise/batch_small`` = 2 b_1 b_2 / (b_1 + b_2) and ``noise/batch_big`` = b_1 + b_2 in responses.  verl averages
-them over the step's mini-batches (``actor/noise/*``), and :class:`VerlV1DiagnoseLogMixin` with ``noise_log=``
-(``+trainer.noise_log=PATH``) writes one JSON line a step, the file ``replay-theory calibrate --from-log LOG --preset
-verl --grad-norms PATH`` reads.  Unlike the TRL trainer's halves, verl's micro-batches need not keep a GRPO group
-whole, so ``unit_size`` is 1; with a group split between the halves the halves are correlated and B_noise reads low
-(keep groups whole: ``use_dynamic_bsz=False``, ``ppo_micro_batch_size_per_gpu`` a multiple of ``rollout.n``, no
-shuffle).
-
-The optimizer's memory kappa (issue 30) through the same route: every ``curvature_every`` mini-batch updates the
-engine forms a curvature pair as the TRL trainer does (integrations/trl.py): xi = g_hat_1 - g_hat_2 of the halves
-above, w = D xi with D the diagonal of this update's AdamW (exp_avg_sq with this gradient folded in, clipped as verl
-clips it), and at the NEXT update whose mini-batch shares no response with xi's (row fingerprints; with
-``ppo_epochs > 1`` the same responses come back), before its own micro-batch loop, w^T H w by central differences
-of that mini-batch's gradient under verl's own loss (two extra passes of its micro-batches at theta +- h w; the
-parameters, FSDP shards included, restored bit for bit, the gradients zeroed after, the random streams forked).
-The engine reports ``noise/curvature_num``, ``_den``, ``_lr``, ``_beta1`` on that mini-batch; :class:`NoiseLog`
-writes them, and ``calibrate --from-log --preset verl --grad-norms`` pools them into kappa.  H is the Hessian of
-verl's loss on fixed responses (its per-token ratios): the engine has the loss only as verl's function, so the
-score reweighting the TRL trainer uses (the on-policy field's Jacobian) is not applied; that Hessian misses the score
-cross terms between a response's tokens (2.7x off on the simulator's token MDP, within its interval on the tiny LM).
+Where each part is explained: the ratio, the ages, the step times and the ``RayPPOTrainer`` call site,
+:class:`VerlDiagnoseLogger`; the split-step trainers, :class:`VerlDiagnoseLogMixin`; the v1 trainer,
+:class:`VerlV1DiagnoseLogMixin`; the gradient noise scale and kappa's curvature pairs, :class:`VerlGradNoiseMixin`.
 
 :class:`VerlDiagnoseLogger` needs numpy and pyarrow only (torch tensors are read through ``.detach()``); verl is not
 imported, so it works on ``DataProto`` and on anything with its three attributes (``batch``: a mapping of
@@ -191,6 +99,54 @@ class VerlDiagnoseLogger:
     ``VerlDiagnoseLogger(path)`` checks the path at once (a log is never overwritten); the file appears at the first
     batch and is complete after :meth:`close` (also a context manager).  Call it once per step, after the actor
     update, with the step's batch, the step's metrics and verl's ``global_steps``.
+
+    ``old_log_probs`` is the actor's recomputation of the batch at the step's weights, before the update: the "current"
+    side of verl's own rollout correction (``rollout_is`` weights pi_old / pi_rollout), so the pair is exactly the one
+    verl corrects.  In verl's bypass mode (``algorithm.rollout_correction.bypass_mode``) verl copies
+    ``rollout_log_probs`` into ``old_log_probs``, every ratio is 1 and the log says nothing: log a run without
+    it.  ``rollout_log_probs`` exists only when the rollout returns log-probs
+    (``actor_rollout_ref.rollout.calculate_log_probs=True``, verl's default in 0.9); the hook refuses a batch
+    without it.  verl's ``response_mask`` is already 0 on
+    tool-result tokens of a multi-turn agent loop, so it plays TRL's ``completion_mask * tool_mask`` role alone.
+
+    Age.  verl 0.9's agent loop stores, per response, the weights versions the rollout server generated it under:
+    ``min_global_steps`` (where it started) and ``max_global_steps`` (where it ended; larger only for a partial rollout
+    resumed across a weight sync); verl's fully-async trainer before 0.9 named them ``param_version_start`` /
+    ``param_version_end``.  ``age = current_version - policy_version`` (the start: the oldest weights any of the row's
+    tokens came from, verl's ``trajectory_staleness_worst``) and ``age_end = current_version - policy_version_end``
+    (verl's ``trajectory_staleness``).  The current version is the version of the weights the step trains from:
+    ``global_steps - 1`` in ``RayPPOTrainer`` (version 0 is pushed before step 1, version t after step t; verl's own
+    staleness metric in its v1 trainers uses the same ``global_steps - 1``:
+    verl/trainer/ppo/v1/trainer_base.py:1979-1980, which is also the v1 hook's), ``global_steps`` in the one-step-off
+    trainer (it pushes the weights at the start of step t, labelled t), and ``self.current_param_version`` in the
+    fully-async trainer (its versions count weight syncs, not steps): the mixin picks it
+    (``diagnose_current_version``); at the call site pass it as ``current_version=``.  Without the version keys
+    (or with them all ``None``) the four version columns are left out.
+
+    Call site, ``RayPPOTrainer.fit`` (``verl/trainer/ppo/ray_trainer.py``; verl 0.9.1): ``fit`` is one loop, and the
+    batch and the step's metrics meet only at its end, so the hook is two lines there::
+
+        self.diagnose_log = VerlDiagnoseLogger("run/diagnose.parquet")  # before the loop (or in __init__)
+        ...
+                    self.diagnose_log(batch, metrics, self.global_steps)  # right before logger.log(data=metrics, ...)
+
+    (and ``self.diagnose_log.close()`` where ``fit`` returns; an unclosed log has no Parquet footer).  For verl 0.9's
+    trainers built on ``verl.experimental.separation.ray_trainer.SeparateRayPPOTrainer`` (``FullyAsyncTrainer``,
+    ``OneStepOffRayTrainer``), whose step is split into ``_fit_*`` methods and whose ``fit`` is async,
+    :class:`VerlDiagnoseLogMixin` does it with no edit to verl's code::
+
+        class LoggedOneStepOffTrainer(VerlDiagnoseLogMixin, OneStepOffRayTrainer):
+            pass
+
+        trainer = LoggedOneStepOffTrainer(..., diagnose_log="run/diagnose.parquet")  # or +trainer.diagnose_log=...
+
+    Times. ``step_generation_seconds`` is verl's ``timing_s/gen``: in ``RayPPOTrainer`` the wall time of generating the
+    step's rows; in the fully-async and one-step-off trainers the time the trainer waited for its rows (the rollouter's
+    queue, the overlapped generation), since generation runs concurrently with training there. ``step_update_seconds``
+    is ``timing_s/update_actor`` (forward, backward and optimizer over the batch). A step without
+    ``timing_s/update_actor`` (verl's critic warm-up: the actor did not train) writes nothing. ``step_generated_rows``
+    defaults to the batch's rows: verl trains every generated row once (pass ``generated_rows=`` when rows were filtered
+    out, e.g. DAPO's dynamic sampling).
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
@@ -420,6 +376,19 @@ class VerlV1DiagnoseLogMixin:
     (trainer_base.py:1980).  The path is the ``diagnose_log=`` keyword, else ``trainer.diagnose_log`` of the
     config; a run in bypass mode or without rollout log-probs is refused when the trainer is made.  The log is
     closed when ``fit`` returns or raises.  :func:`register_v1_trainers` makes the registered modes.
+
+    The v1 trainer (``verl/trainer/ppo/v1/trainer_base.py``) keeps no batch in the trainer: each stage reads and writes
+    the step's fields in TransferQueue, keyed by a ``KVBatchMeta`` (keys, per-row tags).  ``old_log_probs`` is written
+    at L1667-1671, ``advantages`` at L1787-1800, the actor updated at L1827; ``fit`` then calls ``_compute_metrics``
+    (L500) and clears the data (``tq.kv_clear``, L511).  The capture point is therefore the end of
+    ``_compute_metrics``: :class:`VerlV1DiagnoseLogMixin` lets verl's run (so ``metrics`` holds ``timing_s/gen`` and
+    ``timing_s/update_actor``), reads :data:`V1_FIELDS` with ``tq.kv_batch_get``, pads them as verl does and drops
+    verl's ``is_padding`` rows (:func:`v1_batch`); the versions come from the tags ``min_global_steps`` /
+    ``max_global_steps`` the agent loop sets (agent_loop_tq.py:216-218).  v1's ``rm_scores`` is the
+    ``token_level_scores`` column.  With ``trainer.v1.<mode>.parameter_sync_step`` > 1 the step's batch is several
+    local updates' rows; ``old_log_probs`` of each came from the weights of its own update, and the ages still count
+    from ``global_steps - 1`` as verl's metric does.  In bypass mode v1 copies ``rollout_log_probs`` into
+    ``old_log_probs`` (L1642-1647): the mixin refuses such a run when the trainer is made.
     """
 
     diagnose_log: Optional[VerlDiagnoseLogger] = None
@@ -485,7 +454,7 @@ class NoiseLog:
         if not all(k in metrics for k in keys):
             return False
         record = {"step": int(step), **{name: float(metrics[k]) for name, k in zip(NOISE_METRICS, keys)},
-                  "unit_size": 1}  # verl's micro-batches need not keep a group whole (module docstring)
+                  "unit_size": 1}  # verl's micro-batches need not keep a group whole (VerlGradNoiseMixin)
         curvature = [f"actor/noise/{name}" for name in CURVATURE_METRICS]
         if all(k in metrics for k in curvature):  # a curvature pair completed at this step (kappa)
             record.update({name: float(metrics[k]) for name, k in zip(CURVATURE_METRICS, curvature)})
@@ -497,8 +466,8 @@ class NoiseLog:
 
 
 class VerlGradNoiseMixin:
-    """Two batch sizes in every verl mini-batch, at no extra backward pass: mix into verl's training engine (module
-    docstring; :func:`register_noise_engines` puts it on every engine verl registers, in the worker processes via
+    """Two batch sizes in every verl mini-batch, at no extra backward pass: mix into verl's training engine (below;
+    :func:`register_noise_engines` puts it on every engine verl registers, in the worker processes via
     :func:`setup_verl_worker`).  It wraps ``forward_backward_batch`` (verl's micro-batch loop, workers/engine/fsdp/
     transformer_impl.py:724) and ``forward_step`` (called once per micro-batch, after the previous one's backward):
     once the finished micro-batches hold at least half of the mini-batch's responses it copies the accumulated
@@ -509,6 +478,44 @@ class VerlGradNoiseMixin:
     loss-mask tokens) or "rows" (the seq-mean modes).  With data-parallel ranks the gradient must be synchronised
     after every micro-batch (``use_no_sync_for_gradient_accumulation=False``), or the copy would be one rank's
     unsynchronised sum: refused at the first step otherwise.  Squared norms add over the ranks' shards.
+
+    The gradient noise scale B_noise (b = B_noise / B for ``replay-theory optimal``).  verl 0.9.1's own
+    ``variance_proxy/*`` metrics (trainer/ppo/metric_utils.py:691-797, on with ``actor.calculate_sum_pi_squared``)
+    cannot give it: ``proxy1_signal_strength`` is ``actor/grad_norm``^2, the squared norm of a mini-batch's gradient in
+    PARAMETER space; ``proxy2_total_power`` is the batch mean of A^2 sum_t (1 - 2 pi_t(y_t) + sum_v pi_t(v)^2), the
+    squared norm of each response's score with respect to the LOGITS (the softmax Jacobian term, tokens taken as
+    orthogonal), an other space with other units; ``proxy3_pure_noise`` = (proxy2 - proxy1) / (N - 1) subtracts one
+    from the other.  Neither is tr Sigma nor |G|^2 of the parameter gradient, nor the same quantity at two batch sizes.
+    So the noise scale comes from the actor's own gradient, as the TRL trainer measures it (integrations/trl.py): two
+    batch sizes in every mini-batch at no extra backward pass.  :class:`VerlGradNoiseMixin` goes on verl's training
+    engine (the worker side: ``FSDPEngineWithLMHead``; :func:`setup_verl_worker` as Ray's worker setup hook does it and
+    registers the v1 trainer modes), and copies the accumulated gradient once the micro-batches done
+    hold at least half of the mini-batch's responses (g_1), so that after the last micro-batch g_2 = g - g_1; with
+    W_k = half k's share of the loss's normaliser (its tokens for verl's token-mean, its responses for the seq-mean
+    modes: ``noise_weighting``) it reports, as verl metrics ``noise/grad_sq_small`` = (|g_1|^2 / W_1^2 + |g_2|^2 /
+    W_2^2) / 2, ``noise/grad_sq_big`` = |g|^2 (verl's own ``grad_norm``^2: the same gradient, before clipping),
+    ``noise/batch_small`` = 2 b_1 b_2 / (b_1 + b_2) and ``noise/batch_big`` = b_1 + b_2 in responses.  verl averages
+    them over the step's mini-batches (``actor/noise/*``), and :class:`VerlV1DiagnoseLogMixin` with ``noise_log=``
+    (``+trainer.noise_log=PATH``) writes one JSON line a step, the file
+    ``replay-theory calibrate --from-log LOG --preset verl --grad-norms PATH`` reads.  Unlike the TRL trainer's
+    halves, verl's micro-batches need not keep a GRPO group
+    whole, so ``unit_size`` is 1; with a group split between the halves the halves are correlated and B_noise reads low
+    (keep groups whole: ``use_dynamic_bsz=False``, ``ppo_micro_batch_size_per_gpu`` a multiple of ``rollout.n``, no
+    shuffle).
+
+    The optimizer's memory kappa (issue 30) through the same route: every ``curvature_every`` mini-batch updates the
+    engine forms a curvature pair as the TRL trainer does (integrations/trl.py): xi = g_hat_1 - g_hat_2 of the halves
+    above, w = D xi with D the diagonal of this update's AdamW (exp_avg_sq with this gradient folded in, clipped as verl
+    clips it), and at the NEXT update whose mini-batch shares no response with xi's (row fingerprints; with
+    ``ppo_epochs > 1`` the same responses come back), before its own micro-batch loop, w^T H w by central differences
+    of that mini-batch's gradient under verl's own loss (two extra passes of its micro-batches at theta +- h w; the
+    parameters, FSDP shards included, restored bit for bit, the gradients zeroed after, the random streams forked).
+    The engine reports ``noise/curvature_num``, ``_den``, ``_lr``, ``_beta1`` on that mini-batch; :class:`NoiseLog`
+    writes them, and ``calibrate --from-log --preset verl --grad-norms`` pools them into kappa.  H is the Hessian of
+    verl's loss on fixed responses (its per-token ratios): the engine has the loss only as verl's function, so the
+    score reweighting the TRL trainer uses (the on-policy field's Jacobian) is not applied; that Hessian misses the
+    score cross terms between a response's tokens (2.7x off on the simulator's token MDP, within its interval on the
+    tiny LM).
     """
 
     noise_weighting: str = "tokens"

@@ -81,12 +81,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import warnings
 from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from ..core.designs import LOSSES, compute_loss, make_advantage
+from ..core.designs import LOSSES, compute_loss, loss_form, make_advantage
 from ..core.pipeline import EnvBackend, generate
 from ..core.rng import PerSeedGenerator
 from ..core.rollouts import RolloutBatch
@@ -94,7 +93,7 @@ from ..theory import noise as noise_estimators
 from ..theory.forgetting import KappaEstimate, kappa_from_curvature_pairs, kappa_from_gradient_series
 from ..theory.noise import NoiseProfile, PairMoments, RhoFit
 from ..theory.noise_scale import PooledNoiseScale, noise_scale_from_samples, pooled_noise_scale
-from ..theory.profiles import memory_record, unmeasured_memory
+from ..theory.profiles import fit_profiles, memory_record, unmeasured_memory
 from .config import SimConfig
 from .engine import run
 
@@ -116,11 +115,6 @@ RHO_NOISE_TEXT = {
                "noise; the bias E[eps] is Assumption 3.2's)",
     "uncentred": "eps = G - grad F (includes products of the stale-sample biases)",
 }
-
-
-def loss_form(loss: str) -> str:
-    """The sigma^2 form the theory needs for ``loss``: plain (unbiased IS) or signal-normalised (the rest)."""
-    return "plain" if LOSSES[loss].unbiased else "signal-normalised"  # the registry entry's flag
 
 
 def _add(acc: dict, name: str, value) -> None:
@@ -1108,29 +1102,3 @@ def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS,
         calibration.fits = fit_profiles(s, v)
     return calibration
 
-
-def fit_profiles(staleness: np.ndarray, sigma_sq: np.ndarray) -> dict:
-    """Fit the pure power law (s >= 1) and the floor profile sigma0^2 (1 + (s/tau)^(2 alpha))."""
-    from scipy.optimize import OptimizeWarning, curve_fit
-
-    fits: dict = {}
-    pos = staleness >= 1
-    if pos.sum() >= 2:
-        slope, intercept = np.polyfit(np.log(staleness[pos]), np.log(sigma_sq[pos]), 1)
-        fits["power_law"] = {"kind": "power_law", "alpha": float(max(slope / 2, 0.0)), "tau": 1.0,
-                             "scale": float(math.exp(intercept)), "floor": 0.0}
-    sigma0 = float(sigma_sq[staleness == 0][0]) if np.any(staleness == 0) else float(sigma_sq.min())
-
-    def floor_model(s, alpha, tau):
-        return sigma0 * (1.0 + (s / tau) ** (2 * alpha))
-
-    try:
-        with warnings.catch_warnings():  # too few points for a covariance is fine: only the fit is kept
-            warnings.simplefilter("ignore", OptimizeWarning)
-            (alpha, tau), _ = curve_fit(floor_model, staleness, sigma_sq, p0=(0.5, 10.0),
-                                        bounds=([0.0, 1e-3], [3.0, 1e6]), maxfev=20000)
-        fits["floor_power_law"] = {"kind": "power_law", "alpha": float(alpha), "tau": float(tau),
-                                   "scale": sigma0, "floor": 1.0}
-    except (RuntimeError, ValueError):
-        pass
-    return fits

@@ -18,26 +18,8 @@ The generic interface is an expectation under the behaviour distribution:
 
 The reduced axis is last (``axis=-1``); leading axes are batch axes.
 
-Which relations hold for which data
------------------------------------
-* The M2PO relations (:func:`m2po_thm51`, :func:`m2po_sharp`,
-  :func:`m2_converse`, :func:`m2_decomposition`,
-  :func:`mean_abs_log_ratio_le_sqrt_m2`) come from POINTWISE inequalities
-  (or algebra), so they hold EXACTLY for any weights, samples included.  There
-  chi^2 means E[(r - 1)^2] (M2PO's definition, and FreshPER Eq. (6)), which is
-  not :func:`~replay_theory.theory.divergences.chi2_estimate`
-  (mean r^2 - 1, verl's ``chi2_token``) when the mean of r is not 1.
-* The FreshPER relations (:func:`var_ratio_equals_chi2`,
-  :func:`chi2_equals_expm1_d2`, :func:`kl_le_d2`, :func:`ess_bound_kl`) need
-  E_behav[r] = 1 (FreshPER Eq. (8)), which holds for an exact pair with
-  pi_new << pi_behav but not for raw samples.  ``self_normalize=True``
-  rescales r so that its weighted mean is 1 (the self-normalised empirical
-  pair); they then hold for any data.
-
-``holds`` uses ``|lhs - rhs| <= atol + rtol * max(|lhs|, |rhs|)`` for "==" (an
-infinite side equals only the same infinity) and
-``lhs <= rhs * (1 + rtol) + atol`` for "<="; ``slack = rhs - lhs`` (0 where
-both sides are the same infinity).
+Which relations hold for which data (exactly, or with E_behav[r] = 1) and the tolerances of ``holds``:
+:class:`Relation`.
 """
 
 from __future__ import annotations
@@ -92,6 +74,27 @@ class Relation:
     ``lhs``, ``rhs``, ``slack`` are floats for a single case and arrays of the
     batch shape otherwise; ``holds`` is a bool or a boolean array.  ``source``
     is the paper anchor.
+
+    Which relations hold for which data:
+
+    * The M2PO relations (:func:`m2po_thm51`, :func:`m2po_sharp`,
+      :func:`m2_converse`, :func:`m2_decomposition`,
+      :func:`mean_abs_log_ratio_le_sqrt_m2`) come from POINTWISE inequalities
+      (or algebra), so they hold EXACTLY for any weights, samples included.  There
+      chi^2 means E[(r - 1)^2] (M2PO's definition, and FreshPER Eq. (6)), which is
+      not :func:`~replay_theory.theory.divergences.chi2_estimate`
+      (mean r^2 - 1, verl's ``chi2_token``) when the mean of r is not 1.
+    * The FreshPER relations (:func:`var_ratio_equals_chi2`,
+      :func:`chi2_equals_expm1_d2`, :func:`kl_le_d2`, :func:`ess_bound_kl`) need
+      E_behav[r] = 1 (FreshPER Eq. (8)), which holds for an exact pair with
+      pi_new << pi_behav but not for raw samples.  ``self_normalize=True``
+      rescales r so that its weighted mean is 1 (the self-normalised empirical
+      pair); they then hold for any data.
+
+    ``holds`` uses ``|lhs - rhs| <= atol + rtol * max(|lhs|, |rhs|)`` for "==" (an
+    infinite side equals only the same infinity) and
+    ``lhs <= rhs * (1 + rtol) + atol`` for "<="; ``slack = rhs - lhs`` (0 where
+    both sides are the same infinity).
     """
 
     name: str
@@ -116,7 +119,7 @@ def _scalar_or_array(x: ArrayLike) -> Value:
 def make_relation(
     name: str, lhs: ArrayLike, rhs: ArrayLike, relation: str, rtol: float, atol: float, source: str
 ) -> Relation:
-    """Evaluate ``lhs relation rhs`` (``"=="`` or ``"<="``) with the tolerances of the module docstring.
+    """Evaluate ``lhs relation rhs`` (``"=="`` or ``"<="``) with the tolerances of :class:`Relation`.
 
     Public so that callers holding both sides already build the same
     :class:`Relation` as the functions here.

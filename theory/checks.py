@@ -1,12 +1,90 @@
-"""Argument checks shared by the theory modules.
+"""Input checks for every layer: one function per rule, so each message is written once.
 
-Every check raises ``ValueError`` with a one-line message that names the
-parameter and its valid range; the CLI turns that into exit code 2.
+Every check raises ``ValueError("<name> must be <valid range>, got <value>")``: one line naming the parameter
+(or the option, as the caller names it) and its valid range; the CLI prints it with exit code 2. It imports
+numpy only, so ``theory/`` (the lowest layer) uses it, and so do ``core/``, ``integrations/``, ``validate/`` and
+``cli/``.
+
+| function                   | accepts                                                 | says                         |
+|----------------------------|---------------------------------------------------------|------------------------------|
+| ``invalid``                | (builds the ValueError every check raises)              | ``must be <valid>, got <v>`` |
+| ``require_integer``        | a Python int, not a bool (a config field, an option)    | an integer >= m              |
+| ``require_number``         | an int or a float, not a bool, not NaN                  | [a finite number] > b / >= b |
+| ``require_unit_interval``  | a number                                                | in [0, 1] / in [0, 1)        |
+| ``require_one_of``         | one of the names given (``one_of``: the phrase)         | one of a, b, c               |
+| ``require_int``            | integer-valued numbers or arrays (whole floats too)     | an integer >= m              |
+| ``require_finite``         | numbers or arrays                                       | a finite number              |
+| ``require_positive``       | numbers or arrays                                       | [a finite number] > 0        |
+| ``require_nonnegative``    | numbers or arrays                                       | [a finite number] >= 0       |
+| ``require_in_range``       | a number                                                | in [low, high]               |
+
+The field checks show the value as given (its ``repr``, or the caller's format: ``fmt="g"`` for an option
+typed on the command line); the array checks show the first bad element as a float.
 """
 
 from __future__ import annotations
 
+import math
+from typing import Iterable
+
 import numpy as np
+
+
+def _shown(value: object, fmt: str) -> str:
+    return repr(value) if fmt == "r" else format(value, fmt)
+
+
+def invalid(name: str, valid: str, value: object, *, fmt: str = "r") -> ValueError:
+    """The error every check raises: ``"<name> must be <valid>, got <value>"`` (``fmt``: "r" for repr, else a format
+    spec such as "g")."""
+    return ValueError(f"{name} must be {valid}, got {_shown(value, fmt)}")
+
+
+# --- one value of a config field or an option, shown as given --------------------------------------
+
+
+def require_integer(name: str, value: object, minimum: int, *, note: str = "", whole_floats: bool = False) -> int:
+    """A Python int (a bool is not one) >= ``minimum``; with ``whole_floats`` a float of whole value too (a JSON
+    file's 64.0). ``note`` follows the range, e.g. ``" (0: off)"``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= minimum and (
+            isinstance(value, int) or (whole_floats and math.isfinite(value) and value == int(value))):
+        return int(value)
+    raise invalid(name, f"an integer >= {minimum}{note}", value)
+
+
+def require_number(name: str, value: object, *, above: float | None = None, at_least: float | None = None,
+                   finite: bool = False, note: str = "", fmt: str = "r") -> float:
+    """An int or a float (not a bool, not NaN) > ``above`` or >= ``at_least``; +-inf refused when ``finite``."""
+    if (above is None) == (at_least is None):
+        raise TypeError("give exactly one of above and at_least")
+    bound = f"> {above:g}" if above is not None else f">= {at_least:g}"
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value) \
+            and (value > above if above is not None else value >= at_least) and (math.isfinite(value) or not finite):
+        return float(value)
+    raise invalid(name, f"{'a finite number ' if finite else ''}{bound}{note}", value, fmt=fmt)
+
+
+def require_unit_interval(name: str, value: float, *, closed: bool = True) -> float:
+    """0 <= value <= 1 (``closed``) or 0 <= value < 1; NaN fails both."""
+    v = float(value)
+    if not (0.0 <= v <= 1.0 if closed else 0.0 <= v < 1.0):
+        raise invalid(name, "in [0, 1]" if closed else "in [0, 1)", value)
+    return v
+
+
+def one_of(options: Iterable[str]) -> str:
+    """The valid range of a name: ``"one of a, b, c"`` (``invalid(name, one_of(names), value)``)."""
+    return f"one of {', '.join(options)}"
+
+
+def require_one_of(name: str, value: object, options: Iterable[str], *, where: str = "") -> None:
+    """``value`` is one of ``options`` (a str; listed in their order, ``where`` after them)."""
+    names = tuple(options)
+    if not isinstance(value, str) or value not in names:
+        raise invalid(name, one_of(names) + where, value)
+
+
+# --- numbers or arrays, converted with numpy ----------------------------------------------------------
 
 
 def _first(arr: np.ndarray, bad: np.ndarray) -> float:
@@ -17,7 +95,7 @@ def require_finite(name: str, value: object) -> None:
     arr = np.asarray(value, dtype=float)
     bad = ~np.isfinite(arr)
     if np.any(bad):
-        raise ValueError(f"{name} must be a finite number, got {_first(arr, bad)}")
+        raise invalid(name, "a finite number", _first(arr, bad))
 
 
 def require_positive(name: str, value: object, *, allow_inf: bool = False) -> None:
@@ -27,8 +105,7 @@ def require_positive(name: str, value: object, *, allow_inf: bool = False) -> No
     if not allow_inf:
         bad |= np.isinf(arr)
     if np.any(bad):
-        valid = "> 0" if allow_inf else "a finite number > 0"
-        raise ValueError(f"{name} must be {valid}, got {_first(arr, bad)}")
+        raise invalid(name, "> 0" if allow_inf else "a finite number > 0", _first(arr, bad))
 
 
 def require_nonnegative(name: str, value: object, *, allow_inf: bool = False) -> None:
@@ -38,23 +115,23 @@ def require_nonnegative(name: str, value: object, *, allow_inf: bool = False) ->
     if not allow_inf:
         bad |= np.isinf(arr)
     if np.any(bad):
-        valid = ">= 0" if allow_inf else "a finite number >= 0"
-        raise ValueError(f"{name} must be {valid}, got {_first(arr, bad)}")
+        raise invalid(name, ">= 0" if allow_inf else "a finite number >= 0", _first(arr, bad))
 
 
 def require_in_range(name: str, value: float, low: float, high: float) -> None:
     """low <= value <= high, NaN rejected."""
     if not (low <= value <= high):  # NaN fails every comparison
-        raise ValueError(f"{name} must be in [{low:g}, {high:g}], got {value!r}")
+        raise invalid(name, f"in [{low:g}, {high:g}]", value)
 
 
-def require_int(name: str, value: object, minimum: int) -> np.ndarray:
-    """Integer-valued (ints or whole floats) and >= minimum; returns an int64 array."""
+def require_int(name: str, value: object, minimum: int, *, note: str = "") -> np.ndarray:
+    """Integer-valued (ints or whole floats) and >= minimum; returns an int64 array. ``note`` follows the range."""
+    valid = f"an integer >= {minimum}{note}"
     arr = np.asarray(value)
     if arr.dtype == bool or not np.issubdtype(arr.dtype, np.number):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise invalid(name, valid, value)
     arr_f = arr.astype(float)
     bad = ~(np.isfinite(arr_f) & (arr_f == np.floor(arr_f)) & (arr_f >= minimum))
     if np.any(bad):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {arr_f[bad].ravel()[0]:g}")
+        raise invalid(name, valid, arr_f[bad].ravel()[0], fmt="g")
     return arr_f.astype(np.int64)

@@ -34,13 +34,17 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .checks import (
+    invalid,
+    one_of,
     require_finite,
     require_in_range,
+    require_int,
     require_nonnegative,
+    require_one_of,
     require_positive,
 )
 from .compute import compute_ratio_from_split_ratio
-from .profiles import Profile, sigma_bar_sq
+from .profiles import AVERAGES, Profile, sigma_bar_sq
 
 CONVENTIONS = ("rollout-cost", "paper-sec3")
 # "replay" only when rollouts are reused (y = B/R > 1, so gamma < 1); "over-generation" is y < 1 (gamma > 1:
@@ -59,8 +63,7 @@ DEFAULT_RHO = 0.1
 
 def mu_sec3_of(mu: ArrayLike, convention: str) -> np.ndarray | float:
     """The Sec. 3 cost ratio (update cost / rollout cost) for a mu given in ``convention``."""
-    if convention not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
+    require_one_of("convention", convention, CONVENTIONS)
     mu_arr = np.asarray(mu, dtype=float)
     require_positive("mu", mu_arr)
     converted = 1.0 / mu_arr if convention == "rollout-cost" else mu_arr
@@ -306,21 +309,19 @@ class DesignQuery:
 
     def validated(self) -> "DesignQuery":
         require_positive("mu", self.mu)
-        if self.convention not in CONVENTIONS:
-            raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {self.convention!r}")
+        require_one_of("convention", self.convention, CONVENTIONS)
         if self.alpha is not None:
             require_finite("alpha", self.alpha)
             require_nonnegative("alpha", self.alpha)
         if self.rho is not None:
             require_in_range("rho", self.rho, 0.0, 1.0)
-        if self.rollouts_per_step is not None and self.rollouts_per_step < 1:
-            raise ValueError(f"rollouts-per-step must be an integer >= 1, got {self.rollouts_per_step}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"batch-size must be an integer >= 1, got {self.batch_size}")
+        if self.rollouts_per_step is not None:
+            require_int("rollouts-per-step", self.rollouts_per_step, 1)
+        if self.batch_size is not None:
+            require_int("batch-size", self.batch_size, 1)
         if self.rollouts_per_step is not None and self.batch_size is not None:
             raise ValueError("give either rollouts-per-step or batch-size, not both")
-        if self.average not in ("integral", "discrete"):
-            raise ValueError(f"average must be 'integral' or 'discrete', got {self.average!r}")
+        require_one_of("average", self.average, AVERAGES)
         return self
 
 
@@ -434,7 +435,7 @@ def describe_regime(regime: str, *, x: float, y: float, mu_rollout: float,
         return ("unbounded: the objective still falls at the largest horizon considered (staleness costs "
                 "little in this model)",
                 "use the largest buffer you can afford, and measure sigma^2(s) further out before trusting it")
-    raise ValueError(f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
+    raise invalid("regime", one_of(REGIMES), regime)
 
 
 def optimal_design(query: DesignQuery) -> Design:
@@ -648,8 +649,7 @@ def _check_budget_inputs(budget, mu, rho, smoothness, bias, f0, convention) -> N
     require_finite("bias", bias)
     require_nonnegative("bias", bias)
     require_positive("f0", f0)
-    if convention not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
+    require_one_of("convention", convention, CONVENTIONS)
 
 
 def finite_budget_bound(
@@ -770,8 +770,7 @@ def paper_objective(
     """
     require_positive("mu", mu)
     require_in_range("rho", rho, 0.0, 1.0)
-    if convention not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
+    require_one_of("convention", convention, CONVENTIONS)
     x = np.asarray(x, dtype=float)
     y = np.asarray(y, dtype=float)
     cost = (mu + y) if convention == "rollout-cost" else (1.0 + mu * y)  # c / R
@@ -887,15 +886,11 @@ def finite_budget_design(
         raise ValueError("a finite budget needs exactly one of batch-size and rollouts-per-step: the bound "
                          "prefers the smallest batch at any budget, so the scale must be fixed")
     fixed = batch_size if batch_size is not None else rollouts_per_step
-    if isinstance(fixed, bool) or int(fixed) != fixed or fixed < 1:
-        name = "batch-size" if batch_size is not None else "rollouts-per-step"
-        raise ValueError(f"{name} must be an integer >= 1, got {fixed}")
-    fixed = int(fixed)
+    fixed = int(require_int("batch-size" if batch_size is not None else "rollouts-per-step", fixed, 1))
     require_positive("min_replay_ratio", min_replay_ratio)
     if not max_replay_ratio > min_replay_ratio:
         raise ValueError(f"max_replay_ratio must be > min_replay_ratio = {min_replay_ratio:g}")
-    if average not in ("integral", "discrete"):
-        raise ValueError(f"average must be 'integral' or 'discrete', got {average!r}")
+    require_one_of("average", average, AVERAGES)
     upper = profile.max_staleness if x_max is None else x_max
     if not math.isfinite(upper):
         upper = 1e4

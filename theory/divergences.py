@@ -1,46 +1,13 @@
 """Divergences between a behaviour policy and a new policy, computed in log space.
 
-What this module computes
--------------------------
-Everything here is a function of the importance ratio
-
-    r = pi_new / pi_behav,        log_ratio = logp_new - logp_behav,
-
-with samples drawn from ``pi_behav`` (the rollout / behaviour policy, the one
-whose log-probs the inference engine recorded).  Two families:
-
-1. **Exact** values for categorical distributions given as LOG-probabilities
-   ``(..., K)``: :func:`kl_exact`, :func:`renyi_exact`, :func:`d2_exact`,
-   :func:`chi2_exact`, :func:`m2_exact`, :func:`ess_fraction_exact`.
-2. **Sample estimates** from a ``log_ratio`` array ``(..., n)`` of samples
-   drawn under ``pi_behav`` (optionally with a 0/1 ``mask`` that drops
-   padding): :func:`kl_k1`, :func:`kl_k2`, :func:`kl_k3`, :func:`m2`,
-   :func:`chi2_estimate`, :func:`d2_estimate`, :func:`renyi_estimate`,
-   :func:`ess_kish`, :func:`ess_kish_fraction`, :func:`ess_kong`,
-   :func:`ratio_stats`, plus the pre-processing helpers
-   :func:`token_log_ratio` and :func:`sequence_log_ratio`.  k1 / k2 / k3, M2,
-   D_2, chi^2 and the Kish ESS are the statistics kernel's estimators
-   (``theory/moments.py``) on its sums over the reduced axis: one formula each,
-   shared with the losses' metrics, the simulator, diagnose and the trainers.
-
-Conventions
------------
-* The reduced axis is the LAST axis (``axis=-1``) unless ``axis`` says
-  otherwise; every leading axis (seeds first, then e.g. batch) is a batch axis
-  and is preserved.  A 1-D input gives a NumPy scalar (``np.float64``).
-* Nothing forms ``exp(log r)`` where it could overflow: moments of ``r`` go
-  through a warning-free log-sum-exp, ``expm1`` and ``log1p``.  Results that
-  are mathematically huge come back as ``inf`` (never NaN, never a
-  ``RuntimeWarning``): e.g. chi^2 of an 8k-token sequence ratio.
-* Empty input, NaN (at unmasked positions) or a malformed mask raise
-  ``ValueError``.
-
-Papers
-------
-* FreshPER (docs/REFERENCES.md; Ma et al.,
-  "Freshness-Aware Prioritized Experience Replay for LLM/VLM RL").
-* M2PO (docs/REFERENCES.md; "Prosperity before Collapse",
-  Second-Moment Trust Policy Optimization).
+Everything is a function of the importance ratio r = pi_new / pi_behav (``log_ratio = logp_new - logp_behav``)
+under samples from ``pi_behav``: EXACT values for categorical log-probabilities (..., K) (``kl_exact``,
+``renyi_exact``, ``d2_exact``, ``chi2_exact``, ``m2_exact``, ``ess_fraction_exact``) and SAMPLE estimates from a
+``log_ratio`` (..., n) with an optional 0/1 ``mask`` (``kl_k1/k2/k3``, ``m2``, ``chi2_estimate``, ``d2_estimate``,
+``renyi_estimate``, ``ess_kish``, ``ess_kish_fraction``, ``ess_kong``, ``ratio_stats``; the moment-based ones are
+``theory/moments.py``'s estimators). The LAST axis is reduced unless ``axis`` says otherwise; nothing forms exp(log r)
+where it could overflow (huge results are ``inf``, never NaN or a warning); empty input, NaN or a bad mask raise.
+Papers (docs/REFERENCES.md): FreshPER (Ma et al.) and M2PO ("Prosperity before Collapse").
 
 Code names and paper symbols
 ----------------------------

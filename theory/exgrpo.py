@@ -15,22 +15,7 @@ Paper: "ExGRPO: Learning to Reason from Experience"
 | ``n_experience`` | abs(E)                        | questions in the replay buffer                    |
 | ``bucket_sizes`` | abs(U_k)                      | questions in bucket k                             |
 
-Bucket weights, two unit conventions (``units``):
-
-* ``"success-count"``: p_k ~ N(k; mu, sigma), mu defaults to K/2. The reference
-  code's mu = 4, sigma = 1 gives [.004, .054, .242, .399, .242, .054, .004]
-  for K = 8.
-* ``"accuracy"``: p_k ~ N(k/K; mu, sigma), mu defaults to 0.5 (the paper read
-  literally, Alg. 1 line 6). sigma = 1 is nearly uniform:
-  [.137, .143, .146, .147, .146, .143, .137].
-
-Both lists are *normalised probabilities* over k = 1..K-1. In count units with
-sigma = 1 the unnormalised pdf values round to the same three decimals (the
-pdf summed over the integer grid is 0.99972), which is why 0.399 = N(0; 0, 1)
-appears; in accuracy units the pdf values (0.372 ... 0.399) differ from the
-probabilities. The conventions coincide when mu_acc = mu_count / K and
-sigma_acc = sigma_count / K (the reference code's sigma = 1 in counts is
-sigma = 0.125 in accuracy units).
+Bucket weights in two unit conventions (success count, accuracy): ``bucket_probabilities``.
 """
 
 from __future__ import annotations
@@ -40,7 +25,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .checks import require_finite, require_int, require_nonnegative, require_positive
+from .checks import invalid, require_finite, require_int, require_nonnegative, require_positive
 
 __all__ = [
     "shaping",
@@ -107,6 +92,23 @@ def bucket_probabilities(
     Computed in log space, so a narrow sigma cannot underflow to 0/0.
     Requires K integer >= 2, finite mu, sigma > 0 (finite), at least one
     non-empty bucket per row.
+
+    Bucket weights, two unit conventions (``units``):
+
+    * ``"success-count"``: p_k ~ N(k; mu, sigma), mu defaults to K/2. The reference
+      code's mu = 4, sigma = 1 gives [.004, .054, .242, .399, .242, .054, .004]
+      for K = 8.
+    * ``"accuracy"``: p_k ~ N(k/K; mu, sigma), mu defaults to 0.5 (the paper read
+      literally, Alg. 1 line 6). sigma = 1 is nearly uniform:
+      [.137, .143, .146, .147, .146, .143, .137].
+
+    Both lists are *normalised probabilities* over k = 1..K-1. In count units with
+    sigma = 1 the unnormalised pdf values round to the same three decimals (the
+    pdf summed over the integer grid is 0.99972), which is why 0.399 = N(0; 0, 1)
+    appears; in accuracy units the pdf values (0.372 ... 0.399) differ from the
+    probabilities. The conventions coincide when mu_acc = mu_count / K and
+    sigma_acc = sigma_count / K (the reference code's sigma = 1 in counts is
+    sigma = 0.125 in accuracy units).
     """
     K_int = int(require_int("K", K, 2))
     if units == "success-count":
@@ -116,7 +118,7 @@ def bucket_probabilities(
         x = np.arange(1, K_int, dtype=float) / K_int  # Acc = k / K
         mu_arr = np.asarray(0.5 if mu is None else mu, dtype=float)
     else:
-        raise ValueError(f"units must be 'success-count' or 'accuracy', got {units!r}")
+        raise invalid("units", "one of success-count, accuracy", units)
     sigma_arr = np.asarray(sigma, dtype=float)
     require_finite("mu", mu_arr)
     require_positive("sigma", sigma_arr)
@@ -149,7 +151,7 @@ def batch_split(B: ArrayLike, rho: ArrayLike, n_experience: ArrayLike) -> tuple[
     rho_arr = np.asarray(rho, dtype=float)
     bad = ~((rho_arr >= 0.0) & (rho_arr < 1.0))
     if np.any(bad):
-        raise ValueError(f"rho must be in [0, 1), got {float(rho_arr[bad].ravel()[0]):g}")
+        raise invalid("rho", "in [0, 1)", float(rho_arr[bad].ravel()[0]), fmt="g")
     n_exp_pool = require_int("n_experience", n_experience, 0)
     n_exp = np.minimum(np.floor(np.round(rho_arr * B_arr, 9)).astype(np.int64), n_exp_pool)  # Sec. 4.2, ExGRPO
     n_on = B_arr - n_exp  # Sec. 4.2, ExGRPO: |B_on| = B - |B_exp|

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .checks import require_in_range, require_int, require_nonnegative, require_positive
+from .checks import require_in_range, require_int, require_nonnegative, require_one_of, require_positive
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
 STEP_EXPONENT = {"sgd": 1.0, "momentum": 1.0, "adam": 0.5}
@@ -53,8 +53,7 @@ Adam-style (sign-like) updates the tuned step falls more slowly with the noise, 
 
 
 def _check_optimizer(optimizer: str, beta1: float) -> None:
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    require_one_of("optimizer", optimizer, OPTIMIZERS)
     if optimizer != "sgd":
         require_in_range("beta1", float(beta1), 0.0, 0.999999)
 

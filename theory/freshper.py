@@ -19,18 +19,8 @@ Sec. 3.2-3.5 and App. C.
 Axis convention: buffer items lie along the **last** axis; leading axes are a
 batch (seeds, settings) and are carried through untouched.
 
-Conventions decided here:
-
-* The released code raises the *decayed* priority to alpha,
-  ``(p_base * exp(-Delta/tau))**alpha``, so the sampling distribution decays with
-  time constant ``tau / alpha`` (833.3 steps for tau = 500, alpha = 0.6), not tau.
-  :func:`sampling_probabilities` exposes both orders through
-  ``decay_then_exponent``.
-* :func:`crossover_age` returns the *signed* age ``tau ln(p_old / p_new)``; a
-  value <= 0 means the old item is already at or below the fresh one at age 0.
-  The crossover does not depend on alpha (x -> x**alpha is increasing).
-* Probabilities are computed in log space, so items whose decayed priority
-  underflows (age/tau > ~745) still give a well-defined distribution.
+Conventions (the order of decay and exponent, the signed crossover age, log space): ``sampling_probabilities``
+and ``crossover_age``.
 """
 
 from __future__ import annotations
@@ -38,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .checks import require_nonnegative, require_positive
+from .checks import invalid, require_nonnegative, require_positive
 
 __all__ = [
     "tau_from_kl_drift",
@@ -58,7 +48,7 @@ def _require_unit_interval(name: str, value: np.ndarray) -> None:
     """0 <= value <= 1 elementwise, NaN rejected."""
     bad = ~((value >= 0.0) & (value <= 1.0))
     if np.any(bad):
-        raise ValueError(f"{name} must be in [0, 1], got {float(value[bad].ravel()[0]):g}")
+        raise invalid(name, "in [0, 1]", float(value[bad].ravel()[0]), fmt="g")
 
 
 def _require_last_axis(name: str, value: np.ndarray) -> None:
@@ -119,6 +109,10 @@ def crossover_age(tau: ArrayLike, p_old: ArrayLike, p_new: ArrayLike) -> np.ndar
     The value is <= 0 when p_old <= p_new (already at or below at age 0), +inf
     when tau = inf and p_old > p_new (standard PER never crosses). Independent
     of alpha. Requires tau > 0 (inf allowed), p_old > 0, p_new > 0.
+
+    :func:`crossover_age` returns the *signed* age ``tau ln(p_old / p_new)``; a
+    value <= 0 means the old item is already at or below the fresh one at age 0.
+    The crossover does not depend on alpha (x -> x**alpha is increasing).
     """
     tau_arr = np.asarray(tau, dtype=float)
     p_old_arr = np.asarray(p_old, dtype=float)
@@ -200,6 +194,14 @@ def sampling_probabilities(
     alpha > 0 every row needs a positive priority. ``alpha`` broadcasts against
     ``priorities`` (a per-row alpha has shape (..., 1)). Requires priorities >= 0,
     alpha in [0, 1], age >= 0, tau > 0 (inf allowed).
+
+    The released code raises the *decayed* priority to alpha,
+    ``(p_base * exp(-Delta/tau))**alpha``, so the sampling distribution decays with
+    time constant ``tau / alpha`` (833.3 steps for tau = 500, alpha = 0.6), not tau.
+    :func:`sampling_probabilities` exposes both orders through
+    ``decay_then_exponent``.
+    Probabilities are computed in log space, so items whose decayed priority
+    underflows (age/tau > ~745) still give a well-defined distribution.
     """
     p_arr = np.asarray(priorities, dtype=float)  # (..., N)
     alpha_arr = np.asarray(alpha, dtype=float)

@@ -26,28 +26,8 @@ simulator one unit is one training seed (its checkpoints are summed into it, sin
 run are not independent); on the language model one unit is one checkpoint. Arrays are (U, ...) with
 the unit axis first; the sample axis (responses of one unit) comes next.
 
-Why ratios of sums ("norm-weighted") and not mean cosines. The correlation of gap h is
-
-    corr(h) = sum_pairs <eps_i, eps_j> / sum_pairs (||eps_i||^2 + ||eps_j||^2) / 2,
-
-the sample version of E<eps_i, eps_j> / sqrt(E||eps_i||^2 E||eps_j||^2), which is the quantity the
-proof of Thm 3.4 bounds when it expands E||(1/B) sum eps_i||^2. It equals an average of cosines
-weighted by ||eps_i|| ||eps_j|| (up to the AM-GM gap between the two norms). A mean of plain cosines
-is wrong here: about a fifth of GRPO buffer items have an exactly zero gradient (A = 0 or the clip
-is active), so their noise vectors are all the same vector -grad F and every pair of them has cosine
-1 whatever the true correlation. In the ratio of sums those items enter with their (small) inner
-products, which average to the true covariance (zero for independent fresh samples, since
-E eps = 0), instead of each pair counting as a perfect correlation.
-
-Monte Carlo reference (language model). With g_ref = grad F + delta, delta the mean of n_ref
-held-out fresh per-sample errors (independent of every measured sample, mean 0), every measured
-<eps_i, eps_j> gains E||delta||^2 in expectation, and so does every ||eps_i||^2; the cross terms
-vanish. ``reference_variance`` = (sum of the per-coordinate sample variances of the reference
-gradients) / n_ref estimates E||delta||^2 and is subtracted from every pair's inner product, every
-squared norm and ||g_ref||^2. Uncorrected, it is a positive correlation of order 1/n_ref at every gap.
-
-No clamp. The fitted rho is reported as measured, with a bootstrap interval; ``RhoFit.in_range``
-says whether it lies in [0, 1], the range Assumption 3.3 allows.
+Why ratios of sums and not mean cosines: ``correlation_by_gap``; the Monte Carlo reference's correction:
+``reference_variance``. The fitted rho is reported as measured, with a bootstrap interval (``RhoFit.in_range``).
 """
 
 from __future__ import annotations
@@ -56,6 +36,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from .checks import invalid
 
 DEFAULT_LEVEL = 0.9
 DEFAULT_DRAWS = 2000
@@ -174,7 +156,21 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 
 def correlation_by_gap(m: PairMoments, weights: np.ndarray | None = None) -> np.ndarray:
-    """Norm-weighted correlation of pairs of different groups at each gap, (max_gap + 1,) (NaN: no pairs)."""
+    """Norm-weighted correlation of pairs of different groups at each gap, (max_gap + 1,) (NaN: no pairs).
+
+    Why ratios of sums ("norm-weighted") and not mean cosines. The correlation of gap h is
+
+        corr(h) = sum_pairs <eps_i, eps_j> / sum_pairs (||eps_i||^2 + ||eps_j||^2) / 2,
+
+    the sample version of E<eps_i, eps_j> / sqrt(E||eps_i||^2 E||eps_j||^2), which is the quantity the
+    proof of Thm 3.4 bounds when it expands E||(1/B) sum eps_i||^2. It equals an average of cosines
+    weighted by ||eps_i|| ||eps_j|| (up to the AM-GM gap between the two norms). A mean of plain cosines
+    is wrong here: about a fifth of GRPO buffer items have an exactly zero gradient (A = 0 or the clip
+    is active), so their noise vectors are all the same vector -grad F and every pair of them has cosine
+    1 whatever the true correlation. In the ratio of sums those items enter with their (small) inner
+    products, which average to the true covariance (zero for independent fresh samples, since
+    E eps = 0), instead of each pair counting as a perfect correlation.
+    """
     w = np.ones(m.between_inner.shape[0]) if weights is None else weights
     return _ratio(w @ m.between_inner, w @ m.between_sq)
 
@@ -255,7 +251,7 @@ def fit_rho(m: PairMoments, capacity: float, level: float = DEFAULT_LEVEL, draws
     (NaN). Nothing is clamped: a slope outside [0, 1] is returned as is (``RhoFit.in_range``).
     """
     if not capacity > 0:
-        raise ValueError(f"capacity must be > 0, got {capacity}")
+        raise invalid("capacity", "> 0", capacity, fmt="")
     U = m.between_inner.shape[0]
     value = float(rho_slope(m.between_inner.sum(0), m.between_sq.sum(0), capacity))
     corr = correlation_by_gap(m)
@@ -371,7 +367,15 @@ def noise_profile(m: StalenessMoments, staleness, level: float = DEFAULT_LEVEL, 
 
 
 def reference_variance(reference_grads: np.ndarray) -> np.ndarray:
-    """E||g_ref - grad F||^2 of the mean of n reference gradients (..., n, d): sum of sample variances / n."""
+    """E||g_ref - grad F||^2 of the mean of n reference gradients (..., n, d): sum of sample variances / n.
+
+    Monte Carlo reference (language model). With g_ref = grad F + delta, delta the mean of n_ref
+    held-out fresh per-sample errors (independent of every measured sample, mean 0), every measured
+    <eps_i, eps_j> gains E||delta||^2 in expectation, and so does every ||eps_i||^2; the cross terms
+    vanish. ``reference_variance`` = (sum of the per-coordinate sample variances of the reference
+    gradients) / n_ref estimates E||delta||^2 and is subtracted from every pair's inner product, every
+    squared norm and ||g_ref||^2. Uncorrected, it is a positive correlation of order 1/n_ref at every gap.
+    """
     r = np.asarray(reference_grads, dtype=float)
     n = r.shape[-2]
     if n < 2:
@@ -405,7 +409,7 @@ def fit_rho_group_bootstrap(noise: np.ndarray, step: np.ndarray, group: np.ndarr
     Cost O(n d + G^2 d) once, then O(draws G^2 (max_gap + 1)).
     """
     if not capacity > 0:
-        raise ValueError(f"capacity must be > 0, got {capacity}")
+        raise invalid("capacity", "> 0", capacity, fmt="")
     eps = np.asarray(noise, dtype=float)
     t = np.asarray(step).astype(np.int64).reshape(-1)
     g = np.asarray(group).reshape(-1)

@@ -11,40 +11,10 @@ Paper: "Efficient RL training for LLMs with experience replay"
 | ``sigma_bar_sq(x)``    | sigmabar^2(x)         | sigma^2 averaged over the ages 0..x of the buffer     |
 | ``PowerLawProfile``    | sigma(s) = (s/tau)^a  | App. C.3.2, plus an optional fresh-sample floor       |
 | ``rho``                | rho                   | correlation coefficient of Assumption 3.3             |
+| ``fit_profiles``       | alpha, tau            | the power laws fitted to a measured sigma^2(s) table  |
 
-Two averages are offered. ``"integral"`` is the paper's approximation
-(1/x) int_0^x sigma^2(s) ds, smooth in x; ``"discrete"`` is the exact mean over
-the integer ages 0..H-1 of a buffer holding H = N/R steps of rollouts. They
-differ most for the pure power law, whose sigma(0) = 0 makes fresh samples
-noiseless (see docs/ERRATA.md).
-
-Profile files (written by the simulator and validator, read by
-``replay-theory optimal --profile FILE``) are JSON::
-
-    {"kind": "power_law", "alpha": 0.3, "tau": 1.0, "scale": 1.0, "floor": 0.0, "rho": 0.1}
-    {"kind": "table", "staleness": [0, 1, 2, 4], "sigma_sq": [1.0, 1.2, 1.5, 2.1], "rho": 0.05}
-    {"kind": "noise_scale", "noise_scale": {"b_noise": 3000, "batch": 256, ...}}
-
-or CSV with a header row ``staleness,sigma_sq``. ``rho`` is optional.
-
-Any of them may carry a ``noise_scale`` record (the measured B_noise the noise-scale rule reads; its fields are
-written by every calibration: ``b_noise``, ``b_noise_interval``, ``level``, ``method``, ``batch``, ``unit_size``,
-``source``), and beside it a ``memory`` record: the optimizer's memory kappa = eta tr(H Sigma) / tr Sigma that the
-forgetting-aware rule reads (``theory.forgetting.KappaEstimate.to_dict()``: ``kappa`` (finite > 0, or null with a
-``reason``), ``kappa_interval``, ``level``, ``method``, ``optimizer`` (sgd, momentum or adam), ``beta1`` in [0, 1),
-``pilot_batch``, ``units``, ...); other estimates of the same kappa may sit under ``memory_estimators`` (name ->
-record of the same shape, checked the same way), e.g. the exact value and the lag-1 autocorrelation's.
-
-Measured profiles (``calibrate-simulator``, ``validate calibrate-model``) add, among others:
-
-* ``sigma_sq_form``: which sigma^2 the table holds, ``plain`` (E||eps||^2, for an unbiased
-  importance-weighted loss) or ``signal-normalised`` (sigma^2 / r(s)^2, for a clipped loss: the noise
-  of a stale sample rescaled to carry the full signal); the calibration picks the form that matches
-  its probe's ``loss`` (``simulate/calibrate.py::loss_form``), so ``optimal --profile`` uses it as is;
-  both forms and r(s) are kept under ``forms``;
-* ``rho_fit``: ``{"value", "ci", "in_range", ...}``, the fitted rho with its bootstrap interval, never
-  clamped. ``rho`` itself is written only when the fit lies in [0, 1]; a file with an out-of-range
-  fit carries ``rho_fit`` alone and ``optimal`` then needs ``--rho``.
+Two averages (``sigma_bar_sq``): the paper's integral and the exact discrete mean. Profile files (JSON or CSV, read
+by ``replay-theory optimal --profile FILE``): the schema is ``profile_from_dict``'s.
 """
 
 from __future__ import annotations
@@ -53,6 +23,7 @@ import csv
 import dataclasses
 import json
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +31,17 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .checks import require_finite, require_in_range, require_nonnegative, require_positive
+from .checks import (
+    invalid,
+    one_of,
+    require_finite,
+    require_in_range,
+    require_int,
+    require_nonnegative,
+    require_number,
+    require_one_of,
+    require_positive,
+)
 
 AVERAGES = ("integral", "discrete")
 SIGMA_SQ_FORMS = ("plain", "signal-normalised")
@@ -176,18 +157,54 @@ def sigma_bar_sq(profile: Profile, horizon: ArrayLike, average: str = "integral"
 
     ``"integral"``: (1/x) int_0^x sigma^2(s) ds (App. C.3.2 approximation).
     ``"discrete"``: (1/H) sum_{s=0}^{H-1} sigma^2(s) with H = x, x an integer >= 1.
+
+    Two averages are offered. ``"integral"`` is the paper's approximation
+    (1/x) int_0^x sigma^2(s) ds, smooth in x; ``"discrete"`` is the exact mean over
+    the integer ages 0..H-1 of a buffer holding H = N/R steps of rollouts. They
+    differ most for the pure power law, whose sigma(0) = 0 makes fresh samples
+    noiseless (see docs/ERRATA.md).
     """
     x = np.asarray(horizon, dtype=float)
     if average == "integral":
         require_positive("horizon", x, allow_inf=False)
         return np.asarray(profile.integral_average(x), dtype=float)
     if average == "discrete":
-        if np.any(x < 1) or np.any(x != np.round(x)):
-            raise ValueError(f"horizon must be an integer >= 1 for the discrete average, got {horizon}")
+        require_int("horizon", x, 1, note=" for the discrete average")
         h_max = int(x.max())
         cumulative = np.cumsum(profile.sigma_sq(np.arange(h_max)))  # (h_max,)
         return cumulative[x.astype(int) - 1] / x
-    raise ValueError(f"average must be one of {', '.join(AVERAGES)}, got {average!r}")
+    raise invalid("average", one_of(AVERAGES), average)
+
+
+def fit_profiles(staleness: np.ndarray, sigma_sq: np.ndarray) -> dict:
+    """Fit the pure power law (s >= 1) and the floor profile sigma0^2 (1 + (s/tau)^(2 alpha)) to a measured table.
+
+    Both calibrations (the simulator's and the language model's) write these fits into their profile's ``fits``,
+    as ``PowerLawProfile`` records (App. C.3.2).
+    """
+    from scipy.optimize import OptimizeWarning, curve_fit
+
+    fits: dict = {}
+    pos = staleness >= 1
+    if pos.sum() >= 2:
+        slope, intercept = np.polyfit(np.log(staleness[pos]), np.log(sigma_sq[pos]), 1)
+        fits["power_law"] = {"kind": "power_law", "alpha": float(max(slope / 2, 0.0)), "tau": 1.0,
+                             "scale": float(math.exp(intercept)), "floor": 0.0}
+    sigma0 = float(sigma_sq[staleness == 0][0]) if np.any(staleness == 0) else float(sigma_sq.min())
+
+    def floor_model(s, alpha, tau):
+        return sigma0 * (1.0 + (s / tau) ** (2 * alpha))
+
+    try:
+        with warnings.catch_warnings():  # too few points for a covariance is fine: only the fit is kept
+            warnings.simplefilter("ignore", OptimizeWarning)
+            (alpha, tau), _ = curve_fit(floor_model, staleness, sigma_sq, p0=(0.5, 10.0),
+                                        bounds=([0.0, 1e-3], [3.0, 1e6]), maxfev=20000)
+        fits["floor_power_law"] = {"kind": "power_law", "alpha": float(alpha), "tau": float(tau),
+                                   "scale": sigma0, "floor": 1.0}
+    except (RuntimeError, ValueError):
+        pass
+    return fits
 
 
 @dataclass(frozen=True)
@@ -270,8 +287,7 @@ def _noise_scale_record(data: dict) -> dict | None:
     value = record.get("b_noise")
     if value is None:  # measured without signal: kept (its interval still bounds B_noise); the rule says so when read
         return record
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
-        raise ValueError(f"profile 'noise_scale.b_noise' must be a finite number > 0, got {value!r}")
+    require_number("profile 'noise_scale.b_noise'", value, above=0, finite=True)
     return record
 
 
@@ -296,8 +312,8 @@ def _memory_record(record, name: str = "memory") -> dict:
     elif not _number(kappa) or not (0 < kappa < math.inf):
         raise ValueError(f"profile '{name}.kappa' must be a finite number > 0 or null with a reason, got {kappa!r}")
     optimizer = record.get("optimizer")
-    if optimizer not in MEMORY_OPTIMIZERS:
-        raise ValueError(f"profile '{name}.optimizer' must be one of {', '.join(MEMORY_OPTIMIZERS)}, got {optimizer!r}")
+    if optimizer not in MEMORY_OPTIMIZERS:  # a missing key (None) or a JSON number is refused too
+        raise invalid(f"profile '{name}.optimizer'", one_of(MEMORY_OPTIMIZERS), optimizer)
     beta1 = record.get("beta1")
     if not _number(beta1) or not (0.0 <= beta1 < 1.0):
         raise ValueError(f"profile '{name}.beta1' must be a number in [0, 1), got {beta1!r}")
@@ -389,15 +405,43 @@ def _mu_record(data: dict) -> dict | None:
     if not isinstance(record, dict):
         record = {"value": record}
     value, convention = record.get("value"), record.get("convention", "rollout-cost")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
-        raise ValueError(f"profile 'mu' must be a finite number > 0, got {value!r}")
+    require_number("profile 'mu'", value, above=0, finite=True)
     if convention not in ("rollout-cost", "paper-sec3"):
         raise ValueError(f"profile 'mu.convention' must be rollout-cost or paper-sec3, got {convention!r}")
     return {**record, "value": float(value), "convention": convention}
 
 
 def profile_from_dict(data: dict) -> LoadedProfile:
-    """Build a profile from the JSON schema in the module docstring."""
+    """Build a profile from the JSON schema below.
+
+    Profile files (written by the simulator and validator, read by
+    ``replay-theory optimal --profile FILE``) are JSON::
+
+        {"kind": "power_law", "alpha": 0.3, "tau": 1.0, "scale": 1.0, "floor": 0.0, "rho": 0.1}
+        {"kind": "table", "staleness": [0, 1, 2, 4], "sigma_sq": [1.0, 1.2, 1.5, 2.1], "rho": 0.05}
+        {"kind": "noise_scale", "noise_scale": {"b_noise": 3000, "batch": 256, ...}}
+
+    or CSV with a header row ``staleness,sigma_sq``. ``rho`` is optional.
+
+    Any of them may carry a ``noise_scale`` record (the measured B_noise the noise-scale rule reads; its fields are
+    written by every calibration: ``b_noise``, ``b_noise_interval``, ``level``, ``method``, ``batch``, ``unit_size``,
+    ``source``), and beside it a ``memory`` record: the optimizer's memory kappa = eta tr(H Sigma) / tr Sigma that the
+    forgetting-aware rule reads (``theory.forgetting.KappaEstimate.to_dict()``: ``kappa`` (finite > 0, or null with a
+    ``reason``), ``kappa_interval``, ``level``, ``method``, ``optimizer`` (sgd, momentum or adam), ``beta1`` in [0, 1),
+    ``pilot_batch``, ``units``, ...); other estimates of the same kappa may sit under ``memory_estimators`` (name ->
+    record of the same shape, checked the same way), e.g. the exact value and the lag-1 autocorrelation's.
+
+    Measured profiles (``calibrate-simulator``, ``validate calibrate-model``) add, among others:
+
+    * ``sigma_sq_form``: which sigma^2 the table holds, ``plain`` (E||eps||^2, for an unbiased
+      importance-weighted loss) or ``signal-normalised`` (sigma^2 / r(s)^2, for a clipped loss: the noise
+      of a stale sample rescaled to carry the full signal); the calibration picks the form that matches
+      its probe's ``loss`` (``simulate/calibrate.py::loss_form``), so ``optimal --profile`` uses it as is;
+      both forms and r(s) are kept under ``forms``;
+    * ``rho_fit``: ``{"value", "ci", "in_range", ...}``, the fitted rho with its bootstrap interval, never
+      clamped. ``rho`` itself is written only when the fit lies in [0, 1]; a file with an out-of-range
+      fit carries ``rho_fit`` alone and ``optimal`` then needs ``--rho``.
+    """
     if not isinstance(data, dict):
         raise ValueError("profile must be a JSON object")
     memory, others = _memory_records(data)
@@ -420,8 +464,8 @@ def _profile_from_dict(data: dict) -> LoadedProfile:
     if rho_fit is not None and not isinstance(rho_fit, dict):
         raise ValueError("profile 'rho_fit' must be a JSON object")
     form = data.get("sigma_sq_form")
-    if form is not None and form not in SIGMA_SQ_FORMS:
-        raise ValueError(f"profile 'sigma_sq_form' must be one of {', '.join(SIGMA_SQ_FORMS)}, got {form!r}")
+    if form is not None:
+        require_one_of("profile 'sigma_sq_form'", form, SIGMA_SQ_FORMS)
     if kind == "power_law":
         unknown = set(data) - {"kind", "alpha", "tau", "scale", "floor", "rho", "source", "fit", "notes", "noise_scale",
                                "mu", "memory", "memory_estimators"}

@@ -1,8 +1,8 @@
 """Calibrate the theory's inputs on the language model: mu, sigma^2(s), rho and the KL drift.
 
-Paper: experience-replay (docs/REFERENCES.md), Assumption 3.3,
-Thm 3.5 and App. E; the same measurements as ``simulate/calibrate.py`` (whose fits are reused),
-but with per-sample gradients of the transformer instead of analytic scores.
+Paper: experience-replay (docs/REFERENCES.md), Assumption 3.3, Thm 3.5 and App. E; the same measurements as
+``simulate/calibrate.py`` (the same fits, ``theory.profiles.fit_profiles``), but with per-sample gradients of the
+transformer instead of analytic scores.
 
 | code name          | paper symbol     | how it is measured on the LM                                           |
 |--------------------|------------------|------------------------------------------------------------------------|
@@ -110,14 +110,13 @@ import numpy as np
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ..core.designs import BufferSpec, compute_loss, make_design_buffer
+from ..core.designs import BufferSpec, compute_loss, loss_form, make_design_buffer
 from ..core.surrogate import surrogate
-from ..simulate.calibrate import fit_profiles, loss_form
 from ..theory import noise as noise_estimators
 from ..theory.compute import estimate_mu
 from ..theory.divergences import k3_terms
 from ..theory.noise_scale import pooled_noise_scale
-from ..theory.profiles import curvature_pairs_record, save_profile, unmeasured_memory
+from ..theory.profiles import curvature_pairs_record, fit_profiles, save_profile, unmeasured_memory
 from . import countdown
 from .engines import HFSampler, Sampler
 from .logprobs import encode_prompts, next_token_logprobs, sequence_logprobs
@@ -152,7 +151,7 @@ class LMCalibration:
     grad_coords: int | None = None
     """Coordinates per per-sample gradient (None: all parameters, exact)."""
     sigma_sq_form: str = "plain"
-    """plain or signal-normalised (``simulate.calibrate.loss_form`` of the probe's loss)."""
+    """plain or signal-normalised (``core.designs.loss_form`` of the probe's loss)."""
     loss: str = "grpo"
     sigma_sq_plain: list[float] = field(default_factory=list)
     sigma_sq_signal_normalised: list[float] = field(default_factory=list)
@@ -620,6 +619,166 @@ def _cpu_state(model: torch.nn.Module) -> dict:
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
+def _check_calibration_sizes(config: RLConfig, staleness: tuple[int, ...], samples: int, reference_samples: int,
+                             noise_samples: int, noise_checkpoints: int, kappa_pairs: int) -> None:
+    """calibrate_lm's sizes, checked before the probe: whole prompt groups, at least two (the bootstrap units)."""
+    if noise_checkpoints < 1:
+        raise ValueError(f"noise_checkpoints must be an integer >= 1, got {noise_checkpoints}")
+    if isinstance(kappa_pairs, bool) or not isinstance(kappa_pairs, int) or kappa_pairs < 0:
+        raise ValueError(f"kappa_pairs must be an integer >= 0 (0: kappa not measured), got {kappa_pairs!r}")
+    if samples % config.group_size or samples < 2 * config.group_size:
+        raise ValueError(f"samples must be a multiple of group_size = {config.group_size} and >= "
+                         f"{2 * config.group_size} (the prompt groups are the bootstrap units), got {samples}")
+    if reference_samples < 2 * config.group_size or reference_samples % config.group_size:
+        raise ValueError(f"reference_samples must be a multiple of group_size = {config.group_size} and >= "
+                         f"{2 * config.group_size}, got {reference_samples}")
+    if config.steps <= max(staleness):
+        raise ValueError(f"steps must exceed the largest staleness probed = {max(staleness)}, got {config.steps}")
+    if noise_samples < 2 * config.group_size or noise_samples % config.group_size:
+        raise ValueError(f"noise_samples must be a multiple of group_size = {config.group_size} and >= "
+                         f"{2 * config.group_size} (prompt groups are the noise scale's units), got {noise_samples}")
+
+
+@dataclass
+class ProbeRun:
+    """The calibration's probe run and the weights it kept on the way (CPU copies)."""
+
+    result: object  # validate.rl's RLResult: the final buffer, the metrics, the timing mu
+    snapshots: collections.deque  # theta before each of the last updates, newest last (pi_{t-s} for s < maxlen)
+    noise_states: dict[int, dict]  # updates done -> weights at B_noise's earlier checkpoints (the final one excluded)
+    kappa_weights: dict[int, dict]  # updates done -> weights at kappa's checkpoints
+    kappa_adam: dict[int, dict]  # updates done -> the probe's AdamW state there (adamw_snapshot)
+
+
+def run_probe(policy: Policy, problems, config: RLConfig, sampler: Sampler, staleness: tuple[int, ...],
+              noise_steps: list[int], kappa_pairs: int, tick: Callable[[str, int, int], None]) -> ProbeRun:
+    """Train the probe (``validate.rl.train``), keeping the weights every later measurement reads."""
+    keep = max(max(staleness), max(KL_LAGS)) + 1  # only the last `keep` versions are ever read
+    snapshots = collections.deque([_cpu_state(policy.model)], maxlen=keep)  # theta before each update, newest last
+    noise_states = {0: snapshots[0]} if 0 in noise_steps else {}  # updates done -> weights (CPU), final excluded
+    kappa_weights, kappa_adam, probe_optimizer = {}, {}, {}  # updates done -> weights, AdamW state (kappa)
+
+    def keep_optimizer(optimizer, args, kwargs) -> None:  # train builds its AdamW inside: seen at its steps
+        if optimizer.param_groups[0]["params"][0] is next(policy.model.parameters()):
+            probe_optimizer["adamw"] = optimizer
+
+    def after_probe_step(step: int, metrics: dict) -> None:
+        snapshots.append(_cpu_state(policy.model))
+        if step + 1 in noise_steps and step + 1 < config.steps:
+            noise_states[step + 1] = snapshots[-1]
+        if step + 1 in noise_steps and kappa_pairs and "adamw" in probe_optimizer:
+            kappa_weights[step + 1] = snapshots[-1]
+            kappa_adam[step + 1] = adamw_snapshot(probe_optimizer["adamw"], policy.model)
+        tick("probe (RL steps)", step + 1, config.steps)
+
+    hook = register_optimizer_step_post_hook(keep_optimizer)
+    try:
+        result = train(policy, problems, config, progress=after_probe_step, sampler=sampler)
+    finally:
+        hook.remove()
+    return ProbeRun(result, snapshots, noise_states, kappa_weights, kappa_adam)
+
+
+def _group_means(grads: np.ndarray, group_size: int) -> np.ndarray:
+    """(n, k) in consecutive groups of G -> (n / G, k): the prompt groups, B_noise's units."""
+    return grads.reshape(-1, group_size, grads.shape[1]).mean(axis=1)
+
+
+class GradientProbe:
+    """Per-sample gradients on the probe's policies, on ``coords`` random coordinates (all: ``coords`` None), each
+    counted for the progress display; completions of pi_{t-lag} drawn from the probe's snapshots.
+
+    One instance holds the random streams of the sigma^2(s) and rho completions (seed + 7919), so the order of its
+    calls fixes the draws.
+    """
+
+    def __init__(self, policy: Policy, problems, config: RLConfig, sampler: Sampler, probe: ProbeRun, seed: int,
+                 max_grad_coords: int | None, tick: Callable[[str, int, int], None], total_batches: int):
+        self.policy, self.problems, self.config, self.sampler, self.probe = policy, problems, config, sampler, probe
+        self.tick, self.total_batches, self.batches = tick, total_batches, 0
+        self.generator = torch.Generator(device="cpu").manual_seed(seed + 7919)
+        self.rng = np.random.default_rng(seed + 7919)
+        self.behaviour = dataclasses.replace(policy, model=copy.deepcopy(policy.model))
+        self.num_params = sum(p.numel() for p in policy.model.parameters())
+        self.coords = gradient_coordinates(self.num_params, max_grad_coords, seed + 31)
+        # E[sum over k random coords] = k/P ||v||^2
+        self.scale = 1.0 if self.coords is None else self.num_params / self.coords.numel()
+
+    def completions_of(self, lag: int, count: int):
+        """``count`` completions of pi_{t-lag} (t: the probe's last step), on random problems."""
+        config = self.config
+        self.behaviour.model.load_state_dict(self.probe.snapshots[-1 - lag])
+        index = self.rng.integers(0, len(self.problems), size=count // config.group_size)
+        self.sampler.sync(self.behaviour)  # the engine samples from pi_{t-lag}
+        batch, _ = generate_batch(self.behaviour, self.problems, index, config, config.steps - lag, 0, self.generator,
+                                  self.sampler)
+        return batch
+
+    def grads_of(self, batch, at: Policy | None = None) -> np.ndarray:
+        """(n, k) float64 per-sample gradients of ``at`` (default: the final policy); sums over k coords estimate
+        all P."""
+        at = self.policy if at is None else at
+        grads = math.sqrt(self.scale) * per_sample_grads(at, self.problems, batch, self.config,
+                                                         self.coords).double().cpu().numpy()
+        self.batches += 1
+        self.tick("noise (gradient batches)", self.batches, self.total_batches)
+        return grads
+
+    def earlier_noise_units(self, noise_steps: list[int], noise_samples: int, chunk_size: int,
+                            seed: int) -> dict[int, list[np.ndarray]]:
+        """B_noise at the earlier checkpoints: fresh groups of each checkpoint's own weights, its own loss gradient;
+        updates done -> [(g, k) group means] (the final theta's are added by the later measurements)."""
+        config = self.config
+        noise_units: dict[int, list[np.ndarray]] = {k: [] for k in noise_steps}
+        noise_generator = torch.Generator(device="cpu").manual_seed(seed + 15485863)  # own streams: the sigma^2(s)
+        noise_rng = np.random.default_rng(seed + 15485863)  # and rho completions are those drawn without B_noise
+        for done, state in sorted(self.probe.noise_states.items()):
+            self.behaviour.model.load_state_dict(state)
+            self.sampler.sync(self.behaviour)
+            for start in range(0, noise_samples, chunk_size):
+                count = min(chunk_size, noise_samples - start) // config.group_size
+                index = noise_rng.integers(0, len(self.problems), size=count)
+                batch, _ = generate_batch(self.behaviour, self.problems, index, config, done, 0, noise_generator,
+                                          self.sampler)
+                noise_units[done].append(_group_means(self.grads_of(batch, self.behaviour), config.group_size))
+        return noise_units
+
+    def reference(self, reference_samples: int, chunk_size: int, fresh_units: list[np.ndarray]):
+        """grad F: the mean gradient of a held-out batch, in chunks (only running sums are kept); its variance
+        E||g_ref - grad F||^2 and size. Each chunk's prompt groups join ``fresh_units`` (the final theta's)."""
+        total, total_sq, n_ref = 0.0, 0.0, 0
+        while n_ref < reference_samples:
+            chunk = self.grads_of(self.completions_of(0, min(chunk_size, reference_samples - n_ref)))
+            total, total_sq, n_ref = total + chunk.sum(0), total_sq + (chunk**2).sum(0), n_ref + chunk.shape[0]
+            fresh_units.append(_group_means(chunk, self.config.group_size))  # fresh groups of the final theta
+        reference = total / n_ref  # (k,)
+        ref_var = float(((total_sq - n_ref * reference**2) / (n_ref - 1)).sum() / n_ref)  # reference_variance's
+        return reference, ref_var, n_ref
+
+    def staleness_moments(self, staleness: tuple[int, ...], samples: int, chunk_size: int, reference: np.ndarray,
+                          fresh_units: list[np.ndarray]):
+        """sigma^2(s)'s sums: each chunk of completions of pi_{t-s} is reduced to its prompt groups' mean ||G||^2 and
+        <G, g_ref> at once, so ``samples`` is limited by time, not memory (1024 x 253K float64 gradients would be
+        2 GB per staleness). (U, K) each, and the completions of pi_t (the KL by lag is measured on them)."""
+        fresh = None
+        group_sq, group_inner = [], []  # per staleness: (U,) arrays
+        for s in staleness:
+            sq_parts, inner_parts = [], []
+            for start in range(0, samples, chunk_size):
+                batch = self.completions_of(s, min(chunk_size, samples - start))
+                if s == 0 and fresh is None:
+                    fresh = batch
+                grads = self.grads_of(batch)
+                if s == 0:
+                    fresh_units.append(_group_means(grads, self.config.group_size))
+                sq, inner = group_moments(grads, reference, self.config.group_size)
+                sq_parts.append(sq)
+                inner_parts.append(inner)
+            group_sq.append(np.concatenate(sq_parts))
+            group_inner.append(np.concatenate(inner_parts))
+        return np.stack(group_sq, axis=1), np.stack(group_inner, axis=1), fresh
+
+
 def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
                  staleness: tuple[int, ...] = (0, 1, 2, 4, 8), samples: int = 32, seed: int = 0,
                  sampler: Sampler | None = None, mu_window_seconds: float = 0.0,
@@ -641,130 +800,35 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
     but the last with ``noise_samples`` (default ``reference_samples``) fresh completions of its own weights.
     kappa (the optimizer's memory, ``measure_lm_kappa``): ``kappa_pairs`` curvature pairs at each of those checkpoints
     that follows an update, preconditioned by the probe's AdamW state there (0: not measured).
+
+    The steps: the probe (``run_probe``), the gradient measurements (``GradientProbe``: B_noise's earlier
+    checkpoints, grad F, sigma^2(s)), the KL by lag, rho, the count mu, B_noise pooled, kappa, and the record
+    (``lm_calibration``).
     """
-    if noise_checkpoints < 1:
-        raise ValueError(f"noise_checkpoints must be an integer >= 1, got {noise_checkpoints}")
-    if isinstance(kappa_pairs, bool) or not isinstance(kappa_pairs, int) or kappa_pairs < 0:
-        raise ValueError(f"kappa_pairs must be an integer >= 0 (0: kappa not measured), got {kappa_pairs!r}")
-    if samples % config.group_size or samples < 2 * config.group_size:
-        raise ValueError(f"samples must be a multiple of group_size = {config.group_size} and >= "
-                         f"{2 * config.group_size} (the prompt groups are the bootstrap units), got {samples}")
     reference_samples = 4 * samples if reference_samples is None else reference_samples
-    if reference_samples < 2 * config.group_size or reference_samples % config.group_size:
-        raise ValueError(f"reference_samples must be a multiple of group_size = {config.group_size} and >= "
-                         f"{2 * config.group_size}, got {reference_samples}")
-    if config.steps <= max(staleness):
-        raise ValueError(f"steps must exceed the largest staleness probed = {max(staleness)}, got {config.steps}")
     noise_samples = reference_samples if noise_samples is None else noise_samples
-    if noise_samples < 2 * config.group_size or noise_samples % config.group_size:
-        raise ValueError(f"noise_samples must be a multiple of group_size = {config.group_size} and >= "
-                         f"{2 * config.group_size} (prompt groups are the noise scale's units), got {noise_samples}")
+    _check_calibration_sizes(config, staleness, samples, reference_samples, noise_samples, noise_checkpoints,
+                             kappa_pairs)
     noise_steps = sorted(set(np.linspace(0, config.steps, noise_checkpoints).round().astype(int).tolist())
                          | {config.steps})[-noise_checkpoints:]  # updates done; the last is the final theta
     sampler = HFSampler(stale_copy=config.sync_every > 1) if sampler is None else sampler
-    keep = max(max(staleness), max(KL_LAGS)) + 1  # only the last `keep` versions are ever read
-    snapshots = collections.deque([_cpu_state(policy.model)], maxlen=keep)  # theta before each update, newest last
-    noise_states = {0: snapshots[0]} if 0 in noise_steps else {}  # updates done -> weights (CPU), final excluded
     tick = on_phase if on_phase is not None else (lambda phase, done, total: None)
-
-    kappa_weights, kappa_adam, probe_optimizer = {}, {}, {}  # updates done -> weights, AdamW state (kappa)
-
-    def keep_optimizer(optimizer, args, kwargs) -> None:  # train builds its AdamW inside: seen at its steps
-        if optimizer.param_groups[0]["params"][0] is next(policy.model.parameters()):
-            probe_optimizer["adamw"] = optimizer
-
-    def after_probe_step(step: int, metrics: dict) -> None:
-        snapshots.append(_cpu_state(policy.model))
-        if step + 1 in noise_steps and step + 1 < config.steps:
-            noise_states[step + 1] = snapshots[-1]
-        if step + 1 in noise_steps and kappa_pairs and "adamw" in probe_optimizer:
-            kappa_weights[step + 1] = snapshots[-1]
-            kappa_adam[step + 1] = adamw_snapshot(probe_optimizer["adamw"], policy.model)
-        tick("probe (RL steps)", step + 1, config.steps)
-
-    hook = register_optimizer_step_post_hook(keep_optimizer)
-    try:
-        result = train(policy, problems, config, progress=after_probe_step, sampler=sampler)
-    finally:
-        hook.remove()
-    measured = {"batches": 0}
+    probe = run_probe(policy, problems, config, sampler, staleness, noise_steps, kappa_pairs, tick)
     chunk_size = max(config.group_size, GRAD_CHUNK // config.group_size * config.group_size)  # whole groups
     chunks = (-(-reference_samples // chunk_size) + len(staleness) * -(-samples // chunk_size)
               + (len(noise_steps) - 1) * -(-noise_samples // chunk_size))
-    total_batches = chunks + 1  # reference chunks, staleness chunks, the buffer
-
-    def measured_one() -> None:
-        measured["batches"] += 1
-        tick("noise (gradient batches)", measured["batches"], total_batches)
-
-    generator = torch.Generator(device="cpu").manual_seed(seed + 7919)
-    rng = np.random.default_rng(seed + 7919)
-    behaviour = dataclasses.replace(policy, model=copy.deepcopy(policy.model))
-    num_params = sum(p.numel() for p in policy.model.parameters())
-    coords = gradient_coordinates(num_params, max_grad_coords, seed + 31)
-    scale = 1.0 if coords is None else num_params / coords.numel()  # E[sum over k random coords] = k/P ||v||^2
-
-    def completions_of(lag: int, count: int = samples):
-        behaviour.model.load_state_dict(snapshots[-1 - lag])
-        index = rng.integers(0, len(problems), size=count // config.group_size)
-        sampler.sync(behaviour)  # the engine samples from pi_{t-lag}
-        batch, _ = generate_batch(behaviour, problems, index, config, config.steps - lag, 0, generator, sampler)
-        return batch
-
-    def grads_of(batch, at: Policy = policy) -> np.ndarray:  # (n, k) float64, sums over k coords estimate all P
-        grads = math.sqrt(scale) * per_sample_grads(at, problems, batch, config, coords).double().cpu().numpy()
-        measured_one()
-        return grads
-
-    def group_means(grads: np.ndarray) -> np.ndarray:  # (n, k) in consecutive groups of G -> (n / G, k)
-        return grads.reshape(-1, config.group_size, grads.shape[1]).mean(axis=1)
-
-    # B_noise at the earlier checkpoints: fresh groups of each checkpoint's own weights, its own loss gradient
-    noise_units: dict[int, list[np.ndarray]] = {k: [] for k in noise_steps}  # updates done -> [(g, k) group means]
-    noise_generator = torch.Generator(device="cpu").manual_seed(seed + 15485863)  # own streams: the sigma^2(s)
-    noise_rng = np.random.default_rng(seed + 15485863)  # and rho completions are those drawn without B_noise
-    for done, state in sorted(noise_states.items()):
-        behaviour.model.load_state_dict(state)
-        sampler.sync(behaviour)
-        for start in range(0, noise_samples, chunk_size):
-            count = min(chunk_size, noise_samples - start) // config.group_size
-            index = noise_rng.integers(0, len(problems), size=count)
-            batch, _ = generate_batch(behaviour, problems, index, config, done, 0, noise_generator, sampler)
-            noise_units[done].append(group_means(grads_of(batch, behaviour)))
-
-    # grad F: a held-out batch, in chunks of GRAD_CHUNK completions (only running sums are kept)
-    total, total_sq, n_ref = 0.0, 0.0, 0
-    while n_ref < reference_samples:
-        chunk = grads_of(completions_of(0, min(chunk_size, reference_samples - n_ref)))
-        total, total_sq, n_ref = total + chunk.sum(0), total_sq + (chunk**2).sum(0), n_ref + chunk.shape[0]
-        noise_units[config.steps].append(group_means(chunk))  # fresh groups of the final theta
-    reference = total / n_ref  # (k,)
-    ref_var = float(((total_sq - n_ref * reference**2) / (n_ref - 1)).sum() / n_ref)  # reference_variance's formula
-    # sigma^2(s): each chunk of completions is reduced to its prompt groups' mean ||G||^2 and <G, g_ref> at once,
-    # so --samples is limited by time, not memory (1024 x 253K float64 gradients would be 2 GB per staleness)
-    fresh = None
-    group_sq, group_inner = [], []  # per staleness: (U,) arrays
-    for s in staleness:
-        sq_parts, inner_parts = [], []
-        for start in range(0, samples, chunk_size):
-            batch = completions_of(s, min(chunk_size, samples - start))
-            if s == 0 and fresh is None:
-                fresh = batch  # completions of pi_t: the KL by lag is measured on them
-            grads = grads_of(batch)
-            if s == 0:
-                noise_units[config.steps].append(group_means(grads))
-            sq, inner = group_moments(grads, reference, config.group_size)
-            sq_parts.append(sq)
-            inner_parts.append(inner)
-        group_sq.append(np.concatenate(sq_parts))
-        group_inner.append(np.concatenate(inner_parts))
-    sq_norm, inner = np.stack(group_sq, axis=1), np.stack(group_inner, axis=1)  # (U, K)
+    grads = GradientProbe(policy, problems, config, sampler, probe, seed, max_grad_coords, tick,
+                          total_batches=chunks + 1)  # reference chunks, staleness chunks, the buffer
+    noise_units = grads.earlier_noise_units(noise_steps, noise_samples, chunk_size, seed)
+    reference, ref_var, n_ref = grads.reference(reference_samples, chunk_size, noise_units[config.steps])
+    sq_norm, inner, fresh = grads.staleness_moments(staleness, samples, chunk_size, reference,
+                                                    noise_units[config.steps])
     units = sq_norm.shape[0]
     moments = noise_estimators.StalenessMoments(sq_norm, inner, np.full(units, float(reference @ reference) - ref_var),
                                                 np.ones(units))
     profile = noise_estimators.noise_profile(moments, staleness, seed=seed)
-    kl = measure_kl_by_lag(policy, behaviour, problems, fresh, snapshots, config, kl_chunk_elements)
-    rho_fit = _buffer_rho(result.buffer, config, reference, ref_var, grads_of, seed)
+    kl = measure_kl_by_lag(policy, grads.behaviour, problems, fresh, probe.snapshots, config, kl_chunk_elements)
+    rho_fit = _buffer_rho(probe.result.buffer, config, reference, ref_var, grads.grads_of, seed)
     tenths = int(math.ceil(10 * mu_window_seconds))
     count = (measure_mu_count(policy, problems, config, mu_window_seconds, sampler, seed,
                               on_call=lambda seconds: tick("App. E count window (0.1 s)", int(10 * seconds), tenths))
@@ -774,43 +838,56 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
     memory, memory_estimators = {}, {}
     if kappa_pairs:
         memory, memory_estimators = measure_lm_kappa(
-            policy, problems, config, kappa_weights, kappa_adam, sampler, seed, kappa_pairs,
+            policy, problems, config, probe.kappa_weights, probe.kappa_adam, sampler, seed, kappa_pairs,
             on_pair=lambda done, total: tick("kappa (curvature pairs per checkpoint)", done, total))
         sampler.sync(policy)  # the engine back on the final weights
+    noise_record = {**pooled.to_dict(), "batch": int(config.batch_size), "unit_size": int(config.group_size),
+                    "source": _noise_source(policy, config, grads, {k: noise_units[k] for k in noise_steps})}
+    return LMCalibration(
+        mu_timing=probe.result.mu_timing(), rho=rho_fit.value,
+        correlation_by_gap={h: c for h, c in enumerate(rho_fit.correlation)},
+        kl_by_lag=kl["exact"], kl_drift_per_step=kl["exact"].get(1, math.nan), probe_metrics=probe.result.metrics,
+        mu_count=count.get("mu", math.nan), count_window=count,
+        grad_coords=None if grads.coords is None else int(grads.coords.numel()),
+        rho_fit={**rho_fit.to_dict(), "bootstrap_unit": "prompt group of the probe's final buffer"},
+        reference_samples=n_ref, reference_variance=ref_var, kl_by_lag_se=kl["exact_se"], kl_by_lag_k3=kl["k3"],
+        kl_by_lag_k3_se=kl["k3_se"], kl_by_lag_k1=kl["k1"], kl_by_lag_k1_se=kl["k1_se"],
+        noise_scale=noise_record, memory=memory, memory_estimators=memory_estimators,
+        **sigma_sq_fields(profile, staleness, config.loss),
+    )
+
+
+def _noise_source(policy: Policy, config: RLConfig, grads: GradientProbe, noise_units: dict) -> str:
+    """The noise_scale record's ``source``: the model, the probe's sizes, where the fresh groups came from."""
     model_config = policy.model.config
-    counts = {k: sum(u.shape[0] for u in noise_units[k]) for k in noise_steps}
-    noise_record = {
-        **pooled.to_dict(), "batch": int(config.batch_size), "unit_size": int(config.group_size),
-        "source": (f"validate calibrate-model: {getattr(model_config, 'name_or_path', '') or model_config.model_type} "
-                   f"({num_params} parameters, {model_config.model_type}), loss {config.loss}, B = "
-                   f"{config.batch_size}, R = {config.rollouts_per_step}, G = {config.group_size}, lr {config.lr:g}; "
-                   f"fresh groups after {', '.join(f'{k} ({counts[k]} groups)' for k in noise_steps)} of "
-                   f"{config.steps} probe updates (plateau not checked); "
-                   + ("all coordinates" if coords is None else
-                      f"{coords.numel()} of {num_params} coordinates (the scale cancels in the ratio)")),
-    }
+    counts = {k: sum(u.shape[0] for u in units) for k, units in noise_units.items()}
+    coords, num_params = grads.coords, grads.num_params
+    return (f"validate calibrate-model: {getattr(model_config, 'name_or_path', '') or model_config.model_type} "
+            f"({num_params} parameters, {model_config.model_type}), loss {config.loss}, B = "
+            f"{config.batch_size}, R = {config.rollouts_per_step}, G = {config.group_size}, lr {config.lr:g}; "
+            f"fresh groups after {', '.join(f'{k} ({counts[k]} groups)' for k in counts)} of "
+            f"{config.steps} probe updates (plateau not checked); "
+            + ("all coordinates" if coords is None else
+               f"{coords.numel()} of {num_params} coordinates (the scale cancels in the ratio)"))
+
+
+def sigma_sq_fields(profile: noise_estimators.NoiseProfile, staleness: tuple[int, ...], loss: str) -> dict:
+    """LMCalibration's sigma^2(s) fields: both forms with their intervals, the one ``loss`` needs (``loss_form``)
+    as ``sigma_sq``, and the power laws fitted to its finite positive values."""
     staleness_f = [float(s) for s in staleness]
-    form = loss_form(config.loss)
+    form = loss_form(loss)
     sigma_sq = list(profile.plain if form == "plain" else profile.signal_normalised)
     sigma_sq_ci = profile.plain_ci if form == "plain" else profile.signal_normalised_ci
     finite = [i for i, v in enumerate(sigma_sq) if math.isfinite(v) and v > 0]
-    return LMCalibration(
-        mu_timing=result.mu_timing(), staleness=staleness_f, sigma_sq=sigma_sq,
-        rho=rho_fit.value, correlation_by_gap={h: c for h, c in enumerate(rho_fit.correlation)},
-        kl_by_lag=kl["exact"], kl_drift_per_step=kl["exact"].get(1, math.nan), probe_metrics=result.metrics,
+    return dict(
+        staleness=staleness_f, sigma_sq=sigma_sq,
         fits=fit_profiles(np.asarray(staleness_f)[finite], np.asarray(sigma_sq)[finite]) if len(finite) >= 2 else {},
-        mu_count=count.get("mu", math.nan), count_window=count,
-        grad_coords=None if coords is None else int(coords.numel()),
-        sigma_sq_form=form, loss=config.loss, sigma_sq_plain=list(profile.plain),
+        sigma_sq_form=form, loss=loss, sigma_sq_plain=list(profile.plain),
         sigma_sq_signal_normalised=list(profile.signal_normalised), retained_signal=list(profile.retained),
-        rho_fit={**rho_fit.to_dict(), "bootstrap_unit": "prompt group of the probe's final buffer"},
-        reference_samples=n_ref, reference_variance=ref_var,
         sigma_sq_ci=[list(c) for c in sigma_sq_ci], sigma_sq_plain_ci=[list(c) for c in profile.plain_ci],
         sigma_sq_signal_normalised_ci=[list(c) for c in profile.signal_normalised_ci],
         retained_signal_ci=[list(c) for c in profile.retained_ci], sigma_sq_level=profile.level,
-        sigma_sq_units=profile.units, kl_by_lag_se=kl["exact_se"], kl_by_lag_k3=kl["k3"],
-        kl_by_lag_k3_se=kl["k3_se"], kl_by_lag_k1=kl["k1"], kl_by_lag_k1_se=kl["k1_se"],
-        noise_scale=noise_record, memory=memory, memory_estimators=memory_estimators,
+        sigma_sq_units=profile.units,
     )
 
 

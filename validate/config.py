@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..core.jobs import check_jobs
 from ..outputs import check_out_dir
+from ..theory.checks import require_integer, require_number
 from . import countdown
 
 
@@ -137,9 +138,8 @@ class VerifyConfig:
 
     def validated(self) -> "VerifyConfig":
         check_integer("--seeds", self.seeds, 1)
-        if self.kappa is not None and not (isinstance(self.kappa, (int, float)) and math.isfinite(self.kappa)
-                                           and self.kappa > 0):
-            raise ValueError(f"--kappa must be a finite number > 0, got {self.kappa}")
+        if self.kappa is not None:
+            check_positive("--kappa", self.kappa)
         check_jobs(self.jobs)
         check_integer("--budget-updates", self.budget_updates, 1)
         self.learning_rates(1.0)  # the grid's own checks (auto needs no --lr to be checked)
@@ -226,13 +226,11 @@ VERIFY_BUDGET_UPDATES = VerifyConfig.budget_updates
 
 
 def check_integer(option: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{option} must be an integer >= {low}, got {value}")
+    require_integer(option, value, low)
 
 
 def check_positive(option: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ValueError(f"{option} must be a finite number > 0, got {value}")
+    require_number(option, value, above=0, finite=True)
 
 
 PRESETS = {

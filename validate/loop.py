@@ -33,9 +33,9 @@ import numpy as np
 import torch
 import transformers
 
+from ..core.designs import capacity_holds_a_step
 from ..core.jobs import local_workers, run_unordered
 from ..core.progress import ProgressBar
-from ..figures.results import save_report_figure
 from ..outputs import write_new
 from ..theory.design import DesignQuery, optimal_design
 from ..theory.forgetting import forgetting_pick
@@ -272,7 +272,7 @@ def _designs(config: ValidateConfig, predicted: dict, group_replay: bool = False
     centre = "predicted" if replay else "on-policy"
     for label, N, B in (("N x2", 2 * N0, B0), ("N x0.5", N0 // 2, B0), ("B x2", N0, 2 * B0),
                          ("B x0.5", N0, B0 // 2)):
-        if N >= R and B >= 1:  # x = N / R >= 1: a FIFO smaller than one step's rollouts drops fresh data unseen
+        if capacity_holds_a_step(N, R) and B >= 1:  # a FIFO smaller than one step's rollouts drops fresh data unseen
             designs.append({"name": f"{centre}, {label}", "buffer": "fifo", "loss": "grpo", "N": N, "B": B,
                             "family": True})
     unique, seen = [], set()
@@ -389,8 +389,37 @@ def _mean_sd(values: list[float]) -> tuple[float, float]:
     return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class VerifyRun:
+    """What every step of one verify reads: its settings, the price of a rollout and how seeds are trained."""
+
+    config: ValidateConfig
+    plan: VerifyConfig
+    out_dir: Path
+    mu: float  # the prediction's mu: a rollout costs mu sample-updates
+    batched: bool  # seeds as a batch axis (validate/batched.py): --batched with the HF engine
+    lrs: tuple[float, ...]  # every design trains at each of these learning rates
+
+    @property
+    def R(self) -> int:
+        return self.config.rollouts_per_step
+
+    @property
+    def K(self) -> int:
+        return self.config.group_size
+
+    @property
+    def budget(self) -> float:
+        """The on-policy run's compute, sample-update units (one sample's update = 1)."""
+        return self.plan.budget_updates * (self.mu * self.R + self.R)
+
+    @property
+    def grid(self) -> bool:
+        return len(self.lrs) > 1
+
+
 def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None = None, log=print,
-               progress: bool = False) -> dict:
+               progress: bool = False, figure=None) -> dict:
     """Train each design from the same warm start at EQUAL compute and compare held-out reward; report.json/.md.
 
     Compute is priced at the prediction's mu (``config.price_mu`` when predicted): a rollout costs mu
@@ -399,26 +428,21 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     The verdict (``validate/verdict.py``): the prediction's rank among the FIFO designs the theory ranks
     and among all, its regret (reward gap to the best at equal compute) with a paired seed-bootstrap
     interval, and per neighbour the paired difference, its standard error and the seeds a 2-se
-    separation would need.
+    separation would need. ``figure(report, path)`` draws report.png (the CLI passes
+    ``figures.results.save_report_figure``); None: no figure.
+
+    The steps: the saved report if there is one (``saved_report``), the warm start's evaluation, the designs and
+    each rule's pick (``verify_designs``), the runs still to train (``pending_units``), training them
+    (``train_units``), the rows and verdicts (``verify_report``) and the files (``write_report``).
     """
     plan = (plan or VerifyConfig()).validated()
     config = config.validated()
     plan.check_sizes(config.rollouts_per_step, config.group_size)
     check_run_dir(out_dir, needs="predicted.json")
-    seeds, budget_updates = plan.seeds, plan.budget_updates
     stem = report_stem(plan.family)
-    existing = out_dir / f"{stem}.json"
-    if existing.exists():  # reports are never overwritten: the same request returns the saved report
-        report = json.loads(existing.read_text())
-        saved_lrs = report["budget"].get("lr_grid", [report.get("config", {}).get("lr", config.lr)])
-        if (report["budget"]["seeds"], report["budget"]["updates"], saved_lrs) != (
-                seeds, budget_updates, list(plan.learning_rates(config.lr))):
-            lr_text = f" at learning rates {', '.join(f'{lr:.3g}' for lr in saved_lrs)}" if len(saved_lrs) > 1 else ""
-            raise ValueError(f"{existing} exists for --seeds {report['budget']['seeds']} --budget-updates "
-                             f"{report['budget']['updates']}{lr_text}; reports are never overwritten: use another "
-                             f"--out")
-        log(f"report exists in {out_dir}; not trained again (a new --out runs verify afresh)")
-        return report
+    saved = saved_report(out_dir, stem, config, plan, log)
+    if saved is not None:
+        return saved
     engine = check_engine(config)
     if engine == "vllm" and plan.jobs != 1:
         raise ValueError(f"--jobs must be 1 with --engine vllm (one engine holds its GPU memory share), got "
@@ -427,53 +451,94 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     started = time.perf_counter()
     predicted = json.loads((out_dir / "predicted.json").read_text())
     calibration = json.loads((out_dir / "calibration.json").read_text())
-    mu = predicted["mu"]
-    R, K = config.rollouts_per_step, config.group_size
-    budget = budget_updates * (mu * R + R)  # the on-policy run's compute, sample-update units (one sample's update = 1)
+    run = VerifyRun(config, plan, out_dir, predicted["mu"], plan.batched and engine == "hf",
+                    plan.learning_rates(config.lr))
     train_set, test_set = config.problems()
-    runs_dir = out_dir / "verify"
-    runs_dir.mkdir(exist_ok=True)
+    (out_dir / "verify").mkdir(exist_ok=True)
     warm = load_checkpoint(out_dir / "warm_start", device=config.device)
     sampler = get_sampler(config, out_dir)
-    # seeds as a batch axis (validate/batched.py) with --batched and the HF engine; else one seed at a time
-    batched = plan.batched and engine == "hf"
-    eval_seeds = [config.seed + 1 + s for s in range(seeds)]
-    if batched and seeds > 1:
-        warm_evals = evaluate_policies(stack_policy(warm, seeds), test_set, 8, 1.0, config.max_new_tokens, eval_seeds,
-                                       sampler=sampler)
-    else:
-        warm_evals = [evaluate_policy(warm, test_set, 8, 1.0, config.max_new_tokens, seed=e, sampler=sampler)
-                      for e in eval_seeds]
+    warm_evals = evaluate_warm_start(run, warm, test_set, sampler)
     warm_mean, warm_sd = _mean_sd([e["mean_reward"] for e in warm_evals])
-    log(f"warm start: held-out reward {warm_mean:.3f} +- {warm_sd:.3f} over {seeds} evaluation seeds")
-    pick, noise_record = None, calibration.get("noise_scale") or {}
-    memory, forgetting = None, None
-    if plan.family in FIXED_B_FAMILIES:
-        if noise_record.get("b_noise") is not None:
-            pick = noise_scale_pick(noise_record["b_noise"], R, K, mu)
-        else:
-            log("note: calibration.json has no measured B_noise (no gradient signal, or calibrated before it was "
-                "measured): the noise-scale rule makes no prediction; the family is trained without it")
-        memory = forgetting_memory(out_dir, plan.kappa, log)
-        if memory.get("kappa") is not None and noise_record.get("b_noise") is not None:
-            forgetting = forgetting_pick(noise_record["b_noise"], R, K, mu, memory["kappa"], memory["optimizer"],
-                                         memory["beta1"], pilot_batch=memory.get("pilot_batch"),
-                                         staleness=staleness_of_calibration(calibration))
-        elif memory.get("kappa") is not None:
-            memory["reason"] = "no measured B_noise"
-        designs, centres = fixed_b_designs(config, predicted, pick, plan.group_replay, forgetting)
-        if plan.family == "horizon":
-            designs = horizon_designs(config, designs)
+    log(f"warm start: held-out reward {warm_mean:.3f} +- {warm_sd:.3f} over {plan.seeds} evaluation seeds")
+    designs, centres, rules = verify_designs(run, predicted, calibration, log)
+    paths, units = pending_units(run, designs)
+    records = train_units(run, units, paths, train_set, test_set, sampler, log, progress)
+    report = verify_report(run, designs, centres, rules, records, warm_evals, predicted, calibration, started)
+    write_report(report, out_dir, stem, figure)
+    return report
+
+
+def saved_report(out_dir: Path, stem: str, config: ValidateConfig, plan: VerifyConfig, log=print) -> dict | None:
+    """``out_dir/stem.json`` when it was made with these seeds, budget and learning rates; None when there is none.
+
+    Reports are never overwritten: the same request returns the saved report, another is refused."""
+    path = out_dir / f"{stem}.json"
+    if not path.exists():
+        return None
+    report = json.loads(path.read_text())
+    saved_lrs = report["budget"].get("lr_grid", [report.get("config", {}).get("lr", config.lr)])
+    if (report["budget"]["seeds"], report["budget"]["updates"], saved_lrs) != (
+            plan.seeds, plan.budget_updates, list(plan.learning_rates(config.lr))):
+        lr_text = f" at learning rates {', '.join(f'{lr:.3g}' for lr in saved_lrs)}" if len(saved_lrs) > 1 else ""
+        raise ValueError(f"{path} exists for --seeds {report['budget']['seeds']} --budget-updates "
+                         f"{report['budget']['updates']}{lr_text}; reports are never overwritten: use another "
+                         f"--out")
+    log(f"report exists in {out_dir}; not trained again (a new --out runs verify afresh)")
+    return report
+
+
+def evaluate_warm_start(run: VerifyRun, warm, test_set, sampler) -> list[dict]:
+    """The warm start's held-out evaluation at every seed's evaluation seed ``config.seed + 1 + s``."""
+    config, seeds = run.config, run.plan.seeds
+    eval_seeds = [config.seed + 1 + s for s in range(seeds)]
+    if run.batched and seeds > 1:
+        return evaluate_policies(stack_policy(warm, seeds), test_set, 8, 1.0, config.max_new_tokens, eval_seeds,
+                                 sampler=sampler)
+    return [evaluate_policy(warm, test_set, 8, 1.0, config.max_new_tokens, seed=e, sampler=sampler)
+            for e in eval_seeds]
+
+
+def verify_designs(run: VerifyRun, predicted: dict, calibration: dict, log=print) -> tuple[list[dict], dict, dict]:
+    """The designs verify trains, which of them each rule picked, and the rules' inputs.
+
+    The neighbours family has the paper's prediction alone; fixed-b and horizon add the noise-scale rule's pick
+    (from the calibration's B_noise) and the forgetting-aware rule's (B_noise and kappa, ``forgetting_memory``).
+    ``rules``: ``pick``, ``noise_record``, ``memory``, ``forgetting`` (None where a rule made no prediction).
+    """
+    rules = {"pick": None, "noise_record": calibration.get("noise_scale") or {}, "memory": None, "forgetting": None}
+    if run.plan.family not in FIXED_B_FAMILIES:
+        return _designs(run.config, predicted, run.plan.group_replay), {}, rules
+    b_noise = rules["noise_record"].get("b_noise")
+    if b_noise is not None:
+        rules["pick"] = noise_scale_pick(b_noise, run.R, run.K, run.mu)
     else:
-        designs, centres = _designs(config, predicted, plan.group_replay), {}
-    lrs = plan.learning_rates(config.lr)
-    grid = len(lrs) > 1
-    cells = [(d, lr) for d in designs for lr in lrs]  # (design, learning rate): one group of seeds each
-    paths = {(d["name"], lr): [runs_dir / f"{_run_file_stem(d['name'])}{_lr_tag(lr) if grid else ''}_seed{s}.json"
-                               for s in range(seeds)] for d, lr in cells}
+        log("note: calibration.json has no measured B_noise (no gradient signal, or calibrated before it was "
+            "measured): the noise-scale rule makes no prediction; the family is trained without it")
+    memory = rules["memory"] = forgetting_memory(run.out_dir, run.plan.kappa, log)
+    if memory.get("kappa") is not None and b_noise is not None:
+        rules["forgetting"] = forgetting_pick(b_noise, run.R, run.K, run.mu, memory["kappa"], memory["optimizer"],
+                                              memory["beta1"], pilot_batch=memory.get("pilot_batch"),
+                                              staleness=staleness_of_calibration(calibration))
+    elif memory.get("kappa") is not None:
+        memory["reason"] = "no measured B_noise"
+    designs, centres = fixed_b_designs(run.config, predicted, rules["pick"], run.plan.group_replay,
+                                       rules["forgetting"])
+    if run.plan.family == "horizon":
+        designs = horizon_designs(run.config, designs)
+    return designs, centres, rules
+
+
+def pending_units(run: VerifyRun, designs: list[dict]) -> tuple[dict, list[tuple]]:
+    """Every (design, learning rate) cell's record paths, one a seed, and what is left to train: units
+    (design, lr, steps, pending seeds), a cell's seeds together when batched. Saved records are kept (resume); one
+    trained for another number of updates is refused."""
+    cells = [(d, lr) for d in designs for lr in run.lrs]  # (design, learning rate): one group of seeds each
+    tag = _lr_tag if run.grid else (lambda lr: "")
+    paths = {(d["name"], lr): [run.out_dir / "verify" / f"{_run_file_stem(d['name'])}{tag(lr)}_seed{s}.json"
+                               for s in range(run.plan.seeds)] for d, lr in cells}
     units = []  # what one process trains at a time: (design, lr, steps, pending seeds); a cell's seeds if batched
     for design, lr in cells:
-        steps = steps_at_budget(design, budget, mu, R, K)
+        steps = steps_at_budget(design, run.budget, run.mu, run.R, run.K)
         for path in paths[(design["name"], lr)]:
             if path.exists():  # resume: finished runs are kept
                 saved = json.loads(path.read_text())
@@ -481,39 +546,56 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
                     raise ValueError(f"{str(path)!r} was trained for {saved['steps']} updates, not {steps}: a "
                                      f"different --budget-updates or mu; use another --out")
         pending = [s for s, path in enumerate(paths[(design["name"], lr)]) if not path.exists()]
-        if batched and len(pending) > 1:
+        if run.batched and len(pending) > 1:
             units.append((design, lr, steps, pending))
         else:
             units += [(design, lr, steps, [s]) for s in pending]
-    workers = local_workers(plan.jobs, len(units)) if units else 1
+    return paths, units
+
+
+def train_units(run: VerifyRun, units: list[tuple], paths: dict, train_set, test_set, sampler, log=print,
+                progress: bool = False) -> dict:
+    """Train ``units`` in this process or in ``--jobs`` worker processes, logging each run's held-out reward; every
+    cell's records, (design name, lr) -> one a seed."""
+    workers = local_workers(run.plan.jobs, len(units)) if units else 1
+    total = len(paths) * run.plan.seeds
     done = sum(path.exists() for ps in paths.values() for path in ps)
     if done or workers > 1:
-        log(f"verify: {done} of {len(cells) * seeds} runs saved; training the other {len(cells) * seeds - done} "
+        log(f"verify: {done} of {total} runs saved; training the other {total - done} "
             f"in {workers} process{'es' if workers > 1 else ''}")
-    bar = ProgressBar("verify (design x seed runs)", len(cells) * seeds, done, enabled=progress)
+    bar = ProgressBar("verify (design x seed runs)", total, done, enabled=progress)
 
     def log_unit(design: dict, lr: float, pending: list[int]) -> None:
         for s in pending:
             record = json.loads(paths[(design["name"], lr)][s].read_text())
-            log(f"{design['name']:<20}{f' lr {lr:.3g}' if grid else ''} seed {s}: held-out reward "
+            log(f"{design['name']:<20}{f' lr {lr:.3g}' if run.grid else ''} seed {s}: held-out reward "
                 f"{record['held_out']['mean_reward']:.3f} (pass@1 {record['held_out']['pass@1']:.3f}) after "
                 f"{record['steps']} updates")
 
     if workers == 1:
         for design, lr, steps, pending in units:
-            _train_unit(dataclasses.replace(config, lr=lr), out_dir, design, steps, mu, pending,
-                        paths[(design["name"], lr)], batched, train_set, test_set, sampler, bar)
+            _train_unit(dataclasses.replace(run.config, lr=lr), run.out_dir, design, steps, run.mu, pending,
+                        paths[(design["name"], lr)], run.batched, train_set, test_set, sampler, bar)
             log_unit(design, lr, pending)
     else:  # independent runs, each seeded by its own seed: the same files whichever process trains them
-        jobs = ((dataclasses.replace(config, lr=lr), out_dir, design, steps, mu, pending, paths[(design["name"], lr)],
-                 batched) for design, lr, steps, pending in units)
+        jobs = ((dataclasses.replace(run.config, lr=lr), run.out_dir, design, steps, run.mu, pending,
+                 paths[(design["name"], lr)], run.batched) for design, lr, steps, pending in units)
         for design, lr, pending in run_unordered(_train_unit_in_worker, jobs, workers, batch_size=1):
             for _ in pending:
                 bar.advance()
             log_unit(design, lr, pending)
     records = {cell: [json.loads(path.read_text()) for path in cell_paths] for cell, cell_paths in paths.items()}
     bar.close()
-    rows = [_best_lr_row(design, lrs, records, R, K, seeds, warm_mean, warm_sd) for design in designs]
+    return records
+
+
+def verify_report(run: VerifyRun, designs: list[dict], centres: dict, rules: dict, records: dict,
+                  warm_evals: list[dict], predicted: dict, calibration: dict, started: float) -> dict:
+    """report.json's content: each design's row at its best learning rate, the measured best, the verdict on the
+    paper's prediction and the gap to it; in the fixed-b families each rule's prediction placed among them."""
+    config, seeds = run.config, run.plan.seeds
+    warm_mean, warm_sd = _mean_sd([e["mean_reward"] for e in warm_evals])
+    rows = [_best_lr_row(design, run.lrs, records, run.R, run.K, seeds, warm_mean, warm_sd) for design in designs]
     best = max(rows, key=lambda r: r["final_reward_mean"])
     centre = centres.get("paper") or ("predicted" if any(r["name"] == "predicted" for r in rows) else "on-policy")
     names = [r["name"] for r in rows]
@@ -526,16 +608,17 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     verdict = verdict_of(centre)
     predicted_row = rows[names.index(centre)]
     report = {
-        "mu": mu, "mu_priced": mu,
+        "mu": run.mu, "mu_priced": run.mu,
         "mu_measured": calibration["mu_timing"],  # this machine's timing mu: reported, not used for pricing
         "mu_count": calibration.get("mu_count"),
         "count_window": calibration.get("count_window", {}),
-        "profile": json.loads((out_dir / "profile.json").read_text()).get("fits", {}),
+        "profile": json.loads((run.out_dir / "profile.json").read_text()).get("fits", {}),
         "profile_table": {"staleness": calibration["staleness"], "sigma_sq": calibration["sigma_sq"],
                           "rho": calibration["rho"]},
         "predicted": {k: predicted[k] for k in ("x_star", "y_star", "N", "B", "R", "regime")},
-        "budget": {"updates": budget_updates, "compute": budget, "seeds": seeds, "group_replay": plan.group_replay,
-                   "lr_grid": list(lrs), "batched": batched, "family": plan.family},
+        "budget": {"updates": run.plan.budget_updates, "compute": run.budget, "seeds": seeds,
+                   "group_replay": run.plan.group_replay, "lr_grid": list(run.lrs), "batched": run.batched,
+                   "family": run.plan.family},
         "warm_start": warm_evals[0],
         "warm_start_reward": {"mean": warm_mean, "std": warm_sd, "seeds": seeds,
                               "by_seed": [e["mean_reward"] for e in warm_evals]},
@@ -552,19 +635,26 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
         "config": dataclasses.asdict(config),
         "seconds": time.perf_counter() - started,
     }
-    if plan.family in FIXED_B_FAMILIES:
+    if run.plan.family in FIXED_B_FAMILIES:
+        memory, forgetting = rules["memory"], rules["forgetting"]
         report["forgetting_input"] = memory  # the kappa record, or why the forgetting-aware rule made no prediction
-        report["predictions"] = prediction_rows(rows, centres, pick, noise_record, predicted, verdict_of, K,
-                                                forgetting, memory if forgetting is not None else None)
-    # report.json last: it marks a complete report. A report.md/.png without it is what an interrupted
-    # write left behind, so only those two are replaced.
-    markdown = out_dir / f"{stem}.md"
-    markdown.with_name(f".{stem}.md.tmp").write_text(_report_markdown(report))
-    os.replace(markdown.with_name(f".{stem}.md.tmp"), markdown)
-    save_report_figure(report, out_dir / f".{stem}.tmp.png")  # the validation figure's left panel
-    os.replace(out_dir / f".{stem}.tmp.png", out_dir / f"{stem}.png")
-    write_new(existing, lambda tmp: tmp.write_text(json.dumps(report, indent=1, default=lambda v: None)))
+        report["predictions"] = prediction_rows(rows, centres, rules["pick"], rules["noise_record"], predicted,
+                                                verdict_of, run.K, forgetting,
+                                                memory if forgetting is not None else None)
     return report
+
+
+def write_report(report: dict, out_dir: Path, stem: str, figure=None) -> None:
+    """``stem``.md, ``stem``.png when ``figure`` draws it, and ``stem``.json last: it marks a complete report. A .md or
+    .png without it is what an interrupted write left behind, so only those two are replaced."""
+    markdown = out_dir / f"{stem}.md"
+    markdown.with_name(f".{stem}.md.tmp").write_text(_report_markdown(report, figure is not None))
+    os.replace(markdown.with_name(f".{stem}.md.tmp"), markdown)
+    if figure is not None:
+        figure(report, out_dir / f".{stem}.tmp.png")  # the validation figure's left panel
+        os.replace(out_dir / f".{stem}.tmp.png", out_dir / f"{stem}.png")
+    write_new(out_dir / f"{stem}.json", lambda tmp: tmp.write_text(json.dumps(report, indent=1,
+                                                                              default=lambda v: None)))
 
 
 def staleness_of_calibration(calibration: dict):
@@ -617,20 +707,8 @@ def prediction_rows(rows: list[dict], centres: dict[str, str], pick: dict | None
     rules = [("noise-scale", centres.get("noise-scale")), ("forgetting", centres.get("forgetting")),
              ("paper", centres["paper"])]
     for rule, name in rules if memory is not None else rules[::2]:  # no memory given: the two rules of issue 23
-        entry = {"rule": rule, "design": name}
-        if rule == "forgetting":
-            entry["input"] = {"b_noise": noise_record.get("b_noise"), **memory}
-            entry["pick"] = forgetting
-        elif rule == "noise-scale":
-            entry["input"] = {k: noise_record.get(k) for k in ("b_noise", "b_noise_interval", "level", "method",
-                                                               "batch", "unit_size", "source")}
-            entry["pick"] = pick
-            B = pick["B"] if pick else None
-            if pick:  # the rule at both ends of B_noise's interval (None: no signal, b = inf, on-policy)
-                entry["pick_at_interval"] = [None if v is None else noise_scale_pick(v, B, group_size, pick["mu"])
-                                             for v in noise_record["b_noise_interval"]]
-        else:
-            entry["input"] = {k: predicted[k] for k in ("x_star", "y_star", "regime", "N", "B", "R")}
+        entry = {"rule": rule, "design": name,
+                 **_rule_input(rule, pick, noise_record, predicted, group_size, forgetting, memory)}
         if name is None:
             entry["verdict"], entry["separation"] = None, None
             out.append(entry)
@@ -644,6 +722,23 @@ def prediction_rows(rows: list[dict], centres: dict[str, str], pick: dict | None
         entry["criterion"] = _criterion(verdict, entry["separation"])
         out.append(entry)
     return out
+
+
+def _rule_input(rule: str, pick: dict | None, noise_record: dict, predicted: dict, group_size: int,
+                forgetting: dict | None, memory: dict | None) -> dict:
+    """A rule's ``input`` (what it read) and ``pick`` in ``prediction_rows``; the noise-scale rule also at both ends
+    of B_noise's interval."""
+    if rule == "forgetting":
+        return {"input": {"b_noise": noise_record.get("b_noise"), **memory}, "pick": forgetting}
+    if rule == "paper":
+        return {"input": {k: predicted[k] for k in ("x_star", "y_star", "regime", "N", "B", "R")}}
+    entry = {"input": {k: noise_record.get(k) for k in ("b_noise", "b_noise_interval", "level", "method", "batch",
+                                                        "unit_size", "source")},
+             "pick": pick}
+    if pick:  # the rule at both ends of B_noise's interval (None: no signal, b = inf, on-policy)
+        entry["pick_at_interval"] = [None if v is None else noise_scale_pick(v, pick["B"], group_size, pick["mu"])
+                                     for v in noise_record["b_noise_interval"]]
+    return entry
 
 
 def _criterion(verdict: dict | None, separation: dict | None) -> dict | None:
@@ -664,41 +759,60 @@ def predictions_markdown(report: dict) -> list[str]:
         return []
     family = report.get("budget", {}).get("family", "fixed-b")
     lines = ["", f"## The rules' predictions in the {family} family (equal compute)", ""]
-    rule = next(p for p in predictions if p["rule"] == "noise-scale")
-    record, pick = rule["input"], rule["pick"]
-    if pick is None:
-        lines.append("The noise-scale rule made no prediction: the calibration has no measured B_noise.")
-    else:
-        lo, hi = record["b_noise_interval"]
-        at_ends = ", ".join("on-policy (b = inf)" if p is None else
-                            f"{p['regime']} R = {p['R']}" for p in rule["pick_at_interval"])
-        y_star = f"y* = {pick['y_star']:.3g}; " if pick["regime"] == "replay" else ""
-        lines.append(f"Noise-scale rule: B_noise = {record['b_noise']:.4g} ({record['method']}, "
-                     f"{100 * record['level']:g}% interval [{_fmt(lo, '.4g')}, {_fmt(hi, '.4g')}]; calibration "
-                     f"batch {record['batch']}, unit {record['unit_size']}), b = B_noise / B = {pick['b']:.4g} at "
-                     f"B = {pick['B']}, mu = {pick['mu']:g}: replay pays iff b < {pick['threshold_b']:.4g}; "
-                     f"{y_star}pick {pick['regime']} R = N = {pick['R']} (y = {pick['y']:.3g}), "
-                     f"predicted cost {pick['cost']:.4g} vs on-policy {pick['on_policy_cost']:.4g} (S_min B units); "
-                     f"at the interval's ends: {at_ends}.")
-    forgetting = next((p for p in predictions if p["rule"] == "forgetting"), None)
-    if forgetting is None and report.get("forgetting_input"):
-        lines += ["", f"Forgetting-aware rule: no prediction ({report['forgetting_input'].get('reason')})."]
-    elif forgetting is not None:
-        memory, fpick = forgetting["input"], forgetting["pick"]
-        if fpick is None:
-            lines += ["", f"Forgetting-aware rule: no prediction ({memory.get('reason')})."]
-        else:
-            lines += ["", f"Forgetting-aware rule: kappa = {fpick['kappa']:.4g} ({memory['source']}; optimizer "
-                      f"{fpick['optimizer']}, beta1 {fpick['beta1']:g}), b = {fpick['b']:.4g} at B = {fpick['B']}, "
-                      f"mu = {fpick['mu']:g}: pick {fpick['regime']} R = {fpick['R']}, N = {fpick['N']} (x = "
-                      f"{fpick['x']:.3g}, y = {fpick['y']:.3g}, psi = {fpick['psi']:.3g}), predicted cost "
-                      f"{fpick['cost']:.4g} vs on-policy {fpick['on_policy_cost']:.4g}."]
+    lines.append(_noise_scale_rule_line(next(p for p in predictions if p["rule"] == "noise-scale")))
+    lines += _forgetting_rule_lines(next((p for p in predictions if p["rule"] == "forgetting"), None),
+                                    report.get("forgetting_input"))
     paper = next(p for p in predictions if p["rule"] == "paper")["input"]
     lines += ["", f"Paper (Thm 3.5): regime {paper['regime']}, x* = {_fmt(paper['x_star'])}, "
               f"y* = {_fmt(paper['y_star'])}, N = {_fmt(paper['N'], 'd')}, B = {_fmt(paper['B'], 'd')}, "
-              f"R = {paper['R']}.", "",
-              "| rule | design | rank [CI] | P(best) | regret [CI] | strongest rival | difference +- se | "
-              "seeds for 2 se |", "|---|---|---|---|---|---|---|---|"]
+              f"R = {paper['R']}.", ""]
+    lines += _predictions_table(predictions)
+    lines.append("")
+    lines += [_criterion_line(p) for p in predictions if p.get("criterion") is not None]
+    for p in predictions:
+        if p["rule"] == "noise-scale" and p["verdict"] is not None:
+            lines += verdict_markdown(p["verdict"], p["design"])
+    return lines
+
+
+def _noise_scale_rule_line(rule: dict) -> str:
+    """The noise-scale rule's line: B_noise with its interval, b, the threshold and the pick (at both ends too)."""
+    record, pick = rule["input"], rule["pick"]
+    if pick is None:
+        return "The noise-scale rule made no prediction: the calibration has no measured B_noise."
+    lo, hi = record["b_noise_interval"]
+    at_ends = ", ".join("on-policy (b = inf)" if p is None else
+                        f"{p['regime']} R = {p['R']}" for p in rule["pick_at_interval"])
+    y_star = f"y* = {pick['y_star']:.3g}; " if pick["regime"] == "replay" else ""
+    return (f"Noise-scale rule: B_noise = {record['b_noise']:.4g} ({record['method']}, "
+            f"{100 * record['level']:g}% interval [{_fmt(lo, '.4g')}, {_fmt(hi, '.4g')}]; calibration "
+            f"batch {record['batch']}, unit {record['unit_size']}), b = B_noise / B = {pick['b']:.4g} at "
+            f"B = {pick['B']}, mu = {pick['mu']:g}: replay pays iff b < {pick['threshold_b']:.4g}; "
+            f"{y_star}pick {pick['regime']} R = N = {pick['R']} (y = {pick['y']:.3g}), "
+            f"predicted cost {pick['cost']:.4g} vs on-policy {pick['on_policy_cost']:.4g} (S_min B units); "
+            f"at the interval's ends: {at_ends}.")
+
+
+def _forgetting_rule_lines(forgetting: dict | None, forgetting_input: dict | None) -> list[str]:
+    """The forgetting-aware rule's line: kappa and its pick, or why it made none; nothing when it was not asked."""
+    if forgetting is None and not forgetting_input:
+        return []
+    if forgetting is None:
+        return ["", f"Forgetting-aware rule: no prediction ({forgetting_input.get('reason')})."]
+    memory, fpick = forgetting["input"], forgetting["pick"]
+    if fpick is None:
+        return ["", f"Forgetting-aware rule: no prediction ({memory.get('reason')})."]
+    return ["", f"Forgetting-aware rule: kappa = {fpick['kappa']:.4g} ({memory['source']}; optimizer "
+            f"{fpick['optimizer']}, beta1 {fpick['beta1']:g}), b = {fpick['b']:.4g} at B = {fpick['B']}, "
+            f"mu = {fpick['mu']:g}: pick {fpick['regime']} R = {fpick['R']}, N = {fpick['N']} (x = "
+            f"{fpick['x']:.3g}, y = {fpick['y']:.3g}, psi = {fpick['psi']:.3g}), predicted cost "
+            f"{fpick['cost']:.4g} vs on-policy {fpick['on_policy_cost']:.4g}."]
+
+
+def _predictions_table(predictions: list[dict]) -> list[str]:
+    """One row a rule: its design's rank [CI], P(best), regret [CI] and the strongest rival's paired difference."""
+    lines = ["| rule | design | rank [CI] | P(best) | regret [CI] | strongest rival | difference +- se | "
+             "seeds for 2 se |", "|---|---|---|---|---|---|---|---|"]
     for p in predictions:
         v = p["verdict"]
         if v is None:
@@ -710,23 +824,20 @@ def predictions_markdown(report: dict) -> list[str]:
         lines.append(f"| {p['rule']} | {p['design']} | {f['rank']} of {f['designs']} [{f['rank_ci'][0]:.0f}, "
                      f"{f['rank_ci'][1]:.0f}] | {f['probability_predicted_best']:.2f} | {f['regret']:.4f} "
                      f"[{f['regret_ci'][0]:.4f}, {f['regret_ci'][1]:.4f}] | {rival} |")
-    lines.append("")
-    for p in predictions:  # the test: first, or within one paired se of the best
-        c = p.get("criterion")
-        if c is None:
-            continue
-        in_se = "se 0" if c["in_se"] is None else f"{abs(c['in_se']):.1f} paired se"
-        size = f"{abs(c['difference']):.4f} ({in_se})"
-        if c["first"]:
-            said = f"ranks first, ahead of {c['rival']} by {size}"
-        else:
-            said = (f"{'within' if c['within_one_se'] else 'NOT within'} one paired se of the best ({c['rival']}): "
-                    f"behind by {size}")
-        lines.append(f"- {p['rule']} rule ({p['design']}): {said}")
-    for p in predictions:
-        if p["rule"] == "noise-scale" and p["verdict"] is not None:
-            lines += verdict_markdown(p["verdict"], p["design"])
     return lines
+
+
+def _criterion_line(prediction: dict) -> str:
+    """Issue 23's test of one rule's prediction: first, or within one paired se of the best."""
+    c = prediction["criterion"]
+    in_se = "se 0" if c["in_se"] is None else f"{abs(c['in_se']):.1f} paired se"
+    size = f"{abs(c['difference']):.4f} ({in_se})"
+    if c["first"]:
+        said = f"ranks first, ahead of {c['rival']} by {size}"
+    else:
+        said = (f"{'within' if c['within_one_se'] else 'NOT within'} one paired se of the best ({c['rival']}): "
+                f"behind by {size}")
+    return f"- {prediction['rule']} rule ({prediction['design']}): {said}"
 
 
 def _train_one(config: ValidateConfig, out_dir: Path, design: dict, seed: int, steps: int, mu: float, path: Path,
@@ -888,7 +999,7 @@ def _design_row(design: dict, records: list[dict], R: int, K: int, seeds: int, w
             "compute": float(np.mean([r["compute"] for r in records]))}
 
 
-def _report_markdown(report: dict) -> str:
+def _report_markdown(report: dict, figure: bool = True) -> str:
     warm = report["warm_start_reward"]
     lines = ["# Validation report", "",
              f"Compute priced at mu = {report['mu']:g} (--price-mu); this machine's timing mu (generation / update "
@@ -936,7 +1047,9 @@ def _report_markdown(report: dict) -> str:
                   f"measured best: {gap['reward_best']:.3f}; gap {gap['reward_gap']:.3f}."]
     lines += verdict_markdown(report.get("verdict"), gap["design_predicted"])
     lines += predictions_markdown(report)
-    lines += ["", f"![reward vs design]({report_stem(report['budget'].get('family', 'neighbours'))}.png)", ""]
+    if figure:
+        lines += ["", f"![reward vs design]({report_stem(report['budget'].get('family', 'neighbours'))}.png)"]
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -355,44 +355,19 @@ def train_loop(policy: Policy, problems: list[countdown.Problem], config: RLConf
     are the whole batch's.
     """
     config = config.validated()
-    S = len(seeds)
     sampler = HFSampler(stale_copy=config.sync_every > 1) if sampler is None else sampler
-    if S == 1:
-        rng = np.random.default_rng(seeds[0])
-        generators = make_generator(policy.device, seeds[0])
-    else:
-        from .batched import SeedStreams  # a PerSeedGenerator with the given seeds
-
-        rng = SeedStreams(seeds)
-        generators = [make_generator(policy.device, seed) for seed in seeds]
+    rng, generators = _seed_streams(policy.device, seeds)
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     backend = LMBackend(problems, config, generators, sampler)
     backend.prompt_width = fixed_prompt_width(policy, problems)
     settings = PipelineSettings(total_steps=config.steps) if mu is None else PipelineSettings(mu=mu,
                                                                                              total_steps=config.steps)
-    pipeline = Pipeline(config, backend, rng, S, settings, token_dtype=np.int32)  # int32: 150K-token vocabularies
+    pipeline = Pipeline(config, backend, rng, len(seeds), settings, token_dtype=np.int32)  # int32: 150K vocabularies
     results = [RLResult(dataclasses.replace(config, seed=seed), buffer=pipeline.buffer) for seed in seeds]
     first_step = 0
     if checkpoint is not None and Path(checkpoint).exists():
-        state = _load_state(Path(checkpoint), config, seeds)
-        policy.model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        if S == 1:
-            rng.bit_generator.state = state["rng"]
-            generators.set_state(state["torch_rng"])
-            results = [state["result"]]
-        else:
-            pipeline.rng = rng = state["rng"]
-            for generator, torch_state in zip(generators, state["torch_rng"]):
-                generator.set_state(torch_state)
-            results = state["result"]
-        pipeline.buffer = state["buffer"]
-        pipeline.group_counter = state["group_counter"]
-        for result in results:
-            result.buffer = pipeline.buffer
-        pipeline.k_inference, pipeline.k_training = float(results[0].k_inference), float(results[0].k_training)
-        pipeline.compute[:] = 0.0 if mu is None else [result.compute for result in results]
-        first_step = state["next_step"]
+        first_step, rng, results = _resume(Path(checkpoint), config, seeds, policy, optimizer, rng, generators,
+                                           pipeline, mu)
     synced_at = first_step
     for step in range(first_step, config.steps):
         if step == first_step or step % config.sync_every == 0:
@@ -401,34 +376,77 @@ def train_loop(policy: Policy, problems: list[countdown.Problem], config: RLConf
             synced_at = step
             for result in results:
                 result.sync_seconds += time.perf_counter() - t_sync
-        t0 = time.perf_counter()
-        generation_before, compiling_before = backend.generation_seconds, backend.compile_seconds
-        policy.model.eval()
-        data = pipeline.next_batch(step, policy)  # generation (timed by the backend) and the buffer's work
-        train_batch = data.train
-        policy.model.train()
-        logp_new, out = update_step(policy, optimizer, problems, config, train_batch, data.is_fresh,
-                                    backend.prompt_width)
-        pipeline.after_update(step, data)  # RLOO: add the fresh groups after the update
-        compute = pipeline.account(data)  # (S,) running total
-        generation = backend.generation_seconds - generation_before
-        compiling = backend.compile_seconds - compiling_before
-        update = time.perf_counter() - t0 - generation - compiling
-        token_lr = logp_new.cpu().double().numpy().reshape(train_batch.logp_behav.shape) - train_batch.logp_behav
-        seed_metrics = step_metrics(step, backend.info, out, train_batch, token_lr, data, step - synced_at)
-        for s, result in enumerate(results):
-            result.generation_seconds += generation
-            result.update_seconds += update
-            result.compile_seconds += compiling
-            result.k_inference, result.k_training = int(pipeline.k_inference), int(pipeline.k_training)
-            result.compute = math.nan if mu is None else float(compute[s])
-            result.metrics.append(seed_metrics[s])
+        seed_metrics = _train_step(step, step - synced_at, policy, optimizer, problems, config, backend, pipeline,
+                                   results, mu)
         if progress is not None:
             progress(step, seed_metrics)
         if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == config.steps):
             _save_state(Path(checkpoint), config, seeds, policy, optimizer, rng, generators, pipeline, results,
                         step + 1)
     return results
+
+
+def _seed_streams(device, seeds: list[int]):
+    """The numpy stream (prompts, buffer samples) and the torch generator(s) (tokens) of ``seeds``: one seed's own,
+    or per-seed streams with the same seeds (``validate.batched.SeedStreams``)."""
+    if len(seeds) == 1:
+        return np.random.default_rng(seeds[0]), make_generator(device, seeds[0])
+    from .batched import SeedStreams  # a PerSeedGenerator with the given seeds
+
+    return SeedStreams(seeds), [make_generator(device, seed) for seed in seeds]
+
+
+def _resume(checkpoint: Path, config: RLConfig, seeds: list[int], policy: Policy, optimizer, rng, generators,
+            pipeline: Pipeline, mu: float | None) -> tuple[int, object, list[RLResult]]:
+    """Load ``checkpoint`` into the model, the optimizer, the random streams and the pipeline; (the next step, the
+    numpy stream, the results so far)."""
+    state = _load_state(checkpoint, config, seeds)
+    policy.model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if len(seeds) == 1:
+        rng.bit_generator.state = state["rng"]
+        generators.set_state(state["torch_rng"])
+        results = [state["result"]]
+    else:
+        pipeline.rng = rng = state["rng"]
+        for generator, torch_state in zip(generators, state["torch_rng"]):
+            generator.set_state(torch_state)
+        results = state["result"]
+    pipeline.buffer = state["buffer"]
+    pipeline.group_counter = state["group_counter"]
+    for result in results:
+        result.buffer = pipeline.buffer
+    pipeline.k_inference, pipeline.k_training = float(results[0].k_inference), float(results[0].k_training)
+    pipeline.compute[:] = 0.0 if mu is None else [result.compute for result in results]
+    return state["next_step"], rng, results
+
+
+def _train_step(step: int, since_sync: int, policy: Policy, optimizer, problems, config: RLConfig,
+                backend: LMBackend, pipeline: Pipeline, results: list[RLResult], mu: float | None) -> list[dict]:
+    """One update of every seed: the pipeline's batch (generation timed by the backend), the update, the compute
+    charged, and each seed's timings, counts and metrics (returned, one dict a seed)."""
+    t0 = time.perf_counter()
+    generation_before, compiling_before = backend.generation_seconds, backend.compile_seconds
+    policy.model.eval()
+    data = pipeline.next_batch(step, policy)  # generation (timed by the backend) and the buffer's work
+    train_batch = data.train
+    policy.model.train()
+    logp_new, out = update_step(policy, optimizer, problems, config, train_batch, data.is_fresh, backend.prompt_width)
+    pipeline.after_update(step, data)  # RLOO: add the fresh groups after the update
+    compute = pipeline.account(data)  # (S,) running total
+    generation = backend.generation_seconds - generation_before
+    compiling = backend.compile_seconds - compiling_before
+    update = time.perf_counter() - t0 - generation - compiling
+    token_lr = logp_new.cpu().double().numpy().reshape(train_batch.logp_behav.shape) - train_batch.logp_behav
+    seed_metrics = step_metrics(step, backend.info, out, train_batch, token_lr, data, since_sync)
+    for s, result in enumerate(results):
+        result.generation_seconds += generation
+        result.update_seconds += update
+        result.compile_seconds += compiling
+        result.k_inference, result.k_training = int(pipeline.k_inference), int(pipeline.k_training)
+        result.compute = math.nan if mu is None else float(compute[s])
+        result.metrics.append(seed_metrics[s])
+    return seed_metrics
 
 
 def fixed_prompt_width(policy: Policy, problems: list[countdown.Problem]) -> int:

@@ -167,22 +167,14 @@ def generate(
 ) -> Rollouts:
     """Sample ``num_samples`` completions per prompt with a KV-cached loop; deterministic given ``generator``.
 
-    Each step takes the logits of the last position, forms the sampling
-    distribution ``log_softmax(logits / temperature)`` in float32 (then top-k /
-    top-p if asked, renormalised), draws a token (``draw_tokens``) and records the drawn token's log-prob under that
-    distribution as ``logp_behav``. A row stops after a stop token (EOS); later columns are padding.
-    ``generator`` may live on the CPU or on ``policy.device``. A list of S generators splits the rows into S
-    equal consecutive blocks (the seeds of a seed-stacked policy, ``validate/batched.py``) and draws block s
-    with generator s only, so each seed's tokens are what its own generator gives it sampling alone.
-    ``prompt_width``: pad prompts to at least this many tokens (``encode_prompts``). ``decode``: how (``DecodeOptions``;
-    None = ``default_decode(policy.device)``).
+    Each step draws a token from ``log_softmax(logits / temperature)`` in float32 (top-k / top-p renormalised if
+    asked) and records its log-prob as ``logp_behav``; a row stops after a stop token, later columns are padding.
+    ``generator`` (on the CPU or ``policy.device``): a list of S splits the rows into S equal consecutive blocks (the
+    seeds of a seed-stacked policy, ``validate/batched.py``), block s drawn with generator s only, so each seed gets
+    the tokens it gets sampling alone. ``prompt_width``: pad prompts to at least this width (``encode_prompts``);
+    ``decode``: how (``DecodeOptions``; None = ``default_decode(policy.device)``).
     """
-    if num_samples < 1 or max_new_tokens < 1:
-        raise ValueError(f"num_samples={num_samples}, max_new_tokens={max_new_tokens}; both must be >= 1")
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature}; must be > 0 (use top_k=1 for greedy decoding)")
-    if not 0.0 < top_p <= 1.0 or top_k < 0:
-        raise ValueError(f"top_k={top_k}, top_p={top_p}; need top_k >= 0 and 0 < top_p <= 1")
+    _check_sampling(num_samples, max_new_tokens, temperature, top_k, top_p)
     decode = default_decode(policy.device) if decode is None else decode
     model, device = policy.model, policy.device
     pad_id = policy.tokenizer.pad_token_id
@@ -205,27 +197,11 @@ def generate(
     logp_behav = torch.zeros((n_rows, max_new_tokens), dtype=torch.float32, device=device)  # (N, T)
     alive_cols = torch.zeros((n_rows, max_new_tokens), dtype=torch.long, device=device)  # (N, T)
     finished = torch.zeros(n_rows, dtype=torch.bool, device=device)  # (N,)
-
     if decode.static_cache:
         decoder = static_decoder(policy, decode)
         next_logits = decoder.start(policy, prompt_ids, prompt_mask, len(generators), max_new_tokens)
     else:
-        def forward(**inputs):
-            with policy.autocast():  # bf16 on CUDA, as in training; nothing on CPU
-                return model(**inputs)
-
-        state = {"mask": prompt_mask, "out": forward(input_ids=prompt_ids, attention_mask=prompt_mask,
-                                                     position_ids=(prompt_mask.cumsum(1) - 1).clamp(min=0),
-                                                     use_cache=True, logits_to_keep=1)}
-
-        def next_logits(token: torch.Tensor | None, alive: torch.Tensor | None, t: int) -> torch.Tensor:
-            """Logits after feeding completion token t (column t; None: after the prompt)."""
-            if token is not None:
-                state["mask"] = torch.cat([state["mask"], alive.long()[:, None]], dim=1)  # (N, P + t + 1)
-                state["out"] = forward(input_ids=token[:, None], attention_mask=state["mask"],
-                                       position_ids=(prompt_len + t)[:, None],  # same positions as sequence_logprobs
-                                       use_cache=True, **_cache_argument(model, state["out"]))
-            return state["out"].logits[:, -1]  # (N, V)
+        next_logits = _eager_step(policy, prompt_ids, prompt_mask, prompt_len)
 
     steps = 0
     logits = next_logits(None, None, 0)
@@ -251,20 +227,45 @@ def generate(
 
     completion_ids = tokens[:, :steps]
     completion_mask = alive_cols[:, :steps]
-    texts = [
-        policy.tokenizer.decode(row[m.bool()].tolist())
-        for row, m in zip(completion_ids.cpu(), completion_mask.cpu())
-    ]
-    return Rollouts(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        completion_ids=completion_ids,
-        completion_mask=completion_mask,
-        completion_text=texts,
-        logp_behav=logp_behav[:, :steps],
-        prompt_index=prompt_index.to(device),
-        finished=finished,
-    )
+    texts = [policy.tokenizer.decode(row[m.bool()].tolist())
+             for row, m in zip(completion_ids.cpu(), completion_mask.cpu())]
+    return Rollouts(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
+                    completion_mask=completion_mask, completion_text=texts, logp_behav=logp_behav[:, :steps],
+                    prompt_index=prompt_index.to(device), finished=finished)
+
+
+def _check_sampling(num_samples: int, max_new_tokens: int, temperature: float, top_k: int, top_p: float) -> None:
+    """``generate``'s sampling settings, checked before any work."""
+    if num_samples < 1 or max_new_tokens < 1:
+        raise ValueError(f"num_samples={num_samples}, max_new_tokens={max_new_tokens}; both must be >= 1")
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature}; must be > 0 (use top_k=1 for greedy decoding)")
+    if not 0.0 < top_p <= 1.0 or top_k < 0:
+        raise ValueError(f"top_k={top_k}, top_p={top_p}; need top_k >= 0 and 0 < top_p <= 1")
+
+
+def _eager_step(policy: Policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, prompt_len: torch.Tensor):
+    """The eager decode step over the model's own (dynamic) KV cache: runs the prompt once, then returns
+    ``next_logits(token, alive, t)``, the (N, V) logits after feeding completion token t (None: after the prompt)."""
+    model = policy.model
+
+    def forward(**inputs):
+        with policy.autocast():  # bf16 on CUDA, as in training; nothing on CPU
+            return model(**inputs)
+
+    state = {"mask": prompt_mask, "out": forward(input_ids=prompt_ids, attention_mask=prompt_mask,
+                                                 position_ids=(prompt_mask.cumsum(1) - 1).clamp(min=0),
+                                                 use_cache=True, logits_to_keep=1)}
+
+    def next_logits(token: torch.Tensor | None, alive: torch.Tensor | None, t: int) -> torch.Tensor:
+        if token is not None:
+            state["mask"] = torch.cat([state["mask"], alive.long()[:, None]], dim=1)  # (N, P + t + 1)
+            state["out"] = forward(input_ids=token[:, None], attention_mask=state["mask"],
+                                   position_ids=(prompt_len + t)[:, None],  # same positions as sequence_logprobs
+                                   use_cache=True, **_cache_argument(model, state["out"]))
+        return state["out"].logits[:, -1]  # (N, V)
+
+    return next_logits
 
 
 # --------------------------------------------------------------------------- the static, compiled decoder

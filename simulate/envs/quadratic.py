@@ -83,6 +83,7 @@ import numpy as np
 from scipy.optimize import brentq
 
 from ...core.buffers import FifoBuffer
+from ...core.designs import check_capacity
 from ...core.rng import PerSeedGenerator
 from ...core.rollouts import RolloutBatch
 from ...theory.checks import require_int, require_positive
@@ -241,8 +242,7 @@ class QuadraticReplay:
         N, R, B, S = self.capacity, self.rollouts, self.batch, self.rows
         if self.on_policy and not N == R == B:
             raise ValueError(f"on-policy needs capacity N = rollouts R = batch B, got N={N}, R={R}, B={B}")
-        if N < R:
-            raise ValueError(f"capacity N must be >= rollouts R = {R} (a FIFO holds at least one step), got {N}")
+        check_capacity(N, R, names=("capacity N", "rollouts R"))
         self.generated = 0  # samples generated per row so far: the next id
         self.last_ids: np.ndarray | None = None  # (S, B) ids drawn at the last step (FIFO)
         self.buffer: FifoBuffer | None = None

@@ -73,9 +73,9 @@ def test_a_fractional_age_in_a_wide_log_names_its_row(tmp_path, error_line):
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("rollouts_per_step", -50, "rollouts_per_step must be a whole number >= 1 (or null), got -50"),
-    ("batch_size", 64.5, "batch_size must be a whole number >= 1 (or null), got 64.5"),
-    ("capacity", "64", "capacity must be a whole number >= 1 (or null), got '64'"),
+    ("rollouts_per_step", -50, "rollouts_per_step must be an integer >= 1 (or null), got -50"),
+    ("batch_size", 64.5, "batch_size must be an integer >= 1 (or null), got 64.5"),
+    ("capacity", "64", "capacity must be an integer >= 1 (or null), got '64'"),
     ("b_noise", -3.0, "b_noise must be a finite number > 0 (or null), got -3.0"),
     ("mu", 0, "mu must be a finite number > 0 (or null), got 0"),
     ("convention", "mine", "convention must be one of rollout-cost, paper-sec3, got 'mine'"),

@@ -173,13 +173,14 @@ def test_report_bars_data_is_the_report():
 
 
 def test_validate_report_png_is_the_validation_figures_left_panel(tmp_path, monkeypatch):
-    """One drawing: validate/loop.py's report.png calls save_report_figure, whose panel plot_validation reuses."""
+    """One drawing: validate verify's report.png is save_report_figure, handed to the loop by the CLI, whose panel
+    plot_validation reuses."""
     import matplotlib.pyplot as plt
     from PIL import Image
 
-    loop = pytest.importorskip("replay_theory.validate.loop")  # needs the validate extra (torch)
+    from replay_theory.cli import validate_cmds
 
-    assert loop.save_report_figure is fig.save_report_figure  # report.png is drawn by the figures module
+    assert validate_cmds._report_figure() is fig.save_report_figure  # report.png is drawn by the figures module
     fig.save_report_figure(REPORT, tmp_path / "report.png")
     with Image.open(tmp_path / "report.png") as image:  # closed: an unclosed file is a ResourceWarning
         assert image.info["dpi"][0] == pytest.approx(200, abs=0.01)

@@ -177,7 +177,7 @@ def test_replay_config_from_optimal_json_file(tmp_path):
     (dict(capacity=0, batch_size=1, rollouts_per_step=1), "capacity must be an integer >= 1, got 0"),
     (dict(capacity=4, batch_size=2.5, rollouts_per_step=4), "batch_size must be an integer >= 1, got 2.5"),
     (dict(capacity=2, batch_size=2, rollouts_per_step=4),
-     "capacity must be >= rollouts_per_step = 4 (the fresh rollouts must fit), got 2"),
+     "capacity must be >= rollouts_per_step = 4 (a FIFO holds at least one step), got 2"),
     (dict(capacity=4, batch_size=2, rollouts_per_step=4, loss="ppo"),  # the registry's trainer losses, in its order
      "loss must be one of grpo, no-trust-region, m2po, m2po-reference, tis, got 'ppo'"),
     (dict(capacity=4, batch_size=2, rollouts_per_step=4, loss="rloo"),  # needs is_fresh: simulator and validator
@@ -824,7 +824,7 @@ def test_diagnose_log_writer_appends_new_files_only(tmp_path):
     (["--capacity", "16"], "give --design FILE (replay-theory optimal ... -B B --json > FILE) or all of "
                               "--capacity, --batch-size, --rollouts-per-step"),
     (["--capacity", "8", "--batch-size", "8", "--rollouts-per-step", "16"],
-     "--capacity must be >= --rollouts-per-step = 16 (the fresh rollouts must fit), got 8"),
+     "--capacity must be >= --rollouts-per-step = 16 (a FIFO holds at least one step), got 8"),
     (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--buffer", "exgrpo"],
      "--buffer must be one of on-policy, fifo, positive-bias, prioritized, got 'exgrpo'"),
     (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--steps", "0"],

@@ -54,7 +54,7 @@ def no_warm_start(monkeypatch):
     (["--capacity", "10", "--batch-size", "8", "--rollouts-per-step", "8", "--group-size", "4"],
      "--capacity must be a multiple of --group-size = 4 (whole groups are stored), got 10"),
     (["--capacity", "4", "--batch-size", "8", "--rollouts-per-step", "8", "--group-size", "4"],
-     "--capacity must be >= --rollouts-per-step = 8 (the fresh rollouts must fit), got 4"),
+     "--capacity must be >= --rollouts-per-step = 8 (a FIFO holds at least one step), got 4"),
     (["--capacity", "16", "--batch-size", "6", "--rollouts-per-step", "8", "--buffer", "on-policy"],
      "--batch-size must equal --rollouts-per-step = 8 on-policy (every rollout trained once), got 6"),
     # TRL's RepeatSampler drops a batch of fewer than R/G prompts; the Countdown family holds 1721 problems
@@ -63,7 +63,7 @@ def no_warm_start(monkeypatch):
     ([*BY_HAND, "--n-train", "1658"],
      "--n-train must be in [2, 1657] (R/G = 8/4 prompts a step; 1721 distinct problems, 64 held out), got 1658"),
     ([*BY_HAND, "--group-size", "1"], "--group-size must be an integer >= 2, got 1"),
-    ([*BY_HAND, "--temperature", "0"], "--temperature must be > 0, got 0.0"),
+    ([*BY_HAND, "--temperature", "0"], "--temperature must be a finite number > 0, got 0.0"),
     ([*BY_HAND, "--device", "tpu"], "--device must be cpu or cuda (cuda:N), got 'tpu'"),
     ([*BY_HAND, "--device", "cuda:x"], "--device must be cpu or cuda (cuda:N), got 'cuda:x'"),
 ])

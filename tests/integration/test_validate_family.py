@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from replay_theory.figures.results import save_report_figure  # noqa: E402
 from replay_theory.theory.noise_scale import noise_scale_pick, replay_cost  # noqa: E402
 from replay_theory.validate.config import VerifyConfig  # noqa: E402
 from replay_theory.validate.loop import (  # noqa: E402
@@ -172,7 +173,7 @@ def test_report_rows_of_both_rules_by_hand():
 
 def test_bad_family_options_one_line_before_any_work(error_line, tmp_path):
     assert error_line("validate", "verify", "--out", str(tmp_path), "--family", "wide") == (
-        "--family must be one of neighbours, fixed-b, got 'wide'")
+        "--family must be one of neighbours, fixed-b, horizon, got 'wide'")
     assert error_line("validate", "all", "--out", str(tmp_path / "new"), "--family", "fixed-b",
                       "--rollouts-per-step", "16", "--group-size", "4") == (
         "--family fixed-b needs --rollouts-per-step (its B) a multiple of 8 x --group-size = 32 (R = B/8 whole "
@@ -198,7 +199,7 @@ def test_thorough_keeps_the_neighbours_family_unless_fixed_b_is_asked(monkeypatc
     plans = []
     monkeypatch.setattr(loop, "run_calibrate", lambda config, out, log, progress: {})
     monkeypatch.setattr(loop, "run_predict", lambda config, out, log, rho=None: None)
-    monkeypatch.setattr(loop, "run_verify", lambda config, out, plan, log, progress: plans.append(plan) or {
+    monkeypatch.setattr(loop, "run_verify", lambda config, out, plan, log, progress, figure: plans.append(plan) or {
         "measured_best": {"name": "on-policy"}})
     runner = CliRunner()
     result = runner.invoke(app, ["validate", "all", "--out", str(tmp_path), "--thorough", "--family", "fixed-b"])
@@ -235,7 +236,8 @@ def test_fixed_b_verify_end_to_end_on_the_tiny_model(tmp_path):
     (b = 0.25: R = 4, the family's replay y=4); every design's records carry its own R and the equal budget."""
     config = TINY_FIXED_B
     out = _hand_made_run(tmp_path / "run")
-    report = run_verify(config, out, VerifyConfig(seeds=2, budget_updates=2, family="fixed-b"), log=lambda *_: None)
+    report = run_verify(config, out, VerifyConfig(seeds=2, budget_updates=2, family="fixed-b"), log=lambda *_: None,
+                        figure=save_report_figure)  # the figure the CLI hands in
     mu, budget = 5.28, 2 * (5.28 * 16 + 16)
     assert [d["name"] for d in report["designs"]] == ["on-policy", "replay y=2", "replay y=4", "replay y=8",
                                                       "on-policy B/2", "on-policy B/4", "predicted"]
@@ -253,7 +255,7 @@ def test_fixed_b_verify_end_to_end_on_the_tiny_model(tmp_path):
     saved = json.loads((out / "report-fixed-b.json").read_text())
     assert saved["budget"]["family"] == "fixed-b" and not (out / "report.json").exists()
     markdown = (out / "report-fixed-b.md").read_text()
-    assert "## Both rules' predictions in the fixed-b family" in markdown and "](report-fixed-b.png)" in markdown
+    assert "## The rules' predictions in the fixed-b family" in markdown and "](report-fixed-b.png)" in markdown
     assert (out / "report-fixed-b.png").stat().st_size > 0
     # the records hold the run's own R: on-policy B/4 trained 8 updates of 4 fresh completions
     run = json.loads((out / "verify" / "on-policyBover4_seed0.json").read_text())

@@ -60,7 +60,8 @@ def test_calibrate_then_predict(tmp_path, monkeypatch):
     progress = {bar.label: (bar.count, bar.total) for bar in RecordedBar.bars}
     assert progress == {"warm start (SFT steps)": (40, 40), "probe (RL steps)": (10, 10),
                         "noise (gradient batches)": (1 + 5 + 1 + 2, 9),
-                        "App. E count window (0.1 s)": (20, 20)} and all(b.enabled for b in RecordedBar.bars)
+                        "App. E count window (0.1 s)": (20, 20), "kappa (curvature pairs per checkpoint)": (2, 2)
+                        } and all(b.enabled for b in RecordedBar.bars)
     assert calibration["staleness"] == [0.0, 1.0, 2.0, 4.0, 8.0]
     assert len(calibration["sigma_sq"]) == 5 and all(v >= 0 for v in calibration["sigma_sq"])
     assert calibration["mu_timing"] > 0 and calibration["rho"] == calibration["rho_fit"]["value"]  # never clamped
@@ -222,7 +223,7 @@ def test_validate_calibrate_and_all_build_the_same_config_with_the_configs_defau
     seen, plans = [], []
     monkeypatch.setattr(loop, "run_calibrate", lambda config, out, log, progress: seen.append(config) or {})
     monkeypatch.setattr(loop, "run_predict", lambda config, out, log, rho=None: None)
-    monkeypatch.setattr(loop, "run_verify", lambda config, out, plan, log, progress: plans.append(plan) or {
+    monkeypatch.setattr(loop, "run_verify", lambda config, out, plan, log, progress, figure: plans.append(plan) or {
         "measured_best": {"name": "on-policy"}})
     runner = CliRunner()
     for command in ("calibrate-model", "all"):

@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 
-from replay_theory.core.designs import make_advantage
+from replay_theory.core.designs import loss_form, make_advantage
 from replay_theory.core.pipeline import EnvBackend, generate
 from replay_theory.core.rng import PerSeedGenerator
 from replay_theory.simulate.calibrate import (
@@ -24,7 +24,6 @@ from replay_theory.simulate.calibrate import (
     exact_sample_mean,
     expected_advantage_parts,
     group_units,
-    loss_form,
     measure_noise_scale,
     noise_scale_lines,
     per_sample_grads,
