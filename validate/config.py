@@ -62,8 +62,8 @@ class ValidateConfig:
     """Rollout cost in updates used to PRICE compute in predict and verify (Table 1's 5.28: Qwen2.5-7B on GPUs).
     The CPU's own timing mu is still measured and reported; give it here to price at this machine's cost."""
     threads: int = 1
-    """torch CPU threads of this process. 1 by default: on a 2-core machine with another job running, 2 threads
-    were 6.5x slower, idle 7.9x (bench/bench_validate_threads.py); results do not depend on it."""
+    """torch CPU threads of this process. 1 by default: a second thread was slower on a 2-core machine, busy or idle
+    (bench/bench_validate_threads.py measures it); results do not depend on it."""
     decode: str = "auto"
     """HF engine's decoding: auto (a static KV cache and a torch.compile'd step with CUDA graphs on cuda, the eager
     loop on cpu: its numbers unchanged), eager, static (static cache, eager step) or compiled."""
@@ -108,12 +108,12 @@ class VerifyConfig:
     """verify's protocol: seeds and equal-compute budget. Field docs are the CLI help."""
 
     seeds: int = 4
-    """Seeds per design (the default 15-minute loop; --thorough: 16)."""
+    """Seeds per design (the default loop; --thorough: 16)."""
     budget_updates: int = 48
     """Equal-compute budget, in on-policy updates at --price-mu (default loop; --thorough: 96)."""
     group_replay: bool = False
     """Also train the three RLOO whole-group replay cells, which lie outside the (x, y) family Thm 3.5 ranks
-    (12 more runs at the defaults: `validate all --tiny` under load took 608 s with them, 487 s without)."""
+    (12 more runs at the defaults)."""
     lr_grid: str = ""
     """Learning rates to train every design at, comma-separated (>= 3 distinct values > 0, e.g. 1.5e-4,3e-4,6e-4), or
     auto (--lr / 2, --lr, 2 --lr; the --thorough default); each design is reported at its best (grid edge flagged).

@@ -91,8 +91,8 @@ def configure_torch(threads: int) -> None:
     """``threads`` intra-op CPU threads and deterministic kernels, before any work.
 
     Why a set count: torch's default (one thread per core) oversubscribes a machine shared with other
-    jobs; on the 2-core machine with one other CPU-bound process, 2 threads ran the tiny model 6.5x
-    slower than 1 (bench/bench_validate_threads.py). Results do not depend on the count
+    jobs; on a 2-core machine with one other CPU-bound process a second thread slows the tiny model
+    (bench/bench_validate_threads.py measures it). Results do not depend on the count
     (tests/integration/test_validate_determinism.py runs a calibration at 1 and 2 threads in separate processes).
     """
     torch.set_num_threads(threads)
