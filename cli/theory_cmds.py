@@ -112,6 +112,17 @@ REGIME_SHORT = {
 }
 
 
+def _todo_line(d) -> str:
+    """The paper's (or the finite-budget) answer in one line: the design, then the advice."""
+    if d.regime != "replay":  # the advice of the other regimes says what to do in full
+        return f"what to do: {d.advice}."
+    where = (f"N = {d.capacity}, B = {d.batch_size}, R = {d.rollouts_per_step}"
+             if d.rollouts_per_step is not None and d.capacity is not None and d.batch_size is not None
+             else "give -R or -B for whole N, B and R")
+    return (f"what to do: replay at x = N/R = {_fmt(d.x_star, 3)}, y = B/R = {_fmt(d.y_star, 3)} ({where}); "
+            f"{d.advice}.")
+
+
 def _render_design(design) -> str:
     d = design
     finite = d.objective == "finite-budget"
@@ -144,12 +155,11 @@ def _render_design(design) -> str:
     head = f"{PROG} optimal: mu = {d.mu:g} ({CONVENTION_TEXT[d.convention]})"
     if finite:
         head += f", budget C = {d.budget:g}"
-    lines = [head, f"objective: {OBJECTIVE_LABELS[d.objective]}", ""]
+    lines = [_todo_line(d), head, f"objective: {OBJECTIVE_LABELS[d.objective]}", ""]  # the answer first
     for name, symbol, value, meaning in rows:
         lines.append(f"  {name:<{widths[0]}}  {symbol:<{widths[1]}}  {value:>{widths[2]}}  {meaning}")
     lines.append("")
     lines.append(f"what it is: {d.regime_text}.")
-    lines.append(f"what to do: {d.advice}.")
     if d.constraint:
         lines.append(f"constraint: {d.constraint}.")
     alpha_text = "" if d.alpha is None else f"alpha = {d.alpha:g}, "
@@ -595,25 +605,25 @@ def _render_rule(mu, convention, d, source, evidence, paper_design, paper) -> st
                                                                                   "target"),
             ("compute saved", "", f"{d.saving:.3g}x", "on-policy compute / this design's, to the same target")]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    if d.regime == "replay":
+        todo = (f"what to do: generate R = {d.rollouts_per_step} rollouts per step, keep only them (N = R), and "
+                f"train on B = {d.batch_size} drawn from them with replacement; W/T = {d.mu / d.y:.3g}.")
+    elif d.b < d.threshold_b:  # replay would pay, but R = B / y* rounds up to B (or its saving is lost)
+        y_star = ns.optimal_replay_ratio(d.b, d.mu)
+        todo = (f"what to do: stay on-policy (b = {d.b:.3g} < {d.threshold_b:.3g}, so replay would pay at "
+                f"y* = {y_star:.3g}, but R = B / y* rounded to a whole rollout is {d.batch_size} = B or loses "
+                f"the saving: use a larger B).")
+    else:
+        todo = (f"what to do: stay on-policy (b = {d.b:.3g} >= {d.threshold_b:.3g}: replay's extra noise "
+                f"costs more steps than its cheaper steps save).")
     verdict = verdict_line()
-    lines = ([verdict + "."] if verdict else []) + [
+    lines = ([verdict + "."] if verdict else []) + [todo,  # the answer first, after the benchmark's verdict
         f"{PROG} optimal: mu = {mu:g} ({CONVENTION_TEXT[convention]}), B = {d.batch_size}",
         "objective: the noise-scale rule (docs/THEORY.md)", f"{evidence}.", ""]
     lines += [f"  {n:<{widths[0]}}  {s:<{widths[1]}}  {v:>{widths[2]}}  {m}" for n, s, v, m in rows]
     lines.append("")
     if d.regime == "replay":
-        lines.append(f"what to do: generate R = {d.rollouts_per_step} rollouts per step, keep only them (N = R), and "
-                     f"train on B = {d.batch_size} drawn from them with replacement; W/T = {d.mu / d.y:.3g}.")
         lines.append(HORIZON_TEXT + ".")
-    else:
-        if d.b < d.threshold_b:  # replay would pay, but R = B / y* rounds up to B (or its saving is lost)
-            y_star = ns.optimal_replay_ratio(d.b, d.mu)
-            lines.append(f"what to do: stay on-policy (b = {d.b:.3g} < {d.threshold_b:.3g}, so replay would pay at "
-                         f"y* = {y_star:.3g}, but R = B / y* rounded to a whole rollout is {d.batch_size} = B or loses "
-                         f"the saving: use a larger B).")
-        else:
-            lines.append(f"what to do: stay on-policy (b = {d.b:.3g} >= {d.threshold_b:.3g}: replay's extra noise "
-                         f"costs more steps than its cheaper steps save).")
     lines.append(f"the paper's rule (--objective paper) would say x* = {_fmt(paper_design.x_star, 3)}, y* = "
                  f"{_fmt(paper_design.y_star, 3)} ({paper_design.regime}); {paper}.")
     return "\n".join(lines)
