@@ -94,3 +94,32 @@ def policy():
     from replay_theory.validate.policy import ModelConfig, load_policy
 
     return load_policy(ModelConfig(), countdown.ALPHABET)
+
+
+@pytest.fixture(scope="module")
+def gloo():
+    """A one-process gloo group, as verl's workers run under torch.distributed (the verl engine tests)."""
+    import socket
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """verl has no CPU platform: its engine's device id is "cpu" here (the verl engine tests)."""
+    transformer_impl = pytest.importorskip("verl.workers.engine.fsdp.transformer_impl")
+    monkeypatch.setattr(transformer_impl, "get_device_id", lambda: "cpu")

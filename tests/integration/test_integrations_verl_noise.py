@@ -17,8 +17,6 @@ Needs verl 0.9.1, torch and tensordict; skipped where they do not import.
 from __future__ import annotations
 
 import json
-import os
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -34,31 +32,6 @@ from verl.utils import tensordict_utils as tu  # noqa: E402
 from replay_theory.integrations.verl import NoiseLog, VerlGradNoiseMixin  # noqa: E402
 
 ROWS, LENGTH, FEATURES = 8, 5, 3
-
-
-@pytest.fixture(scope="module")
-def gloo():
-    """A one-process gloo group, as verl's workers run under torch.distributed."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        yield
-        return
-    with socket.socket() as s:  # a free port
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.fixture
-def on_cpu(monkeypatch):
-    monkeypatch.setattr(transformer_impl, "get_device_id", lambda: "cpu")  # verl has no CPU platform
 
 
 def loss_function(module, micro_batch):

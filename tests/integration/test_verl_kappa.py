@@ -11,8 +11,6 @@ more than one rank, verl's LM forward and PPO loss.
 from __future__ import annotations
 
 import json
-import os
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -28,30 +26,6 @@ from verl.utils import tensordict_utils as tu  # noqa: E402
 from replay_theory.integrations.verl import CURVATURE_METRICS, NoiseLog, VerlGradNoiseMixin  # noqa: E402
 
 ROWS, LENGTH, FEATURES, LR = 8, 5, 3, 0.05
-
-
-@pytest.fixture(scope="module")
-def gloo():
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        yield
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.fixture
-def on_cpu(monkeypatch):
-    monkeypatch.setattr(transformer_impl, "get_device_id", lambda: "cpu")  # verl has no CPU platform
 
 
 def loss_function(module, micro_batch):
