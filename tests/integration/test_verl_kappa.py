@@ -1,7 +1,8 @@
 """kappa from a verl run: the engine hook's curvature pairs (``VerlGradNoiseMixin``) through verl's real training step,
 checked by hand, and carried by the noise log into ``calibrate --from-log --preset verl --grad-norms`` (issue 30).
 
-What ran and what was stubbed: as tests/integration/test_integrations_verl_noise.py (whose stubs are copied here):
+What ran and what was stubbed: as tests/integration/test_integrations_verl_noise.py (its gloo group and device stub
+are tests/conftest.py's):
 verl 0.9.1's own ``BaseEngine.train_batch``, ``FSDPEngine.forward_backward_batch`` and ``optimizer_step`` on CPU,
 with AdamW; the model a linear layer on per-token features under verl's token-mean ``agg_loss`` of a squared error,
 so the Hessian is known exactly (central differences of a quadratic are exact to rounding). Not run: FSDP sharding,
