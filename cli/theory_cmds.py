@@ -25,7 +25,6 @@ import typer
 
 from ..theory import noise_scale as ns
 from ..theory.checks import invalid, require_integer
-from ..theory.compute import compute_ratio, replay_ratio_of_split
 from ..theory.design import (
     DEFAULT_ALPHA,
     DEFAULT_RHO,
@@ -34,8 +33,9 @@ from ..theory.design import (
     finite_budget_design,
     optimal_design,
     rollout_mu_of_convention,
+    split_design,
 )
-from ..theory.evidence import evidence_line, verdict_line
+from ..theory.evidence import evidence_line, floor_ratio_of, verdict_line
 from ..theory.profiles import PowerLawProfile, load_profile
 from .common import PROG, UserError, emit_json, option_message
 
@@ -172,7 +172,7 @@ def _render_design(design) -> str:
         lines.append(f"large-budget limit (Thm 3.5's J at the same {j['fixed']}): "
                      f"N = {j['N']}, R = {j['R']}, B = {j['B']} (x = {_fmt(j['x'])}, y = {_fmt(j['y'])}, "
                      f"{j['regime']}); its bound at this budget = {_fmt(j['bound_at_budget'])} "
-                     f"({_fmt(j['bound_at_budget'] / d.bound, 3)}x this design's).")
+                     f"({_fmt(d.large_budget_bound_ratio, 3)}x this design's).")
     for note in d.notes:
         lines.append(f"note: {note}.")
     return "\n".join(lines)
@@ -277,17 +277,13 @@ def _memory_inputs(kappa, optimizer, beta1, pilot_batch, loaded, profile) -> tup
 
 def _staleness_of(loaded):
     """r(s) = sigma^2(s) / sigma^2(0) of a profile's measured table (the forgetting rule's staleness cost)."""
-    from ..theory.forgetting import NO_STALENESS, Staleness
+    from ..theory.forgetting import NO_STALENESS, staleness_of_table
     from ..theory.profiles import TabulatedProfile
 
     if loaded is None or not isinstance(loaded.profile, TabulatedProfile):
         return NO_STALENESS
-    table = loaded.profile
-    ages, values = tuple(float(s) for s in table.staleness), tuple(float(v) for v in table.sigma_sq_values)
-    if ages[0] != 0 or values[0] <= 0:
-        return NO_STALENESS
-    return Staleness(ages, tuple(v / values[0] for v in values),
-                     f"the profile's sigma^2(s) / sigma^2(0) ({loaded.sigma_sq_form or 'form not stated'})")
+    return staleness_of_table(loaded.profile.staleness, loaded.profile.sigma_sq_values,
+                              loaded.sigma_sq_form or "form not stated")
 
 
 def _forgetting_answer(mu, convention, batch_size, noise_scale, kappa, optimizer, beta1, pilot_batch, group_size,
@@ -311,8 +307,7 @@ def _forgetting_answer(mu, convention, batch_size, noise_scale, kappa, optimizer
         record = advice.advise(query)
     except ValueError as err:
         raise UserError(str(err)) from None
-    # the benchmark's cost model nearest the user's: its floor as a share of the batch (no batch: the floor's sign)
-    floor_ratio = latency_floor / batch if batch else (0.0 if latency_floor == 0 else None)
+    floor_ratio = floor_ratio_of(latency_floor, batch)  # the benchmark's cost model nearest the user's
     verdict = verdict_line(floor_ratio=floor_ratio)
     evidence = evidence_line("forgetting", floor_ratio=floor_ratio)
     if as_json:
@@ -531,7 +526,7 @@ def _noise_scale_answer(mu: float, noise_scale, batch_size, profile, convention:
     if batch is not None and batch < 1:
         raise UserError(f"--batch-size must be {VALID_RANGES['batch_size']}, got {batch}")
     if b_noise is None:
-        rows = [_table_row(b, mu_rollout) for b in sorted({*TABLE_BS, ns.replay_threshold(mu_rollout)})]
+        rows = [ns.rule_at(b, mu_rollout) for b in sorted({*TABLE_BS, ns.replay_threshold(mu_rollout)})]
         if as_json:
             emit_json({"objective": "noise-scale", "verdict": verdict_line(), "horizon": HORIZON_TEXT, "mu": mu,
                        "convention": convention, "mu_rollout_cost": mu_rollout,
@@ -546,8 +541,8 @@ def _noise_scale_answer(mu: float, noise_scale, batch_size, profile, convention:
     if as_json:
         emit_json({"objective": "noise-scale", "verdict": verdict_line(), "horizon": HORIZON_TEXT, "mu": mu,
                    "convention": convention, "noise_scale_source": source,
-                   **design.__dict__, "x": 1.0, "workers_per_trainer": mu_rollout / design.y,
-                   "compute_ratio": (mu_rollout / design.y + 1) / (mu_rollout + 1), "evidence": evidence,
+                   **design.__dict__, "x": design.x, "workers_per_trainer": design.workers_per_trainer,
+                   "compute_ratio": design.compute_ratio, "evidence": evidence,
                    "paper": {"x_star": paper_design.x_star, "y_star": paper_design.y_star,
                              "regime": paper_design.regime, "evidence": paper}})
     else:
@@ -557,14 +552,6 @@ def _noise_scale_answer(mu: float, noise_scale, batch_size, profile, convention:
 HORIZON_TEXT = ("horizon: this rule keeps N = R (x = 1) and assumes the optimizer never forgets (psi = 1); the "
                 "forgetting-aware rule, the default --objective, predicts the horizon and compares a smaller "
                 "on-policy batch")
-
-
-def _table_row(b: float, mu: float) -> dict:
-    pays = ns.replay_pays(b, mu) and not math.isclose(b, ns.replay_threshold(mu))
-    y = ns.optimal_replay_ratio(b, mu) if pays else 1.0
-    return {"b": b, "regime": "replay" if pays else "on-policy", "y_star": y, "workers_per_trainer": mu / y,
-            "compute_ratio": (mu / y + 1) / (mu + 1), "saving": ns.best_saving(b, mu) if pays else 1.0,
-            "steps_factor": (1 + b * (1 + y)) / (1 + b) if pays else 1.0}
 
 
 def _render_table(mu, mu_rollout, convention, rows, evidence, paper_design, paper) -> str:
@@ -598,17 +585,16 @@ def _render_rule(mu, convention, d, source, evidence, paper_design, paper) -> st
             ("buffer size", "N = R", str(d.capacity), "x = 1: the shortest horizon"),
             ("batch size", "B", str(d.batch_size), "samples per update, drawn uniformly with replacement"
              if d.regime == "replay" else "each fresh rollout used once"),
-            ("workers per trainer", "W/T = mu/y", _fmt(d.mu / d.y, 3), "inference GPUs per trainer GPU, none idle"),
-            ("compute ratio", "gamma", _fmt((d.mu / d.y + 1) / (d.mu + 1), 3), "compute per update vs on-policy "
-                                                                               "(Eq. 2)"),
-            ("steps vs on-policy", "S/S_on", _fmt(d.steps_factor / (1 + d.b), 3), "more updates to the same "
-                                                                                  "target"),
+            ("workers per trainer", "W/T = mu/y", _fmt(d.workers_per_trainer, 3),
+             "inference GPUs per trainer GPU, none idle"),
+            ("compute ratio", "gamma", _fmt(d.compute_ratio, 3), "compute per update vs on-policy (Eq. 2)"),
+            ("steps vs on-policy", "S/S_on", _fmt(d.steps_vs_on_policy, 3), "more updates to the same target"),
             ("compute saved", "", f"{d.saving:.3g}x", "on-policy compute / this design's, to the same target")]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     if d.regime == "replay":
         todo = (f"what to do: generate R = {d.rollouts_per_step} rollouts per step, keep only them (N = R), and "
-                f"train on B = {d.batch_size} drawn from them with replacement; W/T = {d.mu / d.y:.3g}.")
-    elif d.b < d.threshold_b:  # replay would pay, but R = B / y* rounds up to B (or its saving is lost)
+                f"train on B = {d.batch_size} drawn from them with replacement; W/T = {d.workers_per_trainer:.3g}.")
+    elif d.rounding_lost_replay:  # replay would pay, but R = B / y* rounds up to B (or its saving is lost)
         y_star = ns.optimal_replay_ratio(d.b, d.mu)
         todo = (f"what to do: stay on-policy (b = {d.b:.3g} < {d.threshold_b:.3g}, so replay would pay at "
                 f"y* = {y_star:.3g}, but R = B / y* rounded to a whole rollout is {d.batch_size} = B or loses "
@@ -653,21 +639,18 @@ def gamma(
 ) -> None:
     """Compute ratio gamma = (1 + W/T) / (1 + mu) of a buffered (W, T) split versus on-policy (Eq. 2)."""
     try:
-        value = compute_ratio(workers, trainers, mu)
-        replay = replay_ratio_of_split(workers, trainers, mu)
+        split = split_design(workers, trainers, mu)
     except ValueError as err:  # "workers must be ..." as the user typed it
         raise UserError(option_message(str(err), ("workers", "trainers", "mu"))) from None
-    # gamma > 1 exactly when W/T > mu, i.e. y = mu T / W < 1: inference outruns training.
-    if abs(value - 1.0) <= 1e-12:
-        regime, verdict = "on-policy", "the on-policy split (W/T = mu): an update costs what it costs on-policy"
-    elif value > 1.0:
-        regime = "over-generation"
+    value, replay, regime = split.compute_ratio, split.replay_ratio, split.regime
+    if regime == "on-policy":
+        verdict = "the on-policy split (W/T = mu): an update costs what it costs on-policy"
+    elif regime == "over-generation":  # gamma > 1 exactly when y = mu T / W < 1: inference outruns training
         verdict = (f"gamma > 1: this split is worse than on-policy - more generation than training can absorb "
-                   f"(W/T = {workers / trainers:.3g} > mu = {mu:g}), so each update costs {value:.3g}x its "
+                   f"(W/T = {split.workers_per_trainer:.3g} > mu = {mu:g}), so each update costs {value:.3g}x its "
                    f"on-policy compute and some rollouts are never trained on; move GPUs to training "
                    f"(W/T <= mu), e.g. W/T = mu is on-policy")
     else:
-        regime = "replay"
         verdict = (f"replay: each rollout is used {replay:.3g} times on average and an update costs "
                    f"{value:.1%} of its on-policy compute")
     if as_json:

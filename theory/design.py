@@ -43,7 +43,7 @@ from .checks import (
     require_one_of,
     require_positive,
 )
-from .compute import compute_ratio_from_split_ratio
+from .compute import compute_ratio, compute_ratio_from_split_ratio, replay_ratio_of_split
 from .profiles import AVERAGES, Profile, sigma_bar_sq
 
 CONVENTIONS = ("rollout-cost", "paper-sec3")
@@ -370,6 +370,13 @@ class Design:
     large_budget_limit: dict | None = None
     """For a finite-budget design: the paper-J design at the same fixed B or R, and its bound at this budget."""
 
+    @property
+    def large_budget_bound_ratio(self) -> float | None:
+        """Thm 3.4's bound at ``budget`` of the large-budget limit (Thm 3.5's J design) over this design's bound."""
+        if self.large_budget_limit is None or self.bound is None:
+            return None
+        return self.large_budget_limit["bound_at_budget"] / self.bound
+
     def to_json_dict(self) -> dict:
         """Plain JSON types; infinities and NaN become null."""
 
@@ -405,6 +412,34 @@ def classify_regime(x: float, y: float, *, unbounded: bool = False) -> str:
     if y <= 1.0 + _ONE:
         return "on-policy" if x <= 1.0 + _ONE else "stale-buffer"
     return "replay"
+
+
+@dataclass(frozen=True)
+class Split:
+    """A (W, T) GPU split with a buffer (Eq. 2; ``replay-theory gamma``)."""
+
+    workers: float
+    """W: inference GPUs."""
+    trainers: float
+    """T: trainer GPUs."""
+    mu: float
+    """Rollout cost / per-sample update cost (Table 1 meaning)."""
+    workers_per_trainer: float
+    """W/T."""
+    compute_ratio: float
+    """gamma = (1 + W/T) / (1 + mu): compute per update vs on-policy (Eq. 2)."""
+    replay_ratio: float
+    """y = mu T / W: updates each rollout contributes to on average."""
+    regime: str
+    """classify_regime at x = 1: "replay" (y > 1, gamma < 1), "on-policy" (y = 1) or "over-generation" (y < 1)."""
+
+
+def split_design(workers: float, trainers: float, mu: float) -> Split:
+    """gamma, y and the regime of a (W, T) split: compute.compute_ratio, compute.replay_ratio_of_split and
+    classify_regime (gamma > 1 exactly when y < 1). Raises ValueError naming workers, trainers or mu."""
+    gamma = float(compute_ratio(workers, trainers, mu))
+    y = float(replay_ratio_of_split(workers, trainers, mu))
+    return Split(workers, trainers, mu, workers / trainers, gamma, y, classify_regime(1.0, y))
 
 
 def describe_regime(regime: str, *, x: float, y: float, mu_rollout: float,

@@ -47,6 +47,12 @@ def evidence_record(summary: dict, command: str) -> dict:
             "targets": summary.get("targets"), "targets_held_out": summary.get("targets_held_out")}
 
 
+def floor_ratio_of(latency_floor: float, batch: int | None) -> float | None:
+    """The user's latency floor as a share of the batch (floor / B), to find the benchmark's nearest cost model;
+    without a batch only the floor's sign is known: 0 for no floor, else None (the headline floor)."""
+    return latency_floor / batch if batch else (0.0 if latency_floor == 0 else None)
+
+
 def benchmark_floor(record: dict, floor_ratio: float | None) -> str:
     """The benchmark's latency floor nearest the user's, compared as a share of the batch (the benchmark's floors
     are rollouts at its B): None, the headline floor."""

@@ -396,6 +396,15 @@ class Staleness:
 NO_STALENESS = Staleness()
 
 
+def staleness_of_table(ages: ArrayLike, sigma_sq: ArrayLike, form: str) -> Staleness:
+    """r(s) = sigma^2(s) / sigma^2(0) of a measured sigma^2(s) table (a profile's), ``form`` naming its fit; no
+    staleness cost (NO_STALENESS) when the table does not start at age 0 with sigma^2(0) > 0."""
+    ages, values = tuple(float(s) for s in ages), tuple(float(v) for v in sigma_sq)
+    if ages[0] != 0 or values[0] <= 0:
+        return NO_STALENESS
+    return Staleness(ages, tuple(v / values[0] for v in values), f"the profile's sigma^2(s) / sigma^2(0) ({form})")
+
+
 @dataclass(frozen=True)
 class Design:
     """One synchronous design: B drawn per update from a FIFO of N holding R fresh samples a step (on-policy:

@@ -38,6 +38,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .checks import require_int, require_positive
+from .compute import compute_ratio_from_split_ratio
+from .compute import workers_per_trainer as _workers_per_trainer
 
 # --------------------------------------------------------------------------- the noise a buffer injects
 
@@ -131,6 +133,48 @@ class NoiseScaleDesign:
     saving: float  # on_policy_cost / cost
     threshold_b: float  # replay pays iff b < this
     steps_factor: float  # S / S_min of the design: 1 + b (1 + y), or 1 + b on-policy
+
+    @property
+    def x(self) -> float:
+        """x = N / R: 1, the shortest horizon (the rule does not predict one)."""
+        return self.capacity / self.rollouts_per_step
+
+    @property
+    def workers_per_trainer(self) -> float:
+        """W/T = mu / y: inference GPUs per trainer GPU, none idle (compute.workers_per_trainer)."""
+        return _workers_per_trainer(self.mu, self.y)
+
+    @property
+    def compute_ratio(self) -> float:
+        """gamma = (1 + W/T) / (1 + mu): compute per update vs on-policy (Eq. 2)."""
+        return compute_ratio_from_split_ratio(self.workers_per_trainer, self.mu)
+
+    @property
+    def rounding_lost_replay(self) -> bool:
+        """On-policy although b < threshold_b (replay pays at y*): R = B / y* rounds to B or loses the saving."""
+        return self.regime == "on-policy" and self.b < self.threshold_b
+
+    @property
+    def steps_vs_on_policy(self) -> float:
+        """S / S_on = S / (S_min (1 + b)): the design's steps to the target over on-policy's at the same B."""
+        return self.steps_factor / (1 + self.b)
+
+
+def steps_vs_on_policy(b: float, y: float) -> float:
+    """S / S_on = (1 + b (1 + y)) / (1 + b): steps to the target at replay ratio y over on-policy's, b = B_noise / B."""
+    return float((1 + b * design_variance(y)) / (1 + b))
+
+
+def rule_at(b: float, mu: float) -> dict:
+    """The rule's continuous answer at b = B_noise / B (a row of ``optimal --objective noise-scale`` without a noise
+    scale): regime, y*, W/T = mu / y (compute.workers_per_trainer), gamma (Eq. 2), the compute saved and the steps
+    vs on-policy; on-policy (y = 1) unless 4 b (1 + b) < mu strictly away from the threshold."""
+    pays = replay_pays(b, mu) and not math.isclose(b, replay_threshold(mu))
+    y = optimal_replay_ratio(b, mu) if pays else 1.0
+    wpt = _workers_per_trainer(mu, y)
+    return {"b": b, "regime": "replay" if pays else "on-policy", "y_star": y, "workers_per_trainer": wpt,
+            "compute_ratio": compute_ratio_from_split_ratio(wpt, mu), "saving": best_saving(b, mu) if pays else 1.0,
+            "steps_factor": steps_vs_on_policy(b, y) if pays else 1.0}
 
 
 def noise_scale_design(b_noise: float, batch: int, mu: float) -> NoiseScaleDesign:
