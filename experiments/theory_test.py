@@ -168,26 +168,43 @@ class Options:
         return out
 
 
+def _bad_choices(values, allowed) -> bool:
+    """Whether a list option is empty or names a value outside ``allowed``."""
+    return not values or any(v not in allowed for v in values)
+
+
+def _bad_mus(mus) -> bool:
+    """Whether --mu is empty, holds a value not finite and > 0, or repeats one."""
+    return not mus or any(not (0 < mu < math.inf) for mu in mus) or len(set(mus)) != len(mus)
+
+
+def _is_count(value) -> bool:
+    """Whether a value is an integer (not a bool)."""
+    return not isinstance(value, bool) and isinstance(value, int)
+
+
+def _bad_counts(values) -> bool:
+    """Whether a list option is empty, repeats a value, or holds one that is not an integer >= 0."""
+    return not values or len(set(values)) != len(values) or any(not _is_count(v) or v < 0 for v in values)
+
+
 def check_options(options: Options) -> None:
     """One-line ValueErrors naming the option and its valid values, before any work."""
-    if not options.settings or any(s not in SETTINGS for s in options.settings):
+    if _bad_choices(options.settings, SETTINGS):
         raise ValueError(f"--setting must be a comma-separated list of {', '.join(SETTINGS)}, got "
                          f"{','.join(options.settings) or 'nothing'}")
-    if not options.optimizers or any(o not in OPTIMIZERS for o in options.optimizers):
+    if _bad_choices(options.optimizers, OPTIMIZERS):
         raise ValueError(f"--optimizer must be a comma-separated list of {', '.join(OPTIMIZERS)}, got "
                          f"{','.join(options.optimizers) or 'nothing'}")
-    if not options.mus or any(not (0 < mu < math.inf) for mu in options.mus) or len(set(options.mus)) != len(
-            options.mus):
+    if _bad_mus(options.mus):
         raise ValueError(f"--mu must be a comma-separated list of distinct finite numbers > 0, got "
                          f"{','.join(f'{m:g}' for m in options.mus) or 'nothing'}")
-    if (not options.floors or len(set(options.floors)) != len(options.floors)
-            or any(isinstance(f, bool) or not isinstance(f, int) or f < 0 for f in options.floors)):
+    if _bad_counts(options.floors):
         raise ValueError(f"--floor must be a comma-separated list of distinct integers >= 0 (rollouts), got "
                          f"{','.join(map(str, options.floors)) or 'nothing'}")
-    if isinstance(options.seeds, bool) or not isinstance(options.seeds, int) or options.seeds < 2:
+    if not _is_count(options.seeds) or options.seeds < 2:
         raise ValueError(f"--seeds must be an integer >= 2 (the bootstrap resamples seeds), got {options.seeds!r}")
-    if (not options.instances or len(set(options.instances)) != len(options.instances)
-            or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in options.instances)):
+    if _bad_counts(options.instances):
         raise ValueError(f"--instance must be a comma-separated list of distinct integers >= 0, got "
                          f"{','.join(map(str, options.instances)) or 'nothing'}")
 
