@@ -13,7 +13,6 @@ What it runs, the files it writes and how it resumes: :func:`run`; what is check
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import re
@@ -362,14 +361,15 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
 
 #: what a run imports before any work, in this order (a missing extra fails here): torch, datasets, the validator's
 #: training code, the TRL trainer
-_TRAINING_MODULES = ("torch", "datasets", "..core.progress", "..validate.countdown", "..validate.config",
-                    "..validate.loop", "..validate.policy", "..validate.sft", ".trl")
-
-
 def _load_training_stack() -> None:
-    """Import ``_TRAINING_MODULES`` in order, before any work, so a missing or broken extra fails first."""
-    for name in _TRAINING_MODULES:
-        importlib.import_module(name, __package__)
+    """Import the training stack before any work, torch first, so a missing or broken extra fails first; the steps
+    that use a module import it again where they need it (a cached lookup)."""
+    import torch  # noqa: I001, F401 (torch first: its absence is the usual one)
+    import datasets  # noqa: F401
+
+    from ..core import progress  # noqa: F401
+    from ..validate import countdown, config, loop, policy, sft  # noqa: F401
+    from . import trl  # noqa: F401
 
 
 def _check_cache_dir(config: TrlRunConfig, resume: Optional[Path], cache_dir: Path) -> None:
