@@ -238,6 +238,98 @@ def profile_table(sums: dict[str, np.ndarray], level: float, draws: int, seed: i
             "normalised_at": float(ages[base])}
 
 
+def _grad_norm_format(path: Path) -> str:
+    """The gradient-norm file's format (its suffix), after checking it is a file of a known format."""
+    if not path.is_file():
+        raise ConfigError("grad_norms", f"{path} is not a file (not found, or a directory)")
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in GRAD_NORM_FORMATS:
+        raise ConfigError("grad_norms", f"{path} must be JSON lines (.jsonl) or CSV (.csv) with the columns "
+                                        f"{', '.join(GRAD_NORM_COLUMNS)}")
+    return fmt
+
+
+def _jsonl_rows(fh, path: Path) -> list[dict]:
+    """The JSON objects of a JSON-lines file, one per non-blank line; each line checked to be an object."""
+    import json
+
+    rows: list[dict] = []
+    for number, line in enumerate(fh, 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise ConfigError("grad_norms", f"{path} line {number} is not a JSON object") from None
+            if not isinstance(rows[-1], dict):
+                raise ConfigError("grad_norms", f"{path} line {number} is not a JSON object")
+    return rows
+
+
+def _grad_norm_rows(path: Path, fmt: str) -> list[dict]:
+    """The gradient-norm file's rows, one dict per step, from CSV or JSON lines."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8-sig") as fh:  # a byte-order mark, as logs may have
+        if fmt == "csv":
+            return list(csv.DictReader(fh))
+        return _jsonl_rows(fh, path)
+
+
+def _grad_norm_columns(rows: list[dict], path: Path) -> tuple[str, ...]:
+    """The columns to read (``unit_size`` too when the first row has it), checked on every row; >= 2 rows."""
+    needed = (*GRAD_NORM_COLUMNS, "unit_size") if rows and "unit_size" in rows[0] else GRAD_NORM_COLUMNS
+    missing = [c for c in needed if any(c not in r or r[c] in (None, "") for r in rows)]
+    if rows and missing:
+        raise ConfigError("grad_norms", f"{path} has no {', '.join(missing)} column{'s' if len(missing) > 1 else ''} "
+                                        f"on every step (needs {', '.join(GRAD_NORM_COLUMNS)})")
+    if len(rows) < 2:
+        raise ConfigError("grad_norms", f"{path} holds {len(rows)} step{'' if len(rows) == 1 else 's'}: the two-batch "
+                                        "estimate needs >= 2 (its interval resamples steps)")
+    return needed
+
+
+def _grad_norm_arrays(rows: list[dict], needed: tuple[str, ...], path: Path) -> dict[str, np.ndarray]:
+    """The needed columns as float arrays (steps,); every value must be a number."""
+    try:
+        return {c: np.asarray([float(r[c]) for r in rows], dtype=np.float64) for c in needed}
+    except (TypeError, ValueError):
+        raise ConfigError("grad_norms", f"{path} holds a value that is not a number in {', '.join(needed)}") from None
+
+
+def _first_bad(data: dict[str, np.ndarray], bad: np.ndarray, column: str) -> str:
+    """The first flagged value of a column and its step, as an error message shows it."""
+    i = int(np.flatnonzero(bad)[0])
+    return f"{data[column][i]:g} at step {data['step'][i]:g}"
+
+
+def _check_grad_norm_values(data: dict[str, np.ndarray], path: Path) -> None:
+    """Squared norms finite and >= 0, batch sizes > 0, batch_big > batch_small, on every step."""
+    for column in ("grad_sq_small", "grad_sq_big"):  # a squared norm: finite and >= 0
+        bad = ~(np.isfinite(data[column]) & (data[column] >= 0))
+        if bad.any():
+            raise ConfigError("grad_norms", f"{path}: {column} must be a finite number >= 0 at every step, got "
+                                            f"{_first_bad(data, bad, column)}")
+    for column in ("batch_small", "batch_big"):
+        bad = ~(np.isfinite(data[column]) & (data[column] > 0))
+        if bad.any():
+            raise ConfigError("grad_norms", f"{path}: {column} must be > 0 (samples) at every step, got "
+                                            f"{_first_bad(data, bad, column)}")
+    bad = ~(data["batch_big"] > data["batch_small"])
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ConfigError("grad_norms", f"{path}: batch_big must exceed batch_small at every step, got "
+                                        f"{data['batch_big'][i]:g} <= {data['batch_small'][i]:g} at step "
+                                        f"{data['step'][i]:g}")
+
+
+def _unit_size(unit: Optional[np.ndarray], path: Path) -> Optional[int]:
+    """The file's one unit size (None when it has no ``unit_size`` column), checked to be an integer >= 1."""
+    if unit is not None and not (np.all(unit == unit[0]) and unit[0] >= 1 and unit[0] == int(unit[0])):
+        raise ConfigError("grad_norms", f"{path}: unit_size must be one integer >= 1 on every step, got "
+                                        f"{', '.join(f'{u:g}' for u in np.unique(unit))}")
+    return None if unit is None else int(unit[0])
+
+
 def read_grad_norms(path: str | Path) -> dict[str, np.ndarray]:
     """The per-step two-batch squared norms of a JSON-lines (.jsonl) or CSV (.csv) file, every value checked.
 
@@ -247,67 +339,12 @@ def read_grad_norms(path: str | Path) -> dict[str, np.ndarray]:
     column, fewer than 2 steps (the interval resamples steps), a negative or non-finite squared norm, a batch size
     <= 0 or a batch_big <= batch_small.
     """
-    import csv
-    import json
-
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError("grad_norms", f"{path} is not a file (not found, or a directory)")
-    fmt = path.suffix.lower().lstrip(".")
-    if fmt not in GRAD_NORM_FORMATS:
-        raise ConfigError("grad_norms", f"{path} must be JSON lines (.jsonl) or CSV (.csv) with the columns "
-                                        f"{', '.join(GRAD_NORM_COLUMNS)}")
-    rows: list[dict] = []
-    with open(path, newline="", encoding="utf-8-sig") as fh:  # a byte-order mark, as logs may have
-        if fmt == "csv":
-            rows = list(csv.DictReader(fh))
-        else:
-            for number, line in enumerate(fh, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        raise ConfigError("grad_norms", f"{path} line {number} is not a JSON object") from None
-                    if not isinstance(rows[-1], dict):
-                        raise ConfigError("grad_norms", f"{path} line {number} is not a JSON object")
-    needed = (*GRAD_NORM_COLUMNS, "unit_size") if rows and "unit_size" in rows[0] else GRAD_NORM_COLUMNS
-    missing = [c for c in needed if any(c not in r or r[c] in (None, "") for r in rows)]
-    if rows and missing:
-        raise ConfigError("grad_norms", f"{path} has no {', '.join(missing)} column{'s' if len(missing) > 1 else ''} "
-                                        f"on every step (needs {', '.join(GRAD_NORM_COLUMNS)})")
-    if len(rows) < 2:
-        raise ConfigError("grad_norms", f"{path} holds {len(rows)} step{'' if len(rows) == 1 else 's'}: the two-batch "
-                                        "estimate needs >= 2 (its interval resamples steps)")
-    try:
-        data = {c: np.asarray([float(r[c]) for r in rows], dtype=np.float64) for c in needed}
-    except (TypeError, ValueError):
-        raise ConfigError("grad_norms", f"{path} holds a value that is not a number in {', '.join(needed)}") from None
-    step = data["step"]
-
-    def first_bad(bad: np.ndarray, column: str) -> str:
-        i = int(np.flatnonzero(bad)[0])
-        return f"{data[column][i]:g} at step {step[i]:g}"
-
-    for column in ("grad_sq_small", "grad_sq_big"):  # a squared norm: finite and >= 0
-        bad = ~(np.isfinite(data[column]) & (data[column] >= 0))
-        if bad.any():
-            raise ConfigError("grad_norms", f"{path}: {column} must be a finite number >= 0 at every step, got "
-                                            f"{first_bad(bad, column)}")
-    for column in ("batch_small", "batch_big"):
-        bad = ~(np.isfinite(data[column]) & (data[column] > 0))
-        if bad.any():
-            raise ConfigError("grad_norms", f"{path}: {column} must be > 0 (samples) at every step, got "
-                                            f"{first_bad(bad, column)}")
-    bad = ~(data["batch_big"] > data["batch_small"])
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ConfigError("grad_norms", f"{path}: batch_big must exceed batch_small at every step, got "
-                                        f"{data['batch_big'][i]:g} <= {data['batch_small'][i]:g} at step {step[i]:g}")
-    unit = data.pop("unit_size", None)
-    if unit is not None and not (np.all(unit == unit[0]) and unit[0] >= 1 and unit[0] == int(unit[0])):
-        raise ConfigError("grad_norms", f"{path}: unit_size must be one integer >= 1 on every step, got "
-                                        f"{', '.join(f'{u:g}' for u in np.unique(unit))}")
-    data["unit_size"] = None if unit is None else int(unit[0])
+    rows = _grad_norm_rows(path, _grad_norm_format(path))
+    needed = _grad_norm_columns(rows, path)
+    data = _grad_norm_arrays(rows, needed, path)
+    _check_grad_norm_values(data, path)
+    data["unit_size"] = _unit_size(data.pop("unit_size", None), path)
     data["curvature"] = _curvature_pairs(rows, path)
     return data
 

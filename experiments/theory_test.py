@@ -168,26 +168,43 @@ class Options:
         return out
 
 
+def _bad_choices(values, allowed) -> bool:
+    """Whether a list option is empty or names a value outside ``allowed``."""
+    return not values or any(v not in allowed for v in values)
+
+
+def _bad_mus(mus) -> bool:
+    """Whether --mu is empty, holds a value not finite and > 0, or repeats one."""
+    return not mus or any(not (0 < mu < math.inf) for mu in mus) or len(set(mus)) != len(mus)
+
+
+def _is_count(value) -> bool:
+    """Whether a value is an integer (not a bool)."""
+    return not isinstance(value, bool) and isinstance(value, int)
+
+
+def _bad_counts(values) -> bool:
+    """Whether a list option is empty, repeats a value, or holds one that is not an integer >= 0."""
+    return not values or len(set(values)) != len(values) or any(not _is_count(v) or v < 0 for v in values)
+
+
 def check_options(options: Options) -> None:
     """One-line ValueErrors naming the option and its valid values, before any work."""
-    if not options.settings or any(s not in SETTINGS for s in options.settings):
+    if _bad_choices(options.settings, SETTINGS):
         raise ValueError(f"--setting must be a comma-separated list of {', '.join(SETTINGS)}, got "
                          f"{','.join(options.settings) or 'nothing'}")
-    if not options.optimizers or any(o not in OPTIMIZERS for o in options.optimizers):
+    if _bad_choices(options.optimizers, OPTIMIZERS):
         raise ValueError(f"--optimizer must be a comma-separated list of {', '.join(OPTIMIZERS)}, got "
                          f"{','.join(options.optimizers) or 'nothing'}")
-    if not options.mus or any(not (0 < mu < math.inf) for mu in options.mus) or len(set(options.mus)) != len(
-            options.mus):
+    if _bad_mus(options.mus):
         raise ValueError(f"--mu must be a comma-separated list of distinct finite numbers > 0, got "
                          f"{','.join(f'{m:g}' for m in options.mus) or 'nothing'}")
-    if (not options.floors or len(set(options.floors)) != len(options.floors)
-            or any(isinstance(f, bool) or not isinstance(f, int) or f < 0 for f in options.floors)):
+    if _bad_counts(options.floors):
         raise ValueError(f"--floor must be a comma-separated list of distinct integers >= 0 (rollouts), got "
                          f"{','.join(map(str, options.floors)) or 'nothing'}")
-    if isinstance(options.seeds, bool) or not isinstance(options.seeds, int) or options.seeds < 2:
+    if not _is_count(options.seeds) or options.seeds < 2:
         raise ValueError(f"--seeds must be an integer >= 2 (the bootstrap resamples seeds), got {options.seeds!r}")
-    if (not options.instances or len(set(options.instances)) != len(options.instances)
-            or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in options.instances)):
+    if _bad_counts(options.instances):
         raise ValueError(f"--instance must be a comma-separated list of distinct integers >= 0, got "
                          f"{','.join(map(str, options.instances)) or 'nothing'}")
 
@@ -1025,6 +1042,77 @@ TARGET_OBJECTIVES = ("forgetting", "forgetting_exact", "noise_scale", "paper_J",
                      "on_policy", "on_policy_small")
 
 
+def _regret_shares(regrets: np.ndarray) -> dict:
+    """How many regrets are within 1.2x and 1.5x of the best, the share within 1.2x, and the worst."""
+    return {"within_1.2": int((regrets <= 1.2).sum()), "share_within_1.2": float((regrets <= 1.2).mean()),
+            "within_1.5": int((regrets <= 1.5).sum()), "worst": float(regrets.max())}
+
+
+def _spearman_by_setting(scored: list[dict], name: str) -> dict:
+    """Mean Spearman of an objective per setting/optimizer over its cells (None where no cell has one)."""
+    per_setting: dict[str, list[float]] = {}
+    for c in scored:
+        v = c["by_objective"][name]["spearman"]
+        per_setting.setdefault(f"{c['setting']}/{c['optimizer']}", []).append(np.nan if v is None else v)
+    return {k: (float(np.nanmean(v)) if np.isfinite(v).any() else None) for k, v in per_setting.items()}
+
+
+def _objective_target(scored: list[dict], name: str) -> dict:
+    """One objective's record over its scored cells: regret shares (free, pinned) and Spearman per setting."""
+    rec: dict = {"cells": len(scored)}
+    for mode in ("free", "pinned"):
+        rec[mode] = _regret_shares(np.array([c["by_objective"][name][f"{mode}_regret"] for c in scored]))
+    means = _spearman_by_setting(scored, name)
+    rec["spearman_by_setting"] = means
+    rec["min_setting_spearman"] = min((v for v in means.values() if v is not None), default=None)
+    return rec
+
+
+def _grid_edge_counts(cells: list[dict]) -> dict:
+    """Per mode (free, pinned), how many cells' best design sits at each kind of grid edge."""
+    out = {}
+    for mode in ("free", "pinned"):
+        edges = [c[f"best_{mode}_at_edge"] for c in cells if c[f"best_{mode}_at_edge"]]
+        out[f"best_{mode}_at_grid_edge"] = {kind: edges.count(kind) for kind in sorted(set(edges))}
+    return out
+
+
+def _within(ratios: list, lo: float, hi: float) -> list[int]:
+    """[how many ratios are set and within [lo, hi], how many ratios]."""
+    return [sum(1 for r in ratios if r and lo <= r <= hi), len(ratios)]
+
+
+def _estimate_checks(units: list[dict]) -> dict:
+    """B_noise within 1.5x of exact (exact units) and kappa within 25% (quadratic units), as [hits, units]."""
+    out = {"b_within_1.5x_of_exact": _within([u["checks"].get("b_ratio") for u in units if u["exact"]],
+                                             1 / 1.5, 1.5)}
+    quad = [u for u in units if "exact_b_noise" in u["noise"]]
+    for name in ("kappa_pairs", "kappa_lag"):
+        out[f"{name}_within_25%"] = _within([u["checks"].get(f"{name}_ratio") for u in quad], 0.75, 1.25)
+    return out
+
+
+def _horizon_checks(units: list[dict]) -> dict:
+    """Horizon ratio within 25%, over all units and per kind (quadratic SGD, quadratic Adam, rollout)."""
+    hz = [u["checks"]["horizon_within_25"] for u in units]
+    out = {"horizon_ratio_within_25%": [sum(h[0] for h in hz), sum(h[1] for h in hz)]}
+    for kind, pick in (("quadratic_sgd", lambda u: u["exact"]),
+                       ("quadratic_adam", lambda u: "exact_b_noise" in u["noise"] and not u["exact"]),
+                       ("rollout", lambda u: "exact_b_noise" not in u["noise"])):
+        part = [u["checks"]["horizon_within_25"] for u in units if pick(u)]
+        out[f"horizon_ratio_within_25%_{kind}"] = [sum(h[0] for h in part), sum(h[1] for h in part)]
+    return out
+
+
+def _unit_flags(units: list[dict]) -> dict:
+    """Stationary-above-target and hovered counts, the largest edge-or-censored share, the units over 10%."""
+    return {"stationary_at_or_above_target": sum(u["checks"].get("stationary_at_or_above_target", 0) for u in units),
+            "hovered": sum(u["checks"]["hovered"] for u in units),
+            "edge_or_censored_share_max": max((u["checks"]["edge_or_censored_share"] for u in units), default=None),
+            "units_over_10%_at_edge_or_censored": [f"{u['setting']}/{u['optimizer']}/i{u['instance']}"
+                                                   for u in units if u["checks"]["edge_or_censored_share"] > 0.1]}
+
+
 def targets(cells: list[dict], units: list[dict], floor: int = HEADLINE_FLOOR) -> dict:
     """Per objective, over the cells at ``floor``: share of cells within 1.2x of the best (free batch and pinned B),
     within 1.5x, the worst, the lowest per-setting mean Spearman; the checks on the inputs over ``units``."""
@@ -1032,43 +1120,12 @@ def targets(cells: list[dict], units: list[dict], floor: int = HEADLINE_FLOOR) -
     out: dict = {"cells": len(cells), "floor": floor, "objectives": {}}
     for name in TARGET_OBJECTIVES:
         scored = [c for c in cells if c["by_objective"].get(name)]
-        if not scored:
-            continue
-        rec = {"cells": len(scored)}
-        for mode in ("free", "pinned"):
-            regrets = np.array([c["by_objective"][name][f"{mode}_regret"] for c in scored])
-            rec[mode] = {"within_1.2": int((regrets <= 1.2).sum()), "share_within_1.2": float((regrets <= 1.2).mean()),
-                         "within_1.5": int((regrets <= 1.5).sum()), "worst": float(regrets.max())}
-        per_setting: dict[str, list[float]] = {}
-        for c in scored:
-            v = c["by_objective"][name]["spearman"]
-            per_setting.setdefault(f"{c['setting']}/{c['optimizer']}", []).append(np.nan if v is None else v)
-        means = {k: (float(np.nanmean(v)) if np.isfinite(v).any() else None) for k, v in per_setting.items()}
-        rec["spearman_by_setting"] = means
-        rec["min_setting_spearman"] = min((v for v in means.values() if v is not None), default=None)
-        out["objectives"][name] = rec
-    for mode in ("free", "pinned"):
-        edges = [c[f"best_{mode}_at_edge"] for c in cells if c[f"best_{mode}_at_edge"]]
-        out[f"best_{mode}_at_grid_edge"] = {kind: edges.count(kind) for kind in sorted(set(edges))}
-    b_ratios = [u["checks"].get("b_ratio") for u in units if u["exact"]]
-    out["b_within_1.5x_of_exact"] = [sum(1 for r in b_ratios if r and 1 / 1.5 <= r <= 1.5), len(b_ratios)]
-    quad = [u for u in units if "exact_b_noise" in u["noise"]]
-    for name in ("kappa_pairs", "kappa_lag"):
-        ratios = [u["checks"].get(f"{name}_ratio") for u in quad]
-        out[f"{name}_within_25%"] = [sum(1 for r in ratios if r and 0.75 <= r <= 1.25), len(ratios)]
-    hz = [u["checks"]["horizon_within_25"] for u in units]
-    out["horizon_ratio_within_25%"] = [sum(h[0] for h in hz), sum(h[1] for h in hz)]
-    for kind, pick in (("quadratic_sgd", lambda u: u["exact"]),
-                       ("quadratic_adam", lambda u: "exact_b_noise" in u["noise"] and not u["exact"]),
-                       ("rollout", lambda u: "exact_b_noise" not in u["noise"])):
-        part = [u["checks"]["horizon_within_25"] for u in units if pick(u)]
-        out[f"horizon_ratio_within_25%_{kind}"] = [sum(h[0] for h in part), sum(h[1] for h in part)]
-    out["stationary_at_or_above_target"] = sum(u["checks"].get("stationary_at_or_above_target", 0) for u in units)
-    out["hovered"] = sum(u["checks"]["hovered"] for u in units)
-    shares = [u["checks"]["edge_or_censored_share"] for u in units]
-    out["edge_or_censored_share_max"] = max(shares, default=None)
-    out["units_over_10%_at_edge_or_censored"] = [f"{u['setting']}/{u['optimizer']}/i{u['instance']}"
-                                                 for u in units if u["checks"]["edge_or_censored_share"] > 0.1]
+        if scored:
+            out["objectives"][name] = _objective_target(scored, name)
+    out.update(_grid_edge_counts(cells))
+    out.update(_estimate_checks(units))
+    out.update(_horizon_checks(units))
+    out.update(_unit_flags(units))
     return out
 
 

@@ -326,20 +326,12 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     resume = check_out_dir(out, config)
     replay = config.replay_config()
     cache_dir = default_cache_dir() if cache_dir is None else Path(cache_dir)
-    if resume is None and config.model == "tiny" and config.sft_steps and not warm_start_path(config,
-                                                                                            cache_dir).is_file():
-        check_writable(cache_dir, "--cache-dir")  # the warm start is cached there: refused before the SFT
+    _check_cache_dir(config, resume, cache_dir)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import torch
+    _load_training_stack()
     from datasets import Dataset
 
-    from ..core.progress import ProgressBar
-    from ..validate import countdown
-    from ..validate.config import TINY_MODEL, ValidateConfig
     from ..validate.loop import configure_torch
-    from ..validate.policy import ModelConfig, load_policy
-    from ..validate.sft import sft_warm_start
-    from .trl import ReplayGRPOTrainer, replay_grpo_args
 
     configure_torch(config.threads)
     from ..validate.policy import resolve_device
@@ -347,6 +339,50 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     device = resolve_device(config.device)  # cuda without a GPU: one line, before any work
     # TRL 1.16 calls transformers 5's deprecated gradient-checkpointing names every step: not the user's to fix
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
+    problems = _countdown_problems(config)
+    regime = config.regime_line()
+    if regime is not None:
+        log(regime)
+    started = time.perf_counter()
+    done_before = _resumed_step(config, resume, log)
+    policy = _run_policy(config, resume, cache_dir, problems, log, progress)
+    tokenizer = _hf_tokenizer(policy.tokenizer)
+    dataset = Dataset.from_dict({"prompt": [p.prompt_text() for p in problems],
+                                 "numbers": [list(p.numbers) for p in problems],
+                                 "target": [p.target for p in problems]})
+    checkpoints = _prepare_checkpoints(out, resume, config)
+    trainer = _trainer(config, replay, policy.model, tokenizer, dataset, checkpoints, device, out)
+    _train(trainer, config, out, resume, done_before, progress)
+    summary = _summary(config, replay, trainer, started, done_before, resume, out)
+    _write_results(out, trainer, summary, checkpoints)
+    _log_results(config, replay, trainer, summary, resume, done_before, out, log)
+    return summary
+
+
+#: what a run imports before any work, in this order (a missing extra fails here): torch, datasets, the validator's
+#: training code, the TRL trainer
+def _load_training_stack() -> None:
+    """Import the training stack before any work, torch first, so a missing or broken extra fails first; the steps
+    that use a module import it again where they need it (a cached lookup)."""
+    import torch  # noqa: I001, F401 (torch first: its absence is the usual one)
+    import datasets  # noqa: F401
+
+    from ..core import progress  # noqa: F401
+    from ..validate import countdown, config, loop, policy, sft  # noqa: F401
+    from . import trl  # noqa: F401
+
+
+def _check_cache_dir(config: TrlRunConfig, resume: Optional[Path], cache_dir: Path) -> None:
+    """Refuse an unwritable ``cache_dir`` before the SFT, where a fresh tiny run will cache its warm start there."""
+    if resume is None and config.model == "tiny" and config.sft_steps and not warm_start_path(config,
+                                                                                            cache_dir).is_file():
+        check_writable(cache_dir, "--cache-dir")  # the warm start is cached there: refused before the SFT
+
+
+def _countdown_problems(config: TrlRunConfig) -> list:
+    """The run's training problems; a one-line error naming ``--n-train`` where the generator stalls."""
+    from ..validate.config import ValidateConfig
+
     try:
         problems, _ = ValidateConfig(n_train=config.n_train, n_test=COUNTDOWN_HELD_OUT, seed=config.seed).problems()
     except ValueError as err:  # the generator stalls short of the family's size (a rare problem never drawn)
@@ -354,46 +390,76 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
         raise ValueError(f"--n-train {config.n_train}: seed {config.seed}'s problem generator stalls before "
                          f"{config.n_train} + {COUNTDOWN_HELD_OUT} held-out distinct problems ({reason}): use a "
                          "smaller --n-train") from None
-    regime = config.regime_line()
-    if regime is not None:
-        log(regime)
-    started = time.perf_counter()
+    return problems
+
+
+def _resumed_step(config: TrlRunConfig, resume: Optional[Path], log: Callable[[str], None]) -> int:
+    """The steps done before this call (0 on a fresh run); a resumed run says where it continues from."""
     done_before = 0 if resume is None else checkpoint_step(resume)
     if resume is not None:
         log(f"resuming from step {done_before} of {config.steps} ({resume}): model, optimizer, buffer and random "
             "state as saved")
-    if config.model == "tiny":
-        policy = load_policy(ModelConfig(seed=config.seed, device=config.device, **TINY_MODEL), countdown.ALPHABET)
-        if resume is None and config.sft_steps:  # resumed: the weights come from the checkpoint
-            cached = warm_start_path(config, cache_dir)
-            if cached.is_file():
-                policy.model.load_state_dict(torch.load(cached, map_location=policy.device, weights_only=True))
-                log(f"warm start: loaded {cached} (delete it to redo the SFT)")
-            else:
-                bar = ProgressBar("warm start (SFT steps)", config.sft_steps, enabled=progress)
-                sft_warm_start(policy, [(p.prompt_text(), countdown.solve(p)) for p in problems],
-                               steps=config.sft_steps, batch_size=SFT_BATCH_SIZE, lr=SFT_LR,
-                               generator=torch.Generator().manual_seed(config.seed),
-                               on_step=lambda step, loss: bar.advance())
-                bar.close()
-                cached.parent.mkdir(parents=True, exist_ok=True)
-                partial = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
-                torch.save(policy.model.state_dict(), partial)
-                partial.replace(cached)  # atomic: a concurrent run never reads half a file
-                cached.with_suffix(".json").write_text(json.dumps(config.warm_start_key(), indent=1))
-                log(f"warm start: cached {cached}")
-    else:
-        policy = load_policy(ModelConfig(source=config.model, seed=config.seed, device=config.device))
-    tokenizer = _hf_tokenizer(policy.tokenizer)
-    dataset = Dataset.from_dict({"prompt": [p.prompt_text() for p in problems],
-                                 "numbers": [list(p.numbers) for p in problems],
-                                 "target": [p.target for p in problems]})
+    return done_before
+
+
+def _run_policy(config: TrlRunConfig, resume: Optional[Path], cache_dir: Path, problems: list,
+                log: Callable[[str], None], progress: bool) -> Any:
+    """The policy: the tiny model (warm-started on a fresh run) or the checkpoint ``--model`` names."""
+    from ..validate import countdown
+    from ..validate.config import TINY_MODEL
+    from ..validate.policy import ModelConfig, load_policy
+
+    if config.model != "tiny":
+        return load_policy(ModelConfig(source=config.model, seed=config.seed, device=config.device))
+    policy = load_policy(ModelConfig(seed=config.seed, device=config.device, **TINY_MODEL), countdown.ALPHABET)
+    if resume is None and config.sft_steps:  # resumed: the weights come from the checkpoint
+        _warm_start(policy, config, warm_start_path(config, cache_dir), problems, log, progress)
+    return policy
+
+
+def _warm_start(policy: Any, config: TrlRunConfig, cached: Path, problems: list, log: Callable[[str], None],
+                progress: bool) -> None:
+    """Load the cached warm-start weights, or run the SFT and cache them."""
+    import torch
+
+    from ..core.progress import ProgressBar
+    from ..validate import countdown
+    from ..validate.sft import sft_warm_start
+
+    if cached.is_file():
+        policy.model.load_state_dict(torch.load(cached, map_location=policy.device, weights_only=True))
+        log(f"warm start: loaded {cached} (delete it to redo the SFT)")
+        return
+    bar = ProgressBar("warm start (SFT steps)", config.sft_steps, enabled=progress)
+    sft_warm_start(policy, [(p.prompt_text(), countdown.solve(p)) for p in problems],
+                   steps=config.sft_steps, batch_size=SFT_BATCH_SIZE, lr=SFT_LR,
+                   generator=torch.Generator().manual_seed(config.seed),
+                   on_step=lambda step, loss: bar.advance())
+    bar.close()
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+    torch.save(policy.model.state_dict(), partial)
+    partial.replace(cached)  # atomic: a concurrent run never reads half a file
+    cached.with_suffix(".json").write_text(json.dumps(config.warm_start_key(), indent=1))
+    log(f"warm start: cached {cached}")
+
+
+def _prepare_checkpoints(out: Path, resume: Optional[Path], config: TrlRunConfig) -> Path:
+    """The checkpoint folder, cleared of what the continuation does not use, with the command a rerun must match."""
     checkpoints = out / CHECKPOINT_DIR
     checkpoints.mkdir(parents=True, exist_ok=True)
     _clear_unfinished(out, resume)
     if not (checkpoints / COMMAND_NAME).exists():  # what a rerun must match to continue this run
         command = json.dumps({"replay_theory_version": __version__, "config": asdict(config)}, indent=1)
         write_new(checkpoints / COMMAND_NAME, lambda tmp: tmp.write_text(command))
+    return checkpoints
+
+
+def _trainer(config: TrlRunConfig, replay: Any, model: Any, tokenizer: Any, dataset: Any, checkpoints: Path,
+             device: Any, out: Path) -> Any:
+    """TRL's trainer with the replay buffer, its arguments from the config, without its per-step printer."""
+    from .trl import ReplayGRPOTrainer, replay_grpo_args
+
     # the boundary to TRL's GRPOConfig: its learning_rate is our lr, its max_completion_length our max_new_tokens;
     # Trainer's checkpoints every --save-every steps (save_total_limit off: the trainer deletes an older one only
     # once a newer is complete)
@@ -403,12 +469,20 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
                             save_strategy="steps", save_steps=config.save_every, save_total_limit=None,
                             seed=config.seed, max_completion_length=config.max_new_tokens,
                             temperature=config.temperature, disable_tqdm=True)
-    trainer = ReplayGRPOTrainer(model=policy.model, reward_funcs=countdown_reward, args=args, train_dataset=dataset,
+    trainer = ReplayGRPOTrainer(model=model, reward_funcs=countdown_reward, args=args, train_dataset=dataset,
                                 processing_class=tokenizer, replay=replay, diagnose_log=out / LOG_NAME,
                                 noise_log=out / NOISE_NAME, curvature_every=config.curvature_every)
     from transformers import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # it prints every step's metrics dict: they go to TRAINER_LOG_NAME
+    return trainer
+
+
+def _train(trainer: Any, config: TrlRunConfig, out: Path, resume: Optional[Path], done_before: int,
+           progress: bool) -> None:
+    """Train to ``config.steps`` with a progress bar; a Ctrl-C raises :class:`TrlRunInterrupted`."""
+    from ..core.progress import ProgressBar
+
     bar = ProgressBar("TRL replay (steps)", config.steps, done_before, enabled=progress)
     stop = _stop_on_interrupt(bar)
     trainer.add_callback(stop)
@@ -421,10 +495,20 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
         bar.close()
     if trainer.state.global_step < config.steps:  # stopped at the first Ctrl-C, after saving this step
         raise TrlRunInterrupted(out, config.steps, int(trainer.state.global_step), during_step=False)
+
+
+def _quarter(history: list) -> int:
+    """How many steps the first and last quarter rewards average over (at least 1)."""
+    return max(1, len(history) // 4)
+
+
+def _summary(config: TrlRunConfig, replay: Any, trainer: Any, started: float, done_before: int,
+             resume: Optional[Path], out: Path) -> dict:
+    """The run summary (``run.json``): config, replay design, rewards, counters, history, noise scale, memory."""
     history = [h for h in trainer.state.log_history if "replay/replay_ratio" in h]
     rewards = [h["reward"] for h in history]
-    k = max(1, len(rewards) // 4)
-    summary = {
+    k = _quarter(history)
+    return {
         "config": asdict(config),
         "replay": replay.record(),
         "replay_theory_version": __version__,
@@ -440,6 +524,10 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
         "memory": kappa_record(trainer.noise_records, config.seed, out / NOISE_NAME),
         "curvature_skipped": trainer.curvature_skipped,
     }
+
+
+def _write_results(out: Path, trainer: Any, summary: dict, checkpoints: Path) -> None:
+    """The trainer log, ``run.json`` and the noise profile (when measured); then the checkpoints go."""
     lines = "".join(json.dumps({"step": h["step"], **{k2: v for k2, v in h.items() if k2 != "step"}},
                                default=str) + "\n" for h in trainer.state.log_history)
     write_new(out / TRAINER_LOG_NAME, lambda tmp: tmp.write_text(lines))
@@ -448,6 +536,12 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
         profile = json.dumps({"kind": "noise_scale", "noise_scale": summary["noise_scale"]}, indent=1)
         write_new(out / NOISE_PROFILE_NAME, lambda tmp: tmp.write_text(profile))
     shutil.rmtree(checkpoints)  # the run is complete: its results are the files listed below
+
+
+def _log_results(config: TrlRunConfig, replay: Any, trainer: Any, summary: dict, resume: Optional[Path],
+                 done_before: int, out: Path, log: Callable[[str], None]) -> None:
+    """The printed summary: steps and design, reward, B_noise and kappa, the files written, what to run next."""
+    k = _quarter(summary["history"])
     trained = (f"trained {config.steps} steps" if resume is None else
                f"trained steps {done_before + 1}-{config.steps} of {config.steps} (resumed)")
     log(f"{trained} in {summary['seconds']:.0f} s: N = {replay.capacity}, "
@@ -468,7 +562,6 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
         ([out / NOISE_PROFILE_NAME] if summary["noise_scale"] is not None else [])
     log(f"wrote {', '.join(str(p) for p in wrote)}")
     log(f"next: replay-theory diagnose {out / LOG_NAME} --preset trl")
-    return summary
 
 
 def _clear_unfinished(out: Path, resume: Optional[Path]) -> None:
