@@ -9,5 +9,6 @@ imports them, except the CLI commands that run them.
 | ``paper_tables.py`` | the six result tables of docs/SIMULATION.md (``replay-theory experiment NAME``)     |
 | ``naive.py``        | the per-seed Python loop the vectorised engine is checked and timed against        |
 | ``proxy_check.py``  | log-probs-only calibration checked against the simulator's exact profiles          |
+| ``lm_horizon.py``   | a horizon-family LM run read against the forgetting-aware model (docs/VALIDATION.md) |
 | ``example_log.py``  | writes example rollout logs in TRL / verl / default shapes for ``diagnose``        |
 """
