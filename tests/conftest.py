@@ -15,6 +15,7 @@ from replay_theory.cli.app import main
 
 #: the repository root (this file is tests/conftest.py at any test-folder depth below it)
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))  # shared test helpers (tiny_lm), importable under importlib mode
 
 
 @pytest.fixture

@@ -12,6 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tiny_lm import char_tokenizer, tiny_qwen2  # noqa: E402 (tests/helpers; needs torch)
+
 from replay_theory.core import losses  # noqa: E402
 from replay_theory.core.buffers import FifoBuffer, PositiveBiasBuffer, PrioritizedBuffer  # noqa: E402
 from replay_theory.integrations.buffer import (  # noqa: E402 (after the importorskip)
@@ -382,15 +384,6 @@ def test_autograd_gradient_is_the_shared_numpy_gradient(name):
 STEPS, N, B, R, G = 5, 10, 6, 4, 2
 
 
-def _char_tokenizer():
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate("abcdefgh ")}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
 
 
 def _reward(completions, **kwargs):
@@ -400,19 +393,13 @@ def _reward(completions, **kwargs):
 def _train(output_dir, replay: ReplayConfig, steps: int, trainer_cls=None, dtype=torch.float32, **trainer_kwargs):
     """TRL's real GRPOTrainer loop, through ReplayGRPOTrainer, on a tiny Qwen2 (2 layers, hidden 32) on CPU."""
     from datasets import Dataset
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from replay_theory.integrations.trl import ReplayGRPOTrainer, replay_grpo_args
 
     trainer_cls = trainer_cls or ReplayGRPOTrainer
 
-    tokenizer = _char_tokenizer()
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
-                         tie_word_embeddings=True, use_sliding_window=False, pad_token_id=0, eos_token_id=1)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = Qwen2ForCausalLM(config).to(dtype)
+    tokenizer = char_tokenizer()
+    model = tiny_qwen2(tokenizer, dtype)
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     dataset = Dataset.from_dict({"prompt": ["abc", "bcd", "cde", "def", "efg", "fgh", "ab", "gh"] * 4})
     args = replay_grpo_args(replay, G, output_dir=str(output_dir), max_completion_length=6, max_steps=steps,

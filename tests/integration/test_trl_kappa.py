@@ -1,8 +1,9 @@
 """kappa in the TRL replay trainer (issue 30): the logged curvature pairs and lag-1 products against a recomputation
 from the saved parameters, rows and AdamW state, and training unchanged by the measurement.
 
-TRL's real GRPOTrainer loop on a tiny Qwen2 in float64 (the helpers of tests/integration/test_integrations_trl.py,
-copied: TRL's fused float32 log-prob kernel would leave 1e-3 of round-off in a central difference). Slow: TRL."""
+TRL's real GRPOTrainer loop on a tiny Qwen2 in float64 (tests/helpers/tiny_lm.py, as the TRL integration tests;
+float64 because TRL's fused float32 log-prob kernel would leave 1e-3 of round-off in a central difference).
+Slow: TRL."""
 
 from __future__ import annotations
 
@@ -12,20 +13,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tiny_lm import char_tokenizer, tiny_qwen2  # noqa: E402 (tests/helpers; needs torch)
+
 from replay_theory.integrations.buffer import ReplayConfig  # noqa: E402
 
 STEPS, N, B, R, G = 4, 8, 8, 4, 2  # R < B: every step trains on rows of earlier steps too (replay)
 
 
-def _char_tokenizer():
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate("abcdefgh ")}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
 
 
 def _reward(completions, **kwargs):
@@ -68,17 +62,11 @@ def _trainer_cls(seen: dict | None):
 
 def _train(output_dir, steps: int, seen: dict | None = None, **trainer_kwargs):
     from datasets import Dataset
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from replay_theory.integrations.trl import replay_grpo_args
 
-    tokenizer = _char_tokenizer()
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
-                         tie_word_embeddings=True, use_sliding_window=False, pad_token_id=0, eos_token_id=1)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = Qwen2ForCausalLM(config).to(torch.float64)
+    tokenizer = char_tokenizer()
+    model = tiny_qwen2(tokenizer, torch.float64)
     dataset = Dataset.from_dict({"prompt": ["abc", "bcd", "cde", "def", "efg", "fgh", "ab", "gh"] * 4})
     replay = ReplayConfig(capacity=N, batch_size=B, rollouts_per_step=R)
     args = replay_grpo_args(replay, G, output_dir=str(output_dir), max_completion_length=6, max_steps=steps,

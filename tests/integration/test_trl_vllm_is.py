@@ -25,21 +25,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
+from tiny_lm import char_tokenizer, tiny_qwen2  # noqa: E402 (tests/helpers; needs torch)
+
 from replay_theory.integrations.buffer import ReplayConfig  # noqa: E402 (after the importorskip)
 
 STEPS, N, B, R, G = 3, 8, 8, 4, 2
 NOISE = 0.6  # sd of the fake engine's log-prob error per token
 
 
-def _char_tokenizer():
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate("abcdefgh ")}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
 
 
 def _logps(model, input_ids, attention_mask, width):
@@ -96,18 +89,12 @@ def _recording_cls(seen: dict):
 def _train(tmp_path, monkeypatch, mode: str, clip_max, clip_min):
     import trl.trainer.grpo_trainer as grpo_module
     from datasets import Dataset
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from replay_theory.integrations.trl import replay_grpo_args
 
     monkeypatch.setattr(grpo_module, "VLLMGeneration", FakeVLLM)
-    tokenizer = _char_tokenizer()
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
-                         tie_word_embeddings=True, use_sliding_window=False, pad_token_id=0, eos_token_id=1)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = Qwen2ForCausalLM(config).double()
+    tokenizer = char_tokenizer()
+    model = tiny_qwen2(tokenizer, torch.float64)
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     replay = ReplayConfig(capacity=N, batch_size=B, rollouts_per_step=R, loss="grpo", eps_low=0.2, eps_high=0.28)
     args = replay_grpo_args(replay, G, output_dir=str(tmp_path), max_completion_length=6, max_steps=STEPS,
