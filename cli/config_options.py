@@ -239,3 +239,98 @@ def _typed(ctx: typer.Context, name: str) -> bool:
     """Whether the user typed the option of field ``name`` (not just left its default)."""
     source = ctx.get_parameter_source(name)
     return source is not None and source.name == "COMMANDLINE"
+
+
+# --- a chosen set of fields, nested configs included (diagnose, calibrate --from-log, experiment theory-test) ---
+
+
+def _owner(cls: type, path: str) -> tuple[type, dataclasses.Field]:
+    """(the dataclass that defines the field at dotted ``path``, the field): ``what_if.ppo_clip`` reaches the nested
+    WhatIfConfig."""
+    head, _, rest = path.partition(".")
+    field = {f.name: f for f in dataclasses.fields(cls)}[head]
+    return (cls, field) if not rest else _owner(typing.get_type_hints(cls)[head], rest)
+
+
+def _list_default(value: tuple) -> str:
+    """A tuple default as it is typed: ``(0.2, 0.28)`` -> ``0.2,0.28``, ``(2.0, 5.0)`` -> ``2,5``."""
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+
+
+def field_parameter(cls: type, path: str, names: tuple[str, ...]) -> inspect.Parameter:
+    """One option for the field at ``path`` of ``cls``, named ``names``, its help the field's docstring and its default
+    the field's: a bool is a flag, a tuple a comma-separated text (parsed by :func:`config_from_options`)."""
+    owner, field = _owner(cls, path)
+    kind, optional = _field_type(typing.get_type_hints(owner)[field.name])
+    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    if typing.get_origin(kind) is tuple:
+        kind, default = str, _list_default(default)
+    option = typer.Option(*names, help=option_help(field, field_docs(owner).get(field.name, "")))
+    annotation = Annotated[Optional[kind] if optional else kind, option]
+    return inspect.Parameter(path.replace(".", "__"), inspect.Parameter.KEYWORD_ONLY, default=default,
+                             annotation=annotation)
+
+
+def with_field_options(cls: type, options: dict[str, tuple[str, ...]]) -> Callable[[Callable[..., Any]], Callable]:
+    """Decorator: ``func(typed: dict, **own)`` becomes a command with the fields of ``cls`` that ``options`` lists
+    (dotted path -> flag names) as options. ``typed`` holds only what the user typed, by path, so the config's own
+    defaults apply to the rest (:func:`config_from_options`); called as a plain function, ``typed`` is empty."""
+    field_params = [field_parameter(cls, path, names) for path, names in options.items()]
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        hints = typing.get_type_hints(func, include_extras=True)
+        own = [p.replace(annotation=hints.get(p.name, p.annotation), kind=inspect.Parameter.KEYWORD_ONLY)
+               for p in list(inspect.signature(func).parameters.values())[1:]]
+
+        @functools.wraps(func)
+        def command(**kwargs: Any) -> Any:
+            ctx: Optional[typer.Context] = kwargs.pop(CONTEXT, None)
+            values = {path: kwargs.pop(path.replace(".", "__"), None) for path in options}
+            typed = {path: value for path, value in values.items()
+                     if ctx is not None and _source(ctx, path.replace(".", "__")) != "DEFAULT"}
+            return func(typed, **kwargs)
+
+        command.__doc__ = inspect.cleandoc(func.__doc__ or "") + f"\n\nEvery option in full: {OPTIONS_DOC}."
+        context = inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+        signature = own + field_params + [context]
+        command.__signature__ = inspect.Signature(signature)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in signature}
+        del command.__wrapped__
+        return command
+
+    return decorate
+
+
+def _source(ctx: typer.Context, name: str) -> str:
+    source = ctx.get_parameter_source(name)
+    return "DEFAULT" if source is None else source.name
+
+
+def _parsed(value: Any, hint: Any, option: str) -> Any:
+    """A typed value of a field: a tuple field's comma-separated text as the tuple (empty parts skipped)."""
+    if typing.get_origin(hint) is not tuple or not isinstance(value, str):
+        return value
+    kind = typing.get_args(hint)[0]
+    try:
+        return tuple(kind(v.strip()) for v in value.split(",") if v.strip())
+    except ValueError:
+        from ..theory.checks import invalid
+
+        raise invalid(option, f"comma-separated {'numbers' if kind is float else 'integers'}", value) from None
+
+
+def config_from_options(cls: type, options: dict[str, tuple[str, ...]], typed: dict[str, Any], **given: Any) -> Any:
+    """``cls`` built from the ``typed`` option values (dotted paths fill nested config dataclasses) and ``given``;
+    every other field keeps its default, and the config's own checks run."""
+    hints = typing.get_type_hints(cls)
+    nested: dict[str, dict[str, Any]] = {}
+    for path, value in typed.items():
+        head, _, rest = path.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            given[head] = _parsed(value, _field_type(hints[head])[0], options[path][0])
+    for head, values in nested.items():
+        sub = {rest: options[f"{head}.{rest}"] for rest in values}
+        given[head] = config_from_options(hints[head], sub, values)
+    return cls(**given)

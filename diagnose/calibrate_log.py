@@ -94,19 +94,33 @@ class CalibrateLogConfig:
     """Everything ``calibrate --from-log`` needs; every field is checked in ``__post_init__`` (before any work)."""
 
     path: str
-    preset: str = "trl"
+    """Exported diagnose log (Parquet, CSV or JSON lines) with ages, advantages and log-probs, plus the step time
+    columns for mu (NeMo-RL's, SkyRL's and slime's step files carry neither ages nor times)."""
+    preset: str = "default"
+    """Column names, as ``diagnose --preset`` reads them: default, trl, verl, nemo-rl, skyrl or slime."""
     columns: Optional[str] = None
+    """Overrides of the preset's column names, e.g. 'logp_behav=old_logp,age=version_gap'."""
     format: str = "auto"
+    """auto (from the suffix), parquet, csv or jsonl; must match the file's contents."""
     mu: Optional[float] = None
+    """mu = rollout cost / per-sample update cost, a finite number > 0, instead of measuring it from the time
+    columns (Sec. 2, App. E)."""
     rho: Optional[float] = None
+    """rho of Assumption 3.3 in [0, 1], recorded as given (a log cannot measure it)."""
     weight: str = "token"
+    """Importance weight the loss uses: token or sequence (w_t, or prod w_t)."""
     aggregation: str = "token-mean"
+    """How the loss averages tokens: token-mean, seq-mean-token-sum or seq-mean-token-mean."""
     score: str = "logit"
+    """Per-token score norm: logit ((1 - p)^2, p = current token prob) or constant."""
     level: float = DEFAULT_LEVEL
     draws: int = DEFAULT_DRAWS
     seed: int = 0
     chunk_rows: int = 65536
     grad_norms: Optional[str] = None
+    """Per-step squared gradient norms at two batch sizes (JSON lines or CSV with step, grad_sq_small, grad_sq_big,
+    batch_small, batch_big; trl-replay's noise_scale.jsonl): adds B_noise with its bootstrap interval to the profile,
+    and kappa where the file has curvature pairs (curvature_num, curvature_den, curvature_lr, curvature_beta1)."""
 
     def __post_init__(self) -> None:
         if self.mu is not None and not (math.isfinite(self.mu) and self.mu > 0):

@@ -8,6 +8,9 @@ and ``cli/diagnose_cmds.py`` swaps in the option as the user typed it.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 
 class ConfigError(ValueError):
     """A bad value of one field: ``str(err)`` is ``"<field> <detail>"``, one line."""
@@ -20,3 +23,13 @@ class ConfigError(ValueError):
     def named(self, name: str) -> str:
         """The same message with ``name`` (e.g. ``--clip``) in place of the field."""
         return f"{name} {self.detail}"
+
+
+@contextmanager
+def config_error(field: str) -> Iterator[None]:
+    """A theory/checks.py error about ``field`` (``"<field> must be ..."``) as a :class:`ConfigError`: the checks
+    write the message, once, and the front end still names its own option."""
+    try:
+        yield
+    except ValueError as err:
+        raise ConfigError(field, str(err).removeprefix(f"{field} ")) from None

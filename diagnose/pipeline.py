@@ -37,9 +37,10 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..theory.bounds import moments_relations
+from ..theory.checks import require_integer, require_one_of
 from .accumulators import LOG_FLOAT_MAX, UNSHIFTED_MAX, LogRatioHistogram, Moments
 from .drift import fit_kl_drift
-from .errors import ConfigError
+from .errors import config_error
 from .framework_stats import (
     SEQ_FIELDS,
     FrameworkParams,
@@ -56,27 +57,40 @@ QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 
 @dataclass(frozen=True)
 class DiagnoseConfig:
-    """Everything ``replay-theory diagnose`` needs; saved in the report as ``config``."""
+    """Everything ``replay-theory diagnose`` needs; saved in the report as ``config``. The command's options are
+    these fields (cli/diagnose_cmds.py), their help the docstrings below."""
 
     path: str
+    """Log file: Parquet, CSV or JSON lines; with the nemo-rl, skyrl or slime preset the framework's own step file,
+    or a folder of them."""
     preset: str = "default"
-    columns: Optional[str] = None  # "field=name,..." overrides of the preset
+    """Column names: default, trl or verl; or read the files a framework writes at every step: nemo-rl
+    (train_data_step{N}.jsonl), skyrl (global_step_N_training_input.pkl), slime (train_data/{rollout_id}.pt, needs
+    torch). Pickles are read with a whitelist."""
+    columns: Optional[str] = None
+    """Overrides of the preset's column names, e.g. 'logp_behav=old_logp,age=version_gap'."""
     format: str = "auto"
+    """auto (from the suffix), parquet, csv or jsonl; must match the file's contents."""
     chunk_rows: int = 262144
-    threads: int = 2  # threads folding each chunk side by side (1: all in the calling thread); same numbers
+    """Rows read per chunk, an integer >= 1 (bounds the memory)."""
+    threads: int = 2
+    """Threads that fold each chunk side by side, an integer >= 1 (1: all in the calling thread; 2 splits the work
+    about evenly, more helps only with more cores); every count gives the same numbers."""
     skip_invalid: bool = False
+    """Drop and count NaN/inf/positive log-probs, bad ages and mismatched rows instead of stopping."""
     max_age_buckets: int = 16
+    """Age buckets in the by-age table, an integer >= 1."""
     what_if: WhatIfConfig = field(default_factory=WhatIfConfig)
     run_what_if: bool = True
     framework: FrameworkParams = field(default_factory=FrameworkParams)
 
     def __post_init__(self) -> None:
         # every field is checked here, before the file is opened: a bad value costs no work
-        if self.format not in ("auto", *FORMATS):
-            raise ConfigError("format", f"must be auto, {', '.join(FORMATS)}; got {self.format!r}")
+        with config_error("format"):
+            require_one_of("format", self.format, ("auto", *FORMATS))
         for name in ("chunk_rows", "threads", "max_age_buckets"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"must be an integer >= 1, got {getattr(self, name)}")
+            with config_error(name):
+                require_integer(name, getattr(self, name), 1)
         resolve_columns(self.preset, self.columns)
 
 

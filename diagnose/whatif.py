@@ -59,11 +59,17 @@ class WhatIfConfig:
     """The corrections to replay over the log, each with its parameter values."""
 
     ppo_clip: tuple[float, ...] = (0.2, 0.28)
+    """What-if PPO clip eps values, each strictly between 0 and 1."""
     tis: tuple[float, ...] = (2.0, 5.0)
+    """What-if truncated-IS caps c > 1 (token and sequence; Replay-RLOO Sec. 3.2)."""
     mask: tuple[float, ...] = (2.0, 5.0)
+    """What-if masks c > 1: drop r outside [1/c, c]."""
     m2po: tuple[float, ...] = (0.04,)
+    """What-if M2PO tau_M2 values > 0 (needs advantages; M2PO Algorithm 1)."""
     m2po_batch_tokens: int = 32768
+    """Tokens per M2PO masking batch, an integer >= 1."""
     freshper_tau: tuple[float, ...] = (2.0, 8.0)
+    """What-if FreshPER age-decay tau values > 0 (needs ages; FreshPER Eq. 13)."""
     ppo_clip_asym: tuple[tuple[float, float], ...] = ((0.2, 0.28),)
     trl_is_mask: tuple[float, ...] = (3.0,)
     gspo: tuple[tuple[float, float], ...] = ((3e-4, 4e-4),)

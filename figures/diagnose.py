@@ -73,3 +73,34 @@ def plot_ess_by_age(report: dict, axes=None):
         ax.tick_params(labelsize=TEXT_PT)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # ages count policy versions
     return fig
+
+
+#: formats and raster resolution of ``diagnose --figure``: print quality (issue 11 asks for >= 200 dpi).
+FIGURE_FORMATS = ("png", "pdf", "svg")
+FIGURE_DPI = 200
+
+
+def save_figure(report: dict, path) -> None:
+    """Draw the ESS-by-age figure of ``report`` into the new file ``path`` (format from the suffix; never
+    overwrites: ``outputs.write_new``)."""
+    import matplotlib.pyplot as plt
+
+    from ..outputs import write_new
+
+    figure = plot_ess_by_age(report)
+    try:
+        fmt = path.suffix.lower().lstrip(".")
+        write_new(path, lambda tmp: figure.savefig(tmp, format=fmt, dpi=FIGURE_DPI), "--figure")
+    finally:
+        plt.close(figure)
+
+
+def figure_from_report(saved, path) -> None:
+    """``diagnose --from-report SAVED --figure PATH``: the figure of a report saved with ``--save``, without the log."""
+    from ..diagnose import ConfigError, load_report
+
+    report = load_report(saved)
+    if not report["by_age"]:
+        raise ConfigError("report", f"{saved} has no by-age table (its log had no age column): there is no figure to "
+                                    "draw")
+    save_figure(report, path)

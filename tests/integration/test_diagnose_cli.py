@@ -169,7 +169,7 @@ _FORMATS = "valid: auto, parquet, csv, jsonl"
     (["{csv}", "--max-age-buckets", "0"], "--max-age-buckets must be an integer >= 1, got 0"),
     (["{csv}", "--chunk-rows", "0"], "--chunk-rows must be an integer >= 1, got 0"),
     (["{csv}", "--threads", "0"], "--threads must be an integer >= 1, got 0"),
-    (["{csv}", "--format", "xml"], "--format must be auto, parquet, csv, jsonl; got 'xml'"),
+    (["{csv}", "--format", "xml"], "--format must be one of auto, parquet, csv, jsonl, got 'xml'"),
     (["{csv}", "--columns", "logp_behav"], "--columns must be field=name pairs separated by commas, got 'logp_behav'"),
     (["{csv}", "--columns", "foo=bar"], f"--columns names an unknown field 'foo' (valid: {_VALID_FIELDS})"),
     (["{csv}", "--columns", "logp_behav="], "--columns cannot drop logp_behav: it is required"),
@@ -396,9 +396,8 @@ def test_figure_is_print_ready(tmp_path):
     import matplotlib.pyplot as plt
     from matplotlib.text import Text
 
-    from replay_theory.cli.diagnose_cmds import FIGURE_DPI, save_figure
     from replay_theory.diagnose import DiagnoseConfig, diagnose
-    from replay_theory.figures.diagnose import plot_ess_by_age
+    from replay_theory.figures.diagnose import FIGURE_DPI, plot_ess_by_age, save_figure
 
     path, _ = _age_log(tmp_path)
     report = diagnose(DiagnoseConfig(path=str(path)))
