@@ -24,9 +24,8 @@ from ..core.jobs import check_jobs
 from ..core.progress import ProgressBar
 from ..experiments.paper_tables import EXPERIMENTS, get_experiment, write_table
 from ..experiments.theory_test import Options as TheoryTestOptions
-from ..experiments.theory_test import check_options as check_theory_test
 from ..experiments.theory_test import check_out as check_theory_test_out
-from ..experiments.theory_test import run_theory_test, summary_table, write_evidence
+from ..experiments.theory_test import command_line, options_from, run_theory_test, summary_table, write_evidence
 from ..outputs import check_new_file
 from ..simulate.calibrate import (
     DEFAULT_KAPPA_PAIRS,
@@ -36,10 +35,8 @@ from ..simulate.calibrate import (
     DEFAULT_REFERENCE_SAMPLES,
     DEFAULT_STALENESS,
     PROBE_ARGUMENTS,
-    Calibration,
+    calibration_lines,
     check_probe,
-    kappa_lines,
-    noise_scale_lines,
     probe_config,
 )
 from ..simulate.calibrate import calibrate as measure_profile
@@ -55,9 +52,11 @@ from ..simulate.sweep import (
 )
 from ..theory.profiles import save_profile
 from .common import UserError, emit_json, on_ctrl_c, option_message
-from .config_options import option_name, with_dataclass_options
+from .config_options import option_name, with_dataclass_options, with_field_options
 
 ALIASES = {"batch_size": ("--batch",)}
+THEORY_TEST_OPTIONS = {"instances": ("--instance",), "settings": ("--setting",), "optimizers": ("--optimizer",),
+                       "mus": ("--mu",), "floors": ("--floor",), "seeds": ("--seeds",), "quick": ("--quick",)}
 SUMMARY_KEYS = ("mean_staleness", "max_staleness", "replay_ratio", "mean_time_since_last_use", "compute_ratio",
                 "final_reward", "ess_frac")
 # Valid ranges appended when typer rejects a value of these options (cli/app.py::main).
@@ -183,9 +182,7 @@ def calibrate_simulator(
         save_profile(out, result.profile_dict(source=source))
     except ValueError as err:
         raise UserError(f"--out {out}: nothing written: {err}") from None
-    memory = ["optimizer memory kappa not measured (--kappa-pairs 0)"] if result.memory is None else \
-        kappa_lines(result.memory)
-    for line in calibration_lines(result, config.capacity) + noise_scale_lines(result.noise_scale) + memory:
+    for line in calibration_lines(result, config.capacity):
         typer.echo(line)
     typer.echo(f"profile written to {out}")
 
@@ -194,38 +191,6 @@ def _as_options(message: str) -> str:
     """A probe check's message with every argument named as the user types it (``max_gap`` -> ``--max-gap``)."""
     names = "|".join(sorted({*PROBE_ARGUMENTS, "group_size", "steps", "env"}, key=len, reverse=True))
     return re.sub(rf"(?<![\w-])({names})\b", lambda m: "--" + m.group(1).replace("_", "-"), message)
-
-
-def calibration_lines(result: Calibration, asked_capacity: int) -> list[str]:
-    """The printed report of ``calibrate-simulator``: both sigma^2 forms, r(s), rho and the correlations."""
-    p = result.noise
-    lines = [f"{'staleness':>10} {'sigma^2 plain':>14} {'retained r':>11} {'sigma^2/r^2':>12}"]
-    for s, plain, r, norm in zip(p.staleness, p.plain, p.retained, p.signal_normalised):
-        lines.append(f"{s:>10g} {plain:>14.4g} {r:>11.3f} {norm:>12.4g}")
-    lines.append(f"reference grad F: {result.reference}; ||grad F||^2 = {p.true_grad_sq:.4g}; "
-                 f"profile table: {result.form} (loss {result.loss})")
-    if result.probe_capacity != asked_capacity:
-        lines.append(f"probe capacity raised from {asked_capacity} to {result.probe_capacity} to hold gaps up to "
-                     f"--max-gap")
-    for label, fit in (("rho", result.rho_fit), ("rho (uncentred eps)", result.rho_fit_uncentred)):
-        if fit is None or (label != "rho" and result.rho_noise != "centred"):
-            continue
-        reaches = [b for b in (0, 1) if fit.ci[0] <= b <= fit.ci[1]]
-        status = "in [0, 1]" if fit.in_range else (
-            "OUT OF [0, 1], not clamped" + (f"; its interval covers {reaches[0]}" if reaches else "")
-            + "; optimal needs --rho")
-        lines.append(f"{label} = {fit.value:.4g}, {fit.level:.0%} interval [{fit.ci[0]:.4g}, {fit.ci[1]:.4g}] "
-                     f"({status}); corr at gap 1 / {fit.max_gap // 2} / {fit.max_gap} = "
-                     f"{fit.correlation[1]:.4f} / {fit.correlation[fit.max_gap // 2]:.4f} / "
-                     f"{fit.correlation[fit.max_gap]:.4f}")
-    if result.rho_fit is not None:
-        fit = result.rho_fit
-        lines.append(f"within-group correlation (t_i = t_j, not in rho) = {fit.within_group:.4g}, "
-                     f"interval [{fit.within_group_ci[0]:.4g}, {fit.within_group_ci[1]:.4g}]")
-    else:
-        lines.append("rho not measured: the buffer has no FIFO items (buffer fifo, positive-bias or prioritized)")
-    lines.append(f"KL drift per step = {result.kl_drift_per_step:.3g}")
-    return lines
 
 
 def sweep(
@@ -262,59 +227,22 @@ def sweep(
                    f"pip install 'replay-theory[dask]' or pip install pyarrow)")
 
 
+@with_field_options(TheoryTestOptions, THEORY_TEST_OPTIONS)
 def experiment(
+    typed: dict,
     name: Annotated[str, typer.Argument(help=", ".join(EXPERIMENTS) + ".")],
     out: OutDirOption,
     jobs: JobsOption = -1,
     no_progress: NoProgressOption = False,
-    instance: Annotated[str | None, typer.Option("--instance", help="theory-test only: comma-separated instance "
-                                                                    "seeds (the quadratic's start, the bandit's "
-                                                                    "features); default 0,3,4 (0 is the development "
-                                                                    "instance, 3 and 4 held out).")] = None,
-    setting: Annotated[str | None, typer.Option("--setting", help="theory-test only: comma-separated settings "
-                                                                  "(quadratic-noise1, -3, -10, -30, -100, "
-                                                                  "two-prompts, bandit-grpo, noisy-reward); default "
-                                                                  "all.")] = None,
-    optimizer: Annotated[str | None, typer.Option("--optimizer", help="theory-test only: sgd, adam or both "
-                                                                      "(comma-separated); default both.")] = None,
-    mu: Annotated[str | None, typer.Option("--mu", help="theory-test only: comma-separated rollout-cost ratios "
-                                                        "at which the same runs are re-priced; default "
-                                                        "0.5,1,2,5.28,20.")] = None,
-    floor: Annotated[str | None, typer.Option("--floor", help="theory-test only: comma-separated generation "
-                                                              "latency floors in rollouts per step (a step costs "
-                                                              "mu max(R, floor) + B); default 64,0.")] = None,
-    seeds: Annotated[int | None, typer.Option("--seeds", help="theory-test only: seeds per (design, step size); "
-                                                              "default 16.")] = None,
-    quick: Annotated[bool | None, typer.Option("--quick", help="theory-test only: a 2 x 3 grid, on-policy at 4 "
-                                                               "batches, 8 seeds unless --seeds, instance 0 unless "
-                                                               "--instance (a smoke run).")] = None,
 ) -> None:
-    """Run one of the docs/SIMULATION.md experiments and print its table (rebuilt from the saved runs)."""
+    """Run one of the docs/SIMULATION.md experiments and print its table (rebuilt from the saved runs). The
+    theory-test options apply to theory-test only."""
     chosen = get_experiment(name)
-    given = {"--instance": instance, "--setting": setting, "--optimizer": optimizer, "--mu": mu, "--floor": floor,
-             "--seeds": seeds, "--quick": quick}
-    if name != "theory-test":
-        extra = [flag for flag, value in given.items() if value is not None]
-        if extra:
-            raise UserError(f"{', '.join(extra)} only apply to the theory-test experiment, not {name}")
-    else:
-        options = theory_test_options(instance, setting, optimizer, mu, floor, seeds, quick)
-        n_jobs = jobs_checked(jobs)
-        try:
-            check_theory_test_out(out, options)
-        except ValueError as err:
-            raise UserError(str(err)) from None
-        with on_ctrl_c(f"interrupted: every finished run is kept in {out}/runs and every finished unit in "
-                       f"{out}/units; run the same command to go on from them"):
-            try:
-                summary = run_theory_test(out, options, progress=not no_progress, jobs=n_jobs)
-            except ValueError as err:
-                raise UserError(str(err)) from None
-        table = summary_table(summary)
-        write_table(out, table)
-        write_evidence(out, summary, _theory_test_command(out, given))
-        typer.echo(table)
-        return
+    given = [(THEORY_TEST_OPTIONS[path][0], value) for path, value in typed.items()]
+    if name == "theory-test":
+        return _theory_test(out, given, options_from(typed), jobs_checked(jobs), not no_progress)
+    if given:
+        raise UserError(f"{', '.join(flag for flag, _ in given)} only apply to the theory-test experiment, not {name}")
     with on_ctrl_c(f"interrupted: the finished runs are kept in {out}; run the same command to go on from them"):
         run_sweep(chosen.spec, out, n_jobs=jobs_checked(jobs), show_progress=not no_progress)  # or the sweep's line
         if chosen.prepare is not None:
@@ -324,49 +252,15 @@ def experiment(
     typer.echo(table)
 
 
-def _theory_test_command(out, given: dict) -> str:
-    """The command line that produced a benchmark, as evidence.json records it."""
-    parts = ["replay-theory experiment theory-test --out", Path(out).name]
-    parts += [f"{flag} {value}" for flag, value in given.items() if value is not None and flag != "--quick"]
-    return " ".join(parts + (["--quick"] if given.get("--quick") else []))
-
-
-def _number_list(text: str, flag: str, valid: str, kind=float) -> tuple:
-    """A comma-separated list of numbers. For a list of reals, two bare integers (``5,28``) are refused: in a
-    decimal-comma locale that is one number (5.28, the paper's mu), and reading it as two would run other settings
-    than the user meant without a word; the line says how to write either."""
-    parts = text.split(",")
-    if kind is float and len(parts) == 2 and all(re.fullmatch(r"\d+", part.strip()) for part in parts):
-        a, b = (part.strip() for part in parts)
-        raise UserError(f"{flag} {text} is ambiguous: the two values {a} and {b}, or {a}.{b} with a decimal comma? "
-                        f"Write {a}.{b} for one value (the decimal separator is a point), or {a}.0,{b} for two")
-    try:
-        values = tuple(kind(part) for part in parts)
-    except ValueError:
-        raise UserError(f"{flag} must be {valid}, got {text!r}") from None
-    return values
-
-
-def theory_test_options(instance, setting, optimizer, mu, floor, seeds, quick) -> TheoryTestOptions:
-    """The benchmark's options from the CLI's, checked before any work (one line naming the option)."""
-    def names(text, default):
-        return tuple(part.strip() for part in text.split(",")) if text is not None else default
-
-    mus = (_number_list(mu, "--mu", "a comma-separated list of finite numbers > 0") if mu is not None
-           else TheoryTestOptions.mus)
-    floors = (_number_list(floor, "--floor", "a comma-separated list of distinct integers >= 0", int)
-              if floor is not None else TheoryTestOptions.floors)
-    instances = (_number_list(instance, "--instance", "a comma-separated list of distinct integers >= 0", int)
-                 if instance is not None else ((0,) if quick else TheoryTestOptions.instances))
-    options = TheoryTestOptions(instances=instances, settings=names(setting, TheoryTestOptions.settings),
-                                optimizers=names(optimizer, TheoryTestOptions.optimizers), mus=mus, floors=floors,
-                                seeds=seeds if seeds is not None else (8 if quick else TheoryTestOptions.seeds),
-                                quick=bool(quick))
-    try:
-        check_theory_test(options)
-    except ValueError as err:
-        raise UserError(str(err)) from None
-    return options
+def _theory_test(out: Path, given: list, options: TheoryTestOptions, jobs: int, progress: bool) -> None:
+    check_theory_test_out(out, options)
+    with on_ctrl_c(f"interrupted: every finished run is kept in {out}/runs and every finished unit in "
+                   f"{out}/units; run the same command to go on from them"):
+        summary = run_theory_test(out, options, progress=progress, jobs=jobs)
+    table = summary_table(summary)
+    write_table(out, table)
+    write_evidence(out, summary, command_line(out, given))
+    typer.echo(table)
 
 
 def register(app: typer.Typer) -> None:

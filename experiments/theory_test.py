@@ -43,6 +43,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -62,6 +63,7 @@ from ..simulate.envs.quadratic import QuadraticEnv
 from ..theory import design as theory_design
 from ..theory import forgetting
 from ..theory import noise_scale as noise_scale_lib
+from ..theory.checks import invalid
 from ..theory.profiles import TabulatedProfile
 
 BATCH = 256
@@ -140,13 +142,23 @@ OPTIMIZERS = ("sgd", "adam")
 
 @dataclass(frozen=True)
 class Options:
+    """The benchmark's options: ``experiment theory-test``'s options are these fields (``options_from``)."""
+
     instances: tuple[int, ...] = INSTANCES
+    """Comma-separated instance seeds (the quadratic's start, the bandit's features): 0 is the development instance,
+    3 and 4 held out; 0 with --quick."""
     settings: tuple[str, ...] = DEFAULT_SETTINGS
+    """Comma-separated settings: quadratic-noise1, -3, -10, -30, -100, two-prompts, bandit-grpo, noisy-reward."""
     optimizers: tuple[str, ...] = OPTIMIZERS
+    """sgd, adam or both (comma-separated)."""
     mus: tuple[float, ...] = MUS
+    """Comma-separated rollout-cost ratios at which the same runs are re-priced."""
     floors: tuple[int, ...] = FLOORS
+    """Comma-separated generation latency floors in rollouts per step (a step costs mu max(R, floor) + B)."""
     seeds: int = SEEDS
+    """Seeds for each design and step size, an integer >= 2; 8 with --quick."""
     quick: bool = False
+    """A 2 x 3 grid, on-policy at 4 batches, 8 seeds unless --seeds, instance 0 unless --instance (a smoke run)."""
 
     @property
     def grid(self) -> list[tuple[int, int]]:
@@ -207,6 +219,45 @@ def check_options(options: Options) -> None:
     if _bad_counts(options.instances):
         raise ValueError(f"--instance must be a comma-separated list of distinct integers >= 0, got "
                          f"{','.join(map(str, options.instances)) or 'nothing'}")
+
+
+def number_list(text: str, flag: str, valid: str, kind=float) -> tuple:
+    """A comma-separated list of numbers. For a list of reals, two bare integers (``5,28``) are refused: in a
+    decimal-comma locale that is one number (5.28, the paper's mu), and reading it as two would run other settings
+    than the user meant without a word; the line says how to write either."""
+    parts = text.split(",")
+    if kind is float and len(parts) == 2 and all(re.fullmatch(r"\d+", part.strip()) for part in parts):
+        a, b = (part.strip() for part in parts)
+        raise ValueError(f"{flag} {text} is ambiguous: the two values {a} and {b}, or {a}.{b} with a decimal comma? "
+                         f"Write {a}.{b} for one value (the decimal separator is a point), or {a}.0,{b} for two")
+    try:
+        return tuple(kind(part) for part in parts)
+    except ValueError:
+        raise invalid(flag, valid, text) from None
+
+
+def options_from(typed: dict) -> Options:
+    """The options from the values typed on the command line (text for the lists), --quick's smaller defaults where
+    one was not typed, checked before any work (one line naming the option)."""
+    quick = bool(typed.get("quick"))
+    counts = "a comma-separated list of distinct integers >= 0"
+    numbers = {"mus": ("--mu", "a comma-separated list of finite numbers > 0", float),
+               "floors": ("--floor", counts, int), "instances": ("--instance", counts, int)}
+    given = {name: number_list(typed[name], *how) for name, how in numbers.items() if name in typed}
+    given.update({name: tuple(part.strip() for part in typed[name].split(","))
+                  for name in ("settings", "optimizers") if name in typed})
+    quick_defaults = {"instances": (0,), "seeds": 8} if quick else {}
+    options = Options(**{**quick_defaults, **given, "seeds": typed.get("seeds", quick_defaults.get("seeds", SEEDS)),
+                         "quick": quick})
+    check_options(options)
+    return options
+
+
+def command_line(out, given: list[tuple[str, object]]) -> str:
+    """The command line that produced a benchmark, as evidence.json records it: the (flag, typed value) pairs."""
+    parts = ["replay-theory experiment theory-test --out", Path(out).name]
+    parts += [f"{flag} {value}" for flag, value in given if flag != "--quick"]
+    return " ".join(parts + (["--quick"] if any(flag == "--quick" for flag, _ in given) else []))
 
 
 # --------------------------------------------------------------------------- saved runs (resume)

@@ -572,6 +572,41 @@ def measure_noise_scale(units: dict[int, np.ndarray], exact_sq: dict[int, np.nda
     return NoiseScaleMeasurement(estimate, exact, int(batch), int(group_size), tuple(kept), plateau, text)
 
 
+def calibration_lines(result: Calibration, asked_capacity: int) -> list[str]:
+    """The printed report of ``calibrate-simulator``: both sigma^2 forms, r(s), rho and the correlations, then the
+    noise scale and the optimizer's memory kappa (``noise_scale_lines``, ``kappa_lines``)."""
+    p = result.noise
+    lines = [f"{'staleness':>10} {'sigma^2 plain':>14} {'retained r':>11} {'sigma^2/r^2':>12}"]
+    for s, plain, r, norm in zip(p.staleness, p.plain, p.retained, p.signal_normalised):
+        lines.append(f"{s:>10g} {plain:>14.4g} {r:>11.3f} {norm:>12.4g}")
+    lines.append(f"reference grad F: {result.reference}; ||grad F||^2 = {p.true_grad_sq:.4g}; "
+                 f"profile table: {result.form} (loss {result.loss})")
+    if result.probe_capacity != asked_capacity:
+        lines.append(f"probe capacity raised from {asked_capacity} to {result.probe_capacity} to hold gaps up to "
+                     f"--max-gap")
+    for label, fit in (("rho", result.rho_fit), ("rho (uncentred eps)", result.rho_fit_uncentred)):
+        if fit is None or (label != "rho" and result.rho_noise != "centred"):
+            continue
+        reaches = [b for b in (0, 1) if fit.ci[0] <= b <= fit.ci[1]]
+        status = "in [0, 1]" if fit.in_range else (
+            "OUT OF [0, 1], not clamped" + (f"; its interval covers {reaches[0]}" if reaches else "")
+            + "; optimal needs --rho")
+        lines.append(f"{label} = {fit.value:.4g}, {fit.level:.0%} interval [{fit.ci[0]:.4g}, {fit.ci[1]:.4g}] "
+                     f"({status}); corr at gap 1 / {fit.max_gap // 2} / {fit.max_gap} = "
+                     f"{fit.correlation[1]:.4f} / {fit.correlation[fit.max_gap // 2]:.4f} / "
+                     f"{fit.correlation[fit.max_gap]:.4f}")
+    if result.rho_fit is not None:
+        fit = result.rho_fit
+        lines.append(f"within-group correlation (t_i = t_j, not in rho) = {fit.within_group:.4g}, "
+                     f"interval [{fit.within_group_ci[0]:.4g}, {fit.within_group_ci[1]:.4g}]")
+    else:
+        lines.append("rho not measured: the buffer has no FIFO items (buffer fifo, positive-bias or prioritized)")
+    lines.append(f"KL drift per step = {result.kl_drift_per_step:.3g}")
+    memory = ["optimizer memory kappa not measured (--kappa-pairs 0)"] if result.memory is None else \
+        kappa_lines(result.memory)
+    return lines + noise_scale_lines(result.noise_scale) + memory
+
+
 def noise_scale_lines(noise: NoiseScaleMeasurement) -> list[str]:
     """The printed B_noise and b = B_noise / B, each with its interval (per-sample, then exact |E G|^2)."""
     out = []
