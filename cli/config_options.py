@@ -244,15 +244,15 @@ def _typed(ctx: typer.Context, name: str) -> bool:
 # --- a chosen set of fields, nested configs included (diagnose, calibrate --from-log, experiment theory-test) ---
 
 
-def _owner(cls: type, path: str) -> tuple[type, dataclasses.Field]:
+def field_owner(cls: type, path: str) -> tuple[type, dataclasses.Field]:
     """(the dataclass that defines the field at dotted ``path``, the field): ``what_if.ppo_clip`` reaches the nested
     WhatIfConfig."""
     head, _, rest = path.partition(".")
     field = {f.name: f for f in dataclasses.fields(cls)}[head]
-    return (cls, field) if not rest else _owner(typing.get_type_hints(cls)[head], rest)
+    return (cls, field) if not rest else field_owner(typing.get_type_hints(cls)[head], rest)
 
 
-def _list_default(value: tuple) -> str:
+def list_default(value: tuple) -> str:
     """A tuple default as it is typed: ``(0.2, 0.28)`` -> ``0.2,0.28``, ``(2.0, 5.0)`` -> ``2,5``."""
     return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
 
@@ -260,11 +260,11 @@ def _list_default(value: tuple) -> str:
 def field_parameter(cls: type, path: str, names: tuple[str, ...]) -> inspect.Parameter:
     """One option for the field at ``path`` of ``cls``, named ``names``, its help the field's docstring and its default
     the field's: a bool is a flag, a tuple a comma-separated text (parsed by :func:`config_from_options`)."""
-    owner, field = _owner(cls, path)
+    owner, field = field_owner(cls, path)
     kind, optional = _field_type(typing.get_type_hints(owner)[field.name])
     default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
     if typing.get_origin(kind) is tuple:
-        kind, default = str, _list_default(default)
+        kind, default = str, list_default(default)
     option = typer.Option(*names, help=option_help(field, field_docs(owner).get(field.name, "")))
     annotation = Annotated[Optional[kind] if optional else kind, option]
     return inspect.Parameter(path.replace(".", "__"), inspect.Parameter.KEYWORD_ONLY, default=default,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .config_options import field_docs, field_help, option_name
+from .config_options import field_docs, field_help, field_owner, list_default, option_name
 
 
 def _classes() -> list[tuple[str, type, tuple[type, ...]]]:
@@ -26,6 +26,18 @@ def _classes() -> list[tuple[str, type, tuple[type, ...]]]:
             ("validate calibrate-model (and validate all)", ValidateConfig, ()),
             ("validate verify (and validate all)", VerifyConfig, ()),
             ("validate all: the two sections above, and", AllConfig, (ValidateConfig, VerifyConfig))]
+
+
+def _chosen() -> list[tuple[str, type, dict[str, tuple[str, ...]]]]:
+    """(command, config class, its option table) of the commands built from some of a config's fields."""
+    from ..diagnose.calibrate_log import CalibrateLogConfig
+    from ..diagnose.pipeline import DiagnoseConfig
+    from ..experiments.theory_test import Options
+    from . import calibrate_log_cmds, diagnose_cmds, simulate_cmds
+
+    return [("diagnose", DiagnoseConfig, diagnose_cmds.OPTIONS),
+            ("calibrate --from-log", CalibrateLogConfig, calibrate_log_cmds.OPTIONS),
+            ("experiment theory-test", Options, simulate_cmds.THEORY_TEST_OPTIONS)]
 
 
 def _default(field: dataclasses.Field) -> str:
@@ -51,6 +63,16 @@ def options_markdown() -> str:
                 continue
             text = field_help(field, docs.get(field.name, "")).replace("|", "\\|")
             lines.append(f"| `{option_name(field.name)}` | `{_default(field)}` | {text} |")
+        lines.append("")
+    for command, cls, options in _chosen():
+        lines += [f"## {command}", "", f"`{cls.__module__.removeprefix('replay_theory.')}.{cls.__name__}`", "",
+                  "| option | default | what it is |", "|---|---|---|"]
+        for path, names in options.items():
+            owner, field = field_owner(cls, path)
+            text = field_help(field, field_docs(owner).get(field.name, "")).replace("|", "\\|")
+            default = field.default if isinstance(field.default, tuple) else None
+            lines.append(f"| `{', '.join(names)}` | `{_default(field) if default is None else list_default(default)}` "
+                         f"| {text} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from .. import install_hint
+from ..theory.checks import require_unit_interval
 from ..validate.config import (
     FULL_SIZES,
     PRESETS,
@@ -95,8 +96,8 @@ def _sized(cls, fields: dict[str, Any], tiny: bool):
 
 
 def _check_rho(rho: Optional[float]) -> None:
-    if rho is not None and not 0.0 <= rho <= 1.0:
-        raise ValueError(f"--rho must be in [0, 1], got {rho}")
+    if rho is not None:
+        require_unit_interval("--rho", rho)
 
 
 @validate_app.command("calibrate-model")
@@ -110,24 +111,10 @@ def calibrate_model(fields: dict[str, Any], out: OutOption, tiny: TinyOption = T
     check_run_dir(out)
     with on_ctrl_c(kept(out)):
         calibration = _loop().run_calibrate(config, out, log=typer.echo, progress=not no_progress)
-    record = calibration.get("noise_scale")
-    if record:
-        from ..validate.calibrate import noise_scale_line
+    from ..validate.calibrate import calibration_summary
 
-        typer.echo(noise_scale_line(record))
-        typer.echo(f"  measured on {record['source']}")
-    else:
-        typer.echo(f"no noise scale in {out / 'calibration.json'} (measured before B_noise was; delete it to measure "
-                   "again)")
-    memory = calibration.get("memory")  # the optimizer's memory kappa, beside b (issue 30)
-    if memory:
-        from ..validate.calibrate import kappa_line
-
-        typer.echo(kappa_line(memory))
-        typer.echo(f"  measured on {memory['source']}")
-    else:
-        typer.echo(f"no optimizer memory kappa in {out / 'calibration.json'} (measured before kappa was; delete it to "
-                   "measure again)")
+    for line in calibration_summary(calibration, out / "calibration.json"):
+        typer.echo(line)
 
 
 @validate_app.command("predict")

@@ -280,6 +280,19 @@ def noise_scale_line(record: dict) -> str:
     return line
 
 
+def calibration_summary(calibration: dict, saved) -> list[str]:
+    """What ``validate calibrate-model`` prints after the run: B_noise and kappa with what each was measured on, or
+    why one is missing from ``saved`` (calibration.json, written before it was measured)."""
+    lines = []
+    for key, line, name in (("noise_scale", noise_scale_line, "noise scale"),
+                            ("memory", kappa_line, "optimizer memory kappa")):  # kappa beside b (issue 30)
+        record = calibration.get(key)
+        lines += [line(record), f"  measured on {record['source']}"] if record else [
+            f"no {name} in {saved} (measured before {'B_noise' if key == 'noise_scale' else 'kappa'} was; delete it "
+            "to measure again)"]
+    return lines
+
+
 def _json_intervals(intervals) -> list[list[float | None]]:
     """[lo, hi] pairs with NaN and inf as None (JSON has neither)."""
     pairs = np.asarray(intervals, float).reshape(-1, 2)

@@ -203,3 +203,14 @@ def test_kappa_line_prints_the_interval_and_the_memory():
                                   "curvature pairs) = 0.02, 90% interval [0.01, 0.04] (16 pairs); memory 1/kappa = "
                                   "50 steps")
     assert kappa_line({"kappa": None, "reason": "no pairs"}) == "optimizer memory kappa: not measured: no pairs"
+
+
+def test_calibration_summary_prints_each_measurement_or_why_it_is_missing():
+    from replay_theory.validate.calibrate import calibration_summary
+
+    memory = {"kappa": None, "reason": "no pairs", "source": "the probe"}
+    assert calibration_summary({"memory": memory}, "run/calibration.json") == [
+        "no noise scale in run/calibration.json (measured before B_noise was; delete it to measure again)",
+        "optimizer memory kappa: not measured: no pairs", "  measured on the probe"]
+    assert calibration_summary({}, "c.json")[1] == ("no optimizer memory kappa in c.json (measured before kappa was; "
+                                                    "delete it to measure again)")

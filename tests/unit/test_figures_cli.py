@@ -14,7 +14,7 @@ import os
 import pytest
 from PIL import Image
 
-from replay_theory.cli.figures_cmds import write_all
+from replay_theory.figures.files import write_all
 
 PREFIX = "replay-theory: error: "
 
