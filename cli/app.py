@@ -84,8 +84,9 @@ COMMANDS: dict[str, Entry] = {
 }
 
 # Valid ranges shown when typer rejects a value before the commands' own checks run, by parameter name: the
-# ``VALID_RANGES`` tables of these families, read when an error needs them (``valid_range``).
-RANGE_FAMILIES = ("theory_cmds", "simulate_cmds")
+# ``VALID_RANGES`` tables of these families, read when an error needs them (``valid_range``); a command built from a
+# config dataclass states its options' ranges at the fields (cli/config_options.py, ``option_range``).
+RANGE_FAMILIES = ("simulate_cmds",)
 
 # rich_markup_mode=None: click's plain help, option and metavar on the left, the text wrapped beside it in all the
 # width left (48 of 80 columns). typer's rich panels give the text 22 of 80 columns (optimal's help ran to 100
@@ -184,10 +185,16 @@ def root(
     help_without_command(ctx)
 
 
-def valid_range(name: str) -> Optional[str]:
-    """The valid range of the parameter ``name`` as the families in ``RANGE_FAMILIES`` state it (None if none
-    does), read when an input error needs it. The tables share no name (tests/integration/test_cli_lazy.py), so the
-    first one that has it gives the merged answer and an error in ``optimal`` imports theory_cmds only."""
+def valid_range(name: str, command: Optional[TyperCommand] = None) -> Optional[str]:
+    """The valid range of the parameter ``name``: as the field ``command``'s option was built from states it, else as
+    the families in ``RANGE_FAMILIES`` state it (None if none does), read when an input error needs it. The tables
+    share no name (tests/integration/test_cli_lazy.py), so the first one that has it gives the merged answer."""
+    if command is not None:
+        from .config_options import option_range
+
+        stated = option_range(command.callback, name)
+        if stated is not None:
+            return stated
     for module in RANGE_FAMILIES:
         ranges = importlib.import_module(f".{module}", __package__).VALID_RANGES
         if name in ranges:
@@ -211,7 +218,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         result = app(args=args, prog_name=PROG, standalone_mode=False)
     except typer.BadParameter as err:
         param = getattr(err, "param", None)
-        hint = valid_range(getattr(param, "name", None) or "")
+        hint = valid_range(getattr(param, "name", None) or "", getattr(getattr(err, "ctx", None), "command", None))
         _fail(err.format_message() + (f" (valid: {hint})" if hint else ""))
     except typer.TyperException as err:  # every usage error typer/click raises (unknown option, missing value)
         _fail(err.format_message())

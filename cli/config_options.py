@@ -41,15 +41,36 @@ OPTIONS_DOC = "docs/OPTIONS.md"
 CHOICES = "choices"
 """Field-metadata key of a registry name field: the key ``core.designs.CHOICES`` names (not imported: the command
 modules load before numpy)."""
+VALID = "valid"
+"""Field-metadata key of a checked field: the valid range its check states (``theory.optimal.VALID``), shown in
+``--help`` and named when typer rejects a value before the check runs (``--mu abc``; cli/app.py, ``valid_range``)."""
+CONFIG_CLASS = "config_class"
+"""Attribute of a command built by :func:`with_dataclass_options`: the config class its options come from."""
 
 
 def field_help(field: dataclasses.Field, doc: str) -> str:
     """A field's full text: its docstring, then the registry's choices with their one-line help, if it has any
     (docs/OPTIONS.md prints it; ``--help`` prints :func:`option_help`)."""
+    doc += _valid_text(field)
     listed = field.metadata.get(CHOICES)
     if listed is None:
         return doc
     return f"{doc} One of: " + "; ".join(f"{name}: {text}" for name, text in listed().items()) + "."
+
+
+def _valid_text(field: dataclasses.Field) -> str:
+    """`` Valid: <range>.`` for a field whose metadata states its range (not for one of a few choices: they are
+    listed), else nothing."""
+    valid = field.metadata.get(VALID)
+    return "" if valid is None or CHOICES in field.metadata else f" Valid: {valid}."
+
+
+def option_range(callback: Callable[..., Any], name: str) -> Optional[str]:
+    """The valid range of the option ``name`` (a parameter name) of a command built by :func:`with_dataclass_options`,
+    as its field's metadata states it; None for another command or a field without one."""
+    cls = getattr(callback, CONFIG_CLASS, None)
+    fields = {} if cls is None else {f.name: f for f in dataclasses.fields(cls)}
+    return fields[name].metadata.get(VALID) if name in fields else None
 
 
 #: Words that end in a point inside a sentence (paper references, Latin): not a sentence end.
@@ -86,7 +107,7 @@ def _without_asides(text: str) -> str:
 def option_help(field: dataclasses.Field, doc: str) -> str:
     """A field's ``--help`` entry: the docstring's first sentence without its asides, and a registry field's choice
     names; each choice's help and the whole docstring are in docs/OPTIONS.md, so ``--help`` stays a short list."""
-    short = _without_asides(first_sentence(doc))
+    short = _without_asides(first_sentence(doc) + _valid_text(field))
     listed = field.metadata.get(CHOICES)
     return short if listed is None else f"{short} One of: {', '.join(listed())}."
 
@@ -230,6 +251,7 @@ def with_dataclass_options(cls: type, aliases: Optional[dict[str, tuple[str, ...
         command.__signature__ = inspect.Signature(signature)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in signature}
         del command.__wrapped__  # typer must read __signature__, not the wrapped function's
+        setattr(command, CONFIG_CLASS, cls)  # typer's callback copies it: cli/app.py finds the options' ranges
         return command
 
     return decorate

@@ -19,9 +19,12 @@ def _classes() -> list[tuple[str, type, tuple[type, ...]]]:
     """(commands, config class, classes whose fields another section already printed)."""
     from ..integrations.trl_run import TrlRunConfig
     from ..simulate.config import SimConfig
+    from ..theory.optimal import OptimalQuery, SplitQuery
     from ..validate.config import AllConfig, ValidateConfig, VerifyConfig
 
-    return [("simulate, calibrate-simulator", SimConfig, ()),
+    return [("optimal", OptimalQuery, ()),
+            ("gamma", SplitQuery, ()),
+            ("simulate, calibrate-simulator", SimConfig, ()),
             ("trl-replay", TrlRunConfig, ()),
             ("validate calibrate-model (and validate all)", ValidateConfig, ()),
             ("validate verify (and validate all)", VerifyConfig, ()),

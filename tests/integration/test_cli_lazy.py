@@ -35,7 +35,8 @@ def test_optimal_imports_only_the_theory_it_uses():
     ours = [m for m in modules if m.startswith("replay_theory.")]
     assert [m for m in ours if m.split(".")[1] in LIBRARY_PARTS] == []
     assert [m for m in ours if m.startswith("replay_theory.cli.")] == [
-        "replay_theory.cli.app", "replay_theory.cli.common", "replay_theory.cli.theory_cmds"]
+        "replay_theory.cli.app", "replay_theory.cli.common", "replay_theory.cli.config_options",
+        "replay_theory.cli.theory_cmds"]  # its options come from theory.optimal.OptimalQuery's fields
 
 
 def test_root_help_imports_no_command_module():
@@ -74,14 +75,22 @@ def test_root_help_equals_typers_help_of_the_loaded_commands(width):
     assert lazy.getvalue() == eager.getvalue() and lazy.getvalue().count("\n") == len(COMMANDS) + 1
 
 
-def test_valid_range_is_the_merge_of_the_families_tables():
-    from replay_theory.cli import simulate_cmds, theory_cmds
+def test_valid_range_is_the_families_tables_or_the_commands_fields():
+    from replay_theory.cli import simulate_cmds
 
-    assert set(theory_cmds.VALID_RANGES).isdisjoint(simulate_cmds.VALID_RANGES)  # so the first hit is the merge
-    merged = {**theory_cmds.VALID_RANGES, **simulate_cmds.VALID_RANGES}
-    assert app_module.RANGE_FAMILIES == ("theory_cmds", "simulate_cmds")
-    assert {name: valid_range(name) for name in merged} == merged
+    assert app_module.RANGE_FAMILIES == ("simulate_cmds",)
+    assert {name: valid_range(name) for name in simulate_cmds.VALID_RANGES} == simulate_cmds.VALID_RANGES
     assert valid_range("no_such_option") is None
+    optimal = typer.main.get_command(app).commands["optimal"]  # built from theory.optimal.OptimalQuery
+    assert valid_range("kappa", optimal) == "a finite number > 0 (the optimizer's memory, 1/kappa steps)"
+    assert valid_range("max_horizon", optimal) == "an integer in [1, 4096]"
+    assert valid_range("kappa") is None and valid_range("json", optimal) is None
+
+
+def test_a_value_typer_rejects_names_the_range_its_field_states(error_line):
+    assert error_line("optimal", "--mu", "abc").endswith("(valid: a finite number > 0, in [1e-100, 1e100])")
+    assert error_line("optimal", "--mu", "5", "-B", "1.5").endswith("(valid: an integer >= 1)")
+    assert error_line("gamma", "-W", "x", "-T", "1", "--mu", "1").endswith("(valid: a finite number > 0)")
 
 
 def test_unknown_command_is_one_line_with_a_suggestion(error_line):

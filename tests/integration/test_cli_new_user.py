@@ -124,10 +124,11 @@ def test_help_uses_the_width_of_an_80_column_terminal_and_shows_flags_as_flags(c
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert max(map(len, lines)) <= 80
-    # click's layout: the option and its metavar, then the text from column 34 on (46 columns of text, not 22)
+    # click's layout: the option and its metavar, then the text from column 33 on (47 columns of text, not 22;
+    # the widest option, "-R, --rollouts-per-step <int>", sets the column)
     mu = next(line for line in lines if line.startswith("  --mu <float>"))
-    assert mu.index("Rollout cost ratio") == 34 and len(mu) > 70  # the text fills the line beside the option
-    assert re.search(r"^  --json {26}Print one JSON object", out, re.M)  # a flag: no <bool>, no value
+    assert mu.index("Rollout cost ratio") == 33 and len(mu) > 70  # the text fills the line beside the option
+    assert re.search(r"^  --json {25}Print one JSON object", out, re.M)  # a flag: no <bool>, no value
     # every command: no flag shows a <bool> value it would refuse (`--json true` is an error)
     for path, _ in _commands(typer.main.get_command(app)):
         code, out, err = cli(*path, "--help")

@@ -96,7 +96,7 @@ def test_the_profile_carries_b(cli, tmp_path):
     (["--budget", "1e4"], "--budget applies to --objective paper"),
     (["--objective", "paper", "--noise-scale", "100"], "--noise-scale applies to the forgetting-aware and "
                                                        "noise-scale rules, not --objective paper"),
-    (["--objective", "best"], "forgetting, noise-scale or paper"),
+    (["--objective", "best"], "--objective must be one of forgetting, noise-scale, paper, got 'best'"),
     (["--objective", "noise-scale", "--kappa", "0.1"], "--kappa applies to the forgetting-aware rule"),
 ])
 def test_bad_noise_scale_input_is_one_line_exit_2(error_line, args, needle):

@@ -1,0 +1,455 @@
+"""``replay-theory optimal``: every input it takes (:class:`OptimalQuery`, one field per option, checked once) and
+its answer as a record with its text (:func:`answer`).
+
+Three objectives: ``forgetting`` (the default; theory/advice.py, theory/forgetting.py: McCandlish et al. 2018's
+steps with the FIFO noise the optimizer keeps, psi(x, kappa)), ``noise-scale`` (theory/noise_scale.py: y* =
+sqrt(mu (1 + 1/b)) at a fixed B when 4 b (1 + b) < mu, N = R) and ``paper`` (experience-replay, docs/REFERENCES.md:
+Thm 3.5's x* = N/R, y* = B/R, or with a budget the Thm 3.4 bound; theory/design.py). Each answer carries the
+prediction benchmark's ``evidence:`` line for its objective (theory/evidence.py).
+
+A field's help is its attribute docstring, its valid range what its check (theory/checks.py, in the field's
+metadata) says of a value no range holds; the command line builds its options from both (cli/config_options.py).
+Messages name the options as typed (field ``batch_size`` -> ``--batch-size``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import noise_scale as ns
+from .answer import (
+    CONVENTIONS,
+    HORIZON_TEXT,
+    MEASURE_B,
+    TABLE_BS,
+    render_design,
+    render_rule,
+    render_rule_table,
+)
+from .checks import invalid, require_in_range, require_integer, require_number, require_one_of
+from .design import (
+    DEFAULT_ALPHA,
+    DEFAULT_RHO,
+    DesignQuery,
+    Split,
+    finite_budget_design,
+    optimal_design,
+    rollout_mu_of_convention,
+    split_design,
+)
+from .evidence import evidence_line, floor_ratio_of, verdict_line
+from .profiles import LoadedProfile, PowerLawProfile, load_profile
+
+CHECK = "check"
+"""Field-metadata key: the field's check, ``check(option, value)`` raising theory.checks' one-line ValueError."""
+VALID = "valid"
+"""Field-metadata key: the valid range the field's check states (``--help`` shows it; cli/config_options.py)."""
+CHOICES = "choices"
+"""Field-metadata key: {name: one-line help} of a field that names one of a few choices (cli/config_options.py)."""
+
+OBJECTIVES = {"forgetting": "the whole design (B, R, N) from mu, b = B_noise / B and the optimizer's memory kappa; "
+                            "the rule the benchmark tests",
+              "noise-scale": "the replay ratio at a fixed B, the optimizer never forgetting (psi = 1)",
+              "paper": "Thm 3.5's J (the large-budget limit), or with --budget the Thm 3.4 bound at compute C"}
+OPTIMIZERS = {"sgd": "plain SGD", "momentum": "SGD with heavy-ball momentum beta1", "adam": "Adam with beta1"}
+AVERAGES = {"integral": "the paper's integral over the buffer", "discrete": "the exact mean over integer ages"}
+NOISE_SCALE_RANGE = (1e-6, 1e12)
+"""B_noise is a number of samples: below a millionth of one the rules' y* overflows into nonsense (y* = 1.8e151 at
+1e-300), above 1e12 no batch is large enough to matter; both ends are beyond any measurement."""
+MU_RANGE = (1e-100, 1e100)
+"""mu far from 1 overflows the products of the rule and the paper's closed form: a range, said up front."""
+FORGETTING_FIELDS = ("kappa", "optimizer", "beta1", "pilot_batch", "group_size", "latency_floor", "max_steps_ratio",
+                     "max_horizon")
+PAPER_FIELDS = ("alpha", "rho", "average", "budget", "smoothness", "bias", "f0", "rollouts_per_step")
+BUDGET_CONSTANTS = ("smoothness", "bias", "f0")
+
+
+def option(name: str) -> str:
+    """The option a user types for a field: ``batch_size`` -> ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def _stated_range(check: Callable[[str, Any], Any]) -> str:
+    """The valid range ``check`` states: what it says of NaN, which no range holds."""
+    try:
+        check("value", math.nan)
+    except ValueError as err:
+        return str(err).split(" must be ", 1)[1].rsplit(", got ", 1)[0]
+    raise TypeError("a check that accepts NaN states no range")
+
+
+def checked(check: Callable[..., Any], choices: dict[str, str] | None = None, **bounds: Any) -> dict:
+    """A field's metadata: its check (``check`` with ``bounds``), the valid range it states, its choices if any."""
+    bound = functools.partial(check, **bounds)
+    return {CHECK: bound, VALID: _stated_range(bound), **({} if choices is None else {CHOICES: lambda: choices})}
+
+
+def _check_mu(name: str, value: float) -> None:
+    if not (math.isfinite(value) and MU_RANGE[0] <= value <= MU_RANGE[1]):
+        raise invalid(name, "a finite number > 0, in [1e-100, 1e100]", value, fmt="g")
+
+
+def _check_noise_scale(name: str, value: float) -> None:
+    low, high = NOISE_SCALE_RANGE
+    if not (math.isfinite(value) and low <= value <= high):
+        raise invalid(name, f"a number in [{low:g}, {high:g}] (B_noise = tr Sigma / |E G|^2, in samples)", value,
+                      fmt="g")
+
+
+def _check_beta1(name: str, value: float) -> None:
+    if not 0 <= value < 1:
+        raise invalid(name, "a number in [0, 1)", value, fmt="g")
+
+
+def _check_horizon(name: str, value: int) -> None:
+    if not 1 <= value <= 4096:
+        raise invalid(name, "an integer in [1, 4096]", value, fmt="g")
+
+
+def _one_of(choices: dict[str, str]) -> dict:
+    return checked(require_one_of, choices, options=tuple(choices))
+
+
+@dataclass(frozen=True)
+class OptimalQuery:
+    """What ``replay-theory optimal`` is asked: one field per option (``--json`` aside)."""
+
+    mu: float | None = field(default=None, metadata=checked(_check_mu))
+    """Rollout cost ratio, rollout cost / per-sample update cost in the default convention (Table 1; 5.28 for
+    Qwen2.5-7B); required unless --profile carries a measured mu (calibrate --from-log writes one)."""
+    batch_size: int | None = field(default=None, metadata=checked(require_integer, minimum=1))
+    """Your batch B (responses per update, on-policy today): the rules' b = B_noise / B; paper: gives R and N."""
+    noise_scale: float | None = field(default=None, metadata=checked(_check_noise_scale))
+    """Measured gradient noise scale B_noise = tr Sigma / |E G|^2 in samples (with -B)."""
+    kappa: float | None = field(default=None, metadata=checked(
+        require_number, above=0, finite=True, note=" (the optimizer's memory, 1/kappa steps)", fmt="g"))
+    """forgetting: the optimizer's measured memory kappa = eta tr(H Sigma) / tr Sigma (1/kappa steps) at
+    --pilot-batch; or a profile's memory record."""
+    optimizer: str | None = field(default=None, metadata=_one_of(OPTIMIZERS))
+    """forgetting: the optimizer kappa belongs to (default adam, or the profile's)."""
+    beta1: float | None = field(default=None, metadata=checked(_check_beta1))
+    """forgetting: momentum / Adam's beta1 (default 0.9, or the profile's)."""
+    pilot_batch: int | None = field(default=None, metadata=checked(require_integer, minimum=1))
+    """forgetting: the on-policy batch kappa was measured at (default -B, or the profile's)."""
+    group_size: int = field(default=1, metadata=checked(require_integer, minimum=1, note=" that divides -B"))
+    """forgetting: responses per prompt group; B and R in whole groups."""
+    latency_floor: float = field(default=0.0, metadata=checked(require_number, at_least=0, finite=True,
+                                                               note=" (rollouts)", fmt="g"))
+    """forgetting: generation latency floor in rollouts (a step costs mu max(R, floor) + B)."""
+    max_steps_ratio: float = field(default=2.0, metadata=checked(require_number, at_least=1, finite=True, fmt="g"))
+    """forgetting: steps allowed, relative to on-policy at B (the wall-time budget)."""
+    max_horizon: int = field(default=64, metadata=checked(_check_horizon))
+    """forgetting: the longest buffer horizon x = N/R considered."""
+    objective: str = field(default="forgetting", metadata=_one_of(OBJECTIVES))
+    """Which rule answers (default forgetting, the rule the benchmark tests)."""
+    alpha: float | None = field(default=None, metadata=checked(require_number, at_least=0, finite=True, fmt="g"))
+    """paper: exponent alpha of the power-law noise profile sigma(s) = s^alpha, s in units of tau (default 0.25)."""
+    rho: float | None = field(default=None, metadata=checked(require_in_range, low=0.0, high=1.0))
+    """paper: sample correlation coefficient of Assumption 3.3 (default 0.1, or the profile's)."""
+    convention: str | None = field(default=None, metadata=_one_of(CONVENTIONS))
+    """Which meaning of mu is given (default rollout-cost, Table 1; or the profile's mu's)."""
+    rollouts_per_step: int | None = field(default=None, metadata=checked(require_integer, minimum=1))
+    """paper: fresh rollouts per step R: gives integer N and B."""
+    profile: str | None = None
+    """Profile file (JSON or CSV, see docs): its noise_scale and memory records feed the rules, its mu the cost, its
+    sigma^2(s) table the staleness cost (forgetting) or the paper objective's noise profile."""
+    average: str | None = field(default=None, metadata=_one_of(AVERAGES))
+    """paper: average of sigma^2 over the buffer for --profile (default integral)."""
+    budget: float | None = field(default=None, metadata=checked(
+        require_number, above=0, finite=True, note=" (compute, in per-sample update costs)", fmt="g"))
+    """paper: compute budget C (per-sample update costs): minimise the Thm 3.4 bound itself at C."""
+    smoothness: float | None = field(default=None, metadata=checked(
+        require_number, above=0, finite=True, note=" (L of Assumption 3.1)", fmt="g"))
+    """paper: L of Assumption 3.1 (with --budget)."""
+    bias: float | None = field(default=None, metadata=checked(
+        require_number, at_least=0, finite=True, note=" (kappa of Assumption 3.2)", fmt="g"))
+    """paper: kappa of Assumption 3.2 (with --budget)."""
+    f0: float | None = field(default=None, metadata=checked(
+        require_number, above=0, finite=True, note=" (F(theta_0) - inf F)", fmt="g"))
+    """paper: F(theta_0) - inf F (with --budget)."""
+
+    def given(self, names: tuple[str, ...]) -> list[str]:
+        """The options among ``names`` set to other than their default."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return [option(name) for name in names if getattr(self, name) != defaults[name]]
+
+    def validated(self) -> "OptimalQuery":
+        """Each option in its range, and only where its objective reads it: one line naming the first that is not."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if CHOICES in f.metadata and value is not None:  # the choices first, as a parser checks them
+                f.metadata[CHECK](option(f.name), value)
+        self._check_objective_reads_them()
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if CHECK in f.metadata and value is not None:
+                f.metadata[CHECK](option(f.name), value)
+        if self.batch_size is not None and self.batch_size % self.group_size:
+            raise invalid("--group-size", _valid("group_size"), self.group_size, fmt="g")
+        if self.budget is not None:
+            self._check_budget_inputs()
+        return self
+
+    def _check_objective_reads_them(self) -> None:
+        forgetting = self.given(FORGETTING_FIELDS)
+        if self.objective != "forgetting" and forgetting:
+            raise ValueError(f"{forgetting[0]} applies to the forgetting-aware rule (the default --objective), not "
+                             f"--objective {self.objective}")
+        paper = self.given(PAPER_FIELDS)
+        if self.objective != "paper" and paper:
+            why = (" (at a fixed R replay cannot beat on-policy at batch R; give -B)"
+                   if paper[0] == "--rollouts-per-step" else "")
+            raise ValueError(f"{paper[0]} applies to --objective paper; the {self.objective} rule reads --mu, "
+                             f"--noise-scale (or --profile) and -B{why}")
+        if self.objective == "paper" and self.noise_scale is not None:
+            raise ValueError("--noise-scale applies to the forgetting-aware and noise-scale rules, not --objective "
+                             "paper")
+        constants = self.given(BUDGET_CONSTANTS)
+        if self.budget is None and constants:
+            raise ValueError(f"{constants[0]} only applies with --budget (the finite-budget objective)")
+
+    def _check_budget_inputs(self) -> None:
+        for name in BUDGET_CONSTANTS:
+            if getattr(self, name) is None:
+                raise ValueError(f"--budget needs {option(name)}: {_valid(name)} (Thm 3.4's constants; see "
+                                 f"docs/THEORY.md)")
+        if self.rollouts_per_step is None and self.batch_size is None:
+            raise ValueError("--budget needs --batch-size or --rollouts-per-step: at a finite budget the bound "
+                             "prefers the smallest batch, so the scale must be fixed")
+
+
+@functools.lru_cache(maxsize=None)
+def _valid(name: str) -> str:
+    """The valid range of OptimalQuery's field ``name``."""
+    return next(f.metadata[VALID] for f in dataclasses.fields(OptimalQuery) if f.name == name)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What ``optimal`` prints: ``text``, or ``record`` as JSON; ``note`` (where mu came from) goes to stderr."""
+
+    text: str
+    record: dict
+    note: str | None = None
+
+
+def answer(query: OptimalQuery) -> Answer:
+    """The answer of ``query``'s objective; bad input is a one-line ValueError naming the option, before any work."""
+    query, note = _with_mu(query.validated())
+    if query.objective == "forgetting":
+        result = _forgetting_answer(query)
+    elif query.objective == "noise-scale":
+        result = _noise_scale_answer(query)
+    else:
+        result = _paper_answer(query)
+    return dataclasses.replace(result, note=note)
+
+
+def _with_mu(query: OptimalQuery) -> tuple[OptimalQuery, str | None]:
+    """--mu, else the measured mu the --profile file carries (so a calibrate --from-log profile feeds optimal with
+    the user's own numbers); never a silent default: where it came from is the note optimal prints on stderr once
+    the answer is out (an input error stays one line)."""
+    if query.mu is not None:
+        return dataclasses.replace(query, convention=query.convention or "rollout-cost"), None
+    if query.profile is None:
+        raise ValueError("--mu is required (or a --profile file that carries a measured mu, as calibrate --from-log "
+                         "writes)")
+    record = load_profile(query.profile).mu
+    if record is None:
+        raise ValueError(f"--mu is required: --profile {query.profile} carries no measured mu")
+    if query.convention is not None and query.convention != record["convention"]:
+        raise ValueError(f"--convention {query.convention} differs from the {record['convention']} mu that --profile "
+                         f"{query.profile} carries: give --mu in that convention")
+    ci = record.get("ci") or [None, None]
+    span = f", 90% CI {ci[0]:.4g}-{ci[1]:.4g}" if None not in ci else ""
+    _check_mu("--mu", record["value"])
+    note = f"mu = {record['value']:.4g} from --profile {query.profile} ({record.get('source', 'measured')}{span})"
+    return dataclasses.replace(query, mu=record["value"], convention=record["convention"]), note
+
+
+# --- forgetting (the default) ------------------------------------------------------------------------------------
+
+
+def _memory_inputs(q: OptimalQuery, loaded: LoadedProfile | None) -> dict:
+    """kappa, optimizer, beta1, pilot batch and where kappa came from: the options, else the profile's memory record;
+    given twice and different is an error, never a silent choice."""
+    record = None if loaded is None else loaded.memory
+    if record is not None and q.kappa is not None:
+        raise ValueError("give kappa once: --kappa or --profile's memory record, not both")
+    if record is None:
+        return {"kappa": q.kappa, "optimizer": q.optimizer or "adam", "beta1": 0.9 if q.beta1 is None else q.beta1,
+                "pilot_batch": q.pilot_batch, "kappa_source": "--kappa" if q.kappa is not None else ""}
+    if record.get("kappa") is None:
+        raise ValueError(f"--profile {q.profile}: its kappa was not measured "
+                         f"({record.get('reason', 'no reason given')}); measure again or pass --kappa")
+    for name, stored in (("optimizer", record["optimizer"]), ("beta1", record["beta1"]),
+                         ("pilot_batch", record.get("pilot_batch"))):
+        given = getattr(q, name)
+        if given is not None and stored is not None and given != stored:
+            raise ValueError(f"{option(name)} {given} differs from the {stored} that --profile {q.profile}'s memory "
+                             f"was measured with: leave {option(name)} out")
+    interval = record.get("kappa_interval") or [None, None]
+    span = "" if None in interval else f", 90% interval [{interval[0]:.3g}, {interval[1]:.3g}]"
+    pilot = record.get("pilot_batch") if q.pilot_batch is None else q.pilot_batch
+    return {"kappa": float(record["kappa"]), "optimizer": record["optimizer"], "beta1": float(record["beta1"]),
+            "pilot_batch": None if pilot is None else int(pilot),
+            "kappa_source": f"--profile {q.profile} ({record.get('method', 'measured')}{span})"}
+
+
+def _staleness_of(loaded: LoadedProfile | None):
+    """r(s) = sigma^2(s) / sigma^2(0) of a profile's measured table (the forgetting rule's staleness cost)."""
+    from .forgetting import NO_STALENESS, staleness_of_table
+    from .profiles import TabulatedProfile
+
+    if loaded is None or not isinstance(loaded.profile, TabulatedProfile):
+        return NO_STALENESS
+    return staleness_of_table(loaded.profile.staleness, loaded.profile.sigma_sq_values,
+                              loaded.sigma_sq_form or "form not stated")
+
+
+def _forgetting_answer(q: OptimalQuery) -> Answer:
+    from . import advice
+
+    b_noise, source = _noise_scale_input(q)
+    if b_noise is not None and q.batch_size is None:
+        raise ValueError("--noise-scale needs -B (the batch size: b = B_noise / B)")
+    loaded = None if q.profile is None else load_profile(q.profile)
+    query = advice.Query(mu=rollout_mu_of_convention(q.mu, q.convention), batch=q.batch_size, b_noise=b_noise,
+                         b_noise_source=source, **_memory_inputs(q, loaded), group_size=q.group_size,
+                         floor=q.latency_floor, max_steps_ratio=q.max_steps_ratio, max_horizon=q.max_horizon,
+                         staleness=_staleness_of(loaded))
+    record = advice.advise(query)
+    floor_ratio = floor_ratio_of(q.latency_floor, q.batch_size)  # the benchmark's cost model nearest the user's
+    verdict = verdict_line(floor_ratio=floor_ratio)
+    evidence = evidence_line("forgetting", floor_ratio=floor_ratio)
+    return Answer(text=(verdict + ".\n" if verdict else "") + advice.render(record, [evidence]),
+                  record={**record, "verdict": verdict, "evidence": evidence, "convention": q.convention,
+                          "paper_evidence": evidence_line("paper")})
+
+
+# --- the noise-scale rule --------------------------------------------------------------------------------------
+
+
+def _noise_scale_input(q: OptimalQuery) -> tuple[float | None, str]:
+    """(B_noise, where it came from): --noise-scale, or the profile's noise_scale record."""
+    if q.profile is None:
+        return q.noise_scale, "--noise-scale"
+    if q.noise_scale is not None:
+        raise ValueError("give the noise scale once: --noise-scale or --profile, not both")
+    record = load_profile(q.profile).noise_scale
+    if record is None:
+        raise ValueError(f"--profile {q.profile} has no noise_scale record (b is missing): measure B_noise "
+                         f"(replay-theory calibrate-simulator, validate calibrate-model, calibrate --from-log "
+                         f"--grad-norms) or pass --noise-scale")
+    interval = record.get("b_noise_interval") or [None, None]
+    if record.get("b_noise") is None:
+        low = "" if interval[0] is None else (f"; its interval's lower end is {interval[0]:.4g}: --mu MU --noise-scale "
+                                              f"{interval[0]:.4g} -B B gives the most replay-friendly answer the data "
+                                              f"allow")
+        why = record.get("reason") or record.get("note")
+        said = f": {why}" if why else ""
+        raise ValueError(f"--profile {q.profile} has no B_noise (its noise_scale record has b_noise: null{said}){low}; "
+                         f"or measure again over more steps or a larger batch")
+    span = "" if None in interval else f", 90% interval [{interval[0]:.4g}, {interval[1]:.4g}]"
+    return float(record["b_noise"]), f"--profile {q.profile} ({record.get('method', 'measured')}{span})"
+
+
+def _noise_scale_answer(q: OptimalQuery) -> Answer:
+    b_noise, source = _noise_scale_input(q)
+    if b_noise is not None and q.batch_size is None:
+        raise ValueError("--noise-scale needs -B (the batch size: the rule's b = B_noise / B)")
+    mu_rollout = rollout_mu_of_convention(q.mu, q.convention)
+    evidence, paper, verdict = evidence_line("noise-scale"), evidence_line("paper"), verdict_line()
+    head = {"objective": "noise-scale", "verdict": verdict, "horizon": HORIZON_TEXT, "mu": q.mu,
+            "convention": q.convention}
+    if b_noise is None:
+        threshold = ns.replay_threshold(mu_rollout)
+        rows = [ns.rule_at(b, mu_rollout) for b in sorted({*TABLE_BS, threshold})]
+        paper_design = optimal_design(DesignQuery(mu=q.mu, convention=q.convention))  # whatever b and B
+        return Answer(text=render_rule_table(q.mu, mu_rollout, q.convention, rows, verdict, evidence, paper_design,
+                                             paper),
+                      record={**head, "mu_rollout_cost": mu_rollout, "threshold_b": threshold, "rows": rows,
+                              "evidence": evidence, "measure_b": list(MEASURE_B), "paper_evidence": paper})
+    design = ns.noise_scale_design(b_noise, q.batch_size, mu_rollout)
+    paper_design = optimal_design(DesignQuery(mu=q.mu, convention=q.convention, batch_size=q.batch_size))
+    return Answer(text=render_rule(q.mu, q.convention, design, source, verdict, evidence, paper_design, paper),
+                  record={**head, "noise_scale_source": source, **design.__dict__, "x": design.x,
+                          "workers_per_trainer": design.workers_per_trainer, "compute_ratio": design.compute_ratio,
+                          "evidence": evidence,
+                          "paper": {"x_star": paper_design.x_star, "y_star": paper_design.y_star,
+                                    "regime": paper_design.regime, "evidence": paper}})
+
+
+# --- the paper's design ------------------------------------------------------------------------------------------
+
+
+def _paper_profile(q: OptimalQuery) -> LoadedProfile | None:
+    """The --profile file as the paper objective reads it: a sigma^2(s) table or power law, with a usable rho."""
+    if q.profile is None:
+        return None
+    loaded = load_profile(q.profile)
+    if loaded.profile is None:
+        raise ValueError(f"--profile {q.profile} holds a noise scale only; --objective paper needs a sigma^2(s) table "
+                         f"or power law")
+    if q.rho is None and loaded.rho_problem():  # never a silent default for a failed fit
+        raise ValueError(f"--profile {q.profile}: {loaded.rho_problem()}; pass --rho explicitly")
+    if q.alpha is not None:
+        raise ValueError("alpha cannot be combined with --profile (the profile replaces the power law)")
+    return loaded
+
+
+def _finite_budget(q: OptimalQuery, query: DesignQuery, loaded: LoadedProfile | None):
+    """finite_budget_design for an `optimal` query: the power law (default alpha) or the loaded profile."""
+    query.validated()  # the shared checks (-R with -B, ...) before the search
+    alpha = DEFAULT_ALPHA if loaded is None and q.alpha is None else q.alpha
+    rho = q.rho if q.rho is not None else (loaded.rho if loaded is not None and loaded.rho is not None
+                                           else DEFAULT_RHO)
+    try:
+        return finite_budget_design(
+            budget=q.budget, mu=q.mu, smoothness=q.smoothness, bias=q.bias, f0=q.f0,
+            profile=PowerLawProfile(alpha) if loaded is None else loaded.profile,
+            profile_description=(f"power law sigma(s) = (s/tau)^{alpha:g}" if loaded is None else loaded.description),
+            alpha=alpha if loaded is None else None, rho=rho,
+            batch_size=q.batch_size, rollouts_per_step=q.rollouts_per_step, convention=q.convention,
+            average=query.average)
+    except ValueError as err:  # "budget must be >= ..." names the option as typed
+        head = str(err).split(" ", 1)[0]
+        raise ValueError(f"--{err}" if head in ("budget", *BUDGET_CONSTANTS) else str(err)) from None
+
+
+def _paper_answer(q: OptimalQuery) -> Answer:
+    loaded = _paper_profile(q)
+    query = DesignQuery(mu=q.mu, alpha=q.alpha, rho=q.rho, convention=q.convention,
+                        rollouts_per_step=q.rollouts_per_step, batch_size=q.batch_size,
+                        profile=None if loaded is None else loaded.profile,
+                        profile_description=None if loaded is None else loaded.description,
+                        profile_rho=None if loaded is None else loaded.rho, average=q.average or "integral")
+    design = optimal_design(query) if q.budget is None else _finite_budget(q, query, loaded)
+    evidence = evidence_line("paper" if q.budget is None else "finite-budget")
+    return Answer(text=render_design(design) + "\n" + evidence + ".",
+                  record={**design.to_json_dict(), "evidence": evidence})
+
+
+# --- gamma: a (W, T) GPU split (Eq. 2) ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SplitQuery:
+    """What ``replay-theory gamma`` is asked: a (W, T) GPU split and the cost ratio mu."""
+
+    workers: float = field(metadata=checked(require_number, above=0, finite=True, fmt="g"))
+    """Inference GPUs W."""
+    trainers: float = field(metadata=checked(require_number, above=0, finite=True, fmt="g"))
+    """Trainer GPUs T."""
+    mu: float = field(metadata=checked(require_number, above=0, finite=True, fmt="g"))
+    """Rollout cost / per-sample update cost (Table 1 meaning)."""
+
+    def split(self) -> Split:
+        """The split's gamma, y and regime (theory/design.py, ``split_design``), each option checked first."""
+        for f in dataclasses.fields(self):
+            f.metadata[CHECK](option(f.name), getattr(self, f.name))
+        return split_design(self.workers, self.trainers, self.mu)
