@@ -312,7 +312,8 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     plan.check_sizes(config.rollouts_per_step, config.group_size)
     check_run_dir(out_dir, needs="predicted.json")
     stem = report_stem(plan.family)
-    saved = saved_report(out_dir, stem, config, plan, log)
+    lrs = plan.learning_rates(config.lr)
+    saved = saved_report(out_dir, stem, config, plan, lrs, log)
     if saved is not None:
         return saved
     engine = check_engine(config)
@@ -323,8 +324,7 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     started = time.perf_counter()
     predicted = load_predicted(out_dir)
     calibration = json.loads((out_dir / "calibration.json").read_text())
-    run = VerifyRun(config, plan, out_dir, predicted["mu"], plan.batched and engine == "hf",
-                    plan.learning_rates(config.lr))
+    run = VerifyRun(config, plan, out_dir, predicted["mu"], plan.batched and engine == "hf", lrs)
     train_set, test_set = config.problems()
     (out_dir / "verify").mkdir(exist_ok=True)
     warm = load_checkpoint(out_dir / "warm_start", device=config.device)
@@ -340,8 +340,10 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     return report
 
 
-def saved_report(out_dir: Path, stem: str, config: ValidateConfig, plan: VerifyConfig, log=print) -> dict | None:
-    """``out_dir/stem.json`` when it was made with these seeds, budget and learning rates; None when there is none.
+def saved_report(out_dir: Path, stem: str, config: ValidateConfig, plan: VerifyConfig, lrs: tuple[float, ...],
+                 log=print) -> dict | None:
+    """``out_dir/stem.json`` when it was made with these seeds, budget and learning rates (``lrs``); None when there is
+    none.
 
     Reports are never overwritten: the same request returns the saved report, another is refused."""
     path = out_dir / f"{stem}.json"
@@ -350,7 +352,7 @@ def saved_report(out_dir: Path, stem: str, config: ValidateConfig, plan: VerifyC
     report = json.loads(path.read_text())
     saved_lrs = report["budget"].get("lr_grid", [report.get("config", {}).get("lr", config.lr)])
     if (report["budget"]["seeds"], report["budget"]["updates"], saved_lrs) != (
-            plan.seeds, plan.budget_updates, list(plan.learning_rates(config.lr))):
+            plan.seeds, plan.budget_updates, list(lrs)):
         lr_text = f" at learning rates {', '.join(f'{lr:.3g}' for lr in saved_lrs)}" if len(saved_lrs) > 1 else ""
         raise ValueError(f"{path} exists for --seeds {report['budget']['seeds']} --budget-updates "
                          f"{report['budget']['updates']}{lr_text}; reports are never overwritten: use another "
