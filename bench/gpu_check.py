@@ -547,9 +547,11 @@ def section_batched_verify(plan: Plan, clock: Clock, budget: float) -> dict:
 def verdict_summary(report: dict) -> dict:
     """What section 7 reports of a ``report-fixed-b.json``: the batch, b, each rule's pick and its placement
     (rank, P(best), regret, strongest rival, seeds for 2 se), the designs' rewards, and why a rule made no pick."""
-    rows = [{"name": d["name"], "R": d.get("R"), "N": d.get("N"), "B": d.get("B"), "steps": d.get("steps"),
-             "reward_mean": d.get("final_reward_mean"), "reward_sd": d.get("final_reward_std")}
-            for d in report.get("designs", [])]
+    from replay_theory.core.designs import in_design_names
+
+    rows = [{"name": d["name"], "R": d["rollouts_per_step"], "N": d["capacity"], "B": d["batch_size"],
+             "steps": d.get("steps"), "reward_mean": d.get("final_reward_mean"), "reward_sd": d.get("final_reward_std")}
+            for d in map(in_design_names, report.get("designs", []))]  # rows saved before say N, B, R
     rules = []
     for p in report.get("predictions") or []:
         v, sep, pick = p.get("verdict"), p.get("separation"), p.get("pick")

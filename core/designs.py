@@ -257,15 +257,12 @@ class DesignConfig(ExGRPOShapingParams, AsymREParams, RLOOParams, M2POParams, Cl
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any], **fields: Any) -> "DesignConfig":
-        """The design a saved record names, N, B, R from whichever keys it has; ``fields`` set the rest.
-
-        ``replay-theory optimal --json``: ``capacity``, ``batch_size``, ``rollouts_per_step`` (files saved before
-        ``capacity`` was N's name say ``buffer_size``); ``validate predict``'s predicted.json: ``N``, ``B``, ``R``.
-        Each size must be an integer >= 1 (a JSON 64.0 reads as 64); a missing or null one is a one-line ValueError.
-        """
+        """The design a saved record names, N, B, R from whichever keys it has (``record_key``); ``fields`` set the
+        rest. Each size must be an integer >= 1 (a JSON 64.0 reads as 64); a missing or null one is a one-line
+        ValueError."""
         sizes = {}
         for name, keys in RECORD_KEYS.items():
-            key = next((k for k in keys if record.get(k) is not None), None)
+            key = record_key(record, name)
             if key is None:
                 raise ValueError(f"the record has no {name} (one of {', '.join(keys)})")
             sizes[name] = require_integer(key, record[key], 1, whole_floats=True)
@@ -277,7 +274,22 @@ RECORD_KEYS: dict[str, tuple[str, ...]] = {
     "batch_size": ("batch_size", "B"),
     "rollouts_per_step": ("rollouts_per_step", "R"),
 }
-"""The keys a saved record gives N, B, R under (``DesignConfig.from_record``), the current name first."""
+"""The keys a saved record gives N, B, R under, the current name first. ``replay-theory optimal --json``, ``validate
+predict``'s predicted.json and verify's report rows say ``capacity``, ``batch_size``, ``rollouts_per_step``; files
+saved before say ``buffer_size`` (optimal) or ``N``, ``B``, ``R`` (predicted.json, report rows)."""
+
+
+def record_key(record: Mapping[str, Any], name: str) -> str | None:
+    """The key ``record`` gives design size ``name`` under (the first of ``RECORD_KEYS[name]`` that is not null)."""
+    return next((key for key in RECORD_KEYS[name] if record.get(key) is not None), None)
+
+
+def in_design_names(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``record`` with N, B, R under DesignConfig's names, None where it has none: the one adapter that reads a
+    saved file of either shape (``RECORD_KEYS``)."""
+    sizes = {name: None if (key := record_key(record, name)) is None else record[key] for name in RECORD_KEYS}
+    old = {key for keys in RECORD_KEYS.values() for key in keys}
+    return {**{k: v for k, v in record.items() if k not in old}, **sizes}
 
 
 def design_field_names() -> list[str]:

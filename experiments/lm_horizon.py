@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import spearmanr
 
+from ..core.designs import DesignConfig
 from ..theory import forgetting as fg
 from ..validate.verdict import compare
 
@@ -35,8 +36,10 @@ REPORT = "report-horizon.json"
 
 
 def _design(row: dict) -> fg.Design | None:
-    """The report row as the model's design; None where N is not a whole number of steps of R (the paper's pick)."""
-    N, B, R = int(row["N"]), int(row["B"]), int(row["R"])
+    """The report row as the model's design; None where N is not a whole number of steps of R (the paper's pick).
+    A row saved before the design kept DesignConfig's names says N, B, R (``DesignConfig.from_record`` reads both)."""
+    sizes = DesignConfig.from_record(row)
+    N, B, R = sizes.capacity, sizes.batch_size, sizes.rollouts_per_step
     if N % R:
         return None
     return fg.Design(B, R, N, N == R == B)

@@ -23,6 +23,7 @@ from ..core.designs import (
     M2POParams,
     RLOOParams,
     design_field_names,
+    in_design_names,
     loss_aggregation,
     validate_trainer_design,
 )
@@ -177,8 +178,7 @@ class ReplayConfig:
         """
         data = dict(_load_json(source))
         _check_design(data)
-        if "capacity" not in data and "buffer_size" in data:  # optimal --json before capacity was its name for N
-            data["capacity"] = data["buffer_size"]
+        data = in_design_names(data)  # optimal --json before capacity was its name for N says buffer_size
         notes: list[str] = []
         if data.get("objective") == "forgetting" and not data.get("measured"):  # the default rule's answer
             raise ValueError("the optimal --json output has no design: run `replay-theory optimal` with the noise "

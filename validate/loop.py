@@ -8,7 +8,9 @@ SFT on solver solutions, measures mu (timing and App. E counts), sigma^2(s), rho
 probe RL run, and writes ``DIR/calibration.json`` and ``DIR/profile.json``. ``replay-theory validate
 predict --out DIR`` turns them into the Thm 3.5 design (x*, y*) and integer N, B, R in
 ``DIR/predicted.json``; ``verify`` trains the designs at equal compute (on-policy, the prediction and FIFO
-buffers around it with GRPO; RLOO whole-group replay cells (rho, L, c)) and writes ``DIR/report.json/.md/.png``.
+buffers around it with GRPO; RLOO whole-group replay cells (rho, L, c); ``validate/families.py``) and writes
+``DIR/report.json/.md/.png``. N, B, R are DesignConfig's ``capacity``, ``batch_size``, ``rollouts_per_step`` in every
+file; one saved before says N, B, R and is read through ``core.designs.in_design_names``.
 Files are never overwritten: a step whose output exists is skipped (resume) when it was made with the
 same settings, and refused otherwise; ``--out`` is checked before any work (``check_run_dir``). verify's runs
 (design x learning rate x seed) are independent and each fixes its own seeds: ``--jobs`` trains them in worker
@@ -33,13 +35,12 @@ import numpy as np
 import torch
 import transformers
 
-from ..core.designs import capacity_holds_a_step
+from ..core.designs import in_design_names
 from ..core.jobs import local_workers, run_unordered
 from ..core.progress import ProgressBar
 from ..outputs import write_new
 from ..theory.design import DesignQuery, optimal_design
 from ..theory.forgetting import forgetting_pick
-from ..theory.group_replay import fresh_groups_per_step, fresh_verifier_evaluations
 from ..theory.noise_scale import noise_scale_pick
 from ..theory.profiles import load_profile
 from . import countdown
@@ -47,10 +48,6 @@ from .batched import stack_policy
 from .calibrate import calibrate_lm, write_calibration
 from .config import (
     FIXED_B_FAMILIES,
-    FIXED_B_REPLAY_RATIOS,
-    FIXED_B_SMALLER,
-    HORIZON_XS,
-    HORIZON_Y,
     TINY_MODEL,
     VERIFY_BUDGET_UPDATES,
     VERIFY_SEEDS,
@@ -61,6 +58,7 @@ from .config import (
     report_stem,
 )
 from .engines import make_sampler, resolve_engine
+from .families import NamedDesign, fixed_b_designs, horizon_designs, neighbour_designs, steps_at_budget
 from .policy import (
     ModelConfig,
     load_checkpoint,
@@ -225,16 +223,17 @@ def run_predict(config: ValidateConfig, out_dir: Path, log=print, rho: float | N
     predicted = {"mu": mu_value, "mu_timing": calibration["mu_timing"], "x_star": design.x_star,
                  "y_star": design.y_star, "regime": design.regime,
                  "regime_text": design.regime_text, "advice": design.advice,
-                 "N": design.capacity, "B": design.batch_size, "R": design.rollouts_per_step,
+                 "capacity": design.capacity, "batch_size": design.batch_size,
+                 "rollouts_per_step": design.rollouts_per_step,
                  "workers_per_trainer": design.workers_per_trainer, "rho_used": rho, "rho_note": rho_note,
                  "design": design.to_json_dict()}
     path = out_dir / "predicted.json"
     if path.exists():
-        saved = json.loads(path.read_text())
-        if any(saved.get(k) != predicted[k] for k in ("mu", "N", "B", "R")):
-            raise ValueError(f"{path} exists with mu = {saved.get('mu', math.nan):.4g}, N = {saved.get('N')}, "
-                             f"B = {saved.get('B')}, R = {saved.get('R')}; predictions are never overwritten: "
-                             f"use another --out (or another --price-mu)")
+        saved = load_predicted(out_dir)
+        if any(saved.get(k) != predicted[k] for k in ("mu", "capacity", "batch_size", "rollouts_per_step")):
+            raise ValueError(f"{path} exists with mu = {saved.get('mu', math.nan):.4g}, N = {saved['capacity']}, "
+                             f"B = {saved['batch_size']}, R = {saved['rollouts_per_step']}; predictions are never "
+                             f"overwritten: use another --out (or another --price-mu)")
         predicted = saved
     else:
         write_new(path, lambda tmp: tmp.write_text(json.dumps(predicted, indent=1, default=lambda v: None)))
@@ -248,136 +247,9 @@ def run_predict(config: ValidateConfig, out_dir: Path, log=print, rho: float | N
     return predicted
 
 
-# The verify sweep's RLOO whole-group replay cells (rho, L, c), RLOO note (docs/REFERENCES.md):
-# the fresh-only baseline (rho = 0: c and L have no effect), the paper's best-reward cell (1, 1, 1),
-# and rho = 1 with the older pool L = 2 and the looser clip c = 3.
-GROUP_REPLAY_CELLS = ((0.0, 0, 1.0), (1.0, 1, 1.0), (1.0, 2, 3.0))
-
-
-def _designs(config: ValidateConfig, predicted: dict, group_replay: bool = False) -> list[dict]:
-    """On-policy, the prediction and its four neighbours (N and B doubled and halved, R fixed), then RLOO cells.
-
-    The neighbours are what the verdict needs: if the prediction is right, none of them beats it at equal
-    compute. When the prediction is not a replay design, the neighbours are on-policy's. FIFO designs train
-    with GRPO; group-replay designs (RLOO loss, leave-one-out advantage) carry rho, L, c and B = R completions
-    per update, i.e. B / K groups of which round(B/K / (1 + rho)) are fresh. All FIFO designs form the
-    family the theory ranks (``family``).
-    """
-    R = config.rollouts_per_step
-    designs = [{"name": "on-policy", "buffer": "on-policy", "loss": "grpo", "N": R, "B": R, "family": True}]
-    replay = predicted["regime"] == "replay" and bool(predicted["N"]) and bool(predicted["B"])
-    N0, B0 = (int(predicted["N"]), int(predicted["B"])) if replay else (R, R)
-    if replay:
-        designs.append({"name": "predicted", "buffer": "fifo", "loss": "grpo", "N": N0, "B": B0, "family": True})
-    centre = "predicted" if replay else "on-policy"
-    for label, N, B in (("N x2", 2 * N0, B0), ("N x0.5", N0 // 2, B0), ("B x2", N0, 2 * B0),
-                         ("B x0.5", N0, B0 // 2)):
-        if capacity_holds_a_step(N, R) and B >= 1:  # a FIFO smaller than one step's rollouts drops fresh data unseen
-            designs.append({"name": f"{centre}, {label}", "buffer": "fifo", "loss": "grpo", "N": N, "B": B,
-                            "family": True})
-    unique, seen = [], set()
-    for d in designs:
-        if (d["N"], d["B"]) not in seen:
-            seen.add((d["N"], d["B"]))
-            unique.append(d)
-    return unique + _group_replay_designs(R, group_replay)
-
-
-def _group_replay_designs(R: int, group_replay: bool) -> list[dict]:
-    designs = []
-    for rho, L, c in GROUP_REPLAY_CELLS if group_replay else ():
-        name = "RLOO rho=0" if rho == 0 else f"RLOO rho={rho:g}, L={L}, c={c:g}"
-        designs.append({"name": name, "buffer": "group-replay", "loss": "rloo", "N": None, "B": R,
-                        "rho": rho, "L": L, "c": c, "family": False})
-    return designs
-
-
-def _add_design(designs: list[dict], design: dict) -> str:
-    """Append ``design`` unless one with its buffer, N, B and R is there; the name of the one in the list."""
-    key = (design["buffer"], design["N"], design["B"], design["R"])
-    for d in designs:
-        if (d["buffer"], d["N"], d["B"], d["R"]) == key:
-            return d["name"]
-    designs.append(design)
-    return design["name"]
-
-
-def fixed_b_designs(config: ValidateConfig, predicted: dict, pick: dict | None,
-                    group_replay: bool = False, forgetting: dict | None = None) -> tuple[list[dict], dict[str, str]]:
-    """The family where replay can win (issue 23; docs/THEORY.md, the noise-scale rule) and where each rule's pick is.
-
-    At B = --rollouts-per-step: on-policy (R = N = B), FIFO replay at R = N = B / y for y in 2, 4, 8 (the shortest
-    horizon x = 1), on-policy at B / 2 and B / 4, then the noise-scale rule's design (``pick``; None: no measured
-    B_noise), the forgetting-aware rule's (``forgetting``, ``theory.forgetting.forgetting_pick``; None: no kappa) and
-    the paper's (predicted.json; R = B) where they are not already in the list. Every design carries its own R (fresh
-    rollouts per step). Returns the designs and {"noise-scale", "forgetting", "paper"} -> design name.
-    """
-    B = config.rollouts_per_step
-    designs = [{"name": "on-policy", "buffer": "on-policy", "loss": "grpo", "N": B, "B": B, "R": B, "family": True}]
-    for y in FIXED_B_REPLAY_RATIOS:
-        designs.append({"name": f"replay y={y}", "buffer": "fifo", "loss": "grpo", "N": B // y, "B": B, "R": B // y,
-                        "family": True})
-    for d in FIXED_B_SMALLER:
-        designs.append({"name": f"on-policy B/{d}", "buffer": "on-policy", "loss": "grpo", "N": B // d, "B": B // d,
-                        "R": B // d, "family": True})
-    centres = {}
-    if pick is not None:
-        centres["noise-scale"] = _add_design(designs, designs[0] if pick["regime"] == "on-policy" else {
-            "name": "noise-scale rule", "buffer": "fifo", "loss": "grpo", "N": pick["N"], "B": B, "R": pick["R"],
-            "family": True})
-    if forgetting is not None:
-        centres["forgetting"] = _add_design(designs, designs[0] if forgetting["regime"] == "on-policy" else {
-            "name": "forgetting-aware rule", "buffer": "fifo", "loss": "grpo", "N": forgetting["N"], "B": B,
-            "R": forgetting["R"], "family": True})
-    if predicted["regime"] == "replay" and bool(predicted["N"]) and bool(predicted["B"]):
-        centres["paper"] = _add_design(designs, {"name": "predicted", "buffer": "fifo", "loss": "grpo",
-                                                 "N": int(predicted["N"]), "B": int(predicted["B"]), "R": B,
-                                                 "family": True})
-    else:
-        centres["paper"] = "on-policy"
-    return designs + _group_replay_designs(B, group_replay), centres
-
-
-def horizon_designs(config: ValidateConfig, designs: list[dict]) -> list[dict]:
-    """The fixed-b family plus replay at y = B/R = HORIZON_Y with the horizons x = N/R in HORIZON_XS (issue 30): where
-    the optimizer's forgetting could make replay pay (docs/THEORY.md, "Forgetting"); names "replay y=4 x=16", ..."""
-    designs = list(designs)
-    B = config.rollouts_per_step
-    r = B // HORIZON_Y
-    for x in HORIZON_XS:
-        _add_design(designs, {"name": f"replay y={HORIZON_Y} x={x}", "buffer": "fifo", "loss": "grpo", "N": x * r,
-                              "B": B, "R": r, "family": True})
-    return designs
-
-
-def design_cost(design: dict, steps: int, mu: float, R: int, K: int) -> dict:
-    """Fresh rollouts, samples trained and compute of ``steps`` updates of ``design``, in sample-update units.
-
-    Compute = mu * fresh rollouts + samples trained (an update of B samples costs B, a rollout mu).
-    FIFO / on-policy: R fresh per step, so compute = T (mu R + B). Group replay: B / K groups per update,
-    the first step all fresh, then round(B/K / (1 + rho)) fresh groups: K (B/K + (T - 1) B_fresh) fresh
-    rollouts (RLOO budget, theory/group_replay.py; rho <= L, so the pool covers the replay demand).
-    """
-    if design["buffer"] == "group-replay":
-        fresh = int(fresh_verifier_evaluations(K, design["B"] // K, steps, design["rho"]))  # App. B, Replay-RLOO
-    else:
-        fresh = steps * design.get("R", R)  # a fixed-b design carries its own R
-    trained = steps * design["B"]
-    return {"fresh_rollouts": fresh, "samples_trained": trained, "compute": mu * fresh + trained}
-
-
-def steps_at_budget(design: dict, budget: float, mu: float, R: int, K: int) -> int:
-    """The most updates (at least 1) whose ``design_cost`` compute fits in ``budget``: equal compute.
-
-    Every step after the first costs the same (mu * fresh per step + B); the first step may cost more
-    (group replay: all of its groups are fresh), so T = 1 + floor((budget - first) / per_step).
-    """
-    first = design_cost(design, 1, mu, R, K)["compute"]
-    per_step = design_cost(design, 2, mu, R, K)["compute"] - first
-    slack = 1e-9 * budget  # budget = 40 (mu R + R) must buy 40 on-policy updates, not 39 after rounding
-    if design["buffer"] != "group-replay":
-        return max(1, math.floor((budget + slack) / per_step))  # T (mu R + B) <= budget
-    return max(1, 1 + math.floor((budget + slack - first) / per_step))
+def load_predicted(out_dir: Path) -> dict:
+    """predicted.json with N, B, R under DesignConfig's names; one saved before says N, B, R (``in_design_names``)."""
+    return in_design_names(json.loads((out_dir / "predicted.json").read_text()))
 
 
 def _run_file_stem(name: str) -> str:
@@ -440,7 +312,8 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     plan.check_sizes(config.rollouts_per_step, config.group_size)
     check_run_dir(out_dir, needs="predicted.json")
     stem = report_stem(plan.family)
-    saved = saved_report(out_dir, stem, config, plan, log)
+    lrs = plan.learning_rates(config.lr)
+    saved = saved_report(out_dir, stem, config, plan, lrs, log)
     if saved is not None:
         return saved
     engine = check_engine(config)
@@ -449,10 +322,9 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
                          f"{plan.jobs}")
     configure_torch(config.threads)
     started = time.perf_counter()
-    predicted = json.loads((out_dir / "predicted.json").read_text())
+    predicted = load_predicted(out_dir)
     calibration = json.loads((out_dir / "calibration.json").read_text())
-    run = VerifyRun(config, plan, out_dir, predicted["mu"], plan.batched and engine == "hf",
-                    plan.learning_rates(config.lr))
+    run = VerifyRun(config, plan, out_dir, predicted["mu"], plan.batched and engine == "hf", lrs)
     train_set, test_set = config.problems()
     (out_dir / "verify").mkdir(exist_ok=True)
     warm = load_checkpoint(out_dir / "warm_start", device=config.device)
@@ -468,8 +340,10 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     return report
 
 
-def saved_report(out_dir: Path, stem: str, config: ValidateConfig, plan: VerifyConfig, log=print) -> dict | None:
-    """``out_dir/stem.json`` when it was made with these seeds, budget and learning rates; None when there is none.
+def saved_report(out_dir: Path, stem: str, config: ValidateConfig, plan: VerifyConfig, lrs: tuple[float, ...],
+                 log=print) -> dict | None:
+    """``out_dir/stem.json`` when it was made with these seeds, budget and learning rates (``lrs``); None when there is
+    none.
 
     Reports are never overwritten: the same request returns the saved report, another is refused."""
     path = out_dir / f"{stem}.json"
@@ -478,7 +352,7 @@ def saved_report(out_dir: Path, stem: str, config: ValidateConfig, plan: VerifyC
     report = json.loads(path.read_text())
     saved_lrs = report["budget"].get("lr_grid", [report.get("config", {}).get("lr", config.lr)])
     if (report["budget"]["seeds"], report["budget"]["updates"], saved_lrs) != (
-            plan.seeds, plan.budget_updates, list(plan.learning_rates(config.lr))):
+            plan.seeds, plan.budget_updates, list(lrs)):
         lr_text = f" at learning rates {', '.join(f'{lr:.3g}' for lr in saved_lrs)}" if len(saved_lrs) > 1 else ""
         raise ValueError(f"{path} exists for --seeds {report['budget']['seeds']} --budget-updates "
                          f"{report['budget']['updates']}{lr_text}; reports are never overwritten: use another "
@@ -498,7 +372,8 @@ def evaluate_warm_start(run: VerifyRun, warm, test_set, sampler) -> list[dict]:
             for e in eval_seeds]
 
 
-def verify_designs(run: VerifyRun, predicted: dict, calibration: dict, log=print) -> tuple[list[dict], dict, dict]:
+def verify_designs(run: VerifyRun, predicted: dict, calibration: dict, log=print
+                   ) -> tuple[list[NamedDesign], dict, dict]:
     """The designs verify trains, which of them each rule picked, and the rules' inputs.
 
     The neighbours family has the paper's prediction alone; fixed-b and horizon add the noise-scale rule's pick
@@ -507,7 +382,7 @@ def verify_designs(run: VerifyRun, predicted: dict, calibration: dict, log=print
     """
     rules = {"pick": None, "noise_record": calibration.get("noise_scale") or {}, "memory": None, "forgetting": None}
     if run.plan.family not in FIXED_B_FAMILIES:
-        return _designs(run.config, predicted, run.plan.group_replay), {}, rules
+        return neighbour_designs(run.config, predicted, run.plan.group_replay), {}, rules
     b_noise = rules["noise_record"].get("b_noise")
     if b_noise is not None:
         rules["pick"] = noise_scale_pick(b_noise, run.R, run.K, run.mu)
@@ -528,24 +403,24 @@ def verify_designs(run: VerifyRun, predicted: dict, calibration: dict, log=print
     return designs, centres, rules
 
 
-def pending_units(run: VerifyRun, designs: list[dict]) -> tuple[dict, list[tuple]]:
+def pending_units(run: VerifyRun, designs: list[NamedDesign]) -> tuple[dict, list[tuple]]:
     """Every (design, learning rate) cell's record paths, one a seed, and what is left to train: units
     (design, lr, steps, pending seeds), a cell's seeds together when batched. Saved records are kept (resume); one
     trained for another number of updates is refused."""
     cells = [(d, lr) for d in designs for lr in run.lrs]  # (design, learning rate): one group of seeds each
     tag = _lr_tag if run.grid else (lambda lr: "")
-    paths = {(d["name"], lr): [run.out_dir / "verify" / f"{_run_file_stem(d['name'])}{tag(lr)}_seed{s}.json"
+    paths = {(d.name, lr): [run.out_dir / "verify" / f"{_run_file_stem(d.name)}{tag(lr)}_seed{s}.json"
                                for s in range(run.plan.seeds)] for d, lr in cells}
     units = []  # what one process trains at a time: (design, lr, steps, pending seeds); a cell's seeds if batched
     for design, lr in cells:
-        steps = steps_at_budget(design, run.budget, run.mu, run.R, run.K)
-        for path in paths[(design["name"], lr)]:
+        steps = steps_at_budget(design.config, run.budget, run.mu)
+        for path in paths[(design.name, lr)]:
             if path.exists():  # resume: finished runs are kept
                 saved = json.loads(path.read_text())
                 if saved["steps"] != steps:
                     raise ValueError(f"{str(path)!r} was trained for {saved['steps']} updates, not {steps}: a "
                                      f"different --budget-updates or mu; use another --out")
-        pending = [s for s, path in enumerate(paths[(design["name"], lr)]) if not path.exists()]
+        pending = [s for s, path in enumerate(paths[(design.name, lr)]) if not path.exists()]
         if run.batched and len(pending) > 1:
             units.append((design, lr, steps, pending))
         else:
@@ -565,21 +440,21 @@ def train_units(run: VerifyRun, units: list[tuple], paths: dict, train_set, test
             f"in {workers} process{'es' if workers > 1 else ''}")
     bar = ProgressBar("verify (design x seed runs)", total, done, enabled=progress)
 
-    def log_unit(design: dict, lr: float, pending: list[int]) -> None:
+    def log_unit(design: NamedDesign, lr: float, pending: list[int]) -> None:
         for s in pending:
-            record = json.loads(paths[(design["name"], lr)][s].read_text())
-            log(f"{design['name']:<20}{f' lr {lr:.3g}' if run.grid else ''} seed {s}: held-out reward "
+            record = json.loads(paths[(design.name, lr)][s].read_text())
+            log(f"{design.name:<20}{f' lr {lr:.3g}' if run.grid else ''} seed {s}: held-out reward "
                 f"{record['held_out']['mean_reward']:.3f} (pass@1 {record['held_out']['pass@1']:.3f}) after "
                 f"{record['steps']} updates")
 
     if workers == 1:
         for design, lr, steps, pending in units:
             _train_unit(dataclasses.replace(run.config, lr=lr), run.out_dir, design, steps, run.mu, pending,
-                        paths[(design["name"], lr)], run.batched, train_set, test_set, sampler, bar)
+                        paths[(design.name, lr)], run.batched, train_set, test_set, sampler, bar)
             log_unit(design, lr, pending)
     else:  # independent runs, each seeded by its own seed: the same files whichever process trains them
         jobs = ((dataclasses.replace(run.config, lr=lr), run.out_dir, design, steps, run.mu, pending,
-                 paths[(design["name"], lr)], run.batched) for design, lr, steps, pending in units)
+                 paths[(design.name, lr)], run.batched) for design, lr, steps, pending in units)
         for design, lr, pending in run_unordered(_train_unit_in_worker, jobs, workers, batch_size=1):
             for _ in pending:
                 bar.advance()
@@ -589,13 +464,13 @@ def train_units(run: VerifyRun, units: list[tuple], paths: dict, train_set, test
     return records
 
 
-def verify_report(run: VerifyRun, designs: list[dict], centres: dict, rules: dict, records: dict,
+def verify_report(run: VerifyRun, designs: list[NamedDesign], centres: dict, rules: dict, records: dict,
                   warm_evals: list[dict], predicted: dict, calibration: dict, started: float) -> dict:
     """report.json's content: each design's row at its best learning rate, the measured best, the verdict on the
     paper's prediction and the gap to it; in the fixed-b families each rule's prediction placed among them."""
     config, seeds = run.config, run.plan.seeds
     warm_mean, warm_sd = _mean_sd([e["mean_reward"] for e in warm_evals])
-    rows = [_best_lr_row(design, run.lrs, records, run.R, run.K, seeds, warm_mean, warm_sd) for design in designs]
+    rows = [_best_lr_row(design, run.lrs, records, seeds, warm_mean, warm_sd) for design in designs]
     best = max(rows, key=lambda r: r["final_reward_mean"])
     centre = centres.get("paper") or ("predicted" if any(r["name"] == "predicted" for r in rows) else "on-policy")
     names = [r["name"] for r in rows]
@@ -615,7 +490,8 @@ def verify_report(run: VerifyRun, designs: list[dict], centres: dict, rules: dic
         "profile": json.loads((run.out_dir / "profile.json").read_text()).get("fits", {}),
         "profile_table": {"staleness": calibration["staleness"], "sigma_sq": calibration["sigma_sq"],
                           "rho": calibration["rho"]},
-        "predicted": {k: predicted[k] for k in ("x_star", "y_star", "N", "B", "R", "regime")},
+        "predicted": {k: predicted[k] for k in ("x_star", "y_star", "capacity", "batch_size", "rollouts_per_step",
+                                                "regime")},
         "budget": {"updates": run.plan.budget_updates, "compute": run.budget, "seeds": seeds,
                    "group_replay": run.plan.group_replay, "lr_grid": list(run.lrs), "batched": run.batched,
                    "family": run.plan.family},
@@ -731,7 +607,8 @@ def _rule_input(rule: str, pick: dict | None, noise_record: dict, predicted: dic
     if rule == "forgetting":
         return {"input": {"b_noise": noise_record.get("b_noise"), **memory}, "pick": forgetting}
     if rule == "paper":
-        return {"input": {k: predicted[k] for k in ("x_star", "y_star", "regime", "N", "B", "R")}}
+        return {"input": {k: predicted[k] for k in ("x_star", "y_star", "regime", "capacity", "batch_size",
+                                                    "rollouts_per_step")}}
     entry = {"input": {k: noise_record.get(k) for k in ("b_noise", "b_noise_interval", "level", "method", "batch",
                                                         "unit_size", "source")},
              "pick": pick}
@@ -764,8 +641,8 @@ def predictions_markdown(report: dict) -> list[str]:
                                     report.get("forgetting_input"))
     paper = next(p for p in predictions if p["rule"] == "paper")["input"]
     lines += ["", f"Paper (Thm 3.5): regime {paper['regime']}, x* = {_fmt(paper['x_star'])}, "
-              f"y* = {_fmt(paper['y_star'])}, N = {_fmt(paper['N'], 'd')}, B = {_fmt(paper['B'], 'd')}, "
-              f"R = {paper['R']}.", ""]
+              f"y* = {_fmt(paper['y_star'])}, N = {_fmt(paper['capacity'], 'd')}, "
+              f"B = {_fmt(paper['batch_size'], 'd')}, R = {paper['rollouts_per_step']}.", ""]
     lines += _predictions_table(predictions)
     lines.append("")
     lines += [_criterion_line(p) for p in predictions if p.get("criterion") is not None]
@@ -840,7 +717,7 @@ def _criterion_line(prediction: dict) -> str:
     return f"- {prediction['rule']} rule ({prediction['design']}): {said}"
 
 
-def _train_one(config: ValidateConfig, out_dir: Path, design: dict, seed: int, steps: int, mu: float, path: Path,
+def _train_one(config: ValidateConfig, out_dir: Path, design: NamedDesign, seed: int, steps: int, mu: float, path: Path,
                train_set, test_set, sampler, bar: ProgressBar) -> dict:
     """One verify run from the warm start (checkpointed every 5 steps, resumed exactly), evaluated held out."""
     policy = load_checkpoint(out_dir / "warm_start", device=config.device)
@@ -861,7 +738,7 @@ def _train_one(config: ValidateConfig, out_dir: Path, design: dict, seed: int, s
     return _write_record(path, design, seed, steps, result, held_out)
 
 
-def _train_unit(config: ValidateConfig, out_dir: Path, design: dict, steps: int, mu: float, pending: list[int],
+def _train_unit(config: ValidateConfig, out_dir: Path, design: NamedDesign, steps: int, mu: float, pending: list[int],
                 cell_paths: list[Path], batched: bool, train_set, test_set, sampler, bar: ProgressBar) -> None:
     """Seeds ``pending`` of one (design, learning rate) cell: together when ``batched``, else one after another."""
     if batched and len(pending) > 1:
@@ -872,8 +749,9 @@ def _train_unit(config: ValidateConfig, out_dir: Path, design: dict, steps: int,
         bar.advance()
 
 
-def _train_unit_in_worker(config: ValidateConfig, out_dir: Path, design: dict, steps: int, mu: float,
-                          pending: list[int], cell_paths: list[Path], batched: bool) -> tuple[dict, float, list[int]]:
+def _train_unit_in_worker(config: ValidateConfig, out_dir: Path, design: NamedDesign, steps: int, mu: float,
+                          pending: list[int], cell_paths: list[Path], batched: bool
+                          ) -> tuple[NamedDesign, float, list[int]]:
     """``_train_unit`` in a ``--jobs`` worker process: it builds what ``run_verify`` holds (the problems, the
     engine, torch's threads and deterministic kernels) and writes the same record files."""
     configure_torch(config.threads)
@@ -909,19 +787,14 @@ def _lr_tag(lr: float) -> str:
     return f"_lr{lr:.3g}"
 
 
-def _rl_config(config: ValidateConfig, design: dict, steps: int, seed: int) -> RLConfig:
-    """The RL run of ``design`` in verify: the calibration's sizes and learning rate, the design's buffer and loss."""
-    knobs = {}
-    if design["buffer"] == "group-replay":
-        knobs = dict(loss="rloo", replay_ratio_groups=design["rho"], max_age=design["L"], clip_c=design["c"])
-    R = design.get("R", config.rollouts_per_step)  # fixed-b designs carry their own R
-    return RLConfig(steps=steps, rollouts_per_step=R, group_size=config.group_size,
-                    batch_size=design["B"], capacity=design["N"] or R, buffer=design["buffer"],
-                    lr=config.lr, max_new_tokens=config.max_new_tokens, sync_every=config.sync_every,
-                    micro_batch_size=config.micro_batch_size, seed=seed, **knobs)
+def _rl_config(config: ValidateConfig, design: NamedDesign, steps: int, seed: int) -> RLConfig:
+    """The RL run of ``design`` in verify: its design as it is, the run's learning rate and generation settings."""
+    return RLConfig(**dataclasses.asdict(design.config), steps=steps, lr=config.lr,
+                    max_new_tokens=config.max_new_tokens, sync_every=config.sync_every,
+                    micro_batch_size=config.micro_batch_size, seed=seed)
 
 
-def _train_seeds(config: ValidateConfig, out_dir: Path, design: dict, pending: list[int], steps: int, mu: float,
+def _train_seeds(config: ValidateConfig, out_dir: Path, design: NamedDesign, pending: list[int], steps: int, mu: float,
                  paths: list[Path], train_set, test_set, sampler, bar: ProgressBar) -> None:
     """``_train_one`` for the seeds ``pending`` of one design at once (seeds as a batch axis, validate/batched.py).
 
@@ -957,8 +830,8 @@ def _train_seeds(config: ValidateConfig, out_dir: Path, design: dict, pending: l
         bar.advance()
 
 
-def _write_record(path: Path, design: dict, seed: int, steps: int, result, held_out: dict) -> dict:
-    record = {"design": design, "seed": seed, "steps": steps,
+def _write_record(path: Path, design: NamedDesign, seed: int, steps: int, result, held_out: dict) -> dict:
+    record = {"design": design.report_fields(), "seed": seed, "steps": steps,
               "fresh_rollouts": result.k_inference, "samples_trained": result.k_training,
               "compute": result.compute,  # charged by the pipeline from the counted rollouts
               "held_out": held_out, "train_reward": [m["reward"] for m in result.metrics]}
@@ -967,14 +840,14 @@ def _write_record(path: Path, design: dict, seed: int, steps: int, result, held_
     return record
 
 
-def _best_lr_row(design: dict, lrs: tuple[float, ...], records: dict, R: int, K: int, seeds: int, warm_mean: float,
+def _best_lr_row(design: NamedDesign, lrs: tuple[float, ...], records: dict, seeds: int, warm_mean: float,
                  warm_sd: float) -> dict:
     """The design's row at its best learning rate (highest mean held-out reward), with every rate's result.
 
     ``lr_edge``: the best rate is the grid's smallest or largest, so the optimum may lie outside it. Choosing on the
     held-out reward that is then reported favours every design alike (each gets its best of len(lrs) tries).
     """
-    rows = [_design_row(design, records[(design["name"], lr)], R, K, seeds, warm_mean, warm_sd) for lr in lrs]
+    rows = [_design_row(design, records[(design.name, lr)], seeds, warm_mean, warm_sd) for lr in lrs]
     best = max(range(len(lrs)), key=lambda i: rows[i]["final_reward_mean"])
     sweep = [{"lr": lr, "final_reward_mean": r["final_reward_mean"], "final_reward_se": r["final_reward_se"]}
              for lr, r in zip(lrs, rows)]
@@ -982,15 +855,13 @@ def _best_lr_row(design: dict, lrs: tuple[float, ...], records: dict, R: int, K:
     return {**rows[best], "lr": lrs[best], "lr_edge": edge, "lr_sweep": sweep}
 
 
-def _design_row(design: dict, records: list[dict], R: int, K: int, seeds: int, warm_mean: float,
-                warm_sd: float) -> dict:
+def _design_row(design: NamedDesign, records: list[dict], seeds: int, warm_mean: float, warm_sd: float) -> dict:
     finals = [r["held_out"]["mean_reward"] for r in records]
     mean, sd = _mean_sd(finals)
-    fifo = design["buffer"] != "group-replay"
-    # R: fresh rollouts per step (group replay: K B_fresh after the all-fresh first step)
-    fresh_per_step = design.get("R", R) if fifo else K * int(fresh_groups_per_step(design["B"] // K, design["rho"]))
-    return {**design, "R": fresh_per_step, "x": design["N"] / fresh_per_step if fifo else None,
-            "y": design["B"] / fresh_per_step if fifo else None, "K": K, "steps": records[0]["steps"], "seeds": seeds,
+    c, fresh_per_step = design.config, design.fresh_per_step  # group replay: K B_fresh after the all-fresh first step
+    return {**design.report_fields(), "x": None if design.group_replay else c.capacity / fresh_per_step,
+            "y": None if design.group_replay else c.batch_size / fresh_per_step, "K": c.group_size,
+            "steps": records[0]["steps"], "seeds": seeds,
             "final_reward_mean": mean, "final_reward_std": sd, "final_reward_se": sd / math.sqrt(seeds),
             "final_rewards": finals,
             "final_pass_at_1_mean": _mean_sd([r["held_out"]["pass@1"] for r in records])[0],
@@ -1010,7 +881,8 @@ def _report_markdown(report: dict, figure: bool = True) -> str:
              f"K_training = {report['count_window'].get('k_training', '-')}, W = T = 1)", "",
              f"Predicted (Thm 3.5 on the measured profile): regime {report['predicted']['regime']}, "
              f"x* = {_fmt(report['predicted']['x_star'])}, y* = {_fmt(report['predicted']['y_star'])}, "
-             f"N = {report['predicted']['N']}, B = {report['predicted']['B']}, R = {report['predicted']['R']}", "",
+             f"N = {report['predicted']['capacity']}, B = {report['predicted']['batch_size']}, "
+             f"R = {report['predicted']['rollouts_per_step']}", "",
              f"Warm start: held-out mean reward {warm['mean']:.3f} +- {warm['std']:.3f} over {warm['seeds']} "
              f"evaluation seeds (seed 0: pass@1 {report['warm_start']['pass@1']:.3f})", "",
              f"Budget: the compute of {report['budget']['updates']} on-policy updates = "
@@ -1020,9 +892,10 @@ def _report_markdown(report: dict, figure: bool = True) -> str:
              "| held-out reward (mean +- sd) | pass@1 | gain over warm start (+- se) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["designs"]:
-        lines.append(f"| {r['name']} | {r['loss']} | {_fmt(r['N'], 'd')} | {r['B']} | {r['R']} | {_fmt(r['x'])} | "
-                     f"{_fmt(r['y'])} | {_fmt(r.get('rho'), 'g')} | {_fmt(r.get('L'), 'd')} | "
-                     f"{_fmt(r.get('c'), 'g')} | {_lr_cell(r, report['config'].get('lr'))} | "
+        lines.append(f"| {r['name']} | {r['loss']} | {_fmt(r['capacity'], 'd')} | {r['batch_size']} | "
+                     f"{r['rollouts_per_step']} | {_fmt(r['x'])} | {_fmt(r['y'])} | "
+                     f"{_fmt(r.get('replay_ratio_groups'), 'g')} | {_fmt(r.get('max_age'), 'd')} | "
+                     f"{_fmt(r.get('clip_c'), 'g')} | {_lr_cell(r, report['config'].get('lr'))} | "
                      f"{r['steps']} | {r['fresh_rollouts']:.0f} | {r['compute']:.4g} | "
                      f"{r['final_reward_mean']:.3f} +- {r['final_reward_std']:.3f} | {r['final_pass_at_1_mean']:.3f} | "
                      f"{r['gain']:+.3f} +- {r['gain_se']:.3f} |")
@@ -1037,7 +910,8 @@ def _report_markdown(report: dict, figure: bool = True) -> str:
             lines.append(f"| {r['name']} | " + " | ".join(f"{c['final_reward_mean']:.3f} +- {c['final_reward_se']:.3f}"
                                                           for c in r["lr_sweep"]) + " |")
     best, gap = report["measured_best"], report["gap"]
-    knobs = (f"rho = {best['rho']:g}, L = {best['L']}, c = {best['c']:g}" if best["buffer"] == "group-replay"
+    knobs = (f"rho = {best['replay_ratio_groups']:g}, L = {best['max_age']}, c = {best['clip_c']:g}"
+             if best["buffer"] == "group-replay"
              else f"x = {best['x']:.3g}, y = {best['y']:.3g}")
     lines += ["", f"Measured best at equal compute: {best['name']} ({knobs}), "
               f"{best['gain']:+.3f} +- {best['gain_se']:.3f} over the warm start "

@@ -92,10 +92,15 @@ def test_validate_predict_never_overwrites_a_different_prediction(tmp_path, umas
     loaded = load_profile(out / "profile.json")
     design = optimal_design(DesignQuery(mu=2.0, profile=loaded.profile, profile_rho=loaded.rho,
                                         rollouts_per_step=64))
-    assert (first["N"], first["B"], first["R"]) == (design.capacity, design.batch_size, 64)
+    assert (first["capacity"], first["batch_size"], first["rollouts_per_step"]) == (
+        design.capacity, design.batch_size, 64)
     saved = (out / "predicted.json").read_text()
     assert stat.S_IMODE((out / "predicted.json").stat().st_mode) == 0o666 & ~umask
     assert loop.run_predict(config, out, log=lambda *_: None) == json.loads(saved)  # same request: kept
+    old_names = {"capacity": "N", "batch_size": "B", "rollouts_per_step": "R"}  # a file saved before: kept too
+    (out / "predicted.json").write_text(json.dumps({old_names.get(k, k): v for k, v in json.loads(saved).items()}))
+    assert loop.run_predict(config, out, log=lambda *_: None) == json.loads(saved)
+    (out / "predicted.json").write_text(saved)
     with pytest.raises(ValueError, match=r"predicted.json exists with mu = 2, .* never overwritten"):
         loop.run_predict(loop.ValidateConfig(price_mu=7.0), out, log=lambda *_: None)
     assert (out / "predicted.json").read_text() == saved

@@ -231,6 +231,11 @@ def test_verdict_summary_reads_a_fixed_b_report_by_hand(repo_root):
               "forgetting_input": {"kappa": None, "reason": "no kappa: profile.json has no memory record"}}
     out = gpu_check.verdict_summary(report)
     assert (out["B"], out["seeds"], out["b_noise"], out["measured_best"]) == (4096, 16, 2383.0, "on-policy B/4")
+    row = {"name": "on-policy", "R": 4096, "N": 4096, "B": 4096, "steps": 6, "reward_mean": 0.25, "reward_sd": 0.01}
+    assert out["designs"] == [row]  # a row saved before the design kept DesignConfig's names: N, B, R
+    renamed = {"name": "on-policy", "rollouts_per_step": 4096, "capacity": 4096, "batch_size": 4096, "steps": 6,
+               "final_reward_mean": 0.25, "final_reward_std": 0.01}
+    assert gpu_check.verdict_summary({**report, "designs": [renamed]})["designs"] == [row]
     noise, paper = out["rules"]
     assert (noise["regime"], noise["b"], noise["rank"], noise["p_best"], noise["seeds_for_2se"]) == (
         "replay", 0.58, 2, 0.32, 685)

@@ -14,22 +14,34 @@ pytest.importorskip("transformers")
 from replay_theory.figures.results import save_report_figure  # noqa: E402
 from replay_theory.theory.noise_scale import noise_scale_pick, replay_cost  # noqa: E402
 from replay_theory.validate.config import VerifyConfig  # noqa: E402
-from replay_theory.validate.loop import (  # noqa: E402
-    ValidateConfig,
-    _rl_config,
+from replay_theory.validate.families import (  # noqa: E402
     design_cost,
     fixed_b_designs,
     horizon_designs,
+    steps_at_budget,
+)
+from replay_theory.validate.loop import (  # noqa: E402
+    ValidateConfig,
+    _rl_config,
+    load_predicted,
     prediction_rows,
     predictions_markdown,
     run_verify,
     staleness_of_calibration,
-    steps_at_budget,
 )
 from replay_theory.validate.verdict import compare  # noqa: E402
 
 B64 = ValidateConfig(rollouts_per_step=64, group_size=8)
-PAPER_ON_POLICY = {"regime": "on-policy", "N": None, "B": None, "R": 64, "x_star": math.inf, "y_star": 1.0}
+PAPER_ON_POLICY = {"regime": "on-policy", "capacity": None, "batch_size": None, "rollouts_per_step": 64,
+                   "x_star": math.inf, "y_star": 1.0}
+PAPER_REPLAY = {"regime": "replay", "capacity": 128, "batch_size": 128, "rollouts_per_step": 64, "x_star": 2.0,
+                "y_star": 2.0}
+
+
+def sizes(design):
+    """A verify design's buffer, N, B, R."""
+    c = design.config
+    return c.buffer, c.capacity, c.batch_size, c.rollouts_per_step
 
 
 def test_the_rules_pick_by_hand():
@@ -57,26 +69,26 @@ def test_the_rules_pick_by_hand():
 
 def test_fixed_b_designs_and_their_equal_compute_budgets_by_hand():
     """mu = 0.5, B = 64, K = 8, budget = 24 on-policy updates = 24 (0.5 x 64 + 64) = 2304; a step costs mu R + B."""
-    mu, R, K, budget = 0.5, 64, 8, 2304.0
-    paper = {"regime": "replay", "N": 128, "B": 128, "R": 64, "x_star": 2.0, "y_star": 2.0}
+    mu, budget = 0.5, 2304.0
     pick = noise_scale_pick(16.0, 64, 8, 5.28)  # R = 16: the family's replay y=4
-    designs, centres = fixed_b_designs(B64, paper, pick)
-    got = {d["name"]: (d["buffer"], d["N"], d["B"], d["R"]) for d in designs}
+    designs, centres = fixed_b_designs(B64, PAPER_REPLAY, pick)
+    got = {d.name: sizes(d) for d in designs}
     assert got == {"on-policy": ("on-policy", 64, 64, 64), "replay y=2": ("fifo", 32, 64, 32),
                    "replay y=4": ("fifo", 16, 64, 16), "replay y=8": ("fifo", 8, 64, 8),
                    "on-policy B/2": ("on-policy", 32, 32, 32), "on-policy B/4": ("on-policy", 16, 16, 16),
                    "predicted": ("fifo", 128, 128, 64)}
-    assert centres == {"noise-scale": "replay y=4", "paper": "predicted"} and all(d["family"] for d in designs)
+    assert centres == {"noise-scale": "replay y=4", "paper": "predicted"} and all(d.family for d in designs)
+    assert {d.config.group_size for d in designs} == {8} and {d.config.loss for d in designs} == {"grpo"}
     # updates: floor(2304 / (0.5 R + B)): 2304 / 96, / 80, / 72, / 68, / 48, / 24, / 160
-    steps = {d["name"]: steps_at_budget(d, budget, mu, R, K) for d in designs}
+    steps = {d.name: steps_at_budget(d.config, budget, mu) for d in designs}
     assert steps == {"on-policy": 24, "replay y=2": 28, "replay y=4": 32, "replay y=8": 33, "on-policy B/2": 48,
                      "on-policy B/4": 96, "predicted": 14}
-    by_name = {d["name"]: d for d in designs}
-    assert design_cost(by_name["replay y=2"], 28, mu, R, K) == {"fresh_rollouts": 896, "samples_trained": 1792,
+    by_name = {d.name: d for d in designs}
+    assert design_cost(by_name["replay y=2"].config, 28, mu) == {"fresh_rollouts": 896, "samples_trained": 1792,
                                                                 "compute": 2240.0}
-    assert design_cost(by_name["replay y=8"], 33, mu, R, K) == {"fresh_rollouts": 264, "samples_trained": 2112,
+    assert design_cost(by_name["replay y=8"].config, 33, mu) == {"fresh_rollouts": 264, "samples_trained": 2112,
                                                                 "compute": 2244.0}
-    assert design_cost(by_name["on-policy B/4"], 96, mu, R, K)["compute"] == 2304.0
+    assert design_cost(by_name["on-policy B/4"].config, 96, mu)["compute"] == 2304.0
     # the run trains each design with its own R: buffer of N = R, B drawn per update
     rl = _rl_config(B64, by_name["replay y=8"], 33, seed=0)
     assert (rl.rollouts_per_step, rl.batch_size, rl.capacity, rl.buffer) == (8, 64, 8, "fifo")
@@ -85,25 +97,37 @@ def test_fixed_b_designs_and_their_equal_compute_budgets_by_hand():
     # a pick off the family's grid is added; the paper's on-policy is the family's on-policy; no B_noise: no pick
     designs, centres = fixed_b_designs(ValidateConfig(rollouts_per_step=64, group_size=2), PAPER_ON_POLICY,
                                        noise_scale_pick(16.0, 64, 2, 5.28))
-    assert [d["name"] for d in designs][-1] == "noise-scale rule" and len(designs) == 7
-    assert (designs[-1]["N"], designs[-1]["B"], designs[-1]["R"]) == (12, 64, 12)
+    assert [d.name for d in designs][-1] == "noise-scale rule" and len(designs) == 7
+    assert sizes(designs[-1]) == ("fifo", 12, 64, 12)
     assert centres == {"noise-scale": "noise-scale rule", "paper": "on-policy"}
     designs, centres = fixed_b_designs(B64, PAPER_ON_POLICY, None, group_replay=True)
-    assert centres == {"paper": "on-policy"} and len(designs) == 6 + 3 and not designs[-1]["family"]
+    assert centres == {"paper": "on-policy"} and len(designs) == 6 + 3 and not designs[-1].family
 
 
 def test_horizon_family_adds_long_buffers_at_equal_compute_by_hand():
     """horizon = fixed-b + replay y = 4 at x = 16 and 32: R = 16, N = 256 and 512, B = 64; at mu = 0.5 a step costs
     0.5 x 16 + 64 = 72 whatever N, so both train floor(2304 / 72) = 32 updates, like replay y=4 at x = 1."""
-    paper = {"regime": "replay", "N": 128, "B": 128, "R": 64, "x_star": 2.0, "y_star": 2.0}
-    designs, _ = fixed_b_designs(B64, paper, None)
+    designs, _ = fixed_b_designs(B64, PAPER_REPLAY, None)
     designs = horizon_designs(B64, designs)
-    got = {d["name"]: (d["buffer"], d["N"], d["B"], d["R"]) for d in designs[-2:]}
+    got = {d.name: sizes(d) for d in designs[-2:]}
     assert got == {"replay y=4 x=16": ("fifo", 256, 64, 16), "replay y=4 x=32": ("fifo", 512, 64, 16)}
-    assert [steps_at_budget(d, 2304.0, 0.5, 64, 8) for d in designs[-2:]] == [32, 32]
-    assert len({d["name"] for d in designs}) == len(designs) == 9
+    assert [steps_at_budget(d.config, 2304.0, 0.5) for d in designs[-2:]] == [32, 32]
+    assert len({d.name for d in designs}) == len(designs) == 9
     rl = _rl_config(B64, designs[-1], 32, seed=0)
     assert (rl.rollouts_per_step, rl.batch_size, rl.capacity, rl.buffer) == (16, 64, 512, "fifo")
+
+
+def test_verify_reads_an_old_predicted_json_as_the_new_shape(tmp_path):
+    """predicted.json saved before the design kept DesignConfig's names (N, B, R) gives verify the same prediction and
+    the same designs as one written now."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    (old / "predicted.json").write_text(json.dumps({"mu": 5.28, "N": 128, "B": 128, "R": 64, "regime": "replay",
+                                                    "x_star": 2.0, "y_star": 2.0}))
+    (new / "predicted.json").write_text(json.dumps({**PAPER_REPLAY, "mu": 5.28}))
+    assert load_predicted(old) == load_predicted(new) == {**PAPER_REPLAY, "mu": 5.28}
+    assert fixed_b_designs(B64, load_predicted(old), None) == fixed_b_designs(B64, PAPER_REPLAY, None)
 
 
 def test_staleness_of_the_calibration_is_its_drift():
@@ -225,6 +249,7 @@ def _hand_made_run(out):
                                                       "staleness": [0.0, 1.0], "sigma_sq": [1.0, 1.0], "rho": 0.0,
                                                       "noise_scale": record}))
     (out / "profile.json").write_text(json.dumps({"fits": {}}))
+    # a predicted.json of the shape saved before the design kept DesignConfig's names: verify reads N, B, R
     (out / "predicted.json").write_text(json.dumps({"mu": 5.28, "x_star": 2.0, "y_star": 2.0, "N": 32, "B": 32,
                                                     "R": 16, "regime": "replay"}))
     return out
@@ -242,9 +267,9 @@ def test_fixed_b_verify_end_to_end_on_the_tiny_model(tmp_path):
     assert [d["name"] for d in report["designs"]] == ["on-policy", "replay y=2", "replay y=4", "replay y=8",
                                                       "on-policy B/2", "on-policy B/4", "predicted"]
     for d in report["designs"]:
-        assert d["steps"] == max(1, math.floor(budget * (1 + 1e-9) / (mu * d["R"] + d["B"])))
-        assert d["fresh_rollouts"] == d["steps"] * d["R"] and d["compute"] == pytest.approx(
-            d["steps"] * (mu * d["R"] + d["B"]))
+        R, B = d["rollouts_per_step"], d["batch_size"]
+        assert d["steps"] == max(1, math.floor(budget * (1 + 1e-9) / (mu * R + B)))
+        assert d["fresh_rollouts"] == d["steps"] * R and d["compute"] == pytest.approx(d["steps"] * (mu * R + B))
     steps = {d["name"]: d["steps"] for d in report["designs"]}
     # 200.96 / 100.48, / 58.24, / 37.12, / 26.56, / 50.24, / 25.12, / 116.48
     assert steps == {"on-policy": 2, "replay y=2": 3, "replay y=4": 5, "replay y=8": 7, "on-policy B/2": 4,
@@ -252,6 +277,8 @@ def test_fixed_b_verify_end_to_end_on_the_tiny_model(tmp_path):
     rule, paper = report["predictions"]
     assert (rule["design"], rule["pick"]["R"], paper["design"]) == ("replay y=4", 4, "predicted")
     assert rule["verdict"]["family"]["designs"] == 7 and paper["verdict"] == report["verdict"]
+    paper_input = paper["input"]  # the old predicted.json's N, B, R under DesignConfig's names
+    assert (paper_input["capacity"], paper_input["batch_size"], paper_input["rollouts_per_step"]) == (32, 32, 16)
     saved = json.loads((out / "report-fixed-b.json").read_text())
     assert saved["budget"]["family"] == "fixed-b" and not (out / "report.json").exists()
     markdown = (out / "report-fixed-b.md").read_text()

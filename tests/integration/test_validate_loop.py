@@ -1,5 +1,6 @@
 """validate calibrate-model -> predict on a tiny run: the files, and the prediction equals the theory on them."""
 
+import dataclasses
 import json
 import math
 
@@ -8,17 +9,17 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from replay_theory.core.designs import DesignConfig  # noqa: E402
 from replay_theory.theory.design import DesignQuery, optimal_design  # noqa: E402
 from replay_theory.theory.group_replay import fresh_verifier_evaluations  # noqa: E402
 from replay_theory.theory.profiles import load_profile  # noqa: E402
+from replay_theory.validate.families import design_cost, steps_at_budget  # noqa: E402
 from replay_theory.validate.loop import (  # noqa: E402
     ValidateConfig,
     VerifyConfig,
-    design_cost,
     run_calibrate,
     run_predict,
     run_verify,
-    steps_at_budget,
 )
 
 SMALL = ValidateConfig(n_train=120, n_test=16, sft_steps=40, rollouts_per_step=16, group_size=4, probe_steps=10,
@@ -95,10 +96,11 @@ def test_calibrate_then_predict(tmp_path, monkeypatch):
     design = optimal_design(DesignQuery(mu=SMALL.price_mu, profile=loaded.profile,
                                         profile_rho=predicted["rho_used"],
                                         rollouts_per_step=SMALL.rollouts_per_step))
-    assert predicted["regime"] == design.regime and predicted["R"] == SMALL.rollouts_per_step
+    assert predicted["regime"] == design.regime and predicted["rollouts_per_step"] == SMALL.rollouts_per_step
     if math.isfinite(design.x_star):
-        assert predicted["x_star"] == pytest.approx(design.x_star) and predicted["N"] == design.capacity
+        assert predicted["x_star"] == pytest.approx(design.x_star) and predicted["capacity"] == design.capacity
     saved = json.loads((out / "predicted.json").read_text())
+    assert {"N", "B", "R"}.isdisjoint(saved) and saved["batch_size"] == design.batch_size  # DesignConfig's names
     # compute is priced at --price-mu; the timing mu is recorded next to it, not used
     assert saved["mu"] == SMALL.price_mu == 5.28 and saved["mu_timing"] == calibration["mu_timing"]
 
@@ -111,8 +113,8 @@ def test_calibrate_then_predict(tmp_path, monkeypatch):
     budget = 3 * (mu * R + R)
     names = [d["name"] for d in report["designs"]]
     centre = "predicted" if predicted["regime"] == "replay" else "on-policy"
-    N0, B0 = (predicted["N"], predicted["B"]) if centre == "predicted" else (R, R)
-    fifo = {(d["N"], d["B"]) for d in report["designs"] if d["family"]}
+    N0, B0 = (predicted["capacity"], predicted["batch_size"]) if centre == "predicted" else (R, R)
+    fifo = {(d["capacity"], d["batch_size"]) for d in report["designs"] if d["family"]}
     assert names[0] == "on-policy" and (2 * N0, B0) in fifo and (N0, 2 * B0) in fifo  # the neighbours ran
     # the verdict: the centre's rank, regret (best family mean - centre mean) and one paired comparison per neighbour
     verdict = report["verdict"]
@@ -130,19 +132,20 @@ def test_calibrate_then_predict(tmp_path, monkeypatch):
         if d["buffer"] == "group-replay":
             continue
         # equal compute: as many updates of cost mu R + B as fit in the on-policy budget
-        assert d["compute"] == pytest.approx(d["steps"] * (mu * R + d["B"]))
-        assert d["compute"] <= budget * (1 + 1e-9) < d["compute"] + mu * R + d["B"] or d["steps"] == 1
+        assert d["compute"] == pytest.approx(d["steps"] * (mu * R + d["batch_size"]))
+        assert d["compute"] <= budget * (1 + 1e-9) < d["compute"] + mu * R + d["batch_size"] or d["steps"] == 1
         assert d["fresh_rollouts"] == d["steps"] * R
     groups = R // K  # B = R completions per update: 4 groups of K = 4, round(4 / (1 + rho)) of them fresh
     for d in (d for d in report["designs"] if d["buffer"] == "group-replay"):
         # the RLOO budget K (B + (T - 1) B_fresh) of fresh rollouts, counted by train(), charged at mu each
-        b_fresh = {0.0: 4, 1.0: 2}[d["rho"]]
-        assert d["fresh_rollouts"] == fresh_verifier_evaluations(K, groups, d["steps"], d["rho"])
+        b_fresh = {0.0: 4, 1.0: 2}[d["replay_ratio_groups"]]
+        assert d["fresh_rollouts"] == fresh_verifier_evaluations(K, groups, d["steps"], d["replay_ratio_groups"])
         assert d["fresh_rollouts"] == K * (groups + (d["steps"] - 1) * b_fresh)
         assert d["compute"] == pytest.approx(mu * d["fresh_rollouts"] + d["steps"] * R)
         # equal compute: the most updates that fit (the first is all fresh, later ones mu K B_fresh + B)
         assert d["compute"] <= budget + 1e-9 < d["compute"] + mu * K * b_fresh + R
-        assert d["loss"] == "rloo" and d["B"] == R and d["R"] == K * b_fresh and d["N"] is None and d["x"] is None
+        assert d["loss"] == "rloo" and d["batch_size"] == R and d["rollouts_per_step"] == K * b_fresh
+        assert d["capacity"] is None and d["x"] is None
     rloo = {d["name"]: d for d in report["designs"] if d["buffer"] == "group-replay"}
     assert rloo["RLOO rho=0"]["steps"] == report["designs"][0]["steps"]  # rho = 0 costs what on-policy does
     replayed = rloo["RLOO rho=1, L=2, c=3"]
@@ -156,11 +159,13 @@ def test_calibrate_then_predict(tmp_path, monkeypatch):
                 "learning_signal", "gap"):
         assert key in written
     for d in written["designs"]:
-        knobs = ("rho", "L", "c") if d["buffer"] == "group-replay" else ("N", "B", "R")
+        knobs = (("replay_ratio_groups", "max_age", "clip_c") if d["buffer"] == "group-replay" else
+                 ("capacity", "batch_size", "rollouts_per_step"))
         assert all(d[k] is not None for k in knobs)
         for key in ("seeds", "final_reward_mean", "final_reward_std", "compute"):
             assert key in d
-    assert [(d["rho"], d["L"], d["c"]) for d in written["designs"][-2:]] == [(1.0, 1, 1.0), (1.0, 2, 3.0)]
+    assert [(d["replay_ratio_groups"], d["max_age"], d["clip_c"]) for d in written["designs"][-2:]] == [
+        (1.0, 1, 1.0), (1.0, 2, 3.0)]
     warm = written["warm_start_reward"]
     assert warm["seeds"] == 2 and warm["by_seed"][0] == written["warm_start"]["mean_reward"]
     best = written["measured_best"]
@@ -179,23 +184,24 @@ def test_calibrate_then_predict(tmp_path, monkeypatch):
 def test_equal_compute_of_fifo_and_group_replay_by_hand():
     """mu = 0.5, R = B = 64, K = 8; budget = 24 on-policy updates = 24 (0.5 x 64 + 64) = 2304."""
     mu, R, K, budget = 0.5, 64, 8, 2304.0
-    on_policy = {"buffer": "on-policy", "N": 64, "B": 64}
-    assert steps_at_budget(on_policy, budget, mu, R, K) == 24
+    on_policy = DesignConfig(buffer="on-policy", capacity=64, batch_size=64, rollouts_per_step=R, group_size=K)
+    assert steps_at_budget(on_policy, budget, mu) == 24
     for updates in range(1, 100):  # the on-policy budget buys exactly its updates, whatever the rounding of mu
-        assert steps_at_budget(on_policy, updates * (0.998 * R + R), 0.998, R, K) == updates
-    assert design_cost(on_policy, 24, mu, R, K) == {"fresh_rollouts": 1536, "samples_trained": 1536, "compute": 2304.0}
+        assert steps_at_budget(on_policy, updates * (0.998 * R + R), 0.998) == updates
+    assert design_cost(on_policy, 24, mu) == {"fresh_rollouts": 1536, "samples_trained": 1536, "compute": 2304.0}
     # rho = 1: 8 groups per update, 4 fresh after the first step. T = 10: 8 (8 + 9 x 4) = 352 fresh,
     # compute 0.5 x 352 + 640 = 816
-    replay = {"buffer": "group-replay", "N": None, "B": 64, "rho": 1.0, "L": 2, "c": 3.0}
-    assert design_cost(replay, 10, mu, R, K) == {"fresh_rollouts": 352, "samples_trained": 640, "compute": 816.0}
+    replay = DesignConfig(buffer="group-replay", loss="rloo", capacity=R, batch_size=64, rollouts_per_step=R,
+                          group_size=K, replay_ratio_groups=1.0, max_age=2, clip_c=3.0)
+    assert design_cost(replay, 10, mu) == {"fresh_rollouts": 352, "samples_trained": 640, "compute": 816.0}
     # first step 0.5 x 64 + 64 = 96, then 0.5 x 32 + 64 = 80: 1 + floor(2208 / 80) = 28 updates, compute
     # 0.5 x 8 (8 + 27 x 4) + 28 x 64 = 2256 <= 2304 < 2336 (29 updates)
-    assert steps_at_budget(replay, budget, mu, R, K) == 28
-    assert design_cost(replay, 28, mu, R, K)["compute"] == 2256.0
-    assert design_cost(replay, 29, mu, R, K)["compute"] == 2336.0
-    fresh_only = {**replay, "rho": 0.0, "L": 0}  # RLOO rho = 0 costs what on-policy GRPO does
-    assert steps_at_budget(fresh_only, budget, mu, R, K) == 24
-    assert design_cost(fresh_only, 24, mu, R, K) == design_cost(on_policy, 24, mu, R, K)
+    assert steps_at_budget(replay, budget, mu) == 28
+    assert design_cost(replay, 28, mu)["compute"] == 2256.0
+    assert design_cost(replay, 29, mu)["compute"] == 2336.0
+    fresh_only = dataclasses.replace(replay, replay_ratio_groups=0.0, max_age=0)  # costs what on-policy GRPO does
+    assert steps_at_budget(fresh_only, budget, mu) == 24
+    assert design_cost(fresh_only, 24, mu) == design_cost(on_policy, 24, mu)
 
 
 def test_predict_without_calibration_is_a_clear_error(tmp_path):

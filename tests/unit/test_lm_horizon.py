@@ -63,6 +63,9 @@ def test_markdown_prints_both_tables_and_main_refuses_a_missing_run(tmp_path, ca
                "memory": {"kappa": KAPPA, "optimizer": "adam", "beta1": 0.9, "pilot_batch": 64.0}}
     text = lm_horizon.markdown(report, profile)
     assert "| predicted | 7.97 | 6.3 | 0.1900 | n/a (N not a multiple of R)" in text
+    renamed = [{**{k: v for k, v in r.items() if k not in ("N", "B", "R")}, "capacity": r["N"], "batch_size": r["B"],
+                "rollouts_per_step": r["R"]} for r in ROWS]  # the rows verify writes now
+    assert lm_horizon.markdown({**report, "designs": renamed}, profile) == text
     assert "| on-policy B/2 minus | difference +- paired se | beyond 2 se | seeds for 2 se |" in text
     assert "| on-policy | +0.0200 +- 0.0041 | yes |" in text
     (tmp_path / "run").mkdir()
