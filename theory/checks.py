@@ -118,10 +118,10 @@ def require_nonnegative(name: str, value: object, *, allow_inf: bool = False) ->
         raise invalid(name, ">= 0" if allow_inf else "a finite number >= 0", _first(arr, bad))
 
 
-def require_in_range(name: str, value: float, low: float, high: float) -> None:
-    """low <= value <= high, NaN rejected."""
+def require_in_range(name: str, value: float, low: float, high: float, *, note: str = "") -> None:
+    """low <= value <= high, NaN rejected. ``note`` follows the range."""
     if not (low <= value <= high):  # NaN fails every comparison
-        raise invalid(name, f"in [{low:g}, {high:g}]", value)
+        raise invalid(name, f"in [{low:g}, {high:g}]{note}", value)
 
 
 def require_int(name: str, value: object, minimum: int, *, note: str = "") -> np.ndarray:
