@@ -36,11 +36,12 @@ from typing import Optional
 
 import numpy as np
 
+from ..theory.checks import require_in_range, require_integer, require_number, require_one_of
 from ..theory.noise import DEFAULT_DRAWS, DEFAULT_LEVEL, percentile_interval, unit_weights
 from ..theory.noise_scale import noise_scale_two_batch, pooled_two_batch
 from ..theory.profiles import curvature_pairs_record
 from .by_age import AGGREGATIONS, SCORES, WEIGHTS, SequenceSums, age_step_sums, read_step_times
-from .errors import ConfigError
+from .errors import ConfigError, check_field
 from .reader import (
     FORMATS,
     LogReader,
@@ -110,22 +111,19 @@ class CalibrateLogConfig:
     grad_norms: Optional[str] = None
 
     def __post_init__(self) -> None:
-        if self.mu is not None and not (math.isfinite(self.mu) and self.mu > 0):
-            raise ConfigError("mu", f"must be a finite number > 0 (rollout cost / per-sample update cost), "
-                                    f"got {self.mu:g}")
-        if self.rho is not None and not (0.0 <= self.rho <= 1.0):
-            raise ConfigError("rho", f"must be in [0, 1] (the range Assumption 3.3 and optimal allow), "
-                                     f"got {self.rho:g}")
+        if self.mu is not None:
+            check_field(require_number, "mu", self.mu, above=0, finite=True,
+                        note=" (rollout cost / per-sample update cost)", fmt="g")
+        if self.rho is not None:
+            check_field(require_in_range, "rho", self.rho, 0, 1, note=" (the range Assumption 3.3 and optimal allow)")
         for name, value, valid in (("weight", self.weight, WEIGHTS), ("aggregation", self.aggregation, AGGREGATIONS),
                                    ("score", self.score, SCORES)):
-            if value not in valid:
-                raise ConfigError(name, f"must be one of {', '.join(valid)}, got {value!r}")
+            check_field(require_one_of, name, value, valid)
         if self.format not in ("auto", *FORMATS):
             raise ConfigError("format", f"must be auto, {', '.join(FORMATS)}; got {self.format!r}")
         if not 0.0 < self.level < 1.0:
             raise ConfigError("level", f"must be in (0, 1), got {self.level:g}")
-        if self.draws < 2:
-            raise ConfigError("draws", f"must be an integer >= 2, got {self.draws}")
+        check_field(require_integer, "draws", self.draws, 2)
         resolve_columns(self.preset, self.columns)
 
 

@@ -8,6 +8,10 @@ and ``cli/diagnose_cmds.py`` swaps in the option as the user typed it.
 
 from __future__ import annotations
 
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
 
 class ConfigError(ValueError):
     """A bad value of one field: ``str(err)`` is ``"<field> <detail>"``, one line."""
@@ -20,3 +24,12 @@ class ConfigError(ValueError):
     def named(self, name: str) -> str:
         """The same message with ``name`` (e.g. ``--clip``) in place of the field."""
         return f"{name} {self.detail}"
+
+
+def check_field(check: Callable[..., T], field: str, *args: Any, **kwargs: Any) -> T:
+    """``check(field, *args, **kwargs)``, a rule of ``theory/checks.py``, whose one-line ValueError
+    (``"<field> must be ..."``) is raised as a :class:`ConfigError` on ``field``: the message is the checks module's."""
+    try:
+        return check(field, *args, **kwargs)
+    except ValueError as err:
+        raise ConfigError(field, str(err).removeprefix(f"{field} ")) from None

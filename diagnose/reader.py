@@ -29,7 +29,8 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from .errors import ConfigError
+from ..theory.checks import require_integer
+from .errors import ConfigError, check_field
 from .schema import PRESETS, REQUIRED, ColumnMap
 
 FORMATS = ("parquet", "csv", "jsonl")
@@ -130,8 +131,7 @@ def check_log_options(path: Path, columns: ColumnMap, fmt: str, chunk_rows: int)
     if not (path.is_file() or (columns.dump and path.is_dir())):
         raise ConfigError("path", f"{path} is not a file " + (
             "or a folder (not found)" if columns.dump else "(not found, or a directory)"))
-    if chunk_rows < 1:
-        raise ConfigError("chunk_rows", f"must be an integer >= 1, got {chunk_rows}")
+    check_field(require_integer, "chunk_rows", chunk_rows, 1, whole_floats=True)
     if columns.dump and fmt != "auto":
         raise ConfigError("format", f"must be auto with --preset {columns.dump} (it reads the framework's own "
                                     f"files), got {fmt!r}")
