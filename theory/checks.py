@@ -108,14 +108,14 @@ def require_positive(name: str, value: object, *, allow_inf: bool = False) -> No
         raise invalid(name, "> 0" if allow_inf else "a finite number > 0", _first(arr, bad))
 
 
-def require_nonnegative(name: str, value: object, *, allow_inf: bool = False) -> None:
-    """value >= 0 (and not NaN; +inf only if ``allow_inf``)."""
+def require_nonnegative(name: str, value: object, *, allow_inf: bool = False, note: str = "") -> None:
+    """value >= 0 (and not NaN; +inf only if ``allow_inf``). ``note`` follows the range."""
     arr = np.asarray(value, dtype=float)
     bad = np.isnan(arr) | (arr < 0)
     if not allow_inf:
         bad |= np.isinf(arr)
     if np.any(bad):
-        raise invalid(name, ">= 0" if allow_inf else "a finite number >= 0", _first(arr, bad))
+        raise invalid(name, (">= 0" if allow_inf else "a finite number >= 0") + note, _first(arr, bad))
 
 
 def require_in_range(name: str, value: float, low: float, high: float, *, note: str = "") -> None:
