@@ -36,7 +36,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..theory.checks import require_in_range, require_integer, require_number, require_one_of
+from ..theory.checks import require_in_range, require_integer, require_number, require_one_of, require_open_interval
 from ..theory.noise import DEFAULT_DRAWS, DEFAULT_LEVEL, percentile_interval, unit_weights
 from ..theory.noise_scale import noise_scale_two_batch, pooled_two_batch
 from ..theory.profiles import curvature_pairs_record
@@ -121,8 +121,7 @@ class CalibrateLogConfig:
             check_field(require_one_of, name, value, valid)
         if self.format not in ("auto", *FORMATS):
             raise ConfigError("format", f"must be auto, {', '.join(FORMATS)}; got {self.format!r}")
-        if not 0.0 < self.level < 1.0:
-            raise ConfigError("level", f"must be in (0, 1), got {self.level:g}")
+        check_field(require_open_interval, "level", self.level, 0, 1, fmt="g")
         check_field(require_integer, "draws", self.draws, 2)
         resolve_columns(self.preset, self.columns)
 

@@ -44,7 +44,7 @@ from ..core.surrogate import surrogate
 from ..diagnose.calibrate_log import GRAD_NORM_COLUMNS
 from ..diagnose.framework_stats import framework_statistics
 from ..diagnose.whatif import TokenWhatIf, WhatIfConfig, sequence_rows
-from ..theory.checks import require_integer, require_one_of
+from ..theory.checks import require_integer, require_one_of, require_open_interval
 from .buffer import ReplayConfig, RowReplayBuffer, age_buckets, fifo_max_age
 from .checkpoints import CHECKPOINT_DONE, CHECKPOINT_PREFIX, REPLAY_BUFFER_STATE, REPLAY_STATE, complete_checkpoints
 from .export import DiagnoseLogWriter, require_pyarrow
@@ -325,9 +325,7 @@ def _noise_options(measure_noise: bool, noise_log: str | os.PathLike | None, cur
         if value and not measure_noise:
             raise ValueError(f"{name} > 0 needs measure_noise=True (it works on the two halves' gradients and "
                              "their records)")
-    if isinstance(curvature_step, bool) or not isinstance(curvature_step, (int, float)) \
-            or not (0 < curvature_step < 1):
-        raise ValueError(f"curvature_step must be in (0, 1) (|h w| / |theta|), got {curvature_step!r}")
+    require_open_interval("curvature_step", curvature_step, 0, 1, note=" (|h w| / |theta|)")
     if noise_log is not None:  # checked first, as the diagnose log
         if not measure_noise:
             raise ValueError("noise_log needs measure_noise=True (it holds the measured norms)")

@@ -25,6 +25,7 @@ from replay_theory.theory.checks import (
     require_nonnegative,
     require_number,
     require_one_of,
+    require_open_interval,
     require_unit_interval,
 )
 
@@ -88,6 +89,18 @@ def test_range_notes_follow_the_range():
     assert _message(require_nonnegative, "values", np.array([1.0, math.nan]), allow_inf=True,
                     note=" (sum-tree leaves are sampling weights)") == \
         "values must be >= 0 (sum-tree leaves are sampling weights), got nan"
+
+
+def test_require_open_interval():
+    assert require_open_interval("curvature_step", 1e-4, 0, 1) == 1e-4
+    assert _message(require_open_interval, "curvature_step", 0.0, 0, 1, note=" (|h w| / |theta|)") == \
+        "curvature_step must be in (0, 1) (|h w| / |theta|), got 0.0"
+    assert _message(require_open_interval, "level", True, 0, 1, fmt="g") == "level must be in (0, 1), got 1"
+    assert require_open_interval("is_cap", 3, 0, math.inf, finite=True) == 3.0
+    assert _message(require_open_interval, "is_cap", math.inf, 0, math.inf, finite=True) == \
+        "is_cap must be a finite number in (0, inf), got inf"
+    assert _message(require_open_interval, "clip_low", math.nan, 0, 1, finite=True) == \
+        "clip_low must be a finite number in (0, 1), got nan"
 
 
 def test_require_int_shows_the_first_bad_element():
