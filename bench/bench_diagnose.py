@@ -41,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
+from replay_theory.theory.checks import require_integer
+
 
 def write_log(path: Path, n_tokens: int, seed: int = 0, drift: float = 0.03) -> None:
     import pyarrow as pa
@@ -194,8 +196,10 @@ def main() -> None:
     unknown = [m for m in modes if m not in MODES]
     if unknown or "duckdb" not in modes:
         sys.exit(f"--modes must name some of {', '.join(MODES)}, duckdb among them; got {args.modes!r}")
-    if args.repeat < 1:
-        sys.exit(f"--repeat must be an integer >= 1, got {args.repeat}")
+    try:
+        require_integer("--repeat", args.repeat, 1)
+    except ValueError as err:
+        sys.exit(str(err))
     tmp = tempfile.TemporaryDirectory()
     path = args.keep or Path(tmp.name) / "log.parquet"
     if not path.exists():

@@ -25,6 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from replay_theory.theory.checks import require_integer
+
 PATHS = ("AVX2,STRICT", "AVX512,STRICT", "")  # "": unset, MKL picks
 HERE = Path(__file__).resolve().parent
 
@@ -81,8 +83,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="RL updates per measurement")
     args = parser.parse_args()
     for name in ("rounds", "steps"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+        try:
+            require_integer(f"--{name}", getattr(args, name), 1)
+        except ValueError as err:
+            parser.error(str(err))
     best = {path: {"pair_ms": float("inf"), "steps_s": float("inf")} for path in PATHS}
     for _ in range(args.rounds):
         for path in PATHS:

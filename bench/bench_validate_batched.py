@@ -35,6 +35,8 @@ import os
 import subprocess
 import sys
 
+from replay_theory.theory.checks import require_integer
+
 WORK = r"""
 import copy, dataclasses, json, resource, sys, time, torch
 mode, seeds, steps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -200,8 +202,10 @@ def main() -> None:
                         "on-policy GRPO, --seeds seeds x --steps updates, sequential and batched)")
     args = parser.parse_args()
     for name in ("seeds", "steps", "threads", "jobs"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be an integer >= 1, got {getattr(args, name)}")
+        try:
+            require_integer(f"--{name}", getattr(args, name), 1)
+        except ValueError as err:
+            parser.error(str(err))
     if args.device != "cpu" and not args.device.startswith("cuda"):
         parser.error(f"--device must be cpu or cuda (cuda:N), got {args.device!r}")
     if args.profile:

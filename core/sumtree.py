@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..theory.checks import require_int
+from ..theory.checks import require_int, require_nonnegative
 
 __all__ = ["SumTree"]
 
@@ -73,8 +73,7 @@ class SumTree:
         if slots.ndim == 1:
             slots = np.broadcast_to(slots, (self.num_seeds, slots.shape[0]))
         values = np.broadcast_to(values, slots.shape)
-        if np.any(values < 0) or np.any(np.isnan(values)):
-            raise ValueError("values must be >= 0 (sum-tree leaves are sampling weights)")
+        require_nonnegative("values", values, allow_inf=True, note=" (sum-tree leaves are sampling weights)")
         if slots.size and (slots.min() < 0 or slots.max() >= self.capacity):
             raise ValueError(f"slots must be in [0, {self.capacity - 1}]")
         node = slots + self.cap_pow2  # (S, k)
@@ -88,8 +87,7 @@ class SumTree:
         values = np.asarray(values, dtype=float)
         if values.shape != (self.num_seeds, self.capacity):
             raise ValueError(f"values must have shape {(self.num_seeds, self.capacity)}, got {values.shape}")
-        if np.any(values < 0) or np.any(np.isnan(values)):
-            raise ValueError("values must be >= 0 (sum-tree leaves are sampling weights)")
+        require_nonnegative("values", values, allow_inf=True, note=" (sum-tree leaves are sampling weights)")
         lo = self.cap_pow2
         self.tree[:, lo:lo + self.capacity] = values
         self.tree[:, lo + self.capacity:] = 0.0

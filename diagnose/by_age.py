@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..theory.checks import require_one_of
 from .reader import (
     LOGP_ROUNDOFF,
     TokenChunk,
@@ -53,8 +54,7 @@ class SequenceSums:
 
     def __post_init__(self) -> None:
         for name, valid in (("weight", WEIGHTS), ("aggregation", AGGREGATIONS), ("score", SCORES)):
-            if getattr(self, name) not in valid:
-                raise ValueError(f"{name} must be one of {', '.join(valid)}, got {getattr(self, name)!r}")
+            require_one_of(name, getattr(self, name), valid)
         self.term_max = np.zeros(0)  # (n_seq,) running max of the log terms (-inf: none yet)
         self.term_sum = np.zeros(0)  # (n_seq,) sum of exp(term - term_max)
         self.log_w = np.zeros(0)  # (n_seq,) sum of token log w (log of the sequence weight)

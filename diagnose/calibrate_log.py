@@ -36,20 +36,22 @@ from typing import Optional
 
 import numpy as np
 
+from ..theory.checks import require_in_range, require_integer, require_number, require_one_of, require_open_interval
 from ..theory.noise import DEFAULT_DRAWS, DEFAULT_LEVEL, percentile_interval, unit_weights
 from ..theory.noise_scale import noise_scale_two_batch, pooled_two_batch
 from ..theory.profiles import curvature_pairs_record
 from .by_age import AGGREGATIONS, SCORES, WEIGHTS, SequenceSums, age_step_sums, read_step_times
-from .errors import ConfigError
+from .errors import ConfigError, check_field
 from .reader import (
     FORMATS,
     LogReader,
+    check_log_options,
     detect_format,
     missing_column,
     read_schema,
     require_pyarrow,
 )
-from .schema import REQUIRED, STEP_TIME_COLUMNS, resolve_columns
+from .schema import REQUIRED, STEP_TIME_COLUMNS, ColumnMap, resolve_columns
 
 #: the log column with the optimizer step a row was trained at (TRL export and verl hook).
 STEP_COLUMN = "step"
@@ -123,53 +125,40 @@ class CalibrateLogConfig:
     and kappa where the file has curvature pairs (curvature_num, curvature_den, curvature_lr, curvature_beta1)."""
 
     def __post_init__(self) -> None:
-        if self.mu is not None and not (math.isfinite(self.mu) and self.mu > 0):
-            raise ConfigError("mu", f"must be a finite number > 0 (rollout cost / per-sample update cost), "
-                                    f"got {self.mu:g}")
-        if self.rho is not None and not (0.0 <= self.rho <= 1.0):
-            raise ConfigError("rho", f"must be in [0, 1] (the range Assumption 3.3 and optimal allow), "
-                                     f"got {self.rho:g}")
+        if self.mu is not None:
+            check_field(require_number, "mu", self.mu, above=0, finite=True,
+                        note=" (rollout cost / per-sample update cost)", fmt="g")
+        if self.rho is not None:
+            check_field(require_in_range, "rho", self.rho, 0, 1, note=" (the range Assumption 3.3 and optimal allow)")
         for name, value, valid in (("weight", self.weight, WEIGHTS), ("aggregation", self.aggregation, AGGREGATIONS),
                                    ("score", self.score, SCORES)):
-            if value not in valid:
-                raise ConfigError(name, f"must be one of {', '.join(valid)}, got {value!r}")
+            check_field(require_one_of, name, value, valid)
         if self.format not in ("auto", *FORMATS):
             raise ConfigError("format", f"must be auto, {', '.join(FORMATS)}; got {self.format!r}")
-        if not 0.0 < self.level < 1.0:
-            raise ConfigError("level", f"must be in (0, 1), got {self.level:g}")
-        if self.draws < 2:
-            raise ConfigError("draws", f"must be an integer >= 2, got {self.draws}")
+        check_field(require_open_interval, "level", self.level, 0, 1, fmt="g")
+        check_field(require_integer, "draws", self.draws, 2)
         resolve_columns(self.preset, self.columns)
 
 
-def plan(config: CalibrateLogConfig) -> LogReader:
-    """Check the log and its columns (schema only) and build the reader: one-line errors, no data read.
+def _dump_names(config: CalibrateLogConfig, columns: ColumnMap, path: Path) -> list[str]:
+    """The columns of a framework's own files (dumps.py: the first file gives them), which calibrate can read only
+    with a per-row age and ``--mu``."""
+    from .dumps import MISSING, DumpSource
 
-    The step rides in the reader's ``reward`` field (calibration reads no reward), mapped only when the log has it.
-    """
-    path = Path(config.path)
-    columns = resolve_columns(config.preset, config.columns)
-    if not (path.is_file() or (columns.dump and path.is_dir())):
-        raise ConfigError("path", f"{path} is not a file " + (
-            "or a folder (not found)" if columns.dump else "(not found, or a directory)"))
-    require_pyarrow()
-    if columns.dump:  # a framework's own files (dumps.py): the first one gives the columns
-        from .dumps import MISSING, DumpSource
+    names = list(DumpSource(columns.dump, path).schema.names)
+    has_age = bool(columns.age and columns.age in names)
+    if config.mu is None or not has_age:
+        # one line: what the files lack and what calibrate then needs; diagnose reads them as they are
+        needs = [need for lacking, need in ((not has_age, "a per-row age (--columns age=NAME)"),
+                                            (config.mu is None, "--mu MU")) if lacking]
+        raise ConfigError("preset", f"{config.preset}: {MISSING[columns.dump]}, so calibrate --from-log needs "
+                                    f"{' and '.join(needs)} (mu = rollout cost / per-sample update cost, > 0); "
+                                    "diagnose reads the files as they are")
+    return names
 
-        if config.format != "auto":
-            raise ConfigError("format", f"must be auto with --preset {columns.dump} (it reads the framework's own "
-                                        f"files), got {config.format!r}")
-        names = list(DumpSource(columns.dump, path).schema.names)
-        if config.mu is None or not (columns.age and columns.age in names):
-            # one line: what the files lack and what calibrate then needs; diagnose reads them as they are
-            needs = [need for lacking, need in ((not (columns.age and columns.age in names),
-                                                 "a per-row age (--columns age=NAME)"), (config.mu is None, "--mu MU"))
-                     if lacking]
-            raise ConfigError("preset", f"{config.preset}: {MISSING[columns.dump]}, so calibrate --from-log needs "
-                                        f"{' and '.join(needs)} (mu = rollout cost / per-sample update cost, > 0); "
-                                        "diagnose reads the files as they are")
-    else:
-        names = list(read_schema(path, detect_format(path, config.format)).names)
+
+def _check_columns(config: CalibrateLogConfig, columns: ColumnMap, names: list[str], path: Path) -> None:
+    """The log has the required columns, an age and an advantage, and (without ``--mu``) the step time columns."""
     for field in REQUIRED:  # first, as diagnose does: a log of another preset gets the --preset to pass
         if getattr(columns, field) not in names:
             raise ValueError(missing_column(path.name, field, getattr(columns, field), names))
@@ -183,6 +172,22 @@ def plan(config: CalibrateLogConfig) -> LogReader:
         raise ConfigError("mu", f"is needed: {path.name} has no {', '.join(missing)} column"
                                 f"{'s' if len(missing) > 1 else ''} to measure it; give --mu MU (> 0, rollout cost / "
                                 "per-sample update cost)")
+
+
+def plan(config: CalibrateLogConfig) -> LogReader:
+    """Check the log and its columns (schema only) and build the reader: one-line errors, no data read.
+
+    The step rides in the reader's ``reward`` field (calibration reads no reward), mapped only when the log has it.
+    """
+    path = Path(config.path)
+    columns = resolve_columns(config.preset, config.columns)
+    check_log_options(path, columns, config.format, config.chunk_rows)
+    require_pyarrow()
+    if columns.dump:
+        names = _dump_names(config, columns, path)
+    else:
+        names = list(read_schema(path, detect_format(path, config.format)).names)
+    _check_columns(config, columns, names, path)
     streamed = replace(columns, reward=STEP_COLUMN if STEP_COLUMN in names else None)  # a sequence's step, any layout
     return LogReader(path, streamed, fmt=config.format, chunk_rows=config.chunk_rows)
 

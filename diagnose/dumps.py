@@ -297,10 +297,25 @@ def dump_files(preset: str, path: Path) -> list[tuple[int, Path]]:
     return [(int(match.group(1)) if match else -1, path)]
 
 
-def read_dump(preset: str, step: int, path: Path):
-    """One framework file as a pyarrow Table (one row per sample; see the module docstring)."""
-    import pyarrow as pa
+def _add_sample(row: dict, lists: dict[str, list], scalars: dict[str, list], rows: int) -> None:
+    """Append sample number ``rows``'s per-token arrays to ``lists`` and its numbers to ``scalars``; every column
+    stays ``rows + 1`` long (null where the sample lacks the key)."""
+    for key, value in row.items():
+        array = _array(value)
+        if array is None or array.ndim > 1:
+            continue  # text, messages, (B, ...) layouts: not a per-token or per-sample number
+        target, other = (lists, scalars) if array.ndim == 1 else (scalars, lists)
+        if key in other:  # a key that is a list on one sample and a number on another: not read
+            continue
+        target.setdefault(key, [None] * rows).append(array if array.ndim == 1 else float(array))
+    for target in (lists, scalars):
+        for values in target.values():
+            values.extend([None] * (rows + 1 - len(values)))  # a key this sample lacks: null
 
+
+def _samples(preset: str, step: int, path: Path) -> tuple[dict[str, list], dict[str, list], int, int]:
+    """The file's per-token columns, per-sample columns, sample count and step (slime's rollout_id when the file
+    name has none)."""
     lists: dict[str, list] = {}
     scalars: dict[str, list] = {}
     rows = 0
@@ -309,27 +324,30 @@ def read_dump(preset: str, step: int, path: Path):
             raise ValueError(f"{path.name}: sample {rows} is not a dict")
         if preset == "slime" and step < 0 and "rollout_id" in row:
             step = int(row["rollout_id"])
-        for key, value in row.items():
-            array = _array(value)
-            if array is None or array.ndim > 1:
-                continue  # text, messages, (B, ...) layouts: not a per-token or per-sample number
-            target, other = (lists, scalars) if array.ndim == 1 else (scalars, lists)
-            if key in other:  # a key that is a list on one sample and a number on another: not read
-                continue
-            target.setdefault(key, [None] * rows).append(array if array.ndim == 1 else float(array))
+        _add_sample(row, lists, scalars, rows)
         rows += 1
-        for target in (lists, scalars):
-            for values in target.values():
-                values.extend([None] * (rows - len(values)))  # a key this sample lacks: null
     if rows == 0:
         raise ValueError(f"{path.name} holds no samples")
-    columns = {}
-    for key, values in lists.items():
-        lengths = np.array([0 if v is None else v.size for v in values], dtype=np.int32)  # (rows,)
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-        flat = np.concatenate([v for v in values if v is not None]) if lengths.sum() else np.zeros(0)
-        mask = pa.array([v is None for v in values])
-        columns[key] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.float64()), mask=mask)
+    return lists, scalars, rows, step
+
+
+def _list_array(values: list):
+    """A pyarrow list<float64> array of per-sample arrays (None: a null list)."""
+    import pyarrow as pa
+
+    lengths = np.array([0 if v is None else v.size for v in values], dtype=np.int32)  # (rows,)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    flat = np.concatenate([v for v in values if v is not None]) if lengths.sum() else np.zeros(0)
+    mask = pa.array([v is None for v in values])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.float64()), mask=mask)
+
+
+def read_dump(preset: str, step: int, path: Path):
+    """One framework file as a pyarrow Table (one row per sample; see the module docstring)."""
+    import pyarrow as pa
+
+    lists, scalars, rows, step = _samples(preset, step, path)
+    columns = {key: _list_array(values) for key, values in lists.items()}
     for key, values in scalars.items():
         columns[key] = pa.array(values, pa.float64())
     columns[STEP_COLUMN] = pa.array(np.full(rows, step, dtype=np.int64))

@@ -8,8 +8,9 @@ and ``cli/diagnose_cmds.py`` swaps in the option as the user typed it.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -25,11 +26,10 @@ class ConfigError(ValueError):
         return f"{name} {self.detail}"
 
 
-@contextmanager
-def config_error(field: str) -> Iterator[None]:
-    """A theory/checks.py error about ``field`` (``"<field> must be ..."``) as a :class:`ConfigError`: the checks
-    write the message, once, and the front end still names its own option."""
+def check_field(check: Callable[..., T], field: str, *args: Any, **kwargs: Any) -> T:
+    """``check(field, *args, **kwargs)``, a rule of ``theory/checks.py``, whose one-line ValueError
+    (``"<field> must be ..."``) is raised as a :class:`ConfigError` on ``field``: the message is the checks module's."""
     try:
-        yield
+        return check(field, *args, **kwargs)
     except ValueError as err:
         raise ConfigError(field, str(err).removeprefix(f"{field} ")) from None

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.losses import clip_log_bounds, gspo_sequence_log_ratio, m2po_trust_set, ppo_clip_flags
+from ..theory.checks import require_open_interval
 from .accumulators import Running
 
 __all__ = ["FrameworkParams", "FrameworkSums", "framework_statistics", "batch_sums", "finish", "rollout_is_metrics",
@@ -66,9 +67,7 @@ class FrameworkParams:
     def __post_init__(self) -> None:
         for name, lo, hi in (("clip_low", 0.0, 1.0), ("clip_high", 0.0, math.inf), ("dual_clip_c", 1.0, math.inf),
                              ("is_cap", 0.0, math.inf), ("rollout_is_threshold", 0.0, math.inf)):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and lo < v < hi):
-                raise ValueError(f"{name} must be a finite number in ({lo:g}, {hi:g}), got {v!r}")
+            require_open_interval(name, getattr(self, name), lo, hi, finite=True)
 
 
 def _verl_w(lr: np.ndarray) -> np.ndarray:

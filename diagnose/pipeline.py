@@ -40,7 +40,7 @@ from ..theory.bounds import moments_relations
 from ..theory.checks import require_integer, require_one_of
 from .accumulators import LOG_FLOAT_MAX, UNSHIFTED_MAX, LogRatioHistogram, Moments
 from .drift import fit_kl_drift
-from .errors import config_error
+from .errors import check_field
 from .framework_stats import (
     SEQ_FIELDS,
     FrameworkParams,
@@ -86,11 +86,9 @@ class DiagnoseConfig:
 
     def __post_init__(self) -> None:
         # every field is checked here, before the file is opened: a bad value costs no work
-        with config_error("format"):
-            require_one_of("format", self.format, ("auto", *FORMATS))
+        check_field(require_one_of, "format", self.format, ("auto", *FORMATS))
         for name in ("chunk_rows", "threads", "max_age_buckets"):
-            with config_error(name):
-                require_integer(name, getattr(self, name), 1)
+            check_field(require_integer, name, getattr(self, name), 1)
         resolve_columns(self.preset, self.columns)
 
 
@@ -411,85 +409,115 @@ def _pass(config: DiagnoseConfig, sorted_ids: bool, progress) -> tuple[LogReader
     return reader, state
 
 
-def diagnose(config: DiagnoseConfig, progress: Optional[Callable[[int, int], None]] = None) -> dict:
-    """Read ``config.path`` and return the report (a JSON-safe dict; see the CLI's ``--json``).
-
-    Sequence ids are first read as sorted (flat memory); at the first id below an earlier one the log is read again
-    from the start with every sequence held.
-    """
-    keep_freed_memory()
+def _read(config: DiagnoseConfig, progress) -> tuple[LogReader, _State]:
+    """Sequence ids are first read as sorted (flat memory); at the first id below an earlier one the log is read again
+    from the start with every sequence held."""
     try:
         reader, state = _pass(config, True, progress)
     except UnsortedIds:
         reader, state = _pass(config, False, progress)
     if state.tokens.n[0] == 0:
         raise ValueError(f"{reader.path.name}: no valid tokens to diagnose")
+    return reader, state
 
-    report: dict = {
-        "file": str(reader.path), "format": reader.format, "layout": reader.layout, "preset": config.preset,
-        "columns": reader.used, "n_rows": reader.rows_done,
-    }
-    report.update(_group_stats(state.tokens, 0))
-    report["n_tokens"] = int(state.tokens.n[0])
+
+def _token_section(state: _State) -> dict:
+    """The per-token ratio statistics and quantiles over the whole log."""
+    section = _group_stats(state.tokens, 0)
+    section["n_tokens"] = int(state.tokens.n[0])
     top, low = float(state.tokens.lmax[0]), float(state.tokens.lmin[0])
     values, widths = state.hist.quantiles(QUANTILES, low, top)
     names = [f"p{int(round(q * 100)):02d}" for q in QUANTILES]
-    report["log_ratio_quantiles"] = dict(zip(names, values))
+    section["log_ratio_quantiles"] = dict(zip(names, values))
     # r itself leaves float64 past log r = 709.78 (null in the JSON, e^{log r} in the table, as for ratio_max)
-    report["ratio_quantiles"] = {k: math.exp(v) if v < LOG_FLOAT_MAX else math.inf for k, v in zip(names, values)}
+    section["ratio_quantiles"] = {k: math.exp(v) if v < LOG_FLOAT_MAX else math.inf for k, v in zip(names, values)}
     # the most any quantile's log r can be off: the histogram's bin width, wider only where its sparse tail had to
     # coarsen (report.py prints it then)
-    report["ratio_quantiles_log_error"] = max(widths)
+    section["ratio_quantiles_log_error"] = max(widths)
     if state.reward_n:
-        report["mean_reward"] = state.reward_sum / state.reward_n
+        section["mean_reward"] = state.reward_sum / state.reward_n
+    return section
 
+
+def _sequence_section(state: _State, n_tokens: int) -> dict:
+    """The sequence counts, the per-sequence ratio statistics, the skipped rows and the bounds at both levels."""
     n_good = int(state.seq_moments.n[0])
     seq_moments = state.seq_moments if n_good else None
-    report["n_sequences"] = state.n_sequences
-    report["sample_note"] = sample_note(report["n_tokens"], state.n_sequences)
     sequence = {"n_sequences": n_good, "mean_length": state.seq_tokens / n_good if n_good else None}
     if seq_moments is not None:
         stats = _group_stats(seq_moments, 0)
         stats.pop("n_tokens")
         sequence.update(stats)
-    report["sequence"] = sequence
-    report["skipped"] = dict(state.skipped, sequences_excluded=state.sequences_excluded)
-    report["bounds"] = {"token": _relations(state.tokens),
-                        "sequence": _relations(seq_moments) if seq_moments is not None else []}
+    return {
+        "n_sequences": state.n_sequences, "sample_note": sample_note(n_tokens, state.n_sequences),
+        "sequence": sequence, "skipped": dict(state.skipped, sequences_excluded=state.sequences_excluded),
+        "bounds": {"token": _relations(state.tokens),
+                   "sequence": _relations(seq_moments) if seq_moments is not None else []},
+    }
 
+
+def _framework_section(config: DiagnoseConfig, state: _State) -> dict:
+    """TRL / verl / M2PO metrics over the whole log as one batch (empty without sequences)."""
     fw = state.framework
-    report["framework"], report["framework_rollout_is_sequence"] = {}, {}
-    if fw.n_seq:  # TRL / verl / M2PO metrics over the whole log as one batch
-        report["framework"] = finish(fw, config.framework, "token")
-        report["framework_rollout_is_sequence"] = rollout_is_metrics(fw, config.framework, "sequence")
-    report["framework_params"] = asdict(config.framework)
+    section: dict = {"framework": {}, "framework_rollout_is_sequence": {}}
+    if fw.n_seq:
+        section["framework"] = finish(fw, config.framework, "token")
+        section["framework_rollout_is_sequence"] = rollout_is_metrics(fw, config.framework, "sequence")
+    section["framework_params"] = asdict(config.framework)
+    return section
 
-    if state.has_age and state.by_age.size:
-        report["by_age"], ages = _by_age(state, config.max_age_buckets)
-        age_stats = state.by_age.statistics()
-        report["drift"] = fit_kl_drift(ages, age_stats["kl_k3"], state.by_age.n)
+
+def _age_section(config: DiagnoseConfig, state: _State) -> tuple[dict, Optional[np.ndarray]]:
+    """The by-age rows and the KL drift fitted over them, and the ages (None without an age column)."""
+    if not (state.has_age and state.by_age.size):
+        return {"by_age": [], "drift": None}, None
+    by_age, ages = _by_age(state, config.max_age_buckets)
+    age_stats = state.by_age.statistics()
+    return {"by_age": by_age, "drift": fit_kl_drift(ages, age_stats["kl_k3"], state.by_age.n)}, ages
+
+
+def _freshper_taus(config: DiagnoseConfig, drift: Optional[dict]) -> list:
+    """The configured FreshPER taus, and the fitted drift's tau when it is a finite positive number."""
+    taus = list(config.what_if.freshper_tau)
+    fitted = (drift or {}).get("tau")
+    if fitted is not None and math.isfinite(fitted) and fitted > 0:
+        taus.append(fitted)
+    return taus
+
+
+def _what_if_rows(config: DiagnoseConfig, state: _State, report: dict, ages: Optional[np.ndarray]) -> list[dict]:
+    """Every correction's what-if row: token level, M2PO's trust region, sequence level, FreshPER by age."""
+    rows = state.what_if.rows()
+    if state.has_advantage:
+        # M2 over M2PO's trust-region tokens, next to the M2PO rows: the number M2PO compares with tau_M2
+        last = max(i for i, r in enumerate(rows) if r["correction"].startswith("m2po"))
+        rows.insert(last + 1, {"correction": "m2_trust_region", "level": "token", "param": None,
+                               "flagged_frac": state.framework.m2_count / state.framework.n, "ess_frac": None,
+                               "bias_proxy": None, "m2": report["framework"]["m2po/M2"]})
+    rows += state.seq_what_if.rows()
+    if ages is not None:
+        rows += freshper_rows(state.by_age, ages, _freshper_taus(config, report["drift"]))
     else:
-        report["by_age"], ages, report["drift"] = [], None, None
+        rows += [{"correction": "freshper", "level": "token", "param": t, "flagged_frac": None,
+                  "ess_frac": None, "bias_proxy": None, "note": "needs an age column"}
+                 for t in config.what_if.freshper_tau]
+    return rows
 
+
+def diagnose(config: DiagnoseConfig, progress: Optional[Callable[[int, int], None]] = None) -> dict:
+    """Read ``config.path`` and return the report (a JSON-safe dict; see the CLI's ``--json``)."""
+    keep_freed_memory()
+    reader, state = _read(config, progress)
+    report: dict = {
+        "file": str(reader.path), "format": reader.format, "layout": reader.layout, "preset": config.preset,
+        "columns": reader.used, "n_rows": reader.rows_done,
+    }
+    report.update(_token_section(state))
+    report.update(_sequence_section(state, report["n_tokens"]))
+    report.update(_framework_section(config, state))
+    ages_section, ages = _age_section(config, state)
+    report.update(ages_section)
     if state.what_if is not None:
-        rows = state.what_if.rows()
-        if state.has_advantage:
-            # M2 over M2PO's trust-region tokens, next to the M2PO rows: the number M2PO compares with tau_M2
-            last = max(i for i, r in enumerate(rows) if r["correction"].startswith("m2po"))
-            rows.insert(last + 1, {"correction": "m2_trust_region", "level": "token", "param": None,
-                                   "flagged_frac": fw.m2_count / fw.n, "ess_frac": None, "bias_proxy": None,
-                                   "m2": report["framework"]["m2po/M2"]})
-        rows += state.seq_what_if.rows()
-        if ages is not None:
-            taus = list(config.what_if.freshper_tau)
-            fitted = (report["drift"] or {}).get("tau")
-            if fitted is not None and math.isfinite(fitted) and fitted > 0:
-                taus.append(fitted)
-            rows += freshper_rows(state.by_age, ages, taus)
-        else:
-            rows += [{"correction": "freshper", "level": "token", "param": t, "flagged_frac": None,
-                      "ess_frac": None, "bias_proxy": None, "note": "needs an age column"}
-                     for t in config.what_if.freshper_tau]
-        report["what_if"] = rows
+        report["what_if"] = _what_if_rows(config, state, report, ages)
     report["config"] = asdict(config)
     return _clean(report)

@@ -29,7 +29,8 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from .errors import ConfigError
+from ..theory.checks import require_integer
+from .errors import ConfigError, check_field
 from .schema import PRESETS, REQUIRED, ColumnMap
 
 FORMATS = ("parquet", "csv", "jsonl")
@@ -124,6 +125,18 @@ def detect_format(path: Path, fmt: str = "auto") -> str:
     return chosen
 
 
+def check_log_options(path: Path, columns: ColumnMap, fmt: str, chunk_rows: int) -> None:
+    """The log exists (a file, or a folder for a dump preset), ``chunk_rows`` >= 1, and a dump preset reads its files
+    as they are (format auto)."""
+    if not (path.is_file() or (columns.dump and path.is_dir())):
+        raise ConfigError("path", f"{path} is not a file " + (
+            "or a folder (not found)" if columns.dump else "(not found, or a directory)"))
+    check_field(require_integer, "chunk_rows", chunk_rows, 1, whole_floats=True)
+    if columns.dump and fmt != "auto":
+        raise ConfigError("format", f"must be auto with --preset {columns.dump} (it reads the framework's own "
+                                    f"files), got {fmt!r}")
+
+
 class LogReader:
     """Iterates a log file as :class:`TokenChunk` s; tracks progress and sequence codes."""
 
@@ -131,14 +144,7 @@ class LogReader:
                  chunk_rows: int = 262144, skip_invalid: bool = False, sorted_ids: bool = False) -> None:
         self.path = Path(path)
         self.dump = None  # a framework's dump files (``dumps.DumpSource``), for the nemo-rl / skyrl / slime presets
-        if not (self.path.is_file() or (columns.dump and self.path.is_dir())):
-            raise ConfigError("path", f"{self.path} is not a file " + (
-                "or a folder (not found)" if columns.dump else "(not found, or a directory)"))
-        if chunk_rows < 1:
-            raise ConfigError("chunk_rows", f"must be an integer >= 1, got {chunk_rows}")
-        if columns.dump and fmt != "auto":
-            raise ConfigError("format", f"must be auto with --preset {columns.dump} (it reads the framework's own "
-                                        f"files), got {fmt!r}")
+        check_log_options(self.path, columns, fmt, chunk_rows)
         self.format = columns.dump or detect_format(self.path, fmt)
         self.chunk_rows = int(chunk_rows)
         self.skip_invalid = skip_invalid
@@ -153,32 +159,41 @@ class LogReader:
         self._last_id = None
         self._next_code = 0
         self._pa = require_pyarrow()
-        if columns.dump:
-            from .dumps import DumpSource
-
-            self.dump = DumpSource(columns.dump, self.path)
-            self.schema, self.total_bytes = self.dump.schema, self.dump.total_bytes
-        else:
-            try:
-                self.schema = read_schema(self.path, self.format)
-            except Exception as exc:  # pyarrow raises many types for a corrupt file
-                raise ValueError(f"cannot read {self.path.name} as {self.format}: {self._parse_error(exc, 0)}") \
-                    from exc
+        self._open_schema(columns.dump)
         self.names = list(self.schema.names)
         self.used = {field: name for field, name in columns.columns().items() if name in self.names}  # field -> column
         for field in REQUIRED:
             if field not in self.used:
                 raise ValueError(missing_column(self.path.name, field, getattr(columns, field), self.names))
-        self.layout = columns.layout
-        if self.layout == "auto":  # CSV has no list columns
+        self.layout = self._layout(columns)
+
+    def _open_schema(self, dump: Optional[str]) -> None:
+        """``schema`` (and, for a dump preset, ``dump`` and the files' ``total_bytes``), read from the file heads."""
+        if dump:
+            from .dumps import DumpSource
+
+            self.dump = DumpSource(dump, self.path)
+            self.schema, self.total_bytes = self.dump.schema, self.dump.total_bytes
+            return
+        try:
+            self.schema = read_schema(self.path, self.format)
+        except Exception as exc:  # pyarrow raises many types for a corrupt file
+            raise ValueError(f"cannot read {self.path.name} as {self.format}: {self._parse_error(exc, 0)}") from exc
+
+    def _layout(self, columns: ColumnMap) -> str:
+        """wide (list columns, a row per sequence) or long (a row per token): the mapped one, or the log-prob
+        column's type under auto; refused where the format or the columns cannot hold it."""
+        layout = columns.layout
+        if layout == "auto":  # CSV has no list columns
             wide = self.format != "csv" and _is_list_type(self.schema.field(self.used["logp_behav"]).type)
-            self.layout = "wide" if wide else "long"
-        if self.layout == "wide" and self.format == "csv":
+            layout = "wide" if wide else "long"
+        if layout == "wide" and self.format == "csv":
             raise ValueError("the wide layout (list columns) needs Parquet or JSON lines, not CSV")
-        if self.layout == "long" and "seq_id" not in self.used:
+        if layout == "long" and "seq_id" not in self.used:
             raise ValueError(
                 f"column {columns.seq_id!r} (seq_id) not in {self.path.name}: the long layout (a row per token) "
                 "needs a sequence id; map it with --columns seq_id=NAME")
+        return layout
 
     def __iter__(self) -> Iterator[TokenChunk]:
         floats = [self.used[f] for f in _READ_FIELDS if f in self.used]

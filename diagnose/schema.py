@@ -69,7 +69,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Literal, Optional
 
-from .errors import ConfigError
+from ..theory.checks import require_one_of
+from .errors import ConfigError, check_field
 
 Layout = Literal["auto", "long", "wide"]
 
@@ -129,8 +130,7 @@ PRESETS: dict[str, ColumnMap] = {
 
 def resolve_columns(preset: str = "default", overrides: Optional[str] = None) -> ColumnMap:
     """The preset's map with ``overrides`` ("field=name,field=name"; ``field=`` drops it) applied."""
-    if preset not in PRESETS:
-        raise ConfigError("preset", f"must be one of {', '.join(PRESETS)}, got {preset!r}")
+    check_field(require_one_of, "preset", preset, PRESETS)
     cmap = PRESETS[preset]
     if not overrides:
         return cmap

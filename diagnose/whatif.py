@@ -45,10 +45,11 @@ from typing import Callable
 import numpy as np
 
 from ..core.losses import clip_log_bounds, gspo_sequence_log_ratio, m2po_masks, m2po_may_bind, ppo_clip_flags
+from ..theory.checks import require_integer
 from ..theory.group_replay import clipping_bias_proxy
 from ..theory.moments import ess_frac_from_log_sums
 from .accumulators import Moments, WeightSums
-from .errors import ConfigError
+from .errors import ConfigError, check_field
 
 M2PO_VARIANTS = ("algorithm1", "reference")
 EXP_MAX = 709.78  # math.exp overflows above
@@ -91,8 +92,7 @@ class WhatIfConfig:
                       and 0 < pair[0] < 1 and pair[1] > 0)
                 if not ok:
                     raise ConfigError(name, f"values must be pairs (lo, hi) with lo in (0, 1) and hi > 0, got {pair!r}")
-        if self.m2po_batch_tokens < 1:
-            raise ConfigError("m2po_batch_tokens", f"must be an integer >= 1, got {self.m2po_batch_tokens}")
+        check_field(require_integer, "m2po_batch_tokens", self.m2po_batch_tokens, 1)
 
 
 def _row(correction: str, level: str, param, result: dict | None, note: str = "") -> dict:

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from ..diagnose.reader import detect_format, require_pyarrow
+from ..theory.checks import require_one_of
 
 SHAPES = ("default", "trl", "verl")
 
@@ -121,8 +122,7 @@ def _wide(columns: dict[str, np.ndarray], shape: str, group: int = 8) -> dict[st
 
 def write_example(path: str | Path, shape: str = "default", seed: int = 0) -> dict[str, np.ndarray]:
     """Write the example log to ``path`` (format from the suffix); returns the exact per-age KL."""
-    if shape not in SHAPES:
-        raise ValueError(f"shape must be one of {', '.join(SHAPES)}, got {shape!r}")
+    require_one_of("shape", shape, SHAPES)
     path = Path(path)
     if path.exists():
         raise ValueError(f"{path} exists; choose a new path")

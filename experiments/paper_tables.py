@@ -26,6 +26,7 @@ import numpy as np
 from ..simulate.calibrate import calibrate
 from ..simulate.config import config_from_dict
 from ..simulate.sweep import load_runs
+from ..theory.checks import require_one_of
 from ..theory.design import DesignQuery, optimal_design
 from ..theory.profiles import load_profile, save_profile
 from .theory_test import SPEC as THEORY_TEST_SPEC
@@ -396,8 +397,7 @@ EXPERIMENTS: dict[str, Experiment] = {
 
 
 def get_experiment(name: str) -> Experiment:
-    if name not in EXPERIMENTS:
-        raise ValueError(f"experiment must be one of {', '.join(EXPERIMENTS)}, got {name!r}")
+    require_one_of("experiment", name, EXPERIMENTS)
     return EXPERIMENTS[name]
 
 

@@ -146,6 +146,20 @@ class RowReplayBuffer:
         Only stores the rows: adding their ids to the design's buffer is the design step's job (``step``); call
         ``self.buffer.add(ids, version)`` to fill the buffer by hand.
         """
+        n = self._checked_row_count(rows)
+        device = rows["completion_ids"].device if "completion_ids" in rows else None
+        fresh = {k: v.detach() for k, v in rows.items()}
+        fresh["version"] = torch.full((n,), int(version), dtype=torch.long, device=device)
+        fresh["sample_id"] = torch.arange(n, device=device) + self.pushed_rows  # the completion, across replays
+        fresh["group_id"] = fresh["sample_id"] // self.group_size
+        self.pushed_rows += n
+        merged = fresh if not self.data else {k: self._cat(k, self.data[k], fresh[k]) for k in fresh}
+        self.data = _trim_padding(merged)
+        return self._id_batch(fresh)
+
+    def _checked_row_count(self, rows: Mapping[str, torch.Tensor]) -> int:
+        """The push's row count: every field a tensor with one entry per row, whole groups, one advantage and reward
+        per row, the buffer's fields."""
         if not rows:
             raise ValueError("nothing to push")
         counts = {k: (tuple(v.shape) if isinstance(v, torch.Tensor) else None) for k, v in rows.items()}
@@ -167,15 +181,7 @@ class RowReplayBuffer:
         if self.data and set(rows) | {"version", "sample_id", "group_id"} != set(self.data):
             raise ValueError(f"a push must carry the same fields as the buffer: "
                              f"{sorted(set(self.data) - {'version', 'sample_id', 'group_id'})}, got {sorted(rows)}")
-        device = rows["completion_ids"].device if "completion_ids" in rows else None
-        fresh = {k: v.detach() for k, v in rows.items()}
-        fresh["version"] = torch.full((n,), int(version), dtype=torch.long, device=device)
-        fresh["sample_id"] = torch.arange(n, device=device) + self.pushed_rows  # the completion, across replays
-        fresh["group_id"] = fresh["sample_id"] // self.group_size
-        self.pushed_rows += n
-        merged = fresh if not self.data else {k: self._cat(k, self.data[k], fresh[k]) for k in fresh}
-        self.data = _trim_padding(merged)
-        return self._id_batch(fresh)
+        return n
 
     @staticmethod
     def _id_batch(rows: Mapping[str, torch.Tensor]) -> RolloutBatch:

@@ -44,7 +44,7 @@ from ..core.surrogate import surrogate
 from ..diagnose.calibrate_log import GRAD_NORM_COLUMNS
 from ..diagnose.framework_stats import framework_statistics
 from ..diagnose.whatif import TokenWhatIf, WhatIfConfig, sequence_rows
-from ..theory.checks import require_integer
+from ..theory.checks import require_integer, require_one_of, require_open_interval
 from .buffer import ReplayConfig, RowReplayBuffer, age_buckets, fifo_max_age
 from .checkpoints import CHECKPOINT_DONE, CHECKPOINT_PREFIX, REPLAY_BUFFER_STATE, REPLAY_STATE, complete_checkpoints
 from .export import DiagnoseLogWriter, require_pyarrow
@@ -315,6 +315,28 @@ class DiagnoseLogCallback(TrainerCallback):
         self.closed_parts = []
 
 
+def _noise_options(measure_noise: bool, noise_log: str | os.PathLike | None, curvature_every: int | None,
+                   curvature_step: float, lag_coords: int | None) -> tuple[int, int]:
+    """The trainer's noise-scale options checked, and ``(curvature_every, lag_coords)`` with their defaults: None is
+    DEFAULT_CURVATURE_EVERY / DEFAULT_LAG_COORDS with ``measure_noise``, off without it."""
+    for name, value in (("curvature_every", curvature_every), ("lag_coords", lag_coords)):
+        if value is not None:
+            require_integer(name, value, 0, note=" (0: off)")
+        if value and not measure_noise:
+            raise ValueError(f"{name} > 0 needs measure_noise=True (it works on the two halves' gradients and "
+                             "their records)")
+    require_open_interval("curvature_step", curvature_step, 0, 1, note=" (|h w| / |theta|)")
+    if noise_log is not None:  # checked first, as the diagnose log
+        if not measure_noise:
+            raise ValueError("noise_log needs measure_noise=True (it holds the measured norms)")
+        if Path(noise_log).exists():
+            raise ValueError(f"noise log {noise_log} exists: a log is never overwritten, give a new path")
+    curvature_every = (DEFAULT_CURVATURE_EVERY if measure_noise else 0) if curvature_every is None \
+        else curvature_every
+    lag_coords = (DEFAULT_LAG_COORDS if measure_noise else 0) if lag_coords is None else lag_coords
+    return curvature_every, lag_coords
+
+
 class ReplayGRPOTrainer(GRPOTrainer):
     """GRPOTrainer that generates R completions a step into a replay buffer of N and trains on B drawn from it.
 
@@ -359,50 +381,15 @@ class ReplayGRPOTrainer(GRPOTrainer):
                  measure_noise: bool = True, noise_log: str | os.PathLike | None = None,
                  curvature_every: int | None = None, curvature_step: float = CURVATURE_FD_STEP,
                  lag_coords: int | None = None, **kwargs: Any) -> None:
-        # None: the default with measure_noise (DEFAULT_CURVATURE_EVERY, DEFAULT_LAG_COORDS), off without it
-        for name, value in (("curvature_every", curvature_every), ("lag_coords", lag_coords)):
-            if value is not None:
-                require_integer(name, value, 0, note=" (0: off)")
-            if value and not measure_noise:
-                raise ValueError(f"{name} > 0 needs measure_noise=True (it works on the two halves' gradients and "
-                                 "their records)")
-        curvature_every = (DEFAULT_CURVATURE_EVERY if measure_noise else 0) if curvature_every is None \
-            else curvature_every
-        lag_coords = (DEFAULT_LAG_COORDS if measure_noise else 0) if lag_coords is None else lag_coords
-        if isinstance(curvature_step, bool) or not isinstance(curvature_step, (int, float)) \
-                or not (0 < curvature_step < 1):
-            raise ValueError(f"curvature_step must be in (0, 1) (|h w| / |theta|), got {curvature_step!r}")
-        if noise_log is not None:  # checked first, as the diagnose log
-            if not measure_noise:
-                raise ValueError("noise_log needs measure_noise=True (it holds the measured norms)")
-            if Path(noise_log).exists():
-                raise ValueError(f"noise log {noise_log} exists: a log is never overwritten, give a new path")
+        curvature_every, lag_coords = _noise_options(measure_noise, noise_log, curvature_every, curvature_step,
+                                                     lag_coords)
         log_callback = DiagnoseLogCallback(diagnose_log) if diagnose_log is not None else None  # checked first
         super().__init__(*args, **kwargs)
         if log_callback is not None:
             self.add_callback(log_callback)
         self.add_callback(_FinishCallback(self))
         self._resume_step = 0  # the checkpoint's step when resuming: TRL's sampler is advanced to its epoch
-        a = self.args
-        world = self.accelerator.num_processes
-        checks = [
-            (world == 1, f"one process is supported (the buffer is per process), got {world}"),
-            (a.steps_per_generation == 1, f"steps_per_generation must be 1, got {a.steps_per_generation}"),
-            (self.num_iterations == 1, f"num_iterations must be 1, got {self.num_iterations}"),
-            (a.gradient_accumulation_steps == 1,
-             f"gradient_accumulation_steps must be 1, got {a.gradient_accumulation_steps}"),
-            (a.per_device_train_batch_size == replay.rollouts_per_step,
-             f"per_device_train_batch_size must equal rollouts_per_step = {replay.rollouts_per_step}, "
-             f"got {a.per_device_train_batch_size}"),
-            (self.beta == 0.0, f"beta must be 0 (the shared losses have no KL term), got {self.beta}"),
-            (not (self.use_vllm and self.vllm_importance_sampling_correction)
-             or self.vllm_importance_sampling_mode in VLLM_IS_MODES,
-             f"vllm_importance_sampling_mode must be one of {', '.join(VLLM_IS_MODES)}, "
-             f"got {getattr(self, 'vllm_importance_sampling_mode', None)!r}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+        self._check_trl_args(replay)
         self.replay = replay
         self.replay_buffer = RowReplayBuffer(replay.design_config(self.num_generations), seed=replay.seed,
                                              total_steps=max(int(self.args.max_steps), 1))
@@ -423,6 +410,29 @@ class ReplayGRPOTrainer(GRPOTrainer):
         self._lag_index: list | None = None  # (parameter, its coordinates in the subset), drawn at the first use
         self._lag_scale = 1.0
         self._lag_previous: tuple[int, torch.Tensor] | None = None  # (step, subset of its gradient)
+
+    def _check_trl_args(self, replay: ReplayConfig) -> None:
+        """TRL's arguments the replay step supports: one process, one generation and one pass per step, R rows a
+        step, no KL term, a vLLM importance-sampling mode the shared losses apply."""
+        a = self.args
+        world = self.accelerator.num_processes
+        checks = [
+            (world == 1, f"one process is supported (the buffer is per process), got {world}"),
+            (a.steps_per_generation == 1, f"steps_per_generation must be 1, got {a.steps_per_generation}"),
+            (self.num_iterations == 1, f"num_iterations must be 1, got {self.num_iterations}"),
+            (a.gradient_accumulation_steps == 1,
+             f"gradient_accumulation_steps must be 1, got {a.gradient_accumulation_steps}"),
+            (a.per_device_train_batch_size == replay.rollouts_per_step,
+             f"per_device_train_batch_size must equal rollouts_per_step = {replay.rollouts_per_step}, "
+             f"got {a.per_device_train_batch_size}"),
+            (self.beta == 0.0, f"beta must be 0 (the shared losses have no KL term), got {self.beta}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            require_one_of("vllm_importance_sampling_mode", getattr(self, "vllm_importance_sampling_mode", None),
+                           VLLM_IS_MODES)
 
     # ------------------------------------------------------------------ checkpoints: resume exactly
 
@@ -819,15 +829,9 @@ class ReplayGRPOTrainer(GRPOTrainer):
         """
         pending, self._curvature_pending = self._curvature_pending, None
         params = self._trainable()
-        if any(p.dtype not in (torch.float32, torch.float64) for p in params):
-            self._skip_curvature(f"step {pending['step']}: parameters in {params[0].dtype}: theta +- h w rounds back "
-                                 "to theta below float32 (train the model in float32, or with float32 master "
-                                 "weights)")
-            return
-        dropout = [m for m in self.model.modules() if isinstance(m, torch.nn.Dropout) and m.training and m.p > 0]
-        if dropout:
-            self._skip_curvature(f"step {pending['step']}: dropout p = {dropout[0].p:g} is active: the two sides of "
-                                 "the difference would see different masks (GRPOConfig(disable_dropout=True))")
+        reason = self._curvature_blocker(params)
+        if reason is not None:
+            self._skip_curvature(f"step {pending['step']}: {reason}")
             return
         w = pending["w"]
         theta_norm = float(torch.sqrt(sum((p.detach().double() ** 2).sum() for p in params)))
@@ -836,11 +840,37 @@ class ReplayGRPOTrainer(GRPOTrainer):
             self._skip_curvature(f"step {pending['step']}: xi = 0 (the halves' gradients are equal)")
             return
         h = self.curvature_step * theta_norm / w_norm
+        num = self._central_difference(rows, params, w, h)
+        record = next((r for r in reversed(self.noise_records) if r["step"] == pending["step"]), None)
+        if record is None:
+            return
+        record.update({"curvature_num": num / (2 * h), "curvature_den": pending["den"],
+                       "curvature_lr": pending["lr"], "curvature_beta1": pending["beta1"],
+                       "curvature_hvp_step": int(self.state.global_step),
+                       "curvature_hvp_rows": int(rows["completion_ids"].shape[0])})
+        if pending["den"] > 0:  # one pair's kappa: a noisy monitor; calibrate --from-log pools the pairs
+            self._metrics["train"]["noise/kappa_pair"].append(pending["lr"] * record["curvature_num"] / pending["den"])
+
+    def _curvature_blocker(self, params: list[torch.Tensor]) -> str | None:
+        """Why theta +- h w cannot be differenced here (None: it can): parameters below float32, active dropout."""
+        if any(p.dtype not in (torch.float32, torch.float64) for p in params):
+            return (f"parameters in {params[0].dtype}: theta +- h w rounds back to theta below float32 (train the "
+                    "model in float32, or with float32 master weights)")
+        dropout = [m for m in self.model.modules() if isinstance(m, torch.nn.Dropout) and m.training and m.p > 0]
+        if dropout:
+            return (f"dropout p = {dropout[0].p:g} is active: the two sides of the difference would see different "
+                    "masks (GRPOConfig(disable_dropout=True))")
+        return None
+
+    def _central_difference(self, rows: dict[str, torch.Tensor], params: list[torch.Tensor],
+                            w: list[torch.Tensor], h: float) -> float:
+        """w . g(theta + h w) - w . g(theta - h w) on ``rows`` (``_curvature_grad``); the parameters restored bit for
+        bit from a copy, the training's random streams never advanced."""
         saved = [p.detach().clone() for p in params]  # restored exactly: the update sees the same theta
         devices = sorted({p.device.index for p in params if p.device.type == "cuda"})
         num = 0.0
         try:
-            with torch.random.fork_rng(devices=devices):  # the training's random streams are never advanced
+            with torch.random.fork_rng(devices=devices):
                 for sign in (1.0, -1.0):
                     with torch.no_grad():
                         for p, s, x in zip(params, saved, w):
@@ -853,15 +883,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
             with torch.no_grad():
                 for p, s in zip(params, saved):
                     p.copy_(s)
-        record = next((r for r in reversed(self.noise_records) if r["step"] == pending["step"]), None)
-        if record is None:
-            return
-        record.update({"curvature_num": num / (2 * h), "curvature_den": pending["den"],
-                       "curvature_lr": pending["lr"], "curvature_beta1": pending["beta1"],
-                       "curvature_hvp_step": int(self.state.global_step),
-                       "curvature_hvp_rows": int(rows["completion_ids"].shape[0])})
-        if pending["den"] > 0:  # one pair's kappa: a noisy monitor; calibrate --from-log pools the pairs
-            self._metrics["train"]["noise/kappa_pair"].append(pending["lr"] * record["curvature_num"] / pending["den"])
+        return num
 
     def _curvature_grad(self, rows: dict[str, torch.Tensor], params: list[torch.Tensor]) -> list[torch.Tensor | None]:
         """rho g_on of the fresh ``rows`` at the model's current parameters: the shared loss with the behaviour

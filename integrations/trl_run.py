@@ -31,7 +31,7 @@ from .. import __version__
 from ..core.designs import BUFFER_DESIGNS, CHOICES, LOSSES, check_choice, choices
 from ..outputs import NEVER, check_writable, write_new
 from ..outputs import check_out_dir as check_out_path
-from ..theory.checks import require_integer, require_number
+from ..theory.checks import require_in_range, require_integer, require_number
 from ..theory.design import classify_regime
 from .checkpoints import CHECKPOINT_PREFIX, checkpoint_step, complete_checkpoints
 from .replay_config import ReplayConfig
@@ -165,10 +165,9 @@ class TrlRunConfig:
             raise ValueError(_option_names(str(err).splitlines()[0])) from None
         # TRL's RepeatSampler drops an incomplete batch of R/G prompts: fewer problems than that train no step;
         # more than the family holds cannot be drawn (validate/countdown.make_splits)
-        if not r // g <= self.n_train <= MAX_N_TRAIN:
-            raise ValueError(f"--n-train must be in [{r // g}, {MAX_N_TRAIN}] (R/G = {r}/{g} prompts a step; "
-                             f"{COUNTDOWN_DISTINCT} distinct problems, {COUNTDOWN_HELD_OUT} held out), "
-                             f"got {self.n_train}")
+        require_in_range("--n-train", self.n_train, r // g, MAX_N_TRAIN,
+                         note=f" (R/G = {r}/{g} prompts a step; {COUNTDOWN_DISTINCT} distinct problems, "
+                              f"{COUNTDOWN_HELD_OUT} held out)")
 
     def regime_line(self) -> Optional[str]:
         """One line when the design is not replay (theory.design.classify_regime on x = N/R, y = B/R), else None."""

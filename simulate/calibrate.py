@@ -90,6 +90,7 @@ from ..core.pipeline import EnvBackend, generate
 from ..core.rng import PerSeedGenerator
 from ..core.rollouts import RolloutBatch
 from ..theory import noise as noise_estimators
+from ..theory.checks import require_integer, require_one_of
 from ..theory.forgetting import KappaEstimate, kappa_from_curvature_pairs, kappa_from_gradient_series
 from ..theory.noise import NoiseProfile, PairMoments, RhoFit
 from ..theory.noise_scale import PooledNoiseScale, noise_scale_from_samples, pooled_noise_scale
@@ -985,10 +986,8 @@ def check_probe(config: SimConfig, staleness: tuple[int, ...], samples: int, max
         raise ValueError(f"staleness must be increasing integers >= 0, got {','.join(map(str, staleness))}")
     if samples < G or samples % G:
         raise ValueError(f"samples must be a multiple of group_size = {G}, got {samples}")
-    if max_gap < 1:
-        raise ValueError(f"max_gap must be an integer >= 1, got {max_gap}")
-    if reference not in REFERENCES:
-        raise ValueError(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
+    require_integer("max_gap", max_gap, 1)
+    require_one_of("reference", reference, REFERENCES)
     problem = exact_gradient_problem(config.env, config.loss)
     if reference == "exact" and problem is not None:
         raise ValueError(f"reference exact needs an enumerable gradient (env bandit, or env token-mdp with "
@@ -1000,15 +999,11 @@ def check_probe(config: SimConfig, staleness: tuple[int, ...], samples: int, max
     if config.steps <= first:
         raise ValueError(f"steps must exceed max(largest staleness probed, max_gap) + 1 = {first}, "
                          f"got {config.steps}")
-    if noise_checkpoints < 1:
-        raise ValueError(f"noise_checkpoints must be an integer >= 1, got {noise_checkpoints}")
-    if noise_groups < 2:
-        raise ValueError(f"noise_groups must be an integer >= 2 (prompt groups are the noise scale's units), "
-                         f"got {noise_groups}")
-    if kappa_pairs is not None and (isinstance(kappa_pairs, bool) or not isinstance(kappa_pairs, int)
-                                    or kappa_pairs < 0):
-        raise ValueError(f"kappa_pairs must be an integer >= 0 (curvature pairs per seed and noise checkpoint; 0: "
-                         f"kappa not measured), got {kappa_pairs!r}")
+    require_integer("noise_checkpoints", noise_checkpoints, 1)
+    require_integer("noise_groups", noise_groups, 2, note=" (prompt groups are the noise scale's units)")
+    if kappa_pairs is not None:
+        require_integer("kappa_pairs", kappa_pairs, 0,
+                        note=" (curvature pairs per seed and noise checkpoint; 0: kappa not measured)")
 
 
 def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS, checkpoints: int = 3,

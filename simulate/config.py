@@ -20,12 +20,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 
 from .. import __version__
 from ..core.designs import DesignConfig
 from ..core.pipeline import PipelineSettings
+from ..theory.checks import require_integer, require_number, require_one_of
 from .envs import ENV_NAMES
 
 ENVS = ENV_NAMES  # the registry's engine environments (simulate/envs/__init__.py)
@@ -97,23 +97,13 @@ class SimConfig(DesignConfig):
 
     def validated(self) -> "SimConfig":
         """Raise a one-line ValueError for any inconsistent run or design, before any work; resolve ``advantage``."""
-        def choice(name, options):
-            value = getattr(self, name)
-            if value not in options:
-                raise ValueError(f"{name} must be one of {', '.join(options)}, got {value!r}")
-
-        choice("env", ENVS)
-        choice("pipeline", PIPELINES)
-        choice("optimizer", ("adam", "sgd"))
+        for name, options in (("env", ENVS), ("pipeline", PIPELINES), ("optimizer", ("adam", "sgd"))):
+            require_one_of(name, getattr(self, name), options)
         for name in ("steps", "seeds", "eval_every", "num_prompts", "num_actions", "vocab_size", "seq_len",
                      "sync_interval"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            require_integer(name, getattr(self, name), 1)
         for name in ("lr", "mu", "workers", "trainers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 < value < math.inf):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+            require_number(name, getattr(self, name), above=0, finite=True)
         return self.validated_design(self.pipeline)
 
 

@@ -74,6 +74,7 @@ from .. import __version__
 from ..core.jobs import check_jobs, local_workers, run_unordered
 from ..core.progress import ProgressBar
 from ..outputs import check_out_dir as check_out_path
+from ..theory.checks import require_one_of
 from .config import SimConfig, config_from_dict
 from .engine import run
 
@@ -218,8 +219,7 @@ def pending_configs(configs: list[SimConfig], out_dir: Path) -> list[SimConfig]:
 
 def check_backend(backend: str) -> str:
     """A backend that can run here: the name is known and its package is installed."""
-    if backend not in BACKENDS:
-        raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    require_one_of("--backend", backend, BACKENDS)
     if backend in BACKEND_PACKAGES:
         package, install = BACKEND_PACKAGES[backend]
         if importlib.util.find_spec(package) is None:

@@ -17,6 +17,7 @@ numpy only, so ``theory/`` (the lowest layer) uses it, and so do ``core/``, ``in
 | ``require_positive``       | numbers or arrays                                       | [a finite number] > 0        |
 | ``require_nonnegative``    | numbers or arrays                                       | [a finite number] >= 0       |
 | ``require_in_range``       | a number                                                | in [low, high]               |
+| ``require_open_interval``  | an int or a float, not a bool, not NaN                  | [a finite number] in (a, b)  |
 
 The field checks show the value as given (its ``repr``, or the caller's format: ``fmt="g"`` for an option
 typed on the command line); the array checks show the first bad element as a float.
@@ -108,20 +109,29 @@ def require_positive(name: str, value: object, *, allow_inf: bool = False) -> No
         raise invalid(name, "> 0" if allow_inf else "a finite number > 0", _first(arr, bad))
 
 
-def require_nonnegative(name: str, value: object, *, allow_inf: bool = False) -> None:
-    """value >= 0 (and not NaN; +inf only if ``allow_inf``)."""
+def require_nonnegative(name: str, value: object, *, allow_inf: bool = False, note: str = "") -> None:
+    """value >= 0 (and not NaN; +inf only if ``allow_inf``). ``note`` follows the range."""
     arr = np.asarray(value, dtype=float)
     bad = np.isnan(arr) | (arr < 0)
     if not allow_inf:
         bad |= np.isinf(arr)
     if np.any(bad):
-        raise invalid(name, ">= 0" if allow_inf else "a finite number >= 0", _first(arr, bad))
+        raise invalid(name, (">= 0" if allow_inf else "a finite number >= 0") + note, _first(arr, bad))
 
 
-def require_in_range(name: str, value: float, low: float, high: float) -> None:
-    """low <= value <= high, NaN rejected."""
+def require_in_range(name: str, value: float, low: float, high: float, *, note: str = "") -> None:
+    """low <= value <= high, NaN rejected. ``note`` follows the range."""
     if not (low <= value <= high):  # NaN fails every comparison
-        raise invalid(name, f"in [{low:g}, {high:g}]", value)
+        raise invalid(name, f"in [{low:g}, {high:g}]{note}", value)
+
+
+def require_open_interval(name: str, value: object, low: float, high: float, *, finite: bool = False,
+                          note: str = "", fmt: str = "r") -> float:
+    """low < value < high for an int or a float (not a bool, not NaN); +-inf refused when ``finite``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and low < value < high \
+            and (math.isfinite(value) or not finite):
+        return float(value)
+    raise invalid(name, f"{'a finite number ' if finite else ''}in ({low:g}, {high:g}){note}", value, fmt=fmt)
 
 
 def require_int(name: str, value: object, minimum: int, *, note: str = "") -> np.ndarray:

@@ -36,6 +36,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..core.rng import PerSeedGenerator
+from ..theory.checks import require_integer
 from .policy import Policy
 
 __all__ = ["SeedEmbedding", "SeedLinear", "SeedRMSNorm", "SeedStreams", "num_seeds", "seed_state_dict",
@@ -120,8 +121,7 @@ def stack_policy(policy: Policy, num_seeds: int) -> Policy:
     one (S, V, d) parameter, as they share one (V, d) in the original. A model with any other kind of weight is
     refused (one line), rather than trained with one copy shared by every seed.
     """
-    if num_seeds < 1:
-        raise ValueError(f"num_seeds must be >= 1, got {num_seeds}")
+    require_integer("num_seeds", num_seeds, 1)
     model = copy.deepcopy(policy.model)
     inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     tied = model.lm_head.weight is inner.embed_tokens.weight

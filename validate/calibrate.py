@@ -113,6 +113,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from ..core.designs import BufferSpec, compute_loss, loss_form, make_design_buffer
 from ..core.surrogate import surrogate
 from ..theory import noise as noise_estimators
+from ..theory.checks import require_integer, require_number
 from ..theory.compute import estimate_mu
 from ..theory.divergences import k3_terms
 from ..theory.noise_scale import pooled_noise_scale
@@ -355,8 +356,7 @@ def count_window(generate_once: Callable[[], int], update_once: Callable[[], int
     window on that clock. Returns the counts, the busy times and ``mu`` = estimate_mu(K_training,
     K_inference, W=1, T=1).
     """
-    if not window_seconds > 0:
-        raise ValueError(f"count window must be > 0 seconds, got {window_seconds}")
+    require_number("count window", window_seconds, above=0, note=" seconds")
     gen_clock = train_clock = 0.0
     k_inference = k_training = 0
     while gen_clock < window_seconds or train_clock < window_seconds:
@@ -635,10 +635,8 @@ def _cpu_state(model: torch.nn.Module) -> dict:
 def _check_calibration_sizes(config: RLConfig, staleness: tuple[int, ...], samples: int, reference_samples: int,
                              noise_samples: int, noise_checkpoints: int, kappa_pairs: int) -> None:
     """calibrate_lm's sizes, checked before the probe: whole prompt groups, at least two (the bootstrap units)."""
-    if noise_checkpoints < 1:
-        raise ValueError(f"noise_checkpoints must be an integer >= 1, got {noise_checkpoints}")
-    if isinstance(kappa_pairs, bool) or not isinstance(kappa_pairs, int) or kappa_pairs < 0:
-        raise ValueError(f"kappa_pairs must be an integer >= 0 (0: kappa not measured), got {kappa_pairs!r}")
+    require_integer("noise_checkpoints", noise_checkpoints, 1)
+    require_integer("kappa_pairs", kappa_pairs, 0, note=" (0: kappa not measured)")
     if samples % config.group_size or samples < 2 * config.group_size:
         raise ValueError(f"samples must be a multiple of group_size = {config.group_size} and >= "
                          f"{2 * config.group_size} (the prompt groups are the bootstrap units), got {samples}")

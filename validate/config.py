@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..core.jobs import check_jobs
 from ..outputs import check_out_dir
-from ..theory.checks import require_integer, require_number
+from ..theory.checks import require_integer, require_number, require_one_of
 from . import countdown
 
 
@@ -251,8 +251,7 @@ def apply_preset(fields: dict, name: str | None, defaults) -> dict:
     AllConfig); one-line ValueError for an unknown name. None: ``fields`` unchanged."""
     if name is None:
         return fields
-    if name not in PRESETS:
-        raise ValueError(f"--preset must be one of {', '.join(PRESETS)}, got {name!r}")
+    require_one_of("--preset", name, PRESETS)
     return {**fields, **{k: v for k, v in PRESETS[name].items() if fields[k] == getattr(defaults, k)}}
 
 

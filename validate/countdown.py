@@ -82,6 +82,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from ..theory.checks import require_in_range, require_int
 from ..theory.group_replay import pass_at_k
 
 __all__ = [
@@ -192,8 +193,7 @@ def generate_problems(
     problem is solvable by construction. Duplicates (same ``problem_key``) can
     occur; ``make_splits`` removes them.
     """
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+    require_int("n", n, 0)
     counts = [int(k) for k in num_numbers]
     if not counts or min(counts) < 1:
         raise ValueError(f"num_numbers must be non-empty counts >= 1, got {num_numbers!r}")
@@ -232,8 +232,7 @@ def train_test_split(
     for p in problems:
         unique.setdefault(problem_key(p), p)
     distinct = list(unique.values())
-    if not 0 <= n_held_out <= len(distinct):
-        raise ValueError(f"n_held_out must be in [0, {len(distinct)}] (distinct problems), got {n_held_out}")
+    require_in_range("n_held_out", n_held_out, 0, len(distinct), note=" (distinct problems)")
     order = rng.permutation(len(distinct))
     held_out = [distinct[i] for i in order[:n_held_out]]
     train = [distinct[i] for i in order[n_held_out:]]
@@ -530,9 +529,7 @@ def evaluate_samples(
     c = correct.sum(axis=1)  # (problems,)
     out: dict[str, float] = {}
     for k in ks:
-        k = int(k)
-        if k < 1:
-            raise ValueError(f"every k must be >= 1, got {k}")
+        k = int(require_int("k", k, 1))
         if k > n:
             continue
         out[f"pass@{k}"] = float(np.mean(pass_at_k(n, c, k)))  # Eq. (4), averaged over problems

@@ -31,6 +31,7 @@ from typing import Protocol, Sequence
 
 import torch
 
+from ..theory.checks import require_one_of
 from . import vllm_engine as _vllm_engine  # module reference: tests patch vllm_engine.vllm_available
 from .policy import Policy, resolve_device
 from .sampling import DECODE_MODES, Rollouts, default_decode, generate
@@ -64,8 +65,7 @@ class HFSampler:
     name = "hf"
 
     def __init__(self, stale_copy: bool = False, decode: str = "auto"):
-        if decode not in DECODE_MODES:
-            raise ValueError(f"--decode must be one of {', '.join(DECODE_MODES)}, got {decode!r}")
+        require_one_of("--decode", decode, DECODE_MODES)
         self.stale_copy = stale_copy
         self.decode = decode
         self._copy: Policy | None = None

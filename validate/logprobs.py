@@ -39,6 +39,7 @@ from typing import Sequence
 
 import torch
 
+from ..theory.checks import require_number
 from .policy import Policy
 from .tokenizer import pad_batch
 
@@ -87,8 +88,7 @@ def next_token_logprobs(
     Memory is B * L * V floats: chunk the rows for a large vocabulary.
     Prompts left-padded (B, P), completions right-padded (B, L).
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature}; must be > 0")
+    require_number("temperature", temperature, above=0)
     if not bool((prompt_mask.sum(1) > 0).all()):
         raise ValueError("a prompt row is all padding; every prompt needs at least one token")
     num_completion = completion_ids.shape[1]  # L

@@ -57,6 +57,7 @@ from ..core.metrics import step_metrics as off_policy_metrics
 from ..core.pipeline import Pipeline, PipelineSettings, score
 from ..core.rollouts import RolloutBatch
 from ..core.surrogate import gradient_tensor, surrogate
+from ..theory.checks import require_integer, require_number, require_one_of
 from . import countdown
 from .engines import HFSampler, Sampler
 from .logprobs import encode_prompts, prompt_width, sequence_logprobs
@@ -92,17 +93,12 @@ class RLConfig(DesignConfig):
 
     def validated(self) -> "RLConfig":
         """One-line ValueErrors naming the field, before any work; resolves ``advantage`` to the loss's own."""
-        if self.logp_source not in ("trainer", "sampler"):
-            raise ValueError(f"logp_source must be trainer or sampler, got {self.logp_source!r}")
+        require_one_of("logp_source", self.logp_source, ("trainer", "sampler"))
         for name in ("steps", "max_new_tokens", "sync_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)}")
-        if self.micro_batch_size < 0:
-            raise ValueError(f"micro_batch_size must be >= 0 (0: whole batch), got {self.micro_batch_size}")
+            require_integer(name, getattr(self, name), 1)
+        require_integer("micro_batch_size", self.micro_batch_size, 0, note=" (0: whole batch)")
         for name in ("lr", "temperature"):
-            value = getattr(self, name)
-            if not 0 < value < math.inf:
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+            require_number(name, getattr(self, name), above=0, finite=True)
         if BUFFER_DESIGNS.get(self.buffer) is not None and BUFFER_DESIGNS[self.buffer].needs_entropy:
             raise ValueError(f"buffer {self.buffer} picks replayed completions by token entropy, which the language-"
                              f"model backend does not compute; use it in the simulator")
@@ -259,8 +255,7 @@ def update_step(policy: Policy, optimizer: torch.optim.Optimizer, problems: list
     with a device synchronisation.
     """
     library = loss_library(policy.device) if library is None else library
-    if library not in LOSS_LIBRARIES:
-        raise ValueError(f"library must be one of {', '.join(LOSS_LIBRARIES)}, got {library!r}")
+    require_one_of("library", library, LOSS_LIBRARIES)
     S, n = batch.prompt.shape
     prompt_ids, prompt_mask = encode_prompts(policy, [problems[i].prompt_text() for i in batch.prompt.reshape(-1)],
                                              prompt_width)  # (S B, P)

@@ -52,6 +52,7 @@ from typing import Sequence
 
 import torch
 
+from ..theory.checks import require_integer, require_number, require_one_of
 from .config import DECODE_MODES  # auto (compiled on CUDA, eager on the CPU), eager, static, compiled
 from .logprobs import encode_prompts
 from .policy import Policy, resolve_compute_dtype
@@ -92,8 +93,7 @@ class DecodeOptions:
     On the CPU it gives ``torch.multinomial``'s tokens (the tests run the device path there)."""
 
     def __post_init__(self):
-        if self.check_every < 1:
-            raise ValueError(f"check_every must be an integer >= 1, got {self.check_every}")
+        require_integer("check_every", self.check_every, 1)
         if self.compile and not self.static_cache:
             raise ValueError("compile needs static_cache: the compiled step has fixed shapes")
 
@@ -105,8 +105,7 @@ CUDA_CHECK_EVERY = 8
 def default_decode(device: torch.device | str, mode: str = "auto") -> DecodeOptions:
     """``--decode MODE`` on ``device``: auto is the compiled loop on CUDA and the eager loop (today's CPU numbers) on
     the CPU; eager, static and compiled ask for one everywhere (the CPU tests run each)."""
-    if mode not in DECODE_MODES:
-        raise ValueError(f"--decode must be one of {', '.join(DECODE_MODES)}, got {mode!r}")
+    require_one_of("--decode", mode, DECODE_MODES)
     cuda = torch.device(device).type == "cuda"
     if mode == "auto":
         mode = "compiled" if cuda else "eager"
@@ -236,10 +235,9 @@ def generate(
 
 def _check_sampling(num_samples: int, max_new_tokens: int, temperature: float, top_k: int, top_p: float) -> None:
     """``generate``'s sampling settings, checked before any work."""
-    if num_samples < 1 or max_new_tokens < 1:
-        raise ValueError(f"num_samples={num_samples}, max_new_tokens={max_new_tokens}; both must be >= 1")
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature}; must be > 0 (use top_k=1 for greedy decoding)")
+    require_integer("num_samples", num_samples, 1)
+    require_integer("max_new_tokens", max_new_tokens, 1)
+    require_number("temperature", temperature, above=0, note=" (use top_k=1 for greedy decoding)")
     if not 0.0 < top_p <= 1.0 or top_k < 0:
         raise ValueError(f"top_k={top_k}, top_p={top_p}; need top_k >= 0 and 0 < top_p <= 1")
 

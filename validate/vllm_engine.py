@@ -33,6 +33,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from ..theory.checks import require_open_interval
 from .logprobs import prompt_token_ids
 from .policy import Policy
 from .sampling import Rollouts
@@ -136,9 +137,8 @@ class VLLMSampler:
     def __init__(self, model_path: str | Path, *, seed: int = 0, gpu_memory_utilization: float = 0.3,
                  max_model_len: int | None = None, dtype: str = "bfloat16", enforce_eager: bool = False):
         require_vllm()
-        if not 0.0 < gpu_memory_utilization < 1.0:
-            raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization}; must be in (0, 1): the trainer "
-                             "needs the rest of the GPU")
+        require_open_interval("gpu_memory_utilization", gpu_memory_utilization, 0, 1,
+                              note=" (the trainer needs the rest of the GPU)")
         # Weight sync calls into the model, so the engine core must run in this process (V1 default: a
         # separate one). setdefault: an explicit user setting wins and load_weights_into_vllm explains it.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ...theory.checks import invalid, one_of
 from .bandit import BanditConfig, BanditEnv, NoisyBanditConfig, NoisyRewardBandit
 from .quadratic import QuadraticConfig, QuadraticEnv
 from .token_mdp import TokenMDPConfig, TokenMDPEnv
@@ -51,5 +52,5 @@ def make_env(name: str, **config: object):
     try:
         spec = ENVIRONMENTS[name]
     except KeyError:
-        raise ValueError(f"env must be one of {', '.join(ENVIRONMENTS)}, got {name!r}") from None
+        raise invalid("env", one_of(ENVIRONMENTS), name) from None
     return spec.build(spec.config(**config))

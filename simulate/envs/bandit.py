@@ -68,6 +68,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
+from ...theory.checks import require_in_range, require_int, require_nonnegative, require_unit_interval
 from ...theory.divergences import chi2_exact, d2_exact, kl_exact, m2_exact
 
 __all__ = ["BanditConfig", "BanditEnv", "NoisyBanditConfig", "NoisyRewardBandit"]
@@ -99,20 +100,15 @@ class BanditConfig:
     """Seed of the instance (features, offsets, answers); shared by all training seeds."""
 
     def __post_init__(self) -> None:
-        for name in ("num_prompts", "num_actions", "feature_dim"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.num_actions < 2:
-            raise ValueError(f"num_actions must be >= 2, got {self.num_actions}")
-        if not 0 <= self.num_well_formed <= self.num_actions - 1:
-            raise ValueError(f"num_well_formed must be in [0, num_actions - 1], got {self.num_well_formed}")
+        require_int("num_prompts", self.num_prompts, 1)
+        require_int("num_actions", self.num_actions, 2)
+        require_int("feature_dim", self.feature_dim, 1)
+        require_in_range("num_well_formed", self.num_well_formed, 0, self.num_actions - 1)
         if not 0.0 < self.warm_success_min <= self.warm_success_max < 1.0:
             raise ValueError("need 0 < warm_success_min <= warm_success_max < 1, got "
                              f"{self.warm_success_min}, {self.warm_success_max}")
-        if not 0.0 <= self.skill_alignment < 1.0:
-            raise ValueError(f"skill_alignment must be in [0, 1), got {self.skill_alignment}")
-        if self.base_logit_std < 0:
-            raise ValueError(f"base_logit_std must be >= 0, got {self.base_logit_std}")
+        require_unit_interval("skill_alignment", self.skill_alignment, closed=False)
+        require_nonnegative("base_logit_std", self.base_logit_std, allow_inf=True)
 
 
 # --------------------------------------------------------------------------- #
@@ -440,8 +436,7 @@ class NoisyBanditConfig(BanditConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not (np.isfinite(self.reward_noise) and self.reward_noise >= 0):
-            raise ValueError(f"reward_noise must be a finite number >= 0, got {self.reward_noise!r}")
+        require_nonnegative("reward_noise", self.reward_noise)
 
 
 class NoisyRewardBandit(BanditEnv):

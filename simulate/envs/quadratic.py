@@ -86,7 +86,7 @@ from ...core.buffers import FifoBuffer
 from ...core.designs import check_capacity
 from ...core.rng import PerSeedGenerator
 from ...core.rollouts import RolloutBatch
-from ...theory.checks import require_int, require_positive
+from ...theory.checks import require_int, require_number, require_open_interval, require_positive
 
 __all__ = ["QuadraticConfig", "QuadraticEnv", "QuadraticReplay", "QuadraticTrace", "expected_loss", "standard_normal",
            "train_to_target"]
@@ -111,12 +111,10 @@ class QuadraticConfig:
     def __post_init__(self) -> None:
         require_int("dim", self.dim, 1)
         require_positive("condition", self.condition)
-        if not self.condition >= 1:
-            raise ValueError(f"condition must be >= 1, got {self.condition!r}")
+        require_number("condition", self.condition, at_least=1)
         require_positive("noise_scale", self.noise_scale)
         require_int("instance_seed", self.instance_seed, 0)
-        if not 0 < self.target_fraction < 1:
-            raise ValueError(f"target_fraction must be in (0, 1), got {self.target_fraction!r}")
+        require_open_interval("target_fraction", self.target_fraction, 0, 1)
 
 
 def standard_normal(rng, rows: int, n: int) -> np.ndarray:

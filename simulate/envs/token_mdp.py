@@ -115,6 +115,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import log_softmax
 
+from ...theory.checks import require_int, require_nonnegative
 from ...theory.divergences import chi2_exact, kl_exact
 from .bandit import (
     check_batch,
@@ -163,22 +164,20 @@ class TokenMDPConfig:
     """Seed of the instance (targets, biases, embeddings); shared by all training seeds."""
 
     def __post_init__(self) -> None:
-        if self.vocab_size < 2:
-            raise ValueError(f"vocab_size must be >= 2, got {self.vocab_size}")
-        if self.seq_len < 1 or self.num_prompts < 1:
-            raise ValueError(f"seq_len and num_prompts must be >= 1, got {self.seq_len}, {self.num_prompts}")
+        require_int("vocab_size", self.vocab_size, 2)
+        require_int("seq_len", self.seq_len, 1)
+        require_int("num_prompts", self.num_prompts, 1)
         if not 0.0 <= self.target_low <= self.target_high <= 1.0:
             raise ValueError(f"need 0 <= target_low <= target_high <= 1, got {self.target_low}, {self.target_high}")
         smax = self.seq_len * (self.vocab_size - 1)
         if math.ceil(self.target_low * smax) > math.floor(self.target_high * smax):
             raise ValueError("the target range contains no integer; widen target_low / target_high")
-        if self.tolerance < 0 or self.prompt_feature_dim < 0:
-            raise ValueError("tolerance and prompt_feature_dim must be >= 0")
+        require_int("tolerance", self.tolerance, 0)
+        require_int("prompt_feature_dim", self.prompt_feature_dim, 0)
         if not 0.0 < self.warm_sharpness_min <= self.warm_sharpness_max:
             raise ValueError("need 0 < warm_sharpness_min <= warm_sharpness_max, got "
                              f"{self.warm_sharpness_min}, {self.warm_sharpness_max}")
-        if self.prompt_bias_std < 0:
-            raise ValueError(f"prompt_bias_std must be >= 0, got {self.prompt_bias_std}")
+        require_nonnegative("prompt_bias_std", self.prompt_bias_std, allow_inf=True)
 
 
 class TokenMDPEnv:

@@ -138,7 +138,7 @@ def test_micro_batched_update_equals_the_whole_batch_update(tiny):
     assert max(float(g.abs().max()) for g in grads0) > 1e-3  # a real gradient...
     for a, b in zip(grads0, grads3):  # ...and the same one, accumulated over chunks
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
-    with pytest.raises(ValueError, match="micro_batch_size must be >= 0"):
+    with pytest.raises(ValueError, match=r"^micro_batch_size must be an integer >= 0 \(0: whole batch\), got -1$"):
         RLConfig(micro_batch_size=-1).validated()
 
 

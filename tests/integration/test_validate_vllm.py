@@ -202,7 +202,8 @@ def test_engine_choice_and_one_line_errors(install, monkeypatch):
     with pytest.raises(ValueError,
                        match=r"vLLM 0.0.fake cannot return log-probs after temperature.*; pip install -U vllm$"):
         VLLMSampler("/ckpt")
-    with pytest.raises(ValueError, match=r"gpu_memory_utilization=1.0; must be in \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"^gpu_memory_utilization must be in \(0, 1\) \(the trainer needs the rest "
+                                         r"of the GPU\), got 1\.0$"):
         VLLMSampler("/ckpt", gpu_memory_utilization=1.0)
 
 

@@ -19,10 +19,13 @@ from replay_theory.core.rollouts import RolloutBatch
 from replay_theory.theory.checks import (
     invalid,
     one_of,
+    require_in_range,
     require_int,
     require_integer,
+    require_nonnegative,
     require_number,
     require_one_of,
+    require_open_interval,
     require_unit_interval,
 )
 
@@ -76,6 +79,28 @@ def test_require_unit_interval_and_one_of():
     assert _message(require_unit_interval, "per_beta_final", 1.5) == "per_beta_final must be in [0, 1], got 1.5"
     assert _message(require_one_of, "buffer", "x", ["fifo", "on-policy"], where=" in a trainer") == \
         "buffer must be one of fifo, on-policy in a trainer, got 'x'"
+
+
+def test_range_notes_follow_the_range():
+    require_in_range("n_held_out", 64, 0, 64)
+    assert _message(require_in_range, "n_held_out", 65, 0, 64, note=" (distinct problems)") == \
+        "n_held_out must be in [0, 64] (distinct problems), got 65"
+    require_nonnegative("values", np.array([0.0, math.inf]), allow_inf=True)
+    assert _message(require_nonnegative, "values", np.array([1.0, math.nan]), allow_inf=True,
+                    note=" (sum-tree leaves are sampling weights)") == \
+        "values must be >= 0 (sum-tree leaves are sampling weights), got nan"
+
+
+def test_require_open_interval():
+    assert require_open_interval("curvature_step", 1e-4, 0, 1) == 1e-4
+    assert _message(require_open_interval, "curvature_step", 0.0, 0, 1, note=" (|h w| / |theta|)") == \
+        "curvature_step must be in (0, 1) (|h w| / |theta|), got 0.0"
+    assert _message(require_open_interval, "level", True, 0, 1, fmt="g") == "level must be in (0, 1), got 1"
+    assert require_open_interval("is_cap", 3, 0, math.inf, finite=True) == 3.0
+    assert _message(require_open_interval, "is_cap", math.inf, 0, math.inf, finite=True) == \
+        "is_cap must be a finite number in (0, inf), got inf"
+    assert _message(require_open_interval, "clip_low", math.nan, 0, 1, finite=True) == \
+        "clip_low must be a finite number in (0, 1), got nan"
 
 
 def test_require_int_shows_the_first_bad_element():

@@ -19,9 +19,11 @@ from replay_theory.core.losses import m2po_mask  # noqa: E402
 from replay_theory.diagnose import DiagnoseConfig, WhatIfConfig, diagnose  # noqa: E402
 from replay_theory.diagnose.accumulators import Moments  # noqa: E402
 from replay_theory.diagnose.drift import fit_kl_drift  # noqa: E402
+from replay_theory.diagnose.errors import ConfigError, check_field  # noqa: E402
 from replay_theory.diagnose.schema import resolve_columns  # noqa: E402
 from replay_theory.theory import divergences as dv  # noqa: E402
 from replay_theory.theory.bounds import sample_relations  # noqa: E402
+from replay_theory.theory.checks import require_integer, require_one_of  # noqa: E402
 
 TOKEN_KEYS = ("kl_k1", "kl_k2", "kl_k3", "m2", "d2", "chi2", "ess_frac")
 
@@ -454,3 +456,15 @@ def test_sequence_ids_spread_over_chunks_keep_one_code_each(tmp_path):
         assert report["sequence"]["n_sequences"] == len(by_seq)
         assert report["sequence"]["kl_k1"] == pytest.approx(float(-seq_lr.mean()), rel=1e-12)
         assert report["sequence"]["m2"] == pytest.approx(float((seq_lr ** 2).mean()), rel=1e-12)
+
+
+def test_check_field_raises_the_checks_message_as_a_config_error_on_the_field():
+    assert check_field(require_integer, "draws", 3, 2) == 3
+    with pytest.raises(ConfigError) as err:
+        check_field(require_integer, "draws", 1, 2)
+    assert (err.value.field, err.value.detail) == ("draws", "must be an integer >= 2, got 1")
+    assert str(err.value) == "draws must be an integer >= 2, got 1"
+    assert err.value.named("--draws") == "--draws must be an integer >= 2, got 1"
+    with pytest.raises(ConfigError) as err:
+        check_field(require_one_of, "score", "x", ("logit", "constant"))
+    assert err.value.named("--score") == "--score must be one of logit, constant, got 'x'"
