@@ -177,7 +177,7 @@ def agree(a: dict, b: dict, rel: float = 1e-9) -> None:
             assert abs(x[key] - y[key]) <= rel * max(abs(y[key]), 1e-300), (name, key, x[key], y[key])
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=10_000_000)
     parser.add_argument("--keep", type=Path, default=None, help="Write / reuse the log here.")
@@ -188,10 +188,11 @@ def main() -> None:
                         help="Rounds of all tools, interleaved; seconds are each tool's median, peak RSS its largest.")
     parser.add_argument("--worker", choices=list(MODES), help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        worker(args.worker, args.path)
-        return
+    return parser.parse_args()
+
+
+def checked_modes(args: argparse.Namespace) -> list[str]:
+    """The modes to run (DuckDB, the reference, among them); exits with a one-line message otherwise."""
     modes = [m for m in args.modes.split(",") if m]
     unknown = [m for m in modes if m not in MODES]
     if unknown or "duckdb" not in modes:
@@ -200,40 +201,39 @@ def main() -> None:
         require_integer("--repeat", args.repeat, 1)
     except ValueError as err:
         sys.exit(str(err))
-    tmp = tempfile.TemporaryDirectory()
-    path = args.keep or Path(tmp.name) / "log.parquet"
-    if not path.exists():
-        t = time.perf_counter()
-        write_log(path, args.tokens, drift=args.drift)
-        print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - t:.1f} s")
-    with open("/proc/loadavg") as fh:
-        print(f"load average before: {' '.join(fh.read().split()[:3])} ({os.cpu_count()} CPUs)")
+    return modes
+
+
+def compile_diagnose_imports() -> None:
+    """Fill the bytecode cache of the modules diagnose imports, as any first import does."""
     import replay_theory
 
     root = Path(replay_theory.__file__).parent
     compileall.compile_file(root / "__init__.py", quiet=1)
     for package in ("diagnose", "theory", "simulate"):
         compileall.compile_dir(root / package, quiet=1)
+
+
+def time_rounds(modes: list[str], path: Path, repeat: int) -> dict[str, list[dict]]:
+    """Each mode's worker result per round; rounds interleave the tools, so a noisy moment hits them alike."""
     runs: dict[str, list[dict]] = {mode: [] for mode in modes}
-    for _ in range(args.repeat):  # rounds interleave the tools, so a noisy moment hits them alike
+    for _ in range(repeat):
         for mode in modes:  # each in a fresh process: its peak RSS is its own
             proc = subprocess.run([sys.executable, __file__, "--worker", mode, "--path", str(path)],
                                   capture_output=True, text=True, check=True)
             runs[mode].append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    results = {mode: {"seconds": float(np.median([r["seconds"] for r in rs])),
-                      "peak_rss": max(r["peak_rss"] for r in rs), "result": rs[0]["result"],
-                      "range": (min(r["seconds"] for r in rs), max(r["seconds"] for r in rs))}
-               for mode, rs in runs.items()}
+    return runs
+
+
+def print_table(modes: list[str], results: dict[str, dict], repeat: int) -> None:
+    """The agreement line and each tool's median seconds, range, tokens/s, peak RSS and ratios to DuckDB."""
     base = results["duckdb"]
-    for mode in modes:
-        for r in runs[mode]:
-            agree(r["result"], base["result"])
     tok, seq = base["result"]["token"], base["result"]["sequence"]
     n = tok["n"]
     print(f"{n:,} tokens; {', '.join(modes)} agree to 1e-9 on k1, M2, D_2 and ESS at token, sequence and age level "
           f"(ess_frac {tok['ess_frac']:.6f}, sequence ess_frac {seq['ess_frac']:.6f}, "
           f"{len(base['result']['by_age'])} ages)")
-    print(f"median of {args.repeat} interleaved rounds (seconds: median and range)")
+    print(f"median of {repeat} interleaved rounds (seconds: median and range)")
     print(f"{'run':<42}{'seconds':>9}{'range':>12}{'tokens/s':>13}{'peak RSS':>11}{'speed vs DuckDB':>17}"
           f"{'memory vs DuckDB':>18}")
     for mode in modes:
@@ -241,6 +241,32 @@ def main() -> None:
         print(f"{MODES[mode][0]:<42}{r['seconds']:>9.2f}{r['range'][0]:>7.2f}-{r['range'][1]:<4.2f}"
               f"{n / r['seconds']:>13,.0f}{r['peak_rss'] / 2**20:>7.0f} MiB"
               f"{base['seconds'] / r['seconds']:>16.2f}x{r['peak_rss'] / base['peak_rss']:>17.2f}x")
+
+
+def main() -> None:
+    args = parse_args()
+    if args.worker:
+        worker(args.worker, args.path)
+        return
+    modes = checked_modes(args)
+    tmp = tempfile.TemporaryDirectory()  # held until the end: the log lives in it unless --keep
+    path = args.keep or Path(tmp.name) / "log.parquet"
+    if not path.exists():
+        t = time.perf_counter()
+        write_log(path, args.tokens, drift=args.drift)
+        print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - t:.1f} s")
+    with open("/proc/loadavg") as fh:
+        print(f"load average before: {' '.join(fh.read().split()[:3])} ({os.cpu_count()} CPUs)")
+    compile_diagnose_imports()
+    runs = time_rounds(modes, path, args.repeat)
+    results = {mode: {"seconds": float(np.median([r["seconds"] for r in rs])),
+                      "peak_rss": max(r["peak_rss"] for r in rs), "result": rs[0]["result"],
+                      "range": (min(r["seconds"] for r in rs), max(r["seconds"] for r in rs))}
+               for mode, rs in runs.items()}
+    for mode in modes:
+        for r in runs[mode]:
+            agree(r["result"], results["duckdb"]["result"])
+    print_table(modes, results, args.repeat)
 
 
 if __name__ == "__main__":

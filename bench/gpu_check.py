@@ -85,6 +85,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -544,44 +545,46 @@ def section_batched_verify(plan: Plan, clock: Clock, budget: float) -> dict:
     return result
 
 
+def _rule_summary(prediction: dict) -> dict:
+    """One rule of a ``report-fixed-b.json``: its pick (b, kappa) and its placement among the designs (rank, P(best),
+    regret, strongest rival, seeds for 2 se)."""
+    pick, given = prediction.get("pick"), prediction.get("input") or {}
+    chosen = pick or {}
+    family = (prediction.get("verdict") or {}).get("family") or {}
+    sep = prediction.get("separation") or {}
+    return {"rule": prediction["rule"], "design": prediction.get("design"), "regime": (pick or given).get("regime"),
+            "b": None if pick is None else pick.get("b"), "threshold_b": chosen.get("threshold_b"),
+            "kappa": chosen.get("kappa"), "kappa_source": given.get("source"),
+            "rank": family.get("rank"), "designs": family.get("designs"), "rank_ci": family.get("rank_ci"),
+            "p_best": family.get("probability_predicted_best"), "regret": family.get("regret"),
+            "regret_ci": family.get("regret_ci"), "rival": sep.get("design"),
+            "difference": sep.get("difference"), "se": sep.get("se"), "seeds_for_2se": sep.get("seeds_needed"),
+            "first_or_within_one_se": (prediction.get("criterion") or {}).get("within_one_se")}
+
+
 def verdict_summary(report: dict) -> dict:
     """What section 7 reports of a ``report-fixed-b.json``: the batch, b, each rule's pick and its placement
-    (rank, P(best), regret, strongest rival, seeds for 2 se), the designs' rewards, and why a rule made no pick."""
+    (``_rule_summary``), the designs' rewards, and why a rule made no pick."""
     from replay_theory.core.designs import in_design_names
 
     rows = [{"name": d["name"], "R": d["rollouts_per_step"], "N": d["capacity"], "B": d["batch_size"],
              "steps": d.get("steps"), "reward_mean": d.get("final_reward_mean"), "reward_sd": d.get("final_reward_std")}
             for d in map(in_design_names, report.get("designs", []))]  # rows saved before say N, B, R
-    rules = []
-    for p in report.get("predictions") or []:
-        v, sep, pick = p.get("verdict"), p.get("separation"), p.get("pick")
-        family = (v or {}).get("family") or {}
-        rules.append({"rule": p["rule"], "design": p.get("design"),
-                      "regime": (pick or p.get("input") or {}).get("regime"),
-                      "b": None if pick is None else pick.get("b"), "threshold_b": (pick or {}).get("threshold_b"),
-                      "kappa": (pick or {}).get("kappa"), "kappa_source": (p.get("input") or {}).get("source"),
-                      "rank": family.get("rank"), "designs": family.get("designs"), "rank_ci": family.get("rank_ci"),
-                      "p_best": family.get("probability_predicted_best"), "regret": family.get("regret"),
-                      "regret_ci": family.get("regret_ci"), "rival": (sep or {}).get("design"),
-                      "difference": (sep or {}).get("difference"), "se": (sep or {}).get("se"),
-                      "seeds_for_2se": (sep or {}).get("seeds_needed"),
-                      "first_or_within_one_se": (p.get("criterion") or {}).get("within_one_se")})
-    noise = next((p for p in report.get("predictions") or [] if p["rule"] == "noise-scale"), {})
+    predictions = report.get("predictions") or []
+    rules = [_rule_summary(p) for p in predictions]
+    noise = next((p for p in predictions if p["rule"] == "noise-scale"), {}).get("input") or {}
     budget = report.get("budget", {})
     return {"B": report.get("config", {}).get("rollouts_per_step"), "seeds": budget.get("seeds"),
             "budget_updates": budget.get("updates"), "batched": budget.get("batched"), "mu_priced": report.get("mu"),
-            "mu_measured": report.get("mu_measured"), "b_noise": (noise.get("input") or {}).get("b_noise"),
-            "b_noise_interval": (noise.get("input") or {}).get("b_noise_interval"),
+            "mu_measured": report.get("mu_measured"), "b_noise": noise.get("b_noise"),
+            "b_noise_interval": noise.get("b_noise_interval"),
             "measured_best": (report.get("measured_best") or {}).get("name"), "rules": rules, "designs": rows,
             "forgetting_note": None if any(r["rule"] == "forgetting" for r in rules) else
             (report.get("forgetting_input") or {}).get("reason"), "verify_seconds": report.get("seconds")}
 
 
-def section_verdict(plan: Plan, clock: Clock, budget: float) -> dict:
-    """``validate all --preset gpu-fixed-b`` (section 7): each case a subprocess with the GPU sampled, its
-    report-fixed-b.json summarised (``verdict_summary``) and copied; the larger batch only when 3x the first case's
-    wall is left."""
-    ends_at = time.time() + budget
+def _verdict_cases(plan: Plan) -> list[tuple[str, list[str]]]:
+    """(label, arguments) of section 7's cases, their options checked against ``validate all --help`` first."""
     options = _help_options(plan)
     wanted = sorted({a for a in plan.verdict_args + plan.verdict_large_args if a.startswith("--")} | {"--out",
                                                                                                        "--kappa"})
@@ -589,48 +592,74 @@ def section_verdict(plan: Plan, clock: Clock, budget: float) -> dict:
     if missing:
         raise RuntimeError(f"validate all has no option {', '.join(missing)} (checked against --help)")
     kappa = [] if plan.kappa is None else ["--kappa", repr(plan.kappa)]
-    result: dict[str, Any] = {"kappa_given": plan.kappa, "cases": []}
-    cases = [("preset", plan.verdict_args)]
+    cases = [("preset", [*plan.verdict_args, *kappa])]
     if plan.verdict_large_args:
-        cases.append(("preset, " + " ".join(plan.verdict_large_args), plan.verdict_args + plan.verdict_large_args))
+        cases.append(("preset, " + " ".join(plan.verdict_large_args),
+                      [*plan.verdict_args, *plan.verdict_large_args, *kappa]))
+    return cases
+
+
+def _keep_verdict_reports(run: Path, reports: Path) -> dict:
+    """Copy the run's reports (each under 4 MiB) to ``reports``; what the case records of them (``verdict_summary``
+    of report-fixed-b.json, the calibration's seconds)."""
+    for name in ("report-fixed-b.json", "report-fixed-b.md", "calibration_summary.json", "predicted.json",
+                 "profile.json", "calibration.json"):
+        path = run / name
+        if path.is_file() and path.stat().st_size < 2**22:
+            reports.mkdir(exist_ok=True)
+            shutil.copy(path, reports / name)
+    found: dict[str, Any] = {}
+    if (run / "report-fixed-b.json").is_file():
+        found.update(verdict_summary(json.loads((run / "report-fixed-b.json").read_text())))
+    if (run / "calibration_summary.json").is_file():
+        found["calibration_seconds"] = json.loads((run / "calibration_summary.json").read_text()).get("seconds")
+    return found
+
+
+def _process_status(code: int | None, lines: list[str], killed: str) -> str:
+    """ok, ``killed`` (no exit code: run_process killed it), or the exit code with the last line printed."""
+    if code is None:
+        return killed
+    if code != 0:
+        last = next((ln for ln in reversed(lines) if ln.strip()), "no output")
+        return f"error: exit code {code}: {one_line(last)}"
+    return "ok"
+
+
+def _run_verdict_case(plan: Plan, clock: Clock, index: int, label: str, args: list[str], left: float,
+                      budget: float) -> dict:
+    """One ``validate all`` case in a subprocess with the GPU sampled; its reports kept under the output folder."""
+    case: dict[str, Any] = {"label": label}
+    run_dir = Path(tempfile.mkdtemp(prefix="gpu_check_verdict_"))
+    cmd = [sys.executable, "-m", "replay_theory", "validate", "all", "--out", str(run_dir / "run"), *args]
+    clock.log(f"verdict: {' '.join(cmd[2:])} (up to {left:.0f} s)")
+    with GpuMonitor() as monitor:
+        code, lines, wall = run_process(cmd, left, Path(plan.out) / f"verdict_{index}.log",
+                                        child_env(plan.threads), echo=True)
+    case.update(command=" ".join(["python3", *cmd[1:]]), wall_s=wall, exit_code=code, **monitor.summary())
+    case.update(_keep_verdict_reports(run_dir / "run", Path(plan.out) / f"verdict_reports_{index}"))
+    shutil.rmtree(run_dir, ignore_errors=True)
+    case["status"] = _process_status(code, lines, f"error: killed at the section's {budget:.0f} s budget "
+                                                  f"(log: verdict_{index}.log)")
+    return case
+
+
+def section_verdict(plan: Plan, clock: Clock, budget: float) -> dict:
+    """``validate all --preset gpu-fixed-b`` (section 7): each case a subprocess with the GPU sampled, its
+    report-fixed-b.json summarised (``verdict_summary``) and copied; the larger batch only when 3x the first case's
+    wall is left."""
+    ends_at = time.time() + budget
+    cases = _verdict_cases(plan)
+    result: dict[str, Any] = {"kappa_given": plan.kappa, "cases": []}
     first_wall = None
     for index, (label, args) in enumerate(cases):
         left = ends_at - time.time()
-        case: dict[str, Any] = {"label": label}
         if first_wall is not None and left < 3 * first_wall:
-            case["status"] = (f"skipped: {left:.0f} s left, under 3x the first case's {first_wall:.0f} s (the batch is "
-                              "4x larger)")
-            result["cases"].append(case)
+            result["cases"].append({"label": label, "status": f"skipped: {left:.0f} s left, under 3x the first "
+                                                              f"case's {first_wall:.0f} s (the batch is 4x larger)"})
             continue
-        run_dir = Path(tempfile.mkdtemp(prefix="gpu_check_verdict_"))
-        cmd = [sys.executable, "-m", "replay_theory", "validate", "all", "--out", str(run_dir / "run"), *args, *kappa]
-        clock.log(f"verdict: {' '.join(cmd[2:])} (up to {left:.0f} s)")
-        with GpuMonitor() as monitor:
-            code, lines, wall = run_process(cmd, left, Path(plan.out) / f"verdict_{index}.log",
-                                            child_env(plan.threads), echo=True)
-        case.update(command=" ".join(["python3", *cmd[1:]]), wall_s=wall, exit_code=code, **monitor.summary())
-        first_wall = wall if first_wall is None else first_wall
-        reports = Path(plan.out) / f"verdict_reports_{index}"
-        for name in ("report-fixed-b.json", "report-fixed-b.md", "calibration_summary.json", "predicted.json",
-                     "profile.json", "calibration.json"):
-            path = run_dir / "run" / name
-            if path.is_file() and path.stat().st_size < 2**22:
-                reports.mkdir(exist_ok=True)
-                shutil.copy(path, reports / name)
-        report_path = run_dir / "run" / "report-fixed-b.json"
-        if report_path.is_file():
-            case.update(verdict_summary(json.loads(report_path.read_text())))
-        summary_path = run_dir / "run" / "calibration_summary.json"
-        if summary_path.is_file():
-            case["calibration_seconds"] = json.loads(summary_path.read_text()).get("seconds")
-        shutil.rmtree(run_dir, ignore_errors=True)
-        if code is None:
-            case["status"] = f"error: killed at the section's {budget:.0f} s budget (log: verdict_{index}.log)"
-        elif code != 0:
-            last = next((ln for ln in reversed(lines) if ln.strip()), "no output")
-            case["status"] = f"error: exit code {code}: {one_line(last)}"
-        else:
-            case["status"] = "ok"
+        case = _run_verdict_case(plan, clock, index, label, args, left, budget)
+        first_wall = case["wall_s"] if first_wall is None else first_wall
         result["cases"].append(case)
     failed = [c for c in result["cases"] if c["status"].startswith("error")]
     if failed:
@@ -1017,7 +1046,7 @@ def worker_decode(plan: Plan, deadline: float, emit: Callable[[dict], None]) -> 
     issue 31 with a CPU generator, and with a CUDA one), and of transformers' generate (dynamic cache, static cache,
     static cache + torch.compile: the compiled reference); the loop's ratio to the reference."""
     import torch
-    from transformers import CompileConfig, GenerationConfig
+    from transformers import GenerationConfig
 
     from replay_theory.validate import sampling
     from replay_theory.validate.logprobs import encode_prompts
@@ -1066,11 +1095,7 @@ def worker_decode(plan: Plan, deadline: float, emit: Callable[[dict], None]) -> 
         return run
 
     cuda = torch.device(device).type == "cuda"
-    if cuda:
-        compile_config = CompileConfig(mode="reduce-overhead")  # inductor + CUDA graphs
-    else:  # smoke: inductor on a 2-core CPU takes minutes; the eager backend still goes through dynamo
-        compile_config = CompileConfig(backend="eager", mode=None)
-        compile_config._compile_all_devices = True  # transformers' own switch for compiling off-GPU
+    compile_config = _reference_compile_config(cuda)
     compile_name = f"torch.compile(backend={compile_config.backend}, mode={compile_config.mode})"
     ours = decode_options(plan)
     eager_device = DecodeOptions(check_every=ours.check_every, race=True)
@@ -1098,23 +1123,9 @@ def worker_decode(plan: Plan, deadline: float, emit: Callable[[dict], None]) -> 
             case["status"] = skip or f"skipped: deadline ({left:.0f} s left, about {need:.0f} s needed)"
         else:
             try:
-                if compiles:
-                    case["status"] = "error: killed during the first (compiling) call"
-                    emit(result)
-                    case["first_call_s"] = timed(fn, new_tokens)  # compiles (and records the CUDA graphs)
-                    case["status"] = "error: killed during the steady calls"
-                    emit(result)
-                    steady = [timed(fn, new_tokens) for _ in range(2)]
-                    seconds = min(steady)
-                    case.update(steady_calls_s=steady, compile_s=case["first_call_s"] - seconds)
-                    if name == REFERENCE:  # transformers keeps its compiled forward as model._compiled_call (5.x)
-                        case["compiled"] = hasattr(model, "_compiled_call")
-                    else:
-                        decoder = next((d for d in sampling._DECODERS.values() if d.options.compile), None)
-                        case["compiled"] = decoder is not None and decoder.compiled
-                else:
-                    timed(fn, min(4, new_tokens))  # warm-up: kernels, allocator
-                    seconds = timed(fn, new_tokens)
+                seconds = _time_decode_case(case, fn, new_tokens, compiles, timed, partial(emit, result))
+                if compiles:  # transformers keeps its compiled forward as model._compiled_call (5.x)
+                    case["compiled"] = hasattr(model, "_compiled_call") if name == REFERENCE else _loop_compiled()
                 case.update(status="ok", seconds=seconds, tokens_per_s=R * new_tokens / seconds)
                 rates[name] = case["tokens_per_s"]
             except Exception as err:  # noqa: BLE001 - one variant's failure leaves the others
@@ -1123,16 +1134,59 @@ def worker_decode(plan: Plan, deadline: float, emit: Callable[[dict], None]) -> 
         print(f"[decode] {name}: {case.get('status')} {case.get('tokens_per_s', 0):,.0f} tokens/s", file=sys.stderr,
               flush=True)
         emit(result)
-    old = rates.get(variants[0][0])
+    _add_decode_ratios(result, rates, variants[0][0], LOOP, REFERENCE)
+    sampling.release_decoders()
+    return result
+
+
+def _reference_compile_config(cuda: bool):
+    """transformers' CompileConfig of the compiled reference: inductor + CUDA graphs on a GPU; on the CPU (smoke) the
+    eager backend, which still goes through dynamo (inductor on a 2-core CPU takes minutes)."""
+    from transformers import CompileConfig
+
+    if cuda:
+        return CompileConfig(mode="reduce-overhead")
+    compile_config = CompileConfig(backend="eager", mode=None)
+    compile_config._compile_all_devices = True  # transformers' own switch for compiling off-GPU
+    return compile_config
+
+
+def _time_decode_case(case: dict, fn: Callable[[int], Any], new_tokens: int, compiles: bool,
+                      timed: Callable[..., float], checkpoint: Callable[[], None]) -> float:
+    """Seconds of one call of ``fn(new_tokens)``: after a short warm-up call, or for a compiling variant the faster of
+    two steady calls after the first (compiling) one, whose time ``case`` records apart."""
+    if not compiles:
+        timed(fn, min(4, new_tokens))  # warm-up: kernels, allocator
+        return timed(fn, new_tokens)
+    case["status"] = "error: killed during the first (compiling) call"
+    checkpoint()
+    case["first_call_s"] = timed(fn, new_tokens)  # compiles (and records the CUDA graphs)
+    case["status"] = "error: killed during the steady calls"
+    checkpoint()
+    steady = [timed(fn, new_tokens) for _ in range(2)]
+    seconds = min(steady)
+    case.update(steady_calls_s=steady, compile_s=case["first_call_s"] - seconds)
+    return seconds
+
+
+def _loop_compiled() -> bool:
+    """Whether the validator's compiled decoder (``sampling._DECODERS``) exists and compiled its step."""
+    from replay_theory.validate import sampling
+
+    decoder = next((d for d in sampling._DECODERS.values() if d.options.compile), None)
+    return decoder is not None and decoder.compiled
+
+
+def _add_decode_ratios(result: dict, rates: dict[str, float], old_loop: str, loop: str, reference: str) -> None:
+    """Each case's speed-up over the old loop, and the loop's tokens/s and its ratio to the compiled reference."""
+    old = rates.get(old_loop)
     for case in result["cases"]:
         if old and "tokens_per_s" in case:
             case["speedup_vs_old_loop"] = case["tokens_per_s"] / old
-    if LOOP in rates and REFERENCE in rates:
-        result["loop_over_compiled_reference"] = rates[LOOP] / rates[REFERENCE]  # target >= 0.7
-    if LOOP in rates:
-        result["loop_tokens_per_s"] = rates[LOOP]  # target >= 10,000 at the 0.5B shape, R = 64, L = 128
-    sampling.release_decoders()
-    return result
+    if loop in rates and reference in rates:
+        result["loop_over_compiled_reference"] = rates[loop] / rates[reference]  # target >= 0.7
+    if loop in rates:
+        result["loop_tokens_per_s"] = rates[loop]  # target >= 10,000 at the 0.5B shape, R = 64, L = 128
 
 
 WORKERS: dict[str, Callable[[Plan, float, Callable[[dict], None]], dict]] = {
@@ -1201,6 +1255,126 @@ def _busy(record: dict) -> str:
     return f"GPU busy {busy:.2f} of the time ({record.get('gpu_source')}, {record.get('gpu_samples')} samples)"
 
 
+def _environment_lines(record: dict) -> list[str]:
+    if "torch" not in record:
+        return []
+    keys = ["python", "torch", "torch_cuda", "transformers", "device_name", "total_memory_gib", "capability",
+            "driver", "cpu_count", "matmul_allow_tf32", "nvidia_smi", "c_compiler"]
+    return _table(["key", "value"], [[k, record.get(k)] for k in keys])
+
+
+def _validate_all_lines(record: dict) -> list[str]:
+    if "wall_s" not in record:
+        return []
+    return [f"`{record['command']}`", "",
+            f"wall {record['wall_s']:.1f} s, exit code {record['exit_code']}; {_busy(record)}; peak GPU "
+            f"memory used {_fmt(record.get('gpu_memory_used_max_mib'))} MiB", "", "```",
+            *record.get("lines", []), *record.get("verdict_lines", []), "```"]
+
+
+def _batched_verify_lines(record: dict) -> list[str]:
+    if not record.get("runs"):
+        return []
+    lines = _table(["mode", "seconds", "compile s inside", "peak RSS MiB", "peak GPU MiB",
+                    "GPU busy (its clock)", "GPU busy (process)"],
+                   [[m, r.get("seconds"), r.get("compile_s"), r.get("peak_rss_mib"), r.get("peak_gpu_mib"),
+                     r.get("gpu_busy_fraction_in_clock"), r.get("gpu_busy_fraction")]
+                    for m, r in record["runs"].items()])
+    return lines + ["", f"{record['seeds']} seeds x 2 designs x {record['steps']} updates + held-out evaluation, "
+                    f"tiny model on {record['device']}: ratio sequential / batched "
+                    f"{_fmt(record.get('ratio_sequential_over_batched'))}x; held-out results equal seed by seed: "
+                    f"{_fmt(record.get('held_out_equal'))} (max |difference| "
+                    f"{_fmt(record.get('held_out_max_abs_diff'))})"]
+
+
+def _mu_lines(record: dict) -> list[str]:
+    if not record.get("cases"):
+        return []
+    return [f"R = {record['rollouts']} completions (G = {record['group_size']}), fixed length; "
+            f"{record['precision']}; loop: {record.get('loop', '-')}; {_busy(record)}", "",
+            *_table(["shape", "L", "micro-batch", "generation s", "sampling s", "update s", "compile s (apart)",
+                     "mu", "mu (sampling only)", "peak GiB", "status"],
+                    [[c["shape"], c["length"], c.get("micro_batch"), c.get("generation_s"),
+                      c.get("sampling_s"), c.get("update_s"), c.get("compile_s"), c.get("mu"),
+                      c.get("mu_sampling_only"), c.get("peak_memory_gib"), c["status"]]
+                     for c in record["cases"]])]
+
+
+def _decode_lines(record: dict) -> list[str]:
+    if not record.get("cases"):
+        return []
+    lines = [f"{record['shape']}, R = {record['rollouts']}, L = {record['length']} (fixed), "
+             f"{record['weights']} weights; {_busy(record)}", ""]
+    lines += _table(["variant", "tokens per call", "seconds", "tokens/s", "speed-up vs the old loop", "status"],
+                    [[c["variant"], c.get("tokens_per_call"), c.get("seconds"), c.get("tokens_per_s"),
+                      c.get("speedup_vs_old_loop"), c.get("status")] for c in record["cases"]])
+    for c in (c for c in record["cases"] if "first_call_s" in c):
+        lines += ["", f"{c['variant']}: first call {_fmt(c['first_call_s'])} s, steady "
+                  f"{_fmt(c.get('seconds'))} s, compile ~ {_fmt(c.get('compile_s'))} s; compiled: "
+                  f"{_fmt(c.get('compiled'))}"]
+    return lines + ["", f"the validator's loop: {_fmt(record.get('loop_tokens_per_s'))} tokens/s (target >= "
+                    f"10,000), {_fmt(record.get('loop_over_compiled_reference'))} of the compiled reference "
+                    f"(target >= 0.7)"]
+
+
+def _verdict_rules_lines(c: dict) -> list[str]:
+    """A verdict case's batch, budget and B_noise, each rule's placement, and the designs' held-out rewards."""
+    lines = [f"B = {c['B']}, {c['seeds']} seeds (batched: {_fmt(c['batched'])}), budget "
+             f"{c['budget_updates']} on-policy updates at mu = {_fmt(c['mu_priced'])} (measured "
+             f"{_fmt(c['mu_measured'])}); B_noise = {_fmt(c['b_noise'])} (interval "
+             f"{', '.join(_fmt(v) for v in c.get('b_noise_interval') or [])}); measured best: "
+             f"{c['measured_best']}", ""]
+    lines += _table(["rule", "design", "regime", "b", "kappa", "rank", "P(best)", "regret", "strongest rival",
+                     "difference", "se", "seeds for 2 se", "first or within 1 se"],
+                    [[r["rule"], r["design"], r["regime"], r["b"], r["kappa"],
+                      None if r["rank"] is None else f"{r['rank']} of {r['designs']}", r["p_best"],
+                      r["regret"], r["rival"], r["difference"], r["se"], r["seeds_for_2se"],
+                      r["first_or_within_one_se"]] for r in c["rules"]])
+    if c.get("forgetting_note"):
+        lines += ["", f"forgetting-aware rule: no prediction ({c['forgetting_note']})"]
+    return lines + [""] + _table(["design", "R", "N", "B", "updates", "held-out reward", "sd"],
+                                 [[d["name"], d["R"], d["N"], d["B"], d["steps"], d["reward_mean"],
+                                   d["reward_sd"]] for d in c["designs"]])
+
+
+def _verdict_case_lines(c: dict) -> list[str]:
+    lines = [f"### {c['label']}: {c['status']}", ""]
+    if "wall_s" not in c:
+        return lines
+    lines += [f"`{c['command']}`", "", f"wall {c['wall_s']:.1f} s (target <= 360 s; calibration "
+              f"{_fmt(c.get('calibration_seconds'))} s, verify {_fmt(c.get('verify_seconds'))} s), "
+              f"exit code {c['exit_code']}; {_busy(c)}; peak GPU memory used "
+              f"{_fmt(c.get('gpu_memory_used_max_mib'))} MiB", ""]
+    if c.get("rules"):
+        lines += _verdict_rules_lines(c)
+    return lines + [""]
+
+
+def _verdict_lines(record: dict) -> list[str]:
+    if not record.get("cases"):
+        return []
+    lines = [f"--kappa: {_fmt(record.get('kappa_given'))}", ""]
+    for c in record["cases"]:
+        lines += _verdict_case_lines(c)
+    return lines
+
+
+def _logprob_mismatch_lines(record: dict) -> list[str]:
+    if not record.get("cases"):
+        return []
+    return [f"{record['shape']}, R = {record['rollouts']}, L = {record['length']}; bf16 rows: "
+            f"{record.get('autocast_bf16', '-')}, fp32 rows: {record.get('autocast_fp32', '-')}", "",
+            *_table(["pair", "max abs per token", "mean abs per token", "max abs per sequence", "tokens"],
+                    [[c["pair"], c.get("max_abs"), c.get("mean_abs"), c.get("seq_max_abs"), c.get("tokens")]
+                     for c in record["cases"]])]
+
+
+# each section's block under its heading (no lines where the section has no numbers)
+SECTION_MARKDOWN: dict[str, Callable[[dict], list[str]]] = {
+    "environment": _environment_lines, "validate_all": _validate_all_lines, "batched_verify": _batched_verify_lines,
+    "mu": _mu_lines, "decode": _decode_lines, "verdict": _verdict_lines, "logprob_mismatch": _logprob_mismatch_lines}
+
+
 def markdown(data: dict) -> str:
     """The summary: one block per section in report order, the numbers of gpu_check.json in tables."""
     sections = data["sections"]
@@ -1214,86 +1388,7 @@ def markdown(data: dict) -> str:
     for name in SECTIONS:
         record = sections.get(name, {"status": "skipped: not reached"})
         lines += [f"## {TITLES[name]}: {record['status']} ({_fmt(record.get('seconds'))} s)", ""]
-        if name == "environment" and "torch" in record:
-            keys = ["python", "torch", "torch_cuda", "transformers", "device_name", "total_memory_gib", "capability",
-                    "driver", "cpu_count", "matmul_allow_tf32", "nvidia_smi", "c_compiler"]
-            lines += _table(["key", "value"], [[k, record.get(k)] for k in keys])
-        elif name == "validate_all" and "wall_s" in record:
-            lines += [f"`{record['command']}`", "",
-                      f"wall {record['wall_s']:.1f} s, exit code {record['exit_code']}; {_busy(record)}; peak GPU "
-                      f"memory used {_fmt(record.get('gpu_memory_used_max_mib'))} MiB", "", "```",
-                      *record.get("lines", []), *record.get("verdict_lines", []), "```"]
-        elif name == "batched_verify" and record.get("runs"):
-            runs = record["runs"]
-            lines += _table(["mode", "seconds", "compile s inside", "peak RSS MiB", "peak GPU MiB",
-                             "GPU busy (its clock)", "GPU busy (process)"],
-                            [[m, r.get("seconds"), r.get("compile_s"), r.get("peak_rss_mib"), r.get("peak_gpu_mib"),
-                              r.get("gpu_busy_fraction_in_clock"), r.get("gpu_busy_fraction")]
-                             for m, r in runs.items()])
-            lines += ["", f"{record['seeds']} seeds x 2 designs x {record['steps']} updates + held-out evaluation, "
-                      f"tiny model on {record['device']}: ratio sequential / batched "
-                      f"{_fmt(record.get('ratio_sequential_over_batched'))}x; held-out results equal seed by seed: "
-                      f"{_fmt(record.get('held_out_equal'))} (max |difference| "
-                      f"{_fmt(record.get('held_out_max_abs_diff'))})"]
-        elif name == "mu" and record.get("cases"):
-            lines += [f"R = {record['rollouts']} completions (G = {record['group_size']}), fixed length; "
-                      f"{record['precision']}; loop: {record.get('loop', '-')}; {_busy(record)}", ""]
-            lines += _table(["shape", "L", "micro-batch", "generation s", "sampling s", "update s", "compile s (apart)",
-                             "mu", "mu (sampling only)", "peak GiB", "status"],
-                            [[c["shape"], c["length"], c.get("micro_batch"), c.get("generation_s"),
-                              c.get("sampling_s"), c.get("update_s"), c.get("compile_s"), c.get("mu"),
-                              c.get("mu_sampling_only"), c.get("peak_memory_gib"), c["status"]]
-                             for c in record["cases"]])
-        elif name == "decode" and record.get("cases"):
-            lines += [f"{record['shape']}, R = {record['rollouts']}, L = {record['length']} (fixed), "
-                      f"{record['weights']} weights; {_busy(record)}", ""]
-            lines += _table(["variant", "tokens per call", "seconds", "tokens/s", "speed-up vs the old loop",
-                             "status"],
-                            [[c["variant"], c.get("tokens_per_call"), c.get("seconds"), c.get("tokens_per_s"),
-                              c.get("speedup_vs_old_loop"), c.get("status")] for c in record["cases"]])
-            compiled = [c for c in record["cases"] if "first_call_s" in c]
-            for c in compiled:
-                lines += ["", f"{c['variant']}: first call {_fmt(c['first_call_s'])} s, steady "
-                          f"{_fmt(c.get('seconds'))} s, compile ~ {_fmt(c.get('compile_s'))} s; compiled: "
-                          f"{_fmt(c.get('compiled'))}"]
-            lines += ["", f"the validator's loop: {_fmt(record.get('loop_tokens_per_s'))} tokens/s (target >= "
-                      f"10,000), {_fmt(record.get('loop_over_compiled_reference'))} of the compiled reference "
-                      f"(target >= 0.7)"]
-        elif name == "verdict" and record.get("cases"):
-            lines += [f"--kappa: {_fmt(record.get('kappa_given'))}", ""]
-            for c in record["cases"]:
-                lines += [f"### {c['label']}: {c['status']}", ""]
-                if "wall_s" not in c:
-                    continue
-                lines += [f"`{c['command']}`", "", f"wall {c['wall_s']:.1f} s (target <= 360 s; calibration "
-                          f"{_fmt(c.get('calibration_seconds'))} s, verify {_fmt(c.get('verify_seconds'))} s), "
-                          f"exit code {c['exit_code']}; {_busy(c)}; peak GPU memory used "
-                          f"{_fmt(c.get('gpu_memory_used_max_mib'))} MiB", ""]
-                if c.get("rules"):
-                    lines += [f"B = {c['B']}, {c['seeds']} seeds (batched: {_fmt(c['batched'])}), budget "
-                              f"{c['budget_updates']} on-policy updates at mu = {_fmt(c['mu_priced'])} (measured "
-                              f"{_fmt(c['mu_measured'])}); B_noise = {_fmt(c['b_noise'])} (interval "
-                              f"{', '.join(_fmt(v) for v in c.get('b_noise_interval') or [])}); measured best: "
-                              f"{c['measured_best']}", ""]
-                    lines += _table(["rule", "design", "regime", "b", "kappa", "rank", "P(best)", "regret",
-                                     "strongest rival", "difference", "se", "seeds for 2 se",
-                                     "first or within 1 se"],
-                                    [[r["rule"], r["design"], r["regime"], r["b"], r["kappa"],
-                                      None if r["rank"] is None else f"{r['rank']} of {r['designs']}", r["p_best"],
-                                      r["regret"], r["rival"], r["difference"], r["se"], r["seeds_for_2se"],
-                                      r["first_or_within_one_se"]] for r in c["rules"]])
-                    if c.get("forgetting_note"):
-                        lines += ["", f"forgetting-aware rule: no prediction ({c['forgetting_note']})"]
-                    lines += [""] + _table(["design", "R", "N", "B", "updates", "held-out reward", "sd"],
-                                           [[d["name"], d["R"], d["N"], d["B"], d["steps"], d["reward_mean"],
-                                             d["reward_sd"]] for d in c["designs"]])
-                lines.append("")
-        elif name == "logprob_mismatch" and record.get("cases"):
-            lines += [f"{record['shape']}, R = {record['rollouts']}, L = {record['length']}; bf16 rows: "
-                      f"{record.get('autocast_bf16', '-')}, fp32 rows: {record.get('autocast_fp32', '-')}", ""]
-            lines += _table(["pair", "max abs per token", "mean abs per token", "max abs per sequence", "tokens"],
-                            [[c["pair"], c.get("max_abs"), c.get("mean_abs"), c.get("seq_max_abs"), c.get("tokens")]
-                             for c in record["cases"]])
+        lines += SECTION_MARKDOWN[name](record)
         lines.append("")
     return "\n".join(lines)
 

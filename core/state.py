@@ -82,31 +82,49 @@ def _frozen(instance: Any) -> bool:
 
 
 def _node(value: Any, path: str, arrays: dict[str, np.ndarray]) -> dict:
+    """The tree node of ``value`` (the module docstring's table); arrays and tensors go into ``arrays`` at ``path``."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return {"value": value}
     if isinstance(value, np.generic):
         return {"scalar": value.dtype.str, "value": value.item()}
     if isinstance(value, np.ndarray):
-        if value.dtype.hasobject:
-            raise ValueError(f"state {path}: an object array cannot be saved without pickle")
-        arrays[path] = value
-        return {"array": path}
+        return _array_node(value, path, arrays)
     if hasattr(value, "detach") and hasattr(value, "dtype"):  # a torch tensor (torch not imported here)
-        tensor = value.detach().cpu()
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        arrays[path] = (tensor.float() if dtype == "bfloat16" else tensor).numpy()  # bf16 -> fp32 -> bf16: exact
-        return {"tensor": path, "dtype": dtype, "device": str(value.device)}
+        return _tensor_node(value, path, arrays)
     if isinstance(value, np.random.Generator):
         return {"generator": value.bit_generator.state}
-    if isinstance(value, np.dtype):  # set from the config when the object was built
-        return {"config": repr(value)}
+    if isinstance(value, (dict, list, tuple)):
+        return _container_node(value, path, arrays)
+    return _object_node(value, path, arrays)
+
+
+def _array_node(value: np.ndarray, path: str, arrays: dict[str, np.ndarray]) -> dict:
+    if value.dtype.hasobject:
+        raise ValueError(f"state {path}: an object array cannot be saved without pickle")
+    arrays[path] = value
+    return {"array": path}
+
+
+def _tensor_node(value: Any, path: str, arrays: dict[str, np.ndarray]) -> dict:
+    tensor = value.detach().cpu()
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    arrays[path] = (tensor.float() if dtype == "bfloat16" else tensor).numpy()  # bf16 -> fp32 -> bf16: exact
+    return {"tensor": path, "dtype": dtype, "device": str(value.device)}
+
+
+def _container_node(value: dict | list | tuple, path: str, arrays: dict[str, np.ndarray]) -> dict:
     if isinstance(value, dict):
         if not all(isinstance(k, str) for k in value):
             raise ValueError(f"state {path}: only string keys can be saved")
         return {"dict": {k: _node(v, f"{path}.{k}", arrays) for k, v in value.items()}}
-    if isinstance(value, (list, tuple)):
-        kind = "list" if isinstance(value, list) else "tuple"
-        return {kind: [_node(v, f"{path}.{i}", arrays) for i, v in enumerate(value)]}
+    kind = "list" if isinstance(value, list) else "tuple"
+    return {kind: [_node(v, f"{path}.{i}", arrays) for i, v in enumerate(value)]}
+
+
+def _object_node(value: Any, path: str, arrays: dict[str, np.ndarray]) -> dict:
+    """A config (compared on restore), code (kept from the fresh object) or one of our objects (its attributes)."""
+    if isinstance(value, np.dtype):  # set from the config when the object was built
+        return {"config": repr(value)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type) and _frozen(value):
         return {"config": repr(value)}
     if isinstance(value, (FunctionType, MethodType, ModuleType, type)) or callable(value) and not _is_ours(value):
@@ -118,43 +136,66 @@ def _node(value: Any, path: str, arrays: dict[str, np.ndarray]) -> dict:
 
 
 def _restore(node: dict, current: Any, arrays: Any, path: str) -> Any:
+    """The value of ``node`` (from :func:`_node`), restored into ``current`` (the fresh object's value) where it has
+    one."""
     kind = next(k for k in node if k != "class")
-    if kind == "value":
-        return node["value"]
-    if kind == "scalar":
-        return np.dtype(node["scalar"]).type(node["value"])
-    if kind == "array":
-        return np.array(arrays[node["array"]])
-    if kind == "tensor":
-        import torch
+    if kind not in _RESTORE:
+        raise ValueError(f"state {path}: unknown node {kind!r}")
+    return _RESTORE[kind](node, current, arrays, path)
 
-        data = torch.as_tensor(np.array(arrays[node["tensor"]]))
-        return data.to(dtype=getattr(torch, node["dtype"]), device=node["device"])
-    if kind == "generator":
-        if not isinstance(current, np.random.Generator):
-            raise ValueError(f"state {path}: a random generator where the object has {type(current).__name__}")
-        current.bit_generator.state = node["generator"]
-        return current
-    if kind == "dict":
-        base = current if isinstance(current, dict) else {}
-        return {k: _restore(v, base.get(k), arrays, f"{path}.{k}") for k, v in node["dict"].items()}
-    if kind in ("list", "tuple"):
-        base = list(current) if isinstance(current, (list, tuple)) else []
-        items = [_restore(v, base[i] if i < len(base) else None, arrays, f"{path}.{i}")
-                 for i, v in enumerate(node[kind])]
-        return items if kind == "list" else tuple(items)
-    if kind == "config":
-        if repr(current) != node["config"]:
-            raise ValueError(f"state {path}: saved with {node['config']}, this object has {current!r}")
-        return current
-    if kind == "code":
-        return current
-    if kind == "object":
-        if current is None or not _is_ours(current):
-            raise ValueError(f"state {path}: an object where this one has {type(current).__name__}")
-        _restore_into(current, node, arrays, path)
-        return current
-    raise ValueError(f"state {path}: unknown node {kind!r}")
+
+def _restore_tensor(node: dict, current: Any, arrays: Any, path: str) -> Any:
+    import torch
+
+    data = torch.as_tensor(np.array(arrays[node["tensor"]]))
+    return data.to(dtype=getattr(torch, node["dtype"]), device=node["device"])
+
+
+def _restore_generator(node: dict, current: Any, arrays: Any, path: str) -> np.random.Generator:
+    if not isinstance(current, np.random.Generator):
+        raise ValueError(f"state {path}: a random generator where the object has {type(current).__name__}")
+    current.bit_generator.state = node["generator"]
+    return current
+
+
+def _restore_dict(node: dict, current: Any, arrays: Any, path: str) -> dict:
+    base = current if isinstance(current, dict) else {}
+    return {k: _restore(v, base.get(k), arrays, f"{path}.{k}") for k, v in node["dict"].items()}
+
+
+def _restore_sequence(node: dict, current: Any, arrays: Any, path: str) -> list | tuple:
+    kind = "list" if "list" in node else "tuple"
+    base = list(current) if isinstance(current, (list, tuple)) else []
+    items = [_restore(v, base[i] if i < len(base) else None, arrays, f"{path}.{i}") for i, v in enumerate(node[kind])]
+    return items if kind == "list" else tuple(items)
+
+
+def _restore_config(node: dict, current: Any, arrays: Any, path: str) -> Any:
+    if repr(current) != node["config"]:
+        raise ValueError(f"state {path}: saved with {node['config']}, this object has {current!r}")
+    return current
+
+
+def _restore_object(node: dict, current: Any, arrays: Any, path: str) -> Any:
+    if current is None or not _is_ours(current):
+        raise ValueError(f"state {path}: an object where this one has {type(current).__name__}")
+    _restore_into(current, node, arrays, path)
+    return current
+
+
+_RESTORE = {
+    "value": lambda node, current, arrays, path: node["value"],
+    "scalar": lambda node, current, arrays, path: np.dtype(node["scalar"]).type(node["value"]),
+    "array": lambda node, current, arrays, path: np.array(arrays[node["array"]]),
+    "tensor": _restore_tensor,
+    "generator": _restore_generator,
+    "dict": _restore_dict,
+    "list": _restore_sequence,
+    "tuple": _restore_sequence,
+    "config": _restore_config,
+    "code": lambda node, current, arrays, path: current,  # behaviour: the fresh object's own
+    "object": _restore_object,
+}
 
 
 def _restore_into(obj: Any, node: dict, arrays: Any, path: str) -> None:

@@ -79,6 +79,118 @@ def _group_advantages(rewards: list[float]) -> list[float]:
     return [float((x - mean) / (std + _ADV_EPS)) for x in r]
 
 
+def _generate(gen: np.random.Generator, theta: np.ndarray, env: BanditEnv, num_groups: int, G: int) -> list[tuple]:
+    """R = num_groups x G fresh (prompt, action, logp_behav, advantage) with the current policy: the prompts, then
+    the uniforms for the inverse-CDF action draws."""
+    P = env.features.shape[0]
+    prompts = gen.integers(0, P, size=num_groups)
+    uniforms = gen.random(num_groups * G)
+    fresh = []
+    for k, p in enumerate(prompts):
+        p = int(p)
+        group = []
+        for i in range(G):
+            logp = _policy(theta, env.features, env.offsets, p)
+            a = _draw_action(logp, float(uniforms[k * G + i]))
+            group.append((p, a, float(logp[a]), float(env.reward_table[p, a])))
+        advs = _group_advantages([item[3] for item in group])
+        fresh.extend((p, a, lp, adv) for (p, a, lp, _), adv in zip(group, advs))
+    return fresh
+
+
+def _push(ring: list[tuple | None], ptr: int, filled: int, fresh: list[tuple]) -> tuple[int, int]:
+    """Push into the FIFO ring (oldest slot overwritten); the new (write pointer, filled slots)."""
+    N = len(ring)
+    for item in fresh:
+        ring[ptr] = item
+        ptr = (ptr + 1) % N
+        filled = min(filled + 1, N)
+    return ptr, filled
+
+
+def _sample_slots(gen: np.random.Generator, config: SimConfig, filled: int, step: int) -> list[int]:
+    """B slots uniformly: B uniforms with replacement; one key per slot (N of them) and the smallest B without."""
+    B = config.batch_size
+    if config.replacement:
+        u = gen.random(B)
+        return [min(int(u[j] * filled), filled - 1) for j in range(B)]
+    if B > filled:
+        raise ValueError(f"batch_size={B} exceeds the {filled} filled slots at step {step} "
+                         f"(sampling without replacement)")
+    u = gen.random(config.capacity)  # one key per slot; the B filled slots with the smallest keys
+    return sorted(range(filled), key=lambda slot: u[slot])[:B]
+
+
+def _grpo_gradient(theta: np.ndarray, env: BanditEnv, samples: list[tuple], log_lo: float, log_hi: float,
+                   B: int) -> np.ndarray:
+    """The GRPO clipped surrogate's gradient, token-mean over B one-token responses, sample by sample."""
+    grad = np.zeros_like(theta)
+    for p, a, logp_behav, adv in samples:
+        logp = _policy(theta, env.features, env.offsets, p)
+        log_ratio = float(logp[a]) - logp_behav
+        if adv > 0 and log_ratio > log_hi:
+            continue  # clipped high: no gradient
+        if adv < 0 and log_ratio < log_lo:
+            continue  # clipped low: no gradient
+        if adv == 0:
+            continue
+        coef = -math.exp(log_ratio) * adv / B  # d loss / d logp
+        probs = np.exp(logp)
+        grad_logp = env.features[p, a] - probs @ env.features[p]  # phi(p, a) - E_pi[phi(p, .)]
+        grad += coef * grad_logp
+    return grad
+
+
+def _adam_step(theta: np.ndarray, grad: np.ndarray, first: np.ndarray, second: np.ndarray, count: int,
+               lr: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One bias-corrected Adam step (optim.Adam's defaults); the new (theta, first moment, second moment)."""
+    beta1, beta2, adam_eps = _ADAM
+    first = beta1 * first + (1 - beta1) * grad
+    second = beta2 * second + (1 - beta2) * grad**2
+    first_hat = first / (1 - beta1**count)
+    second_hat = second / (1 - beta2**count)
+    return theta - lr * first_hat / (np.sqrt(second_hat) + adam_eps), first, second
+
+
+def _evaluate(theta: np.ndarray, env: BanditEnv) -> tuple[float, float]:
+    """Exact expected reward and accuracy averaged over prompts, prompt by prompt."""
+    P = env.features.shape[0]
+    total_reward = total_accuracy = 0.0
+    for p in range(P):
+        probs = np.exp(_policy(theta, env.features, env.offsets, p))
+        total_reward += float(probs @ env.reward_table[p])
+        total_accuracy += float(probs[env.answer[p]])
+    return total_reward / P, total_accuracy / P
+
+
+def _run_seed(config: SimConfig, env: BanditEnv, seed_index: int) -> tuple[np.ndarray, list[float], list[float]]:
+    """One seed's run: its final theta and its evaluated rewards and accuracies."""
+    gen = np.random.default_rng([config.seed, seed_index])
+    d = env.features.shape[2]
+    G = config.group_size
+    num_groups = config.rollouts_per_step // G
+    log_lo = math.log1p(-config.eps_low) if config.eps_low < 1.0 else -math.inf
+    log_hi = math.log1p(config.eps_high) if math.isfinite(config.eps_high) else math.inf
+    theta = np.zeros(d)
+    first, second = np.zeros(d), np.zeros(d)
+    ring: list[tuple | None] = [None] * config.capacity  # (prompt, action, logp_behav, advantage) per slot
+    ptr, filled = 0, 0
+    seed_reward, seed_accuracy = [], []
+    for step in range(config.steps):
+        ptr, filled = _push(ring, ptr, filled, _generate(gen, theta, env, num_groups, G))
+        chosen = _sample_slots(gen, config, filled, step)
+        grad = _grpo_gradient(theta, env, [ring[slot] for slot in chosen], log_lo, log_hi, config.batch_size)
+        if config.optimizer == "adam":
+            theta, first, second = _adam_step(theta, grad, first, second, step + 1, config.lr)
+        else:
+            theta = theta - config.lr * grad
+        if step % config.eval_every == 0 or step == config.steps - 1:
+            reward, accuracy = _evaluate(theta, env)
+            seed_reward.append(reward)
+            seed_accuracy.append(accuracy)
+    return theta, seed_reward, seed_accuracy
+
+
 def run_naive_fifo_bandit(config: SimConfig) -> dict:
     """Final params (S, d) and evaluations (S, E) of ``engine.run(config)``, computed seed by seed in Python.
 
@@ -89,87 +201,10 @@ def run_naive_fifo_bandit(config: SimConfig) -> dict:
     config = _check_scope(config)
     env = BanditEnv(BanditConfig(num_prompts=config.num_prompts, num_actions=config.num_actions,
                                  instance_seed=config.instance_seed))
-    features, offsets, table, answer = env.features, env.offsets, env.reward_table, env.answer  # the instance
-    P, A, d = features.shape
-    G, N, B = config.group_size, config.capacity, config.batch_size
-    num_groups = config.rollouts_per_step // G
-    log_lo = math.log1p(-config.eps_low) if config.eps_low < 1.0 else -math.inf
-    log_hi = math.log1p(config.eps_high) if math.isfinite(config.eps_high) else math.inf
-    beta1, beta2, adam_eps = _ADAM
-
     eval_steps = [step + 1 for step in range(config.steps) if step % config.eval_every == 0 or step == config.steps - 1]
     final_params, rewards, accuracies = [], [], []
     for seed_index in range(config.seeds):
-        gen = np.random.default_rng([config.seed, seed_index])
-        theta = np.zeros(d)
-        first, second = np.zeros(d), np.zeros(d)
-        ring: list[tuple | None] = [None] * N  # (prompt, action, logp_behav, advantage) per slot
-        ptr, filled = 0, 0
-        seed_reward, seed_accuracy = [], []
-        for step in range(config.steps):
-            # --- generate R = num_groups x G fresh responses with the current policy
-            prompts = gen.integers(0, P, size=num_groups)
-            uniforms = gen.random(num_groups * G)
-            fresh = []
-            for k, p in enumerate(prompts):
-                p = int(p)
-                group = []
-                for i in range(G):
-                    logp = _policy(theta, features, offsets, p)
-                    a = _draw_action(logp, float(uniforms[k * G + i]))
-                    group.append((p, a, float(logp[a]), float(table[p, a])))
-                advs = _group_advantages([item[3] for item in group])
-                fresh.extend((p, a, lp, adv) for (p, a, lp, _), adv in zip(group, advs))
-            # --- push into the FIFO ring (oldest slot overwritten)
-            for item in fresh:
-                ring[ptr] = item
-                ptr = (ptr + 1) % N
-                filled = min(filled + 1, N)
-            # --- sample B slots uniformly
-            if config.replacement:
-                u = gen.random(B)
-                chosen = [min(int(u[j] * filled), filled - 1) for j in range(B)]
-            else:
-                if B > filled:
-                    raise ValueError(f"batch_size={B} exceeds the {filled} filled slots at step {step} "
-                                     f"(sampling without replacement)")
-                u = gen.random(N)  # one key per slot; the B filled slots with the smallest keys
-                chosen = sorted(range(filled), key=lambda slot: u[slot])[:B]
-            # --- GRPO clipped surrogate, token-mean over B one-token responses, and its gradient
-            grad = np.zeros(d)
-            for slot in chosen:
-                p, a, logp_behav, adv = ring[slot]
-                logp = _policy(theta, features, offsets, p)
-                log_ratio = float(logp[a]) - logp_behav
-                if adv > 0 and log_ratio > log_hi:
-                    continue  # clipped high: no gradient
-                if adv < 0 and log_ratio < log_lo:
-                    continue  # clipped low: no gradient
-                if adv == 0:
-                    continue
-                coef = -math.exp(log_ratio) * adv / B  # d loss / d logp
-                probs = np.exp(logp)
-                grad_logp = features[p, a] - probs @ features[p]  # phi(p, a) - E_pi[phi(p, .)]
-                grad += coef * grad_logp
-            # --- optimiser step
-            if config.optimizer == "adam":
-                count = step + 1
-                first = beta1 * first + (1 - beta1) * grad
-                second = beta2 * second + (1 - beta2) * grad**2
-                first_hat = first / (1 - beta1**count)
-                second_hat = second / (1 - beta2**count)
-                theta = theta - config.lr * first_hat / (np.sqrt(second_hat) + adam_eps)
-            else:
-                theta = theta - config.lr * grad
-            # --- exact evaluation, prompt by prompt
-            if step % config.eval_every == 0 or step == config.steps - 1:
-                total_reward = total_accuracy = 0.0
-                for p in range(P):
-                    probs = np.exp(_policy(theta, features, offsets, p))
-                    total_reward += float(probs @ table[p])
-                    total_accuracy += float(probs[answer[p]])
-                seed_reward.append(total_reward / P)
-                seed_accuracy.append(total_accuracy / P)
+        theta, seed_reward, seed_accuracy = _run_seed(config, env, seed_index)
         final_params.append(theta)
         rewards.append(seed_reward)
         accuracies.append(seed_accuracy)

@@ -887,13 +887,66 @@ def rule_values(designs: list[forgetting.Design], b_noise: float, kappa: float |
     return np.array([p.compute for p in preds])
 
 
+def _noise_scale_values(designs: list[forgetting.Design], noise: dict, mu: float) -> np.ndarray | None:
+    """The noise-scale rule's compute: on-policy at B and the x = 1 replay designs at B (others inf); None without
+    B_noise."""
+    b = read_b_noise(noise) / BATCH
+    if math.isnan(b):
+        return None
+    ns = np.full(len(designs), np.inf)
+    for i, d in enumerate(designs):
+        if d.on_policy and d.batch == BATCH:
+            ns[i] = (1 + b) * (1 + mu) if math.isfinite(b) else 1 + mu
+        elif d.batch == BATCH and d.x == 1:
+            y = d.y
+            ns[i] = (float(noise_scale_lib.replay_cost(b, y, mu)) if math.isfinite(b)
+                     else (1 + y) * (1 + mu / y))
+    return ns
+
+
+def _bound_values(record: dict, designs: list[forgetting.Design], mu: float) -> dict[str, np.ndarray]:
+    """The paper's J, the finite-budget Thm 3.4 bound at the pilot's compute and the null (Eq. (2) alone) on the
+    designs at B (others inf), from the calibrated profile."""
+    cal = record["calibration"]
+    profile = TabulatedProfile(tuple(float(s) for s in cal["staleness"]),
+                               tuple(max(float(v), 1e-12) for v in cal["sigma_sq"]))
+    pilot_steps = design_steps_row(record, f"on-policy B={BATCH}")
+    budget = pilot_steps * (mu + 1) * BATCH
+    paper = np.full(len(designs), np.inf)
+    finite = np.full(len(designs), np.inf)
+    null = np.full(len(designs), np.inf)
+    for i, d in enumerate(designs):
+        if d.batch != BATCH:
+            continue
+        x, y = d.x, d.y
+        paper[i] = float(theory_design.paper_objective(x, y, mu=mu, profile=profile, rho=cal["rho"],
+                                                       convention="rollout-cost"))
+        finite[i] = float(theory_design.finite_budget_bound(
+            x * BATCH / y, BATCH / y, BATCH, budget=budget, mu=mu, profile=profile, rho=cal["rho"],
+            smoothness=cal["smoothness"], bias=cal["bias"], f0=cal["f0"], convention="rollout-cost").value)
+        null[i] = (mu / y + 1.0) / (mu + 1.0)  # Eq. (2): compute per update only
+    return {"paper_J": paper, "finite_budget": finite, "null": null}
+
+
+def _on_policy_small_values(designs: list[forgetting.Design], noise: dict) -> np.ndarray | None:
+    """0 at the smallest on-policy batch whose steps stay within twice on-policy's at B (others inf); None without
+    B_noise."""
+    b_noise = read_b_noise(noise)
+    if math.isnan(b_noise):
+        return None
+    small = np.full(len(designs), np.inf)
+    allowed = [i for i, d in enumerate(designs) if d.on_policy and (
+        math.isinf(b_noise) and d.batch == BATCH
+        or math.isfinite(b_noise) and 1 + b_noise / d.batch <= 2 * (1 + b_noise / BATCH))]
+    small[min(allowed, key=lambda i: designs[i].batch)] = 0.0
+    return small
+
+
 def objective_values(record: dict, mu: float, floor: float) -> dict[str, np.ndarray | None]:
     """Every objective's value on every design of the unit (lower = predicted cheaper; inf = not in its menu)."""
     designs = _designs_of(record)
-    noise, pilot, cal = record["noise"], record["pilot"], record["calibration"]
+    noise, pilot = record["noise"], record["pilot"]
     optimizer = record["optimizer"]
-    pinned = np.array([d.batch == BATCH for d in designs])
-    xy = [(d.x, d.y) for d in designs]
     kappa_pairs = (pilot.get("kappa_pairs") or {}).get("kappa")
     values: dict[str, np.ndarray | None] = {
         "forgetting": rule_values(designs, read_b_noise(noise), kappa_pairs, optimizer, mu, floor,
@@ -902,47 +955,10 @@ def objective_values(record: dict, mu: float, floor: float) -> dict[str, np.ndar
     if "exact_b_noise" in noise:
         values["forgetting_exact"] = rule_values(designs, read_b_noise(noise, True), pilot["kappa_exact"], optimizer,
                                                  mu, floor, forgetting.NO_STALENESS)
-    b = read_b_noise(noise) / BATCH
-    if not math.isnan(b):
-        ns = np.full(len(designs), np.inf)
-        for i, d in enumerate(designs):
-            if d.on_policy and d.batch == BATCH:
-                ns[i] = (1 + b) * (1 + mu) if math.isfinite(b) else 1 + mu
-            elif d.batch == BATCH and d.x == 1:
-                y = d.y
-                ns[i] = (float(noise_scale_lib.replay_cost(b, y, mu)) if math.isfinite(b)
-                         else (1 + y) * (1 + mu / y))
-        values["noise_scale"] = ns
-    else:
-        values["noise_scale"] = None
-    profile = TabulatedProfile(tuple(float(s) for s in cal["staleness"]),
-                               tuple(max(float(v), 1e-12) for v in cal["sigma_sq"]))
-    pilot_steps = design_steps_row(record, f"on-policy B={BATCH}")
-    budget = pilot_steps * (mu + 1) * BATCH
-    paper = np.full(len(designs), np.inf)
-    finite = np.full(len(designs), np.inf)
-    null = np.full(len(designs), np.inf)
-    for i, (x, y) in enumerate(xy):
-        if not pinned[i]:
-            continue
-        paper[i] = float(theory_design.paper_objective(x, y, mu=mu, profile=profile, rho=cal["rho"],
-                                                       convention="rollout-cost"))
-        finite[i] = float(theory_design.finite_budget_bound(
-            x * BATCH / y, BATCH / y, BATCH, budget=budget, mu=mu, profile=profile, rho=cal["rho"],
-            smoothness=cal["smoothness"], bias=cal["bias"], f0=cal["f0"], convention="rollout-cost").value)
-        null[i] = (mu / y + 1.0) / (mu + 1.0)  # Eq. (2): compute per update only
-    values.update(paper_J=paper, finite_budget=finite, null=null)
+    values["noise_scale"] = _noise_scale_values(designs, noise, mu)
+    values.update(_bound_values(record, designs, mu))
     values["on_policy"] = np.array([0.0 if (d.on_policy and d.batch == BATCH) else np.inf for d in designs])
-    small = np.full(len(designs), np.inf)
-    b_noise = read_b_noise(noise)
-    if not math.isnan(b_noise):
-        allowed = [i for i, d in enumerate(designs) if d.on_policy and (
-            math.isinf(b_noise) and d.batch == BATCH
-            or math.isfinite(b_noise) and 1 + b_noise / d.batch <= 2 * (1 + b_noise / BATCH))]
-        small[min(allowed, key=lambda i: designs[i].batch)] = 0.0
-        values["on_policy_small"] = small
-    else:
-        values["on_policy_small"] = None
+    values["on_policy_small"] = _on_policy_small_values(designs, noise)
     return values
 
 

@@ -981,12 +981,27 @@ def check_probe(config: SimConfig, staleness: tuple[int, ...], samples: int, max
                 reference_samples: int, noise_checkpoints: int = DEFAULT_NOISE_CHECKPOINTS,
                 noise_groups: int = DEFAULT_NOISE_GROUPS, kappa_pairs: int | None = None) -> None:
     """One-line ValueErrors (naming the argument) for a probe that cannot run; before any work."""
-    G = config.group_size
+    _check_staleness_probe(config.group_size, staleness, samples, max_gap)
+    _check_reference(config, reference, reference_samples)
+    first = max(max(staleness), max_gap) + 1
+    if config.steps <= first:
+        raise ValueError(f"steps must exceed max(largest staleness probed, max_gap) + 1 = {first}, "
+                         f"got {config.steps}")
+    _check_noise_and_kappa_probe(noise_checkpoints, noise_groups, kappa_pairs)
+
+
+def _check_staleness_probe(G: int, staleness: tuple[int, ...], samples: int, max_gap: int) -> None:
+    """The sigma^2(s) probe: the ages probed, the samples per age (whole groups of G) and the largest rho gap."""
     if not staleness or any(int(s) != s or s < 0 for s in staleness) or list(staleness) != sorted(set(staleness)):
         raise ValueError(f"staleness must be increasing integers >= 0, got {','.join(map(str, staleness))}")
     if samples < G or samples % G:
         raise ValueError(f"samples must be a multiple of group_size = {G}, got {samples}")
     require_integer("max_gap", max_gap, 1)
+
+
+def _check_reference(config: SimConfig, reference: str, reference_samples: int) -> None:
+    """The reference gradient: exact only where it can be enumerated; sampled from whole groups, two at least."""
+    G = config.group_size
     require_one_of("reference", reference, REFERENCES)
     problem = exact_gradient_problem(config.env, config.loss)
     if reference == "exact" and problem is not None:
@@ -995,10 +1010,10 @@ def check_probe(config: SimConfig, staleness: tuple[int, ...], samples: int, max
     if reference_samples < 2 * G or reference_samples % G:
         raise ValueError(f"reference_samples must be a multiple of group_size = {G} and >= {2 * G}, "
                          f"got {reference_samples}")
-    first = max(max(staleness), max_gap) + 1
-    if config.steps <= first:
-        raise ValueError(f"steps must exceed max(largest staleness probed, max_gap) + 1 = {first}, "
-                         f"got {config.steps}")
+
+
+def _check_noise_and_kappa_probe(noise_checkpoints: int, noise_groups: int, kappa_pairs: int | None) -> None:
+    """B_noise's checkpoints and groups, and kappa's curvature pairs (None: the env's default)."""
     require_integer("noise_checkpoints", noise_checkpoints, 1)
     require_integer("noise_groups", noise_groups, 2, note=" (prompt groups are the noise scale's units)")
     if kappa_pairs is not None:

@@ -187,6 +187,67 @@ def run(config: SimConfig, progress: Callable[[int], None] | None = None, observ
         return _run(config.validated(), progress, observer, on_step)
 
 
+@dataclass
+class _DriftMeter:
+    """KL(new || behav) between the policy and itself ``lag`` updates earlier, at each evaluation (measure_drift)."""
+
+    lags: list[int]
+    total: np.ndarray  # (S, lags)
+    n: np.ndarray  # (lags,)
+
+    @classmethod
+    def of(cls, config: SimConfig) -> _DriftMeter:
+        lags = [lag for lag in (1, 2, 4, 8, 16, 32) if lag < config.steps] if config.measure_drift else []
+        return cls(lags, np.zeros((config.seeds, len(lags))), np.zeros(len(lags)))
+
+    def add(self, env, history: list[np.ndarray]) -> None:
+        for j, lag in enumerate(self.lags):
+            if len(history) > lag:
+                exact = env.exact_divergences(history[-1], history[-1 - lag])
+                self.total[:, j] += exact["kl_new_behav"]
+                self.n[j] += 1
+
+    def result(self) -> dict:
+        return {"lags": np.asarray(self.lags), "kl_new_behav": self.total / np.maximum(self.n, 1)}
+
+
+def _record_training_batch(rec: Recorder, step: int, data: StepBatch, logp_new: np.ndarray, out: LossOutput):
+    """The step's batch statistics, loss metrics, fresh rewards and the design's curves; the fresh view it used."""
+    rec.record_batch(step, data, logp_new, out.metrics)
+    for name, value in out.metrics.items():
+        if name in Recorder.TOKEN_STATS or name == "ess_frac":
+            continue  # recorded by record_batch (ess_frac at sequence level)
+        rec.put(name, step, value)
+    rec.put("loss", step, out.loss)
+    fresh = data.fresh_view()  # (batch, keep): the responses generated this step
+    if fresh is not None:
+        batch, keep = fresh
+        n = np.maximum(keep.sum(axis=1), 1)  # (S,)
+        rec.put("reward", step, np.where(keep, batch.reward, 0.0).sum(axis=1) / n)
+        rec.put("accuracy_train", step, np.where(keep, batch.reward == 1.0, 0.0).sum(axis=1) / n)
+    for name, value in data.curves.items():
+        if not name.startswith("_"):  # "_" marks the design's internal per-step arrays
+            rec.put(name, step, value)
+    return fresh
+
+
+def _record_entropy(rec: Recorder, step: int, env, params: np.ndarray, data: StepBatch, fresh) -> None:
+    """Mean token entropy of the updated policy on the step's fresh responses (the whole batch when none are)."""
+    train = data.train
+    batch, keep = fresh if fresh is not None else (train, np.ones(train.prompt.shape, bool))
+    m = batch.mask & keep[:, :, None]
+    ent = env.token_entropy(params, batch.prompt, batch.tokens, batch.mask)
+    rec.put("entropy", step, np.where(m, ent, 0).sum(axis=(1, 2)) / np.maximum(m.sum(axis=(1, 2)), 1))
+
+
+def _record_exact_divergences(rec: Recorder, step: int, env, history: list[np.ndarray], stale_k: int) -> None:
+    """stale-k's exact divergences between the policy that scored the batch and the one that generated it."""
+    exact = env.exact_divergences(history[-2], history[max(step - stale_k, 0)])
+    for name, value in exact.items():
+        rec.put(f"exact_{name}", step, value)
+    rec.put("exact_ess_frac", step, np.exp(-exact["d2"]))  # ESS/n = e^{-D_2}, FreshPER Eqs. (5), (24)
+
+
 def _run(config: SimConfig, progress, observer, on_step) -> RunResult:
     S = config.seeds
     rng = PerSeedGenerator(config.seed, S)
@@ -196,9 +257,7 @@ def _run(config: SimConfig, progress, observer, on_step) -> RunResult:
     rec = Recorder(S, config.steps)
     history = [params.copy()]  # params before each update, for staleness-exact divergences
     eval_steps, evals = [], defaultdict(list)
-    drift_lags = [lag for lag in (1, 2, 4, 8, 16, 32) if lag < config.steps] if config.measure_drift else []
-    drift_sum = np.zeros((S, len(drift_lags)))
-    drift_n = np.zeros(len(drift_lags))
+    drift = _DriftMeter.of(config)
     pipeline = Pipeline(config, EnvBackend(env, rng), rng, S, config.pipeline_settings())
 
     for step in range(config.steps):
@@ -210,21 +269,7 @@ def _run(config: SimConfig, progress, observer, on_step) -> RunResult:
         grad = env.grad_logp_contract(params, train.prompt, train.tokens, train.mask, coef)  # (S, d)
         if on_step is not None:
             on_step(StepView(step, data, params, logp_new, out, grad, optimizer))
-        rec.record_batch(step, data, logp_new, out.metrics)
-        for name, value in out.metrics.items():
-            if name in Recorder.TOKEN_STATS or name == "ess_frac":
-                continue  # recorded by record_batch (ess_frac at sequence level)
-            rec.put(name, step, value)
-        rec.put("loss", step, out.loss)
-        fresh = data.fresh_view()  # (batch, keep): the responses generated this step
-        if fresh is not None:
-            batch, keep = fresh
-            n = np.maximum(keep.sum(axis=1), 1)  # (S,)
-            rec.put("reward", step, np.where(keep, batch.reward, 0.0).sum(axis=1) / n)
-            rec.put("accuracy_train", step, np.where(keep, batch.reward == 1.0, 0.0).sum(axis=1) / n)
-        for name, value in data.curves.items():
-            if not name.startswith("_"):  # "_" marks the design's internal per-step arrays
-                rec.put(name, step, value)
+        fresh = _record_training_batch(rec, step, data, logp_new, out)
         rec.put("compute", step, pipeline.account(data))
 
         params = optimizer.step(params, grad)
@@ -236,21 +281,10 @@ def _run(config: SimConfig, progress, observer, on_step) -> RunResult:
             for name, value in env.evaluate(params).items():
                 evals[name].append(value)
             eval_steps.append(step + 1)
-            batch, keep = fresh if fresh is not None else (train, np.ones(train.prompt.shape, bool))
-            m = batch.mask & keep[:, :, None]
-            ent = env.token_entropy(params, batch.prompt, batch.tokens, batch.mask)
-            rec.put("entropy", step, np.where(m, ent, 0).sum(axis=(1, 2)) / np.maximum(m.sum(axis=(1, 2)), 1))
+            _record_entropy(rec, step, env, params, data, fresh)
             if config.buffer == "stale-k" and step >= config.stale_k:
-                # exact divergences between the policy that scored the batch and the one that generated it
-                exact = env.exact_divergences(history[-2], history[max(step - config.stale_k, 0)])
-                for name, value in exact.items():
-                    rec.put(f"exact_{name}", step, value)
-                rec.put("exact_ess_frac", step, np.exp(-exact["d2"]))  # ESS/n = e^{-D_2}, FreshPER Eqs. (5), (24)
-            for j, lag in enumerate(drift_lags):
-                if len(history) > lag:
-                    exact = env.exact_divergences(history[-1], history[-1 - lag])
-                    drift_sum[:, j] += exact["kl_new_behav"]
-                    drift_n[j] += 1
+                _record_exact_divergences(rec, step, env, history, config.stale_k)
+            drift.add(env, history)
         if observer is not None:
             observer(step=step, params=params, history=history, buffer=pipeline.buffer, env=env)
         if progress is not None:
@@ -258,7 +292,6 @@ def _run(config: SimConfig, progress, observer, on_step) -> RunResult:
 
     counts = {**pipeline.counts(), **difficulty_gains(env, history[0], params)}
     ess_by_age = {edge: rec.ess_age_sum[edge] / rec.ess_age_n[edge] for edge in sorted(rec.ess_age_n)}
-    drift = {"lags": np.asarray(drift_lags), "kl_new_behav": drift_sum / np.maximum(drift_n, 1)}
     return RunResult(
         config=config,
         curves=rec.curves,
@@ -268,6 +301,6 @@ def _run(config: SimConfig, progress, observer, on_step) -> RunResult:
         replay_counts=pipeline.evicted_use_counts(),
         time_since_last_use_counts=rec.usage.time_since_last_use_counts,
         ess_by_age=ess_by_age,
-        drift=drift,
+        drift=drift.result(),
         counts=counts,
     )

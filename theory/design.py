@@ -473,62 +473,78 @@ def describe_regime(regime: str, *, x: float, y: float, mu_rollout: float,
     raise invalid("regime", one_of(REGIMES), regime)
 
 
-def optimal_design(query: DesignQuery) -> Design:
-    """Thm 3.5 turned into advice: (x*, y*), the regime, integer N and B, W/T and gamma."""
-    query = query.validated()
-    mu_sec3 = float(mu_sec3_of(query.mu, query.convention))
-    mu_rollout = query.mu if query.convention == "rollout-cost" else 1.0 / query.mu
-    notes: list[str] = []
+@dataclass(frozen=True)
+class _FreeOptimum:
+    """The bound's minimiser (x, y) before the feasibility clamp, how it was found, and the regime it implies."""
 
-    constraint = None
-    if query.profile is None:
-        alpha = DEFAULT_ALPHA if query.alpha is None else query.alpha
-        rho = DEFAULT_RHO if query.rho is None else query.rho
-        x_free, y_free = power_law_optimum(mu_sec3, alpha, rho)
-        method = "closed form (power law, App. C.3.2)"
-        profile_text = f"power law sigma(s) = (s/tau)^{alpha:g}"
-        if alpha >= 0.5:
-            regime = "on-policy"
-            constraint = ("alpha >= 1/2: the bound grows with the horizon and its infimum is at x -> 0 (N < R, "
-                          "infeasible); clamped to the on-policy corner x = y = 1")
-        elif alpha == 0.0:
-            regime = "unbounded"
-            notes.append("alpha = 0: staleness costs nothing in this model, "
-                         "so the buffer should be as large as possible")
-        elif x_free < 1.0:
-            regime = "on-policy"
-            constraint = (f"x* = {x_free:.3g} < 1 would mean N < R (infeasible); clamped to the on-policy corner "
-                          f"x = y = 1 (at x = 1 the bound alone would pick y = "
-                          f"{float(y_star_given_x(1.0, mu_sec3, rho)):.3g})")
-        else:
-            regime = classify_regime(x_free, y_free)
+    alpha: float | None
+    rho: float
+    x: float
+    y: float
+    method: str
+    profile_text: str
+    regime: str
+    constraint: str | None
+    note: str | None
+
+
+def _power_law_free_optimum(query: DesignQuery, mu_sec3: float) -> _FreeOptimum:
+    """App. C.3.2's closed form for sigma(s) = (s/tau)^alpha; alpha >= 1/2 or x* < 1 fall to the on-policy corner."""
+    alpha = DEFAULT_ALPHA if query.alpha is None else query.alpha
+    rho = DEFAULT_RHO if query.rho is None else query.rho
+    x_free, y_free = power_law_optimum(mu_sec3, alpha, rho)
+    constraint = note = None
+    if alpha >= 0.5:
+        regime = "on-policy"
+        constraint = ("alpha >= 1/2: the bound grows with the horizon and its infimum is at x -> 0 (N < R, "
+                      "infeasible); clamped to the on-policy corner x = y = 1")
+    elif alpha == 0.0:
+        regime = "unbounded"
+        note = "alpha = 0: staleness costs nothing in this model, so the buffer should be as large as possible"
+    elif x_free < 1.0:
+        regime = "on-policy"
+        constraint = (f"x* = {x_free:.3g} < 1 would mean N < R (infeasible); clamped to the on-policy corner "
+                      f"x = y = 1 (at x = 1 the bound alone would pick y = "
+                      f"{float(y_star_given_x(1.0, mu_sec3, rho)):.3g})")
     else:
-        alpha = None
-        rho_source = query.rho if query.rho is not None else query.profile_rho
-        rho = DEFAULT_RHO if rho_source is None else rho_source
-        optimum = numeric_optimum(query.profile, mu_sec3, rho, average=query.average)
-        x_free, y_free = optimum.x_star, optimum.y_star
-        method = f"numerical minimisation of I(x) ({query.average} average of sigma^2)"
-        profile_text = query.profile_description or type(query.profile).__name__
-        if optimum.at_lower_edge:
-            regime = "on-policy"
-            constraint = (f"I(x) is smallest at the shortest horizon x = N/R = 1; clamped to the on-policy corner "
-                          f"x = y = 1 (at x = 1 the bound alone would pick y = {y_free:.3g})")
-        elif optimum.at_upper_edge:
-            regime = "unbounded"
-            notes.append(f"I(x) still falls at the largest horizon considered (x = {x_free:.4g}): "
-                         "the buffer should be as large as the profile allows; measure further out")
-        else:
-            regime = classify_regime(x_free, y_free)
+        regime = classify_regime(x_free, y_free)
+    return _FreeOptimum(alpha, rho, x_free, y_free, "closed form (power law, App. C.3.2)",
+                        f"power law sigma(s) = (s/tau)^{alpha:g}", regime, constraint, note)
 
-    if regime == "on-policy":
-        x_star, y_star = 1.0, 1.0
-        notes.append("on-policy: each rollout used once, N = B = R, W/T = rollout-cost mu, gamma = 1")
-    elif regime == "unbounded":
-        x_star, y_star = math.inf, (y_free if query.profile is None else float(y_star_given_x(math.inf, mu_sec3, rho)))
+
+def _profile_free_optimum(query: DesignQuery, mu_sec3: float) -> _FreeOptimum:
+    """I(x) minimised numerically over the measured profile; an optimum at either edge of its horizons is a corner."""
+    rho_source = query.rho if query.rho is not None else query.profile_rho
+    rho = DEFAULT_RHO if rho_source is None else rho_source
+    optimum = numeric_optimum(query.profile, mu_sec3, rho, average=query.average)
+    x_free, y_free = optimum.x_star, optimum.y_star
+    constraint = note = None
+    if optimum.at_lower_edge:
+        regime = "on-policy"
+        constraint = (f"I(x) is smallest at the shortest horizon x = N/R = 1; clamped to the on-policy corner "
+                      f"x = y = 1 (at x = 1 the bound alone would pick y = {y_free:.3g})")
+    elif optimum.at_upper_edge:
+        regime = "unbounded"
+        note = (f"I(x) still falls at the largest horizon considered (x = {x_free:.4g}): "
+                "the buffer should be as large as the profile allows; measure further out")
     else:
-        x_star, y_star = x_free, y_free
+        regime = classify_regime(x_free, y_free)
+    return _FreeOptimum(None, rho, x_free, y_free,
+                        f"numerical minimisation of I(x) ({query.average} average of sigma^2)",
+                        query.profile_description or type(query.profile).__name__, regime, constraint, note)
 
+
+def _clamped_optimum(free: _FreeOptimum, query: DesignQuery, mu_sec3: float) -> tuple[float, float]:
+    """(x*, y*): the on-policy corner x = y = 1, an infinite horizon (Eq. (5)'s y* at x -> inf), or the free optimum."""
+    if free.regime == "on-policy":
+        return 1.0, 1.0
+    if free.regime == "unbounded":
+        return math.inf, (free.y if query.profile is None else float(y_star_given_x(math.inf, mu_sec3, free.rho)))
+    return free.x, free.y
+
+
+def _integer_sizes(query: DesignQuery, x_star: float, y_star: float) -> tuple[int | None, int | None, int | None]:
+    """(R, N, B) rounded from (x*, y*) at the user's R or B; None where neither fixes the scale."""
     R = query.rollouts_per_step
     N = B = None
     if query.batch_size is not None and math.isfinite(y_star):
@@ -537,13 +553,30 @@ def optimal_design(query: DesignQuery) -> Design:
         B = (query.batch_size if query.batch_size is not None
              else (max(1, round(y_star * R)) if math.isfinite(y_star) else None))
         N = max(R, round(x_star * R)) if math.isfinite(x_star) else None
+    return R, N, B
 
-    realised_y = (B / R) if (B is not None and R is not None) else y_star
-    if math.isfinite(realised_y) and realised_y > 0:
-        wpt = mu_rollout / realised_y  # W/T = mu / y, rollout-cost meaning
-        gamma = float(compute_ratio_from_split_ratio(wpt, mu_rollout))  # Eq. (2)
-    else:
-        wpt = gamma = None
+
+def _worker_split(mu_rollout: float, y: float) -> tuple[float | None, float | None]:
+    """(W/T, gamma) at replay ratio y; None for both where y is not a positive number."""
+    if not (math.isfinite(y) and y > 0):
+        return None, None
+    wpt = mu_rollout / y  # W/T = mu / y, rollout-cost meaning
+    return wpt, float(compute_ratio_from_split_ratio(wpt, mu_rollout))  # Eq. (2)
+
+
+def optimal_design(query: DesignQuery) -> Design:
+    """Thm 3.5 turned into advice: (x*, y*), the regime, integer N and B, W/T and gamma."""
+    query = query.validated()
+    mu_sec3 = float(mu_sec3_of(query.mu, query.convention))
+    mu_rollout = query.mu if query.convention == "rollout-cost" else 1.0 / query.mu
+    free = _power_law_free_optimum(query, mu_sec3) if query.profile is None else _profile_free_optimum(query, mu_sec3)
+    notes = [] if free.note is None else [free.note]
+    regime = free.regime
+    x_star, y_star = _clamped_optimum(free, query, mu_sec3)
+    if regime == "on-policy":
+        notes.append("on-policy: each rollout used once, N = B = R, W/T = rollout-cost mu, gamma = 1")
+    R, N, B = _integer_sizes(query, x_star, y_star)
+    wpt, gamma = _worker_split(mu_rollout, (B / R) if (B is not None and R is not None) else y_star)
     text, advice = describe_regime(regime, x=x_star, y=y_star, mu_rollout=mu_rollout, gamma=gamma)
     if query.convention == "paper-sec3":
         notes.append(f"paper-sec3 reads mu = {query.mu:g} as update cost / rollout cost, "
@@ -554,14 +587,14 @@ def optimal_design(query: DesignQuery) -> Design:
         convention=query.convention,
         mu_rollout_cost=mu_rollout,
         mu_sec3=mu_sec3,
-        alpha=alpha,
-        rho=rho,
-        profile=profile_text,
-        method=method,
+        alpha=free.alpha,
+        rho=free.rho,
+        profile=free.profile_text,
+        method=free.method,
         x_star=x_star,
         y_star=y_star,
-        x_star_unconstrained=x_free,
-        y_star_unconstrained=y_free,
+        x_star_unconstrained=free.x,
+        y_star_unconstrained=free.y,
         regime=regime,
         rollouts_per_step=R,
         capacity=N,
@@ -571,7 +604,7 @@ def optimal_design(query: DesignQuery) -> Design:
         notes=notes,
         regime_text=text,
         advice=advice,
-        constraint=constraint,
+        constraint=free.constraint,
         objective="paper-J",
     )
 
@@ -888,6 +921,64 @@ def _search_integer_design(score, fixed: int, free_lo: int, free_hi: int, x_max:
     return int(round(best_design[0])), int(round(best_design[1])), int(round(best_design[2]))
 
 
+def _fixed_scale(batch_size: int | None, rollouts_per_step: int | None) -> tuple[int, bool]:
+    """(the fixed one of B and R, whether it is B): a finite budget needs exactly one of them."""
+    if (batch_size is None) == (rollouts_per_step is None):
+        raise ValueError("a finite budget needs exactly one of batch-size and rollouts-per-step: the bound "
+                         "prefers the smallest batch at any budget, so the scale must be fixed")
+    batch_fixed = batch_size is not None
+    fixed = batch_size if batch_fixed else rollouts_per_step
+    return int(require_int("batch-size" if batch_fixed else "rollouts-per-step", fixed, 1)), batch_fixed
+
+
+def _horizon_limit(profile: Profile, x_max: float | None) -> float:
+    """The largest horizon x = N/R searched: ``x_max``, else the profile's last measured staleness, else 1e4."""
+    upper = profile.max_staleness if x_max is None else x_max
+    if not math.isfinite(upper):
+        upper = 1e4
+    require_in_range("x_max", upper, 1.0, math.inf)
+    return upper
+
+
+def _free_range(fixed: int, batch_fixed: bool, min_replay_ratio: float, max_replay_ratio: float) -> tuple[int, int]:
+    """The range of the free one of R and B that keeps y = B/R in [min_replay_ratio, max_replay_ratio]."""
+    if batch_fixed:  # y = B/R: R in [B / max_y, B / min_y]
+        return max(1, math.ceil(fixed / max_replay_ratio)), max(1, math.floor(fixed / min_replay_ratio))
+    return max(1, math.ceil(fixed * min_replay_ratio)), max(1, math.floor(fixed * max_replay_ratio))  # B in R y
+
+
+def _require_affordable(budget: float, fixed: int, free_lo: int, batch_fixed: bool, mu: float,
+                        convention: str) -> None:
+    """The budget pays for at least one update of the cheapest design searched."""
+    cheapest = (_cost_per_update(None, np.asarray(1.0), np.asarray(float(fixed)), mu, convention) if batch_fixed
+                else _cost_per_update(None, np.asarray(float(fixed)), np.asarray(float(free_lo)), mu, convention))
+    if budget < float(cheapest):
+        raise ValueError(f"budget must be >= {float(cheapest):g}, the cost of one update of the cheapest design "
+                         f"in the search, got {budget:g}")
+
+
+def _search_edge_notes(y: float, upper: float, at_upper: bool, y_lo: float, y_hi: float) -> list[str]:
+    """Notes for a design at the edge of the horizons or replay ratios searched (the optimum may lie beyond)."""
+    notes = []
+    if at_upper:
+        notes.append(f"the bound still falls at the largest horizon searched (x = {upper:g}); "
+                     "measure sigma^2(s) further out")
+    if y <= y_lo * (1 + 1e-12) or y >= y_hi * (1 - 1e-12):
+        notes.append(f"y = {y:.4g} is at the edge of the replay ratios searched [{y_lo:.4g}, {y_hi:.4g}]")
+    return notes
+
+
+def _budget_regime_note(result: FiniteBudgetBound, terms: dict) -> str:
+    """Step-limited (eta* at its cap eta_max, 12 F0/(eta T) dominates) or noise-limited, in words."""
+    if terms["step_limited"]:
+        share = terms["optimization"] / float(result.value)
+        return (f"step-limited: the step size sits at its cap eta_max = {terms['eta_max']:.3g} "
+                f"(unconstrained eta* = {terms['eta_unconstrained']:.3g}); 12 F0/(eta T) is {share:.0%} of "
+                "the bound, which falls like 1/T, so cheaper updates (more per unit compute) win")
+    return (f"noise-limited: eta* = {float(result.eta):.3g} is below its cap "
+            f"{terms['eta_max']:.3g}; as the budget grows the design tends to the paper's J optimum")
+
+
 def finite_budget_design(
     *,
     budget: float,
@@ -917,33 +1008,17 @@ def finite_budget_design(
     noise-limited, and compared with the paper's J optimum at the same fixed B or R.
     """
     _check_budget_inputs(budget, mu, rho, smoothness, bias, f0, convention)
-    if (batch_size is None) == (rollouts_per_step is None):
-        raise ValueError("a finite budget needs exactly one of batch-size and rollouts-per-step: the bound "
-                         "prefers the smallest batch at any budget, so the scale must be fixed")
-    fixed = batch_size if batch_size is not None else rollouts_per_step
-    fixed = int(require_int("batch-size" if batch_size is not None else "rollouts-per-step", fixed, 1))
+    fixed, batch_fixed = _fixed_scale(batch_size, rollouts_per_step)
     require_positive("min_replay_ratio", min_replay_ratio)
     if not max_replay_ratio > min_replay_ratio:
         raise ValueError(f"max_replay_ratio must be > min_replay_ratio = {min_replay_ratio:g}")
     require_one_of("average", average, AVERAGES)
-    upper = profile.max_staleness if x_max is None else x_max
-    if not math.isfinite(upper):
-        upper = 1e4
-    require_in_range("x_max", upper, 1.0, math.inf)
-    batch_fixed = batch_size is not None
-    if batch_fixed:  # y = B/R: R in [B / max_y, B / min_y]
-        free_lo, free_hi = max(1, math.ceil(fixed / max_replay_ratio)), max(1, math.floor(fixed / min_replay_ratio))
-    else:  # B in [R min_y, R max_y]
-        free_lo, free_hi = max(1, math.ceil(fixed * min_replay_ratio)), max(1, math.floor(fixed * max_replay_ratio))
+    upper = _horizon_limit(profile, x_max)
+    free_lo, free_hi = _free_range(fixed, batch_fixed, min_replay_ratio, max_replay_ratio)
     kwargs = dict(budget=budget, mu=mu, profile=profile, rho=rho, smoothness=smoothness, bias=bias, f0=f0,
                   convention=convention, average=average)
     discrete = average == "discrete"
-
-    cheapest = (_cost_per_update(None, np.asarray(1.0), np.asarray(float(fixed)), mu, convention) if batch_fixed
-                else _cost_per_update(None, np.asarray(float(fixed)), np.asarray(float(free_lo)), mu, convention))
-    if budget < float(cheapest):
-        raise ValueError(f"budget must be >= {float(cheapest):g}, the cost of one update of the cheapest design "
-                         f"in the search, got {budget:g}")
+    _require_affordable(budget, fixed, free_lo, batch_fixed, mu, convention)
 
     def bound_score(N, R, B):
         return finite_budget_bound(N, R, B, **kwargs).value
@@ -961,26 +1036,13 @@ def finite_budget_design(
     mu_sec3 = float(mu_sec3_of(mu, convention))
     mu_rollout = float(rollout_mu_of_convention(mu, convention))
     x, y = N / R, B / R
-    notes: list[str] = []
     at_upper = x >= upper * (1 - 1e-9) - 1.0 / R
     regime = classify_regime(x, y, unbounded=at_upper)
-    if at_upper:
-        notes.append(f"the bound still falls at the largest horizon searched (x = {upper:g}); "
-                     "measure sigma^2(s) further out")
     y_lo, y_hi = (fixed / free_hi, fixed / free_lo) if batch_fixed else (free_lo / fixed, free_hi / fixed)
-    if y <= y_lo * (1 + 1e-12) or y >= y_hi * (1 - 1e-12):
-        notes.append(f"y = {y:.4g} is at the edge of the replay ratios searched [{y_lo:.4g}, {y_hi:.4g}]")
+    notes = _search_edge_notes(y, upper, at_upper, y_lo, y_hi)
     terms = {k: (bool(v) if k == "step_limited" else float(v)) for k, v in result.terms.items()}
-    step_limited = terms["step_limited"]
-    budget_regime = "step-limited" if step_limited else "noise-limited"
-    share = terms["optimization"] / float(result.value)
-    if step_limited:
-        notes.append(f"step-limited: the step size sits at its cap eta_max = {terms['eta_max']:.3g} "
-                     f"(unconstrained eta* = {terms['eta_unconstrained']:.3g}); 12 F0/(eta T) is {share:.0%} of "
-                     "the bound, which falls like 1/T, so cheaper updates (more per unit compute) win")
-    else:
-        notes.append(f"noise-limited: eta* = {float(result.eta):.3g} is below its cap "
-                     f"{terms['eta_max']:.3g}; as the budget grows the design tends to the paper's J optimum")
+    budget_regime = "step-limited" if terms["step_limited"] else "noise-limited"
+    notes.append(_budget_regime_note(result, terms))
     wpt = mu_rollout / y
     gamma = float(compute_ratio_from_split_ratio(wpt, mu_rollout))
     text, advice = describe_regime(regime, x=x, y=y, mu_rollout=mu_rollout, gamma=gamma)

@@ -36,7 +36,9 @@ mu max(R, R_floor) + B; steps relative to S_min.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -551,6 +553,21 @@ def whole_design(b_noise: float, batch: int, mu: float, memory: Memory | None, *
     factor 2 with x over 1, 2, 3, 4, 6, 8, 11, 16, ... up to ``max_horizon``, then around the best at 16 per factor
     2 (every whole group when they are fewer) with every x within a factor sqrt(2).
     """
+    max_batch = _checked_max_batch(b_noise, batch, group_size, max_steps_ratio, max_horizon, max_batch)
+    score = partial(predict_many, b_noise=b_noise, mu=mu, memory=memory, staleness=staleness, floor=floor)
+    ref = predict(Design.on_policy_at(batch), b_noise, mu, memory, staleness, floor)
+    cap = max_steps_ratio * ref.steps
+    groups = np.arange(group_size, max_batch + 1, group_size)
+    best_on = _cheapest_on_policy(groups, ref, cap, score)
+    best_replay = _cheapest_replay(groups, group_size, max_horizon, cap, score)
+    y_l, thr = loosest_equal_steps(mu)
+    return WholeDesign(ref, best_on, best_replay, _winner(best_replay, best_on, batch), float(max_steps_ratio),
+                       float(thr), float(y_l))
+
+
+def _checked_max_batch(b_noise: float, batch: int, group_size: int, max_steps_ratio: float, max_horizon: int,
+                       max_batch: int | None) -> int:
+    """``whole_design``'s inputs checked; the largest batch searched (default 4 B)."""
     require_positive("noise scale B_noise", b_noise)
     require_int("batch size B", batch, 1)
     require_int("group size", group_size, 1)
@@ -560,37 +577,44 @@ def whole_design(b_noise: float, batch: int, mu: float, memory: Memory | None, *
     require_int("max horizon", max_horizon, 1)
     max_batch = int(4 * batch if max_batch is None else max_batch)
     require_int("max batch", max_batch, group_size)
-    ref = predict(Design.on_policy_at(batch), b_noise, mu, memory, staleness, floor)
-    cap = max_steps_ratio * ref.steps
-    groups = np.arange(group_size, max_batch + 1, group_size)
-    ons = predict_many([Design.on_policy_at(int(v)) for v in groups], b_noise, mu, memory, staleness, floor)
+    return max_batch
+
+
+def _cheapest_on_policy(groups: np.ndarray, ref: Prediction, cap: float,
+                        score: Callable[[list[Design]], list[Prediction]]) -> Prediction:
+    """The cheapest on-policy batch within the steps cap; the user's B (``ref``) when none is cheaper."""
+    ons = score([Design.on_policy_at(int(v)) for v in groups])
     best_on = min((p for p in ons if p.steps <= cap), key=lambda p: p.compute, default=ref)
-    if ref.compute <= best_on.compute:
-        best_on = ref
-    # replay, coarse to fine: (B', R) 4 per octave and the horizons, then every whole group within one coarse step
-    # of the best (B', R) with the horizons around its x
-    horizons = _horizons(max_horizon)
+    return ref if ref.compute <= best_on.compute else best_on
+
+
+def _cheapest_replay(groups: np.ndarray, group_size: int, max_horizon: int, cap: float,
+                     score: Callable[[list[Design]], list[Prediction]]) -> Prediction | None:
+    """The cheapest replay design within the steps cap, coarse to fine: (B', R) 4 per octave and the horizons, then
+    every whole group within one coarse step of the best (B', R) with the horizons around its x."""
     coarse = [Design(int(bb), int(rr), int(rr) * x) for bb in _log_subset(groups, 4)
               for rr in _log_subset(np.arange(group_size, int(bb) + 1, group_size), 4)
-              for x in horizons if not (rr == bb and x == 1)]
-    best_replay = _cheapest(predict_many(coarse, b_noise, mu, memory, staleness, floor), cap)
-    if best_replay is not None:
-        d = best_replay.design
-        near_b = groups[(groups >= d.batch / 2 ** 0.25) & (groups <= d.batch * 2 ** 0.25)]
-        near_x = [x for x in range(1, max_horizon + 1) if d.x / 2 ** 0.5 <= x <= d.x * 2 ** 0.5]
-        fine = [Design(int(bb), int(rr), int(rr) * x) for bb in _log_subset(near_b, 16)
-                for rr in _log_subset(groups[(groups >= d.rollouts / 2 ** 0.25) & (groups <= min(
-                    d.rollouts * 2 ** 0.25, bb))], 16)
-                for x in near_x if not (rr == bb and x == 1)]
-        best_replay = _cheapest(predict_many(fine, b_noise, mu, memory, staleness, floor) + [best_replay], cap)
-    y_l, thr = loosest_equal_steps(mu)
+              for x in _horizons(max_horizon) if not (rr == bb and x == 1)]
+    best_replay = _cheapest(score(coarse), cap)
+    if best_replay is None:
+        return None
+    d = best_replay.design
+    near_b = groups[(groups >= d.batch / 2 ** 0.25) & (groups <= d.batch * 2 ** 0.25)]
+    near_x = [x for x in range(1, max_horizon + 1) if d.x / 2 ** 0.5 <= x <= d.x * 2 ** 0.5]
+    fine = [Design(int(bb), int(rr), int(rr) * x) for bb in _log_subset(near_b, 16)
+            for rr in _log_subset(groups[(groups >= d.rollouts / 2 ** 0.25) & (groups <= min(
+                d.rollouts * 2 ** 0.25, bb))], 16)
+            for x in near_x if not (rr == bb and x == 1)]
+    return _cheapest(score(fine) + [best_replay], cap)
+
+
+def _winner(best_replay: Prediction | None, best_on: Prediction, batch: int) -> str:
+    """Which of ``WholeDesign``'s answers wins on compute, in words."""
     if best_replay is not None and best_replay.compute < best_on.compute:
-        winner = "replay"
-    elif best_on.design.batch == batch:
-        winner = "on-policy at B"
-    else:
-        winner = "on-policy (smaller batch)" if best_on.design.batch < batch else "on-policy (larger batch)"
-    return WholeDesign(ref, best_on, best_replay, winner, float(max_steps_ratio), float(thr), float(y_l))
+        return "replay"
+    if best_on.design.batch == batch:
+        return "on-policy at B"
+    return "on-policy (smaller batch)" if best_on.design.batch < batch else "on-policy (larger batch)"
 
 
 def _cheapest(predictions: list[Prediction], cap: float) -> Prediction | None:
