@@ -1,26 +1,8 @@
 """The ``replay-theory`` command line: the root app, ``--version``, lazy command loading and the one error handler.
 
-Paper: experience-replay (docs/REFERENCES.md) and the replay designs it is compared with. Commands live
-in one module per family, each with ``register(app)`` so it can be loaded and tested on its own:
-
-| module                  | commands                                                    |
-|-------------------------|-------------------------------------------------------------|
-| ``cli/theory_cmds.py``  | optimal (the whole design; Thm 3.5 too), gamma (Eq. 2), derive |
-| ``cli/simulate_cmds.py``| simulate, calibrate-simulator, sweep, experiment            |
-| ``cli/validate_cmds.py``| validate calibrate-model / predict / verify / all           |
-| ``cli/figures_cmds.py`` | figures                                                     |
-| ``cli/diagnose_cmds.py``| diagnose                                                    |
-| ``cli/calibrate_log_cmds.py`` | calibrate --from-log (mu and sigma^2(s) from a run's log) |
-| ``cli/trl_cmds.py``     | trl-replay (TRL's GRPOTrainer with the replay buffer)       |
-
-Commands are registered lazily (``COMMANDS``, ``LazyGroup``): the root help is written from the table, and a
-command's module is imported only when that command runs or shows its own help, so ``replay-theory optimal``
-loads typer, numpy and the theory modules it uses, not the simulator, the experiments or diagnose
-(bench/bench_optimal_startup.py measures it; tests/integration/test_cli_lazy.py checks the imported module set). Heavy
-optional dependencies (sympy, matplotlib, torch, transformers, pyarrow) are imported inside the commands that need them.
-
-Bad input never shows a traceback: ``main`` prints one line naming the option and its valid range
-and exits with code 2.
+Each command family is a module with ``register(app)``; ``COMMANDS`` says which, and a family is imported only when
+one of its commands runs or shows its help (tests/integration/test_cli_lazy.py). Bad input is one line naming the
+option and its valid range, exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -83,9 +65,9 @@ COMMANDS: dict[str, Entry] = {
                                        "the validate extra)."),
 }
 
-# Valid ranges shown when typer rejects a value before the commands' own checks run, by parameter name: the
-# ``VALID_RANGES`` tables of these families, read when an error needs them (``valid_range``).
-RANGE_FAMILIES = ("theory_cmds", "simulate_cmds")
+# Families whose ``VALID_RANGES`` table (parameter name -> valid range) gives the hint when typer rejects a value of
+# an option not built from a config field (``valid_range``).
+RANGE_FAMILIES = ("theory_cmds",)
 
 # rich_markup_mode=None: click's plain help, option and metavar on the left, the text wrapped beside it in all the
 # width left (48 of 80 columns). typer's rich panels give the text 22 of 80 columns (optimal's help ran to 100
@@ -184,12 +166,14 @@ def root(
     help_without_command(ctx)
 
 
-def valid_range(name: str) -> Optional[str]:
-    """The valid range of the parameter ``name`` as the families in ``RANGE_FAMILIES`` state it (None if none
-    does), read when an input error needs it. The tables share no name (tests/integration/test_cli_lazy.py), so the
-    first one that has it gives the merged answer and an error in ``optimal`` imports theory_cmds only."""
+def valid_range(name: str, command=None) -> Optional[str]:
+    """The valid range of the parameter ``name``: its field's (``command``'s ``valid_ranges``, set by
+    cli/config_options.py), else the first of the ``RANGE_FAMILIES`` tables that has it (None if none does)."""
+    ranges = getattr(getattr(command, "callback", None), "valid_ranges", {})
+    if name in ranges:
+        return ranges[name]
     for module in RANGE_FAMILIES:
-        ranges = importlib.import_module(f".{module}", __package__).VALID_RANGES
+        ranges = getattr(importlib.import_module(f".{module}", __package__), "VALID_RANGES", {})
         if name in ranges:
             return ranges[name]
     return None
@@ -210,8 +194,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     try:
         result = app(args=args, prog_name=PROG, standalone_mode=False)
     except typer.BadParameter as err:
-        param = getattr(err, "param", None)
-        hint = valid_range(getattr(param, "name", None) or "")
+        param, ctx = getattr(err, "param", None), getattr(err, "ctx", None)
+        hint = valid_range(getattr(param, "name", None) or "", getattr(ctx, "command", None))
         _fail(err.format_message() + (f" (valid: {hint})" if hint else ""))
     except typer.TyperException as err:  # every usage error typer/click raises (unknown option, missing value)
         _fail(err.format_message())

@@ -27,7 +27,7 @@ OPTIONS = {name: ("--" + name.replace("_", "-"),) for name in ("preset", "column
 OPTION_OF_FIELD = {"path": "--from-log", **{name: names[0] for name, names in OPTIONS.items()}}
 
 
-@with_field_options(CalibrateLogConfig, OPTIONS)
+@with_field_options((CalibrateLogConfig, OPTIONS))
 def calibrate_command(
     typed: dict,
     from_log: Annotated[Optional[Path], typer.Option("--from-log", help="Exported diagnose log (Parquet, CSV or JSON "

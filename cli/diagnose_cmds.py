@@ -96,7 +96,7 @@ def _write_and_print(report: dict, save: Optional[Path], figure: Optional[Path],
         typer.echo(f"report: {save}")
 
 
-@with_field_options(DiagnoseConfig, OPTIONS)
+@with_field_options((DiagnoseConfig, OPTIONS))
 def diagnose_command(
     typed: dict,
     log: Annotated[Optional[Path], typer.Argument(metavar="LOG", help="Log file: Parquet, CSV or JSON lines (see "

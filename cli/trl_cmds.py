@@ -18,7 +18,7 @@ import typer
 from .. import install_hint
 from ..integrations.trl_run import CACHE_ENV, TrlRunConfig, check_out_dir, default_cache_dir
 from .common import on_ctrl_c
-from .config_options import with_dataclass_options
+from .config_options import with_field_options
 
 OutOption = Annotated[Path, typer.Option(
     "--out", help="New (or empty) run directory: rollouts.parquet, run.json, trainer_log.jsonl (TRL's per-step "
@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
     app.command("trl-replay")(trl_replay)
 
 
-@with_dataclass_options(TrlRunConfig)
+@with_field_options(TrlRunConfig)
 def trl_replay(fields: dict[str, Any], out: OutOption, no_progress: NoProgressOption = False,
                cache_dir: CacheDirOption = None) -> None:
     """Run TRL's GRPOTrainer with the replay buffer (N, B, R from --design or by hand) on Countdown; writes the

@@ -74,13 +74,19 @@ def test_root_help_equals_typers_help_of_the_loaded_commands(width):
     assert lazy.getvalue() == eager.getvalue() and lazy.getvalue().count("\n") == len(COMMANDS) + 1
 
 
-def test_valid_range_is_the_merge_of_the_families_tables():
-    from replay_theory.cli import simulate_cmds, theory_cmds
+def test_valid_range_is_the_fields_then_the_families_tables():
+    from replay_theory.cli import theory_cmds
 
-    assert set(theory_cmds.VALID_RANGES).isdisjoint(simulate_cmds.VALID_RANGES)  # so the first hit is the merge
-    merged = {**theory_cmds.VALID_RANGES, **simulate_cmds.VALID_RANGES}
-    assert app_module.RANGE_FAMILIES == ("theory_cmds", "simulate_cmds")
-    assert {name: valid_range(name) for name in merged} == merged
+    commands = typer.main.get_command(app).commands
+    assert {name: valid_range(name, commands["calibrate-simulator"]) for name in
+            ("checkpoints", "samples", "noise_groups", "kappa_pairs", "capacity")} == {
+        "checkpoints": "an integer >= 1", "samples": "an integer >= 1, a multiple of --group-size",
+        "noise_groups": "an integer >= 2", "kappa_pairs": "an integer >= 0", "capacity": None}  # from the fields
+    assert valid_range("jobs", commands["sweep"]) == valid_range("jobs", commands["experiment"]) == (
+        "-1 (all cores) or an integer >= 1")
+    assert app_module.RANGE_FAMILIES == ("theory_cmds",)  # a family's table, if it has one, for other options
+    table = getattr(theory_cmds, "VALID_RANGES", {})
+    assert {name: valid_range(name) for name in table} == table
     assert valid_range("no_such_option") is None
 
 
