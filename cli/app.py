@@ -21,10 +21,9 @@ from .common import PROG, UserError, help_without_command
 
 class Entry(NamedTuple):
     module: str
-    """The command's family module in this package (``cli/<module>.py``), whose ``register(app)`` adds it."""
+    """The command's family, ``cli/<module>.py``, whose ``register(app)`` adds it."""
     help: str
-    """Its summary in the root help: the first sentence of its own help (tests/integration/test_cli_lazy.py checks that
-    both shorten to the same line at every width, so the root help cannot drift from the command)."""
+    """Its root-help summary: the first sentence of its own help (tests/integration/test_cli_lazy.py checks both)."""
 
 
 # Every command, in the order the root help lists them (typer listed a group, here validate, after the commands).
@@ -37,30 +36,20 @@ COMMANDS: dict[str, Entry] = {
                                    "step."),
     "simulate": Entry("simulate_cmds", "Run one simulator configuration (all seeds vectorised) and print its "
                                        "summary."),
-    "calibrate-simulator": Entry("simulate_cmds", "Measure sigma^2(s) (plain and signal-normalised), the retained "
-                                                  "signal, rho (unclamped, with a bootstrap interval), the "
-                                                  "within-group correlation, the noise scale B_noise (per-sample, "
-                                                  "and with the exact |E G|^2 where it can be enumerated) and the "
-                                                  "optimizer's memory kappa (exact, curvature pairs, lag-1 "
-                                                  "autocorrelation) on a probe run (the config given by the "
-                                                  "options); writes the profile that `replay-theory optimal "
-                                                  "--profile` reads."),
+    "calibrate-simulator": Entry("simulate_cmds", "Measure sigma^2(s), rho, B_noise and kappa on a simulator probe "
+                                                  "run; writes the profile `optimal --profile` reads."),
     "sweep": Entry("simulate_cmds", "Run a grid of simulator configurations in parallel; resumable, never "
                                     "overwrites."),
     "experiment": Entry("simulate_cmds", "Run one of the docs/SIMULATION.md experiments and print its table (rebuilt "
                                          "from the saved runs)."),
     "figures": Entry("figures_cmds", "Regenerate figures (matplotlib): theory figures always, results figures whose "
                                      "results exist."),
-    "diagnose": Entry("diagnose_cmds", "Off-policy health of logged rollouts: ESS, chi^2, KL, M2 overall / per "
-                                       "sequence / by age, the theory bounds with their slack, KL drift and FreshPER "
-                                       "tau, and a what-if table of corrections."),
+    "diagnose": Entry("diagnose_cmds", "Off-policy health of logged rollouts (ESS, chi^2, KL, M2, the theory bounds, "
+                                       "KL drift) and a what-if table of corrections."),
     "calibrate": Entry("calibrate_log_cmds", "mu and a noise profile sigma^2(s) for `optimal --profile`, from a run's "
-                                             "exported diagnose log (and B_noise from the run's gradient norms with "
-                                             "--grad-norms)."),
-    "trl-replay": Entry("trl_cmds", "Run TRL's GRPOTrainer with the replay buffer (N, B, R from --design or by hand) "
-                                    "on Countdown; writes the diagnose log that `diagnose --preset trl` and `calibrate "
-                                    "--from-log` read, and the gradient noise scale B_noise (two batch sizes a step, "
-                                    "no extra backward pass)."),
+                                             "exported diagnose log."),
+    "trl-replay": Entry("trl_cmds", "Run TRL's GRPOTrainer with the replay buffer on Countdown; writes the log "
+                                    "`diagnose` and `calibrate --from-log` read."),
     "validate": Entry("validate_cmds", "Check the theory's predictions on a Qwen2-architecture language model (needs "
                                        "the validate extra)."),
 }
@@ -69,10 +58,8 @@ COMMANDS: dict[str, Entry] = {
 # an option not built from a config field (``valid_range``).
 RANGE_FAMILIES = ("theory_cmds",)
 
-# rich_markup_mode=None: click's plain help, option and metavar on the left, the text wrapped beside it in all the
-# width left (48 of 80 columns). typer's rich panels give the text 22 of 80 columns (optimal's help ran to 100
-# lines for 16 options) and show flags as taking a <bool> value, which they refuse (--json true is an error).
-# A family's commands are built with these same settings (``load_family``), as when they were added to ``app``.
+# rich_markup_mode=None: click's plain help, the text in all the width left of the option (typer's rich panels leave it
+# 22 of 80 columns and show flags as taking a value they refuse). Families are built with them too (``load_family``).
 SETTINGS = {"add_completion": False, "pretty_exceptions_enable": False, "rich_markup_mode": None}
 
 

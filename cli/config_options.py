@@ -18,24 +18,16 @@ import typer
 TRUE_WORDS = ("1", "true", "t", "yes", "y", "on")
 FALSE_WORDS = ("0", "false", "f", "no", "n", "off")
 UNION_TYPES = (typing.Union, getattr(types, "UnionType", typing.Union))  # Optional[X] and X | None (3.10+)
-CONTEXT = "cli_context"
-"""Name of the typer.Context parameter added to every wrapped command (to tell typed values from defaults)."""
-NO_PREFIX = "no__"
-"""Parameter-name prefix of the ``--no-FIELD`` flags (double underscore: cannot clash with a field)."""
-OPTIONS_DOC = "docs/OPTIONS.md"
-"""Where the options built here are printed in full (cli/options_doc.py writes it from the same docstrings)."""
-CHOICES = "choices"
-"""Field-metadata key of a registry name field: the key ``core.designs.CHOICES`` names (not imported: the command
-modules load before numpy)."""
-VALID = "valid"
-"""Field-metadata key: the valid range ``cli/app.py`` appends when typer rejects a value (``"an integer >= 1"``)."""
-MIN = "min"
-"""Field-metadata key: the smallest value typer accepts for the option."""
+CONTEXT = "cli_context"  # the typer.Context parameter of every wrapped command (typed values vs defaults)
+NO_PREFIX = "no__"  # parameter-name prefix of the --no-FIELD flags (cannot clash with a field)
+OPTIONS_DOC = "docs/OPTIONS.md"  # every option in full (cli/options_doc.py)
+# Field-metadata keys: a registry field's {name: help} callable (core.designs.CHOICES; not imported, the command
+# modules load before numpy), the valid range shown when typer rejects a value, the smallest value typer accepts.
+CHOICES, VALID, MIN = "choices", "valid", "min"
 
 
 def field_help(field: dataclasses.Field, doc: str) -> str:
-    """A field's full text: its docstring, then the registry's choices with their one-line help, if it has any
-    (docs/OPTIONS.md prints it; ``--help`` prints :func:`option_help`)."""
+    """A field's full text (docs/OPTIONS.md): its docstring, then a registry field's choices with their help."""
     listed = field.metadata.get(CHOICES)
     if listed is None:
         return doc
@@ -100,8 +92,7 @@ def option_name(field: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _class_nodes(path: str | None) -> dict[str, ast.ClassDef]:
-    """Top-level class definitions of a source file, parsed once: every command's options are built at start-up,
-    and ``inspect.getsource`` per class re-tokenises the whole file each time (about 200 ms in all)."""
+    """Top-level class definitions of a source file, parsed once (``inspect.getsource`` per class re-reads it)."""
     if path is None:
         return {}
     with open(path, encoding="utf-8") as handle:
@@ -110,10 +101,8 @@ def _class_nodes(path: str | None) -> dict[str, ast.ClassDef]:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """Attribute docstrings (the string right under each field) of ``cls`` and its dataclass bases.
-
-    A subclass's docstring wins over its base's for a field both define.
-    """
+    """Attribute docstrings (the string right under each field) of ``cls`` and its dataclass bases (a subclass's
+    wins)."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
@@ -233,7 +222,7 @@ def _typed(ctx: Optional[typer.Context], kwargs: dict[str, Any], options: dict[s
     typed = {}
     for path in options:
         name = path.replace(".", "__")
-        value, negated = kwargs.pop(name), kwargs.pop(NO_PREFIX + name, False)
+        value, negated = kwargs.pop(name, None), kwargs.pop(NO_PREFIX + name, False)
         source = None if ctx is None else ctx.get_parameter_source(name)
         given = source is not None and source.name != "DEFAULT"
         if negated and given:

@@ -88,11 +88,13 @@ def calibrate_simulator(
     out: Annotated[Path, typer.Option("--out", help="Profile file to write (JSON; its folder must exist; "
                                                     "never overwritten).")],
 ) -> None:
-    """Measure sigma^2(s) (plain and signal-normalised), the retained signal, rho (unclamped, with a bootstrap
-    interval), the within-group correlation, the noise scale B_noise (per-sample, and with the exact |E G|^2
-    where it can be enumerated) and the optimizer's memory kappa (exact, curvature pairs, lag-1 autocorrelation) on
-    a probe run (the config given by the options); writes the profile that `replay-theory optimal --profile`
-    reads."""
+    """Measure sigma^2(s), rho, B_noise and kappa on a simulator probe run; writes the profile `optimal --profile`
+    reads.
+
+    sigma^2(s) plain and signal-normalised with the retained signal, rho unclamped with a bootstrap interval and the
+    within-group correlation, B_noise per sample (and with the exact |E G|^2 where it can be enumerated), and the
+    optimizer's memory kappa (exact, curvature pairs, lag-1 autocorrelation); the probe is the config the options
+    give."""
     check_new_file(out)  # before the probe: a run whose result cannot be saved is not started
     config = build_config(fields)
     probe = config_from_options(ProbeOptions, None, typed_probe)

@@ -54,8 +54,7 @@ validate_app.callback(invoke_without_command=True)(help_without_command)
 
 
 def _loop():
-    """validate/loop.py, imported when a validate command runs: it needs torch and transformers (the validate
-    extra), which every other command, `optimal` first, must start without."""
+    """validate/loop.py, imported when a command runs: it needs the validate extra (torch, transformers)."""
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         raise ValueError(f"validate needs {' and '.join(missing)}: {install_hint('validate')}")
@@ -65,16 +64,14 @@ def _loop():
 
 
 def _report_figure():
-    """The report's figure (figures/results.py), which verify draws as report.png: figures/ sits beside validate/, so
-    the command hands the drawing in; matplotlib is imported when verify runs."""
+    """verify's report.png drawing (figures/results.py; validate/ does not import figures/), with matplotlib."""
     from ..figures.results import save_report_figure
 
     return save_report_figure
 
 
 def kept(out: Path) -> str:
-    """The Ctrl-C line of calibrate-model, verify and all: each step's files are written when it ends and skipped
-    when present (validate/loop.py), and verify's runs checkpoint every 5 steps."""
+    """The Ctrl-C line of calibrate-model, verify and all (validate/loop.py skips the steps whose files exist)."""
     return (f"interrupted: what finished is kept in {out} (the warm start, calibration.json, predicted.json, verify's "
             "runs and their checkpoints every 5 steps); run the same command to continue from there")
 
