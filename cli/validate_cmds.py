@@ -43,11 +43,6 @@ def run_options(*names: str) -> tuple[type, dict[str, tuple[str, ...]]]:
     return RunOptions, {name: RUN[name] for name in names}
 
 
-def overrides(*names: str) -> tuple[type, dict[str, tuple[str, ...]]]:
-    """The option table of the ``RunOverrides`` fields ``names``."""
-    return RunOverrides, {name: OVERRIDES[name] for name in names}
-
-
 validate_app = typer.Typer(help="Check the theory's predictions on a Qwen2-architecture language model "
                                 "(needs the validate extra).", add_completion=False)
 validate_app.callback(invoke_without_command=True)(help_without_command)
@@ -112,7 +107,7 @@ def calibrate_model(typed_run: dict, fields: dict[str, Any]) -> None:
 
 
 @validate_app.command("predict")
-@with_field_options(run_options("out", "rho", "no_progress"), overrides("price_mu"))
+@with_field_options(run_options("out", "rho", "no_progress"), (RunOverrides, {"price_mu": OVERRIDES["price_mu"]}))
 def predict(typed_run: dict, typed_overrides: dict) -> None:
     """Thm 3.5 on the measured profile at --price-mu: predicted.json with x*, y* and integer N, B, R."""
     changes, how = RunOverrides(**typed_overrides).validated(), RunOptions(**typed_run).validated()
@@ -121,11 +116,11 @@ def predict(typed_run: dict, typed_overrides: dict) -> None:
     _loop().run_predict(config, how.out, log=typer.echo, rho=how.rho)
 
 
-VERIFY_OVERRIDES = ("device", "engine", "sync_every", "micro_batch_size", "gpu_memory_utilization", "threads")
+VERIFY_OVERRIDES = {name: names for name, names in OVERRIDES.items() if name != "price_mu"}
 
 
 @validate_app.command("verify")
-@with_field_options(run_options("out", "thorough", "no_progress"), VerifyConfig, overrides(*VERIFY_OVERRIDES))
+@with_field_options(run_options("out", "thorough", "no_progress"), VerifyConfig, (RunOverrides, VERIFY_OVERRIDES))
 def verify(typed_run: dict, fields: dict[str, Any], typed_overrides: dict) -> None:
     """Train on-policy, the prediction and its neighbours at equal compute; writes report.json/.md/.png
     (never overwritten: a re-run with the same settings prints the saved report's best design)."""
