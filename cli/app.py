@@ -1,26 +1,8 @@
 """The ``replay-theory`` command line: the root app, ``--version``, lazy command loading and the one error handler.
 
-Paper: experience-replay (docs/REFERENCES.md) and the replay designs it is compared with. Commands live
-in one module per family, each with ``register(app)`` so it can be loaded and tested on its own:
-
-| module                  | commands                                                    |
-|-------------------------|-------------------------------------------------------------|
-| ``cli/theory_cmds.py``  | optimal (the whole design; Thm 3.5 too), gamma (Eq. 2), derive |
-| ``cli/simulate_cmds.py``| simulate, calibrate-simulator, sweep, experiment            |
-| ``cli/validate_cmds.py``| validate calibrate-model / predict / verify / all           |
-| ``cli/figures_cmds.py`` | figures                                                     |
-| ``cli/diagnose_cmds.py``| diagnose                                                    |
-| ``cli/calibrate_log_cmds.py`` | calibrate --from-log (mu and sigma^2(s) from a run's log) |
-| ``cli/trl_cmds.py``     | trl-replay (TRL's GRPOTrainer with the replay buffer)       |
-
-Commands are registered lazily (``COMMANDS``, ``LazyGroup``): the root help is written from the table, and a
-command's module is imported only when that command runs or shows its own help, so ``replay-theory optimal``
-loads typer, numpy and the theory modules it uses, not the simulator, the experiments or diagnose
-(bench/bench_optimal_startup.py measures it; tests/integration/test_cli_lazy.py checks the imported module set). Heavy
-optional dependencies (sympy, matplotlib, torch, transformers, pyarrow) are imported inside the commands that need them.
-
-Bad input never shows a traceback: ``main`` prints one line naming the option and its valid range
-and exits with code 2.
+Each command family is a module with ``register(app)``; ``COMMANDS`` says which, and a family is imported only when
+one of its commands runs or shows its help (tests/integration/test_cli_lazy.py). Bad input is one line naming the
+option and its valid range, exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -39,10 +21,9 @@ from .common import PROG, UserError, help_without_command
 
 class Entry(NamedTuple):
     module: str
-    """The command's family module in this package (``cli/<module>.py``), whose ``register(app)`` adds it."""
+    """The command's family, ``cli/<module>.py``, whose ``register(app)`` adds it."""
     help: str
-    """Its summary in the root help: the first sentence of its own help (tests/integration/test_cli_lazy.py checks that
-    both shorten to the same line at every width, so the root help cannot drift from the command)."""
+    """Its root-help summary: the first sentence of its own help (tests/integration/test_cli_lazy.py checks both)."""
 
 
 # Every command, in the order the root help lists them (typer listed a group, here validate, after the commands).
@@ -55,43 +36,26 @@ COMMANDS: dict[str, Entry] = {
                                    "step."),
     "simulate": Entry("simulate_cmds", "Run one simulator configuration (all seeds vectorised) and print its "
                                        "summary."),
-    "calibrate-simulator": Entry("simulate_cmds", "Measure sigma^2(s) (plain and signal-normalised), the retained "
-                                                  "signal, rho (unclamped, with a bootstrap interval), the "
-                                                  "within-group correlation, the noise scale B_noise (per-sample, "
-                                                  "and with the exact |E G|^2 where it can be enumerated) and the "
-                                                  "optimizer's memory kappa (exact, curvature pairs, lag-1 "
-                                                  "autocorrelation) on a probe run (the config given by the "
-                                                  "options); writes the profile that `replay-theory optimal "
-                                                  "--profile` reads."),
+    "calibrate-simulator": Entry("simulate_cmds", "Measure sigma^2(s), rho, B_noise and kappa on a simulator probe "
+                                                  "run; writes the profile `optimal --profile` reads."),
     "sweep": Entry("simulate_cmds", "Run a grid of simulator configurations in parallel; resumable, never "
                                     "overwrites."),
     "experiment": Entry("simulate_cmds", "Run one of the docs/SIMULATION.md experiments and print its table (rebuilt "
                                          "from the saved runs)."),
     "figures": Entry("figures_cmds", "Regenerate figures (matplotlib): theory figures always, results figures whose "
                                      "results exist."),
-    "diagnose": Entry("diagnose_cmds", "Off-policy health of logged rollouts: ESS, chi^2, KL, M2 overall / per "
-                                       "sequence / by age, the theory bounds with their slack, KL drift and FreshPER "
-                                       "tau, and a what-if table of corrections."),
+    "diagnose": Entry("diagnose_cmds", "Off-policy health of logged rollouts (ESS, chi^2, KL, M2, the theory bounds, "
+                                       "KL drift) and a what-if table of corrections."),
     "calibrate": Entry("calibrate_log_cmds", "mu and a noise profile sigma^2(s) for `optimal --profile`, from a run's "
-                                             "exported diagnose log (and B_noise from the run's gradient norms with "
-                                             "--grad-norms)."),
-    "trl-replay": Entry("trl_cmds", "Run TRL's GRPOTrainer with the replay buffer (N, B, R from --design or by hand) "
-                                    "on Countdown; writes the diagnose log that `diagnose --preset trl` and `calibrate "
-                                    "--from-log` read, and the gradient noise scale B_noise (two batch sizes a step, "
-                                    "no extra backward pass)."),
+                                             "exported diagnose log."),
+    "trl-replay": Entry("trl_cmds", "Run TRL's GRPOTrainer with the replay buffer on Countdown; writes the log "
+                                    "`diagnose` and `calibrate --from-log` read."),
     "validate": Entry("validate_cmds", "Check the theory's predictions on a Qwen2-architecture language model (needs "
                                        "the validate extra)."),
 }
 
-# Valid ranges shown when typer rejects a value before the commands' own checks run, by parameter name: the
-# ``VALID_RANGES`` tables of these families, read when an error needs them (``valid_range``); a command built from a
-# config dataclass states its options' ranges at the fields (cli/config_options.py, ``option_range``).
-RANGE_FAMILIES = ("simulate_cmds",)
-
-# rich_markup_mode=None: click's plain help, option and metavar on the left, the text wrapped beside it in all the
-# width left (48 of 80 columns). typer's rich panels give the text 22 of 80 columns (optimal's help ran to 100
-# lines for 16 options) and show flags as taking a <bool> value, which they refuse (--json true is an error).
-# A family's commands are built with these same settings (``load_family``), as when they were added to ``app``.
+# rich_markup_mode=None: click's plain help, the text in all the width left of the option (typer's rich panels leave it
+# 22 of 80 columns and show flags as taking a value they refuse). Families are built with them too (``load_family``).
 SETTINGS = {"add_completion": False, "pretty_exceptions_enable": False, "rich_markup_mode": None}
 
 
@@ -185,21 +149,10 @@ def root(
     help_without_command(ctx)
 
 
-def valid_range(name: str, command: Optional[TyperCommand] = None) -> Optional[str]:
-    """The valid range of the parameter ``name``: as the field ``command``'s option was built from states it, else as
-    the families in ``RANGE_FAMILIES`` state it (None if none does), read when an input error needs it. The tables
-    share no name (tests/integration/test_cli_lazy.py), so the first one that has it gives the merged answer."""
-    if command is not None:
-        from .config_options import option_range
-
-        stated = option_range(command.callback, name)
-        if stated is not None:
-            return stated
-    for module in RANGE_FAMILIES:
-        ranges = importlib.import_module(f".{module}", __package__).VALID_RANGES
-        if name in ranges:
-            return ranges[name]
-    return None
+def valid_range(name: str, command=None) -> Optional[str]:
+    """The valid range of the parameter ``name`` as its field states it (``command``'s ``valid_ranges``, set by
+    cli/config_options.py from the field's metadata); None for an option not built from a field."""
+    return getattr(getattr(command, "callback", None), "valid_ranges", {}).get(name)
 
 
 def _one_line(message: str) -> str:
@@ -217,8 +170,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     try:
         result = app(args=args, prog_name=PROG, standalone_mode=False)
     except typer.BadParameter as err:
-        param = getattr(err, "param", None)
-        hint = valid_range(getattr(param, "name", None) or "", getattr(getattr(err, "ctx", None), "command", None))
+        param, ctx = getattr(err, "param", None), getattr(err, "ctx", None)
+        hint = valid_range(getattr(param, "name", None) or "", getattr(ctx, "command", None))
         _fail(err.format_message() + (f" (valid: {hint})" if hint else ""))
     except typer.TyperException as err:  # every usage error typer/click raises (unknown option, missing value)
         _fail(err.format_message())

@@ -1,11 +1,6 @@
 """``replay-theory calibrate --from-log LOG --out PROFILE.json``: mu and sigma^2(s) from a run's diagnose log.
 
-Paper: experience-replay (docs/REFERENCES.md): mu (Sec. 2, App. E), sigma^2(s) and rho (Assumption 3.3), for Thm 3.5's
-J = c sigmabar^2(x)(1/B + 1/N + rho/R); ``--grad-norms`` adds the gradient noise scale B_noise (McCandlish et al.
-2018, App. A.1) and, where the file has curvature pairs, the optimizer's memory kappa. Options are the fields of
-:class:`~replay_theory.diagnose.calibrate_log.CalibrateLogConfig`, their help the field docstrings; the work is
-``diagnose/calibrate_log.py`` (its proxy and assumptions: docs/THEORY.md section 8). Every input and the output path
-are checked before the log is read; the profile is written whole or not at all.
+Options are the fields of ``CalibrateLogConfig``; the work is diagnose/calibrate_log.py (docs/THEORY.md section 8).
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ OPTIONS = {name: ("--" + name.replace("_", "-"),) for name in ("preset", "column
 OPTION_OF_FIELD = {"path": "--from-log", **{name: names[0] for name, names in OPTIONS.items()}}
 
 
-@with_field_options(CalibrateLogConfig, OPTIONS)
+@with_field_options((CalibrateLogConfig, OPTIONS))
 def calibrate_command(
     typed: dict,
     from_log: Annotated[Optional[Path], typer.Option("--from-log", help="Exported diagnose log (Parquet, CSV or JSON "
@@ -36,8 +31,9 @@ def calibrate_command(
     out: Annotated[Optional[Path], typer.Option("--out", help="New profile file (.json) for `optimal --profile`; "
                                                 "never overwrites.", show_default=False)] = None,
 ) -> None:
-    """mu and a noise profile sigma^2(s) for `optimal --profile`, from a run's exported diagnose log (and B_noise from
-    the run's gradient norms with --grad-norms)."""
+    """mu and a noise profile sigma^2(s) for `optimal --profile`, from a run's exported diagnose log.
+
+    With --grad-norms, B_noise from the run's gradient norms too."""
     from ..diagnose.calibrate_log import calibrate_from_log, plan, read_grad_norms, summary
 
     try:

@@ -1,8 +1,4 @@
-"""What every command family shares: the user-error type, strict JSON, output-path checks.
-
-Bad input is one line naming the option as the user typed it (``--out``, ``--jobs``) with its valid
-range, exit code 2 (``cli/app.py::main``), and it is found before any work starts.
-"""
+"""What every command family shares: the user-error type, strict JSON, the help of a bare group, Ctrl-C."""
 
 from __future__ import annotations
 
@@ -27,10 +23,7 @@ def emit_json(payload: dict) -> None:
 
 
 def option_message(message: str, fields: Iterable[str]) -> str:
-    """A config error ``"lr must be > 0"`` as the user typed the option: ``"--lr must be > 0"``.
-
-    Only a leading field name is rewritten, so the rest of the message stays as written.
-    """
+    """A config error ``"lr must be > 0"`` as the user typed the option: ``"--lr must be > 0"`` (a leading name)."""
     head, _, rest = message.partition(" ")
     if head in set(fields) and rest:
         return "--" + head.replace("_", "-") + " " + rest
@@ -38,11 +31,7 @@ def option_message(message: str, fields: Iterable[str]) -> str:
 
 
 def help_without_command(ctx: typer.Context) -> None:
-    """Group callback: with no sub-command, print the group's help and exit 2, with no error line.
-
-    Exit 2 is typer's own ``no_args_is_help`` convention (a command is required, so none is a usage
-    error), kept so scripts see the same code; the help itself is the whole message.
-    """
+    """Group callback: with no sub-command, print the group's help and exit 2 (typer's ``no_args_is_help`` code)."""
     if ctx.invoked_subcommand is None:
         help_text = ctx.get_help()  # typer's rich formatter prints it and returns ""; plain click returns it
         if help_text:
@@ -52,10 +41,8 @@ def help_without_command(ctx: typer.Context) -> None:
 
 @contextmanager
 def on_ctrl_c(kept: str) -> Iterator[None]:
-    """Ctrl-C inside: one line on stderr saying what is kept and how to go on, then exit code 130 (the shell's for
-    SIGINT), no traceback. ``kept`` is the command's line; an interruption that carries its own (``message()``:
-    a sweep's, trl-replay's) says that instead. Caught here, inside the command: click would turn it into an
-    "Aborted!" after a blank line."""
+    """Ctrl-C inside: one line on stderr, ``kept`` (or the interruption's own ``message()``: a sweep's, trl-replay's)
+    saying what is kept and how to go on, then exit code 130 (the shell's for SIGINT), no traceback."""
     try:
         yield
     except KeyboardInterrupt as err:

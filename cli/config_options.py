@@ -1,20 +1,5 @@
-"""Typer options built from a config dataclass: one option per field, its help the field's docstring.
-
-``simulate`` and ``calibrate-simulator`` take every :class:`~replay_theory.simulate.config.SimConfig`
-field as an option (``capacity`` -> ``--capacity``, the buffer size N of the experience-replay paper,
-Sec. 3). Field help is written once, as the attribute docstring right under the field, and read here
-from the source of every dataclass in the class's MRO (so fields inherited from a base config keep
-their help). A field that names a registry entry (``buffer``, ``loss``) carries ``metadata={"choices":
-callable}`` (``core.designs.CHOICES``): the callable returns {name: one-line help} from the registry, and
-the option's help lists them after the docstring, so the choices and their help are written once, at
-the registry entry. Typer reads the options from the ``inspect.Signature`` of the wrapped command: no
-hand-parsed argv.
-
-Booleans take a value, parsed like typer/click's BOOLEAN type (``--replacement false``, ``--replacement
-0``, ``--measure-drift yes``), and ``--no-FIELD`` is accepted as ``--FIELD false``. A value-taking option
-is what lets ``--replacement False`` (what ``--help`` shows as the default) work: typer makes every
-``bool``-annotated option a pure flag, which then rejects the value as an extra argument.
-"""
+"""Typer options built from config dataclasses: one option per field, its ``--help`` the first sentence of the field's
+docstring, its default and valid range the field's (each docstring in full: docs/OPTIONS.md, cli/options_doc.py)."""
 
 from __future__ import annotations
 
@@ -25,32 +10,25 @@ import inspect
 import re
 import types
 import typing
-from typing import Annotated, Any, Callable, Optional
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional, Union
 
 import typer
 
 TRUE_WORDS = ("1", "true", "t", "yes", "y", "on")
 FALSE_WORDS = ("0", "false", "f", "no", "n", "off")
 UNION_TYPES = (typing.Union, getattr(types, "UnionType", typing.Union))  # Optional[X] and X | None (3.10+)
-CONTEXT = "cli_context"
-"""Name of the typer.Context parameter added to every wrapped command (to tell typed values from defaults)."""
-NO_PREFIX = "no__"
-"""Parameter-name prefix of the ``--no-FIELD`` flags (double underscore: cannot clash with a field)."""
-OPTIONS_DOC = "docs/OPTIONS.md"
-"""Where the options built here are printed in full (cli/options_doc.py writes it from the same docstrings)."""
-CHOICES = "choices"
-"""Field-metadata key of a registry name field: the key ``core.designs.CHOICES`` names (not imported: the command
-modules load before numpy)."""
-VALID = "valid"
-"""Field-metadata key of a checked field: the valid range its check states (``theory.optimal.VALID``), shown in
-``--help`` and named when typer rejects a value before the check runs (``--mu abc``; cli/app.py, ``valid_range``)."""
-CONFIG_CLASS = "config_class"
-"""Attribute of a command built by :func:`with_dataclass_options`: the config class its options come from."""
+CONTEXT = "cli_context"  # the typer.Context parameter of every wrapped command (typed values vs defaults)
+NO_PREFIX = "no__"  # parameter-name prefix of the --no-FIELD flags (cannot clash with a field)
+OPTIONS_DOC = "docs/OPTIONS.md"  # every option in full (cli/options_doc.py)
+# Field-metadata keys: a registry field's {name: help} callable (core.designs.CHOICES; not imported, the command
+# modules load before numpy), the valid range shown when typer rejects a value, the smallest value typer accepts.
+CHOICES, VALID, MIN = "choices", "valid", "min"
 
 
 def field_help(field: dataclasses.Field, doc: str) -> str:
-    """A field's full text: its docstring, then the registry's choices with their one-line help, if it has any
-    (docs/OPTIONS.md prints it; ``--help`` prints :func:`option_help`)."""
+    """A field's full text (docs/OPTIONS.md): its docstring, its valid range, then a registry field's choices with
+    their help."""
     doc += _valid_text(field)
     listed = field.metadata.get(CHOICES)
     if listed is None:
@@ -63,14 +41,6 @@ def _valid_text(field: dataclasses.Field) -> str:
     listed), else nothing."""
     valid = field.metadata.get(VALID)
     return "" if valid is None or CHOICES in field.metadata else f" Valid: {valid}."
-
-
-def option_range(callback: Callable[..., Any], name: str) -> Optional[str]:
-    """The valid range of the option ``name`` (a parameter name) of a command built by :func:`with_dataclass_options`,
-    as its field's metadata states it; None for another command or a field without one."""
-    cls = getattr(callback, CONFIG_CLASS, None)
-    fields = {} if cls is None else {f.name: f for f in dataclasses.fields(cls)}
-    return fields[name].metadata.get(VALID) if name in fields else None
 
 
 #: Words that end in a point inside a sentence (paper references, Latin): not a sentence end.
@@ -131,8 +101,7 @@ def option_name(field: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _class_nodes(path: str | None) -> dict[str, ast.ClassDef]:
-    """Top-level class definitions of a source file, parsed once: every command's options are built at start-up,
-    and ``inspect.getsource`` per class re-tokenises the whole file each time (about 200 ms in all)."""
+    """Top-level class definitions of a source file, parsed once (``inspect.getsource`` per class re-reads it)."""
     if path is None:
         return {}
     with open(path, encoding="utf-8") as handle:
@@ -141,10 +110,8 @@ def _class_nodes(path: str | None) -> dict[str, ast.ClassDef]:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """Attribute docstrings (the string right under each field) of ``cls`` and its dataclass bases.
-
-    A subclass's docstring wins over its base's for a field both define.
-    """
+    """Attribute docstrings (the string right under each field) of ``cls`` and its dataclass bases (a subclass's
+    wins)."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
@@ -171,101 +138,6 @@ def _field_type(hint: Any) -> tuple[type, bool]:
     return hint, False
 
 
-def dataclass_parameters(cls: type, aliases: Optional[dict[str, tuple[str, ...]]] = None
-                         ) -> list[inspect.Parameter]:
-    """Keyword-only parameters, one per field of ``cls`` (plus ``--no-FIELD`` for booleans), for typer."""
-    aliases = aliases or {}
-    hints = typing.get_type_hints(cls)
-    docs = field_docs(cls)
-    params = []
-    for field in dataclasses.fields(cls):
-        if not field.init:
-            continue
-        kind, optional = _field_type(hints[field.name])
-        if field.default is not dataclasses.MISSING:
-            default = field.default
-        elif field.default_factory is not dataclasses.MISSING:
-            default = field.default_factory()
-        else:
-            default = ...  # required
-        names = (option_name(field.name), *aliases.get(field.name, ()))
-        help_text = option_help(field, docs.get(field.name, ""))
-        if kind is bool:
-            # value-taking (see the module docstring); str annotation so typer does not force a flag
-            option = typer.Option(*names, help=help_text + f" ({option_name('no_' + field.name)}: false)",
-                                  parser=parse_bool, metavar="BOOLEAN")
-            annotation: Any = Annotated[str, option]
-            params.append(inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                            annotation=annotation))
-            params.append(inspect.Parameter(
-                NO_PREFIX + field.name, inspect.Parameter.KEYWORD_ONLY, default=False,
-                annotation=Annotated[bool, typer.Option(option_name("no_" + field.name), hidden=True)]))
-            continue
-        if kind not in (int, float, str):
-            raise TypeError(f"{cls.__name__}.{field.name}: no command-line option for type {kind!r}")
-        annotation = Annotated[Optional[kind] if optional else kind, typer.Option(*names, help=help_text)]
-        params.append(inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                        annotation=annotation))
-    return params
-
-
-def with_dataclass_options(cls: type, aliases: Optional[dict[str, tuple[str, ...]]] = None
-                           ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: ``func(fields: dict, **own)`` becomes a command with every field of ``cls`` as an option.
-
-    ``fields`` maps each field name to the value given (or its default); the command's own parameters
-    keep their annotations. The returned function's ``__signature__`` is what typer reads.
-    """
-    field_params = dataclass_parameters(cls, aliases)
-    field_names = [p.name for p in field_params if not p.name.startswith(NO_PREFIX)]
-
-    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        hints = typing.get_type_hints(func, include_extras=True)  # resolves `from __future__` string annotations
-        own = [p.replace(annotation=hints.get(p.name, p.annotation), kind=inspect.Parameter.KEYWORD_ONLY)
-               for p in list(inspect.signature(func).parameters.values())[1:]]
-        clash = {p.name for p in own} & ({p.name for p in field_params} | {CONTEXT})
-        if clash:
-            raise TypeError(f"{func.__name__}: parameters {sorted(clash)} clash with {cls.__name__} fields")
-
-        @functools.wraps(func)
-        def command(**kwargs: Any) -> Any:
-            ctx: typer.Context = kwargs.pop(CONTEXT)
-            fields = {}
-            for name in field_names:
-                value = kwargs.pop(name)
-                if NO_PREFIX + name in kwargs:
-                    negated = kwargs.pop(NO_PREFIX + name)
-                    value = parse_bool(value)
-                    if negated:
-                        if value is not True or _typed(ctx, name):
-                            raise typer.BadParameter(f"give {option_name(name)} or {option_name('no_' + name)}, "
-                                                     f"not both")
-                        value = False
-                fields[name] = value
-            return func(fields, **kwargs)
-
-        # the full text of every option (the field docstrings) is one file away; --help gives each one line
-        command.__doc__ = inspect.cleandoc(func.__doc__ or "") + f"\n\nEvery option in full: {OPTIONS_DOC}."
-        context = inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
-        signature = own + field_params + [context]
-        command.__signature__ = inspect.Signature(signature)  # type: ignore[attr-defined]
-        command.__annotations__ = {p.name: p.annotation for p in signature}
-        del command.__wrapped__  # typer must read __signature__, not the wrapped function's
-        setattr(command, CONFIG_CLASS, cls)  # typer's callback copies it: cli/app.py finds the options' ranges
-        return command
-
-    return decorate
-
-
-def _typed(ctx: typer.Context, name: str) -> bool:
-    """Whether the user typed the option of field ``name`` (not just left its default)."""
-    source = ctx.get_parameter_source(name)
-    return source is not None and source.name == "COMMANDLINE"
-
-
-# --- a chosen set of fields, nested configs included (diagnose, calibrate --from-log, experiment theory-test) ---
-
-
 def field_owner(cls: type, path: str) -> tuple[type, dataclasses.Field]:
     """(the dataclass that defines the field at dotted ``path``, the field): ``what_if.ppo_clip`` reaches the nested
     WhatIfConfig."""
@@ -279,56 +151,97 @@ def list_default(value: tuple) -> str:
     return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
 
 
-def field_parameter(cls: type, path: str, names: tuple[str, ...]) -> inspect.Parameter:
-    """One option for the field at ``path`` of ``cls``, named ``names``, its help the field's docstring and its default
-    the field's: a bool is a flag, a tuple a comma-separated text (parsed by :func:`config_from_options`)."""
+def every_field(cls: type, aliases: Optional[dict[str, tuple[str, ...]]] = None) -> dict[str, tuple[str, ...]]:
+    """Every init field of ``cls`` as an option: ``--field-name``, then the field's ``aliases``."""
+    return {f.name: (option_name(f.name), *(aliases or {}).get(f.name, ())) for f in dataclasses.fields(cls) if f.init}
+
+
+def _parameter(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def field_parameters(cls: type, path: str, names: tuple[str, ...], valued_bool: bool) -> list[inspect.Parameter]:
+    """The option of the field at ``path`` of ``cls``, named ``names``: help, default and lower bound (``MIN``) the
+    field's; a tuple is comma-separated text (parsed by :func:`config_from_options`); a bool is a flag, or with
+    ``valued_bool`` takes a value (see :func:`with_field_options`) and gets a hidden ``--no-FIELD``."""
     owner, field = field_owner(cls, path)
     kind, optional = _field_type(typing.get_type_hints(owner)[field.name])
-    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    default = (field.default if field.default is not dataclasses.MISSING else ...
+               if field.default_factory is dataclasses.MISSING else field.default_factory())
     if typing.get_origin(kind) is tuple:
         kind, default = str, list_default(default)
-    option = typer.Option(*names, help=option_help(field, field_docs(owner).get(field.name, "")))
-    annotation = Annotated[Optional[kind] if optional else kind, option]
-    return inspect.Parameter(path.replace(".", "__"), inspect.Parameter.KEYWORD_ONLY, default=default,
-                             annotation=annotation)
+    if kind not in (int, float, str, bool, Path):
+        raise TypeError(f"{owner.__name__}.{field.name}: no command-line option for type {kind!r}")
+    text, name = option_help(field, field_docs(owner).get(field.name, "")), path.replace(".", "__")
+    if kind is bool and valued_bool:  # a str annotation, or typer makes it a flag that refuses the value
+        negated = option_name("no_" + field.name)
+        option = typer.Option(*names, help=f"{text} ({negated}: false)", parser=parse_bool, metavar="BOOLEAN")
+        return [_parameter(name, Annotated[str, option], default),
+                _parameter(NO_PREFIX + name, Annotated[bool, typer.Option(negated, hidden=True)], False)]
+    bound = {"min": field.metadata[MIN]} if MIN in field.metadata else {}
+    option = typer.Option(*names, help=text, **bound)
+    return [_parameter(name, Annotated[Optional[kind] if optional else kind, option], default)]
 
 
-def with_field_options(cls: type, options: dict[str, tuple[str, ...]]) -> Callable[[Callable[..., Any]], Callable]:
-    """Decorator: ``func(typed: dict, **own)`` becomes a command with the fields of ``cls`` that ``options`` lists
-    (dotted path -> flag names) as options. ``typed`` holds only what the user typed, by path, so the config's own
-    defaults apply to the rest (:func:`config_from_options`); called as a plain function, ``typed`` is empty."""
-    field_params = [field_parameter(cls, path, names) for path, names in options.items()]
+Table = Union[type, tuple[type, dict[str, tuple[str, ...]]]]
+"""A config class (every init field an option) or (a config class, {dotted field path: the option's names})."""
+
+
+def with_field_options(*tables: Table, aliases: Optional[dict[str, tuple[str, ...]]] = None
+                       ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: ``func(typed_1, ..., typed_n, **own)`` becomes a command whose options are the fields of ``tables``,
+    after its own parameters. A class gives every init field (``--field-name`` and its ``aliases``), booleans taking a
+    value (``--replacement false``; ``--no-replacement`` is false); a (class, table) pair the listed fields (nested
+    configs by dotted path), booleans as flags. ``typed_i`` holds only what the user typed, by path, so the config's
+    own defaults apply to the rest (:func:`config_from_options`); called as a plain function, it is empty."""
+    specs = [(t, every_field(t, aliases), True) if isinstance(t, type) else (*t, False) for t in tables]
+    params = [p for cls, options, valued in specs for path, names in options.items()
+              for p in field_parameters(cls, path, names, valued)]
+    ranges = {path.replace(".", "__"): field.metadata[VALID] for cls, options, _ in specs for path in options
+              for field in [field_owner(cls, path)[1]] if VALID in field.metadata}
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        hints = typing.get_type_hints(func, include_extras=True)
+        hints = typing.get_type_hints(func, include_extras=True)  # resolves `from __future__` string annotations
         own = [p.replace(annotation=hints.get(p.name, p.annotation), kind=inspect.Parameter.KEYWORD_ONLY)
-               for p in list(inspect.signature(func).parameters.values())[1:]]
+               for p in list(inspect.signature(func).parameters.values())[len(tables):]]
+        clash = {p.name for p in own} & ({p.name for p in params} | {CONTEXT})
+        if clash:
+            raise TypeError(f"{func.__name__}: parameters {sorted(clash)} clash with its config fields")
 
         @functools.wraps(func)
         def command(**kwargs: Any) -> Any:
             ctx: Optional[typer.Context] = kwargs.pop(CONTEXT, None)
-            values = {path: kwargs.pop(path.replace(".", "__"), None) for path in options}
-            typed = {path: value for path, value in values.items()
-                     if ctx is not None and _source(ctx, path.replace(".", "__")) != "DEFAULT"}
-            return func(typed, **kwargs)
+            return func(*[_typed(ctx, kwargs, options) for _, options, _ in specs], **kwargs)
 
+        # the full text of every option (the field docstrings) is one file away; --help gives each one line
         command.__doc__ = inspect.cleandoc(func.__doc__ or "") + f"\n\nEvery option in full: {OPTIONS_DOC}."
-        context = inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
-        signature = own + field_params + [context]
+        command.valid_ranges = ranges  # type: ignore[attr-defined]  # cli/app.py's hint when typer rejects a value
+        signature = own + params + [inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY,
+                                                      annotation=typer.Context)]
         command.__signature__ = inspect.Signature(signature)  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in signature}
-        del command.__wrapped__
+        del command.__wrapped__  # typer must read __signature__, not the wrapped function's
         return command
 
     return decorate
 
 
-def _source(ctx: typer.Context, name: str) -> str:
-    source = ctx.get_parameter_source(name)
-    return "DEFAULT" if source is None else source.name
+def _typed(ctx: Optional[typer.Context], kwargs: dict[str, Any], options: dict[str, tuple[str, ...]]) -> dict:
+    """The values of ``options`` the user typed (popped from ``kwargs``), by path; ``--no-FIELD`` types false."""
+    typed = {}
+    for path in options:
+        name = path.replace(".", "__")
+        value, negated = kwargs.pop(name, None), kwargs.pop(NO_PREFIX + name, False)
+        source = None if ctx is None else ctx.get_parameter_source(name)
+        given = source is not None and source.name != "DEFAULT"
+        if negated and given:
+            raise typer.BadParameter(f"give {options[path][0]} or {option_name('no_' + path)}, not both")
+        if negated or given:
+            typed[path] = False if negated else value
+    return typed
 
 
-def _parsed(value: Any, hint: Any, option: str) -> Any:
+def _parsed(value: Any, field: dataclasses.Field, hint: Any, option: str) -> Any:
     """A typed value of a field: a tuple field's comma-separated text as the tuple (empty parts skipped)."""
     if typing.get_origin(hint) is not tuple or not isinstance(value, str):
         return value
@@ -338,20 +251,23 @@ def _parsed(value: Any, hint: Any, option: str) -> Any:
     except ValueError:
         from ..theory.checks import invalid
 
-        raise invalid(option, f"comma-separated {'numbers' if kind is float else 'integers'}", value) from None
+        valid = field.metadata.get(VALID, f"comma-separated {'numbers' if kind is float else 'integers'}")
+        raise invalid(option, valid, value) from None
 
 
-def config_from_options(cls: type, options: dict[str, tuple[str, ...]], typed: dict[str, Any], **given: Any) -> Any:
-    """``cls`` built from the ``typed`` option values (dotted paths fill nested config dataclasses) and ``given``;
-    every other field keeps its default, and the config's own checks run."""
-    hints = typing.get_type_hints(cls)
+def config_from_options(cls: type, options: Optional[dict[str, tuple[str, ...]]], typed: dict[str, Any],
+                        **given: Any) -> Any:
+    """``cls`` built from the ``typed`` option values of its ``options`` (None: every field; dotted paths fill nested
+    config dataclasses) and ``given``; every other field keeps its default, and the config's own checks run."""
+    options = every_field(cls) if options is None else options
+    hints, fields = typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
     nested: dict[str, dict[str, Any]] = {}
     for path, value in typed.items():
         head, _, rest = path.partition(".")
         if rest:
             nested.setdefault(head, {})[rest] = value
         else:
-            given[head] = _parsed(value, _field_type(hints[head])[0], options[path][0])
+            given[head] = _parsed(value, fields[head], _field_type(hints[head])[0], options[path][0])
     for head, values in nested.items():
         sub = {rest: options[f"{head}.{rest}"] for rest in values}
         given[head] = config_from_options(hints[head], sub, values)

@@ -1,10 +1,7 @@
-"""``replay-theory diagnose``: off-policy health and what-if analysis of a logged rollout file.
+"""``replay-theory diagnose``: off-policy health and what-if analysis of a logged rollout file (diagnose/).
 
-Options are the fields of :class:`~replay_theory.diagnose.DiagnoseConfig` and its nested
-:class:`~replay_theory.diagnose.WhatIfConfig` (``--clip`` is PPO's eps, ``--tis`` / ``--mask`` the truncation cap c of
-Replay-RLOO Sec. 3.2, ``--m2po`` M2PO's tau_M2, ``--tau`` FreshPER's age-decay tau, Eq. 13), their help the field
-docstrings; the analysis is ``diagnose/`` (pyarrow, not torch). Every input problem is one line naming the option as
-typed, raised before the log is read; ``--save`` and ``--figure`` are new files only, written whole or not at all.
+Options are the fields of ``DiagnoseConfig`` and its nested ``WhatIfConfig``; inputs are checked before the log is
+read, and ``--save`` / ``--figure`` are new files, written whole or not at all.
 """
 
 from __future__ import annotations
@@ -96,7 +93,7 @@ def _write_and_print(report: dict, save: Optional[Path], figure: Optional[Path],
         typer.echo(f"report: {save}")
 
 
-@with_field_options(DiagnoseConfig, OPTIONS)
+@with_field_options((DiagnoseConfig, OPTIONS))
 def diagnose_command(
     typed: dict,
     log: Annotated[Optional[Path], typer.Argument(metavar="LOG", help="Log file: Parquet, CSV or JSON lines (see "
@@ -112,8 +109,10 @@ def diagnose_command(
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bar (none either when stderr is not "
                                               "a terminal).")] = False,
 ) -> None:
-    """Off-policy health of logged rollouts: ESS, chi^2, KL, M2 overall / per sequence / by age, the theory
-    bounds with their slack, KL drift and FreshPER tau, and a what-if table of corrections."""
+    """Off-policy health of logged rollouts (ESS, chi^2, KL, M2, the theory bounds, KL drift) and a what-if table of
+    corrections.
+
+    Overall, per sequence and by age; the bounds with their slack, and FreshPER's tau."""
     try:
         if from_report is not None:
             return _rebuild_figure(log, save, figure, from_report)

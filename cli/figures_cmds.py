@@ -1,8 +1,7 @@
 """``replay-theory figures``: regenerate the theory figures and, where results exist, the results figures.
 
-Figures go to ``figures-out/`` unless ``--out`` says otherwise, never to the tracked gallery by default
-(``figures/gallery/`` changes only with ``--out figures/gallery``); ``--out`` must be new or empty and writable, and
-every option is checked before any work (figures/files.py, which also writes the files all or nothing).
+They go to ``figures-out/`` unless ``--out`` says otherwise (``--out figures/gallery`` for the tracked gallery); the
+checks and the all-or-nothing write are figures/files.py.
 """
 
 from __future__ import annotations

@@ -1,49 +1,49 @@
-"""docs/OPTIONS.md: every option built from a config dataclass, in full (its docstring, each registry choice's help,
-its default), so that ``--help`` can give each option one short entry (cli/config_options.py, ``option_help``).
-
-Written from the same field docstrings ``--help`` reads, so the two cannot disagree;
-tests/unit/test_cli_config_options.py checks the file is what this module prints. Regenerate after changing a
-field::
-
-    python -m replay_theory.cli.options_doc > docs/OPTIONS.md
-"""
+"""docs/OPTIONS.md: every option built from a config field, in full (its docstring, each registry choice's help, its
+default), written from the docstrings ``--help`` shortens, so the two cannot disagree. Regenerate after changing a
+field: ``python -m replay_theory.cli.options_doc > docs/OPTIONS.md`` (tests/unit/test_cli_config_options.py checks)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from .config_options import field_docs, field_help, field_owner, list_default, option_name
+from .config_options import every_field, field_docs, field_help, field_owner, list_default
 
 
-def _classes() -> list[tuple[str, type, tuple[type, ...]]]:
-    """(commands, config class, classes whose fields another section already printed)."""
-    from ..integrations.trl_run import TrlRunConfig
-    from ..simulate.config import SimConfig
-    from ..theory.optimal import OptimalQuery, SplitQuery
-    from ..validate.config import AllConfig, ValidateConfig, VerifyConfig
-
-    return [("optimal", OptimalQuery, ()),
-            ("gamma", SplitQuery, ()),
-            ("simulate, calibrate-simulator", SimConfig, ()),
-            ("trl-replay", TrlRunConfig, ()),
-            ("validate calibrate-model (and validate all)", ValidateConfig, ()),
-            ("validate verify (and validate all)", VerifyConfig, ()),
-            ("validate all: the two sections above, and", AllConfig, (ValidateConfig, VerifyConfig))]
-
-
-def _chosen() -> list[tuple[str, type, dict[str, tuple[str, ...]]]]:
-    """(command, config class, its option table) of the commands built from some of a config's fields."""
+def _sections() -> list[tuple[str, type, dict[str, tuple[str, ...]]]]:
+    """(commands, config class, their option table): every field of a class, less those an earlier section printed."""
     from ..diagnose.calibrate_log import CalibrateLogConfig
     from ..diagnose.pipeline import DiagnoseConfig
     from ..experiments.theory_test import Options
-    from . import calibrate_log_cmds, diagnose_cmds, simulate_cmds
+    from ..integrations.trl_run import TrlRunConfig
+    from ..simulate.calibrate import ProbeOptions
+    from ..simulate.config import SimConfig
+    from ..simulate.sweep import SweepOptions
+    from ..theory.optimal import OptimalQuery, SplitQuery
+    from ..validate.config import AllConfig, RunOptions, RunOverrides, ValidateConfig, VerifyConfig
+    from . import calibrate_log_cmds, diagnose_cmds, simulate_cmds, theory_cmds, validate_cmds
 
-    return [("diagnose", DiagnoseConfig, diagnose_cmds.OPTIONS),
+    shown = {f.name for cls in (ValidateConfig, VerifyConfig) for f in dataclasses.fields(cls)}
+    return [("optimal", OptimalQuery, every_field(OptimalQuery, theory_cmds.OPTIMAL_ALIASES)),
+            ("gamma", SplitQuery, every_field(SplitQuery, theory_cmds.GAMMA_ALIASES)),
+            ("simulate, calibrate-simulator", SimConfig, every_field(SimConfig)),
+            ("trl-replay", TrlRunConfig, every_field(TrlRunConfig)),
+            ("validate calibrate-model (and validate all)", ValidateConfig, every_field(ValidateConfig)),
+            ("validate verify (and validate all)", VerifyConfig, every_field(VerifyConfig)),
+            ("validate all: the two sections above, and", AllConfig,
+             {name: names for name, names in every_field(AllConfig).items() if name not in shown}),
+            ("diagnose", DiagnoseConfig, diagnose_cmds.OPTIONS),
             ("calibrate --from-log", CalibrateLogConfig, calibrate_log_cmds.OPTIONS),
-            ("experiment theory-test", Options, simulate_cmds.THEORY_TEST_OPTIONS)]
+            ("experiment theory-test", Options, simulate_cmds.THEORY_TEST_OPTIONS),
+            ("calibrate-simulator: the probe", ProbeOptions, every_field(ProbeOptions)),
+            ("sweep (and experiment: --out, --jobs, --no-progress)", SweepOptions, simulate_cmds.SWEEP_OPTIONS),
+            ("validate: the run (each command takes those it uses)", RunOptions, validate_cmds.RUN),
+            ("validate predict (--price-mu) and verify (the rest): calibrate's config changed", RunOverrides,
+             validate_cmds.OVERRIDES)]
 
 
 def _default(field: dataclasses.Field) -> str:
+    if isinstance(field.default, tuple):
+        return list_default(field.default)
     if field.default is not dataclasses.MISSING:
         return repr(field.default) if isinstance(field.default, str) else str(field.default)
     if field.default_factory is not dataclasses.MISSING:
@@ -56,26 +56,13 @@ def options_markdown() -> str:
     lines = ["# Options in full", "",
              "Generated by `python -m replay_theory.cli.options_doc` from the config dataclasses' field docstrings "
              "(`--help` prints the first sentence of each). Do not edit by hand.", ""]
-    for commands, cls, shown in _classes():
-        done = {f.name for other in shown for f in dataclasses.fields(other)}
-        docs = field_docs(cls)
-        lines += [f"## {commands}", "", f"`{cls.__module__.removeprefix('replay_theory.')}.{cls.__name__}`", "",
-                  "| option | default | what it is |", "|---|---|---|"]
-        for field in dataclasses.fields(cls):
-            if not field.init or field.name in done:
-                continue
-            text = field_help(field, docs.get(field.name, "")).replace("|", "\\|")
-            lines.append(f"| `{option_name(field.name)}` | `{_default(field)}` | {text} |")
-        lines.append("")
-    for command, cls, options in _chosen():
+    for command, cls, options in _sections():
         lines += [f"## {command}", "", f"`{cls.__module__.removeprefix('replay_theory.')}.{cls.__name__}`", "",
                   "| option | default | what it is |", "|---|---|---|"]
         for path, names in options.items():
             owner, field = field_owner(cls, path)
             text = field_help(field, field_docs(owner).get(field.name, "")).replace("|", "\\|")
-            default = field.default if isinstance(field.default, tuple) else None
-            lines.append(f"| `{', '.join(names)}` | `{_default(field) if default is None else list_default(default)}` "
-                         f"| {text} |")
+            lines.append(f"| `{', '.join(names)}` | `{_default(field)}` | {text} |")
         lines.append("")
     return "\n".join(lines)
 

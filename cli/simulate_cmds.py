@@ -1,22 +1,15 @@
 """``replay-theory simulate | calibrate-simulator | sweep | experiment``: the simulator from the command line.
 
-Paper: experience-replay (docs/REFERENCES.md), Sec. 3's synchronous FIFO model: ``--capacity`` is the
-buffer size N, ``--rollouts-per-step`` R, ``--batch-size`` B (``--batch`` for short), so the staleness
-horizon is x = N/R and the replay ratio y = B/R. ``simulate`` and ``calibrate-simulator`` take every
-:class:`~replay_theory.simulate.config.SimConfig` field as an option, built by
-``cli/config_options.py`` from the dataclass (its help is the field's docstring). ``sweep`` runs a JSON
-grid of configurations and ``experiment`` one of the docs/SIMULATION.md tables.
-
-Every argument is checked before any work: output paths (``--out``), ``--jobs``, ``--backend``, the
-spec and the config; results are never overwritten.
+Options are the fields of ``SimConfig``, ``ProbeOptions``, ``SweepOptions`` and the theory test's ``Options``; every
+argument is checked before any work, and results are never overwritten.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -27,53 +20,23 @@ from ..experiments.theory_test import Options as TheoryTestOptions
 from ..experiments.theory_test import check_out as check_theory_test_out
 from ..experiments.theory_test import command_line, options_from, run_theory_test, summary_table, write_evidence
 from ..outputs import check_new_file
-from ..simulate.calibrate import (
-    DEFAULT_KAPPA_PAIRS,
-    DEFAULT_MAX_GAP,
-    DEFAULT_NOISE_CHECKPOINTS,
-    DEFAULT_NOISE_GROUPS,
-    DEFAULT_REFERENCE_SAMPLES,
-    DEFAULT_STALENESS,
-    PROBE_ARGUMENTS,
-    calibration_lines,
-    check_probe,
-    probe_config,
-)
+from ..simulate.calibrate import PROBE_ARGUMENTS, ProbeOptions, calibration_lines, check_probe, probe_config
 from ..simulate.calibrate import calibrate as measure_profile
 from ..simulate.config import SimConfig, config_from_dict, field_names
 from ..simulate.engine import run
-from ..simulate.sweep import (
-    BACKENDS,
-    SweepInterrupted,
-    load_runs,
-    load_spec,
-    parquet_available,
-    run_sweep,
-)
+from ..simulate.sweep import SweepInterrupted, SweepOptions, load_runs, load_spec, parquet_available, run_sweep
 from ..theory.profiles import save_profile
 from .common import UserError, emit_json, on_ctrl_c, option_message
-from .config_options import option_name, with_dataclass_options, with_field_options
+from .config_options import config_from_options, option_name, with_field_options
 
 ALIASES = {"batch_size": ("--batch",)}
 THEORY_TEST_OPTIONS = {"instances": ("--instance",), "settings": ("--setting",), "optimizers": ("--optimizer",),
                        "mus": ("--mu",), "floors": ("--floor",), "seeds": ("--seeds",), "quick": ("--quick",)}
 SUMMARY_KEYS = ("mean_staleness", "max_staleness", "replay_ratio", "mean_time_since_last_use", "compute_ratio",
                 "final_reward", "ess_frac")
-# Valid ranges appended when typer rejects a value of these options (cli/app.py::main).
-VALID_RANGES = {
-    "checkpoints": "an integer >= 1",
-    "samples": "an integer >= 1, a multiple of --group-size",
-    "jobs": "-1 (all cores) or an integer >= 1",
-    "noise_checkpoints": "an integer >= 1",
-    "noise_groups": "an integer >= 2",
-    "kappa_pairs": "an integer >= 0",
-}
-
-Backend = Enum("Backend", {name: name for name in BACKENDS}, type=str)  # typer shows the choices in --help
-
-OutDirOption = Annotated[Path, typer.Option("--out", help="Results directory: created if absent, resumed if it "
-                                                         "holds this very sweep; any other content is refused.")]
-JobsOption = Annotated[int, typer.Option("--jobs", "-j", help="Parallel configurations: -1 (all cores) or >= 1.")]
+SWEEP_OPTIONS = {"out": ("--out",), "jobs": ("--jobs", "-j"), "backend": ("--backend",),
+                 "scheduler": ("--scheduler",), "no_progress": ("--no-progress",)}
+RUN_OPTIONS = {name: SWEEP_OPTIONS[name] for name in ("out", "jobs", "no_progress")}  # experiment's
 NoProgressOption = Annotated[bool, typer.Option("--no-progress", help="Hide the progress bar.")]
 
 
@@ -92,7 +55,7 @@ def jobs_checked(jobs: int) -> int:
         raise UserError(str(err)) from None
 
 
-@with_dataclass_options(SimConfig, aliases=ALIASES)
+@with_field_options(SimConfig, aliases=ALIASES)
 def simulate(
     fields: dict[str, Any],
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (summary + config; "
@@ -118,64 +81,31 @@ def simulate(
             typer.echo(f"{key:<28} {summary[key]}")
 
 
-@with_dataclass_options(SimConfig, aliases=ALIASES)
+@with_field_options(SimConfig, ProbeOptions, aliases=ALIASES)
 def calibrate_simulator(
     fields: dict[str, Any],
+    typed_probe: dict[str, Any],
     out: Annotated[Path, typer.Option("--out", help="Profile file to write (JSON; its folder must exist; "
                                                     "never overwritten).")],
-    checkpoints: Annotated[int, typer.Option("--checkpoints", min=1,
-                                             help="Training steps at which the noise is measured.")] = 3,
-    samples: Annotated[int, typer.Option("--samples", min=1, help="Responses per staleness value and checkpoint "
-                                                                  "(a multiple of --group-size).")] = 256,
-    staleness: Annotated[str, typer.Option("--staleness", help="Staleness values s of sigma^2(s), comma-separated "
-                                                               "increasing integers >= 0.")
-                         ] = ",".join(map(str, DEFAULT_STALENESS)),
-    max_gap: Annotated[int, typer.Option("--max-gap", help="Largest creation-step gap for rho, >= 1 (the horizon "
-                                                           "x = N/R of a design grid); the probe's FIFO capacity is "
-                                                           "raised to (gap + 1) R if smaller.")] = DEFAULT_MAX_GAP,
-    reference: Annotated[str, typer.Option("--reference", help="grad F: exact (enumerated; bandit, or token-mdp "
-                                                               "except m2po), sampled (a held-out batch, its error "
-                                                               "subtracted) or auto.")
-                         ] = "auto",
-    reference_samples: Annotated[int, typer.Option("--reference-samples", help="Responses in the sampled "
-                                                   "reference batch (a multiple of --group-size).")
-                                 ] = DEFAULT_REFERENCE_SAMPLES,
-    noise_checkpoints: Annotated[int, typer.Option("--noise-checkpoints", help="Steps, evenly spread over the run, "
-                                                   "at which the noise scale B_noise is measured on fresh groups "
-                                                   "(those before the reward plateau are kept), >= 1.")
-                                 ] = DEFAULT_NOISE_CHECKPOINTS,
-    noise_groups: Annotated[int, typer.Option("--noise-groups", help="Fresh prompt groups per seed and "
-                                              "noise-scale checkpoint, >= 2 (the units of B_noise).")
-                            ] = DEFAULT_NOISE_GROUPS,
-    kappa_pairs: Annotated[Optional[int], typer.Option(
-        "--kappa-pairs", min=0, help="Curvature pairs per seed and kept noise-scale checkpoint for the optimizer's "
-                                     "memory kappa, >= 0 (each: three fresh minibatches of B and Hessian-vector "
-                                     "products; 0: kappa not measured). Default: "
-                                     + ", ".join(f"{v} on the {k}" for k, v in DEFAULT_KAPPA_PAIRS.items())
-                                     + ".", show_default=False)] = None,
 ) -> None:
-    """Measure sigma^2(s) (plain and signal-normalised), the retained signal, rho (unclamped, with a bootstrap
-    interval), the within-group correlation, the noise scale B_noise (per-sample, and with the exact |E G|^2
-    where it can be enumerated) and the optimizer's memory kappa (exact, curvature pairs, lag-1 autocorrelation) on
-    a probe run (the config given by the options); writes the profile that `replay-theory optimal --profile`
-    reads."""
+    """Measure sigma^2(s), rho, B_noise and kappa on a simulator probe run; writes the profile `optimal --profile`
+    reads.
+
+    sigma^2(s) plain and signal-normalised with the retained signal, rho unclamped with a bootstrap interval and the
+    within-group correlation, B_noise per sample (and with the exact |E G|^2 where it can be enumerated), and the
+    optimizer's memory kappa (exact, curvature pairs, lag-1 autocorrelation); the probe is the config the options
+    give."""
     check_new_file(out)  # before the probe: a run whose result cannot be saved is not started
     config = build_config(fields)
+    probe = config_from_options(ProbeOptions, None, typed_probe)
     try:
-        probe_staleness = tuple(int(v) for v in staleness.split(","))
-    except ValueError:
-        raise UserError(f"--staleness must be comma-separated integers >= 0, got {staleness!r}") from None
-    try:
-        check_probe(probe_config(config, max_gap), probe_staleness, samples, max_gap, reference, reference_samples,
-                    noise_checkpoints, noise_groups, kappa_pairs)
+        check_probe(probe_config(config, probe.max_gap), probe.staleness, probe.samples, probe.max_gap, probe.reference,
+                    probe.reference_samples, probe.noise_checkpoints, probe.noise_groups, probe.kappa_pairs)
     except ValueError as err:
         raise UserError(_as_options(str(err))) from None
     with on_ctrl_c(f"interrupted during the probe: nothing was written (--out {out} is written when it ends); run "
                    "the same command to start again"):
-        result = measure_profile(config, staleness=probe_staleness, checkpoints=checkpoints, samples=samples,
-                                 max_gap=max_gap, reference=reference, reference_samples=reference_samples,
-                                 noise_checkpoints=noise_checkpoints, noise_groups=noise_groups,
-                                 kappa_pairs=kappa_pairs)
+        result = measure_profile(config, **dataclasses.asdict(probe))
     changed = {k: v for k, v in config.to_dict().items() if v != getattr(SimConfig(), k)}
     source = " ".join(["replay-theory calibrate-simulator"] + [f"{option_name(k)} {v}" for k, v in changed.items()])
     try:
@@ -193,30 +123,15 @@ def _as_options(message: str) -> str:
     return re.sub(rf"(?<![\w-])({names})\b", lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 
-def sweep(
-    spec: Annotated[Path, typer.Argument(help="Sweep spec (JSON): base config, grid, extra configs.")],
-    out: OutDirOption,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Parallel configurations: -1 (all cores) or >= 1; with "
-                                                            "dask or ray and no --scheduler, the local cluster's "
-                                                            "workers.")] = -1,
-    backend: Annotated[Backend, typer.Option("--backend", help="Engine: loky (processes here), threading, dask "
-                                                               "(pip install 'replay-theory[dask]') or ray "
-                                                               "(pip install 'replay-theory[ray]'). Results are "
-                                                               "bit-identical across loky, dask and ray.")
-                       ] = Backend.loky,
-    scheduler: Annotated[str | None, typer.Option("--scheduler", help="dask or ray only: a running cluster, "
-                                                                      "tcp://HOST:PORT (dask) or auto, HOST:PORT, "
-                                                                      "ray://HOST:PORT (ray); default: a local "
-                                                                      "cluster of --jobs workers, closed after.")
-                         ] = None,
-    no_progress: NoProgressOption = False,
-) -> None:
+@with_field_options((SweepOptions, SWEEP_OPTIONS))
+def sweep(typed: dict, spec: Annotated[Path, typer.Argument(help="Sweep spec (JSON): base config, grid, extra "
+                                                                 "configs.")]) -> None:
     """Run a grid of simulator configurations in parallel; resumable, never overwrites. Writes results.csv and,
     with pyarrow installed, results.parquet (one row per configuration and seed)."""
-    loaded = load_spec(spec)
+    loaded, how = load_spec(spec), config_from_options(SweepOptions, SWEEP_OPTIONS, typed)
     try:
-        table = run_sweep(loaded, out, n_jobs=jobs_checked(jobs), backend=backend.value,
-                          show_progress=not no_progress, scheduler=scheduler)
+        table = run_sweep(loaded, how.out, n_jobs=jobs_checked(how.jobs), backend=how.backend,
+                          show_progress=not how.no_progress, scheduler=how.scheduler)
     except SweepInterrupted as stop:  # Ctrl-C: what is kept and how to resume, then the shell's code for SIGINT
         typer.echo(stop.message(), err=True)
         raise typer.Exit(130) from None
@@ -227,24 +142,20 @@ def sweep(
                    f"pip install 'replay-theory[dask]' or pip install pyarrow)")
 
 
-@with_field_options(TheoryTestOptions, THEORY_TEST_OPTIONS)
-def experiment(
-    typed: dict,
-    name: Annotated[str, typer.Argument(help=", ".join(EXPERIMENTS) + ".")],
-    out: OutDirOption,
-    jobs: JobsOption = -1,
-    no_progress: NoProgressOption = False,
-) -> None:
+@with_field_options((SweepOptions, RUN_OPTIONS), (TheoryTestOptions, THEORY_TEST_OPTIONS))
+def experiment(typed_run: dict, typed: dict, name: Annotated[str, typer.Argument(help=", ".join(EXPERIMENTS) + ".")]
+               ) -> None:
     """Run one of the docs/SIMULATION.md experiments and print its table (rebuilt from the saved runs). The
     theory-test options apply to theory-test only."""
-    chosen = get_experiment(name)
+    chosen, how = get_experiment(name), config_from_options(SweepOptions, RUN_OPTIONS, typed_run)
+    out, jobs, progress = how.out, jobs_checked(how.jobs), not how.no_progress
     given = [(THEORY_TEST_OPTIONS[path][0], value) for path, value in typed.items()]
     if name == "theory-test":
-        return _theory_test(out, given, options_from(typed), jobs_checked(jobs), not no_progress)
+        return _theory_test(out, given, options_from(typed), jobs, progress)
     if given:
         raise UserError(f"{', '.join(flag for flag, _ in given)} only apply to the theory-test experiment, not {name}")
     with on_ctrl_c(f"interrupted: the finished runs are kept in {out}; run the same command to go on from them"):
-        run_sweep(chosen.spec, out, n_jobs=jobs_checked(jobs), show_progress=not no_progress)  # or the sweep's line
+        run_sweep(chosen.spec, out, n_jobs=jobs, show_progress=progress)  # or the sweep's line
         if chosen.prepare is not None:
             chosen.prepare(out)
     table = chosen.table(out)

@@ -20,14 +20,14 @@ import typer
 from ..theory.answer import render_split, split_record
 from ..theory.optimal import OptimalQuery, SplitQuery, answer
 from .common import emit_json
-from .config_options import with_dataclass_options
+from .config_options import with_field_options
 
 OPTIMAL_ALIASES = {"batch_size": ("-B",), "rollouts_per_step": ("-R",)}
 GAMMA_ALIASES = {"workers": ("-W",), "trainers": ("-T",)}
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object (infinite values as null).")]
 
 
-@with_dataclass_options(OptimalQuery, aliases=OPTIMAL_ALIASES)
+@with_field_options(OptimalQuery, aliases=OPTIMAL_ALIASES)
 def optimal(fields: dict[str, Any], as_json: JsonOption = False) -> None:
     """What to do with your rollouts: the cheapest on-policy batch against the best replay design (B, R, N).
 
@@ -45,7 +45,7 @@ def optimal(fields: dict[str, Any], as_json: JsonOption = False) -> None:
         typer.echo(result.note, err=True)
 
 
-@with_dataclass_options(SplitQuery, aliases=GAMMA_ALIASES)
+@with_field_options(SplitQuery, aliases=GAMMA_ALIASES)
 def gamma(fields: dict[str, Any], as_json: JsonOption = False) -> None:
     """Compute ratio gamma = (1 + W/T) / (1 + mu) of a buffered (W, T) split versus on-policy (Eq. 2)."""
     split = SplitQuery(**fields).split()

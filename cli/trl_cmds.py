@@ -1,10 +1,6 @@
-"""``replay-theory trl-replay``: TRL's GRPO trainer with a replay buffer sized by the theory, in one command.
+"""``replay-theory trl-replay``: TRL's GRPO trainer with a replay buffer sized by the theory (integrations/trl_run.py).
 
-Paper: experience-replay (docs/REFERENCES.md), Sec. 3 (N, B, R). Options are the fields of ``TrlRunConfig``
-(integrations/trl_run.py), their help the field docstrings; ``--buffer`` and ``--loss`` list the registry's entries
-a trainer can run, with their help (core/designs.py). Every value is checked before any work or file. It
-needs the trl extra (TRL, transformers, torch, datasets), imported when the command runs, so this module loads
-without them.
+Options are the fields of ``TrlRunConfig``; the trl extra is imported when the command runs.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ import typer
 from .. import install_hint
 from ..integrations.trl_run import CACHE_ENV, TrlRunConfig, check_out_dir, default_cache_dir
 from .common import on_ctrl_c
-from .config_options import with_dataclass_options
+from .config_options import with_field_options
 
 OutOption = Annotated[Path, typer.Option(
     "--out", help="New (or empty) run directory: rollouts.parquet, run.json, trainer_log.jsonl (TRL's per-step "
@@ -34,13 +30,15 @@ def register(app: typer.Typer) -> None:
     app.command("trl-replay")(trl_replay)
 
 
-@with_dataclass_options(TrlRunConfig)
+@with_field_options(TrlRunConfig)
 def trl_replay(fields: dict[str, Any], out: OutOption, no_progress: NoProgressOption = False,
                cache_dir: CacheDirOption = None) -> None:
-    """Run TRL's GRPOTrainer with the replay buffer (N, B, R from --design or by hand) on Countdown; writes the
-    diagnose log that `diagnose --preset trl` and `calibrate --from-log` read, and the gradient noise scale B_noise
-    (two batch sizes a step, no extra backward pass). stdout: the regime when it is not replay, then the summary;
-    TRL's per-step logs go to OUT/trainer_log.jsonl, a progress bar to stderr."""
+    """Run TRL's GRPOTrainer with the replay buffer on Countdown; writes the log `diagnose` and `calibrate --from-log`
+    read.
+
+    N, B, R from --design or by hand; also the gradient noise scale B_noise (two batch sizes a step, no extra backward
+    pass). stdout: the regime when it is not replay, then the summary; TRL's per-step logs go to
+    OUT/trainer_log.jsonl, a progress bar to stderr."""
     config = TrlRunConfig(**fields).validated()
     check_out_dir(out, config)
     cache_dir = default_cache_dir() if cache_dir is None else cache_dir

@@ -118,6 +118,37 @@ RHO_NOISE_TEXT = {
 }
 
 
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """``calibrate``'s probe arguments beside the config: ``replay-theory calibrate-simulator``'s options (field
+    metadata: ``valid``, the range shown when the command line rejects a value; ``min``, the smallest it accepts)."""
+
+    checkpoints: int = field(default=3, metadata={"min": 1, "valid": "an integer >= 1"})
+    """Training steps at which the noise is measured."""
+    samples: int = field(default=256, metadata={"min": 1, "valid": "an integer >= 1, a multiple of --group-size"})
+    """Responses per staleness value and checkpoint (a multiple of --group-size)."""
+    staleness: tuple[int, ...] = field(default=DEFAULT_STALENESS, metadata={"valid": "comma-separated integers >= 0"})
+    """Staleness values s of sigma^2(s), comma-separated increasing integers >= 0."""
+    max_gap: int = DEFAULT_MAX_GAP
+    """Largest creation-step gap for rho, >= 1 (the horizon x = N/R of a design grid); the probe's FIFO capacity is
+    raised to (gap + 1) R if smaller."""
+    reference: str = "auto"
+    """grad F: exact (enumerated; bandit, or token-mdp except m2po), sampled (a held-out batch, its error subtracted)
+    or auto."""
+    reference_samples: int = DEFAULT_REFERENCE_SAMPLES
+    """Responses in the sampled reference batch (a multiple of --group-size)."""
+    noise_checkpoints: int = field(default=DEFAULT_NOISE_CHECKPOINTS, metadata={"valid": "an integer >= 1"})
+    """Steps, evenly spread over the run, at which the noise scale B_noise is measured on fresh groups (those before
+    the reward plateau are kept), >= 1."""
+    noise_groups: int = field(default=DEFAULT_NOISE_GROUPS, metadata={"valid": "an integer >= 2"})
+    """Fresh prompt groups per seed and noise-scale checkpoint, >= 2 (the units of B_noise)."""
+    kappa_pairs: int | None = field(default=None, metadata={"min": 0, "valid": "an integer >= 0"})
+    """Curvature pairs per seed and kept noise-scale checkpoint for the optimizer's memory kappa, >= 0 (each: three
+    fresh minibatches of B and Hessian-vector products; 0: kappa not measured). Default: the env's, 8 on the bandit
+    and 2 on the token-mdp (DEFAULT_KAPPA_PAIRS)."""
+
+
 def _add(acc: dict, name: str, value) -> None:
     """Sum a seed-unit measurement into ``acc[name]`` (checkpoints of one seed add up)."""
     acc[name] = value if name not in acc else acc[name] + value

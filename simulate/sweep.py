@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import importlib.util
 import itertools
 import json
@@ -95,6 +96,26 @@ SCHEDULER_FORMATS = {
 """What ``--scheduler`` accepts per backend, and how the error message spells it."""
 VERSION_KEY = "replay_theory_version"
 """Key of the code version in spec.json and in every runs/KEY.json."""
+
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepOptions:
+    """How ``replay-theory sweep`` and ``experiment`` run their configurations: their options."""
+
+    out: Path
+    """Results directory: created if absent, resumed if it holds this very sweep; any other content is refused."""
+    jobs: int = dataclasses.field(default=-1, metadata={"valid": "-1 (all cores) or an integer >= 1"})
+    """Parallel configurations: -1 (all cores) or >= 1; with dask or ray and no --scheduler, the local cluster's
+    workers."""
+    backend: str = "loky"
+    """Engine: loky (processes here), threading, dask (pip install 'replay-theory[dask]') or ray (pip install
+    'replay-theory[ray]'). Results are bit-identical across loky, dask and ray."""
+    scheduler: str | None = None
+    """dask or ray only: a running cluster, tcp://HOST:PORT (dask) or auto, HOST:PORT, ray://HOST:PORT (ray); default:
+    a local cluster of --jobs workers, closed after."""
+    no_progress: bool = False
+    """Hide the progress bar."""
 
 
 def load_spec(path: str | Path) -> dict:

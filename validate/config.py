@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..core.jobs import check_jobs
 from ..outputs import check_out_dir
-from ..theory.checks import require_integer, require_number, require_one_of
+from ..theory.checks import require_integer, require_number, require_one_of, require_unit_interval
 from . import countdown
 
 
@@ -188,6 +188,61 @@ class AllConfig(ValidateConfig, VerifyConfig):
     def verify(self) -> VerifyConfig:
         return VerifyConfig(self.seeds, self.budget_updates, self.group_replay, self.lr_grid, self.batched,
                             self.family, self.jobs, self.kappa)
+
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a ``validate`` command runs, beside its config: the run directory, the sizes, the protocol, the preset."""
+
+    out: Path
+    """Run directory: new, or a validate run's to go on from (finished steps are skipped; predict reads its
+    calibration.json, verify its predicted.json)."""
+    tiny: bool = True
+    """Small problem and probe sizes for a CPU (--full: n-train 5000, probe-steps 64, samples 4096 where left at their
+    defaults)."""
+    thorough: bool = False
+    """The decisive verify: 16 seeds, budget 96 updates, the FIFO family only, --lr-grid auto."""
+    rho: float | None = None
+    """Correlation rho of Assumption 3.3 in [0, 1] for the prediction (default: the profile's fit; an out-of-range fit
+    gives 0, said in the output)."""
+    no_progress: bool = False
+    """Hide the progress bars (stderr)."""
+    preset: str | None = dataclasses.field(default=None, metadata={"choices": lambda: {
+        name: " ".join(f"--{k.replace('_', '-')} {v}" for k, v in values.items()) for name, values in PRESETS.items()}})
+    """Options for a named run, applied where an option is left at its default."""
+
+    def validated(self) -> "RunOptions":
+        if self.rho is not None:
+            require_unit_interval("--rho", self.rho)
+        return self
+
+
+@dataclass(frozen=True)
+class RunOverrides:
+    """predict's and verify's changes to the config calibrate-model ran with (None: keep; ``load_run_config``)."""
+
+    price_mu: float | None = None
+    """Rollout cost in updates to price compute (default: calibrate's --price-mu)."""
+    device: str | None = None
+    """cpu or cuda (default: calibrate's)."""
+    engine: str | None = None
+    """hf, vllm or auto (default: calibrate's)."""
+    sync_every: int | None = None
+    """Updates between weight syncs trainer -> rollout engine (default: calibrate's)."""
+    micro_batch_size: int | None = None
+    """Completions per forward/backward pass of an update (default: calibrate's)."""
+    gpu_memory_utilization: float | None = None
+    """vLLM only: its share of the GPU (default: calibrate's)."""
+    threads: int | None = None
+    """torch CPU threads (default: calibrate's; results do not depend on it)."""
+
+    def validated(self) -> "RunOverrides":
+        if self.price_mu is not None:
+            check_positive("--price-mu", self.price_mu)
+        if self.threads is not None:
+            check_integer("--threads", self.threads, 1)
+        return self
 
 
 ENGINES = ("hf", "vllm", "auto")

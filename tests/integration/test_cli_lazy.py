@@ -11,7 +11,6 @@ import pytest
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from replay_theory.cli import app as app_module
 from replay_theory.cli.app import COMMANDS, app, load_family, valid_range
 
 HEAVY = ("scipy", "sympy", "matplotlib", "torch", "joblib", "pandas", "pyarrow", "transformers")
@@ -75,11 +74,14 @@ def test_root_help_equals_typers_help_of_the_loaded_commands(width):
     assert lazy.getvalue() == eager.getvalue() and lazy.getvalue().count("\n") == len(COMMANDS) + 1
 
 
-def test_valid_range_is_the_families_tables_or_the_commands_fields():
-    from replay_theory.cli import simulate_cmds
-
-    assert app_module.RANGE_FAMILIES == ("simulate_cmds",)
-    assert {name: valid_range(name) for name in simulate_cmds.VALID_RANGES} == simulate_cmds.VALID_RANGES
+def test_valid_range_is_the_range_the_commands_field_states():
+    commands = typer.main.get_command(app).commands
+    assert {name: valid_range(name, commands["calibrate-simulator"]) for name in
+            ("checkpoints", "samples", "noise_groups", "kappa_pairs", "capacity")} == {
+        "checkpoints": "an integer >= 1", "samples": "an integer >= 1, a multiple of --group-size",
+        "noise_groups": "an integer >= 2", "kappa_pairs": "an integer >= 0", "capacity": None}  # from the fields
+    assert valid_range("jobs", commands["sweep"]) == valid_range("jobs", commands["experiment"]) == (
+        "-1 (all cores) or an integer >= 1")
     assert valid_range("no_such_option") is None
     optimal = typer.main.get_command(app).commands["optimal"]  # built from theory.optimal.OptimalQuery
     assert valid_range("kappa", optimal) == "a finite number > 0 (the optimizer's memory, 1/kappa steps)"

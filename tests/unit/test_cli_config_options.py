@@ -11,7 +11,7 @@ import typer.main
 from typer.testing import CliRunner
 
 from replay_theory.cli import simulate_cmds, theory_cmds, validate_cmds
-from replay_theory.cli.config_options import field_docs, parse_bool, with_dataclass_options
+from replay_theory.cli.config_options import field_docs, parse_bool, with_field_options
 from replay_theory.simulate.config import SimConfig
 
 
@@ -36,7 +36,7 @@ class Child(Base):
 def _toy_app():
     seen = []
 
-    @with_dataclass_options(Child, aliases={"width": ("-w",)})
+    @with_field_options(Child, aliases={"width": ("-w",)})
     def toy(fields: dict, verbose: bool = False) -> None:
         """Toy command."""
         seen.append((fields, verbose))
@@ -61,11 +61,11 @@ def test_options_from_fields_with_help_defaults_and_inheritance():
     assert params["flag"].help == "A switch. (--no-flag: false)" and params["no__flag"].hidden
     runner = CliRunner()
     assert runner.invoke(app, ["toy"]).exit_code == 0
-    assert seen[-1] == ({"width": 3, "shared": 2.0, "flag": True, "label": None}, False)
+    assert seen[-1] == ({}, False)  # only what was typed: the config's own defaults apply to the rest
     result = runner.invoke(app, ["toy", "-w", "5", "--shared", "inf", "--flag", "False", "--label", "x", "--verbose"])
     assert result.exit_code == 0, result.output
     assert seen[-1] == ({"width": 5, "shared": float("inf"), "flag": False, "label": "x"}, True)
-    assert runner.invoke(app, ["toy", "--no-flag"]).exit_code == 0 and seen[-1][0]["flag"] is False
+    assert runner.invoke(app, ["toy", "--no-flag"]).exit_code == 0 and seen[-1][0] == {"flag": False}
     assert runner.invoke(app, ["toy", "--flag", "true", "--no-flag"]).exit_code == 2  # contradictory
 
 
