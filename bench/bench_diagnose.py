@@ -70,6 +70,8 @@ def write_log(path: Path, n_tokens: int, seed: int = 0, drift: float = 0.03) -> 
         writer.write_table(table, row_group_size=262_144)
         seq_base += lengths.size
         written += n
+    if writer is None:
+        raise ValueError(f"n_tokens={n_tokens} is fewer than the first sequence's tokens: no log to write")
     writer.close()
 
 
@@ -178,7 +180,7 @@ def agree(a: dict, b: dict, rel: float = 1e-9) -> None:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--tokens", type=int, default=10_000_000)
     parser.add_argument("--keep", type=Path, default=None, help="Write / reuse the log here.")
     parser.add_argument("--drift", type=float, default=0.03,

@@ -33,7 +33,10 @@ HERE = Path(__file__).resolve().parent
 
 def _batched_bench():
     """``bench/bench_validate_batched.py`` as a module (bench/ is not a package): its tiny on-policy run's lines."""
-    spec = importlib.util.spec_from_file_location("bench_validate_batched", HERE / "bench_validate_batched.py")
+    path = HERE / "bench_validate_batched.py"
+    spec = importlib.util.spec_from_file_location("bench_validate_batched", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no Python module loader for {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -78,7 +81,7 @@ def run(path: str, steps: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per code path (best is kept)")
     parser.add_argument("--steps", type=int, default=3, help="RL updates per measurement")
     args = parser.parse_args()

@@ -171,9 +171,8 @@ def single_core_peak(spec: dict) -> tuple[float, float, float, str]:
     from replay_theory.simulate.sweep import expand_spec
 
     configs = expand_spec(spec)
-    pinned = hasattr(os, "sched_setaffinity")
-    if pinned:
-        before = os.sched_getaffinity(0)
+    before = os.sched_getaffinity(0) if hasattr(os, "sched_setaffinity") else None  # None: no pinning on this OS
+    if before is not None:
         os.sched_setaffinity(0, {min(before)})
     try:
         engine.run(configs[0].with_updates(steps=2))  # warm-up
@@ -182,9 +181,9 @@ def single_core_peak(spec: dict) -> tuple[float, float, float, str]:
             engine.run(config)
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     finally:
-        if pinned:
+        if before is not None:
             os.sched_setaffinity(0, before)
-    note = "pinned to one core" if pinned else "one process (no CPU pinning on this OS)"
+    note = "pinned to one core" if before is not None else "one process (no CPU pinning on this OS)"
     return sample_updates(spec) / cpu, cpu, wall, note
 
 
@@ -262,7 +261,6 @@ def memory_child(capacity: int, seeds: int, seq_len: int, chunk: int) -> dict:
         )
         buffer.add(batch, filled // chunk)
         filled += n
-    del batch
     return {"nbytes": buffer.nbytes, "size": int(buffer.size.min()),
             "tokens": str(buffer.store.tokens.dtype), "logp": str(buffer.store.logp_behav.dtype),
             "rss_start": rss_start, "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
@@ -292,7 +290,7 @@ def main() -> None:
         capacity, seeds, seq_len = (int(x) for x in sys.argv[2:5])
         print(json.dumps(memory_child(capacity, seeds, seq_len, chunk=1000)))
         return
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="shrink everything for a smoke run (< 30 s)")
     args = parser.parse_args()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Callable, TypeVar
 
 import numpy as np
 import torch
 
+from replay_theory.theory.checks import require_integer
 from replay_theory.validate import countdown
 from replay_theory.validate.calibrate import measure_mu_count
 from replay_theory.validate.config import TINY_MODEL
@@ -31,24 +33,32 @@ from replay_theory.validate.policy import ModelConfig, load_policy
 from replay_theory.validate.rl import RLConfig, generate_batch, update_step
 from replay_theory.validate.sampling import generate
 
+T = TypeVar("T")
 
-def _median_seconds(fn, repeats: int) -> tuple[float, object]:
-    times, out = [], None
-    for _ in range(repeats):
+
+def _median_seconds(fn: Callable[[], T], repeats: int) -> tuple[float, T]:
+    """The median wall seconds of ``repeats`` calls of ``fn`` (one at least) and the last call's result."""
+    times: list[float] = []
+    while True:
         start = time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - start)
-    return float(np.median(times)), out
+        if len(times) >= repeats:
+            return float(np.median(times)), out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--batch", type=int, default=64, help="completions per generation and per update")
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--window", type=float, default=3.0, help="seconds of the App. E count window (0: skip)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (validate's --threads default)")
     args = parser.parse_args()
+    try:
+        require_integer("--repeats", args.repeats, 1)
+    except ValueError as err:
+        parser.error(str(err))
     torch.set_num_threads(args.threads)
     if args.batch % 8:
         parser.error("--batch must be a multiple of the group size 8")

@@ -23,7 +23,7 @@ TARGET_SECONDS = 600.0
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="New run directory.")
     parser.add_argument("--no-busy", action="store_true", help="Start no busy process: the other CPU-bound job is "
                                                                   "already running (or measure idle).")

@@ -192,7 +192,7 @@ def held_out_max_abs_diff(a: list[dict], b: list[dict]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--seeds", type=int, default=16, help="seeds per design (--thorough: 16)")
     parser.add_argument("--steps", type=int, default=96, help="RL updates per run (--thorough's budget: 96)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of every process")

@@ -50,7 +50,7 @@ def measure(threads: int, sft_steps: int, rl_steps: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--sft-steps", type=int, default=20)
     parser.add_argument("--rl-steps", type=int, default=5)
     args = parser.parse_args()

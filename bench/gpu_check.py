@@ -87,7 +87,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 HERE = Path(__file__).resolve().parent
 
@@ -221,7 +221,7 @@ def make_plan(config: CheckConfig) -> Plan:
 
 def parse_args(argv: list[str]) -> CheckConfig:
     """argparse over ``CheckConfig``; a bad value is one line on stderr naming the option, exit 2, before any work."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--out", required=True, help="directory for gpu_check.json / .md and the logs")
     parser.add_argument("--smoke", action="store_true", help="every section on the CPU at tiny shapes (~1 min)")
     parser.add_argument("--deadline-s", type=float, default=CheckConfig.deadline_s,
@@ -501,7 +501,10 @@ def section_validate_all(plan: Plan, clock: Clock, budget: float) -> dict:
 
 def _load_bench_batched():
     """``bench/bench_validate_batched.py`` as a module (bench/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("bench_validate_batched", HERE / "bench_validate_batched.py")
+    path = HERE / "bench_validate_batched.py"
+    spec = importlib.util.spec_from_file_location("bench_validate_batched", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no Python module loader for {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -748,6 +751,8 @@ def _full_vocab_tokenizer(alphabet: str, vocab_size: int):
     A random-weight model samples any of the ``vocab_size`` ids; decoding folds an id past the alphabet onto it
     (the texts, and so the rewards, are noise either way: only the shapes and the timings matter here).
     """
+    import torch
+
     from replay_theory.validate.tokenizer import CharTokenizer
 
     class FullVocabTokenizer(CharTokenizer):
@@ -762,10 +767,10 @@ def _full_vocab_tokenizer(alphabet: str, vocab_size: int):
         def vocab_size(self) -> int:
             return self._vocab
 
-        def decode(self, ids, skip_special: bool = True) -> str:
-            ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        def decode(self, ids: Sequence[int] | torch.Tensor, skip_special: bool = True) -> str:
+            values = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
             n, k = len(self.alphabet), self.num_special
-            return super().decode([i if i < k else k + (i - k) % n for i in ids], skip_special)
+            return super().decode([i if i < k else k + (i - k) % n for i in values], skip_special)
 
     return FullVocabTokenizer()
 
@@ -803,8 +808,9 @@ def build_policy(shape: Shape, device: str, *, dtype: str | None = None, compute
             with torch_device:  # initialise on the GPU: a 1.5B model's init on the CPU takes tens of seconds
                 model = Qwen2ForCausalLM(hf_config)
         except Exception:  # noqa: BLE001 - some transformers versions initialise on the CPU only
-            model = Qwen2ForCausalLM(hf_config).to(torch_device)
-    model = model.to(dtype=resolve_dtype(config)).eval()
+            # transformers' to() is @wraps(torch.nn.Module.to): its stub is the unbound function, which wants self
+            model = Qwen2ForCausalLM(hf_config).to(torch_device)  # pyright: ignore[reportArgumentType]
+    model = model.to(dtype=resolve_dtype(config)).eval()  # pyright: ignore[reportCallIssue]  - to()'s stub, above
 
     cls = Policy
     if torch_device.type == "cpu":
@@ -1146,8 +1152,10 @@ def _reference_compile_config(cuda: bool):
 
     if cuda:
         return CompileConfig(mode="reduce-overhead")
-    compile_config = CompileConfig(backend="eager", mode=None)
-    compile_config._compile_all_devices = True  # transformers' own switch for compiling off-GPU
+    # the stubs are narrower than the code: torch.compile takes mode=None (its default), and generate() reads
+    # _compile_all_devices (declared `= None`, so typed None) as a bool
+    compile_config = CompileConfig(backend="eager", mode=None)  # pyright: ignore[reportArgumentType]
+    compile_config._compile_all_devices = True  # pyright: ignore[reportAttributeAccessIssue]  - compile off-GPU
     return compile_config
 
 
@@ -1203,7 +1211,8 @@ def worker_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     raw = json.loads(Path(args.plan).read_text())
     raw["shapes"] = tuple(Shape(**s) for s in raw["shapes"])
-    plan = Plan(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}  # JSON values
+    plan = Plan(**fields)
     import torch
 
     torch.set_num_threads(plan.threads)

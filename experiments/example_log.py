@@ -145,7 +145,7 @@ def write_example(path: str | Path, shape: str = "default", seed: int = 0) -> di
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m replay_theory.experiments.example_log",
-                                     description=__doc__.splitlines()[0])
+                                     description=(__doc__ or "").split("\n")[0])
     parser.add_argument("path", type=Path, help="Where to write the log (.parquet, .csv or .jsonl).")
     parser.add_argument("--shape", default="default", choices=SHAPES, help="Column names and layout.")
     parser.add_argument("--seed", type=int, default=0)

@@ -58,7 +58,8 @@ def model_rows(rows: list[dict], b_noise: float, mu: float, memory: fg.Memory, b
         compute = [p.compute / reference for p in predictions]
         for (row, _), p, c in zip(priced, predictions, compute):
             out["rows"][row["name"]][label] = {"psi": p.psi, "kappa": p.kappa, "compute": c}
-        rho = spearmanr(compute, [-row["final_reward_mean"] for row, _ in priced]).statistic
+        # [0]: the statistic (scipy builds SignificanceResult at run time, so its field names have no static type)
+        rho = spearmanr(compute, [-row["final_reward_mean"] for row, _ in priced])[0]
         out["spearman"][label] = float(rho)
     return out
 
@@ -109,7 +110,7 @@ def markdown(report: dict, profile: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a finished `validate verify --family horizon` run directory")
     args = parser.parse_args(argv)
     report_path, profile_path = args.run / REPORT, args.run / "profile.json"

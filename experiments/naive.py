@@ -98,14 +98,16 @@ def _generate(gen: np.random.Generator, theta: np.ndarray, env: BanditEnv, num_g
     return fresh
 
 
-def _push(ring: list[tuple | None], ptr: int, filled: int, fresh: list[tuple]) -> tuple[int, int]:
-    """Push into the FIFO ring (oldest slot overwritten); the new (write pointer, filled slots)."""
-    N = len(ring)
+def _push(ring: list[tuple], capacity: int, ptr: int, fresh: list[tuple]) -> int:
+    """Push into the FIFO ring of ``capacity`` slots (appended until full, then the oldest slot overwritten); the new
+    write pointer. The filled slots are ``ring``'s first ``len(ring)``."""
     for item in fresh:
-        ring[ptr] = item
-        ptr = (ptr + 1) % N
-        filled = min(filled + 1, N)
-    return ptr, filled
+        if len(ring) < capacity:
+            ring.append(item)
+        else:
+            ring[ptr] = item
+        ptr = (ptr + 1) % capacity
+    return ptr
 
 
 def _sample_slots(gen: np.random.Generator, config: SimConfig, filled: int, step: int) -> list[int]:
@@ -173,12 +175,12 @@ def _run_seed(config: SimConfig, env: BanditEnv, seed_index: int) -> tuple[np.nd
     log_hi = math.log1p(config.eps_high) if math.isfinite(config.eps_high) else math.inf
     theta = np.zeros(d)
     first, second = np.zeros(d), np.zeros(d)
-    ring: list[tuple | None] = [None] * config.capacity  # (prompt, action, logp_behav, advantage) per slot
-    ptr, filled = 0, 0
+    ring: list[tuple] = []  # (prompt, action, logp_behav, advantage) per filled slot, up to config.capacity
+    ptr = 0
     seed_reward, seed_accuracy = [], []
     for step in range(config.steps):
-        ptr, filled = _push(ring, ptr, filled, _generate(gen, theta, env, num_groups, G))
-        chosen = _sample_slots(gen, config, filled, step)
+        ptr = _push(ring, config.capacity, ptr, _generate(gen, theta, env, num_groups, G))
+        chosen = _sample_slots(gen, config, len(ring), step)
         grad = _grpo_gradient(theta, env, [ring[slot] for slot in chosen], log_lo, log_hi, config.batch_size)
         if config.optimizer == "adam":
             theta, first, second = _adam_step(theta, grad, first, second, step + 1, config.lr)

@@ -28,7 +28,7 @@ from ..simulate.config import config_from_dict
 from ..simulate.sweep import load_runs
 from ..theory.checks import require_one_of
 from ..theory.design import DesignQuery, optimal_design
-from ..theory.profiles import load_profile, save_profile
+from ..theory.profiles import TabulatedProfile, load_profile, save_profile
 from .theory_test import SPEC as THEORY_TEST_SPEC
 from .theory_test import theory_test_table
 
@@ -201,8 +201,8 @@ def _prediction_vs_best(out_dir: Path, runs: list[dict]) -> str:
     x_best, y_best = c["capacity"] / rollouts_per_update, c["mu"] * c["trainers"] / c["workers"]
     lines.append(f"Empirical best at mu = 5.28: N = {c['capacity']}, (W,T) = ({c['workers']:g},{c['trainers']:g}), "
                  f"i.e. x = N/R = {x_best:.3g}, y = B/R = {y_best:.3g}, W/T = {c['workers'] / c['trainers']:.3g}.")
-    sigma = np.asarray(loaded.profile.sigma_sq_values) if hasattr(loaded.profile, "sigma_sq_values") else None
-    if sigma is not None:
+    if isinstance(loaded.profile, TabulatedProfile):  # a measured table: its sigma^2(s)
+        sigma = np.asarray(loaded.profile.sigma_sq_values)
         lines.append("Measured sigma^2(s) at s = " + ", ".join(
             f"{s:g}: {v:.3g}" for s, v in zip(loaded.profile.staleness, sigma)) + ".")
     return "\n".join(lines)

@@ -99,7 +99,7 @@ def compare(env: str = "bandit", **kwargs) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m replay_theory.experiments.proxy_check",
-                                     description=__doc__.splitlines()[0])
+                                     description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--env", default="bandit", choices=("bandit", "token-mdp"))
     parser.add_argument("--seeds", type=int, default=16)
     parser.add_argument("--samples", type=int, default=2048)

@@ -47,6 +47,7 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -58,7 +59,7 @@ from ..core.progress import ProgressBar
 from ..outputs import check_out_dir, strict, write_new
 from ..simulate import to_target
 from ..simulate.config import config_from_dict
-from ..simulate.envs import make_env
+from ..simulate.envs import BanditEnv, NoisyRewardBandit, make_env
 from ..simulate.envs.quadratic import QuadraticEnv
 from ..theory import design as theory_design
 from ..theory import forgetting
@@ -290,7 +291,11 @@ class Store:
 # --------------------------------------------------------------------------- one unit: (setting, optimizer, instance)
 
 
-def build_env(setting: Setting, instance: int):
+Env = BanditEnv | QuadraticEnv
+"""The settings' environments (the noisy-reward bandit is a BanditEnv)."""
+
+
+def build_env(setting: Setting, instance: int) -> Env:
     """The setting's environment at ``instance`` (the quadratic's noise and the bandit's features from it)."""
     config = dict(setting.env_config, instance_seed=instance)
     if setting.env == "noisy-bandit":
@@ -306,7 +311,7 @@ def exact_hessian(env, theta: np.ndarray, h: float = 1e-4) -> np.ndarray:
     return (hess + hess.T) / 2
 
 
-def instance_record(store: Store, setting: Setting, instance: int) -> tuple[object, dict]:
+def instance_record(store: Store, setting: Setting, instance: int) -> tuple[Env, dict]:
     """J*, J0, target and smoothness L of the instance (exact; the bandit's J* by noise-free ascent)."""
     env = build_env(setting, instance)
     payload = {"kind": "instance", "setting": asdict(setting), "instance": instance,
@@ -332,13 +337,13 @@ class Unit:
     setting: Setting
     optimizer: str
     instance: int
-    env: object
+    env: Env
     inst: dict
     store: Store
     options: Options
     boot_index: np.ndarray  # (BOOTS, seeds) the paired seed resamples of every design of the unit
-    tick: object = None  # called every training step (keeps a progress bar's clock live)
-    advance: object = None  # called after every design
+    tick: Callable[[], None] | None = None  # called every training step (keeps a progress bar's clock live)
+    advance: Callable[[], None] | None = None  # called after every design
     exact: bool = False  # the quadratic under SGD: every design's expected curve exactly
     runs: dict = field(default_factory=dict)  # label -> merged MC record
     exact_runs: dict = field(default_factory=dict)  # label -> exact record
@@ -348,7 +353,7 @@ class Unit:
         return 1.0 / self.inst["smoothness"] if self.optimizer == "sgd" else 1.0
 
     def payload(self, design: forgetting.Design, lrs: np.ndarray, max_steps: int) -> dict:
-        stream = {"noise_stream": "per run"} if hasattr(self.env, "with_noise_stream") else {}
+        stream = {"noise_stream": "per run"} if isinstance(self.env, NoisyRewardBandit) else {}
         return {"kind": "run", "setting": self.setting.name, "optimizer": self.optimizer, "instance": self.instance,
                 **stream,
                 "design": [design.batch, design.rollouts, design.capacity, design.on_policy],
@@ -419,6 +424,8 @@ class Unit:
         payload = {"kind": "exact", **self.payload(design, lrs, max_steps)}
         found = self.store.get(payload)
         if found is None:
+            if not isinstance(self.env, QuadraticEnv):
+                raise ValueError(f"{self.setting.name}: exact expected curves need the quadratic environment")
             trace = to_target.expected_to_target(self.env, design, lrs, max_steps)
             found = self.store.put(payload, {"lrs": lrs.tolist(), "crossing": trace.crossing.tolist(),
                                              "stationary": trace.stationary.tolist(), "steps": trace.steps})
@@ -485,9 +492,9 @@ def train_unit(unit: Unit) -> None:
     merged = unit.tune(f"on-policy B={BATCH}", pilot, 0.0, PILOT_MAX_STEPS,
                        first=np.concatenate([coarse, refine]))
     s_ref = float(design_steps(merged)[0])
-    if unit.exact:
-        ex = unit.exact_run(f"on-policy B={BATCH}", pilot, PILOT_MAX_STEPS)
-        s_ref_exact = ex["steps_tuned"]
+    # the exact pilot's steps, which cap every exact run below (read only when the unit is exact)
+    s_ref_exact = (unit.exact_run(f"on-policy B={BATCH}", pilot, PILOT_MAX_STEPS)["steps_tuned"] if unit.exact
+                   else math.nan)
     alpha = 1.0 if unit.optimizer == "sgd" else 0.5
     previous = BATCH
     for b in sorted(options.on_policy_batches, reverse=True):
@@ -535,6 +542,7 @@ def sample_grads(env, setting: Setting, theta: np.ndarray, behaviour: np.ndarray
     quadratic samples (behaviour ignored: a sample's noise does not depend on who drew it)."""
     if isinstance(env, QuadraticEnv):
         return env.sample_grads(theta, env.noise(rng, (1, groups * GROUP)))[0]
+    assert setting.loss is not None  # only the quadratic's settings have no loss, and it returned above
     config = config_from_dict({"buffer": "on-policy", "pipeline": "sync", "capacity": BATCH,
                                "rollouts_per_step": BATCH, "batch_size": BATCH, "group_size": GROUP,
                                "loss": setting.loss[0], "advantage": setting.loss[1], "optimizer": "sgd", "seeds": 1})
@@ -557,16 +565,19 @@ def measure_pilot(unit: Unit) -> dict:
     pilot at its tuned step size, rerun with 16 seeds to LAG_SPAN[1] x its steps."""
     label = f"on-policy B={BATCH}"
     lr = unit.tuned_lr(label)
+    if lr is None:
+        raise RuntimeError(f"{unit.setting.name}/{unit.optimizer}/instance {unit.instance}: {label} reached the "
+                           f"target at no step size: no pilot to measure")
     s_ref = int(design_steps(unit.runs[label])[0])
     payload = {"kind": "pilot", "setting": unit.setting.name, "optimizer": unit.optimizer,
                "instance": unit.instance, "lr": lr, "steps": s_ref, "seeds": unit.options.seeds,
                "measures": ["kappa", "staleness", "drift"], "pairs": PAIRS,
-               **({"noise_stream": "per pilot"} if hasattr(unit.env, "with_noise_stream") else {})}
+               **({"noise_stream": "per pilot"} if isinstance(unit.env, NoisyRewardBandit) else {})}
     found = unit.store.get(payload)
     if found is not None:
         return found
     env, seeds = unit.env, unit.options.seeds
-    if hasattr(env, "with_noise_stream"):  # the measurements' verifier noise keyed by the pilot alone
+    if isinstance(env, NoisyRewardBandit):  # the measurements' verifier noise keyed by the pilot alone
         env = env.with_noise_stream(271828, unit.instance)
     checkpoints = sorted({max(1, int(round(f * s_ref))) for f in KAPPA_CHECKPOINTS})
     lag_from, lag_to = int(LAG_SPAN[0] * s_ref), int(math.ceil(LAG_SPAN[1] * s_ref))
@@ -743,8 +754,8 @@ def measure_noise_scale(unit: Unit) -> dict:
     fits = [fit_noise_scale(row, batches) for row in steps]
     s_min, b_noise = fits[0]
     boots = np.array([f[1] for f in fits[1:]])
-    lo, hi = (float(np.quantile(np.where(np.isnan(boots), np.inf, boots), q, method=m))
-              for q, m in ((0.05, "lower"), (0.95, "higher")))
+    ranked = np.where(np.isnan(boots), np.inf, boots)
+    lo, hi = float(np.quantile(ranked, 0.05, method="lower")), float(np.quantile(ranked, 0.95, method="higher"))
     out = {"batches": batches.tolist(), "steps": steps[0].tolist(), "s_min": s_min, "b_noise": b_noise,
            "b_noise_kind": b_noise_kind(b_noise), "b": b_noise / BATCH, "b_interval": [lo / BATCH, hi / BATCH],
            "censored_batches": [int(b) for b, s in zip(batches, steps[0]) if not np.isfinite(s)]}
@@ -806,13 +817,14 @@ def calibration_record(unit: Unit, pilot: dict) -> dict:
     if prof is None or prof.get("plain") is None:  # the quadratic: tr Sigma at every staleness, no bias
         trace = float(getattr(unit.env, "trace_sigma", 1.0))
         return {**base, "sigma_sq": [trace] * len(STALENESS), "bias": 0.0, "form": "exact (flat)"}
+    assert unit.setting.loss is not None  # a measured profile: a rollout environment, whose setting has its loss
     unbiased = unit.setting.loss[0] == "no-trust-region"
     return {**base, "sigma_sq": prof["plain"] if unbiased else prof["normalised"],
             "bias": 0.0 if unbiased else prof["bias"], "form": "plain" if unbiased else "signal-normalised"}
 
 
-def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options: Options, tick=None,
-             advance=None) -> dict:
+def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options: Options,
+             tick: Callable[[], None] | None = None, advance: Callable[[], None] | None = None) -> dict:
     """Train and measure one unit (resuming from OUT/runs), and return its record: every design's steps per seed
     replicate and every measured input. What scoring reads; nothing in it depends on mu or the floor."""
     started = time.time()
@@ -1081,9 +1093,10 @@ def unit_checks(record: dict) -> dict:
     and the seed-mean curves that hovered at the target."""
     noise, pilot = record["noise"], record["pilot"]
     rows = record["designs"]
-    out = {"designs": len(rows), "at_edge": sum(d["at_edge"] for d in rows),
-           "not_reached": sum(not d["reached"] for d in rows), "hovered": sum(d.get("hovered", False) for d in rows)}
-    out["edge_or_censored_share"] = (out["at_edge"] + out["not_reached"]) / len(rows)
+    at_edge, not_reached = sum(d["at_edge"] for d in rows), sum(not d["reached"] for d in rows)
+    out: dict[str, object] = {"designs": len(rows), "at_edge": at_edge, "not_reached": not_reached,
+                              "hovered": sum(d.get("hovered", False) for d in rows),
+                              "edge_or_censored_share": (at_edge + not_reached) / len(rows)}
     measured, exact = read_b_noise(noise), read_b_noise(noise, True)
     if math.isfinite(measured) and math.isfinite(exact) and exact > 0:
         out["b_ratio"] = measured / exact
