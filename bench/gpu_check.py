@@ -22,12 +22,11 @@ Targets and what each section reports: docs/VALIDATION.md, 'GPU path'.
 
 It runs once and blind: each section has its own try/except and time budget, the model sections (4, 5, 6) run in
 worker subprocesses that keep each finished case, a global deadline turns later sections into "skipped: <why>",
-and ``gpu_check.json`` is rewritten after every section (``gpu_check.md``, also on stdout, at the end).  Run from a
-checkout that need not be installed (no network; torch, transformers and numpy)::
+and ``gpu_check.json`` is rewritten after every section (``gpu_check.md``, also on stdout, at the end).
+``--smoke`` runs every section on the CPU at tiny shapes (``tests/integration/test_gpu_check.py``).  Run (no
+network; the checkout need not be installed)::
 
     p=$(mktemp -d) && ln -s "$PWD" $p/replay_theory && PYTHONPATH=$p python3 bench/gpu_check.py --out $OUT/gpu_check
-
-``--smoke`` runs every section on the CPU at tiny shapes (``tests/integration/test_gpu_check.py``).
 """
 
 from __future__ import annotations
