@@ -15,9 +15,9 @@ gradient of the SAME (clipped) objective the run trains; the profile's ``sigma_s
 | ``profile.signal_normalised`` | sigma^2(s) / r(s)^2 | E||G_s / r(s) - grad F||^2                                   |
 | ``rho_fit``              | rho                 | slope of the different-group correlation in gap / N (no clamp)     |
 | ``rho_fit.within_group`` | (t_i = t_j term)    | correlation of two responses of one GRPO group, reported apart     |
-| ``noise.estimate``       | B_noise             | per-sample: tr Sigma and |E G|^2 both from the group units          |
-| ``noise.exact_grad``     | B_noise             | tr Sigma from the group units, |E G|^2 = ||grad F||^2 exact          |
-| ``noise.unit_size``      | G                   | responses per unit: tr Sigma per sample = G tr Sigma_unit            |
+| ``noise.estimate``       | B_noise             | per-sample: tr Sigma and |E G|^2 both from the group units        |
+| ``noise.exact_grad``     | B_noise             | tr Sigma from the group units, |E G|^2 = ||grad F||^2 exact        |
+| ``noise.unit_size``      | G                   | responses per unit: tr Sigma per sample = G tr Sigma_unit          |
 
 | ``memory.estimators`` key | estimator                                                          | profile field      |
 |---------------------------|--------------------------------------------------------------------|--------------------|
