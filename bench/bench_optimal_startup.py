@@ -5,7 +5,7 @@ Target (issue 24): `replay-theory optimal --mu 5.28` and `replay-theory --help` 
 lazily (cli/app.py: the root help comes from a static table, a command's module is imported when it runs) and
 `optimal`'s own path imports no scipy.optimize, scipy.special, sympy, matplotlib, torch or joblib (the default
 noise-scale rule needs numpy only; `--objective paper` with a sigma^2 table imports scipy.optimize when it searches).
-It once measured 0.59x (issue 2, target 1.5x); importing every command module at start-up took it to 1.47x.
+Its history: docs/CONTRIBUTING.md, 'Adding to the code'.
 
 The commands are run interleaved in one session (these machines are noisy) and the ratio of medians is printed. The
 warm-up runs may write bytecode caches even under PYTHONDONTWRITEBYTECODE, as an installed package has them: else

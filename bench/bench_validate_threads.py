@@ -1,8 +1,8 @@
 """Which --threads default for `replay-theory validate`: tiny-model SFT + RL steps at 1 and 2 torch threads,
 on an idle machine and with one other CPU-bound process running, measured in one run.
 
-Issue 13: with torch's default (one thread per core) `validate calibrate` printed nothing for 21 minutes on
-a 2-core machine with other work running; 20 SFT steps took 17.6-63 s at 2 threads and 3.1-3.7 s at 1.
+Issue 13: torch's default (one thread per core) stalled `validate calibrate` on a 2-core machine with other work
+running (the measurements: docs/VALIDATION.md, 'Speed on a shared machine').
 This script reproduces the comparison so the default (`ValidateConfig.threads = 1`) rests on a measurement:
 each cell runs in a fresh process (a thread count is fixed per process), the busy cells next to a
 `python -c "while True: pass"` process, and the ratio 2-thread / 1-thread seconds is printed per load.

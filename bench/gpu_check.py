@@ -1,44 +1,14 @@
 """The GPU path measured (issues 23, 31): one script, run once on a borrowed H100/H200, that records what the card does.
 
 Paper: experience-replay (docs/REFERENCES.md), Sec. 2 and Table 1: mu = cost of generating one rollout / cost of
-processing it in a gradient update. This script measures mu and everything around it on one GPU, instead of
-estimating it, with the validator's loop as it now runs on CUDA (issue 31: the token generators on the device, a
-static KV cache and a decode step compiled once per process with CUDA graphs, the update's loss in torch on the
-device; ``validate/sampling.py``, ``validate/rl.py``). Sections (numbered as in the report; run in the order 1, 2,
-3, 7, 4, 6, 5: 5 compiles two 0.5B-model decoders, the least predictable step, so it goes last and takes what is left):
-
-1. environment: torch / transformers versions, device name, total memory, CUDA capability.
-2. ``validate all --device cuda`` with its DEFAULTS (a subprocess of ``python3 -m replay_theory``; issue 31's target:
-   <= 2 minutes): wall time (a kill at the section's budget is the measurement "over budget"), the mu / warm-start /
-   prediction / verdict lines it prints, and the GPU busy fraction meanwhile.
-3. batched vs sequential verify-style training on the card: ``bench/bench_validate_batched.py``'s ``run`` per
-   mode (a fresh process each) with ``device="cuda"``: both times (each process compiles its decode step first,
-   outside the clock), their ratio (target >= 10x), the largest held-out difference seed by seed, peak GPU memory,
-   and the GPU busy fraction over each mode's clock (target >= 0.5).
-4. mu of the validator's own loop at real shapes with random weights (no downloads): Qwen2.5-0.5B and -1.5B shapes
-   (full 151,936-token vocabulary, tied embeddings) built from ``transformers.Qwen2Config``, the project's precision
-   (fp32 master weights, bf16 autocast on CUDA; the decoder holds a bf16 copy). Per completion length L in
-   {16, 128, 512}: R completions of fixed length through ``validate.rl.generate_batch`` (sampling + the trainer's
-   behaviour log-prob pass + rewards: what ``RLResult.mu_timing`` charges to generation; the compile of a new decode
-   shape is timed apart and left out, as ``RLResult`` leaves it out) and one ``validate.rl.update_step`` on them
-   (GRPO in torch on the device, micro-batched at <= ``tokens_per_micro_batch`` completion tokens per chunk).
-   mu = generation seconds per completion / update seconds per completion; also the sampling-only mu and the peak
-   memory (``torch.cuda.max_memory_allocated``) per case.
-5. decode speed at the 0.5B shape, R = 64, L = 128, bf16 weights: ``validate.sampling.generate`` as validate runs it
-   on CUDA (static cache + compiled step, device generators; first call = compile, timed apart), the eager loop with a
-   CUDA generator and with a CPU generator (the loop before issue 31, at 16 tokens: at ~140 tokens/s 128 would take
-   a minute), and ``transformers``' ``generate`` with a dynamic cache, a static cache, and a static cache plus
-   ``torch.compile(mode="reduce-overhead")`` (the compiled reference). Tokens/s each; targets: the validator's loop
-   >= 10,000 tokens/s and >= 70% of the compiled reference.
-6. bf16 sampler-vs-trainer log-prob mismatch: completions sampled by ``generate`` as on CUDA (bf16 decoder), their
-   log-probs recomputed by the trainer path (``sequence_logprobs``) in bf16 and in fp32; max and mean |difference|
-   per token (and per sequence). Control: an fp32 sampler against the fp32 trainer (float32 rounding only).
-7. the fixed-B verdict where replay should win: ``validate all --preset gpu-fixed-b`` (B = 4096, where the tiny
-   model's b = B_noise / B is below the replay threshold; 16 seeds batched; ``validate/config.py`` PRESETS), with
-   ``--kappa`` when given: wall time (target <= 6 minutes), the measured B_noise and b, each rule's pick (noise-scale,
-   forgetting-aware, the paper's) placed with rank, P(best), regret and the seeds a 2-se separation needs
-   (``report-fixed-b.json``), GPU busy. Then B = 16384 (``--rollouts-per-step 16384 --budget-updates 3``) if the time
-   left covers 3 times the first case's wall.
+processing it in a gradient update, measured here on one GPU with the validator's loop as it runs on CUDA
+(``validate/sampling.py``, ``validate/rl.py``).  Sections, numbered as in the report and run in the order 1, 2, 3,
+7, 4, 6, 5 (5 compiles two 0.5B decoders, the least predictable step, so it takes what is left): 1 environment;
+2 ``validate all --device cuda`` with its defaults; 3 batched vs sequential verify-style training; 4 mu of the
+loop at the Qwen2.5-0.5B / -1.5B shapes (random weights; a new decode shape's compile timed apart, as ``RLResult``
+leaves it out); 5 decode tokens/s against transformers' compiled ``generate``; 6 the bf16 sampler-vs-trainer
+log-prob mismatch (control: fp32 against fp32); 7 the fixed-B verdict (``--preset gpu-fixed-b``, ``--kappa``).
+Targets and what each section reports: docs/VALIDATION.md, 'GPU path'.
 
 | code name        | paper symbol / meaning                                                     |
 |------------------|----------------------------------------------------------------------------|
@@ -50,20 +20,13 @@ device; ``validate/sampling.py``, ``validate/rl.py``). Sections (numbered as in 
 | ``b``            | B_noise / B (section 7; replay pays iff b < the threshold at mu)            |
 | ``kappa``        | the optimizer's memory, what the forgetting-aware rule reads (section 7)    |
 
-Robustness, because it runs once and blind: each section runs in its own try/except with its own time budget, the
-model sections (4, 5, 6) in worker subprocesses that write their finished cases after each one (a crash or a kill
-keeps them), a global deadline (default 575 s: one device command may run 10 minutes) turns later sections into
-"skipped: <why>", a section's budget is its cap or what is left after the minimum starts of the sections after it,
-``gpu_check.json`` is rewritten after every section and ``gpu_check.md`` (also printed on stdout) at the end. Progress
-goes to stderr.
-
-Run (the checkout need not be installed; no network, only torch, transformers and numpy are needed)::
+It runs once and blind: each section has its own try/except and time budget, the model sections (4, 5, 6) run in
+worker subprocesses that keep each finished case, a global deadline turns later sections into "skipped: <why>",
+and ``gpu_check.json`` is rewritten after every section (``gpu_check.md``, also on stdout, at the end).
+``--smoke`` runs every section on the CPU at tiny shapes (``tests/integration/test_gpu_check.py``).  Run (no
+network; the checkout need not be installed)::
 
     p=$(mktemp -d) && ln -s "$PWD" $p/replay_theory && PYTHONPATH=$p python3 bench/gpu_check.py --out $OUT/gpu_check
-
-``--smoke`` runs every section on the CPU at tiny shapes (hidden 64, 2 layers, vocabulary 1000, 8 tokens, R 8; section
-2 skipped; section 7 at B = 64, 2 seeds, one update of budget; compiles with torch.compile's eager backend) in a few
-minutes: the code paths exercised before the one blind run (``tests/integration/test_gpu_check.py``).
 """
 
 from __future__ import annotations

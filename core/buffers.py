@@ -1,8 +1,7 @@
 """Replay buffers for S seeds at once: FIFO, positive-bias, FreshPER, group replay, ExGRPO, stale-k.
 
-The one stateful part of the simulator; the validator and the trainers use the same classes with S = 1. numpy
-arrays only, seed axis first (``core.rollouts``); randomness only from an explicit ``rng``
-(``core.rng.RandomSource``).
+The simulator's one stateful part (the validator and trainers use it with S = 1): numpy, seed axis first, randomness
+only from an explicit ``rng``.  Conventions (add, then sample; use records; dtypes): ``SlotBuffer``, ``RolloutStore``.
 
 | class                 | paper (docs/REFERENCES.md)                            | section / equation                  |
 |-----------------------|--------------------------------------------------------|-------------------------------------|
@@ -28,8 +27,6 @@ arrays only, seed axis first (``core.rollouts``); randomness only from an explic
 | ``group_size``          | K                      | responses per group                                       |
 | ``rho``                 | rho                    | replay proportion (RLOO: per fresh group; ExGRPO: of B)   |
 | ``k``                   | s (M2PO)               | stale-k delay, in the units of ``step``                   |
-
-Conventions (add, then sample; when a use is recorded; the stored dtypes): ``SlotBuffer`` and ``RolloutStore``.
 """
 
 from __future__ import annotations

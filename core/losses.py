@@ -1,23 +1,18 @@
 """Policy-gradient losses on the SAMPLED tokens' log-probs: value and d loss / d logp_new.
 
-One pure numpy function per loss, shared by the simulator and the validator (and the trainers through
-``core/designs.py``): the loss to MINIMISE per seed and its derivative in every entry of ``logp_new`` (the simulator
-contracts it with grad_theta logp; the validator backpropagates ``(grad_logp.detach() * logp_new).sum()``).
-What the references compute without gradient (RLOO's w, M2PO's mask M, the reference cap tau) is constant here
-too. Shapes, seed axis first: ``logp_new``, ``logp_behav``, ``mask`` (S, n, L); per response (S, n); losses and
-metrics (S,). Ratios stay in log space; an unbounded loss is +-inf; padding is never read.
-
-Aggregation (how token terms become one number per seed; verl's ``loss_agg_mode``):
+One pure numpy function per loss, shared by the simulator, the validator and the trainers (``core/designs.py``):
+the loss to MINIMISE per seed and its derivative in every entry of ``logp_new``.  What the references compute
+without gradient (RLOO's w, M2PO's mask M, the reference cap tau) is constant here too.  Shapes, seed axis first:
+``logp_new``, ``logp_behav``, ``mask`` (S, n, L); per response (S, n); losses and metrics (S,).  Ratios stay in log
+space; an unbounded loss is +-inf; padding is never read.  Papers (docs/REFERENCES.md): M2PO, Replay-RLOO, ExGRPO,
+experience-replay (GRPO, AsymRE); metrics as TRL / verl name them.  Aggregation (verl's ``loss_agg_mode``;
+(*) Dr. GRPO up to a constant 1/L_max):
 
 | name                    | loss                                        | used by                          |
 |-------------------------|---------------------------------------------|----------------------------------|
 | ``token-mean``          | sum_{i,t} l_it / (real tokens in the batch) | DAPO, verl default, M2PO Eq. (5) |
 | ``seq-mean-token-sum``  | (1/n) sum_i sum_t l_it                      | RLOO Eq. (3), AsymRE, Dr. GRPO * |
 | ``seq-mean-token-mean`` | (1/n) sum_i (1/abs(o_i)) sum_t l_it         | original GRPO                    |
-
-(*) Dr. GRPO up to a constant 1/L_max.
-
-Papers (docs/REFERENCES.md) and code names:
 
 | code name            | paper symbol                   | where                                          |
 |----------------------|--------------------------------|------------------------------------------------|
@@ -31,11 +26,6 @@ Papers (docs/REFERENCES.md) and code names:
 | ``value_baseline``   | V-hat                          | AsymRE, experience-replay App. E               |
 | ``delta_v``          | delta V                        | AsymRE, experience-replay App. E               |
 | ``beta``             | beta (0.1)                     | ExGRPO Sec. 4.2, f(w) = w / (w + beta)         |
-
-Papers (docs/REFERENCES.md): M2PO (arXiv:2510.01161), Replay-RLOO, ExGRPO (arXiv:2510.02245), experience-replay
-(GRPO and AsymRE settings; AsymRE: arXiv:2506.20520). Metrics follow TRL / verl: ``clip_ratio/{low,high,region}_mean``,
-``pg_clipfrac``, ``is_ratio_{min,mean,max,std}``, ``ess_frac`` = (sum r)^2 / (N sum r^2), ``kl_k3``, ``m2`` =
-mean (log r)^2.
 """
 
 from __future__ import annotations

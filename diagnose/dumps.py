@@ -17,39 +17,12 @@ preset       file (one per step; a folder of them reads them all)     logp_behav
              (``--dump-details DIR``)
 ============ ======================================================= ================= ================= ==========
 
-Writers, read in the frameworks' sources (NVIDIA-NeMo/RL 7ea279a, NovaSky-AI/SkyRL a956457, THUDM/slime 624b824;
-none of them installs here):
-
-* NeMo-RL ``nemo_rl/algorithms/grpo.py`` L3632-3653 (sync GRPO; the async path L5260-5281 writes the same keys)
-  builds ``log_data`` from ``train_data`` (``token_ids``, ``token_loss_mask``, ``sample_loss_mask``,
-  ``advantages``, ``generation_logprobs``, ``prev_logprobs``: (B, L) tensors over prompt + response, the log-prob
-  of token t at position t, 0 on prompt and padding) plus ``content``, ``rewards``, ``input_lengths`` (lists of
-  B), and ``nemo_rl/utils/logger.py`` L1071-1096 ``log_batched_dict_as_jsonl`` writes one JSON line per sample
-  from ``make_microbatch_iterator(1)``: every value is a batch of one (``[[...]]`` for a tensor row, ``[x]`` for a
-  list entry), plus ``"idx": i``. No step times, no per-row policy version.
-* SkyRL ``skyrl/train/trainer.py`` L436-446 pops ``rewards`` (and the ``uids`` metadata) and calls ``dump_data``
-  (L1236-1242): ``TrainingInputBatch.save`` = ``pickle.dump`` (``skyrl/backends/skyrl_train/training_batch.py``
-  L395-398), whose ``__reduce__`` (L244-253) is ``(_rebuild_tensor_batch, (TrainingInputBatch, state))`` with
-  ``state = {"batch_dict": {key: {"format": "numpy", "data": bytes, "shape": tuple, "dtype": str} | None |
-  {"format": "torch", "data": torch.save bytes}}, "batch_size", "device", "metadata"}`` (L17-35, L255-281):
-  (B, T) response-length tensors, left-padded. No rewards, no step times, no per-row policy version.
-* slime ``slime/utils/arguments.py`` L1890-1892 sets ``save_debug_train_data = {dump_details}/train_data/
-  {rollout_id}.pt``; ``slime/observability/train_data_utils.py`` L191-242 ``torch.save`` s
-  ``{"format_version": 2, "rollout_id", "rank", "samples": [one dict per sample: per-token tensors of its
-  response length (``log_probs``, ``rollout_log_probs``, ``advantages``, ``loss_masks``, ...) and scalars
-  (``rewards``, ``response_lengths``, ...)], "dp_shards", "raw_reward"}`` (``_build_dump_payload`` L112-188).
-  No step times, no per-row policy version.
-
-Pickle and ``torch.load`` run code named in the file. Nothing here unpickles without a whitelist: ``.pt`` files go
-through ``torch.load(weights_only=True)``; ``.pkl`` files through :class:`RestrictedUnpickler`, whose
-``find_class`` admits numpy's and torch's array / tensor rebuild helpers and SkyRL's two batch globals (mapped to
-inert stand-ins defined here: SkyRL's own code never runs) and refuses any other global with a one-line
-:class:`UnsafeDump` naming the file and the global. torch is optional: slime's files (and SkyRL tensors saved in
-torch's format, e.g. bf16) need it, and say so in one line when it is missing.
-
-A dump is one step's batch, read whole (a folder is read file by file). The table has one row per sample: every
-1-D numeric per-token field as a float64 list column, every numeric per-sample scalar as a float64 column, and
-``step`` (the file's step: NeMo-RL's and SkyRL's N, slime's rollout id).
+Where in each framework's source these files are written, and their exact layout: docs/DIAGNOSE.md, 'Logs your
+framework already writes'.  Nothing here unpickles without a whitelist: ``.pt`` through
+``torch.load(weights_only=True)``, ``.pkl`` through :class:`RestrictedUnpickler` (array / tensor rebuild helpers and
+SkyRL's two batch globals, mapped to inert stand-ins; any other global is an :class:`UnsafeDump`).  torch is
+optional (slime's files and torch-format SkyRL tensors need it).  One row per sample: per-token fields as float64
+list columns, per-sample scalars as float64 columns, and ``step`` (NeMo-RL's and SkyRL's N, slime's rollout id).
 """
 
 from __future__ import annotations

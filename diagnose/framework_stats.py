@@ -4,10 +4,9 @@ Each statistic is a transcription of the code that logs it (the file and functio
 below), over one batch of padded arrays ``(rows, tokens)`` with a 0/1 ``mask``.  Roles: ``logp_behav`` is the
 policy that sampled the tokens (verl ``rollout_log_probs``, TRL ``sampling_per_token_logps``, M2PO
 ``old_log_prob``), ``logp_current`` the policy being trained (verl ``old_log_probs`` / ``log_prob``, TRL
-``old_per_token_logps`` / ``per_token_logps``), and log r = logp_current - logp_behav throughout.  Only numpy is
-needed, so the TRL trainer can log :func:`framework_statistics` and ``diagnose`` can stream the same quantities
-(:class:`FrameworkSums`): both go through :func:`finish`, so a streamed log and the same log as one batch give the
-same numbers.
+``old_per_token_logps`` / ``per_token_logps``), and log r = logp_current - logp_behav throughout.  Only numpy;
+:func:`framework_statistics` (the TRL trainer) and :class:`FrameworkSums` (``diagnose``, streamed) both end in
+:func:`finish`, so a streamed log and the same log as one batch give the same numbers.
 
 Conventions copied from the code (they matter at the 1e-8 level and for which average is meant):
 
@@ -24,11 +23,10 @@ within an ulp of the threshold.  Sequence log-ratios are summed, never exponenti
 gives finite numbers.  ``rollout_corr/k3_kl`` is left out: verl computes it without the clamp (so it is inf where
 r overflows); ``diagnose``'s ``kl_k3`` is the same quantity.
 
-Two ESS-like numbers, not to be confused (TRL computes no ESS at all): ``rollout_corr/rollout_is_eff_sample_size``
-is verl's 1 / masked_mean((w~ / (mean w~ + 1e-8))^2) with w~ = clamp(w, 1/C, C), w = r clamped to [e^-20, e^20]
-(token mode: the Kish fraction of the token ratios clamped to [1/C, C]; sequence mode: of the sequence ratio
-clamped likewise, token-weighted), which differs from the Kish ESS of the weights verl trains with (min(w, C), no
-lower clamp; ``diagnose``'s ``tis`` what-if row at c = C) and from ``diagnose``'s ``ess_frac`` (Kish of raw r).
+Two ESS-like numbers, not to be confused (docs/DIAGNOSE.md, 'A worked example'): verl's
+``rollout_corr/rollout_is_eff_sample_size`` is the Kish fraction of r clamped to [1/C, C] (after [e^-20, e^20]), not
+the Kish ESS of the weights verl trains with (min(w, C): the ``tis`` what-if row) nor ``diagnose``'s ``ess_frac``
+(Kish of raw r); TRL computes no ESS.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Column schema of a rollout log, and ready mappings for the names TRL and verl use.
 
-A log is a table in one of two layouts:
-
-* ``long``: one row per token.  Columns (default names):
+A log is a table in one of two layouts.  ``long``: one row per token, columns (default names):
 
   ============== ======== ===================================================
   column         required meaning
@@ -18,50 +16,14 @@ A log is a table in one of two layouts:
   reward         no       reward of the sequence (repeated on its tokens)
   ============== ======== ===================================================
 
-* ``wide``: one row per sequence, the per-token quantities as lists of equal length, padding marked by an optional
-  0/1 list ``mask`` (and tool-result tokens by an optional 0/1 list ``tool_mask``); ``age``, ``advantage`` and
-  ``reward`` may be scalars (per sequence) or lists.  This is the shape of TRL's and verl's per-batch tensors
-  written out row by row.
-
-The ratio the whole module studies is r = pi_current / pi_behav, computed as ``log r = logp_current - logp_behav``
-(samples are drawn under pi_behav).
-
-Presets (``--preset``):
-
-* ``default``: the long layout above.
-* ``trl``: TRL ``GRPOTrainer`` inputs (``trl/trainer/grpo_trainer.py``), and exactly what
-  ``replay_theory.integrations.trl``'s ``DiagnoseLogCallback`` writes: behaviour = ``sampling_per_token_logps`` (the
-  sampler's log-probs), current = ``per_token_logps`` (the learner at the update), padding = ``completion_mask``,
-  times ``tool_mask`` (0 on tool-result tokens, whose sampling log-prob TRL sets to 0: TRL's loss leaves them out,
-  and so does every count and statistic here), ``advantages``, ``rewards``, ``age`` (the export's steps since the
-  row was generated).  TRL's own vLLM importance-sampling correction uses ``old_per_token_logps`` as the current
-  side: pass ``--columns logp_current=old_per_token_logps`` for that pair; the replay trainer's loss corrects
-  ``per_token_logps`` against ``old_per_token_logps``: ``--columns logp_behav=old_per_token_logps``.
-* ``verl``: verl ``DataProto`` batch keys, and exactly what ``replay_theory.integrations.verl``'s
-  ``VerlDiagnoseLogger`` writes: behaviour = ``rollout_log_probs`` (the rollout engine), current = ``old_log_probs``
-  (the actor's recomputation at the step, before its update: the pair verl's rollout correction weights with),
-  padding = ``response_mask`` (verl's mask is also 0 on multi-turn tool-result tokens), per-token ``advantages``,
-  reward = ``scores`` (the row's sum of verl's ``token_level_scores``; ``--columns reward=rewards`` for the
-  KL-penalised ``token_level_rewards``), ``age`` (current weights version minus the version the rollout started
-  under, from verl's per-sample ``min_global_steps`` / ``max_global_steps``, named ``param_version_start`` /
-  ``param_version_end`` in the fully-async trainer before verl 0.9; ``--columns age=age_end`` for the gap to the
-  version it ended under).
-
-TRL's GRPOTrainer stores no per-sample policy-version gap in these tensors (the replay trainer's export writes one,
-``age``). For any other log, write one (e.g. ``current_version - rollout_version``) and map it with
-``--columns age=NAME`` to get the by-age table, the drift fit and FreshPER. A mapped column that the file lacks is
-simply not used (only the two log-prob columns are required).
-
-* ``nemo-rl``, ``skyrl``, ``slime``: the per-step files these frameworks already write (``dumps.py``, which cites
-  each writer): NeMo-RL's ``train_data_step{N}.jsonl`` (behaviour = ``generation_logprobs``, current =
-  ``prev_logprobs``, padding and prompt = ``token_loss_mask`` times ``sample_loss_mask``, per-token
-  ``advantages``, ``rewards``); SkyRL's ``global_step_N_training_input.pkl`` (``rollout_logprobs``,
-  ``action_log_probs``, ``loss_mask`` times ``response_mask``, ``advantages``; SkyRL drops ``rewards`` before the
-  dump); slime's ``train_data/{rollout_id}.pt`` (``rollout_log_probs``, ``log_probs``, ``loss_masks``,
-  ``advantages``, ``rewards``). A file or a folder of them; each row gets ``step`` from the file. None of the three
-  stores a per-row policy version (no ``age``) or step times.
-
-Every name can be overridden with ``--columns field=name,...``.
+``wide``: one row per sequence, the per-token quantities as lists of equal length (``mask`` and ``tool_mask``
+optional 0/1 lists; ``age``, ``advantage`` and ``reward`` scalars or lists): TRL's and verl's per-batch tensors
+written out row by row.  The ratio studied is r = pi_current / pi_behav, ``log r = logp_current - logp_behav``
+(samples are drawn under pi_behav).  Presets (``--preset``): ``default`` (the long layout), ``trl``
+(``GRPOTrainer`` / ``DiagnoseLogCallback``), ``verl`` (``DataProto`` / ``VerlDiagnoseLogger``), ``nemo-rl``,
+``skyrl``, ``slime`` (their per-step dumps, ``dumps.py``); which columns each reads: docs/DIAGNOSE.md, 'Column
+names: TRL, verl and your own'.  Every name can be overridden with ``--columns field=name,...``; a mapped column the
+file lacks is not used (only the two log-prob columns are required).
 """
 
 from __future__ import annotations

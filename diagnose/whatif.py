@@ -1,17 +1,10 @@
 """What-if: the same logged tokens under other off-policy corrections.
 
-For each correction the logged ratio r = pi_current / pi_behav becomes an effective importance weight w (0 for a
-token that no longer carries gradient), and we report over ALL tokens (or sequences):
-
-* ``flagged_frac``: fraction of tokens (of sequences, for sequence rows) the correction touches (clipped,
-  truncated or masked); with advantages the ``ppo_clip`` / ``ppo_clip_asym`` rows equal TRL's
-  ``clip_ratio/region_mean`` and verl's ``actor/pg_clipfrac`` at the same eps (verl divides by n + 1e-8);
-* ``ess_frac``: Kish (sum w)^2 / (n sum w^2) of the effective weights, masked tokens counted as w = 0 (the ESS of
-  what still trains; ours, as FreshPER's: neither TRL nor verl logs an ESS of these weights);
-* ``bias_proxy``: mean(r - w), the IS mass the correction removes: E[(r - c)_+] for truncation at c, the bias
-  proxy of the Replay-RLOO report (Sec. 3.2: E[min(c, r)] = 1 - E[(r - c)_+]); E[r 1{dropped}] for a clip or mask.
-
-Corrections (papers FreshPER, M2PO and Replay-RLOO, listed in docs/REFERENCES.md):
+Each correction turns the logged ratio r = pi_current / pi_behav into an effective weight w (0 for a token that no
+longer carries gradient), reported over ALL tokens (or sequences): ``flagged_frac`` (share clipped, truncated or
+masked; ``ppo_clip`` rows with advantages equal TRL's ``clip_ratio/region_mean`` and verl's ``actor/pg_clipfrac``),
+``ess_frac`` (Kish ESS of w, a dropped token as w = 0) and ``bias_proxy`` = mean(r - w), the IS mass removed
+(E[(r - c)_+] for truncation at c, Replay-RLOO Sec. 3.2).  Corrections (FreshPER, M2PO, docs/REFERENCES.md):
 
 =======================  ==========================================================================================
 ``ppo_clip`` eps         PPO / GRPO clip: a token with A > 0 and r > 1 + eps or A < 0 and r < 1 - eps gets no

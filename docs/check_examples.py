@@ -2,33 +2,16 @@
 [--only fast] README.md docs/*.md``.
 
 Why here: it checks the docs, so it lives with them, outside the installed package (``docs/`` is no package);
-``.ci/run`` runs it on the fast examples, and tests/unit/test_doc_examples.py runs it on a fixture.
+``.ci/run`` runs it on the fast examples, and tests/integration/test_doc_examples.py runs it on a fixture.
 
-What it checks. An example is a fenced ``console`` block right after the HTML comment ``<!-- example -->``, or
-``<!-- example: fast -->`` / ``<!-- example: slow -->`` (``--only fast`` runs the fast ones: CI's)::
-
-    <!-- example: fast -->
-    ```console
-    $ replay-theory gamma -W 6 -T 2 --mu 6.84
-    gamma = 0.510 ...
-    ```
-
-Lines starting with ``$ `` are commands (a trailing backslash continues one onto the next line); the lines after a
-command, up to the next ``$ `` or the end of the block, are what it prints (stdout and stderr together, as a
-terminal shows them). Each command runs as written, with ``bash``, in a fresh temporary folder per markdown file
-(so a later example can read what an earlier one wrote), with this Python's ``bin`` first on PATH; seeds and
-caches are whatever the command line sets. A command that exits non-zero fails its example unless the doc says so
-with the comment ``<!-- example: fast, exit 2 -->`` (every command of that block must then exit 2).
-
-How output is compared: line by line, exactly, except
-
-* a number written ``~12`` (or ``~0.35``) in the doc matches any number: mark wall-clock times and what follows
-  from them this way (``trained 40 steps in ~75 s``, ``mu = ~5.3``);
-* a line that is only ``...`` matches any number of lines (output the doc leaves out);
-* trailing whitespace is ignored.
-
-The first difference of each example is reported with the doc's file and line, the expected and the printed line;
-the exit code is 1 when any example differs, 0 otherwise (also when a file holds no example).
+What it checks: a fenced ``console`` block right after ``<!-- example -->``, ``<!-- example: fast -->`` or
+``<!-- example: slow -->`` (``--only fast`` runs CI's); ``$ `` lines are commands (a trailing backslash continues
+one), run with ``bash`` in one fresh temporary folder per markdown file, with this Python's ``bin`` first on PATH;
+the lines after a command are what it prints (stdout and stderr together).  A non-zero exit fails the example unless
+the comment says ``<!-- example: fast, exit 2 -->``.  Output is compared line by line, exactly, except that ``~12``
+in the doc matches any number (wall-clock times), a line ``...`` matches any number of lines, and trailing
+whitespace is ignored.  The first difference of each example is reported with the doc's file and line; exit code 1
+when any example differs.  In full: docs/CONTRIBUTING.md, 'Examples in the docs'.
 """
 
 from __future__ import annotations

@@ -10,12 +10,10 @@ The log is drawn from known policy pairs, like an asynchronous GRPO run:
 * a sequence of age a was sampled by version T - a, through a sampler whose logits differ from the learner's by
   Gaussian noise of ``mismatch`` (the vLLM-vs-trainer gap, which gives a KL floor at age 0);
 * ``logp_behav`` is the sampler's log-prob of the token, ``logp_current`` the current learner's (version T); prompts
-  have ``group`` responses with 0/1 rewards and group-mean-centred advantages (Dr. GRPO).
+  have ``group`` responses with 0/1 rewards and group-mean-centred advantages (Dr. GRPO).  ``exact_kl_by_age``
+  is the true KL(pi_behav || pi_current) per age, what ``diagnose``'s per-age ``kl_k1`` / ``kl_k3`` estimate.
 
-``exact_kl_by_age`` is the true KL(pi_behav || pi_current) per age, the value ``diagnose``'s per-age ``kl_k1`` /
-``kl_k3`` estimate.
-
-Shapes (``--shape``), all holding the same tokens:
+Shapes (``--shape``), all holding the same tokens; the suffix sets the format (.parquet, .csv, .jsonl; pyarrow):
 
 ========  ==============================================================================================================
 default   one row per token (the default schema): seq_id, position, logp_behav, logp_current, age, advantage, reward.
@@ -28,8 +26,6 @@ verl      what ``replay_theory.integrations.verl``'s hook writes (``--preset ver
           step, sample_id, group_id, policy_version(_end), age, age_end, scores, rewards; plus version_gap (= age, for
           the older ``--columns age=version_gap``).  The hook's three step time columns are left out: no timings.
 ========  ==============================================================================================================
-
-The format follows the file suffix (.parquet, .csv, .jsonl).  Needs pyarrow.
 """
 
 from __future__ import annotations

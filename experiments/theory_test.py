@@ -6,26 +6,11 @@ B_noise / B)); the forgetting-aware rule of ``theory/forgetting.py`` (docs/THEOR
 an experiment on the library: the environments come from ``simulate/envs`` (registry), the training loop from
 ``simulate/to_target.py``, the rules from ``theory/``; this module holds the protocol and the scoring.
 
-Protocol. A unit is (setting, optimizer, instance). Each design of the grid is trained to a target at step sizes a
-factor sqrt(2) apart (``LR_RATIO``), the window extended wherever the best sits at an edge, with 16 seeds; a design's
-steps are the earliest step at which the smoothed SEED-MEAN exact reward reaches the target (``to_target``), so a
-design whose expected curve does not reach it counts as not reaching it (infinite compute), never by a lucky seed. On
-the quadratic trained with SGD the expected loss is exact (``expected_to_target``: no sampling at all, a 2^(1/4) step
-grid, and a step size counts only if its exact stationary loss is below the target); everywhere else the seed mean
-and a paired seed bootstrap give each design's steps and interval. Designs: on-policy (each fresh sample once) at
-B = 8 .. 256 and, at the pinned B = 256, the FIFO grid x = N/R in {1, 4, 16}, y = B/R in {1, 2, ..., 32}.
-
-Cost. A step costs mu max(R, R_floor) + B sample-updates: ``FLOORS`` are generation latency floors in rollouts (a
-step generates at least R_floor rollouts' worth: decoding is latency-bound below a batch); 0 is the paper's accounting,
-in which compute falls with the batch without limit. Each cell (unit, mu, floor) scores every objective twice: its
-pick over the whole grid against the best design of the whole grid (free batch), and its pick at B = 256 against the
-best at B = 256 (pinned).
-
-Inputs, measured and never fitted to the grid: b from the on-policy steps at the six batches (S(B) = S_min (1 +
-B_noise / B), least squares in 1/B, seed bootstrap), and on the quadratic also from the exact expected curves; kappa
-(``theory.forgetting``) at the on-policy B = 256 pilot: exactly, from curvature pairs and from the lag-1 gradient
-autocorrelation; the staleness ratio r(s) = sigma^2(s) / sigma^2(0) on the pilot's trajectory (rollout settings; the
-quadratic has none: a stored sample's gradient is exact at the current theta but for its fixed noise).
+A unit is (setting, optimizer, instance); a design's steps are the earliest step at which the smoothed SEED-MEAN
+exact reward reaches the target (never a lucky seed); a step costs mu max(R, R_floor) + B sample-updates
+(``FLOORS``: generation latency floors; 0 is the paper's accounting); each cell (unit, mu, floor) scores every rule
+over the whole grid (free batch) and at the pinned B = 256.  The inputs (b, kappa, r(s)) are measured, never fitted
+to the grid.  Protocol, settings and scoring in full: docs/SIMULATION.md, 'Does a design rule predict?'.
 
 | code name          | symbol                | meaning                                                            |
 |--------------------|-----------------------|--------------------------------------------------------------------|

@@ -17,14 +17,10 @@ verl's ``DataProto`` names -> symbols (the columns are listed in ``integrations/
 | current version - ``policy_version``                     | ``age``                 | s = t - v               |
 | ``timing_s/gen``, ``timing_s/update_actor``              | ``step_generation_seconds``, ``step_update_seconds`` |  |
 
-Which hook serves which trainer (verl 0.9.1).  ``trainer.use_v1=True``, verl 0.9's default (ppo_trainer.yaml:232,
-main_ppo.py:183): :class:`VerlV1DiagnoseLogMixin`, registered over verl's v1 modes by :func:`register_v1_trainers`.
-``trainer.use_v1=False`` (``RayPPOTrainer``, deprecated, ray_trainer.py:285): :class:`VerlDiagnoseLogger` at its
-call site.  ``verl.experimental``'s fully-async and one-step-off trainers: :class:`VerlDiagnoseLogMixin`.
-
-Where each part is explained: the ratio, the ages, the step times and the ``RayPPOTrainer`` call site,
-:class:`VerlDiagnoseLogger`; the split-step trainers, :class:`VerlDiagnoseLogMixin`; the v1 trainer,
-:class:`VerlV1DiagnoseLogMixin`; the gradient noise scale and kappa's curvature pairs, :class:`VerlGradNoiseMixin`.
+Which hook serves which trainer (verl 0.9.1): docs/VERL.md, 'Which hook for which trainer'; each class's docstring
+explains its part (the ratio, the ages and step times: :class:`VerlDiagnoseLogger`; the split-step trainers:
+:class:`VerlDiagnoseLogMixin`; the v1 trainer: :class:`VerlV1DiagnoseLogMixin`; B_noise and kappa's curvature
+pairs: :class:`VerlGradNoiseMixin`).
 
 :class:`VerlDiagnoseLogger` needs numpy and pyarrow only (torch tensors are read through ``.detach()``); verl is not
 imported, so it works on ``DataProto`` and on anything with its three attributes (``batch``: a mapping of

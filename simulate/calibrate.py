@@ -1,9 +1,10 @@
 """Measure the theory's inputs on the simulator: sigma^2(s) in two forms, rho, and the within-group correlation.
 
-Paper: experience-replay (docs/REFERENCES.md), Assumption 3.3:
-E||eps_{t,i}||^2 <= sigma^2(t - t_i) and corr(eps_{t,i}, eps_{t,j}) <= rho |t_i - t_j| / N,
-with eps_{t,i} = G(theta_t, z_i) - grad F(theta_t) the per-sample gradient noise. The estimators are
-in ``theory/noise.py`` (shared with the language-model validator); this module produces their inputs.
+Paper: experience-replay (docs/REFERENCES.md), Assumption 3.3: E||eps_{t,i}||^2 <= sigma^2(t - t_i) and
+corr(eps_{t,i}, eps_{t,j}) <= rho |t_i - t_j| / N; beside them B_noise (McCandlish et al. 2018, Eq. 2.11) and kappa
+(theory/forgetting.py).  Estimators: ``theory/noise.py`` (shared with the LM validator).  grad F is the on-policy
+gradient of the SAME (clipped) objective the run trains; the profile's ``sigma_sq`` is the form ``loss_form`` picks
+(``sigma_sq_form``).  Exact gradients, the probe, B_noise and kappa: docs/SIMULATION.md, 'Calibrating the simulator'.
 
 | code name                | paper symbol        | how it is measured here                                            |
 |--------------------------|---------------------|--------------------------------------------------------------------|
@@ -14,57 +15,9 @@ in ``theory/noise.py`` (shared with the language-model validator); this module p
 | ``profile.signal_normalised`` | sigma^2(s) / r(s)^2 | E||G_s / r(s) - grad F||^2                                   |
 | ``rho_fit``              | rho                 | slope of the different-group correlation in gap / N (no clamp)     |
 | ``rho_fit.within_group`` | (t_i = t_j term)    | correlation of two responses of one GRPO group, reported apart     |
-
-The "true gradient" of a clipped loss. grad F is the on-policy gradient of the SAME objective the
-run trains with: the expectation of the per-sample loss gradient over fresh groups of pi_t (at ratio
-1 the clip is inactive). So at s = 0 the noise has mean zero (Assumption 3.2 with t_i = t) and the
-retained signal is 1; the group advantage (GRPO's std normalisation included) is part of the
-objective. Exact enumeration (bandit): a response's expected advantage given its reward level is a
-sum over the multinomial counts of the other G - 1 responses' reward levels (36 terms for 3 levels
-and G = 8), computed with the config's own advantage; every loss is linear in the advantage at ratio
-1, so the loss evaluated at that expected advantage, weighted by pi(a | p) / P and contracted with
-grad log pi, is grad F. Token MDP (``token_mdp_sample_mean``): the reward is the same three levels
-(1 / 0.1 / 0) of the final sum, so the same expected advantage per level applies; a response's
-gradient is a sum over its tokens, each token's coefficient a function of its own ratio and A, so the
-expectation runs over (step, partial sum, token) states: a forward DP gives P(s_t = s), a backward DP
-E[A+- | s_{t+1}] (``TokenMDPEnv.state_distributions`` / ``backward_values``). M2PO's mask couples a
-response's tokens, so M2PO has no exact gradient on the token MDP (``exact_gradient_problem``). Where
-there is no enumeration, a held-out reference batch is used instead, its Monte Carlo error subtracted
-(``theory/noise.py``), exactly as on the language model; its rho is then the uncentred one.
-
-Which sigma^2 form the theory needs. For an unbiased importance-weighted loss a stale sample
-carries the full signal and plain variance is what Thm 3.4 bounds. A clipped (or truncated, or
-ratio-free) loss zeroes or shrinks stale gradients: plain variance then FALLS with staleness while
-the signal shrinks, so the comparable noise is that of an estimator with the same information and
-an unbiased mean, the signal-normalised form. ``loss_form`` picks it; the profile file's top-level
-``sigma_sq`` is that form (``sigma_sq_form`` names it) and ``replay-theory optimal --profile`` uses it.
-
-The probe is an ordinary run (``engine.run``) of the given config, with the FIFO capacity raised to
-(max_gap + 1) R when smaller, so that the buffer holds every creation-step gap up to ``max_gap``
-(the horizons x = N/R of a design grid). At ``checkpoints`` steps an observer regenerates responses
-from the stored policies pi_{t-s} for sigma^2(s) and takes the noise of every buffer item for rho.
-Units for the bootstrap are seeds (a seed's checkpoints are summed into it).
-
-The noise scale (McCandlish et al. 2018, arXiv 1812.06162, Eq. 2.11; ``theory/noise_scale.py``).
-B_noise = tr Sigma / |E G|^2 of the run's OWN per-sample gradient G (its loss, its group advantage), on FRESH
-groups (staleness 0) of pi_theta at ``noise_checkpoints`` steps of the same probe run, kept where they lie
-before the reward plateau (``plateau_step``). Every advantage here is group-relative, so the independent unit is
-the prompt group: the units are per-group mean gradients and B_noise is scaled back to samples (unit_size = G).
-Each (seed, checkpoint) is its own theta, so each gives one B_noise; they are pooled by the median with a
-bootstrap over the units of each (``theory.noise_scale.pooled_noise_scale``). Where the exact gradient can be
-enumerated, |E G|^2 = ||grad F||^2 is exact (``exact_loss_gradient``) and only tr Sigma is sampled: that value
-is reported NEXT TO the per-sample one (``noise_scale_exact_grad`` in the profile), never instead of it.
-
-| code name              | symbol              | how                                                             |
-|------------------------|---------------------|-----------------------------------------------------------------|
-| ``noise.estimate``     | B_noise             | per-sample: tr Sigma and |E G|^2 both from the group units       |
-| ``noise.exact_grad``   | B_noise             | tr Sigma from the group units, |E G|^2 = ||grad F||^2 exact       |
-| ``noise.unit_size``    | G                   | responses per unit: tr Sigma per sample = G tr Sigma_unit         |
-
-The optimizer's memory (issue 30; theory/forgetting.py): kappa = eta tr(H Sigma) / tr Sigma, for Adam in its
-preconditioned coordinates (eta tr(D H D Sigma) / tr(D Sigma), D = 1 / (sqrt(v_hat) + eps) of the probe's own Adam
-state), at the noise scale's checkpoints, beside b. H is the Jacobian of the mean gradient field grad F (the
-linearised dynamics' curvature), by central differences of the enumerated grad F.
+| ``noise.estimate``       | B_noise             | per-sample: tr Sigma and |E G|^2 both from the group units        |
+| ``noise.exact_grad``     | B_noise             | tr Sigma from the group units, |E G|^2 = ||grad F||^2 exact        |
+| ``noise.unit_size``      | G                   | responses per unit: tr Sigma per sample = G tr Sigma_unit          |
 
 | ``memory.estimators`` key | estimator                                                          | profile field      |
 |---------------------------|--------------------------------------------------------------------|--------------------|

@@ -3,9 +3,8 @@
 Paper: experience-replay (docs/REFERENCES.md), Sec. 3's synchronous FIFO model. A sweep is a set of
 designs (``capacity`` = buffer size N, ``rollouts_per_step`` = R, ``batch_size`` = B, so the staleness
 horizon is x = N/R and the replay ratio y = B/R) run on the simulator; each row of the results is one
-design and one seed.
-
-Spec (JSON)::
+design and one seed.  Spec (JSON; the configurations are the Cartesian product of ``grid`` over ``base`` plus each
+entry of ``configs`` merged over ``base``)::
 
     {
       "name": "fifo-sizes",
@@ -14,45 +13,11 @@ Spec (JSON)::
       "configs": [{"buffer": "on-policy"}]
     }
 
-The configurations are the Cartesian product of ``grid`` over ``base`` plus each
-entry of ``configs`` (merged over ``base``). Each configuration runs all its seeds
-in one vectorised process (:func:`run_config`); its seeds are fixed in its config, so
-its results do not depend on where it runs. Configurations run in parallel on one of
-four engines (``backend``), none home-made:
-
-    loky        joblib's process pool on this machine (default), ``n_jobs`` workers
-    threading   joblib's threads (one process; for debugging)
-    dask        a ``distributed`` cluster: the running scheduler at ``scheduler``
-                (``tcp://HOST:PORT``), or a ``LocalCluster`` started here with ``n_jobs``
-                single-threaded worker processes and closed after the sweep
-    ray         a Ray cluster: ``ray.init(address=scheduler)``, or a local Ray started
-                here with ``num_cpus=n_jobs`` and shut down after the sweep
-
-Workers only compute: each returns its curves and summary to this process, which
-writes the files, so a remote cluster needs no shared filesystem; a worker that runs
-another replay-theory version is refused. Loky, dask and ray give bit-identical files
-for the same spec (tests/integration/test_sweep_backends.py).
-
-Output directory::
-
-    spec.json            the spec and the code version, written once; a different spec in the same
-                         directory, or one written by another version, is refused
-    runs/KEY.npz         per-step curves of one configuration (S x steps arrays), written first
-    runs/KEY.json        its full config, summary and code version, written last and atomically: the
-                         completion marker
-    results.csv          tidy table, one row per (configuration, seed), rebuilt from runs/*.json
-    results.parquet      the same rows and columns with typed columns (int64, float64, bool, string),
-                         written when pyarrow is installed (the ``dask``/``ray`` extras bring it)
-
-Both tables are derived indexes, rebuilt from runs/ after every sweep and each
-written to a temporary name and renamed, so neither is ever half-written.
-A finished configuration is never run again or overwritten, so an interrupted
-sweep resumes where it stopped (on any backend) and a crash mid-sweep loses only the
-configurations in flight. A resumed sweep never mixes code versions. Every
-argument (spec, --jobs, --backend and its package, --scheduler's format, --out) is
-checked before anything is written, the cluster is reached before the first file is
-written, and a sweep that fails before its first configuration finishes removes
-what it created.
+Each configuration runs all its seeds in one vectorised process (:func:`run_config`) with its seeds fixed in its
+config, so its results do not depend on where it runs; the engines (``backend``: loky, threading, dask, ray) only
+compute and this process writes every file.  A finished configuration (its ``runs/KEY.json``, written last) is
+never run again, so a sweep resumes on any backend; ``spec.json`` refuses a different spec or code version.
+Engines, the output directory and its tables: docs/SIMULATION.md, 'Sweeps: engines, clusters and result tables'.
 """
 
 from __future__ import annotations

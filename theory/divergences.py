@@ -1,17 +1,13 @@
 """Divergences between a behaviour policy and a new policy, computed in log space.
 
-Everything is a function of the importance ratio r = pi_new / pi_behav (``log_ratio = logp_new - logp_behav``)
-under samples from ``pi_behav``: EXACT values for categorical log-probabilities (..., K) (``kl_exact``,
-``renyi_exact``, ``d2_exact``, ``chi2_exact``, ``m2_exact``, ``ess_fraction_exact``) and SAMPLE estimates from a
-``log_ratio`` (..., n) with an optional 0/1 ``mask`` (``kl_k1/k2/k3``, ``m2``, ``chi2_estimate``, ``d2_estimate``,
-``renyi_estimate``, ``ess_kish``, ``ess_kish_fraction``, ``ess_kong``, ``ratio_stats``; the moment-based ones are
-``theory/moments.py``'s estimators). The LAST axis is reduced unless ``axis`` says otherwise; nothing forms exp(log r)
-where it could overflow (huge results are ``inf``, never NaN or a warning); empty input, NaN or a bad mask raise.
-Papers (docs/REFERENCES.md): FreshPER (Ma et al.) and M2PO ("Prosperity before Collapse").
+Everything is a function of r = pi_new / pi_behav (``log_ratio = logp_new - logp_behav``) under samples from
+``pi_behav``: EXACT values for categorical log-probabilities (..., K) and SAMPLE estimates from a ``log_ratio``
+(..., n) with an optional 0/1 ``mask`` (the moment-based ones are ``theory/moments.py``'s).  The LAST axis is
+reduced unless ``axis`` says otherwise; nothing forms exp(log r) where it could overflow (huge results are ``inf``,
+never NaN); empty input, NaN or a bad mask raise.  Papers (docs/REFERENCES.md): FreshPER and M2PO.  ``kl_k1/k2/k3``
+estimate KL(pi_behav || pi_new), the REVERSE of FreshPER's Eq. (11) bound (``bounds.py``, docs/ERRATA.md F2).
 
-Code names and paper symbols
-----------------------------
-::
+Code names and paper symbols::
 
     code                  FreshPER                           M2PO / frameworks
     --------------------  ---------------------------------  ---------------------------
@@ -30,10 +26,6 @@ Code names and paper symbols
     ess_kish_fraction     (sum w)^2 / (n sum w^2)            TRL/verl ess_frac, PipelineRL rl/ess
     chi2_estimate         E[rho^2] - 1, Eq. (21)             verl chi2_token
     ratio_stats           -                                  is_ratio_{min,mean,max,std}
-
-Direction of the KL estimators: ``kl_k1/k2/k3`` estimate KL(pi_behav || pi_new)
-(samples come from pi_behav), which is the REVERSE of the KL(pi_theta || pi_mu)
-in FreshPER's ESS bound, Eq. (11).  See ``bounds.py`` and docs/ERRATA.md.
 """
 
 from __future__ import annotations

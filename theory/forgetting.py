@@ -1,21 +1,17 @@
 """Forgetting: how much of a replay buffer's batch noise the optimizer keeps, and the design rule built on it.
 
-Sources: McCandlish, Kaplan, Amodei et al. 2018 (arXiv 1812.06162), Eq. 2.7 (steps S = S_min (1 + B_noise V)) and
-Eq. 2.6 (the tuned step falls as eta_max / (1 + B_noise / B)); the experience-replay paper's synchronous FIFO (Sec. 3:
-generate R, push into a FIFO of N, draw B uniformly with replacement); the FIFO autocovariance C(k) of
-``theory/noise_scale.py``. Derivations: ``replay-theory derive forgetting-variance``, ``derive forgetting-rule``,
-``derive free-batch``; docs/THEORY.md, "Forgetting".
-
-A stored sample's noise is fixed when it is drawn, so a FIFO's batch-mean noise is correlated across steps
-(C(k) = sigma^2 (N - kR)_+ / N^2). An optimizer that contracts the error along a direction by a = 1 - kappa per step
-keeps the noise V_eff = C(0) + 2 sum_k rho(k) C(k), rho(k) the autocorrelation of its impulse response (a^k for SGD).
-With N = x R and y = B / R:
+Sources: McCandlish et al. 2018 (arXiv 1812.06162), Eq. 2.7 (S = S_min (1 + B_noise V)) and Eq. 2.6 (the tuned step
+falls as eta_max / (1 + B_noise / B)); the experience-replay paper's synchronous FIFO (Sec. 3); the FIFO
+autocovariance C(k) = sigma^2 (N - kR)_+ / N^2 of ``theory/noise_scale.py`` (a stored sample's noise is fixed when
+drawn).  Derivations: ``replay-theory derive forgetting-variance | forgetting-rule | free-batch``; docs/THEORY.md,
+"Forgetting".  An optimizer that contracts the error along a direction by a = 1 - kappa per step keeps the noise
+V_eff = C(0) + 2 sum_k rho(k) C(k), rho(k) the autocorrelation of its impulse response (a^k for SGD); with N = x R
+and y = B / R:
 
     B V_eff = 1 + y psi(x, kappa) - 1/N,   psi = 1/x + (2 / x^2) sum_{k=1}^{x-1} (x - k) rho(k)   (in [1/x, 1], a >= 0)
 
-psi -> 1 (the long-run variance of ``noise_scale``: replay's noise never averages out) when the horizon x is short
-against the optimizer's memory 1/kappa; psi ~ 2 / (kappa x) when it is long (the optimizer has forgotten a sample's
-earlier draws by the time it is drawn again). On-policy without replacement has B V = 1.
+psi -> 1 (``noise_scale``'s long-run variance) when x is short against the memory 1/kappa, psi ~ 2 / (kappa x) when
+long.  On-policy without replacement has B V = 1.
 
 | code name          | symbol                          | meaning                                                   |
 |--------------------|---------------------------------|-----------------------------------------------------------|

@@ -1,22 +1,17 @@
 """The statistics kernel: log-space sums of importance log-ratios, and every sample estimator as a function of them.
 
-Every sample statistic the package reports of r = pi_new / pi_behav (the divergences' sample functions, the
-losses' metrics, the simulator's ESS by age, diagnose's streamed report and what-if, the trainers' per-step
-metrics) is one of the functions below applied to the sums of :class:`Moments`.  The sums are taken once per group
-of samples (a row of an array, a run of tokens, an age, a whole log) and merge exactly, so a group can be streamed
-in chunks, in any order:
+Every sample statistic the package reports of r = pi_new / pi_behav (divergences, loss metrics, the simulator's ESS
+by age, diagnose, the trainers' metrics) is a function below of the sums of :class:`Moments`, taken once per group
+(a row, a run of tokens, an age, a whole log) and merged exactly, so a group can be streamed in any order:
 
     n, s1 = sum log r, s2 = sum (log r)^2, sk3 = sum k3(log r), lmin / lmax = min / max log r,
     A = sum e^{log r - M},  B = sum e^{2 (log r - M)},  C = sum e^{log r - M} log r,
     P = sum ((r - 1) e^{-L})^2,  Q = sum (e^{log r - M} - A / n)^2,      M = lmax,  L = max(0, M).
 
-Shifting by the group maximum M keeps every exponential in (0, 1], so an 8k-token sequence with log r = 4096
-neither overflows nor loses the rest of the sum; a merge rescales by e^{M_old - M_new} (Q by Chan et al.'s
-parallel update).  A group with +inf log-ratios takes the limit (e^{log r - M} = 1 at the +inf entries, 0
-elsewhere), one with every log r = -inf has A = B = 0.
-
-Papers (docs/REFERENCES.md): FreshPER ("Freshness-Aware Prioritized Experience Replay for LLM/VLM RL") and M2PO
-("Prosperity before Collapse").  Code names -> symbols (n samples, w = r):
+Shifting by the group maximum M keeps every exponential in (0, 1] (log r = 4096 neither overflows nor loses the
+rest); a merge rescales by e^{M_old - M_new} (Q by Chan et al.'s parallel update).  +inf log-ratios take the limit
+(e^{log r - M} = 1 there, 0 elsewhere); all -inf gives A = B = 0.  ``k3_terms`` lives here too (the lowest floor).
+Papers (docs/REFERENCES.md): FreshPER and M2PO.  Code names -> symbols (n samples, w = r):
 
     ess_frac_from_sums      (sum w)^2 / (n sum w^2) = A^2 / (n B)     Kish; -> e^{-D_2}, FreshPER Eqs. (5), (24)
     ess_from_sums           (sum w)^2 / sum w^2                       Kish ESS
@@ -30,8 +25,6 @@ Papers (docs/REFERENCES.md): FreshPER ("Freshness-Aware Prioritized Experience R
     kl_new_behav_from_sums  self-normalised E[r~ log r~] = C / A - log mean r     FreshPER Eq. (25)
     chi2_pearson_from_sums  E[(r - 1)^2] = e^{2L} P / n                M2PO Thm 5.1's chi^2
     ratio_std_from_sums     e^M sqrt(Q / n)  (one pass where Q was not taken)
-
-``k3_terms`` (the per-sample k3 term) lives here too, so that the lowest floor holds everything the sums need.
 """
 
 from __future__ import annotations

@@ -24,10 +24,8 @@ validator (``validate/calibrate.py``, grad F from a large held-out reference bat
 Axes. Every estimator works on UNITS, the independent replicates a bootstrap resamples: on the
 simulator one unit is one training seed (its checkpoints are summed into it, since checkpoints of one
 run are not independent); on the language model one unit is one checkpoint. Arrays are (U, ...) with
-the unit axis first; the sample axis (responses of one unit) comes next.
-
-Why ratios of sums and not mean cosines: ``correlation_by_gap``; the Monte Carlo reference's correction:
-``reference_variance``. The fitted rho is reported as measured, with a bootstrap interval (``RhoFit.in_range``).
+the unit axis first; the sample axis (responses of one unit) comes next.  The fitted rho is reported as measured,
+with a bootstrap interval (``RhoFit.in_range``); why ratios of sums: ``correlation_by_gap``.
 """
 
 from __future__ import annotations

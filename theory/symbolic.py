@@ -1,24 +1,11 @@
-"""Symbolic derivations (sympy) of the closed forms used by replay-theory.
+"""Symbolic derivations (sympy) of the closed forms used by replay-theory (``replay-theory derive``).
 
-Each derivation starts from the paper's definitions and lets sympy do the work
-(``diff``, ``solve``, ``simplify``, ``factor``, ``Poly``, ``limit``,
-``series``), recording every step as a :class:`Step`. A step whose text says
-"(argued)" states a fact that is reasoned in words, not computed; every other
-step shows what sympy returned. The numeric modules (``design``, ``profiles``,
-``divergences``) implement the results; ``tests/unit/test_symbolic.py`` compares the
-two.
-
-This module is imported only by ``replay-theory derive`` and the tests (never by
-``replay-theory optimal``), so it imports sympy at the top.
-
-Papers (docs/REFERENCES.md):
-
-- "Efficient RL training for LLMs with experience replay"
-  (experience-replay                   ): Thm 3.4, Thm 3.5, App. C.2, App. C.3.1, App. C.3.2, Eq. (5).
-- "Prosperity before Collapse" / M2PO (M2PO               ): Thm 5.1, App. C.
-- FreshPER (FreshPER                       , arXiv:2604.16918): Eqs. (5), (8), (9), (24).
-- McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training" (arXiv 1812.06162):
-  Eq. (2.7), steps S = S_min (1 + B_noise / B), with the batch variance 1/B replaced by the long-run variance V.
+Papers (docs/REFERENCES.md): experience-replay Thm 3.4, Thm 3.5, App. C.2, C.3.1, C.3.2, Eq. (5); M2PO Thm 5.1,
+App. C; FreshPER (arXiv:2604.16918) Eqs. (5), (8), (9), (24); McCandlish et al. 2018 (arXiv 1812.06162) Eq. (2.7),
+with the batch variance 1/B replaced by the long-run variance V.  Each derivation records every sympy step as a
+:class:`Step`; a step saying "(argued)" is reasoned in words, not computed.  The numeric modules implement the
+results and ``tests/unit/test_symbolic.py`` compares the two.  Imported only by ``derive`` and the tests, never by
+``optimal``, so sympy is imported at the top.  Derivations are cached: treat a :class:`Derivation` as read-only.
 
 | derivation              | derives                                                                         |
 |-------------------------|---------------------------------------------------------------------------------|
@@ -49,9 +36,6 @@ Papers (docs/REFERENCES.md):
 |                         | staleness r(s) = 1 + c s gives the horizon x* = sqrt(tau y (2 - c)/c)           |
 | ``free-batch``          | psi = 1: on-policy at B' = R beats replay at (R, B); equal-steps condition      |
 |                         | psi < mu (y-1)/(y (mu+y)), loosest mu/(1+sqrt(1+mu))^2 = 0.4295 at mu = 5.28    |
-
-Derivations are built lazily and cached (``functools.cache``): treat a returned
-:class:`Derivation` as read-only.
 
 | code name    | paper symbol     | meaning                                                            |
 |--------------|------------------|--------------------------------------------------------------------|

@@ -17,81 +17,11 @@ transformer instead of analytic scores.
 | ``kl_by_lag_k1``   | (estimator)      | sampled k1 estimate (mean sequence log-ratio), can be negative          |
 | ``memory``         | kappa (issue 30) | lr tr(D H D Sigma) / tr(D Sigma): curvature pairs, ``measure_lm_kappa`` |
 
-The probe is an ordinary RL run (``validate.rl.train``, FIFO buffer, GRPO) whose
-last per-step weights are kept (on the CPU), so completions of the stale policies
-pi_{t-s} can be regenerated after it.
-
-Shared estimators. sigma^2(s) (plain and signal-normalised), the retained signal r(s), rho and the
-within-group correlation come from ``theory/noise.py``, the code the simulator uses with its exact
-gradient. Here grad F is the mean of ``reference_samples`` fresh completions of pi_t that are used for
-nothing else; its Monte Carlo error E||g_ref - grad F||^2 is estimated as (sum of the per-coordinate
-sample variances of the reference gradients) / n_ref and subtracted from every squared norm, every
-pair's inner product and ||g_ref||^2 (``theory.noise.reference_variance``: the cross terms vanish
-because the reference is independent of the measured completions). The noise is not centred per
-creation step (that needs a Monte Carlo mean per step, too costly on a model), so rho here includes
-products of stale-sample biases, like the simulator's ``rho_fit_uncentred``.
-
-Error bars. All measurements are taken at one checkpoint, so the simulator's unit (a seed) does not
-exist here; the bootstrap units are PROMPT GROUPS, which are independent given the policy. For sigma^2(s)
-the ``samples`` completions of each staleness value come in ``samples / G`` groups of G (one prompt each);
-unit u holds group u of every staleness value, (K, n, d) -> (U = n / G, K, G, d), and
-``theory.noise.noise_profile`` resamples units. The reference g_ref is broadcast to every unit: its own
-Monte Carlo error (``reference_variance``) is subtracted but the reference is NOT resampled, so the
-intervals leave out its sampling error (small next to the measured samples' when ``reference_samples``
->> ``samples``). For rho the groups of the probe's final buffer are resampled
-(``theory.noise.fit_rho_group_bootstrap``; a group never pairs with its own copy).
-
-KL by lag. The tiny model's full next-token distribution is available
-(``validate.logprobs.next_token_logprobs``), so KL(pi_t || pi_{t-lag}) of whole sequences is computed
-exactly over the vocabulary given each sampled prefix (chain rule):
-
-    KL_seq = E_{y ~ pi_t} sum_positions sum_v pi_t(v | x, y_<k) (log pi_t - log pi_{t-lag})(v | x, y_<k),
-
-averaged over fresh completions of pi_t; each vocabulary term is written as a non-negative Bregman term
-(as ``theory.divergences.kl_exact``), so the value is never negative. Next to it, on the same completions,
-the sampled k3 (sum over tokens of r - 1 - log r, log r = log pi_{t-lag} - log pi_t of the sampled token)
-and k1 (sum of -log r, the sequence log-ratio; unbiased but can be negative) estimates. Standard errors
-are over prompt groups (group means of the per-sequence values), the independent units. For a large
-vocabulary the completions are processed in chunks of at most ``kl_chunk_elements`` (chunk x L x V)
-log-probabilities.
-
-Count-based mu (App. E). The paper estimates mu from a buffered asynchronous run: with a
-buffer neither side waits, so in the same wall-clock time each inference GPU generates
-K_inference / W rollouts and each trainer GPU processes K_training / T samples, and
-mu ~= (K_training / T) / (K_inference / W) (``theory.compute.estimate_mu``). The tiny pipeline
-is synchronous and has one device, so ``count_window`` emulates W = T = 1: a generation side
-(R fresh rollouts into the FIFO buffer per call) and a training side (one update on B samples
-drawn from the buffer per call) take turns on the device, each running on its own busy clock,
-the side that is behind going next, until both clocks reach the window. Only work finished
-inside the window counts, as for a run cut at a fixed wall time. Neither side ever waits for
-the other, which is App. E's no-downtime condition.
-
-Noise scale (McCandlish et al. 2018, arXiv 1812.06162, Eq. 2.11; ``theory/noise_scale.py``). B_noise =
-tr Sigma / |E G|^2 of the probe's own loss gradient on FRESH completions (staleness 0) of pi_theta at
-``noise_checkpoints`` probe steps evenly spread from the warm start (0 updates) to the end (the final one uses
-the held-out reference batch and the s = 0 completions, gradients already computed). The loss's group baseline
-couples a group's completions, so the units are per-group mean gradients (unit_size = G) and B_noise is in
-samples. Median over checkpoints with a bootstrap over each checkpoint's groups
-(``theory.noise_scale.pooled_noise_scale``), after ``gram_rows`` compresses each (U, k) array to the (U, U) rows
-with the same inner products (the estimator sees nothing else). The probe is short and starts at the warm start;
-whether its checkpoints lie before the reward plateau is not checked here. With a coordinate subset (below) the
-P / k scale cancels in the ratio; numerator and denominator are each estimated on the same k coordinates.
-
-The optimizer's memory kappa (theory/forgetting.py; ``measure_lm_kappa``), beside b: at the noise checkpoints that
-follow an update, curvature pairs xi = g_1 - g_2 of two fresh micro-batches of B/2 (whole prompt groups), w = D xi
-with D the diagonal of the probe's AdamW (its exp_avg_sq at that checkpoint, the pair's mean gradient folded in as the
-next update would, bias-corrected, eps), and w^T H w by central differences on a THIRD fresh micro-batch
-(``central_hvp``): its on-policy gradient reweighted by each completion's ratio, whose derivative is the on-policy
-field's Jacobian. Finite differences because the loss is the shared numpy loss (autograd through the surrogate would
-drop the ratio's part of the Hessian) and the model's SDPA kernel has no double backward on the CPU; a third
-micro-batch because a Hessian on one of xi's own shares its samples (the same-micro-batch variant, kept beside it,
-is ~100x the independent one on the tiny model). Pooled over pairs (ratio of sums) with a bootstrap over pairs.
-Deterministic: its own random streams, no thread-dependent reduction beyond the model's own.
-
-Large models: per-sample gradients are flat vectors of all parameters, so for models above
-``max_grad_coords`` parameters a fixed random subset of coordinates (drawn with replacement,
-seeded) stands in for the whole vector: squared norms are rescaled by P / k (unbiased) and
-cosines are taken on the subset. The tiny model is below the cap and is measured exactly.
+The probe is an ordinary RL run (``validate.rl.train``, FIFO buffer, GRPO) whose last per-step weights are kept
+(on the CPU), so completions of the stale policies pi_{t-s} can be regenerated after it.  The bootstrap units are
+PROMPT GROUPS (one checkpoint, so no seeds); the noise is not centred per creation step, so rho is the uncentred
+one.  The estimators, the exact KL, the noise scale, kappa and the coordinate subset of large models:
+docs/VALIDATION.md, 'Calibration on the LM: the estimators'; the count window: 'Count-based mu (App. E)'.
 """
 
 from __future__ import annotations

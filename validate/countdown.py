@@ -1,18 +1,10 @@
 """Countdown 3-to-4: problems, a reference solver, the deterministic verifier, pass@k.
 
-The task of the Replay-RLOO paper ("How Much Stale Rollout Reuse Can
-Verifier-Based RLOO Tolerate?", RLOO group replay, docs/REFERENCES.md,
-Sec. 4 "Task and model"): combine three or four given numbers with the four
-basic operations + - * / to reach a target, each given number used exactly
-once. The verifier (Sec. 3 and the appendix "Verifier reward") returns
-
-* 1.0 when the equation is well formed, uses each given number once, and
-  reaches the target;
-* 0.1 when the equation is well formed but is not fully correct;
-* 0.0 when no valid (well-formed) equation is produced.
-
-Pure Python + numpy (no torch), so the simulator, the tokenizer and the tests
-can import it anywhere.
+The task of Replay-RLOO (RLOO group replay, docs/REFERENCES.md, Sec. 4 "Task and model"; the verifier: Sec. 3
+and the appendix "Verifier reward"): combine three or four given numbers, each exactly once, with + - * / to reach
+a target.  Pure Python + numpy (no torch), so the simulator, the tokenizer and the tests can import it anywhere;
+exact ``Fraction`` arithmetic, never ``eval``.  The choices the paper leaves open (what "well formed" means,
+division by zero, no ``<answer>`` tags): docs/VALIDATION.md, 'The Countdown verifier'.
 
 | code name            | paper symbol / term         | meaning                                              |
 |----------------------|-----------------------------|------------------------------------------------------|
@@ -27,50 +19,14 @@ can import it anywhere.
 | ``pass@k``           | pass@k, Eq. (4)             | unbiased 1 - C(n-c,k)/C(n,k), averaged over problems |
 | ``pass@k_ordered``   | canonical "first-k" pass@k  | any of the first k samples correct                   |
 
-Prompt format (what the tiny character-level model reads)::
-
-    "nums 3 7 25 50 target 75 ="
-
-i.e. ``"nums " + " ".join(numbers) + " target " + str(target) + " ="``, with
-the numbers in the problem's stored order, single spaces, no trailing space.
-
-Answer format (what the model writes after the prompt, and what ``verify``
-scores): the completion up to its first ``"\\n"`` (or its end; the tokenizer is
-expected to stop decoding at its EOS token and hand over the text before it)
-must be *only* an arithmetic expression, e.g. ``"(50-25)*3+7-7"`` -- no
-``"= 75"``, no ``<answer>`` tags, no leading prose. Grammar::
+Prompt: ``"nums 3 7 25 50 target 75 ="`` (the stored order, single spaces).  Answer: the completion up to its first
+``"\\n"``, only an expression (no ``"= 75"``, no tags, no prose), at most ``MAX_ANSWER_CHARS`` characters and
+``MAX_PAREN_DEPTH`` nested parentheses; spaces between tokens, no unary minus, no decimals::
 
     expr   := term   (("+" | "-") term)*
     term   := factor (("*" | "/") factor)*
     factor := NUMBER | "(" expr ")"
     NUMBER := "0" | [1-9][0-9]*          (ASCII digits, no leading zeros)
-
-Spaces may appear between tokens; no other character is allowed (no unary
-minus, no decimals, no ``**`` / ``^``). At most ``MAX_ANSWER_CHARS`` = 200
-characters and ``MAX_PAREN_DEPTH`` = 16 nested parentheses. Arithmetic is
-exact (``fractions.Fraction``), so ``/`` is true division and intermediate
-fractions are allowed; division by zero means the expression has no value.
-It is parsed by a small recursive-descent parser here -- never ``eval``.
-
-Choices the paper leaves open (documented, not invented results):
-
-* "Well formed" is read as *syntactic*: the answer parses under the grammar
-  above and has a value. Both sentences in the paper list "uses each given
-  number once" as a condition separate from "well formed"/"valid", and the
-  course verifier the paper's pipeline comes from (TinyZero's
-  ``countdown.compute_score``: ``format_score=0.1`` for any extracted equation
-  that is not fully correct, including wrong numbers) agrees. So an equation
-  that reuses, drops or adds a number scores 0.1, whatever its value. Pass
-  ``partial_requires_numbers=True`` to ``verify`` for the stricter reading
-  (0.1 only if the numbers are exactly the given ones).
-* Division by zero scores 0.0 ("no valid equation"); TinyZero's eval-based
-  checker would give 0.1 there.
-* The Qwen pipeline extracts the equation from ``<answer>...</answer>`` tags;
-  the tiny model here is trained to emit the bare expression, so any other
-  text before or in the answer is malformed (0.0).
-
-References: pass@k estimator, Chen et al. 2021 (arXiv:2107.03374), reused from
-``replay_theory.theory.group_replay.pass_at_k``.
 """
 
 from __future__ import annotations

@@ -2,15 +2,8 @@
 
 Paper: RLOO group replay (docs/REFERENCES.md), Sec. 3.3-3.4: the current log-probabilities
 log pi_theta(y_i | x_i) of Eq. (2) are recomputed at every reuse of a group, and the entropy
-bonus of Eq. (3) is taken over the same next-token distributions.
-
-* ``prompt_token_ids`` / ``encode_prompts`` / ``prompt_width``: prompts as token ids (BOS where the
-  tokenizer has one), left-padded to a fixed width; shared by sampling (``validate/sampling.py``),
-  the vLLM sampler and SFT (``validate/sft.py``).
-* ``sequence_logprobs``: teacher-forced per-token log-probs of completion tokens (differentiable),
-  optionally with their entropies; ``next_token_logprobs``: the full next-token log-distribution
-  over the vocabulary at each completion position, which it gathers from (exact KL between two
-  policies, ``validate/calibrate.py``).
+bonus of Eq. (3) is taken over the same next-token distributions.  Prompt encoding is shared by sampling, the vLLM
+sampler and SFT; ``next_token_logprobs`` (the whole vocabulary) serves the exact KL of ``validate/calibrate.py``.
 
 Conventions (shared with ``validate/sampling.py``, whose ``Rollouts`` these functions read):
 

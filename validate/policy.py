@@ -16,11 +16,7 @@ validation on Countdown (Qwen2.5-0.5B from an SFT checkpoint there).
 
 Precision: parameters (and so AdamW's moments) are float32 on every device; on
 CUDA the forward/backward passes and HF sampling run under bfloat16 autocast
-(``Policy.autocast``), on CPU there is no autocast at all.
-
-What uses a policy, by module: prompt encoding and teacher-forced log-probs ``validate/logprobs.py``;
-the KV-cached sampling loop ``validate/sampling.py``; the supervised warm start ``validate/sft.py``;
-the vLLM sampler ``validate/vllm_engine.py`` (the sampler interface is in ``validate/engines.py``).
+(``Policy.autocast``), on CPU there is no autocast at all (why: docs/VALIDATION.md, 'Rollout engines').
 
 | code name                  | paper symbol   | where                                          |
 |----------------------------|----------------|------------------------------------------------|

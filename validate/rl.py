@@ -14,27 +14,13 @@ the compute accounting come from ``core.pipeline.Pipeline`` with a language-mode
 | ``logp_behav``       | log mu       | behaviour token log-probs stored when the completion is added   |
 | ``logp_new``         | log pi_theta | token log-probs under the current model (teacher forcing)       |
 
-How a shared numpy loss trains a torch model: every loss in ``core/losses.py``
-returns d loss / d logp_new for the sampled tokens, so the model's gradient is
-that of the surrogate sum(grad_logp * logp_new) with grad_logp held constant
-(``core/surrogate.py``, the one the trainers use).
-The buffer stores completions as a ``RolloutBatch`` with one seed (S = 1).
-
-Behaviour log-probs come from the sampler (``logp_source="sampler"``, what vLLM
-returns) or from a trainer forward pass on the fresh completions before any update
-(``"trainer"``: fresh log-ratios are then exactly 0). The sampler-vs-trainer
-mismatch is logged either way (``logp_mismatch_max``).
-
-Generation goes through a ``Sampler`` (``validate/engines.py``): the HF loop by default, or
-vLLM on a GPU. The trainer's weights are pushed to it every ``sync_every`` updates
-(``policy_lag`` in the step log: how many updates the sampler's weights trail). With
-``micro_batch_size`` the update runs forward/backward in chunks and accumulates the gradient
-of the same surrogate (one extra no-grad forward; needed on a GPU for a 150K-token vocabulary).
-
-Where it runs (issue 31): on the CPU the numpy losses and CPU generators, the numbers of every earlier version bit for
-bit; on CUDA the token generators live on the device (``make_generator``) and the update takes the loss from
-``core/losses_torch.py`` on the device (``loss_library``), so neither sampling nor the update copies log-probs to the
-host and back; each update ends with a device synchronisation, so the time charged to it is its own (mu).
+A shared numpy loss (``core/losses.py``) returns d loss / d logp_new for the sampled tokens, so the model trains on
+the surrogate sum(grad_logp * logp_new) with grad_logp held constant (``core/surrogate.py``, as the trainers do).
+The buffer stores completions as a ``RolloutBatch`` with one seed (S = 1).  Behaviour log-probs come from the
+sampler (``logp_source="sampler"``) or from a trainer pass on the fresh completions before any update
+(``"trainer"``: fresh log-ratios exactly 0); the mismatch is logged either way (``logp_mismatch_max``).  Engines,
+``sync_every`` and micro-batches: docs/VALIDATION.md, 'Rollout engines'; the CUDA path (device generators, the
+torch loss, a synchronised update so mu charges it its own time): 'GPU path'.
 """
 
 from __future__ import annotations

@@ -2,35 +2,18 @@
 
 Paper: RLOO group replay (docs/REFERENCES.md), Sec. 3.1-3.3: K responses are sampled per prompt
 (Eq. (1)'s group) and the behaviour log-probability log mu(y_i | x_i) of Eq. (2) is stored when a
-group is sampled.
+group is sampled.  ``generate`` is the HF engine of ``validate/engines.py`` (the vLLM one returns the same
+``Rollouts``): explicit ``torch.Generator``s (the same seed gives the same samples), ``logp_behav`` from the sampling
+forward pass itself, decoding chosen by a ``DecodeOptions`` (``default_decode`` by device: the CPU's eager loop,
+bit for bit as before; on CUDA device generators, a static cache and a compiled ``StaticDecoder`` step, eager where
+``torch.compile`` fails): docs/VALIDATION.md, 'GPU path'.  Padding, positions and log-prob conventions are those of
+``validate/logprobs.py``.  In addition:
 
-* ``generate``: a hand-written KV-cached sampling loop with explicit ``torch.Generator``s (the same seed gives the
-  same samples) that records the behaviour log-probs ``logp_behav`` of the sampled tokens from the sampling forward
-  pass itself; it returns ``Rollouts``. How it decodes is a ``DecodeOptions`` (``default_decode`` by device):
-  - the CPU: the eager loop on a dynamic cache, ``torch.multinomial`` on the CPU generators, the finished flags read
-    every token: the numbers of every earlier version, bit for bit;
-  - CUDA (issue 31): the generators on the device, so sampling, the finished flags and ``logp_behav`` never leave it
-    (a draw is the exponential race ``argmax(p / E)``, E ~ Exp(1), what ``torch.multinomial`` computes for one
-    sample, without its host-side checks); all-finished read every ``check_every`` tokens; a static KV cache and a
-    decode step compiled once per process (``torch.compile``, CUDA graphs through mode ``reduce-overhead``) on a
-    ``StaticDecoder``: a copy of the model's architecture in the compute dtype whose weights are copied in at every
-    call, so every run of a verify (each its own model object) reuses the one compiled step. Shapes are fixed by
-    padding each seed's rows to a power of two (``padded_rows``) and the cache to the prompt width + L.
-  Every path also runs on the CPU (tests/integration/test_validate_decode.py); where ``torch.compile`` fails, the
-  decoder says so in one line on stderr and decodes eagerly on the static cache.
-* ``_cache_argument``: the KV cache as the next forward's keyword, across transformers versions.
-
-This is the HF engine of ``validate/engines.py``; the vLLM one (``validate/vllm_engine.py``) returns
-the same ``Rollouts``. Padding, positions and log-prob conventions are those of ``validate/logprobs.py``.
-In addition:
-
-* Rows: ``generate`` returns ``B * num_samples`` rows, prompt-major: row
-  ``i * num_samples + k`` is sample k of prompt i (``Rollouts.prompt_index``),
-  i.e. a ``(B, K)`` reshape gives the RLOO groups.
-* Temperature: ``logp_behav`` is the log-prob under the SAMPLING distribution,
-  ``log_softmax(logits / T)`` (after top-k/top-p truncation if those are used,
-  renormalised). ``sequence_logprobs(..., temperature=T)`` computes the same
-  distribution, so with equal weights the log-ratio of fresh data is ~0.
+* Rows: ``B * num_samples``, prompt-major: row ``i * num_samples + k`` is sample k of prompt i
+  (``Rollouts.prompt_index``), so a ``(B, K)`` reshape gives the RLOO groups.
+* Temperature: ``logp_behav`` is the log-prob under the SAMPLING distribution, ``log_softmax(logits / T)`` (after
+  top-k/top-p truncation if used, renormalised), as ``sequence_logprobs(..., temperature=T)`` computes it, so with
+  equal weights the log-ratio of fresh data is ~0.
 
 | code name          | paper symbol                    | where                      |
 |--------------------|---------------------------------|----------------------------|

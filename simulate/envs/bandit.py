@@ -1,46 +1,14 @@
 """Contextual bandit with a log-linear policy in shared parameters: one-token "responses".
 
-What it models
---------------
-Each prompt ``p`` is a question with one correct answer among ``A`` actions
-(one action = one whole response, so ``seq_len = 1``).  ``num_well_formed``
-other actions are "well-formed but wrong" and earn 0.1; the rest earn 0 --
-the three Countdown reward levels of Replay-RLOO (1 / 0.1 / 0; Sec. 3 and
-App. B of RLOO group replay (docs/REFERENCES.md)).  The warm-start
-success probability pi_0(correct | p) is spread from hard through medium to
-easy, the difficulty buckets of ExGRPO (Hard (0, 25%], Medium (25%, 75%],
-Easy (75%, 100%]; Sec. 3.2 of ExGRPO (docs/REFERENCES.md)).
-
-The policy is log-linear in parameters theta (S, d) SHARED by all prompts:
+Each prompt ``p`` has one correct answer among ``A`` actions (one action = one whole response, ``seq_len = 1``),
+``num_well_formed`` wrong actions earning 0.1 and the rest 0: the three Countdown reward levels of Replay-RLOO
+(RLOO group replay (docs/REFERENCES.md), Sec. 3 and App. B).  Warm-start success spans ExGRPO's Hard / Medium /
+Easy buckets (ExGRPO (docs/REFERENCES.md), Sec. 3.2).  theta is SHARED by all prompts, so a step on one prompt
+moves every other prompt's policy: that is what makes replayed responses off-policy.  How the difficulty and the
+features are set: docs/SIMULATION.md, 'Bandit'.
 
     logits[s, p, a] = b[p, a] + phi[p, a, :] @ theta[s]
     grad_theta log pi(a | p) = phi[p, a] - E_{a' ~ pi(.|p)}[phi[p, a']]
-
-so a gradient step on one prompt moves every other prompt's policy; that is
-what makes replayed (stale) responses genuinely off-policy.
-
-How the difficulty is set
--------------------------
-Target warm-start success probabilities ``q_p`` are stratified-uniform in
-LOGIT space between ``logit(warm_success_min)`` and ``logit(warm_success_max)``
-(prompt ``p`` gets stratum ``perm[p]``, so every instance covers the whole
-range: with the defaults 0.02 .. 0.95 about 41% of prompts are hard (< 0.25),
-32% medium and 27% easy).  The wrong actions get offsets
-``b[p, a] ~ N(0, base_logit_std^2)`` (+ ``well_formed_bonus`` for the
-well-formed ones), and the correct action's offset is then solved for exactly:
-
-    b[p, c_p] = logit(q_p) + logsumexp_{a != c_p} b[p, a]   =>   pi_0(c_p | p) = q_p
-
-at the warm start theta = 0 (``init_params`` returns zeros).
-
-Features
---------
-``phi[p, a] = g[p, a] / sqrt(d)`` with ``g ~ N(0, I_d)`` (unit scale: |phi| ~ 1),
-except the correct action, whose feature is
-``sqrt(1 - alpha^2) g / sqrt(d) + alpha u`` with a fixed unit "skill" direction
-``u`` and ``alpha = skill_alignment``.  ``alpha = 0`` is a pure random-feature
-bandit (learning one prompt moves the others at random); ``alpha > 0`` adds a
-shared skill, so progress on one prompt partly transfers.
 
 | code name        | symbol              | meaning                                                  |
 |------------------|---------------------|----------------------------------------------------------|
@@ -53,12 +21,9 @@ shared skill, so progress on one prompt partly transfers.
 | ``prompts``      | (S, n)              | prompt of each response                                  |
 | ``tokens``       | (S, n, 1)           | the chosen action (a one-token response)                 |
 
-Divergences (``exact_divergences``) are those of the JOINT distribution of
-(prompt, response) with the prompt uniform over the ``P`` prompts, which is
-what pooled behaviour samples estimate: chi2, KL (both directions) and M2 are
-then plain prompt averages of the per-prompt values, and
-``d2 = log(1 + chi2) = log mean_p exp(D2_p)`` (NOT the mean of per-prompt
-D2, which is smaller by Jensen), so ``chi2 = expm1(d2)`` holds exactly.
+Divergences (``exact_divergences``) are those of the JOINT (uniform prompt, response) distribution, what pooled
+behaviour samples estimate: chi2, KL and M2 are prompt averages, and ``d2 = log(1 + chi2) = log mean_p exp(D2_p)``
+(NOT the mean of per-prompt D2), so ``chi2 = expm1(d2)`` exactly.
 """
 
 from __future__ import annotations

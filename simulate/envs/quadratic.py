@@ -1,36 +1,18 @@
 """The noisy quadratic: a testbed whose gradient noise scale B_noise is set exactly, for the replay design rule.
 
-Papers: McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training" (arXiv 1812.06162),
-Eqs. (2.7)-(2.11): steps to a target S = S_min (1 + B_noise / B), B_noise = tr Sigma / |G|^2 (the simple noise
-scale); Zhang, Li, Nado et al. 2019, "Which Algorithmic Choices Matter at Which Batch Sizes? Insights From a Noisy
-Quadratic Model" (arXiv 1907.04164), Sec. 2: the noisy quadratic with diagonal H and gradient covariance C = H;
-experience-replay paper (docs/REFERENCES.md), Sec. 3: the synchronous FIFO (generate R, push into a FIFO of N, draw
-B uniformly with replacement, one step). The rule it tests: theory/noise_scale.py; why replayed samples break the
-paper's Assumption 3.2: /work/shared/notes/noise-scale.md ("a stored sample's noise realisation is fixed at draw").
-
-The model (rows = seeds first, every array (S, ...)):
+Papers: McCandlish et al. 2018 (arXiv 1812.06162), Eqs. (2.7)-(2.11): S = S_min (1 + B_noise / B), B_noise =
+tr Sigma / |G|^2; Zhang et al. 2019 (arXiv 1907.04164), Sec. 2: the noisy quadratic, diagonal H, covariance C = H;
+experience-replay (docs/REFERENCES.md), Sec. 3: the synchronous FIFO.  The rule it tests: theory/noise_scale.py.
+The start, how ``noise_scale`` sets s^2, the sampler's exact shortcuts and what it measures: docs/SIMULATION.md,
+'Noisy quadratic'.
 
     F(theta) = 1/2 (theta - theta*)^T H (theta - theta*),   J = -F (the "reward", rises to J* = 0)
     H = diag(h),  h_k = condition^(-k / (d - 1)),  k = 0 .. d-1   (log-spaced, L = max h = 1)
     a sample is a noise vector z ~ N(0, Sigma), Sigma = s^2 H, drawn when the sample is generated and FIXED after:
     its gradient at the current theta is  H (theta - theta*) + z,  the same z every time the sample is replayed.
 
-Why Sigma = s^2 H: the noisy quadratic model's choice (Zhang et al. Sec. 2), and what a well-specified likelihood
-loss gives near its optimum (per-sample gradient covariance = Fisher = Hessian; McCandlish App. A). The noise is
-Gaussian so a mean of B samples is again Gaussian, which the exact shortcuts below use.
-
-The start: theta* ~ N(0, I) and theta_0 - theta* = u / sqrt(h) with u uniform on the sphere of radius sqrt(2),
-both from ``instance_seed``: F(theta_0) = |u|^2 / 2 = 1 and every eigendirection carries on average 1/d of the
-initial loss, so the path to the target crosses the whole spectrum (slow directions set the end of it).
-
-How ``noise_scale`` sets s^2. The target is J0 + f (J* - J0) (f = ``target_fraction``, the theory test's 0.95),
-i.e. F = (1 - f) F(theta_0). On the noise-free gradient flow theta(t) - theta* = exp(-H t) (theta_0 - theta*),
-|grad F(theta(t))|^2 = sum_k h_k^2 delta_k^2 exp(-2 h_k t) decreases strictly (its derivative is
--2 sum h^3 delta^2 e^(-2ht) < 0), so B_noise(t) = tr Sigma / |grad F|^2 increases strictly and its median over the
-path t in [0, T] (T: the flow time to the target) is B_noise(T / 2). ``noise_scale`` is that median, in samples:
-s^2 = noise_scale |grad F(theta(T/2))|^2 / tr H. The benchmark measures B_noise as the median over checkpoints
-equally spaced in steps before the plateau; at small step size eta a step is eta units of flow time, so the two
-medians are the same quantity. b = B_noise / B = 0.03 .. 30 at B = 256 is noise_scale = 7.68 .. 7680.
+Rows are seeds (every array (S, ...)).  ``noise_scale`` is the median of B_noise over the noise-free path to the
+target, in samples.
 
 | code name          | symbol                         | meaning                                                    |
 |--------------------|--------------------------------|------------------------------------------------------------|
@@ -44,34 +26,6 @@ medians are the same quantity. b = B_noise / B = 0.03 .. 30 at B = 256 is noise_
 | ``capacity``       | N                              | FIFO capacity (experience-replay Sec. 3)                   |
 | ``rollouts``       | R                              | fresh samples per step                                     |
 | ``batch``          | B                              | samples drawn per step                                     |
-
-The sampler ``QuadraticReplay`` is the bandit benchmark's two designs (experiments/theory_test.py ``sim_config``):
-on-policy (N = R = B: every fresh sample used exactly once, as ``core.designs.on_policy_step``, which trains on
-the whole fresh batch), and FIFO (each step push R fresh samples into ``core.buffers.FifoBuffer`` of capacity N,
-draw B with replacement with ``FifoBuffer.select``; before the buffer fills, from what it holds). The buffer stores
-one item id per sample (``RolloutBatch.group``); the noise vectors live in a ring keyed by id mod N, which is the
-FIFO's own slot (a FIFO of N holds the last N ids: distinct mod N), so there is one FIFO implementation.
-
-Exact shortcuts (speed: a step's cost must not grow with R d where it need not). A mean of m independent N(0,
-Sigma) draws is N(0, Sigma / m) and a count-weighted sum sum_i c_i z_i of independent ones is N(0, Sigma sum c_i^2):
-* on-policy: the mean of the R fresh noise vectors is drawn as one N(0, Sigma / R) vector;
-* FIFO with N = R (x = 1): every sample leaves the buffer one step after it was generated, so no noise vector is
-  ever seen at two steps; the step's noise (1 / B) sum_i c_i z_i, c_i = times sample i was drawn (from FifoBuffer's
-  draw), is drawn as one N(0, Sigma sum_i c_i^2 / B^2) vector;
-* FIFO with N > R stores every sample's z (that is where a replayed sample's noise repeats across steps).
-``materialise=True`` stores every z in every design (the literal model; tests check both give the same law).
-Normal draws come from ``rng.random`` by Box-Muller (so ``core.rng.PerSeedGenerator`` stays in its batched
-mode: one stream per row, all rows at once; its uniforms have 53 bits, so |xi| <= sqrt(2 * 53 ln 2) = 8.6).
-Cost per step: on-policy and x = 1 do not grow with R d (160 rows x 2000 steps at B = 256: 0.3 s on-policy, 3.5 s
-x = 1 y = 4 on a loaded 2-core machine, most of it FifoBuffer's add and draw); x > 1 draws R d normals a step
-(x = 4 y = 4: 10 s).
-
-Measured (``python tests/integration/test_quadratic.py``; defaults, 32 seeds, step size tuned over 2 .. 2^-8 / L):
-on-policy steps are linear in 1/B (McCandlish Eq. 2.7, residuals <= 4%) with S_min = 12-15, but the fitted B_noise is
-0.10-0.19 x ``noise_scale`` (4.9 / 24.6 / 277.5 at noise_scale 25.6 / 256 / 2560): with a spread spectrum the
-median of tr Sigma / |grad F|^2 overstates the noise that sets the steps (at condition 100: 0.01-0.02 x). Replay at
-x = 1, y = 4 takes 1.06 / 1.39 / 3.08 x on-policy's steps at B = 256: the rule's (1 + b (1 + y)) / (1 + b) gives
-1.07 / 1.35 / 3.08 with the fitted b, 1.36 / 3.00 / 4.64 with the set one.
 """
 
 from __future__ import annotations

@@ -1,96 +1,12 @@
 """Countdown-like token MDP: a log-linear token policy, whole-sequence verifier, exact DP evaluation.
 
-What it models
---------------
-A response is ``L`` tokens with values ``0 .. V-1``; prompt ``p`` asks for
-a sequence whose SUM equals its target ``T_p``.  The verifier scores the whole
-sequence with the three Countdown reward levels of Replay-RLOO
-(RLOO group replay (docs/REFERENCES.md), Sec. 3 and App. B):
-
-* 1.0  -- ``sum == T_p`` (the equation reaches the target);
-* 0.1  -- ``0 < |sum - T_p| <= tolerance``: a near miss, standing in for "a
-  well-formed equation that misses the target";
-* 0    -- otherwise (standing in for "no valid equation").
-
-Like an LLM, the policy is autoregressive and log-linear in parameters theta
-(S, d) shared by all prompts and positions; the state after ``t`` tokens is
-``(p, t, s_t)`` with partial sum ``s_t``.  Sequence log-prob = sum of token
-log-probs, and the sequence importance ratio is the product of token ratios,
-so the off-policy effects of replay (ExGRPO,
-ExGRPO (docs/REFERENCES.md); Replay-RLOO) compound over
-positions exactly as in an LLM.  Prompts differ in difficulty (ExGRPO's
-Easy / Medium / Hard buckets, Sec. 3.2) mainly through a per-prompt
-warm-start sharpness, also through their targets and random token
-preferences; ``difficulty()`` gives each prompt's exact warm-start success
-probability.
-
-Policy
-------
-theta (S, d = K V + 1) is a block theta[:, :K V], reshaped (S, K, V)
-(index k V + v), plus one shared "skill" coefficient theta[:, -1]:
-
-    phi(p, t, s, v) = [f(p, t, s) (x) e_v,  q(p, t, s, v)],   q = -((V - 1) x - v)^2
-    logits[v] = b(p, t, s, v) + sum_k f_k(p, t, s) theta[k, v] + theta[-1] q(p, t, s, v)
-    grad_theta log pi(v | state) = [f (x) (e_v - pi),  q(v) - E_pi[q]]
-
-(f (x) e_v: Kronecker product with the one-hot of v) with K = 4 +
-``prompt_feature_dim`` state features
-
-    f = [1, x, tau, x tau, z_p],   x = clip((T_p - s_t) / ((L - t)(V - 1)), -0.5, 1.5),   tau = t / L,
-
-where x is the normalised remaining amount (the mean token value the
-remaining positions need; in [0, 1] while the target is still reachable) and
-z_p ~ N(0, I) a random prompt embedding.  A good policy is representable:
-logits = -beta (v - (V - 1) x)^2 + const picks, for large beta, the token
-that keeps the target on track.  The skill feature q adds theta[-1] to every
-prompt's sharpness at once (a shared skill: learning on one prompt transfers,
-like ``skill_alignment`` in the bandit); the separable block can express the
-same quadratic (theta[0, v] = -beta v^2, theta[1, v] = 2 beta (V - 1) v), let
-beta grow with t (the tau blocks) and correct per-prompt preferences (z_p),
-but it is badly conditioned for that, so without q plain REINFORCE learns
-slowly.  The warm start lives in the fixed offsets (``init_params`` returns
-zeros):
-
-    b(p, t, s, v) = -beta_p ((V - 1) x - v)^2 + bias[p, v],   bias ~ N(0, prompt_bias_std^2),
-
-a soft version of that policy plus per-prompt token preferences.  The
-per-prompt sharpness beta_p sets the difficulty: it is stratified
-log-uniform in [warm_sharpness_min, warm_sharpness_max] (prompt p gets
-stratum perm[p]), and the exact-hit rate rises with beta_p (roughly 0.08 at
-beta = 0.05, 0.35 at 0.4, 0.7 at 1.6, almost independent of L).  The defaults
-give warm-start per-prompt success from ~0.01 (hard) to ~0.7 (easy), mean ~0.3.
-
-Targets: integers drawn uniformly from
-[ceil(target_low L (V-1)), floor(target_high L (V-1))], all reachable.
-
-Exact evaluation
-----------------
-The state space is (t, s) with s in 0 .. t (V - 1), at most
-L x (L (V - 1) + 1) states per prompt, so ``evaluate`` and
-``exact_divergences`` run forward dynamic programmes over it, vectorised over
-(seeds, prompts, sums); they are exact for any L (L = 32: 161 sums):
-
-* distribution of the final sum -> expected reward and accuracy;
-* chi2 = E_b[prod_t r_t^2] - 1 = sum_t sum_states A_t(state) chi2_t(state), with
-  A_t the forward measure with weights pi_new^2 / pi_behav (so A_t(state) =
-  E_b[R_{<t}^2; state]) and chi2_t the token-level chi2 at that state (each
-  term >= 0, so tiny divergences keep their relative precision and equal
-  policies give exactly 0);
-* KL(new || behav) = sum_t E_new[KL_t(state)], KL(behav || new) likewise under behav;
-* M2 = E_b[(sum_t log r_t)^2] by a forward DP carrying the zeroth, first and
-  second moments of the partial log-ratio.
-
-As in ``bandit.py`` the divergences are those of the joint (uniform prompt,
-response) distribution: chi2, KL and M2 are prompt averages and
-``d2 = log(1 + chi2)`` (so chi2 = expm1(d2) exactly).
-
-The calibration's exact expected gradient (``simulate/calibrate.py``) uses the
-same state space: ``state_distributions`` (forward DP, P(s_t = s | p)),
-``backward_values`` (backward DP, E[terminal(s_L) | s_t = s] for any function
-of the final sum, e.g. the expected advantage of its reward level),
-``final_sum_reward`` (the verifier as a table over sums) and
-``state_token_contract`` (sum over states and tokens of a weight times
-grad log pi(v | state)).
+A response is ``L`` tokens with values ``0 .. V-1``; prompt ``p`` asks for a sequence whose SUM equals its target
+``T_p``, scored with the three Countdown reward levels of Replay-RLOO (RLOO group replay (docs/REFERENCES.md),
+Sec. 3 and App. B): 1.0 on the target, 0.1 within ``tolerance``, 0 otherwise.  The sequence importance ratio is the
+product of token ratios, so replay's off-policy effects compound over positions as in an LLM.  Policy features,
+warm start, difficulty and the exact forward/backward DPs (``evaluate``, ``exact_divergences``,
+``state_distributions``, ``backward_values``): docs/SIMULATION.md, 'Token MDP'.  Divergences are those of the
+joint (uniform prompt, response) distribution, prompt averages, with ``d2 = log(1 + chi2)``.
 
 | code name          | symbol               | meaning                                                  |
 |--------------------|----------------------|----------------------------------------------------------|
