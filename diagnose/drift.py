@@ -42,7 +42,7 @@ def fit_kl_drift(ages: np.ndarray, kl: np.ndarray, counts: np.ndarray) -> dict:
     ages, kl, w = (np.asarray(a, dtype=np.float64) for a in (ages, kl, counts))
     ok = np.isfinite(ages) & np.isfinite(kl) & (w > 0)
     ages, kl, w = ages[ok], kl[ok], w[ok]
-    distinct = len(set(ages.tolist()))  # not np.unique: numpy 2 imports numpy.ma for it (6 ms of every diagnose)
+    distinct = len(set(ages.tolist()))  # not np.unique: numpy 2 imports numpy.ma for it, on every diagnose
     if distinct < 2:
         return {"shape": "undetermined", "reason": "needs at least two distinct ages", "n_ages": distinct}
     k0, c, sse_linear = _weighted_fit(ages, kl, w)

@@ -614,11 +614,11 @@ def noise_scale_lines(noise: NoiseScaleMeasurement) -> list[str]:
 
 DEFAULT_KAPPA_PAIRS = {"bandit": 8, "token-mdp": 2}
 """Curvature pairs per seed and kept noise checkpoint (three fresh minibatches of B each: two for xi, one for the
-independent Hessian-vector product), by env: the token MDP's enumerated grad F costs ~0.2 s per parameter vector
-(forward and backward DPs), so each of its field products is ~1000x a bandit's."""
+independent Hessian-vector product), by env: the token MDP's enumerated grad F runs a forward and a backward DP per
+parameter vector, so each of its field products costs far more than a bandit's (docs/SIMULATION.md)."""
 JACOBIAN_ENVS = ("bandit",)
 """Where the exact kappa (the whole Jacobian, 2 d S enumerated gradients per checkpoint) is measured: the bandit
-(d = 16, ~1 ms per gradient); on the token MDP it would be 2 x 31 x 8 = 496 gradients, ~2 min per checkpoint."""
+(d = 16); on the token MDP it would be 2 x 31 x 8 = 496 enumerated gradients per checkpoint."""
 
 
 def kappa_pairs_for(config: SimConfig, kappa_pairs: int | None) -> int:

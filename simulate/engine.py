@@ -179,9 +179,9 @@ def run(config: SimConfig, progress: Callable[[int], None] | None = None, observ
 
     BLAS runs on one thread meanwhile. The engine's products are small ((S, d) @ (d, P A) is
     64 x 16 x 1024 for the bandit at 64 seeds) and OpenBLAS splits anything above ~2.6e5
-    multiply-adds over every core: waking its threads costs more than the product (65 us on one
-    thread, 260 us on two, milliseconds when another process holds a core). Each output element
-    comes from the same kernel either way, so the results do not change, only the time.
+    multiply-adds over every core: waking its threads costs more than the product, most of all when
+    another process holds a core (bench/bench_simulator.py). Each output element comes from the same
+    kernel either way, so the results do not change, only the time.
     """
     with threadpool_limits(limits=1, user_api="blas"):
         return _run(config.validated(), progress, observer, on_step)
