@@ -1,10 +1,9 @@
 """``replay-theory optimal | gamma | derive``: the theory from the command line.
 
 ``optimal`` takes every field of :class:`~replay_theory.theory.optimal.OptimalQuery` as an option and prints the
-answer theory/optimal.py computes and renders: by default the forgetting-aware whole design (B, R, N), with
-``--objective noise-scale`` the noise-scale rule (McCandlish et al. 2018), with ``--objective paper`` the
-experience-replay paper's Thm 3.5 (or Thm 3.4 at ``--budget``). ``gamma`` is Eq. 2's compute ratio of a (W, T)
-GPU split (:class:`~replay_theory.theory.optimal.SplitQuery`); ``derive`` prints the sympy derivations.
+answer theory/optimal.py computes and renders for the ``--objective`` asked (its ``OBJECTIVES`` table). ``gamma`` is
+Eq. 2's compute ratio of a (W, T) GPU split (:class:`~replay_theory.theory.optimal.SplitQuery`); ``derive`` prints
+the sympy derivations.
 
 ``optimal`` must start fast (bench/bench_optimal_startup.py): this module and the theory modules it imports need
 numpy only; scipy is imported where a search needs it, sympy inside ``derive`` only (tests/integration/test_cli_lazy.py
@@ -31,10 +30,8 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object 
 def optimal(fields: dict[str, Any], as_json: JsonOption = False) -> None:
     """What to do with your rollouts: the cheapest on-policy batch against the best replay design (B, R, N).
 
-    Default (forgetting): from mu, b = B_noise / B at your batch and the optimizer's memory kappa, the whole design
-    (docs/THEORY.md, "Forgetting"). --objective noise-scale: the replay ratio at a fixed B with psi = 1.
-    --objective paper: Thm 3.5's J (large-budget limit), or with --budget C --smoothness L --bias KAPPA --f0 F0 and
-    -B or -R the integer design minimising the Thm 3.4 bound at compute C.
+    --objective picks the rule that answers (its choices are listed under it; docs/THEORY.md); an option marked with
+    an objective's name applies to that objective only.
     """
     result = answer(OptimalQuery(**fields))
     if as_json:

@@ -30,7 +30,7 @@ import json
 import math
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
@@ -38,13 +38,13 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from .. import __version__
-from ..core.designs import compute_loss
+from ..core.designs import CHOICES, compute_loss
 from ..core.pipeline import score
 from ..core.progress import ProgressBar
 from ..outputs import check_out_dir, strict, write_new
 from ..simulate import to_target
 from ..simulate.config import config_from_dict
-from ..simulate.envs import BanditEnv, NoisyRewardBandit, make_env
+from ..simulate.envs import ENVIRONMENTS, BanditEnv, NoisyRewardBandit, make_env
 from ..simulate.envs.quadratic import QuadraticEnv
 from ..theory import design as theory_design
 from ..theory import forgetting
@@ -133,8 +133,9 @@ class Options:
     instances: tuple[int, ...] = INSTANCES
     """Comma-separated instance seeds (the quadratic's start, the bandit's features): 0 is the development instance,
     3 and 4 held out; 0 with --quick."""
-    settings: tuple[str, ...] = DEFAULT_SETTINGS
-    """Comma-separated settings: quadratic-noise1, -3, -10, -30, -100, two-prompts, bandit-grpo, noisy-reward."""
+    settings: tuple[str, ...] = field(default=DEFAULT_SETTINGS, metadata={CHOICES: lambda: {
+        name: setting.description for name, setting in SETTINGS.items()}})
+    """Comma-separated settings."""
     optimizers: tuple[str, ...] = OPTIMIZERS
     """sgd, adam or both (comma-separated)."""
     mus: tuple[float, ...] = MUS
@@ -281,9 +282,10 @@ Env = BanditEnv | QuadraticEnv
 
 
 def build_env(setting: Setting, instance: int) -> Env:
-    """The setting's environment at ``instance`` (the quadratic's noise and the bandit's features from it)."""
+    """The setting's environment at ``instance`` (the quadratic's noise and the bandit's features from it; a noisy
+    verifier's stream too, where its config has a ``noise_seed``)."""
     config = dict(setting.env_config, instance_seed=instance)
-    if setting.env == "noisy-bandit":
+    if any(f.name == "noise_seed" for f in fields(ENVIRONMENTS[setting.env].config)):
         config["noise_seed"] = instance
     return make_env(setting.env, **config)
 
@@ -884,10 +886,26 @@ def rule_values(designs: list[forgetting.Design], b_noise: float, kappa: float |
     return np.array([p.compute for p in preds])
 
 
-def _noise_scale_values(designs: list[forgetting.Design], noise: dict, mu: float) -> np.ndarray | None:
+Designs = list[forgetting.Design]
+
+
+def _forgetting_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | None:
+    """The forgetting-aware rule from the pilot's estimates: B_noise, kappa from curvature pairs, r(s) = 1 + M2(s)."""
+    kappa_pairs = (record["pilot"].get("kappa_pairs") or {}).get("kappa")
+    return rule_values(designs, read_b_noise(record["noise"]), kappa_pairs, record["optimizer"], mu, floor,
+                       staleness_of(record))
+
+
+def _forgetting_exact_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | None:
+    """The forgetting-aware rule from the exact B_noise and kappa (the noisy quadratic's), no staleness cost."""
+    return rule_values(designs, read_b_noise(record["noise"], True), record["pilot"]["kappa_exact"],
+                       record["optimizer"], mu, floor, forgetting.NO_STALENESS)
+
+
+def _noise_scale_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | None:
     """The noise-scale rule's compute: on-policy at B and the x = 1 replay designs at B (others inf); None without
     B_noise."""
-    b = read_b_noise(noise) / BATCH
+    b = read_b_noise(record["noise"]) / BATCH
     if math.isnan(b):
         return None
     ns = np.full(len(designs), np.inf)
@@ -901,34 +919,56 @@ def _noise_scale_values(designs: list[forgetting.Design], noise: dict, mu: float
     return ns
 
 
-def _bound_values(record: dict, designs: list[forgetting.Design], mu: float) -> dict[str, np.ndarray]:
-    """The paper's J, the finite-budget Thm 3.4 bound at the pilot's compute and the null (Eq. (2) alone) on the
-    designs at B (others inf), from the calibrated profile."""
+def _calibrated_profile(record: dict) -> TabulatedProfile:
+    """The unit's calibrated sigma^2(s) table (floored at 1e-12), the paper's bounds' noise profile."""
     cal = record["calibration"]
-    profile = TabulatedProfile(tuple(float(s) for s in cal["staleness"]),
-                               tuple(max(float(v), 1e-12) for v in cal["sigma_sq"]))
-    pilot_steps = design_steps_row(record, f"on-policy B={BATCH}")
-    budget = pilot_steps * (mu + 1) * BATCH
+    return TabulatedProfile(tuple(float(s) for s in cal["staleness"]),
+                            tuple(max(float(v), 1e-12) for v in cal["sigma_sq"]))
+
+
+def _paper_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray:
+    """The paper's J (Thm 3.5) on the designs at B (others inf), from the calibrated profile."""
+    cal, profile = record["calibration"], _calibrated_profile(record)
     paper = np.full(len(designs), np.inf)
+    for i, d in enumerate(designs):
+        if d.batch == BATCH:
+            paper[i] = float(theory_design.paper_objective(d.x, d.y, mu=mu, profile=profile, rho=cal["rho"],
+                                                           convention="rollout-cost"))
+    return paper
+
+
+def _finite_budget_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray:
+    """The finite-budget Thm 3.4 bound at the pilot's compute on the designs at B (others inf)."""
+    cal, profile = record["calibration"], _calibrated_profile(record)
+    budget = design_steps_row(record, f"on-policy B={BATCH}") * (mu + 1) * BATCH
     finite = np.full(len(designs), np.inf)
+    for i, d in enumerate(designs):
+        if d.batch == BATCH:
+            x, y = d.x, d.y
+            finite[i] = float(theory_design.finite_budget_bound(
+                x * BATCH / y, BATCH / y, BATCH, budget=budget, mu=mu, profile=profile, rho=cal["rho"],
+                smoothness=cal["smoothness"], bias=cal["bias"], f0=cal["f0"], convention="rollout-cost").value)
+    return finite
+
+
+def _null_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray:
+    """The null model on the designs at B (others inf): compute per update alone."""
     null = np.full(len(designs), np.inf)
     for i, d in enumerate(designs):
-        if d.batch != BATCH:
-            continue
-        x, y = d.x, d.y
-        paper[i] = float(theory_design.paper_objective(x, y, mu=mu, profile=profile, rho=cal["rho"],
-                                                       convention="rollout-cost"))
-        finite[i] = float(theory_design.finite_budget_bound(
-            x * BATCH / y, BATCH / y, BATCH, budget=budget, mu=mu, profile=profile, rho=cal["rho"],
-            smoothness=cal["smoothness"], bias=cal["bias"], f0=cal["f0"], convention="rollout-cost").value)
-        null[i] = (mu / y + 1.0) / (mu + 1.0)  # Eq. (2): compute per update only
-    return {"paper_J": paper, "finite_budget": finite, "null": null}
+        if d.batch == BATCH:
+            null[i] = (mu / d.y + 1.0) / (mu + 1.0)  # Eq. (2): compute per update only
+    return null
 
 
-def _on_policy_small_values(designs: list[forgetting.Design], noise: dict) -> np.ndarray | None:
+def _on_policy_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray:
+    """0 at on-policy at B, the batch the user has (others inf)."""
+    return np.array([0.0 if (d.on_policy and d.batch == BATCH) else np.inf for d in designs])
+
+
+def _on_policy_small_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | None:
     """0 at the smallest on-policy batch whose steps stay within twice on-policy's at B (others inf); None without
     B_noise."""
-    b_noise = read_b_noise(noise)
+    b_noise = read_b_noise(record["noise"])
     if math.isnan(b_noise):
         return None
     small = np.full(len(designs), np.inf)
@@ -939,24 +979,38 @@ def _on_policy_small_values(designs: list[forgetting.Design], noise: dict) -> np
     return small
 
 
+@dataclass(frozen=True)
+class Objective:
+    """One objective the benchmark scores: its name in the tables, and its value on every design of a unit
+    ``values(record, designs, mu, floor)`` (lower = predicted cheaper; inf = not in its menu; None = no pick in the
+    unit, e.g. without B_noise)."""
+
+    label: str
+    values: Callable[[dict, Designs, float, float], np.ndarray | None]
+    exact_inputs: bool = False
+    """Scored only in the units that have exact inputs (the noisy quadratic's exact B_noise and kappa)."""
+
+
+OBJECTIVES = {
+    "forgetting": Objective("forgetting-aware rule", _forgetting_values),
+    "forgetting_exact": Objective("forgetting-aware, exact inputs", _forgetting_exact_values, exact_inputs=True),
+    "noise_scale": Objective("noise-scale rule (psi = 1, x = 1)", _noise_scale_values),
+    "paper_J": Objective("the paper's J", _paper_values),
+    "finite_budget": Objective("finite-budget bound", _finite_budget_values),
+    "null": Objective("null gamma(y)", _null_values),
+    "on_policy": Objective("always on-policy at B", _on_policy_values),
+    "on_policy_small": Objective("on-policy, smallest batch within 2x steps", _on_policy_small_values),
+}
+"""The objectives the benchmark scores, in the order of its tables (theory/optimal.py's ``OBJECTIVES`` name their
+``evidence`` among these)."""
+
+
 def objective_values(record: dict, mu: float, floor: float) -> dict[str, np.ndarray | None]:
     """Every objective's value on every design of the unit (lower = predicted cheaper; inf = not in its menu)."""
     designs = _designs_of(record)
-    noise, pilot = record["noise"], record["pilot"]
-    optimizer = record["optimizer"]
-    kappa_pairs = (pilot.get("kappa_pairs") or {}).get("kappa")
-    values: dict[str, np.ndarray | None] = {
-        "forgetting": rule_values(designs, read_b_noise(noise), kappa_pairs, optimizer, mu, floor,
-                                  staleness_of(record)),
-    }
-    if "exact_b_noise" in noise:
-        values["forgetting_exact"] = rule_values(designs, read_b_noise(noise, True), pilot["kappa_exact"], optimizer,
-                                                 mu, floor, forgetting.NO_STALENESS)
-    values["noise_scale"] = _noise_scale_values(designs, noise, mu)
-    values.update(_bound_values(record, designs, mu))
-    values["on_policy"] = np.array([0.0 if (d.on_policy and d.batch == BATCH) else np.inf for d in designs])
-    values["on_policy_small"] = _on_policy_small_values(designs, noise)
-    return values
+    exact = "exact_b_noise" in record["noise"]
+    return {name: objective.values(record, designs, mu, floor) for name, objective in OBJECTIVES.items()
+            if exact or not objective.exact_inputs}
 
 
 def design_steps_row(record: dict, label: str) -> float:
@@ -1103,10 +1157,6 @@ def unit_checks(record: dict) -> dict:
 # --------------------------------------------------------------------------- the benchmark
 
 
-TARGET_OBJECTIVES = ("forgetting", "forgetting_exact", "noise_scale", "paper_J", "finite_budget", "null",
-                     "on_policy", "on_policy_small")
-
-
 def _regret_shares(regrets: np.ndarray) -> dict:
     """How many regrets are within 1.2x and 1.5x of the best, the share within 1.2x, and the worst."""
     return {"within_1.2": int((regrets <= 1.2).sum()), "share_within_1.2": float((regrets <= 1.2).mean()),
@@ -1183,7 +1233,7 @@ def targets(cells: list[dict], units: list[dict], floor: int = HEADLINE_FLOOR) -
     within 1.5x, the worst, the lowest per-setting mean Spearman; the checks on the inputs over ``units``."""
     cells = [c for c in cells if c["floor"] == floor]
     out: dict = {"cells": len(cells), "floor": floor, "objectives": {}}
-    for name in TARGET_OBJECTIVES:
+    for name in OBJECTIVES:
         scored = [c for c in cells if c["by_objective"].get(name)]
         if scored:
             out["objectives"][name] = _objective_target(scored, name)
@@ -1321,10 +1371,6 @@ def load_summary(path: str | Path) -> dict:
 
 
 SPEC = {"name": "theory-test", "description": "prediction benchmark (not a sweep: run by run_theory_test)"}
-OBJECTIVE_NAMES = {"forgetting": "forgetting-aware rule", "forgetting_exact": "forgetting-aware, exact inputs",
-                   "noise_scale": "noise-scale rule (psi = 1, x = 1)", "paper_J": "the paper's J",
-                   "finite_budget": "finite-budget bound", "null": "null gamma(y)",
-                   "on_policy": "always on-policy at B", "on_policy_small": "on-policy, smallest batch within 2x steps"}
 
 
 def _num(value, digits: int = 3) -> str:
@@ -1389,7 +1435,8 @@ def targets_text(t: dict) -> str:
              f"of cells and <= 1.5 in all; Spearman >= 0.7 in every setting):"]
     for name, o in t["objectives"].items():
         fr, pn = o["free"], o["pinned"]
-        lines.append(f"- {OBJECTIVE_NAMES.get(name, name)}: free batch {fr['within_1.2']} of {o['cells']} within 1.2x "
+        label = OBJECTIVES[name].label if name in OBJECTIVES else name  # a stored summary's own name
+        lines.append(f"- {label}: free batch {fr['within_1.2']} of {o['cells']} within 1.2x "
                      f"({100 * fr['share_within_1.2']:.0f}%), {fr['within_1.5']} within 1.5x, worst "
                      f"{fr['worst']:.2f}; at B = 256 {100 * pn['share_within_1.2']:.0f}% within 1.2x, worst "
                      f"{pn['worst']:.2f}; lowest per-setting mean Spearman {_num(o['min_setting_spearman'], 2)}")

@@ -23,10 +23,10 @@ import json
 from dataclasses import dataclass
 
 from .. import __version__
-from ..core.designs import DesignConfig
+from ..core.designs import CHOICES, DesignConfig
 from ..core.pipeline import PipelineSettings
 from ..theory.checks import require_integer, require_number, require_one_of
-from .envs import ENV_NAMES
+from .envs import ENV_NAMES, engine_choices
 
 ENVS = ENV_NAMES  # the registry's engine environments (simulate/envs/__init__.py)
 PIPELINES = ("sync", "async")
@@ -36,8 +36,8 @@ PIPELINES = ("sync", "async")
 class SimConfig(DesignConfig):
     """One simulated training run over ``seeds`` seeds (all seeds in one vectorised process)."""
 
-    env: str = "bandit"
-    """Environment: bandit (K-armed prompts) or token-mdp (Countdown-like sequences)."""
+    env: str = dataclasses.field(default="bandit", metadata={CHOICES: engine_choices})
+    """Environment (simulate/envs registry)."""
     pipeline: str = "sync"
     """sync (Sec. 3: generate R, push, sample B) or async (Sec. 2: W workers, T trainers, cost mu)."""
     steps: int = 200

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable
 
 import numpy as np
@@ -33,7 +33,7 @@ from ..core.metrics import TOKEN_STATS, ess_by_age, sequence_log_ratio, step_met
 from ..core.pipeline import AGE_BUCKETS, EnvBackend, Pipeline, UsageRecord, age_bucket
 from ..core.rng import PerSeedGenerator
 from .config import SimConfig
-from .envs import make_env
+from .envs import ENVIRONMENTS, make_env
 from .optim import OPTIMIZERS
 
 
@@ -149,12 +149,10 @@ class Recorder:
 
 
 def env_kwargs(config: SimConfig) -> dict:
-    """The environment's constructor arguments from the run config."""
-    if config.env == "bandit":
-        return {"num_prompts": config.num_prompts, "num_actions": config.num_actions,
-                "instance_seed": config.instance_seed}
-    return {"num_prompts": config.num_prompts, "vocab_size": config.vocab_size, "seq_len": config.seq_len,
-            "instance_seed": config.instance_seed}
+    """The environment's constructor arguments from the run config: each field of its registry config that the run
+    config also has (``num_prompts``, ``instance_seed``, ...); the rest keep the environment's defaults."""
+    run = {f.name for f in fields(config)}
+    return {f.name: getattr(config, f.name) for f in fields(ENVIRONMENTS[config.env].config) if f.name in run}
 
 
 @dataclass

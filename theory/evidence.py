@@ -15,9 +15,6 @@ from functools import cache
 from pathlib import Path
 
 EVIDENCE_FILE = Path(__file__).with_name("evidence.json")
-OBJECTIVE_KEYS = {"forgetting": "forgetting", "noise-scale": "noise_scale", "paper": "paper_J",
-                  "finite-budget": "finite_budget", "on-policy": "on_policy", "null": "null",
-                  "on-policy-small": "on_policy_small"}
 NAMES = {"forgetting": "the forgetting-aware rule", "noise_scale": "the noise-scale rule", "paper_J": "the paper's J",
          "finite_budget": "the finite-budget bound", "on_policy": "always on-policy at B",
          "on_policy_small": "on-policy at the smallest batch within 2x steps", "null": "the null model"}
@@ -114,11 +111,10 @@ def _fmt(v) -> str:
     return "n/a" if v is None else f"{v:.2f}"
 
 
-def evidence_line(objective: str, record: dict | None = None, floor_ratio: float | None = None) -> str:
-    """One line: how the objective's picks scored in the benchmark at the cost model nearest the user's (and at the
-    other), or that there is no stored benchmark."""
+def evidence_line(objective: str, key: str, record: dict | None = None, floor_ratio: float | None = None) -> str:
+    """One line: how ``objective``'s picks (the benchmark's objective ``key``, theory/optimal.py's ``OBJECTIVES``)
+    scored in the benchmark at the cost model nearest the user's (and at the other), or that none are stored."""
     record = load_evidence() if record is None else record
-    key = OBJECTIVE_KEYS[objective]
     targets, which = _headline(record, floor_ratio) if record else (None, "")
     if not targets or key not in targets.get("objectives", {}):
         return f"evidence: none stored for the {objective} objective (run replay-theory experiment theory-test)"

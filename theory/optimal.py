@@ -1,11 +1,12 @@
 """``replay-theory optimal``: every input it takes (:class:`OptimalQuery`, one field per option, checked once) and
 its answer as a record with its text (:func:`answer`).
 
-Three objectives: ``forgetting`` (the default; theory/advice.py, theory/forgetting.py: McCandlish et al. 2018's
-steps with the FIFO noise the optimizer keeps, psi(x, kappa)), ``noise-scale`` (theory/noise_scale.py: y* =
-sqrt(mu (1 + 1/b)) at a fixed B when 4 b (1 + b) < mu, N = R) and ``paper`` (experience-replay, docs/REFERENCES.md:
-Thm 3.5's x* = N/R, y* = B/R, or with a budget the Thm 3.4 bound; theory/design.py). Each answer carries the
-prediction benchmark's ``evidence:`` line for its objective (theory/evidence.py).
+The objectives are the entries of ``OBJECTIVES`` (help, answer function, benchmark key, the options it reads):
+``forgetting`` (the default; theory/advice.py, theory/forgetting.py: McCandlish et al. 2018's steps with the FIFO
+noise the optimizer keeps, psi(x, kappa)), ``noise-scale`` (theory/noise_scale.py: y* = sqrt(mu (1 + 1/b)) at a
+fixed B when 4 b (1 + b) < mu, N = R) and ``paper`` (experience-replay, docs/REFERENCES.md: Thm 3.5's x* = N/R,
+y* = B/R, or with a budget the Thm 3.4 bound; theory/design.py). Each answer carries the prediction benchmark's
+``evidence:`` line for its objective (theory/evidence.py, under the entry's benchmark key).
 
 A field's help is its attribute docstring, its valid range what its check (theory/checks.py, in the field's
 metadata) says of a value no range holds; the command line builds its options from both (cli/config_options.py).
@@ -51,10 +52,6 @@ VALID = "valid"
 CHOICES = "choices"
 """Field-metadata key: {name: one-line help} of a field that names one of a few choices (cli/config_options.py)."""
 
-OBJECTIVES = {"forgetting": "the whole design (B, R, N) from mu, b = B_noise / B and the optimizer's memory kappa; "
-                            "the rule the benchmark tests",
-              "noise-scale": "the replay ratio at a fixed B, the optimizer never forgetting (psi = 1)",
-              "paper": "Thm 3.5's J (the large-budget limit), or with --budget the Thm 3.4 bound at compute C"}
 OPTIMIZERS = {"sgd": "plain SGD", "momentum": "SGD with heavy-ball momentum beta1", "adam": "Adam with beta1"}
 AVERAGES = {"integral": "the paper's integral over the buffer", "discrete": "the exact mean over integer ages"}
 NOISE_SCALE_RANGE = (1e-6, 1e12)
@@ -114,6 +111,15 @@ def _one_of(choices: dict[str, str]) -> dict:
     return checked(require_one_of, choices, options=tuple(choices))
 
 
+def objective_choices() -> dict[str, str]:
+    """{objective: help} of ``OBJECTIVES`` (defined below its answer functions), in table order."""
+    return {name: objective.help for name, objective in OBJECTIVES.items()}
+
+
+def _check_objective(name: str, value: str) -> None:
+    require_one_of(name, value, OBJECTIVES)
+
+
 @dataclass(frozen=True)
 class OptimalQuery:
     """What ``replay-theory optimal`` is asked: one field per option (``--json`` aside)."""
@@ -144,7 +150,7 @@ class OptimalQuery:
     """forgetting: steps allowed, relative to on-policy at B (the wall-time budget)."""
     max_horizon: int = field(default=64, metadata=checked(_check_horizon))
     """forgetting: the longest buffer horizon x = N/R considered."""
-    objective: str = field(default="forgetting", metadata=_one_of(OBJECTIVES))
+    objective: str = field(default="forgetting", metadata={CHECK: _check_objective, CHOICES: objective_choices})
     """Which rule answers (default forgetting, the rule the benchmark tests)."""
     alpha: float | None = field(default=None, metadata=checked(require_number, at_least=0, finite=True, fmt="g"))
     """paper: exponent alpha of the power-law noise profile sigma(s) = s^alpha, s in units of tau (default 0.25)."""
@@ -195,19 +201,21 @@ class OptimalQuery:
         return self
 
     def _check_objective_reads_them(self) -> None:
-        forgetting = self.given(FORGETTING_FIELDS)
-        if self.objective != "forgetting" and forgetting:
+        """Refuse an objective's own option given to an objective whose entry in ``OBJECTIVES`` does not read it."""
+        reads = OBJECTIVES[self.objective].reads
+        forgetting = self.given(tuple(name for name in FORGETTING_FIELDS if name not in reads))
+        if forgetting:
             raise ValueError(f"{forgetting[0]} applies to the forgetting-aware rule (the default --objective), not "
                              f"--objective {self.objective}")
-        paper = self.given(PAPER_FIELDS)
-        if self.objective != "paper" and paper:
+        paper = self.given(tuple(name for name in PAPER_FIELDS if name not in reads))
+        if paper:
             why = (" (at a fixed R replay cannot beat on-policy at batch R; give -B)"
                    if paper[0] == "--rollouts-per-step" else "")
             raise ValueError(f"{paper[0]} applies to --objective paper; the {self.objective} rule reads --mu, "
                              f"--noise-scale (or --profile) and -B{why}")
-        if self.objective == "paper" and self.noise_scale is not None:
+        if "noise_scale" not in reads and self.noise_scale is not None:
             raise ValueError("--noise-scale applies to the forgetting-aware and noise-scale rules, not --objective "
-                             "paper")
+                             f"{self.objective}")
         constants = self.given(BUDGET_CONSTANTS)
         if self.budget is None and constants:
             raise ValueError(f"{constants[0]} only applies with --budget (the finite-budget objective)")
@@ -240,13 +248,7 @@ class Answer:
 def answer(query: OptimalQuery) -> Answer:
     """The answer of ``query``'s objective; bad input is a one-line ValueError naming the option, before any work."""
     query, note = _with_mu(query.validated())
-    if query.objective == "forgetting":
-        result = _forgetting_answer(query)
-    elif query.objective == "noise-scale":
-        result = _noise_scale_answer(query)
-    else:
-        result = _paper_answer(query)
-    return dataclasses.replace(result, note=note)
+    return dataclasses.replace(OBJECTIVES[query.objective].answer(query), note=note)
 
 
 def _with_mu(query: OptimalQuery) -> tuple[OptimalQuery, str | None]:
@@ -325,10 +327,10 @@ def _forgetting_answer(q: OptimalQuery) -> Answer:
     record = advice.advise(query)
     floor_ratio = floor_ratio_of(q.latency_floor, q.batch_size)  # the benchmark's cost model nearest the user's
     verdict = verdict_line(floor_ratio=floor_ratio)
-    evidence = evidence_line("forgetting", floor_ratio=floor_ratio)
+    evidence = _evidence("forgetting", floor_ratio=floor_ratio)
     return Answer(text=(verdict + ".\n" if verdict else "") + advice.render(record, [evidence]),
                   record={**record, "verdict": verdict, "evidence": evidence, "convention": q.convention,
-                          "paper_evidence": evidence_line("paper")})
+                          "paper_evidence": _evidence("paper")})
 
 
 # --- the noise-scale rule --------------------------------------------------------------------------------------
@@ -363,7 +365,7 @@ def _noise_scale_answer(q: OptimalQuery) -> Answer:
     if b_noise is not None and q.batch_size is None:
         raise ValueError("--noise-scale needs -B (the batch size: the rule's b = B_noise / B)")
     mu_rollout = rollout_mu_of_convention(q.mu, q.convention)
-    evidence, paper, verdict = evidence_line("noise-scale"), evidence_line("paper"), verdict_line()
+    evidence, paper, verdict = _evidence("noise-scale"), _evidence("paper"), verdict_line()
     head = {"objective": "noise-scale", "verdict": verdict, "horizon": HORIZON_TEXT, "mu": q.mu,
             "convention": q.convention}
     if b_noise is None:
@@ -429,9 +431,42 @@ def _paper_answer(q: OptimalQuery) -> Answer:
                         profile_description=None if loaded is None else loaded.description,
                         profile_rho=None if loaded is None else loaded.rho, average=q.average or "integral")
     design = optimal_design(query) if q.budget is None else _finite_budget(q, query, loaded)
-    evidence = evidence_line("paper" if q.budget is None else "finite-budget")
+    evidence = _evidence("paper") if q.budget is None else evidence_line("finite-budget", FINITE_BUDGET_EVIDENCE)
     return Answer(text=render_design(design) + "\n" + evidence + ".",
                   record={**design.to_json_dict(), "evidence": evidence})
+
+
+# --- the objectives: one entry each --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One ``--objective``: its help, the function that answers it, its key among the benchmark's objectives
+    (theory/evidence.json; experiments/theory_test.py's ``OBJECTIVES``) and the objective-specific fields it reads
+    (``FORGETTING_FIELDS``, ``PAPER_FIELDS``, ``noise_scale``: the others are refused)."""
+
+    help: str
+    answer: Callable[[OptimalQuery], Answer]
+    evidence: str
+    reads: tuple[str, ...] = ()
+
+
+OBJECTIVES = {
+    "forgetting": Objective("the whole design (B, R, N) from mu, b = B_noise / B and the optimizer's memory kappa; "
+                            "the rule the benchmark tests", _forgetting_answer, "forgetting",
+                            ("noise_scale", *FORGETTING_FIELDS)),
+    "noise-scale": Objective("the replay ratio at a fixed B, the optimizer never forgetting (psi = 1)",
+                             _noise_scale_answer, "noise_scale", ("noise_scale",)),
+    "paper": Objective("Thm 3.5's J (the large-budget limit), or with --budget the Thm 3.4 bound at compute C",
+                       _paper_answer, "paper_J", PAPER_FIELDS),
+}
+FINITE_BUDGET_EVIDENCE = "finite_budget"
+"""The benchmark's key of ``--objective paper --budget C`` (the Thm 3.4 bound)."""
+
+
+def _evidence(objective: str, floor_ratio: float | None = None) -> str:
+    """The ``evidence:`` line of ``objective`` under its entry's benchmark key."""
+    return evidence_line(objective, OBJECTIVES[objective].evidence, floor_ratio=floor_ratio)
 
 
 # --- gamma: a (W, T) GPU split (Eq. 2) ---------------------------------------------------------------------------

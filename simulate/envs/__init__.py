@@ -7,7 +7,8 @@ noisy quadratic has no rollouts (a sample is a noise vector) and runs only where
 (``experiment theory-test``, through ``simulate/to_target.py``). All of them expose ``init_params``, ``evaluate``
 (exact expected reward) and ``exact_grad`` (its exact gradient) to the target-based benchmark.
 
-A new environment: its module here, plus one ``EnvSpec`` entry below.
+A new environment: its module here, plus one ``EnvSpec`` entry below (``simulate --env`` lists it, and the engine
+sets its config's fields named like the run config's, ``simulate/engine.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from .quadratic import QuadraticConfig, QuadraticEnv
 from .token_mdp import TokenMDPConfig, TokenMDPEnv
 
 __all__ = ["ENVIRONMENTS", "ENV_NAMES", "BanditConfig", "BanditEnv", "EnvSpec", "NoisyBanditConfig",
-           "NoisyRewardBandit", "QuadraticConfig", "QuadraticEnv", "TokenMDPConfig", "TokenMDPEnv", "make_env"]
+           "NoisyRewardBandit", "QuadraticConfig", "QuadraticEnv", "TokenMDPConfig", "TokenMDPEnv", "engine_choices",
+           "make_env"]
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,15 @@ ENVIRONMENTS: dict[str, EnvSpec] = {
                          "noisy quadratic F = 1/2 (theta - theta*)^T H (theta - theta*), noise fixed at draw", False),
 }
 
+
+def engine_choices() -> dict[str, str]:
+    """{name: help} of the environments the simulation engine runs, in registry order (``simulate --env``'s
+    choices)."""
+    return {name: spec.help for name, spec in ENVIRONMENTS.items() if spec.engine}
+
+
 #: names of the environments the simulation engine runs (``simulate --env``).
-ENV_NAMES = tuple(name for name, spec in ENVIRONMENTS.items() if spec.engine)
+ENV_NAMES = tuple(engine_choices())
 
 
 def make_env(name: str, **config: object):

@@ -133,14 +133,15 @@ def test_the_evidence_line_quotes_the_stored_benchmark():
               "targets": {"64": {"cells": 60, "objectives": {"forgetting": _targets(0.7, 2.0, cells=60)}}},
               "targets_held_out": {"64": {"cells": 40, "objectives": {
                   "forgetting": _targets(0.875, 1.41), "on_policy": _targets(0.25, 4.0)}}}}
-    line = evidence.evidence_line("forgetting", record)
+    line = evidence.evidence_line("forgetting", "forgetting", record)
     assert line == ("evidence (held-out instances, latency floor 64, 40 cells): within 1.2x of the cheapest design in "
                     "88% of cells (worst 1.41) when the batch is free, 100% (worst 1.10) at a pinned batch; lowest "
                     "per-setting Spearman 0.80; always on-policy at B 25% (replay-theory experiment theory-test "
                     "--out R, docs/SIMULATION.md)")
-    assert evidence.evidence_line("paper", record).startswith("evidence: none stored for the paper objective")
+    assert evidence.evidence_line("paper", "paper_J", record).startswith(
+        "evidence: none stored for the paper objective")
     del record["targets_held_out"]["64"]  # a run with no held-out instance quotes every instance, and says so
-    assert evidence.evidence_line("forgetting", record).startswith(
+    assert evidence.evidence_line("forgetting", "forgetting", record).startswith(
         "evidence (every instance (none held out), latency floor 64, 60 cells): within 1.2x of the cheapest design "
         "in 70% of cells")
 
