@@ -140,18 +140,18 @@ class CalibrateLogConfig:
         resolve_columns(self.preset, self.columns)
 
 
-def _dump_names(config: CalibrateLogConfig, columns: ColumnMap, path: Path) -> list[str]:
-    """The columns of a framework's own files (dumps.py: the first file gives them), which calibrate can read only
-    with a per-row age and ``--mu``."""
+def _dump_names(config: CalibrateLogConfig, dump: str, age: Optional[str], path: Path) -> list[str]:
+    """The columns of a framework's own files (``dump``, dumps.py: the first file gives them), which calibrate can
+    read only with a per-row ``age`` column and ``--mu``."""
     from .dumps import MISSING, DumpSource
 
-    names = list(DumpSource(columns.dump, path).schema.names)
-    has_age = bool(columns.age and columns.age in names)
+    names = list(DumpSource(dump, path).schema.names)
+    has_age = bool(age and age in names)
     if config.mu is None or not has_age:
         # one line: what the files lack and what calibrate then needs; diagnose reads them as they are
         needs = [need for lacking, need in ((not has_age, "a per-row age (--columns age=NAME)"),
                                             (config.mu is None, "--mu MU")) if lacking]
-        raise ConfigError("preset", f"{config.preset}: {MISSING[columns.dump]}, so calibrate --from-log needs "
+        raise ConfigError("preset", f"{config.preset}: {MISSING[dump]}, so calibrate --from-log needs "
                                     f"{' and '.join(needs)} (mu = rollout cost / per-sample update cost, > 0); "
                                     "diagnose reads the files as they are")
     return names
@@ -184,7 +184,7 @@ def plan(config: CalibrateLogConfig) -> LogReader:
     check_log_options(path, columns, config.format, config.chunk_rows)
     require_pyarrow()
     if columns.dump:
-        names = _dump_names(config, columns, path)
+        names = _dump_names(config, columns.dump, columns.age, path)
     else:
         names = list(read_schema(path, detect_format(path, config.format)).names)
     _check_columns(config, columns, names, path)
@@ -501,6 +501,7 @@ def calibrate_from_log(config: CalibrateLogConfig, reader: Optional[LogReader] =
     per_seq = sums.per_sequence()
     if per_seq["log_q"].size == 0:
         raise ValueError(f"{reader.path.name}: no valid tokens to calibrate from")
+    no_table = ""  # why there is no sigma^2(s) table, when there is none
     try:
         table = profile_table(age_step_sums(per_seq), config.level, config.draws, config.seed)
     except ValueError as err:  # an on-policy pilot has one age: with --grad-norms its B_noise is still the answer
@@ -549,6 +550,7 @@ def calibrate_from_log(config: CalibrateLogConfig, reader: Optional[LogReader] =
 def _with_noise_scale(data: dict, config: CalibrateLogConfig, norms: Optional[dict[str, np.ndarray]]) -> dict:
     """``data`` with the "noise_scale" record of ``--grad-norms``, or with B_noise listed as not measured."""
     if config.grad_norms is not None:
+        assert norms is not None  # calibrate_from_log reads them whenever config.grad_norms is set
         path = Path(config.grad_norms)
         unit = norms["unit_size"]
         data["noise_scale"] = noise_scale_record(
@@ -577,8 +579,8 @@ def summary(data: dict, out: Path) -> str:
 
     lines = [f"calibrated from {prov['log']} (sha256 {prov['sha256'][:12]}, preset {prov['preset']})"]
     if data["kind"] == "table":
-        proxy = data["proxy"]
-        lines[0] += f": {proxy['sequences']} sequences, {proxy['tokens']} tokens, {proxy['units']}"
+        lines[0] += (f": {data['proxy']['sequences']} sequences, {data['proxy']['tokens']} tokens, "
+                     f"{data['proxy']['units']}")
     lines.append((f"mu = {mu['value']:.4g} (90% CI {ci(mu['ci'])} over {mu['steps']} steps): "
                   f"{mu['generation_seconds_per_row']:.4g} s per generated row / "
                   f"{mu['update_seconds_per_row']:.4g} s per trained row") if mu["source"] == "log" else
@@ -587,6 +589,7 @@ def summary(data: dict, out: Path) -> str:
         lines += [f"no {data['not_measured'][0]}"] + noise_scale_lines(data["noise_scale"]) + _memory(data)
         lines += [f"wrote {out}"] + _noise_scale_next(out, mu, data["noise_scale"], _kappa_flags(data))
         return "\n".join(lines)
+    proxy = data["proxy"]  # kind "table" from here
     lines += [f"sigma^2(s) / sigma^2({data['staleness'][0]:g}), plain form, proxy ({proxy['weight']} weights, "
               f"{proxy['score']} score, {proxy['aggregation']}):", "  age  sequences  sigma^2 ratio  90% CI"]
     for k, (s, n, v, c) in enumerate(zip(data["staleness"], proxy["sequences_by_age"], data["sigma_sq"],

@@ -336,8 +336,8 @@ def _check_prev_logprobs(table, path: Path) -> None:
 
     if "prev_logprobs" not in table.column_names or "token_loss_mask" not in table.column_names:
         return
-    prev = np.asarray(pc.list_flatten(table.column("prev_logprobs")).to_numpy(zero_copy_only=False))
-    mask = np.asarray(pc.list_flatten(table.column("token_loss_mask")).to_numpy(zero_copy_only=False))
+    prev = np.asarray(pc.list_flatten(table.column("prev_logprobs")).to_numpy(zero_copy_only=False))  # pyright: ignore[reportAttributeAccessIssue]  # pyarrow.compute defines its kernels at import
+    mask = np.asarray(pc.list_flatten(table.column("token_loss_mask")).to_numpy(zero_copy_only=False))  # pyright: ignore[reportAttributeAccessIssue]  # pyarrow.compute defines its kernels at import
     if prev.size == mask.size and np.any(mask != 0) and not np.any(prev[mask != 0] != 0):
         raise ValueError(f"{path.name}: prev_logprobs is 0 on every trained token (NeMo-RL skips them under "
                          "force_on_policy_ratio): the file has no learner log-probs to compare")

@@ -225,6 +225,13 @@ class FrameworkSums:
     def n_seq(self) -> int:
         return self.seq.n if self.seq is not None else 0
 
+    @property
+    def sequences(self) -> Running:
+        """``seq``, which :func:`finish` and :func:`rollout_is_metrics` read: none before :meth:`add_sequences`."""
+        if self.seq is None:
+            raise ValueError("no sequence folded: call add_sequences before finish or rollout_is_metrics")
+        return self.seq
+
 
 def _is_tail(n: float, sum_wc: float, sum_wc_sq: float, sums: FrameworkSums, prefix: str, C: float
              ) -> dict[str, float]:
@@ -234,14 +241,15 @@ def _is_tail(n: float, sum_wc: float, sum_wc_sq: float, sums: FrameworkSums, pre
     out["rollout_is_std"] = math.sqrt(max(sum_wc_sq / (n + VERL_EPS) - mean_wc**2, 0.0)) if n > 1 else 0.0
     # 1 / masked_mean((wc / (mean wc + 1e-8))^2): the (1e-8-regularised) Kish fraction of clamp(w, 1/C, C)
     out["rollout_is_eff_sample_size"] = 1.0 / ((sum_wc_sq / (mean_wc + VERL_EPS) ** 2) / (n + VERL_EPS))
-    s = sums.seq[prefix]
+    q = sums.sequences
+    s = q[prefix]
     out["rollout_is_seq_mean"] = s.total / s.n
     out["rollout_is_seq_std"] = s.std  # torch .std(): unbiased
     out["rollout_is_seq_max"] = s.high
     out["rollout_is_seq_min"] = s.low
     out["rollout_is_seq_max_deviation"] = max(s.high - 1.0, 1.0 - s.low)  # max |s - 1|
-    out["rollout_is_seq_fraction_high"] = sums.seq[prefix + "_high"].total / s.n
-    out["rollout_is_seq_fraction_low"] = sums.seq[prefix + "_low"].total / s.n
+    out["rollout_is_seq_fraction_high"] = q[prefix + "_high"].total / s.n
+    out["rollout_is_seq_fraction_low"] = q[prefix + "_low"].total / s.n
     return out
 
 
@@ -249,7 +257,7 @@ def rollout_is_metrics(sums: FrameworkSums, params: FrameworkParams, rollout_is:
     """verl's ``rollout_corr/rollout_is_*`` metrics at aggregation level ``rollout_is`` (token or sequence)."""
     if rollout_is not in RS_LEVELS:
         raise ValueError(f"rollout_is must be token or sequence, got {rollout_is!r}")
-    C, n, q = params.rollout_is_threshold, sums.n, sums.seq
+    C, n, q = params.rollout_is_threshold, sums.n, sums.sequences
     if rollout_is == "sequence":
         # compute_rollout_correction_weights: w = exp(clamp(sum log r, -20, 20)) broadcast over the row;
         # compute_is_metrics' sequence branch takes max / min / fractions over the (B, 1) sums (all rows)
@@ -277,7 +285,7 @@ def rollout_is_metrics(sums: FrameworkSums, params: FrameworkParams, rollout_is:
 
 def finish(sums: FrameworkSums, params: FrameworkParams, rollout_is: str = "token") -> dict[str, float]:
     """The metrics dict from the sums (the frameworks' own keys; see the module docstring)."""
-    n, q = sums.n, sums.seq
+    n, q = sums.n, sums.sequences
     n_seq = sums.n_seq
     out: dict[str, float] = {}
     # verl rollout_corr_helper.py compute_offpolicy_metrics (old_log_prob = current, rollout_log_prob = behav):

@@ -227,10 +227,13 @@ def _check(chunk: TokenChunk, skip: bool, state: _State, path: str) -> np.ndarra
 def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> dict[str, Callable[[], None]]:
     """The chunk's folds, by accumulator (``FOLDS``): each reads only this chunk's arrays and writes only its
     own accumulators, so folds of different names may run side by side."""
-    def kept(x: np.ndarray | None) -> np.ndarray | None:
-        return x if x is None or keep is None else x[keep]
+    def kept(x: np.ndarray) -> np.ndarray:
+        return x if keep is None else x[keep]
 
-    seq, age, adv = kept(chunk.seq), kept(chunk.age), kept(chunk.advantage)
+    def kept_if(x: np.ndarray | None) -> np.ndarray | None:  # a column the log may lack
+        return None if x is None else kept(x)
+
+    seq, age, adv = kept(chunk.seq), kept_if(chunk.age), kept_if(chunk.advantage)
     bad_codes = np.zeros(0, dtype=np.int64) if keep is None else np.unique(chunk.seq[~keep])
     behav, cur = kept(chunk.logp_behav), kept(chunk.logp_current)
     behav = np.minimum(behav, 0.0) if behav.size and behav.max() > 0 else behav  # round-off positives read as 0
@@ -268,8 +271,9 @@ def _fold_chunk(chunk: TokenChunk, state: _State, keep: np.ndarray | None) -> di
         state.sequences.add(run_seq, sums, bad_codes)
 
     folds = {"tokens": tokens, "histogram": lambda: state.hist.update(lr)}
-    if state.what_if is not None:
-        folds["what_if"] = lambda: state.what_if.update(lr, adv)
+    what_if = state.what_if
+    if what_if is not None:
+        folds["what_if"] = lambda: what_if.update(lr, adv)
     return folds
 
 
@@ -367,7 +371,7 @@ def _pass(config: DiagnoseConfig, sorted_ids: bool, progress) -> tuple[LogReader
     # accumulator sees the chunks in file order and the numbers do not depend on the thread count; a lane may
     # run two chunks behind the reader
     lanes = [ThreadPoolExecutor(1) for _ in range(min(config.threads - 1, len(FOLDS)))]
-    cost = dict.fromkeys(FOLDS, 0.0)  # CPU seconds each fold has taken so far
+    cost: dict[str, float] = dict.fromkeys(FOLDS, 0.0)  # CPU seconds each fold has taken so far
     placed: dict[str, tuple] = {}  # fold -> (its worker lane, the future of its last chunk there)
     pending: list[list] = []
     try:
@@ -487,6 +491,7 @@ def _freshper_taus(config: DiagnoseConfig, drift: Optional[dict]) -> list:
 
 def _what_if_rows(config: DiagnoseConfig, state: _State, report: dict, ages: Optional[np.ndarray]) -> list[dict]:
     """Every correction's what-if row: token level, M2PO's trust region, sequence level, FreshPER by age."""
+    assert state.what_if is not None and state.seq_what_if is not None  # both made when config.run_what_if
     rows = state.what_if.rows()
     if state.has_advantage:
         # M2 over M2PO's trust-region tokens, next to the M2PO rows: the number M2PO compares with tau_M2

@@ -25,7 +25,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -243,12 +243,12 @@ class LogReader:
         kind = col.type.value_type if listed else col.type
         if not self._pa.types.is_floating(kind) and not self._pa.types.is_decimal(kind):
             return  # integers (or strings, refused as numbers later): whole by construction
-        values = np.asarray(to_numpy(pc.list_flatten(col) if listed else col), dtype=np.float64)
+        values = np.asarray(to_numpy(pc.list_flatten(col) if listed else col), dtype=np.float64)  # pyright: ignore[reportAttributeAccessIssue]  # pyarrow.compute defines its kernels at import
         with np.errstate(invalid="ignore"):
             fractional = np.isfinite(values) & (values != np.floor(values))
         if fractional.any():
             i = int(np.argmax(fractional))
-            row = int(np.asarray(to_numpy(pc.list_parent_indices(col)))[i]) if listed else i
+            row = int(np.asarray(to_numpy(pc.list_parent_indices(col)))[i]) if listed else i  # pyright: ignore[reportAttributeAccessIssue]  # pyarrow.compute defines its kernels at import
             raise ValueError(f"row {self.rows_done + row} of {self.path.name}: column {name!r} (the age) holds "
                              f"{values[i]:g}, not a whole number of steps; ages count optimizer steps (s = t - v): "
                              "convert the column, or map another with --columns age=NAME")
@@ -266,7 +266,8 @@ class LogReader:
         self._check_ages(batch)
 
         def lengths(name: str) -> np.ndarray:
-            return np.asarray(to_numpy(pc.list_value_length(batch.column(name))), dtype=np.float64)  # null -> NaN
+            counts = pc.list_value_length(batch.column(name))  # pyright: ignore[reportAttributeAccessIssue]  # pyarrow.compute defines its kernels at import
+            return np.asarray(to_numpy(counts), dtype=np.float64)  # null -> NaN
 
         length = lengths(self.used["logp_behav"])  # (rows,)
         ok = np.isfinite(length)
@@ -287,7 +288,7 @@ class LogReader:
                 return None
             col = batch.column(self.used[field])
             if field == "logp_behav" or field in list_fields:
-                return np.asarray(to_numpy(pc.list_flatten(col.filter(keep_rows))), dtype=np.float64)
+                return np.asarray(to_numpy(pc.list_flatten(col.filter(keep_rows))), dtype=np.float64)  # pyright: ignore[reportAttributeAccessIssue]  # pyarrow.compute defines its kernels at import
             return np.repeat(np.asarray(to_numpy(col), dtype=np.float64)[ok], length[ok])
 
         ids = self._ids(batch.column(self.used["seq_id"])) if "seq_id" in self.used else \
@@ -358,7 +359,7 @@ def read_schema(path: Path, fmt: str):
     return pc_csv.read_csv(io.BytesIO(head)).schema
 
 
-def iter_batches(path: Path, fmt: str, columns: list[str], chunk_rows: int, floats: list[str] = (),
+def iter_batches(path: Path, fmt: str, columns: list[str], chunk_rows: int, floats: Sequence[str] = (),
                  schema=None) -> Iterator[tuple]:
     """(record batch of ``columns``, bytes read so far): at most ``chunk_rows`` rows each, in file order.
 

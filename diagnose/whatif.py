@@ -209,6 +209,8 @@ class TokenWhatIf:
         if not self.has_advantage:
             self._fold(lr, None)
             return
+        if advantage is None:
+            raise ValueError("this what-if was made with has_advantage: update needs the advantages")
         if self._pending_lr.size:  # the block in progress first
             lr, advantage = np.concatenate([self._pending_lr, lr]), np.concatenate([self._pending_adv, advantage])
         full = (lr.size // self.config.m2po_batch_tokens) * self.config.m2po_batch_tokens

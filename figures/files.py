@@ -82,7 +82,7 @@ def build(names: list[str] | None, results: Path, formats: list[str], dpi: int, 
     available: dict[str, tuple[str, Callable]] = {**THEORY_FIGURES, **{
         name: (text, lambda plot=plot: plot(results)) for name, (text, plot) in RESULTS_FIGURES.items()}}
     everything = not names or names == ["all"]
-    chosen = list(available) if everything else list(dict.fromkeys(names))
+    chosen = list(available) if everything else list(dict.fromkeys(names or ()))
     unknown = [n for n in chosen if n not in available]
     if unknown:
         raise ValueError(f"unknown figure(s) {', '.join(unknown)}; choose from {', '.join(available)} or all")

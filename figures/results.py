@@ -339,7 +339,7 @@ def freshper_data(results: Path) -> dict:
         entry["designs"][name] = s["final_accuracy"]
     for entry in by_lr.values():
         taus = {k: v for k, v in entry["designs"].items() if k.startswith(("PER", "tau"))}
-        best = max(taus, key=taus.get)
+        best = max(taus, key=lambda name: taus[name])
         entry["best_tau"] = float("inf") if best.startswith("PER") else float(best.split("= ")[1])
     return by_lr
 
@@ -474,7 +474,8 @@ def plot_report_bars(report: dict, ax: Axes | None = None, legend: bool = True) 
     ax.axhline(d["warm_mean"], color="k", ls="--", lw=1, label="warm start (± sd)")
     if d["warm_std"] > 0:
         ax.axhspan(d["warm_mean"] - d["warm_std"], d["warm_mean"] + d["warm_std"], color="k", alpha=0.1, lw=0)
-    for i, rules in d["picks"].items():  # fixed-b: each rule's prediction outlined and named above its bar
+    picks: dict[int, list[str]] = d["picks"]
+    for i, rules in picks.items():  # fixed-b: each rule's prediction outlined and named above its bar
         bars[i].set_edgecolor("k")
         bars[i].set_linewidth(1.5)
         label = " + ".join({"noise-scale": "noise-scale\nrule's", "paper": "paper's"}.get(r, r) for r in rules)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -21,11 +22,16 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend choice)
 import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.legend import Legend  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.rcsetup import cycler  # noqa: E402  (matplotlib.cycler, which matplotlib's stub leaves out)
 from matplotlib.text import Text  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 
 from .defaults import DPI, DPI_RANGE, MIN_FONT_PT  # noqa: E402
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType  # matplotlib >= 3.8: the names rcParams takes
 
 __all__ = ["FIGSIZE", "COLORS", "DPI", "DPI_RANGE", "MIN_FONT_PT", "FORMATS", "apply_style", "new_axes",
            "new_axes_row", "render", "print_problems"]
@@ -40,7 +46,7 @@ COLORS: tuple[str, ...] = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00"
 FORMATS: dict[str, dict] = {"png": {"Software": None}, "pdf": {"CreationDate": None, "Producer": None},
                             "svg": {"Date": None}}
 
-_STYLE = {
+_STYLE: dict[RcKeyType, Any] = {
     "font.size": 9,
     "axes.titlesize": 9,
     "axes.labelsize": 9,
@@ -60,7 +66,7 @@ _STYLE = {
 def apply_style() -> None:
     """Print-size fonts (>= 8 pt), no top/right spines, the Okabe-Ito colour cycle (updates global rcParams)."""
     plt.rcParams.update(_STYLE)
-    plt.rcParams["axes.prop_cycle"] = matplotlib.cycler(color=list(COLORS))
+    plt.rcParams["axes.prop_cycle"] = cycler(color=list(COLORS))
 
 
 def new_axes(ax: Axes | None = None, figsize: tuple[float, float] = FIGSIZE) -> tuple[Figure, Axes]:
@@ -112,6 +118,11 @@ def _segment_points(line: Line2D) -> np.ndarray:
     return (xy[:-1, None, :] + t * (xy[1:, None, :] - xy[:-1, None, :])).reshape(-1, 2)
 
 
+def _legends(fig: Figure) -> list[Legend]:
+    """The figure's own legends and its axes'."""
+    return list(fig.legends) + [legend for legend in (ax.get_legend() for ax in fig.axes) if legend is not None]
+
+
 def print_problems(fig: Figure) -> list[str]:
     """What keeps ``fig`` from going into a paper or onto a slide as it is; empty when it is print-ready.
 
@@ -127,12 +138,12 @@ def print_problems(fig: Figure) -> list[str]:
         content = text.get_text()
         if not (text.get_visible() and content.strip()):
             continue
-        if text.get_fontsize() < MIN_FONT_PT:
-            problems.append(f"{content!r} is {text.get_fontsize():g} pt < {MIN_FONT_PT:g} pt")
+        size = text.get_fontproperties().get_size_in_points()  # get_fontsize(), typed as a float here
+        if size < MIN_FONT_PT:
+            problems.append(f"{content!r} is {size:g} pt < {MIN_FONT_PT:g} pt")
         if "^{" in _outside_mathtext(content) or "_{" in _outside_mathtext(content):
             problems.append(f"{content!r} has raw braces outside $...$ (use mathtext)")
-    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
-    for legend in legends:
+    for legend in _legends(fig):
         box = legend.get_window_extent(renderer)
         for ax in fig.axes:
             # Only what is drawn counts: data outside the axes (a bar under a raised y-axis start) is clipped.

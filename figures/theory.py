@@ -75,15 +75,15 @@ def optimal_vs_mu_data(mus: Sequence[float] = OPT_MUS, alphas: Sequence[float] =
     (x* < 1 means N < R: the feasible optimum is the on-policy corner), and
     ``convention``. Values are NOT clipped: the plot shows them raw and shades x < 1.
     """
-    mus = np.asarray(mus, dtype=float)  # (M,)
-    mu_sec3 = np.atleast_1d(np.asarray(mu_sec3_of(mus, convention), dtype=float))  # (M,)
-    x_star = np.empty((len(alphas), len(rhos), mus.size))  # (A, P, M)
+    mu_grid = np.asarray(mus, dtype=float)  # (M,)
+    mu_sec3 = np.atleast_1d(np.asarray(mu_sec3_of(mu_grid, convention), dtype=float))  # (M,)
+    x_star = np.empty((len(alphas), len(rhos), mu_grid.size))  # (A, P, M)
     y_star = np.empty_like(x_star)
     for i, alpha in enumerate(alphas):
         for j, rho in enumerate(rhos):
             for k, m in enumerate(mu_sec3):
                 x_star[i, j, k], y_star[i, j, k] = power_law_optimum(float(m), float(alpha), float(rho))  # App. C.3.2
-    return {"mus": mus, "mu_sec3": mu_sec3, "alphas": np.asarray(alphas, float), "rhos": np.asarray(rhos, float),
+    return {"mus": mu_grid, "mu_sec3": mu_sec3, "alphas": np.asarray(alphas, float), "rhos": np.asarray(rhos, float),
             "x_star": x_star, "y_star": y_star, "feasible": x_star >= 1.0, "convention": convention}
 
 
@@ -242,11 +242,11 @@ def policy_family(ts: Sequence[float] = FAMILY_TS, K: int = FAMILY_K, seed: int 
     rng = np.random.default_rng(seed)
     z = rng.standard_normal(K)  # (K,)
     v = rng.standard_normal(K)  # (K,)
-    ts = np.asarray(ts, dtype=float)  # (T,)
-    logits = z[None, :] + ts[:, None] * v[None, :]  # (T, K)
+    t_grid = np.asarray(ts, dtype=float)  # (T,)
+    logits = z[None, :] + t_grid[:, None] * v[None, :]  # (T, K)
     logp_new = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)  # (T, K) log softmax
     logp_behav = z - np.logaddexp.reduce(z)  # (K,)
-    return {"ts": ts, "z": z, "v": v, "logp_behav": logp_behav, "logp_new": logp_new}
+    return {"ts": t_grid, "z": z, "v": v, "logp_behav": logp_behav, "logp_new": logp_new}
 
 
 def ess_vs_divergence_data(ts: Sequence[float] = FAMILY_TS, K: int = FAMILY_K, n: int = KISH_N,

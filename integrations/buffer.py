@@ -166,8 +166,9 @@ class RowReplayBuffer:
         bad = {k: s for k, s in counts.items() if s is None or len(s) == 0}
         if bad:
             raise ValueError(f"every buffered field must be a tensor with the row as dim 0, got {bad}")
-        n = counts.get("completion_ids", next(iter(counts.values())))[0]
-        wrong = {k: s for k, s in counts.items() if s[0] != n}
+        shapes = {k: s for k, s in counts.items() if s is not None}  # every field: bad is empty
+        n = shapes.get("completion_ids", next(iter(shapes.values())))[0]
+        wrong = {k: s for k, s in shapes.items() if s[0] != n}
         if wrong:
             # The TRL #6804 condition: a field laid out per group (groups, generations), or per batch, next to
             # per-row fields. Refusing it here is what keeps every draw aligned.
@@ -175,7 +176,7 @@ class RowReplayBuffer:
         if n % self.group_size:
             raise ValueError(f"a push must hold whole groups: {n} rows is not a multiple of num_generations = "
                              f"{self.group_size}")
-        for k, s in counts.items():
+        for k, s in shapes.items():
             if k in ("advantages", "rewards") and len(s) != 1:
                 raise ValueError(f"{k} must be one value per row, shape ({n},), got {s}")
         if self.data and set(rows) | {"version", "sample_id", "group_id"} != set(self.data):

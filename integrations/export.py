@@ -108,7 +108,6 @@ class DiagnoseLogWriter:
         require_pyarrow()
         self._file = None
         self._writer = None
-        self._schema = None
         self.rows_written = 0
         self.closed = False
 
@@ -139,11 +138,10 @@ class DiagnoseLogWriter:
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "xb")  # exclusive: a file that appeared since __init__ is not replaced
-            self._schema = table.schema
-            self._writer = pq.ParquetWriter(self._file, self._schema)
-        elif table.schema != self._schema:
+            self._writer = pq.ParquetWriter(self._file, table.schema)
+        elif table.schema != self._writer.schema:  # the first batch's
             raise ValueError(f"diagnose log {self.path}: a batch's columns {table.schema.names} differ from the "
-                             f"first batch's {self._schema.names}")
+                             f"first batch's {self._writer.schema.names}")
         self._writer.write_table(table)
         self.rows_written += int(n or 0)
 
@@ -151,6 +149,7 @@ class DiagnoseLogWriter:
         """Write the footer and close the file (idempotent)."""
         if self._writer is not None:
             self._writer.close()
+            assert self._file is not None  # opened before the writer
             self._file.close()
         self._writer = self._file = None
         self.closed = True

@@ -30,12 +30,13 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from transformers import TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer  # pyright: ignore[reportPrivateImportUsage]  # trl's lazy __init__ exports them
+from trl.trainer.utils import RepeatSampler
 
 from .. import __version__
 from ..core import losses
@@ -144,7 +145,9 @@ def engine_corrected_loss(replay: ReplayConfig, logp_new: torch.Tensor, logp_beh
     live = real & (rho > 0)  # a masked token (rho = 0, *_mask modes) adds 0, even to an infinite objective
     with np.errstate(invalid="ignore", over="ignore"):
         grad = np.where(live, out.grad_logp[0] * rho, 0.0)  # (B, L) d loss / d logp_it = rho_it * loss's own
-        value = -np.sum(np.where(live & (a > 0), a * rho * out.objective[0], 0.0))  # -sum a rho objective
+        objective = out.objective
+        assert objective is not None  # every shared loss returns through core.losses._output, which sets it
+        value = -np.sum(np.where(live & (a > 0), a * rho * objective[0], 0.0))  # -sum a rho objective
     scalar = surrogate(grad, logp_new, mask=mask, row_weight=row_weight, value=value)
     return scalar, losses.LossOutput(loss=np.array([value]), grad_logp=grad[None], metrics=out.metrics,
                                      objective=out.objective)
@@ -305,6 +308,7 @@ class DiagnoseLogCallback(TrainerCallback):
                     table = part.read_row_group(group)
                     writer = writer or pq.ParquetWriter(tmp, table.schema)
                     writer.write_table(table)
+            assert writer is not None  # every closed part holds rows (_close_part keeps only those)
             writer.close()
 
         write_new(self.path, join, option="diagnose log")
@@ -391,7 +395,9 @@ class ReplayGRPOTrainer(GRPOTrainer):
         self._resume_step = 0  # the checkpoint's step when resuming: TRL's sampler is advanced to its epoch
         self._check_trl_args(replay)
         self.replay = replay
-        self.replay_buffer = RowReplayBuffer(replay.design_config(self.num_generations), seed=replay.seed,
+        group_size = self.num_generations
+        assert group_size is not None  # GRPOConfig refuses None (its num_generations < 2 check)
+        self.replay_buffer = RowReplayBuffer(replay.design_config(group_size), seed=replay.seed,
                                              total_steps=max(int(self.args.max_steps), 1))
         self.replay_generated = 0  # fresh completions generated for training
         self.replay_trained = 0  # completions trained on (with repetition)
@@ -414,7 +420,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
     def _check_trl_args(self, replay: ReplayConfig) -> None:
         """TRL's arguments the replay step supports: one process, one generation and one pass per step, R rows a
         step, no KL term, a vLLM importance-sampling mode the shared losses apply."""
-        a = self.args
+        a = cast(GRPOConfig, self.args)  # GRPOTrainer's args are a GRPOConfig (Trainer types them as its base)
         world = self.accelerator.num_processes
         checks = [
             (world == 1, f"one process is supported (the buffer is per process), got {world}"),
@@ -459,12 +465,15 @@ class ReplayGRPOTrainer(GRPOTrainer):
         for older in complete_checkpoints(run_dir)[:-1]:  # Trainer's save_total_limit would delete before the marker
             shutil.rmtree(older)
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any):
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None,
+              ignore_keys_for_eval: list[str] | None = None, **kwargs: Any):
         """TRL's train; ``resume_from_checkpoint`` (True: the newest complete checkpoint in ``output_dir``, or a
         path) also restores the replay buffer, its counters, the noise records and the diagnose log's parts, so
         the run goes on exactly as if it had not stopped."""
         if resume_from_checkpoint is True:
-            found = complete_checkpoints(Path(self.args.output_dir))
+            output_dir = self.args.output_dir
+            assert output_dir is not None  # TrainingArguments.__post_init__ sets "trainer_output" in place of None
+            found = complete_checkpoints(Path(output_dir))
             resume_from_checkpoint = str(found[-1]) if found else None
         log = self._diagnose_callback()
         if resume_from_checkpoint:
@@ -483,10 +492,11 @@ class ReplayGRPOTrainer(GRPOTrainer):
                 log.start(state["diagnose_parts"] or [])
         elif log is not None:
             log.start(None)
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
+                             ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
 
     def _get_train_sampler(self, dataset=None):  # noqa: D102 (TRL's RepeatSampler, advanced when resuming)
-        sampler = super()._get_train_sampler(dataset)
+        sampler = cast(RepeatSampler, super()._get_train_sampler(dataset))  # what GRPOTrainer's returns
         generator = getattr(sampler, "generator", None)
         if self._resume_step and generator is not None:
             # Trainer makes the sampler afresh (seeded) and skips only the resumed epoch's first batches: the
@@ -513,7 +523,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
-        if not self.model.training:
+        if not self._model().training:
             return super()._prepare_inputs(generation_batch)
         # The design's batch step decides whether to generate (FreshPER Algorithm 1's replay updates do not),
         # what to keep and what to draw; TRL's generation runs only when it asks.
@@ -530,7 +540,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
 
         drawn, data = self.replay_buffer.step(self.state.global_step, generate)
         if self._curvature_pending is not None and fresh:  # kappa's H w on rows xi's halves never held
-            self._finish_curvature(fresh[0])
+            self._finish_curvature(self._curvature_pending, fresh[0])
         self._step_generated_rows = int(np.sum(data.generated))
         self.replay_generated += self._step_generated_rows
         self.replay_trained += int(data.train.size)
@@ -585,27 +595,28 @@ class ReplayGRPOTrainer(GRPOTrainer):
         width = inputs["completion_ids"].size(1)
         # only inside training_step (which finishes the measurement): a direct call returns the plain loss
         halves = noise_halves(inputs["group_id"]) if self.measure_noise and self._noise_armed else None
-        if halves is not None:
-            halves = tuple(h.to(ids.device) for h in halves)
+        split = None  # with the noise scale: the halves and their log-probs' own graphs (_loss_in_halves)
         if halves is None:
             logp_new, entropies = self._get_per_token_logps_and_entropies(model, ids, attention, width,
                                                                           compute_entropy=True)[:2]
         else:  # two micro-batches (_loss_in_halves): each half's graph is backpropagated once, separately
+            halves = (halves[0].to(ids.device), halves[1].to(ids.device))
             parts = [self._get_per_token_logps_and_entropies(model, ids[h], attention[h], width,
                                                              compute_entropy=True)[:2] for h in halves]
             order = torch.argsort(torch.cat(halves))  # back to the batch's row order
             logp_new = torch.cat([lp for lp, _ in parts])[order]  # (B, L)
             entropies = torch.cat([e for _, e in parts])[order]  # (B, L)
+            split = (halves, [lp for lp, _ in parts])
         mask = (inputs["completion_mask"] * inputs["tool_mask"]).bool()
         if not mask.any():  # every drawn row fully masked (e.g. all truncated): nothing to learn from
             return (logp_new * 0.0).sum()
-        if halves is None:
+        if split is None:
             loss, out = engine_corrected_loss(self.replay, logp_new, inputs["old_per_token_logps"],
                                               inputs["advantages"], mask,
                                               is_ratio=inputs.get("importance_sampling_ratio"),
                                               row_weight=inputs.get("sampler_weight"))
         else:
-            loss, out = self._loss_in_halves(inputs, logp_new, mask, halves, [lp for lp, _ in parts])
+            loss, out = self._loss_in_halves(inputs, logp_new, mask, *split)
         self._log_replay(inputs, logp_new.detach(), mask, entropies, out)
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, DiagnoseLogCallback):
@@ -646,7 +657,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
                       for h, lp in zip(halves, logp_halves)]
         # scaled as TRL's training_step scales the loss it backpropagates (1 / gradient accumulation steps)
         self.accelerator.backward(surrogates[0] / self.current_gradient_accumulation_steps)
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = self._trainable()
         shares = _row_shares(self.replay, mask)  # (B,) a_i
         self._noise_pending = {
             "step": self.state.global_step,
@@ -688,7 +699,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
         importance weights are part of each row's gradient. The norms are divided by the square of accelerate's fp16
         loss scale when it has one. A step holding one group only, or a half with no real token, is not measured.
         """
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = self._trainable()
         sq_first = sq_second = sq_full = 0.0
         for p, g1 in zip(params, pending["first"]):
             g = p.grad
@@ -752,8 +763,14 @@ class ReplayGRPOTrainer(GRPOTrainer):
         last = self.noise_records[-1] if self.noise_records else None
         return last if last is not None and last["step"] == step else None
 
+    def _model(self) -> torch.nn.Module:
+        """Trainer's model (typed optional there: GRPOTrainer's __init__ takes one, or a name it loads)."""
+        if self.model is None:
+            raise ValueError("the trainer has no model")
+        return self.model
+
     def _trainable(self) -> list[torch.Tensor]:
-        return [p for p in self.model.parameters() if p.requires_grad]
+        return [p for p in self._model().parameters() if p.requires_grad]
 
     @torch.no_grad()
     def _start_curvature(self, pending: dict[str, Any]) -> None:
@@ -810,7 +827,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
         self._curvature_pending = {"step": step, "w": w, "den": den, "lr": lrs.pop(),
                                    "beta1": float(optimizer.param_groups[0]["betas"][0])}
 
-    def _finish_curvature(self, rows: dict[str, torch.Tensor]) -> None:
+    def _finish_curvature(self, pending: dict[str, Any], rows: dict[str, torch.Tensor]) -> None:
         """At the next step that generates (theta_{t+1}, its fresh rows, which xi's rows never were): the numerator
         w^T H w, H w by central differences of the rows' score-reweighted on-policy gradient (``_curvature_grad``),
         theta +- h w with h = ``curvature_step`` |theta| / |w|; the parameters are restored bit for bit from a copy,
@@ -827,15 +844,15 @@ class ReplayGRPOTrainer(GRPOTrainer):
         forward+backward passes of R rows and two parameter-sized buffers; needs float32 parameters (bfloat16 rounds
         theta + h w back to theta) and no active dropout, else the pair is skipped and said (``curvature_skipped``).
         """
-        pending, self._curvature_pending = self._curvature_pending, None
+        self._curvature_pending = None  # ``pending``, measured now or skipped
         params = self._trainable()
         reason = self._curvature_blocker(params)
         if reason is not None:
             self._skip_curvature(f"step {pending['step']}: {reason}")
             return
         w = pending["w"]
-        theta_norm = float(torch.sqrt(sum((p.detach().double() ** 2).sum() for p in params)))
-        w_norm = float(torch.sqrt(sum((x.double() ** 2).sum() for x in w)))
+        theta_norm = math.sqrt(float(sum((p.detach().double() ** 2).sum() for p in params)))  # IEEE sqrt, as torch's
+        w_norm = math.sqrt(float(sum((x.double() ** 2).sum() for x in w)))
         if not w_norm > 0:
             self._skip_curvature(f"step {pending['step']}: xi = 0 (the halves' gradients are equal)")
             return
@@ -856,7 +873,7 @@ class ReplayGRPOTrainer(GRPOTrainer):
         if any(p.dtype not in (torch.float32, torch.float64) for p in params):
             return (f"parameters in {params[0].dtype}: theta +- h w rounds back to theta below float32 (train the "
                     "model in float32, or with float32 master weights)")
-        dropout = [m for m in self.model.modules() if isinstance(m, torch.nn.Dropout) and m.training and m.p > 0]
+        dropout = [m for m in self._model().modules() if isinstance(m, torch.nn.Dropout) and m.training and m.p > 0]
         if dropout:
             return (f"dropout p = {dropout[0].p:g} is active: the two sides of the difference would see different "
                     "masks (GRPOConfig(disable_dropout=True))")

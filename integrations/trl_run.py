@@ -56,6 +56,9 @@ COUNTDOWN_DISTINCT = 1721
 COUNTDOWN_HELD_OUT = 64
 MAX_N_TRAIN = COUNTDOWN_DISTINCT - COUNTDOWN_HELD_OUT
 
+_NO_DESIGN = ("give --design FILE (replay-theory optimal ... -B B --json > FILE) or all of "
+              "--capacity, --batch-size, --rollouts-per-step")
+
 #: The internal names a design's rules use (core/designs.py, integrations/buffer.py) -> the options typed.
 _OPTION_OF = {"capacity": "--capacity", "batch_size": "--batch-size",
               "rollouts_per_step": "--rollouts-per-step", "group_size": "--group-size",
@@ -125,8 +128,7 @@ class TrlRunConfig:
             raise ValueError("--design and --capacity/--batch-size/--rollouts-per-step exclude each other: "
                              "give one")
         if self.design is None and any(v is None for v in by_hand):
-            raise ValueError("give --design FILE (replay-theory optimal ... -B B --json > FILE) or all of "
-                             "--capacity, --batch-size, --rollouts-per-step")
+            raise ValueError(_NO_DESIGN)
         if self.design is not None and not Path(self.design).is_file():
             raise ValueError(f"--design {self.design} is not a file")
         for option, value, low in (("--group-size", self.group_size, 2), ("--steps", self.steps, 1),
@@ -190,13 +192,20 @@ class TrlRunConfig:
                 "sft_steps": self.sft_steps, "n_train": self.n_train, "held_out": COUNTDOWN_HELD_OUT,
                 "sft_batch_size": SFT_BATCH_SIZE, "sft_lr": SFT_LR, "threads": self.threads, "device": self.device}
 
+    def _by_hand(self) -> tuple[int, int, int]:
+        """N, B, R as given without --design (--capacity, --batch-size, --rollouts-per-step)."""
+        n, b, r = self.capacity, self.batch_size, self.rollouts_per_step
+        if n is None or b is None or r is None:
+            raise ValueError(_NO_DESIGN)
+        return n, b, r
+
     def replay_config(self) -> ReplayConfig:
         """The ReplayConfig of this run (raises a one-line ValueError naming the option)."""
-        common = dict(loss=self.loss, buffer=self.buffer, seed=self.seed)
         try:
             if self.design is not None:
-                return ReplayConfig.from_optimal_json(Path(self.design), group_size=self.group_size, **common)
-            return ReplayConfig(self.capacity, self.batch_size, self.rollouts_per_step, **common)
+                return ReplayConfig.from_optimal_json(Path(self.design), group_size=self.group_size, loss=self.loss,
+                                                      buffer=self.buffer, seed=self.seed)
+            return ReplayConfig(*self._by_hand(), loss=self.loss, buffer=self.buffer, seed=self.seed)
         except (ValueError, json.JSONDecodeError) as err:
             message = str(err).splitlines()[0]
             if self.design is not None:  # the names are the design file's keys

@@ -305,8 +305,9 @@ class VerlDiagnoseLogMixin:
         t = ``global_steps`` (its first step reads age 1: labels 0 and 1 are both the initial weights).  Otherwise
         ``global_steps - 1``, as in ``RayPPOTrainer``.  Override it for a trainer that labels otherwise.
         """
-        if hasattr(self, "current_param_version"):
-            return int(self.current_param_version)
+        version = getattr(self, "current_param_version", None)  # FullyAsyncTrainer's int
+        if version is not None:
+            return int(version)
         steps = int(self.global_steps)  # type: ignore[attr-defined]
         if any(cls.__name__ == "OneStepOffRayTrainer" for cls in type(self).__mro__):
             return steps
@@ -551,23 +552,23 @@ class VerlGradNoiseMixin:
         if dp > 1 and defers:
             raise ValueError("the noise-scale hook needs the gradient synchronised after every micro-batch with "
                              f"{dp} data-parallel ranks: set use_no_sync_for_gradient_accumulation=False")
-        pair = self._finish_curvature(data, loss_function) if self._curvature is not None else None
+        pair = self._finish_curvature(data, loss_function, self._curvature) if self._curvature is not None else None
         mask = data["loss_mask"]
-        self._noise = {"rows": int(mask.shape[0]), "tokens": float(mask.sum()), "done": [], "first": None}
+        noise = self._noise = {"rows": int(mask.shape[0]), "tokens": float(mask.sum()), "done": [], "first": None}
         try:
             output = super().forward_backward_batch(data, loss_function, forward_only=False)  # type: ignore[misc]
             record = self._noise_record()
             due = self.curvature_every and self._curvature_updates % self.curvature_every == 0
             if record is not None and due and self._curvature is None:
-                self._start_curvature(data)
+                self._start_curvature(data, noise)
             self._curvature_updates += 1
         finally:
             self._noise = None
         if output is not None and isinstance(output.get("metrics"), dict):
-            for name in NOISE_METRICS if record is not None else ():
-                output["metrics"][f"noise/{name}"] = record[name]
-            for name in CURVATURE_METRICS if pair is not None else ():
-                output["metrics"][f"noise/{name}"] = pair[name]
+            if record is not None:
+                output["metrics"].update({f"noise/{name}": record[name] for name in NOISE_METRICS})
+            if pair is not None:
+                output["metrics"].update({f"noise/{name}": pair[name] for name in CURVATURE_METRICS})
         return output
 
     def forward_step(self, micro_batch: Any, loss_function: Any, forward_only: bool) -> Any:
@@ -662,16 +663,16 @@ class VerlGradNoiseMixin:
             torch.distributed.all_reduce(total, group=group)
         return [float(v) for v in total]
 
-    def _start_curvature(self, data: Any) -> None:
+    def _start_curvature(self, data: Any, noise: dict) -> None:
         """After the micro-batch loop (before verl clips and steps): xi = g_1 / W_1 - g_2 / W_2, w = D xi with D the
         diagonal of this update's AdamW (v = beta2 exp_avg_sq + (1 - beta2) (c g)^2 at the next count, c verl's clip
-        coefficient), den = xi^T D xi; w waits for the next mini-batch without xi's responses."""
+        coefficient), den = xi^T D xi; w waits for the next mini-batch without xi's responses. ``noise``: the loop's
+        half sums, with the weights, scale and grad_sq that ``_noise_record`` added."""
         import torch
 
         optimizer = getattr(self, "optimizer", None)
         if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
             return  # kappa's preconditioner is Adam's (verl's actor default); another optimizer: no pair
-        noise = self._noise
         (w1, w2), scale = noise["weights"], noise["scale"]
         clip_at = getattr(getattr(self, "optimizer_config", None), "clip_grad", None)
         norm = noise["grad_sq"] ** 0.5
@@ -694,13 +695,13 @@ class VerlGradNoiseMixin:
                            "curvature_beta1": float(optimizer.param_groups[0]["betas"][0]),
                            "rows": _row_fingerprints(data)}
 
-    def _finish_curvature(self, data: Any, loss_function: Any) -> Optional[dict]:
+    def _finish_curvature(self, data: Any, loss_function: Any, pending: dict) -> Optional[dict]:
         """Before this mini-batch's loop: w^T H w by central differences of its gradient under verl's loss (two
         extra passes of the micro-batch loop), unless it holds a response of xi's mini-batch (then the pair waits).
-        The parameters are restored from a copy, the gradients zeroed, the random streams forked."""
+        The parameters are restored from a copy, the gradients zeroed, the random streams forked. ``pending``: the pair
+        ``_start_curvature`` left."""
         import torch
 
-        pending = self._curvature
         (shared,) = self._all_sum([float(bool(pending["rows"] & _row_fingerprints(data)))])  # every rank decides alike
         if shared:
             return None  # the same responses again (ppo_epochs > 1): their Hessian would share samples with xi
