@@ -54,6 +54,7 @@ __all__ = [
     "FifoBuffer",
     "PositiveBiasBuffer",
     "PrioritizedBuffer",
+    "PER_BASES",
     "GroupReplayBuffer",
     "ExGRPOBuffer",
     "UniformQuestionBuffer",
@@ -488,6 +489,11 @@ class PositiveBiasBuffer(_UniformBuffer):
 # --- FreshPER --------------------------------------------------------------------------------------
 
 
+PerBase = Literal["reward", "advantage"]
+PER_BASES: tuple[PerBase, ...] = ("reward", "advantage")
+"""What a FreshPER base priority is read from (``PrioritizedBuffer(base=...)``)."""
+
+
 class PrioritizedBuffer(SlotBuffer):
     """FreshPER: prioritized replay with exponential age decay (arXiv:2604.16918).
 
@@ -526,7 +532,7 @@ class PrioritizedBuffer(SlotBuffer):
     """
 
     def __init__(self, num_seeds: int, capacity: int, seq_len: int, alpha: float = 0.6, beta: float = 0.4,
-                 tau: float = 500.0, eps: float = 1e-6, *, base: Literal["reward", "advantage"] = "reward",
+                 tau: float = 500.0, eps: float = 1e-6, *, base: PerBase = "reward",
                  decay_then_exponent: bool = True, refresh: bool = True, stratified: bool = True,
                  is_normalization: Literal["buffer", "batch"] = "buffer",
                  token_dtype: np.dtype | type = np.int16, logp_dtype: np.dtype | type = np.float64) -> None:
@@ -537,7 +543,7 @@ class PrioritizedBuffer(SlotBuffer):
         self.tau = float(tau)
         require_positive("eps", eps)
         self.eps = float(eps)
-        require_one_of("base", base, ("reward", "advantage"))
+        require_one_of("base", base, PER_BASES)
         if is_normalization not in ("buffer", "batch"):
             raise ValueError(f"is_normalization must be 'buffer' or 'batch', got {is_normalization!r}")
         self.base = base
@@ -823,7 +829,7 @@ class ExGRPOBuffer(SlotBuffer):
 
     def __init__(self, num_seeds: int, num_prompts: int, group_size: int, seq_len: int, *,
                  max_trajectories: int = 16, rho: float = 0.5, mu: float | None = None, sigma: float = 1.0,
-                 units: Literal["success-count", "accuracy"] = "success-count",
+                 units: _exgrpo.Units = "success-count",
                  selection: Literal["lowest", "highest", "random"] = "lowest",
                  start_pass_rate: float = 0.35, delayed_start: bool = True,
                  token_dtype: np.dtype | type = np.int16, logp_dtype: np.dtype | type = np.float64) -> None:
@@ -835,7 +841,8 @@ class ExGRPOBuffer(SlotBuffer):
         self.rho = require_unit_interval("rho", rho, closed=False)
         # validate mu / sigma / units once through the theory function
         _exgrpo.bucket_probabilities(self.group_size, mu, sigma, units)
-        self.mu, self.sigma, self.units = mu, float(sigma), units
+        self.mu, self.sigma = mu, float(sigma)
+        self.units: _exgrpo.Units = units
         require_one_of("selection", selection, ("lowest", "highest", "random"))
         self.selection = selection
         self.start_pass_rate = require_unit_interval("start_pass_rate", start_pass_rate)
@@ -1037,6 +1044,7 @@ class ExGRPOBuffer(SlotBuffer):
             score = np.where(cand_valid, rng.random(cand.shape), -np.inf)
             pick = score.argmax(axis=2)
         else:
+            assert entropy_fn is not None  # checked above: a selection other than random needs it
             flat = cand.reshape(S, B * M)
             ent = np.asarray(entropy_fn(np.repeat(q_sel, M, axis=1),
                                         self.store.tokens[self._rows, flat].astype(np.int64),

@@ -41,5 +41,6 @@ def run_unordered(function: Callable[..., Any], units: Iterable[tuple], n_jobs: 
     import joblib
 
     with joblib.parallel_config(backend=backend, n_jobs=n_jobs):
-        yield from joblib.Parallel(return_as="generator_unordered", batch_size=batch_size)(
+        # joblib is untyped: pyright reads its batch_size="auto" default as `str`, but it takes an int too
+        yield from joblib.Parallel(return_as="generator_unordered", batch_size=batch_size)(  # pyright: ignore[reportArgumentType]
             joblib.delayed(function)(*u) for u in units)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, overload
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -63,7 +63,7 @@ __all__ = [
 ]
 
 Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
-AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+AGGREGATIONS: tuple[Aggregation, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 M2POVariant = Literal["algorithm1", "reference"]
 
 
@@ -109,7 +109,17 @@ def _logp(x: ArrayLike, name: str, m: np.ndarray) -> np.ndarray:
     return a
 
 
-def _inputs(logp_new: ArrayLike, mask: ArrayLike, logp_behav: ArrayLike | None = None):
+@overload
+def _inputs(logp_new: ArrayLike, mask: ArrayLike, logp_behav: None = None
+            ) -> tuple[np.ndarray, np.ndarray, None, None]: ...
+@overload
+def _inputs(logp_new: ArrayLike, mask: ArrayLike, logp_behav: ArrayLike
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]: ...
+@overload
+def _inputs(logp_new: ArrayLike, mask: ArrayLike, logp_behav: ArrayLike | None
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]: ...
+def _inputs(logp_new: ArrayLike, mask: ArrayLike, logp_behav: ArrayLike | None = None
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     """(logp_new, mask, logp_behav or None, log_ratio or None), all (S, n, L), padding zeroed."""
     shape = np.shape(logp_new)
     if len(shape) != 3:
@@ -122,7 +132,7 @@ def _inputs(logp_new: ArrayLike, mask: ArrayLike, logp_behav: ArrayLike | None =
     return lp, m, lb, lp - lb  # log r, 0 on padding
 
 
-def _per_response(x: ArrayLike, name: str, shape: tuple[int, ...], dtype=np.float64) -> np.ndarray:
+def _per_response(x: ArrayLike, name: str, shape: tuple[int, ...], dtype: type = np.float64) -> np.ndarray:
     a = np.asarray(x)
     if a.shape != shape[:2]:
         raise ValueError(f"{name} must have shape (S, n) = {shape[:2]}, got {a.shape}")
@@ -231,8 +241,10 @@ def ppo_clip_flags(log_ratio: np.ndarray, log_lo: ArrayLike, log_hi: ArrayLike, 
     """
     high = log_ratio > log_hi  # r > 1 + eps_high
     low = log_ratio < log_lo  # r < 1 - eps_low
-    if positive is None:
+    if positive is None and negative is None:
         return low, high
+    if positive is None or negative is None:
+        raise TypeError("give both positive and negative, or neither")
     return negative & low, positive & high
 
 

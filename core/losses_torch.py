@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import overload
 
 import torch
 
@@ -53,7 +54,15 @@ class TorchLossOutput:
     finite: Tensor | None = None  # (S,) bool: logp_new (and logp_behav) finite on every real token
 
 
-def _inputs(logp_new: Tensor, mask: Tensor, logp_behav: Tensor | None = None):
+@overload
+def _inputs(logp_new: Tensor, mask: Tensor, logp_behav: None = None) -> tuple[Tensor, Tensor, None, None, Tensor]: ...
+@overload
+def _inputs(logp_new: Tensor, mask: Tensor, logp_behav: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]: ...
+@overload
+def _inputs(logp_new: Tensor, mask: Tensor, logp_behav: Tensor | None
+            ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor]: ...
+def _inputs(logp_new: Tensor, mask: Tensor, logp_behav: Tensor | None = None
+            ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor]:
     """(logp_new, mask, logp_behav or None, log_ratio or None, finite (S,)), float64, padding zeroed."""
     m = mask.bool()
     lp = torch.where(m, logp_new.double(), 0.0)

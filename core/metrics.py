@@ -47,8 +47,10 @@ def step_metrics(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
     """
     S = mask.shape[0]
     token_lr, seq_lr = sequence_log_ratio(token_lr, mask)
-    if token_stats is None or not all(k in token_stats for k in TOKEN_STATS):
-        token_stats = sample_statistics(token_lr.reshape(S, -1), mask=mask.reshape(S, -1))
+    if token_stats is not None and all(k in token_stats for k in TOKEN_STATS):
+        stats = token_stats
+    else:
+        stats = sample_statistics(token_lr.reshape(S, -1), mask=mask.reshape(S, -1))
     staleness = np.asarray(staleness).reshape(S, -1)
     if np.isfinite(seq_lr).all():  # the engine's every step: the kernel's sums without the checks' passes
         # (S,) the same numbers as ess_kish_fraction(seq_lr); finite rows give A, B >= 1 (the row maximum's term is
@@ -58,7 +60,7 @@ def step_metrics(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
         ess = ess_kish_fraction(seq_lr)
     return {
         "ess_frac": np.asarray(ess),  # (S,) Kish of the sequence ratios, FreshPER Eq. (5)
-        **{k: np.asarray(token_stats[k]).reshape(S) for k in TOKEN_STATS},
+        **{k: np.asarray(stats[k]).reshape(S) for k in TOKEN_STATS},
         "log_ratio_abs_max": np.abs(token_lr).reshape(S, -1).max(axis=1),  # padding is 0
         "staleness_mean": np.sum(staleness, axis=1) / staleness.shape[1],
         "staleness_max": staleness.max(axis=1),

@@ -106,7 +106,7 @@ class PerSeedGenerator:
             return np.stack([g.integers(low, high, size=rest) for g in self._generators])
         n = math.prod(rest)
         if n == 0 or span == 0:  # numpy draws nothing for an empty array or a one-value range
-            return np.full(size, int(low), dtype=np.int64)
+            return np.full((self.num_seeds, *rest), int(low), dtype=np.int64)  # ``size``, as _rest read it
         out = self._lemire32(span, n)
         if low:
             out += np.int64(low)

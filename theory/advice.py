@@ -63,6 +63,8 @@ def advise(q: Query) -> dict:
     if q.b_noise is None:
         return {**base, "measured": False, "what_to_do": _unmeasured_advice(q, thr),
                 "memory_table": memory_table(q.optimizer, q.beta1, thr)}
+    if q.batch is None:
+        raise ValueError("b_noise needs batch (the rule's b = B_noise / B)")
     memory = None
     if q.kappa is not None:
         memory = fg.Memory(q.kappa, q.optimizer, q.beta1, float(q.pilot_batch or q.batch))
@@ -92,7 +94,7 @@ def memory_table(optimizer: str, beta1: float, threshold: float) -> list[dict]:
     rows = []
     for kappa in MEMORY_ROWS:
         xs = np.arange(1, 4097)
-        values = fg.psi(xs, kappa, optimizer, beta1)
+        values = np.asarray(fg.psi(xs, kappa, optimizer, beta1))  # (4096,): psi is an array for an array of x
         below = np.flatnonzero(values < threshold)
         rows.append({"kappa": kappa, "psi": {str(x): float(values[x - 1]) for x in TABLE_HORIZONS},
                      "shortest_horizon": int(xs[below[0]]) if below.size else None})

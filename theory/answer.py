@@ -95,6 +95,7 @@ def _design_rows(d: Design, finite: bool) -> list[tuple[str, str, str, str]]:
              "samples per update, drawn uniformly"),
         ]
     if finite:
+        assert d.bound_terms is not None  # finite_budget_design, the one source of finite-budget designs, sets them
         rows += [
             ("updates", "T = C/c", fmt(d.updates),
              f"updates the budget buys (c = {fmt(d.bound_terms['cost_per_update'])})"),

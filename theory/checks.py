@@ -26,9 +26,11 @@ typed on the command line); the array checks show the first bad element as a flo
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Iterable, TypeVar
 
 import numpy as np
+
+Name = TypeVar("Name", bound=str)
 
 
 def _shown(value: object, fmt: str) -> str:
@@ -56,11 +58,14 @@ def require_integer(name: str, value: object, minimum: int, *, note: str = "", w
 def require_number(name: str, value: object, *, above: float | None = None, at_least: float | None = None,
                    finite: bool = False, note: str = "", fmt: str = "r") -> float:
     """An int or a float (not a bool, not NaN) > ``above`` or >= ``at_least``; +-inf refused when ``finite``."""
-    if (above is None) == (at_least is None):
+    if above is not None and at_least is None:
+        bound, limit, strict = f"> {above:g}", above, True
+    elif at_least is not None and above is None:
+        bound, limit, strict = f">= {at_least:g}", at_least, False
+    else:
         raise TypeError("give exactly one of above and at_least")
-    bound = f"> {above:g}" if above is not None else f">= {at_least:g}"
     if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value) \
-            and (value > above if above is not None else value >= at_least) and (math.isfinite(value) or not finite):
+            and (value > limit if strict else value >= limit) and (math.isfinite(value) or not finite):
         return float(value)
     raise invalid(name, f"{'a finite number ' if finite else ''}{bound}{note}", value, fmt=fmt)
 
@@ -78,11 +83,13 @@ def one_of(options: Iterable[str]) -> str:
     return f"one of {', '.join(options)}"
 
 
-def require_one_of(name: str, value: object, options: Iterable[str], *, where: str = "") -> None:
-    """``value`` is one of ``options`` (a str; listed in their order, ``where`` after them)."""
+def require_one_of(name: str, value: object, options: Iterable[Name], *, where: str = "") -> Name:
+    """``value`` is one of ``options`` (a str; listed in their order, ``where`` after them): the option, typed as
+    ``options`` are (a Literal's names stay that Literal)."""
     names = tuple(options)
     if not isinstance(value, str) or value not in names:
         raise invalid(name, one_of(names) + where, value)
+    return names[names.index(value)]
 
 
 # --- numbers or arrays, converted with numpy ----------------------------------------------------------

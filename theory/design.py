@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from functools import partial
+from typing import cast
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -208,15 +210,16 @@ def numeric_optimum(
         return NumericOptimum(x_star, float(y_star_given_x(x_star, mu_sec3, rho)), float(values[best]),
                               bool(best == 0), bool(best == grid.size - 1))
 
-    from scipy.optimize import minimize_scalar  # lazy: keeps `optimal` startup light
+    from scipy.optimize import OptimizeResult, minimize_scalar  # lazy: keeps `optimal` startup light
 
     log_grid = np.linspace(math.log(x_min), math.log(upper), grid_points)  # (G,)
     values = objective(np.exp(log_grid))
     best = int(np.argmin(values))
     lo = log_grid[max(best - 1, 0)]
     hi = log_grid[min(best + 1, grid_points - 1)]
-    refined = minimize_scalar(lambda u: float(objective(np.exp(u))), bounds=(lo, hi), method="bounded",
-                              options={"xatol": 1e-10})
+    # scipy's source returns an OptimizeResult through an untyped dispatch that pyright reads as `object`
+    refined = cast(OptimizeResult, minimize_scalar(lambda u: float(objective(np.exp(u))), bounds=(lo, hi),
+                                                   method="bounded", options={"xatol": 1e-10}))
     log_x = refined.x if refined.fun <= values[best] else log_grid[best]
     x_star = float(math.exp(log_x))
     edge_tol = 1e-6
@@ -512,11 +515,11 @@ def _power_law_free_optimum(query: DesignQuery, mu_sec3: float) -> _FreeOptimum:
                         f"power law sigma(s) = (s/tau)^{alpha:g}", regime, constraint, note)
 
 
-def _profile_free_optimum(query: DesignQuery, mu_sec3: float) -> _FreeOptimum:
+def _profile_free_optimum(query: DesignQuery, profile: Profile, mu_sec3: float) -> _FreeOptimum:
     """I(x) minimised numerically over the measured profile; an optimum at either edge of its horizons is a corner."""
     rho_source = query.rho if query.rho is not None else query.profile_rho
     rho = DEFAULT_RHO if rho_source is None else rho_source
-    optimum = numeric_optimum(query.profile, mu_sec3, rho, average=query.average)
+    optimum = numeric_optimum(profile, mu_sec3, rho, average=query.average)
     x_free, y_free = optimum.x_star, optimum.y_star
     constraint = note = None
     if optimum.at_lower_edge:
@@ -569,7 +572,8 @@ def optimal_design(query: DesignQuery) -> Design:
     query = query.validated()
     mu_sec3 = float(mu_sec3_of(query.mu, query.convention))
     mu_rollout = query.mu if query.convention == "rollout-cost" else 1.0 / query.mu
-    free = _power_law_free_optimum(query, mu_sec3) if query.profile is None else _profile_free_optimum(query, mu_sec3)
+    free = (_power_law_free_optimum(query, mu_sec3) if query.profile is None
+            else _profile_free_optimum(query, query.profile, mu_sec3))
     notes = [] if free.note is None else [free.note]
     regime = free.regime
     x_star, y_star = _clamped_optimum(free, query, mu_sec3)
@@ -629,7 +633,7 @@ def optimal_design(query: DesignQuery) -> Design:
 BUDGET_REGIMES = ("step-limited", "noise-limited")
 
 
-def _cost_per_update(N: np.ndarray, R: np.ndarray, B: np.ndarray, mu: float, convention: str) -> np.ndarray:
+def _cost_per_update(N: np.ndarray | None, R: np.ndarray, B: np.ndarray, mu: float, convention: str) -> np.ndarray:
     """c: rollout-cost c = mu R + B (per-sample update units); paper-sec3 c = R + mu B (rollout units)."""
     del N
     if convention == "rollout-cost":
@@ -1015,23 +1019,23 @@ def finite_budget_design(
     require_one_of("average", average, AVERAGES)
     upper = _horizon_limit(profile, x_max)
     free_lo, free_hi = _free_range(fixed, batch_fixed, min_replay_ratio, max_replay_ratio)
-    kwargs = dict(budget=budget, mu=mu, profile=profile, rho=rho, smoothness=smoothness, bias=bias, f0=f0,
-                  convention=convention, average=average)
+    bound_at = partial(finite_budget_bound, budget=budget, mu=mu, profile=profile, rho=rho, smoothness=smoothness,
+                       bias=bias, f0=f0, convention=convention, average=average)
     discrete = average == "discrete"
     _require_affordable(budget, fixed, free_lo, batch_fixed, mu, convention)
 
     def bound_score(N, R, B):
-        return finite_budget_bound(N, R, B, **kwargs).value
+        return bound_at(N, R, B).value
 
     def j_score(N, R, B):
         return paper_objective(N / R, B / R, mu=mu, profile=profile, rho=rho, convention=convention, average=average)
 
     N, R, B = _search_integer_design(bound_score, fixed, free_lo, free_hi, upper, batch_fixed=batch_fixed,
                                      discrete=discrete)
-    result = finite_budget_bound(N, R, B, **kwargs)
+    result = bound_at(N, R, B)
     Nj, Rj, Bj = _search_integer_design(j_score, fixed, free_lo, free_hi, upper, batch_fixed=batch_fixed,
                                         discrete=discrete)
-    at_j = finite_budget_bound(Nj, Rj, Bj, **kwargs)
+    at_j = bound_at(Nj, Rj, Bj)
 
     mu_sec3 = float(mu_sec3_of(mu, convention))
     mu_rollout = float(rollout_mu_of_convention(mu, convention))

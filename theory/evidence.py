@@ -84,7 +84,7 @@ def verdict_line(record: dict | None = None, floor_ratio: float | None = None) -
     best-scoring one came (never an untested design presented as the answer)."""
     record = load_evidence() if record is None else record
     targets, which = _headline(record, floor_ratio) if record else (None, "")
-    if not targets:
+    if not record or not targets:
         return "no stored benchmark: no design rule has been tested here (run replay-theory experiment theory-test)"
     objectives = targets["objectives"]
     rules = {k: v for k, v in objectives.items() if k in ("forgetting", "noise_scale", "paper_J", "finite_budget")}
@@ -116,7 +116,7 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
     scored in the benchmark at the cost model nearest the user's (and at the other), or that none are stored."""
     record = load_evidence() if record is None else record
     targets, which = _headline(record, floor_ratio) if record else (None, "")
-    if not targets or key not in targets.get("objectives", {}):
+    if not record or not targets or key not in targets.get("objectives", {}):
         return f"evidence: none stored for the {objective} objective (run replay-theory experiment theory-test)"
     o = targets["objectives"][key]
     fr, pn = o["free"], o["pinned"]

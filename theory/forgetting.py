@@ -32,7 +32,7 @@ mu max(R, R_floor) + B; steps relative to S_min.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -394,7 +394,7 @@ class Staleness:
 NO_STALENESS = Staleness()
 
 
-def staleness_of_table(ages: ArrayLike, sigma_sq: ArrayLike, form: str) -> Staleness:
+def staleness_of_table(ages: Sequence[float], sigma_sq: Sequence[float], form: str) -> Staleness:
     """r(s) = sigma^2(s) / sigma^2(0) of a measured sigma^2(s) table (a profile's), ``form`` naming its fit; no
     staleness cost (NO_STALENESS) when the table does not start at age 0 with sigma^2(0) > 0."""
     ages, values = tuple(float(s) for s in ages), tuple(float(v) for v in sigma_sq)

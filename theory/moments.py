@@ -30,7 +30,9 @@ Papers (docs/REFERENCES.md): FreshPER and M2PO.  Code names -> symbols (n sample
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import ParamSpec
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -70,18 +72,22 @@ def k3_terms(lr: ArrayLike, expm1_lr: np.ndarray | None = None) -> np.ndarray:
 # --------------------------------------------------------------------------- #
 # the estimators, one function each, on sums of any (broadcastable) shape
 # --------------------------------------------------------------------------- #
-def _quiet(estimator):
+P = ParamSpec("P")
+
+
+def _quiet(estimator: Callable[P, np.ndarray]):  # returns functools.wraps' type: the signature and __wrapped__
     """The public estimator: ``n`` (the count argument) as :func:`_count` makes it, no floating-point warnings (log 0,
     0 / 0 and overflow are values here: an empty group is NaN, a huge ratio inf).  ``estimator.__wrapped__`` is the
     bare formula, for a caller that has counted n and holds one errstate for all (:func:`statistics`)."""
+    bare: Callable[..., np.ndarray] = estimator  # called with its arguments as given, n replaced
     where = estimator.__code__.co_varnames[:estimator.__code__.co_argcount].index("n")
 
     @functools.wraps(estimator)
-    def quiet(*args):
-        args = list(args)
-        args[where] = _count(args[where])
+    def quiet(*args: P.args, **kwargs: P.kwargs) -> np.ndarray:
+        counted: list = list(args)  # the estimators are called positionally: n is args[where]
+        counted[where] = _count(counted[where])
         with np.errstate(all="ignore"):
-            return estimator(*args)
+            return bare(*counted, **kwargs)
     return quiet
 
 

@@ -197,7 +197,7 @@ class OptimalQuery:
         if self.batch_size is not None and self.batch_size % self.group_size:
             raise invalid("--group-size", _valid("group_size"), self.group_size, fmt="g")
         if self.budget is not None:
-            self._check_budget_inputs()
+            self.budget_constants()
         return self
 
     def _check_objective_reads_them(self) -> None:
@@ -220,14 +220,21 @@ class OptimalQuery:
         if self.budget is None and constants:
             raise ValueError(f"{constants[0]} only applies with --budget (the finite-budget objective)")
 
-    def _check_budget_inputs(self) -> None:
-        for name in BUDGET_CONSTANTS:
-            if getattr(self, name) is None:
-                raise ValueError(f"--budget needs {option(name)}: {_valid(name)} (Thm 3.4's constants; see "
-                                 f"docs/THEORY.md)")
+    def budget_constants(self) -> tuple[float, float, float]:
+        """(L, kappa, F(theta_0) - inf F) that --budget needs, and a fixed scale: a line naming the first missing."""
+        constants = (_budget_constant("smoothness", self.smoothness), _budget_constant("bias", self.bias),
+                     _budget_constant("f0", self.f0))
         if self.rollouts_per_step is None and self.batch_size is None:
             raise ValueError("--budget needs --batch-size or --rollouts-per-step: at a finite budget the bound "
                              "prefers the smallest batch, so the scale must be fixed")
+        return constants
+
+
+def _budget_constant(name: str, value: float | None) -> float:
+    """One of Thm 3.4's constants that --budget needs: its value, or the line saying it is missing."""
+    if value is None:
+        raise ValueError(f"--budget needs {option(name)}: {_valid(name)} (Thm 3.4's constants; see docs/THEORY.md)")
+    return value
 
 
 @functools.lru_cache(maxsize=None)
@@ -247,16 +254,17 @@ class Answer:
 
 def answer(query: OptimalQuery) -> Answer:
     """The answer of ``query``'s objective; bad input is a one-line ValueError naming the option, before any work."""
-    query, note = _with_mu(query.validated())
-    return dataclasses.replace(OBJECTIVES[query.objective].answer(query), note=note)
+    query = query.validated()
+    mu, convention, note = _mu_of(query)
+    return dataclasses.replace(OBJECTIVES[query.objective].answer(query, mu, convention), note=note)
 
 
-def _with_mu(query: OptimalQuery) -> tuple[OptimalQuery, str | None]:
-    """--mu, else the measured mu the --profile file carries (so a calibrate --from-log profile feeds optimal with
-    the user's own numbers); never a silent default: where it came from is the note optimal prints on stderr once
-    the answer is out (an input error stays one line)."""
+def _mu_of(query: OptimalQuery) -> tuple[float, str, str | None]:
+    """(mu, its convention, where it came from): --mu, else the measured mu the --profile file carries (so a
+    calibrate --from-log profile feeds optimal with the user's own numbers); never a silent default: where it came
+    from is the note optimal prints on stderr once the answer is out (an input error stays one line)."""
     if query.mu is not None:
-        return dataclasses.replace(query, convention=query.convention or "rollout-cost"), None
+        return query.mu, query.convention or "rollout-cost", None
     if query.profile is None:
         raise ValueError("--mu is required (or a --profile file that carries a measured mu, as calibrate --from-log "
                          "writes)")
@@ -270,7 +278,7 @@ def _with_mu(query: OptimalQuery) -> tuple[OptimalQuery, str | None]:
     span = f", 90% CI {ci[0]:.4g}-{ci[1]:.4g}" if None not in ci else ""
     _check_mu("--mu", record["value"])
     note = f"mu = {record['value']:.4g} from --profile {query.profile} ({record.get('source', 'measured')}{span})"
-    return dataclasses.replace(query, mu=record["value"], convention=record["convention"]), note
+    return record["value"], record["convention"], note
 
 
 # --- forgetting (the default) ------------------------------------------------------------------------------------
@@ -313,14 +321,14 @@ def _staleness_of(loaded: LoadedProfile | None):
                               loaded.sigma_sq_form or "form not stated")
 
 
-def _forgetting_answer(q: OptimalQuery) -> Answer:
+def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
     from . import advice
 
     b_noise, source = _noise_scale_input(q)
     if b_noise is not None and q.batch_size is None:
         raise ValueError("--noise-scale needs -B (the batch size: b = B_noise / B)")
     loaded = None if q.profile is None else load_profile(q.profile)
-    query = advice.Query(mu=rollout_mu_of_convention(q.mu, q.convention), batch=q.batch_size, b_noise=b_noise,
+    query = advice.Query(mu=rollout_mu_of_convention(mu, convention), batch=q.batch_size, b_noise=b_noise,
                          b_noise_source=source, **_memory_inputs(q, loaded), group_size=q.group_size,
                          floor=q.latency_floor, max_steps_ratio=q.max_steps_ratio, max_horizon=q.max_horizon,
                          staleness=_staleness_of(loaded))
@@ -329,7 +337,7 @@ def _forgetting_answer(q: OptimalQuery) -> Answer:
     verdict = verdict_line(floor_ratio=floor_ratio)
     evidence = _evidence("forgetting", floor_ratio=floor_ratio)
     return Answer(text=(verdict + ".\n" if verdict else "") + advice.render(record, [evidence]),
-                  record={**record, "verdict": verdict, "evidence": evidence, "convention": q.convention,
+                  record={**record, "verdict": verdict, "evidence": evidence, "convention": convention,
                           "paper_evidence": _evidence("paper")})
 
 
@@ -360,25 +368,25 @@ def _noise_scale_input(q: OptimalQuery) -> tuple[float | None, str]:
     return float(record["b_noise"]), f"--profile {q.profile} ({record.get('method', 'measured')}{span})"
 
 
-def _noise_scale_answer(q: OptimalQuery) -> Answer:
+def _noise_scale_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
     b_noise, source = _noise_scale_input(q)
-    if b_noise is not None and q.batch_size is None:
-        raise ValueError("--noise-scale needs -B (the batch size: the rule's b = B_noise / B)")
-    mu_rollout = rollout_mu_of_convention(q.mu, q.convention)
+    mu_rollout = rollout_mu_of_convention(mu, convention)
     evidence, paper, verdict = _evidence("noise-scale"), _evidence("paper"), verdict_line()
-    head = {"objective": "noise-scale", "verdict": verdict, "horizon": HORIZON_TEXT, "mu": q.mu,
-            "convention": q.convention}
+    head = {"objective": "noise-scale", "verdict": verdict, "horizon": HORIZON_TEXT, "mu": mu,
+            "convention": convention}
     if b_noise is None:
         threshold = ns.replay_threshold(mu_rollout)
         rows = [ns.rule_at(b, mu_rollout) for b in sorted({*TABLE_BS, threshold})]
-        paper_design = optimal_design(DesignQuery(mu=q.mu, convention=q.convention))  # whatever b and B
-        return Answer(text=render_rule_table(q.mu, mu_rollout, q.convention, rows, verdict, evidence, paper_design,
+        paper_design = optimal_design(DesignQuery(mu=mu, convention=convention))  # whatever b and B
+        return Answer(text=render_rule_table(mu, mu_rollout, convention, rows, verdict, evidence, paper_design,
                                              paper),
                       record={**head, "mu_rollout_cost": mu_rollout, "threshold_b": threshold, "rows": rows,
                               "evidence": evidence, "measure_b": list(MEASURE_B), "paper_evidence": paper})
+    if q.batch_size is None:
+        raise ValueError("--noise-scale needs -B (the batch size: the rule's b = B_noise / B)")
     design = ns.noise_scale_design(b_noise, q.batch_size, mu_rollout)
-    paper_design = optimal_design(DesignQuery(mu=q.mu, convention=q.convention, batch_size=q.batch_size))
-    return Answer(text=render_rule(q.mu, q.convention, design, source, verdict, evidence, paper_design, paper),
+    paper_design = optimal_design(DesignQuery(mu=mu, convention=convention, batch_size=q.batch_size))
+    return Answer(text=render_rule(mu, convention, design, source, verdict, evidence, paper_design, paper),
                   record={**head, "noise_scale_source": source, **design.__dict__, "x": design.x,
                           "workers_per_trainer": design.workers_per_trainer, "compute_ratio": design.compute_ratio,
                           "evidence": evidence,
@@ -404,33 +412,35 @@ def _paper_profile(q: OptimalQuery) -> LoadedProfile | None:
     return loaded
 
 
-def _finite_budget(q: OptimalQuery, query: DesignQuery, loaded: LoadedProfile | None):
-    """finite_budget_design for an `optimal` query: the power law (default alpha) or the loaded profile."""
+def _finite_budget(q: OptimalQuery, query: DesignQuery, budget: float):
+    """finite_budget_design for an `optimal` query: the power law (default alpha) or the --profile's."""
     query.validated()  # the shared checks (-R with -B, ...) before the search
-    alpha = DEFAULT_ALPHA if loaded is None and q.alpha is None else q.alpha
-    rho = q.rho if q.rho is not None else (loaded.rho if loaded is not None and loaded.rho is not None
-                                           else DEFAULT_RHO)
+    smoothness, bias, f0 = q.budget_constants()
+    if query.profile is None:
+        alpha = DEFAULT_ALPHA if query.alpha is None else query.alpha
+        profile, description = PowerLawProfile(alpha), f"power law sigma(s) = (s/tau)^{alpha:g}"
+    else:
+        alpha, profile, description = None, query.profile, query.profile_description
+    rho = query.rho if query.rho is not None else (query.profile_rho if query.profile_rho is not None
+                                                   else DEFAULT_RHO)
     try:
         return finite_budget_design(
-            budget=q.budget, mu=q.mu, smoothness=q.smoothness, bias=q.bias, f0=q.f0,
-            profile=PowerLawProfile(alpha) if loaded is None else loaded.profile,
-            profile_description=(f"power law sigma(s) = (s/tau)^{alpha:g}" if loaded is None else loaded.description),
-            alpha=alpha if loaded is None else None, rho=rho,
-            batch_size=q.batch_size, rollouts_per_step=q.rollouts_per_step, convention=q.convention,
-            average=query.average)
+            budget=budget, mu=query.mu, smoothness=smoothness, bias=bias, f0=f0, profile=profile,
+            profile_description=description, alpha=alpha, rho=rho, batch_size=q.batch_size,
+            rollouts_per_step=q.rollouts_per_step, convention=query.convention, average=query.average)
     except ValueError as err:  # "budget must be >= ..." names the option as typed
         head = str(err).split(" ", 1)[0]
         raise ValueError(f"--{err}" if head in ("budget", *BUDGET_CONSTANTS) else str(err)) from None
 
 
-def _paper_answer(q: OptimalQuery) -> Answer:
+def _paper_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
     loaded = _paper_profile(q)
-    query = DesignQuery(mu=q.mu, alpha=q.alpha, rho=q.rho, convention=q.convention,
+    query = DesignQuery(mu=mu, alpha=q.alpha, rho=q.rho, convention=convention,
                         rollouts_per_step=q.rollouts_per_step, batch_size=q.batch_size,
                         profile=None if loaded is None else loaded.profile,
                         profile_description=None if loaded is None else loaded.description,
                         profile_rho=None if loaded is None else loaded.rho, average=q.average or "integral")
-    design = optimal_design(query) if q.budget is None else _finite_budget(q, query, loaded)
+    design = optimal_design(query) if q.budget is None else _finite_budget(q, query, q.budget)
     evidence = _evidence("paper") if q.budget is None else evidence_line("finite-budget", FINITE_BUDGET_EVIDENCE)
     return Answer(text=render_design(design) + "\n" + evidence + ".",
                   record={**design.to_json_dict(), "evidence": evidence})
@@ -446,7 +456,8 @@ class Objective:
     (``FORGETTING_FIELDS``, ``PAPER_FIELDS``, ``noise_scale``: the others are refused)."""
 
     help: str
-    answer: Callable[[OptimalQuery], Answer]
+    answer: Callable[[OptimalQuery, float, str], Answer]
+    """(query, mu, its convention) -> the answer (mu resolved once, by ``_mu_of``)."""
     evidence: str
     reads: tuple[str, ...] = ()
 

@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -211,7 +212,8 @@ def fit_profiles(staleness: np.ndarray, sigma_sq: np.ndarray) -> dict:
 class LoadedProfile:
     """A profile read from a file, with the correlation it carries (if any)."""
 
-    profile: Profile
+    profile: Profile | None
+    """The sigma^2(s) table or power law; None for a file of kind noise_scale (a measured B_noise only)."""
     rho: float | None
     description: str
     rho_fit: dict | None = None
@@ -252,26 +254,30 @@ class LoadedProfile:
             return None
         if fit.get("measurable") is False:
             return f"the profile has no rho: {fit.get('note') or 'it was not measured'}"
-        value, ci = fit.get("value"), fit.get("ci") or [None, None]
+        value = fit.get("value")
+        ci = fit.get("ci") or [None, None]
+        low, high = ci[0], ci[1]
 
         def fmt(x):
             return "nan" if x is None else f"{x:.3g}"
 
-        covers = ci[0] is not None and ci[1] is not None and (ci[0] <= 0 <= ci[1] or ci[0] <= 1 <= ci[1])
-        hint = (f" (the interval reaches {0 if ci[0] <= 0 <= ci[1] else 1}: --rho {0 if ci[0] <= 0 <= ci[1] else 1} "
-                "is consistent with it)") if covers else ""
-        return (f"the profile's rho fit {fmt(value)} (90% interval [{fmt(ci[0])}, {fmt(ci[1])}]) is outside [0, 1], "
+        hint = ""
+        if low is not None and high is not None and (low <= 0 <= high or low <= 1 <= high):
+            edge = 0 if low <= 0 <= high else 1
+            hint = f" (the interval reaches {edge}: --rho {edge} is consistent with it)"
+        return (f"the profile's rho fit {fmt(value)} (90% interval [{fmt(low)}, {fmt(high)}]) is outside [0, 1], "
                 f"the range Assumption 3.3 allows{hint}")
 
 
     def rho_for_design(self) -> tuple[float | None, str | None]:
         """(rho, note) for a design: the file's rho; 0 with a note when the fit lies below 0 but its interval
         covers 0 (no correlation is measurable); a one-line ValueError when the fit is out of range otherwise."""
-        problem = self.rho_problem()
-        if problem is None:
+        problem, fit = self.rho_problem(), self.rho_fit
+        if problem is None or fit is None:  # a problem is always the fit's (rho_problem)
             return self.rho, None
-        ci = self.rho_fit.get("ci") or [None, None]
-        if ci[0] is not None and ci[1] is not None and ci[0] <= 0.0 <= ci[1] and self.rho_fit.get("value", 0) < 0:
+        ci = fit.get("ci") or [None, None]
+        low, high = ci[0], ci[1]
+        if low is not None and high is not None and low <= 0.0 <= high and fit.get("value", 0) < 0:
             return 0.0, f"rho = 0 used: {problem}"
         raise ValueError(f"{problem}; give rho explicitly")
 
@@ -294,7 +300,7 @@ def _noise_scale_record(data: dict) -> dict | None:
 MEMORY_OPTIMIZERS = ("sgd", "momentum", "adam")  # theory.forgetting.OPTIMIZERS
 
 
-def _number(value) -> bool:
+def _number(value: object) -> TypeGuard[float]:
     return not isinstance(value, bool) and isinstance(value, (int, float))
 
 
@@ -371,7 +377,7 @@ def curvature_pairs_record(numerators: ArrayLike, denominators: ArrayLike, step:
     detail = dict(detail or {})
     method = detail.pop("method", "curvature-pairs")
     keep = den > 0
-    extra = {"pairs_without_noise": int((~keep).sum())}
+    extra: dict[str, int | list[float]] = {"pairs_without_noise": int((~keep).sum())}
     if eta.size and np.ptp(eta) > 0:
         extra["step_range"] = [float(eta.min()), float(eta.max())]
     if keep.sum() < 2:
@@ -405,10 +411,10 @@ def _mu_record(data: dict) -> dict | None:
     if not isinstance(record, dict):
         record = {"value": record}
     value, convention = record.get("value"), record.get("convention", "rollout-cost")
-    require_number("profile 'mu'", value, above=0, finite=True)
+    number = require_number("profile 'mu'", value, above=0, finite=True)
     if convention not in ("rollout-cost", "paper-sec3"):
         raise ValueError(f"profile 'mu.convention' must be rollout-cost or paper-sec3, got {convention!r}")
-    return {**record, "value": float(value), "convention": convention}
+    return {**record, "value": number, "convention": convention}
 
 
 def profile_from_dict(data: dict) -> LoadedProfile:

@@ -55,13 +55,18 @@ results and ``tests/unit/test_symbolic.py`` compares the two.  Imported only by 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 import sympy
 from sympy import Eq, Rational, sqrt
 
 __all__ = ["Step", "Derivation", "DERIVATIONS", "derive", "render"]
+
+Substitution = Mapping[sympy.Basic | complex, sympy.Basic | complex]
+"""What ``subs`` takes: sympy's own key and value types (a dict's keys are invariant, so a dict of symbols is not one
+unless annotated)."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,21 @@ class Derivation:
     steps: tuple[Step, ...]
     result: sympy.Basic
     symbols: dict[str, sympy.Symbol]
-    parts: dict[str, sympy.Basic] = field(default_factory=dict)
+    parts: dict[str, sympy.Basic | sympy.MatrixBase] = field(default_factory=dict)
+
+    def side(self, which: str) -> sympy.Expr:
+        """The ``"lhs"`` or ``"rhs"`` of a result that is an equation, as the expression it is."""
+        side = getattr(self.result, which, None)
+        if not isinstance(side, sympy.Expr):
+            raise TypeError(f"derivation {self.name}'s result {self.result} has no expression as its {which}")
+        return side
+
+    def expr(self, key: str) -> sympy.Expr:
+        """``parts[key]`` as the expression it is (parts also hold equations, tuples and matrices)."""
+        value = self.parts[key]
+        if not isinstance(value, sympy.Expr):
+            raise TypeError(f"derivation {self.name}'s part {key!r} is a {type(value).__name__}, not an expression")
+        return value
 
 
 ER_PAPER = "Efficient RL training for LLMs with experience replay"
@@ -101,9 +120,10 @@ def _zero(expr: sympy.Basic) -> sympy.Basic:
     return sympy.simplify(expr)
 
 
-def _identity(lhs: sympy.Basic, rhs: sympy.Basic) -> sympy.Eq:
+def _identity(lhs: sympy.Basic, rhs: sympy.Basic | int) -> sympy.Basic:
     """The step 'lhs - rhs = simplify(lhs - rhs)', unevaluated so that it prints as '... = 0'."""
-    difference = lhs - rhs
+    # both sides are expressions: sympy types factor, together, diff ... as returning Basic (or Unknown)
+    difference = cast(sympy.Expr, lhs) - rhs
     return Eq(difference, _zero(difference), evaluate=False)
 
 
@@ -112,7 +132,7 @@ def _root_equal_to(roots: list[sympy.Expr], target: sympy.Expr, what: str) -> tu
     differences = [sympy.simplify(root - target) for root in roots]
     if 0 not in differences:
         raise RuntimeError(f"none of sympy's roots {roots} simplifies to the printed {what} {target}")
-    index = differences.index(0)
+    index = differences.index(sympy.S.Zero)
     return roots[index], roots[:index] + roots[index + 1:]
 
 
@@ -197,7 +217,7 @@ def _build_reduction() -> Derivation:
     mu, rho, x, y, s = (sym[k] for k in ("mu", "rho", "x", "y", "s"))
     a = sympy.Symbol("a", positive=True)
     I = sympy.Function("I")(x)
-    y_star = _build_y_star().result.rhs
+    y_star = _build_y_star().side("rhs")
     j_expr = _objective_j(s, mu, rho, x, y)
     substituted = j_expr.subs(y, y_star)
     simplified = sympy.factor(sympy.simplify(substituted))
@@ -247,7 +267,7 @@ def _build_power_law_quadratic() -> Derivation:
 
     # I(x) and K(x).
     reduction = _build_reduction()
-    i_expr = reduction.result.rhs.subs(reduction.symbols["s"], sbar_expr)
+    i_expr = reduction.side("rhs").subs(reduction.symbols["s"], sbar_expr)
     k_expr = _power_law_k(x, mu, rho, alpha)
     const = 1 / ((2 * alpha + 1) * tau ** (2 * alpha))
 
@@ -381,7 +401,7 @@ def _build_power_law_roots() -> Derivation:
     y_rho0 = sympy.factor(sympy.limit(printed_y, rho, 0, "+"))
     # mu = rho: the printed numerator holds sqrt((1 - alpha)^2); write alpha = 1 - c (c > 0, true for alpha < 1)
     # so that sympy knows sqrt(c^2) = c, then put alpha back.
-    def at_mu_eq_rho(expr: sympy.Expr) -> sympy.Expr:
+    def at_mu_eq_rho(expr: sympy.Expr) -> sympy.Basic:
         return sympy.factor(sympy.simplify(expr.subs(alpha, 1 - c).subs(mu, rho)).subs(c, 1 - alpha))
 
     num_at = at_mu_eq_rho(sympy.numer(sympy.together(printed_x)))
@@ -463,18 +483,18 @@ def _build_spurious_root() -> Derivation:
     sym = dict(quad.symbols)
     mu, rho, x, alpha = sym["mu"], sym["rho"], sym["x"], sym["alpha"]
     d = sympy.Symbol("delta", nonnegative=True)  # alpha = 1/2 + delta
-    lhs, rhs = quad.parts["foc_lhs"], quad.parts["foc_rhs"]
+    lhs, rhs = quad.expr("foc_lhs"), quad.expr("foc_rhs")
     scaled = sympy.expand(lhs - rhs)  # = 2 x^(2-alpha) sqrt(rho + 1/x) K'(x)
     shifted = sympy.expand(scaled.subs(alpha, Rational(1, 2) + d))
-    A, B, C = quad.parts["A"], quad.parts["B"], quad.parts["C"]
+    A, B, C = quad.expr("A"), quad.expr("B"), quad.expr("C")
 
-    values = {alpha: Rational(3, 4), mu: 2, rho: Rational(1, 2)}
+    values: Substitution = {alpha: Rational(3, 4), mu: 2, rho: Rational(1, 2)}
     A_v, B_v, C_v = (sympy.nsimplify(e.subs(values)) for e in (A, B, C))
-    x_plus = sympy.radsimp(sympy.simplify(quad.parts["printed_x"].subs(values)))
+    x_plus = sympy.radsimp(sympy.simplify(quad.expr("printed_x").subs(values)))
     lhs_v = sympy.simplify(lhs.subs(values).subs(x, x_plus))
     rhs_v = sympy.simplify(rhs.subs(values).subs(x, x_plus))
-    k_expr = quad.parts["K"]
-    dk_v = quad.parts["dK"].subs(values).subs(x, x_plus)
+    k_expr = quad.expr("K")
+    dk_v = quad.expr("dK").subs(values).subs(x, x_plus)
     residual = sympy.simplify(A_v * x_plus**2 + B_v * x_plus - C_v)
     y_printed_v = sympy.simplify(_printed_y_star(mu, rho, alpha).subs(values))
     x_plus_sym = sympy.Symbol("x_+")
@@ -486,9 +506,9 @@ def _build_spurious_root() -> Derivation:
     k_lim = sympy.limit(k_expr.subs(alpha, Rational(1, 2) + d_pos), x, 0, "+")
     k_lim_half = sympy.limit(k_expr.subs(alpha, Rational(1, 2)), x, 0, "+")
     # alpha < 1/2 but mu < rho: A < 0, both roots of the squared quadratic are positive; only one is genuine.
-    values_low = {alpha: Rational(2, 5), mu: Rational(1, 5), rho: Rational(1, 2)}
-    roots_low = sympy.solve(quad.result.lhs.subs(values_low), x)
-    printed_low = sympy.radsimp(sympy.simplify(quad.parts["printed_x"].subs(values_low)))
+    values_low: Substitution = {alpha: Rational(2, 5), mu: Rational(1, 5), rho: Rational(1, 2)}
+    roots_low = sympy.solve(quad.side("lhs").subs(values_low), x)
+    printed_low = sympy.radsimp(sympy.simplify(quad.expr("printed_x").subs(values_low)))
     genuine_low, (other_low,) = _root_equal_to(roots_low, printed_low, "x*")
     rhs_low = tuple(sympy.simplify(rhs.subs(values_low).subs(x, r)) for r in (genuine_low, other_low))
 
@@ -569,7 +589,7 @@ def _build_mu_conventions() -> Derivation:
     j_roll = sympy.expand((mu * R + B) / R).subs(B, y * R) * noise  # cost mu R + B per update, per R rollouts
     identity = _identity(j_roll, mu * j_sec3.subs(mu, 1 / mu))
     (y_roll,) = sympy.solve(sympy.diff(j_roll, y), y)
-    y_sec3 = _build_y_star().result.rhs
+    y_sec3 = _build_y_star().side("rhs")
     y_roll_paper = sqrt(mu / (rho + 1 / x))
     dy_sec3 = sympy.simplify(sympy.diff(y_sec3, mu))
     dy_roll = sympy.simplify(sympy.diff(y_roll, mu))
@@ -577,10 +597,10 @@ def _build_mu_conventions() -> Derivation:
     # Power law: how x*, y* move with the Sec. 3 mu (implicit differentiation of the y-quadratic).
     roots = _build_power_law_roots()  # its y symbol is the same positive Symbol("y")
     yq = sympy.Function("y")(mu)
-    implicit = roots.parts["y_quadratic"].subs(y, yq)
+    implicit = roots.expr("y_quadratic").subs(y, yq)
     (dy_dmu,) = sympy.solve(sympy.diff(implicit, mu), sympy.Derivative(yq, mu))
     dy_dmu = sympy.factor(dy_dmu.subs(yq, y))
-    x_of_y = roots.parts["x_of_y"]  # x* = (1 - 2 alpha) y* / (2 alpha (1 + rho y*))
+    x_of_y = roots.expr("x_of_y")  # x* = (1 - 2 alpha) y* / (2 alpha (1 + rho y*))
     dx_dy = sympy.factor(sympy.diff(x_of_y, y))
 
     steps = (
@@ -688,18 +708,19 @@ def _build_var_r_chi2() -> Derivation:
     p = _positive("p1", "p2", "p3")
     q = _positive("q1", "q2", "q3")
     n = sympy.Symbol("n", positive=True)
-    constraints = {p[2]: 1 - p[0] - p[1], q[2]: 1 - q[0] - q[1]}
+    constraints: Substitution = {p[2]: 1 - p[0] - p[1], q[2]: 1 - q[0] - q[1]}
     r = [pi / qi for pi, qi in zip(p, q)]
-    mean_r = sum(qi * ri for qi, ri in zip(q, r))
-    second = sum(qi * ri**2 for qi, ri in zip(q, r))
+    mean_r = sympy.Add(*(qi * ri for qi, ri in zip(q, r)))
+    second = sympy.Add(*(qi * ri**2 for qi, ri in zip(q, r)))
     mean_value = sympy.simplify(mean_r.subs(constraints))
     var_r = sympy.simplify(second.subs(constraints) - mean_value**2)
-    chi2 = sum(qi * (ri - 1) ** 2 for qi, ri in zip(q, r))
-    chi2_formula = sum(pi**2 / qi for pi, qi in zip(p, q)) - 1
-    d2 = sympy.log(sum(pi**2 / qi for pi, qi in zip(p, q)))
+    chi2 = sympy.Add(*(qi * (ri - 1) ** 2 for qi, ri in zip(q, r)))
+    chi2_formula = sympy.Add(*(pi**2 / qi for pi, qi in zip(p, q))) - 1
+    d2 = sympy.log(sympy.Add(*(pi**2 / qi for pi, qi in zip(p, q))))
 
     i, K = sympy.symbols("i K", integer=True, positive=True)
-    P, Q = sympy.IndexedBase("p"), sympy.IndexedBase("q")
+    # sympy annotates IndexedBase.__new__ as returning Basic: it returns the IndexedBase
+    P, Q = cast(sympy.IndexedBase, sympy.IndexedBase("p")), cast(sympy.IndexedBase, sympy.IndexedBase("q"))
     limits = (i, 1, K)
     general = _linear_sum(Q[i] * (P[i] / Q[i] - 1) ** 2, limits)
     general_reduced = general.subs({sympy.Sum(P[i], limits): 1, sympy.Sum(Q[i], limits): 1})
@@ -944,7 +965,7 @@ def _build_fifo_long_run_variance() -> Derivation:
     # C(k >= 1): draws k steps apart are independent; they pick the same item only among the N - kR shared ones
     ck = sigma**2 * sympy.Sum(1 / N**2, (m, 1, N - k * R)).doit()  # every one of the B^2 pairs alike
     shared_x = sympy.factor((N - k * R).subs(N, x * R))
-    lag_sum = sympy.summation(ck.subs(N, x * R), (k, 1, x - 1))
+    lag_sum = cast(sympy.Expr, sympy.summation(ck.subs(N, x * R), (k, 1, x - 1)))  # typed as any relation or NaN
     long_run_x = sympy.simplify(c0.subs(N, x * R) + 2 * lag_sum)
     closed = sigma**2 * (1 / B + 1 / R - 1 / (B * N))
     window = (W * c0.subs(N, x * R) + 2 * sympy.summation((W - k) * ck.subs(N, x * R), (k, 1, x - 1))) / W
@@ -1205,8 +1226,8 @@ def _build_forgetting_variance() -> Derivation:
     # Var e = eta^2 sum_{j,l >= 0} a^(j + l) C(j - l): the pairs with j - l = k >= 0 carry sum_l a^(2 l + k)
     pair_sum = sympy.summation(a ** (2 * l + k), (l, 0, sympy.oo))
     pair_closed = _piecewise_branch(pair_sum, 0)  # the branch a^2 < 1 (a stable step)
-    c0 = fifo.parts["C0"].subs(N, x * R)
-    ck = fifo.parts["Ck"].subs(N, x * R)
+    c0 = fifo.expr("C0").subs(N, x * R)
+    ck = fifo.expr("Ck").subs(N, x * R)
     lag_sum = sympy.simplify(sympy.summation((x - k) * a**k, (k, 1, x - 1)))
     lag_generic, lag_at_1 = _piecewise_branch(lag_sum, 1), _piecewise_branch(lag_sum, 0)
     lag_closed = a * (x * (1 - a) - 1 + a**x) / (1 - a) ** 2
@@ -1410,8 +1431,8 @@ def _build_forgetting_rule() -> Derivation:
         Step("At psi = 1 the condition's right side minus mu simplifies to 0: today's 4 b (1 + b) < mu "
              "(derive noise-scale-rule)", _identity(condition_rhs.subs(psi, 1), mu)),
         Step("At psi = 1, y* minus sqrt(mu (1 + 1/b)) and cost(y*) minus noise-scale-rule's minimum simplify to 0",
-             sympy.Tuple(_identity(y_star.subs(psi, 1), noise_rule.parts["y_star"]),
-                         _identity(min_cost.subs(psi, 1), noise_rule.parts["min_cost"]))),
+             sympy.Tuple(_identity(y_star.subs(psi, 1), noise_rule.expr("y_star")),
+                         _identity(min_cost.subs(psi, 1), noise_rule.expr("min_cost")))),
         Step("psi_c at mu = 5.28 = 132/25 (sympy.N): (b, psi_c) for b = 1/10, 1/4, 1/2, 1, 4, 37; psi <= 1 "
              "always, so replay pays whatever the memory where psi_c >= 1", Eq(sympy.Symbol("(b, psi_c)"), table)),
         Step("The horizon. (argued, an approximation) A stored sample of age s is r(s) = sigma^2(s)/sigma^2(0) times "
