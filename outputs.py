@@ -74,7 +74,7 @@ def check_new_file(path: Path, option: str = "--out", formats: Optional[tuple[st
     return check_writable(path, option)  # the file does not exist: its folder is tried
 
 
-def write_new(path: Path, write: Callable[[Path], None], option: str = "--out") -> Path:
+def write_new(path: Path, write: Callable[[Path], object], option: str = "--out") -> Path:
     """Write ``path`` whole or not at all, never replacing a file, with the umask's permissions.
 
     ``write(tmp)`` fills a hidden temporary file in the same folder. A file system without hard links
