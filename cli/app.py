@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Iterator, MutableMapping
-from typing import Annotated, NamedTuple, Optional
+from typing import Annotated, NamedTuple, NoReturn, Optional
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -59,7 +59,7 @@ COMMANDS: dict[str, Entry] = {
 SETTINGS = {"add_completion": False, "pretty_exceptions_enable": False, "rich_markup_mode": None}
 
 
-def load_family(module: str) -> dict[str, TyperCommand | TyperGroup]:
+def load_family(module: str):  # the commands' class is click's, or the click that newer typer vendors
     """The click commands ``cli/<module>.py`` registers, by name, built as typer builds them for the root app."""
     family = typer.Typer(**SETTINGS)
     importlib.import_module(f".{module}", __package__).register(family)
@@ -105,13 +105,14 @@ class LazyGroup(TyperGroup):
         self.commands = LazyCommands(COMMANDS)
         self.commands.update(added)
 
-    def list_commands(self, ctx: typer.Context) -> list[str]:
+    # ctx and formatter take TyperGroup's types: click's, or the click that newer typer vendors
+    def list_commands(self, ctx) -> list[str]:
         return list(self.commands)
 
-    def get_command(self, ctx: typer.Context, cmd_name: str):
+    def get_command(self, ctx, cmd_name: str):
         return self.commands.get(cmd_name)
 
-    def format_commands(self, ctx: typer.Context, formatter) -> None:
+    def format_commands(self, ctx, formatter) -> None:
         """TyperGroup.format_commands with each summary shortened from the table (a stand-in command carrying the
         table's text shortens it exactly as click shortens the command's own help) instead of the loaded command."""
         commands = [(name, TyperCommand(name, help=COMMANDS[name].help) if name in COMMANDS else self.commands[name])
@@ -159,7 +160,7 @@ def _one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
     sys.exit(2)
 

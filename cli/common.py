@@ -46,6 +46,7 @@ def on_ctrl_c(kept: str) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt as err:
-        said = err.message() if callable(getattr(err, "message", None)) else kept
+        message = getattr(err, "message", None)
+        said = message() if callable(message) else kept
         typer.echo(said, err=True)
         raise typer.Exit(130) from None

@@ -169,7 +169,7 @@ def field_parameters(cls: type, path: str, names: tuple[str, ...], valued_bool: 
     default = (field.default if field.default is not dataclasses.MISSING else ...
                if field.default_factory is dataclasses.MISSING else field.default_factory())
     if typing.get_origin(kind) is tuple:
-        kind, default = str, list_default(default)
+        kind, default = str, default if default is ... else list_default(default)
     if kind not in (int, float, str, bool, Path):
         raise TypeError(f"{owner.__name__}.{field.name}: no command-line option for type {kind!r}")
     text, name = option_help(field, field_docs(owner).get(field.name, "")), path.replace(".", "__")

@@ -60,8 +60,8 @@ def _rebuild_figure(log: Optional[Path], save: Optional[Path], figure: Optional[
     typer.echo(f"wrote {figure}")
 
 
-def _check_outputs(log: Optional[Path], save: Optional[Path], figure: Optional[Path]) -> None:
-    """The outputs first: a bad path must not cost a pass over a large log."""
+def _check_outputs(log: Optional[Path], save: Optional[Path], figure: Optional[Path]) -> Path:
+    """The outputs first: a bad path must not cost a pass over a large log. Returns the LOG, now known given."""
     if log is None:
         raise ValueError("missing LOG: give a Parquet, CSV or JSON-lines file (or --from-report REPORT.json)")
     if save is not None:
@@ -72,6 +72,7 @@ def _check_outputs(log: Optional[Path], save: Optional[Path], figure: Optional[P
         check_new_file(figure, "--figure", FIGURE_FORMATS)
     if save is not None and figure is not None and save.resolve() == figure.resolve():
         raise ValueError(f"--save and --figure both name {save}: choose two paths")
+    return log
 
 
 def _write_and_print(report: dict, save: Optional[Path], figure: Optional[Path], as_json: bool) -> None:
@@ -116,17 +117,18 @@ def diagnose_command(
     try:
         if from_report is not None:
             return _rebuild_figure(log, save, figure, from_report)
-        _check_outputs(log, save, figure)
+        log = _check_outputs(log, save, figure)
         config = config_from_options(DiagnoseConfig, OPTIONS, typed, path=str(log), run_what_if=not no_what_if)
-        with on_ctrl_c("interrupted: diagnose writes --save and --figure only after its pass over the log, so "
-                       "nothing was written; run the same command to start again"):
-            report = _run(config, log, show_progress=not no_progress and sys.stderr.isatty())
+        try:
+            with on_ctrl_c("interrupted: diagnose writes --save and --figure only after its pass over the log, so "
+                           "nothing was written; run the same command to start again"):
+                report = _run(config, log, show_progress=not no_progress and sys.stderr.isatty())
+        except MemoryError:  # memory is chunks x folds in flight, whatever the log's length
+            raise ValueError(f"out of memory while diagnosing {log}: lower --chunk-rows (now {config.chunk_rows}) or "
+                             f"--threads (now {config.threads}); with unsorted sequence ids every sequence is held"
+                             ) from None
     except ConfigError as err:
         raise ValueError(err.named(OPTION_OF_FIELD.get(err.field, err.field))) from None
-    except MemoryError:  # memory is chunks x folds in flight, whatever the log's length
-        raise ValueError(f"out of memory while diagnosing {log}: lower --chunk-rows (now {config.chunk_rows}) or "
-                         f"--threads (now {config.threads}); with unsorted sequence ids every sequence is held"
-                         ) from None
     _write_and_print(report, save, figure, as_json)
 
 

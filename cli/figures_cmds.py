@@ -44,8 +44,9 @@ def register(app: typer.Typer) -> None:
         check_dpi(dpi)
         with on_ctrl_c(f"interrupted: the figures are written together once all are drawn, so nothing was written "
                        f"to {out}; run the same command to start again"):
-            files, skipped = build(names, results, formats, dpi, ctx.get_parameter_source("results").name != "DEFAULT",
-                                   out)
+            source = ctx.get_parameter_source("results")
+            assert source is not None  # click records the source of every parameter of the running command
+            files, skipped = build(names, results, formats, dpi, source.name != "DEFAULT", out)
         for path in write_all(out, files):
             typer.echo(str(path))
         for line in skipped:

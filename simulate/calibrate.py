@@ -32,6 +32,7 @@ gradient of the SAME (clipped) objective the run trains; the profile's ``sigma_s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field, fields
@@ -524,6 +525,8 @@ class NoiseScaleMeasurement:
         """The profile file's "noise_scale" record (common format): PooledNoiseScale.to_dict() + batch, unit_size,
         source."""
         pooled = self.exact_grad if exact else self.estimate
+        if pooled is None:
+            raise ValueError("no exact |E G|^2 noise scale to record: this measurement had no enumeration")
         return {**pooled.to_dict(), "batch": self.batch, "unit_size": self.unit_size, "source": self.source}
 
 
@@ -587,6 +590,8 @@ def calibration_lines(result: Calibration, asked_capacity: int) -> list[str]:
     else:
         lines.append("rho not measured: the buffer has no FIFO items (buffer fifo, positive-bias or prioritized)")
     lines.append(f"KL drift per step = {result.kl_drift_per_step:.3g}")
+    if result.noise_scale is None:
+        raise ValueError("calibration_lines: the calibration has no noise scale (calibrate measures it)")
     memory = ["optimizer memory kappa not measured (--kappa-pairs 0)"] if result.memory is None else \
         kappa_lines(result.memory)
     return lines + noise_scale_lines(result.noise_scale) + memory
@@ -869,7 +874,8 @@ def measure_kappa(parts: dict[int, CurvatureParts], kept: tuple[int, ...], confi
     optimizer, beta1 = optimizer_kind(config)
     batch = max(1, config.batch_size // config.group_size) * config.group_size
     eta = float(config.lr)
-    common = dict(optimizer=optimizer, beta1=beta1, pilot_batch=float(batch), n_boot=KAPPA_BOOTSTRAP, level=level)
+    pairs_kappa = functools.partial(kappa_from_curvature_pairs, optimizer=optimizer, beta1=beta1,
+                                    pilot_batch=float(batch), n_boot=KAPPA_BOOTSTRAP, level=level)
     kept_parts = [parts[t] for t in kept]
     den = np.concatenate([p.denominators.ravel() for p in kept_parts])
     noisy = den > 0  # a pair with xi = 0 (no reward variation in its minibatches) adds 0 to both sums: left out
@@ -882,18 +888,20 @@ def measure_kappa(parts: dict[int, CurvatureParts], kept: tuple[int, ...], confi
                 problems[name] = (f"{int(noisy.sum())} of {den.size} pairs have xi != 0 (their minibatch gradients "
                                   "were equal: no reward variation); need >= 2")
                 continue
-            by_hvp[name] = _with(kappa_from_curvature_pairs(num[noisy], den[noisy], eta,
-                                                            np.random.default_rng(seed + i), **common),
+            by_hvp[name] = _with(pairs_kappa(num[noisy], den[noisy], eta, np.random.default_rng(seed + i)),
                                  hvp=HVP_TEXT[name], bias=BIAS_TEXT[name], pairs_without_noise=int((~noisy).sum()))
     estimators: dict[str, KappaEstimate | None] = {"exact": None}
     problems["exact"] = ((f"the whole Jacobian is measured on {', '.join(JACOBIAN_ENVS)} only (its enumerated grad F "
                           "is cheap)" if config.env not in JACOBIAN_ENVS else
                           "no enumeration of grad F for this loss (exact_gradient_problem)"))
-    if kept_parts[0].exact_num is not None:
-        num = np.concatenate([p.exact_num.ravel() for p in kept_parts])
-        units = np.concatenate([p.exact_den.ravel() for p in kept_parts])
+    # every checkpoint has the exact parts or none: the enumeration is the environment's
+    exact_parts = [(p.exact_num, p.exact_den) for p in kept_parts
+                   if p.exact_num is not None and p.exact_den is not None]
+    if exact_parts:
+        num = np.concatenate([n.ravel() for n, _ in exact_parts])
+        units = np.concatenate([d.ravel() for _, d in exact_parts])
         try:
-            exact = kappa_from_curvature_pairs(num, units, eta, np.random.default_rng(seed + 10), **common)
+            exact = pairs_kappa(num, units, eta, np.random.default_rng(seed + 10))
             estimators["exact"] = _with(dataclasses.replace(exact, method="exact"),
                                         hvp="the whole Jacobian of grad F (central differences, column by column)",
                                         bias=BIAS_TEXT["exact"])

@@ -250,11 +250,11 @@ def open_engine(backend: str, n_jobs: int, scheduler: str | None, n_configs: int
         with _ray_engine(scheduler, local_workers(n_jobs, n_configs)) as results:
             yield results
     else:
-        def results(todo: list[SimConfig]) -> Iterator[dict[str, Any]]:
+        def run_locally(todo: list[SimConfig]) -> Iterator[dict[str, Any]]:
             # run_config looked up at call time, so a test can replace it (threading backend)
             yield from run_unordered(run_config, ((c,) for c in todo), n_jobs, backend)
 
-        yield results
+        yield run_locally
 
 
 @contextlib.contextmanager
@@ -264,7 +264,9 @@ def _dask_engine(scheduler: str | None, workers: int) -> Iterator[Results]:
     cluster = None
     if scheduler is None:
         # one single-threaded process per worker: the same isolation as loky's workers, no dashboard port
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+        # (dashboard_address=None disables it, as distributed's docstring says; its annotation says str only)
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                               dashboard_address=None)  # pyright: ignore[reportArgumentType]
     try:
         try:
             client = Client(cluster if cluster is not None else scheduler, timeout=CONNECT_TIMEOUT_S)
@@ -347,7 +349,7 @@ def check_out_dir(spec: dict, out_dir: str | Path) -> None:
     cannot write in, another spec, another code version, or a corrupt run file. Writes nothing (the write check's
     probe file is removed at once).
     """
-    out_dir = check_out_path(out_dir, ours=lambda folder: (folder / "spec.json").is_file(),
+    out_dir = check_out_path(Path(out_dir), ours=lambda folder: (folder / "spec.json").is_file(),
                              holds="holds no sweep (no spec.json)")
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return
@@ -451,7 +453,7 @@ def run_sweep(spec: dict, out_dir: str | Path, n_jobs: int = -1, backend: str = 
                 # run just now
                 label = f"configurations ({reused} reused)" if reused else "configurations"
                 progress = ProgressBar(label, len(configs), reused, enabled=show_progress)
-                if todo:
+                if results is not None:  # an engine opened: there is something to run
                     runs_dir = out_dir / "runs"
                     for output in results(todo):
                         write_run(runs_dir, output, where)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from typing import cast
 
 import numpy as np
 import torch
@@ -133,7 +134,8 @@ def stack_policy(policy: Policy, num_seeds: int) -> Policy:
                 bias = None if child.bias is None else _stacked(child.bias, num_seeds)
                 setattr(module, name, SeedLinear(_stacked(child.weight, num_seeds), bias))
             elif type(child).__name__.endswith("RMSNorm"):
-                setattr(module, name, SeedRMSNorm(_stacked(child.weight, num_seeds), child.variance_epsilon))
+                eps = cast(float, child.variance_epsilon)  # a float attribute (Module.__getattr__'s stub: a Tensor)
+                setattr(module, name, SeedRMSNorm(_stacked(child.weight, num_seeds), eps))
     head = model.lm_head
     model.lm_head = SeedLinear(embedding.weight if tied else _stacked(head.weight, num_seeds),
                                None if head.bias is None else _stacked(head.bias, num_seeds))

@@ -34,7 +34,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, cast
 
 import numpy as np
 import torch
@@ -52,7 +52,7 @@ from . import countdown
 from .engines import HFSampler, Sampler
 from .logprobs import encode_prompts, next_token_logprobs, sequence_logprobs
 from .policy import Policy
-from .rl import RLConfig, generate_batch, make_generator, train, update_step
+from .rl import RLConfig, RLResult, generate_batch, make_generator, train, update_step
 
 MAX_GRAD_COORDS = 1 << 22  # 4M float32 coordinates = 16 MB per per-sample gradient
 GRAD_CHUNK = 128
@@ -190,7 +190,8 @@ def gram_rows(units: np.ndarray) -> np.ndarray:
     units = np.asarray(units, dtype=float)
     if units.shape[1] <= units.shape[0]:
         return units
-    return np.linalg.qr(units.T, mode="r").T  # units units^T = R^T Q^T Q R = R^T R
+    r = cast(np.ndarray, np.linalg.qr(units.T, mode="r"))  # mode "r": R alone (numpy's stub says (Q, R))
+    return r.T  # units units^T = R^T Q^T Q R = R^T R
 
 
 def noise_scale_line(record: dict) -> str:
@@ -324,6 +325,7 @@ def measure_mu_count(policy: Policy, problems: list[countdown.Problem], config: 
     sampler = HFSampler() if sampler is None else sampler
     optimizer = torch.optim.AdamW(window_policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     buffer = make_design_buffer(config, BufferSpec(1, config.max_new_tokens, len(problems), np.int32))
+    assert buffer is not None  # buffer="fifo" above: a buffer, never on-policy's None
     rng = np.random.default_rng(seed + 104729)
     generator = make_generator(policy.device, seed + 104729)  # on the device on CUDA: the loop verify runs
     state = {"generated": 0}
@@ -584,7 +586,7 @@ def _check_calibration_sizes(config: RLConfig, staleness: tuple[int, ...], sampl
 class ProbeRun:
     """The calibration's probe run and the weights it kept on the way (CPU copies)."""
 
-    result: object  # validate.rl's RLResult: the final buffer, the metrics, the timing mu
+    result: RLResult  # the final buffer, the metrics, the timing mu
     snapshots: collections.deque  # theta before each of the last updates, newest last (pi_{t-s} for s < maxlen)
     noise_states: dict[int, dict]  # updates done -> weights at B_noise's earlier checkpoints (the final one excluded)
     kappa_weights: dict[int, dict]  # updates done -> weights at kappa's checkpoints
@@ -684,7 +686,8 @@ class GradientProbe:
                 noise_units[done].append(_group_means(self.grads_of(batch, self.behaviour), config.group_size))
         return noise_units
 
-    def reference(self, reference_samples: int, chunk_size: int, fresh_units: list[np.ndarray]):
+    def reference(self, reference_samples: int, chunk_size: int, fresh_units: list[np.ndarray]
+                  ) -> tuple[np.ndarray, float, int]:
         """grad F: the mean gradient of a held-out batch, in chunks (only running sums are kept); its variance
         E||g_ref - grad F||^2 and size. Each chunk's prompt groups join ``fresh_units`` (the final theta's)."""
         total, total_sq, n_ref = 0.0, 0.0, 0
@@ -692,7 +695,7 @@ class GradientProbe:
             chunk = self.grads_of(self.completions_of(0, min(chunk_size, reference_samples - n_ref)))
             total, total_sq, n_ref = total + chunk.sum(0), total_sq + (chunk**2).sum(0), n_ref + chunk.shape[0]
             fresh_units.append(_group_means(chunk, self.config.group_size))  # fresh groups of the final theta
-        reference = total / n_ref  # (k,)
+        reference = np.asarray(total / n_ref)  # (k,): a sum of (k,) chunks, at least one (reference_samples >= 2 G)
         ref_var = float(((total_sq - n_ref * reference**2) / (n_ref - 1)).sum() / n_ref)  # reference_variance's
         return reference, ref_var, n_ref
 

@@ -12,6 +12,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from ..core.jobs import check_jobs
 from ..outputs import check_out_dir
@@ -272,7 +273,19 @@ THOROUGH = VerifyConfig(seeds=16, budget_updates=96, group_replay=False, lr_grid
 """verify --thorough: the decisive protocol (measured wall time in docs/VALIDATION.md); the step size tuned per
 design on --lr / 2, --lr, 2 --lr."""
 
-TINY_MODEL = dict(hidden_size=96, num_layers=3, num_heads=4, num_kv_heads=2, intermediate_size=192)
+
+
+class TinyModelShape(TypedDict):
+    """The tiny Qwen2's shape, as ``validate.policy.ModelConfig`` fields: ``ModelConfig(**TINY_MODEL)``."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+
+
+TINY_MODEL = TinyModelShape(hidden_size=96, num_layers=3, num_heads=4, num_kv_heads=2, intermediate_size=192)
 
 VERIFY_SEEDS = VerifyConfig.seeds
 """Seeds per design in verify (CLI default of ``validate verify`` and ``validate all``)."""

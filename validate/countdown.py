@@ -280,6 +280,14 @@ class _Malformed(Exception):
     """Internal: the answer is not a well-formed equation."""
 
 
+def solution(problem: Problem) -> str:
+    """``solve(problem)`` of a problem known solvable (``generate_problems`` draws only those): an SFT target."""
+    answer = solve(problem)
+    if answer is None:
+        raise ValueError(f"{problem.prompt_text()} has no solution: an SFT example needs one")
+    return answer
+
+
 def _tokenize(answer: str) -> list[str]:
     tokens: list[str] = []
     i, n = 0, len(answer)

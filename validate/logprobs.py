@@ -28,7 +28,7 @@ Conventions (shared with ``validate/sampling.py``, whose ``Rollouts`` these func
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Literal, Sequence, overload
 
 import torch
 
@@ -100,6 +100,18 @@ def next_token_logprobs(
     if temperature != 1.0:
         logits = logits / temperature
     return torch.log_softmax(logits, dim=-1)  # (B, L, V)
+
+
+@overload
+def sequence_logprobs(policy: Policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                      completion_ids: torch.Tensor, completion_mask: torch.Tensor, *, temperature: float = 1.0,
+                      with_entropy: Literal[False] = False) -> torch.Tensor: ...
+
+
+@overload
+def sequence_logprobs(policy: Policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                      completion_ids: torch.Tensor, completion_mask: torch.Tensor, *, temperature: float = 1.0,
+                      with_entropy: Literal[True]) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def sequence_logprobs(

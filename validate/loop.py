@@ -30,6 +30,7 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -132,7 +133,7 @@ def prepare_policy(config: ValidateConfig, out_dir: Path, train_set, progress: b
         return load_checkpoint(checkpoint, device=config.device), None
     if config.model == "tiny":
         policy = load_policy(ModelConfig(device=config.device, seed=config.seed, **TINY_MODEL), countdown.ALPHABET)
-        examples = [(p.prompt_text(), countdown.solve(p)) for p in train_set]
+        examples = [(p.prompt_text(), countdown.solution(p)) for p in train_set]
         bar = ProgressBar("warm start (SFT steps)", config.sft_steps, enabled=progress)
         losses = sft_warm_start(policy, examples, steps=config.sft_steps, batch_size=64, lr=3e-3,
                                 generator=torch.Generator().manual_seed(config.seed),
@@ -592,7 +593,7 @@ def prediction_rows(rows: list[dict], centres: dict[str, str], pick: dict | None
         verdict = verdict_of(name)
         entry["verdict"] = verdict
         rivals = [n for n in means if n != name]
-        rival = max(rivals, key=means.get) if rivals else None
+        rival = max(rivals, key=means.__getitem__) if rivals else None
         entry["separation"] = (None if verdict is None or rival is None else
                                next(p for p in verdict["pairs"] if p["design"] == rival))
         entry["criterion"] = _criterion(verdict, entry["separation"])
@@ -605,6 +606,7 @@ def _rule_input(rule: str, pick: dict | None, noise_record: dict, predicted: dic
     """A rule's ``input`` (what it read) and ``pick`` in ``prediction_rows``; the noise-scale rule also at both ends
     of B_noise's interval."""
     if rule == "forgetting":
+        assert memory is not None  # prediction_rows asks the forgetting rule only when memory is given
         return {"input": {"b_noise": noise_record.get("b_noise"), **memory}, "pick": forgetting}
     if rule == "paper":
         return {"input": {k: predicted[k] for k in ("x_star", "y_star", "regime", "capacity", "batch_size",
@@ -672,9 +674,9 @@ def _noise_scale_rule_line(rule: dict) -> str:
 
 def _forgetting_rule_lines(forgetting: dict | None, forgetting_input: dict | None) -> list[str]:
     """The forgetting-aware rule's line: kappa and its pick, or why it made none; nothing when it was not asked."""
-    if forgetting is None and not forgetting_input:
-        return []
     if forgetting is None:
+        if not forgetting_input:
+            return []
         return ["", f"Forgetting-aware rule: no prediction ({forgetting_input.get('reason')})."]
     memory, fpick = forgetting["input"], forgetting["pick"]
     if fpick is None:
@@ -718,7 +720,7 @@ def _criterion_line(prediction: dict) -> str:
 
 
 def _train_one(config: ValidateConfig, out_dir: Path, design: NamedDesign, seed: int, steps: int, mu: float, path: Path,
-               train_set, test_set, sampler, bar: ProgressBar) -> dict:
+               train_set, test_set, sampler, bar: StepBar) -> dict:
     """One verify run from the warm start (checkpointed every 5 steps, resumed exactly), evaluated held out."""
     policy = load_checkpoint(out_dir / "warm_start", device=config.device)
     rl = _rl_config(config, design, steps, config.seed + 101 * seed)
@@ -739,7 +741,7 @@ def _train_one(config: ValidateConfig, out_dir: Path, design: NamedDesign, seed:
 
 
 def _train_unit(config: ValidateConfig, out_dir: Path, design: NamedDesign, steps: int, mu: float, pending: list[int],
-                cell_paths: list[Path], batched: bool, train_set, test_set, sampler, bar: ProgressBar) -> None:
+                cell_paths: list[Path], batched: bool, train_set, test_set, sampler, bar: StepBar) -> None:
     """Seeds ``pending`` of one (design, learning rate) cell: together when ``batched``, else one after another."""
     if batched and len(pending) > 1:
         _train_seeds(config, out_dir, design, pending, steps, mu, cell_paths, train_set, test_set, sampler, bar)
@@ -759,6 +761,15 @@ def _train_unit_in_worker(config: ValidateConfig, out_dir: Path, design: NamedDe
     _train_unit(config, out_dir, design, steps, mu, pending, cell_paths, batched, train_set, test_set,
                 get_sampler(config, out_dir), _WorkerBar())
     return design, config.lr, pending
+
+
+class StepBar(Protocol):
+    """What a (design, learning rate) cell reports each step to: the main process's ``ProgressBar`` or, in a
+    ``--jobs`` worker, ``_WorkerBar``."""
+
+    def tick(self) -> None: ...
+
+    def advance(self) -> None: ...
 
 
 class _WorkerBar:
@@ -795,7 +806,7 @@ def _rl_config(config: ValidateConfig, design: NamedDesign, steps: int, seed: in
 
 
 def _train_seeds(config: ValidateConfig, out_dir: Path, design: NamedDesign, pending: list[int], steps: int, mu: float,
-                 paths: list[Path], train_set, test_set, sampler, bar: ProgressBar) -> None:
+                 paths: list[Path], train_set, test_set, sampler, bar: StepBar) -> None:
     """``_train_one`` for the seeds ``pending`` of one design at once (seeds as a batch axis, validate/batched.py).
 
     Seed s trains with the streams of ``config.seed + 101 s`` and is evaluated with ``config.seed + 1 + s``, as in

@@ -33,11 +33,14 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import torch
 
 from .tokenizer import CharTokenizer, pad_batch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 META_FILENAME = "replay_theory_policy.json"
 _META_FORMAT = 1
@@ -309,7 +312,9 @@ def load_checkpoint(path: str | Path, device: str | None = None, dtype: str | No
     torch_device = resolve_device(config.device)
     torch_dtype = resolve_dtype(config)
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, output_loading_info=True)
+        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, output_loading_info=True)
+        # output_loading_info=True: (model, info); transformers' annotation says the model alone
+        model, info = cast("tuple[PreTrainedModel, dict[str, list]]", loaded)
         if info.get("missing_keys") or info.get("mismatched_keys"):
             missing = list(info.get("missing_keys") or []) + [str(k) for k in info.get("mismatched_keys") or []]
             raise ValueError(f"weights missing or mismatched: {missing[:3]}")

@@ -26,6 +26,7 @@ torch loss, a synchronised update so mu charges it its own time): 'GPU path'.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -36,6 +37,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..core.buffers import ReplayBuffer
 from ..core.designs import BUFFER_DESIGNS, DesignConfig, compute_loss
 from ..core.losses_torch import loss_output_torch
 from ..core.metrics import TOKEN_STATS
@@ -102,7 +104,7 @@ class RLResult:
     k_inference: int = 0  # completions generated
     k_training: int = 0  # completions processed by backprop
     compute: float = math.nan  # mu x fresh completions + completions trained (the pipeline's Eq. 1-2 charge; needs mu)
-    buffer: object = None  # the buffer at the end of the run (None on-policy)
+    buffer: ReplayBuffer | None = None  # the buffer at the end of the run (None on-policy)
 
     def mu_timing(self) -> float:
         """Measured rollout cost / per-sample update cost (the tiny setting's mu, Table 1 meaning)."""
@@ -222,6 +224,18 @@ def generate_batch(policy: Policy, problems: list[countdown.Problem], prompt_ind
     return batch, backend.info[0]
 
 
+def _device_loss(config: RLConfig, batch: RolloutBatch, is_fresh, device: torch.device):
+    """``loss_output_torch`` with the batch's fixed data on ``device``, copied once per update: a function of
+    logp_new (S, B, L) alone."""
+    return functools.partial(
+        loss_output_torch, config,
+        logp_behav=torch.as_tensor(batch.logp_behav, device=device),  # (S, B, L) float64
+        advantage=torch.as_tensor(batch.advantage, device=device),  # (S, B)
+        mask=torch.as_tensor(batch.mask, device=device),  # (S, B, L) bool
+        is_fresh=None if is_fresh is None else torch.as_tensor(is_fresh, device=device),  # (S, B)
+        reward=None if batch.reward is None else torch.as_tensor(batch.reward, device=device))
+
+
 def update_step(policy: Policy, optimizer: torch.optim.Optimizer, problems: list[countdown.Problem],
                 config: RLConfig, batch: RolloutBatch, is_fresh=None, prompt_width: int | None = None,
                 library: str | None = None):
@@ -258,18 +272,12 @@ def update_step(policy: Policy, optimizer: torch.optim.Optimizer, problems: list
         return sequence_logprobs(policy, prompt_ids[rows], prompt_mask[rows], ids[rows], mask[rows],
                                  temperature=config.temperature)
 
-    if library == "torch":  # the batch's fixed data on the device once per update
-        device = policy.device
-        fixed = {"logp_behav": torch.as_tensor(batch.logp_behav, device=device),  # (S, B, L) float64
-                 "advantage": torch.as_tensor(batch.advantage, device=device),  # (S, B)
-                 "mask": torch.as_tensor(batch.mask, device=device),  # (S, B, L) bool
-                 "is_fresh": None if is_fresh is None else torch.as_tensor(is_fresh, device=device),  # (S, B)
-                 "reward": None if batch.reward is None else torch.as_tensor(batch.reward, device=device)}
+    torch_loss = _device_loss(config, batch, is_fresh, policy.device) if library == "torch" else None
 
     def loss_of(logp: torch.Tensor):  # the shared loss on (S, B, L): numpy on the host, or torch on the device
-        if library == "numpy":
+        if torch_loss is None:
             return compute_loss(config, batch, logp.detach().cpu().double().numpy().reshape(S, n, -1), is_fresh)
-        return loss_output_torch(config, logp.detach().reshape(S, n, -1), **fixed)
+        return torch_loss(logp.detach().reshape(S, n, -1))
 
     def to_host(out) -> StepLoss:  # torch: one copy of the value, the metrics and the finite flags, before the step
         if library == "numpy":

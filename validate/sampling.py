@@ -31,7 +31,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -39,6 +39,9 @@ from ..theory.checks import require_integer, require_number, require_one_of
 from .config import DECODE_MODES  # auto (compiled on CUDA, eager on the CPU), eager, static, compiled
 from .logprobs import encode_prompts
 from .policy import Policy, resolve_compute_dtype
+
+if TYPE_CHECKING:
+    from transformers import StaticCache
 
 
 @dataclass
@@ -127,10 +130,10 @@ def draw_tokens(probs: torch.Tensor, generators: Sequence[torch.Generator], bloc
             probs = probs.to("cpu")
         return torch.cat([torch.multinomial(probs[i * block:(i + 1) * block], 1, generator=g)
                           for i, g in enumerate(generators)]).to(device).squeeze(1)  # (N,): block i from stream i
-    race = torch.empty_like(probs)  # (N, V)
+    exp_draws = torch.empty_like(probs)  # (N, V)
     for i, g in enumerate(generators):
-        race[i * block:(i + 1) * block].exponential_(generator=g)  # E ~ Exp(1), block i from stream i
-    return (probs / race).argmax(dim=-1)  # (N,)
+        exp_draws[i * block:(i + 1) * block].exponential_(generator=g)  # E ~ Exp(1), block i from stream i
+    return (probs / exp_draws).argmax(dim=-1)  # (N,)
 
 
 @torch.no_grad()
@@ -240,6 +243,7 @@ def _eager_step(policy: Policy, prompt_ids: torch.Tensor, prompt_mask: torch.Ten
 
     def next_logits(token: torch.Tensor | None, alive: torch.Tensor | None, t: int) -> torch.Tensor:
         if token is not None:
+            assert alive is not None  # generate passes alive with every token
             state["mask"] = torch.cat([state["mask"], alive.long()[:, None]], dim=1)  # (N, P + t + 1)
             state["out"] = forward(input_ids=token[:, None], attention_mask=state["mask"],
                                    position_ids=(prompt_len + t)[:, None],  # same positions as sequence_logprobs
@@ -288,7 +292,7 @@ class StaticDecoder:
         cuda = self.device.type == "cuda"
         self.mode = options.compile_mode if options.compile_mode is not None else (
             "reduce-overhead" if cuda else None)
-        self.caches: dict[tuple[int, int], object] = {}
+        self.caches: dict[tuple[int, int], StaticCache] = {}
         self.fallback: str | None = None  # why the step runs eagerly although compile was asked (one line, once)
         self.attn = getattr(self.model.config, "_attn_implementation", "sdpa")
         self.takes_cache = _takes_cache(type(self.model))

@@ -164,10 +164,13 @@ class VLLMSampler:
         load_weights_into_vllm(self.llm, policy.model.state_dict().items())
 
     def generate(self, policy: Policy, prompts: Sequence[str], num_samples: int, max_new_tokens: int,
-                 temperature: float, generator: torch.Generator, *, top_k: int = 0, top_p: float = 1.0,
-                 prompt_width: int | None = None) -> Rollouts:
+                 temperature: float, generator: torch.Generator | Sequence[torch.Generator], *, top_k: int = 0,
+                 top_p: float = 1.0, prompt_width: int | None = None) -> Rollouts:
         from vllm import SamplingParams
 
+        if not isinstance(generator, torch.Generator):
+            raise ValueError("the vLLM engine draws from one generator: seeds as a batch axis (--batched) need "
+                             "--engine hf")
         if num_samples < 1 or max_new_tokens < 1 or temperature <= 0:
             raise ValueError(f"num_samples={num_samples}, max_new_tokens={max_new_tokens}, temperature={temperature}; "
                              "need num_samples >= 1, max_new_tokens >= 1, temperature > 0")

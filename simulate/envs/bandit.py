@@ -209,7 +209,7 @@ class BanditEnv:
         b[np.arange(P), self.answer] = z + logsumexp(b_wrong, axis=-1)  # => pi_0(c_p | p) = q_p exactly
         self.offsets = b  # (P, A)
         self._features_flat = np.ascontiguousarray(self.features.reshape(-1, self.features.shape[-1]))  # (P*A, d)
-        self._policy_cache = None
+        self._policy_cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # params, log pi, pi
 
     # ------------------------------------------------------------------ #
     # extra public API
@@ -225,10 +225,14 @@ class BanditEnv:
         A training step asks for the policy of the same parameters several times
         (sample, logp, gradient, entropy); the one-entry cache makes that one matmul.
         """
+        return self._policy(params)[0]
+
+    def _policy(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """log pi and pi, (S, P, A) each, read-only, from the one-entry cache of the last params (``log_policy``)."""
         params = check_params(params, self.param_dim)
         cached = self._policy_cache
         if cached is not None and cached[0].shape == params.shape and np.array_equal(cached[0], params):
-            return cached[1]
+            return cached[1], cached[2]
         S, (P, A) = params.shape[0], self.offsets.shape
         logits = (params @ self._features_flat.T).reshape(S, P, A)  # (S, P, A)
         logits += self.offsets  # b + phi @ theta
@@ -239,12 +243,11 @@ class BanditEnv:
         probs = np.exp(logpol)
         probs.flags.writeable = False
         self._policy_cache = (params.copy(), logpol, probs)
-        return logpol
+        return logpol, probs
 
     def _probs(self, params: np.ndarray) -> np.ndarray:
         """pi(a | p), (S, P, A), from the same one-entry cache as ``log_policy``."""
-        self.log_policy(params)
-        return self._policy_cache[2]
+        return self._policy(params)[1]
 
     def prompt_accuracy(self, params: np.ndarray) -> np.ndarray:
         """pi(correct | p) for every prompt, (S, P)."""
@@ -270,8 +273,7 @@ class BanditEnv:
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Actions by inverse CDF of one uniform ``rng.random((S, n))`` each: tokens, logp, mask (S, n, 1)."""
         params, prompts = check_batch(params, prompts, self.num_prompts, self.param_dim)
-        full = self.log_policy(params)  # (S, P, A)
-        probs = self._policy_cache[2]  # (S, P, A), of the same params
+        full, probs = self._policy(params)  # (S, P, A) each
         (S, n), (P, A) = prompts.shape, self.offsets.shape
         u = rng.random(prompts.shape)  # (S, n)
         if u.size == 0:
@@ -406,6 +408,8 @@ class NoisyBanditConfig(BanditConfig):
 
 class NoisyRewardBandit(BanditEnv):
     """The bandit with a noisy verifier: observed reward = R[p, a] + N(0, noise^2); E reward (and J) unchanged."""
+
+    config: NoisyBanditConfig
 
     def __init__(self, config: NoisyBanditConfig = NoisyBanditConfig(), stream: tuple[int, ...] = ()):
         super().__init__(config)

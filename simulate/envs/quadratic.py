@@ -231,13 +231,15 @@ class QuadraticReplay:
         if self.stores_noise:
             xi = standard_normal(self.rng, S, R * env.param_dim).reshape(S, R, env.param_dim)  # fixed from now on
             self.noise_ring[:, (first + np.arange(R)) % N] = xi
-        self.buffer.add(self._fresh, step)
+        buffer = self.buffer
+        assert buffer is not None  # made in __init__ whenever not on-policy
+        buffer.add(self._fresh, step)
         # uses are never recorded (select, not sample): the evicted use counts the buffer logs for diagnostics are
         # all 0 and would grow by S R integers a step (0.65 GB over 2000 steps at S = 160, R = 256)
-        self.buffer._evicted.clear()
-        u = self.rng.random(self.buffer.uniform_shape(B))  # what FifoBuffer.sample draws
-        slots = self.buffer.select(u, B)  # (S, B): Sec. 3, uniform with replacement over what is stored
-        self.last_ids = np.take(self.buffer.store.group, (slots + self._row_cells).ravel()).reshape(S, B)
+        buffer._evicted.clear()
+        u = self.rng.random(buffer.uniform_shape(B))  # what FifoBuffer.sample draws
+        slots = buffer.select(u, B)  # (S, B): Sec. 3, uniform with replacement over what is stored
+        self.last_ids = np.take(buffer.store.group, (slots + self._row_cells).ravel()).reshape(S, B)
         if self.stores_noise and B < N:  # gather the B drawn noise vectors: S B d work instead of S N d
             drawn = self.noise_ring[np.arange(S)[:, None], self.last_ids % N]  # (S, B, d)
             return drawn.sum(axis=1) * (env.noise_std / B)  # sum_i c_i z_i / B

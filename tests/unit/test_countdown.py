@@ -249,6 +249,12 @@ def test_solver_hand_cases():
     assert cd.solve(cd.Problem((7,), 8)) is None
 
 
+def test_solution_is_the_solvers_answer_or_one_line_error():
+    assert cd.solution(P4) == "(50+7*25)/3"
+    with pytest.raises(ValueError, match=r"^nums 1 1 1 1 target 100 = has no solution: an SFT example needs one$"):
+        cd.solution(cd.Problem((1, 1, 1, 1), 100))
+
+
 def test_solver_is_fast_on_unsolvable_four_numbers():
     start = time.perf_counter()
     assert cd.solve(cd.Problem((1, 1, 1, 1), 97)) is None  # full search, nothing found
