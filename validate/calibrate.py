@@ -768,8 +768,10 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
     sq_norm, inner, fresh = grads.staleness_moments(staleness, samples, chunk_size, reference,
                                                     noise_units[config.steps])
     units = sq_norm.shape[0]
-    moments = noise_estimators.StalenessMoments(sq_norm, inner, np.full(units, float(reference @ reference) - ref_var),
-                                                np.ones(units))
+    # ||grad F||^2 by einsum, not BLAS's dot: a threaded dot sums in an order set by the thread count (with BLAS,
+    # golden validate-fixed-b's sigma^2 read 15.066522535399045 on one thread and 15.06652253539903 on two)
+    true_sq = float(np.einsum("d,d->", reference, reference)) - ref_var
+    moments = noise_estimators.StalenessMoments(sq_norm, inner, np.full(units, true_sq), np.ones(units))
     profile = noise_estimators.noise_profile(moments, staleness, seed=seed)
     kl = measure_kl_by_lag(policy, grads.behaviour, problems, fresh, probe.snapshots, config, kl_chunk_elements)
     rho_fit = _buffer_rho(probe.result.buffer, config, reference, ref_var, grads.grads_of, seed)
