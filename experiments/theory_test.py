@@ -49,7 +49,7 @@ from ..simulate.envs.quadratic import QuadraticEnv
 from ..theory import design as theory_design
 from ..theory import forgetting
 from ..theory import noise_scale as noise_scale_lib
-from ..theory.checks import invalid
+from ..theory.checks import invalid, require_integer
 from ..theory.profiles import TabulatedProfile
 
 BATCH = 256
@@ -201,8 +201,7 @@ def check_options(options: Options) -> None:
     if _bad_counts(options.floors):
         raise ValueError(f"--floor must be a comma-separated list of distinct integers >= 0 (rollouts), got "
                          f"{','.join(map(str, options.floors)) or 'nothing'}")
-    if not _is_count(options.seeds) or options.seeds < 2:
-        raise ValueError(f"--seeds must be an integer >= 2 (the bootstrap resamples seeds), got {options.seeds!r}")
+    require_integer("--seeds", options.seeds, 2, note=" (the bootstrap resamples seeds)")
     if _bad_counts(options.instances):
         raise ValueError(f"--instance must be a comma-separated list of distinct integers >= 0, got "
                          f"{','.join(map(str, options.instances)) or 'nothing'}")

@@ -289,7 +289,8 @@ def thm34_bound(
 
 @dataclass(frozen=True)
 class DesignQuery:
-    """What `replay-theory optimal` is asked. Field docs are the CLI help."""
+    """The paper's design question (Thm 3.4/3.5 inputs); ``optimal``'s options are the fields of
+    :class:`~replay_theory.theory.optimal.OptimalQuery`, which builds this one."""
 
     mu: float
     """Rollout cost ratio; meaning set by ``convention`` (default: rollout cost / per-sample update cost, Table 1)."""
