@@ -533,14 +533,15 @@ def verdict_summary(report: dict) -> dict:
     (``_rule_summary``), the designs' rewards, and why a rule made no pick."""
     from replay_theory.core.designs import in_design_names
 
-    rows = [{"name": d["name"], "R": d["rollouts_per_step"], "N": d["capacity"], "B": d["batch_size"],
-             "steps": d.get("steps"), "reward_mean": d.get("final_reward_mean"), "reward_sd": d.get("final_reward_std")}
+    sizes = ("rollouts_per_step", "capacity", "batch_size")
+    rows = [{"name": d["name"], **{k: d[k] for k in sizes}, "steps": d.get("steps"),
+             "reward_mean": d.get("final_reward_mean"), "reward_sd": d.get("final_reward_std")}
             for d in map(in_design_names, report.get("designs", []))]  # rows saved before say N, B, R
     predictions = report.get("predictions") or []
     rules = [_rule_summary(p) for p in predictions]
     noise = next((p for p in predictions if p["rule"] == "noise-scale"), {}).get("input") or {}
     budget = report.get("budget", {})
-    return {"B": report.get("config", {}).get("rollouts_per_step"), "seeds": budget.get("seeds"),
+    return {"batch_size": report.get("config", {}).get("rollouts_per_step"), "seeds": budget.get("seeds"),
             "budget_updates": budget.get("updates"), "batched": budget.get("batched"), "mu_priced": report.get("mu"),
             "mu_measured": report.get("mu_measured"), "b_noise": noise.get("b_noise"),
             "b_noise_interval": noise.get("b_noise_interval"),
@@ -1291,7 +1292,7 @@ def _decode_lines(record: dict) -> list[str]:
 
 def _verdict_rules_lines(c: dict) -> list[str]:
     """A verdict case's batch, budget and B_noise, each rule's placement, and the designs' held-out rewards."""
-    lines = [f"B = {c['B']}, {c['seeds']} seeds (batched: {_fmt(c['batched'])}), budget "
+    lines = [f"B = {c['batch_size']}, {c['seeds']} seeds (batched: {_fmt(c['batched'])}), budget "
              f"{c['budget_updates']} on-policy updates at mu = {_fmt(c['mu_priced'])} (measured "
              f"{_fmt(c['mu_measured'])}); B_noise = {_fmt(c['b_noise'])} (interval "
              f"{', '.join(_fmt(v) for v in c.get('b_noise_interval') or [])}); measured best: "
@@ -1305,8 +1306,8 @@ def _verdict_rules_lines(c: dict) -> list[str]:
     if c.get("forgetting_note"):
         lines += ["", f"forgetting-aware rule: no prediction ({c['forgetting_note']})"]
     return lines + [""] + _table(["design", "R", "N", "B", "updates", "held-out reward", "sd"],
-                                 [[d["name"], d["R"], d["N"], d["B"], d["steps"], d["reward_mean"],
-                                   d["reward_sd"]] for d in c["designs"]])
+                                 [[d["name"], d["rollouts_per_step"], d["capacity"], d["batch_size"], d["steps"],
+                                   d["reward_mean"], d["reward_sd"]] for d in c["designs"]])
 
 
 def _verdict_case_lines(c: dict) -> list[str]:

@@ -275,9 +275,10 @@ RECORD_KEYS: dict[str, tuple[str, ...]] = {
     "batch_size": ("batch_size", "B"),
     "rollouts_per_step": ("rollouts_per_step", "R"),
 }
-"""The keys a saved record gives N, B, R under, the current name first. ``replay-theory optimal --json``, ``validate
-predict``'s predicted.json and verify's report rows say ``capacity``, ``batch_size``, ``rollouts_per_step``; files
-saved before say ``buffer_size`` (optimal) or ``N``, ``B``, ``R`` (predicted.json, report rows)."""
+"""The keys a saved record gives N, B, R under, the current name first. ``replay-theory optimal --json`` (its design
+rows too), ``validate predict``'s predicted.json, verify's report rows and the rules' picks (``noise_scale_pick``,
+``forgetting_pick``) say ``capacity``, ``batch_size``, ``rollouts_per_step``; files saved before say ``buffer_size``
+(optimal) or ``N``, ``B``, ``R`` (predicted.json, report rows, optimal's design rows, the picks)."""
 
 
 def record_key(record: Mapping[str, Any], name: str) -> str | None:

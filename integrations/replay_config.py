@@ -191,11 +191,11 @@ class ReplayConfig:
                 require_integer("group_size", group_size, 1)
                 mu = rollout_mu_of_convention(data["mu"], data.get("convention", "rollout-cost"))
                 pick = noise_scale_pick(data["b_noise"], data["batch_size"], group_size, mu)
-                if pick["R"] != data["rollouts_per_step"]:
-                    notes.append(f"R = N = {data['rollouts_per_step']} of the rule rounded to {pick['R']}, whole "
-                                 f"groups of {group_size} (the cheaper neighbour by the rule's cost; regime "
-                                 f"{pick['regime']})")
-                data["capacity"] = data["rollouts_per_step"] = pick["R"]
+                if pick["rollouts_per_step"] != data["rollouts_per_step"]:
+                    notes.append(f"R = N = {data['rollouts_per_step']} of the rule rounded to "
+                                 f"{pick['rollouts_per_step']}, whole groups of {group_size} (the cheaper neighbour "
+                                 f"by the rule's cost; regime {pick['regime']})")
+                data["capacity"] = data["rollouts_per_step"] = pick["rollouts_per_step"]
         missing = [k for k in ("capacity", "batch_size", "rollouts_per_step") if data.get(k) is None]
         if missing and data.get("regime") == "unbounded":  # the objective still fell at the last measured staleness
             raise ValueError("the design is unbounded (the objective still falls at the largest staleness the profile "

@@ -49,9 +49,9 @@ class Query:
 
 def _design_row(p: fg.Prediction, ref: fg.Prediction) -> dict:
     d = p.design
-    return {"B": d.batch, "R": d.rollouts, "N": d.capacity, "x": d.x, "y": d.y, "on_policy": d.on_policy,
-            "steps_vs_B": p.steps / ref.steps, "compute_vs_B": p.compute / ref.compute, "psi": p.psi,
-            "kappa_at_design": None if math.isnan(p.kappa) else p.kappa, "staleness_factor": p.staleness}
+    return {"batch_size": d.batch, "rollouts_per_step": d.rollouts, "capacity": d.capacity, "x": d.x, "y": d.y,
+            "on_policy": d.on_policy, "steps_vs_B": p.steps / ref.steps, "compute_vs_B": p.compute / ref.compute,
+            "psi": p.psi, "kappa_at_design": None if math.isnan(p.kappa) else p.kappa, "staleness_factor": p.staleness}
 
 
 def advise(q: Query) -> dict:
@@ -112,22 +112,24 @@ def _measured_advice(r: dict) -> tuple[str, str]:
     """(what to do, why): the action in one short sentence, the numbers and the condition that decided it apart."""
     at, on, rep = r["designs"]["at_batch"], r["designs"]["on_policy"], r["designs"]["replay"]
     if r["winner"] == "replay":
-        action = (f"replay with B = {rep['B']}, R = {rep['R']}, N = {rep['N']} (horizon x = {rep['x']}, replay ratio "
-                  f"y = {rep['y']:.3g})")
+        action = (f"replay with B = {rep['batch_size']}, R = {rep['rollouts_per_step']}, N = {rep['capacity']} "
+                  f"(horizon x = {rep['x']}, replay ratio y = {rep['y']:.3g})")
         why = (f"{rep['compute_vs_B']:.2f}x the compute of on-policy at B = {r['batch']} in {rep['steps_vs_B']:.2f}x "
                f"its steps, {on['compute_vs_B'] / rep['compute_vs_B']:.2f}x cheaper than the cheapest on-policy batch "
-               f"(B = {on['B']}): the optimizer keeps psi = {rep['psi']:.2f} of the buffer's extra noise, below the "
-               f"{r['condition']['threshold_at_y']:.2f} a smaller on-policy batch allows at y = {rep['y']:.3g}")
+               f"(B = {on['batch_size']}): the optimizer keeps psi = {rep['psi']:.2f} of the buffer's extra noise, "
+               f"below the {r['condition']['threshold_at_y']:.2f} a smaller on-policy batch allows at "
+               f"y = {rep['y']:.3g}")
         return action, why
     replay = ("no replay design fits the steps budget" if rep is None else
-              f"replay's best (B = {rep['B']}, R = {rep['R']}, N = {rep['N']}) needs {rep['compute_vs_B']:.2f}x: the "
-              f"optimizer keeps psi = {rep['psi']:.2f} of its extra noise at x = {rep['x']}, above the "
-              f"{r['condition']['threshold_at_y']:.2f} a smaller on-policy batch allows at y = {rep['y']:.3g}")
+              f"replay's best (B = {rep['batch_size']}, R = {rep['rollouts_per_step']}, N = {rep['capacity']}) needs "
+              f"{rep['compute_vs_B']:.2f}x: the optimizer keeps psi = {rep['psi']:.2f} of its extra noise at "
+              f"x = {rep['x']}, above the {r['condition']['threshold_at_y']:.2f} a smaller on-policy batch allows at "
+              f"y = {rep['y']:.3g}")
     if r["winner"] == "on-policy at B":
         return (f"stay on-policy at B = {r['batch']}",
                 f"no other batch within {r['max_steps_ratio']:g}x its steps is cheaper; {replay}")
-    side = "smaller" if on["B"] < at["B"] else "larger"
-    return (f"train on-policy at a {side} batch, B = R = N = {on['B']}",
+    side = "smaller" if on["batch_size"] < at["batch_size"] else "larger"
+    return (f"train on-policy at a {side} batch, B = R = N = {on['batch_size']}",
             f"{on['compute_vs_B']:.2f}x the compute of on-policy at B = {r['batch']} in {on['steps_vs_B']:.2f}x its "
             f"steps; {replay}")
 
@@ -202,8 +204,9 @@ def render(r: dict, evidence: list[str]) -> str:
             continue
         mark = "  <- best" if (key == "replay") == (r["winner"] == "replay") and key != "at_batch" or (
             key == "at_batch" and r["winner"] == "on-policy at B") else ""
-        lines.append(f"  {name:<22}  {row['B']:>5} {row['R']:>7} {row['N']:>8} {row['x']:>5} {row['y']:>6.3g}  "
-                     f"{row['steps_vs_B']:>9.2f}x  {row['compute_vs_B']:>11.2f}x  {row['psi']:>6.2f}{mark}")
+        lines.append(f"  {name:<22}  {row['batch_size']:>5} {row['rollouts_per_step']:>7} {row['capacity']:>8} "
+                     f"{row['x']:>5} {row['y']:>6.3g}  {row['steps_vs_B']:>9.2f}x  {row['compute_vs_B']:>11.2f}x  "
+                     f"{row['psi']:>6.2f}{mark}")
     if r.get("condition"):
         c = r["condition"]
         lines += ["", f"the condition: replay at (R, B = y R) beats the on-policy batch with as many steps iff psi < "

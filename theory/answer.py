@@ -118,8 +118,8 @@ def _design_footer(d: Design, finite: bool) -> list[str]:
     if finite and d.large_budget_limit is not None:
         j = d.large_budget_limit
         lines.append(f"large-budget limit (Thm 3.5's J at the same {j['fixed']}): "
-                     f"N = {j['N']}, R = {j['R']}, B = {j['B']} (x = {fmt(j['x'])}, y = {fmt(j['y'])}, "
-                     f"{j['regime']}); its bound at this budget = {fmt(j['bound_at_budget'])} "
+                     f"N = {j['capacity']}, R = {j['rollouts_per_step']}, B = {j['batch_size']} (x = {fmt(j['x'])}, "
+                     f"y = {fmt(j['y'])}, {j['regime']}); its bound at this budget = {fmt(j['bound_at_budget'])} "
                      f"({fmt(d.large_budget_bound_ratio, 3)}x this design's).")
     return lines + [f"note: {note}." for note in d.notes]
 

@@ -372,7 +372,8 @@ class Design:
     bound: float | None = None
     bound_terms: dict | None = None
     large_budget_limit: dict | None = None
-    """For a finite-budget design: the paper-J design at the same fixed B or R, and its bound at this budget."""
+    """For a finite-budget design: the paper-J design at the same fixed B or R (``fixed``: "B" or "R"; its
+    ``capacity``, ``rollouts_per_step``, ``batch_size``, x, y and regime), and its bound at this budget."""
 
     @property
     def large_budget_bound_ratio(self) -> float | None:
@@ -1055,7 +1056,8 @@ def finite_budget_design(
         notes.append(f"paper-sec3 reads mu = {mu:g} as update cost / rollout cost, "
                      f"i.e. rollouts cost {mu_rollout:.3g}x an update; the budget is in rollout costs")
     large = {
-        "fixed": "B" if batch_fixed else "R", "x": Nj / Rj, "y": Bj / Rj, "N": Nj, "R": Rj, "B": Bj,
+        "fixed": "B" if batch_fixed else "R", "x": Nj / Rj, "y": Bj / Rj, "capacity": Nj, "rollouts_per_step": Rj,
+        "batch_size": Bj,
         "regime": classify_regime(Nj / Rj, Bj / Rj),
         "bound_at_budget": float(at_j.value), "updates_at_budget": float(at_j.updates),
         "paper_J": float(j_score(np.asarray(float(Nj)), np.asarray(float(Rj)), np.asarray(float(Bj)))),

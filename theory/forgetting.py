@@ -797,8 +797,8 @@ def forgetting_pick(b_noise: float, batch: int, group_size: int, mu: float, kapp
                   for x in _horizons(max_horizon) if not (rr == batch and x == 1)]
     best = min(predict_many(candidates, b_noise, mu, memory, staleness, floor) + [on], key=lambda p: p.compute)
     d = best.design
-    return {"b_noise": b_noise, "B": batch, "b": b_noise / batch, "mu": mu, "kappa": kappa, "optimizer": optimizer,
-            "beta1": beta1, "regime": "on-policy" if d.on_policy else "replay", "R": d.rollouts, "N": d.capacity,
-            "x": d.x, "y": d.y, "psi": best.psi, "kappa_at_design": best.kappa, "steps": best.steps,
-            "cost": best.compute / (batch * 1.0), "on_policy_cost": on.compute / batch,
-            "saving": on.compute / best.compute}
+    return {"b_noise": b_noise, "batch_size": batch, "b": b_noise / batch, "mu": mu, "kappa": kappa,
+            "optimizer": optimizer, "beta1": beta1, "regime": "on-policy" if d.on_policy else "replay",
+            "rollouts_per_step": d.rollouts, "capacity": d.capacity, "x": d.x, "y": d.y, "psi": best.psi,
+            "kappa_at_design": best.kappa, "steps": best.steps, "cost": best.compute / (batch * 1.0),
+            "on_policy_cost": on.compute / batch, "saving": on.compute / best.compute}

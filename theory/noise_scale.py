@@ -330,9 +330,10 @@ def noise_scale_pick(b_noise: float, batch: int, group_size: int, mu: float) -> 
     (R = N = B) when it does not pay or the rounded design costs at least on-policy's (1 + b)(1 + mu).
     """
     rule = noise_scale_design(b_noise, batch, mu)
-    pick = {"b_noise": b_noise, "B": batch, "b": rule.b, "mu": mu, "y_star": rule.y_continuous,
+    pick = {"b_noise": b_noise, "batch_size": batch, "b": rule.b, "mu": mu, "y_star": rule.y_continuous,
             "threshold_b": rule.threshold_b, "on_policy_cost": rule.on_policy_cost}
-    on_policy = {**pick, "regime": "on-policy", "R": batch, "N": batch, "y": 1.0, "cost": rule.on_policy_cost}
+    on_policy = {**pick, "regime": "on-policy", "rollouts_per_step": batch, "capacity": batch, "y": 1.0,
+                 "cost": rule.on_policy_cost}
     if rule.regime == "on-policy":
         return on_policy
     exact = batch / rule.y_continuous  # R* = B / y*, between whole groups
@@ -342,4 +343,4 @@ def noise_scale_pick(b_noise: float, batch: int, group_size: int, mu: float) -> 
     cost = replay_cost(rule.b, batch / R, mu)
     if cost >= rule.on_policy_cost:  # the groups' rounding lost the saving
         return on_policy
-    return {**pick, "regime": "replay", "R": R, "N": R, "y": batch / R, "cost": cost}
+    return {**pick, "regime": "replay", "rollouts_per_step": R, "capacity": R, "y": batch / R, "cost": cost}

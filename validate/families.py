@@ -150,7 +150,7 @@ def fixed_b_designs(config: ValidateConfig, predicted: dict, pick: dict | None, 
                                ("forgetting", "forgetting-aware rule", forgetting)):
         if chosen is not None:
             centres[rule] = _add_design(designs, designs[0] if chosen["regime"] == "on-policy" else _ranked(
-                config, name, "fifo", chosen["N"], B, chosen["R"]))
+                config, name, "fifo", chosen["capacity"], B, chosen["rollouts_per_step"]))
     sizes = paper_sizes(predicted)
     centres["paper"] = "on-policy" if sizes is None else _add_design(designs, _ranked(config, "predicted", "fifo",
                                                                                        *sizes, B))

@@ -615,7 +615,8 @@ def _rule_input(rule: str, pick: dict | None, noise_record: dict, predicted: dic
                                                         "unit_size", "source")},
              "pick": pick}
     if pick:  # the rule at both ends of B_noise's interval (None: no signal, b = inf, on-policy)
-        entry["pick_at_interval"] = [None if v is None else noise_scale_pick(v, pick["B"], group_size, pick["mu"])
+        entry["pick_at_interval"] = [None if v is None else
+                                     noise_scale_pick(v, pick["batch_size"], group_size, pick["mu"])
                                      for v in noise_record["b_noise_interval"]]
     return entry
 
@@ -661,13 +662,13 @@ def _noise_scale_rule_line(rule: dict) -> str:
         return "The noise-scale rule made no prediction: the calibration has no measured B_noise."
     lo, hi = record["b_noise_interval"]
     at_ends = ", ".join("on-policy (b = inf)" if p is None else
-                        f"{p['regime']} R = {p['R']}" for p in rule["pick_at_interval"])
+                        f"{p['regime']} R = {p['rollouts_per_step']}" for p in rule["pick_at_interval"])
     y_star = f"y* = {pick['y_star']:.3g}; " if pick["regime"] == "replay" else ""
     return (f"Noise-scale rule: B_noise = {record['b_noise']:.4g} ({record['method']}, "
             f"{100 * record['level']:g}% interval [{_fmt(lo, '.4g')}, {_fmt(hi, '.4g')}]; calibration "
             f"batch {record['batch']}, unit {record['unit_size']}), b = B_noise / B = {pick['b']:.4g} at "
-            f"B = {pick['B']}, mu = {pick['mu']:g}: replay pays iff b < {pick['threshold_b']:.4g}; "
-            f"{y_star}pick {pick['regime']} R = N = {pick['R']} (y = {pick['y']:.3g}), "
+            f"B = {pick['batch_size']}, mu = {pick['mu']:g}: replay pays iff b < {pick['threshold_b']:.4g}; "
+            f"{y_star}pick {pick['regime']} R = N = {pick['rollouts_per_step']} (y = {pick['y']:.3g}), "
             f"predicted cost {pick['cost']:.4g} vs on-policy {pick['on_policy_cost']:.4g} (S_min B units); "
             f"at the interval's ends: {at_ends}.")
 
@@ -682,10 +683,10 @@ def _forgetting_rule_lines(forgetting: dict | None, forgetting_input: dict | Non
     if fpick is None:
         return ["", f"Forgetting-aware rule: no prediction ({memory.get('reason')})."]
     return ["", f"Forgetting-aware rule: kappa = {fpick['kappa']:.4g} ({memory['source']}; optimizer "
-            f"{fpick['optimizer']}, beta1 {fpick['beta1']:g}), b = {fpick['b']:.4g} at B = {fpick['B']}, "
-            f"mu = {fpick['mu']:g}: pick {fpick['regime']} R = {fpick['R']}, N = {fpick['N']} (x = "
-            f"{fpick['x']:.3g}, y = {fpick['y']:.3g}, psi = {fpick['psi']:.3g}), predicted cost "
-            f"{fpick['cost']:.4g} vs on-policy {fpick['on_policy_cost']:.4g}."]
+            f"{fpick['optimizer']}, beta1 {fpick['beta1']:g}), b = {fpick['b']:.4g} at B = {fpick['batch_size']}, "
+            f"mu = {fpick['mu']:g}: pick {fpick['regime']} R = {fpick['rollouts_per_step']}, "
+            f"N = {fpick['capacity']} (x = {fpick['x']:.3g}, y = {fpick['y']:.3g}, psi = {fpick['psi']:.3g}), "
+            f"predicted cost {fpick['cost']:.4g} vs on-policy {fpick['on_policy_cost']:.4g}."]
 
 
 def _predictions_table(predictions: list[dict]) -> list[str]:

@@ -174,7 +174,8 @@ def test_large_budget_limit_is_the_papers_j_argmin():
     J = paper_objective(N / R, 256 / R, mu=5.28, profile=POWER, rho=0.1)
     k = int(np.argmin(J))
     assert (d.capacity, d.rollouts_per_step) == (int(N[k]), int(R[k]))
-    assert d.large_budget_limit["N"] == int(N[k]) and d.large_budget_limit["R"] == int(R[k])
+    limit = d.large_budget_limit
+    assert (limit["capacity"], limit["rollouts_per_step"], limit["batch_size"]) == (int(N[k]), int(R[k]), 256)
     x_star, y_star = power_law_optimum(1 / 5.28, 0.25, 0.1)  # the continuous Thm 3.5 optimum
     assert d.x_star == pytest.approx(x_star, rel=0.01) and d.y_star == pytest.approx(y_star, rel=0.01)
 

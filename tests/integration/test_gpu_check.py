@@ -196,7 +196,7 @@ def test_verdict_section_places_every_rule(smoke):
     record = data["sections"]["verdict"]
     assert record["status"] == "ok" and record["kappa_given"] == 0.1
     (case,) = record["cases"]  # the smoke plan has no larger batch
-    assert case["status"] == "ok" and case["exit_code"] == 0 and case["B"] == 64 and case["seeds"] == 2
+    assert case["status"] == "ok" and case["exit_code"] == 0 and case["batch_size"] == 64 and case["seeds"] == 2
     assert case["batched"] is True and (case["b_noise"] is None or case["b_noise"] > 0)
     rules = {r["rule"]: r for r in case["rules"]}
     assert "paper" in rules and set(rules) <= {"noise-scale", "forgetting", "paper"}
@@ -230,8 +230,10 @@ def test_verdict_summary_reads_a_fixed_b_report_by_hand(repo_root):
                    "separation": None}],
               "forgetting_input": {"kappa": None, "reason": "no kappa: profile.json has no memory record"}}
     out = gpu_check.verdict_summary(report)
-    assert (out["B"], out["seeds"], out["b_noise"], out["measured_best"]) == (4096, 16, 2383.0, "on-policy B/4")
-    row = {"name": "on-policy", "R": 4096, "N": 4096, "B": 4096, "steps": 6, "reward_mean": 0.25, "reward_sd": 0.01}
+    assert (out["batch_size"], out["seeds"], out["b_noise"], out["measured_best"]) == (
+        4096, 16, 2383.0, "on-policy B/4")
+    row = {"name": "on-policy", "rollouts_per_step": 4096, "capacity": 4096, "batch_size": 4096, "steps": 6,
+           "reward_mean": 0.25, "reward_sd": 0.01}
     assert out["designs"] == [row]  # a row saved before the design kept DesignConfig's names: N, B, R
     renamed = {"name": "on-policy", "rollouts_per_step": 4096, "capacity": 4096, "batch_size": 4096, "steps": 6,
                "final_reward_mean": 0.25, "final_reward_std": 0.01}

@@ -50,20 +50,20 @@ def test_the_rules_pick_by_hand():
     # b = 0.25 (B_noise 16): y* = sqrt(26.4) = 5.138, B / y* = 12.46 between the groups R = 8 and 16:
     # (1 + 0.25 x 9)(1 + 5.28 / 8) = 5.395 > (1 + 0.25 x 5)(1 + 5.28 / 4) = 5.22: R = 16, y = 4
     pick = noise_scale_pick(16.0, 64, 8, mu)
-    assert (pick["regime"], pick["R"], pick["N"], pick["y"]) == ("replay", 16, 16, 4.0)
+    assert (pick["regime"], pick["rollouts_per_step"], pick["capacity"], pick["y"]) == ("replay", 16, 16, 4.0)
     assert pick["b"] == 0.25 and pick["y_star"] == pytest.approx(math.sqrt(26.4))
     assert pick["cost"] == pytest.approx(2.25 * 2.32) and pick["on_policy_cost"] == pytest.approx(1.25 * 6.28)
     assert pick["threshold_b"] == pytest.approx((math.sqrt(6.28) - 1) / 2)
     # b = 0.1: y* = sqrt(58.08) = 7.62, B / y* = 8.40: R = 8 (cost 1.9 x 1.66 = 3.154) beats R = 16 (3.48)
     pick = noise_scale_pick(6.4, 64, 8, mu)
-    assert (pick["R"], pick["y"]) == (8, 8.0) and pick["cost"] == pytest.approx(1.9 * 1.66)
+    assert (pick["rollouts_per_step"], pick["y"]) == (8, 8.0) and pick["cost"] == pytest.approx(1.9 * 1.66)
     # groups of 2: R = 12 ((1 + 0.25 (1 + 16/3))(1 + 0.99) = 5.1408) beats R = 14 (5.157)
     pick = noise_scale_pick(16.0, 64, 2, mu)
-    assert pick["R"] == 12 and pick["cost"] == pytest.approx((1 + 0.25 * (1 + 16 / 3)) * 1.99)
+    assert pick["rollouts_per_step"] == 12 and pick["cost"] == pytest.approx((1 + 0.25 * (1 + 16 / 3)) * 1.99)
     assert pick["cost"] < replay_cost(0.25, 64 / 14, mu)
     # b = 1: 4 b (1 + b) = 8 > 5.28: on-policy at B
     pick = noise_scale_pick(64.0, 64, 8, mu)
-    assert (pick["regime"], pick["R"], pick["N"], pick["y"]) == ("on-policy", 64, 64, 1.0)
+    assert (pick["regime"], pick["rollouts_per_step"], pick["capacity"], pick["y"]) == ("on-policy", 64, 64, 1.0)
     assert pick["cost"] == pick["on_policy_cost"] == pytest.approx(2 * 6.28)
 
 
@@ -158,7 +158,7 @@ def test_report_rows_of_both_rules_by_hand():
         "noise-scale", "replay y=4", "paper", "on-policy")
     assert rule["input"]["b_noise"] == 16.0 and rule["pick"] == pick
     # at the interval's ends: b = 0.125 (y* = sqrt(5.28 x 9) = 6.89, B / y* = 9.29: R = 8) and b = inf (on-policy)
-    assert rule["pick_at_interval"][0]["R"] == 8 and rule["pick_at_interval"][1] is None
+    assert rule["pick_at_interval"][0]["rollouts_per_step"] == 8 and rule["pick_at_interval"][1] is None
     assert rule["verdict"]["family"]["rank"] == 1 and rule["verdict"]["family"]["regret"] == 0.0
     # strongest rival of the best: replay y=2 (mean 0.25 > 0.2); differences 0.1, 0.15, 0.05, 0.2: mean 0.125,
     # var (ddof 1) 0.0125 / 3, seeds for 2 se = ceil(4 var / mean^2) = ceil(1.07) = 2
@@ -275,7 +275,7 @@ def test_fixed_b_verify_end_to_end_on_the_tiny_model(tmp_path):
     assert steps == {"on-policy": 2, "replay y=2": 3, "replay y=4": 5, "replay y=8": 7, "on-policy B/2": 4,
                      "on-policy B/4": 8, "predicted": 1}
     rule, paper = report["predictions"]
-    assert (rule["design"], rule["pick"]["R"], paper["design"]) == ("replay y=4", 4, "predicted")
+    assert (rule["design"], rule["pick"]["rollouts_per_step"], paper["design"]) == ("replay y=4", 4, "predicted")
     assert rule["verdict"]["family"]["designs"] == 7 and paper["verdict"] == report["verdict"]
     paper_input = paper["input"]  # the old predicted.json's N, B, R under DesignConfig's names
     assert (paper_input["capacity"], paper_input["batch_size"], paper_input["rollouts_per_step"]) == (32, 32, 16)

@@ -88,7 +88,7 @@ def test_fixed_b_verify_places_the_forgetting_rule(tmp_path):
     assert forgetting["design"] in names
     placed = next(d for d in report["designs"] if d["name"] == forgetting["design"])
     assert (placed["rollouts_per_step"], placed["capacity"]) == (
-        (expected["R"], expected["N"]) if expected["regime"] == "replay" else (16, 16))
+        (expected["rollouts_per_step"], expected["capacity"]) if expected["regime"] == "replay" else (16, 16))
     f = forgetting["verdict"]["family"]
     assert 1 <= f["rank"] <= f["designs"] == len(names) and 0.0 <= f["probability_predicted_best"] <= 1.0
     assert forgetting["separation"]["seeds_needed"] is None or forgetting["separation"]["seeds_needed"] >= 2

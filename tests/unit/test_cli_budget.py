@@ -24,7 +24,8 @@ def test_optimal_budget_json_is_the_finite_budget_design(cli):
     assert (d.capacity, d.rollouts_per_step) == (35, 14)
     assert payload["bound"] == pytest.approx(d.bound, rel=1e-15) and payload["eta"] == 0.5
     assert payload["updates"] == pytest.approx(1e4 / (5.28 * 14 + 256), rel=1e-14)
-    assert payload["large_budget_limit"]["N"] == 194 and payload["large_budget_limit"]["R"] == 80
+    limit = payload["large_budget_limit"]
+    assert (limit["fixed"], limit["capacity"], limit["rollouts_per_step"], limit["batch_size"]) == ("B", 194, 80, 256)
     assert payload["regime"] == "replay" and payload["bound_terms"]["step_limited"] is True
 
 

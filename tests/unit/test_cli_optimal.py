@@ -35,12 +35,14 @@ def test_the_whole_design_is_forgettings_answer(cli):
     w = fg.whole_design(100, 512, 5.28, fg.Memory(0.5, "sgd", 0.9, 512.0), group_size=8, floor=128)
     assert d["winner"] == w.winner == "replay"
     rep, on = d["designs"]["replay"], d["designs"]["on_policy"]
-    assert (rep["B"], rep["R"], rep["N"]) == (w.replay.design.batch, w.replay.design.rollouts, w.replay.design.capacity)
+    assert (rep["batch_size"], rep["rollouts_per_step"], rep["capacity"]) == (
+        w.replay.design.batch, w.replay.design.rollouts, w.replay.design.capacity)
     assert rep["compute_vs_B"] == pytest.approx(w.replay.compute / w.at_batch.compute)
     assert rep["steps_vs_B"] == pytest.approx(w.replay.steps / w.at_batch.steps)
-    assert on["B"] == w.on_policy.design.batch and rep["B"] % 8 == rep["R"] % 8 == 0
+    assert on["batch_size"] == w.on_policy.design.batch and rep["batch_size"] % 8 == rep["rollouts_per_step"] % 8 == 0
     assert d["condition"]["threshold_at_y"] == pytest.approx(fg.equal_steps_threshold(rep["y"], 5.28))
-    assert d["what_to_do"].startswith(f"replay with B = {rep['B']}, R = {rep['R']}, N = {rep['N']}")
+    assert d["what_to_do"].startswith(
+        f"replay with B = {rep['batch_size']}, R = {rep['rollouts_per_step']}, N = {rep['capacity']}")
     assert "below the" in d["why"]  # the condition that decided it
 
 

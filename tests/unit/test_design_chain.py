@@ -72,7 +72,7 @@ def test_design_json_of_the_noise_scale_rule_feeds_the_trainer_in_whole_groups(c
     assert (replay.capacity, replay.batch_size, replay.rollouts_per_step) == (best, 64, best) == (8, 64, 8)
     assert replay.notes == ("R = N = 10 of the rule rounded to 8, whole groups of 8 (the cheaper neighbour by the "
                             "rule's cost; regime replay)",)
-    assert noise_scale_pick(10.0, 64, 8, 5.28)["R"] == 8
+    assert noise_scale_pick(10.0, 64, 8, 5.28)["rollouts_per_step"] == 8
     # on-policy (b = 1541 / 64 = 24 > 0.75): N = B = R = 64, nothing rounded
     code, out, _ = cli("optimal", "--mu", "5.28", "--noise-scale", "1541", "-B", "64", "--objective", "noise-scale",
                        "--json")
@@ -87,7 +87,7 @@ def test_design_json_of_the_forgetting_rule_feeds_the_trainer_its_winner(cli):
     replay = ReplayConfig.from_optimal_json(design, group_size=8)
     rep = design["designs"]["replay"]  # the winner here (test_cli_optimal): N = x R, B, R in whole groups
     assert design["winner"] == "replay" and (replay.capacity, replay.batch_size, replay.rollouts_per_step) == (
-        rep["N"], rep["B"], rep["R"]) and replay.notes == ()
+        rep["capacity"], rep["batch_size"], rep["rollouts_per_step"]) and replay.notes == ()
     code, out, _ = cli("optimal", "--mu", "5.28", "--json")
     with pytest.raises(ValueError, match="the optimal --json output has no design"):
         ReplayConfig.from_optimal_json(json.loads(out), group_size=8)

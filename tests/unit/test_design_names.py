@@ -3,11 +3,17 @@ old shape (N, B, R; optimal's buffer_size) reads as the new one (capacity, batch
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from replay_theory.core.designs import DesignConfig, in_design_names
 from replay_theory.experiments import lm_horizon
+from replay_theory.integrations.replay_config import ReplayConfig
 from replay_theory.theory import forgetting as fg
+from replay_theory.theory.design import finite_budget_design
+from replay_theory.theory.noise_scale import noise_scale_pick
+from replay_theory.theory.profiles import PowerLawProfile
 
 FIELDS = {"mu": 5.28, "x_star": 7.97, "y_star": 6.29, "regime": "replay"}
 OLD_PREDICTED = {**FIELDS, "N": 510, "B": 403, "R": 64}  # validate predict before the design kept one name
@@ -38,3 +44,34 @@ def test_a_size_the_record_lacks_is_none_and_optimal_json_before_capacity_says_b
     assert in_design_names(old_optimal) == {"batch_size": 256, "rollouts_per_step": 64, "rho": 0.1, "capacity": 512.0}
     with pytest.raises(ValueError, match=r"^the record has no capacity \(one of capacity, buffer_size, N\)$"):
         DesignConfig.from_record(on_policy)
+
+
+def _old_shape(record: dict) -> dict:
+    """``record`` as it was saved before the theory's design records said capacity, batch_size, rollouts_per_step."""
+    old = {"capacity": "N", "batch_size": "B", "rollouts_per_step": "R"}
+    return {old.get(k, k): v for k, v in record.items()}
+
+
+def test_the_theorys_records_saved_with_n_b_r_read_as_todays(cli, tmp_path):
+    """optimal --json's design rows (designs.at_batch / on_policy / replay), the rules' picks in a verify report and
+    the finite-budget large-budget limit said B, R, N before: a file saved then still feeds the trainer the same
+    design, and each record reads through the adapter as today's."""
+    code, out, _ = cli("optimal", "--mu", "5.28", "-B", "256", "--noise-scale", "64", "--kappa", "0.5",
+                       "--latency-floor", "64", "--json")
+    new = json.loads(out)
+    rows = new["designs"]
+    assert code == 0 and new["winner"] == "replay"
+    assert (rows["replay"]["capacity"], rows["replay"]["batch_size"], rows["replay"]["rollouts_per_step"]) == (
+        new["capacity"], new["batch_size"], new["rollouts_per_step"]) == (4096, 144, 64)
+    saved = tmp_path / "design.json"
+    saved.write_text(json.dumps({**new, "designs": {k: _old_shape(v) for k, v in rows.items()}}))
+    assert ReplayConfig.from_optimal_json(saved) == ReplayConfig.from_optimal_json(new) == ReplayConfig(
+        capacity=4096, batch_size=144, rollouts_per_step=64)
+    for name, row in rows.items():
+        assert _old_shape(row)["N"] == row["capacity"] and in_design_names(_old_shape(row)) == row, name
+    for pick in (noise_scale_pick(16.0, 64, 8, 5.28), fg.forgetting_pick(2383, 64, 8, 5.28, 0.1, "adam")):
+        assert pick["regime"] == "replay" and in_design_names(_old_shape(pick)) == pick
+    limit = finite_budget_design(budget=1e4, mu=5.28, profile=PowerLawProfile(0.25), rho=0.1, smoothness=1.0,
+                                 bias=0.1, f0=1.0, batch_size=256).large_budget_limit
+    assert limit is not None and (limit["fixed"], limit["capacity"], limit["rollouts_per_step"]) == ("B", 194, 80)
+    assert in_design_names(_old_shape(limit)) == limit  # "fixed" names the size held fixed: its value stays "B"

@@ -581,13 +581,13 @@ def test_forgetting_pick_on_the_language_model_noise_scale():
     psi_c(37.2) = 0.441 (derive forgetting-rule) and replay wins by about 1%."""
     b = 2383 / 64
     on = fg.forgetting_pick(2383, 64, 8, MU_QWEN, 0.01, "adam")
-    assert on["regime"] == "on-policy" and (on["R"], on["N"], on["x"]) == (64, 64, 1)
+    assert on["regime"] == "on-policy" and (on["rollouts_per_step"], on["capacity"], on["x"]) == (64, 64, 1)
     assert on["cost"] == pytest.approx((1 + b) * (1 + MU_QWEN), rel=RTOL) == on["on_policy_cost"]
     assert on["saving"] == 1.0 and on["b"] == pytest.approx(37.234375, rel=RTOL)
     replay = fg.forgetting_pick(2383, 64, 8, MU_QWEN, 0.1, "adam")
     psi_c = (1 + 1 / b) * fg.loosest_equal_steps(MU_QWEN)[1]
     assert replay["regime"] == "replay" and replay["psi"] < psi_c
-    assert 1.0 < replay["saving"] < 1.05 and replay["R"] % 8 == 0
+    assert 1.0 < replay["saving"] < 1.05 and replay["rollouts_per_step"] % 8 == 0
 
 
 @pytest.mark.parametrize("call,message", [
