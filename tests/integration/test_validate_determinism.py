@@ -1,4 +1,5 @@
-"""Same command and seed, same numbers: a short calibration at 1 and at 2 torch threads, in separate processes.
+"""Same command and seed, same numbers: a short calibration at 1 and at 2 threads (torch and numpy's BLAS), in
+separate processes.
 
 Issue 13: three identical `validate calibrate` runs gave three sets of numbers. Everything a calibration
 writes must be equal bit for bit across processes and thread counts, except the wall-clock timings
@@ -21,7 +22,9 @@ ARGS = ["--sft-steps", "20", "--probe-steps", "10", "--samples", "16", "--n-trai
 
 
 def _calibrate(out, threads: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    # numpy's BLAS threads too (OMP_NUM_THREADS): a threaded dot sums in an order set by the thread count
+    env = {**{k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")},
+           "OMP_NUM_THREADS": str(threads)}
     command = [sys.executable, "-c", "import sys; from replay_theory.cli.app import main; main(sys.argv[1:])",
                "validate", "calibrate-model", "--out", str(out), *ARGS, "--threads", str(threads)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
