@@ -25,7 +25,7 @@ from ..simulate.calibrate import calibrate as measure_profile
 from ..simulate.config import SimConfig, config_from_dict, field_names
 from ..simulate.engine import run
 from ..simulate.sweep import SweepInterrupted, SweepOptions, load_runs, load_spec, parquet_available, run_sweep
-from ..theory.profiles import save_profile
+from ..theory.profiles import next_optimal_line, save_profile
 from .common import UserError, emit_json, on_ctrl_c, option_message
 from .config_options import config_from_options, option_name, with_field_options
 
@@ -108,13 +108,16 @@ def calibrate_simulator(
         result = measure_profile(config, **dataclasses.asdict(probe))
     changed = {k: v for k, v in config.to_dict().items() if v != getattr(SimConfig(), k)}
     source = " ".join(["replay-theory calibrate-simulator"] + [f"{option_name(k)} {v}" for k, v in changed.items()])
+    profile = result.profile_dict(source=source)
     try:
-        save_profile(out, result.profile_dict(source=source))
+        save_profile(out, profile)
     except ValueError as err:
         raise UserError(f"--out {out}: nothing written: {err}") from None
     for line in calibration_lines(result, config.capacity):
         typer.echo(line)
     typer.echo(f"profile written to {out}")
+    # the simulator prices generation at its config's mu and measures none: --mu is that one
+    typer.echo(next_optimal_line(out, config.mu, profile))
 
 
 def _as_options(message: str) -> str:

@@ -575,7 +575,7 @@ def summary(data: dict, out: Path) -> str:
     prov, mu = data["provenance"], data["mu"]
 
     def ci(c):
-        return "no interval" if c[0] is None or c[1] is None else f"{c[0]:.3g}-{c[1]:.3g}"
+        return "no interval" if c[0] is None or c[1] is None else f"[{c[0]:.3g}, {c[1]:.3g}]"
 
     lines = [f"calibrated from {prov['log']} (sha256 {prov['sha256'][:12]}, preset {prov['preset']})"]
     if data["kind"] == "table":
@@ -628,11 +628,14 @@ def _noise_scale_next(out, mu: dict, record: dict, kappa: str = "") -> list[str]
     the measured memory's flags (``_kappa_flags``)."""
     batch = record["batch"] if record["batch"] is not None else "B"
     given = "" if mu["source"] == "log" else f" --mu {mu['value']:g}"
+    # the run's prompt groups (the halves kept them whole): without them optimal would answer in single responses
+    unit = record.get("unit_size") or 1
+    groups = f" --group-size {unit}" if unit > 1 and (batch == "B" or batch % unit == 0) else ""
     if record["b_noise"] is not None:  # the profile carries the memory record too: optimal reads kappa from it
-        return [f"next: replay-theory optimal --profile {out}{given} -B {batch}"]
+        return [f"next: replay-theory optimal --profile {out}{given} -B {batch}{groups}"]
     low = (record.get("b_noise_interval") or [None])[0]
     if low is None:
         return []
     # no point estimate: the interval's lower end is the most replay-friendly B_noise the data allow
-    return [f"next: replay-theory optimal --mu {mu['value']:.4g} --noise-scale {low:.4g} -B {batch}{kappa}   "
+    return [f"next: replay-theory optimal --mu {mu['value']:.4g} --noise-scale {low:.4g} -B {batch}{groups}{kappa}   "
             f"(B_noise's lower bound: if even that says on-policy, so does every B_noise the data allow)"]

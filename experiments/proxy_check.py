@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     for k, s in enumerate(result["staleness"]):
         e, lg, c = result["exact"][k], result["logit"][k], result["constant"][k]
         lo, hi = result["logit_ci"][k]
-        print(f"{s:>3d}  {e:6.3f}  {lg:6.3f} ({lo:.3f}-{hi:.3f})   {lg / e - 1:+8.1%}   {c:6.3f}  {c / e - 1:+8.1%}")
+        print(f"{s:>3d}  {e:6.3f}  {lg:6.3f} [{lo:.3f}, {hi:.3f}]   {lg / e - 1:+8.1%}   {c:6.3f}  {c / e - 1:+8.1%}")
 
 
 if __name__ == "__main__":

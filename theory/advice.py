@@ -61,7 +61,7 @@ def advise(q: Query) -> dict:
             "loosest_threshold": {"psi": thr, "y": thr_y}, "floor": q.floor, "max_steps_ratio": q.max_steps_ratio,
             "group_size": q.group_size, "max_horizon": q.max_horizon, "staleness": q.staleness.source}
     if q.b_noise is None:
-        return {**base, "measured": False, "what_to_do": _unmeasured_advice(q, thr),
+        return {**base, "measured": False, "what_to_do": _unmeasured_advice(q, thr), "why": _unmeasured_why(q, thr),
                 "memory_table": memory_table(q.optimizer, q.beta1, thr)}
     if q.batch is None:
         raise ValueError("b_noise needs batch (the rule's b = B_noise / B)")
@@ -102,10 +102,15 @@ def memory_table(optimizer: str, beta1: float, threshold: float) -> list[dict]:
 
 
 def _unmeasured_advice(q: Query, threshold: float) -> str:
-    return (f"stay on-policy at your batch until you have measured b = B_noise / B and the optimizer's memory kappa "
-            f"(commands below), then ask again with -B, --noise-scale and --kappa. At mu = {q.mu:g} replay beats a "
-            f"smaller on-policy batch only where psi < {threshold:.2f}: the optimizer must forget a rollout's earlier "
-            f"draws within the buffer's horizon, which an unmeasured run gives no reason to assume")
+    return ("stay on-policy at your batch until you have measured b = B_noise / B and the optimizer's memory kappa "
+            "(commands below), then ask again with -B, --noise-scale and --kappa")
+
+
+def _unmeasured_why(q: Query, threshold: float) -> str:
+    return (f"replay saves generation, but a reused rollout brings its noise back into every update that draws it; "
+            f"at mu = {q.mu:g} it beats a smaller on-policy batch only if the optimizer forgets that noise within the "
+            f"buffer's horizon (psi, the share it keeps, below {threshold:.2f}: the table below), which an unmeasured "
+            f"run gives no reason to assume")
 
 
 def _measured_advice(r: dict) -> tuple[str, str]:
@@ -170,16 +175,18 @@ def _fmt(value, digits: int = 3) -> str:
     return f"{value:.{digits}g}"
 
 
-def render(r: dict, evidence: list[str]) -> str:
-    """The text ``optimal`` prints: what to do first, then why, the evidence, the inputs and the designs."""
-    lines = [f"what to do: {r['what_to_do']}."] + ([f"why: {r['why']}."] if r.get("why") else [])
+def render(r: dict, evidence: list[str], verdict: str | None = None) -> str:
+    """The text ``optimal`` prints: what to do first, then the benchmark's verdict where no rule passes (one
+    sentence), why, the evidence, the inputs and the designs."""
+    lines = [f"what to do: {r['what_to_do']}."] + ([f"{verdict}."] if verdict else [])
+    lines += [f"why: {r['why']}."] if r.get("why") else []
     lines += [f"{e}." for e in evidence if e]
     thr = r["loosest_threshold"]
     if not r["measured"]:
         lines += ["", f"what decides it: psi(x, kappa), the share of a replay buffer's extra noise the optimizer "
                       f"keeps over a horizon of x = N/R steps; at mu = {r['mu']:g} replay can beat a smaller "
                       f"on-policy batch only where psi < {thr['psi']:.2f} (reached at y = B/R = {thr['y']:.2f}; "
-                      f"derive free-batch). {r['optimizer']}"
+                      f"replay-theory derive free-batch). {r['optimizer']}"
                       + (f" (beta1 = {r['beta1']:g})" if r["optimizer"] != "sgd" else "") + ":", "",
                   "  kappa  memory   " + "  ".join(f"psi(x={x:<2})" for x in TABLE_HORIZONS)
                   + "  shortest x with psi < " + f"{thr['psi']:.2f}"]
@@ -211,9 +218,9 @@ def render(r: dict, evidence: list[str]) -> str:
         c = r["condition"]
         lines += ["", f"the condition: replay at (R, B = y R) beats the on-policy batch with as many steps iff psi < "
                       f"mu (y - 1) / (y (mu + y)) = {c['threshold_at_y']:.3f} at y = {c['y']:.3g} (at most "
-                      f"{thr['psi']:.3f}, at y = {thr['y']:.2f}; derive free-batch); its best design keeps psi = "
-                      f"{c['psi']:.3f} at x = {c['x']}" + (" (with a latency floor the comparison also prices the "
-                                                           "floor)" if r["floor"] else "") + "."]
+                      f"{thr['psi']:.3f}, at y = {thr['y']:.2f}; replay-theory derive free-batch); its best design "
+                      f"keeps psi = {c['psi']:.3f} at x = {c['x']}"
+                  + (" (with a latency floor the comparison also prices the floor)" if r["floor"] else "") + "."]
     lines += [f"note: {n}." for n in r["notes"]]
     return "\n".join(lines)
 
@@ -226,5 +233,6 @@ MEASURE = (
     "  verl: replay-theory calibrate --from-log LOG --preset verl --grad-norms FILE --out profile.json",
     "  the tiny language model: replay-theory validate calibrate-model --out DIR; the simulator: replay-theory "
     "calibrate-simulator --out profile.json",
-    "then: replay-theory optimal --profile profile.json -B B   (or --mu MU -B B --noise-scale B_NOISE --kappa K)",
+    "then: run the next: line the command prints (replay-theory optimal --profile ... with your batch, groups and "
+    "mu); typed by hand: replay-theory optimal --mu MU -B B --noise-scale B_NOISE --kappa K",
 )

@@ -40,7 +40,8 @@ MEASURE_B = (
     "    replay-theory calibrate --from-log LOG --grad-norms RUN/noise_scale.jsonl --out profile.json",
     "  a language model: replay-theory validate calibrate-model --out DIR (per-group gradients)",
     "  the simulator: replay-theory calibrate-simulator --out profile.json",
-    "then: replay-theory optimal --mu MU --noise-scale B_NOISE -B B   (or --profile profile.json -B B)",
+    "then: run the next: line the command prints (replay-theory optimal --profile ... with your batch, groups and "
+    "mu); typed by hand: replay-theory optimal --objective noise-scale --mu MU --noise-scale B_NOISE -B B",
 )
 
 HORIZON_TEXT = ("horizon: this rule keeps N = R (x = 1) and assumes the optimizer never forgets (psi = 1); the "
@@ -138,7 +139,8 @@ def render_design(d: Design) -> str:
 # --- the noise-scale rule (y* at a fixed B, N = R) ---------------------------------------------------------------
 
 
-def _verdict_first(verdict: str | None) -> list[str]:
+def _verdict(verdict: str | None) -> list[str]:
+    """The benchmark's one-sentence verdict, printed right after what to do (none when a rule passes)."""
     return [verdict + "."] if verdict else []
 
 
@@ -146,7 +148,8 @@ def render_rule_table(mu: float, mu_rollout: float, convention: str, rows: list[
                       evidence: str, paper_design: Design, paper: str) -> str:
     """The noise-scale rule without a measured noise scale: its decision at each b of ``rows`` and how to measure b."""
     threshold = ns.replay_threshold(mu_rollout)
-    lines = _verdict_first(verdict) + [
+    lines = [f"what to do: measure b = B_noise / B at your batch (commands below), then ask again with -B and "
+             f"--noise-scale; under this rule replay pays only if b < {threshold:.3g}."] + _verdict(verdict) + [
         f"{PROG} optimal: mu = {mu:g} ({CONVENTION_TEXT[convention]})",
         "objective: the noise-scale rule (McCandlish et al. 2018, steps S = S_min (1 + B_noise V), V the long-run "
         "variance of a FIFO drawn with replacement, 1/B + 1/R; docs/THEORY.md)",
@@ -198,8 +201,7 @@ def rule_todo_line(d: ns.NoiseScaleDesign) -> str:
 def render_rule(mu: float, convention: str, d: ns.NoiseScaleDesign, source: str, verdict: str | None, evidence: str,
                 paper_design: Design, paper: str) -> str:
     """The noise-scale rule at a measured B_noise and B: what to do (after the benchmark's verdict), the design."""
-    lines = _verdict_first(verdict) + [
-        rule_todo_line(d),
+    lines = [rule_todo_line(d)] + _verdict(verdict) + [
         f"{PROG} optimal: mu = {mu:g} ({CONVENTION_TEXT[convention]}), B = {d.batch_size}",
         "objective: the noise-scale rule (docs/THEORY.md)", f"{evidence}.", ""]
     lines += _table(_rule_rows(d, source)) + [""]

@@ -8,7 +8,7 @@ numpy only, so ``theory/`` (the lowest layer) uses it, and so do ``core/``, ``in
 | function                   | accepts                                                 | says                         |
 |----------------------------|---------------------------------------------------------|------------------------------|
 | ``invalid``                | (builds the ValueError every check raises)              | ``must be <valid>, got <v>`` |
-| ``require_integer``        | a Python int, not a bool (a config field, an option)    | an integer >= m              |
+| ``require_integer``        | a Python int, not a bool (a config field, an option)    | an integer >= m / in [m, M]  |
 | ``require_number``         | an int or a float, not a bool, not NaN                  | [a finite number] > b / >= b |
 | ``require_unit_interval``  | a number                                                | in [0, 1] / in [0, 1)        |
 | ``require_one_of``         | one of the names given (``one_of``: the phrase)         | one of a, b, c               |
@@ -46,13 +46,16 @@ def invalid(name: str, valid: str, value: object, *, fmt: str = "r") -> ValueErr
 # --- one value of a config field or an option, shown as given --------------------------------------
 
 
-def require_integer(name: str, value: object, minimum: int, *, note: str = "", whole_floats: bool = False) -> int:
-    """A Python int (a bool is not one) >= ``minimum``; with ``whole_floats`` a float of whole value too (a JSON
-    file's 64.0). ``note`` follows the range, e.g. ``" (0: off)"``."""
+def require_integer(name: str, value: object, minimum: int, *, maximum: int | None = None, note: str = "",
+                    whole_floats: bool = False) -> int:
+    """A Python int (a bool is not one) >= ``minimum`` (and <= ``maximum``); with ``whole_floats`` a float of whole
+    value too (a JSON file's 64.0). ``note`` follows the range, e.g. ``" (0: off)"``."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= minimum and (
+            maximum is None or value <= maximum) and (
             isinstance(value, int) or (whole_floats and math.isfinite(value) and value == int(value))):
         return int(value)
-    raise invalid(name, f"an integer >= {minimum}{note}", value)
+    valid = f"an integer >= {minimum}" if maximum is None else f"an integer in [{minimum}, {maximum}]"
+    raise invalid(name, valid + note, value)
 
 
 def require_number(name: str, value: object, *, above: float | None = None, at_least: float | None = None,
@@ -126,10 +129,10 @@ def require_nonnegative(name: str, value: object, *, allow_inf: bool = False, no
         raise invalid(name, (">= 0" if allow_inf else "a finite number >= 0") + note, _first(arr, bad))
 
 
-def require_in_range(name: str, value: float, low: float, high: float, *, note: str = "") -> None:
-    """low <= value <= high, NaN rejected. ``note`` follows the range."""
+def require_in_range(name: str, value: float, low: float, high: float, *, note: str = "", fmt: str = "r") -> None:
+    """low <= value <= high, NaN rejected. ``note`` follows the range; ``fmt`` shows the value (``invalid``)."""
     if not (low <= value <= high):  # NaN fails every comparison
-        raise invalid(name, f"in [{low:g}, {high:g}]{note}", value)
+        raise invalid(name, f"in [{low:g}, {high:g}]{note}", value, fmt=fmt)
 
 
 def require_open_interval(name: str, value: object, low: float, high: float, *, finite: bool = False,

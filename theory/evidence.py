@@ -80,31 +80,46 @@ def passes(o: dict) -> bool:
 
 def verdict_line(record: dict | None = None, floor_ratio: float | None = None) -> str | None:
     """None when a rule passes the targets at the benchmark's cost model nearest the user's (``floor_ratio``: the
-    user's latency floor / batch); else the first line ``optimal`` prints: that no rule does there, and how close the
-    best-scoring one came (never an untested design presented as the answer)."""
+    user's latency floor / batch); else one short sentence, in the README's words, that ``optimal`` prints right after
+    what to do: that no rule passes there, how close the best one came against which bar, and the floor at which one
+    passes (never an untested design presented as tested). The details are the ``evidence:`` line's and docs'."""
     record = load_evidence() if record is None else record
-    targets, which = _headline(record, floor_ratio) if record else (None, "")
+    targets, _ = _headline(record, floor_ratio) if record else (None, "")
     if not record or not targets:
-        return "no stored benchmark: no design rule has been tested here (run replay-theory experiment theory-test)"
+        return "tested: no stored benchmark, so no design rule has been tested here (run replay-theory experiment " \
+               "theory-test)"
     objectives = targets["objectives"]
     rules = {k: v for k, v in objectives.items() if k in ("forgetting", "noise_scale", "paper_J", "finite_budget")}
     if any(passes(v) for v in rules.values()):
         return None
     best = max(rules, key=lambda k: (rules[k]["free"]["share_within_1.2"], -rules[k]["free"]["worst"]))
     o = rules[best]["free"]
-    elsewhere = ""
     batch = record.get("protocol", {}).get("batch") or 256
+    spearman = rules[best].get("min_setting_spearman")
+    ranks = ("" if spearman is None or spearman >= PASS_SPEARMAN else
+             f", ranks designs at Spearman {spearman:.2f} in one setting (bar {PASS_SPEARMAN:g})")
+    elsewhere = ""
     for floor, t in _other_floors(record, floor_ratio):
         passing = [k for k, v in (t.get("objectives") or {}).items() if k in rules and passes(v)]
         if passing:
-            elsewhere = (f"; with a latency floor of {floor} rollouts ({int(floor) / batch:g} of the batch) "
-                         f"{NAMES[passing[0]]} passes: give yours with --latency-floor")
+            elsewhere = (f"; at a floor of {_share(int(floor) / batch)} of the batch {NAMES[passing[0]]} passes: "
+                         f"give yours with --latency-floor")
             break
-    return (f"no design rule passes the benchmark ({which}: regret <= 1.2 in 85% of cells and <= 1.5 in all, "
-            f"Spearman >= 0.7 in every setting): the best, {NAMES[best]}, is within 1.2x in "
-            f"{100 * o['share_within_1.2']:.0f}% of cells, worst {o['worst']:.2f}, lowest per-setting Spearman "
-            f"{_fmt(rules[best].get('min_setting_spearman'))}{elsewhere}; read the answer below as the best-tested "
-            f"guess and check it against on-policy on your own run")
+    return (f"tested: {_at_floor(benchmark_floor(record, floor_ratio), batch)} no rule passes the benchmark "
+            f"({NAMES[best]} is within 1.2x of the cheapest design in {100 * o['share_within_1.2']:.0f}% of test "
+            f"cases, bar {100 * PASS_WITHIN_1_2:.0f}%, worst {o['worst']:.2f}x, bar {PASS_WORST:g}x{ranks}){elsewhere}")
+
+
+def _share(ratio: float) -> str:
+    """A latency floor's share of the batch in words: a quarter, a half, or the fraction."""
+    words = {0.25: "a quarter", 0.5: "half", 1.0: "all"}
+    return words.get(ratio, f"{ratio:g}")
+
+
+def _at_floor(floor: str, batch: int) -> str:
+    """Where the verdict holds: without a latency floor, or at the floor's share of the batch."""
+    return "without a latency floor" if float(floor) == 0 else f"at a latency floor of {_share(int(floor) / batch)} " \
+                                                             f"of the batch"
 
 
 def _fmt(v) -> str:
@@ -120,8 +135,8 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
         return f"evidence: none stored for the {objective} objective (run replay-theory experiment theory-test)"
     o = targets["objectives"][key]
     fr, pn = o["free"], o["pinned"]
-    line = (f"evidence ({which}, {o['cells']} cells): within 1.2x of the cheapest design in "
-            f"{100 * fr['share_within_1.2']:.0f}% of cells (worst {fr['worst']:.2f}) when the batch is free, "
+    line = (f"evidence ({which}, {o['cells']} test cases): within 1.2x of the cheapest design in "
+            f"{100 * fr['share_within_1.2']:.0f}% (worst {fr['worst']:.2f}) when the batch is free, "
             f"{100 * pn['share_within_1.2']:.0f}% (worst {pn['worst']:.2f}) at a pinned batch; lowest per-setting "
             f"Spearman {_fmt(o.get('min_setting_spearman'))}")
     if key != "on_policy" and "on_policy" in targets["objectives"]:

@@ -553,9 +553,9 @@ def whole_design(b_noise: float, batch: int, mu: float, memory: Memory | None, *
     score = partial(predict_many, b_noise=b_noise, mu=mu, memory=memory, staleness=staleness, floor=floor)
     ref = predict(Design.on_policy_at(batch), b_noise, mu, memory, staleness, floor)
     cap = max_steps_ratio * ref.steps
-    groups = np.arange(group_size, max_batch + 1, group_size)
-    best_on = _cheapest_on_policy(groups, ref, cap, score)
-    best_replay = _cheapest_replay(groups, group_size, max_horizon, cap, score)
+    top = max_batch // group_size * group_size  # the largest whole-group batch searched
+    best_on = _cheapest_on_policy(group_size, top, ref, cap, score)
+    best_replay = _cheapest_replay(top, group_size, max_horizon, cap, score)
     y_l, thr = loosest_equal_steps(mu)
     return WholeDesign(ref, best_on, best_replay, _winner(best_replay, best_on, batch), float(max_steps_ratio),
                        float(thr), float(y_l))
@@ -576,30 +576,41 @@ def _checked_max_batch(b_noise: float, batch: int, group_size: int, max_steps_ra
     return max_batch
 
 
-def _cheapest_on_policy(groups: np.ndarray, ref: Prediction, cap: float,
+def _cheapest_on_policy(group: int, top: int, ref: Prediction, cap: float,
                         score: Callable[[list[Design]], list[Prediction]]) -> Prediction:
-    """The cheapest on-policy batch within the steps cap; the user's B (``ref``) when none is cheaper."""
-    ons = score([Design.on_policy_at(int(v)) for v in groups])
+    """The cheapest on-policy batch (whole groups up to ``top``) within the steps cap; the user's B (``ref``) when
+    none is cheaper. Up to ``DENSE_LIMIT`` batches are all scored; beyond, a bracket of 1024 evenly spaced batches
+    narrows around the best until that many remain: exact, because on-policy compute (1 + B_noise/B')(mu max(B', floor)
+    + B') is convex below the floor and rising above it, and the batches the cap allows are an interval (steps fall
+    with B'), so the search costs log(B) scorings, whatever B's magnitude."""
+    low, high = 1, top // group  # whole groups k: the batch is k * group
+    while high - low + 1 > DENSE_LIMIT:
+        ks = np.unique(np.rint(np.linspace(low, high, 1025)).astype(np.int64))
+        coarse = score([Design.on_policy_at(int(k) * group) for k in ks])
+        allowed = [i for i, p in enumerate(coarse) if p.steps <= cap]  # never empty: the largest batch is allowed
+        i = min(allowed, key=lambda j: coarse[j].compute)
+        low, high = int(ks[max(i - 1, 0)]), int(ks[min(i + 1, ks.size - 1)])
+    ons = score([Design.on_policy_at(k * group) for k in range(low, high + 1)])
     best_on = min((p for p in ons if p.steps <= cap), key=lambda p: p.compute, default=ref)
     return ref if ref.compute <= best_on.compute else best_on
 
 
-def _cheapest_replay(groups: np.ndarray, group_size: int, max_horizon: int, cap: float,
+def _cheapest_replay(top: int, group_size: int, max_horizon: int, cap: float,
                      score: Callable[[list[Design]], list[Prediction]]) -> Prediction | None:
     """The cheapest replay design within the steps cap, coarse to fine: (B', R) 4 per octave and the horizons, then
     every whole group within one coarse step of the best (B', R) with the horizons around its x."""
-    coarse = [Design(int(bb), int(rr), int(rr) * x) for bb in _log_subset(groups, 4)
-              for rr in _log_subset(np.arange(group_size, int(bb) + 1, group_size), 4)
+    coarse = [Design(bb, rr, rr * x) for bb in _log_groups(group_size, top, group_size, 4)
+              for rr in _log_groups(group_size, bb, group_size, 4)
               for x in _horizons(max_horizon) if not (rr == bb and x == 1)]
     best_replay = _cheapest(score(coarse), cap)
     if best_replay is None:
         return None
     d = best_replay.design
-    near_b = groups[(groups >= d.batch / 2 ** 0.25) & (groups <= d.batch * 2 ** 0.25)]
     near_x = [x for x in range(1, max_horizon + 1) if d.x / 2 ** 0.5 <= x <= d.x * 2 ** 0.5]
-    fine = [Design(int(bb), int(rr), int(rr) * x) for bb in _log_subset(near_b, 16)
-            for rr in _log_subset(groups[(groups >= d.rollouts / 2 ** 0.25) & (groups <= min(
-                d.rollouts * 2 ** 0.25, bb))], 16)
+    b_low, b_high = _groups_between(d.batch / 2 ** 0.25, d.batch * 2 ** 0.25, group_size, top)
+    fine = [Design(bb, rr, rr * x) for bb in _log_groups(b_low, b_high, group_size, 16)
+            for rr in _log_groups(*_groups_between(d.rollouts / 2 ** 0.25, min(d.rollouts * 2 ** 0.25, bb),
+                                                   group_size, top), group_size, 16)
             for x in near_x if not (rr == bb and x == 1)]
     return _cheapest(score(fine) + [best_replay], cap)
 
@@ -628,6 +639,40 @@ def _log_subset(values: np.ndarray, per_octave: int = 8) -> list[int]:
                                                  int(per_octave * np.log2(values[-1] / values[0])) + 1))))
     picked = {int(values[np.argmin(np.abs(values - g))]) for g in grid}
     return sorted(picked | {int(values[0]), int(values[-1])})
+
+
+DENSE_LIMIT = 1 << 16
+"""Whole-group ranges of up to this many values are enumerated (numpy arrays of that length); longer ones are thinned
+without being materialised, so the searches take time and memory independent of the batch's magnitude."""
+
+
+def _groups_between(low: float, high: float, group: int, top: int) -> tuple[int, int]:
+    """(first, last): the whole groups g = k * group, group <= g <= top, with low <= g <= high (first > last when
+    none), decided by the same float comparisons as a mask over every group would be."""
+    first, last = max(1, math.ceil(low / group)), min(top // group, math.floor(high / group))
+    while first > 1 and (first - 1) * group >= low:  # the division's rounding, undone by the comparison itself
+        first -= 1
+    while first * group < low:
+        first += 1
+    while last < top // group and (last + 1) * group <= high:
+        last += 1
+    while last >= 1 and last * group > high:
+        last -= 1
+    return first * group, last * group
+
+
+def _log_groups(first: int, last: int, group: int, per_octave: int = 8) -> list[int]:
+    """``_log_subset`` of the whole groups first, first + group, ..., last; beyond ``DENSE_LIMIT`` values the grid
+    snaps to the nearest group arithmetically instead of over an array of every group."""
+    count = (last - first) // group + 1
+    if count <= 0:
+        return []
+    if count <= DENSE_LIMIT:
+        return _log_subset(np.arange(first, last + 1, group), per_octave)
+    grid = np.unique(np.round(np.exp(np.linspace(np.log(first), np.log(last),
+                                                 int(per_octave * np.log2(last / first)) + 1))))
+    picked = {first + int(np.clip(np.rint((g - first) / group), 0, count - 1)) * group for g in grid}
+    return sorted(picked | {first, last})
 
 
 def _horizons(max_horizon: int) -> list[int]:
@@ -793,7 +838,7 @@ def forgetting_pick(b_noise: float, batch: int, group_size: int, mu: float, kapp
         raise ValueError(f"batch size B must be whole groups of {group_size}, got {batch}")
     memory = Memory(kappa, optimizer, beta1, float(batch) if pilot_batch is None else pilot_batch)
     on = predict(Design.on_policy_at(batch), b_noise, mu, memory, staleness, floor)
-    candidates = [Design(batch, rr, rr * x) for rr in _log_subset(np.arange(group_size, batch + 1, group_size))
+    candidates = [Design(batch, rr, rr * x) for rr in _log_groups(group_size, batch, group_size)
                   for x in _horizons(max_horizon) if not (rr == batch and x == 1)]
     best = min(predict_many(candidates, b_noise, mu, memory, staleness, floor) + [on], key=lambda p: p.compute)
     d = best.design

@@ -57,8 +57,17 @@ AVERAGES = {"integral": "the paper's integral over the buffer", "discrete": "the
 NOISE_SCALE_RANGE = (1e-6, 1e12)
 """B_noise is a number of samples: below a millionth of one the rules' y* overflows into nonsense (y* = 1.8e151 at
 1e-300), above 1e12 no batch is large enough to matter; both ends are beyond any measurement."""
-MU_RANGE = (1e-100, 1e100)
-"""mu far from 1 overflows the products of the rule and the paper's closed form: a range, said up front."""
+MU_RANGE = (1e-4, 1e4)
+"""mu is a ratio of two costs of the same run (Table 1's models lie near 5; the other convention inverts it): beyond
+1e4 either way a run is all generation or all training, and the paper's closed form answers with batches of
+astronomical size (mu = 1e100 gave a 53-digit B). A range, said up front."""
+MAX_BATCH = 10_000_000
+"""The largest batch, pilot batch, group and latency floor (responses) ``optimal`` takes: ten million responses per
+update is two orders beyond the largest published RL batches; the search's time grows as log(B)^2, so the bound also
+keeps an answer within seconds."""
+KAPPA_MIN = 1e-9
+"""The smallest kappa (a memory of a billion steps, beyond any run): below it the momentum / Adam impulse response's
+stationary covariance loses every digit (kappa = 1e-12 reads as unstable, 1e-320 overflows)."""
 FORGETTING_FIELDS = ("kappa", "optimizer", "beta1", "pilot_batch", "group_size", "latency_floor", "max_steps_ratio",
                      "max_horizon")
 PAPER_FIELDS = ("alpha", "rho", "average", "budget", "smoothness", "bias", "f0", "rollouts_per_step")
@@ -87,7 +96,7 @@ def checked(check: Callable[..., Any], choices: dict[str, str] | None = None, **
 
 def _check_mu(name: str, value: float) -> None:
     if not (math.isfinite(value) and MU_RANGE[0] <= value <= MU_RANGE[1]):
-        raise invalid(name, "a finite number > 0, in [1e-100, 1e100]", value, fmt="g")
+        raise invalid(name, f"a number in [{MU_RANGE[0]:g}, {MU_RANGE[1]:g}] (a ratio of two costs)", value, fmt="g")
 
 
 def _check_noise_scale(name: str, value: float) -> None:
@@ -127,26 +136,27 @@ class OptimalQuery:
     mu: float | None = field(default=None, metadata=checked(_check_mu))
     """Rollout cost ratio, rollout cost / per-sample update cost in the default convention (Table 1; 5.28 for
     Qwen2.5-7B); required unless --profile carries a measured mu (calibrate --from-log writes one)."""
-    batch_size: int | None = field(default=None, metadata=checked(require_integer, minimum=1))
+    batch_size: int | None = field(default=None, metadata=checked(require_integer, minimum=1, maximum=MAX_BATCH))
     """Your batch B (responses per update, on-policy today): the rules' b = B_noise / B; paper: gives R and N."""
     noise_scale: float | None = field(default=None, metadata=checked(_check_noise_scale))
     """Measured gradient noise scale B_noise = tr Sigma / |E G|^2 in samples (with -B)."""
     kappa: float | None = field(default=None, metadata=checked(
-        require_number, above=0, finite=True, note=" (the optimizer's memory, 1/kappa steps)", fmt="g"))
+        require_number, at_least=KAPPA_MIN, finite=True, note=" (the optimizer's memory, 1/kappa steps)", fmt="g"))
     """forgetting: the optimizer's measured memory kappa = eta tr(H Sigma) / tr Sigma (1/kappa steps) at
     --pilot-batch; or a profile's memory record."""
     optimizer: str | None = field(default=None, metadata=_one_of(OPTIMIZERS))
     """forgetting: the optimizer kappa belongs to (default adam, or the profile's)."""
     beta1: float | None = field(default=None, metadata=checked(_check_beta1))
     """forgetting: momentum / Adam's beta1 (default 0.9, or the profile's)."""
-    pilot_batch: int | None = field(default=None, metadata=checked(require_integer, minimum=1))
+    pilot_batch: int | None = field(default=None, metadata=checked(require_integer, minimum=1, maximum=MAX_BATCH))
     """forgetting: the on-policy batch kappa was measured at (default -B, or the profile's)."""
-    group_size: int = field(default=1, metadata=checked(require_integer, minimum=1, note=" that divides -B"))
+    group_size: int = field(default=1, metadata=checked(require_integer, minimum=1, maximum=MAX_BATCH,
+                                                        note=" that divides -B"))
     """forgetting: responses per prompt group; B and R in whole groups."""
-    latency_floor: float = field(default=0.0, metadata=checked(require_number, at_least=0, finite=True,
+    latency_floor: float = field(default=0.0, metadata=checked(require_in_range, low=0.0, high=float(MAX_BATCH),
                                                                note=" (rollouts)", fmt="g"))
     """forgetting: generation latency floor in rollouts (a step costs mu max(R, floor) + B)."""
-    max_steps_ratio: float = field(default=2.0, metadata=checked(require_number, at_least=1, finite=True, fmt="g"))
+    max_steps_ratio: float = field(default=2.0, metadata=checked(require_in_range, low=1.0, high=1000.0, fmt="g"))
     """forgetting: steps allowed, relative to on-policy at B (the wall-time budget)."""
     max_horizon: int = field(default=64, metadata=checked(_check_horizon))
     """forgetting: the longest buffer horizon x = N/R considered."""
@@ -275,9 +285,12 @@ def _mu_of(query: OptimalQuery) -> tuple[float, str, str | None]:
         raise ValueError(f"--convention {query.convention} differs from the {record['convention']} mu that --profile "
                          f"{query.profile} carries: give --mu in that convention")
     ci = record.get("ci") or [None, None]
-    span = f", 90% CI {ci[0]:.4g}-{ci[1]:.4g}" if None not in ci else ""
+    span = f", 90% CI [{ci[0]:.4g}, {ci[1]:.4g}]" if None not in ci else ""
     _check_mu("--mu", record["value"])
-    note = f"mu = {record['value']:.4g} from --profile {query.profile} ({record.get('source', 'measured')}{span})"
+    source = record.get("source", "measured")
+    how = ("typed with --mu when the profile was made, not measured" if source.startswith("--mu") else
+           "measured from the log" if source == "log" else source)
+    note = f"mu = {record['value']:.4g} from --profile {query.profile} ({how}{span})"
     return record["value"], record["convention"], note
 
 
@@ -310,6 +323,25 @@ def _memory_inputs(q: OptimalQuery, loaded: LoadedProfile | None) -> dict:
             "kappa_source": f"--profile {q.profile} ({record.get('method', 'measured')}{span})"}
 
 
+def _checked_memory(memory: dict) -> dict:
+    """``_memory_inputs`` with kappa inside the named optimizer's stability limit: a tuned step never sits beyond it
+    (SGD's steps diverge at kappa = eta h >= 2, momentum's and Adam's at 2 (1 + beta1) / (1 - beta1)), so a larger
+    kappa is a mistyped input, most often the memory in steps (10) for kappa (0.1): one line, before any work."""
+    from .forgetting import stable_kappa
+
+    kappa, optimizer, beta1 = memory["kappa"], memory["optimizer"], memory["beta1"]
+    if kappa is None:
+        return memory
+    limit = stable_kappa(optimizer, beta1) / (1.0 - 1e-9)  # the limit itself (stable_kappa stops just inside it)
+    if not KAPPA_MIN <= kappa < limit:
+        where = "--kappa" if memory["kappa_source"] == "--kappa" else f"{memory['kappa_source']}'s kappa"
+        momentum = "" if optimizer == "sgd" else f" at beta1 = {beta1:g}"
+        raise ValueError(f"{where} must be a finite number in [{KAPPA_MIN:g}, {limit:g}) for {optimizer}{momentum} "
+                         "(its steps diverge beyond; kappa is 1 / the memory in steps: a memory of 10 steps is "
+                         f"--kappa 0.1), got {kappa:g}")
+    return memory
+
+
 def _staleness_of(loaded: LoadedProfile | None):
     """r(s) = sigma^2(s) / sigma^2(0) of a profile's measured table (the forgetting rule's staleness cost)."""
     from .forgetting import NO_STALENESS, staleness_of_table
@@ -328,15 +360,16 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
     if b_noise is not None and q.batch_size is None:
         raise ValueError("--noise-scale needs -B (the batch size: b = B_noise / B)")
     loaded = None if q.profile is None else load_profile(q.profile)
+    memory = _checked_memory(_memory_inputs(q, loaded))
     query = advice.Query(mu=rollout_mu_of_convention(mu, convention), batch=q.batch_size, b_noise=b_noise,
-                         b_noise_source=source, **_memory_inputs(q, loaded), group_size=q.group_size,
+                         b_noise_source=source, **memory, group_size=q.group_size,
                          floor=q.latency_floor, max_steps_ratio=q.max_steps_ratio, max_horizon=q.max_horizon,
                          staleness=_staleness_of(loaded))
     record = advice.advise(query)
     floor_ratio = floor_ratio_of(q.latency_floor, q.batch_size)  # the benchmark's cost model nearest the user's
     verdict = verdict_line(floor_ratio=floor_ratio)
     evidence = _evidence("forgetting", floor_ratio=floor_ratio)
-    return Answer(text=(verdict + ".\n" if verdict else "") + advice.render(record, [evidence]),
+    return Answer(text=advice.render(record, [evidence], verdict),
                   record={**record, "verdict": verdict, "evidence": evidence, "convention": convention,
                           "paper_evidence": _evidence("paper")})
 
@@ -491,11 +524,19 @@ class SplitQuery:
     """Inference GPUs W."""
     trainers: float = field(metadata=checked(require_number, above=0, finite=True, fmt="g"))
     """Trainer GPUs T."""
-    mu: float = field(metadata=checked(require_number, above=0, finite=True, fmt="g"))
+    mu: float = field(metadata=checked(_check_mu))
     """Rollout cost / per-sample update cost (Table 1 meaning)."""
 
     def split(self) -> Split:
         """The split's gamma, y and regime (theory/design.py, ``split_design``), each option checked first."""
         for f in dataclasses.fields(self):
             f.metadata[CHECK](option(f.name), getattr(self, f.name))
+        low, high = SPLIT_RATIO_RANGE
+        if not low <= self.workers / self.trainers <= high:  # 1e308 / 1e-308 is inf: Eq. 2 would print nonsense
+            raise ValueError(f"--workers / --trainers must be in [{low:g}, {high:g}] (inference GPUs per trainer GPU),"
+                             f" got {self.workers:g} / {self.trainers:g}")
         return split_design(self.workers, self.trainers, self.mu)
+
+
+SPLIT_RATIO_RANGE = (1e-6, 1e6)
+"""W/T beyond a million either way is not a GPU split (and overflows Eq. 2 at the float range's ends)."""

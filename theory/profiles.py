@@ -537,3 +537,19 @@ def save_profile(path: str | Path, data: dict) -> None:
     profile_from_dict(data)
     with path.open("x") as handle:  # "x": never overwrite a saved result
         json.dump(data, handle, indent=2)
+
+
+def next_optimal_line(out: str | Path, mu: float | None, data: dict) -> str:
+    """The ``next:`` line a calibrating command prints after writing profile ``data`` to ``out``: the ``optimal``
+    command that reads it, runnable as printed, with the probe's batch and prompt groups (the halves kept groups
+    whole: without --group-size optimal would answer in single responses) and ``mu`` as --mu where the profile
+    carries no measured mu (None: it does)."""
+    record = data.get("noise_scale") or {}
+    given = "" if mu is None else f" --mu {mu:g}"
+    if record.get("b_noise") is None or record.get("batch") is None:
+        why = (data.get("noise_scale_unresolved") or {}).get("reason") or "see above"
+        return (f"next: no B_noise was measured ({why}); replay-theory optimal --objective paper --profile {out}"
+                f"{given} reads the sigma^2(s) table alone")
+    unit = int(record.get("unit_size") or 1)
+    groups = f" --group-size {unit}" if unit > 1 and record["batch"] % unit == 0 else ""
+    return f"next: replay-theory optimal --profile {out}{given} -B {record['batch']}{groups}"

@@ -43,7 +43,7 @@ from ..outputs import write_new
 from ..theory.design import DesignQuery, optimal_design
 from ..theory.forgetting import forgetting_pick
 from ..theory.noise_scale import noise_scale_pick
-from ..theory.profiles import load_profile
+from ..theory.profiles import load_profile, next_optimal_line
 from . import countdown
 from .batched import stack_policy
 from .calibrate import calibrate_lm, write_calibration
@@ -191,6 +191,9 @@ def run_calibrate(config: ValidateConfig, out_dir: Path, log=print, progress: bo
     log(f"mu (generation / update time per completion) = {calibration.mu_timing:.3g}; "
         f"mu (App. E counts in a {config.mu_window_seconds:g} s window) = {calibration.mu_count:.3g}; "
         f"KL drift per step = {calibration.kl_drift_per_step:.3g}; rho = {calibration.rho:.3g}")
+    # --mu: the price the predictions use (--price-mu); the timing mu above varies run to run and machine to machine
+    log(next_optimal_line(out_dir / "profile.json", config.price_mu,
+                          json.loads((out_dir / "profile.json").read_text())))
     return json.loads((out_dir / "calibration.json").read_text())
 
 

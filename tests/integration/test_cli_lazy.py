@@ -90,7 +90,7 @@ def test_valid_range_is_the_range_the_commands_field_states():
 
 
 def test_a_value_typer_rejects_names_the_range_its_field_states(error_line):
-    assert error_line("optimal", "--mu", "abc").endswith("(valid: a finite number > 0, in [1e-100, 1e100])")
+    assert error_line("optimal", "--mu", "abc").endswith("(valid: a number in [0.0001, 10000] (a ratio of two costs))")
     assert error_line("optimal", "--mu", "5", "-B", "1.5").endswith("(valid: an integer >= 1)")
     assert error_line("gamma", "-W", "x", "-T", "1", "--mu", "1").endswith("(valid: a finite number > 0)")
 

@@ -72,9 +72,9 @@ def test_gamma_json_matches_eq2(cli):
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["optimal", "--mu", "0"], "mu must be a finite number > 0"),
-        (["optimal", "--mu", "-3"], "mu must be a finite number > 0"),
-        (["optimal", "--mu", "nan"], "mu must be a finite number > 0"),
+        (["optimal", "--mu", "0"], "--mu must be a number in [0.0001, 10000]"),
+        (["optimal", "--mu", "-3"], "--mu must be a number in [0.0001, 10000]"),
+        (["optimal", "--mu", "nan"], "--mu must be a number in [0.0001, 10000]"),
         (["optimal", "--mu", "abc"], "'--mu'"),
         (["optimal", "--objective", "paper", "--mu", "5", "--alpha", "-1"], "alpha must be a finite number >= 0"),
         (["optimal", "--objective", "paper", "--mu", "5", "--alpha", "nan"], "alpha must be a finite number"),

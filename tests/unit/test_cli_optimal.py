@@ -4,6 +4,7 @@ what it prints first, its inputs from options and profiles, and bad input."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -51,11 +52,11 @@ def test_a_long_memory_keeps_it_on_policy_at_a_smaller_batch(cli):
                        "--group-size", "8")
     assert code == 0
     lines = out.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("what to do:"))
-    assert start <= 1  # what to do comes first (after the benchmark's verdict, if no rule passes)
-    assert lines[start].startswith("what to do: train on-policy at a smaller batch, B = R = N = ")
-    assert lines[start + 1].startswith("why: ") and "above the" in lines[start + 1]
-    assert "a smaller on-policy batch allows" in lines[start + 1]
+    assert lines[0].startswith("what to do: train on-policy at a smaller batch, B = R = N = ")  # always first
+    # then the benchmark's one-sentence verdict (no rule passes without a latency floor), then why
+    assert lines[1].startswith("tested: without a latency floor no rule passes the benchmark (")
+    assert lines[2].startswith("why: ") and "above the" in lines[2]
+    assert "a smaller on-policy batch allows" in lines[2]
 
 
 def test_without_kappa_the_answer_assumes_no_forgetting_and_says_so():
@@ -83,20 +84,68 @@ def test_the_profile_carries_b_kappa_and_the_staleness_table(cli, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["-B", "512", "--noise-scale", "100", "--kappa", "0"], "--kappa must be a finite number > 0 (the optimizer's "
-                                                            "memory, 1/kappa steps), got 0"),
+    (["-B", "512", "--noise-scale", "100", "--kappa", "0"], "--kappa must be a finite number >= 1e-09 (the "
+                                                            "optimizer's memory, 1/kappa steps), got 0"),
     (["-B", "512", "--noise-scale", "100", "--beta1", "1"], "--beta1 must be a number in [0, 1), got 1"),
-    (["-B", "500", "--noise-scale", "100", "--group-size", "8"], "--group-size must be an integer >= 1 that "
-                                                                 "divides -B, got 8"),
-    (["-B", "512", "--noise-scale", "100", "--latency-floor", "-1"], "--latency-floor must be a finite number >= 0 "
+    (["-B", "500", "--noise-scale", "100", "--group-size", "8"], "--group-size must be an integer in [1, 10000000] "
+                                                                 "that divides -B, got 8"),
+    (["-B", "512", "--noise-scale", "100", "--latency-floor", "-1"], "--latency-floor must be in [0, 1e+07] "
                                                                      "(rollouts), got -1"),
-    (["-B", "512", "--noise-scale", "100", "--max-steps-ratio", "0.5"], "--max-steps-ratio must be a finite number "
-                                                                        ">= 1, got 0.5"),
+    (["-B", "512", "--noise-scale", "100", "--max-steps-ratio", "0.5"], "--max-steps-ratio must be in [1, 1000], "
+                                                                        "got 0.5"),
     (["-B", "512", "--noise-scale", "100", "--max-horizon", "0"], "--max-horizon must be an integer in [1, 4096], "
                                                                   "got 0"),
 ])
 def test_bad_forgetting_input_is_one_line_exit_2(error_line, args, message):
     assert error_line("optimal", "--mu", "5.28", *args) == message
+
+
+SGD_KAPPA = "--kappa must be a finite number in [1e-09, 2) for sgd"
+KAPPA_HELP = "(its steps diverge beyond; kappa is 1 / the memory in steps: a memory of 10 steps is --kappa 0.1)"
+
+
+@pytest.mark.parametrize("args, message", [
+    # the memory in steps typed for kappa: SGD's stability limit is kappa = eta h < 2
+    (["--kappa", "10", "--optimizer", "sgd"], f"{SGD_KAPPA} {KAPPA_HELP}, got 10"),
+    (["--kappa", "2", "--optimizer", "sgd"], f"{SGD_KAPPA} {KAPPA_HELP}, got 2"),
+    # Adam's and momentum's: 2 (1 + beta1) / (1 - beta1) = 38 at beta1 = 0.9, 398 at 0.99
+    (["--kappa", "1e308"], f"--kappa must be a finite number in [1e-09, 38) for adam at beta1 = 0.9 {KAPPA_HELP}, got "
+                           "1e+308"),
+    (["--kappa", "400", "--optimizer", "momentum", "--beta1", "0.99"],
+     f"--kappa must be a finite number in [1e-09, 398) for momentum at beta1 = 0.99 {KAPPA_HELP}, got 400"),
+    # sizes and floors beyond any run: refused before the search (which would allocate per batch)
+    (["-B", "1000000000000"], "--batch-size must be an integer in [1, 10000000], got 1000000000000"),
+    (["--latency-floor", "1e308"], "--latency-floor must be in [0, 1e+07] (rollouts), got 1e+308"),
+    (["--max-steps-ratio", "1e308"], "--max-steps-ratio must be in [1, 1000], got 1e+308"),
+    (["--pilot-batch", "100000000", "--kappa", "0.1"], "--pilot-batch must be an integer in [1, 10000000], got "
+                                                       "100000000"),
+])
+def test_implausible_forgetting_input_is_one_line_exit_2(error_line, args, message):
+    base = ["-B", "512"] if "-B" not in args else []
+    assert error_line("optimal", "--mu", "5.28", *base, "--noise-scale", "2383", *args) == message
+
+
+def test_a_profiles_kappa_beyond_its_optimizers_limit_is_refused(error_line, tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"kind": "noise_scale", "noise_scale": {"b_noise": 100.0, "batch": 64},
+                                "memory": {"kappa": 3.0, "optimizer": "sgd", "beta1": 0.9, "method": "test"}}))
+    assert error_line("optimal", "--mu", "5.28", "--profile", str(path), "-B", "64").startswith(
+        f"--profile {path} (test)'s kappa must be a finite number in [1e-09, 2) for sgd ")
+
+
+def test_kappa_just_inside_the_limit_answers_and_the_search_is_bounded_in_b(cli):
+    """kappa = 1.99 under SGD still answers; B = 10^7 (the largest -B) answers through the bracketed search, whose
+    on-policy pick equals the closed form: compute (1 + B_noise/B')(mu + 1) B' rises with B' above any floor, so the
+    cheapest on-policy batch is the smallest the steps cap allows, B' = B_noise / (2 (1 + B_noise/B) - 1)."""
+    code, out, _ = cli("optimal", "--mu", "5.28", "-B", "512", "--noise-scale", "2383", "--kappa", "1.99",
+                       "--optimizer", "sgd")
+    assert code == 0 and out.startswith("what to do: ")
+    code, out, _ = cli("optimal", "--mu", "5.28", "-B", "10000000", "--noise-scale", "2383", "--json")
+    assert code == 0
+    record = json.loads(out)
+    cap = 2 * (1 + 2383 / 10_000_000)
+    smallest = math.ceil(2383 / (cap - 1))  # the first whole batch with 1 + B_noise/B' <= cap
+    assert record["designs"]["on_policy"]["batch_size"] == smallest
 
 
 def test_kappa_given_twice_or_with_another_optimizer_is_refused(error_line, tmp_path):

@@ -28,7 +28,7 @@ def test_optimal_reads_mu_from_the_profile_and_says_so(cli, tmp_path):
     same = cli("optimal", "--profile", str(path), "-B", "64", "--mu", "0.6663")
     assert code == 0 and (code, out) == same[:2]  # the profile's mu is exactly --mu 0.6663
     assert "inputs: mu = 0.6663; B = 64; B_noise = 1541 (b = 24.1)" in out
-    assert err == f"mu = 0.6663 from --profile {path} (log, 90% CI 0.637-0.696)\n"
+    assert err == f"mu = 0.6663 from --profile {path} (measured from the log, 90% CI [0.637, 0.696])\n"
 
 
 @pytest.mark.parametrize("args, line", [

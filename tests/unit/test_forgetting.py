@@ -721,3 +721,37 @@ def test_staleness_beyond_its_table_rises_along_a_rising_end_and_holds_a_falling
     falling = fg.Staleness((0.0, 1.0), (1.0, 0.35))  # a noisy two-point table from a short log
     assert falling.at([1.0, 8.0, 100.0]) == pytest.approx([0.35, 0.35, 0.35])  # never below 0, never falling on
     assert falling.means(np.array([4]), 3.0)[0] == pytest.approx((1.0 + 0.35 * 3) / 4)
+
+
+@pytest.mark.parametrize("floor, memory", [(0.0, None), (3000.0, None), (3000.0, fg.Memory(0.3, "sgd")),
+                                           (700.0, fg.Memory(0.05, "adam", 0.9, 512.0))])
+def test_the_bracketed_batch_search_finds_what_enumerating_every_batch_finds(monkeypatch, floor, memory):
+    """Beyond DENSE_LIMIT whole groups the on-policy search brackets instead of scoring every batch (time and memory
+    independent of B): with the limit lowered to 64, the bracketed pick equals the exhaustive one (limit left as is)
+    at B = 512 in groups of 4 (512 candidate batches), with and without a floor (convex below it) and a memory."""
+    exhaustive = fg.whole_design(2383.0, 512, 5.28, memory, group_size=4, floor=floor)
+    monkeypatch.setattr(fg, "DENSE_LIMIT", 64)
+    bracketed = fg.whole_design(2383.0, 512, 5.28, memory, group_size=4, floor=floor)
+    assert bracketed.on_policy.design == exhaustive.on_policy.design
+    assert bracketed.on_policy.compute == exhaustive.on_policy.compute
+
+
+def test_whole_groups_between_matches_the_mask_over_every_group():
+    """``_groups_between`` (arithmetic) against the boolean mask it replaces, at edges that land exactly on a group."""
+    for group, top in ((1, 100), (8, 2048), (3, 999)):
+        groups = np.arange(group, top + 1, group)
+        for low, high in ((5.0, 37.5), (16.0, 16.0), (64 / 2 ** 0.25, 64 * 2 ** 0.25), (0.5, 1e9), (50.0, 10.0)):
+            inside = groups[(groups >= low) & (groups <= high)]
+            first, last = fg._groups_between(low, high, group, top)
+            assert list(range(first, last + 1, group)) == [int(v) for v in inside]
+            got = fg._log_groups(first, last, group, 4)
+            assert got == (fg._log_subset(inside, 4) if inside.size else [])
+
+
+def test_log_groups_without_the_array_picks_what_the_array_picks(monkeypatch):
+    """Above DENSE_LIMIT values the log grid snaps to the nearest whole group by arithmetic; lowered to 8, it gives the
+    argmin over the materialised array (one sample a group: no ties between two neighbours)."""
+    cases = [(1, 5000, 1, 4), (1, 5000, 1, 16), (7, 123457, 1, 8)]
+    dense = [fg._log_groups(*c) for c in cases]
+    monkeypatch.setattr(fg, "DENSE_LIMIT", 8)
+    assert [fg._log_groups(*c) for c in cases] == dense
