@@ -548,8 +548,7 @@ def next_optimal_line(out: str | Path, mu: float | None, data: dict) -> str:
     given = "" if mu is None else f" --mu {mu:g}"
     if record.get("b_noise") is None or record.get("batch") is None:
         why = (data.get("noise_scale_unresolved") or {}).get("reason") or "see above"
-        return (f"next: no B_noise was measured ({why}); replay-theory optimal --objective paper --profile {out}"
-                f"{given} reads the sigma^2(s) table alone")
+        return f"next: no B_noise was measured ({why}), so optimal has no b to read: measure over more steps or samples"
     unit = int(record.get("unit_size") or 1)
     groups = f" --group-size {unit}" if unit > 1 and record["batch"] % unit == 0 else ""
     return f"next: replay-theory optimal --profile {out}{given} -B {record['batch']}{groups}"

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+import shlex
 
 import pytest
 
@@ -49,13 +50,23 @@ class RecordedBar:
 
 
 @pytest.mark.slow
-def test_calibrate_then_predict(tmp_path, monkeypatch):
+def test_calibrate_then_predict(tmp_path, monkeypatch, cli):
     import replay_theory.validate.loop as loop
 
     monkeypatch.setattr(loop, "ProgressBar", RecordedBar)
     RecordedBar.bars = []
     out = tmp_path / "run"
-    calibration = run_calibrate(SMALL, out, log=lambda *_: None, progress=True)
+    printed: list[str] = []
+    calibration = run_calibrate(SMALL, out, log=printed.append, progress=True)
+    # its next: line runs as printed (issue 37): the profile, --price-mu as --mu (the profile carries no mu), the
+    # probe's batch and groups; where the probe resolved no B_noise it says so instead of naming a command
+    hint = printed[-1]
+    command = (f"next: replay-theory optimal --profile {out / 'profile.json'} --mu {SMALL.price_mu:g} "
+               f"-B {SMALL.rollouts_per_step}")
+    if "no B_noise was measured" not in hint:
+        assert hint == command + (f" --group-size {SMALL.group_size}" if SMALL.group_size > 1 else "")
+        code, answer, err = cli(*shlex.split(hint[len("next: replay-theory "):]))
+        assert code == 0 and answer.startswith("what to do: "), (hint, err)
     # a bar per phase, each run to its end: warm start, probe, noise measurement (reference chunks, 5 staleness
     # values, the buffer, and the 2 earlier noise-scale checkpoints: the last reuses the reference)
     progress = {bar.label: (bar.count, bar.total) for bar in RecordedBar.bars}
