@@ -425,7 +425,7 @@ def memory_lines(record: dict) -> list[str]:
     if record["kappa"] is None:
         return [f"kappa: not measured: {record['reason']}"]
     lo, hi = record["kappa_interval"]
-    interval = "-".join("nan" if v is None else f"{v:.4g}" for v in (lo, hi))
+    interval = "[" + ", ".join("nan" if v is None else f"{v:.4g}" for v in (lo, hi)) + "]"
     return [f"kappa = {record['kappa']:.4g} ({record['level']:.0%} interval {interval}, bootstrap over "
             f"{record['units']} curvature pairs, {record['optimizer']} beta1 {record['beta1']:g}): the optimizer's "
             f"memory 1/kappa = {1 / record['kappa']:.3g} steps"]
@@ -470,7 +470,7 @@ def noise_scale_record(norms: dict[str, np.ndarray], *, unit_size: int, source: 
 def noise_scale_lines(record: dict) -> list[str]:
     """The summary lines of a "noise_scale" record (B_noise, its interval, b = B_noise / B)."""
     lo, hi = record["b_noise_interval"]
-    interval = "-".join("inf" if v is None else f"{v:.4g}" for v in (lo, hi))  # None: an infinite bound
+    interval = "[" + ", ".join("inf" if v is None else f"{v:.4g}" for v in (lo, hi)) + "]"  # None: infinite
     if record["b_noise"] is None:
         return [f"B_noise: no measurable signal over {record['checkpoints']} steps (the two-batch |G|^2 <= 0; "
                 f"{record['level']:.0%} interval {interval}): the gradient noise swamps its mean at this batch; "

@@ -664,7 +664,7 @@ def _kappa_text(record: Optional[dict], config: TrlRunConfig, skipped: dict) -> 
     if record["kappa"] is None:
         return f"kappa not measured: {record['reason']}"
     lo, hi = record["kappa_interval"]
-    interval = "-".join("nan" if v is None else f"{v:.3g}" for v in (lo, hi))
+    interval = "[" + ", ".join("nan" if v is None else f"{v:.3g}" for v in (lo, hi)) + "]"
     return (f"kappa = {record['kappa']:.3g} ({record['level']:.0%} interval {interval}, {record['units']} curvature "
             f"pairs, one every {config.curvature_every} steps)")
 
