@@ -57,7 +57,7 @@ def test_kappa_from_curvature_pairs_by_hand(tmp_path, cli):
     assert lines[b_line + 1].startswith(f"kappa = {kappa:.4g} (90% interval ")  # beside B_noise
     assert f"memory 1/kappa = {1 / kappa:.3g} steps" in lines[b_line + 1]
     nxt = next(line for line in lines if line.startswith("next: replay-theory optimal --profile"))
-    assert nxt.startswith(f"next: replay-theory optimal --profile {out}") and nxt.endswith(" -B 8")
+    assert nxt.startswith(f"next: replay-theory optimal --profile {out}") and nxt.endswith(" -B 8 --group-size 2")
     assert "--kappa" not in nxt  # the profile carries the memory: optimal reads it, and refuses kappa given twice
     code, _, err = cli(*nxt.removeprefix("next: replay-theory ").split())  # the printed next step runs as written
     assert code == 0, err

@@ -84,14 +84,14 @@ def test_valid_range_is_the_range_the_commands_field_states():
         "-1 (all cores) or an integer >= 1")
     assert valid_range("no_such_option") is None
     optimal = typer.main.get_command(app).commands["optimal"]  # built from theory.optimal.OptimalQuery
-    assert valid_range("kappa", optimal) == "a finite number > 0 (the optimizer's memory, 1/kappa steps)"
+    assert valid_range("kappa", optimal) == "a finite number >= 1e-09 (the optimizer's memory, 1/kappa steps)"
     assert valid_range("max_horizon", optimal) == "an integer in [1, 4096]"
     assert valid_range("kappa") is None and valid_range("json", optimal) is None
 
 
 def test_a_value_typer_rejects_names_the_range_its_field_states(error_line):
     assert error_line("optimal", "--mu", "abc").endswith("(valid: a number in [0.0001, 10000] (a ratio of two costs))")
-    assert error_line("optimal", "--mu", "5", "-B", "1.5").endswith("(valid: an integer >= 1)")
+    assert error_line("optimal", "--mu", "5", "-B", "1.5").endswith("(valid: an integer in [1, 10000000])")
     assert error_line("gamma", "-W", "x", "-T", "1", "--mu", "1").endswith("(valid: a finite number > 0)")
 
 
