@@ -17,7 +17,8 @@ in their records those numbers are masked. Run it with the package you mean to t
 How a record is compared. ``--check --exact`` wants every character equal: the proof that a restructuring moved no
 number, on the machine (CPU, numpy, BLAS) that recorded it, or run before and after the change on one machine.
 ``--check`` (the default, and the integration test) splits each line into its numbers and the text between them: the
-text must be equal, and each number equal within RELATIVE_TOLERANCE = 1e-12 of the larger of the two. A number printed
+text must be equal, and each number equal within RELATIVE_TOLERANCE = 1e-12 of the larger of the two (a few lines of
+two cases have a looser rule, LOOSER, each with its reason: see the end of this docstring). A number printed
 in full moves in its last digits on another numpy build or CPU family (SIMD width and BLAS kernels change the order of
 a reduction: relative 2e-15 to 2e-14 in the cases seen, see below); a change the code makes moves it by far more (one
 at relative 1e-9 is caught, tests/unit/test_golden_compare.py). In detail:
@@ -44,14 +45,18 @@ at relative 1e-9 is caught, tests/unit/test_golden_compare.py). In detail:
 Machines that checked the tolerance (the fast cases, `--check --fast`): a 2-core AMD EPYC (Zen 4, AVX-512) with numpy
 2.4.6, scipy 1.17.1 and OpenBLAS 0.3.31, every case identical; the same machine with numpy 2.2.6 (OpenBLAS 0.3.29):
 diagnose-verl, diagnose-trl and diagnose-default-save differ in their last digits (at most 4.4e-15), every case passes.
-Not yet a CPU without AVX-512 (an EPYC of Zen 2 or 3): emulated on that machine (numpy's AVX2 loops,
-NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL AVX512_SPR", and OpenBLAS's Haswell kernels, OPENBLAS_CORETYPE=Haswell),
-the same six cases differ as on the AMD EPYC of the issue-37 report; four pass, and calibrate-simulator and
-theory-test-quick differ beyond 1e-12: numbers that pass through a central difference (the bandit's Hessian,
-experiments/theory_test.py exact_hessian, h = 1e-4; the curvature pairs' H xi) turn a last-ulp difference of the
-gradient into ~1e-11 (up to 4.8e-11), the floor power-law fit's alpha and tau (theory/profiles.py fit_profiles, two
-parameters from four points with tau far beyond them) move by 2.5e-5 and 2e-4, and a theory-test run's "key" is a
-digest of its config, whose step size moves.
+A CPU without AVX-512 (an EPYC of Zen 2 or 3), emulated on that machine with numpy 2.4.6 and with 2.2.6 (numpy's AVX2
+loops, NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL AVX512_SPR" or the AVX512 names for 2.2, and/or OpenBLAS's
+Haswell kernels, OPENBLAS_CORETYPE=Haswell): the same six cases differ as on the AMD EPYC of the issue-37 report
+(simulate-json, simulate-token-mdp-async, calibrate-simulator, diagnose-verl, diagnose-default-save,
+theory-test-quick; some runs also diagnose-trl, calibrate-from-log-verl), by at most 2.5e-14 outside the lines below,
+and every case passes, two of them only under their LOOSER rules: numbers that pass through a central difference
+(the bandit's Hessian, experiments/theory_test.py exact_hessian, h = 1e-4, which sets every step size of
+theory-test-quick; the curvature pairs' H xi in calibrate-simulator) move by up to 4.8e-11, the floor power-law fit's
+alpha and tau (theory/profiles.py fit_profiles: two parameters from four points, tau far beyond them) by up to 2.5e-5
+and 2e-4, and a theory-test run's "key" is a digest of its config, whose step size moves. Each rule says why, covers
+only those lines (theory-test-quick's 1e-9: the whole case, whose bandit numbers sit among the quadratic's), and a
+change the code makes still moves them beyond it (tests/unit/test_golden_compare.py).
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 EXPECTED = Path(__file__).resolve().parent / "expected"
 
@@ -221,8 +227,8 @@ def _tokens(line: str) -> list[str]:
     return parts + [line[end:]]
 
 
-def _numbers_close(a: str, b: str) -> bool:
-    """Whether two printed numbers are equal within RELATIVE_TOLERANCE. Exactly (as printed) when either is an
+def _numbers_close(a: str, b: str, tolerance: float = RELATIVE_TOLERANCE) -> bool:
+    """Whether two printed numbers are equal within ``tolerance`` (relative). Exactly (as printed) when either is an
     integer (no point, no exponent: a count, a step, a seed, a size), when either is no finite float (an overflowing
     exponent), or when either has more digits than a float's repr prints."""
     if a == b:
@@ -236,18 +242,80 @@ def _numbers_close(a: str, b: str) -> bool:
         return False
     # relative to the larger of the two, with no absolute floor: zero equals only zero, and a number near zero is held
     # to the same relative tolerance as any other (see the module docstring)
-    return abs(x - y) <= RELATIVE_TOLERANCE * max(abs(x), abs(y))
+    return abs(x - y) <= tolerance * max(abs(x), abs(y))
 
 
-def lines_equal(a: str, b: str, exact: bool = False) -> bool:
+def lines_equal(a: str, b: str, exact: bool = False, tolerance: float = RELATIVE_TOLERANCE) -> bool:
     """Whether two recorded lines are equal: character for character when ``exact``, else the same text between their
-    numbers and each number within RELATIVE_TOLERANCE (integers equal)."""
+    numbers and each number within ``tolerance`` (relative; integers equal)."""
     if a == b or exact:
         return a == b
     ta, tb = _tokens(a), _tokens(b)
     # the texts (even places) equal, the numbers (odd places) close
-    return len(ta) == len(tb) and all(x == y if i % 2 == 0 else _numbers_close(x, y)
+    return len(ta) == len(tb) and all(x == y if i % 2 == 0 else _numbers_close(x, y, tolerance)
                                       for i, (x, y) in enumerate(zip(ta, tb)))
+
+
+class Looser(NamedTuple):
+    """Lines of one case whose numbers no last-digit tolerance matches on another CPU, with the reason measured."""
+
+    case: str
+    tolerance: float | None  # relative; None: the line's digest is not compared (what it digests is, elsewhere)
+    why: str
+    line: re.Pattern | None = None  # the lines it covers (None: every line of the part below)
+    inside: tuple[str, ...] = ()  # only lines inside a JSON object or list under one of these keys (any depth)
+
+
+# Measured on the AVX-512 machine emulating one without it (see the module docstring): the numbers a central
+# difference produces, and the parameters a degenerate fit picks, move by far more than their last digits; outside
+# these lines the two cases hold RELATIVE_TOLERANCE like every other. DERIVATIVE_TOLERANCE is 20x the largest seen.
+DERIVATIVE_TOLERANCE = 1e-9
+LOOSER = [
+    Looser("calibrate-simulator", DERIVATIVE_TOLERANCE,
+           "the curvature pairs' H xi are central differences of grad F: a last-ulp difference of the gradient, "
+           "divided by the step, moves kappa and lambda_eff by up to 4.8e-11", inside=("memory", "memory_estimators")),
+    Looser("calibrate-simulator", 1e-3,
+           "the floor power law sigma0^2 (1 + (s/tau)^(2 alpha)) fitted to four staleness points with tau ~ 7000 "
+           "far beyond them: only (s/tau)^(2 alpha) on s = 1..4 is determined (the squared error is flat to 1e-11 "
+           "while alpha and tau move by 2.5e-5 and 2e-4), so curve_fit stops wherever its path ends",
+           line=re.compile(r'\s*"(alpha|tau)": '), inside=("floor_power_law",)),
+    Looser("theory-test-quick", DERIVATIVE_TOLERANCE,
+           "the bandit's smoothness L is the largest eigenvalue of a central-difference Hessian (exact_hessian, "
+           "h = 1e-4), 5e-12 off; L sets every step size the bandit tries, and its numbers move by up to 4.5e-11. "
+           "Every line: the bandit's numbers sit among the quadratic's in the same JSON lists and tables"),
+    Looser("theory-test-quick", None,
+           "a run's store key digests the config printed below it, whose step size carries L",
+           line=re.compile(r'\s*"key": "[0-9a-f]{16}",?\s*$')),
+]
+
+
+def _enclosing(lines: list[str], i: int) -> list[str]:
+    """The keys of the JSON objects and lists (printed with indent) that hold ``lines[i]``, innermost first."""
+    keys, indent = [], len(lines[i]) - len(lines[i].lstrip())
+    for line in reversed(lines[:i]):
+        depth = len(line) - len(line.lstrip())
+        if depth < indent and line.rstrip().endswith(("{", "[")):
+            key = re.match(r'\s*"([^"]*)": [{\[]$', line.rstrip())
+            keys.append(key.group(1) if key else "")
+            indent = depth
+            if depth == 0:
+                break
+    return keys
+
+
+def _line_equal(old: list[str], new: list[str], i: int, exact: bool, case: str | None) -> bool:
+    """Whether line ``i`` of a case's record matches: within RELATIVE_TOLERANCE, or within the case's looser rule."""
+    a, b = old[i], new[i]
+    if exact or lines_equal(a, b):
+        return a == b if exact else True
+    for rule in (r for r in LOOSER if r.case == case):
+        if rule.line is not None and not (rule.line.match(a) and rule.line.match(b)):
+            continue
+        if rule.inside and not set(rule.inside) & set(_enclosing(old, i)):
+            continue
+        if rule.tolerance is None or lines_equal(a, b, tolerance=rule.tolerance):
+            return True
+    return False
 
 
 # a line longer than this is shown around its first difference
@@ -273,14 +341,14 @@ def _excerpt(line: str, at: int, before: int = 80, after: int = 120) -> str:
     return ("..." if start else "") + line[start:end] + ("..." if end < len(line) else "")
 
 
-def first_difference(expected: str, got: str, exact: bool = False) -> str | None:
+def first_difference(expected: str, got: str, exact: bool = False, case: str | None = None) -> str | None:
     """The first line where ``got`` differs from ``expected`` beyond the tolerance (character for character when
-    ``exact``), with its number; None when they are equal."""
+    ``exact``), with its number; None when they are equal. ``case``: the record's case, whose LOOSER rules apply."""
     if expected == got:
         return None
     old, new = expected.splitlines(keepends=True), got.splitlines(keepends=True)
     for i, (a, b) in enumerate(zip(old, new)):
-        if not lines_equal(a, b, exact):
+        if not _line_equal(old, new, i, exact, case):
             if a.rstrip("\r\n") == b.rstrip("\r\n"):
                 return f"line {i + 1}: line endings differ"
             a, b = a.rstrip(), b.rstrip()
@@ -293,9 +361,10 @@ def first_difference(expected: str, got: str, exact: bool = False) -> str | None
     return None
 
 
-def lines_within_tolerance(expected: str, got: str) -> int:
+def lines_within_tolerance(expected: str, got: str, case: str | None = None) -> int:
     """How many lines of ``got`` differ from ``expected`` in some character yet are equal within the tolerance."""
-    return sum(a != b and lines_equal(a, b) for a, b in zip(expected.splitlines(), got.splitlines()))
+    old, new = expected.splitlines(), got.splitlines()
+    return sum(a != b and _line_equal(old, new, i, False, case) for i, (a, b) in enumerate(zip(old, new)))
 
 
 def main(argv=None) -> int:
@@ -321,14 +390,16 @@ def main(argv=None) -> int:
             print(f"{name}: recorded")
             continue
         expected = path.read_text() if path.exists() else None
-        difference = "not recorded" if expected is None else first_difference(expected, got, exact=args.exact)
+        difference = ("not recorded" if expected is None else
+                      first_difference(expected, got, exact=args.exact, case=name))
         if difference is not None:
             print(f"{name}: DIFFERS at {difference}")
         elif expected == got:
             print(f"{name}: identical")
         else:
-            print(f"{name}: equal within relative {RELATIVE_TOLERANCE:g} "
-                  f"({lines_within_tolerance(expected, got)} lines differ in their last digits)")
+            looser = " and its LOOSER rules" if any(rule.case == name for rule in LOOSER) else ""
+            print(f"{name}: equal within relative {RELATIVE_TOLERANCE:g}{looser}; "
+                  f"{lines_within_tolerance(expected, got, name)} lines differ character for character")
         failed += difference is not None
     return 1 if failed else 0
 

@@ -19,5 +19,5 @@ def test_golden_output_is_unchanged(name):
         pytest.importorskip("torch")
         pytest.importorskip("transformers")
     expected = (capture.EXPECTED / f"{name}.txt").read_text()
-    difference = capture.first_difference(expected, capture.run_case(name), exact=False)
+    difference = capture.first_difference(expected, capture.run_case(name), exact=False, case=name)
     assert difference is None, f"{name} differs at {difference}"
