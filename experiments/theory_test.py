@@ -978,6 +978,25 @@ def _on_policy_small_values(record: dict, designs: Designs, mu: float, floor: fl
     return small
 
 
+def _on_policy_floor_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray:
+    """The trivial rule that exploits the cost model: 0 at on-policy at the smallest grid batch >= max(floor,
+    smallest batch) (B = 256 when the floor is above it; others inf). It reads nothing measured: below the floor a
+    smaller batch costs as much generation and more steps, above it compute falls with the batch."""
+    on = [i for i, d in enumerate(designs) if d.on_policy]
+    above = [i for i in on if designs[i].batch >= floor]
+    pick = min(above, key=lambda i: designs[i].batch) if above else max(on, key=lambda i: designs[i].batch)
+    values = np.full(len(designs), np.inf)
+    values[pick] = 0.0
+    return values
+
+
+def _on_policy_oracle_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray:
+    """The oracle of the on-policy family: every on-policy batch at its measured compute (others inf). It reads the
+    scored runs by design: the best any rule that only moves the batch can do."""
+    compute = measured_compute(record, mu, floor)[0]
+    return np.array([compute[i] if d.on_policy else np.inf for i, d in enumerate(designs)])
+
+
 @dataclass(frozen=True)
 class Objective:
     """One objective the benchmark scores: its name in the tables, and its value on every design of a unit
@@ -999,6 +1018,8 @@ OBJECTIVES = {
     "null": Objective("null gamma(y)", _null_values),
     "on_policy": Objective("always on-policy at B", _on_policy_values),
     "on_policy_small": Objective("on-policy, smallest batch within 2x steps", _on_policy_small_values),
+    "on_policy_floor": Objective("on-policy at max(floor, smallest batch) (trivial)", _on_policy_floor_values),
+    "on_policy_oracle": Objective("oracle: the cheapest on-policy batch, measured", _on_policy_oracle_values),
 }
 """The objectives the benchmark scores, in the order of its tables (theory/optimal.py's ``OBJECTIVES`` name their
 ``evidence`` among these)."""
@@ -1072,9 +1093,14 @@ def score_cell(record: dict, mu: float, floor: float) -> dict:
         menu = np.isfinite(values)
         by_objective[name] = {"free": labels[free], "free_regret": r_free, "free_ci": ci_free,
                               "pinned": labels[pin], "pinned_regret": r_pin, "pinned_ci": ci_pin,
-                              "spearman": spearman(np.where(menu, values, np.inf), compute[0])}
+                              "spearman": spearman(np.where(menu, values, np.inf), compute[0]),
+                              "free_is_replay": not designs[free].on_policy}
+    on = np.array([d.on_policy for d in designs])
+    # the replay branch: how much cheaper the best replay design is than the best on-policy batch (> 1: replay wins)
+    replay_gain = float(compute[0][on].min() / compute[0][~on].min()) if (~on).any() else None
     return {"setting": record["setting"], "optimizer": record["optimizer"], "instance": record["instance"],
             "mu": mu, "floor": floor, "exact": record["exact"], "b": record["noise"]["b"],
+            "replay_gain": replay_gain,
             "best_free": labels[best_free], "best_pinned": labels[best_pinned],
             "best_free_at_edge": _grid_edge(designs, best_free),
             "best_pinned_at_edge": _grid_edge(designs, best_pinned),
@@ -1172,14 +1198,35 @@ def _spearman_by_setting(scored: list[dict], name: str) -> dict:
 
 
 def _objective_target(scored: list[dict], name: str) -> dict:
-    """One objective's record over its scored cells: regret shares (free, pinned) and Spearman per setting."""
+    """One objective's record over its scored cells: regret shares (free, pinned), Spearman per setting, and its
+    replay branch apart (``_replay_branch``)."""
     rec: dict = {"cells": len(scored)}
     for mode in ("free", "pinned"):
         rec[mode] = _regret_shares(np.array([c["by_objective"][name][f"{mode}_regret"] for c in scored]))
     means = _spearman_by_setting(scored, name)
     rec["spearman_by_setting"] = means
     rec["min_setting_spearman"] = min((v for v in means.values() if v is not None), default=None)
+    rec["replay_branch"] = _replay_branch(scored, name)
     return rec
+
+
+REPLAY_MARGIN = 1.2
+"""A cell counts as one where replay is cheapest when the best replay design needs 1.2x less compute than the best
+on-policy batch (measured): there a rule that never picks replay loses at least that much."""
+
+
+def _replay_branch(scored: list[dict], name: str) -> dict:
+    """The replay branch of an objective's free-batch picks, apart from the share over all cells (which hides a
+    branch that is never right): cells where replay is cheapest by more than ``REPLAY_MARGIN`` and how many of them
+    it picked replay in (hits), and its replay picks where an on-policy batch was cheapest (false alarms) with their
+    worst regret."""
+    wins = [c for c in scored if c.get("replay_gain") is not None and c["replay_gain"] > REPLAY_MARGIN]
+    alarms = [c for c in scored if c.get("replay_gain") is not None and c["replay_gain"] < 1.0
+              and c["by_objective"][name].get("free_is_replay")]
+    return {"replay_cheapest_by_20%": len(wins),
+            "hits": sum(1 for c in wins if c["by_objective"][name].get("free_is_replay")),
+            "false_alarms": len(alarms), "false_alarm_share": len(alarms) / len(scored) if scored else None,
+            "false_alarm_worst": max((c["by_objective"][name]["free_regret"] for c in alarms), default=None)}
 
 
 def _grid_edge_counts(cells: list[dict]) -> dict:
@@ -1438,7 +1485,8 @@ def targets_text(t: dict) -> str:
         lines.append(f"- {label}: free batch {fr['within_1.2']} of {o['cells']} within 1.2x "
                      f"({100 * fr['share_within_1.2']:.0f}%), {fr['within_1.5']} within 1.5x, worst "
                      f"{fr['worst']:.2f}; at B = 256 {100 * pn['share_within_1.2']:.0f}% within 1.2x, worst "
-                     f"{pn['worst']:.2f}; lowest per-setting mean Spearman {_num(o['min_setting_spearman'], 2)}")
+                     f"{pn['worst']:.2f}; lowest per-setting mean Spearman {_num(o['min_setting_spearman'], 2)}"
+                     + _branch_text(o.get("replay_branch")))
     lines.append(f"- b from steps within 1.5x of the exact b: {t['b_within_1.5x_of_exact'][0]} of "
                  f"{t['b_within_1.5x_of_exact'][1]} quadratic SGD units")
     lines.append(f"- kappa within 25% of exact: curvature pairs {t['kappa_pairs_within_25%'][0]} of "
@@ -1460,6 +1508,16 @@ def targets_text(t: dict) -> str:
                  f"{100 * (t['edge_or_censored_share_max'] or 0):.0f}% (units over 10%: "
                  f"{', '.join(t['units_over_10%_at_edge_or_censored']) or 'none'})")
     return "\n".join(lines)
+
+
+def _branch_text(branch: dict | None) -> str:
+    """An objective's replay branch in words (empty for a summary saved before it was recorded)."""
+    if not branch:
+        return ""
+    worst = "" if branch["false_alarm_worst"] is None else f", worst {branch['false_alarm_worst']:.2f}"
+    return (f"; replay branch: picked replay in {branch['hits']} of the {branch['replay_cheapest_by_20%']} cells "
+            f"where replay is cheapest by > 20%, {branch['false_alarms']} false alarms (replay picked, on-policy "
+            f"cheapest){worst}")
 
 
 def summary_table(summary: dict) -> str:

@@ -17,7 +17,9 @@ from pathlib import Path
 EVIDENCE_FILE = Path(__file__).with_name("evidence.json")
 NAMES = {"forgetting": "the forgetting-aware rule", "noise_scale": "the noise-scale rule", "paper_J": "the paper's J",
          "finite_budget": "the finite-budget bound", "on_policy": "always on-policy at B",
-         "on_policy_small": "on-policy at the smallest batch within 2x steps", "null": "the null model"}
+         "on_policy_small": "on-policy at the smallest batch within 2x steps", "null": "the null model",
+         "on_policy_floor": "on-policy at max(floor, smallest batch)",
+         "on_policy_oracle": "the cheapest on-policy batch (oracle)"}
 PASS_WITHIN_1_2 = 0.85
 PASS_WORST = 1.5
 PASS_SPEARMAN = 0.7
@@ -142,6 +144,10 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
     if key != "on_policy" and "on_policy" in targets["objectives"]:
         op = targets["objectives"]["on_policy"]["free"]
         line += f"; always on-policy at B {100 * op['share_within_1.2']:.0f}%"
+    if key != "on_policy_floor" and "on_policy_floor" in targets["objectives"]:  # the trivial rule to beat
+        tf = targets["objectives"]["on_policy_floor"]["free"]
+        line += (f"; the trivial on-policy at max(floor, smallest batch) {100 * tf['share_within_1.2']:.0f}% "
+                 f"(worst {tf['worst']:.2f})")
     for other, t in _other_floors(record, floor_ratio):
         o2 = (t.get("objectives") or {}).get(key)
         if o2:

@@ -140,6 +140,9 @@ def test_the_evidence_line_quotes_the_stored_benchmark():
                     "--out R, docs/SIMULATION.md)")
     assert evidence.evidence_line("paper", "paper_J", record).startswith(
         "evidence: none stored for the paper objective")
+    record["targets_held_out"]["64"]["objectives"]["on_policy_floor"] = _targets(0.9, 1.78)  # the trivial rule
+    assert ("always on-policy at B 25%; the trivial on-policy at max(floor, smallest batch) 90% (worst 1.78) ("
+            in evidence.evidence_line("forgetting", "forgetting", record))
     del record["targets_held_out"]["64"]  # a run with no held-out instance quotes every instance, and says so
     assert evidence.evidence_line("forgetting", "forgetting", record).startswith(
         "evidence (every instance (none held out), latency floor 64, 60 test cases): within 1.2x of the cheapest "

@@ -167,6 +167,38 @@ def test_the_floor_prices_a_small_batch_at_the_floor():
     assert list(compute) == [100 * (128 + 64), 40 * (256 + 256), 90 * (128 + 256), 50 * (128 + 256)]
 
 
+def test_the_trivial_floor_rule_and_the_on_policy_oracle_by_hand():
+    record = _record({"on-policy B=64": [100.0, 110.0], "on-policy B=256": [40.0, 40.0], "x=1 y=4": [90.0, 80.0],
+                      "x=16 y=4": [50.0, 55.0]})
+    # floor 0: the smallest batch (64); floor 100: the smallest batch at or above it (256); floor 300: none, so 256
+    for floor, pick in ((0, "on-policy B=64"), (100, "on-policy B=256"), (300, "on-policy B=256")):
+        assert tt.score_cell(record, mu=1.0, floor=floor)["by_objective"]["on_policy_floor"]["free"] == pick
+    # the oracle picks the measured cheapest on-policy batch: at mu = 1, floor 0, B = 64 (12800 < 20480)
+    cell = tt.score_cell(record, mu=1.0, floor=0)
+    oracle = cell["by_objective"]["on_policy_oracle"]
+    assert oracle["free"] == "on-policy B=64" and oracle["free_regret"] == 1.0
+    assert oracle["pinned"] == "on-policy B=256"  # its only design at B = 256
+
+
+def test_the_replay_branch_counts_hits_and_false_alarms():
+    # mu = 1, floor 0: on-policy 64 -> 12800, 256 -> 20480; x=16 y=4 -> 50 x 320 = 16000 (on-policy cheapest)
+    on_best = _record({"on-policy B=64": [100.0], "on-policy B=256": [40.0], "x=1 y=4": [90.0],
+                       "x=16 y=4": [50.0]})
+    # x=16 y=4 at 20 steps -> 6400: replay cheapest by 12800 / 6400 = 2x
+    replay_best = _record({"on-policy B=64": [100.0], "on-policy B=256": [40.0], "x=1 y=4": [90.0],
+                           "x=16 y=4": [20.0]})
+    cells = [tt.score_cell(r, mu=1.0, floor=0) for r in (on_best, replay_best)]
+    assert cells[0]["replay_gain"] == pytest.approx(12800 / 16000) and cells[1]["replay_gain"] == pytest.approx(2.0)
+    for c in cells:  # a rule that always picks the long buffer
+        c["by_objective"]["always_replay"] = {**c["by_objective"]["on_policy"], "free_is_replay": True,
+                                              "free_regret": 16000 / 12800 if c is cells[0] else 1.0}
+    branch = tt._replay_branch(cells, "always_replay")
+    assert branch == {"replay_cheapest_by_20%": 1, "hits": 1, "false_alarms": 1, "false_alarm_share": 0.5,
+                      "false_alarm_worst": pytest.approx(1.25)}
+    never = tt._replay_branch(cells, "on_policy")  # never picks replay: misses the replay cell, no false alarm
+    assert never["hits"] == 0 and never["false_alarms"] == 0 and never["false_alarm_worst"] is None
+
+
 def test_the_rule_values_are_forgetting_predictions():
     record = _record({k: [1.0] for k in ("on-policy B=64", "on-policy B=256", "x=1 y=4", "x=16 y=4")})
     designs = tt._designs_of(record)
