@@ -162,3 +162,30 @@ def _other_floors(record: dict, floor_ratio: float | None = None) -> list[tuple[
     held = record.get("targets_held_out") or {}
     source = held if (held.get(head) or {}).get("cells") else (record.get("targets") or {})
     return [(f, t) for f, t in source.items() if f != head and t]
+
+
+def outside_tested_range(design: dict, batch: int, record: dict | None = None) -> str | None:
+    """Where ``design`` (``batch_size``, ``rollouts_per_step``, ``capacity``, ``on_policy`` as ``optimal --json``
+    names them) lies outside the designs the stored benchmark trained, relative to the user's ``batch`` B (the
+    benchmark's B = 256 is its user's batch): on-policy batches B' / B within the tested on-policy ratios, replay at
+    B' = B with x and y within the grid's. None inside (or with no stored benchmark: the evidence line says so);
+    else the clause the evidence line ends with, so that no answer borrows evidence from designs nobody ran."""
+    record = load_evidence() if record is None else record
+    protocol = (record or {}).get("protocol") or {}
+    tested_batch, grid, batches = protocol.get("batch"), protocol.get("grid"), protocol.get("on_policy_batches")
+    if not (tested_batch and grid and batches):
+        return None
+    b, r, n = design["batch_size"], design["rollouts_per_step"], design["capacity"]
+    if design.get("on_policy", b == r == n):
+        low, high = min(batches) / tested_batch, max(batches) / tested_batch
+        if low * batch <= b <= high * batch:
+            return None
+        return (f"this answer lies outside the tested range: on-policy at B = {b} is {b / batch:.3g}x your batch, the "
+                f"benchmark ran {low:g}x to {high:g}x")
+    x, y = n // r, b / r
+    max_x, max_y = max(g[0] for g in grid), max(g[1] for g in grid)
+    why = [f"replay at B = {b}, not your B = {batch}"] if b != batch else []
+    why += [f"x = {x} beyond {max_x}"] if x > max_x else []
+    why += [f"y = {y:.3g} beyond {max_y}"] if y > max_y else []
+    return None if not why else ("this answer lies outside the tested range (" + ", ".join(why) + "): the benchmark "
+                                 "trained replay only at its own batch, x <= " + f"{max_x}, y <= {max_y}")

@@ -42,7 +42,7 @@ from .design import (
     rollout_mu_of_convention,
     split_design,
 )
-from .evidence import evidence_line, floor_ratio_of, verdict_line
+from .evidence import evidence_line, floor_ratio_of, outside_tested_range, verdict_line
 from .profiles import LoadedProfile, PowerLawProfile, load_profile
 
 CHECK = "check"
@@ -369,6 +369,11 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
     floor_ratio = floor_ratio_of(q.latency_floor, q.batch_size)  # the benchmark's cost model nearest the user's
     verdict = verdict_line(floor_ratio=floor_ratio)
     evidence = _evidence("forgetting", floor_ratio=floor_ratio)
+    if record.get("measured") and q.batch_size is not None:  # the evidence covers only the designs it trained
+        outside = outside_tested_range({"batch_size": record["batch_size"], "capacity": record["capacity"],
+                                        "rollouts_per_step": record["rollouts_per_step"],
+                                        "on_policy": record["regime"] == "on-policy"}, q.batch_size)
+        evidence += f"; {outside}" if outside else ""
     return Answer(text=advice.render(record, [evidence], verdict),
                   record={**record, "verdict": verdict, "evidence": evidence, "convention": convention,
                           "paper_evidence": _evidence("paper")})

@@ -158,3 +158,35 @@ def test_kappa_given_twice_or_with_another_optimizer_is_refused(error_line, tmp_
     assert error_line("optimal", "--mu", "5", "--profile", str(path), "-B", "64", "--optimizer", "sgd") == (
         f"--optimizer sgd differs from the adam that --profile {path}'s memory was measured with: leave --optimizer "
         "out")
+
+
+def test_an_answer_outside_the_tested_range_says_so_in_its_evidence_line(cli):
+    """Issue 38's example: replay at B = 442 (not the user's 256) with x = 64 (the grid stops at 16) borrowed the
+    benchmark's 98%; now the evidence line says that nobody trained such a design. An on-policy batch inside the
+    tested ratios (232 of 512: the benchmark ran 8 ... 256 of 256) is inside."""
+    code, out, _ = cli("optimal", "--noise-scale", "1000", "--kappa", "0.2", "--optimizer", "adam", "-B", "256",
+                       "--mu", "5.28", "--latency-floor", "64")
+    evidence = next(line for line in out.splitlines() if line.startswith("evidence ("))
+    assert code == 0 and evidence.endswith("; this answer lies outside the tested range (replay at B = 442, not your "
+                                           "B = 256, x = 64 beyond 16): the benchmark trained replay only at its own "
+                                           "batch, x <= 16, y <= 32.")
+    code, out, _ = cli("optimal", "--mu", "5.28", "-B", "512", "--noise-scale", "2383", "--kappa", "0.05",
+                       "--group-size", "8", "--latency-floor", "128")
+    assert code == 0 and "outside the tested range" not in out
+
+
+def test_the_tested_range_by_hand():
+    from replay_theory.theory.evidence import outside_tested_range
+
+    record = {"protocol": {"batch": 256, "grid": [[1, 1], [16, 32]], "on_policy_batches": [8, 256]}}
+
+    def design(b, r, n):
+        return {"batch_size": b, "rollouts_per_step": r, "capacity": n, "on_policy": b == r == n}
+
+    assert outside_tested_range(design(16, 16, 16), 512, record) is None  # 16 / 512 = 1/32: the lowest ratio run
+    assert "0.0156x your batch, the benchmark ran 0.03125x to 1x" in outside_tested_range(design(8, 8, 8), 512, record)
+    assert outside_tested_range(design(600, 600, 600), 512, record).startswith(
+        "this answer lies outside the tested range: on-policy at B = 600")
+    assert outside_tested_range(design(512, 16, 256), 512, record) is None  # x = 16, y = 32: the grid's corner
+    assert "(x = 32 beyond 16, y = 64 beyond 32)" in outside_tested_range(design(512, 8, 256), 512, record)
+    assert outside_tested_range(design(512, 16, 256), 512, {}) is None  # no stored benchmark: its line says so
