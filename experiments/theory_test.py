@@ -93,6 +93,11 @@ KAPPA_CHECKPOINTS = (1.0, 1.5, 2.0)
 """kappa's checkpoints on the pilot, in units of its steps to the target: at and past the target, where the noise
 decides what is left of the progress (earlier a bandit's policy crosses regions where the loss is concave along the
 noise, and the curvature's sign flips from seed to seed)."""
+PILOT_FRACTION = 0.1
+"""The pilot a user can afford: the first 10% of on-policy at B's steps to the target (issue 38's budget)."""
+B_SIMPLE_CHECKPOINTS = (0.025, 0.05, 0.075, 0.1)
+"""Where the two-batch noise scale B_simple is read on the pilot, in units of its steps to the target: inside the
+first PILOT_FRACTION of the run, as the TRL trainer's and verl hook's logs of a short run at B give it."""
 LAG_SPAN = (1.0, 3.0)
 """The lag-1 series runs from 1x to 3x the pilot's steps: past the target, nearer stationarity."""
 BETA1 = 0.9
@@ -564,7 +569,7 @@ def measure_pilot(unit: Unit) -> dict:
     s_ref = int(design_steps(unit.runs[label])[0])
     payload = {"kind": "pilot", "setting": unit.setting.name, "optimizer": unit.optimizer,
                "instance": unit.instance, "lr": lr, "steps": s_ref, "seeds": unit.options.seeds,
-               "measures": ["kappa", "staleness", "drift"], "pairs": PAIRS,
+               "measures": ["kappa", "staleness", "drift", "b_simple"], "pairs": PAIRS,
                **({"noise_stream": "per pilot"} if isinstance(unit.env, NoisyRewardBandit) else {})}
     found = unit.store.get(payload)
     if found is not None:
@@ -573,6 +578,7 @@ def measure_pilot(unit: Unit) -> dict:
     if isinstance(env, NoisyRewardBandit):  # the measurements' verifier noise keyed by the pilot alone
         env = env.with_noise_stream(271828, unit.instance)
     checkpoints = sorted({max(1, int(round(f * s_ref))) for f in KAPPA_CHECKPOINTS})
+    early = sorted({max(1, int(round(f * s_ref))) for f in B_SIMPLE_CHECKPOINTS})
     lag_from, lag_to = int(LAG_SPAN[0] * s_ref), int(math.ceil(LAG_SPAN[1] * s_ref))
     history, states, dots, sq = [], {}, [], []
     previous = {}
@@ -586,7 +592,7 @@ def measure_pilot(unit: Unit) -> dict:
     def observer(step: int, params: np.ndarray, grad: np.ndarray, optimizer) -> None:
         if step <= s_ref:
             history.append(params.copy())  # (seeds, d): every seed's trajectory, for the drift
-        if step in checkpoints:
+        if step in checkpoints or step in early:
             states[step] = (params.copy(), precondition(optimizer))
         if lag_from <= step < lag_to:
             # Adam's update is lr D m: in z = D^(-1/2) theta it is momentum SGD on D^(1/2) g (theory.forgetting)
@@ -624,6 +630,7 @@ def measure_pilot(unit: Unit) -> dict:
     except ValueError as err:
         lag = {"kappa": None, "reason": str(err), "lag1_autocorrelation": float(np.sum(dots) / np.sum(sq))}
     kappa_exact = lr * float(np.sum(exact_num) / np.sum(exact_den))  # weighted by noise power, as the pairs are
+    b_simple = _pilot_b_simple(env, unit.setting, [states[t][0] for t in early], rng)
     trajectory = np.asarray(history)  # (steps + 1, seeds, d)
     profile = (measure_staleness(env, unit.setting, trajectory[:, 0], unit.instance)
                if not isinstance(env, QuadraticEnv) else None)
@@ -632,8 +639,28 @@ def measure_pilot(unit: Unit) -> dict:
               "kappa_exact_what": ("exact: lr sum tr(D H D Sigma) / sum tr(D Sigma) over the checkpoints' seeds"
                                    if isinstance(env, QuadraticEnv) else "reference: lr sum tr(D H D Sigma) / sum "
                                    "tr(D Sigma), H exact, Sigma from 4,096 samples per point"),
-              "kappa_pairs": pairs.to_dict(), "kappa_lag": lag, "staleness": profile, "drift": drift}
+              "kappa_pairs": pairs.to_dict(), "kappa_lag": lag, "staleness": profile, "drift": drift,
+              "b_simple": {**b_simple.to_dict(), "checkpoints": early,
+                           "what": "two-batch B_simple (halves of B = 256 in whole groups, and the whole batch) at "
+                                   f"{', '.join(f'{f:g}' for f in B_SIMPLE_CHECKPOINTS)} of the pilot's steps, "
+                                   "pooled over seeds and checkpoints"}}
     return unit.store.put(payload, result)
+
+
+def _pilot_b_simple(env, setting: Setting, params_by_checkpoint: list[np.ndarray],
+                    rng: np.random.Generator) -> noise_scale_lib.PooledNoiseScale:
+    """The two-batch noise scale a trainer hook logs (McCandlish App. A.1): per seed and checkpoint, |g|^2 of the
+    first half of a fresh B = 256 batch (whole groups) and of the whole batch, pooled into one ratio of means with a
+    bootstrap interval over the (seed, checkpoint) rows. What a user measures; not the b that sets the steps."""
+    small, big = [], []
+    for params in params_by_checkpoint:  # (seeds, d)
+        for theta in params:
+            grads = sample_grads(env, setting, theta[None], theta[None], BATCH // GROUP, rng)  # (256, d)
+            half = grads[: BATCH // 2].mean(axis=0)
+            small.append(float(half @ half))
+            whole = grads.mean(axis=0)
+            big.append(float(whole @ whole))
+    return noise_scale_lib.pooled_two_batch(small, big, BATCH // 2, BATCH, rng, n_boot=BOOTS)
 
 
 def _hvp(env, theta: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -902,6 +929,16 @@ def _forgetting_values(record: dict, designs: Designs, mu: float, floor: float) 
                        staleness_of(record))
 
 
+def _forgetting_b_simple_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | None:
+    """The forgetting-aware rule fed what a user measures for b: the two-batch B_simple of the pilot's first 10%
+    (nothing from the grid's on-policy runs), kappa from curvature pairs and r(s) = 1 + M2(s) as the rule's row."""
+    measured = (record["pilot"].get("b_simple") or {}).get("b_noise")
+    if measured is None:  # a stored unit from before the pilot measured it, or no signal: no pick, said as n/a
+        return None
+    kappa_pairs = (record["pilot"].get("kappa_pairs") or {}).get("kappa")
+    return rule_values(designs, float(measured), kappa_pairs, record["optimizer"], mu, floor, staleness_of(record))
+
+
 def _forgetting_exact_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | None:
     """The forgetting-aware rule from the exact B_noise and kappa (the noisy quadratic's), no staleness cost."""
     return rule_values(designs, read_b_noise(record["noise"], True), record["pilot"]["kappa_exact"],
@@ -1018,6 +1055,8 @@ class Objective:
 
 OBJECTIVES = {
     "forgetting": Objective("forgetting-aware rule", _forgetting_values),
+    "forgetting_b_simple": Objective("forgetting-aware, b = the pilot's two-batch B_simple / B",
+                                     _forgetting_b_simple_values),
     "forgetting_exact": Objective("forgetting-aware, exact inputs", _forgetting_exact_values, exact_inputs=True),
     "noise_scale": Objective("noise-scale rule (psi = 1, x = 1)", _noise_scale_values),
     "paper_J": Objective("the paper's J", _paper_values),

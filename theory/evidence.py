@@ -15,11 +15,17 @@ from functools import cache
 from pathlib import Path
 
 EVIDENCE_FILE = Path(__file__).with_name("evidence.json")
-NAMES = {"forgetting": "the forgetting-aware rule", "noise_scale": "the noise-scale rule", "paper_J": "the paper's J",
+NAMES = {"forgetting": "the forgetting-aware rule (b fitted to the scored runs)",
+         "forgetting_b_simple": "the forgetting-aware rule", "noise_scale": "the noise-scale rule",
+         "paper_J": "the paper's J",
          "finite_budget": "the finite-budget bound", "on_policy": "always on-policy at B",
          "on_policy_small": "on-policy at the smallest batch within 2x steps", "null": "the null model",
          "on_policy_floor": "on-policy at max(floor, smallest batch)",
          "on_policy_oracle": "the cheapest on-policy batch (oracle)"}
+RULES = ("forgetting_b_simple", "paper_J", "finite_budget")
+"""The design rules a verdict weighs: those fed only what a user can measure (issue 38). The forgetting-aware and
+noise-scale rows fed b fitted to the scored on-policy runs are not among them (that fit is a smoothing of the answer);
+nor are the baselines."""
 PASS_WITHIN_1_2 = 0.85
 PASS_WORST = 1.5
 PASS_SPEARMAN = 0.7
@@ -91,7 +97,7 @@ def verdict_line(record: dict | None = None, floor_ratio: float | None = None) -
         return "tested: no stored benchmark, so no design rule has been tested here (run replay-theory experiment " \
                "theory-test)"
     objectives = targets["objectives"]
-    rules = {k: v for k, v in objectives.items() if k in ("forgetting", "noise_scale", "paper_J", "finite_budget")}
+    rules = {k: v for k, v in objectives.items() if k in RULES}
     if any(passes(v) for v in rules.values()):
         return None
     best = max(rules, key=lambda k: (rules[k]["free"]["share_within_1.2"], -rules[k]["free"]["worst"]))
@@ -128,13 +134,25 @@ def _fmt(v) -> str:
     return "n/a" if v is None else f"{v:.2f}"
 
 
+INPUT_ROUTES = {"forgetting": ("forgetting_b_simple", "forgetting")}
+"""The benchmark rows an objective's evidence quotes, first found first: the forgetting-aware rule fed the b a user
+measures (a 10% pilot's two-batch B_simple, what --noise-scale and the trainers' logs give) before the rule fed b
+fitted to the scored on-policy runs (a record from before the pilot measured it). The line names the route."""
+ROUTE_TEXT = {"forgetting_b_simple": "b from a 10% pilot's two-batch B_simple, as you measure it",
+              "forgetting": "b fitted to the scored runs' steps, an input no user has"}
+
+
 def evidence_line(objective: str, key: str, record: dict | None = None, floor_ratio: float | None = None) -> str:
-    """One line: how ``objective``'s picks (the benchmark's objective ``key``, theory/optimal.py's ``OBJECTIVES``)
-    scored in the benchmark at the cost model nearest the user's (and at the other), or that none are stored."""
+    """One line: how ``objective``'s picks (the benchmark's objective ``key``, or the first of ``INPUT_ROUTES[key]``
+    stored; theory/optimal.py's ``OBJECTIVES``) scored in the benchmark at the cost model nearest the user's (and at
+    the other), or that none are stored."""
     record = load_evidence() if record is None else record
     targets, which = _headline(record, floor_ratio) if record else (None, "")
-    if not record or not targets or key not in targets.get("objectives", {}):
+    stored = (targets or {}).get("objectives", {})
+    key = next((k for k in INPUT_ROUTES.get(key, (key,)) if k in stored), key)
+    if not record or not targets or key not in stored:
         return f"evidence: none stored for the {objective} objective (run replay-theory experiment theory-test)"
+    which += f"; {ROUTE_TEXT[key]}" if key in ROUTE_TEXT else ""
     o = targets["objectives"][key]
     fr, pn = o["free"], o["pinned"]
     line = (f"evidence ({which}, {o['cells']} test cases): within 1.2x of the cheapest design in "
@@ -149,7 +167,7 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
         line += (f"; the trivial on-policy at max(floor, smallest batch) {100 * tf['share_within_1.2']:.0f}% "
                  f"(worst {tf['worst']:.2f})")
     for other, t in _other_floors(record, floor_ratio):
-        o2 = (t.get("objectives") or {}).get(key)
+        o2 = (t.get("objectives") or {}).get(key)  # the same route at the other floor
         if o2:
             line += (f"; with a latency floor of {other}, {100 * o2['free']['share_within_1.2']:.0f}% (worst "
                      f"{o2['free']['worst']:.2f}) when the batch is free")
