@@ -1475,9 +1475,10 @@ def _ci(point, ci) -> str:
 
 def units_table(summary: dict) -> str:
     """One row per unit: the measured inputs against the exact ones, and the protocol's own checks."""
-    lines = ["| setting | opt | inst | b from steps [90% CI] | b exact (SGD) | B_simple / B | B_crit / B | kappa exact "
-             "| kappa pairs [90% CI] | kappa lag-1 | alpha | edge / not reached / hovered (of designs) |",
-             "|---" * 12 + "|"]
+    lines = ["| setting | opt | inst | b from steps [90% CI] | b exact (SGD) | pilot B_simple / B [90% CI] | "
+             "B_simple / B (flow) | B_crit / B | kappa exact | kappa pairs [90% CI] | kappa lag-1 | alpha | edge / not "
+             "reached / hovered (of designs) |",
+             "|---" * 13 + "|"]
     for u in summary["units"]:
         n, p, c = u["noise"], u["pilot"], u["checks"]
         b = read_b_noise(n) / BATCH
@@ -1485,9 +1486,14 @@ def units_table(summary: dict) -> str:
         lag = (f"{_num(kl.get('kappa'))}" if kl.get("kappa") is not None
                else f"none (corr {_num(kl.get('lag1_autocorrelation'), 2)})")
         exact_b = read_b_noise(n, True) / BATCH if "exact_b_noise" in n else None
+        simple = p.get("b_simple") or {}  # the pilot's two-batch B_simple (absent from older records)
+        lo_hi = [None if v is None else v / BATCH for v in (simple.get("b_noise_interval") or [None, None])]
+        pilot_b = (f"{_num(None if simple.get('b_noise') is None else simple['b_noise'] / BATCH)} "
+                   f"[{_num(lo_hi[0])}, {_num(lo_hi[1])}]" if simple else "n/a")
         lines.append(
             f"| {u['setting']} | {u['optimizer']} | {u['instance']} | {_num(b)} [{_num(n['b_interval'][0])}, "
-            f"{_num(n['b_interval'][1])}] | {_num(exact_b)} | {_num(n.get('b_simple'))} | {_num(n.get('b_crit'))} | "
+            f"{_num(n['b_interval'][1])}] | {_num(exact_b)} | {pilot_b} | {_num(n.get('b_simple'))} | "
+            f"{_num(n.get('b_crit'))} | "
             f"{_num(p['kappa_exact'])} | {_num(kp.get('kappa'))} [{_num((kp.get('kappa_interval') or [None])[0])}, "
             f"{_num((kp.get('kappa_interval') or [None, None])[1])}] | {lag} | {_num(u.get('alpha_measured'), 2)} | "
             f"{c['at_edge']} / {c['not_reached']} / {c['hovered']} (of {c['designs']}) |")
