@@ -168,18 +168,18 @@ def peak_bytes(values: Mapping[str, Any]) -> Estimate:
     else:
         slot_bytes = _SLOT + _SLOT_TOKEN * L
     step_items = S * items * response_bytes(values)
+    states = 1 if bandit else L * (V - 1) + 1  # the token MDP's reachable partial sums
     if bandit:
         policy, cache = S * P * V * 8 * 8 + P * V * d * 8 * 2, 0  # log pi, pi, cached copies, gradient scatter
     else:
-        states = L * (V - 1) + 1  # reachable partial sums
         policy = S * P * states * V * 8 * 8  # the exact DP's (S, P, states, V) log-policy and its products
         cache = P * L * states / 2 * (_TOKEN_FEATURES + 2 * V) * 8  # its seed-free terms, every position's
     return Estimate({
         f"the step's responses: seeds x max(B, fresh) x (per response + per token) = {S} x {count(items)} x "
         f"{L} token(s)": step_items,
         f"the {buffer} buffer: seeds x slots x tokens = {S} x {count(slots)} x {L}": S * slots * slot_bytes,
-        f"the policy tables: seeds x prompts x states x actions = {S} x {P} x ... x {V}": policy,
-        f"the exact evaluation's state terms: prompts x positions x partial sums = {P} x {L} x ...": cache,
+        f"the policy tables: seeds x prompts x states x actions = {S} x {P} x {states} x {V}": policy,
+        f"the exact evaluation's state terms: prompts x positions x partial sums = {P} x {L} x {states}": cache,
         f"the per-step curves and parameters: seeds x steps = {S} x {steps}": S * steps * (_CURVES * 8 + 8 * d),
         f"the use counts of the rollouts the buffer evicts: seeds x fresh x steps = {S} x {count(fresh)} x {steps}":
             0 if buffer in ("on-policy", "stale-k") else S * fresh * steps * 16,  # int64, and their concatenation
