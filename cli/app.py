@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import typing
 from collections.abc import Iterator, MutableMapping
 from typing import Annotated, NamedTuple, NoReturn, Optional
 
@@ -156,6 +157,14 @@ def valid_range(name: str, command=None) -> Optional[str]:
     return getattr(getattr(command, "callback", None), "valid_ranges", {}).get(name)
 
 
+def _integer_option(name: str, command=None) -> bool:
+    """Whether the parameter ``name`` of ``command`` takes an integer (its annotation: int or Optional[int])."""
+    hint = getattr(getattr(command, "callback", None), "__annotations__", {}).get(name)
+    if typing.get_origin(hint) is Annotated:
+        hint = typing.get_args(hint)[0]
+    return hint is int or int in typing.get_args(hint)
+
+
 def _one_line(message: str) -> str:
     return " ".join(str(message).split())
 
@@ -173,6 +182,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     except typer.BadParameter as err:
         param, ctx = getattr(err, "param", None), getattr(err, "ctx", None)
         hint = valid_range(getattr(param, "name", None) or "", getattr(ctx, "command", None))
+        if hint is None and _integer_option(getattr(param, "name", None) or "", getattr(ctx, "command", None)):
+            from ..core.memory import MAX_SIZE  # the every-size ceiling (core/memory.py), loaded only here
+
+            hint = f"an integer; a size is at most {MAX_SIZE} and what this machine's memory holds"  # 1e30, 2.5
         _fail(err.format_message() + (f" (valid: {hint})" if hint else ""))
     except typer.TyperException as err:  # every usage error typer/click raises (unknown option, missing value)
         _fail(err.format_message())

@@ -20,7 +20,14 @@ from ..experiments.theory_test import Options as TheoryTestOptions
 from ..experiments.theory_test import check_out as check_theory_test_out
 from ..experiments.theory_test import command_line, options_from, run_theory_test, summary_table, write_evidence
 from ..outputs import check_new_file
-from ..simulate.calibrate import PROBE_ARGUMENTS, ProbeOptions, calibration_lines, check_probe, probe_config
+from ..simulate.calibrate import (
+    PROBE_ARGUMENTS,
+    ProbeOptions,
+    calibration_lines,
+    check_probe,
+    check_probe_sizes,
+    probe_config,
+)
 from ..simulate.calibrate import calibrate as measure_profile
 from ..simulate.config import SimConfig, config_from_dict, field_names
 from ..simulate.engine import run
@@ -103,6 +110,10 @@ def calibrate_simulator(
                     probe.reference_samples, probe.noise_checkpoints, probe.noise_groups, probe.kappa_pairs)
     except ValueError as err:
         raise UserError(_as_options(str(err))) from None
+    try:  # its memory: the line's leading name as an option (its text names shapes, not options)
+        check_probe_sizes(config, **dataclasses.asdict(probe))
+    except ValueError as err:
+        raise UserError(option_message(str(err), [f.name for f in dataclasses.fields(ProbeOptions)])) from None
     with on_ctrl_c(f"interrupted during the probe: nothing was written (--out {out} is written when it ends); run "
                    "the same command to start again"):
         result = measure_profile(config, **dataclasses.asdict(probe))

@@ -112,7 +112,7 @@ def predict(typed_run: dict, typed_overrides: dict) -> None:
     """Thm 3.5 on the measured profile at --price-mu: predicted.json with x*, y* and integer N, B, R."""
     changes, how = RunOverrides(**typed_overrides).validated(), RunOptions(**typed_run).validated()
     check_run_dir(how.out, needs="calibration.json")
-    config = load_run_config(how.out, **dataclasses.asdict(changes)).validated()
+    config = load_run_config(how.out, **dataclasses.asdict(changes)).validated(memory=False)
     _loop().run_predict(config, how.out, log=typer.echo, rho=how.rho)
 
 
@@ -128,8 +128,9 @@ def verify(typed_run: dict, fields: dict[str, Any], typed_overrides: dict) -> No
     plan = _plan(VerifyConfig(**fields), how.thorough)
     changes = RunOverrides(**typed_overrides).validated()
     check_run_dir(how.out, needs="predicted.json")
-    config = load_run_config(how.out, **dataclasses.asdict(changes)).validated()
+    config = load_run_config(how.out, **dataclasses.asdict(changes)).validated(memory=False)
     plan.check_sizes(config.rollouts_per_step, config.group_size)
+    plan.check_verify_memory(config)
     with on_ctrl_c(kept(how.out)):
         report = _loop().run_verify(config, how.out, plan, log=typer.echo, progress=not how.no_progress,
                                     figure=_report_figure())

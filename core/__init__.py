@@ -17,5 +17,6 @@ it, never the other way round.
 | ``rng.py``        | per-seed random streams drawn as one (``PerSeedGenerator``)                           |
 | ``progress.py``   | the progress bar with an ETA every long job prints to stderr                          |
 | ``jobs.py``       | ``--jobs``: independent runs in worker processes (the sweeps, verify; joblib's loky)  |
+| ``memory.py``     | every size option bounded before work: a 2**31 - 1 ceiling and the memory a run needs |
 | ``metrics.py``    | the per-step off-policy metrics of the engine, the validator and the TRL trainer      |
 """

@@ -36,11 +36,12 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..core.memory import Estimate, Size, check_sizes
 from ..theory.bounds import moments_relations
 from ..theory.checks import require_integer, require_one_of
 from .accumulators import LOG_FLOAT_MAX, UNSHIFTED_MAX, LogRatioHistogram, Moments
 from .drift import fit_kl_drift
-from .errors import check_field
+from .errors import ConfigError, check_field
 from .framework_stats import (
     SEQ_FIELDS,
     FrameworkParams,
@@ -89,7 +90,35 @@ class DiagnoseConfig:
         check_field(require_one_of, "format", self.format, ("auto", *FORMATS))
         for name in ("chunk_rows", "threads", "max_age_buckets"):
             check_field(require_integer, name, getattr(self, name), 1)
+        values = {"chunk_rows": self.chunk_rows, "m2po_batch_tokens": self.what_if.m2po_batch_tokens,
+                  "threads": self.threads, "max_age_buckets": self.max_age_buckets}
+        try:
+            check_sizes(DIAGNOSE_SIZES, values, peak_bytes, defaults={**values, "chunk_rows": 262144,
+                                                                       "m2po_batch_tokens": 32768})
+        except ValueError as err:  # "<field> ...": the front end names its option
+            field_name, _, detail = str(err).partition(" ")
+            raise ConfigError(field_name, detail) from None
         resolve_columns(self.preset, self.columns)
+
+
+#: diagnose's sizes: a chunk's rows and an M2PO block's tokens are held at once (``peak_bytes``); the threads fold
+#: at most len(FOLDS) chunks side by side and the buckets are a table's rows, so those two get the ceiling alone.
+DIAGNOSE_SIZES = (Size("chunk_rows"), Size("m2po_batch_tokens"), Size("threads", memory=False),
+                  Size("max_age_buckets", memory=False))
+ROW_BYTES = 160
+"""Bytes a chunk holds per row while it is folded (measured 122 on a one-token-a-row log: the columns read, the
+runs, each fold's arrays); a wide row (a whole sequence) holds that per token, which the file alone tells."""
+M2PO_TOKEN_BYTES = 160
+"""Bytes per token of an M2PO masking block in flight (measured 115: log-ratios, advantages, masks, both variants)."""
+
+
+def peak_bytes(values: dict) -> Estimate:
+    """Peak bytes of ``diagnose`` at least: one chunk of ``chunk_rows`` rows (a token each) and one M2PO block of
+    ``m2po_batch_tokens`` tokens in flight (a log shorter than a chunk holds less: the file's length is not read
+    before the check)."""
+    return Estimate({f"a chunk: rows = {values['chunk_rows']}": values["chunk_rows"] * ROW_BYTES,
+                     f"an M2PO block: tokens = {values['m2po_batch_tokens']}":
+                         values["m2po_batch_tokens"] * M2PO_TOKEN_BYTES})
 
 
 #: what a sequence carries from token runs to its sequence-level statistics: the framework sums, its first

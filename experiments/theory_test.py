@@ -39,13 +39,15 @@ from threadpoolctl import threadpool_limits
 
 from .. import __version__
 from ..core.designs import CHOICES, compute_loss
+from ..core.memory import MAX_SIZE, Estimate, Size, check_sizes
 from ..core.pipeline import score
 from ..core.progress import ProgressBar
 from ..outputs import check_out_dir, strict, write_new
 from ..simulate import to_target
-from ..simulate.config import config_from_dict
+from ..simulate.config import SimConfig, config_from_dict
+from ..simulate.config import peak_bytes as sim_peak_bytes
 from ..simulate.envs import ENVIRONMENTS, BanditEnv, NoisyRewardBandit, make_env
-from ..simulate.envs.quadratic import QuadraticEnv
+from ..simulate.envs.quadratic import QuadraticConfig, QuadraticEnv
 from ..theory import design as theory_design
 from ..theory import forgetting
 from ..theory import noise_scale as noise_scale_lib
@@ -179,6 +181,26 @@ class Options:
         return out
 
 
+MAX_STEP_SIZES = 8
+"""The most step sizes a design trains at once (the pilot's coarse grid and its refinement: 6 + 2), each with --seeds
+rows."""
+
+
+def peak_bytes(values: dict) -> Estimate:
+    """Peak bytes of the benchmark at ``values["--seeds"]``: its largest run at once, the FIFO at x = 16, y = 1 (N = 16
+    B, R = B = 256) on the largest rollout environment (bandit-grpo's 64 prompts x 16 actions) at MAX_STEP_SIZES x
+    seeds rows (``simulate.config.peak_bytes`` for one step: the runs stop at their target, so the step count is not
+    known before), and the noisy quadratic's stored noise vectors (rows x N x d)."""
+    rows = MAX_STEP_SIZES * values["--seeds"]
+    largest = forgetting.Design(BATCH, BATCH // min(Y_GRID), max(X_GRID) * BATCH // min(Y_GRID))
+    run = {**asdict(SimConfig()), "seeds": rows, "batch_size": largest.batch, "rollouts_per_step": largest.rollouts,
+           "capacity": largest.capacity, "group_size": to_target.GROUP, "steps": 1}
+    dim = QuadraticConfig().dim
+    return Estimate({**sim_peak_bytes(run).terms,
+                     f"the quadratic's stored noise: rows x N x d = {rows} x {largest.capacity} x {dim}":
+                         rows * largest.capacity * dim * 8})
+
+
 def _bad_choices(values, allowed) -> bool:
     """Whether a list option is empty or names a value outside ``allowed``."""
     return not values or any(v not in allowed for v in values)
@@ -214,6 +236,10 @@ def check_options(options: Options) -> None:
         raise ValueError(f"--floor must be a comma-separated list of distinct integers >= 0 (rollouts), got "
                          f"{','.join(map(str, options.floors)) or 'nothing'}")
     require_integer("--seeds", options.seeds, 2, note=" (the bootstrap resamples seeds)")
+    if any(floor > MAX_SIZE for floor in options.floors):
+        raise invalid("--floor", f"a comma-separated list of distinct integers in [0, {MAX_SIZE}]",
+                      ",".join(map(str, options.floors)), fmt="s")
+    check_sizes((Size("--seeds", 2),), {"--seeds": options.seeds}, peak_bytes)
     if _bad_counts(options.instances):
         raise ValueError(f"--instance must be a comma-separated list of distinct integers >= 0, got "
                          f"{','.join(map(str, options.instances)) or 'nothing'}")

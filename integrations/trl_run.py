@@ -29,10 +29,12 @@ from typing import Any, Callable, Optional
 
 from .. import __version__
 from ..core.designs import BUFFER_DESIGNS, CHOICES, LOSSES, check_choice, choices
+from ..core.memory import Estimate, Size, check_ceiling, check_sizes, check_threads
 from ..outputs import NEVER, check_writable, write_new
 from ..outputs import check_out_dir as check_out_path
 from ..theory.checks import require_in_range, require_integer, require_number
 from ..theory.design import classify_regime
+from ..validate.config import LIBRARIES_BYTES, lm_terms, model_shape
 from .checkpoints import CHECKPOINT_PREFIX, checkpoint_step, complete_checkpoints
 from .replay_config import ReplayConfig
 
@@ -149,7 +151,21 @@ class TrlRunConfig:
                              "(this machine reaches no model hub)")
         replay = self.replay_config()  # N, B, R and their rules, named as options
         self._check_trl_rules(replay)
+        self._check_sizes(replay)
         return self
+
+    def _check_sizes(self, replay: ReplayConfig) -> None:
+        """Every size within ``MAX_SIZE`` (--seed and --threads within what seeds and CPUs are) and the run's estimated
+        peak (:func:`peak_bytes`) within this machine's memory: before the warm start, the cache or a checkpoint."""
+        check_ceiling("--seed", self.seed, 0)
+        check_threads("--threads", self.threads)
+        values = {**asdict(self), "--capacity": replay.capacity, "--batch-size": replay.batch_size,
+                  "--rollouts-per-step": replay.rollouts_per_step, "--max-new-tokens": self.max_new_tokens,
+                  "--steps": self.steps, "--group-size": self.group_size, "--save-every": self.save_every,
+                  "--sft-steps": self.sft_steps, "--curvature-every": self.curvature_every}
+        where = ("with the other options as given" if self.design is None
+                 else f"with the other options as given (N, B, R from --design {self.design})")
+        check_sizes(TRL_SIZES, values, peak_bytes, defaults=_TRL_DEFAULTS, where=where)
 
     def _check_trl_rules(self, replay: ReplayConfig) -> None:
         """What TRL's GRPOConfig / GRPOTrainer, the trainer's buffer and TRL's prompt sampler would refuse later
@@ -215,6 +231,29 @@ class TrlRunConfig:
 
 SFT_BATCH_SIZE = 64
 SFT_LR = 3e-3
+
+#: trl-replay's sizes, by option: the memory grows with the first five (``peak_bytes``); the rest only count steps.
+TRL_SIZES = (Size("--batch-size"), Size("--rollouts-per-step"), Size("--capacity"), Size("--max-new-tokens"),
+             Size("--steps"), Size("--group-size", 2, memory=False), Size("--save-every", memory=False),
+             Size("--sft-steps", 0, memory=False), Size("--curvature-every", 0, memory=False))
+_TRL_DEFAULTS = {"--batch-size": 64, "--rollouts-per-step": 64, "--capacity": 256, "--max-new-tokens": 16,
+                 "--steps": 40}
+STEP_RECORD_BYTES = 8192
+"""Bytes a step's records take until the run ends (TRL's log_history entry, run.json's history, the noise log)."""
+
+
+def peak_bytes(values: dict) -> Estimate:
+    """Peak bytes of ``trl-replay`` (``values``: the options by name): the model with AdamW (``--model``'s shape),
+    one update's activations over max(B, R) rows (TRL runs the B drawn rows forward at once, the curvature pairs R),
+    TRL's generation of R completions, the buffer's N rows, the diagnose log's B rows of a step and the per-step
+    records (``validate.config.lm_terms``)."""
+
+    B, R, N = values["--batch-size"], values["--rollouts-per-step"], values["--capacity"]
+    terms = lm_terms(model_shape(values["model"]), train_rows=max(B, R), generate_rows=R, stored_rows=N + B,
+                     new_tokens=values["--max-new-tokens"])
+    terms[f"the per-step records: steps = {values['--steps']}"] = values["--steps"] * STEP_RECORD_BYTES
+    terms["the libraries (torch, transformers, TRL, datasets)"] = LIBRARIES_BYTES
+    return Estimate(terms)
 
 
 def _option_names(message: str) -> str:

@@ -35,11 +35,14 @@ import dataclasses
 import functools
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
 from ..core.designs import LOSSES, compute_loss, loss_form, make_advantage
+from ..core.memory import Estimate, Size, check_sizes, count
 from ..core.pipeline import EnvBackend, generate
 from ..core.rng import PerSeedGenerator
 from ..core.rollouts import RolloutBatch
@@ -49,7 +52,7 @@ from ..theory.forgetting import KappaEstimate, kappa_from_curvature_pairs, kappa
 from ..theory.noise import NoiseProfile, PairMoments, RhoFit
 from ..theory.noise_scale import PooledNoiseScale, noise_scale_from_samples, pooled_noise_scale
 from ..theory.profiles import fit_profiles, memory_record, unmeasured_memory
-from .config import SimConfig
+from .config import SimConfig, peak_bytes, policy_shape, response_bytes
 from .engine import run
 
 DEFAULT_STALENESS = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160)
@@ -101,6 +104,9 @@ class ProbeOptions:
     """Curvature pairs per seed and kept noise-scale checkpoint for the optimizer's memory kappa, >= 0 (each: three
     fresh minibatches of B and Hessian-vector products; 0: kappa not measured). Default: the env's, 8 on the bandit
     and 2 on the token-mdp (DEFAULT_KAPPA_PAIRS)."""
+
+
+_PROBE_DEFAULTS = {f.name: f.default for f in fields(ProbeOptions) if isinstance(f.default, int)}
 
 
 def _add(acc: dict, name: str, value) -> None:
@@ -969,6 +975,58 @@ def probe_config(config: SimConfig, max_gap: int) -> SimConfig:
     return config
 
 
+#: The probe's sizes (``calibrate``'s arguments, ``calibrate-simulator``'s options) its memory grows with, beside the
+#: run's own (SimConfig's, checked when the config is built).
+PROBE_SIZES = (Size("samples"), Size("reference_samples"), Size("noise_groups", 2), Size("kappa_pairs", 0),
+               Size("max_gap"), Size("noise_checkpoints"), Size("checkpoints", memory=False))
+
+
+def probe_peak_bytes(values: Mapping[str, Any]) -> Estimate:
+    """Peak bytes of ``calibrate`` on ``values`` (SimConfig's fields and the probe's arguments): the probe run (its
+    FIFO raised to (max_gap + 1) R) and the per-response gradients (S, M, d) each part of the probe holds."""
+    S, G, B, R = values["seeds"], values["group_size"], values["batch_size"], values["rollouts_per_step"]
+    d = policy_shape(values)[2]
+    run_values = dict(values)
+    if values["buffer"] in RHO_BUFFERS and values["pipeline"] == "sync":
+        run_values["capacity"] = max(values["capacity"], (values["max_gap"] + 1) * R)
+    response = response_bytes(values) + 8 * d * 3  # its arrays, its own copy of the parameters, its gradient
+    exact = values["reference"] == "exact" or (values["reference"] == "auto"
+                                              and exact_gradient_problem(values["env"], values["loss"]) is None)
+    K, M, n_ref = len(values["staleness"]), values["samples"], values["reference_samples"]
+    checkpoints, groups = values["noise_checkpoints"], values["noise_groups"]
+    pairs = kappa_pairs_for(SimConfig(env=values["env"]), values["kappa_pairs"])
+    kept = 0 if values["buffer"] not in RHO_BUFFERS else run_values["capacity"]
+    units = groups if values["env"] in JACOBIAN_ENVS and exact else 0  # kappa's exact part resamples the groups
+    return Estimate({
+        **peak_bytes(run_values).terms,
+        f"the sigma^2(s) gradients: S x K x M x d = {S} x {K} x {M} x {d}":
+            S * K * M * 8 * d * 4 + S * M * response,  # the stack and its moments, one batch's responses
+        f"the reference gradients: S x n x d = {S} x {n_ref} x {d}": 0 if exact else S * n_ref * response,
+        f"the buffer's gradients for rho: S x N x d = {S} x {count(kept)} x {d}": S * kept * response,
+        f"the noise-scale groups: checkpoints x S x groups x d = {checkpoints} x {S} x {groups} x {d}":
+            checkpoints * S * groups * 8 * d + S * groups * G * response,
+        f"the curvature pairs: S x 3 pairs x B = {S} x {3 * pairs} x {B}":
+            S * 3 * pairs * B * response * 2 + S * d * d * 8 * 4,  # both sides of the differences; the Jacobian
+        f"kappa's bootstrap: {KAPPA_BOOTSTRAP} x S x (pairs + groups) x checkpoints = {KAPPA_BOOTSTRAP} x {S} x "
+        f"{pairs + units} x {checkpoints}":  # its int64 index and a gathered float64 array, per kept checkpoint
+            0 if not pairs else KAPPA_BOOTSTRAP * S * 16 * (pairs + units) * checkpoints,
+    })
+
+
+def probe_values(config: SimConfig, probe: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``probe_peak_bytes`` reads: the run's fields and the probe's arguments (``staleness`` as a tuple)."""
+    return {**dataclasses.asdict(config), **probe, "staleness": tuple(probe["staleness"])}
+
+
+def check_probe_sizes(config: SimConfig, **probe: Any) -> None:
+    """The probe's sizes within ``MAX_SIZE`` and its estimated peak within this machine's memory
+    (``probe_peak_bytes``): one line naming the argument, before any work. ``probe``: ``calibrate``'s arguments
+    (ProbeOptions' fields)."""
+    values = probe_values(config, probe)
+    check_sizes([size for size in PROBE_SIZES if values[size.name] is not None], values, probe_peak_bytes,
+                defaults=_PROBE_DEFAULTS)
+
+
 def check_probe(config: SimConfig, staleness: tuple[int, ...], samples: int, max_gap: int, reference: str,
                 reference_samples: int, noise_checkpoints: int = DEFAULT_NOISE_CHECKPOINTS,
                 noise_groups: int = DEFAULT_NOISE_GROUPS, kappa_pairs: int | None = None) -> None:
@@ -1030,10 +1088,14 @@ def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS,
     probe's on-policy twin.
     """
     asked_capacity = config.capacity
-    config = probe_config(config.validated(), max_gap)
+    config = config.validated()
     staleness = tuple(int(s) for s in staleness)
-    check_probe(config, staleness, samples, max_gap, reference, reference_samples, noise_checkpoints, noise_groups,
-                kappa_pairs)
+    check_probe(probe_config(config, max_gap), staleness, samples, max_gap, reference, reference_samples,
+                noise_checkpoints, noise_groups, kappa_pairs)
+    check_probe_sizes(config, checkpoints=checkpoints, staleness=staleness, samples=samples, max_gap=max_gap,
+                      reference=reference, reference_samples=reference_samples, noise_checkpoints=noise_checkpoints,
+                      noise_groups=noise_groups, kappa_pairs=kappa_pairs)
+    config = probe_config(config, max_gap)
     exact = reference == "exact" or (reference == "auto" and exact_gradient_problem(config.env, config.loss) is None)
     G, S = config.group_size, config.seeds
     first = max(max(staleness), max_gap) + 1

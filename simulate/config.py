@@ -20,10 +20,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .. import __version__
 from ..core.designs import CHOICES, DesignConfig
+from ..core.memory import Estimate, Size, check_sizes, count
 from ..core.pipeline import PipelineSettings
 from ..theory.checks import require_integer, require_number, require_one_of
 from .envs import ENV_NAMES, engine_choices
@@ -104,7 +107,86 @@ class SimConfig(DesignConfig):
             require_integer(name, getattr(self, name), 1)
         for name in ("lr", "mu", "workers", "trainers"):
             require_number(name, getattr(self, name), above=0, finite=True)
-        return self.validated_design(self.pipeline)
+        for name in ("seed", "instance_seed"):  # numpy's generators take any integer >= 0
+            require_integer(name, getattr(self, name), 0)
+        design = self.validated_design(self.pipeline)
+        check_sizes(SIZES, dataclasses.asdict(self), peak_bytes, defaults=_DEFAULTS)  # every size an int >= 1 here
+        return design
+
+
+#: The sizes the simulator allocates by (each estimate term below grows with them), in the order a refusal prefers
+#: to name when several are over; ``workers`` is the async pipeline's rate of fresh responses per update.
+SIZES = (*(Size(name) for name in ("batch_size", "rollouts_per_step", "capacity", "seeds", "steps", "num_prompts",
+                                    "num_actions", "vocab_size", "seq_len")),
+         Size("max_age", 0), Size("stale_k", 0), Size("workers", integer=False),
+         Size("group_size", 2, memory=False), Size("eval_every", memory=False), Size("sync_interval", memory=False),
+         Size("per_replay_updates", memory=False))
+
+# Bytes per element of the engine's arrays, with the copies it makes (read off simulate/engine.py, core/designs.py,
+# core/buffers.py and the environments; tests/integration/test_sizes.py measures the total against a real run).
+_ITEM = 64  # per response and seed in a step: prompt, reward, advantage, created, group, weight, staleness, ...
+_TOKEN = 160  # per token and seed in a step: tokens, mask, behaviour and new log-probs, loss terms, metrics
+_SLOT = 60  # per buffer slot and seed: prompt, reward, advantage, created, group, use count, last use, valid
+_SLOT_TOKEN = 11  # per buffer slot, token and seed: int16 token, bool mask, float64 behaviour log-prob
+_CURVES = 40  # per step and seed: the recorder's (S, steps) float64 curves, 8 bytes each, about 40 of them
+_BANDIT_FEATURES = 16  # the bandit's feature_dim (BanditConfig's default; the simulator does not change it)
+_TOKEN_FEATURES = 5  # the token MDP's K = 4 base features + prompt_feature_dim 1
+
+
+def policy_shape(values: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(tokens per response L, actions per token V, parameters d) of the environment ``values`` names."""
+    if values["env"] == "bandit":
+        return 1, values["num_actions"], _BANDIT_FEATURES
+    return values["seq_len"], values["vocab_size"], _TOKEN_FEATURES * values["vocab_size"] + 1
+
+
+def response_bytes(values: Mapping[str, Any]) -> float:
+    """Bytes one response of one seed takes in a step: its arrays, its tokens' and the policy's terms at them (the
+    bandit's inverse-CDF row; the token MDP's (S, n, V) log-policy terms of one position)."""
+    L, V, _ = policy_shape(values)
+    return _ITEM + _TOKEN * L + (6 * V if values["env"] == "bandit" else 8 * (6 * V + _TOKEN_FEATURES))
+
+
+def peak_bytes(values: Mapping[str, Any]) -> Estimate:
+    """Peak bytes of ``simulate`` on the config ``values`` (SimConfig's fields as a dict): the step's responses, the
+    buffer, the policy tables of the environment and the per-step curves, each a shape times its bytes."""
+    S, B, R, N = values["seeds"], values["batch_size"], values["rollouts_per_step"], values["capacity"]
+    G, P, steps = values["group_size"], values["num_prompts"], values["steps"]
+    bandit = values["env"] == "bandit"
+    L, V, d = policy_shape(values)
+    fresh = R
+    if values["pipeline"] == "async":  # B W / (T mu) a step, one batch of B before the first update
+        fresh = B + B * values["workers"] / (values["trainers"] * values["mu"]) + G
+    buffer = values["buffer"]
+    items = max(fresh, B)
+    slots = {"fifo": N, "positive-bias": N, "prioritized": N, "group-replay": (values["max_age"] + 2) * B,
+             "exgrpo": 16 * P, "stale-k": (values["stale_k"] + 1) * R, "on-policy": 0}.get(buffer, N)
+    if buffer == "prioritized":
+        slot_bytes = _SLOT + 48 + _SLOT_TOKEN * L  # + base priority, its log, the sum tree's two levels
+    elif buffer == "stale-k":
+        slot_bytes = 48 + 17 * L  # whole RolloutBatches: int64 tokens
+    else:
+        slot_bytes = _SLOT + _SLOT_TOKEN * L
+    step_items = S * items * response_bytes(values)
+    states = 1 if bandit else L * (V - 1) + 1  # the token MDP's reachable partial sums
+    if bandit:
+        policy, cache = S * P * V * 8 * 8 + P * V * d * 8 * 2, 0  # log pi, pi, cached copies, gradient scatter
+    else:
+        policy = S * P * states * V * 8 * 8  # the exact DP's (S, P, states, V) log-policy and its products
+        cache = P * L * states / 2 * (_TOKEN_FEATURES + 2 * V) * 8  # its seed-free terms, every position's
+    return Estimate({
+        f"the step's responses: seeds x max(B, fresh) x (per response + per token) = {S} x {count(items)} x "
+        f"{L} token(s)": step_items,
+        f"the {buffer} buffer: seeds x slots x tokens = {S} x {count(slots)} x {L}": S * slots * slot_bytes,
+        f"the policy tables: seeds x prompts x states x actions = {S} x {P} x {states} x {V}": policy,
+        f"the exact evaluation's state terms: prompts x positions x partial sums = {P} x {L} x {states}": cache,
+        f"the per-step curves and parameters: seeds x steps = {S} x {steps}": S * steps * (_CURVES * 8 + 8 * d),
+        f"the use counts of the rollouts the buffer evicts: seeds x fresh x steps = {S} x {count(fresh)} x {steps}":
+            0 if buffer in ("on-policy", "stale-k") else S * fresh * steps * 16,  # int64, and their concatenation
+    })
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig) if isinstance(f.default, (int, float))}
 
 
 def field_names() -> list[str]:

@@ -28,6 +28,7 @@ import dataclasses
 import importlib.util
 import itertools
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -38,6 +39,7 @@ import numpy as np
 
 from .. import __version__
 from ..core.jobs import check_jobs, local_workers, run_unordered
+from ..core.memory import MAX_SIZE, memory_limit, show_bytes
 from ..core.progress import ProgressBar
 from ..outputs import check_out_dir as check_out_path
 from ..theory.checks import require_one_of
@@ -116,10 +118,29 @@ def validate_spec(spec: dict) -> dict:
     return spec
 
 
+SPEC_CONFIG_BYTES = 4096
+"""Bytes a sweep holds per configuration while it lists and checks them (the grid's row, its SimConfig, its key:
+about 2 KiB measured) and writes their results table, twice that to be safe."""
+
+
+def check_spec_size(grid: int, configs: int) -> None:
+    """The number of configurations a spec lists (the grid's product plus its configs) within ``MAX_SIZE`` and the
+    memory listing them takes; one line before any is built."""
+    total = grid + configs
+    need = total * SPEC_CONFIG_BYTES
+    limit = memory_limit()
+    if total > MAX_SIZE or need > limit:
+        most = min(MAX_SIZE, limit // SPEC_CONFIG_BYTES)
+        raise ValueError(f"sweep spec lists {total} configurations (grid product {grid} + configs {configs}), which "
+                         f"need about {show_bytes(need)} to list, more than the {show_bytes(limit)} of memory this "
+                         f"machine has; valid: at most {most} configurations")
+
+
 def expand_spec(spec: dict) -> list[SimConfig]:
     """All configurations of a spec, each validated; duplicates removed (first kept)."""
     base = spec.get("base", {})
     grid = spec.get("grid", {})
+    check_spec_size(math.prod(len(values) for values in grid.values()) if grid else 0, len(spec.get("configs", [])))
     rows = []
     if grid:
         names = list(grid)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from ..core.jobs import check_jobs
+from ..core.memory import Estimate, Size, check_ceiling, check_sizes, check_threads, count, usable_cpus
 from ..outputs import check_out_dir
 from ..theory.checks import require_integer, require_number, require_one_of, require_unit_interval
 from . import countdown
@@ -74,8 +75,12 @@ class ValidateConfig:
         return countdown.make_splits(self.n_train, self.n_test, seed=self.seed, num_numbers=(3,),
                                      number_range=(1, 9), target_range=(1, 40))
 
-    def validated(self) -> "ValidateConfig":
-        """Every option checked before any work: one-line ValueError naming the option and its valid range."""
+    def validated(self, memory: bool = True) -> "ValidateConfig":
+        """Every option checked before any work: one-line ValueError naming the option and its valid range.
+
+        ``memory``: also calibrate-model's estimated peak against this machine's memory (``calibrate_peak_bytes``);
+        predict and verify, which read a finished calibration's config back, check only its values (verify its own
+        estimate, ``VerifyConfig.check_verify_memory``)."""
         check_integer("--seed", self.seed, 0)
         for option, value, low in (("--n-train", self.n_train, self.group_size), ("--n-test", self.n_test, 1),
                                    ("--sft-steps", self.sft_steps, 0), ("--group-size", self.group_size, 2),
@@ -101,7 +106,18 @@ class ValidateConfig:
             raise ValueError(f"--decode must be one of {', '.join(DECODE_MODES)}, got {self.decode!r}")
         if self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"--device must be cpu or cuda (cuda:N), got {self.device!r}")
+        check_ceiling("--seed", self.seed, 0)
+        check_threads("--threads", self.threads)
+        if memory:
+            self.check_calibrate_memory()
         return self
+
+    def check_calibrate_memory(self) -> None:
+        """calibrate-model's sizes within ``MAX_SIZE`` and its estimated peak within this machine's memory."""
+        G = self.group_size  # the lows the checks above hold: R and --n-train whole groups, --samples two
+        sizes = [dataclasses.replace(size, low={"--rollouts-per-step": G, "--n-train": G, "--samples": 2 * G}.get(
+            size.name, size.low)) for size in CALIBRATE_SIZES]
+        check_sizes(sizes, option_values(self), calibrate_peak_bytes, defaults=option_values(ValidateConfig()))
 
 
 @dataclass(frozen=True)
@@ -148,6 +164,13 @@ class VerifyConfig:
             raise ValueError(f"--family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
         return self
 
+    def check_verify_memory(self, config: ValidateConfig) -> None:
+        """verify's sizes (--seeds, --jobs, --budget-updates) within ``MAX_SIZE`` and its estimated peak with the
+        run's ``config`` (``verify_peak_bytes``) within this machine's memory, before any run is trained."""
+        values = {**option_values(config), **option_values(self)}
+        check_sizes(VERIFY_SIZES, values, verify_peak_bytes, defaults={**option_values(ValidateConfig()),
+                                                                       **option_values(VerifyConfig())})
+
     def check_sizes(self, rollouts_per_step: int, group_size: int) -> None:
         """fixed-b's smallest R = B / 8 must be whole prompt groups: B a multiple of 8 x --group-size."""
         step = max(FIXED_B_REPLAY_RATIOS) * group_size
@@ -180,6 +203,7 @@ class AllConfig(ValidateConfig, VerifyConfig):
         ValidateConfig.validated(self)
         VerifyConfig.validated(self)
         self.check_sizes(self.rollouts_per_step, self.group_size)
+        self.check_verify_memory(self.calibration())
         return self
 
     def calibration(self) -> ValidateConfig:
@@ -286,6 +310,140 @@ class TinyModelShape(TypedDict):
 
 
 TINY_MODEL = TinyModelShape(hidden_size=96, num_layers=3, num_heads=4, num_kv_heads=2, intermediate_size=192)
+
+PROMPT_TOKENS = len("nums 9 9 9 target 40 =") + 1
+"""Tokens of the family's longest prompt (one a character, and BOS): the rows' width is this plus max_new_tokens."""
+PROBLEM_BYTES = 400
+"""Bytes per generated Countdown problem while the splits are drawn (measured 171: the object and its key)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the memory of a Qwen2-style model grows with: its widths, depth and vocabulary."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+
+    @property
+    def params(self) -> int:
+        kv = self.hidden // self.heads * self.kv_heads
+        per_layer = 2 * self.hidden**2 + 2 * self.hidden * kv + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        return 2 * self.vocab * self.hidden + self.layers * per_layer
+
+
+def model_shape(model: str) -> ModelShape:
+    """The shape of ``model``: the tiny Qwen2 (its vocabulary the Countdown alphabet and 3 special tokens), or a
+    checkpoint directory's config.json (read as text, before torch is imported); the tiny one where that cannot be
+    read (the loader then says why)."""
+    tiny = ModelShape(TINY_MODEL["hidden_size"], TINY_MODEL["num_layers"], TINY_MODEL["num_heads"],
+                      TINY_MODEL["num_kv_heads"], TINY_MODEL["intermediate_size"], len(countdown.ALPHABET) + 3)
+    if model == "tiny":
+        return tiny
+    try:
+        data = json.loads((Path(model) / "config.json").read_text())
+        heads = int(data["num_attention_heads"])
+        return ModelShape(int(data["hidden_size"]), int(data["num_hidden_layers"]), heads,
+                          int(data.get("num_key_value_heads") or heads), int(data["intermediate_size"]),
+                          int(data["vocab_size"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return tiny
+
+
+def lm_terms(shape: ModelShape, *, train_rows: float, generate_rows: float, stored_rows: float,
+             new_tokens: int, copies: float = 1) -> dict[str, float]:
+    """Peak bytes of training ``shape`` in float32 with AdamW: the weights, their gradient and the two moments; one
+    update's activations over ``train_rows`` rows (each layer's projections, MLP, attention weights and the logits,
+    kept for the backward pass); generation of ``generate_rows`` (KV cache, logits) and ``stored_rows`` buffered
+    rows (ids, masks, log-probs); ``copies`` runs of it at once (verify's workers, its batched seeds)."""
+    T = PROMPT_TOKENS + new_tokens
+    h, layers = shape.hidden, shape.layers
+    kv = h // shape.heads * shape.kv_heads
+    per_token = layers * (10 * h + 4 * shape.intermediate + 2 * shape.heads * T) + 4 * shape.vocab
+    runs = "" if copies == 1 else f"{count(copies)} runs x "
+    return {
+        f"the model: params x (weights, gradient, AdamW's 2 moments) = {shape.params} x 4 x 4 bytes":
+            copies * shape.params * 16,
+        f"an update's activations: {runs}rows x tokens x layers = {count(train_rows)} x {T} x {layers}":
+            copies * train_rows * T * per_token * 4,
+        f"generation: rows x tokens (KV cache, logits) = {count(generate_rows)} x {T}":
+            copies * generate_rows * T * (layers * 2 * kv + 4 * h + 3 * shape.vocab) * 4,
+        f"the buffer's rows: rows x tokens = {count(stored_rows)} x {T}": copies * stored_rows * T * 64,
+    }
+
+
+LIBRARIES_BYTES = 800 * 2**20
+"""Resident memory of the training stack a run imports (torch, transformers; TRL and datasets for trl-replay):
+about 0.85 GiB measured for trl-replay's imports, per process."""
+
+
+def option_values(config: object) -> dict[str, object]:
+    """A validate config's fields by option name (``rollouts_per_step`` -> ``--rollouts-per-step``): what the size
+    checks name, and what the estimates read."""
+    return {"--" + f.name.replace("_", "-"): getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+#: calibrate-model's sizes: the memory grows with the first five (``calibrate_peak_bytes``); the rest count steps.
+CALIBRATE_SIZES = (Size("--rollouts-per-step"), Size("--samples"), Size("--max-new-tokens"), Size("--n-train"),
+                   Size("--n-test"), Size("--group-size", 2, memory=False), Size("--sft-steps", 0, memory=False),
+                   Size("--probe-steps", memory=False), Size("--sync-every", memory=False),
+                   Size("--micro-batch-size", 0, memory=False))
+#: verify's own sizes: workers (--jobs) and batched seeds multiply a run's memory; the budget counts updates.
+VERIFY_SIZES = (Size("--jobs"), Size("--seeds"), Size("--budget-updates", memory=False))
+GRADIENT_COORDS = 1 << 22
+"""validate/calibrate.py's MAX_GRAD_COORDS: the per-sample gradients keep at most this many coordinates."""
+GRADIENT_CHUNK = 128
+"""validate/calibrate.py's GRAD_CHUNK: per-sample gradients held at once."""
+NOISE_CHECKPOINTS = 3
+"""calibrate_lm's noise-scale checkpoints (validate/calibrate.py's default)."""
+
+
+def _run_terms(values: dict, copies: float = 1) -> dict[str, float]:
+    """One training run of the validator: its model and AdamW, a pass over min(micro-batch, R) rows, generation of R
+    and the probe's FIFO of 2 R rows (``lm_terms``)."""
+    R, micro = values["--rollouts-per-step"], values["--micro-batch-size"]
+    rows = micro if 0 < micro < R else R
+    return lm_terms(model_shape(values["--model"]), train_rows=rows, generate_rows=R, stored_rows=2 * R,
+                    new_tokens=values["--max-new-tokens"], copies=copies)
+
+
+def calibrate_peak_bytes(values: dict) -> Estimate:
+    """Peak bytes of ``validate calibrate-model`` (``values``: ValidateConfig by option name): the probe run, the
+    weight snapshots it keeps for the staleness probe, the per-sample gradients' group means (reference, sigma^2(s)
+    and B_noise's checkpoints: about 13 --samples / --group-size units of k = min(params, 2^22) float64 each), the
+    problems and the libraries."""
+    shape = model_shape(values["--model"])
+    k = min(shape.params, GRADIENT_COORDS)
+    units = (NOISE_CHECKPOINTS * 4 + 1) * values["--samples"] / values["--group-size"]
+    chunk = min(GRADIENT_CHUNK, 4 * values["--samples"])  # the reference batch is 4 --samples
+    problems = values["--n-train"] + values["--n-test"]
+    return Estimate({
+        **_run_terms(values),
+        f"the weight snapshots: {MAX_STALENESS + 1 + NOISE_CHECKPOINTS} x params = {shape.params}":
+            (MAX_STALENESS + 1 + NOISE_CHECKPOINTS) * shape.params * 4,
+        f"the gradients' group means: units x coordinates = {count(units)} x {k}": units * k * 8,
+        f"a chunk of per-sample gradients: rows x coordinates = {chunk} x {k}": chunk * k * 20,  # float32, float64,
+        # scaled
+        f"the problems drawn: n-train + n-test = {problems}": problems * PROBLEM_BYTES,
+        "the libraries (torch, transformers)": LIBRARIES_BYTES,
+    })
+
+
+def verify_peak_bytes(values: dict) -> Estimate:
+    """Peak bytes of ``validate verify`` (``values``: the run's ValidateConfig and VerifyConfig by option name):
+    --jobs worker processes (-1: one per CPU), each with the libraries and one run, or a design's --seeds runs at once
+    when --batched."""
+    workers = usable_cpus() if values["--jobs"] == -1 else values["--jobs"]
+    runs = workers * (values["--seeds"] if values["--batched"] else 1)
+    problems = values["--n-train"] + values["--n-test"]
+    return Estimate({**_run_terms(values, copies=runs),
+                     f"the problems drawn: workers x (n-train + n-test) = {workers} x {problems}":
+                         workers * problems * PROBLEM_BYTES,
+                     f"the libraries (torch, transformers) in each of {workers} worker(s)": workers * LIBRARIES_BYTES})
+
 
 VERIFY_SEEDS = VerifyConfig.seeds
 """Seeds per design in verify (CLI default of ``validate verify`` and ``validate all``)."""

@@ -205,7 +205,7 @@ def run_predict(config: ValidateConfig, out_dir: Path, log=print, rho: float | N
     calibration measures no correlation between groups and the LM's uncentred fit carries the stale bias.
     """
     check_run_dir(out_dir, needs="calibration.json")
-    config = config.validated()
+    config = config.validated(memory=False)  # predict trains nothing: calibrate's sizes are not its memory
     if rho is not None and not 0.0 <= rho <= 1.0:
         raise ValueError(f"--rho must be in [0, 1], got {rho}")
     calibration = json.loads((out_dir / "calibration.json").read_text())
@@ -312,8 +312,9 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     (``train_units``), the rows and verdicts (``verify_report``) and the files (``write_report``).
     """
     plan = (plan or VerifyConfig()).validated()
-    config = config.validated()
+    config = config.validated(memory=False)
     plan.check_sizes(config.rollouts_per_step, config.group_size)
+    plan.check_verify_memory(config)  # verify's own: its workers, seeds and runs
     check_run_dir(out_dir, needs="predicted.json")
     stem = report_stem(plan.family)
     lrs = plan.learning_rates(config.lr)
