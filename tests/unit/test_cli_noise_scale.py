@@ -34,7 +34,8 @@ def test_the_table_text_names_the_threshold_how_to_measure_b_and_the_papers_answ
     assert code == 0
     lines = out.splitlines()
     start = [i for i, line in enumerate(lines) if line.startswith("replay-theory optimal: mu = 5.28")][0]
-    assert start in (0, 1)  # 1: the stored benchmark's verdict comes first (no rule passes)
+    assert lines[0].startswith("what to do: measure b = B_noise / B at your batch")  # what to do comes first
+    assert start in (1, 2)  # 2: the stored benchmark's verdict follows it (no rule passes)
     assert lines[start + 1].startswith("objective: the noise-scale rule")
     assert lines[start + 2].startswith("evidence (")
     assert "b = B_noise / B < 0.753" in out
@@ -134,8 +135,8 @@ def test_the_evidence_line_quotes_the_stored_benchmark():
               "targets_held_out": {"64": {"cells": 40, "objectives": {
                   "forgetting": _targets(0.875, 1.41), "on_policy": _targets(0.25, 4.0)}}}}
     line = evidence.evidence_line("forgetting", "forgetting", record)
-    assert line == ("evidence (held-out instances, latency floor 64, 40 test cases): within 1.2x of the cheapest "
-                    "design in 88% (worst 1.41) when the batch is free, 100% (worst 1.10) at a pinned batch; lowest "
+    assert line == ("evidence (held-out instances, latency floor 64; b fitted to the scored runs' steps, an input no "
+                    "user has, 40 test cases): within 1.2x of the cheapest design in 88% (worst 1.41) when the batch is free, 100% (worst 1.10) at a pinned batch; lowest "
                     "per-setting Spearman 0.80; always on-policy at B 25% (replay-theory experiment theory-test "
                     "--out R, docs/SIMULATION.md)")
     assert evidence.evidence_line("paper", "paper_J", record).startswith(
@@ -145,31 +146,40 @@ def test_the_evidence_line_quotes_the_stored_benchmark():
             in evidence.evidence_line("forgetting", "forgetting", record))
     del record["targets_held_out"]["64"]  # a run with no held-out instance quotes every instance, and says so
     assert evidence.evidence_line("forgetting", "forgetting", record).startswith(
-        "evidence (every instance (none held out), latency floor 64, 60 test cases): within 1.2x of the cheapest "
-        "design in 70% (worst")
+        "evidence (every instance (none held out), latency floor 64; b fitted to the scored runs' steps, an input no "
+        "user has, 60 test cases): within 1.2x of the cheapest design in 70% (worst")
+    record["targets"]["64"]["objectives"]["forgetting_b_simple"] = _targets(0.9, 1.3, cells=60)  # the pilot's route
+    assert evidence.evidence_line("forgetting", "forgetting", record).startswith(
+        "evidence (every instance (none held out), latency floor 64; b from a 10% pilot's two-batch B_simple, as you "
+        "measure it, 60 test cases): within 1.2x of the cheapest design in 90% (worst 1.30)")
 
 
 def test_the_first_line_says_when_no_rule_passes_and_names_the_closest():
-    objectives = {"forgetting": _targets(0.80, 1.9), "noise_scale": _targets(0.4, 3.0), "paper_J": _targets(0.1, 9.0),
+    objectives = {"forgetting_b_simple": _targets(0.80, 1.9), "noise_scale": _targets(0.4, 3.0), "paper_J": _targets(0.1, 9.0),
                   "on_policy": _targets(0.2, 4.0)}
     record = {"protocol": {"headline_floor": 64}, "targets_held_out": {"64": {"cells": 40, "objectives": objectives}}}
     record["protocol"]["batch"] = 256
     assert evidence.verdict_line(record) == (
         "tested: at a latency floor of a quarter of the batch no rule passes the benchmark (the forgetting-aware rule "
         "is within 1.2x of the cheapest design in 80% of test cases, bar 85%, worst 1.90x, bar 1.5x)")
-    objectives["forgetting"] = _targets(0.9, 1.4)
+    objectives["forgetting_b_simple"] = _targets(0.9, 1.4)
     assert evidence.verdict_line(record) is None  # the rule meets every target: no warning
-    objectives["forgetting"] = _targets(0.9, 1.4, spearman=0.6)
+    objectives["forgetting_b_simple"] = _targets(0.9, 1.4, spearman=0.6)
     assert evidence.verdict_line(record) == (  # Spearman 0.6 < 0.7: the one bar it misses is named
         "tested: at a latency floor of a quarter of the batch no rule passes the benchmark (the forgetting-aware rule "
         "is within 1.2x of the cheapest design in 90% of test cases, bar 85%, worst 1.40x, bar 1.5x, ranks designs at "
         "Spearman 0.60 in one setting (bar 0.7))")
-    record["targets_held_out"]["0"] = {"cells": 40, "objectives": {**objectives, "forgetting": _targets(0.7, 3.0)}}
+    record["targets_held_out"]["0"] = {"cells": 40, "objectives": {**objectives, "forgetting_b_simple": _targets(0.7, 3.0)}}
     record["protocol"]["floors"] = [0, 64]  # the user's floor is 0: quoted there, and where a rule passes said after
-    objectives["forgetting"] = _targets(0.9, 1.4)
+    objectives["forgetting_b_simple"] = _targets(0.9, 1.4)
     assert evidence.verdict_line(record, floor_ratio=0.0) == (
         "tested: without a latency floor no rule passes the benchmark (the forgetting-aware rule is within 1.2x of the "
         "cheapest design in 70% of test cases, bar 85%, worst 3.00x, bar 1.5x); at a floor of a quarter of the batch "
         "the forgetting-aware rule passes: give yours with --latency-floor")
     assert len(evidence.verdict_line(record, floor_ratio=0.0)) < 300  # one short sentence, not a paragraph
+    # the rule fed b fitted to the scored runs is no rule a user can run: passing, it does not silence the verdict
+    objectives["forgetting_b_simple"] = _targets(0.8, 1.9)
+    objectives["forgetting"] = _targets(0.99, 1.1)
+    assert evidence.verdict_line(record).startswith("tested: at a latency floor of a quarter of the batch no rule "
+                                                    "passes the benchmark (the forgetting-aware rule is within 1.2x")
     assert evidence.verdict_line({}).startswith("tested: no stored benchmark")
