@@ -41,7 +41,7 @@ from .. import __version__
 from ..core.designs import CHOICES, compute_loss
 from ..core.pipeline import score
 from ..core.progress import ProgressBar
-from ..outputs import check_out_dir, strict, write_new
+from ..outputs import NEVER, check_out_dir, strict, write_new, write_once
 from ..simulate import to_target
 from ..simulate.config import config_from_dict
 from ..simulate.envs import ENVIRONMENTS, BanditEnv, NoisyRewardBandit, make_env
@@ -256,7 +256,13 @@ def _key(payload: dict) -> str:
 
 class Store:
     """OUT/runs/KEY.json: one file per training run or measurement, with its config and the code version; written
-    whole through outputs.write_new, never overwritten; an existing one is reused (an interrupted run resumes)."""
+    whole (a temporary file hard-linked into place, ``outputs.write_once``), never overwritten; an existing one is
+    reused (an interrupted run resumes).
+
+    Safe under parallel workers: when two compute one run, the first whole file wins and the second is accepted if
+    it holds the same record (the runs are deterministic); a different record under the same key is refused (one
+    line), never written over. ``run_theory_test`` computes the runs units share before it dispatches them, so
+    this is a safety net, not the plan."""
 
     def __init__(self, out: Path):
         self.runs = Path(out) / "runs"
@@ -269,8 +275,16 @@ class Store:
         self.runs.mkdir(parents=True, exist_ok=True)
         key = _key(payload)
         record = {"key": key, "replay_theory_version": __version__, "config": payload, **strict(result)}
-        write_new(self.runs / f"{key}.json", lambda tmp: tmp.write_text(json.dumps(record)))
-        return record
+        text = json.dumps(record)
+        path = self.runs / f"{key}.json"
+        found = write_once(path, text)
+        if found is None or found == text:
+            return record
+        stored, ours = json.loads(found), json.loads(text)
+        if stored == ours:  # the same record, written by another worker (key order aside)
+            return stored
+        what = "the same config with other results" if stored.get("config") == ours["config"] else "another config"
+        raise ValueError(f"--out {path} holds {what} than this run computed; {NEVER}: choose a new --out")
 
 
 # --------------------------------------------------------------------------- one unit: (setting, optimizer, instance)
@@ -816,12 +830,12 @@ def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options
     started = time.time()
     store = Store(Path(out))
     setting = SETTINGS[setting_name]
-    env, inst = instance_record(store, setting, instance)
     boot_index = np.random.default_rng([instance, 8191, len(setting_name), OPTIMIZERS.index(optimizer)]).integers(
         0, options.seeds, size=(BOOTS, options.seeds))
-    unit = Unit(setting, optimizer, instance, env, inst, store, options, boot_index, tick, advance,
-                exact=isinstance(env, QuadraticEnv) and optimizer == "sgd")
     with threadpool_limits(limits=1, user_api="blas"):
+        env, inst = instance_record(store, setting, instance)  # run_theory_test stored it before dispatch
+        unit = Unit(setting, optimizer, instance, env, inst, store, options, boot_index, tick, advance,
+                    exact=isinstance(env, QuadraticEnv) and optimizer == "sgd")
         train_unit(unit)
         noise = measure_noise_scale(unit)
         pilot = measure_pilot(unit)
@@ -1299,6 +1313,12 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
             records[(s, o, i)] = json.loads(path.read_text())
         else:
             todo.append((s, o, i))
+    # The one stored run several units share, the instance's record (each optimizer's unit of a setting reads it):
+    # computed here, once per (setting, instance), before any worker starts, so that no two workers compute it
+    store = Store(out)
+    with threadpool_limits(limits=1, user_api="blas"):  # as in run_unit: one record whatever --jobs is
+        for s, i in dict.fromkeys((s, i) for s, _, i in todo):
+            instance_record(store, SETTINGS[s], i)
     per_unit = len(options.designs())
     workers = local_workers(jobs, len(todo)) if todo else 1
     label = f"theory-test units ({len(plan) - len(todo)} of {len(plan)} saved)"

@@ -277,3 +277,104 @@ def test_a_noisy_verifier_run_does_not_depend_on_what_ran_before_it():
     first = run()
     env.reward(np.zeros((1, 1000), np.int64), np.zeros((1, 1000, 1), np.int64))  # another run's draws in between
     assert np.array_equal(run(), first)  # the same run, the same numbers (resume trains some runs and not others)
+
+
+# --------------------------------------------------------------------------- robustness on any instance (issue 38)
+
+
+def _put_many(out: str, barrier, keys: int, results=None) -> list[str]:
+    """One worker's puts of ``keys`` runs into ``out``'s store, started together with the other worker's (its keys
+    also onto the ``results`` queue of a process)."""
+    store = tt.Store(out)
+    barrier.wait()
+    stored = [store.put({"kind": "run", "i": i}, {"steps": [i, 2 * i], "value": i / 3})["key"] for i in range(keys)]
+    if results is not None:
+        results.put(stored)
+    return stored
+
+
+def _stored(out) -> dict[str, str]:
+    runs = tt.Store(out).runs
+    return {p.name: p.read_text() for p in sorted(runs.iterdir())}
+
+
+def test_two_processes_storing_the_same_runs_leave_one_whole_file_each_and_no_error(tmp_path):
+    import multiprocessing
+
+    keys = 40
+    context = multiprocessing.get_context("fork")
+    barrier, results = context.Barrier(2), context.Queue()
+    workers = [context.Process(target=_put_many, args=(str(tmp_path), barrier, keys, results)) for _ in range(2)]
+    for w in workers:
+        w.start()
+    first, second = results.get(timeout=60), results.get(timeout=60)
+    for w in workers:
+        w.join(timeout=60)
+    assert [w.exitcode for w in workers] == [0, 0]  # neither raised
+    assert first == second and len(set(first)) == keys
+    stored = _stored(tmp_path)
+    assert sorted(stored) == sorted(f"{k}.json" for k in first)  # no temporary file left behind
+    for i, key in enumerate(first):  # the same record as one worker alone writes
+        record = json.loads(stored[f"{key}.json"])
+        assert record["config"] == {"kind": "run", "i": i}
+        assert record["steps"] == [i, 2 * i] and record["value"] == i / 3
+
+
+def test_two_threads_storing_the_same_run_get_the_same_record(tmp_path):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    barrier = threading.Barrier(2)
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(lambda _: _put_many(str(tmp_path), barrier, 20), range(2))
+    assert first == second and len(_stored(tmp_path)) == 20
+
+
+def test_a_run_that_appears_while_it_is_written_is_accepted_when_equal_and_refused_when_not(tmp_path, monkeypatch):
+    from replay_theory import outputs
+
+    store = tt.Store(tmp_path)
+    payload, result = {"kind": "run", "i": 1}, {"steps": [5]}
+    text = json.dumps({"key": tt._key(payload), "replay_theory_version": tt.__version__, "config": payload, **result})
+    real_link = outputs.os.link
+
+    def another_worker_first(other: str):
+        def link(src, dst):  # the other worker's whole file lands between this one's write and its link
+            (store.runs / f"{tt._key(payload)}.json").write_text(other)
+            return real_link(src, dst)
+        return link
+
+    monkeypatch.setattr(outputs.os, "link", another_worker_first(text))
+    assert store.put(payload, result) == json.loads(text)
+    path = store.runs / f"{tt._key(payload)}.json"
+    assert path.read_text() == text and sorted(p.name for p in store.runs.iterdir()) == [path.name]
+    path.unlink()
+    other = text.replace("[5]", "[6]")  # the same config, other results: never written over, one line
+    monkeypatch.setattr(outputs.os, "link", another_worker_first(other))
+    with pytest.raises(ValueError, match=r"holds the same config with other results than this run computed; results "
+                                         r"are never overwritten: choose a new --out$"):
+        store.put(payload, result)
+    assert path.read_text() == other and sorted(p.name for p in store.runs.iterdir()) == [path.name]
+
+
+def test_the_run_units_share_is_stored_once_before_any_unit_runs(tmp_path, monkeypatch):
+    options = tt.Options(instances=(5, 6), settings=("two-prompts",), optimizers=("sgd", "adam"), mus=(1.0,),
+                         floors=(0,), seeds=2, quick=True)
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def first_unit(out, setting, optimizer, instance, options, **kwargs):
+        store = tt.Store(out)  # every (setting, instance) record is there already: no worker computes one
+        for i in (5, 6):
+            payload = {"kind": "instance", "setting": tt.asdict(tt.SETTINGS[setting]), "instance": i,
+                       "target_fraction": tt.TARGET_FRACTION}
+            seen.append(store.get(payload))
+        raise Stop
+
+    monkeypatch.setattr(tt, "run_unit", first_unit)
+    with pytest.raises(Stop):
+        tt.run_theory_test(tmp_path / "tt", options, progress=False, jobs=1)
+    assert len(seen) == 2 and all(r is not None and r["j_star"] > r["target"] > r["j0"] for r in seen)
+    assert len(list((tmp_path / "tt" / "runs").iterdir())) == 2  # one per instance, not one per optimizer's unit
