@@ -72,10 +72,12 @@ def _headline(record: dict, floor_ratio: float | None = None) -> tuple[dict | No
 
 
 def passes(o: dict) -> bool:
+    """The targets: a cell without a pick is a miss (in the share's count, and not "<= 1.5 in all"); a worst stored
+    as None is a pick that never reached the target (inf in strict JSON)."""
     free = o["free"]
     spearman = o.get("min_setting_spearman")
-    return (free["share_within_1.2"] >= PASS_WITHIN_1_2 and free["worst"] <= PASS_WORST
-            and spearman is not None and spearman >= PASS_SPEARMAN)
+    return (free["share_within_1.2"] >= PASS_WITHIN_1_2 and free["worst"] is not None and free["worst"] <= PASS_WORST
+            and not free.get("no_pick") and spearman is not None and spearman >= PASS_SPEARMAN)
 
 
 def verdict_line(record: dict | None = None, floor_ratio: float | None = None) -> str | None:
@@ -92,7 +94,7 @@ def verdict_line(record: dict | None = None, floor_ratio: float | None = None) -
     rules = {k: v for k, v in objectives.items() if k in ("forgetting", "noise_scale", "paper_J", "finite_budget")}
     if any(passes(v) for v in rules.values()):
         return None
-    best = max(rules, key=lambda k: (rules[k]["free"]["share_within_1.2"], -rules[k]["free"]["worst"]))
+    best = max(rules, key=lambda k: (rules[k]["free"]["share_within_1.2"], -_worst(rules[k]["free"])))
     o = rules[best]["free"]
     batch = record.get("protocol", {}).get("batch") or 256
     spearman = rules[best].get("min_setting_spearman")
@@ -107,7 +109,7 @@ def verdict_line(record: dict | None = None, floor_ratio: float | None = None) -
             break
     return (f"tested: {_at_floor(benchmark_floor(record, floor_ratio), batch)} no rule passes the benchmark "
             f"({NAMES[best]} is within 1.2x of the cheapest design in {100 * o['share_within_1.2']:.0f}% of test "
-            f"cases, bar {100 * PASS_WITHIN_1_2:.0f}%, worst {o['worst']:.2f}x, bar {PASS_WORST:g}x{ranks}){elsewhere}")
+            f"cases, bar {100 * PASS_WITHIN_1_2:.0f}%, worst {_worst_x(o)}, bar {PASS_WORST:g}x{ranks}){elsewhere}")
 
 
 def _share(ratio: float) -> str:
@@ -126,6 +128,18 @@ def _fmt(v) -> str:
     return "n/a" if v is None else f"{v:.2f}"
 
 
+def _worst(mode: dict) -> float:
+    """A mode's worst regret: None in strict JSON is a pick that never reached the target (inf), or no pick at all."""
+    return float("inf") if mode.get("worst") is None else mode["worst"]
+
+
+def _worst_x(mode: dict, unit: str = "x") -> str:
+    """The worst regret as the lines print it (``unit`` after a number), and the cells without a pick (misses)."""
+    value = _worst(mode)
+    text = f"{value:.2f}{unit}" if value != float("inf") else "inf"
+    return text + (f", no pick in {mode['no_pick']} cells" if mode.get("no_pick") else "")
+
+
 def evidence_line(objective: str, key: str, record: dict | None = None, floor_ratio: float | None = None) -> str:
     """One line: how ``objective``'s picks (the benchmark's objective ``key``, theory/optimal.py's ``OBJECTIVES``)
     scored in the benchmark at the cost model nearest the user's (and at the other), or that none are stored."""
@@ -136,8 +150,9 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
     o = targets["objectives"][key]
     fr, pn = o["free"], o["pinned"]
     line = (f"evidence ({which}, {o['cells']} test cases): within 1.2x of the cheapest design in "
-            f"{100 * fr['share_within_1.2']:.0f}% (worst {fr['worst']:.2f}) when the batch is free, "
-            f"{100 * pn['share_within_1.2']:.0f}% (worst {pn['worst']:.2f}) at a pinned batch; lowest per-setting "
+            f"{100 * fr['share_within_1.2']:.0f}% (worst {_worst_x(fr, '')}) when the batch is free, "
+            f"{100 * pn['share_within_1.2']:.0f}% (worst {_worst_x(pn, '')}) at a pinned batch; lowest "
+            f"per-setting "
             f"Spearman {_fmt(o.get('min_setting_spearman'))}")
     if key != "on_policy" and "on_policy" in targets["objectives"]:
         op = targets["objectives"]["on_policy"]["free"]
@@ -146,7 +161,7 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
         o2 = (t.get("objectives") or {}).get(key)
         if o2:
             line += (f"; with a latency floor of {other}, {100 * o2['free']['share_within_1.2']:.0f}% (worst "
-                     f"{o2['free']['worst']:.2f}) when the batch is free")
+                     f"{_worst_x(o2['free'], '')}) when the batch is free")
     return line + f" ({record['command']}, docs/SIMULATION.md)"
 
 
