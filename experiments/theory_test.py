@@ -1135,9 +1135,13 @@ def score_cell(record: dict, mu: float, floor: float) -> dict:
         free = int(np.argmin(np.where(menu, values, np.inf)))
         r_free, ci_free = _regret(compute, free, everything)
         entry = {"free": labels[free], "free_regret": r_free, "free_ci": ci_free}
-        pin = int(np.argmin(np.where(pinned, values, np.inf)))
-        r_pin, ci_pin = _regret(compute, pin, pinned)
-        entry.update(pinned=labels[pin], pinned_regret=r_pin, pinned_ci=ci_pin)
+        if (menu & pinned).any():
+            pin = int(np.argmin(np.where(menu & pinned, values, np.inf)))
+            r_pin, ci_pin = _regret(compute, pin, pinned)
+            entry.update(pinned=labels[pin], pinned_regret=r_pin, pinned_ci=ci_pin)
+        else:  # a free-batch objective (the smallest on-policy batch) has no design at B = 256: said, not design 0
+            entry.update(pinned=None, pinned_regret=None, pinned_ci=None,
+                         pinned_no_pick=f"nothing at B = {BATCH} in its menu")
         by_objective[name] = {**entry, "spearman": spearman(np.where(menu, values, np.inf), compute[0])}
     return {"setting": record["setting"], "optimizer": record["optimizer"], "instance": record["instance"],
             "mu": mu, "floor": floor, "exact": record["exact"], "b": record["noise"]["b"],

@@ -456,3 +456,17 @@ def test_a_pick_that_never_reached_the_target_is_an_inf_regret_in_the_text():
     rec = tt._objective_target(json.loads(json.dumps(tt.strict([cell]))), "paper_J")  # inf stored as null
     assert rec["free"]["worst"] == math.inf and rec["free"]["not_reached"] == 1 and rec["free"]["no_pick"] == 0
     assert tt._worst_text(tt.strict(rec["free"])) == "inf (1 pick never reached the target)"
+
+
+def test_a_baseline_with_nothing_at_the_pinned_batch_has_no_pinned_pick_not_the_first_design():
+    steps = {"on-policy B=64": [100.0], "on-policy B=256": [40.0], "x=1 y=4": [90.0], "x=16 y=4": [50.0]}
+    cell = tt.score_cell(_record(steps, b_noise=100.0), 1.0, 0)
+    small = cell["by_objective"]["on_policy_small"]
+    # b = 100: 1 + 100/64 = 2.56 <= 2 (1 + 100/256) = 2.78, so B = 64 is its pick; nothing of its at B = 256
+    assert small["free"] == "on-policy B=64" and small["free_regret"] == 1.0
+    assert small["pinned"] is None and small["pinned_regret"] is None
+    assert small["pinned_no_pick"] == "nothing at B = 256 in its menu"
+    t = tt._objective_target([cell], "on_policy_small")
+    assert t["pinned"]["no_pick"] == 1 and t["pinned"]["share_within_1.2"] == 0.0 and t["free"]["no_pick"] == 0
+    on = cell["by_objective"]["on_policy"]  # a baseline at B = 256 keeps its pinned pick
+    assert on["pinned"] == "on-policy B=256" and on["pinned_regret"] == pytest.approx(40 * 512 / (50 * 320))
