@@ -99,6 +99,31 @@ def write_new(path: Path, write: Callable[[Path], object], option: str = "--out"
     return path
 
 
+def write_once(path: Path, text: str) -> str | None:
+    """Write ``text`` to ``path`` whole, as ``write_new`` does, unless ``path`` exists or appears meanwhile (another
+    process writing the same file): then leave it as it is and return its text, for the caller to judge; None when
+    this call wrote it. What several workers that may compute one result use: the first whole file wins, and a
+    reader never sees a half-written one."""
+    path = Path(path)
+    if path.exists():
+        return path.read_text()
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}-{secrets.token_hex(4)}{path.suffix}")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:
+        tmp.write_text(text)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return path.read_text()
+        except OSError:  # no hard links here (some network / FAT file systems): a rename after a last check
+            if path.exists():
+                return path.read_text()
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return None
+
+
 def strict(value: Any) -> Any:
     """``value`` with every non-finite float (inf, nan) replaced by None, recursively: strict JSON (RFC 8259), the
     form every saved result and ``--json`` output takes."""

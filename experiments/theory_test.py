@@ -42,7 +42,7 @@ from ..core.designs import CHOICES, compute_loss
 from ..core.memory import MAX_SIZE, Estimate, Size, check_sizes
 from ..core.pipeline import score
 from ..core.progress import ProgressBar
-from ..outputs import check_out_dir, strict, write_new
+from ..outputs import NEVER, check_out_dir, strict, write_new, write_once
 from ..simulate import to_target
 from ..simulate.config import SimConfig, config_from_dict
 from ..simulate.config import peak_bytes as sim_peak_bytes
@@ -294,7 +294,13 @@ def _key(payload: dict) -> str:
 
 class Store:
     """OUT/runs/KEY.json: one file per training run or measurement, with its config and the code version; written
-    whole through outputs.write_new, never overwritten; an existing one is reused (an interrupted run resumes)."""
+    whole (a temporary file hard-linked into place, ``outputs.write_once``), never overwritten; an existing one is
+    reused (an interrupted run resumes).
+
+    Safe under parallel workers: when two compute one run, the first whole file wins and the second is accepted if
+    it holds the same record (the runs are deterministic); a different record under the same key is refused (one
+    line), never written over. ``run_theory_test`` computes the runs units share before it dispatches them, so
+    this is a safety net, not the plan."""
 
     def __init__(self, out: Path):
         self.runs = Path(out) / "runs"
@@ -307,8 +313,16 @@ class Store:
         self.runs.mkdir(parents=True, exist_ok=True)
         key = _key(payload)
         record = {"key": key, "replay_theory_version": __version__, "config": payload, **strict(result)}
-        write_new(self.runs / f"{key}.json", lambda tmp: tmp.write_text(json.dumps(record)))
-        return record
+        text = json.dumps(record)
+        path = self.runs / f"{key}.json"
+        found = write_once(path, text)
+        if found is None or found == text:
+            return record
+        stored, ours = json.loads(found), json.loads(text)
+        if stored == ours:  # the same record, written by another worker (key order aside)
+            return stored
+        what = "the same config with other results" if stored.get("config") == ours["config"] else "another config"
+        raise ValueError(f"--out {path} holds {what} than this run computed; {NEVER}: choose a new --out")
 
 
 # --------------------------------------------------------------------------- one unit: (setting, optimizer, instance)
@@ -647,8 +661,7 @@ def measure_pilot(unit: Unit) -> dict:
             a, b = _kappa_parts(env, unit.setting, theta, d_vec, rng)
             exact_num.append(a)
             exact_den.append(b)
-    pairs = forgetting.kappa_from_curvature_pairs(num, den, lr, np.random.default_rng([unit.instance, 31]),
-                                                  optimizer=unit.optimizer, beta1=BETA1, pilot_batch=BATCH)
+    pairs = curvature_pairs_kappa(num, den, lr, np.random.default_rng([unit.instance, 31]), unit.optimizer)
     try:
         lag = forgetting.kappa_from_gradient_series(dots, sq, np.random.default_rng([unit.instance, 37]),
                                                     optimizer=unit.optimizer, beta1=BETA1,
@@ -665,12 +678,32 @@ def measure_pilot(unit: Unit) -> dict:
               "kappa_exact_what": ("exact: lr sum tr(D H D Sigma) / sum tr(D Sigma) over the checkpoints' seeds"
                                    if isinstance(env, QuadraticEnv) else "reference: lr sum tr(D H D Sigma) / sum "
                                    "tr(D Sigma), H exact, Sigma from 4,096 samples per point"),
-              "kappa_pairs": pairs.to_dict(), "kappa_lag": lag, "staleness": profile, "drift": drift,
+              "kappa_pairs": pairs, "kappa_lag": lag, "staleness": profile, "drift": drift,
               "b_simple": {**b_simple.to_dict(), "checkpoints": early,
                            "what": "two-batch B_simple (halves of B = 256 in whole groups, and the whole batch) at "
                                    f"{', '.join(f'{f:g}' for f in B_SIMPLE_CHECKPOINTS)} of the pilot's steps, "
                                    "pooled over seeds and checkpoints"}}
     return unit.store.put(payload, result)
+
+
+def curvature_pairs_kappa(num: list[float], den: list[float], lr: float, rng: np.random.Generator,
+                          optimizer: str) -> dict:
+    """kappa from the curvature pairs (``forgetting.kappa_from_curvature_pairs``) as the pilot records it, with
+    ``pairs_without_noise``: a pair whose two minibatch gradients are equal (xi = 0: every prompt group's rewards
+    equal, so no advantage; a policy that has converged on an easy instance) adds 0 to both of the estimate's sums,
+    so it is left out and counted, the estimate unchanged (as ``theory.profiles.curvature_pairs_record`` and
+    calibrate-simulator do). Fewer than 2 pairs with noise: no kappa, and the reason (the rule then gives no pick)."""
+    num_a, den_a = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    keep = den_a > 0
+    without = int((~keep).sum())
+    if keep.sum() < 2:
+        return {"kappa": None, "kappa_interval": [None, None], "method": "curvature-pairs", "optimizer": optimizer,
+                "units": int(keep.sum()), "pairs_without_noise": without,
+                "reason": f"{int(keep.sum())} of {den_a.size} curvature pairs have a gradient difference xi != 0 (the "
+                          f"minibatch gradients were equal: no reward variation within their prompt groups); need >= 2"}
+    estimate = forgetting.kappa_from_curvature_pairs(num_a[keep], den_a[keep], lr, rng, optimizer=optimizer,
+                                                     beta1=BETA1, pilot_batch=BATCH)
+    return {**estimate.to_dict(), "pairs_without_noise": without}
 
 
 def _pilot_b_simple(env, setting: Setting, params_by_checkpoint: list[np.ndarray],
@@ -789,6 +822,8 @@ def b_noise_kind(value: float) -> str:
         return "not measurable: fewer than 4 on-policy batches reached the target"
     if math.isinf(value):
         return "infinite: S_min <= 0, steps fall at least as fast as 1/B (every sample counts)"
+    if not value > 0:
+        return "not positive: the steps do not fall with the batch; the rules that read B_noise give no pick"
     return "finite"
 
 
@@ -876,12 +911,12 @@ def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options
     started = time.time()
     store = Store(Path(out))
     setting = SETTINGS[setting_name]
-    env, inst = instance_record(store, setting, instance)
     boot_index = np.random.default_rng([instance, 8191, len(setting_name), OPTIMIZERS.index(optimizer)]).integers(
         0, options.seeds, size=(BOOTS, options.seeds))
-    unit = Unit(setting, optimizer, instance, env, inst, store, options, boot_index, tick, advance,
-                exact=isinstance(env, QuadraticEnv) and optimizer == "sgd")
     with threadpool_limits(limits=1, user_api="blas"):
+        env, inst = instance_record(store, setting, instance)  # run_theory_test stored it before dispatch
+        unit = Unit(setting, optimizer, instance, env, inst, store, options, boot_index, tick, advance,
+                    exact=isinstance(env, QuadraticEnv) and optimizer == "sgd")
         train_unit(unit)
         noise = measure_noise_scale(unit)
         pilot = measure_pilot(unit)
@@ -929,13 +964,39 @@ def staleness_of(record: dict) -> forgetting.Staleness:
                                 tuple(1.0 + float(c) for c in drift["m2"]), "1 + M2(s) on the pilot, exact")
 
 
+@dataclass(frozen=True)
+class NoPick:
+    """An objective that gives no pick in a cell: why, in a few words (what the tables and the counts name), and the
+    detail. Scored as a miss (``_objective_target``): it stays in the cells counted, never within 1.2x or 1.5x."""
+
+    reason: str
+    detail: str
+
+
+def b_noise_no_pick(b_noise: float) -> NoPick | None:
+    """Why a rule that reads B_noise has no pick at this B_noise (None: it has one). B_noise must be > 0 (McCandlish's
+    S = S_min (1 + B_noise / B); ``theory.noise_scale`` and ``theory.forgetting`` refuse anything else): a fit at or
+    below 0 (steps that do not fall with the batch, e.g. -2e-14 from steps equal at every batch) is said, never
+    clamped to a small positive value. inf is an answer (steps fall as fast as 1/B)."""
+    if math.isnan(b_noise):
+        return NoPick("B_noise not measured", b_noise_kind(b_noise))
+    if not b_noise > 0:
+        return NoPick("B_noise fitted at <= 0", f"B_noise = {b_noise:.3g}: the on-policy steps do not fall with the "
+                                                "batch, outside the rule's B_noise > 0")
+    return None
+
+
 def rule_values(designs: list[forgetting.Design], b_noise: float, kappa: float | None, optimizer: str,
-                mu: float, floor: float, staleness: forgetting.Staleness) -> np.ndarray | None:
-    """The forgetting-aware rule's predicted compute of every design (units S_min x one sample-update); None without
-    its inputs (B_noise not measurable, no kappa). B_noise = inf (steps fall as fast as 1/B): the noise-limited
-    limit, V_eff m(x) x cost."""
-    if kappa is None or math.isnan(kappa) or math.isnan(b_noise) or not b_noise > 0:
-        return None
+                mu: float, floor: float, staleness: forgetting.Staleness,
+                kappa_reason: str | None = None) -> np.ndarray | NoPick:
+    """The forgetting-aware rule's predicted compute of every design (units S_min x one sample-update); NoPick without
+    its inputs (B_noise not measurable or not > 0, no kappa: ``kappa_reason`` says why). B_noise = inf (steps fall as
+    fast as 1/B): the noise-limited limit, V_eff m(x) x cost."""
+    no_pick = b_noise_no_pick(b_noise)
+    if no_pick is not None:
+        return no_pick
+    if kappa is None or math.isnan(kappa):
+        return NoPick("kappa not measured", kappa_reason or "no kappa from the pilot")
     # curvature along the noise <= 0: the optimizer does not contract the noise there, it never forgets (psi = 1)
     memory = forgetting.Memory(float(kappa), optimizer, BETA1, float(BATCH)) if kappa > 0 else None
     if math.isinf(b_noise):  # kappa_d -> 0 with the noise: psi -> 1, steps ~ B_noise V m
@@ -948,35 +1009,41 @@ def rule_values(designs: list[forgetting.Design], b_noise: float, kappa: float |
 Designs = list[forgetting.Design]
 
 
-def _forgetting_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | None:
+def _forgetting_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | NoPick:
     """The forgetting-aware rule from the pilot's estimates: B_noise, kappa from curvature pairs, r(s) = 1 + M2(s)."""
-    kappa_pairs = (record["pilot"].get("kappa_pairs") or {}).get("kappa")
-    return rule_values(designs, read_b_noise(record["noise"]), kappa_pairs, record["optimizer"], mu, floor,
-                       staleness_of(record))
+    pairs = record["pilot"].get("kappa_pairs") or {}
+    return rule_values(designs, read_b_noise(record["noise"]), pairs.get("kappa"), record["optimizer"], mu, floor,
+                       staleness_of(record), pairs.get("reason"))
 
 
-def _forgetting_b_simple_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | None:
+def _forgetting_b_simple_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | NoPick:
     """The forgetting-aware rule fed what a user measures for b: the two-batch B_simple of the pilot's first 10%
     (nothing from the grid's on-policy runs), kappa from curvature pairs and r(s) = 1 + M2(s) as the rule's row."""
-    measured = (record["pilot"].get("b_simple") or {}).get("b_noise")
-    if measured is None:  # a stored unit from before the pilot measured it, or no signal: no pick, said as n/a
-        return None
-    kappa_pairs = (record["pilot"].get("kappa_pairs") or {}).get("kappa")
-    return rule_values(designs, float(measured), kappa_pairs, record["optimizer"], mu, floor, staleness_of(record))
+    simple = record["pilot"].get("b_simple")
+    if simple is None:  # a unit saved before the pilot measured it
+        return NoPick("B_simple not measured", "the unit was saved before the pilot measured B_simple")
+    measured = simple.get("b_noise")  # null: |G|^2 estimated <= 0 (no signal over the noise: inf), or not finite
+    if measured is None or not measured > 0:
+        return NoPick("B_simple not resolved", f"the pilot's two-batch B_simple is {measured}: its |G|^2 or tr Sigma "
+                                               "estimate is not > 0 (the pilot's noise swamps the difference)")
+    pairs = record["pilot"].get("kappa_pairs") or {}
+    return rule_values(designs, float(measured), pairs.get("kappa"), record["optimizer"], mu, floor,
+                       staleness_of(record), pairs.get("reason"))
 
 
-def _forgetting_exact_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | None:
+def _forgetting_exact_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | NoPick:
     """The forgetting-aware rule from the exact B_noise and kappa (the noisy quadratic's), no staleness cost."""
     return rule_values(designs, read_b_noise(record["noise"], True), record["pilot"]["kappa_exact"],
-                       record["optimizer"], mu, floor, forgetting.NO_STALENESS)
+                       record["optimizer"], mu, floor, forgetting.NO_STALENESS, "the exact kappa is not a number")
 
 
-def _noise_scale_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | None:
-    """The noise-scale rule's compute: on-policy at B and the x = 1 replay designs at B (others inf); None without
-    B_noise."""
+def _noise_scale_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | NoPick:
+    """The noise-scale rule's compute: on-policy at B and the x = 1 replay designs at B (others inf); NoPick without
+    a B_noise > 0."""
+    no_pick = b_noise_no_pick(read_b_noise(record["noise"]))
+    if no_pick is not None:
+        return no_pick
     b = read_b_noise(record["noise"]) / BATCH
-    if math.isnan(b):
-        return None
     ns = np.full(len(designs), np.inf)
     for i, d in enumerate(designs):
         if d.on_policy and d.batch == BATCH:
@@ -1034,12 +1101,13 @@ def _on_policy_values(record: dict, designs: Designs, mu: float, floor: float) -
     return np.array([0.0 if (d.on_policy and d.batch == BATCH) else np.inf for d in designs])
 
 
-def _on_policy_small_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | None:
-    """0 at the smallest on-policy batch whose steps stay within twice on-policy's at B (others inf); None without
-    B_noise."""
+def _on_policy_small_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | NoPick:
+    """0 at the smallest on-policy batch whose steps stay within twice on-policy's at B (others inf); NoPick without
+    a B_noise > 0 (S_min (1 + B_noise / B) is its step model)."""
     b_noise = read_b_noise(record["noise"])
-    if math.isnan(b_noise):
-        return None
+    no_pick = b_noise_no_pick(b_noise)
+    if no_pick is not None:
+        return no_pick
     small = np.full(len(designs), np.inf)
     allowed = [i for i, d in enumerate(designs) if d.on_policy and (
         math.isinf(b_noise) and d.batch == BATCH
@@ -1070,11 +1138,11 @@ def _on_policy_oracle_values(record: dict, designs: Designs, mu: float, floor: f
 @dataclass(frozen=True)
 class Objective:
     """One objective the benchmark scores: its name in the tables, and its value on every design of a unit
-    ``values(record, designs, mu, floor)`` (lower = predicted cheaper; inf = not in its menu; None = no pick in the
-    unit, e.g. without B_noise)."""
+    ``values(record, designs, mu, floor)`` (lower = predicted cheaper; inf = not in its menu; a ``NoPick``: no pick in
+    the unit, and why, e.g. without a B_noise > 0)."""
 
     label: str
-    values: Callable[[dict, Designs, float, float], np.ndarray | None]
+    values: Callable[[dict, Designs, float, float], np.ndarray | NoPick]
     exact_inputs: bool = False
     """Scored only in the units that have exact inputs (the noisy quadratic's exact B_noise and kappa)."""
 
@@ -1097,7 +1165,7 @@ OBJECTIVES = {
 ``evidence`` among these)."""
 
 
-def objective_values(record: dict, mu: float, floor: float) -> dict[str, np.ndarray | None]:
+def objective_values(record: dict, mu: float, floor: float) -> dict[str, np.ndarray | NoPick]:
     """Every objective's value on every design of the unit (lower = predicted cheaper; inf = not in its menu)."""
     designs = _designs_of(record)
     exact = "exact_b_noise" in record["noise"]
@@ -1155,17 +1223,24 @@ def score_cell(record: dict, mu: float, floor: float) -> dict:
     best_free, best_pinned = int(np.argmin(compute[0])), int(np.argmin(np.where(pinned, compute[0], np.inf)))
     by_objective = {}
     for name, values in objective_values(record, mu, floor).items():
-        if values is None:
-            by_objective[name] = None
+        if isinstance(values, NoPick):
+            by_objective[name] = {"no_pick": values.reason, "detail": values.detail}
             continue
-        free = int(np.argmin(values))
-        pin = int(np.argmin(np.where(pinned, values, np.inf)))
+        menu = np.isfinite(values)  # inf: not in the objective's menu; nan (never expected): not a prediction
+        if not menu.any():
+            by_objective[name] = {"no_pick": "no finite prediction", "detail": "no design has a finite value"}
+            continue
+        free = int(np.argmin(np.where(menu, values, np.inf)))
         r_free, ci_free = _regret(compute, free, everything)
-        r_pin, ci_pin = _regret(compute, pin, pinned)
-        menu = np.isfinite(values)
-        by_objective[name] = {"free": labels[free], "free_regret": r_free, "free_ci": ci_free,
-                              "pinned": labels[pin], "pinned_regret": r_pin, "pinned_ci": ci_pin,
-                              "spearman": spearman(np.where(menu, values, np.inf), compute[0]),
+        entry = {"free": labels[free], "free_regret": r_free, "free_ci": ci_free}
+        if (menu & pinned).any():
+            pin = int(np.argmin(np.where(menu & pinned, values, np.inf)))
+            r_pin, ci_pin = _regret(compute, pin, pinned)
+            entry.update(pinned=labels[pin], pinned_regret=r_pin, pinned_ci=ci_pin)
+        else:  # a free-batch objective (the smallest on-policy batch) has no design at B = 256: said, not design 0
+            entry.update(pinned=None, pinned_regret=None, pinned_ci=None,
+                         pinned_no_pick=f"nothing at B = {BATCH} in its menu")
+        by_objective[name] = {**entry, "spearman": spearman(np.where(menu, values, np.inf), compute[0]),
                               "free_is_replay": not designs[free].on_policy}
     on = np.array([d.on_policy for d in designs])
     # the replay branch: how much cheaper the best replay design is than the best on-policy batch (> 1: replay wins)
@@ -1211,8 +1286,8 @@ def horizon_check(record: dict) -> list[dict]:
         row = {"y": y, "measured": measured}
         for name, b_noise, kappa in (("predicted", read_b_noise(noise), (pilot["kappa_pairs"] or {}).get("kappa")),
                                      ("predicted_exact", read_b_noise(noise, True), pilot["kappa_exact"])):
-            if kappa is None or not math.isfinite(b_noise) or not kappa > 0:
-                row[name] = None
+            if kappa is None or not math.isfinite(b_noise) or not b_noise > 0 or not kappa > 0:
+                row[name] = None  # no prediction without a finite B_noise > 0 and a kappa > 0 (not counted below)
                 continue
             memory = forgetting.Memory(float(kappa), record["optimizer"], BETA1, float(BATCH))
             st = staleness_of(record) if name == "predicted" else forgetting.NO_STALENESS
@@ -1254,31 +1329,44 @@ def unit_checks(record: dict) -> dict:
 # --------------------------------------------------------------------------- the benchmark
 
 
-def _regret_shares(regrets: np.ndarray) -> dict:
-    """How many regrets are within 1.2x and 1.5x of the best, the share within 1.2x, and the worst."""
-    return {"within_1.2": int((regrets <= 1.2).sum()), "share_within_1.2": float((regrets <= 1.2).mean()),
-            "within_1.5": int((regrets <= 1.5).sum()), "worst": float(regrets.max())}
+def _regret_shares(regrets: list[float | None], reasons: list[str]) -> dict:
+    """Over every cell (``regrets``, None: no pick, ``reasons`` saying why, one per None): how many regrets are within
+    1.2x and 1.5x of the best, the share within 1.2x of ALL the cells (a cell without a pick is a miss: it stays in
+    the count and is never within), the worst of the picks (inf: a pick never reached the target, counted in
+    ``not_reached``; None: no cell had a pick), and the cells without a pick, by reason."""
+    picked = np.array([r for r in regrets if r is not None], dtype=float)  # strict JSON keeps inf as None: none here
+    return {"within_1.2": int((picked <= 1.2).sum()), "share_within_1.2": float((picked <= 1.2).sum() / len(regrets)),
+            "within_1.5": int((picked <= 1.5).sum()), "worst": float(picked.max()) if picked.size else None,
+            "not_reached": int(np.isinf(picked).sum()), "no_pick": len(regrets) - int(picked.size),
+            "no_pick_reasons": {r: reasons.count(r) for r in sorted(set(reasons))}}
 
 
-def _spearman_by_setting(scored: list[dict], name: str) -> dict:
-    """Mean Spearman of an objective per setting/optimizer over its cells (None where no cell has one)."""
+def _spearman_by_setting(cells: list[dict], name: str) -> dict:
+    """Mean Spearman of an objective per setting/optimizer over its cells (None where no cell has one: a cell
+    without a pick has none)."""
     per_setting: dict[str, list[float]] = {}
-    for c in scored:
-        v = c["by_objective"][name]["spearman"]
+    for c in cells:
+        v = c["by_objective"][name].get("spearman")
         per_setting.setdefault(f"{c['setting']}/{c['optimizer']}", []).append(np.nan if v is None else v)
     return {k: (float(np.nanmean(v)) if np.isfinite(v).any() else None) for k, v in per_setting.items()}
 
 
-def _objective_target(scored: list[dict], name: str) -> dict:
-    """One objective's record over its scored cells: regret shares (free, pinned), Spearman per setting, and its
-    replay branch apart (``_replay_branch``)."""
-    rec: dict = {"cells": len(scored)}
+def _objective_target(cells: list[dict], name: str) -> dict:
+    """One objective's record over every cell it is scored in (a cell where it gives no pick included, as a miss):
+    regret shares (free, pinned), Spearman per setting, and its replay branch apart (``_replay_branch``)."""
+    rec: dict = {"cells": len(cells)}
     for mode in ("free", "pinned"):
-        rec[mode] = _regret_shares(np.array([c["by_objective"][name][f"{mode}_regret"] for c in scored]))
-    means = _spearman_by_setting(scored, name)
+        entries = [c["by_objective"][name] for c in cells]
+        regrets = [None if "no_pick" in e else e[f"{mode}_regret"] for e in entries]
+        # a pick whose regret is inf is stored as None (strict JSON): it had a pick, so it counts as inf, not as none
+        regrets = [math.inf if r is None and "no_pick" not in e and e.get(f"{mode}_no_pick") is None else r
+                   for r, e in zip(regrets, entries)]
+        reasons = [e.get("no_pick") or e.get(f"{mode}_no_pick") for e in entries]
+        rec[mode] = _regret_shares(regrets, [r for r in reasons if r])
+    means = _spearman_by_setting(cells, name)
     rec["spearman_by_setting"] = means
     rec["min_setting_spearman"] = min((v for v in means.values() if v is not None), default=None)
-    rec["replay_branch"] = _replay_branch(scored, name)
+    rec["replay_branch"] = _replay_branch(cells, name)
     return rec
 
 
@@ -1352,7 +1440,7 @@ def targets(cells: list[dict], units: list[dict], floor: int = HEADLINE_FLOOR) -
     cells = [c for c in cells if c["floor"] == floor]
     out: dict = {"cells": len(cells), "floor": floor, "objectives": {}}
     for name in OBJECTIVES:
-        scored = [c for c in cells if c["by_objective"].get(name)]
+        scored = [c for c in cells if name in c["by_objective"]]  # every cell it applies to, a pick or not
         if scored:
             out["objectives"][name] = _objective_target(scored, name)
     out.update(_grid_edge_counts(cells))
@@ -1418,6 +1506,12 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
             records[(s, o, i)] = json.loads(path.read_text())
         else:
             todo.append((s, o, i))
+    # The one stored run several units share, the instance's record (each optimizer's unit of a setting reads it):
+    # computed here, once per (setting, instance), before any worker starts, so that no two workers compute it
+    store = Store(out)
+    with threadpool_limits(limits=1, user_api="blas"):  # as in run_unit: one record whatever --jobs is
+        for s, i in dict.fromkeys((s, i) for s, _, i in todo):
+            instance_record(store, SETTINGS[s], i)
     per_unit = len(options.designs())
     workers = local_workers(jobs, len(todo)) if todo else 1
     label = f"theory-test units ({len(plan) - len(todo)} of {len(plan)} saved)"
@@ -1495,8 +1589,14 @@ def _num(value, digits: int = 3) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}g}"
 
 
+def _regret_text(value) -> str:
+    """A regret of a pick: inf (stored as None in strict JSON) when the pick never reached the target."""
+    return "inf" if value is None or value == math.inf else _num(value)
+
+
 def _ci(point, ci) -> str:
-    return f"{_num(point)} [{_num(ci[0])}, {_num(ci[1])}]" if ci[0] != ci[1] else _num(point)
+    return (f"{_regret_text(point)} [{_regret_text(ci[0])}, {_regret_text(ci[1])}]" if ci[0] != ci[1]
+            else _regret_text(point))
 
 
 def units_table(summary: dict) -> str:
@@ -1516,12 +1616,15 @@ def units_table(summary: dict) -> str:
         lo_hi = [None if v is None else v / BATCH for v in (simple.get("b_noise_interval") or [None, None])]
         pilot_b = (f"{_num(None if simple.get('b_noise') is None else simple['b_noise'] / BATCH)} "
                    f"[{_num(lo_hi[0])}, {_num(lo_hi[1])}]" if simple else "n/a")
+        pairs = (f"{_num(kp.get('kappa'))} [{_num((kp.get('kappa_interval') or [None])[0])}, "
+                 f"{_num((kp.get('kappa_interval') or [None, None])[1])}]")
+        if kp.get("kappa") is None and kp.get("pairs_without_noise"):  # said, as the lag-1 column says its none
+            pairs = f"none ({kp['pairs_without_noise']} of {kp['pairs_without_noise'] + kp['units']} pairs xi = 0)"
         lines.append(
             f"| {u['setting']} | {u['optimizer']} | {u['instance']} | {_num(b)} [{_num(n['b_interval'][0])}, "
             f"{_num(n['b_interval'][1])}] | {_num(exact_b)} | {pilot_b} | {_num(n.get('b_simple'))} | "
-            f"{_num(n.get('b_crit'))} | "
-            f"{_num(p['kappa_exact'])} | {_num(kp.get('kappa'))} [{_num((kp.get('kappa_interval') or [None])[0])}, "
-            f"{_num((kp.get('kappa_interval') or [None, None])[1])}] | {lag} | {_num(u.get('alpha_measured'), 2)} | "
+            f"{_num(n.get('b_crit'))} | {_num(p['kappa_exact'])} | {pairs} | {lag} | "
+            f"{_num(u.get('alpha_measured'), 2)} | "
             f"{c['at_edge']} / {c['not_reached']} / {c['hovered']} (of {c['designs']}) |")
     return "\n".join(lines)
 
@@ -1539,16 +1642,38 @@ def cells_table(summary: dict, floor: int = HEADLINE_FLOOR) -> str:
 
         def get(name, mode="free", o=o):
             v = o.get(name)
-            return "n/a" if not v else _num(v[f"{mode}_regret"])
+            if not v:
+                return "n/a"
+            why = v.get("no_pick") or v.get(f"{mode}_no_pick")
+            return f"no pick: {why}" if why else _regret_text(v[f"{mode}_regret"])
 
-        f = o.get("forgetting")
+        f = o.get("forgetting") or {}
         row = [c["setting"], c["optimizer"], str(c["instance"]), f"{c['mu']:g}", c["best_free"], c["best_pinned"],
-               f"{f['free']}, {_ci(f['free_regret'], f['free_ci'])}" if f else "n/a",
-               f"{f['pinned']}, {_num(f['pinned_regret'])}" if f else "n/a",
+               f"{f['free']}, {_ci(f['free_regret'], f['free_ci'])}" if "free" in f else get("forgetting"),
+               f"{f['pinned']}, {_regret_text(f['pinned_regret'])}" if f.get("pinned") else get("forgetting", "pinned"),
                get("noise_scale", "pinned"), get("paper_J", "pinned"), get("on_policy"), get("on_policy_small"),
                " / ".join(_num((o.get(n) or {}).get("spearman"), 2) for n in ("forgetting", "paper_J"))]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
+
+
+def _worst_text(shares: dict) -> str:
+    """The worst regret of a mode's picks: inf when a pick never reached the target (how many say so), n/a when no
+    cell had a pick."""
+    if shares.get("no_pick") and shares["worst"] is None and not shares.get("not_reached"):
+        return "n/a"
+    if shares["worst"] is None or shares["worst"] == math.inf:
+        n = shares.get("not_reached")
+        return f"inf ({n} pick{'s' if n != 1 else ''} never reached the target)" if n else "inf"
+    return f"{shares['worst']:.2f}"
+
+
+def _no_pick_text(free: dict, pinned: dict, cells: int) -> str:
+    """The cells where the objective gave no pick (counted above as misses), and why; empty when there are none."""
+    parts = [f"{what} in {mode['no_pick']} of {cells} ("
+             + ", ".join(f"{why}: {n}" for why, n in (mode.get("no_pick_reasons") or {}).items()) + ")"
+             for what, mode in (("free batch", free), (f"at B = {BATCH}", pinned)) if mode.get("no_pick")]
+    return "; no pick (counted as a miss): " + ", ".join(parts) if parts else ""
 
 
 def targets_text(t: dict) -> str:
@@ -1562,9 +1687,9 @@ def targets_text(t: dict) -> str:
         label = OBJECTIVES[name].label if name in OBJECTIVES else name  # a stored summary's own name
         lines.append(f"- {label}: free batch {fr['within_1.2']} of {o['cells']} within 1.2x "
                      f"({100 * fr['share_within_1.2']:.0f}%), {fr['within_1.5']} within 1.5x, worst "
-                     f"{fr['worst']:.2f}; at B = 256 {100 * pn['share_within_1.2']:.0f}% within 1.2x, worst "
-                     f"{pn['worst']:.2f}; lowest per-setting mean Spearman {_num(o['min_setting_spearman'], 2)}"
-                     + _branch_text(o.get("replay_branch")))
+                     f"{_worst_text(fr)}; at B = 256 {100 * pn['share_within_1.2']:.0f}% within 1.2x, worst "
+                     f"{_worst_text(pn)}; lowest per-setting mean Spearman {_num(o['min_setting_spearman'], 2)}"
+                     + _branch_text(o.get("replay_branch")) + _no_pick_text(fr, pn, o["cells"]))
     lines.append(f"- b from steps within 1.5x of the exact b: {t['b_within_1.5x_of_exact'][0]} of "
                  f"{t['b_within_1.5x_of_exact'][1]} quadratic SGD units")
     lines.append(f"- kappa within 25% of exact: curvature pairs {t['kappa_pairs_within_25%'][0]} of "

@@ -80,10 +80,12 @@ def _headline(record: dict, floor_ratio: float | None = None) -> tuple[dict | No
 
 
 def passes(o: dict) -> bool:
+    """The targets: a cell without a pick is a miss (in the share's count, and not "<= 1.5 in all"); a worst stored
+    as None is a pick that never reached the target (inf in strict JSON)."""
     free = o["free"]
     spearman = o.get("min_setting_spearman")
-    return (free["share_within_1.2"] >= PASS_WITHIN_1_2 and free["worst"] <= PASS_WORST
-            and spearman is not None and spearman >= PASS_SPEARMAN)
+    return (free["share_within_1.2"] >= PASS_WITHIN_1_2 and free["worst"] is not None and free["worst"] <= PASS_WORST
+            and not free.get("no_pick") and spearman is not None and spearman >= PASS_SPEARMAN)
 
 
 def verdict_line(record: dict | None = None, floor_ratio: float | None = None) -> str | None:
@@ -100,7 +102,7 @@ def verdict_line(record: dict | None = None, floor_ratio: float | None = None) -
     rules = {k: v for k, v in objectives.items() if k in RULES}
     if any(passes(v) for v in rules.values()):
         return None
-    best = max(rules, key=lambda k: (rules[k]["free"]["share_within_1.2"], -rules[k]["free"]["worst"]))
+    best = max(rules, key=lambda k: (rules[k]["free"]["share_within_1.2"], -_worst(rules[k]["free"])))
     o = rules[best]["free"]
     batch = record.get("protocol", {}).get("batch") or 256
     spearman = rules[best].get("min_setting_spearman")
@@ -115,7 +117,7 @@ def verdict_line(record: dict | None = None, floor_ratio: float | None = None) -
             break
     return (f"tested: {_at_floor(benchmark_floor(record, floor_ratio), batch)} no rule passes the benchmark "
             f"({NAMES[best]} is within 1.2x of the cheapest design in {100 * o['share_within_1.2']:.0f}% of test "
-            f"cases, bar {100 * PASS_WITHIN_1_2:.0f}%, worst {o['worst']:.2f}x, bar {PASS_WORST:g}x{ranks}){elsewhere}")
+            f"cases, bar {100 * PASS_WITHIN_1_2:.0f}%, worst {_worst_x(o)}, bar {PASS_WORST:g}x{ranks}){elsewhere}")
 
 
 def _share(ratio: float) -> str:
@@ -142,6 +144,18 @@ ROUTE_TEXT = {"forgetting_b_simple": "b from a 10% pilot's two-batch B_simple, a
               "forgetting": "b fitted to the scored runs' steps, an input no user has"}
 
 
+def _worst(mode: dict) -> float:
+    """A mode's worst regret: None in strict JSON is a pick that never reached the target (inf), or no pick at all."""
+    return float("inf") if mode.get("worst") is None else mode["worst"]
+
+
+def _worst_x(mode: dict, unit: str = "x") -> str:
+    """The worst regret as the lines print it (``unit`` after a number), and the cells without a pick (misses)."""
+    value = _worst(mode)
+    text = f"{value:.2f}{unit}" if value != float("inf") else "inf"
+    return text + (f", no pick in {mode['no_pick']} cells" if mode.get("no_pick") else "")
+
+
 def evidence_line(objective: str, key: str, record: dict | None = None, floor_ratio: float | None = None) -> str:
     """One line: how ``objective``'s picks (the benchmark's objective ``key``, or the first of ``INPUT_ROUTES[key]``
     stored; theory/optimal.py's ``OBJECTIVES``) scored in the benchmark at the cost model nearest the user's (and at
@@ -156,8 +170,9 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
     o = targets["objectives"][key]
     fr, pn = o["free"], o["pinned"]
     line = (f"evidence ({which}, {o['cells']} test cases): within 1.2x of the cheapest design in "
-            f"{100 * fr['share_within_1.2']:.0f}% (worst {fr['worst']:.2f}) when the batch is free, "
-            f"{100 * pn['share_within_1.2']:.0f}% (worst {pn['worst']:.2f}) at a pinned batch; lowest per-setting "
+            f"{100 * fr['share_within_1.2']:.0f}% (worst {_worst_x(fr, '')}) when the batch is free, "
+            f"{100 * pn['share_within_1.2']:.0f}% (worst {_worst_x(pn, '')}) at a pinned batch; lowest "
+            f"per-setting "
             f"Spearman {_fmt(o.get('min_setting_spearman'))}")
     if key != "on_policy" and "on_policy" in targets["objectives"]:
         op = targets["objectives"]["on_policy"]["free"]
@@ -165,12 +180,12 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
     if key != "on_policy_floor" and "on_policy_floor" in targets["objectives"]:  # the trivial rule to beat
         tf = targets["objectives"]["on_policy_floor"]["free"]
         line += (f"; the trivial on-policy at max(floor, smallest batch) {100 * tf['share_within_1.2']:.0f}% "
-                 f"(worst {tf['worst']:.2f})")
+                 f"(worst {_worst_x(tf, '')})")
     for other, t in _other_floors(record, floor_ratio):
         o2 = (t.get("objectives") or {}).get(key)  # the same route at the other floor
         if o2:
             line += (f"; with a latency floor of {other}, {100 * o2['free']['share_within_1.2']:.0f}% (worst "
-                     f"{o2['free']['worst']:.2f}) when the batch is free")
+                     f"{_worst_x(o2['free'], '')}) when the batch is free")
     return line + f" ({record['command']}, docs/SIMULATION.md)"
 
 

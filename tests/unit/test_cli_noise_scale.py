@@ -136,9 +136,9 @@ def test_the_evidence_line_quotes_the_stored_benchmark():
                   "forgetting": _targets(0.875, 1.41), "on_policy": _targets(0.25, 4.0)}}}}
     line = evidence.evidence_line("forgetting", "forgetting", record)
     assert line == ("evidence (held-out instances, latency floor 64; b fitted to the scored runs' steps, an input no "
-                    "user has, 40 test cases): within 1.2x of the cheapest design in 88% (worst 1.41) when the batch is free, 100% (worst 1.10) at a pinned batch; lowest "
-                    "per-setting Spearman 0.80; always on-policy at B 25% (replay-theory experiment theory-test "
-                    "--out R, docs/SIMULATION.md)")
+                    "user has, 40 test cases): within 1.2x of the cheapest design in 88% (worst 1.41) when the "
+                    "batch is free, 100% (worst 1.10) at a pinned batch; lowest per-setting Spearman 0.80; always "
+                    "on-policy at B 25% (replay-theory experiment theory-test --out R, docs/SIMULATION.md)")
     assert evidence.evidence_line("paper", "paper_J", record).startswith(
         "evidence: none stored for the paper objective")
     record["targets_held_out"]["64"]["objectives"]["on_policy_floor"] = _targets(0.9, 1.78)  # the trivial rule
@@ -155,8 +155,8 @@ def test_the_evidence_line_quotes_the_stored_benchmark():
 
 
 def test_the_first_line_says_when_no_rule_passes_and_names_the_closest():
-    objectives = {"forgetting_b_simple": _targets(0.80, 1.9), "noise_scale": _targets(0.4, 3.0), "paper_J": _targets(0.1, 9.0),
-                  "on_policy": _targets(0.2, 4.0)}
+    objectives = {"forgetting_b_simple": _targets(0.80, 1.9), "noise_scale": _targets(0.4, 3.0),
+                  "paper_J": _targets(0.1, 9.0), "on_policy": _targets(0.2, 4.0)}
     record = {"protocol": {"headline_floor": 64}, "targets_held_out": {"64": {"cells": 40, "objectives": objectives}}}
     record["protocol"]["batch"] = 256
     assert evidence.verdict_line(record) == (
@@ -169,7 +169,8 @@ def test_the_first_line_says_when_no_rule_passes_and_names_the_closest():
         "tested: at a latency floor of a quarter of the batch no rule passes the benchmark (the forgetting-aware rule "
         "is within 1.2x of the cheapest design in 90% of test cases, bar 85%, worst 1.40x, bar 1.5x, ranks designs at "
         "Spearman 0.60 in one setting (bar 0.7))")
-    record["targets_held_out"]["0"] = {"cells": 40, "objectives": {**objectives, "forgetting_b_simple": _targets(0.7, 3.0)}}
+    record["targets_held_out"]["0"] = {"cells": 40, "objectives": {**objectives,
+                                                                   "forgetting_b_simple": _targets(0.7, 3.0)}}
     record["protocol"]["floors"] = [0, 64]  # the user's floor is 0: quoted there, and where a rule passes said after
     objectives["forgetting_b_simple"] = _targets(0.9, 1.4)
     assert evidence.verdict_line(record, floor_ratio=0.0) == (

@@ -208,7 +208,8 @@ def test_the_rule_values_are_forgetting_predictions():
     # kappa <= 0 (a loss concave along the noise): the optimizer never forgets, psi = 1
     flat = tt.rule_values(designs, 300.0, -0.1, "adam", 5.28, 64, fg.NO_STALENESS)
     assert list(flat) == [p.compute for p in fg.predict_many(designs, 300.0, 5.28, None, fg.NO_STALENESS, 64)]
-    assert tt.rule_values(designs, math.nan, 0.4, "adam", 5.28, 64, fg.NO_STALENESS) is None
+    assert tt.rule_values(designs, math.nan, 0.4, "adam", 5.28, 64, fg.NO_STALENESS) == tt.NoPick(
+        "B_noise not measured", "not measurable: fewer than 4 on-policy batches reached the target")
 
 
 def test_spearman_by_hand():
@@ -309,3 +310,195 @@ def test_a_noisy_verifier_run_does_not_depend_on_what_ran_before_it():
     first = run()
     env.reward(np.zeros((1, 1000), np.int64), np.zeros((1, 1000, 1), np.int64))  # another run's draws in between
     assert np.array_equal(run(), first)  # the same run, the same numbers (resume trains some runs and not others)
+
+
+# --------------------------------------------------------------------------- robustness on any instance (issue 38)
+
+
+def _put_many(out: str, barrier, keys: int, results=None) -> list[str]:
+    """One worker's puts of ``keys`` runs into ``out``'s store, started together with the other worker's (its keys
+    also onto the ``results`` queue of a process)."""
+    store = tt.Store(out)
+    barrier.wait()
+    stored = [store.put({"kind": "run", "i": i}, {"steps": [i, 2 * i], "value": i / 3})["key"] for i in range(keys)]
+    if results is not None:
+        results.put(stored)
+    return stored
+
+
+def _stored(out) -> dict[str, str]:
+    runs = tt.Store(out).runs
+    return {p.name: p.read_text() for p in sorted(runs.iterdir())}
+
+
+def test_two_processes_storing_the_same_runs_leave_one_whole_file_each_and_no_error(tmp_path):
+    import multiprocessing
+
+    keys = 40
+    context = multiprocessing.get_context("fork")
+    barrier, results = context.Barrier(2), context.Queue()
+    workers = [context.Process(target=_put_many, args=(str(tmp_path), barrier, keys, results)) for _ in range(2)]
+    for w in workers:
+        w.start()
+    first, second = results.get(timeout=60), results.get(timeout=60)
+    for w in workers:
+        w.join(timeout=60)
+    assert [w.exitcode for w in workers] == [0, 0]  # neither raised
+    assert first == second and len(set(first)) == keys
+    stored = _stored(tmp_path)
+    assert sorted(stored) == sorted(f"{k}.json" for k in first)  # no temporary file left behind
+    for i, key in enumerate(first):  # the same record as one worker alone writes
+        record = json.loads(stored[f"{key}.json"])
+        assert record["config"] == {"kind": "run", "i": i}
+        assert record["steps"] == [i, 2 * i] and record["value"] == i / 3
+
+
+def test_two_threads_storing_the_same_run_get_the_same_record(tmp_path):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    barrier = threading.Barrier(2)
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(lambda _: _put_many(str(tmp_path), barrier, 20), range(2))
+    assert first == second and len(_stored(tmp_path)) == 20
+
+
+def test_a_run_that_appears_while_it_is_written_is_accepted_when_equal_and_refused_when_not(tmp_path, monkeypatch):
+    from replay_theory import outputs
+
+    store = tt.Store(tmp_path)
+    payload, result = {"kind": "run", "i": 1}, {"steps": [5]}
+    text = json.dumps({"key": tt._key(payload), "replay_theory_version": tt.__version__, "config": payload, **result})
+    real_link = outputs.os.link
+
+    def another_worker_first(other: str):
+        def link(src, dst):  # the other worker's whole file lands between this one's write and its link
+            (store.runs / f"{tt._key(payload)}.json").write_text(other)
+            return real_link(src, dst)
+        return link
+
+    monkeypatch.setattr(outputs.os, "link", another_worker_first(text))
+    assert store.put(payload, result) == json.loads(text)
+    path = store.runs / f"{tt._key(payload)}.json"
+    assert path.read_text() == text and sorted(p.name for p in store.runs.iterdir()) == [path.name]
+    path.unlink()
+    other = text.replace("[5]", "[6]")  # the same config, other results: never written over, one line
+    monkeypatch.setattr(outputs.os, "link", another_worker_first(other))
+    with pytest.raises(ValueError, match=r"holds the same config with other results than this run computed; results "
+                                         r"are never overwritten: choose a new --out$"):
+        store.put(payload, result)
+    assert path.read_text() == other and sorted(p.name for p in store.runs.iterdir()) == [path.name]
+
+
+def test_the_run_units_share_is_stored_once_before_any_unit_runs(tmp_path, monkeypatch):
+    options = tt.Options(instances=(5, 6), settings=("two-prompts",), optimizers=("sgd", "adam"), mus=(1.0,),
+                         floors=(0,), seeds=2, quick=True)
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def first_unit(out, setting, optimizer, instance, options, **kwargs):
+        store = tt.Store(out)  # every (setting, instance) record is there already: no worker computes one
+        for i in (5, 6):
+            payload = {"kind": "instance", "setting": tt.asdict(tt.SETTINGS[setting]), "instance": i,
+                       "target_fraction": tt.TARGET_FRACTION}
+            seen.append(store.get(payload))
+        raise Stop
+
+    monkeypatch.setattr(tt, "run_unit", first_unit)
+    with pytest.raises(Stop):
+        tt.run_theory_test(tmp_path / "tt", options, progress=False, jobs=1)
+    assert len(seen) == 2 and all(r is not None and r["j_star"] > r["target"] > r["j0"] for r in seen)
+    assert len(list((tmp_path / "tt" / "runs").iterdir())) == 2  # one per instance, not one per optimizer's unit
+
+
+def test_a_curvature_pair_without_noise_is_left_out_and_counted():
+    # pairs (num, den): (2, 1), (0, 0) (xi = 0: equal minibatch gradients), (4, 3): kappa = 0.5 (2 + 4) / (1 + 3)
+    pairs = tt.curvature_pairs_kappa([2.0, 0.0, 4.0], [1.0, 0.0, 3.0], 0.5, np.random.default_rng(0), "sgd")
+    assert pairs["kappa"] == pytest.approx(0.75) and pairs["pairs_without_noise"] == 1 and pairs["units"] == 2
+    assert pairs["lambda_eff"] == pytest.approx(1.5)
+    # every bootstrap replicate lies between the two noisy pairs' own ratios, 0.5 x 4/3 and 0.5 x 2/1
+    assert 0.5 * 4 / 3 - 1e-12 <= pairs["kappa_interval"][0] <= pairs["kappa_interval"][1] <= 0.5 * 2 / 1 + 1e-12
+    same = tt.curvature_pairs_kappa([2.0, 4.0], [1.0, 3.0], 0.5, np.random.default_rng(0), "sgd")
+    assert {**same, "pairs_without_noise": 1} == pairs  # the pair without noise changes nothing else
+    none = tt.curvature_pairs_kappa([0.0, 0.0, 5.0], [0.0, 0.0, 2.0], 0.5, np.random.default_rng(0), "adam")
+    assert none["kappa"] is None and none["pairs_without_noise"] == 2 and none["units"] == 1
+    assert none["reason"].startswith("1 of 3 curvature pairs have a gradient difference xi != 0")
+    # the rule then has no pick in the unit's cells, and says why
+    record = _record({k: [1.0] for k in ("on-policy B=64", "on-policy B=256", "x=1 y=4", "x=16 y=4")})
+    record["pilot"]["kappa_pairs"] = none
+    cell = tt.score_cell(record, mu=1.0, floor=0)
+    assert cell["by_objective"]["forgetting"] == {"no_pick": "kappa not measured", "detail": none["reason"]}
+    assert "free" in cell["by_objective"]["noise_scale"]  # a rule that does not read kappa still picks
+
+
+def test_a_b_noise_fitted_at_or_below_zero_gives_no_pick_and_says_so():
+    batches = np.array([32.0, 64, 128, 256])
+    s_min, b_noise = tt.fit_noise_scale(40 * (1 - 8 / batches), batches)  # steps RISE with B: B_noise = -8
+    assert s_min == pytest.approx(40) and b_noise == pytest.approx(-8)
+    assert tt.b_noise_kind(b_noise).startswith("not positive") and tt.b_noise_kind(0.0).startswith("not positive")
+    _, flat = tt.fit_noise_scale(np.full(4, 100.0), batches)  # equal steps at every batch: B_noise 0 up to rounding
+    assert abs(flat) < 1e-9
+    designs = tt._designs_of(_record({k: [1.0] for k in ("on-policy B=64", "on-policy B=256", "x=1 y=4",
+                                                           "x=16 y=4")}))
+    for value in (-2.16e-14, 0.0, -8.0):  # -2.16e-14: the fit that once stopped a run
+        assert tt.rule_values(designs, value, 0.4, "adam", 5.28, 64, fg.NO_STALENESS).reason == \
+            "B_noise fitted at <= 0"
+    record = _record({"on-policy B=64": [100.0], "on-policy B=256": [40.0], "x=1 y=4": [90.0], "x=16 y=4": [50.0]},
+                     b_noise=-2.16e-14)
+    cell = tt.score_cell(record, mu=1.0, floor=0)
+    for name in ("forgetting", "noise_scale", "on_policy_small"):  # every objective that reads B_noise
+        assert cell["by_objective"][name] == {"no_pick": "B_noise fitted at <= 0", "detail": (
+            "B_noise = -2.16e-14: the on-policy steps do not fall with the batch, outside the rule's B_noise > 0")}
+    for name in ("paper_J", "null", "on_policy"):
+        assert "free" in cell["by_objective"][name]
+
+
+def test_a_cell_without_a_pick_is_counted_as_a_miss_in_the_targets_and_said_in_the_tables():
+    steps = {"on-policy B=64": [100.0], "on-policy B=256": [40.0], "x=1 y=4": [90.0], "x=16 y=4": [50.0]}
+    good, zero = _record(steps), _record(steps, b_noise=-2.16e-14)
+    zero["instance"] = 1
+    cells = [tt.score_cell(r, 1.0, 64) for r in (good, zero)]
+    units = [{**r, "checks": tt.unit_checks(r)} for r in (good, zero)]
+    t = tt.targets(cells, units, 64)
+    f = t["objectives"]["forgetting"]
+    # 2 cells: the answered one's regret (hand: compute 64 -> 100 x 128, the best; the pick's)
+    regret = cells[0]["by_objective"]["forgetting"]["free_regret"]
+    assert t["cells"] == 2 and f["cells"] == 2
+    assert f["free"]["no_pick"] == 1 and f["free"]["no_pick_reasons"] == {"B_noise fitted at <= 0": 1}
+    assert f["free"]["within_1.5"] == int(regret <= 1.5) and f["free"]["share_within_1.2"] == int(regret <= 1.2) / 2
+    assert f["free"]["worst"] == regret and f["pinned"]["no_pick"] == 1
+    assert t["objectives"]["paper_J"]["free"]["no_pick"] == 0  # it read no B_noise: a pick in both
+    summary = json.loads(json.dumps(tt.strict({"cells": cells, "targets": {"64": t}})))
+    text = tt.targets_text(summary["targets"]["64"])
+    line = next(x for x in text.splitlines() if x.startswith("- forgetting-aware rule:"))
+    assert line.endswith("; no pick (counted as a miss): free batch in 1 of 2 (B_noise fitted at <= 0: 1), "
+                         "at B = 256 in 1 of 2 (B_noise fitted at <= 0: 1)")
+    assert line.startswith("- forgetting-aware rule: free batch ")
+    from replay_theory.theory import evidence
+
+    assert not evidence.passes(f)  # "<= 1.5 in all": a cell without a pick fails it
+
+
+def test_a_pick_that_never_reached_the_target_is_an_inf_regret_in_the_text():
+    steps = {"on-policy B=64": [100.0], "on-policy B=256": [40.0], "x=1 y=4": [math.inf], "x=16 y=4": [50.0]}
+    cell = tt.score_cell(_record(steps), 1.0, 64)
+    cell["by_objective"]["paper_J"].update(free="x=1 y=4", free_regret=math.inf)  # as if J had picked the censored
+    rec = tt._objective_target(json.loads(json.dumps(tt.strict([cell]))), "paper_J")  # inf stored as null
+    assert rec["free"]["worst"] == math.inf and rec["free"]["not_reached"] == 1 and rec["free"]["no_pick"] == 0
+    assert tt._worst_text(tt.strict(rec["free"])) == "inf (1 pick never reached the target)"
+
+
+def test_a_baseline_with_nothing_at_the_pinned_batch_has_no_pinned_pick_not_the_first_design():
+    steps = {"on-policy B=64": [100.0], "on-policy B=256": [40.0], "x=1 y=4": [90.0], "x=16 y=4": [50.0]}
+    cell = tt.score_cell(_record(steps, b_noise=100.0), 1.0, 0)
+    small = cell["by_objective"]["on_policy_small"]
+    # b = 100: 1 + 100/64 = 2.56 <= 2 (1 + 100/256) = 2.78, so B = 64 is its pick; nothing of its at B = 256
+    assert small["free"] == "on-policy B=64" and small["free_regret"] == 1.0
+    assert small["pinned"] is None and small["pinned_regret"] is None
+    assert small["pinned_no_pick"] == "nothing at B = 256 in its menu"
+    t = tt._objective_target([cell], "on_policy_small")
+    assert t["pinned"]["no_pick"] == 1 and t["pinned"]["share_within_1.2"] == 0.0 and t["free"]["no_pick"] == 0
+    on = cell["by_objective"]["on_policy"]  # a baseline at B = 256 keeps its pinned pick
+    assert on["pinned"] == "on-policy B=256" and on["pinned_regret"] == pytest.approx(40 * 512 / (50 * 320))

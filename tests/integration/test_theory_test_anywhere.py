@@ -1,0 +1,57 @@
+"""`experiment theory-test --quick` on instances it was never developed on (issue 38: "a benchmark that runs anywhere").
+
+Instances 112 and 127 of the two-prompts setting (used nowhere else in the repository) have what once stopped the
+run: on 112 the on-policy steps are equal at every batch (B_noise fitted at 0 up to rounding) and every curvature
+pair of the pilot has xi = 0 (a converged two-prompt policy: equal rewards in every group); on 127 every curvature
+pair of the SGD pilot has xi = 0 while B_noise is finite. Each at the default --jobs (two units of one setting and
+instance share its stored instance record), in a subprocess as a user runs it.
+"""
+
+import json
+import subprocess
+import sys
+
+INSTANCES = (112, 127)
+MUS, FLOORS, OPTIMIZERS = 5, 2, 2  # --quick's defaults: mu 0.5, 1, 2, 5.28, 20; floors 64 and 0; sgd and adam
+
+
+def test_quick_runs_on_fresh_instances_exit_0_and_count_every_cell_with_or_without_a_pick(tmp_path):
+    out = tmp_path / "tt"
+    done = subprocess.run([sys.executable, "-m", "replay_theory", "experiment", "theory-test", "--quick", "--setting",
+                           "two-prompts", "--instance", ",".join(map(str, INSTANCES)), "--out", str(out),
+                           "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    per_floor = len(INSTANCES) * OPTIMIZERS * MUS
+    assert len(summary["cells"]) == per_floor * FLOORS
+    units = {(u["instance"], u["optimizer"]): u for u in summary["units"]}
+    assert len(units) == len(INSTANCES) * OPTIMIZERS
+    # the pilots whose curvature pairs all had xi = 0: no kappa, the pairs counted, the table says so
+    for key in ((112, "sgd"), (112, "adam"), (127, "sgd")):
+        pairs = units[key]["pilot"]["kappa_pairs"]
+        assert pairs["kappa"] is None and pairs["units"] < 2 <= pairs["pairs_without_noise"], pairs
+    steps = units[(112, "sgd")]["noise"]["steps"]
+    assert len(set(steps)) == 1 and abs(units[(112, "sgd")]["noise"]["b_noise"]) < 1e-9  # 0 up to rounding
+    no_pick_units = {(112, "sgd"), (112, "adam"), (127, "sgd")}
+    for floor in map(str, summary["protocol"]["floors"]):
+        t = summary["targets"][floor]
+        assert t["cells"] == per_floor
+        for name, o in t["objectives"].items():
+            cells = [c for c in summary["cells"] if str(c["floor"]) == floor]
+            picked = sum("free" in c["by_objective"][name] for c in cells)
+            # every cell is in the count: answered ones and those without a pick, which are counted as misses
+            assert o["cells"] == per_floor and picked + o["free"]["no_pick"] == per_floor, name
+            assert sum(o["free"]["no_pick_reasons"].values()) == o["free"]["no_pick"], name
+            assert o["free"]["within_1.2"] <= picked and o["free"]["share_within_1.2"] <= picked / per_floor
+        f = t["objectives"]["forgetting"]["free"]
+        # 112's two units and 127's SGD unit: no B_noise > 0 or no kappa, in each of their 5 cells at this floor
+        assert f["no_pick"] == len(no_pick_units) * MUS
+        assert set(f["no_pick_reasons"]) <= {"B_noise fitted at <= 0", "kappa not measured"}
+        assert f["no_pick_reasons"].get("kappa not measured", 0) >= MUS  # 127/sgd: a finite B_noise, no kappa
+        for c in (c for c in summary["cells"] if str(c["floor"]) == floor):
+            entry = c["by_objective"]["forgetting"]
+            assert ("no_pick" in entry) == ((c["instance"], c["optimizer"]) in no_pick_units), c
+    table = done.stdout  # the table printed (and written to OUT/table.md)
+    assert "| no pick: " in table and "no pick (counted as a miss): free batch in 15 of 20 (" in table
+    assert "none (" in table and "pairs xi = 0)" in table  # the units table says why the pilot has no kappa
