@@ -1630,10 +1630,13 @@ def units_table(summary: dict) -> str:
 
 
 def cells_table(summary: dict, floor: int = HEADLINE_FLOOR) -> str:
-    """One row per cell at ``floor``: the best design, each rule's picks and regrets."""
-    header = ["setting", "opt", "inst", "mu", "best (free)", "best (B = 256)", "forgetting: free pick, regret [90% CI]",
-              "forgetting: B = 256 pick, regret", "noise-scale rule: regret at B = 256", "paper J: regret at B = 256",
-              "on-policy at B", "on-policy small", "Spearman forgetting / J"]
+    """One row per cell at ``floor``: the best design, the forgetting-aware rule's picks fed the pilot's B_simple (the
+    route ``optimal``'s evidence quotes) and their regrets, then the other rules' and the baselines' regrets."""
+    rule = "forgetting_b_simple"
+    header = ["setting", "opt", "inst", "mu", "best (free)", "best (B = 256)",
+              "forgetting (pilot B_simple): free pick, regret [90% CI]", "its B = 256 pick, regret",
+              "forgetting (b fitted to the grid)", "noise-scale rule: regret at B = 256", "paper J: regret at B = 256",
+              "on-policy at B", "on-policy small", "trivial (floor)", "Spearman forgetting / J"]
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for c in summary["cells"]:
         if c["floor"] != floor:
@@ -1647,12 +1650,13 @@ def cells_table(summary: dict, floor: int = HEADLINE_FLOOR) -> str:
             why = v.get("no_pick") or v.get(f"{mode}_no_pick")
             return f"no pick: {why}" if why else _regret_text(v[f"{mode}_regret"])
 
-        f = o.get("forgetting") or {}
+        f = o.get(rule) or {}
         row = [c["setting"], c["optimizer"], str(c["instance"]), f"{c['mu']:g}", c["best_free"], c["best_pinned"],
-               f"{f['free']}, {_ci(f['free_regret'], f['free_ci'])}" if "free" in f else get("forgetting"),
-               f"{f['pinned']}, {_regret_text(f['pinned_regret'])}" if f.get("pinned") else get("forgetting", "pinned"),
-               get("noise_scale", "pinned"), get("paper_J", "pinned"), get("on_policy"), get("on_policy_small"),
-               " / ".join(_num((o.get(n) or {}).get("spearman"), 2) for n in ("forgetting", "paper_J"))]
+               f"{f['free']}, {_ci(f['free_regret'], f['free_ci'])}" if "free" in f else get(rule),
+               f"{f['pinned']}, {_regret_text(f['pinned_regret'])}" if f.get("pinned") else get(rule, "pinned"),
+               get("forgetting"), get("noise_scale", "pinned"), get("paper_J", "pinned"), get("on_policy"),
+               get("on_policy_small"), get("on_policy_floor"),
+               " / ".join(_num((o.get(n) or {}).get("spearman"), 2) for n in (rule, "paper_J"))]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 

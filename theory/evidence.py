@@ -117,7 +117,26 @@ def verdict_line(record: dict | None = None, floor_ratio: float | None = None) -
             break
     return (f"tested: {_at_floor(benchmark_floor(record, floor_ratio), batch)} no rule passes the benchmark "
             f"({NAMES[best]} is within 1.2x of the cheapest design in {100 * o['share_within_1.2']:.0f}% of test "
-            f"cases, bar {100 * PASS_WITHIN_1_2:.0f}%, worst {_worst_x(o)}, bar {PASS_WORST:g}x{ranks}){elsewhere}")
+            f"cases, bar {100 * PASS_WITHIN_1_2:.0f}%, worst {_worst_x(o)}, bar {PASS_WORST:g}x{ranks})"
+            f"{_best_tested(objectives, best)}{elsewhere}")
+
+
+BASELINES = ("on_policy_floor", "on_policy_small", "on_policy")
+"""The options a user can take without any rule, which the verdict names where one scored better than the best rule
+(the oracle and the rows fed b fitted to the scored runs are not options: no user has their inputs)."""
+
+
+def _best_tested(objectives: dict, rule: str) -> str:
+    """Where no rule passes: the best-tested option of the rule and the baselines, ranked by the share within 1.2x
+    (in whole percent, as printed) and then the worst regret; empty when it is the rule itself."""
+    options = {k: objectives[k] for k in (rule, *BASELINES) if k in objectives}
+    best = max(options, key=lambda k: (round(100 * options[k]["free"]["share_within_1.2"]),
+                                       -_worst(options[k]["free"])))
+    if best == rule:
+        return ""
+    o = options[best]["free"]
+    return (f"; the best-tested option here is {NAMES[best]} ({100 * o['share_within_1.2']:.0f}%, worst "
+            f"{_worst_x(o)})")
 
 
 def _share(ratio: float) -> str:
@@ -140,7 +159,7 @@ INPUT_ROUTES = {"forgetting": ("forgetting_b_simple", "forgetting")}
 """The benchmark rows an objective's evidence quotes, first found first: the forgetting-aware rule fed the b a user
 measures (a 10% pilot's two-batch B_simple, what --noise-scale and the trainers' logs give) before the rule fed b
 fitted to the scored on-policy runs (a record from before the pilot measured it). The line names the route."""
-ROUTE_TEXT = {"forgetting_b_simple": "b from a 10% pilot's two-batch B_simple, as you measure it",
+ROUTE_TEXT = {"forgetting_b_simple": "b from a pilot's B_simple",
               "forgetting": "b fitted to the scored runs' steps, an input no user has"}
 
 

@@ -150,8 +150,8 @@ def test_the_evidence_line_quotes_the_stored_benchmark():
         "user has, 60 test cases): within 1.2x of the cheapest design in 70% (worst")
     record["targets"]["64"]["objectives"]["forgetting_b_simple"] = _targets(0.9, 1.3, cells=60)  # the pilot's route
     assert evidence.evidence_line("forgetting", "forgetting", record).startswith(
-        "evidence (every instance (none held out), latency floor 64; b from a 10% pilot's two-batch B_simple, as you "
-        "measure it, 60 test cases): within 1.2x of the cheapest design in 90% (worst 1.30)")
+        "evidence (every instance (none held out), latency floor 64; b from a pilot's B_simple, 60 test cases): within "
+        "1.2x of the cheapest design in 90% (worst 1.30)")
 
 
 def test_the_first_line_says_when_no_rule_passes_and_names_the_closest():
@@ -184,3 +184,10 @@ def test_the_first_line_says_when_no_rule_passes_and_names_the_closest():
     assert evidence.verdict_line(record).startswith("tested: at a latency floor of a quarter of the batch no rule "
                                                     "passes the benchmark (the forgetting-aware rule is within 1.2x")
     assert evidence.verdict_line({}).startswith("tested: no stored benchmark")
+    # no rule passes, and a baseline a user can take scored better: the verdict names it (issue 38)
+    objectives["forgetting_b_simple"] = _targets(0.81, 2.13)
+    objectives["on_policy_floor"] = _targets(0.806, 1.74)  # 81% as printed, with the lower worst regret
+    assert evidence.verdict_line(record).endswith(
+        "; the best-tested option here is on-policy at max(floor, smallest batch) (81%, worst 1.74x)")
+    objectives["on_policy_floor"] = _targets(0.80, 1.2)  # a lower share: the rule stays the best-tested
+    assert "best-tested" not in evidence.verdict_line(record)
