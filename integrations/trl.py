@@ -341,6 +341,20 @@ def _noise_options(measure_noise: bool, noise_log: str | os.PathLike | None, cur
     return curvature_every, lag_coords
 
 
+def loaded_through_a_tie(model: torch.nn.Module, missing_keys: list[str]) -> set[str]:
+    """The ``missing_keys`` of a ``load_state_dict`` that were loaded all the same: parameters shared with a key that
+    was not missing (tied weights, e.g. the tiny model's ``lm_head.weight``, which is its ``embed_tokens.weight``).
+
+    Why: safetensors stores a tied tensor once, under one name, so a checkpoint lacks the other name; the tensor
+    loaded under its twin's is the same Parameter, so it is exact, not missing."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    missing = set(missing_keys)
+    return {key for aliases in names.values() if any(a not in missing for a in aliases)
+            for key in aliases if key in missing}
+
+
 class ReplayGRPOTrainer(GRPOTrainer):
     """GRPOTrainer that generates R completions a step into a replay buffer of N and trains on B drawn from it.
 
@@ -464,6 +478,16 @@ class ReplayGRPOTrainer(GRPOTrainer):
         tmp.replace(folder / CHECKPOINT_DONE)
         for older in complete_checkpoints(run_dir)[:-1]:  # Trainer's save_total_limit would delete before the marker
             shutil.rmtree(older)
+
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """Trainer's warning of the keys a resumed checkpoint lacked, without the tied ones (``loaded_through_a_tie``):
+        transformers 5 recognises a tie only through ``_keys_to_ignore_on_save``, which Qwen2 leaves empty, so every
+        resume said ``missing keys ... ['lm_head.weight']`` of a checkpoint that loads exactly. Any other missing or
+        unexpected key is still reported."""
+        tied = loaded_through_a_tie(self.model, list(load_result.missing_keys))
+        if tied:
+            load_result = load_result._replace(missing_keys=[k for k in load_result.missing_keys if k not in tied])
+        super()._issue_warnings_after_load(load_result)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None,
               ignore_keys_for_eval: list[str] | None = None, **kwargs: Any):

@@ -34,10 +34,11 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, cast
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
+from numpy.linalg import lapack_lite
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..core.designs import BufferSpec, compute_loss, loss_form, make_design_buffer
@@ -56,7 +57,10 @@ from .rl import RLConfig, RLResult, generate_batch, make_generator, train, updat
 
 MAX_GRAD_COORDS = 1 << 22  # 4M float32 coordinates = 16 MB per per-sample gradient
 GRAD_CHUNK = 128
-"""Completions whose per-sample gradients are held at once (128 x 253K float64 = 260 MB for the tiny model)."""
+"""Completions drawn at once for the gradient measurements (whole prompt groups; the draws depend on it)."""
+GRAD_BLOCK = 32
+"""About this many per-sample gradients are held at once (32 x 253K float64 = 65 MB for the tiny model): a chunk's
+gradients are reduced block by block (``GradientProbe.blocks``), never stacked."""
 KL_CHUNK_ELEMENTS = 1 << 24  # chunk x L x V log-probs per pass: 64 MB float32 (about 8 such float64 temporaries)
 
 
@@ -180,18 +184,31 @@ class LMCalibration:
         return data
 
 
-def gram_rows(units: np.ndarray) -> np.ndarray:
+def gram_rows(units: np.ndarray, *, overwrite: bool = False) -> np.ndarray:
     """(U, U) rows with the inner products of ``units`` (U, k), k >= U: R^T of units^T = Q R.
 
     B_noise from units (``noise_scale_from_samples``) depends only on their Gram matrix (the mean's norm, the
     squared deviations), and so does every bootstrap resample (a sub-matrix of it): the estimate is unchanged and
     a resample costs O(U^2) instead of O(U k) (k = 253K coordinates for the tiny model).
+
+    ``overwrite``: ``units`` (C-contiguous float64) is factored in place and left destroyed, so no copy is made.
+    Why LAPACK's dgeqrf directly: ``np.linalg.qr`` copies its input twice (its own copy, then LAPACK's column-major
+    one), 1.3 GB each for the 640 units of 253K coordinates at calibrate-model's defaults; this is the routine it
+    calls, in the same library with the same workspace query, so R is the same bit for bit.
     """
     units = np.asarray(units, dtype=float)
     if units.shape[1] <= units.shape[0]:
         return units
-    r = cast(np.ndarray, np.linalg.qr(units.T, mode="r"))  # mode "r": R alone (numpy's stub says (Q, R))
-    return r.T  # units units^T = R^T Q^T Q R = R^T R
+    if not (overwrite and units.flags.c_contiguous and units.flags.writeable):
+        units = np.array(units, dtype=float, order="C")
+    count, dim = units.shape  # row-major (U, k) is column-major units^T (k, U): LAPACK's layout, leading dim k
+    tau, work = np.empty(count), np.empty(1)
+    lapack_lite.dgeqrf(dim, count, units, dim, tau, work, -1, 0)  # workspace query, as np.linalg.qr makes it
+    work = np.empty(max(1, count, int(work[0])))
+    info = lapack_lite.dgeqrf(dim, count, units, dim, tau, work, work.size, 0)["info"]
+    if info:
+        raise np.linalg.LinAlgError(f"dgeqrf failed (info {info}) on the {count} noise-scale units")
+    return np.triu(units.T[:count]).T  # R in the upper triangle; units units^T = R^T Q^T Q R = R^T R
 
 
 def noise_scale_line(record: dict) -> str:
@@ -257,10 +274,15 @@ def per_sample_grads(policy: Policy, problems, batch, config: RLConfig,
     With ``coords`` only those coordinates of each flat gradient are kept: (n, k). Float32, on the
     policy's device.
     """
+    return torch.stack(list(iter_sample_grads(policy, problems, batch, config, coords)))  # (n, P) or (n, k)
+
+
+def iter_sample_grads(policy: Policy, problems, batch, config: RLConfig,
+                      coords: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
+    """``per_sample_grads``'s rows one at a time, (P,) or (k,) float32 each: no (n, P) stack is made."""
     model = policy.model
     model.train()
     index = None if coords is None else coords.to(policy.device)
-    grads = []
     for i in range(batch.size):
         prompt_ids, prompt_mask = encode_prompts(policy, [problems[batch.prompt[0, i]].prompt_text()])
         ids = torch.as_tensor(batch.tokens[0, i : i + 1], device=policy.device)
@@ -269,10 +291,9 @@ def per_sample_grads(policy: Policy, problems, batch, config: RLConfig,
         out = compute_loss(config, batch.take(np.array([[i]])), logp.detach().cpu().double().numpy()[None])
         model.zero_grad(set_to_none=True)
         (torch.as_tensor(out.grad_logp[0], dtype=logp.dtype, device=logp.device) * logp).sum().backward()
-        flat = _flat_grad(model).detach().float()  # (P,)
-        grads.append(flat.clone() if index is None else flat[index])
+        flat = _flat_grad(model).detach().float()  # (P,), a new tensor (torch.cat), not the model's .grad
+        yield flat if index is None else flat[index]
     model.zero_grad(set_to_none=True)
-    return torch.stack(grads)  # (n, P) or (n, k)
 
 
 def count_window(generate_once: Callable[[], int], update_once: Callable[[], int], window_seconds: float,
@@ -627,12 +648,59 @@ def _group_means(grads: np.ndarray, group_size: int) -> np.ndarray:
     return grads.reshape(-1, group_size, grads.shape[1]).mean(axis=1)
 
 
+def block_rows(group_size: int) -> int:
+    """Rows of a per-sample gradient block: about ``GRAD_BLOCK``, whole prompt groups and a multiple of 4.
+
+    Why 4: BLAS's matrix-vector kernel takes the rows of ``block @ g_ref`` four at a time, so blocks that start at
+    multiples of 4 give each <G_i, g_ref> the same rounding as the whole chunk in one call (the numbers the
+    calibration recorded before it reduced block by block; tests/golden's validate-fixed-b checks them)."""
+    step = math.lcm(4, group_size)
+    return max(step, GRAD_BLOCK // step * step)
+
+
+class UnitRows:
+    """One checkpoint's B_noise units (prompt-group mean gradients, (U, k) float64) written in place as they come,
+    then reduced to ``gram_rows`` in place: no list of parts to concatenate, no copy to factor."""
+
+    def __init__(self, units: int, dim: int):
+        self.array: np.ndarray | None = np.empty((units, dim))  # pages are touched (resident) as rows are written
+        self.count = 0
+
+    def add(self, means: np.ndarray) -> None:
+        assert self.array is not None, "add after gram_rows"
+        self.array[self.count:self.count + means.shape[0]] = means
+        self.count += means.shape[0]
+
+    def gram_rows(self) -> np.ndarray:
+        """``gram_rows`` of the units, (U, U); the units' memory is released."""
+        array, self.array = self.array, None
+        assert array is not None and self.count == array.shape[0], "gram_rows of units not all written"
+        return gram_rows(array, overwrite=True)
+
+
+class RowSums:
+    """Running sum and sum of squares of rows given block by block: (k,) each.
+
+    Row after row from zeros, the order numpy's ``chunk.sum(0)`` and ``(chunk**2).sum(0)`` add a whole chunk in, so
+    the sums are the same bit for bit without the chunk ever being one array."""
+
+    def __init__(self, dim: int):
+        self.sum, self.sum_sq, self._square = np.zeros(dim), np.zeros(dim), np.empty(dim)
+
+    def add(self, block: np.ndarray) -> None:
+        for row in block:
+            self.sum += row
+            self.sum_sq += np.multiply(row, row, out=self._square)
+
+
 class GradientProbe:
     """Per-sample gradients on the probe's policies, on ``coords`` random coordinates (all: ``coords`` None), each
-    counted for the progress display; completions of pi_{t-lag} drawn from the probe's snapshots.
+    batch counted for the progress display; completions of pi_{t-lag} drawn from the probe's snapshots.
 
     One instance holds the random streams of the sigma^2(s) and rho completions (seed + 7919), so the order of its
-    calls fixes the draws.
+    calls fixes the draws. Memory: a batch's gradients come in blocks of ``block_rows`` rows (``blocks``), each
+    reduced at once to what the estimators sum (group means, running sums, inner products); what stays is the
+    B_noise units of one checkpoint (``UnitRows``).
     """
 
     def __init__(self, policy: Policy, problems, config: RLConfig, sampler: Sampler, probe: ProbeRun, seed: int,
@@ -644,8 +712,10 @@ class GradientProbe:
         self.behaviour = dataclasses.replace(policy, model=copy.deepcopy(policy.model))
         self.num_params = sum(p.numel() for p in policy.model.parameters())
         self.coords = gradient_coordinates(self.num_params, max_grad_coords, seed + 31)
+        self.dim = self.num_params if self.coords is None else int(self.coords.numel())  # k: coordinates kept
         # E[sum over k random coords] = k/P ||v||^2
         self.scale = 1.0 if self.coords is None else self.num_params / self.coords.numel()
+        self._block: np.ndarray | None = None  # the one (block_rows, k) buffer ``blocks`` fills
 
     def completions_of(self, lag: int, count: int):
         """``count`` completions of pi_{t-lag} (t: the probe's last step), on random problems."""
@@ -657,53 +727,81 @@ class GradientProbe:
                                   self.sampler)
         return batch
 
+    def blocks(self, batch, at: Policy | None = None) -> Iterator[np.ndarray]:
+        """The per-sample gradients of ``at`` (default: the final policy) on ``batch``, float64, scaled so that sums
+        over the k coords estimate all P: consecutive (b, k) row blocks, b = ``block_rows(G)`` (the last may be
+        shorter). Each is a view of one reused buffer, overwritten by the next: reduce it before asking for more."""
+        at = self.policy if at is None else at
+        rows = block_rows(self.config.group_size)
+        if self._block is None:
+            self._block = np.empty((rows, self.dim))
+        block, filled = self._block, 0
+        for grad in iter_sample_grads(at, self.problems, batch, self.config, self.coords):
+            block[filled] = grad.cpu().numpy()  # float32 -> float64, exact
+            filled += 1
+            if filled == rows:
+                block *= math.sqrt(self.scale)
+                yield block
+                filled = 0
+        if filled:
+            block[:filled] *= math.sqrt(self.scale)
+            yield block[:filled]
+        self.batches += 1
+        self.tick("noise (gradient batches)", self.batches, self.total_batches)
+
     def grads_of(self, batch, at: Policy | None = None) -> np.ndarray:
         """(n, k) float64 per-sample gradients of ``at`` (default: the final policy); sums over k coords estimate
         all P."""
-        at = self.policy if at is None else at
-        grads = math.sqrt(self.scale) * per_sample_grads(at, self.problems, batch, self.config,
-                                                         self.coords).double().cpu().numpy()
-        self.batches += 1
-        self.tick("noise (gradient batches)", self.batches, self.total_batches)
+        grads, start = np.empty((batch.size, self.dim)), 0
+        for block in self.blocks(batch, at):
+            grads[start:start + block.shape[0]] = block
+            start += block.shape[0]
         return grads
 
-    def earlier_noise_units(self, noise_steps: list[int], noise_samples: int, chunk_size: int,
-                            seed: int) -> dict[int, list[np.ndarray]]:
+    def earlier_noise_rows(self, noise_samples: int, chunk_size: int, seed: int) -> dict[int, np.ndarray]:
         """B_noise at the earlier checkpoints: fresh groups of each checkpoint's own weights, its own loss gradient;
-        updates done -> [(g, k) group means] (the final theta's are added by the later measurements)."""
+        updates done -> ``gram_rows`` of its (U, k) group means, made before the next checkpoint's (one checkpoint's
+        units held at a time; the final theta's are the later measurements' ``UnitRows``)."""
         config = self.config
-        noise_units: dict[int, list[np.ndarray]] = {k: [] for k in noise_steps}
+        rows: dict[int, np.ndarray] = {}
         noise_generator = torch.Generator(device="cpu").manual_seed(seed + 15485863)  # own streams: the sigma^2(s)
         noise_rng = np.random.default_rng(seed + 15485863)  # and rho completions are those drawn without B_noise
         for done, state in sorted(self.probe.noise_states.items()):
             self.behaviour.model.load_state_dict(state)
             self.sampler.sync(self.behaviour)
+            units = UnitRows(noise_samples // config.group_size, self.dim)
             for start in range(0, noise_samples, chunk_size):
                 count = min(chunk_size, noise_samples - start) // config.group_size
                 index = noise_rng.integers(0, len(self.problems), size=count)
                 batch, _ = generate_batch(self.behaviour, self.problems, index, config, done, 0, noise_generator,
                                           self.sampler)
-                noise_units[done].append(_group_means(self.grads_of(batch, self.behaviour), config.group_size))
-        return noise_units
+                for block in self.blocks(batch, self.behaviour):
+                    units.add(_group_means(block, config.group_size))
+            rows[done] = units.gram_rows()
+        return rows
 
-    def reference(self, reference_samples: int, chunk_size: int, fresh_units: list[np.ndarray]
+    def reference(self, reference_samples: int, chunk_size: int, fresh_units: UnitRows
                   ) -> tuple[np.ndarray, float, int]:
         """grad F: the mean gradient of a held-out batch, in chunks (only running sums are kept); its variance
         E||g_ref - grad F||^2 and size. Each chunk's prompt groups join ``fresh_units`` (the final theta's)."""
         total, total_sq, n_ref = 0.0, 0.0, 0
         while n_ref < reference_samples:
-            chunk = self.grads_of(self.completions_of(0, min(chunk_size, reference_samples - n_ref)))
-            total, total_sq, n_ref = total + chunk.sum(0), total_sq + (chunk**2).sum(0), n_ref + chunk.shape[0]
-            fresh_units.append(_group_means(chunk, self.config.group_size))  # fresh groups of the final theta
+            batch = self.completions_of(0, min(chunk_size, reference_samples - n_ref))
+            sums = RowSums(self.dim)  # the chunk's, added to the totals as a whole (the order of the sums kept)
+            for block in self.blocks(batch):
+                fresh_units.add(_group_means(block, self.config.group_size))  # fresh groups of the final theta
+                sums.add(block)
+            total, total_sq, n_ref = total + sums.sum, total_sq + sums.sum_sq, n_ref + batch.size
         reference = np.asarray(total / n_ref)  # (k,): a sum of (k,) chunks, at least one (reference_samples >= 2 G)
         ref_var = float(((total_sq - n_ref * reference**2) / (n_ref - 1)).sum() / n_ref)  # reference_variance's
         return reference, ref_var, n_ref
 
     def staleness_moments(self, staleness: tuple[int, ...], samples: int, chunk_size: int, reference: np.ndarray,
-                          fresh_units: list[np.ndarray]):
-        """sigma^2(s)'s sums: each chunk of completions of pi_{t-s} is reduced to its prompt groups' mean ||G||^2 and
+                          fresh_units: UnitRows):
+        """sigma^2(s)'s sums: each block of gradients of completions of pi_{t-s} is reduced to its rows' ||G||^2 and
         <G, g_ref> at once, so ``samples`` is limited by time, not memory (1024 x 253K float64 gradients would be
-        2 GB per staleness). (U, K) each, and the completions of pi_t (the KL by lag is measured on them)."""
+        2 GB per staleness). (U, K) prompt-group means each, and the completions of pi_t (the KL by lag is measured
+        on them)."""
         fresh = None
         group_sq, group_inner = [], []  # per staleness: (U,) arrays
         for s in staleness:
@@ -712,10 +810,13 @@ class GradientProbe:
                 batch = self.completions_of(s, min(chunk_size, samples - start))
                 if s == 0 and fresh is None:
                     fresh = batch
-                grads = self.grads_of(batch)
-                if s == 0:
-                    fresh_units.append(_group_means(grads, self.config.group_size))
-                sq, inner = group_moments(grads, reference, self.config.group_size)
+                moments = []
+                for block in self.blocks(batch):
+                    if s == 0:
+                        fresh_units.add(_group_means(block, self.config.group_size))
+                    moments.append(row_moments(block, reference))
+                sq, inner = group_means_of_rows(*(np.concatenate(m) for m in zip(*moments)),
+                                                group_size=self.config.group_size)
                 sq_parts.append(sq)
                 inner_parts.append(inner)
             group_sq.append(np.concatenate(sq_parts))
@@ -763,10 +864,11 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
               + (len(noise_steps) - 1) * -(-noise_samples // chunk_size))
     grads = GradientProbe(policy, problems, config, sampler, probe, seed, max_grad_coords, tick,
                           total_batches=chunks + 1)  # reference chunks, staleness chunks, the buffer
-    noise_units = grads.earlier_noise_units(noise_steps, noise_samples, chunk_size, seed)
-    reference, ref_var, n_ref = grads.reference(reference_samples, chunk_size, noise_units[config.steps])
-    sq_norm, inner, fresh = grads.staleness_moments(staleness, samples, chunk_size, reference,
-                                                    noise_units[config.steps])
+    noise_rows = grads.earlier_noise_rows(noise_samples, chunk_size, seed)  # updates done -> gram_rows
+    final_units = UnitRows((reference_samples + samples) // config.group_size, grads.dim)  # the reference, s = 0
+    reference, ref_var, n_ref = grads.reference(reference_samples, chunk_size, final_units)
+    sq_norm, inner, fresh = grads.staleness_moments(staleness, samples, chunk_size, reference, final_units)
+    noise_rows[config.steps] = final_units.gram_rows()  # its 1.3 GB (at the defaults) released before the rest
     units = sq_norm.shape[0]
     # ||grad F||^2 by einsum, not BLAS's dot: a threaded dot sums in an order set by the thread count (with BLAS,
     # golden validate-fixed-b's sigma^2 read 15.066522535399045 on one thread and 15.06652253539903 on two)
@@ -779,8 +881,8 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
     count = (measure_mu_count(policy, problems, config, mu_window_seconds, sampler, seed,
                               on_call=lambda seconds: tick("App. E count window (0.1 s)", int(10 * seconds), tenths))
              if mu_window_seconds > 0 else {})
-    pooled = pooled_noise_scale([gram_rows(np.concatenate(noise_units[k])) for k in noise_steps],
-                                np.random.default_rng(seed + 104723), unit_size=config.group_size)
+    pooled = pooled_noise_scale([noise_rows[k] for k in noise_steps], np.random.default_rng(seed + 104723),
+                                unit_size=config.group_size)
     memory, memory_estimators = {}, {}
     if kappa_pairs:
         memory, memory_estimators = measure_lm_kappa(
@@ -788,7 +890,7 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
             on_pair=lambda done, total: tick("kappa (curvature pairs per checkpoint)", done, total))
         sampler.sync(policy)  # the engine back on the final weights
     noise_record = {**pooled.to_dict(), "batch": int(config.batch_size), "unit_size": int(config.group_size),
-                    "source": _noise_source(policy, config, grads, {k: noise_units[k] for k in noise_steps})}
+                    "source": _noise_source(policy, config, grads, {k: noise_rows[k] for k in noise_steps})}
     return LMCalibration(
         mu_timing=probe.result.mu_timing(), rho=rho_fit.value,
         correlation_by_gap={h: c for h, c in enumerate(rho_fit.correlation)},
@@ -803,10 +905,11 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
     )
 
 
-def _noise_source(policy: Policy, config: RLConfig, grads: GradientProbe, noise_units: dict) -> str:
-    """The noise_scale record's ``source``: the model, the probe's sizes, where the fresh groups came from."""
+def _noise_source(policy: Policy, config: RLConfig, grads: GradientProbe, noise_rows: dict) -> str:
+    """The noise_scale record's ``source``: the model, the probe's sizes, where the fresh groups came from
+    (``noise_rows``: updates done -> ``gram_rows``, one row per group)."""
     model_config = policy.model.config
-    counts = {k: sum(u.shape[0] for u in units) for k, units in noise_units.items()}
+    counts = {k: rows.shape[0] for k, rows in noise_rows.items()}
     coords, num_params = grads.coords, grads.num_params
     return (f"validate calibrate-model: {getattr(model_config, 'name_or_path', '') or model_config.model_type} "
             f"({num_params} parameters, {model_config.model_type}), loss {config.loss}, B = "
@@ -842,12 +945,21 @@ def group_moments(grads: np.ndarray, reference: np.ndarray, group_size: int) -> 
 
     What ``theory.noise.staleness_moments`` sums per unit, without keeping the gradients: (n / G,) each.
     """
-    n = grads.shape[0]
+    return group_means_of_rows(*row_moments(grads, reference), group_size=group_size)
+
+
+def row_moments(grads: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """||G_i||^2 and <G_i, g_ref> of each row of ``grads`` (n, d): (n,) each. Row blocks whose sizes are multiples
+    of 4 give the same numbers as the whole array (``block_rows``)."""
+    return np.einsum("nd,nd->n", grads, grads), grads @ reference
+
+
+def group_means_of_rows(sq: np.ndarray, inner: np.ndarray, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``row_moments``' (n,) arrays -> their means per prompt group of G consecutive rows: (n / G,) each."""
+    n = sq.shape[0]
     if n % group_size:
         raise ValueError(f"need whole prompt groups: {n} samples in groups of {group_size}")
-    sq = np.einsum("nd,nd->n", grads, grads).reshape(-1, group_size).mean(axis=1)
-    inner = (grads @ reference).reshape(-1, group_size).mean(axis=1)
-    return sq, inner
+    return sq.reshape(-1, group_size).mean(axis=1), inner.reshape(-1, group_size).mean(axis=1)
 
 
 def staleness_profile(grads: np.ndarray, reference: np.ndarray, ref_var: float, group_size: int, staleness,
@@ -957,7 +1069,8 @@ def _buffer_rho(buffer, config: RLConfig, reference: np.ndarray, ref_var: float,
         return noise_estimators.fit_rho(moments, config.capacity)
     valid = np.nonzero(buffer.valid[0])[0]
     batch = buffer.stored(valid[None, :])  # (1, n, ...)
-    eps = grads_of(batch) - reference  # (n, k)
+    eps = grads_of(batch)  # (n, k)
+    eps -= reference  # in place: no second (n, k) array
     return noise_estimators.fit_rho_group_bootstrap(eps, batch.created[0], batch.group[0], max_gap, config.capacity,
                                                     reference_variance=ref_var, seed=seed)
 

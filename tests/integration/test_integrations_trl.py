@@ -665,6 +665,67 @@ def test_trl_args_the_design_sets_are_refused():
     assert str(info.value) == "the replay design sets per_device_train_batch_size (R = 4, G = 2): leave it out"
 
 
+@pytest.mark.slow  # TRL's import
+def test_trl_resume_loads_the_tied_model_exactly_without_a_missing_keys_warning(tmp_path):
+    """trl-replay's resume goes through Trainer._load_from_checkpoint, which warned "missing keys ...
+    ['lm_head.weight']" of every checkpoint of the tied tiny model (safetensors keeps the shared tensor once): the
+    round trip gives the saved parameters, bit for bit, with no such warning; another missing key is still said."""
+    pytest.importorskip("trl")
+    import logging
+    import warnings
+
+    from datasets import Dataset
+    from torch.nn.modules.module import _IncompatibleKeys
+    from transformers import Trainer
+
+    from replay_theory.integrations.trl import ReplayGRPOTrainer, loaded_through_a_tie, replay_grpo_args
+
+    tokenizer = char_tokenizer()
+    replay = ReplayConfig(N, B, R)
+
+    def trainer(name: str) -> ReplayGRPOTrainer:
+        args = replay_grpo_args(replay, G, output_dir=str(tmp_path / name), max_completion_length=4, max_steps=1,
+                                report_to="none", use_cpu=True, save_strategy="no", seed=0)
+        return ReplayGRPOTrainer(model=tiny_qwen2(tokenizer), reward_funcs=_reward, args=args,
+                                 processing_class=tokenizer, replay=replay, measure_noise=False,
+                                 train_dataset=Dataset.from_dict({"prompt": ["abc", "bcd"] * 4}))
+
+    saved = trainer("saved")
+    with torch.no_grad():
+        for param in saved.model.parameters():
+            param.add_(torch.linspace(-0.5, 0.5, param.numel()).view_as(param))  # away from the fresh model's
+    saved._save(str(tmp_path / "checkpoint"))  # Trainer's own model save (as in a checkpoint)
+    loaded = trainer("loaded")
+    assert loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight  # tied
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("transformers")  # transformers' loggers do not propagate to the root's
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loaded._load_from_checkpoint(str(tmp_path / "checkpoint"))  # trl-replay's resume loads the model here
+        said = [r.getMessage() for r in records] + [str(w.message) for w in caught]
+        assert not [m for m in said if "missing keys" in m], said
+        state, expected = loaded.model.state_dict(), saved.model.state_dict()
+        assert state.keys() == expected.keys() and all(torch.equal(state[k], expected[k]) for k in expected)
+        assert not torch.equal(state["model.norm.weight"], trainer("fresh").model.state_dict()["model.norm.weight"])
+
+        tied = _IncompatibleKeys(["lm_head.weight"], [])
+        assert loaded_through_a_tie(loaded.model, tied.missing_keys) == {"lm_head.weight"}
+        assert loaded_through_a_tie(loaded.model, ["lm_head.weight", "model.embed_tokens.weight"]) == set()
+        records.clear()
+        Trainer._issue_warnings_after_load(loaded, tied)  # transformers' own: the warning this test looks for
+        loaded._issue_warnings_after_load(_IncompatibleKeys(["lm_head.weight", "model.norm.weight"], []))
+        assert [r.getMessage() for r in records] == [
+            "There were missing keys in the checkpoint model loaded: ['lm_head.weight'].",
+            "There were missing keys in the checkpoint model loaded: ['model.norm.weight']."]
+    finally:
+        logger.removeHandler(handler)
+
+
 # --------------------------------------------------------------------------- the diagnose log export
 
 

@@ -13,9 +13,11 @@ import collections
 import copy
 import json
 import math
+import tracemalloc
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -26,14 +28,20 @@ from replay_theory.theory.noise import noise_profile, staleness_moments  # noqa:
 from replay_theory.theory.noise_scale import noise_scale_from_samples, pooled_noise_scale  # noqa: E402
 from replay_theory.validate import countdown  # noqa: E402
 from replay_theory.validate.calibrate import (  # noqa: E402
+    RowSums,
+    _group_means,
+    block_rows,
     calibrate_lm,
     count_window,
     gradient_coordinates,
     gram_rows,
+    group_means_of_rows,
+    group_moments,
     measure_kl_by_lag,
     measure_mu_count,
     noise_scale_line,
     per_sample_grads,
+    row_moments,
     sequence_kl_terms,
     staleness_profile,
 )
@@ -351,6 +359,76 @@ def test_gram_rows_keep_the_noise_scale_and_its_bootstrap():
     a = pooled_noise_scale(units, np.random.default_rng(0), unit_size=4, n_boot=50)
     b = pooled_noise_scale(rows, np.random.default_rng(0), unit_size=4, n_boot=50)
     assert b.b_noise == pytest.approx(a.b_noise, rel=1e-9) and b.interval == pytest.approx(a.interval, rel=1e-9)
+
+
+def test_gram_rows_in_place_are_numpys_qr_bit_for_bit():
+    """gram_rows factors with LAPACK's dgeqrf in place (np.linalg.qr would copy the units twice): the same R."""
+    rng = np.random.default_rng(4)
+    units = rng.normal(0.2, 1.0, size=(24, 3000))
+    expected = np.linalg.qr(units.T, mode="r").T
+    kept = units.copy()
+    assert np.array_equal(gram_rows(units), expected) and np.array_equal(units, kept)  # a copy was factored
+    assert np.array_equal(gram_rows(units, overwrite=True), expected)
+    assert not np.array_equal(units, kept)  # factored in place: no copy made
+    np.testing.assert_allclose(expected @ expected.T, kept @ kept.T, rtol=1e-9, atol=1e-9)  # the inner products
+
+
+@pytest.mark.parametrize("group_size", [2, 3, 8])
+def test_block_reductions_equal_the_whole_chunk_bit_for_bit(group_size):
+    """A chunk's per-sample gradients reduced block by block (block_rows rows at a time): the group means, the
+    ||G||^2 and <G, g_ref> per group and the running sums equal those of the whole chunk at once, bit for bit.
+
+    On one BLAS thread: a threaded matrix-vector product splits the rows among its threads, and an uneven split
+    (the whole chunk's 126 rows at G = 3 on 2 threads) moves <G, g_ref>'s last digit, blocks or not."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        _check_blocks(group_size)
+
+
+def _check_blocks(group_size: int) -> None:
+    rng = np.random.default_rng(6)
+    n, dim = 128 // group_size * group_size, 20_000
+    chunk = rng.normal(size=(n, dim)).astype(np.float32).astype(np.float64)  # float32 gradients, as the model's
+    reference = rng.normal(size=dim) * 1e-2
+    rows = block_rows(group_size)
+    assert rows % 4 == 0 and rows % group_size == 0 and rows <= 32
+    blocks = [chunk[a:a + rows] for a in range(0, n, rows)]
+    sums = RowSums(dim)
+    for block in blocks:
+        sums.add(block)
+    assert np.array_equal(sums.sum, chunk.sum(0)) and np.array_equal(sums.sum_sq, (chunk**2).sum(0))
+    means = np.concatenate([_group_means(block, group_size) for block in blocks])
+    assert np.array_equal(means, _group_means(chunk, group_size))
+    parts = [row_moments(block, reference) for block in blocks]
+    streamed = group_means_of_rows(*(np.concatenate(m) for m in zip(*parts)), group_size=group_size)
+    whole = group_moments(chunk, reference, group_size)
+    assert np.array_equal(streamed[0], whole[0]) and np.array_equal(streamed[1], whole[1])
+
+
+def test_calibrate_lm_holds_one_checkpoints_units_and_one_gradient_block(tiny, monkeypatch):
+    """Memory (issue 37): per-sample gradients are reduced block by block and each checkpoint's B_noise units are
+    factored in place before the next checkpoint's, so numpy's peak is the final checkpoint's units, one block of
+    gradients with its group means and a few (P,) vectors: not every checkpoint's units, whole chunks of gradients
+    and the copies np.linalg.qr makes (the code before peaked at 83 P-rows here, this at 29). tracemalloc counts
+    numpy's arrays exactly (not torch's tensors, which hold no more than one gradient at a time)."""
+    from replay_theory.validate import calibrate
+
+    monkeypatch.setattr(calibrate, "GRAD_BLOCK", 8)  # blocks of 8 rows: smaller than the units they are counted with
+    policy, train_set = tiny
+    policy = copy.deepcopy(policy)
+    config = RLConfig(steps=3, rollouts_per_step=8, group_size=4, batch_size=8, capacity=8, max_new_tokens=6,
+                      lr=1e-2)
+    num_params = sum(p.numel() for p in policy.model.parameters())
+    tracemalloc.start()
+    try:
+        cal = calibrate_lm(policy, train_set, config, staleness=(0, 1), samples=16, reference_samples=32,
+                           kappa_pairs=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "after 0 (8 groups), 2 (8 groups), 3 (12 groups)" in cal.noise_scale["source"]  # 28 units in all
+    assert block_rows(4) == 8
+    rows = 12 + 8 + 8 // 4 + 8  # final units (reference and s = 0), a block, its group means, sums and temporaries
+    assert peak < rows * num_params * 8, peak / (num_params * 8)
 
 
 def test_noise_scale_line_prints_b_and_its_interval():
