@@ -395,8 +395,8 @@ CALIBRATE_SIZES = (Size("--rollouts-per-step"), Size("--samples"), Size("--max-n
 VERIFY_SIZES = (Size("--jobs"), Size("--seeds"), Size("--budget-updates", memory=False))
 GRADIENT_COORDS = 1 << 22
 """validate/calibrate.py's MAX_GRAD_COORDS: the per-sample gradients keep at most this many coordinates."""
-GRADIENT_CHUNK = 128
-"""validate/calibrate.py's GRAD_CHUNK: per-sample gradients held at once."""
+GRADIENT_BLOCK = 32
+"""validate/calibrate.py's GRAD_BLOCK: per-sample gradients held at once (reduced to group means block by block)."""
 NOISE_CHECKPOINTS = 3
 """calibrate_lm's noise-scale checkpoints (validate/calibrate.py's default)."""
 
@@ -412,20 +412,20 @@ def _run_terms(values: dict, copies: float = 1) -> dict[str, float]:
 
 def calibrate_peak_bytes(values: dict) -> Estimate:
     """Peak bytes of ``validate calibrate-model`` (``values``: ValidateConfig by option name): the probe run, the
-    weight snapshots it keeps for the staleness probe, the per-sample gradients' group means (reference, sigma^2(s)
-    and B_noise's checkpoints: about 13 --samples / --group-size units of k = min(params, 2^22) float64 each), the
-    problems and the libraries."""
+    weight snapshots it keeps for the staleness probe, the group means of one B_noise checkpoint at a time (the
+    largest, the last, holds about 5 --samples / --group-size units of k = min(params, 2^22) float64 each, factored
+    in place), a block of per-sample gradients, the problems and the libraries."""
     shape = model_shape(values["--model"])
     k = min(shape.params, GRADIENT_COORDS)
-    units = (NOISE_CHECKPOINTS * 4 + 1) * values["--samples"] / values["--group-size"]
-    chunk = min(GRADIENT_CHUNK, 4 * values["--samples"])  # the reference batch is 4 --samples
+    units = 5 * values["--samples"] / values["--group-size"]
+    block = min(GRADIENT_BLOCK, 4 * values["--samples"])  # the reference batch is 4 --samples
     problems = values["--n-train"] + values["--n-test"]
     return Estimate({
         **_run_terms(values),
         f"the weight snapshots: {MAX_STALENESS + 1 + NOISE_CHECKPOINTS} x params = {shape.params}":
             (MAX_STALENESS + 1 + NOISE_CHECKPOINTS) * shape.params * 4,
-        f"the gradients' group means: units x coordinates = {count(units)} x {k}": units * k * 8,
-        f"a chunk of per-sample gradients: rows x coordinates = {chunk} x {k}": chunk * k * 20,  # float32, float64,
+        f"one checkpoint's gradient group means: units x coordinates = {count(units)} x {k}": units * k * 8,
+        f"a block of per-sample gradients: rows x coordinates = {block} x {k}": block * k * 20,  # float32, float64,
         # scaled
         f"the problems drawn: n-train + n-test = {problems}": problems * PROBLEM_BYTES,
         "the libraries (torch, transformers)": LIBRARIES_BYTES,
