@@ -104,6 +104,7 @@ def calibrate_model(typed_run: dict, fields: dict[str, Any]) -> None:
 
     for line in calibration_summary(calibration, how.out / "calibration.json"):
         typer.echo(line)
+    typer.echo(_loop().calibrate_next_line(config, how.out))
 
 
 @validate_app.command("predict")

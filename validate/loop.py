@@ -191,10 +191,14 @@ def run_calibrate(config: ValidateConfig, out_dir: Path, log=print, progress: bo
     log(f"mu (generation / update time per completion) = {calibration.mu_timing:.3g}; "
         f"mu (App. E counts in a {config.mu_window_seconds:g} s window) = {calibration.mu_count:.3g}; "
         f"KL drift per step = {calibration.kl_drift_per_step:.3g}; rho = {calibration.rho:.3g}")
-    # --mu: the price the predictions use (--price-mu); the timing mu above varies run to run and machine to machine
-    log(next_optimal_line(out_dir / "profile.json", config.price_mu,
-                          json.loads((out_dir / "profile.json").read_text())))
     return json.loads((out_dir / "calibration.json").read_text())
+
+
+def calibrate_next_line(config: ValidateConfig, out_dir: Path) -> str:
+    """The ``next:`` line calibrate-model prints last: the optimal command that reads its profile, runnable as printed
+    (--mu is --price-mu, the price the predictions use: the timing mu varies from run to run and machine to machine)."""
+    return next_optimal_line(out_dir / "profile.json", config.price_mu,
+                             json.loads((out_dir / "profile.json").read_text()))
 
 
 def run_predict(config: ValidateConfig, out_dir: Path, log=print, rho: float | None = None) -> dict:

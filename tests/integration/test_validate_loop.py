@@ -60,7 +60,7 @@ def test_calibrate_then_predict(tmp_path, monkeypatch, cli):
     calibration = run_calibrate(SMALL, out, log=printed.append, progress=True)
     # its next: line runs as printed (issue 37): the profile, --price-mu as --mu (the profile carries no mu), the
     # probe's batch and groups; where the probe resolved no B_noise it says so instead of naming a command
-    hint = printed[-1]
+    hint = loop.calibrate_next_line(SMALL, out)
     command = (f"next: replay-theory optimal --profile {out / 'profile.json'} --mu {SMALL.price_mu:g} "
                f"-B {SMALL.rollouts_per_step}")
     if "no B_noise was measured" not in hint:
