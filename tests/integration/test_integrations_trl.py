@@ -927,6 +927,9 @@ def test_trl_replay_command_runs_the_design_and_leaves_a_log(cli, tmp_path):
     assert table.num_rows == 4 * 26
     assert set(np.asarray(table.column("step_generated_rows").to_pylist()).tolist()) == {8}
     assert f"next: replay-theory diagnose {out / 'rollouts.parquet'} --preset trl" in stdout
+    hint = next(line for line in stdout.splitlines() if line.startswith("next: replay-theory diagnose"))
+    code, report, err = cli(*hint[len("next: replay-theory "):].split(), "--no-progress")  # the hint, run as printed
+    assert code == 0 and f" in {4 * 26} sequences;" in report, err  # it reads the run's 104 rows
 
     # the noise scale: per-step norms in noise_scale.jsonl, pooled into run.json and noise_profile.json; calibrate
     # --from-log --grad-norms reads the same file back to the same B_noise
