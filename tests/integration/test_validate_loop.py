@@ -239,6 +239,7 @@ def test_validate_calibrate_and_all_build_the_same_config_with_the_configs_defau
 
     seen, plans = [], []
     monkeypatch.setattr(loop, "run_calibrate", lambda config, out, log, progress: seen.append(config) or {})
+    monkeypatch.setattr(loop, "calibrate_next_line", lambda config, out: "next: (no profile: calibration stubbed)")
     monkeypatch.setattr(loop, "run_predict", lambda config, out, log, rho=None: None)
     monkeypatch.setattr(loop, "run_verify", lambda config, out, plan, log, progress, figure: plans.append(plan) or {
         "measured_best": {"name": "on-policy"}})
