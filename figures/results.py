@@ -539,9 +539,13 @@ def plot_validation(results: Path = Path("results"), axes=None) -> Figure:
 
 # --------------------------------------------------------------------------- does the theory predict?
 
-THEORY_TEST_OBJECTIVES = (("forgetting", "forgetting-aware", "-"), ("noise_scale", "noise-scale rule", "-"),
-                          ("paper_J", "paper J", "--"), ("on_policy", "always on-policy", "-."),
+THEORY_TEST_OBJECTIVES = (("forgetting_b_simple", "forgetting-aware", "-"),
+                          ("on_policy_floor", "trivial: max(floor, min B)", "-."),
+                          ("noise_scale", "noise-scale rule", "-"), ("paper_J", "paper J", "--"),
+                          ("forgetting", "forgetting, b fitted to grid", "-"), ("on_policy", "always on-policy", "-."),
                           ("on_policy_small", "on-policy, 2x steps", "-."), ("null", "null γ(y)", ":"))
+"""The objectives the figure shows, the rule fed what a user measures (the pilot's B_simple) and the trivial rule
+first: the right panel draws the first four."""
 REGRET_TICKS = (1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0)
 
 
