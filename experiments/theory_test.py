@@ -477,6 +477,13 @@ class Unit:
         return record
 
 
+class UnitNotScored(Exception):
+    """A unit the protocol cannot score: its pilot, on-policy at B = 256, reaches the target at none of its step sizes,
+    so no design has a reference (e.g. a two-prompts instance whose base policy is within 0.3% of J*: the seed mean
+    must resolve J0 + 0.9 (J* - J0) through the noise). ``run_unit`` records it with the reason; its cells are
+    counted as not scored, never dropped."""
+
+
 def _best_lr(crossing: np.ndarray) -> int | None:
     """The step size whose crossing is earliest (0 = not reached); None when none reached."""
     c = np.where(np.asarray(crossing) > 0, np.asarray(crossing, dtype=float), np.inf)
@@ -522,9 +529,9 @@ def train_unit(unit: Unit) -> None:
     first = unit.run(pilot, coarse, PILOT_MAX_STEPS)
     best = _best_lr(np.asarray(first["crossing"])[0])
     if best is None:
-        raise RuntimeError(f"{setting.name}/{unit.optimizer}/instance {unit.instance}: no step size of "
-                           f"{', '.join(f'{v:.3g}' for v in coarse)} reached the target with on-policy B = {BATCH} "
-                           f"in {PILOT_MAX_STEPS} steps")
+        raise UnitNotScored(f"no step size of {', '.join(f'{v:.3g}' for v in coarse)} reached the target with "
+                            f"on-policy B = {BATCH} in {PILOT_MAX_STEPS} steps (J* - J0 = "
+                            f"{unit.inst['j_star'] - unit.inst['j0']:.3g})")
     refine = coarse[best] * LR_RATIO ** np.array([1.0, -1.0])
     unit.runs["_pilot_coarse"] = first
     merged = unit.tune(f"on-policy B={BATCH}", pilot, 0.0, PILOT_MAX_STEPS,
@@ -604,8 +611,7 @@ def measure_pilot(unit: Unit) -> dict:
     label = f"on-policy B={BATCH}"
     lr = unit.tuned_lr(label)
     if lr is None:
-        raise RuntimeError(f"{unit.setting.name}/{unit.optimizer}/instance {unit.instance}: {label} reached the "
-                           f"target at no step size: no pilot to measure")
+        raise UnitNotScored(f"{label} reached the target at no step size: no pilot to measure")
     s_ref = int(design_steps(unit.runs[label])[0])
     payload = {"kind": "pilot", "setting": unit.setting.name, "optimizer": unit.optimizer,
                "instance": unit.instance, "lr": lr, "steps": s_ref, "seeds": unit.options.seeds,
@@ -917,9 +923,14 @@ def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options
         env, inst = instance_record(store, setting, instance)  # run_theory_test stored it before dispatch
         unit = Unit(setting, optimizer, instance, env, inst, store, options, boot_index, tick, advance,
                     exact=isinstance(env, QuadraticEnv) and optimizer == "sgd")
-        train_unit(unit)
-        noise = measure_noise_scale(unit)
-        pilot = measure_pilot(unit)
+        try:
+            train_unit(unit)
+            noise = measure_noise_scale(unit)
+            pilot = measure_pilot(unit)
+        except UnitNotScored as why:
+            return strict({"setting": setting_name, "optimizer": optimizer, "instance": instance, "exact": unit.exact,
+                           "target": inst["target"], "j0": inst["j0"], "j_star": inst["j_star"], "designs": [],
+                           "not_scored": str(why), "elapsed_s": round(time.time() - started, 1)})
     designs = options.designs()
     rows = []
     for label, design in designs:
@@ -1254,6 +1265,15 @@ def score_cell(record: dict, mu: float, floor: float) -> dict:
             "by_objective": by_objective}
 
 
+def not_scored_cell(record: dict, mu: float, floor: float) -> dict:
+    """A cell of a unit the protocol could not score (``UnitNotScored``): kept in the cells, with the reason, no best
+    design and no objective scored (no rule missed: nothing was measured to compare a pick with)."""
+    return {"setting": record["setting"], "optimizer": record["optimizer"], "instance": record["instance"],
+            "mu": mu, "floor": floor, "exact": record["exact"], "not_scored": record["not_scored"], "b": None,
+            "best_free": None, "best_pinned": None, "best_free_at_edge": None, "best_pinned_at_edge": None,
+            "by_objective": {}}
+
+
 def _grid_edge(designs: list[forgetting.Design], i: int) -> str | None:
     """Which edge of the design grid design i sits on (the smallest on-policy batch, the longest horizon, the largest
     replay ratio), or None: a best design there may be beaten by one beyond the grid."""
@@ -1439,6 +1459,11 @@ def targets(cells: list[dict], units: list[dict], floor: int = HEADLINE_FLOOR) -
     within 1.5x, the worst, the lowest per-setting mean Spearman; the checks on the inputs over ``units``."""
     cells = [c for c in cells if c["floor"] == floor]
     out: dict = {"cells": len(cells), "floor": floor, "objectives": {}}
+    unscored = [f"{c['setting']}/{c['optimizer']}/i{c['instance']}" for c in cells if c.get("not_scored")]
+    # cells of a unit the protocol could not score: in "cells", in no objective's count, said with the unit
+    out["cells_not_scored"] = len(unscored)
+    out["units_not_scored"] = sorted(set(unscored))
+    cells = [c for c in cells if not c.get("not_scored")]
     for name in OBJECTIVES:
         scored = [c for c in cells if name in c["by_objective"]]  # every cell it applies to, a pick or not
         if scored:
@@ -1545,16 +1570,18 @@ def _save_unit(units_dir: Path, record: dict) -> None:
 
 def summarise(units: list[dict], options: Options) -> dict:
     """Cells (unit x mu x floor), per-unit checks, and the targets over all instances and over the held-out ones."""
-    for u in units:
+    scored = [u for u in units if not u.get("not_scored")]
+    for u in scored:
         u["checks"] = unit_checks(u)
-    cells = [score_cell(u, mu, floor) for u in units for mu in options.mus for floor in options.floors]
+    cells = [score_cell(u, mu, floor) if not u.get("not_scored") else not_scored_cell(u, mu, floor)
+             for u in units for mu in options.mus for floor in options.floors]
     held = [c for c in cells if c["instance"] not in DEV_INSTANCES]
-    held_units = [u for u in units if u["instance"] not in DEV_INSTANCES]
+    held_units = [u for u in scored if u["instance"] not in DEV_INSTANCES]
     slim = [{k: v for k, v in u.items() if k != "designs"} | {"designs": [
         {k: v for k, v in d.items() if k not in ("curve", "curve_steps")} | {"steps": d["steps"][0]}
         for d in u["designs"]]} for u in units]
     return strict({"cells": cells, "units": slim,
-                   "targets": {str(f): targets(cells, units, f) for f in options.floors},
+                   "targets": {str(f): targets(cells, scored, f) for f in options.floors},
                    "targets_held_out": {str(f): targets(held, held_units, f) for f in options.floors},
                    "protocol": _protocol(options), "replay_theory_version": __version__})
 
@@ -1606,6 +1633,10 @@ def units_table(summary: dict) -> str:
              "reached / hovered (of designs) |",
              "|---" * 13 + "|"]
     for u in summary["units"]:
+        if u.get("not_scored"):  # no pilot: nothing measured, the reason in the last column
+            lines.append(f"| {u['setting']} | {u['optimizer']} | {u['instance']} |" + " n/a |" * 8
+                         + f" not scored: {u['not_scored']} |")
+            continue
         n, p, c = u["noise"], u["pilot"], u["checks"]
         b = read_b_noise(n) / BATCH
         kp, kl = p["kappa_pairs"] or {}, p["kappa_lag"] or {}
@@ -1640,6 +1671,10 @@ def cells_table(summary: dict, floor: int = HEADLINE_FLOOR) -> str:
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for c in summary["cells"]:
         if c["floor"] != floor:
+            continue
+        if c.get("not_scored"):
+            lines.append("| " + " | ".join([c["setting"], c["optimizer"], str(c["instance"]), f"{c['mu']:g}",
+                                             "not scored (no pilot: see the units table)"] + ["n/a"] * 8) + " |")
             continue
         o = c["by_objective"]
 
@@ -1686,6 +1721,10 @@ def targets_text(t: dict) -> str:
         return ""
     lines = [f"targets over {t['cells']} cells at a latency floor of {t['floor']} rollouts (regret <= 1.2 in >= 85% "
              f"of cells and <= 1.5 in all; Spearman >= 0.7 in every setting):"]
+    if t.get("cells_not_scored"):
+        lines.append(f"- cells not scored, in no objective's count (their unit's pilot reached the target at no step "
+                     f"size; the units table says why): {t['cells_not_scored']} of {t['cells']}, units "
+                     f"{', '.join(t['units_not_scored'])}")
     for name, o in t["objectives"].items():
         fr, pn = o["free"], o["pinned"]
         label = OBJECTIVES[name].label if name in OBJECTIVES else name  # a stored summary's own name

@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 INSTANCES = (112, 127)
 MUS, FLOORS, OPTIMIZERS = 5, 2, 2  # --quick's defaults: mu 0.5, 1, 2, 5.28, 20; floors 64 and 0; sgd and adam
 
@@ -55,3 +57,19 @@ def test_quick_runs_on_fresh_instances_exit_0_and_count_every_cell_with_or_witho
     table = done.stdout  # the table printed (and written to OUT/table.md)
     assert "| no pick: " in table and "no pick (counted as a miss): free batch in 15 of 20 (" in table
     assert "none (" in table and "pairs xi = 0)" in table  # the units table says why the pilot has no kappa
+
+
+@pytest.mark.slow
+def test_a_unit_whose_pilot_never_reaches_the_target_is_not_scored_not_fatal(tmp_path):
+    # two-prompts instance 16: J* - J0 = 0.0026, and on-policy SGD at B = 256 gets the seed mean to the target at
+    # none of the pilot's six step sizes in 6000 steps (once a RuntimeError traceback, exit 1)
+    out = tmp_path / "tt"
+    done = subprocess.run([sys.executable, "-m", "replay_theory", "experiment", "theory-test", "--quick", "--setting",
+                           "two-prompts", "--optimizer", "sgd", "--instance", "16", "--mu", "1", "--floor", "64",
+                           "--out", str(out), "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    (cell,) = summary["cells"]
+    assert cell["not_scored"].startswith("no step size of 505, 253, 126, 63.2, 31.6, 15.8 reached the target")
+    assert summary["targets"]["64"]["cells_not_scored"] == 1 and summary["targets"]["64"]["objectives"] == {}
+    assert "not scored: no step size of 505" in done.stdout

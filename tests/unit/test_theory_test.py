@@ -502,3 +502,31 @@ def test_a_baseline_with_nothing_at_the_pinned_batch_has_no_pinned_pick_not_the_
     assert t["pinned"]["no_pick"] == 1 and t["pinned"]["share_within_1.2"] == 0.0 and t["free"]["no_pick"] == 0
     on = cell["by_objective"]["on_policy"]  # a baseline at B = 256 keeps its pinned pick
     assert on["pinned"] == "on-policy B=256" and on["pinned_regret"] == pytest.approx(40 * 512 / (50 * 320))
+
+
+def test_a_unit_without_a_pilot_is_not_scored_and_its_cells_are_counted_and_said(tmp_path, tiny, monkeypatch):
+    real = tt.train_unit
+
+    def no_pilot_under_adam(unit):
+        if unit.optimizer == "adam":
+            raise tt.UnitNotScored("no step size of 1, 2 reached the target with on-policy B = 256 in 6000 steps")
+        return real(unit)
+
+    monkeypatch.setattr(tt, "train_unit", no_pilot_under_adam)
+    options = tt.Options(**{**tt.asdict(tiny), "optimizers": ("sgd", "adam")})
+    summary = tt.run_theory_test(tmp_path / "tt", options, progress=False)
+    mus, floors = len(options.mus), len(options.floors)
+    assert len(summary["cells"]) == 2 * mus * floors  # both units' cells, the one not scored included
+    adam = [c for c in summary["cells"] if c["optimizer"] == "adam"]
+    assert len(adam) == mus * floors and all(c["by_objective"] == {} and c["not_scored"].startswith(
+        "no step size of 1, 2 reached the target") for c in adam)
+    for floor in map(str, options.floors):
+        t = summary["targets"][floor]
+        assert t["cells"] == 2 * mus and t["cells_not_scored"] == mus
+        assert t["units_not_scored"] == ["quadratic-noise10/adam/i0"]
+        assert t["objectives"]["forgetting"]["cells"] == mus  # the scored unit's cells only: no rule missed there
+    table = tt.summary_table(summary)
+    assert "| quadratic-noise10 | adam | 0 |" + " n/a |" * 8 + " not scored: no step size of 1, 2" in table
+    assert f"- cells not scored, in no objective's count (their unit's pilot reached the target at no step size; " \
+           f"the units table says why): {mus} of {2 * mus}, units quadratic-noise10/adam/i0" in table
+    assert (tmp_path / "tt" / "units" / "quadratic-noise10-adam-0.json").exists()  # kept: a resume reads it
