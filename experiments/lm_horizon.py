@@ -1,6 +1,6 @@
 """The horizon family on the language model, read against the forgetting-aware model (issue 30, docs/VALIDATION.md).
 
-    python -m replay_theory.experiments.lm_horizon runs/horizon
+    python -m replay_theory.experiments.lm_horizon runs/horizon [--pilot PILOT/noise_profile.json]
 
 Reads a finished ``validate verify --family horizon`` run (``report-horizon.json`` and the calibration's
 ``profile.json``: B_noise and the optimizer's memory kappa) and prints what the report does not:
@@ -73,8 +73,30 @@ def best_against_all(rows: list[dict], seed: int) -> dict:
     return compare(rewards, names, best, families, np.random.default_rng(seed), draws=BOOTSTRAP_DRAWS, level=LEVEL)
 
 
-def markdown(report: dict, profile: dict) -> str:
-    """The two tables, as printed."""
+def pilot_line(rows: list[dict], mu: float, memory: fg.Memory, run_b_noise: float, pilot: dict) -> str:
+    """The model's order of the designs with b from a pilot's profile (issue 38's route: a short on-policy run's
+    two-batch B_simple, e.g. ``trl-replay --steps 10``'s noise_profile.json) beside the run's own B_noise, each model's
+    Spearman with the measured reward order; the pilot's kappa where it has one, else the run's."""
+    b_noise = (pilot.get("noise_scale") or {}).get("b_noise")
+    if b_noise is None or not (math.isfinite(b_noise) and b_noise > 0):
+        return f"pilot: no B_noise > 0 in its profile ({b_noise}): the model cannot be re-scored with it"
+    record = pilot.get("memory") or {}
+    kappa = record.get("kappa")
+    pilot_memory = memory
+    if kappa is not None and kappa > 0:
+        batch = record.get("pilot_batch") or memory.pilot_batch
+        pilot_memory = fg.Memory(float(kappa), record.get("optimizer", memory.optimizer),
+                                 float(record.get("beta1", memory.beta1)), None if batch is None else float(batch))
+    ours, theirs = model_rows(rows, run_b_noise, mu, memory), model_rows(rows, float(b_noise), mu, pilot_memory)
+    text = ", ".join(f"{k} {theirs['spearman'][k]:.2f} (run's B_noise: {ours['spearman'][k]:.2f})"
+                     for k in theirs["spearman"])
+    source = "the pilot's kappa" if pilot_memory is not memory else "the run's kappa"
+    return (f"pilot route: B_noise = {b_noise:.4g} (the run's: {run_b_noise:.4g}), {source} "
+            f"{pilot_memory.kappa:.4g}; Spearman(predicted compute, -reward): {text}")
+
+
+def markdown(report: dict, profile: dict, pilot: dict | None = None) -> str:
+    """The two tables, as printed; with ``pilot`` (a pilot's profile) the model's Spearman with its b beside."""
     noise, memory_record = profile["noise_scale"], profile["memory"]
     memory = fg.Memory(float(memory_record["kappa"]), memory_record["optimizer"], float(memory_record["beta1"]),
                        float(memory_record["pilot_batch"]))
@@ -93,6 +115,8 @@ def markdown(report: dict, profile: dict) -> str:
                      + " | ".join(cells) + " |")
     lines += ["", "Spearman(predicted compute, -reward): " + ", ".join(f"{k} {v:.2f}" for k, v in
                                                                         model["spearman"].items()), ""]
+    if pilot is not None:
+        lines += [pilot_line(rows, mu, memory, float(noise["b_noise"]), pilot), ""]
     seed = int((report.get("config") or {}).get("seed", 0))
     verdict = best_against_all(rows, seed)
     family = verdict["all"]
@@ -112,13 +136,21 @@ def markdown(report: dict, profile: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a finished `validate verify --family horizon` run directory")
+    parser.add_argument("--pilot", type=Path, default=None,
+                        help="a pilot's profile (e.g. trl-replay --steps 10 ...'s noise_profile.json): the model "
+                             "re-scored with its B_noise (and kappa) beside the run's")
     args = parser.parse_args(argv)
     report_path, profile_path = args.run / REPORT, args.run / "profile.json"
+    if args.pilot is not None and not args.pilot.is_file():
+        parser.exit(2, f"{parser.prog}: error: --pilot {args.pilot} not found: a pilot's profile, e.g. "
+                       "`replay-theory trl-replay --buffer on-policy --steps 10 ... --out P` writes "
+                       "P/noise_profile.json\n")
     for path in (report_path, profile_path):
         if not path.is_file():
             parser.exit(2, f"{parser.prog}: error: {path} not found: run `replay-theory validate verify --out "
                            f"{args.run} --family horizon` first\n")
-    print(markdown(json.loads(report_path.read_text()), json.loads(profile_path.read_text())))
+    pilot = json.loads(args.pilot.read_text()) if args.pilot else None
+    print(markdown(json.loads(report_path.read_text()), json.loads(profile_path.read_text()), pilot))
     return 0
 
 

@@ -48,8 +48,8 @@ from ..simulate.config import SimConfig, config_from_dict
 from ..simulate.config import peak_bytes as sim_peak_bytes
 from ..simulate.envs import ENVIRONMENTS, BanditEnv, NoisyRewardBandit, make_env
 from ..simulate.envs.quadratic import QuadraticConfig, QuadraticEnv
+from ..theory import advice, forgetting
 from ..theory import design as theory_design
-from ..theory import forgetting
 from ..theory import noise_scale as noise_scale_lib
 from ..theory.checks import invalid, require_integer
 from ..theory.profiles import TabulatedProfile
@@ -62,22 +62,29 @@ ON_POLICY_BATCHES = (8, 16, 32, 64, 128, 256)
 QUICK_X_GRID = (1, 16)
 QUICK_Y_GRID = (1, 4, 16)
 QUICK_ON_POLICY_BATCHES = (32, 64, 128, 256)
-INSTANCES = (0, 3, 4)
+QUICK_FLOORS = (0, 64)
+"""--quick's latency floors unless --floor: each floor's printed answers are trained, so fewer floors keep it short."""
+HELD_OUT = (61, 67, 71)
+"""The held-out instances the targets read: named at commit a46489a (as NEXT_HELD_OUT), before their first run, and
+first run by the protocol whose rule reads only the pilot and whose printed answer is scored at --max-steps-ratio 2
+and 1000 (issue 38). Nothing was tuned on them."""
+INSTANCES = (0, *HELD_OUT)
 DEV_INSTANCES = (0,)
 """Instance 0 is the one the benchmark and the rule were developed on (with 1 and 2, which the earlier benchmark and
-the audits looked at). 3 and 4 are the held-out instances the targets read: never tuned on, but not unseen: they were
-first scored at commit cc02c48 (92% within 1.2x at floor 64), before the rule and the protocol changed, and read
-again since. 17 and 23 were run at full size by the review of issue 38, and 0-30 with --quick by the robustness check
-(bench/); the next held-out set is ``NEXT_HELD_OUT``."""
-NEXT_HELD_OUT = (47, 53, 59)
-"""Named here, before their first run (issue 38): the instances the next evidence is read on, after the rule's inputs
-come from a pilot. Nothing may be tuned on them; a rule or protocol changed after they are scored makes them
-development instances and names a new set."""
+the audits looked at). 3 and 4, the first held-out pair, were scored at commit cc02c48 and read again since; 47, 53
+and 59, the second, were first run at commit a46489a by the first pilot-only protocol (docs/SIMULATION.md keeps that
+result) and read before the protocol changed (the pilot's length counting its curvature steps, the least-compute
+printed row): all are development instances now. 17 and 23 were run at full size by the review of issue 38, 0-30 with
+--quick by the robustness check (bench/), 112 and 127 by the tests; the next held-out set is ``NEXT_HELD_OUT``."""
+NEXT_HELD_OUT = (73, 79, 83)
+"""Named here, before their first run: the instances the next evidence is read on once a rule or the protocol changes
+after HELD_OUT is scored (which makes HELD_OUT development instances). Nothing may be tuned on them."""
 SEEDS = 16
 BOOTS = 200
 MUS = (0.5, 1.0, 2.0, 5.28, 20.0)
-FLOORS = (64, 0)
-"""Latency floors in rollouts per step: 64 = B/4 (the headline: a small batch is not free), 0 (the paper's cost)."""
+FLOORS = (0, 16, 64, 128)
+"""Latency floors in rollouts per step: 0 (the paper's cost), 16, 64 = B/4 (the headline: a small batch is not free),
+128 = B/2."""
 HEADLINE_FLOOR = 64
 TARGET_FRACTION = 0.9
 LR_RATIO = math.sqrt(2.0)
@@ -89,19 +96,24 @@ CAP_FACTOR = 4.0
 that it is not reached (censored, counted)."""
 PILOT_MAX_STEPS = 6000
 STALENESS = (0, 1, 2, 4, 8, 16, 32, 64)
-PAIRS = 4
-"""Curvature pairs per seed and checkpoint (16 seeds x 3 checkpoints x 4 = 192 Hessian-vector products)."""
-KAPPA_CHECKPOINTS = (1.0, 1.5, 2.0)
-"""kappa's checkpoints on the pilot, in units of its steps to the target: at and past the target, where the noise
-decides what is left of the progress (earlier a bandit's policy crosses regions where the loss is concave along the
-noise, and the curvature's sign flips from seed to seed)."""
 PILOT_FRACTION = 0.1
-"""The pilot a user can afford: the first 10% of on-policy at B's steps to the target (issue 38's budget)."""
-B_SIMPLE_CHECKPOINTS = (0.025, 0.05, 0.075, 0.1)
-"""Where the two-batch noise scale B_simple is read on the pilot, in units of its steps to the target: inside the
-first PILOT_FRACTION of the run, as the TRL trainer's and verl hook's logs of a short run at B give it."""
-LAG_SPAN = (1.0, 3.0)
-"""The lag-1 series runs from 1x to 3x the pilot's steps: past the target, nearer stationarity."""
+"""The pilot a user can afford: 10% of on-policy at B's steps to the target (issue 38's budget), read off the user's
+recipe (``RECIPE``), never off a scored run; one step at least."""
+PILOT_SEED = 10_000
+"""The pilot's seeds (its run, the recipe's search) start at PILOT_SEED + instance; every scored run's at instance."""
+PILOT_RUNS = 1
+"""The pilot is one run, as one user has: its estimates carry one run's noise (pooling seeds would claim a pilot
+PILOT_RUNS times the compute counted)."""
+CURVATURE_EVERY = 8
+"""Curvature pairs and B_crit's HVPs on every 8th pilot step (counted from the last, so the last step has them): three
+HVPs each, counted in the pilot's compute (``HVP_SAMPLE_UPDATES``, ``HVP_SAMPLES``)."""
+HVP_SAMPLE_UPDATES = 2.0
+"""An HVP counted as 2 sample-updates per sample it runs over (Pearlmutter's R-op: a forward and a backward pass over
+the gradient's graph, about twice a gradient), in the cost model's unit (a step costs mu max(R, floor) + B)."""
+HVP_SAMPLES = BATCH // 4
+"""The samples an HVP is counted over: a quarter of the step's batch (the pairs' quarters). The simulator applies the
+expected loss's Hessian (exact, or central differences of the exact gradient); a trainer's HVP over 64 samples
+estimates it with noise this benchmark does not add."""
 BETA1 = 0.9
 QUADRATIC_CONDITION = 100.0
 QUADRATIC_NOISE = (1.0, 3.0, 10.0, 30.0, 100.0)
@@ -146,7 +158,7 @@ class Options:
 
     instances: tuple[int, ...] = INSTANCES
     """Comma-separated instance seeds (the quadratic's start, the bandit's features): 0 is the development instance,
-    3 and 4 held out; 0 with --quick."""
+    61, 67 and 71 held out (HELD_OUT); 0 with --quick."""
     settings: tuple[str, ...] = field(default=DEFAULT_SETTINGS, metadata={CHOICES: lambda: {
         name: setting.description for name, setting in SETTINGS.items()}})
     """Comma-separated settings."""
@@ -159,7 +171,8 @@ class Options:
     seeds: int = SEEDS
     """Seeds for each design and step size, an integer >= 2; 8 with --quick."""
     quick: bool = False
-    """A 2 x 3 grid, on-policy at 4 batches, 8 seeds unless --seeds, instance 0 unless --instance (a smoke run)."""
+    """A 2 x 3 grid, on-policy at 4 batches, 8 seeds unless --seeds, instance 0 unless --instance, floors 0 and 64
+    unless --floor (a smoke run)."""
 
     @property
     def grid(self) -> list[tuple[int, int]]:
@@ -270,7 +283,7 @@ def options_from(typed: dict) -> Options:
     given = {name: number_list(typed[name], *how) for name, how in numbers.items() if name in typed}
     given.update({name: tuple(part.strip() for part in typed[name].split(","))
                   for name in ("settings", "optimizers") if name in typed})
-    quick_defaults = {"instances": (0,), "seeds": 8} if quick else {}
+    quick_defaults = {"instances": (0,), "seeds": 8, "floors": QUICK_FLOORS} if quick else {}
     options = Options(**{**quick_defaults, **given, "seeds": typed.get("seeds", quick_defaults.get("seeds", SEEDS)),
                          "quick": quick})
     check_options(options)
@@ -390,21 +403,24 @@ class Unit:
     def lr_unit(self) -> float:
         return 1.0 / self.inst["smoothness"] if self.optimizer == "sgd" else 1.0
 
-    def payload(self, design: forgetting.Design, lrs: np.ndarray, max_steps: int) -> dict:
+    def payload(self, design: forgetting.Design, lrs: np.ndarray, max_steps: int, seed_offset: int = 0) -> dict:
         stream = {"noise_stream": "per run"} if isinstance(self.env, NoisyRewardBandit) else {}
+        seeds = {"seed_offset": seed_offset} if seed_offset else {}  # the scored runs' keys stay as they were
         return {"kind": "run", "setting": self.setting.name, "optimizer": self.optimizer, "instance": self.instance,
-                **stream,
+                **stream, **seeds,
                 "design": [design.batch, design.rollouts, design.capacity, design.on_policy],
                 "lrs": [float(v) for v in lrs], "seeds": self.options.seeds, "boots": int(self.boot_index.shape[0]),
                 "target": self.inst["target"], "max_steps": int(max_steps)}
 
-    def run(self, design: forgetting.Design, lrs: np.ndarray, max_steps: int) -> dict:
-        payload = self.payload(design, lrs, max_steps)
+    def run(self, design: forgetting.Design, lrs: np.ndarray, max_steps: int, seed_offset: int = 0) -> dict:
+        """One design at the step sizes ``lrs`` with --seeds seeds from seed ``instance + seed_offset`` (0: the scored
+        runs; PILOT_SEED: the user's recipe, disjoint from them), stored."""
+        payload = self.payload(design, lrs, max_steps, seed_offset)
         found = self.store.get(payload)
         if found is not None:
             return found
         trace = to_target.run_to_target(self.env, self.setting.loss, design, lrs, self.options.seeds, self.optimizer,
-                                        self.inst["target"], max_steps, seed=self.instance,
+                                        self.inst["target"], max_steps, seed=self.instance + seed_offset,
                                         boot_index=self.boot_index, on_step=self.tick)
         best = _best_lr(trace.crossing[0])
         return self.store.put(payload, {
@@ -414,11 +430,11 @@ class Unit:
             "curve_steps": trace.reward_steps.tolist()})
 
     def tune(self, label: str, design: forgetting.Design, start: float, max_steps: int,
-             first: np.ndarray | None = None) -> dict:
+             first: np.ndarray | None = None, seed_offset: int = 0) -> dict:
         """Step sizes start x sqrt(2)^(1, 0, -1, -2) (or ``first``), extended by two beyond an edge where the best
         sits (up to MAX_EXTEND rounds), then the best's two neighbours 2^(1/4) away; the merged record."""
         lrs = np.asarray(first if first is not None else start * LR_RATIO ** np.array([1.0, 0.0, -1.0, -2.0]))
-        runs = [self.run(design, lrs, max_steps)]
+        runs = [self.run(design, lrs, max_steps, seed_offset)]
         extended = 0
         while True:
             merged = _merge(runs)
@@ -429,7 +445,8 @@ class Unit:
             if not (top or bottom) or extended == MAX_EXTEND:
                 if best is not None and not (top or bottom) and not np.any(np.isclose(
                         tried, tried[best] * LR_RATIO ** 0.5)):  # the best's quarter-octave neighbours, once
-                    runs.append(self.run(design, tried[best] * LR_RATIO ** np.array([0.5, -0.5]), max_steps))
+                    runs.append(self.run(design, tried[best] * LR_RATIO ** np.array([0.5, -0.5]), max_steps,
+                                         seed_offset))
                     continue
                 merged.update(extended=extended, at_edge=bool(best is not None and (top or bottom)),
                               reached=best is not None, max_steps=max_steps)
@@ -437,7 +454,7 @@ class Unit:
                 return merged
             more = tried.max() * LR_RATIO ** np.array([2.0, 1.0]) if top else tried.min() * LR_RATIO ** np.array(
                 [-1.0, -2.0])
-            runs.append(self.run(design, more, max_steps))
+            runs.append(self.run(design, more, max_steps, seed_offset))
             extended += 1
 
     def tuned_lr(self, label: str) -> float | None:
@@ -520,23 +537,38 @@ def _step_cap(options: Options, design: forgetting.Design, s_ref: float) -> int:
     return max(50, int(math.ceil(CAP_FACTOR * s_ref * ratio)))
 
 
-def train_unit(unit: Unit) -> None:
-    """The pilot (on-policy at 256), on-policy at every smaller batch, the pinned grid; MC, and exact where exact."""
-    options, setting = unit.options, unit.setting
+RECIPE = f"the user's recipe: on-policy B={BATCH}"
+"""The unit's runs label of the user's own step size at B: on-policy at B tuned to the target on the pilot's seeds
+(PILOT_SEED + instance), disjoint from the scored on-policy B = 256. A user arrives with a step size for their batch
+(a recipe, or their own earlier runs); this stands for it without reading a scored run. Its search is not counted
+in the pilot's compute: the user had it before asking."""
+
+
+def tune_at_batch(unit: Unit, label: str, seed_offset: int) -> float:
+    """On-policy at B = 256 tuned from a coarse grid around the setting's first step size (x 2^(2 .. -3)), refined
+    around its best: its seed-mean steps to the target. ``UnitNotScored`` when no step size reaches the target."""
+    setting = unit.setting
     lr0 = (setting.sgd_lr0 if unit.optimizer == "sgd" else setting.adam_lr0) * unit.lr_unit
-    pilot = forgetting.Design.on_policy_at(BATCH)
+    design = forgetting.Design.on_policy_at(BATCH)
     coarse = lr0 * 2.0 ** np.array([2.0, 1.0, 0.0, -1.0, -2.0, -3.0])
-    first = unit.run(pilot, coarse, PILOT_MAX_STEPS)
+    first = unit.run(design, coarse, PILOT_MAX_STEPS, seed_offset)
     best = _best_lr(np.asarray(first["crossing"])[0])
     if best is None:
         raise UnitNotScored(f"no step size of {', '.join(f'{v:.3g}' for v in coarse)} reached the target with "
-                            f"on-policy B = {BATCH} in {PILOT_MAX_STEPS} steps (J* - J0 = "
+                            f"on-policy B = {BATCH} in {PILOT_MAX_STEPS} steps ({label}; J* - J0 = "
                             f"{unit.inst['j_star'] - unit.inst['j0']:.3g})")
     refine = coarse[best] * LR_RATIO ** np.array([1.0, -1.0])
-    unit.runs["_pilot_coarse"] = first
-    merged = unit.tune(f"on-policy B={BATCH}", pilot, 0.0, PILOT_MAX_STEPS,
-                       first=np.concatenate([coarse, refine]))
-    s_ref = float(design_steps(merged)[0])
+    merged = unit.tune(label, design, 0.0, PILOT_MAX_STEPS, first=np.concatenate([coarse, refine]),
+                       seed_offset=seed_offset)
+    return float(design_steps(merged)[0])
+
+
+def train_unit(unit: Unit) -> None:
+    """On-policy at 256 (the reference), at every smaller batch, the pinned grid; MC, and exact where exact. The
+    pilot's runs (``RECIPE``, ``measure_pilot``) are apart, on their own seeds."""
+    options = unit.options
+    pilot = forgetting.Design.on_policy_at(BATCH)
+    s_ref = tune_at_batch(unit, f"on-policy B={BATCH}", 0)
     # the exact pilot's steps, which cap every exact run below (read only when the unit is exact)
     s_ref_exact = (unit.exact_run(f"on-policy B={BATCH}", pilot, PILOT_MAX_STEPS)["steps_tuned"] if unit.exact
                    else math.nan)
@@ -605,91 +637,132 @@ def sample_grads(env, setting: Setting, theta: np.ndarray, behaviour: np.ndarray
     return coef[:, None] * centred  # (M, d) d loss / d theta per sample
 
 
+def pilot_steps(recipe_steps: float) -> int:
+    """The pilot's length in steps: the most P whose steps and curvature steps (each counted as one more step: its
+    three HVPs over 64 samples cost 384 sample-updates, one step of B = 256 at mu = 0.5 and less than one at any
+    larger mu) fit in PILOT_FRACTION of the recipe's steps to the target; one step when not even that fits (a run
+    that reaches the target in under 20 steps: the pilot then costs more than the fraction, and the tables say so)."""
+    budget = int(PILOT_FRACTION * recipe_steps)
+    fits = [p for p in range(1, budget + 1) if p + -(-p // CURVATURE_EVERY) <= budget]
+    return max(fits, default=1)
+
+
 def measure_pilot(unit: Unit) -> dict:
-    """kappa (exact, curvature pairs, lag-1 autocorrelation) and the staleness profile on the on-policy B = 256
-    pilot at its tuned step size, rerun with 16 seeds to LAG_SPAN[1] x its steps."""
-    label = f"on-policy B={BATCH}"
-    lr = unit.tuned_lr(label)
+    """The rule's inputs from a pilot a user can afford: ONE run (seed PILOT_SEED + instance, disjoint from every scored
+    run) of on-policy at B = 256 at the user's recipe step size (``RECIPE``), for PILOT_FRACTION of the recipe's own
+    steps to the target with its curvature steps (``pilot_steps``). Every step's batch gives the two-batch B_simple
+    (its halves and the whole: no extra rollouts); every CURVATURE_EVERY-th step, counted from the last, gives two
+    curvature pairs (the batch's quarters) and the B_crit terms (three HVPs, counted in the pilot's compute); the drift
+    M2(s) is read on the run's own trajectory at ages up to its length. Nothing here reads a scored run
+    (``tests/unit/test_theory_test_pilot`` perturbs them and checks)."""
+    lr = unit.tuned_lr(RECIPE)
     if lr is None:
-        raise UnitNotScored(f"{label} reached the target at no step size: no pilot to measure")
-    s_ref = int(design_steps(unit.runs[label])[0])
+        raise UnitNotScored(f"{RECIPE} reached the target at no step size: the user has no step size to run a pilot at")
+    s_user = float(design_steps(unit.runs[RECIPE])[0])
+    steps = pilot_steps(s_user)
     payload = {"kind": "pilot", "setting": unit.setting.name, "optimizer": unit.optimizer,
-               "instance": unit.instance, "lr": lr, "steps": s_ref, "seeds": unit.options.seeds,
-               "measures": ["kappa", "staleness", "drift", "b_simple"], "pairs": PAIRS,
+               "instance": unit.instance, "lr": lr, "steps": steps, "runs": PILOT_RUNS, "seed": PILOT_SEED,
+               "curvature_every": CURVATURE_EVERY, "version": 2,
                **({"noise_stream": "per pilot"} if isinstance(unit.env, NoisyRewardBandit) else {})}
     found = unit.store.get(payload)
     if found is not None:
         return found
-    env, seeds = unit.env, unit.options.seeds
+    env = unit.env
     if isinstance(env, NoisyRewardBandit):  # the measurements' verifier noise keyed by the pilot alone
         env = env.with_noise_stream(271828, unit.instance)
-    checkpoints = sorted({max(1, int(round(f * s_ref))) for f in KAPPA_CHECKPOINTS})
-    early = sorted({max(1, int(round(f * s_ref))) for f in B_SIMPLE_CHECKPOINTS})
-    lag_from, lag_to = int(LAG_SPAN[0] * s_ref), int(math.ceil(LAG_SPAN[1] * s_ref))
-    history, states, dots, sq = [], {}, [], []
+    curvature_steps = {t for t in range(steps) if (steps - 1 - t) % CURVATURE_EVERY == 0}
+    rng = np.random.default_rng([unit.instance, PILOT_SEED, len(unit.setting.name)])
+    history, small, big, num, den, ghg, exact_num, exact_den, dots, sq = ([] for _ in range(10))
     previous = {}
 
-    def precondition(optimizer) -> np.ndarray:  # (seeds, d) the D of Adam's update (1 for SGD)
+    def precondition(optimizer, grad: np.ndarray) -> np.ndarray:  # (runs, d) the D of this step's update (SGD: 1)
         if unit.optimizer == "sgd":
-            return np.ones_like(env.init_params(seeds))
-        count = max(optimizer.count, 1)
-        return 1.0 / (np.sqrt(optimizer.second / (1 - optimizer.beta2**count)) + optimizer.eps)
+            return np.ones_like(grad)
+        # the second moment this step's update divides by: the state after it folds in this gradient (before the
+        # first update the state is empty and 1 / eps would stand for D)
+        second = optimizer.beta2 * optimizer.second + (1 - optimizer.beta2) * grad**2
+        return 1.0 / (np.sqrt(second / (1 - optimizer.beta2 ** (optimizer.count + 1))) + optimizer.eps)
 
     def observer(step: int, params: np.ndarray, grad: np.ndarray, optimizer) -> None:
-        if step <= s_ref:
-            history.append(params.copy())  # (seeds, d): every seed's trajectory, for the drift
-        if step in checkpoints or step in early:
-            states[step] = (params.copy(), precondition(optimizer))
-        if lag_from <= step < lag_to:
-            # Adam's update is lr D m: in z = D^(-1/2) theta it is momentum SGD on D^(1/2) g (theory.forgetting)
-            g = grad * np.sqrt(precondition(optimizer))  # (seeds, d)
-            if "g" in previous:
-                dots.append(float(np.einsum("sd,sd->", g, previous["g"])))
-                sq.append(float(np.einsum("sd,sd->", previous["g"], previous["g"])))
-            previous["g"] = g
-
-    to_target.run_to_target(env, unit.setting.loss, forgetting.Design.on_policy_at(BATCH), [lr], seeds,
-                            unit.optimizer, math.inf, lag_to + 1, seed=10_000 + unit.instance, observer=observer)
-    rng = np.random.default_rng([unit.instance, 271828, len(unit.setting.name)])
-    num, den, exact_num, exact_den = [], [], [], []
-    for t in checkpoints:
-        params, precond = states[t]
-        for s in range(seeds):
-            theta = params[s][None]
-            d_vec = precond[s]
-            for _ in range(PAIRS):
-                g1 = sample_grads(env, unit.setting, theta, theta, BATCH // GROUP, rng).mean(axis=0)
-                g2 = sample_grads(env, unit.setting, theta, theta, BATCH // GROUP, rng).mean(axis=0)
-                xi = g1 - g2  # E xi xi^T = 2 Sigma / B: the signal cancels
+        history.append(params.copy())  # (runs, d): the parameters before update ``step`` (0-based)
+        precond = precondition(optimizer, grad)
+        # Adam's update is lr D m: in z = D^(-1/2) theta it is momentum SGD on D^(1/2) g (theory.forgetting)
+        g = grad * np.sqrt(precond)  # (runs, d)
+        if "g" in previous:
+            dots.append(float(np.einsum("sd,sd->", g, previous["g"])))
+            sq.append(float(np.einsum("sd,sd->", previous["g"], previous["g"])))
+        previous["g"] = g
+        for run in range(PILOT_RUNS):
+            theta, d_vec = params[run][None], precond[run]
+            # the step's batch: B = 256 fresh samples of the current policy, distributed as the training batch (a
+            # trainer reads its own batch; the simulator's loop does not hand it out)
+            grads = sample_grads(env, unit.setting, theta, theta, BATCH // GROUP, rng)  # (256, d)
+            halves = grads.reshape(2, BATCH // 2, -1).mean(axis=1)  # (2, d) whole groups: 16 of 8 each
+            whole = grads.mean(axis=0)
+            for h in halves:  # McCandlish's two-batch pair: each half against the whole batch
+                small.append(float(h @ h))
+                big.append(float(whole @ whole))
+            if step not in curvature_steps:
+                continue
+            quarters = grads.reshape(4, BATCH // 4, -1).mean(axis=1)  # (4, d)
+            for xi in (quarters[0] - quarters[1], quarters[2] - quarters[3]):  # E xi xi^T = 8 Sigma / B
                 v = d_vec * xi  # D xi
                 num.append(float(v @ _hvp(env, theta, v)))
                 den.append(float(xi @ (d_vec * xi)))
+            u = d_vec * whole  # D g: E[g^T D H D g] = G^T D H D G + tr(D H D Sigma) / B
+            ghg.append(float(u @ _hvp(env, theta, u)))
             a, b = _kappa_parts(env, unit.setting, theta, d_vec, rng)
             exact_num.append(a)
             exact_den.append(b)
+
+    to_target.run_to_target(env, unit.setting.loss, forgetting.Design.on_policy_at(BATCH), [lr], PILOT_RUNS,
+                            unit.optimizer, math.inf, steps, seed=PILOT_SEED + unit.instance, observer=observer)
     pairs = curvature_pairs_kappa(num, den, lr, np.random.default_rng([unit.instance, 31]), unit.optimizer)
     try:
         lag = forgetting.kappa_from_gradient_series(dots, sq, np.random.default_rng([unit.instance, 37]),
                                                     optimizer=unit.optimizer, beta1=BETA1,
                                                     pilot_batch=BATCH).to_dict()
     except ValueError as err:
-        lag = {"kappa": None, "reason": str(err), "lag1_autocorrelation": float(np.sum(dots) / np.sum(sq))}
+        lag = {"kappa": None, "reason": str(err),
+               "lag1_autocorrelation": float(np.sum(dots) / np.sum(sq)) if sq and np.sum(sq) > 0 else None}
     kappa_exact = lr * float(np.sum(exact_num) / np.sum(exact_den))  # weighted by noise power, as the pairs are
-    b_simple = _pilot_b_simple(env, unit.setting, [states[t][0] for t in early], rng)
-    trajectory = np.asarray(history)  # (steps + 1, seeds, d)
+    b_simple = noise_scale_lib.pooled_two_batch(small, big, BATCH // 2, BATCH, rng, n_boot=BOOTS)
+    trajectory = np.asarray(history)  # (steps, runs, d)
     profile = (measure_staleness(env, unit.setting, trajectory[:, 0], unit.instance)
                if not isinstance(env, QuadraticEnv) else None)
     drift = None if isinstance(env, QuadraticEnv) else measure_drift(env, trajectory)
-    result = {"lr": lr, "steps": s_ref, "checkpoints": checkpoints, "kappa_exact": kappa_exact,
-              "kappa_exact_what": ("exact: lr sum tr(D H D Sigma) / sum tr(D Sigma) over the checkpoints' seeds"
+    hvps = 3 * len(curvature_steps) * PILOT_RUNS
+    result = {"lr": lr, "steps": steps, "runs": PILOT_RUNS, "recipe_steps": s_user,
+              "curvature_steps": sorted(curvature_steps), "hvps": hvps,
+              "what": f"one run of on-policy B = {BATCH} (seed {PILOT_SEED} + instance, disjoint from the scored runs) "
+                      f"at the recipe's step size for {steps} step(s) = {100 * steps / s_user:.1f}% of the recipe's "
+                      f"steps to the target",
+              "kappa_exact": kappa_exact,
+              "kappa_exact_what": ("exact: lr sum tr(D H D Sigma) / sum tr(D Sigma) over the curvature steps"
                                    if isinstance(env, QuadraticEnv) else "reference: lr sum tr(D H D Sigma) / sum "
                                    "tr(D Sigma), H exact, Sigma from 4,096 samples per point"),
               "kappa_pairs": pairs, "kappa_lag": lag, "staleness": profile, "drift": drift,
-              "b_simple": {**b_simple.to_dict(), "checkpoints": early,
-                           "what": "two-batch B_simple (halves of B = 256 in whole groups, and the whole batch) at "
-                                   f"{', '.join(f'{f:g}' for f in B_SIMPLE_CHECKPOINTS)} of the pilot's steps, "
-                                   "pooled over seeds and checkpoints"}}
+              "b_simple": {**b_simple.to_dict(),
+                           "what": "two-batch B_simple of every pilot step's batch (each half of 128 against the whole "
+                                   "256, whole groups), pooled over the steps"},
+              "b_crit": b_crit_record(num, ghg)}
     return unit.store.put(payload, result)
+
+
+def b_crit_record(num: list[float], ghg: list[float]) -> dict:
+    """McCandlish's B_crit = tr(D H D Sigma) / (G^T D H D G) from the pilot's HVPs (App. D: the noise scale that
+    counts curvature; D = 1 for SGD, Adam's preconditioner otherwise). Per curvature step, two quarter-batch pairs give
+    E[(D xi)^T H (D xi)] = 8 tr(D H D Sigma) / B and the whole batch's gradient E[(D g)^T H (D g)] = G^T D H D G +
+    tr(D H D Sigma) / B, so tr(D H D Sigma) = B/8 mean(num) and G^T D H D G = mean(ghg) - mean(num) / 8 (unbiased;
+    pooled over the steps before dividing). None with the reason when the curvature along G is not resolved > 0."""
+    if not num or not ghg:
+        return {"b_noise": None, "reason": "no curvature step"}
+    trace = BATCH / 8 * float(np.mean(num))
+    signal = float(np.mean(ghg)) - float(np.mean(num)) / 8
+    if not (trace > 0 and signal > 0):
+        return {"b_noise": None, "trace_h_sigma": trace, "g_h_g": signal,
+                "reason": "tr(H Sigma) or G^T H G estimated <= 0 (the noise swamps the curvature along G)"}
+    return {"b_noise": trace / signal, "trace_h_sigma": trace, "g_h_g": signal, "pairs": len(num)}
 
 
 def curvature_pairs_kappa(num: list[float], den: list[float], lr: float, rng: np.random.Generator,
@@ -710,22 +783,6 @@ def curvature_pairs_kappa(num: list[float], den: list[float], lr: float, rng: np
     estimate = forgetting.kappa_from_curvature_pairs(num_a[keep], den_a[keep], lr, rng, optimizer=optimizer,
                                                      beta1=BETA1, pilot_batch=BATCH)
     return {**estimate.to_dict(), "pairs_without_noise": without}
-
-
-def _pilot_b_simple(env, setting: Setting, params_by_checkpoint: list[np.ndarray],
-                    rng: np.random.Generator) -> noise_scale_lib.PooledNoiseScale:
-    """The two-batch noise scale a trainer hook logs (McCandlish App. A.1): per seed and checkpoint, |g|^2 of the
-    first half of a fresh B = 256 batch (whole groups) and of the whole batch, pooled into one ratio of means with a
-    bootstrap interval over the (seed, checkpoint) rows. What a user measures; not the b that sets the steps."""
-    small, big = [], []
-    for params in params_by_checkpoint:  # (seeds, d)
-        for theta in params:
-            grads = sample_grads(env, setting, theta[None], theta[None], BATCH // GROUP, rng)  # (256, d)
-            half = grads[: BATCH // 2].mean(axis=0)
-            small.append(float(half @ half))
-            whole = grads.mean(axis=0)
-            big.append(float(whole @ whole))
-    return noise_scale_lib.pooled_two_batch(small, big, BATCH // 2, BATCH, rng, n_boot=BOOTS)
 
 
 def _hvp(env, theta: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -753,22 +810,23 @@ def _kappa_parts(env, setting: Setting, theta: np.ndarray, d_vec: np.ndarray,
 
 
 def measure_drift(env, trajectory: np.ndarray) -> dict:
-    """The exact drift of the policy at t from the policy at t - s on the pilot's trajectories (T + 1, seeds, d),
-    averaged over every seed and the checkpoints T/3, 2T/3, T: M2(s) = E_behav[(log pi_t / pi_{t-s})^2] (M2PO's
-    statistic; about chi^2 and 2 KL for a small drift, and without chi^2's heavy tail, which one nearly
-    deterministic seed can blow up). 1 + M2(s) is the variance factor of an importance weight at age s that the
-    forgetting rule's staleness cost reads (on a real run: diagnose's m2 by age). chi^2 and KL beside it."""
-    T, seeds = trajectory.shape[0] - 1, trajectory.shape[1]
-    checkpoints = sorted({max(1, T // 3), max(1, 2 * T // 3), T})
-    sums = {"m2": np.zeros(len(STALENESS)), "chi2": np.zeros(len(STALENESS)), "kl_new_behav": np.zeros(len(STALENESS))}
-    for t in checkpoints:
-        for i, s in enumerate(STALENESS):
-            div = env.exact_divergences(trajectory[t], trajectory[max(t - s, 0)])  # each (seeds,)
-            for key in sums:
-                sums[key][i] += float(np.mean(div[key]))
-    n = len(checkpoints)
-    return {"staleness": list(STALENESS), **{k: (v / n).tolist() for k, v in sums.items()}, "checkpoints": checkpoints,
-            "seeds": seeds}
+    """The exact drift of the policy at the pilot's last step T from itself s steps earlier, on its trajectory
+    (T + 1, runs, d), at the ages s in STALENESS up to T and T itself (a pilot sees no older policy: the rule's
+    ``Staleness`` extends the table beyond along its last slope, and says so): M2(s) = E_behav[(log pi_T / pi_{T-s})^2]
+    (M2PO's statistic; about chi^2 and 2 KL for a small drift, without chi^2's heavy tail). 1 + M2(s) is the variance
+    factor of an importance weight at age s that the forgetting rule's staleness cost reads (on a real run:
+    diagnose's m2 by age). chi^2 and KL beside it. A one-step pilot has no age > 0: no table, and the reason."""
+    T, runs = trajectory.shape[0] - 1, trajectory.shape[1]
+    ages = sorted({s for s in STALENESS if s <= T} | {T})
+    if len(ages) < 2:
+        return {"staleness": ages, "m2": [0.0], "chi2": [0.0], "kl_new_behav": [0.0], "checkpoints": [T],
+                "runs": runs, "reason": "the pilot is one step long: no older policy to measure the drift from"}
+    rows = {"m2": [], "chi2": [], "kl_new_behav": []}
+    for s in ages:
+        div = env.exact_divergences(trajectory[T], trajectory[T - s])  # each (runs,)
+        for key in rows:
+            rows[key].append(float(np.mean(div[key])))
+    return {"staleness": ages, **rows, "checkpoints": [T], "runs": runs}
 
 
 def measure_staleness(env, setting: Setting, history: np.ndarray, instance: int) -> dict:
@@ -777,7 +835,7 @@ def measure_staleness(env, setting: Setting, history: np.ndarray, instance: int)
     fresh signal a stale sample keeps), and the stale gradients' bias (the paper's kappa, Assumption 3.2)."""
     rng = np.random.default_rng([instance, 104729])
     T = history.shape[0] - 1
-    checkpoints = sorted({max(1, T // 3), max(1, 2 * T // 3), T})
+    checkpoints = sorted({T // 3, 2 * T // 3, T})  # ages beyond a checkpoint read the pilot's start (said below)
     plain, normalised, retained, biases = [], [], [], []
     for t in checkpoints:
         theta = history[t][None]
@@ -807,7 +865,8 @@ def measure_staleness(env, setting: Setting, history: np.ndarray, instance: int)
         return {"staleness": list(STALENESS), "plain": None, "reason": "no checkpoint with a fresh signal"}
     return {"staleness": list(STALENESS), "plain": np.mean(plain, axis=0).tolist(),
             "normalised": np.mean(normalised, axis=0).tolist(), "retained": np.mean(retained, axis=0).tolist(),
-            "bias": float(np.max(biases)) if biases else 0.0, "checkpoints": checkpoints}
+            "bias": float(np.max(biases)) if biases else 0.0, "checkpoints": checkpoints,
+            "ages_measured_up_to": T, "older": "an age beyond a checkpoint's step reads the pilot's first policy"}
 
 
 def fit_noise_scale(steps: np.ndarray, batches: np.ndarray) -> tuple[float, float]:
@@ -910,6 +969,127 @@ def calibration_record(unit: Unit, pilot: dict) -> dict:
             "bias": 0.0 if unbiased else prof["bias"], "form": "plain" if unbiased else "signal-normalised"}
 
 
+def design_row(unit: Unit, label: str, design: forgetting.Design) -> dict:
+    """A trained design's row of the unit record: its steps per replicate (exact: the one exact value), step size,
+    and flags."""
+    spec = [design.batch, design.rollouts, design.capacity, design.on_policy]
+    if unit.exact:
+        ex = unit.exact_runs[label]
+        return {"label": label, "design": spec, "steps": [ex["steps_tuned"]], "reached": ex["reached"],
+                "at_edge": ex["at_edge"], "lr": ex["lr_tuned"],
+                "stationary_at_lr": ex["stationary"][ex["best"]] if ex["reached"] else None, "extended": 0,
+                "hovered": False}
+    record = unit.runs[label]
+    steps = design_steps(record)
+    best = _best_lr(np.asarray(record["crossing"])[0])
+    touch = record["first_touch"][best] if best is not None else 0
+    return {"label": label, "design": spec, "steps": steps.tolist(), "reached": record["reached"],
+            "at_edge": record["at_edge"], "lr": record["lrs"][best] if best is not None else None,
+            "extended": record["extended"], "hovered": bool(best is not None and 0 < touch < 0.8 * steps[0]),
+            "curve": record["curve"], "curve_steps": record["curve_steps"]}
+
+
+def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float,
+                max_steps_ratio: float = 2.0) -> tuple[advice.Query, list[str]]:
+    """The query ``replay-theory optimal`` gets from this pilot's numbers (``-B 256 --noise-scale B_simple --kappa
+    kappa --optimizer OPT --group-size 8 --latency-floor FLOOR`` and the drift table a profile carries), and what was
+    left out and why: a B_simple not resolved > 0 (optimal then says to stay at B), a kappa optimal refuses (outside
+    [KAPPA_MIN, the optimizer's stability limit): the user asks again without it)."""
+    from ..theory.optimal import KAPPA_MIN
+
+    notes = []
+    b_noise = (pilot.get("b_simple") or {}).get("b_noise")
+    if b_noise is None or not (math.isfinite(b_noise) and b_noise > 0):
+        notes.append(f"B_simple {b_noise}: not resolved > 0, no --noise-scale")
+        b_noise = None
+    kappa = (pilot.get("kappa_pairs") or {}).get("kappa")
+    if kappa is not None and not KAPPA_MIN <= kappa < forgetting.stable_kappa(optimizer, BETA1):
+        notes.append(f"kappa {kappa:.3g}: outside optimal's range, no --kappa")
+        kappa = None
+    elif kappa is None:
+        notes.append("no kappa from the pilot")
+    drift = pilot.get("drift")
+    staleness = (forgetting.Staleness(tuple(float(s) for s in drift["staleness"]),
+                                      tuple(1.0 + float(c) for c in drift["m2"]), "1 + M2(s) on the pilot")
+                 if drift and len(drift["staleness"]) >= 2 else forgetting.NO_STALENESS)
+    query = advice.Query(mu=float(mu), batch=BATCH, b_noise=b_noise, b_noise_source="the pilot's B_simple",
+                         kappa=kappa, kappa_source="the pilot's curvature pairs", optimizer=optimizer, beta1=BETA1,
+                         pilot_batch=BATCH, group_size=GROUP, floor=float(floor), staleness=staleness,
+                         max_steps_ratio=float(max_steps_ratio))
+    return query, notes
+
+
+def printed_design(pilot: dict, optimizer: str, mu: float, floor: float,
+                   max_steps_ratio: float = 2.0) -> forgetting.Design:
+    """The design ``optimal`` answers with for this pilot and cell (``theory.advice.advise``: the steps cap
+    ``--max-steps-ratio``, the horizon cap, whole groups; on-policy at B when it has no B_noise to answer from)."""
+    query, _ = pilot_query(pilot, optimizer, mu, floor, max_steps_ratio)
+    key = repr(query)  # every input of the answer (a frozen dataclass's repr): the cells of a unit share answers
+    if key not in _PRINTED:
+        answer = advice.advise(query)
+        _PRINTED[key] = (forgetting.Design.on_policy_at(BATCH) if not answer.get("measured") else forgetting.Design(
+            int(answer["batch_size"]), int(answer["rollouts_per_step"]), int(answer["capacity"]),
+            answer["regime"] == "on-policy"))
+    return _PRINTED[key]
+
+
+_PRINTED: dict[str, forgetting.Design] = {}
+"""printed_design's answers by query (advise searches thousands of designs; scoring asks the same query per row)."""
+
+
+def _nearest_label(unit: Unit, design: forgetting.Design) -> tuple[str, float]:
+    """The tuned grid design nearest to ``design`` (log distance in B, x and y; on-policy to on-policy) and the factor
+    that scales its step size to ``design``'s batch (the on-policy batches' sqrt rule: B^(alpha / 2))."""
+    alpha = 1.0 if unit.optimizer == "sgd" else 0.5
+    grid = unit.options.designs()
+    same = [(label, d) for label, d in grid if d.on_policy == design.on_policy] or grid
+
+    def distance(d: forgetting.Design) -> float:
+        return (math.log(d.batch / design.batch) ** 2 + math.log(d.x / design.x) ** 2
+                + math.log(d.y / design.y) ** 2)
+
+    label, near = min(same, key=lambda item: distance(item[1]))
+    return label, (design.batch / near.batch) ** (alpha / 2)
+
+
+def train_printed(unit: Unit, pilot: dict) -> list[tuple[str, forgetting.Design]]:
+    """Train every design ``optimal`` prints for this unit's pilot over the cells (mu, floor) at each
+    ``PRINTED_STEPS_RATIOS`` that is not in the grid:
+    the printed answer is scored as printed, off the grid where it falls. Its step size is searched as the grid's
+    are (from the nearest tuned design), to the same caps."""
+    options = unit.options
+    on_grid = {(d.batch, d.rollouts, d.capacity) for _, d in options.designs()}
+    s_ref = float(design_steps(unit.runs[f"on-policy B={BATCH}"])[0])
+    s_ref_exact = unit.exact_runs[f"on-policy B={BATCH}"]["steps_tuned"] if unit.exact else math.nan
+    out: list[tuple[str, forgetting.Design]] = []
+    cells = [(mu, floor, ratio) for ratio in printed_ratios(options) for mu in options.mus for floor in options.floors]
+    for mu, floor, ratio in cells:
+        design = printed_design(pilot, unit.optimizer, mu, floor, ratio)
+        key = (design.batch, design.rollouts, design.capacity)
+        if key in on_grid or any(key == (d.batch, d.rollouts, d.capacity) for _, d in out):
+            continue
+        label = printed_label(design)
+        if unit.exact:
+            unit.exact_run(label, design, _step_cap(options, design, s_ref_exact))
+        else:
+            near, factor = _nearest_label(unit, design)
+            start = unit.start_from((near, factor), (f"on-policy B={BATCH}", (design.batch / BATCH) ** 0.5))
+            unit.tune(label, design, start, _step_cap(options, design, s_ref))
+        out.append((label, design))
+    return out
+
+
+def printed_ratios(options: Options) -> tuple[float, ...]:
+    """The --max-steps-ratio values whose printed answers a unit trains: both, or with --quick the default alone."""
+    return PRINTED_STEPS_RATIOS[:1] if options.quick else PRINTED_STEPS_RATIOS
+
+
+def printed_label(design: forgetting.Design) -> str:
+    if design.on_policy:
+        return f"printed: on-policy B={design.batch}"
+    return f"printed: B={design.batch} R={design.rollouts} N={design.capacity}"
+
+
 def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options: Options,
              tick: Callable[[], None] | None = None, advance: Callable[[], None] | None = None) -> dict:
     """Train and measure one unit (resuming from OUT/runs), and return its record: every design's steps per seed
@@ -926,34 +1106,19 @@ def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options
         try:
             train_unit(unit)
             noise = measure_noise_scale(unit)
+            tune_at_batch(unit, RECIPE, PILOT_SEED)
             pilot = measure_pilot(unit)
+            printed = train_printed(unit, pilot)
         except UnitNotScored as why:
             return strict({"setting": setting_name, "optimizer": optimizer, "instance": instance, "exact": unit.exact,
                            "target": inst["target"], "j0": inst["j0"], "j_star": inst["j_star"], "designs": [],
                            "not_scored": str(why), "elapsed_s": round(time.time() - started, 1)})
-    designs = options.designs()
-    rows = []
-    for label, design in designs:
-        if unit.exact:
-            ex = unit.exact_runs[label]
-            steps = [ex["steps_tuned"]]
-            rows.append({"label": label, "design": [design.batch, design.rollouts, design.capacity, design.on_policy],
-                         "steps": steps, "reached": ex["reached"], "at_edge": ex["at_edge"],
-                         "lr": ex["lr_tuned"], "stationary_at_lr": (ex["stationary"][ex["best"]] if ex["reached"]
-                                                                    else None), "extended": 0, "hovered": False})
-            continue
-        record = unit.runs[label]
-        steps = design_steps(record)
-        best = _best_lr(np.asarray(record["crossing"])[0])
-        touch = record["first_touch"][best] if best is not None else 0
-        rows.append({"label": label, "design": [design.batch, design.rollouts, design.capacity, design.on_policy],
-                     "steps": steps.tolist(), "reached": record["reached"], "at_edge": record["at_edge"],
-                     "lr": record["lrs"][best] if best is not None else None, "extended": record["extended"],
-                     "hovered": bool(best is not None and 0 < touch < 0.8 * steps[0]),
-                     "curve": record["curve"], "curve_steps": record["curve_steps"]})
+    rows = [design_row(unit, label, design) for label, design in options.designs()]
+    printed_rows = [design_row(unit, label, design) for label, design in printed]
     return strict({"setting": setting_name, "optimizer": optimizer, "instance": instance, "exact": unit.exact,
                    "target": inst["target"], "j0": inst["j0"], "j_star": inst["j_star"], "designs": rows,
-                   "noise": noise, "alpha_measured": measured_alpha(noise), "pilot": pilot,
+                   "printed": printed_rows, "printed_ratios": list(printed_ratios(options)), "noise": noise,
+                   "alpha_measured": measured_alpha(noise), "pilot": pilot,
                    "calibration": calibration_record(unit, pilot), "elapsed_s": round(time.time() - started, 1)})
 
 
@@ -967,9 +1132,10 @@ def _designs_of(record: dict) -> list[forgetting.Design]:
 
 def staleness_of(record: dict) -> forgetting.Staleness:
     """r(s) = 1 + M2(s), the exact drift of the pilot's policy over s steps (rollout settings), or none (the
-    quadratic: a stored sample's gradient is exact at the current theta but for its fixed noise)."""
+    quadratic: a stored sample's gradient is exact at the current theta but for its fixed noise; a one-step pilot,
+    which saw no older policy)."""
     drift = record["pilot"].get("drift")
-    if not drift:
+    if not drift or len(drift["staleness"]) < 2:  # the quadratic, or a one-step pilot (its record says so)
         return forgetting.NO_STALENESS
     return forgetting.Staleness(tuple(float(s) for s in drift["staleness"]),
                                 tuple(1.0 + float(c) for c in drift["m2"]), "1 + M2(s) on the pilot, exact")
@@ -1039,6 +1205,17 @@ def _forgetting_b_simple_values(record: dict, designs: Designs, mu: float, floor
                                                "estimate is not > 0 (the pilot's noise swamps the difference)")
     pairs = record["pilot"].get("kappa_pairs") or {}
     return rule_values(designs, float(measured), pairs.get("kappa"), record["optimizer"], mu, floor,
+                       staleness_of(record), pairs.get("reason"))
+
+
+def _forgetting_b_crit_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | NoPick:
+    """The forgetting-aware rule fed the pilot's B_crit = tr(H Sigma) / G^T H G from HVPs (``b_crit_record``), kappa
+    and r(s) as the B_simple row: whether the curvature-weighted noise scale is the b that sets the steps."""
+    crit = record["pilot"].get("b_crit") or {}
+    if crit.get("b_noise") is None:
+        return NoPick("B_crit not resolved", crit.get("reason", "the unit was saved before the pilot measured it"))
+    pairs = record["pilot"].get("kappa_pairs") or {}
+    return rule_values(designs, float(crit["b_noise"]), pairs.get("kappa"), record["optimizer"], mu, floor,
                        staleness_of(record), pairs.get("reason"))
 
 
@@ -1159,9 +1336,11 @@ class Objective:
 
 
 OBJECTIVES = {
-    "forgetting": Objective("forgetting-aware rule", _forgetting_values),
+    "forgetting": Objective("reference: forgetting-aware, b fitted to the grid's on-policy steps (reads scored runs)",
+                            _forgetting_values),
     "forgetting_b_simple": Objective("forgetting-aware, b = the pilot's two-batch B_simple / B",
                                      _forgetting_b_simple_values),
+    "forgetting_b_crit": Objective("forgetting-aware, b = the pilot's B_crit / B (HVPs)", _forgetting_b_crit_values),
     "forgetting_exact": Objective("forgetting-aware, exact inputs", _forgetting_exact_values, exact_inputs=True),
     "noise_scale": Objective("noise-scale rule (psi = 1, x = 1)", _noise_scale_values),
     "paper_J": Objective("the paper's J", _paper_values),
@@ -1253,6 +1432,9 @@ def score_cell(record: dict, mu: float, floor: float) -> dict:
                          pinned_no_pick=f"nothing at B = {BATCH} in its menu")
         by_objective[name] = {**entry, "spearman": spearman(np.where(menu, values, np.inf), compute[0]),
                               "free_is_replay": not designs[free].on_policy}
+    # the printed answer ranks the grid as the rule fed the same pilot does: its Spearman is that row's
+    by_objective.update(score_printed(record, mu, floor, compute,
+                                      by_objective.get("forgetting_b_simple", {}).get("spearman")))
     on = np.array([d.on_policy for d in designs])
     # the replay branch: how much cheaper the best replay design is than the best on-policy batch (> 1: replay wins)
     replay_gain = float(compute[0][on].min() / compute[0][~on].min()) if (~on).any() else None
@@ -1263,6 +1445,62 @@ def score_cell(record: dict, mu: float, floor: float) -> dict:
             "best_free_at_edge": _grid_edge(designs, best_free),
             "best_pinned_at_edge": _grid_edge(designs, best_pinned),
             "by_objective": by_objective}
+
+
+PRINTED = {"printed": "the answer optimal prints from the pilot, as printed",
+           "printed_with_pilot": "the answer optimal prints, the pilot's compute added",
+           "printed_compute": "the answer optimal prints with --max-steps-ratio 1000 (least compute, no time budget)"}
+"""The printed answer's two rows: scored against the whole grid's best (the grid's best is the menu: a printed design
+off the grid can beat it, a regret below 1)."""
+
+
+PRINTED_STEPS_RATIOS = (2.0, 1000.0)
+"""``optimal``'s --max-steps-ratio for the printed rows: its default (a design may take up to 2x on-policy at B's steps,
+the wall-time budget) and its largest (least compute whatever the steps: the question the grid's best answers)."""
+
+
+def pilot_compute(pilot: dict, mu: float, floor: float) -> float:
+    """The pilot's compute in the cost model's unit: its steps of on-policy at B = 256 plus its HVPs
+    (``HVP_SAMPLE_UPDATES`` x ``HVP_SAMPLES`` each), for its one run."""
+    return (pilot["steps"] * forgetting.step_cost(BATCH, BATCH, mu, floor)
+            + pilot["hvps"] * HVP_SAMPLE_UPDATES * HVP_SAMPLES) * pilot.get("runs", 1)
+
+
+def score_printed(record: dict, mu: float, floor: float, compute: np.ndarray, spearman: float | None) -> dict:
+    """The printed answer's regret against the whole grid's best (compute (replicates, designs)), without and with the
+    pilot's compute; the pilot's share of on-policy at B's compute beside it; ``spearman``: the rank correlation of the
+    rule fed the same pilot over the grid (the printed answer is one design: it ranks nothing itself). Empty for a
+    unit saved before the printed answer was trained."""
+    if "printed" not in record:
+        return {}
+    best = compute.min(axis=1)
+    reference = design_steps_row(record, f"on-policy B={BATCH}") * forgetting.step_cost(BATCH, BATCH, mu, floor)
+    extra = pilot_compute(record["pilot"], mu, floor)
+    out = {}
+    trained = record.get("printed_ratios", PRINTED_STEPS_RATIOS)  # --quick trains the default answer alone
+    for name, ratio, added in (("printed", PRINTED_STEPS_RATIOS[0], 0.0),
+                               ("printed_with_pilot", PRINTED_STEPS_RATIOS[0], extra),
+                               ("printed_compute", PRINTED_STEPS_RATIOS[1], 0.0)):
+        if ratio not in trained:
+            continue
+        design = printed_design(record["pilot"], record["optimizer"], mu, floor, ratio)
+        key = [design.batch, design.rollouts, design.capacity, design.on_policy]
+        row = next((d for d in record["designs"] + record["printed"] if d["design"] == key), None)
+        if row is None:
+            raise ValueError(f"{record['setting']}/{record['optimizer']}/i{record['instance']}: the printed design "
+                             f"{key} was not trained (its unit was saved by other code)")
+        steps = np.array([math.inf if v is None else v for v in row["steps"]], dtype=float)
+        pick = steps * forgetting.step_cost(design.rollouts, design.batch, mu, floor)  # (replicates,)
+        with np.errstate(invalid="ignore"):
+            ratios = (pick + added) / best
+        interval = ([float(v) for v in np.quantile(ratios[1:], [0.05, 0.95], method="lower")] if ratios.size > 1
+                    else [float(ratios[0])] * 2)
+        out[name] = {"free": row["label"], "free_regret": float(ratios[0]), "free_ci": interval,
+                     "pinned": None, "pinned_regret": None, "pinned_ci": None,
+                     "pinned_no_pick": "answers over every batch", "spearman": spearman,
+                     "free_is_replay": not design.on_policy, "off_grid": row["label"].startswith("printed"),
+                     "pilot_share": extra / reference if reference > 0 else None}
+    return out
 
 
 def not_scored_cell(record: dict, mu: float, floor: float) -> dict:
@@ -1387,6 +1625,12 @@ def _objective_target(cells: list[dict], name: str) -> dict:
     rec["spearman_by_setting"] = means
     rec["min_setting_spearman"] = min((v for v in means.values() if v is not None), default=None)
     rec["replay_branch"] = _replay_branch(cells, name)
+    shares = [c["by_objective"][name]["pilot_share"] for c in cells
+              if c["by_objective"][name].get("pilot_share") is not None]
+    if shares:  # the printed answer's rows: the pilot's compute / on-policy at B's to the target
+        rec["pilot_share"] = {"median": float(np.median(shares)), "max": float(np.max(shares)),
+                              "over_10%": int(sum(v > PILOT_FRACTION for v in shares)), "cells": len(shares)}
+        rec["off_grid"] = sum(1 for c in cells if c["by_objective"][name].get("off_grid"))
     return rec
 
 
@@ -1398,11 +1642,14 @@ on-policy batch (measured): there a rule that never picks replay loses at least 
 def _replay_branch(scored: list[dict], name: str) -> dict:
     """The replay branch of an objective's free-batch picks, apart from the share over all cells (which hides a
     branch that is never right): cells where replay is cheapest by more than ``REPLAY_MARGIN`` and how many of them
-    it picked replay in (hits), and its replay picks where an on-policy batch was cheapest (false alarms) with their
-    worst regret."""
+    it picked replay in (hits), and its replay picks where an on-policy batch was cheapest and that lost to it (false
+    alarms) with their worst regret."""
     wins = [c for c in scored if c.get("replay_gain") is not None and c["replay_gain"] > REPLAY_MARGIN]
+    # a replay pick off the grid (the printed answer) can beat every grid design where an on-policy batch was the
+    # grid's best: an alarm only when it lost to that batch (regret > 1; on the grid any replay pick there does)
     alarms = [c for c in scored if c.get("replay_gain") is not None and c["replay_gain"] < 1.0
-              and c["by_objective"][name].get("free_is_replay")]
+              and c["by_objective"][name].get("free_is_replay")
+              and not (c["by_objective"][name].get("free_regret") or math.inf) <= 1.0]
     return {"replay_cheapest_by_20%": len(wins),
             "hits": sum(1 for c in wins if c["by_objective"][name].get("free_is_replay")),
             "false_alarms": len(alarms), "false_alarm_share": len(alarms) / len(scored) if scored else None,
@@ -1464,7 +1711,7 @@ def targets(cells: list[dict], units: list[dict], floor: int = HEADLINE_FLOOR) -
     out["cells_not_scored"] = len(unscored)
     out["units_not_scored"] = sorted(set(unscored))
     cells = [c for c in cells if not c.get("not_scored")]
-    for name in OBJECTIVES:
+    for name in [*OBJECTIVES, *PRINTED]:
         scored = [c for c in cells if name in c["by_objective"]]  # every cell it applies to, a pick or not
         if scored:
             out["objectives"][name] = _objective_target(scored, name)
@@ -1487,7 +1734,11 @@ def _protocol(options: Options) -> dict:
             "dev_instances": list(DEV_INSTANCES), "settings": {s: asdict(SETTINGS[s]) for s in options.settings},
             "optimizers": list(options.optimizers), "quick": options.quick, "lr_ratio": LR_RATIO,
             "exact_lr_ratio": EXACT_LR_RATIO, "max_extend": MAX_EXTEND, "cap_factor": CAP_FACTOR,
-            "window": to_target.WINDOW, "beta1": BETA1}
+            "window": to_target.WINDOW, "beta1": BETA1,
+            "pilot": {"fraction": PILOT_FRACTION, "seed": PILOT_SEED, "runs": PILOT_RUNS,
+                      "curvature_every": CURVATURE_EVERY, "hvp_sample_updates": HVP_SAMPLE_UPDATES,
+                      "hvp_samples": HVP_SAMPLES, "route": "B_simple"},
+            "objectives": [*OBJECTIVES, *PRINTED]}
 
 
 def check_out(out: Path, options: Options) -> Path:
@@ -1629,12 +1880,12 @@ def _ci(point, ci) -> str:
 def units_table(summary: dict) -> str:
     """One row per unit: the measured inputs against the exact ones, and the protocol's own checks."""
     lines = ["| setting | opt | inst | b from steps [90% CI] | b exact (SGD) | pilot B_simple / B [90% CI] | "
-             "B_simple / B (flow) | B_crit / B | kappa exact | kappa pairs [90% CI] | kappa lag-1 | alpha | edge / not "
-             "reached / hovered (of designs) |",
-             "|---" * 13 + "|"]
+             "pilot B_crit / B | pilot steps (of the recipe's) | B_simple / B (flow) | B_crit / B (exact) | "
+             "kappa exact | kappa pairs [90% CI] | kappa lag-1 | alpha | edge / not reached / hovered (of designs) |",
+             "|---" * 15 + "|"]
     for u in summary["units"]:
         if u.get("not_scored"):  # no pilot: nothing measured, the reason in the last column
-            lines.append(f"| {u['setting']} | {u['optimizer']} | {u['instance']} |" + " n/a |" * 8
+            lines.append(f"| {u['setting']} | {u['optimizer']} | {u['instance']} |" + " n/a |" * 11
                          + f" not scored: {u['not_scored']} |")
             continue
         n, p, c = u["noise"], u["pilot"], u["checks"]
@@ -1649,11 +1900,15 @@ def units_table(summary: dict) -> str:
                    f"[{_num(lo_hi[0])}, {_num(lo_hi[1])}]" if simple else "n/a")
         pairs = (f"{_num(kp.get('kappa'))} [{_num((kp.get('kappa_interval') or [None])[0])}, "
                  f"{_num((kp.get('kappa_interval') or [None, None])[1])}]")
+        crit_value = (p.get("b_crit") or {}).get("b_noise")
+        crit = _num(crit_value / BATCH) if crit_value is not None else "none" if p.get("b_crit") else "n/a"
+        steps = f"{p['steps']} ({_num(p.get('recipe_steps'))})" if "recipe_steps" in p else "n/a"
         if kp.get("kappa") is None and kp.get("pairs_without_noise"):  # said, as the lag-1 column says its none
             pairs = f"none ({kp['pairs_without_noise']} of {kp['pairs_without_noise'] + kp['units']} pairs xi = 0)"
         lines.append(
             f"| {u['setting']} | {u['optimizer']} | {u['instance']} | {_num(b)} [{_num(n['b_interval'][0])}, "
-            f"{_num(n['b_interval'][1])}] | {_num(exact_b)} | {pilot_b} | {_num(n.get('b_simple'))} | "
+            f"{_num(n['b_interval'][1])}] | {_num(exact_b)} | {pilot_b} | {crit} | {steps} | "
+            f"{_num(n.get('b_simple'))} | "
             f"{_num(n.get('b_crit'))} | {_num(p['kappa_exact'])} | {pairs} | {lag} | "
             f"{_num(u.get('alpha_measured'), 2)} | "
             f"{c['at_edge']} / {c['not_reached']} / {c['hovered']} (of {c['designs']}) |")
@@ -1661,10 +1916,12 @@ def units_table(summary: dict) -> str:
 
 
 def cells_table(summary: dict, floor: int = HEADLINE_FLOOR) -> str:
-    """One row per cell at ``floor``: the best design, the forgetting-aware rule's picks fed the pilot's B_simple (the
-    route ``optimal``'s evidence quotes) and their regrets, then the other rules' and the baselines' regrets."""
+    """One row per cell at ``floor``: the best design, the answer ``optimal`` prints from the pilot (at its default
+    steps budget, for least compute, and with the pilot's compute added), the forgetting-aware rule's grid picks fed
+    the pilot's B_simple and their regrets, then the other rules' and the baselines' regrets."""
     rule = "forgetting_b_simple"
     header = ["setting", "opt", "inst", "mu", "best (free)", "best (B = 256)",
+              "optimal as printed: pick, regret [90% CI]", "least compute: pick, regret", "with the pilot",
               "forgetting (pilot B_simple): free pick, regret [90% CI]", "its B = 256 pick, regret",
               "forgetting (b fitted to the grid)", "noise-scale rule: regret at B = 256", "paper J: regret at B = 256",
               "on-policy at B", "on-policy small", "trivial (floor)", "Spearman forgetting / J"]
@@ -1674,7 +1931,7 @@ def cells_table(summary: dict, floor: int = HEADLINE_FLOOR) -> str:
             continue
         if c.get("not_scored"):
             lines.append("| " + " | ".join([c["setting"], c["optimizer"], str(c["instance"]), f"{c['mu']:g}",
-                                             "not scored (no pilot: see the units table)"] + ["n/a"] * 8) + " |")
+                                             "not scored (no pilot: see the units table)"] + ["n/a"] * 11) + " |")
             continue
         o = c["by_objective"]
 
@@ -1686,7 +1943,13 @@ def cells_table(summary: dict, floor: int = HEADLINE_FLOOR) -> str:
             return f"no pick: {why}" if why else _regret_text(v[f"{mode}_regret"])
 
         f = o.get(rule) or {}
+
+        def printed(name, o=o):
+            v = o.get(name)
+            return f"{v['free']}, {_ci(v['free_regret'], v['free_ci'])}" if v else "n/a"
+
         row = [c["setting"], c["optimizer"], str(c["instance"]), f"{c['mu']:g}", c["best_free"], c["best_pinned"],
+               printed("printed"), printed("printed_compute"), get("printed_with_pilot"),
                f"{f['free']}, {_ci(f['free_regret'], f['free_ci'])}" if "free" in f else get(rule),
                f"{f['pinned']}, {_regret_text(f['pinned_regret'])}" if f.get("pinned") else get(rule, "pinned"),
                get("forgetting"), get("noise_scale", "pinned"), get("paper_J", "pinned"), get("on_policy"),
@@ -1727,7 +1990,17 @@ def targets_text(t: dict) -> str:
                      f"{', '.join(t['units_not_scored'])}")
     for name, o in t["objectives"].items():
         fr, pn = o["free"], o["pinned"]
-        label = OBJECTIVES[name].label if name in OBJECTIVES else name  # a stored summary's own name
+        label = OBJECTIVES[name].label if name in OBJECTIVES else PRINTED.get(name, name)  # else a stored name
+        if name in PRINTED:  # one design per cell over every batch: no pinned pick; the pilot's cost beside it
+            share = o.get("pilot_share") or {}
+            lines.append(f"- {label}: {fr['within_1.2']} of {o['cells']} within 1.2x of the whole grid's best "
+                         f"({100 * fr['share_within_1.2']:.0f}%), {fr['within_1.5']} within 1.5x, worst "
+                         f"{_worst_text(fr)}; off the grid in {o.get('off_grid', 0)} cells; pilot compute / on-policy "
+                         f"at B's: median {100 * share.get('median', math.nan):.1f}%, max "
+                         f"{100 * share.get('max', math.nan):.1f}%, over {100 * PILOT_FRACTION:g}% in "
+                         f"{share.get('over_10%', 0)} cells; Spearman (the rule on the same pilot) "
+                         f"{_num(o['min_setting_spearman'], 2)}" + _branch_text(o.get("replay_branch")))
+            continue
         lines.append(f"- {label}: free batch {fr['within_1.2']} of {o['cells']} within 1.2x "
                      f"({100 * fr['share_within_1.2']:.0f}%), {fr['within_1.5']} within 1.5x, worst "
                      f"{_worst_text(fr)}; at B = 256 {100 * pn['share_within_1.2']:.0f}% within 1.2x, worst "

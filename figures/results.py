@@ -539,14 +539,18 @@ def plot_validation(results: Path = Path("results"), axes=None) -> Figure:
 
 # --------------------------------------------------------------------------- does the theory predict?
 
-THEORY_TEST_OBJECTIVES = (("forgetting_b_simple", "forgetting-aware", "-"),
+THEORY_TEST_OBJECTIVES = (("printed", "optimal, as printed", "-"),
+                          ("printed_compute", "optimal, least compute", "-"),
                           ("on_policy_floor", "trivial: max(floor, min B)", "-."),
-                          ("noise_scale", "noise-scale rule", "-"), ("paper_J", "paper J", "--"),
-                          ("forgetting", "forgetting, b fitted to grid", "-"), ("on_policy", "always on-policy", "-."),
-                          ("on_policy_small", "on-policy, 2x steps", "-."), ("null", "null γ(y)", ":"))
-"""The objectives the figure shows, the rule fed what a user measures (the pilot's B_simple) and the trivial rule
-first: the right panel draws the first four."""
-REGRET_TICKS = (1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0)
+                          ("forgetting_b_simple", "rule's pick in the grid", "-"),
+                          ("on_policy_oracle", "oracle on-policy batch", ":"), ("paper_J", "paper J", "--"),
+                          ("forgetting", "b fitted to the grid", "-"), ("on_policy", "always on-policy", "-."))
+"""The objectives the figure shows: the answer optimal prints from a one-run pilot (at its default 2x steps budget and
+for least compute), the trivial rule it must beat and the rule's own pick over the grid first: the right panel draws
+these four."""
+REGRET_TICKS = (0.5, 1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0)
+"""A printed answer off the grid can beat the grid's best: regrets go below 1 (down to 0.35 at floor 64 in the run of
+docs/SIMULATION.md), so the axes start at 0.25."""
 
 
 def theory_test_cells(results: Path) -> tuple[list[dict], int]:
@@ -594,7 +598,7 @@ def plot_theory_test(results: Path = Path("results"), axes=None) -> Figure:
         ax.yaxis.set_major_locator(FixedLocator(REGRET_TICKS))
         ax.yaxis.set_major_formatter(ScalarFormatter())
         ax.yaxis.set_minor_locator(NullLocator())
-    axes[0].set_ylim(0.9, None)
+    axes[0].set_ylim(0.25, None)
     axes[0].axhline(1.2, color="0.5", lw=0.8, ls="--")
     axes[0].set_ylabel(f"regret, free batch, floor {floor} (share <= 1.2)")
     at = [c for c in cells if c["mu"] == 5.28 and c["b"] is not None and np.isfinite(c["b"])]
@@ -603,7 +607,7 @@ def plot_theory_test(results: Path = Path("results"), axes=None) -> Figure:
         if pts:
             axes[1].scatter(*zip(*pts), s=12, color=COLORS[i], marker="o^sD"[i], label=label, alpha=0.8, lw=0)
     axes[1].set_xscale("log")
-    axes[1].set_ylim(0.9, None)
+    axes[1].set_ylim(0.25, None)
     axes[1].axhline(1.2, color="0.5", lw=0.8, ls="--")
     axes[1].set_xlabel("b = B_noise / 256, measured (μ = 5.28)")
     axes[1].set_ylabel("regret, free batch")

@@ -1,10 +1,13 @@
 """`experiment theory-test --quick` on instances it was never developed on (issue 38: "a benchmark that runs anywhere").
 
 Instances 112 and 127 of the two-prompts setting (used nowhere else in the repository) have what once stopped the
-run: on 112 the on-policy steps are equal at every batch (B_noise fitted at 0 up to rounding) and every curvature
-pair of the pilot has xi = 0 (a converged two-prompt policy: equal rewards in every group); on 127 every curvature
-pair of the SGD pilot has xi = 0 while B_noise is finite. Each at the default --jobs (two units of one setting and
-instance share its stored instance record), in a subprocess as a user runs it.
+run: on 112 the on-policy steps are equal at every batch (B_noise fitted at 0 up to rounding); under the pilot of
+before issue 38 (at 1-2x the steps to the target) every curvature pair of 112 and of 127's SGD unit had xi = 0 (a
+converged two-prompt policy: equal rewards in every group). The one-run pilot now measures at the start, where the
+pairs have noise but the SGD kappa comes out far past SGD's stability limit of 2 (164 on 112, -202 on 127), which
+`optimal` refuses: the printed answer is then asked without --kappa, as a user would (the xi = 0 path itself:
+tests/unit/test_theory_test.py). Each at the default --jobs (two units of one setting and instance share its stored
+instance record), in a subprocess as a user runs it.
 """
 
 import json
@@ -14,7 +17,7 @@ import sys
 import pytest
 
 INSTANCES = (112, 127)
-MUS, FLOORS, OPTIMIZERS = 5, 2, 2  # --quick's defaults: mu 0.5, 1, 2, 5.28, 20; floors 64 and 0; sgd and adam
+MUS, FLOORS, OPTIMIZERS = 5, 2, 2  # --quick's defaults: mu 0.5, 1, 2, 5.28, 20; floors 0 and 64; sgd and adam
 
 
 def test_quick_runs_on_fresh_instances_exit_0_and_count_every_cell_with_or_without_a_pick(tmp_path):
@@ -29,13 +32,16 @@ def test_quick_runs_on_fresh_instances_exit_0_and_count_every_cell_with_or_witho
     assert len(summary["cells"]) == per_floor * FLOORS
     units = {(u["instance"], u["optimizer"]): u for u in summary["units"]}
     assert len(units) == len(INSTANCES) * OPTIMIZERS
-    # the pilots whose curvature pairs all had xi = 0: no kappa, the pairs counted, the table says so
-    for key in ((112, "sgd"), (112, "adam"), (127, "sgd")):
-        pairs = units[key]["pilot"]["kappa_pairs"]
-        assert pairs["kappa"] is None and pairs["units"] < 2 <= pairs["pairs_without_noise"], pairs
+    # the SGD pilots' kappa is outside optimal's range: left out of the printed answer's query, said in its notes
+    from replay_theory.experiments import theory_test as tt
+
+    for key in ((112, "sgd"), (127, "sgd")):
+        kappa = units[key]["pilot"]["kappa_pairs"]["kappa"]
+        assert not 0 < kappa < 2, kappa
+        assert tt.pilot_query(units[key]["pilot"], "sgd", 5.28, 64)[0].kappa is None
     steps = units[(112, "sgd")]["noise"]["steps"]
     assert len(set(steps)) == 1 and abs(units[(112, "sgd")]["noise"]["b_noise"]) < 1e-9  # 0 up to rounding
-    no_pick_units = {(112, "sgd"), (112, "adam"), (127, "sgd")}
+    no_pick_units = {(112, "sgd"), (112, "adam")}  # B_noise fitted at 0: the reference row reads it
     for floor in map(str, summary["protocol"]["floors"]):
         t = summary["targets"][floor]
         assert t["cells"] == per_floor
@@ -47,16 +53,13 @@ def test_quick_runs_on_fresh_instances_exit_0_and_count_every_cell_with_or_witho
             assert sum(o["free"]["no_pick_reasons"].values()) == o["free"]["no_pick"], name
             assert o["free"]["within_1.2"] <= picked and o["free"]["share_within_1.2"] <= picked / per_floor
         f = t["objectives"]["forgetting"]["free"]
-        # 112's two units and 127's SGD unit: no B_noise > 0 or no kappa, in each of their 5 cells at this floor
-        assert f["no_pick"] == len(no_pick_units) * MUS
-        assert set(f["no_pick_reasons"]) <= {"B_noise fitted at <= 0", "kappa not measured"}
-        assert f["no_pick_reasons"].get("kappa not measured", 0) >= MUS  # 127/sgd: a finite B_noise, no kappa
+        assert f["no_pick"] == len(no_pick_units) * MUS and f["no_pick_reasons"] == {"B_noise fitted at <= 0": 10}
+        assert t["objectives"]["printed"]["free"]["no_pick"] == 0  # optimal answers in every cell, as printed
         for c in (c for c in summary["cells"] if str(c["floor"]) == floor):
             entry = c["by_objective"]["forgetting"]
             assert ("no_pick" in entry) == ((c["instance"], c["optimizer"]) in no_pick_units), c
     table = done.stdout  # the table printed (and written to OUT/table.md)
-    assert "| no pick: " in table and "no pick (counted as a miss): free batch in 15 of 20 (" in table
-    assert "none (" in table and "pairs xi = 0)" in table  # the units table says why the pilot has no kappa
+    assert "| no pick: " in table and "no pick (counted as a miss): free batch in 10 of 20 (" in table
 
 
 @pytest.mark.slow

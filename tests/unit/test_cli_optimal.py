@@ -167,12 +167,13 @@ def test_an_answer_outside_the_tested_range_says_so_in_its_evidence_line(cli):
     code, out, _ = cli("optimal", "--noise-scale", "1000", "--kappa", "0.2", "--optimizer", "adam", "-B", "256",
                        "--mu", "5.28", "--latency-floor", "64")
     evidence = next(line for line in out.splitlines() if line.startswith("evidence ("))
-    assert code == 0 and evidence.endswith("; this answer lies outside the tested range (replay at B = 442, not your "
-                                           "B = 256, x = 64 beyond 16): the benchmark trained replay only at its own "
-                                           "batch, x <= 16, y <= 32.")
+    assert code == 0 and evidence.endswith("; this answer lies outside the tested grid (replay at B = 442, not your "
+                                           "B = 256, x = 64 beyond 16): the benchmark's grid holds replay only at its "
+                                           "own batch, x <= 16, y <= 32; answers beyond it count in the shares above "
+                                           "only as the printed answers they were.")
     code, out, _ = cli("optimal", "--mu", "5.28", "-B", "512", "--noise-scale", "2383", "--kappa", "0.05",
                        "--group-size", "8", "--latency-floor", "128")
-    assert code == 0 and "outside the tested range" not in out
+    assert code == 0 and "outside the tested grid" not in out
 
 
 def test_the_tested_range_by_hand():
@@ -184,9 +185,10 @@ def test_the_tested_range_by_hand():
         return {"batch_size": b, "rollouts_per_step": r, "capacity": n, "on_policy": b == r == n}
 
     assert outside_tested_range(design(16, 16, 16), 512, record) is None  # 16 / 512 = 1/32: the lowest ratio run
-    assert "0.0156x your batch, the benchmark ran 0.03125x to 1x" in outside_tested_range(design(8, 8, 8), 512, record)
+    assert "0.0156x your batch, the benchmark's grid ran 0.03125x to 1x" in outside_tested_range(design(8, 8, 8), 512,
+                                                                                                 record)
     assert outside_tested_range(design(600, 600, 600), 512, record).startswith(
-        "this answer lies outside the tested range: on-policy at B = 600")
+        "this answer lies outside the tested grid: on-policy at B = 600")
     assert outside_tested_range(design(512, 16, 256), 512, record) is None  # x = 16, y = 32: the grid's corner
     assert "(x = 32 beyond 16, y = 64 beyond 32)" in outside_tested_range(design(512, 8, 256), 512, record)
     assert outside_tested_range(design(512, 16, 256), 512, {}) is None  # no stored benchmark: its line says so

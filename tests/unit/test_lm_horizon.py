@@ -78,3 +78,38 @@ def test_markdown_prints_both_tables_and_main_refuses_a_missing_run(tmp_path, ca
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().endswith("not found: run `replay-theory validate verify --out "
                                                     f"{tmp_path / 'missing'} --family horizon` first")
+
+
+def test_the_pilot_route_re_scores_the_same_rows_with_its_b_beside_the_runs(tmp_path, capsys):
+    report = {"mu": MU, "designs": ROWS, "config": {"seed": 0}}
+    profile = {"noise_scale": {"b_noise": B_NOISE},
+               "memory": {"kappa": KAPPA, "optimizer": "adam", "beta1": 0.9, "pilot_batch": 64.0}}
+    memory = fg.Memory(KAPPA, "adam", 0.9, 64.0)
+    pilot = {"noise_scale": {"b_noise": 10.0}}  # a pilot without kappa: the run's kappa with the pilot's b
+    line = lm_horizon.pilot_line(ROWS, MU, memory, B_NOISE, pilot)
+    theirs = lm_horizon.model_rows(ROWS, 10.0, MU, memory)["spearman"]
+    ours = lm_horizon.model_rows(ROWS, B_NOISE, MU, memory)["spearman"]
+    assert line == ("pilot route: B_noise = 10 (the run's: 100), the run's kappa 0.1; Spearman(predicted compute, "
+                    f"-reward): feedback {theirs['feedback']:.2f} (run's B_noise: {ours['feedback']:.2f}), no feedback "
+                    f"{theirs['no feedback']:.2f} (run's B_noise: {ours['no feedback']:.2f}), psi = 1 "
+                    f"{theirs['psi = 1']:.2f} (run's B_noise: {ours['psi = 1']:.2f})")
+    # at psi = 1 a smaller b makes the smaller on-policy batch cheaper still than at b = 100: hand, on-policy B/2
+    # against B: (1 + 10/32)(5.28 x 32 + 32) / ((1 + 10/64)(5.28 x 64 + 64)) = 0.567
+    rows = lm_horizon.model_rows(ROWS, 10.0, MU, memory)["rows"]
+    assert rows["on-policy B/2"]["psi = 1"]["compute"] == pytest.approx((1 + 10 / 32) * 6.28 * 32 / (
+        (1 + 10 / 64) * 6.28 * 64), rel=1e-12)
+    assert lm_horizon.pilot_line(ROWS, MU, memory, B_NOISE, {"noise_scale": {"b_noise": None}}).startswith(
+        "pilot: no B_noise > 0 in its profile (None)")
+    with_kappa = {"noise_scale": {"b_noise": 10.0}, "memory": {"kappa": 0.5, "optimizer": "adam", "beta1": 0.9,
+                                                                "pilot_batch": 64.0}}
+    assert ", the pilot's kappa 0.5;" in lm_horizon.pilot_line(ROWS, MU, memory, B_NOISE, with_kappa)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "report-horizon.json").write_text(json.dumps(report))
+    (run / "profile.json").write_text(json.dumps(profile))
+    (tmp_path / "pilot.json").write_text(json.dumps(pilot))
+    assert lm_horizon.main([str(run), "--pilot", str(tmp_path / "pilot.json")]) == 0
+    assert line in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        lm_horizon.main([str(run), "--pilot", str(tmp_path / "nope.json")])
+    assert exit_info.value.code == 2 and "--pilot" in capsys.readouterr().err

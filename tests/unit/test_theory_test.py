@@ -234,7 +234,10 @@ def test_a_quadratic_unit_measures_b_and_kappa_near_their_exact_values_and_resum
     assert unit["exact"] and {c["mu"] for c in summary["cells"]} == {1.0, 5.28}
     checks = unit["checks"]
     assert 1 / 1.5 <= checks["b_ratio"] <= 1.5
-    assert 0.75 <= checks["kappa_pairs_ratio"] <= 1.25
+    # the pilot's two curvature pairs (one step's batch in quarters: what a one-run, 10% pilot buys) scatter around
+    # the exact kappa by the ratio xi^T H xi / |xi|^2 of two 16-dim Gaussian draws: 1.29x here, within 2x
+    assert 0.5 <= checks["kappa_pairs_ratio"] <= 2.0
+    assert unit["pilot"]["kappa_pairs"]["units"] == 2 and unit["pilot"]["runs"] == 1
     assert checks["stationary_at_or_above_target"] == 0
     # the exact kappa of SGD on the quadratic: lr tr(H Sigma) / tr Sigma with Sigma = s^2 H
     env = QuadraticEnv(QuadraticConfig(condition=100.0, noise_scale=10 * 256, instance_seed=0, target_fraction=0.9))
@@ -472,10 +475,11 @@ def test_a_cell_without_a_pick_is_counted_as_a_miss_in_the_targets_and_said_in_t
     assert t["objectives"]["paper_J"]["free"]["no_pick"] == 0  # it read no B_noise: a pick in both
     summary = json.loads(json.dumps(tt.strict({"cells": cells, "targets": {"64": t}})))
     text = tt.targets_text(summary["targets"]["64"])
-    line = next(x for x in text.splitlines() if x.startswith("- forgetting-aware rule:"))
+    line = next(x for x in text.splitlines() if x.startswith("- reference: forgetting-aware, b fitted"))
     assert line.endswith("; no pick (counted as a miss): free batch in 1 of 2 (B_noise fitted at <= 0: 1), "
                          "at B = 256 in 1 of 2 (B_noise fitted at <= 0: 1)")
-    assert line.startswith("- forgetting-aware rule: free batch ")
+    assert line.startswith("- reference: forgetting-aware, b fitted to the grid's on-policy steps (reads scored "
+                           "runs): free batch ")
     from replay_theory.theory import evidence
 
     assert not evidence.passes(f)  # "<= 1.5 in all": a cell without a pick fails it
@@ -526,7 +530,7 @@ def test_a_unit_without_a_pilot_is_not_scored_and_its_cells_are_counted_and_said
         assert t["units_not_scored"] == ["quadratic-noise10/adam/i0"]
         assert t["objectives"]["forgetting"]["cells"] == mus  # the scored unit's cells only: no rule missed there
     table = tt.summary_table(summary)
-    assert "| quadratic-noise10 | adam | 0 |" + " n/a |" * 8 + " not scored: no step size of 1, 2" in table
+    assert "| quadratic-noise10 | adam | 0 |" + " n/a |" * 11 + " not scored: no step size of 1, 2" in table
     assert f"- cells not scored, in no objective's count (their unit's pilot reached the target at no step size; " \
            f"the units table says why): {mus} of {2 * mus}, units quadratic-noise10/adam/i0" in table
     assert (tmp_path / "tt" / "units" / "quadratic-noise10-adam-0.json").exists()  # kept: a resume reads it

@@ -1,0 +1,36 @@
+"""theory/evidence.json (what `optimal`'s tested: and evidence: lines quote) was written by the current benchmark:
+its protocol is the one `experiment theory-test` runs by default, and a quick run of the current code shares its
+pilot, objectives, target and step-size search (issue 38: "checked against a quick run in CI")."""
+
+from __future__ import annotations
+
+import json
+
+from replay_theory.experiments import theory_test as tt
+from replay_theory.theory import evidence
+
+STORED = json.loads(evidence.EVIDENCE_FILE.read_text())
+
+
+def test_the_stored_evidence_is_the_default_full_benchmarks():
+    full = tt._protocol(tt.Options())
+    record = evidence.evidence_record({"protocol": full}, STORED["command"])
+    assert STORED["protocol"] == json.loads(json.dumps(record["protocol"]))
+    assert STORED["settings"] == sorted(tt.SETTINGS)
+    assert STORED["command"] == "replay-theory experiment theory-test --out theory-test"
+    # every objective the current code scores has its row at every floor (the evidence lines read them by name)
+    for floor in map(str, tt.FLOORS):
+        assert set(STORED["targets_held_out"][floor]["objectives"]) == {*tt.OBJECTIVES, *tt.PRINTED}
+    assert STORED["protocol"]["instances"] == [0, *tt.HELD_OUT]
+
+
+def test_a_quick_run_of_the_current_code_shares_the_stored_protocol(tmp_path):
+    options = tt.Options(instances=(0,), settings=("quadratic-noise10",), optimizers=("sgd",), mus=(5.28,),
+                         floors=(64,), seeds=4, quick=True)
+    summary = tt.run_theory_test(tmp_path / "quick", options, progress=False)
+    quick = json.loads(json.dumps(evidence.evidence_record(summary, "quick")))
+    for key in evidence.SHARED_PROTOCOL:
+        assert quick["protocol"][key] == STORED["protocol"][key], key
+    # and it scores what the stored evidence quotes: the printed answer with and without the pilot
+    objectives = quick["targets"]["64"]["objectives"]
+    assert {"printed", "printed_with_pilot", "forgetting_b_simple", "on_policy_floor"} <= set(objectives)

@@ -1,0 +1,140 @@
+"""theory-test's pilot (issue 38): the rule's inputs come from a pilot disjoint from every scored run, the answer
+optimal prints is scored as printed, and the pilot's compute is counted, each against hand-computed values."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+
+from replay_theory.experiments import theory_test as tt
+from replay_theory.theory import advice
+from replay_theory.theory import forgetting as fg
+
+
+def _unit(tmp_path, setting: str = "quadratic-noise10", optimizer: str = "sgd") -> tt.Unit:
+    options = tt.Options(instances=(0,), settings=(setting,), optimizers=(optimizer,), mus=(1.0, 5.28),
+                         floors=(0, 64), seeds=4, quick=True)
+    store = tt.Store(tmp_path)
+    env, inst = tt.instance_record(store, tt.SETTINGS[setting], 0)
+    boot = np.random.default_rng(0).integers(0, options.seeds, size=(tt.BOOTS, options.seeds))
+    return tt.Unit(tt.SETTINGS[setting], optimizer, 0, env, inst, store, options, boot,
+                   exact=False)
+
+
+@pytest.mark.parametrize("setting,optimizer", [("quadratic-noise10", "adam"), ("bandit-grpo", "sgd")])
+def test_the_pilot_reads_no_scored_run(tmp_path, setting, optimizer):
+    """The pilot measured with no scored run trained at all, and again after the scored runs are trained and then
+    perturbed (every crossing doubled, the on-policy steps' fit changed): the same record, value for value."""
+    alone = _unit(tmp_path / "alone", setting, optimizer)
+    tt.tune_at_batch(alone, tt.RECIPE, tt.PILOT_SEED)
+    assert set(alone.runs) == {tt.RECIPE}  # nothing scored exists
+    pilot = tt.measure_pilot(alone)
+
+    full = _unit(tmp_path / "full", setting, optimizer)
+    tt.train_unit(full)
+    for record in full.runs.values():  # the grid's outcomes perturbed
+        record["crossing"] = (2 * np.asarray(record["crossing"])).tolist()
+        record["lrs"] = (1.5 * np.asarray(record["lrs"])).tolist()
+    tt.tune_at_batch(full, tt.RECIPE, tt.PILOT_SEED)
+    again = tt.measure_pilot(full)
+    assert again == pilot
+    assert pilot["runs"] == 1 and pilot["steps"] == max(1, int(0.1 * pilot["recipe_steps"]))
+    # the recipe runs on the pilot's own seeds: not the scored on-policy B = 256's (seed = instance)
+    scored = full.runs[f"on-policy B={tt.BATCH}"]
+    assert full.runs[tt.RECIPE]["runs"] != scored["runs"]
+
+
+def _pilot(b_noise=120.0, kappa=0.3, drift=None) -> dict:
+    return {"steps": 3, "hvps": 3, "runs": 1, "b_simple": {"b_noise": b_noise}, "kappa_pairs": {"kappa": kappa},
+            "drift": drift}
+
+
+def test_the_printed_design_is_optimals_answer_from_the_pilots_numbers():
+    pilot = _pilot()
+    design = tt.printed_design(pilot, "sgd", 5.28, 64)
+    answer = advice.advise(advice.Query(mu=5.28, batch=256, b_noise=120.0, kappa=0.3, optimizer="sgd",
+                                        pilot_batch=256, group_size=8, floor=64.0))
+    assert (design.batch, design.rollouts, design.capacity) == (answer["batch_size"], answer["rollouts_per_step"],
+                                                                 answer["capacity"])
+    # a B_simple not resolved > 0: optimal has no --noise-scale to answer from and says to stay at B
+    for missing in (None, -4.0, math.inf):
+        assert tt.printed_design(_pilot(b_noise=missing), "sgd", 5.28, 64) == fg.Design.on_policy_at(256)
+    query, notes = tt.pilot_query(_pilot(kappa=5.0), "sgd", 5.28, 64)  # kappa 5 >= SGD's limit 2: optimal refuses
+    assert query.kappa is None and notes == ["kappa 5: outside optimal's range, no --kappa"]
+    # a one-step pilot's drift (age 0 only) is no table: no staleness cost, as staleness_of says
+    one = {"staleness": [0], "m2": [0.0]}
+    assert tt.pilot_query(_pilot(drift=one), "sgd", 5.28, 64)[0].staleness == fg.NO_STALENESS
+    two = {"staleness": [0, 2], "m2": [0.0, 0.5]}
+    assert tt.pilot_query(_pilot(drift=two), "sgd", 5.28, 64)[0].staleness.ratio == (1.0, 1.5)
+
+
+def test_the_pilot_compute_by_hand():
+    # 3 steps of on-policy 256 at mu 2, floor 64: 3 x (2 x 256 + 256) = 2304; 3 HVPs x 2 x 64 samples = 384
+    assert tt.pilot_compute(_pilot(), 2.0, 64) == pytest.approx(2304 + 384)
+
+
+def _record(pilot: dict, printed_steps: list[float]) -> dict:
+    designs = {"on-policy B=64": [64, 64, 64, True], "on-policy B=256": [256, 256, 256, True],
+               "x=1 y=4": [256, 64, 64, False], "x=16 y=4": [256, 64, 1024, False]}
+    steps = {"on-policy B=64": [100.0, 110.0], "on-policy B=256": [40.0, 40.0], "x=1 y=4": [90.0, 80.0],
+             "x=16 y=4": [50.0, 55.0]}
+    record = {"setting": "s", "optimizer": "sgd", "instance": 0, "exact": False, "pilot": pilot,
+              "designs": [{"label": k, "design": v, "steps": steps[k]} for k, v in designs.items()]}
+    d = tt.printed_design(pilot, "sgd", 1.0, 0)
+    record["printed"] = [{"label": tt.printed_label(d), "design": [d.batch, d.rollouts, d.capacity, d.on_policy],
+                          "steps": printed_steps}]
+    record["printed_ratios"] = [2.0]  # the default answer only (as --quick trains): no least-compute row
+    return record
+
+
+def test_the_printed_answer_is_scored_as_printed_off_the_grid_with_and_without_the_pilot():
+    record = _record(_pilot(b_noise=500.0), [30.0, 33.0])
+    d = tt.printed_design(record["pilot"], "sgd", 1.0, 0)
+    assert d == fg.Design(192, 72, 4608)  # replay at B' = 192, R = 72 (9 groups), x = 64
+    assert d not in [fg.Design(*v["design"]) for v in record["designs"]]  # off the grid
+    compute = tt.measured_compute(record, 1.0, 0)
+    out = tt.score_printed(record, 1.0, 0, compute, spearman=0.8)
+    cost = d.rollouts + d.batch  # mu = 1, floor 0: mu R + B per step
+    best = 12800.0  # on-policy B=64: 100 steps x 128 (the grid's best, replicate 0)
+    assert out["printed"]["free_regret"] == pytest.approx(30 * cost / best)
+    pilot = 3 * 512 + 3 * 2 * 64  # 3 steps at B = 256 (mu + 1) + 3 HVPs over 64 samples
+    assert out["printed_with_pilot"]["free_regret"] == pytest.approx((30 * cost + pilot) / best)
+    assert out["printed"]["pilot_share"] == pytest.approx(pilot / (40 * 512))
+    assert out["printed"]["off_grid"] and out["printed"]["spearman"] == 0.8 and "printed_compute" not in out
+    # replicate 1: 33 steps against the replicate's best (on-policy B=64: 110 x 128 = 14080)
+    assert out["printed"]["free_ci"] == pytest.approx([33 * cost / 14080] * 2)
+    # the perturbation: the grid's outcomes change, the printed design (the rule's input) does not
+    moved = copy.deepcopy(record)
+    for row in moved["designs"]:
+        row["steps"] = [3 * s for s in row["steps"]]
+    moved["noise"] = {"b_noise": 1.0}
+    assert tt.printed_design(moved["pilot"], "sgd", 1.0, 0) == d
+    assert tt.score_printed(moved, 1.0, 0, tt.measured_compute(moved, 1.0, 0), None)["printed"]["free"] == \
+        out["printed"]["free"]
+
+
+def test_b_crit_from_hvps_is_unbiased_against_its_exact_value():
+    """b_crit_record's estimator on Gaussian gradients with known G, H, Sigma: within 5% of tr(H Sigma) / G^T H G."""
+    rng = np.random.default_rng(3)
+    d, batch = 6, tt.BATCH
+    h = np.diag(np.linspace(0.2, 3.0, d))
+    sigma = np.diag(np.linspace(2.0, 0.5, d)) * 40.0
+    g = np.linspace(1.0, -0.5, d)
+    exact = np.trace(h @ sigma) / (g @ h @ g)
+    num, ghg = [], []
+    for _ in range(4000):
+        samples = rng.multivariate_normal(g, sigma, size=batch)  # (256, d) per-sample gradients
+        quarters = samples.reshape(4, batch // 4, d).mean(axis=1)
+        for xi in (quarters[0] - quarters[1], quarters[2] - quarters[3]):
+            num.append(float(xi @ h @ xi))
+        whole = samples.mean(axis=0)
+        ghg.append(float(whole @ h @ whole))
+    record = tt.b_crit_record(num, ghg)
+    assert record["b_noise"] == pytest.approx(exact, rel=0.05)
+    assert record["trace_h_sigma"] == pytest.approx(np.trace(h @ sigma), rel=0.03)
+    assert tt.b_crit_record([], [])["b_noise"] is None
+    # the curvature along G swamped: said, never clamped
+    assert tt.b_crit_record([80.0, 80.0], [5.0])["reason"].startswith("tr(H Sigma) or G^T H G estimated <= 0")
