@@ -798,7 +798,7 @@ def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options
                    "calibration": calibration_record(unit, pilot), "elapsed_s": round(time.time() - started, 1)})
 
 
-# --------------------------------------------------------------------------- the objectives
+# --------------------------------------------------------------------------- a unit record, read
 
 
 def _designs_of(record: dict) -> list[forgetting.Design]:
