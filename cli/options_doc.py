@@ -13,7 +13,7 @@ def _sections() -> list[tuple[str, type, dict[str, tuple[str, ...]]]]:
     """(commands, config class, their option table): every field of a class, less those an earlier section printed."""
     from ..diagnose.calibrate_log import CalibrateLogConfig
     from ..diagnose.pipeline import DiagnoseConfig
-    from ..experiments.theory_test import Options
+    from ..experiments.theory_bench import Options
     from ..integrations.trl_run import TrlRunConfig
     from ..simulate.calibrate import ProbeOptions
     from ..simulate.config import SimConfig

@@ -16,9 +16,9 @@ import typer
 from ..core.jobs import check_jobs
 from ..core.progress import ProgressBar
 from ..experiments.paper_tables import EXPERIMENTS, get_experiment, write_table
-from ..experiments.theory_test import Options as TheoryTestOptions
-from ..experiments.theory_test import check_out as check_theory_test_out
-from ..experiments.theory_test import command_line, options_from, run_theory_test, summary_table, write_evidence
+from ..experiments.theory_bench import Options as TheoryTestOptions
+from ..experiments.theory_bench import check_out as check_theory_test_out
+from ..experiments.theory_bench import command_line, options_from, run_theory_test, summary_table, write_evidence
 from ..outputs import check_new_file
 from ..simulate.calibrate import (
     PROBE_ARGUMENTS,

@@ -29,8 +29,8 @@ from ..simulate.sweep import load_runs
 from ..theory.checks import require_one_of
 from ..theory.design import DesignQuery, optimal_design
 from ..theory.profiles import TabulatedProfile, load_profile, save_profile
-from .theory_test import SPEC as THEORY_TEST_SPEC
-from .theory_test import theory_test_table
+from .theory_bench import SPEC as THEORY_TEST_SPEC
+from .theory_bench import theory_test_table
 
 BANDIT = {"env": "bandit", "seeds": 8, "measure_drift": False, "lr": 0.01, "eval_every": 10}
 

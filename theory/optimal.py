@@ -490,8 +490,8 @@ def _paper_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
 @dataclass(frozen=True)
 class Objective:
     """One ``--objective``: its help, the function that answers it, its key among the benchmark's objectives
-    (theory/evidence.json; experiments/theory_test.py's ``OBJECTIVES``) and the objective-specific fields it reads
-    (``FORGETTING_FIELDS``, ``PAPER_FIELDS``, ``noise_scale``: the others are refused)."""
+    (theory/evidence.json; experiments/theory_bench/objectives.py's ``OBJECTIVES``) and the objective-specific fields it
+    reads (``FORGETTING_FIELDS``, ``PAPER_FIELDS``, ``noise_scale``: the others are refused)."""
 
     help: str
     answer: Callable[[OptimalQuery, float, str], Answer]

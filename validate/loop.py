@@ -544,8 +544,8 @@ def write_report(report: dict, out_dir: Path, stem: str, figure=None) -> None:
 
 def staleness_of_calibration(calibration: dict):
     """r(s) = 1 + 2 KL(s) from the calibration's exact drift KL(pi_t || pi_{t-s}) by lag (chi^2 and M2 are about 2 KL
-    for a small drift): the forgetting rule's staleness cost, as the benchmark reads M2(s) (experiments/theory_test.py);
-    none when the calibration measured no drift."""
+    for a small drift): the forgetting rule's staleness cost, as the benchmark reads M2(s)
+    (experiments/theory_bench/measure.py); none when the calibration measured no drift."""
     from ..theory.forgetting import NO_STALENESS, Staleness
 
     kl = {int(k): float(v) for k, v in (calibration.get("kl_by_lag") or {}).items() if v is not None}

@@ -263,9 +263,9 @@ def train_to_target(env: QuadraticEnv, lrs, capacity: int, rollouts: int, batch:
                     *, on_policy: bool, seed: int = 0, rng=None, materialise: bool = False,
                     stop_factor: float = 1.25) -> QuadraticTrace:
     """SGD theta <- theta + eta g (g from ``QuadraticReplay``), every (lr, seed) row at once, lr-major rows as
-    ``experiments.theory_test.train``, with its stopping rule: stop once some lr has every seed past ``env.target`` and
-    the step count exceeds ``stop_factor`` x that lr's best mean first passage (so the step size is decided), or
-    when every row has passed, or at ``max_steps``.
+    ``experiments.theory_bench.measure``, with its stopping rule: stop once some lr has every seed past
+    ``env.target`` and the step count exceeds ``stop_factor`` x that lr's best mean first passage (so the step size is
+    decided), or when every row has passed, or at ``max_steps``.
 
     ``rng`` defaults to ``PerSeedGenerator(seed, rows)``, what ``train`` uses.
     """

@@ -51,7 +51,7 @@ Haswell kernels, OPENBLAS_CORETYPE=Haswell): the same six cases differ as on the
 (simulate-json, simulate-token-mdp-async, calibrate-simulator, diagnose-verl, diagnose-default-save,
 theory-test-quick; some runs also diagnose-trl, calibrate-from-log-verl), by at most 2.5e-14 outside the lines below,
 and every case passes, two of them only under their LOOSER rules: numbers that pass through a central difference
-(the bandit's Hessian, experiments/theory_test.py exact_hessian, h = 1e-4, which sets every step size of
+(the bandit's Hessian, experiments/theory_bench/store.py exact_hessian, h = 1e-4, which sets every step size of
 theory-test-quick; the curvature pairs' H xi in calibrate-simulator) move by up to 4.8e-11, the floor power-law fit's
 alpha and tau (theory/profiles.py fit_profiles: two parameters from four points, tau far beyond them) by up to 2.5e-5
 and 2e-4, and a theory-test run's "key" is a digest of its config, whose step size moves. Each rule says why, covers

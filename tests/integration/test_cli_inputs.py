@@ -29,7 +29,7 @@ def test_a_decimal_comma_mu_is_ambiguous_and_refused(error_line, tmp_path):
 
 
 def test_a_list_that_cannot_be_one_decimal_comma_number_is_read_as_a_list():
-    from replay_theory.experiments.theory_test import number_list as _number_list
+    from replay_theory.experiments.theory_bench import number_list as _number_list
 
     assert _number_list("5.0,28", "--mu", "") == (5.0, 28.0)
     assert _number_list("0.5,1,2", "--mu", "") == (0.5, 1.0, 2.0)  # two commas: a list, whatever the locale

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from replay_theory.experiments import theory_test as tt
+from replay_theory.experiments import theory_bench as tt
 from replay_theory.theory import evidence
 
 STORED = json.loads(evidence.EVIDENCE_FILE.read_text())

@@ -26,7 +26,7 @@ def test_sanity_table_reports_the_fifo_formulas(tmp_path):
 
 def test_every_experiment_spec_is_valid():
     for name, experiment in experiments.EXPERIMENTS.items():
-        if name != "theory-test":  # its own runner (experiments/theory_test.py), not a sweep spec
+        if name != "theory-test":  # its own runner (experiments/theory_bench/), not a sweep spec
             assert expand_spec(experiment.spec), name
     assert set(experiments.EXPERIMENTS) == {"sanity", "experience-replay", "freshper", "m2po", "rloo", "exgrpo",
                                             "theory-test"}

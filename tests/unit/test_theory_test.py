@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 
 import numpy as np
 import pytest
 
-from replay_theory.experiments import theory_test as tt
+from replay_theory import __version__
+from replay_theory.experiments import theory_bench as tt
+from replay_theory.outputs import strict
 from replay_theory.simulate import to_target
 from replay_theory.simulate.envs import make_env
 from replay_theory.simulate.envs.bandit import NoisyBanditConfig, NoisyRewardBandit
@@ -248,7 +251,7 @@ def test_a_quadratic_unit_measures_b_and_kappa_near_their_exact_values_and_resum
     def no_training(*args, **kwargs):
         raise AssertionError("a finished unit was trained again")
 
-    monkeypatch.setattr(tt, "run_unit", no_training)
+    monkeypatch.setattr(tt.score, "run_unit", no_training)
     again = tt.run_theory_test(out, tiny, progress=False)
     assert json.dumps(again["cells"]) == json.dumps(json.loads(text)["cells"])
 
@@ -371,7 +374,7 @@ def test_a_run_that_appears_while_it_is_written_is_accepted_when_equal_and_refus
 
     store = tt.Store(tmp_path)
     payload, result = {"kind": "run", "i": 1}, {"steps": [5]}
-    text = json.dumps({"key": tt._key(payload), "replay_theory_version": tt.__version__, "config": payload, **result})
+    text = json.dumps({"key": tt._key(payload), "replay_theory_version": __version__, "config": payload, **result})
     real_link = outputs.os.link
 
     def another_worker_first(other: str):
@@ -404,12 +407,12 @@ def test_the_run_units_share_is_stored_once_before_any_unit_runs(tmp_path, monke
     def first_unit(out, setting, optimizer, instance, options, **kwargs):
         store = tt.Store(out)  # every (setting, instance) record is there already: no worker computes one
         for i in (5, 6):
-            payload = {"kind": "instance", "setting": tt.asdict(tt.SETTINGS[setting]), "instance": i,
+            payload = {"kind": "instance", "setting": asdict(tt.SETTINGS[setting]), "instance": i,
                        "target_fraction": tt.TARGET_FRACTION}
             seen.append(store.get(payload))
         raise Stop
 
-    monkeypatch.setattr(tt, "run_unit", first_unit)
+    monkeypatch.setattr(tt.score, "run_unit", first_unit)
     with pytest.raises(Stop):
         tt.run_theory_test(tmp_path / "tt", options, progress=False, jobs=1)
     assert len(seen) == 2 and all(r is not None and r["j_star"] > r["target"] > r["j0"] for r in seen)
@@ -473,7 +476,7 @@ def test_a_cell_without_a_pick_is_counted_as_a_miss_in_the_targets_and_said_in_t
     assert f["free"]["within_1.5"] == int(regret <= 1.5) and f["free"]["share_within_1.2"] == int(regret <= 1.2) / 2
     assert f["free"]["worst"] == regret and f["pinned"]["no_pick"] == 1
     assert t["objectives"]["paper_J"]["free"]["no_pick"] == 0  # it read no B_noise: a pick in both
-    summary = json.loads(json.dumps(tt.strict({"cells": cells, "targets": {"64": t}})))
+    summary = json.loads(json.dumps(strict({"cells": cells, "targets": {"64": t}})))
     text = tt.targets_text(summary["targets"]["64"])
     line = next(x for x in text.splitlines() if x.startswith("- reference: forgetting-aware, b fitted"))
     assert line.endswith("; no pick (counted as a miss): free batch in 1 of 2 (B_noise fitted at <= 0: 1), "
@@ -489,9 +492,9 @@ def test_a_pick_that_never_reached_the_target_is_an_inf_regret_in_the_text():
     steps = {"on-policy B=64": [100.0], "on-policy B=256": [40.0], "x=1 y=4": [math.inf], "x=16 y=4": [50.0]}
     cell = tt.score_cell(_record(steps), 1.0, 64)
     cell["by_objective"]["paper_J"].update(free="x=1 y=4", free_regret=math.inf)  # as if J had picked the censored
-    rec = tt._objective_target(json.loads(json.dumps(tt.strict([cell]))), "paper_J")  # inf stored as null
+    rec = tt._objective_target(json.loads(json.dumps(strict([cell]))), "paper_J")  # inf stored as null
     assert rec["free"]["worst"] == math.inf and rec["free"]["not_reached"] == 1 and rec["free"]["no_pick"] == 0
-    assert tt._worst_text(tt.strict(rec["free"])) == "inf (1 pick never reached the target)"
+    assert tt._worst_text(strict(rec["free"])) == "inf (1 pick never reached the target)"
 
 
 def test_a_baseline_with_nothing_at_the_pinned_batch_has_no_pinned_pick_not_the_first_design():
@@ -516,8 +519,8 @@ def test_a_unit_without_a_pilot_is_not_scored_and_its_cells_are_counted_and_said
             raise tt.UnitNotScored("no step size of 1, 2 reached the target with on-policy B = 256 in 6000 steps")
         return real(unit)
 
-    monkeypatch.setattr(tt, "train_unit", no_pilot_under_adam)
-    options = tt.Options(**{**tt.asdict(tiny), "optimizers": ("sgd", "adam")})
+    monkeypatch.setattr(tt.measure, "train_unit", no_pilot_under_adam)
+    options = tt.Options(**{**asdict(tiny), "optimizers": ("sgd", "adam")})
     summary = tt.run_theory_test(tmp_path / "tt", options, progress=False)
     mus, floors = len(options.mus), len(options.floors)
     assert len(summary["cells"]) == 2 * mus * floors  # both units' cells, the one not scored included

@@ -1,0 +1,161 @@
+"""The prediction benchmark of ``replay-theory experiment theory-test`` as a package (after bsuite's split).
+
+Papers: experience-replay (docs/REFERENCES.md), Sec. 3, Thm 3.4, Thm 3.5 / App. C.3; McCandlish et al. 2018 (arXiv
+1812.06162), Eq. 2.7; the forgetting-aware rule of ``theory/forgetting.py``. Protocol: docs/SIMULATION.md, 'Does a
+design rule predict?'. Each module imports only those before it:
+
+| module          | holds                                                                                  |
+|-----------------|----------------------------------------------------------------------------------------|
+| ``options``     | protocol constants (B = 256, group G, grids, instances), settings, options             |
+| ``store``       | the run store (resume), the instance records (target, smoothness)                       |
+| ``measure``     | one unit's training: step-size search, the pilot (B_noise, kappa, M2(s)), optimal's answer |
+| ``objectives``  | each rule's predicted cost per design (J, S_min (1 + B_noise/B), the forgetting rule)    |
+| ``score``       | the cells' regrets and Spearman rho, the targets, the run, summary.json, evidence.json  |
+| ``tables``      | the text tables                                                                         |
+
+Every name callers used from ``experiments/theory_test.py`` is re-exported here. Patch a name where it is looked up
+(``score.run_unit``, ``measure.train_unit``), not here.
+"""
+
+from .measure import (
+    RECIPE,
+    Unit,
+    UnitNotScored,
+    _designs_of,
+    _hvp,
+    _step_cap,
+    b_crit_record,
+    b_noise_kind,
+    calibration_record,
+    curvature_pairs_kappa,
+    design_row,
+    design_steps,
+    fit_noise_scale,
+    measure_drift,
+    measure_noise_scale,
+    measure_pilot,
+    measure_staleness,
+    measured_alpha,
+    pilot_query,
+    pilot_steps,
+    printed_design,
+    printed_label,
+    printed_ratios,
+    read_b_noise,
+    run_unit,
+    sample_grads,
+    staleness_of,
+    train_printed,
+    train_unit,
+    tune_at_batch,
+)
+from .objectives import (
+    OBJECTIVES,
+    PRINTED,
+    Designs,
+    NoPick,
+    Objective,
+    b_noise_no_pick,
+    design_steps_row,
+    measured_compute,
+    objective_values,
+    rule_values,
+)
+from .options import (
+    BATCH,
+    BETA1,
+    BOOTS,
+    CAP_FACTOR,
+    CURVATURE_EVERY,
+    DEFAULT_SETTINGS,
+    DEV_INSTANCES,
+    EXACT_LR_RATIO,
+    FLOORS,
+    GROUP,
+    HEADLINE_FLOOR,
+    HELD_OUT,
+    HVP_SAMPLE_UPDATES,
+    HVP_SAMPLES,
+    INSTANCES,
+    LR_RATIO,
+    MAX_EXTEND,
+    MAX_STEP_SIZES,
+    MUS,
+    NEXT_HELD_OUT,
+    ON_POLICY_BATCHES,
+    OPTIMIZERS,
+    PILOT_FRACTION,
+    PILOT_MAX_STEPS,
+    PILOT_RUNS,
+    PILOT_SEED,
+    PRINTED_STEPS_RATIOS,
+    QUADRATIC_CONDITION,
+    QUADRATIC_NOISE,
+    QUICK_FLOORS,
+    QUICK_ON_POLICY_BATCHES,
+    QUICK_X_GRID,
+    QUICK_Y_GRID,
+    SEEDS,
+    SETTINGS,
+    STALENESS,
+    TARGET_FRACTION,
+    X_GRID,
+    Y_GRID,
+    Options,
+    Setting,
+    check_options,
+    command_line,
+    number_list,
+    options_from,
+    peak_bytes,
+)
+from .score import (
+    REPLAY_MARGIN,
+    _objective_target,
+    _protocol,
+    _replay_branch,
+    check_out,
+    horizon_check,
+    not_scored_cell,
+    options_text,
+    pilot_compute,
+    run_theory_test,
+    score_cell,
+    score_printed,
+    spearman,
+    summarise,
+    targets,
+    unit_checks,
+    write_evidence,
+)
+from .store import Env, Store, _key, build_env, exact_hessian, instance_record
+from .tables import (
+    SPEC,
+    _worst_text,
+    cells_table,
+    load_summary,
+    summary_table,
+    targets_text,
+    theory_test_table,
+    units_table,
+)
+
+__all__ = [
+    "BATCH", "BETA1", "BOOTS", "CAP_FACTOR", "CURVATURE_EVERY", "DEFAULT_SETTINGS", "DEV_INSTANCES",
+    "EXACT_LR_RATIO", "FLOORS", "GROUP", "HEADLINE_FLOOR", "HELD_OUT", "HVP_SAMPLES", "HVP_SAMPLE_UPDATES",
+    "INSTANCES", "LR_RATIO", "MAX_EXTEND", "MAX_STEP_SIZES", "MUS", "NEXT_HELD_OUT", "ON_POLICY_BATCHES",
+    "OPTIMIZERS", "Options", "PILOT_FRACTION", "PILOT_MAX_STEPS", "PILOT_RUNS", "PILOT_SEED",
+    "PRINTED_STEPS_RATIOS", "QUADRATIC_CONDITION", "QUADRATIC_NOISE", "QUICK_FLOORS", "QUICK_ON_POLICY_BATCHES",
+    "QUICK_X_GRID", "QUICK_Y_GRID", "SEEDS", "SETTINGS", "STALENESS", "Setting", "TARGET_FRACTION", "X_GRID",
+    "Y_GRID", "check_options", "command_line", "number_list", "options_from", "peak_bytes", "Env", "Store",
+    "_key", "build_env", "exact_hessian", "instance_record", "RECIPE", "Unit", "UnitNotScored", "_designs_of",
+    "_hvp", "_step_cap", "b_crit_record", "b_noise_kind", "calibration_record", "curvature_pairs_kappa",
+    "design_row", "design_steps", "fit_noise_scale", "measure_drift", "measure_noise_scale", "measure_pilot",
+    "measure_staleness", "measured_alpha", "pilot_query", "pilot_steps", "printed_design", "printed_label",
+    "printed_ratios", "read_b_noise", "run_unit", "sample_grads", "staleness_of", "train_printed", "train_unit",
+    "tune_at_batch", "Designs", "NoPick", "OBJECTIVES", "Objective", "PRINTED", "b_noise_no_pick",
+    "design_steps_row", "measured_compute", "objective_values", "rule_values", "REPLAY_MARGIN",
+    "_objective_target", "_protocol", "_replay_branch", "check_out", "horizon_check", "not_scored_cell",
+    "options_text", "pilot_compute", "run_theory_test", "score_cell", "score_printed", "spearman", "summarise",
+    "targets", "unit_checks", "write_evidence", "SPEC", "_worst_text", "cells_table", "load_summary",
+    "summary_table", "targets_text", "theory_test_table", "units_table"]

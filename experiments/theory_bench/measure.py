@@ -1,0 +1,817 @@
+"""Training and measurement of one unit (setting, optimizer, instance): the step-size search, the pilot, the grid.
+
+Papers: experience-replay (docs/REFERENCES.md), Sec. 3, Thm 3.4, Thm 3.5 / App. C.3; McCandlish et al. 2018
+(arXiv 1812.06162), Eq. 2.7; the forgetting-aware rule of ``theory/forgetting.py`` (docs/THEORY.md, "Forgetting").
+Protocol: docs/SIMULATION.md, 'Does a design rule predict?'.
+
+| code name | symbol | meaning |
+|---|---|---|
+| ``b`` | B_noise / 256 | the noise scale at the pinned batch |
+| ``kappa`` | eta lambda_eff | the optimizer's memory at the pilot (1/kappa steps) |
+| ``b_simple``, ``b_crit`` | B_simple, B_crit | the pilot's noise scales (McCandlish Eq. 2.8, 2.7) |
+| ``m2`` | M2(s) | the staleness cost at age s |
+| ``steps`` | S | steps to the target at the tuned step size |
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from ...core.designs import compute_loss
+from ...core.pipeline import score
+from ...outputs import strict
+from ...simulate import to_target
+from ...simulate.config import config_from_dict
+from ...simulate.envs import NoisyRewardBandit
+from ...simulate.envs.quadratic import QuadraticEnv
+from ...theory import advice, forgetting
+from ...theory import noise_scale as noise_scale_lib
+from .options import (
+    BATCH,
+    BETA1,
+    BOOTS,
+    CAP_FACTOR,
+    CURVATURE_EVERY,
+    EXACT_LR_RATIO,
+    GROUP,
+    LR_RATIO,
+    MAX_EXTEND,
+    OPTIMIZERS,
+    PILOT_FRACTION,
+    PILOT_MAX_STEPS,
+    PILOT_RUNS,
+    PILOT_SEED,
+    PRINTED_STEPS_RATIOS,
+    SETTINGS,
+    STALENESS,
+    Options,
+    Setting,
+)
+from .store import Env, Store, exact_hessian, instance_record
+
+
+@dataclass
+class Unit:
+    """Everything one unit trains and measures, before scoring."""
+
+    setting: Setting
+    optimizer: str
+    instance: int
+    env: Env
+    inst: dict
+    store: Store
+    options: Options
+    boot_index: np.ndarray  # (BOOTS, seeds) the paired seed resamples of every design of the unit
+    tick: Callable[[], None] | None = None  # called every training step (keeps a progress bar's clock live)
+    advance: Callable[[], None] | None = None  # called after every design
+    exact: bool = False  # the quadratic under SGD: every design's expected curve exactly
+    runs: dict = field(default_factory=dict)  # label -> merged MC record
+    exact_runs: dict = field(default_factory=dict)  # label -> exact record
+
+    @property
+    def lr_unit(self) -> float:
+        return 1.0 / self.inst["smoothness"] if self.optimizer == "sgd" else 1.0
+
+    def payload(self, design: forgetting.Design, lrs: np.ndarray, max_steps: int, seed_offset: int = 0) -> dict:
+        stream = {"noise_stream": "per run"} if isinstance(self.env, NoisyRewardBandit) else {}
+        seeds = {"seed_offset": seed_offset} if seed_offset else {}  # the scored runs' keys stay as they were
+        return {"kind": "run", "setting": self.setting.name, "optimizer": self.optimizer, "instance": self.instance,
+                **stream, **seeds,
+                "design": [design.batch, design.rollouts, design.capacity, design.on_policy],
+                "lrs": [float(v) for v in lrs], "seeds": self.options.seeds, "boots": int(self.boot_index.shape[0]),
+                "target": self.inst["target"], "max_steps": int(max_steps)}
+
+    def run(self, design: forgetting.Design, lrs: np.ndarray, max_steps: int, seed_offset: int = 0) -> dict:
+        """One design at the step sizes ``lrs`` with --seeds seeds from seed ``instance + seed_offset`` (0: the scored
+        runs; PILOT_SEED: the user's recipe, disjoint from them), stored."""
+        payload = self.payload(design, lrs, max_steps, seed_offset)
+        found = self.store.get(payload)
+        if found is not None:
+            return found
+        trace = to_target.run_to_target(self.env, self.setting.loss, design, lrs, self.options.seeds, self.optimizer,
+                                        self.inst["target"], max_steps, seed=self.instance + seed_offset,
+                                        boot_index=self.boot_index, on_step=self.tick)
+        best = _best_lr(trace.crossing[0])
+        return self.store.put(payload, {
+            "lrs": [float(v) for v in lrs], "crossing": trace.crossing.tolist(),
+            "first_touch": trace.first_touch.tolist(), "steps": trace.steps,
+            "curve": trace.mean_reward[best].tolist() if best is not None else [],
+            "curve_steps": trace.reward_steps.tolist()})
+
+    def tune(self, label: str, design: forgetting.Design, start: float, max_steps: int,
+             first: np.ndarray | None = None, seed_offset: int = 0) -> dict:
+        """Step sizes start x sqrt(2)^(1, 0, -1, -2) (or ``first``), extended by two beyond an edge where the best
+        sits (up to MAX_EXTEND rounds), then the best's two neighbours 2^(1/4) away; the merged record."""
+        lrs = np.asarray(first if first is not None else start * LR_RATIO ** np.array([1.0, 0.0, -1.0, -2.0]))
+        runs = [self.run(design, lrs, max_steps, seed_offset)]
+        extended = 0
+        while True:
+            merged = _merge(runs)
+            tried = np.asarray(merged["lrs"])
+            best = _best_lr(np.asarray(merged["crossing"])[0])
+            top = best == 0
+            bottom = best is None or best == tried.size - 1
+            if not (top or bottom) or extended == MAX_EXTEND:
+                if best is not None and not (top or bottom) and not np.any(np.isclose(
+                        tried, tried[best] * LR_RATIO ** 0.5)):  # the best's quarter-octave neighbours, once
+                    runs.append(self.run(design, tried[best] * LR_RATIO ** np.array([0.5, -0.5]), max_steps,
+                                         seed_offset))
+                    continue
+                merged.update(extended=extended, at_edge=bool(best is not None and (top or bottom)),
+                              reached=best is not None, max_steps=max_steps)
+                self.runs[label] = merged
+                return merged
+            more = tried.max() * LR_RATIO ** np.array([2.0, 1.0]) if top else tried.min() * LR_RATIO ** np.array(
+                [-1.0, -2.0])
+            runs.append(self.run(design, more, max_steps, seed_offset))
+            extended += 1
+
+    def tuned_lr(self, label: str) -> float | None:
+        """The design's best step size; None when no step size it tried reached the target."""
+        record = self.runs[label]
+        best = _best_lr(np.asarray(record["crossing"])[0])
+        return None if best is None else float(record["lrs"][best])
+
+    def start_from(self, *neighbours: tuple[str, float]) -> float:
+        """The first reached neighbour's tuned step size times its factor: where a design's search starts."""
+        for label, factor in neighbours:
+            lr = self.tuned_lr(label) if label in self.runs else None
+            if lr is not None:
+                return lr * factor
+        raise RuntimeError(f"{self.setting.name}/{self.optimizer}/instance {self.instance}: none of "
+                           f"{', '.join(n for n, _ in neighbours)} reached the target to start a search from")
+
+    def exact_run(self, label: str, design: forgetting.Design, max_steps: int) -> dict:
+        """The design's exact expected curve at every step size of a 2^(1/4) grid from 2 / L down (SGD only)."""
+        L = self.inst["smoothness"]
+        lrs = 2.0 / L * EXACT_LR_RATIO ** -np.arange(0, 61)
+        payload = {"kind": "exact", **self.payload(design, lrs, max_steps)}
+        found = self.store.get(payload)
+        if found is None:
+            if not isinstance(self.env, QuadraticEnv):
+                raise ValueError(f"{self.setting.name}: exact expected curves need the quadratic environment")
+            trace = to_target.expected_to_target(self.env, design, lrs, max_steps)
+            found = self.store.put(payload, {"lrs": lrs.tolist(), "crossing": trace.crossing.tolist(),
+                                             "stationary": trace.stationary.tolist(), "steps": trace.steps})
+        crossing = np.asarray(found["crossing"])
+        best = _best_lr(crossing)
+        record = {**found, "best": best, "reached": best is not None,
+                  "at_edge": bool(best is not None and best in (0, crossing.size - 1)),
+                  "steps_tuned": float(crossing[best]) if best is not None else math.inf,
+                  "lr_tuned": float(lrs[best]) if best is not None else None, "max_steps": max_steps}
+        self.exact_runs[label] = record
+        return record
+
+
+class UnitNotScored(Exception):
+    """A unit the protocol cannot score: its pilot, on-policy at B = 256, reaches the target at none of its step sizes,
+    so no design has a reference (e.g. a two-prompts instance whose base policy is within 0.3% of J*: the seed mean
+    must resolve J0 + 0.9 (J* - J0) through the noise). ``run_unit`` records it with the reason; its cells are
+    counted as not scored, never dropped."""
+
+
+def _best_lr(crossing: np.ndarray) -> int | None:
+    """The step size whose crossing is earliest (0 = not reached); None when none reached."""
+    c = np.where(np.asarray(crossing) > 0, np.asarray(crossing, dtype=float), np.inf)
+    return None if not np.isfinite(c).any() else int(np.argmin(c))
+
+
+def _merge(runs: list[dict]) -> dict:
+    """Runs of one design at different step sizes as one record, step sizes descending."""
+    lrs = np.concatenate([r["lrs"] for r in runs])
+    order = np.argsort(-lrs, kind="stable")
+    crossing = np.concatenate([np.asarray(r["crossing"]) for r in runs], axis=1)[:, order]
+    first_touch = np.concatenate([r["first_touch"] for r in runs])[order]
+    best = _best_lr(crossing[0])
+    source = [(i, j) for i, r in enumerate(runs) for j in range(len(r["lrs"]))]
+    curve = runs[source[order[best]][0]]["curve"] if best is not None else []
+    curve_steps = runs[source[order[best]][0]]["curve_steps"] if best is not None else []
+    return {"lrs": lrs[order].tolist(), "crossing": crossing.tolist(), "first_touch": first_touch.tolist(),
+            "steps": max(r["steps"] for r in runs), "runs": [r["key"] for r in runs], "curve": curve,
+            "curve_steps": curve_steps}
+
+
+def design_steps(record: dict) -> np.ndarray:
+    """(BOOTS + 1,) steps to the target at the tuned step size, per replicate (row 0: the real seeds); inf: not
+    reached within the design's cap."""
+    c = np.asarray(record["crossing"], dtype=float)
+    return np.where(c > 0, c, np.inf).min(axis=1)
+
+
+def _step_cap(options: Options, design: forgetting.Design, s_ref: float) -> int:
+    """CAP_FACTOR x on-policy B = 256's steps x the largest ratio of its step cost to this design's over the cost
+    models: beyond it the design costs more than CAP_FACTOR x on-policy at every mu and floor."""
+    ratio = max(forgetting.step_cost(BATCH, BATCH, mu, f) / forgetting.step_cost(design.rollouts, design.batch, mu, f)
+                for mu in options.mus for f in options.floors)
+    return max(50, int(math.ceil(CAP_FACTOR * s_ref * ratio)))
+
+
+RECIPE = f"the user's recipe: on-policy B={BATCH}"
+"""The unit's runs label of the user's own step size at B: on-policy at B tuned to the target on the pilot's seeds
+(PILOT_SEED + instance), disjoint from the scored on-policy B = 256. A user arrives with a step size for their batch
+(a recipe, or their own earlier runs); this stands for it without reading a scored run. Its search is not counted
+in the pilot's compute: the user had it before asking."""
+
+
+def tune_at_batch(unit: Unit, label: str, seed_offset: int) -> float:
+    """On-policy at B = 256 tuned from a coarse grid around the setting's first step size (x 2^(2 .. -3)), refined
+    around its best: its seed-mean steps to the target. ``UnitNotScored`` when no step size reaches the target."""
+    setting = unit.setting
+    lr0 = (setting.sgd_lr0 if unit.optimizer == "sgd" else setting.adam_lr0) * unit.lr_unit
+    design = forgetting.Design.on_policy_at(BATCH)
+    coarse = lr0 * 2.0 ** np.array([2.0, 1.0, 0.0, -1.0, -2.0, -3.0])
+    first = unit.run(design, coarse, PILOT_MAX_STEPS, seed_offset)
+    best = _best_lr(np.asarray(first["crossing"])[0])
+    if best is None:
+        raise UnitNotScored(f"no step size of {', '.join(f'{v:.3g}' for v in coarse)} reached the target with "
+                            f"on-policy B = {BATCH} in {PILOT_MAX_STEPS} steps ({label}; J* - J0 = "
+                            f"{unit.inst['j_star'] - unit.inst['j0']:.3g})")
+    refine = coarse[best] * LR_RATIO ** np.array([1.0, -1.0])
+    merged = unit.tune(label, design, 0.0, PILOT_MAX_STEPS, first=np.concatenate([coarse, refine]),
+                       seed_offset=seed_offset)
+    return float(design_steps(merged)[0])
+
+
+def train_unit(unit: Unit) -> None:
+    """On-policy at 256 (the reference), at every smaller batch, the pinned grid; MC, and exact where exact. The
+    pilot's runs (``RECIPE``, ``measure_pilot``) are apart, on their own seeds."""
+    options = unit.options
+    pilot = forgetting.Design.on_policy_at(BATCH)
+    s_ref = tune_at_batch(unit, f"on-policy B={BATCH}", 0)
+    # the exact pilot's steps, which cap every exact run below (read only when the unit is exact)
+    s_ref_exact = (unit.exact_run(f"on-policy B={BATCH}", pilot, PILOT_MAX_STEPS)["steps_tuned"] if unit.exact
+                   else math.nan)
+    alpha = 1.0 if unit.optimizer == "sgd" else 0.5
+    previous = BATCH
+    for b in sorted(options.on_policy_batches, reverse=True):
+        if b == BATCH:
+            continue
+        design = forgetting.Design.on_policy_at(b)
+        start = unit.start_from((f"on-policy B={previous}", (b / previous) ** (alpha / 2)),
+                                (f"on-policy B={BATCH}", (b / BATCH) ** (alpha / 2)))
+        cap = _step_cap(options, design, s_ref)
+        unit.tune(f"on-policy B={b}", design, start, cap)
+        if unit.exact:
+            unit.exact_run(f"on-policy B={b}", design, _step_cap(options, design, s_ref_exact))
+        if unit.advance:
+            unit.advance()
+        previous = b
+    xs = sorted({x for x, _ in options.grid})
+    ys = sorted({y for _, y in options.grid})
+    for x in xs:
+        for y in ys:
+            design = forgetting.Design(BATCH, BATCH // y, x * BATCH // y)
+            label = f"x={x} y={y}"
+            if unit.exact:  # the expected curve exactly: no seeds, no step-size search to seed
+                unit.exact_run(label, design, _step_cap(options, design, s_ref_exact))
+            else:
+                # start next to the nearest design already tuned: the shorter horizon at this y, else the smaller y
+                # at this horizon, else on-policy at B scaled down by sqrt(y) (a design none of whose neighbours
+                # reached the target)
+                neighbours = [(f"x={xs[xs.index(x) - 1]} y={y}", 1.0)] if x != xs[0] else []
+                if y != ys[0]:
+                    neighbours.append((f"x={x} y={ys[ys.index(y) - 1]}", LR_RATIO ** -1))
+                neighbours.append((f"on-policy B={BATCH}", y ** -0.5))
+                start = unit.start_from(*neighbours)
+                unit.tune(label, design, start, _step_cap(options, design, s_ref))
+            if unit.advance:
+                unit.advance()
+
+
+# --------------------------------------------------------------------------- the inputs, measured
+
+
+def sample_grads(env, setting: Setting, theta: np.ndarray, behaviour: np.ndarray, groups: int,
+                 rng: np.random.Generator) -> np.ndarray:
+    """Per-sample LOSS gradients (M, d) at ``theta`` (1, d) on M = groups x 8 fresh responses of ``behaviour``
+    (rollout settings: the trained loss's per-sample terms, whose batch mean is a step's gradient), or M noisy
+    quadratic samples (behaviour ignored: a sample's noise does not depend on who drew it)."""
+    if isinstance(env, QuadraticEnv):
+        return env.sample_grads(theta, env.noise(rng, (1, groups * GROUP)))[0]
+    assert setting.loss is not None  # only the quadratic's settings have no loss, and it returned above
+    config = config_from_dict({"buffer": "on-policy", "pipeline": "sync", "capacity": BATCH,
+                               "rollouts_per_step": BATCH, "batch_size": BATCH, "group_size": GROUP,
+                               "loss": setting.loss[0], "advantage": setting.loss[1], "optimizer": "sgd", "seeds": 1})
+    prompts = np.repeat(rng.integers(0, env.num_prompts, size=(1, groups)), GROUP, axis=1)  # (1, M)
+    tokens, logp, mask = env.sample(behaviour, prompts, rng)
+    reward = env.reward(prompts, tokens, mask)
+    M = prompts.shape[1]
+    batch = score(config, prompts, tokens, mask, logp, reward, np.zeros((1, M), np.int64),
+                  np.repeat(np.arange(groups), GROUP)[None])
+    logp_new = env.logp(theta, prompts, tokens, mask)
+    coef = compute_loss(config, batch, logp_new).grad_logp[0, :, 0] * M  # (M,) undo the 1/M token mean
+    pi = np.exp(env.log_policy(theta))[0, prompts[0]]  # (M, A)
+    feats = env.features[prompts[0]]  # (M, A, d)
+    centred = feats[np.arange(M), tokens[0, :, 0]] - np.einsum("ma,mad->md", pi, feats)
+    return coef[:, None] * centred  # (M, d) d loss / d theta per sample
+
+
+def pilot_steps(recipe_steps: float) -> int:
+    """The pilot's length in steps: the most P whose steps and curvature steps (each counted as one more step: its
+    three HVPs over 64 samples cost 384 sample-updates, one step of B = 256 at mu = 0.5 and less than one at any
+    larger mu) fit in PILOT_FRACTION of the recipe's steps to the target; one step when not even that fits (a run
+    that reaches the target in under 20 steps: the pilot then costs more than the fraction, and the tables say so)."""
+    budget = int(PILOT_FRACTION * recipe_steps)
+    fits = [p for p in range(1, budget + 1) if p + -(-p // CURVATURE_EVERY) <= budget]
+    return max(fits, default=1)
+
+
+def measure_pilot(unit: Unit) -> dict:
+    """The rule's inputs from a pilot a user can afford: ONE run (seed PILOT_SEED + instance, disjoint from every scored
+    run) of on-policy at B = 256 at the user's recipe step size (``RECIPE``), for PILOT_FRACTION of the recipe's own
+    steps to the target with its curvature steps (``pilot_steps``). Every step's batch gives the two-batch B_simple
+    (its halves and the whole: no extra rollouts); every CURVATURE_EVERY-th step, counted from the last, gives two
+    curvature pairs (the batch's quarters) and the B_crit terms (three HVPs, counted in the pilot's compute); the drift
+    M2(s) is read on the run's own trajectory at ages up to its length. Nothing here reads a scored run
+    (``tests/unit/test_theory_test_pilot`` perturbs them and checks)."""
+    lr = unit.tuned_lr(RECIPE)
+    if lr is None:
+        raise UnitNotScored(f"{RECIPE} reached the target at no step size: the user has no step size to run a pilot at")
+    s_user = float(design_steps(unit.runs[RECIPE])[0])
+    steps = pilot_steps(s_user)
+    payload = {"kind": "pilot", "setting": unit.setting.name, "optimizer": unit.optimizer,
+               "instance": unit.instance, "lr": lr, "steps": steps, "runs": PILOT_RUNS, "seed": PILOT_SEED,
+               "curvature_every": CURVATURE_EVERY, "version": 2,
+               **({"noise_stream": "per pilot"} if isinstance(unit.env, NoisyRewardBandit) else {})}
+    found = unit.store.get(payload)
+    if found is not None:
+        return found
+    env = unit.env
+    if isinstance(env, NoisyRewardBandit):  # the measurements' verifier noise keyed by the pilot alone
+        env = env.with_noise_stream(271828, unit.instance)
+    curvature_steps = {t for t in range(steps) if (steps - 1 - t) % CURVATURE_EVERY == 0}
+    rng = np.random.default_rng([unit.instance, PILOT_SEED, len(unit.setting.name)])
+    history, small, big, num, den, ghg, exact_num, exact_den, dots, sq = ([] for _ in range(10))
+    previous = {}
+
+    def precondition(optimizer, grad: np.ndarray) -> np.ndarray:  # (runs, d) the D of this step's update (SGD: 1)
+        if unit.optimizer == "sgd":
+            return np.ones_like(grad)
+        # the second moment this step's update divides by: the state after it folds in this gradient (before the
+        # first update the state is empty and 1 / eps would stand for D)
+        second = optimizer.beta2 * optimizer.second + (1 - optimizer.beta2) * grad**2
+        return 1.0 / (np.sqrt(second / (1 - optimizer.beta2 ** (optimizer.count + 1))) + optimizer.eps)
+
+    def observer(step: int, params: np.ndarray, grad: np.ndarray, optimizer) -> None:
+        history.append(params.copy())  # (runs, d): the parameters before update ``step`` (0-based)
+        precond = precondition(optimizer, grad)
+        # Adam's update is lr D m: in z = D^(-1/2) theta it is momentum SGD on D^(1/2) g (theory.forgetting)
+        g = grad * np.sqrt(precond)  # (runs, d)
+        if "g" in previous:
+            dots.append(float(np.einsum("sd,sd->", g, previous["g"])))
+            sq.append(float(np.einsum("sd,sd->", previous["g"], previous["g"])))
+        previous["g"] = g
+        for run in range(PILOT_RUNS):
+            theta, d_vec = params[run][None], precond[run]
+            # the step's batch: B = 256 fresh samples of the current policy, distributed as the training batch (a
+            # trainer reads its own batch; the simulator's loop does not hand it out)
+            grads = sample_grads(env, unit.setting, theta, theta, BATCH // GROUP, rng)  # (256, d)
+            halves = grads.reshape(2, BATCH // 2, -1).mean(axis=1)  # (2, d) whole groups: 16 of 8 each
+            whole = grads.mean(axis=0)
+            for h in halves:  # McCandlish's two-batch pair: each half against the whole batch
+                small.append(float(h @ h))
+                big.append(float(whole @ whole))
+            if step not in curvature_steps:
+                continue
+            quarters = grads.reshape(4, BATCH // 4, -1).mean(axis=1)  # (4, d)
+            for xi in (quarters[0] - quarters[1], quarters[2] - quarters[3]):  # E xi xi^T = 8 Sigma / B
+                v = d_vec * xi  # D xi
+                num.append(float(v @ _hvp(env, theta, v)))
+                den.append(float(xi @ (d_vec * xi)))
+            u = d_vec * whole  # D g: E[g^T D H D g] = G^T D H D G + tr(D H D Sigma) / B
+            ghg.append(float(u @ _hvp(env, theta, u)))
+            a, b = _kappa_parts(env, unit.setting, theta, d_vec, rng)
+            exact_num.append(a)
+            exact_den.append(b)
+
+    to_target.run_to_target(env, unit.setting.loss, forgetting.Design.on_policy_at(BATCH), [lr], PILOT_RUNS,
+                            unit.optimizer, math.inf, steps, seed=PILOT_SEED + unit.instance, observer=observer)
+    pairs = curvature_pairs_kappa(num, den, lr, np.random.default_rng([unit.instance, 31]), unit.optimizer)
+    try:
+        lag = forgetting.kappa_from_gradient_series(dots, sq, np.random.default_rng([unit.instance, 37]),
+                                                    optimizer=unit.optimizer, beta1=BETA1,
+                                                    pilot_batch=BATCH).to_dict()
+    except ValueError as err:
+        lag = {"kappa": None, "reason": str(err),
+               "lag1_autocorrelation": float(np.sum(dots) / np.sum(sq)) if sq and np.sum(sq) > 0 else None}
+    kappa_exact = lr * float(np.sum(exact_num) / np.sum(exact_den))  # weighted by noise power, as the pairs are
+    b_simple = noise_scale_lib.pooled_two_batch(small, big, BATCH // 2, BATCH, rng, n_boot=BOOTS)
+    trajectory = np.asarray(history)  # (steps, runs, d)
+    profile = (measure_staleness(env, unit.setting, trajectory[:, 0], unit.instance)
+               if not isinstance(env, QuadraticEnv) else None)
+    drift = None if isinstance(env, QuadraticEnv) else measure_drift(env, trajectory)
+    hvps = 3 * len(curvature_steps) * PILOT_RUNS
+    result = {"lr": lr, "steps": steps, "runs": PILOT_RUNS, "recipe_steps": s_user,
+              "curvature_steps": sorted(curvature_steps), "hvps": hvps,
+              "what": f"one run of on-policy B = {BATCH} (seed {PILOT_SEED} + instance, disjoint from the scored runs) "
+                      f"at the recipe's step size for {steps} step(s) = {100 * steps / s_user:.1f}% of the recipe's "
+                      f"steps to the target",
+              "kappa_exact": kappa_exact,
+              "kappa_exact_what": ("exact: lr sum tr(D H D Sigma) / sum tr(D Sigma) over the curvature steps"
+                                   if isinstance(env, QuadraticEnv) else "reference: lr sum tr(D H D Sigma) / sum "
+                                   "tr(D Sigma), H exact, Sigma from 4,096 samples per point"),
+              "kappa_pairs": pairs, "kappa_lag": lag, "staleness": profile, "drift": drift,
+              "b_simple": {**b_simple.to_dict(),
+                           "what": "two-batch B_simple of every pilot step's batch (each half of 128 against the whole "
+                                   "256, whole groups), pooled over the steps"},
+              "b_crit": b_crit_record(num, ghg)}
+    return unit.store.put(payload, result)
+
+
+def b_crit_record(num: list[float], ghg: list[float]) -> dict:
+    """McCandlish's B_crit = tr(D H D Sigma) / (G^T D H D G) from the pilot's HVPs (App. D: the noise scale that
+    counts curvature; D = 1 for SGD, Adam's preconditioner otherwise). Per curvature step, two quarter-batch pairs give
+    E[(D xi)^T H (D xi)] = 8 tr(D H D Sigma) / B and the whole batch's gradient E[(D g)^T H (D g)] = G^T D H D G +
+    tr(D H D Sigma) / B, so tr(D H D Sigma) = B/8 mean(num) and G^T D H D G = mean(ghg) - mean(num) / 8 (unbiased;
+    pooled over the steps before dividing). None with the reason when the curvature along G is not resolved > 0."""
+    if not num or not ghg:
+        return {"b_noise": None, "reason": "no curvature step"}
+    trace = BATCH / 8 * float(np.mean(num))
+    signal = float(np.mean(ghg)) - float(np.mean(num)) / 8
+    if not (trace > 0 and signal > 0):
+        return {"b_noise": None, "trace_h_sigma": trace, "g_h_g": signal,
+                "reason": "tr(H Sigma) or G^T H G estimated <= 0 (the noise swamps the curvature along G)"}
+    return {"b_noise": trace / signal, "trace_h_sigma": trace, "g_h_g": signal, "pairs": len(num)}
+
+
+def curvature_pairs_kappa(num: list[float], den: list[float], lr: float, rng: np.random.Generator,
+                          optimizer: str) -> dict:
+    """kappa from the curvature pairs (``forgetting.kappa_from_curvature_pairs``) as the pilot records it, with
+    ``pairs_without_noise``: a pair whose two minibatch gradients are equal (xi = 0: every prompt group's rewards
+    equal, so no advantage; a policy that has converged on an easy instance) adds 0 to both of the estimate's sums,
+    so it is left out and counted, the estimate unchanged (as ``theory.profiles.curvature_pairs_record`` and
+    calibrate-simulator do). Fewer than 2 pairs with noise: no kappa, and the reason (the rule then gives no pick)."""
+    num_a, den_a = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    keep = den_a > 0
+    without = int((~keep).sum())
+    if keep.sum() < 2:
+        return {"kappa": None, "kappa_interval": [None, None], "method": "curvature-pairs", "optimizer": optimizer,
+                "units": int(keep.sum()), "pairs_without_noise": without,
+                "reason": f"{int(keep.sum())} of {den_a.size} curvature pairs have a gradient difference xi != 0 (the "
+                          f"minibatch gradients were equal: no reward variation within their prompt groups); need >= 2"}
+    estimate = forgetting.kappa_from_curvature_pairs(num_a[keep], den_a[keep], lr, rng, optimizer=optimizer,
+                                                     beta1=BETA1, pilot_batch=BATCH)
+    return {**estimate.to_dict(), "pairs_without_noise": without}
+
+
+def _hvp(env, theta: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """H v of the loss F = -J at theta: exact on the quadratic (H diagonal), central differences of the exact
+    gradient on a rollout environment (the expected loss's Hessian, what a minibatch HVP estimates)."""
+    if isinstance(env, QuadraticEnv):
+        return env.curvature * v
+    eps = 1e-4 / max(float(np.linalg.norm(v)), 1e-300)
+    g = env.exact_grad(np.concatenate([theta + eps * v, theta - eps * v]))  # (2, d) ascent
+    return -(g[0] - g[1]) / (2 * eps)
+
+
+def _kappa_parts(env, setting: Setting, theta: np.ndarray, d_vec: np.ndarray,
+                 rng: np.random.Generator) -> tuple[float, float]:
+    """(tr(D H D Sigma), tr(D Sigma)) at theta: exact on the quadratic (Sigma = diag(noise_var)); on a rollout
+    environment H exact and Sigma from 512 groups (the group mean is the independent unit, scaled to one sample)."""
+    if isinstance(env, QuadraticEnv):
+        h, var = env.curvature, env.noise_var
+        return float(np.sum(d_vec * h * d_vec * var)), float(np.sum(d_vec * var))
+    grads = sample_grads(env, setting, theta, theta, 512, rng).reshape(512, GROUP, -1).mean(axis=1)
+    sigma = GROUP * np.cov(grads, rowvar=False)  # (d, d) per sample, as the pairs' xi (B = 256 samples) scale
+    hess = exact_hessian(env, theta)
+    dm = np.diag(d_vec)
+    return float(np.trace(dm @ hess @ dm @ sigma)), float(np.trace(dm @ sigma))
+
+
+def measure_drift(env, trajectory: np.ndarray) -> dict:
+    """The exact drift of the policy at the pilot's last step T from itself s steps earlier, on its trajectory
+    (T + 1, runs, d), at the ages s in STALENESS up to T and T itself (a pilot sees no older policy: the rule's
+    ``Staleness`` extends the table beyond along its last slope, and says so): M2(s) = E_behav[(log pi_T / pi_{T-s})^2]
+    (M2PO's statistic; about chi^2 and 2 KL for a small drift, without chi^2's heavy tail). 1 + M2(s) is the variance
+    factor of an importance weight at age s that the forgetting rule's staleness cost reads (on a real run:
+    diagnose's m2 by age). chi^2 and KL beside it. A one-step pilot has no age > 0: no table, and the reason."""
+    T, runs = trajectory.shape[0] - 1, trajectory.shape[1]
+    ages = sorted({s for s in STALENESS if s <= T} | {T})
+    if len(ages) < 2:
+        return {"staleness": ages, "m2": [0.0], "chi2": [0.0], "kl_new_behav": [0.0], "checkpoints": [T],
+                "runs": runs, "reason": "the pilot is one step long: no older policy to measure the drift from"}
+    rows = {"m2": [], "chi2": [], "kl_new_behav": []}
+    for s in ages:
+        div = env.exact_divergences(trajectory[T], trajectory[T - s])  # each (runs,)
+        for key in rows:
+            rows[key].append(float(np.mean(div[key])))
+    return {"staleness": ages, **rows, "checkpoints": [T], "runs": runs}
+
+
+def measure_staleness(env, setting: Setting, history: np.ndarray, instance: int) -> dict:
+    """sigma^2(s) on the pilot's trajectory (T + 1, d) with behaviour theta_{t-s}, in both forms (plain E||G -
+    grad F||^2 for the unbiased IS loss; signal-normalised Var / c(s)^2 for the clipped loss, c(s) the share of the
+    fresh signal a stale sample keeps), and the stale gradients' bias (the paper's kappa, Assumption 3.2)."""
+    rng = np.random.default_rng([instance, 104729])
+    T = history.shape[0] - 1
+    checkpoints = sorted({T // 3, 2 * T // 3, T})  # ages beyond a checkpoint read the pilot's start (said below)
+    plain, normalised, retained, biases = [], [], [], []
+    for t in checkpoints:
+        theta = history[t][None]
+        exact = -env.exact_grad(theta)[0]  # loss gradient
+        fresh = sample_grads(env, setting, theta, theta, 512, rng)
+        g0, var0 = fresh.mean(axis=0), float(((fresh - fresh.mean(axis=0)) ** 2).sum(axis=1).mean())
+        if not g0 @ g0 > 0:
+            continue
+        row_p, row_n, row_c = [], [], []
+        for s in STALENESS:
+            behaviour = history[max(t - s, 0)][None]
+            grads = fresh if s == 0 else sample_grads(env, setting, theta, behaviour, 512, rng)
+            mean = grads.mean(axis=0)
+            var = float(((grads - mean) ** 2).sum(axis=1).mean())
+            row_p.append(float(((grads - exact) ** 2).sum(axis=1).mean()))
+            c = float(mean @ g0 / (g0 @ g0))
+            row_c.append(c)
+            row_n.append(var / max(c, 0.05) ** 2)  # c -> 0: a stale sample carries nothing; capped at 1/0.05^2
+            gap = float(np.linalg.norm(history[t] - behaviour[0]))
+            if s >= 4 and gap > 0:
+                bias_sq = float(((mean - g0) ** 2).sum()) - (var + var0) / grads.shape[0]
+                biases.append(math.sqrt(max(bias_sq, 0.0)) / gap)
+        plain.append(row_p)
+        normalised.append(row_n)
+        retained.append(row_c)
+    if not plain:
+        return {"staleness": list(STALENESS), "plain": None, "reason": "no checkpoint with a fresh signal"}
+    return {"staleness": list(STALENESS), "plain": np.mean(plain, axis=0).tolist(),
+            "normalised": np.mean(normalised, axis=0).tolist(), "retained": np.mean(retained, axis=0).tolist(),
+            "bias": float(np.max(biases)) if biases else 0.0, "checkpoints": checkpoints,
+            "ages_measured_up_to": T, "older": "an age beyond a checkpoint's step reads the pilot's first policy"}
+
+
+def fit_noise_scale(steps: np.ndarray, batches: np.ndarray) -> tuple[float, float]:
+    """(S_min, B_noise) of S(B) = S_min (1 + B_noise / B) over the finite entries (McCandlish Eq. 2.7): least squares
+    in 1/B with weights 1/S (a step count's error grows with it, so the small batches' long runs would otherwise
+    decide the fit); B_noise = inf when S_min <= 0 (steps fall at least as fast as 1/B); nan with fewer than 4
+    finite batches."""
+    ok = np.isfinite(steps)
+    if ok.sum() < 4:
+        return math.nan, math.nan
+    slope, intercept = np.polyfit(1.0 / batches[ok], steps[ok], 1, w=1.0 / steps[ok])
+    return float(intercept), float(slope / intercept) if intercept > 0 else math.inf
+
+
+def b_noise_kind(value: float) -> str:
+    """How a fitted B_noise is to be read (the JSON keeps inf and nan as null; this says which)."""
+    if math.isnan(value):
+        return "not measurable: fewer than 4 on-policy batches reached the target"
+    if math.isinf(value):
+        return "infinite: S_min <= 0, steps fall at least as fast as 1/B (every sample counts)"
+    if not value > 0:
+        return "not positive: the steps do not fall with the batch; the rules that read B_noise give no pick"
+    return "finite"
+
+
+def measure_noise_scale(unit: Unit) -> dict:
+    """b from the seed-mean on-policy steps at every batch (seed-bootstrap interval, the step size re-tuned in each
+    replicate), and on the quadratic from the exact expected curves."""
+    batches = np.array(sorted(unit.options.on_policy_batches), dtype=float)
+    steps = np.stack([design_steps(unit.runs[f"on-policy B={int(b)}"]) for b in batches], axis=1)  # (BOOTS+1, nB)
+    fits = [fit_noise_scale(row, batches) for row in steps]
+    s_min, b_noise = fits[0]
+    boots = np.array([f[1] for f in fits[1:]])
+    ranked = np.where(np.isnan(boots), np.inf, boots)
+    lo, hi = float(np.quantile(ranked, 0.05, method="lower")), float(np.quantile(ranked, 0.95, method="higher"))
+    out = {"batches": batches.tolist(), "steps": steps[0].tolist(), "s_min": s_min, "b_noise": b_noise,
+           "b_noise_kind": b_noise_kind(b_noise), "b": b_noise / BATCH, "b_interval": [lo / BATCH, hi / BATCH],
+           "censored_batches": [int(b) for b, s in zip(batches, steps[0]) if not np.isfinite(s)]}
+    lrs = [unit.tuned_lr(f"on-policy B={int(b)}") for b in batches]
+    out["tuned_lr"] = lrs
+    if isinstance(unit.env, QuadraticEnv):
+        exact_steps = []
+        pilot = unit.exact_runs.get(f"on-policy B={BATCH}") or unit.exact_run(
+            f"on-policy B={BATCH}", forgetting.Design.on_policy_at(BATCH), PILOT_MAX_STEPS)
+        for b in batches:
+            design = forgetting.Design.on_policy_at(int(b))
+            record = unit.exact_runs.get(f"on-policy B={int(b)}") or unit.exact_run(
+                f"on-policy B={int(b)}", design, _step_cap(unit.options, design, pilot["steps_tuned"]))
+            exact_steps.append(record["steps_tuned"])
+        es_min, eb_noise = fit_noise_scale(np.array(exact_steps), batches)
+        out.update(exact_steps=exact_steps, exact_s_min=es_min, exact_b_noise=eb_noise, b_exact=eb_noise / BATCH,
+                   exact_b_noise_kind=b_noise_kind(eb_noise),
+                   exact_what="SGD's exact expected curves (under Adam: SGD's, for reference)")
+        env = unit.env
+        flow = env.flow_b_noise(env.target_time / 2)
+        grad = env.curvature * env.start_offset * np.exp(-env.curvature * env.target_time / 2)
+        out["b_simple"] = float(flow) / BATCH
+        out["b_crit"] = float(np.sum(env.curvature * env.noise_var) / np.sum(env.curvature * grad**2)) / BATCH
+    return out
+
+
+def read_b_noise(noise: dict, exact: bool = False) -> float:
+    """B_noise from a saved record: its value, inf or nan as its ``*_kind`` says (JSON keeps both as null)."""
+    key = "exact_b_noise" if exact else "b_noise"
+    if key not in noise:
+        return math.nan
+    kind = noise.get(f"{key}_kind", "finite")
+    if kind.startswith("infinite"):
+        return math.inf
+    return math.nan if noise[key] is None else float(noise[key])
+
+
+def measured_alpha(noise: dict) -> float | None:
+    """The exponent of the tuned step's fall with the noise: eta_B ~ (1 + B_noise / B)^-alpha over the on-policy
+    batches (least squares in logs); None when B_noise is not finite."""
+    b_noise = read_b_noise(noise)
+    if not math.isfinite(b_noise) or b_noise <= 0:
+        return None
+    batches = np.asarray(noise["batches"])
+    lrs = np.array([math.nan if v is None else v for v in noise["tuned_lr"]], dtype=float)  # None: not reached
+    ok = np.isfinite(np.asarray(noise["steps"]))
+    if ok.sum() < 3:
+        return None
+    return float(-np.polyfit(np.log1p(b_noise / batches[ok]), np.log(lrs[ok]), 1)[0])
+
+
+def calibration_record(unit: Unit, pilot: dict) -> dict:
+    """The paper's inputs (J and the Thm 3.4 bound): sigma^2(s), its bias kappa, L, F0; rho = 0 (independent draws
+    up to the group, whose correlation scales the 1/B and 1/N terms alike)."""
+    inst = unit.inst
+    base = {"smoothness": inst["smoothness"], "f0": inst["j_star"] - inst["j0"], "rho": 0.0,
+            "staleness": list(STALENESS)}
+    prof = pilot.get("staleness")
+    if prof is None or prof.get("plain") is None:  # the quadratic: tr Sigma at every staleness, no bias
+        trace = float(getattr(unit.env, "trace_sigma", 1.0))
+        return {**base, "sigma_sq": [trace] * len(STALENESS), "bias": 0.0, "form": "exact (flat)"}
+    assert unit.setting.loss is not None  # a measured profile: a rollout environment, whose setting has its loss
+    unbiased = unit.setting.loss[0] == "no-trust-region"
+    return {**base, "sigma_sq": prof["plain"] if unbiased else prof["normalised"],
+            "bias": 0.0 if unbiased else prof["bias"], "form": "plain" if unbiased else "signal-normalised"}
+
+
+def design_row(unit: Unit, label: str, design: forgetting.Design) -> dict:
+    """A trained design's row of the unit record: its steps per replicate (exact: the one exact value), step size,
+    and flags."""
+    spec = [design.batch, design.rollouts, design.capacity, design.on_policy]
+    if unit.exact:
+        ex = unit.exact_runs[label]
+        return {"label": label, "design": spec, "steps": [ex["steps_tuned"]], "reached": ex["reached"],
+                "at_edge": ex["at_edge"], "lr": ex["lr_tuned"],
+                "stationary_at_lr": ex["stationary"][ex["best"]] if ex["reached"] else None, "extended": 0,
+                "hovered": False}
+    record = unit.runs[label]
+    steps = design_steps(record)
+    best = _best_lr(np.asarray(record["crossing"])[0])
+    touch = record["first_touch"][best] if best is not None else 0
+    return {"label": label, "design": spec, "steps": steps.tolist(), "reached": record["reached"],
+            "at_edge": record["at_edge"], "lr": record["lrs"][best] if best is not None else None,
+            "extended": record["extended"], "hovered": bool(best is not None and 0 < touch < 0.8 * steps[0]),
+            "curve": record["curve"], "curve_steps": record["curve_steps"]}
+
+
+def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float,
+                max_steps_ratio: float = 2.0) -> tuple[advice.Query, list[str]]:
+    """The query ``replay-theory optimal`` gets from this pilot's numbers (``-B 256 --noise-scale B_simple --kappa
+    kappa --optimizer OPT --group-size 8 --latency-floor FLOOR`` and the drift table a profile carries), and what was
+    left out and why: a B_simple not resolved > 0 (optimal then says to stay at B), a kappa optimal refuses (outside
+    [KAPPA_MIN, the optimizer's stability limit): the user asks again without it)."""
+    from ...theory.optimal import KAPPA_MIN
+
+    notes = []
+    b_noise = (pilot.get("b_simple") or {}).get("b_noise")
+    if b_noise is None or not (math.isfinite(b_noise) and b_noise > 0):
+        notes.append(f"B_simple {b_noise}: not resolved > 0, no --noise-scale")
+        b_noise = None
+    kappa = (pilot.get("kappa_pairs") or {}).get("kappa")
+    if kappa is not None and not KAPPA_MIN <= kappa < forgetting.stable_kappa(optimizer, BETA1):
+        notes.append(f"kappa {kappa:.3g}: outside optimal's range, no --kappa")
+        kappa = None
+    elif kappa is None:
+        notes.append("no kappa from the pilot")
+    drift = pilot.get("drift")
+    staleness = (forgetting.Staleness(tuple(float(s) for s in drift["staleness"]),
+                                      tuple(1.0 + float(c) for c in drift["m2"]), "1 + M2(s) on the pilot")
+                 if drift and len(drift["staleness"]) >= 2 else forgetting.NO_STALENESS)
+    query = advice.Query(mu=float(mu), batch=BATCH, b_noise=b_noise, b_noise_source="the pilot's B_simple",
+                         kappa=kappa, kappa_source="the pilot's curvature pairs", optimizer=optimizer, beta1=BETA1,
+                         pilot_batch=BATCH, group_size=GROUP, floor=float(floor), staleness=staleness,
+                         max_steps_ratio=float(max_steps_ratio))
+    return query, notes
+
+
+def printed_design(pilot: dict, optimizer: str, mu: float, floor: float,
+                   max_steps_ratio: float = 2.0) -> forgetting.Design:
+    """The design ``optimal`` answers with for this pilot and cell (``theory.advice.advise``: the steps cap
+    ``--max-steps-ratio``, the horizon cap, whole groups; on-policy at B when it has no B_noise to answer from)."""
+    query, _ = pilot_query(pilot, optimizer, mu, floor, max_steps_ratio)
+    key = repr(query)  # every input of the answer (a frozen dataclass's repr): the cells of a unit share answers
+    if key not in _PRINTED:
+        answer = advice.advise(query)
+        _PRINTED[key] = (forgetting.Design.on_policy_at(BATCH) if not answer.get("measured") else forgetting.Design(
+            int(answer["batch_size"]), int(answer["rollouts_per_step"]), int(answer["capacity"]),
+            answer["regime"] == "on-policy"))
+    return _PRINTED[key]
+
+
+_PRINTED: dict[str, forgetting.Design] = {}
+"""printed_design's answers by query (advise searches thousands of designs; scoring asks the same query per row)."""
+
+
+def _nearest_label(unit: Unit, design: forgetting.Design) -> tuple[str, float]:
+    """The tuned grid design nearest to ``design`` (log distance in B, x and y; on-policy to on-policy) and the factor
+    that scales its step size to ``design``'s batch (the on-policy batches' sqrt rule: B^(alpha / 2))."""
+    alpha = 1.0 if unit.optimizer == "sgd" else 0.5
+    grid = unit.options.designs()
+    same = [(label, d) for label, d in grid if d.on_policy == design.on_policy] or grid
+
+    def distance(d: forgetting.Design) -> float:
+        return (math.log(d.batch / design.batch) ** 2 + math.log(d.x / design.x) ** 2
+                + math.log(d.y / design.y) ** 2)
+
+    label, near = min(same, key=lambda item: distance(item[1]))
+    return label, (design.batch / near.batch) ** (alpha / 2)
+
+
+def train_printed(unit: Unit, pilot: dict) -> list[tuple[str, forgetting.Design]]:
+    """Train every design ``optimal`` prints for this unit's pilot over the cells (mu, floor) at each
+    ``PRINTED_STEPS_RATIOS`` that is not in the grid:
+    the printed answer is scored as printed, off the grid where it falls. Its step size is searched as the grid's
+    are (from the nearest tuned design), to the same caps."""
+    options = unit.options
+    on_grid = {(d.batch, d.rollouts, d.capacity) for _, d in options.designs()}
+    s_ref = float(design_steps(unit.runs[f"on-policy B={BATCH}"])[0])
+    s_ref_exact = unit.exact_runs[f"on-policy B={BATCH}"]["steps_tuned"] if unit.exact else math.nan
+    out: list[tuple[str, forgetting.Design]] = []
+    cells = [(mu, floor, ratio) for ratio in printed_ratios(options) for mu in options.mus for floor in options.floors]
+    for mu, floor, ratio in cells:
+        design = printed_design(pilot, unit.optimizer, mu, floor, ratio)
+        key = (design.batch, design.rollouts, design.capacity)
+        if key in on_grid or any(key == (d.batch, d.rollouts, d.capacity) for _, d in out):
+            continue
+        label = printed_label(design)
+        if unit.exact:
+            unit.exact_run(label, design, _step_cap(options, design, s_ref_exact))
+        else:
+            near, factor = _nearest_label(unit, design)
+            start = unit.start_from((near, factor), (f"on-policy B={BATCH}", (design.batch / BATCH) ** 0.5))
+            unit.tune(label, design, start, _step_cap(options, design, s_ref))
+        out.append((label, design))
+    return out
+
+
+def printed_ratios(options: Options) -> tuple[float, ...]:
+    """The --max-steps-ratio values whose printed answers a unit trains: both, or with --quick the default alone."""
+    return PRINTED_STEPS_RATIOS[:1] if options.quick else PRINTED_STEPS_RATIOS
+
+
+def printed_label(design: forgetting.Design) -> str:
+    if design.on_policy:
+        return f"printed: on-policy B={design.batch}"
+    return f"printed: B={design.batch} R={design.rollouts} N={design.capacity}"
+
+
+def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options: Options,
+             tick: Callable[[], None] | None = None, advance: Callable[[], None] | None = None) -> dict:
+    """Train and measure one unit (resuming from OUT/runs), and return its record: every design's steps per seed
+    replicate and every measured input. What scoring reads; nothing in it depends on mu or the floor."""
+    started = time.time()
+    store = Store(Path(out))
+    setting = SETTINGS[setting_name]
+    boot_index = np.random.default_rng([instance, 8191, len(setting_name), OPTIMIZERS.index(optimizer)]).integers(
+        0, options.seeds, size=(BOOTS, options.seeds))
+    with threadpool_limits(limits=1, user_api="blas"):
+        env, inst = instance_record(store, setting, instance)  # run_theory_test stored it before dispatch
+        unit = Unit(setting, optimizer, instance, env, inst, store, options, boot_index, tick, advance,
+                    exact=isinstance(env, QuadraticEnv) and optimizer == "sgd")
+        try:
+            train_unit(unit)
+            noise = measure_noise_scale(unit)
+            tune_at_batch(unit, RECIPE, PILOT_SEED)
+            pilot = measure_pilot(unit)
+            printed = train_printed(unit, pilot)
+        except UnitNotScored as why:
+            return strict({"setting": setting_name, "optimizer": optimizer, "instance": instance, "exact": unit.exact,
+                           "target": inst["target"], "j0": inst["j0"], "j_star": inst["j_star"], "designs": [],
+                           "not_scored": str(why), "elapsed_s": round(time.time() - started, 1)})
+    rows = [design_row(unit, label, design) for label, design in options.designs()]
+    printed_rows = [design_row(unit, label, design) for label, design in printed]
+    return strict({"setting": setting_name, "optimizer": optimizer, "instance": instance, "exact": unit.exact,
+                   "target": inst["target"], "j0": inst["j0"], "j_star": inst["j_star"], "designs": rows,
+                   "printed": printed_rows, "printed_ratios": list(printed_ratios(options)), "noise": noise,
+                   "alpha_measured": measured_alpha(noise), "pilot": pilot,
+                   "calibration": calibration_record(unit, pilot), "elapsed_s": round(time.time() - started, 1)})
+
+
+# --------------------------------------------------------------------------- a unit record, read
+
+
+def _designs_of(record: dict) -> list[forgetting.Design]:
+    return [forgetting.Design(int(b), int(r), int(n), bool(op)) for b, r, n, op in (d["design"] for d in
+                                                                                    record["designs"])]
+
+
+def staleness_of(record: dict) -> forgetting.Staleness:
+    """r(s) = 1 + M2(s), the exact drift of the pilot's policy over s steps (rollout settings), or none (the
+    quadratic: a stored sample's gradient is exact at the current theta but for its fixed noise; a one-step pilot,
+    which saw no older policy)."""
+    drift = record["pilot"].get("drift")
+    if not drift or len(drift["staleness"]) < 2:  # the quadratic, or a one-step pilot (its record says so)
+        return forgetting.NO_STALENESS
+    return forgetting.Staleness(tuple(float(s) for s in drift["staleness"]),
+                                tuple(1.0 + float(c) for c in drift["m2"]), "1 + M2(s) on the pilot, exact")

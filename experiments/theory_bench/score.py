@@ -1,0 +1,535 @@
+"""Scoring the benchmark: each cell (unit, mu, floor), the targets, the run and its summary and evidence.
+
+Papers: experience-replay (docs/REFERENCES.md), Sec. 3, Thm 3.4, Thm 3.5 / App. C.3; McCandlish et al. 2018
+(arXiv 1812.06162), Eq. 2.7; the forgetting-aware rule of ``theory/forgetting.py`` (docs/THEORY.md, "Forgetting").
+Protocol: docs/SIMULATION.md, 'Does a design rule predict?'.
+
+| code name | symbol | meaning |
+|---|---|---|
+| ``regret`` | -- | compute of a rule's pick / the best design's |
+| ``spearman`` | rho | rank correlation, predicted vs measured compute |
+| ``floor`` | R_floor | generation latency floor |
+| ``mu`` | mu | rollout cost / per-sample update cost |
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from ... import __version__
+from ...core.progress import ProgressBar
+from ...outputs import check_out_dir, strict, write_new
+from ...simulate import to_target
+from ...theory import forgetting
+from .measure import _designs_of, printed_design, read_b_noise, run_unit, staleness_of
+from .objectives import OBJECTIVES, PRINTED, NoPick, design_steps_row, measured_compute, objective_values
+from .options import (
+    BATCH,
+    BETA1,
+    BOOTS,
+    CAP_FACTOR,
+    CURVATURE_EVERY,
+    DEV_INSTANCES,
+    EXACT_LR_RATIO,
+    GROUP,
+    HEADLINE_FLOOR,
+    HVP_SAMPLE_UPDATES,
+    HVP_SAMPLES,
+    LR_RATIO,
+    MAX_EXTEND,
+    PILOT_FRACTION,
+    PILOT_RUNS,
+    PILOT_SEED,
+    PRINTED_STEPS_RATIOS,
+    SETTINGS,
+    TARGET_FRACTION,
+    Options,
+    check_options,
+)
+from .store import Store, instance_record
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(values.size)
+    ranks[order] = np.arange(1, values.size + 1)
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    return np.bincount(inverse, weights=ranks)[inverse] / counts[inverse]
+
+
+def spearman(predicted: np.ndarray, measured: np.ndarray) -> float | None:
+    """Rank correlation of predicted with measured compute over the designs where both are finite."""
+    ok = np.isfinite(predicted) & np.isfinite(measured)
+    if ok.sum() < 3 or np.ptp(predicted[ok]) == 0 or np.ptp(measured[ok]) == 0:
+        return None
+    return float(np.corrcoef(_ranks(predicted[ok]), _ranks(measured[ok]))[0, 1])
+
+
+def _regret(compute: np.ndarray, pick: int, menu: np.ndarray) -> tuple[float, list[float]]:
+    """compute[0, pick] / min over ``menu`` (bool, designs) and its bootstrap 90% interval over the replicates."""
+    best = compute[:, menu].min(axis=1)
+    with np.errstate(invalid="ignore"):  # a replicate where the pick never arrives: inf / finite = inf, kept
+        ratios = compute[:, pick] / best
+    point = float(ratios[0])
+    if compute.shape[0] == 1:
+        return point, [point, point]
+    lo, hi = np.quantile(ratios[1:], [0.05, 0.95], method="lower")  # order statistics: defined with inf entries
+    return point, [float(lo), float(hi)]
+
+
+def score_cell(record: dict, mu: float, floor: float) -> dict:
+    """One cell: each objective's free-batch and pinned-B picks with regret, interval and Spearman."""
+    designs = _designs_of(record)
+    labels = [d["label"] for d in record["designs"]]
+    compute = measured_compute(record, mu, floor)
+    pinned = np.array([d.batch == BATCH for d in designs])
+    everything = np.ones(len(designs), bool)
+    best_free, best_pinned = int(np.argmin(compute[0])), int(np.argmin(np.where(pinned, compute[0], np.inf)))
+    by_objective = {}
+    for name, values in objective_values(record, mu, floor).items():
+        if isinstance(values, NoPick):
+            by_objective[name] = {"no_pick": values.reason, "detail": values.detail}
+            continue
+        menu = np.isfinite(values)  # inf: not in the objective's menu; nan (never expected): not a prediction
+        if not menu.any():
+            by_objective[name] = {"no_pick": "no finite prediction", "detail": "no design has a finite value"}
+            continue
+        free = int(np.argmin(np.where(menu, values, np.inf)))
+        r_free, ci_free = _regret(compute, free, everything)
+        entry = {"free": labels[free], "free_regret": r_free, "free_ci": ci_free}
+        if (menu & pinned).any():
+            pin = int(np.argmin(np.where(menu & pinned, values, np.inf)))
+            r_pin, ci_pin = _regret(compute, pin, pinned)
+            entry.update(pinned=labels[pin], pinned_regret=r_pin, pinned_ci=ci_pin)
+        else:  # a free-batch objective (the smallest on-policy batch) has no design at B = 256: said, not design 0
+            entry.update(pinned=None, pinned_regret=None, pinned_ci=None,
+                         pinned_no_pick=f"nothing at B = {BATCH} in its menu")
+        by_objective[name] = {**entry, "spearman": spearman(np.where(menu, values, np.inf), compute[0]),
+                              "free_is_replay": not designs[free].on_policy}
+    # the printed answer ranks the grid as the rule fed the same pilot does: its Spearman is that row's
+    by_objective.update(score_printed(record, mu, floor, compute,
+                                      by_objective.get("forgetting_b_simple", {}).get("spearman")))
+    on = np.array([d.on_policy for d in designs])
+    # the replay branch: how much cheaper the best replay design is than the best on-policy batch (> 1: replay wins)
+    replay_gain = float(compute[0][on].min() / compute[0][~on].min()) if (~on).any() else None
+    return {"setting": record["setting"], "optimizer": record["optimizer"], "instance": record["instance"],
+            "mu": mu, "floor": floor, "exact": record["exact"], "b": record["noise"]["b"],
+            "replay_gain": replay_gain,
+            "best_free": labels[best_free], "best_pinned": labels[best_pinned],
+            "best_free_at_edge": _grid_edge(designs, best_free),
+            "best_pinned_at_edge": _grid_edge(designs, best_pinned),
+            "by_objective": by_objective}
+
+
+
+def pilot_compute(pilot: dict, mu: float, floor: float) -> float:
+    """The pilot's compute in the cost model's unit: its steps of on-policy at B = 256 plus its HVPs
+    (``HVP_SAMPLE_UPDATES`` x ``HVP_SAMPLES`` each), for its one run."""
+    return (pilot["steps"] * forgetting.step_cost(BATCH, BATCH, mu, floor)
+            + pilot["hvps"] * HVP_SAMPLE_UPDATES * HVP_SAMPLES) * pilot.get("runs", 1)
+
+
+def score_printed(record: dict, mu: float, floor: float, compute: np.ndarray, spearman: float | None) -> dict:
+    """The printed answer's regret against the whole grid's best (compute (replicates, designs)), without and with the
+    pilot's compute; the pilot's share of on-policy at B's compute beside it; ``spearman``: the rank correlation of the
+    rule fed the same pilot over the grid (the printed answer is one design: it ranks nothing itself). Empty for a
+    unit saved before the printed answer was trained."""
+    if "printed" not in record:
+        return {}
+    best = compute.min(axis=1)
+    reference = design_steps_row(record, f"on-policy B={BATCH}") * forgetting.step_cost(BATCH, BATCH, mu, floor)
+    extra = pilot_compute(record["pilot"], mu, floor)
+    out = {}
+    trained = record.get("printed_ratios", PRINTED_STEPS_RATIOS)  # --quick trains the default answer alone
+    for name, ratio, added in (("printed", PRINTED_STEPS_RATIOS[0], 0.0),
+                               ("printed_with_pilot", PRINTED_STEPS_RATIOS[0], extra),
+                               ("printed_compute", PRINTED_STEPS_RATIOS[1], 0.0)):
+        if ratio not in trained:
+            continue
+        design = printed_design(record["pilot"], record["optimizer"], mu, floor, ratio)
+        key = [design.batch, design.rollouts, design.capacity, design.on_policy]
+        row = next((d for d in record["designs"] + record["printed"] if d["design"] == key), None)
+        if row is None:
+            raise ValueError(f"{record['setting']}/{record['optimizer']}/i{record['instance']}: the printed design "
+                             f"{key} was not trained (its unit was saved by other code)")
+        steps = np.array([math.inf if v is None else v for v in row["steps"]], dtype=float)
+        pick = steps * forgetting.step_cost(design.rollouts, design.batch, mu, floor)  # (replicates,)
+        with np.errstate(invalid="ignore"):
+            ratios = (pick + added) / best
+        interval = ([float(v) for v in np.quantile(ratios[1:], [0.05, 0.95], method="lower")] if ratios.size > 1
+                    else [float(ratios[0])] * 2)
+        out[name] = {"free": row["label"], "free_regret": float(ratios[0]), "free_ci": interval,
+                     "pinned": None, "pinned_regret": None, "pinned_ci": None,
+                     "pinned_no_pick": "answers over every batch", "spearman": spearman,
+                     "free_is_replay": not design.on_policy, "off_grid": row["label"].startswith("printed"),
+                     "pilot_share": extra / reference if reference > 0 else None}
+    return out
+
+
+def not_scored_cell(record: dict, mu: float, floor: float) -> dict:
+    """A cell of a unit the protocol could not score (``UnitNotScored``): kept in the cells, with the reason, no best
+    design and no objective scored (no rule missed: nothing was measured to compare a pick with)."""
+    return {"setting": record["setting"], "optimizer": record["optimizer"], "instance": record["instance"],
+            "mu": mu, "floor": floor, "exact": record["exact"], "not_scored": record["not_scored"], "b": None,
+            "best_free": None, "best_pinned": None, "best_free_at_edge": None, "best_pinned_at_edge": None,
+            "by_objective": {}}
+
+
+def _grid_edge(designs: list[forgetting.Design], i: int) -> str | None:
+    """Which edge of the design grid design i sits on (the smallest on-policy batch, the longest horizon, the largest
+    replay ratio), or None: a best design there may be beaten by one beyond the grid."""
+    d = designs[i]
+    if d.on_policy and d.batch == min(e.batch for e in designs if e.on_policy) and d.batch < BATCH:
+        return "smallest batch"
+    replay = [e for e in designs if not e.on_policy]
+    if not d.on_policy and replay and d.x == max(e.x for e in replay) and d.x > 1:
+        return "longest horizon"
+    if not d.on_policy and replay and d.y == max(e.y for e in replay):
+        return "largest replay ratio"
+    return None
+
+
+def horizon_check(record: dict) -> list[dict]:
+    """Measured steps(x = longest) / steps(x = 1) at every y of the grid against the rule's prediction, with the
+    measured inputs and, on the quadratic, the exact ones."""
+    designs = _designs_of(record)
+    steps = {d["label"]: d["steps"][0] for d in record["designs"]}
+    xs = sorted({d.x for d in designs if d.batch == BATCH and not d.on_policy})
+    if len(xs) < 2:
+        return []
+    noise, pilot = record["noise"], record["pilot"]
+    out = []
+    for y in sorted({int(d.y) for d in designs if d.batch == BATCH and not d.on_policy}):
+        short, long_ = f"x={xs[0]} y={y}", f"x={xs[-1]} y={y}"
+        if steps.get(short) is None or steps.get(long_) is None:
+            continue
+        measured = steps[long_] / steps[short] if math.isfinite(steps[short]) and math.isfinite(steps[long_]) else None
+        row = {"y": y, "measured": measured}
+        for name, b_noise, kappa in (("predicted", read_b_noise(noise), (pilot["kappa_pairs"] or {}).get("kappa")),
+                                     ("predicted_exact", read_b_noise(noise, True), pilot["kappa_exact"])):
+            if kappa is None or not math.isfinite(b_noise) or not b_noise > 0 or not kappa > 0:
+                row[name] = None  # no prediction without a finite B_noise > 0 and a kappa > 0 (not counted below)
+                continue
+            memory = forgetting.Memory(float(kappa), record["optimizer"], BETA1, float(BATCH))
+            st = staleness_of(record) if name == "predicted" else forgetting.NO_STALENESS
+            a, b = forgetting.predict_many([forgetting.Design(BATCH, BATCH // y, xs[0] * BATCH // y),
+                                            forgetting.Design(BATCH, BATCH // y, xs[-1] * BATCH // y)],
+                                           float(b_noise), 1.0, memory, st)
+            row[name] = b.steps / a.steps
+        out.append(row)
+    return out
+
+
+def unit_checks(record: dict) -> dict:
+    """Per unit: b measured against exact, kappa's estimators against exact, designs at an edge or not reached,
+    and the seed-mean curves that hovered at the target."""
+    noise, pilot = record["noise"], record["pilot"]
+    rows = record["designs"]
+    at_edge, not_reached = sum(d["at_edge"] for d in rows), sum(not d["reached"] for d in rows)
+    out: dict[str, object] = {"designs": len(rows), "at_edge": at_edge, "not_reached": not_reached,
+                              "hovered": sum(d.get("hovered", False) for d in rows),
+                              "edge_or_censored_share": (at_edge + not_reached) / len(rows)}
+    measured, exact = read_b_noise(noise), read_b_noise(noise, True)
+    if math.isfinite(measured) and math.isfinite(exact) and exact > 0:
+        out["b_ratio"] = measured / exact
+    k_exact = pilot["kappa_exact"]
+    for name in ("kappa_pairs", "kappa_lag"):
+        k = (pilot.get(name) or {}).get("kappa")
+        out[f"{name}_ratio"] = k / k_exact if (k is not None and k_exact) else None
+    if record["exact"]:
+        out["stationary_at_or_above_target"] = sum(
+            1 for d in rows if d["reached"] and d["stationary_at_lr"] is not None
+            and d["stationary_at_lr"] >= -record["target"])
+    horizon = horizon_check(record)
+    out["horizon"] = horizon
+    errs = [abs(math.log(h["predicted"] / h["measured"])) for h in horizon if h["predicted"] and h["measured"]]
+    out["horizon_within_25"] = (sum(e <= math.log(1.25) for e in errs), len(errs))
+    return out
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+
+def _regret_shares(regrets: list[float | None], reasons: list[str]) -> dict:
+    """Over every cell (``regrets``, None: no pick, ``reasons`` saying why, one per None): how many regrets are within
+    1.2x and 1.5x of the best, the share within 1.2x of ALL the cells (a cell without a pick is a miss: it stays in
+    the count and is never within), the worst of the picks (inf: a pick never reached the target, counted in
+    ``not_reached``; None: no cell had a pick), and the cells without a pick, by reason."""
+    picked = np.array([r for r in regrets if r is not None], dtype=float)  # strict JSON keeps inf as None: none here
+    return {"within_1.2": int((picked <= 1.2).sum()), "share_within_1.2": float((picked <= 1.2).sum() / len(regrets)),
+            "within_1.5": int((picked <= 1.5).sum()), "worst": float(picked.max()) if picked.size else None,
+            "not_reached": int(np.isinf(picked).sum()), "no_pick": len(regrets) - int(picked.size),
+            "no_pick_reasons": {r: reasons.count(r) for r in sorted(set(reasons))}}
+
+
+def _spearman_by_setting(cells: list[dict], name: str) -> dict:
+    """Mean Spearman of an objective per setting/optimizer over its cells (None where no cell has one: a cell
+    without a pick has none)."""
+    per_setting: dict[str, list[float]] = {}
+    for c in cells:
+        v = c["by_objective"][name].get("spearman")
+        per_setting.setdefault(f"{c['setting']}/{c['optimizer']}", []).append(np.nan if v is None else v)
+    return {k: (float(np.nanmean(v)) if np.isfinite(v).any() else None) for k, v in per_setting.items()}
+
+
+def _objective_target(cells: list[dict], name: str) -> dict:
+    """One objective's record over every cell it is scored in (a cell where it gives no pick included, as a miss):
+    regret shares (free, pinned), Spearman per setting, and its replay branch apart (``_replay_branch``)."""
+    rec: dict = {"cells": len(cells)}
+    for mode in ("free", "pinned"):
+        entries = [c["by_objective"][name] for c in cells]
+        regrets = [None if "no_pick" in e else e[f"{mode}_regret"] for e in entries]
+        # a pick whose regret is inf is stored as None (strict JSON): it had a pick, so it counts as inf, not as none
+        regrets = [math.inf if r is None and "no_pick" not in e and e.get(f"{mode}_no_pick") is None else r
+                   for r, e in zip(regrets, entries)]
+        reasons = [e.get("no_pick") or e.get(f"{mode}_no_pick") for e in entries]
+        rec[mode] = _regret_shares(regrets, [r for r in reasons if r])
+    means = _spearman_by_setting(cells, name)
+    rec["spearman_by_setting"] = means
+    rec["min_setting_spearman"] = min((v for v in means.values() if v is not None), default=None)
+    rec["replay_branch"] = _replay_branch(cells, name)
+    shares = [c["by_objective"][name]["pilot_share"] for c in cells
+              if c["by_objective"][name].get("pilot_share") is not None]
+    if shares:  # the printed answer's rows: the pilot's compute / on-policy at B's to the target
+        rec["pilot_share"] = {"median": float(np.median(shares)), "max": float(np.max(shares)),
+                              "over_10%": int(sum(v > PILOT_FRACTION for v in shares)), "cells": len(shares)}
+        rec["off_grid"] = sum(1 for c in cells if c["by_objective"][name].get("off_grid"))
+    return rec
+
+
+REPLAY_MARGIN = 1.2
+"""A cell counts as one where replay is cheapest when the best replay design needs 1.2x less compute than the best
+on-policy batch (measured): there a rule that never picks replay loses at least that much."""
+
+
+def _replay_branch(scored: list[dict], name: str) -> dict:
+    """The replay branch of an objective's free-batch picks, apart from the share over all cells (which hides a
+    branch that is never right): cells where replay is cheapest by more than ``REPLAY_MARGIN`` and how many of them
+    it picked replay in (hits), and its replay picks where an on-policy batch was cheapest and that lost to it (false
+    alarms) with their worst regret."""
+    wins = [c for c in scored if c.get("replay_gain") is not None and c["replay_gain"] > REPLAY_MARGIN]
+    # a replay pick off the grid (the printed answer) can beat every grid design where an on-policy batch was the
+    # grid's best: an alarm only when it lost to that batch (regret > 1; on the grid any replay pick there does)
+    alarms = [c for c in scored if c.get("replay_gain") is not None and c["replay_gain"] < 1.0
+              and c["by_objective"][name].get("free_is_replay")
+              and not (c["by_objective"][name].get("free_regret") or math.inf) <= 1.0]
+    return {"replay_cheapest_by_20%": len(wins),
+            "hits": sum(1 for c in wins if c["by_objective"][name].get("free_is_replay")),
+            "false_alarms": len(alarms), "false_alarm_share": len(alarms) / len(scored) if scored else None,
+            "false_alarm_worst": max((c["by_objective"][name]["free_regret"] for c in alarms), default=None)}
+
+
+def _grid_edge_counts(cells: list[dict]) -> dict:
+    """Per mode (free, pinned), how many cells' best design sits at each kind of grid edge."""
+    out = {}
+    for mode in ("free", "pinned"):
+        edges = [c[f"best_{mode}_at_edge"] for c in cells if c[f"best_{mode}_at_edge"]]
+        out[f"best_{mode}_at_grid_edge"] = {kind: edges.count(kind) for kind in sorted(set(edges))}
+    return out
+
+
+def _within(ratios: list, lo: float, hi: float) -> list[int]:
+    """[how many ratios are set and within [lo, hi], how many ratios]."""
+    return [sum(1 for r in ratios if r and lo <= r <= hi), len(ratios)]
+
+
+def _estimate_checks(units: list[dict]) -> dict:
+    """B_noise within 1.5x of exact (exact units) and kappa within 25% (quadratic units), as [hits, units]."""
+    out = {"b_within_1.5x_of_exact": _within([u["checks"].get("b_ratio") for u in units if u["exact"]],
+                                             1 / 1.5, 1.5)}
+    quad = [u for u in units if "exact_b_noise" in u["noise"]]
+    for name in ("kappa_pairs", "kappa_lag"):
+        out[f"{name}_within_25%"] = _within([u["checks"].get(f"{name}_ratio") for u in quad], 0.75, 1.25)
+    return out
+
+
+def _horizon_checks(units: list[dict]) -> dict:
+    """Horizon ratio within 25%, over all units and per kind (quadratic SGD, quadratic Adam, rollout)."""
+    hz = [u["checks"]["horizon_within_25"] for u in units]
+    out = {"horizon_ratio_within_25%": [sum(h[0] for h in hz), sum(h[1] for h in hz)]}
+    for kind, pick in (("quadratic_sgd", lambda u: u["exact"]),
+                       ("quadratic_adam", lambda u: "exact_b_noise" in u["noise"] and not u["exact"]),
+                       ("rollout", lambda u: "exact_b_noise" not in u["noise"])):
+        part = [u["checks"]["horizon_within_25"] for u in units if pick(u)]
+        out[f"horizon_ratio_within_25%_{kind}"] = [sum(h[0] for h in part), sum(h[1] for h in part)]
+    return out
+
+
+def _unit_flags(units: list[dict]) -> dict:
+    """Stationary-above-target and hovered counts, the largest edge-or-censored share, the units over 10%."""
+    return {"stationary_at_or_above_target": sum(u["checks"].get("stationary_at_or_above_target", 0) for u in units),
+            "hovered": sum(u["checks"]["hovered"] for u in units),
+            "edge_or_censored_share_max": max((u["checks"]["edge_or_censored_share"] for u in units), default=None),
+            "units_over_10%_at_edge_or_censored": [f"{u['setting']}/{u['optimizer']}/i{u['instance']}"
+                                                   for u in units if u["checks"]["edge_or_censored_share"] > 0.1]}
+
+
+def targets(cells: list[dict], units: list[dict], floor: int = HEADLINE_FLOOR) -> dict:
+    """Per objective, over the cells at ``floor``: share of cells within 1.2x of the best (free batch and pinned B),
+    within 1.5x, the worst, the lowest per-setting mean Spearman; the checks on the inputs over ``units``."""
+    cells = [c for c in cells if c["floor"] == floor]
+    out: dict = {"cells": len(cells), "floor": floor, "objectives": {}}
+    unscored = [f"{c['setting']}/{c['optimizer']}/i{c['instance']}" for c in cells if c.get("not_scored")]
+    # cells of a unit the protocol could not score: in "cells", in no objective's count, said with the unit
+    out["cells_not_scored"] = len(unscored)
+    out["units_not_scored"] = sorted(set(unscored))
+    cells = [c for c in cells if not c.get("not_scored")]
+    for name in [*OBJECTIVES, *PRINTED]:
+        scored = [c for c in cells if name in c["by_objective"]]  # every cell it applies to, a pick or not
+        if scored:
+            out["objectives"][name] = _objective_target(scored, name)
+    out.update(_grid_edge_counts(cells))
+    out.update(_estimate_checks(units))
+    out.update(_horizon_checks(units))
+    out.update(_unit_flags(units))
+    return out
+
+
+def options_text(options: Options) -> str:
+    return json.dumps({**_protocol(options), "replay_theory_version": __version__}, indent=1, sort_keys=True)
+
+
+def _protocol(options: Options) -> dict:
+    return {"batch": BATCH, "group": GROUP, "grid": [list(d) for d in options.grid],
+            "on_policy_batches": list(options.on_policy_batches), "seeds": options.seeds, "boots": BOOTS,
+            "target_fraction": TARGET_FRACTION, "mus": list(options.mus), "floors": list(options.floors),
+            "headline_floor": HEADLINE_FLOOR, "instances": list(options.instances),
+            "dev_instances": list(DEV_INSTANCES), "settings": {s: asdict(SETTINGS[s]) for s in options.settings},
+            "optimizers": list(options.optimizers), "quick": options.quick, "lr_ratio": LR_RATIO,
+            "exact_lr_ratio": EXACT_LR_RATIO, "max_extend": MAX_EXTEND, "cap_factor": CAP_FACTOR,
+            "window": to_target.WINDOW, "beta1": BETA1,
+            "pilot": {"fraction": PILOT_FRACTION, "seed": PILOT_SEED, "runs": PILOT_RUNS,
+                      "curvature_every": CURVATURE_EVERY, "hvp_sample_updates": HVP_SAMPLE_UPDATES,
+                      "hvp_samples": HVP_SAMPLES, "route": "B_simple"},
+            "objectives": [*OBJECTIVES, *PRINTED]}
+
+
+def check_out(out: Path, options: Options) -> Path:
+    """``out`` can take this benchmark: absent, empty, or holding this very benchmark (resume). Reads only."""
+    out = check_out_dir(out)
+    if not out.is_dir() or not any(out.iterdir()):
+        return out
+    stored = out / "options.json"
+    if not stored.is_file():
+        raise ValueError(f"--out {out} is a non-empty directory that holds no theory-test results (no "
+                         f"options.json); results go into a new or empty directory")
+    if stored.read_text() != options_text(options):
+        raise ValueError(f"--out {out} holds a theory-test run with other options or another code version; "
+                         f"choose a new --out")
+    return out
+
+
+def _unit_job(out: str, setting: str, optimizer: str, instance: int, options: Options) -> dict:
+    return run_unit(out, setting, optimizer, instance, options)
+
+
+def run_theory_test(out: str | Path, options: Options = Options(), progress: bool = True, jobs: int = 1) -> dict:
+    """Run (or resume) the benchmark into ``out``; write OUT/units/*.json, OUT/summary.json; return the summary."""
+    from ...core.jobs import check_jobs, local_workers, run_unordered
+
+    check_options(options)
+    jobs = check_jobs(jobs)
+    out = check_out(Path(out), options)
+    started = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / "options.json").exists():
+        write_new(out / "options.json", lambda tmp: tmp.write_text(options_text(options)))
+    units_dir = out / "units"
+    units_dir.mkdir(exist_ok=True)
+    plan = options.units
+    records: dict[tuple, dict] = {}
+    todo = []
+    for s, o, i in plan:
+        path = units_dir / f"{s}-{o}-{i}.json"
+        if path.exists():
+            records[(s, o, i)] = json.loads(path.read_text())
+        else:
+            todo.append((s, o, i))
+    # The one stored run several units share, the instance's record (each optimizer's unit of a setting reads it):
+    # computed here, once per (setting, instance), before any worker starts, so that no two workers compute it
+    store = Store(out)
+    with threadpool_limits(limits=1, user_api="blas"):  # as in run_unit: one record whatever --jobs is
+        for s, i in dict.fromkeys((s, i) for s, _, i in todo):
+            instance_record(store, SETTINGS[s], i)
+    per_unit = len(options.designs())
+    workers = local_workers(jobs, len(todo)) if todo else 1
+    label = f"theory-test units ({len(plan) - len(todo)} of {len(plan)} saved)"
+    bar = ProgressBar(label, len(todo) * (per_unit if workers == 1 else 1), enabled=progress)
+    try:
+        if workers == 1:
+            for s, o, i in todo:
+                record = run_unit(str(out), s, o, i, options, tick=bar.tick, advance=bar.advance)
+                _save_unit(units_dir, record)
+                records[(s, o, i)] = record
+        else:
+            for record in run_unordered(_unit_job, [(str(out), s, o, i, options) for s, o, i in todo], workers,
+                                        batch_size=1):
+                _save_unit(units_dir, record)
+                records[(record["setting"], record["optimizer"], record["instance"])] = record
+                bar.advance()
+    finally:
+        bar.close()
+    units = [records[k] for k in plan]
+    summary = summarise(units, options)
+    summary["elapsed_s"] = round(time.time() - started, 1)
+    _write_summary(out, summary)
+    return summary
+
+
+def _save_unit(units_dir: Path, record: dict) -> None:
+    path = units_dir / f"{record['setting']}-{record['optimizer']}-{record['instance']}.json"
+    if not path.exists():
+        write_new(path, lambda tmp: tmp.write_text(json.dumps(strict(record))))
+
+
+def summarise(units: list[dict], options: Options) -> dict:
+    """Cells (unit x mu x floor), per-unit checks, and the targets over all instances and over the held-out ones."""
+    scored = [u for u in units if not u.get("not_scored")]
+    for u in scored:
+        u["checks"] = unit_checks(u)
+    cells = [score_cell(u, mu, floor) if not u.get("not_scored") else not_scored_cell(u, mu, floor)
+             for u in units for mu in options.mus for floor in options.floors]
+    held = [c for c in cells if c["instance"] not in DEV_INSTANCES]
+    held_units = [u for u in scored if u["instance"] not in DEV_INSTANCES]
+    slim = [{k: v for k, v in u.items() if k != "designs"} | {"designs": [
+        {k: v for k, v in d.items() if k not in ("curve", "curve_steps")} | {"steps": d["steps"][0]}
+        for d in u["designs"]]} for u in units]
+    return strict({"cells": cells, "units": slim,
+                   "targets": {str(f): targets(cells, scored, f) for f in options.floors},
+                   "targets_held_out": {str(f): targets(held, held_units, f) for f in options.floors},
+                   "protocol": _protocol(options), "replay_theory_version": __version__})
+
+
+def _write_summary(out: Path, summary: dict) -> Path:
+    """OUT/summary.json, never overwritten: a rerun with identical results keeps it; different ones are refused."""
+    path = out / "summary.json"
+    text = json.dumps(summary, indent=1, allow_nan=False)
+    if path.exists():
+        old = json.loads(path.read_text())
+        if {**old, "elapsed_s": None} == json.loads(json.dumps({**summary, "elapsed_s": None})):
+            return path
+        raise ValueError(f"{path} exists and holds a different summary; results are never overwritten: "
+                         f"move it away or choose a new --out")
+    return write_new(path, lambda tmp: tmp.write_text(text))
+
+
+
+def write_evidence(out: Path, summary: dict, command: str) -> Path:
+    """OUT/evidence.json: the targets per objective and the command, what ``optimal``'s evidence line quotes once
+    copied to theory/evidence.json (theory.evidence). Never overwritten: an identical one is kept, another refused."""
+    from ...theory.evidence import evidence_record
+
+    path = Path(out) / "evidence.json"
+    text = json.dumps(evidence_record(summary, command), indent=1, sort_keys=True) + "\n"
+    if path.exists():
+        if path.read_text() == text:
+            return path
+        raise ValueError(f"{path} exists and holds other evidence; results are never overwritten: move it away")
+    return write_new(path, lambda tmp: tmp.write_text(text))

@@ -1,0 +1,228 @@
+"""The benchmark's tables: units, cells and targets as text (``replay-theory experiment theory-test``).
+
+Papers: experience-replay (docs/REFERENCES.md), Sec. 3, Thm 3.4, Thm 3.5 / App. C.3; McCandlish et al. 2018
+(arXiv 1812.06162), Eq. 2.7; the forgetting-aware rule of ``theory/forgetting.py`` (docs/THEORY.md, "Forgetting").
+Protocol: docs/SIMULATION.md, 'Does a design rule predict?'.
+
+| code name | symbol | meaning |
+|---|---|---|
+| ``regret`` | -- | compute of a rule's pick / the best design's |
+| ``b`` | B_noise / 256 | the noise scale at the pinned batch |
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from .measure import read_b_noise
+from .objectives import OBJECTIVES, PRINTED
+from .options import BATCH, DEV_INSTANCES, HEADLINE_FLOOR, PILOT_FRACTION
+
+# --------------------------------------------------------------------------- the tables
+
+
+SPEC = {"name": "theory-test", "description": "prediction benchmark (not a sweep: run by run_theory_test)"}
+
+
+def _num(value, digits: int = 3) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}g}"
+
+
+def _regret_text(value) -> str:
+    """A regret of a pick: inf (stored as None in strict JSON) when the pick never reached the target."""
+    return "inf" if value is None or value == math.inf else _num(value)
+
+
+def _ci(point, ci) -> str:
+    return (f"{_regret_text(point)} [{_regret_text(ci[0])}, {_regret_text(ci[1])}]" if ci[0] != ci[1]
+            else _regret_text(point))
+
+
+def units_table(summary: dict) -> str:
+    """One row per unit: the measured inputs against the exact ones, and the protocol's own checks."""
+    lines = ["| setting | opt | inst | b from steps [90% CI] | b exact (SGD) | pilot B_simple / B [90% CI] | "
+             "pilot B_crit / B | pilot steps (of the recipe's) | B_simple / B (flow) | B_crit / B (exact) | "
+             "kappa exact | kappa pairs [90% CI] | kappa lag-1 | alpha | edge / not reached / hovered (of designs) |",
+             "|---" * 15 + "|"]
+    for u in summary["units"]:
+        if u.get("not_scored"):  # no pilot: nothing measured, the reason in the last column
+            lines.append(f"| {u['setting']} | {u['optimizer']} | {u['instance']} |" + " n/a |" * 11
+                         + f" not scored: {u['not_scored']} |")
+            continue
+        n, p, c = u["noise"], u["pilot"], u["checks"]
+        b = read_b_noise(n) / BATCH
+        kp, kl = p["kappa_pairs"] or {}, p["kappa_lag"] or {}
+        lag = (f"{_num(kl.get('kappa'))}" if kl.get("kappa") is not None
+               else f"none (corr {_num(kl.get('lag1_autocorrelation'), 2)})")
+        exact_b = read_b_noise(n, True) / BATCH if "exact_b_noise" in n else None
+        simple = p.get("b_simple") or {}  # the pilot's two-batch B_simple (absent from older records)
+        lo_hi = [None if v is None else v / BATCH for v in (simple.get("b_noise_interval") or [None, None])]
+        pilot_b = (f"{_num(None if simple.get('b_noise') is None else simple['b_noise'] / BATCH)} "
+                   f"[{_num(lo_hi[0])}, {_num(lo_hi[1])}]" if simple else "n/a")
+        pairs = (f"{_num(kp.get('kappa'))} [{_num((kp.get('kappa_interval') or [None])[0])}, "
+                 f"{_num((kp.get('kappa_interval') or [None, None])[1])}]")
+        crit_value = (p.get("b_crit") or {}).get("b_noise")
+        crit = _num(crit_value / BATCH) if crit_value is not None else "none" if p.get("b_crit") else "n/a"
+        steps = f"{p['steps']} ({_num(p.get('recipe_steps'))})" if "recipe_steps" in p else "n/a"
+        if kp.get("kappa") is None and kp.get("pairs_without_noise"):  # said, as the lag-1 column says its none
+            pairs = f"none ({kp['pairs_without_noise']} of {kp['pairs_without_noise'] + kp['units']} pairs xi = 0)"
+        lines.append(
+            f"| {u['setting']} | {u['optimizer']} | {u['instance']} | {_num(b)} [{_num(n['b_interval'][0])}, "
+            f"{_num(n['b_interval'][1])}] | {_num(exact_b)} | {pilot_b} | {crit} | {steps} | "
+            f"{_num(n.get('b_simple'))} | "
+            f"{_num(n.get('b_crit'))} | {_num(p['kappa_exact'])} | {pairs} | {lag} | "
+            f"{_num(u.get('alpha_measured'), 2)} | "
+            f"{c['at_edge']} / {c['not_reached']} / {c['hovered']} (of {c['designs']}) |")
+    return "\n".join(lines)
+
+
+def cells_table(summary: dict, floor: int = HEADLINE_FLOOR) -> str:
+    """One row per cell at ``floor``: the best design, the answer ``optimal`` prints from the pilot (at its default
+    steps budget, for least compute, and with the pilot's compute added), the forgetting-aware rule's grid picks fed
+    the pilot's B_simple and their regrets, then the other rules' and the baselines' regrets."""
+    rule = "forgetting_b_simple"
+    header = ["setting", "opt", "inst", "mu", "best (free)", "best (B = 256)",
+              "optimal as printed: pick, regret [90% CI]", "least compute: pick, regret", "with the pilot",
+              "forgetting (pilot B_simple): free pick, regret [90% CI]", "its B = 256 pick, regret",
+              "forgetting (b fitted to the grid)", "noise-scale rule: regret at B = 256", "paper J: regret at B = 256",
+              "on-policy at B", "on-policy small", "trivial (floor)", "Spearman forgetting / J"]
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for c in summary["cells"]:
+        if c["floor"] != floor:
+            continue
+        if c.get("not_scored"):
+            lines.append("| " + " | ".join([c["setting"], c["optimizer"], str(c["instance"]), f"{c['mu']:g}",
+                                             "not scored (no pilot: see the units table)"] + ["n/a"] * 11) + " |")
+            continue
+        o = c["by_objective"]
+
+        def get(name, mode="free", o=o):
+            v = o.get(name)
+            if not v:
+                return "n/a"
+            why = v.get("no_pick") or v.get(f"{mode}_no_pick")
+            return f"no pick: {why}" if why else _regret_text(v[f"{mode}_regret"])
+
+        f = o.get(rule) or {}
+
+        def printed(name, o=o):
+            v = o.get(name)
+            return f"{v['free']}, {_ci(v['free_regret'], v['free_ci'])}" if v else "n/a"
+
+        row = [c["setting"], c["optimizer"], str(c["instance"]), f"{c['mu']:g}", c["best_free"], c["best_pinned"],
+               printed("printed"), printed("printed_compute"), get("printed_with_pilot"),
+               f"{f['free']}, {_ci(f['free_regret'], f['free_ci'])}" if "free" in f else get(rule),
+               f"{f['pinned']}, {_regret_text(f['pinned_regret'])}" if f.get("pinned") else get(rule, "pinned"),
+               get("forgetting"), get("noise_scale", "pinned"), get("paper_J", "pinned"), get("on_policy"),
+               get("on_policy_small"), get("on_policy_floor"),
+               " / ".join(_num((o.get(n) or {}).get("spearman"), 2) for n in (rule, "paper_J"))]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _worst_text(shares: dict) -> str:
+    """The worst regret of a mode's picks: inf when a pick never reached the target (how many say so), n/a when no
+    cell had a pick."""
+    if shares.get("no_pick") and shares["worst"] is None and not shares.get("not_reached"):
+        return "n/a"
+    if shares["worst"] is None or shares["worst"] == math.inf:
+        n = shares.get("not_reached")
+        return f"inf ({n} pick{'s' if n != 1 else ''} never reached the target)" if n else "inf"
+    return f"{shares['worst']:.2f}"
+
+
+def _no_pick_text(free: dict, pinned: dict, cells: int) -> str:
+    """The cells where the objective gave no pick (counted above as misses), and why; empty when there are none."""
+    parts = [f"{what} in {mode['no_pick']} of {cells} ("
+             + ", ".join(f"{why}: {n}" for why, n in (mode.get("no_pick_reasons") or {}).items()) + ")"
+             for what, mode in (("free batch", free), (f"at B = {BATCH}", pinned)) if mode.get("no_pick")]
+    return "; no pick (counted as a miss): " + ", ".join(parts) if parts else ""
+
+
+def targets_text(t: dict) -> str:
+    """The targets block: per objective, free-batch and pinned-B regret shares, worst, Spearman; then the checks."""
+    if not t:
+        return ""
+    lines = [f"targets over {t['cells']} cells at a latency floor of {t['floor']} rollouts (regret <= 1.2 in >= 85% "
+             f"of cells and <= 1.5 in all; Spearman >= 0.7 in every setting):"]
+    if t.get("cells_not_scored"):
+        lines.append(f"- cells not scored, in no objective's count (their unit's pilot reached the target at no step "
+                     f"size; the units table says why): {t['cells_not_scored']} of {t['cells']}, units "
+                     f"{', '.join(t['units_not_scored'])}")
+    for name, o in t["objectives"].items():
+        fr, pn = o["free"], o["pinned"]
+        label = OBJECTIVES[name].label if name in OBJECTIVES else PRINTED.get(name, name)  # else a stored name
+        if name in PRINTED:  # one design per cell over every batch: no pinned pick; the pilot's cost beside it
+            share = o.get("pilot_share") or {}
+            lines.append(f"- {label}: {fr['within_1.2']} of {o['cells']} within 1.2x of the whole grid's best "
+                         f"({100 * fr['share_within_1.2']:.0f}%), {fr['within_1.5']} within 1.5x, worst "
+                         f"{_worst_text(fr)}; off the grid in {o.get('off_grid', 0)} cells; pilot compute / on-policy "
+                         f"at B's: median {100 * share.get('median', math.nan):.1f}%, max "
+                         f"{100 * share.get('max', math.nan):.1f}%, over {100 * PILOT_FRACTION:g}% in "
+                         f"{share.get('over_10%', 0)} cells; Spearman (the rule on the same pilot) "
+                         f"{_num(o['min_setting_spearman'], 2)}" + _branch_text(o.get("replay_branch")))
+            continue
+        lines.append(f"- {label}: free batch {fr['within_1.2']} of {o['cells']} within 1.2x "
+                     f"({100 * fr['share_within_1.2']:.0f}%), {fr['within_1.5']} within 1.5x, worst "
+                     f"{_worst_text(fr)}; at B = 256 {100 * pn['share_within_1.2']:.0f}% within 1.2x, worst "
+                     f"{_worst_text(pn)}; lowest per-setting mean Spearman {_num(o['min_setting_spearman'], 2)}"
+                     + _branch_text(o.get("replay_branch")) + _no_pick_text(fr, pn, o["cells"]))
+    lines.append(f"- b from steps within 1.5x of the exact b: {t['b_within_1.5x_of_exact'][0]} of "
+                 f"{t['b_within_1.5x_of_exact'][1]} quadratic SGD units")
+    lines.append(f"- kappa within 25% of exact: curvature pairs {t['kappa_pairs_within_25%'][0]} of "
+                 f"{t['kappa_pairs_within_25%'][1]}, lag-1 autocorrelation {t['kappa_lag_within_25%'][0]} of "
+                 f"{t['kappa_lag_within_25%'][1]} quadratic units")
+    parts = ", ".join(f"{label} {t[f'horizon_ratio_within_25%_{k}'][0]} of {t[f'horizon_ratio_within_25%_{k}'][1]}"
+                      for k, label in (("quadratic_sgd", "quadratic SGD"), ("quadratic_adam", "quadratic Adam"),
+                                       ("rollout", "bandits")) if f"horizon_ratio_within_25%_{k}" in t)
+    lines.append(f"- predicted steps(x = 16) / steps(x = 1) within 25% of measured: {t['horizon_ratio_within_25%'][0]} "
+                 f"of {t['horizon_ratio_within_25%'][1]} (unit, y) pairs ({parts})")
+    lines.append(f"- counted designs whose exact stationary loss is at or above the target: "
+                 f"{t['stationary_at_or_above_target']}; seed-mean curves that touched the target well before they "
+                 f"crossed it (hovered): {t['hovered']}")
+    for mode, label in (("free", "the whole grid"), ("pinned", "B = 256")):
+        edges = t.get(f"best_{mode}_at_grid_edge") or {}
+        lines.append(f"- cells whose best design ({label}) sits at an edge of the grid: "
+                     + (", ".join(f"{n} at the {k}" for k, n in edges.items()) or "none"))
+    lines.append(f"- designs at a step-size edge or not reached, largest share in a unit: "
+                 f"{100 * (t['edge_or_censored_share_max'] or 0):.0f}% (units over 10%: "
+                 f"{', '.join(t['units_over_10%_at_edge_or_censored']) or 'none'})")
+    return "\n".join(lines)
+
+
+def _branch_text(branch: dict | None) -> str:
+    """An objective's replay branch in words (empty for a summary saved before it was recorded)."""
+    if not branch:
+        return ""
+    worst = "" if branch["false_alarm_worst"] is None else f", worst {branch['false_alarm_worst']:.2f}"
+    return (f"; replay branch: picked replay in {branch['hits']} of the {branch['replay_cheapest_by_20%']} cells "
+            f"where replay is cheapest by > 20%, {branch['false_alarms']} false alarms (replay picked, on-policy "
+            f"cheapest){worst}")
+
+
+def summary_table(summary: dict) -> str:
+    floors = summary["protocol"]["floors"]
+    head = summary["protocol"]["headline_floor"] if summary["protocol"]["headline_floor"] in floors else floors[0]
+    parts = ["## Inputs, measured against exact", "", units_table(summary), "",
+             f"## Cells at a latency floor of {head} rollouts", "", cells_table(summary, head), ""]
+    for f in floors:
+        held = summary["targets_held_out"].get(str(f)) or {}
+        if held.get("cells"):  # a run on the development instance alone has none to read
+            parts += [f"## Targets, held-out instances (not {', '.join(map(str, DEV_INSTANCES))}), floor {f}", "",
+                      targets_text(held), ""]
+        parts += [f"## Targets, every instance, floor {f}", "", targets_text(summary["targets"].get(str(f)) or {}), ""]
+    return "\n".join(parts)
+
+
+def theory_test_table(out_dir: Path) -> str:
+    return summary_table(load_summary(out_dir))
+
+
+
+def load_summary(path: str | Path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "summary.json"
+    return json.loads(path.read_text())
