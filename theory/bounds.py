@@ -33,15 +33,7 @@ from typing import Any, Callable, Union
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from .divergences import (
-    as_last_axis,
-    d2_exact,
-    kl_exact,
-    log_abs_expm1,
-    log_var_exp,
-    logsumexp,
-    validated_logprobs,
-)
+from .divergences import as_last_axis, d2_exact, kl_exact, log_abs_expm1, log_var_exp, logsumexp, validated_logprobs
 from .moments import Moments, statistics
 
 FloatArray = NDArray[np.float64]
