@@ -23,6 +23,8 @@ Targets and what each section reports: docs/VALIDATION.md, 'GPU path'.
 It runs once and blind: each section has its own try/except and time budget, the model sections (4, 5, 6) run in
 worker subprocesses that keep each finished case, a global deadline turns later sections into "skipped: <why>",
 and ``gpu_check.json`` is rewritten after every section (``gpu_check.md``, also on stdout, at the end).
+This file is the driver; the model sections live in ``gpu_check_workers.py``, the markdown summary in
+``gpu_check_report.py``, and what they share (section names, shapes, the plan) in ``gpu_check_plan.py``.
 ``--smoke`` runs every section on the CPU at tiny shapes (``tests/integration/test_gpu_check.py``).  Run (no
 network; the checkout need not be installed)::
 
