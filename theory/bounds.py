@@ -24,22 +24,16 @@ Which relations hold for which data (exactly, or with E_behav[r] = 1) and the to
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Callable, Union
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from .divergences import (
-    as_last_axis,
-    d2_exact,
-    kl_exact,
-    log_abs_expm1,
-    log_var_exp,
-    logsumexp,
-    validated_logprobs,
-)
+from .divergences import as_last_axis, d2_exact, kl_exact, log_abs_expm1, log_var_exp, logsumexp, validated_logprobs
 from .moments import Moments, statistics
 
 FloatArray = NDArray[np.float64]
@@ -263,23 +257,83 @@ def _weighted(
 
 
 # --------------------------------------------------------------------------- #
-# relations on a prepared expectation (internal) ...
+# the public form of a relation
 # --------------------------------------------------------------------------- #
-def _var_ratio_equals_chi2(W: _Weighted, rtol: float, atol: float) -> Relation:
+_P = inspect.Parameter
+_SAMPLE_PARAMS = (
+    _P("log_ratio", _P.POSITIONAL_OR_KEYWORD, annotation="ArrayLike"),
+    _P("behav_prob", _P.POSITIONAL_OR_KEYWORD, default=None, annotation="ArrayLike | None"),
+)
+_KEYWORD_PARAMS = (
+    _P("axis", _P.KEYWORD_ONLY, default=-1, annotation="int"),
+    _P("self_normalize", _P.KEYWORD_ONLY, default=False, annotation="bool"),
+    _P("rtol", _P.KEYWORD_ONLY, default=RTOL, annotation="float"),
+    _P("atol", _P.KEYWORD_ONLY, default=ATOL, annotation="float"),
+)
+
+
+def _on_samples(on_weighted: Callable[..., Relation]) -> Callable[..., Relation]:
+    """Public form of a relation written on a prepared expectation ``on_weighted(W, *extra, rtol, atol)``.
+
+    The result is ``f(log_ratio, behav_prob=None, *extra, *, axis=-1, self_normalize=False, rtol=RTOL, atol=ATOL)``
+    (``extra``: ``n`` or ``R``, as ``on_weighted`` declares them) with ``on_weighted``'s name and docstring; it
+    builds the expectation (:func:`_weighted`) and evaluates.  ``f.on_weighted`` is the relation itself, which
+    :func:`exact_relations` and :func:`sample_relations` call on one expectation shared by all relations.
+    """
+    extra = list(inspect.signature(on_weighted).parameters.values())[1:-2]
+    signature = inspect.Signature([*_SAMPLE_PARAMS, *extra, *_KEYWORD_PARAMS], return_annotation="Relation")
+
+    @functools.wraps(on_weighted)
+    def relation(*args: Any, **kwargs: Any) -> Relation:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        W = _weighted(a.pop("log_ratio"), a.pop("behav_prob"), a.pop("axis"), a.pop("self_normalize"))
+        return on_weighted(W, **a)
+
+    relation.__signature__ = signature  # type: ignore[attr-defined]
+    relation.on_weighted = on_weighted  # type: ignore[attr-defined]
+    return relation
+
+
+# --------------------------------------------------------------------------- #
+# FreshPER relations (need E_behav r = 1)
+# --------------------------------------------------------------------------- #
+@_on_samples
+def var_ratio_equals_chi2(W: _Weighted, rtol: float = RTOL, atol: float = ATOL) -> Relation:
+    """Var_behav(r) == chi^2(new || behav) = E_behav[(r - 1)^2].  FreshPER Eq. (9) (Prop. 1, Eq. (17)).
+
+    Exactly ``E[(r-1)^2] - Var(r) = (E r - 1)^2``, so it needs E_behav r = 1
+    (Eq. (8)): true for an exact pair with pi_new << pi_behav, false for raw
+    samples unless ``self_normalize``.  (Prop. 1 states the support condition
+    the wrong way round: see docs/ERRATA.md.)
+    """
     with np.errstate(over="ignore"):
         lhs = np.exp(W.log_var_ratio())  # Eq. (9), FreshPER
         rhs = np.exp(W.log_chi2())  # Eq. (6), FreshPER
     return make_relation("var_ratio_equals_chi2", lhs, rhs, "==", rtol, atol, "FreshPER Eq. (9) / Prop. 1")
 
 
-def _chi2_equals_expm1_d2(W: _Weighted, rtol: float, atol: float) -> Relation:
+@_on_samples
+def chi2_equals_expm1_d2(W: _Weighted, rtol: float = RTOL, atol: float = ATOL) -> Relation:
+    """chi^2 = E[(r - 1)^2] == e^{D_2} - 1, D_2 = log E[r^2].  FreshPER Eq. (24) (via Eqs. (21), (23)).
+
+    The two sides differ by exactly 2 (1 - E r), so this too needs E_behav r = 1.
+    """
     with np.errstate(over="ignore"):
         lhs = _exp(W.log_chi2())  # Eq. (6), FreshPER
         rhs = np.expm1(W.log_second_moment())  # Eq. (24), FreshPER
     return make_relation("chi2_equals_expm1_d2", lhs, rhs, "==", rtol, atol, "FreshPER Eq. (24)")
 
 
-def _kl_le_d2(W: _Weighted, rtol: float, atol: float) -> Relation:
+@_on_samples
+def kl_le_d2(W: _Weighted, rtol: float = RTOL, atol: float = ATOL) -> Relation:
+    """KL(new || behav) = E_behav[r log r] <= D_2(new || behav) = log E_behav[r^2].  FreshPER Eq. (26).
+
+    Renyi monotonicity in the order (Eq. (25): KL = D_1).  Tight iff r is
+    constant on the support of pi_new (pi_new = pi_behav conditioned on a set).
+    Needs E_behav r = 1: on raw samples use ``self_normalize=True``.
+    """
     return kl_le_d2_relation(W.kl_new_behav(), W.log_second_moment(), rtol, atol)  # Eqs. (25), (23), FreshPER
 
 
@@ -289,7 +343,16 @@ def kl_le_d2_relation(kl: ArrayLike, d2: ArrayLike, rtol: float = RTOL, atol: fl
     return make_relation("kl_le_d2", kl, d2, "<=", rtol, atol, source)
 
 
-def _ess_bound_kl(W: _Weighted, n: float, rtol: float, atol: float) -> Relation:
+@_on_samples
+def ess_bound_kl(W: _Weighted, n: float = 1.0, rtol: float = RTOL, atol: float = ATOL) -> Relation:
+    """ESS = n e^{-D_2} <= n e^{-KL(new || behav)}.  FreshPER Eqs. (10)-(11) (App. C, Eqs. (26)-(29)).
+
+    lhs = n e^{-D_2} (the exact population ESS: Eq. (5) with Eqs. (9), (24));
+    rhs = n e^{-KL(pi_new || pi_behav)}.  ``n = 1`` gives ESS fractions.  The
+    KL is in the direction new || behav; the k1/k3 estimators (and M2PO
+    Eq. (3)) measure KL(behav || new), for which the bound can FAIL.
+    Tight iff r is constant on the support of pi_new.
+    """
     lhs = n * _exp(-W.log_second_moment())  # Eqs. (5), (24), FreshPER: exact ESS = n e^{-D_2}
     return ess_bound_kl_relation(lhs, W.kl_new_behav(), n, rtol, atol)
 
@@ -302,6 +365,9 @@ def ess_bound_kl_relation(ess: ArrayLike, kl: ArrayLike, n: float = 1.0, rtol: f
     return make_relation("ess_bound_kl", ess, rhs, "<=", rtol, atol, source)
 
 
+# --------------------------------------------------------------------------- #
+# M2PO relations (hold for any weights, samples included)
+# --------------------------------------------------------------------------- #
 def _log_R(R: ArrayLike | None, default: FloatArray) -> FloatArray:
     if R is None:
         return default
@@ -323,7 +389,14 @@ def _log_m2(W: _Weighted) -> FloatArray:
         return np.log(W.m2())
 
 
-def _m2po_thm51(W: _Weighted, R: ArrayLike | None, rtol: float, atol: float) -> Relation:
+@_on_samples
+def m2po_thm51(W: _Weighted, R: ArrayLike | None = None, rtol: float = RTOL, atol: float = ATOL) -> Relation:
+    """chi^2 = E[(r - 1)^2] <= R^2 M_2 when 1/R <= r <= R.  M2PO Thm 5.1 (proof in App. C).
+
+    Default R = max(sup r, 1 / inf r) over the support (log R = max |log r|).
+    A given R (>= 1) is used as is; the hypothesis is not checked.  Holds for
+    any weights (pointwise (e^z - 1)^2 <= z^2 e^{2|z|}).
+    """
     log_R = _log_R(R, np.maximum(W.max_lr(), -W.min_lr()))  # log max(sup r, 1/inf r)
     return m2po_thm51_relation(_exp(W.log_chi2()), _log_m2(W), log_R, rtol, atol)
 
@@ -334,7 +407,15 @@ def m2po_thm51_relation(chi2: ArrayLike, log_m2: ArrayLike, log_R: ArrayLike, rt
     return make_relation("m2po_thm51", chi2, _times_R2(log_R, log_m2), "<=", rtol, atol, source)  # Thm 5.1, M2PO
 
 
-def _m2po_sharp(W: _Weighted, rtol: float, atol: float) -> Relation:
+@_on_samples
+def m2po_sharp(W: _Weighted, rtol: float = RTOL, atol: float = ATOL) -> Relation:
+    """chi^2 = E[(r - 1)^2] <= max(1, sup r)^2 M_2: sharper form of M2PO Thm 5.1.
+
+    Pointwise (r - 1)^2 <= max(1, r)^2 (log r)^2: for r >= 1 it is the r >= 1
+    half of the App. C proof; for r < 1, 1 - r <= -log r.  Only the UPPER
+    bound on r matters, so this is never looser than Thm 5.1 and strictly
+    tighter whenever 1 / inf r > max(1, sup r).  Holds for any weights.
+    """
     return m2po_sharp_relation(_exp(W.log_chi2()), _log_m2(W), W.max_lr(), rtol, atol)
 
 
@@ -345,14 +426,29 @@ def m2po_sharp_relation(chi2: ArrayLike, log_m2: ArrayLike, log_sup_r: ArrayLike
     return make_relation("m2po_sharp", chi2, _times_R2(log_R, log_m2), "<=", rtol, atol, source)  # Thm 5.1, M2PO
 
 
-def _m2_converse(W: _Weighted, R: ArrayLike | None, rtol: float, atol: float) -> Relation:
+@_on_samples
+def m2_converse(W: _Weighted, R: ArrayLike | None = None, rtol: float = RTOL, atol: float = ATOL) -> Relation:
+    """M_2 <= R^2 chi^2 (chi^2 = E[(r - 1)^2]) when r >= 1/R, R >= 1.  Converse of M2PO Thm 5.1.
+
+    Pointwise (log r)^2 <= max(1, 1/r)^2 (r - 1)^2.  Default
+    R = max(1, 1 / inf r).  With a given R the hypothesis r >= 1/R is NOT
+    checked, and if it is false the bound can fail (M_2 grows without limit
+    as r -> 0 while (r - 1)^2 <= 1).
+    """
     log_R = _log_R(R, np.maximum(0.0, -W.min_lr()))  # log max(1, 1/inf r)
     lhs = W.m2()  # Eq. (4), M2PO
     rhs = _times_R2(log_R, W.log_chi2())
     return make_relation("m2_converse", lhs, rhs, "<=", rtol, atol, "converse of M2PO Thm 5.1")
 
 
-def _m2_decomposition(W: _Weighted, rtol: float, atol: float) -> Relation:
+@_on_samples
+def m2_decomposition(W: _Weighted, rtol: float = RTOL, atol: float = ATOL) -> Relation:
+    """M_2 == Var(log r) + (E[-log r])^2.  M2PO Eq. (4) with Eq. (3).
+
+    In the exact case E_behav[-log r] = KL(pi_behav || pi_new) (checked by
+    :func:`exact_relations`), so M_2 = Var(log r) + KL(pi_behav || pi_new)^2
+    >= KL^2.  Algebraic: holds for any weights.
+    """
     lhs = W.m2()  # Eq. (4), M2PO
     k1 = W.mean(-W.lr)  # Eq. (3), M2PO
     with np.errstate(over="ignore", invalid="ignore"):
@@ -361,184 +457,17 @@ def _m2_decomposition(W: _Weighted, rtol: float, atol: float) -> Relation:
     return make_relation("m2_decomposition", lhs, rhs, "==", rtol, atol, "M2PO Eqs. (3)-(4)")
 
 
-def _mean_abs_log_ratio_le_sqrt_m2(W: _Weighted, rtol: float, atol: float) -> Relation:
-    lhs = W.mean(np.abs(W.lr))
-    rhs = np.sqrt(W.m2())
-    return make_relation("mean_abs_log_ratio_le_sqrt_m2", lhs, rhs, "<=", rtol, atol, "M2PO footnote 1 (corrected)")
-
-
-# --------------------------------------------------------------------------- #
-# FreshPER relations (need E_behav r = 1)
-# --------------------------------------------------------------------------- #
-def var_ratio_equals_chi2(
-    log_ratio: ArrayLike,
-    behav_prob: ArrayLike | None = None,
-    *,
-    axis: int = -1,
-    self_normalize: bool = False,
-    rtol: float = RTOL,
-    atol: float = ATOL,
-) -> Relation:
-    """Var_behav(r) == chi^2(new || behav) = E_behav[(r - 1)^2].  FreshPER Eq. (9) (Prop. 1, Eq. (17)).
-
-    Exactly ``E[(r-1)^2] - Var(r) = (E r - 1)^2``, so it needs E_behav r = 1
-    (Eq. (8)): true for an exact pair with pi_new << pi_behav, false for raw
-    samples unless ``self_normalize``.  (Prop. 1 states the support condition
-    the wrong way round: see docs/ERRATA.md.)
-    """
-    return _var_ratio_equals_chi2(_weighted(log_ratio, behav_prob, axis, self_normalize), rtol, atol)
-
-
-def chi2_equals_expm1_d2(
-    log_ratio: ArrayLike,
-    behav_prob: ArrayLike | None = None,
-    *,
-    axis: int = -1,
-    self_normalize: bool = False,
-    rtol: float = RTOL,
-    atol: float = ATOL,
-) -> Relation:
-    """chi^2 = E[(r - 1)^2] == e^{D_2} - 1, D_2 = log E[r^2].  FreshPER Eq. (24) (via Eqs. (21), (23)).
-
-    The two sides differ by exactly 2 (1 - E r), so this too needs E_behav r = 1.
-    """
-    return _chi2_equals_expm1_d2(_weighted(log_ratio, behav_prob, axis, self_normalize), rtol, atol)
-
-
-def kl_le_d2(
-    log_ratio: ArrayLike,
-    behav_prob: ArrayLike | None = None,
-    *,
-    axis: int = -1,
-    self_normalize: bool = False,
-    rtol: float = RTOL,
-    atol: float = ATOL,
-) -> Relation:
-    """KL(new || behav) = E_behav[r log r] <= D_2(new || behav) = log E_behav[r^2].  FreshPER Eq. (26).
-
-    Renyi monotonicity in the order (Eq. (25): KL = D_1).  Tight iff r is
-    constant on the support of pi_new (pi_new = pi_behav conditioned on a set).
-    Needs E_behav r = 1: on raw samples use ``self_normalize=True``.
-    """
-    return _kl_le_d2(_weighted(log_ratio, behav_prob, axis, self_normalize), rtol, atol)
-
-
-def ess_bound_kl(
-    log_ratio: ArrayLike,
-    behav_prob: ArrayLike | None = None,
-    n: float = 1.0,
-    *,
-    axis: int = -1,
-    self_normalize: bool = False,
-    rtol: float = RTOL,
-    atol: float = ATOL,
-) -> Relation:
-    """ESS = n e^{-D_2} <= n e^{-KL(new || behav)}.  FreshPER Eqs. (10)-(11) (App. C, Eqs. (26)-(29)).
-
-    lhs = n e^{-D_2} (the exact population ESS: Eq. (5) with Eqs. (9), (24));
-    rhs = n e^{-KL(pi_new || pi_behav)}.  ``n = 1`` gives ESS fractions.  The
-    KL is in the direction new || behav; the k1/k3 estimators (and M2PO
-    Eq. (3)) measure KL(behav || new), for which the bound can FAIL.
-    Tight iff r is constant on the support of pi_new.
-    """
-    return _ess_bound_kl(_weighted(log_ratio, behav_prob, axis, self_normalize), n, rtol, atol)
-
-
-# --------------------------------------------------------------------------- #
-# M2PO relations (hold for any weights, samples included)
-# --------------------------------------------------------------------------- #
-def m2po_thm51(
-    log_ratio: ArrayLike,
-    behav_prob: ArrayLike | None = None,
-    R: ArrayLike | None = None,
-    *,
-    axis: int = -1,
-    self_normalize: bool = False,
-    rtol: float = RTOL,
-    atol: float = ATOL,
-) -> Relation:
-    """chi^2 = E[(r - 1)^2] <= R^2 M_2 when 1/R <= r <= R.  M2PO Thm 5.1 (proof in App. C).
-
-    Default R = max(sup r, 1 / inf r) over the support (log R = max |log r|).
-    A given R (>= 1) is used as is; the hypothesis is not checked.  Holds for
-    any weights (pointwise (e^z - 1)^2 <= z^2 e^{2|z|}).
-    """
-    return _m2po_thm51(_weighted(log_ratio, behav_prob, axis, self_normalize), R, rtol, atol)
-
-
-def m2po_sharp(
-    log_ratio: ArrayLike,
-    behav_prob: ArrayLike | None = None,
-    *,
-    axis: int = -1,
-    self_normalize: bool = False,
-    rtol: float = RTOL,
-    atol: float = ATOL,
-) -> Relation:
-    """chi^2 = E[(r - 1)^2] <= max(1, sup r)^2 M_2: sharper form of M2PO Thm 5.1.
-
-    Pointwise (r - 1)^2 <= max(1, r)^2 (log r)^2: for r >= 1 it is the r >= 1
-    half of the App. C proof; for r < 1, 1 - r <= -log r.  Only the UPPER
-    bound on r matters, so this is never looser than Thm 5.1 and strictly
-    tighter whenever 1 / inf r > max(1, sup r).  Holds for any weights.
-    """
-    return _m2po_sharp(_weighted(log_ratio, behav_prob, axis, self_normalize), rtol, atol)
-
-
-def m2_converse(
-    log_ratio: ArrayLike,
-    behav_prob: ArrayLike | None = None,
-    R: ArrayLike | None = None,
-    *,
-    axis: int = -1,
-    self_normalize: bool = False,
-    rtol: float = RTOL,
-    atol: float = ATOL,
-) -> Relation:
-    """M_2 <= R^2 chi^2 (chi^2 = E[(r - 1)^2]) when r >= 1/R, R >= 1.  Converse of M2PO Thm 5.1.
-
-    Pointwise (log r)^2 <= max(1, 1/r)^2 (r - 1)^2.  Default
-    R = max(1, 1 / inf r).  With a given R the hypothesis r >= 1/R is NOT
-    checked, and if it is false the bound can fail (M_2 grows without limit
-    as r -> 0 while (r - 1)^2 <= 1).
-    """
-    return _m2_converse(_weighted(log_ratio, behav_prob, axis, self_normalize), R, rtol, atol)
-
-
-def m2_decomposition(
-    log_ratio: ArrayLike,
-    behav_prob: ArrayLike | None = None,
-    *,
-    axis: int = -1,
-    self_normalize: bool = False,
-    rtol: float = RTOL,
-    atol: float = ATOL,
-) -> Relation:
-    """M_2 == Var(log r) + (E[-log r])^2.  M2PO Eq. (4) with Eq. (3).
-
-    In the exact case E_behav[-log r] = KL(pi_behav || pi_new) (checked by
-    :func:`exact_relations`), so M_2 = Var(log r) + KL(pi_behav || pi_new)^2
-    >= KL^2.  Algebraic: holds for any weights.
-    """
-    return _m2_decomposition(_weighted(log_ratio, behav_prob, axis, self_normalize), rtol, atol)
-
-
-def mean_abs_log_ratio_le_sqrt_m2(
-    log_ratio: ArrayLike,
-    behav_prob: ArrayLike | None = None,
-    *,
-    axis: int = -1,
-    self_normalize: bool = False,
-    rtol: float = RTOL,
-    atol: float = ATOL,
-) -> Relation:
+@_on_samples
+def mean_abs_log_ratio_le_sqrt_m2(W: _Weighted, rtol: float = RTOL, atol: float = ATOL) -> Relation:
     """E|log r| <= sqrt(M_2) (Cauchy-Schwarz): corrected M2PO footnote 1.
 
     The footnote justifies "M_2 bounds the absolute KL estimate mean|log r|"
     with "E[|r|] <= sqrt(E[r^2])", an inequality about r, not log r; this is
     the one it needs.  Tight iff |log r| is constant.  Holds for any weights.
     """
-    return _mean_abs_log_ratio_le_sqrt_m2(_weighted(log_ratio, behav_prob, axis, self_normalize), rtol, atol)
+    lhs = W.mean(np.abs(W.lr))
+    rhs = np.sqrt(W.m2())
+    return make_relation("mean_abs_log_ratio_le_sqrt_m2", lhs, rhs, "<=", rtol, atol, "M2PO footnote 1 (corrected)")
 
 
 # --------------------------------------------------------------------------- #
@@ -574,15 +503,15 @@ def exact_relations(
     lr = np.where(b_pos, ln - np.where(b_pos, lb, 0.0), 0.0)  # (..., K) log r on supp(pi_behav)
     W = _weighted(lr, None, -1, False, log_behav=lb)
     rels = [
-        _var_ratio_equals_chi2(W, rtol, atol),
-        _chi2_equals_expm1_d2(W, rtol, atol),
-        _kl_le_d2(W, rtol, atol),
-        _ess_bound_kl(W, n, rtol, atol),
-        _m2po_thm51(W, None, rtol, atol),
-        _m2po_sharp(W, rtol, atol),
-        _m2_converse(W, None, rtol, atol),
-        _m2_decomposition(W, rtol, atol),
-        _mean_abs_log_ratio_le_sqrt_m2(W, rtol, atol),
+        var_ratio_equals_chi2.on_weighted(W, rtol, atol),
+        chi2_equals_expm1_d2.on_weighted(W, rtol, atol),
+        kl_le_d2.on_weighted(W, rtol, atol),
+        ess_bound_kl.on_weighted(W, n, rtol, atol),
+        m2po_thm51.on_weighted(W, None, rtol, atol),
+        m2po_sharp.on_weighted(W, rtol, atol),
+        m2_converse.on_weighted(W, None, rtol, atol),
+        m2_decomposition.on_weighted(W, rtol, atol),
+        mean_abs_log_ratio_le_sqrt_m2.on_weighted(W, rtol, atol),
         make_relation(
             "kl_exact_equals_mean_r_log_r",
             kl_exact(ln, lb),
@@ -636,15 +565,15 @@ def sample_relations(
     raw = _weighted(log_ratio, behav, axis, False)
     sn = _weighted(log_ratio, behav, axis, True)
     return [
-        _m2po_thm51(raw, None, rtol, atol),
-        _m2po_sharp(raw, rtol, atol),
-        _m2_converse(raw, None, rtol, atol),
-        _m2_decomposition(raw, rtol, atol),
-        _mean_abs_log_ratio_le_sqrt_m2(raw, rtol, atol),
-        _var_ratio_equals_chi2(sn, rtol, atol),
-        _chi2_equals_expm1_d2(sn, rtol, atol),
-        _kl_le_d2(sn, rtol, atol),
-        _ess_bound_kl(sn, 1.0, rtol, atol),
+        m2po_thm51.on_weighted(raw, None, rtol, atol),
+        m2po_sharp.on_weighted(raw, rtol, atol),
+        m2_converse.on_weighted(raw, None, rtol, atol),
+        m2_decomposition.on_weighted(raw, rtol, atol),
+        mean_abs_log_ratio_le_sqrt_m2.on_weighted(raw, rtol, atol),
+        var_ratio_equals_chi2.on_weighted(sn, rtol, atol),
+        chi2_equals_expm1_d2.on_weighted(sn, rtol, atol),
+        kl_le_d2.on_weighted(sn, rtol, atol),
+        ess_bound_kl.on_weighted(sn, 1.0, rtol, atol),
     ]
 
 

@@ -164,11 +164,36 @@ def _printed_y_star(mu, rho, alpha):
     return (-alpha * mu + root) / (rho * mu)  # App. C.3.2
 
 
+# --------------------------------------------------------------------------- the registry
+
+_Body = tuple[tuple[Step, ...], sympy.Basic, dict[str, sympy.Symbol], dict[str, sympy.Basic | sympy.MatrixBase]]
+"""What a builder returns: the steps, result, symbols and parts of its :class:`Derivation`."""
+
+DERIVATIONS: dict[str, Callable[[], Derivation]] = {}
+"""The derivations by name (``derive NAME``), in the order the builders below are defined."""
+
+
+def _derivation(name: str, title: str, source: str) -> Callable[[Callable[[], _Body]], Callable[[], Derivation]]:
+    """Register a builder as the derivation ``name``: the decorated builder returns its (cached) Derivation."""
+
+    def register(build: Callable[[], _Body]) -> Callable[[], Derivation]:
+        @functools.cache
+        @functools.wraps(build)
+        def derivation() -> Derivation:
+            return Derivation(name, title, source, *build())
+
+        DERIVATIONS[name] = derivation
+        return derivation
+
+    return register
+
+
 # --------------------------------------------------------------------------- 1. y-star
 
 
-@functools.cache
-def _build_y_star() -> Derivation:
+@_derivation("y-star", "Optimal replay ratio y*(x) for a fixed staleness horizon",
+             f"{ER_PAPER}, Thm 3.5 and App. C.3.1")
+def _build_y_star() -> _Body:
     sym = _design_symbols()
     mu, rho, x, y, s = (sym[k] for k in ("mu", "rho", "x", "y", "s"))
     J = sympy.Function("J")(x, y)
@@ -197,22 +222,16 @@ def _build_y_star() -> Derivation:
         Step("J -> oo at both ends of y in (0, oo) (sympy.limit), so the minimum is interior and unique",
              sympy.Tuple(Eq(sympy.Limit(J, y, 0, "+"), lim0), Eq(sympy.Limit(J, y, sympy.oo), lim_inf))),
     )
-    return Derivation(
-        name="y-star",
-        title="Optimal replay ratio y*(x) for a fixed staleness horizon",
-        source=f"{ER_PAPER}, Thm 3.5 and App. C.3.1",
-        steps=steps,
-        result=Eq(y_star, y_solved),
-        symbols=dict(sym),
-        parts={"J": j_expr, "dJ_dy": dj_simple, "d2J_dy2": d2j, "y_star": y_solved, "printed": printed},
-    )
+    return (steps, Eq(y_star, y_solved),
+            dict(sym),
+            {"J": j_expr, "dJ_dy": dj_simple, "d2J_dy2": d2j, "y_star": y_solved, "printed": printed})
 
 
 # --------------------------------------------------------------------------- 2. reduction
 
 
-@functools.cache
-def _build_reduction() -> Derivation:
+@_derivation("reduction", "Reduced objective I(x) = J(x, y*(x))", f"{ER_PAPER}, Thm 3.5 and App. C.3.1")
+def _build_reduction() -> _Body:
     sym = _design_symbols()
     mu, rho, x, y, s = (sym[k] for k in ("mu", "rho", "x", "y", "s"))
     a = sympy.Symbol("a", positive=True)
@@ -234,22 +253,17 @@ def _build_reduction() -> Derivation:
              _identity(substituted, paper_form)),
         Step("Reduced one-dimensional objective; x* = argmin_x I(x) (Thm 3.5)", Eq(I, paper_form)),
     )
-    return Derivation(
-        name="reduction",
-        title="Reduced objective I(x) = J(x, y*(x))",
-        source=f"{ER_PAPER}, Thm 3.5 and App. C.3.1",
-        steps=steps,
-        result=Eq(I, paper_form),
-        symbols=dict(sym),
-        parts={"J_at_y_star": substituted, "simplified": simplified, "I": paper_form},
-    )
+    return (steps, Eq(I, paper_form),
+            dict(sym),
+            {"J_at_y_star": substituted, "simplified": simplified, "I": paper_form})
 
 
 # --------------------------------------------------------------------------- 3. power-law-quadratic
 
 
-@functools.cache
-def _build_power_law_quadratic() -> Derivation:
+@_derivation("power-law-quadratic", "Power-law noise: K(x), the first-order condition and the quadratic for x*",
+             f"{ER_PAPER}, App. C.3.2, Eq. (5)")
+def _build_power_law_quadratic() -> _Body:
     sym = _design_symbols()
     mu, rho, x = sym["mu"], sym["rho"], sym["x"]
     alpha, tau, t = _positive("alpha", "tau", "t")
@@ -328,39 +342,26 @@ def _build_power_law_quadratic() -> Derivation:
         Step("The '+' root of the quadratic (sympy.solve)", Eq(sympy.Symbol("x_*"), plus_root)),
         Step("equals the printed x* (App. C.3.2): difference simplifies to 0", _identity(plus_root, printed)),
     )
-    return Derivation(
-        name="power-law-quadratic",
-        title="Power-law noise: K(x), the first-order condition and the quadratic for x*",
-        source=f"{ER_PAPER}, App. C.3.2, Eq. (5)",
-        steps=steps,
-        result=Eq(A * x**2 + B * x - C, 0),
-        symbols=sym,
-        parts={
-            "sigma_bar_sq": sbar_expr,
-            "I": i_expr,
-            "K": k_expr,
-            "dK": dk,
-            "foc_scaled": scaled,
-            "foc_lhs": lhs,
-            "foc_rhs": rhs,
-            "A": A,
-            "B": B,
-            "C": C,
-            "discriminant": disc,
-            "x_plus": plus_root,
-            "x_minus": minus_root,
-            "printed_x": printed,
-        },
-    )
+    return (steps, Eq(A * x**2 + B * x - C, 0),
+            sym,
+            {"sigma_bar_sq": sbar_expr, "I": i_expr, "K": k_expr, "dK": dk, "foc_scaled": scaled, "foc_lhs": lhs,
+             "foc_rhs": rhs, "A": A, "B": B, "C": C, "discriminant": disc, "x_plus": plus_root, "x_minus": minus_root,
+             "printed_x": printed})
+
+
+def _on_power_law_quadratic() -> tuple[Derivation, dict[str, sympy.Symbol]]:
+    """The power-law-quadratic derivation and a copy of its symbols, for the derivations that continue it."""
+    quad = _build_power_law_quadratic()
+    return quad, dict(quad.symbols)
 
 
 # --------------------------------------------------------------------------- 4. power-law-roots
 
 
-@functools.cache
-def _build_power_law_roots() -> Derivation:
-    quad = _build_power_law_quadratic()
-    sym = dict(quad.symbols)
+@_derivation("power-law-roots", "Power-law noise: closed forms of x* and y*, stable forms and removable singularities",
+             f"{ER_PAPER}, App. C.3.2")
+def _build_power_law_roots() -> _Body:
+    quad, sym = _on_power_law_quadratic()
     mu, rho, x, alpha = sym["mu"], sym["rho"], sym["x"], sym["alpha"]
     y = sympy.Symbol("y", positive=True)
     w = sympy.Symbol("w", positive=True)  # w = sqrt(rho + 1/x)
@@ -447,40 +448,21 @@ def _build_power_law_roots() -> Derivation:
         Step("The stable x* evaluated at mu = rho (same substitution) gives the same value",
              Eq(sympy.Subs(x_star, mu, rho), stable_at)),
     )
-    return Derivation(
-        name="power-law-roots",
-        title="Power-law noise: closed forms of x* and y*, stable forms and removable singularities",
-        source=f"{ER_PAPER}, App. C.3.2",
-        steps=steps,
-        result=sympy.Tuple(Eq(x_star, stable_x), Eq(y_star, stable_y)),
-        symbols=sym,
-        parts={
-            "x_from_y": x_from_y,
-            "x_from_foc": x_from_foc,
-            "x_of_y": x_of_y,
-            "y_quadratic": quad_y,
-            "root_product": product,
-            "y_plus": plus_root,
-            "printed_x": printed_x,
-            "printed_y": printed_y,
-            "stable_x": stable_x,
-            "stable_y": stable_y,
-            "x_rho0": x_rho0,
-            "y_rho0": y_rho0,
-            "x_mu_eq_rho": x_mu_rho,
-            "numerator_mu_eq_rho": num_at,
-            "stable_x_mu_eq_rho": stable_at,
-        },
-    )
+    return (steps, sympy.Tuple(Eq(x_star, stable_x), Eq(y_star, stable_y)),
+            sym,
+            {"x_from_y": x_from_y, "x_from_foc": x_from_foc, "x_of_y": x_of_y, "y_quadratic": quad_y,
+             "root_product": product, "y_plus": plus_root, "printed_x": printed_x, "printed_y": printed_y,
+             "stable_x": stable_x, "stable_y": stable_y, "x_rho0": x_rho0, "y_rho0": y_rho0, "x_mu_eq_rho": x_mu_rho,
+             "numerator_mu_eq_rho": num_at, "stable_x_mu_eq_rho": stable_at})
 
 
 # --------------------------------------------------------------------------- 5. spurious-root
 
 
-@functools.cache
-def _build_spurious_root() -> Derivation:
-    quad = _build_power_law_quadratic()
-    sym = dict(quad.symbols)
+@_derivation("spurious-root", "alpha > 1/2: no interior optimum; the squared first-order condition has a spurious root",
+             f"{ER_PAPER}, App. C.3.2 (closed form stated for alpha < 1/2)")
+def _build_spurious_root() -> _Body:
+    quad, sym = _on_power_law_quadratic()
     mu, rho, x, alpha = sym["mu"], sym["rho"], sym["x"], sym["alpha"]
     d = sympy.Symbol("delta", nonnegative=True)  # alpha = 1/2 + delta
     lhs, rhs = quad.expr("foc_lhs"), quad.expr("foc_rhs")
@@ -545,38 +527,21 @@ def _build_spurious_root() -> Derivation:
              "the printed formula picks the right one",
              sympy.Tuple(Eq(sympy.Symbol("x_printed"), genuine_low), Eq(sympy.Symbol("x_other"), other_low))),
     )
-    return Derivation(
-        name="spurious-root",
-        title="alpha > 1/2: no interior optimum; the squared first-order condition has a spurious root",
-        source=f"{ER_PAPER}, App. C.3.2 (closed form stated for alpha < 1/2)",
-        steps=steps,
-        result=sympy.Gt(shifted, 0, evaluate=False),
-        symbols={**sym, "delta": d},
-        parts={
-            "scaled_dK": scaled,
-            "scaled_dK_shifted": shifted,
-            "instance": sympy.Dict(values),
-            "x_plus": x_plus,
-            "lhs_at_root": lhs_v,
-            "rhs_at_root": rhs_v,
-            "dK_at_root": dk_v,
-            "K": k_expr,
-            "printed_y_at_instance": y_printed_v,
-            "K_limit_at_0": k_lim,
-            "K_limit_at_0_alpha_half": k_lim_half,
-            "instance_mu_below_rho": sympy.Dict(values_low),
-            "genuine_root_mu_below_rho": genuine_low,
-            "other_root_mu_below_rho": other_low,
-            "rhs_at_roots_mu_below_rho": sympy.Tuple(*rhs_low),
-        },
-    )
+    return (steps, sympy.Gt(shifted, 0, evaluate=False),
+            {**sym, "delta": d},
+            {"scaled_dK": scaled, "scaled_dK_shifted": shifted, "instance": sympy.Dict(values), "x_plus": x_plus,
+             "lhs_at_root": lhs_v, "rhs_at_root": rhs_v, "dK_at_root": dk_v, "K": k_expr,
+             "printed_y_at_instance": y_printed_v, "K_limit_at_0": k_lim, "K_limit_at_0_alpha_half": k_lim_half,
+             "instance_mu_below_rho": sympy.Dict(values_low), "genuine_root_mu_below_rho": genuine_low,
+             "other_root_mu_below_rho": other_low, "rhs_at_roots_mu_below_rho": sympy.Tuple(*rhs_low)})
 
 
 # --------------------------------------------------------------------------- 6. mu-conventions
 
 
-@functools.cache
-def _build_mu_conventions() -> Derivation:
+@_derivation("mu-conventions", "The two meanings of mu: c = R + mu B (Sec. 3) versus c = mu R + B (Sec. 2, Table 1)",
+             f"{ER_PAPER}, Sec. 2, Sec. 3, Fig. 4 caption")
+def _build_mu_conventions() -> _Body:
     sym = _design_symbols()
     mu, rho, x, y, s = (sym[k] for k in ("mu", "rho", "x", "y", "s"))
     alpha = sympy.Symbol("alpha", positive=True)
@@ -625,32 +590,18 @@ def _build_mu_conventions() -> Derivation:
              "mu grows and both rise with the rollout-cost mu (Fig. 4's caption)",
              Eq(sympy.Derivative(sympy.Symbol("x_*"), sympy.Symbol("y_*")), dx_dy)),
     )
-    return Derivation(
-        name="mu-conventions",
-        title="The two meanings of mu: c = R + mu B (Sec. 3) versus c = mu R + B (Sec. 2, Table 1)",
-        source=f"{ER_PAPER}, Sec. 2, Sec. 3, Fig. 4 caption",
-        steps=steps,
-        result=Eq(sympy.Symbol("y^*_rollout"), y_roll),
-        symbols=sym,
-        parts={
-            "J_sec3": j_sec3,
-            "J_rollout": j_roll,
-            "identity": identity,
-            "y_rollout": y_roll,
-            "dy_dmu_sec3": dy_sec3,
-            "dy_dmu_rollout": dy_roll,
-            "dy_dmu_power_law": dy_dmu,
-            "x_of_y": x_of_y,
-            "dx_dy": dx_dy,
-        },
-    )
+    return (steps, Eq(sympy.Symbol("y^*_rollout"), y_roll),
+            sym,
+            {"J_sec3": j_sec3, "J_rollout": j_roll, "identity": identity, "y_rollout": y_roll, "dy_dmu_sec3": dy_sec3,
+             "dy_dmu_rollout": dy_roll, "dy_dmu_power_law": dy_dmu, "x_of_y": x_of_y, "dx_dy": dx_dy})
 
 
 # --------------------------------------------------------------------------- 7. eta-star
 
 
-@functools.cache
-def _build_eta_star() -> Derivation:
+@_derivation("eta-star", "Optimal step size eta* and the value of the asymptotic bound",
+             f"{ER_PAPER}, App. C.3.1 (from Thm 3.4)")
+def _build_eta_star() -> _Body:
     eta, a, b, F0, c, C, L, s, S = _positive("eta", "a", "b", "F_0", "c", "C", "L", "s", "S")
     B, N, R, rho, mu = _positive("B", "N", "R", "rho", "mu")
     J0 = sympy.Function("J_0")(eta)
@@ -678,17 +629,11 @@ def _build_eta_star() -> Derivation:
              "i.e. the paper wrote sqrt(ab) for 2 sqrt(ab)); a positive constant, so the argmin over (R, B, N) and "
              "the objective J = c s S are unchanged", Eq(sympy.Symbol("derived") / sympy.Symbol("printed"), ratio)),
     )
-    return Derivation(
-        name="eta-star",
-        title="Optimal step size eta* and the value of the asymptotic bound",
-        source=f"{ER_PAPER}, App. C.3.1 (from Thm 3.4)",
-        steps=steps,
-        result=Eq(sympy.Function("J_0")(sympy.Symbol("eta_*")), j_min),
-        symbols={"eta": eta, "a": a, "b": b, "F0": F0, "c": c, "C": C, "L": L, "s": s, "S": S,
-                 "B": B, "N": N, "R": R, "rho": rho, "mu": mu},
-        parts={"J0": j0, "eta_star": eta_star, "J0_min_ab": j_min_ab, "J0_min": j_min, "printed": printed,
-               "ratio": ratio, "a": a_def, "b": b_def},
-    )
+    return (steps, Eq(sympy.Function("J_0")(sympy.Symbol("eta_*")), j_min),
+            {"eta": eta, "a": a, "b": b, "F0": F0, "c": c, "C": C, "L": L, "s": s, "S": S,
+             "B": B, "N": N, "R": R, "rho": rho, "mu": mu},
+            {"J0": j0, "eta_star": eta_star, "J0_min_ab": j_min_ab, "J0_min": j_min, "printed": printed,
+             "ratio": ratio, "a": a_def, "b": b_def})
 
 
 # --------------------------------------------------------------------------- 8. var-r-chi2
@@ -703,8 +648,9 @@ def _linear_sum(summand: sympy.Expr, limits: tuple) -> sympy.Expr:
     return total
 
 
-@functools.cache
-def _build_var_r_chi2() -> Derivation:
+@_derivation("var-r-chi2", "Importance ratio: E_q[r] = 1, Var_q(r) = chi^2(p||q) = exp(D_2) - 1",
+             "FreshPER (FreshPER                       ) Eqs. (5), (8), (9), (23), (24)")
+def _build_var_r_chi2() -> _Body:
     p = _positive("p1", "p2", "p3")
     q = _positive("q1", "q2", "q3")
     n = sympy.Symbol("n", positive=True)
@@ -744,23 +690,18 @@ def _build_var_r_chi2() -> Derivation:
         Step("Hence the ESS of n weighted samples, n/(1 + Var_q r) = n/E_q[r^2] = n exp(-D_2) (FreshPER Eq. 5): "
              "n/(1 + chi^2) - n exp(-D_2) simplifies to 0", _identity(n / (1 + chi2_formula), n * sympy.exp(-d2))),
     )
-    return Derivation(
-        name="var-r-chi2",
-        title="Importance ratio: E_q[r] = 1, Var_q(r) = chi^2(p||q) = exp(D_2) - 1",
-        source="FreshPER (FreshPER                       ) Eqs. (5), (8), (9), (23), (24)",
-        steps=steps,
-        result=Eq(Var_(rr), chi2_formula),
-        symbols={**{f"p{k + 1}": v for k, v in enumerate(p)}, **{f"q{k + 1}": v for k, v in enumerate(q)}, "n": n},
-        parts={"mean_r": mean_value, "var_r": var_r, "chi2": chi2_formula, "d2": d2,
-               "general": general_reduced},
-    )
+    return (steps, Eq(Var_(rr), chi2_formula),
+            {**{f"p{k + 1}": v for k, v in enumerate(p)}, **{f"q{k + 1}": v for k, v in enumerate(q)}, "n": n},
+            {"mean_r": mean_value, "var_r": var_r, "chi2": chi2_formula, "d2": d2,
+             "general": general_reduced})
 
 
 # --------------------------------------------------------------------------- 9. thm51-chain
 
 
-@functools.cache
-def _build_thm51_chain() -> Derivation:
+@_derivation("thm51-chain", "M2PO Thm 5.1: chi^2 <= R^2 M2 and the sharper max(1, r)^2 pointwise bound",
+             "M2PO (M2PO               ), Thm 5.1 and App. C")
+def _build_thm51_chain() -> _Body:
     z = sympy.Symbol("z", real=True)
     zp = sympy.Symbol("z", nonnegative=True)  # the branch z >= 0
     u = sympy.Symbol("u", nonnegative=True)  # u = -z for the branch z <= 0
@@ -808,23 +749,18 @@ def _build_thm51_chain() -> Derivation:
              sympy.Tuple(Eq(sympy.Function("k")(zp), k), Eq(sympy.Function("k")(0), k.subs(zp, 0)),
                          Eq(sympy.Derivative(sympy.Function("k")(zp), zp), k_prime))),
     )
-    return Derivation(
-        name="thm51-chain",
-        title="M2PO Thm 5.1: chi^2 <= R^2 M2 and the sharper max(1, r)^2 pointwise bound",
-        source="M2PO (M2PO               ), Thm 5.1 and App. C",
-        steps=steps,
-        result=sympy.Le(lhs, sharp, evaluate=False),
-        symbols={"z": z, "R": R, "xi": xi},
-        parts={"g": g, "g_prime": g_prime, "h": h, "h_prime": h_prime, "k": k, "k_prime": k_prime,
-               "lhs": lhs, "sharp": sharp, "paper": paper, "series": series, "ratio_limit": ratio_limit},
-    )
+    return (steps, sympy.Le(lhs, sharp, evaluate=False),
+            {"z": z, "R": R, "xi": xi},
+            {"g": g, "g_prime": g_prime, "h": h, "h_prime": h_prime, "k": k, "k_prime": k_prime,
+             "lhs": lhs, "sharp": sharp, "paper": paper, "series": series, "ratio_limit": ratio_limit})
 
 
 # --------------------------------------------------------------------------- 10. finite-budget
 
 
-@functools.cache
-def _build_finite_budget() -> Derivation:
+@_derivation("finite-budget", "The Thm 3.4 bound at a finite compute budget: eta* from a cubic, and its two limits",
+             f"{ER_PAPER}, Thm 3.4, App. C.2 (Eqs. (3), (4)), App. C.3.1")
+def _build_finite_budget() -> _Body:
     eta, A, b1, b2, F0, c, C, L, s, S, x, kappa, w, beta = _positive(
         "eta", "A", "b_1", "b_2", "F_0", "c", "C", "L", "s", "S", "x", "kappa", "w", "beta")
     phi = sympy.Symbol("phi", real=True)
@@ -891,28 +827,23 @@ def _build_finite_budget() -> Derivation:
              "as C -> 0: the argmin minimises c / eta_max(x), i.e. the cheapest updates",
              Eq(sympy.Symbol("C V(eta_max)"), step_limit)),
     )
-    return Derivation(
-        name="finite-budget",
-        title="The Thm 3.4 bound at a finite compute budget: eta* from a cubic, and its two limits",
-        source=f"{ER_PAPER}, Thm 3.4, App. C.2 (Eqs. (3), (4)), App. C.3.1",
-        steps=steps,
-        result=Eq(sympy.Symbol("eta_*"), sqrt(A / b1) / sympy.Symbol("w")),
-        symbols={"eta": eta, "A": A, "b1": b1, "b2": b2, "F0": F0, "c": c, "C": C, "L": L, "s": s, "S": S,
-                 "x": x, "kappa": kappa, "w": w, "beta": beta, "phi": phi, "eta_max": eta_max},
-        parts={"bound": bound, "V": v, "A": a_def, "b1": b1_def, "b2": b2_def, "cubic": cubic,
-               "coefficients": sympy.Tuple(*coeffs), "beta": beta_def, "w_cubic": w_cubic, "w_root": w_root,
-               "w_series": w_series, "value_w": value_w_form, "large_budget_limit": large_limit,
-               "step_limit": step_limit, "beta_limit": beta_limit, "identity_bound": same,
-               "identity_scaled": scaled_ok, "identity_trig": trig_ok, "identity_hyp": hyp_ok,
-               "identity_value": value_ok, "second_derivative": d2},
-    )
+    return (steps, Eq(sympy.Symbol("eta_*"), sqrt(A / b1) / sympy.Symbol("w")),
+            {"eta": eta, "A": A, "b1": b1, "b2": b2, "F0": F0, "c": c, "C": C, "L": L, "s": s, "S": S,
+             "x": x, "kappa": kappa, "w": w, "beta": beta, "phi": phi, "eta_max": eta_max},
+            {"bound": bound, "V": v, "A": a_def, "b1": b1_def, "b2": b2_def, "cubic": cubic,
+             "coefficients": sympy.Tuple(*coeffs), "beta": beta_def, "w_cubic": w_cubic, "w_root": w_root,
+             "w_series": w_series, "value_w": value_w_form, "large_budget_limit": large_limit,
+             "step_limit": step_limit, "beta_limit": beta_limit, "identity_bound": same,
+             "identity_scaled": scaled_ok, "identity_trig": trig_ok, "identity_hyp": hyp_ok,
+             "identity_value": value_ok, "second_derivative": d2})
 
 
 # --------------------------------------------------------------------------- 11. compute-to-target
 
 
-@functools.cache
-def _build_compute_to_target() -> Derivation:
+@_derivation("compute-to-target", "Least compute for the eta-optimised Thm 3.4 bound to reach a target epsilon",
+             f"{ER_PAPER}, Thm 3.4 (dual of the finite-budget problem)")
+def _build_compute_to_target() -> _Body:
     eta, b1, b2, eps, F0, c, L, s, S = _positive("eta", "b_1", "b_2", "epsilon", "F_0", "c", "L", "s", "S")
     p = eta * (eps - b1 * eta - b2 * eta**2)
     d2 = sympy.simplify(sympy.diff(p, eta, 2))
@@ -935,23 +866,18 @@ def _build_compute_to_target() -> Derivation:
         Step("kappa = 0 (b2 -> 0): C = 48 F0 b1 c/epsilon^2 = 384 F0 L c s S/epsilon^2, proportional to J = c s S",
              Eq(sympy.Symbol("C_epsilon"), small_b2_in_j)),
     )
-    return Derivation(
-        name="compute-to-target",
-        title="Least compute for the eta-optimised Thm 3.4 bound to reach a target epsilon",
-        source=f"{ER_PAPER}, Thm 3.4 (dual of the finite-budget problem)",
-        steps=steps,
-        result=Eq(sympy.Symbol("C_epsilon"), compute),
-        symbols={"eta": eta, "b1": b1, "b2": b2, "epsilon": eps, "F0": F0, "c": c, "L": L, "s": s, "S": S},
-        parts={"p": p, "root": root, "other_roots": sympy.Tuple(*others), "stable": stable, "compute": compute,
-               "kappa_zero": small_b2_in_j, "second_derivative": d2},
-    )
+    return (steps, Eq(sympy.Symbol("C_epsilon"), compute),
+            {"eta": eta, "b1": b1, "b2": b2, "epsilon": eps, "F0": F0, "c": c, "L": L, "s": s, "S": S},
+            {"p": p, "root": root, "other_roots": sympy.Tuple(*others), "stable": stable, "compute": compute,
+             "kappa_zero": small_b2_in_j, "second_derivative": d2})
 
 
 # --------------------------------------------------------------------------- 12. fifo-long-run-variance
 
 
-@functools.cache
-def _build_fifo_long_run_variance() -> Derivation:
+@_derivation("fifo-long-run-variance", "Long-run variance of the batch-mean noise of a FIFO sampled with replacement",
+             f"{ER_PAPER}, Sec. 3 (FIFO of N, R new per step, B drawn uniformly with replacement)")
+def _build_fifo_long_run_variance() -> _Body:
     B, R, N, sigma = _positive("B", "R", "N", "sigma")
     x, k, W, m = (sympy.Symbol(name, integer=True, positive=True) for name in ("x", "k", "W", "m"))
     j = sympy.Symbol("j", integer=True, positive=True)
@@ -997,16 +923,10 @@ def _build_fifo_long_run_variance() -> Derivation:
         Step("On-policy drawn with replacement (x = 1, y = 1: N = R = B) minus sigma^2 (2/B - 1/B^2) simplifies to "
              "0: almost twice the on-policy noise", _identity(with_replacement, sigma**2 * (2 / B - 1 / B**2))),
     )
-    return Derivation(
-        name="fifo-long-run-variance",
-        title="Long-run variance of the batch-mean noise of a FIFO sampled with replacement",
-        source=f"{ER_PAPER}, Sec. 3 (FIFO of N, R new per step, B drawn uniformly with replacement)",
-        steps=steps,
-        result=Eq(lrv, closed),
-        symbols={"B": B, "R": R, "N": N, "sigma": sigma, "x": x, "k": k, "W": W},
-        parts={"C0": c0, "Ck": ck, "long_run": closed, "long_run_x": long_run_x, "window_limit": window_limit,
-               "on_policy": on_policy, "on_policy_with_replacement": with_replacement},
-    )
+    return (steps, Eq(lrv, closed),
+            {"B": B, "R": R, "N": N, "sigma": sigma, "x": x, "k": k, "W": W},
+            {"C0": c0, "Ck": ck, "long_run": closed, "long_run_x": long_run_x, "window_limit": window_limit,
+             "on_policy": on_policy, "on_policy_with_replacement": with_replacement})
 
 
 # --------------------------------------------------------------------------- 13. noise-scale-rule
@@ -1015,20 +935,41 @@ def _build_fifo_long_run_variance() -> Derivation:
 MU_QWEN = Rational(132, 25)  # mu = 5.28, Table 1 (Qwen2.5-7B), rollout cost / per-sample update cost
 
 
-@functools.cache
-def _build_noise_scale_rule() -> Derivation:
+def _minimise_cost_in_y(cost_by: sympy.Expr, y: sympy.Symbol, y_star: sympy.Expr, min_cost: sympy.Expr,
+                        y_star_text: str, min_cost_text: str) -> tuple[sympy.Expr, sympy.Expr, tuple[Step, ...]]:
+    """Minimise the cost per S_min B at fixed B over y > 0 and check the stated minimiser and minimum.
+
+    Returns d cost/dy, the second derivative and the five steps (differentiate, solve, compare with ``y_star``,
+    convexity, compare ``cost(y*)`` with ``min_cost``); ``*_text`` are those two closed forms as the steps print them.
+    """
+    cost_fn, y_star_sym = sympy.Function("cost")(y), sympy.Symbol("y_*")
+    d_cost = sympy.diff(cost_by, y)
+    (y_solved,) = sympy.solve(Eq(d_cost, 0), y)  # y is a positive symbol: the positive root only
+    d2 = sympy.simplify(sympy.diff(cost_by, y, 2))
+    steps = (
+        Step("Differentiate cost(y) = C/(S_min B) in y (sympy.diff)", Eq(sympy.Derivative(cost_fn, y), d_cost)),
+        Step("Solve d cost/dy = 0 for y > 0 (sympy.solve, 1 positive solution)", Eq(y_star_sym, y_solved)),
+        Step(f"It minus {y_star_text} simplifies to 0", _identity(y_solved, y_star)),
+        Step(f"Second derivative (sympy.diff twice); is_positive = {d2.is_positive} for y > 0: convex, the "
+             "stationary point is the minimum", Eq(sympy.Derivative(cost_fn, (y, 2)), d2)),
+        Step(f"cost(y*) minus {min_cost_text} simplifies to 0", _identity(cost_by.subs(y, y_star), min_cost)),
+    )
+    return d_cost, d2, steps
+
+
+@_derivation("noise-scale-rule", "The noise-scale rule: optimal replay ratio, when replay pays, and the saving",
+             "McCandlish et al. 2018 (arXiv 1812.06162), Eq. 2.7; V from derive fifo-long-run-variance")
+def _build_noise_scale_rule() -> _Body:
     s_min, b_noise, B, R, mu, b, y, V = _positive("S_min", "B_noise", "B", "R", "mu", "b", "y", "V")
     S, cost_sym, y_star_sym, b_c = sympy.Symbol("S"), sympy.Symbol("C"), sympy.Symbol("y_*"), sympy.Symbol("b_c")
-    cost_fn = sympy.Function("cost")(y)
     v_replay, v_on = 1 / B + 1 / R, 1 / B
     cost = s_min * (1 + b_noise * v_replay) * (mu * R + B)  # S steps of cost mu R + B
     cost_by = (1 + b * (1 + y)) * (1 + mu / y)  # in units of S_min B
     cost_on = (1 + b) * (1 + mu)
-    d_cost = sympy.diff(cost_by, y)
-    (y_solved,) = sympy.solve(Eq(d_cost, 0), y)  # y is a positive symbol: the positive root only
     y_star = sqrt(mu * (1 + 1 / b))
-    d2 = sympy.simplify(sympy.diff(cost_by, y, 2))
     min_cost = (sqrt(1 + b) + sqrt(mu * b)) ** 2
+    d_cost, d2, minimise = _minimise_cost_in_y(cost_by, y, y_star, min_cost, "sqrt(mu (1 + 1/b))",
+                                               "(sqrt(1 + b) + sqrt(mu b))^2")
     gap = sympy.simplify(cost_on - cost_by.subs(y, y_star))
     (b_solved,) = sympy.solve(Eq(4 * b * (1 + b), mu), b)
     threshold = (sqrt(1 + mu) - 1) / 2
@@ -1050,13 +991,7 @@ def _build_noise_scale_rule() -> Derivation:
              _identity(cost.subs({b_noise: b * B, R: B / y}), s_min * B * cost_by)),
         Step("On-policy (R = B, V = 1/B): S_min (1 + b)(mu B + B) minus S_min B (1 + b)(1 + mu) simplifies to 0",
              _identity(s_min * (1 + b * B * v_on) * (mu * B + B), s_min * B * cost_on)),
-        Step("Differentiate cost(y) = C/(S_min B) in y (sympy.diff)", Eq(sympy.Derivative(cost_fn, y), d_cost)),
-        Step("Solve d cost/dy = 0 for y > 0 (sympy.solve, 1 positive solution)", Eq(y_star_sym, y_solved)),
-        Step("It minus sqrt(mu (1 + 1/b)) simplifies to 0", _identity(y_solved, y_star)),
-        Step(f"Second derivative (sympy.diff twice); is_positive = {d2.is_positive} for y > 0: convex, the "
-             "stationary point is the minimum", Eq(sympy.Derivative(cost_fn, (y, 2)), d2)),
-        Step("cost(y*) minus (sqrt(1 + b) + sqrt(mu b))^2 simplifies to 0",
-             _identity(cost_by.subs(y, y_star), min_cost)),
+        *minimise,
         Step("On-policy cost minus the replay minimum (sympy.simplify)",
              Eq(sympy.Symbol("cost_on - cost(y*)"), gap)),
         Step("It minus sqrt(mu) (sqrt(mu) - 2 sqrt(b (1 + b))) simplifies to 0: replay beats on-policy iff "
@@ -1073,26 +1008,22 @@ def _build_noise_scale_rule() -> Derivation:
         Step("At mu = 5.28 (sympy.N): (b, saving, y*) for b = 1/10, 1/4, 1/2",
              sympy.Tuple(*(sympy.Tuple(bb, sv, ys) for bb, (sv, ys) in table.items()))),
     )
-    return Derivation(
-        name="noise-scale-rule",
-        title="The noise-scale rule: optimal replay ratio, when replay pays, and the saving",
-        source="McCandlish et al. 2018 (arXiv 1812.06162), Eq. 2.7; V from derive fifo-long-run-variance",
-        steps=steps,
-        result=Eq(y_star_sym, y_star),
-        symbols={"S_min": s_min, "B_noise": b_noise, "B": B, "R": R, "mu": mu, "b": b, "y": y, "V": V},
-        parts={"cost": cost, "cost_replay": cost_by, "cost_on_policy": cost_on, "dcost_dy": d_cost,
-               "y_star": y_star, "second_derivative": d2, "min_cost": min_cost, "gap": gap,
-               "threshold": threshold, "saving": saving, "saving_noiseless": noiseless,
-               "threshold_mu_5_28": threshold.subs(mu, MU_QWEN),
-               "table_mu_5_28": sympy.Tuple(*(sympy.Tuple(bb, sv, ys) for bb, (sv, ys) in table.items()))},
-    )
+    return (steps, Eq(y_star_sym, y_star),
+            {"S_min": s_min, "B_noise": b_noise, "B": B, "R": R, "mu": mu, "b": b, "y": y, "V": V},
+            {"cost": cost, "cost_replay": cost_by, "cost_on_policy": cost_on, "dcost_dy": d_cost,
+             "y_star": y_star, "second_derivative": d2, "min_cost": min_cost, "gap": gap,
+             "threshold": threshold, "saving": saving, "saving_noiseless": noiseless,
+             "threshold_mu_5_28": threshold.subs(mu, MU_QWEN),
+             "table_mu_5_28": sympy.Tuple(*(sympy.Tuple(bb, sv, ys) for bb, (sv, ys) in table.items()))})
 
 
 # --------------------------------------------------------------------------- 14. assumption-3.2-counterexample
 
 
-@functools.cache
-def _build_assumption_32_counterexample() -> Derivation:
+@_derivation("assumption-3.2-counterexample",
+             "Assumption 3.2 fails for replayed samples: E[eps | F_1] = z_0 and kappa ~ 1/eta",
+             f"{ER_PAPER}, Assumption 3.2, App. C.1, App. C.2.1 (Eq. 4), App. C.3.1")
+def _build_assumption_32_counterexample() -> _Body:
     theta, theta_1, z, z0 = sympy.symbols("theta theta_1 z z_0", real=True)
     theta_0 = sympy.Symbol("theta_0", positive=True)  # theta -> -theta, z -> -z gives theta_0 < 0
     eta, sigma, kappa, H, L = _positive("eta", "sigma", "kappa", "H", "L")
@@ -1159,19 +1090,13 @@ def _build_assumption_32_counterexample() -> Derivation:
              "point mass at z_0: one use of a sample reveals it, however little theta moved (argued)",
              Eq(sympy.Function("pi")(z, sympy.Symbol("F_1")), sympy.DiracDelta(z - z0))),
     )
-    return Derivation(
-        name="assumption-3.2-counterexample",
-        title="Assumption 3.2 fails for replayed samples: E[eps | F_1] = z_0 and kappa ~ 1/eta",
-        source=f"{ER_PAPER}, Assumption 3.2, App. C.1, App. C.2.1 (Eq. 4), App. C.3.1",
-        steps=steps,
-        result=Eq(cond, z0),
-        symbols={"theta": theta, "theta_0": theta_0, "theta_1": theta_1, "z_0": z0, "z": z, "eta": eta,
-                 "sigma": sigma, "kappa": kappa, "H": H, "L": L},
-        parts={"update": update, "z0_recovered": z0_solved, "eps": eps_12, "kappa_required": kappa_req,
-               "limit_right": lim_right, "limit_left": lim_left, "mean_sq_noise": mean_sq_noise,
-               "mean_sq_step": mean_sq_step, "kappa_ms": kappa_ms, "eta_kappa_ms": eta_kappa,
-               "ratio_limit": ratio_limit, "term_limit": term_limit, "eq4": eq4, "theta_0_eq4": theta_0_eq4},
-    )
+    return (steps, Eq(cond, z0),
+            {"theta": theta, "theta_0": theta_0, "theta_1": theta_1, "z_0": z0, "z": z, "eta": eta,
+             "sigma": sigma, "kappa": kappa, "H": H, "L": L},
+            {"update": update, "z0_recovered": z0_solved, "eps": eps_12, "kappa_required": kappa_req,
+             "limit_right": lim_right, "limit_left": lim_left, "mean_sq_noise": mean_sq_noise,
+             "mean_sq_step": mean_sq_step, "kappa_ms": kappa_ms, "eta_kappa_ms": eta_kappa,
+             "ratio_limit": ratio_limit, "term_limit": term_limit, "eq4": eq4, "theta_0_eq4": theta_0_eq4})
 
 
 # --------------------------------------------------------------------------- 15. forgetting-variance
@@ -1213,8 +1138,11 @@ KAPPAS_PSI16 = (sympy.Integer(1), Rational(1, 2), Rational(1, 10), Rational(1, 1
 BETA_ADAM = Rational(9, 10)
 
 
-@functools.cache
-def _build_forgetting_variance() -> Derivation:
+@_derivation("forgetting-variance",
+             "The FIFO noise an optimizer keeps: V_eff, psi(x, kappa) and the lag-1 gradient autocorrelation",
+             f"{ER_PAPER}, Sec. 3 (FIFO); C(k) from derive fifo-long-run-variance; the SGD, heavy-ball and "
+             "Adam error recursions (theory/forgetting.py)")
+def _build_forgetting_variance() -> _Body:
     fifo = _build_fifo_long_run_variance()
     B, R, N, sigma, x, k = (fifo.symbols[n] for n in ("B", "R", "N", "sigma", "x", "k"))
     a = sympy.Symbol("a", real=True)  # 1 - eta h: |a| < 1 for a stable step, negative when eta h > 1
@@ -1345,41 +1273,34 @@ def _build_forgetting_variance() -> Derivation:
         Step("psi(16) for Adam at beta1 = 9/10, same kappa (exact rho(k) = c^T A^k P c / c^T P c, sympy.N)",
              Eq(sympy.Symbol("(kappa, psi_Adam(16))"), psi16_adam)),
     )
-    return Derivation(
-        name="forgetting-variance",
-        title="The FIFO noise an optimizer keeps: V_eff, psi(x, kappa) and the lag-1 gradient autocorrelation",
-        source=(f"{ER_PAPER}, Sec. 3 (FIFO); C(k) from derive fifo-long-run-variance; the SGD, heavy-ball and "
-                "Adam error recursions (theory/forgetting.py)"),
-        steps=steps,
-        result=Eq(psi_sym, psi),
-        symbols={"B": B, "R": R, "N": N, "sigma": sigma, "x": x, "k": k, "a": a, "eta": eta, "h": h, "y": y,
-                 "s": s, "beta1": beta, "kappa": kappa},
-        parts={"pair_sum": pair_closed, "C0": c0, "Ck": ck, "lag_sum": lag_closed, "lag_sum_at_1": lag_at_1,
-               "v_eff": v_eff, "R_v_eff": sympy.expand(r_v), "B_v_eff": sympy.expand(b_v),  # expanded: no sigma
-               "phi": phi, "psi": psi, "variance": var_closed,
-               "limit_a_1": lim_a1, "limit_a_0": lim_a0, "x_psi_limit": lim_x, "tau_sgd": tau_sgd,
-               "small_kappa_slope": slope, "corr_sgd": corr_sgd, "corr_adam": corr_adam,
-               "corr_adam_slope": corr_slope, "tau_adam": tau_adam, "det_A": det_a, "P_adam": P,
-               "psi16_sgd": psi16_sgd, "psi16_adam": psi16_adam},
-    )
+    return (steps, Eq(psi_sym, psi),
+            {"B": B, "R": R, "N": N, "sigma": sigma, "x": x, "k": k, "a": a, "eta": eta, "h": h, "y": y,
+             "s": s, "beta1": beta, "kappa": kappa},
+            {"pair_sum": pair_closed, "C0": c0, "Ck": ck, "lag_sum": lag_closed, "lag_sum_at_1": lag_at_1,
+             "v_eff": v_eff, "R_v_eff": sympy.expand(r_v), "B_v_eff": sympy.expand(b_v),  # expanded: no sigma
+             "phi": phi, "psi": psi, "variance": var_closed,
+             "limit_a_1": lim_a1, "limit_a_0": lim_a0, "x_psi_limit": lim_x, "tau_sgd": tau_sgd,
+             "small_kappa_slope": slope, "corr_sgd": corr_sgd, "corr_adam": corr_adam,
+             "corr_adam_slope": corr_slope, "tau_adam": tau_adam, "det_A": det_a, "P_adam": P,
+             "psi16_sgd": psi16_sgd, "psi16_adam": psi16_adam})
 
 
 # --------------------------------------------------------------------------- 16. forgetting-rule
 
 
-@functools.cache
-def _build_forgetting_rule() -> Derivation:
+@_derivation("forgetting-rule",
+             "The forgetting-aware rule at fixed B: optimal replay ratio, cost, when replay pays, the horizon",
+             "McCandlish et al. 2018 (arXiv 1812.06162), Eq. 2.7; V_eff from derive forgetting-variance")
+def _build_forgetting_rule() -> _Body:
     s_min, b_noise, B, R, mu, b, y, psi = _positive("S_min", "B_noise", "B", "R", "mu", "b", "y", "psi")
     S, cost_sym, y_star_sym, psi_c = sympy.Symbol("S"), sympy.Symbol("C"), sympy.Symbol("y_*"), sympy.Symbol("psi_c")
-    cost_fn = sympy.Function("cost")(y)
     cost = s_min * (1 + b_noise * (1 + y * psi) / B) * (mu * R + B)  # S steps of mu R + B, B V_eff = 1 + y psi
     cost_by = (1 + b + b * y * psi) * (1 + mu / y)
     cost_on = (1 + b) * (1 + mu)
-    d_cost = sympy.diff(cost_by, y)
-    (y_solved,) = sympy.solve(Eq(d_cost, 0), y)
     y_star = sqrt(mu * (1 + b) / (b * psi))
-    d2 = sympy.simplify(sympy.diff(cost_by, y, 2))
     min_cost = (sqrt(1 + b) + sqrt(mu * b * psi)) ** 2
+    d_cost, d2, minimise = _minimise_cost_in_y(cost_by, y, y_star, min_cost, "sqrt(mu (1 + b) / (b psi))",
+                                               "(sqrt(1 + b) + sqrt(mu b psi))^2")
     gap = sympy.expand(cost_on - min_cost)
     gap_factored = sqrt(mu) * (sqrt(mu) * (1 + b - b * psi) - 2 * sqrt(b * psi * (1 + b)))
     condition_lhs, condition_rhs = 4 * b * psi * (1 + b), mu * (1 + b - b * psi) ** 2
@@ -1408,13 +1329,7 @@ def _build_forgetting_rule() -> Derivation:
         Step("Compute: S steps costing mu R + B each", Eq(cost_sym, cost)),
         Step("At fixed B with B_noise = b B, R = B/y: C minus S_min B (1 + b + b y psi)(1 + mu/y) simplifies to 0",
              _identity(cost.subs({b_noise: b * B, R: B / y}), s_min * B * cost_by)),
-        Step("Differentiate cost(y) = C/(S_min B) in y (sympy.diff)", Eq(sympy.Derivative(cost_fn, y), d_cost)),
-        Step("Solve d cost/dy = 0 for y > 0 (sympy.solve, 1 positive solution)", Eq(y_star_sym, y_solved)),
-        Step("It minus sqrt(mu (1 + b) / (b psi)) simplifies to 0", _identity(y_solved, y_star)),
-        Step(f"Second derivative (sympy.diff twice); is_positive = {d2.is_positive} for y > 0: convex, the "
-             "stationary point is the minimum", Eq(sympy.Derivative(cost_fn, (y, 2)), d2)),
-        Step("cost(y*) minus (sqrt(1 + b) + sqrt(mu b psi))^2 simplifies to 0",
-             _identity(cost_by.subs(y, y_star), min_cost)),
+        *minimise,
         Step("On-policy (R = B, V = 1/B) costs (1 + b)(1 + mu); it minus cost(y*) (sympy.expand)",
              Eq(sympy.Symbol("cost_on - cost(y*)"), gap)),
         Step("It minus sqrt(mu) (sqrt(mu) (1 + b - b psi) - 2 sqrt(b psi (1 + b))) simplifies to 0: replay beats "
@@ -1449,27 +1364,22 @@ def _build_forgetting_rule() -> Derivation:
         Step("As c -> 0 (flat staleness, sympy.limit) the horizon runs off: x* is finite only when r(s) grows",
              Eq(sympy.Limit(x_star_sym, c, 0, "+"), x_flat)),
     )
-    return Derivation(
-        name="forgetting-rule",
-        title="The forgetting-aware rule at fixed B: optimal replay ratio, cost, when replay pays, the horizon",
-        source="McCandlish et al. 2018 (arXiv 1812.06162), Eq. 2.7; V_eff from derive forgetting-variance",
-        steps=steps,
-        result=Eq(y_star_sym, y_star),
-        symbols={"S_min": s_min, "B_noise": b_noise, "B": B, "R": R, "mu": mu, "b": b, "y": y, "psi": psi, "c": c,
-                 "x": x, "tau": tau},
-        parts={"cost": cost, "cost_replay": cost_by, "cost_on_policy": cost_on, "dcost_dy": d_cost,
-               "y_star": y_star, "second_derivative": d2, "min_cost": min_cost, "gap": gap,
-               "psi_threshold": psi_threshold, "psi_threshold_large_b": big_b, "other_roots": sympy.Tuple(*other_roots),
-               "table_mu_5_28": table, "staleness_mean": m_x, "horizon_noise": noise_x, "x_star": x_star,
-               "x_star_flat": x_flat},
-    )
+    return (steps, Eq(y_star_sym, y_star),
+            {"S_min": s_min, "B_noise": b_noise, "B": B, "R": R, "mu": mu, "b": b, "y": y, "psi": psi, "c": c,
+             "x": x, "tau": tau},
+            {"cost": cost, "cost_replay": cost_by, "cost_on_policy": cost_on, "dcost_dy": d_cost,
+             "y_star": y_star, "second_derivative": d2, "min_cost": min_cost, "gap": gap,
+             "psi_threshold": psi_threshold, "psi_threshold_large_b": big_b, "other_roots": sympy.Tuple(*other_roots),
+             "table_mu_5_28": table, "staleness_mean": m_x, "horizon_noise": noise_x, "x_star": x_star,
+             "x_star_flat": x_flat})
 
 
 # --------------------------------------------------------------------------- 17. free-batch
 
 
-@functools.cache
-def _build_free_batch() -> Derivation:
+@_derivation("free-batch", "At a free batch: a smaller on-policy batch beats replay unless the optimizer forgets",
+             "McCandlish et al. 2018 (arXiv 1812.06162), Eq. 2.7; derive noise-scale-rule, derive forgetting-rule")
+def _build_free_batch() -> _Body:
     b_noise, B, R, N, mu, y, psi, b_prime = _positive("B_noise", "B", "R", "N", "mu", "y", "psi", "B'")
     W, T = _positive("W", "T")
     s_rep, s_on = sympy.Symbol("S_replay / S_min"), sympy.Symbol("S_on(R) / S_min")
@@ -1530,43 +1440,16 @@ def _build_free_batch() -> Derivation:
                          Eq(thr_sym, sympy.N(loose_value.subs(mu, MU_QWEN), 6)),
                          Eq(sympy.Symbol("x_min"), sympy.N(horizon.subs(mu, MU_QWEN), 6)))),
     )
-    return Derivation(
-        name="free-batch",
-        title="At a free batch: a smaller on-policy batch beats replay unless the optimizer forgets",
-        source="McCandlish et al. 2018 (arXiv 1812.06162), Eq. 2.7; derive noise-scale-rule, derive forgetting-rule",
-        steps=steps,
-        result=Eq(thr_sym, psi_eq_printed),
-        symbols={"B_noise": b_noise, "B": B, "R": R, "N": N, "mu": mu, "y": y, "psi": psi, "B'": b_prime},
-        parts={"steps_replay": steps_replay, "steps_on_policy": steps_on, "more_steps": more_steps,
-               "more_steps_exact": more_steps_exact, "more_cost": more_cost, "equal_steps_batch": b_equal,
-               "cheaper": cheaper, "threshold": psi_eq_printed, "y_loose": y_loose, "loose_value": loose_value,
-               "loose_value_mu_5_28": loose_value.subs(mu, MU_QWEN), "y_loose_mu_5_28": y_loose.subs(mu, MU_QWEN),
-               "horizon_mu_5_28": horizon.subs(mu, MU_QWEN)},
-    )
+    return (steps, Eq(thr_sym, psi_eq_printed),
+            {"B_noise": b_noise, "B": B, "R": R, "N": N, "mu": mu, "y": y, "psi": psi, "B'": b_prime},
+            {"steps_replay": steps_replay, "steps_on_policy": steps_on, "more_steps": more_steps,
+             "more_steps_exact": more_steps_exact, "more_cost": more_cost, "equal_steps_batch": b_equal,
+             "cheaper": cheaper, "threshold": psi_eq_printed, "y_loose": y_loose, "loose_value": loose_value,
+             "loose_value_mu_5_28": loose_value.subs(mu, MU_QWEN), "y_loose_mu_5_28": y_loose.subs(mu, MU_QWEN),
+             "horizon_mu_5_28": horizon.subs(mu, MU_QWEN)})
 
 
-# --------------------------------------------------------------------------- registry and rendering
-
-
-DERIVATIONS: dict[str, Callable[[], Derivation]] = {
-    "y-star": _build_y_star,
-    "reduction": _build_reduction,
-    "power-law-quadratic": _build_power_law_quadratic,
-    "power-law-roots": _build_power_law_roots,
-    "spurious-root": _build_spurious_root,
-    "mu-conventions": _build_mu_conventions,
-    "eta-star": _build_eta_star,
-    "var-r-chi2": _build_var_r_chi2,
-    "thm51-chain": _build_thm51_chain,
-    "finite-budget": _build_finite_budget,
-    "compute-to-target": _build_compute_to_target,
-    "fifo-long-run-variance": _build_fifo_long_run_variance,
-    "noise-scale-rule": _build_noise_scale_rule,
-    "assumption-3.2-counterexample": _build_assumption_32_counterexample,
-    "forgetting-variance": _build_forgetting_variance,
-    "forgetting-rule": _build_forgetting_rule,
-    "free-batch": _build_free_batch,
-}
+# --------------------------------------------------------------------------- rendering
 
 
 def derive(name: str) -> Derivation:
