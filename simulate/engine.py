@@ -22,10 +22,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from ..core.designs import StepBatch, compute_loss
 from ..core.losses import LossOutput
@@ -181,8 +182,15 @@ def run(config: SimConfig, progress: Callable[[int], None] | None = None, observ
     another process holds a core (bench/bench_simulator.py). Each output element comes from the same
     kernel either way, so the results do not change, only the time.
     """
-    with threadpool_limits(limits=1, user_api="blas"):
+    with _blas_controller().limit(limits=1, user_api="blas"):
         return _run(config.validated(), progress, observer, on_step)
+
+
+@lru_cache(maxsize=1)
+def _blas_controller() -> ThreadpoolController:
+    """One ThreadpoolController for the process: finding the loaded BLAS libraries (what
+    ``threadpool_limits`` does on every call) costs more than a short run's steps."""
+    return ThreadpoolController()
 
 
 @dataclass

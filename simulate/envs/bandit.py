@@ -29,6 +29,7 @@ behaviour samples estimate: chi2, KL and M2 are prompt averages, and ``d2 = log(
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from scipy.special import logsumexp
@@ -161,6 +162,52 @@ def _row_max(x: np.ndarray) -> np.ndarray:
     return np.maximum.reduce(np.ascontiguousarray(x.T), axis=0)
 
 
+@lru_cache(maxsize=16)
+def _instance(config: BanditConfig) -> dict[str, np.ndarray]:
+    """The instance's arrays (answers, features, offsets, ...) drawn from ``config.instance_seed``, read-only.
+
+    Cached: the instance is a pure function of the config, and every run of a sweep or a benchmark
+    builds the same one (its per-prompt construction costs as much as a few training steps).
+    Read-only because the environments built from one config share these arrays.
+    """
+    P, A, d = config.num_prompts, config.num_actions, config.feature_dim
+    rng = np.random.default_rng(config.instance_seed)
+
+    # answers and well-formed sets
+    answer = rng.integers(A, size=P).astype(np.int64)  # (P,)
+    well_formed = np.zeros((P, A), dtype=bool)  # (P, A), excludes the correct action
+    for p in range(P):  # instance construction only (not on the training path)
+        others = np.delete(np.arange(A), answer[p])
+        well_formed[p, rng.choice(others, size=config.num_well_formed, replace=False)] = True
+    correct = np.zeros((P, A), dtype=bool)
+    correct[np.arange(P), answer] = True
+    reward_table = np.where(correct, 1.0, np.where(well_formed, 0.1, 0.0))  # (P, A)
+
+    # features: unit-scale random + shared skill direction on the correct actions
+    g = rng.standard_normal((P, A, d)) / np.sqrt(d)  # (P, A, d)
+    u = rng.standard_normal(d)
+    u /= np.linalg.norm(u)  # (d,)
+    alpha = config.skill_alignment
+    g[np.arange(P), answer] = np.sqrt(1.0 - alpha**2) * g[np.arange(P), answer] + alpha * u
+
+    # difficulty: stratified-uniform target success probabilities in logit space
+    lo = np.log(config.warm_success_min / (1 - config.warm_success_min))
+    hi = np.log(config.warm_success_max / (1 - config.warm_success_max))
+    strata = (rng.permutation(P) + rng.random(P)) / P  # (P,) one point per stratum
+    z = lo + (hi - lo) * strata  # (P,) target logit(pi_0(correct | p))
+    target_success = 1.0 / (1.0 + np.exp(-z))  # (P,)
+
+    b = config.base_logit_std * rng.standard_normal((P, A)) + config.well_formed_bonus * well_formed  # (P, A)
+    b_wrong = np.where(correct, -np.inf, b)
+    b[np.arange(P), answer] = z + logsumexp(b_wrong, axis=-1)  # => pi_0(c_p | p) = q_p exactly
+    features_flat = np.ascontiguousarray(g.reshape(-1, d))  # (P*A, d)
+    out = {"answer": answer, "well_formed": well_formed, "reward_table": reward_table, "features": g,
+           "skill_direction": u, "target_success": target_success, "offsets": b, "features_flat": features_flat}
+    for array in out.values():
+        array.flags.writeable = False
+    return out
+
+
 # --------------------------------------------------------------------------- #
 # the environment
 # --------------------------------------------------------------------------- #
@@ -171,44 +218,18 @@ class BanditEnv:
 
     def __init__(self, config: BanditConfig = BanditConfig()) -> None:
         self.config = config
-        P, A, d = config.num_prompts, config.num_actions, config.feature_dim
-        self.num_prompts = P
-        self.num_actions = A
-        self.param_dim = d
-        rng = np.random.default_rng(config.instance_seed)
-
-        # answers and well-formed sets
-        self.answer = rng.integers(A, size=P).astype(np.int64)  # (P,)
-        well_formed = np.zeros((P, A), dtype=bool)  # (P, A), excludes the correct action
-        for p in range(P):  # instance construction only (not on the training path)
-            others = np.delete(np.arange(A), self.answer[p])
-            well_formed[p, rng.choice(others, size=config.num_well_formed, replace=False)] = True
-        self.well_formed = well_formed
-        correct = np.zeros((P, A), dtype=bool)
-        correct[np.arange(P), self.answer] = True
-        self._reward_table = np.where(correct, 1.0, np.where(well_formed, 0.1, 0.0))  # (P, A)
-
-        # features: unit-scale random + shared skill direction on the correct actions
-        g = rng.standard_normal((P, A, d)) / np.sqrt(d)  # (P, A, d)
-        u = rng.standard_normal(d)
-        u /= np.linalg.norm(u)  # (d,)
-        alpha = config.skill_alignment
-        g[np.arange(P), self.answer] = np.sqrt(1.0 - alpha**2) * g[np.arange(P), self.answer] + alpha * u
-        self.features = g  # (P, A, d)
-        self.skill_direction = u  # (d,)
-
-        # difficulty: stratified-uniform target success probabilities in logit space
-        lo = np.log(config.warm_success_min / (1 - config.warm_success_min))
-        hi = np.log(config.warm_success_max / (1 - config.warm_success_max))
-        strata = (rng.permutation(P) + rng.random(P)) / P  # (P,) one point per stratum
-        z = lo + (hi - lo) * strata  # (P,) target logit(pi_0(correct | p))
-        self.target_success = 1.0 / (1.0 + np.exp(-z))  # (P,)
-
-        b = config.base_logit_std * rng.standard_normal((P, A)) + config.well_formed_bonus * well_formed  # (P, A)
-        b_wrong = np.where(correct, -np.inf, b)
-        b[np.arange(P), self.answer] = z + logsumexp(b_wrong, axis=-1)  # => pi_0(c_p | p) = q_p exactly
-        self.offsets = b  # (P, A)
-        self._features_flat = np.ascontiguousarray(self.features.reshape(-1, self.features.shape[-1]))  # (P*A, d)
+        self.num_prompts = config.num_prompts
+        self.num_actions = config.num_actions
+        self.param_dim = config.feature_dim
+        instance = _instance(config)  # the arrays below are read-only (shared by every env of this config)
+        self.answer = instance["answer"]  # (P,)
+        self.well_formed = instance["well_formed"]  # (P, A), excludes the correct action
+        self._reward_table = instance["reward_table"]  # (P, A)
+        self.features = instance["features"]  # (P, A, d)
+        self.skill_direction = instance["skill_direction"]  # (d,)
+        self.target_success = instance["target_success"]  # (P,)
+        self.offsets = instance["offsets"]  # (P, A)
+        self._features_flat = instance["features_flat"]  # (P*A, d)
         self._policy_cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # params, log pi, pi
 
     # ------------------------------------------------------------------ #
