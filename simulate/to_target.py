@@ -119,8 +119,8 @@ class TargetTrace:
 def _sim_config(loss: tuple[str, str], design: Design, rows: int, optimizer: str):
     sim_loss, advantage = loss
     return config_from_dict({"buffer": "on-policy" if design.on_policy else "fifo", "pipeline": "sync",
-                             "capacity": design.capacity, "rollouts_per_step": design.rollouts,
-                             "batch_size": design.batch, "group_size": GROUP, "loss": sim_loss,
+                             "capacity": design.capacity, "rollouts_per_step": design.rollouts_per_step,
+                             "batch_size": design.batch_size, "group_size": GROUP, "loss": sim_loss,
                              "advantage": advantage, "optimizer": optimizer, "seeds": rows})
 
 
@@ -148,7 +148,7 @@ class QuadraticGradient:
     """The gradient of F per step from ``QuadraticReplay`` (the same FIFO, each sample's noise fixed at draw)."""
 
     def __init__(self, env: QuadraticEnv, design: Design, rows: int, rng):
-        self.sampler = QuadraticReplay(env, design.capacity, design.rollouts, design.batch, rows, rng,
+        self.sampler = QuadraticReplay(env, design.capacity, design.rollouts_per_step, design.batch_size, rows, rng,
                                        on_policy=design.on_policy)
 
     def __call__(self, step: int, params: np.ndarray) -> np.ndarray:
@@ -239,7 +239,7 @@ def stationary_loss(env: QuadraticEnv, design: Design, lrs) -> np.ndarray:
     k = kappa[ok]
     bv = np.ones_like(k) if design.on_policy else 1 + design.y * psi(design.x, k) - 1 / design.capacity
     a = 1 - k
-    var = (lrs[ok, None] ** 2) * env.noise_var * bv / design.batch / (1 - a * a)  # (L', d)
+    var = (lrs[ok, None] ** 2) * env.noise_var * bv / design.batch_size / (1 - a * a)  # (L', d)
     out[ok] = 0.5 * var @ env.curvature
     return out
 
@@ -254,7 +254,7 @@ def expected_to_target(env: QuadraticEnv, design: Design, lrs, max_steps: int) -
     live = stationary < f_target
     if not live.any():
         return ExpectedTrace(crossing, stationary, 0)
-    curve = expected_loss(env, lrs[live], design.capacity, design.rollouts, design.batch, max_steps,
+    curve = expected_loss(env, lrs[live], design.capacity, design.rollouts_per_step, design.batch_size, max_steps,
                           on_policy=design.on_policy, stop_below=f_target)  # (L', steps run + 1)
     below = curve[:, 1:] <= f_target
     hit = below.any(axis=1)

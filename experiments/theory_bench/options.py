@@ -182,8 +182,9 @@ def peak_bytes(values: dict) -> Estimate:
     known before), and the noisy quadratic's stored noise vectors (rows x N x d)."""
     rows = MAX_STEP_SIZES * values["--seeds"]
     largest = forgetting.Design(BATCH, BATCH // min(Y_GRID), max(X_GRID) * BATCH // min(Y_GRID))
-    run = {**asdict(SimConfig()), "seeds": rows, "batch_size": largest.batch, "rollouts_per_step": largest.rollouts,
-           "capacity": largest.capacity, "group_size": to_target.GROUP, "steps": 1}
+    run = {**asdict(SimConfig()), "seeds": rows, "batch_size": largest.batch_size,
+           "rollouts_per_step": largest.rollouts_per_step, "capacity": largest.capacity, "group_size": to_target.GROUP,
+           "steps": 1}
     dim = QuadraticConfig().dim
     return Estimate({**sim_peak_bytes(run).terms,
                      f"the quadratic's stored noise: rows x N x d = {rows} x {largest.capacity} x {dim}":

@@ -493,7 +493,7 @@ def test_the_tuned_step_fixed_point_holds():
             for d, p in zip(designs, preds):
                 # the staleness at the design's own step: ages stretched by kappa_d / kappa_pilot
                 m = float(np.mean([staleness.at(s * p.kappa / memory.kappa) for s in range(d.x)]))
-                noise = b_noise / d.batch * (1 + d.y * fg.psi(d.x, p.kappa, memory.optimizer, memory.beta1)
+                noise = b_noise / d.batch_size * (1 + d.y * fg.psi(d.x, p.kappa, memory.optimizer, memory.beta1)
                                              - 1 / d.capacity) * m
                 rhs = memory.kappa_max(b_noise) / (1 + noise) ** memory.alpha
                 assert p.kappa == pytest.approx(rhs, rel=1e-9), (memory, d)
@@ -551,7 +551,7 @@ def test_whole_design_at_psi_one_is_on_policy_and_respects_the_steps_cap():
         cap = ratio * (1 + b_noise / B)
         # on-policy compute (1 + mu)(B' + B_noise) falls with B': the smallest whole group inside the steps cap
         smallest = min(g for g in range(8, 4 * B + 1, 8) if 1 + b_noise / g <= cap)
-        assert w.on_policy.design.batch == smallest
+        assert w.on_policy.design.batch_size == smallest
         for p in (w.at_batch, w.on_policy, w.replay):
             assert p is None or p.steps <= cap * (1 + 1e-12)
         assert (w.threshold_y, w.threshold) == pytest.approx(fg.loosest_equal_steps(mu), rel=RTOL)
@@ -564,14 +564,14 @@ def test_whole_design_picks_replay_when_the_optimizer_forgets_within_a_long_hori
     assert w.winner == "replay" and w.best is w.replay
     d = w.replay.design
     assert d.x >= 8 and w.replay.compute < 0.6 * w.on_policy.compute
-    b, y = 16.0 / d.batch, d.y  # steps 1 + b (1 + y/x - 1/N) at psi = 1/x, each step mu R + B
-    assert w.replay.compute == pytest.approx((1 + b * (1 + y / d.x - 1 / d.capacity)) * (MU_QWEN * d.rollouts
-                                                                                          + d.batch), rel=1e-9)
+    b, y = 16.0 / d.batch_size, d.y  # steps 1 + b (1 + y/x - 1/N) at psi = 1/x, each step mu R + B
+    assert w.replay.compute == pytest.approx((1 + b * (1 + y / d.x - 1 / d.capacity)) * (MU_QWEN * d.rollouts_per_step
+                                                                                          + d.batch_size), rel=1e-9)
     assert w.replay.psi == pytest.approx(1 / d.x, rel=1e-9)
     assert w.replay.psi < fg.equal_steps_threshold(d.y, MU_QWEN)
     cap = w.max_steps_ratio * w.at_batch.steps
     assert w.replay.steps <= cap and w.on_policy.steps <= cap
-    for v in (d.batch, d.rollouts):
+    for v in (d.batch_size, d.rollouts_per_step):
         assert v % 8 == 0
 
 
