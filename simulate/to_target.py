@@ -13,7 +13,7 @@ setting), which gives every design a bootstrap distribution of its tuned steps.
 
 | code name        | symbol      | meaning                                                                 |
 |------------------|-------------|-------------------------------------------------------------------------|
-| ``design``       | (B, R, N)   | ``theory.forgetting.Design``: batch, fresh rollouts per step, capacity   |
+| ``design``       | (B, R, N)   | ``theory.designs.Design``: batch_size, rollouts_per_step, capacity      |
 | ``lrs``          | eta         | step sizes tried, one block of ``seeds`` rows each (lr-major rows)       |
 | ``crossing``     | S           | (boots + 1, lrs) step the seed mean reaches the target; 0: not reached    |
 | ``first_touch``  | --          | (lrs,) first step the raw seed mean touched it (before the smoothing)    |
@@ -21,6 +21,7 @@ setting), which gives every design a bootstrap distribution of its tuned steps.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -31,8 +32,8 @@ from ..core.designs import compute_loss
 from ..core.pipeline import EnvBackend, Pipeline
 from ..core.rng import PerSeedGenerator
 from ..theory.checks import require_int, require_positive
-from ..theory.forgetting import Design
-from .config import config_from_dict
+from ..theory.designs import Design
+from .config import SimConfig
 from .envs.quadratic import QuadraticEnv, QuadraticReplay, expected_loss
 from .optim import OPTIMIZERS
 
@@ -116,20 +117,15 @@ class TargetTrace:
     reward_steps: np.ndarray  # (K,)
 
 
-def _sim_config(loss: tuple[str, str], design: Design, rows: int, optimizer: str):
-    sim_loss, advantage = loss
-    return config_from_dict({"buffer": "on-policy" if design.on_policy else "fifo", "pipeline": "sync",
-                             "capacity": design.capacity, "rollouts_per_step": design.rollouts_per_step,
-                             "batch_size": design.batch_size, "group_size": GROUP, "loss": sim_loss,
-                             "advantage": advantage, "optimizer": optimizer, "seeds": rows})
-
-
 class RolloutGradient:
     """Per step: the pipeline's batch (``Pipeline.next_batch``), the shared loss's gradient (``compute_loss``)."""
 
     def __init__(self, env, loss: tuple[str, str], design: Design, rows: int, rng, optimizer: str):
         self.env = env
-        self.config = _sim_config(loss, design, rows, optimizer)
+        sim_loss, advantage = loss
+        self.config = SimConfig.from_design(dataclasses.replace(design, group_size=GROUP), pipeline="sync",
+                                            loss=sim_loss, advantage=advantage, optimizer=optimizer,
+                                            seeds=rows).validated()
         self.pipe = Pipeline(self.config, EnvBackend(env, rng), rng, rows, self.config.pipeline_settings())
 
     def __call__(self, step: int, params: np.ndarray) -> np.ndarray:

@@ -10,8 +10,8 @@ train one. The field names are DesignConfig's and the command line's, from the o
 |----------------------|---------|--------------------------------------------------------------|
 | ``batch_size``       | B       | responses per update                                         |
 | ``rollouts_per_step``| R       | fresh responses generated per step                           |
-| ``capacity``         | N       | FIFO capacity in responses (a multiple of R)                 |
-| ``group_size``       | G       | responses per prompt: B and R are whole groups               |
+| ``capacity``         | N       | FIFO capacity in responses (>= R)                            |
+| ``group_size``       | G       | responses per prompt (each buffer's rules say what it needs) |
 | ``x``                | x = N/R | the buffer's horizon in steps                                |
 | ``y``                | y = B/R | the replay ratio                                             |
 """
@@ -41,14 +41,12 @@ class Design:
                 require_int(name, value, 1)
         if self.on_policy and not B == R == N:
             raise ValueError(f"on-policy needs N = R = B, got N={N}, R={R}, B={B}")
-        if N < R or N % R:
-            raise ValueError(f"capacity N must be a multiple of rollouts R, got N={N}, R={R}")
-        if B % G or R % G:
-            raise ValueError(f"batch B and rollouts R must be whole groups of G={G}, got B={B}, R={R}")
+        if N < R:
+            raise ValueError(f"capacity N must be >= rollouts R (a FIFO holds at least one step), got N={N}, R={R}")
 
     @property
     def x(self) -> int:
-        """N / R: the buffer's horizon in steps."""
+        """N / R in whole steps: the buffer's horizon (the forgetting model takes N a multiple of R)."""
         return self.capacity // self.rollouts_per_step
 
     @property

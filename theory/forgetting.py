@@ -433,6 +433,9 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
     B = np.array([d.batch_size for d in designs], dtype=float)
     R = np.array([d.rollouts_per_step for d in designs], dtype=float)
     N = np.array([d.capacity for d in designs], dtype=float)
+    if np.any(N % R):  # psi(x) sums over whole steps: the model's precondition, not every FIFO's (theory/designs.py)
+        d = designs[int(np.argmax(N % R != 0))]
+        raise ValueError(f"capacity N must be a multiple of rollouts R, got N={d.capacity}, R={d.rollouts_per_step}")
     x = np.array([d.x for d in designs], dtype=np.int64)
     on = np.array([d.on_policy for d in designs])
     y = B / R
