@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping, Protocol, TypeVar
 import numpy as np
 
 from ..theory.checks import invalid, require_integer, require_number, require_one_of, require_unit_interval
+from ..theory.designs import Design
 from ..theory.group_replay import fresh_groups_per_step
 from . import advantages, losses
 from .buffers import (
@@ -255,6 +256,21 @@ class DesignConfig(ExGRPOShapingParams, AsymREParams, RLOOParams, M2POParams, Cl
         """Raise a one-line ValueError naming the field for any inconsistent design; resolve ``advantage``."""
         validate_design(self, pipeline)
         return dataclasses.replace(self, advantage=self.resolved_advantage())
+
+    @property
+    def design(self) -> Design:
+        """(B, R, N) and G as the one design type (theory/designs.py); on-policy when the buffer is."""
+        return Design(self.batch_size, self.rollouts_per_step, self.capacity, self.buffer == "on-policy",
+                      self.group_size)
+
+    @classmethod
+    def from_design(cls, design: Design, **fields: Any):
+        """The config that trains ``design``: its sizes, the on-policy buffer for an on-policy design and the FIFO
+        otherwise unless ``fields`` name another buffer; ``fields`` set the rest."""
+        buffer = fields.pop("buffer", "fifo")
+        return cls(buffer="on-policy" if design.on_policy else buffer, batch_size=design.batch_size,
+                   rollouts_per_step=design.rollouts_per_step, capacity=design.capacity, group_size=design.group_size,
+                   **fields)
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any], **fields: Any) -> "DesignConfig":

@@ -13,7 +13,7 @@ setting), which gives every design a bootstrap distribution of its tuned steps.
 
 | code name        | symbol      | meaning                                                                 |
 |------------------|-------------|-------------------------------------------------------------------------|
-| ``design``       | (B, R, N)   | ``theory.forgetting.Design``: batch, fresh rollouts per step, capacity   |
+| ``design``       | (B, R, N)   | ``theory.designs.Design``: batch_size, rollouts_per_step, capacity      |
 | ``lrs``          | eta         | step sizes tried, one block of ``seeds`` rows each (lr-major rows)       |
 | ``crossing``     | S           | (boots + 1, lrs) step the seed mean reaches the target; 0: not reached    |
 | ``first_touch``  | --          | (lrs,) first step the raw seed mean touched it (before the smoothing)    |
@@ -21,6 +21,7 @@ setting), which gives every design a bootstrap distribution of its tuned steps.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -31,8 +32,8 @@ from ..core.designs import compute_loss
 from ..core.pipeline import EnvBackend, Pipeline
 from ..core.rng import PerSeedGenerator
 from ..theory.checks import require_int, require_positive
-from ..theory.forgetting import Design
-from .config import config_from_dict
+from ..theory.designs import Design
+from .config import SimConfig
 from .envs.quadratic import QuadraticEnv, QuadraticReplay, expected_loss
 from .optim import OPTIMIZERS
 
@@ -116,20 +117,15 @@ class TargetTrace:
     reward_steps: np.ndarray  # (K,)
 
 
-def _sim_config(loss: tuple[str, str], design: Design, rows: int, optimizer: str):
-    sim_loss, advantage = loss
-    return config_from_dict({"buffer": "on-policy" if design.on_policy else "fifo", "pipeline": "sync",
-                             "capacity": design.capacity, "rollouts_per_step": design.rollouts,
-                             "batch_size": design.batch, "group_size": GROUP, "loss": sim_loss,
-                             "advantage": advantage, "optimizer": optimizer, "seeds": rows})
-
-
 class RolloutGradient:
     """Per step: the pipeline's batch (``Pipeline.next_batch``), the shared loss's gradient (``compute_loss``)."""
 
     def __init__(self, env, loss: tuple[str, str], design: Design, rows: int, rng, optimizer: str):
         self.env = env
-        self.config = _sim_config(loss, design, rows, optimizer)
+        sim_loss, advantage = loss
+        self.config = SimConfig.from_design(dataclasses.replace(design, group_size=GROUP), pipeline="sync",
+                                            loss=sim_loss, advantage=advantage, optimizer=optimizer,
+                                            seeds=rows).validated()
         self.pipe = Pipeline(self.config, EnvBackend(env, rng), rng, rows, self.config.pipeline_settings())
 
     def __call__(self, step: int, params: np.ndarray) -> np.ndarray:
@@ -148,7 +144,7 @@ class QuadraticGradient:
     """The gradient of F per step from ``QuadraticReplay`` (the same FIFO, each sample's noise fixed at draw)."""
 
     def __init__(self, env: QuadraticEnv, design: Design, rows: int, rng):
-        self.sampler = QuadraticReplay(env, design.capacity, design.rollouts, design.batch, rows, rng,
+        self.sampler = QuadraticReplay(env, design.capacity, design.rollouts_per_step, design.batch_size, rows, rng,
                                        on_policy=design.on_policy)
 
     def __call__(self, step: int, params: np.ndarray) -> np.ndarray:
@@ -239,7 +235,7 @@ def stationary_loss(env: QuadraticEnv, design: Design, lrs) -> np.ndarray:
     k = kappa[ok]
     bv = np.ones_like(k) if design.on_policy else 1 + design.y * psi(design.x, k) - 1 / design.capacity
     a = 1 - k
-    var = (lrs[ok, None] ** 2) * env.noise_var * bv / design.batch / (1 - a * a)  # (L', d)
+    var = (lrs[ok, None] ** 2) * env.noise_var * bv / design.batch_size / (1 - a * a)  # (L', d)
     out[ok] = 0.5 * var @ env.curvature
     return out
 
@@ -254,7 +250,7 @@ def expected_to_target(env: QuadraticEnv, design: Design, lrs, max_steps: int) -
     live = stationary < f_target
     if not live.any():
         return ExpectedTrace(crossing, stationary, 0)
-    curve = expected_loss(env, lrs[live], design.capacity, design.rollouts, design.batch, max_steps,
+    curve = expected_loss(env, lrs[live], design.capacity, design.rollouts_per_step, design.batch_size, max_steps,
                           on_policy=design.on_policy, stop_below=f_target)  # (L', steps run + 1)
     below = curve[:, 1:] <= f_target
     hit = below.any(axis=1)

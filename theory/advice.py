@@ -6,7 +6,7 @@ the first line of the text says what to do. Numbers come from ``forgetting`` onl
 
 | code name         | symbol         | meaning                                                                   |
 |-------------------|----------------|---------------------------------------------------------------------------|
-| ``batch``         | B              | the user's batch (responses per update), on-policy today                  |
+| ``batch_size``    | B              | the user's batch (responses per update), on-policy today                  |
 | ``b_noise``       | B_noise        | gradient noise scale in samples; b = B_noise / B                          |
 | ``kappa``         | kappa          | the optimizer's memory (1/kappa steps) measured at ``pilot_batch``        |
 | ``floor``         | R_floor        | generation latency floor in rollouts: a step costs mu max(R, R_floor) + B |
@@ -32,7 +32,7 @@ class Query:
     """Everything ``optimal`` was given (and where each input came from), checked by ``check``."""
 
     mu: float
-    batch: int | None = None
+    batch_size: int | None = None
     b_noise: float | None = None
     b_noise_source: str = ""
     kappa: float | None = None
@@ -49,9 +49,10 @@ class Query:
 
 def _design_row(p: fg.Prediction, ref: fg.Prediction) -> dict:
     d = p.design
-    return {"batch_size": d.batch, "rollouts_per_step": d.rollouts, "capacity": d.capacity, "x": d.x, "y": d.y,
-            "on_policy": d.on_policy, "steps_vs_B": p.steps / ref.steps, "compute_vs_B": p.compute / ref.compute,
-            "psi": p.psi, "kappa_at_design": None if math.isnan(p.kappa) else p.kappa, "staleness_factor": p.staleness}
+    return {"batch_size": d.batch_size, "rollouts_per_step": d.rollouts_per_step, "capacity": d.capacity, "x": d.x,
+            "y": d.y, "on_policy": d.on_policy, "steps_vs_B": p.steps / ref.steps,
+            "compute_vs_B": p.compute / ref.compute, "psi": p.psi,
+            "kappa_at_design": None if math.isnan(p.kappa) else p.kappa, "staleness_factor": p.staleness}
 
 
 def advise(q: Query) -> dict:
@@ -63,26 +64,26 @@ def advise(q: Query) -> dict:
     if q.b_noise is None:
         return {**base, "measured": False, "what_to_do": _unmeasured_advice(q, thr), "why": _unmeasured_why(q, thr),
                 "memory_table": memory_table(q.optimizer, q.beta1, thr)}
-    if q.batch is None:
-        raise ValueError("b_noise needs batch (the rule's b = B_noise / B)")
+    if q.batch_size is None:
+        raise ValueError("b_noise needs batch_size (the rule's b = B_noise / B)")
     memory = None
     if q.kappa is not None:
-        memory = fg.Memory(q.kappa, q.optimizer, q.beta1, float(q.pilot_batch or q.batch))
-    answer = fg.whole_design(q.b_noise, q.batch, q.mu, memory, group_size=q.group_size, staleness=q.staleness,
+        memory = fg.Memory(q.kappa, q.optimizer, q.beta1, float(q.pilot_batch or q.batch_size))
+    answer = fg.whole_design(q.b_noise, q.batch_size, q.mu, memory, group_size=q.group_size, staleness=q.staleness,
                              floor=q.floor, max_steps_ratio=q.max_steps_ratio, max_horizon=q.max_horizon)
     ref = answer.at_batch
     rows = {"at_batch": _design_row(ref, ref), "on_policy": _design_row(answer.on_policy, ref),
             "replay": None if answer.replay is None else _design_row(answer.replay, ref)}
-    record = {**base, "measured": True, "batch": q.batch, "b_noise": q.b_noise, "b": q.b_noise / q.batch,
+    record = {**base, "measured": True, "batch": q.batch_size, "b_noise": q.b_noise, "b": q.b_noise / q.batch_size,
               "b_noise_source": q.b_noise_source, "kappa": q.kappa, "kappa_source": q.kappa_source,
-              "pilot_batch": q.pilot_batch or q.batch, "winner": answer.winner, "designs": rows}
+              "pilot_batch": q.pilot_batch or q.batch_size, "winner": answer.winner, "designs": rows}
     if answer.replay is not None:
         y = answer.replay.design.y
         record["condition"] = {"psi": answer.replay.psi, "x": answer.replay.design.x, "y": y,
                                "threshold_at_y": fg.equal_steps_threshold(y, q.mu)}
     best = answer.best.design  # the design to run, under the names the trainers read (integrations/replay_config.py)
-    record.update(regime="on-policy" if best.on_policy else "replay", batch_size=best.batch,
-                  rollouts_per_step=best.rollouts, capacity=best.capacity)
+    record.update(regime="on-policy" if best.on_policy else "replay", batch_size=best.batch_size,
+                  rollouts_per_step=best.rollouts_per_step, capacity=best.capacity)
     record["what_to_do"], record["why"] = _measured_advice(record)
     record["notes"] = _notes(q, record)
     return record

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from . import noise_scale as ns
-from .design import OBJECTIVE_LABELS, Design, Split
+from .design import OBJECTIVE_LABELS, PaperAnswer, Split
 
 PROG = "replay-theory"
 
@@ -67,7 +67,7 @@ def _table(rows: list[tuple[str, str, str, str]]) -> list[str]:
 # --- the paper's design (Thm 3.5's J, or the Thm 3.4 bound at a budget) -----------------------------------------
 
 
-def todo_line(d: Design) -> str:
+def todo_line(d: PaperAnswer) -> str:
     """The paper's (or the finite-budget) answer in one line: the design, then the advice."""
     if d.regime != "replay":  # the advice of the other regimes says what to do in full
         return f"what to do: {d.advice}."
@@ -78,7 +78,7 @@ def todo_line(d: Design) -> str:
             f"{d.advice}.")
 
 
-def _design_rows(d: Design, finite: bool) -> list[tuple[str, str, str, str]]:
+def _design_rows(d: PaperAnswer, finite: bool) -> list[tuple[str, str, str, str]]:
     rows = [
         ("staleness horizon", "x = N/R" if finite else "x* = N/R", fmt(d.x_star),
          "steps a rollout stays in the FIFO buffer"),
@@ -108,7 +108,7 @@ def _design_rows(d: Design, finite: bool) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def _design_footer(d: Design, finite: bool) -> list[str]:
+def _design_footer(d: PaperAnswer, finite: bool) -> list[str]:
     """What the design is, its constraint, its assumptions, the unclamped or large-budget design, its notes."""
     lines = [f"what it is: {d.regime_text}."] + ([f"constraint: {d.constraint}."] if d.constraint else [])
     alpha_text = "" if d.alpha is None else f"alpha = {d.alpha:g}, "
@@ -125,7 +125,7 @@ def _design_footer(d: Design, finite: bool) -> list[str]:
     return lines + [f"note: {note}." for note in d.notes]
 
 
-def render_design(d: Design) -> str:
+def render_design(d: PaperAnswer) -> str:
     """The paper objective's answer: what to do first, the header, the design table, then what it assumes."""
     finite = d.objective == "finite-budget"
     head = f"{PROG} optimal: mu = {d.mu:g} ({CONVENTION_TEXT[d.convention]})"
@@ -145,7 +145,7 @@ def _verdict(verdict: str | None) -> list[str]:
 
 
 def render_rule_table(mu: float, mu_rollout: float, convention: str, rows: list[dict], verdict: str | None,
-                      evidence: str, paper_design: Design, paper: str) -> str:
+                      evidence: str, paper_design: PaperAnswer, paper: str) -> str:
     """The noise-scale rule without a measured noise scale: its decision at each b of ``rows`` and how to measure b."""
     threshold = ns.replay_threshold(mu_rollout)
     lines = [f"what to do: measure b = B_noise / B at your batch (commands below), then ask again with -B and "
@@ -199,7 +199,7 @@ def rule_todo_line(d: ns.NoiseScaleDesign) -> str:
 
 
 def render_rule(mu: float, convention: str, d: ns.NoiseScaleDesign, source: str, verdict: str | None, evidence: str,
-                paper_design: Design, paper: str) -> str:
+                paper_design: PaperAnswer, paper: str) -> str:
     """The noise-scale rule at a measured B_noise and B: what to do (after the benchmark's verdict), the design."""
     lines = [rule_todo_line(d)] + _verdict(verdict) + [
         f"{PROG} optimal: mu = {mu:g} ({CONVENTION_TEXT[convention]}), B = {d.batch_size}",

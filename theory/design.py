@@ -330,8 +330,9 @@ class DesignQuery:
 
 
 @dataclass(frozen=True)
-class Design:
-    """The answer: optimal ratios, regime, and (if R or B was given) integer N, B and the GPU split."""
+class PaperAnswer:
+    """The paper rule's answer (Thm 3.5's J, or the Thm 3.4 bound at a budget): optimal ratios, regime, and (if R or
+    B was given) integer N, B and the GPU split. Its integer design is ``design`` (theory/designs.py's one type)."""
 
     mu: float
     convention: str
@@ -569,7 +570,7 @@ def _worker_split(mu_rollout: float, y: float) -> tuple[float | None, float | No
     return wpt, float(compute_ratio_from_split_ratio(wpt, mu_rollout))  # Eq. (2)
 
 
-def optimal_design(query: DesignQuery) -> Design:
+def optimal_design(query: DesignQuery) -> PaperAnswer:
     """Thm 3.5 turned into advice: (x*, y*), the regime, integer N and B, W/T and gamma."""
     query = query.validated()
     mu_sec3 = float(mu_sec3_of(query.mu, query.convention))
@@ -588,7 +589,7 @@ def optimal_design(query: DesignQuery) -> Design:
         notes.append(f"paper-sec3 reads mu = {query.mu:g} as update cost / rollout cost, "
                      f"i.e. rollouts cost {mu_rollout:.3g}x an update")
 
-    return Design(
+    return PaperAnswer(
         mu=query.mu,
         convention=query.convention,
         mu_rollout_cost=mu_rollout,
@@ -1003,7 +1004,7 @@ def finite_budget_design(
     x_max: float | None = None,
     min_replay_ratio: float = 1.0 / 16.0,
     max_replay_ratio: float = 1024.0,
-) -> Design:
+) -> PaperAnswer:
     """The integer design (N, R, B) minimising the eta-optimised Thm 3.4 bound at compute ``budget``.
 
     Exactly one of ``batch_size`` (B) and ``rollouts_per_step`` (R) is fixed: at a finite budget the
@@ -1063,7 +1064,7 @@ def finite_budget_design(
         "paper_J": float(j_score(np.asarray(float(Nj)), np.asarray(float(Rj)), np.asarray(float(Bj)))),
     }
     fixed_text = f"B = {fixed}" if batch_fixed else f"R = {fixed}"
-    return Design(
+    return PaperAnswer(
         mu=mu, convention=convention, mu_rollout_cost=mu_rollout, mu_sec3=mu_sec3, alpha=alpha, rho=rho,
         profile=profile_description or type(profile).__name__,
         method=(f"integer search over (N, {'R' if batch_fixed else 'B'}) at {fixed_text} of the Thm 3.4 bound, "

@@ -40,6 +40,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .checks import require_in_range, require_int, require_nonnegative, require_one_of, require_positive
+from .designs import Design
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
 STEP_EXPONENT = {"sgd": 1.0, "momentum": 1.0, "adam": 0.5}
@@ -246,19 +247,19 @@ def psi_spectrum(horizon: int, kappas: ArrayLike, weights: ArrayLike, optimizer:
     return float(np.sum(weights * values) / np.sum(weights))
 
 
-def effective_variance(batch: float, rollouts: float, capacity: float, kappa: float, optimizer: str = "sgd",
-                       beta1: float = 0.9, *, on_policy: bool = False) -> float:
+def effective_variance(batch_size: float, rollouts_per_step: float, capacity: float, kappa: float,
+                       optimizer: str = "sgd", beta1: float = 0.9, *, on_policy: bool = False) -> float:
     """B V_eff (per sigma^2 / B): 1 for on-policy without replacement, 1 + y psi(x) - 1/N for a FIFO of N = x R
     sampled with replacement (``derive forgetting-variance``; exact for N a multiple of R)."""
-    require_positive("batch B", batch)
+    require_positive("batch B", batch_size)
     if on_policy:
         return 1.0
-    require_positive("rollouts R", rollouts)
+    require_positive("rollouts R", rollouts_per_step)
     require_positive("capacity N", capacity)
-    x = capacity / rollouts
+    x = capacity / rollouts_per_step
     if x != round(x):
-        raise ValueError(f"capacity N must be a multiple of rollouts R, got N={capacity:g}, R={rollouts:g}")
-    return 1.0 + (batch / rollouts) * psi(int(round(x)), kappa, optimizer, beta1) - 1.0 / capacity
+        raise ValueError(f"capacity N must be a multiple of rollouts R, got N={capacity:g}, R={rollouts_per_step:g}")
+    return 1.0 + (batch_size / rollouts_per_step) * psi(int(round(x)), kappa, optimizer, beta1) - 1.0 / capacity
 
 
 # --------------------------------------------------------------------------- the rule at a fixed batch
@@ -404,38 +405,6 @@ def staleness_of_table(ages: Sequence[float], sigma_sq: Sequence[float], form: s
 
 
 @dataclass(frozen=True)
-class Design:
-    """One synchronous design: B drawn per update from a FIFO of N holding R fresh samples a step (on-policy:
-    N = R = B, each fresh sample used once, no replacement)."""
-
-    batch: int  # B
-    rollouts: int  # R
-    capacity: int  # N
-    on_policy: bool = False
-
-    def __post_init__(self) -> None:
-        for name, value in (("batch B", self.batch), ("rollouts R", self.rollouts), ("capacity N", self.capacity)):
-            if not (type(value) is int and value >= 1):  # the common case checked without numpy: searches build many
-                require_int(name, value, 1)
-        if self.on_policy and not self.batch == self.rollouts == self.capacity:
-            raise ValueError(f"on-policy needs N = R = B, got N={self.capacity}, R={self.rollouts}, B={self.batch}")
-        if self.capacity < self.rollouts or self.capacity % self.rollouts:
-            raise ValueError(f"capacity N must be a multiple of rollouts R, got N={self.capacity}, R={self.rollouts}")
-
-    @property
-    def x(self) -> int:
-        return self.capacity // self.rollouts
-
-    @property
-    def y(self) -> float:
-        return self.batch / self.rollouts
-
-    @classmethod
-    def on_policy_at(cls, batch: int) -> "Design":
-        return cls(int(batch), int(batch), int(batch), True)
-
-
-@dataclass(frozen=True)
 class Prediction:
     design: Design
     steps: float  # S / S_min
@@ -446,9 +415,10 @@ class Prediction:
     staleness: float  # m(x)
 
 
-def step_cost(rollouts: ArrayLike, batch: ArrayLike, mu: float, floor: float = 0.0) -> np.ndarray | float:
+def step_cost(rollouts_per_step: ArrayLike, batch_size: ArrayLike, mu: float, floor: float = 0.0
+              ) -> np.ndarray | float:
     """mu max(R, R_floor) + B: generation cannot get cheaper than the floor's batch (decoding is latency-bound)."""
-    value = mu * np.maximum(np.asarray(rollouts, dtype=float), floor) + np.asarray(batch, dtype=float)
+    value = mu * np.maximum(np.asarray(rollouts_per_step, dtype=float), floor) + np.asarray(batch_size, dtype=float)
     return float(value) if value.ndim == 0 else value
 
 
@@ -460,9 +430,12 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
     require_nonnegative("latency floor", floor)
     if not designs:
         return []
-    B = np.array([d.batch for d in designs], dtype=float)
-    R = np.array([d.rollouts for d in designs], dtype=float)
+    B = np.array([d.batch_size for d in designs], dtype=float)
+    R = np.array([d.rollouts_per_step for d in designs], dtype=float)
     N = np.array([d.capacity for d in designs], dtype=float)
+    if np.any(N % R):  # psi(x) sums over whole steps: the model's precondition, not every FIFO's (theory/designs.py)
+        d = designs[int(np.argmax(N % R != 0))]
+        raise ValueError(f"capacity N must be a multiple of rollouts R, got N={d.capacity}, R={d.rollouts_per_step}")
     x = np.array([d.x for d in designs], dtype=np.int64)
     on = np.array([d.on_policy for d in designs])
     y = B / R
@@ -538,7 +511,7 @@ class WholeDesign:
         return self.on_policy
 
 
-def whole_design(b_noise: float, batch: int, mu: float, memory: Memory | None, *, group_size: int = 1,
+def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | None, *, group_size: int = 1,
                  staleness: Staleness = NO_STALENESS, floor: float = 0.0, max_steps_ratio: float = 2.0,
                  max_horizon: int = 64, max_batch: int | None = None) -> WholeDesign:
     """Search on-policy batches and replay designs (B', R, N = x R) in whole groups of ``group_size`` for the least
@@ -549,30 +522,30 @@ def whole_design(b_noise: float, batch: int, mu: float, memory: Memory | None, *
     factor 2 with x over 1, 2, 3, 4, 6, 8, 11, 16, ... up to ``max_horizon``, then around the best at 16 per factor
     2 (every whole group when they are fewer) with every x within a factor sqrt(2).
     """
-    max_batch = _checked_max_batch(b_noise, batch, group_size, max_steps_ratio, max_horizon, max_batch)
+    max_batch = _checked_max_batch(b_noise, batch_size, group_size, max_steps_ratio, max_horizon, max_batch)
     score = partial(predict_many, b_noise=b_noise, mu=mu, memory=memory, staleness=staleness, floor=floor)
-    ref = predict(Design.on_policy_at(batch), b_noise, mu, memory, staleness, floor)
+    ref = predict(Design.on_policy_at(batch_size), b_noise, mu, memory, staleness, floor)
     cap = max_steps_ratio * ref.steps
     top = max_batch // group_size * group_size  # the largest whole-group batch searched
     best_on = _cheapest_on_policy(group_size, top, ref, cap, score)
     best_replay = _cheapest_replay(top, group_size, max_horizon, cap, score)
     y_l, thr = loosest_equal_steps(mu)
-    return WholeDesign(ref, best_on, best_replay, _winner(best_replay, best_on, batch), float(max_steps_ratio),
+    return WholeDesign(ref, best_on, best_replay, _winner(best_replay, best_on, batch_size), float(max_steps_ratio),
                        float(thr), float(y_l))
 
 
-def _checked_max_batch(b_noise: float, batch: int, group_size: int, max_steps_ratio: float, max_horizon: int,
+def _checked_max_batch(b_noise: float, batch_size: int, group_size: int, max_steps_ratio: float, max_horizon: int,
                        max_batch: int | None) -> int:
     """``whole_design``'s inputs checked; the largest batch searched (default 4 B)."""
     require_positive("noise scale B_noise", b_noise)
-    require_int("batch size B", batch, 1)
+    require_int("batch size B", batch_size, 1)
     require_int("group size", group_size, 1)
-    if batch % group_size:
-        raise ValueError(f"batch size B must be whole groups of {group_size}, got {batch}")
+    if batch_size % group_size:
+        raise ValueError(f"batch size B must be whole groups of {group_size}, got {batch_size}")
     require_positive("max steps ratio", max_steps_ratio)
     require_int("max horizon", max_horizon, 1)
-    max_batch = int(4 * batch if max_batch is None else max_batch)
-    require_int("max batch", max_batch, group_size)
+    max_batch = int(4 * batch_size if max_batch is None else max_batch)
+    require_int("max batch_size", max_batch, group_size)
     return max_batch
 
 
@@ -607,21 +580,21 @@ def _cheapest_replay(top: int, group_size: int, max_horizon: int, cap: float,
         return None
     d = best_replay.design
     near_x = [x for x in range(1, max_horizon + 1) if d.x / 2 ** 0.5 <= x <= d.x * 2 ** 0.5]
-    b_low, b_high = _groups_between(d.batch / 2 ** 0.25, d.batch * 2 ** 0.25, group_size, top)
+    b_low, b_high = _groups_between(d.batch_size / 2 ** 0.25, d.batch_size * 2 ** 0.25, group_size, top)
+    r_low, r_high = d.rollouts_per_step / 2 ** 0.25, d.rollouts_per_step * 2 ** 0.25
     fine = [Design(bb, rr, rr * x) for bb in _log_groups(b_low, b_high, group_size, 16)
-            for rr in _log_groups(*_groups_between(d.rollouts / 2 ** 0.25, min(d.rollouts * 2 ** 0.25, bb),
-                                                   group_size, top), group_size, 16)
+            for rr in _log_groups(*_groups_between(r_low, min(r_high, bb), group_size, top), group_size, 16)
             for x in near_x if not (rr == bb and x == 1)]
     return _cheapest(score(fine) + [best_replay], cap)
 
 
-def _winner(best_replay: Prediction | None, best_on: Prediction, batch: int) -> str:
+def _winner(best_replay: Prediction | None, best_on: Prediction, batch_size: int) -> str:
     """Which of ``WholeDesign``'s answers wins on compute, in words."""
     if best_replay is not None and best_replay.compute < best_on.compute:
         return "replay"
-    if best_on.design.batch == batch:
+    if best_on.design.batch_size == batch_size:
         return "on-policy at B"
-    return "on-policy (smaller batch)" if best_on.design.batch < batch else "on-policy (larger batch)"
+    return "on-policy (smaller batch)" if best_on.design.batch_size < batch_size else "on-policy (larger batch)"
 
 
 def _cheapest(predictions: list[Prediction], cap: float) -> Prediction | None:
@@ -826,7 +799,7 @@ def kappa_from_gradient_series(dots: ArrayLike, sq_norms: ArrayLike, rng: np.ran
                                           "replicates_without_signal": int((~signal).sum())})
 
 
-def forgetting_pick(b_noise: float, batch: int, group_size: int, mu: float, kappa: float, optimizer: str = "adam",
+def forgetting_pick(b_noise: float, batch_size: int, group_size: int, mu: float, kappa: float, optimizer: str = "adam",
                     beta1: float = 0.9, *, pilot_batch: float | None = None, staleness: Staleness = NO_STALENESS,
                     floor: float = 0.0, max_horizon: int = 64) -> dict:
     """The forgetting-aware rule's design at a fixed batch B (the fixed-B families of ``validate verify``): R over
@@ -834,16 +807,16 @@ def forgetting_pick(b_noise: float, batch: int, group_size: int, mu: float, kapp
     (``predict``); on-policy (R = N = B) when nothing beats it. kappa was measured at ``pilot_batch`` (default:
     on-policy at B). Shaped like ``noise_scale.noise_scale_pick``."""
     require_int("group size", group_size, 1)
-    if batch % group_size:
-        raise ValueError(f"batch size B must be whole groups of {group_size}, got {batch}")
-    memory = Memory(kappa, optimizer, beta1, float(batch) if pilot_batch is None else pilot_batch)
-    on = predict(Design.on_policy_at(batch), b_noise, mu, memory, staleness, floor)
-    candidates = [Design(batch, rr, rr * x) for rr in _log_groups(group_size, batch, group_size)
-                  for x in _horizons(max_horizon) if not (rr == batch and x == 1)]
+    if batch_size % group_size:
+        raise ValueError(f"batch size B must be whole groups of {group_size}, got {batch_size}")
+    memory = Memory(kappa, optimizer, beta1, float(batch_size) if pilot_batch is None else pilot_batch)
+    on = predict(Design.on_policy_at(batch_size), b_noise, mu, memory, staleness, floor)
+    candidates = [Design(batch_size, rr, rr * x) for rr in _log_groups(group_size, batch_size, group_size)
+                  for x in _horizons(max_horizon) if not (rr == batch_size and x == 1)]
     best = min(predict_many(candidates, b_noise, mu, memory, staleness, floor) + [on], key=lambda p: p.compute)
     d = best.design
-    return {"b_noise": b_noise, "batch_size": batch, "b": b_noise / batch, "mu": mu, "kappa": kappa,
+    return {"b_noise": b_noise, "batch_size": batch_size, "b": b_noise / batch_size, "mu": mu, "kappa": kappa,
             "optimizer": optimizer, "beta1": beta1, "regime": "on-policy" if d.on_policy else "replay",
-            "rollouts_per_step": d.rollouts, "capacity": d.capacity, "x": d.x, "y": d.y, "psi": best.psi,
-            "kappa_at_design": best.kappa, "steps": best.steps, "cost": best.compute / (batch * 1.0),
-            "on_policy_cost": on.compute / batch, "saving": on.compute / best.compute}
+            "rollouts_per_step": d.rollouts_per_step, "capacity": d.capacity, "x": d.x, "y": d.y, "psi": best.psi,
+            "kappa_at_design": best.kappa, "steps": best.steps, "cost": best.compute / (batch_size * 1.0),
+            "on_policy_cost": on.compute / batch_size, "saving": on.compute / best.compute}

@@ -361,7 +361,7 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
         raise ValueError("--noise-scale needs -B (the batch size: b = B_noise / B)")
     loaded = None if q.profile is None else load_profile(q.profile)
     memory = _checked_memory(_memory_inputs(q, loaded))
-    query = advice.Query(mu=rollout_mu_of_convention(mu, convention), batch=q.batch_size, b_noise=b_noise,
+    query = advice.Query(mu=rollout_mu_of_convention(mu, convention), batch_size=q.batch_size, b_noise=b_noise,
                          b_noise_source=source, **memory, group_size=q.group_size,
                          floor=q.latency_floor, max_steps_ratio=q.max_steps_ratio, max_horizon=q.max_horizon,
                          staleness=_staleness_of(loaded))

@@ -3,8 +3,9 @@
 Paper: experience-replay (docs/REFERENCES.md), Thm 3.5's design and the equal-compute budget; RLOO note for the
 whole-group replay cells. Each design is a ``NamedDesign``: its name in the report, whether Thm 3.5 ranks it, and the
 registry's ``DesignConfig`` (core/designs.py), which ``validate/loop.py`` trains as it is (``RLConfig``) and whose
-rules are the registry's alone. N, B, R are ``capacity``, ``batch_size``, ``rollouts_per_step`` from here to the
-buffer.
+rules are the registry's alone. A ranked design is the one design type (``theory.designs.Design``: ``capacity``,
+``batch_size``, ``rollouts_per_step``, ``group_size``) put into a config by ``DesignConfig.from_design``: the same names
+from predicted.json to the buffer.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from ..core.designs import DesignConfig, fresh_groups, validate_design
+from ..theory.designs import Design
 from ..theory.group_replay import fresh_verifier_evaluations
 from .config import FIXED_B_REPLAY_RATIOS, FIXED_B_SMALLER, HORIZON_XS, HORIZON_Y, ValidateConfig
 
@@ -52,29 +54,38 @@ class NamedDesign:
                 "rollouts_per_step": self.fresh_per_step, **knobs, "family": self.family}
 
 
-def _ranked(config: ValidateConfig, name: str, buffer: str, capacity: int, batch_size: int,
-            rollouts_per_step: int | None = None) -> NamedDesign:
-    """A FIFO or on-policy design of the family Thm 3.5 ranks, trained with GRPO; R: the run's unless given."""
+def _ranked(name: str, design: Design) -> NamedDesign:
+    """A FIFO or on-policy design of the family Thm 3.5 ranks, trained with GRPO."""
+    return NamedDesign(name, True, DesignConfig.from_design(design, loss="grpo"))
+
+
+def _fifo(config: ValidateConfig, capacity: int, batch_size: int, rollouts_per_step: int | None = None) -> Design:
+    """A FIFO design in the run's groups; R: the run's unless given."""
     R = config.rollouts_per_step if rollouts_per_step is None else rollouts_per_step
-    return NamedDesign(name, True, DesignConfig(buffer=buffer, loss="grpo", capacity=capacity, batch_size=batch_size,
-                                                rollouts_per_step=R, group_size=config.group_size))
+    return Design(batch_size, R, capacity, group_size=config.group_size)
 
 
-def _accepted(design: NamedDesign) -> bool:
-    """The registry's rules hold (``core.designs.validate_design``): e.g. a FIFO smaller than one step's rollouts
-    would drop fresh data unseen, a batch of 0 trains nothing."""
+def _on_policy(config: ValidateConfig, batch_size: int) -> Design:
+    return Design.on_policy_at(batch_size, config.group_size)
+
+
+def _accepted(config: ValidateConfig, name: str, capacity: int, batch_size: int) -> NamedDesign | None:
+    """The FIFO neighbour when it is a design and the registry's rules hold (``core.designs.validate_design``): e.g. a
+    FIFO smaller than one step's rollouts would drop fresh data unseen, a batch of 0 trains nothing; else None."""
     try:
+        design = _ranked(name, _fifo(config, capacity, batch_size))
         validate_design(design.config)
     except ValueError:
-        return False
-    return True
+        return None
+    return design
 
 
-def paper_sizes(predicted: dict) -> tuple[int, int] | None:
-    """(N, B) of the paper's prediction (predicted.json in DesignConfig's names) when it is a replay design; None when
-    it is not (on-policy has no N, B)."""
+def paper_design(config: ValidateConfig, predicted: dict, rollouts_per_step: int | None = None) -> Design | None:
+    """The paper's prediction (predicted.json read by ``loop.load_predicted``, in DesignConfig's names) as a FIFO
+    design at R = ``rollouts_per_step`` (default the run's) when it is a replay design; None when it is not
+    (on-policy has no N, B)."""
     if predicted["regime"] == "replay" and bool(predicted["capacity"]) and bool(predicted["batch_size"]):
-        return int(predicted["capacity"]), int(predicted["batch_size"])
+        return _fifo(config, int(predicted["capacity"]), int(predicted["batch_size"]), rollouts_per_step)
     return None
 
 
@@ -88,16 +99,16 @@ def neighbour_designs(config: ValidateConfig, predicted: dict, group_replay: boo
     family the theory ranks (``family``).
     """
     R = config.rollouts_per_step
-    designs = [_ranked(config, "on-policy", "on-policy", R, R)]
-    sizes = paper_sizes(predicted)
-    N0, B0 = sizes or (R, R)
-    if sizes is not None:
-        designs.append(_ranked(config, "predicted", "fifo", N0, B0))
-    centre = "predicted" if sizes is not None else "on-policy"
+    designs = [_ranked("on-policy", _on_policy(config, R))]
+    paper = paper_design(config, predicted)
+    N0, B0 = (R, R) if paper is None else (paper.capacity, paper.batch_size)
+    if paper is not None:
+        designs.append(_ranked("predicted", paper))
+    centre = "predicted" if paper is not None else "on-policy"
     for label, N, B in (("N x2", 2 * N0, B0), ("N x0.5", N0 // 2, B0), ("B x2", N0, 2 * B0),
                          ("B x0.5", N0, B0 // 2)):
-        neighbour = _ranked(config, f"{centre}, {label}", "fifo", N, B)
-        if _accepted(neighbour):
+        neighbour = _accepted(config, f"{centre}, {label}", N, B)
+        if neighbour is not None:
             designs.append(neighbour)
     unique, seen = [], set()
     for d in designs:
@@ -142,18 +153,17 @@ def fixed_b_designs(config: ValidateConfig, predicted: dict, pick: dict | None, 
     rollouts per step). Returns the designs and {"noise-scale", "forgetting", "paper"} -> design name.
     """
     B = config.rollouts_per_step
-    designs = [_ranked(config, "on-policy", "on-policy", B, B, B)]
-    designs += [_ranked(config, f"replay y={y}", "fifo", B // y, B, B // y) for y in FIXED_B_REPLAY_RATIOS]
-    designs += [_ranked(config, f"on-policy B/{d}", "on-policy", B // d, B // d, B // d) for d in FIXED_B_SMALLER]
+    designs = [_ranked("on-policy", _on_policy(config, B))]
+    designs += [_ranked(f"replay y={y}", _fifo(config, B // y, B, B // y)) for y in FIXED_B_REPLAY_RATIOS]
+    designs += [_ranked(f"on-policy B/{d}", _on_policy(config, B // d)) for d in FIXED_B_SMALLER]
     centres = {}
     for rule, name, chosen in (("noise-scale", "noise-scale rule", pick),
                                ("forgetting", "forgetting-aware rule", forgetting)):
         if chosen is not None:
             centres[rule] = _add_design(designs, designs[0] if chosen["regime"] == "on-policy" else _ranked(
-                config, name, "fifo", chosen["capacity"], B, chosen["rollouts_per_step"]))
-    sizes = paper_sizes(predicted)
-    centres["paper"] = "on-policy" if sizes is None else _add_design(designs, _ranked(config, "predicted", "fifo",
-                                                                                       *sizes, B))
+                name, _fifo(config, chosen["capacity"], B, chosen["rollouts_per_step"])))
+    paper = paper_design(config, predicted, B)
+    centres["paper"] = "on-policy" if paper is None else _add_design(designs, _ranked("predicted", paper))
     return designs + group_replay_designs(config, group_replay), centres
 
 
@@ -164,7 +174,7 @@ def horizon_designs(config: ValidateConfig, designs: list[NamedDesign]) -> list[
     B = config.rollouts_per_step
     r = B // HORIZON_Y
     for x in HORIZON_XS:
-        _add_design(designs, _ranked(config, f"replay y={HORIZON_Y} x={x}", "fifo", x * r, B, r))
+        _add_design(designs, _ranked(f"replay y={HORIZON_Y} x={x}", _fifo(config, x * r, B, r)))
     return designs
 
 

@@ -84,7 +84,7 @@ class Unit:
         seeds = {"seed_offset": seed_offset} if seed_offset else {}  # the scored runs' keys stay as they were
         return {"kind": "run", "setting": self.setting.name, "optimizer": self.optimizer, "instance": self.instance,
                 **stream, **seeds,
-                "design": [design.batch, design.rollouts, design.capacity, design.on_policy],
+                "design": [design.batch_size, design.rollouts_per_step, design.capacity, design.on_policy],
                 "lrs": [float(v) for v in lrs], "seeds": self.options.seeds, "boots": int(self.boot_index.shape[0]),
                 "target": self.inst["target"], "max_steps": int(max_steps)}
 
@@ -208,7 +208,8 @@ def design_steps(record: dict) -> np.ndarray:
 def _step_cap(options: Options, design: forgetting.Design, s_ref: float) -> int:
     """CAP_FACTOR x on-policy B = 256's steps x the largest ratio of its step cost to this design's over the cost
     models: beyond it the design costs more than CAP_FACTOR x on-policy at every mu and floor."""
-    ratio = max(forgetting.step_cost(BATCH, BATCH, mu, f) / forgetting.step_cost(design.rollouts, design.batch, mu, f)
+    ratio = max(forgetting.step_cost(BATCH, BATCH, mu, f)
+                / forgetting.step_cost(design.rollouts_per_step, design.batch_size, mu, f)
                 for mu in options.mus for f in options.floors)
     return max(50, int(math.ceil(CAP_FACTOR * s_ref * ratio)))
 
@@ -648,7 +649,7 @@ def calibration_record(unit: Unit, pilot: dict) -> dict:
 def design_row(unit: Unit, label: str, design: forgetting.Design) -> dict:
     """A trained design's row of the unit record: its steps per replicate (exact: the one exact value), step size,
     and flags."""
-    spec = [design.batch, design.rollouts, design.capacity, design.on_policy]
+    spec = [design.batch_size, design.rollouts_per_step, design.capacity, design.on_policy]
     if unit.exact:
         ex = unit.exact_runs[label]
         return {"label": label, "design": spec, "steps": [ex["steps_tuned"]], "reached": ex["reached"],
@@ -688,7 +689,7 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float,
     staleness = (forgetting.Staleness(tuple(float(s) for s in drift["staleness"]),
                                       tuple(1.0 + float(c) for c in drift["m2"]), "1 + M2(s) on the pilot")
                  if drift and len(drift["staleness"]) >= 2 else forgetting.NO_STALENESS)
-    query = advice.Query(mu=float(mu), batch=BATCH, b_noise=b_noise, b_noise_source="the pilot's B_simple",
+    query = advice.Query(mu=float(mu), batch_size=BATCH, b_noise=b_noise, b_noise_source="the pilot's B_simple",
                          kappa=kappa, kappa_source="the pilot's curvature pairs", optimizer=optimizer, beta1=BETA1,
                          pilot_batch=BATCH, group_size=GROUP, floor=float(floor), staleness=staleness,
                          max_steps_ratio=float(max_steps_ratio))
@@ -721,11 +722,11 @@ def _nearest_label(unit: Unit, design: forgetting.Design) -> tuple[str, float]:
     same = [(label, d) for label, d in grid if d.on_policy == design.on_policy] or grid
 
     def distance(d: forgetting.Design) -> float:
-        return (math.log(d.batch / design.batch) ** 2 + math.log(d.x / design.x) ** 2
+        return (math.log(d.batch_size / design.batch_size) ** 2 + math.log(d.x / design.x) ** 2
                 + math.log(d.y / design.y) ** 2)
 
     label, near = min(same, key=lambda item: distance(item[1]))
-    return label, (design.batch / near.batch) ** (alpha / 2)
+    return label, (design.batch_size / near.batch_size) ** (alpha / 2)
 
 
 def train_printed(unit: Unit, pilot: dict) -> list[tuple[str, forgetting.Design]]:
@@ -734,22 +735,22 @@ def train_printed(unit: Unit, pilot: dict) -> list[tuple[str, forgetting.Design]
     the printed answer is scored as printed, off the grid where it falls. Its step size is searched as the grid's
     are (from the nearest tuned design), to the same caps."""
     options = unit.options
-    on_grid = {(d.batch, d.rollouts, d.capacity) for _, d in options.designs()}
+    on_grid = {(d.batch_size, d.rollouts_per_step, d.capacity) for _, d in options.designs()}
     s_ref = float(design_steps(unit.runs[f"on-policy B={BATCH}"])[0])
     s_ref_exact = unit.exact_runs[f"on-policy B={BATCH}"]["steps_tuned"] if unit.exact else math.nan
     out: list[tuple[str, forgetting.Design]] = []
     cells = [(mu, floor, ratio) for ratio in printed_ratios(options) for mu in options.mus for floor in options.floors]
     for mu, floor, ratio in cells:
         design = printed_design(pilot, unit.optimizer, mu, floor, ratio)
-        key = (design.batch, design.rollouts, design.capacity)
-        if key in on_grid or any(key == (d.batch, d.rollouts, d.capacity) for _, d in out):
+        key = (design.batch_size, design.rollouts_per_step, design.capacity)
+        if key in on_grid or any(key == (d.batch_size, d.rollouts_per_step, d.capacity) for _, d in out):
             continue
         label = printed_label(design)
         if unit.exact:
             unit.exact_run(label, design, _step_cap(options, design, s_ref_exact))
         else:
             near, factor = _nearest_label(unit, design)
-            start = unit.start_from((near, factor), (f"on-policy B={BATCH}", (design.batch / BATCH) ** 0.5))
+            start = unit.start_from((near, factor), (f"on-policy B={BATCH}", (design.batch_size / BATCH) ** 0.5))
             unit.tune(label, design, start, _step_cap(options, design, s_ref))
         out.append((label, design))
     return out
@@ -762,8 +763,8 @@ def printed_ratios(options: Options) -> tuple[float, ...]:
 
 def printed_label(design: forgetting.Design) -> str:
     if design.on_policy:
-        return f"printed: on-policy B={design.batch}"
-    return f"printed: B={design.batch} R={design.rollouts} N={design.capacity}"
+        return f"printed: on-policy B={design.batch_size}"
+    return f"printed: B={design.batch_size} R={design.rollouts_per_step} N={design.capacity}"
 
 
 def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options: Options,

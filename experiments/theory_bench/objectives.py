@@ -121,9 +121,9 @@ def _noise_scale_values(record: dict, designs: Designs, mu: float, floor: float)
     b = read_b_noise(record["noise"]) / BATCH
     ns = np.full(len(designs), np.inf)
     for i, d in enumerate(designs):
-        if d.on_policy and d.batch == BATCH:
+        if d.on_policy and d.batch_size == BATCH:
             ns[i] = (1 + b) * (1 + mu) if math.isfinite(b) else 1 + mu
-        elif d.batch == BATCH and d.x == 1:
+        elif d.batch_size == BATCH and d.x == 1:
             y = d.y
             ns[i] = (float(noise_scale_lib.replay_cost(b, y, mu)) if math.isfinite(b)
                      else (1 + y) * (1 + mu / y))
@@ -142,7 +142,7 @@ def _paper_values(record: dict, designs: Designs, mu: float, floor: float) -> np
     cal, profile = record["calibration"], _calibrated_profile(record)
     paper = np.full(len(designs), np.inf)
     for i, d in enumerate(designs):
-        if d.batch == BATCH:
+        if d.batch_size == BATCH:
             paper[i] = float(theory_design.paper_objective(d.x, d.y, mu=mu, profile=profile, rho=cal["rho"],
                                                            convention="rollout-cost"))
     return paper
@@ -154,7 +154,7 @@ def _finite_budget_values(record: dict, designs: Designs, mu: float, floor: floa
     budget = design_steps_row(record, f"on-policy B={BATCH}") * (mu + 1) * BATCH
     finite = np.full(len(designs), np.inf)
     for i, d in enumerate(designs):
-        if d.batch == BATCH:
+        if d.batch_size == BATCH:
             x, y = d.x, d.y
             finite[i] = float(theory_design.finite_budget_bound(
                 x * BATCH / y, BATCH / y, BATCH, budget=budget, mu=mu, profile=profile, rho=cal["rho"],
@@ -166,14 +166,14 @@ def _null_values(record: dict, designs: Designs, mu: float, floor: float) -> np.
     """The null model on the designs at B (others inf): compute per update alone."""
     null = np.full(len(designs), np.inf)
     for i, d in enumerate(designs):
-        if d.batch == BATCH:
+        if d.batch_size == BATCH:
             null[i] = (mu / d.y + 1.0) / (mu + 1.0)  # Eq. (2): compute per update only
     return null
 
 
 def _on_policy_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray:
     """0 at on-policy at B, the batch the user has (others inf)."""
-    return np.array([0.0 if (d.on_policy and d.batch == BATCH) else np.inf for d in designs])
+    return np.array([0.0 if (d.on_policy and d.batch_size == BATCH) else np.inf for d in designs])
 
 
 def _on_policy_small_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | NoPick:
@@ -185,9 +185,9 @@ def _on_policy_small_values(record: dict, designs: Designs, mu: float, floor: fl
         return no_pick
     small = np.full(len(designs), np.inf)
     allowed = [i for i, d in enumerate(designs) if d.on_policy and (
-        math.isinf(b_noise) and d.batch == BATCH
-        or math.isfinite(b_noise) and 1 + b_noise / d.batch <= 2 * (1 + b_noise / BATCH))]
-    small[min(allowed, key=lambda i: designs[i].batch)] = 0.0
+        math.isinf(b_noise) and d.batch_size == BATCH
+        or math.isfinite(b_noise) and 1 + b_noise / d.batch_size <= 2 * (1 + b_noise / BATCH))]
+    small[min(allowed, key=lambda i: designs[i].batch_size)] = 0.0
     return small
 
 
@@ -196,8 +196,8 @@ def _on_policy_floor_values(record: dict, designs: Designs, mu: float, floor: fl
     smallest batch) (B = 256 when the floor is above it; others inf). It reads nothing measured: below the floor a
     smaller batch costs as much generation and more steps, above it compute falls with the batch."""
     on = [i for i, d in enumerate(designs) if d.on_policy]
-    above = [i for i in on if designs[i].batch >= floor]
-    pick = min(above, key=lambda i: designs[i].batch) if above else max(on, key=lambda i: designs[i].batch)
+    above = [i for i in on if designs[i].batch_size >= floor]
+    pick = min(above, key=lambda i: designs[i].batch_size) if above else max(on, key=lambda i: designs[i].batch_size)
     values = np.full(len(designs), np.inf)
     values[pick] = 0.0
     return values

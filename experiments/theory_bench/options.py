@@ -181,9 +181,9 @@ def peak_bytes(values: dict) -> Estimate:
     seeds rows (``simulate.config.peak_bytes`` for one step: the runs stop at their target, so the step count is not
     known before), and the noisy quadratic's stored noise vectors (rows x N x d)."""
     rows = MAX_STEP_SIZES * values["--seeds"]
-    largest = forgetting.Design(BATCH, BATCH // min(Y_GRID), max(X_GRID) * BATCH // min(Y_GRID))
-    run = {**asdict(SimConfig()), "seeds": rows, "batch_size": largest.batch, "rollouts_per_step": largest.rollouts,
-           "capacity": largest.capacity, "group_size": to_target.GROUP, "steps": 1}
+    largest = forgetting.Design(BATCH, BATCH // min(Y_GRID), max(X_GRID) * BATCH // min(Y_GRID),
+                                group_size=to_target.GROUP)
+    run = asdict(SimConfig.from_design(largest, seeds=rows, steps=1))
     dim = QuadraticConfig().dim
     return Estimate({**sim_peak_bytes(run).terms,
                      f"the quadratic's stored noise: rows x N x d = {rows} x {largest.capacity} x {dim}":

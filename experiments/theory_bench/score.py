@@ -89,7 +89,7 @@ def score_cell(record: dict, mu: float, floor: float) -> dict:
     designs = _designs_of(record)
     labels = [d["label"] for d in record["designs"]]
     compute = measured_compute(record, mu, floor)
-    pinned = np.array([d.batch == BATCH for d in designs])
+    pinned = np.array([d.batch_size == BATCH for d in designs])
     everything = np.ones(len(designs), bool)
     best_free, best_pinned = int(np.argmin(compute[0])), int(np.argmin(np.where(pinned, compute[0], np.inf)))
     by_objective = {}
@@ -154,13 +154,13 @@ def score_printed(record: dict, mu: float, floor: float, compute: np.ndarray, sp
         if ratio not in trained:
             continue
         design = printed_design(record["pilot"], record["optimizer"], mu, floor, ratio)
-        key = [design.batch, design.rollouts, design.capacity, design.on_policy]
+        key = [design.batch_size, design.rollouts_per_step, design.capacity, design.on_policy]
         row = next((d for d in record["designs"] + record["printed"] if d["design"] == key), None)
         if row is None:
             raise ValueError(f"{record['setting']}/{record['optimizer']}/i{record['instance']}: the printed design "
                              f"{key} was not trained (its unit was saved by other code)")
         steps = np.array([math.inf if v is None else v for v in row["steps"]], dtype=float)
-        pick = steps * forgetting.step_cost(design.rollouts, design.batch, mu, floor)  # (replicates,)
+        pick = steps * forgetting.step_cost(design.rollouts_per_step, design.batch_size, mu, floor)  # (replicates,)
         with np.errstate(invalid="ignore"):
             ratios = (pick + added) / best
         interval = ([float(v) for v in np.quantile(ratios[1:], [0.05, 0.95], method="lower")] if ratios.size > 1
@@ -186,7 +186,7 @@ def _grid_edge(designs: list[forgetting.Design], i: int) -> str | None:
     """Which edge of the design grid design i sits on (the smallest on-policy batch, the longest horizon, the largest
     replay ratio), or None: a best design there may be beaten by one beyond the grid."""
     d = designs[i]
-    if d.on_policy and d.batch == min(e.batch for e in designs if e.on_policy) and d.batch < BATCH:
+    if d.on_policy and d.batch_size == min(e.batch_size for e in designs if e.on_policy) and d.batch_size < BATCH:
         return "smallest batch"
     replay = [e for e in designs if not e.on_policy]
     if not d.on_policy and replay and d.x == max(e.x for e in replay) and d.x > 1:
@@ -201,12 +201,12 @@ def horizon_check(record: dict) -> list[dict]:
     measured inputs and, on the quadratic, the exact ones."""
     designs = _designs_of(record)
     steps = {d["label"]: d["steps"][0] for d in record["designs"]}
-    xs = sorted({d.x for d in designs if d.batch == BATCH and not d.on_policy})
+    xs = sorted({d.x for d in designs if d.batch_size == BATCH and not d.on_policy})
     if len(xs) < 2:
         return []
     noise, pilot = record["noise"], record["pilot"]
     out = []
-    for y in sorted({int(d.y) for d in designs if d.batch == BATCH and not d.on_policy}):
+    for y in sorted({int(d.y) for d in designs if d.batch_size == BATCH and not d.on_policy}):
         short, long_ = f"x={xs[0]} y={y}", f"x={xs[-1]} y={y}"
         if steps.get(short) is None or steps.get(long_) is None:
             continue

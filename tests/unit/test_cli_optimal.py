@@ -37,10 +37,11 @@ def test_the_whole_design_is_forgettings_answer(cli):
     assert d["winner"] == w.winner == "replay"
     rep, on = d["designs"]["replay"], d["designs"]["on_policy"]
     assert (rep["batch_size"], rep["rollouts_per_step"], rep["capacity"]) == (
-        w.replay.design.batch, w.replay.design.rollouts, w.replay.design.capacity)
+        w.replay.design.batch_size, w.replay.design.rollouts_per_step, w.replay.design.capacity)
     assert rep["compute_vs_B"] == pytest.approx(w.replay.compute / w.at_batch.compute)
     assert rep["steps_vs_B"] == pytest.approx(w.replay.steps / w.at_batch.steps)
-    assert on["batch_size"] == w.on_policy.design.batch and rep["batch_size"] % 8 == rep["rollouts_per_step"] % 8 == 0
+    assert on["batch_size"] == w.on_policy.design.batch_size
+    assert rep["batch_size"] % 8 == rep["rollouts_per_step"] % 8 == 0
     assert d["condition"]["threshold_at_y"] == pytest.approx(fg.equal_steps_threshold(rep["y"], 5.28))
     assert d["what_to_do"].startswith(
         f"replay with B = {rep['batch_size']}, R = {rep['rollouts_per_step']}, N = {rep['capacity']}")
@@ -60,7 +61,7 @@ def test_a_long_memory_keeps_it_on_policy_at_a_smaller_batch(cli):
 
 
 def test_without_kappa_the_answer_assumes_no_forgetting_and_says_so():
-    q = advice.Query(mu=5.28, batch=256, b_noise=25.6, b_noise_source="test")
+    q = advice.Query(mu=5.28, batch_size=256, b_noise=25.6, b_noise_source="test")
     r = advice.advise(q)
     assert r["designs"]["replay"]["psi"] == 1.0  # psi = 1: the noise-scale rule's assumption
     assert any(n.startswith("no memory given") for n in r["notes"])

@@ -75,3 +75,19 @@ def test_the_theorys_records_saved_with_n_b_r_read_as_todays(cli, tmp_path):
                                  bias=0.1, f0=1.0, batch_size=256).large_budget_limit
     assert limit is not None and (limit["fixed"], limit["capacity"], limit["rollouts_per_step"]) == ("B", 194, 80)
     assert in_design_names(_old_shape(limit)) == limit  # "fixed" names the size held fixed: its value stays "B"
+
+
+def test_one_design_type_from_the_record_to_the_config_and_back():
+    """theory.designs.Design is what DesignConfig reads and builds (``.design``, ``from_design``): an old
+    predicted.json, the new one and the forgetting model's design are one design, under one set of names."""
+    design = fg.Design(batch_size=403, rollouts_per_step=64, capacity=510, group_size=1)
+    assert DesignConfig.from_record(OLD_PREDICTED, group_size=1).design == design
+    config = DesignConfig.from_design(design, loss="rloo")
+    assert (config.buffer, config.loss, config.capacity, config.batch_size, config.rollouts_per_step,
+            config.group_size) == ("fifo", "rloo", 510, 403, 64, 1)
+    assert config.design == design and (design.x, design.y) == (7, 403 / 64)
+    on = DesignConfig.from_design(fg.Design.on_policy_at(64, group_size=8))
+    assert (on.buffer, on.capacity, on.batch_size, on.rollouts_per_step, on.group_size) == ("on-policy", 64, 64, 64, 8)
+    assert on.design == fg.Design(64, 64, 64, True, 8)
+    with pytest.raises(ValueError, match=r"^on-policy needs N = R = B, got N=256, R=64, B=64$"):
+        _ = DesignConfig(buffer="on-policy", capacity=256, batch_size=64, rollouts_per_step=64).design

@@ -493,7 +493,7 @@ def test_the_tuned_step_fixed_point_holds():
             for d, p in zip(designs, preds):
                 # the staleness at the design's own step: ages stretched by kappa_d / kappa_pilot
                 m = float(np.mean([staleness.at(s * p.kappa / memory.kappa) for s in range(d.x)]))
-                noise = b_noise / d.batch * (1 + d.y * fg.psi(d.x, p.kappa, memory.optimizer, memory.beta1)
+                noise = b_noise / d.batch_size * (1 + d.y * fg.psi(d.x, p.kappa, memory.optimizer, memory.beta1)
                                              - 1 / d.capacity) * m
                 rhs = memory.kappa_max(b_noise) / (1 + noise) ** memory.alpha
                 assert p.kappa == pytest.approx(rhs, rel=1e-9), (memory, d)
@@ -551,7 +551,7 @@ def test_whole_design_at_psi_one_is_on_policy_and_respects_the_steps_cap():
         cap = ratio * (1 + b_noise / B)
         # on-policy compute (1 + mu)(B' + B_noise) falls with B': the smallest whole group inside the steps cap
         smallest = min(g for g in range(8, 4 * B + 1, 8) if 1 + b_noise / g <= cap)
-        assert w.on_policy.design.batch == smallest
+        assert w.on_policy.design.batch_size == smallest
         for p in (w.at_batch, w.on_policy, w.replay):
             assert p is None or p.steps <= cap * (1 + 1e-12)
         assert (w.threshold_y, w.threshold) == pytest.approx(fg.loosest_equal_steps(mu), rel=RTOL)
@@ -564,14 +564,14 @@ def test_whole_design_picks_replay_when_the_optimizer_forgets_within_a_long_hori
     assert w.winner == "replay" and w.best is w.replay
     d = w.replay.design
     assert d.x >= 8 and w.replay.compute < 0.6 * w.on_policy.compute
-    b, y = 16.0 / d.batch, d.y  # steps 1 + b (1 + y/x - 1/N) at psi = 1/x, each step mu R + B
-    assert w.replay.compute == pytest.approx((1 + b * (1 + y / d.x - 1 / d.capacity)) * (MU_QWEN * d.rollouts
-                                                                                          + d.batch), rel=1e-9)
+    b, y = 16.0 / d.batch_size, d.y  # steps 1 + b (1 + y/x - 1/N) at psi = 1/x, each step mu R + B
+    assert w.replay.compute == pytest.approx((1 + b * (1 + y / d.x - 1 / d.capacity)) * (MU_QWEN * d.rollouts_per_step
+                                                                                          + d.batch_size), rel=1e-9)
     assert w.replay.psi == pytest.approx(1 / d.x, rel=1e-9)
     assert w.replay.psi < fg.equal_steps_threshold(d.y, MU_QWEN)
     cap = w.max_steps_ratio * w.at_batch.steps
     assert w.replay.steps <= cap and w.on_policy.steps <= cap
-    for v in (d.batch, d.rollouts):
+    for v in (d.batch_size, d.rollouts_per_step):
         assert v % 8 == 0
 
 
@@ -600,7 +600,10 @@ def test_forgetting_pick_on_the_language_model_noise_scale():
     (lambda: fg.psi(4, 40.0, "adam"), r"^kappa up to 40 with beta1 = 0\.9 is unstable for adam"),
     (lambda: fg.impulse_autocorrelation([1], -1.0), r"^kappa must be a finite number > 0, got -1\.0$"),
     (lambda: fg.effective_variance(64, 16, 40, 0.1), r"^capacity N must be a multiple of rollouts R, got N=40, R=16$"),
-    (lambda: fg.Design(64, 16, 40), r"^capacity N must be a multiple of rollouts R, got N=40, R=16$"),
+    (lambda: fg.predict(fg.Design(64, 16, 40), 1.0, 1.0, None),
+     r"^capacity N must be a multiple of rollouts R, got N=40, R=16$"),
+    (lambda: fg.Design(64, 16, 8),
+     r"^capacity N must be >= rollouts R \(a FIFO holds at least one step\), got N=8, R=16$"),
     (lambda: fg.Design(64, 16, 64, True), r"^on-policy needs N = R = B, got N=64, R=16, B=64$"),
     (lambda: fg.Design(0, 1, 1), r"^batch B must be an integer >= 1, got 0$"),
     (lambda: fg.Memory(-0.1), r"^kappa must be a finite number > 0, got -0\.1$"),

@@ -55,10 +55,10 @@ def _pilot(b_noise=120.0, kappa=0.3, drift=None) -> dict:
 def test_the_printed_design_is_optimals_answer_from_the_pilots_numbers():
     pilot = _pilot()
     design = tt.printed_design(pilot, "sgd", 5.28, 64)
-    answer = advice.advise(advice.Query(mu=5.28, batch=256, b_noise=120.0, kappa=0.3, optimizer="sgd",
+    answer = advice.advise(advice.Query(mu=5.28, batch_size=256, b_noise=120.0, kappa=0.3, optimizer="sgd",
                                         pilot_batch=256, group_size=8, floor=64.0))
-    assert (design.batch, design.rollouts, design.capacity) == (answer["batch_size"], answer["rollouts_per_step"],
-                                                                 answer["capacity"])
+    assert (design.batch_size, design.rollouts_per_step, design.capacity) == (
+        answer["batch_size"], answer["rollouts_per_step"], answer["capacity"])
     # a B_simple not resolved > 0: optimal has no --noise-scale to answer from and says to stay at B
     for missing in (None, -4.0, math.inf):
         assert tt.printed_design(_pilot(b_noise=missing), "sgd", 5.28, 64) == fg.Design.on_policy_at(256)
@@ -84,7 +84,8 @@ def _record(pilot: dict, printed_steps: list[float]) -> dict:
     record = {"setting": "s", "optimizer": "sgd", "instance": 0, "exact": False, "pilot": pilot,
               "designs": [{"label": k, "design": v, "steps": steps[k]} for k, v in designs.items()]}
     d = tt.printed_design(pilot, "sgd", 1.0, 0)
-    record["printed"] = [{"label": tt.printed_label(d), "design": [d.batch, d.rollouts, d.capacity, d.on_policy],
+    record["printed"] = [{"label": tt.printed_label(d),
+                          "design": [d.batch_size, d.rollouts_per_step, d.capacity, d.on_policy],
                           "steps": printed_steps}]
     record["printed_ratios"] = [2.0]  # the default answer only (as --quick trains): no least-compute row
     return record
@@ -97,7 +98,7 @@ def test_the_printed_answer_is_scored_as_printed_off_the_grid_with_and_without_t
     assert d not in [fg.Design(*v["design"]) for v in record["designs"]]  # off the grid
     compute = tt.measured_compute(record, 1.0, 0)
     out = tt.score_printed(record, 1.0, 0, compute, spearman=0.8)
-    cost = d.rollouts + d.batch  # mu = 1, floor 0: mu R + B per step
+    cost = d.rollouts_per_step + d.batch_size  # mu = 1, floor 0: mu R + B per step
     best = 12800.0  # on-policy B=64: 100 steps x 128 (the grid's best, replicate 0)
     assert out["printed"]["free_regret"] == pytest.approx(30 * cost / best)
     pilot = 3 * 512 + 3 * 2 * 64  # 3 steps at B = 256 (mu + 1) + 3 HVPs over 64 samples
