@@ -1,6 +1,6 @@
 """What the prediction benchmark found for each design objective: the ``evidence:`` lines ``optimal`` prints.
 
-The numbers live in ``theory/evidence.json``, written from a saved benchmark by
+The numbers live in ``advise/evidence.json``, written from a saved benchmark by
 ``replay-theory experiment theory-test --out DIR`` (DIR/evidence.json, copied here with the command, the code version
 and the date it ran); nothing in it is typed by hand. Kept out of numpy and scipy so that ``optimal`` starts fast.
 The targets a rule must meet to be called one that passes (issue 30): on the held-out instances, at the headline
@@ -58,7 +58,7 @@ def evidence_record(summary: dict, command: str) -> dict:
 SHARED_PROTOCOL = ("pilot", "objectives", "target_fraction", "cap_factor", "lr_ratio", "exact_lr_ratio", "window",
                    "beta1", "max_extend", "boots")
 """The protocol a quick run shares with the full one (the pilot, the objectives, the target, the caps, the step-size
-search): CI runs a quick benchmark and checks these against theory/evidence.json, so that evidence written by an
+search): CI runs a quick benchmark and checks these against advise/evidence.json, so that evidence written by an
 older protocol or rule cannot stand behind the current code (tests/unit/test_evidence_current.py)."""
 
 
@@ -192,7 +192,7 @@ def _worst_x(mode: dict, unit: str = "x", explain: bool = False) -> str:
 
 def evidence_line(objective: str, key: str, record: dict | None = None, floor_ratio: float | None = None) -> str:
     """One line: how ``objective``'s picks (the benchmark's objective ``key``, or the first of ``INPUT_ROUTES[key]``
-    stored; theory/optimal.py's ``OBJECTIVES``) scored in the benchmark at the cost model nearest the user's (and at
+    stored; advise/optimal.py's ``OBJECTIVES``) scored in the benchmark at the cost model nearest the user's (and at
     the other), or that none are stored."""
     record = load_evidence() if record is None else record
     targets, which = _headline(record, floor_ratio) if record else (None, "")

@@ -2,11 +2,11 @@
 its answer as a record with its text (:func:`answer`).
 
 The objectives are the entries of ``OBJECTIVES`` (help, answer function, benchmark key, the options it reads):
-``forgetting`` (the default; theory/advice.py, theory/forgetting.py: McCandlish et al. 2018's steps with the FIFO
+``forgetting`` (the default; advise/advice.py, theory/forgetting.py: McCandlish et al. 2018's steps with the FIFO
 noise the optimizer keeps, psi(x, kappa)), ``noise-scale`` (theory/noise_scale.py: y* = sqrt(mu (1 + 1/b)) at a
 fixed B when 4 b (1 + b) < mu, N = R) and ``paper`` (experience-replay, docs/REFERENCES.md: Thm 3.5's x* = N/R,
 y* = B/R, or with a budget the Thm 3.4 bound; theory/design.py). Each answer carries the prediction benchmark's
-``evidence:`` line for its objective (theory/evidence.py, under the entry's benchmark key).
+``evidence:`` line for its objective (advise/evidence.py, under the entry's benchmark key).
 
 A field's help is its attribute docstring, its valid range what its check (theory/checks.py, in the field's
 metadata) says of a value no range holds; the command line builds its options from both (cli/config_options.py).
@@ -21,18 +21,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import noise_scale as ns
-from .answer import (
-    CONVENTIONS,
-    HORIZON_TEXT,
-    MEASURE_B,
-    TABLE_BS,
-    render_design,
-    render_rule,
-    render_rule_table,
-)
-from .checks import invalid, require_in_range, require_integer, require_number, require_one_of
-from .design import (
+from ..theory import noise_scale as ns
+from ..theory.checks import invalid, require_in_range, require_integer, require_number, require_one_of
+from ..theory.design import (
     DEFAULT_ALPHA,
     DEFAULT_RHO,
     DesignQuery,
@@ -42,8 +33,18 @@ from .design import (
     rollout_mu_of_convention,
     split_design,
 )
+from ..theory.profiles import PowerLawProfile
+from .answer import (
+    CONVENTIONS,
+    HORIZON_TEXT,
+    MEASURE_B,
+    TABLE_BS,
+    render_design,
+    render_rule,
+    render_rule_table,
+)
 from .evidence import evidence_line, floor_ratio_of, outside_tested_range, verdict_line
-from .profiles import LoadedProfile, PowerLawProfile, load_profile
+from .profile_files import LoadedProfile, load_profile
 
 CHECK = "check"
 """Field-metadata key: the field's check, ``check(option, value)`` raising theory.checks' one-line ValueError."""
@@ -327,7 +328,7 @@ def _checked_memory(memory: dict) -> dict:
     """``_memory_inputs`` with kappa inside the named optimizer's stability limit: a tuned step never sits beyond it
     (SGD's steps diverge at kappa = eta h >= 2, momentum's and Adam's at 2 (1 + beta1) / (1 - beta1)), so a larger
     kappa is a mistyped input, most often the memory in steps (10) for kappa (0.1): one line, before any work."""
-    from .forgetting import stable_kappa
+    from ..theory.forgetting import stable_kappa
 
     kappa, optimizer, beta1 = memory["kappa"], memory["optimizer"], memory["beta1"]
     if kappa is None:
@@ -344,8 +345,8 @@ def _checked_memory(memory: dict) -> dict:
 
 def _staleness_of(loaded: LoadedProfile | None):
     """r(s) = sigma^2(s) / sigma^2(0) of a profile's measured table (the forgetting rule's staleness cost)."""
-    from .forgetting import NO_STALENESS, staleness_of_table
-    from .profiles import TabulatedProfile
+    from ..theory.forgetting import NO_STALENESS, staleness_of_table
+    from ..theory.profiles import TabulatedProfile
 
     if loaded is None or not isinstance(loaded.profile, TabulatedProfile):
         return NO_STALENESS
@@ -490,7 +491,7 @@ def _paper_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
 @dataclass(frozen=True)
 class Objective:
     """One ``--objective``: its help, the function that answers it, its key among the benchmark's objectives
-    (theory/evidence.json; experiments/theory_bench/objectives.py's ``OBJECTIVES``) and the objective-specific fields it
+    (advise/evidence.json; experiments/theory_bench/objectives.py's ``OBJECTIVES``) and the objective-specific fields it
     reads (``FORGETTING_FIELDS``, ``PAPER_FIELDS``, ``noise_scale``: the others are refused)."""
 
     help: str
