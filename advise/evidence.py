@@ -215,20 +215,33 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
                 f"{100 * fr['share_within_1.2']:.0f}% (worst {_worst_x(fr, '')}) when the batch is free, "
                 f"{100 * pn['share_within_1.2']:.0f}% (worst {_worst_x(pn, '')}) at a pinned batch; lowest "
                 f"per-setting Spearman {_fmt(o.get('min_setting_spearman'))}")
-    if key != "on_policy" and "on_policy" in targets["objectives"]:
-        op = targets["objectives"]["on_policy"]["free"]
-        line += f"; always on-policy at B {100 * op['share_within_1.2']:.0f}%"
-    if key != "on_policy_floor" and "on_policy_floor" in targets["objectives"]:  # the trivial rule to beat
-        tf = targets["objectives"]["on_policy_floor"]["free"]
-        line += (f"; the trivial on-policy at max(floor, smallest batch) {100 * tf['share_within_1.2']:.0f}% "
-                 f"(worst {_worst_x(tf, '')})")
-    others = [(f, t["objectives"][key]["free"]) for f, t in _other_floors(record, floor_ratio)
-              if (t.get("objectives") or {}).get(key)]  # the same route at the other floors
-    if others:
-        line += "; at latency floor " + ", ".join(f"{f} {100 * o2['share_within_1.2']:.0f}% (worst {_worst_x(o2, '')})"
-                                                  for f, o2 in others) + " with the batch free"
+    line += _baselines(targets["objectives"], key) + _other_floors_text(record, key, floor_ratio)
     line += "; " + passing_floors_text(record, key)
     return line + f" ({record['command']}, docs/SIMULATION.md)"
+
+
+def _baselines(objectives: dict, key: str) -> str:
+    """The evidence line's clauses for the baselines beside ``key``: always on-policy at B, and the trivial rule to
+    beat (on-policy at max(floor, smallest batch))."""
+    text = ""
+    if key != "on_policy" and "on_policy" in objectives:
+        op = objectives["on_policy"]["free"]
+        text += f"; always on-policy at B {100 * op['share_within_1.2']:.0f}%"
+    if key != "on_policy_floor" and "on_policy_floor" in objectives:
+        tf = objectives["on_policy_floor"]["free"]
+        text += (f"; the trivial on-policy at max(floor, smallest batch) {100 * tf['share_within_1.2']:.0f}% "
+                 f"(worst {_worst_x(tf, '')})")
+    return text
+
+
+def _other_floors_text(record: dict, key: str, floor_ratio: float | None) -> str:
+    """The evidence line's clause for the same route at the other latency floors (batch free), or nothing."""
+    others = [(f, t["objectives"][key]["free"]) for f, t in _other_floors(record, floor_ratio)
+              if (t.get("objectives") or {}).get(key)]
+    if not others:
+        return ""
+    return "; at latency floor " + ", ".join(f"{f} {100 * o2['share_within_1.2']:.0f}% (worst {_worst_x(o2, '')})"
+                                             for f, o2 in others) + " with the batch free"
 
 
 def passing_floors_text(record: dict, key: str) -> str:
