@@ -15,32 +15,39 @@ from typing import Annotated, Any, Callable, Optional, Union
 
 import typer
 
+from ..theory.checks import invalid, range_of
+
 TRUE_WORDS = ("1", "true", "t", "yes", "y", "on")
 FALSE_WORDS = ("0", "false", "f", "no", "n", "off")
 UNION_TYPES = (typing.Union, getattr(types, "UnionType", typing.Union))  # Optional[X] and X | None (3.10+)
 CONTEXT = "cli_context"  # the typer.Context parameter of every wrapped command (typed values vs defaults)
 NO_PREFIX = "no__"  # parameter-name prefix of the --no-FIELD flags (cannot clash with a field)
 OPTIONS_DOC = "docs/OPTIONS.md"  # every option in full (cli/options_doc.py)
-# Field-metadata keys: a registry field's {name: help} callable (core.designs.CHOICES; not imported, the command
-# modules load before numpy), the valid range shown when typer rejects a value, the smallest value typer accepts.
-CHOICES, VALID, MIN = "choices", "valid", "min"
+# A field's values, help and check are one theory.checks.Range in its metadata (range_of): its text is the valid range
+# --help and the messages state, its choices are listed, its low is typer's min where it says at_parse.
 
 
 def field_help(field: dataclasses.Field, doc: str) -> str:
     """A field's full text (docs/OPTIONS.md): its docstring, its valid range, then a registry field's choices with
     their help."""
     doc += _valid_text(field)
-    listed = field.metadata.get(CHOICES)
+    listed = _listed(field)
     if listed is None:
         return doc
-    return f"{doc} One of: " + "; ".join(f"{name}: {text}" for name, text in listed().items()) + "."
+    return f"{doc} One of: " + "; ".join(f"{name}: {text}" for name, text in listed.items()) + "."
+
+
+def _listed(field: dataclasses.Field) -> Optional[dict[str, str]]:
+    """{choice: help} of a field that names one of a few choices, else None."""
+    valid = range_of(field)
+    return None if valid is None else valid.named()
 
 
 def _valid_text(field: dataclasses.Field) -> str:
     """`` Valid: <range>.`` for a field whose metadata states its range (not for one of a few choices: they are
     listed), else nothing."""
-    valid = field.metadata.get(VALID)
-    return "" if valid is None or CHOICES in field.metadata else f" Valid: {valid}."
+    valid = range_of(field)
+    return "" if valid is None or valid.choices is not None else f" Valid: {valid.text}."
 
 
 #: Words that end in a point inside a sentence (paper references, Latin): not a sentence end.
@@ -78,8 +85,8 @@ def option_help(field: dataclasses.Field, doc: str) -> str:
     """A field's ``--help`` entry: the docstring's first sentence without its asides, and a registry field's choice
     names; each choice's help and the whole docstring are in docs/OPTIONS.md, so ``--help`` stays a short list."""
     short = _without_asides(first_sentence(doc) + _valid_text(field))
-    listed = field.metadata.get(CHOICES)
-    return short if listed is None else f"{short} One of: {', '.join(listed())}."
+    listed = _listed(field)
+    return short if listed is None else f"{short} One of: {', '.join(listed)}."
 
 
 def parse_bool(value: Any) -> bool:
@@ -178,7 +185,8 @@ def field_parameters(cls: type, path: str, names: tuple[str, ...], valued_bool: 
         option = typer.Option(*names, help=f"{text} ({negated}: false)", parser=parse_bool, metavar="BOOLEAN")
         return [_parameter(name, Annotated[str, option], default),
                 _parameter(NO_PREFIX + name, Annotated[bool, typer.Option(negated, hidden=True)], False)]
-    bound = {"min": field.metadata[MIN]} if MIN in field.metadata else {}
+    valid = range_of(field)
+    bound = {"min": valid.low} if valid is not None and valid.at_parse else {}
     option = typer.Option(*names, help=text, **bound)
     return [_parameter(name, Annotated[Optional[kind] if optional else kind, option], default)]
 
@@ -197,8 +205,8 @@ def with_field_options(*tables: Table, aliases: Optional[dict[str, tuple[str, ..
     specs = [(t, every_field(t, aliases), True) if isinstance(t, type) else (*t, False) for t in tables]
     params = [p for cls, options, valued in specs for path, names in options.items()
               for p in field_parameters(cls, path, names, valued)]
-    ranges = {path.replace(".", "__"): field.metadata[VALID] for cls, options, _ in specs for path in options
-              for field in [field_owner(cls, path)[1]] if VALID in field.metadata}
+    ranges = {path.replace(".", "__"): valid.text for cls, options, _ in specs for path in options
+              for valid in [range_of(field_owner(cls, path)[1])] if valid is not None}
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         hints = typing.get_type_hints(func, include_extras=True)  # resolves `from __future__` string annotations
@@ -249,9 +257,8 @@ def _parsed(value: Any, field: dataclasses.Field, hint: Any, option: str) -> Any
     try:
         return tuple(kind(v.strip()) for v in value.split(",") if v.strip())
     except ValueError:
-        from ..theory.checks import invalid
-
-        valid = field.metadata.get(VALID, f"comma-separated {'numbers' if kind is float else 'integers'}")
+        stated = range_of(field)
+        valid = stated.text if stated else f"comma-separated {'numbers' if kind is float else 'integers'}"
         raise invalid(option, valid, value) from None
 
 

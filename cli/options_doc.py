@@ -11,6 +11,7 @@ from .config_options import every_field, field_docs, field_help, field_owner, li
 
 def _sections() -> list[tuple[str, type, dict[str, tuple[str, ...]]]]:
     """(commands, config class, their option table): every field of a class, less those an earlier section printed."""
+    from ..advise.optimal import OptimalQuery, SplitQuery
     from ..diagnose.calibrate_log import CalibrateLogConfig
     from ..diagnose.pipeline import DiagnoseConfig
     from ..experiments.theory_bench import Options
@@ -18,7 +19,6 @@ def _sections() -> list[tuple[str, type, dict[str, tuple[str, ...]]]]:
     from ..simulate.calibrate import ProbeOptions
     from ..simulate.config import SimConfig
     from ..simulate.sweep import SweepOptions
-    from ..theory.optimal import OptimalQuery, SplitQuery
     from ..validate.config import AllConfig, RunOptions, RunOverrides, ValidateConfig, VerifyConfig
     from . import calibrate_log_cmds, diagnose_cmds, simulate_cmds, theory_cmds, validate_cmds
 

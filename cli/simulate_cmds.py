@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..advise.profile_files import next_optimal_line, save_profile
 from ..core.jobs import check_jobs
 from ..core.progress import ProgressBar
 from ..experiments.paper_tables import EXPERIMENTS, get_experiment, write_table
@@ -32,7 +33,6 @@ from ..simulate.calibrate import calibrate as measure_profile
 from ..simulate.config import SimConfig, config_from_dict, field_names
 from ..simulate.engine import run
 from ..simulate.sweep import SweepInterrupted, SweepOptions, load_runs, load_spec, parquet_available, run_sweep
-from ..theory.profiles import next_optimal_line, save_profile
 from .common import UserError, emit_json, on_ctrl_c, option_message
 from .config_options import config_from_options, option_name, with_field_options
 

@@ -1,8 +1,8 @@
 """``replay-theory optimal | gamma | derive``: the theory from the command line.
 
-``optimal`` takes every field of :class:`~replay_theory.theory.optimal.OptimalQuery` as an option and prints the
-answer theory/optimal.py computes and renders for the ``--objective`` asked (its ``OBJECTIVES`` table). ``gamma`` is
-Eq. 2's compute ratio of a (W, T) GPU split (:class:`~replay_theory.theory.optimal.SplitQuery`); ``derive`` prints
+``optimal`` takes every field of :class:`~replay_theory.advise.optimal.OptimalQuery` as an option and prints the
+answer advise/optimal.py computes and renders for the ``--objective`` asked (its ``OBJECTIVES`` table). ``gamma`` is
+Eq. 2's compute ratio of a (W, T) GPU split (:class:`~replay_theory.advise.optimal.SplitQuery`); ``derive`` prints
 the sympy derivations.
 
 ``optimal`` must start fast (bench/bench_optimal_startup.py): this module and the theory modules it imports need
@@ -16,8 +16,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ..theory.answer import render_split, split_record
-from ..theory.optimal import OptimalQuery, SplitQuery, answer
+from ..advise.answer import render_split, split_record
+from ..advise.optimal import OptimalQuery, SplitQuery, answer
 from .common import emit_json
 from .config_options import with_field_options
 

@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping, Protocol, TypeVar
 
 import numpy as np
 
-from ..theory.checks import invalid, require_integer, require_number, require_one_of, require_unit_interval
+from ..theory.checks import Range, invalid, require_integer, require_number, require_one_of, require_unit_interval
 from ..theory.designs import Design
 from ..theory.group_replay import fresh_groups_per_step
 from . import advantages, losses
@@ -53,10 +53,6 @@ from .buffers import (
 )
 from .rng import RandomSource
 from .rollouts import RolloutBatch
-
-CHOICES = "choices"
-"""Field-metadata key of a name field (``buffer``, ``loss``): a callable returning {name: one-line help} from the
-registry, which ``cli/config_options.py`` appends to the option's help (the help is written once, at the entry)."""
 
 
 class RegistryEntry(Protocol):
@@ -222,9 +218,9 @@ class ExGRPOShapingParams:
 class DesignChoice:
     """Which buffer design, loss and advantage: the first fields of every design config (and of ``--help``)."""
 
-    buffer: str = dataclasses.field(default="fifo", metadata={CHOICES: lambda: choices(BUFFER_DESIGNS)})
+    buffer: str = dataclasses.field(default="fifo", metadata=Range(choices=lambda: choices(BUFFER_DESIGNS)).field())
     """Buffer design."""
-    loss: str = dataclasses.field(default="grpo", metadata={CHOICES: lambda: choices(LOSSES)})
+    loss: str = dataclasses.field(default="grpo", metadata=Range(choices=lambda: choices(LOSSES)).field())
     """Loss (off-policy correction)."""
     advantage: str = "auto"
     """grpo (std-normalised group), group-mean (REINFORCE baseline), leave-one-out (RLOO) or auto (the loss's own)."""

@@ -5,7 +5,7 @@ imports them, except the CLI commands that run them.
 
 | module              | experiment                                                                          |
 |---------------------|-------------------------------------------------------------------------------------|
-| ``theory_bench/``   | the design-rule benchmark (``replay-theory experiment theory-test``; theory/evidence.json) |
+| ``theory_bench/``   | the design-rule benchmark (``replay-theory experiment theory-test``; advise/evidence.json) |
 | ``paper_tables.py`` | the six result tables of docs/SIMULATION.md (``replay-theory experiment NAME``)     |
 | ``naive.py``        | the per-seed Python loop the vectorised engine is checked and timed against        |
 | ``proxy_check.py``  | log-probs-only calibration checked against the simulator's exact profiles          |

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .. import __version__
-from ..core.designs import BUFFER_DESIGNS, CHOICES, LOSSES, check_choice, choices
+from ..core.designs import BUFFER_DESIGNS, LOSSES, check_choice, choices
 from ..core.memory import Estimate, Size, check_ceiling, check_sizes, check_threads
 from ..outputs import NEVER, check_writable, write_new
 from ..outputs import check_out_dir as check_out_path
-from ..theory.checks import require_in_range, require_integer, require_number
+from ..theory.checks import Range, require_in_range, require_integer, require_number
 from ..theory.design import classify_regime
 from ..validate.config import LIBRARIES_BYTES, lm_terms, model_shape
 from .checkpoints import CHECKPOINT_PREFIX, checkpoint_step, complete_checkpoints
@@ -81,9 +81,11 @@ class TrlRunConfig:
     """R by hand: fresh completions generated per update (a multiple of --group-size)."""
     group_size: int = 8
     """G: completions per prompt (TRL's num_generations)."""
-    buffer: str = field(default="fifo", metadata={CHOICES: lambda: choices(BUFFER_DESIGNS, trainer=True)})
+    buffer: str = field(default="fifo", metadata=Range(
+        choices=lambda: choices(BUFFER_DESIGNS, trainer=True)).field())
     """Buffer design."""
-    loss: str = field(default="grpo", metadata={CHOICES: lambda: choices(LOSSES, trainer=True)})
+    loss: str = field(default="grpo", metadata=Range(
+        choices=lambda: choices(LOSSES, trainer=True)).field())
     """Off-policy correction."""
     steps: int = 40
     """Optimizer steps (updates) of the replay run."""

@@ -47,7 +47,7 @@ from ..core.pipeline import EnvBackend, generate
 from ..core.rng import PerSeedGenerator
 from ..core.rollouts import RolloutBatch
 from ..theory import noise as noise_estimators
-from ..theory.checks import require_integer, require_one_of
+from ..theory.checks import Range, require_integer, require_one_of
 from ..theory.forgetting import KappaEstimate, kappa_from_curvature_pairs, kappa_from_gradient_series
 from ..theory.noise import NoiseProfile, PairMoments, RhoFit
 from ..theory.noise_scale import PooledNoiseScale, noise_scale_from_samples, pooled_noise_scale
@@ -78,14 +78,16 @@ RHO_NOISE_TEXT = {
 
 @dataclass(frozen=True)
 class ProbeOptions:
-    """``calibrate``'s probe arguments beside the config: ``replay-theory calibrate-simulator``'s options (field
-    metadata: ``valid``, the range shown when the command line rejects a value; ``min``, the smallest it accepts)."""
+    """``calibrate``'s probe arguments beside the config: ``replay-theory calibrate-simulator``'s options (a field's
+    ``Range``: the range shown when the command line rejects a value; with ``at_parse``, the smallest it accepts)."""
 
-    checkpoints: int = field(default=3, metadata={"min": 1, "valid": "an integer >= 1"})
+    checkpoints: int = field(default=3, metadata=Range(1, integer=True, at_parse=True).field())
     """Training steps at which the noise is measured."""
-    samples: int = field(default=256, metadata={"min": 1, "valid": "an integer >= 1, a multiple of --group-size"})
+    samples: int = field(default=256, metadata=Range(1, integer=True, note=", a multiple of --group-size",
+                                                     at_parse=True).field())
     """Responses per staleness value and checkpoint (a multiple of --group-size)."""
-    staleness: tuple[int, ...] = field(default=DEFAULT_STALENESS, metadata={"valid": "comma-separated integers >= 0"})
+    staleness: tuple[int, ...] = field(default=DEFAULT_STALENESS, metadata=Range(
+        0, integer=True, noun="comma-separated integers").field())
     """Staleness values s of sigma^2(s), comma-separated increasing integers >= 0."""
     max_gap: int = DEFAULT_MAX_GAP
     """Largest creation-step gap for rho, >= 1 (the horizon x = N/R of a design grid); the probe's FIFO capacity is
@@ -95,12 +97,12 @@ class ProbeOptions:
     or auto."""
     reference_samples: int = DEFAULT_REFERENCE_SAMPLES
     """Responses in the sampled reference batch (a multiple of --group-size)."""
-    noise_checkpoints: int = field(default=DEFAULT_NOISE_CHECKPOINTS, metadata={"valid": "an integer >= 1"})
+    noise_checkpoints: int = field(default=DEFAULT_NOISE_CHECKPOINTS, metadata=Range(1, integer=True).field())
     """Steps, evenly spread over the run, at which the noise scale B_noise is measured on fresh groups (those before
     the reward plateau are kept), >= 1."""
-    noise_groups: int = field(default=DEFAULT_NOISE_GROUPS, metadata={"valid": "an integer >= 2"})
+    noise_groups: int = field(default=DEFAULT_NOISE_GROUPS, metadata=Range(2, integer=True).field())
     """Fresh prompt groups per seed and noise-scale checkpoint, >= 2 (the units of B_noise)."""
-    kappa_pairs: int | None = field(default=None, metadata={"min": 0, "valid": "an integer >= 0"})
+    kappa_pairs: int | None = field(default=None, metadata=Range(0, integer=True, at_parse=True).field())
     """Curvature pairs per seed and kept noise-scale checkpoint for the optimizer's memory kappa, >= 0 (each: three
     fresh minibatches of B and Hessian-vector products; 0: kappa not measured). Default: the env's, 8 on the bandit
     and 2 on the token-mdp (DEFAULT_KAPPA_PAIRS)."""

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import __version__
-from ..core.designs import CHOICES, DesignConfig
+from ..core.designs import DesignConfig
 from ..core.memory import Estimate, Size, check_sizes, count
 from ..core.pipeline import PipelineSettings
-from ..theory.checks import require_integer, require_number, require_one_of
+from ..theory.checks import Range, require_integer, require_number, require_one_of
 from .envs import ENV_NAMES, engine_choices
 
 ENVS = ENV_NAMES  # the registry's engine environments (simulate/envs/__init__.py)
@@ -39,7 +39,7 @@ PIPELINES = ("sync", "async")
 class SimConfig(DesignConfig):
     """One simulated training run over ``seeds`` seeds (all seeds in one vectorised process)."""
 
-    env: str = dataclasses.field(default="bandit", metadata={CHOICES: engine_choices})
+    env: str = dataclasses.field(default="bandit", metadata=Range(choices=engine_choices).field())
     """Environment (simulate/envs registry)."""
     pipeline: str = "sync"
     """sync (Sec. 3: generate R, push, sample B) or async (Sec. 2: W workers, T trainers, cost mu)."""

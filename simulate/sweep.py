@@ -42,7 +42,7 @@ from ..core.jobs import check_jobs, local_workers, run_unordered
 from ..core.memory import MAX_SIZE, memory_limit, show_bytes
 from ..core.progress import ProgressBar
 from ..outputs import check_out_dir as check_out_path
-from ..theory.checks import require_one_of
+from ..theory.checks import Range, require_one_of
 from .config import SimConfig, config_from_dict
 from .engine import run
 
@@ -72,7 +72,7 @@ class SweepOptions:
 
     out: Path
     """Results directory: created if absent, resumed if it holds this very sweep; any other content is refused."""
-    jobs: int = dataclasses.field(default=-1, metadata={"valid": "-1 (all cores) or an integer >= 1"})
+    jobs: int = dataclasses.field(default=-1, metadata=Range(1, integer=True, special={-1: "all cores"}).field())
     """Parallel configurations: -1 (all cores) or >= 1; with dask or ray and no --scheduler, the local cluster's
     workers."""
     backend: str = "loky"

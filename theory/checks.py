@@ -21,12 +21,19 @@ numpy only, so ``theory/`` (the lowest layer) uses it, and so do ``core/``, ``in
 
 The field checks show the value as given (its ``repr``, or the caller's format: ``fmt="g"`` for an option
 typed on the command line); the array checks show the first bad element as a float.
+
+A config field or an option states its values once, as a :class:`Range` in its metadata (``Range(...).field()``,
+read back with ``range_of``): the field's check (``Range.check``) and the valid range its messages and ``--help``
+state (``Range.text``) come from that one value (cli/config_options.py builds the options from it).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Iterable, TypeVar
+import numbers
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -93,6 +100,101 @@ def require_one_of(name: str, value: object, options: Iterable[Name], *, where: 
     if not isinstance(value, str) or value not in names:
         raise invalid(name, one_of(names) + where, value)
     return names[names.index(value)]
+
+
+# --- one field's values, said once: its check, the range its messages and --help state, its choices -------------
+
+RANGE = "range"
+"""Field-metadata key of a field's :class:`Range` (``Range.field()`` writes it, ``range_of`` reads it)."""
+
+Choices = Mapping[str, str] | Callable[[], Mapping[str, str]]
+"""{name: one-line help}, or a function returning it (a registry's entries, a table defined after the field)."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a config field or an option takes: a number between ``low`` and ``high`` (None: unbounded;
+    ``low_open`` / ``high_open``: the end excluded), a Python int if ``integer`` (a bool is neither), finite if
+    ``finite``, or else one of ``special`` ({value: meaning}, e.g. ``{-1: "all cores"}``); or, with ``choices``, one
+    of their names. ``text`` is the valid range every message and ``--help`` state: ``noun`` (default "an integer"
+    for an integer, "a finite number" for a finite number bounded below only), the bounds, then ``note``; a value is
+    shown as given (``fmt``: "r" its repr, "g" as an option typed on the command line is). A tuple field's values
+    are each in the range. ``at_parse``: the command line refuses a value below ``low`` as it parses it (typer's
+    ``min``), for a field whose own check runs late or not at all.
+
+    ``check`` is the field's check, ``"<name> must be <text>, got <value>"`` as every check here raises it.
+    """
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    finite: bool = False
+    noun: str | None = None
+    note: str = ""
+    fmt: str = "r"
+    special: Mapping[int, str] | None = None
+    choices: Choices | None = None
+    at_parse: bool = False
+
+    def field(self) -> dict:
+        """The metadata of a dataclass field that takes these values: ``field(default=..., metadata=r.field())``."""
+        return {RANGE: self}
+
+    def named(self) -> Mapping[str, str] | None:
+        """{choice: one-line help} of a field that names one of a few choices, else None."""
+        return self.choices() if callable(self.choices) else self.choices
+
+    @property
+    def text(self) -> str:
+        """The valid range, as messages and ``--help`` state it."""
+        named = self.named()
+        if named is not None:
+            return one_of(named) + self.note
+        special = "".join(f"{value} ({meaning}) or " for value, meaning in (self.special or {}).items())
+        noun = self.noun if self.noun is not None else (
+            "an integer" if self.integer else "a finite number" if self.finite and self.high is None else "")
+        return special + " ".join(part for part in (noun, self._bounds()) if part) + self.note
+
+    def _bounds(self) -> str:
+        def shown(v: float) -> str:
+            return str(int(v)) if self.integer else format(v, "g")
+
+        if self.low is not None and self.high is not None:
+            return (f"in {'(' if self.low_open else '['}{shown(self.low)}, {shown(self.high)}"
+                    f"{')' if self.high_open else ']'}")
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {shown(self.low)}"
+        return "" if self.high is None else f"{'<' if self.high_open else '<='} {shown(self.high)}"
+
+    def holds(self, value: object) -> bool:
+        """Whether ``value`` is one of these values."""
+        if isinstance(value, tuple):
+            return all(self.holds(v) for v in value)
+        named = self.named()
+        if named is not None:
+            return isinstance(value, str) and value in named
+        if isinstance(value, bool) or not isinstance(value, int if self.integer else numbers.Real):
+            return False
+        if self.special and value in self.special:
+            return True
+        v = float(value)  # NaN fails every comparison below
+        return (not math.isnan(v) and (math.isfinite(v) or not self.finite)
+                and (self.low is None or (v > self.low if self.low_open else v >= self.low))
+                and (self.high is None or (v < self.high if self.high_open else v <= self.high)))
+
+    def check(self, name: str, value: Any) -> Any:
+        """``value`` unchanged if it is one of these values, else the one-line ValueError naming ``name``."""
+        if not self.holds(value):
+            shown = self.fmt if isinstance(value, numbers.Real) and not isinstance(value, bool) else "r"
+            raise invalid(name, self.text, value, fmt=shown)
+        return value
+
+
+def range_of(field: Any) -> Range | None:
+    """The :class:`Range` a dataclass field's metadata holds, or None."""
+    return field.metadata.get(RANGE)
 
 
 # --- numbers or arrays, converted with numpy ----------------------------------------------------------

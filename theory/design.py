@@ -290,7 +290,7 @@ def thm34_bound(
 @dataclass(frozen=True)
 class DesignQuery:
     """The paper's design question (Thm 3.4/3.5 inputs); ``optimal``'s options are the fields of
-    :class:`~replay_theory.theory.optimal.OptimalQuery`, which builds this one."""
+    :class:`~replay_theory.advise.optimal.OptimalQuery`, which builds this one."""
 
     mu: float
     """Rollout cost ratio; meaning set by ``convention`` (default: rollout cost / per-sample update cost, Table 1)."""

@@ -41,6 +41,7 @@ import torch
 from numpy.linalg import lapack_lite
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from ..advise.profile_files import save_profile
 from ..core.designs import BufferSpec, compute_loss, loss_form, make_design_buffer
 from ..core.surrogate import surrogate
 from ..theory import noise as noise_estimators
@@ -48,7 +49,7 @@ from ..theory.checks import require_integer, require_number
 from ..theory.compute import estimate_mu
 from ..theory.divergences import k3_terms
 from ..theory.noise_scale import pooled_noise_scale
-from ..theory.profiles import curvature_pairs_record, fit_profiles, save_profile, unmeasured_memory
+from ..theory.profiles import curvature_pairs_record, fit_profiles, unmeasured_memory
 from . import countdown
 from .engines import HFSampler, Sampler
 from .logprobs import encode_prompts, next_token_logprobs, sequence_logprobs

@@ -17,7 +17,7 @@ from typing import TypedDict
 from ..core.jobs import check_jobs
 from ..core.memory import Estimate, Size, check_ceiling, check_sizes, check_threads, count, usable_cpus
 from ..outputs import check_out_dir
-from ..theory.checks import require_integer, require_number, require_one_of, require_unit_interval
+from ..theory.checks import Range, require_integer, require_number, require_one_of, require_unit_interval
 from . import countdown
 
 
@@ -233,8 +233,9 @@ class RunOptions:
     gives 0, said in the output)."""
     no_progress: bool = False
     """Hide the progress bars (stderr)."""
-    preset: str | None = dataclasses.field(default=None, metadata={"choices": lambda: {
-        name: " ".join(f"--{k.replace('_', '-')} {v}" for k, v in values.items()) for name, values in PRESETS.items()}})
+    preset: str | None = dataclasses.field(default=None, metadata=Range(choices=lambda: {
+        name: " ".join(f"--{k.replace('_', '-')} {v}" for k, v in values.items())
+        for name, values in PRESETS.items()}).field())
     """Options for a named run, applied where an option is left at its default."""
 
     def validated(self) -> "RunOptions":

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import transformers
 
+from ..advise.profile_files import load_profile, next_optimal_line
 from ..core.designs import in_design_names
 from ..core.jobs import local_workers, run_unordered
 from ..core.progress import ProgressBar
@@ -43,7 +44,6 @@ from ..outputs import write_new
 from ..theory.design import DesignQuery, optimal_design
 from ..theory.forgetting import forgetting_pick
 from ..theory.noise_scale import noise_scale_pick
-from ..theory.profiles import load_profile, next_optimal_line
 from . import countdown
 from .batched import stack_policy
 from .calibrate import calibrate_lm, write_calibration

@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from ...advise import advice
 from ...core.designs import compute_loss
 from ...core.pipeline import score
 from ...outputs import strict
@@ -31,7 +32,7 @@ from ...simulate import to_target
 from ...simulate.config import config_from_dict
 from ...simulate.envs import NoisyRewardBandit
 from ...simulate.envs.quadratic import QuadraticEnv
-from ...theory import advice, forgetting
+from ...theory import forgetting
 from ...theory import noise_scale as noise_scale_lib
 from .options import (
     BATCH,
@@ -672,7 +673,7 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float,
     kappa --optimizer OPT --group-size 8 --latency-floor FLOOR`` and the drift table a profile carries), and what was
     left out and why: a B_simple not resolved > 0 (optimal then says to stay at B), a kappa optimal refuses (outside
     [KAPPA_MIN, the optimizer's stability limit): the user asks again without it)."""
-    from ...theory.optimal import KAPPA_MIN
+    from ...advise.optimal import KAPPA_MIN
 
     notes = []
     b_noise = (pilot.get("b_simple") or {}).get("b_noise")
@@ -698,7 +699,7 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float,
 
 def printed_design(pilot: dict, optimizer: str, mu: float, floor: float,
                    max_steps_ratio: float = 2.0) -> forgetting.Design:
-    """The design ``optimal`` answers with for this pilot and cell (``theory.advice.advise``: the steps cap
+    """The design ``optimal`` answers with for this pilot and cell (``advise.advice.advise``: the steps cap
     ``--max-steps-ratio``, the horizon cap, whole groups; on-policy at B when it has no B_noise to answer from)."""
     query, _ = pilot_query(pilot, optimizer, mu, floor, max_steps_ratio)
     key = repr(query)  # every input of the answer (a frozen dataclass's repr): the cells of a unit share answers

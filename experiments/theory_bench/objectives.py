@@ -238,7 +238,7 @@ OBJECTIVES = {
     "on_policy_floor": Objective("on-policy at max(floor, smallest batch) (trivial)", _on_policy_floor_values),
     "on_policy_oracle": Objective("oracle: the cheapest on-policy batch, measured", _on_policy_oracle_values),
 }
-"""The objectives the benchmark scores, in the order of its tables (theory/optimal.py's ``OBJECTIVES`` name their
+"""The objectives the benchmark scores, in the order of its tables (advise/optimal.py's ``OBJECTIVES`` name their
 ``evidence`` among these)."""
 
 

@@ -21,14 +21,13 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ...core.designs import CHOICES
 from ...core.memory import MAX_SIZE, Estimate, Size, check_sizes
 from ...simulate import to_target
 from ...simulate.config import SimConfig
 from ...simulate.config import peak_bytes as sim_peak_bytes
 from ...simulate.envs.quadratic import QuadraticConfig
 from ...theory import forgetting
-from ...theory.checks import invalid, require_integer
+from ...theory.checks import Range, invalid, require_integer
 
 BATCH = 256
 GROUP = 8
@@ -135,8 +134,8 @@ class Options:
     instances: tuple[int, ...] = INSTANCES
     """Comma-separated instance seeds (the quadratic's start, the bandit's features): 0 is the development instance,
     61, 67 and 71 held out (HELD_OUT); 0 with --quick."""
-    settings: tuple[str, ...] = field(default=DEFAULT_SETTINGS, metadata={CHOICES: lambda: {
-        name: setting.description for name, setting in SETTINGS.items()}})
+    settings: tuple[str, ...] = field(default=DEFAULT_SETTINGS, metadata=Range(choices=lambda: {
+        name: setting.description for name, setting in SETTINGS.items()}).field())
     """Comma-separated settings."""
     optimizers: tuple[str, ...] = OPTIMIZERS
     """sgd, adam or both (comma-separated)."""

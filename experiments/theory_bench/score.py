@@ -523,8 +523,8 @@ def _write_summary(out: Path, summary: dict) -> Path:
 
 def write_evidence(out: Path, summary: dict, command: str) -> Path:
     """OUT/evidence.json: the targets per objective and the command, what ``optimal``'s evidence line quotes once
-    copied to theory/evidence.json (theory.evidence). Never overwritten: an identical one is kept, another refused."""
-    from ...theory.evidence import evidence_record
+    copied to advise/evidence.json (advise.evidence). Never overwritten: an identical one is kept, another refused."""
+    from ...advise.evidence import evidence_record
 
     path = Path(out) / "evidence.json"
     text = json.dumps(evidence_record(summary, command), indent=1, sort_keys=True) + "\n"

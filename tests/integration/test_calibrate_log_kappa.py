@@ -36,7 +36,7 @@ def _norms_with_pairs(path: Path, pairs=PAIRS, beta1=0.9, drop: tuple[str, ...] 
 
 
 def test_kappa_from_curvature_pairs_by_hand(tmp_path, cli):
-    from replay_theory.theory.profiles import load_profile
+    from replay_theory.advise.profile_files import load_profile
 
     log = helpers.write_log(tmp_path / "run.parquet")
     norms = _norms_with_pairs(tmp_path / "noise_scale.jsonl")

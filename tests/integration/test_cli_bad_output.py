@@ -83,8 +83,8 @@ def _fake_run_dir(tmp_path, mu=2.0):
 
 def test_validate_predict_never_overwrites_a_different_prediction(tmp_path, umask):
     loop = pytest.importorskip("replay_theory.validate.loop")  # needs the validate extra (torch)
+    from replay_theory.advise.profile_files import load_profile
     from replay_theory.theory.design import DesignQuery, optimal_design
-    from replay_theory.theory.profiles import load_profile
 
     out = _fake_run_dir(tmp_path)
     config = loop.ValidateConfig(price_mu=2.0)

@@ -125,9 +125,9 @@ def test_grad_norms_csv_with_a_byte_order_mark_reads_as_without(tmp_path, cli):
 
 def test_json_files_with_a_byte_order_mark_are_read(tmp_path, cli):
     # the design file, a sweep spec, a saved diagnose report and a profile: each read as if it had no mark
+    from replay_theory.advise.profile_files import load_profile
     from replay_theory.integrations.replay_config import ReplayConfig
     from replay_theory.simulate.sweep import load_spec
-    from replay_theory.theory.profiles import load_profile
 
     code, design, _ = cli("optimal", "--mu", "5.28", "--noise-scale", "1000", "-B", "64", "--objective", "noise-scale",
                           "--json")

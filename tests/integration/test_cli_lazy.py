@@ -35,7 +35,7 @@ def test_optimal_imports_only_the_theory_it_uses():
     assert [m for m in ours if m.split(".")[1] in LIBRARY_PARTS] == []
     assert [m for m in ours if m.startswith("replay_theory.cli.")] == [
         "replay_theory.cli.app", "replay_theory.cli.common", "replay_theory.cli.config_options",
-        "replay_theory.cli.theory_cmds"]  # its options come from theory.optimal.OptimalQuery's fields
+        "replay_theory.cli.theory_cmds"]  # its options come from advise.optimal.OptimalQuery's fields
 
 
 def test_root_help_imports_no_command_module():
@@ -83,7 +83,7 @@ def test_valid_range_is_the_range_the_commands_field_states():
     assert valid_range("jobs", commands["sweep"]) == valid_range("jobs", commands["experiment"]) == (
         "-1 (all cores) or an integer >= 1")
     assert valid_range("no_such_option") is None
-    optimal = typer.main.get_command(app).commands["optimal"]  # built from theory.optimal.OptimalQuery
+    optimal = typer.main.get_command(app).commands["optimal"]  # built from advise.optimal.OptimalQuery
     assert valid_range("kappa", optimal) == "a finite number >= 1e-09 (the optimizer's memory, 1/kappa steps)"
     assert valid_range("max_horizon", optimal) == "an integer in [1, 4096]"
     assert valid_range("kappa") is None and valid_range("json", optimal) is None

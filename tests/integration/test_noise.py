@@ -157,7 +157,8 @@ def test_no_signal_left_gives_an_infinite_normalised_noise():
 
 
 def test_rho_for_design_uses_zero_only_when_the_interval_covers_it():
-    from replay_theory.theory.profiles import LoadedProfile, PowerLawProfile
+    from replay_theory.advise.profile_files import LoadedProfile
+    from replay_theory.theory.profiles import PowerLawProfile
 
     base = dict(profile=PowerLawProfile(alpha=0.25), rho=None, description="d")
     below = LoadedProfile(**base, rho_fit={"value": -0.001, "ci": [-0.01, 0.01], "in_range": False})

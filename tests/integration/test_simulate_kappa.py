@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from replay_theory.advise.profile_files import load_profile, save_profile
 from replay_theory.simulate.calibrate import calibrate, kappa_lines
 from replay_theory.simulate.config import SimConfig
-from replay_theory.theory.profiles import load_profile, save_profile
 
 SGD_BANDIT = SimConfig(optimizer="sgd", lr=2.0, buffer="on-policy", seeds=4)
 

@@ -22,7 +22,7 @@ pytest.importorskip("transformers")
 
 from torch.func import functional_call, grad, jvp  # noqa: E402
 
-from replay_theory.theory.profiles import load_profile, save_profile  # noqa: E402
+from replay_theory.advise.profile_files import load_profile, save_profile  # noqa: E402
 from replay_theory.validate import countdown  # noqa: E402
 from replay_theory.validate.calibrate import (  # noqa: E402
     adamw_preconditioner,

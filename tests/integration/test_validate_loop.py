@@ -10,10 +10,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from replay_theory.advise.profile_files import load_profile  # noqa: E402
 from replay_theory.core.designs import DesignConfig  # noqa: E402
 from replay_theory.theory.design import DesignQuery, optimal_design  # noqa: E402
 from replay_theory.theory.group_replay import fresh_verifier_evaluations  # noqa: E402
-from replay_theory.theory.profiles import load_profile  # noqa: E402
 from replay_theory.validate.families import design_cost, steps_at_budget  # noqa: E402
 from replay_theory.validate.loop import (  # noqa: E402
     ValidateConfig,

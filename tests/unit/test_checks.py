@@ -1,5 +1,6 @@
 """theory/checks.py: each rule's one message, worked out by hand; and the design rules that go through it."""
 
+import dataclasses
 import json
 import math
 
@@ -17,8 +18,10 @@ from replay_theory.core.designs import (
 )
 from replay_theory.core.rollouts import RolloutBatch
 from replay_theory.theory.checks import (
+    Range,
     invalid,
     one_of,
+    range_of,
     require_in_range,
     require_int,
     require_integer,
@@ -155,3 +158,39 @@ def test_design_config_from_record_reads_every_saved_shape(cli):
     assert _message(DesignConfig.from_record, {"N": 512, "B": 256}) == \
         "the record has no rollouts_per_step (one of rollouts_per_step, R)"
     assert _message(DesignConfig.from_record, {"N": 512, "B": 2.5, "R": 64}) == "B must be an integer >= 1, got 2.5"
+
+
+def _said(check, *args, **kwargs) -> str | None:
+    try:
+        check(*args, **kwargs)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+@pytest.mark.parametrize("valid,legacy", [  # one Range each, and the check it replaced (same words, same values)
+    (Range(1, 10_000_000, integer=True), lambda n, v: require_integer(n, v, 1, maximum=10_000_000)),
+    (Range(1, integer=True, note=" (0: off)"), lambda n, v: require_integer(n, v, 1, note=" (0: off)")),
+    (Range(1e-9, finite=True, fmt="g"), lambda n, v: require_number(n, v, at_least=1e-9, finite=True, fmt="g")),
+    (Range(0, low_open=True, finite=True, fmt="g"), lambda n, v: require_number(n, v, above=0, finite=True, fmt="g")),
+    (Range(0, 1e7, note=" (rollouts)", fmt="g"), lambda n, v: require_in_range(n, v, 0, 1e7, note=" (rollouts)",
+                                                                               fmt="g")),
+    (Range(choices={"sgd": "", "adam": ""}), lambda n, v: require_one_of(n, v, ("sgd", "adam"))),
+])
+@pytest.mark.parametrize("value", [0, 1, 5, 2.5, -3, 1e-10, 1e8, 10_000_001, math.nan, math.inf, "sgd", "x"])
+def test_range_check_says_what_the_check_it_replaced_says(valid, legacy, value):
+    if isinstance(value, str) != (valid.choices is not None):
+        return  # a name for a number (or a number for a name): typer's type refuses it first
+    assert _said(valid.check, "--x", value) == _said(legacy, "--x", value)
+
+
+def test_range_text_and_choices():
+    assert Range(1, 4096, integer=True).text == "an integer in [1, 4096]"
+    assert Range(0, 1, high_open=True, noun="a number").text == "a number in [0, 1)"
+    assert Range(1, integer=True, special={-1: "all cores"}).text == "-1 (all cores) or an integer >= 1"
+    assert Range(1, integer=True, special={-1: "all cores"}).check("--jobs", -1) == -1
+    assert _said(Range(0, integer=True).check, "n", True) == "n must be an integer >= 0, got True"  # not a bool
+    assert Range(0, integer=True, noun="comma-separated integers").holds((0, 2, 4))
+    named = Range(choices=lambda: {"a": "first", "b": "second"})
+    assert named.named() == {"a": "first", "b": "second"} and named.text == "one of a, b"
+    assert range_of(dataclasses.field(metadata=named.field())) is named

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from replay_theory.theory import evidence
+from replay_theory.advise import evidence
 
 
 def test_without_a_noise_scale_it_prints_the_decision_as_a_function_of_b(cli):

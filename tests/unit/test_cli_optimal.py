@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from replay_theory.theory import advice
+from replay_theory.advise import advice
 from replay_theory.theory import forgetting as fg
 
 
@@ -178,7 +178,7 @@ def test_an_answer_outside_the_tested_range_says_so_in_its_evidence_line(cli):
 
 
 def test_the_tested_range_by_hand():
-    from replay_theory.theory.evidence import outside_tested_range
+    from replay_theory.advise.evidence import outside_tested_range
 
     record = {"protocol": {"batch": 256, "grid": [[1, 1], [16, 32]], "on_policy_batches": [8, 256]}}
 

@@ -1,4 +1,4 @@
-"""theory/evidence.json (what `optimal`'s tested: and evidence: lines quote) was written by the current benchmark:
+"""advise/evidence.json (what `optimal`'s tested: and evidence: lines quote) was written by the current benchmark:
 its protocol is the one `experiment theory-test` runs by default, and a quick run of the current code shares its
 pilot, objectives, target and step-size search (issue 38: "checked against a quick run in CI")."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
+from replay_theory.advise import evidence
 from replay_theory.experiments import theory_bench as tt
-from replay_theory.theory import evidence
 
 STORED = json.loads(evidence.EVIDENCE_FILE.read_text())
 

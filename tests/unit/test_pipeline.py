@@ -28,11 +28,13 @@ def test_every_design_and_loss_parameter_is_a_design_config_field_with_help():
 
 
 def test_every_name_has_its_help_once_at_its_registry_entry_and_the_cli_lists_it():
-    from replay_theory.cli.config_options import CHOICES as CLI_CHOICES
     from replay_theory.cli.config_options import field_help
-    from replay_theory.core.designs import CHOICES, choices
+    from replay_theory.core.designs import choices
+    from replay_theory.theory.checks import range_of
 
-    assert CLI_CHOICES == CHOICES
+    fields = {f.name: f for f in dataclasses.fields(DesignConfig)}  # the one Range the CLI and the check read
+    assert range_of(fields["buffer"]).named() == choices(BUFFER_DESIGNS)
+    assert range_of(fields["loss"]).named() == choices(LOSSES)
     for registry in (BUFFER_DESIGNS, LOSSES):
         for name, entry in registry.items():
             assert entry.help and "\n" not in entry.help and ":" not in entry.help and len(entry.help) <= 90, name

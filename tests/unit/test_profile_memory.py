@@ -5,8 +5,9 @@ import json
 import numpy as np
 import pytest
 
+from replay_theory.advise.profile_files import load_profile, save_profile
 from replay_theory.theory.forgetting import KappaEstimate, Memory, kappa_from_curvature_pairs
-from replay_theory.theory.profiles import load_profile, memory_record, save_profile, unmeasured_memory
+from replay_theory.theory.profiles import memory_record, unmeasured_memory
 
 TABLE = {"kind": "table", "staleness": [0, 1, 2], "sigma_sq": [1.0, 1.2, 1.5]}
 

@@ -6,14 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from replay_theory.theory.profiles import (
-    FunctionProfile,
-    PowerLawProfile,
-    TabulatedProfile,
-    load_profile,
-    save_profile,
-    sigma_bar_sq,
-)
+from replay_theory.advise.profile_files import load_profile, save_profile
+from replay_theory.theory.profiles import FunctionProfile, PowerLawProfile, TabulatedProfile, sigma_bar_sq
 
 
 def test_power_law_integral_average_closed_form_vs_quadrature():

@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pytest
 
+from replay_theory.advise.profile_files import load_profile, save_profile
 from replay_theory.core.designs import loss_form, make_advantage
 from replay_theory.core.pipeline import EnvBackend, generate
 from replay_theory.core.rng import PerSeedGenerator
@@ -32,7 +33,6 @@ from replay_theory.simulate.calibrate import (
 from replay_theory.simulate.config import SimConfig
 from replay_theory.simulate.envs import BanditConfig, BanditEnv
 from replay_theory.theory.noise import RhoFit, noise_profile, staleness_moments
-from replay_theory.theory.profiles import load_profile, save_profile
 
 
 def test_expected_advantage_matches_brute_force_over_all_groups():

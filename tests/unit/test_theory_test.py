@@ -483,7 +483,7 @@ def test_a_cell_without_a_pick_is_counted_as_a_miss_in_the_targets_and_said_in_t
                          "at B = 256 in 1 of 2 (B_noise fitted at <= 0: 1)")
     assert line.startswith("- reference: forgetting-aware, b fitted to the grid's on-policy steps (reads scored "
                            "runs): free batch ")
-    from replay_theory.theory import evidence
+    from replay_theory.advise import evidence
 
     assert not evidence.passes(f)  # "<= 1.5 in all": a cell without a pick fails it
 

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
+from replay_theory.advise import advice
 from replay_theory.experiments import theory_bench as tt
-from replay_theory.theory import advice
 from replay_theory.theory import forgetting as fg
 
 

@@ -2,14 +2,14 @@
 its answer as a record with its text (:func:`answer`).
 
 The objectives are the entries of ``OBJECTIVES`` (help, answer function, benchmark key, the options it reads):
-``forgetting`` (the default; theory/advice.py, theory/forgetting.py: McCandlish et al. 2018's steps with the FIFO
+``forgetting`` (the default; advise/advice.py, theory/forgetting.py: McCandlish et al. 2018's steps with the FIFO
 noise the optimizer keeps, psi(x, kappa)), ``noise-scale`` (theory/noise_scale.py: y* = sqrt(mu (1 + 1/b)) at a
 fixed B when 4 b (1 + b) < mu, N = R) and ``paper`` (experience-replay, docs/REFERENCES.md: Thm 3.5's x* = N/R,
 y* = B/R, or with a budget the Thm 3.4 bound; theory/design.py). Each answer carries the prediction benchmark's
-``evidence:`` line for its objective (theory/evidence.py, under the entry's benchmark key).
+``evidence:`` line for its objective (advise/evidence.py, under the entry's benchmark key).
 
-A field's help is its attribute docstring, its valid range what its check (theory/checks.py, in the field's
-metadata) says of a value no range holds; the command line builds its options from both (cli/config_options.py).
+A field's help is its attribute docstring, its check, valid range and choices one ``Range`` in its metadata
+(theory/checks.py); the command line builds its options from both (cli/config_options.py).
 Messages name the options as typed (field ``batch_size`` -> ``--batch-size``).
 """
 
@@ -17,22 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
-from . import noise_scale as ns
-from .answer import (
-    CONVENTIONS,
-    HORIZON_TEXT,
-    MEASURE_B,
-    TABLE_BS,
-    render_design,
-    render_rule,
-    render_rule_table,
-)
-from .checks import invalid, require_in_range, require_integer, require_number, require_one_of
-from .design import (
+from ..theory import noise_scale as ns
+from ..theory.checks import Range, invalid, range_of
+from ..theory.design import (
     DEFAULT_ALPHA,
     DEFAULT_RHO,
     DesignQuery,
@@ -42,22 +32,26 @@ from .design import (
     rollout_mu_of_convention,
     split_design,
 )
+from ..theory.profiles import PowerLawProfile
+from .answer import (
+    CONVENTIONS,
+    HORIZON_TEXT,
+    MEASURE_B,
+    TABLE_BS,
+    render_design,
+    render_rule,
+    render_rule_table,
+)
 from .evidence import evidence_line, floor_ratio_of, outside_tested_range, verdict_line
-from .profiles import LoadedProfile, PowerLawProfile, load_profile
-
-CHECK = "check"
-"""Field-metadata key: the field's check, ``check(option, value)`` raising theory.checks' one-line ValueError."""
-VALID = "valid"
-"""Field-metadata key: the valid range the field's check states (``--help`` shows it; cli/config_options.py)."""
-CHOICES = "choices"
-"""Field-metadata key: {name: one-line help} of a field that names one of a few choices (cli/config_options.py)."""
+from .profile_files import LoadedProfile, load_profile
 
 OPTIMIZERS = {"sgd": "plain SGD", "momentum": "SGD with heavy-ball momentum beta1", "adam": "Adam with beta1"}
 AVERAGES = {"integral": "the paper's integral over the buffer", "discrete": "the exact mean over integer ages"}
-NOISE_SCALE_RANGE = (1e-6, 1e12)
+NOISE_SCALE = Range(1e-6, 1e12, finite=True, noun="a number", note=" (B_noise = tr Sigma / |E G|^2, in samples)",
+                    fmt="g")
 """B_noise is a number of samples: below a millionth of one the rules' y* overflows into nonsense (y* = 1.8e151 at
 1e-300), above 1e12 no batch is large enough to matter; both ends are beyond any measurement."""
-MU_RANGE = (1e-4, 1e4)
+MU = Range(1e-4, 1e4, finite=True, noun="a number", note=" (a ratio of two costs)", fmt="g")
 """mu is a ratio of two costs of the same run (Table 1's models lie near 5; the other convention inverts it): beyond
 1e4 either way a run is all generation or all training, and the paper's closed form answers with batches of
 astronomical size (mu = 1e100 gave a 53-digit B). A range, said up front."""
@@ -79,45 +73,14 @@ def option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _stated_range(check: Callable[[str, Any], Any]) -> str:
-    """The valid range ``check`` states: what it says of NaN, which no range holds."""
-    try:
-        check("value", math.nan)
-    except ValueError as err:
-        return str(err).split(" must be ", 1)[1].rsplit(", got ", 1)[0]
-    raise TypeError("a check that accepts NaN states no range")
+def _batch(note: str = "") -> dict:
+    """A batch, pilot batch or group: an integer in [1, MAX_BATCH] responses."""
+    return Range(1, MAX_BATCH, integer=True, note=note).field()
 
 
-def checked(check: Callable[..., Any], choices: dict[str, str] | None = None, **bounds: Any) -> dict:
-    """A field's metadata: its check (``check`` with ``bounds``), the valid range it states, its choices if any."""
-    bound = functools.partial(check, **bounds)
-    return {CHECK: bound, VALID: _stated_range(bound), **({} if choices is None else {CHOICES: lambda: choices})}
-
-
-def _check_mu(name: str, value: float) -> None:
-    if not (math.isfinite(value) and MU_RANGE[0] <= value <= MU_RANGE[1]):
-        raise invalid(name, f"a number in [{MU_RANGE[0]:g}, {MU_RANGE[1]:g}] (a ratio of two costs)", value, fmt="g")
-
-
-def _check_noise_scale(name: str, value: float) -> None:
-    low, high = NOISE_SCALE_RANGE
-    if not (math.isfinite(value) and low <= value <= high):
-        raise invalid(name, f"a number in [{low:g}, {high:g}] (B_noise = tr Sigma / |E G|^2, in samples)", value,
-                      fmt="g")
-
-
-def _check_beta1(name: str, value: float) -> None:
-    if not 0 <= value < 1:
-        raise invalid(name, "a number in [0, 1)", value, fmt="g")
-
-
-def _check_horizon(name: str, value: int) -> None:
-    if not 1 <= value <= 4096:
-        raise invalid(name, "an integer in [1, 4096]", value, fmt="g")
-
-
-def _one_of(choices: dict[str, str]) -> dict:
-    return checked(require_one_of, choices, options=tuple(choices))
+def _positive(note: str = "") -> dict:
+    """A finite number > 0 (a budget, a constant, a GPU count)."""
+    return Range(0, low_open=True, finite=True, note=note, fmt="g").field()
 
 
 def objective_choices() -> dict[str, str]:
@@ -125,67 +88,58 @@ def objective_choices() -> dict[str, str]:
     return {name: objective.help for name, objective in OBJECTIVES.items()}
 
 
-def _check_objective(name: str, value: str) -> None:
-    require_one_of(name, value, OBJECTIVES)
-
-
 @dataclass(frozen=True)
 class OptimalQuery:
     """What ``replay-theory optimal`` is asked: one field per option (``--json`` aside)."""
 
-    mu: float | None = field(default=None, metadata=checked(_check_mu))
+    mu: float | None = field(default=None, metadata=MU.field())
     """Rollout cost ratio, rollout cost / per-sample update cost in the default convention (Table 1; 5.28 for
     Qwen2.5-7B); required unless --profile carries a measured mu (calibrate --from-log writes one)."""
-    batch_size: int | None = field(default=None, metadata=checked(require_integer, minimum=1, maximum=MAX_BATCH))
+    batch_size: int | None = field(default=None, metadata=_batch())
     """Your batch B (responses per update, on-policy today): the rules' b = B_noise / B; paper: gives R and N."""
-    noise_scale: float | None = field(default=None, metadata=checked(_check_noise_scale))
+    noise_scale: float | None = field(default=None, metadata=NOISE_SCALE.field())
     """Measured gradient noise scale B_noise = tr Sigma / |E G|^2 in samples (with -B)."""
-    kappa: float | None = field(default=None, metadata=checked(
-        require_number, at_least=KAPPA_MIN, finite=True, note=" (the optimizer's memory, 1/kappa steps)", fmt="g"))
+    kappa: float | None = field(default=None, metadata=Range(
+        KAPPA_MIN, finite=True, note=" (the optimizer's memory, 1/kappa steps)", fmt="g").field())
     """forgetting: the optimizer's measured memory kappa = eta tr(H Sigma) / tr Sigma (1/kappa steps) at
     --pilot-batch; or a profile's memory record."""
-    optimizer: str | None = field(default=None, metadata=_one_of(OPTIMIZERS))
+    optimizer: str | None = field(default=None, metadata=Range(choices=OPTIMIZERS).field())
     """forgetting: the optimizer kappa belongs to (default adam, or the profile's)."""
-    beta1: float | None = field(default=None, metadata=checked(_check_beta1))
+    beta1: float | None = field(default=None, metadata=Range(0, 1, high_open=True, noun="a number", fmt="g").field())
     """forgetting: momentum / Adam's beta1 (default 0.9, or the profile's)."""
-    pilot_batch: int | None = field(default=None, metadata=checked(require_integer, minimum=1, maximum=MAX_BATCH))
+    pilot_batch: int | None = field(default=None, metadata=_batch())
     """forgetting: the on-policy batch kappa was measured at (default -B, or the profile's)."""
-    group_size: int = field(default=1, metadata=checked(require_integer, minimum=1, maximum=MAX_BATCH,
-                                                        note=" that divides -B"))
+    group_size: int = field(default=1, metadata=_batch(" that divides -B"))
     """forgetting: responses per prompt group; B and R in whole groups."""
-    latency_floor: float = field(default=0.0, metadata=checked(require_in_range, low=0.0, high=float(MAX_BATCH),
-                                                               note=" (rollouts)", fmt="g"))
+    latency_floor: float = field(default=0.0, metadata=Range(0, MAX_BATCH, note=" (rollouts)", fmt="g").field())
     """forgetting: generation latency floor in rollouts (a step costs mu max(R, floor) + B)."""
-    max_steps_ratio: float = field(default=2.0, metadata=checked(require_in_range, low=1.0, high=1000.0, fmt="g"))
+    max_steps_ratio: float = field(default=2.0, metadata=Range(1, 1000, fmt="g").field())
     """forgetting: steps allowed, relative to on-policy at B (the wall-time budget)."""
-    max_horizon: int = field(default=64, metadata=checked(_check_horizon))
+    max_horizon: int = field(default=64, metadata=Range(1, 4096, integer=True, fmt="g").field())
     """forgetting: the longest buffer horizon x = N/R considered."""
-    objective: str = field(default="forgetting", metadata={CHECK: _check_objective, CHOICES: objective_choices})
+    objective: str = field(default="forgetting", metadata=Range(choices=objective_choices).field())
     """Which rule answers (default forgetting, the rule the benchmark tests)."""
-    alpha: float | None = field(default=None, metadata=checked(require_number, at_least=0, finite=True, fmt="g"))
+    alpha: float | None = field(default=None, metadata=Range(0, finite=True, fmt="g").field())
     """paper: exponent alpha of the power-law noise profile sigma(s) = s^alpha, s in units of tau (default 0.25)."""
-    rho: float | None = field(default=None, metadata=checked(require_in_range, low=0.0, high=1.0))
+    rho: float | None = field(default=None, metadata=Range(0, 1).field())
     """paper: sample correlation coefficient of Assumption 3.3 (default 0.1, or the profile's)."""
-    convention: str | None = field(default=None, metadata=_one_of(CONVENTIONS))
+    convention: str | None = field(default=None, metadata=Range(choices=CONVENTIONS).field())
     """Which meaning of mu is given (default rollout-cost, Table 1; or the profile's mu's)."""
-    rollouts_per_step: int | None = field(default=None, metadata=checked(require_integer, minimum=1))
+    rollouts_per_step: int | None = field(default=None, metadata=Range(1, integer=True).field())
     """paper: fresh rollouts per step R: gives integer N and B."""
     profile: str | None = None
     """Profile file (JSON or CSV, see docs): its noise_scale and memory records feed the rules, its mu the cost, its
     sigma^2(s) table the staleness cost (forgetting) or the paper objective's noise profile."""
-    average: str | None = field(default=None, metadata=_one_of(AVERAGES))
+    average: str | None = field(default=None, metadata=Range(choices=AVERAGES).field())
     """paper: average of sigma^2 over the buffer for --profile (default integral)."""
-    budget: float | None = field(default=None, metadata=checked(
-        require_number, above=0, finite=True, note=" (compute, in per-sample update costs)", fmt="g"))
+    budget: float | None = field(default=None, metadata=_positive(" (compute, in per-sample update costs)"))
     """paper: compute budget C (per-sample update costs): minimise the Thm 3.4 bound itself at C."""
-    smoothness: float | None = field(default=None, metadata=checked(
-        require_number, above=0, finite=True, note=" (L of Assumption 3.1)", fmt="g"))
+    smoothness: float | None = field(default=None, metadata=_positive(" (L of Assumption 3.1)"))
     """paper: L of Assumption 3.1 (with --budget)."""
-    bias: float | None = field(default=None, metadata=checked(
-        require_number, at_least=0, finite=True, note=" (kappa of Assumption 3.2)", fmt="g"))
+    bias: float | None = field(default=None, metadata=Range(0, finite=True, note=" (kappa of Assumption 3.2)",
+                                                           fmt="g").field())
     """paper: kappa of Assumption 3.2 (with --budget)."""
-    f0: float | None = field(default=None, metadata=checked(
-        require_number, above=0, finite=True, note=" (F(theta_0) - inf F)", fmt="g"))
+    f0: float | None = field(default=None, metadata=_positive(" (F(theta_0) - inf F)"))
     """paper: F(theta_0) - inf F (with --budget)."""
 
     def given(self, names: tuple[str, ...]) -> list[str]:
@@ -197,13 +151,15 @@ class OptimalQuery:
         """Each option in its range, and only where its objective reads it: one line naming the first that is not."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if CHOICES in f.metadata and value is not None:  # the choices first, as a parser checks them
-                f.metadata[CHECK](option(f.name), value)
+            valid = range_of(f)
+            if value is not None and valid is not None and valid.choices is not None:  # as a parser checks them
+                valid.check(option(f.name), value)
         self._check_objective_reads_them()
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if CHECK in f.metadata and value is not None:
-                f.metadata[CHECK](option(f.name), value)
+            valid = range_of(f)
+            if value is not None and valid is not None:
+                valid.check(option(f.name), value)
         if self.batch_size is not None and self.batch_size % self.group_size:
             raise invalid("--group-size", _valid("group_size"), self.group_size, fmt="g")
         if self.budget is not None:
@@ -250,7 +206,7 @@ def _budget_constant(name: str, value: float | None) -> float:
 @functools.lru_cache(maxsize=None)
 def _valid(name: str) -> str:
     """The valid range of OptimalQuery's field ``name``."""
-    return next(f.metadata[VALID] for f in dataclasses.fields(OptimalQuery) if f.name == name)
+    return next(range_of(f).text for f in dataclasses.fields(OptimalQuery) if f.name == name)
 
 
 @dataclass(frozen=True)
@@ -286,7 +242,7 @@ def _mu_of(query: OptimalQuery) -> tuple[float, str, str | None]:
                          f"{query.profile} carries: give --mu in that convention")
     ci = record.get("ci") or [None, None]
     span = f", 90% CI [{ci[0]:.4g}, {ci[1]:.4g}]" if None not in ci else ""
-    _check_mu("--mu", record["value"])
+    MU.check("--mu", record["value"])
     source = record.get("source", "measured")
     how = ("typed with --mu when the profile was made, not measured" if source.startswith("--mu") else
            "measured from the log" if source == "log" else source)
@@ -327,7 +283,7 @@ def _checked_memory(memory: dict) -> dict:
     """``_memory_inputs`` with kappa inside the named optimizer's stability limit: a tuned step never sits beyond it
     (SGD's steps diverge at kappa = eta h >= 2, momentum's and Adam's at 2 (1 + beta1) / (1 - beta1)), so a larger
     kappa is a mistyped input, most often the memory in steps (10) for kappa (0.1): one line, before any work."""
-    from .forgetting import stable_kappa
+    from ..theory.forgetting import stable_kappa
 
     kappa, optimizer, beta1 = memory["kappa"], memory["optimizer"], memory["beta1"]
     if kappa is None:
@@ -344,8 +300,8 @@ def _checked_memory(memory: dict) -> dict:
 
 def _staleness_of(loaded: LoadedProfile | None):
     """r(s) = sigma^2(s) / sigma^2(0) of a profile's measured table (the forgetting rule's staleness cost)."""
-    from .forgetting import NO_STALENESS, staleness_of_table
-    from .profiles import TabulatedProfile
+    from ..theory.forgetting import NO_STALENESS, staleness_of_table
+    from ..theory.profiles import TabulatedProfile
 
     if loaded is None or not isinstance(loaded.profile, TabulatedProfile):
         return NO_STALENESS
@@ -490,7 +446,7 @@ def _paper_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
 @dataclass(frozen=True)
 class Objective:
     """One ``--objective``: its help, the function that answers it, its key among the benchmark's objectives
-    (theory/evidence.json; experiments/theory_bench/objectives.py's ``OBJECTIVES``) and the objective-specific fields it
+    (advise/evidence.json; experiments/theory_bench/objectives.py's ``OBJECTIVES``) and the objective-specific fields it
     reads (``FORGETTING_FIELDS``, ``PAPER_FIELDS``, ``noise_scale``: the others are refused)."""
 
     help: str
@@ -525,17 +481,17 @@ def _evidence(objective: str, floor_ratio: float | None = None) -> str:
 class SplitQuery:
     """What ``replay-theory gamma`` is asked: a (W, T) GPU split and the cost ratio mu."""
 
-    workers: float = field(metadata=checked(require_number, above=0, finite=True, fmt="g"))
+    workers: float = field(metadata=_positive())
     """Inference GPUs W."""
-    trainers: float = field(metadata=checked(require_number, above=0, finite=True, fmt="g"))
+    trainers: float = field(metadata=_positive())
     """Trainer GPUs T."""
-    mu: float = field(metadata=checked(_check_mu))
+    mu: float = field(metadata=MU.field())
     """Rollout cost / per-sample update cost (Table 1 meaning)."""
 
     def split(self) -> Split:
         """The split's gamma, y and regime (theory/design.py, ``split_design``), each option checked first."""
         for f in dataclasses.fields(self):
-            f.metadata[CHECK](option(f.name), getattr(self, f.name))
+            range_of(f).check(option(f.name), getattr(self, f.name))
         low, high = SPLIT_RATIO_RANGE
         if not low <= self.workers / self.trainers <= high:  # 1e308 / 1e-308 is inf: Eq. 2 would print nonsense
             raise ValueError(f"--workers / --trainers must be in [{low:g}, {high:g}] (inference GPUs per trainer GPU),"

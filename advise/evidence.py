@@ -1,6 +1,6 @@
 """What the prediction benchmark found for each design objective: the ``evidence:`` lines ``optimal`` prints.
 
-The numbers live in ``theory/evidence.json``, written from a saved benchmark by
+The numbers live in ``advise/evidence.json``, written from a saved benchmark by
 ``replay-theory experiment theory-test --out DIR`` (DIR/evidence.json, copied here with the command, the code version
 and the date it ran); nothing in it is typed by hand. Kept out of numpy and scipy so that ``optimal`` starts fast.
 The targets a rule must meet to be called one that passes (issue 30): on the held-out instances, at the headline
@@ -58,7 +58,7 @@ def evidence_record(summary: dict, command: str) -> dict:
 SHARED_PROTOCOL = ("pilot", "objectives", "target_fraction", "cap_factor", "lr_ratio", "exact_lr_ratio", "window",
                    "beta1", "max_extend", "boots")
 """The protocol a quick run shares with the full one (the pilot, the objectives, the target, the caps, the step-size
-search): CI runs a quick benchmark and checks these against theory/evidence.json, so that evidence written by an
+search): CI runs a quick benchmark and checks these against advise/evidence.json, so that evidence written by an
 older protocol or rule cannot stand behind the current code (tests/unit/test_evidence_current.py)."""
 
 
@@ -192,7 +192,7 @@ def _worst_x(mode: dict, unit: str = "x", explain: bool = False) -> str:
 
 def evidence_line(objective: str, key: str, record: dict | None = None, floor_ratio: float | None = None) -> str:
     """One line: how ``objective``'s picks (the benchmark's objective ``key``, or the first of ``INPUT_ROUTES[key]``
-    stored; theory/optimal.py's ``OBJECTIVES``) scored in the benchmark at the cost model nearest the user's (and at
+    stored; advise/optimal.py's ``OBJECTIVES``) scored in the benchmark at the cost model nearest the user's (and at
     the other), or that none are stored."""
     record = load_evidence() if record is None else record
     targets, which = _headline(record, floor_ratio) if record else (None, "")
@@ -215,20 +215,33 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
                 f"{100 * fr['share_within_1.2']:.0f}% (worst {_worst_x(fr, '')}) when the batch is free, "
                 f"{100 * pn['share_within_1.2']:.0f}% (worst {_worst_x(pn, '')}) at a pinned batch; lowest "
                 f"per-setting Spearman {_fmt(o.get('min_setting_spearman'))}")
-    if key != "on_policy" and "on_policy" in targets["objectives"]:
-        op = targets["objectives"]["on_policy"]["free"]
-        line += f"; always on-policy at B {100 * op['share_within_1.2']:.0f}%"
-    if key != "on_policy_floor" and "on_policy_floor" in targets["objectives"]:  # the trivial rule to beat
-        tf = targets["objectives"]["on_policy_floor"]["free"]
-        line += (f"; the trivial on-policy at max(floor, smallest batch) {100 * tf['share_within_1.2']:.0f}% "
-                 f"(worst {_worst_x(tf, '')})")
-    others = [(f, t["objectives"][key]["free"]) for f, t in _other_floors(record, floor_ratio)
-              if (t.get("objectives") or {}).get(key)]  # the same route at the other floors
-    if others:
-        line += "; at latency floor " + ", ".join(f"{f} {100 * o2['share_within_1.2']:.0f}% (worst {_worst_x(o2, '')})"
-                                                  for f, o2 in others) + " with the batch free"
+    line += _baselines(targets["objectives"], key) + _other_floors_text(record, key, floor_ratio)
     line += "; " + passing_floors_text(record, key)
     return line + f" ({record['command']}, docs/SIMULATION.md)"
+
+
+def _baselines(objectives: dict, key: str) -> str:
+    """The evidence line's clauses for the baselines beside ``key``: always on-policy at B, and the trivial rule to
+    beat (on-policy at max(floor, smallest batch))."""
+    text = ""
+    if key != "on_policy" and "on_policy" in objectives:
+        op = objectives["on_policy"]["free"]
+        text += f"; always on-policy at B {100 * op['share_within_1.2']:.0f}%"
+    if key != "on_policy_floor" and "on_policy_floor" in objectives:
+        tf = objectives["on_policy_floor"]["free"]
+        text += (f"; the trivial on-policy at max(floor, smallest batch) {100 * tf['share_within_1.2']:.0f}% "
+                 f"(worst {_worst_x(tf, '')})")
+    return text
+
+
+def _other_floors_text(record: dict, key: str, floor_ratio: float | None) -> str:
+    """The evidence line's clause for the same route at the other latency floors (batch free), or nothing."""
+    others = [(f, t["objectives"][key]["free"]) for f, t in _other_floors(record, floor_ratio)
+              if (t.get("objectives") or {}).get(key)]
+    if not others:
+        return ""
+    return "; at latency floor " + ", ".join(f"{f} {100 * o2['share_within_1.2']:.0f}% (worst {_worst_x(o2, '')})"
+                                             for f, o2 in others) + " with the batch free"
 
 
 def passing_floors_text(record: dict, key: str) -> str:

@@ -1,5 +1,5 @@
 """The text ``replay-theory optimal`` prints for the paper's design and the noise-scale rule (the forgetting-aware
-answer's text is theory/advice.py's ``render``).
+answer's text is advise/advice.py's ``render``).
 
 Paper: experience-replay (docs/REFERENCES.md): Thm 3.5's x* = N/R, y* = B/R and the GPU split W/T = mu/y with its
 compute ratio gamma (Eq. 2); with a budget, the Thm 3.4 bound. The noise-scale rule: McCandlish et al. 2018 with the
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from . import noise_scale as ns
-from .design import OBJECTIVE_LABELS, PaperAnswer, Split
+from ..theory import noise_scale as ns
+from ..theory.design import OBJECTIVE_LABELS, PaperAnswer, Split
 
 PROG = "replay-theory"
 

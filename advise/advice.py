@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import forgetting as fg
+from ..theory import forgetting as fg
 
 MEMORY_ROWS = (0.01, 0.1, 1.0)
 """kappa values of the no-measurement table: a memory of 100, 10 and 1 steps."""
