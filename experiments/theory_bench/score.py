@@ -28,6 +28,7 @@ from ...core.progress import ProgressBar
 from ...outputs import check_out_dir, strict, write_new
 from ...simulate import to_target
 from ...theory import forgetting
+from ...theory.resampling import quantile_interval, spearman
 from .measure import _designs_of, printed_design, read_b_noise, run_unit, staleness_of
 from .objectives import OBJECTIVES, PRINTED, NoPick, design_steps_row, measured_compute, objective_values
 from .options import (
@@ -55,21 +56,8 @@ from .options import (
 )
 from .store import Store, instance_record
 
-
-def _ranks(values: np.ndarray) -> np.ndarray:
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(values.size)
-    ranks[order] = np.arange(1, values.size + 1)
-    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    return np.bincount(inverse, weights=ranks)[inverse] / counts[inverse]
-
-
-def spearman(predicted: np.ndarray, measured: np.ndarray) -> float | None:
-    """Rank correlation of predicted with measured compute over the designs where both are finite."""
-    ok = np.isfinite(predicted) & np.isfinite(measured)
-    if ok.sum() < 3 or np.ptp(predicted[ok]) == 0 or np.ptp(measured[ok]) == 0:
-        return None
-    return float(np.corrcoef(_ranks(predicted[ok]), _ranks(measured[ok]))[0, 1])
+REGRET_TAILS = (0.05, 0.95)
+"""The regret's 90% interval: these quantiles of the seed-bootstrap replicates."""
 
 
 def _regret(compute: np.ndarray, pick: int, menu: np.ndarray) -> tuple[float, list[float]]:
@@ -80,8 +68,7 @@ def _regret(compute: np.ndarray, pick: int, menu: np.ndarray) -> tuple[float, li
     point = float(ratios[0])
     if compute.shape[0] == 1:
         return point, [point, point]
-    lo, hi = np.quantile(ratios[1:], [0.05, 0.95], method="lower")  # order statistics: defined with inf entries
-    return point, [float(lo), float(hi)]
+    return point, list(quantile_interval(ratios[1:], REGRET_TAILS, "lower"))  # order statistics: defined with inf
 
 
 def score_cell(record: dict, mu: float, floor: float) -> dict:
@@ -163,7 +150,7 @@ def score_printed(record: dict, mu: float, floor: float, compute: np.ndarray, sp
         pick = steps * forgetting.step_cost(design.rollouts, design.batch, mu, floor)  # (replicates,)
         with np.errstate(invalid="ignore"):
             ratios = (pick + added) / best
-        interval = ([float(v) for v in np.quantile(ratios[1:], [0.05, 0.95], method="lower")] if ratios.size > 1
+        interval = (list(quantile_interval(ratios[1:], REGRET_TAILS, "lower")) if ratios.size > 1
                     else [float(ratios[0])] * 2)
         out[name] = {"free": row["label"], "free_regret": float(ratios[0]), "free_ci": interval,
                      "pinned": None, "pinned_regret": None, "pinned_ci": None,
