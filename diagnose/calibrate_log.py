@@ -37,9 +37,10 @@ from typing import Optional
 import numpy as np
 
 from ..theory.checks import require_in_range, require_integer, require_number, require_one_of, require_open_interval
-from ..theory.noise import DEFAULT_DRAWS, DEFAULT_LEVEL, percentile_interval, unit_weights
+from ..theory.noise import DEFAULT_DRAWS, DEFAULT_LEVEL
 from ..theory.noise_scale import noise_scale_two_batch, pooled_two_batch
 from ..theory.profiles import curvature_pairs_record
+from ..theory.resampling import percentile_interval, unit_weights
 from .by_age import AGGREGATIONS, SCORES, WEIGHTS, SequenceSums, age_step_sums, read_step_times
 from .errors import ConfigError, check_field
 from .reader import (

@@ -52,6 +52,7 @@ from ..theory.forgetting import KappaEstimate, kappa_from_curvature_pairs, kappa
 from ..theory.noise import NoiseProfile, PairMoments, RhoFit
 from ..theory.noise_scale import PooledNoiseScale, noise_scale_from_samples, pooled_noise_scale
 from ..theory.profiles import fit_profiles, memory_record, unmeasured_memory
+from ..theory.resampling import central, quantile_interval, replicates
 from .config import SimConfig, peak_bytes, policy_shape, response_bytes
 from .engine import run
 
@@ -492,14 +493,13 @@ def pooled_exact_grad_sq(grads_by_checkpoint: list[np.ndarray], grad_sq: np.ndar
 
     units = [np.asarray(g, dtype=float) for g in grads_by_checkpoint]
     per = [ratio(noise_scale_from_samples(g, unit_size).trace_sigma, sq) for g, sq in zip(units, grad_sq)]
-    boots = np.empty(n_boot)
-    for i in range(n_boot):
-        boots[i] = np.median([ratio(noise_scale_from_samples(g[rng.integers(0, len(g), size=len(g))],
-                                                             unit_size).trace_sigma, sq)
-                              for g, sq in zip(units, grad_sq)])
-    alpha = (1 - level) / 2
-    lo = float(np.quantile(boots, alpha, method="lower"))
-    hi = float(np.quantile(boots, 1 - alpha, method="higher"))
+
+    def median_b_noise(*index: np.ndarray) -> np.ndarray:  # one replicate: (1, M_k) unit indices per checkpoint
+        return np.array([np.median([ratio(noise_scale_from_samples(g[i[0]], unit_size).trace_sigma, sq)
+                                    for g, sq, i in zip(units, grad_sq, index)])])
+
+    boots = replicates(median_b_noise, [len(g) for g in units], n_boot, rng, one_at_a_time=True)
+    lo, hi = quantile_interval(boots, central(level), "order")
     return PooledNoiseScale(float(np.median(per)), (lo, hi), level, tuple(float(v) for v in per), len(per),
                             "per-sample tr Sigma, exact |E G|^2")
 

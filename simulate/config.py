@@ -18,18 +18,16 @@ Each field's docstring is its ``--help`` text.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import __version__
 from ..core.designs import DesignConfig
 from ..core.memory import Estimate, Size, check_sizes, count
 from ..core.pipeline import PipelineSettings
 from ..theory.checks import Range, require_integer, require_number, require_one_of
 from .envs import ENV_NAMES, engine_choices
+from .store import run_key
 
 ENVS = ENV_NAMES  # the registry's engine environments (simulate/envs/__init__.py)
 PIPELINES = ("sync", "async")
@@ -92,8 +90,7 @@ class SimConfig(DesignConfig):
 
         The version is in the key so that a resumed sweep never mixes results of older code.
         """
-        text = json.dumps({**self.to_dict(), "code_version": __version__}, sort_keys=True, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return run_key(self.to_dict())
 
     def pipeline_settings(self) -> PipelineSettings:
         return PipelineSettings(self.pipeline, self.mu, self.workers, self.trainers, self.sync_interval, self.steps)

@@ -35,8 +35,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .. import __version__
 from ..core.jobs import check_jobs, local_workers, run_unordered
 from ..core.memory import MAX_SIZE, memory_limit, show_bytes
@@ -45,6 +43,7 @@ from ..outputs import check_out_dir as check_out_path
 from ..theory.checks import Range, require_one_of
 from .config import SimConfig, config_from_dict
 from .engine import run
+from .store import VERSION_KEY, RunStore
 
 SPEC_KEYS = {"name", "base", "grid", "configs", "description"}
 BACKENDS = ("loky", "threading", "dask", "ray")
@@ -61,8 +60,6 @@ SCHEDULER_FORMATS = {
     "ray": (re.compile(rf"auto|(?:ray://)?{_HOST_PORT}"), "auto, HOST:PORT or ray://HOST:PORT"),
 }
 """What ``--scheduler`` accepts per backend, and how the error message spells it."""
-VERSION_KEY = "replay_theory_version"
-"""Key of the code version in spec.json and in every runs/KEY.json."""
 
 
 
@@ -199,29 +196,13 @@ def write_run(runs_dir: str | Path, output: dict[str, Any], where: str = "") -> 
     if version != __version__:
         raise ValueError(f"a worker{where} runs replay-theory {version}, this is {__version__}; versions are "
                          f"never mixed in one sweep: install this version on the cluster's workers")
-    base = Path(runs_dir) / payload["key"]
-    tmp_npz = base.with_suffix(".tmp.npz")
-    np.savez_compressed(tmp_npz, **output["arrays"])
-    os.replace(tmp_npz, base.with_suffix(".npz"))
-    tmp_json = base.with_suffix(".tmp.json")
-    tmp_json.write_text(json.dumps(payload, indent=1, default=_json_default, allow_nan=True))
-    os.replace(tmp_json, base.with_suffix(".json"))
+    RunStore(Path(runs_dir).parent, indent=1).save(payload, output["arrays"])  # the arrays, then the JSON
     return payload["key"]
 
 
-def _json_default(value):
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating,)):
-        return float(value)
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(type(value).__name__)
-
-
 def pending_configs(configs: list[SimConfig], out_dir: Path) -> list[SimConfig]:
-    runs = out_dir / "runs"
-    return [c for c in configs if not (runs / f"{c.key()}.json").exists()]
+    store = RunStore(out_dir)
+    return [c for c in configs if not store.has(c.key())]
 
 
 def check_backend(backend: str) -> str:
@@ -356,7 +337,7 @@ def read_run(path: Path) -> dict:
 
 
 def _run_files(out_dir: Path) -> list[Path]:
-    return sorted(p for p in (out_dir / "runs").glob("*.json") if not p.name.endswith(".tmp.json"))
+    return RunStore(out_dir).files()
 
 
 def _canonical(spec: dict) -> str:
@@ -400,8 +381,9 @@ def prepare_out_dir(spec: dict, out_dir: str | Path) -> Path:
     spec_file = out_dir / "spec.json"
     if not spec_file.exists():
         spec_file.write_text(_canonical(spec))
-    for stale in [*(out_dir / "runs").glob("*.tmp.*"), *out_dir.glob("results.tmp.*")]:
-        stale.unlink()  # files of a configuration (or table) interrupted mid-write
+    RunStore(out_dir).clear_temps()  # files of a configuration interrupted mid-write
+    for stale in out_dir.glob("results.tmp.*"):
+        stale.unlink()  # a table interrupted mid-write
     return out_dir
 
 
@@ -433,9 +415,7 @@ def _remove_unfinished(out_dir: Path, created: list[Path], wrote_spec: bool) -> 
     runs = out_dir / "runs"
     if runs.is_dir() and _run_files(out_dir):
         return  # finished configurations are results: kept, and the sweep resumes from them
-    if runs.is_dir():
-        for stale in runs.glob("*.tmp.*"):
-            stale.unlink()
+    RunStore(out_dir).clear_temps()
     if wrote_spec:
         (out_dir / "spec.json").unlink(missing_ok=True)
     for folder in created:  # deepest first

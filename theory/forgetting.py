@@ -41,6 +41,7 @@ from numpy.typing import ArrayLike
 
 from .checks import require_in_range, require_int, require_nonnegative, require_one_of, require_positive
 from .designs import Design
+from .resampling import central, moving_block_indices, quantile_interval, ratio_of_sums
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
 STEP_EXPONENT = {"sgd": 1.0, "momentum": 1.0, "adam": 0.5}
@@ -762,10 +763,8 @@ def kappa_from_curvature_pairs(numerators: ArrayLike, denominators: ArrayLike, s
     require_positive("step eta", step)
     require_positive("|xi|^2", den)
     value = float(step * num.sum() / den.sum())
-    index = rng.integers(0, num.size, size=(n_boot, num.size))
-    boots = step * num[index].sum(axis=1) / den[index].sum(axis=1)
-    alpha = (1 - level) / 2
-    lo, hi = (float(v) for v in np.quantile(boots, [alpha, 1 - alpha]))
+    boots = ratio_of_sums(num, den, n_boot, rng, scale=step)
+    lo, hi = quantile_interval(boots, central(level))
     return KappaEstimate(value, (lo, hi), level, "curvature-pairs", optimizer, float(beta1), pilot_batch,
                          int(num.size), {"step": float(step), "lambda_eff": float(num.sum() / den.sum())})
 
@@ -785,15 +784,11 @@ def kappa_from_gradient_series(dots: ArrayLike, sq_norms: ArrayLike, rng: np.ran
                          f"{sq.size}")
     corr = float(dots.sum() / sq.sum())
     value = kappa_from_autocorrelation(corr, optimizer, beta1)
-    starts = np.arange(dots.size - block + 1)
-    per = int(math.ceil(dots.size / block))
-    picks = rng.choice(starts, size=(n_boot, per))
-    rows = (picks[:, :, None] + np.arange(block)).reshape(n_boot, -1)[:, : dots.size]
+    rows = moving_block_indices(dots.size, block, n_boot, rng)
     corrs = dots[rows].sum(axis=1) / sq[rows].sum(axis=1)
     signal = corrs < 0 if optimizer == "sgd" else corrs > 0
     boots = np.array([kappa_from_autocorrelation(c, optimizer, beta1) if ok else 0.0 for c, ok in zip(corrs, signal)])
-    alpha = (1 - level) / 2
-    lo, hi = (float(v) for v in np.quantile(boots, [alpha, 1 - alpha]))
+    lo, hi = quantile_interval(boots, central(level))
     return KappaEstimate(value, (lo, hi), level, "lag-autocorrelation", optimizer, float(beta1), pilot_batch,
                          int(dots.size), {"lag1_autocorrelation": corr,
                                           "replicates_without_signal": int((~signal).sum())})

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .checks import invalid
+from .resampling import percentile_interval, unit_weights
 
 DEFAULT_LEVEL = 0.9
 DEFAULT_DRAWS = 2000
@@ -183,24 +184,6 @@ def rho_slope(inner: np.ndarray, sq: np.ndarray, capacity: float) -> np.ndarray:
     x = np.arange(inner.shape[-1], dtype=float) / capacity
     x[0] = 0.0  # gap 0 (different groups of one step) carries no information on a slope through 0
     return _ratio((inner * x).sum(axis=-1), (sq * x * x).sum(axis=-1))
-
-
-def unit_weights(num_units: int, draws: int, rng: np.random.Generator) -> np.ndarray:
-    """Bootstrap multiplicities (draws, U): how often each unit appears in each resample."""
-    idx = rng.integers(0, num_units, size=(draws, num_units))
-    weights = np.zeros((draws, num_units))
-    np.add.at(weights, (np.arange(draws)[:, None], idx), 1.0)
-    return weights
-
-
-def percentile_interval(values: np.ndarray, level: float) -> tuple[float, float]:
-    """The central ``level`` percentile interval of bootstrap replicates (NaN replicates dropped)."""
-    finite = values[np.isfinite(values)]
-    if finite.size < 2:
-        return (math.nan, math.nan)
-    tail = 100 * (1 - level) / 2
-    lo, hi = np.percentile(finite, [tail, 100 - tail])
-    return (float(lo), float(hi))
 
 
 @dataclass(frozen=True)

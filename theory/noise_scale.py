@@ -40,6 +40,7 @@ from numpy.typing import ArrayLike
 from .checks import require_int, require_positive
 from .compute import compute_ratio_from_split_ratio
 from .compute import workers_per_trainer as _workers_per_trainer
+from .resampling import central, quantile_interval, replicates
 
 # --------------------------------------------------------------------------- the noise a buffer injects
 
@@ -287,19 +288,18 @@ def pooled_noise_scale(grads_by_checkpoint: list[np.ndarray], rng: np.random.Gen
     # unbiased |E G|^2 centre on: shifted back by tr Sigma_unit / M, their spread is the estimator's around the
     # truth (without the shift the interval sat below the point, by B_noise / (unit_size M) relative)
     floors = [p.trace_sigma / (unit_size * np.shape(g)[0]) for p, g in zip(points, grads_by_checkpoint)]
-    boots = np.empty(n_boot)
-    for i in range(n_boot):
+    units = [np.asarray(g, dtype=float) for g in grads_by_checkpoint]
+
+    def median_b_noise(*index: np.ndarray) -> np.ndarray:  # one replicate: (1, M_k) unit indices per checkpoint
         values = []
-        for g, floor in zip(grads_by_checkpoint, floors):
-            g = np.asarray(g, dtype=float)
-            index = rng.integers(0, g.shape[0], size=g.shape[0])
-            replicate = noise_scale_from_samples(g[index], unit_size)
+        for g, floor, i in zip(units, floors, index):
+            replicate = noise_scale_from_samples(g[i[0]], unit_size)
             grad_sq = replicate.grad_sq - floor
             values.append(replicate.trace_sigma / grad_sq if grad_sq > 0 else math.inf)
-        boots[i] = np.median(values)
-    alpha = (1 - level) / 2
-    lo = float(np.quantile(boots, alpha, method="lower"))  # order statistics: defined with inf entries
-    hi = float(np.quantile(boots, 1 - alpha, method="higher"))
+        return np.array([np.median(values)])
+
+    boots = replicates(median_b_noise, [g.shape[0] for g in units], n_boot, rng, one_at_a_time=True)
+    lo, hi = quantile_interval(boots, central(level), "order")  # order statistics: defined with inf entries
     return PooledNoiseScale(float(np.median(per)), (lo, hi), level, tuple(float(v) for v in per), len(per),
                             "per-sample")
 
@@ -313,11 +313,9 @@ def pooled_two_batch(sq_small: ArrayLike, sq_big: ArrayLike, batch_small: float,
     if small.shape != big.shape or small.ndim != 1 or small.size < 2:
         raise ValueError(f"sq_small and sq_big must be 1-d arrays of equal length >= 2, got {small.shape}, {big.shape}")
     point = noise_scale_two_batch(small, big, batch_small, batch_big).b_noise
-    index = rng.integers(0, small.size, size=(n_boot, small.size))
-    boots = np.array([noise_scale_two_batch(small[i], big[i], batch_small, batch_big).b_noise for i in index])
-    alpha = (1 - level) / 2
-    lo = float(np.quantile(boots, alpha, method="lower"))
-    hi = float(np.quantile(boots, 1 - alpha, method="higher"))
+    boots = replicates(lambda index: np.array([noise_scale_two_batch(small[i], big[i], batch_small, batch_big).b_noise
+                                               for i in index]), small.size, n_boot, rng)
+    lo, hi = quantile_interval(boots, central(level), "order")
     return PooledNoiseScale(point, (lo, hi), level, (), int(small.size), "two-batch")
 
 

@@ -24,16 +24,7 @@ import math
 
 import numpy as np
 
-
-def bootstrap_seed_indices(seeds: int, draws: int, rng: np.random.Generator) -> np.ndarray:
-    """(draws, seeds) seed indices drawn with replacement, shared by every design (paired resampling)."""
-    return rng.integers(0, seeds, size=(draws, seeds))
-
-
-def percentile(values: np.ndarray, level: float) -> tuple[float, float]:
-    tail = 100 * (1 - level) / 2
-    lo, hi = np.percentile(values, [tail, 100 - tail])
-    return float(lo), float(hi)
+from ..theory.resampling import percentile_interval, replicates
 
 
 def compare(rewards: np.ndarray, names: list[str], predicted: int, family: np.ndarray, rng: np.random.Generator,
@@ -50,8 +41,8 @@ def compare(rewards: np.ndarray, names: list[str], predicted: int, family: np.nd
     if not family[predicted]:
         raise ValueError("the predicted design must belong to the family it is ranked in")
     means = rewards.mean(axis=1)  # (D,)
-    idx = bootstrap_seed_indices(S, draws, rng)  # (draws, S)
-    boot = rewards[:, idx].mean(axis=2).T  # (draws, D)
+    # every design's mean over the same resampled seeds (paired): (draws, D)
+    boot = replicates(lambda index: rewards[:, index].mean(axis=2), S, draws, rng).T
     out = {"level": level, "draws": draws, "seeds": S}
     for scope, members in (("family", family), ("all", np.ones(D, bool))):
         member_means = np.where(members, means, -np.inf)
@@ -63,9 +54,9 @@ def compare(rewards: np.ndarray, names: list[str], predicted: int, family: np.nd
             "designs": int(members.sum()),
             "best": names[best],
             "rank": int(1 + (member_means > means[predicted]).sum()),
-            "rank_ci": percentile(rank_boot.astype(float), level),
+            "rank_ci": percentile_interval(rank_boot.astype(float), level, finite_only=False),
             "regret": float(member_means[best] - means[predicted]),
-            "regret_ci": percentile(regret_boot, level),
+            "regret_ci": percentile_interval(regret_boot, level, finite_only=False),
             "probability_predicted_best": float((rank_boot == 1).mean()),
         }
     out["pairs"] = [pair_power(rewards[predicted], rewards[d], names[d]) for d in range(D)

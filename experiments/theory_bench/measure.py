@@ -34,6 +34,7 @@ from ...simulate.envs import NoisyRewardBandit
 from ...simulate.envs.quadratic import QuadraticEnv
 from ...theory import forgetting
 from ...theory import noise_scale as noise_scale_lib
+from ...theory.resampling import quantile_interval, resample_indices
 from .options import (
     BATCH,
     BETA1,
@@ -579,7 +580,7 @@ def measure_noise_scale(unit: Unit) -> dict:
     s_min, b_noise = fits[0]
     boots = np.array([f[1] for f in fits[1:]])
     ranked = np.where(np.isnan(boots), np.inf, boots)
-    lo, hi = float(np.quantile(ranked, 0.05, method="lower")), float(np.quantile(ranked, 0.95, method="higher"))
+    lo, hi = quantile_interval(ranked, (0.05, 0.95), "order")
     out = {"batches": batches.tolist(), "steps": steps[0].tolist(), "s_min": s_min, "b_noise": b_noise,
            "b_noise_kind": b_noise_kind(b_noise), "b": b_noise / BATCH, "b_interval": [lo / BATCH, hi / BATCH],
            "censored_batches": [int(b) for b, s in zip(batches, steps[0]) if not np.isfinite(s)]}
@@ -775,8 +776,8 @@ def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options
     started = time.time()
     store = Store(Path(out))
     setting = SETTINGS[setting_name]
-    boot_index = np.random.default_rng([instance, 8191, len(setting_name), OPTIMIZERS.index(optimizer)]).integers(
-        0, options.seeds, size=(BOOTS, options.seeds))
+    boot_index = resample_indices(options.seeds, BOOTS, np.random.default_rng(
+        [instance, 8191, len(setting_name), OPTIMIZERS.index(optimizer)]))
     with threadpool_limits(limits=1, user_api="blas"):
         env, inst = instance_record(store, setting, instance)  # run_theory_test stored it before dispatch
         unit = Unit(setting, optimizer, instance, env, inst, store, options, boot_index, tick, advance,

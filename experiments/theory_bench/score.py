@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,7 @@ from ...core.progress import ProgressBar
 from ...outputs import check_out_dir, strict, write_new
 from ...simulate import to_target
 from ...theory import forgetting
+from ...theory.resampling import quantile_interval, spearman
 from .measure import _designs_of, printed_design, read_b_noise, run_unit, staleness_of
 from .objectives import OBJECTIVES, PRINTED, NoPick, design_steps_row, measured_compute, objective_values
 from .options import (
@@ -55,21 +58,8 @@ from .options import (
 )
 from .store import Store, instance_record
 
-
-def _ranks(values: np.ndarray) -> np.ndarray:
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(values.size)
-    ranks[order] = np.arange(1, values.size + 1)
-    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    return np.bincount(inverse, weights=ranks)[inverse] / counts[inverse]
-
-
-def spearman(predicted: np.ndarray, measured: np.ndarray) -> float | None:
-    """Rank correlation of predicted with measured compute over the designs where both are finite."""
-    ok = np.isfinite(predicted) & np.isfinite(measured)
-    if ok.sum() < 3 or np.ptp(predicted[ok]) == 0 or np.ptp(measured[ok]) == 0:
-        return None
-    return float(np.corrcoef(_ranks(predicted[ok]), _ranks(measured[ok]))[0, 1])
+REGRET_TAILS = (0.05, 0.95)
+"""The regret's 90% interval: these quantiles of the seed-bootstrap replicates."""
 
 
 def _regret(compute: np.ndarray, pick: int, menu: np.ndarray) -> tuple[float, list[float]]:
@@ -80,8 +70,7 @@ def _regret(compute: np.ndarray, pick: int, menu: np.ndarray) -> tuple[float, li
     point = float(ratios[0])
     if compute.shape[0] == 1:
         return point, [point, point]
-    lo, hi = np.quantile(ratios[1:], [0.05, 0.95], method="lower")  # order statistics: defined with inf entries
-    return point, [float(lo), float(hi)]
+    return point, list(quantile_interval(ratios[1:], REGRET_TAILS, "lower"))  # order statistics: defined with inf
 
 
 def score_cell(record: dict, mu: float, floor: float) -> dict:
@@ -163,7 +152,7 @@ def score_printed(record: dict, mu: float, floor: float, compute: np.ndarray, sp
         pick = steps * forgetting.step_cost(design.rollouts_per_step, design.batch_size, mu, floor)  # (replicates,)
         with np.errstate(invalid="ignore"):
             ratios = (pick + added) / best
-        interval = ([float(v) for v in np.quantile(ratios[1:], [0.05, 0.95], method="lower")] if ratios.size > 1
+        interval = (list(quantile_interval(ratios[1:], REGRET_TAILS, "lower")) if ratios.size > 1
                     else [float(ratios[0])] * 2)
         out[name] = {"free": row["label"], "free_regret": float(ratios[0]), "free_ci": interval,
                      "pinned": None, "pinned_regret": None, "pinned_ci": None,
@@ -214,17 +203,22 @@ def horizon_check(record: dict) -> list[dict]:
         row = {"y": y, "measured": measured}
         for name, b_noise, kappa in (("predicted", read_b_noise(noise), (pilot["kappa_pairs"] or {}).get("kappa")),
                                      ("predicted_exact", read_b_noise(noise, True), pilot["kappa_exact"])):
-            if kappa is None or not math.isfinite(b_noise) or not b_noise > 0 or not kappa > 0:
-                row[name] = None  # no prediction without a finite B_noise > 0 and a kappa > 0 (not counted below)
-                continue
-            memory = forgetting.Memory(float(kappa), record["optimizer"], BETA1, float(BATCH))
-            st = staleness_of(record) if name == "predicted" else forgetting.NO_STALENESS
-            a, b = forgetting.predict_many([forgetting.Design(BATCH, BATCH // y, xs[0] * BATCH // y),
-                                            forgetting.Design(BATCH, BATCH // y, xs[-1] * BATCH // y)],
-                                           float(b_noise), 1.0, memory, st)
-            row[name] = b.steps / a.steps
+            st = partial(staleness_of, record) if name == "predicted" else lambda: forgetting.NO_STALENESS
+            row[name] = _horizon_prediction(record["optimizer"], b_noise, kappa, st, (xs[0], xs[-1]), y)
         out.append(row)
     return out
+
+
+def _horizon_prediction(optimizer: str, b_noise: float, kappa: float | None,
+                        staleness: Callable[[], forgetting.Staleness], xs: tuple[int, int], y: int) -> float | None:
+    """The rule's steps(x = xs[1]) / steps(x = xs[0]) at ``y``; None without a finite B_noise > 0 and a kappa > 0
+    (no prediction, not counted in ``unit_checks``). ``staleness`` is read only for a prediction."""
+    if kappa is None or not math.isfinite(b_noise) or not b_noise > 0 or not kappa > 0:
+        return None
+    memory = forgetting.Memory(float(kappa), optimizer, BETA1, float(BATCH))
+    a, b = forgetting.predict_many([forgetting.Design(BATCH, BATCH // y, x * BATCH // y) for x in xs],
+                                   float(b_noise), 1.0, memory, staleness())
+    return b.steps / a.steps
 
 
 def unit_checks(record: dict) -> dict:
@@ -279,18 +273,23 @@ def _spearman_by_setting(cells: list[dict], name: str) -> dict:
     return {k: (float(np.nanmean(v)) if np.isfinite(v).any() else None) for k, v in per_setting.items()}
 
 
+def _mode_shares(entries: list[dict], mode: str) -> dict:
+    """``_regret_shares`` of one objective's ``mode`` ("free" or "pinned") picks over its cells' ``entries``."""
+    regrets = [None if "no_pick" in e else e[f"{mode}_regret"] for e in entries]
+    # a pick whose regret is inf is stored as None (strict JSON): it had a pick, so it counts as inf, not as none
+    regrets = [math.inf if r is None and "no_pick" not in e and e.get(f"{mode}_no_pick") is None else r
+               for r, e in zip(regrets, entries)]
+    reasons = [e.get("no_pick") or e.get(f"{mode}_no_pick") for e in entries]
+    return _regret_shares(regrets, [r for r in reasons if r])
+
+
 def _objective_target(cells: list[dict], name: str) -> dict:
     """One objective's record over every cell it is scored in (a cell where it gives no pick included, as a miss):
     regret shares (free, pinned), Spearman per setting, and its replay branch apart (``_replay_branch``)."""
     rec: dict = {"cells": len(cells)}
+    entries = [c["by_objective"][name] for c in cells]
     for mode in ("free", "pinned"):
-        entries = [c["by_objective"][name] for c in cells]
-        regrets = [None if "no_pick" in e else e[f"{mode}_regret"] for e in entries]
-        # a pick whose regret is inf is stored as None (strict JSON): it had a pick, so it counts as inf, not as none
-        regrets = [math.inf if r is None and "no_pick" not in e and e.get(f"{mode}_no_pick") is None else r
-                   for r, e in zip(regrets, entries)]
-        reasons = [e.get("no_pick") or e.get(f"{mode}_no_pick") for e in entries]
-        rec[mode] = _regret_shares(regrets, [r for r in reasons if r])
+        rec[mode] = _mode_shares(entries, mode)
     means = _spearman_by_setting(cells, name)
     rec["spearman_by_setting"] = means
     rec["min_setting_spearman"] = min((v for v in means.values() if v is not None), default=None)

@@ -12,58 +12,24 @@ Protocol: docs/SIMULATION.md, 'Does a design rule predict?'.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, fields
-from pathlib import Path
 
 import numpy as np
 
-from ... import __version__
-from ...outputs import NEVER, strict, write_once
 from ...simulate.envs import ENVIRONMENTS, BanditEnv, make_env
 from ...simulate.envs.quadratic import QuadraticEnv
+from ...simulate.store import RunStore, run_key
 from .options import TARGET_FRACTION, Setting
 
 # --------------------------------------------------------------------------- saved runs (resume)
 
 
-def _key(payload: dict) -> str:
-    text = json.dumps({**payload, "code_version": __version__}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-class Store:
-    """OUT/runs/KEY.json: one file per training run or measurement, with its config and the code version; written
-    whole (a temporary file hard-linked into place, ``outputs.write_once``), never overwritten; an existing one is
-    reused (an interrupted run resumes).
-
-    Safe under parallel workers: when two compute one run, the first whole file wins and the second is accepted if
-    it holds the same record (the runs are deterministic); a different record under the same key is refused (one
-    line), never written over. ``run_theory_test`` computes the runs units share before it dispatches them, so
-    this is a safety net, not the plan."""
-
-    def __init__(self, out: Path):
-        self.runs = Path(out) / "runs"
-
-    def get(self, payload: dict) -> dict | None:
-        path = self.runs / f"{_key(payload)}.json"
-        return json.loads(path.read_text()) if path.exists() else None
-
-    def put(self, payload: dict, result: dict) -> dict:
-        self.runs.mkdir(parents=True, exist_ok=True)
-        key = _key(payload)
-        record = {"key": key, "replay_theory_version": __version__, "config": payload, **strict(result)}
-        text = json.dumps(record)
-        path = self.runs / f"{key}.json"
-        found = write_once(path, text)
-        if found is None or found == text:
-            return record
-        stored, ours = json.loads(found), json.loads(text)
-        if stored == ours:  # the same record, written by another worker (key order aside)
-            return stored
-        what = "the same config with other results" if stored.get("config") == ours["config"] else "another config"
-        raise ValueError(f"--out {path} holds {what} than this run computed; {NEVER}: choose a new --out")
+Store = RunStore
+"""OUT/runs/KEY.json, one file per training run or measurement: the sweep's store (``simulate.store.RunStore``:
+config and code version in every file, never overwritten, safe under parallel workers). ``run_theory_test``
+computes the runs units share before it dispatches them, so its parallel safety is a safety net, not the plan."""
+_key = run_key
+"""A run's key: hash of its config and the code version."""
 
 
 # --------------------------------------------------------------------------- one unit: (setting, optimizer, instance)

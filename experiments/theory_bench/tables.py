@@ -40,6 +40,30 @@ def _ci(point, ci) -> str:
             else _regret_text(point))
 
 
+def _pilot_columns(p: dict) -> tuple[str, str, str]:
+    """The units table's pilot B_simple / B [90% CI], pilot B_crit / B and pilot steps columns of a pilot record."""
+    simple = p.get("b_simple") or {}  # the pilot's two-batch B_simple (absent from older records)
+    lo_hi = [None if v is None else v / BATCH for v in (simple.get("b_noise_interval") or [None, None])]
+    pilot_b = (f"{_num(None if simple.get('b_noise') is None else simple['b_noise'] / BATCH)} "
+               f"[{_num(lo_hi[0])}, {_num(lo_hi[1])}]" if simple else "n/a")
+    crit_value = (p.get("b_crit") or {}).get("b_noise")
+    crit = _num(crit_value / BATCH) if crit_value is not None else "none" if p.get("b_crit") else "n/a"
+    steps = f"{p['steps']} ({_num(p.get('recipe_steps'))})" if "recipe_steps" in p else "n/a"
+    return pilot_b, crit, steps
+
+
+def _kappa_columns(p: dict) -> tuple[str, str]:
+    """The units table's kappa pairs [90% CI] and kappa lag-1 columns of a pilot record."""
+    kp, kl = p["kappa_pairs"] or {}, p["kappa_lag"] or {}
+    lag = (f"{_num(kl.get('kappa'))}" if kl.get("kappa") is not None
+           else f"none (corr {_num(kl.get('lag1_autocorrelation'), 2)})")
+    pairs = (f"{_num(kp.get('kappa'))} [{_num((kp.get('kappa_interval') or [None])[0])}, "
+             f"{_num((kp.get('kappa_interval') or [None, None])[1])}]")
+    if kp.get("kappa") is None and kp.get("pairs_without_noise"):  # said, as the lag-1 column says its none
+        pairs = f"none ({kp['pairs_without_noise']} of {kp['pairs_without_noise'] + kp['units']} pairs xi = 0)"
+    return pairs, lag
+
+
 def units_table(summary: dict) -> str:
     """One row per unit: the measured inputs against the exact ones, and the protocol's own checks."""
     lines = ["| setting | opt | inst | b from steps [90% CI] | b exact (SGD) | pilot B_simple / B [90% CI] | "
@@ -53,21 +77,9 @@ def units_table(summary: dict) -> str:
             continue
         n, p, c = u["noise"], u["pilot"], u["checks"]
         b = read_b_noise(n) / BATCH
-        kp, kl = p["kappa_pairs"] or {}, p["kappa_lag"] or {}
-        lag = (f"{_num(kl.get('kappa'))}" if kl.get("kappa") is not None
-               else f"none (corr {_num(kl.get('lag1_autocorrelation'), 2)})")
         exact_b = read_b_noise(n, True) / BATCH if "exact_b_noise" in n else None
-        simple = p.get("b_simple") or {}  # the pilot's two-batch B_simple (absent from older records)
-        lo_hi = [None if v is None else v / BATCH for v in (simple.get("b_noise_interval") or [None, None])]
-        pilot_b = (f"{_num(None if simple.get('b_noise') is None else simple['b_noise'] / BATCH)} "
-                   f"[{_num(lo_hi[0])}, {_num(lo_hi[1])}]" if simple else "n/a")
-        pairs = (f"{_num(kp.get('kappa'))} [{_num((kp.get('kappa_interval') or [None])[0])}, "
-                 f"{_num((kp.get('kappa_interval') or [None, None])[1])}]")
-        crit_value = (p.get("b_crit") or {}).get("b_noise")
-        crit = _num(crit_value / BATCH) if crit_value is not None else "none" if p.get("b_crit") else "n/a"
-        steps = f"{p['steps']} ({_num(p.get('recipe_steps'))})" if "recipe_steps" in p else "n/a"
-        if kp.get("kappa") is None and kp.get("pairs_without_noise"):  # said, as the lag-1 column says its none
-            pairs = f"none ({kp['pairs_without_noise']} of {kp['pairs_without_noise'] + kp['units']} pairs xi = 0)"
+        pilot_b, crit, steps = _pilot_columns(p)
+        pairs, lag = _kappa_columns(p)
         lines.append(
             f"| {u['setting']} | {u['optimizer']} | {u['instance']} | {_num(b)} [{_num(n['b_interval'][0])}, "
             f"{_num(n['b_interval'][1])}] | {_num(exact_b)} | {pilot_b} | {crit} | {steps} | "
