@@ -38,7 +38,7 @@ from ..outputs import NEVER, check_writable, write_new
 from ..outputs import check_out_dir as check_out_path
 from ..theory.checks import require_in_range, require_integer, require_number
 from ..theory.design import classify_regime
-from .config import LIBRARIES_BYTES, lm_terms, model_shape
+from .config import LIBRARIES_BYTES, SFT_BATCH_SIZE, SFT_LR, lm_terms, model_shape
 
 LOG_NAME = "rollouts.parquet"
 RUN_NAME = "run.json"
@@ -230,9 +230,6 @@ class TrlRunConfig:
                 raise ValueError(f"--design {self.design}: {message}") from None
             raise ValueError(_option_names(message)) from None
 
-
-SFT_BATCH_SIZE = 64
-SFT_LR = 3e-3
 
 #: trl-replay's sizes, by option: the memory grows with the first five (``peak_bytes``); the rest only count steps.
 TRL_SIZES = (Size("--batch-size"), Size("--rollouts-per-step"), Size("--capacity"), Size("--max-new-tokens"),
