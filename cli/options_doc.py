@@ -15,11 +15,11 @@ def _sections() -> list[tuple[str, type, dict[str, tuple[str, ...]]]]:
     from ..diagnose.calibrate_log import CalibrateLogConfig
     from ..diagnose.pipeline import DiagnoseConfig
     from ..experiments.theory_bench import Options
-    from ..integrations.trl_run import TrlRunConfig
     from ..simulate.calibrate import ProbeOptions
     from ..simulate.config import SimConfig
     from ..simulate.sweep import SweepOptions
     from ..validate.config import AllConfig, RunOptions, RunOverrides, ValidateConfig, VerifyConfig
+    from ..validate.trl_run import TrlRunConfig
     from . import calibrate_log_cmds, diagnose_cmds, simulate_cmds, theory_cmds, validate_cmds
 
     shown = {f.name for cls in (ValidateConfig, VerifyConfig) for f in dataclasses.fields(cls)}

@@ -1,4 +1,4 @@
-"""``replay-theory trl-replay``: TRL's GRPO trainer with a replay buffer sized by the theory (integrations/trl_run.py).
+"""``replay-theory trl-replay``: TRL's GRPO trainer with a replay buffer sized by the theory (validate/trl_run.py).
 
 Options are the fields of ``TrlRunConfig``; the trl extra is imported when the command runs.
 """
@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from .. import install_hint
-from ..integrations.trl_run import CACHE_ENV, TrlRunConfig, check_out_dir, default_cache_dir
+from ..validate.trl_run import CACHE_ENV, TrlRunConfig, check_out_dir, default_cache_dir
 from .common import on_ctrl_c
 from .config_options import with_field_options
 
@@ -47,7 +47,7 @@ def trl_replay(fields: dict[str, Any], out: OutOption, no_progress: NoProgressOp
     missing = [m for m in ("trl", "datasets", "torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         raise ValueError(f"trl-replay needs {', '.join(missing)}: {install_hint('trl')}")
-    from ..integrations.trl_run import run
+    from ..validate.trl_run import run
 
     with on_ctrl_c(f"interrupted before training started: nothing to resume from in {out}; run the same command "
                    "to start again"):  # the run's own line (what its checkpoint holds) once training started

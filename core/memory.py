@@ -6,7 +6,7 @@ config's validation, before any allocation, warm-up, cache, checkpoint or output
 1. ``MAX_SIZE`` (2**31 - 1): whatever the memory, an integer size above it is refused, so that a product of a few
    sizes (seeds x batch x tokens) stays exact in int64 and float64 and no index overflows;
 2. the peak bytes the command's own estimate gives (one function per command family, next to its config:
-   ``simulate.config.peak_bytes``, ``simulate.calibrate.probe_peak_bytes``, ``integrations.trl_run.peak_bytes``,
+   ``simulate.config.peak_bytes``, ``simulate.calibrate.probe_peak_bytes``, ``validate.trl_run.peak_bytes``,
    ``validate.config.peak_bytes``, ``diagnose.pipeline.peak_bytes``), against ``memory_limit()``: the machine's
    physical memory, or the cgroup's limit where that is lower. A run that needs more cannot finish here whatever
    else runs, so refusing it loses nothing; one that fits may still meet other processes' memory, which the

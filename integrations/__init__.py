@@ -6,7 +6,10 @@ the loss; no torch), ``buffer`` (``RowReplayBuffer``: a trainer's rows, selected
 core/designs.py; torch), ``loss`` (the shared losses of core/losses.py in a torch autograd graph; torch only),
 ``export`` (``DiagnoseLogWriter``: the rows a trainer trained on as a ``diagnose`` log; numpy + pyarrow),
 ``trl`` (``ReplayGRPOTrainer``, a TRL ``GRPOTrainer`` subclass, and ``DiagnoseLogCallback``; the ``trl`` extra),
-``trl_run`` (``replay-theory trl-replay``: the trainer on Countdown in one command),
 ``verl`` (``VerlDiagnoseLogger``, ``VerlDiagnoseLogMixin``: verl batches as a ``diagnose --preset verl`` log;
 numpy + pyarrow, verl not imported).
+
+A library: it imports core/, theory/, diagnose/ (the log format), outputs.py and itself, never validate/,
+experiments/ or cli/; ``replay-theory trl-replay`` (the trainer on the validator's Countdown and tiny Qwen2) is
+validate/trl_run.py.
 """

@@ -537,7 +537,7 @@ class VerlGradNoiseMixin:
     curvature_every: int = 10
     """Mini-batch updates between curvature pairs (0: none); each costs two extra passes of one mini-batch."""
     curvature_step: float = 1e-4
-    """|h w| / |theta| of the central difference (integrations/trl.py's CURVATURE_FD_STEP)."""
+    """|h w| / |theta| of the central difference (integrations/trl_kappa.py's CURVATURE_FD_STEP)."""
     _noise: Optional[dict] = None
     _curvature: Optional[dict] = None  # the pending pair: w (local shards), den, lr, beta1, xi's row fingerprints
     _curvature_updates: int = 0

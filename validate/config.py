@@ -312,6 +312,11 @@ class TinyModelShape(TypedDict):
 
 TINY_MODEL = TinyModelShape(hidden_size=96, num_layers=3, num_heads=4, num_kv_heads=2, intermediate_size=192)
 
+SFT_BATCH_SIZE = 64
+SFT_LR = 3e-3
+"""The tiny model's supervised warm start (validate/sft.py): batch size (completions) and AdamW learning rate, the
+same for the validator (validate/loop.py) and trl-replay (validate/trl_run.py)."""
+
 PROMPT_TOKENS = len("nums 9 9 9 target 40 =") + 1
 """Tokens of the family's longest prompt (one a character, and BOS): the rows' width is this plus max_new_tokens."""
 PROBLEM_BYTES = 400

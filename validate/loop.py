@@ -49,6 +49,8 @@ from .batched import stack_policy
 from .calibrate import calibrate_lm, write_calibration
 from .config import (
     FIXED_B_FAMILIES,
+    SFT_BATCH_SIZE,
+    SFT_LR,
     TINY_MODEL,
     VERIFY_BUDGET_UPDATES,
     VERIFY_SEEDS,
@@ -135,7 +137,7 @@ def prepare_policy(config: ValidateConfig, out_dir: Path, train_set, progress: b
         policy = load_policy(ModelConfig(device=config.device, seed=config.seed, **TINY_MODEL), countdown.ALPHABET)
         examples = [(p.prompt_text(), countdown.solution(p)) for p in train_set]
         bar = ProgressBar("warm start (SFT steps)", config.sft_steps, enabled=progress)
-        losses = sft_warm_start(policy, examples, steps=config.sft_steps, batch_size=64, lr=3e-3,
+        losses = sft_warm_start(policy, examples, steps=config.sft_steps, batch_size=SFT_BATCH_SIZE, lr=SFT_LR,
                                 generator=torch.Generator().manual_seed(config.seed),
                                 on_step=lambda step, loss: bar.advance())
         bar.close()

@@ -208,7 +208,7 @@ def test_trl_replay_curvature_every_is_checked_first(error_line, tmp_path):
 def test_trl_replay_default_is_the_trainers():
     pytest.importorskip("trl")
     from replay_theory.integrations.trl import DEFAULT_CURVATURE_EVERY
-    from replay_theory.integrations.trl_run import TrlRunConfig
+    from replay_theory.validate.trl_run import TrlRunConfig
 
     assert TrlRunConfig().curvature_every == DEFAULT_CURVATURE_EVERY
 

@@ -11,8 +11,8 @@ from itertools import combinations_with_replacement
 
 import pytest
 
-from replay_theory.integrations import trl_run
-from replay_theory.integrations.trl_run import (
+from replay_theory.validate import trl_run
+from replay_theory.validate.trl_run import (
     CACHE_ENV,
     COUNTDOWN_DISTINCT,
     MAX_N_TRAIN,

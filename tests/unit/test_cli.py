@@ -1,7 +1,7 @@
 """The `replay-theory` CLI contract: JSON keys and values, human output, one-line errors with exit 2.
 
 Fast tier; the slower tests of this module (subprocess runs and a sympy derivation) are in
-tests/integration/test_cli.py.
+tests/integration/test_cli_subprocess.py.
 """
 
 import json

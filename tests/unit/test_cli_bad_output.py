@@ -2,7 +2,7 @@
 work, nothing half-written, and results are never overwritten.
 
 Fast tier; the slower tests of this module (sweep runs and the validate extra's commands) are in
-tests/integration/test_cli_bad_output.py.
+tests/integration/test_cli_bad_output_runs.py.
 """
 
 import json

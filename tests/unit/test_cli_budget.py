@@ -1,6 +1,6 @@
 """`replay-theory optimal --budget`, the large-budget label without it, and honest `gamma` verdicts.
 
-Fast tier; the slower tests of this module (the sympy derivations) are in tests/integration/test_cli_budget.py.
+Fast tier; the slower tests of this module (the sympy derivations) are in tests/integration/test_cli_budget_derive.py.
 """
 
 import json

@@ -1,6 +1,7 @@
 """``replay-theory optimal --objective noise-scale`` and the evidence lines: values by hand, bad input.
 
-Fast tier; the slower tests of this module (the sympy derivations) are in tests/integration/test_cli_noise_scale.py.
+Fast tier; the slower tests of this module (the sympy derivations) are in
+tests/integration/test_cli_noise_scale_derive.py.
 """
 
 from __future__ import annotations

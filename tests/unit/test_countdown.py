@@ -7,7 +7,8 @@ equation is well formed but does not reach the target, and 0 when no valid
 equation is produced." "Well formed" is read syntactically (see the module
 docstring), so wrong numbers in a parseable equation score 0.1.
 
-Fast tier; the slower tests of this module (a random-tree property test) are in tests/integration/test_countdown.py.
+Fast tier; the slower tests of this module (a random-tree property test) are in
+tests/integration/test_countdown_property.py.
 """
 
 from __future__ import annotations

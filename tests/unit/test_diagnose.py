@@ -1,6 +1,7 @@
 """replay-theory diagnose: streamed statistics against the theory module, what-if, drift, bad input.
 
-Fast tier; the slower tests of this module (a multi-row-group Parquet read) are in tests/integration/test_diagnose.py.
+Fast tier; the slower tests of this module (a multi-row-group Parquet read) are in
+tests/integration/test_diagnose_parquet.py.
 """
 
 from __future__ import annotations

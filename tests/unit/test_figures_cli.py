@@ -4,7 +4,7 @@ Every bad-input row of issue 11 for this command: the exact message, exit code 2
 was created or changed.
 
 Fast tier; the slower tests of this module (a figures run over saved results) are in
-tests/integration/test_figures_cli.py.
+tests/integration/test_figures_cli_run.py.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ outside mathtext, no legend over a line, a bar or a text; and the checker itself
 kind of problem on a figure built to have it.
 
 Fast tier; the slower tests of this module (every theory figure rendered) are in
-tests/integration/test_figures_print.py.
+tests/integration/test_figures_print_render.py.
 """
 
 from __future__ import annotations

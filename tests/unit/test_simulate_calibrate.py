@@ -4,7 +4,7 @@ the exact gradient (bandit and token MDP), and the noise scale B_noise: a hand c
 profile record's JSON round trip, and the per-sample estimator against the exact-|E G|^2 value on the bandit.
 
 Fast tier; the slower tests of this module (calibration runs on the bandit and the token MDP) are in
-tests/integration/test_simulate_calibrate.py.
+tests/integration/test_simulate_calibrate_runs.py.
 """
 
 import dataclasses

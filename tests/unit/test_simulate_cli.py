@@ -1,6 +1,6 @@
 """`replay-theory simulate | sweep | calibrate-simulator`: JSON values, resume without repeats, one-line errors.
 
-Fast tier; the slower tests of this module (a calibrate run) are in tests/integration/test_simulate_cli.py.
+Fast tier; the slower tests of this module (a calibrate run) are in tests/integration/test_simulate_cli_calibrate.py.
 """
 
 import json

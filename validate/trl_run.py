@@ -7,7 +7,9 @@ configs' (``--lr``, ``--max-new-tokens`` as ``validate``'s); TRL's own field nam
 built (``run``).
 
 What it runs, the files it writes and how it resumes: :func:`run`; what is checked before any work:
-:meth:`TrlRunConfig.validated`.
+:meth:`TrlRunConfig.validated`. It lives beside the validator because it trains the validator's model on the
+validator's task (tiny Qwen2, Countdown, SFT warm start, memory terms); integrations/ stays the library a TRL user
+imports and never imports validate/.
 """
 
 from __future__ import annotations
@@ -30,13 +32,13 @@ from typing import Any, Callable, Optional
 from .. import __version__
 from ..core.designs import BUFFER_DESIGNS, LOSSES, check_choice, choices
 from ..core.memory import Estimate, Size, check_ceiling, check_sizes, check_threads
+from ..integrations.checkpoints import CHECKPOINT_PREFIX, checkpoint_step, complete_checkpoints
+from ..integrations.replay_config import ReplayConfig
 from ..outputs import NEVER, check_writable, write_new
 from ..outputs import check_out_dir as check_out_path
 from ..theory.checks import Range, require_in_range, require_integer, require_number
 from ..theory.design import classify_regime
-from ..validate.config import LIBRARIES_BYTES, lm_terms, model_shape
-from .checkpoints import CHECKPOINT_PREFIX, checkpoint_step, complete_checkpoints
-from .replay_config import ReplayConfig
+from .config import LIBRARIES_BYTES, SFT_BATCH_SIZE, SFT_LR, lm_terms, model_shape
 
 LOG_NAME = "rollouts.parquet"
 RUN_NAME = "run.json"
@@ -204,7 +206,7 @@ class TrlRunConfig:
 
     def warm_start_key(self) -> dict[str, Any]:
         """Everything the tiny model's warm-start weights depend on (the code through its version)."""
-        from ..validate.config import TINY_MODEL
+        from .config import TINY_MODEL
 
         return {"replay_theory_version": __version__, "model": dict(TINY_MODEL), "seed": self.seed,
                 "sft_steps": self.sft_steps, "n_train": self.n_train, "held_out": COUNTDOWN_HELD_OUT,
@@ -230,9 +232,6 @@ class TrlRunConfig:
                 raise ValueError(f"--design {self.design}: {message}") from None
             raise ValueError(_option_names(message)) from None
 
-
-SFT_BATCH_SIZE = 64
-SFT_LR = 3e-3
 
 #: trl-replay's sizes, by option: the memory grows with the first five (``peak_bytes``); the rest only count steps.
 TRL_SIZES = (Size("--batch-size"), Size("--rollouts-per-step"), Size("--capacity"), Size("--max-new-tokens"),
@@ -311,7 +310,7 @@ def _hf_tokenizer(tokenizer) -> Any:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from ..validate.tokenizer import CharTokenizer
+    from .tokenizer import CharTokenizer
 
     if not isinstance(tokenizer, CharTokenizer):
         return tokenizer.hf  # a real checkpoint's own tokenizer
@@ -325,7 +324,7 @@ def _hf_tokenizer(tokenizer) -> Any:
 
 def countdown_reward(completions: list[str], numbers: list[list[int]], target: list[int], **_: Any) -> list[float]:
     """The Countdown verifier (1 correct, 0.1 well formed, 0 otherwise) as a TRL reward function."""
-    from ..validate import countdown
+    from . import countdown
 
     return [countdown.verify(countdown.Problem(tuple(n), int(t)), c) for c, n, t in zip(completions, numbers, target)]
 
@@ -380,10 +379,10 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
     _load_training_stack()
     from datasets import Dataset
 
-    from ..validate.loop import configure_torch
+    from .loop import configure_torch
 
     configure_torch(config.threads)
-    from ..validate.policy import resolve_device
+    from .policy import resolve_device
 
     device = resolve_device(config.device)  # cuda without a GPU: one line, before any work
     # TRL 1.16 calls transformers 5's deprecated gradient-checkpointing names every step: not the user's to fix
@@ -417,8 +416,8 @@ def _load_training_stack() -> None:
     import datasets  # noqa: F401
 
     from ..core import progress  # noqa: F401
-    from ..validate import countdown, config, loop, policy, sft  # noqa: F401
-    from . import trl  # noqa: F401
+    from . import countdown, config, loop, policy, sft  # noqa: F401
+    from ..integrations import trl  # noqa: F401
 
 
 def _check_cache_dir(config: TrlRunConfig, resume: Optional[Path], cache_dir: Path) -> None:
@@ -430,7 +429,7 @@ def _check_cache_dir(config: TrlRunConfig, resume: Optional[Path], cache_dir: Pa
 
 def _countdown_problems(config: TrlRunConfig) -> list:
     """The run's training problems; a one-line error naming ``--n-train`` where the generator stalls."""
-    from ..validate.config import ValidateConfig
+    from .config import ValidateConfig
 
     try:
         problems, _ = ValidateConfig(n_train=config.n_train, n_test=COUNTDOWN_HELD_OUT, seed=config.seed).problems()
@@ -454,9 +453,9 @@ def _resumed_step(config: TrlRunConfig, resume: Optional[Path], log: Callable[[s
 def _run_policy(config: TrlRunConfig, resume: Optional[Path], cache_dir: Path, problems: list,
                 log: Callable[[str], None], progress: bool) -> Any:
     """The policy: the tiny model (warm-started on a fresh run) or the checkpoint ``--model`` names."""
-    from ..validate import countdown
-    from ..validate.config import TINY_MODEL
-    from ..validate.policy import ModelConfig, load_policy
+    from . import countdown
+    from .config import TINY_MODEL
+    from .policy import ModelConfig, load_policy
 
     if config.model != "tiny":
         return load_policy(ModelConfig(source=config.model, seed=config.seed, device=config.device))
@@ -472,8 +471,8 @@ def _warm_start(policy: Any, config: TrlRunConfig, cached: Path, problems: list,
     import torch
 
     from ..core.progress import ProgressBar
-    from ..validate import countdown
-    from ..validate.sft import sft_warm_start
+    from . import countdown
+    from .sft import sft_warm_start
 
     if cached.is_file():
         policy.model.load_state_dict(torch.load(cached, map_location=policy.device, weights_only=True))
@@ -507,7 +506,7 @@ def _prepare_checkpoints(out: Path, resume: Optional[Path], config: TrlRunConfig
 def _trainer(config: TrlRunConfig, replay: Any, model: Any, tokenizer: Any, dataset: Any, checkpoints: Path,
              device: Any, out: Path) -> Any:
     """TRL's trainer with the replay buffer, its arguments from the config, without its per-step printer."""
-    from .trl import ReplayGRPOTrainer, replay_grpo_args
+    from ..integrations.trl import ReplayGRPOTrainer, replay_grpo_args
 
     # the boundary to TRL's GRPOConfig: its learning_rate is our lr, its max_completion_length our max_new_tokens;
     # Trainer's checkpoints every --save-every steps (save_total_limit off: the trainer deletes an older one only
