@@ -9,7 +9,7 @@ y* = B/R, or with a budget the Thm 3.4 bound; theory/design.py). Each answer car
 ``evidence:`` line for its objective (advise/evidence.py, under the entry's benchmark key).
 
 A field's help is its attribute docstring, its check, valid range and choices one ``Range`` in its metadata
-(theory/checks.py); the command line builds its options from both (cli/config_options.py).
+(checks.py); the command line builds its options from both (cli/config_options.py).
 Messages name the options as typed (field ``batch_size`` -> ``--batch-size``).
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..theory import noise_scale as ns
-from ..theory.checks import Range, invalid, range_of
+from ..checks import Range, invalid, range_of
 from ..theory.design import (
     DEFAULT_ALPHA,
     DEFAULT_RHO,

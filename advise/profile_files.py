@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeGuard
 
-from ..theory.checks import invalid, one_of, require_in_range, require_number, require_one_of
+from ..checks import invalid, one_of, require_in_range, require_number, require_one_of
 from ..theory.profiles import PowerLawProfile, Profile, TabulatedProfile
 
 SIGMA_SQ_FORMS = ("plain", "signal-normalised")

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Callable, Optional, Union
 
 import typer
 
-from ..theory.checks import invalid, range_of
+from ..checks import invalid, range_of
 
 TRUE_WORDS = ("1", "true", "t", "yes", "y", "on")
 FALSE_WORDS = ("0", "false", "f", "no", "n", "off")
@@ -23,7 +23,7 @@ UNION_TYPES = (typing.Union, getattr(types, "UnionType", typing.Union))  # Optio
 CONTEXT = "cli_context"  # the typer.Context parameter of every wrapped command (typed values vs defaults)
 NO_PREFIX = "no__"  # parameter-name prefix of the --no-FIELD flags (cannot clash with a field)
 OPTIONS_DOC = "docs/OPTIONS.md"  # every option in full (cli/options_doc.py)
-# A field's values, help and check are one theory.checks.Range in its metadata (range_of): its text is the valid range
+# A field's values, help and check are one checks.Range in its metadata (range_of): its text is the valid range
 # --help and the messages state, its choices are listed, its low is typer's min where it says at_parse.
 
 

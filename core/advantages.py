@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..theory.checks import invalid, one_of, require_nonnegative
+from ..checks import invalid, one_of, require_nonnegative
 from ..theory.group_replay import leave_one_out_advantage
 
 __all__ = [

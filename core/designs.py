@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping, Protocol, TypeVar
 
 import numpy as np
 
-from ..theory.checks import Range, invalid, require_integer, require_number, require_one_of, require_unit_interval
+from ..checks import Range, invalid, require_integer, require_number, require_one_of, require_unit_interval
 from ..theory.designs import Design
 from ..theory.group_replay import fresh_groups_per_step
 from . import advantages, losses

@@ -37,7 +37,7 @@ from typing import Literal, overload
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..theory.checks import invalid, one_of, require_finite, require_nonnegative, require_positive
+from ..checks import invalid, one_of, require_finite, require_nonnegative, require_positive
 from ..theory.divergences import ess_kish_fraction, sequence_log_ratio
 from ..theory.exgrpo import shaping, shaping_gradient_weight
 from ..theory.group_replay import clipped_sequence_weight

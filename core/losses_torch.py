@@ -35,7 +35,7 @@ from typing import overload
 
 import torch
 
-from ..theory.checks import invalid, one_of, require_finite, require_nonnegative, require_positive
+from ..checks import invalid, one_of, require_finite, require_nonnegative, require_positive
 from .losses import AGGREGATIONS, clip_log_bounds
 
 __all__ = ["TorchLossOutput", "TORCH_LOSSES", "loss_output_torch", "reinforce", "grpo", "no_trust_region", "m2po",

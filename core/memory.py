@@ -94,7 +94,7 @@ class Size:
 def check_ceiling(name: str, value: object, low: int) -> int:
     """``value`` an int (not a bool) in [low, MAX_SIZE]: else a one-line ValueError naming ``name`` and that range."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_SIZE:
-        from ..theory.checks import invalid
+        from ..checks import invalid
 
         raise invalid(name, f"an integer in [{low}, {MAX_SIZE}]", value)
     return value
@@ -113,7 +113,7 @@ def check_threads(name: str, value: object) -> int:
     reserve a stack per thread), so a larger one is refused as a typo, in one line."""
     cpus = usable_cpus()
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= cpus:
-        from ..theory.checks import invalid
+        from ..checks import invalid
 
         raise invalid(name, f"an integer in [1, {cpus}] (the CPUs this process may use)", value)
     return value

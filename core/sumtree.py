@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..theory.checks import require_int, require_nonnegative
+from ..checks import require_int, require_nonnegative
 
 __all__ = ["SumTree"]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..theory.checks import require_one_of
+from ..checks import require_one_of
 from .reader import (
     LOGP_ROUNDOFF,
     TokenChunk,

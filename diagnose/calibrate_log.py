@@ -36,7 +36,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..theory.checks import require_in_range, require_integer, require_number, require_one_of, require_open_interval
+from ..checks import require_in_range, require_integer, require_number, require_one_of, require_open_interval
 from ..theory.noise import DEFAULT_DRAWS, DEFAULT_LEVEL
 from ..theory.noise_scale import noise_scale_two_batch, pooled_two_batch
 from ..theory.profiles import curvature_pairs_record

@@ -27,7 +27,7 @@ class ConfigError(ValueError):
 
 
 def check_field(check: Callable[..., T], field: str, *args: Any, **kwargs: Any) -> T:
-    """``check(field, *args, **kwargs)``, a rule of ``theory/checks.py``, whose one-line ValueError
+    """``check(field, *args, **kwargs)``, a rule of ``checks.py``, whose one-line ValueError
     (``"<field> must be ..."``) is raised as a :class:`ConfigError` on ``field``: the message is the checks module's."""
     try:
         return check(field, *args, **kwargs)

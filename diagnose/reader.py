@@ -29,7 +29,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from ..theory.checks import require_integer
+from ..checks import require_integer
 from .errors import ConfigError, check_field
 from .schema import PRESETS, REQUIRED, ColumnMap
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Literal, Optional
 
-from ..theory.checks import require_one_of
+from ..checks import require_one_of
 from .errors import ConfigError, check_field
 
 Layout = Literal["auto", "long", "wide"]

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from ..diagnose.reader import detect_format, require_pyarrow
-from ..theory.checks import require_one_of
+from ..checks import require_one_of
 
 SHAPES = ("default", "trl", "verl")
 

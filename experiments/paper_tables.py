@@ -27,7 +27,7 @@ from ..advise.profile_files import load_profile, save_profile
 from ..simulate.calibrate import calibrate
 from ..simulate.config import config_from_dict
 from ..simulate.sweep import load_runs
-from ..theory.checks import require_one_of
+from ..checks import require_one_of
 from ..theory.design import DesignQuery, optimal_design
 from ..theory.profiles import TabulatedProfile
 from .theory_bench import SPEC as THEORY_TEST_SPEC

@@ -39,7 +39,7 @@ from ..core.buffers import SlotBuffer
 from ..core.designs import BUFFER_DESIGNS, BufferSpec, DesignConfig, StepBatch, check_choice, make_design_buffer
 from ..core.rollouts import RolloutBatch
 from ..core.state import load_object_state, load_state, object_state, save_state
-from ..theory.checks import require_integer
+from ..checks import require_integer
 from .replay_config import (
     ReplayConfig,
     age_buckets,

@@ -28,7 +28,7 @@ from ..core.designs import (
     validate_trainer_design,
 )
 from ..core.pipeline import age_buckets, fifo_max_age  # the one age bucketing (re-exported)
-from ..theory.checks import require_integer, require_number, require_one_of
+from ..checks import require_integer, require_number, require_one_of
 from ..theory.design import rollout_mu_of_convention
 from ..theory.noise_scale import noise_scale_pick
 

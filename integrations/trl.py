@@ -39,7 +39,7 @@ from trl import GRPOConfig  # pyright: ignore[reportPrivateImportUsage]  # trl's
 from trl.trainer.utils import RepeatSampler
 
 from .. import __version__
-from ..theory.checks import require_one_of
+from ..checks import require_one_of
 from .buffer import ReplayConfig, RowReplayBuffer, fifo_max_age
 from .checkpoints import CHECKPOINT_DONE, CHECKPOINT_PREFIX, REPLAY_BUFFER_STATE, REPLAY_STATE, complete_checkpoints
 from .loss import shared_loss, shared_loss_tensor

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..theory.checks import require_integer, require_open_interval
+from ..checks import require_integer, require_open_interval
 from .trl_loss import engine_corrected_loss
 from .trl_noise import NoiseScaleMixin
 

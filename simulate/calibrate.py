@@ -47,7 +47,7 @@ from ..core.pipeline import EnvBackend, generate
 from ..core.rng import PerSeedGenerator
 from ..core.rollouts import RolloutBatch
 from ..theory import noise as noise_estimators
-from ..theory.checks import Range, require_integer, require_one_of
+from ..checks import Range, require_integer, require_one_of
 from ..theory.forgetting import KappaEstimate, kappa_from_curvature_pairs, kappa_from_gradient_series
 from ..theory.noise import NoiseProfile, PairMoments, RhoFit
 from ..theory.noise_scale import PooledNoiseScale, noise_scale_from_samples, pooled_noise_scale

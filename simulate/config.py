@@ -25,7 +25,7 @@ from typing import Any
 from ..core.designs import DesignConfig
 from ..core.memory import Estimate, Size, check_sizes, count
 from ..core.pipeline import PipelineSettings
-from ..theory.checks import Range, require_integer, require_number, require_one_of
+from ..checks import Range, require_integer, require_number, require_one_of
 from .envs import ENV_NAMES, engine_choices
 from .store import run_key
 

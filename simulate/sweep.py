@@ -40,7 +40,7 @@ from ..core.jobs import check_jobs, local_workers, run_unordered
 from ..core.memory import MAX_SIZE, memory_limit, show_bytes
 from ..core.progress import ProgressBar
 from ..outputs import check_out_dir as check_out_path
-from ..theory.checks import Range, require_one_of
+from ..checks import Range, require_one_of
 from .config import SimConfig, config_from_dict
 from .engine import run
 from .store import VERSION_KEY, RunStore

@@ -31,7 +31,7 @@ import numpy as np
 from ..core.designs import compute_loss
 from ..core.pipeline import EnvBackend, Pipeline
 from ..core.rng import PerSeedGenerator
-from ..theory.checks import require_int, require_positive
+from ..checks import require_int, require_positive
 from ..theory.designs import Design
 from .config import SimConfig
 from .envs.quadratic import QuadraticEnv, QuadraticReplay, expected_loss

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .checks import invalid, require_positive
+from ..checks import invalid, require_positive
 
 
 def _split(workers: ArrayLike, trainers: ArrayLike, mu: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

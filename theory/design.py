@@ -35,7 +35,7 @@ from typing import cast
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .checks import (
+from ..checks import (
     invalid,
     one_of,
     require_finite,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .checks import require_int
+from ..checks import require_int
 
 
 @dataclass(frozen=True)

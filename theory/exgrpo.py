@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .checks import invalid, require_finite, require_int, require_nonnegative, require_positive
+from ..checks import invalid, require_finite, require_int, require_nonnegative, require_positive
 
 __all__ = [
     "shaping",

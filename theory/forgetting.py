@@ -39,7 +39,7 @@ from functools import partial
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .checks import require_in_range, require_int, require_nonnegative, require_one_of, require_positive
+from ..checks import require_in_range, require_int, require_nonnegative, require_one_of, require_positive
 from .designs import Design
 from .resampling import central, moving_block_indices, quantile_interval, ratio_of_sums
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .checks import invalid, require_nonnegative, require_positive
+from ..checks import invalid, require_nonnegative, require_positive
 
 __all__ = [
     "tau_from_kl_drift",

@@ -34,7 +34,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .checks import require_int, require_nonnegative, require_positive
+from ..checks import require_int, require_nonnegative, require_positive
 
 __all__ = [
     "fresh_groups_per_step",

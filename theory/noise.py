@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checks import invalid
+from ..checks import invalid
 from .resampling import percentile_interval, unit_weights
 
 DEFAULT_LEVEL = 0.9

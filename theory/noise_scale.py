@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .checks import require_int, require_positive
+from ..checks import require_int, require_positive
 from .compute import compute_ratio_from_split_ratio
 from .compute import workers_per_trainer as _workers_per_trainer
 from .resampling import central, quantile_interval, replicates

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .checks import (
+from ..checks import (
     invalid,
     one_of,
     require_finite,

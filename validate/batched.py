@@ -37,7 +37,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..core.rng import PerSeedGenerator
-from ..theory.checks import require_integer
+from ..checks import require_integer
 from .policy import Policy
 
 __all__ = ["SeedEmbedding", "SeedLinear", "SeedRMSNorm", "SeedStreams", "num_seeds", "seed_state_dict",

@@ -45,7 +45,7 @@ from ..advise.profile_files import save_profile
 from ..core.designs import BufferSpec, compute_loss, loss_form, make_design_buffer
 from ..core.surrogate import surrogate
 from ..theory import noise as noise_estimators
-from ..theory.checks import require_integer, require_number
+from ..checks import require_integer, require_number
 from ..theory.compute import estimate_mu
 from ..theory.divergences import k3_terms
 from ..theory.noise_scale import pooled_noise_scale

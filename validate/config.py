@@ -17,7 +17,7 @@ from typing import TypedDict
 from ..core.jobs import check_jobs
 from ..core.memory import Estimate, Size, check_ceiling, check_sizes, check_threads, count, usable_cpus
 from ..outputs import check_out_dir
-from ..theory.checks import Range, require_integer, require_number, require_one_of, require_unit_interval
+from ..checks import Range, require_integer, require_number, require_one_of, require_unit_interval
 from . import countdown
 
 

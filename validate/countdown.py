@@ -38,7 +38,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..theory.checks import require_in_range, require_int
+from ..checks import require_in_range, require_int
 from ..theory.group_replay import pass_at_k
 
 __all__ = [

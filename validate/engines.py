@@ -31,7 +31,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from ..theory.checks import require_one_of
+from ..checks import require_one_of
 from . import vllm_engine as _vllm_engine  # module reference: tests patch vllm_engine.vllm_available
 from .policy import Policy, resolve_device
 from .sampling import DECODE_MODES, Rollouts, default_decode, generate

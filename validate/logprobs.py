@@ -32,7 +32,7 @@ from typing import Literal, Sequence, overload
 
 import torch
 
-from ..theory.checks import require_number
+from ..checks import require_number
 from .policy import Policy
 from .tokenizer import pad_batch
 

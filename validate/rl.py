@@ -45,7 +45,7 @@ from ..core.metrics import step_metrics as off_policy_metrics
 from ..core.pipeline import Pipeline, PipelineSettings, score
 from ..core.rollouts import RolloutBatch
 from ..core.surrogate import gradient_tensor, surrogate
-from ..theory.checks import require_integer, require_number, require_one_of
+from ..checks import require_integer, require_number, require_one_of
 from . import countdown
 from .engines import HFSampler, Sampler
 from .logprobs import encode_prompts, prompt_width, sequence_logprobs

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from ..theory.checks import require_integer, require_number, require_one_of
+from ..checks import require_integer, require_number, require_one_of
 from .config import DECODE_MODES  # auto (compiled on CUDA, eager on the CPU), eager, static, compiled
 from .logprobs import encode_prompts
 from .policy import Policy, resolve_compute_dtype

@@ -36,7 +36,7 @@ from ..integrations.checkpoints import CHECKPOINT_PREFIX, checkpoint_step, compl
 from ..integrations.replay_config import ReplayConfig
 from ..outputs import NEVER, check_writable, write_new
 from ..outputs import check_out_dir as check_out_path
-from ..theory.checks import Range, require_in_range, require_integer, require_number
+from ..checks import Range, require_in_range, require_integer, require_number
 from ..theory.design import classify_regime
 from .config import LIBRARIES_BYTES, SFT_BATCH_SIZE, SFT_LR, lm_terms, model_shape
 

@@ -33,7 +33,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from ..theory.checks import require_open_interval
+from ..checks import require_open_interval
 from .logprobs import prompt_token_ids
 from .policy import Policy
 from .sampling import Rollouts

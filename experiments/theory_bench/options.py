@@ -27,7 +27,7 @@ from ...simulate.config import SimConfig
 from ...simulate.config import peak_bytes as sim_peak_bytes
 from ...simulate.envs.quadratic import QuadraticConfig
 from ...theory import forgetting
-from ...theory.checks import Range, invalid, require_integer
+from ...checks import Range, invalid, require_integer
 
 BATCH = 256
 GROUP = 8

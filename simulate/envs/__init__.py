@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ...theory.checks import invalid, one_of
+from ...checks import invalid, one_of
 from .bandit import BanditConfig, BanditEnv, NoisyBanditConfig, NoisyRewardBandit
 from .quadratic import QuadraticConfig, QuadraticEnv
 from .token_mdp import TokenMDPConfig, TokenMDPEnv

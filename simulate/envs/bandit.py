@@ -34,7 +34,7 @@ from functools import lru_cache
 import numpy as np
 from scipy.special import logsumexp
 
-from ...theory.checks import require_in_range, require_int, require_nonnegative, require_unit_interval
+from ...checks import require_in_range, require_int, require_nonnegative, require_unit_interval
 from ...theory.divergences import chi2_exact, d2_exact, kl_exact, m2_exact
 
 __all__ = ["BanditConfig", "BanditEnv", "NoisyBanditConfig", "NoisyRewardBandit"]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import log_softmax
 
-from ...theory.checks import require_int, require_nonnegative
+from ...checks import require_int, require_nonnegative
 from ...theory.divergences import chi2_exact, kl_exact
 from .bandit import (
     check_batch,

@@ -1,4 +1,4 @@
-"""theory/checks.py: each rule's one message, worked out by hand; and the design rules that go through it."""
+"""checks.py: each rule's one message, worked out by hand; and the design rules that go through it."""
 
 import dataclasses
 import json
@@ -17,7 +17,7 @@ from replay_theory.core.designs import (
     validate_trainer_design,
 )
 from replay_theory.core.rollouts import RolloutBatch
-from replay_theory.theory.checks import (
+from replay_checks import (
     Range,
     invalid,
     one_of,
