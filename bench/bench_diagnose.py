@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replay_checks import require_integer
+from replay_theory.checks import require_integer
 
 
 def write_log(path: Path, n_tokens: int, seed: int = 0, drift: float = 0.03) -> None:

@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from replay_checks import require_integer
+from replay_theory.checks import require_integer
 
 PATHS = ("AVX2,STRICT", "AVX512,STRICT", "")  # "": unset, MKL picks
 HERE = Path(__file__).resolve().parent

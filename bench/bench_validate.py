@@ -25,7 +25,7 @@ from typing import Callable, TypeVar
 import numpy as np
 import torch
 
-from replay_checks import require_integer
+from replay_theory.checks import require_integer
 from replay_theory.validate import countdown
 from replay_theory.validate.calibrate import measure_mu_count
 from replay_theory.validate.config import TINY_MODEL

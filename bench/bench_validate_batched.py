@@ -35,7 +35,7 @@ import os
 import subprocess
 import sys
 
-from replay_checks import require_integer
+from replay_theory.checks import require_integer
 
 WORK = r"""
 import copy, dataclasses, json, resource, sys, time, torch

@@ -17,7 +17,7 @@ from replay_theory.core.designs import (
     validate_trainer_design,
 )
 from replay_theory.core.rollouts import RolloutBatch
-from replay_checks import (
+from replay_theory.checks import (
     Range,
     invalid,
     one_of,

@@ -24,7 +24,7 @@ from replay_theory.diagnose.errors import ConfigError, check_field  # noqa: E402
 from replay_theory.diagnose.schema import resolve_columns  # noqa: E402
 from replay_theory.theory import divergences as dv  # noqa: E402
 from replay_theory.theory.bounds import sample_relations  # noqa: E402
-from replay_checks import require_integer, require_one_of  # noqa: E402
+from replay_theory.checks import require_integer, require_one_of  # noqa: E402
 
 TOKEN_KEYS = ("kl_k1", "kl_k2", "kl_k3", "m2", "d2", "chi2", "ess_frac")
 
