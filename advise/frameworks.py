@@ -80,7 +80,7 @@ class FrameworkAnswer:
     def text(self) -> str:
         """The answer as ``optimal`` prints it after its own text."""
         fw = FRAMEWORKS[self.framework]
-        head = f"{fw.name} {fw.version} ({fw.source})" + (f", {self.target}(...)" if self.target else "") + ":"
+        head = f"{fw.name} {fw.version}" + (f" {self.target}(...)" if self.target else "") + ":"
         if self.refused is not None:
             return f"{head} not config-only: {self.refused}"
         return "\n".join([head, *(f"  {line}" for line in self.lines), *(f"  # {note}" for note in self.notes)])
@@ -151,6 +151,9 @@ def _trl(s: _Shape, processes: int) -> tuple[list[str], list[str]]:
     """TRL 1.16: an optimizer step is per_device_train_batch_size x processes x gradient_accumulation_steps
     completions; a generation is that times steps_per_generation / gradient_accumulation_steps (grpo_config.py
     __post_init__), reused num_iterations times."""
+    if s.G < 2:
+        raise _Refused(f"GRPOConfig needs num_generations >= 2 (advantages within a group), got G = {s.G}: give "
+                       "--group-size")
     if s.B % processes:
         raise _Refused(f"B = {s.B} is not a multiple of processes = {processes}")
     per_device = math.gcd(s.B // processes, 8)  # TRL's default micro-batch 8, or the largest divisor below it
@@ -275,7 +278,7 @@ def _skyrl(s: _Shape, processes: int) -> tuple[list[str], list[str]]:
 def _prime_rl(s: _Shape, processes: int) -> tuple[list[str], list[str]]:
     """prime-rl v0.8.0: one update per step on orchestrator.batch_size samples; max_off_policy_steps bounds age."""
     if s.m > 1 or s.e > 1:
-        raise _no("reusing a generation (one update of batch_size samples per step)")
+        raise _no("epochs or mini-batches over a generation (one update of batch_size samples per step)")
     if s.selective:
         raise _no("dropping zero-advantage groups as one key (orchestrator.pre_batch_filters is a list)")
     return ([f"orchestrator.batch_size={s.B}", f"orchestrator.group_size={s.G}",
