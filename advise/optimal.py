@@ -83,6 +83,13 @@ def _positive(note: str = "") -> dict:
     return Range(0, low_open=True, finite=True, note=note, fmt="g").field()
 
 
+def framework_choices() -> dict[str, str]:
+    """{framework: its name and pinned version} of ``advise.frameworks.FRAMEWORKS`` (imported when asked)."""
+    from .frameworks import FRAMEWORKS
+
+    return {key: f"{fw.name} {fw.version}" for key, fw in FRAMEWORKS.items()}
+
+
 def objective_choices() -> dict[str, str]:
     """{objective: help} of ``OBJECTIVES`` (defined below its answer functions), in table order."""
     return {name: objective.help for name, objective in OBJECTIVES.items()}
@@ -141,6 +148,9 @@ class OptimalQuery:
     """paper: kappa of Assumption 3.2 (with --budget)."""
     f0: float | None = field(default=None, metadata=_positive(" (F(theta_0) - inf F)"))
     """paper: F(theta_0) - inf F (with --budget)."""
+    framework: str | None = field(default=None, metadata=Range(choices=framework_choices).field())
+    """Also print the config lines that realise the answer's design in this trainer (keys at its pinned version,
+    docs/FRAMEWORKS.md), or the line saying why it needs our TRL replay trainer."""
 
     def given(self, names: tuple[str, ...]) -> list[str]:
         """The options among ``names`` set to other than their default."""
@@ -222,7 +232,26 @@ def answer(query: OptimalQuery) -> Answer:
     """The answer of ``query``'s objective; bad input is a one-line ValueError naming the option, before any work."""
     query = query.validated()
     mu, convention, note = _mu_of(query)
-    return dataclasses.replace(OBJECTIVES[query.objective].answer(query, mu, convention), note=note)
+    result = dataclasses.replace(OBJECTIVES[query.objective].answer(query, mu, convention), note=note)
+    return result if query.framework is None else _with_framework(result, query)
+
+
+def _with_framework(result: Answer, q: OptimalQuery) -> Answer:
+    """``result`` with --framework's lines after its text and under "framework" in its record (advise/frameworks.py):
+    the answer's design (B, R, N) at --group-size, or a line saying the answer names no whole design."""
+    from ..theory.designs import Design
+    from .frameworks import FrameworkAnswer, config_lines
+
+    r = result.record
+    sizes = [r.get(name) for name in ("batch_size", "rollouts_per_step", "capacity")]
+    if all(type(v) is int for v in sizes):
+        B, R, N = sizes
+        fa = config_lines(q.framework, Design(B, R, N, B == R == N, q.group_size))
+    else:
+        fa = FrameworkAnswer(q.framework, framework_choices()[q.framework].rsplit(" ", 1)[1],
+                             refused="this answer names no whole design (B, R, N) to configure: give -B and the "
+                                     "measurements it asks for")
+    return dataclasses.replace(result, text=result.text + "\n" + fa.text(), record={**r, "framework": fa.to_json()})
 
 
 def _mu_of(query: OptimalQuery) -> tuple[float, str, str | None]:
