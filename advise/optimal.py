@@ -20,8 +20,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..theory import noise_scale as ns
 from ..checks import Range, invalid, range_of
+from ..theory import noise_scale as ns
 from ..theory.design import (
     DEFAULT_ALPHA,
     DEFAULT_RHO,

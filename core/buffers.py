@@ -38,10 +38,10 @@ from typing import Callable, Literal
 
 import numpy as np
 
+from ..checks import require_int, require_one_of, require_positive, require_unit_interval
 from ..theory import exgrpo as _exgrpo
 from ..theory import freshper as _freshper
 from ..theory import group_replay as _group_replay
-from ..checks import require_int, require_one_of, require_positive, require_unit_interval
 from .rng import PerSeedGenerator, RandomSource
 from .rollouts import RolloutBatch
 from .sumtree import SumTree

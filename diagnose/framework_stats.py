@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.losses import clip_log_bounds, gspo_sequence_log_ratio, m2po_trust_set, ppo_clip_flags
 from ..checks import require_open_interval
+from ..core.losses import clip_log_bounds, gspo_sequence_log_ratio, m2po_trust_set, ppo_clip_flags
 from .accumulators import Running
 
 __all__ = ["FrameworkParams", "FrameworkSums", "framework_statistics", "batch_sums", "finish", "rollout_is_metrics",

@@ -36,9 +36,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..checks import require_integer, require_one_of
 from ..core.memory import Estimate, Size, check_sizes
 from ..theory.bounds import moments_relations
-from ..checks import require_integer, require_one_of
 from .accumulators import LOG_FLOAT_MAX, UNSHIFTED_MAX, LogRatioHistogram, Moments
 from .drift import fit_kl_drift
 from .errors import ConfigError, check_field

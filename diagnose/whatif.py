@@ -37,8 +37,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.losses import clip_log_bounds, gspo_sequence_log_ratio, m2po_masks, m2po_may_bind, ppo_clip_flags
 from ..checks import require_integer
+from ..core.losses import clip_log_bounds, gspo_sequence_log_ratio, m2po_masks, m2po_may_bind, ppo_clip_flags
 from ..theory.group_replay import clipping_bias_proxy
 from ..theory.moments import ess_frac_from_log_sums
 from .accumulators import Moments, WeightSums

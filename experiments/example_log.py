@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..diagnose.reader import detect_format, require_pyarrow
 from ..checks import require_one_of
+from ..diagnose.reader import detect_format, require_pyarrow
 
 SHAPES = ("default", "trl", "verl")
 

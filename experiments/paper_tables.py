@@ -24,10 +24,10 @@ from typing import Callable
 import numpy as np
 
 from ..advise.profile_files import load_profile, save_profile
+from ..checks import require_one_of
 from ..simulate.calibrate import calibrate
 from ..simulate.config import config_from_dict
 from ..simulate.sweep import load_runs
-from ..checks import require_one_of
 from ..theory.design import DesignQuery, optimal_design
 from ..theory.profiles import TabulatedProfile
 from .theory_bench import SPEC as THEORY_TEST_SPEC

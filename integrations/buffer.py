@@ -35,11 +35,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from ..checks import require_integer
 from ..core.buffers import SlotBuffer
 from ..core.designs import BUFFER_DESIGNS, BufferSpec, DesignConfig, StepBatch, check_choice, make_design_buffer
 from ..core.rollouts import RolloutBatch
 from ..core.state import load_object_state, load_state, object_state, save_state
-from ..checks import require_integer
 from .replay_config import (
     ReplayConfig,
     age_buckets,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..checks import require_integer, require_number, require_one_of
 from ..core import losses
 from ..core.designs import (
     ClipParams,
@@ -28,7 +29,6 @@ from ..core.designs import (
     validate_trainer_design,
 )
 from ..core.pipeline import age_buckets, fifo_max_age  # the one age bucketing (re-exported)
-from ..checks import require_integer, require_number, require_one_of
 from ..theory.design import rollout_mu_of_convention
 from ..theory.noise_scale import noise_scale_pick
 

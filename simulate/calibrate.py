@@ -41,13 +41,13 @@ from typing import Any
 
 import numpy as np
 
+from ..checks import Range, require_integer, require_one_of
 from ..core.designs import LOSSES, compute_loss, loss_form, make_advantage
 from ..core.memory import Estimate, Size, check_sizes, count
 from ..core.pipeline import EnvBackend, generate
 from ..core.rng import PerSeedGenerator
 from ..core.rollouts import RolloutBatch
 from ..theory import noise as noise_estimators
-from ..checks import Range, require_integer, require_one_of
 from ..theory.forgetting import KappaEstimate, kappa_from_curvature_pairs, kappa_from_gradient_series
 from ..theory.noise import NoiseProfile, PairMoments, RhoFit
 from ..theory.noise_scale import PooledNoiseScale, noise_scale_from_samples, pooled_noise_scale

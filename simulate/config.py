@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..checks import Range, require_integer, require_number, require_one_of
 from ..core.designs import DesignConfig
 from ..core.memory import Estimate, Size, check_sizes, count
 from ..core.pipeline import PipelineSettings
-from ..checks import Range, require_integer, require_number, require_one_of
 from .envs import ENV_NAMES, engine_choices
 from .store import run_key
 

@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..checks import Range, require_one_of
 from ..core.jobs import check_jobs, local_workers, run_unordered
 from ..core.memory import MAX_SIZE, memory_limit, show_bytes
 from ..core.progress import ProgressBar
 from ..outputs import check_out_dir as check_out_path
-from ..checks import Range, require_one_of
 from .config import SimConfig, config_from_dict
 from .engine import run
 from .store import VERSION_KEY, RunStore

@@ -28,10 +28,10 @@ from typing import Callable
 
 import numpy as np
 
+from ..checks import require_int, require_positive
 from ..core.designs import compute_loss
 from ..core.pipeline import EnvBackend, Pipeline
 from ..core.rng import PerSeedGenerator
-from ..checks import require_int, require_positive
 from ..theory.designs import Design
 from .config import SimConfig
 from .envs.quadratic import QuadraticEnv, QuadraticReplay, expected_loss

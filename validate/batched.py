@@ -36,8 +36,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..core.rng import PerSeedGenerator
 from ..checks import require_integer
+from ..core.rng import PerSeedGenerator
 from .policy import Policy
 
 __all__ = ["SeedEmbedding", "SeedLinear", "SeedRMSNorm", "SeedStreams", "num_seeds", "seed_state_dict",

@@ -42,10 +42,10 @@ from numpy.linalg import lapack_lite
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..advise.profile_files import save_profile
+from ..checks import require_integer, require_number
 from ..core.designs import BufferSpec, compute_loss, loss_form, make_design_buffer
 from ..core.surrogate import surrogate
 from ..theory import noise as noise_estimators
-from ..checks import require_integer, require_number
 from ..theory.compute import estimate_mu
 from ..theory.divergences import k3_terms
 from ..theory.noise_scale import pooled_noise_scale

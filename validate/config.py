@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
+from ..checks import Range, require_integer, require_number, require_one_of, require_unit_interval
 from ..core.jobs import check_jobs
 from ..core.memory import Estimate, Size, check_ceiling, check_sizes, check_threads, count, usable_cpus
 from ..outputs import check_out_dir
-from ..checks import Range, require_integer, require_number, require_one_of, require_unit_interval
 from . import countdown
 
 

@@ -37,6 +37,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..checks import require_integer, require_number, require_one_of
 from ..core.buffers import ReplayBuffer
 from ..core.designs import BUFFER_DESIGNS, DesignConfig, compute_loss
 from ..core.losses_torch import loss_output_torch
@@ -45,7 +46,6 @@ from ..core.metrics import step_metrics as off_policy_metrics
 from ..core.pipeline import Pipeline, PipelineSettings, score
 from ..core.rollouts import RolloutBatch
 from ..core.surrogate import gradient_tensor, surrogate
-from ..checks import require_integer, require_number, require_one_of
 from . import countdown
 from .engines import HFSampler, Sampler
 from .logprobs import encode_prompts, prompt_width, sequence_logprobs

@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .. import __version__
+from ..checks import Range, require_in_range, require_integer, require_number
 from ..core.designs import BUFFER_DESIGNS, LOSSES, check_choice, choices
 from ..core.memory import Estimate, Size, check_ceiling, check_sizes, check_threads
 from ..integrations.checkpoints import CHECKPOINT_PREFIX, checkpoint_step, complete_checkpoints
 from ..integrations.replay_config import ReplayConfig
 from ..outputs import NEVER, check_writable, write_new
 from ..outputs import check_out_dir as check_out_path
-from ..checks import Range, require_in_range, require_integer, require_number
 from ..theory.design import classify_regime
 from .config import LIBRARIES_BYTES, SFT_BATCH_SIZE, SFT_LR, lm_terms, model_shape
 

@@ -21,13 +21,13 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ...checks import Range, invalid, require_integer
 from ...core.memory import MAX_SIZE, Estimate, Size, check_sizes
 from ...simulate import to_target
 from ...simulate.config import SimConfig
 from ...simulate.config import peak_bytes as sim_peak_bytes
 from ...simulate.envs.quadratic import QuadraticConfig
 from ...theory import forgetting
-from ...checks import Range, invalid, require_integer
 
 BATCH = 256
 GROUP = 8

@@ -36,11 +36,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import brentq
 
+from ...checks import require_int, require_number, require_open_interval, require_positive
 from ...core.buffers import FifoBuffer
 from ...core.designs import check_capacity
 from ...core.rng import PerSeedGenerator
 from ...core.rollouts import RolloutBatch
-from ...checks import require_int, require_number, require_open_interval, require_positive
 
 __all__ = ["QuadraticConfig", "QuadraticEnv", "QuadraticReplay", "QuadraticTrace", "expected_loss", "standard_normal",
            "train_to_target"]

@@ -102,7 +102,7 @@ def test_an_unwritable_output_is_one_line_before_any_work(read_only, error_line,
     assert _tree(base) == before
 
 
-def test_trl_replay_theory.checks_its_cache_folder_before_the_warm_start(read_only, error_line):
+def test_trl_replay_checks_its_cache_folder_before_the_warm_start(read_only, error_line):
     # the warm start is cached in --cache-dir: an unwritable one is refused before the SFT, not after it
     base, ro, why = read_only
     before = _tree(base)

@@ -7,16 +7,6 @@ import math
 import numpy as np
 import pytest
 
-from replay_theory.core.buffers import ReplayBuffer, StaleKQueue
-from replay_theory.core.designs import (
-    BUFFER_DESIGNS,
-    BufferSpec,
-    DesignConfig,
-    capacity_holds_a_step,
-    check_capacity,
-    validate_trainer_design,
-)
-from replay_theory.core.rollouts import RolloutBatch
 from replay_theory.checks import (
     Range,
     invalid,
@@ -31,6 +21,16 @@ from replay_theory.checks import (
     require_open_interval,
     require_unit_interval,
 )
+from replay_theory.core.buffers import ReplayBuffer, StaleKQueue
+from replay_theory.core.designs import (
+    BUFFER_DESIGNS,
+    BufferSpec,
+    DesignConfig,
+    capacity_holds_a_step,
+    check_capacity,
+    validate_trainer_design,
+)
+from replay_theory.core.rollouts import RolloutBatch
 
 
 def _message(fn, *args, **kwargs) -> str:

@@ -16,6 +16,7 @@ pa = pytest.importorskip("pyarrow")
 import pyarrow.csv as pa_csv  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from replay_theory.checks import require_integer, require_one_of  # noqa: E402
 from replay_theory.core.losses import m2po_mask  # noqa: E402
 from replay_theory.diagnose import DiagnoseConfig, WhatIfConfig, diagnose  # noqa: E402
 from replay_theory.diagnose.accumulators import Moments  # noqa: E402
@@ -24,7 +25,6 @@ from replay_theory.diagnose.errors import ConfigError, check_field  # noqa: E402
 from replay_theory.diagnose.schema import resolve_columns  # noqa: E402
 from replay_theory.theory import divergences as dv  # noqa: E402
 from replay_theory.theory.bounds import sample_relations  # noqa: E402
-from replay_theory.checks import require_integer, require_one_of  # noqa: E402
 
 TOKEN_KEYS = ("kl_k1", "kl_k2", "kl_k3", "m2", "d2", "chi2", "ess_frac")
 

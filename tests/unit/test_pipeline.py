@@ -28,9 +28,9 @@ def test_every_design_and_loss_parameter_is_a_design_config_field_with_help():
 
 
 def test_every_name_has_its_help_once_at_its_registry_entry_and_the_cli_lists_it():
+    from replay_theory.checks import range_of
     from replay_theory.cli.config_options import field_help
     from replay_theory.core.designs import choices
-    from replay_theory.checks import range_of
 
     fields = {f.name: f for f in dataclasses.fields(DesignConfig)}  # the one Range the CLI and the check read
     assert range_of(fields["buffer"]).named() == choices(BUFFER_DESIGNS)
