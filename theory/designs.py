@@ -12,8 +12,13 @@ train one. The field names are DesignConfig's and the command line's, from the o
 | ``rollouts_per_step``| R       | fresh responses generated per step                           |
 | ``capacity``         | N       | FIFO capacity in responses (>= R)                            |
 | ``group_size``       | G       | responses per prompt (each buffer's rules say what it needs) |
+| ``epochs``           | e       | passes over one generation of R (PPO epochs, TRL num_iterations) |
+| ``mini_batches``     | m       | updates per pass, each on B = R/m of the generation          |
 | ``x``                | x = N/R | the buffer's horizon in steps                                |
 | ``y``                | y = B/R | the replay ratio                                             |
+
+An epoch design (e m > 1, issue 40) generates R every e m updates and trains e passes over m mini-batches of B = R/m:
+N = R (nothing outlives its generation), B m = R, never on-policy; e = m = 1 is the FIFO / on-policy design above.
 """
 
 from __future__ import annotations
@@ -33,16 +38,27 @@ class Design:
     capacity: int  # N
     on_policy: bool = False
     group_size: int = 1  # G
+    epochs: int = 1  # e
+    mini_batches: int = 1  # m
 
     def __post_init__(self) -> None:
         B, R, N, G = self.batch_size, self.rollouts_per_step, self.capacity, self.group_size
-        for name, value in (("batch B", B), ("rollouts R", R), ("capacity N", N), ("group size G", G)):
+        for name, value in (("batch B", B), ("rollouts R", R), ("capacity N", N), ("group size G", G),
+                            ("epochs e", self.epochs), ("mini-batches m", self.mini_batches)):
             if not (type(value) is int and value >= 1):  # the common case checked without numpy: searches build many
                 require_int(name, value, 1)
         if self.on_policy and not B == R == N:
             raise ValueError(f"on-policy needs N = R = B, got N={N}, R={R}, B={B}")
         if N < R:
             raise ValueError(f"capacity N must be >= rollouts R (a FIFO holds at least one step), got N={N}, R={R}")
+        if self.updates_per_generation > 1 and (self.on_policy or N != R or B * self.mini_batches != R):
+            raise ValueError(f"an epoch design needs N = R and B m = R, not on-policy; got N={N}, R={R}, B={B}, "
+                             f"m={self.mini_batches}")
+
+    @property
+    def updates_per_generation(self) -> int:
+        """e m: the updates one generation of R feeds (1 for the FIFO and on-policy designs)."""
+        return self.epochs * self.mini_batches
 
     @property
     def x(self) -> int:
@@ -59,3 +75,11 @@ class Design:
         """On-policy at B: R = N = B."""
         B = int(batch_size)
         return cls(B, B, B, True, group_size)
+
+    @classmethod
+    def epochs_of(cls, rollouts_per_step: int, epochs: int, mini_batches: int, group_size: int = 1) -> "Design":
+        """e epochs over m mini-batches of one generation of R: B = R/m, N = R."""
+        R, m = int(rollouts_per_step), int(mini_batches)
+        if R % m:
+            raise ValueError(f"rollouts R must be whole mini-batches, got R={R}, m={m}")
+        return cls(R // m, R, R, False, group_size, int(epochs), m)

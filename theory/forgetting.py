@@ -416,10 +416,12 @@ class Prediction:
     staleness: float  # m(x)
 
 
-def step_cost(rollouts_per_step: ArrayLike, batch_size: ArrayLike, mu: float, floor: float = 0.0
-              ) -> np.ndarray | float:
-    """mu max(R, R_floor) + B: generation cannot get cheaper than the floor's batch (decoding is latency-bound)."""
-    value = mu * np.maximum(np.asarray(rollouts_per_step, dtype=float), floor) + np.asarray(batch_size, dtype=float)
+def step_cost(rollouts_per_step: ArrayLike, batch_size: ArrayLike, mu: float, floor: float = 0.0,
+              updates_per_generation: ArrayLike = 1) -> np.ndarray | float:
+    """mu max(R, R_floor) / (e m) + B: generation cannot get cheaper than the floor's batch (decoding is
+    latency-bound); an epoch design spreads one generation over its e m updates (e m = 1 otherwise)."""
+    generation = mu * np.maximum(np.asarray(rollouts_per_step, dtype=float), floor)
+    value = generation / np.asarray(updates_per_generation, dtype=float) + np.asarray(batch_size, dtype=float)
     return float(value) if value.ndim == 0 else value
 
 
@@ -439,47 +441,61 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
         raise ValueError(f"capacity N must be a multiple of rollouts R, got N={d.capacity}, R={d.rollouts_per_step}")
     x = np.array([d.x for d in designs], dtype=np.int64)
     on = np.array([d.on_policy for d in designs])
+    e = np.array([d.epochs for d in designs], dtype=np.int64)
+    mb = np.array([d.mini_batches for d in designs], dtype=np.int64)
+    ep = e * mb > 1  # epoch designs (theory/reuse_families.py): noise psi_E / B, ages 0 .. e m - 1 updates
+    horizon = np.where(ep, e * mb, x)  # the ages a design's updates draw: a FIFO's x steps, a generation's e m
     y = B / R
     flat = staleness.flat
+    never_forgets = np.where(ep, e, 1.0)  # psi at kappa -> 0: the FIFO keeps all its extra noise, e epochs e uses
 
     def m_of(kappa: np.ndarray | float) -> np.ndarray:  # m(x) at each design's own step: ages scaled by kappa_d/kappa
         if flat:
             return np.ones_like(B)
         scale = 1.0 if memory is None or memory.pilot_batch is None else np.asarray(kappa) / memory.kappa
-        return np.where(on, 1.0, staleness.means(x, scale))
+        return np.where(on, 1.0, staleness.means(horizon, scale))
 
     def noise(p: np.ndarray, m: np.ndarray) -> np.ndarray:  # B_noise V_eff m(x); on-policy B_noise / B
-        return np.where(on, b_noise / B, b_noise / B * (1 + y * p - 1 / N) * m)
+        fifo = b_noise / B * (1 + y * p - 1 / N) * m
+        return np.where(on, b_noise / B, np.where(ep, b_noise / B * p * m, fifo))  # epochs: B V_eff = psi_E [E1]
+
+    def p_of(kappa: np.ndarray) -> np.ndarray:  # psi of every design at its kappa (1 on-policy)
+        p = np.where(on, 1.0, psi(np.where(ep, 1, x), kappa, memory.optimizer, memory.beta1))
+        if ep.any():
+            from .reuse_families import psi_epochs  # reuse_families builds on this module
+            p[ep] = psi_epochs(e[ep], mb[ep], np.broadcast_to(kappa, B.shape)[ep], memory.optimizer, memory.beta1)
+        return p
 
     if memory is None:
-        p, kappa = np.ones_like(B), np.full_like(B, math.nan)
+        p, kappa = never_forgets.astype(float), np.full_like(B, math.nan)
         m = m_of(1.0)
     elif memory.pilot_batch is None:  # no step feedback: the measured kappa at every design (``Memory``)
         kappa = np.full_like(B, memory.kappa)
-        p = np.where(on, 1.0, psi(x, kappa, memory.optimizer, memory.beta1))
+        p = p_of(kappa)
         m = m_of(kappa)
     else:
         k_max, alpha = memory.kappa_max(b_noise), memory.alpha
         # Eq. 2.6 extrapolated to no noise can pass the stability limit along the noise (kappa_pilot = 0.2 at
         # B_noise / B_pilot = 1e4 gives kappa_max = 2000); a tuned step stays below it, so kappa_d is capped there
         top = min(k_max, stable_kappa(memory.optimizer, memory.beta1))
-        # psi = 1 and the staleness of the largest step: the most noise, so the smallest step any design can have
-        low = np.minimum(k_max / (1 + noise(np.ones_like(B), m_of(np.full_like(B, top)))) ** alpha, top)
+        # the never-forgetting psi and the staleness of the largest step: the most noise, so the smallest step any
+        # design can have
+        low = np.minimum(k_max / (1 + noise(never_forgets, m_of(np.full_like(B, top)))) ** alpha, top)
         lo, hi = np.log(low), np.full_like(B, math.log(top))
-        solve = (~on) & (x > 1)  # psi(1) = 1, m(1) = 1 and on-policy has no replay noise: kappa = its own there
+        solve = (~on) & ((x > 1) | ep)  # psi(1) = 1, m(1) = 1 and on-policy has no replay noise: kappa = its own
         for _ in range(44 if solve.any() else 0):  # bisection in log kappa on kappa - kappa_max / (1 + noise)^alpha:
             # the bracket spans at most ln(1 + B_noise V) <= ~40 in log kappa, so 44 halvings leave < 3e-12
             mid = 0.5 * (lo + hi)
             k = np.exp(mid)
-            gap = k - k_max / (1 + noise(psi(x, k, memory.optimizer, memory.beta1), m_of(k))) ** alpha
+            gap = k - k_max / (1 + noise(p_of(k), m_of(k))) ** alpha
             above = gap >= 0
             hi, lo = np.where(above, mid, hi), np.where(above, lo, mid)
         own = np.minimum(k_max / (1 + noise(np.ones_like(B), np.ones_like(B))) ** alpha, top)  # x = 1, on-policy
         kappa = np.where(solve, np.exp(hi), own)
-        p = np.where(solve, psi(x, kappa, memory.optimizer, memory.beta1), 1.0)
+        p = np.where(solve, p_of(kappa), 1.0)
         m = m_of(kappa)
     steps = 1 + noise(p, m)
-    cost = step_cost(R, B, mu, floor)
+    cost = step_cost(R, B, mu, floor, e * mb)
     return [Prediction(d, float(s), float(c), float(s * c), float(k), float(pp), float(mm))
             for d, s, c, k, pp, mm in zip(designs, steps, cost, kappa, np.where(on, 1.0, p), m)]
 
