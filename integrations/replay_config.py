@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -42,6 +43,12 @@ _DESIGN_SET_HERE = ("capacity", "batch_size", "rollouts_per_step", "group_size",
 #: The constructor's arguments, in its order: ``record()``'s keys (run.json's ``replay``) and ``repr``.
 _ARGUMENTS = ("capacity", "batch_size", "rollouts_per_step", "loss", *_LOSS_FIELDS, "aggregation", "buffer",
               "design", "seed", "notes")
+
+
+
+def _from_shared(name: str, doc: str | None = None) -> property:
+    """A read-only attribute that is ``self.shared.<name>`` (the DesignConfig the ReplayConfig holds)."""
+    return property(attrgetter(f"shared.{name}"), doc=doc)
 
 
 @dataclass(frozen=True, init=False, repr=False)
@@ -93,44 +100,16 @@ class ReplayConfig:
                             ("design", design), ("seed", seed), ("notes", notes)):
             object.__setattr__(self, name, value)
 
-    @property
-    def capacity(self) -> int:
-        """N: buffer size in completions."""
-        return self.shared.capacity
-
-    @property
-    def batch_size(self) -> int:
-        """B: completions drawn from the buffer for each update."""
-        return self.shared.batch_size
-
-    @property
-    def rollouts_per_step(self) -> int:
-        """R: fresh completions generated per update."""
-        return self.shared.rollouts_per_step
-
-    @property
-    def loss(self) -> str:
-        return self.shared.loss
-
-    @property
-    def buffer(self) -> str:
-        return self.shared.buffer
-
-    @property
-    def eps_low(self) -> float:
-        return self.shared.eps_low
-
-    @property
-    def eps_high(self) -> float:
-        return self.shared.eps_high
-
-    @property
-    def clip_c(self) -> float:
-        return self.shared.clip_c
-
-    @property
-    def tau_m2(self) -> float:
-        return self.shared.tau_m2
+    # N, B, R, the buffer, the loss and its parameters: read from ``shared``, where each is stored and documented once
+    capacity = _from_shared("capacity", "N: buffer size in completions.")
+    batch_size = _from_shared("batch_size", "B: completions drawn from the buffer for each update.")
+    rollouts_per_step = _from_shared("rollouts_per_step", "R: fresh completions generated per update.")
+    loss = _from_shared("loss")
+    buffer = _from_shared("buffer")
+    eps_low = _from_shared("eps_low")
+    eps_high = _from_shared("eps_high")
+    clip_c = _from_shared("clip_c")
+    tau_m2 = _from_shared("tau_m2")
 
     def record(self) -> dict[str, Any]:
         """The constructor's arguments as a JSON object, in its order (run.json's ``replay``; notes as a list)."""

@@ -727,21 +727,25 @@ def _check_budget_inputs(budget, mu, rho, smoothness, bias, f0, convention) -> N
     require_one_of("convention", convention, CONVENTIONS)
 
 
-def finite_budget_bound(
-    N: ArrayLike,
-    R: ArrayLike,
-    B: ArrayLike,
-    *,
-    budget: float,
-    mu: float,
-    profile: Profile,
-    rho: float,
-    smoothness: float,
-    bias: float,
-    f0: float,
-    convention: str = "rollout-cost",
-    average: str = "integral",
-) -> FiniteBudgetBound:
+def _bound_coefficients(N: np.ndarray, R: np.ndarray, B: np.ndarray, mu: float, profile: Profile, rho: float,
+                        smoothness: float, bias: float, convention: str, average: str):
+    """Thm 3.4's per-design coefficients, shared by the bound at a budget and its dual, the compute to a target:
+    c (cost per update), s = sigmabar^2(x), S = 1/B + 1/N + rho/R, b1, b2 and eta_max (arrays, broadcast)."""
+    x = N / R
+    cost = _cost_per_update(N, R, B, mu, convention)
+    s = np.asarray(sigma_bar_sq(profile, x, average), dtype=float)
+    S = 1.0 / B + 1.0 / N + rho / R  # App. C.2.3
+    b1 = 8.0 * smoothness * s * S  # Thm 3.4: 8 eta L sigmabar^2 S
+    b2 = 32.0 * bias**2 * x**2 * s * S  # Thm 3.4: 8 eta (4 N^2 kappa^2 eta / R^2) sigmabar^2 S
+    with np.errstate(divide="ignore"):
+        bias_cap = np.where(bias > 0, 1.0 / (2.0 * math.sqrt(2.0) * max(bias, 1e-300) * x), np.inf)  # Eq. (4)
+    eta_max = np.minimum(1.0 / (2.0 * smoothness), bias_cap)  # Eq. (3): L eta <= 1/2 (docs/THEORY.md)
+    return cost, s, S, b1, b2, eta_max
+
+
+def finite_budget_bound(N: ArrayLike, R: ArrayLike, B: ArrayLike, *, budget: float, mu: float, profile: Profile,
+                        rho: float, smoothness: float, bias: float, f0: float, convention: str = "rollout-cost",
+                        average: str = "integral") -> FiniteBudgetBound:
     """min over eta of the Thm 3.4 bound for designs (N, R, B) at compute ``budget`` (vectorised, broadcast).
 
     ``budget`` is in the convention's cost unit: per-sample update costs for "rollout-cost" (c = mu R + B),
@@ -755,17 +759,9 @@ def finite_budget_bound(
         require_positive(name, arr)
     if np.any(N < R):
         raise ValueError("N must be >= R (the buffer holds at least one step of rollouts)")
-    x = N / R
-    cost = _cost_per_update(N, R, B, mu, convention)
+    cost, s, S, b1, b2, eta_max = _bound_coefficients(N, R, B, mu, profile, rho, smoothness, bias, convention, average)
     updates = budget / cost
-    s = np.asarray(sigma_bar_sq(profile, x, average), dtype=float)
-    S = 1.0 / B + 1.0 / N + rho / R  # App. C.2.3
     A = 12.0 * f0 / updates  # Thm 3.4: 12 F(theta_0) / (eta T)
-    b1 = 8.0 * smoothness * s * S  # Thm 3.4: 8 eta L sigmabar^2 S
-    b2 = 32.0 * bias**2 * x**2 * s * S  # Thm 3.4: 8 eta (4 N^2 kappa^2 eta / R^2) sigmabar^2 S
-    with np.errstate(divide="ignore"):
-        bias_cap = np.where(bias > 0, 1.0 / (2.0 * math.sqrt(2.0) * max(bias, 1e-300) * x), np.inf)  # Eq. (4)
-    eta_max = np.minimum(1.0 / (2.0 * smoothness), bias_cap)  # Eq. (3): L eta <= 1/2 (docs/THEORY.md)
     eta_free = eta_star(A, b1, b2)
     eta = np.minimum(eta_free, eta_max)
     optimization = A / eta
@@ -789,21 +785,9 @@ def finite_budget_bound(
     return FiniteBudgetBound(_as_float(value), _as_float(eta), _as_float(updates), terms)
 
 
-def compute_to_target(
-    N: ArrayLike,
-    R: ArrayLike,
-    B: ArrayLike,
-    *,
-    target: float,
-    mu: float,
-    profile: Profile,
-    rho: float,
-    smoothness: float,
-    bias: float,
-    f0: float,
-    convention: str = "rollout-cost",
-    average: str = "integral",
-) -> np.ndarray | float:
+def compute_to_target(N: ArrayLike, R: ArrayLike, B: ArrayLike, *, target: float, mu: float, profile: Profile,
+                      rho: float, smoothness: float, bias: float, f0: float, convention: str = "rollout-cost",
+                      average: str = "integral") -> np.ndarray | float:
     """The least budget C at which the eta-optimised Thm 3.4 bound reaches ``target`` (the dual of the above).
 
     T >= 12 F0 / p(eta) with p(eta) = eta (target - b1 eta - b2 eta^2), maximised at
@@ -814,15 +798,7 @@ def compute_to_target(
     require_positive("target", target)
     _check_budget_inputs(1.0, mu, rho, smoothness, bias, f0, convention)
     N, R, B = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (N, R, B)))
-    x = N / R
-    cost = _cost_per_update(N, R, B, mu, convention)
-    s = np.asarray(sigma_bar_sq(profile, x, average), dtype=float)
-    S = 1.0 / B + 1.0 / N + rho / R
-    b1 = 8.0 * smoothness * s * S
-    b2 = 32.0 * bias**2 * x**2 * s * S
-    with np.errstate(divide="ignore"):
-        bias_cap = np.where(bias > 0, 1.0 / (2.0 * math.sqrt(2.0) * max(bias, 1e-300) * x), np.inf)
-    eta_max = np.minimum(1.0 / (2.0 * smoothness), bias_cap)
+    cost, _, _, b1, b2, eta_max = _bound_coefficients(N, R, B, mu, profile, rho, smoothness, bias, convention, average)
     eta = np.minimum(target / (b1 + np.sqrt(b1**2 + 3.0 * b2 * target)), eta_max)
     p = eta * (target - b1 * eta - b2 * eta**2)
     return _as_float(cost * 12.0 * f0 / p)

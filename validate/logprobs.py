@@ -63,15 +63,9 @@ def prompt_width(policy: Policy, prompts: Sequence[str]) -> int:
     return max(len(ids) for ids in prompt_token_ids(policy, prompts))
 
 
-def next_token_logprobs(
-    policy: Policy,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    completion_ids: torch.Tensor,
-    completion_mask: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-) -> torch.Tensor:
+def next_token_logprobs(policy: Policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                        completion_ids: torch.Tensor, completion_mask: torch.Tensor, *,
+                        temperature: float = 1.0) -> torch.Tensor:
     """The full teacher-forced next-token log-distribution at every completion position: (B, L, V), float32.
 
     ``logp_all[b, t] = log_softmax(logits / temperature)[b, P - 1 + t]``, the distribution
@@ -114,16 +108,9 @@ def sequence_logprobs(policy: Policy, prompt_ids: torch.Tensor, prompt_mask: tor
                       with_entropy: Literal[True]) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-def sequence_logprobs(
-    policy: Policy,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    completion_ids: torch.Tensor,
-    completion_mask: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def sequence_logprobs(policy: Policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                      completion_ids: torch.Tensor, completion_mask: torch.Tensor, *, temperature: float = 1.0,
+                      with_entropy: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced per-token log-probs of the completion tokens: ``token_logp`` (B, L), float32.
 
     ``token_logp[b, t] = log_softmax(logits / temperature)[b, P - 1 + t, completion_ids[b, t]]``

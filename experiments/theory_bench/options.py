@@ -29,6 +29,16 @@ from ...simulate.config import peak_bytes as sim_peak_bytes
 from ...simulate.envs.quadratic import QuadraticConfig
 from ...theory import forgetting
 
+#: What ``theory_bench`` re-exports from here (``from .options import *``).
+__all__ = [
+    "BATCH", "BETA1", "BOOTS", "CAP_FACTOR", "CURVATURE_EVERY", "DEFAULT_SETTINGS", "DEV_INSTANCES",
+    "EXACT_LR_RATIO", "FLOORS", "GROUP", "HEADLINE_FLOOR", "HELD_OUT", "HVP_SAMPLE_UPDATES", "HVP_SAMPLES",
+    "INSTANCES", "LR_RATIO", "MAX_EXTEND", "MAX_STEP_SIZES", "MUS", "NEXT_HELD_OUT", "ON_POLICY_BATCHES",
+    "OPTIMIZERS", "PILOT_FRACTION", "PILOT_MAX_STEPS", "PILOT_RUNS", "PILOT_SEED", "PRINTED_STEPS_RATIOS",
+    "QUADRATIC_CONDITION", "QUADRATIC_NOISE", "QUICK_FLOORS", "QUICK_ON_POLICY_BATCHES", "QUICK_X_GRID",
+    "QUICK_Y_GRID", "SEEDS", "SETTINGS", "STALENESS", "TARGET_FRACTION", "X_GRID", "Y_GRID", "Options", "Setting",
+    "check_options", "command_line", "number_list", "options_from", "peak_bytes"]
+
 BATCH = 256
 GROUP = 8
 X_GRID = (1, 4, 16)

@@ -1,12 +1,9 @@
 """The benchmark's tables: units, cells and targets as text (``replay-theory experiment theory-test``).
 
-Papers: experience-replay (docs/REFERENCES.md), Sec. 3, Thm 3.4, Thm 3.5 / App. C.3; McCandlish et al. 2018
-(arXiv 1812.06162), Eq. 2.7; the forgetting-aware rule of ``theory/forgetting.py`` (docs/THEORY.md, "Forgetting").
-Protocol: docs/SIMULATION.md, 'Does a design rule predict?'.
+Papers and protocol: those of ``score.py``, whose table also maps ``regret``, ``spearman``, ``floor`` and ``mu``.
 
 | code name | symbol | meaning |
 |---|---|---|
-| ``regret`` | -- | compute of a rule's pick / the best design's |
 | ``b`` | B_noise / 256 | the noise scale at the pinned batch |
 """
 
