@@ -44,6 +44,7 @@ class Query:
     floor: float = 0.0
     max_steps_ratio: float = 2.0
     max_horizon: int = 64
+    max_epochs: int = 1
     staleness: fg.Staleness = field(default_factory=lambda: fg.NO_STALENESS)
 
 
@@ -52,7 +53,8 @@ def _design_row(p: fg.Prediction, ref: fg.Prediction) -> dict:
     return {"batch_size": d.batch_size, "rollouts_per_step": d.rollouts_per_step, "capacity": d.capacity, "x": d.x,
             "y": d.y, "on_policy": d.on_policy, "steps_vs_B": p.steps / ref.steps,
             "compute_vs_B": p.compute / ref.compute, "psi": p.psi,
-            "kappa_at_design": None if math.isnan(p.kappa) else p.kappa, "staleness_factor": p.staleness}
+            "kappa_at_design": None if math.isnan(p.kappa) else p.kappa, "staleness_factor": p.staleness,
+            **({"epochs": d.epochs, "mini_batches": d.mini_batches} if d.updates_per_generation > 1 else {})}
 
 
 def advise(q: Query) -> dict:
@@ -70,10 +72,13 @@ def advise(q: Query) -> dict:
     if q.kappa is not None:
         memory = fg.Memory(q.kappa, q.optimizer, q.beta1, float(q.pilot_batch or q.batch_size))
     answer = fg.whole_design(q.b_noise, q.batch_size, q.mu, memory, group_size=q.group_size, staleness=q.staleness,
-                             floor=q.floor, max_steps_ratio=q.max_steps_ratio, max_horizon=q.max_horizon)
+                             floor=q.floor, max_steps_ratio=q.max_steps_ratio, max_horizon=q.max_horizon,
+                             max_epochs=q.max_epochs)
     ref = answer.at_batch
     rows = {"at_batch": _design_row(ref, ref), "on_policy": _design_row(answer.on_policy, ref),
             "replay": None if answer.replay is None else _design_row(answer.replay, ref)}
+    if q.max_epochs > 1:  # the key only when asked: records without it read as before
+        rows["epochs"] = None if answer.epochs is None else _design_row(answer.epochs, ref)
     record = {**base, "measured": True, "batch": q.batch_size, "b_noise": q.b_noise, "b": q.b_noise / q.batch_size,
               "b_noise_source": q.b_noise_source, "kappa": q.kappa, "kappa_source": q.kappa_source,
               "pilot_batch": q.pilot_batch or q.batch_size, "winner": answer.winner, "designs": rows}
@@ -82,8 +87,11 @@ def advise(q: Query) -> dict:
         record["condition"] = {"psi": answer.replay.psi, "x": answer.replay.design.x, "y": y,
                                "threshold_at_y": fg.equal_steps_threshold(y, q.mu)}
     best = answer.best.design  # the design to run, under the names the trainers read (integrations/replay_config.py)
-    record.update(regime="on-policy" if best.on_policy else "replay", batch_size=best.batch_size,
-                  rollouts_per_step=best.rollouts_per_step, capacity=best.capacity)
+    regime = "epochs" if answer.winner == "epochs" else "on-policy" if best.on_policy else "replay"
+    record.update(regime=regime, batch_size=best.batch_size, rollouts_per_step=best.rollouts_per_step,
+                  capacity=best.capacity)
+    if regime == "epochs":
+        record.update(epochs=best.epochs, mini_batches=best.mini_batches)
     record["what_to_do"], record["why"] = _measured_advice(record)
     record["notes"] = _notes(q, record)
     return record
@@ -117,6 +125,16 @@ def _unmeasured_why(q: Query, threshold: float) -> str:
 def _measured_advice(r: dict) -> tuple[str, str]:
     """(what to do, why): the action in one short sentence, the numbers and the condition that decided it apart."""
     at, on, rep = r["designs"]["at_batch"], r["designs"]["on_policy"], r["designs"]["replay"]
+    if r["winner"] == "epochs":
+        ep = r["designs"]["epochs"]
+        action = (f"generate R = {ep['rollouts_per_step']} per generation and train {ep['epochs']} epoch"
+                  f"{'s' if ep['epochs'] > 1 else ''} over {ep['mini_batches']} mini-batch"
+                  f"{'es' if ep['mini_batches'] > 1 else ''} of B = {ep['batch_size']}")
+        why = (f"{ep['compute_vs_B']:.2f}x the compute of on-policy at B = {r['batch']} in {ep['steps_vs_B']:.2f}x "
+               f"its steps, {on['compute_vs_B'] / ep['compute_vs_B']:.2f}x cheaper than the cheapest on-policy batch "
+               f"(B = {on['batch_size']}): the optimizer keeps psi_E = {ep['psi']:.2f} of the reused rollouts' noise "
+               f"(1: none kept; {ep['epochs']}: all)")
+        return action, why
     if r["winner"] == "replay":
         action = (f"replay with B = {rep['batch_size']}, R = {rep['rollouts_per_step']}, N = {rep['capacity']} "
                   f"(horizon x = {rep['x']}, replay ratio y = {rep['y']:.3g})")
@@ -204,16 +222,21 @@ def render(r: dict, evidence: list[str], verdict: str | None = None) -> str:
               f"{r['max_steps_ratio']:g}x on-policy's at B; whole groups of {r['group_size']}; staleness: "
               f"{r['staleness']}", "",
               "  design                    B       R        N     x      y  steps vs B  compute vs B     psi"]
+    best_key = {"replay": "replay", "epochs": "epochs", "on-policy at B": "at_batch"}.get(r["winner"], "on_policy")
     for name, key in (("on-policy at your B", "at_batch"), ("cheapest on-policy", "on_policy"),
-                      ("best replay", "replay")):
+                      ("best replay", "replay"), ("best epochs", "epochs")):
+        if key not in d:
+            continue
         row = d[key]
         if row is None:
             lines.append(f"  {name:<22}  none within the steps budget")
             continue
-        mark = "  <- best" if (key == "replay") == (r["winner"] == "replay") and key != "at_batch" or (
-            key == "at_batch" and r["winner"] == "on-policy at B") else ""
+        if key == "epochs":
+            name = f"epochs e={row['epochs']} m={row['mini_batches']}"
+        mark = "  <- best" if key == best_key else ""
+        x, y = ("-", "-") if key == "epochs" else (row["x"], f"{row['y']:.3g}")  # a generation is no FIFO
         lines.append(f"  {name:<22}  {row['batch_size']:>5} {row['rollouts_per_step']:>7} {row['capacity']:>8} "
-                     f"{row['x']:>5} {row['y']:>6.3g}  {row['steps_vs_B']:>9.2f}x  {row['compute_vs_B']:>11.2f}x  "
+                     f"{x:>5} {y:>6}  {row['steps_vs_B']:>9.2f}x  {row['compute_vs_B']:>11.2f}x  "
                      f"{row['psi']:>6.2f}{mark}")
     if r.get("condition"):
         c = r["condition"]

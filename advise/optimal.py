@@ -63,7 +63,7 @@ KAPPA_MIN = 1e-9
 """The smallest kappa (a memory of a billion steps, beyond any run): below it the momentum / Adam impulse response's
 stationary covariance loses every digit (kappa = 1e-12 reads as unstable, 1e-320 overflows)."""
 FORGETTING_FIELDS = ("kappa", "optimizer", "beta1", "pilot_batch", "group_size", "latency_floor", "max_steps_ratio",
-                     "max_horizon")
+                     "max_horizon", "max_epochs")
 PAPER_FIELDS = ("alpha", "rho", "average", "budget", "smoothness", "bias", "f0", "rollouts_per_step")
 BUDGET_CONSTANTS = ("smoothness", "bias", "f0")
 
@@ -124,6 +124,9 @@ class OptimalQuery:
     """forgetting: steps allowed, relative to on-policy at B (the wall-time budget)."""
     max_horizon: int = field(default=64, metadata=Range(1, 4096, integer=True, fmt="g").field())
     """forgetting: the longest buffer horizon x = N/R considered."""
+    max_epochs: int = field(default=1, metadata=Range(1, 64, integer=True, fmt="g").field())
+    """forgetting: also price e epochs over m mini-batches of one generation (TRL num_iterations and
+    steps_per_generation, verl ppo_epochs), e up to this; 1 (default) prices none: the benchmark has not tested them."""
     objective: str = field(default="forgetting", metadata=Range(choices=objective_choices).field())
     """Which rule answers (default forgetting, the rule the benchmark tests)."""
     alpha: float | None = field(default=None, metadata=Range(0, finite=True, fmt="g").field())
@@ -246,7 +249,8 @@ def _with_framework(result: Answer, q: OptimalQuery) -> Answer:
     sizes = [r.get(name) for name in ("batch_size", "rollouts_per_step", "capacity")]
     if all(type(v) is int for v in sizes):
         B, R, N = sizes
-        fa = config_lines(q.framework, Design(B, R, N, B == R == N, q.group_size))
+        e, m = r.get("epochs", 1), r.get("mini_batches", 1)
+        fa = config_lines(q.framework, Design(B, R, N, B == R == N, q.group_size), epochs=e, mini_batches=m)
     else:
         fa = FrameworkAnswer(q.framework, framework_choices()[q.framework].rsplit(" ", 1)[1],
                              refused="this answer names no whole design (B, R, N) to configure: give -B and the "
@@ -349,6 +353,7 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
     query = advice.Query(mu=rollout_mu_of_convention(mu, convention), batch_size=q.batch_size, b_noise=b_noise,
                          b_noise_source=source, **memory, group_size=q.group_size,
                          floor=q.latency_floor, max_steps_ratio=q.max_steps_ratio, max_horizon=q.max_horizon,
+                         max_epochs=q.max_epochs,
                          staleness=_staleness_of(loaded))
     record = advice.advise(query)
     floor_ratio = floor_ratio_of(q.latency_floor, q.batch_size)  # the benchmark's cost model nearest the user's
@@ -359,6 +364,8 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
                                         "rollouts_per_step": record["rollouts_per_step"],
                                         "on_policy": record["regime"] == "on-policy"}, q.batch_size)
         evidence += f"; {outside}" if outside else ""
+        if record["regime"] == "epochs":
+            evidence += "; an epoch design: the benchmark has trained none, so no share above speaks for it"
     return Answer(text=advice.render(record, [evidence], verdict),
                   record={**record, "verdict": verdict, "evidence": evidence, "convention": convention,
                           "paper_evidence": _evidence("paper")})

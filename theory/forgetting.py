@@ -516,13 +516,16 @@ class WholeDesign:
     at_batch: Prediction  # on-policy at the user's B
     on_policy: Prediction  # the cheapest on-policy batch within the steps cap
     replay: Prediction | None  # the cheapest replay design within the steps cap (None: none allowed)
-    winner: str  # "replay", "on-policy (smaller batch)", "on-policy (larger batch)" or "on-policy at B"
+    winner: str  # "replay", "epochs", "on-policy (smaller batch)", "on-policy (larger batch)" or "on-policy at B"
     max_steps_ratio: float
     threshold: float  # the loosest equal-steps psi threshold, mu / (1 + sqrt(1 + mu))^2
     threshold_y: float
+    epochs: Prediction | None = None  # the cheapest epoch design within the cap (None: not asked, or none allowed)
 
     @property
     def best(self) -> Prediction:
+        if self.winner == "epochs":
+            return self.epochs
         if self.replay is not None and self.replay.compute < self.on_policy.compute:
             return self.replay
         return self.on_policy
@@ -530,14 +533,15 @@ class WholeDesign:
 
 def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | None, *, group_size: int = 1,
                  staleness: Staleness = NO_STALENESS, floor: float = 0.0, max_steps_ratio: float = 2.0,
-                 max_horizon: int = 64, max_batch: int | None = None) -> WholeDesign:
+                 max_horizon: int = 64, max_batch: int | None = None, max_epochs: int = 1) -> WholeDesign:
     """Search on-policy batches and replay designs (B', R, N = x R) in whole groups of ``group_size`` for the least
     predicted compute whose steps stay within ``max_steps_ratio`` x on-policy's at the user's B (the wall-time
     budget: below the noise scale compute falls with the batch while steps rise).
 
     B' ranges over whole groups up to ``max_batch`` (default 4 B) and R over whole groups up to B', first 4 per
     factor 2 with x over 1, 2, 3, 4, 6, 8, 11, 16, ... up to ``max_horizon``, then around the best at 16 per factor
-    2 (every whole group when they are fewer) with every x within a factor sqrt(2).
+    2 (every whole group when they are fewer) with every x within a factor sqrt(2). ``max_epochs`` > 1 adds epoch
+    designs (R up to that batch, e up to ``max_epochs`` passes over m mini-batches, ``_cheapest_epochs``).
     """
     max_batch = _checked_max_batch(b_noise, batch_size, group_size, max_steps_ratio, max_horizon, max_batch)
     score = partial(predict_many, b_noise=b_noise, mu=mu, memory=memory, staleness=staleness, floor=floor)
@@ -546,9 +550,14 @@ def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | No
     top = max_batch // group_size * group_size  # the largest whole-group batch searched
     best_on = _cheapest_on_policy(group_size, top, ref, cap, score)
     best_replay = _cheapest_replay(top, group_size, max_horizon, cap, score)
+    require_int("max epochs", max_epochs, 1)
+    best_epochs = _cheapest_epochs(top, group_size, max_epochs, cap, score) if max_epochs > 1 else None
     y_l, thr = loosest_equal_steps(mu)
-    return WholeDesign(ref, best_on, best_replay, _winner(best_replay, best_on, batch_size), float(max_steps_ratio),
-                       float(thr), float(y_l))
+    winner = _winner(best_replay, best_on, batch_size)
+    rival = best_replay if winner == "replay" else best_on
+    if best_epochs is not None and best_epochs.compute < rival.compute:
+        winner = "epochs"
+    return WholeDesign(ref, best_on, best_replay, winner, float(max_steps_ratio), float(thr), float(y_l), best_epochs)
 
 
 def _checked_max_batch(b_noise: float, batch_size: int, group_size: int, max_steps_ratio: float, max_horizon: int,
@@ -603,6 +612,24 @@ def _cheapest_replay(top: int, group_size: int, max_horizon: int, cap: float,
             for rr in _log_groups(*_groups_between(r_low, min(r_high, bb), group_size, top), group_size, 16)
             for x in near_x if not (rr == bb and x == 1)]
     return _cheapest(score(fine) + [best_replay], cap)
+
+
+def _cheapest_epochs(top: int, group_size: int, max_epochs: int, cap: float,
+                     score: Callable[[list[Design]], list[Prediction]]) -> Prediction | None:
+    """The cheapest epoch design within the steps cap: one generation of R (whole groups up to ``top``, 4 per
+    octave, then 16 per octave within one coarse step of the best R), e = 2 .. ``max_epochs`` passes over m = 1, 2,
+    4, ... mini-batches of whole groups (m e > 1: e = 1 with m > 1 is PPO's single pass, also an answer)."""
+    def designs(rollouts: list[int]) -> list[Design]:
+        return [Design.epochs_of(rr, e, m, group_size) for rr in rollouts for e in range(1, max_epochs + 1)
+                for m in (2 ** k for k in range(int(math.log2(rr // group_size)) + 1))
+                if e * m > 1 and rr % (m * group_size) == 0]
+
+    best = _cheapest(score(designs(_log_groups(group_size, top, group_size, 4))), cap)
+    if best is None:
+        return None
+    r = best.design.rollouts_per_step
+    fine = _log_groups(*_groups_between(r / 2 ** 0.25, r * 2 ** 0.25, group_size, top), group_size, 16)
+    return _cheapest(score(designs(fine)) + [best], cap)
 
 
 def _winner(best_replay: Prediction | None, best_on: Prediction, batch_size: int) -> str:
