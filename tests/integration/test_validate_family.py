@@ -24,11 +24,10 @@ from replay_theory.validate.loop import (  # noqa: E402
     ValidateConfig,
     _rl_config,
     load_predicted,
-    prediction_rows,
-    predictions_markdown,
     run_verify,
     staleness_of_calibration,
 )
+from replay_theory.validate.report import prediction_rows, predictions_markdown  # noqa: E402
 from replay_theory.validate.verdict import compare  # noqa: E402
 
 B64 = ValidateConfig(rollouts_per_step=64, group_size=8)
