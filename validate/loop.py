@@ -60,7 +60,7 @@ from .config import (
     load_run_config,
     report_stem,
 )
-from .engines import make_sampler, resolve_engine
+from .engines import Sampler, make_sampler, resolve_engine
 from .families import NamedDesign, fixed_b_designs, horizon_designs, neighbour_designs, steps_at_budget
 from .policy import (
     ModelConfig,
@@ -296,6 +296,45 @@ class VerifyRun:
         return len(self.lrs) > 1
 
 
+@dataclasses.dataclass(frozen=True)
+class Trainer:
+    """What each verify run trains and is evaluated with, built once a process from the run's config (by
+    ``run_verify``, or a ``--jobs`` worker): the warm start, the problems, the rollout engine and ``settings``, the RL
+    settings every design shares (its learning rate, completion length, syncs, micro-batches and seed; ``_rl_config``
+    puts a design in them). Seed s of every design trains with seed ``settings.seed + 101 s`` and is evaluated with
+    ``settings.seed + 1 + s``."""
+
+    warm_start: Path  # the checkpoint every run starts from
+    device: str
+    settings: RLConfig
+    mu: float  # the prediction's mu: a rollout costs mu sample-updates
+    train_set: list
+    test_set: list
+    sampler: Sampler
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.settings.max_new_tokens
+
+    def train_seed(self, s: int) -> int:
+        return self.settings.seed + 101 * s
+
+    def eval_seed(self, s: int) -> int:
+        return self.settings.seed + 1 + s
+
+
+def verify_settings(config: ValidateConfig) -> RLConfig:
+    """The RL settings every verify run shares, read from the run's config (a design and its steps come per run)."""
+    return RLConfig(lr=config.lr, max_new_tokens=config.max_new_tokens, sync_every=config.sync_every,
+                    micro_batch_size=config.micro_batch_size, seed=config.seed)
+
+
+def _rl_config(settings: RLConfig, design: NamedDesign, steps: int, lr: float, seed: int) -> RLConfig:
+    """The RL run of ``design`` in verify: its design as it is, ``steps`` updates at learning rate ``lr`` and ``seed``,
+    the run's generation ``settings`` (``verify_settings``)."""
+    return dataclasses.replace(settings, **dataclasses.asdict(design.config), steps=steps, lr=lr, seed=seed)
+
+
 def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None = None, log=print,
                progress: bool = False, figure=None) -> dict:
     """Train each design from the same warm start at EQUAL compute and compare held-out reward; report.json/.md.
@@ -315,12 +354,12 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     """
     plan = (plan or VerifyConfig()).validated()
     config = config.validated(memory=False)
+    lrs = plan.learning_rates(config.lr)
     plan.check_sizes(config.rollouts_per_step, config.group_size)
     plan.check_verify_memory(config)  # verify's own: its workers, seeds and runs
     check_run_dir(out_dir, needs="predicted.json")
     stem = report_stem(plan.family)
-    lrs = plan.learning_rates(config.lr)
-    saved = saved_report(out_dir, stem, config, plan, lrs, log)
+    saved = saved_report(out_dir, stem, plan, lrs, config.lr, log)
     if saved is not None:
         return saved
     engine = check_engine(config)
@@ -331,33 +370,33 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     started = time.perf_counter()
     predicted = load_predicted(out_dir)
     calibration = json.loads((out_dir / "calibration.json").read_text())
-    run = VerifyRun(config, plan, out_dir, predicted["mu"], plan.batched and engine == "hf", lrs)
     train_set, test_set = config.problems()
+    trainer = Trainer(out_dir / "warm_start", config.device, verify_settings(config), predicted["mu"], train_set,
+                      test_set, get_sampler(config, out_dir))
+    run = VerifyRun(config, plan, out_dir, predicted["mu"], plan.batched and engine == "hf", lrs)
     (out_dir / "verify").mkdir(exist_ok=True)
-    warm = load_checkpoint(out_dir / "warm_start", device=config.device)
-    sampler = get_sampler(config, out_dir)
-    warm_evals = evaluate_warm_start(run, warm, test_set, sampler)
+    warm_evals = evaluate_warm_start(trainer, plan.seeds, run.batched)
     warm_mean, warm_sd = mean_sd([e["mean_reward"] for e in warm_evals])
     log(f"warm start: held-out reward {warm_mean:.3f} +- {warm_sd:.3f} over {plan.seeds} evaluation seeds")
     designs, centres, rules = verify_designs(run, predicted, calibration, log)
     paths, units = pending_units(run, designs)
-    records = train_units(run, units, paths, train_set, test_set, sampler, log, progress)
+    records = train_units(run, trainer, units, paths, log, progress)
     report = verify_report(run, designs, centres, rules, records, warm_evals, predicted, calibration, started)
     write_report(report, out_dir, stem, figure)
     return report
 
 
-def saved_report(out_dir: Path, stem: str, config: ValidateConfig, plan: VerifyConfig, lrs: tuple[float, ...],
+def saved_report(out_dir: Path, stem: str, plan: VerifyConfig, lrs: tuple[float, ...], lr: float,
                  log=print) -> dict | None:
     """``out_dir/stem.json`` when it was made with these seeds, budget and learning rates (``lrs``); None when there is
-    none.
+    none. ``lr``: the run's --lr, the rate of a report saved before learning-rate grids, which names none.
 
     Reports are never overwritten: the same request returns the saved report, another is refused."""
     path = out_dir / f"{stem}.json"
     if not path.exists():
         return None
     report = json.loads(path.read_text())
-    saved_lrs = report["budget"].get("lr_grid", [report.get("config", {}).get("lr", config.lr)])
+    saved_lrs = report["budget"].get("lr_grid", [report.get("config", {}).get("lr", lr)])
     if (report["budget"]["seeds"], report["budget"]["updates"], saved_lrs) != (
             plan.seeds, plan.budget_updates, list(lrs)):
         lr_text = f" at learning rates {', '.join(f'{lr:.3g}' for lr in saved_lrs)}" if len(saved_lrs) > 1 else ""
@@ -368,14 +407,15 @@ def saved_report(out_dir: Path, stem: str, config: ValidateConfig, plan: VerifyC
     return report
 
 
-def evaluate_warm_start(run: VerifyRun, warm, test_set, sampler) -> list[dict]:
-    """The warm start's held-out evaluation at every seed's evaluation seed ``config.seed + 1 + s``."""
-    config, seeds = run.config, run.plan.seeds
-    eval_seeds = [config.seed + 1 + s for s in range(seeds)]
-    if run.batched and seeds > 1:
-        return evaluate_policies(stack_policy(warm, seeds), test_set, 8, 1.0, config.max_new_tokens, eval_seeds,
-                                 sampler=sampler)
-    return [evaluate_policy(warm, test_set, 8, 1.0, config.max_new_tokens, seed=e, sampler=sampler)
+def evaluate_warm_start(trainer: Trainer, seeds: int, batched: bool) -> list[dict]:
+    """The warm start's held-out evaluation at each of the ``seeds`` runs' evaluation seeds ``config.seed + 1 + s``;
+    ``batched``: all of them as one seed-stacked model."""
+    warm = load_checkpoint(trainer.warm_start, device=trainer.device)
+    eval_seeds = [trainer.eval_seed(s) for s in range(seeds)]
+    if batched and seeds > 1:
+        return evaluate_policies(stack_policy(warm, seeds), trainer.test_set, 8, 1.0, trainer.max_new_tokens,
+                                 eval_seeds, sampler=trainer.sampler)
+    return [evaluate_policy(warm, trainer.test_set, 8, 1.0, trainer.max_new_tokens, seed=e, sampler=trainer.sampler)
             for e in eval_seeds]
 
 
@@ -435,10 +475,10 @@ def pending_units(run: VerifyRun, designs: list[NamedDesign]) -> tuple[dict, lis
     return paths, units
 
 
-def train_units(run: VerifyRun, units: list[tuple], paths: dict, train_set, test_set, sampler, log=print,
+def train_units(run: VerifyRun, trainer: Trainer, units: list[tuple], paths: dict, log=print,
                 progress: bool = False) -> dict:
-    """Train ``units`` in this process or in ``--jobs`` worker processes, logging each run's held-out reward; every
-    cell's records, (design name, lr) -> one a seed."""
+    """Train ``units`` with ``trainer`` in this process or in ``--jobs`` worker processes (each builds its own from the
+    run's config), logging each run's held-out reward; every cell's records, (design name, lr) -> one a seed."""
     workers = local_workers(run.plan.jobs, len(units)) if units else 1
     total = len(paths) * run.plan.seeds
     done = sum(path.exists() for ps in paths.values() for path in ps)
@@ -455,13 +495,12 @@ def train_units(run: VerifyRun, units: list[tuple], paths: dict, train_set, test
                 f"{record['steps']} updates")
 
     if workers == 1:
-        for design, lr, steps, pending in units:
-            _train_unit(dataclasses.replace(run.config, lr=lr), run.out_dir, design, steps, run.mu, pending,
-                        paths[(design.name, lr)], run.batched, train_set, test_set, sampler, bar)
+        for unit in units:
+            design, lr, _, pending = unit
+            _train_unit(trainer, unit, paths[(design.name, lr)], run.batched, bar)
             log_unit(design, lr, pending)
     else:  # independent runs, each seeded by its own seed: the same files whichever process trains them
-        jobs = ((dataclasses.replace(run.config, lr=lr), run.out_dir, design, steps, run.mu, pending,
-                 paths[(design.name, lr)], run.batched) for design, lr, steps, pending in units)
+        jobs = ((run.config, run.out_dir, run.mu, unit, paths[(unit[0].name, unit[1])], run.batched) for unit in units)
         for design, lr, pending in run_unordered(_train_unit_in_worker, jobs, workers, batch_size=1):
             for _ in pending:
                 bar.advance()
@@ -562,11 +601,11 @@ def forgetting_memory(out_dir: Path, kappa: float | None, log=print) -> dict:
     return {"kappa": None, "source": None, "reason": reason}
 
 
-def _train_one(config: ValidateConfig, out_dir: Path, design: NamedDesign, seed: int, steps: int, mu: float, path: Path,
-               train_set, test_set, sampler, bar: StepBar) -> dict:
+def _train_one(trainer: Trainer, design: NamedDesign, lr: float, seed: int, steps: int, path: Path,
+               bar: StepBar) -> dict:
     """One verify run from the warm start (checkpointed every 5 steps, resumed exactly), evaluated held out."""
-    policy = load_checkpoint(out_dir / "warm_start", device=config.device)
-    rl = _rl_config(config, design, steps, config.seed + 101 * seed)
+    policy = load_checkpoint(trainer.warm_start, device=trainer.device)
+    rl = _rl_config(trainer.settings, design, steps, lr, trainer.train_seed(seed))
     checkpoint = path.with_suffix(".ckpt")  # a run interrupted mid-way resumes from here
     truncate_log(path.with_suffix(".jsonl"), checkpoint_next_step(checkpoint))
     step_log = StepLog(path.with_suffix(".jsonl"), tensorboard_dir=path.parent / "tensorboard" / path.stem)
@@ -575,35 +614,37 @@ def _train_one(config: ValidateConfig, out_dir: Path, design: NamedDesign, seed:
         step_log(step, metrics)
         bar.tick()
 
-    result = train(policy, train_set, rl, progress=on_step, checkpoint=checkpoint, checkpoint_every=5,
-                   sampler=sampler, mu=mu)
+    result = train(policy, trainer.train_set, rl, progress=on_step, checkpoint=checkpoint, checkpoint_every=5,
+                   sampler=trainer.sampler, mu=trainer.mu)
     step_log.close()
-    held_out = evaluate_policy(policy, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1 + seed,
-                               sampler=sampler)
+    held_out = evaluate_policy(policy, trainer.test_set, 8, 1.0, trainer.max_new_tokens, seed=trainer.eval_seed(seed),
+                               sampler=trainer.sampler)
     return _write_record(path, design, seed, steps, result, held_out)
 
 
-def _train_unit(config: ValidateConfig, out_dir: Path, design: NamedDesign, steps: int, mu: float, pending: list[int],
-                cell_paths: list[Path], batched: bool, train_set, test_set, sampler, bar: StepBar) -> None:
-    """Seeds ``pending`` of one (design, learning rate) cell: together when ``batched``, else one after another."""
+def _train_unit(trainer: Trainer, unit: tuple, cell_paths: list[Path], batched: bool, bar: StepBar) -> None:
+    """A unit (design, lr, steps, pending seeds) of one (design, learning rate) cell: its seeds together when
+    ``batched``, else one after another."""
+    design, lr, steps, pending = unit
     if batched and len(pending) > 1:
-        _train_seeds(config, out_dir, design, pending, steps, mu, cell_paths, train_set, test_set, sampler, bar)
+        _train_seeds(trainer, design, lr, pending, steps, cell_paths, bar)
         return
     for s in pending:
-        _train_one(config, out_dir, design, s, steps, mu, cell_paths[s], train_set, test_set, sampler, bar)
+        _train_one(trainer, design, lr, s, steps, cell_paths[s], bar)
         bar.advance()
 
 
-def _train_unit_in_worker(config: ValidateConfig, out_dir: Path, design: NamedDesign, steps: int, mu: float,
-                          pending: list[int], cell_paths: list[Path], batched: bool
-                          ) -> tuple[NamedDesign, float, list[int]]:
-    """``_train_unit`` in a ``--jobs`` worker process: it builds what ``run_verify`` holds (the problems, the
-    engine, torch's threads and deterministic kernels) and writes the same record files."""
+def _train_unit_in_worker(config: ValidateConfig, out_dir: Path, mu: float, unit: tuple, cell_paths: list[Path],
+                          batched: bool) -> tuple[NamedDesign, float, list[int]]:
+    """``_train_unit`` in a ``--jobs`` worker process: it builds what ``run_verify`` holds (torch's threads and
+    deterministic kernels, the problems, the engine: its ``Trainer``) and writes the same record files."""
     configure_torch(config.threads)
     train_set, test_set = config.problems()
-    _train_unit(config, out_dir, design, steps, mu, pending, cell_paths, batched, train_set, test_set,
-                get_sampler(config, out_dir), _WorkerBar())
-    return design, config.lr, pending
+    trainer = Trainer(out_dir / "warm_start", config.device, verify_settings(config), mu, train_set, test_set,
+                      get_sampler(config, out_dir))
+    _train_unit(trainer, unit, cell_paths, batched, _WorkerBar())
+    design, lr, _, pending = unit
+    return design, lr, pending
 
 
 class StepBar(Protocol):
@@ -641,24 +682,17 @@ def _lr_tag(lr: float) -> str:
     return f"_lr{lr:.3g}"
 
 
-def _rl_config(config: ValidateConfig, design: NamedDesign, steps: int, seed: int) -> RLConfig:
-    """The RL run of ``design`` in verify: its design as it is, the run's learning rate and generation settings."""
-    return RLConfig(**dataclasses.asdict(design.config), steps=steps, lr=config.lr,
-                    max_new_tokens=config.max_new_tokens, sync_every=config.sync_every,
-                    micro_batch_size=config.micro_batch_size, seed=seed)
-
-
-def _train_seeds(config: ValidateConfig, out_dir: Path, design: NamedDesign, pending: list[int], steps: int, mu: float,
-                 paths: list[Path], train_set, test_set, sampler, bar: StepBar) -> None:
+def _train_seeds(trainer: Trainer, design: NamedDesign, lr: float, pending: list[int], steps: int, paths: list[Path],
+                 bar: StepBar) -> None:
     """``_train_one`` for the seeds ``pending`` of one design at once (seeds as a batch axis, validate/batched.py).
 
     Seed s trains with the streams of ``config.seed + 101 s`` and is evaluated with ``config.seed + 1 + s``, as in
     ``_train_one``: each record equals the sequential one (tests/integration/test_validate_batched.py). One checkpoint
     holds every pending seed (every 5 steps, resumed exactly); records are written when all of them finish.
     """
-    seeds = [config.seed + 101 * s for s in pending]
-    policy = stack_policy(load_checkpoint(out_dir / "warm_start", device=config.device), len(pending))
-    rl = _rl_config(config, design, steps, config.seed)
+    seeds = [trainer.train_seed(s) for s in pending]
+    policy = stack_policy(load_checkpoint(trainer.warm_start, device=trainer.device), len(pending))
+    rl = _rl_config(trainer.settings, design, steps, lr, trainer.settings.seed)
     checkpoint = paths[pending[0]].with_name(f"{paths[pending[0]].stem.rsplit('_seed', 1)[0]}_seeds"
                                              f"{'-'.join(map(str, pending))}.ckpt")
     next_step = checkpoint_next_step(checkpoint)
@@ -673,12 +707,12 @@ def _train_seeds(config: ValidateConfig, out_dir: Path, design: NamedDesign, pen
             step_log(step, metrics)
             bar.tick()
 
-    results = train_loop(policy, train_set, rl, seeds, progress=on_step, checkpoint=checkpoint, checkpoint_every=5,
-                         sampler=sampler, mu=mu)
+    results = train_loop(policy, trainer.train_set, rl, seeds, progress=on_step, checkpoint=checkpoint,
+                         checkpoint_every=5, sampler=trainer.sampler, mu=trainer.mu)
     for step_log in logs:
         step_log.close()
-    held_out = evaluate_policies(policy, test_set, 8, 1.0, config.max_new_tokens,
-                                 [config.seed + 1 + s for s in pending], sampler=sampler)
+    held_out = evaluate_policies(policy, trainer.test_set, 8, 1.0, trainer.max_new_tokens,
+                                 [trainer.eval_seed(s) for s in pending], sampler=trainer.sampler)
     for s, result, evaluation in zip(pending, results, held_out):
         _write_record(paths[s], design, s, steps, result, evaluation)
         bar.advance()
