@@ -5,6 +5,6 @@ Paper: experience-replay (docs/REFERENCES.md). The validator trains through the 
 the divergences of ``replay_theory.theory``:
 ``policy`` (build, load, checkpoint), ``logprobs`` (prompt encoding, log-probs), ``sampling`` (the HF
 sampling loop), ``sft`` (warm start), ``engines`` / ``vllm_engine`` (rollout engines),
-``rl`` (training), ``calibrate`` (mu, sigma^2(s), rho), ``loop`` (calibrate -> predict -> verify), ``trl_run``
-(``replay-theory trl-replay``: integrations/trl.py's trainer on this model and task).
+``rl`` (training), ``calibrate`` (mu, sigma^2(s), rho), ``loop`` (calibrate -> predict -> verify), ``report``
+(verify's report), ``trl_run`` (``replay-theory trl-replay``: integrations/trl.py's trainer on this model and task).
 """

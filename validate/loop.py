@@ -9,8 +9,8 @@ probe RL run, and writes ``DIR/calibration.json`` and ``DIR/profile.json``. ``re
 predict --out DIR`` turns them into the Thm 3.5 design (x*, y*) and integer N, B, R in
 ``DIR/predicted.json``; ``verify`` trains the designs at equal compute (on-policy, the prediction and FIFO
 buffers around it with GRPO; RLOO whole-group replay cells (rho, L, c); ``validate/families.py``) and writes
-``DIR/report.json/.md/.png``. N, B, R are DesignConfig's ``capacity``, ``batch_size``, ``rollouts_per_step`` in every
-file; one saved before says N, B, R and is read through ``core.designs.in_design_names``.
+``DIR/report.json/.md/.png`` (``validate/report.py``). N, B, R are DesignConfig's ``capacity``, ``batch_size``,
+``rollouts_per_step`` in every file; one saved before says N, B, R and is read through ``core.designs.in_design_names``.
 Files are never overwritten: a step whose output exists is skipped (resume) when it was made with the
 same settings, and refused otherwise; ``--out`` is checked before any work (``check_run_dir``). verify's runs
 (design x learning rate x seed) are independent and each fixes its own seeds: ``--jobs`` trains them in worker
@@ -60,7 +60,7 @@ from .config import (
     load_run_config,
     report_stem,
 )
-from .engines import make_sampler, resolve_engine
+from .engines import Sampler, make_sampler, resolve_engine
 from .families import NamedDesign, fixed_b_designs, horizon_designs, neighbour_designs, steps_at_budget
 from .policy import (
     ModelConfig,
@@ -69,6 +69,7 @@ from .policy import (
     resolve_device,
     save_checkpoint,
 )
+from .report import best_lr_row, mean_sd, prediction_rows, write_report
 from .rl import (
     RLConfig,
     checkpoint_next_step,
@@ -266,11 +267,6 @@ def _run_file_stem(name: str) -> str:
     return name.replace("=", "").replace(", ", "_").replace(" ", "").replace("/", "over")
 
 
-def _mean_sd(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (ddof 1; 0 for one value)."""
-    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-
-
 @dataclasses.dataclass(frozen=True)
 class VerifyRun:
     """What every step of one verify reads: its settings, the price of a rollout and how seeds are trained."""
@@ -300,6 +296,45 @@ class VerifyRun:
         return len(self.lrs) > 1
 
 
+@dataclasses.dataclass(frozen=True)
+class Trainer:
+    """What each verify run trains and is evaluated with, built once a process from the run's config (by
+    ``run_verify``, or a ``--jobs`` worker): the warm start, the problems, the rollout engine and ``settings``, the RL
+    settings every design shares (its learning rate, completion length, syncs, micro-batches and seed; ``_rl_config``
+    puts a design in them). Seed s of every design trains with seed ``settings.seed + 101 s`` and is evaluated with
+    ``settings.seed + 1 + s``."""
+
+    warm_start: Path  # the checkpoint every run starts from
+    device: str
+    settings: RLConfig
+    mu: float  # the prediction's mu: a rollout costs mu sample-updates
+    train_set: list
+    test_set: list
+    sampler: Sampler
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.settings.max_new_tokens
+
+    def train_seed(self, s: int) -> int:
+        return self.settings.seed + 101 * s
+
+    def eval_seed(self, s: int) -> int:
+        return self.settings.seed + 1 + s
+
+
+def verify_settings(config: ValidateConfig) -> RLConfig:
+    """The RL settings every verify run shares, read from the run's config (a design and its steps come per run)."""
+    return RLConfig(lr=config.lr, max_new_tokens=config.max_new_tokens, sync_every=config.sync_every,
+                    micro_batch_size=config.micro_batch_size, seed=config.seed)
+
+
+def _rl_config(settings: RLConfig, design: NamedDesign, steps: int, lr: float, seed: int) -> RLConfig:
+    """The RL run of ``design`` in verify: its design as it is, ``steps`` updates at learning rate ``lr`` and ``seed``,
+    the run's generation ``settings`` (``verify_settings``)."""
+    return dataclasses.replace(settings, **dataclasses.asdict(design.config), steps=steps, lr=lr, seed=seed)
+
+
 def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None = None, log=print,
                progress: bool = False, figure=None) -> dict:
     """Train each design from the same warm start at EQUAL compute and compare held-out reward; report.json/.md.
@@ -319,12 +354,12 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     """
     plan = (plan or VerifyConfig()).validated()
     config = config.validated(memory=False)
+    lrs = plan.learning_rates(config.lr)
     plan.check_sizes(config.rollouts_per_step, config.group_size)
     plan.check_verify_memory(config)  # verify's own: its workers, seeds and runs
     check_run_dir(out_dir, needs="predicted.json")
     stem = report_stem(plan.family)
-    lrs = plan.learning_rates(config.lr)
-    saved = saved_report(out_dir, stem, config, plan, lrs, log)
+    saved = saved_report(out_dir, stem, plan, lrs, config.lr, log)
     if saved is not None:
         return saved
     engine = check_engine(config)
@@ -335,33 +370,33 @@ def run_verify(config: ValidateConfig, out_dir: Path, plan: VerifyConfig | None 
     started = time.perf_counter()
     predicted = load_predicted(out_dir)
     calibration = json.loads((out_dir / "calibration.json").read_text())
-    run = VerifyRun(config, plan, out_dir, predicted["mu"], plan.batched and engine == "hf", lrs)
     train_set, test_set = config.problems()
+    trainer = Trainer(out_dir / "warm_start", config.device, verify_settings(config), predicted["mu"], train_set,
+                      test_set, get_sampler(config, out_dir))
+    run = VerifyRun(config, plan, out_dir, predicted["mu"], plan.batched and engine == "hf", lrs)
     (out_dir / "verify").mkdir(exist_ok=True)
-    warm = load_checkpoint(out_dir / "warm_start", device=config.device)
-    sampler = get_sampler(config, out_dir)
-    warm_evals = evaluate_warm_start(run, warm, test_set, sampler)
-    warm_mean, warm_sd = _mean_sd([e["mean_reward"] for e in warm_evals])
+    warm_evals = evaluate_warm_start(trainer, plan.seeds, run.batched)
+    warm_mean, warm_sd = mean_sd([e["mean_reward"] for e in warm_evals])
     log(f"warm start: held-out reward {warm_mean:.3f} +- {warm_sd:.3f} over {plan.seeds} evaluation seeds")
     designs, centres, rules = verify_designs(run, predicted, calibration, log)
     paths, units = pending_units(run, designs)
-    records = train_units(run, units, paths, train_set, test_set, sampler, log, progress)
+    records = train_units(run, trainer, units, paths, log, progress)
     report = verify_report(run, designs, centres, rules, records, warm_evals, predicted, calibration, started)
     write_report(report, out_dir, stem, figure)
     return report
 
 
-def saved_report(out_dir: Path, stem: str, config: ValidateConfig, plan: VerifyConfig, lrs: tuple[float, ...],
+def saved_report(out_dir: Path, stem: str, plan: VerifyConfig, lrs: tuple[float, ...], lr: float,
                  log=print) -> dict | None:
     """``out_dir/stem.json`` when it was made with these seeds, budget and learning rates (``lrs``); None when there is
-    none.
+    none. ``lr``: the run's --lr, the rate of a report saved before learning-rate grids, which names none.
 
     Reports are never overwritten: the same request returns the saved report, another is refused."""
     path = out_dir / f"{stem}.json"
     if not path.exists():
         return None
     report = json.loads(path.read_text())
-    saved_lrs = report["budget"].get("lr_grid", [report.get("config", {}).get("lr", config.lr)])
+    saved_lrs = report["budget"].get("lr_grid", [report.get("config", {}).get("lr", lr)])
     if (report["budget"]["seeds"], report["budget"]["updates"], saved_lrs) != (
             plan.seeds, plan.budget_updates, list(lrs)):
         lr_text = f" at learning rates {', '.join(f'{lr:.3g}' for lr in saved_lrs)}" if len(saved_lrs) > 1 else ""
@@ -372,14 +407,15 @@ def saved_report(out_dir: Path, stem: str, config: ValidateConfig, plan: VerifyC
     return report
 
 
-def evaluate_warm_start(run: VerifyRun, warm, test_set, sampler) -> list[dict]:
-    """The warm start's held-out evaluation at every seed's evaluation seed ``config.seed + 1 + s``."""
-    config, seeds = run.config, run.plan.seeds
-    eval_seeds = [config.seed + 1 + s for s in range(seeds)]
-    if run.batched and seeds > 1:
-        return evaluate_policies(stack_policy(warm, seeds), test_set, 8, 1.0, config.max_new_tokens, eval_seeds,
-                                 sampler=sampler)
-    return [evaluate_policy(warm, test_set, 8, 1.0, config.max_new_tokens, seed=e, sampler=sampler)
+def evaluate_warm_start(trainer: Trainer, seeds: int, batched: bool) -> list[dict]:
+    """The warm start's held-out evaluation at each of the ``seeds`` runs' evaluation seeds ``config.seed + 1 + s``;
+    ``batched``: all of them as one seed-stacked model."""
+    warm = load_checkpoint(trainer.warm_start, device=trainer.device)
+    eval_seeds = [trainer.eval_seed(s) for s in range(seeds)]
+    if batched and seeds > 1:
+        return evaluate_policies(stack_policy(warm, seeds), trainer.test_set, 8, 1.0, trainer.max_new_tokens,
+                                 eval_seeds, sampler=trainer.sampler)
+    return [evaluate_policy(warm, trainer.test_set, 8, 1.0, trainer.max_new_tokens, seed=e, sampler=trainer.sampler)
             for e in eval_seeds]
 
 
@@ -439,10 +475,10 @@ def pending_units(run: VerifyRun, designs: list[NamedDesign]) -> tuple[dict, lis
     return paths, units
 
 
-def train_units(run: VerifyRun, units: list[tuple], paths: dict, train_set, test_set, sampler, log=print,
+def train_units(run: VerifyRun, trainer: Trainer, units: list[tuple], paths: dict, log=print,
                 progress: bool = False) -> dict:
-    """Train ``units`` in this process or in ``--jobs`` worker processes, logging each run's held-out reward; every
-    cell's records, (design name, lr) -> one a seed."""
+    """Train ``units`` with ``trainer`` in this process or in ``--jobs`` worker processes (each builds its own from the
+    run's config), logging each run's held-out reward; every cell's records, (design name, lr) -> one a seed."""
     workers = local_workers(run.plan.jobs, len(units)) if units else 1
     total = len(paths) * run.plan.seeds
     done = sum(path.exists() for ps in paths.values() for path in ps)
@@ -459,13 +495,12 @@ def train_units(run: VerifyRun, units: list[tuple], paths: dict, train_set, test
                 f"{record['steps']} updates")
 
     if workers == 1:
-        for design, lr, steps, pending in units:
-            _train_unit(dataclasses.replace(run.config, lr=lr), run.out_dir, design, steps, run.mu, pending,
-                        paths[(design.name, lr)], run.batched, train_set, test_set, sampler, bar)
+        for unit in units:
+            design, lr, _, pending = unit
+            _train_unit(trainer, unit, paths[(design.name, lr)], run.batched, bar)
             log_unit(design, lr, pending)
     else:  # independent runs, each seeded by its own seed: the same files whichever process trains them
-        jobs = ((dataclasses.replace(run.config, lr=lr), run.out_dir, design, steps, run.mu, pending,
-                 paths[(design.name, lr)], run.batched) for design, lr, steps, pending in units)
+        jobs = ((run.config, run.out_dir, run.mu, unit, paths[(unit[0].name, unit[1])], run.batched) for unit in units)
         for design, lr, pending in run_unordered(_train_unit_in_worker, jobs, workers, batch_size=1):
             for _ in pending:
                 bar.advance()
@@ -480,8 +515,8 @@ def verify_report(run: VerifyRun, designs: list[NamedDesign], centres: dict, rul
     """report.json's content: each design's row at its best learning rate, the measured best, the verdict on the
     paper's prediction and the gap to it; in the fixed-b families each rule's prediction placed among them."""
     config, seeds = run.config, run.plan.seeds
-    warm_mean, warm_sd = _mean_sd([e["mean_reward"] for e in warm_evals])
-    rows = [_best_lr_row(design, run.lrs, records, seeds, warm_mean, warm_sd) for design in designs]
+    warm_mean, warm_sd = mean_sd([e["mean_reward"] for e in warm_evals])
+    rows = [best_lr_row(design, run.lrs, records, seeds, warm_mean, warm_sd) for design in designs]
     best = max(rows, key=lambda r: r["final_reward_mean"])
     centre = centres.get("paper") or ("predicted" if any(r["name"] == "predicted" for r in rows) else "on-policy")
     names = [r["name"] for r in rows]
@@ -531,19 +566,6 @@ def verify_report(run: VerifyRun, designs: list[NamedDesign], centres: dict, rul
     return report
 
 
-def write_report(report: dict, out_dir: Path, stem: str, figure=None) -> None:
-    """``stem``.md, ``stem``.png when ``figure`` draws it, and ``stem``.json last: it marks a complete report. A .md or
-    .png without it is what an interrupted write left behind, so only those two are replaced."""
-    markdown = out_dir / f"{stem}.md"
-    markdown.with_name(f".{stem}.md.tmp").write_text(_report_markdown(report, figure is not None))
-    os.replace(markdown.with_name(f".{stem}.md.tmp"), markdown)
-    if figure is not None:
-        figure(report, out_dir / f".{stem}.tmp.png")  # the validation figure's left panel
-        os.replace(out_dir / f".{stem}.tmp.png", out_dir / f"{stem}.png")
-    write_new(out_dir / f"{stem}.json", lambda tmp: tmp.write_text(json.dumps(report, indent=1,
-                                                                              default=lambda v: None)))
-
-
 def staleness_of_calibration(calibration: dict):
     """r(s) = 1 + 2 KL(s) from the calibration's exact drift KL(pi_t || pi_{t-s}) by lag (chi^2 and M2 are about 2 KL
     for a small drift): the forgetting rule's staleness cost, as the benchmark reads M2(s)
@@ -579,162 +601,11 @@ def forgetting_memory(out_dir: Path, kappa: float | None, log=print) -> dict:
     return {"kappa": None, "source": None, "reason": reason}
 
 
-def prediction_rows(rows: list[dict], centres: dict[str, str], pick: dict | None, noise_record: dict,
-                    predicted: dict, verdict_of, group_size: int, forgetting: dict | None = None,
-                    memory: dict | None = None) -> list[dict]:
-    """Each rule's prediction in the fixed-b family (noise-scale, forgetting-aware when ``memory`` is given (its kappa
-    record, ``forgetting_memory``), paper): design, input, and ``verdict_of(name)`` (validate/verdict.py).
-
-    ``separation``: the pair (prediction - strongest rival) of that verdict, the rival being the family design
-    other than the prediction with the highest mean reward (the best when the prediction is not), with the seeds
-    a 2-se separation of the two needs.
-    """
-    means = {r["name"]: r["final_reward_mean"] for r in rows if r["family"]}
-    out = []
-    rules = [("noise-scale", centres.get("noise-scale")), ("forgetting", centres.get("forgetting")),
-             ("paper", centres["paper"])]
-    for rule, name in rules if memory is not None else rules[::2]:  # no memory given: the two rules of issue 23
-        entry = {"rule": rule, "design": name,
-                 **_rule_input(rule, pick, noise_record, predicted, group_size, forgetting, memory)}
-        if name is None:
-            entry["verdict"], entry["separation"] = None, None
-            out.append(entry)
-            continue
-        verdict = verdict_of(name)
-        entry["verdict"] = verdict
-        rivals = [n for n in means if n != name]
-        rival = max(rivals, key=means.__getitem__) if rivals else None
-        entry["separation"] = (None if verdict is None or rival is None else
-                               next(p for p in verdict["pairs"] if p["design"] == rival))
-        entry["criterion"] = _criterion(verdict, entry["separation"])
-        out.append(entry)
-    return out
-
-
-def _rule_input(rule: str, pick: dict | None, noise_record: dict, predicted: dict, group_size: int,
-                forgetting: dict | None, memory: dict | None) -> dict:
-    """A rule's ``input`` (what it read) and ``pick`` in ``prediction_rows``; the noise-scale rule also at both ends
-    of B_noise's interval."""
-    if rule == "forgetting":
-        assert memory is not None  # prediction_rows asks the forgetting rule only when memory is given
-        return {"input": {"b_noise": noise_record.get("b_noise"), **memory}, "pick": forgetting}
-    if rule == "paper":
-        return {"input": {k: predicted[k] for k in ("x_star", "y_star", "regime", "capacity", "batch_size",
-                                                    "rollouts_per_step")}}
-    entry = {"input": {k: noise_record.get(k) for k in ("b_noise", "b_noise_interval", "level", "method", "batch",
-                                                        "unit_size", "source")},
-             "pick": pick}
-    if pick:  # the rule at both ends of B_noise's interval (None: no signal, b = inf, on-policy)
-        entry["pick_at_interval"] = [None if v is None else
-                                     noise_scale_pick(v, pick["batch_size"], group_size, pick["mu"])
-                                     for v in noise_record["b_noise_interval"]]
-    return entry
-
-
-def _criterion(verdict: dict | None, separation: dict | None) -> dict | None:
-    """Issue 23's test of a prediction: it ranks first (the highest mean reward) or lies within one paired se of the
-    best. ``separation`` is (prediction - strongest rival), the rival being the best when the prediction is not."""
-    if verdict is None or separation is None:
-        return None
-    first = verdict["family"]["rank"] == 1
-    difference, se = separation["difference"], separation["se"]
-    return {"first": first, "within_one_se": first or -difference <= se, "rival": separation["design"],
-            "difference": difference, "se": se, "in_se": difference / se if se > 0 else None}
-
-
-def predictions_markdown(report: dict) -> list[str]:
-    """fixed-b: the table of both rules' predictions (rank, P(best), regret, seeds for 2 se), then each one's pairs."""
-    predictions = report.get("predictions")
-    if not predictions:
-        return []
-    family = report.get("budget", {}).get("family", "fixed-b")
-    lines = ["", f"## The rules' predictions in the {family} family (equal compute)", ""]
-    lines.append(_noise_scale_rule_line(next(p for p in predictions if p["rule"] == "noise-scale")))
-    lines += _forgetting_rule_lines(next((p for p in predictions if p["rule"] == "forgetting"), None),
-                                    report.get("forgetting_input"))
-    paper = next(p for p in predictions if p["rule"] == "paper")["input"]
-    lines += ["", f"Paper (Thm 3.5): regime {paper['regime']}, x* = {_fmt(paper['x_star'])}, "
-              f"y* = {_fmt(paper['y_star'])}, N = {_fmt(paper['capacity'], 'd')}, "
-              f"B = {_fmt(paper['batch_size'], 'd')}, R = {paper['rollouts_per_step']}.", ""]
-    lines += _predictions_table(predictions)
-    lines.append("")
-    lines += [_criterion_line(p) for p in predictions if p.get("criterion") is not None]
-    for p in predictions:
-        if p["rule"] == "noise-scale" and p["verdict"] is not None:
-            lines += verdict_markdown(p["verdict"], p["design"])
-    return lines
-
-
-def _noise_scale_rule_line(rule: dict) -> str:
-    """The noise-scale rule's line: B_noise with its interval, b, the threshold and the pick (at both ends too)."""
-    record, pick = rule["input"], rule["pick"]
-    if pick is None:
-        return "The noise-scale rule made no prediction: the calibration has no measured B_noise."
-    lo, hi = record["b_noise_interval"]
-    at_ends = ", ".join("on-policy (b = inf)" if p is None else
-                        f"{p['regime']} R = {p['rollouts_per_step']}" for p in rule["pick_at_interval"])
-    y_star = f"y* = {pick['y_star']:.3g}; " if pick["regime"] == "replay" else ""
-    return (f"Noise-scale rule: B_noise = {record['b_noise']:.4g} ({record['method']}, "
-            f"{100 * record['level']:g}% interval [{_fmt(lo, '.4g')}, {_fmt(hi, '.4g')}]; calibration "
-            f"batch {record['batch']}, unit {record['unit_size']}), b = B_noise / B = {pick['b']:.4g} at "
-            f"B = {pick['batch_size']}, mu = {pick['mu']:g}: replay pays iff b < {pick['threshold_b']:.4g}; "
-            f"{y_star}pick {pick['regime']} R = N = {pick['rollouts_per_step']} (y = {pick['y']:.3g}), "
-            f"predicted cost {pick['cost']:.4g} vs on-policy {pick['on_policy_cost']:.4g} (S_min B units); "
-            f"at the interval's ends: {at_ends}.")
-
-
-def _forgetting_rule_lines(forgetting: dict | None, forgetting_input: dict | None) -> list[str]:
-    """The forgetting-aware rule's line: kappa and its pick, or why it made none; nothing when it was not asked."""
-    if forgetting is None:
-        if not forgetting_input:
-            return []
-        return ["", f"Forgetting-aware rule: no prediction ({forgetting_input.get('reason')})."]
-    memory, fpick = forgetting["input"], forgetting["pick"]
-    if fpick is None:
-        return ["", f"Forgetting-aware rule: no prediction ({memory.get('reason')})."]
-    return ["", f"Forgetting-aware rule: kappa = {fpick['kappa']:.4g} ({memory['source']}; optimizer "
-            f"{fpick['optimizer']}, beta1 {fpick['beta1']:g}), b = {fpick['b']:.4g} at B = {fpick['batch_size']}, "
-            f"mu = {fpick['mu']:g}: pick {fpick['regime']} R = {fpick['rollouts_per_step']}, "
-            f"N = {fpick['capacity']} (x = {fpick['x']:.3g}, y = {fpick['y']:.3g}, psi = {fpick['psi']:.3g}), "
-            f"predicted cost {fpick['cost']:.4g} vs on-policy {fpick['on_policy_cost']:.4g}."]
-
-
-def _predictions_table(predictions: list[dict]) -> list[str]:
-    """One row a rule: its design's rank [CI], P(best), regret [CI] and the strongest rival's paired difference."""
-    lines = ["| rule | design | rank [CI] | P(best) | regret [CI] | strongest rival | difference +- se | "
-             "seeds for 2 se |", "|---|---|---|---|---|---|---|---|"]
-    for p in predictions:
-        v = p["verdict"]
-        if v is None:
-            lines.append(f"| {p['rule']} | {p['design'] or '-'} | - | - | - | - | - | - |")
-            continue
-        f, sep = v["family"], p["separation"]
-        rival = "- | - | -" if sep is None else (f"{sep['design']} | {sep['difference']:+.4f} +- {sep['se']:.4f} | "
-                                                 f"{'-' if sep['seeds_needed'] is None else sep['seeds_needed']}")
-        lines.append(f"| {p['rule']} | {p['design']} | {f['rank']} of {f['designs']} [{f['rank_ci'][0]:.0f}, "
-                     f"{f['rank_ci'][1]:.0f}] | {f['probability_predicted_best']:.2f} | {f['regret']:.4f} "
-                     f"[{f['regret_ci'][0]:.4f}, {f['regret_ci'][1]:.4f}] | {rival} |")
-    return lines
-
-
-def _criterion_line(prediction: dict) -> str:
-    """Issue 23's test of one rule's prediction: first, or within one paired se of the best."""
-    c = prediction["criterion"]
-    in_se = "se 0" if c["in_se"] is None else f"{abs(c['in_se']):.1f} paired se"
-    size = f"{abs(c['difference']):.4f} ({in_se})"
-    if c["first"]:
-        said = f"ranks first, ahead of {c['rival']} by {size}"
-    else:
-        said = (f"{'within' if c['within_one_se'] else 'NOT within'} one paired se of the best ({c['rival']}): "
-                f"behind by {size}")
-    return f"- {prediction['rule']} rule ({prediction['design']}): {said}"
-
-
-def _train_one(config: ValidateConfig, out_dir: Path, design: NamedDesign, seed: int, steps: int, mu: float, path: Path,
-               train_set, test_set, sampler, bar: StepBar) -> dict:
+def _train_one(trainer: Trainer, design: NamedDesign, lr: float, seed: int, steps: int, path: Path,
+               bar: StepBar) -> dict:
     """One verify run from the warm start (checkpointed every 5 steps, resumed exactly), evaluated held out."""
-    policy = load_checkpoint(out_dir / "warm_start", device=config.device)
-    rl = _rl_config(config, design, steps, config.seed + 101 * seed)
+    policy = load_checkpoint(trainer.warm_start, device=trainer.device)
+    rl = _rl_config(trainer.settings, design, steps, lr, trainer.train_seed(seed))
     checkpoint = path.with_suffix(".ckpt")  # a run interrupted mid-way resumes from here
     truncate_log(path.with_suffix(".jsonl"), checkpoint_next_step(checkpoint))
     step_log = StepLog(path.with_suffix(".jsonl"), tensorboard_dir=path.parent / "tensorboard" / path.stem)
@@ -743,35 +614,37 @@ def _train_one(config: ValidateConfig, out_dir: Path, design: NamedDesign, seed:
         step_log(step, metrics)
         bar.tick()
 
-    result = train(policy, train_set, rl, progress=on_step, checkpoint=checkpoint, checkpoint_every=5,
-                   sampler=sampler, mu=mu)
+    result = train(policy, trainer.train_set, rl, progress=on_step, checkpoint=checkpoint, checkpoint_every=5,
+                   sampler=trainer.sampler, mu=trainer.mu)
     step_log.close()
-    held_out = evaluate_policy(policy, test_set, 8, 1.0, config.max_new_tokens, seed=config.seed + 1 + seed,
-                               sampler=sampler)
+    held_out = evaluate_policy(policy, trainer.test_set, 8, 1.0, trainer.max_new_tokens, seed=trainer.eval_seed(seed),
+                               sampler=trainer.sampler)
     return _write_record(path, design, seed, steps, result, held_out)
 
 
-def _train_unit(config: ValidateConfig, out_dir: Path, design: NamedDesign, steps: int, mu: float, pending: list[int],
-                cell_paths: list[Path], batched: bool, train_set, test_set, sampler, bar: StepBar) -> None:
-    """Seeds ``pending`` of one (design, learning rate) cell: together when ``batched``, else one after another."""
+def _train_unit(trainer: Trainer, unit: tuple, cell_paths: list[Path], batched: bool, bar: StepBar) -> None:
+    """A unit (design, lr, steps, pending seeds) of one (design, learning rate) cell: its seeds together when
+    ``batched``, else one after another."""
+    design, lr, steps, pending = unit
     if batched and len(pending) > 1:
-        _train_seeds(config, out_dir, design, pending, steps, mu, cell_paths, train_set, test_set, sampler, bar)
+        _train_seeds(trainer, design, lr, pending, steps, cell_paths, bar)
         return
     for s in pending:
-        _train_one(config, out_dir, design, s, steps, mu, cell_paths[s], train_set, test_set, sampler, bar)
+        _train_one(trainer, design, lr, s, steps, cell_paths[s], bar)
         bar.advance()
 
 
-def _train_unit_in_worker(config: ValidateConfig, out_dir: Path, design: NamedDesign, steps: int, mu: float,
-                          pending: list[int], cell_paths: list[Path], batched: bool
-                          ) -> tuple[NamedDesign, float, list[int]]:
-    """``_train_unit`` in a ``--jobs`` worker process: it builds what ``run_verify`` holds (the problems, the
-    engine, torch's threads and deterministic kernels) and writes the same record files."""
+def _train_unit_in_worker(config: ValidateConfig, out_dir: Path, mu: float, unit: tuple, cell_paths: list[Path],
+                          batched: bool) -> tuple[NamedDesign, float, list[int]]:
+    """``_train_unit`` in a ``--jobs`` worker process: it builds what ``run_verify`` holds (torch's threads and
+    deterministic kernels, the problems, the engine: its ``Trainer``) and writes the same record files."""
     configure_torch(config.threads)
     train_set, test_set = config.problems()
-    _train_unit(config, out_dir, design, steps, mu, pending, cell_paths, batched, train_set, test_set,
-                get_sampler(config, out_dir), _WorkerBar())
-    return design, config.lr, pending
+    trainer = Trainer(out_dir / "warm_start", config.device, verify_settings(config), mu, train_set, test_set,
+                      get_sampler(config, out_dir))
+    _train_unit(trainer, unit, cell_paths, batched, _WorkerBar())
+    design, lr, _, pending = unit
+    return design, lr, pending
 
 
 class StepBar(Protocol):
@@ -809,24 +682,17 @@ def _lr_tag(lr: float) -> str:
     return f"_lr{lr:.3g}"
 
 
-def _rl_config(config: ValidateConfig, design: NamedDesign, steps: int, seed: int) -> RLConfig:
-    """The RL run of ``design`` in verify: its design as it is, the run's learning rate and generation settings."""
-    return RLConfig(**dataclasses.asdict(design.config), steps=steps, lr=config.lr,
-                    max_new_tokens=config.max_new_tokens, sync_every=config.sync_every,
-                    micro_batch_size=config.micro_batch_size, seed=seed)
-
-
-def _train_seeds(config: ValidateConfig, out_dir: Path, design: NamedDesign, pending: list[int], steps: int, mu: float,
-                 paths: list[Path], train_set, test_set, sampler, bar: StepBar) -> None:
+def _train_seeds(trainer: Trainer, design: NamedDesign, lr: float, pending: list[int], steps: int, paths: list[Path],
+                 bar: StepBar) -> None:
     """``_train_one`` for the seeds ``pending`` of one design at once (seeds as a batch axis, validate/batched.py).
 
     Seed s trains with the streams of ``config.seed + 101 s`` and is evaluated with ``config.seed + 1 + s``, as in
     ``_train_one``: each record equals the sequential one (tests/integration/test_validate_batched.py). One checkpoint
     holds every pending seed (every 5 steps, resumed exactly); records are written when all of them finish.
     """
-    seeds = [config.seed + 101 * s for s in pending]
-    policy = stack_policy(load_checkpoint(out_dir / "warm_start", device=config.device), len(pending))
-    rl = _rl_config(config, design, steps, config.seed)
+    seeds = [trainer.train_seed(s) for s in pending]
+    policy = stack_policy(load_checkpoint(trainer.warm_start, device=trainer.device), len(pending))
+    rl = _rl_config(trainer.settings, design, steps, lr, trainer.settings.seed)
     checkpoint = paths[pending[0]].with_name(f"{paths[pending[0]].stem.rsplit('_seed', 1)[0]}_seeds"
                                              f"{'-'.join(map(str, pending))}.ckpt")
     next_step = checkpoint_next_step(checkpoint)
@@ -841,12 +707,12 @@ def _train_seeds(config: ValidateConfig, out_dir: Path, design: NamedDesign, pen
             step_log(step, metrics)
             bar.tick()
 
-    results = train_loop(policy, train_set, rl, seeds, progress=on_step, checkpoint=checkpoint, checkpoint_every=5,
-                         sampler=sampler, mu=mu)
+    results = train_loop(policy, trainer.train_set, rl, seeds, progress=on_step, checkpoint=checkpoint,
+                         checkpoint_every=5, sampler=trainer.sampler, mu=trainer.mu)
     for step_log in logs:
         step_log.close()
-    held_out = evaluate_policies(policy, test_set, 8, 1.0, config.max_new_tokens,
-                                 [config.seed + 1 + s for s in pending], sampler=sampler)
+    held_out = evaluate_policies(policy, trainer.test_set, 8, 1.0, trainer.max_new_tokens,
+                                 [trainer.eval_seed(s) for s in pending], sampler=trainer.sampler)
     for s, result, evaluation in zip(pending, results, held_out):
         _write_record(paths[s], design, s, steps, result, evaluation)
         bar.advance()
@@ -862,117 +728,3 @@ def _write_record(path: Path, design: NamedDesign, seed: int, steps: int, result
     return record
 
 
-def _best_lr_row(design: NamedDesign, lrs: tuple[float, ...], records: dict, seeds: int, warm_mean: float,
-                 warm_sd: float) -> dict:
-    """The design's row at its best learning rate (highest mean held-out reward), with every rate's result.
-
-    ``lr_edge``: the best rate is the grid's smallest or largest, so the optimum may lie outside it. Choosing on the
-    held-out reward that is then reported favours every design alike (each gets its best of len(lrs) tries).
-    """
-    rows = [_design_row(design, records[(design.name, lr)], seeds, warm_mean, warm_sd) for lr in lrs]
-    best = max(range(len(lrs)), key=lambda i: rows[i]["final_reward_mean"])
-    sweep = [{"lr": lr, "final_reward_mean": r["final_reward_mean"], "final_reward_se": r["final_reward_se"]}
-             for lr, r in zip(lrs, rows)]
-    edge = None if len(lrs) == 1 else best in (0, len(lrs) - 1)
-    return {**rows[best], "lr": lrs[best], "lr_edge": edge, "lr_sweep": sweep}
-
-
-def _design_row(design: NamedDesign, records: list[dict], seeds: int, warm_mean: float, warm_sd: float) -> dict:
-    finals = [r["held_out"]["mean_reward"] for r in records]
-    mean, sd = _mean_sd(finals)
-    c, fresh_per_step = design.config, design.fresh_per_step  # group replay: K B_fresh after the all-fresh first step
-    return {**design.report_fields(), "x": None if design.group_replay else c.capacity / fresh_per_step,
-            "y": None if design.group_replay else c.batch_size / fresh_per_step, "K": c.group_size,
-            "steps": records[0]["steps"], "seeds": seeds,
-            "final_reward_mean": mean, "final_reward_std": sd, "final_reward_se": sd / math.sqrt(seeds),
-            "final_rewards": finals,
-            "final_pass_at_1_mean": _mean_sd([r["held_out"]["pass@1"] for r in records])[0],
-            "gain": mean - warm_mean, "gain_se": math.sqrt(sd ** 2 / seeds + warm_sd ** 2 / seeds),
-            "fresh_rollouts": float(np.mean([r.get("fresh_rollouts", r["steps"] * fresh_per_step) for r in records])),
-            "compute": float(np.mean([r["compute"] for r in records]))}
-
-
-def _report_markdown(report: dict, figure: bool = True) -> str:
-    warm = report["warm_start_reward"]
-    lines = ["# Validation report", "",
-             f"Compute priced at mu = {report['mu']:g} (--price-mu); this machine's timing mu (generation / update "
-             f"time per completion): {report['mu_measured']:.3g}", "",
-             f"mu from App. E counts (K_training / T) / (K_inference / W) in a "
-             f"{report['count_window'].get('seconds', float('nan')):g} s window: {_fmt(report.get('mu_count'))} "
-             f"(K_inference = {report['count_window'].get('k_inference', '-')}, "
-             f"K_training = {report['count_window'].get('k_training', '-')}, W = T = 1)", "",
-             f"Predicted (Thm 3.5 on the measured profile): regime {report['predicted']['regime']}, "
-             f"x* = {_fmt(report['predicted']['x_star'])}, y* = {_fmt(report['predicted']['y_star'])}, "
-             f"N = {report['predicted']['capacity']}, B = {report['predicted']['batch_size']}, "
-             f"R = {report['predicted']['rollouts_per_step']}", "",
-             f"Warm start: held-out mean reward {warm['mean']:.3f} +- {warm['std']:.3f} over {warm['seeds']} "
-             f"evaluation seeds (seed 0: pass@1 {report['warm_start']['pass@1']:.3f})", "",
-             f"Budget: the compute of {report['budget']['updates']} on-policy updates = "
-             f"{report['budget']['compute']:.4g} (compute = mu x fresh rollouts + samples trained); "
-             f"{report['budget']['seeds']} seeds per design.", "",
-             "| design | loss | N | B | R | x = N/R | y = B/R | rho | L | c | lr | updates | fresh rollouts | compute "
-             "| held-out reward (mean +- sd) | pass@1 | gain over warm start (+- se) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in report["designs"]:
-        lines.append(f"| {r['name']} | {r['loss']} | {_fmt(r['capacity'], 'd')} | {r['batch_size']} | "
-                     f"{r['rollouts_per_step']} | {_fmt(r['x'])} | {_fmt(r['y'])} | "
-                     f"{_fmt(r.get('replay_ratio_groups'), 'g')} | {_fmt(r.get('max_age'), 'd')} | "
-                     f"{_fmt(r.get('clip_c'), 'g')} | {_lr_cell(r, report['config'].get('lr'))} | "
-                     f"{r['steps']} | {r['fresh_rollouts']:.0f} | {r['compute']:.4g} | "
-                     f"{r['final_reward_mean']:.3f} +- {r['final_reward_std']:.3f} | {r['final_pass_at_1_mean']:.3f} | "
-                     f"{r['gain']:+.3f} +- {r['gain_se']:.3f} |")
-    lrs = report["budget"].get("lr_grid", [])
-    if len(lrs) > 1:
-        lines += ["", f"Step size tuned per design: each row above is the design at its best of lr in "
-                  f"{{{', '.join(f'{lr:.3g}' for lr in lrs)}}} (highest mean held-out reward; 'edge': the best is the "
-                  "grid's end, so the optimum may lie beyond it).", "",
-                  "| design | " + " | ".join(f"lr {lr:.3g}" for lr in lrs) + " |",
-                  "|---|" + "---|" * len(lrs)]
-        for r in report["designs"]:
-            lines.append(f"| {r['name']} | " + " | ".join(f"{c['final_reward_mean']:.3f} +- {c['final_reward_se']:.3f}"
-                                                          for c in r["lr_sweep"]) + " |")
-    best, gap = report["measured_best"], report["gap"]
-    knobs = (f"rho = {best['replay_ratio_groups']:g}, L = {best['max_age']}, c = {best['clip_c']:g}"
-             if best["buffer"] == "group-replay"
-             else f"x = {best['x']:.3g}, y = {best['y']:.3g}")
-    lines += ["", f"Measured best at equal compute: {best['name']} ({knobs}), "
-              f"{best['gain']:+.3f} +- {best['gain_se']:.3f} over the warm start "
-              f"(se = sqrt(sd_design^2 / n + sd_warm^2 / n), n = {report['budget']['seeds']})."]
-    if gap["reward_gap"] is not None:
-        lines += ["", f"Predicted design ({gap['design_predicted']}): {gap['reward_predicted']:.3f}; "
-                  f"measured best: {gap['reward_best']:.3f}; gap {gap['reward_gap']:.3f}."]
-    lines += verdict_markdown(report.get("verdict"), gap["design_predicted"])
-    lines += predictions_markdown(report)
-    if figure:
-        lines += ["", f"![reward vs design]({report_stem(report['budget'].get('family', 'neighbours'))}.png)"]
-    lines.append("")
-    return "\n".join(lines)
-
-
-def verdict_markdown(verdict: dict | None, centre: str) -> list[str]:
-    """The verdict's lines: rank and regret with intervals, then the paired comparisons and their power."""
-    if verdict is None:
-        return ["", "No verdict: it needs >= 2 seeds per design."]
-    pct = f"{100 * verdict['level']:g}%"
-    lines = ["", f"## Verdict ({centre}, {verdict['seeds']} paired seeds, {pct} seed-bootstrap intervals)", ""]
-    for scope, label in (("family", "FIFO designs (what Thm 3.5 ranks)"), ("all", "all designs")):
-        v = verdict[scope]
-        lines.append(f"- among {v['designs']} {label}: rank {v['rank']} [{v['rank_ci'][0]:.0f}, {v['rank_ci'][1]:.0f}]"
-                     f", P(best) {v['probability_predicted_best']:.2f}; best {v['best']}; regret (reward gap at "
-                     f"equal compute) {v['regret']:.4f} [{v['regret_ci'][0]:.4f}, {v['regret_ci'][1]:.4f}]")
-    lines += ["", f"| {centre} - design | difference | se (paired) | beyond 2 se | seeds for 2 se |",
-              "|---|---|---|---|---|"]
-    for pair in verdict["pairs"]:
-        needed = "-" if pair["seeds_needed"] is None else str(pair["seeds_needed"])
-        lines.append(f"| {pair['design']} | {pair['difference']:+.4f} | {pair['se']:.4f} | "
-                     f"{'yes' if pair['separated'] else 'no'} | {needed} |")
-    return lines
-
-
-def _lr_cell(row: dict, default_lr) -> str:
-    lr = row.get("lr", default_lr)
-    return "-" if lr is None else f"{lr:.3g}{' (edge)' if row.get('lr_edge') else ''}"
-
-
-def _fmt(value, spec: str = ".3g") -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)

@@ -149,7 +149,7 @@ def test_bad_lr_grid_is_one_line_before_any_work(error_line, tmp_path, grid):
 def test_each_design_is_reported_at_its_best_learning_rate():
     from replay_theory.core.designs import DesignConfig
     from replay_theory.validate.families import NamedDesign
-    from replay_theory.validate.loop import _best_lr_row
+    from replay_theory.validate.report import best_lr_row
 
     design = NamedDesign("on-policy", True, DesignConfig(buffer="on-policy", capacity=8, batch_size=8,
                                                          rollouts_per_step=8, group_size=4))
@@ -160,9 +160,9 @@ def test_each_design_is_reported_at_its_best_learning_rate():
     lrs = (1e-4, 2e-4, 4e-4)
     table = {("on-policy", 1e-4): records([0.1, 0.3]), ("on-policy", 2e-4): records([0.4, 0.6]),
              ("on-policy", 4e-4): records([0.5, 0.3])}
-    row = _best_lr_row(design, lrs, table, 2, 0.2, 0.0)
+    row = best_lr_row(design, lrs, table, 2, 0.2, 0.0)
     assert row["lr"] == 2e-4 and row["lr_edge"] is False and row["final_reward_mean"] == pytest.approx(0.5)
     assert [c["final_reward_mean"] for c in row["lr_sweep"]] == pytest.approx([0.2, 0.5, 0.4])
     table[("on-policy", 4e-4)] = records([0.9, 0.7])
-    row = _best_lr_row(design, lrs, table, 2, 0.2, 0.0)
+    row = best_lr_row(design, lrs, table, 2, 0.2, 0.0)
     assert row["lr"] == 4e-4 and row["lr_edge"] is True  # the best is the grid's end

@@ -24,11 +24,11 @@ from replay_theory.validate.loop import (  # noqa: E402
     ValidateConfig,
     _rl_config,
     load_predicted,
-    prediction_rows,
-    predictions_markdown,
     run_verify,
     staleness_of_calibration,
+    verify_settings,
 )
+from replay_theory.validate.report import prediction_rows, predictions_markdown  # noqa: E402
 from replay_theory.validate.verdict import compare  # noqa: E402
 
 B64 = ValidateConfig(rollouts_per_step=64, group_size=8)
@@ -90,9 +90,9 @@ def test_fixed_b_designs_and_their_equal_compute_budgets_by_hand():
                                                                 "compute": 2244.0}
     assert design_cost(by_name["on-policy B/4"].config, 96, mu)["compute"] == 2304.0
     # the run trains each design with its own R: buffer of N = R, B drawn per update
-    rl = _rl_config(B64, by_name["replay y=8"], 33, seed=0)
+    rl = _rl_config(verify_settings(B64), by_name["replay y=8"], 33, B64.lr, seed=0)
     assert (rl.rollouts_per_step, rl.batch_size, rl.capacity, rl.buffer) == (8, 64, 8, "fifo")
-    rl = _rl_config(B64, by_name["on-policy B/2"], 48, seed=0)
+    rl = _rl_config(verify_settings(B64), by_name["on-policy B/2"], 48, B64.lr, seed=0)
     assert (rl.rollouts_per_step, rl.batch_size, rl.capacity, rl.buffer) == (32, 32, 32, "on-policy")
     # a pick off the family's grid is added; the paper's on-policy is the family's on-policy; no B_noise: no pick
     designs, centres = fixed_b_designs(ValidateConfig(rollouts_per_step=64, group_size=2), PAPER_ON_POLICY,
@@ -113,7 +113,7 @@ def test_horizon_family_adds_long_buffers_at_equal_compute_by_hand():
     assert got == {"replay y=4 x=16": ("fifo", 256, 64, 16), "replay y=4 x=32": ("fifo", 512, 64, 16)}
     assert [steps_at_budget(d.config, 2304.0, 0.5) for d in designs[-2:]] == [32, 32]
     assert len({d.name for d in designs}) == len(designs) == 9
-    rl = _rl_config(B64, designs[-1], 32, seed=0)
+    rl = _rl_config(verify_settings(B64), designs[-1], 32, B64.lr, seed=0)
     assert (rl.rollouts_per_step, rl.batch_size, rl.capacity, rl.buffer) == (16, 64, 512, "fifo")
 
 
