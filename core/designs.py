@@ -25,6 +25,8 @@ are ``groups``; ExGRPO's prompts are ``questions`` (``batch_size // group_size``
 | ``exgrpo_rho``          | rho          | ExGRPO experience share of the questions                         |
 | ``tau_m2``              | tau_M2       | M2PO second-moment budget                                        |
 | ``eps_low/high``        | eps          | GRPO clip range                                                  |
+| ``epochs``              | e            | passes over each generation of R (PPO epochs, TRL num_iterations)|
+| ``mini_batches``        | m            | updates per pass, each on b = R / m responses                    |
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from ..theory.group_replay import fresh_groups_per_step
 from . import advantages, losses
 from .buffers import (
     PER_BASES,
+    EpochSchedule,
     ExGRPOBuffer,
     FifoBuffer,
     GroupReplayBuffer,
@@ -153,6 +156,18 @@ class StaleKParams:
 
 
 @dataclass(frozen=True)
+class EpochParams:
+    """Epochs over mini-batches (issue 40; TRL num_iterations x steps_per_generation, verl ppo_epochs)."""
+
+    epochs: int = 2
+    """e: passes over each generation of R rollouts (TRL num_iterations, verl ppo_epochs); e m updates a generation."""
+    mini_batches: int = 1
+    """m: updates per pass, each on R / m rollouts, so batch_size must be R / m (TRL steps_per_generation)."""
+    epoch_shuffle: bool = False
+    """Reshuffle the generation every epoch (textbook PPO) or keep one order per generation (TRL, verl FSDP)."""
+
+
+@dataclass(frozen=True)
 class ExGRPOParams:
     """ExGRPO experience management, Sec. 4 and Algs. 1-2."""
 
@@ -228,8 +243,8 @@ class DesignChoice:
 
 @dataclass(frozen=True)
 class DesignConfig(ExGRPOShapingParams, AsymREParams, RLOOParams, M2POParams, ClipParams, ExGRPOParams,
-                   StaleKParams, GroupReplayParams, FreshPERParams, PositiveBiasParams, FifoParams, BatchParams,
-                   DesignChoice):
+                   EpochParams, StaleKParams, GroupReplayParams, FreshPERParams, PositiveBiasParams, FifoParams,
+                   BatchParams, DesignChoice):
     """A buffer design and its loss: the fields the simulator's ``SimConfig`` and the validator's ``RLConfig`` share.
 
     Fields come from the dataclasses above (``dataclasses`` collects them last base class
@@ -462,6 +477,20 @@ def stale_k_step(pipe: PipelineState, step: int, weights) -> StepBatch:
                      fresh.size + prefill)
 
 
+def epochs_step(pipe: PipelineState, step: int, weights) -> StepBatch:
+    """Epochs over mini-batches: R fresh responses every e m updates; update j of a generation trains on mini-batch
+    j mod m of epoch j div m (``EpochSchedule``), staleness j. Only a generation step generates (and is charged mu R).
+    """
+    schedule = design_buffer(pipe, EpochSchedule)
+    fresh = None
+    if schedule.due():
+        fresh = _every_step_rollouts(pipe, step, weights)
+        schedule.add(fresh, step)
+    drawn = schedule.sample(pipe.config.batch_size, step, pipe.rng)
+    return StepBatch(drawn.batch, drawn.weight, drawn.staleness, drawn.time_since_last_use, None, fresh,
+                     0 if fresh is None else fresh.size)
+
+
 def group_replay_step(pipe: PipelineState, step: int, weights) -> StepBatch:
     """RLOO App. B: replay groups of age 1..L, fresh groups for the rest (a replay shortfall is filled fresh)."""
     config, buffer = pipe.config, design_buffer(pipe, GroupReplayBuffer)
@@ -614,6 +643,10 @@ def _stale_k(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
     return StaleKQueue(s.num_seeds, c.stale_k)
 
 
+def _epochs(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
+    return EpochSchedule(s.num_seeds, c.epochs, c.mini_batches, shuffle=c.epoch_shuffle)
+
+
 def _exgrpo(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
     cls = {"buckets": ExGRPOBuffer, "uniform": UniformQuestionBuffer}[c.exgrpo_question_selection]
     return cls(s.num_seeds, s.num_prompts, c.group_size, s.seq_len, rho=c.exgrpo_rho, units=c.exgrpo_units,
@@ -676,6 +709,18 @@ def _prioritized_rules(c: DesignConfig, pipeline: str) -> None:
     require_unit_interval("per_beta_final", c.per_beta_final)
 
 
+def _epochs_rules(c: DesignConfig, pipeline: str) -> None:
+    require_integer("epochs", c.epochs, 1)
+    require_integer("mini_batches", c.mini_batches, 1)
+    if c.rollouts_per_step % c.mini_batches:
+        raise ValueError(f"rollouts_per_step must be a multiple of mini_batches = {c.mini_batches} (equal "
+                         f"mini-batches of one generation), got {c.rollouts_per_step}")
+    if c.batch_size * c.mini_batches != c.rollouts_per_step:
+        raise ValueError(f"batch_size must be rollouts_per_step / mini_batches = {c.rollouts_per_step} / "
+                         f"{c.mini_batches} = {c.rollouts_per_step // c.mini_batches} (each update trains one "
+                         f"mini-batch of the generation), got {c.batch_size}")
+
+
 def _no_rules(c: DesignConfig, pipeline: str) -> None:
     return None
 
@@ -712,6 +757,8 @@ BUFFER_DESIGNS: dict[str, BufferDesign] = {
                            exgrpo_step, _exgrpo_rules, exgrpo_after_update, exgrpo_counts, needs_entropy=True),
     "stale-k": BufferDesign("each update trains on the batch of k updates earlier (M2PO Sec. 3)", StaleKParams,
                             _stale_k, stale_k_step),
+    "epochs": BufferDesign("e epochs over m mini-batches of each generation of R (PPO; TRL num_iterations)",
+                           EpochParams, _epochs, epochs_step, _epochs_rules),
 }
 
 

@@ -157,10 +157,10 @@ def peak_bytes(values: Mapping[str, Any]) -> Estimate:
     buffer = values["buffer"]
     items = max(fresh, B)
     slots = {"fifo": N, "positive-bias": N, "prioritized": N, "group-replay": (values["max_age"] + 2) * B,
-             "exgrpo": 16 * P, "stale-k": (values["stale_k"] + 1) * R, "on-policy": 0}.get(buffer, N)
+             "exgrpo": 16 * P, "stale-k": (values["stale_k"] + 1) * R, "epochs": R, "on-policy": 0}.get(buffer, N)
     if buffer == "prioritized":
         slot_bytes = _SLOT + 48 + _SLOT_TOKEN * L  # + base priority, its log, the sum tree's two levels
-    elif buffer == "stale-k":
+    elif buffer in ("stale-k", "epochs"):
         slot_bytes = 48 + 17 * L  # whole RolloutBatches: int64 tokens
     else:
         slot_bytes = _SLOT + _SLOT_TOKEN * L

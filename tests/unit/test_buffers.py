@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from replay_theory.core.buffers import (
+    EpochSchedule,
     ExGRPOBuffer,
     FifoBuffer,
     GroupReplayBuffer,
@@ -719,7 +720,7 @@ def test_design_registry_builds_every_buffer():
 
     expected = {"on-policy": type(None), "fifo": FifoBuffer, "positive-bias": PositiveBiasBuffer,
                 "prioritized": PrioritizedBuffer, "group-replay": GroupReplayBuffer, "exgrpo": ExGRPOBuffer,
-                "stale-k": StaleKQueue}
+                "stale-k": StaleKQueue, "epochs": EpochSchedule}
     assert set(BUFFER_DESIGNS) == set(expected)
     for name, cls in expected.items():
         buffer = make_design_buffer(DesignConfig(buffer=name, exgrpo_rho=0.25, stale_k=3),
@@ -731,7 +732,7 @@ def test_design_registry_builds_every_buffer():
 
 
 CLASSES = {"fifo": FifoBuffer, "positive_bias": PositiveBiasBuffer, "prioritized": PrioritizedBuffer,
-           "group_replay": GroupReplayBuffer, "exgrpo": ExGRPOBuffer, "stale_k": StaleKQueue}
+           "group_replay": GroupReplayBuffer, "exgrpo": ExGRPOBuffer, "stale_k": StaleKQueue, "epochs": EpochSchedule}
 
 
 @pytest.mark.parametrize(
@@ -752,6 +753,8 @@ CLASSES = {"fifo": FifoBuffer, "positive_bias": PositiveBiasBuffer, "prioritized
         ("exgrpo", dict(num_seeds=1, num_prompts=4, group_size=8, seq_len=1, units="percent"), "units"),
         ("exgrpo", dict(num_seeds=1, num_prompts=4, group_size=8, seq_len=1, selection="best"), "selection"),
         ("stale_k", dict(num_seeds=1, k=-1), "k"),
+        ("epochs", dict(num_seeds=1, epochs=0, mini_batches=1), "epochs"),
+        ("epochs", dict(num_seeds=1, epochs=2, mini_batches=0), "mini_batches"),
     ],
 )
 def test_bad_buffer_arguments_raise_value_error_naming_the_parameter(name, kwargs, param):
