@@ -270,7 +270,10 @@ class DesignConfig(ExGRPOShapingParams, AsymREParams, RLOOParams, M2POParams, Cl
 
     @property
     def design(self) -> Design:
-        """(B, R, N) and G as the one design type (theory/designs.py); on-policy when the buffer is."""
+        """(B, R, N) and G as the one design type (theory/designs.py); on-policy when the buffer is; the epochs
+        buffer's e and m (its N is one generation, R)."""
+        if self.buffer == "epochs":
+            return Design.epochs_of(self.rollouts_per_step, self.epochs, self.mini_batches, self.group_size)
         return Design(self.batch_size, self.rollouts_per_step, self.capacity, self.buffer == "on-policy",
                       self.group_size)
 
@@ -279,6 +282,9 @@ class DesignConfig(ExGRPOShapingParams, AsymREParams, RLOOParams, M2POParams, Cl
         """The config that trains ``design``: its sizes, the on-policy buffer for an on-policy design and the FIFO
         otherwise unless ``fields`` name another buffer; ``fields`` set the rest."""
         buffer = fields.pop("buffer", "fifo")
+        if design.updates_per_generation > 1:  # an epoch design: the epochs buffer, its e and m
+            buffer = "epochs"
+            fields = {"epochs": design.epochs, "mini_batches": design.mini_batches, **fields}
         return cls(buffer="on-policy" if design.on_policy else buffer, batch_size=design.batch_size,
                    rollouts_per_step=design.rollouts_per_step, capacity=design.capacity, group_size=design.group_size,
                    **fields)

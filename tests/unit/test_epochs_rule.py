@@ -91,3 +91,15 @@ def test_an_epoch_design_refuses_what_is_no_generation():
     with pytest.raises(ValueError, match="whole mini-batches"):
         Design.epochs_of(60, 2, 8)
     assert math.isclose(Design.epochs_of(64, 1, 1).y, 1.0)
+
+
+def test_the_epochs_buffer_and_the_design_type_name_one_design():
+    from replay_theory.core.designs import DesignConfig
+
+    d = Design.epochs_of(64, 3, 4, 8)
+    config = DesignConfig.from_design(d)
+    assert (config.buffer, config.epochs, config.mini_batches, config.batch_size, config.rollouts_per_step) == (
+        "epochs", 3, 4, 16, 64)
+    assert config.design == d  # the round trip the simulator and the benchmark rely on
+    on = Design.on_policy_at(64, 8)
+    assert DesignConfig.from_design(on).buffer == "on-policy" and DesignConfig.from_design(on).design == on
