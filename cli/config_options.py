@@ -119,6 +119,12 @@ def _class_nodes(path: str | None) -> dict[str, ast.ClassDef]:
 def field_docs(cls: type) -> dict[str, str]:
     """Attribute docstrings (the string right under each field) of ``cls`` and its dataclass bases (a subclass's
     wins)."""
+    return dict(_field_docs(cls))
+
+
+@functools.lru_cache(maxsize=None)
+def _field_docs(cls: type) -> dict[str, str]:
+    """``field_docs``, read once per class (a command's options ask for it field by field)."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
@@ -137,6 +143,13 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+@functools.lru_cache(maxsize=None)
+def _type_hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)``, resolved once per class: under ``from __future__ import annotations`` each call
+    evaluates every field's annotation string again, and a command's options ask field by field (read only)."""
+    return typing.get_type_hints(cls)
+
+
 def _field_type(hint: Any) -> tuple[type, bool]:
     """(scalar type, optional) of a field's resolved type hint."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -150,7 +163,7 @@ def field_owner(cls: type, path: str) -> tuple[type, dataclasses.Field]:
     WhatIfConfig."""
     head, _, rest = path.partition(".")
     field = {f.name: f for f in dataclasses.fields(cls)}[head]
-    return (cls, field) if not rest else field_owner(typing.get_type_hints(cls)[head], rest)
+    return (cls, field) if not rest else field_owner(_type_hints(cls)[head], rest)
 
 
 def list_default(value: tuple) -> str:
@@ -172,7 +185,7 @@ def field_parameters(cls: type, path: str, names: tuple[str, ...], valued_bool: 
     field's; a tuple is comma-separated text (parsed by :func:`config_from_options`); a bool is a flag, or with
     ``valued_bool`` takes a value (see :func:`with_field_options`) and gets a hidden ``--no-FIELD``."""
     owner, field = field_owner(cls, path)
-    kind, optional = _field_type(typing.get_type_hints(owner)[field.name])
+    kind, optional = _field_type(_type_hints(owner)[field.name])
     default = (field.default if field.default is not dataclasses.MISSING else ...
                if field.default_factory is dataclasses.MISSING else field.default_factory())
     if typing.get_origin(kind) is tuple:
@@ -267,7 +280,7 @@ def config_from_options(cls: type, options: Optional[dict[str, tuple[str, ...]]]
     """``cls`` built from the ``typed`` option values of its ``options`` (None: every field; dotted paths fill nested
     config dataclasses) and ``given``; every other field keeps its default, and the config's own checks run."""
     options = every_field(cls) if options is None else options
-    hints, fields = typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
+    hints, fields = _type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
     nested: dict[str, dict[str, Any]] = {}
     for path, value in typed.items():
         head, _, rest = path.partition(".")
