@@ -107,13 +107,43 @@ def option_name(field: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def _source(path: str) -> str:
+    """A source file's text, read once (``inspect.getsource`` per class re-reads it)."""
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+@functools.lru_cache(maxsize=None)
 def _class_nodes(path: str | None) -> dict[str, ast.ClassDef]:
-    """Top-level class definitions of a source file, parsed once (``inspect.getsource`` per class re-reads it)."""
+    """Top-level class definitions of a source file, parsed once."""
     if path is None:
         return {}
-    with open(path, encoding="utf-8") as handle:
-        tree = ast.parse(handle.read())
-    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    return {node.name: node for node in ast.parse(_source(path)).body if isinstance(node, ast.ClassDef)}
+
+
+_TOP_LEVEL_LINE = re.compile(r"^[^\s#]", flags=re.MULTILINE)  # a line at column 0 that is not a comment
+
+
+@functools.lru_cache(maxsize=None)
+def _class_node(path: str | None, name: str) -> ast.ClassDef | None:
+    """The top-level class ``name`` of a source file. Only its own lines are parsed, from ``class name`` to the next
+    line at column 0 (a command's options read one class; parsing the whole module was most of building ``optimal``'s
+    options): a cut that is not the class's end (inside a string, a bracket) does not parse alone, and then the whole
+    file is."""
+    if path is None:
+        return None
+    text = _source(path)
+    starts = [m.start() for m in re.finditer(rf"^class {re.escape(name)}\b", text, flags=re.MULTILINE)]
+    if len(starts) == 1:  # (a name defined twice: the whole file says which definition stands)
+        header_end = text.find("\n", starts[0])
+        end = _TOP_LEVEL_LINE.search(text, len(text) if header_end < 0 else header_end + 1)
+        try:
+            body = ast.parse(text[starts[0]:end.start() if end else len(text)]).body
+        except SyntaxError:
+            body = []
+        if len(body) == 1 and isinstance(body[0], ast.ClassDef) and body[0].name == name:
+            return body[0]
+    return _class_nodes(path).get(name)
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -130,7 +160,7 @@ def _field_docs(cls: type) -> dict[str, str]:
         if not dataclasses.is_dataclass(klass):
             continue
         try:
-            node = _class_nodes(inspect.getsourcefile(klass)).get(klass.__qualname__)
+            node = _class_node(inspect.getsourcefile(klass), klass.__qualname__)
         except (OSError, TypeError):  # no source (e.g. a class built at run time): no help text
             continue
         if node is None:
