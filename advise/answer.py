@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..theory.design import OBJECTIVE_LABELS, PaperAnswer, Split
 
-if TYPE_CHECKING:  # the noise-scale rule's module is imported where its answer is rendered (optimal's start-up)
+if TYPE_CHECKING:  # the noise-scale rule is imported where its answer is rendered, out of the default rule's start-up
     from ..theory import noise_scale as ns
 
 PROG = "replay-theory"
