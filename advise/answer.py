@@ -9,9 +9,12 @@ FIFO long-run variance (theory/noise_scale.py). Every number comes from the reco
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-from ..theory import noise_scale as ns
 from ..theory.design import OBJECTIVE_LABELS, PaperAnswer, Split
+
+if TYPE_CHECKING:  # the noise-scale rule is imported where its answer is rendered, out of the default rule's start-up
+    from ..theory import noise_scale as ns
 
 PROG = "replay-theory"
 
@@ -147,6 +150,8 @@ def _verdict(verdict: str | None) -> list[str]:
 def render_rule_table(mu: float, mu_rollout: float, convention: str, rows: list[dict], verdict: str | None,
                       evidence: str, paper_design: PaperAnswer, paper: str) -> str:
     """The noise-scale rule without a measured noise scale: its decision at each b of ``rows`` and how to measure b."""
+    from ..theory import noise_scale as ns
+
     threshold = ns.replay_threshold(mu_rollout)
     lines = [f"what to do: measure b = B_noise / B at your batch (commands below), then ask again with -B and "
              f"--noise-scale; under this rule replay pays only if b < {threshold:.3g}."] + _verdict(verdict) + [
@@ -190,6 +195,8 @@ def rule_todo_line(d: ns.NoiseScaleDesign) -> str:
         return (f"what to do: generate R = {d.rollouts_per_step} rollouts per step, keep only them (N = R), and "
                 f"train on B = {d.batch_size} drawn from them with replacement; W/T = {d.workers_per_trainer:.3g}.")
     if d.rounding_lost_replay:  # replay would pay, but R = B / y* rounds up to B (or its saving is lost)
+        from ..theory import noise_scale as ns
+
         y_star = ns.optimal_replay_ratio(d.b, d.mu)
         return (f"what to do: stay on-policy (b = {d.b:.3g} < {d.threshold_b:.3g}, so replay would pay at "
                 f"y* = {y_star:.3g}, but R = B / y* rounded to a whole rollout is {d.batch_size} = B or loses "

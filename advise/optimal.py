@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..checks import Range, invalid, range_of
 from ..theory import noise_scale as ns
@@ -43,7 +43,9 @@ from .answer import (
     render_rule_table,
 )
 from .evidence import evidence_line, floor_ratio_of, outside_tested_range, verdict_line
-from .profile_files import LoadedProfile, load_profile
+
+if TYPE_CHECKING:
+    from .profile_files import LoadedProfile
 
 OPTIMIZERS = {"sgd": "plain SGD", "momentum": "SGD with heavy-ball momentum beta1", "adam": "Adam with beta1"}
 AVERAGES = {"integral": "the paper's integral over the buffer", "discrete": "the exact mean over integer ages"}
@@ -66,6 +68,14 @@ FORGETTING_FIELDS = ("kappa", "optimizer", "beta1", "pilot_batch", "group_size",
                      "max_horizon", "max_epochs")
 PAPER_FIELDS = ("alpha", "rho", "average", "budget", "smoothness", "bias", "f0", "rollouts_per_step")
 BUDGET_CONSTANTS = ("smoothness", "bias", "f0")
+
+
+def load_profile(path: str) -> LoadedProfile:
+    """The --profile file (advise/profile_files.py: its reader, with csv, is imported only when a --profile is
+    given, which keeps it out of ``optimal --mu``'s start-up)."""
+    from .profile_files import load_profile as read
+
+    return read(path)
 
 
 def option(name: str) -> str:
@@ -399,6 +409,8 @@ def _noise_scale_input(q: OptimalQuery) -> tuple[float | None, str]:
 
 
 def _noise_scale_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
+    from ..theory import noise_scale as ns  # this objective's rule only, kept out of the default's start-up
+
     b_noise, source = _noise_scale_input(q)
     mu_rollout = rollout_mu_of_convention(mu, convention)
     evidence, paper, verdict = _evidence("noise-scale"), _evidence("paper"), verdict_line()

@@ -107,24 +107,60 @@ def option_name(field: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def _source(path: str) -> str:
+    """A source file's text, read once (``inspect.getsource`` per class re-reads it)."""
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+@functools.lru_cache(maxsize=None)
 def _class_nodes(path: str | None) -> dict[str, ast.ClassDef]:
-    """Top-level class definitions of a source file, parsed once (``inspect.getsource`` per class re-reads it)."""
+    """Top-level class definitions of a source file, parsed once."""
     if path is None:
         return {}
-    with open(path, encoding="utf-8") as handle:
-        tree = ast.parse(handle.read())
-    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    return {node.name: node for node in ast.parse(_source(path)).body if isinstance(node, ast.ClassDef)}
+
+
+_TOP_LEVEL_LINE = re.compile(r"^[^\s#]", flags=re.MULTILINE)  # a line at column 0 that is not a comment
+
+
+@functools.lru_cache(maxsize=None)
+def _class_node(path: str | None, name: str) -> ast.ClassDef | None:
+    """The top-level class ``name`` of a source file. Only its own lines are parsed, from ``class name`` to the next
+    line at column 0 (a command's options read one class; parsing the whole module was most of building ``optimal``'s
+    options): a cut that is not the class's end (inside a string, a bracket) does not parse alone, and then the whole
+    file is."""
+    if path is None:
+        return None
+    text = _source(path)
+    starts = [m.start() for m in re.finditer(rf"^class {re.escape(name)}\b", text, flags=re.MULTILINE)]
+    if len(starts) == 1:  # (a name defined twice: the whole file says which definition stands)
+        header_end = text.find("\n", starts[0])
+        end = _TOP_LEVEL_LINE.search(text, len(text) if header_end < 0 else header_end + 1)
+        try:
+            body = ast.parse(text[starts[0]:end.start() if end else len(text)]).body
+        except SyntaxError:
+            body = []
+        if len(body) == 1 and isinstance(body[0], ast.ClassDef) and body[0].name == name:
+            return body[0]
+    return _class_nodes(path).get(name)
 
 
 def field_docs(cls: type) -> dict[str, str]:
     """Attribute docstrings (the string right under each field) of ``cls`` and its dataclass bases (a subclass's
     wins)."""
+    return dict(_field_docs(cls))
+
+
+@functools.lru_cache(maxsize=None)
+def _field_docs(cls: type) -> dict[str, str]:
+    """``field_docs``, read once per class (a command's options ask for it field by field)."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
             continue
         try:
-            node = _class_nodes(inspect.getsourcefile(klass)).get(klass.__qualname__)
+            node = _class_node(inspect.getsourcefile(klass), klass.__qualname__)
         except (OSError, TypeError):  # no source (e.g. a class built at run time): no help text
             continue
         if node is None:
@@ -135,6 +171,13 @@ def field_docs(cls: type) -> dict[str, str]:
                     and isinstance(following.value.value, str)):
                 docs[stmt.target.id] = " ".join(following.value.value.split())
     return docs
+
+
+@functools.lru_cache(maxsize=None)
+def _type_hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)``, resolved once per class: under ``from __future__ import annotations`` each call
+    evaluates every field's annotation string again, and a command's options ask field by field (read only)."""
+    return typing.get_type_hints(cls)
 
 
 def _field_type(hint: Any) -> tuple[type, bool]:
@@ -150,7 +193,7 @@ def field_owner(cls: type, path: str) -> tuple[type, dataclasses.Field]:
     WhatIfConfig."""
     head, _, rest = path.partition(".")
     field = {f.name: f for f in dataclasses.fields(cls)}[head]
-    return (cls, field) if not rest else field_owner(typing.get_type_hints(cls)[head], rest)
+    return (cls, field) if not rest else field_owner(_type_hints(cls)[head], rest)
 
 
 def list_default(value: tuple) -> str:
@@ -172,7 +215,7 @@ def field_parameters(cls: type, path: str, names: tuple[str, ...], valued_bool: 
     field's; a tuple is comma-separated text (parsed by :func:`config_from_options`); a bool is a flag, or with
     ``valued_bool`` takes a value (see :func:`with_field_options`) and gets a hidden ``--no-FIELD``."""
     owner, field = field_owner(cls, path)
-    kind, optional = _field_type(typing.get_type_hints(owner)[field.name])
+    kind, optional = _field_type(_type_hints(owner)[field.name])
     default = (field.default if field.default is not dataclasses.MISSING else ...
                if field.default_factory is dataclasses.MISSING else field.default_factory())
     if typing.get_origin(kind) is tuple:
@@ -267,7 +310,7 @@ def config_from_options(cls: type, options: Optional[dict[str, tuple[str, ...]]]
     """``cls`` built from the ``typed`` option values of its ``options`` (None: every field; dotted paths fill nested
     config dataclasses) and ``given``; every other field keeps its default, and the config's own checks run."""
     options = every_field(cls) if options is None else options
-    hints, fields = typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
+    hints, fields = _type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
     nested: dict[str, dict[str, Any]] = {}
     for path, value in typed.items():
         head, _, rest = path.partition(".")

@@ -41,7 +41,6 @@ from numpy.typing import ArrayLike
 
 from ..checks import require_in_range, require_int, require_nonnegative, require_one_of, require_positive
 from .designs import Design
-from .resampling import central, moving_block_indices, quantile_interval, ratio_of_sums
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
 STEP_EXPONENT = {"sgd": 1.0, "momentum": 1.0, "adam": 0.5}
@@ -805,6 +804,8 @@ def kappa_from_curvature_pairs(numerators: ArrayLike, denominators: ArrayLike, s
                          f"{den.size}")
     require_positive("step eta", step)
     require_positive("|xi|^2", den)
+    from .resampling import central, quantile_interval, ratio_of_sums  # the measurements only, not optimal's rules
+
     value = float(step * num.sum() / den.sum())
     boots = ratio_of_sums(num, den, n_boot, rng, scale=step)
     lo, hi = quantile_interval(boots, central(level))
@@ -825,6 +826,8 @@ def kappa_from_gradient_series(dots: ArrayLike, sq_norms: ArrayLike, rng: np.ran
     if dots.shape != sq.shape or dots.size < 2 * block:
         raise ValueError(f"dots and sq_norms must be equal-length with >= {2 * block} steps, got {dots.size}, "
                          f"{sq.size}")
+    from .resampling import central, moving_block_indices, quantile_interval
+
     corr = float(dots.sum() / sq.sum())
     value = kappa_from_autocorrelation(corr, optimizer, beta1)
     rows = moving_block_indices(dots.size, block, n_boot, rng)
