@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from ..checks import Range, invalid, range_of
-from ..theory import noise_scale as ns
 from ..theory.design import (
     DEFAULT_ALPHA,
     DEFAULT_RHO,
