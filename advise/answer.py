@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ..theory.design import OBJECTIVE_LABELS, PaperAnswer, Split
-
-if TYPE_CHECKING:  # the noise-scale rule is imported where its answer is rendered, out of the default rule's start-up
+if TYPE_CHECKING:  # the paper's and the noise-scale rule's modules are imported where their answers are rendered,
+    # out of the default rule's start-up
     from ..theory import noise_scale as ns
+    from ..theory.design import PaperAnswer, Split
 
 PROG = "replay-theory"
 
@@ -134,6 +134,8 @@ def render_design(d: PaperAnswer) -> str:
     head = f"{PROG} optimal: mu = {d.mu:g} ({CONVENTION_TEXT[d.convention]})"
     if finite:
         head += f", budget C = {d.budget:g}"
+    from ..theory.design import OBJECTIVE_LABELS
+
     lines = [todo_line(d), head, f"objective: {OBJECTIVE_LABELS[d.objective]}", ""]  # the answer first
     lines += _table(_design_rows(d, finite)) + [""] + _design_footer(d, finite)
     return "\n".join(lines)

@@ -21,17 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from ..checks import Range, invalid, range_of
-from ..theory.design import (
-    DEFAULT_ALPHA,
-    DEFAULT_RHO,
-    DesignQuery,
-    Split,
-    finite_budget_design,
-    optimal_design,
-    rollout_mu_of_convention,
-    split_design,
-)
-from ..theory.profiles import PowerLawProfile
+from ..theory.compute import rollout_mu_of_convention
 from .answer import (
     CONVENTIONS,
     HORIZON_TEXT,
@@ -44,6 +34,7 @@ from .answer import (
 from .evidence import evidence_line, floor_ratio_of, outside_tested_range, verdict_line
 
 if TYPE_CHECKING:
+    from ..theory.design import DesignQuery, Split
     from .profile_files import LoadedProfile
 
 OPTIMIZERS = {"sgd": "plain SGD", "momentum": "SGD with heavy-ball momentum beta1", "adam": "Adam with beta1"}
@@ -343,9 +334,12 @@ def _checked_memory(memory: dict) -> dict:
 def _staleness_of(loaded: LoadedProfile | None):
     """r(s) = sigma^2(s) / sigma^2(0) of a profile's measured table (the forgetting rule's staleness cost)."""
     from ..theory.forgetting import NO_STALENESS, staleness_of_table
+
+    if loaded is None:
+        return NO_STALENESS
     from ..theory.profiles import TabulatedProfile
 
-    if loaded is None or not isinstance(loaded.profile, TabulatedProfile):
+    if not isinstance(loaded.profile, TabulatedProfile):
         return NO_STALENESS
     return staleness_of_table(loaded.profile.staleness, loaded.profile.sigma_sq_values,
                               loaded.sigma_sq_form or "form not stated")
@@ -409,6 +403,7 @@ def _noise_scale_input(q: OptimalQuery) -> tuple[float | None, str]:
 
 def _noise_scale_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
     from ..theory import noise_scale as ns  # this objective's rule only, kept out of the default's start-up
+    from ..theory.design import DesignQuery, optimal_design
 
     b_noise, source = _noise_scale_input(q)
     mu_rollout = rollout_mu_of_convention(mu, convention)
@@ -455,6 +450,8 @@ def _paper_profile(q: OptimalQuery) -> LoadedProfile | None:
 
 def _finite_budget(q: OptimalQuery, query: DesignQuery, budget: float):
     """finite_budget_design for an `optimal` query: the power law (default alpha) or the --profile's."""
+    from ..theory.design import DEFAULT_ALPHA, DEFAULT_RHO, finite_budget_design
+    from ..theory.profiles import PowerLawProfile
     query.validated()  # the shared checks (-R with -B, ...) before the search
     smoothness, bias, f0 = q.budget_constants()
     if query.profile is None:
@@ -475,6 +472,7 @@ def _finite_budget(q: OptimalQuery, query: DesignQuery, budget: float):
 
 
 def _paper_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
+    from ..theory.design import DesignQuery, optimal_design
     loaded = _paper_profile(q)
     query = DesignQuery(mu=mu, alpha=q.alpha, rho=q.rho, convention=convention,
                         rollouts_per_step=q.rollouts_per_step, batch_size=q.batch_size,
@@ -537,6 +535,7 @@ class SplitQuery:
 
     def split(self) -> Split:
         """The split's gamma, y and regime (theory/design.py, ``split_design``), each option checked first."""
+        from ..theory.design import split_design
         for f in dataclasses.fields(self):
             range_of(f).check(option(f.name), getattr(self, f.name))
         low, high = SPLIT_RATIO_RANGE

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..checks import invalid, require_positive
+from ..checks import invalid, require_one_of, require_positive
 
 
 def _split(workers: ArrayLike, trainers: ArrayLike, mu: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -102,3 +102,29 @@ def replay_ratio_of_split(workers: ArrayLike, trainers: ArrayLike, mu: ArrayLike
     workers_arr, trainers_arr, mu_arr = _split(workers, trainers, mu)
     y = mu_arr * trainers_arr / workers_arr
     return y if y.ndim else float(y)
+
+
+# --------------------------------------------------------------------------- the two meanings of mu
+
+CONVENTIONS = ("rollout-cost", "paper-sec3")
+"""rollout-cost: mu = rollout cost / update cost (Sec. 2, Table 1); paper-sec3: its inverse (Sec. 3)."""
+
+
+def mu_sec3_of(mu: ArrayLike, convention: str) -> np.ndarray | float:
+    """The Sec. 3 cost ratio (update cost / rollout cost) for a mu given in ``convention``."""
+    require_one_of("convention", convention, CONVENTIONS)
+    mu_arr = np.asarray(mu, dtype=float)
+    require_positive("mu", mu_arr)
+    converted = 1.0 / mu_arr if convention == "rollout-cost" else mu_arr
+    return converted if converted.ndim else float(converted)
+
+
+def rollout_cost_mu_of(mu: ArrayLike, convention: str) -> np.ndarray | float:
+    """The Sec. 2 / Table 1 ratio (rollout cost / update cost) for a mu given in ``convention``."""
+    converted = 1.0 / np.asarray(mu_sec3_of(mu, convention), dtype=float)
+    return converted if converted.ndim else float(converted)
+
+
+def rollout_mu_of_convention(mu: float, convention: str) -> float:
+    """mu in the rollout-cost meaning (Table 1) for a mu given in ``convention``."""
+    return float(rollout_cost_mu_of(mu, convention))

@@ -45,10 +45,17 @@ from ..checks import (
     require_one_of,
     require_positive,
 )
-from .compute import compute_ratio, compute_ratio_from_split_ratio, replay_ratio_of_split
+from .compute import (  # noqa: F401  (the mu conventions live with the other cost formulas; re-exported here)
+    CONVENTIONS,
+    compute_ratio,
+    compute_ratio_from_split_ratio,
+    mu_sec3_of,
+    replay_ratio_of_split,
+    rollout_cost_mu_of,
+    rollout_mu_of_convention,
+)
 from .profiles import AVERAGES, Profile, sigma_bar_sq
 
-CONVENTIONS = ("rollout-cost", "paper-sec3")
 # "replay" only when rollouts are reused (y = B/R > 1, so gamma < 1); "over-generation" is y < 1 (gamma > 1:
 # more generation than training absorbs); "stale-buffer" is y = 1 with x > 1 (gamma = 1, staler samples).
 REGIMES = ("replay", "on-policy", "over-generation", "stale-buffer", "unbounded")
@@ -61,21 +68,6 @@ OBJECTIVE_LABELS = {
 # Defaults of `replay-theory optimal --objective paper`, justified in docs/OPTIMAL.md ("Its defaults").
 DEFAULT_ALPHA = 0.25
 DEFAULT_RHO = 0.1
-
-
-def mu_sec3_of(mu: ArrayLike, convention: str) -> np.ndarray | float:
-    """The Sec. 3 cost ratio (update cost / rollout cost) for a mu given in ``convention``."""
-    require_one_of("convention", convention, CONVENTIONS)
-    mu_arr = np.asarray(mu, dtype=float)
-    require_positive("mu", mu_arr)
-    converted = 1.0 / mu_arr if convention == "rollout-cost" else mu_arr
-    return converted if converted.ndim else float(converted)
-
-
-def rollout_cost_mu_of(mu: ArrayLike, convention: str) -> np.ndarray | float:
-    """The Sec. 2 / Table 1 ratio (rollout cost / update cost) for a mu given in ``convention``."""
-    converted = 1.0 / np.asarray(mu_sec3_of(mu, convention), dtype=float)
-    return converted if converted.ndim else float(converted)
 
 
 # --------------------------------------------------------------------------- objectives
@@ -1052,8 +1044,3 @@ def finite_budget_design(
         eta_max=terms["eta_max"], updates=float(result.updates), bound=float(result.value), bound_terms=terms,
         large_budget_limit=large,
     )
-
-
-def rollout_mu_of_convention(mu: float, convention: str) -> float:
-    """mu in the rollout-cost meaning (Table 1) for a mu given in ``convention``."""
-    return float(rollout_cost_mu_of(mu, convention))
