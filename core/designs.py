@@ -777,9 +777,8 @@ BUFFER_DESIGNS: dict[str, BufferDesign] = {
                             _stale_k, stale_k_step),
     "epochs": BufferDesign("e epochs over m mini-batches of each generation of R (PPO; TRL num_iterations)",
                            EpochParams, _epochs, epochs_step, _epochs_rules),
-    "selective": BufferDesign("FIFO of N admitting only groups with unequal rewards (non-zero advantage), B drawn "
-                              "uniformly (THEORY.md [E8])", FifoParams, _selective, uniform_buffer_step,
-                              _selective_rules),
+    "selective": BufferDesign("FIFO of N admitting only groups with a non-zero advantage, B drawn uniformly",
+                              FifoParams, _selective, uniform_buffer_step, _selective_rules),
 }
 
 
