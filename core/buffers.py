@@ -1,4 +1,5 @@
-"""Replay buffers for S seeds at once: FIFO, positive-bias, FreshPER, group replay, ExGRPO, stale-k, epochs.
+"""Replay buffers for S seeds at once: FIFO, selective FIFO, positive-bias, FreshPER, group replay, ExGRPO, stale-k,
+epochs.
 
 The simulator's one stateful part (the validator and trainers use it with S = 1): numpy, seed axis first, randomness
 only from an explicit ``rng``.  Conventions (add, then sample; use records; dtypes): ``SlotBuffer``, ``RolloutStore``.
@@ -7,6 +8,7 @@ only from an explicit ``rng``.  Conventions (add, then sample; use records; dtyp
 |-----------------------|--------------------------------------------------------|-------------------------------------|
 | ``FifoBuffer``        | experience-replay                                      | Sec. 3 (uniform, with replacement), |
 |                       |                                                        | App. B.5 ``random.sample`` (without)|
+| ``SelectiveFifoBuffer``| selective replay (groups with a non-zero advantage)   | docs/THEORY.md [E8], issue 40       |
 | ``PositiveBiasBuffer``| experience-replay                                      | Sec. 4.3 positive-bias sampling     |
 | ``PrioritizedBuffer`` | FreshPER (arXiv:2604.16918)                            | Eqs. (2), (14), (15), Alg. 1, 3.5   |
 | ``GroupReplayBuffer`` | RLOO group replay                                      | Sec. 3.2, App. B                    |
@@ -29,6 +31,7 @@ only from an explicit ``rng``.  Conventions (add, then sample; use records; dtyp
 | ``rho``                 | rho                    | replay proportion (RLOO: per fresh group; ExGRPO: of B)   |
 | ``k``                   | s (M2PO)               | stale-k delay, in the units of ``step``                   |
 | ``epochs, mini_batches``| e, m                   | passes over a generation, updates per pass (b = R / m)    |
+| ``admitted``            | (1 - z) R              | selective FIFO: responses of unequal-reward groups let in |
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from ..checks import require_int, require_one_of, require_positive, require_unit
 from ..theory import exgrpo as _exgrpo
 from ..theory import freshper as _freshper
 from ..theory import group_replay as _group_replay
+from .metrics import zero_std_groups
 from .rng import PerSeedGenerator, RandomSource
 from .rollouts import RolloutBatch
 from .sumtree import SumTree
@@ -54,6 +58,7 @@ __all__ = [
     "ReplayBuffer",
     "SlotBuffer",
     "FifoBuffer",
+    "SelectiveFifoBuffer",
     "PositiveBiasBuffer",
     "PrioritizedBuffer",
     "PER_BASES",
@@ -425,6 +430,78 @@ class FifoBuffer(_UniformBuffer):
         self._ring_write(batch)
         self._filled = min(self._filled + batch.size, self.capacity)
         self._order = None
+
+
+class SelectiveFifoBuffer(FifoBuffer):
+    """A FIFO of N that admits only the groups whose rewards are not all equal, B drawn uniformly with replacement.
+
+    Selective replay, "dropped before the buffer" (docs/THEORY.md [E8]): a group of equal rewards has zero
+    group-relative advantage and buys no gradient, so it never enters; (1 - z) R responses enter per step (z: the
+    share of such groups, ``core.metrics.zero_std_groups``), the horizon is x = N / ((1 - z) R) and the mean sampled
+    staleness about (x - 1) / 2. How many enter differs by seed, so each seed keeps its own ring pointer and fill
+    (the FIFO's are shared); ``admitted`` (S,) is the last ``add``'s count. Groups are runs of one ``group`` id.
+
+    Empty start: until a seed's first unequal group arrives its buffer is empty and its update is SKIPPED: ``sample``
+    gives that seed B of the responses last offered to ``add`` (all in equal-reward groups, so zero advantage) with
+    weight 0 and ``valid`` False (no use recorded). Weight 0 makes the skip exact for every loss (a shifted baseline,
+    AsymRE's, would otherwise move it on them) while the seeds stay in step. One draw of ``rng.random((S, B))`` per
+    call, as ``FifoBuffer``'s: with no equal-reward group (z = 0) every seed admits all R and the draws, slots and
+    batches are the FIFO's, number for number.
+    """
+
+    def __init__(self, num_seeds: int, capacity: int, seq_len: int, *,
+                 token_dtype: np.dtype | type = np.int16, logp_dtype: np.dtype | type = np.float64) -> None:
+        super().__init__(num_seeds, capacity, seq_len, True, token_dtype=token_dtype, logp_dtype=logp_dtype)
+        self._ptr = np.zeros(self.num_seeds, dtype=np.int64)  # (S,) next ring slot, per seed
+        self._fill = np.zeros(self.num_seeds, dtype=np.int64)  # (S,) filled slots 0..fill-1 (the ring never frees)
+        self.admitted = np.zeros(self.num_seeds, dtype=np.int64)  # (S,) responses the last add let in
+        self._offered: RolloutBatch | None = None  # the last batch offered: an empty seed's placeholder rows
+
+    @property
+    def size(self) -> np.ndarray:
+        return self._fill.copy()
+
+    def add(self, batch: RolloutBatch, step: int) -> None:
+        self._check_batch(batch)
+        if batch.size > self.capacity:
+            raise ValueError(f"a batch of {batch.size} rollouts exceeds capacity={self.capacity}; capacity must be "
+                             f">= rollouts per step")
+        equal, _ = zero_std_groups(batch.reward, batch.group)  # (S, n)
+        keep = ~equal  # [E8]: only groups with a non-zero advantage enter
+        rank = np.cumsum(keep, axis=1) - 1  # (S, n) order among the seed's admitted responses
+        rows, items = np.nonzero(keep)
+        slots = (self._ptr[rows] + rank[rows, items]) % self.capacity  # each seed's own ring, FIFO order
+        self._evict(rows, slots)
+        self.store.write(rows, slots, batch, items)
+        self._reset(rows, slots)
+        self.admitted = keep.sum(axis=1)
+        self._ptr = (self._ptr + self.admitted) % self.capacity
+        self._fill = np.minimum(self._fill + self.admitted, self.capacity)
+        self._offered = batch
+        self._order = None
+
+    def sample(self, batch_size: int, step: int, rng: RandomSource) -> Sample:
+        B = _int_param("batch_size", batch_size, 1)
+        if self._offered is None:
+            raise ValueError("cannot sample before a batch is offered (add rollouts first)")
+        u = rng.random((self.num_seeds, B))  # Sec. 3: uniform with replacement, as FifoBuffer draws
+        n = self._fill[:, None]  # (S, 1)
+        index = np.minimum((u * n).astype(np.int64), np.maximum(n - 1, 0))  # an empty seed: slot 0, a placeholder
+        empty = self._fill == 0  # (S,)
+        if not empty.any():
+            return self._finish_sample(index, np.ones(index.shape), step)
+        valid = np.broadcast_to(~empty[:, None], index.shape)
+        out = self._finish_sample(index, valid.astype(float), step, valid)  # weight 0: the skipped update
+        offered = self._offered
+        pick = np.minimum((u * offered.size).astype(np.int64), offered.size - 1)  # (S, B) of the offered responses
+        placeholder = offered.take(pick)
+        out.batch = RolloutBatch(**{
+            f.name: np.where(empty.reshape((-1,) + (1,) * (getattr(out.batch, f.name).ndim - 1)),
+                             getattr(placeholder, f.name), getattr(out.batch, f.name))
+            for f in fields(RolloutBatch)})
+        out.staleness = step - out.batch.created
+        out.time_since_last_use = np.where(empty[:, None], -1, out.time_since_last_use)
+        return out
 
 
 class PositiveBiasBuffer(_UniformBuffer):

@@ -51,6 +51,7 @@ from .buffers import (
     PositiveBiasBuffer,
     PrioritizedBuffer,
     ReplayBuffer,
+    SelectiveFifoBuffer,
     StaleKQueue,
     UniformQuestionBuffer,
 )
@@ -632,6 +633,10 @@ def _fifo(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
     return FifoBuffer(s.num_seeds, c.capacity, s.seq_len, replacement=c.replacement, token_dtype=s.token_dtype)
 
 
+def _selective(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
+    return SelectiveFifoBuffer(s.num_seeds, c.capacity, s.seq_len, token_dtype=s.token_dtype)
+
+
 def _positive_bias(c: DesignConfig, s: BufferSpec) -> ReplayBuffer:
     return PositiveBiasBuffer(s.num_seeds, c.capacity, s.seq_len, delta=c.delta, token_dtype=s.token_dtype)
 
@@ -681,6 +686,13 @@ def _fifo_rules(c: DesignConfig, pipeline: str) -> None:
         raise ValueError(f"batch_size must be <= rollouts_per_step = {c.rollouts_per_step} when sampling "
                          f"without replacement (after the first step the buffer holds only R rollouts), "
                          f"got {c.batch_size}")
+
+
+def _selective_rules(c: DesignConfig, pipeline: str) -> None:
+    check_capacity(c.capacity, c.rollouts_per_step)
+    if not c.replacement:  # what enters varies by step and seed: fewer than B may be there to draw without
+        raise ValueError("replacement must be true for buffer selective (it admits a varying number of rollouts "
+                         "per step), got false")
 
 
 def _whole_groups(c: DesignConfig, unit: str) -> None:
@@ -765,6 +777,8 @@ BUFFER_DESIGNS: dict[str, BufferDesign] = {
                             _stale_k, stale_k_step),
     "epochs": BufferDesign("e epochs over m mini-batches of each generation of R (PPO; TRL num_iterations)",
                            EpochParams, _epochs, epochs_step, _epochs_rules),
+    "selective": BufferDesign("FIFO of N admitting only groups with a non-zero advantage, B drawn uniformly",
+                              FifoParams, _selective, uniform_buffer_step, _selective_rules),
 }
 
 

@@ -10,8 +10,12 @@ M2PO (k1, M_2, Eqs. (3)-(4)), experience-replay (staleness, Sec. 2).  Every esti
 | ``kl_k1`` .. ``chi2`` | k1, k2, k3, M_2, D_2, chi^2 | the real TOKENS' log r (verl / TRL style)                |
 | ``log_ratio_abs_max`` | max abs(log r)       | the real tokens                                               |
 | ``staleness_mean/max`` | t - t_i             | the batch's responses                                         |
+| ``frac_reward_zero_std`` | z                 | the step's GENERATED groups: share whose rewards are all equal |
 
 :func:`ess_by_age` is the Kish ESS per (seed, age bucket), buckets from ``core.pipeline.age_buckets``.
+``frac_reward_zero_std`` is TRL's metric of the same name (zero-advantage groups, which buy no gradient; z of
+docs/THEORY.md "Reuse families" [E7]-[E9]); :func:`zero_std_groups` is its kernel, which the selective buffer
+(``core.buffers.SelectiveFifoBuffer``) admits by.
 Shapes: seed axis first, ``token_lr`` = logp_new - logp_behav and ``mask`` (S, B, L), ``staleness`` (S, B);
 results (S,).
 Callers keep their logged names by a mapping (the engine and the validator log these keys as they are, the TRL
@@ -25,7 +29,7 @@ import numpy as np
 from ..theory.divergences import ess_kish_fraction, sample_statistics
 from ..theory.moments import ess_frac_from_sums, weight_sums
 
-__all__ = ["TOKEN_STATS", "step_metrics", "sequence_log_ratio", "ess_by_age"]
+__all__ = ["TOKEN_STATS", "step_metrics", "sequence_log_ratio", "ess_by_age", "zero_std_groups", "frac_reward_zero_std"]
 
 #: the token-level estimators of :func:`step_metrics` (the losses report the same ones: they may be passed in)
 TOKEN_STATS = ("kl_k1", "kl_k2", "kl_k3", "m2", "d2", "chi2")
@@ -37,13 +41,45 @@ def sequence_log_ratio(token_lr: np.ndarray, mask: np.ndarray) -> tuple[np.ndarr
     return token_lr, token_lr.sum(axis=-1)  # the sequence ratio is the product of token ratios, summed in log space
 
 
+def zero_std_groups(reward: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each response's group has all rewards equal (S, n) bool, share of such groups per seed (S,)).
+
+    ``reward`` and ``group`` (S, n): rewards and group ids of responses as generated, a group's responses side by
+    side (a group is a run of one id; ``core.pipeline.generate`` and ExGRPO's batch lay them out so). Zero std is
+    max == min of the group's rewards: its group-relative advantage is then zero (TRL tests isclose(std, 0), atol
+    1e-8: the same groups whenever distinct rewards differ by more than that). No responses: a share of NaN.
+    """
+    reward = np.asarray(reward, dtype=float)
+    group = np.asarray(group)
+    S, n = reward.shape
+    if n == 0:
+        return np.zeros((S, 0), bool), np.full(S, np.nan)
+    start = np.ones((S, n), bool)
+    start[:, 1:] = group[:, 1:] != group[:, :-1]  # a run starts at each row's first response and each new id
+    first = np.flatnonzero(start)  # (runs,) flat index of each group's first response, row-major
+    flat = reward.ravel()
+    equal = np.maximum.reduceat(flat, first) == np.minimum.reduceat(flat, first)  # (runs,) all rewards equal
+    per_response = equal[np.cumsum(start.ravel()) - 1].reshape(S, n)  # each response's group's flag
+    row = first // n  # (runs,) the seed of each group
+    share = np.bincount(row, weights=equal, minlength=S) / np.bincount(row, minlength=S)
+    return per_response, share
+
+
+def frac_reward_zero_std(reward: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """z per seed (S,): the share of the step's generated groups whose rewards are all equal (``zero_std_groups``)."""
+    return zero_std_groups(reward, group)[1]
+
+
 def step_metrics(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
-                 token_stats: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+                 token_stats: dict[str, np.ndarray] | None = None, reward: np.ndarray | None = None,
+                 group: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The off-policy metrics of one training batch, per seed (S,) (keys: the module docstring's table).
 
     ``token_lr`` (S, B, L) = logp_new - logp_behav of the trained tokens; ``token_stats``: the token-level
     estimators (``TOKEN_STATS``, each (S,)) when the loss already computed them on this batch (every loss with a
-    behaviour policy does: the same kernel on the same tokens), else they are computed here.
+    behaviour policy does: the same kernel on the same tokens), else they are computed here. ``reward`` and
+    ``group`` (S, n): the step's GENERATED responses (not the training batch, whose draws split groups); given,
+    ``frac_reward_zero_std`` joins the keys.
     """
     S = mask.shape[0]
     token_lr, seq_lr = sequence_log_ratio(token_lr, mask)
@@ -58,13 +94,16 @@ def step_metrics(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
         ess = ess_frac_from_sums.__wrapped__(*weight_sums(seq_lr))
     else:
         ess = ess_kish_fraction(seq_lr)
-    return {
+    out = {
         "ess_frac": np.asarray(ess),  # (S,) Kish of the sequence ratios, FreshPER Eq. (5)
         **{k: np.asarray(stats[k]).reshape(S) for k in TOKEN_STATS},
         "log_ratio_abs_max": np.abs(token_lr).reshape(S, -1).max(axis=1),  # padding is 0
         "staleness_mean": np.sum(staleness, axis=1) / staleness.shape[1],
         "staleness_max": staleness.max(axis=1),
     }
+    if reward is not None and group is not None:
+        out["frac_reward_zero_std"] = frac_reward_zero_std(reward, group)
+    return out
 
 
 def ess_by_age(seq_lr: np.ndarray, bucket: np.ndarray, num_buckets: int) -> tuple[np.ndarray, np.ndarray]:

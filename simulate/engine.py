@@ -30,7 +30,7 @@ from threadpoolctl import ThreadpoolController
 
 from ..core.designs import StepBatch, compute_loss
 from ..core.losses import LossOutput
-from ..core.metrics import TOKEN_STATS, ess_by_age, sequence_log_ratio, step_metrics
+from ..core.metrics import TOKEN_STATS, ess_by_age, frac_reward_zero_std, sequence_log_ratio, step_metrics
 from ..core.pipeline import AGE_BUCKETS, EnvBackend, Pipeline, UsageRecord, age_bucket
 from ..core.rng import PerSeedGenerator
 from .config import SimConfig
@@ -231,6 +231,7 @@ def _record_training_batch(rec: Recorder, step: int, data: StepBatch, logp_new: 
         n = np.maximum(keep.sum(axis=1), 1)  # (S,)
         rec.put("reward", step, np.where(keep, batch.reward, 0.0).sum(axis=1) / n)
         rec.put("accuracy_train", step, np.where(keep, batch.reward == 1.0, 0.0).sum(axis=1) / n)
+        rec.put("frac_reward_zero_std", step, frac_reward_zero_std(batch.reward, batch.group))  # z, TRL's name
     for name, value in data.curves.items():
         if not name.startswith("_"):  # "_" marks the design's internal per-step arrays
             rec.put(name, step, value)

@@ -76,7 +76,7 @@ def test_group_replay_fresh_evaluations_match_the_budget_formula():
 
 @pytest.mark.parametrize("buffer,extra", [
     ("on-policy", {}), ("fifo", {}), ("positive-bias", {}), ("prioritized", {"per_tau": 50.0}),
-    ("stale-k", {}), ("epochs", {"mini_batches": 2, "batch_size": 32}),
+    ("stale-k", {}), ("epochs", {"mini_batches": 2, "batch_size": 32}), ("selective", {}),
     ("group-replay", {"loss": "rloo", "advantage": "leave-one-out", "batch_size": 64}),
 ])
 def test_every_buffer_learns(buffer, extra):

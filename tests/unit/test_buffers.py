@@ -14,6 +14,7 @@ from replay_theory.core.buffers import (
     GroupReplayBuffer,
     PositiveBiasBuffer,
     PrioritizedBuffer,
+    SelectiveFifoBuffer,
     StaleKQueue,
 )
 from replay_theory.core.rollouts import RolloutBatch
@@ -720,7 +721,7 @@ def test_design_registry_builds_every_buffer():
 
     expected = {"on-policy": type(None), "fifo": FifoBuffer, "positive-bias": PositiveBiasBuffer,
                 "prioritized": PrioritizedBuffer, "group-replay": GroupReplayBuffer, "exgrpo": ExGRPOBuffer,
-                "stale-k": StaleKQueue, "epochs": EpochSchedule}
+                "stale-k": StaleKQueue, "epochs": EpochSchedule, "selective": SelectiveFifoBuffer}
     assert set(BUFFER_DESIGNS) == set(expected)
     for name, cls in expected.items():
         buffer = make_design_buffer(DesignConfig(buffer=name, exgrpo_rho=0.25, stale_k=3),
@@ -732,7 +733,8 @@ def test_design_registry_builds_every_buffer():
 
 
 CLASSES = {"fifo": FifoBuffer, "positive_bias": PositiveBiasBuffer, "prioritized": PrioritizedBuffer,
-           "group_replay": GroupReplayBuffer, "exgrpo": ExGRPOBuffer, "stale_k": StaleKQueue, "epochs": EpochSchedule}
+           "group_replay": GroupReplayBuffer, "exgrpo": ExGRPOBuffer, "stale_k": StaleKQueue, "epochs": EpochSchedule,
+           "selective": SelectiveFifoBuffer}
 
 
 @pytest.mark.parametrize(
@@ -755,6 +757,7 @@ CLASSES = {"fifo": FifoBuffer, "positive_bias": PositiveBiasBuffer, "prioritized
         ("stale_k", dict(num_seeds=1, k=-1), "k"),
         ("epochs", dict(num_seeds=1, epochs=0, mini_batches=1), "epochs"),
         ("epochs", dict(num_seeds=1, epochs=2, mini_batches=0), "mini_batches"),
+        ("selective", dict(num_seeds=1, capacity=0, seq_len=1), "capacity"),
     ],
 )
 def test_bad_buffer_arguments_raise_value_error_naming_the_parameter(name, kwargs, param):
