@@ -9,7 +9,7 @@ it, never the other way round.
 | ``designs.py``    | THE registry: every buffer design and loss by name, its help, params, rules, step     |
 | ``surrogate.py``  | numpy loss gradient -> torch scalar (the validator's and the trainers'; imports torch)|
 | ``pipeline.py``   | the pipeline the engine and the language-model validator share: batches, compute      |
-| ``buffers.py``    | the buffers (FIFO, positive bias, FreshPER, RLOO group replay, ExGRPO, stale-k)       |
+| ``buffers/``      | the buffers, a module per kind (uniform, FreshPER, RLOO, ExGRPO, stale-k and epochs)  |
 | ``sumtree.py``    | the sum tree behind prioritized sampling                                              |
 | ``losses.py``     | the losses (REINFORCE, GRPO, no trust region, M2PO, RLOO, AsymRE, ExGRPO shaping)     |
 | ``advantages.py`` | group advantages (GRPO, group mean, leave-one-out)                                    |

@@ -120,7 +120,7 @@ SIZES = (*(Size(name) for name in ("batch_size", "rollouts_per_step", "capacity"
          Size("per_replay_updates", memory=False))
 
 # Bytes per element of the engine's arrays, with the copies it makes (read off simulate/engine.py, core/designs.py,
-# core/buffers.py and the environments; tests/integration/test_sizes.py measures the total against a real run).
+# core/buffers/ and the environments; tests/integration/test_sizes.py measures the total against a real run).
 _ITEM = 64  # per response and seed in a step: prompt, reward, advantage, created, group, weight, staleness, ...
 _TOKEN = 160  # per token and seed in a step: tokens, mask, behaviour and new log-probs, loss terms, metrics
 _SLOT = 60  # per buffer slot and seed: prompt, reward, advantage, created, group, use count, last use, valid

@@ -1,4 +1,4 @@
-"""The epochs design (issue 40): e epochs over m mini-batches of each generation of R (core/buffers.py's
+"""The epochs design (issue 40): e epochs over m mini-batches of each generation of R (core/buffers/'s
 ``EpochSchedule``, the registry's "epochs"). Its schedule and its compute worked out by hand, e = m = 1 against the
 on-policy design, the noisy quadratic under SGD against ``theory.reuse_families.psi_epochs``, and the refusals.
 """
