@@ -50,7 +50,8 @@ def evidence_record(summary: dict, command: str) -> dict:
     return {"command": command, "replay_theory_version": summary.get("replay_theory_version"),
             "protocol": {k: protocol.get(k) for k in ("batch", "seeds", "instances", "dev_instances", "grid", "mus",
                                                       "floors", "headline_floor", "on_policy_batches", "optimizers",
-                                                      "quick", *SHARED_PROTOCOL)},
+                                                      "quick", *SHARED_PROTOCOL)}
+            | ({"families": protocol["families"]} if protocol.get("families") else {}),  # not the default protocol
             "settings": sorted(protocol.get("settings", {})),
             "targets": summary.get("targets"), "targets_held_out": summary.get("targets_held_out")}
 

@@ -38,7 +38,8 @@ from .config_options import config_from_options, option_name, with_field_options
 
 ALIASES = {"batch_size": ("--batch",)}
 THEORY_TEST_OPTIONS = {"instances": ("--instance",), "settings": ("--setting",), "optimizers": ("--optimizer",),
-                       "mus": ("--mu",), "floors": ("--floor",), "seeds": ("--seeds",), "quick": ("--quick",)}
+                       "mus": ("--mu",), "floors": ("--floor",), "seeds": ("--seeds",), "quick": ("--quick",),
+                       "families": ("--families",)}
 SUMMARY_KEYS = ("mean_staleness", "max_staleness", "replay_ratio", "mean_time_since_last_use", "compute_ratio",
                 "final_reward", "ess_frac")
 SWEEP_OPTIONS = {"out": ("--out",), "jobs": ("--jobs", "-j"), "backend": ("--backend",),

@@ -34,7 +34,7 @@ from ..core.pipeline import EnvBackend, Pipeline
 from ..core.rng import PerSeedGenerator
 from ..theory.designs import Design
 from .config import SimConfig
-from .envs.quadratic import QuadraticEnv, QuadraticReplay, expected_loss
+from .envs.quadratic import QuadraticEnv, QuadraticReplay, expected_loss, stationary_loss_epochs
 from .optim import OPTIMIZERS
 
 WINDOW = 0.1
@@ -145,7 +145,8 @@ class QuadraticGradient:
 
     def __init__(self, env: QuadraticEnv, design: Design, rows: int, rng):
         self.sampler = QuadraticReplay(env, design.capacity, design.rollouts_per_step, design.batch_size, rows, rng,
-                                       on_policy=design.on_policy)
+                                       on_policy=design.on_policy, epochs=design.epochs,
+                                       mini_batches=design.mini_batches)
 
     def __call__(self, step: int, params: np.ndarray) -> np.ndarray:
         return -self.sampler.gradient(step, params)  # the loss F is minimised
@@ -223,9 +224,12 @@ class ExpectedTrace:
 
 def stationary_loss(env: QuadraticEnv, design: Design, lrs) -> np.ndarray:
     """E F at stationarity (lrs,), exactly: sum_i h_i eta^2 sigma_i^2 V_eff,i / (2 (1 - a_i^2)), B V_eff = 1 (on-policy)
-    or 1 + y psi(x, eta h_i) - 1/N (FIFO; ``derive forgetting-variance``); inf once a step diverges (eta h >= 2)."""
+    or 1 + y psi(x, eta h_i) - 1/N (FIFO; ``derive forgetting-variance``); inf once a step diverges (eta h >= 2).
+    An epoch design: its periodic stationary E F averaged over a generation (``stationary_loss_epochs``)."""
     from ..theory.forgetting import psi
 
+    if design.updates_per_generation > 1:
+        return stationary_loss_epochs(env, lrs, design.rollouts_per_step, design.epochs, design.mini_batches)
     lrs = np.asarray(lrs, dtype=float).ravel()
     kappa = lrs[:, None] * env.curvature  # (L, d)
     out = np.full(lrs.size, np.inf)
@@ -251,7 +255,8 @@ def expected_to_target(env: QuadraticEnv, design: Design, lrs, max_steps: int) -
     if not live.any():
         return ExpectedTrace(crossing, stationary, 0)
     curve = expected_loss(env, lrs[live], design.capacity, design.rollouts_per_step, design.batch_size, max_steps,
-                          on_policy=design.on_policy, stop_below=f_target)  # (L', steps run + 1)
+                          on_policy=design.on_policy, stop_below=f_target, epochs=design.epochs,
+                          mini_batches=design.mini_batches)  # (L', steps run + 1)
     below = curve[:, 1:] <= f_target
     hit = below.any(axis=1)
     first = np.where(hit, below.argmax(axis=1) + 1, 0)

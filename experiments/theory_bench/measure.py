@@ -86,9 +86,8 @@ class Unit:
         seeds = {"seed_offset": seed_offset} if seed_offset else {}  # the scored runs' keys stay as they were
         return {"kind": "run", "setting": self.setting.name, "optimizer": self.optimizer, "instance": self.instance,
                 **stream, **seeds,
-                "design": [design.batch_size, design.rollouts_per_step, design.capacity, design.on_policy],
-                "lrs": [float(v) for v in lrs], "seeds": self.options.seeds, "boots": int(self.boot_index.shape[0]),
-                "target": self.inst["target"], "max_steps": int(max_steps)}
+                "design": design_spec(design), "lrs": [float(v) for v in lrs], "seeds": self.options.seeds,
+                "boots": int(self.boot_index.shape[0]), "target": self.inst["target"], "max_steps": int(max_steps)}
 
     def run(self, design: forgetting.Design, lrs: np.ndarray, max_steps: int, seed_offset: int = 0) -> dict:
         """One design at the step sizes ``lrs`` with --seeds seeds from seed ``instance + seed_offset`` (0: the scored
@@ -172,6 +171,13 @@ class Unit:
         return record
 
 
+def design_spec(design: forgetting.Design) -> list:
+    """A design as the records and run keys name it: [B, R, N, on_policy], and [.., e, m] for an epoch design only
+    (the FIFO and on-policy designs keep the keys and records they had before epoch designs were trained)."""
+    spec = [design.batch_size, design.rollouts_per_step, design.capacity, design.on_policy]
+    return spec + [design.epochs, design.mini_batches] if design.updates_per_generation > 1 else spec
+
+
 class UnitNotScored(Exception):
     """A unit the protocol cannot score: its pilot, on-policy at B = 256, reaches the target at none of its step sizes,
     so no design has a reference (e.g. a two-prompts instance whose base policy is within 0.3% of J*: the seed mean
@@ -211,7 +217,8 @@ def _step_cap(options: Options, design: forgetting.Design, s_ref: float) -> int:
     """CAP_FACTOR x on-policy B = 256's steps x the largest ratio of its step cost to this design's over the cost
     models: beyond it the design costs more than CAP_FACTOR x on-policy at every mu and floor."""
     ratio = max(forgetting.step_cost(BATCH, BATCH, mu, f)
-                / forgetting.step_cost(design.rollouts_per_step, design.batch_size, mu, f)
+                / forgetting.step_cost(design.rollouts_per_step, design.batch_size, mu, f,
+                                       design.updates_per_generation)
                 for mu in options.mus for f in options.floors)
     return max(50, int(math.ceil(CAP_FACTOR * s_ref * ratio)))
 
@@ -286,6 +293,25 @@ def train_unit(unit: Unit) -> None:
                 unit.tune(label, design, start, _step_cap(options, design, s_ref))
             if unit.advance:
                 unit.advance()
+    for e, m in options.epochs_grid:
+        _train_epochs(unit, e, m, s_ref, s_ref_exact)
+
+
+def _train_epochs(unit: Unit, epochs: int, mini_batches: int, s_ref: float, s_ref_exact: float) -> None:
+    """One epoch design of --families epochs (R = B = 256, e passes over m mini-batches of R / m), exact where exact,
+    else searched from on-policy at its mini-batch (each sample used e times: its step size scaled by e^-1/2)."""
+    design = forgetting.Design.epochs_of(BATCH, epochs, mini_batches)
+    label = f"epochs e={epochs} m={mini_batches}"
+    if unit.exact:
+        unit.exact_run(label, design, _step_cap(unit.options, design, s_ref_exact))
+    else:
+        alpha = 1.0 if unit.optimizer == "sgd" else 0.5
+        b = design.batch_size
+        start = unit.start_from((f"on-policy B={b}", epochs ** -0.5),
+                                (f"on-policy B={BATCH}", (b / BATCH) ** (alpha / 2) * epochs ** -0.5))
+        unit.tune(label, design, start, _step_cap(unit.options, design, s_ref))
+    if unit.advance:
+        unit.advance()
 
 
 # --------------------------------------------------------------------------- the inputs, measured
@@ -651,7 +677,7 @@ def calibration_record(unit: Unit, pilot: dict) -> dict:
 def design_row(unit: Unit, label: str, design: forgetting.Design) -> dict:
     """A trained design's row of the unit record: its steps per replicate (exact: the one exact value), step size,
     and flags."""
-    spec = [design.batch_size, design.rollouts_per_step, design.capacity, design.on_policy]
+    spec = design_spec(design)
     if unit.exact:
         ex = unit.exact_runs[label]
         return {"label": label, "design": spec, "steps": [ex["steps_tuned"]], "reached": ex["reached"],
@@ -668,12 +694,13 @@ def design_row(unit: Unit, label: str, design: forgetting.Design) -> dict:
             "curve": record["curve"], "curve_steps": record["curve_steps"]}
 
 
-def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float,
-                max_steps_ratio: float = 2.0) -> tuple[advice.Query, list[str]]:
+def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_ratio: float = 2.0,
+                max_epochs: int = 1) -> tuple[advice.Query, list[str]]:
     """The query ``replay-theory optimal`` gets from this pilot's numbers (``-B 256 --noise-scale B_simple --kappa
     kappa --optimizer OPT --group-size 8 --latency-floor FLOOR`` and the drift table a profile carries), and what was
     left out and why: a B_simple not resolved > 0 (optimal then says to stay at B), a kappa optimal refuses (outside
-    [KAPPA_MIN, the optimizer's stability limit): the user asks again without it)."""
+    [KAPPA_MIN, the optimizer's stability limit): the user asks again without it). ``max_epochs`` > 1 (--families
+    epochs): optimal searches epoch designs too (``--max-epochs``)."""
     from ...advise.optimal import KAPPA_MIN
 
     notes = []
@@ -694,21 +721,26 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float,
     query = advice.Query(mu=float(mu), batch_size=BATCH, b_noise=b_noise, b_noise_source="the pilot's B_simple",
                          kappa=kappa, kappa_source="the pilot's curvature pairs", optimizer=optimizer, beta1=BETA1,
                          pilot_batch=BATCH, group_size=GROUP, floor=float(floor), staleness=staleness,
-                         max_steps_ratio=float(max_steps_ratio))
+                         max_steps_ratio=float(max_steps_ratio), max_epochs=int(max_epochs))
     return query, notes
 
 
-def printed_design(pilot: dict, optimizer: str, mu: float, floor: float,
-                   max_steps_ratio: float = 2.0) -> forgetting.Design:
+def printed_design(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_ratio: float = 2.0,
+                   max_epochs: int = 1) -> forgetting.Design:
     """The design ``optimal`` answers with for this pilot and cell (``advise.advice.advise``: the steps cap
     ``--max-steps-ratio``, the horizon cap, whole groups; on-policy at B when it has no B_noise to answer from)."""
-    query, _ = pilot_query(pilot, optimizer, mu, floor, max_steps_ratio)
+    query, _ = pilot_query(pilot, optimizer, mu, floor, max_steps_ratio, max_epochs)
     key = repr(query)  # every input of the answer (a frozen dataclass's repr): the cells of a unit share answers
     if key not in _PRINTED:
         answer = advice.advise(query)
-        _PRINTED[key] = (forgetting.Design.on_policy_at(BATCH) if not answer.get("measured") else forgetting.Design(
-            int(answer["batch_size"]), int(answer["rollouts_per_step"]), int(answer["capacity"]),
-            answer["regime"] == "on-policy"))
+        if not answer.get("measured"):
+            _PRINTED[key] = forgetting.Design.on_policy_at(BATCH)
+        elif answer["regime"] == "epochs":
+            _PRINTED[key] = forgetting.Design.epochs_of(int(answer["rollouts_per_step"]), int(answer["epochs"]),
+                                                        int(answer["mini_batches"]))
+        else:
+            _PRINTED[key] = forgetting.Design(int(answer["batch_size"]), int(answer["rollouts_per_step"]),
+                                              int(answer["capacity"]), answer["regime"] == "on-policy")
     return _PRINTED[key]
 
 
@@ -717,13 +749,22 @@ _PRINTED: dict[str, forgetting.Design] = {}
 
 
 def _nearest_label(unit: Unit, design: forgetting.Design) -> tuple[str, float]:
-    """The tuned grid design nearest to ``design`` (log distance in B, x and y; on-policy to on-policy) and the factor
-    that scales its step size to ``design``'s batch (the on-policy batches' sqrt rule: B^(alpha / 2))."""
+    """The tuned grid design nearest to ``design`` (log distance in B, x and y; on-policy to on-policy; an epoch
+    design to the epoch designs, in B, R, e and m) and the factor that scales its step size to ``design``'s batch
+    (the on-policy batches' sqrt rule: B^(alpha / 2))."""
     alpha = 1.0 if unit.optimizer == "sgd" else 0.5
     grid = unit.options.designs()
-    same = [(label, d) for label, d in grid if d.on_policy == design.on_policy] or grid
+
+    def family(d: forgetting.Design) -> tuple[bool, bool]:
+        return d.on_policy, d.updates_per_generation > 1
+
+    same = [(label, d) for label, d in grid if family(d) == family(design)] or grid
 
     def distance(d: forgetting.Design) -> float:
+        if design.updates_per_generation > 1:
+            return sum(math.log(a / b) ** 2 for a, b in (
+                (d.batch_size, design.batch_size), (d.rollouts_per_step, design.rollouts_per_step),
+                (d.epochs, design.epochs), (d.mini_batches, design.mini_batches)))
         return (math.log(d.batch_size / design.batch_size) ** 2 + math.log(d.x / design.x) ** 2
                 + math.log(d.y / design.y) ** 2)
 
@@ -737,15 +778,15 @@ def train_printed(unit: Unit, pilot: dict) -> list[tuple[str, forgetting.Design]
     the printed answer is scored as printed, off the grid where it falls. Its step size is searched as the grid's
     are (from the nearest tuned design), to the same caps."""
     options = unit.options
-    on_grid = {(d.batch_size, d.rollouts_per_step, d.capacity) for _, d in options.designs()}
+    on_grid = {tuple(design_spec(d)) for _, d in options.designs()}
     s_ref = float(design_steps(unit.runs[f"on-policy B={BATCH}"])[0])
     s_ref_exact = unit.exact_runs[f"on-policy B={BATCH}"]["steps_tuned"] if unit.exact else math.nan
     out: list[tuple[str, forgetting.Design]] = []
     cells = [(mu, floor, ratio) for ratio in printed_ratios(options) for mu in options.mus for floor in options.floors]
     for mu, floor, ratio in cells:
-        design = printed_design(pilot, unit.optimizer, mu, floor, ratio)
-        key = (design.batch_size, design.rollouts_per_step, design.capacity)
-        if key in on_grid or any(key == (d.batch_size, d.rollouts_per_step, d.capacity) for _, d in out):
+        design = printed_design(pilot, unit.optimizer, mu, floor, ratio, options.max_epochs)
+        key = tuple(design_spec(design))
+        if key in on_grid or any(key == tuple(design_spec(d)) for _, d in out):
             continue
         label = printed_label(design)
         if unit.exact:
@@ -766,6 +807,8 @@ def printed_ratios(options: Options) -> tuple[float, ...]:
 def printed_label(design: forgetting.Design) -> str:
     if design.on_policy:
         return f"printed: on-policy B={design.batch_size}"
+    if design.updates_per_generation > 1:
+        return f"printed: epochs R={design.rollouts_per_step} e={design.epochs} m={design.mini_batches}"
     return f"printed: B={design.batch_size} R={design.rollouts_per_step} N={design.capacity}"
 
 
@@ -797,6 +840,7 @@ def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options
     return strict({"setting": setting_name, "optimizer": optimizer, "instance": instance, "exact": unit.exact,
                    "target": inst["target"], "j0": inst["j0"], "j_star": inst["j_star"], "designs": rows,
                    "printed": printed_rows, "printed_ratios": list(printed_ratios(options)), "noise": noise,
+                   **({"max_epochs": options.max_epochs} if options.max_epochs > 1 else {}),
                    "alpha_measured": measured_alpha(noise), "pilot": pilot,
                    "calibration": calibration_record(unit, pilot), "elapsed_s": round(time.time() - started, 1)})
 
@@ -804,9 +848,15 @@ def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options
 # --------------------------------------------------------------------------- a unit record, read
 
 
+def design_of(spec: list) -> forgetting.Design:
+    """The design a record's [B, R, N, on_policy] or [B, R, N, on_policy, e, m] names."""
+    b, r, n, on = spec[:4]
+    e, m = spec[4:] if len(spec) == 6 else (1, 1)
+    return forgetting.Design(int(b), int(r), int(n), bool(on), epochs=int(e), mini_batches=int(m))
+
+
 def _designs_of(record: dict) -> list[forgetting.Design]:
-    return [forgetting.Design(int(b), int(r), int(n), bool(op)) for b, r, n, op in (d["design"] for d in
-                                                                                    record["designs"])]
+    return [design_of(d["design"]) for d in record["designs"]]
 
 
 def staleness_of(record: dict) -> forgetting.Staleness:

@@ -123,7 +123,7 @@ def _noise_scale_values(record: dict, designs: Designs, mu: float, floor: float)
     for i, d in enumerate(designs):
         if d.on_policy and d.batch_size == BATCH:
             ns[i] = (1 + b) * (1 + mu) if math.isfinite(b) else 1 + mu
-        elif d.batch_size == BATCH and d.x == 1:
+        elif d.batch_size == BATCH and d.x == 1 and d.updates_per_generation == 1:  # a FIFO, not an epoch design
             y = d.y
             ns[i] = (float(noise_scale_lib.replay_cost(b, y, mu)) if math.isfinite(b)
                      else (1 + y) * (1 + mu / y))
@@ -137,24 +137,30 @@ def _calibrated_profile(record: dict) -> TabulatedProfile:
                             tuple(max(float(v), 1e-12) for v in cal["sigma_sq"]))
 
 
+def _fifo_at_batch(d: forgetting.Design) -> bool:
+    """A design at B = 256 the paper's objectives name: on-policy or a FIFO (x, y), never an epoch design."""
+    return d.batch_size == BATCH and d.updates_per_generation == 1
+
+
 def _paper_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray:
-    """The paper's J (Thm 3.5) on the designs at B (others inf), from the calibrated profile."""
+    """The paper's J (Thm 3.5) on the FIFO designs at B (others inf: it names no epoch design), from the calibrated
+    profile."""
     cal, profile = record["calibration"], _calibrated_profile(record)
     paper = np.full(len(designs), np.inf)
     for i, d in enumerate(designs):
-        if d.batch_size == BATCH:
+        if _fifo_at_batch(d):
             paper[i] = float(theory_design.paper_objective(d.x, d.y, mu=mu, profile=profile, rho=cal["rho"],
                                                            convention="rollout-cost"))
     return paper
 
 
 def _finite_budget_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray:
-    """The finite-budget Thm 3.4 bound at the pilot's compute on the designs at B (others inf)."""
+    """The finite-budget Thm 3.4 bound at the pilot's compute on the FIFO designs at B (others inf)."""
     cal, profile = record["calibration"], _calibrated_profile(record)
     budget = design_steps_row(record, f"on-policy B={BATCH}") * (mu + 1) * BATCH
     finite = np.full(len(designs), np.inf)
     for i, d in enumerate(designs):
-        if d.batch_size == BATCH:
+        if _fifo_at_batch(d):
             x, y = d.x, d.y
             finite[i] = float(theory_design.finite_budget_bound(
                 x * BATCH / y, BATCH / y, BATCH, budget=budget, mu=mu, profile=profile, rho=cal["rho"],
@@ -163,10 +169,10 @@ def _finite_budget_values(record: dict, designs: Designs, mu: float, floor: floa
 
 
 def _null_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray:
-    """The null model on the designs at B (others inf): compute per update alone."""
+    """The null model on the FIFO designs at B (others inf): compute per update alone."""
     null = np.full(len(designs), np.inf)
     for i, d in enumerate(designs):
-        if d.batch_size == BATCH:
+        if _fifo_at_batch(d):
             null[i] = (mu / d.y + 1.0) / (mu + 1.0)  # Eq. (2): compute per update only
     return null
 
@@ -255,10 +261,10 @@ def design_steps_row(record: dict, label: str) -> float:
 
 
 def measured_compute(record: dict, mu: float, floor: float) -> np.ndarray:
-    """(replicates, designs) measured compute: steps x (mu max(R, floor) + B); inf where not reached."""
+    """(replicates, designs) measured compute: steps x (mu max(R, floor) / (e m) + B); inf where not reached."""
     steps = np.array([[np.inf if v is None else v for v in d["steps"]] for d in record["designs"]]).T
-    cost = np.array([forgetting.step_cost(r, b, mu, floor) for b, r, _, _ in (d["design"] for d in
-                                                                                record["designs"])])
+    cost = np.array([forgetting.step_cost(d.rollouts_per_step, d.batch_size, mu, floor, d.updates_per_generation)
+                     for d in _designs_of(record)])
     return steps * cost
 
 

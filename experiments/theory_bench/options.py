@@ -11,6 +11,7 @@ Protocol: docs/SIMULATION.md, 'Does a design rule predict?'.
 | ``X_GRID``, ``Y_GRID`` | N/R, B/R | staleness horizon, replay ratio |
 | ``MUS`` | mu | rollout cost / per-sample update cost |
 | ``FLOORS`` | R_floor | generation latency floor |
+| ``FAMILIES``, ``EPOCHS_GRID`` | (e, m) | design families beyond the grid (opt-in): epochs at R = B |
 | ``INSTANCES``, ``HELD_OUT`` | -- | the instances scored (dev + held out) |
 """
 
@@ -31,13 +32,13 @@ from ...theory import forgetting
 
 #: What ``theory_bench`` re-exports from here (``from .options import *``).
 __all__ = [
-    "BATCH", "BETA1", "BOOTS", "CAP_FACTOR", "CURVATURE_EVERY", "DEFAULT_SETTINGS", "DEV_INSTANCES",
-    "EXACT_LR_RATIO", "FLOORS", "GROUP", "HEADLINE_FLOOR", "HELD_OUT", "HVP_SAMPLE_UPDATES", "HVP_SAMPLES",
+    "BATCH", "BETA1", "BOOTS", "CAP_FACTOR", "CURVATURE_EVERY", "DEFAULT_SETTINGS", "DEV_INSTANCES", "EPOCHS_GRID",
+    "EXACT_LR_RATIO", "FAMILIES", "FLOORS", "GROUP", "HEADLINE_FLOOR", "HELD_OUT", "HVP_SAMPLE_UPDATES", "HVP_SAMPLES",
     "INSTANCES", "LR_RATIO", "MAX_EXTEND", "MAX_STEP_SIZES", "MUS", "NEXT_HELD_OUT", "ON_POLICY_BATCHES",
     "OPTIMIZERS", "PILOT_FRACTION", "PILOT_MAX_STEPS", "PILOT_RUNS", "PILOT_SEED", "PRINTED_STEPS_RATIOS",
-    "QUADRATIC_CONDITION", "QUADRATIC_NOISE", "QUICK_FLOORS", "QUICK_ON_POLICY_BATCHES", "QUICK_X_GRID",
-    "QUICK_Y_GRID", "SEEDS", "SETTINGS", "STALENESS", "TARGET_FRACTION", "X_GRID", "Y_GRID", "Options", "Setting",
-    "check_options", "command_line", "number_list", "options_from", "peak_bytes"]
+    "QUADRATIC_CONDITION", "QUADRATIC_NOISE", "QUICK_EPOCHS_GRID", "QUICK_FLOORS", "QUICK_ON_POLICY_BATCHES",
+    "QUICK_X_GRID", "QUICK_Y_GRID", "SEEDS", "SETTINGS", "STALENESS", "TARGET_FRACTION", "X_GRID", "Y_GRID", "Options",
+    "Setting", "check_options", "command_line", "number_list", "options_from", "peak_bytes"]
 
 BATCH = 256
 GROUP = 8
@@ -49,6 +50,12 @@ QUICK_Y_GRID = (1, 4, 16)
 QUICK_ON_POLICY_BATCHES = (32, 64, 128, 256)
 QUICK_FLOORS = (0, 64)
 """--quick's latency floors unless --floor: each floor's printed answers are trained, so fewer floors keep it short."""
+EPOCHS_GRID = ((2, 1), (2, 4), (4, 1), (4, 4))
+"""--families epochs: (e, m) of the epoch designs at R = B = 256 (e passes over m mini-batches of B / m)."""
+QUICK_EPOCHS_GRID = ((2, 4),)
+FAMILIES = {"epochs": f"epoch designs at R = {BATCH}: e passes over m mini-batches of R / m, (e, m) in "
+                      f"{', '.join(f'({e}, {m})' for e, m in EPOCHS_GRID)} (--quick: (2, 4))"}
+"""The design families ``--families`` adds to the grid (none by default: the protocol evidence.json was written by)."""
 HELD_OUT = (61, 67, 71)
 """The held-out instances the targets read: named at commit a46489a (as NEXT_HELD_OUT), before their first run, and
 first run by the protocol whose rule reads only the pilot and whose printed answer is scored at --max-steps-ratio 2
@@ -158,6 +165,9 @@ class Options:
     quick: bool = False
     """A 2 x 3 grid, on-policy at 4 batches, 8 seeds unless --seeds, instance 0 unless --instance, floors 0 and 64
     unless --floor (a smoke run)."""
+    families: tuple[str, ...] = field(default=(), metadata=Range(choices=lambda: FAMILIES).field())
+    """Comma-separated design families trained and scored beside the grid (none by default, the protocol
+    advise/evidence.json quotes): epochs adds epoch designs, and optimal's printed answer may then be one."""
 
     @property
     def grid(self) -> list[tuple[int, int]]:
@@ -176,7 +186,20 @@ class Options:
         """(label, design): on-policy at each batch, then the pinned-B FIFO grid."""
         out = [(f"on-policy B={b}", forgetting.Design.on_policy_at(b)) for b in sorted(self.on_policy_batches)]
         out += [(f"x={x} y={y}", forgetting.Design(BATCH, BATCH // y, x * BATCH // y)) for x, y in self.grid]
+        out += [(f"epochs e={e} m={m}", forgetting.Design.epochs_of(BATCH, e, m)) for e, m in self.epochs_grid]
         return out
+
+    @property
+    def epochs_grid(self) -> tuple[tuple[int, int], ...]:
+        """(e, m) of the epoch designs trained (none without --families epochs)."""
+        if "epochs" not in self.families:
+            return ()
+        return QUICK_EPOCHS_GRID if self.quick else EPOCHS_GRID
+
+    @property
+    def max_epochs(self) -> int:
+        """The most passes optimal may answer with: the grid's largest e (1 without --families epochs)."""
+        return max((e for e, _ in self.epochs_grid), default=1)
 
 
 MAX_STEP_SIZES = 8
@@ -238,6 +261,9 @@ def check_options(options: Options) -> None:
         raise invalid("--floor", f"a comma-separated list of distinct integers in [0, {MAX_SIZE}]",
                       ",".join(map(str, options.floors)), fmt="s")
     check_sizes((Size("--seeds", 2),), {"--seeds": options.seeds}, peak_bytes)
+    if any(v not in FAMILIES for v in options.families) or len(set(options.families)) != len(options.families):
+        raise ValueError(f"--families must be a comma-separated list of distinct names from {', '.join(FAMILIES)}, "
+                         f"got {','.join(options.families)}")
     if _bad_counts(options.instances):
         raise ValueError(f"--instance must be a comma-separated list of distinct integers >= 0, got "
                          f"{','.join(map(str, options.instances)) or 'nothing'}")
@@ -267,7 +293,7 @@ def options_from(typed: dict) -> Options:
                "floors": ("--floor", counts, int), "instances": ("--instance", counts, int)}
     given = {name: number_list(typed[name], *how) for name, how in numbers.items() if name in typed}
     given.update({name: tuple(part.strip() for part in typed[name].split(","))
-                  for name in ("settings", "optimizers") if name in typed})
+                  for name in ("settings", "optimizers", "families") if name in typed})
     quick_defaults = {"instances": (0,), "seeds": 8, "floors": QUICK_FLOORS} if quick else {}
     options = Options(**{**quick_defaults, **given, "seeds": typed.get("seeds", quick_defaults.get("seeds", SEEDS)),
                          "quick": quick})

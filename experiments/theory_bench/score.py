@@ -31,7 +31,7 @@ from ...outputs import check_out_dir, strict, write_new
 from ...simulate import to_target
 from ...theory import forgetting
 from ...theory.resampling import quantile_interval, spearman
-from .measure import _designs_of, printed_design, read_b_noise, run_unit, staleness_of
+from .measure import _designs_of, design_spec, printed_design, read_b_noise, run_unit, staleness_of
 from .objectives import OBJECTIVES, PRINTED, NoPick, design_steps_row, measured_compute, objective_values
 from .options import (
     BATCH,
@@ -142,14 +142,15 @@ def score_printed(record: dict, mu: float, floor: float, compute: np.ndarray, sp
                                ("printed_compute", PRINTED_STEPS_RATIOS[1], 0.0)):
         if ratio not in trained:
             continue
-        design = printed_design(record["pilot"], record["optimizer"], mu, floor, ratio)
-        key = [design.batch_size, design.rollouts_per_step, design.capacity, design.on_policy]
+        design = printed_design(record["pilot"], record["optimizer"], mu, floor, ratio, record.get("max_epochs", 1))
+        key = design_spec(design)
         row = next((d for d in record["designs"] + record["printed"] if d["design"] == key), None)
         if row is None:
             raise ValueError(f"{record['setting']}/{record['optimizer']}/i{record['instance']}: the printed design "
                              f"{key} was not trained (its unit was saved by other code)")
         steps = np.array([math.inf if v is None else v for v in row["steps"]], dtype=float)
-        pick = steps * forgetting.step_cost(design.rollouts_per_step, design.batch_size, mu, floor)  # (replicates,)
+        pick = steps * forgetting.step_cost(design.rollouts_per_step, design.batch_size, mu, floor,
+                                            design.updates_per_generation)  # (replicates,)
         with np.errstate(invalid="ignore"):
             ratios = (pick + added) / best
         interval = (list(quantile_interval(ratios[1:], REGRET_TAILS, "lower")) if ratios.size > 1
@@ -177,7 +178,9 @@ def _grid_edge(designs: list[forgetting.Design], i: int) -> str | None:
     d = designs[i]
     if d.on_policy and d.batch_size == min(e.batch_size for e in designs if e.on_policy) and d.batch_size < BATCH:
         return "smallest batch"
-    replay = [e for e in designs if not e.on_policy]
+    if d.updates_per_generation > 1:
+        return "most epochs" if d.epochs == max(e.epochs for e in designs) else None
+    replay = [e for e in designs if not e.on_policy and e.updates_per_generation == 1]
     if not d.on_policy and replay and d.x == max(e.x for e in replay) and d.x > 1:
         return "longest horizon"
     if not d.on_policy and replay and d.y == max(e.y for e in replay):
@@ -190,12 +193,13 @@ def horizon_check(record: dict) -> list[dict]:
     measured inputs and, on the quadratic, the exact ones."""
     designs = _designs_of(record)
     steps = {d["label"]: d["steps"][0] for d in record["designs"]}
-    xs = sorted({d.x for d in designs if d.batch_size == BATCH and not d.on_policy})
+    fifo = [d for d in designs if d.batch_size == BATCH and not d.on_policy and d.updates_per_generation == 1]
+    xs = sorted({d.x for d in fifo})
     if len(xs) < 2:
         return []
     noise, pilot = record["noise"], record["pilot"]
     out = []
-    for y in sorted({int(d.y) for d in designs if d.batch_size == BATCH and not d.on_policy}):
+    for y in sorted({int(d.y) for d in fifo}):
         short, long_ = f"x={xs[0]} y={y}", f"x={xs[-1]} y={y}"
         if steps.get(short) is None or steps.get(long_) is None:
             continue
@@ -407,7 +411,9 @@ def _protocol(options: Options) -> dict:
             "pilot": {"fraction": PILOT_FRACTION, "seed": PILOT_SEED, "runs": PILOT_RUNS,
                       "curvature_every": CURVATURE_EVERY, "hvp_sample_updates": HVP_SAMPLE_UPDATES,
                       "hvp_samples": HVP_SAMPLES, "route": "B_simple"},
-            "objectives": [*OBJECTIVES, *PRINTED]}
+            "objectives": [*OBJECTIVES, *PRINTED],
+            # only when some are on: the default protocol (advise/evidence.json's) stays as it was
+            **({"families": list(options.families)} if options.families else {})}
 
 
 def check_out(out: Path, options: Options) -> Path:

@@ -26,6 +26,8 @@ target, in samples.
 | ``capacity``       | N                              | FIFO capacity (experience-replay Sec. 3)                   |
 | ``rollouts``       | R                              | fresh samples per step                                     |
 | ``batch``          | B                              | samples drawn per step                                     |
+| ``epochs``         | e                              | passes over one generation of R (epoch designs, issue 40)  |
+| ``mini_batches``   | m                              | updates per pass, each on b = B = R / m of the generation  |
 """
 
 from __future__ import annotations
@@ -37,13 +39,13 @@ import numpy as np
 from scipy.optimize import brentq
 
 from ...checks import require_int, require_number, require_open_interval, require_positive
-from ...core.buffers import FifoBuffer
+from ...core.buffers import EpochSchedule, FifoBuffer
 from ...core.designs import check_capacity
 from ...core.rng import PerSeedGenerator
 from ...core.rollouts import RolloutBatch
 
-__all__ = ["QuadraticConfig", "QuadraticEnv", "QuadraticReplay", "QuadraticTrace", "expected_loss", "standard_normal",
-           "train_to_target"]
+__all__ = ["QuadraticConfig", "QuadraticEnv", "QuadraticReplay", "QuadraticTrace", "expected_loss",
+           "expected_loss_epochs", "standard_normal", "stationary_loss_epochs", "train_to_target"]
 
 
 @dataclass(frozen=True)
@@ -179,23 +181,42 @@ class QuadraticReplay:
 
     FIFO (``on_policy=False``): each ``gradient`` call generates R samples, pushes their ids into a
     ``FifoBuffer(rows, N)`` and draws B ids with replacement (``FifoBuffer.select`` on ``rng.random``, what
-    ``FifoBuffer.sample`` draws); on-policy: N = R = B, every fresh sample used once. ``rng``: a
-    ``PerSeedGenerator`` (each row its own stream) or an ``np.random.Generator``.
+    ``FifoBuffer.sample`` draws); on-policy: N = R = B, every fresh sample used once. Epochs (e m > 1, N = R,
+    B = R / m): core's ``EpochSchedule`` (fixed order) says when a generation of R is due and which b = B of its
+    positions each update trains on; the generation's noise (S, R, d) is drawn when it is generated, and each update's
+    noise is the mean of its mini-batch's. ``rng``: a ``PerSeedGenerator`` (each row its own stream) or an
+    ``np.random.Generator``.
     """
 
     def __init__(self, env: QuadraticEnv, capacity: int, rollouts: int, batch: int, rows: int, rng, *,
-                 on_policy: bool, materialise: bool = False):
+                 on_policy: bool, materialise: bool = False, epochs: int = 1, mini_batches: int = 1):
         self.env, self.rng = env, rng
         self.capacity = int(require_int("capacity N", capacity, 1))
         self.rollouts = int(require_int("rollouts R", rollouts, 1))
         self.batch = int(require_int("batch B", batch, 1))
         self.rows = int(require_int("rows", rows, 1))
+        self.epochs = int(require_int("epochs e", epochs, 1))
+        self.mini_batches = int(require_int("mini-batches m", mini_batches, 1))
         self.on_policy, self.materialise = bool(on_policy), bool(materialise)
         N, R, B, S = self.capacity, self.rollouts, self.batch, self.rows
         if self.on_policy and not N == R == B:
             raise ValueError(f"on-policy needs capacity N = rollouts R = batch B, got N={N}, R={R}, B={B}")
         check_capacity(N, R, names=("capacity N", "rollouts R"))
         self.generated = 0  # samples generated per row so far: the next id
+        self.schedule: EpochSchedule | None = None
+        if self.epochs * self.mini_batches > 1:
+            if self.on_policy or N != R or B * self.mini_batches != R:
+                raise ValueError(f"an epoch design needs N = R and B m = R, not on-policy; got N={N}, R={R}, B={B}, "
+                                 f"m={self.mini_batches}")
+            self.schedule = EpochSchedule(S, self.epochs, self.mini_batches, shuffle=False)
+            self.generation_noise = np.zeros((S, R, env.param_dim), dtype=np.float32)  # xi of the current generation
+            zeros_i, zeros_f = np.zeros((S, R), np.int64), np.zeros((S, R))
+            self._generation = RolloutBatch(prompt=zeros_i, tokens=np.zeros((S, R, 1), np.int64),
+                                            mask=np.ones((S, R, 1), bool), logp_behav=np.zeros((S, R, 1)),
+                                            reward=zeros_f, advantage=zeros_f, created=np.zeros((S, R), np.int64),
+                                            group=zeros_i)
+            self.stores_noise = False
+            return
         self.last_ids: np.ndarray | None = None  # (S, B) ids drawn at the last step (FIFO)
         self.buffer: FifoBuffer | None = None
         self.stores_noise = not self.on_policy and (N > R or self.materialise)
@@ -220,6 +241,8 @@ class QuadraticReplay:
     def _noise_mean(self, step: int) -> np.ndarray:
         """Mean noise (S, d) of this step's B samples (generating this step's R)."""
         env, S, R, B, N = self.env, self.rows, self.rollouts, self.batch, self.capacity
+        if self.schedule is not None:
+            return self._epoch_noise_mean(step)
         first = self.generated
         self.generated += R
         if self.on_policy:
@@ -250,6 +273,19 @@ class QuadraticReplay:
             return summed * (env.noise_std / B)  # sum_i c_i z_i / B
         scale = np.sqrt(np.einsum("sn,sn->s", counts, counts))[:, None] / B  # (S, 1) sqrt(sum_i c_i^2) / B
         return standard_normal(self.rng, S, env.param_dim) * (env.noise_std * scale)  # N(0, Sigma sum c_i^2 / B^2)
+
+    def _epoch_noise_mean(self, step: int) -> np.ndarray:
+        """Mean noise (S, d) of this update's mini-batch of the current generation (generating one when due)."""
+        schedule, env, S, R = self.schedule, self.env, self.rows, self.rollouts
+        assert schedule is not None
+        if schedule.due():
+            self.generated += R
+            self.generation_noise[:] = standard_normal(self.rng, S, R * env.param_dim).reshape(S, R, env.param_dim)
+            self._generation.created.fill(step)
+            schedule.add(self._generation, step)
+        index = schedule.sample(self.batch, step, self.rng).index  # (S, b) positions of the generation
+        drawn = np.take_along_axis(self.generation_noise, index[:, :, None], axis=1)  # (S, b, d)
+        return drawn.mean(axis=1, dtype=np.float64) * env.noise_std
 
 
 @dataclass
@@ -296,7 +332,8 @@ def train_to_target(env: QuadraticEnv, lrs, capacity: int, rollouts: int, batch:
 
 
 def expected_loss(env: QuadraticEnv, lrs, capacity: int, rollouts: int, batch: int, steps: int, *,
-                  on_policy: bool, stop_below: float | None = None) -> np.ndarray:
+                  on_policy: bool, stop_below: float | None = None, epochs: int = 1,
+                  mini_batches: int = 1) -> np.ndarray:
     """E F(theta_t) (lrs, steps + 1) of SGD on ``env`` for one design, exactly (no sampling), buffer start-up included.
 
     Per eigendirection (H and Sigma are diagonal, so directions decouple) with a = 1 - eta h, e_t = theta_t - theta*
@@ -310,7 +347,13 @@ def expected_loss(env: QuadraticEnv, lrs, capacity: int, rollouts: int, batch: i
     it: they were drawn, and so remembered, alike). On-policy without replacement: M_{t+1} = a^2 M_t + eta^2
     sigma^2 / B. E F_t = sum_i h_i M_t,i / 2. Its stationary point is ``derive forgetting-variance``'s V_eff.
     ``stop_below``: stop once every step size's E F has been at or below it (the returned curve is then shorter).
+    An epoch design (``epochs`` x ``mini_batches`` > 1): ``expected_loss_epochs``.
     """
+    if int(epochs) * int(mini_batches) > 1:
+        if on_policy or capacity != rollouts or batch * mini_batches != rollouts:
+            raise ValueError(f"an epoch design needs N = R and B m = R, not on-policy; got N={capacity}, "
+                             f"R={rollouts}, B={batch}, m={mini_batches}")
+        return expected_loss_epochs(env, lrs, rollouts, epochs, mini_batches, steps, stop_below=stop_below)
     lrs = np.asarray(lrs, dtype=float).ravel()
     require_positive("lr", lrs)
     N, R, B = (int(require_int(n, v, 1)) for n, v in (("capacity N", capacity), ("rollouts R", rollouts),
@@ -344,4 +387,81 @@ def expected_loss(env: QuadraticEnv, lrs, capacity: int, rollouts: int, batch: i
                 reached |= out[:, t + 1] <= stop_below
                 if reached.all():
                     return out[:, : t + 2]
+    return out
+
+
+def _epoch_update(a: np.ndarray, eta: np.ndarray, var_b: np.ndarray, m: np.ndarray, u: np.ndarray,
+                  k: int) -> tuple[np.ndarray, np.ndarray]:
+    """One update on mini-batch k of the generation: (M', u') from (M, u); u (L, d, m) in units of sigma^2 / b."""
+    m = a * a * m - 2 * a * eta * u[:, :, k] * var_b + eta**2 * var_b
+    u = a[:, :, None] * u
+    u[:, :, k] -= eta
+    return m, u
+
+
+def expected_loss_epochs(env: QuadraticEnv, lrs, rollouts: int, epochs: int, mini_batches: int, steps: int, *,
+                         stop_below: float | None = None) -> np.ndarray:
+    """E F(theta_t) (lrs, steps + 1) of SGD under the fixed-order epoch schedule (``core.buffers.EpochSchedule``),
+    exactly: e passes over the same m mini-batches of b = R / m of one generation, then the next generation.
+
+    Per eigendirection with a = 1 - eta h: the generation's m mini-batch noise means zeta_k are independent with
+    variance sigma^2 / b; u_k = E[e zeta_k] / (sigma^2 / b). Update j of a generation trains on k = j mod m:
+
+        M' = a^2 M - 2 a eta u_k sigma^2 / b + eta^2 sigma^2 / b,    u_k' <- a u_k' - eta [k' = k]  (every k')
+
+    and every u resets to 0 when a generation starts (every e m updates). e = m = 1 is on-policy's recursion.
+    """
+    lrs = np.asarray(lrs, dtype=float).ravel()
+    require_positive("lr", lrs)
+    R, e, mb = (int(require_int(n, v, 1)) for n, v in (("rollouts R", rollouts), ("epochs e", epochs),
+                                                      ("mini-batches m", mini_batches)))
+    if R % mb:
+        raise ValueError(f"rollouts R must be whole mini-batches, got R={R}, m={mb}")
+    steps = int(require_int("steps", steps, 0))
+    h, var_b = env.curvature, env.noise_var / (R // mb)  # (d,) each: sigma^2 / b
+    eta = lrs[:, None]  # (L, 1)
+    a = 1.0 - eta * h  # (L, d)
+    m = np.tile(env.start_offset**2, (lrs.size, 1))  # (L, d) M_0 = e_0^2
+    u = np.zeros((lrs.size, h.size, mb))
+    out = np.empty((lrs.size, steps + 1))
+    out[:, 0] = 0.5 * m @ h
+    reached = np.zeros(lrs.size, bool)
+    with np.errstate(over="ignore", invalid="ignore"):  # a diverging step: inf / nan, never below the target
+        for t in range(steps):
+            if t % (e * mb) == 0:
+                u[:] = 0.0  # a new generation: its noise is independent of everything so far
+            m, u = _epoch_update(a, eta, var_b, m, u, t % mb)
+            out[:, t + 1] = 0.5 * m @ h
+            if stop_below is not None:
+                reached |= out[:, t + 1] <= stop_below
+                if reached.all():
+                    return out[:, : t + 2]
+    return out
+
+
+def stationary_loss_epochs(env: QuadraticEnv, lrs, rollouts: int, epochs: int, mini_batches: int) -> np.ndarray:
+    """The epoch schedule's stationary E F (lrs,), averaged over the e m updates of a generation: the recursion is
+    periodic, affine in M with u reset each generation, so at a generation's start M* = c / (1 - a^(2 e m)) with c the
+    M one generation reaches from M = 0; inf once a step diverges (|a| >= 1)."""
+    lrs = np.asarray(lrs, dtype=float).ravel()
+    e, mb = int(epochs), int(mini_batches)
+    h, var_b = env.curvature, env.noise_var / (int(rollouts) // mb)
+    eta = lrs[:, None]
+    a = 1.0 - eta * h  # (L, d)
+    out = np.full(lrs.size, np.inf)
+    ok = (np.abs(a) < 1).all(axis=1)
+    if not ok.any():
+        return out
+    a, eta = a[ok], eta[ok]
+
+    def generation(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        u, total = np.zeros(m.shape + (mb,)), np.zeros(m.shape[0])
+        for j in range(e * mb):
+            m, u = _epoch_update(a, eta, var_b, m, u, j % mb)
+            total += 0.5 * m @ h
+        return m, total / (e * mb)
+
+    c, _ = generation(np.zeros_like(a))
+    _, mean = generation(c / (1 - a ** (2 * e * mb)))
+    out[ok] = mean
     return out
