@@ -513,29 +513,32 @@ class VerlGradNoiseMixin:
     unsynchronised sum: refused at the first step otherwise.  Squared norms add over the ranks' shards.
 
     The gradient noise scale B_noise (b = B_noise / B for ``replay-theory optimal``).  verl 0.9.1's own
-    ``variance_proxy/*`` metrics (trainer/ppo/metric_utils.py:691-797, on with ``actor.calculate_sum_pi_squared``)
-    cannot give it: ``proxy1_signal_strength`` is ``actor/grad_norm``^2, the squared norm of a mini-batch's gradient in
-    PARAMETER space; ``proxy2_total_power`` is the batch mean of A^2 sum_t (1 - 2 pi_t(y_t) + sum_v pi_t(v)^2), the
-    squared norm of each response's score with respect to the LOGITS (the softmax Jacobian term, tokens taken as
-    orthogonal), an other space with other units; ``proxy3_pure_noise`` = (proxy2 - proxy1) / (N - 1) subtracts one
-    from the other.  Neither is tr Sigma nor |G|^2 of the parameter gradient, nor the same quantity at two batch sizes.
-    So the noise scale comes from the actor's own gradient, as the TRL trainer measures it (integrations/trl.py): two
-    batch sizes in every mini-batch at no extra backward pass.  :class:`VerlGradNoiseMixin` goes on verl's training
-    engine (the worker side: ``FSDPEngineWithLMHead``; :func:`setup_verl_worker` as Ray's worker setup hook does it and
-    registers the v1 trainer modes), and copies the accumulated gradient once the micro-batches done
-    hold at least half of the mini-batch's responses (g_1), so that after the last micro-batch g_2 = g - g_1; with
+    ``variance_proxy/*`` metrics (trainer/ppo/metric_utils.py:691-797) are off by default
+    (``actor.calculate_sum_pi_squared: false``, trainer/config/actor/actor.yaml:100) and never emitted by the default v1
+    trainer, whose ``_compute_old_log_prob`` does not forward the flag (v1/trainer_base.py:1651-1657; only the legacy
+    ray_trainer.py:1297-1301 does, and without ``sum_pi_squared`` metric_utils.py:709-710 returns nothing); on the
+    legacy trainer they cannot give it either: ``proxy1_signal_strength`` is ``actor/grad_norm``^2, the squared norm of
+    a mini-batch's gradient in PARAMETER space; ``proxy2_total_power`` is the batch mean of A^2 sum_t (1 - 2 pi_t(y_t) +
+    sum_v pi_t(v)^2), the squared norm of each response's score with respect to the LOGITS (the softmax Jacobian term,
+    tokens taken as orthogonal), an other space with other units; ``proxy3_pure_noise`` = (proxy2 - proxy1) / (N - 1)
+    subtracts one from the other.  Neither is tr Sigma nor |G|^2 of the parameter gradient, nor the same quantity at two
+    batch sizes. So the noise scale comes from the actor's own gradient, as the TRL trainer measures it
+    (integrations/trl.py): two batch sizes in every mini-batch at no extra backward pass.  :class:`VerlGradNoiseMixin`
+    goes on verl's training engine (the worker side: ``FSDPEngineWithLMHead``; :func:`setup_verl_worker` as Ray's worker
+    setup hook does it and registers the v1 trainer modes), and copies the accumulated gradient once the micro-batches
+    done hold at least half of the mini-batch's responses (g_1), so that after the last micro-batch g_2 = g - g_1; with
     W_k = half k's share of the loss's normaliser (its tokens for verl's token-mean, its responses for the seq-mean
     modes: ``noise_weighting``) it reports, as verl metrics ``noise/grad_sq_small`` = (|g_1|^2 / W_1^2 + |g_2|^2 /
     W_2^2) / 2, ``noise/grad_sq_big`` = |g|^2 (verl's own ``grad_norm``^2: the same gradient, before clipping),
     ``noise/batch_small`` = 2 b_1 b_2 / (b_1 + b_2) and ``noise/batch_big`` = b_1 + b_2 in responses (verl's padding
-    rows, whose loss masks are all zero, are no responses: :func:`_real_rows`).  verl averages
-    them over the step's mini-batches (``actor/noise/*``), and :class:`VerlV1DiagnoseLogMixin` with ``noise_log=``
-    (``+trainer.noise_log=PATH``) writes one JSON line a step, the file
-    ``replay-theory calibrate --from-log LOG --preset verl --grad-norms PATH`` reads.  Unlike the TRL trainer's
-    halves, verl's micro-batches need not keep a GRPO group
-    whole, so ``unit_size`` is 1; with a group split between the halves the halves are correlated and B_noise reads low
-    (keep groups whole: ``use_dynamic_bsz=False``, ``ppo_micro_batch_size_per_gpu`` a multiple of ``rollout.n``, no
-    shuffle, ``trainer.balance_batch=False``: :class:`VerlV1DiagnoseLogMixin` refuses a noise log without it).
+    rows, whose loss masks are all zero, are no responses: :func:`_real_rows`).  verl averages them over the step's
+    mini-batches (``actor/noise/*``), and :class:`VerlV1DiagnoseLogMixin` with ``noise_log=``
+    (``+trainer.noise_log=PATH``) writes one JSON line a step, the file ``replay-theory calibrate --from-log LOG
+    --preset verl --grad-norms PATH`` reads.  Unlike the TRL trainer's halves, verl's micro-batches need not keep a GRPO
+    group whole, so ``unit_size`` is 1; with a group split between the halves the halves are correlated and B_noise
+    reads low (keep groups whole: ``use_dynamic_bsz=False``, ``ppo_micro_batch_size_per_gpu`` a multiple of
+    ``rollout.n``, no shuffle, ``trainer.balance_batch=False``: :class:`VerlV1DiagnoseLogMixin` refuses a noise log
+    without it).
 
     The optimizer's memory kappa (issue 30) through the same route: every ``curvature_every`` mini-batch updates the
     engine forms a curvature pair as the TRL trainer does (integrations/trl.py): xi = g_hat_1 - g_hat_2 of the halves
@@ -544,6 +547,8 @@ class VerlGradNoiseMixin:
     ``ppo_epochs > 1`` the same responses come back), before its own micro-batch loop, w^T H w by central differences
     of that mini-batch's gradient under verl's own loss (two extra passes of its micro-batches at theta +- h w; the
     parameters, FSDP shards included, restored bit for bit, the gradients zeroed after, the random streams forked).
+    A pair costs two forward+backward passes of one mini-batch against an update's one: 2 / ``curvature_every`` of
+    the updates' forward+backward compute (20% at the default 10); B_noise alone costs no extra pass.
     The engine reports ``noise/curvature_num``, ``_den``, ``_lr``, ``_beta1`` on that mini-batch; :class:`NoiseLog`
     writes them, and ``calibrate --from-log --preset verl --grad-norms`` pools them into kappa.  H is the Hessian of
     verl's loss on fixed responses (its per-token ratios): the engine has the loss only as verl's function, so the
