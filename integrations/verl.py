@@ -39,7 +39,7 @@ import numpy as np
 from .export import DiagnoseLogWriter
 
 __all__ = ["VerlDiagnoseLogger", "VerlDiagnoseLogMixin", "VerlGradNoiseMixin", "VerlV1DiagnoseLogMixin",
-           "register_noise_engines", "register_v1_trainers", "setup_verl_worker", "v1_batch", "NOISE_METRICS",
+           "noise_refusal", "register_noise_engines", "register_v1_trainers", "setup_verl_worker", "v1_batch", "NOISE_METRICS",
            "V1_FIELDS", "VERSION_KEYS", "TOKEN_KEYS"]
 
 #: verl's per-token tensors the log keeps, in ``batch.batch``; all (rows, response_length).
