@@ -39,8 +39,8 @@ import numpy as np
 from .export import DiagnoseLogWriter
 
 __all__ = ["VerlDiagnoseLogger", "VerlDiagnoseLogMixin", "VerlGradNoiseMixin", "VerlV1DiagnoseLogMixin",
-           "noise_refusal", "register_noise_engines", "register_v1_trainers", "setup_verl_worker", "v1_batch", "NOISE_METRICS",
-           "V1_FIELDS", "VERSION_KEYS", "TOKEN_KEYS"]
+           "noise_refusal", "register_noise_engines", "register_v1_trainers", "setup_verl_worker", "v1_batch",
+           "NOISE_METRICS", "V1_FIELDS", "VERSION_KEYS", "TOKEN_KEYS"]
 
 #: verl's per-token tensors the log keeps, in ``batch.batch``; all (rows, response_length).
 TOKEN_KEYS: tuple[str, ...] = ("rollout_log_probs", "old_log_probs", "response_mask", "advantages")
