@@ -20,9 +20,10 @@ same batch step the simulator and the validator run, fed one item per row whose 
 stored field has the row (one completion) as its FIRST dimension: per-row scalars (rows,), per-token fields
 (rows, L). A push is refused unless every field has exactly ``rows`` entries along dim 0, and a draw gathers every
 field with the SAME row ids, so a field shaped per group (groups, generations) can neither be stored nor
-mis-indexed. That is the failure of TRL's experimental ``GRPOWithReplayBufferTrainer`` (huggingface/trl#6804):
+mis-indexed. That was the failure of TRL's experimental ``GRPOWithReplayBufferTrainer`` (huggingface/trl#6804):
 it passed flat (B,) tensors to code written for (groups, generations), a whole-batch reduction collapsed to one
-scalar, and only group 0 was ever buffered.
+scalar, and only group 0 was ever buffered.  TRL 1.16.0, the version tested, no longer ships it (``trl/experimental/``
+has no replay-buffer trainer; its ``async_grpo`` is an asynchronous GRPO trainer without a replay buffer).
 """
 
 from __future__ import annotations

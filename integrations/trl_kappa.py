@@ -24,7 +24,8 @@ from .trl_noise import NoiseScaleMixin
 
 DEFAULT_CURVATURE_EVERY = 10
 """Steps between curvature pairs for kappa (issue 30): each costs two forward+backward passes of one step's R fresh
-rows (2 R / B of an update when it is on-policy: 20% of the update time at every 10th step, 2% overall)."""
+rows, against an update's one forward+backward pass of B rows: 2 R / (K B) of the updates' compute at one pair every K
+steps (on-policy, R = B: 2 / K, 20% at K = 10)."""
 CURVATURE_FD_STEP = 1e-4
 """|h w| / |theta| of the central difference: on the tiny Qwen2 in float32 the product agrees with autograd's to 4e-4
 (tests/integration/test_validate_kappa.py); 1e-2 is past the loss's curvature scale."""

@@ -39,8 +39,8 @@ import numpy as np
 from .export import DiagnoseLogWriter
 
 __all__ = ["VerlDiagnoseLogger", "VerlDiagnoseLogMixin", "VerlGradNoiseMixin", "VerlV1DiagnoseLogMixin",
-           "register_noise_engines", "register_v1_trainers", "setup_verl_worker", "v1_batch", "NOISE_METRICS",
-           "V1_FIELDS", "VERSION_KEYS", "TOKEN_KEYS"]
+           "noise_refusal", "register_noise_engines", "register_v1_trainers", "setup_verl_worker", "v1_batch",
+           "NOISE_METRICS", "V1_FIELDS", "VERSION_KEYS", "TOKEN_KEYS"]
 
 #: verl's per-token tensors the log keeps, in ``batch.batch``; all (rows, response_length).
 TOKEN_KEYS: tuple[str, ...] = ("rollout_log_probs", "old_log_probs", "response_mask", "advantages")
@@ -56,6 +56,10 @@ V1_MODE_SUFFIX = "_diagnose"
 #: the engine's metrics of the two-batch noise scale (:class:`VerlGradNoiseMixin`; TRL's names), which verl's
 #: trainer logs as ``actor/noise/<name>``; the noise log's columns are diagnose/calibrate_log.py's GRAD_NORM_COLUMNS
 NOISE_METRICS: tuple[str, ...] = ("grad_sq_small", "grad_sq_big", "batch_small", "batch_big")
+#: the refusal of a noise log with ``trainer.balance_batch`` on (verl's default, trainer/config/ppo_trainer.yaml:141)
+BALANCE_REFUSAL = ("the noise log needs trainer.balance_batch=False: verl's batch balancing reorders the responses "
+                   "across data-parallel ranks by length, splitting GRPO groups between the noise scale's two halves "
+                   "(correlated halves: B_noise reads low)")
 #: the engine's metrics of a curvature pair for kappa (issue 30; :class:`VerlGradNoiseMixin`, the TRL trainer's names),
 #: logged on the mini-batch that completes the pair, so verl's per-step mean keeps each pair's parts together
 CURVATURE_METRICS: tuple[str, ...] = ("curvature_num", "curvature_den", "curvature_lr", "curvature_beta1")
@@ -418,11 +422,24 @@ class VerlV1DiagnoseLogMixin:
             noise_log = trainer_config.get("noise_log", None) if trainer_config is not None else None
         if diagnose_log is not None:
             _check_v1_config(config)
+        if noise_log is not None and trainer_config is not None and trainer_config.get("balance_batch", True):
+            raise ValueError(BALANCE_REFUSAL)
         log = NoiseLog(noise_log) if noise_log is not None else None  # checked before verl builds anything
         super().__init__(config, *args, **kwargs)  # type: ignore[call-arg]
         if diagnose_log is not None:
             self.diagnose_log = VerlDiagnoseLogger(diagnose_log)
         self.noise_log = log
+
+    def _balance_batch(self, batch: Any, metrics: dict, *args: Any, **kwargs: Any) -> Any:
+        """verl's v1 step balances every batch (trainer_base.py:582, whatever ``trainer.balance_batch``); with the
+        noise log (which requires ``trainer.balance_batch=False``) its padding rows are kept and its reorder undone:
+        the responses in the order the replay buffer sampled them, verl's padding rows last."""
+        keys = list(batch.keys)  # verl's padding (padding_utils.py) returns a new KVBatchMeta; reorder is in place
+        out = super()._balance_batch(batch, metrics, *args, **kwargs)  # type: ignore[misc]
+        if self.noise_log is not None:
+            place = {key: i for i, key in enumerate(keys)}
+            out.reorder(sorted(range(len(out.keys)), key=lambda j: place.get(out.keys[j], len(place) + j)))
+        return out
 
     def _compute_metrics(self, batch: Any, metrics: dict, timing_raw: dict, global_steps: int, epoch: int) -> Any:
         result = super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)  # type: ignore[misc]
@@ -481,10 +498,11 @@ class NoiseLog:
 
 
 class VerlGradNoiseMixin:
-    """Two batch sizes in every verl mini-batch, at no extra backward pass: mix into verl's training engine (below;
-    :func:`register_noise_engines` puts it on every engine verl registers, in the worker processes via
-    :func:`setup_verl_worker`).  It wraps ``forward_backward_batch`` (verl's micro-batch loop, workers/engine/fsdp/
-    transformer_impl.py:724) and ``forward_step`` (called once per micro-batch, after the previous one's backward):
+    """Two batch sizes in every verl mini-batch, at no extra backward pass: mix into verl's FSDP training engine
+    (below; :func:`register_noise_engines` puts it on every FSDP engine verl registers, in the worker processes via
+    :func:`setup_verl_worker`, and makes the others refuse to be built: :func:`noise_refusal`).  It wraps
+    ``forward_backward_batch`` (verl's micro-batch loop, workers/engine/fsdp/transformer_impl.py:724) and
+    ``forward_step`` (called once per micro-batch, after the previous one's backward):
     once the finished micro-batches hold at least half of the mini-batch's responses it copies the accumulated
     gradient (one copy of the gradients, freed at the end), and after the loop it adds the ``noise/*`` metrics
     (:data:`NOISE_METRICS`) to the engine's output, before ``train_batch`` clips and steps.  Training is unchanged.
@@ -495,28 +513,32 @@ class VerlGradNoiseMixin:
     unsynchronised sum: refused at the first step otherwise.  Squared norms add over the ranks' shards.
 
     The gradient noise scale B_noise (b = B_noise / B for ``replay-theory optimal``).  verl 0.9.1's own
-    ``variance_proxy/*`` metrics (trainer/ppo/metric_utils.py:691-797, on with ``actor.calculate_sum_pi_squared``)
-    cannot give it: ``proxy1_signal_strength`` is ``actor/grad_norm``^2, the squared norm of a mini-batch's gradient in
-    PARAMETER space; ``proxy2_total_power`` is the batch mean of A^2 sum_t (1 - 2 pi_t(y_t) + sum_v pi_t(v)^2), the
-    squared norm of each response's score with respect to the LOGITS (the softmax Jacobian term, tokens taken as
-    orthogonal), an other space with other units; ``proxy3_pure_noise`` = (proxy2 - proxy1) / (N - 1) subtracts one
-    from the other.  Neither is tr Sigma nor |G|^2 of the parameter gradient, nor the same quantity at two batch sizes.
-    So the noise scale comes from the actor's own gradient, as the TRL trainer measures it (integrations/trl.py): two
-    batch sizes in every mini-batch at no extra backward pass.  :class:`VerlGradNoiseMixin` goes on verl's training
-    engine (the worker side: ``FSDPEngineWithLMHead``; :func:`setup_verl_worker` as Ray's worker setup hook does it and
-    registers the v1 trainer modes), and copies the accumulated gradient once the micro-batches done
-    hold at least half of the mini-batch's responses (g_1), so that after the last micro-batch g_2 = g - g_1; with
+    ``variance_proxy/*`` metrics (trainer/ppo/metric_utils.py:691-797) are off by default
+    (``actor.calculate_sum_pi_squared: false``, trainer/config/actor/actor.yaml:100) and never emitted by the default v1
+    trainer, whose ``_compute_old_log_prob`` does not forward the flag (v1/trainer_base.py:1651-1657; only the legacy
+    ray_trainer.py:1297-1301 does, and without ``sum_pi_squared`` metric_utils.py:709-710 returns nothing); on the
+    legacy trainer they cannot give it either: ``proxy1_signal_strength`` is ``actor/grad_norm``^2, the squared norm of
+    a mini-batch's gradient in PARAMETER space; ``proxy2_total_power`` is the batch mean of A^2 sum_t (1 - 2 pi_t(y_t) +
+    sum_v pi_t(v)^2), the squared norm of each response's score with respect to the LOGITS (the softmax Jacobian term,
+    tokens taken as orthogonal), an other space with other units; ``proxy3_pure_noise`` = (proxy2 - proxy1) / (N - 1)
+    subtracts one from the other.  Neither is tr Sigma nor |G|^2 of the parameter gradient, nor the same quantity at two
+    batch sizes. So the noise scale comes from the actor's own gradient, as the TRL trainer measures it
+    (integrations/trl.py): two batch sizes in every mini-batch at no extra backward pass.  :class:`VerlGradNoiseMixin`
+    goes on verl's training engine (the worker side: ``FSDPEngineWithLMHead``; :func:`setup_verl_worker` as Ray's worker
+    setup hook does it and registers the v1 trainer modes), and copies the accumulated gradient once the micro-batches
+    done hold at least half of the mini-batch's responses (g_1), so that after the last micro-batch g_2 = g - g_1; with
     W_k = half k's share of the loss's normaliser (its tokens for verl's token-mean, its responses for the seq-mean
     modes: ``noise_weighting``) it reports, as verl metrics ``noise/grad_sq_small`` = (|g_1|^2 / W_1^2 + |g_2|^2 /
     W_2^2) / 2, ``noise/grad_sq_big`` = |g|^2 (verl's own ``grad_norm``^2: the same gradient, before clipping),
-    ``noise/batch_small`` = 2 b_1 b_2 / (b_1 + b_2) and ``noise/batch_big`` = b_1 + b_2 in responses.  verl averages
-    them over the step's mini-batches (``actor/noise/*``), and :class:`VerlV1DiagnoseLogMixin` with ``noise_log=``
-    (``+trainer.noise_log=PATH``) writes one JSON line a step, the file
-    ``replay-theory calibrate --from-log LOG --preset verl --grad-norms PATH`` reads.  Unlike the TRL trainer's
-    halves, verl's micro-batches need not keep a GRPO group
-    whole, so ``unit_size`` is 1; with a group split between the halves the halves are correlated and B_noise reads low
-    (keep groups whole: ``use_dynamic_bsz=False``, ``ppo_micro_batch_size_per_gpu`` a multiple of ``rollout.n``, no
-    shuffle).
+    ``noise/batch_small`` = 2 b_1 b_2 / (b_1 + b_2) and ``noise/batch_big`` = b_1 + b_2 in responses (verl's padding
+    rows, whose loss masks are all zero, are no responses: :func:`_real_rows`).  verl averages them over the step's
+    mini-batches (``actor/noise/*``), and :class:`VerlV1DiagnoseLogMixin` with ``noise_log=``
+    (``+trainer.noise_log=PATH``) writes one JSON line a step, the file ``replay-theory calibrate --from-log LOG
+    --preset verl --grad-norms PATH`` reads.  Unlike the TRL trainer's halves, verl's micro-batches need not keep a GRPO
+    group whole, so ``unit_size`` is 1; with a group split between the halves the halves are correlated and B_noise
+    reads low (keep groups whole: ``use_dynamic_bsz=False``, ``ppo_micro_batch_size_per_gpu`` a multiple of
+    ``rollout.n``, no shuffle, ``trainer.balance_batch=False``: :class:`VerlV1DiagnoseLogMixin` refuses a noise log
+    without it).
 
     The optimizer's memory kappa (issue 30) through the same route: every ``curvature_every`` mini-batch updates the
     engine forms a curvature pair as the TRL trainer does (integrations/trl.py): xi = g_hat_1 - g_hat_2 of the halves
@@ -525,6 +547,8 @@ class VerlGradNoiseMixin:
     ``ppo_epochs > 1`` the same responses come back), before its own micro-batch loop, w^T H w by central differences
     of that mini-batch's gradient under verl's own loss (two extra passes of its micro-batches at theta +- h w; the
     parameters, FSDP shards included, restored bit for bit, the gradients zeroed after, the random streams forked).
+    A pair costs two forward+backward passes of one mini-batch against an update's one: 2 / ``curvature_every`` of
+    the updates' forward+backward compute (20% at the default 10); B_noise alone costs no extra pass.
     The engine reports ``noise/curvature_num``, ``_den``, ``_lr``, ``_beta1`` on that mini-batch; :class:`NoiseLog`
     writes them, and ``calibrate --from-log --preset verl --grad-norms`` pools them into kappa.  H is the Hessian of
     verl's loss on fixed responses (its per-token ratios): the engine has the loss only as verl's function, so the
@@ -554,7 +578,7 @@ class VerlGradNoiseMixin:
                              f"{dp} data-parallel ranks: set use_no_sync_for_gradient_accumulation=False")
         pair = self._finish_curvature(data, loss_function, self._curvature) if self._curvature is not None else None
         mask = data["loss_mask"]
-        noise = self._noise = {"rows": int(mask.shape[0]), "tokens": float(mask.sum()), "done": [], "first": None}
+        noise = self._noise = {"rows": _real_rows(mask), "tokens": float(mask.sum()), "done": [], "first": None}
         try:
             output = super().forward_backward_batch(data, loss_function, forward_only=False)  # type: ignore[misc]
             record = self._noise_record()
@@ -579,7 +603,7 @@ class VerlGradNoiseMixin:
                 noise["first"] = [None if g is None else g.detach().clone() for g in self._noise_grads()]
                 noise["split"] = len(noise["done"])
             mask = micro_batch["loss_mask"]
-            noise["done"].append((int(mask.shape[0]), float(mask.sum())))  # finished once its backward has run
+            noise["done"].append((_real_rows(mask), float(mask.sum())))  # finished once its backward has run
         return super().forward_step(micro_batch, loss_function, forward_only)  # type: ignore[misc]
 
     def _noise_grads(self) -> list:
@@ -740,11 +764,23 @@ class VerlGradNoiseMixin:
             p.grad = None
 
 
+def _real_rows(mask: Any) -> int:
+    """The responses among a (micro-)batch's ``loss_mask`` rows: rows with a loss token.  verl pads a batch to a
+    multiple of its data-parallel size and mini-batch with rows whose masks are all zero (trainer/ppo/padding_utils.py:
+    ``is_padding``, response_mask = loss_mask = 0); they add nothing to the gradient and are no samples."""
+    if getattr(mask, "is_nested", False):  # verl's jagged (rows, j) tensors
+        return sum(int(bool((row != 0).any())) for row in mask.unbind())
+    return int((mask.reshape(mask.shape[0], -1) != 0).any(dim=1).sum())
+
+
 def _row_fingerprints(data: Any) -> set:
-    """One fingerprint per response of a mini-batch (every (rows, ...) tensor field's row, hashed together)."""
+    """One fingerprint per response of a mini-batch (every (rows, ...) tensor field's row, hashed together); padding
+    rows (no loss token) are left out: verl's are copies of one template, alike in every mini-batch."""
     import hashlib
 
-    rows = int(data["loss_mask"].shape[0])
+    mask = data["loss_mask"]
+    rows = int(mask.shape[0])
+    real = [bool((row != 0).any()) for row in (mask.unbind() if getattr(mask, "is_nested", False) else mask)]
     digests = [hashlib.blake2b(digest_size=16) for _ in range(rows)]
     for key in sorted(str(k) for k in data.keys()):
         value = data[key]
@@ -753,7 +789,7 @@ def _row_fingerprints(data: Any) -> set:
         for i in range(rows):
             digests[i].update(key.encode())
             digests[i].update(np.ascontiguousarray(_numpy(value[i])).tobytes())
-    return {d.hexdigest() for d in digests}
+    return {d.hexdigest() for d, keep in zip(digests, real) if keep}
 
 
 def _local(tensor: Any) -> Any:
@@ -790,21 +826,60 @@ def register_v1_trainers() -> dict[str, type]:
     return made
 
 
+#: the ``forward_step`` parameters of verl's FSDP engines (workers/engine/fsdp/transformer_impl.py:779), which the
+#: noise hook wraps: one call per micro-batch, its backward run by ``forward_backward_batch``, gradients in ``.grad``
+FSDP_FORWARD_STEP: tuple[str, ...] = ("self", "micro_batch", "loss_function", "forward_only")
+
+
+def noise_refusal(cls: type) -> Optional[str]:
+    """Why :class:`VerlGradNoiseMixin` cannot measure engine class ``cls`` (one line), or None when it can: an
+    ``FSDPEngine`` subclass whose ``forward_step`` has the FSDP signature.  Megatron's engines
+    (workers/engine/megatron/transformer_impl.py:1130, :1243) take ``(batch_iter, model, logits_processor_func,
+    postprocess_micro_batch_func)`` inside Megatron's pipeline schedule (:947-972) and keep the gradients in
+    ``main_grad``; torchtitan's and automodel's share the signature but hold their model otherwise (a list of parts)."""
+    params = tuple(inspect.signature(cls.forward_step).parameters)
+    names = {c.__name__ for c in cls.__mro__}
+    why = None
+    if params[:len(FSDP_FORWARD_STEP)] != FSDP_FORWARD_STEP:
+        why = f"its forward_step({', '.join(params[1:])}) is not the FSDP engine's (micro_batch, loss_function, " \
+              "forward_only)"
+        if any("Megatron" in n for n in names):
+            why += " and Megatron keeps its gradients in main_grad"
+    elif "FSDPEngine" not in names:
+        why = "it is no FSDPEngine, whose module's .grad the hook reads"
+    if why is None:
+        return None
+    return (f"the noise-scale hook measures verl's FSDP engines only, not {cls.__name__}: {why}; use "
+            "actor_rollout_ref.actor.strategy=fsdp2 (or fsdp), or register_v1_trainers alone for the diagnose log")
+
+
+class _NoiseRefused:
+    """Stands in the registry for an engine the hook cannot measure: building it raises :func:`noise_refusal`'s
+    line, before any training, rather than logging no ``noise/*`` metrics unnoticed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(noise_refusal(type(self).__mro__[2]))
+
+
 def register_noise_engines() -> dict[str, type]:
-    """Put :class:`VerlGradNoiseMixin` on every training engine in verl's ``EngineRegistry`` (FSDP, Megatron, ...:
-    each registered class replaced by ``NoiseMeasured<Class>``, its subclass); idempotent.  verl's actor workers
-    build their engine with ``EngineRegistry.new`` in their own Ray process, so run it there, with
-    :func:`setup_verl_worker` as Ray's ``worker_process_setup_hook``.  Returns the new classes by the old name."""
+    """Put :class:`VerlGradNoiseMixin` on every FSDP training engine in verl's ``EngineRegistry`` (each registered
+    class replaced by ``NoiseMeasured<Class>``, its subclass) and make the others (Megatron, ...) refuse to be built
+    with :func:`noise_refusal`'s line (``NoiseRefused<Class>``); idempotent.  verl's actor workers build their engine
+    with ``EngineRegistry.new`` in their own Ray process, so run it there, with :func:`setup_verl_worker` as Ray's
+    ``worker_process_setup_hook``.  Returns the new classes by the old name."""
     from verl.workers.engine.base import EngineRegistry
 
     made: dict[str, type] = {}
     for backends in EngineRegistry._engines.values():
         for keyed in backends.values():
             for key, cls in list(keyed.items()):
-                if not issubclass(cls, VerlGradNoiseMixin):
-                    measured = made.get(cls.__name__) or type(f"NoiseMeasured{cls.__name__}",
-                                                              (VerlGradNoiseMixin, cls), {"__module__": __name__})
-                    keyed[key] = made.setdefault(cls.__name__, measured)
+                if issubclass(cls, (VerlGradNoiseMixin, _NoiseRefused)):
+                    continue
+                if cls.__name__ not in made:
+                    hook, prefix = ((VerlGradNoiseMixin, "NoiseMeasured") if noise_refusal(cls) is None
+                                    else (_NoiseRefused, "NoiseRefused"))
+                    made[cls.__name__] = type(f"{prefix}{cls.__name__}", (hook, cls), {"__module__": __name__})
+                keyed[key] = made[cls.__name__]
     return made
 
 

@@ -41,7 +41,11 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 
 from replay_theory.diagnose import DiagnoseConfig, diagnose  # noqa: E402
 from replay_theory.integrations.export import VERL_LOG_COLUMNS  # noqa: E402
-from replay_theory.integrations.verl import VerlV1DiagnoseLogMixin, register_v1_trainers  # noqa: E402
+from replay_theory.integrations.verl import (  # noqa: E402
+    BALANCE_REFUSAL,
+    VerlV1DiagnoseLogMixin,
+    register_v1_trainers,
+)
 
 ROWS, G, PROMPT = 8, 4, 3  # responses per step, GRPO group size (rollout.n), prompt length
 # verl's global_steps and the weights versions each row's rollout started / ended under (tags min/max_global_steps)
@@ -271,6 +275,17 @@ def test_v1_run_that_cannot_give_the_ratio_is_refused_when_the_trainer_is_made(t
     assert not path.exists()
 
 
+def test_v1_noise_log_with_verls_default_balance_batch_is_refused_when_the_trainer_is_made(tmp_path):
+    # verl's v1 step balances every batch (trainer_base.py:582); its default config says so (balance_batch: true)
+    cfg = _config(tmp_path / "v1.parquet")
+    assert cfg.trainer.balance_batch is True
+    with open_dict(cfg):
+        cfg.trainer.noise_log = str(tmp_path / "noise_scale.jsonl")
+    with pytest.raises(ValueError) as info:
+        register_v1_trainers()["sync_diagnose"](config=cfg)
+    assert str(info.value) == BALANCE_REFUSAL
+
+
 def test_v1_mixin_closes_the_log_when_fit_returns_or_raises(tmp_path):
     """The mixin's fit wraps verl's (not run here: it needs the rollout servers)."""
     class _Base:
@@ -311,6 +326,7 @@ def test_v1_noise_log_gives_b_noise_by_hand_through_calibrate(tmp_path, transfer
     cfg = _config(path)
     with open_dict(cfg):
         cfg.trainer.noise_log = str(noise)
+        cfg.trainer.balance_batch = False  # the noise log refuses verl's default (it splits groups between halves)
     trainer = register_v1_trainers()["sync_diagnose"](config=cfg)
     trainer.resource_pool_manager = SimpleNamespace(get_n_gpus=lambda: 1)
     for seed, spec in enumerate(STEPS):
