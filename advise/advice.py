@@ -251,7 +251,7 @@ def render(r: dict, evidence: list[str], verdict: str | None = None) -> str:
 
 MEASURE = (
     "measure b = B_noise / B and kappa on a short run at your batch (both land in one profile file):",
-    "  TRL: replay-theory trl-replay ... logs two micro-batches' |g|^2 and curvature pairs each step;",
+    "  TRL: replay-theory trl-replay ... logs two micro-batches' |g|^2 each step, a curvature pair every K steps;",
     "       replay-theory calibrate --from-log RUN/rollouts.parquet --preset trl --grad-norms RUN/noise_scale.jsonl "
     "--out profile.json",
     "  verl: replay-theory calibrate --from-log LOG --preset verl --grad-norms FILE --out profile.json",

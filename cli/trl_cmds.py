@@ -37,7 +37,8 @@ def trl_replay(fields: dict[str, Any], out: OutOption, no_progress: NoProgressOp
     read.
 
     N, B, R from --design or by hand; also the gradient noise scale B_noise (two batch sizes a step, no extra backward
-    pass). stdout: the regime when it is not replay, then the summary; TRL's per-step logs go to
+    pass) and kappa's curvature pairs (two forward+backward passes of one update's rows every --curvature-every
+    steps). stdout: the regime when it is not replay, then the summary; TRL's per-step logs go to
     OUT/trainer_log.jsonl, a progress bar to stderr."""
     config = TrlRunConfig(**fields).validated()
     check_out_dir(out, config)
