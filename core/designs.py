@@ -987,8 +987,8 @@ def validate_trainer_design(c: DesignConfig) -> None:
     if c.buffer == "epochs":
         _epochs_rules(c, "sync")  # e, m whole, B m = R
         if c.capacity != c.rollouts_per_step:
-            raise ValueError(f"capacity must equal rollouts_per_step = {c.rollouts_per_step} with buffer epochs (it "
-                             f"holds one generation), got {c.capacity}")
+            raise ValueError(f"capacity must equal rollouts_per_step = {c.rollouts_per_step} (an epoch design holds "
+                             f"one generation), got {c.capacity}")
         if c.epoch_shuffle:  # TRL shuffles a generation once and replays the same slices each of its passes
             raise ValueError("epoch_shuffle must be False in a trainer: TRL keeps one order per generation for its "
                              "num_iterations passes (GRPOTrainer._prepare_inputs); run a reshuffled design in the "

@@ -222,11 +222,13 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
         return next((c for c in self.callback_handler.callbacks if isinstance(c, DiagnoseLogCallback)), None)
 
     def _save_checkpoint(self, model, trial):  # noqa: D102 (Trainer's, then the replay state and the marker)
+        if self.epoch_schedule and self.state.global_step % (self.epoch_schedule[0] * self.epoch_schedule[1]):
+            return  # buffer epochs mid-generation: TRL holds the generation in memory only; the last one stays
         super()._save_checkpoint(model, trial)  # model, optimizer, scheduler, RNG states, trainer_state.json
         run_dir = Path(self._get_output_dir(trial=trial))
         folder = run_dir / f"{CHECKPOINT_PREFIX}{self.state.global_step}"
         log = self._diagnose_callback()
-        if self.replay_buffer is not None:  # buffer epochs: TRL's generation, never saved (train refuses mid-way)
+        if self.replay_buffer is not None:  # buffer epochs: saved at a generation's start only, nothing held
             self.replay_buffer.save_state(folder / REPLAY_BUFFER_STATE)
         state = {"replay_theory_version": __version__, "global_step": int(self.state.global_step),
                  "replay_generated": self.replay_generated, "replay_trained": self.replay_trained,
