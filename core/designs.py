@@ -757,7 +757,8 @@ class BufferDesign:
     pipelines: tuple[str, ...] = ("sync",)
     needs_entropy: bool = False  # the batch step asks the backend for token entropies (ExGRPO's o* choice)
     trainer: bool = False  # a trainer can run it: one batch of B per step from a fixed generation batch of R
-    # (integrations/buffer.py's RowReplayBuffer); group-replay, exgrpo and stale-k generate a varying number
+    # (integrations/buffer.py's RowReplayBuffer; epochs: TRL's own generation buffer, integrations/trl.py);
+    # group-replay and exgrpo generate a varying number, stale-k trains a batch k updates old (TRL has no such mode)
 
 
 BUFFER_DESIGNS: dict[str, BufferDesign] = {
@@ -776,7 +777,7 @@ BUFFER_DESIGNS: dict[str, BufferDesign] = {
     "stale-k": BufferDesign("each update trains on the batch of k updates earlier (M2PO Sec. 3)", StaleKParams,
                             _stale_k, stale_k_step),
     "epochs": BufferDesign("e epochs over m mini-batches of each generation of R (PPO; TRL num_iterations)",
-                           EpochParams, _epochs, epochs_step, _epochs_rules),
+                           EpochParams, _epochs, epochs_step, _epochs_rules, trainer=True),
     "selective": BufferDesign("FIFO of N admitting only groups with a non-zero advantage, B drawn uniformly",
                               FifoParams, _selective, uniform_buffer_step, _selective_rules),
 }
@@ -982,7 +983,8 @@ def validate_trainer_design(c: DesignConfig) -> None:
     """The rules of a trainer's design before the trainer's group size is known (``integrations.ReplayConfig``).
 
     N, B, R whole and N >= R (the generation batch must fit, whatever the buffer), a loss and a buffer a trainer
-    runs, the loss's parameters, and on-policy B = R (every rollout trained once). The rest, with G, is
+    runs, the loss's parameters, on-policy B = R (every rollout trained once), and epochs as TRL runs them (N = R,
+    B m = R, one order per generation). The rest, with G, is
     ``validate_design``, which the trainer's buffer applies (``integrations.buffer.RowReplayBuffer``).
     """
     for name in ("capacity", "batch_size", "rollouts_per_step"):
@@ -996,6 +998,15 @@ def validate_trainer_design(c: DesignConfig) -> None:
     if c.buffer == "on-policy" and c.batch_size != c.rollouts_per_step:
         raise ValueError(f"batch_size must equal rollouts_per_step = {c.rollouts_per_step} on-policy (every "
                          f"rollout trained once), got {c.batch_size}")
+    if c.buffer == "epochs":
+        _epochs_rules(c, "sync")  # e, m whole, B m = R
+        if c.capacity != c.rollouts_per_step:
+            raise ValueError(f"capacity must equal rollouts_per_step = {c.rollouts_per_step} (an epoch design holds "
+                             f"one generation), got {c.capacity}")
+        if c.epoch_shuffle:  # TRL shuffles a generation once and replays the same slices each of its passes
+            raise ValueError("epoch_shuffle must be False in a trainer: TRL keeps one order per generation for its "
+                             "num_iterations passes (GRPOTrainer._prepare_inputs); run a reshuffled design in the "
+                             "simulator")
 
 
 def fresh_groups(config: DesignConfig) -> int:

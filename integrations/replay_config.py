@@ -85,7 +85,6 @@ class ReplayConfig:
         shared = DesignConfig(buffer=buffer, loss=loss, capacity=capacity, batch_size=batch_size,
                               rollouts_per_step=rollouts_per_step, eps_low=eps_low, eps_high=eps_high,
                               clip_c=clip_c, tau_m2=tau_m2)
-        validate_trainer_design(shared)  # the registry's rules (core/designs.py)
         unknown = sorted(set(design) - set(design_field_names()))
         if unknown:
             raise ValueError(f"design has unknown field(s) {', '.join(unknown)}; DesignConfig's fields are "
@@ -96,7 +95,9 @@ class ReplayConfig:
                              f"{'it' if len(clash) == 1 else 'them'} out of design")
         if aggregation is not None:
             require_one_of("aggregation", aggregation, losses.AGGREGATIONS)
-        for name, value in (("shared", dataclasses.replace(shared, **design)), ("aggregation", aggregation),
+        shared = dataclasses.replace(shared, **design)
+        validate_trainer_design(shared)  # the registry's rules (core/designs.py), with the buffer's own fields
+        for name, value in (("shared", shared), ("aggregation", aggregation),
                             ("design", design), ("seed", seed), ("notes", notes)):
             object.__setattr__(self, name, value)
 

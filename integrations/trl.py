@@ -21,6 +21,14 @@ scale's two halves, ``_loss_in_halves`` and ``_record_noise`` (trl_noise.py); ka
 ``_start_curvature`` and ``_finish_curvature``, and the lag-1 products, ``_record_lag`` (trl_kappa.py); checkpoints
 and resume, ``train`` (here; files: integrations/checkpoints.py). The trainer is those parts' mixins over TRL's
 ``GRPOTrainer``; every public name is importable from this module.
+
+Buffer ``epochs`` (e epochs over m mini-batches of each generation of R, PPO's epochs) is TRL's own generation
+buffering, not a buffer of ours: ``num_iterations`` = e, ``steps_per_generation`` = m, a mini-batch of B = R / m
+(``trl_epochs``). TRL 1.16's ``_prepare_inputs`` generates every m e updates, shuffles the generation once
+(``shuffle_sequence_dict``) and trains update j on slice j mod m of that one order: a row is used e times, m updates
+apart, at ages 0 .. e m - 1 (``core.buffers.EpochSchedule`` with ``shuffle=False``). The rows carry our fields
+(version, ids, rewards, the behaviour log-probs) from ``_generate_and_score_completions``, so the loss, metrics and
+diagnose log are the replay step's.
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ from .trl_kappa import (
     noise_options,
 )
 from .trl_log import DiagnoseLogCallback
-from .trl_loss import VLLM_IS_MODES, engine_corrected_loss, replay_grpo_args
+from .trl_loss import VLLM_IS_MODES, engine_corrected_loss, replay_grpo_args, trl_epochs
 from .trl_metrics import ReplayMetricsMixin
 from .trl_noise import noise_halves
 
@@ -80,6 +88,11 @@ class _FinishCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):  # noqa: D102 (TrainerCallback hook)
         if state.global_step >= state.max_steps:
             self.trainer._finish()
+
+
+def _epoch_schedule(replay: ReplayConfig) -> tuple[int, int] | None:
+    """(e, m) of buffer epochs, None for a buffer of ours."""
+    return (replay.shared.epochs, replay.shared.mini_batches) if replay.buffer == "epochs" else None
 
 
 def loaded_through_a_tie(model: torch.nn.Module, missing_keys: list[str]) -> set[str]:
@@ -148,15 +161,18 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
             self.add_callback(log_callback)
         self.add_callback(_FinishCallback(self))
         self._resume_step = 0  # the checkpoint's step when resuming: TRL's sampler is advanced to its epoch
+        self.epoch_schedule = _epoch_schedule(replay)  # (e, m): TRL's own buffering runs the design, no buffer of ours
         self._check_trl_args(replay)
         self.replay = replay
         group_size = self.num_generations
         assert group_size is not None  # GRPOConfig refuses None (its num_generations < 2 check)
-        self.replay_buffer = RowReplayBuffer(replay.design_config(group_size), seed=replay.seed,
-                                             total_steps=max(int(self.args.max_steps), 1))
-        self.replay_generated = 0  # fresh completions generated for training
+        design = replay.design_config(group_size).validated_design()  # with G: the registry's whole rules
+        self.replay_buffer = None if self.epoch_schedule else RowReplayBuffer(design, seed=replay.seed,
+                                                                      total_steps=max(int(self.args.max_steps), 1))
+        self.replay_generated = 0  # fresh completions generated for training (epochs: the next row's sample id)
         self.replay_trained = 0  # completions trained on (with repetition)
-        self._fifo_max_age = fifo_max_age(replay.capacity, replay.rollouts_per_step)
+        self._fifo_max_age = (self.epoch_schedule[0] * self.epoch_schedule[1] - 1 if self.epoch_schedule
+                              else fifo_max_age(replay.capacity, replay.rollouts_per_step))
         self._last_rewards_per_func: torch.Tensor | None = None
         self._step_generation_seconds = 0.0  # wall seconds this step spent in TRL's generation (for the log)
         self._step_generated_rows = 0
@@ -174,18 +190,23 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
 
     def _check_trl_args(self, replay: ReplayConfig) -> None:
         """TRL's arguments the replay step supports: one process, one generation and one pass per step, R rows a
-        step, no KL term, a vLLM importance-sampling mode the shared losses apply."""
+        step (buffer epochs: TRL's m mini-batches of B = R / m and e passes, ``trl_epochs``), no KL term, a vLLM
+        importance-sampling mode the shared losses apply."""
         a = cast(GRPOConfig, self.args)  # GRPOTrainer's args are a GRPOConfig (Trainer types them as its base)
         world = self.accelerator.num_processes
+        want = {"per_device_train_batch_size": replay.rollouts_per_step, "steps_per_generation": 1,
+                "num_iterations": 1} | trl_epochs(replay)
+        why = (f" (buffer epochs: B = {replay.batch_size}, m = {want['steps_per_generation']}, "
+               f"e = {want['num_iterations']}; replay_grpo_args sets them)" if self.epoch_schedule else
+               f" (rollouts_per_step = {replay.rollouts_per_step})")
         checks = [
             (world == 1, f"one process is supported (the buffer is per process), got {world}"),
-            (a.steps_per_generation == 1, f"steps_per_generation must be 1, got {a.steps_per_generation}"),
-            (self.num_iterations == 1, f"num_iterations must be 1, got {self.num_iterations}"),
+            *((value == want[name], f"{name} must be {want[name]}{why}, got {value}")
+              for name, value in (("steps_per_generation", a.steps_per_generation),
+                                  ("num_iterations", self.num_iterations),
+                                  ("per_device_train_batch_size", a.per_device_train_batch_size))),
             (a.gradient_accumulation_steps == 1,
              f"gradient_accumulation_steps must be 1, got {a.gradient_accumulation_steps}"),
-            (a.per_device_train_batch_size == replay.rollouts_per_step,
-             f"per_device_train_batch_size must equal rollouts_per_step = {replay.rollouts_per_step}, "
-             f"got {a.per_device_train_batch_size}"),
             (self.beta == 0.0, f"beta must be 0 (the shared losses have no KL term), got {self.beta}"),
         ]
         for ok, message in checks:
@@ -201,11 +222,14 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
         return next((c for c in self.callback_handler.callbacks if isinstance(c, DiagnoseLogCallback)), None)
 
     def _save_checkpoint(self, model, trial):  # noqa: D102 (Trainer's, then the replay state and the marker)
+        if self.epoch_schedule and self.state.global_step % (self.epoch_schedule[0] * self.epoch_schedule[1]):
+            return  # buffer epochs mid-generation: TRL holds the generation in memory only; the last one stays
         super()._save_checkpoint(model, trial)  # model, optimizer, scheduler, RNG states, trainer_state.json
         run_dir = Path(self._get_output_dir(trial=trial))
         folder = run_dir / f"{CHECKPOINT_PREFIX}{self.state.global_step}"
         log = self._diagnose_callback()
-        self.replay_buffer.save_state(folder / REPLAY_BUFFER_STATE)
+        if self.replay_buffer is not None:  # buffer epochs: saved at a generation's start only, nothing held
+            self.replay_buffer.save_state(folder / REPLAY_BUFFER_STATE)
         state = {"replay_theory_version": __version__, "global_step": int(self.state.global_step),
                  "replay_generated": self.replay_generated, "replay_trained": self.replay_trained,
                  "noise_records": self.noise_records,
@@ -246,7 +270,9 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
             if not (folder / CHECKPOINT_DONE).is_file():
                 raise ValueError(f"{folder} is not a complete replay checkpoint (no {CHECKPOINT_DONE})")
             state = json.loads((folder / REPLAY_STATE).read_text())
-            self.replay_buffer.load_state(folder / REPLAY_BUFFER_STATE)
+            self._check_epoch_resume(int(state["global_step"]))
+            if self.replay_buffer is not None:
+                self.replay_buffer.load_state(folder / REPLAY_BUFFER_STATE)
             self.replay_generated, self.replay_trained = state["replay_generated"], state["replay_trained"]
             self.noise_records = state["noise_records"]
             for name, value in state["trl"].items():
@@ -260,13 +286,22 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
         return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
                              ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
 
+    def _check_epoch_resume(self, step: int) -> None:
+        """Buffer epochs resumes at a generation's start only: TRL keeps the generation in memory (its
+        ``_buffered_inputs``, not in a checkpoint) and would generate a new one mid-way."""
+        if self.epoch_schedule and step % (self.epoch_schedule[0] * self.epoch_schedule[1]):
+            e, m = self.epoch_schedule
+            raise ValueError(f"buffer epochs resumes only from a checkpoint at a generation's start (a multiple of "
+                             f"e m = {e * m} steps), got step {step}: TRL keeps the generation in memory only")
+
     def _get_train_sampler(self, dataset=None):  # noqa: D102 (TRL's RepeatSampler, advanced when resuming)
         sampler = cast(RepeatSampler, super()._get_train_sampler(dataset))  # what GRPOTrainer's returns
         generator = getattr(sampler, "generator", None)
         if self._resume_step and generator is not None:
             # Trainer makes the sampler afresh (seeded) and skips only the resumed epoch's first batches: the
             # epochs before it drew one permutation each from the generator, drawn again here
-            per_epoch = sampler.num_samples // sampler.batch_size  # batches (steps) per epoch, as Trainer counts
+            # batches (steps) per epoch, as Trainer counts: each generation batch is repeated e m times (epochs)
+            per_epoch = sampler.num_samples // sampler.batch_size * sampler.repeat_count
             for _ in range(self._resume_step // max(per_epoch, 1)):
                 torch.randperm(sampler.num_samples, generator=generator)
         return sampler
@@ -287,9 +322,34 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
         self._last_rewards_per_func = rewards_per_func  # (rows, reward funcs); TRL does not return per-row rewards
         return rewards_per_func
 
+    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:  # noqa: D102 (TRL internal)
+        if not (self.epoch_schedule and self._model().training):
+            return super()._generate_and_score_completions(inputs)
+        # buffer epochs: TRL's _prepare_inputs buffers what this returns (shuffled once, sliced in m): the rows
+        # with our fields, every one with the row as dim 0 so TRL's shuffle and slices keep them aligned
+        started = time.perf_counter()
+        rows = self.fresh_rows(super()._generate_and_score_completions(inputs))
+        self._step_generation_seconds += time.perf_counter() - started
+        n = int(rows["completion_ids"].shape[0])
+        device = rows["completion_ids"].device
+        rows["version"] = torch.full((n,), int(self.state.global_step), dtype=torch.long, device=device)
+        rows["sample_id"] = torch.arange(n, device=device) + self.replay_generated
+        rows["group_id"] = rows["sample_id"] // self.num_generations
+        rows["sampler_weight"] = torch.ones(n, dtype=torch.float64)
+        self.replay_generated += n
+        self._step_generated_rows = n
+        if self._curvature_pending is not None:  # kappa's H w on rows xi's halves never held
+            self._finish_curvature(self._curvature_pending, rows)
+        return rows
+
     def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
         if not self._model().training:
             return super()._prepare_inputs(generation_batch)
+        if self.epoch_schedule:  # TRL's own: a generation every e m updates, update j on slice j mod m of its one order
+            self._step_generation_seconds, self._step_generated_rows = 0.0, 0
+            inputs = super()._prepare_inputs(generation_batch)
+            self.replay_trained += int(inputs["version"].shape[0])
+            return inputs
         # The design's batch step decides whether to generate (FreshPER Algorithm 1's replay updates do not),
         # what to keep and what to draw; TRL's generation runs only when it asks.
         self._step_generation_seconds = 0.0
@@ -303,6 +363,7 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
             fresh.append(rows)
             return rows
 
+        assert self.replay_buffer is not None  # every buffer but epochs (returned above)
         drawn, data = self.replay_buffer.step(self.state.global_step, generate)
         if self._curvature_pending is not None and fresh:  # kappa's H w on rows xi's halves never held
             self._finish_curvature(self._curvature_pending, fresh[0])

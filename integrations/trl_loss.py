@@ -71,14 +71,25 @@ def row_shares(replay: ReplayConfig, mask: torch.Tensor) -> np.ndarray:
     return losses._token_weights(as_numpy(mask).astype(bool)[None], replay.resolved_aggregation)[0].sum(axis=1)
 
 
+def trl_epochs(replay: ReplayConfig) -> dict[str, int]:
+    """TRL's fields of buffer epochs (GRPOConfig's per_device_train_batch_size = B, steps_per_generation = m,
+    num_iterations = e); {} for any other buffer (the replay step: one update per generation of R)."""
+    if replay.buffer != "epochs":
+        return {}
+    return dict(per_device_train_batch_size=replay.batch_size, steps_per_generation=replay.shared.mini_batches,
+                num_iterations=replay.shared.epochs)
+
+
 def replay_grpo_args(replay: ReplayConfig, num_generations: int, **kwargs: Any) -> GRPOConfig:
     """A GRPOConfig whose generation batch is R completions and whose every step is one update.
 
     per_device_train_batch_size = R (TRL's generation batch on one process), steps_per_generation = 1,
-    num_iterations = 1, gradient_accumulation_steps = 1, num_generations = G; ``kwargs`` set the rest.
+    num_iterations = 1, gradient_accumulation_steps = 1, num_generations = G; ``kwargs`` set the rest. Buffer
+    epochs (e epochs over m mini-batches) is TRL's own: per_device_train_batch_size = B = R / m,
+    steps_per_generation = m, num_iterations = e (the generation batch is still R).
     """
     fixed = dict(per_device_train_batch_size=replay.rollouts_per_step, steps_per_generation=1, num_iterations=1,
-                 gradient_accumulation_steps=1, num_generations=num_generations)
+                 gradient_accumulation_steps=1, num_generations=num_generations) | trl_epochs(replay)
     clash = sorted(k for k in fixed if k in kwargs and kwargs[k] != fixed[k])
     if clash:
         raise ValueError(f"the replay design sets {', '.join(clash)} (R = {replay.rollouts_per_step}, "

@@ -27,7 +27,7 @@ class ReplayMetricsMixin(GRPOTrainer):
     """The logging part of ``ReplayGRPOTrainer``: this step's metrics into TRL's ``self._metrics``."""
 
     replay: ReplayConfig
-    replay_buffer: RowReplayBuffer
+    replay_buffer: RowReplayBuffer | None  # None: buffer epochs, TRL's own generation buffer
     replay_generated: int
     replay_trained: int
     _fifo_max_age: int
@@ -65,9 +65,9 @@ class ReplayMetricsMixin(GRPOTrainer):
             if count[0, b]:  # an empty bucket has no ESS; TRL's log averages the steps that have one
                 metrics[f"replay/ess/{name}"].append(float(ess[0, b]))
         metrics["replay/replay_ratio"].append(self.replay_trained / max(self.replay_generated, 1))
-        metrics["replay/buffer_rows"].append(float(len(self.replay_buffer)))
-        stored_age = self.replay_buffer.ages(step) if len(self.replay_buffer) else torch.zeros(1)
-        metrics["replay/buffer_max_age"].append(float(stored_age.max()))
+        stored_age = self._stored_ages(step)
+        metrics["replay/buffer_rows"].append(float(stored_age.numel()))
+        metrics["replay/buffer_max_age"].append(float(stored_age.max()) if stored_age.numel() else 0.0)
         metrics["replay/loss"].append(float(out.loss[0]))
         if "importance_sampling_ratio" in inputs:  # the engine correction rho of the rows trained on (fresh and old)
             rho = inputs["importance_sampling_ratio"][mask]
@@ -88,6 +88,14 @@ class ReplayMetricsMixin(GRPOTrainer):
         for key, value in framework.items():
             if not key.startswith("clip_ratio/"):
                 metrics[key].append(float(value))
+
+    def _stored_ages(self, step: int) -> torch.Tensor:
+        """Ages at ``step`` of the rows held for later updates: the replay buffer's, or (buffer epochs) those of
+        TRL's buffered generation (``_buffered_inputs``, its m slices)."""
+        if self.replay_buffer is not None:
+            return self.replay_buffer.ages(step) if len(self.replay_buffer) else torch.zeros(0)
+        held = [part["version"] for part in (self._buffered_inputs or [])]
+        return step - torch.cat(held) if held else torch.zeros(0)
 
     def _log_whatif(self, metrics, log_ratio: np.ndarray, mask: np.ndarray, advantages: np.ndarray,
                     seq_lr: np.ndarray) -> None:

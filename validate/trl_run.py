@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 
 from .. import __version__
 from ..checks import Range, require_in_range, require_integer, require_number
-from ..core.designs import BUFFER_DESIGNS, LOSSES, check_choice, choices
+from ..core.designs import BUFFER_DESIGNS, LOSSES, EpochParams, check_choice, choices
 from ..core.memory import Estimate, Size, check_ceiling, check_sizes, check_threads
 from ..integrations.checkpoints import CHECKPOINT_PREFIX, checkpoint_step, complete_checkpoints
 from ..integrations.replay_config import ReplayConfig
@@ -61,24 +61,28 @@ COUNTDOWN_HELD_OUT = 64
 MAX_N_TRAIN = COUNTDOWN_DISTINCT - COUNTDOWN_HELD_OUT
 
 _NO_DESIGN = ("give --design FILE (replay-theory optimal ... -B B --json > FILE) or all of "
-              "--capacity, --batch-size, --rollouts-per-step")
+              "--capacity, --batch-size, --rollouts-per-step (--buffer epochs: --rollouts-per-step)")
 
 #: The internal names a design's rules use (core/designs.py, integrations/buffer.py) -> the options typed.
 _OPTION_OF = {"capacity": "--capacity", "batch_size": "--batch-size",
               "rollouts_per_step": "--rollouts-per-step", "group_size": "--group-size",
-              "num_generations": "--group-size"}
+              "num_generations": "--group-size", "epochs": "--epochs", "mini_batches": "--mini-batches",
+              "epoch_shuffle": "--epoch-shuffle"}
 
 
 @dataclass(frozen=True)
-class TrlRunConfig:
-    """The replay run of ``replay-theory trl-replay``: design, model, task and training sizes."""
+class TrlRunConfig(EpochParams):
+    """The replay run of ``replay-theory trl-replay``: design, model, task and training sizes; with ``--buffer
+    epochs``, the registry's epoch fields (``EpochParams``: e, m), which TRL runs as num_iterations and
+    steps_per_generation."""
 
     design: Optional[str] = None
     """`replay-theory optimal ... -B B --json` saved to a file: N, B, R from it (R and N rounded to whole groups)."""
     capacity: Optional[int] = None
-    """N: buffer size in completions, by hand; with --batch-size and --rollouts-per-step instead of --design."""
+    """N: buffer size in completions, by hand; with --batch-size and --rollouts-per-step instead of --design
+    (--buffer epochs: R, one generation, when not given)."""
     batch_size: Optional[int] = None
-    """B by hand: completions trained on per update."""
+    """B by hand: completions trained on per update (--buffer epochs: R / --mini-batches when not given)."""
     rollouts_per_step: Optional[int] = None
     """R by hand: fresh completions generated per update (a multiple of --group-size)."""
     group_size: int = 8
@@ -133,7 +137,8 @@ class TrlRunConfig:
         if self.design is not None and any(v is not None for v in by_hand):
             raise ValueError("--design and --capacity/--batch-size/--rollouts-per-step exclude each other: "
                              "give one")
-        if self.design is None and any(v is None for v in by_hand):
+        if self.design is None and (self.rollouts_per_step is None if self.buffer == "epochs"
+                                    else any(v is None for v in by_hand)):
             raise ValueError(_NO_DESIGN)
         if self.design is not None and not Path(self.design).is_file():
             raise ValueError(f"--design {self.design} is not a file")
@@ -154,6 +159,10 @@ class TrlRunConfig:
             raise ValueError(f"--model must be tiny or a local checkpoint directory, got {self.model!r} "
                              "(this machine reaches no model hub)")
         replay = self.replay_config()  # N, B, R and their rules, named as options
+        if self.buffer == "epochs" and self.save_every % (self.epochs * self.mini_batches):
+            raise ValueError(f"--save-every must be a multiple of --epochs x --mini-batches = "
+                             f"{self.epochs * self.mini_batches} with --buffer epochs (a checkpoint is saved at a "
+                             f"generation's start: TRL keeps the generation in memory only), got {self.save_every}")
         self._check_trl_rules(replay)
         self._check_sizes(replay)
         return self
@@ -195,6 +204,10 @@ class TrlRunConfig:
         """One line when the design is not replay (theory.design.classify_regime on x = N/R, y = B/R), else None."""
         replay = self.replay_config()
         n, b, r = replay.capacity, replay.batch_size, replay.rollouts_per_step
+        if replay.buffer == "epochs":  # one generation, e passes over m mini-batches: not the FIFO's x, y
+            e, m = self.epochs, self.mini_batches
+            return (f"regime: {e} epochs over {m} mini-batches of each generation of R = {r} (TRL num_iterations = "
+                    f"{e}, steps_per_generation = {m}): every rollout trained {e} times, at ages 0..{e * m - 1}")
         regime = classify_regime(n / r, b / r)
         if regime == "on-policy":
             return (f"regime: on-policy (N = B = R = {r}): every rollout is trained once, in the step that "
@@ -213,19 +226,32 @@ class TrlRunConfig:
                 "sft_batch_size": SFT_BATCH_SIZE, "sft_lr": SFT_LR, "threads": self.threads, "device": self.device}
 
     def _by_hand(self) -> tuple[int, int, int]:
-        """N, B, R as given without --design (--capacity, --batch-size, --rollouts-per-step)."""
+        """N, B, R as given without --design (--capacity, --batch-size, --rollouts-per-step; --buffer epochs: N = R
+        and B = R / m unless given)."""
         n, b, r = self.capacity, self.batch_size, self.rollouts_per_step
+        if self.buffer == "epochs" and r is not None:
+            r = require_integer("--rollouts-per-step", r, 1)
+            n = r if n is None else n
+            b = r // require_integer("--mini-batches", self.mini_batches, 1) if b is None else b
         if n is None or b is None or r is None:
             raise ValueError(_NO_DESIGN)
         return n, b, r
+
+    def _buffer_fields(self) -> dict[str, Any]:
+        """The buffer's own DesignConfig fields (--buffer epochs: e, m and the order), else none."""
+        if self.buffer != "epochs":
+            return {}
+        return {"epochs": self.epochs, "mini_batches": self.mini_batches, "epoch_shuffle": self.epoch_shuffle}
 
     def replay_config(self) -> ReplayConfig:
         """The ReplayConfig of this run (raises a one-line ValueError naming the option)."""
         try:
             if self.design is not None:
                 return ReplayConfig.from_optimal_json(Path(self.design), group_size=self.group_size, loss=self.loss,
-                                                      buffer=self.buffer, seed=self.seed)
-            return ReplayConfig(*self._by_hand(), loss=self.loss, buffer=self.buffer, seed=self.seed)
+                                                      buffer=self.buffer, design=self._buffer_fields(),
+                                                      seed=self.seed)
+            return ReplayConfig(*self._by_hand(), loss=self.loss, buffer=self.buffer, design=self._buffer_fields(),
+                                seed=self.seed)
         except (ValueError, json.JSONDecodeError) as err:
             message = str(err).splitlines()[0]
             if self.design is not None:  # the names are the design file's keys

@@ -306,7 +306,7 @@ def test_row_buffer_on_policy_trains_each_fresh_row_once():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(buffer="group-replay"), "buffer must be one of on-policy, fifo, positive-bias, prioritized, "
+    (dict(buffer="group-replay"), "buffer must be one of on-policy, fifo, positive-bias, prioritized, epochs, "
                                   "got 'group-replay'"),
     (dict(buffer="on-policy"), "batch_size must equal rollouts_per_step = 4 on-policy (every rollout trained once), "
                                "got 6"),
@@ -410,6 +410,62 @@ def _train(output_dir, replay: ReplayConfig, steps: int, trainer_cls=None, dtype
     trainer.train()
     logs = [h for h in trainer.state.log_history if "replay/replay_ratio" in h]
     return trainer, logs, before, tokenizer
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(design={"epochs": 2, "mini_batches": 2, "epoch_shuffle": True}),
+     "epoch_shuffle must be False in a trainer: TRL keeps one order per generation for its num_iterations passes "
+     "(GRPOTrainer._prepare_inputs); run a reshuffled design in the simulator"),
+    (dict(batch_size=8, design={"mini_batches": 2}),
+     "batch_size must be rollouts_per_step / mini_batches = 8 / 2 = 4 (each update trains one mini-batch of the "
+     "generation), got 8"),
+    (dict(capacity=16, design={"mini_batches": 2}),
+     "capacity must equal rollouts_per_step = 8 (an epoch design holds one generation), got 16"),
+    (dict(buffer="stale-k"), "buffer must be one of on-policy, fifo, positive-bias, prioritized, epochs, "
+                             "got 'stale-k'"),  # TRL 1.16's GRPOTrainer has no k-updates-late mode
+])
+def test_replay_config_epochs_refusals(kwargs, message):
+    args = {"capacity": 8, "batch_size": 4, "rollouts_per_step": 8, "buffer": "epochs"} | kwargs
+    with pytest.raises(ValueError) as info:
+        ReplayConfig(**args)
+    assert str(info.value) == message
+
+
+@pytest.mark.slow
+def test_trl_epochs_is_trls_own_buffering(tmp_path):
+    # e = 2 epochs over m = 2 mini-batches of R = 8 (B = 4), 8 updates: TRL generates twice (steps 0 and 4), and
+    # each rollout is trained e = 2 times, m = 2 updates apart (TRL's one order per generation), at ages 0..3.
+    pytest.importorskip("trl")
+    import pyarrow.parquet as pq
+
+    from replay_theory.integrations.trl import replay_grpo_args
+
+    e, m, r, steps = 2, 2, 8, 8
+    replay = ReplayConfig(r, r // m, r, buffer="epochs", design={"epochs": e, "mini_batches": m})
+    args = replay_grpo_args(replay, G, output_dir=str(tmp_path), use_cpu=True)
+    assert (args.per_device_train_batch_size, args.steps_per_generation, args.num_iterations,
+            args.generation_batch_size) == (4, 2, 2, 8)
+    trainer, logs, before, _ = _train(tmp_path / "out", replay, steps, diagnose_log=tmp_path / "log.parquet")
+    assert trainer.replay_buffer is None  # no buffer of ours: TRL's _buffered_inputs
+    assert trainer.state.global_step == steps and len(logs) == steps  # optimizer updates
+    assert trainer.replay_generated == 2 * r and trainer.replay_trained == steps * r // m  # two generations
+    assert [h["replay/replay_ratio"] for h in logs] == [0.5, 1.0, 1.5, 2.0, 1.25, 1.5, 1.75, 2.0]
+    assert [h["replay/staleness_max"] for h in logs] == [0, 1, 2, 3] * 2
+    assert [h["replay/buffer_rows"] for h in logs] == [r] * steps
+    t = pq.read_table(tmp_path / "log.parquet").to_pydict()
+    step, sample, age = (np.asarray(t[k]) for k in ("step", "sample_id", "age"))
+    assert step.tolist() == [s for s in range(steps) for _ in range(r // m)]
+    assert np.asarray(t["step_generated_rows"]).reshape(steps, -1)[:, 0].tolist() == [r, 0, 0, 0] * 2
+    assert age.tolist() == [s % (e * m) for s in step]  # staleness of each use: 0 .. e m - 1
+    assert np.array_equal(np.asarray(t["policy_version"]), step - step % (e * m))
+    ids, uses = np.unique(sample, return_counts=True)
+    assert ids.tolist() == list(range(2 * r)) and uses.tolist() == [e] * (2 * r)  # each rollout used e times
+    by_step = sample.reshape(steps, -1)
+    for j in range(steps):  # the same slice one epoch later: one order per generation (no per-epoch shuffle)
+        if j % (e * m) >= m:
+            assert by_step[j].tolist() == by_step[j - m].tolist()
+    assert np.array_equal(np.asarray(t["group_id"]), sample // G)
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.named_parameters())
 
 
 @pytest.fixture(scope="module")
@@ -870,11 +926,25 @@ def test_diagnose_log_writer_appends_new_files_only(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--capacity", "16"], "give --design FILE (replay-theory optimal ... -B B --json > FILE) or all of "
-                              "--capacity, --batch-size, --rollouts-per-step"),
+                              "--capacity, --batch-size, --rollouts-per-step (--buffer epochs: --rollouts-per-step)"),
     (["--capacity", "8", "--batch-size", "8", "--rollouts-per-step", "16"],
      "--capacity must be >= --rollouts-per-step = 16 (a FIFO holds at least one step), got 8"),
     (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--buffer", "exgrpo"],
-     "--buffer must be one of on-policy, fifo, positive-bias, prioritized, got 'exgrpo'"),
+     "--buffer must be one of on-policy, fifo, positive-bias, prioritized, epochs, got 'exgrpo'"),
+    (["--rollouts-per-step", "8", "--buffer", "epochs", "--mini-batches", "2", "--epoch-shuffle", "true"],
+     "--epoch-shuffle must be False in a trainer: TRL keeps one order per generation for its num_iterations passes "
+     "(GRPOTrainer._prepare_inputs); run a reshuffled design in the simulator"),
+    (["--rollouts-per-step", "8", "--batch-size", "8", "--buffer", "epochs", "--mini-batches", "2",
+      "--save-every", "4"],
+     "--batch-size must be --rollouts-per-step / --mini-batches = 8 / 2 = 4 (each update trains one mini-batch of "
+     "the generation), got 8"),
+    (["--rollouts-per-step", "8", "--capacity", "16", "--buffer", "epochs", "--save-every", "4"],
+     "--capacity must equal --rollouts-per-step = 8 (an epoch design holds one generation), got 16"),
+    (["--rollouts-per-step", "8", "--buffer", "epochs", "--mini-batches", "2", "--save-every", "6"],
+     "--save-every must be a multiple of --epochs x --mini-batches = 4 with --buffer epochs (a checkpoint is saved "
+     "at a generation's start: TRL keeps the generation in memory only), got 6"),
+    (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--buffer", "stale-k"],
+     "--buffer must be one of on-policy, fifo, positive-bias, prioritized, epochs, got 'stale-k'"),
     (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--steps", "0"],
      "--steps must be an integer >= 1, got 0"),
     (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--model", "Qwen/Qwen2.5-0.5B"],
