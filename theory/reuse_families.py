@@ -97,7 +97,7 @@ def psi_epochs(epochs: ArrayLike, minibatches: ArrayLike, kappa: ArrayLike, opti
     _check_optimizer(optimizer, beta1)
     kappa = np.asarray(kappa, dtype=float)
     require_positive("kappa", kappa)
-    if not np.all(kappa < stable_kappa(optimizer, beta1)):
+    if not np.all(kappa <= stable_kappa(optimizer, beta1)):  # what forgetting.psi accepts: the searches reach it
         raise ValueError(f"kappa up to {kappa.max():g} is unstable for {optimizer} (beta1 = {beta1:g})")
     e, m, kappa = np.broadcast_arrays(e.astype(np.int64), m.astype(np.int64), kappa)
     alpha, lam = _modes(kappa, optimizer, beta1)

@@ -103,3 +103,13 @@ def test_the_epochs_buffer_and_the_design_type_name_one_design():
     assert config.design == d  # the round trip the simulator and the benchmark rely on
     on = Design.on_policy_at(64, 8)
     assert DesignConfig.from_design(on).buffer == "on-policy" and DesignConfig.from_design(on).design == on
+
+
+def test_an_epoch_design_at_the_stability_limit_is_priced_not_refused():
+    # the tuned-step search can end at its upper bracket, stable_kappa itself (a measured run's benchmark cell did):
+    # psi_E is finite there, as forgetting.psi is, so the design is priced, not refused
+    top = fg.stable_kappa("sgd")
+    assert psi_epochs(2, 1, top) == pytest.approx(1 + (1 - top))  # rho(1) = 1 - kappa = -1 + 2e-9
+    memory = fg.Memory(1.9, "sgd", 0.9, 256.0)  # a pilot step this close to the limit leaves kappa_max above it
+    p = fg.predict(Design.epochs_of(256, 2, 1), 5.0, 5.28, memory)
+    assert 0 < p.kappa <= top and math.isfinite(p.steps)
