@@ -29,7 +29,8 @@ import numpy as np
 from ..theory.divergences import ess_kish_fraction, sample_statistics
 from ..theory.moments import ess_frac_from_sums, weight_sums
 
-__all__ = ["TOKEN_STATS", "step_metrics", "sequence_log_ratio", "ess_by_age", "zero_std_groups", "frac_reward_zero_std"]
+__all__ = ["TOKEN_STATS", "step_metrics", "step_metrics_and_ratios", "sequence_log_ratio", "ess_by_age",
+           "zero_std_groups", "frac_reward_zero_std"]
 
 #: the token-level estimators of :func:`step_metrics` (the losses report the same ones: they may be passed in)
 TOKEN_STATS = ("kl_k1", "kl_k2", "kl_k3", "m2", "d2", "chi2")
@@ -81,6 +82,14 @@ def step_metrics(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
     ``group`` (S, n): the step's GENERATED responses (not the training batch, whose draws split groups); given,
     ``frac_reward_zero_std`` joins the keys.
     """
+    return step_metrics_and_ratios(token_lr, mask, staleness, token_stats, reward, group)[0]
+
+
+def step_metrics_and_ratios(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
+                            token_stats: dict[str, np.ndarray] | None = None, reward: np.ndarray | None = None,
+                            group: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """:func:`step_metrics` and the sequence log-ratios (S, B) it summed, for a caller that also needs them
+    (:func:`ess_by_age`): one pass over the tokens."""
     S = mask.shape[0]
     token_lr, seq_lr = sequence_log_ratio(token_lr, mask)
     if token_stats is not None and all(k in token_stats for k in TOKEN_STATS):
@@ -103,7 +112,7 @@ def step_metrics(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
     }
     if reward is not None and group is not None:
         out["frac_reward_zero_std"] = frac_reward_zero_std(reward, group)
-    return out
+    return out, seq_lr
 
 
 def ess_by_age(seq_lr: np.ndarray, bucket: np.ndarray, num_buckets: int) -> tuple[np.ndarray, np.ndarray]:

@@ -30,7 +30,7 @@ from threadpoolctl import ThreadpoolController
 
 from ..core.designs import StepBatch, compute_loss
 from ..core.losses import LossOutput
-from ..core.metrics import TOKEN_STATS, ess_by_age, frac_reward_zero_std, sequence_log_ratio, step_metrics
+from ..core.metrics import TOKEN_STATS, ess_by_age, frac_reward_zero_std, step_metrics_and_ratios
 from ..core.pipeline import AGE_BUCKETS, EnvBackend, Pipeline, UsageRecord, age_bucket
 from ..core.rng import PerSeedGenerator
 from .config import SimConfig
@@ -133,10 +133,9 @@ class Recorder:
         batch = data.train
         self.usage.add(data)
         token_lr = logp_new - batch.logp_behav  # (S, B, L)
-        metrics = step_metrics(token_lr, batch.mask, data.staleness, loss_metrics)
+        metrics, seq_lr = step_metrics_and_ratios(token_lr, batch.mask, data.staleness, loss_metrics)  # seq_lr (S, B)
         for name in self.STEP_KEYS:  # ess_frac at sequence level; the estimators at token level, verl/TRL style
             self.put(name, step, metrics[name])
-        _, seq_lr = sequence_log_ratio(token_lr, batch.mask)  # (S, B)
         self._record_ess_by_age(seq_lr, data.staleness)
 
     def _record_ess_by_age(self, seq_lr: np.ndarray, staleness: np.ndarray) -> None:
