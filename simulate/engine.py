@@ -30,8 +30,8 @@ from threadpoolctl import ThreadpoolController
 
 from ..core.designs import StepBatch, compute_loss
 from ..core.losses import LossOutput
-from ..core.metrics import TOKEN_STATS, ess_by_age, frac_reward_zero_std, step_metrics_and_ratios
-from ..core.pipeline import AGE_BUCKETS, EnvBackend, Pipeline, UsageRecord, age_bucket
+from ..core.metrics import AGE_BUCKETS, TOKEN_STATS, frac_reward_zero_std, step_metrics_by_age
+from ..core.pipeline import EnvBackend, Pipeline, UsageRecord
 from ..core.rng import PerSeedGenerator
 from .config import SimConfig
 from .envs import ENVIRONMENTS, make_env
@@ -133,15 +133,10 @@ class Recorder:
         batch = data.train
         self.usage.add(data)
         token_lr = logp_new - batch.logp_behav  # (S, B, L)
-        metrics, seq_lr = step_metrics_and_ratios(token_lr, batch.mask, data.staleness, loss_metrics)  # seq_lr (S, B)
+        metrics, frac, count = step_metrics_by_age(token_lr, batch.mask, data.staleness, loss_metrics)
         for name in self.STEP_KEYS:  # ess_frac at sequence level; the estimators at token level, verl/TRL style
             self.put(name, step, metrics[name])
-        self._record_ess_by_age(seq_lr, data.staleness)
-
-    def _record_ess_by_age(self, seq_lr: np.ndarray, staleness: np.ndarray) -> None:
-        """Kish ESS fraction of each (seed, age bucket) cell with >= 2 samples, accumulated over steps."""
-        frac, count = ess_by_age(seq_lr, age_bucket(staleness), len(AGE_BUCKETS))  # (S, K) each
-        ok = count >= 2
+        ok = count >= 2  # ESS by age: the fraction of each (seed, age bucket) cell with >= 2 samples, summed over steps
         for b in np.nonzero(ok.any(axis=0))[0]:
             edge = AGE_BUCKETS[b]
             self.ess_age_sum[edge] += float(frac[ok[:, b], b].sum())
