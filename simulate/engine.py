@@ -251,15 +251,17 @@ def _record_exact_divergences(rec: Recorder, step: int, env, history: list[np.nd
 
 def _run(config: SimConfig, progress, observer, on_step) -> RunResult:
     S = config.seeds
+    rec = Recorder(S, config.steps)
+    drift = _DriftMeter.of(config)
+    env_args, settings = env_kwargs(config), config.pipeline_settings()
     rng = PerSeedGenerator(config.seed, S)
-    env = make_env(config.env, **env_kwargs(config))
+    env = make_env(config.env, **env_args)
     params = env.init_params(S)  # (S, d)
     optimizer = OPTIMIZERS[config.optimizer](params, config.lr)
-    rec = Recorder(S, config.steps)
     history = [params.copy()]  # params before each update, for staleness-exact divergences
     eval_steps, evals = [], defaultdict(list)
-    drift = _DriftMeter.of(config)
-    pipeline = Pipeline(config, EnvBackend(env, rng), rng, S, config.pipeline_settings())
+    backend = EnvBackend(env, rng)
+    pipeline = Pipeline(config, backend, rng, S, settings)
 
     for step in range(config.steps):
         data = pipeline.next_batch(step, params)
@@ -270,12 +272,14 @@ def _run(config: SimConfig, progress, observer, on_step) -> RunResult:
         grad = env.grad_logp_contract(params, train.prompt, train.tokens, train.mask, coef)  # (S, d)
         if on_step is not None:
             on_step(StepView(step, data, params, logp_new, out, grad, optimizer))
-        fresh = _record_training_batch(rec, step, data, logp_new, out)
-        rec.put("compute", step, pipeline.account(data))
-
         params = optimizer.step(params, grad)
         history.append(params.copy())
-        for name, value in pipeline.after_update(step, data).items():
+        compute = pipeline.account(data)  # (S,) compute so far, Eqs. (1)-(2)
+        design_curves = pipeline.after_update(step, data)  # the design's buffer bookkeeping after the update
+
+        fresh = _record_training_batch(rec, step, data, logp_new, out)
+        rec.put("compute", step, compute)
+        for name, value in design_curves.items():
             rec.put(name, step, value)
 
         if step % config.eval_every == 0 or step == config.steps - 1:
@@ -291,7 +295,9 @@ def _run(config: SimConfig, progress, observer, on_step) -> RunResult:
         if progress is not None:
             progress(step)
 
-    counts = {**pipeline.counts(), **difficulty_gains(env, history[0], params)}
+    gains = difficulty_gains(env, history[0], params)
+    replay_counts = pipeline.evicted_use_counts()
+    counts = {**pipeline.counts(), **gains}
     ess_by_age = {edge: rec.ess_age_sum[edge] / rec.ess_age_n[edge] for edge in sorted(rec.ess_age_n)}
     return RunResult(
         config=config,
@@ -299,7 +305,7 @@ def _run(config: SimConfig, progress, observer, on_step) -> RunResult:
         eval_steps=np.asarray(eval_steps),
         evals={name: np.stack(values, axis=1) for name, values in evals.items()},
         staleness_counts=rec.usage.staleness_counts,
-        replay_counts=pipeline.evicted_use_counts(),
+        replay_counts=replay_counts,
         time_since_last_use_counts=rec.usage.time_since_last_use_counts,
         ess_by_age=ess_by_age,
         drift=drift.result(),
