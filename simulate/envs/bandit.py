@@ -251,12 +251,17 @@ class BanditEnv:
     def _policy(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """log pi and pi, (S, P, A) each, read-only, from the one-entry cache of the last params (``log_policy``)."""
         logpol = self._log_policy(params)
-        cached = self._policy_cache
-        if cached[2] is None:  # pi of every prompt, made once per params (evaluations); a step's own draws and
-            probs = np.exp(logpol)  # gradient exponentiate only their prompts' rows (``_row_probs``)
+        return logpol, self._probs_table(logpol)
+
+    def _probs_table(self, logpol: np.ndarray) -> np.ndarray:
+        """pi = exp(log pi) of every prompt (S, P, A), read-only, made once per cached ``logpol`` (``_log_policy``'s
+        last result): evaluations need all of it; a step's draws and gradient may need a few rows (``_row_probs``)."""
+        params, cached_logpol, probs = self._policy_cache
+        if probs is None:
+            probs = np.exp(cached_logpol)
             probs.flags.writeable = False
-            self._policy_cache = cached = (cached[0], logpol, probs)
-        return logpol, cached[2]
+            self._policy_cache = (params, cached_logpol, probs)
+        return probs
 
     def _log_policy(self, params: np.ndarray) -> np.ndarray:
         """log pi (S, P, A), read-only, from the one-entry cache of the last params (``log_policy``)."""
@@ -274,13 +279,12 @@ class BanditEnv:
         return logits
 
     def _row_probs(self, logpol: np.ndarray, cells: np.ndarray) -> np.ndarray:
-        """pi(. | p) of the flat (seed, prompt) rows ``cells`` (k,), (k, A): the rows of ``exp(log_policy)``
-        (the same elementwise exp), from the cached full table when an evaluation has made it."""
-        cached = self._policy_cache
-        table = cached[2] if cached is not None and cached[1] is logpol and cached[2] is not None else None
+        """pi(. | p) of the flat (seed, prompt) rows ``cells`` (k,) of ``logpol`` (``_log_policy``'s last result),
+        (k, A): the rows of ``exp(log_policy)`` (the same elementwise exp).  From the whole table when it is made or
+        the rows are half of it or more (then one pass over it costs less than exponentiating them apart)."""
         S, P, A = logpol.shape
-        if table is not None:
-            return np.take(table.reshape(S * P, A), cells, axis=0)
+        if self._policy_cache[2] is not None or 2 * cells.size >= S * P:
+            return np.take(self._probs_table(logpol).reshape(S * P, A), cells, axis=0)
         return np.exp(np.take(logpol.reshape(S * P, A), cells, axis=0))
 
     def _probs(self, params: np.ndarray) -> np.ndarray:
@@ -370,11 +374,14 @@ class BanditEnv:
         weights = c.ravel()
         # sum_n c_n phi[p_n, a_n]: scatter the coefficients onto (prompt, action) cells
         chosen = np.bincount((cells * A + act).ravel(), weights=weights, minlength=S * P * A).reshape(S * P, A)
-        # sum_n c_n E_pi[phi[p_n, .]]: per-prompt coefficient mass times pi, on the rows with mass (elsewhere the
-        # product is 0 and subtracting it changes nothing)
+        # sum_n c_n E_pi[phi[p_n, .]]: per-prompt coefficient mass times pi; a row without mass gives a product of 0,
+        # and subtracting it changes nothing, so few rows are done alone
         per_prompt = np.bincount(cells.ravel(), weights=weights, minlength=S * P)  # (S P,)
         rows = np.flatnonzero(per_prompt)
-        chosen[rows] -= per_prompt[rows, None] * self._row_probs(logpol, rows)
+        if 2 * rows.size >= S * P:  # most of the table: one pass over all of it
+            chosen -= per_prompt[:, None] * self._probs_table(logpol).reshape(S * P, A)
+        else:
+            chosen[rows] -= per_prompt[rows, None] * self._row_probs(logpol, rows)
         return chosen.reshape(S, P * A) @ self._features_flat  # (S, d): sum_n c_n (phi - E_pi phi)
 
     def token_entropy(self, params: np.ndarray, prompts: np.ndarray, tokens: np.ndarray,
