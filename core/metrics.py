@@ -145,11 +145,11 @@ def step_metrics_and_ratios(token_lr: np.ndarray, mask: np.ndarray, staleness: n
 
 
 def step_metrics_by_age(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
-                        token_stats: dict[str, np.ndarray] | None = None
-                        ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+                        token_stats: dict[str, np.ndarray] | None = None, reward: np.ndarray | None = None,
+                        group: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """:func:`step_metrics` and the Kish ESS of each (seed, ``AGE_BUCKETS`` bucket) of the batch: (metrics,
     fractions (S, K), sample counts (S, K)), :func:`ess_by_age` of the sequence log-ratios."""
-    metrics, seq_lr = step_metrics_and_ratios(token_lr, mask, staleness, token_stats)
+    metrics, seq_lr = step_metrics_and_ratios(token_lr, mask, staleness, token_stats, reward, group)
     frac, count = ess_by_age(seq_lr, age_bucket(staleness), len(AGE_BUCKETS))
     return metrics, frac, count
 

@@ -30,7 +30,7 @@ from threadpoolctl import ThreadpoolController
 
 from ..core.designs import StepBatch, compute_loss
 from ..core.losses import LossOutput
-from ..core.metrics import AGE_BUCKETS, TOKEN_STATS, frac_reward_zero_std, step_metrics_by_age
+from ..core.metrics import AGE_BUCKETS, TOKEN_STATS, step_metrics_by_age
 from ..core.pipeline import EnvBackend, Pipeline, UsageRecord
 from ..core.rng import PerSeedGenerator
 from .config import SimConfig
@@ -124,16 +124,20 @@ class Recorder:
     #: the keys of core.metrics.step_metrics the engine records (under these names)
     STEP_KEYS = ("ess_frac", *TOKEN_STATS, "staleness_mean", "staleness_max")
 
-    def record_batch(self, step: int, data: StepBatch, logp_new: np.ndarray, loss_metrics: dict | None = None) -> None:
-        """Distributions, sequence-level ESS, ESS by age and the token-level estimators (``core.metrics``).
+    def record_batch(self, step: int, data: StepBatch, logp_new: np.ndarray, loss_metrics: dict | None = None,
+                     generated: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Distributions, sequence-level ESS, ESS by age and the token-level estimators (``core.metrics``); returns
+        ``core.metrics.step_metrics``' dict.
 
         The token-level estimators come from ``loss_metrics`` when the loss already
         computed them on this batch (every loss with a behaviour policy does), else there.
+        ``generated``: (reward, group) (S, n) of the responses generated this step, for ``frac_reward_zero_std``.
         """
         batch = data.train
         self.usage.add(data)
         token_lr = logp_new - batch.logp_behav  # (S, B, L)
-        metrics, frac, count = step_metrics_by_age(token_lr, batch.mask, data.staleness, loss_metrics)
+        metrics, frac, count = step_metrics_by_age(token_lr, batch.mask, data.staleness, loss_metrics,
+                                                   *(generated or (None, None)))
         for name in self.STEP_KEYS:  # ess_frac at sequence level; the estimators at token level, verl/TRL style
             self.put(name, step, metrics[name])
         ok = count >= 2  # ESS by age: the fraction of each (seed, age bucket) cell with >= 2 samples, summed over steps
@@ -141,6 +145,7 @@ class Recorder:
             edge = AGE_BUCKETS[b]
             self.ess_age_sum[edge] += float(frac[ok[:, b], b].sum())
             self.ess_age_n[edge] += int(ok[:, b].sum())
+        return metrics
 
 
 def env_kwargs(config: SimConfig) -> dict:
@@ -213,19 +218,20 @@ class _DriftMeter:
 
 def _record_training_batch(rec: Recorder, step: int, data: StepBatch, logp_new: np.ndarray, out: LossOutput):
     """The step's batch statistics, loss metrics, fresh rewards and the design's curves; the fresh view it used."""
-    rec.record_batch(step, data, logp_new, out.metrics)
+    fresh = data.fresh_view()  # (batch, keep): the responses generated this step
+    generated = None if fresh is None else (fresh[0].reward, fresh[0].group)
+    metrics = rec.record_batch(step, data, logp_new, out.metrics, generated)
     for name, value in out.metrics.items():
         if name in Recorder.TOKEN_STATS or name == "ess_frac":
             continue  # recorded by record_batch (ess_frac at sequence level)
         rec.put(name, step, value)
     rec.put("loss", step, out.loss)
-    fresh = data.fresh_view()  # (batch, keep): the responses generated this step
     if fresh is not None:
         batch, keep = fresh
         n = np.maximum(keep.sum(axis=1), 1)  # (S,)
         rec.put("reward", step, np.where(keep, batch.reward, 0.0).sum(axis=1) / n)
         rec.put("accuracy_train", step, np.where(keep, batch.reward == 1.0, 0.0).sum(axis=1) / n)
-        rec.put("frac_reward_zero_std", step, frac_reward_zero_std(batch.reward, batch.group))  # z, TRL's name
+        rec.put("frac_reward_zero_std", step, metrics["frac_reward_zero_std"])  # z, TRL's name
     for name, value in data.curves.items():
         if not name.startswith("_"):  # "_" marks the design's internal per-step arrays
             rec.put(name, step, value)
