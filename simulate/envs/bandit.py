@@ -280,10 +280,9 @@ class BanditEnv:
 
     def _row_probs(self, logpol: np.ndarray, cells: np.ndarray) -> np.ndarray:
         """pi(. | p) of the flat (seed, prompt) rows ``cells`` (k,) of ``logpol`` (``_log_policy``'s last result),
-        (k, A): the rows of ``exp(log_policy)`` (the same elementwise exp).  From the whole table when it is made or
-        the rows are half of it or more (then one pass over it costs less than exponentiating them apart)."""
+        (k, A): the rows of ``exp(log_policy)`` (the same elementwise exp), from the whole table when it is made."""
         S, P, A = logpol.shape
-        if self._policy_cache[2] is not None or 2 * cells.size >= S * P:
+        if self._policy_cache[2] is not None:
             return np.take(self._probs_table(logpol).reshape(S * P, A), cells, axis=0)
         return np.exp(np.take(logpol.reshape(S * P, A), cells, axis=0))
 
@@ -330,7 +329,10 @@ class BanditEnv:
         first[0] = True
         np.not_equal(cells[1:], cells[:-1], out=first[1:])
         run = np.cumsum(first) - 1  # (S*n,) run of each item
-        cdf = np.ascontiguousarray(self._row_probs(full, cells[first]).T)
+        rows = cells[first]  # (runs,)
+        if 4 * rows.size >= S * P:  # a quarter of the table or more: make all of it, the gradient's rows come next
+            self._probs_table(full)
+        cdf = np.ascontiguousarray(self._row_probs(full, rows).T)
         for k in range(1, A):
             cdf[k] += cdf[k - 1]  # (A, runs)
         below = np.take(np.ascontiguousarray(cdf.T), run, axis=0) < u.reshape(-1, 1)  # (S*n, A)
