@@ -12,7 +12,8 @@ M2PO (k1, M_2, Eqs. (3)-(4)), experience-replay (staleness, Sec. 2).  Every esti
 | ``staleness_mean/max`` | t - t_i             | the batch's responses                                         |
 | ``frac_reward_zero_std`` | z                 | the step's GENERATED groups: share whose rewards are all equal |
 
-:func:`ess_by_age` is the Kish ESS per (seed, age bucket), buckets from ``core.pipeline.age_buckets``.
+:func:`ess_by_age` is the Kish ESS per (seed, age bucket), buckets from :func:`age_buckets` (the one bucketing of
+sample ages, kept here beside its users; ``core.pipeline`` re-exports it).
 ``frac_reward_zero_std`` is TRL's metric of the same name (zero-advantage groups, which buy no gradient; z of
 docs/THEORY.md "Reuse families" [E7]-[E9]); :func:`zero_std_groups` is its kernel, which the selective buffer
 (``core.buffers.SelectiveFifoBuffer``) admits by.
@@ -29,7 +30,36 @@ import numpy as np
 from ..theory.divergences import ess_kish_fraction, sample_statistics
 from ..theory.moments import ess_frac_from_sums, weight_sums
 
-__all__ = ["TOKEN_STATS", "step_metrics", "sequence_log_ratio", "ess_by_age", "zero_std_groups", "frac_reward_zero_std"]
+__all__ = ["TOKEN_STATS", "AGE_BUCKETS", "age_buckets", "age_bucket", "step_metrics", "step_metrics_and_ratios",
+           "step_metrics_by_age", "sequence_log_ratio", "ess_by_age", "zero_std_groups",
+           "frac_reward_zero_std"]
+
+
+def age_buckets(max_age: int) -> list[tuple[int, int, str]]:
+    """Age buckets [lo, hi] covering 0 .. max_age: 0, 1, 2-3, 4-7, ... (powers of two), with their metric names.
+
+    The one bucketing of sample ages (staleness t - t_i): the simulator's ESS by age, the validator's and the TRL
+    trainer's ``replay/.../age_*`` metrics.
+    """
+    buckets = [(0, 0, "age_0")]
+    lo = 1
+    while lo <= max_age:
+        hi = 2 * lo - 1
+        buckets.append((lo, hi, f"age_{lo}" if lo == hi else f"age_{lo}-{hi}"))
+        lo *= 2
+    return buckets
+
+
+AGE_BUCKETS = tuple(lo for lo, _, _ in age_buckets(1024))  # left edges 0, 1, 2, 4, ..., 1024 (log2-spaced)
+
+# bucket of every staleness 0 .. 1024 (the last left edge): one table look-up instead of a binary search
+AGE_TABLE = np.searchsorted(np.asarray(AGE_BUCKETS), np.arange(AGE_BUCKETS[-1] + 1), side="right") - 1
+
+
+def age_bucket(staleness: np.ndarray) -> np.ndarray:
+    """Index of the AGE_BUCKETS bin of each staleness value (>= 0)."""
+    return np.take(AGE_TABLE, staleness, mode="clip")  # beyond 1024: the last bucket
+
 
 #: the token-level estimators of :func:`step_metrics` (the losses report the same ones: they may be passed in)
 TOKEN_STATS = ("kl_k1", "kl_k2", "kl_k3", "m2", "d2", "chi2")
@@ -81,6 +111,14 @@ def step_metrics(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
     ``group`` (S, n): the step's GENERATED responses (not the training batch, whose draws split groups); given,
     ``frac_reward_zero_std`` joins the keys.
     """
+    return step_metrics_and_ratios(token_lr, mask, staleness, token_stats, reward, group)[0]
+
+
+def step_metrics_and_ratios(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
+                            token_stats: dict[str, np.ndarray] | None = None, reward: np.ndarray | None = None,
+                            group: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """:func:`step_metrics` and the sequence log-ratios (S, B) it summed, for a caller that also needs them
+    (:func:`ess_by_age`): one pass over the tokens."""
     S = mask.shape[0]
     token_lr, seq_lr = sequence_log_ratio(token_lr, mask)
     if token_stats is not None and all(k in token_stats for k in TOKEN_STATS):
@@ -103,7 +141,17 @@ def step_metrics(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
     }
     if reward is not None and group is not None:
         out["frac_reward_zero_std"] = frac_reward_zero_std(reward, group)
-    return out
+    return out, seq_lr
+
+
+def step_metrics_by_age(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
+                        token_stats: dict[str, np.ndarray] | None = None, reward: np.ndarray | None = None,
+                        group: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """:func:`step_metrics` and the Kish ESS of each (seed, ``AGE_BUCKETS`` bucket) of the batch: (metrics,
+    fractions (S, K), sample counts (S, K)), :func:`ess_by_age` of the sequence log-ratios."""
+    metrics, seq_lr = step_metrics_and_ratios(token_lr, mask, staleness, token_stats, reward, group)
+    frac, count = ess_by_age(seq_lr, age_bucket(staleness), len(AGE_BUCKETS))
+    return metrics, frac, count
 
 
 def ess_by_age(seq_lr: np.ndarray, bucket: np.ndarray, num_buckets: int) -> tuple[np.ndarray, np.ndarray]:

@@ -41,38 +41,13 @@ from .designs import (
     make_advantage,
     make_design_buffer,
 )
+from .metrics import AGE_BUCKETS, AGE_TABLE, age_bucket, age_buckets  # noqa: F401 (their old home: re-exported)
 from .rollouts import RolloutBatch
-
-
-def age_buckets(max_age: int) -> list[tuple[int, int, str]]:
-    """Age buckets [lo, hi] covering 0 .. max_age: 0, 1, 2-3, 4-7, ... (powers of two), with their metric names.
-
-    The one bucketing of sample ages (staleness t - t_i): the simulator's ESS by age, the validator's and the TRL
-    trainer's ``replay/.../age_*`` metrics.
-    """
-    buckets = [(0, 0, "age_0")]
-    lo = 1
-    while lo <= max_age:
-        hi = 2 * lo - 1
-        buckets.append((lo, hi, f"age_{lo}" if lo == hi else f"age_{lo}-{hi}"))
-        lo *= 2
-    return buckets
 
 
 def fifo_max_age(capacity: int, rollouts_per_step: int) -> int:
     """Oldest age (in steps) a FIFO buffer of N rows fed R rows a step holds once full: ceil(N/R) - 1."""
     return math.ceil(capacity / rollouts_per_step) - 1  # experience-replay Sec. 3: staleness horizon x = N/R
-
-
-AGE_BUCKETS = tuple(lo for lo, _, _ in age_buckets(1024))  # left edges 0, 1, 2, 4, ..., 1024 (log2-spaced)
-
-# bucket of every staleness 0 .. 1024 (the last left edge): one table look-up instead of a binary search
-AGE_TABLE = np.searchsorted(np.asarray(AGE_BUCKETS), np.arange(AGE_BUCKETS[-1] + 1), side="right") - 1
-
-
-def age_bucket(staleness: np.ndarray) -> np.ndarray:
-    """Index of the AGE_BUCKETS bin of each staleness value (>= 0)."""
-    return np.take(AGE_TABLE, staleness, mode="clip")  # beyond 1024: the last bucket
 
 
 class RolloutBackend(Protocol):

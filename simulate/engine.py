@@ -30,8 +30,8 @@ from threadpoolctl import ThreadpoolController
 
 from ..core.designs import StepBatch, compute_loss
 from ..core.losses import LossOutput
-from ..core.metrics import TOKEN_STATS, ess_by_age, frac_reward_zero_std, sequence_log_ratio, step_metrics
-from ..core.pipeline import AGE_BUCKETS, EnvBackend, Pipeline, UsageRecord, age_bucket
+from ..core.metrics import AGE_BUCKETS, TOKEN_STATS, step_metrics_by_age
+from ..core.pipeline import EnvBackend, Pipeline, UsageRecord
 from ..core.rng import PerSeedGenerator
 from .config import SimConfig
 from .envs import ENVIRONMENTS, make_env
@@ -124,29 +124,28 @@ class Recorder:
     #: the keys of core.metrics.step_metrics the engine records (under these names)
     STEP_KEYS = ("ess_frac", *TOKEN_STATS, "staleness_mean", "staleness_max")
 
-    def record_batch(self, step: int, data: StepBatch, logp_new: np.ndarray, loss_metrics: dict | None = None) -> None:
-        """Distributions, sequence-level ESS, ESS by age and the token-level estimators (``core.metrics``).
+    def record_batch(self, step: int, data: StepBatch, logp_new: np.ndarray, loss_metrics: dict | None = None,
+                     generated: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Distributions, sequence-level ESS, ESS by age and the token-level estimators (``core.metrics``); returns
+        ``core.metrics.step_metrics``' dict.
 
         The token-level estimators come from ``loss_metrics`` when the loss already
         computed them on this batch (every loss with a behaviour policy does), else there.
+        ``generated``: (reward, group) (S, n) of the responses generated this step, for ``frac_reward_zero_std``.
         """
         batch = data.train
         self.usage.add(data)
         token_lr = logp_new - batch.logp_behav  # (S, B, L)
-        metrics = step_metrics(token_lr, batch.mask, data.staleness, loss_metrics)
+        metrics, frac, count = step_metrics_by_age(token_lr, batch.mask, data.staleness, loss_metrics,
+                                                   *(generated or (None, None)))
         for name in self.STEP_KEYS:  # ess_frac at sequence level; the estimators at token level, verl/TRL style
             self.put(name, step, metrics[name])
-        _, seq_lr = sequence_log_ratio(token_lr, batch.mask)  # (S, B)
-        self._record_ess_by_age(seq_lr, data.staleness)
-
-    def _record_ess_by_age(self, seq_lr: np.ndarray, staleness: np.ndarray) -> None:
-        """Kish ESS fraction of each (seed, age bucket) cell with >= 2 samples, accumulated over steps."""
-        frac, count = ess_by_age(seq_lr, age_bucket(staleness), len(AGE_BUCKETS))  # (S, K) each
-        ok = count >= 2
+        ok = count >= 2  # ESS by age: the fraction of each (seed, age bucket) cell with >= 2 samples, summed over steps
         for b in np.nonzero(ok.any(axis=0))[0]:
             edge = AGE_BUCKETS[b]
             self.ess_age_sum[edge] += float(frac[ok[:, b], b].sum())
             self.ess_age_n[edge] += int(ok[:, b].sum())
+        return metrics
 
 
 def env_kwargs(config: SimConfig) -> dict:
@@ -219,19 +218,20 @@ class _DriftMeter:
 
 def _record_training_batch(rec: Recorder, step: int, data: StepBatch, logp_new: np.ndarray, out: LossOutput):
     """The step's batch statistics, loss metrics, fresh rewards and the design's curves; the fresh view it used."""
-    rec.record_batch(step, data, logp_new, out.metrics)
+    fresh = data.fresh_view()  # (batch, keep): the responses generated this step
+    generated = None if fresh is None else (fresh[0].reward, fresh[0].group)
+    metrics = rec.record_batch(step, data, logp_new, out.metrics, generated)
     for name, value in out.metrics.items():
         if name in Recorder.TOKEN_STATS or name == "ess_frac":
             continue  # recorded by record_batch (ess_frac at sequence level)
         rec.put(name, step, value)
     rec.put("loss", step, out.loss)
-    fresh = data.fresh_view()  # (batch, keep): the responses generated this step
     if fresh is not None:
         batch, keep = fresh
         n = np.maximum(keep.sum(axis=1), 1)  # (S,)
         rec.put("reward", step, np.where(keep, batch.reward, 0.0).sum(axis=1) / n)
         rec.put("accuracy_train", step, np.where(keep, batch.reward == 1.0, 0.0).sum(axis=1) / n)
-        rec.put("frac_reward_zero_std", step, frac_reward_zero_std(batch.reward, batch.group))  # z, TRL's name
+        rec.put("frac_reward_zero_std", step, metrics["frac_reward_zero_std"])  # z, TRL's name
     for name, value in data.curves.items():
         if not name.startswith("_"):  # "_" marks the design's internal per-step arrays
             rec.put(name, step, value)
@@ -257,15 +257,17 @@ def _record_exact_divergences(rec: Recorder, step: int, env, history: list[np.nd
 
 def _run(config: SimConfig, progress, observer, on_step) -> RunResult:
     S = config.seeds
+    rec = Recorder(S, config.steps)
+    drift = _DriftMeter.of(config)
+    env_args, settings = env_kwargs(config), config.pipeline_settings()
     rng = PerSeedGenerator(config.seed, S)
-    env = make_env(config.env, **env_kwargs(config))
+    env = make_env(config.env, **env_args)
     params = env.init_params(S)  # (S, d)
     optimizer = OPTIMIZERS[config.optimizer](params, config.lr)
-    rec = Recorder(S, config.steps)
     history = [params.copy()]  # params before each update, for staleness-exact divergences
     eval_steps, evals = [], defaultdict(list)
-    drift = _DriftMeter.of(config)
-    pipeline = Pipeline(config, EnvBackend(env, rng), rng, S, config.pipeline_settings())
+    backend = EnvBackend(env, rng)
+    pipeline = Pipeline(config, backend, rng, S, settings)
 
     for step in range(config.steps):
         data = pipeline.next_batch(step, params)
@@ -276,12 +278,14 @@ def _run(config: SimConfig, progress, observer, on_step) -> RunResult:
         grad = env.grad_logp_contract(params, train.prompt, train.tokens, train.mask, coef)  # (S, d)
         if on_step is not None:
             on_step(StepView(step, data, params, logp_new, out, grad, optimizer))
-        fresh = _record_training_batch(rec, step, data, logp_new, out)
-        rec.put("compute", step, pipeline.account(data))
-
         params = optimizer.step(params, grad)
         history.append(params.copy())
-        for name, value in pipeline.after_update(step, data).items():
+        compute = pipeline.account(data)  # (S,) compute so far, Eqs. (1)-(2)
+        design_curves = pipeline.after_update(step, data)  # the design's buffer bookkeeping after the update
+
+        fresh = _record_training_batch(rec, step, data, logp_new, out)
+        rec.put("compute", step, compute)
+        for name, value in design_curves.items():
             rec.put(name, step, value)
 
         if step % config.eval_every == 0 or step == config.steps - 1:
@@ -297,7 +301,9 @@ def _run(config: SimConfig, progress, observer, on_step) -> RunResult:
         if progress is not None:
             progress(step)
 
-    counts = {**pipeline.counts(), **difficulty_gains(env, history[0], params)}
+    gains = difficulty_gains(env, history[0], params)
+    replay_counts = pipeline.evicted_use_counts()
+    counts = {**pipeline.counts(), **gains}
     ess_by_age = {edge: rec.ess_age_sum[edge] / rec.ess_age_n[edge] for edge in sorted(rec.ess_age_n)}
     return RunResult(
         config=config,
@@ -305,7 +311,7 @@ def _run(config: SimConfig, progress, observer, on_step) -> RunResult:
         eval_steps=np.asarray(eval_steps),
         evals={name: np.stack(values, axis=1) for name, values in evals.items()},
         staleness_counts=rec.usage.staleness_counts,
-        replay_counts=pipeline.evicted_use_counts(),
+        replay_counts=replay_counts,
         time_since_last_use_counts=rec.usage.time_since_last_use_counts,
         ess_by_age=ess_by_age,
         drift=drift.result(),

@@ -230,7 +230,7 @@ class BanditEnv:
         self.target_success = instance["target_success"]  # (P,)
         self.offsets = instance["offsets"]  # (P, A)
         self._features_flat = instance["features_flat"]  # (P*A, d)
-        self._policy_cache: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # params, log pi, pi
+        self._policy_cache: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None  # params, log pi, pi
 
     # ------------------------------------------------------------------ #
     # extra public API
@@ -246,25 +246,45 @@ class BanditEnv:
         A training step asks for the policy of the same parameters several times
         (sample, logp, gradient, entropy); the one-entry cache makes that one matmul.
         """
-        return self._policy(params)[0]
+        return self._log_policy(params)
 
     def _policy(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """log pi and pi, (S, P, A) each, read-only, from the one-entry cache of the last params (``log_policy``)."""
+        logpol = self._log_policy(params)
+        return logpol, self._probs_table(logpol)
+
+    def _probs_table(self, logpol: np.ndarray) -> np.ndarray:
+        """pi = exp(log pi) of every prompt (S, P, A), read-only, made once per cached ``logpol`` (``_log_policy``'s
+        last result): evaluations need all of it; a step's draws and gradient may need a few rows (``_row_probs``)."""
+        params, cached_logpol, probs = self._policy_cache
+        if probs is None:
+            probs = np.exp(cached_logpol)
+            probs.flags.writeable = False
+            self._policy_cache = (params, cached_logpol, probs)
+        return probs
+
+    def _log_policy(self, params: np.ndarray) -> np.ndarray:
+        """log pi (S, P, A), read-only, from the one-entry cache of the last params (``log_policy``)."""
         params = check_params(params, self.param_dim)
         cached = self._policy_cache
         if cached is not None and cached[0].shape == params.shape and np.array_equal(cached[0], params):
-            return cached[1], cached[2]
+            return cached[1]
         S, (P, A) = params.shape[0], self.offsets.shape
         logits = (params @ self._features_flat.T).reshape(S, P, A)  # (S, P, A)
         logits += self.offsets  # b + phi @ theta
         logits -= _row_max(logits.reshape(S * P, A)).reshape(S, P, 1)
         logits -= np.log(np.exp(logits).sum(axis=-1, keepdims=True))  # log-softmax
-        logpol = logits
-        logpol.flags.writeable = False
-        probs = np.exp(logpol)
-        probs.flags.writeable = False
-        self._policy_cache = (params.copy(), logpol, probs)
-        return logpol, probs
+        logits.flags.writeable = False
+        self._policy_cache = (params.copy(), logits, None)
+        return logits
+
+    def _row_probs(self, logpol: np.ndarray, cells: np.ndarray) -> np.ndarray:
+        """pi(. | p) of the flat (seed, prompt) rows ``cells`` (k,) of ``logpol`` (``_log_policy``'s last result),
+        (k, A): the rows of ``exp(log_policy)`` (the same elementwise exp), from the whole table when it is made."""
+        S, P, A = logpol.shape
+        if self._policy_cache[2] is not None:
+            return np.take(self._probs_table(logpol).reshape(S * P, A), cells, axis=0)
+        return np.exp(np.take(logpol.reshape(S * P, A), cells, axis=0))
 
     def _probs(self, params: np.ndarray) -> np.ndarray:
         """pi(a | p), (S, P, A), from the same one-entry cache as ``log_policy``."""
@@ -294,7 +314,7 @@ class BanditEnv:
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Actions by inverse CDF of one uniform ``rng.random((S, n))`` each: tokens, logp, mask (S, n, 1)."""
         params, prompts = check_batch(params, prompts, self.num_prompts, self.param_dim)
-        full, probs = self._policy(params)  # (S, P, A) each
+        full = self._log_policy(params)  # (S, P, A)
         (S, n), (P, A) = prompts.shape, self.offsets.shape
         u = rng.random(prompts.shape)  # (S, n)
         if u.size == 0:
@@ -309,7 +329,10 @@ class BanditEnv:
         first[0] = True
         np.not_equal(cells[1:], cells[:-1], out=first[1:])
         run = np.cumsum(first) - 1  # (S*n,) run of each item
-        cdf = np.ascontiguousarray(np.take(probs.reshape(S * P, A), cells[first], axis=0).T)
+        rows = cells[first]  # (runs,)
+        if 4 * rows.size >= S * P:  # a quarter of the table or more: make all of it, the gradient's rows come next
+            self._probs_table(full)
+        cdf = np.ascontiguousarray(self._row_probs(full, rows).T)
         for k in range(1, A):
             cdf[k] += cdf[k - 1]  # (A, runs)
         below = np.take(np.ascontiguousarray(cdf.T), run, axis=0) < u.reshape(-1, 1)  # (S*n, A)
@@ -347,17 +370,21 @@ class BanditEnv:
         mask = check_mask(mask, tokens.shape)
         c = token_coef(coef, mask)[..., 0]  # (S, n)
         S, (P, A) = params.shape[0], self.offsets.shape
-        pi = self._probs(params)  # (S, P, A)
+        logpol = self._log_policy(params)  # (S, P, A)
         act = np.where(mask[..., 0], tokens[..., 0], 0)  # (S, n)
         cells = np.arange(S)[:, None] * P + prompts  # (S, n) flat (seed, prompt) index
         weights = c.ravel()
         # sum_n c_n phi[p_n, a_n]: scatter the coefficients onto (prompt, action) cells
-        chosen = np.bincount((cells * A + act).ravel(), weights=weights, minlength=S * P * A).reshape(S, P * A)
-        # sum_n c_n E_pi[phi[p_n, .]]: per-prompt coefficient mass times pi
-        per_prompt = np.bincount(cells.ravel(), weights=weights, minlength=S * P).reshape(S, P, 1)
-        expected = np.multiply(per_prompt, pi).reshape(S, P * A)
-        chosen -= expected
-        return chosen @ self._features_flat  # (S, d): sum_n c_n (phi - E_pi phi)
+        chosen = np.bincount((cells * A + act).ravel(), weights=weights, minlength=S * P * A).reshape(S * P, A)
+        # sum_n c_n E_pi[phi[p_n, .]]: per-prompt coefficient mass times pi; a row without mass gives a product of 0,
+        # and subtracting it changes nothing, so few rows are done alone
+        per_prompt = np.bincount(cells.ravel(), weights=weights, minlength=S * P)  # (S P,)
+        rows = np.flatnonzero(per_prompt)
+        if 2 * rows.size >= S * P:  # most of the table: one pass over all of it
+            chosen -= per_prompt[:, None] * self._probs_table(logpol).reshape(S * P, A)
+        else:
+            chosen[rows] -= per_prompt[rows, None] * self._row_probs(logpol, rows)
+        return chosen.reshape(S, P * A) @ self._features_flat  # (S, d): sum_n c_n (phi - E_pi phi)
 
     def token_entropy(self, params: np.ndarray, prompts: np.ndarray, tokens: np.ndarray,
                       mask: np.ndarray | None = None) -> np.ndarray:

@@ -126,7 +126,7 @@ def test_token_statistics_reused_from_the_loss_equal_a_fresh_computation(monkeyp
     config = SimConfig(**FAST, buffer="stale-k", stale_k=3, loss="m2po")
     reused = run(config)
     original = engine.Recorder.record_batch
-    monkeypatch.setattr(engine.Recorder, "record_batch", lambda self, *a: original(self, *a[:3], None))
+    monkeypatch.setattr(engine.Recorder, "record_batch", lambda self, *a: original(self, *a[:3], None, *a[4:]))
     recomputed = run(config)
     for name in engine.Recorder.TOKEN_STATS:
         np.testing.assert_allclose(reused.curves[name], recomputed.curves[name], rtol=1e-12, atol=1e-15)

@@ -463,3 +463,25 @@ def test_instance_is_fixed_by_instance_seed() -> None:
     np.testing.assert_array_equal(a.target, TOKEN.target)
     assert not np.array_equal(a.target, b.target)
     np.testing.assert_array_equal(BanditEnv(BanditConfig()).offsets, BANDIT.offsets)
+
+
+def test_bandit_row_probabilities_and_gradient_match_the_full_table() -> None:
+    """The draws and the gradient exponentiate only the rows they need: the same numbers as exp(log_policy)."""
+    env = BanditEnv(BanditConfig(num_prompts=12, num_actions=5, feature_dim=4, num_well_formed=2))
+    rng = np.random.default_rng(3)
+    params = 0.5 * rng.standard_normal((2, 4))
+    prompts = rng.integers(0, 12, size=(2, 9))
+    tokens = rng.integers(0, 5, size=(2, 9, 1))
+    coef = rng.standard_normal((2, 9))
+    grad = env.grad_logp_contract(params, prompts, tokens, None, coef)  # before any full pi table exists
+    pi = np.exp(env.log_policy(params))  # (S, P, A)
+    phi = env.features  # (P, A, d)
+    mean_phi = np.einsum("snA,snAd->snd", pi[np.arange(2)[:, None], prompts], phi[prompts])  # E_pi[phi | p_n]
+    want = np.einsum("sn,snd->sd", coef, phi[prompts, tokens[..., 0]] - mean_phi)
+    np.testing.assert_allclose(grad, want, rtol=1e-12, atol=1e-12)
+    cells = np.array([0, 5, 23])  # flat (seed, prompt) rows
+    rows = env._row_probs(env.log_policy(params), cells)
+    np.testing.assert_array_equal(rows, pi.reshape(-1, 5)[cells])
+    full = env.evaluate(params)  # makes the full table; the rows then come from it
+    np.testing.assert_array_equal(env._row_probs(env.log_policy(params), cells), rows)
+    np.testing.assert_allclose(full["accuracy"], pi[:, np.arange(12), env.answer].mean(axis=1), rtol=1e-15)

@@ -1,0 +1,62 @@
+"""core/metrics.py: the step metrics, the sequence log-ratios they sum and the Kish ESS by age (one pass for all)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replay_theory.core.metrics import (
+    AGE_BUCKETS,
+    age_bucket,
+    ess_by_age,
+    step_metrics,
+    step_metrics_and_ratios,
+    step_metrics_by_age,
+)
+from replay_theory.core.pipeline import age_bucket as pipeline_age_bucket
+
+
+def _batch(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    token_lr = 0.3 * rng.standard_normal((3, 10, 4))  # (S, B, L)
+    mask = rng.random((3, 10, 4)) < 0.8
+    mask[:, :, 0] = True  # every response has a token
+    staleness = rng.integers(0, 6, size=(3, 10))
+    return token_lr, mask, staleness
+
+
+def test_step_metrics_and_ratios_is_step_metrics_plus_the_sequence_sums() -> None:
+    token_lr, mask, staleness = _batch()
+    metrics, seq_lr = step_metrics_and_ratios(token_lr, mask, staleness)
+    alone = step_metrics(token_lr, mask, staleness)
+    assert metrics.keys() == alone.keys()
+    for key in alone:
+        np.testing.assert_array_equal(metrics[key], alone[key])
+    np.testing.assert_array_equal(seq_lr, np.where(mask, token_lr, 0.0).sum(axis=-1))
+
+
+def test_step_metrics_by_age_gives_ess_by_age_of_the_sequence_ratios() -> None:
+    token_lr, mask, staleness = _batch(1)
+    metrics, frac, count = step_metrics_by_age(token_lr, mask, staleness)
+    _, seq_lr = step_metrics_and_ratios(token_lr, mask, staleness)
+    want_frac, want_count = ess_by_age(seq_lr, age_bucket(staleness), len(AGE_BUCKETS))
+    np.testing.assert_array_equal(frac, want_frac)
+    np.testing.assert_array_equal(count, want_count)
+    # buckets 0, 1, 2-3, 4-7: staleness 0..5 falls in the first four, every response counted once
+    np.testing.assert_array_equal(count.sum(axis=1), [10, 10, 10])
+    assert not count[:, 4:].any()
+    np.testing.assert_array_equal(metrics["staleness_max"], staleness.max(axis=1))
+
+
+def test_equal_ratios_in_a_bucket_give_ess_one() -> None:
+    token_lr = np.full((1, 4, 1), 0.25)
+    staleness = np.array([[0, 0, 2, 3]])
+    _, frac, count = step_metrics_by_age(token_lr, np.ones_like(token_lr, bool), staleness)
+    np.testing.assert_array_equal(count[0, :3], [2, 0, 2])
+    np.testing.assert_array_equal(frac[0, [0, 2]], [1.0, 1.0])
+    assert np.isnan(frac[0, 1])  # an empty bucket
+
+
+def test_age_buckets_are_one_table_for_pipeline_and_metrics() -> None:
+    ages = np.array([0, 1, 2, 3, 4, 7, 8, 1024, 5000])
+    np.testing.assert_array_equal(age_bucket(ages), [0, 1, 2, 2, 3, 3, 4, 11, 11])
+    np.testing.assert_array_equal(pipeline_age_bucket(ages), age_bucket(ages))
