@@ -67,8 +67,9 @@ the audits looked at). 3 and 4, the first held-out pair, were scored at commit c
 and 59, the second, were first run at commit a46489a by the first pilot-only protocol (docs/SIMULATION.md keeps that
 result) and read before the protocol changed (the pilot's length counting its curvature steps, the least-compute
 printed row): all are development instances now. 17 and 23 were run at full size by the review of issue 38, 0-30 with
---quick by the robustness check (bench/), 112 and 127 by the tests; the next held-out set is ``NEXT_HELD_OUT``."""
-NEXT_HELD_OUT = (73, 79, 83)
+--quick by the robustness check (bench/), 112 and 127 by the tests; 73, 79 and 83 (named at commit 70bca03) by the
+first --families epochs run (docs/SIMULATION.md); the next held-out set is ``NEXT_HELD_OUT``."""
+NEXT_HELD_OUT = (89, 97, 101)
 """Named here, before their first run: the instances the next evidence is read on once a rule or the protocol changes
 after HELD_OUT is scored (which makes HELD_OUT development instances). Nothing may be tuned on them."""
 SEEDS = 16
