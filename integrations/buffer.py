@@ -101,7 +101,9 @@ class RowReplayBuffer:
         self.config = design
         buffer = make_design_buffer(design, BufferSpec(num_seeds=1, seq_len=1, token_dtype=np.int64))
         if buffer is not None and not isinstance(buffer, SlotBuffer):  # the rows' ids must live in store slots
-            raise TypeError(f"buffer {design.buffer} keeps no slots a trainer's rows can be found in")
+            raise ValueError(f"buffer {design.buffer} keeps no slots a trainer's rows can be found in: "
+                             "ReplayGRPOTrainer runs it through TRL's own generation buffer (num_iterations, "
+                             "steps_per_generation), not through RowReplayBuffer")
         self.buffer: SlotBuffer | None = buffer
         self.rng = np.random.default_rng(seed)
         self.state: dict = {}

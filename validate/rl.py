@@ -457,7 +457,10 @@ def step_metrics(step: int, info: list[dict], out, train_batch: RolloutBatch, to
     """
     S = token_lr.shape[0]
     # the shared per-step metrics (core/metrics.py): sequence-level Kish ESS, token-level estimators, staleness
-    shared = off_policy_metrics(token_lr, train_batch.mask, data.staleness)
+    fresh = data.fresh
+    generated = None if fresh is None or fresh.size == 0 else (fresh.reward, fresh.group)  # z of the generated groups
+    shared = off_policy_metrics(token_lr, train_batch.mask, data.staleness,
+                                **({} if generated is None else {"reward": generated[0], "group": generated[1]}))
     loss_metrics = {k: np.asarray(v).reshape(S, -1)[:, 0] for k, v in out.metrics.items()
                     if k.startswith(("clip_ratio", "pg_clipfrac", "masked_frac", "is_ratio"))}
     return [{
@@ -468,6 +471,7 @@ def step_metrics(step: int, info: list[dict], out, train_batch: RolloutBatch, to
         "log_ratio_abs_max": float(shared["log_ratio_abs_max"][s]),
         "staleness_mean": float(shared["staleness_mean"][s]),
         "policy_lag": policy_lag,  # updates the sampler's weights trail the trainer's
+        **({} if generated is None else {"frac_reward_zero_std": float(shared["frac_reward_zero_std"][s])}),
         **{k: float(shared[k][s]) for k in TOKEN_STATS},
         **{k: float(v[s]) for k, v in loss_metrics.items()},
     } for s in range(S)]

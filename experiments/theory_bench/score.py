@@ -180,12 +180,15 @@ def _grid_edge(designs: list[forgetting.Design], i: int) -> str | None:
         return "smallest batch"
     if d.updates_per_generation > 1:
         return "most epochs" if d.epochs == max(e.epochs for e in designs) else None
-    replay = [e for e in designs if not e.on_policy and e.updates_per_generation == 1]
-    if not d.on_policy and replay and d.x == max(e.x for e in replay) and d.x > 1:
+    return None if d.on_policy else _replay_edge(d, [e for e in designs if not e.on_policy and
+                                                     e.updates_per_generation == 1])
+
+
+def _replay_edge(d: forgetting.Design, replay: list[forgetting.Design]) -> str | None:
+    """The FIFO grid's edge replay design ``d`` sits on (the longest horizon, the largest replay ratio), or None."""
+    if d.x == max(e.x for e in replay) and d.x > 1:
         return "longest horizon"
-    if not d.on_policy and replay and d.y == max(e.y for e in replay):
-        return "largest replay ratio"
-    return None
+    return "largest replay ratio" if d.y == max(e.y for e in replay) else None
 
 
 def horizon_check(record: dict) -> list[dict]:

@@ -331,6 +331,15 @@ def train_to_target(env: QuadraticEnv, lrs, capacity: int, rollouts: int, batch:
     return QuadraticTrace(np.where(censored, steps + 1, passage).reshape(nl, -1), censored.reshape(nl, -1), steps)
 
 
+def _all_reached(loss: np.ndarray, reached: np.ndarray, stop_below: float | None) -> bool:
+    """Mark the step sizes whose E F ``loss`` (L,) is at or below ``stop_below`` in ``reached`` (L,), in place; True
+    once every one has been (an exact curve may then stop)."""
+    if stop_below is None:
+        return False
+    reached |= loss <= stop_below
+    return bool(reached.all())
+
+
 def expected_loss(env: QuadraticEnv, lrs, capacity: int, rollouts: int, batch: int, steps: int, *,
                   on_policy: bool, stop_below: float | None = None, epochs: int = 1,
                   mini_batches: int = 1) -> np.ndarray:
@@ -383,10 +392,8 @@ def expected_loss(env: QuadraticEnv, lrs, capacity: int, rollouts: int, batch: i
                 u = a[:, :, None] * u - eta[:, :, None] / n
                 u[:, :, t + 1:] = 0.0  # during start-up the slots after t hold no generation yet
             out[:, t + 1] = 0.5 * m @ h
-            if stop_below is not None:
-                reached |= out[:, t + 1] <= stop_below
-                if reached.all():
-                    return out[:, : t + 2]
+            if _all_reached(out[:, t + 1], reached, stop_below):
+                return out[:, : t + 2]
     return out
 
 
@@ -432,10 +439,8 @@ def expected_loss_epochs(env: QuadraticEnv, lrs, rollouts: int, epochs: int, min
                 u[:] = 0.0  # a new generation: its noise is independent of everything so far
             m, u = _epoch_update(a, eta, var_b, m, u, t % mb)
             out[:, t + 1] = 0.5 * m @ h
-            if stop_below is not None:
-                reached |= out[:, t + 1] <= stop_below
-                if reached.all():
-                    return out[:, : t + 2]
+            if _all_reached(out[:, t + 1], reached, stop_below):
+                return out[:, : t + 2]
     return out
 
 

@@ -431,6 +431,18 @@ def test_replay_config_epochs_refusals(kwargs, message):
     assert str(info.value) == message
 
 
+def test_row_replay_buffer_refuses_epochs_in_one_line():
+    from replay_theory.core.designs import DesignConfig
+
+    config = DesignConfig(buffer="epochs", capacity=8, batch_size=4, rollouts_per_step=8, group_size=2,
+                          epochs=2, mini_batches=2)
+    with pytest.raises(ValueError) as info:
+        RowReplayBuffer(config)
+    assert str(info.value) == ("buffer epochs keeps no slots a trainer's rows can be found in: ReplayGRPOTrainer runs "
+                               "it through TRL's own generation buffer (num_iterations, steps_per_generation), not "
+                               "through RowReplayBuffer")
+
+
 @pytest.mark.slow
 def test_trl_epochs_is_trls_own_buffering(tmp_path):
     # e = 2 epochs over m = 2 mini-batches of R = 8 (B = 4), 8 updates: TRL generates twice (steps 0 and 4), and
