@@ -34,23 +34,20 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..checks import require_int, require_integer, require_positive, require_unit_interval
-from .forgetting import _check_optimizer, _momentum_modes, effective_variance, impulse_autocorrelation, stable_kappa
+from ..checks import require_integer, require_positive, require_unit_interval
+from .forgetting import (  # psi_epochs lives with psi, which predict_many prices epoch designs with
+    _check_optimizer,
+    effective_variance,
+    impulse_autocorrelation,
+    psi_epochs,
+    stable_kappa,
+)
 
 SPREADS = ("fixed", "mixed", "random")
 """How the ages of one update's rollouts spread over 0..k: all at age k; a fixed share 1/(k + 1) at each age (a
 streaming pipeline's steady state); or one age per update drawn uniformly (the whole batch from one stale policy)."""
 
 # --------------------------------------------------------------------------- epochs over mini-batches
-
-
-def _modes(kappa: np.ndarray, optimizer: str, beta1: float) -> tuple[np.ndarray, np.ndarray]:
-    """(alpha, lam) (..., J): rho(l) = Re sum_j alpha_j lam_j^l. SGD: one mode, lam = 1 - kappa; momentum and Adam:
-    ``forgetting._momentum_modes`` (two eigenvalues of the error system)."""
-    if optimizer == "sgd":
-        return np.ones(kappa.shape + (1,), dtype=complex), (1.0 - kappa)[..., None].astype(complex)
-    alpha, lam = _momentum_modes(kappa, optimizer, beta1)
-    return alpha.astype(complex), lam.astype(complex)
 
 
 def epoch_lag_weights(epochs: int, minibatches: int, *, shuffle: bool = False) -> np.ndarray:
@@ -76,49 +73,6 @@ def psi_epochs_from_lags(epochs: int, minibatches: int, kappa: float, optimizer:
     form ``psi_epochs`` is tested against; it also serves momentum's critical damping, where the modes merge)."""
     w = epoch_lag_weights(epochs, minibatches, shuffle=shuffle)
     return float(w @ impulse_autocorrelation(np.arange(w.size), kappa, optimizer, beta1))  # [E2]
-
-
-def psi_epochs(epochs: ArrayLike, minibatches: ArrayLike, kappa: ArrayLike, optimizer: str = "sgd",
-               beta1: float = 0.9, *, shuffle: bool = False) -> np.ndarray | float:
-    """psi_E(e, m, kappa): b V_eff / sigma^2 of e epochs over m mini-batches of b = R/m (on-policy at b: 1).
-
-    Over the modes rho(l) = Re sum_j alpha_j lam_j^l [E3]:
-        fixed order:  psi_E = 1 + (2/e) Re sum_j alpha_j lam_j^m T(e, lam_j^m)
-        shuffled:     psi_E = 1 + (2/e) Re sum_j alpha_j lam_j (g_j / m)^2 T(e, lam_j^m),  g_j = sum_{u<m} lam_j^u
-    with T(e, mu) = sum_{d=1}^{e-1} (e - d) mu^{d-1} (E lam^{d m + D} = lam^{(d-1) m + 1} g^2 / m^2). Both are finite
-    sums, summed term by term (no cancellation near kappa = 0). It lies between 1 (a step that forgets within an
-    update, SGD at kappa = 1) and e (an optimizer that remembers the whole generation: e uses of one noise).
-    SGD in a fixed order is e psi(e, kappa_m) of the FIFO with 1 - kappa_m = (1 - kappa)^m (``forgetting.psi``).
-    e, m and kappa broadcast.
-    """
-    e, m = np.asarray(epochs), np.asarray(minibatches)
-    require_int("epochs e", e, 1)
-    require_int("minibatches m", m, 1)
-    _check_optimizer(optimizer, beta1)
-    kappa = np.asarray(kappa, dtype=float)
-    require_positive("kappa", kappa)
-    if not np.all(kappa <= stable_kappa(optimizer, beta1)):  # what forgetting.psi accepts: the searches reach it
-        raise ValueError(f"kappa up to {kappa.max():g} is unstable for {optimizer} (beta1 = {beta1:g})")
-    e, m, kappa = np.broadcast_arrays(e.astype(np.int64), m.astype(np.int64), kappa)
-    alpha, lam = _modes(kappa, optimizer, beta1)
-    if optimizer != "sgd" and np.any(np.abs(lam[..., 0] - lam[..., 1]) < 1e-7):
-        raise ValueError(f"kappa = {kappa.ravel()[0]:g} makes {optimizer}'s system critically damped (a repeated "
-                         "eigenvalue); use psi_epochs_from_lags there")
-    e_, m_ = e[..., None], m[..., None]
-    mu = lam ** m_
-    g = np.zeros_like(lam)
-    power = np.ones_like(lam)
-    for u in range(int(m.max())):  # g = sum_{u < m} lam^u, term by term
-        g = g + np.where(u < m_, power, 0)
-        power = power * lam
-    t = np.zeros_like(lam)
-    power = np.ones_like(lam)
-    for d in range(1, int(e.max())):  # T(e, mu) = sum_{d=1}^{e-1} (e - d) mu^{d-1}
-        t = t + np.where(d < e_, (e_ - d) * power, 0)
-        power = power * mu
-    per_mode = lam * (g / m_) ** 2 if shuffle else mu  # [E3]
-    value = 1.0 + 2.0 / e * np.real(np.sum(alpha * per_mode * t, axis=-1))
-    return float(value) if value.ndim == 0 else value
 
 
 def epochs_effective_variance(rollouts: int, epochs: int, minibatches: int, kappa: float, optimizer: str = "sgd",
