@@ -1,11 +1,6 @@
 """Tests for replay_theory.validate.countdown (Countdown problems, solver, verifier, pass@k).
 
-Reward rules follow the appendix "Verifier reward" of
-RLOO group replay, docs/REFERENCES.md: "1.0 when the equation is well
-formed, uses each given number once, and reaches the target, 0.1 when the
-equation is well formed but does not reach the target, and 0 when no valid
-equation is produced." "Well formed" is read syntactically (see the module
-docstring), so wrong numbers in a parseable equation score 0.1.
+Reward rules: tests/unit/test_countdown.py's docstring (the appendix "Verifier reward" of RLOO group replay).
 
 Integration tier: the slower tests of this module (a random-tree property test); the fast ones are in
 tests/unit/test_countdown.py.
