@@ -21,7 +21,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..theory import forgetting as fg
+from ..theory.guarded import B_FACTORS, MARGIN, guarded_design
 
+NO_BUDGET = 1000.0
+"""--max-steps-ratio at or above this is no steps budget: least compute whatever the steps (optimal's default)."""
 MEMORY_ROWS = (0.01, 0.1, 1.0)
 """kappa values of the no-measurement table: a memory of 100, 10 and 1 steps."""
 TABLE_HORIZONS = (4, 16, 64)
@@ -42,7 +45,7 @@ class Query:
     pilot_batch: int | None = None
     group_size: int = 1
     floor: float = 0.0
-    max_steps_ratio: float = 2.0
+    max_steps_ratio: float = 1000.0
     max_horizon: int = 64
     max_epochs: int = 1
     staleness: fg.Staleness = field(default_factory=lambda: fg.NO_STALENESS)
@@ -71,23 +74,31 @@ def advise(q: Query) -> dict:
     memory = None
     if q.kappa is not None:
         memory = fg.Memory(q.kappa, q.optimizer, q.beta1, float(q.pilot_batch or q.batch_size))
-    answer = fg.whole_design(q.b_noise, q.batch_size, q.mu, memory, group_size=q.group_size, staleness=q.staleness,
-                             floor=q.floor, max_steps_ratio=q.max_steps_ratio, max_horizon=q.max_horizon,
-                             max_epochs=q.max_epochs)
+    guarded = guarded_design(q.b_noise, q.batch_size, q.mu, memory, optimizer=q.optimizer, group_size=q.group_size,
+                             staleness=q.staleness, floor=q.floor, max_steps_ratio=q.max_steps_ratio,
+                             max_horizon=q.max_horizon, max_epochs=q.max_epochs)
+    answer, choice = guarded.search, guarded.choice
     ref = answer.at_batch
-    rows = {"at_batch": _design_row(ref, ref), "on_policy": _design_row(answer.on_policy, ref),
-            "replay": None if answer.replay is None else _design_row(answer.replay, ref)}
+    best = choice.design  # the design to run, under the names the trainers read (integrations/replay_config.py)
+    regime = ("epochs" if best.updates_per_generation > 1 else "on-policy" if best.on_policy else "replay")
+    on_policy = choice if regime == "on-policy" else answer.on_policy
+    replay = choice if regime == "replay" else answer.replay
+    rows = {"at_batch": _design_row(ref, ref), "on_policy": _design_row(on_policy, ref),
+            "replay": None if replay is None else _design_row(replay, ref)}
     if q.max_epochs > 1:  # the key only when asked: records without it read as before
-        rows["epochs"] = None if answer.epochs is None else _design_row(answer.epochs, ref)
+        epochs = choice if regime == "epochs" else answer.epochs
+        rows["epochs"] = None if epochs is None else _design_row(epochs, ref)
+    winner = regime if regime != "on-policy" else fg.on_policy_winner(best.batch_size, q.batch_size)
     record = {**base, "measured": True, "batch": q.batch_size, "b_noise": q.b_noise, "b": q.b_noise / q.batch_size,
               "b_noise_source": q.b_noise_source, "kappa": q.kappa, "kappa_source": q.kappa_source,
-              "pilot_batch": q.pilot_batch or q.batch_size, "winner": answer.winner, "designs": rows}
-    if answer.replay is not None:
-        y = answer.replay.design.y
-        record["condition"] = {"psi": answer.replay.psi, "x": answer.replay.design.x, "y": y,
+              "pilot_batch": q.pilot_batch or q.batch_size, "winner": winner, "designs": rows,
+              "guard": {"default": _design_row(guarded.default, ref), "moved": guarded.moved,
+                        "worst_regret": guarded.worst_choice, "default_worst_regret": guarded.worst_default,
+                        "b_factors": list(B_FACTORS), "margin": MARGIN, "limits": list(guarded.limits)}}
+    if replay is not None:
+        y = replay.design.y
+        record["condition"] = {"psi": replay.psi, "x": replay.design.x, "y": y,
                                "threshold_at_y": fg.equal_steps_threshold(y, q.mu)}
-    best = answer.best.design  # the design to run, under the names the trainers read (integrations/replay_config.py)
-    regime = "epochs" if answer.winner == "epochs" else "on-policy" if best.on_policy else "replay"
     record.update(regime=regime, batch_size=best.batch_size, rollouts_per_step=best.rollouts_per_step,
                   capacity=best.capacity)
     if regime == "epochs":
@@ -144,18 +155,29 @@ def _measured_advice(r: dict) -> tuple[str, str]:
                f"below the {r['condition']['threshold_at_y']:.2f} a smaller on-policy batch allows at "
                f"y = {rep['y']:.3g}")
         return action, why
-    replay = ("no replay design fits the steps budget" if rep is None else
+    replay = ("no replay design offered (the notes say why)" if rep is None else
               f"replay's best (B = {rep['batch_size']}, R = {rep['rollouts_per_step']}, N = {rep['capacity']}) needs "
               f"{rep['compute_vs_B']:.2f}x: the optimizer keeps psi = {rep['psi']:.2f} of its extra noise at "
               f"x = {rep['x']}, above the {r['condition']['threshold_at_y']:.2f} a smaller on-policy batch allows at "
               f"y = {rep['y']:.3g}")
     if r["winner"] == "on-policy at B":
-        return (f"stay on-policy at B = {r['batch']}",
-                f"no other batch within {r['max_steps_ratio']:g}x its steps is cheaper; {replay}")
+        return (f"stay on-policy at B = {r['batch']}", f"{_guard_text(r)}; {replay}")
     side = "smaller" if on["batch_size"] < at["batch_size"] else "larger"
     return (f"train on-policy at a {side} batch, B = R = N = {on['batch_size']}",
             f"{on['compute_vs_B']:.2f}x the compute of on-policy at B = {r['batch']} in {on['steps_vs_B']:.2f}x its "
-            f"steps; {replay}")
+            f"steps; {_guard_text(r)}; {replay}")
+
+
+def _guard_text(r: dict) -> str:
+    """Why the on-policy answer is this batch: the floor rule's (kept) or the model's (moved), in worst regrets."""
+    g = r["guard"]
+    span = f"b from the measured {r['b']:.3g} to {g['b_factors'][-1]:g}x it"
+    if g["moved"]:
+        return (f"it beats the floor rule's B = {g['default']['batch_size']} by more than {g['margin']:g}x in worst "
+                f"predicted regret over {span} ({g['worst_regret']:.2f} against {g['default_worst_regret']:.2f})")
+    return ("the floor rule's batch (the smallest whole-group batch at or above the latency floor"
+            + ("" if r["max_steps_ratio"] >= NO_BUDGET else f" within {r['max_steps_ratio']:g}x the steps")
+            + f"), since no design beats it by {g['margin']:g}x in worst predicted regret over {span}")
 
 
 def _notes(q: Query, r: dict) -> list[str]:
@@ -169,7 +191,8 @@ def _notes(q: Query, r: dict) -> list[str]:
         notes.append(f"no staleness cost given (a profile's sigma^2(s) table): in this model a longer buffer only "
                      f"helps, so replay's horizon sits at --max-horizon {q.max_horizon}; stale rollouts' importance "
                      f"weights set the real limit (replay-theory diagnose shows them by age)")
-    if r["designs"]["on_policy"]["steps_vs_B"] >= 0.95 * q.max_steps_ratio:
+    notes += [f"{limit}" for limit in r["guard"]["limits"]]
+    if q.max_steps_ratio < NO_BUDGET and r["designs"]["on_policy"]["steps_vs_B"] >= 0.95 * q.max_steps_ratio:
         notes.append(f"the cheapest on-policy batch sits at (or near) the steps budget ({q.max_steps_ratio:g}x "
                      f"on-policy's at B, --max-steps-ratio): a smaller batch is cheaper still in compute and slower "
                      f"in wall time")
@@ -218,18 +241,19 @@ def render(r: dict, evidence: list[str], verdict: str | None = None) -> str:
     d = r["designs"]
     lines += ["",
               f"inputs: mu = {r['mu']:g}; B = {r['batch']}; B_noise = {r['b_noise']:.4g} (b = {r['b']:.3g}), "
-              f"{r['b_noise_source']}; " + _kappa_text(r) + f"; latency floor {r['floor']:g} rollouts; steps at most "
-              f"{r['max_steps_ratio']:g}x on-policy's at B; whole groups of {r['group_size']}; staleness: "
-              f"{r['staleness']}", "",
+              f"{r['b_noise_source']}; " + _kappa_text(r) + f"; latency floor {r['floor']:g} rollouts; "
+              + ("no steps budget (least compute)" if r["max_steps_ratio"] >= NO_BUDGET else
+                 f"steps at most {r['max_steps_ratio']:g}x on-policy's at B")
+              + f"; whole groups of {r['group_size']}; staleness: {r['staleness']}", "",
               "  design                    B       R        N     x      y  steps vs B  compute vs B     psi"]
     best_key = {"replay": "replay", "epochs": "epochs", "on-policy at B": "at_batch"}.get(r["winner"], "on_policy")
-    for name, key in (("on-policy at your B", "at_batch"), ("cheapest on-policy", "on_policy"),
+    for name, key in (("on-policy at your B", "at_batch"), ("on-policy answer", "on_policy"),
                       ("best replay", "replay"), ("best epochs", "epochs")):
         if key not in d:
             continue
         row = d[key]
         if row is None:
-            lines.append(f"  {name:<22}  none within the steps budget")
+            lines.append(f"  {name:<22}  none offered")
             continue
         if key == "epochs":
             name = f"epochs e={row['epochs']} m={row['mini_batches']}"

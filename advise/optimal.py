@@ -120,8 +120,9 @@ class OptimalQuery:
     """forgetting: responses per prompt group; B and R in whole groups."""
     latency_floor: float = field(default=0.0, metadata=Range(0, MAX_BATCH, note=" (rollouts)", fmt="g").field())
     """forgetting: generation latency floor in rollouts (a step costs mu max(R, floor) + B)."""
-    max_steps_ratio: float = field(default=2.0, metadata=Range(1, 1000, fmt="g").field())
-    """forgetting: steps allowed, relative to on-policy at B (the wall-time budget)."""
+    max_steps_ratio: float = field(default=1000.0, metadata=Range(1, 1000, fmt="g").field())
+    """forgetting: steps allowed, relative to on-policy at B (a wall-time budget; the default 1000 asks for least
+    compute whatever the steps)."""
     max_horizon: int = field(default=64, metadata=Range(1, 4096, integer=True, fmt="g").field())
     """forgetting: the longest buffer horizon x = N/R considered."""
     max_epochs: int = field(default=1, metadata=Range(1, 64, integer=True, fmt="g").field())

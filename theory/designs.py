@@ -70,6 +70,14 @@ class Design:
         """B / R: the replay ratio."""
         return self.batch_size / self.rollouts_per_step
 
+    @property
+    def oldest_age(self) -> int:
+        """The oldest age, in updates, at which a sample is trained on: 0 on-policy, x - 1 for a FIFO of x steps,
+        e m - 1 for e epochs over m mini-batches of one generation."""
+        if self.on_policy:
+            return 0
+        return self.updates_per_generation - 1 if self.updates_per_generation > 1 else self.x - 1
+
     @classmethod
     def on_policy_at(cls, batch_size: int, group_size: int = 1) -> "Design":
         """On-policy at B: R = N = B."""

@@ -405,6 +405,9 @@ class Staleness:
     ages: tuple[float, ...] = (0.0,)
     ratio: tuple[float, ...] = (1.0,)
     source: str = "none: a stored sample is as noisy at every age (no staleness cost)"
+    measured_to: float | None = None
+    """The oldest age the table vouches for (None: its last age; inf: exact at every age, e.g. an environment with
+    no policy). ``theory.guarded`` offers no design that trains on a sample older than this."""
 
     def __post_init__(self) -> None:
         if len(self.ages) != len(self.ratio) or not self.ages:
@@ -417,6 +420,12 @@ class Staleness:
     @property
     def flat(self) -> bool:
         return all(r == 1.0 for r in self.ratio)
+
+    @property
+    def oldest_measured(self) -> float:
+        """The oldest age whose cost is known: ``measured_to``, else the table's last age (0 for ``NO_STALENESS``,
+        which measured nothing)."""
+        return float(self.ages[-1]) if self.measured_to is None else float(self.measured_to)
 
     def at(self, ages: ArrayLike) -> np.ndarray:
         """r at ``ages``: interpolated inside the table; beyond it extended along the last slope when that slope
@@ -448,6 +457,7 @@ class Staleness:
 
 
 NO_STALENESS = Staleness()
+NO_POLICY = Staleness(source="none at any age: no policy to drift (the noisy quadratic)", measured_to=math.inf)
 
 
 def staleness_of_table(ages: Sequence[float], sigma_sq: Sequence[float], form: str) -> Staleness:
@@ -586,7 +596,8 @@ class WholeDesign:
 
 def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | None, *, group_size: int = 1,
                  staleness: Staleness = NO_STALENESS, floor: float = 0.0, max_steps_ratio: float = 2.0,
-                 max_horizon: int = 64, max_batch: int | None = None, max_epochs: int = 1) -> WholeDesign:
+                 max_horizon: int = 64, max_batch: int | None = None, max_epochs: int = 1,
+                 max_age: float = math.inf) -> WholeDesign:
     """Search on-policy batches and replay designs (B', R, N = x R) in whole groups of ``group_size`` for the least
     predicted compute whose steps stay within ``max_steps_ratio`` x on-policy's at the user's B (the wall-time
     budget: below the noise scale compute falls with the batch while steps rise).
@@ -595,6 +606,8 @@ def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | No
     factor 2 with x over 1, 2, 3, 4, 6, 8, 11, 16, ... up to ``max_horizon``, then around the best at 16 per factor
     2 (every whole group when they are fewer) with every x within a factor sqrt(2). ``max_epochs`` > 1 adds epoch
     designs (R up to that batch, e up to ``max_epochs`` passes over m mini-batches, ``_cheapest_epochs``).
+    ``max_age``: no design trains on a sample older than this many updates (x - 1 for a FIFO, e m - 1 for epochs;
+    ``Design.oldest_age``); below 0 no reuse at all (on-policy only).
     """
     max_batch = _checked_max_batch(b_noise, batch_size, group_size, max_steps_ratio, max_horizon, max_batch)
     score = partial(predict_many, b_noise=b_noise, mu=mu, memory=memory, staleness=staleness, floor=floor)
@@ -602,9 +615,12 @@ def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | No
     cap = max_steps_ratio * ref.steps
     top = max_batch // group_size * group_size  # the largest whole-group batch searched
     best_on = _cheapest_on_policy(group_size, top, ref, cap, score)
-    best_replay = _cheapest_replay(top, group_size, max_horizon, cap, score)
+    reuse = max_age >= 0
+    horizon = int(min(max_horizon, max_age + 1)) if reuse else 1
+    best_replay = _cheapest_replay(top, group_size, horizon, cap, score) if reuse else None
     require_int("max epochs", max_epochs, 1)
-    best_epochs = _cheapest_epochs(top, group_size, max_epochs, cap, score) if max_epochs > 1 else None
+    best_epochs = (_cheapest_epochs(top, group_size, max_epochs, cap, score, max_age)
+                   if max_epochs > 1 and max_age >= 1 else None)
     y_l, thr = loosest_equal_steps(mu)
     winner = _winner(best_replay, best_on, batch_size)
     rival = best_replay if winner == "replay" else best_on
@@ -668,14 +684,16 @@ def _cheapest_replay(top: int, group_size: int, max_horizon: int, cap: float,
 
 
 def _cheapest_epochs(top: int, group_size: int, max_epochs: int, cap: float,
-                     score: Callable[[list[Design]], list[Prediction]]) -> Prediction | None:
+                     score: Callable[[list[Design]], list[Prediction]], max_age: float = math.inf
+                     ) -> Prediction | None:
     """The cheapest epoch design within the steps cap: one generation of R (whole groups up to ``top``, 4 per
     octave, then 16 per octave within one coarse step of the best R), e = 2 .. ``max_epochs`` passes over m = 1, 2,
-    4, ... mini-batches of whole groups (m e > 1: e = 1 with m > 1 is PPO's single pass, also an answer)."""
+    4, ... mini-batches of whole groups (m e > 1: e = 1 with m > 1 is PPO's single pass, also an answer), none
+    whose oldest sample is older than ``max_age`` updates (e m - 1)."""
     def designs(rollouts: list[int]) -> list[Design]:
         return [Design.epochs_of(rr, e, m, group_size) for rr in rollouts for e in range(1, max_epochs + 1)
                 for m in (2 ** k for k in range(int(math.log2(rr // group_size)) + 1))
-                if e * m > 1 and rr % (m * group_size) == 0]
+                if e * m > 1 and rr % (m * group_size) == 0 and e * m - 1 <= max_age]
 
     best = _cheapest(score(designs(_log_groups(group_size, top, group_size, 4))), cap)
     if best is None:
@@ -689,9 +707,14 @@ def _winner(best_replay: Prediction | None, best_on: Prediction, batch_size: int
     """Which of ``WholeDesign``'s answers wins on compute, in words."""
     if best_replay is not None and best_replay.compute < best_on.compute:
         return "replay"
-    if best_on.design.batch_size == batch_size:
+    return on_policy_winner(best_on.design.batch_size, batch_size)
+
+
+def on_policy_winner(batch: int, batch_size: int) -> str:
+    """An on-policy answer at ``batch`` against the user's B, in ``WholeDesign.winner``'s words."""
+    if batch == batch_size:
         return "on-policy at B"
-    return "on-policy (smaller batch)" if best_on.design.batch_size < batch_size else "on-policy (larger batch)"
+    return "on-policy (smaller batch)" if batch < batch_size else "on-policy (larger batch)"
 
 
 def _cheapest(predictions: list[Prediction], cap: float) -> Prediction | None:

@@ -694,7 +694,7 @@ def design_row(unit: Unit, label: str, design: forgetting.Design) -> dict:
             "curve": record["curve"], "curve_steps": record["curve_steps"]}
 
 
-def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_ratio: float = 2.0,
+def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_ratio: float = 1000.0,
                 max_epochs: int = 1) -> tuple[advice.Query, list[str]]:
     """The query ``replay-theory optimal`` gets from this pilot's numbers (``-B 256 --noise-scale B_simple --kappa
     kappa --optimizer OPT --group-size 8 --latency-floor FLOOR`` and the drift table a profile carries), and what was
@@ -704,10 +704,16 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_
     from ...advise.optimal import KAPPA_MIN
 
     notes = []
-    b_noise = (pilot.get("b_simple") or {}).get("b_noise")
+    simple = pilot.get("b_simple") or {}
+    b_noise = simple.get("b_noise")
     if b_noise is None or not (math.isfinite(b_noise) and b_noise > 0):
-        notes.append(f"B_simple {b_noise}: not resolved > 0, no --noise-scale")
-        b_noise = None
+        low = (simple.get("b_noise_interval") or [None])[0]
+        if low is not None and math.isfinite(low) and low > 0:  # the rule reads b as a lower bound (theory/guarded.py)
+            notes.append(f"B_simple {b_noise}: not resolved > 0, --noise-scale its 90% interval's lower end {low:.3g}")
+            b_noise = low
+        else:
+            notes.append(f"B_simple {b_noise}: not resolved > 0, no --noise-scale")
+            b_noise = None
     kappa = (pilot.get("kappa_pairs") or {}).get("kappa")
     if kappa is not None and not KAPPA_MIN <= kappa < forgetting.stable_kappa(optimizer, BETA1):
         notes.append(f"kappa {kappa:.3g}: outside optimal's range, no --kappa")
@@ -715,9 +721,13 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_
     elif kappa is None:
         notes.append("no kappa from the pilot")
     drift = pilot.get("drift")
-    staleness = (forgetting.Staleness(tuple(float(s) for s in drift["staleness"]),
-                                      tuple(1.0 + float(c) for c in drift["m2"]), "1 + M2(s) on the pilot")
-                 if drift and len(drift["staleness"]) >= 2 else forgetting.NO_STALENESS)
+    if drift is None:  # the quadratic: no policy, a stored sample's cost is known at every age
+        staleness = forgetting.NO_POLICY
+    elif len(drift["staleness"]) >= 2:
+        staleness = forgetting.Staleness(tuple(float(s) for s in drift["staleness"]),
+                                         tuple(1.0 + float(c) for c in drift["m2"]), "1 + M2(s) on the pilot")
+    else:  # a one-step pilot saw no older policy: nothing measured beyond age 0
+        staleness = forgetting.NO_STALENESS
     query = advice.Query(mu=float(mu), batch_size=BATCH, b_noise=b_noise, b_noise_source="the pilot's B_simple",
                          kappa=kappa, kappa_source="the pilot's curvature pairs", optimizer=optimizer, beta1=BETA1,
                          pilot_batch=BATCH, group_size=GROUP, floor=float(floor), staleness=staleness,
@@ -725,7 +735,7 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_
     return query, notes
 
 
-def printed_design(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_ratio: float = 2.0,
+def printed_design(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_ratio: float = 1000.0,
                    max_epochs: int = 1) -> forgetting.Design:
     """The design ``optimal`` answers with for this pilot and cell (``advise.advice.advise``: the steps cap
     ``--max-steps-ratio``, the horizon cap, whole groups; on-policy at B when it has no B_noise to answer from)."""

@@ -268,9 +268,9 @@ def measured_compute(record: dict, mu: float, floor: float) -> np.ndarray:
     return steps * cost
 
 
-PRINTED = {"printed": "the answer optimal prints from the pilot, as printed",
+PRINTED = {"printed": "the answer optimal prints from the pilot, as printed (least compute: its default)",
            "printed_with_pilot": "the answer optimal prints, the pilot's compute added",
-           "printed_compute": "the answer optimal prints with --max-steps-ratio 1000 (least compute, no time budget)"}
+           "printed_steps2": "the answer optimal prints with --max-steps-ratio 2 (within twice on-policy's steps)"}
 """The printed answer's two rows: scored against the whole grid's best (the grid's best is the menu: a printed design
 off the grid can beat it, a regret below 1)."""
 

@@ -139,7 +139,7 @@ def score_printed(record: dict, mu: float, floor: float, compute: np.ndarray, sp
     trained = record.get("printed_ratios", PRINTED_STEPS_RATIOS)  # --quick trains the default answer alone
     for name, ratio, added in (("printed", PRINTED_STEPS_RATIOS[0], 0.0),
                                ("printed_with_pilot", PRINTED_STEPS_RATIOS[0], extra),
-                               ("printed_compute", PRINTED_STEPS_RATIOS[1], 0.0)):
+                               ("printed_steps2", PRINTED_STEPS_RATIOS[1], 0.0)):
         if ratio not in trained:
             continue
         design = printed_design(record["pilot"], record["optimizer"], mu, floor, ratio, record.get("max_epochs", 1))

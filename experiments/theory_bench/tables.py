@@ -88,12 +88,12 @@ def units_table(summary: dict) -> str:
 
 
 def cells_table(summary: dict, floor: int = HEADLINE_FLOOR) -> str:
-    """One row per cell at ``floor``: the best design, the answer ``optimal`` prints from the pilot (at its default
-    steps budget, for least compute, and with the pilot's compute added), the forgetting-aware rule's grid picks fed
-    the pilot's B_simple and their regrets, then the other rules' and the baselines' regrets."""
+    """One row per cell at ``floor``: the best design, the answer ``optimal`` prints from the pilot (at its default,
+    least compute; within 2x on-policy's steps; and with the pilot's compute added), the forgetting-aware rule's grid
+    picks fed the pilot's B_simple and their regrets, then the other rules' and the baselines' regrets."""
     rule = "forgetting_b_simple"
     header = ["setting", "opt", "inst", "mu", "best (free)", "best (B = 256)",
-              "optimal as printed: pick, regret [90% CI]", "least compute: pick, regret", "with the pilot",
+              "optimal as printed: pick, regret [90% CI]", "within 2x steps: pick, regret", "with the pilot",
               "forgetting (pilot B_simple): free pick, regret [90% CI]", "its B = 256 pick, regret",
               "forgetting (b fitted to the grid)", "noise-scale rule: regret at B = 256", "paper J: regret at B = 256",
               "on-policy at B", "on-policy small", "trivial (floor)", "Spearman forgetting / J"]
@@ -121,7 +121,7 @@ def cells_table(summary: dict, floor: int = HEADLINE_FLOOR) -> str:
             return f"{v['free']}, {_ci(v['free_regret'], v['free_ci'])}" if v else "n/a"
 
         row = [c["setting"], c["optimizer"], str(c["instance"]), f"{c['mu']:g}", c["best_free"], c["best_pinned"],
-               printed("printed"), printed("printed_compute"), get("printed_with_pilot"),
+               printed("printed"), printed("printed_steps2"), get("printed_with_pilot"),
                f"{f['free']}, {_ci(f['free_regret'], f['free_ci'])}" if "free" in f else get(rule),
                f"{f['pinned']}, {_regret_text(f['pinned_regret'])}" if f.get("pinned") else get(rule, "pinned"),
                get("forgetting"), get("noise_scale", "pinned"), get("paper_J", "pinned"), get("on_policy"),

@@ -1,0 +1,83 @@
+"""theory/guarded.py: the floor rule's design unless the model beats it by the margin at every b it cannot rule out."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from replay_theory.theory import forgetting as fg
+from replay_theory.theory.designs import Design
+from replay_theory.theory.guarded import B_FACTORS, MARGIN, floor_batch, guarded_design, reuse_limits
+
+
+def test_floor_batch_by_hand():
+    # steps cap 2: 1 + 256/B' <= 2 (1 + 256/256) = 4 -> B' >= 85.3 -> whole groups of 8: 88
+    assert floor_batch(256.0, 256, 8, 64.0, 2.0, 1024) == 88
+    # no binding cap: the floor, in whole groups (64), or one group (8) at floor 0
+    assert floor_batch(256.0, 256, 8, 64.0, 1000.0, 1024) == 64
+    assert floor_batch(256.0, 256, 8, 0.0, 1000.0, 1024) == 8
+    assert floor_batch(256.0, 256, 8, 60.0, 1000.0, 1024) == 64  # 60 rounded up to whole groups
+    assert floor_batch(256.0, 256, 8, 5000.0, 1000.0, 1024) == 1024  # never above the largest batch searched
+    assert floor_batch(1e9, 256, 8, 0.0, 1.0, 1024) == 256  # a cap of 1: only the user's B keeps its steps
+
+
+def test_reuse_limits():
+    assert reuse_limits("adam", fg.NO_POLICY)[0] == -1.0
+    assert reuse_limits("sgd", fg.NO_STALENESS)[0] == 0.0  # nothing measured beyond age 0
+    assert math.isinf(reuse_limits("sgd", fg.NO_POLICY)[0]) and reuse_limits("sgd", fg.NO_POLICY)[1] == ()
+    table = fg.Staleness((0.0, 1.0, 2.0, 4.0), (1.0, 1.1, 1.3, 1.8), "a table")
+    assert reuse_limits("sgd", table)[0] == 4.0
+
+
+def test_small_b_moves_below_the_floor_and_large_b_keeps_the_floor():
+    # mu = 1, floor 64, psi = 1 (no memory), no reuse measured: on-policy only. B_noise = 0.01: at every b up to
+    # 256 x, steps ~ 1 and compute ~ mu 64 + B' per step: one group (8) costs 72 against the floor's 128, a worst
+    # regret of 128/72 = 1.78 for the default against ~1 for B' = 8: the model moves the answer to 8
+    g = guarded_design(0.01, 256, 1.0, None, optimizer="sgd", group_size=8, floor=64.0, max_steps_ratio=1000.0)
+    assert g.default.design == Design.on_policy_at(64)
+    assert g.choice.design == Design.on_policy_at(8) and g.moved
+    assert g.worst_default == pytest.approx(128 / 72, rel=0.01)
+    # B_noise = 1e4: below the floor the steps grow as 1/B' at the same generation cost: the floor's 64 stays
+    g = guarded_design(1e4, 256, 1.0, None, optimizer="sgd", group_size=8, floor=64.0, max_steps_ratio=1000.0)
+    assert g.choice.design == Design.on_policy_at(64) and not g.moved
+
+
+def test_the_worst_regret_is_the_naive_loop_over_factors():
+    mem = fg.Memory(0.3, "sgd", 0.9, 256.0)
+    g = guarded_design(300.0, 256, 5.28, mem, optimizer="sgd", group_size=8, staleness=fg.NO_POLICY, floor=16.0,
+                       max_steps_ratio=1000.0)
+    assert g.candidates[0] == g.default.design and len(set(g.candidates)) == len(g.candidates) > 3
+    least = [min(fg.predict(d, 300.0 * f, 5.28, mem, fg.NO_POLICY, 16.0).compute for d in g.candidates)
+             for f in B_FACTORS]
+    for d, w in zip(g.candidates, g.worst):  # one prediction at a time against the vectorised matrix
+        naive = max(fg.predict(d, 300.0 * f, 5.28, mem, fg.NO_POLICY, 16.0).compute / low
+                    for f, low in zip(B_FACTORS, least))
+        assert w == pytest.approx(naive, rel=1e-12)
+    best = int(np.argmin(g.worst))
+    expected = g.candidates[best] if g.worst[0] > MARGIN * g.worst[best] else g.candidates[0]
+    assert g.choice.design == expected and g.worst_choice == g.worst[g.candidates.index(expected)]
+
+
+def test_no_reuse_under_adam_and_none_past_the_measured_age():
+    mem = fg.Memory(0.3, "adam", 0.9, 256.0)
+    g = guarded_design(3000.0, 256, 20.0, mem, optimizer="adam", group_size=8, staleness=fg.NO_POLICY,
+                       max_steps_ratio=1000.0)
+    assert g.choice.design.on_policy and g.search.replay is None
+    assert g.limits and "adam" in g.limits[0]
+    table = fg.Staleness((0.0, 1.0, 2.0, 3.0), (1.0, 1.01, 1.02, 1.03), "a table")
+    mem = fg.Memory(0.3, "sgd", 0.9, 256.0)
+    g = guarded_design(3000.0, 256, 20.0, mem, optimizer="sgd", group_size=8, staleness=table,
+                       max_steps_ratio=1000.0, max_epochs=4)
+    for p in (g.search.replay, g.search.epochs, g.choice):
+        assert p is None or p.design.oldest_age <= 3
+    free = fg.whole_design(3000.0, 256, 20.0, mem, group_size=8, staleness=table, max_steps_ratio=1000.0)
+    assert free.replay.design.x > 4  # without the cap the search reaches past the measured ages
+
+
+def test_oldest_age():
+    assert Design.on_policy_at(64).oldest_age == 0
+    assert Design(64, 16, 64).oldest_age == 3  # a FIFO of x = 4 steps
+    assert Design.epochs_of(64, 2, 4).oldest_age == 7  # e m = 8 updates from one generation
+    assert np.isinf(fg.NO_POLICY.oldest_measured) and fg.NO_STALENESS.oldest_measured == 0.0

@@ -1,0 +1,124 @@
+"""The guarded answer: the trivial floor rule's design unless the forgetting model finds one cheaper by a margin at
+every b it cannot rule out.
+
+Model: ``theory/forgetting.py`` (McCandlish et al. 2018's steps with the FIFO noise the optimizer keeps, psi(x,
+kappa)). Why a guard (issue 38; docs/SIMULATION.md, "The guarded rule"): fed a pilot's inputs, the bare argmin lost to
+"on-policy at max(floor, smallest batch)" on held-out benchmark instances, for three measured reasons, each met by one
+guard here:
+
+1. **b is a lower bound.** A pilot reads B_simple early in a run, where |G| is large; on the development units it was
+   below the b that sets the steps in 36 of 44. Every candidate is priced at b, 4b, ..., 256b (``B_FACTORS``) and
+   ranked by its worst regret over those (minimax regret).
+2. **Staleness is priced only where measured.** No candidate trains on a sample older than the staleness table
+   reaches (``Staleness.oldest_measured``): a one-step pilot, or no table, leaves reuse within one step only.
+3. **Reuse only under the optimizers it was right for.** The benchmark's horizon ratio steps(x=16)/steps(x=1) was
+   within 25% of the prediction for 115 of 120 quadratic pairs under SGD, 58 of 120 under Adam and 29 of 119 on the
+   bandits; replay and epochs are offered under ``REUSE_OPTIMIZERS`` only.
+
+The default is the floor rule's design: on-policy at the smallest whole-group batch at or above the latency floor
+that keeps the steps within the cap at b. Another candidate replaces it only if the default's worst regret exceeds
+the candidate's by ``MARGIN``. ``B_FACTORS`` and ``MARGIN`` were chosen on development instances (47, 53, 59, 61, 67,
+71) before the held-out run named in experiments/theory_bench/options.py.
+
+| code name       | symbol      | meaning                                                             |
+|-----------------|-------------|---------------------------------------------------------------------|
+| ``b_noise``     | B_noise     | the measured noise scale in samples, taken as a lower bound          |
+| ``worst``       | max_f reg   | a candidate's largest compute / (least compute) over b_noise x f     |
+| ``default``     | --          | the floor rule's design                                              |
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import forgetting as fg
+from .designs import Design
+
+B_FACTORS = (1.0, 4.0, 16.0, 64.0, 256.0)
+"""b is priced at these multiples of the measured one: the pilot's B_simple was below the b that sets the steps by
+up to about two decades on the development units."""
+MARGIN = 1.2
+"""The factor by which a candidate's worst regret must beat the floor rule's before it replaces it."""
+REUSE_OPTIMIZERS = ("sgd",)
+"""The optimizers under which the benchmark found the replay prediction right (module docstring, item 3)."""
+
+
+@dataclass(frozen=True)
+class Guarded:
+    """The guarded answer: the search at the measured b (``search``), the design to run (``choice``) and the floor
+    rule's (``default``), each priced at the measured b, their worst regrets over b_noise x ``B_FACTORS``, and which
+    guards limited reuse (``limits``: short phrases, empty when none did)."""
+
+    search: fg.WholeDesign
+    choice: fg.Prediction
+    default: fg.Prediction
+    worst_choice: float
+    worst_default: float
+    limits: tuple[str, ...]
+    candidates: tuple[Design, ...] = ()  # every design compared, the default first
+    worst: tuple[float, ...] = ()  # each candidate's worst regret over b_noise x the factors
+
+    @property
+    def moved(self) -> bool:
+        """Whether the model moved the answer off the floor rule's design."""
+        return self.choice.design != self.default.design
+
+
+def reuse_limits(optimizer: str, staleness: fg.Staleness) -> tuple[float, tuple[str, ...]]:
+    """(the oldest age a design may train on, in updates; below 0: no reuse at all) and why, in words."""
+    if optimizer not in REUSE_OPTIMIZERS:
+        return -1.0, (f"no replay or epochs under {optimizer}: the benchmark found the replay prediction right under "
+                      f"{', '.join(REUSE_OPTIMIZERS)} only",)
+    oldest = staleness.oldest_measured
+    if math.isinf(oldest):
+        return oldest, ()
+    if oldest == 0:
+        return oldest, ("no sample reused after the update it was generated for: no staleness cost measured beyond "
+                        "age 0 (a profile's sigma^2(s) table by age gives one)",)
+    return oldest, (f"no sample reused past age {oldest:g} updates, the oldest its staleness cost was measured at "
+                    f"({staleness.source})",)
+
+
+def floor_batch(b_noise: float, batch_size: int, group_size: int, floor: float, max_steps_ratio: float,
+                top: int) -> int:
+    """The floor rule's batch: the smallest whole-group batch >= max(floor, one group) whose on-policy steps
+    1 + B_noise / B' stay within ``max_steps_ratio`` x on-policy's at B (at most ``top``, the largest searched)."""
+    need = b_noise / (max_steps_ratio * (1 + b_noise / batch_size) - 1) if max_steps_ratio > 1 else batch_size
+    low = max(float(floor), float(group_size), min(need, float(batch_size)))
+    batch = math.ceil(low / group_size) * group_size
+    return int(min(batch, top))
+
+
+def guarded_design(b_noise: float, batch_size: int, mu: float, memory: fg.Memory | None, *, optimizer: str,
+                   group_size: int = 1, staleness: fg.Staleness = fg.NO_STALENESS, floor: float = 0.0,
+                   max_steps_ratio: float = 2.0, max_horizon: int = 64, max_batch: int | None = None,
+                   max_epochs: int = 1, b_factors: tuple[float, ...] = B_FACTORS,
+                   margin: float = MARGIN) -> Guarded:
+    """The guarded answer (module docstring). Candidates: the floor rule's design and ``forgetting.whole_design``'s
+    on-policy, replay and epoch answers at every b_noise x f, kept where their steps at the measured b are within the
+    cap; each is priced at every b_noise x f, and the one with the least worst regret replaces the default only if
+    it beats the default's worst regret by ``margin``."""
+    max_age, limits = reuse_limits(optimizer, staleness)
+    searches = [fg.whole_design(b_noise * f, batch_size, mu, memory, group_size=group_size, staleness=staleness,
+                                floor=floor, max_steps_ratio=max_steps_ratio, max_horizon=max_horizon,
+                                max_batch=max_batch, max_epochs=max_epochs, max_age=max_age) for f in b_factors]
+    top = int(4 * batch_size if max_batch is None else max_batch) // group_size * group_size
+    default = Design.on_policy_at(floor_batch(b_noise, batch_size, group_size, floor, max_steps_ratio, top))
+    candidates = [default, searches[0].at_batch.design]
+    for s in searches:
+        candidates += [p.design for p in (s.on_policy, s.replay, s.epochs) if p is not None]
+    candidates = list(dict.fromkeys(candidates))  # unique, the default first (ties keep it)
+    at_b = fg.predict_many(candidates, b_noise, mu, memory, staleness, floor)
+    cap = max_steps_ratio * searches[0].at_batch.steps
+    keep = [i for i, p in enumerate(at_b) if p.steps <= cap * (1 + 1e-12) or i == 0]
+    candidates, at_b = [candidates[i] for i in keep], [at_b[i] for i in keep]
+    compute = np.array([[p.compute for p in fg.predict_many(candidates, b_noise * f, mu, memory, staleness, floor)]
+                        for f in b_factors])  # (factors, candidates)
+    worst = (compute / compute.min(axis=1, keepdims=True)).max(axis=0)  # (candidates,)
+    best = int(np.argmin(worst))
+    pick = best if worst[0] > margin * worst[best] else 0
+    return Guarded(searches[0], at_b[pick], at_b[0], float(worst[pick]), float(worst[0]), limits,
+                   tuple(candidates), tuple(float(w) for w in worst))
