@@ -211,6 +211,12 @@ def _kappa_text(r: dict) -> str:
             f"{r['kappa_source']}")
 
 
+def _budget_text(r: dict) -> str:
+    if r["max_steps_ratio"] >= NO_BUDGET:
+        return "no steps budget (least compute)"
+    return f"steps at most {r['max_steps_ratio']:g}x on-policy's at B"
+
+
 def _fmt(value, digits: int = 3) -> str:
     if value is None:
         return "-"
@@ -242,9 +248,7 @@ def render(r: dict, evidence: list[str], verdict: str | None = None) -> str:
     lines += ["",
               f"inputs: mu = {r['mu']:g}; B = {r['batch']}; B_noise = {r['b_noise']:.4g} (b = {r['b']:.3g}), "
               f"{r['b_noise_source']}; " + _kappa_text(r) + f"; latency floor {r['floor']:g} rollouts; "
-              + ("no steps budget (least compute)" if r["max_steps_ratio"] >= NO_BUDGET else
-                 f"steps at most {r['max_steps_ratio']:g}x on-policy's at B")
-              + f"; whole groups of {r['group_size']}; staleness: {r['staleness']}", "",
+              f"{_budget_text(r)}; whole groups of {r['group_size']}; staleness: {r['staleness']}", "",
               "  design                    B       R        N     x      y  steps vs B  compute vs B     psi"]
     best_key = {"replay": "replay", "epochs": "epochs", "on-policy at B": "at_batch"}.get(r["winner"], "on_policy")
     for name, key in (("on-policy at your B", "at_batch"), ("on-policy answer", "on_policy"),
