@@ -85,6 +85,19 @@ def spec_file(request, tmp_path) -> Path:
     return path
 
 
+@pytest.fixture
+def optimal_profile(tmp_path):
+    """``write(b_noise, table=FLAT_TO_63, memory=None)``: an ``optimal --profile`` file in ``tmp_path`` carrying a
+    measured B_noise and a sigma^2(s) table (tests/helpers/optimal_profile.py); returns its path as a string."""
+    from optimal_profile import FLAT_TO_63, write_profile
+
+    def write(b_noise: float, table: tuple = FLAT_TO_63, memory: dict | None = None,
+              name: str = "profile.json") -> str:
+        return write_profile(tmp_path / name, b_noise, table, memory)
+
+    return write
+
+
 @pytest.fixture(scope="module")
 def policy():
     """A freshly initialised tiny policy (``ModelConfig()``, the Countdown alphabet), one per test module; tests must

@@ -8,9 +8,12 @@ import json
 import math
 
 import pytest
+from optimal_profile import staleness
 
+from replay_theory.advise.advice import NO_BUDGET
 from replay_theory.theory import forgetting as fg
 from replay_theory.theory.designs import Design
+from replay_theory.theory.guarded import guarded_design
 from replay_theory.theory.reuse_families import psi_epochs, psi_epochs_from_lags
 
 
@@ -57,20 +60,29 @@ def test_the_search_finds_the_cheapest_epoch_design_a_naive_loop_finds():
     assert w.winner == ("epochs" if best.compute < min(w.on_policy.compute, w.replay.compute) else w.winner)
 
 
-def test_optimal_answers_with_epochs_only_when_asked(cli):
-    args = ("optimal", "--mu", "20", "-B", "256", "--noise-scale", "200", "--kappa", "0.9", "--optimizer", "sgd",
-            "--group-size", "8", "--max-horizon", "1")
+def test_optimal_answers_with_epochs_only_when_asked(cli, optimal_profile):
+    # epochs are offered under SGD, with no sample older than the staleness table reaches (theory/guarded.py): the
+    # profile's is measured flat to age 63, beyond e m - 1 = 15 here
+    args = ("optimal", "--mu", "20", "-B", "256", "--profile", optimal_profile(200.0), "--kappa", "0.9",
+            "--optimizer", "sgd", "--group-size", "8", "--max-horizon", "1")
     code, out, _ = cli(*args, "--json")
     assert code == 0 and "epochs" not in json.loads(out)["designs"]  # the default prices no epoch design
     code, out, _ = cli(*args, "--max-epochs", "4", "--framework", "verl", "--json")
     d = json.loads(out)
-    w = fg.whole_design(200, 256, 20, fg.Memory(0.9, "sgd", 0.9, 256.0), group_size=8, max_horizon=1, max_epochs=4)
-    assert d["winner"] == w.winner == "epochs" and d["regime"] == "epochs"
-    e = w.epochs.design
+    memory = fg.Memory(0.9, "sgd", 0.9, 256.0)
+    w = fg.whole_design(200, 256, 20, memory, group_size=8, max_horizon=1, max_epochs=4, staleness=staleness(),
+                        max_steps_ratio=NO_BUDGET, max_age=63)
+    g = guarded_design(200, 256, 20, memory, optimizer="sgd", group_size=8, max_horizon=1, max_epochs=4,
+                       staleness=staleness(), max_steps_ratio=NO_BUDGET)  # optimal's default: least compute
+    assert g.search.epochs.design == w.epochs.design
+    # the guard's answer is the epoch design least in worst regret over b x B_FACTORS (4 epochs over one mini-batch
+    # of R = 312), not the search's at the measured b (before issue 38 the answer was w.epochs)
+    assert d["winner"] == w.winner == "epochs" and d["regime"] == "epochs" and g.moved
+    e = g.choice.design
+    assert (e.epochs, e.mini_batches, e.rollouts_per_step) == (4, 1, 312)
     assert (d["epochs"], d["mini_batches"], d["rollouts_per_step"], d["batch_size"]) == (
         e.epochs, e.mini_batches, e.rollouts_per_step, e.batch_size)
-    assert d["what_to_do"] == (f"generate R = {e.rollouts_per_step} per generation and train {e.epochs} epochs over "
-                               f"{e.mini_batches} mini-batches of B = {e.batch_size}")
+    assert d["what_to_do"] == "generate R = 312 per generation and train 4 epochs over 1 mini-batch of B = 312"
     assert d["evidence"].endswith("an epoch design: the benchmark has trained none, so no share above speaks for it")
     lines = d["framework"]["lines"]  # verl counts prompts: R / G per step, B / G per mini-batch
     assert f"data.train_batch_size={e.rollouts_per_step // 8}" in lines

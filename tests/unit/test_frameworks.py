@@ -130,9 +130,10 @@ def test_every_printed_key_was_read_in_the_pinned_config(framework):
     assert printed and printed <= set(fixture["keys"]), printed - set(fixture["keys"])
 
 
-def test_cli_framework_option(cli):
-    base = ("optimal", "--mu", "5.28", "-B", "512", "--noise-scale", "100", "--kappa", "0.5", "--optimizer", "sgd",
-            "--group-size", "8", "--latency-floor", "128")
+def test_cli_framework_option(cli, optimal_profile):
+    # a replay answer: SGD and a staleness table reaching age 63 (theory/guarded.py, issue 38)
+    base = ("optimal", "--mu", "5.28", "-B", "512", "--profile", optimal_profile(100.0), "--kappa", "0.5",
+            "--optimizer", "sgd", "--group-size", "8", "--latency-floor", "128")
     code, out, _ = cli(*base, "--json")
     assert code == 0 and "framework" not in json.loads(out)  # golden outputs unchanged without the option
     code, out, _ = cli(*base, "--json", "--framework", "verl")

@@ -12,6 +12,7 @@ import pytest
 from replay_theory.advise import advice
 from replay_theory.experiments import theory_bench as tt
 from replay_theory.theory import forgetting as fg
+from replay_theory.theory.guarded import guarded_design
 
 
 def _unit(tmp_path, setting: str = "quadratic-noise10", optimizer: str = "sgd") -> tt.Unit:
@@ -55,16 +56,29 @@ def _pilot(b_noise=120.0, kappa=0.3, drift=None) -> dict:
 def test_the_printed_design_is_optimals_answer_from_the_pilots_numbers():
     pilot = _pilot()
     design = tt.printed_design(pilot, "sgd", 5.28, 64)
+    # a quadratic's pilot has no drift record: no policy, so a stored sample's cost is known at every age (NO_POLICY,
+    # issue 38); optimal's default --max-steps-ratio is 1000 (least compute), printed_design's too
     answer = advice.advise(advice.Query(mu=5.28, batch_size=256, b_noise=120.0, kappa=0.3, optimizer="sgd",
-                                        pilot_batch=256, group_size=8, floor=64.0))
+                                        pilot_batch=256, group_size=8, floor=64.0, staleness=fg.NO_POLICY))
+    g = guarded_design(120.0, 256, 5.28, fg.Memory(0.3, "sgd", 0.9, 256.0), optimizer="sgd", group_size=8,
+                       floor=64.0, staleness=fg.NO_POLICY, max_steps_ratio=advice.NO_BUDGET)
     assert (design.batch_size, design.rollouts_per_step, design.capacity) == (
-        answer["batch_size"], answer["rollouts_per_step"], answer["capacity"])
-    # a B_simple not resolved > 0: optimal has no --noise-scale to answer from and says to stay at B
+        answer["batch_size"], answer["rollouts_per_step"], answer["capacity"]) == (
+        g.choice.design.batch_size, g.choice.design.rollouts_per_step, g.choice.design.capacity) == (416, 64, 4096)
+    assert tt.pilot_query(pilot, "sgd", 5.28, 64)[0].staleness == fg.NO_POLICY
+    # under adam the guard offers no replay: the same pilot's answer is on-policy at the floor's batch
+    assert tt.printed_design(pilot, "adam", 5.28, 64) == fg.Design.on_policy_at(64)
+    # a B_simple not resolved > 0 and no interval: optimal has no --noise-scale to answer from and says to stay at B
     for missing in (None, -4.0, math.inf):
         assert tt.printed_design(_pilot(b_noise=missing), "sgd", 5.28, 64) == fg.Design.on_policy_at(256)
+    # with an interval whose lower end is > 0, the rule reads b as a lower bound: --noise-scale that end
+    unresolved = {**_pilot(b_noise=None), "b_simple": {"b_noise": None, "b_noise_interval": [40.0, math.inf]}}
+    query, notes = tt.pilot_query(unresolved, "sgd", 5.28, 64)
+    assert query.b_noise == 40.0
+    assert notes == ["B_simple None: not resolved > 0, --noise-scale its 90% interval's lower end 40"]
     query, notes = tt.pilot_query(_pilot(kappa=5.0), "sgd", 5.28, 64)  # kappa 5 >= SGD's limit 2: optimal refuses
     assert query.kappa is None and notes == ["kappa 5: outside optimal's range, no --kappa"]
-    # a one-step pilot's drift (age 0 only) is no table: no staleness cost, as staleness_of says
+    # a one-step pilot's drift (age 0 only) is no table: no staleness cost measured beyond age 0 (NO_STALENESS)
     one = {"staleness": [0], "m2": [0.0]}
     assert tt.pilot_query(_pilot(drift=one), "sgd", 5.28, 64)[0].staleness == fg.NO_STALENESS
     two = {"staleness": [0, 2], "m2": [0.0, 0.5]}
@@ -76,25 +90,31 @@ def test_the_pilot_compute_by_hand():
     assert tt.pilot_compute(_pilot(), 2.0, 64) == pytest.approx(2304 + 384)
 
 
-def _record(pilot: dict, printed_steps: list[float]) -> dict:
+def _record(pilot: dict, printed_steps: dict[float, list[float]]) -> dict:
+    """A unit's record at mu = 1, floor 0 with one printed row per --max-steps-ratio in ``printed_steps`` (ratio ->
+    steps by replicate), those ratios saved as the ones trained."""
     designs = {"on-policy B=64": [64, 64, 64, True], "on-policy B=256": [256, 256, 256, True],
                "x=1 y=4": [256, 64, 64, False], "x=16 y=4": [256, 64, 1024, False]}
     steps = {"on-policy B=64": [100.0, 110.0], "on-policy B=256": [40.0, 40.0], "x=1 y=4": [90.0, 80.0],
              "x=16 y=4": [50.0, 55.0]}
     record = {"setting": "s", "optimizer": "sgd", "instance": 0, "exact": False, "pilot": pilot,
-              "designs": [{"label": k, "design": v, "steps": steps[k]} for k, v in designs.items()]}
-    d = tt.printed_design(pilot, "sgd", 1.0, 0)
-    record["printed"] = [{"label": tt.printed_label(d),
-                          "design": [d.batch_size, d.rollouts_per_step, d.capacity, d.on_policy],
-                          "steps": printed_steps}]
-    record["printed_ratios"] = [2.0]  # the default answer only (as --quick trains): no least-compute row
+              "designs": [{"label": k, "design": v, "steps": steps[k]} for k, v in designs.items()], "printed": []}
+    for ratio, trained in printed_steps.items():
+        d = tt.printed_design(pilot, "sgd", 1.0, 0, ratio)
+        record["printed"].append({"label": tt.printed_label(d),
+                                  "design": [d.batch_size, d.rollouts_per_step, d.capacity, d.on_policy],
+                                  "steps": trained})
+    record["printed_ratios"] = list(printed_steps)
     return record
 
 
 def test_the_printed_answer_is_scored_as_printed_off_the_grid_with_and_without_the_pilot():
-    record = _record(_pilot(b_noise=500.0), [30.0, 33.0])
+    # the default answer only (as --quick trains): no printed_steps2 row
+    record = _record(_pilot(b_noise=500.0), {tt.PRINTED_STEPS_RATIOS[0]: [30.0, 33.0]})
     d = tt.printed_design(record["pilot"], "sgd", 1.0, 0)
-    assert d == fg.Design(192, 72, 4608)  # replay at B' = 192, R = 72 (9 groups), x = 64
+    # at optimal's default (least compute), mu = 1 and no floor: the floor rule's one group, on-policy at B = 8 (before
+    # issue 38 the default, --max-steps-ratio 2, answered replay at B' = 192, R = 72, x = 64; its row is below)
+    assert d == fg.Design.on_policy_at(8)
     assert d not in [fg.Design(*v["design"]) for v in record["designs"]]  # off the grid
     compute = tt.measured_compute(record, 1.0, 0)
     out = tt.score_printed(record, 1.0, 0, compute, spearman=0.8)
@@ -104,7 +124,7 @@ def test_the_printed_answer_is_scored_as_printed_off_the_grid_with_and_without_t
     pilot = 3 * 512 + 3 * 2 * 64  # 3 steps at B = 256 (mu + 1) + 3 HVPs over 64 samples
     assert out["printed_with_pilot"]["free_regret"] == pytest.approx((30 * cost + pilot) / best)
     assert out["printed"]["pilot_share"] == pytest.approx(pilot / (40 * 512))
-    assert out["printed"]["off_grid"] and out["printed"]["spearman"] == 0.8 and "printed_compute" not in out
+    assert out["printed"]["off_grid"] and out["printed"]["spearman"] == 0.8 and "printed_steps2" not in out
     # replicate 1: 33 steps against the replicate's best (on-policy B=64: 110 x 128 = 14080)
     assert out["printed"]["free_ci"] == pytest.approx([33 * cost / 14080] * 2)
     # the perturbation: the grid's outcomes change, the printed design (the rule's input) does not
@@ -115,6 +135,17 @@ def test_the_printed_answer_is_scored_as_printed_off_the_grid_with_and_without_t
     assert tt.printed_design(moved["pilot"], "sgd", 1.0, 0) == d
     assert tt.score_printed(moved, 1.0, 0, tt.measured_compute(moved, 1.0, 0), None)["printed"]["free"] == \
         out["printed"]["free"]
+    # both rows (the full run): within 2x on-policy's steps the answer is replay at B' = 560, R = 120 (15 groups),
+    # x = 64, scored as its own row; the default's rows are unchanged
+    both = _record(_pilot(b_noise=500.0), {1000.0: [30.0, 33.0], 2.0: [20.0, 22.0]})
+    steps2 = tt.printed_design(both["pilot"], "sgd", 1.0, 0, 2.0)
+    assert steps2 == fg.Design(560, 120, 7680) and steps2 not in [fg.Design(*v["design"]) for v in both["designs"]]
+    out2 = tt.score_printed(both, 1.0, 0, tt.measured_compute(both, 1.0, 0), spearman=0.8)
+    assert out2["printed"] == out["printed"] and out2["printed_with_pilot"] == out["printed_with_pilot"]
+    row = out2["printed_steps2"]
+    assert row["free"] == "printed: B=560 R=120 N=7680" and row["off_grid"] and row["free_is_replay"]
+    assert row["free_regret"] == pytest.approx(20 * (120 + 560) / best)
+    assert row["free_ci"] == pytest.approx([22 * (120 + 560) / 14080] * 2)
 
 
 def test_b_crit_from_hvps_is_unbiased_against_its_exact_value():
