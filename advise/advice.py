@@ -188,9 +188,9 @@ def _notes(q: Query, r: dict) -> list[str]:
                      "see whether a long buffer pays")
     rep = r["designs"]["replay"]
     if rep is not None and rep["x"] >= q.max_horizon and q.staleness.flat:
-        notes.append(f"no staleness cost given (a profile's sigma^2(s) table): in this model a longer buffer only "
-                     f"helps, so replay's horizon sits at --max-horizon {q.max_horizon}; stale rollouts' importance "
-                     f"weights set the real limit (replay-theory diagnose shows them by age)")
+        notes.append(f"no staleness cost ({q.staleness.source}): in this model a longer buffer only helps, so "
+                     f"replay's horizon sits at --max-horizon {q.max_horizon}; stale rollouts' importance weights set "
+                     f"the real limit (replay-theory diagnose shows them by age)")
     notes += [f"{limit}" for limit in r["guard"]["limits"]]
     if q.max_steps_ratio < NO_BUDGET and r["designs"]["on_policy"]["steps_vs_B"] >= 0.95 * q.max_steps_ratio:
         notes.append(f"the cheapest on-policy batch sits at (or near) the steps budget ({q.max_steps_ratio:g}x "

@@ -67,19 +67,25 @@ class Guarded:
         return self.choice.design != self.default.design
 
 
-def reuse_limits(optimizer: str, staleness: fg.Staleness) -> tuple[float, tuple[str, ...]]:
-    """(the oldest age a design may train on, in updates; below 0: no reuse at all) and why, in words."""
+def reuse_limits(optimizer: str, staleness: fg.Staleness, reach: float = math.inf) -> tuple[float, tuple[str, ...]]:
+    """(the oldest age a design may train on, in updates; below 0: no reuse at all) and why, in words: said only where
+    it limits something, i.e. below ``reach``, the oldest age the search would otherwise consider."""
     if optimizer not in REUSE_OPTIMIZERS:
         return -1.0, (f"no replay or epochs under {optimizer}: the benchmark found the replay prediction right under "
                       f"{', '.join(REUSE_OPTIMIZERS)} only",)
     oldest = staleness.oldest_measured
-    if math.isinf(oldest):
+    if oldest >= reach:
         return oldest, ()
     if oldest == 0:
         return oldest, ("no sample reused after the update it was generated for: no staleness cost measured beyond "
                         "age 0 (a profile's sigma^2(s) table by age gives one)",)
     return oldest, (f"no sample reused past age {oldest:g} updates, the oldest its staleness cost was measured at "
                     f"({staleness.source})",)
+
+
+def max_batch_or(max_batch: int | None, batch_size: int) -> int:
+    """The largest batch the searches consider: ``max_batch``, by default 4 B (``forgetting.whole_design``'s)."""
+    return int(4 * batch_size if max_batch is None else max_batch)
 
 
 def floor_batch(b_noise: float, batch_size: int, group_size: int, floor: float, max_steps_ratio: float,
@@ -101,11 +107,13 @@ def guarded_design(b_noise: float, batch_size: int, mu: float, memory: fg.Memory
     on-policy, replay and epoch answers at every b_noise x f, kept where their steps at the measured b are within the
     cap; each is priced at every b_noise x f, and the one with the least worst regret replaces the default only if
     it beats the default's worst regret by ``margin``."""
-    max_age, limits = reuse_limits(optimizer, staleness)
+    epochs_reach = max_epochs * (max_batch_or(max_batch, batch_size) // group_size) - 1 if max_epochs > 1 else 0
+    reach = max(max_horizon - 1, epochs_reach)  # the oldest age the searches would consider: x - 1 or e m - 1
+    max_age, limits = reuse_limits(optimizer, staleness, reach)
     searches = [fg.whole_design(b_noise * f, batch_size, mu, memory, group_size=group_size, staleness=staleness,
                                 floor=floor, max_steps_ratio=max_steps_ratio, max_horizon=max_horizon,
                                 max_batch=max_batch, max_epochs=max_epochs, max_age=max_age) for f in b_factors]
-    top = int(4 * batch_size if max_batch is None else max_batch) // group_size * group_size
+    top = max_batch_or(max_batch, batch_size) // group_size * group_size
     default = Design.on_policy_at(floor_batch(b_noise, batch_size, group_size, floor, max_steps_ratio, top))
     candidates = [default, searches[0].at_batch.design]
     for s in searches:

@@ -81,3 +81,12 @@ def test_oldest_age():
     assert Design(64, 16, 64).oldest_age == 3  # a FIFO of x = 4 steps
     assert Design.epochs_of(64, 2, 4).oldest_age == 7  # e m = 8 updates from one generation
     assert np.isinf(fg.NO_POLICY.oldest_measured) and fg.NO_STALENESS.oldest_measured == 0.0
+
+
+def test_the_age_note_only_where_it_limits_the_search():
+    table = fg.Staleness((0.0, 1.0, 63.0), (1.0, 1.0, 1.0), "a flat table")
+    assert reuse_limits("sgd", table, reach=63.0) == (63.0, ())  # x up to 64 holds ages up to 63: nothing limited
+    assert reuse_limits("sgd", table, reach=127.0)[1]  # a horizon of 128 would reach past it: said
+    mem = fg.Memory(0.3, "sgd", 0.9, 256.0)
+    assert guarded_design(3000.0, 256, 20.0, mem, optimizer="sgd", staleness=table, max_horizon=64).limits == ()
+    assert guarded_design(3000.0, 256, 20.0, mem, optimizer="sgd", staleness=table, max_horizon=65).limits
