@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..theory.designs import Design
 
@@ -141,10 +141,21 @@ def _no(feature: str, key_hint: str = "") -> _Refused:
     return _Refused(f"it has no key for {feature}{key_hint}")
 
 
-def _whole_groups(s: _Shape, unit: str) -> None:
-    """Trainers that count the update's batch in prompts need B in whole groups."""
+def _in_prompts(s: _Shape, batch: str, samples: str, mini_batch: str) -> list[str]:
+    """The lines of a trainer that counts its batch and mini-batch in prompts: R / G prompts of G samples a generation,
+    B / G prompts an update (B in whole groups)."""
     if s.B % s.G:
-        raise _Refused(f"its mini-batch counts {unit}: B = {s.B} must be a multiple of G = {s.G}")
+        raise _Refused(f"its mini-batch counts prompts: B = {s.B} must be a multiple of G = {s.G}")
+    return [f"{batch}={s.prompts}", f"{samples}={s.G}", f"{mini_batch}={s.B // s.G}"]
+
+
+def _with_keys(s: _Shape, lines: list[str], notes: Sequence[str] = (), *, epochs: str = "", selective: str = "",
+               stale: Sequence[str] = (), stale_note: str = "") -> tuple[list[str], list[str]]:
+    """A trainer's ``lines`` and ``notes`` with the keys of what ``s`` asks for beyond one on-policy pass, in one
+    order: ``epochs`` (e > 1), ``selective`` (zero-advantage groups dropped), then ``stale`` and its note (k > 0). A
+    trainer without a key for one of them has refused it before."""
+    lines = [*lines, *([epochs] if s.e > 1 else []), *([selective] if s.selective else []), *(stale if s.k else [])]
+    return lines, [*notes, *([stale_note] if s.k else [])]
 
 
 def _trl(s: _Shape, processes: int) -> tuple[list[str], list[str]]:
@@ -181,35 +192,26 @@ def _trl(s: _Shape, processes: int) -> tuple[list[str], list[str]]:
 
 def _verl(s: _Shape, processes: int) -> tuple[list[str], list[str]]:
     """verl 0.9.1: train_batch_size and ppo_mini_batch_size count prompts; rollout.n multiplies them."""
-    _whole_groups(s, "prompts")
-    lines = [f"data.train_batch_size={s.prompts}", f"actor_rollout_ref.rollout.n={s.G}",
-             f"actor_rollout_ref.actor.ppo_mini_batch_size={s.B // s.G}"]
-    notes = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is a memory choice"]
-    if s.e > 1:
-        lines.append(f"actor_rollout_ref.actor.ppo_epochs={s.e}")
-    if s.selective:
-        lines.append("algorithm.filter_groups.enable=true")
-    if s.k:
-        lines += ["trainer.v1.trainer_mode=separate_async", f"trainer.v1.separate_async.parameter_sync_step={s.m}",
-                  f"trainer.v1.sampler.max_off_policy_threshold={s.k + 1}"]
-        notes.append("the threshold counts the weight versions a trajectory spans (age k spans k + 1, "
-                     "trainer/ppo/v1/replay_buffer.py); separate_async needs train_batch_size = parameter_sync_step x "
-                     "ppo_mini_batch_size and rollout.nnodes / n_gpus_per_node set")
-    return lines, notes
+    return _with_keys(
+        s, _in_prompts(s, "data.train_batch_size", "actor_rollout_ref.rollout.n",
+                       "actor_rollout_ref.actor.ppo_mini_batch_size"),
+        ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is a memory choice"],
+        epochs=f"actor_rollout_ref.actor.ppo_epochs={s.e}", selective="algorithm.filter_groups.enable=true",
+        stale=["trainer.v1.trainer_mode=separate_async", f"trainer.v1.separate_async.parameter_sync_step={s.m}",
+               f"trainer.v1.sampler.max_off_policy_threshold={s.k + 1}"],
+        stale_note="the threshold counts the weight versions a trajectory spans (age k spans k + 1, "
+                   "trainer/ppo/v1/replay_buffer.py); separate_async needs train_batch_size = parameter_sync_step x "
+                   "ppo_mini_batch_size and rollout.nnodes / n_gpus_per_node set")
 
 
 def _openrlhf(s: _Shape, processes: int) -> tuple[list[str], list[str]]:
     """OpenRLHF v0.11.0: rollout.batch_size counts prompts, train.batch_size samples (train_ppo_ray.py)."""
     if s.selective:
         raise _no("dropping zero-advantage groups (not checked at this version)")
-    lines = [f"--rollout.batch_size {s.prompts}", f"--rollout.n_samples_per_prompt {s.G}", f"--train.batch_size {s.B}"]
-    if s.e > 1:
-        lines.append(f"--train.max_epochs {s.e}")
-    notes = []
-    if s.k:
-        lines += ["--train.async_enable", f"--train.async_queue_size {s.k}"]
-        notes.append("the sampler runs at most async_queue_size generations ahead (ppo_trainer_async.py)")
-    return lines, notes
+    return _with_keys(
+        s, [f"--rollout.batch_size {s.prompts}", f"--rollout.n_samples_per_prompt {s.G}", f"--train.batch_size {s.B}"],
+        epochs=f"--train.max_epochs {s.e}", stale=["--train.async_enable", f"--train.async_queue_size {s.k}"],
+        stale_note="the sampler runs at most async_queue_size generations ahead (ppo_trainer_async.py)")
 
 
 def _nemo_rl(s: _Shape, processes: int) -> tuple[list[str], list[str]]:
@@ -217,16 +219,13 @@ def _nemo_rl(s: _Shape, processes: int) -> tuple[list[str], list[str]]:
     samples per update; one pass over each generation."""
     if s.e > 1:
         raise _no("epochs over a generation (each generation is trained in one pass)")
-    lines = [f"grpo.num_prompts_per_step={s.prompts}", f"grpo.num_generations_per_prompt={s.G}",
-             f"policy.train_global_batch_size={s.B}"]
-    if s.selective:
-        lines.append("grpo.use_dynamic_sampling=true")
-    notes = []
-    if s.k:
-        lines += ["grpo.async_grpo.enabled=true", f"grpo.async_grpo.max_trajectory_age_steps={s.k}",
-                  "loss_fn.use_importance_sampling_correction=true"]
-        notes.append("async GRPO requires the importance-sampling correction (grpo_math_1B.yaml)")
-    return lines, notes
+    return _with_keys(
+        s, [f"grpo.num_prompts_per_step={s.prompts}", f"grpo.num_generations_per_prompt={s.G}",
+            f"policy.train_global_batch_size={s.B}"],
+        selective="grpo.use_dynamic_sampling=true",
+        stale=["grpo.async_grpo.enabled=true", f"grpo.async_grpo.max_trajectory_age_steps={s.k}",
+               "loss_fn.use_importance_sampling_correction=true"],
+        stale_note="async GRPO requires the importance-sampling correction (grpo_math_1B.yaml)")
 
 
 def _slime(s: _Shape, processes: int) -> tuple[list[str], list[str]]:
@@ -261,18 +260,12 @@ def _areal(s: _Shape, processes: int) -> tuple[list[str], list[str]]:
 
 def _skyrl(s: _Shape, processes: int) -> tuple[list[str], list[str]]:
     """SkyRL skyrl-v0.3.0: train_batch_size and policy_mini_batch_size count prompts (utils.validate_batch_sizes)."""
-    _whole_groups(s, "prompts")
-    lines = [f"trainer.train_batch_size={s.prompts}", f"generator.n_samples_per_prompt={s.G}",
-             f"trainer.policy_mini_batch_size={s.B // s.G}"]
-    if s.e > 1:
-        lines.append(f"trainer.update_epochs_per_batch={s.e}")
-    if s.selective:
-        lines.append("trainer.algorithm.dynamic_sampling.type=filter")
-    notes = []
-    if s.k:
-        lines += ["trainer.fully_async.enabled=true", f"trainer.fully_async.max_staleness_steps={s.k}"]
-        notes.append("a group scheduled at step i is trained at step j <= i + max_staleness_steps")
-    return lines, notes
+    return _with_keys(
+        s, _in_prompts(s, "trainer.train_batch_size", "generator.n_samples_per_prompt",
+                       "trainer.policy_mini_batch_size"),
+        epochs=f"trainer.update_epochs_per_batch={s.e}", selective="trainer.algorithm.dynamic_sampling.type=filter",
+        stale=["trainer.fully_async.enabled=true", f"trainer.fully_async.max_staleness_steps={s.k}"],
+        stale_note="a group scheduled at step i is trained at step j <= i + max_staleness_steps")
 
 
 def _prime_rl(s: _Shape, processes: int) -> tuple[list[str], list[str]]:

@@ -2,9 +2,10 @@
 
 Target (issue 24): `replay-theory optimal --mu 5.28` and `replay-theory --help` each take at most 0.6x the time of
 `python -c "import typer, numpy, scipy.optimize"`. Both stay under the floor because the commands are registered
-lazily (cli/app.py: the root help comes from a static table, a command's module is imported when it runs) and
+lazily (cli/app.py: the root help comes from a static table, a command's module is imported when it runs),
 `optimal`'s own path imports no scipy.optimize, scipy.special, sympy, matplotlib, torch or joblib (the default
-noise-scale rule needs numpy only; `--objective paper` with a sigma^2 table imports scipy.optimize when it searches).
+noise-scale rule needs numpy only; `--objective paper` with a sigma^2 table imports scipy.optimize when it searches)
+and no pydantic (typer 0.29 converts option values through it; cli/plain_values.py converts plain values itself).
 Its history: docs/CONTRIBUTING.md, 'Adding to the code'.
 
 The commands are run interleaved in one session (these machines are noisy) and the ratio of medians is printed. The

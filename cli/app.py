@@ -18,6 +18,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from .. import __version__
 from .common import PROG, UserError, help_without_command
+from .plain_values import PlainValuesCommand, PlainValuesParams
 
 
 class Entry(NamedTuple):
@@ -61,9 +62,13 @@ SETTINGS = {"add_completion": False, "pretty_exceptions_enable": False, "rich_ma
 
 
 def load_family(module: str):  # the commands' class is click's, or the click that newer typer vendors
-    """The click commands ``cli/<module>.py`` registers, by name, built as typer builds them for the root app."""
+    """The click commands ``cli/<module>.py`` registers, by name, built as typer builds them for the root app, their
+    values converted without pydantic where typer's conversion needs none (cli/plain_values.py)."""
     family = typer.Typer(**SETTINGS)
     importlib.import_module(f".{module}", __package__).register(family)
+    for info in family.registered_commands:  # as app.command(cls=...) would; a command's own class is kept
+        if info.cls in (None, TyperCommand):
+            info.cls = PlainValuesCommand
     return dict(typer.main.get_group(family).commands)
 
 
@@ -97,7 +102,7 @@ class LazyCommands(MutableMapping):
         return name in self.table or name in self.loaded
 
 
-class LazyGroup(TyperGroup):
+class LazyGroup(PlainValuesParams, TyperGroup):
     """The root group: commands from ``COMMANDS``, imported on first use; the root help imports none of them."""
 
     def __init__(self, **attrs) -> None:

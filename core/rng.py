@@ -56,6 +56,7 @@ class PerSeedGenerator:
         # (PCG64's has_uint32 / uinteger)
         self._batched = all(type(g.bit_generator) is np.random.PCG64 for g in self._generators)
         self._raw = np.zeros((num_seeds, 0), dtype=np.uint64)
+        self._store = self._raw  # the memory _raw views (refilled in place when wide enough)
         self._aligned, self._p = True, 0
         self._pos = np.zeros(num_seeds, dtype=np.int64)  # used while not _aligned
         self._has32 = np.zeros(num_seeds, dtype=bool)
@@ -142,13 +143,15 @@ class PerSeedGenerator:
             if int(left.min()) >= n:
                 return
         new_width = int(left.max()) + max(n, _BLOCK)
-        block = np.empty((self.num_seeds, new_width), dtype=np.uint64)
+        # the block is refilled in place when it is wide enough: a fresh one of S x 4096 outputs is 2 MiB of new
+        # pages to fault in at every refill (no caller holds a view of the outputs past its draw)
+        store = self._store if self._store.shape[1] >= new_width else np.empty((self.num_seeds, new_width), np.uint64)
         pos = self._positions()
         for s, g in enumerate(self._generators):
             kept = width - int(pos[s])
-            block[s, :kept] = self._raw[s, pos[s]:]
-            block[s, kept:] = g.bit_generator.random_raw(new_width - kept)
-        self._raw = block
+            store[s, :kept] = self._raw[s, pos[s]:]  # the same memory when refilled in place: numpy copies safely
+            store[s, kept:new_width] = g.bit_generator.random_raw(new_width - kept)
+        self._store, self._raw = store, store[:, :new_width]
         self._aligned, self._p = True, 0
 
     def _take_raw(self, n: int) -> np.ndarray:

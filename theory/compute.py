@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..checks import invalid, require_one_of, require_positive
+from ..checks import require_nonnegative, require_one_of, require_positive
 
 
 def _split(workers: ArrayLike, trainers: ArrayLike, mu: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -49,8 +49,7 @@ def compute_ratio_from_split_ratio(workers_per_trainer: ArrayLike, mu: ArrayLike
     ratio = np.asarray(workers_per_trainer, dtype=float)
     mu_arr = np.asarray(mu, dtype=float)
     require_positive("mu", mu_arr)
-    if np.any(ratio < 0) or np.any(np.isnan(ratio)):
-        raise invalid("workers_per_trainer", ">= 0", workers_per_trainer, fmt="")
+    require_nonnegative("workers_per_trainer", ratio, allow_inf=True)
     gamma = (1.0 + ratio) / (1.0 + mu_arr)  # Eq. (2)
     return gamma if gamma.ndim else float(gamma)
 

@@ -47,7 +47,6 @@ from .moments import (
     kl_k2_from_sums,
     kl_k3_from_sums,
     m2_from_sums,
-    statistics,
     weight_sums,
 )
 
@@ -531,7 +530,7 @@ def sample_statistics(log_ratio: ArrayLike, mask: ArrayLike | None = None, *,
     Keys and meanings are those of the single functions: ``kl_k1``, ``kl_k2``, ``kl_k3``,
     ``m2``, ``d2``, ``chi2`` (mean r^2 - 1), ``ess_frac`` (Kish ESS / n).
     """
-    stats = statistics(_moments(log_ratio, mask, axis))
+    stats = _moments(log_ratio, mask, axis).statistics()
     return {k: _out(stats[k]) for k in ("kl_k1", "kl_k2", "kl_k3", "m2", "d2", "chi2", "ess_frac")}
 
 
@@ -566,5 +565,5 @@ def ratio_stats(
     From the statistics kernel's sums (mean and the centred sum shifted by max log r);
     only a genuinely huge value (e.g. exp(4096)) becomes +inf, without warnings.
     """
-    stats = statistics(_moments(log_ratio, mask, axis))
+    stats = _moments(log_ratio, mask, axis).statistics()
     return {f"is_ratio_{k}": _out(stats[f"ratio_{k}"]) for k in ("min", "mean", "max", "std")}

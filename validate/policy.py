@@ -51,21 +51,30 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class TinyArchitecture:
+    """The tiny Qwen2's shape (``ModelConfig``'s fields that only ``source="tiny"`` reads; validate/config.py's
+    ``TINY_MODEL`` is the validator's)."""
+
+    hidden_size: int = 64
+    """Width of the residual stream."""
+    num_layers: int = 2
+    """Number of decoder layers."""
+    num_heads: int = 4
+    """Query heads (head dim = hidden_size / num_heads)."""
+    num_kv_heads: int = 2
+    """Key/value heads (grouped-query attention, as in Qwen2)."""
+    intermediate_size: int = 128
+    """SwiGLU hidden width."""
+    max_position_embeddings: int = 128
+    """Longest prompt + completion the model is meant for."""
+
+
+@dataclass(frozen=True)
+class ModelConfig(TinyArchitecture):
+    """Which model (the tiny one, of its ``TinyArchitecture``, or a checkpoint), where and in what precision."""
+
     source: str = "tiny"
     """'tiny' builds a small Qwen2 model; else a local checkpoint directory or a hub id (Qwen/Qwen2.5-0.5B-Instruct)."""
-    hidden_size: int = 64
-    """Tiny model only: width of the residual stream."""
-    num_layers: int = 2
-    """Tiny model only: number of decoder layers."""
-    num_heads: int = 4
-    """Tiny model only: query heads (head dim = hidden_size / num_heads)."""
-    num_kv_heads: int = 2
-    """Tiny model only: key/value heads (grouped-query attention, as in Qwen2)."""
-    intermediate_size: int = 128
-    """Tiny model only: SwiGLU hidden width."""
-    max_position_embeddings: int = 128
-    """Tiny model only: longest prompt + completion the model is meant for."""
     device: str = "cpu"
     """Torch device: cpu or cuda (cuda:N)."""
     dtype: str | None = None

@@ -31,10 +31,12 @@ def test_optimal_imports_only_the_theory_it_uses():
     assert any(line.startswith("what to do: stay on-policy at your batch until you have measured b = B_noise / B")
                for line in out.splitlines()[:2])  # the actionable line first (after a verdict line, if any)
     assert sorted({m.split(".")[0] for m in modules} & set(HEAVY)) == []  # the default rule needs numpy only
+    assert "pydantic" not in modules  # typer's value conversion, replaced for plain values (cli/plain_values.py)
     ours = [m for m in modules if m.startswith("replay_theory.")]
     assert [m for m in ours if m.split(".")[1] in LIBRARY_PARTS] == []
     assert [m for m in ours if m.startswith("replay_theory.cli.")] == [
         "replay_theory.cli.app", "replay_theory.cli.common", "replay_theory.cli.config_options",
+        "replay_theory.cli.plain_values",
         "replay_theory.cli.theory_cmds"]  # its options come from advise.optimal.OptimalQuery's fields
 
 
@@ -44,6 +46,7 @@ def test_root_help_imports_no_command_module():
     assert [line.split()[0] for line in out.split("Commands:\n")[1].splitlines()] == list(COMMANDS)
     assert [m for m in modules if m.startswith("replay_theory")] == [
         "replay_theory", "replay_theory.cli", "replay_theory.cli.app", "replay_theory.cli.common",
+        "replay_theory.cli.plain_values",
         "replay_theory.outputs"]  # outputs: the strict-JSON and no-overwrite rules, standard library only
     assert "numpy" not in modules and "pydantic" not in modules
 
