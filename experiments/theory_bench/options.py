@@ -57,8 +57,8 @@ FAMILIES = {"epochs": f"epoch designs at R = {BATCH}: e passes over m mini-batch
                       f"{', '.join(f'({e}, {m})' for e, m in EPOCHS_GRID)} (--quick: (2, 4))"}
 """The design families ``--families`` adds to the grid (none by default: the protocol evidence.json was written by)."""
 HELD_OUT = (89, 97, 101)
-"""The held-out instances the targets read: named as NEXT_HELD_OUT before their first run (commit f34daf4 and
-earlier), and first run by the guarded rule (theory/guarded.py), whose printed answer is scored at optimal's default
+"""The held-out instances the targets read: named as NEXT_HELD_OUT at commit 20d74d6, before their first run, and
+first run by the guarded rule (theory/guarded.py), whose printed answer is scored at optimal's default
 --max-steps-ratio 1000 (least compute) and at 2 (issue 38). Nothing was tuned on them."""
 INSTANCES = (0, *HELD_OUT)
 DEV_INSTANCES = (0,)
