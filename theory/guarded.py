@@ -13,7 +13,8 @@ guard here:
    reaches (``Staleness.oldest_measured``): a one-step pilot, or no table, leaves reuse within one step only.
 3. **Reuse only under the optimizers it was right for.** The benchmark's horizon ratio steps(x=16)/steps(x=1) was
    within 25% of the prediction for 115 of 120 quadratic pairs under SGD, 58 of 120 under Adam and 29 of 119 on the
-   bandits; replay and epochs are offered under ``REUSE_OPTIMIZERS`` only.
+   bandits (instances 0, 61, 67, 71; on the held-out 89, 97, 101 afterwards: 105 of 114, 39 of 102, 26 of 121);
+   replay and epochs are offered under ``REUSE_OPTIMIZERS`` only.
 
 The default is the floor rule's design: on-policy at the smallest whole-group batch at or above the latency floor
 that keeps the steps within the cap at b. Another candidate replaces it only if the default's worst regret exceeds
@@ -106,7 +107,9 @@ def guarded_design(b_noise: float, batch_size: int, mu: float, memory: fg.Memory
     """The guarded answer (module docstring). Candidates: the floor rule's design and ``forgetting.whole_design``'s
     on-policy, replay and epoch answers at every b_noise x f, kept where their steps at the measured b are within the
     cap; each is priced at every b_noise x f, and the one with the least worst regret replaces the default only if
-    it beats the default's worst regret by ``margin``."""
+    it beats the default's worst regret by ``margin``. ``b_factors`` starts at 1: the measured b itself."""
+    if not b_factors or b_factors[0] != 1.0:
+        raise ValueError(f"b_factors must start at 1 (the measured b), got {b_factors}")
     epochs_reach = max_epochs * (max_batch_or(max_batch, batch_size) // group_size) - 1 if max_epochs > 1 else 0
     reach = max(max_horizon - 1, epochs_reach)  # the oldest age the searches would consider: x - 1 or e m - 1
     max_age, limits = reuse_limits(optimizer, staleness, reach)
@@ -123,8 +126,10 @@ def guarded_design(b_noise: float, batch_size: int, mu: float, memory: fg.Memory
     cap = max_steps_ratio * searches[0].at_batch.steps
     keep = [i for i, p in enumerate(at_b) if p.steps <= cap * (1 + 1e-12) or i == 0]
     candidates, at_b = [candidates[i] for i in keep], [at_b[i] for i in keep]
-    compute = np.array([[p.compute for p in fg.predict_many(candidates, b_noise * f, mu, memory, staleness, floor)]
-                        for f in b_factors])  # (factors, candidates)
+    rows = [[p.compute for p in at_b]] + [  # the measured b's row is at_b's: priced once
+        [p.compute for p in fg.predict_many(candidates, b_noise * f, mu, memory, staleness, floor)]
+        for f in b_factors[1:]]
+    compute = np.array(rows)  # (factors, candidates)
     worst = (compute / compute.min(axis=1, keepdims=True)).max(axis=0)  # (candidates,)
     best = int(np.argmin(worst))
     pick = best if worst[0] > margin * worst[best] else 0

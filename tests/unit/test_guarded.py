@@ -90,3 +90,12 @@ def test_the_age_note_only_where_it_limits_the_search():
     mem = fg.Memory(0.3, "sgd", 0.9, 256.0)
     assert guarded_design(3000.0, 256, 20.0, mem, optimizer="sgd", staleness=table, max_horizon=64).limits == ()
     assert guarded_design(3000.0, 256, 20.0, mem, optimizer="sgd", staleness=table, max_horizon=65).limits
+
+
+def test_the_factors_start_at_the_measured_b():
+    with pytest.raises(ValueError, match="b_factors must start at 1"):
+        guarded_design(100.0, 256, 5.28, None, optimizer="sgd", b_factors=(4.0, 16.0))
+    # a single factor of 1 is the bare argmin over the candidates at the measured b
+    g = guarded_design(0.01, 256, 1.0, None, optimizer="sgd", group_size=8, floor=64.0, max_steps_ratio=1000.0,
+                       b_factors=(1.0,))
+    assert g.choice.design == Design.on_policy_at(8) and g.worst_choice == 1.0
