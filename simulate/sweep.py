@@ -467,7 +467,10 @@ def run_sweep(spec: dict, out_dir: str | Path, n_jobs: int = -1, backend: str = 
                 if progress is not None:
                     progress.close()
     except KeyboardInterrupt as err:  # Ctrl-C, here or while the engine shuts down: say what is kept
-        raise SweepInterrupted(out_dir, len(configs), reused, new) from err
+        # the files on disk, not the loop's tally: a Ctrl-C between write_run and new += 1 leaves one more saved
+        # than counted (a real SIGINT test caught "none had finished" beside a saved run)
+        on_disk = len(_run_files(out_dir)) if (out_dir / "runs").is_dir() else 0
+        raise SweepInterrupted(out_dir, len(configs), reused, on_disk - reused) from err
     return write_results_table(out_dir)
 
 
