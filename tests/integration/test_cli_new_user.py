@@ -74,6 +74,26 @@ def test_ctrl_c_during_a_sweep_says_what_is_saved_and_the_same_command_resumes(c
     assert len(list((out / "runs").glob("*.json"))) == 4
 
 
+def test_ctrl_c_right_after_a_run_is_saved_counts_it(cli, tmp_path, monkeypatch):
+    # the race a real SIGINT hit in CI: the run file is on disk, the loop has not yet counted it
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC))
+    out = tmp_path / "sweep"
+    real = sweep_module.write_run
+
+    def write_then_interrupt(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_module, "write_run", write_then_interrupt)
+    code, stdout, err = cli("sweep", str(spec), "--out", str(out), "--jobs", "1", "--backend", "threading",
+                            "--no-progress")
+    assert (code, stdout) == (130, "")
+    assert len(list((out / "runs").glob("*.json"))) == 1
+    assert err == (f"interrupted: 1 of 4 configurations are saved in {out / 'runs'} (1 finished now, 0 reused from "
+                   "before); run the same command to resume: it runs only the other 3\n")
+
+
 def test_ctrl_c_before_any_configuration_finished_keeps_nothing(cli, tmp_path, monkeypatch):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(SPEC))
