@@ -38,6 +38,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from .moments import (
     Moments,
+    as_result,
     chi2_from_sums,
     d2_from_sums,
     ess_frac_from_sums,
@@ -89,12 +90,6 @@ NORMALIZATION_TOL = 1e-6
 # --------------------------------------------------------------------------- #
 # private helpers (also used by bounds.py)
 # --------------------------------------------------------------------------- #
-def _out(x: ArrayLike) -> FloatOrArray:
-    """0-d results become ``np.float64``; arrays are returned as float64 arrays."""
-    a = np.asarray(x, dtype=np.float64)
-    return np.float64(a) if a.ndim == 0 else a
-
-
 def as_last_axis(x: ArrayLike, name: str, axis: int) -> FloatArray:
     """float64 copy of ``x`` with the reduced ``axis`` moved last; rejects empty input."""
     a = np.asarray(x, dtype=np.float64)
@@ -267,7 +262,7 @@ def kl_exact(logp: ArrayLike, logq: ArrayLike, *, axis: int = -1) -> FloatOrArra
     term = np.where(both, term, 0.0)
     term = np.where(p_pos & ~q_pos, np.inf, term)  # P not << Q
     term = np.where(~p_pos & q_pos, q, term)  # g(-inf) = 1
-    return _out(np.sum(term, axis=-1))
+    return as_result(np.sum(term, axis=-1))
 
 
 def renyi_exact(logp: ArrayLike, logq: ArrayLike, alpha: float, *, axis: int = -1) -> FloatOrArray:
@@ -310,7 +305,7 @@ def renyi_exact(logp: ArrayLike, logq: ArrayLike, alpha: float, *, axis: int = -
         S = np.sum(qh, axis=-1) - a * mass_out
         small = np.log1p(S)
         log_mean = np.where(np.abs(big) < 0.5, small, big)
-    return _out(log_mean / b)
+    return as_result(log_mean / b)
 
 
 def _log_chi2_exact(lp: FloatArray, lq: FloatArray) -> FloatArray:
@@ -330,7 +325,7 @@ def d2_exact(logp: ArrayLike, logq: ArrayLike, *, axis: int = -1) -> FloatOrArra
     divergences and for astronomically large ones.  Returns shape ``(...)``.
     """
     lp, lq = _exact_pair(logp, logq, axis, ("logp", "logq"))
-    return _out(np.logaddexp(0.0, _log_chi2_exact(lp, lq)))  # Eq. (23), FreshPER
+    return as_result(np.logaddexp(0.0, _log_chi2_exact(lp, lq)))  # Eq. (23), FreshPER
 
 
 def chi2_exact(logp: ArrayLike, logq: ArrayLike, *, axis: int = -1) -> FloatOrArray:
@@ -341,7 +336,7 @@ def chi2_exact(logp: ArrayLike, logq: ArrayLike, *, axis: int = -1) -> FloatOrAr
     """
     lp, lq = _exact_pair(logp, logq, axis, ("logp", "logq"))
     with np.errstate(over="ignore"):
-        return _out(np.exp(_log_chi2_exact(lp, lq)))  # Eq. (24), FreshPER
+        return as_result(np.exp(_log_chi2_exact(lp, lq)))  # Eq. (24), FreshPER
 
 
 def m2_exact(logp_new: ArrayLike, logp_behav: ArrayLike, *, axis: int = -1) -> FloatOrArray:
@@ -355,7 +350,7 @@ def m2_exact(logp_new: ArrayLike, logp_behav: ArrayLike, *, axis: int = -1) -> F
     d = np.where(b_pos, ln - np.where(b_pos, lb, 0.0), 0.0)  # (..., K) log r
     with np.errstate(over="ignore"):
         term = np.where(b_pos, np.exp(lb) * d * d, 0.0)  # Eq. (4), M2PO
-    return _out(np.sum(term, axis=-1))
+    return as_result(np.sum(term, axis=-1))
 
 
 def ess_fraction_exact(logp_new: ArrayLike, logp_behav: ArrayLike, *, axis: int = -1) -> FloatOrArray:
@@ -364,7 +359,7 @@ def ess_fraction_exact(logp_new: ArrayLike, logp_behav: ArrayLike, *, axis: int 
     FreshPER Eq. (5) with Var[rho] = chi^2 (Eq. (9)) and chi^2 = e^{D_2} - 1
     (Eq. (24)): ESS = n / (1 + chi^2) = n e^{-D_2}.  Returns shape ``(...)``.
     """
-    return _out(np.exp(-np.asarray(d2_exact(logp_new, logp_behav, axis=axis))))  # Eqs. (5), (24), FreshPER
+    return as_result(np.exp(-np.asarray(d2_exact(logp_new, logp_behav, axis=axis))))  # Eqs. (5), (24), FreshPER
 
 
 # --------------------------------------------------------------------------- #
@@ -417,7 +412,7 @@ def sequence_log_ratio(
     if np.isnan(x).any():
         raise ValueError("token_log_ratio contains NaN at unmasked positions")
     with np.errstate(invalid="ignore"):
-        return _out(np.sum(x, axis=-1))
+        return as_result(np.sum(x, axis=-1))
 
 
 # --------------------------------------------------------------------------- #
@@ -432,13 +427,13 @@ def _moments(log_ratio: ArrayLike, mask: ArrayLike | None, axis: int) -> Moments
 def kl_k1(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
     """k1 = mean(-log r): unbiased estimate of KL(pi_behav || pi_new).  M2PO Eq. (3)."""
     s = _moments(log_ratio, mask, axis)
-    return _out(kl_k1_from_sums(s.s1, s.n))  # Eq. (3), M2PO
+    return as_result(kl_k1_from_sums(s.s1, s.n))  # Eq. (3), M2PO
 
 
 def kl_k2(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
     """k2 = mean((log r)^2) / 2 = M_2 / 2: low-variance, biased estimate of KL(pi_behav || pi_new)."""
     s = _moments(log_ratio, mask, axis)
-    return _out(kl_k2_from_sums(s.s2, s.n))
+    return as_result(kl_k2_from_sums(s.s2, s.n))
 
 
 def kl_k3(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
@@ -448,13 +443,13 @@ def kl_k3(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1
     log-ratios give +inf, without warnings.
     """
     s = _moments(log_ratio, mask, axis)
-    return _out(kl_k3_from_sums(s.sk3, s.n))
+    return as_result(kl_k3_from_sums(s.sk3, s.n))
 
 
 def m2(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
     """M_2 = mean((log r)^2) = 2 * k2.  M2PO Eq. (4)."""
     s = _moments(log_ratio, mask, axis)
-    return _out(m2_from_sums(s.s2, s.n))  # Eq. (4), M2PO
+    return as_result(m2_from_sums(s.s2, s.n))  # Eq. (4), M2PO
 
 
 def _log_mean_exp(a: FloatArray, m: BoolArray, n: FloatArray) -> FloatArray:
@@ -469,7 +464,7 @@ def d2_estimate(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: in
     (Jensen) for finite n.
     """
     s = _moments(log_ratio, mask, axis)
-    return _out(d2_from_sums(s.lmax, s.B, s.n))  # Eq. (23), FreshPER
+    return as_result(d2_from_sums(s.lmax, s.B, s.n))  # Eq. (23), FreshPER
 
 
 def chi2_estimate(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
@@ -480,7 +475,7 @@ def chi2_estimate(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: 
     May be +inf (no warning).
     """
     s = _moments(log_ratio, mask, axis)
-    return _out(chi2_from_sums(s.lmax, s.B, s.n))  # Eq. (24), FreshPER
+    return as_result(chi2_from_sums(s.lmax, s.B, s.n))  # Eq. (24), FreshPER
 
 
 def renyi_estimate(
@@ -499,7 +494,7 @@ def renyi_estimate(
     a = _check_alpha(alpha)
     lr, m, n = _prep_samples(log_ratio, mask, axis)
     if a != 1.0:
-        return _out(_log_mean_exp(a * lr, m, n) / (a - 1.0))  # Eq. (22), FreshPER
+        return as_result(_log_mean_exp(a * lr, m, n) / (a - 1.0))  # Eq. (22), FreshPER
     mx = np.max(np.where(m, lr, -np.inf), axis=-1, keepdims=True)  # (..., 1)
     shift = np.where(np.isfinite(mx), mx, 0.0)
     with np.errstate(all="ignore"):
@@ -508,7 +503,7 @@ def renyi_estimate(
         out = num / np.sum(w, axis=-1)
     mx0 = mx[..., 0]
     out = np.where(mx0 == np.inf, np.inf, out)  # weight concentrates on r = inf
-    return _out(np.where(mx0 == -np.inf, -np.inf, out))  # all r = 0
+    return as_result(np.where(mx0 == -np.inf, -np.inf, out))  # all r = 0
 
 
 def ess_kish(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
@@ -520,7 +515,7 @@ def ess_kish(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int =
     """
     lr, m, n = _prep_samples(log_ratio, mask, axis)
     A, B, _ = weight_sums(lr, m)  # the kernel's A, B alone
-    return _out(ess_from_sums(A, B, n))
+    return as_result(ess_from_sums(A, B, n))
 
 
 def sample_statistics(log_ratio: ArrayLike, mask: ArrayLike | None = None, *,
@@ -531,14 +526,14 @@ def sample_statistics(log_ratio: ArrayLike, mask: ArrayLike | None = None, *,
     ``m2``, ``d2``, ``chi2`` (mean r^2 - 1), ``ess_frac`` (Kish ESS / n).
     """
     stats = _moments(log_ratio, mask, axis).statistics()
-    return {k: _out(stats[k]) for k in ("kl_k1", "kl_k2", "kl_k3", "m2", "d2", "chi2", "ess_frac")}
+    return {k: as_result(stats[k]) for k in ("kl_k1", "kl_k2", "kl_k3", "m2", "d2", "chi2", "ess_frac")}
 
 
 def ess_kish_fraction(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
     """Kish ESS / n = (sum w)^2 / (n sum w^2): TRL/verl ``ess_frac``, PipelineRL ``rl/ess``."""
     lr, m, n = _prep_samples(log_ratio, mask, axis)
     A, B, _ = weight_sums(lr, m)  # the kernel's A, B alone
-    return _out(ess_frac_from_sums(A, B, n))
+    return as_result(ess_frac_from_sums(A, B, n))
 
 
 def ess_kong(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int = -1) -> FloatOrArray:
@@ -554,7 +549,7 @@ def ess_kong(log_ratio: ArrayLike, mask: ArrayLike | None = None, *, axis: int =
     with np.errstate(over="ignore"):  # e^{-|v|} never overflows; 1 / (1 + e^v) written so neither branch does
         small = np.exp(-np.abs(log_var))
         inv_one_plus = np.where(log_var > 0, small / (1.0 + small), 1.0 / (1.0 + small))  # expit(-log_var)
-    return _out(n * inv_one_plus)  # n / (1 + e^{log Var}); Eq. (5), FreshPER; numpy, not scipy: diagnose starts faster
+    return as_result(n * inv_one_plus)  # n / (1 + e^{log Var}); Eq. (5), FreshPER; numpy: diagnose starts faster
 
 
 def ratio_stats(
@@ -566,4 +561,4 @@ def ratio_stats(
     only a genuinely huge value (e.g. exp(4096)) becomes +inf, without warnings.
     """
     stats = _moments(log_ratio, mask, axis).statistics()
-    return {f"is_ratio_{k}": _out(stats[f"ratio_{k}"]) for k in ("min", "mean", "max", "std")}
+    return {f"is_ratio_{k}": as_result(stats[f"ratio_{k}"]) for k in ("min", "mean", "max", "std")}

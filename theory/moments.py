@@ -91,6 +91,12 @@ def _quiet(estimator: Callable[P, np.ndarray]):  # returns functools.wraps' type
     return quiet
 
 
+def as_result(x: ArrayLike) -> np.float64 | np.ndarray:
+    """The public estimators' output form: a 0-d result becomes ``np.float64``, an array a float64 array."""
+    a = np.asarray(x, dtype=np.float64)
+    return np.float64(a) if a.ndim == 0 else a
+
+
 def _count(n: ArrayLike) -> np.ndarray:
     """n as float64 with NaN for an empty group (every estimator of an empty group is NaN)."""
     n = np.asarray(n, dtype=np.float64)
