@@ -31,6 +31,7 @@ experience-replay (GRPO, AsymRE); metrics as TRL / verl name them.  Aggregation 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, overload
 
@@ -45,6 +46,7 @@ from ..theory.moments import Moments, statistics
 
 __all__ = [
     "LossOutput",
+    "LazyMetrics",
     "AGGREGATIONS",
     "reinforce",
     "grpo",
@@ -73,11 +75,41 @@ class LossOutput:
 
     loss: np.ndarray  # (S,) value of the loss to MINIMISE
     grad_logp: np.ndarray  # (S, n, L) d loss / d logp_new (0 on masked/padding tokens)
-    metrics: dict[str, np.ndarray] = field(default_factory=dict)  # each (S,)
+    metrics: Mapping[str, np.ndarray] = field(default_factory=dict)  # each (S,); the losses' own: LazyMetrics
     # (S, n, L) the per-token objective, loss = -sum a_it * objective_it (read only where a_it > 0): what a trainer
     # that weights tokens after the loss (TRL's vLLM importance-sampling ratio, integrations/trl.py) needs for its
     # value; None where a loss does not set it
     objective: np.ndarray | None = None
+
+
+class LazyMetrics(Mapping[str, np.ndarray]):
+    """A loss's diagnostics, computed when first read and kept: a loop that reads only the gradient (the benchmark's
+    ``simulate/to_target.py``) never pays for them (the importance-ratio statistics were a sixth of its time), and
+    every reader sees the same values, in the order ``make`` writes them."""
+
+    __slots__ = ("_make", "_values")
+
+    def __init__(self, make: Callable[[], dict[str, np.ndarray]]) -> None:
+        self._make: Callable[[], dict[str, np.ndarray]] | None = make
+        self._values: dict[str, np.ndarray] | None = None
+
+    def _computed(self) -> dict[str, np.ndarray]:
+        if self._values is None:
+            assert self._make is not None
+            self._values, self._make = self._make(), None  # the closure's arrays are released once computed
+        return self._values
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self._computed()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._computed())
+
+    def __len__(self) -> int:
+        return len(self._computed())
+
+    def __repr__(self) -> str:
+        return f"LazyMetrics({self._computed()!r})"
 
 
 # --------------------------------------------------------------------------- #
@@ -176,7 +208,7 @@ def _token_weights(m: np.ndarray, aggregation: str) -> np.ndarray:
 
 
 def _output(objective: np.ndarray, d_objective: np.ndarray, weights: np.ndarray,
-            metrics: dict[str, np.ndarray]) -> LossOutput:
+            metrics: Mapping[str, np.ndarray]) -> LossOutput:
     """loss = -sum weights * objective per seed; grad = -weights * d objective / d logp_new."""
     with np.errstate(invalid="ignore"):
         loss = -np.sum(np.where(weights > 0, weights * objective, 0.0), axis=(1, 2))  # (S,)
@@ -310,7 +342,7 @@ def reinforce(logp_new: ArrayLike, advantage: ArrayLike, mask: ArrayLike, *,
     adv = _token_advantage(advantage, m)
     weights = _token_weights(m, aggregation)
     objective = adv * lp  # REINFORCE: A log pi(o_t | .)
-    metrics = _ratio_metrics(lr, m) if lr is not None else {}
+    metrics = LazyMetrics(lambda: _ratio_metrics(lr, m)) if lr is not None else {}
     return _output(objective, adv, weights, metrics)
 
 
@@ -337,15 +369,17 @@ def grpo(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask:
     weights = _token_weights(m, aggregation)
     log_lo, log_hi = _log_bounds(eps_low, eps_high)
     objective, d_objective, low, high = _clipped_surrogate(lr, adv, m, log_lo, log_hi)
-    clipped = _token_mean(low | high, m)
-    metrics = {
-        "clip_ratio/low_mean": _token_mean(low, m),
-        "clip_ratio/high_mean": _token_mean(high, m),
-        "clip_ratio/region_mean": clipped,
-        "pg_clipfrac": clipped.copy(),
-        **_ratio_metrics(lr, m),
-    }
-    return _output(objective, d_objective, weights, metrics)
+
+    def metrics() -> dict[str, np.ndarray]:
+        clipped = _token_mean(low | high, m)
+        return {
+            "clip_ratio/low_mean": _token_mean(low, m),
+            "clip_ratio/high_mean": _token_mean(high, m),
+            "clip_ratio/region_mean": clipped,
+            "pg_clipfrac": clipped.copy(),
+            **_ratio_metrics(lr, m),
+        }
+    return _output(objective, d_objective, weights, LazyMetrics(metrics))
 
 
 def no_trust_region(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask: ArrayLike, *,
@@ -512,16 +546,18 @@ def m2po(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask:
         d_objective = objective  # d(r A)/d log pi = r A; masked tokens 0
     else:
         objective, d_objective, _, _ = _clipped_surrogate(lr, adv, m, -cap[:, None, None], cap[:, None, None])
-    kept_count = keep.sum(axis=(1, 2))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        m2_after = np.sum(np.where(keep, lr * lr, 0.0), axis=(1, 2)) / kept_count
-    metrics = {
-        "masked_frac": _token_mean(drop, m),
-        "m2_after": np.where(kept_count > 0, m2_after, np.nan),
-        "m2_cap": cap,
-        **_ratio_metrics(lr, m),
-    }
-    return _output(objective, d_objective, weights, metrics)
+
+    def metrics() -> dict[str, np.ndarray]:
+        kept_count = keep.sum(axis=(1, 2))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            m2_after = np.sum(np.where(keep, lr * lr, 0.0), axis=(1, 2)) / kept_count
+        return {
+            "masked_frac": _token_mean(drop, m),
+            "m2_after": np.where(kept_count > 0, m2_after, np.nan),
+            "m2_cap": cap,
+            **_ratio_metrics(lr, m),
+        }
+    return _output(objective, d_objective, weights, LazyMetrics(metrics))
 
 
 def m2po_reference(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask: ArrayLike,
@@ -562,25 +598,27 @@ def rloo(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask:
         coef = np.where(adv != 0, w * adv, 0.0)  # (S, n) w_i A_i; A = 0 and w = inf gives 0
     coef_tok = np.broadcast_to(coef[..., None], m.shape)
     objective = coef_tok * lp  # Eq. (3), Replay-RLOO: w_i A_i log pi(y_i|x_i), summed over tokens
-    replayed = ~fresh  # (S, n)
-    n_rep = replayed.sum(axis=1)  # (S,)
-    has_rep = n_rep > 0
-    log_w = np.minimum(np.log(c), seq_lr)  # (S, n) log of the clipped weight
-    safe_mask = np.where(has_rep[:, None], replayed, True)  # rows without replay: any mask, result replaced
-    ess_rep = np.asarray(ess_kish_fraction(log_w, safe_mask))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        clip_frac = np.sum(replayed & (seq_lr >= np.log(c)), axis=1) / n_rep
-        weight_mean = np.sum(np.where(replayed, w, 0.0), axis=1) / n_rep
-    token_metrics = _ratio_metrics(lr, m)
-    token_metrics["ess_frac_token"] = token_metrics.pop("ess_frac")
-    metrics = {
-        "ess_frac": np.where(has_rep, ess_rep, 1.0),
-        "clip_frac": np.where(has_rep, clip_frac, 0.0),
-        "weight_mean": np.where(has_rep, weight_mean, 1.0),
-        "replay_frac": n_rep / m.shape[1],
-        **token_metrics,
-    }
-    return _output(objective, coef_tok, weights, metrics)
+
+    def metrics() -> dict[str, np.ndarray]:
+        replayed = ~fresh  # (S, n)
+        n_rep = replayed.sum(axis=1)  # (S,)
+        has_rep = n_rep > 0
+        log_w = np.minimum(np.log(c), seq_lr)  # (S, n) log of the clipped weight
+        safe_mask = np.where(has_rep[:, None], replayed, True)  # rows without replay: any mask, result replaced
+        ess_rep = np.asarray(ess_kish_fraction(log_w, safe_mask))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            clip_frac = np.sum(replayed & (seq_lr >= np.log(c)), axis=1) / n_rep
+            weight_mean = np.sum(np.where(replayed, w, 0.0), axis=1) / n_rep
+        token_metrics = _ratio_metrics(lr, m)
+        token_metrics["ess_frac_token"] = token_metrics.pop("ess_frac")
+        return {
+            "ess_frac": np.where(has_rep, ess_rep, 1.0),
+            "clip_frac": np.where(has_rep, clip_frac, 0.0),
+            "weight_mean": np.where(has_rep, weight_mean, 1.0),
+            "replay_frac": n_rep / m.shape[1],
+            **token_metrics,
+        }
+    return _output(objective, coef_tok, weights, LazyMetrics(metrics))
 
 
 def asymre(logp_new: ArrayLike, reward: ArrayLike, value_baseline: ArrayLike, mask: ArrayLike,
@@ -604,7 +642,7 @@ def asymre(logp_new: ArrayLike, reward: ArrayLike, value_baseline: ArrayLike, ma
     coef = np.broadcast_to((r - (v + delta_v))[..., None], m.shape)  # App. E: r(z_i, q) - (V-hat + delta V)
     weights = _token_weights(m, aggregation)
     objective = coef * lp  # App. E, experience replay: (r - (V + dV)) log pi(z_i|q)
-    metrics = _ratio_metrics(lr, m) if lr is not None else {}
+    metrics = LazyMetrics(lambda: _ratio_metrics(lr, m)) if lr is not None else {}
     return _output(objective, coef, weights, metrics)
 
 
@@ -643,17 +681,19 @@ def exgrpo_shaped(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLi
     g_w = np.asarray(shaping_gradient_weight(w, beta))  # d f(w) / d log w = beta w / (w + beta)^2
     objective = np.where(rep_tok, f_w * adv, clip_obj)  # Eq. (4), ExGRPO, CLIP(w*, A) -> f(w*) A for o*
     d_objective = np.where(rep_tok, g_w * adv, clip_d)
-    n_rep_tok = rep_tok.sum(axis=(1, 2))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        shaping_mean = np.sum(np.where(rep_tok, g_w, 0.0), axis=(1, 2)) / n_rep_tok
-    metrics = {
-        "clip_ratio/low_mean": _token_mean(low, m),
-        "clip_ratio/high_mean": _token_mean(high, m),
-        "clip_ratio/region_mean": _token_mean(low | high, m),
-        "pg_clipfrac": _token_mean(low | high, m),
-        "replay_frac": _token_mean(rep_tok, m),
-        "shaping_weight_mean": np.where(n_rep_tok > 0, shaping_mean, np.nan),
-        **_ratio_metrics(lr, m),
-    }
-    return _output(objective, d_objective, weights, metrics)
+
+    def metrics() -> dict[str, np.ndarray]:
+        n_rep_tok = rep_tok.sum(axis=(1, 2))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            shaping_mean = np.sum(np.where(rep_tok, g_w, 0.0), axis=(1, 2)) / n_rep_tok
+        return {
+            "clip_ratio/low_mean": _token_mean(low, m),
+            "clip_ratio/high_mean": _token_mean(high, m),
+            "clip_ratio/region_mean": _token_mean(low | high, m),
+            "pg_clipfrac": _token_mean(low | high, m),
+            "replay_frac": _token_mean(rep_tok, m),
+            "shaping_weight_mean": np.where(n_rep_tok > 0, shaping_mean, np.nan),
+            **_ratio_metrics(lr, m),
+        }
+    return _output(objective, d_objective, weights, LazyMetrics(metrics))
 

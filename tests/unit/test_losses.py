@@ -663,3 +663,32 @@ def test_m2po_rows_that_cannot_bind_skip_the_sort_and_match_the_naive_loop():
             np.testing.assert_array_equal(keep[s].ravel(), expected[0] if variant == "reference" else expected)
         assert (keep != b["mask"]).any(axis=(1, 2)).tolist() == binds.tolist()  # the binding rows do mask
         np.testing.assert_array_equal(L.m2po_masks(lr, b["advantage"], b["mask"], tau)[variant], keep)  # one sort
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_metrics_are_computed_when_first_read_and_once(name, monkeypatch):
+    # the benchmark's loop reads only grad_logp: the importance-ratio statistics must not run until a reader asks
+    b = _batch()
+    real, calls = L._ratio_metrics, []
+
+    def counted(lr, m):
+        calls.append(1)
+        return real(lr, m)
+
+    monkeypatch.setattr(L, "_ratio_metrics", counted)
+    if name == "reinforce":  # the IS diagnostics only with a behaviour policy given
+        out = L.reinforce(b["logp_new"], b["advantage"], b["mask"], logp_behav=b["logp_behav"])
+    elif name == "asymre":
+        out = L.asymre(b["logp_new"], b["reward"], np.full_like(b["reward"], 0.5), b["mask"],
+                       logp_behav=b["logp_behav"])
+    else:
+        out = _call(name, b)
+    assert calls == [] and isinstance(out.metrics, L.LazyMetrics)
+    values = dict(out.metrics)
+    assert len(calls) == 1 and dict(out.metrics) == values and len(calls) == 1  # computed once, then kept
+    m = np.broadcast_to(b["mask"], b["logp_new"].shape)
+    direct = real(np.where(m, b["logp_new"] - b["logp_behav"], 0.0), m)  # the statistics of the real tokens
+    renamed = {"ess_frac": "ess_frac_token"} if name in ("rloo", "tis") else {}
+    for key, value in direct.items():
+        np.testing.assert_allclose(values[renamed.get(key, key)], value, rtol=1e-12)
+    assert out.metrics == values  # a Mapping equals the dict of its items
