@@ -48,8 +48,10 @@ GROUP = 8
 """Responses per prompt group on the rollout environments (the benchmark's GRPO / leave-one-out groups)."""
 
 
-def _window(t: np.ndarray | int) -> np.ndarray:
-    return np.maximum(MIN_WINDOW, np.ceil(WINDOW * np.asarray(t, dtype=float))).astype(np.int64)
+def _window(t: int) -> int:
+    """w = max(MIN_WINDOW, ceil(WINDOW t)) of one step: plain Python (the tracker asks every step; numpy's scalar
+    calls cost more than the arithmetic), the same double product and ceiling as numpy's."""
+    return max(MIN_WINDOW, math.ceil(WINDOW * t))
 
 
 class CrossingTracker:
@@ -72,8 +74,9 @@ class CrossingTracker:
     def update(self, step: int, reward: np.ndarray) -> None:
         """``reward`` (lrs * seeds,) exact rewards after update ``step`` (1-based)."""
         r = np.asarray(reward, dtype=float).reshape(self.lrs, self.seeds)
-        self.finite &= np.isfinite(r).all(axis=1)
-        means = (np.nan_to_num(r, nan=0.0, posinf=0.0, neginf=0.0) @ self.weights.T).T  # (boots + 1, lrs)
+        ok = np.isfinite(r)
+        self.finite &= ok.all(axis=1)
+        means = (np.where(ok, r, 0.0) @ self.weights.T).T  # (boots + 1, lrs); a diverged row's NaN or inf counts 0
         if step >= self.cumsum.shape[0]:
             grown = np.zeros((min(2 * self.cumsum.shape[0], self.max_steps + 1), self.rows, self.lrs))
             grown[: self.cumsum.shape[0]] = self.cumsum
@@ -81,8 +84,8 @@ class CrossingTracker:
         self.cumsum[step] = self.cumsum[step - 1] + means
         self.first_touch[(self.first_touch == 0) & self.finite & (means[0] >= self.target)] = step
         t = self.last + 1
-        while t + int(_window(t)) <= step:  # every t whose window [t - w, t + w] is now complete
-            w = int(_window(t))
+        while t + _window(t) <= step:  # every t whose window [t - w, t + w] is now complete
+            w = _window(t)
             lo = max(t - w, 1)
             smooth = (self.cumsum[t + w] - self.cumsum[lo - 1]) / (t + w - lo + 1)  # (boots + 1, lrs)
             new = (self.crossing == 0) & (smooth >= self.target) & self.finite
@@ -101,7 +104,7 @@ class CrossingTracker:
             return True
         best = self.best()
         late = math.ceil(STOP_FACTOR * best)
-        return best > 0 and step >= late + int(_window(late))
+        return best > 0 and step >= late + _window(late)
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
         crossing = np.where(self.finite[None], self.crossing, 0)
