@@ -31,7 +31,14 @@ from ...outputs import check_out_dir, strict, write_new
 from ...simulate import to_target
 from ...theory import forgetting
 from ...theory.resampling import quantile_interval, spearman
-from .measure import _designs_of, design_spec, printed_design, read_b_noise, run_unit, staleness_of
+from .measure import (
+    _designs_of,
+    design_spec,
+    printed_design,
+    read_b_noise,
+    run_unit,
+    staleness_of,
+)
 from .objectives import OBJECTIVES, PRINTED, NoPick, design_steps_row, measured_compute, objective_values
 from .options import (
     BATCH,
@@ -434,8 +441,12 @@ def check_out(out: Path, options: Options) -> Path:
     return out
 
 
-def _unit_job(out: str, setting: str, optimizer: str, instance: int, options: Options) -> dict:
-    return run_unit(out, setting, optimizer, instance, options)
+def _unit_job(out: str, setting: str, optimizer: str, instance: int, options: Options) -> tuple[dict, list[dict]]:
+    """A worker's unit: its record and its cells, scored there (``score_unit``, the function ``summarise`` runs on a
+    record: the printed answers the unit trained are still in this process's memo, and no scoring is left for the
+    end, when a single process would do all of it)."""
+    record = run_unit(out, setting, optimizer, instance, options)
+    return record, score_unit(record, options)
 
 
 def run_theory_test(out: str | Path, options: Options = Options(), progress: bool = True, jobs: int = 1) -> dict:
@@ -453,6 +464,7 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
     units_dir.mkdir(exist_ok=True)
     plan = options.units
     records: dict[tuple, dict] = {}
+    scored: dict[tuple, list[dict]] = {}  # the cells of the units scored by their workers
     todo = []
     for s, o, i in plan:
         path = units_dir / f"{s}-{o}-{i}.json"
@@ -468,6 +480,11 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
             instance_record(store, SETTINGS[s], i)
     per_unit = len(options.designs())
     workers = local_workers(jobs, len(todo)) if todo else 1
+    if workers > 1:  # longest first, so that no long unit starts last while the other workers idle: the rollout
+        # settings (each step samples responses; a quadratic unit follows closed-form curves) before the quadratic,
+        # each group from its noisiest setting (SETTINGS lists them by rising noise; more noise, more steps)
+        order = {name: k for k, name in enumerate(SETTINGS)}
+        todo.sort(key=lambda unit: (SETTINGS[unit[0]].loss is None, -order[unit[0]]))
     label = f"theory-test units ({len(plan) - len(todo)} of {len(plan)} saved)"
     bar = ProgressBar(label, len(todo) * (per_unit if workers == 1 else 1), enabled=progress)
     try:
@@ -477,15 +494,16 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
                 _save_unit(units_dir, record)
                 records[(s, o, i)] = record
         else:
-            for record in run_unordered(_unit_job, [(str(out), s, o, i, options) for s, o, i in todo], workers,
-                                        batch_size=1):
+            for record, cells in run_unordered(
+                    _unit_job, [(str(out), s, o, i, options) for s, o, i in todo], workers, batch_size=1):
                 _save_unit(units_dir, record)
-                records[(record["setting"], record["optimizer"], record["instance"])] = record
+                key = (record["setting"], record["optimizer"], record["instance"])
+                records[key], scored[key] = record, cells
                 bar.advance()
     finally:
         bar.close()
     units = [records[k] for k in plan]
-    summary = summarise(units, options)
+    summary = summarise(units, options, [scored.get(k) for k in plan])
     summary["elapsed_s"] = round(time.time() - started, 1)
     _write_summary(out, summary)
     return summary
@@ -497,13 +515,20 @@ def _save_unit(units_dir: Path, record: dict) -> None:
         write_new(path, lambda tmp: tmp.write_text(json.dumps(strict(record))))
 
 
-def summarise(units: list[dict], options: Options) -> dict:
-    """Cells (unit x mu x floor), per-unit checks, and the targets over all instances and over the held-out ones."""
+def score_unit(record: dict, options: Options) -> list[dict]:
+    """The unit's cells, mu-major then floor (``score_cell``, or ``not_scored_cell`` for a unit not scored)."""
+    score = not_scored_cell if record.get("not_scored") else score_cell
+    return [score(record, mu, floor) for mu in options.mus for floor in options.floors]
+
+
+def summarise(units: list[dict], options: Options, unit_cells: list[list[dict] | None] | None = None) -> dict:
+    """Cells (unit x mu x floor), per-unit checks, and the targets over all instances and over the held-out ones.
+    ``unit_cells``: each unit's cells where a worker already scored it (``score_unit``), else None."""
     scored = [u for u in units if not u.get("not_scored")]
     for u in scored:
         u["checks"] = unit_checks(u)
-    cells = [score_cell(u, mu, floor) if not u.get("not_scored") else not_scored_cell(u, mu, floor)
-             for u in units for mu in options.mus for floor in options.floors]
+    given = unit_cells or [None] * len(units)
+    cells = [c for u, done in zip(units, given) for c in (score_unit(u, options) if done is None else done)]
     held = [c for c in cells if c["instance"] not in DEV_INSTANCES]
     held_units = [u for u in scored if u["instance"] not in DEV_INSTANCES]
     slim = [{k: v for k, v in u.items() if k != "designs"} | {"designs": [
