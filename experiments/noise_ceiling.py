@@ -1,0 +1,70 @@
+"""How much of a benchmark cell's regret is seed noise: the grid's best picked on a seed resample (issue 38).
+
+    python -m replay_theory.experiments.noise_ceiling RUN_DIR [--held-out-only]
+
+Reads a finished ``experiment theory-test`` run (``RUN_DIR/units/*.json``) and prints, per latency floor, the share of
+cells in which an oracle that picks the cheapest grid design on a seed resample is within 1.2x of the point
+estimate's cheapest: for each cell the mean over the unit's bootstrap replicates (paired across designs, the same
+resamples the regret intervals use) of [compute[0, argmin compute[k]] / min compute[0] <= 1.2]. A rule fed only a
+pilot can beat this share only by luck: it is a ceiling that seed noise puts on the benchmark's "within 1.2x"
+target. It is an optimistic one, since a resample reuses the scored seeds. Units with one replicate (the exact
+quadratic curves under SGD) have no seed noise and count as within.
+
+Symbols: compute (replicates, designs) = steps x (mu max(R, floor) / (e m) + B), the cost model of
+``experiments/theory_bench/objectives.measured_compute``; replicate 0 is the point estimate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .theory_bench.objectives import measured_compute
+from .theory_bench.options import DEV_INSTANCES
+
+WITHIN = 1.2  # the benchmark's "within 1.2x" (experiments/theory_bench/score.py)
+
+
+def resampled_oracle_share(compute: np.ndarray, within: float = WITHIN) -> float:
+    """compute (replicates, designs): the share of replicates k >= 1 whose cheapest design is within ``within`` of
+    replicate 0's cheapest, judged on replicate 0; 1.0 with one replicate (no resample: no seed noise)."""
+    if compute.shape[0] == 1:
+        return 1.0
+    picks = np.argmin(compute[1:], axis=1)  # (replicates - 1,) the oracle's pick on each resample
+    with np.errstate(invalid="ignore"):  # a pick that never reached the target: inf / finite, not within
+        return float(np.mean(compute[0, picks] / compute[0].min() <= within))
+
+
+def ceiling(units: list[dict], mus, floors, skip_instances=()) -> dict[int, tuple[float, int]]:
+    """floor -> (mean share over the cells, cells): the cells are unit x mu of the scored units whose instance is not
+    in ``skip_instances``."""
+    out = {}
+    for floor in floors:
+        shares = [resampled_oracle_share(measured_compute(u, mu, floor)) for u in units
+                  if u.get("designs") and not u.get("not_scored") and u["instance"] not in skip_instances
+                  for mu in mus]
+        out[int(floor)] = (float(np.mean(shares)) if shares else float("nan"), len(shares))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("run", type=Path, help="A finished experiment theory-test folder (its units/*.json).")
+    parser.add_argument("--held-out-only", action="store_true", help="Leave out the development instances.")
+    args = parser.parse_args(argv)
+    units_dir = args.run / "units"
+    if not units_dir.is_dir():
+        parser.exit(2, f"{args.run}: no units/ folder; give a finished experiment theory-test folder\n")
+    protocol = json.loads((args.run / "options.json").read_text())
+    units = [json.loads(p.read_text()) for p in sorted(units_dir.glob("*.json"))]
+    skip = protocol.get("dev_instances", DEV_INSTANCES) if args.held_out_only else ()
+    for floor, (share, cells) in ceiling(units, protocol["mus"], protocol["floors"], skip).items():
+        print(f"floor {floor}: the grid's best picked on a seed resample is within {WITHIN:g}x in "
+              f"{100 * share:.1f}% of {cells} cells")
+
+
+if __name__ == "__main__":
+    main()
