@@ -84,8 +84,8 @@ class LossOutput:
 
 class LazyMetrics(Mapping[str, np.ndarray]):
     """A loss's diagnostics, computed when first read and kept: a loop that reads only the gradient (the benchmark's
-    ``simulate/to_target.py``) never pays for them (the importance-ratio statistics were a sixth of its time), and
-    every reader sees the same values, in the order ``make`` writes them."""
+    ``simulate/to_target.py``) never pays for the importance-ratio statistics, and every reader sees the same values,
+    in the order ``make`` writes them."""
 
     __slots__ = ("_make", "_values")
 

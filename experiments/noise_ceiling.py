@@ -55,10 +55,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run", type=Path, help="A finished experiment theory-test folder (its units/*.json).")
     parser.add_argument("--held-out-only", action="store_true", help="Leave out the development instances.")
     args = parser.parse_args(argv)
-    units_dir = args.run / "units"
-    if not units_dir.is_dir():
-        parser.exit(2, f"{args.run}: no units/ folder; give a finished experiment theory-test folder\n")
-    protocol = json.loads((args.run / "options.json").read_text())
+    units_dir, options = args.run / "units", args.run / "options.json"
+    if not units_dir.is_dir() or not options.is_file():
+        parser.exit(2, f"{args.run} is not a finished experiment theory-test folder (it needs units/ and "
+                       f"options.json)\n")
+    protocol = json.loads(options.read_text())
     units = [json.loads(p.read_text()) for p in sorted(units_dir.glob("*.json"))]
     skip = protocol.get("dev_instances", DEV_INSTANCES) if args.held_out_only else ()
     for floor, (share, cells) in ceiling(units, protocol["mus"], protocol["floors"], skip).items():

@@ -31,14 +31,7 @@ from ...outputs import check_out_dir, strict, write_new
 from ...simulate import to_target
 from ...theory import forgetting
 from ...theory.resampling import quantile_interval, spearman
-from .measure import (
-    _designs_of,
-    design_spec,
-    printed_design,
-    read_b_noise,
-    run_unit,
-    staleness_of,
-)
+from .measure import _designs_of, design_spec, printed_design, read_b_noise, run_unit, staleness_of
 from .objectives import OBJECTIVES, PRINTED, NoPick, design_steps_row, measured_compute, objective_values
 from .options import (
     BATCH,
@@ -518,7 +511,8 @@ def _save_unit(units_dir: Path, record: dict) -> None:
 def score_unit(record: dict, options: Options) -> list[dict]:
     """The unit's cells, mu-major then floor (``score_cell``, or ``not_scored_cell`` for a unit not scored)."""
     score = not_scored_cell if record.get("not_scored") else score_cell
-    return [score(record, mu, floor) for mu in options.mus for floor in options.floors]
+    with threadpool_limits(limits=1, user_api="blas"):  # as run_unit: the same cells in a worker or in one process
+        return [score(record, mu, floor) for mu in options.mus for floor in options.floors]
 
 
 def summarise(units: list[dict], options: Options, unit_cells: list[list[dict] | None] | None = None) -> dict:

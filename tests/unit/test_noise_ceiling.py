@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pytest
 
 from replay_theory.experiments import noise_ceiling as nc
 
@@ -25,3 +26,12 @@ def test_ceiling_averages_unit_by_mu_cells_and_skips_instances(monkeypatch):
              {"name": "c", "instance": 7, "designs": [], "not_scored": "no pilot"}]
     assert nc.ceiling(units, (1.0, 2.0), (0,)) == {0: (0.25, 4)}  # a: 0 and 1; b: 0 and 0
     assert nc.ceiling(units, (1.0, 2.0), (0,), skip_instances=(0,)) == {0: (0.5, 2)}
+
+
+def test_a_folder_that_is_not_a_run_is_refused_in_one_line(tmp_path, capsys):
+    (tmp_path / "units").mkdir()  # no options.json: not a finished run
+    with pytest.raises(SystemExit) as stop:
+        nc.main([str(tmp_path)])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (f"{tmp_path} is not a finished experiment theory-test folder (it needs units/ "
+                                       "and options.json)\n")
