@@ -11,6 +11,7 @@ the first line of the text says what to do. Numbers come from ``forgetting`` onl
 | ``kappa``         | kappa          | the optimizer's memory (1/kappa steps) measured at ``pilot_batch``        |
 | ``floor``         | R_floor        | generation latency floor in rollouts: a step costs mu max(R, R_floor) + B |
 | ``max_steps_ratio``| --            | steps allowed relative to on-policy at B (the wall-time budget)           |
+| ``max_staleness`` | k              | overlapped generation allowed up to k updates ahead (0: none priced)      |
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Query:
     max_steps_ratio: float = 1000.0
     max_horizon: int = 64
     max_epochs: int = 1
+    max_staleness: int = 0
     staleness: fg.Staleness = field(default_factory=lambda: fg.NO_STALENESS)
 
 
@@ -57,7 +59,8 @@ def _design_row(p: fg.Prediction, ref: fg.Prediction) -> dict:
             "y": d.y, "on_policy": d.on_policy, "steps_vs_B": p.steps / ref.steps,
             "compute_vs_B": p.compute / ref.compute, "psi": p.psi,
             "kappa_at_design": None if math.isnan(p.kappa) else p.kappa, "staleness_factor": p.staleness,
-            **({"epochs": d.epochs, "mini_batches": d.mini_batches} if d.updates_per_generation > 1 else {})}
+            **({"epochs": d.epochs, "mini_batches": d.mini_batches} if d.updates_per_generation > 1 else {}),
+            **({"max_staleness": d.max_staleness} if d.max_staleness else {})}
 
 
 def advise(q: Query) -> dict:
@@ -76,11 +79,12 @@ def advise(q: Query) -> dict:
         memory = fg.Memory(q.kappa, q.optimizer, q.beta1, float(q.pilot_batch or q.batch_size))
     guarded = guarded_design(q.b_noise, q.batch_size, q.mu, memory, optimizer=q.optimizer, group_size=q.group_size,
                              staleness=q.staleness, floor=q.floor, max_steps_ratio=q.max_steps_ratio,
-                             max_horizon=q.max_horizon, max_epochs=q.max_epochs)
+                             max_horizon=q.max_horizon, max_epochs=q.max_epochs, max_staleness=q.max_staleness)
     answer, choice = guarded.search, guarded.choice
     ref = answer.at_batch
     best = choice.design  # the design to run, under the names the trainers read (integrations/replay_config.py)
-    regime = ("epochs" if best.updates_per_generation > 1 else "on-policy" if best.on_policy else "replay")
+    regime = ("epochs" if best.updates_per_generation > 1 else "overlapped" if best.max_staleness
+              else "on-policy" if best.on_policy else "replay")
     on_policy = choice if regime == "on-policy" else answer.on_policy
     replay = choice if regime == "replay" else answer.replay
     rows = {"at_batch": _design_row(ref, ref), "on_policy": _design_row(on_policy, ref),
@@ -88,6 +92,9 @@ def advise(q: Query) -> dict:
     if q.max_epochs > 1:  # the key only when asked: records without it read as before
         epochs = choice if regime == "epochs" else answer.epochs
         rows["epochs"] = None if epochs is None else _design_row(epochs, ref)
+    if q.max_staleness >= 1:  # likewise
+        overlapped = choice if regime == "overlapped" else answer.overlapped
+        rows["overlapped"] = None if overlapped is None else _design_row(overlapped, ref)
     winner = regime if regime != "on-policy" else fg.on_policy_winner(best.batch_size, q.batch_size)
     record = {**base, "measured": True, "batch": q.batch_size, "b_noise": q.b_noise, "b": q.b_noise / q.batch_size,
               "b_noise_source": q.b_noise_source, "kappa": q.kappa, "kappa_source": q.kappa_source,
@@ -103,6 +110,9 @@ def advise(q: Query) -> dict:
                   capacity=best.capacity)
     if regime == "epochs":
         record.update(epochs=best.epochs, mini_batches=best.mini_batches)
+    if regime == "overlapped":
+        _, low, high = fg.overlapped_split(best.rollouts_per_step, best.batch_size, q.mu, q.floor)
+        record.update(max_staleness=best.max_staleness, generation_share=[low, high])
     record["what_to_do"], record["why"] = _measured_advice(record)
     record["notes"] = _notes(q, record)
     return record
@@ -145,6 +155,17 @@ def _measured_advice(r: dict) -> tuple[str, str]:
                f"its steps, {on['compute_vs_B'] / ep['compute_vs_B']:.2f}x cheaper than the cheapest on-policy batch "
                f"(B = {on['batch_size']}): the optimizer keeps psi_E = {ep['psi']:.2f} of the reused rollouts' noise "
                f"(1: none kept; {ep['epochs']}: all)")
+        return action, why
+    if r["winner"] == "overlapped":
+        ov, (low, high) = r["designs"]["overlapped"], r["generation_share"]
+        share = f"{low:.2f}" if high - low < 0.005 else f"{low:.2f}-{high:.2f}"
+        action = (f"overlap generation with training, one step off (max_staleness = {ov['max_staleness']}), at "
+                  f"B = R = {ov['batch_size']} with a share {share} of the GPUs generating")
+        why = (f"{ov['compute_vs_B']:.2f}x the GPU time of on-policy at B = {r['batch']} in {ov['steps_vs_B']:.2f}x "
+               f"its steps, {on['compute_vs_B'] / ov['compute_vs_B']:.2f}x less than the cheapest synchronous "
+               f"on-policy batch (B = {on['batch_size']}): below the latency floor the generating GPUs wait anyway, so "
+               f"training beside them costs no time, while each rollout's noise grows by r(1) = "
+               f"{ov['staleness_factor']:.3g} for being one update old")
         return action, why
     if r["winner"] == "replay":
         action = (f"replay with B = {rep['batch_size']}, R = {rep['rollouts_per_step']}, N = {rep['capacity']} "
@@ -250,9 +271,10 @@ def render(r: dict, evidence: list[str], verdict: str | None = None) -> str:
               f"{r['b_noise_source']}; " + _kappa_text(r) + f"; latency floor {r['floor']:g} rollouts; "
               f"{_budget_text(r)}; whole groups of {r['group_size']}; staleness: {r['staleness']}", "",
               "  design                    B       R        N     x      y  steps vs B  compute vs B     psi"]
-    best_key = {"replay": "replay", "epochs": "epochs", "on-policy at B": "at_batch"}.get(r["winner"], "on_policy")
+    best_key = {"replay": "replay", "epochs": "epochs", "overlapped": "overlapped",
+                "on-policy at B": "at_batch"}.get(r["winner"], "on_policy")
     for name, key in (("on-policy at your B", "at_batch"), ("on-policy answer", "on_policy"),
-                      ("best replay", "replay"), ("best epochs", "epochs")):
+                      ("best replay", "replay"), ("best epochs", "epochs"), ("overlapped, 1 step off", "overlapped")):
         if key not in d:
             continue
         row = d[key]

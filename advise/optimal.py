@@ -55,7 +55,7 @@ KAPPA_MIN = 1e-9
 """The smallest kappa (a memory of a billion steps, beyond any run): below it the momentum / Adam impulse response's
 stationary covariance loses every digit (kappa = 1e-12 reads as unstable, 1e-320 overflows)."""
 FORGETTING_FIELDS = ("kappa", "optimizer", "beta1", "pilot_batch", "group_size", "latency_floor", "max_steps_ratio",
-                     "max_horizon", "max_epochs")
+                     "max_horizon", "max_epochs", "max_staleness")
 PAPER_FIELDS = ("alpha", "rho", "average", "budget", "smoothness", "bias", "f0", "rollouts_per_step")
 BUDGET_CONSTANTS = ("smoothness", "bias", "f0")
 
@@ -128,6 +128,11 @@ class OptimalQuery:
     max_epochs: int = field(default=1, metadata=Range(1, 64, integer=True, fmt="g").field())
     """forgetting: also price e epochs over m mini-batches of one generation (TRL num_iterations and
     steps_per_generation, verl ppo_epochs), e up to this; 1 (default) prices none: the benchmark has not tested them."""
+    max_staleness: int = field(default=0, metadata=Range(0, 64, integer=True, fmt="g").field())
+    """forgetting: also price generation overlapped with training on a GPU split, each rollout trained once at most
+    this many updates old (TRL max_staleness, verl max_off_policy_threshold); priced at 1 update, as a larger bound
+    only adds staleness in the model; needs a staleness table (--profile) reaching age 1; 0 (default) prices none:
+    the benchmark has not tested it."""
     objective: str = field(default="forgetting", metadata=Range(choices=objective_choices).field())
     """Which rule answers (default forgetting, the rule the benchmark tests)."""
     alpha: float | None = field(default=None, metadata=Range(0, finite=True, fmt="g").field())
@@ -251,7 +256,8 @@ def _with_framework(result: Answer, q: OptimalQuery) -> Answer:
     if all(type(v) is int for v in sizes):
         B, R, N = sizes
         e, m = r.get("epochs", 1), r.get("mini_batches", 1)
-        fa = config_lines(q.framework, Design(B, R, N, B == R == N, q.group_size), epochs=e, mini_batches=m)
+        fa = config_lines(q.framework, Design(B, R, N, B == R == N, q.group_size), epochs=e, mini_batches=m,
+                          max_staleness=r.get("max_staleness", 0))
     else:
         fa = FrameworkAnswer(q.framework, framework_choices()[q.framework].rsplit(" ", 1)[1],
                              refused="this answer names no whole design (B, R, N) to configure: give -B and the "
@@ -357,7 +363,7 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
     query = advice.Query(mu=rollout_mu_of_convention(mu, convention), batch_size=q.batch_size, b_noise=b_noise,
                          b_noise_source=source, **memory, group_size=q.group_size,
                          floor=q.latency_floor, max_steps_ratio=q.max_steps_ratio, max_horizon=q.max_horizon,
-                         max_epochs=q.max_epochs,
+                         max_epochs=q.max_epochs, max_staleness=q.max_staleness,
                          staleness=_staleness_of(loaded))
     record = advice.advise(query)
     floor_ratio = floor_ratio_of(q.latency_floor, q.batch_size)  # the benchmark's cost model nearest the user's
@@ -366,10 +372,12 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
     if record.get("measured") and q.batch_size is not None:  # the evidence covers only the designs it trained
         outside = outside_tested_range({"batch_size": record["batch_size"], "capacity": record["capacity"],
                                         "rollouts_per_step": record["rollouts_per_step"],
-                                        "on_policy": record["regime"] == "on-policy"}, q.batch_size)
+                                        "on_policy": record["regime"] in ("on-policy", "overlapped")}, q.batch_size)
         evidence += f"; {outside}" if outside else ""
         if record["regime"] == "epochs":
             evidence += "; an epoch design: the benchmark has trained none, so no share above speaks for it"
+        if record["regime"] == "overlapped":
+            evidence += "; overlapped generation: the benchmark has trained none, so no share above speaks for it"
     return Answer(text=advice.render(record, [evidence], verdict),
                   record={**record, "verdict": verdict, "evidence": evidence, "convention": convention,
                           "paper_evidence": _evidence("paper")})

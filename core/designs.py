@@ -272,9 +272,11 @@ class DesignConfig(ExGRPOShapingParams, AsymREParams, RLOOParams, M2POParams, Cl
     @property
     def design(self) -> Design:
         """(B, R, N) and G as the one design type (theory/designs.py); on-policy when the buffer is; the epochs
-        buffer's e and m (its N is one generation, R)."""
+        buffer's e and m (its N is one generation, R); stale-k at k >= 1 with B = R, an overlapped design."""
         if self.buffer == "epochs":
             return Design.epochs_of(self.rollouts_per_step, self.epochs, self.mini_batches, self.group_size)
+        if self.buffer == "stale-k" and self.stale_k >= 1 and self.batch_size == self.rollouts_per_step:
+            return Design.overlapped_at(self.batch_size, self.stale_k, self.group_size)  # each batch once, k late
         return Design(self.batch_size, self.rollouts_per_step, self.capacity, self.buffer == "on-policy",
                       self.group_size)
 
@@ -286,6 +288,10 @@ class DesignConfig(ExGRPOShapingParams, AsymREParams, RLOOParams, M2POParams, Cl
         if design.updates_per_generation > 1:  # an epoch design: the epochs buffer, its e and m
             buffer = "epochs"
             fields = {"epochs": design.epochs, "mini_batches": design.mini_batches, **fields}
+        if design.max_staleness:  # an overlapped design: M2PO's stale-k queue trains each batch once, k updates late
+            return cls(buffer="stale-k", stale_k=design.max_staleness, batch_size=design.batch_size,
+                       rollouts_per_step=design.rollouts_per_step, capacity=design.capacity,
+                       group_size=design.group_size, **fields)
         return cls(buffer="on-policy" if design.on_policy else buffer, batch_size=design.batch_size,
                    rollouts_per_step=design.rollouts_per_step, capacity=design.capacity, group_size=design.group_size,
                    **fields)

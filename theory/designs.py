@@ -14,11 +14,15 @@ train one. The field names are DesignConfig's and the command line's, from the o
 | ``group_size``       | G       | responses per prompt (each buffer's rules say what it needs) |
 | ``epochs``           | e       | passes over one generation of R (PPO epochs, TRL num_iterations) |
 | ``mini_batches``     | m       | updates per pass, each on B = R/m of the generation          |
+| ``max_staleness``    | k       | asynchronous generation k updates ahead: each rollout used once, at age k |
 | ``x``                | x = N/R | the buffer's horizon in steps                                |
 | ``y``                | y = B/R | the replay ratio                                             |
 
 An epoch design (e m > 1, issue 40) generates R every e m updates and trains e passes over m mini-batches of B = R/m:
 N = R (nothing outlives its generation), B m = R, never on-policy; e = m = 1 is the FIFO / on-policy design above.
+An overlapped design (k >= 1, issue 40: one-step-off generation, TRL / verl / AReaL ``max_staleness``) is on-policy in
+its sizes (N = R = B, each rollout used once) but trained k updates after the policy that generated it, while the next
+generation runs on its own share of the GPUs (``forgetting.overlapped_split``).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class Design:
     group_size: int = 1  # G
     epochs: int = 1  # e
     mini_batches: int = 1  # m
+    max_staleness: int = 0  # k: 0 synchronous; k >= 1 generation overlapped, each rollout trained at age k
 
     def __post_init__(self) -> None:
         B, R, N, G = self.batch_size, self.rollouts_per_step, self.capacity, self.group_size
@@ -54,6 +59,11 @@ class Design:
         if self.updates_per_generation > 1 and (self.on_policy or N != R or B * self.mini_batches != R):
             raise ValueError(f"an epoch design needs N = R and B m = R, not on-policy; got N={N}, R={R}, B={B}, "
                              f"m={self.mini_batches}")
+        if self.max_staleness and not (type(self.max_staleness) is int and self.max_staleness >= 1):
+            require_int("max staleness k", self.max_staleness, 0)
+        if self.max_staleness and not self.on_policy:  # staleness with reuse: no trainer runs it, no model prices it
+            raise ValueError(f"an overlapped design (max staleness k = {self.max_staleness}) uses each rollout once: "
+                             f"it needs on-policy sizes N = R = B")
 
     @property
     def updates_per_generation(self) -> int:
@@ -73,9 +83,9 @@ class Design:
     @property
     def oldest_age(self) -> int:
         """The oldest age, in updates, at which a sample is trained on: 0 on-policy, x - 1 for a FIFO of x steps,
-        e m - 1 for e epochs over m mini-batches of one generation."""
+        e m - 1 for e epochs over m mini-batches of one generation, k for an overlapped design."""
         if self.on_policy:
-            return 0
+            return self.max_staleness
         return self.updates_per_generation - 1 if self.updates_per_generation > 1 else self.x - 1
 
     @classmethod
@@ -83,6 +93,12 @@ class Design:
         """On-policy at B: R = N = B."""
         B = int(batch_size)
         return cls(B, B, B, True, group_size)
+
+    @classmethod
+    def overlapped_at(cls, batch_size: int, max_staleness: int = 1, group_size: int = 1) -> "Design":
+        """On-policy sizes at B (R = N = B) with generation overlapped k = ``max_staleness`` updates ahead."""
+        B = int(batch_size)
+        return cls(B, B, B, True, group_size, max_staleness=int(max_staleness))
 
     @classmethod
     def epochs_of(cls, rollouts_per_step: int, epochs: int, mini_batches: int, group_size: int = 1) -> "Design":

@@ -15,6 +15,8 @@ long.  On-policy without replacement has B V = 1.
 
 An epoch design (e passes over m mini-batches of one generation, issue 40) keeps B V_eff = psi_E(e, m, kappa)
 (``psi_epochs``; docs/THEORY.md "Reuse families", whose other families live in ``theory/reuse_families.py``).
+An overlapped design (generation k updates ahead on its own share gamma of the GPUs, each rollout used once at age
+k) keeps B V = r(k) and a step takes max(mu R_floor, mu R + B) of the whole pool's time (``overlapped_split``).
 
 | code name          | symbol                          | meaning                                                   |
 |--------------------|---------------------------------|-----------------------------------------------------------|
@@ -28,8 +30,9 @@ An epoch design (e passes over m mini-batches of one generation, issue 40) keeps
 | ``floor``          | R_floor                         | generation latency floor, in rollouts                     |
 | ``step_exponent``  | alpha                           | tuned step ~ eta_max / (1 + B_noise V)^alpha              |
 
-Units: batches, rollouts and capacities in samples (responses); compute in units of one sample's update, a step costs
-mu max(R, R_floor) + B; steps relative to S_min.
+Units: batches, rollouts and capacities in samples (responses); compute in units of one sample's update on the
+whole GPU pool (so also its time: the floor is time the pool waits), a step costs mu max(R, R_floor) + B, an
+overlapped step max(mu R_floor, mu R + B); steps relative to S_min.
 """
 
 from __future__ import annotations
@@ -473,7 +476,7 @@ def staleness_of_table(ages: Sequence[float], sigma_sq: Sequence[float], form: s
 class Prediction:
     design: Design
     steps: float  # S / S_min
-    cost_per_step: float  # mu max(R, R_floor) + B
+    cost_per_step: float  # mu max(R, R_floor) + B; overlapped: max(mu R_floor, mu R + B)
     compute: float  # steps x cost_per_step (units: S_min x one sample's update)
     kappa: float  # kappa at this design's own tuned step (nan without a memory)
     psi: float  # 1 for on-policy
@@ -481,12 +484,37 @@ class Prediction:
 
 
 def step_cost(rollouts_per_step: ArrayLike, batch_size: ArrayLike, mu: float, floor: float = 0.0,
-              updates_per_generation: ArrayLike = 1) -> np.ndarray | float:
+              updates_per_generation: ArrayLike = 1, overlapped: ArrayLike = False) -> np.ndarray | float:
     """mu max(R, R_floor) / (e m) + B: generation cannot get cheaper than the floor's batch (decoding is
-    latency-bound); an epoch design spreads one generation over its e m updates (e m = 1 otherwise)."""
-    generation = mu * np.maximum(np.asarray(rollouts_per_step, dtype=float), floor)
-    value = generation / np.asarray(updates_per_generation, dtype=float) + np.asarray(batch_size, dtype=float)
+    latency-bound); an epoch design spreads one generation over its e m updates (e m = 1 otherwise). An
+    ``overlapped`` design's step is ``overlapped_split``'s max(mu R_floor, mu R + B)."""
+    R, B = np.asarray(rollouts_per_step, dtype=float), np.asarray(batch_size, dtype=float)
+    generation = mu * np.maximum(R, floor)
+    value = generation / np.asarray(updates_per_generation, dtype=float) + B
+    value = np.where(overlapped, np.maximum(mu * floor, mu * R + B), value)
     return float(value) if value.ndim == 0 else value
+
+
+def overlapped_split(rollouts_per_step: float, batch_size: float, mu: float, floor: float = 0.0
+                     ) -> tuple[float, float, float]:
+    """(time per step, least and largest generation share gamma that reach it) of generation overlapped with
+    training: a share gamma of the pool generates the next R while the rest trains on B (one-step-off).
+
+    Generating R on gamma of the pool takes mu max(R / gamma, R_floor) (the floor is the whole pool's: a smaller
+    share reaches it with fewer rollouts), training B on 1 - gamma takes B / (1 - gamma), and a step takes the
+    longer. Minimised over gamma in (0, 1): max(mu R_floor, mu R + B) [T1]. Below the floor the balance point
+    gamma = mu R / (mu R + B) already generates at the floor (R / gamma <= R_floor) and every gamma in
+    [R / R_floor, 1 - B / (mu R_floor)] takes mu R_floor; above it only the balance point reaches mu R + B, the
+    colocated step's time (``step_cost``): overlap buys time only from the floor's idle share, never from work."""
+    R, B = float(rollouts_per_step), float(batch_size)
+    require_positive("rollouts R", R)
+    require_positive("batch B", B)
+    require_positive("mu", mu)
+    require_nonnegative("latency floor", floor)
+    balance = mu * R / (mu * R + B)
+    if mu * floor <= mu * R + B:
+        return mu * R + B, balance, balance  # [T1]: the balance point, R / gamma >= R_floor
+    return mu * floor, R / floor, 1.0 - B / (mu * floor)  # [T1]: generation waits on the floor, training fits beside
 
 
 def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memory | None,
@@ -505,6 +533,7 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
         raise ValueError(f"capacity N must be a multiple of rollouts R, got N={d.capacity}, R={d.rollouts_per_step}")
     x = np.array([d.x for d in designs], dtype=np.int64)
     on = np.array([d.on_policy for d in designs])
+    late = np.array([d.max_staleness for d in designs], dtype=float)  # an overlapped design's age at use (else 0)
     e = np.array([d.epochs for d in designs], dtype=np.int64)
     mb = np.array([d.mini_batches for d in designs], dtype=np.int64)
     ep = e * mb > 1  # epoch designs (theory/reuse_families.py): noise psi_E / B, ages 0 .. e m - 1 updates
@@ -517,11 +546,12 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
         if flat:
             return np.ones_like(B)
         scale = 1.0 if memory is None or memory.pilot_batch is None else np.asarray(kappa) / memory.kappa
-        return np.where(on, 1.0, staleness.means(horizon, scale))
+        stale = np.where(late > 0, staleness.at(late * scale), 1.0)  # an overlapped design's one use at age k: r(k)
+        return np.where(on, stale, staleness.means(horizon, scale))
 
-    def noise(p: np.ndarray, m: np.ndarray) -> np.ndarray:  # B_noise V_eff m(x); on-policy B_noise / B
+    def noise(p: np.ndarray, m: np.ndarray) -> np.ndarray:  # B_noise V_eff m(x); on-policy B_noise / B (r(k) / B)
         fifo = b_noise / B * (1 + y * p - 1 / N) * m
-        return np.where(on, b_noise / B, np.where(ep, b_noise / B * p * m, fifo))  # epochs: B V_eff = psi_E [E1]
+        return np.where(on, b_noise / B * m, np.where(ep, b_noise / B * p * m, fifo))  # epochs: B V_eff = psi_E [E1]
 
     def p_of(kappa: np.ndarray) -> np.ndarray:  # psi of every design at its kappa (1 on-policy)
         p = np.where(on, 1.0, psi(np.where(ep, 1, x), kappa, memory.optimizer, memory.beta1))
@@ -554,11 +584,13 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
             above = gap >= 0
             hi, lo = np.where(above, mid, hi), np.where(above, lo, mid)
         own = np.minimum(k_max / (1 + noise(np.ones_like(B), np.ones_like(B))) ** alpha, top)  # x = 1, on-policy
+        if (late > 0).any():  # overlapped: r(k) at the synchronous batch's own step, then the step it tunes to
+            own = np.where(late > 0, np.minimum(k_max / (1 + noise(np.ones_like(B), m_of(own))) ** alpha, top), own)
         kappa = np.where(solve, np.exp(hi), own)
         p = np.where(solve, p_of(kappa), 1.0)
         m = m_of(kappa)
     steps = 1 + noise(p, m)
-    cost = step_cost(R, B, mu, floor, e * mb)
+    cost = step_cost(R, B, mu, floor, e * mb, late > 0)
     return [Prediction(d, float(s), float(c), float(s * c), float(k), float(pp), float(mm))
             for d, s, c, k, pp, mm in zip(designs, steps, cost, kappa, np.where(on, 1.0, p), m)]
 
@@ -584,11 +616,14 @@ class WholeDesign:
     threshold: float  # the loosest equal-steps psi threshold, mu / (1 + sqrt(1 + mu))^2
     threshold_y: float
     epochs: Prediction | None = None  # the cheapest epoch design within the cap (None: not asked, or none allowed)
+    overlapped: Prediction | None = None  # the cheapest overlapped (one-step-off) batch (None: not asked or allowed)
 
     @property
     def best(self) -> Prediction:
         if self.winner == "epochs":
             return self.epochs
+        if self.winner == "overlapped":
+            return self.overlapped
         if self.replay is not None and self.replay.compute < self.on_policy.compute:
             return self.replay
         return self.on_policy
@@ -597,7 +632,7 @@ class WholeDesign:
 def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | None, *, group_size: int = 1,
                  staleness: Staleness = NO_STALENESS, floor: float = 0.0, max_steps_ratio: float = 2.0,
                  max_horizon: int = 64, max_batch: int | None = None, max_epochs: int = 1,
-                 max_age: float = math.inf) -> WholeDesign:
+                 max_age: float = math.inf, max_staleness: int = 0) -> WholeDesign:
     """Search on-policy batches and replay designs (B', R, N = x R) in whole groups of ``group_size`` for the least
     predicted compute whose steps stay within ``max_steps_ratio`` x on-policy's at the user's B (the wall-time
     budget: below the noise scale compute falls with the batch while steps rise).
@@ -607,7 +642,10 @@ def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | No
     2 (every whole group when they are fewer) with every x within a factor sqrt(2). ``max_epochs`` > 1 adds epoch
     designs (R up to that batch, e up to ``max_epochs`` passes over m mini-batches, ``_cheapest_epochs``).
     ``max_age``: no design trains on a sample older than this many updates (x - 1 for a FIFO, e m - 1 for epochs;
-    ``Design.oldest_age``); below 0 no reuse at all (on-policy only).
+    ``Design.oldest_age``); below 0 no reuse at all (on-policy only). ``max_staleness`` >= 1 adds overlapped designs
+    (``_cheapest_overlapped``), at k = 1: in this model a step's time is the same at every k >= 1 (``step_cost``) and
+    r(k) does not fall with k, so a larger bound only adds staleness. Overlap reuses nothing, so ``max_age`` does not
+    limit it; the caller bounds k by the ages its staleness cost was measured at.
     """
     max_batch = _checked_max_batch(b_noise, batch_size, group_size, max_steps_ratio, max_horizon, max_batch)
     score = partial(predict_many, b_noise=b_noise, mu=mu, memory=memory, staleness=staleness, floor=floor)
@@ -621,12 +659,17 @@ def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | No
     require_int("max epochs", max_epochs, 1)
     best_epochs = (_cheapest_epochs(top, group_size, max_epochs, cap, score, max_age)
                    if max_epochs > 1 and max_age >= 1 else None)
+    require_int("max staleness", max_staleness, 0)
+    best_overlapped = _cheapest_overlapped(group_size, top, cap, score) if max_staleness >= 1 else None
     y_l, thr = loosest_equal_steps(mu)
     winner = _winner(best_replay, best_on, batch_size)
     rival = best_replay if winner == "replay" else best_on
     if best_epochs is not None and best_epochs.compute < rival.compute:
-        winner = "epochs"
-    return WholeDesign(ref, best_on, best_replay, winner, float(max_steps_ratio), float(thr), float(y_l), best_epochs)
+        winner, rival = "epochs", best_epochs
+    if best_overlapped is not None and best_overlapped.compute < rival.compute:
+        winner = "overlapped"
+    return WholeDesign(ref, best_on, best_replay, winner, float(max_steps_ratio), float(thr), float(y_l), best_epochs,
+                       best_overlapped)
 
 
 def _checked_max_batch(b_noise: float, batch_size: int, group_size: int, max_steps_ratio: float, max_horizon: int,
@@ -701,6 +744,19 @@ def _cheapest_epochs(top: int, group_size: int, max_epochs: int, cap: float,
     r = best.design.rollouts_per_step
     fine = _log_groups(*_groups_between(r / 2 ** 0.25, r * 2 ** 0.25, group_size, top), group_size, 16)
     return _cheapest(score(designs(fine)) + [best], cap)
+
+
+def _cheapest_overlapped(group: int, top: int, cap: float,
+                         score: Callable[[list[Design]], list[Prediction]]) -> Prediction | None:
+    """The cheapest overlapped batch (k = 1, whole groups up to ``top``) within the steps cap: 16 per octave, then
+    every whole group within one coarse step of the best."""
+    best = _cheapest(score([Design.overlapped_at(b) for b in _log_groups(group, top, group, 16)]), cap)
+    if best is None:
+        return None
+    b = best.design.batch_size
+    low, high = _groups_between(b / 2 ** (1 / 16), b * 2 ** (1 / 16), group, top)
+    fine = [Design.overlapped_at(bb) for bb in range(low, high + 1, group)]
+    return _cheapest(score(fine) + [best], cap)
 
 
 def _winner(best_replay: Prediction | None, best_on: Prediction, batch_size: int) -> str:

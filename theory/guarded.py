@@ -14,7 +14,8 @@ guard here:
 3. **Reuse only under the optimizers it was right for.** The benchmark's horizon ratio steps(x=16)/steps(x=1) was
    within 25% of the prediction for 115 of 120 quadratic pairs under SGD, 58 of 120 under Adam and 29 of 119 on the
    bandits (instances 0, 61, 67, 71; on the held-out 89, 97, 101 afterwards: 105 of 114, 39 of 102, 26 of 121);
-   replay and epochs are offered under ``REUSE_OPTIMIZERS`` only.
+   replay and epochs are offered under ``REUSE_OPTIMIZERS`` only. Overlapped generation (``max_staleness``) reuses
+nothing (psi = 1), so it is offered under every optimizer, but only where the staleness cost reaches age 1.
 
 The default is the floor rule's design: on-policy at the smallest whole-group batch at or above the latency floor
 that keeps the steps within the cap at b. Another candidate replaces it only if the default's worst regret exceeds
@@ -84,6 +85,17 @@ def reuse_limits(optimizer: str, staleness: fg.Staleness, reach: float = math.in
                     f"({staleness.source})",)
 
 
+def overlap_limit(max_staleness: int, staleness: fg.Staleness) -> tuple[int, tuple[str, ...]]:
+    """(the staleness bound the search may use: 0 or 1, see ``forgetting.whole_design``) and why it is 0 when the
+    user allowed more: an overlapped rollout is trained at age 1, whose cost must have been measured."""
+    if max_staleness < 1:
+        return 0, ()
+    if staleness.oldest_measured < 1:
+        return 0, ("no overlapped generation: its rollouts are trained one update old, and no staleness cost was "
+                   "measured beyond age 0 (a profile's sigma^2(s) table by age gives one)",)
+    return 1, ()
+
+
 def max_batch_or(max_batch: int | None, batch_size: int) -> int:
     """The largest batch the searches consider: ``max_batch``, by default 4 B (``forgetting.whole_design``'s)."""
     return int(4 * batch_size if max_batch is None else max_batch)
@@ -103,7 +115,7 @@ def guarded_design(b_noise: float, batch_size: int, mu: float, memory: fg.Memory
                    group_size: int = 1, staleness: fg.Staleness = fg.NO_STALENESS, floor: float = 0.0,
                    max_steps_ratio: float = 2.0, max_horizon: int = 64, max_batch: int | None = None,
                    max_epochs: int = 1, b_factors: tuple[float, ...] = B_FACTORS,
-                   margin: float = MARGIN) -> Guarded:
+                   margin: float = MARGIN, max_staleness: int = 0) -> Guarded:
     """The guarded answer (module docstring). Candidates: the floor rule's design and ``forgetting.whole_design``'s
     on-policy, replay and epoch answers at every b_noise x f, kept where their steps at the measured b are within the
     cap; each is priced at every b_noise x f, and the one with the least worst regret replaces the default only if
@@ -113,14 +125,17 @@ def guarded_design(b_noise: float, batch_size: int, mu: float, memory: fg.Memory
     epochs_reach = max_epochs * (max_batch_or(max_batch, batch_size) // group_size) - 1 if max_epochs > 1 else 0
     reach = max(max_horizon - 1, epochs_reach)  # the oldest age the searches would consider: x - 1 or e m - 1
     max_age, limits = reuse_limits(optimizer, staleness, reach)
+    overlap, overlap_limits = overlap_limit(max_staleness, staleness)
+    limits += overlap_limits
     searches = [fg.whole_design(b_noise * f, batch_size, mu, memory, group_size=group_size, staleness=staleness,
                                 floor=floor, max_steps_ratio=max_steps_ratio, max_horizon=max_horizon,
-                                max_batch=max_batch, max_epochs=max_epochs, max_age=max_age) for f in b_factors]
+                                max_batch=max_batch, max_epochs=max_epochs, max_age=max_age, max_staleness=overlap)
+                for f in b_factors]
     top = max_batch_or(max_batch, batch_size) // group_size * group_size
     default = Design.on_policy_at(floor_batch(b_noise, batch_size, group_size, floor, max_steps_ratio, top))
     candidates = [default, searches[0].at_batch.design]
     for s in searches:
-        candidates += [p.design for p in (s.on_policy, s.replay, s.epochs) if p is not None]
+        candidates += [p.design for p in (s.on_policy, s.replay, s.epochs, s.overlapped) if p is not None]
     candidates = list(dict.fromkeys(candidates))  # unique, the default first (ties keep it)
     at_b = fg.predict_many(candidates, b_noise, mu, memory, staleness, floor)
     cap = max_steps_ratio * searches[0].at_batch.steps
