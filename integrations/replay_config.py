@@ -163,6 +163,12 @@ class ReplayConfig:
         if data.get("objective") == "forgetting" and not data.get("measured"):  # the default rule's answer
             raise ValueError("the optimal --json output has no design: run `replay-theory optimal` with the noise "
                              "scale (--noise-scale or --profile) and -B (batch size)")
+        if data.get("regime") == "overlapped":  # a pipeline, not a buffer: no ReplayConfig realises it
+            raise ValueError(f"the optimal --json output answers overlapped generation (max_staleness = "
+                             f"{data.get('max_staleness')}), which the replay buffer does not run: each rollout is "
+                             f"used once, one update late, while the next generation runs on other GPUs; set your "
+                             f"trainer's asynchronous mode (replay-theory optimal ... --framework NAME prints its "
+                             f"keys)")
         if data.get("objective") == "noise-scale":  # N = R at fixed B (cli/theory_cmds.py)
             if data.get("batch_size") is None or data.get("b_noise") is None:
                 raise ValueError("the optimal --json output has no design: run `replay-theory optimal` with the "

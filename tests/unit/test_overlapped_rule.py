@@ -135,3 +135,14 @@ def test_an_overlapped_design_uses_each_rollout_once():
     config = DesignConfig.from_design(d)
     assert (config.buffer, config.stale_k, config.batch_size, config.rollouts_per_step) == ("stale-k", 2, 64, 64)
     assert config.design == d  # the simulator's stale-k queue trains it: each batch once, k updates late
+
+
+def test_the_replay_trainer_refuses_an_overlapped_answer_in_one_line(cli, optimal_profile):
+    from replay_theory.integrations.replay_config import ReplayConfig
+
+    code, out, _ = cli("optimal", "--mu", "1", "-B", "256", "--profile", optimal_profile(1024.0, ONE_STEP), "--kappa",
+                       "0.2", "--optimizer", "adam", "--group-size", "8", "--latency-floor", "2048",
+                       "--max-staleness", "1", "--json")
+    assert code == 0 and json.loads(out)["regime"] == "overlapped"
+    with pytest.raises(ValueError, match=r"answers overlapped generation \(max_staleness = 1\).*--framework"):
+        ReplayConfig.from_optimal_json(out)
