@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..theory import forgetting as fg
-from ..theory.guarded import B_FACTORS, MARGIN, guarded_design
+from ..theory.guarded import B_FACTORS, MARGIN, OVERLAP_MARGIN, floor_batch, guarded_design, max_batch_or
 
 NO_BUDGET = 1000.0
 """--max-steps-ratio at or above this is no steps budget: least compute whatever the steps (optimal's default)."""
@@ -70,8 +70,13 @@ def advise(q: Query) -> dict:
             "loosest_threshold": {"psi": thr, "y": thr_y}, "floor": q.floor, "max_steps_ratio": q.max_steps_ratio,
             "group_size": q.group_size, "max_horizon": q.max_horizon, "staleness": q.staleness.source}
     if q.b_noise is None:
-        return {**base, "measured": False, "what_to_do": _unmeasured_advice(q, thr), "why": _unmeasured_why(q, thr),
-                "memory_table": memory_table(q.optimizer, q.beta1, thr)}
+        record = {**base, "measured": False, "what_to_do": _unmeasured_advice(q, thr), "why": _unmeasured_why(q, thr),
+                  "memory_table": memory_table(q.optimizer, q.beta1, thr)}
+        batch = unmeasured_batch(q)
+        if batch is not None:  # the floor rule needs no b at least compute: the best-tested answer without one
+            record.update(regime="on-policy", batch=q.batch_size, batch_size=batch, rollouts_per_step=batch,
+                          capacity=batch, what_to_do=_floor_rule_advice(q, batch))
+        return record
     if q.batch_size is None:
         raise ValueError("b_noise needs batch_size (the rule's b = B_noise / B)")
     memory = None
@@ -101,7 +106,8 @@ def advise(q: Query) -> dict:
               "pilot_batch": q.pilot_batch or q.batch_size, "winner": winner, "designs": rows,
               "guard": {"default": _design_row(guarded.default, ref), "moved": guarded.moved,
                         "worst_regret": guarded.worst_choice, "default_worst_regret": guarded.worst_default,
-                        "b_factors": list(B_FACTORS), "margin": MARGIN, "limits": list(guarded.limits)}}
+                        "b_factors": list(B_FACTORS), "margin": MARGIN, "limits": list(guarded.limits),
+                        **({"overlap_margin": OVERLAP_MARGIN} if q.max_staleness >= 1 else {})}}
     if replay is not None:
         y = replay.design.y
         record["condition"] = {"psi": replay.psi, "x": replay.design.x, "y": y,
@@ -129,6 +135,23 @@ def memory_table(optimizer: str, beta1: float, threshold: float) -> list[dict]:
         rows.append({"kappa": kappa, "psi": {str(x): float(values[x - 1]) for x in TABLE_HORIZONS},
                      "shortest_horizon": int(xs[below[0]]) if below.size else None})
     return rows
+
+
+def unmeasured_batch(q: Query) -> int | None:
+    """The floor rule's batch without a measured b: the smallest whole-group batch at or above the latency floor
+    (``guarded.floor_batch``, which reads b only through the steps cap; at no budget that cap asks for less than
+    B / 1000 whatever b, so b = 0 stands for "not measured"). None without -B or with a steps budget, which needs b."""
+    if q.batch_size is None or q.max_steps_ratio < NO_BUDGET:
+        return None
+    top = max_batch_or(None, q.batch_size) // q.group_size * q.group_size
+    return floor_batch(0.0, q.batch_size, q.group_size, q.floor, q.max_steps_ratio, top)
+
+
+def _floor_rule_advice(q: Query, batch: int) -> str:
+    where = "stay on-policy at your batch" if batch == q.batch_size else f"train on-policy at B = R = N = {batch}"
+    return (f"{where}, the floor rule's batch (the smallest whole-group batch at or above the latency floor, the "
+            f"best-tested answer without b: it needs none at least compute), and measure b = B_noise / B and the "
+            f"optimizer's memory kappa (commands below), then ask again with -B, --noise-scale and --kappa")
 
 
 def _unmeasured_advice(q: Query, threshold: float) -> str:

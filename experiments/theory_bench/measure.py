@@ -738,13 +738,14 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_
 def printed_design(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_ratio: float = 1000.0,
                    max_epochs: int = 1) -> forgetting.Design:
     """The design ``optimal`` answers with for this pilot and cell (``advise.advice.advise``: the steps cap
-    ``--max-steps-ratio``, the horizon cap, whole groups; on-policy at B when it has no B_noise to answer from)."""
+    ``--max-steps-ratio``, the horizon cap, whole groups; without a B_noise, the floor rule's batch at no steps budget
+    and on-policy at B under one)."""
     query, _ = pilot_query(pilot, optimizer, mu, floor, max_steps_ratio, max_epochs)
     key = repr(query)  # every input of the answer (a frozen dataclass's repr): the cells of a unit share answers
     if key not in _PRINTED:
         answer = advice.advise(query)
-        if not answer.get("measured"):
-            _PRINTED[key] = forgetting.Design.on_policy_at(BATCH)
+        if not answer.get("measured"):  # the floor rule's batch (advice.unmeasured_batch), or B without one
+            _PRINTED[key] = forgetting.Design.on_policy_at(int(answer.get("batch_size") or BATCH))
         elif answer["regime"] == "epochs":
             _PRINTED[key] = forgetting.Design.epochs_of(int(answer["rollouts_per_step"]), int(answer["epochs"]),
                                                         int(answer["mini_batches"]))

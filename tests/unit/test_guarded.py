@@ -34,11 +34,20 @@ def test_reuse_limits():
 def test_small_b_moves_below_the_floor_and_large_b_keeps_the_floor():
     # mu = 1, floor 64, psi = 1 (no memory), no reuse measured: on-policy only. B_noise = 0.01: at every b up to
     # 256 x, steps ~ 1 and compute ~ mu 64 + B' per step: one group (8) costs 72 against the floor's 128, a worst
-    # regret of 128/72 = 1.78 for the default against ~1 for B' = 8: the model moves the answer to 8
-    g = guarded_design(0.01, 256, 1.0, None, optimizer="sgd", group_size=8, floor=64.0, max_steps_ratio=1000.0)
+    # regret of 128/72 = 1.78 for the default against ~1 for B' = 8: a margin of 1.2 moves the answer to 8, the
+    # default MARGIN of 2 keeps the floor's 64
+    g = guarded_design(0.01, 256, 1.0, None, optimizer="sgd", group_size=8, floor=64.0, max_steps_ratio=1000.0,
+                       margin=1.2)
     assert g.default.design == Design.on_policy_at(64)
     assert g.choice.design == Design.on_policy_at(8) and g.moved
     assert g.worst_default == pytest.approx(128 / 72, rel=0.01)
+    assert MARGIN == 2.0 and not guarded_design(0.01, 256, 1.0, None, optimizer="sgd", group_size=8, floor=64.0,
+                                                max_steps_ratio=1000.0).moved
+    # mu = 4: the floor's step costs 4 x 64 + 64 = 320 against 4 x 64 + 8 = 264 for one group, 1.21x: even 1.2 stays
+    # close; at floor 256 and mu = 0.25: 64 + 256 = 320 against 64 + 8 = 72, 4.4x > 2: moved at the default
+    g = guarded_design(0.01, 256, 0.25, None, optimizer="sgd", group_size=8, floor=256.0, max_steps_ratio=1000.0)
+    assert g.moved and g.choice.design == Design.on_policy_at(8)
+    assert g.worst_default == pytest.approx(320 / 72, rel=0.01)
     # B_noise = 1e4: below the floor the steps grow as 1/B' at the same generation cost: the floor's 64 stays
     g = guarded_design(1e4, 256, 1.0, None, optimizer="sgd", group_size=8, floor=64.0, max_steps_ratio=1000.0)
     assert g.choice.design == Design.on_policy_at(64) and not g.moved
@@ -55,7 +64,7 @@ def test_the_worst_regret_is_the_naive_loop_over_factors():
         naive = max(fg.predict(d, 300.0 * f, 5.28, mem, fg.NO_POLICY, 16.0).compute / low
                     for f, low in zip(B_FACTORS, least))
         assert w == pytest.approx(naive, rel=1e-12)
-    best = int(np.argmin(g.worst))
+    best = int(np.argmin(g.worst))  # no overlapped candidate here: one margin for all
     expected = g.candidates[best] if g.worst[0] > MARGIN * g.worst[best] else g.candidates[0]
     assert g.choice.design == expected and g.worst_choice == g.worst[g.candidates.index(expected)]
 
@@ -95,7 +104,7 @@ def test_the_age_note_only_where_it_limits_the_search():
 def test_the_factors_start_at_the_measured_b():
     with pytest.raises(ValueError, match="b_factors must start at 1"):
         guarded_design(100.0, 256, 5.28, None, optimizer="sgd", b_factors=(4.0, 16.0))
-    # a single factor of 1 is the bare argmin over the candidates at the measured b
+    # a single factor of 1 and a margin of 1 is the bare argmin over the candidates at the measured b
     g = guarded_design(0.01, 256, 1.0, None, optimizer="sgd", group_size=8, floor=64.0, max_steps_ratio=1000.0,
-                       b_factors=(1.0,))
+                       b_factors=(1.0,), margin=1.0)
     assert g.choice.design == Design.on_policy_at(8) and g.worst_choice == 1.0

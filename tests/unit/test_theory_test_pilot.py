@@ -68,9 +68,11 @@ def test_the_printed_design_is_optimals_answer_from_the_pilots_numbers():
     assert tt.pilot_query(pilot, "sgd", 5.28, 64)[0].staleness == fg.NO_POLICY
     # under adam the guard offers no replay: the same pilot's answer is on-policy at the floor's batch
     assert tt.printed_design(pilot, "adam", 5.28, 64) == fg.Design.on_policy_at(64)
-    # a B_simple not resolved > 0 and no interval: optimal has no --noise-scale to answer from and says to stay at B
+    # a B_simple not resolved > 0 and no interval: optimal has no --noise-scale to answer from; at its default (least
+    # compute) it answers the floor rule's batch, which needs no b (64 at floor 64), under a steps budget B itself
     for missing in (None, -4.0, math.inf):
-        assert tt.printed_design(_pilot(b_noise=missing), "sgd", 5.28, 64) == fg.Design.on_policy_at(256)
+        assert tt.printed_design(_pilot(b_noise=missing), "sgd", 5.28, 64) == fg.Design.on_policy_at(64)
+        assert tt.printed_design(_pilot(b_noise=missing), "sgd", 5.28, 64, 2.0) == fg.Design.on_policy_at(256)
     # with an interval whose lower end is > 0, the rule reads b as a lower bound: --noise-scale that end
     unresolved = {**_pilot(b_noise=None), "b_simple": {"b_noise": None, "b_noise_interval": [40.0, math.inf]}}
     query, notes = tt.pilot_query(unresolved, "sgd", 5.28, 64)
@@ -135,17 +137,19 @@ def test_the_printed_answer_is_scored_as_printed_off_the_grid_with_and_without_t
     assert tt.printed_design(moved["pilot"], "sgd", 1.0, 0) == d
     assert tt.score_printed(moved, 1.0, 0, tt.measured_compute(moved, 1.0, 0), None)["printed"]["free"] == \
         out["printed"]["free"]
-    # both rows (the full run): within 2x on-policy's steps the answer is replay at B' = 560, R = 120 (15 groups),
-    # x = 64, scored as its own row; the default's rows are unchanged
+    # both rows (the full run): within 2x on-policy's steps the answer is the floor rule's batch within that cap,
+    # on-policy at B' = 104 (replay at B' = 560, R = 120, x = 64 beats it by less than the guard's margin of 2), off
+    # the grid, scored as its own row; the default's rows are unchanged
     both = _record(_pilot(b_noise=500.0), {1000.0: [30.0, 33.0], 2.0: [20.0, 22.0]})
     steps2 = tt.printed_design(both["pilot"], "sgd", 1.0, 0, 2.0)
-    assert steps2 == fg.Design(560, 120, 7680) and steps2 not in [fg.Design(*v["design"]) for v in both["designs"]]
+    assert steps2 == fg.Design.on_policy_at(104)
+    assert steps2 not in [fg.Design(*v["design"]) for v in both["designs"]]
     out2 = tt.score_printed(both, 1.0, 0, tt.measured_compute(both, 1.0, 0), spearman=0.8)
     assert out2["printed"] == out["printed"] and out2["printed_with_pilot"] == out["printed_with_pilot"]
     row = out2["printed_steps2"]
-    assert row["free"] == "printed: B=560 R=120 N=7680" and row["off_grid"] and row["free_is_replay"]
-    assert row["free_regret"] == pytest.approx(20 * (120 + 560) / best)
-    assert row["free_ci"] == pytest.approx([22 * (120 + 560) / 14080] * 2)
+    assert row["free"] == "printed: on-policy B=104" and row["off_grid"] and not row["free_is_replay"]
+    assert row["free_regret"] == pytest.approx(20 * (104 + 104) / best)
+    assert row["free_ci"] == pytest.approx([22 * (104 + 104) / 14080] * 2)
 
 
 def test_b_crit_from_hvps_is_unbiased_against_its_exact_value():
