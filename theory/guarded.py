@@ -45,11 +45,11 @@ B_FACTORS = (1.0, 4.0, 16.0, 64.0, 256.0)
 up to about two decades on the development units."""
 MARGIN = 2.0
 """The factor by which a candidate's worst regret must beat the floor rule's before it replaces it. Chosen on the
-development runs (instances 0, 47, 53, 59, 61, 67, 71: 466 cells where 1.2 moved the answer) as the margin with the
-most cells within 1.2x of the grid's best: 425 of the 466 at 2.0, against 402 at the first margin (1.2), 413 at 1.5,
-424 at 2.5, 422 at 3 and 365 never moving (the floor rule). The held-out runs of 89-109, read before the change, agree
-(323 of their 358 such cells at 2.0, 293 at 1.2 and 293 never moving): a 1.2 margin moved the answer on the model's
-errors as well as on its gains."""
+development runs whose printed answers are this guard's (instances 0, 61, 67, 71 and 47, 53, 59: 278 cells where the
+first margin, 1.2, moved the answer) as the smallest margin with the most cells within 1.2x of the grid's best: 253 of
+278 at 2.0, 2.5 and 3, against 241 at 1.2, 250 at 1.75 and 224 never moving (the floor rule); the held-out runs of
+89-109, read before the change, agree (323 of their 358 at 2.0, 293 at 1.2 and 293 never moving). A 1.2 margin moved
+the answer on the model's errors as well as on its gains (``python -m replay_theory.experiments.guard_margin``)."""
 OVERLAP_MARGIN = 1.2
 """An overlapped design's margin: the guard's first margin. The benchmark trains no overlapped design, so nothing
 chose another; 2.0 would rule it out, as overlap saves at most a share 1 / (1 + mu) of a step (forgetting.step_cost)
