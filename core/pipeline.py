@@ -267,6 +267,9 @@ class UsageRecord:
         return hist
 
     def add(self, data: StepBatch) -> None:
-        self.staleness_counts = self.add_hist(self.staleness_counts, data.staleness.ravel())
-        self.time_since_last_use_counts = self.add_hist(self.time_since_last_use_counts,
-                                                        data.time_since_last_use.ravel())
+        self.add_uses(data.staleness, data.time_since_last_use)
+
+    def add_uses(self, staleness: np.ndarray, time_since_last_use: np.ndarray) -> None:
+        """The uses of ``add`` as arrays of any shape (counts only: several steps' uses may come at once)."""
+        self.staleness_counts = self.add_hist(self.staleness_counts, staleness.ravel())
+        self.time_since_last_use_counts = self.add_hist(self.time_since_last_use_counts, time_since_last_use.ravel())

@@ -485,3 +485,24 @@ def test_bandit_row_probabilities_and_gradient_match_the_full_table() -> None:
     full = env.evaluate(params)  # makes the full table; the rows then come from it
     np.testing.assert_array_equal(env._row_probs(env.log_policy(params), cells), rows)
     np.testing.assert_allclose(full["accuracy"], pi[:, np.arange(12), env.answer].mean(axis=1), rtol=1e-15)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 16, 17, 64, 127, 128, 129, 300])
+def test_bandit_column_sums_are_numpy_s_row_sums_bit_for_bit(n: int) -> None:
+    # the bandit's log-softmax sums its exponentials over a transposed copy: the same additions, in numpy's order
+    from replay_theory.simulate.envs.bandit import _column_sums
+
+    x = np.exp(3.0 * np.random.default_rng(n).standard_normal((200, n)))
+    np.testing.assert_array_equal(_column_sums(np.ascontiguousarray(x.T)), x.sum(axis=-1))
+
+
+def test_bandit_rejects_prompt_indices_out_of_range() -> None:
+    env = BanditEnv(BanditConfig(num_prompts=4))
+    params = env.init_params(2)
+    for bad in (-1, 4):
+        prompts = np.zeros((2, 3), dtype=np.int64)
+        prompts[1, 2] = bad
+        with pytest.raises(ValueError, match=r"prompt indices must lie in \[0, 4\)"):
+            env.logp(params, prompts, np.zeros((2, 3, 1), dtype=np.int64))
+    np.testing.assert_array_equal(env.logp(params, np.full((2, 3), 3, dtype=np.int32), np.zeros((2, 3, 1), int)),
+                                  env.logp(params, np.full((2, 3), 3), np.zeros((2, 3, 1), int)))
