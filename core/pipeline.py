@@ -257,10 +257,17 @@ class UsageRecord:
 
     @staticmethod
     def add_hist(hist: np.ndarray, values: np.ndarray) -> np.ndarray:
-        values = values[values >= 0].astype(np.int64)
-        if values.size == 0:
+        """``hist`` plus the counts of the values >= 0 (negative ones are 'none': a first use's -1)."""
+        low = int(values.min()) if values.size and values.dtype.kind == "i" else None
+        if low is not None and low >= -1:  # integers: no copy of the kept values (a first use's -1: bins offset by 1)
+            counts = np.bincount(values) if low >= 0 else np.bincount(values + 1)[1:]
+        else:
+            values = values[values >= 0].astype(np.int64)
+            if values.size == 0:
+                return hist
+            counts = np.bincount(values)
+        if counts.size == 0:  # only -1s
             return hist
-        counts = np.bincount(values)
         if counts.size > hist.size:
             hist = np.pad(hist, (0, counts.size - hist.size))
         hist[: counts.size] += counts

@@ -209,14 +209,17 @@ class Recorder:
                                                    *generated)
         for name in self.STEP_KEYS:  # ess_frac at sequence level; the estimators at token level, verl/TRL style
             self._put_steps(name, first, metrics[name])
-        # ESS by age: the fraction of each (seed, age bucket) cell with >= 2 samples, summed over steps in step order
-        ok = count >= 2
-        for j in range(len(chunk)):
-            rows = slice(j * S, (j + 1) * S)
-            for b in np.nonzero(ok[rows].any(axis=0))[0]:
-                edge = AGE_BUCKETS[b]
-                self.ess_age_sum[edge] += float(frac[rows][ok[rows, b], b].sum())
-                self.ess_age_n[edge] += int(ok[rows, b].sum())
+        # ESS by age: the fraction of each (seed, age bucket) cell with >= 2 samples, summed over seeds, then over
+        # steps in step order. A bucket with every seed in is one contiguous row of the transposed fractions: the
+        # same pairwise sum as of the selection (numpy sums a contiguous row pairwise, whatever its length)
+        k, K = len(chunk), frac.shape[1]
+        ok = (count >= 2).reshape(k, S, K)
+        seeds_in = ok.sum(axis=1)  # (k, K)
+        whole = np.ascontiguousarray(frac.reshape(k, S, K).transpose(0, 2, 1)).sum(axis=-1)  # (k, K)
+        for j, b in zip(*np.nonzero(seeds_in)):
+            some = frac[j * S:(j + 1) * S, b][ok[j, :, b]].sum() if seeds_in[j, b] < S else whole[j, b]
+            self.ess_age_sum[AGE_BUCKETS[b]] += float(some)
+            self.ess_age_n[AGE_BUCKETS[b]] += int(seeds_in[j, b])
         for name, value in loss_metrics.items():
             if name not in self.TOKEN_STATS and name != "ess_frac":  # those come from step_metrics above
                 self._put_steps(name, first, value)
