@@ -16,9 +16,7 @@ from typing import Union, cast
 
 import numpy as np
 
-_BLOCK = 4096  # raw outputs fetched per seed at a time, at least (32 KiB per seed)
-# ... and up to this many bytes for all seeds: a refill is a loop over the seeds, so few seeds refill more at a time
-_BLOCK_BYTES = 8 * 1024**2
+_BLOCK = 4096  # raw outputs fetched per seed at a time (32 KiB per seed)
 _LITTLE_ENDIAN = sys.byteorder == "little"
 _LOW32 = np.uint64(0xFFFFFFFF)
 _DOUBLE_SCALE = 1.0 / 9007199254740992.0  # 2**-53, numpy's next_double
@@ -144,7 +142,7 @@ class PerSeedGenerator:
             left = width - self._pos  # (S,)
             if int(left.min()) >= n:
                 return
-        new_width = int(left.max()) + max(n, _BLOCK, _BLOCK_BYTES // (8 * self.num_seeds))
+        new_width = int(left.max()) + max(n, _BLOCK)
         # the block is refilled in place when it is wide enough: a fresh one of S x 4096 outputs is 2 MiB of new
         # pages to fault in at every refill (no caller holds a view of the outputs past its draw)
         store = self._store if self._store.shape[1] >= new_width else np.empty((self.num_seeds, new_width), np.uint64)
