@@ -214,7 +214,8 @@ class Pipeline:
         settings = self.settings
         trained = data.train.size
         self.k_training += trained
-        self.k_inference += float(np.mean(data.generated))
+        generated = data.generated  # an int, or (S,) where seeds differ
+        self.k_inference += float(generated) if isinstance(generated, int) else float(np.mean(generated))
         if settings.pipeline == "async":
             ratio = settings.mu if self.config.buffer == "on-policy" else settings.workers / settings.trainers
             self.compute += trained * (1.0 + ratio)  # Eq. (1) / text before Eq. (2): C(1 + W/T), C = B
