@@ -85,18 +85,25 @@ class LossOutput:
 class LazyMetrics(Mapping[str, np.ndarray]):
     """A loss's diagnostics, computed when first read and kept: a loop that reads only the gradient (the benchmark's
     ``simulate/to_target.py``) never pays for the importance-ratio statistics, and every reader sees the same values,
-    in the order ``make`` writes them."""
+    in the order ``make`` writes them.
 
-    __slots__ = ("_make", "_values")
+    ``LazyMetrics(make, *rows)``: ``make(*rows)``, where ``rows`` are arrays with the seed axis first and ``make`` is
+    row-wise (row s of every value from row s of every argument alone, as every loss metric is). Such metrics can
+    be computed for many steps at once (:meth:`stacked`, the engine's recorder); ``LazyMetrics(make)`` only alone.
+    """
 
-    def __init__(self, make: Callable[[], dict[str, np.ndarray]]) -> None:
-        self._make: Callable[[], dict[str, np.ndarray]] | None = make
+    __slots__ = ("_make", "_rows", "_values")
+
+    def __init__(self, make: Callable[..., dict[str, np.ndarray]], *rows: np.ndarray) -> None:
+        self._make: Callable[..., dict[str, np.ndarray]] | None = make
+        self._rows: tuple[np.ndarray, ...] = rows
         self._values: dict[str, np.ndarray] | None = None
 
     def _computed(self) -> dict[str, np.ndarray]:
         if self._values is None:
             assert self._make is not None
-            self._values, self._make = self._make(), None  # the closure's arrays are released once computed
+            # the arguments are released once computed
+            self._values, self._make, self._rows = self._make(*self._rows), None, ()
         return self._values
 
     def __getitem__(self, key: str) -> np.ndarray:
@@ -110,6 +117,28 @@ class LazyMetrics(Mapping[str, np.ndarray]):
 
     def __repr__(self) -> str:
         return f"LazyMetrics({self._computed()!r})"
+
+    @property
+    def stack_key(self) -> Callable | None:
+        """What metrics must share to be computed together by :meth:`stacked` (None: this one is computed alone)."""
+        return self._make if self._rows else None
+
+    @staticmethod
+    def stacked(items: list[LazyMetrics]) -> dict[str, np.ndarray]:
+        """The values of ``items`` (one ``stack_key``, arguments alike but for the seed axis) concatenated on the seed
+        axis, from ONE call of ``make`` on their stacked arguments: the same numbers as each alone (``make`` is
+        row-wise). Each item keeps its rows as its values; one already read (computed alone) gives its own."""
+        make = items[0]._make
+        if len(items) > 1 and all(item._values is None and item._rows and item._make is make for item in items):
+            values = make(*(np.concatenate(parts) for parts in zip(*(item._rows for item in items))))
+            start = 0
+            for item in items:
+                stop = start + len(item._rows[0])
+                item._values, item._make, item._rows = {k: v[start:stop] for k, v in values.items()}, None, ()
+                start = stop
+            return values
+        parts = [item._computed() for item in items]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 # --------------------------------------------------------------------------- #
@@ -342,7 +371,7 @@ def reinforce(logp_new: ArrayLike, advantage: ArrayLike, mask: ArrayLike, *,
     adv = _token_advantage(advantage, m)
     weights = _token_weights(m, aggregation)
     objective = adv * lp  # REINFORCE: A log pi(o_t | .)
-    metrics = LazyMetrics(lambda: _ratio_metrics(lr, m)) if lr is not None else {}
+    metrics = LazyMetrics(_ratio_metrics, lr, m) if lr is not None else {}
     return _output(objective, adv, weights, metrics)
 
 
@@ -369,17 +398,19 @@ def grpo(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask:
     weights = _token_weights(m, aggregation)
     log_lo, log_hi = _log_bounds(eps_low, eps_high)
     objective, d_objective, low, high = _clipped_surrogate(lr, adv, m, log_lo, log_hi)
+    return _output(objective, d_objective, weights, LazyMetrics(_clip_metrics, low, high, lr, m))
 
-    def metrics() -> dict[str, np.ndarray]:
-        clipped = _token_mean(low | high, m)
-        return {
-            "clip_ratio/low_mean": _token_mean(low, m),
-            "clip_ratio/high_mean": _token_mean(high, m),
-            "clip_ratio/region_mean": clipped,
-            "pg_clipfrac": clipped.copy(),
-            **_ratio_metrics(lr, m),
-        }
-    return _output(objective, d_objective, weights, LazyMetrics(metrics))
+
+def _clip_metrics(low: np.ndarray, high: np.ndarray, log_ratio: np.ndarray, m: np.ndarray) -> dict[str, np.ndarray]:
+    """:func:`grpo`'s metrics (row-wise: a ``LazyMetrics`` the recorder may stack over steps)."""
+    clipped = _token_mean(low | high, m)
+    return {
+        "clip_ratio/low_mean": _token_mean(low, m),
+        "clip_ratio/high_mean": _token_mean(high, m),
+        "clip_ratio/region_mean": clipped,
+        "pg_clipfrac": clipped.copy(),
+        **_ratio_metrics(log_ratio, m),
+    }
 
 
 def no_trust_region(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask: ArrayLike, *,
@@ -642,7 +673,7 @@ def asymre(logp_new: ArrayLike, reward: ArrayLike, value_baseline: ArrayLike, ma
     coef = np.broadcast_to((r - (v + delta_v))[..., None], m.shape)  # App. E: r(z_i, q) - (V-hat + delta V)
     weights = _token_weights(m, aggregation)
     objective = coef * lp  # App. E, experience replay: (r - (V + dV)) log pi(z_i|q)
-    metrics = LazyMetrics(lambda: _ratio_metrics(lr, m)) if lr is not None else {}
+    metrics = LazyMetrics(_ratio_metrics, lr, m) if lr is not None else {}
     return _output(objective, coef, weights, metrics)
 
 

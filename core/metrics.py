@@ -79,25 +79,35 @@ def zero_std_groups(reward: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, 
     max == min of the group's rewards: its group-relative advantage is then zero (TRL tests isclose(std, 0), atol
     1e-8: the same groups whenever distinct rewards differ by more than that). No responses: a share of NaN.
     """
+    start, equal, share = _zero_std_runs(reward, group)
+    if start is None:
+        return np.zeros((share.size, 0), bool), share
+    per_response = equal[np.cumsum(start.ravel()) - 1].reshape(start.shape)  # each response's group's flag
+    return per_response, share
+
+
+def _zero_std_runs(reward: np.ndarray, group: np.ndarray
+                   ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """(start (S, n): where a group's run begins, equal (runs,): its rewards are all equal, share (S,)) of
+    :func:`zero_std_groups`; start None when there are no responses."""
     reward = np.asarray(reward, dtype=float)
     group = np.asarray(group)
     S, n = reward.shape
     if n == 0:
-        return np.zeros((S, 0), bool), np.full(S, np.nan)
+        return None, np.zeros(0, bool), np.full(S, np.nan)
     start = np.ones((S, n), bool)
     start[:, 1:] = group[:, 1:] != group[:, :-1]  # a run starts at each row's first response and each new id
     first = np.flatnonzero(start)  # (runs,) flat index of each group's first response, row-major
     flat = reward.ravel()
     equal = np.maximum.reduceat(flat, first) == np.minimum.reduceat(flat, first)  # (runs,) all rewards equal
-    per_response = equal[np.cumsum(start.ravel()) - 1].reshape(S, n)  # each response's group's flag
     row = first // n  # (runs,) the seed of each group
     share = np.bincount(row, weights=equal, minlength=S) / np.bincount(row, minlength=S)
-    return per_response, share
+    return start, equal, share
 
 
 def frac_reward_zero_std(reward: np.ndarray, group: np.ndarray) -> np.ndarray:
     """z per seed (S,): the share of the step's generated groups whose rewards are all equal (``zero_std_groups``)."""
-    return zero_std_groups(reward, group)[1]
+    return _zero_std_runs(reward, group)[2]
 
 
 def step_metrics(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,

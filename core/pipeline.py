@@ -214,7 +214,8 @@ class Pipeline:
         settings = self.settings
         trained = data.train.size
         self.k_training += trained
-        self.k_inference += float(np.mean(data.generated))
+        generated = data.generated  # an int, or (S,) where seeds differ
+        self.k_inference += float(generated) if isinstance(generated, int) else float(np.mean(generated))
         if settings.pipeline == "async":
             ratio = settings.mu if self.config.buffer == "on-policy" else settings.workers / settings.trainers
             self.compute += trained * (1.0 + ratio)  # Eq. (1) / text before Eq. (2): C(1 + W/T), C = B
@@ -257,16 +258,26 @@ class UsageRecord:
 
     @staticmethod
     def add_hist(hist: np.ndarray, values: np.ndarray) -> np.ndarray:
-        values = values[values >= 0].astype(np.int64)
-        if values.size == 0:
+        """``hist`` plus the counts of the values >= 0 (negative ones are 'none': a first use's -1)."""
+        low = int(values.min()) if values.size and values.dtype.kind == "i" else None
+        if low is not None and low >= -1:  # integers: no copy of the kept values (a first use's -1: bins offset by 1)
+            counts = np.bincount(values) if low >= 0 else np.bincount(values + 1)[1:]
+        else:
+            values = values[values >= 0].astype(np.int64)
+            if values.size == 0:
+                return hist
+            counts = np.bincount(values)
+        if counts.size == 0:  # only -1s
             return hist
-        counts = np.bincount(values)
         if counts.size > hist.size:
             hist = np.pad(hist, (0, counts.size - hist.size))
         hist[: counts.size] += counts
         return hist
 
     def add(self, data: StepBatch) -> None:
-        self.staleness_counts = self.add_hist(self.staleness_counts, data.staleness.ravel())
-        self.time_since_last_use_counts = self.add_hist(self.time_since_last_use_counts,
-                                                        data.time_since_last_use.ravel())
+        self.add_uses(data.staleness, data.time_since_last_use)
+
+    def add_uses(self, staleness: np.ndarray, time_since_last_use: np.ndarray) -> None:
+        """The uses of ``add`` as arrays of any shape (counts only: several steps' uses may come at once)."""
+        self.staleness_counts = self.add_hist(self.staleness_counts, staleness.ravel())
+        self.time_since_last_use_counts = self.add_hist(self.time_since_last_use_counts, time_since_last_use.ravel())

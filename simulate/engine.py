@@ -23,16 +23,17 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from ..core.designs import StepBatch, compute_loss
-from ..core.losses import LossOutput
+from ..core.losses import LazyMetrics, LossOutput
 from ..core.metrics import AGE_BUCKETS, TOKEN_STATS, step_metrics_by_age
 from ..core.pipeline import EnvBackend, Pipeline, UsageRecord
 from ..core.rng import PerSeedGenerator
+from ..core.rollouts import RolloutBatch
 from .config import SimConfig
 from .envs import ENVIRONMENTS, make_env
 from .optim import OPTIMIZERS
@@ -105,8 +106,40 @@ def difficulty_gains(env, params0: np.ndarray, params: np.ndarray) -> dict[str, 
 # --------------------------------------------------------------------------- the loop
 
 
+#: the most (seed, response, token) cells of training batches whose metrics the recorder computes in one pass: a
+#: chunk of steps pays the calls of one step (at least one step a chunk; the stacked arrays stay small)
+CHUNK_CELLS = 1 << 16
+
+
+@dataclass
+class _PendingStep:
+    """One step's inputs to its recorded curves, kept until ``Recorder.flush``."""
+
+    step: int
+    token_lr: np.ndarray  # (S, B, L) logp_new - logp_behav
+    mask: np.ndarray  # (S, B, L)
+    staleness: np.ndarray  # (S, B)
+    time_since_last_use: np.ndarray  # (S, B)
+    loss: np.ndarray  # (S,)
+    loss_metrics: Mapping[str, np.ndarray]
+    fresh: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # (reward, group, keep) (S, m) of the fresh view
+
+    def kind(self) -> tuple:
+        """What the steps of one chunk share: the arrays' shapes and the loss metrics' ``make``."""
+        metrics = self.loss_metrics
+        make = metrics.stack_key if isinstance(metrics, LazyMetrics) else None
+        return (self.token_lr.shape, self.staleness.shape, None if self.fresh is None else self.fresh[0].shape,
+                "alone" if make is None else make)
+
+
 class Recorder:
-    """Accumulates per-step curves (S, steps), ESS by age and, through ``UsageRecord``, the Fig. 2 distributions."""
+    """Accumulates per-step curves (S, steps), ESS by age and, through ``UsageRecord``, the Fig. 2 distributions.
+
+    The metrics of the training batches (``record_batch``) are computed for a chunk of steps at once: the steps
+    stacked on the seed axis (every metric is per seed, the same numbers as step by step), at most ``CHUNK_CELLS``
+    cells, flushed before any curve is first written (the curves keep the order of their first values) and at the
+    end of the run (``flush``).
+    """
 
     def __init__(self, num_seeds: int, steps: int):
         self.curves: dict[str, np.ndarray] = {}
@@ -114,38 +147,102 @@ class Recorder:
         self.usage = UsageRecord()
         self.ess_age_sum: dict[int, float] = defaultdict(float)
         self.ess_age_n: dict[int, int] = defaultdict(int)
+        self.pending: list[_PendingStep] = []
 
     def put(self, name: str, step: int, value) -> None:
         if name not in self.curves:
+            self.flush()  # the pending steps' curves come first, as they would step by step
             self.curves[name] = np.full((self.num_seeds, self.steps), np.nan)
         self.curves[name][:, step] = value
+
+    def _put_steps(self, name: str, first: int, values: np.ndarray) -> None:
+        """Steps first, first + 1, ... of curve ``name`` from values (k S,), step after step."""
+        if name not in self.curves:
+            self.curves[name] = np.full((self.num_seeds, self.steps), np.nan)
+        k = values.shape[0] // self.num_seeds
+        self.curves[name][:, first:first + k] = values.reshape(k, self.num_seeds).T
 
     TOKEN_STATS = TOKEN_STATS
     #: the keys of core.metrics.step_metrics the engine records (under these names)
     STEP_KEYS = ("ess_frac", *TOKEN_STATS, "staleness_mean", "staleness_max")
 
-    def record_batch(self, step: int, data: StepBatch, logp_new: np.ndarray, loss_metrics: dict | None = None,
-                     generated: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """Distributions, sequence-level ESS, ESS by age and the token-level estimators (``core.metrics``); returns
-        ``core.metrics.step_metrics``' dict.
+    def record_batch(self, step: int, data: StepBatch, logp_new: np.ndarray, out: LossOutput,
+                     fresh: tuple[RolloutBatch, np.ndarray] | None) -> None:
+        """Distributions, sequence-level ESS, ESS by age and the token-level estimators (``core.metrics``), the loss
+        and its metrics, and the fresh responses' reward, accuracy and ``frac_reward_zero_std``: kept, and computed
+        with the chunk's other steps.
 
-        The token-level estimators come from ``loss_metrics`` when the loss already
-        computed them on this batch (every loss with a behaviour policy does), else there.
-        ``generated``: (reward, group) (S, n) of the responses generated this step, for ``frac_reward_zero_std``.
+        The token-level estimators come from the loss's metrics when the loss computed them on this batch (every
+        loss with a behaviour policy does), else from ``core.metrics``. ``fresh``: ``StepBatch.fresh_view()``.
         """
         batch = data.train
-        self.usage.add(data)
-        token_lr = logp_new - batch.logp_behav  # (S, B, L)
-        metrics, frac, count = step_metrics_by_age(token_lr, batch.mask, data.staleness, loss_metrics,
-                                                   *(generated or (None, None)))
+        record = _PendingStep(step, logp_new - batch.logp_behav, batch.mask, data.staleness, data.time_since_last_use,
+                              out.loss, out.metrics, None if fresh is None else (fresh[0].reward, fresh[0].group,
+                                                                                  fresh[1]))
+        if self.pending and record.kind() != self.pending[0].kind():
+            self.flush()
+        self.pending.append(record)
+        if len(self.pending) * record.token_lr.size >= CHUNK_CELLS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Compute and write the pending steps' curves."""
+        pending, self.pending = self.pending, []
+        if pending:
+            self._write_chunk(pending)
+
+    def _write_chunk(self, chunk: list[_PendingStep]) -> None:
+        def stacked(name: str, index: int | None = None) -> np.ndarray:
+            parts = [getattr(r, name) if index is None else getattr(r, name)[index] for r in chunk]
+            return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+        loss_metrics = _stacked_loss_metrics([r.loss_metrics for r in chunk])
+        if loss_metrics is None:  # metrics with different keys: step by step
+            for record in chunk:
+                self._write_chunk([record])
+            return
+        S, first, fresh = self.num_seeds, chunk[0].step, chunk[0].fresh is not None
+        staleness = stacked("staleness")
+        self.usage.add_uses(staleness, stacked("time_since_last_use"))
+        generated = (stacked("fresh", 0), stacked("fresh", 1)) if fresh else (None, None)
+        metrics, frac, count = step_metrics_by_age(stacked("token_lr"), stacked("mask"), staleness, loss_metrics,
+                                                   *generated)
         for name in self.STEP_KEYS:  # ess_frac at sequence level; the estimators at token level, verl/TRL style
-            self.put(name, step, metrics[name])
-        ok = count >= 2  # ESS by age: the fraction of each (seed, age bucket) cell with >= 2 samples, summed over steps
-        for b in np.nonzero(ok.any(axis=0))[0]:
-            edge = AGE_BUCKETS[b]
-            self.ess_age_sum[edge] += float(frac[ok[:, b], b].sum())
-            self.ess_age_n[edge] += int(ok[:, b].sum())
-        return metrics
+            self._put_steps(name, first, metrics[name])
+        # ESS by age: the fraction of each (seed, age bucket) cell with >= 2 samples, summed over seeds, then over
+        # steps in step order. A bucket with every seed in is one contiguous row of the transposed fractions: the
+        # same pairwise sum as of the selection (numpy sums a contiguous row pairwise, whatever its length)
+        k, K = len(chunk), frac.shape[1]
+        ok = (count >= 2).reshape(k, S, K)
+        seeds_in = ok.sum(axis=1)  # (k, K)
+        whole = np.ascontiguousarray(frac.reshape(k, S, K).transpose(0, 2, 1)).sum(axis=-1)  # (k, K)
+        for j, b in zip(*np.nonzero(seeds_in)):
+            some = frac[j * S:(j + 1) * S, b][ok[j, :, b]].sum() if seeds_in[j, b] < S else whole[j, b]
+            self.ess_age_sum[AGE_BUCKETS[b]] += float(some)
+            self.ess_age_n[AGE_BUCKETS[b]] += int(seeds_in[j, b])
+        for name, value in loss_metrics.items():
+            if name not in self.TOKEN_STATS and name != "ess_frac":  # those come from step_metrics above
+                self._put_steps(name, first, value)
+        self._put_steps("loss", first, stacked("loss"))
+        if fresh:
+            reward, keep = generated[0], stacked("fresh", 2)
+            n = np.maximum(keep.sum(axis=1), 1)  # (k S,)
+            self._put_steps("reward", first, np.where(keep, reward, 0.0).sum(axis=1) / n)
+            self._put_steps("accuracy_train", first, np.where(keep, reward == 1.0, 0.0).sum(axis=1) / n)
+            self._put_steps("frac_reward_zero_std", first, metrics["frac_reward_zero_std"])  # z, TRL's name
+
+
+def _stacked_loss_metrics(items: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray] | None:
+    """The loss metrics of a chunk's steps stacked on the seed axis (``LazyMetrics.stacked`` computes them in one
+    call); None when the steps' metrics do not have the same keys."""
+    if len(items) > 1 and all(isinstance(m, LazyMetrics) and m.stack_key is not None for m in items):
+        return LazyMetrics.stacked(list(items))  # type: ignore[arg-type]
+    values = [dict(m) for m in items]
+    if len(values) == 1:
+        return values[0]
+    if any(list(v) != list(values[0]) for v in values):
+        return None
+    return {k: np.concatenate([v[k] for v in values]) for k in values[0]}
 
 
 def env_kwargs(config: SimConfig) -> dict:
@@ -219,19 +316,7 @@ class _DriftMeter:
 def _record_training_batch(rec: Recorder, step: int, data: StepBatch, logp_new: np.ndarray, out: LossOutput):
     """The step's batch statistics, loss metrics, fresh rewards and the design's curves; the fresh view it used."""
     fresh = data.fresh_view()  # (batch, keep): the responses generated this step
-    generated = None if fresh is None else (fresh[0].reward, fresh[0].group)
-    metrics = rec.record_batch(step, data, logp_new, out.metrics, generated)
-    for name, value in out.metrics.items():
-        if name in Recorder.TOKEN_STATS or name == "ess_frac":
-            continue  # recorded by record_batch (ess_frac at sequence level)
-        rec.put(name, step, value)
-    rec.put("loss", step, out.loss)
-    if fresh is not None:
-        batch, keep = fresh
-        n = np.maximum(keep.sum(axis=1), 1)  # (S,)
-        rec.put("reward", step, np.where(keep, batch.reward, 0.0).sum(axis=1) / n)
-        rec.put("accuracy_train", step, np.where(keep, batch.reward == 1.0, 0.0).sum(axis=1) / n)
-        rec.put("frac_reward_zero_std", step, metrics["frac_reward_zero_std"])  # z, TRL's name
+    rec.record_batch(step, data, logp_new, out, fresh)
     for name, value in data.curves.items():
         if not name.startswith("_"):  # "_" marks the design's internal per-step arrays
             rec.put(name, step, value)
@@ -301,6 +386,7 @@ def _run(config: SimConfig, progress, observer, on_step) -> RunResult:
         if progress is not None:
             progress(step)
 
+    rec.flush()
     gains = difficulty_gains(env, history[0], params)
     replay_counts = pipeline.evicted_use_counts()
     counts = {**pipeline.counts(), **gains}

@@ -125,9 +125,43 @@ def test_token_statistics_reused_from_the_loss_equal_a_fresh_computation(monkeyp
 
     config = SimConfig(**FAST, buffer="stale-k", stale_k=3, loss="m2po")
     reused = run(config)
-    original = engine.Recorder.record_batch
-    monkeypatch.setattr(engine.Recorder, "record_batch", lambda self, *a: original(self, *a[:3], None, *a[4:]))
+    original = engine.step_metrics_by_age  # the recorder's call, given the loss's statistics: drop them
+    monkeypatch.setattr(engine, "step_metrics_by_age", lambda lr, mask, stale, stats, *a: original(lr, mask, stale,
+                                                                                                None, *a))
     recomputed = run(config)
     for name in engine.Recorder.TOKEN_STATS:
         np.testing.assert_allclose(reused.curves[name], recomputed.curves[name], rtol=1e-12, atol=1e-15)
     assert np.all(reused.curves["m2"][:, 3:] > 0)
+
+
+@pytest.mark.parametrize("changes", [
+    {"buffer": "fifo", "loss": "grpo"},
+    {"buffer": "stale-k", "stale_k": 2, "loss": "m2po", "env": "token-mdp"},
+    {"buffer": "fifo", "loss": "no-trust-region", "pipeline": "async"},
+    {"buffer": "group-replay", "loss": "rloo"},
+])
+def test_curves_computed_by_chunks_of_steps_equal_step_by_step(changes, monkeypatch):
+    # the recorder stacks a chunk of steps' batches on the seed axis: every curve, ESS by age and the use
+    # histograms must be the numbers (and the curve order) of a step-by-step run
+    from replay_theory.simulate import engine
+
+    config = SimConfig(**{**FAST, "steps": 23, "eval_every": 5, **changes})
+    chunked = run(config)
+    monkeypatch.setattr(engine, "CHUNK_CELLS", 1)
+    alone = run(config)
+    assert list(chunked.curves) == list(alone.curves)
+    for name, curve in alone.curves.items():
+        np.testing.assert_array_equal(chunked.curves[name], curve, err_msg=name)
+    assert chunked.ess_by_age == alone.ess_by_age
+    np.testing.assert_array_equal(chunked.staleness_counts, alone.staleness_counts)
+    np.testing.assert_array_equal(chunked.time_since_last_use_counts, alone.time_since_last_use_counts)
+
+
+def test_loss_metrics_read_inside_on_step_are_the_step_s_own():
+    # on_step sees the step's LossOutput before the recorder stacks its metrics with later steps'
+    config = SimConfig(**{**FAST, "steps": 12, "eval_every": 5})
+    seen = {}
+    result = run(config, on_step=lambda view: seen.__setitem__(view.step, dict(view.loss.metrics)))
+    for step, metrics in seen.items():
+        np.testing.assert_array_equal(metrics["pg_clipfrac"], result.curves["pg_clipfrac"][:, step])
+        np.testing.assert_array_equal(metrics["is_ratio_max"], result.curves["is_ratio_max"][:, step])

@@ -485,3 +485,42 @@ def test_bandit_row_probabilities_and_gradient_match_the_full_table() -> None:
     full = env.evaluate(params)  # makes the full table; the rows then come from it
     np.testing.assert_array_equal(env._row_probs(env.log_policy(params), cells), rows)
     np.testing.assert_allclose(full["accuracy"], pi[:, np.arange(12), env.answer].mean(axis=1), rtol=1e-15)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 16, 17, 64, 127, 128, 129, 300])
+def test_bandit_column_sums_are_numpy_s_row_sums_bit_for_bit(n: int) -> None:
+    # the bandit's log-softmax sums its exponentials over a transposed copy: the same additions, in numpy's order
+    from replay_theory.simulate.envs.bandit import _column_sums
+
+    x = np.exp(3.0 * np.random.default_rng(n).standard_normal((200, n)))
+    np.testing.assert_array_equal(_column_sums(np.ascontiguousarray(x.T)), x.sum(axis=-1))
+
+
+def test_bandit_rejects_prompt_indices_out_of_range() -> None:
+    env = BanditEnv(BanditConfig(num_prompts=4))
+    params = env.init_params(2)
+    for bad in (-1, 4):
+        prompts = np.zeros((2, 3), dtype=np.int64)
+        prompts[1, 2] = bad
+        with pytest.raises(ValueError, match=r"prompt indices must lie in \[0, 4\)"):
+            env.logp(params, prompts, np.zeros((2, 3, 1), dtype=np.int64))
+    np.testing.assert_array_equal(env.logp(params, np.full((2, 3), 3, dtype=np.int32), np.zeros((2, 3, 1), int)),
+                                  env.logp(params, np.full((2, 3), 3), np.zeros((2, 3, 1), int)))
+
+
+@pytest.mark.parametrize("runs", [[4, 8, 4, 4], [3, 5, 2, 6], [16], [1, 1, 2, 12]])
+def test_bandit_sample_is_the_inverse_cdf_of_each_response_whatever_its_runs_of_prompts(runs) -> None:
+    # responses to one prompt side by side share one CDF (a run): runs of any lengths, in any order
+    env, S = BANDIT, 2
+    params = _params(env, S, 0.7, 1)
+    prompt_of_run = np.random.default_rng(5).permutation(env.num_prompts)[:len(runs)]
+    prompts = np.tile(np.repeat(prompt_of_run, runs), (S, 1))
+    prompts[1] = prompts[1][::-1]  # another order of the runs in seed 1
+    tokens, logp, _ = env.sample(params, prompts, np.random.default_rng(3))
+    u = np.random.default_rng(3).random(prompts.shape)
+    for s in range(S):
+        for i in range(prompts.shape[1]):
+            lpol = _bandit_naive_logpol(env, params[s], prompts[s, i])
+            a = min(int(np.sum(np.cumsum(np.exp(lpol)) < u[s, i])), env.num_actions - 1)
+            assert tokens[s, i, 0] == a
+            np.testing.assert_allclose(logp[s, i, 0], lpol[a], rtol=1e-10)

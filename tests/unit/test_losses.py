@@ -692,3 +692,35 @@ def test_metrics_are_computed_when_first_read_and_once(name, monkeypatch):
     for key, value in direct.items():
         np.testing.assert_allclose(values[renamed.get(key, key)], value, rtol=1e-12)
     assert out.metrics == values  # a Mapping equals the dict of its items
+
+
+@pytest.mark.parametrize("name", ["grpo", "no-trust-region", "reinforce", "asymre"])
+def test_stacked_metrics_of_several_batches_are_each_batch_s_own(name):
+    # the engine's recorder computes a chunk of steps' metrics in one call on the batches stacked on the seed axis:
+    # every row must be the number the batch gives alone (padding and a fully real row mixed in)
+    batches = [_batch(seed=s, S=3) for s in range(3)]
+    batches[1]["mask"][:] = True  # a batch without padding next to padded ones
+    batches[1]["logp_new"] = np.where(np.isnan(batches[1]["logp_new"]), -1.0, batches[1]["logp_new"])
+    batches[1]["logp_behav"] = np.where(batches[1]["logp_behav"] > 0, -1.2, batches[1]["logp_behav"])
+
+    def output(b):
+        if name == "reinforce":
+            return L.reinforce(b["logp_new"], b["advantage"], b["mask"], logp_behav=b["logp_behav"])
+        if name == "asymre":
+            return L.asymre(b["logp_new"], b["reward"], np.full_like(b["reward"], 0.5), b["mask"],
+                            logp_behav=b["logp_behav"])
+        return _call(name, b)
+
+    lazy = [output(b).metrics for b in batches]
+    alone = [dict(output(b).metrics) for b in batches]
+    assert len({m.stack_key for m in lazy}) == 1 and lazy[0].stack_key is not None
+    stacked = L.LazyMetrics.stacked(lazy)
+    for key, value in stacked.items():
+        np.testing.assert_array_equal(value, np.concatenate([a[key] for a in alone]))
+        for item, a in zip(lazy, alone):
+            np.testing.assert_array_equal(item[key], a[key])  # each keeps its own rows
+    # one already read alone: the rest still stack, the values the same
+    again = [output(b).metrics for b in batches]
+    dict(again[1])
+    for key, value in L.LazyMetrics.stacked(again).items():
+        np.testing.assert_array_equal(value, stacked[key])

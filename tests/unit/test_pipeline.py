@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from replay_theory.core.designs import BUFFER_DESIGNS, LOSSES, DesignConfig, GroupReplayParams, design_field_names
-from replay_theory.core.pipeline import EnvBackend, Pipeline
+from replay_theory.core.pipeline import EnvBackend, Pipeline, UsageRecord
 from replay_theory.core.rng import PerSeedGenerator
 from replay_theory.simulate.config import SimConfig
 from replay_theory.simulate.envs import make_env
@@ -214,3 +214,19 @@ def test_freshper_algorithm1_step_counts():
     np.testing.assert_allclose(betas, 0.4 + 0.6 * np.arange(T) / (T - 1))  # beta anneals 0.4 -> 1
     # p_base = |r| + eps (the paper's critic-free choice): failures get ~1e-6 of a success's priority
     assert pipe.buffer.base == "reward"
+
+
+def test_usage_histograms_count_the_values_at_least_zero():
+    def naive(values):
+        kept = [int(v) for v in np.ravel(values) if v >= 0]
+        return np.bincount(kept) if kept else np.zeros(1, np.int64)
+
+    for values in ([[0, 2, 2], [5, 0, 1]], [[-1, 3, 0], [-1, -1, 1]], [[-1, -1]], [[-3, 2, -1, 0]], [[4, 4, 7]]):
+        values = np.asarray(values, dtype=np.int64)
+        got = UsageRecord.add_hist(np.zeros(1, np.int64), values.ravel())
+        np.testing.assert_array_equal(got, np.pad(naive(values), (0, max(0, 1 - naive(values).size))))
+    record = UsageRecord()
+    record.add_uses(np.array([[0, 1], [1, 3]]), np.array([[-1, 2], [-1, -1]]))
+    record.add_uses(np.array([[2, 0]]), np.array([[0, -1]]))
+    assert record.staleness_counts.tolist() == [2, 2, 1, 1]
+    assert record.time_since_last_use_counts.tolist() == [1, 0, 1]
