@@ -52,8 +52,8 @@ first margin, 1.2, moved the answer) as the smallest margin with the most cells 
 the answer on the model's errors as well as on its gains (``python -m replay_theory.experiments.guard_margin``)."""
 OVERLAP_MARGIN = 1.2
 """An overlapped design's margin: the guard's first margin. The benchmark trains no overlapped design, so nothing
-chose another; 2.0 would rule it out, as overlap saves at most a share 1 / (1 + mu) of a step (forgetting.step_cost)
-and so never beats the floor rule's batch by 2x."""
+chose another. 2.0 would rule it out wherever the floor rule's batch is the best synchronous design: an overlapped
+step (R = B) is at most a share 1 / (2 + mu) shorter than the synchronous one (forgetting.step_cost), never half."""
 REUSE_OPTIMIZERS = ("sgd",)
 """The optimizers under which the benchmark found the replay prediction right (module docstring, item 3)."""
 

@@ -146,3 +146,16 @@ def test_the_replay_trainer_refuses_an_overlapped_answer_in_one_line(cli, optima
     assert code == 0 and json.loads(out)["regime"] == "overlapped"
     with pytest.raises(ValueError, match=r"answers overlapped generation \(max_staleness = 1\).*--framework"):
         ReplayConfig.from_optimal_json(out)
+
+
+@pytest.mark.parametrize("mu", [0.1, 0.5, 1.0, 5.28, 20.0])
+def test_overlap_saves_at_most_a_share_one_over_two_plus_mu_of_a_step(mu):
+    # R = B below the floor: the saving min(B, mu (F - B)) over the synchronous mu F + B peaks at (1 + mu) B = mu F
+    floor = 1000.0
+    batches = np.linspace(1.0, floor, 20001)
+    sync = fg.step_cost(batches, batches, mu, floor)
+    overlap = fg.step_cost(batches, batches, mu, floor, overlapped=True)
+    share = 1 - overlap / sync
+    assert share.max() == pytest.approx(1 / (2 + mu), rel=1e-3)
+    assert batches[np.argmax(share)] == pytest.approx(mu * floor / (1 + mu), rel=1e-3)
+    assert np.all(share >= 0)
