@@ -172,9 +172,12 @@ class Unit:
 
 
 def design_spec(design: forgetting.Design) -> list:
-    """A design as the records and run keys name it: [B, R, N, on_policy], and [.., e, m] for an epoch design only
-    (the FIFO and on-policy designs keep the keys and records they had before epoch designs were trained)."""
+    """A design as the records and run keys name it: [B, R, N, on_policy], [.., e, m] for an epoch design and
+    [.., e, m, k] for an overlapped one only (the FIFO and on-policy designs keep the keys and records they had before
+    the families were trained)."""
     spec = [design.batch_size, design.rollouts_per_step, design.capacity, design.on_policy]
+    if design.max_staleness:
+        return spec + [design.epochs, design.mini_batches, design.max_staleness]
     return spec + [design.epochs, design.mini_batches] if design.updates_per_generation > 1 else spec
 
 
@@ -295,6 +298,14 @@ def train_unit(unit: Unit) -> None:
                 unit.advance()
     for e, m in options.epochs_grid:
         _train_epochs(unit, e, m, s_ref, s_ref_exact)
+    for b in options.overlap_batches:  # --families overlap: each from its synchronous batch's step size
+        design, label = forgetting.Design.overlapped_at(b), f"overlapped B={b}"
+        if unit.exact:
+            unit.exact_run(label, design, _step_cap(options, design, s_ref_exact))
+        else:
+            unit.tune(label, design, unit.start_from((f"on-policy B={b}", 1.0)), _step_cap(options, design, s_ref))
+        if unit.advance:
+            unit.advance()
 
 
 def _train_epochs(unit: Unit, epochs: int, mini_batches: int, s_ref: float, s_ref_exact: float) -> None:
@@ -695,12 +706,13 @@ def design_row(unit: Unit, label: str, design: forgetting.Design) -> dict:
 
 
 def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_ratio: float = 1000.0,
-                max_epochs: int = 1) -> tuple[advice.Query, list[str]]:
+                max_epochs: int = 1, max_staleness: int = 0) -> tuple[advice.Query, list[str]]:
     """The query ``replay-theory optimal`` gets from this pilot's numbers (``-B 256 --noise-scale B_simple --kappa
     kappa --optimizer OPT --group-size 8 --latency-floor FLOOR`` and the drift table a profile carries), and what was
     left out and why: a B_simple not resolved > 0 (optimal then says to stay at B), a kappa optimal refuses (outside
     [KAPPA_MIN, the optimizer's stability limit): the user asks again without it). ``max_epochs`` > 1 (--families
-    epochs): optimal searches epoch designs too (``--max-epochs``)."""
+    epochs): optimal searches epoch designs too (``--max-epochs``); ``max_staleness`` 1 (--families overlap),
+    overlapped ones (``--max-staleness``)."""
     from ...advise.optimal import KAPPA_MIN
 
     notes = []
@@ -731,21 +743,24 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_
     query = advice.Query(mu=float(mu), batch_size=BATCH, b_noise=b_noise, b_noise_source="the pilot's B_simple",
                          kappa=kappa, kappa_source="the pilot's curvature pairs", optimizer=optimizer, beta1=BETA1,
                          pilot_batch=BATCH, group_size=GROUP, floor=float(floor), staleness=staleness,
-                         max_steps_ratio=float(max_steps_ratio), max_epochs=int(max_epochs))
+                         max_steps_ratio=float(max_steps_ratio), max_epochs=int(max_epochs),
+                         max_staleness=int(max_staleness))
     return query, notes
 
 
 def printed_design(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_ratio: float = 1000.0,
-                   max_epochs: int = 1) -> forgetting.Design:
+                   max_epochs: int = 1, max_staleness: int = 0) -> forgetting.Design:
     """The design ``optimal`` answers with for this pilot and cell (``advise.advice.advise``: the steps cap
     ``--max-steps-ratio``, the horizon cap, whole groups; without a B_noise, the floor rule's batch at no steps budget
     and on-policy at B under one)."""
-    query, _ = pilot_query(pilot, optimizer, mu, floor, max_steps_ratio, max_epochs)
+    query, _ = pilot_query(pilot, optimizer, mu, floor, max_steps_ratio, max_epochs, max_staleness)
     key = repr(query)  # every input of the answer (a frozen dataclass's repr): the cells of a unit share answers
     if key not in _PRINTED:
         answer = advice.advise(query)
         if not answer.get("measured"):  # the floor rule's batch (advice.unmeasured_batch), or B without one
             _PRINTED[key] = forgetting.Design.on_policy_at(int(answer.get("batch_size") or BATCH))
+        elif answer["regime"] == "overlapped":
+            _PRINTED[key] = forgetting.Design.overlapped_at(int(answer["batch_size"]), int(answer["max_staleness"]))
         elif answer["regime"] == "epochs":
             _PRINTED[key] = forgetting.Design.epochs_of(int(answer["rollouts_per_step"]), int(answer["epochs"]),
                                                         int(answer["mini_batches"]))
@@ -766,8 +781,8 @@ def _nearest_label(unit: Unit, design: forgetting.Design) -> tuple[str, float]:
     alpha = 1.0 if unit.optimizer == "sgd" else 0.5
     grid = unit.options.designs()
 
-    def family(d: forgetting.Design) -> tuple[bool, bool]:
-        return d.on_policy, d.updates_per_generation > 1
+    def family(d: forgetting.Design) -> tuple[bool, bool, bool]:
+        return d.on_policy, d.updates_per_generation > 1, d.max_staleness > 0
 
     same = [(label, d) for label, d in grid if family(d) == family(design)] or grid
 
@@ -795,7 +810,7 @@ def train_printed(unit: Unit, pilot: dict) -> list[tuple[str, forgetting.Design]
     out: list[tuple[str, forgetting.Design]] = []
     cells = [(mu, floor, ratio) for ratio in printed_ratios(options) for mu in options.mus for floor in options.floors]
     for mu, floor, ratio in cells:
-        design = printed_design(pilot, unit.optimizer, mu, floor, ratio, options.max_epochs)
+        design = printed_design(pilot, unit.optimizer, mu, floor, ratio, options.max_epochs, options.max_staleness)
         key = tuple(design_spec(design))
         if key in on_grid or any(key == tuple(design_spec(d)) for _, d in out):
             continue
@@ -816,6 +831,8 @@ def printed_ratios(options: Options) -> tuple[float, ...]:
 
 
 def printed_label(design: forgetting.Design) -> str:
+    if design.max_staleness:
+        return f"printed: overlapped B={design.batch_size}"
     if design.on_policy:
         return f"printed: on-policy B={design.batch_size}"
     if design.updates_per_generation > 1:
@@ -852,6 +869,7 @@ def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options
                    "target": inst["target"], "j0": inst["j0"], "j_star": inst["j_star"], "designs": rows,
                    "printed": printed_rows, "printed_ratios": list(printed_ratios(options)), "noise": noise,
                    **({"max_epochs": options.max_epochs} if options.max_epochs > 1 else {}),
+                   **({"max_staleness": options.max_staleness} if options.max_staleness else {}),
                    "alpha_measured": measured_alpha(noise), "pilot": pilot,
                    "calibration": calibration_record(unit, pilot), "elapsed_s": round(time.time() - started, 1)})
 
@@ -860,10 +878,12 @@ def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options
 
 
 def design_of(spec: list) -> forgetting.Design:
-    """The design a record's [B, R, N, on_policy] or [B, R, N, on_policy, e, m] names."""
+    """The design a record's [B, R, N, on_policy], [.., e, m] or [.., e, m, k] names."""
     b, r, n, on = spec[:4]
-    e, m = spec[4:] if len(spec) == 6 else (1, 1)
-    return forgetting.Design(int(b), int(r), int(n), bool(on), epochs=int(e), mini_batches=int(m))
+    e, m = spec[4:6] if len(spec) >= 6 else (1, 1)
+    k = spec[6] if len(spec) == 7 else 0
+    return forgetting.Design(int(b), int(r), int(n), bool(on), epochs=int(e), mini_batches=int(m),
+                             max_staleness=int(k))
 
 
 def _designs_of(record: dict) -> list[forgetting.Design]:

@@ -73,6 +73,12 @@ def rule_values(designs: list[forgetting.Design], b_noise: float, kappa: float |
 Designs = list[forgetting.Design]
 
 
+def _synchronous_on_policy(d: forgetting.Design) -> bool:
+    """On-policy, generated and trained in turn: the baselines' family (an overlapped design, on-policy in its sizes,
+    is a --families overlap design, not a baseline's)."""
+    return d.on_policy and not d.max_staleness
+
+
 def _forgetting_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | NoPick:
     """The forgetting-aware rule from the pilot's estimates: B_noise, kappa from curvature pairs, r(s) = 1 + M2(s)."""
     pairs = record["pilot"].get("kappa_pairs") or {}
@@ -121,9 +127,9 @@ def _noise_scale_values(record: dict, designs: Designs, mu: float, floor: float)
     b = read_b_noise(record["noise"]) / BATCH
     ns = np.full(len(designs), np.inf)
     for i, d in enumerate(designs):
-        if d.on_policy and d.batch_size == BATCH:
+        if _synchronous_on_policy(d) and d.batch_size == BATCH:
             ns[i] = (1 + b) * (1 + mu) if math.isfinite(b) else 1 + mu
-        elif d.batch_size == BATCH and d.x == 1 and d.updates_per_generation == 1:  # a FIFO, not an epoch design
+        elif d.batch_size == BATCH and d.x == 1 and d.updates_per_generation == 1 and not d.on_policy:  # a FIFO
             y = d.y
             ns[i] = (float(noise_scale_lib.replay_cost(b, y, mu)) if math.isfinite(b)
                      else (1 + y) * (1 + mu / y))
@@ -138,8 +144,9 @@ def _calibrated_profile(record: dict) -> TabulatedProfile:
 
 
 def _fifo_at_batch(d: forgetting.Design) -> bool:
-    """A design at B = 256 the paper's objectives name: on-policy or a FIFO (x, y), never an epoch design."""
-    return d.batch_size == BATCH and d.updates_per_generation == 1
+    """A design at B = 256 the paper's objectives name: on-policy or a FIFO (x, y), never an epoch or overlapped
+    design."""
+    return d.batch_size == BATCH and d.updates_per_generation == 1 and not d.max_staleness
 
 
 def _paper_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray:
@@ -179,7 +186,7 @@ def _null_values(record: dict, designs: Designs, mu: float, floor: float) -> np.
 
 def _on_policy_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray:
     """0 at on-policy at B, the batch the user has (others inf)."""
-    return np.array([0.0 if (d.on_policy and d.batch_size == BATCH) else np.inf for d in designs])
+    return np.array([0.0 if (_synchronous_on_policy(d) and d.batch_size == BATCH) else np.inf for d in designs])
 
 
 def _on_policy_small_values(record: dict, designs: Designs, mu: float, floor: float) -> np.ndarray | NoPick:
@@ -190,7 +197,7 @@ def _on_policy_small_values(record: dict, designs: Designs, mu: float, floor: fl
     if no_pick is not None:
         return no_pick
     small = np.full(len(designs), np.inf)
-    allowed = [i for i, d in enumerate(designs) if d.on_policy and (
+    allowed = [i for i, d in enumerate(designs) if _synchronous_on_policy(d) and (
         math.isinf(b_noise) and d.batch_size == BATCH
         or math.isfinite(b_noise) and 1 + b_noise / d.batch_size <= 2 * (1 + b_noise / BATCH))]
     small[min(allowed, key=lambda i: designs[i].batch_size)] = 0.0
@@ -201,7 +208,7 @@ def _on_policy_floor_values(record: dict, designs: Designs, mu: float, floor: fl
     """The trivial rule that exploits the cost model: 0 at on-policy at the smallest grid batch >= max(floor,
     smallest batch) (B = 256 when the floor is above it; others inf). It reads nothing measured: below the floor a
     smaller batch costs as much generation and more steps, above it compute falls with the batch."""
-    on = [i for i, d in enumerate(designs) if d.on_policy]
+    on = [i for i, d in enumerate(designs) if _synchronous_on_policy(d)]
     above = [i for i in on if designs[i].batch_size >= floor]
     pick = min(above, key=lambda i: designs[i].batch_size) if above else max(on, key=lambda i: designs[i].batch_size)
     values = np.full(len(designs), np.inf)
@@ -213,7 +220,7 @@ def _on_policy_oracle_values(record: dict, designs: Designs, mu: float, floor: f
     """The oracle of the on-policy family: every on-policy batch at its measured compute (others inf). It reads the
     scored runs by design: the best any rule that only moves the batch can do."""
     compute = measured_compute(record, mu, floor)[0]
-    return np.array([compute[i] if d.on_policy else np.inf for i, d in enumerate(designs)])
+    return np.array([compute[i] if _synchronous_on_policy(d) else np.inf for i, d in enumerate(designs)])
 
 
 @dataclass(frozen=True)
@@ -261,10 +268,11 @@ def design_steps_row(record: dict, label: str) -> float:
 
 
 def measured_compute(record: dict, mu: float, floor: float) -> np.ndarray:
-    """(replicates, designs) measured compute: steps x (mu max(R, floor) / (e m) + B); inf where not reached."""
+    """(replicates, designs) measured compute: steps x (mu max(R, floor) / (e m) + B), an overlapped design's
+    max(mu floor, mu R + B); inf where not reached."""
     steps = np.array([[np.inf if v is None else v for v in d["steps"]] for d in record["designs"]]).T
-    cost = np.array([forgetting.step_cost(d.rollouts_per_step, d.batch_size, mu, floor, d.updates_per_generation)
-                     for d in _designs_of(record)])
+    cost = np.array([forgetting.step_cost(d.rollouts_per_step, d.batch_size, mu, floor, d.updates_per_generation,
+                                          d.max_staleness > 0) for d in _designs_of(record)])
     return steps * cost
 
 

@@ -11,7 +11,7 @@ Protocol: docs/SIMULATION.md, 'Does a design rule predict?'.
 | ``X_GRID``, ``Y_GRID`` | N/R, B/R | staleness horizon, replay ratio |
 | ``MUS`` | mu | rollout cost / per-sample update cost |
 | ``FLOORS`` | R_floor | generation latency floor |
-| ``FAMILIES``, ``EPOCHS_GRID`` | (e, m) | design families beyond the grid (opt-in): epochs at R = B |
+| ``FAMILIES``, ``EPOCHS_GRID`` | (e, m) | design families beyond the grid (opt-in): epochs at R = B, overlap |
 | ``INSTANCES``, ``HELD_OUT`` | -- | the instances scored (dev + held out) |
 """
 
@@ -54,7 +54,10 @@ EPOCHS_GRID = ((2, 1), (2, 4), (4, 1), (4, 4))
 """--families epochs: (e, m) of the epoch designs at R = B = 256 (e passes over m mini-batches of B / m)."""
 QUICK_EPOCHS_GRID = ((2, 4),)
 FAMILIES = {"epochs": f"epoch designs at R = {BATCH}: e passes over m mini-batches of R / m, (e, m) in "
-                      f"{', '.join(f'({e}, {m})' for e, m in EPOCHS_GRID)} (--quick: (2, 4))"}
+                      f"{', '.join(f'({e}, {m})' for e, m in EPOCHS_GRID)} (--quick: (2, 4))",
+            "overlap": "overlapped designs at every on-policy batch: each rollout trained once, one update after the "
+                       "policy that generated it (the simulator's stale-k at k = 1), a step costing max(mu floor, "
+                       "mu R + B) (forgetting.step_cost)"}
 """The design families ``--families`` adds to the grid (none by default: the protocol evidence.json was written by)."""
 HELD_OUT = (137, 139, 149)
 """The held-out instances the targets read: named as NEXT_HELD_OUT at commit aa6cc23 (before the guard's margin became
@@ -173,7 +176,8 @@ class Options:
     unless --floor (a smoke run)."""
     families: tuple[str, ...] = field(default=(), metadata=Range(choices=lambda: FAMILIES).field())
     """Comma-separated design families trained and scored beside the grid (none by default, the protocol
-    advise/evidence.json quotes): epochs adds epoch designs, and optimal's printed answer may then be one."""
+    advise/evidence.json quotes): epochs adds epoch designs, overlap overlapped (one-step-off) designs, and optimal's
+    printed answer may then be one."""
 
     @property
     def grid(self) -> list[tuple[int, int]]:
@@ -193,7 +197,18 @@ class Options:
         out = [(f"on-policy B={b}", forgetting.Design.on_policy_at(b)) for b in sorted(self.on_policy_batches)]
         out += [(f"x={x} y={y}", forgetting.Design(BATCH, BATCH // y, x * BATCH // y)) for x, y in self.grid]
         out += [(f"epochs e={e} m={m}", forgetting.Design.epochs_of(BATCH, e, m)) for e, m in self.epochs_grid]
+        out += [(f"overlapped B={b}", forgetting.Design.overlapped_at(b)) for b in self.overlap_batches]
         return out
+
+    @property
+    def overlap_batches(self) -> tuple[int, ...]:
+        """The batches of the overlapped designs trained (none without --families overlap): the on-policy ones."""
+        return tuple(sorted(self.on_policy_batches)) if "overlap" in self.families else ()
+
+    @property
+    def max_staleness(self) -> int:
+        """optimal's --max-staleness for the printed answer: 1 with --families overlap (it prices k = 1), else 0."""
+        return 1 if "overlap" in self.families else 0
 
     @property
     def epochs_grid(self) -> tuple[tuple[int, int], ...]:

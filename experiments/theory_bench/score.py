@@ -142,7 +142,8 @@ def score_printed(record: dict, mu: float, floor: float, compute: np.ndarray, sp
                                ("printed_steps2", PRINTED_STEPS_RATIOS[1], 0.0)):
         if ratio not in trained:
             continue
-        design = printed_design(record["pilot"], record["optimizer"], mu, floor, ratio, record.get("max_epochs", 1))
+        design = printed_design(record["pilot"], record["optimizer"], mu, floor, ratio, record.get("max_epochs", 1),
+                                record.get("max_staleness", 0))
         key = design_spec(design)
         row = next((d for d in record["designs"] + record["printed"] if d["design"] == key), None)
         if row is None:
@@ -150,7 +151,7 @@ def score_printed(record: dict, mu: float, floor: float, compute: np.ndarray, sp
                              f"{key} was not trained (its unit was saved by other code)")
         steps = np.array([math.inf if v is None else v for v in row["steps"]], dtype=float)
         pick = steps * forgetting.step_cost(design.rollouts_per_step, design.batch_size, mu, floor,
-                                            design.updates_per_generation)  # (replicates,)
+                                            design.updates_per_generation, design.max_staleness > 0)  # (replicates,)
         with np.errstate(invalid="ignore"):
             ratios = (pick + added) / best
         interval = (list(quantile_interval(ratios[1:], REGRET_TAILS, "lower")) if ratios.size > 1

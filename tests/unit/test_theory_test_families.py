@@ -9,6 +9,7 @@ import pytest
 
 from replay_theory.advise import evidence
 from replay_theory.experiments import theory_bench as tt
+from replay_theory.experiments.theory_bench.measure import design_spec
 from replay_theory.theory import forgetting as fg
 
 
@@ -22,7 +23,7 @@ def test_families_are_off_by_default_and_epochs_adds_the_epoch_designs():
     quick = tt.Options(quick=True, families=("epochs",))
     assert [k for k, _ in quick.designs() if k.startswith("epochs")] == ["epochs e=2 m=4"] and quick.max_epochs == 2
     with pytest.raises(ValueError, match=r"^--families must be a comma-separated list of distinct names from "
-                                         r"epochs, got epoch$"):
+                                         r"epochs, overlap, got epoch$"):
         tt.options_from({"families": "epoch"})
 
 
@@ -58,3 +59,40 @@ def test_a_quick_run_with_epochs_trains_and_prices_them(tmp_path):
     cell = summary["cells"][0]
     assert f"| {cell['best_free']} |" in table and "epochs" in cell["best_free"] + cell["by_objective"]["printed"][
         "free"]
+
+
+def test_overlap_adds_an_overlapped_design_at_every_on_policy_batch():
+    full = dict(tt.Options(families=("overlap",)).designs())
+    assert {k: v for k, v in full.items() if k.startswith("overlapped")} == {
+        f"overlapped B={b}": fg.Design.overlapped_at(b) for b in tt.ON_POLICY_BATCHES}
+    assert tt.Options(families=("overlap",)).max_staleness == 1 and tt.Options().max_staleness == 0
+    # a record's seven-element list names one, and the four- and six-element lists still read as before
+    record = {"designs": [{"design": [64, 64, 64, True, 1, 1, 1]}, {"design": [64, 64, 64, True]}]}
+    assert tt._designs_of(record) == [fg.Design.overlapped_at(64), fg.Design.on_policy_at(64)]
+    assert design_spec(fg.Design.overlapped_at(64)) == [64, 64, 64, True, 1, 1, 1]
+
+
+def test_a_quick_run_with_overlap_trains_and_prices_them(tmp_path):
+    options = tt.Options(instances=(0,), settings=("quadratic-noise10",), optimizers=("sgd",), mus=(1.0,),
+                         floors=(64,), seeds=4, quick=True, families=("overlap",))
+    summary = tt.run_theory_test(tmp_path / "q", options, progress=False)
+    unit = json.loads((tmp_path / "q" / "units" / "quadratic-noise10-sgd-0.json").read_text())
+    labels = [d["label"] for d in unit["designs"]]
+    assert unit["max_staleness"] == 1 and summary["protocol"]["families"] == ["overlap"]
+    for b in tt.QUICK_ON_POLICY_BATCHES:
+        row, sync = (unit["designs"][labels.index(f"{kind} B={b}")] for kind in ("overlapped", "on-policy"))
+        assert row["design"] == [b, b, b, True, 1, 1, 1] and row["reached"]
+        # the quadratic has no policy to drift: one-step-old noise is fresh noise, so the exact steps are equal
+        assert row["steps"] == sync["steps"]
+        i, j = labels.index(f"overlapped B={b}"), labels.index(f"on-policy B={b}")
+        compute = tt.measured_compute(unit, 1.0, 64)[0]
+        assert compute[i] == pytest.approx(row["steps"][0] * max(1.0 * 64, 2.0 * b))  # max(mu floor, mu R + B)
+        assert compute[j] == pytest.approx(sync["steps"][0] * (1.0 * max(b, 64) + b))
+    # the baselines are synchronous: none of them names an overlapped design
+    values = tt.objective_values(unit, 1.0, 64)
+    for name in ("on_policy", "on_policy_small", "on_policy_floor", "on_policy_oracle", "paper_J", "null",
+                 "noise_scale"):
+        if isinstance(values[name], tt.NoPick):
+            continue
+        assert all(values[name][labels.index(f"overlapped B={b}")] == float("inf") for b in tt.QUICK_ON_POLICY_BATCHES)
+    assert 0 < values["forgetting_exact"][labels.index("overlapped B=32")] < float("inf")
