@@ -377,7 +377,8 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
         if record["regime"] == "epochs":
             evidence += "; an epoch design: the benchmark has trained none, so no share above speaks for it"
         if record["regime"] == "overlapped":
-            evidence += "; overlapped generation: the benchmark has trained none, so no share above speaks for it"
+            evidence += ("; overlapped generation: the default protocol trains none (experiment theory-test --families "
+                         "overlap does, docs/SIMULATION.md), so no share above speaks for it")
     return Answer(text=advice.render(record, [evidence], verdict),
                   record={**record, "verdict": verdict, "evidence": evidence, "convention": convention,
                           "paper_evidence": _evidence("paper")})

@@ -112,8 +112,8 @@ def test_optimal_answers_with_overlap_only_when_asked(cli, optimal_profile):
     assert d["generation_share"] == pytest.approx([0.5, 0.5])  # mu R = B: the balance point reaches mu floor
     assert d["what_to_do"] == ("overlap generation with training, one step off (max_staleness = 1), at B = R = 1024 "
                                "with a share 0.50 of the GPUs generating")
-    assert d["evidence"].endswith("overlapped generation: the benchmark has trained none, so no share above speaks "
-                                  "for it")
+    assert d["evidence"].endswith("overlapped generation: the default protocol trains none (experiment theory-test "
+                                  "--families overlap does, docs/SIMULATION.md), so no share above speaks for it")
     assert d["framework"]["target"] == "AsyncGRPOConfig" and "max_staleness=1" in d["framework"]["lines"]
     code, out, _ = cli(*args, "--max-staleness", "1", "--framework", "skyrl", "--json")
     assert "trainer.fully_async.max_staleness_steps=1" in json.loads(out)["framework"]["lines"]
