@@ -375,7 +375,8 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
                                         "on_policy": record["regime"] in ("on-policy", "overlapped")}, q.batch_size)
         evidence += f"; {outside}" if outside else ""
         if record["regime"] == "epochs":
-            evidence += "; an epoch design: the benchmark has trained none, so no share above speaks for it"
+            evidence += ("; an epoch design: the default protocol trains none (experiment theory-test --families "
+                         "epochs does, docs/SIMULATION.md), so no share above speaks for it")
         if record["regime"] == "overlapped":
             evidence += ("; overlapped generation: the default protocol trains none (experiment theory-test --families "
                          "overlap does, docs/SIMULATION.md), so no share above speaks for it")

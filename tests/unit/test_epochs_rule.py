@@ -83,7 +83,8 @@ def test_optimal_answers_with_epochs_only_when_asked(cli, optimal_profile):
     assert (d["epochs"], d["mini_batches"], d["rollouts_per_step"], d["batch_size"]) == (
         e.epochs, e.mini_batches, e.rollouts_per_step, e.batch_size)
     assert d["what_to_do"] == "generate R = 312 per generation and train 4 epochs over 1 mini-batch of B = 312"
-    assert d["evidence"].endswith("an epoch design: the benchmark has trained none, so no share above speaks for it")
+    assert d["evidence"].endswith("an epoch design: the default protocol trains none (experiment theory-test "
+                                  "--families epochs does, docs/SIMULATION.md), so no share above speaks for it")
     lines = d["framework"]["lines"]  # verl counts prompts: R / G per step, B / G per mini-batch
     assert f"data.train_batch_size={e.rollouts_per_step // 8}" in lines
     assert f"actor_rollout_ref.actor.ppo_mini_batch_size={e.batch_size // 8}" in lines
