@@ -94,6 +94,9 @@ class CheckConfig:
     kappa: float | None = None
     """Section 7: the optimizer's memory kappa for the forgetting-aware rule (validate --kappa); not given: the
     calibration's measured memory record if it has one, else that rule makes no prediction and the section says so."""
+    budgets: tuple[tuple[str, float], ...] = ()
+    """(section, seconds) pairs replacing the plan's caps (--budget mu=240,decode=240): the 2026-11-30 H200 run
+    showed the compiled decode step's first call outlasting the default caps of sections 4-6."""
 
 
 # Section 2 on the GPU: validate all with its defaults (issue 31's target is <= 2 minutes for them).
@@ -140,18 +143,41 @@ def make_plan(config: CheckConfig) -> Plan:
                 min_case_s=10.0)
 
 
+def with_budgets(plan: Plan, config: CheckConfig) -> Plan:
+    """``plan`` with ``config.budgets``' caps in place of its own."""
+    return dataclasses.replace(plan, budgets={**plan.budgets, **dict(config.budgets)})
+
+
+def parse_budgets(text: str, deadline_s: float) -> tuple[tuple[str, float], ...] | str:
+    """``"mu=240,decode=240"`` -> ((mu, 240.0), (decode, 240.0)); a one-line reason (str) where it is not that."""
+    pairs = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        name, _, seconds = item.partition("=")
+        try:
+            value = float(seconds)
+        except ValueError:
+            value = math.nan
+        if name.strip() not in SECTIONS or not 0 < value <= deadline_s:
+            return (f"--budget must be SECTION=SECONDS pairs, each SECTION one of {', '.join(SECTIONS)} and SECONDS "
+                    f"in (0, --deadline-s = {deadline_s:g}], got {text!r}")
+        pairs.append((name.strip(), value))
+    return tuple(pairs)
+
+
 def parse_args(argv: list[str]) -> CheckConfig:
     """argparse over ``CheckConfig``; a bad value is one line on stderr naming the option, exit 2, before any work."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--out", required=True, help="directory for gpu_check.json / .md and the logs")
     parser.add_argument("--smoke", action="store_true", help="every section on the CPU at tiny shapes (~1 min)")
     parser.add_argument("--deadline-s", type=float, default=CheckConfig.deadline_s,
-                        help="global deadline in seconds (default 450 = 7.5 min); later sections skip")
+                        help="global deadline in seconds (default 575); later sections skip")
     parser.add_argument("--threads", type=int, default=CheckConfig.threads, help="torch CPU threads (default 1)")
     parser.add_argument("--rollouts", type=int, default=0, help="R (0: 64 on the GPU, 8 with --smoke)")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     parser.add_argument("--kappa", type=float, default=None, help="section 7: the optimizer's memory kappa for the "
                         "forgetting-aware rule (not given: the calibration's measured one, else no prediction)")
+    parser.add_argument("--budget", default="", help="SECTION=SECONDS[,...]: replace the plan's cap of these sections "
+                        "(each in (0, --deadline-s])")
     args = parser.parse_args(argv)
 
     def fail(message: str) -> None:
@@ -170,12 +196,15 @@ def parse_args(argv: list[str]) -> CheckConfig:
         fail(f"--sections must name some of {', '.join(SECTIONS)}, got {args.sections!r}")
     if args.kappa is not None and not (math.isfinite(args.kappa) and args.kappa > 0):
         fail(f"--kappa must be a finite number > 0, got {args.kappa}")
+    budgets = parse_budgets(args.budget, args.deadline_s)
+    if isinstance(budgets, str):
+        fail(budgets)
     if Path(args.out).exists() and not Path(args.out).is_dir():
         fail(f"--out must be a directory, got the file {args.out!r}")
     if (Path(args.out) / "gpu_check.json").exists():  # results are never overwritten
         fail(f"--out {args.out!r} already holds gpu_check.json; pass a new directory")
     return CheckConfig(out=Path(args.out), smoke=args.smoke, deadline_s=args.deadline_s, threads=args.threads,
-                       rollouts=args.rollouts, sections=sections, kappa=args.kappa)
+                       rollouts=args.rollouts, sections=sections, kappa=args.kappa, budgets=budgets)
 
 
 class Clock:
@@ -625,7 +654,7 @@ SECTION_FUNCTIONS: dict[str, Callable[[Plan, Clock, float], dict]] = {
 def run_check(config: CheckConfig) -> dict:
     """Every section under the global deadline; gpu_check.json after each, gpu_check.md at the end."""
     clock = Clock(config.deadline_s)
-    plan = make_plan(config)
+    plan = with_budgets(make_plan(config), config)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     import torch

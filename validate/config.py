@@ -90,6 +90,12 @@ class ValidateConfig:
                                    ("--max-new-tokens", self.max_new_tokens, 1), ("--sync-every", self.sync_every, 1),
                                    ("--micro-batch-size", self.micro_batch_size, 0), ("--threads", self.threads, 1)):
             check_integer(option, value, low)
+        family = countdown.THREE_NUMBER_FAMILY  # make_splits cannot draw more distinct problems than the family has
+        for option, value, low, high in (("--n-test", self.n_test, 1, family - self.group_size),
+                                         ("--n-train", self.n_train, self.group_size, family - self.n_test)):
+            if value > high:
+                raise ValueError(f"{option} must be an integer in [{low}, {high}] (--n-train + --n-test <= the "
+                                 f"{family} distinct problems of the family), got {value}")
         for option, value in (("--rollouts-per-step", self.rollouts_per_step), ("--samples", self.samples)):
             if value % self.group_size:
                 raise ValueError(f"{option} must be a multiple of --group-size = {self.group_size}, got {value}")
@@ -224,8 +230,8 @@ class RunOptions:
     """Run directory: new, or a validate run's to go on from (finished steps are skipped; predict reads its
     calibration.json, verify its predicted.json)."""
     tiny: bool = True
-    """Small problem and probe sizes for a CPU (--full: n-train 5000, probe-steps 64, samples 4096 where left at their
-    defaults)."""
+    """Small problem and probe sizes for a CPU (--full: n-train 1657, the family's 1721 problems less 64 held out;
+    probe-steps 64, samples 4096 where left at their defaults)."""
     thorough: bool = False
     """The decisive verify: 16 seeds, budget 96 updates, the FIFO family only, --lr-grid auto."""
     rho: float | None = None
@@ -292,7 +298,7 @@ def report_stem(family: str) -> str:
     return "report" if family == "neighbours" else f"report-{family}"
 MAX_STALENESS = 8
 """Largest staleness of the LM noise profile (s = 0, 1, 2, 4, 8) and largest KL lag."""
-FULL_SIZES = dict(n_train=5000, probe_steps=64, samples=4096)
+FULL_SIZES = dict(n_train=countdown.THREE_NUMBER_FAMILY - 64, probe_steps=64, samples=4096)
 """--full: the sizes --tiny (the defaults) shrinks for a CPU."""
 THOROUGH = VerifyConfig(seeds=16, budget_updates=96, group_replay=False, lr_grid="auto")
 """verify --thorough: the decisive protocol (measured wall time in docs/VALIDATION.md); the step size tuned per
@@ -467,7 +473,8 @@ def check_positive(option: str, value: float) -> None:
 
 PRESETS = {
     "gpu-fixed-b": dict(device="cuda", rollouts_per_step=4096, family="fixed-b", seeds=16, batched=True,
-                        budget_updates=6, samples=256, probe_steps=10, n_train=5000, micro_batch_size=1024,
+                        budget_updates=6, samples=256, probe_steps=10,
+                        n_train=countdown.THREE_NUMBER_FAMILY - 64, micro_batch_size=1024,
                         mu_window_seconds=1.0),
 }
 """``validate all --preset NAME``: options for a run, each applied where the option was left at its default.

@@ -50,11 +50,13 @@ __all__ = [
     "MAX_PAREN_DEPTH",
     "NO_REWARD",
     "Problem",
+    "THREE_NUMBER_FAMILY",
     "evaluate_samples",
     "generate_problems",
     "make_splits",
     "parse_answer",
     "problem_key",
+    "solvable_family",
     "solve",
     "train_test_split",
     "verify",
@@ -66,6 +68,7 @@ CORRECT_REWARD = 1.0  # verifier: well formed, each number once, hits the target
 FORMAT_REWARD = 0.1  # verifier: well formed, not fully correct
 NO_REWARD = 0.0  # verifier: no valid equation
 
+THREE_NUMBER_FAMILY = 1721  # distinct solvable problems, three numbers 1-9, targets 1-40 (the validator's)
 MAX_ANSWER_CHARS = 200  # longer answers are malformed (bounds parse time and number size)
 MAX_PAREN_DEPTH = 16  # deeper nesting is malformed (bounds recursion)
 
@@ -200,20 +203,43 @@ def make_splits(n_train: int, n_test: int, seed: int, **generator_kwargs: Any) -
 
     One ``np.random.default_rng(seed)`` drives generation (distinct problems
     collected in draw order) and the split. ``generator_kwargs`` go to
-    ``generate_problems``.
+    ``generate_problems``. Near the family's size the random draw may never reach
+    a rare problem: after 100 draws that add none, the rest come from the family's
+    enumeration (``solvable_family``), in an order the same generator shuffles, so a
+    draw that never stalls is unchanged. One-line ValueError where the family holds
+    fewer than ``n_train + n_test``.
     """
     rng = np.random.default_rng(seed)
     need = n_train + n_test
     unique: dict[tuple[tuple[int, ...], int], Problem] = {}
     stalls = 0
-    while len(unique) < need:
+    while len(unique) < need and stalls <= 100:
         before = len(unique)
         for p in generate_problems(need - len(unique), rng, **generator_kwargs):
             unique.setdefault(problem_key(p), p)
         stalls = stalls + 1 if len(unique) == before else 0
-        if stalls > 100:
-            raise ValueError(f"cannot find {need} distinct problems with {generator_kwargs!r}")
+    if len(unique) < need:  # stalled: complete from the enumeration (only near the family's size)
+        rest = [p for p in solvable_family(**generator_kwargs) if problem_key(p) not in unique]
+        if len(unique) + len(rest) < need:
+            raise ValueError(f"n_train + n_test = {need} is more than the {len(unique) + len(rest)} distinct "
+                             f"solvable problems with {generator_kwargs!r}")
+        for i in rng.permutation(len(rest))[: need - len(unique)]:  # numbers in a drawn order, as a draw has them
+            unique[problem_key(rest[i])] = Problem(tuple(int(n) for n in rng.permutation(rest[i].numbers)),
+                                                   rest[i].target)
     return train_test_split(unique.values(), n_test, rng)
+
+
+def solvable_family(num_numbers: Sequence[int] = (3, 4), number_range: tuple[int, int] = (1, 20),
+                    target_range: tuple[int, int] = (1, 100)) -> list[Problem]:
+    """Every distinct solvable problem ``generate_problems`` can draw with these arguments (its defaults), one per
+    ``problem_key``, numbers sorted, in key order. The validator's family (three numbers 1-9, targets 1-40) holds
+    ``THREE_NUMBER_FAMILY`` = 1721."""
+    lo, hi = (int(x) for x in number_range)
+    t_lo, t_hi = (int(x) for x in target_range)
+    return [Problem(numbers, target)
+            for k in sorted({int(c) for c in num_numbers})
+            for numbers in itertools.combinations_with_replacement(range(lo, hi + 1), k)
+            for target in range(t_lo, t_hi + 1) if solve(Problem(numbers, target)) is not None]
 
 
 # --- reference solver -----------------------------------------------------------

@@ -39,6 +39,7 @@ from ..outputs import NEVER, check_writable, write_new
 from ..outputs import check_out_dir as check_out_path
 from ..theory.design import classify_regime
 from .config import LIBRARIES_BYTES, SFT_BATCH_SIZE, SFT_LR, lm_terms, model_shape
+from .countdown import THREE_NUMBER_FAMILY
 
 LOG_NAME = "rollouts.parquet"
 RUN_NAME = "run.json"
@@ -54,9 +55,9 @@ COMMAND_NAME = "command.json"
 CACHE_ENV = "REPLAY_THEORY_CACHE"
 """Environment variable naming the warm-start cache folder (``--cache-dir`` wins over it)."""
 
-#: Distinct Countdown problems of the validator's family (three numbers 1-9, targets 1-40; counted by
-#: ``countdown.solve`` over every multiset, tests/integration/test_trl_run_cli.py) and how many the split holds out.
-COUNTDOWN_DISTINCT = 1721
+#: Distinct Countdown problems of the validator's family (``countdown.solvable_family``) and how many the split
+#: holds out.
+COUNTDOWN_DISTINCT = THREE_NUMBER_FAMILY
 COUNTDOWN_HELD_OUT = 64
 MAX_N_TRAIN = COUNTDOWN_DISTINCT - COUNTDOWN_HELD_OUT
 

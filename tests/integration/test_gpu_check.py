@@ -118,7 +118,9 @@ def test_decode_and_batched_numbers_reach_both_files(smoke):
 
 def test_bad_options_are_one_line_exit_2_before_any_work(tmp_path, repo_root):
     for args, option in ((["--deadline-s", "0"], "--deadline-s"), (["--threads", "0"], "--threads"),
-                         (["--rollouts", "12"], "--rollouts"), (["--sections", "mu,nope"], "--sections")):
+                         (["--rollouts", "12"], "--rollouts"), (["--sections", "mu,nope"], "--sections"),
+                         (["--budget", "mu=0"], "--budget"), (["--budget", "nope=10"], "--budget"),
+                         (["--budget", "mu=600"], "--budget"), (["--budget", "mu=ten"], "--budget")):
         out = tmp_path / "never"
         done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *args], capture_output=True, text=True,
                               cwd=repo_root, timeout=120)
@@ -131,6 +133,17 @@ def test_bad_options_are_one_line_exit_2_before_any_work(tmp_path, repo_root):
                           text=True, cwd=repo_root, timeout=120)
     assert done.returncode == 2 and done.stderr.startswith("gpu_check: error: --out ") and done.stderr.count("\n") == 1
     assert (tmp_path / "done" / "gpu_check.json").read_text() == "{}"
+
+
+def test_budget_pairs_replace_the_plans_caps(repo_root):
+    gpu_check = _load(repo_root)
+    assert gpu_check.parse_budgets("mu=240, decode=250.5", 575.0) == (("mu", 240.0), ("decode", 250.5))
+    assert gpu_check.parse_budgets("", 575.0) == ()
+    assert gpu_check.parse_budgets("mu=576", 575.0).startswith("--budget must be SECTION=SECONDS pairs")
+    config = gpu_check.CheckConfig(out=Path("x"), budgets=(("mu", 240.0), ("decode", 250.5)))
+    plan = gpu_check.with_budgets(gpu_check.make_plan(config), config)
+    default = gpu_check.make_plan(config).budgets
+    assert plan.budgets == {**default, "mu": 240.0, "decode": 250.5} and default["mu"] == 70
 
 
 def test_gpu_monitor_summary_and_micro_batch_rule(repo_root):

@@ -15,7 +15,14 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from replay_theory.theory.forgetting import forgetting_pick  # noqa: E402
-from replay_theory.validate.config import PRESETS, AllConfig, VerifyConfig, apply_preset  # noqa: E402
+from replay_theory.validate.config import (  # noqa: E402
+    FULL_SIZES,
+    PRESETS,
+    AllConfig,
+    ValidateConfig,
+    VerifyConfig,
+    apply_preset,
+)
 from replay_theory.validate.loop import forgetting_memory, run_verify  # noqa: E402
 
 from .test_validate_family import TINY_FIXED_B, _hand_made_run  # noqa: E402
@@ -35,6 +42,11 @@ def test_preset_fills_defaults_and_keeps_given_options():
     # b = B_noise / B on the tiny model (2383 per group of 8) is below the replay threshold at both preset batches
     for B in (PRESETS["gpu-fixed-b"]["rollouts_per_step"], 16384):
         assert 2383 / B < 0.753
+    # the preset's and --full's problems can be drawn (n-train 5000 could not: the family holds 1721; issue 31's GPU
+    # run of the preset stopped there)
+    for n_train in (config.n_train, FULL_SIZES["n_train"]):
+        train, test = ValidateConfig(n_train=n_train, n_test=config.n_test).problems()
+        assert (len(train), len(test)) == (1657, 64)
     VerifyConfig(seeds=16, budget_updates=6, batched=True, family="fixed-b").check_sizes(4096, 8)
     VerifyConfig(seeds=16, budget_updates=3, batched=True, family="fixed-b").check_sizes(16384, 8)
 
@@ -48,6 +60,12 @@ def test_bad_preset_kappa_and_decode_are_one_line_before_any_work(error_line, tm
     assert error_line("validate", "all", "--kappa", "nan", "--out", str(out)).startswith("--kappa must be a finite")
     assert error_line("validate", "calibrate-model", "--decode", "fast", "--out", str(out)) == (
         "--decode must be one of auto, eager, static, compiled, got 'fast'")
+    for args, line in ((["--n-train", "1658"], "--n-train must be an integer in [8, 1657]"),
+                       (["--n-test", "65", "--n-train", "1657"], "--n-train must be an integer in [8, 1656]"),
+                       (["--n-test", "1714"], "--n-test must be an integer in [1, 1713]"),
+                       (["--n-train", "10" * 20], "--n-train must be an integer in [8, 1657]")):
+        assert error_line("validate", "all", *args, "--out", str(out)) == (
+            f"{line} (--n-train + --n-test <= the 1721 distinct problems of the family), got {args[-1]}")
     if not __import__("torch").cuda.is_available():  # the preset asks for the GPU: refused on a CPU, nothing written
         assert error_line("validate", "all", "--preset", "gpu-fixed-b", "--out", str(out)).startswith(
             "CUDA requested but")

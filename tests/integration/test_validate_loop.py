@@ -250,9 +250,9 @@ def test_validate_calibrate_and_all_build_the_same_config_with_the_configs_defau
                                    "--engine", "auto", "--seed", "3", "--threads", "2", "--samples", "128"]
                              ).exit_code == 0
     default = ValidateConfig()
-    full = ValidateConfig(n_train=5000, probe_steps=64, samples=128, lr=1e-6, engine="auto", seed=3, threads=2)
+    full = ValidateConfig(n_train=1657, probe_steps=64, samples=128, lr=1e-6, engine="auto", seed=3, threads=2)
     assert runner.invoke(app, ["validate", "calibrate-model", "--out", str(tmp_path), "--full"]).exit_code == 0
-    assert seen.pop() == ValidateConfig(n_train=5000, probe_steps=64, samples=4096)
+    assert seen.pop() == ValidateConfig(n_train=1657, probe_steps=64, samples=4096)
     assert seen == [default, full, default, full]  # --full keeps a size the user gave (--samples 128)
     assert plans == [VerifyConfig(), VerifyConfig()]
     assert runner.invoke(app, ["validate", "all", "--out", str(tmp_path), "--thorough"]).exit_code == 0

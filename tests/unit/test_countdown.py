@@ -305,6 +305,41 @@ def test_make_splits_disjoint_and_reproducible():
     assert cd.make_splits(300, 50, seed=0) == (train, test)
 
 
+def _old_make_splits(n_train, n_test, seed, **kwargs):
+    # the draw loop as it was before the stall completion (a naive copy): what every non-stalling call still returns
+    rng = np.random.default_rng(seed)
+    unique = {}
+    while len(unique) < n_train + n_test:
+        for p in cd.generate_problems(n_train + n_test - len(unique), rng, **kwargs):
+            unique.setdefault(cd.problem_key(p), p)
+    return cd.train_test_split(unique.values(), n_test, rng)
+
+
+THREE = dict(num_numbers=(3,), number_range=(1, 9), target_range=(1, 40))  # the validator's family
+
+
+def test_make_splits_below_the_stall_is_the_old_draw():
+    assert cd.make_splits(1000, 64, seed=0, **THREE) == _old_make_splits(1000, 64, 0, **THREE)
+    assert cd.make_splits(300, 50, seed=4) == _old_make_splits(300, 50, 4)
+
+
+def test_the_family_holds_every_draw_and_a_stall_is_completed_from_it():
+    family = cd.solvable_family(**THREE)
+    keys = [cd.problem_key(p) for p in family]
+    assert len(keys) == len(set(keys)) == cd.THREE_NUMBER_FAMILY == 1721
+    assert keys[:3] == [((1, 1, 1), 1), ((1, 1, 1), 2), ((1, 1, 1), 3)]  # 1 * 1 * 1, (1 + 1) * 1, 1 + 1 + 1
+    assert ((1, 1, 1), 4) not in set(keys) and ((9, 9, 9), 40) not in set(keys) and ((8, 9, 9), 40) not in set(keys)
+    drawn = {cd.problem_key(p) for p in cd.generate_problems(5000, np.random.default_rng(5), **THREE)}
+    assert drawn <= set(keys) and len(drawn) < 1721  # rare problems stay undrawn: the old loop stalled on them
+    # the whole family: 1657 + 64 distinct, disjoint, reproducible; numbers of the completed ones in a drawn order
+    train, test = cd.make_splits(1657, 64, seed=0, **THREE)
+    assert {cd.problem_key(p) for p in train} | {cd.problem_key(p) for p in test} == set(keys)
+    assert len(train) == 1657 and len(test) == 64 and cd.make_splits(1657, 64, seed=0, **THREE) == (train, test)
+    assert any(list(p.numbers) != sorted(p.numbers) for p in train)
+    with pytest.raises(ValueError, match=r"^n_train \+ n_test = 1722 is more than the 1721 distinct solvable "):
+        cd.make_splits(1658, 64, seed=0, **THREE)
+
+
 def test_train_test_split_drops_duplicates_by_key():
     a = cd.Problem((1, 2, 3), 6)
     a_perm = cd.Problem((3, 2, 1), 6)  # same puzzle, other order
