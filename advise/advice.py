@@ -11,6 +11,7 @@ the first line of the text says what to do. Numbers come from ``forgetting`` onl
 | ``kappa``         | kappa          | the optimizer's memory (1/kappa steps) measured at ``pilot_batch``        |
 | ``floor``         | R_floor        | generation latency floor in rollouts: a step costs mu max(R, R_floor) + B |
 | ``max_steps_ratio``| --            | steps allowed relative to on-policy at B (the wall-time budget)           |
+| ``max_work_ratio``| --             | work allowed relative to on-policy at B (the compute budget, [W1])         |
 | ``max_staleness`` | k              | overlapped generation allowed up to k updates ahead (0: none priced)      |
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -51,13 +53,22 @@ class Query:
     max_epochs: int = 1
     max_staleness: int = 0
     staleness: fg.Staleness = field(default_factory=lambda: fg.NO_STALENESS)
+    max_work_ratio: float = 1000.0
+
+    @property
+    def work_budget(self) -> float:
+        """--max-work-ratio as the searches read it: inf at or above ``NO_BUDGET`` (no work budget)."""
+        return math.inf if self.max_work_ratio >= NO_BUDGET else self.max_work_ratio
 
 
-def _design_row(p: fg.Prediction, ref: fg.Prediction) -> dict:
+def _design_row(p: fg.Prediction, ref: fg.Prediction, work: bool = False) -> dict:
+    """A design's record; ``work``: with its work against on-policy at B's (asked for by a work budget only, so
+    records without one read as before)."""
     d = p.design
     return {"batch_size": d.batch_size, "rollouts_per_step": d.rollouts_per_step, "capacity": d.capacity, "x": d.x,
             "y": d.y, "on_policy": d.on_policy, "steps_vs_B": p.steps / ref.steps,
-            "compute_vs_B": p.compute / ref.compute, "psi": p.psi,
+            "compute_vs_B": p.compute / ref.compute, **({"work_vs_B": p.work / ref.work} if work else {}),
+            "psi": p.psi,
             "kappa_at_design": None if math.isnan(p.kappa) else p.kappa, "staleness_factor": p.staleness,
             **({"epochs": d.epochs, "mini_batches": d.mini_batches} if d.updates_per_generation > 1 else {}),
             **({"max_staleness": d.max_staleness} if d.max_staleness else {})}
@@ -68,7 +79,8 @@ def advise(q: Query) -> dict:
     thr_y, thr = fg.loosest_equal_steps(q.mu)
     base = {"objective": "forgetting", "mu": q.mu, "optimizer": q.optimizer, "beta1": q.beta1,
             "loosest_threshold": {"psi": thr, "y": thr_y}, "floor": q.floor, "max_steps_ratio": q.max_steps_ratio,
-            "group_size": q.group_size, "max_horizon": q.max_horizon, "staleness": q.staleness.source}
+            "group_size": q.group_size, "max_horizon": q.max_horizon, "staleness": q.staleness.source,
+            **({"max_work_ratio": q.max_work_ratio} if q.max_work_ratio < NO_BUDGET else {})}
     if q.b_noise is None:
         record = {**base, "measured": False, "what_to_do": _unmeasured_advice(q, thr), "why": _unmeasured_why(q, thr),
                   "memory_table": memory_table(q.optimizer, q.beta1, thr)}
@@ -84,7 +96,8 @@ def advise(q: Query) -> dict:
         memory = fg.Memory(q.kappa, q.optimizer, q.beta1, float(q.pilot_batch or q.batch_size))
     guarded = guarded_design(q.b_noise, q.batch_size, q.mu, memory, optimizer=q.optimizer, group_size=q.group_size,
                              staleness=q.staleness, floor=q.floor, max_steps_ratio=q.max_steps_ratio,
-                             max_horizon=q.max_horizon, max_epochs=q.max_epochs, max_staleness=q.max_staleness)
+                             max_horizon=q.max_horizon, max_epochs=q.max_epochs, max_staleness=q.max_staleness,
+                             max_work_ratio=q.work_budget)
     answer, choice = guarded.search, guarded.choice
     ref = answer.at_batch
     best = choice.design  # the design to run, under the names the trainers read (integrations/replay_config.py)
@@ -92,19 +105,19 @@ def advise(q: Query) -> dict:
               else "on-policy" if best.on_policy else "replay")
     on_policy = choice if regime == "on-policy" else answer.on_policy
     replay = choice if regime == "replay" else answer.replay
-    rows = {"at_batch": _design_row(ref, ref), "on_policy": _design_row(on_policy, ref),
-            "replay": None if replay is None else _design_row(replay, ref)}
+    row = partial(_design_row, ref=ref, work=q.max_work_ratio < NO_BUDGET)
+    rows = {"at_batch": row(ref), "on_policy": row(on_policy), "replay": None if replay is None else row(replay)}
     if q.max_epochs > 1:  # the key only when asked: records without it read as before
         epochs = choice if regime == "epochs" else answer.epochs
-        rows["epochs"] = None if epochs is None else _design_row(epochs, ref)
+        rows["epochs"] = None if epochs is None else row(epochs)
     if q.max_staleness >= 1:  # likewise
         overlapped = choice if regime == "overlapped" else answer.overlapped
-        rows["overlapped"] = None if overlapped is None else _design_row(overlapped, ref)
+        rows["overlapped"] = None if overlapped is None else row(overlapped)
     winner = regime if regime != "on-policy" else fg.on_policy_winner(best.batch_size, q.batch_size)
     record = {**base, "measured": True, "batch": q.batch_size, "b_noise": q.b_noise, "b": q.b_noise / q.batch_size,
               "b_noise_source": q.b_noise_source, "kappa": q.kappa, "kappa_source": q.kappa_source,
               "pilot_batch": q.pilot_batch or q.batch_size, "winner": winner, "designs": rows,
-              "guard": {"default": _design_row(guarded.default, ref), "moved": guarded.moved,
+              "guard": {"default": row(guarded.default), "moved": guarded.moved,
                         "worst_regret": guarded.worst_choice, "default_worst_regret": guarded.worst_default,
                         "b_factors": list(B_FACTORS), "margin": MARGIN, "limits": list(guarded.limits),
                         **({"overlap_margin": OVERLAP_MARGIN} if q.max_staleness >= 1 else {})}}
@@ -143,14 +156,20 @@ def unmeasured_batch(q: Query) -> int | None:
     B / 1000 whatever b, so b = 0 stands for "not measured"). None without -B or with a steps budget, which needs b."""
     if q.batch_size is None or q.max_steps_ratio < NO_BUDGET:
         return None
-    top = max_batch_or(None, q.batch_size) // q.group_size * q.group_size
+    top = fg.work_top(max_batch_or(None, q.batch_size) // q.group_size * q.group_size, 0.0, q.batch_size,
+                      q.group_size, q.work_budget)  # C B: within a work budget whatever b is ([W1])
     return floor_batch(0.0, q.batch_size, q.group_size, q.floor, q.max_steps_ratio, top)
 
 
 def _floor_rule_advice(q: Query, batch: int) -> str:
     where = "stay on-policy at your batch" if batch == q.batch_size else f"train on-policy at B = R = N = {batch}"
-    return (f"{where}, the floor rule's batch (the smallest whole-group batch at or above the latency floor, the "
-            f"best-tested answer without b: it needs none at least compute), and measure b = B_noise / B and the "
+    capped = ""
+    if batch < q.floor:  # the floor is out of reach: the work budget's batch, or the largest searched (4 B)
+        by_work = batch == fg.work_top(batch + q.group_size, 0.0, q.batch_size, q.group_size, q.work_budget)
+        capped = (f", at most {q.max_work_ratio:g}x your batch for --max-work-ratio" if by_work else
+                  ", at most 4x your batch, the largest searched")
+    return (f"{where}, the floor rule's batch (the smallest whole-group batch at or above the latency floor{capped}, "
+            f"the best-tested answer without b: it needs none at least compute), and measure b = B_noise / B and the "
             f"optimizer's memory kappa (commands below), then ask again with -B, --noise-scale and --kappa")
 
 
@@ -221,6 +240,7 @@ def _guard_text(r: dict) -> str:
                 f"predicted regret over {span} ({g['worst_regret']:.2f} against {g['default_worst_regret']:.2f})")
     return ("the floor rule's batch (the smallest whole-group batch at or above the latency floor"
             + ("" if r["max_steps_ratio"] >= NO_BUDGET else f" within {r['max_steps_ratio']:g}x the steps")
+            + (f", at most the largest within {r['max_work_ratio']:g}x the work" if "max_work_ratio" in r else "")
             + f"), since no design beats it by {g['margin']:g}x in worst predicted regret over {span}")
 
 
@@ -256,9 +276,12 @@ def _kappa_text(r: dict) -> str:
 
 
 def _budget_text(r: dict) -> str:
+    work = ("" if "max_work_ratio" not in r else
+            f"; work (GPU time spent, the floor's waiting not counted) at most {r['max_work_ratio']:g}x on-policy's at "
+            f"B")
     if r["max_steps_ratio"] >= NO_BUDGET:
-        return "no steps budget (least compute)"
-    return f"steps at most {r['max_steps_ratio']:g}x on-policy's at B"
+        return "no steps budget (least compute)" + work
+    return f"steps at most {r['max_steps_ratio']:g}x on-policy's at B" + work
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -293,7 +316,8 @@ def render(r: dict, evidence: list[str], verdict: str | None = None) -> str:
               f"inputs: mu = {r['mu']:g}; B = {r['batch']}; B_noise = {r['b_noise']:.4g} (b = {r['b']:.3g}), "
               f"{r['b_noise_source']}; " + _kappa_text(r) + f"; latency floor {r['floor']:g} rollouts; "
               f"{_budget_text(r)}; whole groups of {r['group_size']}; staleness: {r['staleness']}", "",
-              "  design                    B       R        N     x      y  steps vs B  compute vs B     psi"]
+              "  design                    B       R        N     x      y  steps vs B  compute vs B     psi"
+              + ("  work vs B" if "max_work_ratio" in r else "")]
     best_key = {"replay": "replay", "epochs": "epochs", "overlapped": "overlapped",
                 "on-policy at B": "at_batch"}.get(r["winner"], "on_policy")
     for name, key in (("on-policy at your B", "at_batch"), ("on-policy answer", "on_policy"),
@@ -310,7 +334,7 @@ def render(r: dict, evidence: list[str], verdict: str | None = None) -> str:
         x, y = ("-", "-") if key == "epochs" else (row["x"], f"{row['y']:.3g}")  # a generation is no FIFO
         lines.append(f"  {name:<22}  {row['batch_size']:>5} {row['rollouts_per_step']:>7} {row['capacity']:>8} "
                      f"{x:>5} {y:>6}  {row['steps_vs_B']:>9.2f}x  {row['compute_vs_B']:>11.2f}x  "
-                     f"{row['psi']:>6.2f}{mark}")
+                     f"{row['psi']:>6.2f}" + (f"  {row['work_vs_B']:>9.2f}x" if "work_vs_B" in row else "") + mark)
     if r.get("condition"):
         c = r["condition"]
         lines += ["", f"the condition: replay at (R, B = y R) beats the on-policy batch with as many steps iff psi < "

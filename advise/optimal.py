@@ -55,7 +55,7 @@ KAPPA_MIN = 1e-9
 """The smallest kappa (a memory of a billion steps, beyond any run): below it the momentum / Adam impulse response's
 stationary covariance loses every digit (kappa = 1e-12 reads as unstable, 1e-320 overflows)."""
 FORGETTING_FIELDS = ("kappa", "optimizer", "beta1", "pilot_batch", "group_size", "latency_floor", "max_steps_ratio",
-                     "max_horizon", "max_epochs", "max_staleness")
+                     "max_horizon", "max_epochs", "max_staleness", "max_work_ratio")
 PAPER_FIELDS = ("alpha", "rho", "average", "budget", "smoothness", "bias", "f0", "rollouts_per_step")
 BUDGET_CONSTANTS = ("smoothness", "bias", "f0")
 
@@ -123,6 +123,11 @@ class OptimalQuery:
     max_steps_ratio: float = field(default=1000.0, metadata=Range(1, 1000, fmt="g").field())
     """forgetting: steps allowed, relative to on-policy at B (a wall-time budget; the default 1000 asks for least
     compute whatever the steps)."""
+    max_work_ratio: float = field(default=1000.0, metadata=Range(1, 1000, fmt="g").field())
+    """forgetting: work allowed, relative to on-policy at B's to the target: the GPU time spent generating and
+    training, the latency floor's waiting not counted (a compute budget: with --latency-floor the answer is the
+    fastest design within it); the default 1000 sets none. Without --noise-scale the floor rule's batch stays within
+    it whatever b is (at most this x B)."""
     max_horizon: int = field(default=64, metadata=Range(1, 4096, integer=True, fmt="g").field())
     """forgetting: the longest buffer horizon x = N/R considered."""
     max_epochs: int = field(default=1, metadata=Range(1, 64, integer=True, fmt="g").field())
@@ -364,7 +369,7 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
                          b_noise_source=source, **memory, group_size=q.group_size,
                          floor=q.latency_floor, max_steps_ratio=q.max_steps_ratio, max_horizon=q.max_horizon,
                          max_epochs=q.max_epochs, max_staleness=q.max_staleness,
-                         staleness=_staleness_of(loaded))
+                         staleness=_staleness_of(loaded), max_work_ratio=q.max_work_ratio)
     record = advice.advise(query)
     floor_ratio = floor_ratio_of(q.latency_floor, q.batch_size)  # the benchmark's cost model nearest the user's
     verdict = verdict_line(floor_ratio=floor_ratio)

@@ -32,7 +32,9 @@ k) keeps B V = r(k) and a step takes max(mu R_floor, mu R + B) of the whole pool
 
 Units: batches, rollouts and capacities in samples (responses); compute in units of one sample's update on the
 whole GPU pool (so also its time: the floor is time the pool waits), a step costs mu max(R, R_floor) + B, an
-overlapped step max(mu R_floor, mu R + B); steps relative to S_min.
+overlapped step max(mu R_floor, mu R + B); steps relative to S_min. Work is the same count without the floor's
+waiting, mu R / (e m) + B a step (mu R + B overlapped): the GPU time spent generating and training, which a pool
+shared with other jobs, or priced by use, pays instead of the time it is held (``Prediction.work``, [W1]).
 """
 
 from __future__ import annotations
@@ -481,6 +483,7 @@ class Prediction:
     kappa: float  # kappa at this design's own tuned step (nan without a memory)
     psi: float  # 1 for on-policy
     staleness: float  # m(x)
+    work: float = math.nan  # steps x the step's cost at no floor: the GPU time spent, the floor's waiting not counted
 
 
 def step_cost(rollouts_per_step: ArrayLike, batch_size: ArrayLike, mu: float, floor: float = 0.0,
@@ -591,8 +594,29 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
         m = m_of(kappa)
     steps = 1 + noise(p, m)
     cost = step_cost(R, B, mu, floor, e * mb, late > 0)
-    return [Prediction(d, float(s), float(c), float(s * c), float(k), float(pp), float(mm))
-            for d, s, c, k, pp, mm in zip(designs, steps, cost, kappa, np.where(on, 1.0, p), m)]
+    spent = step_cost(R, B, mu, 0.0, e * mb, late > 0)  # [W1]: the same step without the floor's waiting
+    return [Prediction(d, float(s), float(c), float(s * c), float(k), float(pp), float(mm), float(s * w))
+            for d, s, c, k, pp, mm, w in zip(designs, steps, cost, kappa, np.where(on, 1.0, p), m, spent)]
+
+
+def work_batch_limit(b_noise: float, batch_size: int, max_work_ratio: float) -> float:
+    """The largest on-policy batch B' whose work to the target stays within ``max_work_ratio`` x on-policy's at B.
+
+    On-policy work is (1 + B_noise / B') (mu + 1) B' = (mu + 1) (B' + B_noise) S_min, rising in B', so the bound is
+    B' <= C (B + B_noise) - B_noise [W1] (mu and the floor drop out). ``b_noise`` 0 (not measured) gives C B, which
+    holds whatever b is: (B' + B_noise) / (B + B_noise) <= B' / B for every B_noise >= 0 once B' >= B."""
+    require_nonnegative("noise scale B_noise", b_noise)
+    require_in_range("max work ratio", max_work_ratio, 1.0, math.inf)
+    return max_work_ratio * (batch_size + b_noise) - b_noise  # [W1]
+
+
+def work_top(top: int, b_noise: float, batch_size: int, group_size: int, max_work_ratio: float) -> int:
+    """``top`` (a whole-group batch) lowered to the largest whole-group batch within the work budget ([W1]; at least
+    B, which always is); ``max_work_ratio`` inf: ``top``. ``b_noise`` 0 (not measured): C B, whatever b is."""
+    if math.isinf(max_work_ratio):
+        return top
+    limit = work_batch_limit(b_noise, batch_size, max_work_ratio) * (1 + 1e-12)  # the limit itself despite rounding
+    return min(top, max(int(limit) // group_size * group_size, batch_size))
 
 
 def predict(design: Design, b_noise: float, mu: float, memory: Memory | None, staleness: Staleness = NO_STALENESS,
@@ -617,6 +641,7 @@ class WholeDesign:
     threshold_y: float
     epochs: Prediction | None = None  # the cheapest epoch design within the cap (None: not asked, or none allowed)
     overlapped: Prediction | None = None  # the cheapest overlapped (one-step-off) batch (None: not asked or allowed)
+    max_work_ratio: float = math.inf  # every answer's work within this x on-policy's at B (inf: no work budget)
 
     @property
     def best(self) -> Prediction:
@@ -632,7 +657,7 @@ class WholeDesign:
 def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | None, *, group_size: int = 1,
                  staleness: Staleness = NO_STALENESS, floor: float = 0.0, max_steps_ratio: float = 2.0,
                  max_horizon: int = 64, max_batch: int | None = None, max_epochs: int = 1,
-                 max_age: float = math.inf, max_staleness: int = 0) -> WholeDesign:
+                 max_age: float = math.inf, max_staleness: int = 0, max_work_ratio: float = math.inf) -> WholeDesign:
     """Search on-policy batches and replay designs (B', R, N = x R) in whole groups of ``group_size`` for the least
     predicted compute whose steps stay within ``max_steps_ratio`` x on-policy's at the user's B (the wall-time
     budget: below the noise scale compute falls with the batch while steps rise).
@@ -646,21 +671,27 @@ def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | No
     (``_cheapest_overlapped``), at k = 1: in this model a step's time is the same at every k >= 1 (``step_cost``) and
     r(k) does not fall with k, so a larger bound only adds staleness. Overlap reuses nothing, so ``max_age`` does not
     limit it; the caller bounds k by the ages its staleness cost was measured at.
+
+    ``max_work_ratio`` (time within a compute budget): no answer's work (``Prediction.work``, the floor's waiting not
+    counted) exceeds that many times on-policy's at B, so with a latency floor the answer is the fastest design
+    within the work budget. On-policy batches stop at ``work_batch_limit`` [W1] (at least B: the ratio is >= 1).
     """
     max_batch = _checked_max_batch(b_noise, batch_size, group_size, max_steps_ratio, max_horizon, max_batch)
-    score = partial(predict_many, b_noise=b_noise, mu=mu, memory=memory, staleness=staleness, floor=floor)
     ref = predict(Design.on_policy_at(batch_size), b_noise, mu, memory, staleness, floor)
-    cap = max_steps_ratio * ref.steps
+    work_cap = max_work_ratio * ref.work
+    within = partial(_within, cap=max_steps_ratio * ref.steps, work_cap=work_cap)
+    score = partial(predict_many, b_noise=b_noise, mu=mu, memory=memory, staleness=staleness, floor=floor)
     top = max_batch // group_size * group_size  # the largest whole-group batch searched
-    best_on = _cheapest_on_policy(group_size, top, ref, cap, score)
+    top_on = work_top(top, b_noise, batch_size, group_size, max_work_ratio)
+    best_on = _cheapest_on_policy(group_size, top_on, ref, within, score)
     reuse = max_age >= 0
     horizon = int(min(max_horizon, max_age + 1)) if reuse else 1
-    best_replay = _cheapest_replay(top, group_size, horizon, cap, score) if reuse else None
+    best_replay = _cheapest_replay(top, group_size, horizon, within, score) if reuse else None
     require_int("max epochs", max_epochs, 1)
-    best_epochs = (_cheapest_epochs(top, group_size, max_epochs, cap, score, max_age)
+    best_epochs = (_cheapest_epochs(top, group_size, max_epochs, within, score, max_age)
                    if max_epochs > 1 and max_age >= 1 else None)
     require_int("max staleness", max_staleness, 0)
-    best_overlapped = _cheapest_overlapped(group_size, top, cap, score) if max_staleness >= 1 else None
+    best_overlapped = _cheapest_overlapped(group_size, top, within, score) if max_staleness >= 1 else None
     y_l, thr = loosest_equal_steps(mu)
     winner = _winner(best_replay, best_on, batch_size)
     rival = best_replay if winner == "replay" else best_on
@@ -669,7 +700,7 @@ def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | No
     if best_overlapped is not None and best_overlapped.compute < rival.compute:
         winner = "overlapped"
     return WholeDesign(ref, best_on, best_replay, winner, float(max_steps_ratio), float(thr), float(y_l), best_epochs,
-                       best_overlapped)
+                       best_overlapped, float(max_work_ratio))
 
 
 def _checked_max_batch(b_noise: float, batch_size: int, group_size: int, max_steps_ratio: float, max_horizon: int,
@@ -687,33 +718,34 @@ def _checked_max_batch(b_noise: float, batch_size: int, group_size: int, max_ste
     return max_batch
 
 
-def _cheapest_on_policy(group: int, top: int, ref: Prediction, cap: float,
+def _cheapest_on_policy(group: int, top: int, ref: Prediction, within: Callable[[Prediction], bool],
                         score: Callable[[list[Design]], list[Prediction]]) -> Prediction:
     """The cheapest on-policy batch (whole groups up to ``top``) within the steps cap; the user's B (``ref``) when
     none is cheaper. Up to ``DENSE_LIMIT`` batches are all scored; beyond, a bracket of 1024 evenly spaced batches
     narrows around the best until that many remain: exact, because on-policy compute (1 + B_noise/B')(mu max(B', floor)
     + B') is convex below the floor and rising above it, and the batches the cap allows are an interval (steps fall
-    with B'), so the search costs log(B) scorings, whatever B's magnitude."""
+    with B'), so the search costs log(B) scorings, whatever B's magnitude. ``top`` is within the work budget: on-policy
+    work rises with B' ([W1]), so every batch up to it is too."""
     low, high = 1, top // group  # whole groups k: the batch is k * group
     while high - low + 1 > DENSE_LIMIT:
         ks = np.unique(np.rint(np.linspace(low, high, 1025)).astype(np.int64))
         coarse = score([Design.on_policy_at(int(k) * group) for k in ks])
-        allowed = [i for i, p in enumerate(coarse) if p.steps <= cap]  # never empty: the largest batch is allowed
+        allowed = [i for i, p in enumerate(coarse) if within(p)]  # never empty: the largest batch is allowed
         i = min(allowed, key=lambda j: coarse[j].compute)
         low, high = int(ks[max(i - 1, 0)]), int(ks[min(i + 1, ks.size - 1)])
     ons = score([Design.on_policy_at(k * group) for k in range(low, high + 1)])
-    best_on = min((p for p in ons if p.steps <= cap), key=lambda p: p.compute, default=ref)
+    best_on = min((p for p in ons if within(p)), key=lambda p: p.compute, default=ref)
     return ref if ref.compute <= best_on.compute else best_on
 
 
-def _cheapest_replay(top: int, group_size: int, max_horizon: int, cap: float,
+def _cheapest_replay(top: int, group_size: int, max_horizon: int, within: Callable[[Prediction], bool],
                      score: Callable[[list[Design]], list[Prediction]]) -> Prediction | None:
     """The cheapest replay design within the steps cap, coarse to fine: (B', R) 4 per octave and the horizons, then
     every whole group within one coarse step of the best (B', R) with the horizons around its x."""
     coarse = [Design(bb, rr, rr * x) for bb in _log_groups(group_size, top, group_size, 4)
               for rr in _log_groups(group_size, bb, group_size, 4)
               for x in _horizons(max_horizon) if not (rr == bb and x == 1)]
-    best_replay = _cheapest(score(coarse), cap)
+    best_replay = _cheapest(score(coarse), within)
     if best_replay is None:
         return None
     d = best_replay.design
@@ -723,10 +755,10 @@ def _cheapest_replay(top: int, group_size: int, max_horizon: int, cap: float,
     fine = [Design(bb, rr, rr * x) for bb in _log_groups(b_low, b_high, group_size, 16)
             for rr in _log_groups(*_groups_between(r_low, min(r_high, bb), group_size, top), group_size, 16)
             for x in near_x if not (rr == bb and x == 1)]
-    return _cheapest(score(fine) + [best_replay], cap)
+    return _cheapest(score(fine) + [best_replay], within)
 
 
-def _cheapest_epochs(top: int, group_size: int, max_epochs: int, cap: float,
+def _cheapest_epochs(top: int, group_size: int, max_epochs: int, within: Callable[[Prediction], bool],
                      score: Callable[[list[Design]], list[Prediction]], max_age: float = math.inf
                      ) -> Prediction | None:
     """The cheapest epoch design within the steps cap: one generation of R (whole groups up to ``top``, 4 per
@@ -738,25 +770,25 @@ def _cheapest_epochs(top: int, group_size: int, max_epochs: int, cap: float,
                 for m in (2 ** k for k in range(int(math.log2(rr // group_size)) + 1))
                 if e * m > 1 and rr % (m * group_size) == 0 and e * m - 1 <= max_age]
 
-    best = _cheapest(score(designs(_log_groups(group_size, top, group_size, 4))), cap)
+    best = _cheapest(score(designs(_log_groups(group_size, top, group_size, 4))), within)
     if best is None:
         return None
     r = best.design.rollouts_per_step
     fine = _log_groups(*_groups_between(r / 2 ** 0.25, r * 2 ** 0.25, group_size, top), group_size, 16)
-    return _cheapest(score(designs(fine)) + [best], cap)
+    return _cheapest(score(designs(fine)) + [best], within)
 
 
-def _cheapest_overlapped(group: int, top: int, cap: float,
+def _cheapest_overlapped(group: int, top: int, within: Callable[[Prediction], bool],
                          score: Callable[[list[Design]], list[Prediction]]) -> Prediction | None:
     """The cheapest overlapped batch (k = 1, whole groups up to ``top``) within the steps cap: 16 per octave, then
     every whole group within one coarse step of the best."""
-    best = _cheapest(score([Design.overlapped_at(b) for b in _log_groups(group, top, group, 16)]), cap)
+    best = _cheapest(score([Design.overlapped_at(b) for b in _log_groups(group, top, group, 16)]), within)
     if best is None:
         return None
     b = best.design.batch_size
     low, high = _groups_between(b / 2 ** (1 / 16), b * 2 ** (1 / 16), group, top)
     fine = [Design.overlapped_at(bb) for bb in range(low, high + 1, group)]
-    return _cheapest(score(fine) + [best], cap)
+    return _cheapest(score(fine) + [best], within)
 
 
 def _winner(best_replay: Prediction | None, best_on: Prediction, batch_size: int) -> str:
@@ -773,9 +805,14 @@ def on_policy_winner(batch: int, batch_size: int) -> str:
     return "on-policy (smaller batch)" if batch < batch_size else "on-policy (larger batch)"
 
 
-def _cheapest(predictions: list[Prediction], cap: float) -> Prediction | None:
-    """The least compute among the predictions whose steps are within ``cap`` (ties: the first)."""
-    return min((p for p in predictions if p.steps <= cap), key=lambda p: p.compute, default=None)
+def _within(p: Prediction, cap: float, work_cap: float) -> bool:
+    """Steps within the steps cap and work within the work budget (``work_cap`` inf: none)."""
+    return p.steps <= cap and p.work <= work_cap * (1 + 1e-12)  # the budget's own batch passes despite rounding
+
+
+def _cheapest(predictions: list[Prediction], within: Callable[[Prediction], bool]) -> Prediction | None:
+    """The least compute among the predictions ``within`` allows (ties: the first)."""
+    return min((p for p in predictions if within(p)), key=lambda p: p.compute, default=None)
 
 
 def _log_subset(values: np.ndarray, per_octave: int = 8) -> list[int]:

@@ -125,12 +125,15 @@ def guarded_design(b_noise: float, batch_size: int, mu: float, memory: fg.Memory
                    group_size: int = 1, staleness: fg.Staleness = fg.NO_STALENESS, floor: float = 0.0,
                    max_steps_ratio: float = 2.0, max_horizon: int = 64, max_batch: int | None = None,
                    max_epochs: int = 1, b_factors: tuple[float, ...] = B_FACTORS,
-                   margin: float = MARGIN, max_staleness: int = 0, overlap_margin: float = OVERLAP_MARGIN) -> Guarded:
+                   margin: float = MARGIN, max_staleness: int = 0, overlap_margin: float = OVERLAP_MARGIN,
+                   max_work_ratio: float = math.inf) -> Guarded:
     """The guarded answer (module docstring). Candidates: the floor rule's design and ``forgetting.whole_design``'s
     on-policy, replay and epoch answers at every b_noise x f, kept where their steps at the measured b are within the
     cap; each is priced at every b_noise x f, and the one with the least worst regret replaces the default only if
     it beats the default's worst regret by ``margin`` (an overlapped one by ``overlap_margin``); of those that do, the
-    least worst. ``b_factors`` starts at 1: the measured b itself."""
+    least worst. ``b_factors`` starts at 1: the measured b itself. ``max_work_ratio``: every candidate's work at the
+    measured b within that many times on-policy's at B (``forgetting.whole_design``), the floor rule's batch too (its
+    batch stops at ``forgetting.work_batch_limit``, [W1])."""
     if not b_factors or b_factors[0] != 1.0:
         raise ValueError(f"b_factors must start at 1 (the measured b), got {b_factors}")
     epochs_reach = max_epochs * (max_batch_or(max_batch, batch_size) // group_size) - 1 if max_epochs > 1 else 0
@@ -140,17 +143,20 @@ def guarded_design(b_noise: float, batch_size: int, mu: float, memory: fg.Memory
     limits += overlap_limits
     searches = [fg.whole_design(b_noise * f, batch_size, mu, memory, group_size=group_size, staleness=staleness,
                                 floor=floor, max_steps_ratio=max_steps_ratio, max_horizon=max_horizon,
-                                max_batch=max_batch, max_epochs=max_epochs, max_age=max_age, max_staleness=overlap)
+                                max_batch=max_batch, max_epochs=max_epochs, max_age=max_age, max_staleness=overlap,
+                                max_work_ratio=max_work_ratio)
                 for f in b_factors]
-    top = max_batch_or(max_batch, batch_size) // group_size * group_size
+    top = fg.work_top(max_batch_or(max_batch, batch_size) // group_size * group_size, b_noise, batch_size, group_size,
+                   max_work_ratio)
     default = Design.on_policy_at(floor_batch(b_noise, batch_size, group_size, floor, max_steps_ratio, top))
     candidates = [default, searches[0].at_batch.design]
     for s in searches:
         candidates += [p.design for p in (s.on_policy, s.replay, s.epochs, s.overlapped) if p is not None]
     candidates = list(dict.fromkeys(candidates))  # unique, the default first (ties keep it)
     at_b = fg.predict_many(candidates, b_noise, mu, memory, staleness, floor)
-    cap = max_steps_ratio * searches[0].at_batch.steps
-    keep = [i for i, p in enumerate(at_b) if p.steps <= cap * (1 + 1e-12) or i == 0]
+    cap, work_cap = max_steps_ratio * searches[0].at_batch.steps, max_work_ratio * searches[0].at_batch.work
+    keep = [i for i, p in enumerate(at_b) if (p.steps <= cap * (1 + 1e-12) and p.work <= work_cap * (1 + 1e-12))
+            or i == 0]
     candidates, at_b = [candidates[i] for i in keep], [at_b[i] for i in keep]
     rows = [[p.compute for p in at_b]] + [  # the measured b's row is at_b's: priced once
         [p.compute for p in fg.predict_many(candidates, b_noise * f, mu, memory, staleness, floor)]
