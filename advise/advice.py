@@ -18,6 +18,7 @@ the first line of the text says what to do. Numbers come from ``forgetting`` onl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -82,13 +83,7 @@ def advise(q: Query) -> dict:
             "group_size": q.group_size, "max_horizon": q.max_horizon, "staleness": q.staleness.source,
             **({"max_work_ratio": q.max_work_ratio} if q.max_work_ratio < NO_BUDGET else {})}
     if q.b_noise is None:
-        record = {**base, "measured": False, "what_to_do": _unmeasured_advice(q, thr), "why": _unmeasured_why(q, thr),
-                  "memory_table": memory_table(q.optimizer, q.beta1, thr)}
-        batch = unmeasured_batch(q)
-        if batch is not None:  # the floor rule needs no b at least compute: the best-tested answer without one
-            record.update(regime="on-policy", batch=q.batch_size, batch_size=batch, rollouts_per_step=batch,
-                          capacity=batch, what_to_do=_floor_rule_advice(q, batch))
-        return record
+        return _unmeasured_record(q, base, thr)
     if q.batch_size is None:
         raise ValueError("b_noise needs batch_size (the rule's b = B_noise / B)")
     memory = None
@@ -103,16 +98,9 @@ def advise(q: Query) -> dict:
     best = choice.design  # the design to run, under the names the trainers read (integrations/replay_config.py)
     regime = ("epochs" if best.updates_per_generation > 1 else "overlapped" if best.max_staleness
               else "on-policy" if best.on_policy else "replay")
-    on_policy = choice if regime == "on-policy" else answer.on_policy
     replay = choice if regime == "replay" else answer.replay
     row = partial(_design_row, ref=ref, work=q.max_work_ratio < NO_BUDGET)
-    rows = {"at_batch": row(ref), "on_policy": row(on_policy), "replay": None if replay is None else row(replay)}
-    if q.max_epochs > 1:  # the key only when asked: records without it read as before
-        epochs = choice if regime == "epochs" else answer.epochs
-        rows["epochs"] = None if epochs is None else row(epochs)
-    if q.max_staleness >= 1:  # likewise
-        overlapped = choice if regime == "overlapped" else answer.overlapped
-        rows["overlapped"] = None if overlapped is None else row(overlapped)
+    rows = _design_rows(q, guarded, regime, row)
     winner = regime if regime != "on-policy" else fg.on_policy_winner(best.batch_size, q.batch_size)
     record = {**base, "measured": True, "batch": q.batch_size, "b_noise": q.b_noise, "b": q.b_noise / q.batch_size,
               "b_noise_source": q.b_noise_source, "kappa": q.kappa, "kappa_source": q.kappa_source,
@@ -135,6 +123,29 @@ def advise(q: Query) -> dict:
     record["what_to_do"], record["why"] = _measured_advice(record)
     record["notes"] = _notes(q, record)
     return record
+
+
+def _unmeasured_record(q: Query, base: dict, thr: float) -> dict:
+    """The answer without b: what to measure, the memory table, and the floor rule's batch where it needs no b."""
+    record = {**base, "measured": False, "what_to_do": _unmeasured_advice(q, thr), "why": _unmeasured_why(q, thr),
+              "memory_table": memory_table(q.optimizer, q.beta1, thr)}
+    batch = unmeasured_batch(q)
+    if batch is not None:  # the floor rule needs no b at least compute: the best-tested answer without one
+        record.update(regime="on-policy", batch=q.batch_size, batch_size=batch, rollouts_per_step=batch,
+                      capacity=batch, what_to_do=_floor_rule_advice(q, batch))
+    return record
+
+
+def _design_rows(q: Query, guarded, regime: str, row: Callable[[fg.Prediction], dict]) -> dict:
+    """The records of on-policy at B, the on-policy answer, replay's best and (when asked) the epoch and overlapped
+    bests, the chosen design in its family's place."""
+    answer, choice = guarded.search, guarded.choice
+    pick = {"on_policy": answer.on_policy, "replay": answer.replay, "epochs": answer.epochs,
+            "overlapped": answer.overlapped}
+    pick[{"on-policy": "on_policy"}.get(regime, regime)] = choice
+    keys = ["on_policy", "replay"] + ["epochs"] * (q.max_epochs > 1) + ["overlapped"] * (q.max_staleness >= 1)
+    # epochs and overlapped only when asked: records without them read as before
+    return {"at_batch": row(answer.at_batch), **{k: None if pick[k] is None else row(pick[k]) for k in keys}}
 
 
 def memory_table(optimizer: str, beta1: float, threshold: float) -> list[dict]:
@@ -311,13 +322,26 @@ def render(r: dict, evidence: list[str], verdict: str | None = None) -> str:
                          + "  ".join(f"{row['psi'][str(x)]:>9.2f}" for x in TABLE_HORIZONS) + f"  {shortest:>18}")
         lines += ["", *MEASURE]
         return "\n".join(lines)
-    d = r["designs"]
     lines += ["",
               f"inputs: mu = {r['mu']:g}; B = {r['batch']}; B_noise = {r['b_noise']:.4g} (b = {r['b']:.3g}), "
               f"{r['b_noise_source']}; " + _kappa_text(r) + f"; latency floor {r['floor']:g} rollouts; "
               f"{_budget_text(r)}; whole groups of {r['group_size']}; staleness: {r['staleness']}", "",
               "  design                    B       R        N     x      y  steps vs B  compute vs B     psi"
-              + ("  work vs B" if "max_work_ratio" in r else "")]
+              + ("  work vs B" if "max_work_ratio" in r else ""), *_design_table(r)]
+    if r.get("condition"):
+        c = r["condition"]
+        lines += ["", f"the condition: replay at (R, B = y R) beats the on-policy batch with as many steps iff psi < "
+                      f"mu (y - 1) / (y (mu + y)) = {c['threshold_at_y']:.3f} at y = {c['y']:.3g} (at most "
+                      f"{thr['psi']:.3f}, at y = {thr['y']:.2f}; replay-theory derive free-batch); its best design "
+                      f"keeps psi = {c['psi']:.3f} at x = {c['x']}"
+                  + (" (with a latency floor the comparison also prices the floor)" if r["floor"] else "") + "."]
+    lines += [f"note: {n}." for n in r["notes"]]
+    return "\n".join(lines)
+
+
+def _design_table(r: dict) -> list[str]:
+    """The design table's rows: on-policy at B, the on-policy answer, and each family's best that was priced."""
+    d, lines = r["designs"], []
     best_key = {"replay": "replay", "epochs": "epochs", "overlapped": "overlapped",
                 "on-policy at B": "at_batch"}.get(r["winner"], "on_policy")
     for name, key in (("on-policy at your B", "at_batch"), ("on-policy answer", "on_policy"),
@@ -335,15 +359,7 @@ def render(r: dict, evidence: list[str], verdict: str | None = None) -> str:
         lines.append(f"  {name:<22}  {row['batch_size']:>5} {row['rollouts_per_step']:>7} {row['capacity']:>8} "
                      f"{x:>5} {y:>6}  {row['steps_vs_B']:>9.2f}x  {row['compute_vs_B']:>11.2f}x  "
                      f"{row['psi']:>6.2f}" + (f"  {row['work_vs_B']:>9.2f}x" if "work_vs_B" in row else "") + mark)
-    if r.get("condition"):
-        c = r["condition"]
-        lines += ["", f"the condition: replay at (R, B = y R) beats the on-policy batch with as many steps iff psi < "
-                      f"mu (y - 1) / (y (mu + y)) = {c['threshold_at_y']:.3f} at y = {c['y']:.3g} (at most "
-                      f"{thr['psi']:.3f}, at y = {thr['y']:.2f}; replay-theory derive free-batch); its best design "
-                      f"keeps psi = {c['psi']:.3f} at x = {c['x']}"
-                  + (" (with a latency floor the comparison also prices the floor)" if r["floor"] else "") + "."]
-    lines += [f"note: {n}." for n in r["notes"]]
-    return "\n".join(lines)
+    return lines
 
 
 MEASURE = (
