@@ -679,7 +679,7 @@ def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | No
     max_batch = _checked_max_batch(b_noise, batch_size, group_size, max_steps_ratio, max_horizon, max_batch)
     ref = predict(Design.on_policy_at(batch_size), b_noise, mu, memory, staleness, floor)
     work_cap = max_work_ratio * ref.work
-    within = partial(_within, cap=max_steps_ratio * ref.steps, work_cap=work_cap)
+    within = partial(within_budgets, cap=max_steps_ratio * ref.steps, work_cap=work_cap)
     score = partial(predict_many, b_noise=b_noise, mu=mu, memory=memory, staleness=staleness, floor=floor)
     top = max_batch // group_size * group_size  # the largest whole-group batch searched
     top_on = work_top(top, b_noise, batch_size, group_size, max_work_ratio)
@@ -805,7 +805,7 @@ def on_policy_winner(batch: int, batch_size: int) -> str:
     return "on-policy (smaller batch)" if batch < batch_size else "on-policy (larger batch)"
 
 
-def _within(p: Prediction, cap: float, work_cap: float) -> bool:
+def within_budgets(p: Prediction, cap: float, work_cap: float) -> bool:
     """Steps within the steps cap and work within the work budget (``work_cap`` inf: none)."""
     return p.steps <= cap and p.work <= work_cap * (1 + 1e-12)  # the budget's own batch passes despite rounding
 

@@ -155,8 +155,7 @@ def guarded_design(b_noise: float, batch_size: int, mu: float, memory: fg.Memory
     candidates = list(dict.fromkeys(candidates))  # unique, the default first (ties keep it)
     at_b = fg.predict_many(candidates, b_noise, mu, memory, staleness, floor)
     cap, work_cap = max_steps_ratio * searches[0].at_batch.steps, max_work_ratio * searches[0].at_batch.work
-    keep = [i for i, p in enumerate(at_b) if (p.steps <= cap * (1 + 1e-12) and p.work <= work_cap * (1 + 1e-12))
-            or i == 0]
+    keep = [i for i, p in enumerate(at_b) if i == 0 or fg.within_budgets(p, cap * (1 + 1e-12), work_cap)]
     candidates, at_b = [candidates[i] for i in keep], [at_b[i] for i in keep]
     rows = [[p.compute for p in at_b]] + [  # the measured b's row is at_b's: priced once
         [p.compute for p in fg.predict_many(candidates, b_noise * f, mu, memory, staleness, floor)]
