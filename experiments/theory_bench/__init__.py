@@ -8,6 +8,7 @@ design rule predict?'. Each module imports only those before it:
 |-----------------|----------------------------------------------------------------------------------------|
 | ``options``     | protocol constants (B = 256, group G, grids, instances), settings, options             |
 | ``store``       | the run store (resume), the instance records (target, smoothness)                       |
+| ``inputs``      | the rule's inputs from arrays: per-sample gradients, B_crit, kappa pairs, drift, B_noise fit |
 | ``measure``     | one unit's training: step-size search, the pilot (B_noise, kappa, M2(s)), optimal's answer |
 | ``objectives``  | each rule's predicted cost per design (J, S_min (1 + B_noise/B), the forgetting rule)    |
 | ``score``       | the cells' regrets and Spearman rho, the targets, the run, summary.json, evidence.json  |
@@ -18,33 +19,35 @@ Every name callers used from ``experiments/theory_test.py`` is re-exported here.
 """
 
 from . import options as _options
+from .inputs import (
+    b_crit_record,
+    b_noise_kind,
+    curvature_pairs_kappa,
+    fit_noise_scale,
+    loss_hvp,
+    measure_drift,
+    measure_staleness,
+    measured_alpha,
+    pilot_steps,
+    read_b_noise,
+    sample_grads,
+)
 from .measure import (
     RECIPE,
     Unit,
     UnitNotScored,
     _designs_of,
-    _hvp,
     _step_cap,
-    b_crit_record,
-    b_noise_kind,
     calibration_record,
-    curvature_pairs_kappa,
     design_row,
     design_steps,
-    fit_noise_scale,
-    measure_drift,
     measure_noise_scale,
     measure_pilot,
-    measure_staleness,
-    measured_alpha,
     pilot_query,
-    pilot_steps,
     printed_design,
     printed_label,
     printed_ratios,
-    read_b_noise,
     run_unit,
-    sample_grads,
     staleness_of,
     train_printed,
     train_unit,
@@ -97,7 +100,7 @@ from .tables import (
 __all__ = [
     *_options.__all__,
     "Env", "Store", "_key", "build_env", "exact_hessian", "instance_record", "RECIPE", "Unit", "UnitNotScored",
-    "_designs_of", "_hvp", "_step_cap", "b_crit_record", "b_noise_kind", "calibration_record",
+    "_designs_of", "loss_hvp", "_step_cap", "b_crit_record", "b_noise_kind", "calibration_record",
     "curvature_pairs_kappa", "design_row", "design_steps", "fit_noise_scale", "measure_drift",
     "measure_noise_scale", "measure_pilot", "measure_staleness", "measured_alpha", "pilot_query", "pilot_steps",
     "printed_design", "printed_label", "printed_ratios", "read_b_noise", "run_unit", "sample_grads",

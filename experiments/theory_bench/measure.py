@@ -25,16 +25,26 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ...advise import advice
-from ...core.designs import compute_loss
-from ...core.pipeline import score
 from ...outputs import strict
 from ...simulate import to_target
-from ...simulate.config import config_from_dict
 from ...simulate.envs import NoisyRewardBandit
 from ...simulate.envs.quadratic import QuadraticEnv
 from ...theory import forgetting
 from ...theory import noise_scale as noise_scale_lib
 from ...theory.resampling import quantile_interval, resample_indices
+from .inputs import (
+    b_crit_record,
+    b_noise_kind,
+    curvature_pairs_kappa,
+    fit_noise_scale,
+    kappa_parts,
+    loss_hvp,
+    measure_drift,
+    measure_staleness,
+    measured_alpha,
+    pilot_steps,
+    sample_grads,
+)
 from .options import (
     BATCH,
     BETA1,
@@ -46,7 +56,6 @@ from .options import (
     LR_RATIO,
     MAX_EXTEND,
     OPTIMIZERS,
-    PILOT_FRACTION,
     PILOT_MAX_STEPS,
     PILOT_RUNS,
     PILOT_SEED,
@@ -56,7 +65,7 @@ from .options import (
     Options,
     Setting,
 )
-from .store import Env, Store, exact_hessian, instance_record
+from .store import Env, Store, instance_record
 
 
 @dataclass
@@ -325,42 +334,7 @@ def _train_epochs(unit: Unit, epochs: int, mini_batches: int, s_ref: float, s_re
         unit.advance()
 
 
-# --------------------------------------------------------------------------- the inputs, measured
-
-
-def sample_grads(env, setting: Setting, theta: np.ndarray, behaviour: np.ndarray, groups: int,
-                 rng: np.random.Generator) -> np.ndarray:
-    """Per-sample LOSS gradients (M, d) at ``theta`` (1, d) on M = groups x 8 fresh responses of ``behaviour``
-    (rollout settings: the trained loss's per-sample terms, whose batch mean is a step's gradient), or M noisy
-    quadratic samples (behaviour ignored: a sample's noise does not depend on who drew it)."""
-    if isinstance(env, QuadraticEnv):
-        return env.sample_grads(theta, env.noise(rng, (1, groups * GROUP)))[0]
-    assert setting.loss is not None  # only the quadratic's settings have no loss, and it returned above
-    config = config_from_dict({"buffer": "on-policy", "pipeline": "sync", "capacity": BATCH,
-                               "rollouts_per_step": BATCH, "batch_size": BATCH, "group_size": GROUP,
-                               "loss": setting.loss[0], "advantage": setting.loss[1], "optimizer": "sgd", "seeds": 1})
-    prompts = np.repeat(rng.integers(0, env.num_prompts, size=(1, groups)), GROUP, axis=1)  # (1, M)
-    tokens, logp, mask = env.sample(behaviour, prompts, rng)
-    reward = env.reward(prompts, tokens, mask)
-    M = prompts.shape[1]
-    batch = score(config, prompts, tokens, mask, logp, reward, np.zeros((1, M), np.int64),
-                  np.repeat(np.arange(groups), GROUP)[None])
-    logp_new = env.logp(theta, prompts, tokens, mask)
-    coef = compute_loss(config, batch, logp_new).grad_logp[0, :, 0] * M  # (M,) undo the 1/M token mean
-    pi = np.exp(env.log_policy(theta))[0, prompts[0]]  # (M, A)
-    feats = env.features[prompts[0]]  # (M, A, d)
-    centred = feats[np.arange(M), tokens[0, :, 0]] - np.einsum("ma,mad->md", pi, feats)
-    return coef[:, None] * centred  # (M, d) d loss / d theta per sample
-
-
-def pilot_steps(recipe_steps: float) -> int:
-    """The pilot's length in steps: the most P whose steps and curvature steps (each counted as one more step: its
-    three HVPs over 64 samples cost 384 sample-updates, one step of B = 256 at mu = 0.5 and less than one at any
-    larger mu) fit in PILOT_FRACTION of the recipe's steps to the target; one step when not even that fits (a run
-    that reaches the target in under 20 steps: the pilot then costs more than the fraction, and the tables say so)."""
-    budget = int(PILOT_FRACTION * recipe_steps)
-    fits = [p for p in range(1, budget + 1) if p + -(-p // CURVATURE_EVERY) <= budget]
-    return max(fits, default=1)
+# --------------------------------------------------------------------------- the inputs, measured (helpers: inputs.py)
 
 
 def measure_pilot(unit: Unit) -> dict:
@@ -423,11 +397,11 @@ def measure_pilot(unit: Unit) -> dict:
             quarters = grads.reshape(4, BATCH // 4, -1).mean(axis=1)  # (4, d)
             for xi in (quarters[0] - quarters[1], quarters[2] - quarters[3]):  # E xi xi^T = 8 Sigma / B
                 v = d_vec * xi  # D xi
-                num.append(float(v @ _hvp(env, theta, v)))
+                num.append(float(v @ loss_hvp(env, theta, v)))
                 den.append(float(xi @ (d_vec * xi)))
             u = d_vec * whole  # D g: E[g^T D H D g] = G^T D H D G + tr(D H D Sigma) / B
-            ghg.append(float(u @ _hvp(env, theta, u)))
-            a, b = _kappa_parts(env, unit.setting, theta, d_vec, rng)
+            ghg.append(float(u @ loss_hvp(env, theta, u)))
+            a, b = kappa_parts(env, unit.setting, theta, d_vec, rng)
             exact_num.append(a)
             exact_den.append(b)
 
@@ -465,149 +439,6 @@ def measure_pilot(unit: Unit) -> dict:
     return unit.store.put(payload, result)
 
 
-def b_crit_record(num: list[float], ghg: list[float]) -> dict:
-    """McCandlish's B_crit = tr(D H D Sigma) / (G^T D H D G) from the pilot's HVPs (App. D: the noise scale that
-    counts curvature; D = 1 for SGD, Adam's preconditioner otherwise). Per curvature step, two quarter-batch pairs give
-    E[(D xi)^T H (D xi)] = 8 tr(D H D Sigma) / B and the whole batch's gradient E[(D g)^T H (D g)] = G^T D H D G +
-    tr(D H D Sigma) / B, so tr(D H D Sigma) = B/8 mean(num) and G^T D H D G = mean(ghg) - mean(num) / 8 (unbiased;
-    pooled over the steps before dividing). None with the reason when the curvature along G is not resolved > 0."""
-    if not num or not ghg:
-        return {"b_noise": None, "reason": "no curvature step"}
-    trace = BATCH / 8 * float(np.mean(num))
-    signal = float(np.mean(ghg)) - float(np.mean(num)) / 8
-    if not (trace > 0 and signal > 0):
-        return {"b_noise": None, "trace_h_sigma": trace, "g_h_g": signal,
-                "reason": "tr(H Sigma) or G^T H G estimated <= 0 (the noise swamps the curvature along G)"}
-    return {"b_noise": trace / signal, "trace_h_sigma": trace, "g_h_g": signal, "pairs": len(num)}
-
-
-def curvature_pairs_kappa(num: list[float], den: list[float], lr: float, rng: np.random.Generator,
-                          optimizer: str) -> dict:
-    """kappa from the curvature pairs (``forgetting.kappa_from_curvature_pairs``) as the pilot records it, with
-    ``pairs_without_noise``: a pair whose two minibatch gradients are equal (xi = 0: every prompt group's rewards
-    equal, so no advantage; a policy that has converged on an easy instance) adds 0 to both of the estimate's sums,
-    so it is left out and counted, the estimate unchanged (as ``theory.profiles.curvature_pairs_record`` and
-    calibrate-simulator do). Fewer than 2 pairs with noise: no kappa, and the reason (the rule then gives no pick)."""
-    num_a, den_a = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
-    keep = den_a > 0
-    without = int((~keep).sum())
-    if keep.sum() < 2:
-        return {"kappa": None, "kappa_interval": [None, None], "method": "curvature-pairs", "optimizer": optimizer,
-                "units": int(keep.sum()), "pairs_without_noise": without,
-                "reason": f"{int(keep.sum())} of {den_a.size} curvature pairs have a gradient difference xi != 0 (the "
-                          f"minibatch gradients were equal: no reward variation within their prompt groups); need >= 2"}
-    estimate = forgetting.kappa_from_curvature_pairs(num_a[keep], den_a[keep], lr, rng, optimizer=optimizer,
-                                                     beta1=BETA1, pilot_batch=BATCH)
-    return {**estimate.to_dict(), "pairs_without_noise": without}
-
-
-def _hvp(env, theta: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """H v of the loss F = -J at theta: exact on the quadratic (H diagonal), central differences of the exact
-    gradient on a rollout environment (the expected loss's Hessian, what a minibatch HVP estimates)."""
-    if isinstance(env, QuadraticEnv):
-        return env.curvature * v
-    eps = 1e-4 / max(float(np.linalg.norm(v)), 1e-300)
-    g = env.exact_grad(np.concatenate([theta + eps * v, theta - eps * v]))  # (2, d) ascent
-    return -(g[0] - g[1]) / (2 * eps)
-
-
-def _kappa_parts(env, setting: Setting, theta: np.ndarray, d_vec: np.ndarray,
-                 rng: np.random.Generator) -> tuple[float, float]:
-    """(tr(D H D Sigma), tr(D Sigma)) at theta: exact on the quadratic (Sigma = diag(noise_var)); on a rollout
-    environment H exact and Sigma from 512 groups (the group mean is the independent unit, scaled to one sample)."""
-    if isinstance(env, QuadraticEnv):
-        h, var = env.curvature, env.noise_var
-        return float(np.sum(d_vec * h * d_vec * var)), float(np.sum(d_vec * var))
-    grads = sample_grads(env, setting, theta, theta, 512, rng).reshape(512, GROUP, -1).mean(axis=1)
-    sigma = GROUP * np.cov(grads, rowvar=False)  # (d, d) per sample, as the pairs' xi (B = 256 samples) scale
-    hess = exact_hessian(env, theta)
-    dm = np.diag(d_vec)
-    return float(np.trace(dm @ hess @ dm @ sigma)), float(np.trace(dm @ sigma))
-
-
-def measure_drift(env, trajectory: np.ndarray) -> dict:
-    """The exact drift of the policy at the pilot's last step T from itself s steps earlier, on its trajectory
-    (T + 1, runs, d), at the ages s in STALENESS up to T and T itself (a pilot sees no older policy: the rule's
-    ``Staleness`` extends the table beyond along its last slope, and says so): M2(s) = E_behav[(log pi_T / pi_{T-s})^2]
-    (M2PO's statistic; about chi^2 and 2 KL for a small drift, without chi^2's heavy tail). 1 + M2(s) is the variance
-    factor of an importance weight at age s that the forgetting rule's staleness cost reads (on a real run:
-    diagnose's m2 by age). chi^2 and KL beside it. A one-step pilot has no age > 0: no table, and the reason."""
-    T, runs = trajectory.shape[0] - 1, trajectory.shape[1]
-    ages = sorted({s for s in STALENESS if s <= T} | {T})
-    if len(ages) < 2:
-        return {"staleness": ages, "m2": [0.0], "chi2": [0.0], "kl_new_behav": [0.0], "checkpoints": [T],
-                "runs": runs, "reason": "the pilot is one step long: no older policy to measure the drift from"}
-    rows = {"m2": [], "chi2": [], "kl_new_behav": []}
-    for s in ages:
-        div = env.exact_divergences(trajectory[T], trajectory[T - s])  # each (runs,)
-        for key in rows:
-            rows[key].append(float(np.mean(div[key])))
-    return {"staleness": ages, **rows, "checkpoints": [T], "runs": runs}
-
-
-def measure_staleness(env, setting: Setting, history: np.ndarray, instance: int) -> dict:
-    """sigma^2(s) on the pilot's trajectory (T + 1, d) with behaviour theta_{t-s}, in both forms (plain E||G -
-    grad F||^2 for the unbiased IS loss; signal-normalised Var / c(s)^2 for the clipped loss, c(s) the share of the
-    fresh signal a stale sample keeps), and the stale gradients' bias (the paper's kappa, Assumption 3.2)."""
-    rng = np.random.default_rng([instance, 104729])
-    T = history.shape[0] - 1
-    checkpoints = sorted({T // 3, 2 * T // 3, T})  # ages beyond a checkpoint read the pilot's start (said below)
-    plain, normalised, retained, biases = [], [], [], []
-    for t in checkpoints:
-        theta = history[t][None]
-        exact = -env.exact_grad(theta)[0]  # loss gradient
-        fresh = sample_grads(env, setting, theta, theta, 512, rng)
-        g0, var0 = fresh.mean(axis=0), float(((fresh - fresh.mean(axis=0)) ** 2).sum(axis=1).mean())
-        if not g0 @ g0 > 0:
-            continue
-        row_p, row_n, row_c = [], [], []
-        for s in STALENESS:
-            behaviour = history[max(t - s, 0)][None]
-            grads = fresh if s == 0 else sample_grads(env, setting, theta, behaviour, 512, rng)
-            mean = grads.mean(axis=0)
-            var = float(((grads - mean) ** 2).sum(axis=1).mean())
-            row_p.append(float(((grads - exact) ** 2).sum(axis=1).mean()))
-            c = float(mean @ g0 / (g0 @ g0))
-            row_c.append(c)
-            row_n.append(var / max(c, 0.05) ** 2)  # c -> 0: a stale sample carries nothing; capped at 1/0.05^2
-            gap = float(np.linalg.norm(history[t] - behaviour[0]))
-            if s >= 4 and gap > 0:
-                bias_sq = float(((mean - g0) ** 2).sum()) - (var + var0) / grads.shape[0]
-                biases.append(math.sqrt(max(bias_sq, 0.0)) / gap)
-        plain.append(row_p)
-        normalised.append(row_n)
-        retained.append(row_c)
-    if not plain:
-        return {"staleness": list(STALENESS), "plain": None, "reason": "no checkpoint with a fresh signal"}
-    return {"staleness": list(STALENESS), "plain": np.mean(plain, axis=0).tolist(),
-            "normalised": np.mean(normalised, axis=0).tolist(), "retained": np.mean(retained, axis=0).tolist(),
-            "bias": float(np.max(biases)) if biases else 0.0, "checkpoints": checkpoints,
-            "ages_measured_up_to": T, "older": "an age beyond a checkpoint's step reads the pilot's first policy"}
-
-
-def fit_noise_scale(steps: np.ndarray, batches: np.ndarray) -> tuple[float, float]:
-    """(S_min, B_noise) of S(B) = S_min (1 + B_noise / B) over the finite entries (McCandlish Eq. 2.7): least squares
-    in 1/B with weights 1/S (a step count's error grows with it, so the small batches' long runs would otherwise
-    decide the fit); B_noise = inf when S_min <= 0 (steps fall at least as fast as 1/B); nan with fewer than 4
-    finite batches."""
-    ok = np.isfinite(steps)
-    if ok.sum() < 4:
-        return math.nan, math.nan
-    slope, intercept = np.polyfit(1.0 / batches[ok], steps[ok], 1, w=1.0 / steps[ok])
-    return float(intercept), float(slope / intercept) if intercept > 0 else math.inf
-
-
-def b_noise_kind(value: float) -> str:
-    """How a fitted B_noise is to be read (the JSON keeps inf and nan as null; this says which)."""
-    if math.isnan(value):
-        return "not measurable: fewer than 4 on-policy batches reached the target"
-    if math.isinf(value):
-        return "infinite: S_min <= 0, steps fall at least as fast as 1/B (every sample counts)"
-    if not value > 0:
-        return "not positive: the steps do not fall with the batch; the rules that read B_noise give no pick"
-    return "finite"
-
-
 def measure_noise_scale(unit: Unit) -> dict:
     """b from the seed-mean on-policy steps at every batch (seed-bootstrap interval, the step size re-tuned in each
     replicate), and on the quadratic from the exact expected curves."""
@@ -642,31 +473,6 @@ def measure_noise_scale(unit: Unit) -> dict:
         out["b_simple"] = float(flow) / BATCH
         out["b_crit"] = float(np.sum(env.curvature * env.noise_var) / np.sum(env.curvature * grad**2)) / BATCH
     return out
-
-
-def read_b_noise(noise: dict, exact: bool = False) -> float:
-    """B_noise from a saved record: its value, inf or nan as its ``*_kind`` says (JSON keeps both as null)."""
-    key = "exact_b_noise" if exact else "b_noise"
-    if key not in noise:
-        return math.nan
-    kind = noise.get(f"{key}_kind", "finite")
-    if kind.startswith("infinite"):
-        return math.inf
-    return math.nan if noise[key] is None else float(noise[key])
-
-
-def measured_alpha(noise: dict) -> float | None:
-    """The exponent of the tuned step's fall with the noise: eta_B ~ (1 + B_noise / B)^-alpha over the on-policy
-    batches (least squares in logs); None when B_noise is not finite."""
-    b_noise = read_b_noise(noise)
-    if not math.isfinite(b_noise) or b_noise <= 0:
-        return None
-    batches = np.asarray(noise["batches"])
-    lrs = np.array([math.nan if v is None else v for v in noise["tuned_lr"]], dtype=float)  # None: not reached
-    ok = np.isfinite(np.asarray(noise["steps"]))
-    if ok.sum() < 3:
-        return None
-    return float(-np.polyfit(np.log1p(b_noise / batches[ok]), np.log(lrs[ok]), 1)[0])
 
 
 def calibration_record(unit: Unit, pilot: dict) -> dict:

@@ -24,7 +24,8 @@ from ...theory import design as theory_design
 from ...theory import forgetting
 from ...theory import noise_scale as noise_scale_lib
 from ...theory.profiles import TabulatedProfile
-from .measure import _designs_of, b_noise_kind, read_b_noise, staleness_of
+from .inputs import b_noise_kind, read_b_noise
+from .measure import _designs_of, staleness_of
 from .options import BATCH, BETA1
 
 

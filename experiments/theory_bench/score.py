@@ -31,7 +31,8 @@ from ...outputs import check_out_dir, strict, write_new
 from ...simulate import to_target
 from ...theory import forgetting
 from ...theory.resampling import quantile_interval, spearman
-from .measure import _designs_of, design_spec, printed_design, read_b_noise, run_unit, staleness_of
+from .inputs import read_b_noise
+from .measure import _designs_of, design_spec, printed_design, run_unit, staleness_of
 from .objectives import OBJECTIVES, PRINTED, NoPick, design_steps_row, measured_compute, objective_values
 from .options import (
     BATCH,

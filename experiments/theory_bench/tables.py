@@ -13,7 +13,7 @@ import json
 import math
 from pathlib import Path
 
-from .measure import read_b_noise
+from .inputs import read_b_noise
 from .objectives import OBJECTIVES, PRINTED
 from .options import BATCH, DEV_INSTANCES, HEADLINE_FLOOR, PILOT_FRACTION
 

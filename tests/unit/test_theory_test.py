@@ -38,7 +38,7 @@ def test_the_bandit_exact_gradient_is_the_derivative_of_the_exact_reward():
     assert np.allclose(env.exact_grad(theta), numeric, atol=1e-8)
     hess = tt.exact_hessian(env, theta[:1])
     v = np.array([0.3, -0.1, 0.2, 0.5])
-    assert np.allclose(tt._hvp(env, theta[:1], v), hess @ v, rtol=1e-4, atol=1e-9)
+    assert np.allclose(tt.loss_hvp(env, theta[:1], v), hess @ v, rtol=1e-4, atol=1e-9)
 
 
 def test_the_noisy_verifier_keeps_the_expected_reward():
