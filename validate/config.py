@@ -149,8 +149,9 @@ class VerifyConfig:
     """Designs to train: neighbours (on-policy, the paper's prediction and its N, B doubled and halved at R =
     --rollouts-per-step) or fixed-b (at B = --rollouts-per-step: on-policy, replay at R = B/2, B/4, B/8 with N = R,
     on-policy at B/2 and B/4, the noise-scale rule's, the forgetting-aware rule's and the paper's predictions; writes
-    report-fixed-b.*) or horizon (fixed-b plus replay at y = 4 with horizons x = 16 and 32; report-horizon.*).
-    Opt-in, also under --thorough."""
+    report-fixed-b.*) or horizon (fixed-b plus replay at y = 4 with horizons x = 16 and 32; report-horizon.*) or
+    reuse (fixed-b plus the trainers' knobs at B: num_iterations 2 and 4, selective and uniform replay at N = 2B, and
+    optimal's printed answer; report-reuse.*). Opt-in, also under --thorough."""
     jobs: int = 1
     """Worker processes training verify's runs at once (-1: one per core), each with --threads torch threads; the
     runs are independent, so the results are the same at any count. 2 on the 2-core CPU: 1.98x (docs/VALIDATION.md)."""
@@ -280,8 +281,8 @@ class RunOverrides:
 ENGINES = ("hf", "vllm", "auto")
 DECODE_MODES = ("auto", "eager", "static", "compiled")
 """--decode (validate/sampling.py): auto is compiled on CUDA and eager on the CPU."""
-FAMILIES = ("neighbours", "fixed-b", "horizon")
-FIXED_B_FAMILIES = ("fixed-b", "horizon")
+FAMILIES = ("neighbours", "fixed-b", "horizon", "reuse")
+FIXED_B_FAMILIES = ("fixed-b", "horizon", "reuse")
 """The families trained at a fixed B = --rollouts-per-step with the rules' picks placed in them."""
 HORIZON_Y = 4
 HORIZON_XS = (16, 32)
@@ -290,6 +291,11 @@ FIXED_B_REPLAY_RATIOS = (2, 4, 8)
 """fixed-b: replay at R = B / y, N = R (the shortest horizon), for these y (issue 23)."""
 FIXED_B_SMALLER = (2, 4)
 """fixed-b: on-policy at B / these."""
+REUSE_EPOCHS = (2, 4)
+"""reuse: e passes over each generation of R = B in one mini-batch (TRL num_iterations, verl ppo_epochs; issue 40)."""
+REUSE_HORIZON = 2
+"""reuse: selective replay (only groups with unequal rewards enter the FIFO) and uniform replay at N = this x B, R = B:
+the same sizes, so the pair isolates what dropping the zero-advantage groups does."""
 
 
 def report_stem(family: str) -> str:

@@ -1,4 +1,5 @@
-"""The designs verify trains (issues 4, 23, 30): the neighbours, fixed-b and horizon families, and their cost.
+"""The designs verify trains (issues 4, 23, 30, 40): the neighbours, fixed-b, horizon and reuse families, and their
+cost.
 
 Paper: experience-replay (docs/REFERENCES.md), Thm 3.5's design and the equal-compute budget; RLOO note for the
 whole-group replay cells. Each design is a ``NamedDesign``: its name in the report, whether Thm 3.5 ranks it, and the
@@ -16,7 +17,15 @@ from dataclasses import dataclass
 from ..core.designs import DesignConfig, fresh_groups, validate_design
 from ..theory.designs import Design
 from ..theory.group_replay import fresh_verifier_evaluations
-from .config import FIXED_B_REPLAY_RATIOS, FIXED_B_SMALLER, HORIZON_XS, HORIZON_Y, ValidateConfig
+from .config import (
+    FIXED_B_REPLAY_RATIOS,
+    FIXED_B_SMALLER,
+    HORIZON_XS,
+    HORIZON_Y,
+    REUSE_EPOCHS,
+    REUSE_HORIZON,
+    ValidateConfig,
+)
 
 # The verify sweep's RLOO whole-group replay cells (rho, L, c), RLOO note (docs/REFERENCES.md):
 # the fresh-only baseline (rho = 0: c and L have no effect), the paper's best-reward cell (1, 1, 1),
@@ -131,9 +140,10 @@ def group_replay_designs(config: ValidateConfig, group_replay: bool) -> list[Nam
 
 
 def _add_design(designs: list[NamedDesign], design: NamedDesign) -> str:
-    """Append ``design`` unless one with its buffer, N, B and R is there; the name of the one in the list."""
+    """Append ``design`` unless one with its buffer, N, B and R (and e, m) is there; the name of the one in the list."""
     def key(d: NamedDesign) -> tuple:
-        return d.config.buffer, d.config.capacity, d.config.batch_size, d.config.rollouts_per_step
+        c = d.config
+        return c.buffer, c.capacity, c.batch_size, c.rollouts_per_step, c.epochs, c.mini_batches
 
     for d in designs:
         if key(d) == key(design):
@@ -178,6 +188,24 @@ def horizon_designs(config: ValidateConfig, designs: list[NamedDesign]) -> list[
     return designs
 
 
+def reuse_designs(config: ValidateConfig, designs: list[NamedDesign], printed: Design | None
+                  ) -> tuple[list[NamedDesign], str | None]:
+    """The fixed-b family plus the reuse knobs the trainers have, at B = --rollouts-per-step (issue 40):
+    num_iterations e in REUSE_EPOCHS (R = B, one mini-batch), selective and uniform replay at N = REUSE_HORIZON x B
+    (R = B), and ``printed`` (optimal's answer for this run's inputs; None: it made none). Returns the designs and
+    the printed answer's name in them (None without one)."""
+    designs = list(designs)
+    B, g = config.rollouts_per_step, config.group_size
+    for e in REUSE_EPOCHS:
+        _add_design(designs, _ranked(f"num_iterations {e}", Design.epochs_of(B, e, 1, g)))
+    fifo = _fifo(config, REUSE_HORIZON * B, B, B)
+    _add_design(designs, NamedDesign(f"selective replay x={REUSE_HORIZON}", True,
+                                     DesignConfig.from_design(fifo, loss="grpo", buffer="selective")))
+    _add_design(designs, _ranked(f"replay x={REUSE_HORIZON}", fifo))
+    name = None if printed is None else _add_design(designs, _ranked("optimal's answer", printed))
+    return designs, name
+
+
 def design_cost(design: DesignConfig, steps: int, mu: float) -> dict:
     """Fresh rollouts, samples trained and compute of ``steps`` updates of ``design``, in sample-update units.
 
@@ -189,6 +217,8 @@ def design_cost(design: DesignConfig, steps: int, mu: float) -> dict:
     if design.buffer == "group-replay":  # App. B, Replay-RLOO
         fresh = int(fresh_verifier_evaluations(design.group_size, design.groups_per_update, steps,
                                                design.replay_ratio_groups))
+    elif design.buffer == "epochs":  # one generation of R every e m updates, at the first (core/designs.epochs_step)
+        fresh = -(-steps // (design.epochs * design.mini_batches)) * design.rollouts_per_step
     else:
         fresh = steps * design.rollouts_per_step
     trained = steps * design.batch_size
@@ -201,9 +231,15 @@ def steps_at_budget(design: DesignConfig, budget: float, mu: float) -> int:
     Every step after the first costs the same (mu * fresh per step + B); the first step may cost more
     (group replay: all of its groups are fresh), so T = 1 + floor((budget - first) / per_step).
     """
+    slack = 1e-9 * budget  # budget = 40 (mu R + R) must buy 40 on-policy updates, not 39 after rounding
+    if design.buffer == "epochs":  # generations come in lumps: the most T whose cost fits, counted up from below
+        per_update = mu * design.rollouts_per_step / (design.epochs * design.mini_batches) + design.batch_size
+        steps = max(1, math.floor((budget + slack) / per_update))  # the cost's lower bound: an upper bound on T
+        while steps > 1 and design_cost(design, steps, mu)["compute"] > budget + slack:
+            steps -= 1
+        return steps
     first = design_cost(design, 1, mu)["compute"]
     per_step = design_cost(design, 2, mu)["compute"] - first
-    slack = 1e-9 * budget  # budget = 40 (mu R + R) must buy 40 on-policy updates, not 39 after rounding
     if design.buffer != "group-replay":
         return max(1, math.floor((budget + slack) / per_step))  # T (mu R + B) <= budget
     return max(1, 1 + math.floor((budget + slack - first) / per_step))

@@ -49,6 +49,7 @@ from .batched import stack_policy
 from .calibrate import calibrate_lm, write_calibration
 from .config import (
     FIXED_B_FAMILIES,
+    REUSE_EPOCHS,
     SFT_BATCH_SIZE,
     SFT_LR,
     TINY_MODEL,
@@ -61,7 +62,14 @@ from .config import (
     report_stem,
 )
 from .engines import Sampler, make_sampler, resolve_engine
-from .families import NamedDesign, fixed_b_designs, horizon_designs, neighbour_designs, steps_at_budget
+from .families import (
+    NamedDesign,
+    fixed_b_designs,
+    horizon_designs,
+    neighbour_designs,
+    reuse_designs,
+    steps_at_budget,
+)
 from .policy import (
     ModelConfig,
     load_checkpoint,
@@ -427,7 +435,8 @@ def verify_designs(run: VerifyRun, predicted: dict, calibration: dict, log=print
     (from the calibration's B_noise) and the forgetting-aware rule's (B_noise and kappa, ``forgetting_memory``).
     ``rules``: ``pick``, ``noise_record``, ``memory``, ``forgetting`` (None where a rule made no prediction).
     """
-    rules = {"pick": None, "noise_record": calibration.get("noise_scale") or {}, "memory": None, "forgetting": None}
+    rules = {"pick": None, "noise_record": calibration.get("noise_scale") or {}, "memory": None, "forgetting": None,
+             "optimal": None}
     if run.plan.family not in FIXED_B_FAMILIES:
         return neighbour_designs(run.config, predicted, run.plan.group_replay), {}, rules
     b_noise = rules["noise_record"].get("b_noise")
@@ -447,7 +456,37 @@ def verify_designs(run: VerifyRun, predicted: dict, calibration: dict, log=print
                                        rules["forgetting"])
     if run.plan.family == "horizon":
         designs = horizon_designs(run.config, designs)
+    if run.plan.family == "reuse":
+        rules["optimal"] = optimal_answer(run, rules, calibration)
+        designs, name = reuse_designs(run.config, designs, rules["optimal"] and rules["optimal"]["design"])
+        if name is not None:
+            centres["optimal"] = name
     return designs, centres, rules
+
+
+def optimal_answer(run: VerifyRun, rules: dict, calibration: dict) -> dict | None:
+    """What ``replay-theory optimal`` prints for this run's inputs (B_noise, the memory record, the calibration's
+    drift as its staleness cost, mu, B = --rollouts-per-step, its groups, epochs up to max(REUSE_EPOCHS)): its
+    record's essentials and the design (``theory.designs.Design``); None without B_noise or kappa."""
+    from ..advise import advice
+    from ..theory.designs import Design
+
+    b_noise, memory = rules["noise_record"].get("b_noise"), rules["memory"] or {}
+    if b_noise is None or memory.get("kappa") is None:
+        return None
+    pilot = memory.get("pilot_batch")
+    query = advice.Query(mu=run.mu, batch_size=run.R, b_noise=float(b_noise), b_noise_source="calibration.json",
+                         kappa=float(memory["kappa"]), kappa_source=str(memory.get("source", "")),
+                         optimizer=memory["optimizer"], beta1=float(memory["beta1"]),
+                         pilot_batch=None if pilot is None else int(pilot), group_size=run.K,
+                         max_epochs=max(REUSE_EPOCHS), staleness=staleness_of_calibration(calibration))
+    record = advice.advise(query)
+    B, R, N = record["batch_size"], record["rollouts_per_step"], record["capacity"]
+    design = {"on-policy": lambda: Design.on_policy_at(B, run.K),
+              "epochs": lambda: Design.epochs_of(R, record["epochs"], record["mini_batches"], run.K),
+              "replay": lambda: Design(B, R, N, group_size=run.K)}[record["regime"]]()
+    return {"design": design, "regime": record["regime"], "what_to_do": record["what_to_do"],
+            "batch_size": B, "rollouts_per_step": R, "capacity": N, "guard_moved": record["guard"]["moved"]}
 
 
 def pending_units(run: VerifyRun, designs: list[NamedDesign]) -> tuple[dict, list[tuple]]:
@@ -562,7 +601,7 @@ def verify_report(run: VerifyRun, designs: list[NamedDesign], centres: dict, rul
         report["forgetting_input"] = memory  # the kappa record, or why the forgetting-aware rule made no prediction
         report["predictions"] = prediction_rows(rows, centres, rules["pick"], rules["noise_record"], predicted,
                                                 verdict_of, run.K, forgetting,
-                                                memory if forgetting is not None else None)
+                                                memory if forgetting is not None else None, rules.get("optimal"))
     return report
 
 

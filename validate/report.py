@@ -69,9 +69,10 @@ def mean_sd(values: list[float]) -> tuple[float, float]:
 
 def prediction_rows(rows: list[dict], centres: dict[str, str], pick: dict | None, noise_record: dict,
                     predicted: dict, verdict_of, group_size: int, forgetting: dict | None = None,
-                    memory: dict | None = None) -> list[dict]:
+                    memory: dict | None = None, optimal: dict | None = None) -> list[dict]:
     """Each rule's prediction in the fixed-b family (noise-scale, forgetting-aware when ``memory`` is given (its kappa
-    record, ``forgetting_memory``), paper): design, input, and ``verdict_of(name)`` (validate/verdict.py).
+    record, ``forgetting_memory``), paper, and in the reuse family ``optimal``'s printed answer, whose record is
+    ``optimal``): design, input, and ``verdict_of(name)`` (validate/verdict.py).
 
     ``separation``: the pair (prediction - strongest rival) of that verdict, the rival being the family design
     other than the prediction with the highest mean reward (the best when the prediction is not), with the seeds
@@ -81,9 +82,13 @@ def prediction_rows(rows: list[dict], centres: dict[str, str], pick: dict | None
     out = []
     rules = [("noise-scale", centres.get("noise-scale")), ("forgetting", centres.get("forgetting")),
              ("paper", centres["paper"])]
-    for rule, name in rules if memory is not None else rules[::2]:  # no memory given: the two rules of issue 23
+    rules = rules if memory is not None else rules[::2]  # no memory given: the two rules of issue 23
+    if "optimal" in centres:  # the reuse family: optimal's printed answer (the guarded rule)
+        rules.append(("optimal", centres["optimal"]))
+    for rule, name in rules:
         entry = {"rule": rule, "design": name,
-                 **_rule_input(rule, pick, noise_record, predicted, group_size, forgetting, memory)}
+                 **({"input": {k: v for k, v in optimal.items() if k != "design"}} if rule == "optimal" and optimal
+                    else _rule_input(rule, pick, noise_record, predicted, group_size, forgetting, memory))}
         if name is None:
             entry["verdict"], entry["separation"] = None, None
             out.append(entry)
@@ -234,6 +239,10 @@ def predictions_markdown(report: dict) -> list[str]:
     lines += ["", f"Paper (Thm 3.5): regime {paper['regime']}, x* = {_fmt(paper['x_star'])}, "
               f"y* = {_fmt(paper['y_star'])}, N = {_fmt(paper['capacity'], 'd')}, "
               f"B = {_fmt(paper['batch_size'], 'd')}, R = {paper['rollouts_per_step']}.", ""]
+    printed = next((p for p in predictions if p["rule"] == "optimal"), None)
+    if printed is not None:  # the reuse family
+        lines += [f"optimal (the guarded rule, what `replay-theory optimal` prints for these inputs, epochs up to 4): "
+                  f"{printed['input']['what_to_do']}.", ""]
     lines += _predictions_table(predictions)
     lines.append("")
     lines += [_criterion_line(p) for p in predictions if p.get("criterion") is not None]

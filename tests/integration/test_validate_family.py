@@ -197,7 +197,7 @@ def test_report_rows_of_both_rules_by_hand():
 
 def test_bad_family_options_one_line_before_any_work(error_line, tmp_path):
     assert error_line("validate", "verify", "--out", str(tmp_path), "--family", "wide") == (
-        "--family must be one of neighbours, fixed-b, horizon, got 'wide'")
+        "--family must be one of neighbours, fixed-b, horizon, reuse, got 'wide'")
     assert error_line("validate", "all", "--out", str(tmp_path / "new"), "--family", "fixed-b",
                       "--rollouts-per-step", "16", "--group-size", "4") == (
         "--family fixed-b needs --rollouts-per-step (its B) a multiple of 8 x --group-size = 32 (R = B/8 whole "
