@@ -465,9 +465,11 @@ def verify_designs(run: VerifyRun, predicted: dict, calibration: dict, log=print
 
 
 def optimal_answer(run: VerifyRun, rules: dict, calibration: dict) -> dict | None:
-    """What ``replay-theory optimal`` prints for this run's inputs (B_noise, the memory record, the calibration's
-    drift as its staleness cost, mu, B = --rollouts-per-step, its groups, epochs up to max(REUSE_EPOCHS)): its
-    record's essentials and the design (``theory.designs.Design``); None without B_noise or kappa."""
+    """``optimal``'s rule (``advise.advice``, the guarded answer it prints) on this run's inputs: B_noise, the memory
+    record, the calibration's drift 1 + 2 KL(s) as the staleness cost (``optimal --profile`` reads the profile's
+    sigma^2(s) table instead; docs/VALIDATION.md compares the two), mu, B = --rollouts-per-step, its groups, epochs up
+    to max(REUSE_EPOCHS). Its record's essentials and the design (``theory.designs.Design``); None without B_noise or
+    kappa."""
     from ..advise import advice
     from ..theory.designs import Design
 
