@@ -169,6 +169,10 @@ class VerifyConfig:
         self.learning_rates(1.0)  # the grid's own checks (auto needs no --lr to be checked)
         if self.family not in FAMILIES:
             raise ValueError(f"--family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
+        k = max(REUSE_STALENESS)  # the k-step-off arm's k pre-filled batches, then two updates, fit at any mu
+        if self.family == "reuse" and self.budget_updates < k + 2:
+            raise ValueError(f"--budget-updates must be an integer >= {k + 2} with --family reuse (its {k}-step-off "
+                             f"arm pre-fills {k} batches at step 0), got {self.budget_updates}")
         return self
 
     def check_verify_memory(self, config: ValidateConfig) -> None:
@@ -293,6 +297,9 @@ FIXED_B_SMALLER = (2, 4)
 """fixed-b: on-policy at B / these."""
 REUSE_EPOCHS = (2, 4)
 """reuse: e passes over each generation of R = B in one mini-batch (TRL num_iterations, verl ppo_epochs; issue 40)."""
+REUSE_STALENESS = (1, 4)
+"""reuse: bounded staleness at B = R, each generation trained once, k updates after it was generated (the core stale-k
+queue; k = 4 is TRL ``AsyncGRPOConfig.max_staleness``'s default, k = 1 one-step-off; docs/FRAMEWORKS.md; issue 40)."""
 REUSE_HORIZON = 2
 """reuse: selective replay (only groups with unequal rewards enter the FIFO) and uniform replay at N = this x B, R = B:
 the same sizes, so the pair isolates what dropping the zero-advantage groups does."""

@@ -24,6 +24,7 @@ from .config import (
     HORIZON_Y,
     REUSE_EPOCHS,
     REUSE_HORIZON,
+    REUSE_STALENESS,
     ValidateConfig,
 )
 
@@ -140,10 +141,11 @@ def group_replay_designs(config: ValidateConfig, group_replay: bool) -> list[Nam
 
 
 def _add_design(designs: list[NamedDesign], design: NamedDesign) -> str:
-    """Append ``design`` unless one with its buffer, N, B and R (and e, m) is there; the name of the one in the list."""
+    """Append ``design`` unless one with its buffer, N, B and R (and e, m, k) is there; the name of the one in the
+    list."""
     def key(d: NamedDesign) -> tuple:
         c = d.config
-        return c.buffer, c.capacity, c.batch_size, c.rollouts_per_step, c.epochs, c.mini_batches
+        return c.buffer, c.capacity, c.batch_size, c.rollouts_per_step, c.epochs, c.mini_batches, c.stale_k
 
     for d in designs:
         if key(d) == key(design):
@@ -191,13 +193,17 @@ def horizon_designs(config: ValidateConfig, designs: list[NamedDesign]) -> list[
 def reuse_designs(config: ValidateConfig, designs: list[NamedDesign], printed: Design | None
                   ) -> tuple[list[NamedDesign], str | None]:
     """The fixed-b family plus the reuse knobs the trainers have, at B = --rollouts-per-step (issue 40):
-    num_iterations e in REUSE_EPOCHS (R = B, one mini-batch), selective and uniform replay at N = REUSE_HORIZON x B
-    (R = B), and ``printed`` (optimal's answer for this run's inputs; None: it made none). Returns the designs and
-    the printed answer's name in them (None without one)."""
+    num_iterations e in REUSE_EPOCHS (R = B, one mini-batch), k-step-off staleness for k in REUSE_STALENESS (R = B,
+    each batch trained once, k updates late, GRPO's clipped ratio to the stored behaviour log-probs: the M2PO
+    reference's and the async trainers' correction), selective and uniform replay at N = REUSE_HORIZON x B (R = B),
+    and ``printed`` (optimal's answer for this run's inputs; None: it made none). Returns the designs and the printed
+    answer's name in them (None without one)."""
     designs = list(designs)
     B, g = config.rollouts_per_step, config.group_size
     for e in REUSE_EPOCHS:
         _add_design(designs, _ranked(f"num_iterations {e}", Design.epochs_of(B, e, 1, g)))
+    for k in REUSE_STALENESS:
+        _add_design(designs, _ranked(f"{k}-step-off", Design.overlapped_at(B, k, g)))
     fifo = _fifo(config, REUSE_HORIZON * B, B, B)
     _add_design(designs, NamedDesign(f"selective replay x={REUSE_HORIZON}", True,
                                      DesignConfig.from_design(fifo, loss="grpo", buffer="selective")))
@@ -212,13 +218,16 @@ def design_cost(design: DesignConfig, steps: int, mu: float) -> dict:
     Compute = mu * fresh rollouts + samples trained (an update of B samples costs B, a rollout mu).
     FIFO / on-policy: R fresh per step, so compute = T (mu R + B). Group replay: B / K groups per update,
     the first step all fresh, then round(B/K / (1 + rho)) fresh groups: K (B/K + (T - 1) B_fresh) fresh
-    rollouts (RLOO budget, theory/group_replay.py; rho <= L, so the pool covers the replay demand).
+    rollouts (RLOO budget, theory/group_replay.py; rho <= L, so the pool covers the replay demand). Stale-k:
+    (T + k) R fresh rollouts, the k pre-filled batches with the T generated.
     """
     if design.buffer == "group-replay":  # App. B, Replay-RLOO
         fresh = int(fresh_verifier_evaluations(design.group_size, design.groups_per_update, steps,
                                                design.replay_ratio_groups))
     elif design.buffer == "epochs":  # one generation of R every e m updates, at the first (core/designs.epochs_step)
         fresh = -(-steps // (design.epochs * design.mini_batches)) * design.rollouts_per_step
+    elif design.buffer == "stale-k":  # k base-policy batches pre-fill the queue at step 0 (core/designs.stale_k_step):
+        fresh = (steps + design.stale_k) * design.rollouts_per_step  # an async trainer's k batches still in flight
     else:
         fresh = steps * design.rollouts_per_step
     trained = steps * design.batch_size
@@ -229,7 +238,8 @@ def steps_at_budget(design: DesignConfig, budget: float, mu: float) -> int:
     """The most updates (at least 1) whose ``design_cost`` compute fits in ``budget``: equal compute.
 
     Every step after the first costs the same (mu * fresh per step + B); the first step may cost more
-    (group replay: all of its groups are fresh), so T = 1 + floor((budget - first) / per_step).
+    (group replay: all of its groups are fresh; stale-k: its k pre-filled batches), so
+    T = 1 + floor((budget - first) / per_step).
     """
     slack = 1e-9 * budget  # budget = 40 (mu R + R) must buy 40 on-policy updates, not 39 after rounding
     if design.buffer == "epochs":  # generations come in lumps: the most T whose cost fits, counted up from below
@@ -240,6 +250,6 @@ def steps_at_budget(design: DesignConfig, budget: float, mu: float) -> int:
         return steps
     first = design_cost(design, 1, mu)["compute"]
     per_step = design_cost(design, 2, mu)["compute"] - first
-    if design.buffer != "group-replay":
+    if design.buffer not in ("group-replay", "stale-k"):
         return max(1, math.floor((budget + slack) / per_step))  # T (mu R + B) <= budget
     return max(1, 1 + math.floor((budget + slack - first) / per_step))
