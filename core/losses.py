@@ -260,7 +260,7 @@ def _ratio_metrics(log_ratio: np.ndarray, m: np.ndarray) -> dict[str, np.ndarray
     """Token-level IS diagnostics over real tokens, each (S,), computed in log space: the statistics kernel's
     estimators (``theory/moments.py``) on the sums of each seed's real tokens (inputs validated by ``_inputs``)."""
     lr, mf = _flat(log_ratio), _flat(m)  # (S, n L)
-    stats = statistics(Moments.from_rows(lr, None if mf.all() else mf))
+    stats = statistics(Moments.from_rows(lr, None if mf.all() else mf, all_sums=False))  # C, P: not reported
     out = {f"is_ratio_{k}": stats[f"ratio_{k}"] for k in ("min", "mean", "max", "std")}
     out["ess_frac"] = stats["ess_frac"]  # Kish (sum r)^2 / (N sum r^2)
     out["kl_k3"] = stats["kl_k3"]  # KL(pi_behav || pi_new), k3 estimator
