@@ -378,11 +378,6 @@ class BanditEnv:
         """theta_0 = 0, (S, d): the warm start lives in the offsets b."""
         return np.zeros((num_seeds, self.param_dim))
 
-    def _batch_log_policy(self, params: np.ndarray, prompts: np.ndarray) -> np.ndarray:
-        """log pi(. | prompt) for each item, (S, n, A)."""
-        rows = np.arange(params.shape[0])[:, None]  # (S, 1)
-        return self.log_policy(params)[rows, prompts]  # (S, n, A)
-
     def sample(self, params: np.ndarray, prompts: np.ndarray, rng: np.random.Generator
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Actions by inverse CDF of one uniform ``rng.random((S, n))`` each: tokens, logp, mask (S, n, 1)."""
@@ -470,8 +465,12 @@ class BanditEnv:
         """Entropy of pi(. | p) (S, n, 1), 0 on padding."""
         params, prompts = check_batch(params, prompts, self.num_prompts, self.param_dim)
         mask = check_mask(mask, np.shape(tokens))
-        logpol = self._batch_log_policy(params, prompts)  # (S, n, A)
-        h = -np.sum(np.exp(logpol) * logpol, axis=-1, keepdims=True)  # (S, n, 1)
+        (S, n), (P, A) = prompts.shape, self.offsets.shape
+        cells = (np.arange(S)[:, None] * P + prompts).ravel()  # (S*n,) flat (seed, prompt) rows
+        table = self._log_policy_rows(params, cells)  # (S, P, A), the rows asked for made
+        logpol = np.take(table.reshape(S * P, A), cells, axis=0)  # (S*n, A)
+        probs = self._row_probs(table, cells)  # exp(logpol), from the pi table when an evaluation made it
+        h = -np.sum(probs * logpol, axis=-1, keepdims=True).reshape(S, n, 1)  # (S, n, 1)
         return np.where(mask, h, 0.0)
 
     def evaluate(self, params: np.ndarray) -> dict[str, np.ndarray]:
