@@ -287,8 +287,7 @@ class BanditEnv:
 
     def _log_policy(self, params: np.ndarray) -> np.ndarray:
         """log pi (S, P, A), read-only, from the one-entry cache of the last params (``log_policy``)."""
-        logpol = self._log_policy_rows(params, None)
-        return logpol
+        return self._log_policy_rows(params, None)
 
     def _log_policy_rows(self, params: np.ndarray, cells: np.ndarray | None) -> np.ndarray:
         """``_log_policy`` with only the flat (seed, prompt) rows ``cells`` (k,) sure to be made (None: all of them).
