@@ -249,18 +249,19 @@ def _flat(x: np.ndarray) -> np.ndarray:
     return x.reshape(x.shape[0], -1)  # (S, n*L)
 
 
-def _token_mean(x: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """Mean of x over the real tokens of each seed (S,)."""
+def _token_mean(x: np.ndarray, m: np.ndarray, count: np.ndarray | None = None) -> np.ndarray:
+    """Mean of x over the real tokens of each seed (S,); ``count``: ``m.sum(axis=(1, 2))`` if the caller has it."""
+    n = m.sum(axis=(1, 2)) if count is None else count
     if x.dtype == np.bool_:  # a fraction of tokens: the same count, without a float copy
-        return (x & m).sum(axis=(1, 2)) / m.sum(axis=(1, 2))
-    return np.sum(np.where(m, x, 0.0), axis=(1, 2)) / m.sum(axis=(1, 2))
+        return (x & m).sum(axis=(1, 2)) / n
+    return np.sum(np.where(m, x, 0.0), axis=(1, 2)) / n
 
 
 def _ratio_metrics(log_ratio: np.ndarray, m: np.ndarray) -> dict[str, np.ndarray]:
     """Token-level IS diagnostics over real tokens, each (S,), computed in log space: the statistics kernel's
     estimators (``theory/moments.py``) on the sums of each seed's real tokens (inputs validated by ``_inputs``)."""
     lr, mf = _flat(log_ratio), _flat(m)  # (S, n L)
-    stats = statistics(Moments.from_rows(lr, None if mf.all() else mf))
+    stats = statistics(Moments.from_rows(lr, None if mf.all() else mf, all_sums=False))  # C, P: not reported
     out = {f"is_ratio_{k}": stats[f"ratio_{k}"] for k in ("min", "mean", "max", "std")}
     out["ess_frac"] = stats["ess_frac"]  # Kish (sum r)^2 / (N sum r^2)
     out["kl_k3"] = stats["kl_k3"]  # KL(pi_behav || pi_new), k3 estimator
@@ -403,10 +404,11 @@ def grpo(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask:
 
 def _clip_metrics(low: np.ndarray, high: np.ndarray, log_ratio: np.ndarray, m: np.ndarray) -> dict[str, np.ndarray]:
     """:func:`grpo`'s metrics (row-wise: a ``LazyMetrics`` the recorder may stack over steps)."""
-    clipped = _token_mean(low | high, m)
+    count = m.sum(axis=(1, 2))  # real tokens per seed, counted once for the three fractions
+    clipped = _token_mean(low | high, m, count)
     return {
-        "clip_ratio/low_mean": _token_mean(low, m),
-        "clip_ratio/high_mean": _token_mean(high, m),
+        "clip_ratio/low_mean": _token_mean(low, m, count),
+        "clip_ratio/high_mean": _token_mean(high, m, count),
         "clip_ratio/region_mean": clipped,
         "pg_clipfrac": clipped.copy(),
         **_ratio_metrics(log_ratio, m),

@@ -99,10 +99,21 @@ def _zero_std_runs(reward: np.ndarray, group: np.ndarray
     start[:, 1:] = group[:, 1:] != group[:, :-1]  # a run starts at each row's first response and each new id
     first = np.flatnonzero(start)  # (runs,) flat index of each group's first response, row-major
     flat = reward.ravel()
-    equal = np.maximum.reduceat(flat, first) == np.minimum.reduceat(flat, first)  # (runs,) all rewards equal
+    equal = _runs_equal(flat, first)  # (runs,) all rewards equal
     row = first // n  # (runs,) the seed of each group
     share = np.bincount(row, weights=equal, minlength=S) / np.bincount(row, minlength=S)
     return start, equal, share
+
+
+def _runs_equal(flat: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """(runs,) whether each run ``flat[first[i]:first[i + 1]]`` holds one value: its max == its min. Runs of one
+    length k (groups of G, as generated) are the columns of a transposed (k, runs) copy, each reduction k - 1
+    vector operations (max and min are exact in any order: the same flags as ``reduceat``'s one call per run)."""
+    k = flat.size // first.size
+    if first.size * k == flat.size and np.array_equal(first, np.arange(0, flat.size, k)):
+        cols = np.ascontiguousarray(flat.reshape(first.size, k).T)  # (k, runs)
+        return np.maximum.reduce(cols, axis=0) == np.minimum.reduce(cols, axis=0)
+    return np.maximum.reduceat(flat, first) == np.minimum.reduceat(flat, first)
 
 
 def frac_reward_zero_std(reward: np.ndarray, group: np.ndarray) -> np.ndarray:

@@ -105,10 +105,10 @@ def generate(backend: RolloutBackend, config: DesignConfig, weights, num_groups:
     prompts = np.repeat(prompts, G, axis=1)  # (S, g*G)
     tokens, logp, mask, reward = backend.sample(weights, prompts)  # (S, n, L) x3, (S, n)
     n = num_groups * G
-    # astype copies the broadcast views into arrays of their own
-    created = np.broadcast_to(np.asarray(version).reshape(-1, 1) if np.ndim(version) else version,
-                              (S, n)).astype(np.int64)
-    group = np.broadcast_to(group_offset + np.repeat(np.arange(num_groups), G), (S, n)).astype(np.int64)
+    created = np.empty((S, n), dtype=np.int64)  # filled by broadcasting: a version per seed (S,) or one for all
+    created[...] = np.asarray(version).reshape(-1, 1) if np.ndim(version) else version
+    group = np.empty((S, n), dtype=np.int64)
+    group[...] = group_offset + np.repeat(np.arange(num_groups), G)
     return score(config, prompts, tokens, mask, logp, reward, created, group)
 
 

@@ -64,8 +64,17 @@ def k3_terms(lr: ArrayLike, expm1_lr: np.ndarray | None = None) -> np.ndarray:
         out[np.isposinf(lr)] = np.inf  # expm1(inf) - inf would be NaN
     small = np.flatnonzero(np.abs(lr) < _K3_SERIES_CUTOFF)
     x = lr.reshape(-1)[small]
-    # sum_{k>=2} x^k / k!, truncated after x^7 (relative error < 1e-13 for |x| < 1e-2)
-    out.reshape(-1)[small] = x * x * (1 / 2 + x * (1 / 6 + x * (1 / 24 + x * (1 / 120 + x * (1 / 720 + x / 5040)))))
+    # sum_{k>=2} x^k / k!, truncated after x^7 (relative error < 1e-13 for |x| < 1e-2):
+    # x * x * (1/2 + x * (1/6 + x * (1/24 + x * (1/120 + x * (1/720 + x / 5040))))), Horner's steps in place
+    # (the same operations, no temporary arrays)
+    series = x / 5040
+    for c in (1 / 720, 1 / 120, 1 / 24, 1 / 6):
+        series += c
+        series *= x
+    series += 1 / 2
+    square = x * x
+    square *= series
+    out.reshape(-1)[small] = square
     return out
 
 
@@ -266,12 +275,15 @@ class Moments:
         return cls.from_segments(lr, np.zeros(1, dtype=np.int64))
 
     @classmethod
-    def from_rows(cls, log_ratio: np.ndarray, mask: np.ndarray | None = None) -> "Moments":
+    def from_rows(cls, log_ratio: np.ndarray, mask: np.ndarray | None = None, *, all_sums: bool = True
+                  ) -> "Moments":
         """One group per row of ``log_ratio`` (..., n) over its real entries (``mask`` (..., n) bool, every row with
         at least one; None: all real); the sums have the leading shape (...).  Entries may be +-inf.
 
         Arrays at hand: every sum shifted by the row's maximum and reduced along the row (the centred sum ``Q``
         too: the spread of r without cancellation); :meth:`from_segments` is the streamed producer.
+        ``all_sums=False``: ``C`` and ``P`` are left NaN (so are ``kl_new_behav`` and ``chi2_pearson``), for a caller
+        that reports neither (the losses' IS metrics); the other sums are the same numbers.
         """
         lr = np.asarray(log_ratio, dtype=np.float64)
         real = None if mask is None or mask.all() else mask
@@ -280,22 +292,24 @@ class Moments:
         with np.errstate(all="ignore"):  # +inf and -inf in one row give NaN sums (undefined means), without warnings
             r_minus_1 = np.expm1(x)
             A = np.add.reduce(e, axis=-1)
-            big = np.maximum(top, 0.0)  # (..., 1) L
-            dev = r_minus_1 * np.exp(-big)  # (r - 1) e^{-L}
-            if not np.isfinite(big).all():
-                dev = np.where(np.isposinf(big), np.isposinf(x) * 1.0, dev)
-            if top.max() > EXPM1_MAX:  # expm1 overflowed: r e^{-L} = e^{log r - M} there (L = M)
-                far = np.isfinite(x) & (x > EXPM1_MAX)
-                dev = np.where(far, e - np.exp(-top), dev)
             centred = e - (A / n)[..., None]
             if real is not None:
                 centred = np.where(real, centred, 0.0)
+            C = P = np.full(A.shape, np.nan)
+            if all_sums:
+                big = np.maximum(top, 0.0)  # (..., 1) L
+                dev = r_minus_1 * np.exp(-big)  # (r - 1) e^{-L}
+                if not np.isfinite(big).all():
+                    dev = np.where(np.isposinf(big), np.isposinf(x) * 1.0, dev)
+                if top.max() > EXPM1_MAX:  # expm1 overflowed: r e^{-L} = e^{log r - M} there (L = M)
+                    far = np.isfinite(x) & (x > EXPM1_MAX)
+                    dev = np.where(far, e - np.exp(-top), dev)
+                C, P = np.add.reduce(np.where(e > 0, e * x, 0.0), axis=-1), np.add.reduce(dev * dev, axis=-1)
             return cls(n=n, s1=np.add.reduce(x, axis=-1), s2=np.add.reduce(x * x, axis=-1),
                        sk3=np.add.reduce(k3_terms(x, r_minus_1), axis=-1),
                        lmin=np.minimum.reduce(lr if real is None else np.where(real, lr, np.inf), axis=-1),
-                       lmax=top[..., 0],
-                       A=A, B=np.add.reduce(e * e, axis=-1), C=np.add.reduce(np.where(e > 0, e * x, 0.0), axis=-1),
-                       P=np.add.reduce(dev * dev, axis=-1), Q=np.add.reduce(centred * centred, axis=-1))
+                       lmax=top[..., 0], A=A, B=np.add.reduce(e * e, axis=-1), C=C, P=P,
+                       Q=np.add.reduce(centred * centred, axis=-1))
 
     @classmethod
     def from_segments(cls, log_ratio: np.ndarray, starts: np.ndarray, ratio: np.ndarray | None = None,

@@ -249,6 +249,8 @@ class BanditEnv:
         self.offsets = instance["offsets"]  # (P, A)
         self._features_flat = instance["features_flat"]  # (P*A, d)
         self._policy_cache: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None  # params, log pi, pi
+        # the cached log pi's rows not made yet: (logits (S P, A), (S P,) True where to do), None when all are made
+        self._rows_todo: tuple[np.ndarray, np.ndarray] | None = None
 
     # ------------------------------------------------------------------ #
     # extra public API
@@ -274,6 +276,8 @@ class BanditEnv:
     def _probs_table(self, logpol: np.ndarray) -> np.ndarray:
         """pi = exp(log pi) of every prompt (S, P, A), read-only, made once per cached ``logpol`` (``_log_policy``'s
         last result): evaluations need all of it; a step's draws and gradient may need a few rows (``_row_probs``)."""
+        if self._rows_todo is not None:
+            self._make_rows(None)  # the whole table: every row of log pi first
         params, cached_logpol, probs = self._policy_cache
         if probs is None:
             probs = np.exp(cached_logpol)
@@ -283,13 +287,32 @@ class BanditEnv:
 
     def _log_policy(self, params: np.ndarray) -> np.ndarray:
         """log pi (S, P, A), read-only, from the one-entry cache of the last params (``log_policy``)."""
+        return self._log_policy_rows(params, None)
+
+    def _log_policy_rows(self, params: np.ndarray, cells: np.ndarray | None) -> np.ndarray:
+        """``_log_policy`` with only the flat (seed, prompt) rows ``cells`` (k,) sure to be made (None: all of them).
+
+        A step draws from and differentiates a few of the table's rows (its prompts), evaluations need all of them:
+        each row is made when first asked for, in the same operations as the whole table's, so its numbers are the
+        same. The other rows of the returned array are not set yet (they are filled in place when asked for).
+        """
         params = check_params(params, self.param_dim)
         cached = self._policy_cache
         if cached is not None and cached[0].shape == params.shape and np.array_equal(cached[0], params):
+            if self._rows_todo is not None:
+                self._make_rows(cells)
             return cached[1]
         S, (P, A) = params.shape[0], self.offsets.shape
         logits = (params @ self._features_flat.T).reshape(S, P, A)  # (S, P, A)
         logits += self.offsets  # b + phi @ theta
+        if cells is not None and 2 * cells.size < S * P:  # a few rows: each made when asked for
+            logpol = np.empty_like(logits)
+            table = logpol.view()
+            table.flags.writeable = False
+            self._policy_cache = (params.copy(), table, None)
+            self._rows_todo = (logits.reshape(S * P, A), np.ones(S * P, dtype=bool))
+            self._make_rows(cells)
+            return table
         # log-softmax, the reductions over a transposed copy (A, S P): max reduces in any order, the sum of
         # exponentials is numpy's own pairwise sum of each row (_column_sums); the same numbers, fewer calls
         cols = np.ascontiguousarray(logits.reshape(S * P, A).T)
@@ -300,7 +323,32 @@ class BanditEnv:
         logits -= lse.reshape(S, P, 1)
         logits.flags.writeable = False
         self._policy_cache = (params.copy(), logits, None)
+        self._rows_todo = None
         return logits
+
+    def _make_rows(self, cells: np.ndarray | None) -> None:
+        """Make the rows ``cells`` (k,) of the cached log pi that are not made yet (None: all the rest): the
+        log-softmax of ``_log_policy_rows``'s whole table, on a transposed copy of those rows alone."""
+        assert self._policy_cache is not None and self._rows_todo is not None
+        logits, todo = self._rows_todo
+        if cells is None:
+            rows = np.flatnonzero(todo)
+        else:
+            want = np.zeros(todo.size, dtype=bool)
+            want[cells] = True
+            rows = np.flatnonzero(want & todo)
+        if rows.size:
+            cols = np.ascontiguousarray(np.take(logits, rows, axis=0).T)  # (A, k)
+            top = np.maximum.reduce(cols, axis=0)  # (k,) the row maxima
+            cols -= top  # logits - max, as the whole table's
+            lse = np.log(_column_sums(np.exp(cols)))  # (k,)
+            cols -= lse
+            logpol = self._policy_cache[1].base
+            assert logpol is not None
+            logpol.reshape(todo.size, -1)[rows] = cols.T
+            todo[rows] = False
+        if cells is None or (rows.size and not todo.any()):
+            self._rows_todo = None
 
     def _row_probs(self, logpol: np.ndarray, cells: np.ndarray) -> np.ndarray:
         """pi(. | p) of the flat (seed, prompt) rows ``cells`` (k,) of ``logpol`` (``_log_policy``'s last result),
@@ -329,16 +377,10 @@ class BanditEnv:
         """theta_0 = 0, (S, d): the warm start lives in the offsets b."""
         return np.zeros((num_seeds, self.param_dim))
 
-    def _batch_log_policy(self, params: np.ndarray, prompts: np.ndarray) -> np.ndarray:
-        """log pi(. | prompt) for each item, (S, n, A)."""
-        rows = np.arange(params.shape[0])[:, None]  # (S, 1)
-        return self.log_policy(params)[rows, prompts]  # (S, n, A)
-
     def sample(self, params: np.ndarray, prompts: np.ndarray, rng: np.random.Generator
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Actions by inverse CDF of one uniform ``rng.random((S, n))`` each: tokens, logp, mask (S, n, 1)."""
         params, prompts = check_batch(params, prompts, self.num_prompts, self.param_dim)
-        full = self._log_policy(params)  # (S, P, A)
         (S, n), (P, A) = prompts.shape, self.offsets.shape
         u = rng.random(prompts.shape)  # (S, n)
         if u.size == 0:
@@ -347,20 +389,27 @@ class BanditEnv:
         # the inverse CDF of sample_categorical: the number of CDF values below u (at most A - 1).
         # Each run of equal cells (a group: G responses to one prompt) gets its CDF once, built one
         # COLUMN per run so that the running sum cdf_k = cdf_{k-1} + pi_k (np.cumsum's order) is A - 1
-        # vector additions. The CDF never decreases, so "cdf < u" is True on a prefix of each row and
-        # its length is the first False (argmin), or A when the whole row is below u.
+        # vector additions. The CDF never decreases, so "cdf < u" is True on a prefix of each column: the
+        # number of values below u is that prefix's length, counted over the columns repeated once per item.
         first = np.empty(cells.size, dtype=bool)
         first[0] = True
         np.not_equal(cells[1:], cells[:-1], out=first[1:])
-        run = np.cumsum(first) - 1  # (S*n,) run of each item
-        rows = cells[first]  # (runs,)
+        starts = np.flatnonzero(first)  # (runs,) each run's first item
+        rows = cells[starts]  # (runs,)
         if 4 * rows.size >= S * P:  # a quarter of the table or more: make all of it, the gradient's rows come next
+            full = self._log_policy(params)  # (S, P, A)
             self._probs_table(full)
+        else:
+            full = self._log_policy_rows(params, rows)  # (S, P, A), the rows drawn from made
         cdf = np.ascontiguousarray(self._row_probs(full, rows).T)
         for k in range(1, A):
             cdf[k] += cdf[k - 1]  # (A, runs)
-        below = np.take(np.ascontiguousarray(cdf.T), run, axis=0) < u.reshape(-1, 1)  # (S*n, A)
-        action = np.where(below[:, -1], A - 1, np.argmin(below, axis=1))  # (S*n,)
+        length = np.empty_like(starts)  # (runs,) items in each run
+        np.subtract(starts[1:], starts[:-1], out=length[:-1])
+        length[-1] = cells.size - starts[-1]
+        below = np.repeat(cdf, length, axis=1) < u.reshape(-1)  # (A, S*n)
+        count = np.add.reduce(below.view(np.uint8), axis=0, dtype=np.uint8 if A < 256 else np.int64)  # (S*n,)
+        action = np.minimum(count, A - 1).astype(np.int64)  # (S*n,)
         logp = full.reshape(-1)[cells * A + action].reshape(S, n, 1)  # log pi(a | p)
         return action.reshape(S, n, 1), logp, np.ones((S, n, 1), dtype=bool)
 
@@ -380,8 +429,9 @@ class BanditEnv:
         tokens = np.asarray(tokens, dtype=np.int64)
         mask = check_mask(mask, tokens.shape)
         if mask.all():  # flat (seed, prompt, action) indices: one 1-D take instead of three index arrays
-            cells = (np.arange(params.shape[0])[:, None] * self.num_prompts + prompts) * self.num_actions
-            return np.take(self.log_policy(params), cells + tokens[..., 0])[..., None]  # (S, n, 1) log pi(a | p)
+            cells = np.arange(params.shape[0])[:, None] * self.num_prompts + prompts  # (S, n) flat (seed, prompt)
+            logpol = self._log_policy_rows(params, cells.ravel())  # the batch's rows made
+            return np.take(logpol, cells * self.num_actions + tokens[..., 0])[..., None]  # (S, n, 1) log pi(a | p)
         rows = np.arange(params.shape[0])[:, None]  # (S, 1)
         lp = self.log_policy(params)[rows, prompts, np.where(mask[..., 0], tokens[..., 0], 0)]  # (S, n)
         return np.where(mask, lp[..., None], 0.0)  # (S, n, 1)
@@ -394,7 +444,6 @@ class BanditEnv:
         mask = check_mask(mask, tokens.shape)
         c = token_coef(coef, mask)[..., 0]  # (S, n)
         S, (P, A) = params.shape[0], self.offsets.shape
-        logpol = self._log_policy(params)  # (S, P, A)
         act = np.where(mask[..., 0], tokens[..., 0], 0)  # (S, n)
         cells = np.arange(S)[:, None] * P + prompts  # (S, n) flat (seed, prompt) index
         weights = c.ravel()
@@ -405,9 +454,9 @@ class BanditEnv:
         per_prompt = np.bincount(cells.ravel(), weights=weights, minlength=S * P)  # (S P,)
         rows = np.flatnonzero(per_prompt)
         if 2 * rows.size >= S * P:  # most of the table: one pass over all of it
-            chosen -= per_prompt[:, None] * self._probs_table(logpol).reshape(S * P, A)
+            chosen -= per_prompt[:, None] * self._probs_table(self._log_policy(params)).reshape(S * P, A)
         else:
-            chosen[rows] -= per_prompt[rows, None] * self._row_probs(logpol, rows)
+            chosen[rows] -= per_prompt[rows, None] * self._row_probs(self._log_policy_rows(params, rows), rows)
         return chosen.reshape(S, P * A) @ self._features_flat  # (S, d): sum_n c_n (phi - E_pi phi)
 
     def token_entropy(self, params: np.ndarray, prompts: np.ndarray, tokens: np.ndarray,
@@ -415,8 +464,12 @@ class BanditEnv:
         """Entropy of pi(. | p) (S, n, 1), 0 on padding."""
         params, prompts = check_batch(params, prompts, self.num_prompts, self.param_dim)
         mask = check_mask(mask, np.shape(tokens))
-        logpol = self._batch_log_policy(params, prompts)  # (S, n, A)
-        h = -np.sum(np.exp(logpol) * logpol, axis=-1, keepdims=True)  # (S, n, 1)
+        (S, n), (P, A) = prompts.shape, self.offsets.shape
+        cells = (np.arange(S)[:, None] * P + prompts).ravel()  # (S*n,) flat (seed, prompt) rows
+        table = self._log_policy_rows(params, cells)  # (S, P, A), the rows asked for made
+        logpol = np.take(table.reshape(S * P, A), cells, axis=0)  # (S*n, A)
+        probs = self._row_probs(table, cells)  # exp(logpol), from the pi table when an evaluation made it
+        h = -np.sum(probs * logpol, axis=-1, keepdims=True).reshape(S, n, 1)  # (S, n, 1)
         return np.where(mask, h, 0.0)
 
     def evaluate(self, params: np.ndarray) -> dict[str, np.ndarray]:

@@ -496,6 +496,34 @@ def test_bandit_column_sums_are_numpy_s_row_sums_bit_for_bit(n: int) -> None:
     np.testing.assert_array_equal(_column_sums(np.ascontiguousarray(x.T)), x.sum(axis=-1))
 
 
+def test_bandit_rows_made_when_asked_for_are_the_whole_table_s_bit_for_bit() -> None:
+    # a step makes only the log-policy rows it draws from or differentiates; each is the whole table's row, and the
+    # draws, log-probs, gradient and entropies are those of an environment that made the whole table first
+    config = BanditConfig(num_prompts=16, num_actions=8, feature_dim=5)
+    params = 0.7 * np.random.default_rng(3).standard_normal((6, 5))
+    whole = BanditEnv(config)
+    table = whole.log_policy(params).copy()
+    lazy = BanditEnv(config)
+    cells = np.array([3, 17, 17, 40, 95])
+    part = lazy._log_policy_rows(params, cells)
+    np.testing.assert_array_equal(part.reshape(-1, 8)[cells], table.reshape(-1, 8)[cells])
+    assert lazy._rows_todo is not None and int(lazy._rows_todo[1].sum()) == 6 * 16 - 4
+    prompts = np.repeat(np.random.default_rng(4).integers(0, 16, size=(6, 3)), 4, axis=1)  # groups of 4
+    rng_a, rng_b = np.random.default_rng(5), np.random.default_rng(5)
+    for got, want in zip(lazy.sample(params, prompts, rng_a), whole.sample(params, prompts, rng_b)):
+        np.testing.assert_array_equal(got, want)
+    tokens = np.random.default_rng(6).integers(0, 8, size=(6, 12, 1))
+    mask = np.ones(tokens.shape, bool)
+    coef = np.random.default_rng(7).standard_normal((6, 12))
+    np.testing.assert_array_equal(lazy.logp(params, prompts, tokens, mask), whole.logp(params, prompts, tokens, mask))
+    np.testing.assert_array_equal(lazy.grad_logp_contract(params, prompts, tokens, mask, coef),
+                                  whole.grad_logp_contract(params, prompts, tokens, mask, coef))
+    np.testing.assert_array_equal(lazy.token_entropy(params, prompts, tokens, mask),
+                                  whole.token_entropy(params, prompts, tokens, mask))
+    np.testing.assert_array_equal(lazy.log_policy(params), table)  # the rest made when the whole table is asked for
+    assert lazy._rows_todo is None
+
+
 def test_bandit_rejects_prompt_indices_out_of_range() -> None:
     env = BanditEnv(BanditConfig(num_prompts=4))
     params = env.init_params(2)
