@@ -211,11 +211,78 @@ def _branch_text(branch: dict | None) -> str:
             f"cheapest){worst}")
 
 
+def _is_selective_row(d: dict) -> bool:
+    return d["design"][7:] == ["selective"]
+
+
+def _median_range(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    ordered = sorted(values)
+    n = len(ordered)
+    median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    return f"median {median:.3g}, range {ordered[0]:.3g}-{ordered[-1]:.3g} ({n})"
+
+
+def selective_text(summary: dict) -> str:
+    """--families selective: per rollout unit, each selective design's z (measured on its runs) and its steps over
+    its uniform twin's at the same (x, y) (= their compute ratio at every mu and floor: one step costs the same);
+    per floor, the cells where a selective design is the whole grid's cheapest, and the printed answer (which never
+    names one) within 1.2x of the best with the family and of the best without it. Empty without the family."""
+    units = [u for u in summary["units"] if not u.get("not_scored")]
+    if "selective" not in summary["protocol"].get("families", []):
+        return ""
+    lines = ["| setting | opt | inst | (x, y) | z (equal-reward groups, measured) | steps selective / uniform |",
+             "|---" * 6 + "|"]
+    ratios, zs, skipped = [], [], []
+    for u in units:
+        steps = {d["label"]: d["steps"] for d in u["designs"]}
+        rows = [d for d in u["designs"] if _is_selective_row(d)]
+        if not rows:
+            skipped.append(f"{u['setting']}/{u['optimizer']}/i{u['instance']}")
+            continue
+        for d in rows:
+            twin = d["label"].removeprefix("selective ")
+            s, t = d["steps"], steps.get(twin)
+            ratio = s / t if s is not None and t is not None and math.isfinite(s) and math.isfinite(t) else None
+            if ratio is not None:
+                ratios.append(ratio)
+            if d.get("zero_std_share") is not None:
+                zs.append(d["zero_std_share"])
+            lines.append(f"| {u['setting']} | {u['optimizer']} | {u['instance']} | {twin} | "
+                         f"{_num(d.get('zero_std_share'))} | {_num(ratio)} |")
+    out = [lines[0], lines[1], *lines[2:], "",
+           f"- steps (= compute) selective / uniform at the same (x, y): {_median_range(ratios)}; z "
+           f"{_median_range(zs)}"]
+    if skipped:
+        out.append(f"- no selective design in {len(skipped)} unit{'s' if len(skipped) != 1 else ''} (the quadratic "
+                   f"has no groups of rewards, so no zero-advantage group: selective replay would be uniform "
+                   f"replay): {', '.join(skipped)}")
+    for f in summary["protocol"]["floors"]:
+        cells = [c for c in summary["cells"] if c["floor"] == f and c.get("selective_gain") is not None]
+        if not cells:
+            continue
+        best = [c for c in cells if (c["best_free"] or "").startswith("selective")]
+        printed = [(c["by_objective"].get("printed") or {}).get("free_regret") for c in cells]
+        with_family = sum(1 for r in printed if r is not None and r <= 1.2)
+        without = sum(1 for r, c in zip(printed, cells) if r is not None and r * c["selective_gain"] <= 1.2)
+        gains = [c["selective_gain"] for c in best]
+        out.append(f"- floor {f}: a selective design is the whole grid's cheapest in {len(best)} of {len(cells)} "
+                   f"cells" + (f" (the best without the family costs {_median_range(gains)} x it)" if best else "")
+                   + f"; optimal's printed answer within 1.2x of the grid's best {with_family} of {len(cells)} with "
+                   f"the family, {without} of {len(cells)} against the grid without it")
+    return "\n".join(out)
+
+
 def summary_table(summary: dict) -> str:
     floors = summary["protocol"]["floors"]
     head = summary["protocol"]["headline_floor"] if summary["protocol"]["headline_floor"] in floors else floors[0]
     parts = ["## Inputs, measured against exact", "", units_table(summary), "",
              f"## Cells at a latency floor of {head} rollouts", "", cells_table(summary, head), ""]
+    family = selective_text(summary)
+    if family:
+        parts += ["## Selective replay (--families selective; no rule prices it, so no rule or printed answer picks "
+                  "one)", "", family, ""]
     for f in floors:
         held = summary["targets_held_out"].get(str(f)) or {}
         if held.get("cells"):  # a run on the development instance alone has none to read
