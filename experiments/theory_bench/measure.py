@@ -295,6 +295,7 @@ def train_unit(unit: Unit) -> None:
         previous = b
     xs = sorted({x for x, _ in options.grid})
     ys = sorted({y for _, y in options.grid})
+    starts: dict[str, float] = {}  # each grid design's first step size, which its selective twin's search reuses
     for x in xs:
         for y in ys:
             design = forgetting.Design(BATCH, BATCH // y, x * BATCH // y)
@@ -309,7 +310,7 @@ def train_unit(unit: Unit) -> None:
                 if y != ys[0]:
                     neighbours.append((f"x={x} y={ys[ys.index(y) - 1]}", LR_RATIO ** -1))
                 neighbours.append((f"on-policy B={BATCH}", y ** -0.5))
-                start = unit.start_from(*neighbours)
+                starts[label] = start = unit.start_from(*neighbours)
                 unit.tune(label, design, start, _step_cap(options, design, s_ref))
             if unit.advance:
                 unit.advance()
@@ -324,9 +325,10 @@ def train_unit(unit: Unit) -> None:
         if unit.advance:
             unit.advance()
     for label, design in options.designs(unit.setting.name):  # --families selective, on a rollout setting only
-        if is_selective(design):  # from its uniform twin's step size (same B, R, N), else on-policy at B's
-            twin = f"x={design.x} y={int(design.y)}"
-            start = unit.start_from((twin, 1.0), (f"on-policy B={BATCH}", design.y ** -0.5))
+        if is_selective(design):
+            # searched as its uniform twin (same B, R, N) was, from the same first step sizes: the same rows draw the
+            # same seeds' streams (paired), so at z = 0 the two are the same run and a difference is the admission's
+            start = starts[f"x={design.x} y={int(design.y)}"]
             unit.tune(label, design, start, _step_cap(options, design, s_ref))
             if unit.advance:
                 unit.advance()
