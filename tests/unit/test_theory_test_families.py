@@ -161,3 +161,16 @@ def test_a_quick_run_with_selective_trains_them_and_puts_them_in_the_table(tmp_p
             f"{row['steps'][0] / twin['steps'][0]:.3g} |") in table
     best = int(cell["best_free"].startswith("selective"))
     assert f"- floor 0: a selective design is the whole grid's cheapest in {best} of 1 cells" in table
+
+
+def test_selective_at_z_zero_is_its_uniform_twin_number_for_number(tmp_path):
+    # noisy-reward's rewards carry continuous noise: no group is ever of equal rewards (z = 0), every response enters,
+    # and the search, started from the twin's first step sizes in the same rows, repeats the twin's runs exactly
+    options = tt.Options(instances=(0,), settings=("noisy-reward",), optimizers=("adam",), mus=(1.0,), floors=(0,),
+                         seeds=2, quick=True, families=("selective",))
+    tt.run_theory_test(tmp_path / "q", options, progress=False)
+    unit = json.loads((tmp_path / "q" / "units" / "noisy-reward-adam-0.json").read_text())
+    rows = {d["label"]: d for d in unit["designs"]}
+    row, twin = rows["selective x=16 y=4"], rows["x=16 y=4"]
+    assert row["zero_std_share"] == 0.0
+    assert (row["steps"], row["lr"], row["curve"]) == (twin["steps"], twin["lr"], twin["curve"])
