@@ -243,34 +243,52 @@ def _within_text(regrets: list[float | None], cells: list[dict]) -> str:
     return " / ".join(parts)
 
 
-def selective_text(summary: dict) -> str:
-    """--families selective: per rollout unit, each selective design's z (measured on its runs) and its steps over
-    its uniform twin's at the same (x, y) (= their compute ratio at every mu and floor: one step costs the same);
-    per floor, the cells where a selective design is the whole grid's cheapest, and the printed answer (which never
-    names one) within 1.2x of the best with the family and of the best without it. Empty without the family."""
-    units = [u for u in summary["units"] if not u.get("not_scored")]
-    if "selective" not in summary["protocol"].get("families", []):
-        return ""
-    lines = ["| setting | opt | inst | (x, y) | z (equal-reward groups, measured) | steps selective / uniform |",
-             "|---" * 6 + "|"]
-    ratios, zs, skipped = [], [], []
+def _steps_ratio(s: float | None, t: float | None) -> float | None:
+    return s / t if s is not None and t is not None and math.isfinite(s) and math.isfinite(t) else None
+
+
+def _selective_rows(units: list[dict]) -> tuple[list[str], list[float], list[float], list[str]]:
+    """The table rows of every selective design (setting, optimizer, instance, its twin's (x, y), z, steps over the
+    twin's), the ratios and z's, and the settings of the units without one."""
+    lines, ratios, zs, skipped = [], [], [], []
     for u in units:
         steps = {d["label"]: d["steps"] for d in u["designs"]}
         rows = [d for d in u["designs"] if _is_selective_row(d)]
         if not rows:
             skipped.append(u["setting"])
-            continue
         for d in rows:
             twin = d["label"].removeprefix("selective ")
-            s, t = d["steps"], steps.get(twin)
-            ratio = s / t if s is not None and t is not None and math.isfinite(s) and math.isfinite(t) else None
-            if ratio is not None:
-                ratios.append(ratio)
-            if d.get("zero_std_share") is not None:
-                zs.append(d["zero_std_share"])
+            ratio = _steps_ratio(d["steps"], steps.get(twin))
+            ratios += [] if ratio is None else [ratio]
+            zs += [] if d.get("zero_std_share") is None else [d["zero_std_share"]]
             lines.append(f"| {u['setting']} | {u['optimizer']} | {u['instance']} | {twin} | "
                          f"{_num(d.get('zero_std_share'))} | {_num(ratio)} |")
-    out = [lines[0], lines[1], *lines[2:], "",
+    return lines, ratios, zs, skipped
+
+
+def _selective_floor_line(cells: list[dict], floor: int) -> str:
+    """At one floor, over the cells that have the family: where a selective design is the whole grid's cheapest (by
+    how much), and the printed answer and the trivial rule within 1.2x with the family and without it."""
+    best = [c for c in cells if (c["best_free"] or "").startswith("selective")]
+    gains = [c["selective_gain"] for c in best]
+    printed = [_free_regret(c, "printed") for c in cells]
+    trivial = [_free_regret(c, "on_policy_floor") for c in cells]
+    return (f"- floor {floor}: a selective design is the whole grid's cheapest in {len(best)} of {len(cells)} cells"
+            + (f" (the best without the family costs {_median_range(gains)} x it)" if best else "")
+            + f"; within 1.2x of the grid's best with the family / without it: optimal's printed answer "
+            f"{_within_text(printed, cells)}, the trivial rule {_within_text(trivial, cells)}")
+
+
+def selective_text(summary: dict) -> str:
+    """--families selective: per rollout unit, each selective design's z (measured on its runs) and its steps over
+    its uniform twin's at the same (x, y) (= their compute ratio at every mu and floor: one step costs the same);
+    per floor, the cells where a selective design is the whole grid's cheapest, and the printed answer (which never
+    names one) within 1.2x of the best with the family and of the best without it. Empty without the family."""
+    if "selective" not in summary["protocol"].get("families", []):
+        return ""
+    rows, ratios, zs, skipped = _selective_rows([u for u in summary["units"] if not u.get("not_scored")])
+    out = ["| setting | opt | inst | (x, y) | z (equal-reward groups, measured) | steps selective / uniform |",
+           "|---" * 6 + "|", *rows, "",
            f"- steps (= compute) selective / uniform at the same (x, y): {_median_range(ratios)}; z "
            f"{_median_range(zs)}"]
     if skipped:
@@ -279,17 +297,8 @@ def selective_text(summary: dict) -> str:
                    f"group: selective replay would be uniform replay)")
     for f in summary["protocol"]["floors"]:
         cells = [c for c in summary["cells"] if c["floor"] == f and c.get("selective_gain") is not None]
-        if not cells:
-            continue
-        best = [c for c in cells if (c["best_free"] or "").startswith("selective")]
-        gains = [c["selective_gain"] for c in best]
-        # a regret against the grid without the family: the pick over the best without it = regret / selective_gain
-        printed = [_free_regret(c, "printed") for c in cells]
-        trivial = [_free_regret(c, "on_policy_floor") for c in cells]
-        out.append(f"- floor {f}: a selective design is the whole grid's cheapest in {len(best)} of {len(cells)} "
-                   f"cells" + (f" (the best without the family costs {_median_range(gains)} x it)" if best else "")
-                   + f"; within 1.2x of the grid's best with the family / without it: optimal's printed answer "
-                   f"{_within_text(printed, cells)}, the trivial rule {_within_text(trivial, cells)}")
+        if cells:
+            out.append(_selective_floor_line(cells, f))
     return "\n".join(out)
 
 
