@@ -17,6 +17,7 @@ setting), which gives every design a bootstrap distribution of its tuned steps.
 | ``lrs``          | eta         | step sizes tried, one block of ``seeds`` rows each (lr-major rows)       |
 | ``crossing``     | S           | (boots + 1, lrs) step the seed mean reaches the target; 0: not reached    |
 | ``first_touch``  | --          | (lrs,) first step the raw seed mean touched it (before the smoothing)    |
+| ``zero_std_share`` | z         | (lrs,) the buffer selective's share of equal-reward groups, per step size |
 """
 
 from __future__ import annotations
@@ -118,22 +119,30 @@ class TargetTrace:
     steps: int  # steps run
     mean_reward: np.ndarray  # (lrs, K) seed-mean exact reward on a thinned step grid
     reward_steps: np.ndarray  # (K,)
+    zero_std_share: np.ndarray | None = None  # (lrs,) z of the buffer selective ([E8]), mean over steps and seeds
 
 
 class RolloutGradient:
     """Per step: the pipeline's batch (``Pipeline.next_batch``), the shared loss's gradient (``compute_loss``)."""
 
-    def __init__(self, env, loss: tuple[str, str], design: Design, rows: int, rng, optimizer: str):
+    def __init__(self, env, loss: tuple[str, str], design: Design, rows: int, rng, optimizer: str,
+                 buffer: str = "fifo"):
         self.env = env
         sim_loss, advantage = loss
         self.config = SimConfig.from_design(dataclasses.replace(design, group_size=GROUP), pipeline="sync",
                                             loss=sim_loss, advantage=advantage, optimizer=optimizer,
-                                            seeds=rows).validated()
+                                            seeds=rows, buffer=buffer).validated()
         self.pipe = Pipeline(self.config, EnvBackend(env, rng), rng, rows, self.config.pipeline_settings())
+        # the selective buffer's admitted count (S,) per step: z = 1 - admitted / R, summed over the steps
+        self.zero_std = np.zeros(rows) if hasattr(self.pipe.buffer, "admitted") else None
+        self.steps = 0
 
     def __call__(self, step: int, params: np.ndarray) -> np.ndarray:
         env = self.env
         self.data = self.pipe.next_batch(step, params)
+        if self.zero_std is not None:
+            self.zero_std += 1.0 - self.pipe.buffer.admitted / self.config.rollouts_per_step
+            self.steps += 1
         batch = self.data.train
         logp_new = env.logp(params, batch.prompt, batch.tokens, batch.mask)
         out = compute_loss(self.config, batch, logp_new, self.data.is_fresh)
@@ -165,13 +174,14 @@ Observer = Callable[[int, np.ndarray, np.ndarray, object], None]
 def run_to_target(env, loss: tuple[str, str] | None, design: Design, lrs, seeds: int, optimizer: str, target: float,
                   max_steps: int, *, seed: int = 0, boot_index: np.ndarray | None = None,
                   observer: Observer | None = None, on_step: Callable[[], None] | None = None,
-                  thin_points: int = 400) -> TargetTrace:
+                  thin_points: int = 400, buffer: str = "fifo") -> TargetTrace:
     """Train ``design`` at every step size of ``lrs`` with ``seeds`` seeds each until every step size's seed mean has
     crossed ``target`` (sustained), or STOP_FACTOR x the best crossing, or ``max_steps``.
 
     ``loss`` (simulator loss, advantage) on a rollout environment; None on the quadratic. The reward is exact
     (``env.evaluate``), so only the training noise is random. Diverging rows (a step size past stability) give
-    non-finite rewards that never count.
+    non-finite rewards that never count. ``buffer``: the rollout environment's buffer for a FIFO design ("fifo", or
+    "selective": [E8], whose trace then carries z per step size).
     """
     lrs = np.asarray(lrs, dtype=float).ravel()
     require_positive("lr", lrs)
@@ -187,7 +197,7 @@ def run_to_target(env, loss: tuple[str, str] | None, design: Design, lrs, seeds:
     else:
         if loss is None:
             raise ValueError("a rollout environment needs a loss (simulator loss, advantage)")
-        gradient = RolloutGradient(env, loss, design, rows, rng, optimizer)
+        gradient = RolloutGradient(env, loss, design, rows, rng, optimizer, buffer)
     lr = np.repeat(lrs, seeds)[:, None]  # (rows, 1), lr-major
     params = env.init_params(rows)
     step_rule = OPTIMIZERS[optimizer](params, lr)
@@ -212,7 +222,9 @@ def run_to_target(env, loss: tuple[str, str] | None, design: Design, lrs, seeds:
             if tracker.settled(step):
                 break
     crossing, first_touch = tracker.result()
-    return TargetTrace(crossing, first_touch, step, np.stack(curve, axis=1), np.asarray(curve_steps))
+    zero_std = getattr(gradient, "zero_std", None)
+    share = None if zero_std is None else zero_std.reshape(nl, seeds).mean(axis=1) / max(gradient.steps, 1)
+    return TargetTrace(crossing, first_touch, step, np.stack(curve, axis=1), np.asarray(curve_steps), share)
 
 
 # --------------------------------------------------------------------------- the quadratic, exactly

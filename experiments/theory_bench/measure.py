@@ -63,7 +63,9 @@ from .options import (
     SETTINGS,
     STALENESS,
     Options,
+    SelectiveDesign,
     Setting,
+    is_selective,
 )
 from .store import Env, Store, instance_record
 
@@ -107,13 +109,15 @@ class Unit:
             return found
         trace = to_target.run_to_target(self.env, self.setting.loss, design, lrs, self.options.seeds, self.optimizer,
                                         self.inst["target"], max_steps, seed=self.instance + seed_offset,
-                                        boot_index=self.boot_index, on_step=self.tick)
+                                        boot_index=self.boot_index, on_step=self.tick,
+                                        buffer="selective" if is_selective(design) else "fifo")
         best = _best_lr(trace.crossing[0])
+        z = {} if trace.zero_std_share is None else {"zero_std_share": trace.zero_std_share.tolist()}
         return self.store.put(payload, {
             "lrs": [float(v) for v in lrs], "crossing": trace.crossing.tolist(),
             "first_touch": trace.first_touch.tolist(), "steps": trace.steps,
             "curve": trace.mean_reward[best].tolist() if best is not None else [],
-            "curve_steps": trace.reward_steps.tolist()})
+            "curve_steps": trace.reward_steps.tolist(), **z})
 
     def tune(self, label: str, design: forgetting.Design, start: float, max_steps: int,
              first: np.ndarray | None = None, seed_offset: int = 0) -> dict:
@@ -181,10 +185,12 @@ class Unit:
 
 
 def design_spec(design: forgetting.Design) -> list:
-    """A design as the records and run keys name it: [B, R, N, on_policy], [.., e, m] for an epoch design and
-    [.., e, m, k] for an overlapped one only (the FIFO and on-policy designs keep the keys and records they had before
-    the families were trained)."""
+    """A design as the records and run keys name it: [B, R, N, on_policy], [.., e, m] for an epoch design,
+    [.., e, m, k] for an overlapped one and [.., e, m, k, "selective"] for a selective one only (the FIFO and on-policy
+    designs keep the keys and records they had before the families were trained)."""
     spec = [design.batch_size, design.rollouts_per_step, design.capacity, design.on_policy]
+    if is_selective(design):
+        return spec + [design.epochs, design.mini_batches, design.max_staleness, "selective"]
     if design.max_staleness:
         return spec + [design.epochs, design.mini_batches, design.max_staleness]
     return spec + [design.epochs, design.mini_batches] if design.updates_per_generation > 1 else spec
@@ -213,9 +219,11 @@ def _merge(runs: list[dict]) -> dict:
     source = [(i, j) for i, r in enumerate(runs) for j in range(len(r["lrs"]))]
     curve = runs[source[order[best]][0]]["curve"] if best is not None else []
     curve_steps = runs[source[order[best]][0]]["curve_steps"] if best is not None else []
+    z = ({"zero_std_share": np.concatenate([r["zero_std_share"] for r in runs])[order].tolist()}
+         if all("zero_std_share" in r for r in runs) else {})  # a selective design's z per step size
     return {"lrs": lrs[order].tolist(), "crossing": crossing.tolist(), "first_touch": first_touch.tolist(),
             "steps": max(r["steps"] for r in runs), "runs": [r["key"] for r in runs], "curve": curve,
-            "curve_steps": curve_steps}
+            "curve_steps": curve_steps, **z}
 
 
 def design_steps(record: dict) -> np.ndarray:
@@ -287,6 +295,7 @@ def train_unit(unit: Unit) -> None:
         previous = b
     xs = sorted({x for x, _ in options.grid})
     ys = sorted({y for _, y in options.grid})
+    starts: dict[str, float] = {}  # each grid design's first step size, which its selective twin's search reuses
     for x in xs:
         for y in ys:
             design = forgetting.Design(BATCH, BATCH // y, x * BATCH // y)
@@ -301,7 +310,7 @@ def train_unit(unit: Unit) -> None:
                 if y != ys[0]:
                     neighbours.append((f"x={x} y={ys[ys.index(y) - 1]}", LR_RATIO ** -1))
                 neighbours.append((f"on-policy B={BATCH}", y ** -0.5))
-                start = unit.start_from(*neighbours)
+                starts[label] = start = unit.start_from(*neighbours)
                 unit.tune(label, design, start, _step_cap(options, design, s_ref))
             if unit.advance:
                 unit.advance()
@@ -315,6 +324,14 @@ def train_unit(unit: Unit) -> None:
             unit.tune(label, design, unit.start_from((f"on-policy B={b}", 1.0)), _step_cap(options, design, s_ref))
         if unit.advance:
             unit.advance()
+    for label, design in options.designs(unit.setting.name):  # --families selective, on a rollout setting only
+        if is_selective(design):
+            # searched as its uniform twin (same B, R, N) was, from the same first step sizes: the same rows draw the
+            # same seeds' streams (paired), so at z = 0 the two are the same run and a difference is the admission's
+            start = starts[f"x={design.x} y={int(design.y)}"]
+            unit.tune(label, design, start, _step_cap(options, design, s_ref))
+            if unit.advance:
+                unit.advance()
 
 
 def _train_epochs(unit: Unit, epochs: int, mini_batches: int, s_ref: float, s_ref_exact: float) -> None:
@@ -505,10 +522,13 @@ def design_row(unit: Unit, label: str, design: forgetting.Design) -> dict:
     steps = design_steps(record)
     best = _best_lr(np.asarray(record["crossing"])[0])
     touch = record["first_touch"][best] if best is not None else 0
+    # a selective design's z ([E8]) at its tuned step size (the best one tried when none reached)
+    z = record["zero_std_share"][best if best is not None else 0] if "zero_std_share" in record else None
     return {"label": label, "design": spec, "steps": steps.tolist(), "reached": record["reached"],
             "at_edge": record["at_edge"], "lr": record["lrs"][best] if best is not None else None,
             "extended": record["extended"], "hovered": bool(best is not None and 0 < touch < 0.8 * steps[0]),
-            "curve": record["curve"], "curve_steps": record["curve_steps"]}
+            "curve": record["curve"], "curve_steps": record["curve_steps"],
+            **({"zero_std_share": z} if z is not None else {})}
 
 
 def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_ratio: float = 1000.0,
@@ -585,7 +605,7 @@ def _nearest_label(unit: Unit, design: forgetting.Design) -> tuple[str, float]:
     design to the epoch designs, in B, R, e and m) and the factor that scales its step size to ``design``'s batch
     (the on-policy batches' sqrt rule: B^(alpha / 2))."""
     alpha = 1.0 if unit.optimizer == "sgd" else 0.5
-    grid = unit.options.designs()
+    grid = [(label, d) for label, d in unit.options.designs(unit.setting.name) if not is_selective(d)]
 
     def family(d: forgetting.Design) -> tuple[bool, bool, bool]:
         return d.on_policy, d.updates_per_generation > 1, d.max_staleness > 0
@@ -669,7 +689,7 @@ def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options
             return strict({"setting": setting_name, "optimizer": optimizer, "instance": instance, "exact": unit.exact,
                            "target": inst["target"], "j0": inst["j0"], "j_star": inst["j_star"], "designs": [],
                            "not_scored": str(why), "elapsed_s": round(time.time() - started, 1)})
-    rows = [design_row(unit, label, design) for label, design in options.designs()]
+    rows = [design_row(unit, label, design) for label, design in options.designs(setting_name)]
     printed_rows = [design_row(unit, label, design) for label, design in printed]
     return strict({"setting": setting_name, "optimizer": optimizer, "instance": instance, "exact": unit.exact,
                    "target": inst["target"], "j0": inst["j0"], "j_star": inst["j_star"], "designs": rows,
@@ -684,12 +704,12 @@ def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options
 
 
 def design_of(spec: list) -> forgetting.Design:
-    """The design a record's [B, R, N, on_policy], [.., e, m] or [.., e, m, k] names."""
+    """The design a record's [B, R, N, on_policy], [.., e, m], [.., e, m, k] or [.., e, m, k, "selective"] names."""
     b, r, n, on = spec[:4]
     e, m = spec[4:6] if len(spec) >= 6 else (1, 1)
-    k = spec[6] if len(spec) == 7 else 0
-    return forgetting.Design(int(b), int(r), int(n), bool(on), epochs=int(e), mini_batches=int(m),
-                             max_staleness=int(k))
+    k = spec[6] if len(spec) >= 7 else 0
+    kind = SelectiveDesign if spec[7:] == ["selective"] else forgetting.Design
+    return kind(int(b), int(r), int(n), bool(on), epochs=int(e), mini_batches=int(m), max_staleness=int(k))
 
 
 def _designs_of(record: dict) -> list[forgetting.Design]:

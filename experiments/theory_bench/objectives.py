@@ -26,7 +26,7 @@ from ...theory import noise_scale as noise_scale_lib
 from ...theory.profiles import TabulatedProfile
 from .inputs import b_noise_kind, read_b_noise
 from .measure import _designs_of, staleness_of
-from .options import BATCH, BETA1
+from .options import BATCH, BETA1, is_selective
 
 
 @dataclass(frozen=True)
@@ -257,11 +257,19 @@ OBJECTIVES = {
 
 
 def objective_values(record: dict, mu: float, floor: float) -> dict[str, np.ndarray | NoPick]:
-    """Every objective's value on every design of the unit (lower = predicted cheaper; inf = not in its menu)."""
+    """Every objective's value on every design of the unit (lower = predicted cheaper; inf = not in its menu). A
+    selective design (--families selective) is in no objective's menu: no rule prices [E8]'s admission (the forgetting
+    rule would price it as its uniform twin), so each gives it inf; it counts in the whole grid's best only."""
     designs = _designs_of(record)
     exact = "exact_b_noise" in record["noise"]
-    return {name: objective.values(record, designs, mu, floor) for name, objective in OBJECTIVES.items()
-            if exact or not objective.exact_inputs}
+    values = {name: objective.values(record, designs, mu, floor) for name, objective in OBJECTIVES.items()
+              if exact or not objective.exact_inputs}
+    selective = np.array([is_selective(d) for d in designs])
+    if selective.any():
+        for v in values.values():
+            if isinstance(v, np.ndarray):
+                v[selective] = np.inf
+    return values
 
 
 def design_steps_row(record: dict, label: str) -> float:

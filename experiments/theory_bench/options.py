@@ -12,6 +12,7 @@ Protocol: docs/SIMULATION.md, 'Does a design rule predict?'.
 | ``MUS`` | mu | rollout cost / per-sample update cost |
 | ``FLOORS`` | R_floor | generation latency floor |
 | ``FAMILIES``, ``EPOCHS_GRID`` | (e, m) | design families beyond the grid (opt-in): epochs at R = B, overlap |
+| ``SELECTIVE_GRID`` | (x, y) | --families selective: [E8]'s FIFO admitting the unequal-reward groups |
 | ``INSTANCES``, ``HELD_OUT`` | -- | the instances scored (dev + held out) |
 """
 
@@ -21,6 +22,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from ...checks import Range, invalid, require_integer
 from ...core.memory import MAX_SIZE, Estimate, Size, check_sizes
@@ -33,12 +35,13 @@ from ...theory import forgetting
 #: What ``theory_bench`` re-exports from here (``from .options import *``).
 __all__ = [
     "BATCH", "BETA1", "BOOTS", "CAP_FACTOR", "CURVATURE_EVERY", "DEFAULT_SETTINGS", "DEV_INSTANCES", "EPOCHS_GRID",
-    "EXACT_LR_RATIO", "FAMILIES", "FLOORS", "GROUP", "HEADLINE_FLOOR", "HELD_OUT", "HVP_SAMPLE_UPDATES", "HVP_SAMPLES",
-    "INSTANCES", "LR_RATIO", "MAX_EXTEND", "MAX_STEP_SIZES", "MUS", "NEXT_HELD_OUT", "ON_POLICY_BATCHES",
-    "OPTIMIZERS", "PILOT_FRACTION", "PILOT_MAX_STEPS", "PILOT_RUNS", "PILOT_SEED", "PRINTED_STEPS_RATIOS",
+    "EXACT_LR_RATIO", "FAMILIES", "FLOORS", "GROUP", "HEADLINE_FLOOR", "HELD_OUT", "HVP_SAMPLES", "HVP_SAMPLE_UPDATES",
+    "INSTANCES", "LR_RATIO", "MAX_EXTEND", "MAX_STEP_SIZES", "MUS", "NEXT_HELD_OUT", "ON_POLICY_BATCHES", "OPTIMIZERS",
+    "Options", "PILOT_FRACTION", "PILOT_MAX_STEPS", "PILOT_RUNS", "PILOT_SEED", "PRINTED_STEPS_RATIOS",
     "QUADRATIC_CONDITION", "QUADRATIC_NOISE", "QUICK_EPOCHS_GRID", "QUICK_FLOORS", "QUICK_ON_POLICY_BATCHES",
-    "QUICK_X_GRID", "QUICK_Y_GRID", "SEEDS", "SETTINGS", "STALENESS", "TARGET_FRACTION", "X_GRID", "Y_GRID", "Options",
-    "Setting", "check_options", "command_line", "number_list", "options_from", "peak_bytes"]
+    "QUICK_SELECTIVE_GRID", "QUICK_X_GRID", "QUICK_Y_GRID", "SEEDS", "SELECTIVE_GRID", "SETTINGS", "STALENESS",
+    "SelectiveDesign", "Setting", "TARGET_FRACTION", "X_GRID", "Y_GRID", "check_options", "command_line", "has_groups",
+    "is_selective", "number_list", "options_from", "peak_bytes"]
 
 BATCH = 256
 GROUP = 8
@@ -53,11 +56,24 @@ QUICK_FLOORS = (0, 64)
 EPOCHS_GRID = ((2, 1), (2, 4), (4, 1), (4, 4))
 """--families epochs: (e, m) of the epoch designs at R = B = 256 (e passes over m mini-batches of B / m)."""
 QUICK_EPOCHS_GRID = ((2, 4),)
+SELECTIVE_GRID = ((4, 2), (16, 2), (4, 8), (16, 8))
+"""--families selective: (x, y) of the selective designs, each beside the grid's uniform FIFO at the same (B, R, N) so
+that the two compare at one step cost. A subset of the grid, not all of it: x = 1 holds one step, so dropping the
+equal-reward groups only shortens what is drawn from (no older sample to keep longer), while at x = 4 and 16 the
+buffer keeps admitted samples x / (1 - z) steps ([E8]); y = 2 and 8 are a moderate and a heavy reuse. Each selective
+design costs as much training as its uniform twin (a rollout setting's slowest designs are these long, reused ones)."""
+QUICK_SELECTIVE_GRID = ((16, 4),)
+"""--quick's one selective design: the quick grid's x = 16, y = 4 (its longest horizon at its middle reuse)."""
 FAMILIES = {"epochs": f"epoch designs at R = {BATCH}: e passes over m mini-batches of R / m, (e, m) in "
                       f"{', '.join(f'({e}, {m})' for e, m in EPOCHS_GRID)} (--quick: (2, 4))",
             "overlap": "overlapped designs at every on-policy batch: each rollout trained once, one update after the "
                        "policy that generated it (the simulator's stale-k at k = 1), a step costing max(mu floor, "
-                       "mu R + B) (forgetting.step_cost)"}
+                       "mu R + B) (forgetting.step_cost)",
+            "selective": "selective replay designs (the simulator's buffer selective, [E8]: a FIFO of N admitting only "
+                         "the groups whose rewards are not all equal, B drawn uniformly) at (x, y) in "
+                         f"{', '.join(f'({x}, {y})' for x, y in SELECTIVE_GRID)} (--quick: (16, 4)), beside the "
+                         "uniform FIFO at the same sizes; rollout settings only (the quadratic has no groups of "
+                         "rewards); optimal does not price them"}
 """The design families ``--families`` adds to the grid (none by default: the protocol evidence.json was written by)."""
 HELD_OUT = (137, 139, 149, 167, 173, 179)
 """The held-out instances the targets read: two sets, each named before its first run and each first run by the rule
@@ -82,7 +98,8 @@ B_FACTORS and first MARGIN were chosen on them and on 47, 53 and 59. The next he
 NEXT_HELD_OUT = (181, 193, 197)
 """Named here, before their first run: the instances the next evidence is read on once a rule or the protocol changes
 (which makes HELD_OUT development instances). Nothing may be tuned on them. (151, 157 and 163, named before them,
-were first run by the --families overlap run of docs/SIMULATION.md; 191 by a stop's --quick check.)"""
+were first run by the --families overlap run of docs/SIMULATION.md; 191 by a stop's --quick check. 223, 227 and 229
+are named here, before their first run, for the first --families selective run of docs/SIMULATION.md.)"""
 SEEDS = 16
 BOOTS = 200
 MUS = (0.5, 1.0, 2.0, 5.28, 20.0)
@@ -157,6 +174,27 @@ OPTIMIZERS = ("sgd", "adam")
 
 
 @dataclass(frozen=True)
+class SelectiveDesign(forgetting.Design):
+    """A FIFO design (B, R, N) trained by the buffer selective ([E8], ``core/buffers/uniform.py``
+    ``SelectiveFifoBuffer``): only the groups whose rewards are not all equal enter, B drawn uniformly. Its step costs
+    what its uniform twin's does (R generated, B trained); its own type keeps it apart from that twin in the records,
+    the run keys and the rules' menus (``is_selective``)."""
+
+    buffer: ClassVar[str] = "selective"
+
+
+def is_selective(design: forgetting.Design) -> bool:
+    """Whether a design is a --families selective one (no rule prices it: the objectives give it inf)."""
+    return isinstance(design, SelectiveDesign)
+
+
+def has_groups(setting: str) -> bool:
+    """Whether a setting draws groups of rewards (a rollout environment; the quadratic's F has none, so no group is
+    ever of equal rewards and a selective design would be its uniform twin, number for number)."""
+    return SETTINGS[setting].loss is not None
+
+
+@dataclass(frozen=True)
 class Options:
     """The benchmark's options: ``experiment theory-test``'s options are these fields (``options_from``)."""
 
@@ -180,7 +218,9 @@ class Options:
     families: tuple[str, ...] = field(default=(), metadata=Range(choices=lambda: FAMILIES).field())
     """Comma-separated design families trained and scored beside the grid (none by default, the protocol
     advise/evidence.json quotes): epochs adds epoch designs, overlap overlapped (one-step-off) designs, and optimal's
-    printed answer may then be one."""
+    printed answer may then be one; selective adds selective replay designs on the rollout settings (a subset of the
+    grid's (x, y): SELECTIVE_GRID), which optimal does not price, so its printed answer is never one: they are scored
+    in the whole grid's best only (is one ever the cheapest, and how far is the printed answer from it)."""
 
     @property
     def grid(self) -> list[tuple[int, int]]:
@@ -195,13 +235,24 @@ class Options:
     def units(self) -> list[tuple[str, str, int]]:
         return [(s, o, i) for i in self.instances for s in self.settings for o in self.optimizers]
 
-    def designs(self) -> list[tuple[str, forgetting.Design]]:
-        """(label, design): on-policy at each batch, then the pinned-B FIFO grid."""
+    def designs(self, setting: str | None = None) -> list[tuple[str, forgetting.Design]]:
+        """(label, design): on-policy at each batch, then the pinned-B FIFO grid, then the families' designs; a
+        ``setting``'s (None: every design any setting trains): the selective designs on a rollout setting only."""
         out = [(f"on-policy B={b}", forgetting.Design.on_policy_at(b)) for b in sorted(self.on_policy_batches)]
         out += [(f"x={x} y={y}", forgetting.Design(BATCH, BATCH // y, x * BATCH // y)) for x, y in self.grid]
         out += [(f"epochs e={e} m={m}", forgetting.Design.epochs_of(BATCH, e, m)) for e, m in self.epochs_grid]
         out += [(f"overlapped B={b}", forgetting.Design.overlapped_at(b)) for b in self.overlap_batches]
+        if setting is None or has_groups(setting):  # the quadratic has no groups of rewards: no selective design
+            out += [(f"selective x={x} y={y}", SelectiveDesign(BATCH, BATCH // y, x * BATCH // y))
+                    for x, y in self.selective_grid]
         return out
+
+    @property
+    def selective_grid(self) -> tuple[tuple[int, int], ...]:
+        """(x, y) of the selective designs trained on a rollout setting (none without --families selective)."""
+        if "selective" not in self.families:
+            return ()
+        return QUICK_SELECTIVE_GRID if self.quick else SELECTIVE_GRID
 
     @property
     def overlap_batches(self) -> tuple[int, ...]:

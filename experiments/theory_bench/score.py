@@ -56,6 +56,7 @@ from .options import (
     TARGET_FRACTION,
     Options,
     check_options,
+    is_selective,
 )
 from .store import Store, instance_record
 
@@ -109,9 +110,15 @@ def score_cell(record: dict, mu: float, floor: float) -> dict:
     on = np.array([d.on_policy for d in designs])
     # the replay branch: how much cheaper the best replay design is than the best on-policy batch (> 1: replay wins)
     replay_gain = float(compute[0][on].min() / compute[0][~on].min()) if (~on).any() else None
+    selective = np.array([is_selective(d) for d in designs])
+    # --families selective: the best design without the family / the whole grid's best (> 1: a selective design is
+    # the cheapest, by that much); only in a cell that has the family, so the default protocol's cells stay as they were
+    with np.errstate(invalid="ignore"):  # nothing reached at all: inf / inf, said as None
+        gain = float(compute[0][~selective].min() / compute[0].min()) if selective.any() else None
+    family = {"selective_gain": gain if gain is not None and math.isfinite(gain) else None} if selective.any() else {}
     return {"setting": record["setting"], "optimizer": record["optimizer"], "instance": record["instance"],
             "mu": mu, "floor": floor, "exact": record["exact"], "b": record["noise"]["b"],
-            "replay_gain": replay_gain,
+            "replay_gain": replay_gain, **family,
             "best_free": labels[best_free], "best_pinned": labels[best_pinned],
             "best_free_at_edge": _grid_edge(designs, best_free),
             "best_pinned_at_edge": _grid_edge(designs, best_pinned),
@@ -198,7 +205,8 @@ def horizon_check(record: dict) -> list[dict]:
     measured inputs and, on the quadratic, the exact ones."""
     designs = _designs_of(record)
     steps = {d["label"]: d["steps"][0] for d in record["designs"]}
-    fifo = [d for d in designs if d.batch_size == BATCH and not d.on_policy and d.updates_per_generation == 1]
+    fifo = [d for d in designs if d.batch_size == BATCH and not d.on_policy and d.updates_per_generation == 1
+            and not is_selective(d)]
     xs = sorted({d.x for d in fifo})
     if len(xs) < 2:
         return []
@@ -473,7 +481,6 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
     with threadpool_limits(limits=1, user_api="blas"):  # as in run_unit: one record whatever --jobs is
         for s, i in dict.fromkeys((s, i) for s, _, i in todo):
             instance_record(store, SETTINGS[s], i)
-    per_unit = len(options.designs())
     workers = local_workers(jobs, len(todo)) if todo else 1
     if workers > 1:  # longest first, so that no long unit starts last while the other workers idle: the rollout
         # settings (each step samples responses; a quadratic unit follows closed-form curves) before the quadratic,
@@ -481,7 +488,8 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
         order = {name: k for k, name in enumerate(SETTINGS)}
         todo.sort(key=lambda unit: (SETTINGS[unit[0]].loss is None, -order[unit[0]]))
     label = f"theory-test units ({len(plan) - len(todo)} of {len(plan)} saved)"
-    bar = ProgressBar(label, len(todo) * (per_unit if workers == 1 else 1), enabled=progress)
+    ticks = sum(len(options.designs(s)) for s, _, _ in todo) if workers == 1 else len(todo)  # a unit's designs
+    bar = ProgressBar(label, ticks, enabled=progress)
     try:
         if workers == 1:
             for s, o, i in todo:

@@ -211,11 +211,106 @@ def _branch_text(branch: dict | None) -> str:
             f"cheapest){worst}")
 
 
+def _is_selective_row(d: dict) -> bool:
+    return d["design"][7:] == ["selective"]
+
+
+def _median_range(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    ordered = sorted(values)
+    n = len(ordered)
+    median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    return f"median {median:.3g}, range {ordered[0]:.3g}-{ordered[-1]:.3g} ({n})"
+
+
+def _free_regret(cell: dict, name: str) -> float | None:
+    """An objective's free-batch regret in a cell (inf: its pick never reached the target; None: no pick)."""
+    v = cell["by_objective"].get(name) or {}
+    if not v or "no_pick" in v:
+        return None
+    return math.inf if v.get("free_regret") is None else v["free_regret"]
+
+
+def _within_text(regrets: list[float | None], cells: list[dict]) -> str:
+    """'n of N (worst w) / m of N (worst v)': within 1.2x of the whole grid's best, and of the best without the
+    selective family (the regret over the cell's ``selective_gain``)."""
+    parts = []
+    for scale in ([1.0] * len(cells), [c["selective_gain"] for c in cells]):
+        picked = [r / g for r, g in zip(regrets, scale) if r is not None]
+        worst = f"{max(picked):.2f}" if picked else "n/a"
+        parts.append(f"{sum(r <= 1.2 for r in picked)} of {len(cells)} (worst {worst})")
+    return " / ".join(parts)
+
+
+def _steps_ratio(s: float | None, t: float | None) -> float | None:
+    return s / t if s is not None and t is not None and math.isfinite(s) and math.isfinite(t) else None
+
+
+def _selective_rows(units: list[dict]) -> tuple[list[str], list[float], list[float], list[str]]:
+    """The table rows of every selective design (setting, optimizer, instance, its twin's (x, y), z, steps over the
+    twin's), the ratios and z's, and the settings of the units without one."""
+    lines, ratios, zs, skipped = [], [], [], []
+    for u in units:
+        steps = {d["label"]: d["steps"] for d in u["designs"]}
+        rows = [d for d in u["designs"] if _is_selective_row(d)]
+        if not rows:
+            skipped.append(u["setting"])
+        for d in rows:
+            twin = d["label"].removeprefix("selective ")
+            ratio = _steps_ratio(d["steps"], steps.get(twin))
+            ratios += [] if ratio is None else [ratio]
+            zs += [] if d.get("zero_std_share") is None else [d["zero_std_share"]]
+            lines.append(f"| {u['setting']} | {u['optimizer']} | {u['instance']} | {twin} | "
+                         f"{_num(d.get('zero_std_share'))} | {_num(ratio)} |")
+    return lines, ratios, zs, skipped
+
+
+def _selective_floor_line(cells: list[dict], floor: int) -> str:
+    """At one floor, over the cells that have the family: where a selective design is the whole grid's cheapest (by
+    how much), and the printed answer and the trivial rule within 1.2x with the family and without it."""
+    best = [c for c in cells if (c["best_free"] or "").startswith("selective")]
+    gains = [c["selective_gain"] for c in best]
+    printed = [_free_regret(c, "printed") for c in cells]
+    trivial = [_free_regret(c, "on_policy_floor") for c in cells]
+    return (f"- floor {floor}: a selective design is the whole grid's cheapest in {len(best)} of {len(cells)} cells"
+            + (f" (the best without the family costs {_median_range(gains)} x it)" if best else "")
+            + f"; within 1.2x of the grid's best with the family / without it: optimal's printed answer "
+            f"{_within_text(printed, cells)}, the trivial rule {_within_text(trivial, cells)}")
+
+
+def selective_text(summary: dict) -> str:
+    """--families selective: per rollout unit, each selective design's z (measured on its runs) and its steps over
+    its uniform twin's at the same (x, y) (= their compute ratio at every mu and floor: one step costs the same);
+    per floor, the cells where a selective design is the whole grid's cheapest, and the printed answer (which never
+    names one) within 1.2x of the best with the family and of the best without it. Empty without the family."""
+    if "selective" not in summary["protocol"].get("families", []):
+        return ""
+    rows, ratios, zs, skipped = _selective_rows([u for u in summary["units"] if not u.get("not_scored")])
+    out = ["| setting | opt | inst | (x, y) | z (equal-reward groups, measured) | steps selective / uniform |",
+           "|---" * 6 + "|", *rows, "",
+           f"- steps (= compute) selective / uniform at the same (x, y): {_median_range(ratios)}; z "
+           f"{_median_range(zs)}"]
+    if skipped:
+        out.append(f"- no selective design in {len(skipped)} unit{'s' if len(skipped) != 1 else ''}, those of "
+                   f"{', '.join(sorted(set(skipped)))} (the quadratic has no groups of rewards, so no zero-advantage "
+                   f"group: selective replay would be uniform replay)")
+    for f in summary["protocol"]["floors"]:
+        cells = [c for c in summary["cells"] if c["floor"] == f and c.get("selective_gain") is not None]
+        if cells:
+            out.append(_selective_floor_line(cells, f))
+    return "\n".join(out)
+
+
 def summary_table(summary: dict) -> str:
     floors = summary["protocol"]["floors"]
     head = summary["protocol"]["headline_floor"] if summary["protocol"]["headline_floor"] in floors else floors[0]
     parts = ["## Inputs, measured against exact", "", units_table(summary), "",
              f"## Cells at a latency floor of {head} rollouts", "", cells_table(summary, head), ""]
+    family = selective_text(summary)
+    if family:
+        parts += ["## Selective replay (--families selective; no rule prices it, so no rule or printed answer picks "
+                  "one)", "", family, ""]
     for f in floors:
         held = summary["targets_held_out"].get(str(f)) or {}
         if held.get("cells"):  # a run on the development instance alone has none to read

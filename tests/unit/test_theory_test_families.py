@@ -1,5 +1,5 @@
-"""theory-test --families epochs (issue 40): epoch designs trained and scored beside the grid, opt-in, the default
-protocol untouched; a unit saved with 4-element design lists still loads."""
+"""theory-test --families epochs, overlap and selective (issue 40): each family's designs trained and scored beside the
+grid, opt-in, the default protocol untouched; a unit saved with 4-element design lists still loads."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_families_are_off_by_default_and_epochs_adds_the_epoch_designs():
     quick = tt.Options(quick=True, families=("epochs",))
     assert [k for k, _ in quick.designs() if k.startswith("epochs")] == ["epochs e=2 m=4"] and quick.max_epochs == 2
     with pytest.raises(ValueError, match=r"^--families must be a comma-separated list of distinct names from "
-                                         r"epochs, overlap, got epoch$"):
+                                         r"epochs, overlap, selective, got epoch$"):
         tt.options_from({"families": "epoch"})
 
 
@@ -96,3 +96,81 @@ def test_a_quick_run_with_overlap_trains_and_prices_them(tmp_path):
             continue
         assert all(values[name][labels.index(f"overlapped B={b}")] == float("inf") for b in tt.QUICK_ON_POLICY_BATCHES)
     assert 0 < values["forgetting_exact"][labels.index("overlapped B=32")] < float("inf")
+
+
+def test_selective_adds_the_selective_designs_beside_their_uniform_twins():
+    full = tt.Options(families=("selective",))
+    selective = {k: v for k, v in full.designs() if k.startswith("selective")}
+    # (x, y) in {4, 16} x {2, 8} at B = 256: R = 256 / y, N = x R, by hand
+    assert selective == {"selective x=4 y=2": tt.SelectiveDesign(256, 128, 512),
+                         "selective x=16 y=2": tt.SelectiveDesign(256, 128, 2048),
+                         "selective x=4 y=8": tt.SelectiveDesign(256, 32, 128),
+                         "selective x=16 y=8": tt.SelectiveDesign(256, 32, 512)}
+    assert all(tt.is_selective(d) and not tt.is_selective(fg.Design(d.batch_size, d.rollouts_per_step, d.capacity))
+               for d in selective.values())
+    # each has its uniform twin in the grid, a distinct record key, and the buffer selective
+    grid = dict(full.designs())
+    assert grid["x=16 y=8"] == fg.Design(256, 32, 512) != selective["selective x=16 y=8"]
+    assert design_spec(selective["selective x=16 y=8"]) == [256, 32, 512, False, 1, 1, 0, "selective"]
+    assert tt.SelectiveDesign.buffer == "selective"
+    assert tt._designs_of({"designs": [{"design": [256, 32, 512, False, 1, 1, 0, "selective"]}]}) == [
+        tt.SelectiveDesign(256, 32, 512)]
+    # the quadratic has no groups of rewards: no selective design there; --quick: one, at x = 16, y = 4
+    assert not any(k.startswith("selective") for k, _ in full.designs("quadratic-noise10"))
+    assert [k for k, _ in full.designs("bandit-grpo") if k.startswith("selective")] == list(selective)
+    quick = tt.Options(quick=True, families=("selective",))
+    assert [(k, d) for k, d in quick.designs() if tt.is_selective(d)] == [
+        ("selective x=16 y=4", tt.SelectiveDesign(256, 64, 1024))]
+    # optimal does not price them: the printed answer's searches stay those of the default protocol
+    assert full.max_epochs == 1 and full.max_staleness == 0
+    assert tt.options_from({"families": "selective,overlap"}).families == ("selective", "overlap")
+    with pytest.raises(ValueError, match=r"^--families must be a comma-separated list of distinct names from "
+                                         r"epochs, overlap, selective, got selectiv$"):
+        tt.options_from({"families": "selectiv"})
+    with pytest.raises(ValueError, match=r"^--families .* got selective,selective$"):
+        tt.options_from({"families": "selective,selective"})
+
+
+def test_a_quick_run_with_selective_trains_them_and_puts_them_in_the_table(tmp_path):
+    options = tt.Options(instances=(0,), settings=("bandit-grpo",), optimizers=("sgd",), mus=(5.28,),
+                         floors=(0,), seeds=4, quick=True, families=("selective",))
+    summary = tt.run_theory_test(tmp_path / "q", options, progress=False)
+    unit = json.loads((tmp_path / "q" / "units" / "bandit-grpo-sgd-0.json").read_text())
+    labels = [d["label"] for d in unit["designs"]]
+    row, twin = (unit["designs"][labels.index(k)] for k in ("selective x=16 y=4", "x=16 y=4"))
+    assert row["design"] == [256, 64, 1024, False, 1, 1, 0, "selective"] and row["reached"]
+    assert twin["design"] == [256, 64, 1024, False] and "zero_std_share" not in twin
+    # z measured on its runs: the bandit's rewards (1, 0.1, 0) leave some groups all equal, never all of them
+    assert 0 < row["zero_std_share"] < 1
+    # one step costs what its twin's does: mu R + B = 5.28 x 64 + 256
+    i, j = labels.index("selective x=16 y=4"), labels.index("x=16 y=4")
+    compute = tt.measured_compute(unit, 5.28, 0)[0]
+    assert compute[i] == pytest.approx(row["steps"][0] * (5.28 * 64 + 256))
+    assert compute[i] / compute[j] == pytest.approx(row["steps"][0] / twin["steps"][0])
+    # no rule prices it (each objective gives it inf), the printed answer is never it, the grid's best counts it
+    for name, values in tt.objective_values(unit, 5.28, 0).items():
+        assert isinstance(values, tt.NoPick) or values[i] == float("inf"), name
+    cell = summary["cells"][0]
+    assert not cell["by_objective"]["printed"]["free"].startswith("selective")
+    assert cell["selective_gain"] == pytest.approx(
+        min(c for k, c in enumerate(compute) if k != i) / compute.min())
+    assert summary["protocol"]["families"] == ["selective"]
+    table = tt.summary_table(summary)
+    assert "## Selective replay" in table
+    assert (f"| bandit-grpo | sgd | 0 | x=16 y=4 | {row['zero_std_share']:.3g} | "
+            f"{row['steps'][0] / twin['steps'][0]:.3g} |") in table
+    best = int(cell["best_free"].startswith("selective"))
+    assert f"- floor 0: a selective design is the whole grid's cheapest in {best} of 1 cells" in table
+
+
+def test_selective_at_z_zero_is_its_uniform_twin_number_for_number(tmp_path):
+    # noisy-reward's rewards carry continuous noise: no group is ever of equal rewards (z = 0), every response enters,
+    # and the search, started from the twin's first step sizes in the same rows, repeats the twin's runs exactly
+    options = tt.Options(instances=(0,), settings=("noisy-reward",), optimizers=("adam",), mus=(1.0,), floors=(0,),
+                         seeds=2, quick=True, families=("selective",))
+    tt.run_theory_test(tmp_path / "q", options, progress=False)
+    unit = json.loads((tmp_path / "q" / "units" / "noisy-reward-adam-0.json").read_text())
+    rows = {d["label"]: d for d in unit["designs"]}
+    row, twin = rows["selective x=16 y=4"], rows["x=16 y=4"]
+    assert row["zero_std_share"] == 0.0
+    assert (row["steps"], row["lr"], row["curve"]) == (twin["steps"], twin["lr"], twin["curve"])
