@@ -324,12 +324,17 @@ def train_unit(unit: Unit) -> None:
             unit.tune(label, design, unit.start_from((f"on-policy B={b}", 1.0)), _step_cap(options, design, s_ref))
         if unit.advance:
             unit.advance()
-    for label, design in options.designs(unit.setting.name):  # --families selective, on a rollout setting only
+    _train_selective(unit, starts, s_ref)
+
+
+def _train_selective(unit: Unit, starts: dict[str, float], s_ref: float) -> None:
+    """--families selective, on a rollout setting only: each design searched as its uniform twin (same B, R, N) was,
+    from the same first step size (``starts``, by the twin's label): the same rows draw the same seeds' streams
+    (paired), so at z = 0 the two are the same run and a difference is the admission's."""
+    for label, design in unit.options.designs(unit.setting.name):
         if is_selective(design):
-            # searched as its uniform twin (same B, R, N) was, from the same first step sizes: the same rows draw the
-            # same seeds' streams (paired), so at z = 0 the two are the same run and a difference is the admission's
             start = starts[f"x={design.x} y={int(design.y)}"]
-            unit.tune(label, design, start, _step_cap(options, design, s_ref))
+            unit.tune(label, design, start, _step_cap(unit.options, design, s_ref))
             if unit.advance:
                 unit.advance()
 
