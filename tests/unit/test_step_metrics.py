@@ -60,3 +60,41 @@ def test_age_buckets_are_one_table_for_pipeline_and_metrics() -> None:
     ages = np.array([0, 1, 2, 3, 4, 7, 8, 1024, 5000])
     np.testing.assert_array_equal(age_bucket(ages), [0, 1, 2, 2, 3, 3, 4, 11, 11])
     np.testing.assert_array_equal(pipeline_age_bucket(ages), age_bucket(ages))
+
+
+def test_equal_reward_runs_by_columns_equal_reduceat():
+    """core.metrics._runs_equal's fast path (runs of one length: a transposed copy) gives reduceat's flags exactly,
+    and runs of unequal lengths go through reduceat itself; a hand case first."""
+    from replay_theory.core.metrics import _runs_equal
+
+    flat = np.array([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5, 0.5, 0.5])
+    assert _runs_equal(flat, np.array([0, 3, 6])).tolist() == [False, False, True]  # groups of 3
+    assert _runs_equal(flat, np.array([0, 2, 4])).tolist() == [True, False, False]  # lengths 2, 2, 5
+    rng = np.random.default_rng(0)
+    for k, runs in ((2, 1), (4, 50), (8, 333)):
+        flat = rng.integers(0, 2, size=k * runs).astype(float)  # many all-equal runs at k = 2
+        first = np.arange(0, flat.size, k)
+        expected = np.maximum.reduceat(flat, first) == np.minimum.reduceat(flat, first)
+        assert np.array_equal(_runs_equal(flat, first), expected)
+
+
+def test_moments_from_rows_without_c_and_p_keeps_every_other_sum():
+    """Moments.from_rows(all_sums=False), which the losses' IS metrics use, leaves C and P NaN and every other sum the
+    same number, bit for bit, with and without a mask and with +-inf entries."""
+    from dataclasses import fields
+
+    from replay_theory.theory.moments import Moments
+
+    rng = np.random.default_rng(1)
+    lr = rng.normal(scale=0.7, size=(3, 40))
+    lr[1, 5], lr[2, 7] = np.inf, -np.inf
+    mask = rng.random((3, 40)) < 0.8
+    mask[:, 0] = True
+    for m in (None, mask):
+        full, lean = Moments.from_rows(lr, m), Moments.from_rows(lr, m, all_sums=False)
+        for f in fields(Moments):
+            a, b = np.asarray(getattr(full, f.name)), np.asarray(getattr(lean, f.name))
+            if f.name in ("C", "P"):
+                assert np.isnan(b).all()
+            else:
+                assert np.array_equal(a, b, equal_nan=True), f.name
