@@ -305,9 +305,8 @@ class BanditEnv:
         S, (P, A) = params.shape[0], self.offsets.shape
         logits = (params @ self._features_flat.T).reshape(S, P, A)  # (S, P, A)
         logits += self.offsets  # b + phi @ theta
-        if cells is not None and 2 * cells.size < S * P:  # a few rows: each made when asked for
-            logpol = np.empty_like(logits)
-            table = logpol.view()
+        if cells is not None and 2 * cells.size < S * P:  # a few rows: each made when asked for, in place
+            table = logits.view()  # a row holds its logits until made (no second (S, P, A) array to fill)
             table.flags.writeable = False
             self._policy_cache = (params.copy(), table, None)
             self._rows_todo = (logits.reshape(S * P, A), np.ones(S * P, dtype=bool))
@@ -328,7 +327,8 @@ class BanditEnv:
 
     def _make_rows(self, cells: np.ndarray | None) -> None:
         """Make the rows ``cells`` (k,) of the cached log pi that are not made yet (None: all the rest): the
-        log-softmax of ``_log_policy_rows``'s whole table, on a transposed copy of those rows alone."""
+        log-softmax of ``_log_policy_rows``'s whole table, on a transposed copy of those rows alone, written over
+        their logits."""
         assert self._policy_cache is not None and self._rows_todo is not None
         logits, todo = self._rows_todo
         if cells is None:
@@ -343,9 +343,7 @@ class BanditEnv:
             cols -= top  # logits - max, as the whole table's
             lse = np.log(_column_sums(np.exp(cols)))  # (k,)
             cols -= lse
-            logpol = self._policy_cache[1].base
-            assert logpol is not None
-            logpol.reshape(todo.size, -1)[rows] = cols.T
+            logits[rows] = cols.T  # the table's memory (the cached log pi is a read-only view of it)
             todo[rows] = False
         if cells is None or (rows.size and not todo.any()):
             self._rows_todo = None
@@ -407,7 +405,10 @@ class BanditEnv:
         length = np.empty_like(starts)  # (runs,) items in each run
         np.subtract(starts[1:], starts[:-1], out=length[:-1])
         length[-1] = cells.size - starts[-1]
-        below = np.repeat(cdf, length, axis=1) < u.reshape(-1)  # (A, S*n)
+        if (length == length[0]).all():  # runs of one length m (groups of G): u (runs, m) against each run's column
+            below = (cdf[:, :, None] < u.reshape(starts.size, -1)).reshape(A, -1)  # (A, S*n), no repeated copy
+        else:
+            below = np.repeat(cdf, length, axis=1) < u.reshape(-1)  # (A, S*n)
         count = np.add.reduce(below.view(np.uint8), axis=0, dtype=np.uint8 if A < 256 else np.int64)  # (S*n,)
         action = np.minimum(count, A - 1).astype(np.int64)  # (S*n,)
         logp = full.reshape(-1)[cells * A + action].reshape(S, n, 1)  # log pi(a | p)
