@@ -37,7 +37,7 @@ from typing import ParamSpec
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["Moments", "k3_terms", "statistics", "weight_sums", "ess_frac_from_sums", "ess_from_sums",
+__all__ = ["Moments", "column_sums", "k3_terms", "statistics", "weight_sums", "ess_frac_from_sums", "ess_from_sums",
            "ess_frac_from_log_sums", "d2_from_sums", "chi2_from_sums", "kl_k1_from_sums", "kl_k2_from_sums",
            "kl_k3_from_sums", "m2_from_sums", "log_ratio_mean_from_sums", "kl_new_behav_from_sums",
            "chi2_pearson_from_sums", "ratio_std_from_sums", "EXPM1_MAX", "UNSHIFTED_MAX"]
@@ -76,6 +76,33 @@ def k3_terms(lr: ArrayLike, expm1_lr: np.ndarray | None = None) -> np.ndarray:
     square *= series
     out.reshape(-1)[small] = square
     return out
+
+
+def column_sums(cols: np.ndarray) -> np.ndarray:
+    """``np.sum(x, axis=-1)`` of the rows x = cols.T, (m,) from ``cols`` (K, m) contiguous: the same additions in the
+    same order as numpy's pairwise sum of a contiguous row (numpy/_core/src/umath/loops_utils.h.src: a running sum
+    below 8 terms, 8 accumulators up to 128, halves above), each a vector addition over the m rows.
+
+    numpy sums a short last axis row by row, one call per row; over (K, m) it is a few vector additions (the
+    bandit's log-softmax over A actions, the group statistics of ``core.advantages`` over G responses).
+    """
+    n = cols.shape[0]
+    if n < 8:
+        total = cols[0] + 0.0 if n else np.zeros(cols.shape[1])
+        for k in range(1, n):
+            total = total + cols[k]
+        return total
+    if n <= 128:
+        acc = cols[:8].copy()
+        end = n - n % 8
+        for k in range(8, end, 8):
+            acc += cols[k:k + 8]
+        total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
+        for k in range(end, n):
+            total += cols[k]
+        return total
+    half = n // 2 - (n // 2) % 8
+    return column_sums(cols[:half]) + column_sums(cols[half:])
 
 
 # --------------------------------------------------------------------------- #

@@ -36,6 +36,7 @@ from scipy.special import logsumexp
 
 from ...checks import require_in_range, require_int, require_nonnegative, require_unit_interval
 from ...theory.divergences import chi2_exact, d2_exact, kl_exact, m2_exact
+from ...theory.moments import column_sums as _column_sums
 
 __all__ = ["BanditConfig", "BanditEnv", "NoisyBanditConfig", "NoisyRewardBandit"]
 
@@ -152,32 +153,6 @@ def joint_d2(chi2: np.ndarray, d2_per_prompt: np.ndarray | None = None) -> np.nd
         lme = logsumexp(d2_per_prompt, axis=-1) - np.log(d2_per_prompt.shape[-1])
         out = np.where(np.isfinite(chi2), out, lme)
     return out
-
-
-def _column_sums(cols: np.ndarray) -> np.ndarray:
-    """``np.sum(x, axis=-1)`` of the rows x = cols.T, (m,) from ``cols`` (K, m) contiguous: the same additions in the
-    same order as numpy's pairwise sum of a contiguous row (numpy/_core/src/umath/loops_utils.h.src: a running sum
-    below 8 terms, 8 accumulators up to 128, halves above), each a vector addition over the m rows.
-
-    numpy sums a short last axis row by row, one call per row; over (K, m) it is a few vector additions.
-    """
-    n = cols.shape[0]
-    if n < 8:
-        total = cols[0] + 0.0 if n else np.zeros(cols.shape[1])
-        for k in range(1, n):
-            total = total + cols[k]
-        return total
-    if n <= 128:
-        acc = cols[:8].copy()
-        end = n - n % 8
-        for k in range(8, end, 8):
-            acc += cols[k:k + 8]
-        total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
-        for k in range(end, n):
-            total += cols[k]
-        return total
-    half = n // 2 - (n // 2) % 8
-    return _column_sums(cols[:half]) + _column_sums(cols[half:])
 
 
 @lru_cache(maxsize=16)

@@ -634,16 +634,23 @@ def test_ratio_metrics_are_the_kernels_estimators_bit_for_bit(scale):
         np.testing.assert_array_equal(value[0], dropped, err_msg=name)
 
 
+@pytest.mark.parametrize("G", [2, 5, 8, 9, 16, 130])
 @pytest.mark.parametrize("ddof", [0, 1])
 @pytest.mark.parametrize("kind", ["verifier", "continuous"])
-def test_group_advantage_uses_numpys_std_bit_for_bit(ddof, kind):
+def test_group_advantage_uses_numpys_std_bit_for_bit(G, ddof, kind):
+    # the group sums run over a transposed copy (theory.moments.column_sums): numpy's mean and std all the same,
+    # for groups below 8, of 8, between, and above numpy's pairwise block of 128
     rng = np.random.default_rng(9)
-    shape = (5, 7, 8)
+    shape = (5, 7, G)
     r = rng.choice([0.0, 0.1, 1.0], size=shape) if kind == "verifier" else rng.standard_normal(shape) * 3.0
     std = r.std(axis=-1, ddof=ddof, keepdims=True)
+    centred = r - r.mean(axis=-1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
-        want = np.where(std == 0.0, 0.0, (r - r.mean(axis=-1, keepdims=True)) / (std + 1e-6))
-    np.testing.assert_array_equal(adv_mod.group_advantage(r, ddof=ddof), want)
+        want = np.where(std == 0.0, 0.0, centred / (std + 1e-6))
+    got = adv_mod.group_advantage(r, ddof=ddof)
+    assert got.flags.c_contiguous and got.shape == shape
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(adv_mod.group_advantage(r, normalize_std=False), centred)  # Dr. GRPO
 
 
 def test_m2po_rows_that_cannot_bind_skip_the_sort_and_match_the_naive_loop():
