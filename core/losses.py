@@ -154,18 +154,26 @@ def _mask(mask: ArrayLike, shape: tuple[int, ...] | None = None) -> np.ndarray:
         raise ValueError(f"mask must have shape (S, n, L), got shape {m.shape}")
     if shape is not None and m.shape != shape:
         raise ValueError(f"mask shape {m.shape} does not match logp_new shape {shape}")
-    if np.any(m.sum(axis=(1, 2)) == 0):
+    if not m.all() and np.any(m.sum(axis=(1, 2)) == 0):  # all real (the bandit's every batch): nothing to count
         raise ValueError("every seed needs at least one real (unmasked) token")
     return m
 
 
-def _logp(x: ArrayLike, name: str, m: np.ndarray) -> np.ndarray:
-    """float64 (S, n, L) with padding set to 0; real tokens must be finite."""
+def _all_finite(a: np.ndarray) -> bool:
+    """Every entry of ``a`` finite: a finite sum says so in one pass (NaN and +-inf reach the sum: inf - inf is NaN);
+    only a sum that is not finite (such an entry, or finite entries that overflow it) looks at each entry."""
+    with np.errstate(all="ignore"):  # inf - inf and an overflowing sum are answers here, not warnings
+        total = np.add.reduce(a, axis=None)
+    return bool(np.isfinite(total)) or bool(np.all(np.isfinite(a)))
+
+
+def _logp(x: ArrayLike, name: str, m: np.ndarray, check: bool = True) -> np.ndarray:
+    """float64 (S, n, L) with padding set to 0; real tokens must be finite (``check=False``: the caller checks)."""
     a = np.asarray(x, dtype=np.float64)
     if a.shape != m.shape:
         raise ValueError(f"{name} must have shape (S, n, L) = {m.shape}, got {a.shape}")
     a = np.where(m, a, 0.0)
-    if not np.all(np.isfinite(a)):
+    if check and not _all_finite(a):
         raise ValueError(f"{name} must be finite on real (unmasked) tokens")
     return a
 
@@ -186,11 +194,16 @@ def _inputs(logp_new: ArrayLike, mask: ArrayLike, logp_behav: ArrayLike | None =
     if len(shape) != 3:
         raise ValueError(f"logp_new must have shape (S, n, L), got shape {shape}")
     m = _mask(mask, shape)
-    lp = _logp(logp_new, "logp_new", m)
     if logp_behav is None:
-        return lp, m, None, None
-    lb = _logp(logp_behav, "logp_behav", m)
-    return lp, m, lb, lp - lb  # log r, 0 on padding
+        return _logp(logp_new, "logp_new", m), m, None, None
+    lp, lb = _logp(logp_new, "logp_new", m, check=False), _logp(logp_behav, "logp_behav", m, check=False)
+    with np.errstate(invalid="ignore"):  # inf - inf (both non-finite: raised below) is NaN, quietly
+        log_ratio = lp - lb  # log r, 0 on padding
+    if not _all_finite(log_ratio):  # a finite difference has finite terms: one check for both; else find the culprit
+        for a, name in ((lp, "logp_new"), (lb, "logp_behav")):
+            if not np.all(np.isfinite(a)):
+                raise ValueError(f"{name} must be finite on real (unmasked) tokens")
+    return lp, m, lb, log_ratio
 
 
 def _per_response(x: ArrayLike, name: str, shape: tuple[int, ...], dtype: type = np.float64) -> np.ndarray:
@@ -217,7 +230,7 @@ def _token_advantage(advantage: ArrayLike, m: np.ndarray) -> np.ndarray:
     elif a.shape != m.shape:
         raise ValueError(f"advantage must have shape (S, n) = {m.shape[:2]} or (S, n, L) = {m.shape}, got {a.shape}")
     a = np.where(m, a, 0.0)
-    if not np.all(np.isfinite(a)):
+    if not _all_finite(a):
         raise ValueError("advantage must be finite on real tokens")
     return a
 
@@ -239,9 +252,10 @@ def _token_weights(m: np.ndarray, aggregation: str) -> np.ndarray:
 def _output(objective: np.ndarray, d_objective: np.ndarray, weights: np.ndarray,
             metrics: Mapping[str, np.ndarray]) -> LossOutput:
     """loss = -sum weights * objective per seed; grad = -weights * d objective / d logp_new."""
+    weighted = weights > 0
     with np.errstate(invalid="ignore"):
-        loss = -np.sum(np.where(weights > 0, weights * objective, 0.0), axis=(1, 2))  # (S,)
-        grad = np.where(weights > 0, -weights * d_objective, 0.0)  # (S, n, L)
+        loss = -np.sum(np.where(weighted, weights * objective, 0.0), axis=(1, 2))  # (S,)
+        grad = np.where(weighted, -weights * d_objective, 0.0)  # (S, n, L)
     return LossOutput(loss=loss, grad_logp=grad, metrics=metrics, objective=objective)
 
 
@@ -349,8 +363,9 @@ def _clipped_surrogate(log_ratio: np.ndarray, adv: np.ndarray, m: np.ndarray,
         ratio = np.exp(log_value)  # inf only where the surrogate itself is unbounded
     live = pos | neg  # A = 0 contributes 0 (also avoids 0 * inf)
     with np.errstate(invalid="ignore"):
-        objective = np.where(live, ratio * adv, 0.0)  # Eq. (1), M2PO: min(r A, clip(r, 1-eps, 1+eps) A)
-        d_objective = np.where(live & ~(high | low), ratio * adv, 0.0)  # d(r A)/d log pi = r A
+        term = ratio * adv
+        objective = np.where(live, term, 0.0)  # Eq. (1), M2PO: min(r A, clip(r, 1-eps, 1+eps) A)
+        d_objective = np.where(live & ~(high | low), term, 0.0)  # d(r A)/d log pi = r A
     return objective, d_objective, low, high
 
 

@@ -239,11 +239,13 @@ def ratio_std_from_sums(top: ArrayLike, A: ArrayLike, B: ArrayLike, n: ArrayLike
 # --------------------------------------------------------------------------- #
 # the sums
 # --------------------------------------------------------------------------- #
-def _shifted(log_w: np.ndarray, real: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _shifted(log_w: np.ndarray, real: np.ndarray | None, axis: int = -1
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(M (..., 1) the row maxima, e^{log w - M} (..., n) in [0, 1] with 0 off ``real``, the counts (...,)), with
-    the limits of the module docstring for +-inf rows."""
+    the limits of the module docstring for +-inf rows. ``axis=0``: the groups are the COLUMNS of ``log_w`` (n, m)
+    (``_by_columns``), M is (1, m)."""
     masked = log_w if real is None else np.where(real, log_w, -np.inf)
-    top = np.maximum.reduce(masked, axis=-1, keepdims=True)  # (..., 1)
+    top = np.maximum.reduce(masked, axis=axis, keepdims=True)  # (..., 1)
     finite = np.isfinite(top)
     with np.errstate(invalid="ignore", over="ignore"):
         shifted = np.exp(log_w - np.where(finite, top, 0.0))  # (..., n)
@@ -253,17 +255,43 @@ def _shifted(log_w: np.ndarray, real: np.ndarray | None) -> tuple[np.ndarray, np
     if np.any(top == np.inf):  # the +inf weights dominate: e^{log w - M} -> 1 there, 0 elsewhere
         plus = np.isposinf(log_w) if real is None else real & np.isposinf(log_w)
         shifted = np.where(top == np.inf, plus * 1.0, shifted)
-    count = (np.full(log_w.shape[:-1], float(log_w.shape[-1])) if real is None
-             else np.add.reduce(real, axis=-1).astype(np.float64))
+    if real is None:
+        count = np.full(tuple(d for i, d in enumerate(log_w.shape) if i != axis % log_w.ndim), float(log_w.shape[axis]))
+    else:
+        count = np.add.reduce(real, axis=axis).astype(np.float64)
     return top, shifted, count
+
+
+#: rows of a (rows, n) array from which :func:`_by_columns` pays: a reduction along a short last axis is one inner-loop
+#: call per row (max and min cost ~50 ns each), a transposed copy's columns reduce in a few vector operations
+COLUMN_ROWS = 256
+
+
+def _by_columns(shape: tuple[int, ...], real: np.ndarray | None) -> bool:
+    """Whether the sums of rows of an array of ``shape`` are taken over its transposed copy (many short rows, every
+    entry real): the same numbers (max and min are exact in any order, ``column_sums`` adds as numpy's pairwise sum
+    of a row), a fraction of the calls."""
+    return real is None and len(shape) == 2 and shape[0] >= COLUMN_ROWS and shape[0] >= 4 * shape[1] >= 4
+
+
+def _row_sums(axis: int) -> Callable[[np.ndarray], np.ndarray]:
+    """The sum of each group: along the last axis (rows), or ``column_sums`` of the columns (``axis=0``)."""
+    if axis == 0:
+        return column_sums
+    return functools.partial(np.add.reduce, axis=axis)
 
 
 def weight_sums(log_w: np.ndarray, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(A, B, n) of :class:`Moments` alone, over the last axis of ``log_w`` (..., n): all a Kish ESS needs, in one
     exp pass, the same numbers as :meth:`Moments.from_rows` (``mask`` (..., n) bool: the real entries; None: all)."""
     lw = np.asarray(log_w, dtype=np.float64)
-    _, shifted, count = _shifted(lw, None if mask is None or mask.all() else mask)
-    return np.add.reduce(shifted, axis=-1), np.add.reduce(shifted * shifted, axis=-1), count
+    real = None if mask is None or mask.all() else mask
+    axis = 0 if _by_columns(lw.shape, real) else -1
+    if axis == 0:
+        lw = np.ascontiguousarray(lw.T)  # (n, rows): each row's sums over a column
+    _, shifted, count = _shifted(lw, real, axis)
+    total = _row_sums(axis)
+    return total(shifted), total(shifted * shifted), count
 
 
 @dataclass
@@ -314,12 +342,16 @@ class Moments:
         """
         lr = np.asarray(log_ratio, dtype=np.float64)
         real = None if mask is None or mask.all() else mask
-        top, e, n = _shifted(lr, real)  # (..., 1), (..., n) e^{log r - M}, (...,)
+        axis = 0 if _by_columns(lr.shape, real) else -1  # many short rows: their sums over a transposed copy
+        if axis == 0:
+            lr = np.ascontiguousarray(lr.T)  # (n, rows)
+        total = _row_sums(axis)
+        top, e, n = _shifted(lr, real, axis)  # (..., 1), (..., n) e^{log r - M}, (...,)
         x = lr if real is None else np.where(real, lr, 0.0)  # padding as log r = 0: every term below is 0 there
         with np.errstate(all="ignore"):  # +inf and -inf in one row give NaN sums (undefined means), without warnings
             r_minus_1 = np.expm1(x)
-            A = np.add.reduce(e, axis=-1)
-            centred = e - (A / n)[..., None]
+            A = total(e)
+            centred = e - np.expand_dims(A / n, axis)
             if real is not None:
                 centred = np.where(real, centred, 0.0)
             C = P = np.full(A.shape, np.nan)
@@ -331,12 +363,12 @@ class Moments:
                 if top.max() > EXPM1_MAX:  # expm1 overflowed: r e^{-L} = e^{log r - M} there (L = M)
                     far = np.isfinite(x) & (x > EXPM1_MAX)
                     dev = np.where(far, e - np.exp(-top), dev)
-                C, P = np.add.reduce(np.where(e > 0, e * x, 0.0), axis=-1), np.add.reduce(dev * dev, axis=-1)
-            return cls(n=n, s1=np.add.reduce(x, axis=-1), s2=np.add.reduce(x * x, axis=-1),
-                       sk3=np.add.reduce(k3_terms(x, r_minus_1), axis=-1),
-                       lmin=np.minimum.reduce(lr if real is None else np.where(real, lr, np.inf), axis=-1),
-                       lmax=top[..., 0], A=A, B=np.add.reduce(e * e, axis=-1), C=C, P=P,
-                       Q=np.add.reduce(centred * centred, axis=-1))
+                C, P = total(np.where(e > 0, e * x, 0.0)), total(dev * dev)
+            return cls(n=n, s1=total(x), s2=total(x * x),
+                       sk3=total(k3_terms(x, r_minus_1)),
+                       lmin=np.minimum.reduce(lr if real is None else np.where(real, lr, np.inf), axis=axis),
+                       lmax=np.squeeze(top, axis), A=A, B=total(e * e), C=C, P=P,
+                       Q=total(centred * centred))
 
     @classmethod
     def from_segments(cls, log_ratio: np.ndarray, starts: np.ndarray, ratio: np.ndarray | None = None,

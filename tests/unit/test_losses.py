@@ -731,3 +731,37 @@ def test_stacked_metrics_of_several_batches_are_each_batch_s_own(name):
     dict(again[1])
     for key, value in L.LazyMetrics.stacked(again).items():
         np.testing.assert_array_equal(value, stacked[key])
+
+
+def test_all_finite_by_the_sum_agrees_with_each_entry():
+    """losses._all_finite: a finite sum answers at once, a sum that is not finite (a NaN or an inf entry, or finite
+    entries that overflow it) is answered entry by entry."""
+    assert L._all_finite(np.array([[1.0, -2.0], [0.0, 3.5]]))
+    assert L._all_finite(np.array([1e308, 1e308, -5.0]))  # the sum overflows, every entry is finite
+    for bad in (np.nan, np.inf, -np.inf):
+        assert not L._all_finite(np.array([1.0, bad, 2.0]))
+    assert not L._all_finite(np.array([np.inf, -np.inf]))  # the sum is NaN
+    assert L._all_finite(np.zeros((2, 0, 1)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # quiet: the overflow and inf - inf of the sum are not reported
+        assert L._all_finite(np.array([1e308, 1e308])) and not L._all_finite(np.array([np.inf, -np.inf]))
+
+
+def test_loss_inputs_name_the_non_finite_log_prob_without_a_warning():
+    """_inputs checks logp_new and logp_behav through their difference, and still names the one that is not finite
+    (logp_new first), without a floating-point warning; finite inputs whose difference overflows pass as before."""
+    m = np.ones((1, 2, 1), bool)
+    finite = np.array([[[-1.0], [-2.0]]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for new, behav, name in ((np.full((1, 2, 1), np.inf), finite, "logp_new"),
+                                 (finite, np.full((1, 2, 1), np.nan), "logp_behav"),
+                                 (np.full((1, 2, 1), np.inf), np.full((1, 2, 1), np.inf), "logp_new")):
+            with pytest.raises(ValueError, match=name):
+                L._inputs(new, m, behav)
+        padded = np.array([[[np.nan], [-1.0]]])  # NaN on padding is never read
+        lp, _, lb, lr = L._inputs(padded, np.array([[[False], [True]]]), finite)
+        assert lr.tolist() == [[[0.0], [1.0]]]
+    with np.errstate(over="ignore"):
+        *_, lr = L._inputs(np.full((1, 2, 1), 1e308), m, np.full((1, 2, 1), -1e308))
+    assert np.isposinf(lr).all()

@@ -98,3 +98,37 @@ def test_moments_from_rows_without_c_and_p_keeps_every_other_sum():
                 assert np.isnan(b).all()
             else:
                 assert np.array_equal(a, b, equal_nan=True), f.name
+
+
+def test_moments_of_many_short_rows_by_columns_equal_row_by_row():
+    """Moments.from_rows and weight_sums over many short rows (at least COLUMN_ROWS, the recorder's stacked steps)
+    reduce a transposed copy's columns; every sum is the number the row-by-row path gives (blocks of fewer rows
+    than COLUMN_ROWS take it), bit for bit, for row lengths around numpy's pairwise blocks (1, 7, 8, 64, 130) and
+    rows holding +-inf, NaN, all -inf and signed zeros."""
+    from dataclasses import fields
+
+    from replay_theory.theory.moments import COLUMN_ROWS, Moments, _by_columns, weight_sums
+
+    rng = np.random.default_rng(7)
+    rows = 4 * COLUMN_ROWS
+    block = COLUMN_ROWS // 2  # row path: below COLUMN_ROWS rows
+    for n in (1, 7, 8, 64, 130):
+        for scale in (1e-3, 0.5, 40.0):
+            lr = rng.normal(scale=scale, size=(max(rows, 4 * n), n))
+            lr[3, 0], lr[5, :], lr[7, 0], lr[9, 0], lr[11, 0] = np.inf, -np.inf, np.nan, -np.inf, -0.0
+            assert _by_columns(lr.shape, None) and not _by_columns((block, n), None)
+            for all_sums in (True, False):
+                whole = Moments.from_rows(lr, all_sums=all_sums)
+                parts = [Moments.from_rows(lr[i:i + block], all_sums=all_sums) for i in range(0, len(lr), block)]
+                for f in fields(Moments):
+                    got = np.asarray(getattr(whole, f.name))
+                    want = np.concatenate([np.asarray(getattr(p, f.name)) for p in parts])
+                    assert got.shape == want.shape and np.array_equal(got, want, equal_nan=True), (n, f.name)
+                    assert np.array_equal(np.signbit(got), np.signbit(want)), (n, f.name)
+            got_ws = weight_sums(lr)
+            blocks = [weight_sums(lr[i:i + block]) for i in range(0, len(lr), block)]
+            want_ws = [np.concatenate(p) for p in zip(*blocks)]
+            for g, w in zip(got_ws, want_ws):
+                assert np.array_equal(g, w, equal_nan=True), n
+    assert not _by_columns((rows, 8), np.ones((rows, 8), bool))  # a mask: rows as they are
+    assert not _by_columns((rows, 2, 4), None)
