@@ -245,7 +245,7 @@ def _measured_advice(r: dict) -> tuple[str, str]:
 def _guard_text(r: dict) -> str:
     """Why the on-policy answer is this batch: the floor rule's (kept) or the model's (moved), in worst regrets."""
     g = r["guard"]
-    span = f"b from the measured {r['b']:.3g} to {g['b_factors'][-1]:g}x it"
+    span = f"b from {min(g['b_factors']):g}x to {max(g['b_factors']):g}x the measured {r['b']:.3g}"
     if g["moved"]:
         return (f"it beats the floor rule's B = {g['default']['batch_size']} by more than {g['margin']:g}x in worst "
                 f"predicted regret over {span} ({g['worst_regret']:.2f} against {g['default_worst_regret']:.2f})")

@@ -40,7 +40,7 @@ import numpy as np
 from . import forgetting as fg
 from .designs import Design
 
-B_FACTORS = (1.0, 4.0, 16.0, 64.0, 256.0)
+B_FACTORS = (1.0, 1 / 16, 1 / 4, 4.0, 16.0, 64.0, 256.0)
 """b is priced at these multiples of the measured one: the pilot's B_simple was below the b that sets the steps by
 up to about two decades on the development units."""
 MARGIN = 2.0
