@@ -147,12 +147,12 @@ def test_every_design_buffer_is_a_replay_buffer():
 
 def test_design_config_from_record_reads_every_saved_shape(cli, optimal_profile):
     # a replay answer needs --optimizer sgd and a staleness table reaching the buffer's oldest sample since the guarded
-    # rule (theory/guarded.py, issue 38); its answer here is replay at B = 2048, R = 224, N = 14336 (the bare argmin
-    # under adam was B = 1000, R = 176, N = 11264)
-    code, out, _ = cli("optimal", "--mu", "5.28", "-B", "512", "--profile", optimal_profile(2383.0), "--kappa", "0.2",
+    # rule (theory/guarded.py, issue 38); its answer here is replay at B = 1048, R = 160, N = 10240 (at b = 2383 the
+    # guard, pricing b down to 1/16 of it, keeps the floor rule's on-policy 64)
+    code, out, _ = cli("optimal", "--mu", "5.28", "-B", "512", "--profile", optimal_profile(5000.0), "--kappa", "0.2",
                        "--optimizer", "sgd", "--group-size", "8", "--latency-floor", "64", "--json")
     design = DesignConfig.from_record(json.loads(out), group_size=8)
-    assert code == 0 and (design.capacity, design.batch_size, design.rollouts_per_step) == (14336, 2048, 224)
+    assert code == 0 and (design.capacity, design.batch_size, design.rollouts_per_step) == (10240, 1048, 160)
     old = {"buffer_size": 512.0, "batch_size": 256, "rollouts_per_step": 64}  # optimal --json before `capacity`
     predicted = {"x_star": 8.0, "y_star": 4.0, "N": 512, "B": 256, "R": 64, "regime": "replay"}  # validate predict
     assert DesignConfig.from_record(old) == DesignConfig.from_record(predicted) == \

@@ -215,17 +215,18 @@ def test_kappa_given_twice_or_with_another_optimizer_is_refused(error_line, tmp_
 def test_an_answer_outside_the_tested_range_says_so_in_its_evidence_line(cli, optimal_profile):
     """Issue 38's example: replay at B = 442 (not the user's 256) with x = 64 (the grid stops at 16) borrowed the
     benchmark's 98%; now the evidence line says that nobody trained such a design. The guarded rule answers that
-    input (adam) on-policy now; under SGD with the staleness measured to age 63 its answer is replay at B = 1024,
-    x = 64, outside the grid too. An on-policy batch inside the tested ratios (the floor rule's 128 of 512: the
-    benchmark ran 8 ... 256 of 256) is inside."""
-    code, out, _ = cli("optimal", "--profile", optimal_profile(1000.0), "--kappa", "0.2", "--optimizer", "sgd", "-B",
+    input (adam) on-policy now; under SGD with the staleness measured to age 63 and b = 3000 its answer is replay at
+    B = 595, x = 64, outside the grid too (at b = 1000 the guard, pricing b down to 1/16 of it, keeps the floor rule's
+    batch). An on-policy batch inside the tested ratios (the floor rule's 128 of 512: the benchmark ran 8 ... 256 of
+    256) is inside."""
+    code, out, _ = cli("optimal", "--profile", optimal_profile(3000.0), "--kappa", "0.2", "--optimizer", "sgd", "-B",
                        "256", "--mu", "5.28", "--latency-floor", "64")
-    g = guarded_design(1000, 256, 5.28, fg.Memory(0.2, "sgd", 0.9, 256.0), optimizer="sgd", floor=64,
+    g = guarded_design(3000, 256, 5.28, fg.Memory(0.2, "sgd", 0.9, 256.0), optimizer="sgd", floor=64,
                        staleness=staleness(), max_steps_ratio=advice.NO_BUDGET)
     best = g.choice.design
-    assert (best.batch_size, best.x, best.on_policy) == (1024, 64, False)
+    assert (best.batch_size, best.x, best.rollouts_per_step, best.on_policy) == (595, 64, 84, False)
     evidence = next(line for line in out.splitlines() if line.startswith("evidence ("))
-    assert code == 0 and evidence.endswith("; this answer lies outside the tested grid (replay at B = 1024, not your "
+    assert code == 0 and evidence.endswith("; this answer lies outside the tested grid (replay at B = 595, not your "
                                            "B = 256, x = 64 beyond 16): the benchmark's grid holds replay only at its "
                                            "own batch, x <= 16, y <= 32; answers beyond it count in the shares above "
                                            "only as the printed answers they were.")

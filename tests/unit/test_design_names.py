@@ -57,18 +57,18 @@ def test_the_theorys_records_saved_with_n_b_r_read_as_todays(cli, tmp_path, opti
     the finite-budget large-budget limit said B, R, N before: a file saved then still feeds the trainer the same
     design, and each record reads through the adapter as today's."""
     # a replay answer needs --optimizer sgd and a staleness table reaching age 63 since the guarded rule (issue 38);
-    # it answers replay at B = 689 (the bare argmin under adam was B = 144, with the same R = 64, N = 4096)
+    # it answers replay at B = 297 (the bare argmin under adam was B = 144, with the same R = 64, N = 4096)
     code, out, _ = cli("optimal", "--mu", "5.28", "-B", "256", "--profile", optimal_profile(64.0), "--kappa", "0.5",
                        "--optimizer", "sgd", "--latency-floor", "64", "--json")
     new = json.loads(out)
     rows = new["designs"]
     assert code == 0 and new["winner"] == "replay"
     assert (rows["replay"]["capacity"], rows["replay"]["batch_size"], rows["replay"]["rollouts_per_step"]) == (
-        new["capacity"], new["batch_size"], new["rollouts_per_step"]) == (4096, 689, 64)
+        new["capacity"], new["batch_size"], new["rollouts_per_step"]) == (4096, 297, 64)
     saved = tmp_path / "design.json"
     saved.write_text(json.dumps({**new, "designs": {k: _old_shape(v) for k, v in rows.items()}}))
     assert ReplayConfig.from_optimal_json(saved) == ReplayConfig.from_optimal_json(new) == ReplayConfig(
-        capacity=4096, batch_size=689, rollouts_per_step=64)
+        capacity=4096, batch_size=297, rollouts_per_step=64)
     for name, row in rows.items():
         assert _old_shape(row)["N"] == row["capacity"] and in_design_names(_old_shape(row)) == row, name
     for pick in (noise_scale_pick(16.0, 64, 8, 5.28), fg.forgetting_pick(2383, 64, 8, 5.28, 0.1, "adam")):

@@ -108,3 +108,24 @@ def test_the_factors_start_at_the_measured_b():
     g = guarded_design(0.01, 256, 1.0, None, optimizer="sgd", group_size=8, floor=64.0, max_steps_ratio=1000.0,
                        b_factors=(1.0,), margin=1.0)
     assert g.choice.design == Design.on_policy_at(8) and g.worst_choice == 1.0
+
+
+def test_a_b_read_too_high_keeps_the_floor_batch():
+    # SGD, kappa 0.2, mu 5.28, floor 64, staleness flat to age 63, measured b = 1000. Priced only upwards (b ... 256 b)
+    # the replay design B = 1024, R = 111, N = 7104 is within 1.03x of the least compute at every factor and beats
+    # the floor rule's on-policy 64 (worst 2.99) by more than MARGIN. At b / 16 it costs 2.29x the floor design
+    # (buffer and batch sized for noise that is not there), so over B_FACTORS its worst is 2.36: 2.99 / 2.36 < 2 and
+    # the floor rule's batch stays.
+    table = fg.Staleness(tuple(float(a) for a in range(64)), (1.0,) * 64, "flat to 63")
+    mem = fg.Memory(0.2, "sgd", 0.9, 256.0)
+    kw = dict(optimizer="sgd", floor=64.0, staleness=table, max_steps_ratio=1000.0)
+    up = guarded_design(1000.0, 256, 5.28, mem, b_factors=(1.0, 4.0, 16.0, 64.0, 256.0), **kw)
+    replay = Design(1024, 111, 7104)
+    assert up.choice.design == replay and up.worst_choice == pytest.approx(1.023, abs=1e-3)
+    assert up.worst_default == pytest.approx(2.992, abs=1e-3) and up.moved
+    both = guarded_design(1000.0, 256, 5.28, mem, **kw)
+    assert min(B_FACTORS) == 1 / 16 and both.choice.design == Design.on_policy_at(64) and not both.moved
+    low = fg.predict_many([replay, Design.on_policy_at(64)], 1000.0 / 16, 5.28, mem, table, 64.0)
+    assert low[0].compute / low[1].compute == pytest.approx(2.285, abs=1e-3)
+    assert both.worst[both.candidates.index(replay)] == pytest.approx(2.357, abs=1e-3)
+    assert both.worst_default == pytest.approx(2.992, abs=1e-3) and both.worst_default < MARGIN * 2.357
