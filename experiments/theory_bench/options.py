@@ -75,15 +75,14 @@ FAMILIES = {"epochs": f"epoch designs at R = {BATCH}: e passes over m mini-batch
                          "uniform FIFO at the same sizes; rollout settings only (the quadratic has no groups of "
                          "rewards); optimal does not price them"}
 """The design families ``--families`` adds to the grid (none by default: the protocol evidence.json was written by)."""
-HELD_OUT = (137, 139, 149, 167, 173, 179)
-"""The held-out instances the targets read: two sets, each named before its first run and each first run by the rule
-as it stands (the guard's margin 2, an unmeasured b answering the floor rule's batch, issue 38), whose printed answer
-is scored at optimal's default --max-steps-ratio 1000 (least compute) and at 2. 137, 139 and 149 were named as
-NEXT_HELD_OUT at commit aa6cc23, before that change, and first run at 765a591; 167, 173 and 179 were named at 87386dd
-and first run at 416f828 with the rule unchanged (docs/SIMULATION.md keeps each set's own result). Nothing was tuned
-on them. The rule before that change was held out twice: 89, 97 and 101 (named at commit 20d74d6) and 103, 107 and
-109 (named at 2a0d090, first run at cb6f7e7 after 89-101 had been read, the rule unchanged in between); both sets
-were read to choose the change and are development instances now (docs/SIMULATION.md keeps their results)."""
+HELD_OUT = (181, 193, 197)
+"""The held-out instances the targets read: named as NEXT_HELD_OUT at commit 4e6924d (and kept through every commit
+since), first run by the rule as it stands (the guard pricing b from b / 16 to 256 b, issue 38), whose printed answer
+is scored at optimal's default --max-steps-ratio 1000 (least compute) and at 2. Nothing was tuned on them: the factors
+below 1 were chosen on instance 229 (the --families selective run) before their first run. The rule before that change
+(B_FACTORS from 1 up) was held out by 137, 139, 149 (named at aa6cc23, first run at 765a591) and 167, 173, 179 (named
+at 87386dd, first run at 416f828), and before its margin changed by 89, 97, 101 and 103, 107, 109; each set was read
+to choose a change and is a development instance now (docs/SIMULATION.md keeps each set's own result)."""
 INSTANCES = (0, *HELD_OUT)
 DEV_INSTANCES = (0,)
 """Instance 0 is the one the benchmark and the rule were developed on (with 1 and 2, which the earlier benchmark and
@@ -94,12 +93,14 @@ printed row): all are development instances now. 17 and 23 were run at full size
 --quick by the robustness check (bench/), 112, 127 and 131 by the tests and the stop checks; 89-109 as HELD_OUT
 says; 73, 79 and 83 (named at commit 70bca03) by the first --families epochs run (docs/SIMULATION.md); 61, 67 and 71
 (held out until the guarded rule) by the protocol of commit a46489a and again by the guarded rule's development, whose
-B_FACTORS and first MARGIN were chosen on them and on 47, 53 and 59. The next held-out set is ``NEXT_HELD_OUT``."""
-NEXT_HELD_OUT = (181, 193, 197)
+B_FACTORS and first MARGIN were chosen on them and on 47, 53 and 59; 137, 139, 149, 167, 173 and 179 held out the
+rule before the guard's factors below 1 (HELD_OUT says how), and 223, 227 and 229, first run by the --families selective
+run, are where those factors were chosen. The next held-out set is ``NEXT_HELD_OUT``."""
+NEXT_HELD_OUT = (239, 241, 251)
 """Named here, before their first run: the instances the next evidence is read on once a rule or the protocol changes
-(which makes HELD_OUT development instances). Nothing may be tuned on them. (151, 157 and 163, named before them,
-were first run by the --families overlap run of docs/SIMULATION.md; 191 by a stop's --quick check. 223, 227 and 229
-are named here, before their first run, for the first --families selective run of docs/SIMULATION.md.)"""
+(which makes HELD_OUT development instances). Nothing may be tuned on them. (151, 157 and 163, named before 181, 193
+and 197, were first run by the --families overlap run of docs/SIMULATION.md; 191 by a stop's --quick check; 223, 227
+and 229 by the first --families selective run.)"""
 SEEDS = 16
 BOOTS = 200
 MUS = (0.5, 1.0, 2.0, 5.28, 20.0)
@@ -200,7 +201,7 @@ class Options:
 
     instances: tuple[int, ...] = INSTANCES
     """Comma-separated instance seeds (the quadratic's start, the bandit's features): 0 is the development instance,
-    137, 139, 149, 167, 173 and 179 held out (HELD_OUT); 0 with --quick."""
+    181, 193 and 197 held out (HELD_OUT); 0 with --quick."""
     settings: tuple[str, ...] = field(default=DEFAULT_SETTINGS, metadata=Range(choices=lambda: {
         name: setting.description for name, setting in SETTINGS.items()}).field())
     """Comma-separated settings."""
