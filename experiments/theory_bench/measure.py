@@ -551,7 +551,7 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_
     b_noise = simple.get("b_noise")
     if b_noise is None or not (math.isfinite(b_noise) and b_noise > 0):
         low = (simple.get("b_noise_interval") or [None])[0]
-        if low is not None and math.isfinite(low) and low > 0:  # the rule reads b as a lower bound (theory/guarded.py)
+        if low is not None and math.isfinite(low) and low > 0:  # the least b the data allow (the guard prices 256x it)
             notes.append(f"B_simple {b_noise}: not resolved > 0, --noise-scale its 90% interval's lower end {low:.3g}")
             b_noise = low
         else:

@@ -330,3 +330,76 @@ def load_summary(path: str | Path) -> dict:
     if path.is_dir():
         path = path / "summary.json"
     return json.loads(path.read_text())
+
+
+# --------------------------------------------------------------------------- docs/SIMULATION.md's table by floor
+
+
+FLOOR_ROWS = {
+    "printed": "**optimal's answer as printed** (least compute, its default)",
+    "printed_with_pilot": "the same, pilot's compute added",
+    "printed_steps2": "optimal's answer, --max-steps-ratio 2",
+    "forgetting_b_simple": "the rule's pick over the grid, pilot B_simple",
+    "forgetting_b_crit": "the rule's pick over the grid, pilot B_crit",
+    "forgetting": "reference: b fitted to the scored runs",
+    "forgetting_exact": "exact inputs (quadratic)",
+    "noise_scale": "noise-scale rule (psi = 1, x = 1)",
+    "paper_J": "the paper's J",
+    "finite_budget": "finite-budget bound",
+    "null": "null gamma(y)",
+    "on_policy": "always on-policy at B",
+    "on_policy_small": "on-policy, smallest batch within 2x steps",
+    "on_policy_floor": "**trivial: on-policy at max(floor, smallest batch)**",
+    "on_policy_oracle": "oracle: cheapest on-policy batch, measured",
+}
+"""The rows of ``floors_table``, in its order, with docs/SIMULATION.md's short labels."""
+
+
+def _share_worst(free: dict) -> str:
+    """'86% / 1.59': the share within 1.2x and the worst regret (inf where a pick never reached the target)."""
+    worst = free["worst"]
+    finite = worst is not None and math.isfinite(worst) and not free.get("not_reached")
+    return f"{100 * free['share_within_1.2']:.0f}% / {f'{worst:.2f}' if finite else 'inf'}"
+
+
+def floors_table(summary: dict, held_out: bool = True) -> str:
+    """Every objective's share within 1.2x / worst regret at each floor, the lowest per-setting Spearman and the
+    replay branch at the headline floor: docs/SIMULATION.md's tables, from a run's ``summary.json``
+    (``targets_held_out``, or ``targets`` with ``held_out=False``)."""
+    targets = summary["targets_held_out" if held_out else "targets"]
+    floors = [str(f) for f in summary["protocol"]["floors"] if (targets.get(str(f)) or {}).get("cells")]
+    head = str(summary["protocol"]["headline_floor"])
+    if head not in floors:
+        return "no cells"
+    lines = ["| objective | " + " | ".join(f"floor {f}" for f in floors)
+             + f" | Spearman ({head}) | replay branch ({head}) |", "|---" * (len(floors) + 3) + "|"]
+    for name, label in FLOOR_ROWS.items():
+        if name not in targets[head]["objectives"]:
+            continue
+        cols = [_share_worst(targets[f]["objectives"][name]["free"]) for f in floors]
+        o = targets[head]["objectives"][name]
+        spearman = o.get("min_setting_spearman")
+        branch = o["replay_branch"]
+        worst = branch.get("false_alarm_worst")
+        cols += ["n/a" if spearman is None else f"{spearman:.2f}",
+                 f"{branch['hits']} of {branch['replay_cheapest_by_20%']}, {branch['false_alarms']} false"
+                 + ("" if worst is None else f" ({worst:.2f})")]
+        lines.append(f"| {label} | " + " | ".join(cols) + " |")
+    return "\n".join(lines)
+
+
+def geometric_mean_regret(summary: dict, name: str, held_out: bool = True) -> dict[int, float]:
+    """Per floor, the geometric mean of objective ``name``'s free-batch regret over the scored cells (held-out
+    instances only by default): inf if any pick never reached the target, nan if a cell has no pick."""
+    out = {}
+    for floor in summary["protocol"]["floors"]:
+        regrets = [c["by_objective"][name]["free_regret"] for c in summary["cells"]
+                   if c["floor"] == floor and not c.get("not_scored")  # an unscored unit: nothing to compare
+                   and not (held_out and c["instance"] in summary["protocol"]["dev_instances"])]
+        if not regrets:
+            continue
+        if any(r is None for r in regrets):
+            out[floor] = math.nan
+        else:
+            out[floor] = math.exp(math.fsum(math.log(r) for r in regrets) / len(regrets))
+    return out

@@ -1,0 +1,66 @@
+"""experiments.theory_bench.tables.floors_table and geometric_mean_regret on a hand-made summary (issue 38)."""
+
+from __future__ import annotations
+
+import math
+
+from replay_theory.experiments.objectives_table import main
+from replay_theory.experiments.theory_bench.tables import floors_table, geometric_mean_regret
+
+
+def _objective(share, worst, not_reached=0, spearman=None, hits=0, cheapest=0, false=0, false_worst=None):
+    return {"free": {"share_within_1.2": share, "worst": worst, "not_reached": not_reached},
+            "min_setting_spearman": spearman,
+            "replay_branch": {"hits": hits, "replay_cheapest_by_20%": cheapest, "false_alarms": false,
+                              "false_alarm_worst": false_worst}}
+
+
+def _cell(instance, floor, printed, trivial):
+    return {"instance": instance, "floor": floor,
+            "by_objective": {"printed": {"free_regret": printed}, "on_policy_floor": {"free_regret": trivial}}}
+
+
+SUMMARY = {
+    "protocol": {"floors": [0, 64], "headline_floor": 64, "dev_instances": [0]},
+    "targets_held_out": {
+        "0": {"cells": 4, "objectives": {"printed": _objective(0.75, 1.6),
+                                         "on_policy_floor": _objective(0.5, math.inf, not_reached=1)}},
+        "64": {"cells": 4, "objectives": {"printed": _objective(1.0, 1.04, spearman=0.47, hits=2, cheapest=3, false=1,
+                                                                false_worst=1.04),
+                                          "on_policy_floor": _objective(0.25, 1.5)}}},
+    "cells": [_cell(0, 0, 9.0, 9.0),  # the development instance: left out of the held-out means
+              _cell(1, 0, 1.0, 2.0), _cell(2, 0, 4.0, 0.5), _cell(1, 64, 1.0, 1.0),
+              {"instance": 2, "floor": 64, "not_scored": "no pilot", "by_objective": {}}],
+}
+
+
+def test_floors_table_by_hand():
+    lines = floors_table(SUMMARY).splitlines()
+    assert lines[0] == "| objective | floor 0 | floor 64 | Spearman (64) | replay branch (64) |"
+    assert lines[1] == "|---|---|---|---|---|"
+    assert lines[2] == ("| **optimal's answer as printed** (least compute, its default) | 75% / 1.60 | 100% / 1.04 | "
+                        "0.47 | 2 of 3, 1 false (1.04) |")
+    # a pick that never reached the target makes the worst inf; no Spearman is n/a; objectives absent are left out
+    assert lines[3] == ("| **trivial: on-policy at max(floor, smallest batch)** | 50% / inf | 25% / 1.50 | n/a | "
+                        "0 of 0, 0 false |")
+    assert len(lines) == 4
+
+
+def test_geometric_mean_regret_by_hand():
+    # floor 0, held out: sqrt(1 * 4) = 2 and sqrt(2 * 0.5) = 1; instance 0's 9 counts only with held_out=False
+    assert geometric_mean_regret(SUMMARY, "printed") == {0: 2.0, 64: 1.0}
+    assert geometric_mean_regret(SUMMARY, "on_policy_floor") == {0: 1.0, 64: 1.0}
+    assert math.isclose(geometric_mean_regret(SUMMARY, "printed", held_out=False)[0], 36 ** (1 / 3))
+    missing = {**SUMMARY, "cells": [_cell(1, 0, None, 1.0)]}  # no pick: a miss, no mean
+    assert math.isnan(geometric_mean_regret(missing, "printed")[0])
+
+
+def test_the_command_prints_both(tmp_path, capsys):
+    import json
+
+    (tmp_path / "summary.json").write_text(json.dumps(SUMMARY))
+    main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert floors_table(SUMMARY) in out
+    assert ("geometric-mean regret at floors 0, 64: the printed answer 2.000, 1.000; the trivial floor rule 1.000, "
+            "1.000") in out
