@@ -245,7 +245,9 @@ def _measured_advice(r: dict) -> tuple[str, str]:
 def _guard_text(r: dict) -> str:
     """Why the on-policy answer is this batch: the floor rule's (kept) or the model's (moved), in worst regrets."""
     g = r["guard"]
-    span = f"b from {min(g['b_factors']):g}x to {max(g['b_factors']):g}x the measured {r['b']:.3g}"
+    low, high = min(g["b_factors"]), max(g["b_factors"])
+    low_text = f"1/{1 / low:g}" if low < 1 else f"{low:g}x"  # b_factors are powers of 2 and 4: 1/16 reads exactly
+    span = f"b from {low_text} to {high:g}x the measured {r['b']:.3g}"
     if g["moved"]:
         return (f"it beats the floor rule's B = {g['default']['batch_size']} by more than {g['margin']:g}x in worst "
                 f"predicted regret over {span} ({g['worst_regret']:.2f} against {g['default_worst_regret']:.2f})")

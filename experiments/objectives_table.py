@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from pathlib import Path
 
 from .theory_bench.tables import floors_table, geometric_mean_regret, load_summary
 
@@ -31,6 +33,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("runs", nargs="+", help="finished experiment theory-test result folders")
     parser.add_argument("--every-instance", action="store_true", help="every instance, not only the held-out ones")
     args = parser.parse_args(argv)
+    for run in args.runs:  # every folder checked before any is printed
+        if not (Path(run) / "summary.json").is_file():
+            print(f"{parser.prog}: RUN_DIR {run} holds no summary.json (give a finished experiment theory-test "
+                  "run's folder)", file=sys.stderr)
+            raise SystemExit(2)
     for run in args.runs:
         summary = load_summary(run)
         held_out = not args.every_instance

@@ -64,3 +64,13 @@ def test_the_command_prints_both(tmp_path, capsys):
     assert floors_table(SUMMARY) in out
     assert ("geometric-mean regret at floors 0, 64: the printed answer 2.000, 1.000; the trivial floor rule 1.000, "
             "1.000") in out
+
+
+def test_a_folder_without_a_summary_is_one_line_and_exit_2(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path)])
+    assert exit_.value.code == 2 and capsys.readouterr().err == (
+        f"python -m replay_theory.experiments.objectives_table: RUN_DIR {tmp_path} holds no summary.json (give a "
+        "finished experiment theory-test run's folder)\n")
