@@ -103,7 +103,9 @@ NEXT_HELD_OUT = (269, 271, 281)
 """Named here, before their first run: the instances the next evidence is read on once a rule or the protocol changes
 (which makes HELD_OUT development instances). Nothing may be tuned on them. (151, 157 and 163, named before 181, 193
 and 197, were first run by the --families overlap run of docs/SIMULATION.md; 191 by a stop's --quick check; 223, 227
-and 229 by the first --families selective run.)"""
+and 229 by the first --families selective run. 331, 337 and 347 are named here, before their first run, for the
+--families epochs,overlap,selective run of the guard priced from b/16: issue 40's held-out targets with every family
+in the grid.)"""
 SEEDS = 16
 BOOTS = 200
 MUS = (0.5, 1.0, 2.0, 5.28, 20.0)
