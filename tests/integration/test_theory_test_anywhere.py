@@ -11,6 +11,7 @@ instance record), in a subprocess as a user runs it.
 """
 
 import json
+import re
 import subprocess
 import sys
 
@@ -73,6 +74,13 @@ def test_a_unit_whose_pilot_never_reaches_the_target_is_not_scored_not_fatal(tmp
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     (cell,) = summary["cells"]
-    assert cell["not_scored"].startswith("no step size of 505, 253, 126, 63.2, 31.6, 15.8 reached the target")
+    # the step sizes are multiples of 1/L, L from a central-difference Hessian at points toward the bandit's J*
+    # (experiments/theory_bench/store.py): 505, 253, 126, 63.2, 31.6, 15.8 on a Zen 4 EPYC, 503, 252, 126, 62.9,
+    # 31.5, 15.7 on Zen 5 (other BLAS kernels): compared within 1%
+    found = re.match(r"no step size of ([\d., ]+) reached the target with on-policy B = 256 in 6000 steps",
+                     cell["not_scored"])
+    assert found, cell["not_scored"]
+    steps = [float(x) for x in found.group(1).split(", ")]
+    assert steps == pytest.approx([505, 253, 126, 63.2, 31.6, 15.8], rel=0.01)
     assert summary["targets"]["64"]["cells_not_scored"] == 1 and summary["targets"]["64"]["objectives"] == {}
-    assert "not scored: no step size of 505" in done.stdout
+    assert f"not scored: no step size of {found.group(1).split(',')[0]}" in done.stdout
