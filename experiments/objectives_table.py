@@ -11,6 +11,7 @@ Reads ``RUN_DIR/summary.json`` (``replay-theory experiment theory-test --out RUN
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -27,20 +28,30 @@ def _means_line(summary: dict, held_out: bool) -> str:
     return f"geometric-mean regret at floors {floors}: " + "; ".join(parts)
 
 
+def _summary_or_exit(prog: str, run: str, held_out: bool) -> dict:
+    """RUN_DIR's summary.json, or one line on stderr and exit 2 when it is not a finished theory-test run's."""
+    path = Path(run) / "summary.json"
+    try:
+        summary = load_summary(path) if path.is_file() else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        summary = None
+    need = {"protocol", "cells", "targets_held_out" if held_out else "targets"}
+    if not (isinstance(summary, dict) and need <= summary.keys()):
+        what = "holds no summary.json" if not path.is_file() else "has a summary.json that is not a theory-test run's"
+        print(f"{prog}: RUN_DIR {run} {what} (give a finished experiment theory-test run's folder)", file=sys.stderr)
+        raise SystemExit(2)
+    return summary
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m replay_theory.experiments.objectives_table",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="finished experiment theory-test result folders")
     parser.add_argument("--every-instance", action="store_true", help="every instance, not only the held-out ones")
     args = parser.parse_args(argv)
-    for run in args.runs:  # every folder checked before any is printed
-        if not (Path(run) / "summary.json").is_file():
-            print(f"{parser.prog}: RUN_DIR {run} holds no summary.json (give a finished experiment theory-test "
-                  "run's folder)", file=sys.stderr)
-            raise SystemExit(2)
-    for run in args.runs:
-        summary = load_summary(run)
-        held_out = not args.every_instance
+    held_out = not args.every_instance
+    summaries = [_summary_or_exit(parser.prog, run, held_out) for run in args.runs]  # all read before any is printed
+    for run, summary in zip(args.runs, summaries):
         print(f"{run} ({'held-out instances' if held_out else 'every instance'})\n")
         print(floors_table(summary, held_out))
         print(f"\n{_means_line(summary, held_out)}\n")

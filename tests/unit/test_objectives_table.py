@@ -74,3 +74,15 @@ def test_a_folder_without_a_summary_is_one_line_and_exit_2(tmp_path, capsys):
     assert exit_.value.code == 2 and capsys.readouterr().err == (
         f"python -m replay_theory.experiments.objectives_table: RUN_DIR {tmp_path} holds no summary.json (give a "
         "finished experiment theory-test run's folder)\n")
+
+
+def test_a_summary_that_is_not_a_benchmarks_is_one_line_and_exit_2(tmp_path, capsys):
+    import pytest
+
+    for text in ("{not json", '{"cells": []}', "[1, 2]"):
+        (tmp_path / "summary.json").write_text(text)
+        with pytest.raises(SystemExit) as exit_:
+            main([str(tmp_path)])
+        assert exit_.value.code == 2 and capsys.readouterr().err == (
+            f"python -m replay_theory.experiments.objectives_table: RUN_DIR {tmp_path} has a summary.json that is not "
+            "a theory-test run's (give a finished experiment theory-test run's folder)\n")
