@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -38,8 +38,10 @@ from .designs import (
     BufferSpec,
     DesignConfig,
     StepBatch,
+    UpdateT,
     make_advantage,
     make_design_buffer,
+    stale_k_overlapped,
 )
 from .metrics import AGE_BUCKETS, AGE_TABLE, age_bucket, age_buckets  # noqa: F401 (their old home: re-exported)
 from .rollouts import RolloutBatch
@@ -202,6 +204,17 @@ class Pipeline:
     def next_batch(self, step: int, weights) -> StepBatch:
         """The training batch of ``step`` (and the responses generated for it)."""
         return self.design.step(self, step, weights)
+
+    def next_batch_overlapped(self, step: int, weights, generation_weights,
+                              update: Callable[[StepBatch], UpdateT]) -> tuple[StepBatch, UpdateT]:
+        """``next_batch`` and the update of ``step`` together, this step's generation (on ``generation_weights``, a
+        copy of ``weights``) beside the update: a k-step-off trainer with generation overlapped
+        (``core.designs.stale_k_overlapped``; the same numbers as ``next_batch`` then the update)."""
+        if self.config.buffer != "stale-k" or self.settings.pipeline != "sync":
+            raise ValueError(f"generation overlaps the update only in stale-k designs on the sync pipeline (each "
+                             f"batch trained k >= 1 updates after it is generated), got buffer {self.config.buffer} "
+                             f"on the {self.settings.pipeline} pipeline")
+        return stale_k_overlapped(self, step, weights, generation_weights, update)
 
     def after_update(self, step: int, data: StepBatch) -> dict[str, np.ndarray]:
         """Buffer bookkeeping after the update (RLOO adds its fresh groups, ExGRPO records groups); extra curves."""

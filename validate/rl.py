@@ -49,6 +49,7 @@ from ..core.surrogate import gradient_tensor, surrogate
 from . import countdown
 from .engines import HFSampler, Sampler
 from .logprobs import encode_prompts, prompt_width, sequence_logprobs
+from .overlap import GenerationWorker
 from .policy import Policy
 from .sampling import compile_seconds
 
@@ -101,6 +102,7 @@ class RLResult:
     update_seconds: float = 0.0
     sync_seconds: float = 0.0  # trainer -> sampler weight copies (in neither mu side)
     compile_seconds: float = 0.0  # first calls of newly compiled decode steps (in neither mu side)
+    wall_seconds: float = 0.0  # every step end to end, syncs included (overlapped: generation beside the update)
     k_inference: int = 0  # completions generated
     k_training: int = 0  # completions processed by backprop
     compute: float = math.nan  # mu x fresh completions + completions trained (the pipeline's Eq. 1-2 charge; needs mu)
@@ -313,7 +315,8 @@ def update_step(policy: Policy, optimizer: torch.optim.Optimizer, problems: list
 
 def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
           progress: Callable[[int, dict], None] | None = None, checkpoint: Path | None = None,
-          checkpoint_every: int = 10, sampler: Sampler | None = None, mu: float | None = None) -> RLResult:
+          checkpoint_every: int = 10, sampler: Sampler | None = None, mu: float | None = None,
+          generation_threads: int = 0) -> RLResult:
     """Run ``config.steps`` RL updates on ``problems`` (the training split) and log one dict per step.
 
     With ``checkpoint`` (a file path) the full state (model, optimizer, buffer, both random
@@ -326,28 +329,67 @@ def train(policy: Policy, problems: list[countdown.Problem], config: RLConfig,
     ``sampler`` generates the rollouts (default: the HF loop; with ``sync_every > 1`` on a stale
     copy of the weights). It is synced with the trainer at the run's first step and then every
     ``sync_every`` steps, before that step's generation.
+
+    ``generation_threads`` (stale-k designs, k >= 1, ``sync_every`` 1, the HF loop on the CPU): 0 generates in this
+    process between updates; n >= 1 generates each step's batch in a worker process with n intra-op threads
+    (``validate.overlap.GenerationWorker``, weights copied to it before every step) while this process updates, as an
+    asynchronous k-step-off trainer does on its own share of the devices. The numbers are the same either way
+    (``tests/integration/test_validate_overlap.py``); the wall time is ``RLResult.wall_seconds``
+    (``bench/bench_overlap.py`` compares them).
     """
     on_step = None if progress is None else (lambda step, seed_metrics: progress(step, seed_metrics[0]))
-    return train_loop(policy, problems, config, [config.seed], on_step, checkpoint, checkpoint_every, sampler, mu)[0]
+    return train_loop(policy, problems, config, [config.seed], on_step, checkpoint, checkpoint_every, sampler, mu,
+                      generation_threads)[0]
 
 
 def train_loop(policy: Policy, problems: list[countdown.Problem], config: RLConfig, seeds: list[int],
                progress: Callable[[int, list[dict]], None] | None = None, checkpoint: Path | None = None,
                checkpoint_every: int = 10, sampler: Sampler | None = None,
-               mu: float | None = None) -> list[RLResult]:
+               mu: float | None = None, generation_threads: int = 0) -> list[RLResult]:
     """``train`` for S = len(seeds) seeds at once: the one RL loop (``train`` is S = 1).
 
     S > 1 needs a seed-stacked ``policy`` (``validate.batched.stack_policy``). Seed s draws its prompts and buffer
     samples from ``np.random.default_rng(seeds[s])`` and its tokens from ``torch.Generator().manual_seed(seeds[s])``,
     the streams a one-seed run with ``config.seed = seeds[s]`` uses, so each seed reproduces that run
     (``tests/integration/test_validate_batched.py``). ``progress(step, metrics of every seed)``. Timings in the results
-    are the whole batch's.
+    are the whole batch's. ``generation_threads``: as ``train``'s.
     """
     config = config.validated()
+    _check_overlap(config, generation_threads, sampler, policy)
     sampler = HFSampler(stale_copy=config.sync_every > 1) if sampler is None else sampler
     rng, generators = _seed_streams(policy.device, seeds)
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    backend = LMBackend(problems, config, generators, sampler)
+    if generation_threads:  # a worker process generates; its token generators are these, handed over
+        backend = GenerationWorker(policy, problems, config, generators, sampler.decode, generation_threads)
+    else:
+        backend = LMBackend(problems, config, generators, sampler)
+    try:
+        return _run_steps(policy, problems, config, seeds, progress, checkpoint, checkpoint_every, sampler, mu,
+                          optimizer, rng, generators, backend)
+    finally:
+        if isinstance(backend, GenerationWorker):
+            backend.close()
+
+
+def _check_overlap(config: RLConfig, generation_threads: int, sampler: Sampler | None, policy: Policy) -> None:
+    """One-line ValueErrors for ``generation_threads`` (``train``), before any work."""
+    require_integer("generation_threads", generation_threads, 0, note=" (0: no worker process)")
+    if not generation_threads:
+        return
+    if config.buffer != "stale-k" or config.stale_k < 1 or config.sync_every != 1:
+        raise ValueError(f"generation_threads >= 1 needs a stale-k design with stale_k >= 1 and sync_every = 1 (each "
+                         f"batch trained at least one update after the weights it was generated from), got buffer "
+                         f"{config.buffer}, stale_k = {config.stale_k}, sync_every = {config.sync_every}")
+    if sampler is not None and not isinstance(sampler, HFSampler):
+        raise ValueError(f"generation_threads >= 1 generates with the HF loop in a worker process, got the "
+                         f"{getattr(sampler, 'name', type(sampler).__name__)} engine; use --engine hf")
+    if torch.device(policy.device).type != "cpu":
+        raise ValueError(f"generation_threads >= 1 runs on the CPU, the policy is on {policy.device}")
+
+
+def _run_steps(policy: Policy, problems, config: RLConfig, seeds: list[int], progress, checkpoint, checkpoint_every,
+               sampler: Sampler, mu: float | None, optimizer, rng, generators, backend) -> list[RLResult]:
+    """``train_loop``'s steps on ``backend`` (in this process, or a ``GenerationWorker``)."""
     backend.prompt_width = fixed_prompt_width(policy, problems)
     settings = PipelineSettings(total_steps=config.steps) if mu is None else PipelineSettings(mu=mu,
                                                                                              total_steps=config.steps)
@@ -358,18 +400,29 @@ def train_loop(policy: Policy, problems: list[countdown.Problem], config: RLConf
         first_step, rng, results = _resume(Path(checkpoint), config, seeds, policy, optimizer, rng, generators,
                                            pipeline, mu)
     synced_at = first_step
+    worker = backend if isinstance(backend, GenerationWorker) else None
+    if worker is not None and first_step:
+        worker.push_generators()  # the resumed token streams
     for step in range(first_step, config.steps):
-        if step == first_step or step % config.sync_every == 0:
-            t_sync = time.perf_counter()
+        t_step = time.perf_counter()
+        if worker is not None:  # theta_t for this step's generation, in the worker: the update cannot change it
+            worker.sync(policy)
+            synced_at = step
+        elif step == first_step or step % config.sync_every == 0:
             sampler.sync(policy)
             synced_at = step
-            for result in results:
-                result.sync_seconds += time.perf_counter() - t_sync
+        sync_seconds = time.perf_counter() - t_step
+        for result in results:
+            result.sync_seconds += sync_seconds
         seed_metrics = _train_step(step, step - synced_at, policy, optimizer, problems, config, backend, pipeline,
-                                   results, mu)
+                                   results, mu, overlapped=worker is not None)
+        for result in results:
+            result.wall_seconds += time.perf_counter() - t_step
         if progress is not None:
             progress(step, seed_metrics)
         if checkpoint is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == config.steps):
+            if worker is not None:
+                worker.pull_generators()  # the token streams live in the worker
             _save_state(Path(checkpoint), config, seeds, policy, optimizer, rng, generators, pipeline, results,
                         step + 1)
     return results
@@ -411,26 +464,39 @@ def _resume(checkpoint: Path, config: RLConfig, seeds: list[int], policy: Policy
 
 
 def _train_step(step: int, since_sync: int, policy: Policy, optimizer, problems, config: RLConfig,
-                backend: LMBackend, pipeline: Pipeline, results: list[RLResult], mu: float | None) -> list[dict]:
+                backend: LMBackend | GenerationWorker, pipeline: Pipeline, results: list[RLResult], mu: float | None,
+                overlapped: bool = False) -> list[dict]:
     """One update of every seed: the pipeline's batch (generation timed by the backend), the update, the compute
-    charged, and each seed's timings, counts and metrics (returned, one dict a seed)."""
+    charged, and each seed's timings, counts and metrics (returned, one dict a seed). ``overlapped``: the step's
+    generation (a ``GenerationWorker``'s) runs beside the update (``Pipeline.next_batch_overlapped``), each timed on
+    its own."""
     t0 = time.perf_counter()
     generation_before, compiling_before = backend.generation_seconds, backend.compile_seconds
+
+    def update(data) -> tuple[torch.Tensor, object, float]:
+        started = time.perf_counter()
+        policy.model.train()
+        logp, out = update_step(policy, optimizer, problems, config, data.train, data.is_fresh, backend.prompt_width)
+        return logp, out, time.perf_counter() - started
+
     policy.model.eval()
-    data = pipeline.next_batch(step, policy)  # generation (timed by the backend) and the buffer's work
+    if not overlapped:
+        data = pipeline.next_batch(step, policy)  # generation (timed by the backend) and the buffer's work
+        logp_new, out, _ = update(data)
+    else:  # the worker generates from its copy of this step's weights (the weights passed are not read)
+        data, (logp_new, out, update_seconds) = pipeline.next_batch_overlapped(step, policy, policy, update)
     train_batch = data.train
-    policy.model.train()
-    logp_new, out = update_step(policy, optimizer, problems, config, train_batch, data.is_fresh, backend.prompt_width)
     pipeline.after_update(step, data)  # RLOO: add the fresh groups after the update
     compute = pipeline.account(data)  # (S,) running total
     generation = backend.generation_seconds - generation_before
     compiling = backend.compile_seconds - compiling_before
-    update = time.perf_counter() - t0 - generation - compiling
+    if not overlapped:
+        update_seconds = time.perf_counter() - t0 - generation - compiling  # the step less its generation
     token_lr = logp_new.cpu().double().numpy().reshape(train_batch.logp_behav.shape) - train_batch.logp_behav
     seed_metrics = step_metrics(step, backend.info, out, train_batch, token_lr, data, since_sync)
     for s, result in enumerate(results):
         result.generation_seconds += generation
-        result.update_seconds += update
+        result.update_seconds += update_seconds
         result.compile_seconds += compiling
         result.k_inference, result.k_training = int(pipeline.k_inference), int(pipeline.k_training)
         result.compute = math.nan if mu is None else float(compute[s])

@@ -191,6 +191,56 @@ def test_stale_k_prefills_k_distinct_base_batches():
     assert pipe.counts()["K_inference"] == (8 + k) * R  # the pre-fill is generated compute
 
 
+def _batch_arrays(data) -> list[np.ndarray]:
+    arrays = [data.weight, data.staleness, data.time_since_last_use, np.asarray(data.generated)]
+    for batch in (data.train, data.fresh):
+        arrays += [batch.prompt, batch.tokens, batch.mask, batch.logp_behav, batch.reward, batch.advantage,
+                   batch.created, batch.group]
+    return arrays
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_stale_k_overlapped_makes_the_same_batches_and_draws_as_the_sequential_step(k):
+    """Generation beside the update (core/designs.stale_k_overlapped) against stale_k_step then the update: every
+    array of every step's batch equal, the update handed the batch it trains on, the random streams left equal."""
+    config = SimConfig(seeds=2, buffer="stale-k", stale_k=k, rollouts_per_step=16, batch_size=16, group_size=8)
+    (plain, env), (overlapped, _) = _pipeline(config), _pipeline(config)
+    params = env.init_params(config.seeds)
+    handed = []
+    for step in range(6):
+        params = params + 0.01 * (step + 1)  # a moving policy: each step generates from other weights
+        data = plain.next_batch(step, params)
+        other, result = overlapped.next_batch_overlapped(step, params, params.copy(),
+                                                         lambda train, step=step: handed.append(train) or step)
+        assert result == step and handed[-1].fresh is None  # the update sees the batch before this step's generation
+        assert np.array_equal(handed[-1].train.tokens, data.train.tokens)
+        for a, b in zip(_batch_arrays(data), _batch_arrays(other)):
+            assert np.array_equal(a, b)
+        assert other.generated == ((k + 1) * 16 if step == 0 else 16)  # the pre-fill counted at step 0, as before
+        plain.account(data), overlapped.account(other)
+    assert np.array_equal(plain.compute, overlapped.compute)
+    assert np.array_equal(plain.rng.random((2, 4)), overlapped.rng.random((2, 4)))  # the same draws were taken
+
+
+def test_stale_k_overlapped_refuses_what_it_cannot_overlap_and_waits_for_a_generation_when_the_update_fails():
+    config = SimConfig(seeds=1, buffer="stale-k", stale_k=0, rollouts_per_step=16, batch_size=16, group_size=8)
+    pipe, env = _pipeline(config)
+    params = env.init_params(1)
+    with pytest.raises(ValueError, match="needs stale_k >= 1"):
+        pipe.next_batch_overlapped(0, params, params, lambda train: None)
+    fifo, _ = _pipeline(SimConfig(seeds=1, buffer="fifo", rollouts_per_step=16, batch_size=16, capacity=32))
+    with pytest.raises(ValueError, match="only in stale-k designs"):
+        fifo.next_batch_overlapped(0, params, params, lambda train: None)
+    pipe, _ = _pipeline(dataclasses.replace(config, stale_k=1))
+
+    def failing(train):
+        raise RuntimeError("update failed")
+
+    with pytest.raises(RuntimeError, match="update failed"):
+        pipe.next_batch_overlapped(0, params, params, failing)
+    assert len(pipe.buffer) == 2  # the pre-fill and this step's batch: the generation finished and was pushed
+
+
 def test_freshper_algorithm1_step_counts():
     """Alg. 1 with K = 2: every third update is on-policy on the R fresh responses, the other two replay B."""
     R, B, K, T = 16, 32, 2, 12
