@@ -361,9 +361,9 @@ class BanditEnv:
         cells = (np.arange(S)[:, None] * P + prompts).ravel()  # (S*n,) flat (seed, prompt) index
         # the inverse CDF of sample_categorical: the number of CDF values below u (at most A - 1).
         # Each run of equal cells (a group: G responses to one prompt) gets its CDF once, built one
-        # COLUMN per run so that the running sum cdf_k = cdf_{k-1} + pi_k (np.cumsum's order) is A - 1
-        # vector additions. The CDF never decreases, so "cdf < u" is True on a prefix of each column: the
-        # number of values below u is that prefix's length, counted over the columns repeated once per item.
+        # COLUMN per run (or block of a run, below) so that the running sum cdf_k = cdf_{k-1} + pi_k (np.cumsum's
+        # order) is A - 1 vector additions. The CDF never decreases, so "cdf < u" is True on a prefix of each column:
+        # the number of values below u is that prefix's length, counted over the columns of each item.
         first = np.empty(cells.size, dtype=bool)
         first[0] = True
         np.not_equal(cells[1:], cells[:-1], out=first[1:])
@@ -374,17 +374,23 @@ class BanditEnv:
             self._probs_table(full)
         else:
             full = self._log_policy_rows(params, rows)  # (S, P, A), the rows drawn from made
-        cdf = np.ascontiguousarray(self._row_probs(full, rows).T)
-        for k in range(1, A):
-            cdf[k] += cdf[k - 1]  # (A, runs)
         length = np.empty_like(starts)  # (runs,) items in each run
         np.subtract(starts[1:], starts[:-1], out=length[:-1])
         length[-1] = cells.size - starts[-1]
-        if (length == length[0]).all():  # runs of one length m (groups of G): u (runs, m) against each run's column
-            below = (cdf[:, :, None] < u.reshape(starts.size, -1)).reshape(A, -1)  # (A, S*n), no repeated copy
+        # one column per block of m items, m the gcd of the run lengths (G, also when groups of a seed that share a
+        # prompt meet): each block lies in one run, and a row's column is the same numbers whichever columns are built
+        # beside it. m = 1 (runs of coprime lengths): one column per run, repeated once per item
+        m = int(np.gcd.reduce(length))
+        cdf = np.ascontiguousarray(self._row_probs(full, cells[::m] if m > 1 else rows).T)  # (A, blocks or runs)
+        for k in range(1, A):
+            cdf[k] += cdf[k - 1]  # (A, blocks or runs)
+        counter = np.uint8 if A < 256 else np.int64
+        if m > 1:  # item j of every block against the blocks' columns: (A, m, blocks), long inner loops, no copies
+            below = cdf[:, None, :] < np.ascontiguousarray(u.reshape(-1, m).T)  # (A, m, S*n / m)
+            count = np.add.reduce(below.view(np.uint8), axis=0, dtype=counter).T.ravel()  # (S*n,) item order
         else:
             below = np.repeat(cdf, length, axis=1) < u.reshape(-1)  # (A, S*n)
-        count = np.add.reduce(below.view(np.uint8), axis=0, dtype=np.uint8 if A < 256 else np.int64)  # (S*n,)
+            count = np.add.reduce(below.view(np.uint8), axis=0, dtype=counter)  # (S*n,)
         action = np.minimum(count, A - 1).astype(np.int64)  # (S*n,)
         logp = full.reshape(-1)[cells * A + action].reshape(S, n, 1)  # log pi(a | p)
         return action.reshape(S, n, 1), logp, np.ones((S, n, 1), dtype=bool)

@@ -552,3 +552,24 @@ def test_bandit_sample_is_the_inverse_cdf_of_each_response_whatever_its_runs_of_
             a = min(int(np.sum(np.cumsum(np.exp(lpol)) < u[s, i])), env.num_actions - 1)
             assert tokens[s, i, 0] == a
             np.testing.assert_allclose(logp[s, i, 0], lpol[a], rtol=1e-10)
+
+
+@pytest.mark.parametrize("runs", [[8, 16, 8, 8], [4, 8, 12], [3, 5, 2, 6], [16], [8] * 5])
+def test_bandit_sample_is_sample_categorical_of_the_table_bit_for_bit(runs) -> None:
+    # the draws build one CDF column per block of gcd(run lengths) responses (per run when the gcd is 1): the same
+    # tokens and log-probs as the inverse CDF of each response's row of the whole table, number for number
+    from replay_theory.simulate.envs.bandit import sample_categorical
+
+    env, S = BanditEnv(BanditConfig()), 3
+    params = _params(env, S, 0.7, 2)
+    prompt_of_run = np.random.default_rng(6).integers(0, 4, size=len(runs))  # few prompts: equal neighbours too
+    prompts = np.tile(np.repeat(prompt_of_run, runs), (S, 1))
+    prompts[1] = prompts[1][::-1]
+    tokens, logp, mask = env.sample(params, prompts, np.random.default_rng(4))
+    u = np.random.default_rng(4).random(prompts.shape)
+    table = BanditEnv(BanditConfig()).log_policy(params)  # (S, P, A), made whole
+    rows = table[np.arange(S)[:, None], prompts]  # (S, n, A)
+    want = sample_categorical(rows, u)  # (S, n)
+    np.testing.assert_array_equal(tokens[..., 0], want)
+    np.testing.assert_array_equal(logp[..., 0], np.take_along_axis(rows, want[..., None], axis=-1)[..., 0])
+    assert mask.all()
