@@ -99,12 +99,18 @@ def token_coef(coef: np.ndarray, mask: np.ndarray) -> np.ndarray:
     ``coef`` may be per token (S, n, L) or per sequence (S, n); a per-sequence
     coefficient applies to every token (d logp_seq / d logp_token = 1).
     """
+    return np.where(mask, _coef_values(coef, mask), 0.0)  # (S, n, L): a per-sequence coef broadcasts over L
+
+
+def _coef_values(coef: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``coef`` as float64 (S, n, L) or (S, n, 1), checked as :func:`token_coef` checks it, padding not zeroed: what
+    ``token_coef`` returns when every token is real (a per-sequence coef keeps its length-1 token axis)."""
     coef = np.asarray(coef, dtype=np.float64)
     if coef.ndim == mask.ndim - 1:
         coef = coef[..., None]  # (S, n, 1)
     if coef.ndim != mask.ndim:
         raise ValueError(f"coef must have shape (S, n) or (S, n, L) = {mask.shape}, got {coef.shape}")
-    return np.where(mask, coef, 0.0)  # (S, n, L): a per-sequence coef broadcasts over L
+    return coef
 
 
 def check_params(params: np.ndarray, param_dim: int) -> np.ndarray:
@@ -424,9 +430,13 @@ class BanditEnv:
         params, prompts = check_batch(params, prompts, self.num_prompts, self.param_dim)
         tokens = np.asarray(tokens, dtype=np.int64)
         mask = check_mask(mask, tokens.shape)
-        c = token_coef(coef, mask)[..., 0]  # (S, n)
         S, (P, A) = params.shape[0], self.offsets.shape
-        act = np.where(mask[..., 0], tokens[..., 0], 0)  # (S, n)
+        values = _coef_values(coef, mask)  # (S, n, 1)
+        if values.shape == mask.shape and mask.all():  # every action real (the engine's every batch): token_coef's
+            c, act = values[..., 0], tokens[..., 0]  # np.where(mask, x, 0) would copy x unchanged; (S, n) each
+        else:
+            c = np.where(mask, values, 0.0)[..., 0]  # (S, n) token_coef(coef, mask)
+            act = np.where(mask[..., 0], tokens[..., 0], 0)  # (S, n)
         cells = np.arange(S)[:, None] * P + prompts  # (S, n) flat (seed, prompt) index
         weights = c.ravel()
         # sum_n c_n phi[p_n, a_n]: scatter the coefficients onto (prompt, action) cells
@@ -434,7 +444,7 @@ class BanditEnv:
         # sum_n c_n E_pi[phi[p_n, .]]: per-prompt coefficient mass times pi; a row without mass gives a product of 0,
         # and subtracting it changes nothing, so few rows are done alone
         per_prompt = np.bincount(cells.ravel(), weights=weights, minlength=S * P)  # (S P,)
-        rows = np.flatnonzero(per_prompt)
+        rows = np.flatnonzero(per_prompt != 0)  # the nonzero entries (NaN included), over a bool array: fewer passes
         if 2 * rows.size >= S * P:  # most of the table: one pass over all of it
             chosen -= per_prompt[:, None] * self._probs_table(self._log_policy(params)).reshape(S * P, A)
         else:

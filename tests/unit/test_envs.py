@@ -573,3 +573,39 @@ def test_bandit_sample_is_sample_categorical_of_the_table_bit_for_bit(runs) -> N
     np.testing.assert_array_equal(tokens[..., 0], want)
     np.testing.assert_array_equal(logp[..., 0], np.take_along_axis(rows, want[..., None], axis=-1)[..., 0])
     assert mask.all()
+
+
+def test_bandit_gradient_of_an_all_real_batch_is_token_coef_s() -> None:
+    # every action real: the gradient reads coef and the actions as token_coef and np.where give them; a coef that
+    # only broadcasts against the batch, or a wrong shape, goes the token_coef way (its values, its errors)
+    from replay_theory.simulate.envs.bandit import _coef_values, token_coef
+
+    env, S, n = BANDIT, 3, 10
+    params = _params(env, S, 0.5, 8)
+    prompts = _prompts(env, S, n, 9)
+    tokens = np.random.default_rng(10).integers(0, env.num_actions, size=(S, n, 1))
+    mask = np.ones((S, n, 1), bool)
+    coef = np.random.default_rng(11).standard_normal((S, n))
+    edge = coef.copy()
+    edge[0, :4] = (-0.0, np.inf, 0.0, np.nan)
+    for values in (edge, edge[..., None]):
+        np.testing.assert_array_equal(_coef_values(values, mask), token_coef(values, mask))  # NaN where NaN
+        assert np.signbit(_coef_values(values, mask)[0, 0, 0])
+    grad = env.grad_logp_contract(params, prompts, tokens, mask, coef)
+    pi = np.exp(env.log_policy(params))  # (S, P, A)
+    phi = env.features  # (P, A, d)
+    mean_phi = np.einsum("snA,snAd->snd", pi[np.arange(S)[:, None], prompts], phi[prompts])  # E_pi[phi | p_n]
+    want = np.einsum("sn,snd->sd", coef, phi[prompts, tokens[..., 0]] - mean_phi)
+    np.testing.assert_allclose(grad, want, rtol=1e-12, atol=1e-12)
+    partial = mask.copy()
+    partial[1, 4] = False  # a padded action: the np.where way, whose coef and action there are 0
+    np.testing.assert_array_equal(
+        env.grad_logp_contract(params, prompts, np.where(partial, tokens, 0), mask, np.where(partial[..., 0], coef, 0)),
+        env.grad_logp_contract(params, prompts, tokens, partial, coef))
+    with pytest.raises(ValueError, match=r"coef must have shape \(S, n\) or \(S, n, L\)"):
+        env.grad_logp_contract(params, prompts, tokens, mask, coef[0])
+    with pytest.raises(ValueError):  # (2, n, 1) does not broadcast against (3, n, 1): numpy's error, as before
+        env.grad_logp_contract(params, prompts, tokens, mask, coef[:2, :, None])
+    one = env.grad_logp_contract(params, prompts, tokens, mask, coef[:1, :, None])  # broadcasts over the seeds
+    np.testing.assert_array_equal(one, env.grad_logp_contract(params, prompts, tokens, mask,
+                                                              np.repeat(coef[:1], S, axis=0)))
