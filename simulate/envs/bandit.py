@@ -37,6 +37,7 @@ from scipy.special import logsumexp
 from ...checks import require_in_range, require_int, require_nonnegative, require_unit_interval
 from ...theory.divergences import chi2_exact, d2_exact, kl_exact, m2_exact
 from ...theory.moments import column_sums as _column_sums
+from ...theory.moments import row_sums as _row_sums
 
 __all__ = ["BanditConfig", "BanditEnv", "NoisyBanditConfig", "NoisyRewardBandit"]
 
@@ -461,7 +462,7 @@ class BanditEnv:
         table = self._log_policy_rows(params, cells)  # (S, P, A), the rows asked for made
         logpol = np.take(table.reshape(S * P, A), cells, axis=0)  # (S*n, A)
         probs = self._row_probs(table, cells)  # exp(logpol), from the pi table when an evaluation made it
-        h = -np.sum(probs * logpol, axis=-1, keepdims=True).reshape(S, n, 1)  # (S, n, 1)
+        h = -_row_sums(probs * logpol).reshape(S, n, 1)  # (S, n, 1): np.sum over the A actions, bit for bit
         return np.where(mask, h, 0.0)
 
     def evaluate(self, params: np.ndarray) -> dict[str, np.ndarray]:

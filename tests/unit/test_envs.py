@@ -609,3 +609,24 @@ def test_bandit_gradient_of_an_all_real_batch_is_token_coef_s() -> None:
     one = env.grad_logp_contract(params, prompts, tokens, mask, coef[:1, :, None])  # broadcasts over the seeds
     np.testing.assert_array_equal(one, env.grad_logp_contract(params, prompts, tokens, mask,
                                                               np.repeat(coef[:1], S, axis=0)))
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 8, 9, 16, 17, 64, 127, 128, 129, 300])
+def test_row_sums_are_numpy_s_last_axis_sums_bit_for_bit(n: int) -> None:
+    # the bandit's entropies sum their terms over a transposed copy: numpy's values, signed zeros, inf and NaN included
+    from replay_theory.theory.moments import row_sums
+
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((40, n)) * 10.0 ** rng.integers(-8, 8, size=(40, n))
+    x[rng.random((40, n)) < 0.1] = -0.0
+    x[0] = -0.0  # all -0.0: numpy's sum is 0.0
+    if n >= 2:
+        x[1, 0], x[2, -1], x[3, :2] = np.nan, np.inf, (np.inf, -np.inf)
+        x[4, :] = (-0.0, 0.0) * (n // 2) + (-0.0,) * (n % 2)  # mixed signed zeros: 0.0
+    with np.errstate(invalid="ignore"):
+        got, want = row_sums(x), x.sum(axis=-1)
+    assert got.shape == want.shape == (40,)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    real = ~np.isnan(want)
+    np.testing.assert_array_equal(got[real].view(np.uint64), want[real].view(np.uint64))  # the bits: -0.0 is not 0.0
+    assert not np.signbit(got[0])
