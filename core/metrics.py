@@ -137,9 +137,15 @@ def step_metrics(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
 
 def step_metrics_and_ratios(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
                             token_stats: dict[str, np.ndarray] | None = None, reward: np.ndarray | None = None,
-                            group: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+                            group: np.ndarray | None = None, *, seq_ess: np.ndarray | None = None
+                            ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """:func:`step_metrics` and the sequence log-ratios (S, B) it summed, for a caller that also needs them
-    (:func:`ess_by_age`): one pass over the tokens."""
+    (:func:`ess_by_age`): one pass over the tokens.
+
+    ``seq_ess`` (S,): the Kish ESS fraction of the sequence ratios when the caller already has it from the same
+    kernel on the same numbers (the engine: a loss's token-level ESS of one-token responses, every token real,
+    ``core.losses.TOKEN_KISH_METRICS``); used where every sequence log-ratio is finite, as the kernel's sums are.
+    """
     S = mask.shape[0]
     token_lr, seq_lr = sequence_log_ratio(token_lr, mask)
     if token_stats is not None and all(k in token_stats for k in TOKEN_STATS):
@@ -150,7 +156,7 @@ def step_metrics_and_ratios(token_lr: np.ndarray, mask: np.ndarray, staleness: n
     if np.isfinite(seq_lr).all():  # the engine's every step: the kernel's sums without the checks' passes
         # (S,) the same numbers as ess_kish_fraction(seq_lr); finite rows give A, B >= 1 (the row maximum's term is
         # e^0), so no 0/0 can warn and the estimator runs without its errstate guard (a tenth of the step's metrics)
-        ess = ess_frac_from_sums.__wrapped__(*weight_sums(seq_lr))
+        ess = ess_frac_from_sums.__wrapped__(*weight_sums(seq_lr)) if seq_ess is None else seq_ess
     else:
         ess = ess_kish_fraction(seq_lr)
     out = {
@@ -167,10 +173,13 @@ def step_metrics_and_ratios(token_lr: np.ndarray, mask: np.ndarray, staleness: n
 
 def step_metrics_by_age(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
                         token_stats: dict[str, np.ndarray] | None = None, reward: np.ndarray | None = None,
-                        group: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+                        group: np.ndarray | None = None, *, seq_ess: np.ndarray | None = None
+                        ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """:func:`step_metrics` and the Kish ESS of each (seed, ``AGE_BUCKETS`` bucket) of the batch: (metrics,
-    fractions (S, K), sample counts (S, K)), :func:`ess_by_age` of the sequence log-ratios."""
-    metrics, seq_lr = step_metrics_and_ratios(token_lr, mask, staleness, token_stats, reward, group)
+    fractions (S, K), sample counts (S, K)), :func:`ess_by_age` of the sequence log-ratios. ``seq_ess``: as
+    :func:`step_metrics_and_ratios`."""
+    metrics, seq_lr = step_metrics_and_ratios(token_lr, mask, staleness, token_stats, reward, group,
+                                              seq_ess=seq_ess)
     frac, count = ess_by_age(seq_lr, age_bucket(staleness), len(AGE_BUCKETS))
     return metrics, frac, count
 
