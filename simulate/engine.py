@@ -212,7 +212,8 @@ class Recorder:
         # one, the same sums of the same numbers (core.losses.TOKEN_KISH_METRICS), not summed a second time
         one_token = make in TOKEN_KISH_METRICS and token_lr.shape[-1] == 1 and bool(mask.all())
         metrics, frac, count = step_metrics_by_age(token_lr, mask, staleness, loss_metrics, *generated,
-                                                   seq_ess=loss_metrics["ess_frac"] if one_token else None)
+                                                   seq_ess=loss_metrics["ess_frac"] if one_token else None,
+                                                   abs_max=False)  # log_ratio_abs_max: not a curve (STEP_KEYS)
         for name in self.STEP_KEYS:  # ess_frac at sequence level; the estimators at token level, verl/TRL style
             self._put_steps(name, first, metrics[name])
         # ESS by age: the fraction of each (seed, age bucket) cell with >= 2 samples, summed over seeds, then over

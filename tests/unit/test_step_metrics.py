@@ -167,3 +167,17 @@ def test_a_given_sequence_ess_is_not_used_where_a_sequence_log_ratio_is_not_fini
     finite, fmask, fstale = _batch(3)
     given = np.array([0.25, 0.5, 0.75])
     np.testing.assert_array_equal(step_metrics_by_age(finite, fmask, fstale, seq_ess=given)[0]["ess_frac"], given)
+
+
+def test_abs_max_false_leaves_only_log_ratio_abs_max_out() -> None:
+    token_lr, mask, staleness = _batch(4)
+    full, seq_lr = step_metrics_and_ratios(token_lr, mask, staleness)
+    lean, lean_seq = step_metrics_and_ratios(token_lr, mask, staleness, abs_max=False)
+    assert list(lean) == [k for k in full if k != "log_ratio_abs_max"]
+    for key in lean:
+        np.testing.assert_array_equal(lean[key], full[key])
+    np.testing.assert_array_equal(lean_seq, seq_lr)
+    np.testing.assert_array_equal(full["log_ratio_abs_max"], np.abs(np.where(mask, token_lr, 0.0)).max(axis=(1, 2)))
+    by_age, frac, count = step_metrics_by_age(token_lr, mask, staleness, abs_max=False)
+    assert list(by_age) == list(lean)
+    np.testing.assert_array_equal(frac, step_metrics_by_age(token_lr, mask, staleness)[1])
