@@ -114,6 +114,14 @@ def _coef_values(coef: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return coef
 
 
+def _run_starts(cells: np.ndarray) -> np.ndarray:
+    """The first index of each run of equal values of ``cells`` (k,), (runs,) in order (empty for k = 0)."""
+    first = np.empty(cells.size, dtype=bool)
+    first[:1] = True
+    np.not_equal(cells[1:], cells[:-1], out=first[1:])
+    return np.flatnonzero(first)
+
+
 def check_params(params: np.ndarray, param_dim: int) -> np.ndarray:
     """Validated float64 ``params`` (S, d)."""
     params = np.asarray(params, dtype=np.float64)
@@ -371,10 +379,7 @@ class BanditEnv:
         # COLUMN per run (or block of a run, below) so that the running sum cdf_k = cdf_{k-1} + pi_k (np.cumsum's
         # order) is A - 1 vector additions. The CDF never decreases, so "cdf < u" is True on a prefix of each column:
         # the number of values below u is that prefix's length, counted over the columns of each item.
-        first = np.empty(cells.size, dtype=bool)
-        first[0] = True
-        np.not_equal(cells[1:], cells[:-1], out=first[1:])
-        starts = np.flatnonzero(first)  # (runs,) each run's first item
+        starts = _run_starts(cells)  # (runs,) each run's first item
         rows = cells[starts]  # (runs,)
         if 4 * rows.size >= S * P:  # a quarter of the table or more: make all of it, the gradient's rows come next
             full = self._log_policy(params)  # (S, P, A)
@@ -460,9 +465,13 @@ class BanditEnv:
         (S, n), (P, A) = prompts.shape, self.offsets.shape
         cells = (np.arange(S)[:, None] * P + prompts).ravel()  # (S*n,) flat (seed, prompt) rows
         table = self._log_policy_rows(params, cells)  # (S, P, A), the rows asked for made
-        logpol = np.take(table.reshape(S * P, A), cells, axis=0)  # (S*n, A)
-        probs = self._row_probs(table, cells)  # exp(logpol), from the pi table when an evaluation made it
-        h = -_row_sums(probs * logpol).reshape(S, n, 1)  # (S, n, 1): np.sum over the A actions, bit for bit
+        # responses side by side to one prompt (a group) have one row, so one entropy: each run's once, repeated
+        starts = _run_starts(cells)  # (runs,)
+        rows = cells[starts]  # (runs,)
+        logpol = np.take(table.reshape(S * P, A), rows, axis=0)  # (runs, A)
+        probs = self._row_probs(table, rows)  # exp(logpol), from the pi table when an evaluation made it
+        h = -_row_sums(probs * logpol)  # (runs,): np.sum over the A actions, bit for bit
+        h = np.repeat(h, np.diff(starts, append=cells.size)).reshape(S, n, 1)  # (S, n, 1)
         return np.where(mask, h, 0.0)
 
     def evaluate(self, params: np.ndarray) -> dict[str, np.ndarray]:

@@ -630,3 +630,36 @@ def test_row_sums_are_numpy_s_last_axis_sums_bit_for_bit(n: int) -> None:
     real = ~np.isnan(want)
     np.testing.assert_array_equal(got[real].view(np.uint64), want[real].view(np.uint64))  # the bits: -0.0 is not 0.0
     assert not np.signbit(got[0])
+
+
+def test_run_starts_are_the_first_index_of_each_run() -> None:
+    from replay_theory.simulate.envs.bandit import _run_starts
+
+    for cells, want in (([], []), ([5], [0]), ([3, 3, 3], [0]), ([1, 2, 2, 1, 1, 7], [0, 1, 3, 5]),
+                        ([0, 1, 2, 3], [0, 1, 2, 3])):
+        got = _run_starts(np.asarray(cells, dtype=np.int64))
+        assert got.dtype == np.intp
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("runs", [[8] * 6, [8, 16, 8], [3, 5, 2, 6], [1] * 10])
+def test_bandit_token_entropy_once_per_run_is_each_response_s_bit_for_bit(runs) -> None:
+    # responses to one prompt side by side share one entropy: the sum of the row's terms as np.sum gives it per item
+    env, S = BanditEnv(BanditConfig()), 3
+    params = _params(env, S, 0.9, 12)
+    prompts = np.tile(np.repeat(np.random.default_rng(13).integers(0, 5, size=len(runs)), runs), (S, 1))
+    prompts[2] = prompts[2][::-1]
+    n = prompts.shape[1]
+    mask = np.ones((S, n, 1), bool)
+    mask[1, 2] = False
+    for whole in (False, True):
+        fresh = BanditEnv(BanditConfig())
+        if whole:
+            fresh.evaluate(params)  # the pi table made: the rows come from it
+        got = fresh.token_entropy(params, prompts, np.zeros((S, n, 1), np.int64), mask)
+        table = env.log_policy(params)
+        rows = table[np.arange(S)[:, None], prompts]  # (S, n, A)
+        want = -np.sum(np.exp(rows) * rows, axis=-1, keepdims=True)
+        np.testing.assert_array_equal(got.view(np.uint64), np.where(mask, want, 0.0).view(np.uint64))
+    empty = env.token_entropy(params, np.zeros((S, 0), np.int64), np.zeros((S, 0, 1), np.int64))
+    assert empty.shape == (S, 0, 1)
