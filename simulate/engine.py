@@ -107,8 +107,9 @@ def difficulty_gains(env, params0: np.ndarray, params: np.ndarray) -> dict[str, 
 
 
 #: the most (seed, response, token) cells of training batches whose metrics the recorder computes in one pass: a
-#: chunk of steps pays the calls of one step (at least one step a chunk; the stacked arrays stay small)
-CHUNK_CELLS = 1 << 16
+#: chunk of steps pays the calls of one step (at least one step a chunk; the stacked arrays stay small: 256 KiB of
+#: float64, so that the chunk's dozens of temporaries do not grow and shrink the heap by megabytes at every flush)
+CHUNK_CELLS = 1 << 15
 
 
 @dataclass
