@@ -23,6 +23,7 @@ taken over the LAST axis.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Callable
 
@@ -64,7 +65,10 @@ def group_advantage(reward: ArrayLike, normalize_std: bool = True, eps: float = 
     verl use; ``ddof=0`` the population std. A group with identical rewards gets
     A = 0 (0 / eps). Input and output (S, g, G); ddof=1 needs G >= 2.
     """
-    require_nonnegative("eps", eps)
+    # a float in [0, inf) (the default, every step) is what require_nonnegative accepts: only anything else goes
+    # through it (NaN, negatives, inf and other types raise there as before), without its array round trip per call
+    if not (type(eps) is float and 0.0 <= eps < math.inf):
+        require_nonnegative("eps", eps)
     if ddof not in (0, 1):
         raise ValueError(f"ddof must be 0 or 1, got {ddof!r}")
     r = _rewards(reward, minimum_group=1 + ddof if normalize_std else 1)

@@ -430,6 +430,13 @@ def _clip_metrics(low: np.ndarray, high: np.ndarray, log_ratio: np.ndarray, m: n
     }
 
 
+#: the metrics makes whose ``ess_frac`` is :func:`_ratio_metrics`': the statistics kernel's Kish ESS fraction of the
+#: ratios of their ``log_ratio`` rows (S, n, L) over the real tokens. With one token per response (L = 1) and every
+#: token real those are the sequence ratios, so it is ``core.metrics.step_metrics``' sequence-level ``ess_frac``
+#: number for number (the same sums of the same values): the engine's recorder passes it on instead of summing again
+TOKEN_KISH_METRICS: frozenset[Callable[..., dict[str, np.ndarray]]] = frozenset({_ratio_metrics, _clip_metrics})
+
+
 def no_trust_region(logp_new: ArrayLike, logp_behav: ArrayLike, advantage: ArrayLike, mask: ArrayLike, *,
                     aggregation: Aggregation = "token-mean") -> LossOutput:
     """Importance-weighted PG without a trust region: -mean r A (GRPO with eps = inf; M2PO Sec. 4).

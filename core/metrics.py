@@ -137,9 +137,16 @@ def step_metrics(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
 
 def step_metrics_and_ratios(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
                             token_stats: dict[str, np.ndarray] | None = None, reward: np.ndarray | None = None,
-                            group: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+                            group: np.ndarray | None = None, *, seq_ess: np.ndarray | None = None,
+                            abs_max: bool = True) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """:func:`step_metrics` and the sequence log-ratios (S, B) it summed, for a caller that also needs them
-    (:func:`ess_by_age`): one pass over the tokens."""
+    (:func:`ess_by_age`): one pass over the tokens.
+
+    ``seq_ess`` (S,): the Kish ESS fraction of the sequence ratios when the caller already has it from the same
+    kernel on the same numbers (the engine: a loss's token-level ESS of one-token responses, every token real,
+    ``core.losses.TOKEN_KISH_METRICS``); used where every sequence log-ratio is finite, as the kernel's sums are.
+    ``abs_max=False`` leaves ``log_ratio_abs_max`` out, for a caller that does not log it (the engine).
+    """
     S = mask.shape[0]
     token_lr, seq_lr = sequence_log_ratio(token_lr, mask)
     if token_stats is not None and all(k in token_stats for k in TOKEN_STATS):
@@ -150,16 +157,17 @@ def step_metrics_and_ratios(token_lr: np.ndarray, mask: np.ndarray, staleness: n
     if np.isfinite(seq_lr).all():  # the engine's every step: the kernel's sums without the checks' passes
         # (S,) the same numbers as ess_kish_fraction(seq_lr); finite rows give A, B >= 1 (the row maximum's term is
         # e^0), so no 0/0 can warn and the estimator runs without its errstate guard (a tenth of the step's metrics)
-        ess = ess_frac_from_sums.__wrapped__(*weight_sums(seq_lr))
+        ess = ess_frac_from_sums.__wrapped__(*weight_sums(seq_lr)) if seq_ess is None else seq_ess
     else:
         ess = ess_kish_fraction(seq_lr)
     out = {
         "ess_frac": np.asarray(ess),  # (S,) Kish of the sequence ratios, FreshPER Eq. (5)
         **{k: np.asarray(stats[k]).reshape(S) for k in TOKEN_STATS},
-        "log_ratio_abs_max": np.abs(token_lr).reshape(S, -1).max(axis=1),  # padding is 0
-        "staleness_mean": np.sum(staleness, axis=1) / staleness.shape[1],
-        "staleness_max": staleness.max(axis=1),
     }
+    if abs_max:
+        out["log_ratio_abs_max"] = np.abs(token_lr).reshape(S, -1).max(axis=1)  # padding is 0
+    out["staleness_mean"] = np.sum(staleness, axis=1) / staleness.shape[1]
+    out["staleness_max"] = staleness.max(axis=1)
     if reward is not None and group is not None:
         out["frac_reward_zero_std"] = frac_reward_zero_std(reward, group)
     return out, seq_lr
@@ -167,10 +175,13 @@ def step_metrics_and_ratios(token_lr: np.ndarray, mask: np.ndarray, staleness: n
 
 def step_metrics_by_age(token_lr: np.ndarray, mask: np.ndarray, staleness: np.ndarray,
                         token_stats: dict[str, np.ndarray] | None = None, reward: np.ndarray | None = None,
-                        group: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+                        group: np.ndarray | None = None, *, seq_ess: np.ndarray | None = None,
+                        abs_max: bool = True) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """:func:`step_metrics` and the Kish ESS of each (seed, ``AGE_BUCKETS`` bucket) of the batch: (metrics,
-    fractions (S, K), sample counts (S, K)), :func:`ess_by_age` of the sequence log-ratios."""
-    metrics, seq_lr = step_metrics_and_ratios(token_lr, mask, staleness, token_stats, reward, group)
+    fractions (S, K), sample counts (S, K)), :func:`ess_by_age` of the sequence log-ratios. ``seq_ess``,
+    ``abs_max``: as :func:`step_metrics_and_ratios`."""
+    metrics, seq_lr = step_metrics_and_ratios(token_lr, mask, staleness, token_stats, reward, group,
+                                              seq_ess=seq_ess, abs_max=abs_max)
     frac, count = ess_by_age(seq_lr, age_bucket(staleness), len(AGE_BUCKETS))
     return metrics, frac, count
 

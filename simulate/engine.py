@@ -29,7 +29,7 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from ..core.designs import StepBatch, compute_loss
-from ..core.losses import LazyMetrics, LossOutput
+from ..core.losses import TOKEN_KISH_METRICS, LazyMetrics, LossOutput
 from ..core.metrics import AGE_BUCKETS, TOKEN_STATS, step_metrics_by_age
 from ..core.pipeline import EnvBackend, Pipeline, UsageRecord
 from ..core.rng import PerSeedGenerator
@@ -107,8 +107,9 @@ def difficulty_gains(env, params0: np.ndarray, params: np.ndarray) -> dict[str, 
 
 
 #: the most (seed, response, token) cells of training batches whose metrics the recorder computes in one pass: a
-#: chunk of steps pays the calls of one step (at least one step a chunk; the stacked arrays stay small)
-CHUNK_CELLS = 1 << 16
+#: chunk of steps pays the calls of one step (at least one step a chunk; the stacked arrays stay small: 256 KiB of
+#: float64, so that the chunk's dozens of temporaries do not grow and shrink the heap by megabytes at every flush)
+CHUNK_CELLS = 1 << 15
 
 
 @dataclass
@@ -196,6 +197,8 @@ class Recorder:
             parts = [getattr(r, name) if index is None else getattr(r, name)[index] for r in chunk]
             return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
+        first_metrics = chunk[0].loss_metrics  # the chunk's steps share its make (``_PendingStep.kind``)
+        make = first_metrics.stack_key if isinstance(first_metrics, LazyMetrics) else None  # None once computed
         loss_metrics = _stacked_loss_metrics([r.loss_metrics for r in chunk])
         if loss_metrics is None:  # metrics with different keys: step by step
             for record in chunk:
@@ -205,8 +208,13 @@ class Recorder:
         staleness = stacked("staleness")
         self.usage.add_uses(staleness, stacked("time_since_last_use"))
         generated = (stacked("fresh", 0), stacked("fresh", 1)) if fresh else (None, None)
-        metrics, frac, count = step_metrics_by_age(stacked("token_lr"), stacked("mask"), staleness, loss_metrics,
-                                                   *generated)
+        token_lr, mask = stacked("token_lr"), stacked("mask")
+        # one-token responses, every token real (the bandit): the loss's token-level Kish ESS is the sequence-level
+        # one, the same sums of the same numbers (core.losses.TOKEN_KISH_METRICS), not summed a second time
+        one_token = make in TOKEN_KISH_METRICS and token_lr.shape[-1] == 1 and bool(mask.all())
+        metrics, frac, count = step_metrics_by_age(token_lr, mask, staleness, loss_metrics, *generated,
+                                                   seq_ess=loss_metrics["ess_frac"] if one_token else None,
+                                                   abs_max=False)  # log_ratio_abs_max: not a curve (STEP_KEYS)
         for name in self.STEP_KEYS:  # ess_frac at sequence level; the estimators at token level, verl/TRL style
             self._put_steps(name, first, metrics[name])
         # ESS by age: the fraction of each (seed, age bucket) cell with >= 2 samples, summed over seeds, then over

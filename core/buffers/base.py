@@ -27,6 +27,8 @@ _BATCH_DTYPES = {
     "created": np.int64,
     "group": np.int64,
 }
+#: RolloutBatch's field names, in its order (``dataclasses.fields`` rebuilds its tuple on every call)
+_FIELDS = tuple(f.name for f in fields(RolloutBatch))
 
 
 def _int_param(name: str, value: object, minimum: int) -> int:
@@ -45,7 +47,7 @@ def _smallest_keys(keys: np.ndarray, m: int) -> np.ndarray:
 
 def _take_slots(arr: np.ndarray, cells: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """arr (S, C, ...) at flat (seed, slot) indices ``cells`` (k,), reshaped to ``shape + arr.shape[2:]``."""
-    return np.take(arr.reshape((-1,) + arr.shape[2:]), cells, axis=0).reshape(shape + arr.shape[2:])
+    return arr.reshape((-1,) + arr.shape[2:]).take(cells, axis=0).reshape(shape + arr.shape[2:])
 
 
 # --- samples and storage ---------------------------------------------------------------------------
@@ -110,8 +112,8 @@ class RolloutStore:
                     f"tokens in [{lo}, {hi}] do not fit token_dtype={self.token_dtype} "
                     f"[{info.min}, {info.max}]; pass a wider token_dtype"
                 )
-        for f in fields(RolloutBatch):
-            getattr(self, f.name)[rows, slots] = getattr(batch, f.name)[rows, items]
+        for name in _FIELDS:
+            getattr(self, name)[rows, slots] = getattr(batch, name)[rows, items]
 
     def move(self, rows: np.ndarray, dst: np.ndarray, src: np.ndarray) -> None:
         """store[rows, dst] = store[rows, src] (dst and src disjoint)."""
@@ -130,8 +132,8 @@ class RolloutStore:
         One 1-D ``np.take`` per field, not indexing [rows, slots].
         """
         return RolloutBatch(**{
-            f.name: _take_slots(getattr(self, f.name), cells, shape).astype(_BATCH_DTYPES[f.name], copy=False)
-            for f in fields(RolloutBatch)
+            name: _take_slots(getattr(self, name), cells, shape).astype(_BATCH_DTYPES[name], copy=False)
+            for name in _FIELDS
         })
 
     def arrays(self) -> list[np.ndarray]:

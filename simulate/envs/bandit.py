@@ -37,6 +37,7 @@ from scipy.special import logsumexp
 from ...checks import require_in_range, require_int, require_nonnegative, require_unit_interval
 from ...theory.divergences import chi2_exact, d2_exact, kl_exact, m2_exact
 from ...theory.moments import column_sums as _column_sums
+from ...theory.moments import row_sums as _row_sums
 
 __all__ = ["BanditConfig", "BanditEnv", "NoisyBanditConfig", "NoisyRewardBandit"]
 
@@ -99,12 +100,26 @@ def token_coef(coef: np.ndarray, mask: np.ndarray) -> np.ndarray:
     ``coef`` may be per token (S, n, L) or per sequence (S, n); a per-sequence
     coefficient applies to every token (d logp_seq / d logp_token = 1).
     """
+    return np.where(mask, _coef_values(coef, mask), 0.0)  # (S, n, L): a per-sequence coef broadcasts over L
+
+
+def _coef_values(coef: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``coef`` as float64 (S, n, L) or (S, n, 1), checked as :func:`token_coef` checks it, padding not zeroed: what
+    ``token_coef`` returns when every token is real (a per-sequence coef keeps its length-1 token axis)."""
     coef = np.asarray(coef, dtype=np.float64)
     if coef.ndim == mask.ndim - 1:
         coef = coef[..., None]  # (S, n, 1)
     if coef.ndim != mask.ndim:
         raise ValueError(f"coef must have shape (S, n) or (S, n, L) = {mask.shape}, got {coef.shape}")
-    return np.where(mask, coef, 0.0)  # (S, n, L): a per-sequence coef broadcasts over L
+    return coef
+
+
+def _run_starts(cells: np.ndarray) -> np.ndarray:
+    """The first index of each run of equal values of ``cells`` (k,), (runs,) in order (empty for k = 0)."""
+    first = np.empty(cells.size, dtype=bool)
+    first[:1] = True
+    np.not_equal(cells[1:], cells[:-1], out=first[1:])
+    return np.flatnonzero(first)
 
 
 def check_params(params: np.ndarray, param_dim: int) -> np.ndarray:
@@ -361,30 +376,33 @@ class BanditEnv:
         cells = (np.arange(S)[:, None] * P + prompts).ravel()  # (S*n,) flat (seed, prompt) index
         # the inverse CDF of sample_categorical: the number of CDF values below u (at most A - 1).
         # Each run of equal cells (a group: G responses to one prompt) gets its CDF once, built one
-        # COLUMN per run so that the running sum cdf_k = cdf_{k-1} + pi_k (np.cumsum's order) is A - 1
-        # vector additions. The CDF never decreases, so "cdf < u" is True on a prefix of each column: the
-        # number of values below u is that prefix's length, counted over the columns repeated once per item.
-        first = np.empty(cells.size, dtype=bool)
-        first[0] = True
-        np.not_equal(cells[1:], cells[:-1], out=first[1:])
-        starts = np.flatnonzero(first)  # (runs,) each run's first item
+        # COLUMN per run (or block of a run, below) so that the running sum cdf_k = cdf_{k-1} + pi_k (np.cumsum's
+        # order) is A - 1 vector additions. The CDF never decreases, so "cdf < u" is True on a prefix of each column:
+        # the number of values below u is that prefix's length, counted over the columns of each item.
+        starts = _run_starts(cells)  # (runs,) each run's first item
         rows = cells[starts]  # (runs,)
         if 4 * rows.size >= S * P:  # a quarter of the table or more: make all of it, the gradient's rows come next
             full = self._log_policy(params)  # (S, P, A)
             self._probs_table(full)
         else:
             full = self._log_policy_rows(params, rows)  # (S, P, A), the rows drawn from made
-        cdf = np.ascontiguousarray(self._row_probs(full, rows).T)
-        for k in range(1, A):
-            cdf[k] += cdf[k - 1]  # (A, runs)
         length = np.empty_like(starts)  # (runs,) items in each run
         np.subtract(starts[1:], starts[:-1], out=length[:-1])
         length[-1] = cells.size - starts[-1]
-        if (length == length[0]).all():  # runs of one length m (groups of G): u (runs, m) against each run's column
-            below = (cdf[:, :, None] < u.reshape(starts.size, -1)).reshape(A, -1)  # (A, S*n), no repeated copy
+        # one column per block of m items, m the gcd of the run lengths (G, also when groups of a seed that share a
+        # prompt meet): each block lies in one run, and a row's column is the same numbers whichever columns are built
+        # beside it. m = 1 (runs of coprime lengths): one column per run, repeated once per item
+        m = int(np.gcd.reduce(length))
+        cdf = np.ascontiguousarray(self._row_probs(full, cells[::m] if m > 1 else rows).T)  # (A, blocks or runs)
+        for k in range(1, A):
+            cdf[k] += cdf[k - 1]  # (A, blocks or runs)
+        counter = np.uint8 if A < 256 else np.int64
+        if m > 1:  # item j of every block against the blocks' columns: (A, m, blocks), long inner loops, no copies
+            below = cdf[:, None, :] < np.ascontiguousarray(u.reshape(-1, m).T)  # (A, m, S*n / m)
+            count = np.add.reduce(below.view(np.uint8), axis=0, dtype=counter).T.ravel()  # (S*n,) item order
         else:
             below = np.repeat(cdf, length, axis=1) < u.reshape(-1)  # (A, S*n)
-        count = np.add.reduce(below.view(np.uint8), axis=0, dtype=np.uint8 if A < 256 else np.int64)  # (S*n,)
+            count = np.add.reduce(below.view(np.uint8), axis=0, dtype=counter)  # (S*n,)
         action = np.minimum(count, A - 1).astype(np.int64)  # (S*n,)
         logp = full.reshape(-1)[cells * A + action].reshape(S, n, 1)  # log pi(a | p)
         return action.reshape(S, n, 1), logp, np.ones((S, n, 1), dtype=bool)
@@ -418,9 +436,13 @@ class BanditEnv:
         params, prompts = check_batch(params, prompts, self.num_prompts, self.param_dim)
         tokens = np.asarray(tokens, dtype=np.int64)
         mask = check_mask(mask, tokens.shape)
-        c = token_coef(coef, mask)[..., 0]  # (S, n)
         S, (P, A) = params.shape[0], self.offsets.shape
-        act = np.where(mask[..., 0], tokens[..., 0], 0)  # (S, n)
+        values = _coef_values(coef, mask)  # (S, n, 1)
+        if values.shape == mask.shape and mask.all():  # every action real (the engine's every batch): token_coef's
+            c, act = values[..., 0], tokens[..., 0]  # np.where(mask, x, 0) would copy x unchanged; (S, n) each
+        else:
+            c = np.where(mask, values, 0.0)[..., 0]  # (S, n) token_coef(coef, mask)
+            act = np.where(mask[..., 0], tokens[..., 0], 0)  # (S, n)
         cells = np.arange(S)[:, None] * P + prompts  # (S, n) flat (seed, prompt) index
         weights = c.ravel()
         # sum_n c_n phi[p_n, a_n]: scatter the coefficients onto (prompt, action) cells
@@ -428,7 +450,7 @@ class BanditEnv:
         # sum_n c_n E_pi[phi[p_n, .]]: per-prompt coefficient mass times pi; a row without mass gives a product of 0,
         # and subtracting it changes nothing, so few rows are done alone
         per_prompt = np.bincount(cells.ravel(), weights=weights, minlength=S * P)  # (S P,)
-        rows = np.flatnonzero(per_prompt)
+        rows = np.flatnonzero(per_prompt != 0)  # the nonzero entries (NaN included), over a bool array: fewer passes
         if 2 * rows.size >= S * P:  # most of the table: one pass over all of it
             chosen -= per_prompt[:, None] * self._probs_table(self._log_policy(params)).reshape(S * P, A)
         else:
@@ -443,9 +465,13 @@ class BanditEnv:
         (S, n), (P, A) = prompts.shape, self.offsets.shape
         cells = (np.arange(S)[:, None] * P + prompts).ravel()  # (S*n,) flat (seed, prompt) rows
         table = self._log_policy_rows(params, cells)  # (S, P, A), the rows asked for made
-        logpol = np.take(table.reshape(S * P, A), cells, axis=0)  # (S*n, A)
-        probs = self._row_probs(table, cells)  # exp(logpol), from the pi table when an evaluation made it
-        h = -np.sum(probs * logpol, axis=-1, keepdims=True).reshape(S, n, 1)  # (S, n, 1)
+        # responses side by side to one prompt (a group) have one row, so one entropy: each run's once, repeated
+        starts = _run_starts(cells)  # (runs,)
+        rows = cells[starts]  # (runs,)
+        logpol = np.take(table.reshape(S * P, A), rows, axis=0)  # (runs, A)
+        probs = self._row_probs(table, rows)  # exp(logpol), from the pi table when an evaluation made it
+        h = -_row_sums(probs * logpol)  # (runs,): np.sum over the A actions, bit for bit
+        h = np.repeat(h, np.diff(starts, append=cells.size)).reshape(S, n, 1)  # (S, n, 1)
         return np.where(mask, h, 0.0)
 
     def evaluate(self, params: np.ndarray) -> dict[str, np.ndarray]:

@@ -126,8 +126,8 @@ def test_token_statistics_reused_from_the_loss_equal_a_fresh_computation(monkeyp
     config = SimConfig(**FAST, buffer="stale-k", stale_k=3, loss="m2po")
     reused = run(config)
     original = engine.step_metrics_by_age  # the recorder's call, given the loss's statistics: drop them
-    monkeypatch.setattr(engine, "step_metrics_by_age", lambda lr, mask, stale, stats, *a: original(lr, mask, stale,
-                                                                                                None, *a))
+    monkeypatch.setattr(engine, "step_metrics_by_age", lambda lr, mask, stale, stats, *a, **k: original(
+        lr, mask, stale, None, *a, **k))
     recomputed = run(config)
     for name in engine.Recorder.TOKEN_STATS:
         np.testing.assert_allclose(reused.curves[name], recomputed.curves[name], rtol=1e-12, atol=1e-15)

@@ -552,3 +552,114 @@ def test_bandit_sample_is_the_inverse_cdf_of_each_response_whatever_its_runs_of_
             a = min(int(np.sum(np.cumsum(np.exp(lpol)) < u[s, i])), env.num_actions - 1)
             assert tokens[s, i, 0] == a
             np.testing.assert_allclose(logp[s, i, 0], lpol[a], rtol=1e-10)
+
+
+@pytest.mark.parametrize("runs", [[8, 16, 8, 8], [4, 8, 12], [3, 5, 2, 6], [16], [8] * 5])
+def test_bandit_sample_is_sample_categorical_of_the_table_bit_for_bit(runs) -> None:
+    # the draws build one CDF column per block of gcd(run lengths) responses (per run when the gcd is 1): the same
+    # tokens and log-probs as the inverse CDF of each response's row of the whole table, number for number
+    from replay_theory.simulate.envs.bandit import sample_categorical
+
+    env, S = BanditEnv(BanditConfig()), 3
+    params = _params(env, S, 0.7, 2)
+    prompt_of_run = np.random.default_rng(6).integers(0, 4, size=len(runs))  # few prompts: equal neighbours too
+    prompts = np.tile(np.repeat(prompt_of_run, runs), (S, 1))
+    prompts[1] = prompts[1][::-1]
+    tokens, logp, mask = env.sample(params, prompts, np.random.default_rng(4))
+    u = np.random.default_rng(4).random(prompts.shape)
+    table = BanditEnv(BanditConfig()).log_policy(params)  # (S, P, A), made whole
+    rows = table[np.arange(S)[:, None], prompts]  # (S, n, A)
+    want = sample_categorical(rows, u)  # (S, n)
+    np.testing.assert_array_equal(tokens[..., 0], want)
+    np.testing.assert_array_equal(logp[..., 0], np.take_along_axis(rows, want[..., None], axis=-1)[..., 0])
+    assert mask.all()
+
+
+def test_bandit_gradient_of_an_all_real_batch_is_token_coef_s() -> None:
+    # every action real: the gradient reads coef and the actions as token_coef and np.where give them; a coef that
+    # only broadcasts against the batch, or a wrong shape, goes the token_coef way (its values, its errors)
+    from replay_theory.simulate.envs.bandit import _coef_values, token_coef
+
+    env, S, n = BANDIT, 3, 10
+    params = _params(env, S, 0.5, 8)
+    prompts = _prompts(env, S, n, 9)
+    tokens = np.random.default_rng(10).integers(0, env.num_actions, size=(S, n, 1))
+    mask = np.ones((S, n, 1), bool)
+    coef = np.random.default_rng(11).standard_normal((S, n))
+    edge = coef.copy()
+    edge[0, :4] = (-0.0, np.inf, 0.0, np.nan)
+    for values in (edge, edge[..., None]):
+        np.testing.assert_array_equal(_coef_values(values, mask), token_coef(values, mask))  # NaN where NaN
+        assert np.signbit(_coef_values(values, mask)[0, 0, 0])
+    grad = env.grad_logp_contract(params, prompts, tokens, mask, coef)
+    pi = np.exp(env.log_policy(params))  # (S, P, A)
+    phi = env.features  # (P, A, d)
+    mean_phi = np.einsum("snA,snAd->snd", pi[np.arange(S)[:, None], prompts], phi[prompts])  # E_pi[phi | p_n]
+    want = np.einsum("sn,snd->sd", coef, phi[prompts, tokens[..., 0]] - mean_phi)
+    np.testing.assert_allclose(grad, want, rtol=1e-12, atol=1e-12)
+    partial = mask.copy()
+    partial[1, 4] = False  # a padded action: the np.where way, whose coef and action there are 0
+    np.testing.assert_array_equal(
+        env.grad_logp_contract(params, prompts, np.where(partial, tokens, 0), mask, np.where(partial[..., 0], coef, 0)),
+        env.grad_logp_contract(params, prompts, tokens, partial, coef))
+    with pytest.raises(ValueError, match=r"coef must have shape \(S, n\) or \(S, n, L\)"):
+        env.grad_logp_contract(params, prompts, tokens, mask, coef[0])
+    with pytest.raises(ValueError):  # (2, n, 1) does not broadcast against (3, n, 1): numpy's error, as before
+        env.grad_logp_contract(params, prompts, tokens, mask, coef[:2, :, None])
+    one = env.grad_logp_contract(params, prompts, tokens, mask, coef[:1, :, None])  # broadcasts over the seeds
+    np.testing.assert_array_equal(one, env.grad_logp_contract(params, prompts, tokens, mask,
+                                                              np.repeat(coef[:1], S, axis=0)))
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 8, 9, 16, 17, 64, 127, 128, 129, 300])
+def test_row_sums_are_numpy_s_last_axis_sums_bit_for_bit(n: int) -> None:
+    # the bandit's entropies sum their terms over a transposed copy: numpy's values, signed zeros, inf and NaN included
+    from replay_theory.theory.moments import row_sums
+
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((40, n)) * 10.0 ** rng.integers(-8, 8, size=(40, n))
+    x[rng.random((40, n)) < 0.1] = -0.0
+    x[0] = -0.0  # all -0.0: numpy's sum is 0.0
+    if n >= 2:
+        x[1, 0], x[2, -1], x[3, :2] = np.nan, np.inf, (np.inf, -np.inf)
+        x[4, :] = (-0.0, 0.0) * (n // 2) + (-0.0,) * (n % 2)  # mixed signed zeros: 0.0
+    with np.errstate(invalid="ignore"):
+        got, want = row_sums(x), x.sum(axis=-1)
+    assert got.shape == want.shape == (40,)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    real = ~np.isnan(want)
+    np.testing.assert_array_equal(got[real].view(np.uint64), want[real].view(np.uint64))  # the bits: -0.0 is not 0.0
+    assert not np.signbit(got[0])
+
+
+def test_run_starts_are_the_first_index_of_each_run() -> None:
+    from replay_theory.simulate.envs.bandit import _run_starts
+
+    for cells, want in (([], []), ([5], [0]), ([3, 3, 3], [0]), ([1, 2, 2, 1, 1, 7], [0, 1, 3, 5]),
+                        ([0, 1, 2, 3], [0, 1, 2, 3])):
+        got = _run_starts(np.asarray(cells, dtype=np.int64))
+        assert got.dtype == np.intp
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("runs", [[8] * 6, [8, 16, 8], [3, 5, 2, 6], [1] * 10])
+def test_bandit_token_entropy_once_per_run_is_each_response_s_bit_for_bit(runs) -> None:
+    # responses to one prompt side by side share one entropy: the sum of the row's terms as np.sum gives it per item
+    env, S = BanditEnv(BanditConfig()), 3
+    params = _params(env, S, 0.9, 12)
+    prompts = np.tile(np.repeat(np.random.default_rng(13).integers(0, 5, size=len(runs)), runs), (S, 1))
+    prompts[2] = prompts[2][::-1]
+    n = prompts.shape[1]
+    mask = np.ones((S, n, 1), bool)
+    mask[1, 2] = False
+    for whole in (False, True):
+        fresh = BanditEnv(BanditConfig())
+        if whole:
+            fresh.evaluate(params)  # the pi table made: the rows come from it
+        got = fresh.token_entropy(params, prompts, np.zeros((S, n, 1), np.int64), mask)
+        table = env.log_policy(params)
+        rows = table[np.arange(S)[:, None], prompts]  # (S, n, A)
+        want = -np.sum(np.exp(rows) * rows, axis=-1, keepdims=True)
+        np.testing.assert_array_equal(got.view(np.uint64), np.where(mask, want, 0.0).view(np.uint64))
+    empty = env.token_entropy(params, np.zeros((S, 0), np.int64), np.zeros((S, 0, 1), np.int64))
+    assert empty.shape == (S, 0, 1)

@@ -610,6 +610,31 @@ def test_group_advantage_hand_values():
         adv_mod.group_advantage(np.ones((2, 4)))
 
 
+@pytest.mark.parametrize("eps", [-1e-6, -1e300, math.nan, math.inf, -math.inf, np.float64(-1.0), np.nan, -1,
+                                 np.array([0.1, -0.1])])
+def test_group_advantage_refuses_the_eps_require_nonnegative_refuses(eps):
+    # a plain float in [0, inf) skips the array check; every other value still meets it, with its message
+    from replay_theory.checks import require_nonnegative
+
+    with pytest.raises(ValueError) as want:
+        require_nonnegative("eps", eps)
+    with pytest.raises(ValueError) as got:
+        adv_mod.group_advantage(np.ones((1, 1, 4)), eps=eps)
+    assert str(got.value) == str(want.value)
+
+
+@pytest.mark.parametrize("eps", [0.0, -0.0, 1e-6, 5e-324, 1e300, 0, 2, np.float64(1e-6), np.float32(0.5), True])
+def test_group_advantage_accepts_the_eps_require_nonnegative_accepts(eps):
+    from replay_theory.checks import require_nonnegative
+
+    require_nonnegative("eps", eps)
+    r = np.array([[[1.0, 0.0, 0.0, 1.0]]])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = np.where(r.std(axis=-1, ddof=1, keepdims=True) == 0, 0.0,
+                        (r - r.mean(axis=-1, keepdims=True)) / (r.std(axis=-1, ddof=1, keepdims=True) + eps))
+    np.testing.assert_array_equal(adv_mod.group_advantage(r, eps=eps), want)
+
+
 @pytest.mark.parametrize("scale", [0.0, 0.3, 40.0])  # on-policy (Var r = 0), typical, huge ratios
 def test_ratio_metrics_are_the_kernels_estimators_bit_for_bit(scale):
     """The losses' IS metrics and theory.divergences' sample functions are the statistics kernel's estimators on the

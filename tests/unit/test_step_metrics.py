@@ -132,3 +132,52 @@ def test_moments_of_many_short_rows_by_columns_equal_row_by_row():
                 assert np.array_equal(g, w, equal_nan=True), n
     assert not _by_columns((rows, 8), np.ones((rows, 8), bool))  # a mask: rows as they are
     assert not _by_columns((rows, 2, 4), None)
+
+
+def test_a_one_token_loss_s_kish_ess_is_the_sequence_level_one_bit_for_bit() -> None:
+    # the recorder passes a TOKEN_KISH_METRICS loss's ess_frac on as the sequence-level ESS of one-token responses
+    # (every token real): the same sums of the same numbers, signed zeros and the engine's many-row shapes included
+    from replay_theory.core.losses import TOKEN_KISH_METRICS, _clip_metrics, _ratio_metrics
+
+    assert TOKEN_KISH_METRICS == {_ratio_metrics, _clip_metrics}
+    rng = np.random.default_rng(7)
+    for shape in ((3, 10, 1), (1024, 64, 1), (300, 7, 1)):
+        token_lr = 0.2 * rng.standard_normal(shape)
+        token_lr[0, :3, 0] = (0.0, -0.0, 0.0)
+        token_lr[1] = -0.0  # an on-policy row
+        mask = np.ones(shape, bool)
+        staleness = rng.integers(0, 6, size=shape[:2])
+        want = step_metrics(token_lr, mask, staleness)
+        flags = np.zeros(shape, bool)
+        for metrics in (_ratio_metrics(token_lr, mask), _clip_metrics(flags, flags, token_lr, mask)):
+            ess = metrics["ess_frac"]
+            np.testing.assert_array_equal(ess.view(np.uint64), want["ess_frac"].view(np.uint64))
+            got = step_metrics_and_ratios(token_lr, mask, staleness, seq_ess=ess)[0]
+            assert got.keys() == want.keys()
+            for key in want:
+                np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_a_given_sequence_ess_is_not_used_where_a_sequence_log_ratio_is_not_finite() -> None:
+    token_lr, mask, staleness = _batch(2)
+    token_lr[0, 0, 0] = np.inf
+    want = step_metrics(token_lr, mask, staleness)
+    got, _ = step_metrics_and_ratios(token_lr, mask, staleness, seq_ess=np.full(3, -1.0))
+    np.testing.assert_array_equal(got["ess_frac"], want["ess_frac"])
+    finite, fmask, fstale = _batch(3)
+    given = np.array([0.25, 0.5, 0.75])
+    np.testing.assert_array_equal(step_metrics_by_age(finite, fmask, fstale, seq_ess=given)[0]["ess_frac"], given)
+
+
+def test_abs_max_false_leaves_only_log_ratio_abs_max_out() -> None:
+    token_lr, mask, staleness = _batch(4)
+    full, seq_lr = step_metrics_and_ratios(token_lr, mask, staleness)
+    lean, lean_seq = step_metrics_and_ratios(token_lr, mask, staleness, abs_max=False)
+    assert list(lean) == [k for k in full if k != "log_ratio_abs_max"]
+    for key in lean:
+        np.testing.assert_array_equal(lean[key], full[key])
+    np.testing.assert_array_equal(lean_seq, seq_lr)
+    np.testing.assert_array_equal(full["log_ratio_abs_max"], np.abs(np.where(mask, token_lr, 0.0)).max(axis=(1, 2)))
+    by_age, frac, count = step_metrics_by_age(token_lr, mask, staleness, abs_max=False)
+    assert list(by_age) == list(lean)
+    np.testing.assert_array_equal(frac, step_metrics_by_age(token_lr, mask, staleness)[1])
