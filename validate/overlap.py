@@ -25,29 +25,25 @@ import copy
 import multiprocessing
 import time
 import traceback
+from typing import Callable
 
 import numpy as np
 import torch
 
-from .engines import HFSampler
 from .policy import Policy
 
 
-def _serve(connection, policy: Policy, backend_args: tuple, generator_states: list, threads: int,
+def _serve(connection, policy: Policy, make_backend: Callable, generator_states: list, threads: int,
            deterministic: bool) -> None:
     """The worker's loop: ("sample", prompts, prompt_width) answers the backend's sample on the shared weights,
     ("generators",) sends the token generators' states, ("set-generators", states) sets them, ("stop",) ends.
     Errors go back as one line each, with their traceback."""
-    from .rl import LMBackend, make_generator  # in the worker: rl imports this module
-
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(deterministic)
-    problems, config, decode = backend_args
-    generators = [make_generator(policy.device, 0) for _ in generator_states]
+    generators = [torch.Generator() for _ in generator_states]  # CPU generators (the worker runs on the CPU)
     for generator, state in zip(generators, generator_states):
         generator.set_state(state)
-    backend = LMBackend(problems, config, generators[0] if len(generators) == 1 else generators,
-                        HFSampler(decode=decode))
+    backend = make_backend(generators[0] if len(generators) == 1 else generators)
     policy.model.eval()
     connection.send(("ok", None))  # ready: the start-up is not a step's time
     while True:
@@ -82,12 +78,14 @@ class GenerationWorker:
     weights moved between processes on the device, which this class does not do).
     """
 
-    def __init__(self, policy: Policy, problems, config, generators, decode: str = "auto", threads: int = 1):
+    def __init__(self, policy: Policy, make_backend: Callable, generators, threads: int = 1):
+        """``make_backend(generators)``: the in-process backend the worker runs (``validate.rl.LMBackend`` with its
+        problems, config and HF sampler bound; picklable), given the worker's copies of ``generators``."""
         if policy.device.type != "cpu":
             raise ValueError(f"generation in a worker process runs on the CPU, the policy is on {policy.device}; "
                              "overlap generation with the update only on the CPU")
-        self.problems, self.config = problems, config
-        self.num_prompts, self.seq_len = len(problems), config.max_new_tokens
+        template = make_backend(generators)  # what the pipeline reads of a backend: its sizes
+        self.num_prompts, self.seq_len = template.num_prompts, template.seq_len
         self.prompt_width: int | None = None
         self.info: list[dict[str, float]] = []
         self.generation_seconds = self.compile_seconds = self.transfer_seconds = 0.0
@@ -103,7 +101,7 @@ class GenerationWorker:
         worker_policy = Policy(model=self._weights, tokenizer=policy.tokenizer, device=policy.device,
                                config=policy.config, stop_token_ids=policy.stop_token_ids)
         self._process = context.Process(target=_serve, name="generation", daemon=True, args=(
-            child, worker_policy, (problems, config, decode), states, threads,
+            child, worker_policy, make_backend, states, threads,
             torch.are_deterministic_algorithms_enabled()))
         started = time.perf_counter()
         self._process.start()

@@ -360,7 +360,9 @@ def train_loop(policy: Policy, problems: list[countdown.Problem], config: RLConf
     rng, generators = _seed_streams(policy.device, seeds)
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     if generation_threads:  # a worker process generates; its token generators are these, handed over
-        backend = GenerationWorker(policy, problems, config, generators, sampler.decode, generation_threads)
+        backend = GenerationWorker(policy, functools.partial(LMBackend, problems, config,
+                                                             sampler=HFSampler(decode=sampler.decode)),
+                                   generators, generation_threads)
     else:
         backend = LMBackend(problems, config, generators, sampler)
     try:
