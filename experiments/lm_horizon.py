@@ -24,10 +24,10 @@ import math
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import spearmanr
 
 from ..core.designs import DesignConfig
 from ..theory import forgetting as fg
+from ..theory.resampling import spearman
 from ..validate.verdict import compare
 
 BOOTSTRAP_DRAWS = 2000  # as verify's report
@@ -58,9 +58,8 @@ def model_rows(rows: list[dict], b_noise: float, mu: float, memory: fg.Memory, b
         compute = [p.compute / reference for p in predictions]
         for (row, _), p, c in zip(priced, predictions, compute):
             out["rows"][row["name"]][label] = {"psi": p.psi, "kappa": p.kappa, "compute": c}
-        # [0]: the statistic (scipy builds SignificanceResult at run time, so its field names have no static type)
-        rho = spearmanr(compute, [-row["final_reward_mean"] for row, _ in priced])[0]
-        out["spearman"][label] = float(rho)
+        # None where undefined (fewer than 3 designs, or a constant side): the tree's one rank correlation
+        out["spearman"][label] = spearman(np.array(compute), np.array([-row["final_reward_mean"] for row, _ in priced]))
     return out
 
 
