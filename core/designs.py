@@ -830,7 +830,7 @@ BUFFER_DESIGNS: dict[str, BufferDesign] = {
     "epochs": BufferDesign("e epochs over m mini-batches of each generation of R (PPO; TRL num_iterations)",
                            EpochParams, _epochs, epochs_step, _epochs_rules, trainer=True),
     "selective": BufferDesign("FIFO of N admitting only groups with a non-zero advantage, B drawn uniformly",
-                              FifoParams, _selective, uniform_buffer_step, _selective_rules),
+                              FifoParams, _selective, uniform_buffer_step, _selective_rules, trainer=True),
 }
 
 

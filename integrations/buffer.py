@@ -182,6 +182,10 @@ class RowReplayBuffer:
         for k, s in shapes.items():
             if k in ("advantages", "rewards") and len(s) != 1:
                 raise ValueError(f"{k} must be one value per row, shape ({n},), got {s}")
+        if self.config.buffer == "selective" and ("rewards" not in rows or not torch.isfinite(rows["rewards"]).all()):
+            raise ValueError("buffer selective admits a group by its rewards (all equal: no gradient, never kept), so "
+                             "every pushed row needs a finite 'rewards' value, got "
+                             + ("none" if "rewards" not in rows else "a non-finite one"))
         if self.data and set(rows) | {"version", "sample_id", "group_id"} != set(self.data):
             raise ValueError(f"a push must carry the same fields as the buffer: "
                              f"{sorted(set(self.data) - {'version', 'sample_id', 'group_id'})}, got {sorted(rows)}")

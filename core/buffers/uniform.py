@@ -122,7 +122,9 @@ class SelectiveFifoBuffer(FifoBuffer):
         self._ptr = np.zeros(self.num_seeds, dtype=np.int64)  # (S,) next ring slot, per seed
         self._fill = np.zeros(self.num_seeds, dtype=np.int64)  # (S,) filled slots 0..fill-1 (the ring never frees)
         self.admitted = np.zeros(self.num_seeds, dtype=np.int64)  # (S,) responses the last add let in
-        self._offered: RolloutBatch | None = None  # the last batch offered: an empty seed's placeholder rows
+        # the last batch offered, an empty seed's placeholder rows: its fields by name (a saved state restores a dict
+        # of arrays into a fresh buffer, and never builds an object the file names: core/state.py)
+        self._offered: dict[str, np.ndarray] | None = None
 
     @property
     def size(self) -> np.ndarray:
@@ -144,7 +146,7 @@ class SelectiveFifoBuffer(FifoBuffer):
         self.admitted = keep.sum(axis=1)
         self._ptr = (self._ptr + self.admitted) % self.capacity
         self._fill = np.minimum(self._fill + self.admitted, self.capacity)
-        self._offered = batch
+        self._offered = {f.name: getattr(batch, f.name) for f in fields(RolloutBatch)}
         self._order = None
 
     def sample(self, batch_size: int, step: int, rng: RandomSource) -> Sample:
@@ -159,7 +161,7 @@ class SelectiveFifoBuffer(FifoBuffer):
             return self._finish_sample(index, np.ones(index.shape), step)
         valid = np.broadcast_to(~empty[:, None], index.shape)
         out = self._finish_sample(index, valid.astype(float), step, valid)  # weight 0: the skipped update
-        offered = self._offered
+        offered = RolloutBatch(**self._offered)
         pick = np.minimum((u * offered.size).astype(np.int64), offered.size - 1)  # (S, B) of the offered responses
         placeholder = offered.take(pick)
         out.batch = RolloutBatch(**{

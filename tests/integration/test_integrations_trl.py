@@ -258,8 +258,31 @@ def test_row_buffer_positive_bias_keeps_correct_rows_past_the_fifo_age():
     assert int(buffer.ages(3).max()) == 3
 
 
+def test_row_buffer_selective_keeps_only_groups_of_unequal_rewards():
+    # Selective replay (docs/THEORY.md [E8]): a group whose rewards are all equal has zero advantage and never enters.
+    buffer = RowReplayBuffer(ReplayConfig(8, 4, 4, buffer="selective").design_config(2), seed=0)
+
+    def rows(step, rewards):
+        r = _rows(4, start=4 * step)
+        r["rewards"] = torch.tensor(rewards, dtype=torch.float64)
+        return r
+
+    # step 0: both groups equal (rows 0-1 at 0, rows 2-3 at 1): nothing enters, the update is skipped (weight 0)
+    drawn, data = buffer.step(0, lambda: rows(0, [0.0, 0.0, 1.0, 1.0]))
+    assert data.weight.tolist() == [[0.0] * 4] and drawn["sampler_weight"].tolist() == [0.0] * 4
+    # step 1: group (4, 5) unequal, group (6, 7) equal: only rows 4 and 5 are kept and drawn, at weight 1
+    drawn, data = buffer.step(1, lambda: rows(1, [1.0, 0.0, 0.5, 0.5]))
+    assert set(drawn["sample_id"].tolist()) <= {4, 5} and drawn["sampler_weight"].tolist() == [1.0] * 4
+    assert sorted(buffer.data["sample_id"].tolist()) == [4, 5]  # the rows no design slot holds are dropped
+    with pytest.raises(ValueError, match=r"^buffer selective admits a group by its rewards .* got none$"):
+        buffer.push({k: v for k, v in _rows(4, start=8).items() if k != "rewards"}, version=2)
+    with pytest.raises(ValueError, match=r"got a non-finite one$"):
+        buffer.push(rows(2, [1.0, float("nan"), 0.0, 0.0]), version=2)
+
+
 @pytest.mark.parametrize("buffer, design", [("fifo", {}), ("positive-bias", {"delta": 0.5}),
-                                            ("prioritized", {"per_replay_updates": 2}), ("on-policy", {})])
+                                            ("prioritized", {"per_replay_updates": 2}), ("on-policy", {}),
+                                            ("selective", {})])
 def test_row_buffer_state_restores_the_next_draws(tmp_path, buffer, design):
     # resume (trl-replay): a buffer built afresh (another seed) and given a saved state draws exactly what the saved
     # buffer draws next, rows, weights and all; the files are JSON and an .npz read without pickle
@@ -307,7 +330,7 @@ def test_row_buffer_on_policy_trains_each_fresh_row_once():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(buffer="group-replay"), "buffer must be one of on-policy, fifo, positive-bias, prioritized, epochs, "
-                                  "got 'group-replay'"),
+                                  "selective, got 'group-replay'"),
     (dict(buffer="on-policy"), "batch_size must equal rollouts_per_step = 4 on-policy (every rollout trained once), "
                                "got 6"),
     (dict(design={"capacity": 9}), "design sets capacity, which ReplayConfig sets itself: leave it out of design"),
@@ -421,7 +444,7 @@ def _train(output_dir, replay: ReplayConfig, steps: int, trainer_cls=None, dtype
      "generation), got 8"),
     (dict(capacity=16, design={"mini_batches": 2}),
      "capacity must equal rollouts_per_step = 8 (an epoch design holds one generation), got 16"),
-    (dict(buffer="stale-k"), "buffer must be one of on-policy, fifo, positive-bias, prioritized, epochs, "
+    (dict(buffer="stale-k"), "buffer must be one of on-policy, fifo, positive-bias, prioritized, epochs, selective, "
                              "got 'stale-k'"),  # TRL 1.16's GRPOTrainer has no k-updates-late mode
 ])
 def test_replay_config_epochs_refusals(kwargs, message):
@@ -711,6 +734,19 @@ def test_trl_other_corrections_train(tmp_path, name, metric):
 
 
 @pytest.mark.slow
+def test_trl_selective_replay_trains_on_groups_of_unequal_rewards_only(tmp_path):
+    # issue 40: selective replay through TRL's real loop; the buffer holds only groups whose rewards differ
+    pytest.importorskip("trl")
+    trainer, logs, before, _ = _train(tmp_path, ReplayConfig(16, 4, 4, buffer="selective"), steps=4)
+    assert (trainer.replay_generated, trainer.replay_trained) == (4 * 4, 4 * 4)
+    held = trainer.replay_buffer.data
+    rewards = held["rewards"].reshape(-1, G)  # whole groups, in push order
+    assert len(held["rewards"]) > 0 and bool((rewards.amax(dim=1) > rewards.amin(dim=1)).all())
+    assert all(math.isfinite(h["loss"]) for h in logs)
+    assert any(not torch.equal(v.detach(), before[k]) for k, v in trainer.model.named_parameters())
+
+
+@pytest.mark.slow
 def test_trl_prioritized_design_runs_algorithm1(tmp_path):
     # FreshPER Algorithm 1 (K = 2) through TRL's real loop: generation only at steps 0 and 3, replay in between.
     pytest.importorskip("trl")
@@ -942,7 +978,7 @@ def test_diagnose_log_writer_appends_new_files_only(tmp_path):
     (["--capacity", "8", "--batch-size", "8", "--rollouts-per-step", "16"],
      "--capacity must be >= --rollouts-per-step = 16 (a FIFO holds at least one step), got 8"),
     (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--buffer", "exgrpo"],
-     "--buffer must be one of on-policy, fifo, positive-bias, prioritized, epochs, got 'exgrpo'"),
+     "--buffer must be one of on-policy, fifo, positive-bias, prioritized, epochs, selective, got 'exgrpo'"),
     (["--rollouts-per-step", "8", "--buffer", "epochs", "--mini-batches", "2", "--epoch-shuffle", "true"],
      "--epoch-shuffle must be False in a trainer: TRL keeps one order per generation for its num_iterations passes "
      "(GRPOTrainer._prepare_inputs); run a reshuffled design in the simulator"),
@@ -956,7 +992,7 @@ def test_diagnose_log_writer_appends_new_files_only(tmp_path):
      "--save-every must be a multiple of --epochs x --mini-batches = 4 with --buffer epochs (a checkpoint is saved "
      "at a generation's start: TRL keeps the generation in memory only), got 6"),
     (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--buffer", "stale-k"],
-     "--buffer must be one of on-policy, fifo, positive-bias, prioritized, epochs, got 'stale-k'"),
+     "--buffer must be one of on-policy, fifo, positive-bias, prioritized, epochs, selective, got 'stale-k'"),
     (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--steps", "0"],
      "--steps must be an integer >= 1, got 0"),
     (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--model", "Qwen/Qwen2.5-0.5B"],

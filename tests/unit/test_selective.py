@@ -93,7 +93,7 @@ def test_empty_seed_skips_its_update():
 
 
 def test_registry_and_rules():
-    assert BUFFER_DESIGNS["selective"].trainer is False
+    assert BUFFER_DESIGNS["selective"].trainer is True  # trl-replay: tests/integration/test_integrations_trl.py
     buf = make_design_buffer(DesignConfig(buffer="selective", capacity=128), BufferSpec(num_seeds=3, seq_len=2))
     assert type(buf) is SelectiveFifoBuffer and buf.capacity == 128 and buf.num_seeds == 3
     with pytest.raises(ValueError, match="replacement must be true for buffer selective"):
