@@ -34,6 +34,7 @@ held-out set that tests it is named in experiments/theory_bench/options.py.
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -136,9 +137,29 @@ def guarded_design(b_noise: float, batch_size: int, mu: float, memory: fg.Memory
     it beats the default's worst regret by ``margin`` (an overlapped one by ``overlap_margin``); of those that do, the
     least worst. ``b_factors`` starts at 1: the measured b itself. ``max_work_ratio``: every candidate's work at the
     measured b within that many times on-policy's at B (``forgetting.whole_design``), the floor rule's batch too (its
-    batch stops at ``forgetting.work_batch_limit``, [W1])."""
+    batch stops at ``forgetting.work_batch_limit``, [W1]). A budget that the answer without it keeps changes nothing:
+    that answer is returned (with the budgeted searches' family bests), so a budget never trades the guard's
+    robustness for a design it would not pick unconstrained; only a budget that answer breaks re-runs the guard over
+    the designs within it (whose worst regrets are then against the best within the budget)."""
     if not b_factors or b_factors[0] != 1.0:
         raise ValueError(f"b_factors must start at 1 (the measured b), got {b_factors}")
+    budgeted = _guarded(b_noise, batch_size, mu, memory, optimizer, group_size, staleness, floor, max_steps_ratio,
+                        max_horizon, max_batch, max_epochs, b_factors, margin, max_staleness, overlap_margin,
+                        max_work_ratio)
+    if math.isinf(max_work_ratio):
+        return budgeted
+    free = _guarded(b_noise, batch_size, mu, memory, optimizer, group_size, staleness, floor, max_steps_ratio,
+                    max_horizon, max_batch, max_epochs, b_factors, margin, max_staleness, overlap_margin, math.inf)
+    if not fg.within_budgets(free.choice, math.inf, max_work_ratio * budgeted.search.at_batch.work):
+        return budgeted
+    return dataclasses.replace(free, search=budgeted.search)
+
+
+def _guarded(b_noise: float, batch_size: int, mu: float, memory: fg.Memory | None, optimizer: str, group_size: int,
+             staleness: fg.Staleness, floor: float, max_steps_ratio: float, max_horizon: int, max_batch: int | None,
+             max_epochs: int, b_factors: tuple[float, ...], margin: float, max_staleness: int, overlap_margin: float,
+             max_work_ratio: float) -> Guarded:
+    """``guarded_design`` over the designs within ``max_work_ratio`` (inf: every design)."""
     epochs_reach = max_epochs * (max_batch_or(max_batch, batch_size) // group_size) - 1 if max_epochs > 1 else 0
     reach = max(max_horizon - 1, epochs_reach)  # the oldest age the searches would consider: x - 1 or e m - 1
     max_age, limits = reuse_limits(optimizer, staleness, reach)

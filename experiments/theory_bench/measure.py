@@ -60,6 +60,7 @@ from .options import (
     PILOT_RUNS,
     PILOT_SEED,
     PRINTED_STEPS_RATIOS,
+    PRINTED_WORK_RATIO,
     SETTINGS,
     STALENESS,
     Options,
@@ -537,13 +538,15 @@ def design_row(unit: Unit, label: str, design: forgetting.Design) -> dict:
 
 
 def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_ratio: float = 1000.0,
-                max_epochs: int = 1, max_staleness: int = 0) -> tuple[advice.Query, list[str]]:
+                max_epochs: int = 1, max_staleness: int = 0,
+                max_work_ratio: float = 1000.0) -> tuple[advice.Query, list[str]]:
     """The query ``replay-theory optimal`` gets from this pilot's numbers (``-B 256 --noise-scale B_simple --kappa
     kappa --optimizer OPT --group-size 8 --latency-floor FLOOR`` and the drift table a profile carries), and what was
     left out and why: a B_simple not resolved > 0 (optimal then says to stay at B), a kappa optimal refuses (outside
     [KAPPA_MIN, the optimizer's stability limit): the user asks again without it). ``max_epochs`` > 1 (--families
     epochs): optimal searches epoch designs too (``--max-epochs``); ``max_staleness`` 1 (--families overlap),
-    overlapped ones (``--max-staleness``)."""
+    overlapped ones (``--max-staleness``); ``max_work_ratio`` (``--max-work-ratio``, 1000: none): the fastest
+    design within that work budget."""
     from ...advise.optimal import KAPPA_MIN
 
     notes = []
@@ -575,16 +578,16 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_
                          kappa=kappa, kappa_source="the pilot's curvature pairs", optimizer=optimizer, beta1=BETA1,
                          pilot_batch=BATCH, group_size=GROUP, floor=float(floor), staleness=staleness,
                          max_steps_ratio=float(max_steps_ratio), max_epochs=int(max_epochs),
-                         max_staleness=int(max_staleness))
+                         max_staleness=int(max_staleness), max_work_ratio=float(max_work_ratio))
     return query, notes
 
 
 def printed_design(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_ratio: float = 1000.0,
-                   max_epochs: int = 1, max_staleness: int = 0) -> forgetting.Design:
+                   max_epochs: int = 1, max_staleness: int = 0, max_work_ratio: float = 1000.0) -> forgetting.Design:
     """The design ``optimal`` answers with for this pilot and cell (``advise.advice.advise``: the steps cap
     ``--max-steps-ratio``, the horizon cap, whole groups; without a B_noise, the floor rule's batch at no steps budget
     and on-policy at B under one)."""
-    query, _ = pilot_query(pilot, optimizer, mu, floor, max_steps_ratio, max_epochs, max_staleness)
+    query, _ = pilot_query(pilot, optimizer, mu, floor, max_steps_ratio, max_epochs, max_staleness, max_work_ratio)
     key = repr(query)  # every input of the answer (a frozen dataclass's repr): the cells of a unit share answers
     if key not in _PRINTED:
         answer = advice.advise(query)
@@ -639,9 +642,13 @@ def train_printed(unit: Unit, pilot: dict) -> list[tuple[str, forgetting.Design]
     s_ref = float(design_steps(unit.runs[f"on-policy B={BATCH}"])[0])
     s_ref_exact = unit.exact_runs[f"on-policy B={BATCH}"]["steps_tuned"] if unit.exact else math.nan
     out: list[tuple[str, forgetting.Design]] = []
-    cells = [(mu, floor, ratio) for ratio in printed_ratios(options) for mu in options.mus for floor in options.floors]
-    for mu, floor, ratio in cells:
-        design = printed_design(pilot, unit.optimizer, mu, floor, ratio, options.max_epochs, options.max_staleness)
+    cells = [(mu, floor, ratio, NO_WORK_BUDGET) for ratio in printed_ratios(options) for mu in options.mus
+             for floor in options.floors]
+    cells += [(mu, floor, PRINTED_STEPS_RATIOS[0], work) for work in printed_work_ratios(options) for mu in options.mus
+              for floor in options.floors if floor > 0]  # at floor 0 time is work: no budget to answer within
+    for mu, floor, ratio, work in cells:
+        design = printed_design(pilot, unit.optimizer, mu, floor, ratio, options.max_epochs, options.max_staleness,
+                                work)
         key = tuple(design_spec(design))
         if key in on_grid or any(key == tuple(design_spec(d)) for _, d in out):
             continue
@@ -659,6 +666,16 @@ def train_printed(unit: Unit, pilot: dict) -> list[tuple[str, forgetting.Design]
 def printed_ratios(options: Options) -> tuple[float, ...]:
     """The --max-steps-ratio values whose printed answers a unit trains: both, or with --quick the default alone."""
     return PRINTED_STEPS_RATIOS[:1] if options.quick else PRINTED_STEPS_RATIOS
+
+
+NO_WORK_BUDGET = 1000.0
+"""``optimal``'s --max-work-ratio default: no work budget."""
+
+
+def printed_work_ratios(options: Options) -> tuple[float, ...]:
+    """The --max-work-ratio values whose printed answers a unit trains at floors > 0: ``PRINTED_WORK_RATIO``, none
+    with --quick."""
+    return () if options.quick else (PRINTED_WORK_RATIO,)
 
 
 def printed_label(design: forgetting.Design) -> str:
@@ -698,7 +715,8 @@ def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options
     printed_rows = [design_row(unit, label, design) for label, design in printed]
     return strict({"setting": setting_name, "optimizer": optimizer, "instance": instance, "exact": unit.exact,
                    "target": inst["target"], "j0": inst["j0"], "j_star": inst["j_star"], "designs": rows,
-                   "printed": printed_rows, "printed_ratios": list(printed_ratios(options)), "noise": noise,
+                   "printed": printed_rows, "printed_ratios": list(printed_ratios(options)),
+                   "printed_work_ratios": list(printed_work_ratios(options)), "noise": noise,
                    **({"max_epochs": options.max_epochs} if options.max_epochs > 1 else {}),
                    **({"max_staleness": options.max_staleness} if options.max_staleness else {}),
                    "alpha_measured": measured_alpha(noise), "pilot": pilot,

@@ -291,3 +291,9 @@ PRINTED = {"printed": "the answer optimal prints from the pilot, as printed (lea
 """The printed answer's two rows: scored against the whole grid's best (the grid's best is the menu: a printed design
 off the grid can beat it, a regret below 1)."""
 
+WORK_BUDGET = {"printed_work2": "the answer optimal prints with --max-work-ratio 2, its time against the fastest grid "
+                                "design within 2x on-policy at B's work (floors > 0)",
+               "floor_rule_work2": "the trivial floor rule's pick, its time against the same budgeted best"}
+"""Time within a compute budget (``score.score_work_budget``): two rows at floors > 0, each cell saying whether the
+pick's measured work broke the budget."""
+

@@ -33,7 +33,15 @@ from ...theory import forgetting
 from ...theory.resampling import quantile_interval, spearman
 from .inputs import read_b_noise
 from .measure import _designs_of, design_spec, printed_design, run_unit, staleness_of
-from .objectives import OBJECTIVES, PRINTED, NoPick, design_steps_row, measured_compute, objective_values
+from .objectives import (
+    OBJECTIVES,
+    PRINTED,
+    WORK_BUDGET,
+    NoPick,
+    design_steps_row,
+    measured_compute,
+    objective_values,
+)
 from .options import (
     BATCH,
     BETA1,
@@ -52,6 +60,7 @@ from .options import (
     PILOT_RUNS,
     PILOT_SEED,
     PRINTED_STEPS_RATIOS,
+    PRINTED_WORK_RATIO,
     SETTINGS,
     TARGET_FRACTION,
     Options,
@@ -107,6 +116,7 @@ def score_cell(record: dict, mu: float, floor: float) -> dict:
     # the printed answer ranks the grid as the rule fed the same pilot does: its Spearman is that row's
     by_objective.update(score_printed(record, mu, floor, compute,
                                       by_objective.get("forgetting_b_simple", {}).get("spearman")))
+    by_objective.update(score_work_budget(record, mu, floor, by_objective.get("on_policy_floor", {}).get("free")))
     on = np.array([d.on_policy for d in designs])
     # the replay branch: how much cheaper the best replay design is than the best on-policy batch (> 1: replay wins)
     replay_gain = float(compute[0][on].min() / compute[0][~on].min()) if (~on).any() else None
@@ -160,15 +170,60 @@ def score_printed(record: dict, mu: float, floor: float, compute: np.ndarray, sp
         steps = np.array([math.inf if v is None else v for v in row["steps"]], dtype=float)
         pick = steps * forgetting.step_cost(design.rollouts_per_step, design.batch_size, mu, floor,
                                             design.updates_per_generation, design.max_staleness > 0)  # (replicates,)
-        with np.errstate(invalid="ignore"):
-            ratios = (pick + added) / best
-        interval = (list(quantile_interval(ratios[1:], REGRET_TAILS, "lower")) if ratios.size > 1
-                    else [float(ratios[0])] * 2)
-        out[name] = {"free": row["label"], "free_regret": float(ratios[0]), "free_ci": interval,
+        regret, interval = _ratio_entry(pick + added, best)
+        out[name] = {"free": row["label"], "free_regret": regret, "free_ci": interval,
                      "pinned": None, "pinned_regret": None, "pinned_ci": None,
                      "pinned_no_pick": "answers over every batch", "spearman": spearman,
                      "free_is_replay": not design.on_policy, "off_grid": row["label"].startswith("printed"),
                      "pilot_share": extra / reference if reference > 0 else None}
+    return out
+
+
+def _ratio_entry(pick: np.ndarray, best: np.ndarray) -> tuple[float, list[float]]:
+    """pick / best per replicate (replicate 0 the point) and the 90% interval of the bootstrap replicates."""
+    with np.errstate(invalid="ignore"):
+        ratios = pick / best
+    interval = (list(quantile_interval(ratios[1:], REGRET_TAILS, "lower")) if ratios.size > 1
+                else [float(ratios[0])] * 2)
+    return float(ratios[0]), interval
+
+
+def score_work_budget(record: dict, mu: float, floor: float, floor_rule: str | None) -> dict:
+    """Time within a compute budget (issue 40, ``optimal --max-work-ratio``): at a latency floor, the answer optimal
+    prints with ``--max-work-ratio PRINTED_WORK_RATIO`` and the trivial floor rule's pick (``floor_rule``, a grid
+    label), each scored by its time (the floor's cost) against the fastest grid design whose work (its compute at
+    floor 0: the floor's waiting not counted) is within that ratio of on-policy at B's, per replicate [W1]. Each
+    says whether its own measured work broke the budget. Empty at floor 0, for a unit that did not train these
+    answers (--quick, or saved before), or where a printed design is missing."""
+    if floor <= 0 or PRINTED_WORK_RATIO not in record.get("printed_work_ratios", []):
+        return {}
+    time_ = measured_compute(record, mu, floor)  # (replicates, designs)
+    work = measured_compute(record, mu, 0.0)
+    labels = [d["label"] for d in record["designs"]]
+    ref = labels.index(f"on-policy B={BATCH}")
+    budget = PRINTED_WORK_RATIO * work[:, ref]  # (replicates,); inf where on-policy at B never arrives: no budget
+    best = np.where(work <= budget[:, None], time_, np.inf).min(axis=1)
+    design = printed_design(record["pilot"], record["optimizer"], mu, floor, PRINTED_STEPS_RATIOS[0],
+                            record.get("max_epochs", 1), record.get("max_staleness", 0), PRINTED_WORK_RATIO)
+    key = design_spec(design)
+    row = next((d for d in record["designs"] + record["printed"] if d["design"] == key), None)
+    if row is None:
+        raise ValueError(f"{record['setting']}/{record['optimizer']}/i{record['instance']}: the printed design "
+                         f"{key} under --max-work-ratio {PRINTED_WORK_RATIO:g} was not trained")
+    steps = np.array([math.inf if v is None else v for v in row["steps"]], dtype=float)
+    cost = partial(forgetting.step_cost, design.rollouts_per_step, design.batch_size, mu,
+                   updates_per_generation=design.updates_per_generation, overlapped=design.max_staleness > 0)
+    picks = {"printed_work2": (row["label"], steps * cost(floor), steps * cost(0.0), design.on_policy)}
+    if floor_rule is not None:
+        i = labels.index(floor_rule)
+        picks["floor_rule_work2"] = (floor_rule, time_[:, i], work[:, i], _designs_of(record)[i].on_policy)
+    out = {}
+    for name, (label, pick_time, pick_work, on_policy) in picks.items():
+        regret, interval = _ratio_entry(pick_time, best)
+        out[name] = {"free": label, "free_regret": regret, "free_ci": interval, "pinned": None,
+                     "pinned_regret": None, "pinned_ci": None, "pinned_no_pick": "answers over every batch",
+                     "free_is_replay": not on_policy, "off_grid": label.startswith("printed"),
+                     "over_budget": bool(pick_work[0] > budget[0])}
     return out
 
 
@@ -317,6 +372,8 @@ def _objective_target(cells: list[dict], name: str) -> dict:
         rec["pilot_share"] = {"median": float(np.median(shares)), "max": float(np.max(shares)),
                               "over_10%": int(sum(v > PILOT_FRACTION for v in shares)), "cells": len(shares)}
         rec["off_grid"] = sum(1 for c in cells if c["by_objective"][name].get("off_grid"))
+    if name in WORK_BUDGET:  # measured work above the budget: the answer broke the constraint it was asked to keep
+        rec["over_budget"] = sum(1 for c in cells if c["by_objective"][name].get("over_budget"))
     return rec
 
 
@@ -397,7 +454,7 @@ def targets(cells: list[dict], units: list[dict], floor: int = HEADLINE_FLOOR) -
     out["cells_not_scored"] = len(unscored)
     out["units_not_scored"] = sorted(set(unscored))
     cells = [c for c in cells if not c.get("not_scored")]
-    for name in [*OBJECTIVES, *PRINTED]:
+    for name in [*OBJECTIVES, *PRINTED, *WORK_BUDGET]:
         scored = [c for c in cells if name in c["by_objective"]]  # every cell it applies to, a pick or not
         if scored:
             out["objectives"][name] = _objective_target(scored, name)

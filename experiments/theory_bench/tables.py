@@ -351,6 +351,8 @@ FLOOR_ROWS = {
     "on_policy_small": "on-policy, smallest batch within 2x steps",
     "on_policy_floor": "**trivial: on-policy at max(floor, smallest batch)**",
     "on_policy_oracle": "oracle: cheapest on-policy batch, measured",
+    "printed_work2": "time within 2x on-policy's work: optimal's answer, --max-work-ratio 2",
+    "floor_rule_work2": "time within 2x on-policy's work: the trivial floor rule",
 }
 """The rows of ``floors_table``, in its order, with docs/SIMULATION.md's short labels."""
 
@@ -376,12 +378,14 @@ def floors_table(summary: dict, held_out: bool = True) -> str:
     for name, label in FLOOR_ROWS.items():
         if name not in targets[head]["objectives"]:
             continue
-        cols = [_share_worst(targets[f]["objectives"][name]["free"]) for f in floors]
+        cols = [_share_worst(targets[f]["objectives"][name]["free"]) if name in targets[f]["objectives"] else "n/a"
+                for f in floors]  # the work-budget rows: floors > 0 only
         o = targets[head]["objectives"][name]
         spearman = o.get("min_setting_spearman")
         branch = o["replay_branch"]
         worst = branch.get("false_alarm_worst")
         cols += ["n/a" if spearman is None else f"{spearman:.2f}",
+                 f"over budget in {o['over_budget']} of {o['cells']}" if "over_budget" in o else
                  f"{branch['hits']} of {branch['replay_cheapest_by_20%']}, {branch['false_alarms']} false"
                  + ("" if worst is None else f" ({worst:.2f})")]
         lines.append(f"| {label} | " + " | ".join(cols) + " |")

@@ -174,3 +174,35 @@ def test_b_crit_from_hvps_is_unbiased_against_its_exact_value():
     assert tt.b_crit_record([], [])["b_noise"] is None
     # the curvature along G swamped: said, never clamped
     assert tt.b_crit_record([80.0, 80.0], [5.0])["reason"].startswith("tr(H Sigma) or G^T H G estimated <= 0")
+
+
+def test_time_within_a_work_budget_is_scored_by_hand():
+    # at floor 64 the answer optimal prints with --max-work-ratio 2 is its answer without one here (on-policy at the
+    # floor's B = 64, predicted well within 2x on-policy at B's work), on the grid; the trivial floor rule picks it too
+    pilot = _pilot(b_noise=500.0)
+    assert tt.printed_design(pilot, "sgd", 1.0, 64, 1000.0, 1, 0, tt.PRINTED_WORK_RATIO) == fg.Design.on_policy_at(64)
+    record = _record(pilot, {})
+    steps = {"on-policy B=64": [400.0, 100.0], "on-policy B=256": [40.0, 40.0], "x=1 y=4": [90.0, 80.0],
+             "x=16 y=4": [50.0, 55.0]}
+    for row in record["designs"]:
+        row["steps"] = steps[row["label"]]
+    assert tt.score_work_budget(record, 1.0, 64, "on-policy B=64") == {}  # a unit that did not train these answers
+    record["printed_work_ratios"] = [tt.PRINTED_WORK_RATIO]
+    assert tt.score_work_budget(record, 1.0, 0, "on-policy B=64") == {}  # at floor 0 time is work: nothing to score
+    out = tt.score_work_budget(record, 1.0, 64, "on-policy B=64")
+    # mu = 1, floor 64: time per step 64 + 64 = 128 (B = 64), 512 (B = 256), 64 + 256 = 320 (y = 4); work the same
+    # (no design generates fewer than 64). Replicate 0: B = 64 takes 400 x 128 = 51,200, over the budget of
+    # 2 x 40 x 512 = 40,960; the fastest within it is x = 16 y = 4 at 50 x 320 = 16,000
+    for name in ("printed_work2", "floor_rule_work2"):
+        row = out[name]
+        assert row["free"] == "on-policy B=64" and not row["free_is_replay"] and row["over_budget"]
+        assert row["free_regret"] == pytest.approx(51200 / 16000)
+        # replicate 1: B = 64 at 100 x 128 = 12,800 is within budget and the fastest: regret 1
+        assert row["free_ci"] == pytest.approx([1.0, 1.0])
+    assert not out["printed_work2"]["off_grid"]
+    # where the budget binds the menu: on-policy at B never arrives in a replicate (inf work), so there is no budget
+    # in it; where it arrives, a design faster than it yet over 2x its work cannot exist while B >= the floor, since
+    # time >= work for every design and on-policy at B's time is its work
+    record["designs"][1]["steps"] = [40.0, None]
+    out = tt.score_work_budget(record, 1.0, 64, "on-policy B=64")
+    assert out["printed_work2"]["free_ci"] == pytest.approx([1.0, 1.0])

@@ -103,6 +103,38 @@ def test_the_guard_keeps_the_floor_rule_within_the_budget():
     assert free.choice.design.batch_size == 1024  # 4 B, the largest searched: the floor is out of reach
 
 
+def test_a_budget_the_free_answer_keeps_changes_nothing():
+    # the case that showed it: SGD, kappa 0.5, B_noise 30, mu 2, floor 16. Without a budget the guard keeps the floor
+    # rule's on-policy B' = 16, whose work is (16 + 30) / (256 + 30) = 0.16x on-policy at B's. Before, --max-work-ratio
+    # 1 dropped over-budget candidates from the guard's worst-regret reference, and an epoch design (R = 1024, e = 4,
+    # m = 128) then cleared the margin: a budget that binds nothing had traded the guard's robustness away
+    memory = fg.Memory(0.5, "sgd", 0.9, 256.0)
+    kwargs = dict(optimizer="sgd", group_size=8, floor=16.0, max_steps_ratio=1000.0, max_epochs=4, max_staleness=1)
+    free = guarded_design(30.0, 256, 2.0, memory, **kwargs)
+    assert free.choice.design == Design.on_policy_at(16)
+    assert free.choice.work / free.search.at_batch.work == pytest.approx(46 / 286, rel=1e-12)
+    for ratio in (1.0, 1.5, 2.0):
+        tight = guarded_design(30.0, 256, 2.0, memory, max_work_ratio=ratio, **kwargs)
+        assert (tight.choice, tight.default, tight.worst_choice) == (free.choice, free.default, free.worst_choice)
+    # over a grid of inputs: the budgeted choice is the free one wherever that keeps the budget, and otherwise within it
+    kept = broke = 0
+    for b_noise in (30.0, 3000.0):
+        for mu, floor, batch in ((2.0, 16.0, 256), (20.0, 64.0, 64), (5.28, 128.0, 32)):
+            for mem in (fg.Memory(0.5, "sgd", 0.9, float(batch)), fg.Memory(0.05, "adam", 0.9, float(batch))):
+                kw = dict(kwargs, optimizer=mem.optimizer, floor=floor)
+                free = guarded_design(b_noise, batch, mu, mem, **kw)
+                for ratio in (1.0, 2.0):
+                    tight = guarded_design(b_noise, batch, mu, mem, max_work_ratio=ratio, **kw)
+                    cap = ratio * tight.search.at_batch.work * (1 + 1e-12)
+                    if free.choice.work <= cap:
+                        kept += 1
+                        assert tight.choice == free.choice
+                    else:
+                        broke += 1
+                        assert tight.choice.work <= cap
+    assert kept > 0 and broke > 0  # both branches exercised
+
+
 def test_optimal_prints_the_fastest_design_within_the_budget(cli):
     def run(*a):
         code, out, err = cli(*a)
