@@ -143,6 +143,21 @@ def pilot_compute(pilot: dict, mu: float, floor: float) -> float:
             + pilot["hvps"] * HVP_SAMPLE_UPDATES * HVP_SAMPLES) * pilot.get("runs", 1)
 
 
+def _printed_run(record: dict, mu: float, floor: float, steps_ratio: float,
+                 work_ratio: float = 1000.0) -> tuple[forgetting.Design, dict, np.ndarray]:
+    """The design optimal prints for this cell at --max-steps-ratio ``steps_ratio`` and --max-work-ratio
+    ``work_ratio``, its trained row (the grid's or a printed one) and its steps by replicate (inf: not reached)."""
+    design = printed_design(record["pilot"], record["optimizer"], mu, floor, steps_ratio, record.get("max_epochs", 1),
+                            record.get("max_staleness", 0), work_ratio)
+    key = design_spec(design)
+    row = next((d for d in record["designs"] + record["printed"] if d["design"] == key), None)
+    if row is None:
+        raise ValueError(f"{record['setting']}/{record['optimizer']}/i{record['instance']}: the printed design {key} "
+                         f"(--max-steps-ratio {steps_ratio:g}, --max-work-ratio {work_ratio:g}) was not trained (its "
+                         f"unit was saved by other code)")
+    return design, row, np.array([math.inf if v is None else v for v in row["steps"]], dtype=float)
+
+
 def score_printed(record: dict, mu: float, floor: float, compute: np.ndarray, spearman: float | None) -> dict:
     """The printed answer's regret against the whole grid's best (compute (replicates, designs)), without and with the
     pilot's compute; the pilot's share of on-policy at B's compute beside it; ``spearman``: the rank correlation of the
@@ -160,14 +175,7 @@ def score_printed(record: dict, mu: float, floor: float, compute: np.ndarray, sp
                                ("printed_steps2", PRINTED_STEPS_RATIOS[1], 0.0)):
         if ratio not in trained:
             continue
-        design = printed_design(record["pilot"], record["optimizer"], mu, floor, ratio, record.get("max_epochs", 1),
-                                record.get("max_staleness", 0))
-        key = design_spec(design)
-        row = next((d for d in record["designs"] + record["printed"] if d["design"] == key), None)
-        if row is None:
-            raise ValueError(f"{record['setting']}/{record['optimizer']}/i{record['instance']}: the printed design "
-                             f"{key} was not trained (its unit was saved by other code)")
-        steps = np.array([math.inf if v is None else v for v in row["steps"]], dtype=float)
+        design, row, steps = _printed_run(record, mu, floor, ratio)
         pick = steps * forgetting.step_cost(design.rollouts_per_step, design.batch_size, mu, floor,
                                             design.updates_per_generation, design.max_staleness > 0)  # (replicates,)
         regret, interval = _ratio_entry(pick + added, best)
@@ -203,14 +211,7 @@ def score_work_budget(record: dict, mu: float, floor: float, floor_rule: str | N
     ref = labels.index(f"on-policy B={BATCH}")
     budget = PRINTED_WORK_RATIO * work[:, ref]  # (replicates,); inf where on-policy at B never arrives: no budget
     best = np.where(work <= budget[:, None], time_, np.inf).min(axis=1)
-    design = printed_design(record["pilot"], record["optimizer"], mu, floor, PRINTED_STEPS_RATIOS[0],
-                            record.get("max_epochs", 1), record.get("max_staleness", 0), PRINTED_WORK_RATIO)
-    key = design_spec(design)
-    row = next((d for d in record["designs"] + record["printed"] if d["design"] == key), None)
-    if row is None:
-        raise ValueError(f"{record['setting']}/{record['optimizer']}/i{record['instance']}: the printed design "
-                         f"{key} under --max-work-ratio {PRINTED_WORK_RATIO:g} was not trained")
-    steps = np.array([math.inf if v is None else v for v in row["steps"]], dtype=float)
+    design, row, steps = _printed_run(record, mu, floor, PRINTED_STEPS_RATIOS[0], PRINTED_WORK_RATIO)
     cost = partial(forgetting.step_cost, design.rollouts_per_step, design.batch_size, mu,
                    updates_per_generation=design.updates_per_generation, overlapped=design.max_staleness > 0)
     picks = {"printed_work2": (row["label"], steps * cost(floor), steps * cost(0.0), design.on_policy)}
