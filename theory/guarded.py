@@ -34,8 +34,7 @@ held-out set that tests it is named in experiments/theory_bench/options.py.
 from __future__ import annotations
 
 import math
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -152,7 +151,7 @@ def guarded_design(b_noise: float, batch_size: int, mu: float, memory: fg.Memory
                     max_horizon, max_batch, max_epochs, b_factors, margin, max_staleness, overlap_margin, math.inf)
     if not fg.within_budgets(free.choice, math.inf, max_work_ratio * budgeted.search.at_batch.work):
         return budgeted
-    return dataclasses.replace(free, search=budgeted.search)
+    return replace(free, search=budgeted.search)
 
 
 def _guarded(b_noise: float, batch_size: int, mu: float, memory: fg.Memory | None, optimizer: str, group_size: int,

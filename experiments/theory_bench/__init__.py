@@ -101,15 +101,14 @@ from .tables import (
 )
 
 __all__ = [
-    *_options.__all__,
-    "Env", "Store", "_key", "build_env", "exact_hessian", "instance_record", "RECIPE", "Unit", "UnitNotScored",
-    "_designs_of", "loss_hvp", "_step_cap", "b_crit_record", "b_noise_kind", "calibration_record",
-    "curvature_pairs_kappa", "design_row", "design_steps", "fit_noise_scale", "measure_drift",
-    "measure_noise_scale", "measure_pilot", "measure_staleness", "measured_alpha", "pilot_query", "pilot_steps",
-    "printed_design", "printed_label", "printed_ratios", "printed_work_ratios", "read_b_noise", "run_unit", "sample_grads",
-    "staleness_of", "train_printed", "train_unit", "tune_at_batch", "Designs", "NoPick", "OBJECTIVES",
-    "Objective", "PRINTED", "WORK_BUDGET", "b_noise_no_pick", "design_steps_row", "measured_compute", "objective_values",
-    "rule_values", "REPLAY_MARGIN", "_objective_target", "_protocol", "_replay_branch", "check_out",
-    "horizon_check", "not_scored_cell", "options_text", "pilot_compute", "run_theory_test", "score_cell",
-    "score_printed", "score_work_budget", "spearman", "summarise", "targets", "unit_checks", "write_evidence", "SPEC", "_worst_text",
+    *_options.__all__, "Env", "Store", "_key", "build_env", "exact_hessian", "instance_record", "RECIPE", "Unit",
+    "UnitNotScored", "_designs_of", "loss_hvp", "_step_cap", "b_crit_record", "b_noise_kind", "calibration_record",
+    "curvature_pairs_kappa", "design_row", "design_steps", "fit_noise_scale", "measure_drift", "measure_noise_scale",
+    "measure_pilot", "measure_staleness", "measured_alpha", "pilot_query", "pilot_steps", "printed_design",
+    "printed_label", "printed_ratios", "printed_work_ratios", "read_b_noise", "run_unit", "sample_grads",
+    "staleness_of", "train_printed", "train_unit", "tune_at_batch", "Designs", "NoPick", "OBJECTIVES", "Objective",
+    "PRINTED", "WORK_BUDGET", "b_noise_no_pick", "design_steps_row", "measured_compute", "objective_values",
+    "rule_values", "REPLAY_MARGIN", "_objective_target", "_protocol", "_replay_branch", "check_out", "horizon_check",
+    "not_scored_cell", "options_text", "pilot_compute", "run_theory_test", "score_cell", "score_printed",
+    "score_work_budget", "spearman", "summarise", "targets", "unit_checks", "write_evidence", "SPEC", "_worst_text",
     "cells_table", "load_summary", "summary_table", "targets_text", "theory_test_table", "units_table"]
