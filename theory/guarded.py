@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
@@ -142,15 +143,16 @@ def guarded_design(b_noise: float, batch_size: int, mu: float, memory: fg.Memory
     the designs within it (whose worst regrets are then against the best within the budget)."""
     if not b_factors or b_factors[0] != 1.0:
         raise ValueError(f"b_factors must start at 1 (the measured b), got {b_factors}")
-    budgeted = _guarded(b_noise, batch_size, mu, memory, optimizer, group_size, staleness, floor, max_steps_ratio,
-                        max_horizon, max_batch, max_epochs, b_factors, margin, max_staleness, overlap_margin,
-                        max_work_ratio)
+    guard = partial(_guarded, b_noise, batch_size, mu, memory, optimizer, group_size, staleness, floor,
+                    max_steps_ratio, max_horizon, max_batch, max_epochs)
+    rest = (margin, max_staleness, overlap_margin)
+    free = guard(b_factors, *rest, math.inf)
     if math.isinf(max_work_ratio):
-        return budgeted
-    free = _guarded(b_noise, batch_size, mu, memory, optimizer, group_size, staleness, floor, max_steps_ratio,
-                    max_horizon, max_batch, max_epochs, b_factors, margin, max_staleness, overlap_margin, math.inf)
-    if not fg.within_budgets(free.choice, math.inf, max_work_ratio * budgeted.search.at_batch.work):
-        return budgeted
+        return free
+    if not fg.within_budgets(free.choice, math.inf, max_work_ratio * free.search.at_batch.work):
+        return guard(b_factors, *rest, max_work_ratio)
+    # the answer keeps the budget: only the family bests within it are needed, from the search at the measured b
+    budgeted = guard((1.0,), *rest, max_work_ratio)
     return replace(free, search=budgeted.search)
 
 

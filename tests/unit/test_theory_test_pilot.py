@@ -206,3 +206,39 @@ def test_time_within_a_work_budget_is_scored_by_hand():
     record["designs"][1]["steps"] = [40.0, None]
     out = tt.score_work_budget(record, 1.0, 64, "on-policy B=64")
     assert out["printed_work2"]["free_ci"] == pytest.approx([1.0, 1.0])
+
+
+def test_a_work_budget_that_binds_is_scored_against_the_best_within_it():
+    # a floor of 1024 above B = 256: on-policy at B waits for the floor, so a faster design may spend more work. At
+    # mu = 1, B_noise 500 optimal answers on-policy B' = 1024 without a budget, whose predicted work (1024 + 500) /
+    # (256 + 500) = 2.02x on-policy at B's breaks --max-work-ratio 2; within it the answer is B' = 1008 (1.99x)
+    pilot = _pilot(b_noise=500.0)
+    assert tt.printed_design(pilot, "sgd", 1.0, 1024) == fg.Design.on_policy_at(1024)
+    budgeted = tt.printed_design(pilot, "sgd", 1.0, 1024, 1000.0, 1, 0, tt.PRINTED_WORK_RATIO)
+    assert budgeted == fg.Design.on_policy_at(1008)
+    record = _record(pilot, {})
+    steps = {"on-policy B=64": [400.0, 100.0], "on-policy B=256": [40.0, 40.0], "x=1 y=4": [90.0, 80.0],
+             "x=16 y=4": [50.0, 55.0]}
+    for row in record["designs"]:
+        row["steps"] = steps[row["label"]]
+    record["designs"].append({"label": "on-policy B=1024", "design": [1024, 1024, 1024, True], "steps": [24.0, 24.0]})
+    record["printed"] = [{"label": tt.printed_label(budgeted), "design": [1008, 1008, 1008, True],
+                          "steps": [25.0, 25.0]}]
+    record["printed_work_ratios"] = [tt.PRINTED_WORK_RATIO]
+    out = tt.score_work_budget(record, 1.0, 1024, "on-policy B=1024")
+    # time per step at floor 1024, mu = 1: 1024 + B for every design here (none generates more than 1024); work per
+    # step mu R + B. Budget: 2 x 40 x 512 = 40,960. Within it the fastest is on-policy B = 256 at 40 x 1280 = 51,200
+    # in both replicates (B = 64's 400 x 128 = 51,200 work breaks it in replicate 0; in replicate 1 it takes
+    # 100 x 1088 = 108,800); B = 1024 is faster (24 x 2048 = 49,152) but its work, the same 49,152, breaks it
+    floor_rule = out["floor_rule_work2"]
+    assert floor_rule["free_regret"] == pytest.approx(49152 / 51200) and floor_rule["over_budget"]
+    assert floor_rule["free_ci"] == pytest.approx([49152 / 51200] * 2)
+    # the printed B' = 1008, predicted within the budget, measured at 25 steps: time 25 x (1024 + 1008) = 50,800,
+    # work 25 x 2016 = 50,400 > 40,960: it broke the budget in the measurement, and the row says so
+    printed = out["printed_work2"]
+    assert printed["free"] == "printed: on-policy B=1008" and printed["off_grid"]
+    assert printed["free_regret"] == pytest.approx(50800 / 51200) and printed["over_budget"]
+    # within the budget by measurement at 20 steps (40,320 work): the same scoring, no flag
+    record["printed"][0]["steps"] = [20.0, 20.0]
+    printed = tt.score_work_budget(record, 1.0, 1024, "on-policy B=1024")["printed_work2"]
+    assert printed["free_regret"] == pytest.approx(20 * 2032 / 51200) and not printed["over_budget"]
