@@ -15,6 +15,7 @@ import pytest
 
 from replay_theory.cli.app import app
 from replay_theory.simulate import sweep as sweep_module
+from replay_theory.simulate.store import RunStore
 
 SPEC = {"name": "t", "base": {"seeds": 1, "steps": 30, "eval_every": 15, "measure_drift": False, "num_prompts": 16},
         "grid": {"capacity": [64, 96, 128, 160]}, "configs": []}
@@ -118,12 +119,14 @@ def test_a_real_sigint_during_a_sweep(tmp_path):
                             # an ignored SIGINT ignored: give the child the default, as a terminal's process has
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
-    while not list((out / "runs").glob("*.json")) if (out / "runs").is_dir() else True:
+    # a saved run, not the hidden temporary (.KEY.PID-HEX.json, which pathlib's glob also matches) that a write in
+    # progress holds: a SIGINT then removes the temporary and saves nothing
+    while not RunStore(out).files():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
-    saved = len(list((out / "runs").glob("*.json")))
+    saved = len(RunStore(out).files())
     assert proc.returncode == 130 and stdout == "" and 1 <= saved < 8
     assert stderr.splitlines()[-1] == (
         f"interrupted: {saved} of 8 configurations are saved in {out / 'runs'} ({saved} finished now, 0 reused from "
