@@ -24,7 +24,17 @@ from ...core.pipeline import score
 from ...simulate.config import config_from_dict
 from ...simulate.envs.quadratic import QuadraticEnv
 from ...theory import forgetting
-from .options import BATCH, BETA1, CURVATURE_EVERY, GROUP, PILOT_FRACTION, STALENESS, Setting
+from .options import (
+    BATCH,
+    BETA1,
+    CURVATURE_EVERY,
+    GROUP,
+    HVP_SAMPLE_UPDATES,
+    HVP_SAMPLES,
+    PILOT_FRACTION,
+    STALENESS,
+    Setting,
+)
 from .store import exact_hessian
 
 
@@ -57,10 +67,25 @@ def pilot_steps(recipe_steps: float) -> int:
     """The pilot's length in steps: the most P whose steps and curvature steps (each counted as one more step: its
     three HVPs over 64 samples cost 384 sample-updates, one step of B = 256 at mu = 0.5 and less than one at any
     larger mu) fit in PILOT_FRACTION of the recipe's steps to the target; one step when not even that fits (a run
-    that reaches the target in under 20 steps: the pilot then costs more than the fraction, and the tables say so)."""
+    that reaches the target in under 25 steps: that pilot is not affordable at low mu, ``pilot_affordable``)."""
     budget = int(PILOT_FRACTION * recipe_steps)
     fits = [p for p in range(1, budget + 1) if p + -(-p // CURVATURE_EVERY) <= budget]
     return max(fits, default=1)
+
+
+def pilot_compute(pilot: dict, mu: float, floor: float) -> float:
+    """The pilot's compute in the cost model's unit: its steps of on-policy at B = 256 plus its HVPs
+    (``HVP_SAMPLE_UPDATES`` x ``HVP_SAMPLES`` each), for its one run."""
+    return (pilot["steps"] * forgetting.step_cost(BATCH, BATCH, mu, floor)
+            + pilot["hvps"] * HVP_SAMPLE_UPDATES * HVP_SAMPLES) * pilot.get("runs", 1)
+
+
+def pilot_affordable(pilot: dict, mu: float, floor: float) -> bool:
+    """Whether the user runs this pilot at (mu, floor): its compute within PILOT_FRACTION of the recipe's to the target
+    (``recipe_steps`` steps of on-policy at B), both known before any scored run. Otherwise the user asks optimal
+    without the pilot's numbers (``measure.pilot_query``: the floor rule's batch) and spends nothing on it."""
+    return pilot_compute(pilot, mu, floor) <= PILOT_FRACTION * pilot["recipe_steps"] * forgetting.step_cost(
+        BATCH, BATCH, mu, floor)
 
 
 def b_crit_record(num: list[float], ghg: list[float]) -> dict:

@@ -42,6 +42,7 @@ from .inputs import (
     measure_drift,
     measure_staleness,
     measured_alpha,
+    pilot_affordable,
     pilot_steps,
     sample_grads,
 )
@@ -56,6 +57,7 @@ from .options import (
     LR_RATIO,
     MAX_EXTEND,
     OPTIMIZERS,
+    PILOT_FRACTION,
     PILOT_MAX_STEPS,
     PILOT_RUNS,
     PILOT_SEED,
@@ -540,15 +542,23 @@ def design_row(unit: Unit, label: str, design: forgetting.Design) -> dict:
 def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_ratio: float = 1000.0,
                 max_epochs: int = 1, max_staleness: int = 0,
                 max_work_ratio: float = 1000.0) -> tuple[advice.Query, list[str]]:
-    """The query ``replay-theory optimal`` gets from this pilot's numbers (``-B 256 --noise-scale B_simple --kappa
-    kappa --optimizer OPT --group-size 8 --latency-floor FLOOR`` and the drift table a profile carries), and what was
-    left out and why: a B_simple not resolved > 0 (optimal then says to stay at B), a kappa optimal refuses (outside
-    [KAPPA_MIN, the optimizer's stability limit): the user asks again without it). ``max_epochs`` > 1 (--families
-    epochs): optimal searches epoch designs too (``--max-epochs``); ``max_staleness`` 1 (--families overlap),
-    overlapped ones (``--max-staleness``); ``max_work_ratio`` (``--max-work-ratio``, 1000: none): the fastest
-    design within that work budget."""
+    """The query ``replay-theory optimal`` gets from this pilot's numbers (``-B 256 --noise-scale B_simple --kappa kappa
+    --optimizer OPT --group-size 8 --latency-floor FLOOR`` and the drift table a profile carries), and what was left out
+    and why: the whole pilot where the user would not run it (``pilot_affordable``: one step and its curvature pairs
+    cost more than PILOT_FRACTION of the recipe at this mu and floor), a B_simple not resolved > 0 (optimal then says to
+    stay at B), a kappa optimal refuses (outside [KAPPA_MIN, the optimizer's stability limit): the user asks again
+    without it). ``max_epochs`` > 1 (--families epochs): optimal searches epoch designs too (``--max-epochs``);
+    ``max_staleness`` 1 (--families overlap), overlapped ones (``--max-staleness``); ``max_work_ratio``
+    (``--max-work-ratio``, 1000: none): the fastest design within that work budget."""
     from ...advise.optimal import KAPPA_MIN
 
+    common = {"mu": float(mu), "batch_size": BATCH, "optimizer": optimizer, "beta1": BETA1, "group_size": GROUP,
+              "floor": float(floor), "max_steps_ratio": float(max_steps_ratio), "max_epochs": int(max_epochs),
+              "max_staleness": int(max_staleness), "max_work_ratio": float(max_work_ratio)}
+    if not pilot_affordable(pilot, mu, floor):  # the user runs no pilot: optimal -B 256 with nothing measured
+        return advice.Query(**common), [f"no pilot: one of {pilot['steps']} step(s) costs more than "
+                                        f"{100 * PILOT_FRACTION:g}% of the recipe's {pilot['recipe_steps']:g} steps at "
+                                        f"mu {mu:g}, floor {floor:g}"]
     notes = []
     simple = pilot.get("b_simple") or {}
     b_noise = simple.get("b_noise")
@@ -574,11 +584,8 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_
                                          tuple(1.0 + float(c) for c in drift["m2"]), "1 + M2(s) on the pilot")
     else:  # a one-step pilot saw no older policy: nothing measured beyond age 0
         staleness = forgetting.NO_STALENESS
-    query = advice.Query(mu=float(mu), batch_size=BATCH, b_noise=b_noise, b_noise_source="the pilot's B_simple",
-                         kappa=kappa, kappa_source="the pilot's curvature pairs", optimizer=optimizer, beta1=BETA1,
-                         pilot_batch=BATCH, group_size=GROUP, floor=float(floor), staleness=staleness,
-                         max_steps_ratio=float(max_steps_ratio), max_epochs=int(max_epochs),
-                         max_staleness=int(max_staleness), max_work_ratio=float(max_work_ratio))
+    query = advice.Query(**common, b_noise=b_noise, b_noise_source="the pilot's B_simple", kappa=kappa,
+                         kappa_source="the pilot's curvature pairs", pilot_batch=BATCH, staleness=staleness)
     return query, notes
 
 

@@ -31,7 +31,7 @@ from ...outputs import check_out_dir, strict, write_new
 from ...simulate import to_target
 from ...theory import forgetting
 from ...theory.resampling import quantile_interval, spearman
-from .inputs import read_b_noise
+from .inputs import pilot_affordable, pilot_compute, read_b_noise
 from .measure import _designs_of, design_spec, printed_design, run_unit, staleness_of
 from .objectives import (
     OBJECTIVES,
@@ -56,6 +56,7 @@ from .options import (
     HVP_SAMPLES,
     LR_RATIO,
     MAX_EXTEND,
+    PILOT_BUDGET,
     PILOT_FRACTION,
     PILOT_RUNS,
     PILOT_SEED,
@@ -136,13 +137,6 @@ def score_cell(record: dict, mu: float, floor: float) -> dict:
 
 
 
-def pilot_compute(pilot: dict, mu: float, floor: float) -> float:
-    """The pilot's compute in the cost model's unit: its steps of on-policy at B = 256 plus its HVPs
-    (``HVP_SAMPLE_UPDATES`` x ``HVP_SAMPLES`` each), for its one run."""
-    return (pilot["steps"] * forgetting.step_cost(BATCH, BATCH, mu, floor)
-            + pilot["hvps"] * HVP_SAMPLE_UPDATES * HVP_SAMPLES) * pilot.get("runs", 1)
-
-
 def _printed_run(record: dict, mu: float, floor: float, steps_ratio: float,
                  work_ratio: float = 1000.0) -> tuple[forgetting.Design, dict, np.ndarray]:
     """The design optimal prints for this cell at --max-steps-ratio ``steps_ratio`` and --max-work-ratio
@@ -167,7 +161,8 @@ def score_printed(record: dict, mu: float, floor: float, compute: np.ndarray, sp
         return {}
     best = compute.min(axis=1)
     reference = design_steps_row(record, f"on-policy B={BATCH}") * forgetting.step_cost(BATCH, BATCH, mu, floor)
-    extra = pilot_compute(record["pilot"], mu, floor)
+    piloted = pilot_affordable(record["pilot"], mu, floor)  # else the user ran no pilot and asked without its numbers
+    extra = pilot_compute(record["pilot"], mu, floor) if piloted else 0.0
     out = {}
     trained = record.get("printed_ratios", PRINTED_STEPS_RATIOS)  # --quick trains the default answer alone
     for name, ratio, added in (("printed", PRINTED_STEPS_RATIOS[0], 0.0),
@@ -183,7 +178,7 @@ def score_printed(record: dict, mu: float, floor: float, compute: np.ndarray, sp
                      "pinned": None, "pinned_regret": None, "pinned_ci": None,
                      "pinned_no_pick": "answers over every batch", "spearman": spearman,
                      "free_is_replay": not design.on_policy, "off_grid": row["label"].startswith("printed"),
-                     "pilot_share": extra / reference if reference > 0 else None}
+                     "pilot_share": extra / reference if reference > 0 else None, "piloted": piloted}
     return out
 
 
@@ -371,7 +366,8 @@ def _objective_target(cells: list[dict], name: str) -> dict:
               if c["by_objective"][name].get("pilot_share") is not None]
     if shares:  # the printed answer's rows: the pilot's compute / on-policy at B's to the target
         rec["pilot_share"] = {"median": float(np.median(shares)), "max": float(np.max(shares)),
-                              "over_10%": int(sum(v > PILOT_FRACTION for v in shares)), "cells": len(shares)}
+                              "over_10%": int(sum(v > PILOT_BUDGET for v in shares)), "cells": len(shares),
+                              "no_pilot": sum(1 for c in cells if c["by_objective"][name].get("piloted") is False)}
         rec["off_grid"] = sum(1 for c in cells if c["by_objective"][name].get("off_grid"))
     if name in WORK_BUDGET:  # measured work above the budget: the answer broke the constraint it was asked to keep
         rec["over_budget"] = sum(1 for c in cells if c["by_objective"][name].get("over_budget"))
@@ -479,7 +475,8 @@ def _protocol(options: Options) -> dict:
             "optimizers": list(options.optimizers), "quick": options.quick, "lr_ratio": LR_RATIO,
             "exact_lr_ratio": EXACT_LR_RATIO, "max_extend": MAX_EXTEND, "cap_factor": CAP_FACTOR,
             "window": to_target.WINDOW, "beta1": BETA1,
-            "pilot": {"fraction": PILOT_FRACTION, "seed": PILOT_SEED, "runs": PILOT_RUNS,
+            "pilot": {"fraction": PILOT_FRACTION, "budget": PILOT_BUDGET, "skipped_when_unaffordable": True,
+                      "seed": PILOT_SEED, "runs": PILOT_RUNS,
                       "curvature_every": CURVATURE_EVERY, "hvp_sample_updates": HVP_SAMPLE_UPDATES,
                       "hvp_samples": HVP_SAMPLES, "route": "B_simple"},
             "objectives": [*OBJECTIVES, *PRINTED],

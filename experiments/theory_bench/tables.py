@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .inputs import read_b_noise
 from .objectives import OBJECTIVES, PRINTED
-from .options import BATCH, DEV_INSTANCES, HEADLINE_FLOOR, PILOT_FRACTION
+from .options import BATCH, DEV_INSTANCES, HEADLINE_FLOOR, PILOT_BUDGET
 
 # --------------------------------------------------------------------------- the tables
 
@@ -169,8 +169,9 @@ def targets_text(t: dict) -> str:
                          f"({100 * fr['share_within_1.2']:.0f}%), {fr['within_1.5']} within 1.5x, worst "
                          f"{_worst_text(fr)}; off the grid in {o.get('off_grid', 0)} cells; pilot compute / on-policy "
                          f"at B's: median {100 * share.get('median', math.nan):.1f}%, max "
-                         f"{100 * share.get('max', math.nan):.1f}%, over {100 * PILOT_FRACTION:g}% in "
-                         f"{share.get('over_10%', 0)} cells; Spearman (the rule on the same pilot) "
+                         f"{100 * share.get('max', math.nan):.1f}%, over {100 * PILOT_BUDGET:g}% in "
+                         f"{share.get('over_10%', 0)} cells, no pilot (too short a run) in {share.get('no_pilot', 0)}; "
+                         f"Spearman (the rule on the same pilot) "
                          f"{_num(o['min_setting_spearman'], 2)}" + _branch_text(o.get("replay_branch")))
             continue
         lines.append(f"- {label}: free batch {fr['within_1.2']} of {o['cells']} within 1.2x "

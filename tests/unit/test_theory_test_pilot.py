@@ -42,15 +42,15 @@ def test_the_pilot_reads_no_scored_run(tmp_path, setting, optimizer):
     tt.tune_at_batch(full, tt.RECIPE, tt.PILOT_SEED)
     again = tt.measure_pilot(full)
     assert again == pilot
-    assert pilot["runs"] == 1 and pilot["steps"] == max(1, int(0.1 * pilot["recipe_steps"]))
+    assert pilot["runs"] == 1 and pilot["steps"] == tt.pilot_steps(pilot["recipe_steps"])
     # the recipe runs on the pilot's own seeds: not the scored on-policy B = 256's (seed = instance)
     scored = full.runs[f"on-policy B={tt.BATCH}"]
     assert full.runs[tt.RECIPE]["runs"] != scored["runs"]
 
 
-def _pilot(b_noise=120.0, kappa=0.3, drift=None) -> dict:
-    return {"steps": 3, "hvps": 3, "runs": 1, "b_simple": {"b_noise": b_noise}, "kappa_pairs": {"kappa": kappa},
-            "drift": drift}
+def _pilot(b_noise=120.0, kappa=0.3, drift=None, steps=3, recipe_steps=1000.0) -> dict:
+    return {"steps": steps, "hvps": 3, "runs": 1, "b_simple": {"b_noise": b_noise}, "kappa_pairs": {"kappa": kappa},
+            "drift": drift, "recipe_steps": recipe_steps}
 
 
 def test_the_printed_design_is_optimals_answer_from_the_pilots_numbers():
@@ -90,6 +90,27 @@ def test_the_printed_design_is_optimals_answer_from_the_pilots_numbers():
 def test_the_pilot_compute_by_hand():
     # 3 steps of on-policy 256 at mu 2, floor 64: 3 x (2 x 256 + 256) = 2304; 3 HVPs x 2 x 64 samples = 384
     assert tt.pilot_compute(_pilot(), 2.0, 64) == pytest.approx(2304 + 384)
+
+
+def test_the_pilots_length_and_when_a_user_runs_none_by_hand():
+    # 8% of the recipe: 100 steps give 8, of which 7 steps and their one curvature step fit (7 + 1 = 8)
+    assert (tt.PILOT_FRACTION, tt.PILOT_BUDGET) == (0.08, 0.1)
+    assert [tt.pilot_steps(s) for s in (100.0, 113.0, 24.0, 25.0, 10.0)] == [7, 8, 1, 1, 1]
+    # one step and 3 HVPs: at mu 0.5 a step of B = 256 costs 0.5 x 256 + 256 = 384 and the HVPs 3 x 2 x 64 = 384, so
+    # 768 against 8% of 25 steps x 384 = 768 (affordable, at the edge) and of 24 steps x 384 = 737.28 (not)
+    assert tt.pilot_affordable(_pilot(steps=1, recipe_steps=25.0), 0.5, 0)
+    assert not tt.pilot_affordable(_pilot(steps=1, recipe_steps=24.0), 0.5, 0)
+    # at mu 20 a step costs 5376, the pilot 5760, against 0.08 x 24 x 5376 = 10321.92: run at mu 20, not at mu 0.5
+    assert tt.pilot_affordable(_pilot(steps=1, recipe_steps=24.0), 20.0, 0)
+    # no pilot: optimal is asked with no --noise-scale, --kappa or drift and answers the floor rule's batch (64 at
+    # floor 64), where the same pilot at a longer recipe gives the guard's replay answer
+    short, long = _pilot(steps=1, recipe_steps=10.0), _pilot(steps=1, recipe_steps=1000.0)
+    query, notes = tt.pilot_query(short, "sgd", 5.28, 64)
+    assert (query.b_noise, query.kappa, query.staleness, query.pilot_batch) == (None, None, fg.NO_STALENESS, None)
+    assert notes == ["no pilot: one of 1 step(s) costs more than 8% of the recipe's 10 steps at mu 5.28, floor 64"]
+    assert tt.printed_design(short, "sgd", 5.28, 64) == fg.Design.on_policy_at(64)
+    d = tt.printed_design(long, "sgd", 5.28, 64)
+    assert (d.batch_size, d.rollouts_per_step, d.capacity) == (416, 64, 4096)
 
 
 def _record(pilot: dict, printed_steps: dict[float, list[float]]) -> dict:
@@ -150,6 +171,21 @@ def test_the_printed_answer_is_scored_as_printed_off_the_grid_with_and_without_t
     assert row["free"] == "printed: on-policy B=104" and row["off_grid"] and not row["free_is_replay"]
     assert row["free_regret"] == pytest.approx(20 * (104 + 104) / best)
     assert row["free_ci"] == pytest.approx([22 * (104 + 104) / 14080] * 2)
+
+
+def test_a_run_too_short_for_a_pilot_is_scored_without_one():
+    # recipe 20 steps at mu 1: the one-step pilot costs 512 + 384 = 896 > 0.08 x 20 x 512 = 819.2, so the user runs
+    # none: the answer is optimal's without inputs (the floor rule's one group, B = 8 at floor 0), and nothing is added
+    record = _record(_pilot(b_noise=500.0, steps=1, recipe_steps=20.0), {tt.PRINTED_STEPS_RATIOS[0]: [30.0, 33.0]})
+    assert tt.printed_design(record["pilot"], "sgd", 1.0, 0) == fg.Design.on_policy_at(8)
+    out = tt.score_printed(record, 1.0, 0, tt.measured_compute(record, 1.0, 0), spearman=None)
+    assert out["printed"]["piloted"] is False and out["printed"]["pilot_share"] == 0.0
+    assert out["printed_with_pilot"]["free_regret"] == out["printed"]["free_regret"] == pytest.approx(
+        30 * 16 / 12800)
+    # the same unit at a 25-step recipe runs its pilot (896 <= 1024) and counts it: 896 / (40 x 512)
+    record["pilot"]["recipe_steps"] = 25.0
+    out = tt.score_printed(record, 1.0, 0, tt.measured_compute(record, 1.0, 0), spearman=None)
+    assert out["printed"]["piloted"] is True and out["printed"]["pilot_share"] == pytest.approx(896 / 20480)
 
 
 def test_b_crit_from_hvps_is_unbiased_against_its_exact_value():
