@@ -172,10 +172,12 @@ def _fmt(v) -> str:
 
 
 INPUT_ROUTES = {"forgetting": ("printed", "forgetting_b_simple", "forgetting")}
-"""The benchmark rows an objective's evidence quotes, first found first: optimal's answer as printed from a 10% pilot's
-inputs (B_simple, curvature-pair kappa, drift), then the rule's pick over the grid from the same pilot, then the rule
-fed b fitted to the scored on-policy runs (records from before the pilot). The line names the route."""
-ROUTE_TEXT = {"printed": "the answer as printed from a one-run 10% pilot's B_simple, kappa and drift",
+"""The benchmark rows an objective's evidence quotes, first found first: optimal's answer as printed from an 8% pilot's
+inputs (B_simple, curvature-pair kappa, drift; none in a run too short for one), then the rule's pick over the grid
+from the same pilot, then the rule fed b fitted to the scored on-policy runs (records from before the pilot). The line
+names the route."""
+ROUTE_TEXT = {"printed": "the answer as printed from a one-run pilot's B_simple, kappa and drift, 8% of the run, none "
+                         "in a run too short for one",
               "forgetting_b_simple": "b from a pilot's B_simple",
               "forgetting": "b fitted to the scored runs' steps, an input no user has"}
 

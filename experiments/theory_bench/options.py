@@ -215,7 +215,7 @@ class Options:
 
     instances: tuple[int, ...] = INSTANCES
     """Comma-separated instance seeds (the quadratic's start, the bandit's features): 0 is the development instance,
-    181, 193, 197, 239, 241 and 251 held out (HELD_OUT); 0 with --quick."""
+    269, 271, 281, 431, 439 and 443 held out (HELD_OUT); 0 with --quick."""
     settings: tuple[str, ...] = field(default=DEFAULT_SETTINGS, metadata=Range(choices=lambda: {
         name: setting.description for name, setting in SETTINGS.items()}).field())
     """Comma-separated settings."""

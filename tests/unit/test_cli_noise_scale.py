@@ -159,10 +159,10 @@ def test_the_evidence_line_quotes_the_stored_benchmark():
     record["targets"]["64"]["objectives"]["printed"] = _targets(0.8, 1.6, spearman=0.75, cells=60)
     record["targets"]["64"]["objectives"]["printed_with_pilot"] = _targets(0.5, 1.9, cells=60)
     assert evidence.evidence_line("forgetting", "forgetting", record) == (
-        "evidence (every instance (none held out), latency floor 64; the answer as printed from a one-run 10% pilot's "
-        "B_simple, kappa and drift, 60 test cases): within 1.2x of the cheapest design in 80% (worst 1.60), 50% "
-        "counting the pilot's compute; lowest per-setting Spearman 0.75; meets the targets at none of the floors 64 "
-        "(replay-theory experiment theory-test --out R, docs/SIMULATION.md)")
+        "evidence (every instance (none held out), latency floor 64; the answer as printed from a one-run pilot's "
+        "B_simple, kappa and drift, 8% of the run, none in a run too short for one, 60 test cases): within 1.2x of "
+        "the cheapest design in 80% (worst 1.60), 50% counting the pilot's compute; lowest per-setting Spearman 0.75; "
+        "meets the targets at none of the floors 64 (replay-theory experiment theory-test --out R, docs/SIMULATION.md)")
     record["targets"]["0"] = {"cells": 60, "objectives": {"printed": _targets(0.5, float("inf"), cells=60)}}
     record["targets"]["0"]["objectives"]["printed"]["free"]["worst"] = None  # strict JSON: a pick never reached
     line = evidence.evidence_line("forgetting", "forgetting", record)

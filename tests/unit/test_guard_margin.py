@@ -23,7 +23,8 @@ def test_margin_counts_by_hand():
 
 
 def test_the_ratio_is_the_guards():
-    pilot = {"b_simple": {"b_noise": 120.0}, "kappa_pairs": {"kappa": 0.3}, "drift": None}  # a quadratic's pilot
+    pilot = {"b_simple": {"b_noise": 120.0}, "kappa_pairs": {"kappa": 0.3}, "drift": None,  # a quadratic's pilot
+             "steps": 3, "hvps": 3, "recipe_steps": 1000.0}  # of a long run: affordable (pilot_affordable)
     r, choice, default = gm.guard_move(pilot, "sgd", 5.28, 64)
     g = guarded_design(120.0, 256, 5.28, fg.Memory(0.3, "sgd", 0.9, 256.0), optimizer="sgd", group_size=8,
                        staleness=fg.NO_POLICY, floor=64.0, max_steps_ratio=1000.0, margin=1.0)
