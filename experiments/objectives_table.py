@@ -1,6 +1,7 @@
 """Every objective's share within 1.2x and worst regret by latency floor, from finished benchmark runs (issue 38): the
 tables of docs/SIMULATION.md's "Does a design rule predict?", with the printed answer's and the trivial floor rule's
-geometric-mean regret per floor under each.
+geometric-mean regret per floor under each, and per floor how often the printed design is the floor rule's, how many
+cells ran no pilot, and the printed answer's worst cell.
 
     python -m replay_theory.experiments.objectives_table RUN_DIR [RUN_DIR ...] [--every-instance]
 
@@ -16,7 +17,7 @@ import math
 import sys
 from pathlib import Path
 
-from .theory_bench.tables import floors_table, geometric_mean_regret, load_summary
+from .theory_bench.tables import floors_table, geometric_mean_regret, load_summary, printed_against_floor_rule
 
 
 def _means_line(summary: dict, held_out: bool) -> str:
@@ -26,6 +27,19 @@ def _means_line(summary: dict, held_out: bool) -> str:
         parts.append(f"{label} " + ", ".join(f"{m:.3f}" if math.isfinite(m) else str(m) for m in means.values()))
     floors = ", ".join(str(f) for f in geometric_mean_regret(summary, "printed", held_out))
     return f"geometric-mean regret at floors {floors}: " + "; ".join(parts)
+
+
+def _printed_lines(summary: dict, held_out: bool) -> list[str]:
+    lines = []
+    for floor, row in printed_against_floor_rule(summary, held_out).items():
+        cell = row["worst"]
+        printed = cell["by_objective"]["printed"]
+        regret = "never reached" if printed["free_regret"] is None else f"{printed['free_regret']:.2f}"
+        lines.append(f"floor {floor}: the printed design is the trivial floor rule's in {row['same_pick']} of "
+                     f"{row['cells']} cells, no pilot in {row['no_pilot']}; its worst cell {regret}: "
+                     f"{cell.get('setting')} / {cell.get('optimizer')} / {cell['instance']} at mu {cell.get('mu')} "
+                     f"(printed {printed.get('free')}, the grid's best {cell.get('best_free')})")
+    return lines
 
 
 def _summary_or_exit(prog: str, run: str, held_out: bool) -> dict:
@@ -54,7 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     for run, summary in zip(args.runs, summaries):
         print(f"{run} ({'held-out instances' if held_out else 'every instance'})\n")
         print(floors_table(summary, held_out))
-        print(f"\n{_means_line(summary, held_out)}\n")
+        print(f"\n{_means_line(summary, held_out)}")
+        print("\n".join(_printed_lines(summary, held_out)) + "\n")
 
 
 if __name__ == "__main__":

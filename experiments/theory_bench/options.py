@@ -130,11 +130,11 @@ tables count the pilot against."""
 PILOT_FRACTION = 0.08
 """The pilot a user plans: 8% of on-policy at B's compute to the target as the user's recipe (``RECIPE``, one tuned
 run on the pilot's seeds) measures it, never a scored run. A fifth below ``PILOT_BUDGET`` because the recipe is an
-estimate: on the held-out units of heldout-pool2 it ran to 1.33x the scored runs' steps (bandit-grpo / SGD / 197: 61
-against 46), which put a pilot sized to 10% of the recipe over 10% of the scored runs in 22 of 480 cells a floor
-(margin set from that run's units, a protocol choice: the rule and its inputs are not tuned by it). A run too short
-for a pilot of one step and its curvature pairs within that share (``pilot_affordable``) is run without one: the user
-asks optimal with no --noise-scale and gets the floor rule's batch."""
+estimate: on the held-out units of heldout-pool2 it ran to 1.33x the scored runs' steps (bandit-grpo / SGD / 197: the
+pilot's ``recipe_steps`` 61 against the on-policy B=256 row's 46), so a pilot of 10% of the recipe cost over 10% of
+the scored run there (margin set from that run's units, a protocol choice: the rule and its inputs are not tuned by
+it). A run too short for a pilot of one step and its curvature pairs within that share (``pilot_affordable``) is run
+without one: the user asks optimal with no --noise-scale and gets the floor rule's batch."""
 PILOT_SEED = 10_000
 """The pilot's seeds (its run, the recipe's search) start at PILOT_SEED + instance; every scored run's at instance."""
 PILOT_RUNS = 1

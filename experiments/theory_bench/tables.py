@@ -408,3 +408,29 @@ def geometric_mean_regret(summary: dict, name: str, held_out: bool = True) -> di
         else:
             out[floor] = math.exp(math.fsum(math.log(r) for r in regrets) / len(regrets))
     return out
+
+
+def printed_against_floor_rule(summary: dict, held_out: bool = True) -> dict[int, dict]:
+    """Per floor, over the scored cells with a printed answer (held-out instances only by default): how many cells the
+    printed design is the trivial floor rule's pick (``same_pick``), how many ran no pilot (``no_pilot``: a run too
+    short for one), and the printed answer's worst cell (``worst``, the cell itself; a pick that never reached the
+    target counts as inf, the first such cell kept)."""
+    out = {}
+    for floor in summary["protocol"]["floors"]:
+        cells = [c for c in summary["cells"] if c["floor"] == floor and not c.get("not_scored")
+                 and "printed" in c["by_objective"]
+                 and not (held_out and c["instance"] in summary["protocol"]["dev_instances"])]
+        if not cells:
+            continue
+
+        def regret(cell: dict) -> float:
+            value = cell["by_objective"]["printed"]["free_regret"]
+            return math.inf if value is None else value
+
+        out[floor] = {"cells": len(cells),
+                      "same_pick": sum(1 for c in cells if c["by_objective"]["printed"].get("free") is not None
+                                       and c["by_objective"]["printed"]["free"]
+                                       == c["by_objective"].get("on_policy_floor", {}).get("free")),
+                      "no_pilot": sum(1 for c in cells if c["by_objective"]["printed"].get("piloted") is False),
+                      "worst": max(cells, key=regret)}
+    return out

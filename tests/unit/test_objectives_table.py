@@ -86,3 +86,30 @@ def test_a_summary_that_is_not_a_benchmarks_is_one_line_and_exit_2(tmp_path, cap
         assert exit_.value.code == 2 and capsys.readouterr().err == (
             f"python -m replay_theory.experiments.objectives_table: RUN_DIR {tmp_path} has a summary.json that is not "
             "a theory-test run's (give a finished experiment theory-test run's folder)\n")
+
+
+def test_the_printed_answer_against_the_floor_rule_by_hand(tmp_path, capsys):
+    import json
+
+    from replay_theory.experiments.theory_bench.tables import printed_against_floor_rule
+
+    def cell(instance, mu, printed, regret, piloted, trivial="on-policy B=8"):
+        return {"setting": "two-prompts", "optimizer": "adam", "instance": instance, "mu": mu, "floor": 0,
+                "best_free": "on-policy B=64",
+                "by_objective": {"printed": {"free": printed, "free_regret": regret, "piloted": piloted},
+                                 "on_policy_floor": {"free": trivial, "free_regret": 1.0}}}
+
+    summary = {**SUMMARY, "protocol": {**SUMMARY["protocol"], "floors": [0]},
+               "cells": [cell(0, 1.0, "on-policy B=8", 9.0, True),  # the development instance: left out
+                         cell(1, 0.5, "on-policy B=8", 1.5, False), cell(1, 20.0, "x=4 y=2", 1.9, True),
+                         cell(2, 0.5, "on-policy B=8", 1.2, True)]}
+    row = printed_against_floor_rule(summary)[0]
+    assert (row["cells"], row["same_pick"], row["no_pilot"]) == (3, 2, 1)
+    assert (row["worst"]["instance"], row["worst"]["mu"]) == (1, 20.0)
+    assert printed_against_floor_rule(summary, held_out=False)[0]["worst"]["instance"] == 0
+    summary["cells"][1]["by_objective"]["printed"]["free_regret"] = None  # never reached: the worst, said in words
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    main([str(tmp_path)])
+    assert ("floor 0: the printed design is the trivial floor rule's in 2 of 3 cells, no pilot in 1; its worst cell "
+            "never reached: two-prompts / adam / 1 at mu 0.5 (printed on-policy B=8, the grid's best on-policy B=64)"
+            ) in capsys.readouterr().out
