@@ -808,8 +808,9 @@ class BufferDesign:
     pipelines: tuple[str, ...] = ("sync",)
     needs_entropy: bool = False  # the batch step asks the backend for token entropies (ExGRPO's o* choice)
     trainer: bool = False  # a trainer can run it: one batch of B per step from a fixed generation batch of R
-    # (integrations/buffer.py's RowReplayBuffer; epochs: TRL's own generation buffer, integrations/trl.py);
-    # group-replay and exgrpo generate a varying number, stale-k trains a batch k updates old (TRL has no such mode)
+    # (integrations/buffer.py's RowReplayBuffer; epochs: TRL's own generation buffer, integrations/trl.py; stale-k:
+    # the queue's batch of k updates earlier, generated in the trainer's own step, not beside it);
+    # group-replay and exgrpo generate a varying number
 
 
 BUFFER_DESIGNS: dict[str, BufferDesign] = {
@@ -826,7 +827,7 @@ BUFFER_DESIGNS: dict[str, BufferDesign] = {
     "exgrpo": BufferDesign("ExGRPO experience buckets by success count (ExGRPO Sec. 4)", ExGRPOParams, _exgrpo,
                            exgrpo_step, _exgrpo_rules, exgrpo_after_update, exgrpo_counts, needs_entropy=True),
     "stale-k": BufferDesign("each update trains on the batch of k updates earlier (M2PO Sec. 3)", StaleKParams,
-                            _stale_k, stale_k_step),
+                            _stale_k, stale_k_step, trainer=True),
     "epochs": BufferDesign("e epochs over m mini-batches of each generation of R (PPO; TRL num_iterations)",
                            EpochParams, _epochs, epochs_step, _epochs_rules, trainer=True),
     "selective": BufferDesign("FIFO of N admitting only groups with a non-zero advantage, B drawn uniformly",
@@ -1034,9 +1035,9 @@ def validate_trainer_design(c: DesignConfig) -> None:
     """The rules of a trainer's design before the trainer's group size is known (``integrations.ReplayConfig``).
 
     N, B, R whole and N >= R (the generation batch must fit, whatever the buffer), a loss and a buffer a trainer
-    runs, the loss's parameters, on-policy B = R (every rollout trained once), and epochs as TRL runs them (N = R,
-    B m = R, one order per generation). The rest, with G, is
-    ``validate_design``, which the trainer's buffer applies (``integrations.buffer.RowReplayBuffer``).
+    runs, the loss's parameters, on-policy B = R (every rollout trained once), stale-k N = B = R (one generation a
+    step, trained whole k updates late) and epochs as TRL runs them (N = R, B m = R, one order per generation). The
+    rest, with G, is ``validate_design``, which the trainer's buffer applies (``integrations.buffer.RowReplayBuffer``).
     """
     for name in ("capacity", "batch_size", "rollouts_per_step"):
         require_integer(name, getattr(c, name), 1)
@@ -1049,6 +1050,12 @@ def validate_trainer_design(c: DesignConfig) -> None:
     if c.buffer == "on-policy" and c.batch_size != c.rollouts_per_step:
         raise ValueError(f"batch_size must equal rollouts_per_step = {c.rollouts_per_step} on-policy (every "
                          f"rollout trained once), got {c.batch_size}")
+    if c.buffer == "stale-k":  # one generation trained whole, once, k updates after it was generated
+        require_integer("stale_k", c.stale_k, 0)
+        for name, value in (("batch_size", c.batch_size), ("capacity", c.capacity)):
+            if value != c.rollouts_per_step:
+                raise ValueError(f"{name} must equal rollouts_per_step = {c.rollouts_per_step} with buffer stale-k "
+                                 f"(each update trains one whole generation, once, k updates late), got {value}")
     if c.buffer == "epochs":
         _epochs_rules(c, "sync")  # e, m whole, B m = R
         if c.capacity != c.rollouts_per_step:

@@ -37,8 +37,16 @@ import numpy as np
 import torch
 
 from ..checks import require_integer
-from ..core.buffers import SlotBuffer
-from ..core.designs import BUFFER_DESIGNS, BufferSpec, DesignConfig, StepBatch, check_choice, make_design_buffer
+from ..core.buffers import SlotBuffer, StaleKQueue
+from ..core.designs import (
+    BUFFER_DESIGNS,
+    BufferSpec,
+    DesignConfig,
+    StepBatch,
+    check_choice,
+    make_design_buffer,
+    validate_trainer_design,
+)
 from ..core.rollouts import RolloutBatch
 from ..core.state import load_object_state, load_state, object_state, save_state
 from .replay_config import (
@@ -98,13 +106,16 @@ class RowReplayBuffer:
         if design.buffer != "on-policy" and design.capacity % design.group_size:
             raise ValueError(f"capacity must be a multiple of num_generations = {design.group_size} (whole "
                              f"groups are stored), got {design.capacity}")
+        if design.buffer == "stale-k":  # validate_design has no stale-k rules: the simulator's queue ignores B
+            validate_trainer_design(design)
         self.config = design
         buffer = make_design_buffer(design, BufferSpec(num_seeds=1, seq_len=1, token_dtype=np.int64))
-        if buffer is not None and not isinstance(buffer, SlotBuffer):  # the rows' ids must live in store slots
+        # the rows' ids must live in store slots, or in the stale-k queue's batches
+        if buffer is not None and not isinstance(buffer, (SlotBuffer, StaleKQueue)):
             raise ValueError(f"buffer {design.buffer} keeps no slots a trainer's rows can be found in: "
                              "ReplayGRPOTrainer runs it through TRL's own generation buffer (num_iterations, "
                              "steps_per_generation), not through RowReplayBuffer")
-        self.buffer: SlotBuffer | None = buffer
+        self.buffer: SlotBuffer | StaleKQueue | None = buffer
         self.rng = np.random.default_rng(seed)
         self.state: dict = {}
         self.settings = SimpleNamespace(total_steps=int(total_steps))  # FreshPER anneals beta over the run
@@ -263,7 +274,10 @@ class RowReplayBuffer:
         if self.buffer is None:
             self.data = {}
             return
-        live = self.buffer.store.tokens[0, self.buffer.valid[0], 0]  # (kept,) sample ids
+        if isinstance(self.buffer, StaleKQueue):  # the k + 1 queued generations' ids
+            live = self.buffer.held_tokens(0)
+        else:
+            live = self.buffer.store.tokens[0, self.buffer.valid[0], 0]  # (kept,) sample ids
         keep = torch.as_tensor(np.isin(self.data["sample_id"].cpu().numpy(), live))
         if not bool(keep.all()):
             self.data = _trim_padding({k: v[keep.to(v.device)] for k, v in self.data.items()})

@@ -168,7 +168,8 @@ class ReplayConfig:
                              f"{data.get('max_staleness')}), which the replay buffer does not run: each rollout is "
                              f"used once, one update late, while the next generation runs on other GPUs; set your "
                              f"trainer's asynchronous mode (replay-theory optimal ... --framework NAME prints its "
-                             f"keys)")
+                             f"keys), or run its staleness without the overlap: buffer stale-k with stale_k = "
+                             f"{data.get('max_staleness')}, N = B = R")
         if data.get("objective") == "noise-scale":  # N = R at fixed B (cli/theory_cmds.py)
             if data.get("batch_size") is None or data.get("b_noise") is None:
                 raise ValueError("the optimal --json output has no design: run `replay-theory optimal` with the "

@@ -29,6 +29,13 @@ buffering, not a buffer of ours: ``num_iterations`` = e, ``steps_per_generation`
 apart, at ages 0 .. e m - 1 (``core.buffers.EpochSchedule`` with ``shuffle=False``). The rows carry our fields
 (version, ids, rewards, the behaviour log-probs) from ``_generate_and_score_completions``, so the loss, metrics and
 diagnose log are the replay step's.
+
+Buffer ``stale-k`` (k-step-off, M2PO Sec. 3; ``core.buffers.StaleKQueue``, the simulator's and the validator's
+queue) trains each update on the whole generation of k updates earlier, once, with the loss's importance ratio
+against the behaviour log-probs stored with the rows; updates 0..k-1 train the base model's k generations, made at
+step 0 from that step's prompts. TRL 1.16's GRPOTrainer generates in the update's own step, so the queue gives the
+staleness's statistics and its cost in reward, not the wall time that an overlapped trainer (TRL's
+``experimental.async_grpo``, verl's one-step-off) buys with it.
 """
 
 from __future__ import annotations
@@ -172,6 +179,7 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
         self.replay_generated = 0  # fresh completions generated for training (epochs: the next row's sample id)
         self.replay_trained = 0  # completions trained on (with repetition)
         self._fifo_max_age = (self.epoch_schedule[0] * self.epoch_schedule[1] - 1 if self.epoch_schedule
+                              else replay.shared.stale_k if replay.buffer == "stale-k"
                               else fifo_max_age(replay.capacity, replay.rollouts_per_step))
         self._last_rewards_per_func: torch.Tensor | None = None
         self._step_generation_seconds = 0.0  # wall seconds this step spent in TRL's generation (for the log)

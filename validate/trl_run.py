@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 
 from .. import __version__
 from ..checks import Range, require_in_range, require_integer, require_number
-from ..core.designs import BUFFER_DESIGNS, LOSSES, EpochParams, check_choice, choices
+from ..core.designs import BUFFER_DESIGNS, LOSSES, EpochParams, StaleKParams, check_choice, choices
 from ..core.memory import Estimate, Size, check_ceiling, check_sizes, check_threads
 from ..integrations.checkpoints import CHECKPOINT_PREFIX, checkpoint_step, complete_checkpoints
 from ..integrations.replay_config import ReplayConfig
@@ -62,28 +62,31 @@ COUNTDOWN_HELD_OUT = 64
 MAX_N_TRAIN = COUNTDOWN_DISTINCT - COUNTDOWN_HELD_OUT
 
 _NO_DESIGN = ("give --design FILE (replay-theory optimal ... -B B --json > FILE) or all of "
-              "--capacity, --batch-size, --rollouts-per-step (--buffer epochs: --rollouts-per-step)")
+              "--capacity, --batch-size, --rollouts-per-step (--buffer epochs or stale-k: --rollouts-per-step)")
 
 #: The internal names a design's rules use (core/designs.py, integrations/buffer.py) -> the options typed.
 _OPTION_OF = {"capacity": "--capacity", "batch_size": "--batch-size",
               "rollouts_per_step": "--rollouts-per-step", "group_size": "--group-size",
               "num_generations": "--group-size", "epochs": "--epochs", "mini_batches": "--mini-batches",
-              "epoch_shuffle": "--epoch-shuffle"}
+              "epoch_shuffle": "--epoch-shuffle", "stale_k": "--stale-k"}
 
 
 @dataclass(frozen=True)
-class TrlRunConfig(EpochParams):
+class TrlRunConfig(EpochParams, StaleKParams):
     """The replay run of ``replay-theory trl-replay``: design, model, task and training sizes; with ``--buffer
     epochs``, the registry's epoch fields (``EpochParams``: e, m), which TRL runs as num_iterations and
-    steps_per_generation."""
+    steps_per_generation; with ``--buffer stale-k``, M2PO's k (``StaleKParams``): each update trains the generation
+    of k updates earlier, generated in the trainer's own step (TRL 1.16's GRPOTrainer generates synchronously, so
+    this gives k-step-off staleness's statistics, not the wall time an overlapped trainer gains)."""
 
     design: Optional[str] = None
     """`replay-theory optimal ... -B B --json` saved to a file: N, B, R from it (R and N rounded to whole groups)."""
     capacity: Optional[int] = None
     """N: buffer size in completions, by hand; with --batch-size and --rollouts-per-step instead of --design
-    (--buffer epochs: R, one generation, when not given)."""
+    (--buffer epochs or stale-k: R, one generation, when not given)."""
     batch_size: Optional[int] = None
-    """B by hand: completions trained on per update (--buffer epochs: R / --mini-batches when not given)."""
+    """B by hand: completions trained on per update (--buffer epochs: R / --mini-batches, stale-k: R, when not
+    given)."""
     rollouts_per_step: Optional[int] = None
     """R by hand: fresh completions generated per update (a multiple of --group-size)."""
     group_size: int = 8
@@ -138,7 +141,7 @@ class TrlRunConfig(EpochParams):
         if self.design is not None and any(v is not None for v in by_hand):
             raise ValueError("--design and --capacity/--batch-size/--rollouts-per-step exclude each other: "
                              "give one")
-        if self.design is None and (self.rollouts_per_step is None if self.buffer == "epochs"
+        if self.design is None and (self.rollouts_per_step is None if self.buffer in ("epochs", "stale-k")
                                     else any(v is None for v in by_hand)):
             raise ValueError(_NO_DESIGN)
         if self.design is not None and not Path(self.design).is_file():
@@ -159,6 +162,10 @@ class TrlRunConfig(EpochParams):
         if self.model != "tiny" and not Path(self.model).is_dir():
             raise ValueError(f"--model must be tiny or a local checkpoint directory, got {self.model!r} "
                              "(this machine reaches no model hub)")
+        if self.buffer == "stale-k":  # the queue's k base generations are made at step 0: at most one per update
+            require_integer("--stale-k", self.stale_k, 0)
+            require_in_range("--stale-k", self.stale_k, 0, self.steps,
+                             note=f" (--steps = {self.steps}: the first k updates train the base model's generations)")
         replay = self.replay_config()  # N, B, R and their rules, named as options
         if self.buffer == "epochs" and self.save_every % (self.epochs * self.mini_batches):
             raise ValueError(f"--save-every must be a multiple of --epochs x --mini-batches = "
@@ -205,6 +212,11 @@ class TrlRunConfig(EpochParams):
         """One line when the design is not replay (theory.design.classify_regime on x = N/R, y = B/R), else None."""
         replay = self.replay_config()
         n, b, r = replay.capacity, replay.batch_size, replay.rollouts_per_step
+        if replay.buffer == "stale-k":  # one generation a step, trained once, k updates late: not the FIFO's x, y
+            k = self.stale_k
+            return (f"regime: {k}-step-off (stale-k, M2PO Sec. 3): each update trains the whole generation of R = {r} "
+                    f"made {k} update(s) earlier, once, with the loss's importance ratio; generated in the same step "
+                    f"(no overlap: TRL's trainer is synchronous)")
         if replay.buffer == "epochs":  # one generation, e passes over m mini-batches: not the FIFO's x, y
             e, m = self.epochs, self.mini_batches
             return (f"regime: {e} epochs over {m} mini-batches of each generation of R = {r} (TRL num_iterations = "
@@ -228,8 +240,11 @@ class TrlRunConfig(EpochParams):
 
     def _by_hand(self) -> tuple[int, int, int]:
         """N, B, R as given without --design (--capacity, --batch-size, --rollouts-per-step; --buffer epochs: N = R
-        and B = R / m unless given)."""
+        and B = R / m unless given; stale-k: N = B = R unless given)."""
         n, b, r = self.capacity, self.batch_size, self.rollouts_per_step
+        if self.buffer == "stale-k" and r is not None:
+            r = require_integer("--rollouts-per-step", r, 1)
+            n, b = (r if n is None else n), (r if b is None else b)
         if self.buffer == "epochs" and r is not None:
             r = require_integer("--rollouts-per-step", r, 1)
             n = r if n is None else n
@@ -239,7 +254,9 @@ class TrlRunConfig(EpochParams):
         return n, b, r
 
     def _buffer_fields(self) -> dict[str, Any]:
-        """The buffer's own DesignConfig fields (--buffer epochs: e, m and the order), else none."""
+        """The buffer's own DesignConfig fields (--buffer epochs: e, m and the order; stale-k: k), else none."""
+        if self.buffer == "stale-k":
+            return {"stale_k": self.stale_k}
         if self.buffer != "epochs":
             return {}
         return {"epochs": self.epochs, "mini_batches": self.mini_batches, "epoch_shuffle": self.epoch_shuffle}

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections import deque
+from dataclasses import fields
 
 import numpy as np
 
@@ -42,28 +42,37 @@ class StaleKQueue(ReplayBuffer):
     def __init__(self, num_seeds: int, k: int) -> None:
         self.num_seeds = _int_param("num_seeds", num_seeds, 1)
         self.k = _int_param("k", k, 0)
-        self._queue: deque[tuple[int, RolloutBatch]] = deque()
+        # the queued batches' push steps and fields, oldest first (at most k + 1): plain ints and arrays, so a
+        # trainer's checkpoint saves and restores the queue without pickle (core/state.py builds no object)
+        self._steps: list[int] = []
+        self._batches: list[dict[str, np.ndarray]] = []
         self.last_step: int | None = None  # generation step of the batch the last pop returned
 
     def push(self, batch: RolloutBatch, step: int) -> None:
         if batch.num_seeds != self.num_seeds:
             raise ValueError(f"batch has {batch.num_seeds} seeds, queue has num_seeds={self.num_seeds}")
-        if self._queue and step <= self._queue[-1][0]:
-            raise ValueError(f"step must increase between pushes, got {step} after {self._queue[-1][0]}")
-        self._queue.append((int(step), batch))
+        if self._steps and step <= self._steps[-1]:
+            raise ValueError(f"step must increase between pushes, got {step} after {self._steps[-1]}")
+        self._steps.append(int(step))
+        self._batches.append({f.name: getattr(batch, f.name) for f in fields(RolloutBatch)})
 
     def pop(self, step: int) -> RolloutBatch:
-        if not self._queue:
+        if not self._steps:
             raise ValueError("cannot pop from an empty stale-k queue (push a batch first)")
         target = step - self.k
         pos = 0
-        for i, (s, _) in enumerate(self._queue):  # at most k + 1 entries
+        for i, s in enumerate(self._steps):  # at most k + 1 entries
             if s <= target:
                 pos = i
-        for _ in range(pos):
-            self._queue.popleft()
-        self.last_step = self._queue[0][0]
-        return self._queue[0][1]
+        del self._steps[:pos], self._batches[:pos]
+        self.last_step = self._steps[0]
+        return RolloutBatch(**self._batches[0])
+
+    def held_tokens(self, seed: int = 0) -> np.ndarray:
+        """The tokens of every queued batch of one seed (items,): what a trainer's rows must still hold."""
+        if not self._batches:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([b["tokens"][seed].reshape(-1) for b in self._batches])
 
     def add(self, batch: RolloutBatch, step: int) -> None:
         self.push(batch, step)
@@ -78,7 +87,7 @@ class StaleKQueue(ReplayBuffer):
         return np.zeros(0)
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._steps)
 
 
 # --- epochs over mini-batches (PPO epochs, TRL num_iterations, verl ppo_epochs) --------------------------------

@@ -282,11 +282,11 @@ def test_row_buffer_selective_keeps_only_groups_of_unequal_rewards():
 
 @pytest.mark.parametrize("buffer, design", [("fifo", {}), ("positive-bias", {"delta": 0.5}),
                                             ("prioritized", {"per_replay_updates": 2}), ("on-policy", {}),
-                                            ("selective", {})])
+                                            ("selective", {}), ("stale-k", {"stale_k": 2})])
 def test_row_buffer_state_restores_the_next_draws(tmp_path, buffer, design):
     # resume (trl-replay): a buffer built afresh (another seed) and given a saved state draws exactly what the saved
     # buffer draws next, rows, weights and all; the files are JSON and an .npz read without pickle
-    capacity, batch = (4, 4) if buffer == "on-policy" else (8, 4 if buffer == "prioritized" else 6)
+    capacity, batch = (4, 4) if buffer in ("on-policy", "stale-k") else (8, 4 if buffer == "prioritized" else 6)
     config = ReplayConfig(capacity, batch, 4, buffer=buffer, design=design).design_config(2)
 
     def rows(step):
@@ -319,6 +319,28 @@ def test_row_buffer_state_of_another_design_is_refused(tmp_path):
     assert str(info.value).startswith("state config: saved with DesignConfig(") and "\n" not in str(info.value)
 
 
+def test_row_buffer_stale_k_trains_each_generation_once_k_updates_late():
+    # k = 2, R = 4 (M2PO Sec. 3, core.buffers.StaleKQueue): step 0 generates the base model's 2 generations (ids 0-7)
+    # and its own (8-11) and trains ids 0-3; update t >= 2 trains the generation of update t - 2, at age 2. The
+    # rows held are the queue's k + 1 generations.
+    buffer = RowReplayBuffer(ReplayConfig(4, 4, 4, buffer="stale-k", design={"stale_k": 2}).design_config(2), seed=0)
+    trained, ages, generated, held = [], [], [], []
+    for step in range(5):
+        drawn, data = buffer.step(step, lambda step=step: _rows(4, start=4 * step))
+        trained.append(drawn["sample_id"].tolist())
+        ages.append(data.staleness[0].tolist())
+        generated.append(int(np.sum(data.generated)))
+        held.append(sorted(buffer.data["sample_id"].tolist()))
+    assert trained == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15], [16, 17, 18, 19]]
+    assert ages == [[0] * 4, [1] * 4, [2] * 4, [2] * 4, [2] * 4]  # base generations are version 0
+    assert generated == [12, 4, 4, 4, 4]
+    assert held == [list(range(0, 12)), list(range(4, 16)), list(range(8, 20)), list(range(12, 24)),
+                    list(range(16, 28))]
+    # the rows trained at step 4 are step 2's generation (_rows(4, start=8): log-probs -8 .. -11), carrying the
+    # behaviour log-probs they were generated with, for the loss's ratio
+    assert drawn["old_per_token_logps"][:, 0].tolist() == [-8.0, -9.0, -10.0, -11.0]
+
+
 def test_row_buffer_on_policy_trains_each_fresh_row_once():
     buffer = RowReplayBuffer(ReplayConfig(4, 4, 4, buffer="on-policy").design_config(2), seed=0)
     for step in range(3):
@@ -329,8 +351,8 @@ def test_row_buffer_on_policy_trains_each_fresh_row_once():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(buffer="group-replay"), "buffer must be one of on-policy, fifo, positive-bias, prioritized, epochs, "
-                                  "selective, got 'group-replay'"),
+    (dict(buffer="group-replay"), "buffer must be one of on-policy, fifo, positive-bias, prioritized, stale-k, "
+                                  "epochs, selective, got 'group-replay'"),
     (dict(buffer="on-policy"), "batch_size must equal rollouts_per_step = 4 on-policy (every rollout trained once), "
                                "got 6"),
     (dict(design={"capacity": 9}), "design sets capacity, which ReplayConfig sets itself: leave it out of design"),
@@ -444,8 +466,8 @@ def _train(output_dir, replay: ReplayConfig, steps: int, trainer_cls=None, dtype
      "generation), got 8"),
     (dict(capacity=16, design={"mini_batches": 2}),
      "capacity must equal rollouts_per_step = 8 (an epoch design holds one generation), got 16"),
-    (dict(buffer="stale-k"), "buffer must be one of on-policy, fifo, positive-bias, prioritized, epochs, selective, "
-                             "got 'stale-k'"),  # TRL 1.16's GRPOTrainer has no k-updates-late mode
+    (dict(buffer="stale-k"), "batch_size must equal rollouts_per_step = 8 with buffer stale-k (each update trains "
+                             "one whole generation, once, k updates late), got 4"),
 ])
 def test_replay_config_epochs_refusals(kwargs, message):
     args = {"capacity": 8, "batch_size": 4, "rollouts_per_step": 8, "buffer": "epochs"} | kwargs
@@ -500,6 +522,34 @@ def test_trl_epochs_is_trls_own_buffering(tmp_path):
         if j % (e * m) >= m:
             assert by_step[j].tolist() == by_step[j - m].tolist()
     assert np.array_equal(np.asarray(t["group_id"]), sample // G)
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.named_parameters())
+
+
+@pytest.mark.slow
+def test_trl_stale_k_trains_each_generation_once_k_updates_late(tmp_path):
+    # k = 1 (one-step-off) over 4 updates of R = 4: step 0 generates the base generation and its own (2R rows) and
+    # trains the base one; update t >= 1 trains update t - 1's generation, once, at age 1, against the behaviour
+    # log-probs stored with it (the loss's ratio is not 1: the policy moved one update since).
+    pytest.importorskip("trl")
+    import pyarrow.parquet as pq
+
+    k, r, steps = 1, 4, 4
+    replay = ReplayConfig(r, r, r, buffer="stale-k", design={"stale_k": k})
+    trainer, logs, before, _ = _train(tmp_path / "out", replay, steps, diagnose_log=tmp_path / "log.parquet")
+    assert (trainer.replay_generated, trainer.replay_trained) == ((k + 1) * r + (steps - 1) * r, steps * r)
+    assert [h["replay/staleness_max"] for h in logs] == [0, 1, 1, 1]
+    assert [h["replay/buffer_rows"] for h in logs] == [(k + 1) * r] * steps  # the queue's k + 1 generations
+    t = pq.read_table(tmp_path / "log.parquet").to_pydict()
+    step, sample, age = (np.asarray(t[key]) for key in ("step", "sample_id", "age"))
+    assert step.tolist() == [s for s in range(steps) for _ in range(r)]
+    # step 0 pushes the base generation (ids 0-3), then its own (ids 4-7); update t trains ids 4t .. 4t + 3
+    assert sample.tolist() == list(range(steps * r))
+    assert age.tolist() == [0] * r + [1] * (steps - 1) * r
+    # the ratio pi_theta / pi_behav is exactly 1 at update 0 (nothing has moved) and not after (one update stale)
+    new, old = (np.asarray(t[key], dtype=object) for key in ("per_token_logps", "old_per_token_logps"))
+    moved = [max(abs(a - b) for a, b in zip(n, o)) for n, o in zip(new, old)]
+    assert max(moved[:r]) < 1e-5 and min(moved[r:]) > 1e-5
+    assert np.asarray(t["step_generated_rows"]).reshape(steps, -1)[:, 0].tolist() == [2 * r, r, r, r]
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.named_parameters())
 
 
@@ -974,11 +1024,13 @@ def test_diagnose_log_writer_appends_new_files_only(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--capacity", "16"], "give --design FILE (replay-theory optimal ... -B B --json > FILE) or all of "
-                              "--capacity, --batch-size, --rollouts-per-step (--buffer epochs: --rollouts-per-step)"),
+                              "--capacity, --batch-size, --rollouts-per-step (--buffer epochs or stale-k: "
+                              "--rollouts-per-step)"),
     (["--capacity", "8", "--batch-size", "8", "--rollouts-per-step", "16"],
      "--capacity must be >= --rollouts-per-step = 16 (a FIFO holds at least one step), got 8"),
     (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--buffer", "exgrpo"],
-     "--buffer must be one of on-policy, fifo, positive-bias, prioritized, epochs, selective, got 'exgrpo'"),
+     "--buffer must be one of on-policy, fifo, positive-bias, prioritized, stale-k, epochs, selective, got "
+     "'exgrpo'"),
     (["--rollouts-per-step", "8", "--buffer", "epochs", "--mini-batches", "2", "--epoch-shuffle", "true"],
      "--epoch-shuffle must be False in a trainer: TRL keeps one order per generation for its num_iterations passes "
      "(GRPOTrainer._prepare_inputs); run a reshuffled design in the simulator"),
@@ -992,7 +1044,10 @@ def test_diagnose_log_writer_appends_new_files_only(tmp_path):
      "--save-every must be a multiple of --epochs x --mini-batches = 4 with --buffer epochs (a checkpoint is saved "
      "at a generation's start: TRL keeps the generation in memory only), got 6"),
     (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--buffer", "stale-k"],
-     "--buffer must be one of on-policy, fifo, positive-bias, prioritized, epochs, selective, got 'stale-k'"),
+     "--capacity must equal --rollouts-per-step = 8 with buffer stale-k (each update trains one whole generation, "
+     "once, k updates late), got 16"),
+    (["--rollouts-per-step", "8", "--buffer", "stale-k", "--stale-k", "41"],
+     "--stale-k must be in [0, 40] (--steps = 40: the first k updates train the base model's generations), got 41"),
     (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--steps", "0"],
      "--steps must be an integer >= 1, got 0"),
     (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--model", "Qwen/Qwen2.5-0.5B"],
