@@ -163,6 +163,16 @@ class ReplayConfig:
         if data.get("objective") == "forgetting" and not data.get("measured"):  # the default rule's answer
             raise ValueError("the optimal --json output has no design: run `replay-theory optimal` with the noise "
                              "scale (--noise-scale or --profile) and -B (batch size)")
+        if data.get("regime") == "overlapped" and overrides.get("buffer") == "stale-k":  # its staleness, no overlap
+            k = data.get("max_staleness")
+            require_integer("max_staleness", k, 1, whole_floats=True)
+            require_integer("batch_size", data.get("batch_size"), 1, whole_floats=True)
+            b = int(data["batch_size"])
+            design = {**dict(overrides.pop("design", None) or {}), "stale_k": int(k)}
+            return cls(capacity=b, batch_size=b, rollouts_per_step=b, design=design,
+                       notes=(f"overlapped generation (max_staleness = {int(k)}) run as buffer stale-k, k = {int(k)}: "
+                              f"the same staleness, generated in the update's own step (no overlap, so none of its "
+                              f"wall-time gain)",), **overrides)
         if data.get("regime") == "overlapped":  # a pipeline, not a buffer: no ReplayConfig realises it
             raise ValueError(f"the optimal --json output answers overlapped generation (max_staleness = "
                              f"{data.get('max_staleness')}), which the replay buffer does not run: each rollout is "

@@ -162,11 +162,12 @@ class TrlRunConfig(EpochParams, StaleKParams):
         if self.model != "tiny" and not Path(self.model).is_dir():
             raise ValueError(f"--model must be tiny or a local checkpoint directory, got {self.model!r} "
                              "(this machine reaches no model hub)")
-        if self.buffer == "stale-k":  # the queue's k base generations are made at step 0: at most one per update
-            require_integer("--stale-k", self.stale_k, 0)
-            require_in_range("--stale-k", self.stale_k, 0, self.steps,
-                             note=f" (--steps = {self.steps}: the first k updates train the base model's generations)")
         replay = self.replay_config()  # N, B, R and their rules, named as options
+        if replay.buffer == "stale-k":  # k base generations are made at step 0: at most one an update
+            k, option = replay.shared.stale_k, ("--stale-k" if replay.shared.stale_k == self.stale_k and not any(
+                note.startswith("overlapped generation") for note in replay.notes) else "--design's max_staleness")
+            require_in_range(option, k, 0, self.steps,
+                             note=f" (--steps = {self.steps}: the first k updates train the base model's generations)")
         if self.buffer == "epochs" and self.save_every % (self.epochs * self.mini_batches):
             raise ValueError(f"--save-every must be a multiple of --epochs x --mini-batches = "
                              f"{self.epochs * self.mini_batches} with --buffer epochs (a checkpoint is saved at a "
@@ -213,7 +214,7 @@ class TrlRunConfig(EpochParams, StaleKParams):
         replay = self.replay_config()
         n, b, r = replay.capacity, replay.batch_size, replay.rollouts_per_step
         if replay.buffer == "stale-k":  # one generation a step, trained once, k updates late: not the FIFO's x, y
-            k = self.stale_k
+            k = replay.shared.stale_k  # --stale-k, or --design's max_staleness
             return (f"regime: {k}-step-off (stale-k, M2PO Sec. 3): each update trains the whole generation of R = {r} "
                     f"made {k} update(s) earlier, once, with the loss's importance ratio; generated in the same step "
                     f"(no overlap: TRL's trainer is synchronous)")

@@ -367,6 +367,25 @@ def test_a_crashed_stale_k_run_resumes_to_the_numbers_of_an_uninterrupted_one(cl
     assert resumed[1:] == whole[1:]
 
 
+def test_an_overlapped_answer_runs_as_stale_k_with_the_answers_k(tmp_path):
+    # optimal's overlapped answer (max_staleness = k, N = B = R) with --buffer stale-k: k and the sizes are the
+    # answer's (not --stale-k's default 4), the note and the regime line say there is no overlap
+    design = tmp_path / "design.json"
+    answer = {"objective": "forgetting", "measured": True, "regime": "overlapped", "winner": "overlapped",
+              "max_staleness": 2, "batch_size": 16, "rollouts_per_step": 16, "capacity": 16, "mu": 1.0}
+    design.write_text(json.dumps(answer))
+    config = TrlRunConfig(design=str(design), buffer="stale-k", group_size=8, steps=3).validated()
+    replay = config.replay_config()
+    assert (replay.capacity, replay.batch_size, replay.rollouts_per_step, replay.shared.stale_k) == (16, 16, 16, 2)
+    assert config.regime_line().startswith("regime: 2-step-off (stale-k, M2PO Sec. 3): each update trains the whole "
+                                           "generation of R = 16 made 2 update(s) earlier")
+    design.write_text(json.dumps(answer | {"max_staleness": 5}))
+    with pytest.raises(ValueError) as info:
+        TrlRunConfig(design=str(design), buffer="stale-k", group_size=8, steps=3).validated()
+    assert str(info.value) == ("--design's max_staleness must be in [0, 3] (--steps = 3: the first k updates train "
+                               "the base model's generations), got 5")
+
+
 def test_another_command_does_not_continue_an_unfinished_run(error_line, tmp_path):
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)

@@ -144,8 +144,16 @@ def test_the_replay_trainer_refuses_an_overlapped_answer_in_one_line(cli, optima
                        "0.2", "--optimizer", "adam", "--group-size", "8", "--latency-floor", "2048",
                        "--max-staleness", "1", "--json")
     assert code == 0 and json.loads(out)["regime"] == "overlapped"
-    with pytest.raises(ValueError, match=r"answers overlapped generation \(max_staleness = 1\).*--framework"):
+    with pytest.raises(ValueError, match=r"answers overlapped generation \(max_staleness = 1\).*--framework.*"
+                                         r"buffer stale-k with stale_k = 1, N = B = R$"):
         ReplayConfig.from_optimal_json(out)
+    # asked for buffer stale-k, the trainer runs the answer's staleness without the overlap, and says so
+    replay = ReplayConfig.from_optimal_json(out, group_size=8, buffer="stale-k", design={"stale_k": 4})
+    assert (replay.capacity, replay.batch_size, replay.rollouts_per_step, replay.buffer) == (1024, 1024, 1024,
+                                                                                              "stale-k")
+    assert replay.shared.stale_k == 1 and replay.notes == (
+        "overlapped generation (max_staleness = 1) run as buffer stale-k, k = 1: the same staleness, generated in "
+        "the update's own step (no overlap, so none of its wall-time gain)",)
 
 
 @pytest.mark.parametrize("mu", [0.1, 0.5, 1.0, 5.28, 20.0])
