@@ -687,6 +687,28 @@ def test_stale_k_pop_returns_batch_from_k_pushes_earlier():
         StaleKQueue(1, 2).pop(0)
 
 
+def test_stale_k_queue_holds_plain_arrays_that_save_and_restore_without_pickle(tmp_path):
+    # k = 1: after pushes at steps 0, 1, 2 and a pop at 2, the queue holds steps 1 and 2; their tokens (ids 10, 11 and
+    # 20, 21) are what a trainer's rows must keep; the state is arrays and ints, restored into a fresh queue whose next
+    # pops are the saved queue's
+    from replay_theory.core.state import load_object_state, load_state, object_state, save_state
+
+    q = StaleKQueue(1, 1)
+    for t in range(3):
+        q.push(make_batch(1, 2, 1, t, tokens=np.array([[[10 * t], [10 * t + 1]]])), t)
+    assert q.pop(2).created.tolist() == [[1, 1]]
+    assert q.held_tokens(0).tolist() == [10, 11, 20, 21]
+    save_state(tmp_path / "queue", *object_state(q))
+    fresh = StaleKQueue(1, 1)
+    load_object_state(fresh, *load_state(tmp_path / "queue"))
+    assert fresh.held_tokens(0).tolist() == [10, 11, 20, 21] and fresh.last_step == 1
+    for queue in (q, fresh):
+        queue.push(make_batch(1, 2, 1, 3, tokens=np.array([[[30], [31]]])), 3)
+    a, b = q.pop(3), fresh.pop(3)
+    assert a.tokens.tolist() == b.tokens.tolist() == [[[20], [21]]] and b.created.tolist() == [[2, 2]]
+    assert StaleKQueue(1, 1).held_tokens(0).tolist() == []
+
+
 # --- memory and dtypes -----------------------------------------------------------------------------------------
 
 
