@@ -38,7 +38,8 @@ def _printed_lines(summary: dict, held_out: bool) -> list[str]:
         lines.append(f"floor {floor}: the printed design is the trivial floor rule's in {row['same_pick']} of "
                      f"{row['cells']} cells, no pilot in {row['no_pilot']}; its worst cell {regret}: "
                      f"{cell.get('setting')} / {cell.get('optimizer')} / {cell['instance']} at mu {cell.get('mu')} "
-                     f"(printed {printed.get('free')}, the grid's best {cell.get('best_free')})")
+                     f"(printed {str(printed.get('free')).removeprefix('printed: ')}, the grid's best "
+                     f"{cell.get('best_free')})")  # an off-grid answer's label starts "printed: " (printed_label)
     return lines
 
 

@@ -113,3 +113,7 @@ def test_the_printed_answer_against_the_floor_rule_by_hand(tmp_path, capsys):
     assert ("floor 0: the printed design is the trivial floor rule's in 2 of 3 cells, no pilot in 1; its worst cell "
             "never reached: two-prompts / adam / 1 at mu 0.5 (printed on-policy B=8, the grid's best on-policy B=64)"
             ) in capsys.readouterr().out
+    summary["cells"][1]["by_objective"]["printed"]["free"] = "printed: epochs R=400 e=4 m=1"  # an off-grid answer
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    main([str(tmp_path)])
+    assert "(printed epochs R=400 e=4 m=1, the grid's best on-policy B=64)" in capsys.readouterr().out
