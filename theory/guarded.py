@@ -59,7 +59,12 @@ OVERLAP_MARGIN = 1.2
 chose another. 2.0 would rule it out wherever the floor rule's batch is the best synchronous design: an overlapped
 step (R = B) is at most a share 1 / (2 + mu) shorter than the synchronous one (forgetting.step_cost), never half."""
 REUSE_OPTIMIZERS = ("sgd",)
-"""The optimizers under which the benchmark found the replay prediction right (module docstring, item 3)."""
+"""The optimizers under which the benchmark found the replay prediction right (module docstring, item 3). Epochs too:
+offering epoch designs under Adam (FIFO replay still not) was tried on the --families run of 491, 499 and 503 after
+its reading (families-491's runs rescored, a trial not kept) and lost: within 1.2x in 66, 56, 48 and 47% of cells at
+floors 0-128 against 72, 63, 55 and 54%: the 109 Adam answers that moved, epoch designs of m = 2-128 mini-batches a
+generation, were within 1.2x of the grid's best in 23 (the answers they replaced in 88), median 1.57x against 1.07x
+(docs/SIMULATION.md)."""
 
 
 @dataclass(frozen=True)
