@@ -2,7 +2,10 @@
 
 The numbers live in ``advise/evidence.json``, written from a saved benchmark by
 ``replay-theory experiment theory-test --out DIR`` (DIR/evidence.json, copied here with the command, the code version
-and the date it ran); nothing in it is typed by hand. Kept out of numpy and scipy so that ``optimal`` starts fast.
+and the date it ran); nothing in it is typed by hand. ``advise/evidence_families.json`` is the same record of the run
+with the reuse families in the grid (``--families epochs,overlap,selective``: epoch designs, overlapped generation and
+selective replay trained and scored beside the default grid), quoted in a second line when ``optimal`` prices them.
+Kept out of numpy and scipy so that ``optimal`` starts fast.
 The targets a rule must meet to be called one that passes (issue 30): on the held-out instances, at the headline
 latency floor, against the best design of the whole grid (free batch), regret <= 1.2 in at least 85% of the cells,
 <= 1.5 in all, and a per-setting mean Spearman of at least 0.7 in every setting.
@@ -15,6 +18,7 @@ from functools import cache
 from pathlib import Path
 
 EVIDENCE_FILE = Path(__file__).with_name("evidence.json")
+FAMILIES_EVIDENCE_FILE = Path(__file__).with_name("evidence_families.json")
 NAMES = {"forgetting": "the forgetting-aware rule (b fitted to the scored runs)",
          "printed": "the answer optimal prints", "printed_with_pilot": "the answer optimal prints, pilot counted",
          "forgetting_b_simple": "the forgetting-aware rule",
@@ -99,11 +103,13 @@ def passes(o: dict) -> bool:
             and not free.get("no_pick") and spearman is not None and spearman >= PASS_SPEARMAN)
 
 
-def verdict_line(record: dict | None = None, floor_ratio: float | None = None) -> str | None:
+def verdict_line(record: dict | None = None, floor_ratio: float | None = None,
+                 benchmark: str = "the benchmark") -> str | None:
     """None when a rule passes the targets at the benchmark's cost model nearest the user's (``floor_ratio``: the
     user's latency floor / batch); else one short sentence, in the README's words, that ``optimal`` prints right after
     what to do: that no rule passes there, how close the best one came against which bar, and the floor at which one
-    passes (never an untested design presented as tested). The details are the ``evidence:`` line's and docs'."""
+    passes (never an untested design presented as tested). The details are the ``evidence:`` line's and docs'.
+    ``benchmark`` names the run the record is of."""
     record = load_evidence() if record is None else record
     targets, _ = _headline(record, floor_ratio) if record else (None, "")
     if not record or not targets:
@@ -128,7 +134,7 @@ def verdict_line(record: dict | None = None, floor_ratio: float | None = None) -
             elsewhere = (f"; at a floor of {_share(int(floor) / batch)} of the batch {NAMES[passing[0]]} passes: "
                          f"give yours with --latency-floor")
             break
-    return (f"tested: {_at_floor(benchmark_floor(record, floor_ratio), batch)} no rule passes the benchmark "
+    return (f"tested: {_at_floor(benchmark_floor(record, floor_ratio), batch)} no rule passes {benchmark} "
             f"({NAMES[best]} is within 1.2x of the cheapest design in {100 * o['share_within_1.2']:.0f}% of test "
             f"cases, bar {100 * PASS_WITHIN_1_2:.0f}%, worst {_worst_x(o, explain=True)}, bar {PASS_WORST:g}x{ranks})"
             f"{_best_tested(objectives, best)}{elsewhere}")
@@ -224,6 +230,20 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
     line += _baselines(targets["objectives"], key) + _other_floors_text(record, key, floor_ratio)
     line += "; " + passing_floors_text(record, key)
     return line + f" ({record['command']}, docs/SIMULATION.md)"
+
+
+def families_evidence_line(floor_ratio: float | None = None, record: dict | None = None) -> str:
+    """The evidence line of the answer as printed when the menu holds epochs and overlapped generation
+    (``--max-epochs`` > 1 or ``--max-staleness`` >= 1), scored against a grid that trains them (the families run's
+    record, ``FAMILIES_EVIDENCE_FILE``), or that none is stored."""
+    record = load_evidence(FAMILIES_EVIDENCE_FILE) if record is None else record
+    if not record:
+        return ("evidence with the reuse families in the grid: none stored (run replay-theory experiment theory-test "
+                "--families epochs,overlap,selective)")
+    families = ", ".join((record.get("protocol") or {}).get("families") or ())
+    line = evidence_line("forgetting", "printed", record, floor_ratio)
+    return line.replace("evidence (", f"evidence with the reuse families in the grid ({families} trained and "
+                                      "scored beside it; ", 1)
 
 
 def _baselines(objectives: dict, key: str) -> str:

@@ -31,7 +31,15 @@ from .answer import (
     render_rule,
     render_rule_table,
 )
-from .evidence import evidence_line, floor_ratio_of, outside_tested_range, verdict_line
+from .evidence import (
+    FAMILIES_EVIDENCE_FILE,
+    evidence_line,
+    families_evidence_line,
+    floor_ratio_of,
+    load_evidence,
+    outside_tested_range,
+    verdict_line,
+)
 
 if TYPE_CHECKING:
     from ..theory.design import DesignQuery, Split
@@ -372,7 +380,10 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
                          staleness=_staleness_of(loaded), max_work_ratio=q.max_work_ratio)
     record = advice.advise(query)
     floor_ratio = floor_ratio_of(q.latency_floor, q.batch_size)  # the benchmark's cost model nearest the user's
-    verdict = verdict_line(floor_ratio=floor_ratio)
+    priced_families = q.max_epochs > 1 or q.max_staleness >= 1  # scored against a grid that trains them: that run's
+    families_record = load_evidence(FAMILIES_EVIDENCE_FILE) if priced_families else None
+    verdict = (verdict_line(families_record, floor_ratio, "the benchmark with the reuse families in the grid")
+               if families_record else verdict_line(floor_ratio=floor_ratio))
     evidence = _evidence("forgetting", floor_ratio=floor_ratio)
     if record.get("measured") and q.batch_size is not None:  # the evidence covers only the designs it trained
         outside = outside_tested_range({"batch_size": record["batch_size"], "capacity": record["capacity"],
@@ -385,9 +396,12 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
         if record["regime"] == "overlapped":
             evidence += ("; overlapped generation: the default protocol trains none (experiment theory-test --families "
                          "overlap does, docs/SIMULATION.md), so no share above speaks for it")
-    return Answer(text=advice.render(record, [evidence], verdict),
+    # a menu with epochs or overlap is scored against a grid that trains them: the families run's line, next
+    families = families_evidence_line(floor_ratio, families_record) if priced_families else None
+    return Answer(text=advice.render(record, [evidence, families] if families else [evidence], verdict),
                   record={**record, "verdict": verdict, "evidence": evidence, "convention": convention,
-                          "paper_evidence": _evidence("paper")})
+                          "paper_evidence": _evidence("paper"),
+                          **({"families_evidence": families} if families else {})})
 
 
 # --- the noise-scale rule --------------------------------------------------------------------------------------

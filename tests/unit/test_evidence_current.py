@@ -38,3 +38,20 @@ def test_a_quick_run_of_the_current_code_shares_the_stored_protocol(tmp_path):
     # and it scores what the stored evidence quotes: the printed answer with and without the pilot
     objectives = quick["targets"]["64"]["objectives"]
     assert {"printed", "printed_with_pilot", "forgetting_b_simple", "on_policy_floor"} <= set(objectives)
+
+
+def test_the_stored_families_evidence_is_a_families_run_of_the_same_protocol():
+    # advise/evidence_families.json (the second evidence line when optimal prices epochs or overlap): the default
+    # protocol with every reuse family in the grid, on held-out instances, and the same pilot, objectives, target and
+    # step-size search as the default record
+    families = json.loads(evidence.FAMILIES_EVIDENCE_FILE.read_text())
+    assert families["protocol"]["families"] == ["epochs", "overlap", "selective"]
+    for key in evidence.SHARED_PROTOCOL:
+        assert families["protocol"][key] == STORED["protocol"][key], key
+    assert re.fullmatch(r"replay-theory experiment theory-test --out [\w.-]+ --instance 0(,\d+)+ --families "
+                        r"epochs,overlap,selective", families["command"])
+    held_out = families["protocol"]["instances"][1:]
+    assert families["protocol"]["dev_instances"] == [0] and not set(held_out) & set(tt.HELD_OUT)
+    for floor in tt.FLOORS:
+        assert {"printed", "printed_with_pilot", "on_policy_floor"} <= set(
+            families["targets_held_out"][str(floor)]["objectives"])

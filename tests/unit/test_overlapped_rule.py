@@ -115,6 +115,20 @@ def test_optimal_answers_with_overlap_only_when_asked(cli, optimal_profile):
     assert d["evidence"].endswith("overlapped generation: the default protocol trains none (experiment theory-test "
                                   "--families overlap does, docs/SIMULATION.md), so no share above speaks for it")
     assert d["framework"]["target"] == "AsyncGRPOConfig" and "max_staleness=1" in d["framework"]["lines"]
+    # priced with the families, the answer's record is the run that trains them: its share at this floor (a floor of
+    # 2048 at B = 256: the nearest of the benchmark's, 128 of 256), in the tested: line and the second evidence line
+    from replay_theory.advise import evidence
+
+    fam = json.loads(evidence.FAMILIES_EVIDENCE_FILE.read_text())["targets_held_out"]["128"]["objectives"]["printed"]
+    share = f"{100 * fam['free']['share_within_1.2']:.0f}%"
+    assert d["verdict"].startswith("tested: at a latency floor of half of the batch no rule passes the benchmark with "
+                                   "the reuse families in the grid (the answer optimal prints is within 1.2x of the "
+                                   f"cheapest design in {share} of test cases")
+    assert d["families_evidence"].startswith("evidence with the reuse families in the grid (epochs, overlap, "
+                                             "selective trained and scored beside it; held-out instances, latency "
+                                             "floor 128;")
+    assert f"within 1.2x of the cheapest design in {share} (worst" in d["families_evidence"]
+    assert "families_evidence" not in json.loads(cli(*args, "--json")[1])  # not priced, not quoted
     code, out, _ = cli(*args, "--max-staleness", "1", "--framework", "skyrl", "--json")
     assert "trainer.fully_async.max_staleness_steps=1" in json.loads(out)["framework"]["lines"]
 
