@@ -173,6 +173,8 @@ class ReplayConfig:
                        notes=(f"overlapped generation (max_staleness = {int(k)}) run as buffer stale-k, k = {int(k)}: "
                               f"the same staleness, generated in the update's own step (no overlap, so none of its "
                               f"wall-time gain)",), **overrides)
+        if data.get("regime") == "epochs":  # e epochs over m mini-batches of one generation: TRL's own buffering
+            return cls._epochs_answer(data, overrides)
         if data.get("regime") == "overlapped":  # a pipeline, not a buffer: no ReplayConfig realises it
             raise ValueError(f"the optimal --json output answers overlapped generation (max_staleness = "
                              f"{data.get('max_staleness')}), which the replay buffer does not run: each rollout is "
@@ -214,6 +216,26 @@ class ReplayConfig:
                 notes.append(f"capacity {n} rounded to {rounded}, a whole number of groups of {group_size}")
                 n = rounded
         return cls(capacity=n, batch_size=b, rollouts_per_step=r, notes=tuple(notes), **overrides)
+
+    @classmethod
+    def _epochs_answer(cls, data: Mapping[str, Any], overrides: dict[str, Any]) -> "ReplayConfig":
+        """An epochs answer (``regime`` epochs: e passes over m mini-batches of each generation of R, B = R / m) as
+        buffer epochs, its e and m from the answer; a FIFO of N = R would generate R every update instead. Another
+        buffer asked for by name is refused in one line."""
+        asked = overrides.pop("buffer", None)
+        if asked not in (None, "fifo", "epochs"):  # fifo: the trainer's default, not a choice against the answer
+            raise ValueError(f"the optimal --json output answers epochs over mini-batches (epochs = "
+                             f"{data.get('epochs')}, mini_batches = {data.get('mini_batches')}), which buffer "
+                             f"{asked} does not run: leave the buffer at its default or give buffer epochs")
+        for key in ("epochs", "mini_batches", "rollouts_per_step"):
+            require_integer(key, data.get(key), 1, whole_floats=True)
+        e, m, r = int(data["epochs"]), int(data["mini_batches"]), int(data["rollouts_per_step"])
+        design = {**dict(overrides.pop("design", None) or {}), "epochs": e, "mini_batches": m}
+        design.pop("epoch_shuffle", None)  # TRL keeps one order per generation: the trainer's only order
+        note = (f"epochs over mini-batches run as buffer epochs: e = {e} passes over m = {m} mini-batches of each "
+                f"generation of R = {r} (TRL num_iterations = {e}, steps_per_generation = {m})")
+        return cls(capacity=r, batch_size=r // m, rollouts_per_step=r, buffer="epochs", design=design,
+                   notes=(note,), **overrides)
 
 
 #: The fields of ``optimal --json`` a design is read from, by kind: sizes are integers >= 1, the rule's inputs

@@ -168,9 +168,10 @@ class TrlRunConfig(EpochParams, StaleKParams):
                 note.startswith("overlapped generation") for note in replay.notes) else "--design's max_staleness")
             require_in_range(option, k, 0, self.steps,
                              note=f" (--steps = {self.steps}: the first k updates train the base model's generations)")
-        if self.buffer == "epochs" and self.save_every % (self.epochs * self.mini_batches):
+        period = replay.shared.epochs * replay.shared.mini_batches  # e m updates a generation (from --design too)
+        if replay.buffer == "epochs" and self.save_every % period:
             raise ValueError(f"--save-every must be a multiple of --epochs x --mini-batches = "
-                             f"{self.epochs * self.mini_batches} with --buffer epochs (a checkpoint is saved at a "
+                             f"{period} with --buffer epochs (a checkpoint is saved at a "
                              f"generation's start: TRL keeps the generation in memory only), got {self.save_every}")
         self._check_trl_rules(replay)
         self._check_sizes(replay)
@@ -219,7 +220,7 @@ class TrlRunConfig(EpochParams, StaleKParams):
                     f"made {k} update(s) earlier, once, with the loss's importance ratio; generated in the same step "
                     f"(no overlap: TRL's trainer is synchronous)")
         if replay.buffer == "epochs":  # one generation, e passes over m mini-batches: not the FIFO's x, y
-            e, m = self.epochs, self.mini_batches
+            e, m = replay.shared.epochs, replay.shared.mini_batches  # --epochs, --mini-batches or --design's
             return (f"regime: {e} epochs over {m} mini-batches of each generation of R = {r} (TRL num_iterations = "
                     f"{e}, steps_per_generation = {m}): every rollout trained {e} times, at ages 0..{e * m - 1}")
         regime = classify_regime(n / r, b / r)
@@ -595,12 +596,18 @@ def _quarter(history: list) -> int:
     return max(1, len(history) // 4)
 
 
+def _rewarded(history: list) -> list[dict]:
+    """The steps whose log has a reward: every step, except under buffer epochs, where TRL logs the reward of a
+    generation at the step that made it only (the others train on it)."""
+    return [h for h in history if "reward" in h]
+
+
 def _summary(config: TrlRunConfig, replay: Any, trainer: Any, started: float, done_before: int,
              resume: Optional[Path], out: Path) -> dict:
     """The run summary (``run.json``): config, replay design, rewards, counters, history, noise scale, memory."""
     history = [h for h in trainer.state.log_history if "replay/replay_ratio" in h]
-    rewards = [h["reward"] for h in history]
-    k = _quarter(history)
+    rewards = [h["reward"] for h in _rewarded(history)]
+    k = _quarter(rewards)
     return {
         "config": asdict(config),
         "replay": replay.record(),
@@ -634,13 +641,14 @@ def _write_results(out: Path, trainer: Any, summary: dict, checkpoints: Path) ->
 def _log_results(config: TrlRunConfig, replay: Any, trainer: Any, summary: dict, resume: Optional[Path],
                  done_before: int, out: Path, log: Callable[[str], None]) -> None:
     """The printed summary: steps and design, reward, B_noise and kappa, the files written, what to run next."""
-    k = _quarter(summary["history"])
+    rewarded = _rewarded(summary["history"])
+    k, unit = _quarter(rewarded), ("steps" if len(rewarded) == len(summary["history"]) else "generations")
     trained = (f"trained {config.steps} steps" if resume is None else
                f"trained steps {done_before + 1}-{config.steps} of {config.steps} (resumed)")
     log(f"{trained} in {summary['seconds']:.0f} s: N = {replay.capacity}, "
         f"B = {replay.batch_size}, R = {replay.rollouts_per_step}, buffer {replay.buffer}, loss {replay.loss}"
         + (f" ({'; '.join(replay.notes)})" if replay.notes else ""))
-    log(f"reward: {summary['reward_first_quarter']:.3f} (first {k} steps) -> {summary['reward_last_quarter']:.3f} "
+    log(f"reward: {summary['reward_first_quarter']:.3f} (first {k} {unit}) -> {summary['reward_last_quarter']:.3f} "
         f"(last {k}); replay ratio {trainer.replay_trained / max(trainer.replay_generated, 1):.3f} (B/R = "
         f"{replay.replay_ratio:.3f})")
     from ..diagnose.calibrate_log import noise_scale_lines

@@ -367,6 +367,24 @@ def test_a_crashed_stale_k_run_resumes_to_the_numbers_of_an_uninterrupted_one(cl
     assert resumed[1:] == whole[1:]
 
 
+@pytest.mark.slow
+def test_a_buffer_epochs_run_reports_the_reward_of_its_generations(cli, tmp_path):
+    # e = 2 epochs over m = 2 mini-batches: TRL logs a generation's reward at the step that made it only (steps 1, 5
+    # of 8), and the summary averages those; it raised KeyError: 'reward' at the end of the run before
+    needs_trl_extra()
+    out = tmp_path / "run"
+    code, stdout, err = cli("trl-replay", "--buffer", "epochs", "--rollouts-per-step", "8", "--group-size", "4",
+                            "--epochs", "2", "--mini-batches", "2", "--steps", "8", "--save-every", "4",
+                            "--sft-steps", "10", "--n-train", "8", "--no-progress", "--out", str(out),
+                            "--cache-dir", str(tmp_path / "cache"))
+    assert code == 0, err
+    run = json.loads((out / "run.json").read_text())
+    rewards = [h["reward"] for h in run["history"] if "reward" in h]
+    assert [h["step"] for h in run["history"] if "reward" in h] == [1, 5] and len(run["history"]) == 8
+    assert (run["reward_first_quarter"], run["reward_last_quarter"]) == (rewards[0], rewards[-1])
+    assert f"reward: {rewards[0]:.3f} (first 1 generations) -> {rewards[-1]:.3f} (last 1)" in stdout
+
+
 def test_an_overlapped_answer_runs_as_stale_k_with_the_answers_k(tmp_path):
     # optimal's overlapped answer (max_staleness = k, N = B = R) with --buffer stale-k: k and the sizes are the
     # answer's (not --stale-k's default 4), the note and the regime line say there is no overlap

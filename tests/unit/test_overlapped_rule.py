@@ -181,3 +181,25 @@ def test_overlap_saves_at_most_a_share_one_over_two_plus_mu_of_a_step(mu):
     assert share.max() == pytest.approx(1 / (2 + mu), rel=1e-3)
     assert batches[np.argmax(share)] == pytest.approx(mu * floor / (1 + mu), rel=1e-3)
     assert np.all(share >= 0)
+
+
+def test_an_epochs_answer_runs_as_buffer_epochs_in_the_replay_trainer(cli, optimal_profile):
+    # optimal's epochs answer (e passes over m mini-batches of one generation of R) is TRL's own buffering, e and m
+    # from the answer; before, it was read as a FIFO of N = R = B, one pass a generation
+    from replay_theory.integrations.replay_config import ReplayConfig
+
+    code, out, _ = cli("optimal", "--mu", "5", "-B", "256", "--profile", optimal_profile(1000.0), "--kappa", "0.5",
+                       "--optimizer", "sgd", "--group-size", "8", "--max-epochs", "4", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["regime"] == "epochs"
+    e, m, r = d["epochs"], d["mini_batches"], d["rollouts_per_step"]
+    replay = ReplayConfig.from_optimal_json(out, group_size=8, buffer="fifo")  # the trainer's default buffer
+    assert (replay.buffer, replay.shared.epochs, replay.shared.mini_batches) == ("epochs", e, m)
+    assert (replay.capacity, replay.batch_size, replay.rollouts_per_step) == (r, r // m, r)
+    assert replay.notes == (f"epochs over mini-batches run as buffer epochs: e = {e} passes over m = {m} mini-batches "
+                            f"of each generation of R = {r} (TRL num_iterations = {e}, steps_per_generation = {m})",)
+    with pytest.raises(ValueError) as info:
+        ReplayConfig.from_optimal_json(out, group_size=8, buffer="prioritized")
+    assert str(info.value) == (f"the optimal --json output answers epochs over mini-batches (epochs = {e}, "
+                               f"mini_batches = {m}), which buffer prioritized does not run: leave the buffer at its "
+                               "default or give buffer epochs")
