@@ -64,7 +64,7 @@ offering epoch designs under Adam (FIFO replay still not) was tried on the --fam
 its reading (families-491's runs rescored, a trial not kept) and lost: within 1.2x in 66, 56, 48 and 47% of cells at
 floors 0-128 against 72, 63, 55 and 54%: the 109 Adam answers that moved, epoch designs of m = 2-128 mini-batches a
 generation, were within 1.2x of the grid's best in 23 (the answers they replaced in 88), median 1.57x against 1.07x
-(docs/SIMULATION.md)."""
+(docs/SIMULATION.md; docs/trials/adam-epochs.patch reproduces it)."""
 
 
 @dataclass(frozen=True)

@@ -164,9 +164,9 @@ class TrlRunConfig(EpochParams, StaleKParams):
                              "(this machine reaches no model hub)")
         replay = self.replay_config()  # N, B, R and their rules, named as options
         if replay.buffer == "stale-k":  # k base generations are made at step 0: at most one an update
-            k, option = replay.shared.stale_k, ("--stale-k" if replay.shared.stale_k == self.stale_k and not any(
-                note.startswith("overlapped generation") for note in replay.notes) else "--design's max_staleness")
-            require_in_range(option, k, 0, self.steps,
+            from_answer = any(note.startswith("overlapped generation") for note in replay.notes)  # k: its max_staleness
+            option = "--design's max_staleness" if from_answer else "--stale-k"
+            require_in_range(option, replay.shared.stale_k, 0, self.steps,
                              note=f" (--steps = {self.steps}: the first k updates train the base model's generations)")
         period = replay.shared.epochs * replay.shared.mini_batches  # e m updates a generation (from --design too)
         if replay.buffer == "epochs" and self.save_every % period:
@@ -596,18 +596,23 @@ def _quarter(history: list) -> int:
     return max(1, len(history) // 4)
 
 
-def _rewarded(history: list) -> list[dict]:
-    """The steps whose log has a reward: every step, except under buffer epochs, where TRL logs the reward of a
-    generation at the step that made it only (the others train on it)."""
-    return [h for h in history if "reward" in h]
+def reward_quarters(history: list[dict]) -> tuple[float | None, float | None, int, str]:
+    """(mean reward of the first quarter, of the last, how many entries each averages, and what they are) over the
+    steps whose log has a reward: every step, except under buffer epochs, where TRL logs a generation's reward at the
+    step that made it only ("generations"). (None, None, 1, ...) when no step logged one."""
+    rewards = [h["reward"] for h in history if "reward" in h]
+    k = _quarter(rewards)
+    unit = "steps" if len(rewards) == len(history) else "generations"
+    if not rewards:
+        return None, None, k, unit
+    return sum(rewards[:k]) / k, sum(rewards[-k:]) / k, k, unit
 
 
 def _summary(config: TrlRunConfig, replay: Any, trainer: Any, started: float, done_before: int,
              resume: Optional[Path], out: Path) -> dict:
     """The run summary (``run.json``): config, replay design, rewards, counters, history, noise scale, memory."""
     history = [h for h in trainer.state.log_history if "replay/replay_ratio" in h]
-    rewards = [h["reward"] for h in _rewarded(history)]
-    k = _quarter(rewards)
+    first, last, _, _ = reward_quarters(history)
     return {
         "config": asdict(config),
         "replay": replay.record(),
@@ -615,8 +620,8 @@ def _summary(config: TrlRunConfig, replay: Any, trainer: Any, started: float, do
         "seconds": time.perf_counter() - started,
         "resumed_from_step": done_before if resume is not None else None,
         "log": str(out / LOG_NAME),
-        "reward_first_quarter": sum(rewards[:k]) / k,
-        "reward_last_quarter": sum(rewards[-k:]) / k,
+        "reward_first_quarter": first,
+        "reward_last_quarter": last,
         "generated": trainer.replay_generated,
         "trained": trainer.replay_trained,
         "history": history,
@@ -641,15 +646,16 @@ def _write_results(out: Path, trainer: Any, summary: dict, checkpoints: Path) ->
 def _log_results(config: TrlRunConfig, replay: Any, trainer: Any, summary: dict, resume: Optional[Path],
                  done_before: int, out: Path, log: Callable[[str], None]) -> None:
     """The printed summary: steps and design, reward, B_noise and kappa, the files written, what to run next."""
-    rewarded = _rewarded(summary["history"])
-    k, unit = _quarter(rewarded), ("steps" if len(rewarded) == len(summary["history"]) else "generations")
+    _, _, k, unit = reward_quarters(summary["history"])
     trained = (f"trained {config.steps} steps" if resume is None else
                f"trained steps {done_before + 1}-{config.steps} of {config.steps} (resumed)")
     log(f"{trained} in {summary['seconds']:.0f} s: N = {replay.capacity}, "
         f"B = {replay.batch_size}, R = {replay.rollouts_per_step}, buffer {replay.buffer}, loss {replay.loss}"
         + (f" ({'; '.join(replay.notes)})" if replay.notes else ""))
-    log(f"reward: {summary['reward_first_quarter']:.3f} (first {k} {unit}) -> {summary['reward_last_quarter']:.3f} "
-        f"(last {k}); replay ratio {trainer.replay_trained / max(trainer.replay_generated, 1):.3f} (B/R = "
+    reward = ("none logged" if summary["reward_first_quarter"] is None else
+              f"{summary['reward_first_quarter']:.3f} (first {k} {unit}) -> {summary['reward_last_quarter']:.3f} "
+              f"(last {k})")
+    log(f"reward: {reward}; replay ratio {trainer.replay_trained / max(trainer.replay_generated, 1):.3f} (B/R = "
         f"{replay.replay_ratio:.3f})")
     from ..diagnose.calibrate_log import noise_scale_lines
 

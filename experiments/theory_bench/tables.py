@@ -413,8 +413,9 @@ def geometric_mean_regret(summary: dict, name: str, held_out: bool = True) -> di
 def printed_against_floor_rule(summary: dict, held_out: bool = True) -> dict[int, dict]:
     """Per floor, over the scored cells with a printed answer (held-out instances only by default): how many cells the
     printed design is the trivial floor rule's pick (``same_pick``), how many ran no pilot (``no_pilot``: a run too
-    short for one), and the printed answer's worst cell (``worst``, the cell itself; a pick that never reached the
-    target counts as inf, the first such cell kept)."""
+    short for one), the printed answer's worst cell (``worst``, the cell itself; a pick that never reached the
+    target counts as inf, the first such cell kept) and in how many cells each design family is the grid's best
+    (``best_family``: on-policy, replay, epochs, overlapped, selective, by ``best_family``)."""
     out = {}
     for floor in summary["protocol"]["floors"]:
         cells = [c for c in summary["cells"] if c["floor"] == floor and not c.get("not_scored")
@@ -432,5 +433,22 @@ def printed_against_floor_rule(summary: dict, held_out: bool = True) -> dict[int
                                        and c["by_objective"]["printed"]["free"]
                                        == c["by_objective"].get("on_policy_floor", {}).get("free")),
                       "no_pilot": sum(1 for c in cells if c["by_objective"]["printed"].get("piloted") is False),
-                      "worst": max(cells, key=regret)}
+                      "worst": max(cells, key=regret),
+                      "best_family": {family: n for family in FAMILIES_ORDER
+                                      if (n := sum(1 for c in cells if best_family(c.get("best_free")) == family))}}
     return out
+
+
+FAMILIES_ORDER = ("on-policy", "replay", "epochs", "overlapped", "selective")
+
+
+def best_family(label: str | None) -> str | None:
+    """The design family of a grid label (``Options.designs``' labels: "on-policy B=8", "x=4 y=2", "epochs e=4 m=4",
+    "overlapped B=32", "selective x=16 y=8"; a printed answer's "printed: ..." the same), None for none."""
+    if label is None:
+        return None
+    label = label.removeprefix("printed: ")
+    for family in ("on-policy", "epochs", "overlapped", "selective"):
+        if label.startswith(family):
+            return family
+    return "replay"  # a FIFO buffer: "x=.. y=.." on the grid, "B=.. R=.. N=.." printed

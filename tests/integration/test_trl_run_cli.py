@@ -19,6 +19,7 @@ from replay_theory.validate.trl_run import (
     TRAINER_LOG_NAME,
     TrlRunConfig,
     default_cache_dir,
+    reward_quarters,
     warm_start_path,
 )
 
@@ -383,6 +384,18 @@ def test_a_buffer_epochs_run_reports_the_reward_of_its_generations(cli, tmp_path
     assert [h["step"] for h in run["history"] if "reward" in h] == [1, 5] and len(run["history"]) == 8
     assert (run["reward_first_quarter"], run["reward_last_quarter"]) == (rewards[0], rewards[-1])
     assert f"reward: {rewards[0]:.3f} (first 1 generations) -> {rewards[-1]:.3f} (last 1)" in stdout
+
+
+def test_reward_quarters_average_the_steps_that_logged_a_reward():
+    # every step logged one: 8 steps, quarters of 2: (0.1 + 0.2) / 2 and (0.7 + 0.8) / 2
+    steps = [{"step": i + 1, "reward": 0.1 * (i + 1)} for i in range(8)]
+    first, last, k, unit = reward_quarters(steps)
+    assert (round(first, 12), round(last, 12), k, unit) == (0.15, 0.75, 2, "steps")
+    # buffer epochs: only steps 1 and 5 logged one (two generations), quarters of 1
+    epochs = [{"step": i + 1, **({"reward": 0.3 if i == 0 else 0.5} if i in (0, 4) else {})} for i in range(8)]
+    assert reward_quarters(epochs) == (0.3, 0.5, 1, "generations")
+    # none logged: said, not averaged to 0
+    assert reward_quarters([{"step": 1}]) == (None, None, 1, "generations")
 
 
 def test_an_overlapped_answer_runs_as_stale_k_with_the_answers_k(tmp_path):

@@ -105,6 +105,7 @@ def test_the_printed_answer_against_the_floor_rule_by_hand(tmp_path, capsys):
                          cell(2, 0.5, "on-policy B=8", 1.2, True)]}
     row = printed_against_floor_rule(summary)[0]
     assert (row["cells"], row["same_pick"], row["no_pilot"]) == (3, 2, 1)
+    assert row["best_family"] == {"on-policy": 3}  # every cell's best is on-policy B=64
     assert (row["worst"]["instance"], row["worst"]["mu"]) == (1, 20.0)
     assert printed_against_floor_rule(summary, held_out=False)[0]["worst"]["instance"] == 0
     summary["cells"][1]["by_objective"]["printed"]["free_regret"] = None  # never reached: the worst, said in words
@@ -116,4 +117,53 @@ def test_the_printed_answer_against_the_floor_rule_by_hand(tmp_path, capsys):
     summary["cells"][1]["by_objective"]["printed"]["free"] = "printed: epochs R=400 e=4 m=1"  # an off-grid answer
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     main([str(tmp_path)])
-    assert "(printed epochs R=400 e=4 m=1, the grid's best on-policy B=64)" in capsys.readouterr().out
+    assert ("(printed epochs R=400 e=4 m=1, the grid's best on-policy B=64); the grid's best is on-policy in 3 of 3"
+            in capsys.readouterr().out)
+
+
+def test_best_family_of_every_grid_and_printed_label():
+    from replay_theory.experiments.theory_bench.tables import best_family
+
+    labels = {"on-policy B=8": "on-policy", "x=16 y=8": "replay", "epochs e=4 m=4": "epochs",
+              "overlapped B=32": "overlapped", "selective x=16 y=8": "selective",
+              "printed: B=1024 R=64 N=4096": "replay", "printed: epochs R=400 e=4 m=1": "epochs",
+              "printed: overlapped B=24": "overlapped", "printed: on-policy B=8": "on-policy", None: None}
+    assert {label: best_family(label) for label in labels} == labels
+
+
+def test_moved_cells_against_a_base_run_by_hand(tmp_path, capsys):
+    import json
+
+    import pytest
+
+    from replay_theory.experiments.objectives_table import moved_cells
+
+    def cell(instance, mu, printed, regret):
+        return {"setting": "two-prompts", "optimizer": "adam", "instance": instance, "mu": mu, "floor": 0,
+                "best_free": "on-policy B=8",
+                "by_objective": {"printed": {"free": printed, "free_regret": regret},
+                                 "on_policy_floor": {"free": "on-policy B=8", "free_regret": 1.0}}}
+
+    protocol = {**SUMMARY["protocol"], "floors": [0]}
+    base = {**SUMMARY, "protocol": protocol, "cells": [cell(0, 1.0, "on-policy B=8", 1.0),
+                                                       cell(1, 0.5, "on-policy B=8", 1.1),
+                                                       cell(1, 2.0, "on-policy B=8", 1.3),
+                                                       cell(2, 0.5, "on-policy B=8", 1.0)]}
+    here = {**base, "cells": [cell(0, 1.0, "epochs e=4 m=4", 3.0),  # the development instance: left out
+                              cell(1, 0.5, "epochs e=4 m=4", 2.0), cell(1, 2.0, "epochs e=4 m=4", 1.15),
+                              cell(2, 0.5, "on-policy B=8", 1.0)]}  # unchanged: not counted
+    m = moved_cells(here, base)  # moved: (2.0 vs 1.1) and (1.15 vs 1.3); medians of two: their means
+    assert (m["moved"], m["within_here"], m["within_base"]) == (2, 1, 1)
+    assert (m["median_here"], m["median_base"]) == (pytest.approx(1.575, rel=1e-12), pytest.approx(1.2, rel=1e-12))
+    for name, summary in (("here", here), ("base", base)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+    main([str(tmp_path / "here"), "--against", str(tmp_path / "base")])
+    assert ("the printed design differs in 2 cells (every floor); within 1.2x of the grid's best there: 1 here, 1 in "
+            f"{tmp_path / 'base'}; median regret 1.57 here, 1.20 there") in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        main([str(tmp_path / "here"), "--against", str(tmp_path / "nowhere")])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"python -m replay_theory.experiments.objectives_table: --against {tmp_path / 'nowhere'} holds no "
+        "summary.json (give a finished experiment theory-test run's folder)")
