@@ -13,6 +13,7 @@ the first line of the text says what to do. Numbers come from ``forgetting`` onl
 | ``max_steps_ratio``| --            | steps allowed relative to on-policy at B (the wall-time budget)           |
 | ``max_work_ratio``| --             | work allowed relative to on-policy at B (the compute budget, [W1])         |
 | ``max_staleness`` | k              | overlapped generation allowed up to k updates ahead (0: none priced)      |
+| ``zero_share``    | z              | share of groups whose rewards are all equal (0: selective replay not priced) |
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class Query:
     max_staleness: int = 0
     staleness: fg.Staleness = field(default_factory=lambda: fg.NO_STALENESS)
     max_work_ratio: float = 1000.0
+    zero_share: float = 0.0
+    zero_share_source: str = ""
 
     @property
     def work_budget(self) -> float:
@@ -62,9 +65,10 @@ class Query:
         return math.inf if self.max_work_ratio >= NO_BUDGET else self.max_work_ratio
 
 
-def _design_row(p: fg.Prediction, ref: fg.Prediction, work: bool = False) -> dict:
+def _design_row(p: fg.Prediction, ref: fg.Prediction, work: bool = False, zero_share: float = 0.0) -> dict:
     """A design's record; ``work``: with its work against on-policy at B's (asked for by a work budget only, so
-    records without one read as before)."""
+    records without one read as before); a selective design's with the zero share it was priced at and the horizon
+    its admitted samples see, N / ((1 - z) R)."""
     d = p.design
     return {"batch_size": d.batch_size, "rollouts_per_step": d.rollouts_per_step, "capacity": d.capacity, "x": d.x,
             "y": d.y, "on_policy": d.on_policy, "steps_vs_B": p.steps / ref.steps,
@@ -72,7 +76,9 @@ def _design_row(p: fg.Prediction, ref: fg.Prediction, work: bool = False) -> dic
             "psi": p.psi,
             "kappa_at_design": None if math.isnan(p.kappa) else p.kappa, "staleness_factor": p.staleness,
             **({"epochs": d.epochs, "mini_batches": d.mini_batches} if d.updates_per_generation > 1 else {}),
-            **({"max_staleness": d.max_staleness} if d.max_staleness else {})}
+            **({"max_staleness": d.max_staleness} if d.max_staleness else {}),
+            **({"selective": True, "zero_share": zero_share,
+                "admitted_horizon": d.capacity / ((1 - zero_share) * d.rollouts_per_step)} if d.selective else {})}
 
 
 def advise(q: Query) -> dict:
@@ -81,7 +87,8 @@ def advise(q: Query) -> dict:
     base = {"objective": "forgetting", "mu": q.mu, "optimizer": q.optimizer, "beta1": q.beta1,
             "loosest_threshold": {"psi": thr, "y": thr_y}, "floor": q.floor, "max_steps_ratio": q.max_steps_ratio,
             "group_size": q.group_size, "max_horizon": q.max_horizon, "staleness": q.staleness.source,
-            **({"max_work_ratio": q.max_work_ratio} if q.max_work_ratio < NO_BUDGET else {})}
+            **({"max_work_ratio": q.max_work_ratio} if q.max_work_ratio < NO_BUDGET else {}),
+            **({"zero_share": q.zero_share, "zero_share_source": q.zero_share_source} if q.zero_share > 0 else {})}
     if q.b_noise is None:
         return _unmeasured_record(q, base, thr)
     if q.batch_size is None:
@@ -92,14 +99,14 @@ def advise(q: Query) -> dict:
     guarded = guarded_design(q.b_noise, q.batch_size, q.mu, memory, optimizer=q.optimizer, group_size=q.group_size,
                              staleness=q.staleness, floor=q.floor, max_steps_ratio=q.max_steps_ratio,
                              max_horizon=q.max_horizon, max_epochs=q.max_epochs, max_staleness=q.max_staleness,
-                             max_work_ratio=q.work_budget)
+                             max_work_ratio=q.work_budget, zero_share=q.zero_share)
     answer, choice = guarded.search, guarded.choice
     ref = answer.at_batch
     best = choice.design  # the design to run, under the names the trainers read (integrations/replay_config.py)
     regime = ("epochs" if best.updates_per_generation > 1 else "overlapped" if best.max_staleness
-              else "on-policy" if best.on_policy else "replay")
+              else "selective" if best.selective else "on-policy" if best.on_policy else "replay")
     replay = choice if regime == "replay" else answer.replay
-    row = partial(_design_row, ref=ref, work=q.max_work_ratio < NO_BUDGET)
+    row = partial(_design_row, ref=ref, work=q.max_work_ratio < NO_BUDGET, zero_share=q.zero_share)
     rows = _design_rows(q, guarded, regime, row)
     winner = regime if regime != "on-policy" else fg.on_policy_winner(best.batch_size, q.batch_size)
     record = {**base, "measured": True, "batch": q.batch_size, "b_noise": q.b_noise, "b": q.b_noise / q.batch_size,
@@ -141,10 +148,11 @@ def _design_rows(q: Query, guarded, regime: str, row: Callable[[fg.Prediction], 
     bests, the chosen design in its family's place."""
     answer, choice = guarded.search, guarded.choice
     pick = {"on_policy": answer.on_policy, "replay": answer.replay, "epochs": answer.epochs,
-            "overlapped": answer.overlapped}
+            "overlapped": answer.overlapped, "selective": answer.selective}
     pick[{"on-policy": "on_policy"}.get(regime, regime)] = choice
-    keys = ["on_policy", "replay"] + ["epochs"] * (q.max_epochs > 1) + ["overlapped"] * (q.max_staleness >= 1)
-    # epochs and overlapped only when asked: records without them read as before
+    keys = (["on_policy", "replay"] + ["epochs"] * (q.max_epochs > 1) + ["overlapped"] * (q.max_staleness >= 1)
+            + ["selective"] * (q.zero_share > 0))
+    # epochs, overlapped and selective only when asked: records without them read as before
     return {"at_batch": row(answer.at_batch), **{k: None if pick[k] is None else row(pick[k]) for k in keys}}
 
 
@@ -219,6 +227,18 @@ def _measured_advice(r: dict) -> tuple[str, str]:
                f"on-policy batch (B = {on['batch_size']}): below the latency floor the generating GPUs wait anyway, so "
                f"training beside them costs no time, while each rollout's noise grows by r(1) = "
                f"{ov['staleness_factor']:.3g} for being one update old")
+        return action, why
+    if r["winner"] == "selective":
+        sel = r["designs"]["selective"]
+        action = (f"replay only the groups whose rewards are not all equal: B = {sel['batch_size']}, R = "
+                  f"{sel['rollouts_per_step']}, N = {sel['capacity']} (a FIFO admitting the {1 - r['zero_share']:.2f} "
+                  f"of each generation with a non-zero advantage: horizon N / ((1 - z) R) = "
+                  f"{sel['admitted_horizon']:.3g} steps)")
+        why = (f"{sel['compute_vs_B']:.2f}x the compute of on-policy at B = {r['batch']} in {sel['steps_vs_B']:.2f}x "
+               f"its steps, {on['compute_vs_B'] / sel['compute_vs_B']:.2f}x cheaper than the cheapest on-policy batch "
+               f"(B = {on['batch_size']}): a share z = {r['zero_share']:.3g} of the groups ({r['zero_share_source']}) "
+               f"has all rewards equal, no gradient, and is never stored or trained on, so every update draws "
+               f"informative samples; the optimizer keeps psi = {sel['psi']:.2f} of the buffer's extra noise")
         return action, why
     if r["winner"] == "replay":
         action = (f"replay with B = {rep['batch_size']}, R = {rep['rollouts_per_step']}, N = {rep['capacity']} "
@@ -344,10 +364,11 @@ def render(r: dict, evidence: list[str], verdict: str | None = None) -> str:
 def _design_table(r: dict) -> list[str]:
     """The design table's rows: on-policy at B, the on-policy answer, and each family's best that was priced."""
     d, lines = r["designs"], []
-    best_key = {"replay": "replay", "epochs": "epochs", "overlapped": "overlapped",
+    best_key = {"replay": "replay", "epochs": "epochs", "overlapped": "overlapped", "selective": "selective",
                 "on-policy at B": "at_batch"}.get(r["winner"], "on_policy")
     for name, key in (("on-policy at your B", "at_batch"), ("on-policy answer", "on_policy"),
-                      ("best replay", "replay"), ("best epochs", "epochs"), ("overlapped, 1 step off", "overlapped")):
+                      ("best replay", "replay"), ("best epochs", "epochs"), ("overlapped, 1 step off", "overlapped"),
+                      ("best selective replay", "selective")):
         if key not in d:
             continue
         row = d[key]

@@ -120,7 +120,7 @@ def _shape(design: Design, epochs: int, mini_batches: int, max_staleness: int, s
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     B, R, N, G = design.batch_size, design.rollouts_per_step, design.capacity, design.group_size
     replay = (f"; our {TRL_REPLAY} runs it: replay-theory trl-replay --batch-size {B} --rollouts-per-step {R} "
-              f"--capacity {N} --group-size {G}")
+              f"--capacity {N} --group-size {G}" + (" --buffer selective" if selective else ""))
     if N > R:
         what = ("selective replay keeps groups across generations" if selective else
                 f"a FIFO of N = {N} > R = {R} reuses rollouts across generations")

@@ -63,7 +63,7 @@ KAPPA_MIN = 1e-9
 """The smallest kappa (a memory of a billion steps, beyond any run): below it the momentum / Adam impulse response's
 stationary covariance loses every digit (kappa = 1e-12 reads as unstable, 1e-320 overflows)."""
 FORGETTING_FIELDS = ("kappa", "optimizer", "beta1", "pilot_batch", "group_size", "latency_floor", "max_steps_ratio",
-                     "max_horizon", "max_epochs", "max_staleness", "max_work_ratio")
+                     "max_horizon", "max_epochs", "max_staleness", "max_work_ratio", "zero_share")
 PAPER_FIELDS = ("alpha", "rho", "average", "budget", "smoothness", "bias", "f0", "rollouts_per_step")
 BUDGET_CONSTANTS = ("smoothness", "bias", "f0")
 
@@ -146,6 +146,10 @@ class OptimalQuery:
     this many updates old (TRL max_staleness, verl max_off_policy_threshold); priced at 1 update, as a larger bound
     only adds staleness in the model; needs a staleness table (--profile) reaching age 1; 0 (default) prices none:
     the benchmark has not tested it."""
+    zero_share: float = field(default=0.0, metadata=Range(0, 1, high_open=True, fmt="g").field())
+    """forgetting: the share of prompt groups whose rewards are all equal (no advantage, no gradient), averaged over
+    your run: TRL logs it as frac_reward_zero_std; above 0 optimal also prices selective replay, a FIFO that stores
+    only the other groups (trl-replay --buffer selective); 0 (default) prices none."""
     objective: str = field(default="forgetting", metadata=Range(choices=objective_choices).field())
     """Which rule answers (default forgetting, the rule the benchmark tests)."""
     alpha: float | None = field(default=None, metadata=Range(0, finite=True, fmt="g").field())
@@ -269,8 +273,10 @@ def _with_framework(result: Answer, q: OptimalQuery) -> Answer:
     if all(type(v) is int for v in sizes):
         B, R, N = sizes
         e, m = r.get("epochs", 1), r.get("mini_batches", 1)
-        fa = config_lines(q.framework, Design(B, R, N, B == R == N, q.group_size), epochs=e, mini_batches=m,
-                          max_staleness=r.get("max_staleness", 0))
+        selective = r.get("regime") == "selective"
+        fa = config_lines(q.framework, Design(B, R, N, B == R == N and not selective, q.group_size,
+                                              selective=selective),
+                          epochs=e, mini_batches=m, max_staleness=r.get("max_staleness", 0), selective=selective)
     else:
         fa = FrameworkAnswer(q.framework, framework_choices()[q.framework].rsplit(" ", 1)[1],
                              refused="this answer names no whole design (B, R, N) to configure: give -B and the "
@@ -376,11 +382,13 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
     query = advice.Query(mu=rollout_mu_of_convention(mu, convention), batch_size=q.batch_size, b_noise=b_noise,
                          b_noise_source=source, **memory, group_size=q.group_size,
                          floor=q.latency_floor, max_steps_ratio=q.max_steps_ratio, max_horizon=q.max_horizon,
-                         max_epochs=q.max_epochs, max_staleness=q.max_staleness,
+                         max_epochs=q.max_epochs, max_staleness=q.max_staleness, zero_share=q.zero_share,
+                         zero_share_source="--zero-share",
                          staleness=_staleness_of(loaded), max_work_ratio=q.max_work_ratio)
     record = advice.advise(query)
     floor_ratio = floor_ratio_of(q.latency_floor, q.batch_size)  # the benchmark's cost model nearest the user's
-    priced_families = q.max_epochs > 1 or q.max_staleness >= 1  # scored against a grid that trains them: that run's
+    # a menu with a reuse family is scored against a grid that trains them: that run's record
+    priced_families = q.max_epochs > 1 or q.max_staleness >= 1 or q.zero_share > 0
     families_record = load_evidence(FAMILIES_EVIDENCE_FILE) if priced_families else None
     verdict = (verdict_line(families_record, floor_ratio, "the benchmark with the reuse families in the grid")
                if families_record else verdict_line(floor_ratio=floor_ratio))
@@ -396,6 +404,9 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
         if record["regime"] == "overlapped":
             evidence += ("; overlapped generation: the default protocol trains none (experiment theory-test --families "
                          "overlap does, docs/SIMULATION.md), so no share above speaks for it")
+        if record["regime"] == "selective":
+            evidence += ("; selective replay: the default protocol trains none (experiment theory-test --families "
+                         "selective does, docs/SIMULATION.md), so no share above speaks for it")
     # a menu with epochs or overlap is scored against a grid that trains them: the families run's line, next
     families = families_evidence_line(floor_ratio, families_record) if priced_families else None
     return Answer(text=advice.render(record, [evidence, families] if families else [evidence], verdict),

@@ -15,6 +15,7 @@ train one. The field names are DesignConfig's and the command line's, from the o
 | ``epochs``           | e       | passes over one generation of R (PPO epochs, TRL num_iterations) |
 | ``mini_batches``     | m       | updates per pass, each on B = R/m of the generation          |
 | ``max_staleness``    | k       | asynchronous generation k updates ahead: each rollout used once, at age k |
+| ``selective``        | --      | the FIFO admits only groups whose rewards are not all equal ([E8]) |
 | ``x``                | x = N/R | the buffer's horizon in steps                                |
 | ``y``                | y = B/R | the replay ratio                                             |
 
@@ -22,7 +23,9 @@ An epoch design (e m > 1, issue 40) generates R every e m updates and trains e p
 N = R (nothing outlives its generation), B m = R, never on-policy; e = m = 1 is the FIFO / on-policy design above.
 An overlapped design (k >= 1, issue 40: one-step-off generation, TRL / verl / AReaL ``max_staleness``) is on-policy in
 its sizes (N = R = B, each rollout used once) but trained k updates after the policy that generated it, while the next
-generation runs on its own share of the GPUs (``forgetting.overlapped_split``).
+generation runs on its own share of the GPUs (``forgetting.overlapped_split``). A selective design (issue 40,
+docs/THEORY.md [E8]) is a FIFO (B, R, N) whose buffer admits only the groups with a non-zero advantage (RLEP,
+ExGRPO; TRL logs the rest as frac_reward_zero_std): every generated R is charged, (1 - z) R enter.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class Design:
     epochs: int = 1  # e
     mini_batches: int = 1  # m
     max_staleness: int = 0  # k: 0 synchronous; k >= 1 generation overlapped, each rollout trained at age k
+    selective: bool = False  # the FIFO admits only groups with unequal rewards ([E8]); a FIFO design only
 
     def __post_init__(self) -> None:
         B, R, N, G = self.batch_size, self.rollouts_per_step, self.capacity, self.group_size
@@ -64,6 +68,9 @@ class Design:
         if self.max_staleness and not self.on_policy:  # staleness with reuse: no trainer runs it, no model prices it
             raise ValueError(f"an overlapped design (max staleness k = {self.max_staleness}) uses each rollout once: "
                              f"it needs on-policy sizes N = R = B")
+        if self.selective and (self.on_policy or self.updates_per_generation > 1 or self.max_staleness):
+            raise ValueError("a selective design is a FIFO (B, R, N) that admits only groups with unequal rewards: "
+                             "not on-policy, epochs or overlapped")
 
     @property
     def updates_per_generation(self) -> int:

@@ -17,6 +17,10 @@ An epoch design (e passes over m mini-batches of one generation, issue 40) keeps
 (``psi_epochs``; docs/THEORY.md "Reuse families", whose other families live in ``theory/reuse_families.py``).
 An overlapped design (generation k updates ahead on its own share gamma of the GPUs, each rollout used once at age
 k) keeps B V = r(k) and a step takes max(mu R_floor, mu R + B) of the whole pool's time (``overlapped_split``).
+A selective design (a FIFO admitting only groups with unequal rewards, a share 1 - z of them, [E8]) is the FIFO over
+informative samples: R' = (1 - z) R enter a step, x = N / R' (``psi_fractional`` [E10] between whole steps), y =
+B / R', and its noise scale (1 - z) B_noise (the measured one counts the zero-advantage groups' missing signal); every
+generated R is charged.
 
 | code name          | symbol                          | meaning                                                   |
 |--------------------|---------------------------------|-----------------------------------------------------------|
@@ -29,6 +33,7 @@ k) keeps B V = r(k) and a step takes max(mu R_floor, mu R + B) of the whole pool
 | ``staleness``      | r(s) = sigma^2(s) / sigma^2(0)  | noise growth with a sample's age (IS: 1 + chi^2(s))       |
 | ``floor``          | R_floor                         | generation latency floor, in rollouts                     |
 | ``step_exponent``  | alpha                           | tuned step ~ eta_max / (1 + B_noise V)^alpha              |
+| ``zero_share``     | z                               | share of groups with equal rewards (TRL frac_reward_zero_std) |
 
 Units: batches, rollouts and capacities in samples (responses); compute in units of one sample's update on the
 whole GPU pool (so also its time: the floor is time the pool waits), a step costs mu max(R, R_floor) + B, an
@@ -47,7 +52,15 @@ from functools import partial
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..checks import require_in_range, require_int, require_nonnegative, require_one_of, require_positive
+from ..checks import (
+    require_finite,
+    require_in_range,
+    require_int,
+    require_nonnegative,
+    require_one_of,
+    require_positive,
+    require_unit_interval,
+)
 from .designs import Design
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -221,10 +234,32 @@ def psi(horizon: ArrayLike, kappa: ArrayLike, optimizer: str = "sgd", beta1: flo
     """
     x = np.asarray(horizon)
     require_int("horizon x = N/R", x, 1)
+    return _psi_of(x.astype(float), kappa, optimizer, beta1)
+
+
+def psi_fractional(horizon: ArrayLike, kappa: ArrayLike, optimizer: str = "sgd",
+                   beta1: float = 0.9) -> np.ndarray | float:
+    """psi at a real horizon x >= 1: a FIFO of N fed R' samples a step with N / R' = x between the whole steps L and
+    L + 1 (selective replay [E8]: R' = (1 - z) R admitted). Each sample stays L or L + 1 steps, a share p = x - L the
+    longer, so the lag sum over one sample's stay mixes the two: x^2 psi(x) = (1 - p) L^2 psi(L) + p (L + 1)^2
+    psi(L + 1) [E10] (exact for a constant inflow; whole x give ``psi``; a varying inflow spreads the stays wider)."""
+    x = np.asarray(horizon, dtype=float)
+    require_finite("horizon x = N/R'", x)
+    if not np.all(x >= 1):
+        raise ValueError(f"horizon x = N/R' must be >= 1, got {x.min()!r}")
+    low = np.floor(x)
+    share = x - low  # p: the samples that stay L + 1 steps
+    value = ((1 - share) * low**2 * _psi_of(low, kappa, optimizer, beta1)
+             + share * (low + 1) ** 2 * _psi_of(low + 1, kappa, optimizer, beta1)) / x**2  # [E10]
+    return float(value) if np.ndim(value) == 0 else np.asarray(value, dtype=float)
+
+
+def _psi_of(xf: np.ndarray, kappa: ArrayLike, optimizer: str, beta1: float) -> np.ndarray | float:
+    """``psi`` at whole horizons ``xf`` (floats), unchecked."""
     _check_optimizer(optimizer, beta1)
     kappa = np.asarray(kappa, dtype=float)
     require_positive("kappa", kappa)
-    xf, kappa = np.broadcast_arrays(x.astype(float), kappa)
+    xf, kappa = np.broadcast_arrays(xf, kappa)
     if optimizer == "sgd":
         if not np.all(kappa < 2):
             raise ValueError(f"kappa must be < 2 for SGD (beyond it the step diverges), got {kappa.max()!r}")
@@ -521,11 +556,15 @@ def overlapped_split(rollouts_per_step: float, batch_size: float, mu: float, flo
 
 
 def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memory | None,
-                 staleness: Staleness = NO_STALENESS, floor: float = 0.0) -> list[Prediction]:
-    """``predict`` for many designs at once (one vectorised fixed-point solve)."""
+                 staleness: Staleness = NO_STALENESS, floor: float = 0.0, *,
+                 zero_share: float = 0.0) -> list[Prediction]:
+    """``predict`` for many designs at once (one vectorised fixed-point solve). ``zero_share`` z prices the selective
+    designs ([E8]: the FIFO over the (1 - z) R informative samples a step, noise scale (1 - z) B_noise); the others
+    keep the zero-advantage groups, which the measured B_noise and kappa already count."""
     require_positive("noise scale B_noise", b_noise)
     require_positive("mu", mu)
     require_nonnegative("latency floor", floor)
+    require_unit_interval("zero share z", zero_share, closed=False)
     if not designs:
         return []
     B = np.array([d.batch_size for d in designs], dtype=float)
@@ -534,14 +573,18 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
     if np.any(N % R):  # psi(x) sums over whole steps: the model's precondition, not every FIFO's (theory/designs.py)
         d = designs[int(np.argmax(N % R != 0))]
         raise ValueError(f"capacity N must be a multiple of rollouts R, got N={d.capacity}, R={d.rollouts_per_step}")
+    sel = np.array([d.selective for d in designs])  # selective: the FIFO admits (1 - z) R a step [E8]
+    admitted = np.where(sel, (1 - zero_share) * R, R)  # R': the samples that enter the buffer per step
     x = np.array([d.x for d in designs], dtype=np.int64)
+    x_sel = N / admitted  # a selective design's horizon N / R' (whole steps only at z = 0)
     on = np.array([d.on_policy for d in designs])
     late = np.array([d.max_staleness for d in designs], dtype=float)  # an overlapped design's age at use (else 0)
     e = np.array([d.epochs for d in designs], dtype=np.int64)
     mb = np.array([d.mini_batches for d in designs], dtype=np.int64)
     ep = e * mb > 1  # epoch designs (theory/reuse_families.py): noise psi_E / B, ages 0 .. e m - 1 updates
     horizon = np.where(ep, e * mb, x)  # the ages a design's updates draw: a FIFO's x steps, a generation's e m
-    y = B / R
+    y = B / admitted
+    b_design = np.where(sel, (1 - zero_share) * b_noise, b_noise)  # [E8]: an informative sample's noise scale
     flat = staleness.flat
     never_forgets = np.where(ep, e, 1.0)  # psi at kappa -> 0: the FIFO keeps all its extra noise, e epochs e uses
 
@@ -550,16 +593,25 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
             return np.ones_like(B)
         scale = 1.0 if memory is None or memory.pilot_batch is None else np.asarray(kappa) / memory.kappa
         stale = np.where(late > 0, staleness.at(late * scale), 1.0)  # an overlapped design's one use at age k: r(k)
-        return np.where(on, stale, staleness.means(horizon, scale))
+        m = np.where(on, stale, staleness.means(horizon, scale))
+        if sel.any():  # a stay of L or L + 1 steps (share p the longer) draws ages 0 .. L - 1 or 0 .. L [E10]
+            xs, sc = x_sel[sel], np.broadcast_to(np.asarray(scale, dtype=float), B.shape)[sel]
+            low = np.floor(xs)
+            share = xs - low
+            m[sel] = ((1 - share) * low * staleness.means(low, sc)
+                      + share * (low + 1) * staleness.means(low + 1, sc)) / xs
+        return m
 
     def noise(p: np.ndarray, m: np.ndarray) -> np.ndarray:  # B_noise V_eff m(x); on-policy B_noise / B (r(k) / B)
-        fifo = b_noise / B * (1 + y * p - 1 / N) * m
+        fifo = b_design / B * (1 + y * p - 1 / N) * m
         return np.where(on, b_noise / B * m, np.where(ep, b_noise / B * p * m, fifo))  # epochs: B V_eff = psi_E [E1]
 
     def p_of(kappa: np.ndarray) -> np.ndarray:  # psi of every design at its kappa (1 on-policy)
         p = np.where(on, 1.0, psi(np.where(ep, 1, x), kappa, memory.optimizer, memory.beta1))
         if ep.any():
             p[ep] = psi_epochs(e[ep], mb[ep], np.broadcast_to(kappa, B.shape)[ep], memory.optimizer, memory.beta1)
+        if sel.any():  # [E10]: psi between the whole stays
+            p[sel] = psi_fractional(x_sel[sel], np.broadcast_to(kappa, B.shape)[sel], memory.optimizer, memory.beta1)
         return p
 
     if memory is None:
@@ -578,7 +630,7 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
         # design can have
         low = np.minimum(k_max / (1 + noise(never_forgets, m_of(np.full_like(B, top)))) ** alpha, top)
         lo, hi = np.log(low), np.full_like(B, math.log(top))
-        solve = (~on) & ((x > 1) | ep)  # psi(1) = 1, m(1) = 1 and on-policy has no replay noise: kappa = its own
+        solve = (~on) & ((x > 1) | ep | (sel & (x_sel > 1)))  # psi(1) = 1, m(1) = 1, on-policy: kappa = its own
         for _ in range(44 if solve.any() else 0):  # bisection in log kappa on kappa - kappa_max / (1 + noise)^alpha:
             # the bracket spans at most ln(1 + B_noise V) <= ~40 in log kappa, so 44 halvings leave < 3e-12
             mid = 0.5 * (lo + hi)
@@ -635,13 +687,14 @@ class WholeDesign:
     at_batch: Prediction  # on-policy at the user's B
     on_policy: Prediction  # the cheapest on-policy batch within the steps cap
     replay: Prediction | None  # the cheapest replay design within the steps cap (None: none allowed)
-    winner: str  # "replay", "epochs", "on-policy (smaller batch)", "on-policy (larger batch)" or "on-policy at B"
+    winner: str  # "replay", "epochs", "overlapped", "selective" or "on-policy (smaller batch)", "(larger batch)", "at B"
     max_steps_ratio: float
     threshold: float  # the loosest equal-steps psi threshold, mu / (1 + sqrt(1 + mu))^2
     threshold_y: float
     epochs: Prediction | None = None  # the cheapest epoch design within the cap (None: not asked, or none allowed)
     overlapped: Prediction | None = None  # the cheapest overlapped (one-step-off) batch (None: not asked or allowed)
     max_work_ratio: float = math.inf  # every answer's work within this x on-policy's at B (inf: no work budget)
+    selective: Prediction | None = None  # the cheapest selective replay design (None: no zero share, or not allowed)
 
     @property
     def best(self) -> Prediction:
@@ -649,6 +702,8 @@ class WholeDesign:
             return self.epochs
         if self.winner == "overlapped":
             return self.overlapped
+        if self.winner == "selective":
+            return self.selective
         if self.replay is not None and self.replay.compute < self.on_policy.compute:
             return self.replay
         return self.on_policy
@@ -657,7 +712,8 @@ class WholeDesign:
 def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | None, *, group_size: int = 1,
                  staleness: Staleness = NO_STALENESS, floor: float = 0.0, max_steps_ratio: float = 2.0,
                  max_horizon: int = 64, max_batch: int | None = None, max_epochs: int = 1,
-                 max_age: float = math.inf, max_staleness: int = 0, max_work_ratio: float = math.inf) -> WholeDesign:
+                 max_age: float = math.inf, max_staleness: int = 0, max_work_ratio: float = math.inf,
+                 zero_share: float = 0.0) -> WholeDesign:
     """Search on-policy batches and replay designs (B', R, N = x R) in whole groups of ``group_size`` for the least
     predicted compute whose steps stay within ``max_steps_ratio`` x on-policy's at the user's B (the wall-time
     budget: below the noise scale compute falls with the batch while steps rise).
@@ -670,7 +726,9 @@ def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | No
     ``Design.oldest_age``); below 0 no reuse at all (on-policy only). ``max_staleness`` >= 1 adds overlapped designs
     (``_cheapest_overlapped``), at k = 1: in this model a step's time is the same at every k >= 1 (``step_cost``) and
     r(k) does not fall with k, so a larger bound only adds staleness. Overlap reuses nothing, so ``max_age`` does not
-    limit it; the caller bounds k by the ages its staleness cost was measured at.
+    limit it; the caller bounds k by the ages its staleness cost was measured at. ``zero_share`` z > 0 adds selective
+    replay designs (a FIFO admitting only the groups with unequal rewards, [E8]), searched as the FIFO's are, none
+    whose admitted samples outlive ``max_age`` (ceil(N / ((1 - z) R)) - 1 updates).
 
     ``max_work_ratio`` (time within a compute budget): no answer's work (``Prediction.work``, the floor's waiting not
     counted) exceeds that many times on-policy's at B, so with a latency floor the answer is the fastest design
@@ -680,7 +738,8 @@ def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | No
     ref = predict(Design.on_policy_at(batch_size), b_noise, mu, memory, staleness, floor)
     work_cap = max_work_ratio * ref.work
     within = partial(within_budgets, cap=max_steps_ratio * ref.steps, work_cap=work_cap)
-    score = partial(predict_many, b_noise=b_noise, mu=mu, memory=memory, staleness=staleness, floor=floor)
+    score = partial(predict_many, b_noise=b_noise, mu=mu, memory=memory, staleness=staleness, floor=floor,
+                    zero_share=zero_share)
     top = max_batch // group_size * group_size  # the largest whole-group batch searched
     top_on = work_top(top, b_noise, batch_size, group_size, max_work_ratio)
     best_on = _cheapest_on_policy(group_size, top_on, ref, within, score)
@@ -692,15 +751,17 @@ def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | No
                    if max_epochs > 1 and max_age >= 1 else None)
     require_int("max staleness", max_staleness, 0)
     best_overlapped = _cheapest_overlapped(group_size, top, within, score) if max_staleness >= 1 else None
+    best_selective = (_cheapest_replay(top, group_size, int(min(max_horizon, max_age + 1)), within, score,
+                                       zero_share=zero_share, max_age=max_age)
+                      if zero_share > 0 and max_age >= 1 else None)  # every selective design reuses: x' > 1
     y_l, thr = loosest_equal_steps(mu)
     winner = _winner(best_replay, best_on, batch_size)
     rival = best_replay if winner == "replay" else best_on
-    if best_epochs is not None and best_epochs.compute < rival.compute:
-        winner, rival = "epochs", best_epochs
-    if best_overlapped is not None and best_overlapped.compute < rival.compute:
-        winner = "overlapped"
+    for name, family in (("epochs", best_epochs), ("overlapped", best_overlapped), ("selective", best_selective)):
+        if family is not None and family.compute < rival.compute:
+            winner, rival = name, family
     return WholeDesign(ref, best_on, best_replay, winner, float(max_steps_ratio), float(thr), float(y_l), best_epochs,
-                       best_overlapped, float(max_work_ratio))
+                       best_overlapped, float(max_work_ratio), best_selective)
 
 
 def _checked_max_batch(b_noise: float, batch_size: int, group_size: int, max_steps_ratio: float, max_horizon: int,
@@ -739,12 +800,22 @@ def _cheapest_on_policy(group: int, top: int, ref: Prediction, within: Callable[
 
 
 def _cheapest_replay(top: int, group_size: int, max_horizon: int, within: Callable[[Prediction], bool],
-                     score: Callable[[list[Design]], list[Prediction]]) -> Prediction | None:
+                     score: Callable[[list[Design]], list[Prediction]], *, zero_share: float = 0.0,
+                     max_age: float = math.inf) -> Prediction | None:
     """The cheapest replay design within the steps cap, coarse to fine: (B', R) 4 per octave and the horizons, then
-    every whole group within one coarse step of the best (B', R) with the horizons around its x."""
-    coarse = [Design(bb, rr, rr * x) for bb in _log_groups(group_size, top, group_size, 4)
+    every whole group within one coarse step of the best (B', R) with the horizons around its x. ``zero_share`` > 0:
+    the selective designs instead ([E8]; N = R = B too, one generation's informative groups drawn with replacement),
+    none whose admitted samples stay past ``max_age`` (ceil(x / (1 - z)) - 1 updates)."""
+    selective = zero_share > 0
+
+    def allowed(bb: int, rr: int, x: int) -> bool:
+        if not selective:
+            return not (rr == bb and x == 1)  # on-policy's sizes: the on-policy search's
+        return math.ceil(x / (1 - zero_share) - 1e-9) - 1 <= max_age
+
+    coarse = [Design(bb, rr, rr * x, selective=selective) for bb in _log_groups(group_size, top, group_size, 4)
               for rr in _log_groups(group_size, bb, group_size, 4)
-              for x in _horizons(max_horizon) if not (rr == bb and x == 1)]
+              for x in _horizons(max_horizon) if allowed(bb, rr, x)]
     best_replay = _cheapest(score(coarse), within)
     if best_replay is None:
         return None
@@ -752,9 +823,9 @@ def _cheapest_replay(top: int, group_size: int, max_horizon: int, within: Callab
     near_x = [x for x in range(1, max_horizon + 1) if d.x / 2 ** 0.5 <= x <= d.x * 2 ** 0.5]
     b_low, b_high = _groups_between(d.batch_size / 2 ** 0.25, d.batch_size * 2 ** 0.25, group_size, top)
     r_low, r_high = d.rollouts_per_step / 2 ** 0.25, d.rollouts_per_step * 2 ** 0.25
-    fine = [Design(bb, rr, rr * x) for bb in _log_groups(b_low, b_high, group_size, 16)
+    fine = [Design(bb, rr, rr * x, selective=selective) for bb in _log_groups(b_low, b_high, group_size, 16)
             for rr in _log_groups(*_groups_between(r_low, min(r_high, bb), group_size, top), group_size, 16)
-            for x in near_x if not (rr == bb and x == 1)]
+            for x in near_x if allowed(bb, rr, x)]
     return _cheapest(score(fine) + [best_replay], within)
 
 

@@ -135,7 +135,7 @@ def guarded_design(b_noise: float, batch_size: int, mu: float, memory: fg.Memory
                    max_steps_ratio: float = 2.0, max_horizon: int = 64, max_batch: int | None = None,
                    max_epochs: int = 1, b_factors: tuple[float, ...] = B_FACTORS,
                    margin: float = MARGIN, max_staleness: int = 0, overlap_margin: float = OVERLAP_MARGIN,
-                   max_work_ratio: float = math.inf) -> Guarded:
+                   max_work_ratio: float = math.inf, zero_share: float = 0.0) -> Guarded:
     """The guarded answer (module docstring). Candidates: the floor rule's design and ``forgetting.whole_design``'s
     on-policy, replay and epoch answers at every b_noise x f, kept where their steps at the measured b are within the
     cap; each is priced at every b_noise x f, and the one with the least worst regret replaces the default only if
@@ -145,11 +145,12 @@ def guarded_design(b_noise: float, batch_size: int, mu: float, memory: fg.Memory
     batch stops at ``forgetting.work_batch_limit``, [W1]). A budget that the answer without it keeps changes nothing:
     that answer is returned (with the budgeted searches' family bests), so a budget never trades the guard's
     robustness for a design it would not pick unconstrained; only a budget that answer breaks re-runs the guard over
-    the designs within it (whose worst regrets are then against the best within the budget)."""
+    the designs within it (whose worst regrets are then against the best within the budget). ``zero_share`` z > 0:
+    selective replay designs are candidates too ([E8], under ``REUSE_OPTIMIZERS`` only, at ``margin``)."""
     if not b_factors or b_factors[0] != 1.0:
         raise ValueError(f"b_factors must start at 1 (the measured b), got {b_factors}")
     guard = partial(_guarded, b_noise, batch_size, mu, memory, optimizer, group_size, staleness, floor,
-                    max_steps_ratio, max_horizon, max_batch, max_epochs)
+                    max_steps_ratio, max_horizon, max_batch, max_epochs, zero_share=zero_share)
     rest = (margin, max_staleness, overlap_margin)
     free = guard(b_factors, *rest, math.inf)
     if math.isinf(max_work_ratio):
@@ -164,7 +165,7 @@ def guarded_design(b_noise: float, batch_size: int, mu: float, memory: fg.Memory
 def _guarded(b_noise: float, batch_size: int, mu: float, memory: fg.Memory | None, optimizer: str, group_size: int,
              staleness: fg.Staleness, floor: float, max_steps_ratio: float, max_horizon: int, max_batch: int | None,
              max_epochs: int, b_factors: tuple[float, ...], margin: float, max_staleness: int, overlap_margin: float,
-             max_work_ratio: float) -> Guarded:
+             max_work_ratio: float, *, zero_share: float = 0.0) -> Guarded:
     """``guarded_design`` over the designs within ``max_work_ratio`` (inf: every design)."""
     epochs_reach = max_epochs * (max_batch_or(max_batch, batch_size) // group_size) - 1 if max_epochs > 1 else 0
     reach = max(max_horizon - 1, epochs_reach)  # the oldest age the searches would consider: x - 1 or e m - 1
@@ -174,21 +175,22 @@ def _guarded(b_noise: float, batch_size: int, mu: float, memory: fg.Memory | Non
     searches = [fg.whole_design(b_noise * f, batch_size, mu, memory, group_size=group_size, staleness=staleness,
                                 floor=floor, max_steps_ratio=max_steps_ratio, max_horizon=max_horizon,
                                 max_batch=max_batch, max_epochs=max_epochs, max_age=max_age, max_staleness=overlap,
-                                max_work_ratio=max_work_ratio)
+                                max_work_ratio=max_work_ratio, zero_share=zero_share)
                 for f in b_factors]
     top = fg.work_top(max_batch_or(max_batch, batch_size) // group_size * group_size, b_noise, batch_size, group_size,
                    max_work_ratio)
     default = Design.on_policy_at(floor_batch(b_noise, batch_size, group_size, floor, max_steps_ratio, top))
     candidates = [default, searches[0].at_batch.design]
     for s in searches:
-        candidates += [p.design for p in (s.on_policy, s.replay, s.epochs, s.overlapped) if p is not None]
+        candidates += [p.design for p in (s.on_policy, s.replay, s.epochs, s.overlapped, s.selective) if p is not None]
     candidates = list(dict.fromkeys(candidates))  # unique, the default first (ties keep it)
-    at_b = fg.predict_many(candidates, b_noise, mu, memory, staleness, floor)
+    price = partial(fg.predict_many, mu=mu, memory=memory, staleness=staleness, floor=floor, zero_share=zero_share)
+    at_b = price(candidates, b_noise)
     cap, work_cap = max_steps_ratio * searches[0].at_batch.steps, max_work_ratio * searches[0].at_batch.work
     keep = [i for i, p in enumerate(at_b) if i == 0 or fg.within_budgets(p, cap * (1 + 1e-12), work_cap)]
     candidates, at_b = [candidates[i] for i in keep], [at_b[i] for i in keep]
     rows = [[p.compute for p in at_b]] + [  # the measured b's row is at_b's: priced once
-        [p.compute for p in fg.predict_many(candidates, b_noise * f, mu, memory, staleness, floor)]
+        [p.compute for p in price(candidates, b_noise * f)]
         for f in b_factors[1:]]
     compute = np.array(rows)  # (factors, candidates)
     worst = (compute / compute.min(axis=1, keepdims=True)).max(axis=0)  # (candidates,)

@@ -377,7 +377,7 @@ def measure_pilot(unit: Unit) -> dict:
     steps = pilot_steps(s_user)
     payload = {"kind": "pilot", "setting": unit.setting.name, "optimizer": unit.optimizer,
                "instance": unit.instance, "lr": lr, "steps": steps, "runs": PILOT_RUNS, "seed": PILOT_SEED,
-               "curvature_every": CURVATURE_EVERY, "version": 2,
+               "curvature_every": CURVATURE_EVERY, "version": 3,
                **({"noise_stream": "per pilot"} if isinstance(unit.env, NoisyRewardBandit) else {})}
     found = unit.store.get(payload)
     if found is not None:
@@ -387,7 +387,7 @@ def measure_pilot(unit: Unit) -> dict:
         env = env.with_noise_stream(271828, unit.instance)
     curvature_steps = {t for t in range(steps) if (steps - 1 - t) % CURVATURE_EVERY == 0}
     rng = np.random.default_rng([unit.instance, PILOT_SEED, len(unit.setting.name)])
-    history, small, big, num, den, ghg, exact_num, exact_den, dots, sq = ([] for _ in range(10))
+    history, small, big, num, den, ghg, exact_num, exact_den, dots, sq, zero = ([] for _ in range(11))
     previous = {}
 
     def precondition(optimizer, grad: np.ndarray) -> np.ndarray:  # (runs, d) the D of this step's update (SGD: 1)
@@ -412,6 +412,8 @@ def measure_pilot(unit: Unit) -> dict:
             # the step's batch: B = 256 fresh samples of the current policy, distributed as the training batch (a
             # trainer reads its own batch; the simulator's loop does not hand it out)
             grads = sample_grads(env, unit.setting, theta, theta, BATCH // GROUP, rng)  # (256, d)
+            if unit.setting.loss is not None:  # a group of equal rewards has zero advantage: its rows are exactly 0
+                zero.append(float(np.mean(np.all(grads.reshape(BATCH // GROUP, -1) == 0, axis=1))))
             halves = grads.reshape(2, BATCH // 2, -1).mean(axis=1)  # (2, d) whole groups: 16 of 8 each
             whole = grads.mean(axis=0)
             for h in halves:  # McCandlish's two-batch pair: each half against the whole batch
@@ -460,7 +462,9 @@ def measure_pilot(unit: Unit) -> dict:
               "b_simple": {**b_simple.to_dict(),
                            "what": "two-batch B_simple of every pilot step's batch (each half of 128 against the whole "
                                    "256, whole groups), pooled over the steps"},
-              "b_crit": b_crit_record(num, ghg)}
+              "b_crit": b_crit_record(num, ghg),
+              # z [E8]: TRL's frac_reward_zero_std over the pilot's batches (no groups on the quadratic: None)
+              "zero_share": float(np.mean(zero)) if zero else None}
     return unit.store.put(payload, result)
 
 
@@ -540,8 +544,8 @@ def design_row(unit: Unit, label: str, design: forgetting.Design) -> dict:
 
 
 def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_ratio: float = 1000.0,
-                max_epochs: int = 1, max_staleness: int = 0,
-                max_work_ratio: float = 1000.0) -> tuple[advice.Query, list[str]]:
+                max_epochs: int = 1, max_staleness: int = 0, max_work_ratio: float = 1000.0,
+                selective: bool = False) -> tuple[advice.Query, list[str]]:
     """The query ``replay-theory optimal`` gets from this pilot's numbers (``-B 256 --noise-scale B_simple --kappa kappa
     --optimizer OPT --group-size 8 --latency-floor FLOOR`` and the drift table a profile carries), and what was left out
     and why: the whole pilot where the user would not run it (``pilot_affordable``: one step and its curvature pairs
@@ -549,7 +553,9 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_
     stay at B), a kappa optimal refuses (outside [KAPPA_MIN, the optimizer's stability limit): the user asks again
     without it). ``max_epochs`` > 1 (--families epochs): optimal searches epoch designs too (``--max-epochs``);
     ``max_staleness`` 1 (--families overlap), overlapped ones (``--max-staleness``); ``max_work_ratio``
-    (``--max-work-ratio``, 1000: none): the fastest design within that work budget."""
+    (``--max-work-ratio``, 1000: none): the fastest design within that work budget. ``selective`` (--families
+    selective): the pilot's share of groups with equal rewards as ``--zero-share`` (optimal then prices selective
+    replay, [E8]); none on the quadratic (no groups) or where the pilot saw none."""
     from ...advise.optimal import KAPPA_MIN
 
     common = {"mu": float(mu), "batch_size": BATCH, "optimizer": optimizer, "beta1": BETA1, "group_size": GROUP,
@@ -584,17 +590,28 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_
                                          tuple(1.0 + float(c) for c in drift["m2"]), "1 + M2(s) on the pilot")
     else:  # a one-step pilot saw no older policy: nothing measured beyond age 0
         staleness = forgetting.NO_STALENESS
+    zero_share = pilot.get("zero_share") if selective else None
+    if selective and zero_share is None:
+        notes.append("no zero share: the pilot drew no groups (the quadratic), no --zero-share")
+    elif zero_share is not None and not 0 < zero_share < 1:
+        notes.append(f"zero share {zero_share:.3g}: no group of equal rewards (0) or no informative one (1), "
+                     f"no --zero-share")
+        zero_share = None
     query = advice.Query(**common, b_noise=b_noise, b_noise_source="the pilot's B_simple", kappa=kappa,
-                         kappa_source="the pilot's curvature pairs", pilot_batch=BATCH, staleness=staleness)
+                         kappa_source="the pilot's curvature pairs", pilot_batch=BATCH, staleness=staleness,
+                         **({"zero_share": zero_share, "zero_share_source": "the pilot's share of groups with equal "
+                             "rewards"} if zero_share is not None else {}))
     return query, notes
 
 
 def printed_design(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_ratio: float = 1000.0,
-                   max_epochs: int = 1, max_staleness: int = 0, max_work_ratio: float = 1000.0) -> forgetting.Design:
+                   max_epochs: int = 1, max_staleness: int = 0, max_work_ratio: float = 1000.0,
+                   selective: bool = False) -> forgetting.Design:
     """The design ``optimal`` answers with for this pilot and cell (``advise.advice.advise``: the steps cap
     ``--max-steps-ratio``, the horizon cap, whole groups; without a B_noise, the floor rule's batch at no steps budget
     and on-policy at B under one)."""
-    query, _ = pilot_query(pilot, optimizer, mu, floor, max_steps_ratio, max_epochs, max_staleness, max_work_ratio)
+    query, _ = pilot_query(pilot, optimizer, mu, floor, max_steps_ratio, max_epochs, max_staleness, max_work_ratio,
+                           selective)
     key = repr(query)  # every input of the answer (a frozen dataclass's repr): the cells of a unit share answers
     if key not in _PRINTED:
         answer = advice.advise(query)
@@ -602,6 +619,9 @@ def printed_design(pilot: dict, optimizer: str, mu: float, floor: float, max_ste
             _PRINTED[key] = forgetting.Design.on_policy_at(int(answer.get("batch_size") or BATCH))
         elif answer["regime"] == "overlapped":
             _PRINTED[key] = forgetting.Design.overlapped_at(int(answer["batch_size"]), int(answer["max_staleness"]))
+        elif answer["regime"] == "selective":  # trained by the buffer selective, as the grid's selective designs
+            _PRINTED[key] = SelectiveDesign(int(answer["batch_size"]), int(answer["rollouts_per_step"]),
+                                            int(answer["capacity"]))
         elif answer["regime"] == "epochs":
             _PRINTED[key] = forgetting.Design.epochs_of(int(answer["rollouts_per_step"]), int(answer["epochs"]),
                                                         int(answer["mini_batches"]))
@@ -655,7 +675,7 @@ def train_printed(unit: Unit, pilot: dict) -> list[tuple[str, forgetting.Design]
               for floor in options.floors if floor > 0]  # at floor 0 time is work: no budget to answer within
     for mu, floor, ratio, work in cells:
         design = printed_design(pilot, unit.optimizer, mu, floor, ratio, options.max_epochs, options.max_staleness,
-                                work)
+                                work, options.prices_zero_share)
         key = tuple(design_spec(design))
         if key in on_grid or any(key == tuple(design_spec(d)) for _, d in out):
             continue
@@ -686,6 +706,8 @@ def printed_work_ratios(options: Options) -> tuple[float, ...]:
 
 
 def printed_label(design: forgetting.Design) -> str:
+    if design.selective:
+        return f"printed: selective B={design.batch_size} R={design.rollouts_per_step} N={design.capacity}"
     if design.max_staleness:
         return f"printed: overlapped B={design.batch_size}"
     if design.on_policy:
@@ -727,6 +749,7 @@ def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options
                    "noise": noise,
                    **({"max_epochs": options.max_epochs} if options.max_epochs > 1 else {}),
                    **({"max_staleness": options.max_staleness} if options.max_staleness else {}),
+                   **({"prices_zero_share": True} if options.prices_zero_share else {}),
                    "alpha_measured": measured_alpha(noise), "pilot": pilot,
                    "calibration": calibration_record(unit, pilot), "elapsed_s": round(time.time() - started, 1)})
 

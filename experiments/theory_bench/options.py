@@ -109,7 +109,10 @@ in the grid. 349, 353 and 359 are named here, before their first run, for the sa
 time within a work budget, PRINTED_WORK_RATIO: issue 40's targets read a second time, on instances nobody has run.
 457, 461 and 463, named as NEXT_HELD_OUT at fcb3a90, are read by the default protocol with the rule and the protocol
 unchanged, a second held-out reading of HELD_OUT's evidence; 491, 499 and 503 are named here, before their first run,
-for the --families epochs,overlap,selective run of the pilot-budget protocol: issue 40's targets read a third time.)"""
+for the --families epochs,overlap,selective run of the pilot-budget protocol: issue 40's targets read a third time.
+509, 521 and 523 are named here, before their first run, for the same --families run with selective replay priced
+from the pilot's zero share (optimal --zero-share, ``Options.prices_zero_share``): issue 40's targets read a fourth
+time.)"""
 SEEDS = 16
 BOOTS = 200
 MUS = (0.5, 1.0, 2.0, 5.28, 20.0)
@@ -198,12 +201,14 @@ class SelectiveDesign(forgetting.Design):
     what its uniform twin's does (R generated, B trained); its own type keeps it apart from that twin in the records,
     the run keys and the rules' menus (``is_selective``)."""
 
+    selective: bool = True
     buffer: ClassVar[str] = "selective"
 
 
 def is_selective(design: forgetting.Design) -> bool:
-    """Whether a design is a --families selective one (no rule prices it: the objectives give it inf)."""
-    return isinstance(design, SelectiveDesign)
+    """Whether a design is a selective one: a --families selective grid design (in no objective's menu but the
+    printed answer's: the objectives give it inf) or an answer ``optimal`` priced with the pilot's zero share."""
+    return design.selective
 
 
 def has_groups(setting: str) -> bool:
@@ -281,6 +286,12 @@ class Options:
     def max_staleness(self) -> int:
         """optimal's --max-staleness for the printed answer: 1 with --families overlap (it prices k = 1), else 0."""
         return 1 if "overlap" in self.families else 0
+
+    @property
+    def prices_zero_share(self) -> bool:
+        """Whether optimal's printed answer reads the pilot's zero share (--zero-share, pricing selective replay):
+        with --families selective, whose grid trains selective designs to score it against."""
+        return "selective" in self.families
 
     @property
     def epochs_grid(self) -> tuple[tuple[int, int], ...]:

@@ -142,7 +142,7 @@ def _printed_run(record: dict, mu: float, floor: float, steps_ratio: float,
     """The design optimal prints for this cell at --max-steps-ratio ``steps_ratio`` and --max-work-ratio
     ``work_ratio``, its trained row (the grid's or a printed one) and its steps by replicate (inf: not reached)."""
     design = printed_design(record["pilot"], record["optimizer"], mu, floor, steps_ratio, record.get("max_epochs", 1),
-                            record.get("max_staleness", 0), work_ratio)
+                            record.get("max_staleness", 0), work_ratio, record.get("prices_zero_share", False))
     key = design_spec(design)
     row = next((d for d in record["designs"] + record["printed"] if d["design"] == key), None)
     if row is None:
