@@ -273,19 +273,22 @@ class DesignConfig(ExGRPOShapingParams, AsymREParams, RLOOParams, M2POParams, Cl
     @property
     def design(self) -> Design:
         """(B, R, N) and G as the one design type (theory/designs.py); on-policy when the buffer is; the epochs
-        buffer's e and m (its N is one generation, R); stale-k at k >= 1 with B = R, an overlapped design."""
+        buffer's e and m (its N is one generation, R); stale-k at k >= 1 with B = R, an overlapped design; the
+        selective buffer's, a selective one."""
         if self.buffer == "epochs":
             return Design.epochs_of(self.rollouts_per_step, self.epochs, self.mini_batches, self.group_size)
         if self.buffer == "stale-k" and self.stale_k >= 1 and self.batch_size == self.rollouts_per_step:
             return Design.overlapped_at(self.batch_size, self.stale_k, self.group_size)  # each batch once, k late
         return Design(self.batch_size, self.rollouts_per_step, self.capacity, self.buffer == "on-policy",
-                      self.group_size)
+                      self.group_size, selective=self.buffer == "selective")
 
     @classmethod
     def from_design(cls, design: Design, **fields: Any):
         """The config that trains ``design``: its sizes, the on-policy buffer for an on-policy design and the FIFO
-        otherwise unless ``fields`` name another buffer; ``fields`` set the rest."""
-        buffer = fields.pop("buffer", "fifo")
+        otherwise unless ``fields`` name another buffer (a selective design: the selective buffer); ``fields`` set the
+        rest."""
+        asked = fields.pop("buffer", "fifo")
+        buffer = "selective" if design.selective else asked  # a selective design is the selective buffer's
         if design.updates_per_generation > 1:  # an epoch design: the epochs buffer, its e and m
             buffer = "epochs"
             fields = {"epochs": design.epochs, "mini_batches": design.mini_batches, **fields}

@@ -204,6 +204,15 @@ class ReplayConfig:
         if missing:
             raise ValueError(f"the optimal --json output has no {', '.join(missing)}: run `replay-theory optimal` "
                              "with -R (rollouts per step) or -B (batch size) to get an integer design")
+        if data.get("regime") == "selective":  # a FIFO that admits only groups with unequal rewards ([E8])
+            asked = overrides.pop("buffer", None)
+            if asked not in (None, "fifo", "selective"):  # fifo: the trainer's default, not a choice against it
+                raise ValueError(f"the optimal --json output answers selective replay (a FIFO admitting only the "
+                                 f"groups whose rewards are not all equal), which buffer {asked} does not run: leave "
+                                 f"the buffer at its default or give buffer selective")
+            overrides["buffer"] = "selective"
+            notes.append(f"selective replay run as buffer selective: only the groups whose rewards are not all equal "
+                         f"enter the FIFO (the answer priced a zero share z = {data.get('zero_share')})")
         sizes = DesignConfig.from_record(data)  # N, B, R: whole numbers (_check_design)
         n, b, r = sizes.capacity, sizes.batch_size, sizes.rollouts_per_step
         if group_size is not None:

@@ -687,7 +687,7 @@ class WholeDesign:
     at_batch: Prediction  # on-policy at the user's B
     on_policy: Prediction  # the cheapest on-policy batch within the steps cap
     replay: Prediction | None  # the cheapest replay design within the steps cap (None: none allowed)
-    winner: str  # "replay", "epochs", "overlapped", "selective" or "on-policy (smaller batch)", "(larger batch)", "at B"
+    winner: str  # "replay", "epochs", "overlapped", "selective" or "on-policy (smaller batch | larger batch | at B)"
     max_steps_ratio: float
     threshold: float  # the loosest equal-steps psi threshold, mu / (1 + sqrt(1 + mu))^2
     threshold_y: float

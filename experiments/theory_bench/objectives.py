@@ -258,8 +258,9 @@ OBJECTIVES = {
 
 def objective_values(record: dict, mu: float, floor: float) -> dict[str, np.ndarray | NoPick]:
     """Every objective's value on every design of the unit (lower = predicted cheaper; inf = not in its menu). A
-    selective design (--families selective) is in no objective's menu: no rule prices [E8]'s admission (the forgetting
-    rule would price it as its uniform twin), so each gives it inf; it counts in the whole grid's best only."""
+    selective design (--families selective) is in no objective's menu: they read no zero share (the forgetting rule
+    would price it as its uniform twin), so each gives it inf; it counts in the whole grid's best, and in the printed
+    answer's menu (optimal --zero-share from the pilot's z, ``Options.prices_zero_share``)."""
     designs = _designs_of(record)
     exact = "exact_b_noise" in record["noise"]
     values = {name: objective.values(record, designs, mu, floor) for name, objective in OBJECTIVES.items()

@@ -73,7 +73,7 @@ FAMILIES = {"epochs": f"epoch designs at R = {BATCH}: e passes over m mini-batch
                          "the groups whose rewards are not all equal, B drawn uniformly) at (x, y) in "
                          f"{', '.join(f'({x}, {y})' for x, y in SELECTIVE_GRID)} (--quick: (16, 4)), beside the "
                          "uniform FIFO at the same sizes; rollout settings only (the quadratic has no groups of "
-                         "rewards); optimal does not price them"}
+                         "rewards); optimal's printed answer prices them from the pilot's zero share (--zero-share)"}
 """The design families ``--families`` adds to the grid (none by default: the protocol evidence.json was written by)."""
 HELD_OUT = (269, 271, 281, 431, 439, 443)
 """The held-out instances the targets read: two sets, each named before its first run and first run by the protocol of
@@ -242,8 +242,8 @@ class Options:
     """Comma-separated design families trained and scored beside the grid (none by default, the protocol
     advise/evidence.json quotes): epochs adds epoch designs, overlap overlapped (one-step-off) designs, and optimal's
     printed answer may then be one; selective adds selective replay designs on the rollout settings (a subset of the
-    grid's (x, y): SELECTIVE_GRID), which optimal does not price, so its printed answer is never one: they are scored
-    in the whole grid's best only (is one ever the cheapest, and how far is the printed answer from it)."""
+    grid's (x, y): SELECTIVE_GRID), scored in the whole grid's best, and optimal's printed answer prices them from the
+    pilot's zero share (--zero-share, [E8]), so it may be one (trained off the grid where it falls)."""
 
     @property
     def grid(self) -> list[tuple[int, int]]:

@@ -310,8 +310,8 @@ def summary_table(summary: dict) -> str:
              f"## Cells at a latency floor of {head} rollouts", "", cells_table(summary, head), ""]
     family = selective_text(summary)
     if family:
-        parts += ["## Selective replay (--families selective; no rule prices it, so no rule or printed answer picks "
-                  "one)", "", family, ""]
+        parts += ["## Selective replay (--families selective; no objective prices it but the printed answer, from "
+                  "the pilot's zero share)", "", family, ""]
     for f in floors:
         held = summary["targets_held_out"].get(str(f)) or {}
         if held.get("cells"):  # a run on the development instance alone has none to read

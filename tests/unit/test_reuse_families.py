@@ -228,14 +228,14 @@ def simulate_filtered(batch: int, rollouts: int, capacity: int, zero_share: floa
     prediction kappa_eff^2 P00(kappa_eff) B V_eff / B of ``filtered_noise``."""
     kept = round((1 - zero_share) * rollouts)
     fresh = kept if selective else rollouts
-    informative = (np.arange(capacity) % fresh) < kept
+    informative = (np.arange(capacity) % fresh) < kept if not selective else np.ones(capacity, bool)
     buffer = rng.standard_normal((chains, capacity))
     opt = _Optimizer(optimizer, kappa, chains)
     rows = np.arange(chains)[:, None]
     burn, sums = _burn(kappa), np.zeros(chains)
     for t in range(burn + steps):
-        start = (t * fresh) % capacity
-        buffer[:, start:start + fresh] = rng.standard_normal((chains, fresh))
+        slots_in = (t * fresh + np.arange(fresh)) % capacity  # the FIFO's oldest fresh slots (N need not be x R')
+        buffer[:, slots_in] = rng.standard_normal((chains, fresh))
         slots = rng.integers(0, capacity, (chains, batch))
         used = informative[slots]
         share = used.mean(axis=1)
@@ -250,7 +250,10 @@ def simulate_filtered(batch: int, rollouts: int, capacity: int, zero_share: floa
 FILTER_POINTS = [  # (B, R, N, z, kappa, optimizer, selective)
     (16, 4, 16, 0.25, 0.05, "sgd", False), (16, 4, 16, 0.5, 0.5, "sgd", False), (16, 4, 12, 0.25, 0.2, "sgd", True),
     (16, 4, 16, 0.5, 0.2, "sgd", True), (16, 4, 16, 0.25, 0.2, "adam", False), (16, 4, 24, 0.5, 0.05, "adam", True),
-    (16, 8, 24, 0.25, 0.5, "adam", True), (16, 8, 24, 0.25, 0.5, "adam", False)]
+    (16, 8, 24, 0.25, 0.5, "adam", True), (16, 8, 24, 0.25, 0.5, "adam", False),
+    # between whole stays ([E10]): x = N / ((1 - z) R) = 16/6, 40/6, 18/4, 28/6, 20/6, 10/4
+    (16, 8, 16, 0.25, 0.2, "sgd", True), (16, 8, 40, 0.25, 0.05, "sgd", True), (16, 8, 18, 0.5, 0.5, "sgd", True),
+    (16, 8, 28, 0.25, 0.1, "adam", True), (16, 8, 20, 0.25, 0.3, "adam", True), (16, 8, 10, 0.5, 0.2, "sgd", True)]
 
 
 @pytest.mark.parametrize("point", FILTER_POINTS, ids=lambda p: "B{}-R{}-N{}-z{}-k{}-{}-{}".format(*p))
