@@ -221,8 +221,9 @@ def filtered_noise(batch_size: int, rollouts_per_step: int, capacity: int, zero_
     (1 - z), so the update is one at step (1 - z) eta over (1 - z) B samples: kappa -> (1 - z) kappa and B V_eff /
     sigma^2 -> B V_eff(B, R, N; (1 - z) kappa) / (1 - z) (the FIFO's autocovariance scales by 1 - z, the step's
     square by (1 - z)^2). Dropped [E8]: only (1 - z) R rollouts enter per step, so x = N / ((1 - z) R) and y = B /
-    ((1 - z) R) grow by 1 / (1 - z) and kappa stays; x between whole steps is priced by ``psi_fractional`` [E10]. On-policy [E9]: kept gives 1 / (1 - z) at (1 - z) kappa; dropped
-    and refilled (dynamic sampling) gives 1 at kappa and costs R / (1 - z) rollouts per update. Drawn with
+    ((1 - z) R) grow by 1 / (1 - z) and kappa stays; x between whole steps is priced by ``psi_fractional`` [E10].
+    On-policy [E9]: kept gives 1 / (1 - z) at (1 - z) kappa; dropped and refilled (dynamic sampling) gives 1 at kappa
+    and costs R / (1 - z) rollouts per update. Drawn with
     replacement, the informative count of a batch is binomial; its spread, relative size z / ((1 - z) B), moves the
     drift at second order in kappa and is left out.
     """
