@@ -146,10 +146,11 @@ class OptimalQuery:
     this many updates old (TRL max_staleness, verl max_off_policy_threshold); priced at 1 update, as a larger bound
     only adds staleness in the model; needs a staleness table (--profile) reaching age 1; 0 (default) prices none:
     the benchmark has not tested it."""
-    zero_share: float = field(default=0.0, metadata=Range(0, 1, high_open=True, fmt="g").field())
+    zero_share: float | None = field(default=None, metadata=Range(0, 1, high_open=True, fmt="g").field())
     """forgetting: the share of prompt groups whose rewards are all equal (no advantage, no gradient), averaged over
-    your run: TRL logs it as frac_reward_zero_std; above 0 optimal also prices selective replay, a FIFO that stores
-    only the other groups (trl-replay --buffer selective); 0 (default) prices none."""
+    your run: TRL logs it as frac_reward_zero_std, calibrate --from-log writes it into the profile; above 0 optimal
+    also prices selective replay, a FIFO that stores only the other groups (trl-replay --buffer selective); none
+    given (default, or 0) prices none."""
     objective: str = field(default="forgetting", metadata=Range(choices=objective_choices).field())
     """Which rule answers (default forgetting, the rule the benchmark tests)."""
     alpha: float | None = field(default=None, metadata=Range(0, finite=True, fmt="g").field())
@@ -382,13 +383,12 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
     query = advice.Query(mu=rollout_mu_of_convention(mu, convention), batch_size=q.batch_size, b_noise=b_noise,
                          b_noise_source=source, **memory, group_size=q.group_size,
                          floor=q.latency_floor, max_steps_ratio=q.max_steps_ratio, max_horizon=q.max_horizon,
-                         max_epochs=q.max_epochs, max_staleness=q.max_staleness, zero_share=q.zero_share,
-                         zero_share_source="--zero-share",
+                         max_epochs=q.max_epochs, max_staleness=q.max_staleness, **_zero_share_input(q, loaded),
                          staleness=_staleness_of(loaded), max_work_ratio=q.max_work_ratio)
     record = advice.advise(query)
     floor_ratio = floor_ratio_of(q.latency_floor, q.batch_size)  # the benchmark's cost model nearest the user's
     # a menu with a reuse family is scored against a grid that trains them: that run's record
-    priced_families = q.max_epochs > 1 or q.max_staleness >= 1 or q.zero_share > 0
+    priced_families = q.max_epochs > 1 or q.max_staleness >= 1 or query.zero_share > 0
     families_record = load_evidence(FAMILIES_EVIDENCE_FILE) if priced_families else None
     verdict = (verdict_line(families_record, floor_ratio, "the benchmark with the reuse families in the grid")
                if families_record else verdict_line(floor_ratio=floor_ratio))
@@ -413,6 +413,20 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
                   record={**record, "verdict": verdict, "evidence": evidence, "convention": convention,
                           "paper_evidence": _evidence("paper"),
                           **({"families_evidence": families} if families else {})})
+
+
+def _zero_share_input(q: OptimalQuery, loaded) -> dict:
+    """advice.Query's zero share and its source: --zero-share, else the --profile's zero_share record, else none."""
+    if q.zero_share is not None:
+        if loaded is not None and loaded.zero_share is not None:
+            raise ValueError(f"give the zero share once: --zero-share or --profile {q.profile}'s zero_share record, "
+                             f"not both")
+        return {"zero_share": q.zero_share, "zero_share_source": "--zero-share"}
+    if loaded is not None and loaded.zero_share is not None:
+        record = loaded.zero_share
+        return {"zero_share": record["value"],
+                "zero_share_source": f"--profile {q.profile}: {record.get('source', 'measured')}"}
+    return {}
 
 
 # --- the noise-scale rule --------------------------------------------------------------------------------------

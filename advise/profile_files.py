@@ -47,6 +47,9 @@ class LoadedProfile:
     (measured without a usable signal), then ``reason`` says why."""
     memory_estimators: dict | None = None
     """Other estimates of the same kappa (name -> record shaped like ``memory``), for comparison; None if absent."""
+    zero_share: dict | None = None
+    """The measured share z of groups whose rewards are all equal (``{"value", "source", ...}``, value in [0, 1):
+    ``calibrate --from-log`` writes it), which ``optimal`` reads as --zero-share; None when the file has none."""
 
     def memory_model(self):
         """The ``theory.forgetting.Memory`` of the file's ``memory`` record; a one-line ValueError when the file has
@@ -173,6 +176,19 @@ def _mu_record(data: dict) -> dict | None:
     return {**record, "value": number, "convention": convention}
 
 
+def _zero_share_record(data: dict) -> dict | None:
+    """The file's measured zero share as {"value", ...} (value in [0, 1)), or None."""
+    record = data.get("zero_share")
+    if record is None:
+        return None
+    if not isinstance(record, dict):
+        raise ValueError(f"profile 'zero_share' must be a JSON object with a value, got {record!r}")
+    value = record.get("value")
+    if not (_number(value) and 0 <= value < 1):
+        raise ValueError(f"profile 'zero_share.value' must be a number in [0, 1), got {value!r}")
+    return {**record, "value": float(value)}
+
+
 def profile_from_dict(data: dict) -> LoadedProfile:
     """Build a profile from the JSON schema below.
 
@@ -191,7 +207,9 @@ def profile_from_dict(data: dict) -> LoadedProfile:
     forgetting-aware rule reads (``theory.forgetting.KappaEstimate.to_dict()``: ``kappa`` (finite > 0, or null with a
     ``reason``), ``kappa_interval``, ``level``, ``method``, ``optimizer`` (sgd, momentum or adam), ``beta1`` in [0, 1),
     ``pilot_batch``, ``units``, ...); other estimates of the same kappa may sit under ``memory_estimators`` (name ->
-    record of the same shape, checked the same way), e.g. the exact value and the lag-1 autocorrelation's.
+    record of the same shape, checked the same way), e.g. the exact value and the lag-1 autocorrelation's. A
+    ``zero_share`` record (``value`` in [0, 1), ``source``) is the share of groups whose rewards are all equal, which
+    ``optimal`` reads as --zero-share (selective replay priced).
 
     Measured profiles (``calibrate-simulator``, ``validate calibrate-model``) add, among others:
 
@@ -208,7 +226,7 @@ def profile_from_dict(data: dict) -> LoadedProfile:
         raise ValueError("profile must be a JSON object")
     memory, others = _memory_records(data)
     return dataclasses.replace(_profile_from_dict(data), mu=_mu_record(data), memory=memory,
-                               memory_estimators=others)
+                               memory_estimators=others, zero_share=_zero_share_record(data))
 
 
 def _profile_from_dict(data: dict) -> LoadedProfile:

@@ -521,9 +521,10 @@ def calibrate_from_log(config: CalibrateLogConfig, reader: Optional[LogReader] =
                 "gradients)")
     provenance = {"log": str(reader.path.resolve()), "sha256": sha256(reader.path), "preset": config.preset,
                   "columns": reader.used, "format": reader.format, "layout": reader.layout, "code_version": __version__}
+    zero = zero_share_record(per_seq["zero_advantage"], reader.path)
     if table is None:  # {"kind": "noise_scale"}: the profile file of a measured noise scale alone (optimal reads it)
         data = {"kind": "noise_scale", "source": f"replay-theory calibrate --from-log {reader.path}", "mu": mu,
-                "not_measured": [f"sigma^2(s): {no_table}"], "provenance": provenance}
+                "not_measured": [f"sigma^2(s): {no_table}"], "provenance": provenance, **zero}
         return _with_noise_scale(data, config, norms)
     data: dict = {
         "kind": "table", "staleness": table["staleness"], "sigma_sq": table["sigma_sq"], "sigma_sq_form": "plain",
@@ -535,6 +536,7 @@ def calibrate_from_log(config: CalibrateLogConfig, reader: Optional[LogReader] =
                   "1 (no step column: no interval)", "ages_left_out": table["left_out"],
                   "tokens": sums.tokens, "sequences": int(per_seq["log_q"].size)},
         "mu": mu, "assumptions": list(ASSUMPTIONS), "not_measured": list(NOT_MEASURED), "provenance": provenance,
+        **zero,
     }
     if config.rho is not None:
         data["rho"] = float(config.rho)
@@ -546,6 +548,20 @@ def calibrate_from_log(config: CalibrateLogConfig, reader: Optional[LogReader] =
     data["notes"] = ["sigma_sq is the plain form; for a clipped loss (GRPO) the theory needs the signal-normalised "
                      "form, which needs gradients (validate calibrate-model)"]
     return _with_noise_scale(data, config, norms)
+
+
+def zero_share_record(zero_advantage: np.ndarray, path: Path) -> dict:
+    """{"zero_share": {...}}: the share z of logged sequences whose advantage is zero on every token, the sequences of
+    groups whose rewards are all equal (TRL's frac_reward_zero_std for groups of one size; optimal --profile prices
+    selective replay with it, docs/THEORY.md [E8]); {} when every sequence has a zero advantage (no gradient at all,
+    a z of 1 prices nothing)."""
+    zero_advantage = np.asarray(zero_advantage, dtype=bool)  # (n,)
+    z = float(zero_advantage.mean()) if zero_advantage.size else 1.0
+    if z >= 1.0:
+        return {}
+    return {"zero_share": {"value": z, "sequences": int(zero_advantage.size),
+                           "source": f"calibrate --from-log {path.name}: {int(zero_advantage.sum())} of "
+                                     f"{zero_advantage.size} sequences with a zero advantage on every token"}}
 
 
 def _with_noise_scale(data: dict, config: CalibrateLogConfig, norms: Optional[dict[str, np.ndarray]]) -> dict:
@@ -588,6 +604,7 @@ def summary(data: dict, out: Path) -> str:
                  f"mu = {mu['value']:g} (given with --mu)")
     if data["kind"] == "noise_scale":  # no sigma^2(s) table: the noise-scale rule only
         lines += [f"no {data['not_measured'][0]}"] + noise_scale_lines(data["noise_scale"]) + _memory(data)
+        lines += _zero_share_lines(data)
         lines += [f"wrote {out}"] + _noise_scale_next(out, mu, data["noise_scale"], _kappa_flags(data))
         return "\n".join(lines)
     proxy = data["proxy"]  # kind "table" from here
@@ -602,7 +619,7 @@ def summary(data: dict, out: Path) -> str:
     lines.append(f"rho = {data['rho']:g} (given with --rho, not measured)" if "rho" in data else
                  "rho: not measurable from a log (a gradient correlation); optimal will ask for --rho")
     lines += noise_scale_lines(data["noise_scale"]) if "noise_scale" in data else [B_NOISE_NOT_MEASURED]
-    lines += _memory(data)
+    lines += _memory(data) + _zero_share_lines(data)
     if data["staleness"][-1] <= 1:
         lines.append("note: the table ends at age 1; optimal needs ages beyond 1 (log a run whose buffer holds "
                      "older rows, N > 2R)")
@@ -614,6 +631,15 @@ def summary(data: dict, out: Path) -> str:
     given = "" if mu["source"] == "log" else f" --mu {mu['value']:g}"
     lines += rule + [f"{'or' if rule else 'next'}: replay-theory optimal --objective paper --profile {out}{given}{rho}"]
     return "\n".join(lines)
+
+
+def _zero_share_lines(data: dict) -> list[str]:
+    """The zero share's line: what optimal --profile reads it for."""
+    record = data.get("zero_share")
+    if record is None:
+        return ["zero share: every logged sequence has a zero advantage (no gradient in this log)"]
+    return [f"zero share z = {record['value']:.3g} ({record['source'].split(': ', 1)[1]}): optimal --profile prices "
+            f"selective replay with it"]
 
 
 def _memory(data: dict) -> list[str]:

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from replay_theory.cli.app import app  # noqa: E402
+from replay_theory.diagnose.calibrate_log import zero_share_record  # noqa: E402
 from replay_theory.integrations.export import TRL_LOG_COLUMNS  # noqa: E402
 
 L5, L25, L4, L8 = math.log(0.5), math.log(0.25), math.log(0.4), math.log(0.8)
@@ -394,3 +395,34 @@ def test_on_policy_log_with_grad_norms_writes_a_noise_scale_profile(tmp_path, cl
     assert [r[0] for r in results] == [0, 0], results
     ours, direct = (json.loads(r[1]) for r in results)
     assert ours["y"] == direct["y"] and ours["regime"] == direct["regime"]
+
+
+def test_the_zero_share_by_hand_and_through_optimal(tmp_path, cli):
+    """One of ROWS' 7 sequences has a zero advantage on every token (a group of equal rewards): z = 1/7, written into
+    the profile and printed; optimal --profile reads it as --zero-share (and refuses both at once); sequences whose
+    every advantage is zero give no zero share (a z of 1 prices nothing)."""
+    log = write_log(tmp_path / "run.parquet")
+    out = tmp_path / "profile.json"
+    code, stdout, _ = cli("calibrate", "--from-log", str(log), "--preset", "trl", "--out", str(out))
+    data = json.loads(out.read_text())
+    assert code == 0 and data["zero_share"]["value"] == pytest.approx(1 / 7, rel=1e-15)
+    assert data["zero_share"]["sequences"] == 7
+    assert ("zero share z = 0.143 (1 of 7 sequences with a zero advantage on every token): optimal --profile prices "
+            "selective replay with it") in stdout
+    assert zero_share_record(np.ones(3, dtype=bool), log) == {}  # every advantage zero: no z to price with
+
+    profile = json.loads(out.read_text())
+    profile.update(noise_scale={"b_noise": 1000.0, "batch": 256}, staleness=[0, 63], sigma_sq=[1.0, 1.0])
+    path = tmp_path / "with_z.json"
+    path.write_text(json.dumps(profile))
+    args = ("optimal", "--mu", "5.28", "-B", "256", "--profile", str(path), "--kappa", "0.2", "--optimizer", "sgd",
+            "--group-size", "8", "--latency-floor", "64", "--json")
+    code, stdout, _ = cli(*args)
+    d = json.loads(stdout)
+    assert code == 0 and d["zero_share"] == pytest.approx(1 / 7, rel=1e-15)
+    assert d["zero_share_source"] == f"--profile {path}: {data['zero_share']['source']}"
+    code, stdout, err = cli(*args, "--zero-share", "0.2")
+    assert code == 2 and stdout == "" and "give the zero share once" in err
+    path.write_text(json.dumps({**profile, "zero_share": {"value": 1.0}}))
+    code, _, err = cli(*args)
+    assert code == 2 and "profile 'zero_share.value' must be a number in [0, 1), got 1.0" in err
