@@ -417,6 +417,22 @@ def test_an_overlapped_answer_runs_as_stale_k_with_the_answers_k(tmp_path):
                                "the base model's generations), got 5")
 
 
+def test_a_selective_answer_runs_as_buffer_selective(tmp_path):
+    # optimal --zero-share's selective answer (a FIFO admitting only the groups of unequal rewards): trl-replay
+    # --design runs it with buffer selective and its sizes, whatever the default --buffer; another buffer is refused
+    design = tmp_path / "design.json"
+    answer = {"objective": "forgetting", "measured": True, "regime": "selective", "winner": "selective",
+              "zero_share": 0.4, "batch_size": 24, "rollouts_per_step": 16, "capacity": 64, "mu": 1.0}
+    design.write_text(json.dumps(answer))
+    replay = TrlRunConfig(design=str(design), group_size=8, steps=3).validated().replay_config()
+    assert replay.buffer == "selective"
+    assert (replay.capacity, replay.batch_size, replay.rollouts_per_step) == (64, 24, 16)
+    assert replay.notes[0].startswith("selective replay run as buffer selective: only the groups whose rewards are "
+                                      "not all equal enter the FIFO (the answer priced a zero share z = 0.4)")
+    with pytest.raises(ValueError, match="which buffer prioritized does not run"):
+        TrlRunConfig(design=str(design), buffer="prioritized", group_size=8, steps=3).validated().replay_config()
+
+
 def test_another_command_does_not_continue_an_unfinished_run(error_line, tmp_path):
     out = tmp_path / "run"
     (out / "checkpoints").mkdir(parents=True)
