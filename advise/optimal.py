@@ -277,7 +277,7 @@ def _with_framework(result: Answer, q: OptimalQuery) -> Answer:
         selective = r.get("regime") == "selective"
         fa = config_lines(q.framework, Design(B, R, N, B == R == N and not selective, q.group_size,
                                               selective=selective),
-                          epochs=e, mini_batches=m, max_staleness=r.get("max_staleness", 0), selective=selective)
+                          epochs=e, mini_batches=m, max_staleness=r.get("max_staleness", 0))
     else:
         fa = FrameworkAnswer(q.framework, framework_choices()[q.framework].rsplit(" ", 1)[1],
                              refused="this answer names no whole design (B, R, N) to configure: give -B and the "

@@ -127,10 +127,13 @@ def test_the_selective_answer_runs_as_buffer_selective_and_no_framework_key_has_
     with pytest.raises(ValueError, match="buffer prioritized does not run"):
         ReplayConfig.from_optimal_json(json.dumps(r), buffer="prioritized")
     design = Design(r["batch_size"], r["rollouts_per_step"], r["capacity"], group_size=8, selective=True)
-    for framework in ("verl", "trl", "skyrl"):
-        answer = config_lines(framework, design, selective=True)
-        assert "selective replay keeps groups across generations" in answer.refused
-        assert "--buffer selective" in answer.refused
+    # no trainer's filter is this design: theirs drop and regenerate, once each (even at N = R = B)
+    for d in (design, Design(64, 64, 64, group_size=8, selective=True)):
+        for framework in ("verl", "trl", "skyrl", "nemo-rl"):
+            answer = config_lines(framework, d)
+            assert answer.refused.startswith(f"selective replay stores the groups with unequal rewards in a FIFO of "
+                                             f"N = {d.capacity} and draws B = {d.batch_size} of them with replacement")
+            assert answer.refused.endswith(f"--group-size 8 --buffer selective")
     cfg = DesignConfig.from_design(design)
     assert cfg.buffer == "selective" and cfg.design == design
     with pytest.raises(ValueError, match="selective design is a FIFO"):
