@@ -122,8 +122,8 @@ def _shape(design: Design, epochs: int, mini_batches: int, max_staleness: int, s
     replay = (f"; our {TRL_REPLAY} runs it: replay-theory trl-replay --batch-size {B} --rollouts-per-step {R} "
               f"--capacity {N} --group-size {G}" + (" --buffer selective" if selective or design.selective else ""))
     if design.selective:  # optimal --zero-share's FIFO of admitted groups ([E8]), not a trainer's filter
-        raise _Refused(f"selective replay stores the groups with unequal rewards in a FIFO of N = {N} and draws B = {B} "
-                       f"of them with replacement (docs/THEORY.md [E8]); a trainer's group filter (verl "
+        raise _Refused(f"selective replay stores the groups with unequal rewards in a FIFO of N = {N} and draws "
+                       f"B = {B} of them with replacement (docs/THEORY.md [E8]); a trainer's group filter (verl "
                        f"filter_groups, NeMo-RL dynamic sampling, SkyRL's filter) drops and regenerates within a "
                        f"generation and uses each group once, another design{replay}")
     if N > R:

@@ -133,7 +133,7 @@ def test_the_selective_answer_runs_as_buffer_selective_and_no_framework_key_has_
             answer = config_lines(framework, d)
             assert answer.refused.startswith(f"selective replay stores the groups with unequal rewards in a FIFO of "
                                              f"N = {d.capacity} and draws B = {d.batch_size} of them with replacement")
-            assert answer.refused.endswith(f"--group-size 8 --buffer selective")
+            assert answer.refused.endswith("--group-size 8 --buffer selective")
     cfg = DesignConfig.from_design(design)
     assert cfg.buffer == "selective" and cfg.design == design
     with pytest.raises(ValueError, match="selective design is a FIFO"):
