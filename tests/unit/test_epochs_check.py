@@ -1,0 +1,52 @@
+"""experiments/epochs_check.py: the epoch model's steps ratio against a unit record's measured one, by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from replay_theory.experiments import epochs_check as ec
+from replay_theory.theory import forgetting as fg
+
+
+def _record(optimizer: str = "sgd") -> dict:
+    row = {"label": "on-policy B=256", "design": [256, 256, 256, True], "steps": [10.0]}
+    ep = {"label": "epochs e=4 m=4", "design": [64, 256, 256, False, 4, 4], "steps": [12.0]}
+    fifo = {"label": "x=4 y=1", "design": [256, 256, 1024, False], "steps": [11.0]}
+    return {"optimizer": optimizer, "designs": [row, ep, fifo], "noise": {"exact_b_noise": 300.0},
+            "pilot": {"kappa_exact": 0.3}}
+
+
+def test_a_pair_is_the_models_ratio_against_the_measured_one():
+    pairs = ec.epoch_pairs(_record())
+    assert len(pairs) == 1  # the FIFO and the on-policy rows are no epoch design
+    p = pairs[0]
+    memory = fg.Memory(0.3, "sgd", 0.9, 256.0)
+    ep, on = fg.predict_many([fg.Design.epochs_of(256, 4, 4), fg.Design.on_policy_at(256)], 300.0, 1.0, memory)
+    assert (p["e"], p["m"], p["measured"]) == (4, 4, 1.2)
+    assert p["predicted"] == pytest.approx(ep.steps / on.steps, rel=1e-14)
+    assert p["b"] == pytest.approx(300.0 / 64)
+    # psi_E at the design's own kappa: 1 + B_noise psi_E / B' over 1 + B_noise / 256 (no staleness on the quadratic)
+    assert p["predicted"] == pytest.approx((1 + 300.0 * ep.psi / 64) / (1 + 300.0 / 256), rel=1e-12)
+    # no exact B_noise, or an on-policy reference that never reached: no pair
+    assert ec.epoch_pairs({**_record(), "noise": {"exact_b_noise": None}}) == []
+    broken = _record()
+    broken["designs"][0]["steps"] = [math.inf]
+    assert ec.epoch_pairs(broken) == []
+
+
+def test_the_table_counts_within_25_percent_and_the_cli_refuses_an_empty_folder(tmp_path, capsys):
+    pairs = [{"optimizer": "sgd", "e": 2, "m": 1, "predicted": v, "measured": 1.0} for v in (1.0, 1.3, 0.5)]
+    assert ec.table(pairs)[2] == "| sgd | e=2 m=1 | 3 | 1 | 1.00 | 0.50-1.30 |"
+    with pytest.raises(SystemExit) as info:
+        ec.main([str(tmp_path)])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.startswith(f"RUN_DIR {tmp_path}: no quadratic unit records")
+    (tmp_path / "units").mkdir()
+    (tmp_path / "units" / "quadratic-noise10-sgd-7.json").write_text(json.dumps({**_record(), "setting": "q"}))
+    ec.main([str(tmp_path)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "1 quadratic units, 1 (unit, epoch design) pairs; exact inputs"
+    assert out[3].startswith("| sgd | e=4 m=4 | 1 | ")
