@@ -53,7 +53,8 @@ def epoch_pairs(record: dict) -> list[dict]:
 
 def table(pairs: list[dict]) -> list[str]:
     """Per optimizer and (e, m): pairs, within 25%, the median and range of predicted / measured."""
-    lines = ["| optimizer | design | pairs | within 25% | median predicted / measured | range |", "|---|---|---|---|---|---|"]
+    lines = ["| optimizer | design | pairs | within 25% | median predicted / measured | range |",
+             "|---|---|---|---|---|---|"]
     for key in sorted({(p["optimizer"], p["e"], p["m"]) for p in pairs}):
         ratio = np.array([p["predicted"] / p["measured"] for p in pairs if (p["optimizer"], p["e"], p["m"]) == key])
         within = int(np.sum(np.abs(np.log(ratio)) <= math.log(WITHIN)))
