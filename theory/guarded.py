@@ -64,7 +64,10 @@ offering epoch designs under Adam (FIFO replay still not) was tried on the --fam
 its reading (families-491's runs rescored, a trial not kept) and lost: within 1.2x in 66, 56, 48 and 47% of cells at
 floors 0-128 against 72, 63, 55 and 54%: the 109 Adam answers that moved, epoch designs of m = 2-128 mini-batches a
 generation, were within 1.2x of the grid's best in 23 (the answers they replaced in 88), median 1.57x against 1.07x
-(docs/SIMULATION.md; docs/trials/adam-epochs.patch reproduces it)."""
+(docs/SIMULATION.md; docs/trials/adam-epochs.patch reproduces it). With the quadratic's exact inputs the epoch model's
+steps against on-policy at B were within 25% in 45-62 of 65 units per design under SGD and 30-54 under Adam, where it
+was optimistic by up to 16x (``python -m replay_theory.experiments.epochs_check`` on the four --families runs).
+Selective replay (``zero_share``) is reuse too: offered under these optimizers only."""
 
 
 @dataclass(frozen=True)
