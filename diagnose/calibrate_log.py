@@ -638,8 +638,9 @@ def _zero_share_lines(data: dict) -> list[str]:
     record = data.get("zero_share")
     if record is None:
         return ["zero share: every logged sequence has a zero advantage (no gradient in this log)"]
-    return [f"zero share z = {record['value']:.3g} ({record['source'].split(': ', 1)[1]}): optimal --profile prices "
-            f"selective replay with it"]
+    what = ("optimal --profile prices selective replay with it" if record["value"] > 0 else
+            "no group of equal rewards, so optimal --profile prices no selective replay")
+    return [f"zero share z = {record['value']:.3g} ({record['source'].split(': ', 1)[1]}): {what}"]
 
 
 def _memory(data: dict) -> list[str]:
