@@ -347,7 +347,8 @@ def render(r: dict, evidence: list[str], verdict: str | None = None) -> str:
     lines += ["",
               f"inputs: mu = {r['mu']:g}; B = {r['batch']}; B_noise = {r['b_noise']:.4g} (b = {r['b']:.3g}), "
               f"{r['b_noise_source']}; " + _kappa_text(r) + f"; latency floor {r['floor']:g} rollouts; "
-              f"{_budget_text(r)}; whole groups of {r['group_size']}; staleness: {r['staleness']}", "",
+              f"{_budget_text(r)}; whole groups of {r['group_size']}; staleness: {r['staleness']}"
+              + (f"; zero share z = {r['zero_share']:.3g}, {r['zero_share_source']}" if "zero_share" in r else ""), "",
               "  design                    B       R        N     x      y  steps vs B  compute vs B     psi"
               + ("  work vs B" if "max_work_ratio" in r else ""), *_design_table(r)]
     if r.get("condition"):

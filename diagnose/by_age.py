@@ -61,7 +61,7 @@ class SequenceSums:
         self.n_tokens = np.zeros(0, dtype=np.int64)  # (n_seq,)
         self.age = np.zeros(0)  # (n_seq,) NaN: unseen
         self.step = np.zeros(0)  # (n_seq,) NaN: unseen or no step column
-        self.nonzero_advantage = np.zeros(0, dtype=np.int64)  # (n_seq,) tokens with A != 0 (0: a zero-advantage group)
+        self.max_abs_advantage = np.zeros(0)  # (n_seq,) max |A| over the sequence's tokens (a group's spread, or 0)
         self.tokens = 0
 
     def fold(self, chunk: TokenChunk, path: str = "log") -> None:
@@ -87,7 +87,7 @@ class SequenceSums:
         seq = chunk.seq
         size = int(seq.max()) + 1 if seq.size else 0
         for name, fill in (("term_max", -np.inf), ("term_sum", 0.0), ("log_w", 0.0), ("n_tokens", 0), ("age", np.nan),
-                           ("step", np.nan), ("nonzero_advantage", 0)):
+                           ("step", np.nan), ("max_abs_advantage", 0.0)):
             setattr(self, name, grow(getattr(self, name), size, fill))
         if not seq.size:
             return
@@ -105,14 +105,14 @@ class SequenceSums:
         self.term_max[uniq] = new_max
         self.log_w[uniq] += np.bincount(inv, weights=lr, minlength=uniq.size)
         self.n_tokens[uniq] += np.bincount(inv, minlength=uniq.size)
-        self.nonzero_advantage[uniq] += np.bincount(inv, weights=adv != 0, minlength=uniq.size).astype(np.int64)
+        np.maximum.at(self.max_abs_advantage, uniq[inv], np.abs(adv))
         self.age[uniq] = age[first]  # a sequence has one age
         if chunk.reward is not None:  # the step column, streamed as the reward field
             self.step[uniq] = chunk.reward[first]
 
     def per_sequence(self) -> dict[str, np.ndarray]:
         """Sequences seen: ``log_q`` (n,), ``age``, ``step`` (NaN without a step column), ``n_tokens``,
-        ``zero_advantage`` (A = 0 on every token: a group whose rewards are all equal)."""
+        ``max_abs_advantage`` (max |A| over its tokens: about 0 for a group whose rewards are all equal)."""
         seen = self.n_tokens > 0
         n = self.n_tokens[seen].astype(float)
         with np.errstate(divide="ignore"):
@@ -123,7 +123,7 @@ class SequenceSums:
             log_q = log_q - 2.0 * np.log(n)  # the sequence's gradient is divided by its length
         # token-mean (over the batch's tokens) and seq-mean-token-sum weight every token of a batch alike
         return {"log_q": log_q, "age": self.age[seen], "step": self.step[seen], "n_tokens": n,
-                "zero_advantage": self.nonzero_advantage[seen] == 0}
+                "max_abs_advantage": self.max_abs_advantage[seen]}
 
 
 def age_step_sums(per_sequence: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

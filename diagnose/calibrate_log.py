@@ -521,7 +521,7 @@ def calibrate_from_log(config: CalibrateLogConfig, reader: Optional[LogReader] =
                 "gradients)")
     provenance = {"log": str(reader.path.resolve()), "sha256": sha256(reader.path), "preset": config.preset,
                   "columns": reader.used, "format": reader.format, "layout": reader.layout, "code_version": __version__}
-    zero = zero_share_record(per_seq["zero_advantage"], reader.path)
+    zero = zero_share_record(per_seq["max_abs_advantage"], reader.path)
     if table is None:  # {"kind": "noise_scale"}: the profile file of a measured noise scale alone (optimal reads it)
         data = {"kind": "noise_scale", "source": f"replay-theory calibrate --from-log {reader.path}", "mu": mu,
                 "not_measured": [f"sigma^2(s): {no_table}"], "provenance": provenance, **zero}
@@ -550,18 +550,27 @@ def calibrate_from_log(config: CalibrateLogConfig, reader: Optional[LogReader] =
     return _with_noise_scale(data, config, norms)
 
 
-def zero_share_record(zero_advantage: np.ndarray, path: Path) -> dict:
-    """{"zero_share": {...}}: the share z of logged sequences whose advantage is zero on every token, the sequences of
-    groups whose rewards are all equal (TRL's frac_reward_zero_std for groups of one size; optimal --profile prices
-    selective replay with it, docs/THEORY.md [E8]); {} when every sequence has a zero advantage (no gradient at all,
-    a z of 1 prices nothing)."""
-    zero_advantage = np.asarray(zero_advantage, dtype=bool)  # (n,)
-    z = float(zero_advantage.mean()) if zero_advantage.size else 1.0
-    if z >= 1.0:
+ZERO_ADVANTAGE_RTOL = 1e-3
+"""A sequence's advantage counts as zero when its largest |A| is at most this share of the log's largest: a group of
+equal rewards leaves only rounding (TRL's (r - mean) / (std + 1e-4) in float32 logs |A| = 7.4e-05 for eight rewards
+of 0.1), while an informative group's |A| is a sizeable share of the largest (GRPO's scale: 0.1 to 2.5 in the TRL
+probe of docs/TRL.md, whose share below the cut, 0.466, is TRL's own frac_reward_zero_std, 0.469)."""
+
+
+def zero_share_record(max_abs_advantage: np.ndarray, path: Path) -> dict:
+    """{"zero_share": {...}}: the share z of logged sequences whose advantage is zero on every token, up to the
+    rounding ``ZERO_ADVANTAGE_RTOL`` allows: the sequences of groups whose rewards are all equal (TRL's
+    frac_reward_zero_std for groups of one size; optimal --profile prices selective replay with it, docs/THEORY.md
+    [E8]); {} when every sequence has a zero advantage (no gradient at all, a z of 1 prices nothing)."""
+    largest = np.asarray(max_abs_advantage, dtype=float)  # (n,) max |A| per sequence
+    top = float(largest.max()) if largest.size else 0.0
+    zero = largest <= ZERO_ADVANTAGE_RTOL * top
+    if not top > 0 or zero.all():
         return {}
-    return {"zero_share": {"value": z, "sequences": int(zero_advantage.size),
-                           "source": f"calibrate --from-log {path.name}: {int(zero_advantage.sum())} of "
-                                     f"{zero_advantage.size} sequences with a zero advantage on every token"}}
+    return {"zero_share": {"value": float(zero.mean()), "sequences": int(largest.size),
+                           "cut": ZERO_ADVANTAGE_RTOL * top,
+                           "source": f"calibrate --from-log {path.name}: {int(zero.sum())} of {largest.size} sequences "
+                                     f"with |A| <= {ZERO_ADVANTAGE_RTOL:g} x the log's largest on every token"}}
 
 
 def _with_noise_scale(data: dict, config: CalibrateLogConfig, norms: Optional[dict[str, np.ndarray]]) -> dict:

@@ -407,9 +407,12 @@ def test_the_zero_share_by_hand_and_through_optimal(tmp_path, cli):
     data = json.loads(out.read_text())
     assert code == 0 and data["zero_share"]["value"] == pytest.approx(1 / 7, rel=1e-15)
     assert data["zero_share"]["sequences"] == 7
-    assert ("zero share z = 0.143 (1 of 7 sequences with a zero advantage on every token): optimal --profile prices "
-            "selective replay with it") in stdout
-    assert zero_share_record(np.ones(3, dtype=bool), log) == {}  # every advantage zero: no z to price with
+    assert ("zero share z = 0.143 (1 of 7 sequences with |A| <= 0.001 x the log's largest on every token): optimal "
+            "--profile prices selective replay with it") in stdout
+    assert zero_share_record(np.zeros(3), log) == {}  # every advantage zero: no z to price with
+    # float32 rounding of equal rewards over GRPO's std + 1e-4 (TRL logs 7.4e-05): zero, against the log's largest
+    rounded = zero_share_record(np.array([7.45e-5, 2.47, 0.35, 7.45e-5]), log)["zero_share"]
+    assert rounded["value"] == 0.5 and rounded["cut"] == pytest.approx(2.47e-3)
 
     profile = json.loads(out.read_text())
     profile.update(noise_scale={"b_noise": 1000.0, "batch": 256}, staleness=[0, 63], sigma_sq=[1.0, 1.0])

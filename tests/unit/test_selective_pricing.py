@@ -111,6 +111,7 @@ def test_the_answer_names_the_selective_design_and_its_admitted_horizon():
     assert r["what_to_do"].startswith("replay only the groups whose rewards are not all equal: B = "
                                       f"{sel['batch_size']}, R = {sel['rollouts_per_step']}")
     assert "best selective replay" in advice.render(r, [])
+    assert "; zero share z = 0.5, --zero-share" in advice.render(r, [])
     # Adam: no reuse offered (REUSE_OPTIMIZERS), so no selective design either; without z the record has no row
     adam = advice.advise(_query(optimizer="adam", kappa=0.05))
     assert adam["regime"] != "selective" and adam["designs"]["selective"] is None
