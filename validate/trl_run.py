@@ -608,6 +608,17 @@ def reward_quarters(history: list[dict]) -> tuple[float | None, float | None, in
     return sum(rewards[:k]) / k, sum(rewards[-k:]) / k, k, unit
 
 
+def zero_share_of_history(history: list[dict]) -> dict | None:
+    """The run's zero share z ([E8]): TRL's ``frac_reward_zero_std`` (the share of a generation's groups whose rewards
+    are all equal) averaged over the steps that logged one; None when none did or every group was of equal rewards (a
+    z of 1 prices nothing). ``optimal --profile`` reads it from ``noise_profile.json`` as --zero-share."""
+    values = [float(h["frac_reward_zero_std"]) for h in history if h.get("frac_reward_zero_std") is not None]
+    if not values or not sum(values) / len(values) < 1:
+        return None
+    return {"value": sum(values) / len(values), "generations": len(values),
+            "source": f"trl-replay: TRL's frac_reward_zero_std, the mean over {len(values)} logged generations"}
+
+
 def _summary(config: TrlRunConfig, replay: Any, trainer: Any, started: float, done_before: int,
              resume: Optional[Path], out: Path) -> dict:
     """The run summary (``run.json``): config, replay design, rewards, counters, history, noise scale, memory."""
@@ -628,6 +639,7 @@ def _summary(config: TrlRunConfig, replay: Any, trainer: Any, started: float, do
         "noise_scale": noise_record(trainer.noise_records, config.group_size, config.seed, out / NOISE_NAME),
         "memory": kappa_record(trainer.noise_records, config.seed, out / NOISE_NAME),
         "curvature_skipped": trainer.curvature_skipped,
+        "zero_share": zero_share_of_history(trainer.state.log_history),
     }
 
 
@@ -638,7 +650,8 @@ def _write_results(out: Path, trainer: Any, summary: dict, checkpoints: Path) ->
     write_new(out / TRAINER_LOG_NAME, lambda tmp: tmp.write_text(lines))
     write_new(out / RUN_NAME, lambda tmp: tmp.write_text(json.dumps(summary, indent=1, default=str)))
     if summary["noise_scale"] is not None:
-        profile = json.dumps({"kind": "noise_scale", "noise_scale": summary["noise_scale"]}, indent=1)
+        profile = json.dumps({"kind": "noise_scale", "noise_scale": summary["noise_scale"],
+                              **({"zero_share": summary["zero_share"]} if summary.get("zero_share") else {})}, indent=1)
         write_new(out / NOISE_PROFILE_NAME, lambda tmp: tmp.write_text(profile))
     shutil.rmtree(checkpoints)  # the run is complete: its results are the files listed below
 

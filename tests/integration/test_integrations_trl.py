@@ -1113,7 +1113,12 @@ def test_trl_replay_command_runs_the_design_and_leaves_a_log(cli, tmp_path):
     assert norms["unit_size"] == 4 and set(norms["batch_big"]) == {26.0} and norms["step"].size >= 2
     record = summary["noise_scale"]
     assert record == noise_scale_record(norms, unit_size=4, seed=0, source=record["source"])
-    assert json.loads((out / "noise_profile.json").read_text()) == {"kind": "noise_scale", "noise_scale": record}
+    # TRL's frac_reward_zero_std, averaged over the steps that logged it, is the profile's zero share
+    logged = [h["frac_reward_zero_std"] for h in summary["history"] if "frac_reward_zero_std" in h]
+    zero = summary["zero_share"]
+    assert zero is None or zero["value"] == pytest.approx(sum(logged) / len(logged), rel=1e-12)
+    assert json.loads((out / "noise_profile.json").read_text()) == {"kind": "noise_scale", "noise_scale": record,
+                                                                    **({"zero_share": zero} if zero else {})}
     assert record["method"] == "two-batch" and record["batch"] == 26 and record["unit_size"] == 4
     if np.all(norms["batch_small"] == norms["batch_small"][0]):  # equal halves every step: the plain formula
         direct = noise_scale_two_batch(norms["grad_sq_small"], norms["grad_sq_big"], norms["batch_small"][0], 26)

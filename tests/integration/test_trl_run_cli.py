@@ -21,6 +21,7 @@ from replay_theory.validate.trl_run import (
     default_cache_dir,
     reward_quarters,
     warm_start_path,
+    zero_share_of_history,
 )
 
 BY_HAND = ["--capacity", "16", "--batch-size", "12", "--rollouts-per-step", "8", "--group-size", "4"]
@@ -453,3 +454,12 @@ def test_design_help_names_the_batch_size_as_the_readme_does(cli):
     # the design file comes from `optimal ... -B B --json` (the noise-scale rule fixes B); -R was the paper rule's
     code, out, _ = cli("trl-replay", "--help")
     assert code == 0 and "optimal ... -B B --json" in " ".join(out.split()) and "-R R" not in out
+
+
+def test_the_runs_zero_share_is_trls_frac_reward_zero_std_averaged():
+    history = [{"step": 1, "frac_reward_zero_std": 0.5}, {"step": 2}, {"step": 3, "frac_reward_zero_std": 0.25}]
+    z = zero_share_of_history(history)
+    assert z["value"] == 0.375 and z["generations"] == 2
+    assert z["source"] == "trl-replay: TRL's frac_reward_zero_std, the mean over 2 logged generations"
+    assert zero_share_of_history([{"step": 1}]) is None  # none logged: no record, not a 0
+    assert zero_share_of_history([{"frac_reward_zero_std": 1.0}]) is None  # every group equal: prices nothing
