@@ -47,7 +47,7 @@ def epoch_pairs(record: dict) -> list[dict]:
         except ValueError:  # a kappa beyond the optimizer's stable range: no prediction
             continue
         out.append({"optimizer": record["optimizer"], "e": int(e), "m": int(m), "measured": d["steps"][0] / ref,
-                    "predicted": p.steps / q.steps, "b": b_noise / (BATCH / int(m))})
+                    "predicted": p.steps / q.steps, "b": b_noise / (BATCH / int(m)), "kappa": float(kappa)})
     return out
 
 
@@ -60,6 +60,22 @@ def table(pairs: list[dict]) -> list[str]:
         within = int(np.sum(np.abs(np.log(ratio)) <= math.log(WITHIN)))
         lines.append(f"| {key[0]} | e={key[1]} m={key[2]} | {ratio.size} | {within} | {np.median(ratio):.2f} | "
                      f"{ratio.min():.2f}-{ratio.max():.2f} |")
+    return lines
+
+
+def regime_table(pairs: list[dict]) -> list[str]:
+    """Per optimizer, the pairs whose exact kappa at the pilot is below 1 (a kick decays over more than one step: the
+    linear model's regime) and at or above it, every epoch design together: pairs, within 25%, median and range."""
+    lines = ["| optimizer | kappa at the pilot | pairs | within 25% | median predicted / measured | range |",
+             "|---|---|---|---|---|---|"]
+    for opt in sorted({p["optimizer"] for p in pairs}):
+        for name, low in (("< 1", True), (">= 1", False)):
+            ratio = np.array([p["predicted"] / p["measured"] for p in pairs
+                              if p["optimizer"] == opt and (p["kappa"] < 1) == low])
+            if ratio.size:
+                within = int(np.sum(np.abs(np.log(ratio)) <= math.log(WITHIN)))
+                lines.append(f"| {opt} | {name} | {ratio.size} | {within} | {np.median(ratio):.2f} | "
+                             f"{ratio.min():.2f}-{ratio.max():.2f} |")
     return lines
 
 
@@ -85,6 +101,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     print(f"{len(records)} quadratic units, {len(pairs)} (unit, epoch design) pairs; exact inputs")
     print("\n".join(table(pairs)))
+    print("\nby the exact kappa at the pilot:")
+    print("\n".join(regime_table(pairs)))
 
 
 if __name__ == "__main__":

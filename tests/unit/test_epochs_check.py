@@ -25,7 +25,7 @@ def test_a_pair_is_the_models_ratio_against_the_measured_one():
     p = pairs[0]
     memory = fg.Memory(0.3, "sgd", 0.9, 256.0)
     ep, on = fg.predict_many([fg.Design.epochs_of(256, 4, 4), fg.Design.on_policy_at(256)], 300.0, 1.0, memory)
-    assert (p["e"], p["m"], p["measured"]) == (4, 4, 1.2)
+    assert (p["e"], p["m"], p["measured"], p["kappa"]) == (4, 4, 1.2, 0.3)
     assert p["predicted"] == pytest.approx(ep.steps / on.steps, rel=1e-14)
     assert p["b"] == pytest.approx(300.0 / 64)
     # psi_E at the design's own kappa: 1 + B_noise psi_E / B' over 1 + B_noise / 256 (no staleness on the quadratic)
@@ -38,8 +38,11 @@ def test_a_pair_is_the_models_ratio_against_the_measured_one():
 
 
 def test_the_table_counts_within_25_percent_and_the_cli_refuses_an_empty_folder(tmp_path, capsys):
-    pairs = [{"optimizer": "sgd", "e": 2, "m": 1, "predicted": v, "measured": 1.0} for v in (1.0, 1.3, 0.5)]
+    pairs = [{"optimizer": "sgd", "e": 2, "m": 1, "predicted": v, "measured": 1.0, "kappa": k}
+             for v, k in ((1.0, 0.5), (1.3, 2.0), (0.5, 3.0))]
     assert ec.table(pairs)[2] == "| sgd | e=2 m=1 | 3 | 1 | 1.00 | 0.50-1.30 |"
+    assert ec.regime_table(pairs)[2:] == ["| sgd | < 1 | 1 | 1 | 1.00 | 1.00-1.00 |",
+                                          "| sgd | >= 1 | 2 | 0 | 0.90 | 0.50-1.30 |"]
     with pytest.raises(SystemExit) as info:
         ec.main([str(tmp_path)])
     assert info.value.code == 2
