@@ -22,6 +22,7 @@ import numpy as np
 
 from ..theory import forgetting as fg
 from .theory_bench.options import BATCH, BETA1
+from .theory_bench.score import horizon_check
 
 WITHIN = 1.25
 """A prediction is within when predicted / measured lies in [1 / WITHIN, WITHIN] (the horizon check's 25%)."""
@@ -49,6 +50,14 @@ def epoch_pairs(record: dict) -> list[dict]:
         out.append({"optimizer": record["optimizer"], "e": int(e), "m": int(m), "measured": d["steps"][0] / ref,
                     "predicted": p.steps / q.steps, "b": b_noise / (BATCH / int(m)), "kappa": float(kappa)})
     return out
+
+
+def horizon_pairs(record: dict) -> list[dict]:
+    """``score.horizon_check``'s rows of a quadratic unit with an exact prediction, shaped as ``epoch_pairs``'s."""
+    kappa = record["pilot"].get("kappa_exact")
+    return [{"optimizer": record["optimizer"], "predicted": h["predicted_exact"], "measured": h["measured"],
+             "kappa": float(kappa)} for h in horizon_check(record)
+            if kappa and h.get("predicted_exact") and h.get("measured")]
 
 
 def table(pairs: list[dict]) -> list[str]:
@@ -96,13 +105,17 @@ def main(argv: list[str] | None = None) -> None:
             if not record.get("not_scored"):
                 records.setdefault(path.name, record)  # one unit (setting, optimizer, instance) once
     pairs = [p for r in records.values() for p in epoch_pairs(r)]
-    if not pairs:
+    if not pairs:  # the horizon rows alone answer another question (score.unit_checks prints them per run)
         print("RUN_DIR: no epoch designs in the quadratic units (run with --families epochs)", file=sys.stderr)
         raise SystemExit(2)
     print(f"{len(records)} quadratic units, {len(pairs)} (unit, epoch design) pairs; exact inputs")
     print("\n".join(table(pairs)))
     print("\nby the exact kappa at the pilot:")
     print("\n".join(regime_table(pairs)))
+    horizon = [p for r in records.values() for p in horizon_pairs(r)]
+    print(f"\nthe FIFO's horizon ratio steps(x = 16) / steps(x = 1) by the same split ({len(horizon)} (unit, y) "
+          "pairs, score.horizon_check's exact-input prediction):")
+    print("\n".join(regime_table(horizon)))
 
 
 if __name__ == "__main__":

@@ -53,3 +53,17 @@ def test_the_table_counts_within_25_percent_and_the_cli_refuses_an_empty_folder(
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "1 quadratic units, 1 (unit, epoch design) pairs; exact inputs"
     assert out[3].startswith("| sgd | e=4 m=4 | 1 | ")
+
+
+def test_horizon_pairs_are_score_horizon_checks_exact_rows():
+    record = _record()
+    record["designs"] += [{"label": "x=1 y=2", "design": [256, 128, 128, False], "steps": [10.0]},
+                          {"label": "x=16 y=2", "design": [256, 128, 2048, False], "steps": [8.0]}]
+    record["pilot"]["kappa_pairs"] = {"kappa": 0.3}
+    record["noise"]["b_noise"] = 300.0
+    pairs = ec.horizon_pairs(record)
+    from replay_theory.experiments.theory_bench.score import horizon_check
+
+    rows = [h for h in horizon_check(record) if h["predicted_exact"] and h["measured"]]
+    assert len(pairs) == len(rows) == 1  # y = 2 only: y = 1 has no x = 1 row
+    assert (pairs[0]["predicted"], pairs[0]["measured"], pairs[0]["kappa"]) == (rows[0]["predicted_exact"], 0.8, 0.3)
