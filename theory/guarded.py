@@ -67,6 +67,8 @@ generation, were within 1.2x of the grid's best in 23 (the answers they replaced
 (docs/SIMULATION.md; docs/trials/adam-epochs.patch reproduces it). With the quadratic's exact inputs the epoch model's
 steps against on-policy at B were within 25% in 45-62 of 65 units per design under SGD and 30-54 under Adam, where it
 was optimistic by up to 16x (``python -m replay_theory.experiments.epochs_check`` on the four --families runs).
+Offering epochs under Adam only where the measured kappa < 1, the regime where that check found the epoch model right,
+lost too (docs/trials/adam-epochs-linear.patch on families-509's runs: 19 of 84 moved cells within 1.2x against 71).
 Selective replay (``zero_share``) is reuse too: offered under these optimizers only."""
 
 
