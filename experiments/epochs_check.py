@@ -101,7 +101,14 @@ def main(argv: list[str] | None = None) -> None:
                   "--families epochs run", file=sys.stderr)
             raise SystemExit(2)
         for path in units:
-            record = json.loads(path.read_text())
+            try:
+                record = json.loads(path.read_text())
+                if not record.get("not_scored"):  # a scored unit: the keys epoch_pairs reads
+                    record["designs"], record["noise"], record["pilot"], record["optimizer"]  # noqa: B018
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+                print(f"RUN_DIR {run}: {path.name} is not a unit record ({type(err).__name__}: {err}); give a "
+                      "finished --families epochs run", file=sys.stderr)
+                raise SystemExit(2) from None
             if not record.get("not_scored"):
                 records.setdefault(path.name, record)  # one unit (setting, optimizer, instance) once
     pairs = [p for r in records.values() for p in epoch_pairs(r)]

@@ -63,6 +63,15 @@ def sample_grads(env, setting: Setting, theta: np.ndarray, behaviour: np.ndarray
     return coef[:, None] * centred  # (M, d) d loss / d theta per sample
 
 
+def zero_share_of_grads(grads: np.ndarray, group_size: int = GROUP) -> float:
+    """z [E8] of one batch: the share of its groups (``group_size`` consecutive rows of ``grads`` (M, d), as
+    ``sample_grads`` draws them) whose every per-sample gradient is exactly 0. A group of equal rewards has a zero
+    advantage, and the simulator's rewards (0 or 1 on the bandits) make it exactly 0; a group whose rewards differ has
+    a nonzero gradient on some row (TRL's float32 logs need a tolerance instead: diagnose/calibrate_log.py)."""
+    rows = np.asarray(grads)
+    return float(np.mean(np.all(rows.reshape(rows.shape[0] // group_size, -1) == 0, axis=1)))
+
+
 def pilot_steps(recipe_steps: float) -> int:
     """The pilot's length in steps: the most P whose steps and curvature steps (each counted as one more step: its
     three HVPs over 64 samples cost 384 sample-updates, one step of B = 256 at mu = 0.5 and less than one at any

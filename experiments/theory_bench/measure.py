@@ -45,6 +45,7 @@ from .inputs import (
     pilot_affordable,
     pilot_steps,
     sample_grads,
+    zero_share_of_grads,
 )
 from .options import (
     BATCH,
@@ -413,7 +414,7 @@ def measure_pilot(unit: Unit) -> dict:
             # trainer reads its own batch; the simulator's loop does not hand it out)
             grads = sample_grads(env, unit.setting, theta, theta, BATCH // GROUP, rng)  # (256, d)
             if unit.setting.loss is not None:  # a group of equal rewards has zero advantage: its rows are exactly 0
-                zero.append(float(np.mean(np.all(grads.reshape(BATCH // GROUP, -1) == 0, axis=1))))
+                zero.append(zero_share_of_grads(grads))
             halves = grads.reshape(2, BATCH // 2, -1).mean(axis=1)  # (2, d) whole groups: 16 of 8 each
             whole = grads.mean(axis=0)
             for h in halves:  # McCandlish's two-batch pair: each half against the whole batch

@@ -48,6 +48,12 @@ def test_the_table_counts_within_25_percent_and_the_cli_refuses_an_empty_folder(
     assert info.value.code == 2
     assert capsys.readouterr().err.startswith(f"RUN_DIR {tmp_path}: no quadratic unit records")
     (tmp_path / "units").mkdir()
+    bad = tmp_path / "units" / "quadratic-noise10-sgd-7.json"
+    bad.write_text("[1, 2]")  # not a unit record: one line, exit 2
+    with pytest.raises(SystemExit) as info:
+        ec.main([str(tmp_path)])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.startswith(f"RUN_DIR {tmp_path}: quadratic-noise10-sgd-7.json is not a unit record")
     (tmp_path / "units" / "quadratic-noise10-sgd-7.json").write_text(json.dumps({**_record(), "setting": "q"}))
     ec.main([str(tmp_path)])
     out = capsys.readouterr().out.splitlines()

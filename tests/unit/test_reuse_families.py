@@ -274,3 +274,21 @@ def test_filtered_noise_hand_values():
     assert dropped.bv == pytest.approx(fg.effective_variance(32, 6, 24, 0.2), rel=1e-14)
     assert rf.filtered_noise(32, 32, 32, 0.5, 0.2, selective=False, on_policy=True).bv == 2.0
     assert rf.filtered_noise(32, 32, 32, 0.5, 0.2, selective=True, on_policy=True).bv == 1.0
+
+
+def _print_filtered() -> None:
+    """The literal FIFO's variance over ``filtered_noise``'s prediction at every FILTER_POINTS point, with its
+    standard error (docs/THEORY.md [E8]-[E10] quote these): ``python tests/unit/test_reuse_families.py``."""
+    for point in FILTER_POINTS:
+        *design, kappa, optimizer, selective = point
+        rng = np.random.default_rng([42, *design[:3], int(design[3] * 100), int(kappa * 100), optimizer == "adam",
+                                     selective])
+        mean, se = simulate_filtered(*design, kappa, optimizer, selective, rng)
+        b, r, n, z = design
+        horizon = n / ((1 - z) * r) if selective else n / r
+        print(f"B={b} R={r} N={n} z={z} kappa={kappa} {optimizer} {'dropped' if selective else 'kept'}: "
+              f"x = {horizon:.3g}, measured / predicted {mean:.3f} +- {se:.3f}")
+
+
+if __name__ == "__main__":
+    _print_filtered()

@@ -179,3 +179,26 @@ def test_optimal_zero_share_end_to_end(cli, optimal_profile):
         code, out, err = cli(*args, "--zero-share", bad)
         assert code == 2 and out == "" and err.strip().splitlines() == [
             f"replay-theory: error: --zero-share must be in [0, 1), got {bad}"]
+
+
+def test_the_pilots_zero_share_is_the_share_of_groups_with_equal_rewards(tmp_path):
+    """The pilot's z criterion (all of a group's per-sample gradients exactly 0) against the rewards themselves: the
+    same draws (a cloned generator) give the groups, and the share of groups whose 8 rewards are all equal is z."""
+    from replay_theory.experiments.theory_bench.inputs import sample_grads, zero_share_of_grads
+
+    # by hand: groups of 2 rows; the second group is all zero
+    assert zero_share_of_grads(np.array([[1.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]), 2) == 0.5
+    setting = tt.SETTINGS["bandit-grpo"]
+    env, _ = tt.instance_record(tt.Store(tmp_path), setting, 0)
+    theta = np.zeros((1, env.features.shape[-1]))
+    draws, again = np.random.default_rng(7), np.random.default_rng(7)
+    groups = tt.BATCH // tt.GROUP
+    grads = sample_grads(env, setting, theta, theta, groups, draws)  # (256, d)
+    prompts = np.repeat(again.integers(0, env.num_prompts, size=(1, groups)), tt.GROUP, axis=1)
+    tokens, _, mask = env.sample(theta, prompts, again)
+    rewards = env.reward(prompts, tokens, mask)[0].reshape(groups, tt.GROUP)  # (32, 8)
+    equal = np.all(rewards == rewards[:, :1], axis=1)
+    assert 0 < equal.sum() < groups  # both kinds present at the base policy
+    assert zero_share_of_grads(grads) == equal.mean()
+    zero_rows = np.all(grads.reshape(groups, -1) == 0, axis=1)
+    np.testing.assert_array_equal(zero_rows, equal)
