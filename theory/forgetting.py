@@ -249,8 +249,9 @@ def psi_fractional(horizon: ArrayLike, kappa: ArrayLike, optimizer: str = "sgd",
         raise ValueError(f"horizon x = N/R' must be >= 1, got {x.min()!r}")
     low = np.floor(x)
     share = x - low  # p: the samples that stay L + 1 steps
-    value = ((1 - share) * low**2 * _psi_of(low, kappa, optimizer, beta1)
-             + share * (low + 1) ** 2 * _psi_of(low + 1, kappa, optimizer, beta1)) / x**2  # [E10]
+    at_low = _psi_of(low, kappa, optimizer, beta1)
+    mixed = ((1 - share) * low**2 * at_low + share * (low + 1) ** 2 * _psi_of(low + 1, kappa, optimizer, beta1)) / x**2
+    value = np.where(share == 0, at_low, mixed)  # [E10]; a whole x is psi itself, bit for bit (no x^2 round trip)
     return float(value) if np.ndim(value) == 0 else np.asarray(value, dtype=float)
 
 
