@@ -17,7 +17,13 @@ import math
 import sys
 from pathlib import Path
 
-from .theory_bench.tables import floors_table, geometric_mean_regret, load_summary, printed_against_floor_rule
+from .theory_bench.tables import (
+    floors_table,
+    geometric_mean_regret,
+    load_summary,
+    printed_against_floor_rule,
+    route_lines,
+)
 
 
 def _means_line(summary: dict, held_out: bool) -> str:
@@ -105,6 +111,9 @@ def main(argv: list[str] | None = None) -> None:
         print(floors_table(summary, held_out))
         print(f"\n{_means_line(summary, held_out)}")
         print("\n".join(_printed_lines(summary, held_out)) + "\n")
+        routes = route_lines(summary, held_out)
+        if routes:  # the pilot's route and the no-pilot one (the floor rule's batch) scored apart
+            print("by the user's route:\n" + "\n".join(routes) + "\n")
         if base is not None:
             m = moved_cells(summary, base, held_out)
             print(f"against {args.against}: the printed design differs in {m['moved']} cells (every floor); within "

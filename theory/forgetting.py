@@ -86,6 +86,24 @@ def stable_kappa(optimizer: str, beta1: float = 0.9) -> float:
     return limit * (1.0 - 1e-9)
 
 
+TUNED_KAPPA = {"sgd": 1.0}
+"""The largest kappa a tuned step reaches without noise, where the linear model bounds it below the stability limit:
+SGD's Newton step (a = 1 - kappa = 0: an error along the noise is gone in one update). Past it the step overshoots
+and never converges faster, and the model's own noise turns unphysical there: at a -> -1 reused noise alternates in
+sign and cancels (psi_E(4, 1) = 0.74 at kappa = 1.2, 0.05 at 1.95; the FIFO's psi(x) falls below 1 / x), so a design
+whose extrapolated step reached the limit was priced as noiseless (steps = S_min at any B_noise). Every exact kappa
+the benchmark measured under SGD was below 1 (``experiments/epochs_check``: 0.03-0.98 over 65 units). Momentum and
+Adam contract no faster past critical damping and are tuned well beyond it: their bound stays ``stable_kappa``."""
+
+
+def tuned_kappa_limit(optimizer: str, beta1: float, measured: float) -> float:
+    """The largest kappa a design's tuned step may have (``predict_many``'s cap on kappa_d): ``TUNED_KAPPA`` where
+    the optimizer has one, never below the ``measured`` kappa (a pilot's own step stands as measured), and within
+    ``stable_kappa``."""
+    limit = max(TUNED_KAPPA.get(optimizer, math.inf), measured)
+    return min(limit, stable_kappa(optimizer, beta1))
+
+
 def _linear_system(kappa: float, optimizer: str, beta1: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(A, b, c) of the error's response e_t to the noise along one direction, per unit of eta n_t.
 
@@ -626,7 +644,7 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
         k_max, alpha = memory.kappa_max(b_noise), memory.alpha
         # Eq. 2.6 extrapolated to no noise can pass the stability limit along the noise (kappa_pilot = 0.2 at
         # B_noise / B_pilot = 1e4 gives kappa_max = 2000); a tuned step stays below it, so kappa_d is capped there
-        top = min(k_max, stable_kappa(memory.optimizer, memory.beta1))
+        top = min(k_max, tuned_kappa_limit(memory.optimizer, memory.beta1, memory.kappa))  # TUNED_KAPPA
         # the never-forgetting psi and the staleness of the largest step: the most noise, so the smallest step any
         # design can have
         low = np.minimum(k_max / (1 + noise(never_forgets, m_of(np.full_like(B, top)))) ** alpha, top)
@@ -830,6 +848,21 @@ def _cheapest_replay(top: int, group_size: int, max_horizon: int, within: Callab
     return _cheapest(score(fine) + [best_replay], within)
 
 
+def epoch_designs(rollouts: list[int], group_size: int, max_epochs: int, max_age: float = math.inf) -> list[Design]:
+    """Every epoch design over the generations ``rollouts`` (whole groups): e = 1 .. ``max_epochs`` passes over m = 1,
+    2, 4, ... mini-batches of whole groups with e m > 1, none whose oldest sample is older than ``max_age`` updates
+    (e m - 1)."""
+    return [Design.epochs_of(rr, e, m, group_size) for rr in rollouts for e in range(1, max_epochs + 1)
+            for m in (2 ** k for k in range(int(math.log2(rr // group_size)) + 1))
+            if e * m > 1 and rr % (m * group_size) == 0 and e * m - 1 <= max_age]
+
+
+def epoch_family(top: int, group_size: int, max_epochs: int, max_age: float = math.inf) -> list[Design]:
+    """``epoch_designs`` over the generations R of whole groups up to ``top``, 4 per octave: the family the guard
+    ranks by worst regret whole (theory/guarded.py), where one search per b keeps only that b's cheapest."""
+    return epoch_designs(_log_groups(group_size, top, group_size, 4), group_size, max_epochs, max_age)
+
+
 def _cheapest_epochs(top: int, group_size: int, max_epochs: int, within: Callable[[Prediction], bool],
                      score: Callable[[list[Design]], list[Prediction]], max_age: float = math.inf
                      ) -> Prediction | None:
@@ -838,9 +871,7 @@ def _cheapest_epochs(top: int, group_size: int, max_epochs: int, within: Callabl
     4, ... mini-batches of whole groups (m e > 1: e = 1 with m > 1 is PPO's single pass, also an answer), none
     whose oldest sample is older than ``max_age`` updates (e m - 1)."""
     def designs(rollouts: list[int]) -> list[Design]:
-        return [Design.epochs_of(rr, e, m, group_size) for rr in rollouts for e in range(1, max_epochs + 1)
-                for m in (2 ** k for k in range(int(math.log2(rr // group_size)) + 1))
-                if e * m > 1 and rr % (m * group_size) == 0 and e * m - 1 <= max_age]
+        return epoch_designs(rollouts, group_size, max_epochs, max_age)
 
     best = _cheapest(score(designs(_log_groups(group_size, top, group_size, 4))), within)
     if best is None:

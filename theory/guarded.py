@@ -19,7 +19,11 @@ guard here:
 nothing (psi = 1), so it is offered under every optimizer, but only where the staleness cost reaches age 1.
 
 The default is the floor rule's design: on-policy at the smallest whole-group batch at or above the latency floor
-that keeps the steps within the cap at b. Another candidate replaces it only if the default's worst regret exceeds
+that keeps the steps within the cap at b. The candidates are each search's answers (one search per b factor, each
+keeping the cheapest design of every family at its b) and, when epochs are offered, the whole epoch family
+(``forgetting.epoch_family``): a design cheapest at no single b can be the least in worst regret over all of them
+(4 epochs over 4 mini-batches was the grid's best in most epoch cells of the --families runs, and no search at one b
+returned it). Another candidate replaces it only if the default's worst regret exceeds
 the candidate's by ``MARGIN`` (an overlapped design by ``OVERLAP_MARGIN``). ``B_FACTORS`` were chosen on development
 instances (47, 53, 59, 61, 67, 71), ``MARGIN`` on those and 0 after the held-out runs of 89-109 (see its note); the
 held-out set that tests it is named in experiments/theory_bench/options.py.
@@ -188,6 +192,8 @@ def _guarded(b_noise: float, batch_size: int, mu: float, memory: fg.Memory | Non
     candidates = [default, searches[0].at_batch.design]
     for s in searches:
         candidates += [p.design for p in (s.on_policy, s.replay, s.epochs, s.overlapped, s.selective) if p is not None]
+    if searches[0].epochs is not None:  # the whole epoch family: a design cheap at no one b can be the most robust
+        candidates += fg.epoch_family(top, group_size, max_epochs, max_age)
     candidates = list(dict.fromkeys(candidates))  # unique, the default first (ties keep it)
     price = partial(fg.predict_many, mu=mu, memory=memory, staleness=staleness, floor=floor, zero_share=zero_share)
     at_b = price(candidates, b_noise)

@@ -99,7 +99,7 @@ says; 73, 79 and 83 (named at commit 70bca03) by the first --families epochs run
 B_FACTORS and first MARGIN were chosen on them and on 47, 53 and 59; 137, 139, 149, 167, 173 and 179 held out the
 rule before the guard's factors below 1 (HELD_OUT says how), and 223, 227 and 229, first run by the --families selective
 run, are where those factors were chosen. The next held-out set is ``NEXT_HELD_OUT``."""
-NEXT_HELD_OUT = (467, 479, 487)
+NEXT_HELD_OUT = (577, 587, 593)
 """Named here, before their first run: the instances the next evidence is read on once a rule or the protocol changes
 (which makes HELD_OUT development instances). Nothing may be tuned on them. (151, 157 and 163, named before 181, 193
 and 197, were first run by the --families overlap run of docs/SIMULATION.md; 191 by a stop's --quick check; 223, 227
@@ -112,7 +112,12 @@ unchanged, a second held-out reading of HELD_OUT's evidence; 491, 499 and 503 ar
 for the --families epochs,overlap,selective run of the pilot-budget protocol: issue 40's targets read a third time.
 509, 521 and 523 are named here, before their first run, for the same --families run with selective replay priced
 from the pilot's zero share (optimal --zero-share, ``Options.prices_zero_share``): issue 40's targets read a fourth
-time.)"""
+time. 467, 479 and 487, named as NEXT_HELD_OUT at 91a390e, were read by the default
+protocol with the rule unchanged (heldout3-467, a third reading of it); then SGD's tuned step was capped at the
+Newton step and the guard given the whole epoch family (forgetting.TUNED_KAPPA, guarded.py), chosen on families-509's
+and the default readings' stored runs, which made all of them development instances. 563, 569 and 571 are named
+here, before their first run, for the default protocol's reading of that rule, and 541, 547 and 557 for its
+--families epochs,overlap,selective reading: issue 40's targets read a fifth time.)"""
 SEEDS = 16
 BOOTS = 200
 MUS = (0.5, 1.0, 2.0, 5.28, 20.0)

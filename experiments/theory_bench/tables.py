@@ -439,6 +439,47 @@ def printed_against_floor_rule(summary: dict, held_out: bool = True) -> dict[int
     return out
 
 
+def by_route(summary: dict, held_out: bool = True) -> dict[int, dict]:
+    """Per floor, the printed answer and the trivial floor rule over the cells whose user ran the pilot
+    (``piloted``) and over those whose run was too short for one (``no pilot``: the answer is the floor rule's batch):
+    cells, within 1.2x of the grid's best, and the worst regret (inf: never reached), each route alone. Cells scored
+    before the printed answer recorded its route are left out."""
+    out: dict[int, dict] = {}
+    for floor in summary["protocol"]["floors"]:
+        routes: dict[str, dict] = {}
+        for cell in summary["cells"]:
+            printed = cell.get("by_objective", {}).get("printed")
+            if (cell["floor"] != floor or cell.get("not_scored") or printed is None or "piloted" not in printed
+                    or (held_out and cell["instance"] in summary["protocol"]["dev_instances"])):
+                continue
+            route = routes.setdefault("piloted" if printed["piloted"] else "no pilot",
+                                      {"cells": 0, "printed": [0, 0.0], "floor_rule": [0, 0.0]})
+            route["cells"] += 1
+            for name in ("printed", "floor_rule"):
+                entry = printed if name == "printed" else cell["by_objective"].get("on_policy_floor", {})
+                regret = math.inf if entry.get("free_regret") is None else entry["free_regret"]
+                route[name][0] += regret <= 1.2
+                route[name][1] = max(route[name][1], regret)
+        if routes:
+            out[floor] = routes
+    return out
+
+
+def route_lines(summary: dict, held_out: bool = True) -> list[str]:
+    """``by_route`` in words, one line per floor and route."""
+    lines = []
+    for floor, routes in by_route(summary, held_out).items():
+        for route in ("piloted", "no pilot"):
+            if route not in routes:
+                continue
+            r = routes[route]
+            share = [100 * r[name][0] / r["cells"] for name in ("printed", "floor_rule")]
+            lines.append(f"floor {floor}, {route} ({r['cells']} cells): the printed answer {share[0]:.0f}% within "
+                         f"1.2x, worst {r['printed'][1]:.2f}; the trivial floor rule {share[1]:.0f}%, worst "
+                         f"{r['floor_rule'][1]:.2f}")
+    return lines
+
+
 FAMILIES_ORDER = ("on-policy", "replay", "epochs", "overlapped", "selective")
 
 

@@ -62,27 +62,37 @@ def test_the_search_finds_the_cheapest_epoch_design_a_naive_loop_finds():
 
 def test_optimal_answers_with_epochs_only_when_asked(cli, optimal_profile):
     # epochs are offered under SGD, with no sample older than the staleness table reaches (theory/guarded.py): the
-    # profile's is measured flat to age 63, beyond e m - 1 = 15 here
-    args = ("optimal", "--mu", "20", "-B", "256", "--profile", optimal_profile(200.0), "--kappa", "0.9",
+    # profile's is measured flat to age 63, beyond e m - 1 = 63 here
+    args = ("optimal", "--mu", "20", "-B", "256", "--profile", optimal_profile(2000.0), "--kappa", "0.9",
             "--optimizer", "sgd", "--group-size", "8", "--max-horizon", "1")
     code, out, _ = cli(*args, "--json")
     assert code == 0 and "epochs" not in json.loads(out)["designs"]  # the default prices no epoch design
     code, out, _ = cli(*args, "--max-epochs", "4", "--framework", "verl", "--json")
     d = json.loads(out)
     memory = fg.Memory(0.9, "sgd", 0.9, 256.0)
-    w = fg.whole_design(200, 256, 20, memory, group_size=8, max_horizon=1, max_epochs=4, staleness=staleness(),
+    w = fg.whole_design(2000, 256, 20, memory, group_size=8, max_horizon=1, max_epochs=4, staleness=staleness(),
                         max_steps_ratio=NO_BUDGET, max_age=63)
-    g = guarded_design(200, 256, 20, memory, optimizer="sgd", group_size=8, max_horizon=1, max_epochs=4,
+    g = guarded_design(2000, 256, 20, memory, optimizer="sgd", group_size=8, max_horizon=1, max_epochs=4,
                        staleness=staleness(), max_steps_ratio=NO_BUDGET)  # optimal's default: least compute
     assert g.search.epochs.design == w.epochs.design
-    # the guard's answer is the epoch design least in worst regret over b x B_FACTORS (4 epochs over one mini-batch
-    # of R = 312), not the search's at the measured b (before issue 38 the answer was w.epochs)
+    # the guard's answer is the design least in worst regret over b x B_FACTORS among every search's answers and the
+    # whole epoch family (forgetting.epoch_family): 4 epochs over 16 mini-batches of R = 896, not the search's at the
+    # measured b
     assert d["winner"] == w.winner == "epochs" and d["regime"] == "epochs" and g.moved
     e = g.choice.design
-    assert (e.epochs, e.mini_batches, e.rollouts_per_step) == (4, 1, 312)
+    assert (e.epochs, e.mini_batches, e.rollouts_per_step) == (4, 16, 896)
+    assert e != w.epochs.design
+    family = set(fg.epoch_family(1024, 8, 4, 63))
+    assert len(family & set(g.candidates)) > 100  # the family's designs within the steps cap are candidates
+    # the worst regret by a loop over (b factor, candidate), one design at a time, against the vectorised guard's
+    from replay_theory.theory.guarded import B_FACTORS
+    priced = [[fg.predict(c, 2000 * f, 20, memory, staleness()).compute for c in g.candidates] for f in B_FACTORS]
+    worst = [max(row[i] / min(row) for row in priced) for i in range(len(g.candidates))]
+    assert worst == pytest.approx(list(g.worst), rel=1e-9)
+    assert g.worst_choice == pytest.approx(min(worst), rel=1e-9)
     assert (d["epochs"], d["mini_batches"], d["rollouts_per_step"], d["batch_size"]) == (
         e.epochs, e.mini_batches, e.rollouts_per_step, e.batch_size)
-    assert d["what_to_do"] == "generate R = 312 per generation and train 4 epochs over 1 mini-batch of B = 312"
+    assert d["what_to_do"] == "generate R = 896 per generation and train 4 epochs over 16 mini-batches of B = 56"
     assert d["evidence"].endswith("an epoch design: the default protocol trains none (experiment theory-test "
                                   "--families epochs does, docs/SIMULATION.md), so no share above speaks for it")
     lines = d["framework"]["lines"]  # verl counts prompts: R / G per step, B / G per mini-batch

@@ -515,7 +515,7 @@ def test_the_tuned_step_is_capped_at_the_stability_limit():
         assert p is not None and 0 < p.kappa < 2
     for optimizer in ("sgd", "momentum", "adam"):
         memory = fg.Memory(0.2, optimizer, 0.9, pilot_batch=64.0)
-        top = fg.stable_kappa(optimizer, 0.9)
+        top = fg.tuned_kappa_limit(optimizer, 0.9, 0.2)  # SGD: the Newton step, 1 (fg.TUNED_KAPPA)
         preds = fg.predict_many([fg.Design(256, 8, 8 * x) for x in (1, 2, 16)] + [fg.Design.on_policy_at(512)],
                                 1e6, MU_QWEN, memory)
         assert all(0 < p.kappa <= top for p in preds)
@@ -523,6 +523,25 @@ def test_the_tuned_step_is_capped_at_the_stability_limit():
     assert fg.stable_kappa("sgd") == pytest.approx(2.0, rel=1e-8)
     assert fg.stable_kappa("adam", 0.9) == pytest.approx(38.0, rel=1e-8)
     assert np.max(np.abs(np.linalg.eigvals(fg._linear_system(fg.stable_kappa("adam"), "adam", 0.9)[0]))) < 1
+
+
+def test_a_tuned_sgd_step_stops_at_the_newton_step():
+    """Regression (families-509, quadratic-noise3 / SGD / 523): priced at 16x and 256x the pilot's b, kappa_max =
+    0.93 (1 + b / 256) passed 2 and the fixed point went to SGD's stability limit, where a = 1 - kappa -> -1 makes
+    the four passes' noise cancel (psi_E(4, 1) -> 0): 4 epochs over one mini-batch of R >= 296 was priced noiseless,
+    steps = S_min at B_noise = 10937, and the guard answered it (regret 1.46-2.16 against the grid's best). Capped at
+    the Newton step (kappa = 1: a = 0, psi_E = 1 exactly), its noise is on-policy's at its batch: 1 + 10937 / 304."""
+    memory = fg.Memory(0.9274, "sgd", 0.9, 256.0)
+    p = fg.predict(fg.Design.epochs_of(304, 4, 1, 8), 10937.0, 1.0, memory)
+    assert p.kappa == 1.0 and p.psi == 1.0 and p.steps == pytest.approx(1 + 10937 / 304, rel=1e-12)
+    assert float(fg.psi_epochs(4, 1, 1.95)) == pytest.approx(0.049, abs=1e-3)  # what the old cap allowed
+    # a measured kappa above the Newton step stands as measured; momentum and Adam keep the stability limit
+    assert fg.tuned_kappa_limit("sgd", 0.9, 1.3) == 1.3 and fg.tuned_kappa_limit("sgd", 0.9, 0.5) == 1.0
+    assert fg.tuned_kappa_limit("sgd", 0.9, 5.0) == fg.stable_kappa("sgd")
+    for optimizer in ("momentum", "adam"):
+        assert fg.tuned_kappa_limit(optimizer, 0.9, 0.5) == fg.stable_kappa(optimizer, 0.9)
+    high = fg.predict(fg.Design.epochs_of(304, 4, 1, 8), 10937.0, 1.0, fg.Memory(1.3, "sgd", 0.9, 256.0))
+    assert high.kappa == pytest.approx(1.3, rel=1e-9)
 
 
 def test_step_cost_and_staleness_mean():

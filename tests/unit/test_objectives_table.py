@@ -167,3 +167,33 @@ def test_moved_cells_against_a_base_run_by_hand(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         f"python -m replay_theory.experiments.objectives_table: --against {tmp_path / 'nowhere'} holds no "
         "summary.json (give a finished experiment theory-test run's folder)")
+
+
+def test_the_two_routes_scored_apart_by_hand(tmp_path, capsys):
+    import json
+
+    from replay_theory.experiments.theory_bench.tables import by_route
+
+    def cell(instance, floor, printed, trivial, piloted):
+        return {"instance": instance, "floor": floor,
+                "by_objective": {"printed": {"free_regret": printed, "piloted": piloted},
+                                 "on_policy_floor": {"free_regret": trivial}}}
+
+    summary = {"protocol": {"floors": [0, 64], "headline_floor": 64, "dev_instances": [0]},
+               "cells": [cell(0, 0, 9.0, 9.0, True),  # the development instance: left out
+                         cell(1, 0, 1.1, 1.3, True), cell(2, 0, 1.4, 1.4, True), cell(3, 0, 2.5, 2.5, False),
+                         cell(1, 64, None, 1.0, True),  # never reached: inf, not within
+                         cell(2, 64, 1.0, 1.0, None)]}  # a record from before the route was kept: left out
+    del summary["cells"][-1]["by_objective"]["printed"]["piloted"]
+    routes = by_route(summary)
+    assert routes[0] == {"piloted": {"cells": 2, "printed": [1, 1.4], "floor_rule": [0, 1.4]},
+                         "no pilot": {"cells": 1, "printed": [0, 2.5], "floor_rule": [0, 2.5]}}
+    assert routes[64] == {"piloted": {"cells": 1, "printed": [0, math.inf], "floor_rule": [1, 1.0]}}
+    assert by_route(summary, held_out=False)[0]["piloted"]["printed"] == [1, 9.0]
+    (tmp_path / "summary.json").write_text(json.dumps({**summary, "targets_held_out": {}}))
+    main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert ("floor 0, piloted (2 cells): the printed answer 50% within 1.2x, worst 1.40; the trivial floor rule 0%, "
+            "worst 1.40\nfloor 0, no pilot (1 cells): the printed answer 0% within 1.2x, worst 2.50; the trivial floor "
+            "rule 0%, worst 2.50\nfloor 64, piloted (1 cells): the printed answer 0% within 1.2x, worst inf; the "
+            "trivial floor rule 100%, worst 1.00") in out
