@@ -221,6 +221,7 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
         with_pilot = targets["objectives"].get("printed_with_pilot")
         if with_pilot:
             line += f", {100 * with_pilot['free']['share_within_1.2']:.0f}% counting the pilot's compute"
+        line += _routes_text(o, targets["objectives"].get("on_policy_floor"))
         line += f"; lowest per-setting Spearman {_fmt(o.get('min_setting_spearman'))}"
     else:
         line = (f"evidence ({which}, {o['cells']} test cases): within 1.2x of the cheapest design in "
@@ -230,6 +231,24 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
     line += _baselines(targets["objectives"], key) + _other_floors_text(record, key, floor_ratio)
     line += "; " + passing_floors_text(record, key)
     return line + f" ({record['command']}, docs/SIMULATION.md)"
+
+
+def _routes_text(printed: dict, floor_rule: dict | None) -> str:
+    """The printed answer's shares by the user's route (the benchmark's ``routes``, records since they were kept):
+    where the pilot ran, beside the trivial floor rule on the same cells, and where the run was too short for one
+    (the answer is then the floor rule's batch); nothing for an older record."""
+    routes, trivial = printed.get("routes") or {}, (floor_rule or {}).get("routes") or {}
+    parts = []
+    if "piloted" in routes:
+        r, t = routes["piloted"], trivial.get("piloted")
+        beside = (f"; the trivial rule {100 * t['share_within_1.2']:.0f}%, worst {_worst_x(t, '')}" if t else "")
+        parts.append(f"with the pilot {100 * r['share_within_1.2']:.0f}% (worst {_worst_x(r, '')}{beside}) in "
+                     f"{r['cells']} cases")
+    if "no_pilot" in routes:
+        r = routes["no_pilot"]
+        parts.append(f"without one (a run too short for it: the floor rule's batch) {100 * r['share_within_1.2']:.0f}% "
+                     f"(worst {_worst_x(r, '')}) in {r['cells']}")
+    return "; " + ", ".join(parts) if parts else ""
 
 
 def families_evidence_line(floor_ratio: float | None = None, record: dict | None = None) -> str:

@@ -75,6 +75,7 @@ from .score import (
     _objective_target,
     _protocol,
     _replay_branch,
+    _route_shares,
     check_out,
     horizon_check,
     not_scored_cell,
@@ -109,7 +110,8 @@ __all__ = [
     "pilot_steps", "printed_design", "printed_label", "printed_ratios", "printed_work_ratios", "read_b_noise",
     "run_unit", "sample_grads", "staleness_of", "train_printed", "train_unit", "tune_at_batch", "Designs", "NoPick",
     "OBJECTIVES", "Objective", "PRINTED", "WORK_BUDGET", "b_noise_no_pick", "design_steps_row", "measured_compute",
-    "objective_values", "rule_values", "REPLAY_MARGIN", "_objective_target", "_protocol", "_replay_branch", "check_out",
-    "horizon_check", "not_scored_cell", "options_text", "run_theory_test", "score_cell", "score_printed",
+    "objective_values", "rule_values", "REPLAY_MARGIN", "_objective_target", "_protocol", "_replay_branch",
+    "_route_shares", "check_out", "horizon_check", "not_scored_cell", "options_text", "run_theory_test", "score_cell",
+    "score_printed",
     "score_work_budget", "spearman", "summarise", "targets", "unit_checks", "write_evidence", "SPEC", "_worst_text",
     "cells_table", "load_summary", "summary_table", "targets_text", "theory_test_table", "units_table"]

@@ -369,9 +369,29 @@ def _objective_target(cells: list[dict], name: str) -> dict:
                               "over_10%": int(sum(v > PILOT_BUDGET for v in shares)), "cells": len(shares),
                               "no_pilot": sum(1 for c in cells if c["by_objective"][name].get("piloted") is False)}
         rec["off_grid"] = sum(1 for c in cells if c["by_objective"][name].get("off_grid"))
+    if name in ROUTED:
+        rec["routes"] = _route_shares(cells, name)
     if name in WORK_BUDGET:  # measured work above the budget: the answer broke the constraint it was asked to keep
         rec["over_budget"] = sum(1 for c in cells if c["by_objective"][name].get("over_budget"))
     return rec
+
+
+ROUTED = ("printed", "on_policy_floor")
+"""The objectives whose record also splits by the user's route (``_route_shares``): the answer as printed and the
+trivial floor rule, the baseline it must beat on each route."""
+
+
+def _route_shares(cells: list[dict], name: str) -> dict:
+    """``name``'s free-batch regret shares over the cells whose user ran the pilot (``piloted``) and over those whose
+    run was too short for one (``no_pilot``: the printed answer is the floor rule's batch there), a route by the
+    printed answer's record of the cell; a route with no cell is left out."""
+    out = {}
+    for route, piloted in (("piloted", True), ("no_pilot", False)):
+        entries = [c["by_objective"][name] for c in cells
+                   if c["by_objective"].get("printed", {}).get("piloted") is piloted]
+        if entries:
+            out[route] = {"cells": len(entries), **_mode_shares(entries, "free")}
+    return out
 
 
 REPLAY_MARGIN = 1.2

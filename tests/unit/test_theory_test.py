@@ -537,3 +537,25 @@ def test_a_unit_without_a_pilot_is_not_scored_and_its_cells_are_counted_and_said
     assert f"- cells not scored, in no objective's count (their unit's pilot reached the target at no step size; " \
            f"the units table says why): {mus} of {2 * mus}, units quadratic-noise10/adam/i0" in table
     assert (tmp_path / "tt" / "units" / "quadratic-noise10-adam-0.json").exists()  # kept: a resume reads it
+
+
+def test_the_printed_answer_and_the_floor_rule_split_by_the_users_route_by_hand():
+    def cell(printed, trivial, piloted):
+        return {"by_objective": {"printed": {"free_regret": printed, "piloted": piloted},
+                                 "on_policy_floor": {"free_regret": trivial}}}
+
+    cells = [cell(1.0, 1.3, True), cell(1.6, 1.6, True), cell(None, 1.0, True),  # None: never reached (inf)
+             cell(2.5, 2.5, False)]
+    routes = tt._route_shares(cells, "printed")
+    assert routes["piloted"]["cells"] == 3 and routes["piloted"]["within_1.2"] == 1
+    assert routes["piloted"]["share_within_1.2"] == pytest.approx(1 / 3) and routes["piloted"]["worst"] == math.inf
+    assert routes["no_pilot"] == {**routes["no_pilot"], "cells": 1, "within_1.2": 0, "worst": 2.5}
+    floor_rule = tt._route_shares(cells, "on_policy_floor")  # the same cells, the route read off the printed answer
+    assert floor_rule["piloted"]["within_1.2"] == 1 and floor_rule["piloted"]["worst"] == 1.6
+    assert tt._route_shares([cell(1.0, 1.0, True)], "printed").keys() == {"piloted"}  # an empty route is left out
+    from replay_theory.advise.evidence import _routes_text
+
+    text = _routes_text({"routes": json.loads(json.dumps(strict(routes)))}, {"routes": floor_rule})
+    assert text == ("; with the pilot 33% (worst never reached; the trivial rule 33%, worst 1.60) in 3 cases, without "
+                    "one (a run too short for it: the floor rule's batch) 0% (worst 2.50) in 1")
+    assert _routes_text({}, None) == ""  # a record from before the routes were kept
