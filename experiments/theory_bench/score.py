@@ -38,6 +38,7 @@ from .objectives import (
     PRINTED,
     WORK_BUDGET,
     NoPick,
+    b_range_values,
     design_steps_row,
     measured_compute,
     objective_values,
@@ -114,9 +115,10 @@ def score_cell(record: dict, mu: float, floor: float) -> dict:
                          pinned_no_pick=f"nothing at B = {BATCH} in its menu")
         by_objective[name] = {**entry, "spearman": spearman(np.where(menu, values, np.inf), compute[0]),
                               "free_is_replay": not designs[free].on_policy}
-    # the printed answer ranks the grid as the rule fed the same pilot does: its Spearman is that row's
-    by_objective.update(score_printed(record, mu, floor, compute,
-                                      by_objective.get("forgetting_b_simple", {}).get("spearman")))
+    # the printed answer ranks the grid as its rule does from the same pilot over the b range the guard prices
+    ranked = b_range_values(record, mu, floor)
+    rank = None if isinstance(ranked, NoPick) else spearman(ranked, compute[0])
+    by_objective.update(score_printed(record, mu, floor, compute, rank))
     by_objective.update(score_work_budget(record, mu, floor, by_objective.get("on_policy_floor", {}).get("free")))
     on = np.array([d.on_policy for d in designs])
     # the replay branch: how much cheaper the best replay design is than the best on-policy batch (> 1: replay wins)
@@ -154,9 +156,10 @@ def _printed_run(record: dict, mu: float, floor: float, steps_ratio: float,
 
 def score_printed(record: dict, mu: float, floor: float, compute: np.ndarray, spearman: float | None) -> dict:
     """The printed answer's regret against the whole grid's best (compute (replicates, designs)), without and with the
-    pilot's compute; the pilot's share of on-policy at B's compute beside it; ``spearman``: the rank correlation of the
-    rule fed the same pilot over the grid (the printed answer is one design: it ranks nothing itself). Empty for a
-    unit saved before the printed answer was trained."""
+    pilot's compute; the pilot's share of on-policy at B's compute beside it; ``spearman``: the rank correlation of its
+    rule's ranking of the grid from the same pilot over the b range the guard prices (``objectives.b_range_values``;
+    the printed answer is one design: it ranks nothing itself). Empty for a unit saved before the printed answer was
+    trained."""
     if "printed" not in record:
         return {}
     best = compute.min(axis=1)

@@ -171,7 +171,7 @@ def targets_text(t: dict) -> str:
                          f"at B's: median {100 * share.get('median', math.nan):.1f}%, max "
                          f"{100 * share.get('max', math.nan):.1f}%, over {100 * PILOT_BUDGET:g}% in "
                          f"{share.get('over_10%', 0)} cells, no pilot (too short a run) in {share.get('no_pilot', 0)}; "
-                         f"Spearman (the rule on the same pilot) "
+                         f"Spearman (its rule on the same pilot over the b range the guard prices) "
                          f"{_num(o['min_setting_spearman'], 2)}" + _branch_text(o.get("replay_branch")))
             continue
         lines.append(f"- {label}: free batch {fr['within_1.2']} of {o['cells']} within 1.2x "

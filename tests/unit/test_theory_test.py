@@ -559,3 +559,18 @@ def test_the_printed_answer_and_the_floor_rule_split_by_the_users_route_by_hand(
     assert text == ("; with the pilot 33% (worst never reached; the trivial rule 33%, worst 1.60) in 3 cases, without "
                     "one (a run too short for it: the floor rule's batch) 0% (worst 2.50) in 1")
     assert _routes_text({}, None) == ""  # a record from before the routes were kept
+
+
+def test_the_printed_rules_ranking_is_the_geometric_mean_over_the_guards_b_range_by_a_loop():
+    from replay_theory.experiments.theory_bench.objectives import b_range_values
+    from replay_theory.theory.guarded import B_FACTORS
+
+    record = _record({"on-policy B=64": [100.0], "on-policy B=256": [40.0], "x=1 y=4": [90.0], "x=16 y=4": [50.0]})
+    record["pilot"]["b_simple"] = {"b_noise": 30.0}
+    designs = tt._designs_of(record)
+    ranked = b_range_values(record, 2.0, 64)
+    for i, d in enumerate(designs):  # one design and one factor at a time, the log mean by hand
+        logs = [math.log(tt.rule_values([d], 30.0 * f, 0.5, "sgd", 2.0, 64, fg.NO_STALENESS)[0]) for f in B_FACTORS]
+        assert ranked[i] == pytest.approx(math.exp(sum(logs) / len(logs)), rel=1e-12)
+    record["pilot"]["b_simple"] = {"b_noise": None}  # not resolved: no ranking, as the measured-b row
+    assert isinstance(b_range_values(record, 2.0, 64), tt.NoPick)
