@@ -188,7 +188,7 @@ def test_an_epochs_answer_runs_as_buffer_epochs_in_the_replay_trainer(cli, optim
     # from the answer; before, it was read as a FIFO of N = R = B, one pass a generation
     from replay_theory.integrations.replay_config import ReplayConfig
 
-    code, out, _ = cli("optimal", "--mu", "5", "-B", "256", "--profile", optimal_profile(1000.0), "--kappa", "0.5",
+    code, out, _ = cli("optimal", "--mu", "5", "-B", "256", "--profile", optimal_profile(1000.0), "--kappa", "0.9",
                        "--optimizer", "sgd", "--group-size", "8", "--max-epochs", "4", "--json")
     d = json.loads(out)
     assert code == 0 and d["regime"] == "epochs"
