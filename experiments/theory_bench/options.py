@@ -75,17 +75,19 @@ FAMILIES = {"epochs": f"epoch designs at R = {BATCH}: e passes over m mini-batch
                          "uniform FIFO at the same sizes; rollout settings only (the quadratic has no groups of "
                          "rewards); optimal's printed answer prices them from the pilot's zero share (--zero-share)"}
 """The design families ``--families`` adds to the grid (none by default: the protocol evidence.json was written by)."""
-HELD_OUT = (269, 271, 281, 431, 439, 443)
-"""The held-out instances the targets read: two sets, each named before its first run and first run by the protocol of
-issue 38's pilot budget (the pilot sized to PILOT_FRACTION = 8% of the recipe, and none where one step of it costs more:
-``pilot_affordable``), the rule unchanged (the guard pricing b from b / 16 to 256 b). 269, 271 and 281 were named as
-NEXT_HELD_OUT at commit c388869 and kept since; 431, 439 and 443 in the commit that adopted this protocol,
-before any run on them. The printed answer is scored at optimal's default --max-steps-ratio 1000 (least compute) and at
-2. The previous protocol (the pilot sized to 10% of the recipe, always run) was held out by 181, 193, 197 and 239, 241,
-251 (its margin PILOT_FRACTION was read off their units, so they are development instances now); the rule before the
-guard's factors below 1 by 137, 139, 149 (named at aa6cc23, first run at 765a591) and 167, 173, 179 (named at 87386dd,
-first run at 416f828), and before its margin changed by 89, 97, 101 and 103, 107, 109; each set was read to choose a
-change and is a development instance now (docs/SIMULATION.md keeps each set's own result)."""
+HELD_OUT = (563, 569, 571)
+"""The held-out instances the targets read (advise/evidence.json is their default run's record): named before their
+first run, at the commit that capped SGD's tuned step at the Newton step (c5412de), and first run by that rule. The
+sets before it, each named before its first run and read once a rule or the protocol changed, are development
+instances now: 269, 271, 281 (named as NEXT_HELD_OUT at c388869) and 431, 439, 443 (at fcb3a90), the first reading of
+issue 38's pilot-budget protocol (the pilot sized to PILOT_FRACTION = 8% of the recipe, and none where one step of it
+costs more: ``pilot_affordable``), whose record advise/evidence.json was until 563-571's; 457, 461, 463 and 467,
+479, 487, its second and third readings, the rule unchanged (NEXT_HELD_OUT says when each was named). The printed
+answer is scored at optimal's default --max-steps-ratio 1000 (least compute) and at 2. The previous protocol (the
+pilot sized to 10% of the recipe, always run) was held out by 181, 193, 197 and 239, 241, 251 (its margin
+PILOT_FRACTION was read off their units); the rule before the guard's factors below 1 by 137, 139, 149 (named at
+aa6cc23, first run at 765a591) and 167, 173, 179 (named at 87386dd, first run at 416f828), and before its margin
+changed by 89, 97, 101 and 103, 107, 109 (docs/SIMULATION.md keeps each set's own result)."""
 INSTANCES = (0, *HELD_OUT)
 DEV_INSTANCES = (0,)
 """Instance 0 is the one the benchmark and the rule were developed on (with 1 and 2, which the earlier benchmark and
@@ -228,7 +230,7 @@ class Options:
 
     instances: tuple[int, ...] = INSTANCES
     """Comma-separated instance seeds (the quadratic's start, the bandit's features): 0 is the development instance,
-    269, 271, 281, 431, 439 and 443 held out (HELD_OUT); 0 with --quick."""
+    563, 569 and 571 held out (HELD_OUT); 0 with --quick."""
     settings: tuple[str, ...] = field(default=DEFAULT_SETTINGS, metadata=Range(choices=lambda: {
         name: setting.description for name, setting in SETTINGS.items()}).field())
     """Comma-separated settings."""
