@@ -644,7 +644,8 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
     else:
         k_max, alpha = memory.kappa_max(b_noise), memory.alpha
         # Eq. 2.6 extrapolated to no noise can pass the stability limit along the noise (kappa_pilot = 0.2 at
-        # B_noise / B_pilot = 1e4 gives kappa_max = 2000); a tuned step stays below it, so kappa_d is capped there
+        # B_noise / B_pilot = 1e4 gives kappa_max = 2000); a tuned step stays below it and, under SGD, at or below the
+        # Newton step, where the model's noise is still physical: kappa_d is capped there (TUNED_KAPPA)
         top = min(k_max, tuned_kappa_limit(memory.optimizer, memory.beta1, memory.kappa))  # TUNED_KAPPA
         # the never-forgetting psi and the staleness of the largest step: the most noise, so the smallest step any
         # design can have

@@ -440,44 +440,40 @@ def printed_against_floor_rule(summary: dict, held_out: bool = True) -> dict[int
 
 
 def by_route(summary: dict, held_out: bool = True) -> dict[int, dict]:
-    """Per floor, the printed answer and the trivial floor rule over the cells whose user ran the pilot
-    (``piloted``) and over those whose run was too short for one (``no pilot``: the answer is the floor rule's batch):
-    cells, within 1.2x of the grid's best, and the worst regret (inf: never reached), each route alone. Cells scored
-    before the printed answer recorded its route are left out."""
+    """Per floor, the printed answer's and the trivial floor rule's regret shares split by the user's route
+    (``score._route_shares``, the benchmark record's own ``routes``): {"printed": routes, "floor_rule": routes} with
+    routes {"piloted": ..., "no_pilot": ...}, recomputed from the summary's cells, so that a summary written before
+    the record kept them splits too. Cells scored before the printed answer recorded its route are left out."""
+    from .score import _route_shares  # the one split, as the record's (score imports no table)
+
     out: dict[int, dict] = {}
     for floor in summary["protocol"]["floors"]:
-        routes: dict[str, dict] = {}
-        for cell in summary["cells"]:
-            printed = cell.get("by_objective", {}).get("printed")
-            if (cell["floor"] != floor or cell.get("not_scored") or printed is None or "piloted" not in printed
-                    or (held_out and cell["instance"] in summary["protocol"]["dev_instances"])):
-                continue
-            route = routes.setdefault("piloted" if printed["piloted"] else "no pilot",
-                                      {"cells": 0, "printed": [0, 0.0], "floor_rule": [0, 0.0]})
-            route["cells"] += 1
-            for name in ("printed", "floor_rule"):
-                entry = printed if name == "printed" else cell["by_objective"].get("on_policy_floor", {})
-                regret = math.inf if entry.get("free_regret") is None else entry["free_regret"]
-                route[name][0] += regret <= 1.2
-                route[name][1] = max(route[name][1], regret)
-        if routes:
-            out[floor] = routes
+        cells = [c for c in summary["cells"] if c["floor"] == floor and not c.get("not_scored")
+                 and "piloted" in c.get("by_objective", {}).get("printed", {})
+                 and not (held_out and c["instance"] in summary["protocol"]["dev_instances"])]
+        if cells:
+            out[floor] = {"printed": _route_shares(cells, "printed"),
+                          "floor_rule": _route_shares(cells, "on_policy_floor")}
     return out
 
 
 def route_lines(summary: dict, held_out: bool = True) -> list[str]:
-    """``by_route`` in words, one line per floor and route."""
+    """``by_route`` in words, one line per floor and route (a worst of inf: a pick that never reached the target)."""
     lines = []
-    for floor, routes in by_route(summary, held_out).items():
-        for route in ("piloted", "no pilot"):
-            if route not in routes:
+    for floor, split in by_route(summary, held_out).items():
+        for route, words in (("piloted", "piloted"), ("no_pilot", "no pilot")):
+            if route not in split["printed"]:
                 continue
-            r = routes[route]
-            share = [100 * r[name][0] / r["cells"] for name in ("printed", "floor_rule")]
-            lines.append(f"floor {floor}, {route} ({r['cells']} cells): the printed answer {share[0]:.0f}% within "
-                         f"1.2x, worst {r['printed'][1]:.2f}; the trivial floor rule {share[1]:.0f}%, worst "
-                         f"{r['floor_rule'][1]:.2f}")
+            p, t = split["printed"][route], split["floor_rule"][route]
+            lines.append(f"floor {floor}, {words} ({p['cells']} cells): the printed answer "
+                         f"{100 * p['share_within_1.2']:.0f}% within 1.2x, worst {_worst_num(p)}; the trivial floor "
+                         f"rule {100 * t['share_within_1.2']:.0f}%, worst {_worst_num(t)}")
     return lines
+
+
+def _worst_num(shares: dict) -> str:
+    """A route's worst regret as the lines print it: inf where a pick never reached the target, n/a with no pick."""
+    return "n/a" if shares["worst"] is None else f"{shares['worst']:.2f}"
 
 
 FAMILIES_ORDER = ("on-policy", "replay", "epochs", "overlapped", "selective")

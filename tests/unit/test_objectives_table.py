@@ -186,10 +186,16 @@ def test_the_two_routes_scored_apart_by_hand(tmp_path, capsys):
                          cell(2, 64, 1.0, 1.0, None)]}  # a record from before the route was kept: left out
     del summary["cells"][-1]["by_objective"]["printed"]["piloted"]
     routes = by_route(summary)
-    assert routes[0] == {"piloted": {"cells": 2, "printed": [1, 1.4], "floor_rule": [0, 1.4]},
-                         "no pilot": {"cells": 1, "printed": [0, 2.5], "floor_rule": [0, 2.5]}}
-    assert routes[64] == {"piloted": {"cells": 1, "printed": [0, math.inf], "floor_rule": [1, 1.0]}}
-    assert by_route(summary, held_out=False)[0]["piloted"]["printed"] == [1, 9.0]
+
+    def brief(r):  # cells, within 1.2x, worst of one route
+        return r["cells"], r["within_1.2"], r["worst"]
+
+    assert {k: brief(v) for k, v in routes[0]["printed"].items()} == {"piloted": (2, 1, 1.4), "no_pilot": (1, 0, 2.5)}
+    assert {k: brief(v) for k, v in routes[0]["floor_rule"].items()} == {"piloted": (2, 0, 1.4),
+                                                                        "no_pilot": (1, 0, 2.5)}
+    assert brief(routes[64]["printed"]["piloted"]) == (1, 0, math.inf)  # never reached: inf, not within
+    assert routes[64]["printed"].keys() == {"piloted"} and brief(routes[64]["floor_rule"]["piloted"]) == (1, 1, 1.0)
+    assert brief(by_route(summary, held_out=False)[0]["printed"]["piloted"]) == (3, 1, 9.0)
     (tmp_path / "summary.json").write_text(json.dumps({**summary, "targets_held_out": {}}))
     main([str(tmp_path)])
     out = capsys.readouterr().out
