@@ -26,6 +26,7 @@ from functools import partial
 import numpy as np
 
 from ..theory import forgetting as fg
+from ..theory.compute import refill_rounds
 from ..theory.guarded import B_FACTORS, MARGIN, OVERLAP_MARGIN, floor_batch, guarded_design, max_batch_or
 
 NO_BUDGET = 1000.0
@@ -68,7 +69,8 @@ class Query:
 def _design_row(p: fg.Prediction, ref: fg.Prediction, work: bool = False, zero_share: float = 0.0) -> dict:
     """A design's record; ``work``: with its work against on-policy at B's (asked for by a work budget only, so
     records without one read as before); a selective design's with the zero share it was priced at and the horizon
-    its admitted samples see, N / ((1 - z) R)."""
+    its admitted samples see, N / ((1 - z) R); dynamic sampling's with its mean generation rounds of R an update
+    ([E11])."""
     d = p.design
     return {"batch_size": d.batch_size, "rollouts_per_step": d.rollouts_per_step, "capacity": d.capacity, "x": d.x,
             "y": d.y, "on_policy": d.on_policy, "steps_vs_B": p.steps / ref.steps,
@@ -78,7 +80,10 @@ def _design_row(p: fg.Prediction, ref: fg.Prediction, work: bool = False, zero_s
             **({"epochs": d.epochs, "mini_batches": d.mini_batches} if d.updates_per_generation > 1 else {}),
             **({"max_staleness": d.max_staleness} if d.max_staleness else {}),
             **({"selective": True, "zero_share": zero_share,
-                "admitted_horizon": d.capacity / ((1 - zero_share) * d.rollouts_per_step)} if d.selective else {})}
+                "admitted_horizon": d.capacity / ((1 - zero_share) * d.rollouts_per_step)}
+               if d.selective and not d.dynamic else {}),
+            **({"dynamic": True, "zero_share": zero_share,
+                "refill_rounds": refill_rounds(d.batch_size // d.group_size, zero_share)} if d.dynamic else {})}
 
 
 def advise(q: Query) -> dict:
@@ -104,7 +109,8 @@ def advise(q: Query) -> dict:
     ref = answer.at_batch
     best = choice.design  # the design to run, under the names the trainers read (integrations/replay_config.py)
     regime = ("epochs" if best.updates_per_generation > 1 else "overlapped" if best.max_staleness
-              else "selective" if best.selective else "on-policy" if best.on_policy else "replay")
+              else "dynamic" if best.dynamic else "selective" if best.selective
+              else "on-policy" if best.on_policy else "replay")
     replay = choice if regime == "replay" else answer.replay
     row = partial(_design_row, ref=ref, work=q.max_work_ratio < NO_BUDGET, zero_share=q.zero_share)
     rows = _design_rows(q, guarded, regime, row)
@@ -115,7 +121,7 @@ def advise(q: Query) -> dict:
               "guard": {"default": row(guarded.default), "moved": guarded.moved,
                         "worst_regret": guarded.worst_choice, "default_worst_regret": guarded.worst_default,
                         "b_factors": list(B_FACTORS), "margin": MARGIN, "limits": list(guarded.limits),
-                        **({"overlap_margin": OVERLAP_MARGIN} if q.max_staleness >= 1 else {})}}
+                        **({"overlap_margin": OVERLAP_MARGIN} if q.max_staleness >= 1 or q.zero_share > 0 else {})}}
     if replay is not None:
         y = replay.design.y
         record["condition"] = {"psi": replay.psi, "x": replay.design.x, "y": y,
@@ -127,6 +133,8 @@ def advise(q: Query) -> dict:
     if regime == "overlapped":
         _, low, high = fg.overlapped_split(best.rollouts_per_step, best.batch_size, q.mu, q.floor)
         record.update(max_staleness=best.max_staleness, generation_share=[low, high])
+    if regime == "dynamic":
+        record.update(dynamic=True, refill_rounds=rows["dynamic"]["refill_rounds"])
     record["what_to_do"], record["why"] = _measured_advice(record)
     record["notes"] = _notes(q, record)
     return record
@@ -148,10 +156,10 @@ def _design_rows(q: Query, guarded, regime: str, row: Callable[[fg.Prediction], 
     bests, the chosen design in its family's place."""
     answer, choice = guarded.search, guarded.choice
     pick = {"on_policy": answer.on_policy, "replay": answer.replay, "epochs": answer.epochs,
-            "overlapped": answer.overlapped, "selective": answer.selective}
+            "overlapped": answer.overlapped, "selective": answer.selective, "dynamic": answer.dynamic}
     pick[{"on-policy": "on_policy"}.get(regime, regime)] = choice
     keys = (["on_policy", "replay"] + ["epochs"] * (q.max_epochs > 1) + ["overlapped"] * (q.max_staleness >= 1)
-            + ["selective"] * (q.zero_share > 0))
+            + ["selective", "dynamic"] * (q.zero_share > 0))
     # epochs, overlapped and selective only when asked: records without them read as before
     return {"at_batch": row(answer.at_batch), **{k: None if pick[k] is None else row(pick[k]) for k in keys}}
 
@@ -239,6 +247,19 @@ def _measured_advice(r: dict) -> tuple[str, str]:
                f"(B = {on['batch_size']}): a share z = {r['zero_share']:.3g} of the groups ({r['zero_share_source']}) "
                f"has all rewards equal, no gradient, and is never stored or trained on, so every update draws "
                f"informative samples; the optimizer keeps psi = {sel['psi']:.2f} of the buffer's extra noise")
+        return action, why
+    if r["winner"] == "dynamic":
+        dy = r["designs"]["dynamic"]
+        action = (f"train on-policy at B = {dy['batch_size']} with dynamic sampling: drop the groups whose rewards "
+                  f"are all equal and generate again, rounds of {dy['rollouts_per_step']}, until {dy['batch_size']} "
+                  f"rollouts with a non-zero advantage are in hand")
+        why = (f"{dy['compute_vs_B']:.2f}x the compute of on-policy at B = {r['batch']} in {dy['steps_vs_B']:.2f}x "
+               f"its steps, {on['compute_vs_B'] / dy['compute_vs_B']:.2f}x cheaper than the cheapest on-policy batch "
+               f"that keeps them (B = {on['batch_size']}): a share z = {r['zero_share']:.3g} of the groups "
+               f"({r['zero_share_source']}) has all rewards equal and no gradient, so a batch of B informative "
+               f"rollouts takes the steps of one of B / (1 - z) that keeps them, without training on the rest; it "
+               f"generates "
+               f"{dy['refill_rounds']:.2f} rounds an update on average, the last one's surplus dropped")
         return action, why
     if r["winner"] == "replay":
         action = (f"replay with B = {rep['batch_size']}, R = {rep['rollouts_per_step']}, N = {rep['capacity']} "
@@ -366,10 +387,10 @@ def _design_table(r: dict) -> list[str]:
     """The design table's rows: on-policy at B, the on-policy answer, and each family's best that was priced."""
     d, lines = r["designs"], []
     best_key = {"replay": "replay", "epochs": "epochs", "overlapped": "overlapped", "selective": "selective",
-                "on-policy at B": "at_batch"}.get(r["winner"], "on_policy")
+                "dynamic": "dynamic", "on-policy at B": "at_batch"}.get(r["winner"], "on_policy")
     for name, key in (("on-policy at your B", "at_batch"), ("on-policy answer", "on_policy"),
                       ("best replay", "replay"), ("best epochs", "epochs"), ("overlapped, 1 step off", "overlapped"),
-                      ("best selective replay", "selective")):
+                      ("best selective replay", "selective"), ("dynamic sampling", "dynamic")):
         if key not in d:
             continue
         row = d[key]

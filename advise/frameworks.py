@@ -121,7 +121,8 @@ def _shape(design: Design, epochs: int, mini_batches: int, max_staleness: int, s
     B, R, N, G = design.batch_size, design.rollouts_per_step, design.capacity, design.group_size
     replay = (f"; our {TRL_REPLAY} runs it: replay-theory trl-replay --batch-size {B} --rollouts-per-step {R} "
               f"--capacity {N} --group-size {G}" + (" --buffer selective" if selective or design.selective else ""))
-    if design.selective:  # optimal --zero-share's FIFO of admitted groups ([E8]), not a trainer's filter
+    selective = selective or design.dynamic  # dynamic sampling ([E11]) is the trainers' filter
+    if design.selective and not design.dynamic:  # optimal --zero-share's FIFO of admitted groups ([E8])
         raise _Refused(f"selective replay stores the groups with unequal rewards in a FIFO of N = {N} and draws "
                        f"B = {B} of them with replacement (docs/THEORY.md [E8]); a trainer's group filter (verl "
                        f"filter_groups, NeMo-RL dynamic sampling, SkyRL's filter) drops and regenerates within a "

@@ -149,8 +149,9 @@ class OptimalQuery:
     zero_share: float | None = field(default=None, metadata=Range(0, 1, high_open=True, fmt="g").field())
     """forgetting: the share of prompt groups whose rewards are all equal (no advantage, no gradient), averaged over
     your run: TRL logs it as frac_reward_zero_std, calibrate --from-log writes it into the profile; above 0 optimal
-    also prices selective replay, a FIFO that stores only the other groups (trl-replay --buffer selective); none
-    given (default, or 0) prices none."""
+    also prices selective replay, a FIFO that stores only the other groups (trl-replay --buffer selective), and
+    dynamic sampling, which drops them and generates again (DAPO; verl filter_groups); none given (default, or 0)
+    prices none."""
     objective: str = field(default="forgetting", metadata=Range(choices=objective_choices).field())
     """Which rule answers (default forgetting, the rule the benchmark tests)."""
     alpha: float | None = field(default=None, metadata=Range(0, finite=True, fmt="g").field())
@@ -274,9 +275,9 @@ def _with_framework(result: Answer, q: OptimalQuery) -> Answer:
     if all(type(v) is int for v in sizes):
         B, R, N = sizes
         e, m = r.get("epochs", 1), r.get("mini_batches", 1)
-        selective = r.get("regime") == "selective"
+        selective, dynamic = r.get("regime") == "selective", r.get("regime") == "dynamic"
         fa = config_lines(q.framework, Design(B, R, N, B == R == N and not selective, q.group_size,
-                                              selective=selective),
+                                              selective=selective or dynamic),
                           epochs=e, mini_batches=m, max_staleness=r.get("max_staleness", 0))
     else:
         fa = FrameworkAnswer(q.framework, framework_choices()[q.framework].rsplit(" ", 1)[1],
@@ -396,7 +397,8 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
     if record.get("measured") and q.batch_size is not None:  # the evidence covers only the designs it trained
         outside = outside_tested_range({"batch_size": record["batch_size"], "capacity": record["capacity"],
                                         "rollouts_per_step": record["rollouts_per_step"],
-                                        "on_policy": record["regime"] in ("on-policy", "overlapped")}, q.batch_size)
+                                        "on_policy": record["regime"] in ("on-policy", "overlapped", "dynamic")},
+                                       q.batch_size)
         evidence += f"; {outside}" if outside else ""
         if record["regime"] == "epochs":
             evidence += ("; an epoch design: the default protocol trains none (experiment theory-test --families "
@@ -407,6 +409,10 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
         if record["regime"] == "selective":
             evidence += ("; selective replay: the default protocol trains none (experiment theory-test --families "
                          "selective does, docs/SIMULATION.md), so no share above speaks for it")
+        if record["regime"] == "dynamic":
+            evidence += ("; dynamic sampling: no benchmark protocol trains it, so no share above speaks for it (its "
+                         "steps against on-policy at B / (1 - z) on the bandit: python -m "
+                         "replay_theory.experiments.dynamic_check, docs/THEORY.md [E11])")
     # a menu with epochs or overlap is scored against a grid that trains them: the families run's line, next
     families = families_evidence_line(floor_ratio, families_record) if priced_families else None
     return Answer(text=advice.render(record, [evidence, families] if families else [evidence], verdict),

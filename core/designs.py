@@ -56,6 +56,7 @@ from .buffers import (
     StaleKQueue,
     UniformQuestionBuffer,
 )
+from .metrics import zero_std_groups
 from .rng import RandomSource
 from .rollouts import RolloutBatch
 
@@ -274,13 +275,13 @@ class DesignConfig(ExGRPOShapingParams, AsymREParams, RLOOParams, M2POParams, Cl
     def design(self) -> Design:
         """(B, R, N) and G as the one design type (theory/designs.py); on-policy when the buffer is; the epochs
         buffer's e and m (its N is one generation, R); stale-k at k >= 1 with B = R, an overlapped design; the
-        selective buffer's, a selective one."""
+        selective buffer's, a selective one; the dynamic buffer's, dynamic sampling (selective on-policy)."""
         if self.buffer == "epochs":
             return Design.epochs_of(self.rollouts_per_step, self.epochs, self.mini_batches, self.group_size)
         if self.buffer == "stale-k" and self.stale_k >= 1 and self.batch_size == self.rollouts_per_step:
             return Design.overlapped_at(self.batch_size, self.stale_k, self.group_size)  # each batch once, k late
-        return Design(self.batch_size, self.rollouts_per_step, self.capacity, self.buffer == "on-policy",
-                      self.group_size, selective=self.buffer == "selective")
+        return Design(self.batch_size, self.rollouts_per_step, self.capacity, self.buffer in ("on-policy", "dynamic"),
+                      self.group_size, selective=self.buffer in ("selective", "dynamic"))
 
     @classmethod
     def from_design(cls, design: Design, **fields: Any):
@@ -288,6 +289,9 @@ class DesignConfig(ExGRPOShapingParams, AsymREParams, RLOOParams, M2POParams, Cl
         otherwise unless ``fields`` name another buffer (a selective design: the selective buffer); ``fields`` set the
         rest."""
         asked = fields.pop("buffer", "fifo")
+        if design.dynamic:  # dynamic sampling: its own batch step, on-policy sizes
+            return cls(buffer="dynamic", batch_size=design.batch_size, rollouts_per_step=design.rollouts_per_step,
+                       capacity=design.capacity, group_size=design.group_size, **fields)
         buffer = "selective" if design.selective else asked  # a selective design is the selective buffer's
         if design.updates_per_generation > 1:  # an epoch design: the epochs buffer, its e and m
             buffer = "epochs"
@@ -552,6 +556,54 @@ def epochs_step(pipe: PipelineState, step: int, weights) -> StepBatch:
                      0 if fresh is None else fresh.size)
 
 
+MAX_REFILL_ROUNDS = 64
+"""Dynamic sampling's most generation rounds in one update: at a zero share z a seed needs more with probability
+P(Bin(64 g, 1 - z) < g), below 1e-6 for every g >= 1 at z <= 0.8 (``theory.compute.refill_rounds``). A seed still
+short then trains on what it has (the step says so in its ``refill_short`` curve; verl 0.9.1's v1 buffer waits
+instead)."""
+
+
+def dynamic_step(pipe: PipelineState, step: int, weights) -> StepBatch:
+    """Dynamic sampling (DAPO; verl ``filter_groups``; docs/THEORY.md [E9], [E11]): rounds of R = B fresh responses
+    until every seed holds B / G groups whose rewards are not all equal; each seed trains once on its first B / G such
+    groups (generation order) and drops the rest, and is charged mu R for each round up to the one that filled it.
+
+    Every seed draws every round until the last one is full (seed axis first), so a seed's later draws depend on the
+    seeds run beside it; the same config gives the same numbers. A seed short after ``MAX_REFILL_ROUNDS`` rounds fills
+    its batch with its earliest zero-advantage groups (zero gradient under a group-relative advantage). Curves:
+    ``refill_rounds`` (the rounds each seed needed), ``refill_zero_share`` (z over the groups of those rounds) and
+    ``refill_short`` (1 where a seed hit the cap)."""
+    config = pipe.config
+    G, need = config.group_size, config.batch_size // config.group_size  # g: informative groups an update trains
+    per_round = config.rollouts_per_step // G
+    rounds: list[RolloutBatch] = []
+    informative: list[np.ndarray] = []  # (S, per_round) per round: the group's rewards are not all equal
+    while True:
+        fresh = pipe.generate(weights, per_round, step)
+        equal, _ = zero_std_groups(fresh.reward, fresh.group)  # (S, R) each response's group flag
+        rounds.append(fresh)
+        informative.append(~equal[:, ::G])  # generate lays a group's G responses side by side
+        have = np.concatenate(informative, axis=1)  # (S, rounds x per_round)
+        if (have.sum(axis=1) >= need).all() or len(rounds) == MAX_REFILL_ROUNDS:
+            break
+    total = have.shape[1]
+    counts = np.cumsum(have, axis=1)  # (S, groups) informative groups so far
+    full = counts[:, -1] >= need
+    # the round that filled each seed: the one holding its need-th informative group (the cap where none did)
+    filled_at = np.where(full, np.argmax(counts >= need, axis=1) // per_round + 1, len(rounds))  # (S,)
+    order = np.where(have, np.arange(total), total + np.arange(total))  # informative first, then zero, each in order
+    chosen = np.sort(np.argsort(order, axis=1, kind="stable")[:, :need], axis=1)  # (S, g) group indices
+    index = (chosen[:, :, None] * G + np.arange(G)).reshape(chosen.shape[0], need * G)  # (S, B) response indices
+    train = RolloutBatch.concatenate(rounds).take(index)
+    drawn = np.arange(total)[None, :] < (filled_at * per_round)[:, None]  # (S, groups) the rounds each seed needed
+    zero_share = ((~have) & drawn).sum(axis=1) / drawn.sum(axis=1)
+    shape = train.prompt.shape
+    return StepBatch(train, np.ones(shape), step - train.created, np.full(shape, -1), None, train,
+                     filled_at * config.rollouts_per_step,
+                     curves={"refill_rounds": filled_at.astype(float), "refill_zero_share": zero_share,
+                             "refill_short": (~full).astype(float)})
+
+
 def group_replay_step(pipe: PipelineState, step: int, weights) -> StepBatch:
     """RLOO App. B: replay groups of age 1..L, fresh groups for the rest (a replay shortfall is filled fresh)."""
     config, buffer = pipe.config, design_buffer(pipe, GroupReplayBuffer)
@@ -793,6 +845,14 @@ def _epochs_rules(c: DesignConfig, pipeline: str) -> None:
                          f"mini-batch of the generation), got {c.batch_size}")
 
 
+def _dynamic_rules(c: DesignConfig, pipeline: str) -> None:
+    _whole_groups(c, "groups")
+    for name, value in (("rollouts_per_step", c.rollouts_per_step), ("capacity", c.capacity)):
+        if value != c.batch_size:
+            raise ValueError(f"{name} must equal batch_size = {c.batch_size} with buffer dynamic (rounds of B "
+                             f"generated until B are informative, each trained once), got {value}")
+
+
 def _no_rules(c: DesignConfig, pipeline: str) -> None:
     return None
 
@@ -835,6 +895,8 @@ BUFFER_DESIGNS: dict[str, BufferDesign] = {
                            EpochParams, _epochs, epochs_step, _epochs_rules, trainer=True),
     "selective": BufferDesign("FIFO of N admitting only groups with a non-zero advantage, B drawn uniformly",
                               FifoParams, _selective, uniform_buffer_step, _selective_rules, trainer=True),
+    "dynamic": BufferDesign("rounds of B until B rollouts have a non-zero advantage, each used once (DAPO)", None,
+                            None, dynamic_step, _dynamic_rules),
 }
 
 

@@ -182,6 +182,12 @@ class ReplayConfig:
                              f"trainer's asynchronous mode (replay-theory optimal ... --framework NAME prints its "
                              f"keys), or run its staleness without the overlap: buffer stale-k with stale_k = "
                              f"{data.get('max_staleness')}, N = B = R")
+        if data.get("regime") == "dynamic":  # a generation loop, not a buffer: no ReplayConfig realises it
+            raise ValueError(f"the optimal --json output answers dynamic sampling at B = {data.get('batch_size')} "
+                             f"(drop the groups whose rewards are all equal and generate again, each rollout used "
+                             f"once), which the replay buffer does not run: set your trainer's group filter "
+                             f"(replay-theory optimal ... --framework verl, nemo-rl or skyrl prints its key), or keep "
+                             f"the zero groups on-policy at B / (1 - z), the batch with as many informative rollouts")
         if data.get("objective") == "noise-scale":  # N = R at fixed B (cli/theory_cmds.py)
             if data.get("batch_size") is None or data.get("b_noise") is None:
                 raise ValueError("the optimal --json output has no design: run `replay-theory optimal` with the "

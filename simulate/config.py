@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..checks import Range, require_integer, require_number, require_one_of
-from ..core.designs import DesignConfig
+from ..core.designs import MAX_REFILL_ROUNDS, DesignConfig
 from ..core.memory import Estimate, Size, check_sizes, count
 from ..core.pipeline import PipelineSettings
 from .envs import ENV_NAMES, engine_choices
@@ -155,9 +155,12 @@ def peak_bytes(values: Mapping[str, Any]) -> Estimate:
     if values["pipeline"] == "async":  # B W / (T mu) a step, one batch of B before the first update
         fresh = B + B * values["workers"] / (values["trainers"] * values["mu"]) + G
     buffer = values["buffer"]
+    if buffer == "dynamic":  # dynamic sampling holds every round of a step at once: at most MAX_REFILL_ROUNDS
+        fresh = MAX_REFILL_ROUNDS * R
     items = max(fresh, B)
     slots = {"fifo": N, "positive-bias": N, "prioritized": N, "group-replay": (values["max_age"] + 2) * B,
-             "exgrpo": 16 * P, "stale-k": (values["stale_k"] + 1) * R, "epochs": R, "on-policy": 0}.get(buffer, N)
+             "exgrpo": 16 * P, "stale-k": (values["stale_k"] + 1) * R, "epochs": R, "on-policy": 0,
+             "dynamic": 0}.get(buffer, N)
     if buffer == "prioritized":
         slot_bytes = _SLOT + 48 + _SLOT_TOKEN * L  # + base priority, its log, the sum tree's two levels
     elif buffer in ("stale-k", "epochs"):
@@ -179,7 +182,7 @@ def peak_bytes(values: Mapping[str, Any]) -> Estimate:
         f"the exact evaluation's state terms: prompts x positions x partial sums = {P} x {L} x {states}": cache,
         f"the per-step curves and parameters: seeds x steps = {S} x {steps}": S * steps * (_CURVES * 8 + 8 * d),
         f"the use counts of the rollouts the buffer evicts: seeds x fresh x steps = {S} x {count(fresh)} x {steps}":
-            0 if buffer in ("on-policy", "stale-k") else S * fresh * steps * 16,  # int64, and their concatenation
+            0 if buffer in ("on-policy", "stale-k", "dynamic") else S * fresh * steps * 16,  # int64, concatenated
     })
 
 

@@ -119,7 +119,9 @@ class TargetTrace:
     steps: int  # steps run
     mean_reward: np.ndarray  # (lrs, K) seed-mean exact reward on a thinned step grid
     reward_steps: np.ndarray  # (K,)
-    zero_std_share: np.ndarray | None = None  # (lrs,) z of the buffer selective ([E8]), mean over steps and seeds
+    zero_std_share: np.ndarray | None = None  # (lrs,) z of the buffer selective ([E8]) or dynamic ([E11]), mean over
+    # steps and seeds
+    refill_rounds: np.ndarray | None = None  # (lrs,) dynamic sampling's generation rounds an update ([E11]), mean
 
 
 class RolloutGradient:
@@ -133,14 +135,21 @@ class RolloutGradient:
                                             loss=sim_loss, advantage=advantage, optimizer=optimizer,
                                             seeds=rows, buffer=buffer).validated()
         self.pipe = Pipeline(self.config, EnvBackend(env, rng), rng, rows, self.config.pipeline_settings())
-        # the selective buffer's admitted count (S,) per step: z = 1 - admitted / R, summed over the steps
-        self.zero_std = np.zeros(rows) if hasattr(self.pipe.buffer, "admitted") else None
+        # the selective buffer's admitted count (S,) per step: z = 1 - admitted / R, summed over the steps; dynamic
+        # sampling's z and generation rounds per step (its curves), summed likewise
+        dynamic = buffer == "dynamic" or design.dynamic
+        self.zero_std = np.zeros(rows) if hasattr(self.pipe.buffer, "admitted") or dynamic else None
+        self.rounds = np.zeros(rows) if dynamic else None
         self.steps = 0
 
     def __call__(self, step: int, params: np.ndarray) -> np.ndarray:
         env = self.env
         self.data = self.pipe.next_batch(step, params)
-        if self.zero_std is not None:
+        if self.rounds is not None:
+            self.zero_std += self.data.curves["refill_zero_share"]
+            self.rounds += self.data.curves["refill_rounds"]
+            self.steps += 1
+        elif self.zero_std is not None:
             self.zero_std += 1.0 - self.pipe.buffer.admitted / self.config.rollouts_per_step
             self.steps += 1
         batch = self.data.train
@@ -181,7 +190,8 @@ def run_to_target(env, loss: tuple[str, str] | None, design: Design, lrs, seeds:
     ``loss`` (simulator loss, advantage) on a rollout environment; None on the quadratic. The reward is exact
     (``env.evaluate``), so only the training noise is random. Diverging rows (a step size past stability) give
     non-finite rewards that never count. ``buffer``: the rollout environment's buffer for a FIFO design ("fifo", or
-    "selective": [E8], whose trace then carries z per step size).
+    "selective": [E8], whose trace then carries z per step size). A dynamic sampling design (``Design.dynamic_at``)
+    trains in the dynamic buffer; its trace carries z and the generation rounds per update ([E11]).
     """
     lrs = np.asarray(lrs, dtype=float).ravel()
     require_positive("lr", lrs)
@@ -222,9 +232,11 @@ def run_to_target(env, loss: tuple[str, str] | None, design: Design, lrs, seeds:
             if tracker.settled(step):
                 break
     crossing, first_touch = tracker.result()
-    zero_std = getattr(gradient, "zero_std", None)
+    zero_std, rounds = getattr(gradient, "zero_std", None), getattr(gradient, "rounds", None)
     share = None if zero_std is None else zero_std.reshape(nl, seeds).mean(axis=1) / max(gradient.steps, 1)
-    return TargetTrace(crossing, first_touch, step, np.stack(curve, axis=1), np.asarray(curve_steps), share)
+    per_update = None if rounds is None else rounds.reshape(nl, seeds).mean(axis=1) / max(gradient.steps, 1)
+    return TargetTrace(crossing, first_touch, step, np.stack(curve, axis=1), np.asarray(curve_steps), share,
+                       per_update)
 
 
 # --------------------------------------------------------------------------- the quadratic, exactly

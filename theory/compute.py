@@ -12,6 +12,7 @@ Paper: "Efficient RL training for LLMs with experience replay"
 | ``k_training``       | K_training   | rollouts processed by backprop over a run (steps x batch)      |
 | ``k_inference``      | K_inference  | unique rollouts generated over a run                           |
 | ``replay_ratio``     | y = B/R      | mean number of updates a rollout contributes to                |
+| ``refill_rounds``    | E[T]         | generation rounds per update of dynamic sampling ([E11])       |
 
 Every ``mu`` in this module is in the *rollout-cost* meaning of Sec. 2 / App. E
 (the meaning of Table 1); ``design.mu_in_convention`` converts the Sec. 3 reading.
@@ -22,7 +23,11 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..checks import require_nonnegative, require_one_of, require_positive
+from ..checks import require_integer, require_nonnegative, require_one_of, require_positive, require_unit_interval
+
+REFILL_TAIL = 1e-15
+"""``refill_rounds`` sums P(T > n) until every term is below this (the sum's remainder is then below it times the
+rounds left at the geometric rate the terms already fall at)."""
 
 
 def _split(workers: ArrayLike, trainers: ArrayLike, mu: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -127,3 +132,30 @@ def rollout_cost_mu_of(mu: ArrayLike, convention: str) -> np.ndarray | float:
 def rollout_mu_of_convention(mu: float, convention: str) -> float:
     """mu in the rollout-cost meaning (Table 1) for a mu given in ``convention``."""
     return float(rollout_cost_mu_of(mu, convention))
+
+
+def refill_rounds(groups: ArrayLike, zero_share: float) -> np.ndarray | float:
+    """E[T]: the mean number of generation rounds an update of dynamic sampling takes ([E11], docs/THEORY.md).
+
+    Each round generates ``groups`` g prompt groups (R = B rollouts: the trainers' generation batch defaults to the
+    training batch), each of equal rewards (zero advantage, dropped) with probability z = ``zero_share``
+    independently; rounds repeat until g groups with unequal rewards have been kept, the surplus is dropped (DAPO's
+    loop, verl recipe/dapo). T = min {n : Bin(n g, 1 - z) >= g}, so E[T] = sum_{n >= 0} P(T > n) = 1 + sum_{n >= 1}
+    P(Bin(n g, 1 - z) <= g - 1) [E11]: 1 at z = 0, about 1 / (1 - z) plus the last round's surplus otherwise.
+    ``groups`` (any shape) whole groups >= 1; z in [0, 1)."""
+    from scipy.stats import binom  # scipy's exact binomial cdf (a core dependency; imported where used)
+
+    z = require_unit_interval("zero share z", zero_share, closed=False)
+    g = np.asarray(groups)
+    for value in np.ravel(g):
+        require_integer("groups per round", float(value), 1, whole_floats=True)
+    g = g.astype(float)
+    total = np.ones_like(g)  # P(T > 0) = 1
+    n = 1
+    while z > 0:
+        term = binom.cdf(g - 1, n * g, 1 - z)  # P(T > n) [E11]
+        total = total + term
+        if np.max(term) < REFILL_TAIL:
+            break
+        n += 1
+    return float(total) if total.ndim == 0 else total

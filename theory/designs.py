@@ -15,7 +15,7 @@ train one. The field names are DesignConfig's and the command line's, from the o
 | ``epochs``           | e       | passes over one generation of R (PPO epochs, TRL num_iterations) |
 | ``mini_batches``     | m       | updates per pass, each on B = R/m of the generation          |
 | ``max_staleness``    | k       | asynchronous generation k updates ahead: each rollout used once, at age k |
-| ``selective``        | --      | the FIFO admits only groups whose rewards are not all equal ([E8]) |
+| ``selective``        | --      | only groups whose rewards are not all equal are trained ([E8], [E11]) |
 | ``x``                | x = N/R | the buffer's horizon in steps                                |
 | ``y``                | y = B/R | the replay ratio                                             |
 
@@ -25,7 +25,10 @@ An overlapped design (k >= 1, issue 40: one-step-off generation, TRL / verl / AR
 its sizes (N = R = B, each rollout used once) but trained k updates after the policy that generated it, while the next
 generation runs on its own share of the GPUs (``forgetting.overlapped_split``). A selective design (issue 40,
 docs/THEORY.md [E8]) is a FIFO (B, R, N) whose buffer admits only the groups with a non-zero advantage (RLEP,
-ExGRPO; TRL logs the rest as frac_reward_zero_std): every generated R is charged, (1 - z) R enter.
+ExGRPO; TRL logs the rest as frac_reward_zero_std): every generated R is charged, (1 - z) R enter. A selective
+on-policy design is dynamic sampling (DAPO; verl ``filter_groups``, NeMo-RL ``use_dynamic_sampling``, SkyRL's
+``dynamic_sampling`` filter; docs/THEORY.md [E9], [E11]): rounds of R = B rollouts are generated until B of them are in
+groups with unequal rewards, the rest are dropped, and each kept rollout is trained once.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ class Design:
     epochs: int = 1  # e
     mini_batches: int = 1  # m
     max_staleness: int = 0  # k: 0 synchronous; k >= 1 generation overlapped, each rollout trained at age k
-    selective: bool = False  # the FIFO admits only groups with unequal rewards ([E8]); a FIFO design only
+    selective: bool = False  # only groups with unequal rewards: the FIFO admits only them ([E8]); on-policy, dynamic
+    # sampling: rounds of R = B regenerated until B are theirs ([E11])
 
     def __post_init__(self) -> None:
         B, R, N, G = self.batch_size, self.rollouts_per_step, self.capacity, self.group_size
@@ -68,14 +72,20 @@ class Design:
         if self.max_staleness and not self.on_policy:  # staleness with reuse: no trainer runs it, no model prices it
             raise ValueError(f"an overlapped design (max staleness k = {self.max_staleness}) uses each rollout once: "
                              f"it needs on-policy sizes N = R = B")
-        if self.selective and (self.on_policy or self.updates_per_generation > 1 or self.max_staleness):
-            raise ValueError("a selective design is a FIFO (B, R, N) that admits only groups with unequal rewards: "
-                             "not on-policy, epochs or overlapped")
+        if self.selective and (self.updates_per_generation > 1 or self.max_staleness):
+            raise ValueError("a selective design is a FIFO (B, R, N) that admits only groups with unequal rewards, or "
+                             "on-policy dynamic sampling: not epochs or overlapped")
 
     @property
     def updates_per_generation(self) -> int:
         """e m: the updates one generation of R feeds (1 for the FIFO and on-policy designs)."""
         return self.epochs * self.mini_batches
+
+    @property
+    def dynamic(self) -> bool:
+        """Dynamic sampling: on-policy, rounds of R = B regenerated until B rollouts are in groups with unequal
+        rewards, each trained once ([E11])."""
+        return self.on_policy and self.selective
 
     @property
     def x(self) -> int:
@@ -100,6 +110,12 @@ class Design:
         """On-policy at B: R = N = B."""
         B = int(batch_size)
         return cls(B, B, B, True, group_size)
+
+    @classmethod
+    def dynamic_at(cls, batch_size: int, group_size: int = 1) -> "Design":
+        """Dynamic sampling at B: on-policy sizes R = N = B, zero-advantage groups dropped and regenerated."""
+        B = int(batch_size)
+        return cls(B, B, B, True, group_size, selective=True)
 
     @classmethod
     def overlapped_at(cls, batch_size: int, max_staleness: int = 1, group_size: int = 1) -> "Design":

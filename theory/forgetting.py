@@ -61,6 +61,7 @@ from ..checks import (
     require_positive,
     require_unit_interval,
 )
+from .compute import refill_rounds
 from .designs import Design
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -542,12 +543,14 @@ class Prediction:
 
 
 def step_cost(rollouts_per_step: ArrayLike, batch_size: ArrayLike, mu: float, floor: float = 0.0,
-              updates_per_generation: ArrayLike = 1, overlapped: ArrayLike = False) -> np.ndarray | float:
+              updates_per_generation: ArrayLike = 1, overlapped: ArrayLike = False,
+              rounds: ArrayLike = 1.0) -> np.ndarray | float:
     """mu max(R, R_floor) / (e m) + B: generation cannot get cheaper than the floor's batch (decoding is
     latency-bound); an epoch design spreads one generation over its e m updates (e m = 1 otherwise). An
-    ``overlapped`` design's step is ``overlapped_split``'s max(mu R_floor, mu R + B)."""
+    ``overlapped`` design's step is ``overlapped_split``'s max(mu R_floor, mu R + B). Dynamic sampling generates
+    ``rounds`` rounds of R per update (``compute.refill_rounds`` [E11]; 1 otherwise), each at least the floor's."""
     R, B = np.asarray(rollouts_per_step, dtype=float), np.asarray(batch_size, dtype=float)
-    generation = mu * np.maximum(R, floor)
+    generation = mu * np.maximum(R, floor) * np.asarray(rounds, dtype=float)
     value = generation / np.asarray(updates_per_generation, dtype=float) + B
     value = np.where(overlapped, np.maximum(mu * floor, mu * R + B), value)
     return float(value) if value.ndim == 0 else value
@@ -579,8 +582,10 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
                  staleness: Staleness = NO_STALENESS, floor: float = 0.0, *,
                  zero_share: float = 0.0) -> list[Prediction]:
     """``predict`` for many designs at once (one vectorised fixed-point solve). ``zero_share`` z prices the selective
-    designs ([E8]: the FIFO over the (1 - z) R informative samples a step, noise scale (1 - z) B_noise); the others
-    keep the zero-advantage groups, which the measured B_noise and kappa already count."""
+    designs ([E8]: the FIFO over the (1 - z) R informative samples a step, noise scale (1 - z) B_noise; on-policy,
+    dynamic sampling [E9], [E11]: B informative samples an update at that noise scale, ``compute.refill_rounds``
+    rounds of R generated for them); the others keep the zero-advantage groups, which the measured B_noise and kappa
+    already count."""
     require_positive("noise scale B_noise", b_noise)
     require_positive("mu", mu)
     require_nonnegative("latency floor", floor)
@@ -593,18 +598,23 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
     if np.any(N % R):  # psi(x) sums over whole steps: the model's precondition, not every FIFO's (theory/designs.py)
         d = designs[int(np.argmax(N % R != 0))]
         raise ValueError(f"capacity N must be a multiple of rollouts R, got N={d.capacity}, R={d.rollouts_per_step}")
-    sel = np.array([d.selective for d in designs])  # selective: the FIFO admits (1 - z) R a step [E8]
+    on = np.array([d.on_policy for d in designs])
+    dyn = np.array([d.dynamic for d in designs])  # dynamic sampling: on-policy over B informative samples [E9]
+    sel = np.array([d.selective for d in designs]) & ~on  # selective replay: the FIFO admits (1 - z) R a step [E8]
     admitted = np.where(sel, (1 - zero_share) * R, R)  # R': the samples that enter the buffer per step
     x = np.array([d.x for d in designs], dtype=np.int64)
     x_sel = N / admitted  # a selective design's horizon N / R' (whole steps only at z = 0)
-    on = np.array([d.on_policy for d in designs])
+    rounds = np.ones_like(B)  # generation rounds of R per update: more only for dynamic sampling [E11]
+    if dyn.any():
+        groups = np.array([d.batch_size // d.group_size for d in designs])[dyn]
+        rounds[dyn] = refill_rounds(groups, zero_share)
     late = np.array([d.max_staleness for d in designs], dtype=float)  # an overlapped design's age at use (else 0)
     e = np.array([d.epochs for d in designs], dtype=np.int64)
     mb = np.array([d.mini_batches for d in designs], dtype=np.int64)
     ep = e * mb > 1  # epoch designs (theory/reuse_families.py): noise psi_E / B, ages 0 .. e m - 1 updates
     horizon = np.where(ep, e * mb, x)  # the ages a design's updates draw: a FIFO's x steps, a generation's e m
     y = B / admitted
-    b_design = np.where(sel, (1 - zero_share) * b_noise, b_noise)  # [E8]: an informative sample's noise scale
+    b_design = np.where(sel | dyn, (1 - zero_share) * b_noise, b_noise)  # [E8], [E9]: an informative sample's
     flat = staleness.flat
     never_forgets = np.where(ep, e, 1.0)  # psi at kappa -> 0: the FIFO keeps all its extra noise, e epochs e uses
 
@@ -624,7 +634,7 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
 
     def noise(p: np.ndarray, m: np.ndarray) -> np.ndarray:  # B_noise V_eff m(x); on-policy B_noise / B (r(k) / B)
         fifo = b_design / B * (1 + y * p - 1 / N) * m
-        return np.where(on, b_noise / B * m, np.where(ep, b_noise / B * p * m, fifo))  # epochs: B V_eff = psi_E [E1]
+        return np.where(on, b_design / B * m, np.where(ep, b_noise / B * p * m, fifo))  # epochs: B V_eff = psi_E [E1]
 
     def p_of(kappa: np.ndarray) -> np.ndarray:  # psi of every design at its kappa (1 on-policy)
         p = np.where(on, 1.0, psi(np.where(ep, 1, x), kappa, memory.optimizer, memory.beta1))
@@ -666,8 +676,8 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
         p = np.where(solve, p_of(kappa), 1.0)
         m = m_of(kappa)
     steps = 1 + noise(p, m)
-    cost = step_cost(R, B, mu, floor, e * mb, late > 0)
-    spent = step_cost(R, B, mu, 0.0, e * mb, late > 0)  # [W1]: the same step without the floor's waiting
+    cost = step_cost(R, B, mu, floor, e * mb, late > 0, rounds)
+    spent = step_cost(R, B, mu, 0.0, e * mb, late > 0, rounds)  # [W1]: the same step without the floor's waiting
     return [Prediction(d, float(s), float(c), float(s * c), float(k), float(pp), float(mm), float(s * w))
             for d, s, c, k, pp, mm, w in zip(designs, steps, cost, kappa, np.where(on, 1.0, p), m, spent)]
 
@@ -708,7 +718,8 @@ class WholeDesign:
     at_batch: Prediction  # on-policy at the user's B
     on_policy: Prediction  # the cheapest on-policy batch within the steps cap
     replay: Prediction | None  # the cheapest replay design within the steps cap (None: none allowed)
-    winner: str  # "replay", "epochs", "overlapped", "selective" or "on-policy (smaller batch | larger batch | at B)"
+    winner: str  # "replay", "epochs", "overlapped", "selective", "dynamic" or "on-policy (smaller batch | larger
+    # batch | at B)"
     max_steps_ratio: float
     threshold: float  # the loosest equal-steps psi threshold, mu / (1 + sqrt(1 + mu))^2
     threshold_y: float
@@ -716,9 +727,12 @@ class WholeDesign:
     overlapped: Prediction | None = None  # the cheapest overlapped (one-step-off) batch (None: not asked or allowed)
     max_work_ratio: float = math.inf  # every answer's work within this x on-policy's at B (inf: no work budget)
     selective: Prediction | None = None  # the cheapest selective replay design (None: no zero share, or not allowed)
+    dynamic: Prediction | None = None  # the cheapest dynamic sampling batch (None: no zero share)
 
     @property
     def best(self) -> Prediction:
+        if self.winner == "dynamic":
+            return self.dynamic
         if self.winner == "epochs":
             return self.epochs
         if self.winner == "overlapped":
@@ -749,7 +763,9 @@ def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | No
     r(k) does not fall with k, so a larger bound only adds staleness. Overlap reuses nothing, so ``max_age`` does not
     limit it; the caller bounds k by the ages its staleness cost was measured at. ``zero_share`` z > 0 adds selective
     replay designs (a FIFO admitting only the groups with unequal rewards, [E8]), searched as the FIFO's are, none
-    whose admitted samples outlive ``max_age`` (ceil(N / ((1 - z) R)) - 1 updates).
+    whose admitted samples outlive ``max_age`` (ceil(N / ((1 - z) R)) - 1 updates), and dynamic sampling at every
+    whole-group batch (on-policy, zero-advantage groups dropped and regenerated in rounds of B, [E9], [E11]): it
+    reuses nothing, so ``max_age`` does not limit it.
 
     ``max_work_ratio`` (time within a compute budget): no answer's work (``Prediction.work``, the floor's waiting not
     counted) exceeds that many times on-policy's at B, so with a latency floor the answer is the fastest design
@@ -775,14 +791,18 @@ def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | No
     best_selective = (_cheapest_replay(top, group_size, int(min(max_horizon, max_age + 1)), within, score,
                                        zero_share=zero_share, max_age=max_age)
                       if zero_share > 0 and max_age >= 1 else None)  # every selective design reuses: x' > 1
+    best_dynamic = (_cheapest_on_policy(group_size, top_on, None, within, score,
+                                        partial(Design.dynamic_at, group_size=group_size))
+                    if zero_share > 0 else None)
     y_l, thr = loosest_equal_steps(mu)
     winner = _winner(best_replay, best_on, batch_size)
     rival = best_replay if winner == "replay" else best_on
-    for name, family in (("epochs", best_epochs), ("overlapped", best_overlapped), ("selective", best_selective)):
+    for name, family in (("epochs", best_epochs), ("overlapped", best_overlapped), ("selective", best_selective),
+                         ("dynamic", best_dynamic)):
         if family is not None and family.compute < rival.compute:
             winner, rival = name, family
     return WholeDesign(ref, best_on, best_replay, winner, float(max_steps_ratio), float(thr), float(y_l), best_epochs,
-                       best_overlapped, float(max_work_ratio), best_selective)
+                       best_overlapped, float(max_work_ratio), best_selective, best_dynamic)
 
 
 def _checked_max_batch(b_noise: float, batch_size: int, group_size: int, max_steps_ratio: float, max_horizon: int,
@@ -800,24 +820,27 @@ def _checked_max_batch(b_noise: float, batch_size: int, group_size: int, max_ste
     return max_batch
 
 
-def _cheapest_on_policy(group: int, top: int, ref: Prediction, within: Callable[[Prediction], bool],
-                        score: Callable[[list[Design]], list[Prediction]]) -> Prediction:
+def _cheapest_on_policy(group: int, top: int, ref: Prediction | None, within: Callable[[Prediction], bool],
+                        score: Callable[[list[Design]], list[Prediction]],
+                        make: Callable[[int], Design] = Design.on_policy_at) -> Prediction | None:
     """The cheapest on-policy batch (whole groups up to ``top``) within the steps cap; the user's B (``ref``) when
     none is cheaper. Up to ``DENSE_LIMIT`` batches are all scored; beyond, a bracket of 1024 evenly spaced batches
     narrows around the best until that many remain: exact, because on-policy compute (1 + B_noise/B')(mu max(B', floor)
     + B') is convex below the floor and rising above it, and the batches the cap allows are an interval (steps fall
     with B'), so the search costs log(B) scorings, whatever B's magnitude. ``top`` is within the work budget: on-policy
-    work rises with B' ([W1]), so every batch up to it is too."""
+    work rises with B' ([W1]), so every batch up to it is too. ``make``: the design at a batch (dynamic sampling's,
+    ``Design.dynamic_at``, with ``ref`` None: its cheapest batch, None if the cap allows none; its refill rounds
+    [E11] move with B' / G, so beyond ``DENSE_LIMIT`` groups the bracket is a search, not a proof)."""
     low, high = 1, top // group  # whole groups k: the batch is k * group
     while high - low + 1 > DENSE_LIMIT:
         ks = np.unique(np.rint(np.linspace(low, high, 1025)).astype(np.int64))
-        coarse = score([Design.on_policy_at(int(k) * group) for k in ks])
-        allowed = [i for i, p in enumerate(coarse) if within(p)]  # never empty: the largest batch is allowed
+        coarse = score([make(int(k) * group) for k in ks])
+        allowed = [i for i, p in enumerate(coarse) if within(p)] or [ks.size - 1]  # on-policy: the largest allowed
         i = min(allowed, key=lambda j: coarse[j].compute)
         low, high = int(ks[max(i - 1, 0)]), int(ks[min(i + 1, ks.size - 1)])
-    ons = score([Design.on_policy_at(k * group) for k in range(low, high + 1)])
+    ons = score([make(k * group) for k in range(low, high + 1)])
     best_on = min((p for p in ons if within(p)), key=lambda p: p.compute, default=ref)
-    return ref if ref.compute <= best_on.compute else best_on
+    return ref if ref is not None and ref.compute <= best_on.compute else best_on
 
 
 def _cheapest_replay(top: int, group_size: int, max_horizon: int, within: Callable[[Prediction], bool],

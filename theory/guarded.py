@@ -59,9 +59,11 @@ first margin, 1.2, moved the answer) as the smallest margin with the most cells 
 89-109, read before the change, agree (323 of their 358 at 2.0, 293 at 1.2 and 293 never moving). A 1.2 margin moved
 the answer on the model's errors as well as on its gains (``python -m replay_theory.experiments.guard_margin``)."""
 OVERLAP_MARGIN = 1.2
-"""An overlapped design's margin: the guard's first margin. The benchmark trains no overlapped design, so nothing
-chose another. 2.0 would rule it out wherever the floor rule's batch is the best synchronous design: an overlapped
-step (R = B) is at most a share 1 / (2 + mu) shorter than the synchronous one (forgetting.step_cost), never half."""
+"""An overlapped design's margin, and dynamic sampling's: the guard's first margin, for the designs that reuse nothing.
+The benchmark trains no overlapped design, so nothing chose another. 2.0 would rule it out wherever the floor rule's
+batch is the best synchronous design: an overlapped step (R = B) is at most a share 1 / (2 + mu) shorter than the
+synchronous one (forgetting.step_cost), never half. Dynamic sampling saves at most the zero groups' training, a share
+z / (1 + mu) of plain on-policy's step at the same informative batch ([E11]), which 2.0 would rule out at every mu."""
 REUSE_OPTIMIZERS = ("sgd",)
 """The optimizers under which the benchmark found the replay prediction right (module docstring, item 3). Epochs too:
 offering epoch designs under Adam (FIFO replay still not) was tried on the --families run of 491, 499 and 503 after
@@ -73,7 +75,8 @@ steps against on-policy at B were within 25% in 45-62 of 65 units per design und
 was optimistic by up to 16x (``python -m replay_theory.experiments.epochs_check`` on the four --families runs).
 Offering epochs under Adam only where the measured kappa < 1, the regime where that check found the epoch model right,
 lost too (docs/trials/adam-epochs-linear.patch on families-509's runs: 19 of 84 moved cells within 1.2x against 71).
-Selective replay (``zero_share``) is reuse too: offered under these optimizers only."""
+Selective replay (``zero_share``) is reuse too: offered under these optimizers only; dynamic sampling reuses nothing
+and is offered under every optimizer."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,8 @@ def guarded_design(b_noise: float, batch_size: int, mu: float, memory: fg.Memory
     that answer is returned (with the budgeted searches' family bests), so a budget never trades the guard's
     robustness for a design it would not pick unconstrained; only a budget that answer breaks re-runs the guard over
     the designs within it (whose worst regrets are then against the best within the budget). ``zero_share`` z > 0:
-    selective replay designs are candidates too ([E8], under ``REUSE_OPTIMIZERS`` only, at ``margin``)."""
+    selective replay designs are candidates too ([E8], under ``REUSE_OPTIMIZERS`` only, at ``margin``), and dynamic
+    sampling under every optimizer ([E9], [E11]: it reuses nothing), at ``overlap_margin``."""
     if not b_factors or b_factors[0] != 1.0:
         raise ValueError(f"b_factors must start at 1 (the measured b), got {b_factors}")
     guard = partial(_guarded, b_noise, batch_size, mu, memory, optimizer, group_size, staleness, floor,
@@ -191,7 +195,8 @@ def _guarded(b_noise: float, batch_size: int, mu: float, memory: fg.Memory | Non
     default = Design.on_policy_at(floor_batch(b_noise, batch_size, group_size, floor, max_steps_ratio, top))
     candidates = [default, searches[0].at_batch.design]
     for s in searches:
-        candidates += [p.design for p in (s.on_policy, s.replay, s.epochs, s.overlapped, s.selective) if p is not None]
+        candidates += [p.design for p in (s.on_policy, s.replay, s.epochs, s.overlapped, s.selective, s.dynamic)
+                       if p is not None]
     if searches[0].epochs is not None:  # the whole epoch family: a design cheap at no one b can be the most robust
         candidates += fg.epoch_family(top, group_size, max_epochs, max_age)
     candidates = list(dict.fromkeys(candidates))  # unique, the default first (ties keep it)
@@ -205,7 +210,9 @@ def _guarded(b_noise: float, batch_size: int, mu: float, memory: fg.Memory | Non
         for f in b_factors[1:]]
     compute = np.array(rows)  # (factors, candidates)
     worst = (compute / compute.min(axis=1, keepdims=True)).max(axis=0)  # (candidates,)
-    need = np.array([overlap_margin if d.max_staleness else margin for d in candidates])  # (candidates,)
+    # a design that reuses nothing (overlapped generation, dynamic sampling) clears the first margin, a reuse design
+    # the second: the margins were chosen against the model's reuse errors (MARGIN, OVERLAP_MARGIN)
+    need = np.array([overlap_margin if d.max_staleness or d.dynamic else margin for d in candidates])  # (candidates,)
     clears = worst[0] > need * worst  # never the default itself
     pick = int(np.argmin(np.where(clears, worst, np.inf))) if clears.any() else 0
     return Guarded(searches[0], at_b[pick], at_b[0], float(worst[pick]), float(worst[0]), limits,

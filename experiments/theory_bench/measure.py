@@ -117,6 +117,8 @@ class Unit:
                                         buffer="selective" if is_selective(design) else "fifo")
         best = _best_lr(trace.crossing[0])
         z = {} if trace.zero_std_share is None else {"zero_std_share": trace.zero_std_share.tolist()}
+        if trace.refill_rounds is not None:  # dynamic sampling: its generation rounds an update, per step size
+            z["refill_rounds"] = trace.refill_rounds.tolist()
         return self.store.put(payload, {
             "lrs": [float(v) for v in lrs], "crossing": trace.crossing.tolist(),
             "first_touch": trace.first_touch.tolist(), "steps": trace.steps,
@@ -223,10 +225,11 @@ def _merge(runs: list[dict]) -> dict:
     source = [(i, j) for i, r in enumerate(runs) for j in range(len(r["lrs"]))]
     curve = runs[source[order[best]][0]]["curve"] if best is not None else []
     curve_steps = runs[source[order[best]][0]]["curve_steps"] if best is not None else []
-    z = ({"zero_std_share": np.concatenate([r["zero_std_share"] for r in runs])[order].tolist()}
-         if all("zero_std_share" in r for r in runs) else {})  # a selective design's z per step size
+    z = {key: np.concatenate([r[key] for r in runs])[order].tolist()  # a selective design's z per step size; a
+         for key in ("zero_std_share", "refill_rounds") if all(key in r for r in runs)}  # dynamic one's rounds too
     return {"lrs": lrs[order].tolist(), "crossing": crossing.tolist(), "first_touch": first_touch.tolist(),
-            "steps": max(r["steps"] for r in runs), "runs": [r["key"] for r in runs], "curve": curve,
+            "steps": max(r["steps"] for r in runs), "runs": [r["key"] for r in runs],
+            "run_lrs": [list(r["lrs"]) for r in runs], "curve": curve,
             "curve_steps": curve_steps, **z}
 
 
@@ -334,9 +337,16 @@ def train_unit(unit: Unit) -> None:
 def _train_selective(unit: Unit, starts: dict[str, float], s_ref: float) -> None:
     """--families selective, on a rollout setting only: each design searched as its uniform twin (same B, R, N) was,
     from the same first step size (``starts``, by the twin's label): the same rows draw the same seeds' streams
-    (paired), so at z = 0 the two are the same run and a difference is the admission's."""
+    (paired), so at z = 0 the two are the same run and a difference is the admission's. Dynamic sampling at B likewise
+    from on-policy at B's first step sizes, to its cap (the rounds are not in ``_step_cap``'s cost)."""
     for label, design in unit.options.designs(unit.setting.name):
-        if is_selective(design):
+        if design.dynamic:  # as on-policy at B was searched, from its first runs' step sizes and to its cap: the
+            # same rows draw the same streams, so at z = 0 the search takes the same path to the same numbers
+            twin = unit.runs[f"on-policy B={design.batch_size}"]
+            unit.tune(label, design, 0.0, int(twin["max_steps"]), first=np.asarray(twin["run_lrs"][0]))
+            if unit.advance:
+                unit.advance()
+        elif is_selective(design):
             start = starts[f"x={design.x} y={int(design.y)}"]
             unit.tune(label, design, start, _step_cap(unit.options, design, s_ref))
             if unit.advance:
@@ -535,13 +545,16 @@ def design_row(unit: Unit, label: str, design: forgetting.Design) -> dict:
     steps = design_steps(record)
     best = _best_lr(np.asarray(record["crossing"])[0])
     touch = record["first_touch"][best] if best is not None else 0
-    # a selective design's z ([E8]) at its tuned step size (the best one tried when none reached)
-    z = record["zero_std_share"][best if best is not None else 0] if "zero_std_share" in record else None
+    # a selective design's z ([E8]) at its tuned step size (the best one tried when none reached); dynamic sampling's
+    # generation rounds an update there too ([E11]), which its compute counts
+    at = best if best is not None else 0
+    z = record["zero_std_share"][at] if "zero_std_share" in record else None
+    rounds = {"refill_rounds": record["refill_rounds"][at]} if "refill_rounds" in record else {}
     return {"label": label, "design": spec, "steps": steps.tolist(), "reached": record["reached"],
             "at_edge": record["at_edge"], "lr": record["lrs"][best] if best is not None else None,
             "extended": record["extended"], "hovered": bool(best is not None and 0 < touch < 0.8 * steps[0]),
             "curve": record["curve"], "curve_steps": record["curve_steps"],
-            **({"zero_std_share": z} if z is not None else {})}
+            **({"zero_std_share": z} if z is not None else {}), **rounds}
 
 
 def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_ratio: float = 1000.0,
@@ -620,6 +633,9 @@ def printed_design(pilot: dict, optimizer: str, mu: float, floor: float, max_ste
             _PRINTED[key] = forgetting.Design.on_policy_at(int(answer.get("batch_size") or BATCH))
         elif answer["regime"] == "overlapped":
             _PRINTED[key] = forgetting.Design.overlapped_at(int(answer["batch_size"]), int(answer["max_staleness"]))
+        elif answer["regime"] == "dynamic":  # dynamic sampling ([E11]): trained by the buffer dynamic
+            _PRINTED[key] = SelectiveDesign(int(answer["batch_size"]), int(answer["batch_size"]),
+                                            int(answer["batch_size"]), True)
         elif answer["regime"] == "selective":  # trained by the buffer selective, as the grid's selective designs
             _PRINTED[key] = SelectiveDesign(int(answer["batch_size"]), int(answer["rollouts_per_step"]),
                                             int(answer["capacity"]))
@@ -707,6 +723,8 @@ def printed_work_ratios(options: Options) -> tuple[float, ...]:
 
 
 def printed_label(design: forgetting.Design) -> str:
+    if design.dynamic:
+        return f"printed: dynamic B={design.batch_size}"
     if design.selective:
         return f"printed: selective B={design.batch_size} R={design.rollouts_per_step} N={design.capacity}"
     if design.max_staleness:

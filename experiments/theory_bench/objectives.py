@@ -304,10 +304,11 @@ def design_steps_row(record: dict, label: str) -> float:
 
 def measured_compute(record: dict, mu: float, floor: float) -> np.ndarray:
     """(replicates, designs) measured compute: steps x (mu max(R, floor) / (e m) + B), an overlapped design's
-    max(mu floor, mu R + B); inf where not reached."""
+    max(mu floor, mu R + B), dynamic sampling's mu max(R, floor) per round it drew ([E11]); inf where not reached."""
     steps = np.array([[np.inf if v is None else v for v in d["steps"]] for d in record["designs"]]).T
     cost = np.array([forgetting.step_cost(d.rollouts_per_step, d.batch_size, mu, floor, d.updates_per_generation,
-                                          d.max_staleness > 0) for d in _designs_of(record)])
+                                          d.max_staleness > 0, row.get("refill_rounds", 1.0))
+                     for d, row in zip(_designs_of(record), record["designs"])])
     return steps * cost
 
 

@@ -73,7 +73,9 @@ FAMILIES = {"epochs": f"epoch designs at R = {BATCH}: e passes over m mini-batch
                          "the groups whose rewards are not all equal, B drawn uniformly) at (x, y) in "
                          f"{', '.join(f'({x}, {y})' for x, y in SELECTIVE_GRID)} (--quick: (16, 4)), beside the "
                          "uniform FIFO at the same sizes; rollout settings only (the quadratic has no groups of "
-                         "rewards); optimal's printed answer prices them from the pilot's zero share (--zero-share)"}
+                         "rewards); and dynamic sampling at every on-policy batch (the simulator's buffer dynamic, "
+                         "[E11]: rounds of B until B rollouts have a non-zero advantage, each used once); optimal's "
+                         "printed answer prices both from the pilot's zero share (--zero-share)"}
 """The design families ``--families`` adds to the grid (none by default: the protocol evidence.json was written by)."""
 HELD_OUT = (563, 569, 571)
 """The held-out instances the targets read (advise/evidence.json is their default run's record): named before their
@@ -119,7 +121,9 @@ protocol with the rule unchanged (heldout3-467, a third reading of it); then SGD
 Newton step and the guard given the whole epoch family (forgetting.TUNED_KAPPA, guarded.py), chosen on families-509's
 and the default readings' stored runs, which made all of them development instances. 563, 569 and 571 are named
 here, before their first run, for the default protocol's reading of that rule, and 541, 547 and 557 for its
---families epochs,overlap,selective reading: issue 40's targets read a fifth time.)"""
+--families epochs,overlap,selective reading: issue 40's targets read a fifth time. 599, 601 and 607 are named here,
+before their first run, for the same --families run with dynamic sampling in the selective family and in the printed
+answer's search (docs/THEORY.md [E11]): issue 40's targets read a sixth time.)"""
 SEEDS = 16
 BOOTS = 200
 MUS = (0.5, 1.0, 2.0, 5.28, 20.0)
@@ -206,7 +210,8 @@ class SelectiveDesign(forgetting.Design):
     """A FIFO design (B, R, N) trained by the buffer selective ([E8], ``core/buffers/uniform.py``
     ``SelectiveFifoBuffer``): only the groups whose rewards are not all equal enter, B drawn uniformly. Its step costs
     what its uniform twin's does (R generated, B trained); its own type keeps it apart from that twin in the records,
-    the run keys and the rules' menus (``is_selective``)."""
+    the run keys and the rules' menus (``is_selective``). On-policy, it is dynamic sampling ([E11], the buffer
+    dynamic), whose step costs the rounds it draws (``refill_rounds`` in its row)."""
 
     selective: bool = True
     buffer: ClassVar[str] = "selective"
@@ -275,7 +280,14 @@ class Options:
         if setting is None or has_groups(setting):  # the quadratic has no groups of rewards: no selective design
             out += [(f"selective x={x} y={y}", SelectiveDesign(BATCH, BATCH // y, x * BATCH // y))
                     for x, y in self.selective_grid]
+            out += [(f"dynamic B={b}", SelectiveDesign(b, b, b, True)) for b in self.dynamic_batches]
         return out
+
+    @property
+    def dynamic_batches(self) -> tuple[int, ...]:
+        """The batches of the dynamic sampling designs trained on a rollout setting (none without --families
+        selective): the on-policy ones, each beside on-policy at the same B."""
+        return tuple(sorted(self.on_policy_batches)) if "selective" in self.families else ()
 
     @property
     def selective_grid(self) -> tuple[tuple[int, int], ...]:

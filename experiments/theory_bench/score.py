@@ -175,7 +175,8 @@ def score_printed(record: dict, mu: float, floor: float, compute: np.ndarray, sp
             continue
         design, row, steps = _printed_run(record, mu, floor, ratio)
         pick = steps * forgetting.step_cost(design.rollouts_per_step, design.batch_size, mu, floor,
-                                            design.updates_per_generation, design.max_staleness > 0)  # (replicates,)
+                                            design.updates_per_generation, design.max_staleness > 0,
+                                            row.get("refill_rounds", 1.0))  # (replicates,); dynamic: its rounds
         regret, interval = _ratio_entry(pick + added, best)
         out[name] = {"free": row["label"], "free_regret": regret, "free_ci": interval,
                      "pinned": None, "pinned_regret": None, "pinned_ci": None,
@@ -211,7 +212,8 @@ def score_work_budget(record: dict, mu: float, floor: float, floor_rule: str | N
     best = np.where(work <= budget[:, None], time_, np.inf).min(axis=1)
     design, row, steps = _printed_run(record, mu, floor, PRINTED_STEPS_RATIOS[0], PRINTED_WORK_RATIO)
     cost = partial(forgetting.step_cost, design.rollouts_per_step, design.batch_size, mu,
-                   updates_per_generation=design.updates_per_generation, overlapped=design.max_staleness > 0)
+                   updates_per_generation=design.updates_per_generation, overlapped=design.max_staleness > 0,
+                   rounds=row.get("refill_rounds", 1.0))
     picks = {"printed_work2": (row["label"], steps * cost(floor), steps * cost(0.0), design.on_policy)}
     if floor_rule is not None:
         i = labels.index(floor_rule)

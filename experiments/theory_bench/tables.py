@@ -213,7 +213,12 @@ def _branch_text(branch: dict | None) -> str:
 
 
 def _is_selective_row(d: dict) -> bool:
-    return d["design"][7:] == ["selective"]
+    """A selective replay FIFO's row ([E8]); dynamic sampling's ([E11], on-policy) is ``_is_dynamic_row``."""
+    return d["design"][7:] == ["selective"] and not d["design"][3]
+
+
+def _is_dynamic_row(d: dict) -> bool:
+    return d["design"][7:] == ["selective"] and bool(d["design"][3])
 
 
 def _median_range(values: list[float]) -> str:
@@ -267,14 +272,33 @@ def _selective_rows(units: list[dict]) -> tuple[list[str], list[float], list[flo
     return lines, ratios, zs, skipped
 
 
+def _dynamic_rows(units: list[dict]) -> tuple[list[str], list[float], list[float]]:
+    """The table rows of every dynamic sampling design (setting, optimizer, instance, B, z, its generation rounds an
+    update, its steps over on-policy at the same B's), the steps ratios and the rounds."""
+    lines, ratios, rounds = [], [], []
+    for u in units:
+        steps = {d["label"]: d["steps"] for d in u["designs"]}
+        for d in (d for d in u["designs"] if _is_dynamic_row(d)):
+            batch = d["design"][0]
+            ratio = _steps_ratio(d["steps"], steps.get(f"on-policy B={batch}"))
+            ratios += [] if ratio is None else [ratio]
+            rounds += [] if d.get("refill_rounds") is None else [d["refill_rounds"]]
+            lines.append(f"| {u['setting']} | {u['optimizer']} | {u['instance']} | {batch} | "
+                         f"{_num(d.get('zero_std_share'))} | {_num(d.get('refill_rounds'))} | {_num(ratio)} |")
+    return lines, ratios, rounds
+
+
 def _selective_floor_line(cells: list[dict], floor: int) -> str:
-    """At one floor, over the cells that have the family: where a selective design is the whole grid's cheapest (by
-    how much), and the printed answer and the trivial rule within 1.2x with the family and without it."""
-    best = [c for c in cells if (c["best_free"] or "").startswith("selective")]
+    """At one floor, over the cells that have the family: where a selective design (replay or dynamic sampling) is
+    the whole grid's cheapest (by how much), and the printed answer and the trivial rule within 1.2x with the family
+    and without it."""
+    best = [c for c in cells if (c["best_free"] or "").startswith(("selective", "dynamic"))]
+    dynamic = sum((c["best_free"] or "").startswith("dynamic") for c in best)
     gains = [c["selective_gain"] for c in best]
     printed = [_free_regret(c, "printed") for c in cells]
     trivial = [_free_regret(c, "on_policy_floor") for c in cells]
     return (f"- floor {floor}: a selective design is the whole grid's cheapest in {len(best)} of {len(cells)} cells"
+            + (f", dynamic sampling in {dynamic} of them" if dynamic else "")
             + (f" (the best without the family costs {_median_range(gains)} x it)" if best else "")
             + f"; within 1.2x of the grid's best with the family / without it: optimal's printed answer "
             f"{_within_text(printed, cells)}, the trivial rule {_within_text(trivial, cells)}")
@@ -292,6 +316,13 @@ def selective_text(summary: dict) -> str:
            "|---" * 6 + "|", *rows, "",
            f"- steps (= compute) selective / uniform at the same (x, y): {_median_range(ratios)}; z "
            f"{_median_range(zs)}"]
+    units = [u for u in summary["units"] if not u.get("not_scored")]
+    dyn_rows, dyn_ratios, dyn_rounds = _dynamic_rows(units)
+    if dyn_rows:  # dynamic sampling ([E11]) beside on-policy at the same B: a run saved before it has none
+        out += ["", "| setting | opt | inst | B | z (equal-reward groups, measured) | rounds an update "
+                "| steps dynamic / on-policy at B |", "|---" * 7 + "|", *dyn_rows, "",
+                f"- steps dynamic / on-policy at the same B: {_median_range(dyn_ratios)}; generation rounds an update "
+                f"{_median_range(dyn_rounds)}"]
     if skipped:
         out.append(f"- no selective design in {len(skipped)} unit{'s' if len(skipped) != 1 else ''}, those of "
                    f"{', '.join(sorted(set(skipped)))} (the quadratic has no groups of rewards, so no zero-advantage "

@@ -743,7 +743,8 @@ def test_design_registry_builds_every_buffer():
 
     expected = {"on-policy": type(None), "fifo": FifoBuffer, "positive-bias": PositiveBiasBuffer,
                 "prioritized": PrioritizedBuffer, "group-replay": GroupReplayBuffer, "exgrpo": ExGRPOBuffer,
-                "stale-k": StaleKQueue, "epochs": EpochSchedule, "selective": SelectiveFifoBuffer}
+                "stale-k": StaleKQueue, "epochs": EpochSchedule, "selective": SelectiveFifoBuffer,
+                "dynamic": type(None)}  # dynamic sampling keeps nothing: its batch step regenerates
     assert set(BUFFER_DESIGNS) == set(expected)
     for name, cls in expected.items():
         buffer = make_design_buffer(DesignConfig(buffer=name, exgrpo_rho=0.25, stale_k=3),

@@ -89,7 +89,7 @@ def test_simulate_help_is_the_first_sentence_of_every_field_docstring():
     assert params["batch_size"].opts == ["--batch-size", "--batch"]
     assert params["per_tau"].default == float("inf")
     assert params["buffer"].help == ("Buffer design. One of: on-policy, fifo, positive-bias, prioritized, "
-                                     "group-replay, exgrpo, stale-k, epochs, selective.")
+                                     "group-replay, exgrpo, stale-k, epochs, selective, dynamic.")
     assert params["advantage"].help == "grpo, group-mean, leave-one-out or auto."  # the asides are in the doc
     assert params["delta"].help == ("Positive-bias buffer: share of the N slots kept for the freshest correct "
                                     "rollouts, in [0, 1).")  # an interval's bracket is no aside

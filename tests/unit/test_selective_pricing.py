@@ -137,8 +137,12 @@ def test_the_selective_answer_runs_as_buffer_selective_and_no_framework_key_has_
             assert answer.refused.endswith("--group-size 8 --buffer selective")
     cfg = DesignConfig.from_design(design)
     assert cfg.buffer == "selective" and cfg.design == design
+    # on-policy and selective is dynamic sampling ([E11]): the trainers' filter, its own buffer in the simulator
+    dynamic = Design(64, 64, 64, True, selective=True)
+    assert dynamic == Design.dynamic_at(64) and dynamic.dynamic and not design.dynamic
+    assert DesignConfig.from_design(dynamic).buffer == "dynamic"
     with pytest.raises(ValueError, match="selective design is a FIFO"):
-        Design(64, 64, 64, True, selective=True)
+        Design(64, 64, 64, False, 8, 2, 1, selective=True)  # e = 2 epochs: not selective
 
 
 def test_the_benchmark_pilot_feeds_its_zero_share_only_with_the_selective_family():

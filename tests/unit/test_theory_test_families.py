@@ -119,8 +119,16 @@ def test_selective_adds_the_selective_designs_beside_their_uniform_twins():
     assert not any(k.startswith("selective") for k, _ in full.designs("quadratic-noise10"))
     assert [k for k, _ in full.designs("bandit-grpo") if k.startswith("selective")] == list(selective)
     quick = tt.Options(quick=True, families=("selective",))
-    assert [(k, d) for k, d in quick.designs() if tt.is_selective(d)] == [
+    assert [(k, d) for k, d in quick.designs() if tt.is_selective(d) and not d.dynamic] == [
         ("selective x=16 y=4", tt.SelectiveDesign(256, 64, 1024))]
+    # and dynamic sampling at every on-policy batch ([E11]), records apart from on-policy's by their "selective"
+    dynamic = {k: d for k, d in full.designs("bandit-grpo") if d.dynamic}
+    assert dynamic == {f"dynamic B={b}": tt.SelectiveDesign(b, b, b, True) for b in full.on_policy_batches}
+    assert design_spec(dynamic["dynamic B=64"]) == [64, 64, 64, True, 1, 1, 0, "selective"]
+    assert tt._designs_of({"designs": [{"design": [64, 64, 64, True, 1, 1, 0, "selective"]}]})[0].dynamic
+    assert [k for k, d in quick.designs("two-prompts") if d.dynamic] == [
+        f"dynamic B={b}" for b in sorted(quick.on_policy_batches)]
+    assert not any(d.dynamic for _, d in full.designs("quadratic-noise10")) and not tt.Options().dynamic_batches
     # optimal does not price them: the printed answer's searches stay those of the default protocol
     assert full.max_epochs == 1 and full.max_staleness == 0
     assert tt.options_from({"families": "selective,overlap"}).families == ("selective", "overlap")
