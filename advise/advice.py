@@ -220,9 +220,7 @@ def _measured_advice(r: dict) -> tuple[str, str]:
         action = (f"generate R = {ep['rollouts_per_step']} per generation and train {ep['epochs']} epoch"
                   f"{'s' if ep['epochs'] > 1 else ''} over {ep['mini_batches']} mini-batch"
                   f"{'es' if ep['mini_batches'] > 1 else ''} of B = {ep['batch_size']}")
-        why = (f"{ep['compute_vs_B']:.2f}x the compute of on-policy at B = {r['batch']} in {ep['steps_vs_B']:.2f}x "
-               f"its steps, {on['compute_vs_B'] / ep['compute_vs_B']:.2f}x cheaper than the cheapest on-policy batch "
-               f"(B = {on['batch_size']}): the optimizer keeps psi_E = {ep['psi']:.2f} of the reused rollouts' noise "
+        why = (f"{_versus(r, ep, on)}: the optimizer keeps psi_E = {ep['psi']:.2f} of the reused rollouts' noise "
                f"(1: none kept; {ep['epochs']}: all)")
         return action, why
     if r["winner"] == "overlapped":
@@ -242,31 +240,25 @@ def _measured_advice(r: dict) -> tuple[str, str]:
                   f"{sel['rollouts_per_step']}, N = {sel['capacity']} (a FIFO admitting the {1 - r['zero_share']:.2f} "
                   f"of each generation with a non-zero advantage: horizon N / ((1 - z) R) = "
                   f"{sel['admitted_horizon']:.3g} steps)")
-        why = (f"{sel['compute_vs_B']:.2f}x the compute of on-policy at B = {r['batch']} in {sel['steps_vs_B']:.2f}x "
-               f"its steps, {on['compute_vs_B'] / sel['compute_vs_B']:.2f}x cheaper than the cheapest on-policy batch "
-               f"(B = {on['batch_size']}): a share z = {r['zero_share']:.3g} of the groups ({r['zero_share_source']}) "
+        why = (f"{_versus(r, sel, on)}: a share z = {r['zero_share']:.3g} of the groups ({r['zero_share_source']}) "
                f"has all rewards equal, no gradient, and is never stored or trained on, so every update draws "
                f"informative samples; the optimizer keeps psi = {sel['psi']:.2f} of the buffer's extra noise")
         return action, why
     if r["winner"] == "dynamic":
         dy = r["designs"]["dynamic"]
-        action = (f"train on-policy at B = {dy['batch_size']} with dynamic sampling: drop the groups whose rewards "
-                  f"are all equal and generate again, rounds of {dy['rollouts_per_step']}, until {dy['batch_size']} "
-                  f"rollouts with a non-zero advantage are in hand")
-        why = (f"{dy['compute_vs_B']:.2f}x the compute of on-policy at B = {r['batch']} in {dy['steps_vs_B']:.2f}x "
-               f"its steps, {on['compute_vs_B'] / dy['compute_vs_B']:.2f}x cheaper than the cheapest on-policy batch "
-               f"that keeps them (B = {on['batch_size']}): a share z = {r['zero_share']:.3g} of the groups "
-               f"({r['zero_share_source']}) has all rewards equal and no gradient, so a batch of B informative "
-               f"rollouts takes the steps of one of B / (1 - z) that keeps them, without training on the rest; it "
-               f"generates "
-               f"{dy['refill_rounds']:.2f} rounds an update on average, the last one's surplus dropped")
+        b = dy["batch_size"]  # rounds of R = B: the generation batch is the training batch ([E11])
+        action = (f"train on-policy at B = {b} with dynamic sampling: drop the groups whose rewards are all equal and "
+                  f"generate again, rounds of {b}, until {b} rollouts with a non-zero advantage are in hand")
+        why = (f"{_versus(r, dy, on, 'the cheapest on-policy batch that keeps them')}: a share z = "
+               f"{r['zero_share']:.3g} of the groups ({r['zero_share_source']}) has all rewards equal and no "
+               f"gradient, so a batch of B informative rollouts takes the steps of one of B / (1 - z) that keeps "
+               f"them, without training on the rest; it generates {dy['refill_rounds']:.2f} rounds an update on "
+               f"average, the last one's surplus dropped")
         return action, why
     if r["winner"] == "replay":
         action = (f"replay with B = {rep['batch_size']}, R = {rep['rollouts_per_step']}, N = {rep['capacity']} "
                   f"(horizon x = {rep['x']}, replay ratio y = {rep['y']:.3g})")
-        why = (f"{rep['compute_vs_B']:.2f}x the compute of on-policy at B = {r['batch']} in {rep['steps_vs_B']:.2f}x "
-               f"its steps, {on['compute_vs_B'] / rep['compute_vs_B']:.2f}x cheaper than the cheapest on-policy batch "
-               f"(B = {on['batch_size']}): the optimizer keeps psi = {rep['psi']:.2f} of the buffer's extra noise, "
+        why = (f"{_versus(r, rep, on)}: the optimizer keeps psi = {rep['psi']:.2f} of the buffer's extra noise, "
                f"below the {r['condition']['threshold_at_y']:.2f} a smaller on-policy batch allows at "
                f"y = {rep['y']:.3g}")
         return action, why
@@ -281,6 +273,13 @@ def _measured_advice(r: dict) -> tuple[str, str]:
     return (f"train on-policy at a {side} batch, B = R = N = {on['batch_size']}",
             f"{on['compute_vs_B']:.2f}x the compute of on-policy at B = {r['batch']} in {on['steps_vs_B']:.2f}x its "
             f"steps; {_guard_text(r)}; {replay}")
+
+
+def _versus(r: dict, d: dict, on: dict, rival: str = "the cheapest on-policy batch") -> str:
+    """A family's design row ``d`` against on-policy at B and ``rival``, the on-policy answer ``on``: its compute and
+    steps ratios, and how much cheaper it is."""
+    return (f"{d['compute_vs_B']:.2f}x the compute of on-policy at B = {r['batch']} in {d['steps_vs_B']:.2f}x its "
+            f"steps, {on['compute_vs_B'] / d['compute_vs_B']:.2f}x cheaper than {rival} (B = {on['batch_size']})")
 
 
 def _guard_text(r: dict) -> str:

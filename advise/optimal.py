@@ -410,9 +410,10 @@ def _forgetting_answer(q: OptimalQuery, mu: float, convention: str) -> Answer:
             evidence += ("; selective replay: the default protocol trains none (experiment theory-test --families "
                          "selective does, docs/SIMULATION.md), so no share above speaks for it")
         if record["regime"] == "dynamic":
-            evidence += ("; dynamic sampling: no benchmark protocol trains it, so no share above speaks for it (its "
-                         "steps against on-policy at B / (1 - z) on the bandit: python -m "
-                         "replay_theory.experiments.dynamic_check, docs/THEORY.md [E11])")
+            evidence += ("; dynamic sampling: the default protocol trains none (experiment theory-test --families "
+                         "selective does, docs/SIMULATION.md; its steps against on-policy at B / (1 - z): python -m "
+                         "replay_theory.experiments.dynamic_check, docs/THEORY.md [E11]), so no share above speaks "
+                         "for it")
     # a menu with epochs or overlap is scored against a grid that trains them: the families run's line, next
     families = families_evidence_line(floor_ratio, families_record) if priced_families else None
     return Answer(text=advice.render(record, [evidence, families] if families else [evidence], verdict),
