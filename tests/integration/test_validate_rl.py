@@ -70,6 +70,18 @@ def test_rloo_group_replay_on_the_language_model(warm_policy):
     assert all(np.isfinite(m["loss"]) for m in result.metrics)
 
 
+def test_dynamic_sampling_on_the_language_model(warm_policy):
+    # the simulator's dynamic_step ([E11]) through the shared pipeline: rounds of R = B = 8 completions until 8 are in
+    # groups of unequal rewards, each trained once; every round generated is charged
+    policy, train_set = warm_policy
+    config = RLConfig(steps=3, rollouts_per_step=8, group_size=4, batch_size=8, capacity=8, buffer="dynamic",
+                      lr=1e-3, max_new_tokens=12)
+    result = train(policy, train_set, config, mu=2.0)
+    assert result.k_training == 3 * 8 and result.k_inference % 8 == 0 and result.k_inference >= 3 * 8
+    assert result.compute == 2.0 * result.k_inference + result.k_training
+    assert all(np.isfinite(m["loss"]) for m in result.metrics)
+
+
 @pytest.mark.parametrize("buffer,loss", [("positive-bias", "grpo"), ("prioritized", "m2po"), ("fifo", "asymre")])
 def test_other_buffers_and_losses_run(warm_policy, buffer, loss):
     policy, train_set = warm_policy
