@@ -20,6 +20,8 @@ Every ``mu`` in this module is in the *rollout-cost* meaning of Sec. 2 / App. E
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from numpy.typing import ArrayLike
 
@@ -142,20 +144,32 @@ def refill_rounds(groups: ArrayLike, zero_share: float) -> np.ndarray | float:
     independently; rounds repeat until g groups with unequal rewards have been kept, the surplus is dropped (DAPO's
     loop, verl recipe/dapo). T = min {n : Bin(n g, 1 - z) >= g}, so E[T] = sum_{n >= 0} P(T > n) = 1 + sum_{n >= 1}
     P(Bin(n g, 1 - z) <= g - 1) [E11]: 1 at z = 0, about 1 / (1 - z) plus the last round's surplus otherwise.
-    ``groups`` (any shape) whole groups >= 1; z in [0, 1)."""
-    from scipy.stats import binom  # scipy's exact binomial cdf (a core dependency; imported where used)
-
+    ``groups`` (any shape) whole groups >= 1; z in [0, 1). Read off a table of every g up to the next power of two,
+    computed once per z (the whole-design search prices every batch at every b factor: the rounds depend on neither)."""
     z = require_unit_interval("zero share z", zero_share, closed=False)
     g = np.asarray(groups)
-    for value in np.ravel(g):
-        require_integer("groups per round", float(value), 1, whole_floats=True)
-    g = g.astype(float)
+    bad = ~(np.isfinite(g) & (g >= 1) & (g == np.floor(g))) if g.dtype.kind in "fiu" else np.ones(g.shape, bool)
+    if bad.any():  # one vectorised check (the search prices thousands of batches), the first bad value named
+        require_integer("groups per round", np.ravel(g)[np.argmax(np.ravel(bad))], 1, whole_floats=True)
+    g = g.astype(np.int64)
+    top = 1 << int(np.max(g, initial=1) - 1).bit_length()  # the next power of two at or above the largest g
+    values = _refill_table(z, top)[g - 1]
+    return float(values) if values.ndim == 0 else values
+
+
+@lru_cache(maxsize=32)
+def _refill_table(z: float, top: int) -> np.ndarray:
+    """E[T] for g = 1 .. ``top`` at zero share z (``refill_rounds``), read-only."""
+    from scipy.stats import binom  # scipy's exact binomial cdf (a core dependency; imported where used)
+
+    g = np.arange(1, top + 1, dtype=float)
     total = np.ones_like(g)  # P(T > 0) = 1
+    live = np.arange(top) if z > 0 else np.arange(0)  # the g whose terms are still above the tail
     n = 1
-    while z > 0:
-        term = binom.cdf(g - 1, n * g, 1 - z)  # P(T > n) [E11]
-        total = total + term
-        if np.max(term) < REFILL_TAIL:
-            break
+    while live.size:
+        term = binom.cdf(g[live] - 1, n * g[live], 1 - z)  # P(T > n) [E11]
+        total[live] += term
+        live = live[term >= REFILL_TAIL]  # P(T > n) falls with n: a g below the tail stays below it
         n += 1
-    return float(total) if total.ndim == 0 else total
+    total.flags.writeable = False
+    return total

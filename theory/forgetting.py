@@ -606,7 +606,7 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
     x_sel = N / admitted  # a selective design's horizon N / R' (whole steps only at z = 0)
     rounds = np.ones_like(B)  # generation rounds of R per update: more only for dynamic sampling [E11]
     if dyn.any():
-        groups = np.array([d.batch_size // d.group_size for d in designs])[dyn]
+        groups = np.array([d.batch_size // d.group_size for d, y in zip(designs, dyn) if y])  # g = B / G
         rounds[dyn] = refill_rounds(groups, zero_share)
     late = np.array([d.max_staleness for d in designs], dtype=float)  # an overlapped design's age at use (else 0)
     e = np.array([d.epochs for d in designs], dtype=np.int64)
