@@ -15,6 +15,7 @@ import sympy
 
 from replay_theory.theory import forgetting as fg
 from replay_theory.theory import reuse_families as rf
+from replay_theory.theory.compute import refill_rounds
 
 BETA = 0.9
 Z_MAX = 4.5
@@ -276,9 +277,83 @@ def test_filtered_noise_hand_values():
     assert rf.filtered_noise(32, 32, 32, 0.5, 0.2, selective=True, on_policy=True).bv == 1.0
 
 
+def simulate_on_policy_filtered(batch: int, group: int, zero_share: float, kappa: float, optimizer: str,
+                                dynamic: bool, rng: np.random.Generator, chains: int = 1000,
+                                steps: int = 1000) -> tuple[float, float, float]:
+    """Var e of on-policy updates over B = g G fresh rollouts in groups of G, each group of equal rewards (no
+    gradient: neither drift nor noise) with probability z independently. Kept [E7]/[E9]: the mean over all B, so
+    the informative share of drift and noise is binomial over the g groups. Dynamic sampling [E9]/[E11]: rounds of g
+    groups until g informative ones are in hand (generation order), the update on those B alone. Over the
+    prediction of ``filtered_noise(..., on_policy=True)``; third: the mean rounds an update took (kept: 1)."""
+    need = batch // group
+    opt = _Optimizer(optimizer, kappa, chains)
+    burn, sums, rounds = _burn(kappa), np.zeros(chains), np.zeros(chains)
+    for t in range(burn + steps):
+        if dynamic:
+            have, drawn = np.zeros(chains, int), np.zeros(chains, int)
+            noise = np.zeros(chains)
+            while (have < need).any():  # every chain draws a round until its batch is full
+                open_ = have < need  # (chains,)
+                informative = rng.random((chains, need)) >= zero_share  # (chains, g) this round's groups
+                xi = rng.standard_normal((chains, need, group)).sum(axis=2)  # (chains, g) each group's noise sum
+                take = informative & (np.cumsum(informative, axis=1) + have[:, None] <= need) & open_[:, None]
+                noise += (xi * take).sum(axis=1)
+                have += take.sum(axis=1)
+                drawn += open_
+            err = opt.step(opt.e, noise / batch)
+        else:
+            informative = rng.random((chains, need)) >= zero_share  # (chains, g)
+            xi = rng.standard_normal((chains, need, group)).sum(axis=2)
+            share = informative.mean(axis=1)
+            err = opt.step(share * opt.e, (xi * informative).sum(axis=1) / batch)
+            drawn = np.ones(chains)
+        if t >= burn:
+            sums += err * err
+            rounds += drawn
+    pred = rf.filtered_noise(batch, batch, batch, zero_share, kappa, optimizer, BETA, selective=dynamic,
+                             on_policy=True)
+    mean, se = _summary(sums, steps, _fresh_variance(pred.kappa, optimizer) * pred.bv / batch)
+    return mean, se, float(rounds.mean() / steps)
+
+
+ON_POLICY_POINTS = [  # (B, G, z, kappa, optimizer, dynamic)
+    (16, 4, 0.25, 0.05, "sgd", False), (16, 4, 0.5, 0.2, "sgd", False), (32, 4, 0.5, 0.5, "sgd", False),
+    (16, 4, 0.25, 0.2, "adam", False), (32, 8, 0.5, 0.05, "adam", False),
+    (16, 4, 0.25, 0.05, "sgd", True), (16, 4, 0.5, 0.2, "sgd", True), (32, 4, 0.5, 0.5, "sgd", True),
+    (16, 4, 0.25, 0.2, "adam", True), (32, 8, 0.5, 0.05, "adam", True)]
+
+
+def _kept_spread(groups: int, zero_share: float, kappa: float) -> float:
+    """SGD keeping the zero groups, exactly: the informative share s of an update is Bin(g, 1 - z) / g, so e' = (1 -
+    kappa s) e - kappa n with Var(n | s) = s / B, and Var e = kappa^2 E s / B / (1 - E (1 - kappa s)^2). Over the
+    model's fixed share s = 1 - z: (2 - kappa (1 - z)) / (2 - kappa (1 - z) - kappa Var(s) / E s), Var(s) / E s =
+    z / g: the binomial spread the model leaves out, 1.3% at g = 4, z = 0.5, kappa = 0.2."""
+    s_bar = 1 - zero_share
+    return (2 - kappa * s_bar) / (2 - kappa * s_bar - kappa * zero_share / groups)
+
+
+def _on_policy_rng(point) -> np.random.Generator:
+    b, g, z, kappa, optimizer, dynamic = point
+    return np.random.default_rng([44, b, g, int(z * 100), int(kappa * 100), optimizer == "adam", dynamic])
+
+
+@pytest.mark.parametrize("point", ON_POLICY_POINTS, ids=lambda p: "B{}-G{}-z{}-k{}-{}-dyn{}".format(*p))
+def test_on_policy_filtered_noise_matches_the_literal_loop(point):
+    """[E9] in the linear model: keeping the zero groups is on-policy at (1 - z) kappa with 1 / (1 - z) the noise;
+    dynamic sampling is on-policy at kappa with B informative samples (psi = 1, the refill selects groups by their
+    rewards, not their noise), its rounds those of ``compute.refill_rounds``."""
+    b, g, z, kappa, optimizer, dynamic = point
+    mean, se, rounds = simulate_on_policy_filtered(b, g, z, kappa, optimizer, dynamic, _on_policy_rng(point))
+    assert abs(mean - 1.0) <= REL_MAX, (point, mean, se)  # the model the rule prices, within 5%
+    _assert_close(_kept_spread(b // g, z, kappa) if optimizer == "sgd" and not dynamic else 1.0, mean, se, point)
+    if dynamic:  # the loop's rounds against the exact E[T] (the steps' average: well inside 2%)
+        assert rounds == pytest.approx(float(refill_rounds(b // g, z)), rel=0.02)
+
+
 def _print_filtered() -> None:
-    """The literal FIFO's variance over ``filtered_noise``'s prediction at every FILTER_POINTS point, with its
-    standard error (docs/THEORY.md [E8]-[E10] quote these): ``python tests/unit/test_reuse_families.py``."""
+    """The literal FIFO's variance over ``filtered_noise``'s prediction at every FILTER_POINTS point, then the literal
+    on-policy loop's at every ON_POLICY_POINTS point, each with its standard error (docs/THEORY.md [E8]-[E11] quote
+    these): ``python tests/unit/test_reuse_families.py``."""
     for point in FILTER_POINTS:
         *design, kappa, optimizer, selective = point
         rng = np.random.default_rng([42, *design[:3], int(design[3] * 100), int(kappa * 100), optimizer == "adam",
@@ -288,6 +363,13 @@ def _print_filtered() -> None:
         horizon = n / ((1 - z) * r) if selective else n / r
         print(f"B={b} R={r} N={n} z={z} kappa={kappa} {optimizer} {'dropped' if selective else 'kept'}: "
               f"x = {horizon:.3g}, measured / predicted {mean:.3f} +- {se:.3f}")
+    for point in ON_POLICY_POINTS:  # [E9] on-policy: kept (the SGD spread's exact value beside) and dynamic
+        b, g, z, kappa, optimizer, dynamic = point
+        mean, se, rounds = simulate_on_policy_filtered(*point[:5], dynamic, _on_policy_rng(point))
+        extra = (f", rounds {rounds:.3f} (E[T] {float(refill_rounds(b // g, z)):.3f})" if dynamic else
+                 f" (with the share's spread: {_kept_spread(b // g, z, kappa):.3f})" if optimizer == "sgd" else "")
+        print(f"on-policy B={b} G={g} z={z} kappa={kappa} {optimizer} {'dynamic' if dynamic else 'kept'}: "
+              f"measured / predicted {mean:.3f} +- {se:.3f}{extra}")
 
 
 if __name__ == "__main__":
