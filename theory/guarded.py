@@ -75,6 +75,8 @@ steps against on-policy at B were within 25% in 45-62 of 65 units per design und
 was optimistic by up to 16x (``python -m replay_theory.experiments.epochs_check`` on the four --families runs).
 Offering epochs under Adam only where the measured kappa < 1, the regime where that check found the epoch model right,
 lost too (docs/trials/adam-epochs-linear.patch on families-509's runs: 19 of 84 moved cells within 1.2x against 71).
+FIFO replay under Adam behind this guard (its b range and margin) lost too: on heldout5-577's runs rescored, 20 of the
+53 moved cells within 1.2x against 50 (docs/trials/adam-fifo-guarded.patch, docs/SIMULATION.md).
 Selective replay (``zero_share``) is reuse too: offered under these optimizers only; dynamic sampling reuses nothing
 and is offered under every optimizer."""
 
