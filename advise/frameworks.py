@@ -186,8 +186,10 @@ def _trl(s: _Shape, processes: int) -> tuple[list[str], list[str]]:
         return ([*lines, f"max_staleness={s.k}"],
                 notes + ["trl.experimental.async_grpo.AsyncGRPOTrainer drops samples older than max_staleness "
                          "weight updates"])
-    if s.selective:
-        raise _no("dropping zero-advantage groups")
+    if s.selective:  # dynamic sampling: each update on-policy, one pass (a filter with epochs: no trainer of ours)
+        ours = (f"; our {TRL_REPLAY} runs it: replay-theory trl-replay --buffer dynamic --rollouts-per-step {s.B} "
+                f"--group-size {s.G}" if s.m == 1 and s.e == 1 else "")
+        raise _no("dropping zero-advantage groups", ours)
     if s.m > 1:
         lines.append(f"steps_per_generation={s.m * accumulation}")
         notes.append(f"generation_batch_size = {s.R} = R: {s.m} optimizer steps per generation")

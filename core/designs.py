@@ -870,10 +870,11 @@ class BufferDesign:
     final_counts: Callable[[PipelineState], dict[str, float]] | None = None  # design-specific run totals
     pipelines: tuple[str, ...] = ("sync",)
     needs_entropy: bool = False  # the batch step asks the backend for token entropies (ExGRPO's o* choice)
-    trainer: bool = False  # a trainer can run it: one batch of B per step from a fixed generation batch of R
+    trainer: bool = False  # a trainer can run it: one batch of B per step from generation batches of R
     # (integrations/buffer.py's RowReplayBuffer; epochs: TRL's own generation buffer, integrations/trl.py; stale-k:
-    # the queue's batch of k updates earlier, generated in the trainer's own step, not beside it);
-    # group-replay and exgrpo generate a varying number
+    # the queue's batch of k updates earlier, generated in the trainer's own step, not beside it; dynamic: whole
+    # generation batches of R = B until B are informative, the refills' prompts drawn by the trainer);
+    # group-replay and exgrpo generate a number of groups that is no whole generation batch
 
 
 BUFFER_DESIGNS: dict[str, BufferDesign] = {
@@ -896,7 +897,7 @@ BUFFER_DESIGNS: dict[str, BufferDesign] = {
     "selective": BufferDesign("FIFO of N admitting only groups with a non-zero advantage, B drawn uniformly",
                               FifoParams, _selective, uniform_buffer_step, _selective_rules, trainer=True),
     "dynamic": BufferDesign("rounds of B until B rollouts have a non-zero advantage, each used once (DAPO)", None,
-                            None, dynamic_step, _dynamic_rules),
+                            None, dynamic_step, _dynamic_rules, trainer=True),
 }
 
 

@@ -193,8 +193,10 @@ class RowReplayBuffer:
         for k, s in shapes.items():
             if k in ("advantages", "rewards") and len(s) != 1:
                 raise ValueError(f"{k} must be one value per row, shape ({n},), got {s}")
-        if self.config.buffer == "selective" and ("rewards" not in rows or not torch.isfinite(rows["rewards"]).all()):
-            raise ValueError("buffer selective admits a group by its rewards (all equal: no gradient, never kept), so "
+        if self.config.buffer in ("selective", "dynamic") and ("rewards" not in rows
+                                                               or not torch.isfinite(rows["rewards"]).all()):
+            raise ValueError(f"buffer {self.config.buffer} admits a group by its rewards (all equal: no gradient, "
+                             "never trained), so "
                              "every pushed row needs a finite 'rewards' value, got "
                              + ("none" if "rewards" not in rows else "a non-finite one"))
         if self.data and set(rows) | {"version", "sample_id", "group_id"} != set(self.data):
@@ -221,6 +223,19 @@ class RowReplayBuffer:
             group=group[None],
         )
 
+    def generate(self, weights: Any, num_groups: int, version: int) -> RolloutBatch:
+        """One more generation batch of ``num_groups`` groups, pushed with ``version`` (PipelineState protocol; the
+        dynamic design's refill rounds: ``core.designs.dynamic_step``); the callable given to :meth:`step` decides
+        the prompts of each call."""
+        if self._generate is None:
+            raise ValueError("generate is called by a design step: use RowReplayBuffer.step")
+        rows = self._generate()
+        n = self._checked_row_count(rows)
+        if n != num_groups * self.group_size:  # the trainer's generation batch is R = B rows: an invariant
+            raise ValueError(f"the design asked for {num_groups} groups of {self.group_size}, the trainer generated "
+                             f"{n} rows")
+        return self.push(rows, version=version)
+
     def fresh_rollouts(self, step: int, weights: Any = None, *, on_policy: bool = False) -> RolloutBatch | None:
         """The design asks for this step's fresh rows: generate them now (PipelineState protocol)."""
         if self._generate is None:
@@ -231,7 +246,8 @@ class RowReplayBuffer:
              ) -> tuple[dict[str, torch.Tensor], StepBatch]:
         """One step of the design: generate (if it asks), add, draw; the drawn rows and the design's StepBatch.
 
-        ``generate()`` returns one generation batch of rows (as :meth:`push` takes them). The drawn rows carry
+        ``generate()`` returns one generation batch of rows (as :meth:`push` takes them); buffer dynamic calls it
+        once a round, so each call after the first must bring new prompts. The drawn rows carry
         ``sampler_weight`` (FreshPER's importance weights; ones otherwise) and ``buffer_index`` (their position
         in :attr:`data` before rows the design dropped are removed).
         """

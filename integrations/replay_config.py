@@ -182,12 +182,8 @@ class ReplayConfig:
                              f"trainer's asynchronous mode (replay-theory optimal ... --framework NAME prints its "
                              f"keys), or run its staleness without the overlap: buffer stale-k with stale_k = "
                              f"{data.get('max_staleness')}, N = B = R")
-        if data.get("regime") == "dynamic":  # a generation loop, not a buffer: no ReplayConfig realises it
-            raise ValueError(f"the optimal --json output answers dynamic sampling at B = {data.get('batch_size')} "
-                             f"(drop the groups whose rewards are all equal and generate again, each rollout used "
-                             f"once), which the replay buffer does not run: set your trainer's group filter "
-                             f"(replay-theory optimal ... --framework verl, nemo-rl or skyrl prints its key), or keep "
-                             f"the zero groups on-policy at B / (1 - z), the batch with as many informative rollouts")
+        if data.get("regime") == "dynamic":  # rounds of B until B are informative: buffer dynamic
+            return cls._dynamic_answer(data, overrides)
         if data.get("objective") == "noise-scale":  # N = R at fixed B (cli/theory_cmds.py)
             if data.get("batch_size") is None or data.get("b_noise") is None:
                 raise ValueError("the optimal --json output has no design: run `replay-theory optimal` with the "
@@ -231,6 +227,23 @@ class ReplayConfig:
                 notes.append(f"capacity {n} rounded to {rounded}, a whole number of groups of {group_size}")
                 n = rounded
         return cls(capacity=n, batch_size=b, rollouts_per_step=r, notes=tuple(notes), **overrides)
+
+    @classmethod
+    def _dynamic_answer(cls, data: Mapping[str, Any], overrides: dict[str, Any]) -> "ReplayConfig":
+        """A dynamic-sampling answer (``regime`` dynamic: on-policy at B, the groups whose rewards are all equal
+        dropped and generated again) as buffer dynamic, N = B = R; another buffer asked for by name is refused in
+        one line."""
+        asked = overrides.pop("buffer", None)
+        if asked not in (None, "fifo", "dynamic"):  # fifo: the trainer's default, not a choice against the answer
+            raise ValueError(f"the optimal --json output answers dynamic sampling at B = {data.get('batch_size')} "
+                             f"(drop the groups whose rewards are all equal and generate again, each rollout used "
+                             f"once), which buffer {asked} does not run: leave the buffer at its default or give "
+                             f"buffer dynamic")
+        require_integer("batch_size", data.get("batch_size"), 1, whole_floats=True)
+        b = int(data["batch_size"])
+        note = (f"dynamic sampling run as buffer dynamic: generation batches of R = B = {b} until B rollouts have "
+                f"unequal group rewards, each trained once; a refill's prompts are drawn uniformly by the trainer")
+        return cls(capacity=b, batch_size=b, rollouts_per_step=b, buffer="dynamic", notes=(note,), **overrides)
 
     @classmethod
     def _epochs_answer(cls, data: Mapping[str, Any], overrides: dict[str, Any]) -> "ReplayConfig":

@@ -184,6 +184,7 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
         self._last_rewards_per_func: torch.Tensor | None = None
         self._step_generation_seconds = 0.0  # wall seconds this step spent in TRL's generation (for the log)
         self._step_generated_rows = 0
+        self._step_refill_rounds: float | None = None  # buffer dynamic: the generation rounds this step took
         self.measure_noise = bool(measure_noise)
         self.noise_log = None if noise_log is None else Path(noise_log)
         self.noise_records: list[dict[str, float]] = []  # one per measured step: GRAD_NORM_COLUMNS
@@ -363,22 +364,36 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
         self._step_generation_seconds = 0.0
 
         fresh: list[dict[str, torch.Tensor]] = []
+        step = int(self.state.global_step)
 
         def generate() -> dict[str, torch.Tensor]:
             started = time.perf_counter()
-            rows = self.fresh_rows(self._generate_and_score_completions(generation_batch))
+            prompts = generation_batch if not fresh else self._refill_prompts(step, len(fresh), len(generation_batch))
+            rows = self.fresh_rows(self._generate_and_score_completions(prompts))
             self._step_generation_seconds += time.perf_counter() - started
             fresh.append(rows)
             return rows
 
         assert self.replay_buffer is not None  # every buffer but epochs (returned above)
-        drawn, data = self.replay_buffer.step(self.state.global_step, generate)
+        drawn, data = self.replay_buffer.step(step, generate)
+        self._step_refill_rounds = float(data.curves["refill_rounds"][0]) if "refill_rounds" in data.curves else None
         if self._curvature_pending is not None and fresh:  # kappa's H w on rows xi's halves never held
             self._finish_curvature(self._curvature_pending, fresh[0])
         self._step_generated_rows = int(np.sum(data.generated))
         self.replay_generated += self._step_generated_rows
         self.replay_trained += int(data.train.size)
         return drawn
+
+    def _refill_prompts(self, step: int, round_: int, rows: int) -> list[dict[str, Any]]:
+        """A dynamic-sampling refill round's generation batch: ``rows`` / G prompts drawn uniformly from the train
+        dataset, each repeated G times as TRL's RepeatSampler lays them out. Drawn from a stream of their own
+        (seeded by the replay seed, the step and the round, so a resumed run draws the same), not TRL's sampler,
+        whose next batch belongs to the next step: verl's DAPO loop takes the refill from its dataloader instead;
+        both are uniform over the prompts."""
+        groups = rows // self.num_generations
+        rng = np.random.default_rng([int(self.replay.seed), step, round_])
+        index = rng.integers(0, len(self.train_dataset), size=groups)  # (g,) prompt rows
+        return [self.train_dataset[int(i)] for i in index for _ in range(self.num_generations)]
 
     def fresh_rows(self, output: dict[str, Any]) -> dict[str, torch.Tensor]:
         """The per-row fields of one TRL generation output (whole groups) that the buffer stores."""

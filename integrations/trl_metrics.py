@@ -31,6 +31,7 @@ class ReplayMetricsMixin(GRPOTrainer):
     replay_generated: int
     replay_trained: int
     _fifo_max_age: int
+    _step_refill_rounds: float | None
 
     def _log_replay(self, inputs: dict[str, Any], logp_new: torch.Tensor, mask: torch.Tensor,
                     entropies: torch.Tensor, out: losses.LossOutput) -> None:
@@ -39,7 +40,8 @@ class ReplayMetricsMixin(GRPOTrainer):
         ``replay/staleness_mean``, ``replay/staleness_max``, ``replay/staleness_frac/age_*`` (buckets 0, 1, 2-3,
         4-7, ...), ``replay/replay_ratio`` (samples trained / fresh generated, cumulative; = B/R), ``replay/ess`` and
         ``replay/ess/age_*`` (Kish fraction of the SEQUENCE log-ratios: ``core.metrics``' ``step_metrics`` and
-        ``ess_by_age``), ``replay/buffer_rows``, ``replay/buffer_max_age``, the loss's own metrics under
+        ``ess_by_age``), ``replay/buffer_rows``, ``replay/buffer_max_age``, ``replay/refill_rounds`` (buffer
+        dynamic: the generation batches the step took), the loss's own metrics under
         ``replay/<name>``, for the PPO clip TRL's ``clip_ratio/*``, TRL's ``entropy``; the what-if flags
         ``replay/whatif/<correction>_<param>/flagged_frac`` and ``.../ess_frac`` of ``replay-theory diagnose``'s
         what-if table; and verl's, TRL's and M2PO's own statistics under their keys
@@ -69,6 +71,8 @@ class ReplayMetricsMixin(GRPOTrainer):
         metrics["replay/buffer_rows"].append(float(stored_age.numel()))
         metrics["replay/buffer_max_age"].append(float(stored_age.max()) if stored_age.numel() else 0.0)
         metrics["replay/loss"].append(float(out.loss[0]))
+        if self._step_refill_rounds is not None:  # buffer dynamic: generation batches this step took ([E11]'s T)
+            metrics["replay/refill_rounds"].append(self._step_refill_rounds)
         if "importance_sampling_ratio" in inputs:  # the engine correction rho of the rows trained on (fresh and old)
             rho = inputs["importance_sampling_ratio"][mask]
             metrics["replay/vllm_is_ratio_mean"].append(float(rho.mean()))

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 
 from .. import __version__
 from ..checks import Range, require_in_range, require_integer, require_number
-from ..core.designs import BUFFER_DESIGNS, LOSSES, EpochParams, StaleKParams, check_choice, choices
+from ..core.designs import BUFFER_DESIGNS, LOSSES, MAX_REFILL_ROUNDS, EpochParams, StaleKParams, check_choice, choices
 from ..core.memory import Estimate, Size, check_ceiling, check_sizes, check_threads
 from ..integrations.checkpoints import CHECKPOINT_PREFIX, checkpoint_step, complete_checkpoints
 from ..integrations.replay_config import ReplayConfig
@@ -62,7 +62,8 @@ COUNTDOWN_HELD_OUT = 64
 MAX_N_TRAIN = COUNTDOWN_DISTINCT - COUNTDOWN_HELD_OUT
 
 _NO_DESIGN = ("give --design FILE (replay-theory optimal ... -B B --json > FILE) or all of "
-              "--capacity, --batch-size, --rollouts-per-step (--buffer epochs or stale-k: --rollouts-per-step)")
+              "--capacity, --batch-size, --rollouts-per-step (--buffer epochs, stale-k or dynamic: "
+              "--rollouts-per-step)")
 
 #: The internal names a design's rules use (core/designs.py, integrations/buffer.py) -> the options typed.
 _OPTION_OF = {"capacity": "--capacity", "batch_size": "--batch-size",
@@ -83,10 +84,10 @@ class TrlRunConfig(EpochParams, StaleKParams):
     """`replay-theory optimal ... -B B --json` saved to a file: N, B, R from it (R and N rounded to whole groups)."""
     capacity: Optional[int] = None
     """N: buffer size in completions, by hand; with --batch-size and --rollouts-per-step instead of --design
-    (--buffer epochs or stale-k: R, one generation, when not given)."""
+    (--buffer epochs, stale-k or dynamic: R, one generation, when not given)."""
     batch_size: Optional[int] = None
-    """B by hand: completions trained on per update (--buffer epochs: R / --mini-batches, stale-k: R, when not
-    given)."""
+    """B by hand: completions trained on per update (--buffer epochs: R / --mini-batches, stale-k and dynamic: R,
+    when not given)."""
     rollouts_per_step: Optional[int] = None
     """R by hand: fresh completions generated per update (a multiple of --group-size)."""
     group_size: int = 8
@@ -141,7 +142,7 @@ class TrlRunConfig(EpochParams, StaleKParams):
         if self.design is not None and any(v is not None for v in by_hand):
             raise ValueError("--design and --capacity/--batch-size/--rollouts-per-step exclude each other: "
                              "give one")
-        if self.design is None and (self.rollouts_per_step is None if self.buffer in ("epochs", "stale-k")
+        if self.design is None and (self.rollouts_per_step is None if self.buffer in ("epochs", "stale-k", "dynamic")
                                     else any(v is None for v in by_hand)):
             raise ValueError(_NO_DESIGN)
         if self.design is not None and not Path(self.design).is_file():
@@ -219,6 +220,10 @@ class TrlRunConfig(EpochParams, StaleKParams):
             return (f"regime: {k}-step-off (stale-k, M2PO Sec. 3): each update trains the whole generation of R = {r} "
                     f"made {k} update(s) earlier, once, with the loss's importance ratio; generated in the same step "
                     f"(no overlap: TRL's trainer is synchronous)")
+        if replay.buffer == "dynamic":  # on-policy rounds until B are informative: not the FIFO's x, y
+            return (f"regime: dynamic sampling (DAPO): generation batches of R = B = {r} until {r} rollouts have "
+                    f"unequal group rewards, each trained once in its own step; a refill's prompts are drawn "
+                    f"uniformly from the training problems, every round's generation counted")
         if replay.buffer == "epochs":  # one generation, e passes over m mini-batches: not the FIFO's x, y
             e, m = replay.shared.epochs, replay.shared.mini_batches  # --epochs, --mini-batches or --design's
             return (f"regime: {e} epochs over {m} mini-batches of each generation of R = {r} (TRL num_iterations = "
@@ -242,9 +247,9 @@ class TrlRunConfig(EpochParams, StaleKParams):
 
     def _by_hand(self) -> tuple[int, int, int]:
         """N, B, R as given without --design (--capacity, --batch-size, --rollouts-per-step; --buffer epochs: N = R
-        and B = R / m unless given; stale-k: N = B = R unless given)."""
+        and B = R / m unless given; stale-k and dynamic: N = B = R unless given)."""
         n, b, r = self.capacity, self.batch_size, self.rollouts_per_step
-        if self.buffer == "stale-k" and r is not None:
+        if self.buffer in ("stale-k", "dynamic") and r is not None:
             r = require_integer("--rollouts-per-step", r, 1)
             n, b = (r if n is None else n), (r if b is None else b)
         if self.buffer == "epochs" and r is not None:
@@ -296,6 +301,8 @@ def peak_bytes(values: dict) -> Estimate:
     records (``validate.config.lm_terms``)."""
 
     B, R, N = values["--batch-size"], values["--rollouts-per-step"], values["--capacity"]
+    if values.get("buffer") == "dynamic":  # a step holds every round until B are informative: at most the cap's
+        N = MAX_REFILL_ROUNDS * R
     terms = lm_terms(model_shape(values["model"]), train_rows=max(B, R), generate_rows=R, stored_rows=N + B,
                      new_tokens=values["--max-new-tokens"])
     terms[f"the per-step records: steps = {values['--steps']}"] = values["--steps"] * STEP_RECORD_BYTES
@@ -640,7 +647,23 @@ def _summary(config: TrlRunConfig, replay: Any, trainer: Any, started: float, do
         "memory": kappa_record(trainer.noise_records, config.seed, out / NOISE_NAME),
         "curvature_skipped": trainer.curvature_skipped,
         "zero_share": zero_share_of_history(trainer.state.log_history),
+        "refill_rounds": refill_record(history, trainer.state.log_history, replay.batch_size // config.group_size),
     }
+
+
+def refill_record(history: list[dict], log_history: list[dict], groups: int) -> dict | None:
+    """Buffer dynamic: the generation rounds a step took (``replay/refill_rounds``), their mean over the steps, and
+    E[T] of docs/THEORY.md [E11] (``theory.compute.refill_rounds``) at the run's z over every round drawn (TRL's
+    frac_reward_zero_std) for g = B / G informative groups an update; None for every other buffer."""
+    rounds = [float(h["replay/refill_rounds"]) for h in history if "replay/refill_rounds" in h]
+    if not rounds:
+        return None
+    z = zero_share_of_history(log_history)
+    from ..theory.compute import refill_rounds
+
+    return {"mean": sum(rounds) / len(rounds), "steps": len(rounds), "groups": groups,
+            "zero_share": None if z is None else z["value"],
+            "predicted": None if z is None else float(refill_rounds(groups, z["value"]))}
 
 
 def _write_results(out: Path, trainer: Any, summary: dict, checkpoints: Path) -> None:
@@ -668,8 +691,15 @@ def _log_results(config: TrlRunConfig, replay: Any, trainer: Any, summary: dict,
     reward = ("none logged" if summary["reward_first_quarter"] is None else
               f"{summary['reward_first_quarter']:.3f} (first {k} {unit}) -> {summary['reward_last_quarter']:.3f} "
               f"(last {k})")
-    log(f"reward: {reward}; replay ratio {trainer.replay_trained / max(trainer.replay_generated, 1):.3f} (B/R = "
-        f"{replay.replay_ratio:.3f})")
+    ratio = ("1 / the refill rounds: each round generates R" if replay.buffer == "dynamic" else
+             f"B/R = {replay.replay_ratio:.3f}")
+    log(f"reward: {reward}; replay ratio {trainer.replay_trained / max(trainer.replay_generated, 1):.3f} ({ratio})")
+    refill = summary.get("refill_rounds")
+    if refill is not None:
+        exact = ("" if refill["predicted"] is None else
+                 f"; E[T] = {refill['predicted']:.2f} at the run's z = {refill['zero_share']:.3f} for "
+                 f"g = {refill['groups']} groups (docs/THEORY.md [E11])")
+        log(f"refill rounds: {refill['mean']:.2f} generation batches a step over {refill['steps']} steps{exact}")
     from ..diagnose.calibrate_log import noise_scale_lines
 
     measured = len(trainer.noise_records)

@@ -341,6 +341,37 @@ def test_row_buffer_stale_k_trains_each_generation_once_k_updates_late():
     assert drawn["old_per_token_logps"][:, 0].tolist() == [-8.0, -9.0, -10.0, -11.0]
 
 
+def test_row_buffer_dynamic_refills_until_every_trained_group_is_informative():
+    # Dynamic sampling (docs/THEORY.md [E11], core.designs.dynamic_step): generation batches of R = B = 4 rows (two
+    # groups of 2) until two groups have unequal rewards; those two are trained once, the rest dropped
+    buffer = RowReplayBuffer(ReplayConfig(4, 4, 4, buffer="dynamic").design_config(2), seed=0)
+    calls: list[int] = []
+    rewards = iter([[1.0, 1.0, 0.0, 1.0],  # round 0: group (0, 1) equal, (2, 3) informative
+                    [0.0, 0.0, 0.5, 0.5],  # round 1: both equal
+                    [1.0, 0.0, 0.0, 1.0]])  # round 2: both informative, only (8, 9) is needed
+
+    def generate():
+        r = _rows(4, start=4 * len(calls))
+        r["rewards"] = torch.tensor(next(rewards), dtype=torch.float64)
+        calls.append(len(calls))
+        return r
+
+    drawn, data = buffer.step(3, generate)
+    assert calls == [0, 1, 2]  # three rounds, each one whole generation batch
+    assert drawn["sample_id"].tolist() == [2, 3, 8, 9]  # the first two informative groups, in generation order
+    assert drawn["advantages"].tolist() == [2.0, 3.0, 8.0, 9.0]  # every field gathered with the same rows
+    assert drawn["sampler_weight"].tolist() == [1.0] * 4 and data.staleness[0].tolist() == [0] * 4
+    assert data.generated.tolist() == [12]  # every round charged
+    assert data.curves["refill_rounds"].tolist() == [3.0]
+    assert data.curves["refill_zero_share"].tolist() == [0.5]  # 3 of the 6 groups drawn
+    assert len(buffer) == 0  # nothing kept past the step
+    # one round enough: no refill asked
+    drawn, data = buffer.step(4, lambda: {**_rows(4, start=100), "rewards": torch.tensor([0.0, 1.0, 1.0, 0.0])})
+    assert drawn["sample_id"].tolist() == [12, 13, 14, 15] and data.curves["refill_rounds"].tolist() == [1.0]
+    with pytest.raises(ValueError, match=r"^buffer dynamic admits a group by its rewards .* got none$"):
+        buffer.push({k: v for k, v in _rows(4).items() if k != "rewards"}, version=5)
+
+
 def test_row_buffer_on_policy_trains_each_fresh_row_once():
     buffer = RowReplayBuffer(ReplayConfig(4, 4, 4, buffer="on-policy").design_config(2), seed=0)
     for step in range(3):
@@ -352,7 +383,7 @@ def test_row_buffer_on_policy_trains_each_fresh_row_once():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(buffer="group-replay"), "buffer must be one of on-policy, fifo, positive-bias, prioritized, stale-k, "
-                                  "epochs, selective, got 'group-replay'"),
+                                  "epochs, selective, dynamic, got 'group-replay'"),
     (dict(buffer="on-policy"), "batch_size must equal rollouts_per_step = 4 on-policy (every rollout trained once), "
                                "got 6"),
     (dict(design={"capacity": 9}), "design sets capacity, which ReplayConfig sets itself: leave it out of design"),
@@ -550,6 +581,28 @@ def test_trl_stale_k_trains_each_generation_once_k_updates_late(tmp_path):
     moved = [max(abs(a - b) for a, b in zip(n, o)) for n, o in zip(new, old)]
     assert max(moved[:r]) < 1e-5 and min(moved[r:]) > 1e-5
     assert np.asarray(t["step_generated_rows"]).reshape(steps, -1)[:, 0].tolist() == [2 * r, r, r, r]
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.named_parameters())
+
+
+def test_trl_dynamic_sampling_trains_informative_groups_once_every_round_counted(tmp_path):
+    # Dynamic sampling (DAPO; core.designs.dynamic_step, the simulator's step) through TRL's real loop: each update
+    # trains B = 4 rows (two groups of G = 2) whose rewards differ, once, generated at this update; a generation
+    # batch whose groups fall short is followed by refill rounds of new prompts, every one charged
+    pytest.importorskip("trl")
+    import pyarrow.parquet as pq
+
+    r, steps = 4, 4
+    trainer, logs, before, _ = _train(tmp_path / "out", ReplayConfig(r, r, r, buffer="dynamic"), steps,
+                                      diagnose_log=tmp_path / "log.parquet")
+    rounds = [h["replay/refill_rounds"] for h in logs]
+    t = pq.read_table(tmp_path / "log.parquet").to_pydict()
+    step, age, generated = (np.asarray(t[key]) for key in ("step", "age", "step_generated_rows"))
+    rewards, group = np.asarray(t["rewards"]).reshape(-1, G), np.asarray(t["group_id"]).reshape(-1, G)
+    assert step.tolist() == [s for s in range(steps) for _ in range(r)] and age.tolist() == [0] * steps * r
+    assert (group == group[:, :1]).all() and (rewards.max(axis=1) > rewards.min(axis=1)).all()  # whole, informative
+    assert generated.reshape(steps, r)[:, 0].tolist() == [int(n * r) for n in rounds]  # every round charged
+    assert (trainer.replay_generated, trainer.replay_trained) == (int(sum(rounds)) * r, steps * r)
+    assert max(rounds) > 1  # the run refilled: short completions without an 'a' score 0 in both of a group
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.named_parameters())
 
 
@@ -1024,12 +1077,12 @@ def test_diagnose_log_writer_appends_new_files_only(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--capacity", "16"], "give --design FILE (replay-theory optimal ... -B B --json > FILE) or all of "
-                              "--capacity, --batch-size, --rollouts-per-step (--buffer epochs or stale-k: "
+                              "--capacity, --batch-size, --rollouts-per-step (--buffer epochs, stale-k or dynamic: "
                               "--rollouts-per-step)"),
     (["--capacity", "8", "--batch-size", "8", "--rollouts-per-step", "16"],
      "--capacity must be >= --rollouts-per-step = 16 (a FIFO holds at least one step), got 8"),
     (["--capacity", "16", "--batch-size", "8", "--rollouts-per-step", "8", "--buffer", "exgrpo"],
-     "--buffer must be one of on-policy, fifo, positive-bias, prioritized, stale-k, epochs, selective, got "
+     "--buffer must be one of on-policy, fifo, positive-bias, prioritized, stale-k, epochs, selective, dynamic, got "
      "'exgrpo'"),
     (["--rollouts-per-step", "8", "--buffer", "epochs", "--mini-batches", "2", "--epoch-shuffle", "true"],
      "--epoch-shuffle must be False in a trainer: TRL keeps one order per generation for its num_iterations passes "

@@ -387,6 +387,84 @@ def test_a_buffer_epochs_run_reports_the_reward_of_its_generations(cli, tmp_path
     assert f"reward: {rewards[0]:.3f} (first 1 generations) -> {rewards[-1]:.3f} (last 1)" in stdout
 
 
+@pytest.mark.slow
+def test_a_dynamic_sampling_run_counts_its_refill_rounds(cli, tmp_path):
+    # buffer dynamic (DAPO): every step's generation batches until B = 4 rows have unequal group rewards; run.json
+    # and the summary give the rounds a step took beside E[T] at the run's z ([E11])
+    needs_trl_extra()
+    from replay_theory.theory.compute import refill_rounds
+
+    out = tmp_path / "run"
+    code, stdout, err = cli("trl-replay", "--buffer", "dynamic", "--rollouts-per-step", "4", "--group-size", "2",
+                            "--steps", "4", "--save-every", "2", "--sft-steps", "10", "--n-train", "8",
+                            "--no-progress", "--out", str(out), "--cache-dir", str(tmp_path / "cache"))
+    assert code == 0, err
+    assert stdout.startswith("regime: dynamic sampling (DAPO): generation batches of R = B = 4 until 4 rollouts")
+    run = json.loads((out / "run.json").read_text())
+    rounds = [h["replay/refill_rounds"] for h in run["history"]]
+    refill = run["refill_rounds"]
+    assert refill["mean"] == sum(rounds) / 4 and run["generated"] == 4 * sum(rounds) and run["trained"] == 16
+    assert refill["zero_share"] == run["zero_share"]["value"]
+    assert refill["predicted"] == float(refill_rounds(2, refill["zero_share"]))
+    assert (f"refill rounds: {refill['mean']:.2f} generation batches a step over 4 steps; E[T] = "
+            f"{refill['predicted']:.2f} at the run's z = {refill['zero_share']:.3f} for g = 2 groups") in stdout
+
+
+@pytest.mark.slow
+def test_a_crashed_dynamic_run_resumes_to_the_numbers_of_an_uninterrupted_one(cli, tmp_path, monkeypatch, capsys):
+    # buffer dynamic keeps nothing across steps, and a refill's prompts come from (seed, step, round): a crash in
+    # step 4 resumes from the checkpoint of step 2 and trains the uninterrupted run's rows, rounds and numbers
+    needs_trl_extra()
+    from replay_theory.integrations.trl import ReplayGRPOTrainer
+
+    args = ["--buffer", "dynamic", "--rollouts-per-step", "4", "--group-size", "2", "--steps", "5",
+            "--sft-steps", "10", "--n-train", "8", "--save-every", "2", "--no-progress",
+            "--cache-dir", str(tmp_path / "cache")]
+    code, _, err = cli("trl-replay", "--out", str(tmp_path / "whole"), *args)
+    assert code == 0, err
+    whole = _records(tmp_path / "whole")
+    real_step = ReplayGRPOTrainer.training_step
+
+    def training_step(self, *a, **kw):
+        if self.state.global_step == 3:
+            raise RuntimeError("injected crash")
+        return real_step(self, *a, **kw)
+
+    monkeypatch.setattr(ReplayGRPOTrainer, "training_step", training_step)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        cli("trl-replay", "--out", str(tmp_path / "crash"), *args)
+    capsys.readouterr()
+    monkeypatch.setattr(ReplayGRPOTrainer, "training_step", real_step)
+    code, stdout, err = cli("trl-replay", "--out", str(tmp_path / "crash"), *args)
+    assert code == 0, err
+    assert stdout.splitlines()[1].startswith("resuming from step 2 of 5")  # after the regime line
+    resumed = _records(tmp_path / "crash")
+    assert resumed[0].equals(whole[0])
+    assert resumed[1:] == whole[1:]
+    assert max(h["replay/refill_rounds"] for h in json.loads((tmp_path / "whole" / "run.json").read_text())[
+        "history"]) > 1  # the run refilled, so the resumed refills were checked too
+
+
+def test_a_dynamic_answer_runs_as_buffer_dynamic(tmp_path):
+    # optimal's dynamic-sampling answer (regime dynamic, N = B = R) read by --design: buffer dynamic at its B
+    design = tmp_path / "design.json"
+    answer = {"objective": "forgetting", "measured": True, "regime": "dynamic", "winner": "dynamic",
+              "batch_size": 16, "rollouts_per_step": 16, "capacity": 16, "mu": 0.5}
+    design.write_text(json.dumps(answer))
+    replay = TrlRunConfig(design=str(design), group_size=8, steps=3).validated().replay_config()
+    assert (replay.buffer, replay.capacity, replay.batch_size, replay.rollouts_per_step) == ("dynamic", 16, 16, 16)
+    with pytest.raises(ValueError) as info:
+        TrlRunConfig(design=str(design), buffer="selective", group_size=8, steps=3).validated()
+    assert str(info.value).startswith(f"--design {design}: the optimal --json output answers dynamic sampling at "
+                                      "B = 16")
+    by_hand = TrlRunConfig(buffer="dynamic", rollouts_per_step=16, group_size=8).validated().replay_config()
+    assert (by_hand.capacity, by_hand.batch_size) == (16, 16)
+    with pytest.raises(ValueError) as info:
+        TrlRunConfig(buffer="dynamic", rollouts_per_step=16, batch_size=8, group_size=8).validated()
+    assert str(info.value) == ("--rollouts-per-step must equal --batch-size = 8 with buffer dynamic (rounds of B "
+                               "generated until B are informative, each trained once), got 16")
+
+
 def test_reward_quarters_average_the_steps_that_logged_a_reward():
     # every step logged one: 8 steps, quarters of 2: (0.1 + 0.2) / 2 and (0.7 + 0.8) / 2
     steps = [{"step": i + 1, "reward": 0.1 * (i + 1)} for i in range(8)]

@@ -105,9 +105,16 @@ def test_the_answer_says_dynamic_sampling_and_the_trainers_keys():
     assert r["what_to_do"].startswith("train on-policy at B = 8 with dynamic sampling: drop the groups whose rewards")
     table = advice.render(r, []).splitlines()
     assert [line for line in table if "<- best" in line][0].lstrip().startswith("dynamic sampling")
-    with pytest.raises(ValueError, match="answers dynamic sampling at B = 8"):
-        ReplayConfig.from_optimal_json(json.dumps(r))
+    replay = ReplayConfig.from_optimal_json(json.dumps(r))  # our TRL trainer runs it (integrations/buffer.py)
+    assert (replay.buffer, replay.capacity, replay.batch_size, replay.rollouts_per_step) == ("dynamic", 8, 8, 8)
+    assert replay.notes[0].startswith("dynamic sampling run as buffer dynamic: generation batches of R = B = 8")
+    with pytest.raises(ValueError, match=r"answers dynamic sampling at B = 8 .* which buffer fifo-x does not run"):
+        ReplayConfig.from_optimal_json(json.dumps(r), buffer="fifo-x")
     design = Design.dynamic_at(64, 8)
+    assert config_lines("trl", design).refused == (
+        "it has no key for dropping zero-advantage groups; our replay_theory.integrations.trl.ReplayGRPOTrainer "
+        "(replay-theory trl-replay) runs it: replay-theory trl-replay --buffer dynamic --rollouts-per-step 64 "
+        "--group-size 8")
     assert "algorithm.filter_groups.enable=true" in config_lines("verl", design).lines
     assert "grpo.use_dynamic_sampling=true" in config_lines("nemo-rl", design).lines
     assert "trainer.algorithm.dynamic_sampling.type=filter" in config_lines("skyrl", design).lines
