@@ -1,7 +1,8 @@
 """Every objective's share within 1.2x and worst regret by latency floor, from finished benchmark runs (issue 38): the
 tables of docs/SIMULATION.md's "Does a design rule predict?", with the printed answer's and the trivial floor rule's
 geometric-mean regret per floor under each, and per floor how often the printed design is the floor rule's, how many
-cells ran no pilot, the printed answer's worst cell and how often each design family is the grid's best.
+cells ran no pilot, the printed answer's worst cell and how often each design family is the grid's best; with
+``--families selective``, per floor where selective replay or dynamic sampling is the grid's cheapest and by how much.
 
     python -m replay_theory.experiments.objectives_table RUN_DIR [RUN_DIR ...] [--every-instance] [--against BASE_RUN]
 
@@ -23,6 +24,7 @@ from .theory_bench.tables import (
     load_summary,
     printed_against_floor_rule,
     route_lines,
+    selective_floor_lines,
 )
 
 
@@ -114,6 +116,9 @@ def main(argv: list[str] | None = None) -> None:
         routes = route_lines(summary, held_out)
         if routes:  # the pilot's route and the no-pilot one (the floor rule's batch) scored apart
             print("by the user's route:\n" + "\n".join(routes) + "\n")
+        family = selective_floor_lines(summary, held_out)
+        if family:  # --families selective: where selective replay or dynamic sampling is the grid's cheapest
+            print("the selective family (--families selective):\n" + "\n".join(family) + "\n")
         if base is not None:
             m = moved_cells(summary, base, held_out)
             print(f"against {args.against}: the printed design differs in {m['moved']} cells (every floor); within "

@@ -295,11 +295,14 @@ def _selective_floor_line(cells: list[dict], floor: int) -> str:
     best = [c for c in cells if (c["best_free"] or "").startswith(("selective", "dynamic"))]
     dynamic = sum((c["best_free"] or "").startswith("dynamic") for c in best)
     gains = [c["selective_gain"] for c in best]
+    # a run too short for a pilot: optimal is asked without a zero share, so it cannot name the family there
+    unpiloted = sum(not (c["by_objective"].get("printed") or {}).get("piloted", True) for c in best)
     printed = [_free_regret(c, "printed") for c in cells]
     trivial = [_free_regret(c, "on_policy_floor") for c in cells]
     return (f"- floor {floor}: a selective design is the whole grid's cheapest in {len(best)} of {len(cells)} cells"
             + (f", dynamic sampling in {dynamic} of them" if dynamic else "")
-            + (f" (the best without the family costs {_median_range(gains)} x it)" if best else "")
+            + (f" (the best without the family costs {_median_range(gains)} x it; {unpiloted} of them in runs too "
+               f"short for a pilot, where optimal has no zero share)" if best else "")
             + f"; within 1.2x of the grid's best with the family / without it: optimal's printed answer "
             f"{_within_text(printed, cells)}, the trivial rule {_within_text(trivial, cells)}")
 
@@ -327,11 +330,21 @@ def selective_text(summary: dict) -> str:
         out.append(f"- no selective design in {len(skipped)} unit{'s' if len(skipped) != 1 else ''}, those of "
                    f"{', '.join(sorted(set(skipped)))} (the quadratic has no groups of rewards, so no zero-advantage "
                    f"group: selective replay would be uniform replay)")
-    for f in summary["protocol"]["floors"]:
-        cells = [c for c in summary["cells"] if c["floor"] == f and c.get("selective_gain") is not None]
-        if cells:
-            out.append(_selective_floor_line(cells, f))
+    out += selective_floor_lines(summary, held_out=False)
     return "\n".join(out)
+
+
+def selective_floor_lines(summary: dict, held_out: bool = True) -> list[str]:
+    """Per floor, ``_selective_floor_line`` over the cells that have the selective family (the held-out instances'
+    only with ``held_out``); none without the family."""
+    dev = set(summary["protocol"]["dev_instances"]) if held_out else set()
+    lines = []
+    for f in summary["protocol"]["floors"]:
+        cells = [c for c in summary["cells"] if c["floor"] == f and c.get("selective_gain") is not None
+                 and c["instance"] not in dev]
+        if cells:
+            lines.append(_selective_floor_line(cells, f))
+    return lines
 
 
 def summary_table(summary: dict) -> str:

@@ -203,3 +203,31 @@ def test_the_two_routes_scored_apart_by_hand(tmp_path, capsys):
             "worst 1.40\nfloor 0, no pilot (1 cells): the printed answer 0% within 1.2x, worst 2.50; the trivial floor "
             "rule 0%, worst 2.50\nfloor 64, piloted (1 cells): the printed answer 0% within 1.2x, worst inf; the "
             "trivial floor rule 100%, worst 1.00") in out
+
+
+def test_the_selective_family_lines_by_hand():
+    # --families selective: where a selective design (replay or dynamic sampling) is the grid's cheapest, by how much
+    # (the best without the family over it: selective_gain), how many of those ran no pilot, and both rules within
+    # 1.2x of the best with and without the family (regret / selective_gain)
+    from replay_theory.experiments.theory_bench.tables import selective_floor_lines
+
+    def cell(instance, best, gain, printed, trivial, piloted=True):
+        return {"instance": instance, "floor": 0, "best_free": best, "selective_gain": gain,
+                "by_objective": {"printed": {"free_regret": printed, "piloted": piloted},
+                                 "on_policy_floor": {"free_regret": trivial}}}
+
+    summary = {"protocol": {"floors": [0], "dev_instances": [0]},
+               "cells": [cell(0, "dynamic B=8", 3.0, 9.0, 9.0),  # the development instance: left out
+                         cell(1, "dynamic B=8", 1.1, 1.1, 1.1, piloted=False),
+                         cell(2, "selective x=4 y=2", 1.3, 1.3, 1.5),
+                         cell(3, "on-policy B=8", 1.0, 1.0, 1.25),
+                         {"instance": 4, "floor": 0, "best_free": "on-policy B=8", "by_objective": {}}]}  # no family
+    assert selective_floor_lines(summary) == [
+        "- floor 0: a selective design is the whole grid's cheapest in 2 of 3 cells, dynamic sampling in 1 of them "
+        "(the best without the family costs median 1.2, range 1.1-1.3 (2) x it; 1 of them in runs too short for a "
+        "pilot, where optimal has no zero share); within 1.2x of the grid's best with the family / without it: "
+        "optimal's printed answer 2 of 3 (worst 1.30) / 3 of 3 (worst 1.00), the trivial rule 1 of 3 (worst 1.50) / "
+        "2 of 3 (worst 1.25)"]
+    assert selective_floor_lines(summary, held_out=False)[0].startswith(
+        "- floor 0: a selective design is the whole grid's cheapest in 3 of 4 cells, dynamic sampling in 2 of them")
+    assert selective_floor_lines({**summary, "cells": summary["cells"][4:]}) == []  # no cell with the family
