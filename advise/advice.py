@@ -217,9 +217,15 @@ def _measured_advice(r: dict) -> tuple[str, str]:
     at, on, rep = r["designs"]["at_batch"], r["designs"]["on_policy"], r["designs"]["replay"]
     if r["winner"] == "epochs":
         ep = r["designs"]["epochs"]
-        action = (f"generate R = {ep['rollouts_per_step']} per generation and train {ep['epochs']} epoch"
-                  f"{'s' if ep['epochs'] > 1 else ''} over {ep['mini_batches']} mini-batch"
-                  f"{'es' if ep['mini_batches'] > 1 else ''} of B = {ep['batch_size']}")
+        m = ep["mini_batches"]
+        if ep["epochs"] == 1:  # one pass (PPO's single epoch): nothing reused, the updates share one generation
+            action = (f"generate R = {ep['rollouts_per_step']} per generation and train it once, in {m} mini-batches "
+                      f"of B = {ep['batch_size']}")
+            why = (f"{_versus(r, ep, on)}: each rollout is trained once (no noise reused), and the {m} updates share "
+                   f"one generation, the last on rollouts {m - 1} update{'s' if m > 2 else ''} old")
+            return action, why
+        action = (f"generate R = {ep['rollouts_per_step']} per generation and train {ep['epochs']} epochs over "
+                  f"{m} mini-batch{'es' if m > 1 else ''} of B = {ep['batch_size']}")
         why = (f"{_versus(r, ep, on)}: the optimizer keeps psi_E = {ep['psi']:.2f} of the reused rollouts' noise "
                f"(1: none kept; {ep['epochs']}: all)")
         return action, why

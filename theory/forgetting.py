@@ -748,7 +748,7 @@ def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | No
                  staleness: Staleness = NO_STALENESS, floor: float = 0.0, max_steps_ratio: float = 2.0,
                  max_horizon: int = 64, max_batch: int | None = None, max_epochs: int = 1,
                  max_age: float = math.inf, max_staleness: int = 0, max_work_ratio: float = math.inf,
-                 zero_share: float = 0.0) -> WholeDesign:
+                 zero_share: float = 0.0, pass_age: float = -1.0) -> WholeDesign:
     """Search on-policy batches and replay designs (B', R, N = x R) in whole groups of ``group_size`` for the least
     predicted compute whose steps stay within ``max_steps_ratio`` x on-policy's at the user's B (the wall-time
     budget: below the noise scale compute falls with the batch while steps rise).
@@ -758,14 +758,17 @@ def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | No
     2 (every whole group when they are fewer) with every x within a factor sqrt(2). ``max_epochs`` > 1 adds epoch
     designs (R up to that batch, e up to ``max_epochs`` passes over m mini-batches, ``_cheapest_epochs``).
     ``max_age``: no design trains on a sample older than this many updates (x - 1 for a FIFO, e m - 1 for epochs;
-    ``Design.oldest_age``); below 0 no reuse at all (on-policy only). ``max_staleness`` >= 1 adds overlapped designs
-    (``_cheapest_overlapped``), at k = 1: in this model a step's time is the same at every k >= 1 (``step_cost``) and
-    r(k) does not fall with k, so a larger bound only adds staleness. Overlap reuses nothing, so ``max_age`` does not
-    limit it; the caller bounds k by the ages its staleness cost was measured at. ``zero_share`` z > 0 adds selective
-    replay designs (a FIFO admitting only the groups with unequal rewards, [E8]), searched as the FIFO's are, none
-    whose admitted samples outlive ``max_age`` (ceil(N / ((1 - z) R)) - 1 updates), and dynamic sampling at every
-    whole-group batch (on-policy, zero-advantage groups dropped and regenerated in rounds of B, [E9], [E11]): it
-    reuses nothing, so ``max_age`` does not limit it.
+    ``Design.oldest_age``); below 0 no reuse at all (on-policy only). ``pass_age`` (with ``max_epochs`` > 1): one pass
+    (e = 1) over m mini-batches trains each sample once, so it reuses nothing: such designs are searched up to
+    m - 1 <= ``pass_age`` even where ``max_age`` closes reuse (the caller bounds it by the staleness measured).
+    ``max_staleness`` >= 1 adds overlapped designs (``_cheapest_overlapped``), at k = 1: in this model a step's time
+    is the same at every k >= 1 (``step_cost``) and r(k) does not fall with k, so a larger bound only adds
+    staleness. Overlap reuses nothing, so ``max_age`` does not limit it; the caller bounds k by the ages its
+    staleness cost was measured at. ``zero_share`` z > 0 adds selective replay designs (a FIFO admitting only the
+    groups with unequal rewards, [E8]), searched as the FIFO's are, none whose admitted samples outlive ``max_age``
+    (ceil(N / ((1 - z) R)) - 1 updates), and dynamic sampling at every whole-group batch (on-policy, zero-advantage
+    groups dropped and regenerated in rounds of B, [E9], [E11]): it reuses nothing, so ``max_age`` does not limit
+    it.
 
     ``max_work_ratio`` (time within a compute budget): no answer's work (``Prediction.work``, the floor's waiting not
     counted) exceeds that many times on-policy's at B, so with a latency floor the answer is the fastest design
@@ -786,6 +789,10 @@ def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | No
     require_int("max epochs", max_epochs, 1)
     best_epochs = (_cheapest_epochs(top, group_size, max_epochs, within, score, max_age)
                    if max_epochs > 1 and max_age >= 1 else None)
+    if max_epochs > 1 and pass_age > max(max_age, 0):  # one pass reuses nothing: searched within its own age bound
+        single = _cheapest_epochs(top, group_size, 1, within, score, pass_age)
+        if single is not None and (best_epochs is None or single.compute < best_epochs.compute):
+            best_epochs = single
     require_int("max staleness", max_staleness, 0)
     best_overlapped = _cheapest_overlapped(group_size, top, within, score) if max_staleness >= 1 else None
     best_selective = (_cheapest_replay(top, group_size, int(min(max_horizon, max_age + 1)), within, score,

@@ -129,3 +129,49 @@ def test_a_b_read_too_high_keeps_the_floor_batch():
     assert low[0].compute / low[1].compute == pytest.approx(2.285, abs=1e-3)
     assert both.worst[both.candidates.index(replay)] == pytest.approx(2.357, abs=1e-3)
     assert both.worst_default == pytest.approx(2.992, abs=1e-3) and both.worst_default < MARGIN * 2.357
+
+
+def test_one_pass_over_mini_batches_reuses_nothing_so_adam_gets_it_within_the_measured_ages():
+    # e = 1 over m mini-batches trains each rollout once (psi_E = 1): offered under Adam too (where replay and
+    # second epochs stay closed), never past the staleness table's ages (m - 1), at the first margin (OVERLAP_MARGIN)
+    from replay_theory.theory.guarded import OVERLAP_MARGIN, _reuses_nothing
+
+    table = fg.Staleness((0.0, 1.0, 2.0, 3.0, 7.0, 15.0), (1.0, 1.01, 1.02, 1.04, 1.08, 1.2), "a table")
+    mem = fg.Memory(0.2, "adam", 0.9, 256.0)
+    g = guarded_design(1000.0, 256, 20.0, mem, optimizer="adam", group_size=8, staleness=table, floor=128.0,
+                       max_steps_ratio=1000.0, max_epochs=4)
+    d = g.choice.design
+    assert (d.epochs, d.mini_batches, d.batch_size, d.rollouts_per_step) == (1, 16, 8, 128)  # one floor's generation
+    assert d.oldest_age == 15 and g.worst_default > OVERLAP_MARGIN * g.worst_choice
+    assert g.search.replay is None and all(c.epochs == 1 for c in g.candidates)  # nothing reused under Adam
+    assert "one pass over mini-batches, which reuses nothing, is priced" in g.limits[0]
+    # the search at one b is the cheapest of a naive loop over every one-pass design within the ages
+    ref = fg.whole_design(1000.0, 256, 20.0, mem, group_size=8, staleness=table, floor=128.0, max_steps_ratio=1000.0,
+                          max_epochs=4, max_age=-1.0, pass_age=15.0)
+    loop = fg.predict_many(fg.epoch_designs([8 * k for k in range(1, 129)], 8, 1, 15.0), 1000.0, 20.0, mem, table,
+                           128.0)
+    assert ref.epochs.compute == pytest.approx(min(p.compute for p in loop), rel=1e-12)
+    assert all(p.design.oldest_age <= 15 for p in loop) and len(loop) > 100
+    # a table that stops at age 0 offers none; without --max-epochs > 1 none is searched
+    short = fg.Staleness((0.0,), (1.0,), "age 0 only")
+    assert guarded_design(1000.0, 256, 20.0, mem, optimizer="adam", group_size=8, staleness=short, floor=128.0,
+                          max_steps_ratio=1000.0, max_epochs=4).choice.design.on_policy
+    assert guarded_design(1000.0, 256, 20.0, mem, optimizer="adam", group_size=8, staleness=table, floor=128.0,
+                          max_steps_ratio=1000.0).choice.design.on_policy
+    assert _reuses_nothing(Design.epochs_of(64, 1, 4)) and not _reuses_nothing(Design.epochs_of(64, 2, 4))
+    assert _reuses_nothing(Design.overlapped_at(64)) and not _reuses_nothing(Design(64, 16, 64))
+
+
+def test_a_one_pass_answer_says_so():
+    from replay_theory.advise import advice
+
+    table = fg.Staleness((0.0, 1.0, 2.0, 3.0, 7.0, 15.0), (1.0, 1.01, 1.02, 1.04, 1.08, 1.2), "a table")
+    q = advice.Query(mu=5.28, batch_size=256, b_noise=1000.0, b_noise_source="--noise-scale", kappa=0.2,
+                     kappa_source="--kappa", optimizer="adam", group_size=8, floor=64.0, max_epochs=4, staleness=table,
+                     max_steps_ratio=1000.0)
+    r = advice.advise(q)
+    assert (r["regime"], r["epochs"], r["mini_batches"], r["batch_size"], r["rollouts_per_step"]) == (
+        "epochs", 1, 8, 8, 64)
+    assert r["what_to_do"] == "generate R = 64 per generation and train it once, in 8 mini-batches of B = 8"
+    assert r["why"].endswith("each rollout is trained once (no noise reused), and the 8 updates share one "
+                             "generation, the last on rollouts 7 updates old")
