@@ -82,6 +82,7 @@ Offering epochs under Adam only where the measured kappa < 1, the regime where t
 lost too (docs/trials/adam-epochs-linear.patch on families-509's runs: 19 of 84 moved cells within 1.2x against 71).
 FIFO replay under Adam behind this guard (its b range and margin) lost too: on heldout5-577's runs rescored, 20 of the
 53 moved cells within 1.2x against 50 (docs/trials/adam-fifo-guarded.patch, docs/SIMULATION.md).
+One pass over mini-batches (e = 1) is not reuse: offered under every optimizer (``_reuses_nothing``, OVERLAP_MARGIN).
 Selective replay (``zero_share``) is reuse too: offered under these optimizers only; dynamic sampling reuses nothing
 and is offered under every optimizer."""
 
