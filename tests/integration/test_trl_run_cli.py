@@ -335,20 +335,13 @@ def test_an_interrupted_run_resumes_to_the_numbers_of_an_uninterrupted_one(cli, 
         assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in (tmp_path / "whole").iterdir())
 
 
-@pytest.mark.slow
-def test_a_crashed_stale_k_run_resumes_to_the_numbers_of_an_uninterrupted_one(cli, tmp_path, monkeypatch, capsys):
-    # buffer stale-k (k = 2): a crash in step 4 resumes from the checkpoint of step 2, whose queue holds the
-    # generations of steps 0..2 (arrays only, core/state.py); the rest of the run is the uninterrupted run's
-    needs_trl_extra()
+def _crash_in_step_4_and_resume(cli, tmp_path, monkeypatch, capsys, args: list[str]) -> tuple:
+    """The uninterrupted run of ``args`` and the same run crashed in step 4 and continued by the same command (from
+    the checkpoint of step 2): both runs' ``_records``, after checking the continuation said where it resumed."""
     from replay_theory.integrations.trl import ReplayGRPOTrainer
 
-    args = ["--buffer", "stale-k", "--stale-k", "2", "--rollouts-per-step", "4", "--group-size", "2", "--steps", "5",
-            "--sft-steps", "10", "--n-train", "4", "--save-every", "2", "--no-progress",
-            "--cache-dir", str(tmp_path / "cache")]
     code, _, err = cli("trl-replay", "--out", str(tmp_path / "whole"), *args)
     assert code == 0, err
-    whole = _records(tmp_path / "whole")
-    assert whole[4][:2] == (4 * (2 + 5), 4 * 5)  # generated: 2 base generations and one a step; trained: R a step
     real_step = ReplayGRPOTrainer.training_step
 
     def training_step(self, *a, **kw):
@@ -364,7 +357,19 @@ def test_a_crashed_stale_k_run_resumes_to_the_numbers_of_an_uninterrupted_one(cl
     code, stdout, err = cli("trl-replay", "--out", str(tmp_path / "crash"), *args)
     assert code == 0, err
     assert stdout.splitlines()[1].startswith("resuming from step 2 of 5")  # after the regime line
-    resumed = _records(tmp_path / "crash")
+    return _records(tmp_path / "whole"), _records(tmp_path / "crash")
+
+
+@pytest.mark.slow
+def test_a_crashed_stale_k_run_resumes_to_the_numbers_of_an_uninterrupted_one(cli, tmp_path, monkeypatch, capsys):
+    # buffer stale-k (k = 2): a crash in step 4 resumes from the checkpoint of step 2, whose queue holds the
+    # generations of steps 0..2 (arrays only, core/state.py); the rest of the run is the uninterrupted run's
+    needs_trl_extra()
+    args = ["--buffer", "stale-k", "--stale-k", "2", "--rollouts-per-step", "4", "--group-size", "2", "--steps", "5",
+            "--sft-steps", "10", "--n-train", "4", "--save-every", "2", "--no-progress",
+            "--cache-dir", str(tmp_path / "cache")]
+    whole, resumed = _crash_in_step_4_and_resume(cli, tmp_path, monkeypatch, capsys, args)
+    assert whole[4][:2] == (4 * (2 + 5), 4 * 5)  # generated: 2 base generations and one a step; trained: R a step
     assert resumed[0].equals(whole[0])
     assert resumed[1:] == whole[1:]
 
@@ -415,34 +420,13 @@ def test_a_crashed_dynamic_run_resumes_to_the_numbers_of_an_uninterrupted_one(cl
     # buffer dynamic keeps nothing across steps, and a refill's prompts come from (seed, step, round): a crash in
     # step 4 resumes from the checkpoint of step 2 and trains the uninterrupted run's rows, rounds and numbers
     needs_trl_extra()
-    from replay_theory.integrations.trl import ReplayGRPOTrainer
-
     args = ["--buffer", "dynamic", "--rollouts-per-step", "4", "--group-size", "2", "--steps", "5",
             "--sft-steps", "10", "--n-train", "8", "--save-every", "2", "--no-progress",
             "--cache-dir", str(tmp_path / "cache")]
-    code, _, err = cli("trl-replay", "--out", str(tmp_path / "whole"), *args)
-    assert code == 0, err
-    whole = _records(tmp_path / "whole")
-    real_step = ReplayGRPOTrainer.training_step
-
-    def training_step(self, *a, **kw):
-        if self.state.global_step == 3:
-            raise RuntimeError("injected crash")
-        return real_step(self, *a, **kw)
-
-    monkeypatch.setattr(ReplayGRPOTrainer, "training_step", training_step)
-    with pytest.raises(RuntimeError, match="injected crash"):
-        cli("trl-replay", "--out", str(tmp_path / "crash"), *args)
-    capsys.readouterr()
-    monkeypatch.setattr(ReplayGRPOTrainer, "training_step", real_step)
-    code, stdout, err = cli("trl-replay", "--out", str(tmp_path / "crash"), *args)
-    assert code == 0, err
-    assert stdout.splitlines()[1].startswith("resuming from step 2 of 5")  # after the regime line
-    resumed = _records(tmp_path / "crash")
+    whole, resumed = _crash_in_step_4_and_resume(cli, tmp_path, monkeypatch, capsys, args)
     assert resumed[0].equals(whole[0])
     assert resumed[1:] == whole[1:]
-    assert max(h["replay/refill_rounds"] for h in json.loads((tmp_path / "whole" / "run.json").read_text())[
-        "history"]) > 1  # the run refilled, so the resumed refills were checked too
+    assert max(h["replay/refill_rounds"] for h in whole[1]) > 1  # the run refilled: the resumed refills were checked
 
 
 def test_a_dynamic_answer_runs_as_buffer_dynamic(tmp_path):
