@@ -374,18 +374,23 @@ def test_a_crashed_stale_k_run_resumes_to_the_numbers_of_an_uninterrupted_one(cl
     assert resumed[1:] == whole[1:]
 
 
+def _short_run(cli, tmp_path, *options: str) -> tuple[str, dict]:
+    """A finished trl-replay run of ``options`` on the tiny model after 10 SFT steps over 8 problems, into
+    ``tmp_path / "run"``: its stdout and run.json."""
+    out = tmp_path / "run"
+    code, stdout, err = cli("trl-replay", *options, "--sft-steps", "10", "--n-train", "8", "--no-progress",
+                            "--out", str(out), "--cache-dir", str(tmp_path / "cache"))
+    assert code == 0, err
+    return stdout, json.loads((out / "run.json").read_text())
+
+
 @pytest.mark.slow
 def test_a_buffer_epochs_run_reports_the_reward_of_its_generations(cli, tmp_path):
     # e = 2 epochs over m = 2 mini-batches: TRL logs a generation's reward at the step that made it only (steps 1, 5
     # of 8), and the summary averages those; it raised KeyError: 'reward' at the end of the run before
     needs_trl_extra()
-    out = tmp_path / "run"
-    code, stdout, err = cli("trl-replay", "--buffer", "epochs", "--rollouts-per-step", "8", "--group-size", "4",
-                            "--epochs", "2", "--mini-batches", "2", "--steps", "8", "--save-every", "4",
-                            "--sft-steps", "10", "--n-train", "8", "--no-progress", "--out", str(out),
-                            "--cache-dir", str(tmp_path / "cache"))
-    assert code == 0, err
-    run = json.loads((out / "run.json").read_text())
+    stdout, run = _short_run(cli, tmp_path, "--buffer", "epochs", "--rollouts-per-step", "8", "--group-size", "4",
+                             "--epochs", "2", "--mini-batches", "2", "--steps", "8", "--save-every", "4")
     rewards = [h["reward"] for h in run["history"] if "reward" in h]
     assert [h["step"] for h in run["history"] if "reward" in h] == [1, 5] and len(run["history"]) == 8
     assert (run["reward_first_quarter"], run["reward_last_quarter"]) == (rewards[0], rewards[-1])
@@ -399,13 +404,9 @@ def test_a_dynamic_sampling_run_counts_its_refill_rounds(cli, tmp_path):
     needs_trl_extra()
     from replay_theory.theory.compute import refill_rounds
 
-    out = tmp_path / "run"
-    code, stdout, err = cli("trl-replay", "--buffer", "dynamic", "--rollouts-per-step", "4", "--group-size", "2",
-                            "--steps", "4", "--save-every", "2", "--sft-steps", "10", "--n-train", "8",
-                            "--no-progress", "--out", str(out), "--cache-dir", str(tmp_path / "cache"))
-    assert code == 0, err
+    stdout, run = _short_run(cli, tmp_path, "--buffer", "dynamic", "--rollouts-per-step", "4", "--group-size", "2",
+                             "--steps", "4", "--save-every", "2")
     assert stdout.startswith("regime: dynamic sampling (DAPO): generation batches of R = B = 4 until 4 rollouts")
-    run = json.loads((out / "run.json").read_text())
     rounds = [h["replay/refill_rounds"] for h in run["history"]]
     refill = run["refill_rounds"]
     assert refill["mean"] == sum(rounds) / 4 and run["generated"] == 4 * sum(rounds) and run["trained"] == 16
