@@ -127,7 +127,7 @@ answer's search (docs/THEORY.md [E11]): issue 40's targets read a sixth time. 57
 NEXT_HELD_OUT at c5412de, were then read by the default protocol with the rule unchanged (heldout5-577, the capped
 rule's second reading; docs/SIMULATION.md), and 613, 617 and 619 named as the next. 631, 641 and 643 are named here,
 before their first run, for the next --families epochs,overlap,selective reading: issue 40's targets read a seventh
-time.)"""
+time (families-631, read with one pass over mini-batches offered under every optimizer, commit b801367).)"""
 SEEDS = 16
 BOOTS = 200
 MUS = (0.5, 1.0, 2.0, 5.28, 20.0)
