@@ -40,7 +40,7 @@ def test_every_name_has_its_help_once_at_its_registry_entry_and_the_cli_lists_it
             assert entry.help and "\n" not in entry.help and ":" not in entry.help and len(entry.help) <= 90, name
     # what a trainer runs is the entries marked trainer=True, in registry order
     assert list(choices(BUFFER_DESIGNS, trainer=True)) == ["on-policy", "fifo", "positive-bias", "prioritized",
-                                                          "stale-k", "epochs", "selective"]
+                                                          "stale-k", "epochs", "selective", "dynamic"]
     assert list(choices(LOSSES, trainer=True)) == ["grpo", "no-trust-region", "m2po", "m2po-reference", "tis"]
     loss = {f.name: f for f in dataclasses.fields(DesignConfig)}["loss"]
     text = field_help(loss, "Loss (off-policy correction).")
