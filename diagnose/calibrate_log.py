@@ -648,7 +648,8 @@ def _zero_share_lines(data: dict) -> list[str]:
     if record is None:
         return ["zero share: every logged sequence has a zero advantage (no gradient in this log)"]
     what = ("optimal --profile prices selective replay with it" if record["value"] > 0 else
-            "no group of equal rewards, so optimal --profile prices no selective replay")
+            "no group of equal rewards, so optimal --profile prices no selective replay (a run that drops them, "
+            "dynamic sampling or verl's filter_groups, logs none: give the share it generated with --zero-share)")
     return [f"zero share z = {record['value']:.3g} ({record['source'].split(': ', 1)[1]}): {what}"]
 
 
