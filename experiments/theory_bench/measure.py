@@ -479,6 +479,49 @@ def measure_pilot(unit: Unit) -> dict:
     return unit.store.put(payload, result)
 
 
+def measure_recipe_log(unit: Unit) -> dict:
+    """B_simple as the user's own run of their recipe logs it: ONE run of on-policy at B = 256 at the recipe's step
+    size (``RECIPE``) on the pilot's seed (PILOT_SEED + instance: the pilot's steps are this run's first), for the
+    recipe's steps to the target, each step's batch giving McCandlish's two-batch pair (its halves against the whole,
+    as the TRL trainer and the verl hook log them: no extra rollouts, no extra backward), pooled over the whole run.
+    The noise scale drifts within a run (|G| falls toward the target, docs/SIMULATION.md); a pilot of the first 8%
+    reads it where |G| is largest. The run is the user's own, done before asking, so it adds nothing to the pilot's
+    compute; it reads no scored run (``tests/unit/test_theory_test_pilot``)."""
+    lr = unit.tuned_lr(RECIPE)
+    if lr is None:
+        raise UnitNotScored(f"{RECIPE} reached the target at no step size: the user has no run to log")
+    steps = max(2, int(math.ceil(float(design_steps(unit.runs[RECIPE])[0]))))
+    payload = {"kind": "recipe-log", "setting": unit.setting.name, "optimizer": unit.optimizer,
+               "instance": unit.instance, "lr": lr, "steps": steps, "runs": PILOT_RUNS, "seed": PILOT_SEED,
+               "version": 1, **({"noise_stream": "per pilot"} if isinstance(unit.env, NoisyRewardBandit) else {})}
+    found = unit.store.get(payload)
+    if found is not None:
+        return found
+    env = unit.env
+    if isinstance(env, NoisyRewardBandit):  # the measurements' verifier noise keyed by the pilot alone, as the pilot's
+        env = env.with_noise_stream(271828, unit.instance)
+    rng = np.random.default_rng([unit.instance, PILOT_SEED, len(unit.setting.name), 1])
+    small, big = [], []
+
+    def observer(step: int, params: np.ndarray, grad: np.ndarray, optimizer) -> None:
+        theta = params[0][None]  # (1, d): the one run's parameters before update ``step``
+        grads = sample_grads(env, unit.setting, theta, theta, BATCH // GROUP, rng)  # (256, d) the step's batch
+        halves = grads.reshape(2, BATCH // 2, -1).mean(axis=1)  # (2, d) whole groups: 16 of 8 each
+        whole = grads.mean(axis=0)
+        for h in halves:
+            small.append(float(h @ h))
+            big.append(float(whole @ whole))
+
+    to_target.run_to_target(env, unit.setting.loss, forgetting.Design.on_policy_at(BATCH), [lr], PILOT_RUNS,
+                            unit.optimizer, math.inf, steps, seed=PILOT_SEED + unit.instance, observer=observer)
+    b_simple = noise_scale_lib.pooled_two_batch(small, big, BATCH // 2, BATCH, rng, n_boot=BOOTS)
+    return unit.store.put(payload, {
+        "lr": lr, "steps": steps, "runs": PILOT_RUNS,
+        "b_simple": {**b_simple.to_dict(),
+                     "what": f"two-batch B_simple of every step's batch of the user's run of the recipe ({steps} steps "
+                             f"of on-policy B = {BATCH}, seed {PILOT_SEED} + instance), pooled over the run"}})
+
+
 def measure_noise_scale(unit: Unit) -> dict:
     """b from the seed-mean on-policy steps at every batch (seed-bootstrap interval, the step size re-tuned in each
     replicate), and on the quadratic from the exact expected curves."""
@@ -562,10 +605,13 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_
                 selective: bool = False) -> tuple[advice.Query, list[str]]:
     """The query ``replay-theory optimal`` gets from this pilot's numbers (``-B 256 --noise-scale B_simple --kappa kappa
     --optimizer OPT --group-size 8 --latency-floor FLOOR`` and the drift table a profile carries), and what was left out
-    and why: the whole pilot where the user would not run it (``pilot_affordable``: one step and its curvature pairs
-    cost more than PILOT_FRACTION of the recipe at this mu and floor), a B_simple not resolved > 0 (optimal then says to
-    stay at B), a kappa optimal refuses (outside [KAPPA_MIN, the optimizer's stability limit): the user asks again
-    without it). ``max_epochs`` > 1 (--families epochs): optimal searches epoch designs too (``--max-epochs``);
+    and why. B_simple is the user's logged run's (``pilot["recipe_log"]``, ``measure_recipe_log``: what ``calibrate
+    --from-log --grad-norms`` pools from the TRL trainer's noise_scale.jsonl) in every cell; a record from before it
+    has the pilot's own. Left out: the pilot's kappa and drift where the user would not run it (``pilot_affordable``:
+    one step and its curvature pairs cost more than PILOT_FRACTION of the recipe at this mu and floor; without a log's
+    b, nothing is measured), a B_simple not resolved > 0 (optimal then says to stay at B), a kappa optimal refuses
+    (outside [KAPPA_MIN, the optimizer's stability limit): the user asks again without it). ``max_epochs`` > 1
+    (--families epochs): optimal searches epoch designs too (``--max-epochs``);
     ``max_staleness`` 1 (--families overlap), overlapped ones (``--max-staleness``); ``max_work_ratio``
     (``--max-work-ratio``, 1000: none): the fastest design within that work budget. ``selective`` (--families
     selective): the pilot's share of groups with equal rewards as ``--zero-share`` (optimal then prices selective
@@ -575,13 +621,18 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_
     common = {"mu": float(mu), "batch_size": BATCH, "optimizer": optimizer, "beta1": BETA1, "group_size": GROUP,
               "floor": float(floor), "max_steps_ratio": float(max_steps_ratio), "max_epochs": int(max_epochs),
               "max_staleness": int(max_staleness), "max_work_ratio": float(max_work_ratio)}
-    if not pilot_affordable(pilot, mu, floor):  # the user runs no pilot: optimal -B 256 with nothing measured
-        return advice.Query(**common), [f"no pilot: one of {pilot['steps']} step(s) costs more than "
-                                        f"{100 * PILOT_FRACTION:g}% of the recipe's {pilot['recipe_steps']:g} steps at "
-                                        f"mu {mu:g}, floor {floor:g}"]
-    notes = []
-    simple = pilot.get("b_simple") or {}
+    logged = "recipe_log" in pilot  # B_simple from the user's logged run (records before it: the pilot's)
+    simple = (pilot["recipe_log"] if logged else pilot).get("b_simple") or {}
+    b_source = "B_simple over the user's logged run of the recipe" if logged else "the pilot's B_simple"
     b_noise = simple.get("b_noise")
+    if not pilot_affordable(pilot, mu, floor):  # the user runs no pilot: optimal -B 256 with the log's b at most
+        why = (f"no pilot: one of {pilot['steps']} step(s) costs more than {100 * PILOT_FRACTION:g}% of the recipe's "
+               f"{pilot['recipe_steps']:g} steps at mu {mu:g}, floor {floor:g}")
+        if not logged or b_noise is None or not (math.isfinite(b_noise) and b_noise > 0):
+            return advice.Query(**common), [why]
+        return advice.Query(**common, b_noise=b_noise, b_noise_source=b_source), [
+            why + "; the log's B_simple alone (no kappa, no staleness cost measured: on-policy answers only)"]
+    notes = []
     if b_noise is None or not (math.isfinite(b_noise) and b_noise > 0):
         low = (simple.get("b_noise_interval") or [None])[0]
         if low is not None and math.isfinite(low) and low > 0:  # the least b the data allow (the guard prices 256x it)
@@ -611,7 +662,7 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_
         notes.append(f"zero share {zero_share:.3g}: no group of equal rewards (0) or no informative one (1), "
                      f"no --zero-share")
         zero_share = None
-    query = advice.Query(**common, b_noise=b_noise, b_noise_source="the pilot's B_simple", kappa=kappa,
+    query = advice.Query(**common, b_noise=b_noise, b_noise_source=b_source, kappa=kappa,
                          kappa_source="the pilot's curvature pairs", pilot_batch=BATCH, staleness=staleness,
                          **({"zero_share": zero_share, "zero_share_source": "the pilot's share of groups with equal "
                              "rewards"} if zero_share is not None else {}))
@@ -753,7 +804,7 @@ def run_unit(out: str, setting_name: str, optimizer: str, instance: int, options
             train_unit(unit)
             noise = measure_noise_scale(unit)
             tune_at_batch(unit, RECIPE, PILOT_SEED)
-            pilot = measure_pilot(unit)
+            pilot = {**measure_pilot(unit), "recipe_log": measure_recipe_log(unit)}
             printed = train_printed(unit, pilot)
         except UnitNotScored as why:
             return strict({"setting": setting_name, "optimizer": optimizer, "instance": instance, "exact": unit.exact,

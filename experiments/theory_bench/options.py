@@ -77,10 +77,14 @@ FAMILIES = {"epochs": f"epoch designs at R = {BATCH}: e passes over m mini-batch
                          "[E11]: rounds of B until B rollouts have a non-zero advantage, each used once); optimal's "
                          "printed answer prices both from the pilot's zero share (--zero-share)"}
 """The design families ``--families`` adds to the grid (none by default: the protocol evidence.json was written by)."""
-HELD_OUT = (563, 569, 571)
-"""The held-out instances the targets read (advise/evidence.json is their default run's record): named before their
-first run, at the commit that capped SGD's tuned step at the Newton step (c5412de), and first run by that rule. The
-sets before it, each named before its first run and read once a rule or the protocol changed, are development
+HELD_OUT = (653, 659, 661)
+"""The held-out instances the targets read (advise/evidence.json is their default run's record): named as
+NEXT_HELD_OUT at cb71c0b before their first run, and first run by the protocol that reads b from the user's logged run
+of the recipe (``measure.measure_recipe_log``: B_simple pooled over the whole run, in every cell, the pilot's kappa
+and drift where the pilot is affordable), chosen on 0, 613, 617 and 619 (docs/SIMULATION.md). 563, 569 and 571,
+named at the commit that capped SGD's tuned step at the Newton step (c5412de) and first run by that rule, held out
+the protocol before it (b from the pilot's first 8% of the run), read again on 577-593 and 613-619. The sets before
+it, each named before its first run and read once a rule or the protocol changed, are development
 instances now: 269, 271, 281 (named as NEXT_HELD_OUT at c388869) and 431, 439, 443 (at fcb3a90), the first reading of
 issue 38's pilot-budget protocol (the pilot sized to PILOT_FRACTION = 8% of the recipe, and none where one step of it
 costs more: ``pilot_affordable``), whose record advise/evidence.json was until 563-571's; 457, 461, 463 and 467,
@@ -103,7 +107,7 @@ says; 73, 79 and 83 (named at commit 70bca03) by the first --families epochs run
 B_FACTORS and first MARGIN were chosen on them and on 47, 53 and 59; 137, 139, 149, 167, 173 and 179 held out the
 rule before the guard's factors below 1 (HELD_OUT says how), and 223, 227 and 229, first run by the --families selective
 run, are where those factors were chosen. The next held-out set is ``NEXT_HELD_OUT``."""
-NEXT_HELD_OUT = (653, 659, 661)
+NEXT_HELD_OUT = (691, 701, 709)
 """Named here, before their first run: the instances the next evidence is read on once a rule or the protocol changes
 (which makes HELD_OUT development instances). Nothing may be tuned on them. (151, 157 and 163, named before 181, 193
 and 197, were first run by the --families overlap run of docs/SIMULATION.md; 191 by a stop's --quick check; 223, 227
@@ -129,7 +133,10 @@ rule's second reading; docs/SIMULATION.md), and 613, 617 and 619 named as the ne
 before their first run, for the next --families epochs,overlap,selective reading: issue 40's targets read a seventh
 time (families-631, read with one pass over mini-batches offered under every optimizer, commit b801367). 613, 617
 and 619, NEXT_HELD_OUT since 4bf7919, were then read by the default protocol with the rule unchanged (heldout6-613,
-the capped rule's third reading; docs/SIMULATION.md), and 653, 659 and 661 named as the next.)"""
+the capped rule's third reading; docs/SIMULATION.md), and 653, 659 and 661 named as the next, which became HELD_OUT
+when b came from the user's logged run (which made 613, 617 and 619 development instances); 673, 677 and 683 are
+named here, before their first run, for that protocol's --families epochs,overlap,selective reading: issue 40's
+targets read an eighth time.)"""
 SEEDS = 16
 BOOTS = 200
 MUS = (0.5, 1.0, 2.0, 5.28, 20.0)

@@ -503,7 +503,7 @@ def _protocol(options: Options) -> dict:
             "pilot": {"fraction": PILOT_FRACTION, "budget": PILOT_BUDGET, "skipped_when_unaffordable": True,
                       "seed": PILOT_SEED, "runs": PILOT_RUNS,
                       "curvature_every": CURVATURE_EVERY, "hvp_sample_updates": HVP_SAMPLE_UPDATES,
-                      "hvp_samples": HVP_SAMPLES, "route": "B_simple"},
+                      "hvp_samples": HVP_SAMPLES, "route": "B_simple", "b_from": "recipe log"},
             "objectives": [*OBJECTIVES, *PRINTED],
             # only when some are on: the default protocol (advise/evidence.json's) stays as it was
             **({"families": list(options.families)} if options.families else {})}

@@ -42,6 +42,11 @@ def test_the_pilot_reads_no_scored_run(tmp_path, setting, optimizer):
     tt.tune_at_batch(full, tt.RECIPE, tt.PILOT_SEED)
     again = tt.measure_pilot(full)
     assert again == pilot
+    # the user's logged run of the recipe (b's source): its own seed and store key, the same under the perturbation
+    log = tt.measure_recipe_log(alone)
+    assert tt.measure_recipe_log(full) == log
+    assert log["steps"] == max(2, math.ceil(pilot["recipe_steps"])) and log["runs"] == 1
+    assert log["b_simple"]["b_noise"] is not None and len(log["b_simple"]["b_noise_interval"]) == 2
     assert pilot["runs"] == 1 and pilot["steps"] == tt.pilot_steps(pilot["recipe_steps"])
     # the recipe runs on the pilot's own seeds: not the scored on-policy B = 256's (seed = instance)
     scored = full.runs[f"on-policy B={tt.BATCH}"]
@@ -111,6 +116,28 @@ def test_the_pilots_length_and_when_a_user_runs_none_by_hand():
     assert tt.printed_design(short, "sgd", 5.28, 64) == fg.Design.on_policy_at(64)
     d = tt.printed_design(long, "sgd", 5.28, 64)
     assert (d.batch_size, d.rollouts_per_step, d.capacity) == (416, 64, 4096)
+
+
+def test_b_comes_from_the_users_logged_run_in_every_cell():
+    # the log's B_simple (500) replaces the pilot's (120) where the pilot runs, with the pilot's kappa and drift
+    logged = {**_pilot(), "recipe_log": {"b_simple": {"b_noise": 500.0}}}
+    query, notes = tt.pilot_query(logged, "sgd", 5.28, 64)
+    assert (query.b_noise, query.kappa, query.b_noise_source) == (
+        500.0, 0.3, "B_simple over the user's logged run of the recipe")
+    # a run too short for a pilot: the log's b alone, no kappa, no staleness measured (on-policy answers only)
+    short = {**_pilot(steps=1, recipe_steps=10.0), "recipe_log": {"b_simple": {"b_noise": 500.0}}}
+    query, notes = tt.pilot_query(short, "sgd", 1.0, 0, 2.0)
+    assert (query.b_noise, query.kappa, query.staleness) == (500.0, None, fg.NO_STALENESS)
+    assert notes[0].startswith("no pilot: one of 1 step(s) costs more than 8% of the recipe's 10 steps")
+    # under a steps budget of 2x the b gives the floor rule its batch: 1 + 500 / B' <= 2 (1 + 500 / 256) at
+    # B' >= 500 / 4.906 = 101.9, so 104 (13 groups of 8); without b optimal can only keep B (256)
+    assert tt.printed_design(short, "sgd", 1.0, 0, 2.0) == fg.Design.on_policy_at(104)
+    assert tt.printed_design(_pilot(steps=1, recipe_steps=10.0), "sgd", 1.0, 0, 2.0) == fg.Design.on_policy_at(256)
+    # at least compute (no budget) the on-policy compute (1 + b / B')(mu + 1) B' rises with B' at floor 0: one group
+    assert tt.printed_design(short, "sgd", 1.0, 0) == fg.Design.on_policy_at(8)
+    # a log whose B_simple is not resolved > 0 leaves the short run with nothing measured, as before the log
+    unresolved = {**short, "recipe_log": {"b_simple": {"b_noise": -3.0}}}
+    assert tt.pilot_query(unresolved, "sgd", 1.0, 0)[0].b_noise is None
 
 
 def _record(pilot: dict, printed_steps: dict[float, list[float]]) -> dict:
