@@ -413,7 +413,8 @@ def _design_table(r: dict) -> list[str]:
 
 
 MEASURE = (
-    "measure b = B_noise / B and kappa on a short run at your batch (both land in one profile file):",
+    "measure b = B_noise / B over a whole logged run at your batch (it grows toward the target: a run's first steps "
+    "read it low) and kappa on its first steps (both land in one profile file):",
     "  TRL: replay-theory trl-replay ... logs two micro-batches' |g|^2 each step, a curvature pair every K steps;",
     "       replay-theory calibrate --from-log RUN/rollouts.parquet --preset trl --grad-norms RUN/noise_scale.jsonl "
     "--out profile.json",

@@ -186,6 +186,22 @@ ROUTE_TEXT = {"printed": "the answer as printed from a one-run pilot's B_simple,
                          "in a run too short for one",
               "forgetting_b_simple": "b from a pilot's B_simple",
               "forgetting": "b fitted to the scored runs' steps, an input no user has"}
+LOGGED_ROUTE_TEXT = ("the answer as printed from B_simple over the user's logged run of their recipe, with a one-run "
+                     "pilot's kappa and drift, 8% of the run, none in a run too short for one")
+"""The printed route's words for a record whose protocol read b from the user's logged run (its pilot's ``b_from``,
+experiments/theory_bench/measure.py ``measure_recipe_log``); ``ROUTE_TEXT`` for a record from before it."""
+
+
+def _logged(record: dict) -> bool:
+    """Whether the record's protocol read b from the user's logged run of the recipe."""
+    return (record.get("protocol") or {}).get("pilot", {}).get("b_from") == "recipe log"
+
+
+def route_text(key: str, record: dict) -> str:
+    """The input route's words for the benchmark row ``key`` of ``record`` ('' for a row with none)."""
+    if key == "printed" and _logged(record):
+        return LOGGED_ROUTE_TEXT
+    return ROUTE_TEXT.get(key, "")
 
 
 def _worst(mode: dict) -> float:
@@ -212,7 +228,7 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
     key = next((k for k in INPUT_ROUTES.get(key, (key,)) if k in stored), key)
     if not record or not targets or key not in stored:
         return f"evidence: none stored for the {objective} objective (run replay-theory experiment theory-test)"
-    which += f"; {ROUTE_TEXT[key]}" if key in ROUTE_TEXT else ""
+    which += f"; {route_text(key, record)}" if route_text(key, record) else ""
     o = targets["objectives"][key]
     fr, pn = o["free"], o["pinned"]
     if key == "printed":  # one design per cell, over every batch: no pinned pick; the pilot's compute apart
@@ -221,7 +237,7 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
         with_pilot = targets["objectives"].get("printed_with_pilot")
         if with_pilot:
             line += f", {100 * with_pilot['free']['share_within_1.2']:.0f}% counting the pilot's compute"
-        line += _routes_text(o, targets["objectives"].get("on_policy_floor"))
+        line += _routes_text(o, targets["objectives"].get("on_policy_floor"), _logged(record))
         line += f"; lowest per-setting Spearman {_fmt(o.get('min_setting_spearman'))}"
     else:
         line = (f"evidence ({which}, {o['cells']} test cases): within 1.2x of the cheapest design in "
@@ -233,10 +249,11 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
     return line + f" ({record['command']}, docs/SIMULATION.md)"
 
 
-def _routes_text(printed: dict, floor_rule: dict | None) -> str:
+def _routes_text(printed: dict, floor_rule: dict | None, logged: bool = False) -> str:
     """The printed answer's shares by the user's route (the benchmark's ``routes``, records since they were kept):
     where the pilot ran, beside the trivial floor rule on the same cells, and where the run was too short for one
-    (the answer is then the floor rule's batch); nothing for an older record."""
+    (the answer is then the floor rule's batch, or with ``logged`` the on-policy answer from the log's b alone);
+    nothing for an older record."""
     routes, trivial = printed.get("routes") or {}, (floor_rule or {}).get("routes") or {}
     parts = []
     if "piloted" in routes:
@@ -246,7 +263,8 @@ def _routes_text(printed: dict, floor_rule: dict | None) -> str:
                      f"{r['cells']} cases")
     if "no_pilot" in routes:
         r = routes["no_pilot"]
-        parts.append(f"without one (a run too short for it: the floor rule's batch) {100 * r['share_within_1.2']:.0f}% "
+        answer = "on-policy from the log's b alone" if logged else "the floor rule's batch"
+        parts.append(f"without one (a run too short for it: {answer}) {100 * r['share_within_1.2']:.0f}% "
                      f"(worst {_worst_x(r, '')}) in {r['cells']}")
     return "; " + ", ".join(parts) if parts else ""
 

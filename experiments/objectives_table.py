@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n{_means_line(summary, held_out)}")
         print("\n".join(_printed_lines(summary, held_out)) + "\n")
         routes = route_lines(summary, held_out)
-        if routes:  # the pilot's route and the no-pilot one (the floor rule's batch) scored apart
+        if routes:  # the pilot's route and the no-pilot one (on-policy from the log's b alone) scored apart
             print("by the user's route:\n" + "\n".join(routes) + "\n")
         family = selective_floor_lines(summary, held_out)
         if family:  # --families selective: where selective replay or dynamic sampling is the grid's cheapest

@@ -92,7 +92,8 @@ def pilot_compute(pilot: dict, mu: float, floor: float) -> float:
 def pilot_affordable(pilot: dict, mu: float, floor: float) -> bool:
     """Whether the user runs this pilot at (mu, floor): its compute within PILOT_FRACTION of the recipe's to the target
     (``recipe_steps`` steps of on-policy at B), both known before any scored run. Otherwise the user asks optimal
-    without the pilot's numbers (``measure.pilot_query``: the floor rule's batch) and spends nothing on it."""
+    without the pilot's numbers (``measure.pilot_query``: the log's b alone, on-policy answers only) and spends
+    nothing on it."""
     return pilot_compute(pilot, mu, floor) <= PILOT_FRACTION * pilot["recipe_steps"] * forgetting.step_cost(
         BATCH, BATCH, mu, floor)
 

@@ -164,7 +164,8 @@ estimate: on the held-out units of heldout-pool2 it ran to 1.33x the scored runs
 pilot's ``recipe_steps`` 61 against the on-policy B=256 row's 46), so a pilot of 10% of the recipe cost over 10% of
 the scored run there (margin set from that run's units, a protocol choice: the rule and its inputs are not tuned by
 it). A run too short for a pilot of one step and its curvature pairs within that share (``pilot_affordable``) is run
-without one: the user asks optimal with no --noise-scale and gets the floor rule's batch."""
+without one: the user asks optimal with the log's --noise-scale alone (``measure.measure_recipe_log``; no --kappa, no
+drift: on-policy answers only), and with nothing measured in records from before the log (the floor rule's batch)."""
 PILOT_SEED = 10_000
 """The pilot's seeds (its run, the recipe's search) start at PILOT_SEED + instance; every scored run's at instance."""
 PILOT_RUNS = 1
@@ -248,7 +249,7 @@ class Options:
 
     instances: tuple[int, ...] = INSTANCES
     """Comma-separated instance seeds (the quadratic's start, the bandit's features): 0 is the development instance,
-    563, 569 and 571 held out (HELD_OUT); 0 with --quick."""
+    653, 659 and 661 held out (HELD_OUT); 0 with --quick."""
     settings: tuple[str, ...] = field(default=DEFAULT_SETTINGS, metadata=Range(choices=lambda: {
         name: setting.description for name, setting in SETTINGS.items()}).field())
     """Comma-separated settings."""

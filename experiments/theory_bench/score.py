@@ -388,7 +388,8 @@ trivial floor rule, the baseline it must beat on each route."""
 
 def _route_shares(cells: list[dict], name: str) -> dict:
     """``name``'s free-batch regret shares over the cells whose user ran the pilot (``piloted``) and over those whose
-    run was too short for one (``no_pilot``: the printed answer is the floor rule's batch there), a route by the
+    run was too short for one (``no_pilot``: the printed answer is on-policy from the log's b alone there, the floor
+    rule's batch in records from before the log), a route by the
     printed answer's record of the cell; a route with no cell is left out."""
     out = {}
     for route, piloted in (("piloted", True), ("no_pilot", False)):

@@ -6,6 +6,7 @@ tests/integration/test_cli_noise_scale_derive.py.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -163,6 +164,18 @@ def test_the_evidence_line_quotes_the_stored_benchmark():
         "B_simple, kappa and drift, 8% of the run, none in a run too short for one, 60 test cases): within 1.2x of "
         "the cheapest design in 80% (worst 1.60), 50% counting the pilot's compute; lowest per-setting Spearman 0.75; "
         "meets the targets at none of the floors 64 (replay-theory experiment theory-test --out R, docs/SIMULATION.md)")
+    # a record whose protocol read b from the user's logged run (its pilot's b_from) names that route, and its
+    # no-pilot cases' answer as on-policy from the log's b alone
+    logged = copy.deepcopy(record)
+    logged.setdefault("protocol", {}).setdefault("pilot", {})["b_from"] = "recipe log"
+    logged["targets"]["64"]["objectives"]["printed"]["routes"] = {
+        "piloted": {"cells": 30, **_targets(0.9, 1.2)["free"]}, "no_pilot": {"cells": 30, **_targets(0.7, 1.6)["free"]}}
+    assert evidence.evidence_line("forgetting", "forgetting", logged).startswith(
+        "evidence (every instance (none held out), latency floor 64; the answer as printed from B_simple over the "
+        "user's logged run of their recipe, with a one-run pilot's kappa and drift, 8% of the run, none in a run too "
+        "short for one, 60 test cases): within 1.2x of the cheapest design in 80% (worst 1.60), 50% counting the "
+        "pilot's compute; with the pilot 90% (worst 1.20) in 30 cases, without one (a run too short for it: "
+        "on-policy from the log's b alone) 70% (worst 1.60) in 30; lowest")
     record["targets"]["0"] = {"cells": 60, "objectives": {"printed": _targets(0.5, float("inf"), cells=60)}}
     record["targets"]["0"]["objectives"]["printed"]["free"]["worst"] = None  # strict JSON: a pick never reached
     line = evidence.evidence_line("forgetting", "forgetting", record)
