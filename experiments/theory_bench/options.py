@@ -138,7 +138,9 @@ when b came from the user's logged run (which made 613, 617 and 619 development 
 named here, before their first run, for that protocol's --families epochs,overlap,selective reading: issue 40's
 targets read an eighth time. 691, 701 and 709, NEXT_HELD_OUT since 0c7fa7f, were then read by the default protocol
 with the rule unchanged (heldout8-691, its second reading; docs/SIMULATION.md), and 719, 727 and 733 named as the
-next.)"""
+next. 743, 751 and 757 are named here, before their first run, for the --families epochs,overlap,selective reading
+of the protocol that reads the drift M2(s) off the user's logged run too (``inputs.drift_staleness``): issue 40's
+targets read a ninth time.)"""
 SEEDS = 16
 BOOTS = 200
 MUS = (0.5, 1.0, 2.0, 5.28, 20.0)
