@@ -190,6 +190,9 @@ LOGGED_ROUTE_TEXT = ("the answer as printed from B_simple over the user's logged
                      "pilot's kappa and drift, 8% of the run, none in a run too short for one")
 """The printed route's words for a record whose protocol read b from the user's logged run (its pilot's ``b_from``,
 experiments/theory_bench/measure.py ``measure_recipe_log``); ``ROUTE_TEXT`` for a record from before it."""
+LOGGED_DRIFT_ROUTE_TEXT = ("the answer as printed from B_simple and the drift M2(s) over the user's logged run of "
+                           "their recipe, with a one-run pilot's kappa, 8% of the run, none in a run too short for one")
+"""The same for a record whose protocol read the drift off the logged run too (its pilot's ``drift_from``)."""
 
 
 def _logged(record: dict) -> bool:
@@ -197,10 +200,15 @@ def _logged(record: dict) -> bool:
     return (record.get("protocol") or {}).get("pilot", {}).get("b_from") == "recipe log"
 
 
+def _logged_drift(record: dict) -> bool:
+    """Whether the record's protocol read the drift M2(s) off the user's logged run as well."""
+    return (record.get("protocol") or {}).get("pilot", {}).get("drift_from") == "recipe log"
+
+
 def route_text(key: str, record: dict) -> str:
     """The input route's words for the benchmark row ``key`` of ``record`` ('' for a row with none)."""
     if key == "printed" and _logged(record):
-        return LOGGED_ROUTE_TEXT
+        return LOGGED_DRIFT_ROUTE_TEXT if _logged_drift(record) else LOGGED_ROUTE_TEXT
     return ROUTE_TEXT.get(key, "")
 
 
@@ -237,7 +245,7 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
         with_pilot = targets["objectives"].get("printed_with_pilot")
         if with_pilot:
             line += f", {100 * with_pilot['free']['share_within_1.2']:.0f}% counting the pilot's compute"
-        line += _routes_text(o, targets["objectives"].get("on_policy_floor"), _logged(record))
+        line += _routes_text(o, targets["objectives"].get("on_policy_floor"), _logged(record), _logged_drift(record))
         line += f"; lowest per-setting Spearman {_fmt(o.get('min_setting_spearman'))}"
     else:
         line = (f"evidence ({which}, {o['cells']} test cases): within 1.2x of the cheapest design in "
@@ -249,11 +257,11 @@ def evidence_line(objective: str, key: str, record: dict | None = None, floor_ra
     return line + f" ({record['command']}, docs/SIMULATION.md)"
 
 
-def _routes_text(printed: dict, floor_rule: dict | None, logged: bool = False) -> str:
+def _routes_text(printed: dict, floor_rule: dict | None, logged: bool = False, drift: bool = False) -> str:
     """The printed answer's shares by the user's route (the benchmark's ``routes``, records since they were kept):
     where the pilot ran, beside the trivial floor rule on the same cells, and where the run was too short for one
-    (the answer is then the floor rule's batch, or with ``logged`` the on-policy answer from the log's b alone);
-    nothing for an older record."""
+    (the answer is then the floor rule's batch, with ``logged`` the on-policy answer from the log's b alone, with
+    ``drift`` too the answer from the log's b and drift); nothing for an older record."""
     routes, trivial = printed.get("routes") or {}, (floor_rule or {}).get("routes") or {}
     parts = []
     if "piloted" in routes:
@@ -263,7 +271,8 @@ def _routes_text(printed: dict, floor_rule: dict | None, logged: bool = False) -
                      f"{r['cells']} cases")
     if "no_pilot" in routes:
         r = routes["no_pilot"]
-        answer = "on-policy from the log's b alone" if logged else "the floor rule's batch"
+        answer = ("the log's b and drift, no kappa" if drift else "on-policy from the log's b alone" if logged
+                  else "the floor rule's batch")
         parts.append(f"without one (a run too short for it: {answer}) {100 * r['share_within_1.2']:.0f}% "
                      f"(worst {_worst_x(r, '')}) in {r['cells']}")
     return "; " + ", ".join(parts) if parts else ""

@@ -28,10 +28,12 @@ from .options import (
     BATCH,
     BETA1,
     CURVATURE_EVERY,
+    FORWARD_SAMPLE_UPDATES,
     GROUP,
     HVP_SAMPLE_UPDATES,
     HVP_SAMPLES,
     PILOT_FRACTION,
+    RESCORE_SAMPLES,
     STALENESS,
     Setting,
 )
@@ -87,6 +89,40 @@ def pilot_compute(pilot: dict, mu: float, floor: float) -> float:
     (``HVP_SAMPLE_UPDATES`` x ``HVP_SAMPLES`` each), for its one run."""
     return (pilot["steps"] * forgetting.step_cost(BATCH, BATCH, mu, floor)
             + pilot["hvps"] * HVP_SAMPLE_UPDATES * HVP_SAMPLES) * pilot.get("runs", 1)
+
+
+def log_compute(pilot: dict) -> float:
+    """The re-scoring that reads the drift table off the user's logged run (``measure.measure_recipe_log``): one
+    forward pass over RESCORE_SAMPLES of the rollouts of each age s > 0 at the run's last policy, in the cost model's
+    unit (FORWARD_SAMPLE_UPDATES each); 0 without a table (the quadratic, a record from before it). Spent once,
+    whether or not the user runs the pilot."""
+    drift = (pilot.get("recipe_log") or {}).get("drift") or {}
+    return max(len(drift.get("staleness", [])) - 1, 0) * RESCORE_SAMPLES * FORWARD_SAMPLE_UPDATES
+
+
+def drift_staleness(pilot: dict, piloted: bool) -> forgetting.Staleness:
+    """The staleness cost r(s) = 1 + M2(s) the printed answer is priced at: the drift over the user's logged run
+    (its last policy against each age's, ages up to the run's length), and where the pilot ran (``piloted``) and
+    measured an age too, the larger of the two there (the pilot reads the drift early in the run, where the policy
+    moves fastest). The quadratic has no policy (``NO_POLICY``: no cost at any age); a table with no age > 0 (a
+    one-step pilot, no log's table) measures nothing beyond age 0 (``NO_STALENESS``)."""
+    own = pilot.get("drift")
+    if own is None and "m2" not in ((pilot.get("recipe_log") or {}).get("drift") or {}):
+        return forgetting.NO_POLICY  # the quadratic: no policy, a stored sample's cost is known at every age
+    early = (forgetting.Staleness(tuple(float(s) for s in own["staleness"]), tuple(1.0 + float(c) for c in own["m2"]),
+                                  "1 + M2(s) on the pilot")
+             if piloted and own is not None and len(own["staleness"]) >= 2 else None)
+    log = (pilot.get("recipe_log") or {}).get("drift")
+    if log is None or len(log["staleness"]) < 2:
+        return early or forgetting.NO_STALENESS
+    ages = tuple(float(s) for s in log["staleness"])
+    cost = np.array([1.0 + float(c) for c in log["m2"]])  # (ages,)
+    if early is None:
+        return forgetting.Staleness(ages, tuple(cost.tolist()), "1 + M2(s) over the user's logged run")
+    inside = np.array(ages) <= early.oldest_measured  # the pilot's table read only at the ages it measured
+    cost = np.where(inside, np.maximum(cost, early.at(np.array(ages))), cost)
+    return forgetting.Staleness(ages, tuple(cost.tolist()),
+                                "1 + M2(s) over the user's logged run, the pilot's where larger")
 
 
 def pilot_affordable(pilot: dict, mu: float, floor: float) -> bool:

@@ -36,6 +36,7 @@ from .inputs import (
     b_crit_record,
     b_noise_kind,
     curvature_pairs_kappa,
+    drift_staleness,
     fit_noise_scale,
     kappa_parts,
     loss_hvp,
@@ -64,6 +65,7 @@ from .options import (
     PILOT_SEED,
     PRINTED_STEPS_RATIOS,
     PRINTED_WORK_RATIO,
+    RESCORE_SAMPLES,
     SETTINGS,
     STALENESS,
     Options,
@@ -485,15 +487,18 @@ def measure_recipe_log(unit: Unit) -> dict:
     recipe's steps to the target, each step's batch giving McCandlish's two-batch pair (its halves against the whole,
     as the TRL trainer and the verl hook log them: no extra rollouts, no extra backward), pooled over the whole run.
     The noise scale drifts within a run (|G| falls toward the target, docs/SIMULATION.md); a pilot of the first 8%
-    reads it where |G| is largest. The run is the user's own, done before asking, so it adds nothing to the pilot's
-    compute; it reads no scored run (``tests/unit/test_theory_test_pilot``)."""
+    reads it where |G| is largest. The run is the user's own, done before asking, so its steps add nothing to the
+    pilot's compute. Its drift M2(s) (``measure_drift``: the last policy T against the policy at T - s, at the ages in
+    STALENESS up to the run's length) is the staleness cost a pilot of one or two steps cannot reach: on a trainer, the
+    logged rollouts of step T - s re-scored at the last checkpoint, RESCORE_SAMPLES of them per age, whose forward
+    passes are counted (``inputs.log_compute``). It reads no scored run (``tests/unit/test_theory_test_pilot``)."""
     lr = unit.tuned_lr(RECIPE)
     if lr is None:
         raise UnitNotScored(f"{RECIPE} reached the target at no step size: the user has no run to log")
     steps = max(2, int(math.ceil(float(design_steps(unit.runs[RECIPE])[0]))))
     payload = {"kind": "recipe-log", "setting": unit.setting.name, "optimizer": unit.optimizer,
                "instance": unit.instance, "lr": lr, "steps": steps, "runs": PILOT_RUNS, "seed": PILOT_SEED,
-               "version": 1, **({"noise_stream": "per pilot"} if isinstance(unit.env, NoisyRewardBandit) else {})}
+               "version": 2, **({"noise_stream": "per pilot"} if isinstance(unit.env, NoisyRewardBandit) else {})}
     found = unit.store.get(payload)
     if found is not None:
         return found
@@ -501,9 +506,10 @@ def measure_recipe_log(unit: Unit) -> dict:
     if isinstance(env, NoisyRewardBandit):  # the measurements' verifier noise keyed by the pilot alone, as the pilot's
         env = env.with_noise_stream(271828, unit.instance)
     rng = np.random.default_rng([unit.instance, PILOT_SEED, len(unit.setting.name), 1])
-    small, big = [], []
+    small, big, history = [], [], []
 
     def observer(step: int, params: np.ndarray, grad: np.ndarray, optimizer) -> None:
+        history.append(params.copy())  # (runs, d): the parameters before update ``step``
         theta = params[0][None]  # (1, d): the one run's parameters before update ``step``
         grads = sample_grads(env, unit.setting, theta, theta, BATCH // GROUP, rng)  # (256, d) the step's batch
         halves = grads.reshape(2, BATCH // 2, -1).mean(axis=1)  # (2, d) whole groups: 16 of 8 each
@@ -515,8 +521,10 @@ def measure_recipe_log(unit: Unit) -> dict:
     to_target.run_to_target(env, unit.setting.loss, forgetting.Design.on_policy_at(BATCH), [lr], PILOT_RUNS,
                             unit.optimizer, math.inf, steps, seed=PILOT_SEED + unit.instance, observer=observer)
     b_simple = noise_scale_lib.pooled_two_batch(small, big, BATCH // 2, BATCH, rng, n_boot=BOOTS)
+    drift = None if isinstance(env, QuadraticEnv) else measure_drift(env, np.asarray(history))  # (steps, runs, d) in
     return unit.store.put(payload, {
-        "lr": lr, "steps": steps, "runs": PILOT_RUNS,
+        "lr": lr, "steps": steps, "runs": PILOT_RUNS, "drift": drift,
+        "rescore_samples": RESCORE_SAMPLES if drift is not None else 0,
         "b_simple": {**b_simple.to_dict(),
                      "what": f"two-batch B_simple of every step's batch of the user's run of the recipe ({steps} steps "
                              f"of on-policy B = {BATCH}, seed {PILOT_SEED} + instance), pooled over the run"}})
@@ -630,8 +638,12 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_
                f"{pilot['recipe_steps']:g} steps at mu {mu:g}, floor {floor:g}")
         if not logged or b_noise is None or not (math.isfinite(b_noise) and b_noise > 0):
             return advice.Query(**common), [why]
-        return advice.Query(**common, b_noise=b_noise, b_noise_source=b_source), [
-            why + "; the log's B_simple alone (no kappa, no staleness cost measured: on-policy answers only)"]
+        staleness = drift_staleness(pilot, piloted=False)
+        if staleness.oldest_measured < 1:  # a record from before the log's drift, or a one-step log
+            return advice.Query(**common, b_noise=b_noise, b_noise_source=b_source), [
+                why + "; the log's B_simple alone (no kappa, no staleness cost measured: on-policy answers only)"]
+        return advice.Query(**common, b_noise=b_noise, b_noise_source=b_source, staleness=staleness), [
+            why + "; the log's B_simple and drift (no kappa: psi = 1, the optimizer taken never to forget)"]
     notes = []
     if b_noise is None or not (math.isfinite(b_noise) and b_noise > 0):
         low = (simple.get("b_noise_interval") or [None])[0]
@@ -647,14 +659,7 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_
         kappa = None
     elif kappa is None:
         notes.append("no kappa from the pilot")
-    drift = pilot.get("drift")
-    if drift is None:  # the quadratic: no policy, a stored sample's cost is known at every age
-        staleness = forgetting.NO_POLICY
-    elif len(drift["staleness"]) >= 2:
-        staleness = forgetting.Staleness(tuple(float(s) for s in drift["staleness"]),
-                                         tuple(1.0 + float(c) for c in drift["m2"]), "1 + M2(s) on the pilot")
-    else:  # a one-step pilot saw no older policy: nothing measured beyond age 0
-        staleness = forgetting.NO_STALENESS
+    staleness = drift_staleness(pilot, piloted=True)  # the log's drift, the pilot's where larger
     zero_share = pilot.get("zero_share") if selective else None
     if selective and zero_share is None:
         notes.append("no zero share: the pilot drew no groups (the quadratic), no --zero-share")
@@ -841,11 +846,6 @@ def _designs_of(record: dict) -> list[forgetting.Design]:
 
 
 def staleness_of(record: dict) -> forgetting.Staleness:
-    """r(s) = 1 + M2(s), the exact drift of the pilot's policy over s steps (rollout settings), or none (the
-    quadratic: a stored sample's gradient is exact at the current theta but for its fixed noise; a one-step pilot,
-    which saw no older policy)."""
-    drift = record["pilot"].get("drift")
-    if not drift or len(drift["staleness"]) < 2:  # the quadratic, or a one-step pilot (its record says so)
-        return forgetting.NO_STALENESS
-    return forgetting.Staleness(tuple(float(s) for s in drift["staleness"]),
-                                tuple(1.0 + float(c) for c in drift["m2"]), "1 + M2(s) on the pilot, exact")
+    """r(s) = 1 + M2(s), the exact drift of the policy over s steps on the user's logged run (the pilot's where larger;
+    ``inputs.drift_staleness``), or none (the quadratic, or a record with no age > 0 measured: it says so)."""
+    return drift_staleness(record["pilot"], piloted=True)

@@ -35,11 +35,13 @@ from ...theory import forgetting
 #: What ``theory_bench`` re-exports from here (``from .options import *``).
 __all__ = [
     "BATCH", "BETA1", "BOOTS", "CAP_FACTOR", "CURVATURE_EVERY", "DEFAULT_SETTINGS", "DEV_INSTANCES", "EPOCHS_GRID",
-    "EXACT_LR_RATIO", "FAMILIES", "FLOORS", "GROUP", "HEADLINE_FLOOR", "HELD_OUT", "HVP_SAMPLES", "HVP_SAMPLE_UPDATES",
+    "EXACT_LR_RATIO", "FAMILIES", "FLOORS", "FORWARD_SAMPLE_UPDATES", "GROUP", "HEADLINE_FLOOR", "HELD_OUT",
+    "HVP_SAMPLES", "HVP_SAMPLE_UPDATES",
     "INSTANCES", "LR_RATIO", "MAX_EXTEND", "MAX_STEP_SIZES", "MUS", "NEXT_HELD_OUT", "ON_POLICY_BATCHES", "OPTIMIZERS",
     "Options", "PILOT_BUDGET", "PILOT_FRACTION", "PILOT_MAX_STEPS", "PILOT_RUNS", "PILOT_SEED", "PRINTED_STEPS_RATIOS",
     "PRINTED_WORK_RATIO", "QUADRATIC_CONDITION", "QUADRATIC_NOISE", "QUICK_EPOCHS_GRID", "QUICK_FLOORS",
-    "QUICK_ON_POLICY_BATCHES", "QUICK_SELECTIVE_GRID", "QUICK_X_GRID", "QUICK_Y_GRID", "SEEDS", "SELECTIVE_GRID",
+    "QUICK_ON_POLICY_BATCHES", "QUICK_SELECTIVE_GRID", "QUICK_X_GRID", "QUICK_Y_GRID", "RESCORE_SAMPLES", "SEEDS",
+    "SELECTIVE_GRID",
     "SETTINGS", "STALENESS", "SelectiveDesign", "Setting", "TARGET_FRACTION", "X_GRID", "Y_GRID", "check_options",
     "command_line", "has_groups", "is_selective", "number_list", "options_from", "peak_bytes"]
 
@@ -77,23 +79,25 @@ FAMILIES = {"epochs": f"epoch designs at R = {BATCH}: e passes over m mini-batch
                          "[E11]: rounds of B until B rollouts have a non-zero advantage, each used once); optimal's "
                          "printed answer prices both from the pilot's zero share (--zero-share)"}
 """The design families ``--families`` adds to the grid (none by default: the protocol evidence.json was written by)."""
-HELD_OUT = (653, 659, 661)
+HELD_OUT = (719, 727, 733)
 """The held-out instances the targets read (advise/evidence.json is their default run's record): named as
-NEXT_HELD_OUT at cb71c0b before their first run, and first run by the protocol that reads b from the user's logged run
-of the recipe (``measure.measure_recipe_log``: B_simple pooled over the whole run, in every cell, the pilot's kappa
-and drift where the pilot is affordable), chosen on 0, 613, 617 and 619 (docs/SIMULATION.md). 563, 569 and 571,
-named at the commit that capped SGD's tuned step at the Newton step (c5412de) and first run by that rule, held out
-the protocol before it (b from the pilot's first 8% of the run), read again on 577-593 and 613-619. The sets before
-it, each named before its first run and read once a rule or the protocol changed, are development
-instances now: 269, 271, 281 (named as NEXT_HELD_OUT at c388869) and 431, 439, 443 (at fcb3a90), the first reading of
-issue 38's pilot-budget protocol (the pilot sized to PILOT_FRACTION = 8% of the recipe, and none where one step of it
-costs more: ``pilot_affordable``), whose record advise/evidence.json was until 563-571's; 457, 461, 463 and 467,
-479, 487, its second and third readings, the rule unchanged (NEXT_HELD_OUT says when each was named). The printed
-answer is scored at optimal's default --max-steps-ratio 1000 (least compute) and at 2. The previous protocol (the
-pilot sized to 10% of the recipe, always run) was held out by 181, 193, 197 and 239, 241, 251 (its margin
-PILOT_FRACTION was read off their units); the rule before the guard's factors below 1 by 137, 139, 149 (named at
-aa6cc23, first run at 765a591) and 167, 173, 179 (named at 87386dd, first run at 416f828), and before its margin
-changed by 89, 97, 101 and 103, 107, 109 (docs/SIMULATION.md keeps each set's own result)."""
+NEXT_HELD_OUT at 4c04c83 before their first run, and first run by the protocol that reads the drift M2(s) off the
+user's logged run as well as b (``measure.measure_recipe_log``: B_simple pooled over the whole run and the drift of
+the run's last policy against each age's, in every cell; the pilot's kappa, and its drift where larger, where the pilot
+is affordable: ``inputs.drift_staleness``), chosen on 0, 691, 701, 709 and 673, 677, 683 (docs/SIMULATION.md). 653,
+659 and 661, named at cb71c0b and first run by the protocol that read b alone from the log, held it out, read again on
+691, 701 and 709; 563, 569 and 571, named at the commit that capped SGD's tuned step at the Newton step (c5412de) and
+first run by that rule, held out the protocol before it (b from the pilot's first 8% of the run), read again on
+577-593 and 613-619. The sets before them, each named before its first run and read once a rule or the protocol
+changed, are development instances now: 269, 271, 281 (named as NEXT_HELD_OUT at c388869) and 431, 439, 443 (at
+fcb3a90), the first reading of issue 38's pilot-budget protocol (the pilot sized to PILOT_FRACTION = 8% of the recipe,
+and none where one step of it costs more: ``pilot_affordable``); 457, 461, 463 and 467, 479, 487, its second and third
+readings, the rule unchanged (NEXT_HELD_OUT says when each was named). The printed answer is scored at optimal's
+default --max-steps-ratio 1000 (least compute) and at 2. The previous protocol (the pilot sized to 10% of the recipe,
+always run) was held out by 181, 193, 197 and 239, 241, 251 (its margin PILOT_FRACTION was read off their units); the
+rule before the guard's factors below 1 by 137, 139, 149 (named at aa6cc23, first run at 765a591) and 167, 173, 179
+(named at 87386dd, first run at 416f828), and before its margin changed by 89, 97, 101 and 103, 107, 109
+(docs/SIMULATION.md keeps each set's own result)."""
 INSTANCES = (0, *HELD_OUT)
 DEV_INSTANCES = (0,)
 """Instance 0 is the one the benchmark and the rule were developed on (with 1 and 2, which the earlier benchmark and
@@ -107,7 +111,7 @@ says; 73, 79 and 83 (named at commit 70bca03) by the first --families epochs run
 B_FACTORS and first MARGIN were chosen on them and on 47, 53 and 59; 137, 139, 149, 167, 173 and 179 held out the
 rule before the guard's factors below 1 (HELD_OUT says how), and 223, 227 and 229, first run by the --families selective
 run, are where those factors were chosen. The next held-out set is ``NEXT_HELD_OUT``."""
-NEXT_HELD_OUT = (719, 727, 733)
+NEXT_HELD_OUT = (761, 769, 773)
 """Named here, before their first run: the instances the next evidence is read on once a rule or the protocol changes
 (which makes HELD_OUT development instances). Nothing may be tuned on them. (151, 157 and 163, named before 181, 193
 and 197, were first run by the --families overlap run of docs/SIMULATION.md; 191 by a stop's --quick check; 223, 227
@@ -140,7 +144,10 @@ targets read an eighth time. 691, 701 and 709, NEXT_HELD_OUT since 0c7fa7f, were
 with the rule unchanged (heldout8-691, its second reading; docs/SIMULATION.md), and 719, 727 and 733 named as the
 next. 743, 751 and 757 are named here, before their first run, for the --families epochs,overlap,selective reading
 of the protocol that reads the drift M2(s) off the user's logged run too (``inputs.drift_staleness``): issue 40's
-targets read a ninth time.)"""
+targets read a ninth time (famheld-743), and 719, 727 and 733 were first run by that protocol's default reading,
+HELD_OUT now (heldout9-719). 761, 769 and 773 are named here, before their first run, as the next default
+reading's, and 787, 797 and 809 for the next --families epochs,overlap,selective reading: issue 40's targets read
+a tenth time.)"""
 SEEDS = 16
 BOOTS = 200
 MUS = (0.5, 1.0, 2.0, 5.28, 20.0)
@@ -185,6 +192,15 @@ HVP_SAMPLES = BATCH // 4
 """The samples an HVP is counted over: a quarter of the step's batch (the pairs' quarters). The simulator applies the
 expected loss's Hessian (exact, or central differences of the exact gradient); a trainer's HVP over 64 samples
 estimates it with noise this benchmark does not add."""
+RESCORE_SAMPLES = BATCH // 4
+"""The drift M2(s) over the user's logged run (``measure.measure_recipe_log``): at each age s > 0 of the table, a
+quarter batch of the rollouts the run generated at step T - s, their log-probs at generation (every trainer logs them:
+TRL's old_per_token_logps, verl's old_log_prob) against one forward pass at the run's last policy T. The simulator
+reads the exact M2(s) of the two policies (``env.exact_divergences``); the forward passes are counted."""
+FORWARD_SAMPLE_UPDATES = 1.0 / 3.0
+"""A forward pass over one sample counted as 1/3 sample-update (an update is a forward and a backward pass, about three
+forward passes), in the cost model's unit; the re-scoring above costs (ages - 1) x RESCORE_SAMPLES of them."""
+
 BETA1 = 0.9
 QUADRATIC_CONDITION = 100.0
 QUADRATIC_NOISE = (1.0, 3.0, 10.0, 30.0, 100.0)
@@ -253,7 +269,7 @@ class Options:
 
     instances: tuple[int, ...] = INSTANCES
     """Comma-separated instance seeds (the quadratic's start, the bandit's features): 0 is the development instance,
-    653, 659 and 661 held out (HELD_OUT); 0 with --quick."""
+    719, 727 and 733 held out (HELD_OUT); 0 with --quick."""
     settings: tuple[str, ...] = field(default=DEFAULT_SETTINGS, metadata=Range(choices=lambda: {
         name: setting.description for name, setting in SETTINGS.items()}).field())
     """Comma-separated settings."""

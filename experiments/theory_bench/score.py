@@ -31,7 +31,7 @@ from ...outputs import check_out_dir, strict, write_new
 from ...simulate import to_target
 from ...theory import forgetting
 from ...theory.resampling import quantile_interval, spearman
-from .inputs import pilot_affordable, pilot_compute, read_b_noise
+from .inputs import log_compute, pilot_affordable, pilot_compute, read_b_noise
 from .measure import _designs_of, design_spec, printed_design, run_unit, staleness_of
 from .objectives import (
     OBJECTIVES,
@@ -51,6 +51,7 @@ from .options import (
     CURVATURE_EVERY,
     DEV_INSTANCES,
     EXACT_LR_RATIO,
+    FORWARD_SAMPLE_UPDATES,
     GROUP,
     HEADLINE_FLOOR,
     HVP_SAMPLE_UPDATES,
@@ -63,6 +64,7 @@ from .options import (
     PILOT_SEED,
     PRINTED_STEPS_RATIOS,
     PRINTED_WORK_RATIO,
+    RESCORE_SAMPLES,
     SETTINGS,
     TARGET_FRACTION,
     Options,
@@ -165,7 +167,8 @@ def score_printed(record: dict, mu: float, floor: float, compute: np.ndarray, sp
     best = compute.min(axis=1)
     reference = design_steps_row(record, f"on-policy B={BATCH}") * forgetting.step_cost(BATCH, BATCH, mu, floor)
     piloted = pilot_affordable(record["pilot"], mu, floor)  # else the user ran no pilot and asked without its numbers
-    extra = pilot_compute(record["pilot"], mu, floor) if piloted else 0.0
+    # the pilot where run, and the forward passes that read the drift off the logged run in every cell
+    extra = (pilot_compute(record["pilot"], mu, floor) if piloted else 0.0) + log_compute(record["pilot"])
     out = {}
     trained = record.get("printed_ratios", PRINTED_STEPS_RATIOS)  # --quick trains the default answer alone
     for name, ratio, added in (("printed", PRINTED_STEPS_RATIOS[0], 0.0),
@@ -504,7 +507,9 @@ def _protocol(options: Options) -> dict:
             "pilot": {"fraction": PILOT_FRACTION, "budget": PILOT_BUDGET, "skipped_when_unaffordable": True,
                       "seed": PILOT_SEED, "runs": PILOT_RUNS,
                       "curvature_every": CURVATURE_EVERY, "hvp_sample_updates": HVP_SAMPLE_UPDATES,
-                      "hvp_samples": HVP_SAMPLES, "route": "B_simple", "b_from": "recipe log"},
+                      "hvp_samples": HVP_SAMPLES, "route": "B_simple", "b_from": "recipe log",
+                      "drift_from": "recipe log", "rescore_samples": RESCORE_SAMPLES,
+                      "forward_sample_updates": FORWARD_SAMPLE_UPDATES},
             "objectives": [*OBJECTIVES, *PRINTED],
             # only when some are on: the default protocol (advise/evidence.json's) stays as it was
             **({"families": list(options.families)} if options.families else {})}

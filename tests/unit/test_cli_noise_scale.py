@@ -176,6 +176,14 @@ def test_the_evidence_line_quotes_the_stored_benchmark():
         "short for one, 60 test cases): within 1.2x of the cheapest design in 80% (worst 1.60), 50% counting the "
         "pilot's compute; with the pilot 90% (worst 1.20) in 30 cases, without one (a run too short for it: "
         "on-policy from the log's b alone) 70% (worst 1.60) in 30; lowest")
+    # one that read the drift M2(s) off the log too (its pilot's drift_from) says so, and that its no-pilot cases
+    # answer from the log's b and drift
+    logged["protocol"]["pilot"]["drift_from"] = "recipe log"
+    line = evidence.evidence_line("forgetting", "forgetting", logged)
+    assert line.startswith("evidence (every instance (none held out), latency floor 64; the answer as printed from "
+                           "B_simple and the drift M2(s) over the user's logged run of their recipe, with a one-run "
+                           "pilot's kappa, 8% of the run, none in a run too short for one, 60 test cases)")
+    assert "without one (a run too short for it: the log's b and drift, no kappa) 70% (worst 1.60) in 30;" in line
     record["targets"]["0"] = {"cells": 60, "objectives": {"printed": _targets(0.5, float("inf"), cells=60)}}
     record["targets"]["0"]["objectives"]["printed"]["free"]["worst"] = None  # strict JSON: a pick never reached
     line = evidence.evidence_line("forgetting", "forgetting", record)

@@ -124,20 +124,75 @@ def test_b_comes_from_the_users_logged_run_in_every_cell():
     query, notes = tt.pilot_query(logged, "sgd", 5.28, 64)
     assert (query.b_noise, query.kappa, query.b_noise_source) == (
         500.0, 0.3, "B_simple over the user's logged run of the recipe")
-    # a run too short for a pilot: the log's b alone, no kappa, no staleness measured (on-policy answers only)
-    short = {**_pilot(steps=1, recipe_steps=10.0), "recipe_log": {"b_simple": {"b_noise": 500.0}}}
+    # a run too short for a pilot, a log without a drift table (a record from before it): the log's b alone, no
+    # kappa, no staleness measured (on-policy answers only)
+    short = {**_pilot(steps=1, recipe_steps=10.0, drift=ONE_STEP), "recipe_log": {"b_simple": {"b_noise": 500.0}}}
     query, notes = tt.pilot_query(short, "sgd", 1.0, 0, 2.0)
     assert (query.b_noise, query.kappa, query.staleness) == (500.0, None, fg.NO_STALENESS)
     assert notes[0].startswith("no pilot: one of 1 step(s) costs more than 8% of the recipe's 10 steps")
     # under a steps budget of 2x the b gives the floor rule its batch: 1 + 500 / B' <= 2 (1 + 500 / 256) at
     # B' >= 500 / 4.906 = 101.9, so 104 (13 groups of 8); without b optimal can only keep B (256)
     assert tt.printed_design(short, "sgd", 1.0, 0, 2.0) == fg.Design.on_policy_at(104)
-    assert tt.printed_design(_pilot(steps=1, recipe_steps=10.0), "sgd", 1.0, 0, 2.0) == fg.Design.on_policy_at(256)
+    assert tt.printed_design(_pilot(steps=1, recipe_steps=10.0, drift=ONE_STEP), "sgd", 1.0, 0,
+                             2.0) == fg.Design.on_policy_at(256)
     # at least compute (no budget) the on-policy compute (1 + b / B')(mu + 1) B' rises with B' at floor 0: one group
     assert tt.printed_design(short, "sgd", 1.0, 0) == fg.Design.on_policy_at(8)
     # a log whose B_simple is not resolved > 0 leaves the short run with nothing measured, as before the log
     unresolved = {**short, "recipe_log": {"b_simple": {"b_noise": -3.0}}}
     assert tt.pilot_query(unresolved, "sgd", 1.0, 0)[0].b_noise is None
+
+
+ONE_STEP = {"staleness": [0], "m2": [0.0]}
+"""A one-step pilot's drift record on a rollout setting: no age > 0 (``inputs.measure_drift``)."""
+LOG_DRIFT = {"staleness": [0, 1, 2, 4, 8, 15], "m2": [0.0, 0.01, 0.02, 0.05, 0.1, 0.2]}
+"""A 16-step logged run's drift M2(s) at its last policy (ages in STALENESS up to T = 15, and T)."""
+
+
+def test_the_drift_comes_from_the_users_logged_run_the_pilots_where_larger():
+    log = {"b_simple": {"b_noise": 500.0}, "drift": LOG_DRIFT}
+    # no pilot run: the log's table alone, 1 + M2(s), vouching to age 15
+    alone = tt.drift_staleness({**_pilot(drift=ONE_STEP), "recipe_log": log}, piloted=False)
+    assert alone.ages == (0.0, 1.0, 2.0, 4.0, 8.0, 15.0) and alone.oldest_measured == 15.0
+    assert alone.ratio == pytest.approx((1.0, 1.01, 1.02, 1.05, 1.1, 1.2))
+    # a pilot of 3 steps measured ages 0, 1, 2 at M2 0, 0.03, 0.015: the larger of the two at ages <= 2, the log's
+    # beyond
+    early = {"staleness": [0, 1, 2], "m2": [0.0, 0.03, 0.015]}
+    both = tt.drift_staleness({**_pilot(drift=early), "recipe_log": log}, piloted=True)
+    assert both.ratio == pytest.approx((1.0, 1.03, 1.02, 1.05, 1.1, 1.2))
+    assert both.source == "1 + M2(s) over the user's logged run, the pilot's where larger"
+    # the same pilot where the user would not run it: not read
+    assert tt.drift_staleness({**_pilot(drift=early), "recipe_log": log}, piloted=False) == alone
+    # no log's table (a record from before it): the pilot's, or nothing beyond age 0
+    assert tt.drift_staleness(_pilot(drift=early), piloted=True).ratio == pytest.approx((1.0, 1.03, 1.015))
+    assert tt.drift_staleness(_pilot(drift=ONE_STEP), piloted=True) == fg.NO_STALENESS
+    # the quadratic: no policy, no cost at any age, with or without a log
+    assert tt.drift_staleness({**_pilot(), "recipe_log": {"b_simple": {"b_noise": 5.0}, "drift": None}},
+                              piloted=False) == fg.NO_POLICY
+    # the re-scoring counted: 5 ages > 0 x 64 samples x 1/3 of a sample-update, and none without a table
+    assert tt.log_compute({"recipe_log": log}) == pytest.approx(5 * 64 / 3)
+    assert tt.log_compute(_pilot()) == 0.0
+
+
+def test_a_short_run_prices_reuse_from_the_logs_drift():
+    # a 16-step recipe at mu 2: no pilot (one step costs 2 x 256 + 256 + 384 = 1152 > 0.08 x 16 x 768 = 983); the
+    # query carries the log's b and drift, no kappa (psi = 1)
+    log = {"b_simple": {"b_noise": 50000.0}, "drift": LOG_DRIFT}
+    short = {**_pilot(steps=1, recipe_steps=16.0, drift=ONE_STEP), "recipe_log": log}
+    query, notes = tt.pilot_query(short, "sgd", 2.0, 64)
+    assert (query.b_noise, query.kappa, query.staleness.oldest_measured) == (50000.0, None, 15.0)
+    assert notes[0].endswith("the log's B_simple and drift (no kappa: psi = 1, the optimizer taken never to forget)")
+    # at mu 20 the one-step pilot is run (5376 + 384 <= 0.08 x 16 x 5376 = 6881): its kappa 0.3, but it measured no
+    # age > 0. Without the log's drift optimal could only answer on-policy; with it, a FIFO of x = 16 (ages 0-15,
+    # all measured), R = 184, B' = 1024, as the guard prices it from the same inputs
+    query, _ = tt.pilot_query(short, "sgd", 20.0, 64)
+    assert query.kappa == 0.3 and query.staleness.oldest_measured == 15.0
+    guarded = guarded_design(50000.0, 256, 20.0, fg.Memory(0.3, "sgd", tt.BETA1, 256.0), optimizer="sgd",
+                             group_size=8, staleness=query.staleness, floor=64, max_steps_ratio=1000.0)
+    assert tt.printed_design(short, "sgd", 20.0, 64) == guarded.choice.design == fg.Design(1024, 184, 2944)
+    no_drift = {**short, "recipe_log": {"b_simple": {"b_noise": 50000.0}}}
+    assert tt.printed_design(no_drift, "sgd", 20.0, 64).on_policy
+    # under Adam the guard offers no reuse, whatever the drift (theory/guarded.py, REUSE_OPTIMIZERS)
+    assert tt.printed_design(short, "adam", 20.0, 64).on_policy
 
 
 def _record(pilot: dict, printed_steps: dict[float, list[float]]) -> dict:
