@@ -414,10 +414,8 @@ def _design_table(r: dict) -> list[str]:
 
 MEASURE = (
     "measure b = B_noise / B over a whole logged run at your batch (it grows toward the target: a run's first steps "
-    "read it low) and kappa on its first steps (both land in one profile file); for the staleness cost of a stored "
-    "rollout, at the run's last checkpoint T re-score a quarter batch of the rollouts of steps T - 1, T - 2, T - 4, "
-    "... (their logged log-probs beside the new ones, age = T - t: a forward pass each) and add them to the log, "
-    "whose by-age table calibrate --from-log reads:",
+    "read it low), kappa on its first steps, and the staleness cost: re-score a quarter batch of the rollouts of steps "
+    "T - 1, T - 2, T - 4, ... at its last checkpoint T into the log (age T - t; calibrate --from-log reads it by age):",
     "  TRL: replay-theory trl-replay ... logs two micro-batches' |g|^2 each step, a curvature pair every K steps;",
     "       replay-theory calibrate --from-log RUN/rollouts.parquet --preset trl --grad-norms RUN/noise_scale.jsonl "
     "--out profile.json",

@@ -58,8 +58,9 @@ and 2e-4, and a theory-test run's "key" is a digest of its config, whose step si
 only those lines (theory-test-quick's 1e-9: the whole case, whose bandit numbers sit among the quadratic's), and a
 change the code makes still moves them beyond it (tests/unit/test_golden_compare.py). A 2-core AMD EPYC of Zen 5
 (CPU family 26) with numpy 2.4.6, scipy 1.17.1 and OpenBLAS 0.3.31 gives the emulated machine's lines (the bandit's
-smoothness 0.011464254875625782 against Zen 4's 0.011464254875685267); theory-test-quick was re-recorded on it when the
-guard's factors changed its printed answers, so its record holds the Zen 5 values and the test the Zen 4 ones.
+smoothness 0.011464254875625782 against Zen 4's 0.011464254875685267). theory-test-quick was re-recorded on Zen 5
+when the guard's factors changed its printed answers, and again on a Zen 4 EPYC when the drift from the user's logged
+run changed its protocol: its record holds the Zen 4 values and the test the Zen 5 ones as the other machine's.
 """
 
 from __future__ import annotations
