@@ -642,8 +642,9 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_
         if staleness.oldest_measured < 1:  # a record from before the log's drift, or a one-step log
             return advice.Query(**common, b_noise=b_noise, b_noise_source=b_source), [
                 why + "; the log's B_simple alone (no kappa, no staleness cost measured: on-policy answers only)"]
+        drift = "no policy to drift (the quadratic)" if staleness is forgetting.NO_POLICY else "drift"
         return advice.Query(**common, b_noise=b_noise, b_noise_source=b_source, staleness=staleness), [
-            why + "; the log's B_simple and drift (no kappa: psi = 1, the optimizer taken never to forget)"]
+            why + f"; the log's B_simple and {drift} (no kappa: psi = 1, the optimizer taken never to forget)"]
     notes = []
     if b_noise is None or not (math.isfinite(b_noise) and b_noise > 0):
         low = (simple.get("b_noise_interval") or [None])[0]

@@ -193,6 +193,12 @@ def test_a_short_run_prices_reuse_from_the_logs_drift():
     assert tt.printed_design(no_drift, "sgd", 20.0, 64).on_policy
     # under Adam the guard offers no reuse, whatever the drift (theory/guarded.py, REUSE_OPTIMIZERS)
     assert tt.printed_design(short, "adam", 20.0, 64).on_policy
+    # the quadratic's short run: no policy, so no staleness cost at any age (not a drift table), and its note says so
+    quadratic = {**_pilot(steps=1, recipe_steps=16.0), "recipe_log": {"b_simple": {"b_noise": 50000.0}, "drift": None}}
+    query, notes = tt.pilot_query(quadratic, "sgd", 2.0, 64)
+    assert (query.b_noise, query.kappa, query.staleness) == (50000.0, None, fg.NO_POLICY)
+    assert notes[0].endswith("the log's B_simple and no policy to drift (the quadratic) (no kappa: psi = 1, the "
+                             "optimizer taken never to forget)")
 
 
 def _record(pilot: dict, printed_steps: dict[float, list[float]]) -> dict:
