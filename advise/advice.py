@@ -414,12 +414,12 @@ def _design_table(r: dict) -> list[str]:
 
 MEASURE = (
     "measure b = B_noise / B over a whole logged run at your batch (it grows toward the target: a run's first steps "
-    "read it low), kappa on its first steps, and the staleness cost: re-score a quarter batch of the rollouts of steps "
-    "T - 1, T - 2, T - 4, ... at its last checkpoint T into the log (age T - t; calibrate --from-log reads it by age):",
-    "  TRL: replay-theory trl-replay ... logs two micro-batches' |g|^2 each step, a curvature pair every K steps;",
-    "       replay-theory calibrate --from-log RUN/rollouts.parquet --preset trl --grad-norms RUN/noise_scale.jsonl "
-    "--out profile.json",
-    "  verl: replay-theory calibrate --from-log LOG --preset verl --grad-norms FILE --out profile.json",
+    "read it low), kappa on its first steps, and the staleness cost: the drift M2(s) of 64 rollouts of steps T - 1, "
+    "T - 2, T - 4, ... re-scored at the last policy T (--drift: a log of them with an age column):",
+    "  TRL: replay-theory trl-replay ... logs two micro-batches' |g|^2 each step, a curvature pair every K steps, and "
+    "re-scores RUN/drift.parquet at its end; replay-theory calibrate --from-log RUN/rollouts.parquet --preset trl "
+    "--grad-norms RUN/noise_scale.jsonl --drift RUN/drift.parquet --out profile.json",
+    "  verl: replay-theory calibrate --from-log LOG --preset verl --grad-norms FILE [--drift FILE] --out profile.json",
     "  the tiny language model: replay-theory validate calibrate-model --out DIR; the simulator: replay-theory "
     "calibrate-simulator --out profile.json",
     "then: run the next: line the command prints (replay-theory optimal --profile ... with your batch, groups and "

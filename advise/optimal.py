@@ -164,7 +164,8 @@ class OptimalQuery:
     """paper: fresh rollouts per step R: gives integer N and B."""
     profile: str | None = None
     """Profile file (JSON or CSV, see docs): its noise_scale and memory records feed the rules, its mu the cost, its
-    sigma^2(s) table the staleness cost (forgetting) or the paper objective's noise profile."""
+    drift record (1 + M2(s), calibrate --from-log --drift) or else its sigma^2(s) table the staleness cost
+    (forgetting), the table the paper objective's noise profile."""
     average: str | None = field(default=None, metadata=Range(choices=AVERAGES).field())
     """paper: average of sigma^2 over the buffer for --profile (default integral)."""
     budget: float | None = field(default=None, metadata=_positive(" (compute, in per-sample update costs)"))
@@ -360,11 +361,17 @@ def _checked_memory(memory: dict) -> dict:
 
 
 def _staleness_of(loaded: LoadedProfile | None):
-    """r(s) = sigma^2(s) / sigma^2(0) of a profile's measured table (the forgetting rule's staleness cost)."""
-    from ..theory.forgetting import NO_STALENESS, staleness_of_table
+    """The forgetting rule's staleness cost from a profile: r(s) = 1 + M2(s) of its drift record (the run re-scored
+    by age: what the benchmark's printed answer is priced and scored at, docs/SIMULATION.md), else sigma^2(s) /
+    sigma^2(0) of its measured table."""
+    from ..theory.forgetting import NO_STALENESS, staleness_of_drift, staleness_of_table
 
     if loaded is None:
         return NO_STALENESS
+    if loaded.drift is not None:
+        source = loaded.drift.get("source") or "the profile"
+        return staleness_of_drift(loaded.drift["staleness"], loaded.drift["m2"],
+                                  f"1 + M2(s) re-scored over the run ({source})")
     from ..theory.profiles import TabulatedProfile
 
     if not isinstance(loaded.profile, TabulatedProfile):

@@ -50,6 +50,11 @@ class LoadedProfile:
     zero_share: dict | None = None
     """The measured share z of groups whose rewards are all equal (``{"value", "source", ...}``, value in [0, 1):
     ``calibrate --from-log`` writes it), which ``optimal`` reads as --zero-share; None when the file has none."""
+    drift: dict | None = None
+    """The drift of the run's policy with age (``{"staleness": [0, 1, 2, 4, ...], "m2": [0, ...], "source", ...}``:
+    M2(s) = mean (log pi_T / pi_{T-s})^2 of rollouts of step T - s re-scored at the last policy T; ``calibrate
+    --from-log --drift`` writes it), which ``optimal`` prices the forgetting rule's staleness cost at, r(s) = 1 + M2(s)
+    (``theory.forgetting.staleness_of_drift``), before a sigma^2(s) table; None when the file has none."""
 
     def memory_model(self):
         """The ``theory.forgetting.Memory`` of the file's ``memory`` record; a one-line ValueError when the file has
@@ -189,6 +194,28 @@ def _zero_share_record(data: dict) -> dict | None:
     return {**record, "value": float(value)}
 
 
+def _drift_record(data: dict) -> dict | None:
+    """The file's drift table as {"staleness", "m2", ...}, checked: ages from 0 increasing, M2 finite and >= 0, M2(0) =
+    0 (a policy against itself); or None."""
+    record = data.get("drift")
+    if record is None:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("staleness"), list) or not isinstance(
+            record.get("m2"), list):
+        raise ValueError("profile 'drift' must be a JSON object with 'staleness' and 'm2' lists")
+    ages, m2 = record["staleness"], record["m2"]
+    if not all(_number(v) for v in ages + m2):
+        raise ValueError("profile 'drift.staleness' and 'drift.m2' must hold numbers")
+    if m2 and m2[0] != 0:
+        raise ValueError(f"profile 'drift.m2' must be 0 at age 0 (a policy against itself), got {m2[0]!r}")
+    from ..theory.forgetting import staleness_of_drift  # checks lengths, age 0 first, M2 >= 0
+
+    staleness_of_drift(ages, m2, "check")
+    if any(b <= a for a, b in zip(ages, ages[1:])):
+        raise ValueError("profile 'drift.staleness' must increase")
+    return {**record, "staleness": [float(v) for v in ages], "m2": [float(v) for v in m2]}
+
+
 def profile_from_dict(data: dict) -> LoadedProfile:
     """Build a profile from the JSON schema below.
 
@@ -209,7 +236,9 @@ def profile_from_dict(data: dict) -> LoadedProfile:
     ``pilot_batch``, ``units``, ...); other estimates of the same kappa may sit under ``memory_estimators`` (name ->
     record of the same shape, checked the same way), e.g. the exact value and the lag-1 autocorrelation's. A
     ``zero_share`` record (``value`` in [0, 1), ``source``) is the share of groups whose rewards are all equal, which
-    ``optimal`` reads as --zero-share (selective replay priced).
+    ``optimal`` reads as --zero-share (selective replay priced). A ``drift`` record (``staleness`` from 0, ``m2`` with
+    M2(0) = 0: the run's re-scored drift, ``calibrate --from-log --drift``) is the staleness cost r(s) = 1 + M2(s) the
+    forgetting rule reads, before the sigma^2(s) table.
 
     Measured profiles (``calibrate-simulator``, ``validate calibrate-model``) add, among others:
 
@@ -226,7 +255,8 @@ def profile_from_dict(data: dict) -> LoadedProfile:
         raise ValueError("profile must be a JSON object")
     memory, others = _memory_records(data)
     return dataclasses.replace(_profile_from_dict(data), mu=_mu_record(data), memory=memory,
-                               memory_estimators=others, zero_share=_zero_share_record(data))
+                               memory_estimators=others, zero_share=_zero_share_record(data),
+                               drift=_drift_record(data))
 
 
 def _profile_from_dict(data: dict) -> LoadedProfile:
@@ -248,7 +278,7 @@ def _profile_from_dict(data: dict) -> LoadedProfile:
         require_one_of("profile 'sigma_sq_form'", form, SIGMA_SQ_FORMS)
     if kind == "power_law":
         unknown = set(data) - {"kind", "alpha", "tau", "scale", "floor", "rho", "source", "fit", "notes", "noise_scale",
-                               "mu", "memory", "memory_estimators"}
+                               "mu", "memory", "memory_estimators", "zero_share", "drift"}
         if unknown:
             raise ValueError(f"profile has unknown power_law keys: {', '.join(sorted(unknown))}")
         if "alpha" not in data:

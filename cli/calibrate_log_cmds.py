@@ -18,7 +18,7 @@ from .common import on_ctrl_c, strict
 from .config_options import config_from_options, with_field_options
 
 OPTIONS = {name: ("--" + name.replace("_", "-"),) for name in ("preset", "columns", "format", "mu", "rho", "weight",
-                                                                "aggregation", "score", "grad_norms")}
+                                                                "aggregation", "score", "grad_norms", "drift")}
 OPTION_OF_FIELD = {"path": "--from-log", **{name: names[0] for name, names in OPTIONS.items()}}
 
 
@@ -33,8 +33,9 @@ def calibrate_command(
 ) -> None:
     """mu and a noise profile sigma^2(s) for `optimal --profile`, from a run's exported diagnose log.
 
-    With --grad-norms, B_noise from the run's gradient norms too."""
-    from ..diagnose.calibrate_log import calibrate_from_log, plan, read_grad_norms, summary
+    With --grad-norms, B_noise from the run's gradient norms too; with --drift, the drift M2(s) of re-scored
+    rollouts."""
+    from ..diagnose.calibrate_log import calibrate_from_log, check_drift, plan, read_grad_norms, summary
 
     try:
         if from_log is None:
@@ -44,6 +45,7 @@ def calibrate_command(
         config = config_from_options(CalibrateLogConfig, OPTIONS, typed, path=str(from_log))
         check_new_file(out, "--out", ("json",))
         norms = None if config.grad_norms is None else read_grad_norms(config.grad_norms)  # checked first
+        check_drift(config)  # its schema too, before the log is read
         with on_ctrl_c(f"interrupted: calibrate writes --out {out} only after its passes over the log, so nothing "
                        "was written; run the same command to start again"):
             data = calibrate_from_log(config, plan(config), norms)

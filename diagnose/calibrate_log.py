@@ -39,7 +39,7 @@ import numpy as np
 from ..checks import require_in_range, require_integer, require_number, require_one_of, require_open_interval
 from ..theory.noise import DEFAULT_DRAWS, DEFAULT_LEVEL
 from ..theory.noise_scale import noise_scale_two_batch, pooled_two_batch
-from ..theory.profiles import curvature_pairs_record
+from ..theory.profiles import curvature_pairs_record, drift_line
 from ..theory.resampling import percentile_interval, unit_weights
 from .by_age import AGGREGATIONS, SCORES, WEIGHTS, SequenceSums, age_step_sums, read_step_times
 from .errors import ConfigError, check_field
@@ -85,6 +85,9 @@ KAPPA_NOT_MEASURED = ("kappa (the optimizer's memory) needs curvature pairs: --g
                       "trl-replay` (its trainer logs a pair every --curvature-every steps), or `replay-theory validate "
                       "calibrate-model` / calibrate-simulator")
 GRAD_NORM_FORMATS = ("jsonl", "csv")
+DRIFT_NOT_MEASURED = ("the drift M2(s) of older rollouts (--drift FILE: rollouts of steps T - 1, T - 2, T - 4, ... "
+                      "re-scored at the last policy T, with an age column; trl-replay writes RUN/drift.parquet); "
+                      "without it optimal prices staleness from the sigma^2(s) table, or none")
 B_NOISE_NOT_MEASURED = ("b = B_noise / B cannot be measured from log-probs alone (it needs gradients): pass "
                         "--grad-norms DIR/noise_scale.jsonl from `replay-theory trl-replay` (the TRL trainer's "
                         "two-batch measurement) or the noise log of a verl run (+trainer.noise_log with "
@@ -124,6 +127,10 @@ class CalibrateLogConfig:
     """Per-step squared gradient norms at two batch sizes (JSON lines or CSV with step, grad_sq_small, grad_sq_big,
     batch_small, batch_big; trl-replay's noise_scale.jsonl): adds B_noise with its bootstrap interval to the profile,
     and kappa where the file has curvature pairs (curvature_num, curvature_den, curvature_lr, curvature_beta1)."""
+    drift: Optional[str] = None
+    """A re-scored log, read with the same --preset and --columns (trl-replay's drift.parquet, the TRL trainer's
+    drift_log): rollouts of steps T - s with their log-probs at generation and at the run's last policy T, an age
+    column s; adds the drift M2(s) by age, which optimal --profile prices staleness at (r(s) = 1 + M2(s))."""
 
     def __post_init__(self) -> None:
         if self.mu is not None:
@@ -173,6 +180,25 @@ def _check_columns(config: CalibrateLogConfig, columns: ColumnMap, names: list[s
         raise ConfigError("mu", f"is needed: {path.name} has no {', '.join(missing)} column"
                                 f"{'s' if len(missing) > 1 else ''} to measure it; give --mu MU (> 0, rollout cost / "
                                 "per-sample update cost)")
+
+
+def check_drift(config: CalibrateLogConfig) -> None:
+    """``--drift``'s file, schema only, before any work: readable, the two log-prob columns and an age column."""
+    if config.drift is None:
+        return
+    path = Path(config.drift)
+    columns = resolve_columns(config.preset, config.columns)
+    if columns.dump:
+        raise ConfigError("drift", f"is read as a table (--preset trl, verl or default), not {config.preset}'s "
+                                   "step files")
+    check_log_options(path, columns, "auto", config.chunk_rows)
+    names = list(read_schema(path, detect_format(path, "auto")).names)
+    for field in REQUIRED:
+        if getattr(columns, field) not in names:
+            raise ValueError(missing_column(path.name, field, getattr(columns, field), names))
+    if not columns.age or columns.age not in names:
+        raise ConfigError("drift", f"{path.name} has no age column {columns.age!r}: give the re-scored log "
+                                   "(trl-replay's drift.parquet)")
 
 
 def plan(config: CalibrateLogConfig) -> LogReader:
@@ -573,8 +599,39 @@ def zero_share_record(max_abs_advantage: np.ndarray, path: Path) -> dict:
                                      f"with |A| <= {ZERO_ADVANTAGE_RTOL:g} x the log's largest on every token"}}
 
 
+def drift_record(path: str | Path, preset: str = "default", columns: Optional[str] = None, fmt: str = "auto") -> dict:
+    """The profile's "drift" record from a re-scored log: M2(s) = token mean of (logp_current - logp_behav)^2 at each
+    age s > 0 (``diagnose``'s by-age m2, one implementation: theory/moments.py), with M2(0) = 0 (the last policy
+    against itself); rows at age 0 are left out (their ratio is a sampler's mismatch, not drift). A one-line
+    ValueError without an age column or an age > 0."""
+    from .pipeline import DiagnoseConfig, diagnose
+
+    report = diagnose(DiagnoseConfig(path=str(path), preset=preset, columns=columns, format=fmt, run_what_if=False,
+                                     max_age_buckets=1024))
+    rows = [r for r in report["by_age"] if r["age_min"] == r["age_max"] and r["age"] > 0]
+    if not rows:
+        raise ConfigError("drift", f"{Path(path).name} has no rows of age > 0 (an age column mapped: "
+                                   f"{report['columns'].get('age')!r}): give the re-scored log (trl-replay's "
+                                   "drift.parquet)")
+    return {"staleness": [0.0] + [float(r["age"]) for r in rows], "m2": [0.0] + [float(r["m2"]) for r in rows],
+            "tokens": [0] + [int(r["n_tokens"]) for r in rows], "sha256": sha256(path),
+            "source": f"calibrate --from-log --drift {Path(path).name}: rollouts of step T - s re-scored at T, "
+                      "M2(s) = token mean of (log pi_T - log pi_T-s)^2"}
+
+
+def drift_lines(record: dict) -> list[str]:
+    """The drift table's line: M2(s) by age, what optimal --profile prices a sample of age s at (1 + M2(s))."""
+    return [drift_line(record, f"{sum(record['tokens'])} tokens re-scored at the run's last policy")]
+
+
 def _with_noise_scale(data: dict, config: CalibrateLogConfig, norms: Optional[dict[str, np.ndarray]]) -> dict:
-    """``data`` with the "noise_scale" record of ``--grad-norms``, or with B_noise listed as not measured."""
+    """``data`` with the "noise_scale" record of ``--grad-norms``, or with B_noise listed as not measured; and the
+    "drift" record of ``--drift``, or the drift listed as not measured."""
+    if config.drift is not None:
+        data["drift"] = drift_record(config.drift, config.preset, config.columns)
+        data["provenance"]["drift"] = {"path": str(Path(config.drift).resolve()), "sha256": data["drift"]["sha256"]}
+    else:
+        data["not_measured"].append(DRIFT_NOT_MEASURED)
     if config.grad_norms is not None:
         assert norms is not None  # calibrate_from_log reads them whenever config.grad_norms is set
         path = Path(config.grad_norms)
@@ -613,7 +670,7 @@ def summary(data: dict, out: Path) -> str:
                  f"mu = {mu['value']:g} (given with --mu)")
     if data["kind"] == "noise_scale":  # no sigma^2(s) table: the noise-scale rule only
         lines += [f"no {data['not_measured'][0]}"] + noise_scale_lines(data["noise_scale"]) + _memory(data)
-        lines += _zero_share_lines(data)
+        lines += _zero_share_lines(data) + _drift(data)
         lines += [f"wrote {out}"] + _noise_scale_next(out, mu, data["noise_scale"], _kappa_flags(data))
         return "\n".join(lines)
     proxy = data["proxy"]  # kind "table" from here
@@ -628,7 +685,7 @@ def summary(data: dict, out: Path) -> str:
     lines.append(f"rho = {data['rho']:g} (given with --rho, not measured)" if "rho" in data else
                  "rho: not measurable from a log (a gradient correlation); optimal will ask for --rho")
     lines += noise_scale_lines(data["noise_scale"]) if "noise_scale" in data else [B_NOISE_NOT_MEASURED]
-    lines += _memory(data) + _zero_share_lines(data)
+    lines += _memory(data) + _zero_share_lines(data) + _drift(data)
     if data["staleness"][-1] <= 1:
         lines.append("note: the table ends at age 1; optimal needs ages beyond 1 (log a run whose buffer holds "
                      "older rows, N > 2R)")
@@ -640,6 +697,13 @@ def summary(data: dict, out: Path) -> str:
     given = "" if mu["source"] == "log" else f" --mu {mu['value']:g}"
     lines += rule + [f"{'or' if rule else 'next'}: replay-theory optimal --objective paper --profile {out}{given}{rho}"]
     return "\n".join(lines)
+
+
+def _drift(data: dict) -> list[str]:
+    """The drift table's lines, or one line saying how to measure it."""
+    if "drift" in data:
+        return drift_lines(data["drift"])
+    return [f"not measured: {DRIFT_NOT_MEASURED}"]
 
 
 def _zero_share_lines(data: dict) -> list[str]:

@@ -58,6 +58,8 @@ from ..checks import require_one_of
 from .buffer import ReplayConfig, RowReplayBuffer, fifo_max_age
 from .checkpoints import CHECKPOINT_DONE, CHECKPOINT_PREFIX, REPLAY_BUFFER_STATE, REPLAY_STATE, complete_checkpoints
 from .loss import shared_loss, shared_loss_tensor
+from .trl_drift import DRIFT_SAMPLES, DriftProbe
+from .trl_drift import STATE_FILE as DRIFT_STATE
 from .trl_kappa import (
     CURVATURE_FD_STEP,
     DEFAULT_CURVATURE_EVERY,
@@ -135,6 +137,12 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
     when training reaches ``max_steps``
     (``GRAD_NORM_COLUMNS`` plus ``unit_size``, the group size), for ``calibrate --from-log LOG --grad-norms``.
 
+    ``drift_log``: a new Parquet path; ``drift_samples`` rollouts of each step's generation are kept (the steps 1, 2,
+    4, ..., 64 before the end and the first) and, when training reaches ``max_steps``, re-scored at the last policy
+    and written there by age (``integrations/trl_drift.py``): the drift M2(s) that ``calibrate --from-log LOG --drift
+    DRIFT`` turns into the staleness cost ``optimal --profile`` prices, for one forward pass over ``drift_samples``
+    rollouts an age.
+
     ``curvature_every`` (default ``DEFAULT_CURVATURE_EVERY`` with ``measure_noise``, 0: off): the steps between the
     curvature pairs of kappa, and ``curvature_step`` the central difference's |h w| / |theta|; ``lag_coords``
     (default ``DEFAULT_LAG_COORDS``, 0: off): the lag-1 products' coordinates (``_record_lag``). Both add their
@@ -159,10 +167,12 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
     def __init__(self, *args: Any, replay: ReplayConfig, diagnose_log: str | os.PathLike | None = None,
                  measure_noise: bool = True, noise_log: str | os.PathLike | None = None,
                  curvature_every: int | None = None, curvature_step: float = CURVATURE_FD_STEP,
-                 lag_coords: int | None = None, **kwargs: Any) -> None:
+                 lag_coords: int | None = None, drift_log: str | os.PathLike | None = None,
+                 drift_samples: int = DRIFT_SAMPLES, **kwargs: Any) -> None:
         curvature_every, lag_coords = noise_options(measure_noise, noise_log, curvature_every, curvature_step,
                                                     lag_coords)
         log_callback = DiagnoseLogCallback(diagnose_log) if diagnose_log is not None else None  # checked first
+        self.drift_probe = DriftProbe(drift_log, drift_samples) if drift_log is not None else None  # so is this
         super().__init__(*args, **kwargs)
         if log_callback is not None:
             self.add_callback(log_callback)
@@ -196,6 +206,7 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
         self._lag_index: list | None = None  # (parameter, its coordinates in the subset), drawn at the first use
         self._lag_scale = 1.0
         self._lag_previous: tuple[int, torch.Tensor] | None = None  # (step, subset of its gradient)
+        self.drift_report: dict | None = None  # what the drift log holds, once written (``DriftProbe.write``)
 
     def _check_trl_args(self, replay: ReplayConfig) -> None:
         """TRL's arguments the replay step supports: one process, one generation and one pass per step, R rows a
@@ -239,6 +250,8 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
         log = self._diagnose_callback()
         if self.replay_buffer is not None:  # buffer epochs: saved at a generation's start only, nothing held
             self.replay_buffer.save_state(folder / REPLAY_BUFFER_STATE)
+        if self.drift_probe is not None:
+            self.drift_probe.save_state(folder / DRIFT_STATE)
         state = {"replay_theory_version": __version__, "global_step": int(self.state.global_step),
                  "replay_generated": self.replay_generated, "replay_trained": self.replay_trained,
                  "noise_records": self.noise_records,
@@ -288,6 +301,8 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
                 setattr(self, name, value)
             self._resume_step = int(state["global_step"])
             self._load_kappa_state(folder, state.get("kappa"))
+            if self.drift_probe is not None:
+                self.drift_probe.load_state(folder / DRIFT_STATE)
             if log is not None:
                 log.start(state["diagnose_parts"] or [])
         elif log is not None:
@@ -316,13 +331,26 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
         return sampler
 
     def _finish(self) -> None:
-        """The last step is done: the noise log, whole (the checkpoints held its lines until now)."""
+        """The last step is done: the drift log (the kept rollouts re-scored at the last policy) and the noise log,
+        each whole (the checkpoints held their rows and lines until now)."""
+        if self.drift_probe is not None:
+            self.drift_report = self.drift_probe.write(int(self.state.global_step), self._rescore)
         if self.noise_log is not None and self.noise_records:
             from ..outputs import write_new
 
             self.noise_log.parent.mkdir(parents=True, exist_ok=True)
             lines = "".join(json.dumps({**r, "unit_size": self.num_generations}) + "\n" for r in self.noise_records)
             write_new(self.noise_log, lambda tmp: tmp.write_text(lines), option="noise log")
+
+    @torch.no_grad()
+    def _rescore(self, rows: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per-token log-probs (n, L) of kept rows at the current policy: one forward pass, TRL's own."""
+        device = self.accelerator.device
+        ids = torch.cat([rows["prompt_ids"], rows["completion_ids"]], dim=1).to(device)
+        attention = torch.cat([rows["prompt_mask"], rows["completion_mask"]], dim=1).to(device)
+        out = self._get_per_token_logps_and_entropies(self.model, ids, attention, rows["completion_ids"].size(1),
+                                                      batch_size=self.args.per_device_train_batch_size)
+        return out[0]
 
     # ------------------------------------------------------------------ generation -> buffer -> draw
 
@@ -347,6 +375,8 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
         rows["sampler_weight"] = torch.ones(n, dtype=torch.float64)
         self.replay_generated += n
         self._step_generated_rows = n
+        if self.drift_probe is not None:
+            self.drift_probe.keep(int(self.state.global_step), rows)
         if self._curvature_pending is not None:  # kappa's H w on rows xi's halves never held
             self._finish_curvature(self._curvature_pending, rows)
         return rows
@@ -379,6 +409,8 @@ class ReplayGRPOTrainer(KappaMixin, ReplayMetricsMixin):
         self._step_refill_rounds = float(data.curves["refill_rounds"][0]) if "refill_rounds" in data.curves else None
         if self._curvature_pending is not None and fresh:  # kappa's H w on rows xi's halves never held
             self._finish_curvature(self._curvature_pending, fresh[0])
+        if self.drift_probe is not None and fresh:
+            self.drift_probe.keep(step, fresh[0])
         self._step_generated_rows = int(np.sum(data.generated))
         self.replay_generated += self._step_generated_rows
         self.replay_trained += int(data.train.size)

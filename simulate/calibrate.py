@@ -48,10 +48,10 @@ from ..core.pipeline import EnvBackend, generate
 from ..core.rng import PerSeedGenerator
 from ..core.rollouts import RolloutBatch
 from ..theory import noise as noise_estimators
-from ..theory.forgetting import KappaEstimate, kappa_from_curvature_pairs, kappa_from_gradient_series
+from ..theory.forgetting import KappaEstimate, drift_ages, kappa_from_curvature_pairs, kappa_from_gradient_series
 from ..theory.noise import NoiseProfile, PairMoments, RhoFit
 from ..theory.noise_scale import PooledNoiseScale, noise_scale_from_samples, pooled_noise_scale
-from ..theory.profiles import fit_profiles, memory_record, unmeasured_memory
+from ..theory.profiles import drift_line, fit_profiles, memory_record, unmeasured_memory
 from ..theory.resampling import central, quantile_interval, replicates
 from .config import SimConfig, peak_bytes, policy_shape, response_bytes
 from .engine import run
@@ -139,6 +139,7 @@ class Calibration:
     fits: dict = field(default_factory=dict)
     noise_scale: NoiseScaleMeasurement | None = None  # B_noise of the probe's own loss on fresh groups
     memory: KappaMeasurement | None = None  # kappa at the noise-scale checkpoints, three estimators
+    drift: dict | None = None  # exact M2(s) of the run's last policy against its policy s updates earlier
 
     @property
     def rho(self) -> float:
@@ -200,6 +201,8 @@ class Calibration:
                 data["noise_scale_exact_grad"] = self.noise_scale.record(exact=True)
         if self.memory is not None:  # beside b: the curvature-pairs kappa, the other estimators for comparison
             data["memory"], data["memory_estimators"] = self.memory.records()
+        if self.drift is not None:  # the staleness cost optimal --profile prices, r(s) = 1 + M2(s)
+            data["drift"] = self.drift
         return data
 
 
@@ -598,6 +601,8 @@ def calibration_lines(result: Calibration, asked_capacity: int) -> list[str]:
     else:
         lines.append("rho not measured: the buffer has no FIFO items (buffer fifo, positive-bias or prioritized)")
     lines.append(f"KL drift per step = {result.kl_drift_per_step:.3g}")
+    if result.drift is not None:
+        lines.append(drift_line(result.drift, "exact, the run's last policy against its earlier ones"))
     if result.noise_scale is None:
         raise ValueError("calibration_lines: the calibration has no noise scale (calibrate measures it)")
     memory = ["optimizer memory kappa not measured (--kappa-pairs 0)"] if result.memory is None else \
@@ -1119,6 +1124,15 @@ def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS,
         live["optimizer"] = view.optimizer
 
     def observer(step, params, history, buffer, env):
+        if step == config.steps - 1 and hasattr(env, "exact_divergences"):  # the last policy T against T - s
+            last = len(history) - 1
+            ages = drift_ages(last)
+            m2 = [float(np.mean(env.exact_divergences(history[-1], history[-1 - s])["m2"])) for s in ages]
+            live["drift"] = {"staleness": [float(a) for a in ages], "m2": m2,
+                             "source": "calibrate-simulator: exact M2(s) = E[(log pi_T / pi_T-s)^2] of the probe's "
+                                       f"last policy T = {last} against its policy s updates earlier, mean over "
+                                       f"{S} seeds (a trainer re-scores 64 rollouts an age: trl-replay's "
+                                       "drift.parquet)"}
         if step in noise_steps:  # theta_{step + 1}: fresh groups of it, its own loss gradient (staleness 0)
             theta = history[-1]
             fresh = generate(EnvBackend(env, noise_rng), config, theta, noise_groups, step + 1, 0, noise_rng)
@@ -1198,6 +1212,7 @@ def calibrate(config: SimConfig, staleness: tuple[int, ...] = DEFAULT_STALENESS,
                                     grad_f=kappa_at[t][2] if jacobian else None)
                  for t in calibration.noise_scale.steps}
         calibration.memory = measure_kappa(parts, calibration.noise_scale.steps, config, config.seed + 271, level)
+    calibration.drift = live.get("drift")
     s, v = calibration.table()
     if s.size >= 2:
         calibration.fits = fit_profiles(s, v)

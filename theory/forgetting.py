@@ -520,6 +520,34 @@ class Staleness:
 NO_STALENESS = Staleness()
 NO_POLICY = Staleness(source="none at any age: no policy to drift (the noisy quadratic)", measured_to=math.inf)
 
+DRIFT_AGES = (0, 1, 2, 4, 8, 16, 32, 64)
+"""The ages s at which a run's drift M2(s) is read (``drift_ages``): doubling, so a quarter batch re-scored at each
+age costs a forward pass over 64 rollouts per doubling of the horizon the table vouches for."""
+
+
+def drift_ages(last_step: int, table: tuple[int, ...] = DRIFT_AGES) -> list[int]:
+    """The ages of the drift table of a run whose last policy is step ``last_step`` (T): ``table``'s ages up to T and
+    T itself (the run's first policy, the oldest it has). One definition for the benchmark's simulated run
+    (``theory_bench.inputs.measure_drift``) and the TRL trainer's re-scoring (``integrations.trl_drift``)."""
+    if last_step < 0:
+        raise ValueError(f"a run's last step must be >= 0, got {last_step}")
+    return sorted({s for s in table if s <= last_step} | {int(last_step)})
+
+
+def staleness_of_drift(ages: Sequence[float], m2: Sequence[float], source: str) -> Staleness:
+    """r(s) = 1 + M2(s) of a drift table (M2(s) = E[(log pi_T / pi_{T-s})^2], M2PO's statistic, by age s): the
+    variance factor of an importance weight at age s (about 1 + chi^2(s) for a small drift, without chi^2's heavy
+    tail), the staleness cost the benchmark's printed answer is priced and scored at. A table with no age > 0 has
+    measured nothing beyond age 0 (``NO_STALENESS``)."""
+    ages_t, m2_t = tuple(float(s) for s in ages), tuple(float(v) for v in m2)
+    if len(ages_t) != len(m2_t) or not ages_t or ages_t[0] != 0:
+        raise ValueError(f"a drift table needs equal-length ages and M2 starting at age 0, got ages {list(ages_t)}")
+    if any(not (math.isfinite(v) and v >= 0) for v in m2_t):
+        raise ValueError(f"drift M2(s) must be finite numbers >= 0, got {list(m2_t)}")
+    if len(ages_t) < 2:
+        return NO_STALENESS
+    return Staleness(ages_t, tuple(1.0 + v for v in m2_t), source)  # r(s) = 1 + M2(s)
+
 
 def staleness_of_table(ages: Sequence[float], sigma_sq: Sequence[float], form: str) -> Staleness:
     """r(s) = sigma^2(s) / sigma^2(0) of a measured sigma^2(s) table (a profile's), ``form`` naming its fit; no

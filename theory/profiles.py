@@ -201,6 +201,14 @@ def fit_profiles(staleness: np.ndarray, sigma_sq: np.ndarray) -> dict:
     return fits
 
 
+def drift_line(record: dict, how: str) -> str:
+    """One line for a profile's "drift" record (``staleness`` from 0, ``m2``): M2(s) by age, ``how`` it was measured,
+    and what ``optimal --profile`` prices with it (r(s) = 1 + M2(s), ``forgetting.staleness_of_drift``)."""
+    ages = ", ".join(f"{s:g}" for s in record["staleness"][1:])
+    values = ", ".join(f"{m:.3g}" for m in record["m2"][1:])
+    return f"drift M2(s) at ages {ages}: {values} ({how}; optimal --profile prices a sample of age s at 1 + M2(s))"
+
+
 def memory_record(estimate, reason: str | None = None) -> dict:
     """The profile's ``memory`` record of a ``theory.forgetting.KappaEstimate``: its ``to_dict()`` when kappa is a
     finite number > 0; otherwise kappa null, the measured value kept as ``kappa_measured`` and a ``reason`` (given,

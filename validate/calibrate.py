@@ -49,7 +49,7 @@ from ..theory import noise as noise_estimators
 from ..theory.compute import estimate_mu
 from ..theory.divergences import k3_terms
 from ..theory.noise_scale import pooled_noise_scale
-from ..theory.profiles import curvature_pairs_record, fit_profiles, unmeasured_memory
+from ..theory.profiles import curvature_pairs_record, drift_line, fit_profiles, unmeasured_memory
 from . import countdown
 from .engines import HFSampler, Sampler
 from .logprobs import encode_prompts, next_token_logprobs, sequence_logprobs
@@ -120,6 +120,9 @@ class LMCalibration:
     """The optimizer's memory kappa (the profile's "memory" record, ``measure_lm_kappa``); empty: not measured."""
     memory_estimators: dict = field(default_factory=dict)
     """Other estimates of the same kappa (the same-micro-batch Hessian's), for comparison."""
+    drift: dict = field(default_factory=dict)
+    """The profile's "drift" record: M2(s) = token mean of (log pi_t - log pi_{t-s})^2 over the sigma^2(s) probe's
+    completions of pi_{t-s} (their sampled log-probs) re-scored at the final policy, by staleness; empty: none."""
 
     def profile_dict(self, source: str) -> dict:
         """The file `replay-theory optimal --profile` reads: the finite prefix of the matched table, rho only if in
@@ -182,6 +185,8 @@ class LMCalibration:
             data["memory"] = self.memory
             if self.memory_estimators:
                 data["memory_estimators"] = self.memory_estimators
+        if self.drift:  # the staleness cost optimal --profile prices, r(s) = 1 + M2(s)
+            data["drift"] = self.drift
         return data
 
 
@@ -240,6 +245,9 @@ def calibration_summary(calibration: dict, saved) -> list[str]:
         lines += [line(record), f"  measured on {record['source']}"] if record else [
             f"no {name} in {saved} (measured before {'B_noise' if key == 'noise_scale' else 'kappa'} was; delete it "
             "to measure again)"]
+    drift = calibration.get("drift")
+    if drift:
+        lines.append(drift_line(drift, f"{sum(drift['tokens'][1:])} tokens re-scored at the final policy"))
     return lines
 
 
@@ -717,6 +725,7 @@ class GradientProbe:
         # E[sum over k random coords] = k/P ||v||^2
         self.scale = 1.0 if self.coords is None else self.num_params / self.coords.numel()
         self._block: np.ndarray | None = None  # the one (block_rows, k) buffer ``blocks`` fills
+        self.drift_sums: dict[int, list] = {}  # staleness -> [sum of (log r)^2, tokens] (``staleness_moments``)
 
     def completions_of(self, lag: int, count: int):
         """``count`` completions of pi_{t-lag} (t: the probe's last step), on random problems."""
@@ -797,6 +806,32 @@ class GradientProbe:
         ref_var = float(((total_sq - n_ref * reference**2) / (n_ref - 1)).sum() / n_ref)  # reference_variance's
         return reference, ref_var, n_ref
 
+    def _add_drift(self, s: int, batch) -> None:
+        """The completions of pi_{t-s} re-scored at the final policy: sum of (log pi_t - log pi_{t-s})^2 over their
+        tokens (their sampled log-probs against one forward pass), what a trainer's drift log measures."""
+        prompt_ids, prompt_mask = encode_prompts(self.policy, [self.problems[i].prompt_text() for i in batch.prompt[0]])
+        ids = torch.as_tensor(batch.tokens[0], device=self.policy.device)
+        mask = torch.as_tensor(batch.mask[0].astype(np.int64), device=self.policy.device)
+        with torch.no_grad():
+            now = sequence_logprobs(self.policy, prompt_ids, prompt_mask, ids, mask,
+                                    temperature=self.config.temperature).double().cpu().numpy()  # (n, L)
+        live = batch.mask[0]
+        total = self.drift_sums.setdefault(s, [0.0, 0])
+        total[0] += float(np.sum(((now - batch.logp_behav[0]) ** 2)[live]))
+        total[1] += int(live.sum())
+
+    def drift_record(self) -> dict:
+        """The profile's "drift" record from ``staleness_moments``' completions: M2(s) by staleness, M2(0) = 0 by
+        definition (the measured age-0 value, the sampler's own mismatch, kept beside it); empty with no age > 0."""
+        ages = sorted(self.drift_sums)
+        if not ages or ages[0] != 0 or len(ages) < 2:
+            return {}
+        m2 = [self.drift_sums[s][0] / max(self.drift_sums[s][1], 1) for s in ages]
+        return {"staleness": [float(s) for s in ages], "m2": [0.0] + m2[1:], "m2_age0_measured": m2[0],
+                "tokens": [self.drift_sums[s][1] for s in ages],
+                "source": "validate calibrate-model: the sigma^2(s) probe's completions of pi_t-s (sampled log-probs) "
+                          "re-scored at the final policy t, M2(s) = token mean of (log pi_t - log pi_t-s)^2"}
+
     def staleness_moments(self, staleness: tuple[int, ...], samples: int, chunk_size: int, reference: np.ndarray,
                           fresh_units: UnitRows):
         """sigma^2(s)'s sums: each block of gradients of completions of pi_{t-s} is reduced to its rows' ||G||^2 and
@@ -805,10 +840,12 @@ class GradientProbe:
         on them)."""
         fresh = None
         group_sq, group_inner = [], []  # per staleness: (U,) arrays
+        self.drift_sums = {}  # the drift M2(s)'s sums, afresh
         for s in staleness:
             sq_parts, inner_parts = [], []
             for start in range(0, samples, chunk_size):
                 batch = self.completions_of(s, min(chunk_size, samples - start))
+                self._add_drift(s, batch)
                 if s == 0 and fresh is None:
                     fresh = batch
                 moments = []
@@ -901,7 +938,7 @@ def calibrate_lm(policy: Policy, problems: list[countdown.Problem], config: RLCo
         rho_fit={**rho_fit.to_dict(), "bootstrap_unit": "prompt group of the probe's final buffer"},
         reference_samples=n_ref, reference_variance=ref_var, kl_by_lag_se=kl["exact_se"], kl_by_lag_k3=kl["k3"],
         kl_by_lag_k3_se=kl["k3_se"], kl_by_lag_k1=kl["k1"], kl_by_lag_k1_se=kl["k1_se"],
-        noise_scale=noise_record, memory=memory, memory_estimators=memory_estimators,
+        noise_scale=noise_record, memory=memory, memory_estimators=memory_estimators, drift=grads.drift_record(),
         **sigma_sq_fields(profile, staleness, config.loss),
     )
 

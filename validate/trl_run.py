@@ -45,6 +45,8 @@ LOG_NAME = "rollouts.parquet"
 RUN_NAME = "run.json"
 NOISE_NAME = "noise_scale.jsonl"
 NOISE_PROFILE_NAME = "noise_profile.json"
+DRIFT_NAME = "drift.parquet"
+"""The last policy's re-scoring of rollouts of steps T - 1, T - 2, T - 4, ... (``integrations/trl_drift.py``)."""
 TRAINER_LOG_NAME = "trainer_log.jsonl"
 """TRL's per-step log dicts (what its PrinterCallback would print), one JSON line each."""
 CHECKPOINT_DIR = "checkpoints"
@@ -407,7 +409,11 @@ def run(config: TrlRunConfig, out: Path, log: Callable[[str], None] = print, pro
        step from two batch sizes at no extra backward pass (``integrations/trl.py``): the per-step squared norms in
        ``DIR/noise_scale.jsonl`` (``calibrate --from-log ... --grad-norms`` reads them), B_noise with its bootstrap
        interval over steps (``theory.noise_scale.pooled_two_batch``) in ``run.json`` and in the profile file
-       ``DIR/noise_profile.json`` ({"kind": "noise_scale", "noise_scale": {...}}), and in the printed summary.
+       ``DIR/noise_profile.json`` ({"kind": "noise_scale", "noise_scale": {...}}), and in the printed summary;
+    5. the drift: 64 rollouts of each of the steps T - 1, T - 2, T - 4, ... (and the first) re-scored at the last
+       policy T (``integrations/trl_drift.py``) into ``DIR/drift.parquet``, their M2(s) by age printed and put in
+       ``DIR/noise_profile.json`` as its "drift" record (the staleness cost ``optimal --profile`` prices:
+       ``calibrate --from-log ... --drift DIR/drift.parquet`` reads the same file).
 
     stdout carries that line, the summary and the files written; the progress bars go to stderr and TRL's per-step log
     dicts (what Trainer prints) to ``DIR/trainer_log.jsonl`` (``run.json`` keeps the per-step metrics too). The tiny
@@ -572,7 +578,8 @@ def _trainer(config: TrlRunConfig, replay: Any, model: Any, tokenizer: Any, data
                             temperature=config.temperature, disable_tqdm=True)
     trainer = ReplayGRPOTrainer(model=model, reward_funcs=countdown_reward, args=args, train_dataset=dataset,
                                 processing_class=tokenizer, replay=replay, diagnose_log=out / LOG_NAME,
-                                noise_log=out / NOISE_NAME, curvature_every=config.curvature_every)
+                                noise_log=out / NOISE_NAME, curvature_every=config.curvature_every,
+                                drift_log=out / DRIFT_NAME)
     from transformers import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # it prints every step's metrics dict: they go to TRAINER_LOG_NAME
@@ -647,8 +654,20 @@ def _summary(config: TrlRunConfig, replay: Any, trainer: Any, started: float, do
         "memory": kappa_record(trainer.noise_records, config.seed, out / NOISE_NAME),
         "curvature_skipped": trainer.curvature_skipped,
         "zero_share": zero_share_of_history(trainer.state.log_history),
+        "drift": drift_of_run(trainer, out / DRIFT_NAME),
         "refill_rounds": refill_record(history, trainer.state.log_history, replay.batch_size // config.group_size),
     }
+
+
+def drift_of_run(trainer: Any, path: Path) -> dict | None:
+    """The run's drift M2(s) (``calibrate --from-log --drift``'s record of the file the trainer re-scored), with the
+    table's ages no generation was kept for; None when no age was re-scored (a one-step run)."""
+    report = trainer.drift_report or {}
+    if not report.get("ages"):
+        return None
+    from ..diagnose.calibrate_log import drift_record
+
+    return {**drift_record(path, "trl"), "ages_without_rollouts": report["missing"]}
 
 
 def refill_record(history: list[dict], log_history: list[dict], groups: int) -> dict | None:
@@ -674,7 +693,8 @@ def _write_results(out: Path, trainer: Any, summary: dict, checkpoints: Path) ->
     write_new(out / RUN_NAME, lambda tmp: tmp.write_text(json.dumps(summary, indent=1, default=str)))
     if summary["noise_scale"] is not None:
         profile = json.dumps({"kind": "noise_scale", "noise_scale": summary["noise_scale"],
-                              **({"zero_share": summary["zero_share"]} if summary.get("zero_share") else {})}, indent=1)
+                              **({"zero_share": summary["zero_share"]} if summary.get("zero_share") else {}),
+                              **({"drift": summary["drift"]} if summary.get("drift") else {})}, indent=1)
         write_new(out / NOISE_PROFILE_NAME, lambda tmp: tmp.write_text(profile))
     shutil.rmtree(checkpoints)  # the run is complete: its results are the files listed below
 
@@ -708,7 +728,13 @@ def _log_results(config: TrlRunConfig, replay: Any, trainer: Any, summary: dict,
     else:
         log(noise_scale_lines(summary["noise_scale"])[0] + f" [{measured} of {config.steps} steps measured]; "
             + _kappa_text(summary["memory"], config, trainer.curvature_skipped))
+    if summary.get("drift"):
+        from ..diagnose.calibrate_log import drift_lines
+
+        for line in drift_lines(summary["drift"]):
+            log(line)
     wrote = [out / LOG_NAME, out / RUN_NAME, out / TRAINER_LOG_NAME] + ([out / NOISE_NAME] if measured else []) + \
+        ([out / DRIFT_NAME] if summary.get("drift") else []) + \
         ([out / NOISE_PROFILE_NAME] if summary["noise_scale"] is not None else [])
     log(f"wrote {', '.join(str(p) for p in wrote)}")
     log(f"next: replay-theory diagnose {out / LOG_NAME} --preset trl")

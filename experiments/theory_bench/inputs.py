@@ -109,16 +109,15 @@ def drift_staleness(pilot: dict, piloted: bool) -> forgetting.Staleness:
     own = pilot.get("drift")
     if own is None and "m2" not in ((pilot.get("recipe_log") or {}).get("drift") or {}):
         return forgetting.NO_POLICY  # the quadratic: no policy, a stored sample's cost is known at every age
-    early = (forgetting.Staleness(tuple(float(s) for s in own["staleness"]), tuple(1.0 + float(c) for c in own["m2"]),
-                                  "1 + M2(s) on the pilot")
+    early = (forgetting.staleness_of_drift(own["staleness"], own["m2"], "1 + M2(s) on the pilot")
              if piloted and own is not None and len(own["staleness"]) >= 2 else None)
     log = (pilot.get("recipe_log") or {}).get("drift")
     if log is None or len(log["staleness"]) < 2:
         return early or forgetting.NO_STALENESS
-    ages = tuple(float(s) for s in log["staleness"])
-    cost = np.array([1.0 + float(c) for c in log["m2"]])  # (ages,)
+    logged = forgetting.staleness_of_drift(log["staleness"], log["m2"], "1 + M2(s) over the user's logged run")
     if early is None:
-        return forgetting.Staleness(ages, tuple(cost.tolist()), "1 + M2(s) over the user's logged run")
+        return logged
+    ages, cost = logged.ages, np.array(logged.ratio)  # (ages,)
     inside = np.array(ages) <= early.oldest_measured  # the pilot's table read only at the ages it measured
     cost = np.where(inside, np.maximum(cost, early.at(np.array(ages))), cost)
     return forgetting.Staleness(ages, tuple(cost.tolist()),
@@ -202,7 +201,7 @@ def measure_drift(env, trajectory: np.ndarray) -> dict:
     factor of an importance weight at age s that the forgetting rule's staleness cost reads (on a real run:
     diagnose's m2 by age). chi^2 and KL beside it. A one-step pilot has no age > 0: no table, and the reason."""
     T, runs = trajectory.shape[0] - 1, trajectory.shape[1]
-    ages = sorted({s for s in STALENESS if s <= T} | {T})
+    ages = forgetting.drift_ages(T, STALENESS)
     if len(ages) < 2:
         return {"staleness": ages, "m2": [0.0], "chi2": [0.0], "kl_new_behav": [0.0], "checkpoints": [T],
                 "runs": runs, "reason": "the pilot is one step long: no older policy to measure the drift from"}

@@ -164,7 +164,7 @@ CAP_FACTOR = 4.0
 """A design runs until its compute is CAP_FACTOR x on-policy's at B = 256 under the cost model kindest to it; beyond
 that it is not reached (censored, counted)."""
 PILOT_MAX_STEPS = 6000
-STALENESS = (0, 1, 2, 4, 8, 16, 32, 64)
+STALENESS = forgetting.DRIFT_AGES
 PILOT_BUDGET = 0.1
 """Issue 38's bound on the pilot: 10% of on-policy at B's compute to the target (the scored replicates' mean), what the
 tables count the pilot against."""

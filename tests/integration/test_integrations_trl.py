@@ -1170,8 +1170,15 @@ def test_trl_replay_command_runs_the_design_and_leaves_a_log(cli, tmp_path):
     logged = [h["frac_reward_zero_std"] for h in summary["history"] if "frac_reward_zero_std" in h]
     zero = summary["zero_share"]
     assert zero is None or zero["value"] == pytest.approx(sum(logged) / len(logged), rel=1e-12)
+    # the drift: rollouts of steps 3, 2 and 0 re-scored at the last policy (T = 4: ages 1, 2 and 4), in the profile too
+    from replay_theory.diagnose.calibrate_log import drift_record
+
+    drift = summary["drift"]
+    assert drift == {**drift_record(out / "drift.parquet", "trl"), "ages_without_rollouts": []}
+    assert drift["staleness"] == [0, 1, 2, 4] and drift["m2"][0] == 0 and min(drift["m2"][1:]) > 0
     assert json.loads((out / "noise_profile.json").read_text()) == {"kind": "noise_scale", "noise_scale": record,
-                                                                    **({"zero_share": zero} if zero else {})}
+                                                                    **({"zero_share": zero} if zero else {}),
+                                                                    "drift": drift}
     assert record["method"] == "two-batch" and record["batch"] == 26 and record["unit_size"] == 4
     if np.all(norms["batch_small"] == norms["batch_small"][0]):  # equal halves every step: the plain formula
         direct = noise_scale_two_batch(norms["grad_sq_small"], norms["grad_sq_big"], norms["batch_small"][0], 26)
@@ -1179,9 +1186,22 @@ def test_trl_replay_command_runs_the_design_and_leaves_a_log(cli, tmp_path):
     assert "B_noise" in stdout and str(out / "noise_profile.json") in stdout or record["b_noise"] is None
     code, calibrated, err = cli("calibrate", "--from-log", str(out / "rollouts.parquet"), "--preset", "trl",
                                 "--grad-norms", str(out / "noise_scale.jsonl"), "--mu", "5",
-                                "--out", str(tmp_path / "profile.json"))
+                                "--drift", str(out / "drift.parquet"), "--out", str(tmp_path / "profile.json"))
     assert code == 0, err
-    assert json.loads((tmp_path / "profile.json").read_text())["noise_scale"]["b_noise"] == record["b_noise"]
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    assert profile["noise_scale"]["b_noise"] == record["b_noise"]
+    assert (profile["drift"]["staleness"], profile["drift"]["m2"]) == (drift["staleness"], drift["m2"])
+    assert f"drift M2(s) at ages 1, 2, 4: {', '.join(f'{m:.3g}' for m in drift['m2'][1:])}" in calibrated
+    # without --drift the profile says how to measure it
+    code, calibrated, err = cli("calibrate", "--from-log", str(out / "rollouts.parquet"), "--preset", "trl",
+                                "--mu", "5", "--out", str(tmp_path / "bare.json"))
+    assert code == 0, err
+    assert "not measured: the drift M2(s) of older rollouts (--drift FILE: rollouts of steps T - 1" in calibrated
+    # --drift naming a file that is not there: one line, exit 2, no profile written
+    code, _, err = cli("calibrate", "--from-log", str(out / "rollouts.parquet"), "--preset", "trl", "--mu", "5",
+                       "--drift", str(tmp_path / "none.parquet"), "--out", str(tmp_path / "x.json"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "none.parquet" in err
+    assert not (tmp_path / "x.json").exists()
 
 
 @pytest.mark.slow

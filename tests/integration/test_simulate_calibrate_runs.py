@@ -195,3 +195,42 @@ def test_noise_scale_per_sample_agrees_with_the_exact_grad_on_the_default_bandit
         assert math.isfinite(pooled.b_noise) and pooled.interval[0] <= pooled.b_noise <= pooled.interval[1]
     # the exact |E G|^2 removes the denominator's Monte Carlo error: a narrower interval
     assert exact.interval[1] - exact.interval[0] < est.interval[1] - est.interval[0]
+
+
+def test_drift_record_is_the_exact_m2_a_monte_carlo_of_the_runs_policies_agrees_with(tmp_path):
+    """calibrate-simulator's drift record: M2(s) of the probe's last policy T against T - s at the ages of
+    ``drift_ages``, equal to a Monte Carlo mean of (log pi_T - log pi_T-s)^2 over actions drawn from pi_T-s on the
+    same run (re-run, same seeds), within 4 standard errors; the profile it writes prices 1 + M2(s)."""
+    import json
+
+    from replay_theory.advise.optimal import _staleness_of
+    from replay_theory.advise.profile_files import load_profile
+    from replay_theory.simulate.calibrate import probe_config
+    from replay_theory.simulate.engine import run
+    from replay_theory.theory.forgetting import drift_ages
+
+    config = SimConfig(steps=80)
+    cal = calibrate(config, staleness=(0, 8), max_gap=8, checkpoints=1, samples=64, kappa_pairs=0)
+    T = config.steps
+    assert cal.drift["staleness"] == [float(a) for a in drift_ages(T)] == [0, 1, 2, 4, 8, 16, 32, 64, 80]
+    seen = {}
+    run(probe_config(config.validated(), 8), observer=lambda step, params, history, buffer, env: seen.update(
+        history=list(history), env=env))
+    history, env = seen["history"], seen["env"]
+    rng = np.random.default_rng(0)
+    n = 20000
+    for s, m2 in zip(cal.drift["staleness"], cal.drift["m2"]):
+        ln, lb = env.log_policy(history[-1]), env.log_policy(history[-1 - int(s)])  # (S, P, A)
+        S, P, A = lb.shape
+        prompts = rng.integers(P, size=(S, n))  # uniform prompts, as exact_divergences averages them
+        probs = np.exp(lb[np.arange(S)[:, None], prompts])  # (S, n, A)
+        actions = np.minimum((rng.random((S, n, 1)) > probs.cumsum(-1)).sum(-1), A - 1)  # a ~ pi_T-s
+        at = np.arange(S)[:, None], prompts, actions
+        squares = (ln[at] - lb[at]) ** 2  # (S, n)
+        se = squares.std() / math.sqrt(squares.size)
+        assert abs(squares.mean() - m2) <= 4 * se + 1e-12, (s, squares.mean(), m2)
+    assert cal.drift["m2"][0] == 0 and cal.drift["m2"][-1] > cal.drift["m2"][1] > 0
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(cal.profile_dict("test")))
+    priced = _staleness_of(load_profile(path))
+    np.testing.assert_allclose(priced.ratio, 1 + np.asarray(cal.drift["m2"]), rtol=1e-15)

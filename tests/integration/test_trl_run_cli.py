@@ -200,14 +200,15 @@ def test_second_run_loads_the_cached_warm_start_and_trains_the_same(cli, tmp_pat
 
     # stdout: the summary only; TRL's per-step dicts are in trainer_log.jsonl, the same steps run.json keeps
     lines = second.splitlines()
-    assert [line.split()[0].rstrip(":") for line in lines] == ["warm", "trained", "reward", "B_noise", "wrote",
-                                                               "next"]
+    assert [line.split()[0].rstrip(":") for line in lines] == ["warm", "trained", "reward", "B_noise", "drift",
+                                                               "wrote", "next"]
+    assert runs[0]["drift"]["m2"] == runs[1]["drift"]["m2"] and runs[1]["drift"]["staleness"] == [0, 1, 2, 3]
     assert not any(line.lstrip().startswith("{") for line in lines)
     logged = [json.loads(line) for line in (tmp_path / "b" / TRAINER_LOG_NAME).read_text().splitlines()]
     per_step = [row for row in logged if "replay/replay_ratio" in row]
     assert [row["step"] for row in per_step] == [1, 2, 3]
     assert [row["reward"] for row in per_step] == [h["reward"] for h in runs[1]["history"]]
-    assert str(tmp_path / "b" / TRAINER_LOG_NAME) in lines[4]
+    assert str(tmp_path / "b" / TRAINER_LOG_NAME) in lines[5]
 
 
 def test_gpu_extra_is_trls_vllm_range(repo_root):
@@ -265,7 +266,8 @@ TIMING = ("train_runtime", "train_samples_per_second", "train_steps_per_second",
 
 
 def _records(out):
-    """Everything a run decided, without wall-clock values: the log's rows, the per-step metrics, the noise records."""
+    """Everything a run decided, without wall-clock values: the log's rows, the per-step metrics, the noise records,
+    the drift log's rows (the kept rollouts re-scored at the end: a resumed run kept them in its checkpoint)."""
     import pyarrow.parquet as pq
 
     table = pq.read_table(out / "rollouts.parquet")
@@ -274,8 +276,9 @@ def _records(out):
     steps = [{k: v for k, v in json.loads(line).items() if k not in TIMING}
              for line in (out / TRAINER_LOG_NAME).read_text().splitlines()]
     noise = (out / "noise_scale.jsonl").read_text()
+    drift = pq.read_table(out / "drift.parquet").to_pydict()
     return table, [{k: v for k, v in h.items() if k not in TIMING} for h in run["history"]], steps[:-1], noise, \
-        (run["generated"], run["trained"], run["noise_scale"])
+        (run["generated"], run["trained"], run["noise_scale"], run["drift"]), drift
 
 
 @pytest.mark.slow

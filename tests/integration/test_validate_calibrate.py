@@ -288,6 +288,11 @@ def test_calibrate_lm_gives_error_bars(tiny):
     assert all(cal.kl_by_lag_se[lag] > 0 and cal.kl_by_lag_k3_se[lag] > 0 for lag in (1, 2))
     forms = cal.profile_dict("test")["forms"]
     assert forms["plain_ci"] == [list(c) for c in cal.sigma_sq_plain_ci] and forms["units"] == 4
+    # the drift: the same completions re-scored at the final policy. At s = 0 the sampler's log-probs are the final
+    # policy's own (the HF sampler), so the re-scoring must give them back token for token; older ones have drifted
+    drift = cal.profile_dict("test")["drift"]
+    assert drift["staleness"] == [0, 1, 2] and drift["m2"][0] == 0 and drift["m2_age0_measured"] < 1e-10
+    assert min(drift["m2"][1:]) > 1e-8 and all(n > 0 for n in drift["tokens"])
     # B_noise at 3 checkpoints: the warm start and 2 updates (32 fresh completions = 8 groups each), the end (the
     # 32 reference and 16 s = 0 completions: 12 groups)
     record = cal.profile_dict("test")["noise_scale"]
