@@ -599,6 +599,11 @@ def zero_share_record(max_abs_advantage: np.ndarray, path: Path) -> dict:
                                      f"with |A| <= {ZERO_ADVANTAGE_RTOL:g} x the log's largest on every token"}}
 
 
+DRIFT_MAX_AGES = 1024
+"""The most distinct ages a --drift file may hold: diagnose pools ages into buckets beyond it, which a table by age
+cannot use."""
+
+
 def drift_record(path: str | Path, preset: str = "default", columns: Optional[str] = None, fmt: str = "auto") -> dict:
     """The profile's "drift" record from a re-scored log: M2(s) = token mean of (logp_current - logp_behav)^2 at each
     age s > 0 (``diagnose``'s by-age m2, one implementation: theory/moments.py), with M2(0) = 0 (the last policy
@@ -607,8 +612,11 @@ def drift_record(path: str | Path, preset: str = "default", columns: Optional[st
     from .pipeline import DiagnoseConfig, diagnose
 
     report = diagnose(DiagnoseConfig(path=str(path), preset=preset, columns=columns, format=fmt, run_what_if=False,
-                                     max_age_buckets=1024))
-    rows = [r for r in report["by_age"] if r["age_min"] == r["age_max"] and r["age"] > 0]
+                                     max_age_buckets=DRIFT_MAX_AGES))
+    if any(r["age_min"] != r["age_max"] for r in report["by_age"]):  # diagnose pooled ages: refuse, never drop them
+        raise ConfigError("drift", f"{Path(path).name} holds more than {DRIFT_MAX_AGES} distinct ages; a drift table "
+                                   "needs a few (trl-replay's: 1, 2, 4, ..., 64 and the run's first)")
+    rows = [r for r in report["by_age"] if r["age"] > 0]
     if not rows:
         raise ConfigError("drift", f"{Path(path).name} has no rows of age > 0 (an age column mapped: "
                                    f"{report['columns'].get('age')!r}): give the re-scored log (trl-replay's "

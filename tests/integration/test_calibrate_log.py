@@ -429,3 +429,32 @@ def test_the_zero_share_by_hand_and_through_optimal(tmp_path, cli):
     path.write_text(json.dumps({**profile, "zero_share": {"value": 1.0}}))
     code, _, err = cli(*args)
     assert code == 2 and "profile 'zero_share.value' must be a number in [0, 1), got 1.0" in err
+
+
+def test_drift_record_by_hand_and_a_file_of_too_many_ages_is_refused(tmp_path, cli):
+    # M2(s) = the token mean of (logp_current - logp_behav)^2 at each age s > 0, age 0's rows left out (the long
+    # layout, by hand); a file of more distinct ages than diagnose keeps apart is refused, not silently pooled
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from replay_theory.diagnose.calibrate_log import DRIFT_MAX_AGES, drift_record
+
+    rows = {"seq_id": [0, 0, 1, 2, 2, 3], "age": [0, 0, 1, 1, 1, 4],
+            "logp_behav": [-1.0, -2.0, -1.0, -0.5, -0.25, -3.0], "logp_current": [-1.5, -2.0, -1.2, -0.5, -0.75, -2.0]}
+    pq.write_table(pa.table(rows), tmp_path / "drift.parquet")
+    record = drift_record(tmp_path / "drift.parquet")
+    assert record["staleness"] == [0, 1, 4] and record["tokens"] == [0, 3, 1]
+    assert record["m2"] == pytest.approx([0, (0.2**2 + 0 + 0.5**2) / 3, 1.0], rel=1e-12)
+    many = DRIFT_MAX_AGES + 1
+    pq.write_table(pa.table({"seq_id": list(range(many)), "age": list(range(many)), "logp_behav": [-1.0] * many,
+                             "logp_current": [-1.1] * many}), tmp_path / "many.parquet")
+    pq.write_table(pa.table({"seq_id": list(range(8)), "age": [0] * 4 + [1] * 4, "advantage": [1.0, -1.0] * 4,
+                             "logp_behav": [-1.0, -0.5, -2.0, -0.7] * 2,
+                             "logp_current": [-1.0, -0.5, -2.0, -0.7, -0.9, -0.6, -1.8, -0.8]}),
+                   tmp_path / "log.parquet")
+    code, _, err = cli("calibrate", "--from-log", str(tmp_path / "log.parquet"), "--mu", "5",
+                       "--drift", str(tmp_path / "many.parquet"), "--out", str(tmp_path / "p.json"))
+    assert code == 2 and err.strip().splitlines() == [
+        f"replay-theory: error: --drift many.parquet holds more than {DRIFT_MAX_AGES} distinct ages; a drift table "
+        "needs a few (trl-replay's: 1, 2, 4, ..., 64 and the run's first)"]
+    assert not (tmp_path / "p.json").exists()
