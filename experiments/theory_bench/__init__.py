@@ -34,6 +34,7 @@ from .inputs import (
     pilot_compute,
     pilot_steps,
     read_b_noise,
+    rescore_compute,
     sample_grads,
 )
 from .measure import (
@@ -112,7 +113,7 @@ __all__ = [
     "design_steps", "fit_noise_scale", "measure_drift", "measure_noise_scale",
     "measure_pilot", "measure_recipe_log", "measure_staleness", "measured_alpha", "pilot_affordable", "pilot_compute",
     "pilot_query", "pilot_steps", "printed_design", "printed_label", "printed_ratios", "printed_work_ratios",
-    "read_b_noise", "run_unit", "sample_grads", "staleness_of", "train_printed", "train_unit", "tune_at_batch",
+    "read_b_noise", "rescore_compute", "run_unit", "sample_grads", "staleness_of", "train_printed", "train_unit", "tune_at_batch",
     "Designs", "NoPick",
     "OBJECTIVES", "Objective", "PRINTED", "WORK_BUDGET", "b_noise_no_pick", "design_steps_row", "measured_compute",
     "objective_values", "rule_values", "REPLAY_MARGIN", "_objective_target", "_protocol", "_replay_branch",

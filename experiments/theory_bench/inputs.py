@@ -34,6 +34,7 @@ from .options import (
     HVP_SAMPLES,
     PILOT_FRACTION,
     RESCORE_SAMPLES,
+    RESCORE_STEPS,
     STALENESS,
     Setting,
 )
@@ -75,12 +76,14 @@ def zero_share_of_grads(grads: np.ndarray, group_size: int = GROUP) -> float:
 
 
 def pilot_steps(recipe_steps: float) -> int:
-    """The pilot's length in steps: the most P whose steps and curvature steps (each counted as one more step: its
-    three HVPs over 64 samples cost 384 sample-updates, one step of B = 256 at mu = 0.5 and less than one at any
-    larger mu) fit in PILOT_FRACTION of the recipe's steps to the target; one step when not even that fits (a run
-    that reaches the target in under 25 steps: that pilot is not affordable at low mu, ``pilot_affordable``)."""
+    """The pilot's length in steps: the most P whose steps, curvature steps and drift re-scorings fit in PILOT_FRACTION
+    of the recipe's steps to the target, each curvature step counted as one more step (its three HVPs over 64 samples
+    cost 384 sample-updates, one step of B = 256 at mu = 0.5 and less than one at any larger mu) and the two
+    re-scorings (the pilot's own drift table and the logged run's, ``measure_drift``) as RESCORE_STEPS; one step when
+    not even that fits (a run that reaches the target in under 25 steps: that pilot is not affordable at low mu,
+    ``pilot_affordable``, which counts every part exactly)."""
     budget = int(PILOT_FRACTION * recipe_steps)
-    fits = [p for p in range(1, budget + 1) if p + -(-p // CURVATURE_EVERY) <= budget]
+    fits = [p for p in range(1, budget + 1) if p + -(-p // CURVATURE_EVERY) + RESCORE_STEPS <= budget]
     return max(fits, default=1)
 
 
@@ -88,7 +91,15 @@ def pilot_compute(pilot: dict, mu: float, floor: float) -> float:
     """The pilot's compute in the cost model's unit: its steps of on-policy at B = 256 plus its HVPs
     (``HVP_SAMPLE_UPDATES`` x ``HVP_SAMPLES`` each), for its one run."""
     return (pilot["steps"] * forgetting.step_cost(BATCH, BATCH, mu, floor)
-            + pilot["hvps"] * HVP_SAMPLE_UPDATES * HVP_SAMPLES) * pilot.get("runs", 1)
+            + pilot["hvps"] * HVP_SAMPLE_UPDATES * HVP_SAMPLES) * pilot.get("runs", 1) + rescore_compute(pilot.get("drift"))
+
+
+def rescore_compute(drift: dict | None) -> float:
+    """One drift table's re-scoring (``measure_drift``): ``rescored`` forward passes (RESCORE_SAMPLES rollouts at each
+    age s > 0, per run), FORWARD_SAMPLE_UPDATES each, in the cost model's unit; 0 without a table (the quadratic, a
+    one-step run) and for a table read exactly before the re-scoring was simulated (no ``rescored``: the pilot's
+    table was then not counted, and those readings are reproduced as they were)."""
+    return float((drift or {}).get("rescored", 0)) * FORWARD_SAMPLE_UPDATES
 
 
 def log_compute(pilot: dict) -> float:
@@ -125,11 +136,15 @@ def drift_staleness(pilot: dict, piloted: bool) -> forgetting.Staleness:
 
 
 def pilot_affordable(pilot: dict, mu: float, floor: float) -> bool:
-    """Whether the user runs this pilot at (mu, floor): its compute within PILOT_FRACTION of the recipe's to the target
-    (``recipe_steps`` steps of on-policy at B), both known before any scored run. Otherwise the user asks optimal
+    """Whether the user runs this pilot at (mu, floor): its compute, and the re-scoring of the logged run's drift that
+    is spent in every cell (``log_compute``; reserved since the drift is sampled, ``measure_drift``'s ``rescored``),
+    within PILOT_FRACTION of the recipe's to the target (``recipe_steps`` steps of on-policy at B), all known before
+    any scored run. Otherwise the user asks optimal
     without the pilot's numbers (``measure.pilot_query``: the log's b alone, on-policy answers only) and spends
     nothing on it."""
-    return pilot_compute(pilot, mu, floor) <= PILOT_FRACTION * pilot["recipe_steps"] * forgetting.step_cost(
+    log = (pilot.get("recipe_log") or {}).get("drift") or {}
+    reserved = log_compute(pilot) if "rescored" in log else 0.0  # spent in every cell; before the sampled table, not
+    return pilot_compute(pilot, mu, floor) + reserved <= PILOT_FRACTION * pilot["recipe_steps"] * forgetting.step_cost(
         BATCH, BATCH, mu, floor)
 
 
@@ -193,24 +208,39 @@ def kappa_parts(env, setting: Setting, theta: np.ndarray, d_vec: np.ndarray,
     return float(np.trace(dm @ hess @ dm @ sigma)), float(np.trace(dm @ sigma))
 
 
-def measure_drift(env, trajectory: np.ndarray) -> dict:
-    """The exact drift of the policy at the pilot's last step T from itself s steps earlier, on its trajectory
-    (T + 1, runs, d), at the ages s in STALENESS up to T and T itself (a pilot sees no older policy: the rule's
-    ``Staleness`` extends the table beyond along its last slope, and says so): M2(s) = E_behav[(log pi_T / pi_{T-s})^2]
-    (M2PO's statistic; about chi^2 and 2 KL for a small drift, without chi^2's heavy tail). 1 + M2(s) is the variance
-    factor of an importance weight at age s that the forgetting rule's staleness cost reads (on a real run:
-    diagnose's m2 by age). chi^2 and KL beside it. A one-step pilot has no age > 0: no table, and the reason."""
+def measure_drift(env, trajectory: np.ndarray, rng: np.random.Generator) -> dict:
+    """The drift of the policy at the run's last step T from itself s steps earlier, on its trajectory (T + 1, runs,
+    d), at the ages s in STALENESS up to T and T itself (a run sees no older policy: the rule's ``Staleness`` extends
+    the table beyond along its last slope, and says so): M2(s) = E_behav[(log pi_T / pi_{T-s})^2] (M2PO's statistic;
+    about chi^2 and 2 KL for a small drift, without chi^2's heavy tail). 1 + M2(s) is the variance factor of an
+    importance weight at age s that the forgetting rule's staleness cost reads.
+
+    ``m2`` is what a user gets and what the rule reads: RESCORE_SAMPLES rollouts of pi_{T-s} (whole groups of GROUP
+    on uniform prompts: the kept share of step T - s's batch) with their log-probs at generation, re-scored at pi_T
+    (one forward pass each, ``log_compute``), the token mean of the squared log-ratio, as the TRL trainer's drift log
+    and diagnose's m2 by age compute it. ``m2_exact`` (``env.exact_divergences``) beside it, with chi^2 and KL (exact).
+    A one-step run has no age > 0: no table, and the reason."""
     T, runs = trajectory.shape[0] - 1, trajectory.shape[1]
     ages = forgetting.drift_ages(T, STALENESS)
     if len(ages) < 2:
-        return {"staleness": ages, "m2": [0.0], "chi2": [0.0], "kl_new_behav": [0.0], "checkpoints": [T],
-                "runs": runs, "reason": "the pilot is one step long: no older policy to measure the drift from"}
-    rows = {"m2": [], "chi2": [], "kl_new_behav": []}
+        return {"staleness": ages, "m2": [0.0], "m2_exact": [0.0], "chi2": [0.0], "kl_new_behav": [0.0],
+                "checkpoints": [T], "runs": runs, "rescored": 0,
+                "reason": "the run is one step long: no older policy to measure the drift from"}
+    rows = {"m2": [], "m2_exact": [], "chi2": [], "kl_new_behav": []}
+    groups = RESCORE_SAMPLES // GROUP
     for s in ages:
         div = env.exact_divergences(trajectory[T], trajectory[T - s])  # each (runs,)
-        for key in rows:
+        rows["m2_exact"].append(float(np.mean(div["m2"])))
+        for key in ("chi2", "kl_new_behav"):
             rows[key].append(float(np.mean(div[key])))
-    return {"staleness": ages, **rows, "checkpoints": [T], "runs": runs}
+        prompts = np.repeat(rng.integers(0, env.num_prompts, size=(runs, groups)), GROUP, axis=1)  # (runs, 64)
+        tokens, logp_behav, mask = env.sample(trajectory[T - s], prompts, rng)  # (runs, 64, L) each
+        log_ratio = env.logp(trajectory[T], prompts, tokens, mask) - logp_behav  # (runs, 64, L), 0 on padding
+        rows["m2"].append(float(np.sum(log_ratio**2 * mask) / np.sum(mask)))  # token mean over the runs' samples
+    return {"staleness": ages, **rows, "checkpoints": [T], "runs": runs,
+            "rescored": (len(ages) - 1) * RESCORE_SAMPLES * runs,
+            "m2_what": f"{RESCORE_SAMPLES} rollouts of each age's policy re-scored at the last (the user's estimate); "
+                       "m2_exact: the two policies' exact M2"}
 
 
 def measure_staleness(env, setting: Setting, history: np.ndarray, instance: int) -> dict:

@@ -39,6 +39,7 @@ from .inputs import (
     drift_staleness,
     fit_noise_scale,
     kappa_parts,
+    log_compute,
     loss_hvp,
     measure_drift,
     measure_staleness,
@@ -390,7 +391,7 @@ def measure_pilot(unit: Unit) -> dict:
     steps = pilot_steps(s_user)
     payload = {"kind": "pilot", "setting": unit.setting.name, "optimizer": unit.optimizer,
                "instance": unit.instance, "lr": lr, "steps": steps, "runs": PILOT_RUNS, "seed": PILOT_SEED,
-               "curvature_every": CURVATURE_EVERY, "version": 3,
+               "curvature_every": CURVATURE_EVERY, "version": 4,
                **({"noise_stream": "per pilot"} if isinstance(unit.env, NoisyRewardBandit) else {})}
     found = unit.store.get(payload)
     if found is not None:
@@ -460,7 +461,8 @@ def measure_pilot(unit: Unit) -> dict:
     trajectory = np.asarray(history)  # (steps, runs, d)
     profile = (measure_staleness(env, unit.setting, trajectory[:, 0], unit.instance)
                if not isinstance(env, QuadraticEnv) else None)
-    drift = None if isinstance(env, QuadraticEnv) else measure_drift(env, trajectory)
+    drift = None if isinstance(env, QuadraticEnv) else measure_drift(
+        env, trajectory, np.random.default_rng([unit.instance, PILOT_SEED, len(unit.setting.name), 2]))
     hvps = 3 * len(curvature_steps) * PILOT_RUNS
     result = {"lr": lr, "steps": steps, "runs": PILOT_RUNS, "recipe_steps": s_user,
               "curvature_steps": sorted(curvature_steps), "hvps": hvps,
@@ -498,7 +500,7 @@ def measure_recipe_log(unit: Unit) -> dict:
     steps = max(2, int(math.ceil(float(design_steps(unit.runs[RECIPE])[0]))))
     payload = {"kind": "recipe-log", "setting": unit.setting.name, "optimizer": unit.optimizer,
                "instance": unit.instance, "lr": lr, "steps": steps, "runs": PILOT_RUNS, "seed": PILOT_SEED,
-               "version": 2, **({"noise_stream": "per pilot"} if isinstance(unit.env, NoisyRewardBandit) else {})}
+               "version": 3, **({"noise_stream": "per pilot"} if isinstance(unit.env, NoisyRewardBandit) else {})}
     found = unit.store.get(payload)
     if found is not None:
         return found
@@ -521,7 +523,8 @@ def measure_recipe_log(unit: Unit) -> dict:
     to_target.run_to_target(env, unit.setting.loss, forgetting.Design.on_policy_at(BATCH), [lr], PILOT_RUNS,
                             unit.optimizer, math.inf, steps, seed=PILOT_SEED + unit.instance, observer=observer)
     b_simple = noise_scale_lib.pooled_two_batch(small, big, BATCH // 2, BATCH, rng, n_boot=BOOTS)
-    drift = None if isinstance(env, QuadraticEnv) else measure_drift(env, np.asarray(history))  # (steps, runs, d) in
+    drift = None if isinstance(env, QuadraticEnv) else measure_drift(  # history: (steps, runs, d)
+        env, np.asarray(history), np.random.default_rng([unit.instance, PILOT_SEED, len(unit.setting.name), 3]))
     return unit.store.put(payload, {
         "lr": lr, "steps": steps, "runs": PILOT_RUNS, "drift": drift,
         "rescore_samples": RESCORE_SAMPLES if drift is not None else 0,
@@ -634,8 +637,10 @@ def pilot_query(pilot: dict, optimizer: str, mu: float, floor: float, max_steps_
     b_source = "B_simple over the user's logged run of the recipe" if logged else "the pilot's B_simple"
     b_noise = simple.get("b_noise")
     if not pilot_affordable(pilot, mu, floor):  # the user runs no pilot: optimal -B 256 with the log's b at most
+        rescoring = log_compute(pilot) if "rescored" in ((pilot.get("recipe_log") or {}).get("drift") or {}) else 0
         why = (f"no pilot: one of {pilot['steps']} step(s) costs more than {100 * PILOT_FRACTION:g}% of the recipe's "
-               f"{pilot['recipe_steps']:g} steps at mu {mu:g}, floor {floor:g}")
+               f"{pilot['recipe_steps']:g} steps at mu {mu:g}, floor {floor:g}"
+               + (f" with the logged run's re-scoring ({rescoring:.0f} sample-updates)" if rescoring else ""))
         if not logged or b_noise is None or not (math.isfinite(b_noise) and b_noise > 0):
             return advice.Query(**common), [why]
         staleness = drift_staleness(pilot, piloted=False)

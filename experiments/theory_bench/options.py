@@ -40,8 +40,8 @@ __all__ = [
     "INSTANCES", "LR_RATIO", "MAX_EXTEND", "MAX_STEP_SIZES", "MUS", "NEXT_HELD_OUT", "ON_POLICY_BATCHES", "OPTIMIZERS",
     "Options", "PILOT_BUDGET", "PILOT_FRACTION", "PILOT_MAX_STEPS", "PILOT_RUNS", "PILOT_SEED", "PRINTED_STEPS_RATIOS",
     "PRINTED_WORK_RATIO", "QUADRATIC_CONDITION", "QUADRATIC_NOISE", "QUICK_EPOCHS_GRID", "QUICK_FLOORS",
-    "QUICK_ON_POLICY_BATCHES", "QUICK_SELECTIVE_GRID", "QUICK_X_GRID", "QUICK_Y_GRID", "RESCORE_SAMPLES", "SEEDS",
-    "SELECTIVE_GRID",
+    "QUICK_ON_POLICY_BATCHES", "QUICK_SELECTIVE_GRID", "QUICK_X_GRID", "QUICK_Y_GRID", "RESCORE_SAMPLES", "RESCORE_STEPS",
+    "SEEDS", "SELECTIVE_GRID",
     "SETTINGS", "STALENESS", "SelectiveDesign", "Setting", "TARGET_FRACTION", "X_GRID", "Y_GRID", "check_options",
     "command_line", "has_groups", "is_selective", "number_list", "options_from", "peak_bytes"]
 
@@ -79,9 +79,13 @@ FAMILIES = {"epochs": f"epoch designs at R = {BATCH}: e passes over m mini-batch
                          "[E11]: rounds of B until B rollouts have a non-zero advantage, each used once); optimal's "
                          "printed answer prices both from the pilot's zero share (--zero-share)"}
 """The design families ``--families`` adds to the grid (none by default: the protocol evidence.json was written by)."""
-HELD_OUT = (719, 727, 733)
+HELD_OUT = (811, 821, 823)
 """The held-out instances the targets read (advise/evidence.json is their default run's record): named as
-NEXT_HELD_OUT at 4c04c83 before their first run, and first run by the protocol that reads the drift M2(s) off the
+NEXT_HELD_OUT at be1e85f before their first run, and first run by the protocol whose drift M2(s) is the user's
+estimate from RESCORE_SAMPLES re-scored rollouts an age (``inputs.measure_drift``), whose re-scoring is reserved in
+the pilot's budget (``inputs.pilot_affordable``, ``RESCORE_STEPS``) and whose pilot's own re-scoring is counted in its
+compute, the rule unchanged (docs/SIMULATION.md). 719, 727 and 733, named as NEXT_HELD_OUT at 4c04c83 before their
+first run, held out the protocol before it: first run by the protocol that reads the drift M2(s) off the
 user's logged run as well as b (``measure.measure_recipe_log``: B_simple pooled over the whole run and the drift of
 the run's last policy against each age's, in every cell; the pilot's kappa, and its drift where larger, where the pilot
 is affordable: ``inputs.drift_staleness``), chosen on 0, 691, 701, 709 and 673, 677, 683 (docs/SIMULATION.md). 653,
@@ -111,7 +115,7 @@ says; 73, 79 and 83 (named at commit 70bca03) by the first --families epochs run
 B_FACTORS and first MARGIN were chosen on them and on 47, 53 and 59; 137, 139, 149, 167, 173 and 179 held out the
 rule before the guard's factors below 1 (HELD_OUT says how), and 223, 227 and 229, first run by the --families selective
 run, are where those factors were chosen. The next held-out set is ``NEXT_HELD_OUT``."""
-NEXT_HELD_OUT = (811, 821, 823)
+NEXT_HELD_OUT = (853, 859, 863)
 """Named here, before their first run: the instances the next evidence is read on once a rule or the protocol changes
 (which makes HELD_OUT development instances). Nothing may be tuned on them. (151, 157 and 163, named before 181, 193
 and 197, were first run by the --families overlap run of docs/SIMULATION.md; 191 by a stop's --quick check; 223, 227
@@ -148,8 +152,10 @@ targets read a ninth time (famheld-743), and 719, 727 and 733 were first run by 
 HELD_OUT now (heldout9-719). 761, 769 and 773 were named then, before their first run, as the next default
 reading's, and 787, 797 and 809 for the next --families epochs,overlap,selective reading: issue 40's targets read
 a tenth time. 761, 769 and 773 were then read by the default protocol with the rule and the protocol unchanged
-(heldout10-761, its second reading, at 47d76db; docs/SIMULATION.md), and 811, 821 and 823 named here, before their
-first run, as the next.)"""
+(heldout10-761, its second reading, at 47d76db; docs/SIMULATION.md), and 811, 821 and 823 named, before their
+first run, as the next, HELD_OUT now: first run by the protocol with the sampled drift (heldout11-811). 853, 859 and
+863 are named here, before their first run, as the next default reading's, and 881, 887 and 907 for the --families
+epochs,overlap,selective reading after 787, 797 and 809's (famheld11-787, the sampled drift's).)"""
 SEEDS = 16
 BOOTS = 200
 MUS = (0.5, 1.0, 2.0, 5.28, 20.0)
@@ -198,10 +204,16 @@ RESCORE_SAMPLES = BATCH // 4
 """The drift M2(s) over the user's logged run (``measure.measure_recipe_log``): at each age s > 0 of the table, a
 quarter batch of the rollouts the run generated at step T - s, their log-probs at generation (every trainer logs them:
 TRL's old_per_token_logps, verl's old_log_prob) against one forward pass at the run's last policy T. The simulator
-reads the exact M2(s) of the two policies (``env.exact_divergences``); the forward passes are counted."""
+does the same on RESCORE_SAMPLES rollouts of each age's policy (``inputs.measure_drift``: the rule reads that estimate,
+the exact M2(s) of the two policies is stored beside it), and the forward passes are counted: the logged run's in every
+cell and reserved in the pilot's budget (``inputs.pilot_affordable``), the pilot's own table in its compute."""
 FORWARD_SAMPLE_UPDATES = 1.0 / 3.0
 """A forward pass over one sample counted as 1/3 sample-update (an update is a forward and a backward pass, about three
 forward passes), in the cost model's unit; the re-scoring above costs (ages - 1) x RESCORE_SAMPLES of them."""
+RESCORE_STEPS = 1
+"""The two drift re-scorings a pilot's length leaves room for, in steps of on-policy at B = 256: each reads at most
+len(DRIFT_AGES) - 1 = 7 ages and the run's first policy, 8 x RESCORE_SAMPLES forward passes, 171 sample-updates; the
+two, 341, are less than the cheapest step's 384 (mu = 0.5, floor 0)."""
 
 BETA1 = 0.9
 QUADRATIC_CONDITION = 100.0

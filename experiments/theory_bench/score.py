@@ -65,6 +65,7 @@ from .options import (
     PRINTED_STEPS_RATIOS,
     PRINTED_WORK_RATIO,
     RESCORE_SAMPLES,
+    RESCORE_STEPS,
     SETTINGS,
     TARGET_FRACTION,
     Options,
@@ -509,7 +510,8 @@ def _protocol(options: Options) -> dict:
                       "curvature_every": CURVATURE_EVERY, "hvp_sample_updates": HVP_SAMPLE_UPDATES,
                       "hvp_samples": HVP_SAMPLES, "route": "B_simple", "b_from": "recipe log",
                       "drift_from": "recipe log", "rescore_samples": RESCORE_SAMPLES,
-                      "forward_sample_updates": FORWARD_SAMPLE_UPDATES},
+                      "forward_sample_updates": FORWARD_SAMPLE_UPDATES, "drift_m2": "sampled",
+                      "rescore_reserved_steps": RESCORE_STEPS},
             "objectives": [*OBJECTIVES, *PRINTED],
             # only when some are on: the default protocol (advise/evidence.json's) stays as it was
             **({"families": list(options.families)} if options.families else {})}

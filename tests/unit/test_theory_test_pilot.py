@@ -98,9 +98,13 @@ def test_the_pilot_compute_by_hand():
 
 
 def test_the_pilots_length_and_when_a_user_runs_none_by_hand():
-    # 8% of the recipe: 100 steps give 8, of which 7 steps and their one curvature step fit (7 + 1 = 8)
-    assert (tt.PILOT_FRACTION, tt.PILOT_BUDGET) == (0.08, 0.1)
-    assert [tt.pilot_steps(s) for s in (100.0, 113.0, 24.0, 25.0, 10.0)] == [7, 8, 1, 1, 1]
+    # 8% of the recipe: 100 steps give 8, of which 6 steps, their one curvature step and the re-scorings' one fit
+    # (6 + 1 + 1 = 8); 113 give 9: 7 + 1 + 1
+    assert (tt.PILOT_FRACTION, tt.PILOT_BUDGET, tt.RESCORE_STEPS) == (0.08, 0.1, 1)
+    assert [tt.pilot_steps(s) for s in (100.0, 113.0, 24.0, 25.0, 10.0, 50.0)] == [6, 7, 1, 1, 1, 2]
+    # the two re-scorings fit in one step: 2 tables x 8 ages x 64 forward passes x 1/3 = 341.3 < 0.5 x 256 + 256
+    assert 2 * (len(fg.DRIFT_AGES) - 1 + 1) * tt.RESCORE_SAMPLES * tt.FORWARD_SAMPLE_UPDATES < fg.step_cost(
+        256, 256, min(tt.MUS), 0)
     # one step and 3 HVPs: at mu 0.5 a step of B = 256 costs 0.5 x 256 + 256 = 384 and the HVPs 3 x 2 x 64 = 384, so
     # 768 against 8% of 25 steps x 384 = 768 (affordable, at the edge) and of 24 steps x 384 = 737.28 (not)
     assert tt.pilot_affordable(_pilot(steps=1, recipe_steps=25.0), 0.5, 0)
@@ -366,3 +370,58 @@ def test_a_work_budget_that_binds_is_scored_against_the_best_within_it():
     record["printed"][0]["steps"] = [20.0, 20.0]
     printed = tt.score_work_budget(record, 1.0, 1024, "on-policy B=1024")["printed_work2"]
     assert printed["free_regret"] == pytest.approx(20 * 2032 / 51200) and not printed["over_budget"]
+
+
+def test_the_rescoring_is_reserved_in_the_pilots_budget_by_hand():
+    # a sampled log's table (``rescored``): 5 ages > 0 x 64 x 1/3 = 106.67 reserved. One step at mu 0.5 (384) and 3
+    # HVPs (384): 768, against 8% of 26 steps x 384 = 798.72: affordable alone, not with the 106.67
+    sampled = {"b_simple": {"b_noise": 500.0}, "drift": {**LOG_DRIFT, "rescored": 320}}
+    exact = {"b_simple": {"b_noise": 500.0}, "drift": LOG_DRIFT}  # a table read exactly (records before it)
+    assert tt.pilot_affordable({**_pilot(steps=1, recipe_steps=26.0), "recipe_log": exact}, 0.5, 0)
+    assert not tt.pilot_affordable({**_pilot(steps=1, recipe_steps=26.0), "recipe_log": sampled}, 0.5, 0)
+    # 29 steps: 0.08 x 29 x 384 = 890.88 >= 874.67
+    assert tt.pilot_affordable({**_pilot(steps=1, recipe_steps=29.0), "recipe_log": sampled}, 0.5, 0)
+    query, notes = tt.pilot_query({**_pilot(steps=1, recipe_steps=26.0), "recipe_log": sampled}, "sgd", 0.5, 0)
+    assert notes[0].startswith("no pilot: one of 1 step(s) costs more than 8% of the recipe's 26 steps at mu 0.5, "
+                               "floor 0 with the logged run's re-scoring (107 sample-updates)")
+    # the pilot's own sampled table is counted in its compute: 3 ages x 64 forward passes = 192 x 1/3 = 64
+    own = {"staleness": [0, 1, 2, 3], "m2": [0.0, 0.1, 0.2, 0.3], "rescored": 192}
+    assert tt.pilot_compute(_pilot(drift=own), 2.0, 64) == pytest.approx(2304 + 384 + 64)
+    assert tt.rescore_compute(own) == pytest.approx(64.0) and tt.rescore_compute(None) == 0.0
+
+
+def test_the_drift_is_the_users_64_sample_estimate_with_the_exact_beside(tmp_path):
+    """measure_drift's m2: RESCORE_SAMPLES rollouts of pi_{T-s} re-scored at pi_T, against a naive loop over the
+    same draws, and (pooled over 400 runs of the same two policies) against the exact M2 within 4 standard errors."""
+    unit = _unit(tmp_path, "bandit-grpo", "sgd")
+    env = unit.env
+    rng = np.random.default_rng(5)
+    d = env.param_dim
+    path = np.cumsum(rng.normal(0, 0.15, size=(4, 1, d)), axis=0)  # (T + 1 = 4, runs = 1, d): a drifting policy
+    record = tt.measure_drift(env, path, np.random.default_rng(11))
+    assert record["staleness"] == [0, 1, 2, 3] and record["rescored"] == 3 * tt.RESCORE_SAMPLES
+    # the naive loop: the same generator's draws in the same order, one sample at a time
+    again = np.random.default_rng(11)
+    log_new = env.log_policy(path[3])[0]  # (P, A)
+    for k, s in enumerate(record["staleness"]):
+        log_old = env.log_policy(path[3 - s])[0]
+        prompts = np.repeat(again.integers(0, env.num_prompts, size=(1, tt.RESCORE_SAMPLES // tt.GROUP)), tt.GROUP,
+                            axis=1)
+        tokens, _, _ = env.sample(path[3 - s], prompts, again)
+        squares = [(log_new[p, a] - log_old[p, a]) ** 2 for p, a in zip(prompts[0], tokens[0, :, 0])]
+        assert record["m2"][k] == pytest.approx(sum(squares) / len(squares), rel=1e-9, abs=1e-15)
+        assert record["m2_exact"][k] == pytest.approx(  # exact: uniform prompts, behaviour pi_{T-s}
+            float(np.mean(np.sum(np.exp(log_old) * (log_new - log_old) ** 2, axis=-1))), rel=1e-9, abs=1e-15)
+    # many runs of the same two policies: the pooled estimate within 4 se of the exact M2 at every age
+    many = np.repeat(path, 400, axis=1)  # (4, 400, d)
+    pooled = tt.measure_drift(env, many, np.random.default_rng(12))
+    for k in range(1, 4):
+        log_old = env.log_policy(path[3 - k])[0]
+        x2 = (log_new - log_old) ** 2  # (P, A)
+        m_p = np.sum(np.exp(log_old) * x2, axis=-1)  # (P,) E[x^2 | prompt]
+        v_p = np.sum(np.exp(log_old) * x2**2, axis=-1) - m_p**2  # (P,) Var[x^2 | prompt]
+        # a group of GROUP shares its prompt: the group mean is the independent unit
+        se = math.sqrt((np.var(m_p) + np.mean(v_p) / tt.GROUP) / (400 * tt.RESCORE_SAMPLES // tt.GROUP))
+        assert abs(pooled["m2"][k] - pooled["m2_exact"][k]) < 4 * se
+    # a one-step run: no age > 0, nothing re-scored
+    assert tt.measure_drift(env, path[:1], np.random.default_rng(0))["rescored"] == 0
