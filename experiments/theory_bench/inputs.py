@@ -89,9 +89,11 @@ def pilot_steps(recipe_steps: float) -> int:
 
 def pilot_compute(pilot: dict, mu: float, floor: float) -> float:
     """The pilot's compute in the cost model's unit: its steps of on-policy at B = 256 plus its HVPs
-    (``HVP_SAMPLE_UPDATES`` x ``HVP_SAMPLES`` each), for its one run."""
-    return (pilot["steps"] * forgetting.step_cost(BATCH, BATCH, mu, floor)
-            + pilot["hvps"] * HVP_SAMPLE_UPDATES * HVP_SAMPLES) * pilot.get("runs", 1) + rescore_compute(pilot.get("drift"))
+    (``HVP_SAMPLE_UPDATES`` x ``HVP_SAMPLES`` each), for its one run, and its drift table's re-scoring
+    (``rescore_compute``)."""
+    steps_and_hvps = (pilot["steps"] * forgetting.step_cost(BATCH, BATCH, mu, floor)
+                      + pilot["hvps"] * HVP_SAMPLE_UPDATES * HVP_SAMPLES) * pilot.get("runs", 1)
+    return steps_and_hvps + rescore_compute(pilot.get("drift"))
 
 
 def rescore_compute(drift: dict | None) -> float:
@@ -139,9 +141,8 @@ def pilot_affordable(pilot: dict, mu: float, floor: float) -> bool:
     """Whether the user runs this pilot at (mu, floor): its compute, and the re-scoring of the logged run's drift that
     is spent in every cell (``log_compute``; reserved since the drift is sampled, ``measure_drift``'s ``rescored``),
     within PILOT_FRACTION of the recipe's to the target (``recipe_steps`` steps of on-policy at B), all known before
-    any scored run. Otherwise the user asks optimal
-    without the pilot's numbers (``measure.pilot_query``: the log's b alone, on-policy answers only) and spends
-    nothing on it."""
+    any scored run. Otherwise the user asks optimal without the pilot's numbers (``measure.pilot_query``: the log's b
+    and drift, no kappa) and spends nothing on it."""
     log = (pilot.get("recipe_log") or {}).get("drift") or {}
     reserved = log_compute(pilot) if "rescored" in log else 0.0  # spent in every cell; before the sampled table, not
     return pilot_compute(pilot, mu, floor) + reserved <= PILOT_FRACTION * pilot["recipe_steps"] * forgetting.step_cost(
