@@ -47,7 +47,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -497,8 +498,11 @@ class Staleness:
         if xs.size == 1:
             return np.full(s.shape, ys[0])
         inside = np.interp(s, xs, ys)
+        beyond = s > xs[-1]
+        if not beyond.any():
+            return inside
         slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
-        return np.where(s > xs[-1], ys[-1] + slope * (s - xs[-1]), inside)
+        return np.where(beyond, ys[-1] + slope * (s - xs[-1]), inside)
 
     def mean(self, horizon: int) -> float:
         """m(x) = mean of r(s) over the ages 0 .. x - 1 a FIFO of x steps holds."""
@@ -508,13 +512,27 @@ class Staleness:
         """m(x) with every age stretched by ``scale`` (per design): mean over s < x of r(s scale). A stale sample's
         drift is set by how far the parameters moved, so a design whose tuned step is ``scale`` x the pilot's sees
         the pilot's r at scale x its age."""
+        return self.means_of(horizons)(scale)
+
+    def means_of(self, horizons: np.ndarray) -> Callable[[np.ndarray | float], np.ndarray]:
+        """``means`` at fixed ``horizons`` as a function of ``scale`` alone: the ages each horizon holds found once
+        (a fixed-point solve asks for the same horizons at every step size it tries)."""
         x = np.asarray(horizons, dtype=np.int64)
         if self.flat or x.size == 0:
-            return np.ones(x.shape)
-        ages = np.arange(int(x.max()))  # (xmax,)
-        values = self.at(np.multiply.outer(np.broadcast_to(np.asarray(scale, dtype=float), x.shape), ages))
-        inside = ages < x[..., None]  # (..., xmax)
-        return np.where(inside, values, 0.0).sum(axis=-1) / x
+            return lambda scale: np.ones(x.shape)
+        xmax = int(x.max())
+        held = np.arange(xmax) < x.reshape(-1, 1)  # (n, xmax): the ages s < x a FIFO of x steps holds
+        rows, ages = np.nonzero(held)  # (held ages,) each: its design and its age, row by row
+        at = np.flatnonzero(held)
+
+        def means(scale: np.ndarray | float) -> np.ndarray:
+            stretch = np.broadcast_to(np.asarray(scale, dtype=float), x.shape).reshape(-1)  # (n,)
+            values = np.zeros(held.size)  # (n xmax): r(s scale) at the held ages, 0 beyond
+            values[at] = self.at(stretch[rows] * ages)
+            # every row summed over all xmax ages, zeros included: one summation order whatever the horizons
+            return values.reshape(held.shape).sum(axis=-1).reshape(x.shape) / x
+
+        return means
 
 
 NO_STALENESS = Staleness()
@@ -606,20 +624,25 @@ def overlapped_split(rollouts_per_step: float, batch_size: float, mu: float, flo
     return mu * floor, R / floor, 1.0 - B / (mu * floor)  # [T1]: generation waits on the floor, training fits beside
 
 
-def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memory | None,
-                 staleness: Staleness = NO_STALENESS, floor: float = 0.0, *,
-                 zero_share: float = 0.0) -> list[Prediction]:
-    """``predict`` for many designs at once (one vectorised fixed-point solve). ``zero_share`` z prices the selective
-    designs ([E8]: the FIFO over the (1 - z) R informative samples a step, noise scale (1 - z) B_noise; on-policy,
-    dynamic sampling [E9], [E11]: B informative samples an update at that noise scale, ``compute.refill_rounds``
-    rounds of R generated for them); the others keep the zero-advantage groups, which the measured B_noise and kappa
-    already count."""
-    require_positive("noise scale B_noise", b_noise)
-    require_positive("mu", mu)
-    require_nonnegative("latency floor", floor)
-    require_unit_interval("zero share z", zero_share, closed=False)
-    if not designs:
-        return []
+class _Columns(NamedTuple):
+    """A design list as arrays (one entry per design), built once per list: the searches score the same grids
+    at many noise scales."""
+
+    B: np.ndarray  # (n,) batch
+    R: np.ndarray  # (n,) rollouts a step
+    N: np.ndarray  # (n,) capacity
+    on: np.ndarray  # (n,) on-policy
+    dyn: np.ndarray  # (n,) dynamic sampling [E9]
+    sel: np.ndarray  # (n,) selective replay [E8]
+    x: np.ndarray  # (n,) N / R in whole steps
+    late: np.ndarray  # (n,) an overlapped design's age at use (else 0)
+    e: np.ndarray  # (n,) epochs
+    mb: np.ndarray  # (n,) mini-batches
+    groups: np.ndarray  # (dynamic designs,) B / G
+
+
+def _columns(designs: Sequence[Design]) -> _Columns:
+    """``designs`` as ``_Columns``; N a multiple of R checked (``predict_many``'s precondition)."""
     B = np.array([d.batch_size for d in designs], dtype=float)
     R = np.array([d.rollouts_per_step for d in designs], dtype=float)
     N = np.array([d.capacity for d in designs], dtype=float)
@@ -629,35 +652,85 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
     on = np.array([d.on_policy for d in designs])
     dyn = np.array([d.dynamic for d in designs])  # dynamic sampling: on-policy over B informative samples [E9]
     sel = np.array([d.selective for d in designs]) & ~on  # selective replay: the FIFO admits (1 - z) R a step [E8]
-    admitted = np.where(sel, (1 - zero_share) * R, R)  # R': the samples that enter the buffer per step
     x = np.array([d.x for d in designs], dtype=np.int64)
+    groups = np.array([d.batch_size // d.group_size for d, y in zip(designs, dyn) if y])  # g = B / G
+    late = np.array([d.max_staleness for d in designs], dtype=float)
+    e = np.array([d.epochs for d in designs], dtype=np.int64)
+    mb = np.array([d.mini_batches for d in designs], dtype=np.int64)
+    return _Columns(B, R, N, on, dyn, sel, x, late, e, mb, groups)
+
+
+class _Priced(NamedTuple):
+    """``predict_many``'s predictions as arrays (n,): ``Prediction``'s fields, entry by entry."""
+
+    steps: np.ndarray
+    cost: np.ndarray
+    compute: np.ndarray
+    kappa: np.ndarray
+    psi: np.ndarray
+    staleness: np.ndarray
+    work: np.ndarray
+
+    def prediction(self, design: Design, i: int) -> Prediction:
+        """Entry ``i`` as the ``Prediction`` of ``design`` (the values ``predict_many`` gives, bit for bit)."""
+        return Prediction(design, float(self.steps[i]), float(self.cost[i]), float(self.compute[i]),
+                          float(self.kappa[i]), float(self.psi[i]), float(self.staleness[i]), float(self.work[i]))
+
+
+def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memory | None,
+                 staleness: Staleness = NO_STALENESS, floor: float = 0.0, *,
+                 zero_share: float = 0.0) -> list[Prediction]:
+    """``predict`` for many designs at once (one vectorised fixed-point solve). ``zero_share`` z prices the selective
+    designs ([E8]: the FIFO over the (1 - z) R informative samples a step, noise scale (1 - z) B_noise; on-policy,
+    dynamic sampling [E9], [E11]: B informative samples an update at that noise scale, ``compute.refill_rounds``
+    rounds of R generated for them); the others keep the zero-advantage groups, which the measured B_noise and kappa
+    already count."""
+    _check_prices(b_noise, mu, floor, zero_share)
+    if not designs:
+        return []
+    priced = _price(_columns(designs), b_noise, mu, memory, staleness, floor, zero_share)
+    return [priced.prediction(d, i) for i, d in enumerate(designs)]
+
+
+def _check_prices(b_noise: float, mu: float, floor: float, zero_share: float) -> None:
+    require_positive("noise scale B_noise", b_noise)
+    require_positive("mu", mu)
+    require_nonnegative("latency floor", floor)
+    require_unit_interval("zero share z", zero_share, closed=False)
+
+
+def _price(cols: _Columns, b_noise: float, mu: float, memory: Memory | None, staleness: Staleness, floor: float,
+           zero_share: float) -> _Priced:
+    """``predict_many`` on checked inputs, as arrays."""
+    B, R, N, on, dyn, sel, x, late, e, mb, groups = cols
+    admitted = np.where(sel, (1 - zero_share) * R, R)  # R': the samples that enter the buffer per step
     x_sel = N / admitted  # a selective design's horizon N / R' (whole steps only at z = 0)
     rounds = np.ones_like(B)  # generation rounds of R per update: more only for dynamic sampling [E11]
     if dyn.any():
-        groups = np.array([d.batch_size // d.group_size for d, y in zip(designs, dyn) if y])  # g = B / G
         rounds[dyn] = refill_rounds(groups, zero_share)
-    late = np.array([d.max_staleness for d in designs], dtype=float)  # an overlapped design's age at use (else 0)
-    e = np.array([d.epochs for d in designs], dtype=np.int64)
-    mb = np.array([d.mini_batches for d in designs], dtype=np.int64)
     ep = e * mb > 1  # epoch designs (theory/reuse_families.py): noise psi_E / B, ages 0 .. e m - 1 updates
     horizon = np.where(ep, e * mb, x)  # the ages a design's updates draw: a FIFO's x steps, a generation's e m
     y = B / admitted
     b_design = np.where(sel | dyn, (1 - zero_share) * b_noise, b_noise)  # [E8], [E9]: an informative sample's
     flat = staleness.flat
+    overlapped = bool((late > 0).any())
+    low_sel = np.floor(x_sel[sel])  # a selective design's stays: L or L + 1 steps [E10]
+    fifo_means = staleness.means_of(horizon)
+    sel_means = (staleness.means_of(low_sel), staleness.means_of(low_sel + 1)) if sel.any() else None
     never_forgets = np.where(ep, e, 1.0)  # psi at kappa -> 0: the FIFO keeps all its extra noise, e epochs e uses
+    x_fifo = np.where(ep, 1, x).astype(float)  # psi's whole horizons (epoch designs: psi_epochs instead)
 
     def m_of(kappa: np.ndarray | float) -> np.ndarray:  # m(x) at each design's own step: ages scaled by kappa_d/kappa
         if flat:
             return np.ones_like(B)
         scale = 1.0 if memory is None or memory.pilot_batch is None else np.asarray(kappa) / memory.kappa
-        stale = np.where(late > 0, staleness.at(late * scale), 1.0)  # an overlapped design's one use at age k: r(k)
-        m = np.where(on, stale, staleness.means(horizon, scale))
+        stale = np.where(late > 0, staleness.at(late * scale), 1.0) if overlapped else 1.0  # one use at age k: r(k)
+        m = np.where(on, stale, fifo_means(scale))
         if sel.any():  # a stay of L or L + 1 steps (share p the longer) draws ages 0 .. L - 1 or 0 .. L [E10]
             xs, sc = x_sel[sel], np.broadcast_to(np.asarray(scale, dtype=float), B.shape)[sel]
-            low = np.floor(xs)
+            low = low_sel
             share = xs - low
-            m[sel] = ((1 - share) * low * staleness.means(low, sc)
-                      + share * (low + 1) * staleness.means(low + 1, sc)) / xs
+            m[sel] = ((1 - share) * low * sel_means[0](sc) + share * (low + 1) * sel_means[1](sc)) / xs
         return m
 
     def noise(p: np.ndarray, m: np.ndarray) -> np.ndarray:  # B_noise V_eff m(x); on-policy B_noise / B (r(k) / B)
@@ -665,7 +738,7 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
         return np.where(on, b_design / B * m, np.where(ep, b_noise / B * p * m, fifo))  # epochs: B V_eff = psi_E [E1]
 
     def p_of(kappa: np.ndarray) -> np.ndarray:  # psi of every design at its kappa (1 on-policy)
-        p = np.where(on, 1.0, psi(np.where(ep, 1, x), kappa, memory.optimizer, memory.beta1))
+        p = np.where(on, 1.0, _psi_of(x_fifo, kappa, memory.optimizer, memory.beta1))  # psi, x checked whole
         if ep.any():
             p[ep] = psi_epochs(e[ep], mb[ep], np.broadcast_to(kappa, B.shape)[ep], memory.optimizer, memory.beta1)
         if sel.any():  # [E10]: psi between the whole stays
@@ -706,8 +779,59 @@ def predict_many(designs: list[Design], b_noise: float, mu: float, memory: Memor
     steps = 1 + noise(p, m)
     cost = step_cost(R, B, mu, floor, e * mb, late > 0, rounds)
     spent = step_cost(R, B, mu, 0.0, e * mb, late > 0, rounds)  # [W1]: the same step without the floor's waiting
-    return [Prediction(d, float(s), float(c), float(s * c), float(k), float(pp), float(mm), float(s * w))
-            for d, s, c, k, pp, mm, w in zip(designs, steps, cost, kappa, np.where(on, 1.0, p), m, spent)]
+    return _Priced(steps, cost, steps * cost, kappa, np.where(on, 1.0, p), m, steps * spent)
+
+
+@dataclass(frozen=True)
+class _Budget:
+    """``within_budgets`` at one steps cap and work cap, for one prediction or a whole priced grid."""
+
+    cap: float
+    work_cap: float
+
+    def __call__(self, p: Prediction) -> bool:
+        return within_budgets(p, self.cap, self.work_cap)
+
+    def mask(self, priced: _Priced) -> np.ndarray:
+        """(n,) ``within_budgets`` entry by entry (the same comparisons)."""
+        return (priced.steps <= self.cap) & (priced.work <= self.work_cap * (1 + 1e-12))
+
+
+@dataclass(frozen=True)
+class _Scorer:
+    """``predict_many`` at one set of prices (the searches' ``score``), and the cheapest design of a list within a
+    budget, found over the arrays: only the winner becomes a ``Prediction``."""
+
+    b_noise: float
+    mu: float
+    memory: Memory | None
+    staleness: Staleness
+    floor: float
+    zero_share: float
+
+    def __call__(self, designs: list[Design]) -> list[Prediction]:
+        return predict_many(designs, self.b_noise, self.mu, self.memory, self.staleness, self.floor,
+                            zero_share=self.zero_share)
+
+    def cheapest(self, designs: Sequence[Design], within: _Budget, cols: _Columns | None = None,
+                 rival: Prediction | None = None) -> Prediction | None:
+        """``_cheapest(self(designs) + [rival], within)`` (ties: the first; ``rival`` last), ``cols`` the designs'
+        ``_columns`` when already built."""
+        best = None
+        if designs:
+            _check_prices(self.b_noise, self.mu, self.floor, self.zero_share)
+            priced = _price(_columns(designs) if cols is None else cols, self.b_noise, self.mu, self.memory,
+                            self.staleness, self.floor, self.zero_share)
+            idx = np.flatnonzero(within.mask(priced))
+            if idx.size and np.isnan(priced.compute[idx]).any():  # min's comparisons skip nan: its own loop
+                return _cheapest([priced.prediction(d, i) for i, d in enumerate(designs)]
+                                 + ([] if rival is None else [rival]), within)
+            if idx.size:
+                j = int(idx[np.argmin(priced.compute[idx])])  # the first of the least, as min's
+                best = priced.prediction(designs[j], j)
+        if rival is not None and within(rival) and (best is None or rival.compute < best.compute):
+            return rival
+        return best
 
 
 def work_batch_limit(b_noise: float, batch_size: int, max_work_ratio: float) -> float:
@@ -805,9 +929,8 @@ def whole_design(b_noise: float, batch_size: int, mu: float, memory: Memory | No
     max_batch = _checked_max_batch(b_noise, batch_size, group_size, max_steps_ratio, max_horizon, max_batch)
     ref = predict(Design.on_policy_at(batch_size), b_noise, mu, memory, staleness, floor)
     work_cap = max_work_ratio * ref.work
-    within = partial(within_budgets, cap=max_steps_ratio * ref.steps, work_cap=work_cap)
-    score = partial(predict_many, b_noise=b_noise, mu=mu, memory=memory, staleness=staleness, floor=floor,
-                    zero_share=zero_share)
+    within = _Budget(max_steps_ratio * ref.steps, work_cap)
+    score = _Scorer(b_noise, mu, memory, staleness, floor, zero_share)
     top = max_batch // group_size * group_size  # the largest whole-group batch searched
     top_on = work_top(top, b_noise, batch_size, group_size, max_work_ratio)
     best_on = _cheapest_on_policy(group_size, top_on, ref, within, score)
@@ -855,8 +978,8 @@ def _checked_max_batch(b_noise: float, batch_size: int, group_size: int, max_ste
     return max_batch
 
 
-def _cheapest_on_policy(group: int, top: int, ref: Prediction | None, within: Callable[[Prediction], bool],
-                        score: Callable[[list[Design]], list[Prediction]],
+def _cheapest_on_policy(group: int, top: int, ref: Prediction | None, within: _Budget,
+                        score: _Scorer,
                         make: Callable[[int], Design] = Design.on_policy_at) -> Prediction | None:
     """The cheapest on-policy batch (whole groups up to ``top``) within the steps cap; the user's B (``ref``) when
     none is cheaper. Up to ``DENSE_LIMIT`` batches are all scored; beyond, a bracket of 1024 evenly spaced batches
@@ -878,24 +1001,17 @@ def _cheapest_on_policy(group: int, top: int, ref: Prediction | None, within: Ca
     return ref if ref is not None and ref.compute <= best_on.compute else best_on
 
 
-def _cheapest_replay(top: int, group_size: int, max_horizon: int, within: Callable[[Prediction], bool],
-                     score: Callable[[list[Design]], list[Prediction]], *, zero_share: float = 0.0,
+def _cheapest_replay(top: int, group_size: int, max_horizon: int, within: _Budget,
+                     score: _Scorer, *, zero_share: float = 0.0,
                      max_age: float = math.inf) -> Prediction | None:
     """The cheapest replay design within the steps cap, coarse to fine: (B', R) 4 per octave and the horizons, then
     every whole group within one coarse step of the best (B', R) with the horizons around its x. ``zero_share`` > 0:
     the selective designs instead ([E8]; N = R = B too, one generation's informative groups drawn with replacement),
     none whose admitted samples stay past ``max_age`` (ceil(x / (1 - z)) - 1 updates)."""
     selective = zero_share > 0
-
-    def allowed(bb: int, rr: int, x: int) -> bool:
-        if not selective:
-            return not (rr == bb and x == 1)  # on-policy's sizes: the on-policy search's
-        return math.ceil(x / (1 - zero_share) - 1e-9) - 1 <= max_age
-
-    coarse = [Design(bb, rr, rr * x, selective=selective) for bb in _log_groups(group_size, top, group_size, 4)
-              for rr in _log_groups(group_size, bb, group_size, 4)
-              for x in _horizons(max_horizon) if allowed(bb, rr, x)]
-    best_replay = _cheapest(score(coarse), within)
+    allowed = partial(_replay_allowed, zero_share=zero_share, max_age=max_age)
+    coarse, cols = _replay_grid(top, group_size, max_horizon, zero_share, max_age)
+    best_replay = score.cheapest(coarse, within, cols)
     if best_replay is None:
         return None
     d = best_replay.design
@@ -905,7 +1021,31 @@ def _cheapest_replay(top: int, group_size: int, max_horizon: int, within: Callab
     fine = [Design(bb, rr, rr * x, selective=selective) for bb in _log_groups(b_low, b_high, group_size, 16)
             for rr in _log_groups(*_groups_between(r_low, min(r_high, bb), group_size, top), group_size, 16)
             for x in near_x if allowed(bb, rr, x)]
-    return _cheapest(score(fine) + [best_replay], within)
+    return score.cheapest(fine, within, rival=best_replay)
+
+
+def _replay_allowed(bb: int, rr: int, x: int, *, zero_share: float, max_age: float) -> bool:
+    """Whether ``_cheapest_replay`` searches (B' = bb, R = rr, x): not on-policy's sizes (the on-policy search's);
+    a selective design (``zero_share`` > 0) only if its admitted samples stay at most ``max_age`` updates."""
+    if zero_share <= 0:
+        return not (rr == bb and x == 1)
+    return math.ceil(x / (1 - zero_share) - 1e-9) - 1 <= max_age
+
+
+@lru_cache(maxsize=16)
+def _replay_grid(top: int, group_size: int, max_horizon: int, zero_share: float, max_age: float
+                 ) -> tuple[tuple[Design, ...], _Columns]:
+    """``_cheapest_replay``'s coarse grid, (B', R) 4 per octave and the horizons, with its columns: the same at
+    every noise scale the guard and the benchmark price it at, so built once (the arrays read-only)."""
+    selective = zero_share > 0
+    allowed = partial(_replay_allowed, zero_share=zero_share, max_age=max_age)
+    coarse = tuple(Design(bb, rr, rr * x, selective=selective) for bb in _log_groups(group_size, top, group_size, 4)
+                   for rr in _log_groups(group_size, bb, group_size, 4)
+                   for x in _horizons(max_horizon) if allowed(bb, rr, x))
+    cols = _columns(coarse)
+    for column in cols:
+        column.flags.writeable = False
+    return coarse, cols
 
 
 def epoch_designs(rollouts: list[int], group_size: int, max_epochs: int, max_age: float = math.inf) -> list[Design]:
@@ -923,8 +1063,8 @@ def epoch_family(top: int, group_size: int, max_epochs: int, max_age: float = ma
     return epoch_designs(_log_groups(group_size, top, group_size, 4), group_size, max_epochs, max_age)
 
 
-def _cheapest_epochs(top: int, group_size: int, max_epochs: int, within: Callable[[Prediction], bool],
-                     score: Callable[[list[Design]], list[Prediction]], max_age: float = math.inf
+def _cheapest_epochs(top: int, group_size: int, max_epochs: int, within: _Budget,
+                     score: _Scorer, max_age: float = math.inf
                      ) -> Prediction | None:
     """The cheapest epoch design within the steps cap: one generation of R (whole groups up to ``top``, 4 per
     octave, then 16 per octave within one coarse step of the best R), e = 2 .. ``max_epochs`` passes over m = 1, 2,
@@ -933,25 +1073,25 @@ def _cheapest_epochs(top: int, group_size: int, max_epochs: int, within: Callabl
     def designs(rollouts: list[int]) -> list[Design]:
         return epoch_designs(rollouts, group_size, max_epochs, max_age)
 
-    best = _cheapest(score(designs(_log_groups(group_size, top, group_size, 4))), within)
+    best = score.cheapest(designs(_log_groups(group_size, top, group_size, 4)), within)
     if best is None:
         return None
     r = best.design.rollouts_per_step
     fine = _log_groups(*_groups_between(r / 2 ** 0.25, r * 2 ** 0.25, group_size, top), group_size, 16)
-    return _cheapest(score(designs(fine)) + [best], within)
+    return score.cheapest(designs(fine), within, rival=best)
 
 
-def _cheapest_overlapped(group: int, top: int, within: Callable[[Prediction], bool],
-                         score: Callable[[list[Design]], list[Prediction]]) -> Prediction | None:
+def _cheapest_overlapped(group: int, top: int, within: _Budget,
+                         score: _Scorer) -> Prediction | None:
     """The cheapest overlapped batch (k = 1, whole groups up to ``top``) within the steps cap: 16 per octave, then
     every whole group within one coarse step of the best."""
-    best = _cheapest(score([Design.overlapped_at(b) for b in _log_groups(group, top, group, 16)]), within)
+    best = score.cheapest([Design.overlapped_at(b) for b in _log_groups(group, top, group, 16)], within)
     if best is None:
         return None
     b = best.design.batch_size
     low, high = _groups_between(b / 2 ** (1 / 16), b * 2 ** (1 / 16), group, top)
     fine = [Design.overlapped_at(bb) for bb in range(low, high + 1, group)]
-    return _cheapest(score(fine) + [best], within)
+    return score.cheapest(fine, within, rival=best)
 
 
 def _winner(best_replay: Prediction | None, best_on: Prediction, batch_size: int) -> str:
