@@ -281,7 +281,12 @@ def _psi_of(xf: np.ndarray, kappa: ArrayLike, optimizer: str, beta1: float) -> n
     _check_optimizer(optimizer, beta1)
     kappa = np.asarray(kappa, dtype=float)
     require_positive("kappa", kappa)
-    xf, kappa = np.broadcast_arrays(xf, kappa)
+    return _psi_solved(*np.broadcast_arrays(xf, kappa), optimizer, beta1)
+
+
+def _psi_solved(xf: np.ndarray, kappa: np.ndarray, optimizer: str, beta1: float) -> np.ndarray | float:
+    """``_psi_of`` at kappa > 0 of xf's shape and a checked optimizer (a fixed-point solve's steps); the stability
+    checks stay: they depend on kappa."""
     if optimizer == "sgd":
         if not np.all(kappa < 2):
             raise ValueError(f"kappa must be < 2 for SGD (beyond it the step diverges), got {kappa.max()!r}")
@@ -738,7 +743,9 @@ def _price(cols: _Columns, b_noise: float, mu: float, memory: Memory | None, sta
         return np.where(on, b_design / B * m, np.where(ep, b_noise / B * p * m, fifo))  # epochs: B V_eff = psi_E [E1]
 
     def p_of(kappa: np.ndarray) -> np.ndarray:  # psi of every design at its kappa (1 on-policy)
-        p = np.where(on, 1.0, _psi_of(x_fifo, kappa, memory.optimizer, memory.beta1))  # psi, x checked whole
+        p = np.where(on, 1.0, _psi_solved(x_fifo, np.broadcast_to(kappa, B.shape), memory.optimizer, memory.beta1)
+                     if isinstance(kappa, np.ndarray) and np.all(kappa > 0) else
+                     _psi_of(x_fifo, kappa, memory.optimizer, memory.beta1))  # psi at whole x, each kappa > 0
         if ep.any():
             p[ep] = psi_epochs(e[ep], mb[ep], np.broadcast_to(kappa, B.shape)[ep], memory.optimizer, memory.beta1)
         if sel.any():  # [E10]: psi between the whole stays
