@@ -9,6 +9,7 @@ standard errors, the standard error taken from the spread of independent chains 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -777,3 +778,45 @@ def test_log_groups_without_the_array_picks_what_the_array_picks(monkeypatch):
     dense = [fg._log_groups(*c) for c in cases]
     monkeypatch.setattr(fg, "DENSE_LIMIT", 8)
     assert [fg._log_groups(*c) for c in cases] == dense
+
+
+@pytest.mark.parametrize("optimizer, kappa, pilot", [("sgd", 0.3, 256.0), ("adam", 3.0, 64.0), ("momentum", 0.1, None)])
+def test_the_array_search_picks_what_a_loop_over_every_prediction_picks(optimizer, kappa, pilot):
+    """``_Scorer.cheapest`` (the searches' argmin over the priced arrays, only the winner made a Prediction) against
+    min over every ``predict_many`` prediction within the budget, ties to the first, a rival appended last; and the
+    cached coarse replay grid against the list built afresh, at two noise scales each."""
+    memory = fg.Memory(kappa, optimizer, 0.9, pilot)
+    table = fg.Staleness((0, 1, 2, 4, 8, 16), (1.0, 1.02, 1.05, 1.1, 1.3, 1.9), "a table")
+    for b_noise, floor in ((40.0, 0.0), (900.0, 64.0)):
+        score = fg._Scorer(b_noise, 5.28, memory, table, floor, 0.0)
+        grid, cols = fg._replay_grid(256, 8, 32, 0.0, math.inf)
+        fresh = [fg.Design(bb, rr, rr * x) for bb in fg._log_groups(8, 256, 8, 4) for rr in fg._log_groups(8, bb, 8, 4)
+                 for x in fg._horizons(32) if not (rr == bb and x == 1)]
+        assert list(grid) == fresh
+        every = score(fresh)
+        ref = every[len(every) // 2]
+        within = fg._Budget(1.5 * ref.steps, 1.2 * ref.work)
+        allowed = [p for p in every if fg.within_budgets(p, within.cap, within.work_cap)]
+        assert 0 < len(allowed) < len(every)  # the budget binds
+        naive = min(allowed, key=lambda p: p.compute)
+        assert score.cheapest(grid, within, cols) == naive  # bit for bit: Prediction's fields are floats
+        rival = dataclasses.replace(naive, compute=naive.compute)  # a tie: the list's own design wins
+        assert score.cheapest(fresh, within, rival=rival) is not rival
+        cheaper = dataclasses.replace(naive, compute=naive.compute / 2)
+        assert score.cheapest(fresh, within, rival=cheaper) is cheaper
+        assert score.cheapest([], within, rival=cheaper) is cheaper
+
+
+def test_staleness_means_at_fixed_horizons_equal_the_mean_over_each_fifos_ages():
+    """``Staleness.means_of`` (the held ages found once, r evaluated only there) against the mean over s < x of
+    r(s scale), one design at a time."""
+    table = fg.Staleness((0, 1, 4, 16), (1.0, 1.1, 1.3, 2.5), "a table")
+    rng = np.random.default_rng(3)
+    x = rng.integers(1, 70, size=40)
+    scale = rng.uniform(0.2, 3.0, size=40)
+    means = table.means_of(x)
+    for s in (scale, 1.0):
+        got = means(s)
+        want = [np.mean(table.at(np.arange(h) * sc)) for h, sc in zip(x, np.broadcast_to(s, x.shape))]
+        np.testing.assert_allclose(got, want, rtol=1e-14)
+    np.testing.assert_array_equal(fg.Staleness().means_of(x)(scale), np.ones(40))
