@@ -198,3 +198,24 @@ def test_a_cases_looser_rules(name, old, new, passes):
 def test_the_rules_name_real_cases_and_the_derivative_tolerance_is_20x_the_largest_seen():
     assert {rule.case for rule in capture.LOOSER} <= set(capture.CASES)
     assert capture.DERIVATIVE_TOLERANCE == pytest.approx(20 * 4.8e-11, rel=0.05)
+
+
+def test_a_slow_case_is_compared_only_on_the_machine_that_recorded_it(tmp_path, monkeypatch):
+    """``recorded_elsewhere``: None for a fast case (compared everywhere) and for a slow case whose recorded machine is
+    this one or was never written; a slow case recorded on another CPU gets one line naming both machines."""
+    here = {"cpu": {"vendor_id": "GenuineIntel", "cpu family": "6", "model": "207", "model name": "Xeon"},
+            "cpu_capability": "AVX512", "torch": "2.13.0+cpu", "transformers": "5.24.0"}
+    monkeypatch.setattr(capture, "EXPECTED", tmp_path)
+    monkeypatch.setattr(capture, "machine", lambda: here)
+    slow = next(name for name, (_, _, is_slow) in capture.CASES.items() if is_slow)
+    fast = next(name for name, (_, _, is_slow) in capture.CASES.items() if not is_slow)
+    assert capture.recorded_elsewhere(slow) is None  # no machine recorded: compared, as before
+    (tmp_path / f"{slow}.machine.json").write_text(capture.json.dumps(here))
+    assert capture.recorded_elsewhere(slow) is None
+    zen4 = {**here, "cpu": {"vendor_id": "AuthenticAMD", "cpu family": "25", "model": "17", "model name": "EPYC"}}
+    (tmp_path / f"{slow}.machine.json").write_text(capture.json.dumps(zen4))
+    reason = capture.recorded_elsewhere(slow)
+    assert reason.startswith("recorded on ") and "AuthenticAMD" in reason and "GenuineIntel" in reason
+    assert "\n" not in reason
+    (tmp_path / f"{fast}.machine.json").write_text(capture.json.dumps(zen4))
+    assert capture.recorded_elsewhere(fast) is None
