@@ -35,3 +35,32 @@ def test_a_folder_that_is_not_a_run_is_refused_in_one_line(tmp_path, capsys):
     assert stop.value.code == 2
     assert capsys.readouterr().err == (f"{tmp_path} is not a finished experiment theory-test folder (it needs units/ "
                                        "and options.json)\n")
+
+
+def test_resampled_regrets_and_spearman_by_hand():
+    compute = np.array([[10.0, 13, 20], [12, 10, 20], [9, 13, 30], [30, 20, 10]])
+    # picks on resamples 1, 2, 3: designs 1, 0, 2, judged on replicate 0 (best 10): 1.3, 1.0, 2.0
+    np.testing.assert_array_equal(nc.resampled_oracle_regrets(compute), [1.3, 1.0, 2.0])
+    assert nc.resampled_oracle_regrets(np.array([[10.0, 30]])).tolist() == [1.0]  # no seed noise
+    assert nc.resampled_oracle_regrets(np.array([[10.0, INF], [INF, 5]])).tolist() == [INF]  # never reached
+    # Spearman with replicate 0 (order 0 < 1 < 2): the same order 1, the reverse -1, and [9, 13, 30] 1: mean 1/3
+    rows = np.array([[10.0, 13, 20], [1, 2, 3], [3, 2, 1], [9, 13, 30]])
+    assert nc.resampled_spearman(rows) == pytest.approx(1 / 3)
+    assert nc.resampled_spearman(np.array([[10.0, 13, 20]])) == 1.0
+    assert nc.resampled_spearman(np.array([[10.0, 13, 20], [5, 5, 5]])) is None  # constant: undefined
+
+
+def test_worst_and_spearman_ceilings_over_cells(monkeypatch):
+    tables = {("a", 1.0, 0): [[10.0, 13, 40], [12, 10, 40], [20, 10, 40]],  # medians: 1.3
+              ("a", 2.0, 0): [[10.0, 40, 13], [40, 12, 10], [40, 50, 10]],  # 1.3
+              ("b", 1.0, 0): [[10.0, 30, 40], [12, 10, 40], [20, 10, 40]],  # 3.0 (both resamples pick design 1)
+              ("b", 2.0, 0): [[10.0, 20, 30], [10, 20, 30], [30, 20, 10]]}  # median of 1.0 and 3.0: 2.0
+    monkeypatch.setattr(nc, "measured_compute", lambda u, mu, floor: np.array(tables[(u["name"], mu, floor)]))
+    units = [{"name": "a", "instance": 7, "designs": [1], "setting": "s", "optimizer": "sgd"},
+             {"name": "b", "instance": 0, "designs": [1], "setting": "t", "optimizer": "adam"}]
+    assert nc.worst_ceiling(units, (1.0, 2.0), (0,)) == {0: (2, 3.0, 4)}
+    assert nc.worst_ceiling(units, (1.0, 2.0), (0,), skip_instances=(0,)) == {0: (0, 1.3, 2)}
+    rho = nc.spearman_ceiling(units, (1.0, 2.0), (0,))
+    # a: mu 1 ranks [12 10 40] and [20 10 40] against [10 13 40]: 0.5 each; mu 2 [40 12 10], [40 50 10] against
+    # [10 40 13]: -0.5 and 0.5; mean 0.25. b: mu 1 0.5, 0.5; mu 2 1, -1; mean 0.25
+    assert rho == {"s/sgd": pytest.approx(0.25), "t/adam": pytest.approx(0.25)}
