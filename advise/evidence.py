@@ -290,20 +290,7 @@ def families_evidence_line(floor_ratio: float | None = None, record: dict | None
     line = evidence_line("forgetting", "printed", record, floor_ratio)
     line = line.replace("evidence (", f"evidence with the reuse families in the grid ({families} trained and "
                                       "scored beside it; ", 1)
-    return line + (PRE_SAMPLED_DRIFT_NOTE if not _sampled_drift(record) else "")
-
-
-SAMPLED_DRIFT_KEYS = ("drift_m2", "rescore_reserved_steps")
-"""The pilot protocol's keys of the benchmark that samples the drift M2(s) as a user does (64 re-scored rollouts an age)
-and reserves that re-scoring in the pilot's budget (experiments/theory_bench/inputs.py ``measure_drift``,
-``pilot_affordable``). A record without them was read before (the drift exact, the re-scoring not reserved)."""
-PRE_SAMPLED_DRIFT_NOTE = (" This run was read before the benchmark sampled the drift as a user does: its M2(s) exact, "
-                          "its re-scoring not reserved in the pilot's budget (docs/SIMULATION.md).")
-
-
-def _sampled_drift(record: dict) -> bool:
-    """Whether the record's protocol sampled the drift M2(s) from re-scored rollouts (``SAMPLED_DRIFT_KEYS``)."""
-    return (record.get("protocol") or {}).get("pilot", {}).get("drift_m2") == "sampled"
+    return line
 
 
 def _baselines(objectives: dict, key: str) -> str:

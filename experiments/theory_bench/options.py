@@ -157,7 +157,9 @@ first run, as the next, HELD_OUT now: first run by the protocol with the sampled
 863 were named then, before their first run, as the next default reading's, and 881, 887 and 907 for the
 --families epochs,overlap,selective reading after 787, 797 and 809's (famheld11-787, the sampled drift's). 853, 859
 and 863 were then read by the default protocol with the rule and the protocol unchanged (heldout12-853, its second
-reading, at e5b8c5f; docs/SIMULATION.md), and 929, 937 and 941 named here, before their first run, as the next.)"""
+reading, at e5b8c5f; docs/SIMULATION.md), and 929, 937 and 941 named here, before their first run, as the next.
+787, 797 and 809 were then read by the --families epochs,overlap,selective protocol with the sampled drift, the rule
+unchanged (famheld11-787, at adeca76; docs/SIMULATION.md); 881, 887 and 907 stay named for the next such reading.)"""
 SEEDS = 16
 BOOTS = 200
 MUS = (0.5, 1.0, 2.0, 5.28, 20.0)

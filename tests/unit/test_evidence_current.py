@@ -47,13 +47,6 @@ def test_the_stored_families_evidence_is_a_families_run_of_the_same_protocol():
     families = json.loads(evidence.FAMILIES_EVIDENCE_FILE.read_text())
     assert families["protocol"]["families"] == ["epochs", "overlap", "selective"]
     for key in evidence.SHARED_PROTOCOL:
-        if key == "pilot" and families["protocol"]["pilot"].get("drift_m2") != "sampled":
-            # read before the benchmark sampled the drift (the families reading of 787-809 was not finished): the
-            # same pilot protocol but for the sampled drift's keys, and every families evidence line says so
-            previous = {k: v for k, v in STORED["protocol"]["pilot"].items() if k not in evidence.SAMPLED_DRIFT_KEYS}
-            assert families["protocol"]["pilot"] == previous
-            assert evidence.families_evidence_line(None, families).endswith(evidence.PRE_SAMPLED_DRIFT_NOTE)
-            continue
         assert families["protocol"][key] == STORED["protocol"][key], key
     assert re.fullmatch(r"replay-theory experiment theory-test --out [\w.-]+ --instance 0(,\d+)+ --families "
                         r"epochs,overlap,selective", families["command"])
