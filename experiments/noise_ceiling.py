@@ -11,11 +11,11 @@ target. It is an optimistic one, since a resample reuses the scored seeds. Units
 quadratic curves under SGD) have no seed noise and count as within.
 
 Beside it, for the "<= 1.5 in all" and Spearman targets: per floor, the cells in which that oracle's median regret
-over the resamples is above 1.5, and the largest such median (``resampled_oracle_regrets``); per setting/optimizer,
-the mean over its cells of the Spearman correlation between a resample's measured compute and the point estimate's
-(``resampled_spearman``), which says how far the measured order of the designs moves when the seeds are resampled.
-Both are optimistic in the same way (a resample reuses the scored seeds); a setting whose resample Spearman is below
-the benchmark's 0.7 has a measured order that seed noise alone moves more than the target allows.
+over the resamples is above 1.5, and the largest median of any cell (``resampled_oracle_regrets``); per
+setting/optimizer, the mean over its cells of the Spearman correlation between a resample's measured compute and the
+point estimate's (``resampled_spearman``), which says how far the measured order of the designs moves when the seeds
+are resampled. Both are optimistic in the same way (a resample reuses the scored seeds); a setting whose resample
+Spearman is below the benchmark's 0.7 has a measured order that seed noise alone moves more than the target allows.
 
 Symbols: compute (replicates, designs) = steps x (mu max(R, floor) / (e m) + B), the cost model of
 ``experiments/theory_bench/objectives.measured_compute``; replicate 0 is the point estimate.
@@ -70,7 +70,8 @@ def _cells(units: list[dict], skip_instances) -> list[dict]:
 
 
 def worst_ceiling(units: list[dict], mus, floors, skip_instances=()) -> dict[int, tuple[int, float, int]]:
-    """floor -> (cells whose resample oracle's median regret is above 1.5, the largest such median, cells)."""
+    """floor -> (cells whose resample oracle's median regret over the resamples is above 1.5, the largest of those
+    medians over every cell, cells)."""
     out = {}
     for floor in floors:
         medians = np.array([float(np.median(resampled_oracle_regrets(measured_compute(u, mu, floor))))
