@@ -423,6 +423,15 @@ def test_calibrate_lm_holds_one_checkpoints_units_and_one_gradient_block(tiny, m
     config = RLConfig(steps=3, rollouts_per_step=8, group_size=4, batch_size=8, capacity=8, max_new_tokens=6,
                       lr=1e-2)
     num_params = sum(p.numel() for p in policy.model.parameters())
+    # modules calibrate_lm imports on first use (scipy.stats for theory/resampling's bootstrap, about 10 P-rows of
+    # module objects here; the profile fit's scipy; the forgetting reader), imported before the trace: whether an
+    # earlier test imported them must not decide this one (run alone, it counted scipy.stats and failed at 44 rows)
+    import scipy.integrate  # noqa: F401
+    import scipy.optimize  # noqa: F401
+    import scipy.stats  # noqa: F401
+
+    import replay_theory.theory.forgetting  # noqa: F401
+
     tracemalloc.start()
     try:
         cal = calibrate_lm(policy, train_set, config, staleness=(0, 1), samples=16, reference_samples=32,
