@@ -109,7 +109,8 @@ the audits looked at). 3 and 4, the first held-out pair, were scored at commit c
 and 59, the second, were first run at commit a46489a by the first pilot-only protocol (docs/SIMULATION.md keeps that
 result) and read before the protocol changed (the pilot's length counting its curvature steps, the least-compute
 printed row): all are development instances now. 17 and 23 were run at full size by the review of issue 38, 0-30 with
---quick by the robustness check (bench/), 112, 127 and 131 by the tests and the stop checks; 89-109 as HELD_OUT
+--quick by the robustness check (bench/), 112, 127 and 131 by the tests and the stop checks, 1019-1021 and 1031 by a
+stop's --quick check (with --families on 1031); 89-109 as HELD_OUT
 says; 73, 79 and 83 (named at commit 70bca03) by the first --families epochs run (docs/SIMULATION.md); 61, 67 and 71
 (held out until the guarded rule) by the protocol of commit a46489a and again by the guarded rule's development, whose
 B_FACTORS and first MARGIN were chosen on them and on 47, 53 and 59; 137, 139, 149, 167, 173 and 179 held out the
