@@ -62,7 +62,7 @@ def derive(
     if name is None:
         width = max(map(len, symbolic.DERIVATIONS))
         for key in symbolic.DERIVATIONS:
-            typer.echo(f"{key:<{width}}  {symbolic.derive(key).title}")
+            typer.echo(f"{key:<{width}}  {symbolic.TITLES[key]}")  # no derivation built to list them
         return
     typer.echo(symbolic.render(symbolic.derive(name), latex=latex))
 

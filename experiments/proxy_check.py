@@ -41,8 +41,10 @@ def write_simulator_log(path: Path, env_name: str = "bandit", seeds: int = 16, s
     from ..simulate.engine import run
 
     config = SimConfig(seeds=seeds, steps=steps, loss=loss, env=env_name)
+    # only sigma^2(s) is read: kappa not measured, B_noise at two checkpoints (each on its own stream, so sigma^2's
+    # draws are those of a full calibration)
     exact = calibrate(config, staleness=staleness, max_gap=max_gap, samples=samples, checkpoints=checkpoints,
-                      draws=200)
+                      draws=200, kappa_pairs=0, noise_checkpoints=2)
     probe = probe_config(config.validated(), max_gap)
     first = max(max(staleness), max_gap) + 1
     checkpoint_steps = set(np.linspace(first, probe.steps - 1, checkpoints).astype(int).tolist())

@@ -62,7 +62,7 @@ from typing import cast
 import sympy
 from sympy import Eq, Rational, sqrt
 
-__all__ = ["Step", "Derivation", "DERIVATIONS", "derive", "render"]
+__all__ = ["Step", "Derivation", "DERIVATIONS", "TITLES", "derive", "render"]
 
 Substitution = Mapping[sympy.Basic | complex, sympy.Basic | complex]
 """What ``subs`` takes: sympy's own key and value types (a dict's keys are invariant, so a dict of symbols is not one
@@ -172,6 +172,9 @@ _Body = tuple[tuple[Step, ...], sympy.Basic, dict[str, sympy.Symbol], dict[str, 
 DERIVATIONS: dict[str, Callable[[], Derivation]] = {}
 """The derivations by name (``derive NAME``), in the order the builders below are defined."""
 
+TITLES: dict[str, str] = {}
+"""Each derivation's title by name, known without building it (``derive`` with no name lists them)."""
+
 
 def _derivation(name: str, title: str, source: str) -> Callable[[Callable[[], _Body]], Callable[[], Derivation]]:
     """Register a builder as the derivation ``name``: the decorated builder returns its (cached) Derivation."""
@@ -182,7 +185,7 @@ def _derivation(name: str, title: str, source: str) -> Callable[[Callable[[], _B
         def derivation() -> Derivation:
             return Derivation(name, title, source, *build())
 
-        DERIVATIONS[name] = derivation
+        DERIVATIONS[name], TITLES[name] = derivation, title
         return derivation
 
     return register

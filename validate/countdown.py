@@ -56,6 +56,7 @@ __all__ = [
     "make_splits",
     "parse_answer",
     "problem_key",
+    "reachable_values",
     "solvable_family",
     "solve",
     "train_test_split",
@@ -236,10 +237,35 @@ def solvable_family(num_numbers: Sequence[int] = (3, 4), number_range: tuple[int
     ``THREE_NUMBER_FAMILY`` = 1721."""
     lo, hi = (int(x) for x in number_range)
     t_lo, t_hi = (int(x) for x in target_range)
+    reached: dict[tuple[Fraction, ...], frozenset[Fraction]] = {}  # shared by every multiset's sub-multisets
     return [Problem(numbers, target)
             for k in sorted({int(c) for c in num_numbers})
             for numbers in itertools.combinations_with_replacement(range(lo, hi + 1), k)
-            for target in range(t_lo, t_hi + 1) if solve(Problem(numbers, target)) is not None]
+            for values in [reachable_values(numbers, reached)]
+            for target in range(t_lo, t_hi + 1) if Fraction(target) in values]
+
+
+def reachable_values(numbers: Sequence[int], memo: dict | None = None) -> frozenset[Fraction]:
+    """Every exact value of an expression using each of ``numbers`` once with + - * /: the values ``solve``'s
+    search reaches, so ``solve(Problem(numbers, t))`` is None exactly when ``Fraction(t)`` is not among them. One
+    enumeration per multiset instead of one search per target (``solvable_family``); ``memo`` (sorted multiset ->
+    values) may be shared across calls."""
+    memo = {} if memo is None else memo
+
+    def values(items: tuple[Fraction, ...]) -> frozenset[Fraction]:
+        if len(items) == 1:
+            return frozenset(items)
+        if items not in memo:
+            out: set[Fraction] = set()
+            for i, j in itertools.combinations(range(len(items)), 2):  # solve's pairs, then its six operations
+                rest = tuple(it for k, it in enumerate(items) if k != i and k != j)
+                a, b = items[i], items[j]
+                for new in (a + b, a * b, a - b, b - a, *((a / b,) if b != 0 else ()), *((b / a,) if a != 0 else ())):
+                    out |= values(tuple(sorted(rest + (new,))))
+            memo[items] = frozenset(out)
+        return memo[items]
+
+    return values(tuple(sorted(Fraction(n) for n in numbers)))
 
 
 # --- reference solver -----------------------------------------------------------

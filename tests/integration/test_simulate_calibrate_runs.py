@@ -35,8 +35,9 @@ def test_fitted_rho_with_a_sampled_reference_agrees_with_the_exact_gradient():
     lies within its own 90% bootstrap interval of the rho measured against the exact gradient (same run)."""
     config = SimConfig(seeds=8, steps=100)
     staleness = (0, 8, 32, 64)
-    exact = calibrate(config, staleness=staleness, reference="exact")
-    sampled = calibrate(config, staleness=staleness, reference="sampled", reference_samples=16384)
+    rho_only = {"kappa_pairs": 0, "noise_checkpoints": 2}  # B_noise and kappa draw on their own streams: rho unchanged
+    exact = calibrate(config, staleness=staleness, reference="exact", **rho_only)
+    sampled = calibrate(config, staleness=staleness, reference="sampled", reference_samples=16384, **rho_only)
     direct, fitted = exact.rho_fit_uncentred, sampled.rho_fit
     assert sampled.rho_noise == "uncentred" and exact.rho_noise == "centred"
     assert fitted.ci[0] <= direct.value <= fitted.ci[1]
@@ -160,8 +161,10 @@ def test_token_mdp_centred_rho_with_interval_and_the_sampled_reference_agrees():
     interval of the exact uncentred value measured on the same run."""
     config = SimConfig(env="token-mdp", seeds=8, steps=100)
     staleness = (0, 8, 32, 64)
-    exact = calibrate(config, staleness=staleness, max_gap=16, reference="auto")
-    sampled = calibrate(config, staleness=staleness, max_gap=16, reference="sampled", reference_samples=16384)
+    rho_only = {"kappa_pairs": 0, "noise_checkpoints": 2}  # B_noise and kappa draw on their own streams: rho unchanged
+    exact = calibrate(config, staleness=staleness, max_gap=16, reference="auto", **rho_only)
+    sampled = calibrate(config, staleness=staleness, max_gap=16, reference="sampled", reference_samples=16384,
+                        **rho_only)
     assert exact.reference == "exact" and exact.rho_noise == "centred" and sampled.rho_noise == "uncentred"
     fit = exact.rho_fit
     assert fit.units == 8 and fit.ci[0] < fit.value < fit.ci[1] and fit.ci[1] - fit.ci[0] < 0.2
@@ -184,7 +187,7 @@ def test_token_mdp_centred_rho_with_interval_and_the_sampled_reference_agrees():
 def test_noise_scale_per_sample_agrees_with_the_exact_grad_on_the_default_bandit():
     """Default bandit (GRPO): the per-sample B_noise's 90% interval holds the value with the exact |E G|^2 (same
     units, same checkpoints), and both intervals hold their own points."""
-    cal = calibrate(SimConfig(), staleness=(0, 8), max_gap=8, checkpoints=1, samples=64)
+    cal = calibrate(SimConfig(), staleness=(0, 8), max_gap=8, checkpoints=1, samples=64, kappa_pairs=0)  # B_noise only
     noise = cal.noise_scale
     est, exact = noise.estimate, noise.exact_grad
     assert noise.unit_size == 8 and noise.batch == 64 and noise.plateau is not None

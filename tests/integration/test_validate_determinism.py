@@ -17,8 +17,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 TIMINGS = {"mu_timing", "mu_count", "count_window"}
-ARGS = ["--sft-steps", "20", "--probe-steps", "10", "--samples", "16", "--n-train", "100", "--n-test", "16",
-        "--mu-window-seconds", "0", "--no-progress"]
+# R = 32 (four groups of 8): every measurement of a calibration at a third of the default R's cost
+ARGS = ["--sft-steps", "10", "--probe-steps", "10", "--samples", "16", "--n-train", "100", "--n-test", "16",
+        "--rollouts-per-step", "32", "--mu-window-seconds", "0", "--no-progress"]
 
 
 def _calibrate(out, threads: int) -> dict:
@@ -47,3 +48,4 @@ def test_calibration_is_identical_across_processes_and_thread_counts(tmp_path):
     assert json.dumps(one["profile"], sort_keys=True) == json.dumps(two["profile"], sort_keys=True)
     # and the numbers are real measurements, not empty tables
     assert len(one["calibration"]["sigma_sq"]) == 5 and len(one["calibration"]["probe_metrics"]) == 10
+    assert one["profile"]["memory"]["kappa"] > 0  # kappa's curvature pairs measured too, bit for bit

@@ -13,6 +13,7 @@ tests/integration/test_countdown_property.py.
 
 from __future__ import annotations
 
+import itertools
 import time
 from fractions import Fraction
 
@@ -338,6 +339,21 @@ def test_the_family_holds_every_draw_and_a_stall_is_completed_from_it():
     assert any(list(p.numbers) != sorted(p.numbers) for p in train)
     with pytest.raises(ValueError, match=r"^n_train \+ n_test = 1722 is more than the 1721 distinct solvable "):
         cd.make_splits(1658, 64, seed=0, **THREE)
+
+
+def test_reachable_values_answer_as_the_solver_does_target_by_target():
+    """The family's enumeration (one value set per multiset) against solve's search, one target at a time: three
+    numbers 1-6 and some four-number multisets, targets 0-60, fractions and zero included."""
+    memo: dict = {}
+    cases = [*itertools.combinations_with_replacement(range(1, 7), 3), (1, 2, 3, 4), (2, 2, 7, 9), (1, 1, 1, 1),
+             (3, 3, 8, 8), (0, 5), (6,)]
+    for numbers in cases:
+        values = cd.reachable_values(numbers, memo)
+        for target in range(61):
+            assert (Fraction(target) in values) == (cd.solve(cd.Problem(numbers, target)) is not None), (numbers,
+                                                                                                        target)
+    assert {Fraction(24), Fraction(64)} <= cd.reachable_values((3, 3, 8, 8))  # 8 / (3 - 8 / 3), 8 * 8 * 3 / 3
+    assert cd.reachable_values((1, 2)) == {Fraction(v) for v in (3, 2, 1, -1)} | {Fraction(1, 2)}
 
 
 def test_train_test_split_drops_duplicates_by_key():

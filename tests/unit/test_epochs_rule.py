@@ -84,9 +84,15 @@ def test_optimal_answers_with_epochs_only_when_asked(cli, optimal_profile):
     assert e != w.epochs.design
     family = set(fg.epoch_family(1024, 8, 4, 63))
     assert len(family & set(g.candidates)) > 100  # the family's designs within the steps cap are candidates
-    # the worst regret by a loop over (b factor, candidate), one design at a time, against the vectorised guard's
+    # the worst regret by a loop over (b factor, candidate) against the vectorised guard's; the prices of every 8th
+    # candidate, the default and the pick by predict, one design at a time, against the vectorised predict_many
     from replay_theory.theory.guarded import B_FACTORS
-    priced = [[fg.predict(c, 2000 * f, 20, memory, staleness()).compute for c in g.candidates] for f in B_FACTORS]
+    priced = [[p.compute for p in fg.predict_many(list(g.candidates), 2000 * f, 20, memory, staleness())]
+              for f in B_FACTORS]
+    for i in sorted({0, g.candidates.index(e), *range(0, len(g.candidates), 8)}):
+        for row, f in zip(priced, B_FACTORS):
+            assert fg.predict(g.candidates[i], 2000 * f, 20, memory, staleness()).compute == pytest.approx(row[i],
+                                                                                                        rel=1e-12)
     worst = [max(row[i] / min(row) for row in priced) for i in range(len(g.candidates))]
     assert worst == pytest.approx(list(g.worst), rel=1e-9)
     assert g.worst_choice == pytest.approx(min(worst), rel=1e-9)

@@ -16,7 +16,7 @@ import sympy
 
 from replay_theory.theory import design
 from replay_theory.theory.profiles import PowerLawProfile, sigma_bar_sq
-from replay_theory.theory.symbolic import DERIVATIONS, Derivation, Step, derive, render
+from replay_theory.theory.symbolic import DERIVATIONS, TITLES, Derivation, Step, derive, render
 
 RTOL = 1e-10
 
@@ -44,6 +44,7 @@ def test_every_derivation_builds_and_renders(name):
     d = derive(name)
     assert isinstance(d, Derivation) and d.name == name
     assert d.title and d.source and len(d.steps) >= 3
+    assert TITLES[name] == d.title  # what `derive` with no name lists
     assert isinstance(d.result, sympy.Basic)
     for step in d.steps:
         assert isinstance(step, Step) and isinstance(step.expr, sympy.Basic)
