@@ -107,10 +107,10 @@ SMOKE_VALIDATE_ARGS = ("--seeds", "2", "--budget-updates", "8", "--sft-steps", "
 GPU_VERDICT_ARGS = ("--preset", "gpu-fixed-b", "--no-progress")
 GPU_VERDICT_LARGE = ("--rollouts-per-step", "16384", "--budget-updates", "3")
 # smoke: the preset's fixed-b family on the CPU (a preset fills only options at their defaults, and cpu is one) at
-# B = 64 (8 groups of 8), 2 seeds batched, one on-policy update of budget
-SMOKE_VERDICT_ARGS = ("--family", "fixed-b", "--batched", "true", "--rollouts-per-step", "64", "--seeds", "2",
-                      "--budget-updates", "1", "--sft-steps", "5", "--samples", "16", "--probe-steps", "9",
-                      "--n-train", "64", "--n-test", "4", "--mu-window", "0", "--no-progress")
+# B = 32 (8 groups of 4: replay y = 8 still generates a whole group), 2 seeds batched, one on-policy update of budget
+SMOKE_VERDICT_ARGS = ("--family", "fixed-b", "--batched", "true", "--rollouts-per-step", "32", "--group-size", "4",
+                      "--seeds", "2", "--budget-updates", "1", "--sft-steps", "5", "--samples", "16",
+                      "--probe-steps", "9", "--n-train", "64", "--n-test", "4", "--mu-window", "0", "--no-progress")
 
 
 def make_plan(config: CheckConfig) -> Plan:

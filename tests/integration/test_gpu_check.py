@@ -209,7 +209,7 @@ def test_verdict_section_places_every_rule(smoke):
     record = data["sections"]["verdict"]
     assert record["status"] == "ok" and record["kappa_given"] == 0.1
     (case,) = record["cases"]  # the smoke plan has no larger batch
-    assert case["status"] == "ok" and case["exit_code"] == 0 and case["batch_size"] == 64 and case["seeds"] == 2
+    assert case["status"] == "ok" and case["exit_code"] == 0 and case["batch_size"] == 32 and case["seeds"] == 2
     assert case["batched"] is True and (case["b_noise"] is None or case["b_noise"] > 0)
     rules = {r["rule"]: r for r in case["rules"]}
     assert "paper" in rules and set(rules) <= {"noise-scale", "forgetting", "paper"}
