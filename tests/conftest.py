@@ -141,7 +141,7 @@ def on_cpu(monkeypatch):
 
 def _log_skip(report) -> None:
     """With $REPLAY_THEORY_SKIPPED_LOG set (CI's part 1, .ci/run), append the node id of a test or module that skipped
-    (an extra not installed, most of them) to that file: part 2 reruns those tests with every extra installed instead
+    (an extra not installed, most of them) to that file: part 2 reruns those files with every extra installed instead
     of the whole suite a second time."""
     log = os.environ.get("REPLAY_THEORY_SKIPPED_LOG")
     if log and report.skipped:

@@ -17,7 +17,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 TIMINGS = {"mu_timing", "mu_count", "count_window"}
-# R = 32 (four groups of 8): every measurement of a calibration at a third of the default R's cost
+# R = 32 (four groups of 8): every measurement a calibration makes (kappa's B/2 micro-batches two whole groups), on
+# half the default R's rollouts
 ARGS = ["--sft-steps", "10", "--probe-steps", "10", "--samples", "16", "--n-train", "100", "--n-test", "16",
         "--rollouts-per-step", "32", "--mu-window-seconds", "0", "--no-progress"]
 

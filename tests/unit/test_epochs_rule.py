@@ -91,8 +91,10 @@ def test_optimal_answers_with_epochs_only_when_asked(cli, optimal_profile):
               for f in B_FACTORS]
     for i in sorted({0, g.candidates.index(e), *range(0, len(g.candidates), 8)}):
         for row, f in zip(priced, B_FACTORS):
+            # rel 1e-9, as the worst regrets below: numpy's reductions over arrays of another length may round
+            # differently on another CPU family
             assert fg.predict(g.candidates[i], 2000 * f, 20, memory, staleness()).compute == pytest.approx(row[i],
-                                                                                                        rel=1e-12)
+                                                                                                        rel=1e-9)
     worst = [max(row[i] / min(row) for row in priced) for i in range(len(g.candidates))]
     assert worst == pytest.approx(list(g.worst), rel=1e-9)
     assert g.worst_choice == pytest.approx(min(worst), rel=1e-9)
