@@ -57,7 +57,8 @@ def evidence_record(summary: dict, command: str) -> dict:
                                                       "quick", *SHARED_PROTOCOL)}
             | ({"families": protocol["families"]} if protocol.get("families") else {}),  # not the default protocol
             "settings": sorted(protocol.get("settings", {})),
-            "targets": summary.get("targets"), "targets_held_out": summary.get("targets_held_out")}
+            "targets": summary.get("targets"), "targets_held_out": summary.get("targets_held_out")} \
+        | ({"pooled_from": summary["pooled_from"]} if summary.get("pooled_from") else {})  # experiments/theory_pool
 
 
 SHARED_PROTOCOL = ("pilot", "objectives", "target_fraction", "cap_factor", "lr_ratio", "exact_lr_ratio", "window",

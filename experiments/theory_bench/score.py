@@ -423,7 +423,14 @@ def _replay_branch(scored: list[dict], name: str) -> dict:
     return {"replay_cheapest_by_20%": len(wins),
             "hits": sum(1 for c in wins if c["by_objective"][name].get("free_is_replay")),
             "false_alarms": len(alarms), "false_alarm_share": len(alarms) / len(scored) if scored else None,
-            "false_alarm_worst": max((c["by_objective"][name]["free_regret"] for c in alarms), default=None)}
+            "false_alarm_worst": max((_regret_or_inf(c["by_objective"][name]) for c in alarms), default=None)}
+
+
+def _regret_or_inf(entry: dict) -> float:
+    """A pick's free-batch regret, inf where a saved record (strict JSON) keeps a pick that never reached as None:
+    targets read the same from a run in memory and from its summary.json (experiments/theory_pool)."""
+    regret = entry.get("free_regret")
+    return math.inf if regret is None else regret
 
 
 def _grid_edge_counts(cells: list[dict]) -> dict:
