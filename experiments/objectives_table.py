@@ -1,7 +1,8 @@
 """Every objective's share within 1.2x and worst regret by latency floor, from finished benchmark runs (issue 38): the
 tables of docs/SIMULATION.md's "Does a design rule predict?", with the printed answer's and the trivial floor rule's
 geometric-mean regret per floor under each, and per floor how often the printed design is the floor rule's, how many
-cells ran no pilot, the printed answer's worst cell and how often each design family is the grid's best; with
+cells ran no pilot, the printed answer's worst cell and how often each design family is the grid's best, the same
+scores over the cells whose best took 10 steps or more (``tables.RESOLVED_STEPS``); with
 ``--families selective``, per floor where selective replay or dynamic sampling is the grid's cheapest and by how much.
 
     python -m replay_theory.experiments.objectives_table RUN_DIR [RUN_DIR ...] [--every-instance] [--against BASE_RUN]
@@ -23,6 +24,7 @@ from .theory_bench.tables import (
     geometric_mean_regret,
     load_summary,
     printed_against_floor_rule,
+    resolution_lines,
     route_lines,
     selective_floor_lines,
 )
@@ -116,6 +118,9 @@ def main(argv: list[str] | None = None) -> None:
         routes = route_lines(summary, held_out)
         if routes:  # the pilot's route and the no-pilot one (on-policy from the log's b alone) scored apart
             print("by the user's route:\n" + "\n".join(routes) + "\n")
+        resolved = resolution_lines(summary, held_out)
+        if resolved:  # the same scores where the grid's best took enough steps to resolve 1.2x (RESOLVED_STEPS)
+            print("where one step resolves 1.2x:\n" + "\n".join(resolved) + "\n")
         family = selective_floor_lines(summary, held_out)
         if family:  # --families selective: where selective replay or dynamic sampling is the grid's cheapest
             print("the selective family (--families selective):\n" + "\n".join(family) + "\n")

@@ -515,6 +515,47 @@ def route_lines(summary: dict, held_out: bool = True) -> list[str]:
     return lines
 
 
+RESOLVED_STEPS = 10
+"""A cell resolves 1.2x when the grid's best design took at least this many steps to the target: below it one step
+more or less is more than a tenth of that design's compute, so a regret near 1.2 (or 2, for a best reached in a step
+or two) says as much about where the target fell between two steps as about the rule."""
+
+
+def best_steps(summary: dict) -> dict[tuple, float]:
+    """Per (setting, optimizer, instance, design label), the measured steps to the target of the unit's designs (grid
+    and printed, as the summary keeps them: a grid design's steps, a printed one's first entry)."""
+    out = {}
+    for u in summary.get("units", ()):  # a summary without units (none kept): no steps, no line
+        for d in [*u.get("designs", ()), *u.get("printed", ())]:
+            steps = d["steps"][0] if isinstance(d["steps"], list) else d["steps"]
+            out[(u["setting"], u["optimizer"], u["instance"], d["label"])] = steps
+    return out
+
+
+def resolution_lines(summary: dict, held_out: bool = True, min_steps: int = RESOLVED_STEPS) -> list[str]:
+    """Per floor, the cells whose grid best took fewer than ``min_steps`` steps (``RESOLVED_STEPS``), and the printed
+    answer's and the trivial floor rule's share within 1.2x and worst over the others: the same scores, split by
+    what the measurement can resolve (the targets stay over every cell)."""
+    steps = best_steps(summary)
+    lines = []
+    for floor in summary["protocol"]["floors"] if steps else ():
+        cells = [c for c in summary["cells"] if c["floor"] == floor and not c.get("not_scored")
+                 and "printed" in c["by_objective"]
+                 and not (held_out and c["instance"] in summary["protocol"]["dev_instances"])]
+        fine = [c for c in cells if (steps.get((c["setting"], c["optimizer"], c["instance"], c["best_free"]))
+                                     or 0) >= min_steps]
+        if not fine:
+            continue
+        parts = []
+        for name, label in (("printed", "the printed answer"), ("on_policy_floor", "the trivial floor rule")):
+            picks = [r for r in (_free_regret(c, name) for c in fine) if r is not None]  # no pick: a miss
+            parts.append(f"{label} {100 * sum(r <= 1.2 for r in picks) / len(fine):.0f}% within 1.2x, worst "
+                         f"{max(picks, default=math.nan):.2f}")
+        lines.append(f"floor {floor}: {len(cells) - len(fine)} of {len(cells)} cells' best took under {min_steps} "
+                     f"steps; over the other {len(fine)}: " + "; ".join(parts))
+    return lines
+
+
 def _worst_num(shares: dict) -> str:
     """A route's worst regret as the lines print it: inf where a pick never reached the target, n/a with no pick."""
     return "n/a" if shares["worst"] is None else f"{shares['worst']:.2f}"

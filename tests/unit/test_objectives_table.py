@@ -231,3 +231,31 @@ def test_the_selective_family_lines_by_hand():
     assert selective_floor_lines(summary, held_out=False)[0].startswith(
         "- floor 0: a selective design is the whole grid's cheapest in 3 of 4 cells, dynamic sampling in 2 of them")
     assert selective_floor_lines({**summary, "cells": summary["cells"][4:]}) == []  # no cell with the family
+
+
+def test_the_cells_one_step_resolves_scored_apart_by_hand():
+    from replay_theory.experiments.theory_bench.tables import RESOLVED_STEPS, resolution_lines
+
+    def cell(instance, floor, best, printed, trivial):
+        return {"setting": "s", "optimizer": "sgd", "instance": instance, "floor": floor, "best_free": best,
+                "by_objective": {"printed": {"free_regret": printed}, "on_policy_floor": {"free_regret": trivial}}}
+
+    def unit(instance, steps):  # grid designs keep one number of steps, a printed answer a list
+        return {"setting": "s", "optimizer": "sgd", "instance": instance,
+                "designs": [{"label": "on-policy B=8", "steps": steps[0]}, {"label": "x=4 y=2", "steps": steps[1]}],
+                "printed": [{"label": "printed: B=24 R=8 N=32", "steps": [steps[2]]}]}
+
+    summary = {"protocol": {"floors": [0, 64], "dev_instances": [0]},
+               "units": [unit(0, (3, 3, 3)), unit(1, (RESOLVED_STEPS - 1, 40, 12)), unit(2, (RESOLVED_STEPS, 5, 5))],
+               "cells": [cell(0, 0, "on-policy B=8", 9.0, 9.0),  # the development instance: left out
+                         cell(1, 0, "on-policy B=8", 3.0, 3.0),  # best under 10 steps: apart
+                         cell(1, 0, "x=4 y=2", 1.1, 1.3), cell(2, 0, "on-policy B=8", 1.5, 1.0),
+                         cell(1, 64, "printed: B=24 R=8 N=32", None, 1.0),  # a printed best of 12 steps; no pick
+                         cell(2, 64, "x=4 y=2", 1.0, 1.0)]}  # best in 5 steps
+    summary["cells"][4]["by_objective"]["printed"]["no_pick"] = "no b"
+    assert resolution_lines(summary) == [
+        "floor 0: 1 of 3 cells' best took under 10 steps; over the other 2: the printed answer 50% within 1.2x, worst "
+        "1.50; the trivial floor rule 50% within 1.2x, worst 1.30",
+        "floor 64: 1 of 2 cells' best took under 10 steps; over the other 1: the printed answer 0% within 1.2x, worst "
+        "nan; the trivial floor rule 100% within 1.2x, worst 1.00"]
+    assert resolution_lines({**summary, "units": []}) == []  # no steps kept: nothing resolved, no line
