@@ -1,14 +1,14 @@
 """How much of a benchmark cell's regret is seed noise: the grid's best picked on a seed resample (issue 38).
 
-    python -m replay_theory.experiments.noise_ceiling RUN_DIR [--held-out-only]
+    python -m replay_theory.experiments.noise_ceiling RUN_DIR [RUN_DIR ...] [--held-out-only]
 
-Reads a finished ``experiment theory-test`` run (``RUN_DIR/units/*.json``) and prints, per latency floor, the share of
-cells in which an oracle that picks the cheapest grid design on a seed resample is within 1.2x of the point
-estimate's cheapest: for each cell the mean over the unit's bootstrap replicates (paired across designs, the same
-resamples the regret intervals use) of [compute[0, argmin compute[k]] / min compute[0] <= 1.2]. A rule fed only a
-pilot can beat this share only by luck: it is a ceiling that seed noise puts on the benchmark's "within 1.2x"
-target. It is an optimistic one, since a resample reuses the scored seeds. Units with one replicate (the exact
-quadratic curves under SGD) have no seed noise and count as within.
+Reads finished ``experiment theory-test`` runs (``RUN_DIR/units/*.json``; several readings pooled) and prints, per
+latency floor, the share of cells in which an oracle that picks the cheapest grid design on a seed resample is within
+1.2x of the point estimate's cheapest: for each cell the mean over the unit's bootstrap replicates (paired across
+designs, the same resamples the regret intervals use) of [compute[0, argmin compute[k]] / min compute[0] <= 1.2]. A rule
+fed only a pilot can beat this share only by luck: it is a ceiling that seed noise puts on the benchmark's "within 1.2x"
+target. It is an optimistic one, since a resample reuses the scored seeds. Units with one replicate (the exact quadratic
+curves under SGD) have no seed noise and count as within.
 
 Beside it, for the "<= 1.5 in all" and Spearman targets: per floor, the cells in which that oracle's median regret
 over the resamples is above 1.5, and the largest median of any cell (``resampled_oracle_regrets``); per
@@ -106,15 +106,25 @@ def ceiling(units: list[dict], mus, floors, skip_instances=()) -> dict[int, tupl
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("run", type=Path, help="A finished experiment theory-test folder (its units/*.json).")
+    parser.add_argument("runs", type=Path, nargs="+", metavar="run",
+                        help="Finished experiment theory-test folders (their units/*.json): several readings of one "
+                             "protocol pool, each unit once (the development instance's every reading trains).")
     parser.add_argument("--held-out-only", action="store_true", help="Leave out the development instances.")
     args = parser.parse_args(argv)
-    units_dir, options = args.run / "units", args.run / "options.json"
-    if not units_dir.is_dir() or not options.is_file():
-        parser.exit(2, f"{args.run} is not a finished experiment theory-test folder (it needs units/ and "
-                       f"options.json)\n")
-    protocol = json.loads(options.read_text())
-    units = [json.loads(p.read_text()) for p in sorted(units_dir.glob("*.json"))]
+    protocols, units_by_key = [], {}
+    for run in args.runs:
+        units_dir, options = run / "units", run / "options.json"
+        if not units_dir.is_dir() or not options.is_file():
+            parser.exit(2, f"{run} is not a finished experiment theory-test folder (it needs units/ and "
+                           f"options.json)\n")
+        protocols.append(json.loads(options.read_text()))
+        for path in sorted(units_dir.glob("*.json")):
+            unit = json.loads(path.read_text())
+            units_by_key.setdefault((unit["setting"], unit["optimizer"], unit["instance"]), unit)
+    if any((p["mus"], p["floors"]) != (protocols[0]["mus"], protocols[0]["floors"]) for p in protocols):
+        parser.exit(2, f"{', '.join(map(str, args.runs))}: the runs price other mus or floors; pool readings of one "
+                       f"protocol\n")
+    protocol, units = protocols[0], list(units_by_key.values())
     skip = protocol.get("dev_instances", DEV_INSTANCES) if args.held_out_only else ()
     mus, floors = protocol["mus"], protocol["floors"]
     worst = worst_ceiling(units, mus, floors, skip)

@@ -1,5 +1,6 @@
 """experiments/noise_ceiling.py: the resampled oracle's share within 1.2x, against hand values."""
 
+import json
 import math
 
 import numpy as np
@@ -64,3 +65,25 @@ def test_worst_and_spearman_ceilings_over_cells(monkeypatch):
     # a: mu 1 ranks [12 10 40] and [20 10 40] against [10 13 40]: 0.5 each; mu 2 [40 12 10], [40 50 10] against
     # [10 40 13]: -0.5 and 0.5; mean 0.25. b: mu 1 0.5, 0.5; mu 2 1, -1; mean 0.25
     assert rho == {"s/sgd": pytest.approx(0.25), "t/adam": pytest.approx(0.25)}
+
+
+def test_several_readings_pool_each_unit_once(tmp_path, monkeypatch, capsys):
+    # two runs that share the development unit (instance 0): it counts once, each reading's own unit once
+    tables = {7: [[10.0, 13], [12, 10]], 9: [[10.0, 11], [12, 10]], 0: [[10.0, 30], [12, 10]]}
+    monkeypatch.setattr(nc, "measured_compute", lambda u, mu, floor: np.array(tables[u["instance"]]))
+    for run, instance in (("r1", 7), ("r2", 9)):
+        (tmp_path / run / "units").mkdir(parents=True)
+        (tmp_path / run / "options.json").write_text(json.dumps({"mus": [1.0], "floors": [0], "dev_instances": [0]}))
+        for i in (0, instance):
+            unit = {"setting": "s", "optimizer": "sgd", "instance": i, "designs": [1]}
+            (tmp_path / run / "units" / f"s-sgd-{i}.json").write_text(json.dumps(unit))
+    nc.main([str(tmp_path / "r1"), str(tmp_path / "r2")])
+    # 7: the resample's pick (design 1) is 1.3x, not within; 9: 1.1x, within; 0: 3x, not within -> 1 of 3
+    assert capsys.readouterr().out.splitlines()[0].startswith(
+        "floor 0: the grid's best picked on a seed resample is within 1.2x in 33.3% of 3 cells")
+    nc.main([str(tmp_path / "r1"), str(tmp_path / "r2"), "--held-out-only"])
+    assert "within 1.2x in 50.0% of 2 cells" in capsys.readouterr().out
+    (tmp_path / "r2" / "options.json").write_text(json.dumps({"mus": [2.0], "floors": [0]}))
+    with pytest.raises(SystemExit) as stop:  # another protocol's mus: refused in one line
+        nc.main([str(tmp_path / "r1"), str(tmp_path / "r2")])
+    assert stop.value.code == 2 and capsys.readouterr().err.count("\n") == 1
