@@ -40,7 +40,7 @@ __all__ = [
     "INSTANCES", "LR_RATIO", "MAX_EXTEND", "MAX_STEP_SIZES", "MUS", "NEXT_HELD_OUT", "ON_POLICY_BATCHES", "OPTIMIZERS",
     "Options", "PILOT_BUDGET", "PILOT_FRACTION", "PILOT_MAX_STEPS", "PILOT_RUNS", "PILOT_SEED", "PRINTED_STEPS_RATIOS",
     "PRINTED_WORK_RATIO", "QUADRATIC_CONDITION", "QUADRATIC_NOISE", "QUICK_EPOCHS_GRID", "QUICK_FLOORS",
-    "QUICK_ON_POLICY_BATCHES", "QUICK_SELECTIVE_GRID", "QUICK_X_GRID", "QUICK_Y_GRID", "RESCORE_SAMPLES",
+    "QUICK_ON_POLICY_BATCHES", "QUICK_SELECTIVE_GRID", "QUICK_X_GRID", "QUICK_Y_GRID", "READINGS", "RESCORE_SAMPLES",
     "RESCORE_STEPS", "SEEDS", "SELECTIVE_GRID",
     "SETTINGS", "STALENESS", "SelectiveDesign", "Setting", "TARGET_FRACTION", "X_GRID", "Y_GRID", "check_options",
     "command_line", "has_groups", "is_selective", "number_list", "options_from", "peak_bytes"]
@@ -80,8 +80,8 @@ FAMILIES = {"epochs": f"epoch designs at R = {BATCH}: e passes over m mini-batch
                          "printed answer prices both from the pilot's zero share (--zero-share)"}
 """The design families ``--families`` adds to the grid (none by default: the protocol evidence.json was written by)."""
 HELD_OUT = (811, 821, 823)
-"""The held-out instances the targets read (advise/evidence.json is their default run's record): named as
-NEXT_HELD_OUT at be1e85f before their first run, and first run by the protocol whose drift M2(s) is the user's
+"""The held-out instances the default command reads (the first of ``READINGS``, which advise/evidence.json pools):
+named as NEXT_HELD_OUT at be1e85f before their first run, and first run by the protocol whose drift M2(s) is the user's
 estimate from RESCORE_SAMPLES re-scored rollouts an age (``inputs.measure_drift``), whose re-scoring is reserved in
 the pilot's budget (``inputs.pilot_affordable``, ``RESCORE_STEPS``) and whose pilot's own re-scoring is counted in its
 compute, the rule unchanged (docs/SIMULATION.md). 719, 727 and 733, named as NEXT_HELD_OUT at 4c04c83 before their
@@ -116,7 +116,7 @@ says; 73, 79 and 83 (named at commit 70bca03) by the first --families epochs run
 B_FACTORS and first MARGIN were chosen on them and on 47, 53 and 59; 137, 139, 149, 167, 173 and 179 held out the
 rule before the guard's factors below 1 (HELD_OUT says how), and 223, 227 and 229, first run by the --families selective
 run, are where those factors were chosen. The next held-out set is ``NEXT_HELD_OUT``."""
-NEXT_HELD_OUT = (1039, 1049, 1051)
+NEXT_HELD_OUT = (1061, 1063, 1069)
 """Named here, before their first run: the instances the next evidence is read on once a rule or the protocol changes
 (which makes HELD_OUT development instances). Nothing may be tuned on them. (151, 157 and 163, named before 181, 193
 and 197, were first run by the --families overlap run of docs/SIMULATION.md; 191 by a stop's --quick check; 223, 227
@@ -162,9 +162,17 @@ reading, at e5b8c5f; docs/SIMULATION.md), and 929, 937 and 941 named, before the
 were then read by the default protocol with the rule and the protocol unchanged (heldout13-929, its third reading, at
 e6dfbe2; docs/SIMULATION.md), and 947, 953 and 967 named, before their first run, as the next. They are read by
 the default protocol with the rule and the protocol unchanged (heldout14-947, its fourth reading, at f2e9d66), and
-1039, 1049 and 1051 named here, before their first run, as the next.
+1039, 1049 and 1051 named, before their first run, as the next. They are read by the default protocol with the rule
+and the protocol unchanged (heldout15-1039, its fifth reading, with 811-823 rerun from scratch at 927d027, which
+reproduced advise/evidence.json's every number), and 1061, 1063 and 1069 named here, before their first run, as the
+next.
 787, 797 and 809 were then read by the --families epochs,overlap,selective protocol with the sampled drift, the rule
 unchanged (famheld11-787, at adeca76; docs/SIMULATION.md); 881, 887 and 907 stay named for the next such reading.)"""
+READINGS = ((811, 821, 823), (853, 859, 863), (929, 937, 941), (947, 953, 967))
+"""Every held-out set the current rule and protocol were read on, each named before its first run and read once, in
+the order they were read (HELD_OUT first: the default command's). advise/evidence.json pools the four runs
+(experiments/theory_pool: 960 held-out cells a floor), so that ``optimal`` quotes every reading, not one chosen
+among them; tests/unit/test_evidence_current.py checks that the record pools exactly these."""
 SEEDS = 16
 BOOTS = 200
 MUS = (0.5, 1.0, 2.0, 5.28, 20.0)
