@@ -90,9 +90,18 @@ def _headline(record: dict, floor_ratio: float | None = None) -> tuple[dict | No
     floor = benchmark_floor(record, floor_ratio)
     held = (record.get("targets_held_out") or {}).get(floor) or {}
     if held.get("cells"):
-        return held, f"held-out instances, latency floor {floor}"
+        readings = len(record.get("pooled_from") or ())  # experiments/theory_pool: every reading, not one of them
+        pooled = f" ({held_out_count(record)} in {readings} readings, pooled)" if readings else ""
+        return held, f"held-out instances{pooled}, latency floor {floor}"
     every = (record.get("targets") or {}).get(floor) or {}
     return (every or None), f"every instance (none held out), latency floor {floor}"
+
+
+def held_out_count(record: dict) -> int:
+    """How many held-out instances the record's run (or pooled runs) read."""
+    protocol = record.get("protocol") or {}
+    dev = set(protocol.get("dev_instances") or ())
+    return sum(1 for i in protocol.get("instances") or () if i not in dev)
 
 
 def passes(o: dict) -> bool:

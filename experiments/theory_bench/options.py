@@ -168,10 +168,10 @@ reproduced advise/evidence.json's every number), and 1061, 1063 and 1069 named h
 next.
 787, 797 and 809 were then read by the --families epochs,overlap,selective protocol with the sampled drift, the rule
 unchanged (famheld11-787, at adeca76; docs/SIMULATION.md); 881, 887 and 907 stay named for the next such reading.)"""
-READINGS = ((811, 821, 823), (853, 859, 863), (929, 937, 941), (947, 953, 967))
+READINGS = ((811, 821, 823), (853, 859, 863), (929, 937, 941), (947, 953, 967), (1039, 1049, 1051))
 """Every held-out set the current rule and protocol were read on, each named before its first run and read once, in
-the order they were read (HELD_OUT first: the default command's). advise/evidence.json pools the four runs
-(experiments/theory_pool: 960 held-out cells a floor), so that ``optimal`` quotes every reading, not one chosen
+the order they were read (HELD_OUT first: the default command's). advise/evidence.json pools the five runs
+(experiments/theory_pool: 1200 held-out cells a floor), so that ``optimal`` quotes every reading, not one chosen
 among them; tests/unit/test_evidence_current.py checks that the record pools exactly these."""
 SEEDS = 16
 BOOTS = 200

@@ -442,7 +442,7 @@ def geometric_mean_regret(summary: dict, name: str, held_out: bool = True) -> di
     instances only by default): inf if any pick never reached the target, nan if a cell has no pick."""
     out = {}
     for floor in summary["protocol"]["floors"]:
-        regrets = [c["by_objective"][name]["free_regret"] for c in summary["cells"]
+        regrets = [_free_regret(c, name) for c in summary["cells"]  # a saved never-reached pick (None): inf
                    if c["floor"] == floor and not c.get("not_scored")  # an unscored unit: nothing to compare
                    and not (held_out and c["instance"] in summary["protocol"]["dev_instances"])]
         if not regrets:
@@ -450,7 +450,8 @@ def geometric_mean_regret(summary: dict, name: str, held_out: bool = True) -> di
         if any(r is None for r in regrets):
             out[floor] = math.nan
         else:
-            out[floor] = math.exp(math.fsum(math.log(r) for r in regrets) / len(regrets))
+            out[floor] = math.exp(math.fsum(math.log(r) for r in regrets) / len(regrets)) \
+                if all(math.isfinite(r) for r in regrets) else math.inf
     return out
 
 

@@ -51,8 +51,12 @@ def test_geometric_mean_regret_by_hand():
     assert geometric_mean_regret(SUMMARY, "printed") == {0: 2.0, 64: 1.0}
     assert geometric_mean_regret(SUMMARY, "on_policy_floor") == {0: 1.0, 64: 1.0}
     assert math.isclose(geometric_mean_regret(SUMMARY, "printed", held_out=False)[0], 36 ** (1 / 3))
-    missing = {**SUMMARY, "cells": [_cell(1, 0, None, 1.0)]}  # no pick: a miss, no mean
+    missing = {**SUMMARY, "cells": [_cell(1, 0, None, 1.0)]}
+    missing["cells"][0]["by_objective"]["printed"]["no_pick"] = "no b"  # no pick: a miss, no mean
     assert math.isnan(geometric_mean_regret(missing, "printed")[0])
+    # a pick that never reached the target, which a saved record keeps as None (strict JSON): inf, not nan
+    never = {**SUMMARY, "cells": [_cell(1, 0, None, 1.0), _cell(2, 0, 1.5, 1.0)]}
+    assert geometric_mean_regret(never, "printed") == {0: math.inf}
 
 
 def test_the_command_prints_both(tmp_path, capsys):

@@ -60,7 +60,8 @@ def test_two_readings_pooled_score_as_one_run_over_both(runs):
     assert record["command"].startswith("python -m replay_theory.experiments.theory_pool --out ")
     # the evidence lines read a pooled record as they read a run's
     line = evidence.evidence_line("forgetting", "printed", record, 0.0)
-    assert "latency floor 0" in line and "4 test cases" in line and record["command"] in line
+    assert line.startswith("evidence (held-out instances (2 in 2 readings, pooled), latency floor 0")
+    assert "4 test cases" in line and record["command"] in line
 
 
 def test_runs_of_another_protocol_or_another_unit_are_refused_in_one_line(runs, tmp_path, capsys):
