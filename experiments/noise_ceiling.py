@@ -120,7 +120,11 @@ def main(argv: list[str] | None = None) -> None:
         protocols.append(json.loads(options.read_text()))
         for path in sorted(units_dir.glob("*.json")):
             unit = json.loads(path.read_text())
-            units_by_key.setdefault((unit["setting"], unit["optimizer"], unit["instance"]), unit)
+            key = (unit["setting"], unit["optimizer"], unit["instance"])
+            if key in units_by_key and units_by_key[key].get("designs") != unit.get("designs"):
+                parser.exit(2, f"{run}: {'/'.join(map(str, key))} holds other designs' runs than in an earlier run "
+                               f"(another code version?); a unit two runs share must be the same\n")
+            units_by_key.setdefault(key, unit)
     if any((p["mus"], p["floors"]) != (protocols[0]["mus"], protocols[0]["floors"]) for p in protocols):
         parser.exit(2, f"{', '.join(map(str, args.runs))}: the runs price other mus or floors; pool readings of one "
                        f"protocol\n")

@@ -543,17 +543,19 @@ def resolution_lines(summary: dict, held_out: bool = True, min_steps: int = RESO
         cells = [c for c in summary["cells"] if c["floor"] == floor and not c.get("not_scored")
                  and "printed" in c["by_objective"]
                  and not (held_out and c["instance"] in summary["protocol"]["dev_instances"])]
-        fine = [c for c in cells if (steps.get((c["setting"], c["optimizer"], c["instance"], c["best_free"]))
-                                     or 0) >= min_steps]
+        best = [steps.get((c["setting"], c["optimizer"], c["instance"], c["best_free"])) for c in cells]
+        fine = [c for c, n in zip(cells, best) if n is not None and n >= min_steps]
+        unknown = sum(n is None for n in best)  # a best whose steps the summary does not keep: said, not guessed
         if not fine:
             continue
         parts = []
         for name, label in (("printed", "the printed answer"), ("on_policy_floor", "the trivial floor rule")):
             picks = [r for r in (_free_regret(c, name) for c in fine) if r is not None]  # no pick: a miss
-            parts.append(f"{label} {100 * sum(r <= 1.2 for r in picks) / len(fine):.0f}% within 1.2x, worst "
-                         f"{max(picks, default=math.nan):.2f}")
-        lines.append(f"floor {floor}: {len(cells) - len(fine)} of {len(cells)} cells' best took under {min_steps} "
-                     f"steps; over the other {len(fine)}: " + "; ".join(parts))
+            worst = f"{max(picks):.2f}" if picks else "n/a (no pick)"
+            parts.append(f"{label} {100 * sum(r <= 1.2 for r in picks) / len(fine):.0f}% within 1.2x, worst {worst}")
+        lines.append(f"floor {floor}: {len(cells) - len(fine) - unknown} of {len(cells)} cells' best took under "
+                     f"{min_steps} steps" + (f", {unknown} its steps not kept" if unknown else "")
+                     + f"; over the other {len(fine)}: " + "; ".join(parts))
     return lines
 
 

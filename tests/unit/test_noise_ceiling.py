@@ -83,6 +83,12 @@ def test_several_readings_pool_each_unit_once(tmp_path, monkeypatch, capsys):
         "floor 0: the grid's best picked on a seed resample is within 1.2x in 33.3% of 3 cells")
     nc.main([str(tmp_path / "r1"), str(tmp_path / "r2"), "--held-out-only"])
     assert "within 1.2x in 50.0% of 2 cells" in capsys.readouterr().out
+    shared = tmp_path / "r2" / "units" / "s-sgd-0.json"  # the shared unit trained otherwise: refused in one line
+    shared.write_text(json.dumps({"setting": "s", "optimizer": "sgd", "instance": 0, "designs": [2]}))
+    with pytest.raises(SystemExit) as stop:
+        nc.main([str(tmp_path / "r1"), str(tmp_path / "r2")])
+    assert stop.value.code == 2 and "s/sgd/0 holds other designs' runs" in capsys.readouterr().err
+    shared.write_text(json.dumps({"setting": "s", "optimizer": "sgd", "instance": 0, "designs": [1]}))
     (tmp_path / "r2" / "options.json").write_text(json.dumps({"mus": [2.0], "floors": [0]}))
     with pytest.raises(SystemExit) as stop:  # another protocol's mus: refused in one line
         nc.main([str(tmp_path / "r1"), str(tmp_path / "r2")])

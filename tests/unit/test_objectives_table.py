@@ -261,5 +261,10 @@ def test_the_cells_one_step_resolves_scored_apart_by_hand():
         "floor 0: 1 of 3 cells' best took under 10 steps; over the other 2: the printed answer 50% within 1.2x, worst "
         "1.50; the trivial floor rule 50% within 1.2x, worst 1.30",
         "floor 64: 1 of 2 cells' best took under 10 steps; over the other 1: the printed answer 0% within 1.2x, worst "
-        "nan; the trivial floor rule 100% within 1.2x, worst 1.00"]
+        "n/a (no pick); the trivial floor rule 100% within 1.2x, worst 1.00"]
+    # a best design whose steps the summary does not keep is counted apart, never taken for a short one
+    unknown = {**summary, "cells": [*summary["cells"], cell(2, 0, "x=64 y=64", 1.0, 1.0)]}
+    assert resolution_lines(unknown)[0].startswith(
+        "floor 0: 1 of 4 cells' best took under 10 steps, 1 its steps not kept; over the other 2: the printed answer "
+        "50% within 1.2x")
     assert resolution_lines({**summary, "units": []}) == []  # no steps kept: nothing resolved, no line
