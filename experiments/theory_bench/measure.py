@@ -331,7 +331,11 @@ def train_unit(unit: Unit) -> None:
         if unit.exact:
             unit.exact_run(label, design, _step_cap(options, design, s_ref_exact))
         else:
-            unit.tune(label, design, unit.start_from((f"on-policy B={b}", 1.0)), _step_cap(options, design, s_ref))
+            # where on-policy at b reached the target at no step size (two-prompts/sgd on 907: B = 16 never did),
+            # from on-policy at B scaled as the smaller batches' searches are, which always reached (else the unit
+            # is not scored): a start, not a result, so no reached search moves
+            start = unit.start_from((f"on-policy B={b}", 1.0), (f"on-policy B={BATCH}", (b / BATCH) ** (alpha / 2)))
+            unit.tune(label, design, start, _step_cap(options, design, s_ref))
         if unit.advance:
             unit.advance()
     _train_selective(unit, starts, s_ref)
