@@ -182,3 +182,47 @@ def test_selective_at_z_zero_is_its_uniform_twin_number_for_number(tmp_path):
     row, twin = rows["selective x=16 y=4"], rows["x=16 y=4"]
     assert row["zero_std_share"] == 0.0
     assert (row["steps"], row["lr"], row["curve"]) == (twin["steps"], twin["lr"], twin["curve"])
+
+
+def test_an_overlapped_search_starts_from_on_policy_at_b_where_its_own_batch_never_reached():
+    """famheld12-881 ended on two-prompts/sgd/907, where on-policy B = 16 reached the target at no step size and the
+    overlapped B = 16 search had no other start. A unit whose runs are a synthetic table (every design reaches the
+    target in 10 + 4 |log2(lr / lr*)| steps, lr* = 1, except on-policy B = 16, which never does): training it starts
+    the overlapped B = 16 search from on-policy B = 256's tuned step size scaled by (16 / 256)^(1/2), as the smaller
+    batches' searches are under SGD, and every other search where its own neighbour puts it."""
+    from dataclasses import dataclass
+
+    import numpy as np
+
+    from replay_theory.experiments.theory_bench import measure
+
+    options = tt.Options(instances=(907,), settings=("two-prompts",), optimizers=("sgd",), seeds=2,
+                         families=("overlap",))
+    first_lrs: dict[tuple, float] = {}
+
+    @dataclass
+    class TableUnit(measure.Unit):
+        def run(self, design, lrs, max_steps, seed_offset=0):
+            lrs = np.asarray(lrs, dtype=float)
+            spec = tuple(design_spec(design))
+            first_lrs.setdefault(spec, float(lrs[0]))
+            never = design == fg.Design.on_policy_at(16)
+            steps = np.zeros(lrs.size) if never else 10 + np.round(4 * np.abs(np.log2(lrs)))
+            return {"key": str(spec), "lrs": lrs.tolist(), "crossing": np.tile(steps, (3, 1)).tolist(),
+                    "first_touch": [0] * lrs.size, "steps": max_steps, "curve": [], "curve_steps": []}
+
+    unit = TableUnit(setting=tt.SETTINGS["two-prompts"], optimizer="sgd", instance=907, env=None,
+                     inst={"smoothness": 1.0, "target": 1.0}, store=None, options=options,
+                     boot_index=np.zeros((2, 2), dtype=int))
+    measure.train_unit(unit)
+    assert unit.tuned_lr("on-policy B=16") is None
+    lr_256 = unit.tuned_lr(f"on-policy B={tt.BATCH}")
+    assert lr_256 == 1.0  # the table's optimum, found by the search
+    overlapped_16 = tuple(design_spec(fg.Design.overlapped_at(16)))
+    # the search's first step sizes are start x sqrt(2)^(1, 0, -1, -2): the start is the second
+    assert first_lrs[overlapped_16] / tt.LR_RATIO == pytest.approx(lr_256 * (16 / tt.BATCH) ** 0.5, rel=1e-12)
+    # where its own batch reached, an overlapped search starts at that batch's tuned step size, as before
+    for b in (64, 256):
+        spec = tuple(design_spec(fg.Design.overlapped_at(b)))
+        assert first_lrs[spec] / tt.LR_RATIO == pytest.approx(unit.tuned_lr(f"on-policy B={b}"), rel=1e-12)
+    assert unit.tuned_lr("overlapped B=16") == pytest.approx(1.0)
