@@ -600,11 +600,40 @@ def run_theory_test(out: str | Path, options: Options = Options(), progress: boo
                 bar.advance()
     finally:
         bar.close()
+    _score_saved(records, scored, [k for k in plan if k not in scored], options, jobs, progress)
     units = [records[k] for k in plan]
-    summary = summarise(units, options, [scored.get(k) for k in plan])
+    summary = summarise(units, options, [scored[k] for k in plan])
     summary["elapsed_s"] = round(time.time() - started, 1)
     _write_summary(out, summary)
     return summary
+
+
+def _score_job(key: tuple, record: dict, options: Options) -> tuple[tuple, list[dict]]:
+    return key, score_unit(record, options)
+
+
+def _score_saved(records: dict, scored: dict, keys: list[tuple], options: Options, jobs: int,
+                 progress: bool) -> None:
+    """Score into ``scored`` the units ``keys`` that no worker scored (saved before a resume, or trained in this
+    process): on up to ``jobs`` workers, with a progress line, as a resumed run can spend long minutes here."""
+    from ...core.jobs import local_workers, run_unordered
+
+    if not keys:
+        return
+    workers = local_workers(jobs, len(keys))
+    bar = ProgressBar(f"theory-test scoring ({len(keys)} units)", len(keys), enabled=progress)
+    try:
+        if workers == 1:
+            for key in keys:
+                scored[key] = score_unit(records[key], options)
+                bar.advance()
+        else:
+            for key, cells in run_unordered(_score_job, [(k, records[k], options) for k in keys], workers,
+                                            batch_size=1):
+                scored[tuple(key)] = cells
+                bar.advance()
+    finally:
+        bar.close()
 
 
 def _save_unit(units_dir: Path, record: dict) -> None:

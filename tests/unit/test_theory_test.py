@@ -256,6 +256,25 @@ def test_a_quadratic_unit_measures_b_and_kappa_near_their_exact_values_and_resum
     assert json.dumps(again["cells"]) == json.dumps(json.loads(text)["cells"])
 
 
+def test_a_resume_scores_its_saved_units_on_two_workers_to_the_same_cells_with_a_progress_line(
+        tmp_path, tiny, monkeypatch, capsys):
+    options = tt.Options(**{**asdict(tiny), "optimizers": ("sgd", "adam")})
+    out = tmp_path / "bench"
+    first = tt.run_theory_test(out, options, progress=False)
+    (out / "summary.json").unlink()  # as a run stopped after its last unit was saved, before its summary
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished unit was trained again")
+
+    monkeypatch.setattr(tt.score, "run_unit", no_training)
+    capsys.readouterr()
+    again = tt.run_theory_test(out, options, progress=True, jobs=2)  # both saved units scored, one per worker
+    assert json.dumps(again["cells"]) == json.dumps(first["cells"]) and len(again["cells"]) == 2 * 2 * 2
+    assert again["targets"] == first["targets"]
+    lines = capsys.readouterr().err.splitlines()  # stderr is no terminal here: plain lines, the last at the end
+    assert lines[-1].startswith("theory-test scoring (2 units): 2/2 (100%), elapsed ")
+
+
 def test_out_directory_is_checked_before_work(tmp_path, tiny):
     unrelated = tmp_path / "unrelated"
     unrelated.mkdir()
